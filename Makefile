@@ -1,0 +1,71 @@
+# Two commands set everything up on a fresh machine:
+#   make run    create .venv if needed, install rigdeck, open the app
+#   make test   install what the tests need (Debian packages too, as root) and run the suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU build of torch that this machine serves locally; on a GPU workstation
+# set TORCH_SPEC to the build that fits its CUDA.
+TORCH_SPEC ?= torch==2.13.0
+DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps
+PYTEST_ARGS ?=
+
+.PHONY: run test sysdeps install install-test lint screenshots bench clean testbed-down
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+
+$(VENV)/.installed: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test,train,dev]"
+	touch $@
+
+install: $(VENV)/.installed
+install-test: $(VENV)/.installed-test
+
+run: $(VENV)/.installed
+	$(VENV)/bin/rigdeck
+
+# Debian packages the test bed and launchers need; installed only when missing and root.
+sysdeps:
+	@missing=""; \
+	command -v sshd >/dev/null || [ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
+	command -v ssh >/dev/null || missing="$$missing openssh-client"; \
+	command -v mpirun >/dev/null || missing="$$missing openmpi-bin"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
+	command -v tmux >/dev/null || missing="$$missing tmux"; \
+	command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || missing="$$missing iptables"; \
+	command -v pkill >/dev/null || missing="$$missing procps"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	  else \
+	    echo "missing Debian packages:$$missing (not root: the test bed tests will skip)"; \
+	  fi; \
+	fi
+
+test: sysdeps $(VENV)/.installed-test
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed-test
+	$(VENV)/bin/ruff check tui agent runtime tests bench
+	$(VENV)/bin/mypy tui runtime
+
+screenshots: sysdeps $(VENV)/.installed-test
+	$(PY) -m tests.screenshots
+
+bench: sysdeps $(VENV)/.installed-test
+	$(PY) bench/deploy.py
+
+testbed-down: $(VENV)/.installed
+	$(PY) -m tests.testbed down
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,66 @@
+"""Entry point of ``python agent.pyz COMMAND``. Stdlib only, Python 3.9+."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import List, Optional
+
+from agent import facts
+from agent.version import agent_version
+
+
+def _print_json(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, sort_keys=True) + "\n")
+    sys.stdout.flush()
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    info = facts.collect(args.state_dir)
+    info["version"] = agent_version()
+    _print_json(info)
+    return 0
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    """Verify this very file against the expected hash, then move it into place atomically.
+
+    Runs from the uploaded ``.part`` file: everything it needs is imported before the rename,
+    because the zip importer reopens the archive by path.
+    """
+    me = os.path.abspath(sys.argv[0])
+    version = agent_version()
+    got = facts.sha256_file(me)
+    if got != args.expect_sha256:
+        _print_json({"ok": False, "error": "sha256 mismatch: expected %s, got %s" % (args.expect_sha256, got)})
+        return 3
+    state_dir = os.path.expanduser(args.state_dir)
+    final_dir = os.path.join(state_dir, "agent", version)
+    final = os.path.join(final_dir, "agent.pyz")
+    os.makedirs(final_dir, mode=0o700, exist_ok=True)
+    if me != final:
+        os.replace(me, final)
+    current = os.path.join(state_dir, "agent", "current")
+    tmp = current + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(version + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, current)
+    _print_json({"ok": True, "version": version, "path": final, "sha256": got})
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="agent.pyz", description="rigdeck host agent")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("version", help="print the agent version and this host's facts as JSON")
+    p.add_argument("--state-dir", default=None)
+    p.set_defaults(func=cmd_version)
+    p = sub.add_parser("install", help="verify this archive and move it into the state dir")
+    p.add_argument("--state-dir", required=True)
+    p.add_argument("--expect-sha256", required=True)
+    p.set_defaults(func=cmd_install)
+    args = parser.parse_args(argv)
+    return int(args.func(args))

@@ -1,0 +1,93 @@
+"""Deploy the agent to 8 test bed hosts vs. copying the same file with 8 sequential `scp` calls.
+
+Both sides run in one process against the same hosts in the same run; each is repeated and the
+median is reported. rigdeck's side does more than copy: it probes each host, uploads, has the host
+verify the SHA-256, moves the file into place and runs `agent.pyz version`.
+Needs root (the network-namespace test bed). Usage: python bench/deploy.py [--hosts 8] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.testbed import TestBed, available  # noqa: E402
+from tui.bundle import build_agent  # noqa: E402
+from tui.controller import Controller  # noqa: E402
+from tui.inventory import load_inventory  # noqa: E402
+
+
+def time_rigdeck(bed: TestBed, fresh: bool) -> float:
+    if fresh:
+        for h in bed.hosts:
+            shutil.rmtree(h.state_dir / "agent", ignore_errors=True)
+    inv = load_inventory(bed.inventory_path)
+    start = time.perf_counter()
+    with Controller(inv) as ctl:
+        reports = ctl.deploy()
+    elapsed = time.perf_counter() - start
+    bad = [r.error for r in reports if r.error]
+    assert not bad, bad
+    assert all(r.copied is fresh for r in reports), [r.copied for r in reports]
+    return elapsed
+
+
+def time_scp(bed: TestBed, path: Path) -> float:
+    start = time.perf_counter()
+    for h in bed.hosts:
+        subprocess.run(
+            ["scp", "-q", "-i", str(bed.user_key), "-o", f"UserKnownHostsFile={bed.known_hosts}",
+             "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+             str(path), f"root@{h.address}:.rigdeck/scp-bench.pyz"],
+            check=True,
+        )
+    return time.perf_counter() - start
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hosts", type=int, default=8)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "deploy.json"))
+    args = ap.parse_args()
+    ok, why = available()
+    if not ok:
+        print(f"bench/deploy.py needs the test bed: {why}", file=sys.stderr)
+        return 2
+    bundle = build_agent()
+    with TestBed(args.hosts) as bed:
+        fresh, again, scp = [], [], []
+        for _ in range(args.rounds):
+            fresh.append(time_rigdeck(bed, fresh=True))
+            again.append(time_rigdeck(bed, fresh=False))
+            scp.append(time_scp(bed, bundle.path))
+    med = {k: statistics.median(v) for k, v in (("fresh", fresh), ("again", again), ("scp", scp))}
+    print(f"agent {bundle.version}, {bundle.size} bytes, {args.hosts} hosts, {args.rounds} rounds (median)")
+    print(f"  8 sequential scp calls (baseline)      {med['scp']:.3f} s")
+    print(f"  rigdeck deploy, fresh hosts            {med['fresh']:.3f} s   "
+          f"ratio {med['fresh'] / med['scp']:.2f}x of baseline time ({med['scp'] / med['fresh']:.2f}x faster)")
+    print(f"  rigdeck deploy, already current        {med['again']:.3f} s   "
+          f"ratio {med['again'] / med['scp']:.2f}x of baseline time ({med['scp'] / med['again']:.2f}x faster)")
+    result = {
+        "hosts": args.hosts, "rounds": args.rounds, "agent_bytes": bundle.size,
+        "scp_sequential_s": scp, "rigdeck_fresh_s": fresh, "rigdeck_current_s": again,
+        "median": med, "ratio_fresh_vs_scp": med["fresh"] / med["scp"],
+        "ratio_current_vs_scp": med["again"] / med["scp"],
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

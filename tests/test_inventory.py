@@ -1,0 +1,1128 @@
+"""tui.inventory: TOML inventories, hostfiles, ssh config resolution and jump chains."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tui.inventory import (
+    INVENTORY_ENV,
+    HostSpec,
+    Inventory,
+    InventoryError,
+    UnknownHostError,
+    default_inventory_path,
+    hostfile_to_toml,
+    jump_chain,
+    load_hostfile,
+    load_inventory,
+    local_inventory,
+)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake home (so ~/.ssh/config and ~/.config are ours) and a fixed local user."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv(INVENTORY_ENV, raising=False)
+    monkeypatch.setenv("LOGNAME", "tester")
+    monkeypatch.setenv("USER", "tester")
+    return home
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text).lstrip())
+    return path
+
+
+def inventory(tmp_path: Path, body: str, *, ssh_config: str | None = "") -> Path:
+    """An inventory file whose [defaults] points at ``ssh_config`` ("" disables it)."""
+    text = textwrap.dedent(body).lstrip()
+    if ssh_config is not None:
+        line = f"ssh_config = {ssh_config!r}\n"
+        if "[defaults]" in text:
+            text = text.replace("[defaults]\n", "[defaults]\n" + line, 1)
+        else:
+            text = "[defaults]\n" + line + "\n" + text
+    path = tmp_path / "hosts.toml"
+    path.write_text(text)
+    return path
+
+
+def ssh_config(tmp_path: Path, text: str) -> str:
+    return str(write(tmp_path / "ssh_config", text))
+
+
+# ---------------------------------------------------------------------------------------------
+# Valid files
+
+
+def test_full_file(tmp_path: Path, _isolated: Path) -> None:
+    path = inventory(
+        tmp_path,
+        """
+        [defaults]
+        user = "root"
+        port = 2200
+        identity_file = ["~/.ssh/id_ed25519", "/keys/other"]
+        known_hosts = "~/kh"
+        python = "python3.11"
+        state_dir = "~/.rd"
+        connect_timeout = 5
+        keepalive = 0
+        labels = ["all"]
+        sim_gpus = 2
+        env = { NCCL_DEBUG = "INFO", SHARED = "defaults" }
+
+        [[hosts]]
+        name = "gpu1"
+        address = "10.0.0.5"
+        port = 22
+        user = "alice"
+        identity_file = "~/.ssh/gpu1"
+        python = "/usr/bin/python3"
+        state_dir = "/srv/rigdeck"
+        labels = ["a100", "rack2"]
+        proxy_jump = "bastion"
+        slots = 8
+        sim_gpus = 4
+        env = { SHARED = "host", CUDA_VISIBLE_DEVICES = "0,1" }
+        transport = "ssh"
+        connect_timeout = 2.5
+        keepalive = 30
+
+        [[hosts]]
+        name = "bastion"
+        address = "bastion.example.com"
+
+        [[hosts]]
+        name = "me"
+        transport = "local"
+        """,
+    )
+    inv = load_inventory(path)
+    home = str(_isolated)
+    assert inv.path == path
+    assert inv.known_hosts == Path(home) / "kh"
+    assert inv.names == ["gpu1", "bastion", "me"]
+    assert inv.get("gpu1") == HostSpec(
+        name="gpu1",
+        address="10.0.0.5",
+        port=22,
+        user="alice",
+        identity_files=(f"{home}/.ssh/gpu1",),
+        python="/usr/bin/python3",
+        state_dir="/srv/rigdeck",
+        labels=("a100", "rack2"),
+        proxy_jump="bastion",
+        slots=8,
+        sim_gpus=4,
+        # defaults' env is merged under the host's; pairs are sorted
+        env=(("CUDA_VISIBLE_DEVICES", "0,1"), ("NCCL_DEBUG", "INFO"), ("SHARED", "host")),
+        transport="ssh",
+        connect_timeout=2.5,
+        keepalive=30.0,
+    )
+    bastion = inv.get("bastion")
+    assert bastion == HostSpec(
+        name="bastion",
+        address="bastion.example.com",
+        port=2200,
+        user="root",
+        identity_files=(f"{home}/.ssh/id_ed25519", "/keys/other"),
+        python="python3.11",
+        state_dir="~/.rd",  # remote: '~' stays for the host to expand
+        labels=("all",),
+        sim_gpus=2,
+        env=(("NCCL_DEBUG", "INFO"), ("SHARED", "defaults")),
+        connect_timeout=5.0,
+        keepalive=0.0,
+    )
+    assert isinstance(bastion.connect_timeout, float)
+    me = inv.get("me")
+    assert me.is_local and not bastion.is_local
+    assert me.address == "localhost"
+    hash(inv)  # frozen all the way down
+
+
+def test_builtin_defaults(tmp_path: Path, _isolated: Path) -> None:
+    inv = load_inventory(inventory(tmp_path, '[[hosts]]\nname = "a"\naddress = "h"\n'))
+    assert inv.hosts == (HostSpec(name="a", address="h", user="tester"),)
+    host = inv.hosts[0]
+    assert (host.port, host.python, host.state_dir, host.transport) == (
+        22,
+        "python3",
+        "~/.rigdeck",
+        "ssh",
+    )
+    assert (host.connect_timeout, host.keepalive, host.slots, host.proxy_jump) == (
+        10.0,
+        15.0,
+        None,
+        None,
+    )
+    assert inv.known_hosts == _isolated / ".ssh" / "known_hosts"
+    assert inv.ssh_config is None
+
+
+def test_defaults_overridden_per_host(tmp_path: Path) -> None:
+    path = inventory(
+        tmp_path,
+        """
+        [defaults]
+        user = "root"
+        labels = ["x"]
+        sim_gpus = 1
+
+        [[hosts]]
+        name = "a"
+        address = "a.lan"
+
+        [[hosts]]
+        name = "b"
+        address = "b.lan"
+        user = "bob"
+        labels = []
+        sim_gpus = 0
+        """,
+    )
+    a, b = load_inventory(path).hosts
+    assert (a.user, a.labels, a.sim_gpus) == ("root", ("x",), 1)
+    assert (b.user, b.labels, b.sim_gpus) == ("bob", (), 0)
+
+
+def test_empty_inventory_has_no_hosts(tmp_path: Path) -> None:
+    inv = load_inventory(inventory(tmp_path, ""))
+    assert inv.hosts == () and inv.names == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors: each names the file, the host, the field and what was expected.
+
+MALFORMED = [
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nprot = 22\n',
+        "host 'gpu2'",
+        "field 'prot'",
+        "did you mean 'port'?",
+        id="unknown-host-field",
+    ),
+    pytest.param(
+        '[defaults]\ncolour = "red"\n',
+        "[defaults]",
+        "field 'colour'",
+        "one of the known fields",
+        id="unknown-defaults-field",
+    ),
+    pytest.param(
+        '[defaults]\nproxy_jump = "b"\n',
+        "[defaults]",
+        "field 'proxy_jump'",
+        "one of the known fields",
+        id="host-only-field-in-defaults",
+    ),
+    pytest.param(
+        "extra = 1\n",
+        "hosts.toml",
+        "field 'extra'",
+        "only a [defaults] table and [[hosts]] entries",
+        id="unknown-top-level",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\n',
+        "host 'gpu2'",
+        "field 'address'",
+        "expected a host name or IP address (required unless",
+        id="missing-address",
+    ),
+    pytest.param(
+        '[[hosts]]\naddress = "h"\n',
+        "hosts[0]",
+        "field 'name'",
+        "a host name (required)",
+        id="missing-name",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nport = "22a"\n',
+        "host 'gpu2'",
+        "field 'port'",
+        'expected an integer 1..65535, got "22a" (str)',
+        id="port-string",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nport = 70000\n',
+        "host 'gpu2'",
+        "field 'port'",
+        "expected an integer 1..65535, got 70000 (int)",
+        id="port-range",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nport = true\n',
+        "host 'gpu2'",
+        "field 'port'",
+        "got true (bool)",
+        id="port-bool",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nlabels = "a100"\n',
+        "host 'gpu2'",
+        "field 'labels'",
+        'expected a list of strings, got "a100" (str)',
+        id="labels-not-list",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nlabels = ["a", 1]\n',
+        "host 'gpu2'",
+        "field 'labels'",
+        "expected a list of strings",
+        id="labels-not-strings",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nsim_gpus = -1\n',
+        "host 'gpu2'",
+        "field 'sim_gpus'",
+        "expected an integer >= 0, got -1 (int)",
+        id="sim-gpus-negative",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nslots = 0\n',
+        "host 'gpu2'",
+        "field 'slots'",
+        "expected an integer >= 1",
+        id="slots-zero",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nconnect_timeout = 0\n',
+        "host 'gpu2'",
+        "field 'connect_timeout'",
+        "a number of seconds > 0",
+        id="timeout-zero",
+    ),
+    pytest.param(
+        "[defaults]\nkeepalive = -1.0\n",
+        "[defaults]",
+        "field 'keepalive'",
+        "a number of seconds >= 0",
+        id="keepalive-negative",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nconnect_timeout = inf\n',
+        "host 'gpu2'",
+        "field 'connect_timeout'",
+        "got inf (float)",
+        id="timeout-inf",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nenv = { A = 1 }\n',
+        "host 'gpu2'",
+        "field 'env.A'",
+        "expected a string, got 1 (int)",
+        id="env-value",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nenv = { "BAD-NAME" = "x" }\n',
+        "host 'gpu2'",
+        "field 'env'",
+        "environment variable names",
+        id="env-key",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nenv = "A=1"\n',
+        "host 'gpu2'",
+        "field 'env'",
+        "a table of strings",
+        id="env-not-table",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\ntransport = "mosh"\n',
+        "host 'gpu2'",
+        "field 'transport'",
+        'expected "ssh" or "local", got "mosh"',
+        id="transport",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nidentity_file = 7\n',
+        "host 'gpu2'",
+        "field 'identity_file'",
+        "a path or a list of paths",
+        id="identity-file",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "has space"\n',
+        "host 'gpu2'",
+        "field 'address'",
+        "a host name or IP address",
+        id="address-space",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nproxy_jump = "b:99999"\n',
+        "host 'gpu2'",
+        "field 'proxy_jump'",
+        "port 1..65535",
+        id="jump-port",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\naddress = "h"\nproxy_jump = "a,,b"\n',
+        "host 'gpu2'",
+        "field 'proxy_jump'",
+        "[user@]host[:port]",
+        id="jump-empty-element",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "gpu2"\ntransport = "local"\nproxy_jump = "b"\n',
+        "host 'gpu2'",
+        "field 'proxy_jump'",
+        'no jump host for transport = "local"',
+        id="jump-on-local",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "a"\naddress = "h"\n\n[[hosts]]\nname = "a"\naddress = "i"\n',
+        "host 'a'",
+        "field 'name'",
+        "a name no other host has (hosts[0] has it too)",
+        id="duplicate-name",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = "a"\naddress = "h"\n\n[[hosts]]\nname = "bad name!"\naddress = "i"\n',
+        "hosts[1]",
+        "field 'name'",
+        "expected a name of letters, digits, '.', '_' and '-', got \"bad name!\" (str)",
+        id="bad-name",
+    ),
+    pytest.param(
+        '[[hosts]]\nname = 5\naddress = "i"\n',
+        "hosts[0]",
+        "field 'name'",
+        "got 5 (int)",
+        id="name-not-string",
+    ),
+    pytest.param(
+        'hosts = ["gpu1"]\n',
+        "hosts[0]",
+        "",
+        "expected a table ([[hosts]])",
+        id="host-not-table",
+    ),
+    pytest.param(
+        '[hosts]\nname = "a"\n',
+        "hosts.toml",
+        "field 'hosts'",
+        "an array of tables ([[hosts]])",
+        id="hosts-is-table",
+    ),
+    pytest.param(
+        "defaults = 1\n",
+        "hosts.toml",
+        "field 'defaults'",
+        "a table ([defaults])",
+        id="defaults-not-table",
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "host", "field", "expected"), MALFORMED)
+def test_malformed(tmp_path: Path, body: str, host: str, field: str, expected: str) -> None:
+    # No ssh_config line here: 'defaults = 1' must stay the only [defaults].
+    path = tmp_path / "hosts.toml"
+    path.write_text(body)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: "), message
+    for part in (host, field, expected):
+        assert part in message, message
+
+
+def test_error_message_format(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.toml"
+    path.write_text('[[hosts]]\nname = "gpu2"\naddress = "h"\nport = "22a"\n')
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    err = info.value
+    assert (
+        str(err)
+        == f"{path}: host 'gpu2': field 'port': expected an integer 1..65535, got \"22a\" (str)"
+    )
+    assert isinstance(err, ValueError)
+    assert (err.path, err.host, err.field, err.got) == (path, "gpu2", "port", "22a")
+
+
+def test_bad_toml(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.toml"
+    path.write_text('[[hosts]]\nname = "a"\naddress = \n')
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: expected valid TOML")
+    assert "line 3" in message and "column" in message
+    assert info.value.field is None
+
+
+def test_explicit_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InventoryError, match="nope.toml: expected an existing inventory file"):
+        load_inventory(tmp_path / "nope.toml")
+
+
+def test_not_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "hosts.toml"
+    path.write_bytes(b"\xff\xfe[[hosts]]")
+    with pytest.raises(InventoryError, match="UTF-8"):
+        load_inventory(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# ssh config
+
+
+def test_ssh_config_alias_resolution(tmp_path: Path, _isolated: Path) -> None:
+    cfg = ssh_config(
+        tmp_path,
+        """
+        Host gpu1
+            HostName 10.1.2.3
+            User carol
+            Port 2222
+            IdentityFile ~/.ssh/gpu1_key
+            IdentityFile /keys/second
+            ProxyJump jumpbox
+
+        Host jumpbox
+            HostName 192.0.2.1
+        """,
+    )
+    path = inventory(tmp_path, '[[hosts]]\nname = "gpu1"\n', ssh_config=cfg)
+    (host,) = load_inventory(path).hosts
+    assert host.address == "10.1.2.3"
+    assert host.user == "carol"
+    assert host.port == 2222
+    assert host.identity_files == (f"{_isolated}/.ssh/gpu1_key", "/keys/second")
+    assert host.proxy_jump == "jumpbox"
+
+
+def test_ssh_config_precedence(tmp_path: Path) -> None:
+    """host entry > ssh config > [defaults] > built-in."""
+    cfg = ssh_config(
+        tmp_path,
+        """
+        Host gpu1 gpu2
+            HostName %h.cluster
+            User fromssh
+            Port 2222
+            IdentityFile /keys/ssh
+        """,
+    )
+    path = inventory(
+        tmp_path,
+        """
+        [defaults]
+        user = "fromdefaults"
+        port = 2200
+        identity_file = "/keys/defaults"
+        python = "python3.12"
+
+        [[hosts]]
+        name = "gpu1"
+
+        [[hosts]]
+        name = "gpu2"
+        address = "10.0.0.2"
+        user = "fromhost"
+        port = 22
+        identity_file = []
+
+        [[hosts]]
+        name = "gpu3"
+        address = "10.0.0.3"
+        """,
+        ssh_config=cfg,
+    )
+    gpu1, gpu2, gpu3 = load_inventory(path).hosts
+    assert (gpu1.address, gpu1.user, gpu1.port, gpu1.identity_files, gpu1.python) == (
+        "gpu1.cluster",
+        "fromssh",
+        2222,
+        ("/keys/ssh",),
+        "python3.12",
+    )
+    assert (gpu2.address, gpu2.user, gpu2.port, gpu2.identity_files) == (
+        "10.0.0.2",
+        "fromhost",
+        22,
+        (),
+    )
+    assert (gpu3.user, gpu3.port, gpu3.identity_files) == (
+        "fromdefaults",
+        2200,
+        ("/keys/defaults",),
+    )
+
+
+def test_ssh_config_wildcards_apply_but_do_not_supply_an_address(tmp_path: Path) -> None:
+    cfg = ssh_config(
+        tmp_path,
+        """
+        Host gpu*
+            User wild
+        Host *
+            HostName everything.example
+        """,
+    )
+    ok = inventory(tmp_path, '[[hosts]]\nname = "gpu1"\naddress = "h"\n', ssh_config=cfg)
+    assert load_inventory(ok).hosts[0].user == "wild"
+    missing = inventory(tmp_path, '[[hosts]]\nname = "gpu1"\n', ssh_config=cfg)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(missing)
+    message = str(info.value)
+    assert "host 'gpu1'" in message and "field 'address'" in message
+    assert f"the ssh config {cfg} has a 'Host gpu1' block with HostName" in message
+
+
+def test_missing_address_needs_a_literal_host_block_with_hostname(tmp_path: Path) -> None:
+    cfg = ssh_config(tmp_path, "Host gpu1\n    User someone\n")
+    path = inventory(tmp_path, '[[hosts]]\nname = "gpu1"\n', ssh_config=cfg)
+    with pytest.raises(InventoryError, match="field 'address'"):
+        load_inventory(path)
+    negated = ssh_config(tmp_path, "Host gpu1 !gpu1\n    HostName 10.0.0.1\n")
+    path = inventory(tmp_path, '[[hosts]]\nname = "gpu1"\n', ssh_config=negated)
+    with pytest.raises(InventoryError, match="field 'address'"):
+        load_inventory(path)
+
+
+def test_default_ssh_config_is_home_ssh_config(tmp_path: Path, _isolated: Path) -> None:
+    write(_isolated / ".ssh" / "config", "Host gpu1\n    HostName 10.9.9.9\n")
+    path = inventory(tmp_path, '[[hosts]]\nname = "gpu1"\n', ssh_config=None)
+    inv = load_inventory(path)
+    assert inv.hosts[0].address == "10.9.9.9"
+    assert inv.ssh_config == _isolated / ".ssh" / "config"
+
+
+def test_ssh_config_disabled_and_missing(tmp_path: Path, _isolated: Path) -> None:
+    write(_isolated / ".ssh" / "config", "Host gpu1\n    HostName 10.9.9.9\n")
+    disabled = inventory(tmp_path, '[[hosts]]\nname = "gpu1"\n', ssh_config="")
+    with pytest.raises(InventoryError, match="field 'address'"):
+        load_inventory(disabled)
+    absent = inventory(
+        tmp_path, '[[hosts]]\nname = "gpu1"\naddress = "h"\n', ssh_config=str(tmp_path / "none")
+    )
+    assert load_inventory(absent).hosts[0].address == "h"
+
+
+def test_ssh_config_bad_port_names_the_ssh_config(tmp_path: Path) -> None:
+    cfg = ssh_config(tmp_path, "Host gpu1\n    HostName h\n    Port twentytwo\n")
+    path = inventory(tmp_path, '[[hosts]]\nname = "gpu1"\n', ssh_config=cfg)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    assert str(info.value) == (
+        f"{cfg}: host 'gpu1': field 'Port': expected an integer 1..65535, got \"twentytwo\" (str)"
+    )
+
+
+def test_ssh_config_unparsable(tmp_path: Path) -> None:
+    cfg = ssh_config(tmp_path, "Host gpu1\n    =broken\n")
+    path = inventory(tmp_path, '[[hosts]]\nname = "gpu1"\naddress = "h"\n', ssh_config=cfg)
+    with pytest.raises(InventoryError, match="a valid OpenSSH client config"):
+        load_inventory(path)
+
+
+def test_local_hosts_ignore_ssh_config(tmp_path: Path) -> None:
+    cfg = ssh_config(tmp_path, "Host *\n    User wild\n    ProxyJump somewhere\n")
+    path = inventory(tmp_path, '[[hosts]]\nname = "me"\ntransport = "local"\n', ssh_config=cfg)
+    (me,) = load_inventory(path).hosts
+    assert me.user == "tester" and me.proxy_jump is None and me.address == "localhost"
+
+
+def test_proxy_jump_none_overrides_ssh_config(tmp_path: Path) -> None:
+    cfg = ssh_config(tmp_path, "Host gpu1\n    HostName h\n    ProxyJump bastion\n")
+    path = inventory(tmp_path, '[[hosts]]\nname = "gpu1"\nproxy_jump = "none"\n', ssh_config=cfg)
+    assert load_inventory(path).hosts[0].proxy_jump is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the inventory comes from
+
+
+def test_missing_default_file_means_local_inventory(_isolated: Path) -> None:
+    assert default_inventory_path() == _isolated / ".config" / "rigdeck" / "hosts.toml"
+    inv = load_inventory()
+    assert inv == local_inventory()
+    (host,) = inv.hosts
+    assert inv.path is None
+    assert host.is_local and host.address == "localhost"
+    assert host.python == sys.executable
+    assert host.state_dir == "~/.rigdeck"
+    assert host.name  # derived from the hostname, made a valid name
+    assert set(host.name) <= set(
+        "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
+    )
+    assert inv.known_hosts == _isolated / ".ssh" / "known_hosts"
+
+
+def test_local_inventory_sanitizes_hostname(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(socket, "gethostname", lambda: "my box (1)")
+    assert local_inventory().hosts[0].name == "my-box-1"
+
+
+def test_default_file_is_used(_isolated: Path) -> None:
+    write(
+        _isolated / ".config" / "rigdeck" / "hosts.toml",
+        '[defaults]\nssh_config = ""\n[[hosts]]\nname = "a"\naddress = "h"\n',
+    )
+    assert load_inventory().names == ["a"]
+
+
+def test_env_var_overrides_default_and_explicit_path_overrides_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, _isolated: Path
+) -> None:
+    write(
+        _isolated / ".config" / "rigdeck" / "hosts.toml",
+        '[[hosts]]\nname = "default"\naddress = "h"\n',
+    )
+    from_env = write(tmp_path / "env.toml", '[[hosts]]\nname = "fromenv"\naddress = "h"\n')
+    explicit = write(tmp_path / "explicit.toml", '[[hosts]]\nname = "explicit"\naddress = "h"\n')
+    monkeypatch.setenv(INVENTORY_ENV, str(from_env))
+    assert default_inventory_path() == from_env
+    assert load_inventory().names == ["fromenv"]
+    assert load_inventory(None).path == from_env
+    assert load_inventory(explicit).names == ["explicit"]
+    assert load_inventory(str(explicit)).names == ["explicit"]
+
+
+def test_env_var_pointing_nowhere_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(INVENTORY_ENV, str(tmp_path / "typo.toml"))
+    with pytest.raises(InventoryError, match="typo.toml: expected an existing inventory file"):
+        load_inventory()
+
+
+def test_tilde_in_explicit_path(_isolated: Path) -> None:
+    write(_isolated / "inv.toml", '[[hosts]]\nname = "a"\naddress = "h"\n')
+    assert load_inventory("~/inv.toml").names == ["a"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Inventory lookups
+
+
+def _three(tmp_path: Path) -> Inventory:
+    return load_inventory(
+        inventory(
+            tmp_path,
+            """
+            [[hosts]]
+            name = "a"
+            address = "h1"
+            [[hosts]]
+            name = "b"
+            address = "h2"
+            [[hosts]]
+            name = "c"
+            address = "h3"
+            """,
+        )
+    )
+
+
+def test_get_and_names(tmp_path: Path) -> None:
+    inv = _three(tmp_path)
+    assert inv.names == ["a", "b", "c"]
+    assert inv.get("b").address == "h2"
+    with pytest.raises(KeyError) as info:
+        inv.get("zz")
+    assert isinstance(info.value, UnknownHostError)
+    assert str(info.value) == f"no host 'zz' in {inv.path}; known hosts: a, b, c"
+
+
+def test_select(tmp_path: Path) -> None:
+    inv = _three(tmp_path)
+    assert [h.name for h in inv.select(["c", "a"])] == ["c", "a"]
+    assert [h.name for h in inv.select(["b", "b"])] == ["b"]
+    assert inv.select([]) == ()
+    with pytest.raises(InventoryError) as info:
+        inv.select(["a", "gpux"])
+    message = str(info.value)
+    assert "host 'gpux'" in message and "known: a, b, c" in message
+    assert str(inv.path) in message
+    with pytest.raises(InventoryError, match="host 'not a name'"):
+        inv.select(["not a name"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostfiles
+
+
+def test_hostfile(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "hostfile",
+        """
+        # DeepSpeed style
+        worker-1 slots=8
+        worker-2   slots=4  # trailing comment
+
+        10.0.0.7
+        admin@node_3 slots=2 max_slots=4
+        weird[1] slots=1 max-slots=2
+        """,
+    )
+    inv = load_hostfile(path, {"ssh_config": "", "user": "root", "sim_gpus": 2})
+    assert inv.path == path
+    assert [(h.name, h.address, h.slots, h.user) for h in inv.hosts] == [
+        ("worker-1", "worker-1", 8, "root"),
+        ("worker-2", "worker-2", 4, "root"),
+        ("10.0.0.7", "10.0.0.7", 1, "root"),
+        ("node_3", "node_3", 2, "admin"),
+        ("weird-1", "weird[1]", 1, "root"),
+    ]
+    assert all(h.sim_gpus == 2 for h in inv.hosts)
+
+
+def test_hostfile_resolves_through_ssh_config(tmp_path: Path) -> None:
+    cfg = ssh_config(
+        tmp_path, "Host worker-1\n    HostName 10.0.0.1\n    User deploy\n    Port 2222\n"
+    )
+    path = write(tmp_path / "hostfile", "worker-1 slots=8\nworker-2 slots=8\n")
+    w1, w2 = load_hostfile(path, {"ssh_config": cfg}).hosts
+    assert (w1.address, w1.user, w1.port) == ("10.0.0.1", "deploy", 2222)
+    assert (w2.address, w2.user, w2.port) == ("worker-2", "tester", 22)
+
+
+def test_load_inventory_detects_hostfiles(tmp_path: Path) -> None:
+    path = write(tmp_path / "hostfile", "a slots=2\nb\n")
+    assert [(h.name, h.slots) for h in load_inventory(path).hosts] == [("a", 2), ("b", 1)]
+    # A .toml name is always read as TOML.
+    as_toml = write(tmp_path / "odd.toml", "a slots=2\n")
+    with pytest.raises(InventoryError, match="valid TOML"):
+        load_inventory(as_toml)
+    # TOML without the extension is still TOML.
+    toml_text = write(
+        tmp_path / "inventory",
+        '[defaults]\nssh_config = ""\n[[hosts]]\nname = "x"\naddress = "h"\n',
+    )
+    assert load_inventory(toml_text).names == ["x"]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "needle"),
+    [
+        (
+            "a slots=2\nb slots=x\n",
+            2,
+            "host 'b': field 'slots': expected an integer >= 1, got \"x\" (str)",
+        ),
+        ("a slots=0\n", 1, "field 'slots': expected an integer >= 1"),
+        ("# c\n\na slots=2\nb slots 4\n", 4, "host 'b': expected slots=N or max_slots=M"),
+        ("a cpus=4\n", 1, "expected slots=N or max_slots=M after the host name ('cpus=4')"),
+        ("a max_slots=z\n", 1, "field 'max_slots'"),
+        ("a slots=1\n@b slots=1\n", 2, "expected a line 'HOSTNAME [slots=N] [max_slots=M]'"),
+        (
+            "a slots=1\n\na slots=2\n",
+            3,
+            "host 'a': field 'name': expected a name no other host has (line 1",
+        ),
+    ],
+)
+def test_hostfile_bad_lines(tmp_path: Path, text: str, line: int, needle: str) -> None:
+    path = write(tmp_path / "hostfile", text)
+    with pytest.raises(InventoryError) as info:
+        load_hostfile(path, {"ssh_config": ""})
+    message = str(info.value)
+    assert message.startswith(f"{path}:{line}: "), message
+    assert needle in message, message
+    assert info.value.line == line
+
+
+def test_hostfile_without_hosts(tmp_path: Path) -> None:
+    path = write(tmp_path / "hostfile", "# nothing here\n\n")
+    with pytest.raises(InventoryError, match="at least one host"):
+        load_hostfile(path)
+
+
+def test_hostfile_bad_defaults(tmp_path: Path) -> None:
+    path = write(tmp_path / "hostfile", "a slots=1\n")
+    with pytest.raises(InventoryError, match=r"\[defaults\]: field 'port'"):
+        load_hostfile(path, {"port": "x"})
+
+
+def test_hostfile_to_toml_round_trip(tmp_path: Path, _isolated: Path) -> None:
+    cfg = ssh_config(
+        tmp_path,
+        """
+        Host worker-1
+            HostName 10.0.0.1
+            User deploy
+            Port 2222
+            IdentityFile ~/.ssh/w1
+            ProxyJump bastion
+        Host bastion
+            HostName 192.0.2.1
+        """,
+    )
+    path = write(tmp_path / "hostfile", "worker-1 slots=8\nroot@worker-2 slots=4\nodd[3]\n")
+    inv = load_hostfile(path, {"ssh_config": cfg, "env": {"A": 'quote " back \\ slash'}})
+    text = hostfile_to_toml(inv)
+    out = write(tmp_path / "imported.toml", text)
+    again = load_inventory(out)
+    assert again.hosts == inv.hosts
+    assert again.known_hosts == inv.known_hosts
+    assert again.ssh_config == inv.ssh_config
+    assert again.get("worker-1").proxy_jump == "bastion"
+    assert again.get("worker-1").identity_files == (f"{_isolated}/.ssh/w1",)
+    assert jump_chain(again, again.get("worker-1"))[0].address == "192.0.2.1"
+
+
+def test_toml_round_trip_keeps_explicit_overrides_of_ssh_config(tmp_path: Path) -> None:
+    """Values that differ from what the ssh config would give must survive the round trip."""
+    cfg = ssh_config(
+        tmp_path,
+        "Host *\n    IdentityFile /keys/all\n    ProxyJump gw\nHost gw\n    ProxyJump none\n",
+    )
+    path = inventory(
+        tmp_path,
+        """
+        [[hosts]]
+        name = "a"
+        address = "h"
+        identity_file = []
+        proxy_jump = "none"
+        labels = ["x", "y"]
+        slots = 2
+        sim_gpus = 3
+        env = { B = "2", A = "1" }
+        connect_timeout = 1.5
+        keepalive = 0
+        python = "/opt/py"
+        state_dir = "/srv/rd"
+
+        [[hosts]]
+        name = "me"
+        transport = "local"
+        """,
+        ssh_config=cfg,
+    )
+    inv = load_inventory(path)
+    assert inv.get("a").identity_files == () and inv.get("a").proxy_jump is None
+    again = load_inventory(write(tmp_path / "again.toml", hostfile_to_toml(inv)))
+    assert again.hosts == inv.hosts
+
+
+def test_local_inventory_round_trip(tmp_path: Path) -> None:
+    inv = local_inventory()
+    again = load_inventory(write(tmp_path / "local.toml", hostfile_to_toml(inv)))
+    assert again.hosts == inv.hosts
+
+
+_label_text = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    labels=st.lists(_label_text, max_size=4),
+    value=st.text(alphabet=st.characters(blacklist_categories=("Cs",))),
+)
+def test_toml_strings_round_trip(
+    tmp_path_factory: pytest.TempPathFactory, labels: list[str], value: str
+) -> None:
+    host = HostSpec(name="h", address="h", user="u", labels=tuple(labels), env=(("V", value),))
+    inv = Inventory(hosts=(host,), path=None, known_hosts=Path("/kh"), ssh_config=None)
+    path = tmp_path_factory.mktemp("rt") / "inv.toml"
+    path.write_text(hostfile_to_toml(inv), encoding="utf-8")
+    assert load_inventory(path).hosts == (host,)
+
+
+# ---------------------------------------------------------------------------------------------
+# Jump hosts
+
+
+def test_jump_chain_by_name_and_nested(tmp_path: Path) -> None:
+    path = inventory(
+        tmp_path,
+        """
+        [[hosts]]
+        name = "gw"
+        address = "gw.example.com"
+        [[hosts]]
+        name = "bastion"
+        address = "10.0.0.1"
+        proxy_jump = "gw"
+        [[hosts]]
+        name = "gpu1"
+        address = "10.0.1.1"
+        proxy_jump = "bastion"
+        [[hosts]]
+        name = "direct"
+        address = "10.0.1.2"
+        """,
+    )
+    inv = load_inventory(path)
+    assert jump_chain(inv, inv.get("direct")) == []
+    assert jump_chain(inv, inv.get("bastion")) == [inv.get("gw")]
+    assert jump_chain(inv, inv.get("gpu1")) == [inv.get("gw"), inv.get("bastion")]
+
+
+def test_jump_chain_list_follows_only_the_first_hops_own_jump(tmp_path: Path) -> None:
+    path = inventory(
+        tmp_path,
+        """
+        [[hosts]]
+        name = "outer"
+        address = "o"
+        [[hosts]]
+        name = "first"
+        address = "f"
+        proxy_jump = "outer"
+        [[hosts]]
+        name = "second"
+        address = "s"
+        proxy_jump = "elsewhere"
+        [[hosts]]
+        name = "gpu1"
+        address = "g"
+        proxy_jump = "first, second"
+        """,
+    )
+    inv = load_inventory(path)
+    assert [h.name for h in jump_chain(inv, inv.get("gpu1"))] == ["outer", "first", "second"]
+
+
+def test_jump_chain_ad_hoc_hops(tmp_path: Path) -> None:
+    path = inventory(
+        tmp_path,
+        """
+        [[hosts]]
+        name = "gpu1"
+        address = "10.0.1.1"
+        user = "alice"
+        identity_file = "/keys/alice"
+        connect_timeout = 3
+        keepalive = 7
+        proxy_jump = "jump@gate.example.com:2222,inner,ssh://[2001:db8::1]:23"
+        """,
+    )
+    inv = load_inventory(path)
+    gate, inner, v6 = jump_chain(inv, inv.get("gpu1"))
+    assert gate == HostSpec(
+        name="jump@gate.example.com:2222",
+        address="gate.example.com",
+        port=2222,
+        user="jump",
+        identity_files=("/keys/alice",),
+        connect_timeout=3.0,
+        keepalive=7.0,
+    )
+    assert (inner.name, inner.address, inner.port, inner.user) == ("inner", "inner", 22, "alice")
+    assert (v6.address, v6.port) == ("2001:db8::1", 23)
+    assert all(not hop.is_local for hop in (gate, inner, v6))
+
+
+def test_jump_chain_ad_hoc_through_ssh_config(tmp_path: Path) -> None:
+    cfg = ssh_config(
+        tmp_path,
+        """
+        Host bastion
+            HostName 192.0.2.1
+            User ops
+            Port 2200
+            IdentityFile /keys/ops
+            ProxyJump gw
+        Host gw
+            HostName 192.0.2.254
+        """,
+    )
+    path = inventory(
+        tmp_path,
+        """
+        [[hosts]]
+        name = "gpu1"
+        address = "10.0.1.1"
+        identity_file = "/keys/me"
+        proxy_jump = "bastion"
+        """,
+        ssh_config=cfg,
+    )
+    inv = load_inventory(path)
+    gw, bastion = jump_chain(inv, inv.get("gpu1"))
+    assert (bastion.address, bastion.user, bastion.port) == ("192.0.2.1", "ops", 2200)
+    assert bastion.identity_files == ("/keys/ops", "/keys/me")
+    assert gw.address == "192.0.2.254" and gw.user == "tester"
+
+
+def test_jump_chain_user_at_inventory_host(tmp_path: Path) -> None:
+    path = inventory(
+        tmp_path,
+        """
+        [[hosts]]
+        name = "bastion"
+        address = "10.0.0.1"
+        user = "root"
+        port = 2200
+        [[hosts]]
+        name = "gpu1"
+        address = "10.0.1.1"
+        proxy_jump = "ops@bastion"
+        """,
+    )
+    inv = load_inventory(path)
+    (hop,) = jump_chain(inv, inv.get("gpu1"))
+    assert (hop.name, hop.address, hop.user, hop.port) == ("ops@bastion", "10.0.0.1", "ops", 2200)
+
+
+@pytest.mark.parametrize(
+    ("hosts", "loop"),
+    [
+        ([("a", "a")], "a -> a"),
+        ([("a", "b"), ("b", "a")], "a -> b -> a"),
+        ([("a", "b"), ("b", "c"), ("c", "a")], "a -> b -> c -> a"),
+        ([("a", "b,b"), ("b", None)], "a -> b -> b"),
+        ([("a", "root@a:2200")], "a -> a"),
+    ],
+)
+def test_jump_cycles_are_errors_at_load(
+    tmp_path: Path, hosts: list[tuple[str, str | None]], loop: str
+) -> None:
+    body = ""
+    for name, jump in hosts:
+        body += f'[[hosts]]\nname = "{name}"\naddress = "{name}.lan"\n'
+        if jump:
+            body += f'proxy_jump = "{jump}"\n'
+    path = inventory(tmp_path, body)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: host 'a': field 'proxy_jump': ")
+    assert f"a jump chain without loops ({loop})" in message
+
+
+def test_jump_chain_detects_cycles_in_hand_built_inventories() -> None:
+    a = HostSpec(name="a", address="a", user="u", proxy_jump="b")
+    b = HostSpec(name="b", address="b", user="u", proxy_jump="a")
+    inv = Inventory(hosts=(a, b), path=None, known_hosts=Path("/kh"))
+    with pytest.raises(InventoryError, match=r"field 'proxy_jump'.*\(a -> b -> a\)"):
+        jump_chain(inv, a)
+
+
+def test_jump_cycle_through_ssh_config(tmp_path: Path) -> None:
+    cfg = ssh_config(tmp_path, "Host j1\n    ProxyJump j2\nHost j2\n    ProxyJump j1\n")
+    path = inventory(
+        tmp_path, '[[hosts]]\nname = "a"\naddress = "h"\nproxy_jump = "j1"\n', ssh_config=cfg
+    )
+    with pytest.raises(InventoryError, match=r"a -> j1 -> j2 -> j1"):
+        load_inventory(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Architecture
+
+
+def test_inventory_does_not_import_textual() -> None:
+    code = "import sys, tui.inventory; sys.exit('textual' in sys.modules)"
+    subprocess.run([sys.executable, "-c", code], check=True)

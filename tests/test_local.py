@@ -1,0 +1,113 @@
+"""The local transport and the controller on this machine alone (no SSH), as `make run` uses them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tui.bundle import build_agent
+from tui.controller import Controller
+from tui.inventory import HostSpec, Inventory
+from tui.transport import Backoff, CommandTimeout, LocalTransport
+
+
+def _local_inventory(state_dir: Path, **kw: object) -> Inventory:
+    spec = HostSpec(name="here", address="localhost", transport="local", python=sys.executable,
+                    state_dir=str(state_dir), **kw)  # type: ignore[arg-type]
+    return Inventory(hosts=(spec,), path=None, known_hosts=state_dir / "known_hosts")
+
+
+def test_local_transport_runs_argument_lists_without_a_shell(tmp_path: Path) -> None:
+    t = LocalTransport(_local_inventory(tmp_path).hosts[0])
+    with t:
+        # A value full of shell syntax arrives as one literal argument.
+        res = t.run([sys.executable, "-c", "import sys; print(sys.argv[1])", "$(rm -rf x); `id` *"])
+        assert res.ok and res.stdout.strip() == "$(rm -rf x); `id` *"
+        res = t.run(["sh", "-c", "exit 7"])
+        assert res.exit_code == 7
+        res = t.run([sys.executable, "-c", "import os; print(os.environ['RD_X'])"], env={"RD_X": "y z"})
+        assert res.stdout.strip() == "y z"
+        with pytest.raises(CommandTimeout):
+            t.run(["sleep", "5"], timeout=0.3)
+        src = tmp_path / "f"
+        src.write_bytes(b"payload")
+        t.put_file(src, str(tmp_path / "a" / "b" / "f"), mode=0o600)
+        assert (tmp_path / "a" / "b" / "f").read_bytes() == b"payload"
+        assert (tmp_path / "a" / "b" / "f").stat().st_mode & 0o777 == 0o600
+        assert t.remote_path("~/x") == os.path.expanduser("~/x")
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    b = Backoff(initial=0.5, factor=2, maximum=4)
+    delays = [b.next_delay() for _ in range(8)]
+    assert 0.25 <= delays[0] <= 0.5
+    assert all(d <= 4 for d in delays)
+    assert delays[-1] >= 2  # reached the cap's half-range
+    b.reset()
+    assert b.next_delay() <= 0.5
+
+
+def test_local_deploy_installs_once_then_copies_nothing(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    inv = _local_inventory(state, sim_gpus=2)
+    bundle = build_agent(tmp_path / "cache")
+    with Controller(inv, bundle_factory=lambda: bundle) as ctl:
+        first = ctl.deploy()[0]
+        assert first.error is None, first.error
+        assert first.reachable and first.copied is True and first.agent_version == bundle.version
+        assert first.bytes_copied == bundle.size
+        assert (state / "agent" / bundle.version / "agent.pyz").read_bytes() == bundle.path.read_bytes()
+        assert (state / "agent" / "current").read_text().strip() == bundle.version
+        assert len(first.gpus) == 2 and first.gpu_source == "simulated"
+        second = ctl.deploy()[0]
+        assert second.copied is False and second.bytes_copied == 0
+        assert second.agent_version == bundle.version
+        probe = ctl.probe()[0]
+        assert probe.agent_version == bundle.version and probe.agent_current
+
+
+def test_deploy_replaces_a_tampered_agent(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    bundle = build_agent(tmp_path / "cache")
+    with Controller(_local_inventory(state), bundle_factory=lambda: bundle) as ctl:
+        assert ctl.deploy()[0].copied
+        pyz = state / "agent" / bundle.version / "agent.pyz"
+        pyz.write_bytes(pyz.read_bytes() + b"tampered")
+        again = ctl.deploy()[0]
+        assert again.copied is True and again.error is None
+        assert pyz.read_bytes() == bundle.path.read_bytes()
+
+
+def test_missing_python_is_reported_not_raised(tmp_path: Path) -> None:
+    spec = HostSpec(name="here", address="localhost", transport="local",
+                    python="/nonexistent/python3", state_dir=str(tmp_path))
+    inv = Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh")
+    with Controller(inv) as ctl:
+        r = ctl.probe()[0]
+    assert r.error and "/nonexistent/python3" in r.error
+
+
+def test_cli_hosts_json_on_the_local_machine(tmp_path: Path) -> None:
+    inv = tmp_path / "hosts.toml"
+    inv.write_text(
+        "[[hosts]]\n"
+        f'name = "here"\naddress = "localhost"\ntransport = "local"\npython = "{sys.executable}"\n'
+        f'state_dir = "{tmp_path / "state"}"\n'
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "tui.cli", "hosts", "--json", "--inventory", str(inv)],
+        capture_output=True, text=True, check=True,
+    )
+    data = json.loads(out.stdout)
+    assert isinstance(data, list) and len(data) == 1
+    h = data[0]
+    for key in ("name", "address", "reachable", "error", "agent_version", "python", "cpus",
+                "memory_total_mb", "gpus"):
+        assert key in h
+    assert h["name"] == "here" and h["reachable"] is True and h["error"] is None
+    assert h["cpus"] == os.cpu_count()

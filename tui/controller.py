@@ -1,0 +1,256 @@
+"""The controller: one object that the CLI and the app both drive. No Textual in here.
+
+It owns one transport per host, talks to hosts in parallel (one slow host never holds up the
+others beyond its own timeout), and turns what it learns into plain report objects.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from tui.bundle import AgentBundle, build_agent
+from tui.inventory import HostSpec, Inventory
+from tui.transport import (
+    HostKeyChangedError,
+    Transport,
+    TransportError,
+    UnknownHostKeyError,
+    make_transport,
+)
+
+log = logging.getLogger(__name__)
+
+FACTS_SOURCE = (Path(__file__).resolve().parent.parent / "agent" / "facts.py").read_text()
+COMMAND_TIMEOUT = 60.0
+
+T = TypeVar("T")
+
+
+@dataclass
+class HostReport:
+    """What one host said (or why it said nothing). ``to_json`` is the stable CLI contract."""
+
+    name: str
+    address: str
+    port: int
+    transport: str
+    labels: list[str] = field(default_factory=list)
+    reachable: bool = False
+    error: str | None = None
+    error_kind: str | None = None
+    host_key: dict[str, str] | None = None
+    hostname: str | None = None
+    addresses: list[str] = field(default_factory=list)
+    agent_version: str | None = None
+    agent_current: bool = False
+    copied: bool | None = None
+    bytes_copied: int = 0
+    python: str | None = None
+    python_executable: str | None = None
+    cpus: int | None = None
+    memory_total_mb: int | None = None
+    gpu_source: str | None = None
+    gpus: list[dict[str, Any]] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["elapsed_s"] = round(self.elapsed_s, 3)
+        return d
+
+
+def _report_for(spec: HostSpec) -> HostReport:
+    return HostReport(
+        name=spec.name,
+        address=spec.address,
+        port=spec.port,
+        transport=spec.transport,
+        labels=list(spec.labels),
+    )
+
+
+def _apply_facts(report: HostReport, facts: dict[str, Any]) -> None:
+    report.hostname = facts.get("hostname")
+    report.addresses = list(facts.get("addresses") or [])
+    report.python = facts.get("python")
+    report.python_executable = facts.get("python_executable")
+    report.cpus = facts.get("cpus")
+    report.memory_total_mb = facts.get("memory_total_mb")
+    report.gpu_source = facts.get("gpu_source")
+    report.gpus = list(facts.get("gpus") or [])
+
+
+def _parse_json_line(host: str, text: str, what: str) -> dict[str, Any]:
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                break
+            if isinstance(value, dict):
+                return value
+    raise TransportError(host, f"{what} printed no JSON: {text.strip()[:200]!r}")
+
+
+class Controller:
+    """Headless control of an inventory of hosts."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        *,
+        accept_new: bool = False,
+        bundle_factory: Callable[[], AgentBundle] = build_agent,
+    ):
+        self.inventory = inventory
+        self.accept_new = accept_new
+        self._bundle_factory = bundle_factory
+        self._bundle: AgentBundle | None = None
+        self._transports: dict[str, Transport] = {}
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @property
+    def bundle(self) -> AgentBundle:
+        if self._bundle is None:
+            self._bundle = self._bundle_factory()
+        return self._bundle
+
+    def specs(self, names: Sequence[str] | None = None) -> tuple[HostSpec, ...]:
+        return self.inventory.select(names) if names else self.inventory.hosts
+
+    def transport(self, spec: HostSpec) -> Transport:
+        t = self._transports.get(spec.name)
+        if t is None:
+            t = make_transport(self.inventory, spec, accept_new=self.accept_new)
+            self._transports[spec.name] = t
+        return t
+
+    def close(self) -> None:
+        for t in self._transports.values():
+            t.close()
+        self._transports.clear()
+
+    def __enter__(self) -> Controller:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _parallel(self, specs: Sequence[HostSpec], fn: Callable[[HostSpec], T]) -> list[T]:
+        """Run ``fn`` for every host at once; results in inventory order."""
+        if not specs:
+            return []
+        with ThreadPoolExecutor(max_workers=min(64, len(specs)), thread_name_prefix="host") as pool:
+            return list(pool.map(fn, specs))
+
+    def _guarded(self, spec: HostSpec, body: Callable[[HostReport, Transport], None]) -> HostReport:
+        report = _report_for(spec)
+        start = time.monotonic()
+        try:
+            t = self.transport(spec)
+            t.connect()
+            report.reachable = True
+            body(report, t)
+        except TransportError as e:
+            report.error = str(e)
+            report.error_kind = e.kind
+            if isinstance(e, UnknownHostKeyError):
+                report.host_key = {"type": e.key_type, "fingerprint": e.fingerprint}
+            elif isinstance(e, HostKeyChangedError):
+                report.host_key = {"fingerprint": e.fingerprint, "expected": e.expected_fingerprint}
+            if e.kind in ("unreachable", "auth", "unknown-host-key", "host-key-changed"):
+                report.reachable = False
+        except Exception as e:  # a bug must not hide the other hosts' reports
+            log.exception("%s: unexpected error", spec.name)
+            report.error = f"{spec.name}: internal error: {type(e).__name__}: {e}"
+            report.error_kind = "internal"
+        finally:
+            report.elapsed_s = time.monotonic() - start
+        return report
+
+    def _facts(self, spec: HostSpec, t: Transport) -> dict[str, Any]:
+        argv = [spec.python, "-c", FACTS_SOURCE, spec.state_dir]
+        res = t.run(argv, timeout=COMMAND_TIMEOUT, env=self.agent_env(spec))
+        if res.exit_code != 0:
+            raise TransportError(
+                spec.name,
+                f"python {spec.python!r} is not usable on the host "
+                f"(exit {res.exit_code}): {res.stderr.strip()[-300:]}",
+            )
+        return _parse_json_line(spec.name, res.stdout, "the facts probe")
+
+    @staticmethod
+    def agent_env(spec: HostSpec) -> dict[str, str]:
+        env = dict(spec.env)
+        if spec.sim_gpus:
+            env["RIGDECK_SIM_GPUS"] = str(spec.sim_gpus)
+        return env
+
+    # -- what the CLI and app call ---------------------------------------------------------
+
+    def probe(self, names: Sequence[str] | None = None) -> list[HostReport]:
+        """Reach every host and report its facts and deployed agent, deploying nothing."""
+        version = self.bundle.version
+
+        def body(report: HostReport, t: Transport) -> None:
+            facts = self._facts(t.spec, t)
+            _apply_facts(report, facts)
+            report.agent_version = facts.get("deployed_version")
+            report.agent_current = report.agent_version == version
+
+        return self._parallel(self.specs(names), lambda s: self._guarded(s, body))
+
+    def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
+        """Install the current agent where it is missing, verify it, and report each host."""
+        bundle = self.bundle
+
+        def body(report: HostReport, t: Transport) -> None:
+            self._deploy_one(report, t, bundle)
+
+        return self._parallel(self.specs(names), lambda s: self._guarded(s, body))
+
+    def _deploy_one(self, report: HostReport, t: Transport, bundle: AgentBundle) -> None:
+        spec = t.spec
+        facts = self._facts(spec, t)
+        state_dir = facts["state_dir"]
+        final = f"{state_dir}/agent/{bundle.version}/agent.pyz"
+        if facts.get("deployed_version") == bundle.version and facts.get("deployed_sha256") == bundle.sha256:
+            report.copied = False
+        else:
+            part = f"{final}.part-{secrets.token_hex(4)}"
+            t.put_file(bundle.path, part, mode=0o600)
+            res = t.run(
+                [spec.python, part, "install", "--state-dir", state_dir, "--expect-sha256", bundle.sha256],
+                timeout=COMMAND_TIMEOUT,
+            )
+            installed = _parse_json_line(spec.name, res.stdout + res.stderr, "agent install")
+            if res.exit_code != 0 or not installed.get("ok"):
+                t.run(["rm", "-f", part], timeout=COMMAND_TIMEOUT)
+                raise TransportError(spec.name, f"agent install failed: {installed.get('error', res.stderr)}")
+            report.copied = True
+            report.bytes_copied = bundle.size
+        res = t.run(
+            [spec.python, final, "version", "--state-dir", state_dir],
+            timeout=COMMAND_TIMEOUT,
+            env=self.agent_env(spec),
+        )
+        if res.exit_code != 0:
+            raise TransportError(spec.name, f"agent.pyz version failed (exit {res.exit_code}): {res.stderr.strip()[-300:]}")
+        info = _parse_json_line(spec.name, res.stdout, "agent.pyz version")
+        _apply_facts(report, info)
+        report.agent_version = info.get("version")
+        if report.agent_version != bundle.version:
+            raise TransportError(
+                spec.name, f"agent reports version {report.agent_version}, expected {bundle.version}"
+            )
+        report.agent_current = True

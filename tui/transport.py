@@ -1,0 +1,572 @@
+"""How the controller reaches a host: SSH through paramiko, or the local machine directly.
+
+Both transports take commands as argument lists. Over SSH the list is quoted with
+``shlex.join`` into the one string the protocol carries, so no user value is ever parsed by a
+remote shell as anything but a single word.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import random
+import select
+import shlex
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+from tui.inventory import HostSpec, Inventory, jump_chain
+
+log = logging.getLogger(__name__)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors a user can cause or must act on. Each names the host.
+
+
+class TransportError(Exception):
+    """A host could not be reached or used; ``kind`` is a short machine-readable tag."""
+
+    kind = "error"
+
+    def __init__(self, host: str, message: str):
+        super().__init__(f"{host}: {message}")
+        self.host = host
+        self.detail = message
+
+
+class UnreachableError(TransportError):
+    kind = "unreachable"
+
+
+class AuthenticationError(TransportError):
+    kind = "auth"
+
+
+class UnknownHostKeyError(TransportError):
+    """The host presented a key that known_hosts does not have; nothing was sent to it."""
+
+    kind = "unknown-host-key"
+
+    def __init__(self, host: str, hostkey_name: str, key: paramiko.PKey, known_hosts: Path):
+        self.hostkey_name = hostkey_name
+        self.key = key
+        self.key_type = key.get_name()
+        self.fingerprint = fingerprint(key)
+        super().__init__(
+            host,
+            f"unknown host key for {hostkey_name}: {self.key_type} {self.fingerprint} "
+            f"(not in {known_hosts}); check it out of band, then accept it with --accept-new",
+        )
+
+
+class HostKeyChangedError(TransportError):
+    """The host's key differs from the recorded one. Never accepted automatically."""
+
+    kind = "host-key-changed"
+
+    def __init__(self, host: str, hostkey_name: str, got: paramiko.PKey, expected: paramiko.PKey,
+                 known_hosts: Path):
+        self.hostkey_name = hostkey_name
+        self.fingerprint = fingerprint(got)
+        self.expected_fingerprint = fingerprint(expected)
+        super().__init__(
+            host,
+            "REMOTE HOST KEY HAS CHANGED for "
+            f"{hostkey_name}: it presented {got.get_name()} {self.fingerprint}, but "
+            f"{known_hosts} records {expected.get_name()} {self.expected_fingerprint}. "
+            "This may be an attack (or a reinstalled host); refusing to connect. "
+            "Remove the old entry by hand only once you know why it changed.",
+        )
+
+
+class CommandTimeout(TransportError):
+    kind = "timeout"
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's SHA256 fingerprint of a public key, e.g. ``SHA256:abc...``."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def hostkey_name(address: str, port: int) -> str:
+    """The name known_hosts uses for a host: ``addr`` on port 22, ``[addr]:port`` otherwise."""
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    argv: tuple[str, ...]
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+    def check(self, host: str) -> CommandResult:
+        if self.exit_code != 0:
+            tail = (self.stderr or self.stdout).strip().splitlines()[-5:]
+            raise TransportError(
+                host, f"{shlex.join(self.argv[:3])}... exited {self.exit_code}: {' | '.join(tail)}"
+            )
+        return self
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with full jitter, for reconnects."""
+
+    initial: float = 0.5
+    factor: float = 2.0
+    maximum: float = 30.0
+    attempts: int = 0
+    _rng: random.Random = field(default_factory=random.Random, repr=False)
+
+    def next_delay(self) -> float:
+        ceiling = min(self.maximum, self.initial * (self.factor**self.attempts))
+        self.attempts += 1
+        return self._rng.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self.attempts = 0
+
+
+class Transport(ABC):
+    """One host. Thread-safe for concurrent ``run`` calls once connected."""
+
+    def __init__(self, spec: HostSpec):
+        self.spec = spec
+        self.name = spec.name
+
+    @abstractmethod
+    def connect(self) -> None: ...
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+    @property
+    @abstractmethod
+    def connected(self) -> bool: ...
+
+    @abstractmethod
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        input: bytes | None = None,
+        timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
+        """Run ``argv`` on the host and wait for it; raise CommandTimeout past ``timeout``."""
+
+    @abstractmethod
+    def put_file(self, local: Path, remote: str, mode: int = 0o644) -> None:
+        """Copy a local file to an absolute path on the host, creating parent directories."""
+
+    @abstractmethod
+    def home(self) -> str: ...
+
+    def remote_path(self, path: str) -> str:
+        """Expand a leading ``~`` against the host's home directory."""
+        if path == "~":
+            return self.home()
+        if path.startswith("~/"):
+            return self.home().rstrip("/") + "/" + path[2:]
+        return path
+
+    def reconnect(self, backoff: Backoff | None = None, attempts: int = 3) -> None:
+        """Close and connect again, waiting with backoff between failed attempts."""
+        backoff = backoff or Backoff()
+        for attempt in range(attempts):
+            self.close()
+            try:
+                self.connect()
+                backoff.reset()
+                return
+            except (UnknownHostKeyError, HostKeyChangedError, AuthenticationError):
+                raise  # retrying cannot fix these
+            except TransportError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(backoff.next_delay())
+
+    def __enter__(self) -> Transport:
+        self.connect()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _with_env(argv: Sequence[str], env: Mapping[str, str] | None) -> list[str]:
+    if not env:
+        return list(argv)
+    return ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
+    """Refuse unknown keys, or record them in known_hosts when the user accepted new keys."""
+
+    def __init__(self, host: str, known_hosts: Path, accept_new: bool):
+        self.host = host
+        self.known_hosts = known_hosts
+        self.accept_new = accept_new
+        self.accepted: str | None = None
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if not self.accept_new:
+            raise UnknownHostKeyError(self.host, hostname, key, self.known_hosts)
+        record_host_key(self.known_hosts, hostname, key)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        self.accepted = fingerprint(key)
+        log.warning("%s: accepted new host key %s %s", self.host, key.get_name(), self.accepted)
+
+
+_known_hosts_lock = threading.Lock()
+
+
+def record_host_key(known_hosts: Path, hostname: str, key: paramiko.PKey) -> None:
+    """Append one entry to known_hosts (created 0600 in a 0700 directory if missing)."""
+    with _known_hosts_lock:
+        known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        line = f"{hostname} {key.get_name()} {key.get_base64()}\n"
+        fd = os.open(known_hosts, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a") as f:
+            f.write(line)
+
+
+def load_host_keys(known_hosts: Path) -> paramiko.HostKeys:
+    keys = paramiko.HostKeys()
+    if known_hosts.exists():
+        keys.load(str(known_hosts))
+    return keys
+
+
+def scan_host_key(address: str, port: int = 22, timeout: float = 5.0,
+                  sock: Any = None) -> paramiko.PKey:
+    """The key a server presents, without authenticating (for the app's trust dialog)."""
+    s = sock or socket.create_connection((address, port), timeout=timeout)
+    t = paramiko.Transport(s)
+    try:
+        t.banner_timeout = timeout
+        t.start_client(timeout=timeout)
+        return t.get_remote_server_key()
+    finally:
+        t.close()
+
+
+class SSHTransport(Transport):
+    """A paramiko connection to one host, optionally through ProxyJump hops."""
+
+    def __init__(
+        self,
+        spec: HostSpec,
+        known_hosts: Path,
+        *,
+        accept_new: bool = False,
+        jumps: Sequence[HostSpec] = (),
+    ):
+        super().__init__(spec)
+        self.known_hosts = Path(known_hosts)
+        self.accept_new = accept_new
+        self.jumps = list(jumps)
+        self._client: paramiko.SSHClient | None = None
+        self._jump_clients: list[paramiko.SSHClient] = []
+        self._home: str | None = None
+        self._lock = threading.Lock()
+        self.accepted_fingerprints: list[str] = []
+
+    # -- connection -------------------------------------------------------------------------
+
+    def _open(self, spec: HostSpec, sock: Any, label: str) -> paramiko.SSHClient:
+        client = paramiko.SSHClient()
+        for name, entry in load_host_keys(self.known_hosts).items():
+            for key_type, key in entry.items():
+                client.get_host_keys().add(name, key_type, key)
+        policy = _HostKeyPolicy(label, self.known_hosts, self.accept_new)
+        client.set_missing_host_key_policy(policy)
+        timeout = spec.connect_timeout
+        key_files = [os.path.expanduser(p) for p in spec.identity_files]
+        missing = [p for p in key_files if not os.path.exists(p)]
+        if missing and len(missing) == len(key_files):
+            raise AuthenticationError(label, f"identity file not found: {', '.join(missing)}")
+        try:
+            client.connect(
+                spec.address,
+                port=spec.port,
+                username=spec.user,
+                key_filename=[p for p in key_files if os.path.exists(p)] or None,
+                look_for_keys=not key_files,
+                allow_agent=True,
+                timeout=timeout,
+                banner_timeout=timeout,
+                auth_timeout=timeout,
+                channel_timeout=timeout,
+                sock=sock,
+            )
+        except paramiko.BadHostKeyException as e:
+            client.close()
+            raise HostKeyChangedError(
+                label, hostkey_name(spec.address, spec.port), e.key, e.expected_key, self.known_hosts
+            ) from None
+        except paramiko.AuthenticationException as e:
+            client.close()
+            tried = ", ".join(key_files) if key_files else "default keys"
+            raise AuthenticationError(
+                label,
+                f"authentication failed for {spec.user}@{spec.address}:{spec.port} "
+                f"(tried {tried} and ssh-agent): {e}",
+            ) from None
+        except (UnknownHostKeyError, HostKeyChangedError):
+            client.close()
+            raise
+        except (TimeoutError, socket.timeout) as e:
+            client.close()
+            raise UnreachableError(
+                label, f"{spec.address}:{spec.port} did not answer within {timeout:g}s ({e})"
+            ) from None
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            client.close()
+            raise UnreachableError(label, f"cannot connect to {spec.address}:{spec.port}: {e}") from None
+        if policy.accepted:
+            self.accepted_fingerprints.append(policy.accepted)
+        transport = client.get_transport()
+        if transport is not None and spec.keepalive > 0:
+            transport.set_keepalive(max(1, int(spec.keepalive)))
+        return client
+
+    def connect(self) -> None:
+        with self._lock:
+            if self._client is not None and self._alive(self._client):
+                return
+            self._close_locked()
+            sock = None
+            hops = [*self.jumps, self.spec]
+            clients: list[paramiko.SSHClient] = []
+            try:
+                for i, hop in enumerate(hops):
+                    label = self.name if hop is self.spec else f"{self.name} (via jump {hop.name})"
+                    client = self._open(hop, sock, label)
+                    clients.append(client)
+                    if i + 1 < len(hops):
+                        nxt = hops[i + 1]
+                        sock = self._direct_tcpip(client, nxt, label)
+            except BaseException:
+                for c in clients:
+                    c.close()
+                raise
+            self._jump_clients = clients[:-1]
+            self._client = clients[-1]
+
+    def _direct_tcpip(self, client: paramiko.SSHClient, nxt: HostSpec, label: str) -> paramiko.Channel:
+        transport = client.get_transport()
+        assert transport is not None
+        try:
+            return transport.open_channel(
+                "direct-tcpip", (nxt.address, nxt.port), ("127.0.0.1", 0), timeout=nxt.connect_timeout
+            )
+        except (paramiko.SSHException, OSError) as e:
+            raise UnreachableError(
+                label, f"jump host could not reach {nxt.address}:{nxt.port}: {e}"
+            ) from None
+
+    @staticmethod
+    def _alive(client: paramiko.SSHClient) -> bool:
+        t = client.get_transport()
+        return t is not None and t.is_active()
+
+    @property
+    def connected(self) -> bool:
+        c = self._client
+        return c is not None and self._alive(c)
+
+    def _close_locked(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        for c in reversed(self._jump_clients):
+            c.close()
+        self._jump_clients = []
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _transport(self) -> paramiko.Transport:
+        c = self._client
+        t = c.get_transport() if c else None
+        if t is None or not t.is_active():
+            raise UnreachableError(self.name, "not connected")
+        return t
+
+    # -- commands ---------------------------------------------------------------------------
+
+    def open_channel(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> paramiko.Channel:
+        """Start ``argv`` and return its channel (for long-lived streams such as the agent)."""
+        try:
+            chan = self._transport().open_session(timeout=self.spec.connect_timeout)
+            chan.exec_command(shlex.join(_with_env(argv, env)))
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise UnreachableError(self.name, f"cannot open a session: {e}") from None
+        return chan
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        input: bytes | None = None,
+        timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
+        chan = self.open_channel(argv, env)
+        deadline = time.monotonic() + timeout
+        out, err = bytearray(), bytearray()
+        try:
+            if input:
+                chan.sendall(input)
+            chan.shutdown_write()
+            while True:
+                while chan.recv_ready():
+                    out += chan.recv(65536)
+                while chan.recv_stderr_ready():
+                    err += chan.recv_stderr(65536)
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise CommandTimeout(
+                        self.name, f"{shlex.join(list(argv)[:3])}... still running after {timeout:g}s"
+                    )
+                if self._client is None or not self._alive(self._client):
+                    raise UnreachableError(self.name, "connection lost while a command was running")
+                select.select([chan], [], [], min(remaining, 0.5))
+            code = chan.recv_exit_status()
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise UnreachableError(self.name, f"connection lost: {e}") from None
+        finally:
+            chan.close()
+        return CommandResult(tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def put_file(self, local: Path, remote: str, mode: int = 0o644) -> None:
+        try:
+            sftp = paramiko.SFTPClient.from_transport(self._transport())
+            assert sftp is not None
+            with sftp:
+                sftp.get_channel().settimeout(max(30.0, self.spec.connect_timeout))
+                _sftp_makedirs(sftp, os.path.dirname(remote))
+                sftp.put(str(local), remote)
+                sftp.chmod(remote, mode)
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            raise TransportError(self.name, f"copy to {remote} failed: {e}") from None
+
+    def home(self) -> str:
+        if self._home is None:
+            try:
+                sftp = paramiko.SFTPClient.from_transport(self._transport())
+                assert sftp is not None
+                with sftp:
+                    self._home = sftp.normalize(".")
+            except (OSError, paramiko.SSHException, EOFError) as e:
+                raise TransportError(self.name, f"cannot resolve the home directory: {e}") from None
+        return self._home
+
+
+def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
+    parts: list[str] = []
+    p = path
+    while p and p != "/":
+        parts.append(p)
+        p = os.path.dirname(p)
+    for d in reversed(parts):
+        try:
+            sftp.stat(d)
+        except OSError:
+            sftp.mkdir(d, mode=0o700)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class LocalTransport(Transport):
+    """This machine, without SSH: the default one-host cluster."""
+
+    def __init__(self, spec: HostSpec):
+        super().__init__(spec)
+        self._open = False
+
+    def connect(self) -> None:
+        self._open = True
+
+    def close(self) -> None:
+        self._open = False
+
+    @property
+    def connected(self) -> bool:
+        return self._open
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        input: bytes | None = None,
+        timeout: float = 60.0,
+        env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
+        full_env = {**os.environ, **(env or {})}
+        try:
+            proc = subprocess.run(
+                list(argv), input=input, capture_output=True, timeout=timeout, env=full_env
+            )
+        except subprocess.TimeoutExpired:
+            raise CommandTimeout(self.name, f"{shlex.join(list(argv)[:3])}... still running after {timeout:g}s") from None
+        except OSError as e:
+            raise TransportError(self.name, f"cannot run {argv[0]}: {e}") from None
+        return CommandResult(
+            tuple(argv), proc.returncode, proc.stdout.decode(errors="replace"),
+            proc.stderr.decode(errors="replace"),
+        )
+
+    def popen(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
+            list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            env={**os.environ, **(env or {})},
+        )
+
+    def put_file(self, local: Path, remote: str, mode: int = 0o644) -> None:
+        try:
+            os.makedirs(os.path.dirname(remote), mode=0o700, exist_ok=True)
+            shutil.copyfile(local, remote)
+            os.chmod(remote, mode)
+        except OSError as e:
+            raise TransportError(self.name, f"copy to {remote} failed: {e}") from None
+
+    def home(self) -> str:
+        return os.path.expanduser("~")
+
+
+def make_transport(inv: Inventory, spec: HostSpec, *, accept_new: bool = False) -> Transport:
+    if spec.is_local:
+        return LocalTransport(spec)
+    return SSHTransport(spec, inv.known_hosts, accept_new=accept_new, jumps=jump_chain(inv, spec))
+
