@@ -52,6 +52,24 @@ def cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_attach(args: argparse.Namespace) -> int:
+    from agent import attach
+
+    return attach.main(args.state_dir, start=not args.no_start)
+
+
+def cmd_daemon(args: argparse.Namespace) -> int:
+    from agent import daemon
+
+    paths = daemon.Paths(args.state_dir)
+    daemon.setup_logging(paths)
+    try:
+        sim = int(os.environ.get("RIGDECK_SIM_GPUS", "0") or 0)
+    except ValueError:
+        sim = 0
+    return daemon.Daemon(paths.state_dir, sim_gpus=sim, interval=1.0 / args.rate_hz).run()
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="agent.pyz", description="rigdeck host agent")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -62,5 +80,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--state-dir", required=True)
     p.add_argument("--expect-sha256", required=True)
     p.set_defaults(func=cmd_install)
+    p = sub.add_parser("attach", help="bridge stdin/stdout to the daemon, starting it if needed")
+    p.add_argument("--state-dir", default="~/.rigdeck")
+    p.add_argument("--no-start", action="store_true", help="fail instead of starting a daemon")
+    p.set_defaults(func=cmd_attach)
+    p = sub.add_parser("daemon", help="run the daemon in the foreground (attach starts it detached)")
+    p.add_argument("--state-dir", default="~/.rigdeck")
+    p.add_argument("--rate-hz", type=float, default=1.0)
+    p.set_defaults(func=cmd_daemon)
     args = parser.parse_args(argv)
     return int(args.func(args))

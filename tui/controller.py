@@ -219,7 +219,8 @@ class Controller:
 
         return self._parallel(self.specs(names), lambda s: self._guarded(s, body))
 
-    def _deploy_one(self, report: HostReport, t: Transport, bundle: AgentBundle) -> None:
+    def _deploy_one(self, report: HostReport, t: Transport, bundle: AgentBundle) -> tuple[str, str]:
+        """Make sure ``bundle`` is installed and runs; returns (state_dir, agent.pyz path) there."""
         spec = t.spec
         facts = self._facts(spec, t)
         state_dir = facts["state_dir"]
@@ -254,3 +255,4 @@ class Controller:
                 spec.name, f"agent reports version {report.agent_version}, expected {bundle.version}"
             )
         report.agent_current = True
+        return state_dir, final

@@ -149,6 +149,80 @@ class Backoff:
         self.attempts = 0
 
 
+class Stream(ABC):
+    """A long-lived process on a host (the agent's ``attach``), spoken to over stdin/stdout."""
+
+    @abstractmethod
+    def send(self, data: bytes) -> None: ...
+
+    @abstractmethod
+    def recv(self, timeout: float) -> bytes | None:
+        """Up to 64 KiB of stdout; ``None`` when nothing came within ``timeout``; ``b""`` at EOF."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class ChannelStream(Stream):
+    def __init__(self, host: str, chan: paramiko.Channel):
+        self.host = host
+        self.chan = chan
+
+    def send(self, data: bytes) -> None:
+        try:
+            self.chan.settimeout(10.0)
+            self.chan.sendall(data)
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise UnreachableError(self.host, f"send to agent failed: {e}") from None
+
+    def recv(self, timeout: float) -> bytes | None:
+        try:
+            self.chan.settimeout(timeout)
+            return self.chan.recv(65536)
+        except TimeoutError:
+            return None
+        except (OSError, EOFError, paramiko.SSHException) as e:
+            raise UnreachableError(self.host, f"agent stream broke: {e}") from None
+
+    def close(self) -> None:
+        self.chan.close()
+
+
+class PipeStream(Stream):
+    def __init__(self, host: str, proc: subprocess.Popen[bytes]):
+        self.host = host
+        self.proc = proc
+
+    def send(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError) as e:
+            raise UnreachableError(self.host, f"send to agent failed: {e}") from None
+
+    def recv(self, timeout: float) -> bytes | None:
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        ready, _, _ = select.select([fd], [], [], timeout)
+        if not ready:
+            return None
+        return os.read(fd, 65536)
+
+    def close(self) -> None:
+        for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
+        try:
+            self.proc.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 class Transport(ABC):
     """One host. Thread-safe for concurrent ``run`` calls once connected."""
 
@@ -183,6 +257,10 @@ class Transport(ABC):
 
     @abstractmethod
     def home(self) -> str: ...
+
+    @abstractmethod
+    def open_stream(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Stream:
+        """Start ``argv`` and keep talking to it over its stdin/stdout."""
 
     def remote_path(self, path: str) -> str:
         """Expand a leading ``~`` against the host's home directory."""
@@ -431,6 +509,9 @@ class SSHTransport(Transport):
             raise UnreachableError(self.name, f"cannot open a session: {e}") from None
         return chan
 
+    def open_stream(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Stream:
+        return ChannelStream(self.name, self.open_channel(argv, env))
+
     def run(
         self,
         argv: Sequence[str],
@@ -547,11 +628,15 @@ class LocalTransport(Transport):
             proc.stderr.decode(errors="replace"),
         )
 
-    def popen(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(
-            list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            env={**os.environ, **(env or {})},
-        )
+    def open_stream(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Stream:
+        try:
+            proc = subprocess.Popen(
+                list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+            )
+        except OSError as e:
+            raise TransportError(self.name, f"cannot run {argv[0]}: {e}") from None
+        return PipeStream(self.name, proc)
 
     def put_file(self, local: Path, remote: str, mode: int = 0o644) -> None:
         try:

@@ -1,0 +1,81 @@
+"""``agent.pyz attach``: bridge stdin/stdout to the user's daemon, starting it first if needed.
+
+This process is what an SSH session runs. When the session drops, stdin closes and this process
+exits; the daemon, in its own session, carries on. Stdlib only, Python 3.9+.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Optional
+
+from agent.daemon import Paths, spawn_daemon
+
+CONNECT_WAIT_S = 15.0
+
+
+def connect(paths: Paths, start: bool = True, wait: float = CONNECT_WAIT_S) -> socket.socket:
+    """Connect to the daemon's socket; start a daemon (once) when none answers."""
+    deadline = time.monotonic() + wait
+    spawned = False
+    delay = 0.02
+    while True:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            s.connect(paths.socket)
+            return s
+        except (FileNotFoundError, ConnectionRefusedError):
+            s.close()
+            if not start:
+                raise
+        if not spawned:
+            # Racing attaches may each spawn one; the daemon's lock lets exactly one serve.
+            spawn_daemon(paths)
+            spawned = True
+        if time.monotonic() > deadline:
+            raise TimeoutError("no agent daemon answered on %s within %.0fs" % (paths.socket, wait))
+        time.sleep(delay)
+        delay = min(0.2, delay * 2)
+
+
+def _pump_stdin(sock: socket.socket) -> None:
+    fd = sys.stdin.fileno()
+    try:
+        while True:
+            data = os.read(fd, 65536)
+            if not data:
+                break
+            sock.sendall(data)
+    except OSError:
+        pass
+    # The SSH session is gone (or the controller closed its end): leave, the daemon stays.
+    os._exit(0)
+
+
+def bridge(sock: socket.socket) -> int:
+    threading.Thread(target=_pump_stdin, args=(sock,), daemon=True).start()
+    out = sys.stdout.fileno()
+    try:
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                return 0
+            view = memoryview(data)
+            while view:
+                n = os.write(out, view)
+                view = view[n:]
+    except (BrokenPipeError, ConnectionResetError):
+        return 0
+
+
+def main(state_dir: str, start: Optional[bool] = True) -> int:
+    paths = Paths(state_dir)
+    try:
+        sock = connect(paths, start=bool(start))
+    except (OSError, TimeoutError) as e:
+        sys.stderr.write("rigdeck agent: %s\n" % e)
+        return 1
+    return bridge(sock)

@@ -1,0 +1,464 @@
+"""The agent daemon: one per user per host, reached only through a unix socket.
+
+It lives in its own session (started detached by ``attach``), so an SSH disconnect never touches
+it. It opens no TCP port. A lock file makes it single-instance even when two attaches race; the
+socket lives in a 0700 directory and is itself 0600.
+
+Stdlib only, Python 3.9+.
+"""
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import logging
+import logging.handlers
+import os
+import socket
+import subprocess
+import sys
+import time
+import zipfile
+from typing import Any, Callable, Dict, List, Optional
+
+from agent import facts, protocol
+from agent.version import agent_version
+
+log = logging.getLogger("rigdeck.agent")
+
+WRITE_BUFFER_LIMIT = 4 << 20  # a client that lets this much pile up is dropped
+MIN_INTERVAL = 0.1
+MAX_INTERVAL = 60.0
+
+
+class Paths:
+    def __init__(self, state_dir: str):
+        self.state_dir = os.path.abspath(os.path.expanduser(state_dir))
+        self.run_dir = os.path.join(self.state_dir, "run")
+        self.socket = os.path.join(self.run_dir, "agent.sock")
+        self.lock = os.path.join(self.run_dir, "daemon.lock")
+        self.pidfile = os.path.join(self.run_dir, "daemon.pid")
+        self.log = os.path.join(self.state_dir, "agent.log")
+        self.stderr = os.path.join(self.state_dir, "agent.stderr")  # crashes before logging is up
+
+    def ensure(self) -> None:
+        """Create the state and run directories owner-only, and refuse someone else's."""
+        os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+        os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
+        st = os.stat(self.run_dir)
+        if st.st_uid != os.getuid():
+            raise PermissionError("%s belongs to uid %d, not us" % (self.run_dir, st.st_uid))
+        if st.st_mode & 0o077:
+            os.chmod(self.run_dir, 0o700)
+
+
+def self_command() -> List[str]:
+    """How to start this agent again: the zipapp when we run from one, else the source package."""
+    argv0 = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if argv0 and os.path.isfile(argv0) and zipfile.is_zipfile(argv0):
+        return [sys.executable, argv0]
+    return [sys.executable, "-m", "agent"]
+
+
+def spawn_daemon(paths: Paths, command: Optional[List[str]] = None) -> subprocess.Popen:
+    """Start a detached daemon in a new session; it outlives the caller and its SSH session."""
+    paths.ensure()
+    cmd = (command or self_command()) + ["daemon", "--state-dir", paths.state_dir]
+    env = dict(os.environ)
+    if cmd[1:2] == ["-m"]:  # running from a source tree: make the package importable from cwd
+        src = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    with open(os.devnull, "rb") as devnull_in, open(paths.stderr, "ab") as log_out:
+        return subprocess.Popen(
+            cmd,
+            stdin=devnull_in,
+            stdout=log_out,
+            stderr=log_out,
+            start_new_session=True,
+            close_fds=True,
+            cwd=paths.state_dir,
+            env=env,
+        )
+
+
+class _Client:
+    def __init__(self, daemon: "Daemon", writer: asyncio.StreamWriter, cid: int):
+        self.daemon = daemon
+        self.writer = writer
+        self.cid = cid
+        self.greeted = False
+        self.stream_task = None  # type: Optional[asyncio.Task]
+        self.closed = False
+
+    def send(self, msg: Dict[str, Any]) -> None:
+        if self.closed:
+            return
+        try:
+            data = protocol.encode(msg)
+        except protocol.ProtocolError as e:
+            data = protocol.encode(protocol.error(msg.get("id"), e.code, e.message))
+        transport = self.writer.transport
+        if transport.is_closing():
+            self.close()
+            return
+        if transport.get_write_buffer_size() > WRITE_BUFFER_LIMIT:
+            log.warning("client %d reads too slowly; dropping it", self.cid)
+            self.close()
+            return
+        self.writer.write(data)
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self.stream_task is not None:
+            self.stream_task.cancel()
+        self.writer.close()
+
+
+class Daemon:
+    def __init__(
+        self,
+        state_dir: str,
+        sim_gpus: int = 0,
+        interval: float = 1.0,
+        collector_factory: Optional[Callable[..., Any]] = None,
+    ):
+        self.paths = Paths(state_dir)
+        self.sim_gpus = sim_gpus
+        self.interval = interval
+        self.version = agent_version()
+        self.started = time.time()
+        self._collector_factory = collector_factory
+        self._collector = None  # type: Any
+        self._lock_fd = None  # type: Optional[int]
+        self._clients = {}  # type: Dict[int, _Client]
+        self._next_cid = 0
+        self._latest = None  # type: Optional[Dict[str, Any]]
+        self._latest_seq = 0
+        self._cond = None  # type: Optional[asyncio.Condition]
+        self._stop = None  # type: Optional[asyncio.Event]
+        self._server = None  # type: Any
+        self._successor = None  # type: Optional[List[str]]
+        self.methods = {
+            "ping": self._m_ping,
+            "version": self._m_version,
+            "facts": self._m_facts,
+            "sample": self._m_sample,
+            "subscribe": self._m_subscribe,
+            "unsubscribe": self._m_unsubscribe,
+            "set_rate": self._m_set_rate,
+            "upgrade": self._m_upgrade,
+            "shutdown": self._m_shutdown,
+        }  # type: Dict[str, Callable[[_Client, Dict[str, Any]], Any]]
+
+    # -- single instance ---------------------------------------------------------------------
+
+    def acquire_lock(self) -> bool:
+        self.paths.ensure()
+        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.EAGAIN, errno.EACCES, errno.EWOULDBLOCK):
+                return False
+            raise
+        self._lock_fd = fd
+        tmp = self.paths.pidfile + ".tmp"
+        with open(tmp, "w") as f:
+            f.write("%d\n" % os.getpid())
+        os.replace(tmp, self.paths.pidfile)
+        return True
+
+    def release_lock(self) -> None:
+        if self._lock_fd is not None:
+            try:
+                os.unlink(self.paths.pidfile)
+            except OSError:
+                pass
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    # -- serving -----------------------------------------------------------------------------
+
+    def hello(self) -> Dict[str, Any]:
+        return protocol.hello(
+            role="agent",
+            agent_version=self.version,
+            hostname=socket.gethostname(),
+            pid=os.getpid(),
+            started=self.started,
+            python=sys.version.split()[0],
+        )
+
+    async def serve(self) -> None:
+        self._cond = asyncio.Condition()
+        self._stop = asyncio.Event()
+        try:
+            os.unlink(self.paths.socket)  # stale: we hold the lock, so nobody else serves it
+        except FileNotFoundError:
+            pass
+        old_umask = os.umask(0o177)
+        try:
+            self._server = await asyncio.start_unix_server(
+                self._on_client, path=self.paths.socket, limit=protocol.MAX_MESSAGE_BYTES
+            )
+        finally:
+            os.umask(old_umask)
+        os.chmod(self.paths.socket, 0o600)
+        log.info("agent %s serving on %s (pid %d)", self.version, self.paths.socket, os.getpid())
+        ticker = asyncio.ensure_future(self._ticker())
+        try:
+            await self._stop.wait()
+        finally:
+            ticker.cancel()
+            self._server.close()
+            for c in list(self._clients.values()):
+                c.close()
+            try:
+                os.unlink(self.paths.socket)
+            except OSError:
+                pass
+            if self._collector is not None:
+                self._collector.close()
+
+    def _collector_instance(self) -> Any:
+        if self._collector is None:
+            if self._collector_factory is not None:
+                self._collector = self._collector_factory()
+            else:
+                from agent.telemetry import Collector
+
+                self._collector = Collector(sim_gpus=self.sim_gpus, interval=self.interval)
+        return self._collector
+
+    def _subscribers(self) -> int:
+        return sum(1 for c in self._clients.values() if c.stream_task is not None)
+
+    async def _collect(self) -> Dict[str, Any]:
+        from agent.telemetry import sample_to_dict
+
+        loop = asyncio.get_event_loop()
+        collector = self._collector_instance()
+        sample = await loop.run_in_executor(None, collector.sample)
+        return sample_to_dict(sample)
+
+    async def _ticker(self) -> None:
+        """Collect at the current rate while someone listens; publish the latest value only."""
+        assert self._cond is not None
+        loop = asyncio.get_event_loop()
+        next_tick = loop.time()
+        while True:
+            if self._subscribers() == 0:
+                await asyncio.sleep(0.1)
+                next_tick = loop.time()
+                continue
+            try:
+                data = await self._collect()
+            except Exception:  # a broken sensor must not stop the daemon
+                log.exception("telemetry sample failed")
+                data = None
+            if data is not None:
+                async with self._cond:
+                    self._latest = data
+                    self._latest_seq += 1
+                    self._cond.notify_all()
+            next_tick += self.interval
+            delay = next_tick - loop.time()
+            if delay < 0:  # fell behind: skip, do not burst
+                next_tick = loop.time()
+                delay = 0
+            await asyncio.sleep(delay)
+
+    async def _stream(self, client: _Client) -> None:
+        assert self._cond is not None
+        seen = 0
+        try:
+            while not client.closed:
+                async with self._cond:
+                    await self._cond.wait_for(lambda: self._latest_seq > seen)
+                    seen = self._latest_seq
+                    data = self._latest
+                client.send(protocol.event("telemetry", data))
+                # A slow reader parks here; samples published meanwhile are skipped, not queued.
+                await client.writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+
+    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._next_cid += 1
+        client = _Client(self, writer, self._next_cid)
+        self._clients[client.cid] = client
+        splitter = protocol.LineSplitter()
+        client.send(self.hello())
+        try:
+            while not client.closed:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                for line, err in splitter.feed(data):
+                    if err is not None:
+                        client.send(protocol.error(None, err.code, err.message))
+                        continue
+                    assert line is not None
+                    self._handle_line(client, line)
+                await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            client.close()
+            self._clients.pop(client.cid, None)
+
+    def _handle_line(self, client: _Client, line: bytes) -> None:
+        try:
+            msg = protocol.decode(line)
+        except protocol.ProtocolError as e:
+            client.send(protocol.error(e.request_id, e.code, e.message))
+            return
+        mtype = msg["type"]
+        rid = msg.get("id")
+        if mtype == "hello":
+            if msg["protocol"] != protocol.PROTOCOL_VERSION:
+                client.send(
+                    protocol.error(
+                        rid, protocol.VERSION_MISMATCH,
+                        "agent speaks protocol %d, client %r" % (protocol.PROTOCOL_VERSION, msg["protocol"]),
+                    )
+                )
+                return
+            client.greeted = True
+            return
+        if mtype != "request":
+            client.send(protocol.error(rid, protocol.BAD_MESSAGE, "the agent accepts hello and request only"))
+            return
+        if not client.greeted:
+            client.send(protocol.error(rid, protocol.NOT_HELLO, "send hello first"))
+            return
+        method = self.methods.get(msg["method"])
+        if method is None:
+            client.send(protocol.error(rid, protocol.UNKNOWN_METHOD, "unknown method %r" % msg["method"]))
+            return
+        try:
+            result = method(client, msg["params"])
+        except protocol.ProtocolError as e:
+            client.send(protocol.error(rid, e.code, e.message))
+            return
+        except Exception as e:  # never let one request take the daemon down
+            log.exception("method %s failed", msg["method"])
+            client.send(protocol.error(rid, protocol.INTERNAL, "%s: %s" % (type(e).__name__, e)))
+            return
+        if asyncio.iscoroutine(result):
+            asyncio.ensure_future(self._finish(client, rid, result))
+        else:
+            client.send(protocol.ok(rid, result))
+
+    async def _finish(self, client: _Client, rid: Any, coro: Any) -> None:
+        try:
+            result = await coro
+        except protocol.ProtocolError as e:
+            client.send(protocol.error(rid, e.code, e.message))
+            return
+        except Exception as e:
+            log.exception("request %s failed", rid)
+            client.send(protocol.error(rid, protocol.INTERNAL, "%s: %s" % (type(e).__name__, e)))
+            return
+        client.send(protocol.ok(rid, result))
+
+    # -- methods -----------------------------------------------------------------------------
+
+    def _m_ping(self, client: _Client, params: Dict[str, Any]) -> Any:
+        return {"time": time.time()}
+
+    def _m_version(self, client: _Client, params: Dict[str, Any]) -> Any:
+        h = self.hello()
+        del h["type"]
+        return h
+
+    def _m_facts(self, client: _Client, params: Dict[str, Any]) -> Any:
+        return facts.collect(self.paths.state_dir)
+
+    async def _m_sample(self, client: _Client, params: Dict[str, Any]) -> Any:
+        if self._latest is not None and self._subscribers() > 0:
+            return self._latest
+        return await self._collect()
+
+    def _rate_param(self, params: Dict[str, Any]) -> Optional[float]:
+        hz = params.get("rate_hz")
+        if hz is None:
+            return None
+        if isinstance(hz, bool) or not isinstance(hz, (int, float)) or not (1 / MAX_INTERVAL <= hz <= 10):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "rate_hz must be a number in 1/60..10")
+        return 1.0 / float(hz)
+
+    def _apply_interval(self, interval: float) -> None:
+        self.interval = max(MIN_INTERVAL, min(MAX_INTERVAL, interval))
+        if self._collector is not None and hasattr(self._collector, "set_interval"):
+            self._collector.set_interval(self.interval)
+
+    def _m_subscribe(self, client: _Client, params: Dict[str, Any]) -> Any:
+        interval = self._rate_param(params)
+        if interval is not None:
+            self._apply_interval(interval)
+        if client.stream_task is None:
+            client.stream_task = asyncio.ensure_future(self._stream(client))
+        return {"rate_hz": 1.0 / self.interval}
+
+    def _m_unsubscribe(self, client: _Client, params: Dict[str, Any]) -> Any:
+        if client.stream_task is not None:
+            client.stream_task.cancel()
+            client.stream_task = None
+        return {}
+
+    def _m_set_rate(self, client: _Client, params: Dict[str, Any]) -> Any:
+        interval = self._rate_param(params)
+        if interval is None:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "set_rate needs rate_hz")
+        self._apply_interval(interval)
+        return {"rate_hz": 1.0 / self.interval}
+
+    def busy(self) -> bool:
+        """True while the daemon owns work that a restart would disturb (jobs, later)."""
+        return False
+
+    def _m_upgrade(self, client: _Client, params: Dict[str, Any]) -> Any:
+        path = params.get("path")
+        if not isinstance(path, str) or not os.path.isfile(path) or not zipfile.is_zipfile(path):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "upgrade needs 'path' of an agent.pyz on this host")
+        if self.busy():
+            return {"scheduled": "when-idle"}
+        self._successor = [sys.executable, path]
+        asyncio.get_event_loop().call_later(0.1, self._stop_now)
+        return {"scheduled": "now"}
+
+    def _m_shutdown(self, client: _Client, params: Dict[str, Any]) -> Any:
+        if self.busy() and not params.get("force"):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "the agent has running work; pass force")
+        asyncio.get_event_loop().call_later(0.1, self._stop_now)
+        return {"stopping": True}
+
+    def _stop_now(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    def run(self) -> int:
+        if not self.acquire_lock():
+            log.info("another agent daemon already serves %s; exiting", self.paths.socket)
+            return 0
+        try:
+            asyncio.run(self.serve())
+        finally:
+            self.release_lock()
+        if self._successor:
+            log.info("handing over to %s", self._successor[1])
+            spawn_daemon(self.paths, self._successor)
+        return 0
+
+
+def setup_logging(paths: Paths) -> None:
+    paths.ensure()
+    handler = logging.handlers.RotatingFileHandler(paths.log, maxBytes=5 << 20, backupCount=2)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(levelname)s %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)

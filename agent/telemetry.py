@@ -1,0 +1,1258 @@
+"""Live telemetry of one host: its GPUs and its CPU, memory, disks and network, once per tick.
+
+Stdlib only at import time, Python 3.9+. psutil and pynvml (nvidia-ml-py) are used where the host
+has them, imported inside the code that needs them; /proc covers everything psutil would give.
+Every sample is a plain dataclass: nothing in this module knows who reads it.
+
+GPU sources, in the order ``Collector`` tries them:
+- ``nvml``: NVML through pynvml, device handles created once and cached.
+- ``nvidia-smi``: one long-running ``nvidia-smi --query-gpu=... -lms N`` child whose latest row per
+  GPU is kept by a reader thread (never one spawn per tick). It reports no processes.
+- ``simulated``: ``RIGDECK_SIM_GPUS=N`` paper GPUs whose load follows the CPU use of the user's
+  processes tagged for them (``RIGDECK_SIM_GPU=i``, or ``RIGDECK_JOB_ID`` plus
+  ``CUDA_VISIBLE_DEVICES`` starting with ``i``). Marked ``simulated`` everywhere.
+- ``none``: no GPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+from agent.facts import simulated_gpus
+
+MB = 1024 * 1024
+BACKENDS = ("nvml", "nvidia-smi", "simulated", "none")
+MIN_INTERVAL_S = 0.1
+MAX_INTERVAL_S = 60.0
+
+NVIDIA_SMI_QUERY = (
+    "index,name,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu,"
+    "power.draw,power.limit,clocks.sm,ecc.errors.uncorrected.volatile.total"
+)
+
+# Environment variables that tie a process to a rigdeck job or a simulated GPU.
+ENV_SIM_GPU = "RIGDECK_SIM_GPU"
+ENV_JOB_ID = "RIGDECK_JOB_ID"
+ENV_RANK = "RIGDECK_RANK"
+ENV_CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
+_ENV_KEYS = frozenset(k.encode() for k in (ENV_SIM_GPU, ENV_JOB_ID, ENV_RANK, ENV_CUDA_VISIBLE))
+
+SIM_MEMORY_TOTAL_MB = 81920
+SIM_POWER_LIMIT_W = 700.0
+
+
+class TelemetryError(RuntimeError):
+    """A telemetry source that was asked for by name cannot be used on this host."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Samples: plain data
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GpuProcess:
+    pid: int
+    user: Optional[str]
+    used_memory_mb: Optional[int]
+    job_id: Optional[str]
+    rank: Optional[int]
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "user": self.user,
+            "used_memory_mb": self.used_memory_mb,
+            "job_id": self.job_id,
+            "rank": self.rank,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> GpuProcess:
+        return cls(
+            pid=int(d["pid"]),
+            user=d.get("user"),
+            used_memory_mb=d.get("used_memory_mb"),
+            job_id=d.get("job_id"),
+            rank=d.get("rank"),
+        )
+
+
+@dataclass
+class GpuSample:
+    index: int
+    name: str
+    uuid: str
+    simulated: bool
+    utilization_pct: Optional[float]
+    memory_used_mb: Optional[int]
+    memory_total_mb: Optional[int]
+    temperature_c: Optional[float]
+    power_w: Optional[float]
+    power_limit_w: Optional[float]
+    sm_clock_mhz: Optional[int]
+    ecc_volatile_errors: Optional[int]  # None where the card has no ECC
+    processes: List[GpuProcess] = field(default_factory=list)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "index": self.index,
+            "name": self.name,
+            "uuid": self.uuid,
+            "simulated": self.simulated,
+            "utilization_pct": self.utilization_pct,
+            "memory_used_mb": self.memory_used_mb,
+            "memory_total_mb": self.memory_total_mb,
+            "temperature_c": self.temperature_c,
+            "power_w": self.power_w,
+            "power_limit_w": self.power_limit_w,
+            "sm_clock_mhz": self.sm_clock_mhz,
+            "ecc_volatile_errors": self.ecc_volatile_errors,
+            "processes": [p.to_dict() for p in self.processes],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> GpuSample:
+        return cls(
+            index=int(d["index"]),
+            name=str(d["name"]),
+            uuid=str(d["uuid"]),
+            simulated=bool(d.get("simulated", False)),
+            utilization_pct=d.get("utilization_pct"),
+            memory_used_mb=d.get("memory_used_mb"),
+            memory_total_mb=d.get("memory_total_mb"),
+            temperature_c=d.get("temperature_c"),
+            power_w=d.get("power_w"),
+            power_limit_w=d.get("power_limit_w"),
+            sm_clock_mhz=d.get("sm_clock_mhz"),
+            ecc_volatile_errors=d.get("ecc_volatile_errors"),
+            processes=[GpuProcess.from_dict(p) for p in d.get("processes") or []],
+        )
+
+
+@dataclass
+class HostSample:
+    cpu_pct: float
+    cpu_per_core: List[float]
+    load: List[float]  # 1, 5 and 15 minute load averages
+    mem_used_mb: int
+    mem_total_mb: int
+    swap_used_mb: int
+    swap_total_mb: int
+    disk_read_bps: float
+    disk_write_bps: float
+    net_rx_bps: float
+    net_tx_bps: float
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "cpu_pct": self.cpu_pct,
+            "cpu_per_core": list(self.cpu_per_core),
+            "load": list(self.load),
+            "mem_used_mb": self.mem_used_mb,
+            "mem_total_mb": self.mem_total_mb,
+            "swap_used_mb": self.swap_used_mb,
+            "swap_total_mb": self.swap_total_mb,
+            "disk_read_bps": self.disk_read_bps,
+            "disk_write_bps": self.disk_write_bps,
+            "net_rx_bps": self.net_rx_bps,
+            "net_tx_bps": self.net_tx_bps,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> HostSample:
+        return cls(
+            cpu_pct=float(d["cpu_pct"]),
+            cpu_per_core=[float(x) for x in d.get("cpu_per_core") or []],
+            load=[float(x) for x in d.get("load") or []],
+            mem_used_mb=int(d["mem_used_mb"]),
+            mem_total_mb=int(d["mem_total_mb"]),
+            swap_used_mb=int(d.get("swap_used_mb", 0)),
+            swap_total_mb=int(d.get("swap_total_mb", 0)),
+            disk_read_bps=float(d.get("disk_read_bps", 0.0)),
+            disk_write_bps=float(d.get("disk_write_bps", 0.0)),
+            net_rx_bps=float(d.get("net_rx_bps", 0.0)),
+            net_tx_bps=float(d.get("net_tx_bps", 0.0)),
+        )
+
+
+@dataclass
+class Sample:
+    seq: int
+    time: float
+    hostname: str
+    gpu_source: str  # "nvml" | "nvidia-smi" | "simulated" | "none"
+    simulated: bool  # True when the GPUs are simulated
+    host: HostSample
+    gpus: List[GpuSample]
+    cost_s: float  # wall time this sample took to collect
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "time": self.time,
+            "hostname": self.hostname,
+            "gpu_source": self.gpu_source,
+            "simulated": self.simulated,
+            "host": self.host.to_dict(),
+            "gpus": [g.to_dict() for g in self.gpus],
+            "cost_s": self.cost_s,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> Sample:
+        return cls(
+            seq=int(d["seq"]),
+            time=float(d["time"]),
+            hostname=str(d["hostname"]),
+            gpu_source=str(d["gpu_source"]),
+            simulated=bool(d.get("simulated", False)),
+            host=HostSample.from_dict(d["host"]),
+            gpus=[GpuSample.from_dict(g) for g in d.get("gpus") or []],
+            cost_s=float(d.get("cost_s", 0.0)),
+        )
+
+
+def sample_to_dict(s: Sample) -> Dict[str, Any]:
+    """A plain dict of ``s``, ready for ``json.dumps``."""
+    return s.to_dict()
+
+
+def sample_from_dict(d: Dict[str, Any]) -> Sample:
+    """The inverse of ``sample_to_dict``; keys it does not know are ignored."""
+    return Sample.from_dict(d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Small readers
+# ---------------------------------------------------------------------------------------------
+
+
+def _read_bytes(path: str) -> bytes:
+    # os-level reads: /proc files are small, and open() costs several times more per call.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            b = os.read(fd, 65536)
+            if not b:
+                break
+            chunks.append(b)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def _read_text(path: str) -> str:
+    return _read_bytes(path).decode("ascii", "replace")
+
+
+def _clamp_interval(seconds: float) -> float:
+    return max(MIN_INTERVAL_S, min(MAX_INTERVAL_S, float(seconds)))
+
+
+def _rate(
+    cur: Dict[str, Tuple[int, int]], prev: Dict[str, Tuple[int, int]], dt: float
+) -> Tuple[float, float]:
+    """Summed per-device byte rates; devices that came, went or reset their counters add nothing."""
+    if dt <= 0:
+        return 0.0, 0.0
+    a = b = 0
+    for name, (x, y) in cur.items():
+        p = prev.get(name)
+        if p is None:
+            continue
+        if x >= p[0]:
+            a += x - p[0]
+        if y >= p[1]:
+            b += y - p[1]
+    return round(a / dt, 1), round(b / dt, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# /proc parsers (pure, unit-testable on recorded text)
+# ---------------------------------------------------------------------------------------------
+
+
+def _busy_total(values: Iterable[float]) -> Tuple[float, float]:
+    """(busy, total) from user nice system idle iowait irq softirq steal (guest is inside user)."""
+    v = list(values)[:8]
+    v += [0.0] * (8 - len(v))
+    total = sum(v)
+    return total - v[3] - v[4], total
+
+
+def parse_proc_stat_cpus(text: str) -> List[Tuple[float, float]]:
+    """(busy, total) jiffies of each ``cpuN`` line of /proc/stat, in file order."""
+    out = []
+    for line in text.split("\n"):
+        if line.startswith("cpu"):
+            if line[3:4].isdigit():
+                out.append(_busy_total(float(x) for x in line.split()[1:9]))
+        elif out:
+            break  # cpu lines come first; skip the long intr line
+    return out
+
+
+def parse_meminfo(text: str) -> Tuple[int, int, int, int]:
+    """(mem used, mem total, swap used, swap total) in MB; used means total - available."""
+    kb = {}  # type: Dict[str, int]
+    for line in text.split("\n"):
+        key, _, rest = line.partition(":")
+        parts = rest.split()
+        if parts:
+            try:
+                kb[key] = int(parts[0])
+            except ValueError:
+                continue
+    total = kb.get("MemTotal", 0)
+    avail = kb.get("MemAvailable")
+    if avail is None:  # kernels before 3.14
+        avail = kb.get("MemFree", 0) + kb.get("Buffers", 0) + kb.get("Cached", 0)
+    swap_total = kb.get("SwapTotal", 0)
+    swap_used = swap_total - kb.get("SwapFree", swap_total)
+    return (
+        max(0, total - avail) // 1024,
+        total // 1024,
+        max(0, swap_used) // 1024,
+        swap_total // 1024,
+    )
+
+
+_PART_P = re.compile(r"^(.*\d)p\d+$")  # nvme0n1p2, mmcblk0p1
+_PART_N = re.compile(r"^(.*\D)\d+$")  # sda1, vdb2, xvda1
+_SKIP_DISK = re.compile(r"^(loop\d|ram\d|zram\d|dm-\d|md\d)")
+
+
+def whole_disks(names: Iterable[str]) -> List[str]:
+    """The names that are whole disks: no partitions of a listed disk, no loop/ram devices.
+
+    Device-mapper and md devices are left out too: their I/O is already counted on the disks
+    beneath them.
+    """
+    names = list(names)
+    listed = set(names)
+    out = []
+    for n in names:
+        if _SKIP_DISK.match(n):
+            continue
+        m = _PART_P.match(n) or _PART_N.match(n)
+        if m and m.group(1) in listed:
+            continue
+        out.append(n)
+    return out
+
+
+def parse_diskstats(text: str) -> Dict[str, Tuple[int, int]]:
+    """name -> (read bytes, written bytes) of each device in /proc/diskstats (512-byte sectors)."""
+    out = {}
+    for line in text.split("\n"):
+        f = line.split()
+        if len(f) < 10:
+            continue
+        try:
+            out[f[2]] = (int(f[5]) * 512, int(f[9]) * 512)
+        except ValueError:
+            continue
+    return out
+
+
+def parse_net_dev(text: str) -> Dict[str, Tuple[int, int]]:
+    """interface -> (received bytes, sent bytes) from /proc/net/dev."""
+    out = {}
+    for line in text.split("\n"):
+        name, sep, rest = line.partition(":")
+        if not sep:
+            continue
+        f = rest.split()
+        if len(f) < 9:
+            continue
+        try:
+            out[name.strip()] = (int(f[0]), int(f[8]))
+        except ValueError:
+            continue
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Host metrics
+# ---------------------------------------------------------------------------------------------
+
+
+class _HostSampler:
+    """CPU, memory, disk and network of the host, through psutil or /proc.
+
+    CPU percentages come from our own deltas of cumulative times, not psutil.cpu_percent():
+    that keeps its last reading in module state, which two collectors in one process would share.
+    """
+
+    def __init__(self, use_psutil: Optional[bool] = None, proc_root: str = "/proc") -> None:
+        self._ps = None  # type: Any
+        self._root = proc_root
+        if use_psutil is not False:
+            try:
+                import psutil  # type: ignore
+
+                self._ps = psutil
+            except ImportError:
+                if use_psutil:
+                    raise TelemetryError("use_psutil=True but psutil is not installed") from None
+        self._prev = None  # type: Optional[Tuple[float, List[Tuple[float, float]], Dict[str, Tuple[int, int]], Dict[str, Tuple[int, int]]]]
+        self._disk_names = ()  # type: Tuple[str, ...]
+        self._disk_keep = frozenset()  # type: frozenset
+
+    @property
+    def uses_psutil(self) -> bool:
+        return self._ps is not None
+
+    def _cpus(self) -> List[Tuple[float, float]]:
+        if self._ps is not None:
+            return [_busy_total(t) for t in self._ps.cpu_times(percpu=True)]
+        return parse_proc_stat_cpus(_read_text(self._root + "/stat"))
+
+    def _memory(self) -> Tuple[int, int, int, int]:
+        if self._ps is not None:
+            vm = self._ps.virtual_memory()
+            sw = self._ps.swap_memory()
+            return (
+                int(max(0, vm.total - vm.available) // MB),
+                int(vm.total // MB),
+                int(sw.used // MB),
+                int(sw.total // MB),
+            )
+        return parse_meminfo(_read_text(self._root + "/meminfo"))
+
+    def _disks(self) -> Dict[str, Tuple[int, int]]:
+        if self._ps is not None:
+            raw = {
+                k: (v.read_bytes, v.write_bytes)
+                for k, v in (self._ps.disk_io_counters(perdisk=True) or {}).items()
+            }
+        else:
+            try:
+                raw = parse_diskstats(_read_text(self._root + "/diskstats"))
+            except OSError:
+                raw = {}
+        names = tuple(raw)
+        if names != self._disk_names:  # the device list rarely changes: classify it once
+            self._disk_names = names
+            self._disk_keep = frozenset(whole_disks(names))
+        return {k: v for k, v in raw.items() if k in self._disk_keep}
+
+    def _nets(self) -> Dict[str, Tuple[int, int]]:
+        if self._ps is not None:
+            raw = {
+                k: (v.bytes_recv, v.bytes_sent)
+                for k, v in (self._ps.net_io_counters(pernic=True) or {}).items()
+            }
+        else:
+            try:
+                raw = parse_net_dev(_read_text(self._root + "/net/dev"))
+            except OSError:
+                raw = {}
+        raw.pop("lo", None)
+        return raw
+
+    def sample(self, mono: float) -> HostSample:
+        cpus = self._cpus()
+        disks = self._disks()
+        nets = self._nets()
+        mem_used, mem_total, swap_used, swap_total = self._memory()
+        try:
+            load = [round(x, 2) for x in os.getloadavg()]
+        except OSError:
+            load = [0.0, 0.0, 0.0]
+        cpu_pct = 0.0
+        per_core = [0.0] * len(cpus)
+        disk_r = disk_w = net_rx = net_tx = 0.0
+        prev = self._prev
+        if prev is not None:
+            dt = mono - prev[0]
+            if len(prev[1]) == len(cpus):
+                per_core = [_cpu_pct(cpus[k], prev[1][k]) for k in range(len(cpus))]
+                cpu_pct = _cpu_pct(
+                    (sum(c[0] for c in cpus), sum(c[1] for c in cpus)),
+                    (sum(p[0] for p in prev[1]), sum(p[1] for p in prev[1])),
+                )
+            disk_r, disk_w = _rate(disks, prev[2], dt)
+            net_rx, net_tx = _rate(nets, prev[3], dt)
+        self._prev = (mono, cpus, disks, nets)
+        return HostSample(
+            cpu_pct=cpu_pct,
+            cpu_per_core=per_core,
+            load=load,
+            mem_used_mb=mem_used,
+            mem_total_mb=mem_total,
+            swap_used_mb=swap_used,
+            swap_total_mb=swap_total,
+            disk_read_bps=disk_r,
+            disk_write_bps=disk_w,
+            net_rx_bps=net_rx,
+            net_tx_bps=net_tx,
+        )
+
+
+def _cpu_pct(cur: Tuple[float, float], prev: Tuple[float, float]) -> float:
+    total = cur[1] - prev[1]
+    if total <= 0:
+        return 0.0
+    return round(max(0.0, min(100.0, 100.0 * (cur[0] - prev[0]) / total)), 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Processes: who owns a pid, and which rigdeck job / simulated GPU it belongs to
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_environ(data: bytes) -> Dict[str, str]:
+    """The rigdeck-relevant variables of a NUL-separated /proc/<pid>/environ."""
+    if b"RIGDECK_" not in data:  # nearly every process: skip the split
+        return {}
+    out = {}
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep and key in _ENV_KEYS:
+            out[key.decode()] = value.decode("utf-8", "replace")
+    return out
+
+
+def _int_or_none(text: Optional[str]) -> Optional[int]:
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+class _Proc:
+    __slots__ = ("pid", "inode", "uid", "env", "fresh", "start", "cpu_ticks", "cpu_mono")
+
+    def __init__(self, pid: int, inode: int, uid: int, env: Dict[str, str], fresh: bool) -> None:
+        self.pid = pid
+        self.inode = inode  # /proc/<pid>'s inode: a new process under a reused pid gets a new one
+        self.uid = uid
+        self.env = env
+        self.fresh = fresh
+        self.start = None  # type: Optional[bytes]
+        self.cpu_ticks = None  # type: Optional[int]
+        self.cpu_mono = 0.0
+
+
+class ProcessTable:
+    """Processes of this host as /proc shows them, with their rigdeck tags, cached per pid.
+
+    An environment does not change after exec, so each is read once (and once more on the next
+    scan, because the first read can catch a child between fork and exec, still carrying its
+    parent's environment). Environments are read only for processes of this agent's own user.
+    """
+
+    RESCAN_S = 2.0
+
+    def __init__(self, proc_root: str = "/proc") -> None:
+        self._root = proc_root
+        self._uid = os.geteuid()
+        self._procs = {}  # type: Dict[int, _Proc]
+        self._tagged = {}  # type: Dict[int, _Proc]
+        self._last_scan = float("-inf")
+        self._users = {}  # type: Dict[int, Optional[str]]
+
+    def _load(self, pid: int) -> Optional[_Proc]:
+        path = "%s/%d" % (self._root, pid)
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        env = {}  # type: Dict[str, str]
+        own = st.st_uid == self._uid
+        if own:
+            try:
+                env = parse_environ(_read_bytes(path + "/environ"))
+            except OSError:
+                pass
+        return _Proc(pid, st.st_ino, st.st_uid, env, own)
+
+    def _put(self, p: _Proc) -> None:
+        self._procs[p.pid] = p
+        if p.env:
+            self._tagged[p.pid] = p
+        else:
+            self._tagged.pop(p.pid, None)
+
+    def drop(self, pid: int) -> None:
+        self._procs.pop(pid, None)
+        self._tagged.pop(pid, None)
+
+    def rescan(self, mono: float, force: bool = False) -> bool:
+        """List /proc (at most every RESCAN_S): forget dead pids, read the new ones."""
+        if not force and mono - self._last_scan < self.RESCAN_S:
+            return False
+        self._last_scan = mono
+        seen = {}  # type: Dict[int, int]
+        try:
+            with os.scandir(self._root) as it:
+                for e in it:
+                    if e.name.isdigit():
+                        seen[int(e.name)] = e.inode()  # d_ino: no stat() per pid
+        except OSError:
+            return False
+        for pid in [pid for pid in self._procs if pid not in seen]:
+            self.drop(pid)
+        for pid, ino in seen.items():
+            p = self._procs.get(pid)
+            if p is None or p.inode != ino:
+                q = self._load(pid)
+                if q is not None:
+                    self._put(q)
+            elif p.fresh:
+                p.fresh = False
+                try:
+                    p.env = parse_environ(_read_bytes("%s/%d/environ" % (self._root, pid)))
+                except OSError:
+                    continue
+                self._put(p)
+        return True
+
+    def lookup(self, pid: int) -> Optional[_Proc]:
+        """The entry of one pid (for pids NVML names), read now if unknown or reused."""
+        p = self._procs.get(pid)
+        if p is not None:
+            try:
+                if os.stat("%s/%d" % (self._root, pid)).st_ino == p.inode:
+                    return p
+            except OSError:
+                self.drop(pid)
+                return None
+        p = self._load(pid)
+        if p is None:
+            self.drop(pid)
+            return None
+        p.fresh = False
+        self._put(p)
+        return p
+
+    def retain(self, pids: Iterable[int]) -> None:
+        """Forget every pid not in ``pids``."""
+        keep = set(pids)
+        for pid in [pid for pid in self._procs if pid not in keep]:
+            self.drop(pid)
+
+    def tagged(self) -> List[_Proc]:
+        """Processes of this user whose environment carries a rigdeck variable."""
+        return [p for p in self._tagged.values() if p.uid == self._uid]
+
+    def user_name(self, uid: int) -> Optional[str]:
+        if uid not in self._users:
+            try:
+                self._users[uid] = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                self._users[uid] = str(uid)
+        return self._users[uid]
+
+    def read_stat(self, p: _Proc) -> Optional[Tuple[int, int]]:
+        """(utime+stime ticks, rss pages) of a live process; None (and forgotten) if it is gone."""
+        try:
+            data = _read_bytes("%s/%d/stat" % (self._root, p.pid))
+        except OSError:
+            self.drop(p.pid)
+            return None
+        f = data[data.rfind(b")") + 2 :].split()
+        if len(f) < 22 or f[0] in (b"Z", b"X"):
+            return None
+        if p.start is None:
+            p.start = f[19]
+        elif p.start != f[19]:  # pid reused between two scans
+            self.drop(p.pid)
+            return None
+        return int(f[11]) + int(f[12]), int(f[21])
+
+    def __len__(self) -> int:
+        return len(self._procs)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU sources
+# ---------------------------------------------------------------------------------------------
+
+
+class _NoGpus:
+    source = "none"
+
+    def sample(self, mono: float) -> List[GpuSample]:
+        return []
+
+    def set_interval(self, seconds: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _sim_gpu_of(env: Dict[str, str], count: int, uuid_index: Dict[str, int]) -> Optional[int]:
+    """The simulated GPU a process is tagged for, from its environment."""
+    tag = env.get(ENV_SIM_GPU)
+    if tag is not None:
+        i = _int_or_none(tag)
+        return i if i is not None and 0 <= i < count else None
+    if ENV_JOB_ID not in env:
+        return None
+    first = env.get(ENV_CUDA_VISIBLE, "").split(",")[0].strip()
+    if not first:
+        return None
+    i = _int_or_none(first)
+    if i is None:
+        return uuid_index.get(first)  # CUDA_VISIBLE_DEVICES may name GPUs by uuid
+    return i if 0 <= i < count else None
+
+
+class _SimulatedGpus:
+    """Paper GPUs whose load is the CPU use and memory the RSS of the processes tagged for them."""
+
+    source = "simulated"
+
+    def __init__(self, count: int, hostname: str, table: Optional[ProcessTable] = None) -> None:
+        self._gpus = simulated_gpus(count, hostname)
+        self._uuid_index = {g["uuid"]: g["index"] for g in self._gpus}
+        self._table = table if table is not None else ProcessTable()
+        self._clk = float(os.sysconf("SC_CLK_TCK"))
+        self._page_mb = os.sysconf("SC_PAGE_SIZE") / MB
+
+    def sample(self, mono: float) -> List[GpuSample]:
+        n = len(self._gpus)
+        table = self._table
+        table.rescan(mono)
+        util = [0.0] * n
+        rss = [0.0] * n
+        procs = [[] for _ in range(n)]  # type: List[List[GpuProcess]]
+        for p in table.tagged():
+            i = _sim_gpu_of(p.env, n, self._uuid_index)
+            if i is None:
+                continue
+            st = table.read_stat(p)
+            if st is None:
+                continue
+            ticks, pages = st
+            if p.cpu_ticks is not None and mono > p.cpu_mono:
+                util[i] += 100.0 * (ticks - p.cpu_ticks) / self._clk / (mono - p.cpu_mono)
+            p.cpu_ticks, p.cpu_mono = ticks, mono
+            mb = pages * self._page_mb
+            rss[i] += mb
+            procs[i].append(
+                GpuProcess(
+                    pid=p.pid,
+                    user=table.user_name(p.uid),
+                    used_memory_mb=int(mb),
+                    job_id=p.env.get(ENV_JOB_ID),
+                    rank=_int_or_none(p.env.get(ENV_RANK)),
+                )
+            )
+        out = []
+        for g in self._gpus:
+            i = g["index"]
+            u = round(max(0.0, min(100.0, util[i])), 1)
+            total = g["memory_total_mb"]
+            out.append(
+                GpuSample(
+                    index=i,
+                    name=g["name"],
+                    uuid=g["uuid"],
+                    simulated=True,
+                    utilization_pct=u,
+                    memory_used_mb=min(total, 300 + int(rss[i])) if procs[i] else 0,
+                    memory_total_mb=total,
+                    temperature_c=round(30.0 + 0.5 * u, 1),
+                    power_w=round(60.0 + 6.0 * u, 1),
+                    power_limit_w=SIM_POWER_LIMIT_W,
+                    sm_clock_mhz=1980 if u > 0 else 345,
+                    ecc_volatile_errors=0,
+                    processes=sorted(procs[i], key=lambda x: x.pid),
+                )
+            )
+        return out
+
+    def set_interval(self, seconds: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _text(value: Any) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+class _NvmlGpus:
+    """NVML through a pynvml module object (a test can pass a fake one)."""
+
+    source = "nvml"
+
+    def __init__(self, nvml: Any, table: Optional[ProcessTable] = None) -> None:
+        self._nvml = nvml
+        self._err = nvml.NVMLError
+        self._not_supported = getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3)
+        self._unsupported = set()  # type: set  # (gpu index, query name): never asked again
+        self._table = table if table is not None else ProcessTable()
+        nvml.nvmlInit()
+        self._open = True
+        try:
+            count = nvml.nvmlDeviceGetCount()
+            self._handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+        except self._err:
+            self.close()
+            raise
+        self._names = []  # type: List[str]
+        self._uuids = []  # type: List[str]
+        for i, h in enumerate(self._handles):
+            name = self._q(i, "name", nvml.nvmlDeviceGetName, h)
+            uuid = self._q(i, "uuid", nvml.nvmlDeviceGetUUID, h)
+            self._names.append(_text(name) if name is not None else "unknown")
+            self._uuids.append(_text(uuid) if uuid is not None else "GPU-index-%d" % i)
+
+    @property
+    def count(self) -> int:
+        return len(self._handles)
+
+    def _q(self, i: int, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """One NVML query; an NVMLError gives None for this field only."""
+        if (i, what) in self._unsupported:
+            return None
+        try:
+            return fn(*args)
+        except self._err as e:
+            if getattr(e, "value", None) == self._not_supported:
+                self._unsupported.add((i, what))
+            return None
+
+    def _processes(self, i: int, h: Any) -> Dict[int, Optional[int]]:
+        nvml = self._nvml
+        used = {}  # type: Dict[int, Optional[int]]
+        for what, fn in (
+            ("compute", nvml.nvmlDeviceGetComputeRunningProcesses),
+            ("graphics", nvml.nvmlDeviceGetGraphicsRunningProcesses),
+        ):
+            for proc in self._q(i, what, fn, h) or []:
+                mem = getattr(proc, "usedGpuMemory", None)
+                mb = int(mem // MB) if isinstance(mem, int) else None
+                pid = int(proc.pid)
+                if used.get(pid) is None or (mb is not None and mb > (used[pid] or 0)):
+                    used[pid] = mb
+        return used
+
+    def sample(self, mono: float) -> List[GpuSample]:
+        nvml = self._nvml
+        q = self._q
+        table = self._table
+        out = []
+        all_pids = set()  # type: set
+        for i, h in enumerate(self._handles):
+            util = q(i, "util", nvml.nvmlDeviceGetUtilizationRates, h)
+            mem = q(i, "memory", nvml.nvmlDeviceGetMemoryInfo, h)
+            temp = q(i, "temp", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
+            power = q(i, "power", nvml.nvmlDeviceGetPowerUsage, h)
+            limit = q(i, "limit", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
+            clock = q(i, "clock", nvml.nvmlDeviceGetClockInfo, h, nvml.NVML_CLOCK_SM)
+            ecc = q(
+                i,
+                "ecc",
+                nvml.nvmlDeviceGetTotalEccErrors,
+                h,
+                nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                nvml.NVML_VOLATILE_ECC,
+            )
+            procs = []
+            for pid, mb in sorted(self._processes(i, h).items()):
+                all_pids.add(pid)
+                p = table.lookup(pid)
+                procs.append(
+                    GpuProcess(
+                        pid=pid,
+                        user=table.user_name(p.uid) if p is not None else None,
+                        used_memory_mb=mb,
+                        job_id=p.env.get(ENV_JOB_ID) if p is not None else None,
+                        rank=_int_or_none(p.env.get(ENV_RANK)) if p is not None else None,
+                    )
+                )
+            out.append(
+                GpuSample(
+                    index=i,
+                    name=self._names[i],
+                    uuid=self._uuids[i],
+                    simulated=False,
+                    utilization_pct=float(util.gpu) if util is not None else None,
+                    memory_used_mb=int(mem.used // MB) if mem is not None else None,
+                    memory_total_mb=int(mem.total // MB) if mem is not None else None,
+                    temperature_c=float(temp) if temp is not None else None,
+                    power_w=round(power / 1000.0, 2) if power is not None else None,
+                    power_limit_w=round(limit / 1000.0, 2) if limit is not None else None,
+                    sm_clock_mhz=int(clock) if clock is not None else None,
+                    ecc_volatile_errors=int(ecc) if ecc is not None else None,
+                    processes=procs,
+                )
+            )
+        table.retain(all_pids)
+        return out
+
+    def set_interval(self, seconds: float) -> None:
+        pass
+
+    def close(self) -> None:
+        if self._open:
+            self._open = False
+            try:
+                self._nvml.nvmlShutdown()
+            except self._err:
+                pass  # nothing left to release
+
+
+def _smi_number(text: str) -> Optional[float]:
+    """A numeric nvidia-smi field; '[N/A]', '[Not Supported]', 'N/A', 'ERR!' and such give None."""
+    t = text.strip()
+    if not t or t.startswith("["):
+        return None
+    try:
+        v = float(t.split()[0])  # tolerate a unit left in ('512.34 W')
+    except ValueError:
+        return None
+    if v != v or v in (float("inf"), float("-inf")):
+        return None
+    return v
+
+
+def _smi_int(text: str) -> Optional[int]:
+    v = _smi_number(text)
+    return int(v) if v is not None else None
+
+
+def parse_nvidia_smi_row(line: str) -> Optional[GpuSample]:
+    """One line of ``nvidia-smi --query-gpu=NVIDIA_SMI_QUERY --format=csv,noheader,nounits``.
+
+    None for anything that is not a GPU row (a header, an error message, a blank line).
+    """
+    parts = [p.strip() for p in line.strip().split(",")]
+    if len(parts) < 11:
+        return None
+    try:
+        index = int(parts[0])
+    except ValueError:
+        return None
+    n = len(parts)
+    nums = parts[n - 8 :]
+    return GpuSample(
+        index=index,
+        name=", ".join(parts[1 : n - 9]),  # a name with a comma in it spreads over several parts
+        uuid=parts[n - 9],
+        simulated=False,
+        utilization_pct=_smi_number(nums[0]),
+        memory_used_mb=_smi_int(nums[1]),
+        memory_total_mb=_smi_int(nums[2]),
+        temperature_c=_smi_number(nums[3]),
+        power_w=_smi_number(nums[4]),
+        power_limit_w=_smi_number(nums[5]),
+        sm_clock_mhz=_smi_int(nums[6]),
+        ecc_volatile_errors=_smi_int(nums[7]),
+        processes=[],
+    )
+
+
+class _NvidiaSmiStream:
+    """One long-running ``nvidia-smi -lms N`` child; a daemon thread keeps the latest row per GPU.
+
+    Processes are not reported: listing them would take a second query, and this source is
+    the fallback for hosts where NVML cannot be loaded.
+    """
+
+    source = "nvidia-smi"
+    RESTART_MIN_S = 10.0  # a dying child is restarted at most this often
+    STARTUP_WAIT_S = 3.0
+
+    def __init__(self, executable: str, interval: float) -> None:
+        self._exe = executable
+        self._interval = _clamp_interval(interval)
+        self._lock = threading.Lock()
+        self._rows = {}  # type: Dict[int, Tuple[float, GpuSample]]
+        self._proc = None  # type: Optional[subprocess.Popen]
+        self._threads = []  # type: List[threading.Thread]
+        self._started = float("-inf")
+        self._got_row = threading.Event()
+        self._closed = False
+        self.spawned = 0
+        self._start()
+        self._wait_first_rows()
+
+    def _argv(self) -> List[str]:
+        ms = int(round(self._interval * 1000))
+        return [
+            self._exe,
+            "--query-gpu=" + NVIDIA_SMI_QUERY,
+            "--format=csv,noheader,nounits",
+            "-lms",
+            str(ms),
+        ]
+
+    def _start(self) -> None:
+        # Its own process group, so stopping it also stops anything it started.
+        proc = subprocess.Popen(
+            self._argv(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        self.spawned += 1
+        with self._lock:
+            self._proc = proc
+            self._started = time.monotonic()
+        t = threading.Thread(
+            target=self._reader, args=(proc,), name="rigdeck-nvidia-smi", daemon=True
+        )
+        t.start()
+        self._threads = [x for x in self._threads if x.is_alive()] + [t]
+
+    def _reader(self, proc: subprocess.Popen) -> None:
+        stdout = proc.stdout
+        assert stdout is not None
+        try:
+            for raw in stdout:
+                row = parse_nvidia_smi_row(raw.decode("utf-8", "replace"))
+                if row is None:
+                    continue
+                with self._lock:
+                    if proc is not self._proc:
+                        return  # replaced by a newer child
+                    self._rows[row.index] = (time.monotonic(), row)
+                self._got_row.set()
+        except (OSError, ValueError):
+            return  # a broken pipe: the child is gone either way
+        finally:
+            stdout.close()  # only this thread touches the pipe: closing it elsewhere would block
+
+    def _wait_first_rows(self) -> None:
+        deadline = time.monotonic() + self.STARTUP_WAIT_S
+        proc = self._proc
+        while not self._got_row.wait(0.02):
+            if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
+                return
+        time.sleep(0.05)  # one query's rows arrive together: let the rest of the first batch in
+
+    @property
+    def produced_rows(self) -> bool:
+        return self._got_row.is_set()
+
+    def _stop(self, proc: Optional[subprocess.Popen]) -> None:
+        if proc is None:
+            return
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)  # the group we made for it in _start
+            except (ProcessLookupError, PermissionError):
+                pass
+            try:
+                proc.wait(timeout=2.0)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+
+    def _restart(self) -> None:
+        with self._lock:
+            old = self._proc
+            self._proc = None
+        self._stop(old)
+        if not self._closed:
+            self._start()
+
+    def _stale_after(self) -> float:
+        return max(5.0 * self._interval, 10.0)
+
+    def sample(self, mono: float) -> List[GpuSample]:
+        with self._lock:
+            proc = self._proc
+            started = self._started
+            rows = list(self._rows.items())
+        stale = self._stale_after()
+        newest = max((t for _, (t, _) in rows), default=started)
+        dead = proc is None or proc.poll() is not None
+        hung = not dead and mono - max(newest, started) > stale
+        if (dead or hung) and not self._closed and mono - started >= self.RESTART_MIN_S:
+            self._restart()
+        # Copies: the reader keeps these objects, the caller may change what it gets.
+        return [replace(r, processes=[]) for _, (t, r) in sorted(rows) if mono - t <= stale]
+
+    def set_interval(self, seconds: float) -> None:
+        seconds = _clamp_interval(seconds)
+        if seconds == self._interval:
+            return
+        self._interval = seconds
+        if not self._closed:
+            self._restart()
+
+    def close(self) -> None:
+        self._closed = True
+        with self._lock:
+            proc = self._proc
+            self._proc = None
+        self._stop(proc)
+        for t in self._threads:
+            t.join(timeout=2.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The collector
+# ---------------------------------------------------------------------------------------------
+
+
+class Collector:
+    """One sample of this host per call; the daemon calls ``sample()`` once per tick."""
+
+    def __init__(
+        self,
+        sim_gpus: int = 0,
+        interval: float = 1.0,
+        hostname: Optional[str] = None,
+        backend: Optional[str] = None,
+        nvml_module: Any = None,
+        use_psutil: Optional[bool] = None,
+    ) -> None:
+        """``backend`` forces one GPU source ('nvml', 'nvidia-smi', 'simulated', 'none') and raises
+        TelemetryError where it cannot start; None tries NVML, nvidia-smi, then simulated GPUs
+        (if ``sim_gpus`` > 0), then none. ``nvml_module`` replaces pynvml; ``use_psutil``
+        False forces /proc, True requires psutil, None uses it when importable."""
+        if backend is not None and backend not in BACKENDS:
+            raise ValueError("backend must be one of %s or None, not %r" % (BACKENDS, backend))
+        self.hostname = hostname or socket.gethostname()
+        self.interval = _clamp_interval(interval)
+        self.notes = []  # type: List[str]  # why sources were passed over, for the daemon's log
+        self._lock = threading.Lock()
+        self._seq = 0
+        self._closed = False
+        self._host = _HostSampler(use_psutil)
+        self._gpus = self._open_gpus(backend, max(0, int(sim_gpus)), nvml_module)
+        self.gpu_source = self._gpus.source  # type: str
+
+    @property
+    def uses_psutil(self) -> bool:
+        return self._host.uses_psutil
+
+    def _open_gpus(self, backend: Optional[str], sim_gpus: int, nvml_module: Any) -> Any:
+        forced = backend is not None
+        if backend in (None, "nvml"):
+            nvml = nvml_module
+            if nvml is None:
+                try:
+                    import pynvml  # type: ignore  # shipped by nvidia-ml-py
+
+                    nvml = pynvml
+                except ImportError:
+                    self.notes.append("nvml: nvidia-ml-py (pynvml) is not installed")
+            if nvml is not None:
+                try:
+                    gpus = _NvmlGpus(nvml)
+                except nvml.NVMLError as e:
+                    self.notes.append("nvml: %s" % e)
+                else:
+                    if gpus.count or forced:
+                        return gpus
+                    gpus.close()
+                    self.notes.append("nvml: no GPUs")
+            if forced:
+                raise TelemetryError("NVML requested, unavailable: " + "; ".join(self.notes))
+        if backend in (None, "nvidia-smi"):
+            exe = shutil.which("nvidia-smi")
+            if exe is None:
+                self.notes.append("nvidia-smi: not on PATH")
+            else:
+                try:
+                    stream = _NvidiaSmiStream(exe, self.interval)
+                except OSError as e:
+                    self.notes.append("nvidia-smi: %s" % e)
+                else:
+                    proc = stream._proc
+                    exited = proc is None or proc.poll() is not None
+                    if forced or stream.produced_rows or not exited:
+                        return stream
+                    stream.close()
+                    self.notes.append("nvidia-smi: exited without printing a GPU row")
+            if forced:
+                raise TelemetryError("nvidia-smi requested, unavailable: " + "; ".join(self.notes))
+        if backend == "simulated" or (backend is None and sim_gpus > 0):
+            return _SimulatedGpus(sim_gpus, self.hostname)
+        return _NoGpus()
+
+    def sample(self) -> Sample:
+        """Host and GPU metrics now; rates and CPU percentages cover the time since the last one."""
+        t0 = time.perf_counter()
+        now = time.time()
+        with self._lock:
+            if self._closed:
+                raise TelemetryError("sample() on a closed Collector")
+            mono = time.monotonic()
+            host = self._host.sample(mono)
+            gpus = self._gpus.sample(mono)
+            self._seq += 1
+            seq = self._seq
+        source = self.gpu_source
+        return Sample(
+            seq=seq,
+            time=now,
+            hostname=self.hostname,
+            gpu_source=source,
+            simulated=source == "simulated",
+            host=host,
+            gpus=gpus,
+            cost_s=round(time.perf_counter() - t0, 6),
+        )
+
+    def set_interval(self, seconds: float) -> None:
+        """Clamp to [0.1, 60] s; the nvidia-smi stream restarts with the new period."""
+        with self._lock:
+            self.interval = _clamp_interval(seconds)
+            if not self._closed:
+                self._gpus.set_interval(self.interval)
+
+    def close(self) -> None:
+        """Stop the nvidia-smi child or shut NVML down. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._gpus.close()
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m agent.telemetry``: print a few samples as JSON lines (a check by hand)."""
+    parser = argparse.ArgumentParser(prog="agent.telemetry", description=main.__doc__)
+    sim = _int_or_none(os.environ.get("RIGDECK_SIM_GPUS")) or 0
+    parser.add_argument("--sim-gpus", type=int, default=sim)
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--count", type=int, default=2)
+    parser.add_argument("--backend", choices=BACKENDS, default=None)
+    args = parser.parse_args(argv)
+    with Collector(sim_gpus=args.sim_gpus, interval=args.interval, backend=args.backend) as c:
+        for k in range(max(1, args.count)):
+            if k:
+                time.sleep(c.interval)
+            sys.stdout.write(json.dumps(sample_to_dict(c.sample()), sort_keys=True) + "\n")
+            sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Shared fixtures. The network-namespace test bed: see tests/testbed.py."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.testbed import TestBed, TestBedError, available, cleanup_stale
+
+
+_AVAILABLE: tuple[bool, str] | None = None
+
+
+def _require_testbed() -> None:
+    """Skip (or, with RIGDECK_REQUIRE_TESTBED=1, fail) when this machine cannot run the bed."""
+    global _AVAILABLE
+    if _AVAILABLE is None:
+        _AVAILABLE = available()
+    ok, reason = _AVAILABLE
+    if ok:
+        return
+    if os.environ.get("RIGDECK_REQUIRE_TESTBED") == "1":
+        pytest.fail(f"test bed required but unavailable: {reason}", pytrace=False)
+    pytest.skip(f"test bed unavailable: {reason}")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # Leftovers of earlier runs whose process died (never beds of live processes).
+    if os.name == "posix" and os.geteuid() == 0:
+        try:
+            cleanup_stale()
+        except Exception as e:  # never block the session on a cleanup problem
+            print(f"warning: test bed cleanup failed: {e}")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    # Every test marked `testbed` needs the machine, whether or not it uses a fixture.
+    if item.get_closest_marker("testbed") is not None:
+        _require_testbed()
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[TestBed]:
+    """A started 3-host test bed (4 simulated GPUs each), shared by the whole session."""
+    _require_testbed()
+    bed = TestBed(3, sim_gpus=4)
+    try:
+        bed.up()
+    except TestBedError as e:
+        pytest.fail(f"test bed did not come up: {e}", pytrace=False)
+    try:
+        yield bed
+    finally:
+        bed.down()
+
+
+@pytest.fixture
+def testbed_factory() -> Iterator[Callable[..., TestBed]]:
+    """make(n, sim_gpus=0) -> a started TestBed of its own; all are torn down after the test."""
+    _require_testbed()
+    beds: list[TestBed] = []
+
+    def make(n: int, sim_gpus: int = 0) -> TestBed:
+        bed = TestBed(n, sim_gpus=sim_gpus)
+        beds.append(bed)
+        return bed.up()
+
+    try:
+        yield make
+    finally:
+        for bed in reversed(beds):
+            bed.down()

@@ -1,0 +1,196 @@
+"""The agent daemon on this machine: single instance, permissions, survival, and a fuzzed socket."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent import protocol
+from agent.daemon import Paths
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def attach(state_dir: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RIGDECK_SIM_GPUS": "2"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "agent", "attach", "--state-dir", str(state_dir)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
+    )
+
+
+def daemon_pids(state_dir: Path) -> list[int]:
+    """Live daemon processes serving this state dir, found by their command line."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            st_ = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        if b"daemon" in cmd and str(state_dir).encode() in cmd and ") Z" not in st_:
+            pids.append(int(entry))
+    return pids
+
+
+def read_msg(proc: subprocess.Popen[bytes]) -> dict:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, "attach closed its output"
+    return json.loads(line)
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Iterator[Path]:
+    d = tmp_path / "state"
+    yield d
+    for pid in daemon_pids(d):
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_attach_starts_one_daemon_with_private_socket(state_dir: Path) -> None:
+    p = attach(state_dir)
+    hello = read_msg(p)
+    assert hello["type"] == "hello" and hello["protocol"] == protocol.PROTOCOL_VERSION
+    paths = Paths(str(state_dir))
+    run = os.stat(paths.run_dir)
+    sock = os.stat(paths.socket)
+    assert stat.S_IMODE(run.st_mode) == 0o700 and run.st_uid == os.getuid()
+    assert stat.S_ISSOCK(sock.st_mode) and stat.S_IMODE(sock.st_mode) == 0o600
+    assert int(Path(paths.pidfile).read_text()) == hello["pid"]
+    assert Path(paths.log).read_text().count("serving on") == 1
+    assert p.stdin is not None
+    p.stdin.close()
+    p.wait(5)
+
+
+def test_racing_attaches_leave_one_daemon(state_dir: Path) -> None:
+    procs = [attach(state_dir) for _ in range(6)]
+    with ThreadPoolExecutor(6) as pool:
+        hellos = list(pool.map(read_msg, procs))
+    assert len({h["pid"] for h in hellos}) == 1
+    time.sleep(0.5)  # losers of the lock race exit
+    assert daemon_pids(state_dir) == [hellos[0]["pid"]]
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.close()
+        p.wait(5)
+
+
+def test_daemon_outlives_a_killed_attach(state_dir: Path) -> None:
+    p = attach(state_dir)
+    pid = read_msg(p)["pid"]
+    p.kill()  # the SSH session dies hard
+    p.wait(5)
+    time.sleep(0.2)
+    assert daemon_pids(state_dir) == [pid]
+    q = attach(state_dir)
+    assert read_msg(q)["pid"] == pid
+    assert q.stdin is not None
+    q.stdin.close()
+    q.wait(5)
+
+
+class SocketClient:
+    def __init__(self, path: str):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(path)
+        self.file = self.sock.makefile("rb")
+        self.hello = json.loads(self.file.readline())
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def recv(self) -> dict:
+        line = self.file.readline()
+        assert line, "daemon closed the connection"
+        return json.loads(line)
+
+
+@pytest.fixture
+def live(state_dir: Path) -> Iterator[SocketClient]:
+    p = attach(state_dir)
+    read_msg(p)
+    c = SocketClient(Paths(str(state_dir)).socket)
+    c.send(protocol.encode(protocol.hello()))
+    yield c
+    assert p.stdin is not None
+    p.stdin.close()
+    p.wait(5)
+
+
+def test_requests_before_hello_are_refused(state_dir: Path) -> None:
+    p = attach(state_dir)
+    read_msg(p)
+    c = SocketClient(Paths(str(state_dir)).socket)
+    c.send(protocol.encode(protocol.request(1, "ping")))
+    reply = c.recv()
+    assert reply["ok"] is False and reply["error"]["code"] == protocol.NOT_HELLO
+    c.send(protocol.encode({"type": "hello", "protocol": 99}))
+    assert c.recv()["error"]["code"] == protocol.VERSION_MISMATCH
+    assert p.stdin is not None
+    p.stdin.close()
+    p.wait(5)
+
+
+def _expects_reply(line: bytes) -> bool:
+    if not line.strip():
+        return False
+    try:
+        msg = protocol.decode(line)
+    except protocol.ProtocolError:
+        return True
+    return not (msg["type"] == "hello" and msg["protocol"] == protocol.PROTOCOL_VERSION)
+
+
+fuzz_lines = st.lists(
+    st.one_of(
+        st.binary(max_size=300).map(lambda b: b.replace(b"\n", b"")),
+        st.fixed_dictionaries(
+            {"type": st.sampled_from(["request", "event", "response", "hello", "x"]),
+             "id": st.one_of(st.integers(-5, 2**60), st.text(max_size=3), st.none()),
+             "method": st.one_of(st.sampled_from(["ping", "version", "nope", ""]), st.integers()),
+             "params": st.one_of(st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+                                 st.lists(st.integers(), max_size=2), st.none())}
+        ).map(lambda d: json.dumps(d).encode()),
+    ),
+    min_size=1, max_size=15,
+)
+
+
+@given(lines=fuzz_lines)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_fuzzed_daemon_answers_every_bad_message_and_stays_up(live: SocketClient, lines: list[bytes]) -> None:
+    expected = sum(1 for ln in lines if _expects_reply(ln))
+    live.send(b"".join(ln + b"\n" for ln in lines))
+    for _ in range(expected):
+        reply = live.recv()
+        assert reply["type"] == "response"
+    # Still alive and in step: a ping right after gets its own answer.
+    live.send(protocol.encode(protocol.request(424242, "ping")))
+    reply = live.recv()
+    assert reply["id"] == 424242 and reply["ok"] is True
+
+
+def test_oversized_message_gets_an_error_and_the_daemon_carries_on(live: SocketClient) -> None:
+    live.send(b'{"type":"request","id":1,"method":"ping","params":{"x":"' + b"a" * (2 << 20) + b'"}}\n')
+    reply = live.recv()
+    assert reply["ok"] is False and reply["error"]["code"] == protocol.TOO_LARGE
+    live.send(protocol.encode(protocol.request(2, "ping")))
+    assert live.recv()["id"] == 2

@@ -1,0 +1,178 @@
+"""SSH transport, host keys, ProxyJump and agent deployment against real sshd hosts (test bed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.testbed import TestBed
+from tui.bundle import build_agent
+from tui.controller import Controller
+from tui.inventory import load_inventory
+from tui.transport import make_transport
+
+pytestmark = pytest.mark.testbed
+
+
+def rigdeck(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(f"rigdeck {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}")
+    return proc
+
+
+def hosts_json(*args: str, check: bool = True) -> list[dict[str, Any]]:
+    proc = rigdeck(*args, "--json", check=check)
+    return json.loads(proc.stdout)
+
+
+def ssh_keygen_fingerprint(pubkey: Path) -> str:
+    out = subprocess.run(["ssh-keygen", "-lf", str(pubkey)], capture_output=True, text=True, check=True)
+    return out.stdout.split()[1]
+
+
+def test_deploy_to_three_hosts_then_nothing_to_copy(testbed: TestBed) -> None:
+    for h in testbed.hosts:
+        shutil.rmtree(h.state_dir / "agent", ignore_errors=True)
+    inv = str(testbed.inventory_path)
+    version = build_agent().version
+
+    first = hosts_json("deploy", "--inventory", inv)
+    assert [r["name"] for r in first] == ["h1", "h2", "h3"]
+    for r, h in zip(first, testbed.hosts, strict=True):
+        assert r["reachable"] and r["error"] is None, r["error"]
+        assert r["copied"] is True
+        assert r["agent_version"] == version
+        # Each host speaks for itself: its own UTS hostname and its own address.
+        assert r["hostname"] == h.hostname
+        assert h.address in r["addresses"]
+        assert r["cpus"] == os.cpu_count() and r["memory_total_mb"] > 0
+        assert len(r["gpus"]) == 4 and all(g["simulated"] for g in r["gpus"])
+        # The file landed in that host's private state dir and nowhere else.
+        assert (h.state_dir / "agent" / version / "agent.pyz").exists()
+
+    second = hosts_json("deploy", "--inventory", inv)
+    assert all(r["copied"] is False and r["bytes_copied"] == 0 for r in second)
+    assert all(r["agent_version"] == version for r in second)
+
+    probe = hosts_json("hosts", "--inventory", inv)
+    assert all(r["agent_version"] == version and r["agent_current"] for r in probe)
+    assert sorted(r["hostname"] for r in probe) == sorted(h.hostname for h in testbed.hosts)
+
+
+def test_unknown_key_refused_then_accepted_then_changed_key_refused(
+    testbed_factory: Any, tmp_path: Path
+) -> None:
+    bed: TestBed = testbed_factory(1)
+    h = bed.hosts[0]
+    known = tmp_path / "known_hosts"
+    inv = bed.write_inventory(tmp_path / "hosts.toml", known_hosts=str(known))
+    expected_fp = ssh_keygen_fingerprint(Path(str(h.host_key) + ".pub"))
+
+    refused = hosts_json("hosts", "--inventory", str(inv), check=False)[0]
+    assert refused["reachable"] is False
+    assert refused["error_kind"] == "unknown-host-key"
+    assert refused["host_key"] == {"type": "ssh-ed25519", "fingerprint": expected_fp}
+    assert expected_fp in refused["error"]
+    assert not known.exists() or h.address not in known.read_text()
+
+    accepted = hosts_json("hosts", "--inventory", str(inv), "--accept-new")[0]
+    assert accepted["reachable"] and accepted["hostname"] == h.hostname
+    assert f"{h.address} ssh-ed25519 " in known.read_text()
+    # Recorded: a plain run now succeeds.
+    assert hosts_json("hosts", "--inventory", str(inv))[0]["reachable"]
+
+    bed.regenerate_host_key(1)
+    for extra in ((), ("--accept-new",)):
+        changed = hosts_json("hosts", "--inventory", str(inv), *extra, check=False)[0]
+        assert changed["reachable"] is False
+        assert changed["error_kind"] == "host-key-changed"
+        assert "HOST KEY HAS CHANGED" in changed["error"]
+    human = rigdeck("hosts", "--inventory", str(inv), check=False)
+    assert human.returncode == 1 and "HOST KEY HAS CHANGED" in human.stderr
+
+
+def test_wrong_user_key_is_a_clear_authentication_error(testbed: TestBed, tmp_path: Path) -> None:
+    key = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    inv = testbed.write_inventory(tmp_path / "hosts.toml", identity_file=str(key), hosts=[1])
+    r = hosts_json("hosts", "--inventory", str(inv), check=False)[0]
+    assert r["reachable"] is False and r["error_kind"] == "auth"
+    assert "authentication failed for root@" in r["error"] and str(key) in r["error"]
+
+
+def test_dead_sshd_and_dead_link_do_not_hold_up_the_others(testbed_factory: Any, tmp_path: Path) -> None:
+    bed: TestBed = testbed_factory(3)
+    timeout = 3.0
+    inv = bed.write_inventory(tmp_path / "hosts.toml", connect_timeout=timeout)
+    bed.stop_sshd(2)  # refused at once
+    bed.link_down(3)  # silent: only the timeout ends it
+    start = time.monotonic()
+    reports = hosts_json("hosts", "--inventory", str(inv), check=False)
+    wall = time.monotonic() - start
+    by = {r["name"]: r for r in reports}
+    assert by["h1"]["reachable"] and by["h1"]["error"] is None
+    assert by["h2"]["reachable"] is False and by["h2"]["error_kind"] == "unreachable"
+    assert by["h3"]["reachable"] is False and by["h3"]["error_kind"] == "unreachable"
+    assert "did not answer within 3s" in by["h3"]["error"]
+    # The live host did not wait for the dead ones; the silent one ended at its own timeout.
+    assert by["h1"]["elapsed_s"] < timeout
+    assert by["h3"]["elapsed_s"] < timeout + 2.0
+    assert wall < timeout + 10.0  # interpreter start-up and the agent probe included
+    bed.link_up(3)
+    bed.start_sshd(2)
+    again = hosts_json("hosts", "--inventory", str(inv))
+    assert all(r["reachable"] for r in again)
+
+
+def test_proxy_jump_through_another_test_bed_host(testbed_factory: Any, tmp_path: Path) -> None:
+    bed: TestBed = testbed_factory(2)
+    jump, target = bed.hosts
+    # Make the target unreachable from the controller's address: only the jump host gets in.
+    blocked = bed.exec(
+        2, ["iptables", "-A", "INPUT", "-s", bed.gateway, "-p", "tcp", "--dport", "22", "-j", "DROP"]
+    )
+    if blocked.returncode != 0:
+        pytest.skip(f"iptables unusable in the namespace: {blocked.stderr.strip()}")
+    direct = bed.write_inventory(tmp_path / "direct.toml", hosts=[2], connect_timeout=2.0)
+    r = hosts_json("hosts", "--inventory", str(direct), check=False)[0]
+    assert r["reachable"] is False  # proves the direct path is closed
+
+    inv_path = bed.write_inventory(tmp_path / "hosts.toml")
+    text = inv_path.read_text().replace(
+        f'name = "h2"\naddress = "{target.address}"',
+        f'name = "h2"\naddress = "{target.address}"\nproxy_jump = "h1"',
+    )
+    assert "proxy_jump" in text
+    inv_path.write_text(text)
+    inv = load_inventory(inv_path)
+    t = make_transport(inv, inv.get("h2"))
+    with t:
+        res = t.run(["sh", "-c", 'echo "$SSH_CONNECTION"; hostname'])
+    client_ip, _, server_ip, _ = res.stdout.split("\n")[0].split()
+    assert client_ip == jump.address and server_ip == target.address
+    assert res.stdout.split("\n")[1] == target.hostname
+
+    with Controller(inv) as ctl:
+        reports = ctl.deploy(["h2"])
+    assert reports[0].error is None and reports[0].hostname == target.hostname
+    assert reports[0].copied is True
+
+
+def test_malformed_inventory_from_the_cli(tmp_path: Path) -> None:
+    bad = tmp_path / "hosts.toml"
+    bad.write_text('[[hosts]]\nname = "gpu1"\naddress = "10.0.0.1"\nport = "22a"\n')
+    proc = rigdeck("hosts", "--inventory", str(bad), check=False)
+    assert proc.returncode == 2
+    assert str(bad) in proc.stderr and "gpu1" in proc.stderr and "port" in proc.stderr
+    assert proc.stdout == ""

@@ -1,0 +1,805 @@
+"""agent.telemetry: NVML through a fake pynvml, nvidia-smi through recorded rows and a fake binary,
+simulated GPUs driven by real processes, host metrics through psutil and through /proc."""
+
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from agent import telemetry
+from agent.facts import simulated_gpus
+from agent.telemetry import (
+    NVIDIA_SMI_QUERY,
+    Collector,
+    GpuProcess,
+    GpuSample,
+    HostSample,
+    Sample,
+    TelemetryError,
+    parse_diskstats,
+    parse_environ,
+    parse_meminfo,
+    parse_net_dev,
+    parse_nvidia_smi_row,
+    parse_proc_stat_cpus,
+    sample_from_dict,
+    sample_to_dict,
+    whole_disks,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+PY39 = Path("/root/.pyenv/versions/3.9.18/bin/python")
+ME = pwd.getpwuid(os.geteuid()).pw_name
+
+H100_ROW = (
+    "0, NVIDIA H100 80GB HBM3, GPU-5f3c2a1e-8b7d-4c6e-9f01-23456789abcd, 87, 61234, 81559, 64, "
+    "512.34, 700.00, 1980, 0"
+)
+H100_ROW_1 = (
+    "1, NVIDIA H100 80GB HBM3, GPU-9a8b7c6d-5e4f-3a2b-1c0d-ef0123456789, 3, 1024, 81559, 41, "
+    "88.10, 700.00, 345, 0"
+)
+NA_ROW = (
+    "2, NVIDIA GeForce RTX 4090, GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6, [N/A], 512, 24564, "
+    "38, [N/A], [Not Supported], 210, [N/A]"
+)
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without any rigdeck tags, plus ``extra``."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("RIGDECK_") and k != "CUDA_VISIBLE_DEVICES"
+    }
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def spawn() -> Iterator[Any]:
+    """spawn(argv, **env) -> a started child with those tags; every one is killed afterwards."""
+    children: list[subprocess.Popen] = []
+
+    def start(argv: list[str], user: int | None = None, **env: str) -> subprocess.Popen:
+        kwargs: dict[str, Any] = {"user": user} if user is not None else {}
+        p = subprocess.Popen(argv, env=_clean_env(**env), **kwargs)
+        children.append(p)
+        return p
+
+    yield start
+    for p in children:
+        p.kill()
+        p.wait(timeout=10)
+
+
+# --- samples and their dicts ------------------------------------------------------------------
+
+
+def _sample() -> Sample:
+    return Sample(
+        seq=7,
+        time=1700000000.25,
+        hostname="gpu-01",
+        gpu_source="nvml",
+        simulated=False,
+        host=HostSample(
+            cpu_pct=12.5,
+            cpu_per_core=[10.0, 15.0],
+            load=[0.5, 0.25, 0.1],
+            mem_used_mb=1000,
+            mem_total_mb=64000,
+            swap_used_mb=0,
+            swap_total_mb=2048,
+            disk_read_bps=1024.0,
+            disk_write_bps=0.0,
+            net_rx_bps=99.5,
+            net_tx_bps=12.0,
+        ),
+        gpus=[
+            GpuSample(
+                index=0,
+                name="NVIDIA H100 80GB HBM3",
+                uuid="GPU-5f3c",
+                simulated=False,
+                utilization_pct=87.0,
+                memory_used_mb=61234,
+                memory_total_mb=81559,
+                temperature_c=64.0,
+                power_w=512.34,
+                power_limit_w=700.0,
+                sm_clock_mhz=1980,
+                ecc_volatile_errors=None,
+                processes=[
+                    GpuProcess(pid=4242, user="ada", used_memory_mb=None, job_id="j1", rank=3)
+                ],
+            )
+        ],
+        cost_s=0.0004,
+    )
+
+
+def test_sample_round_trips_through_dict_and_json() -> None:
+    s = _sample()
+    d = sample_to_dict(s)
+    assert d["gpus"][0]["processes"][0] == {
+        "pid": 4242,
+        "user": "ada",
+        "used_memory_mb": None,
+        "job_id": "j1",
+        "rank": 3,
+    }
+    again = sample_from_dict(json.loads(json.dumps(d)))
+    assert again == s
+    assert sample_to_dict(again) == d
+
+
+def test_sample_from_dict_ignores_unknown_keys_and_fills_missing_optionals() -> None:
+    d = sample_to_dict(_sample())
+    d["future_field"] = 1
+    del d["gpus"][0]["ecc_volatile_errors"]
+    s = sample_from_dict(d)
+    assert s.gpus[0].ecc_volatile_errors is None
+
+
+def test_live_sample_round_trips(spawn: Any) -> None:
+    p = spawn(["sleep", "60"], RIGDECK_JOB_ID="j9", RIGDECK_RANK="0", CUDA_VISIBLE_DEVICES="1")
+    with Collector(sim_gpus=2, backend="simulated", hostname="rt") as c:
+        c.sample()
+        s = c.sample()
+    assert p.pid in [x.pid for x in s.gpus[1].processes]
+    assert sample_from_dict(json.loads(json.dumps(sample_to_dict(s)))) == s
+
+
+# --- nvidia-smi rows --------------------------------------------------------------------------
+
+
+def test_parse_h100_row() -> None:
+    g = parse_nvidia_smi_row(H100_ROW + "\n")
+    assert g == GpuSample(
+        index=0,
+        name="NVIDIA H100 80GB HBM3",
+        uuid="GPU-5f3c2a1e-8b7d-4c6e-9f01-23456789abcd",
+        simulated=False,
+        utilization_pct=87.0,
+        memory_used_mb=61234,
+        memory_total_mb=81559,
+        temperature_c=64.0,
+        power_w=512.34,
+        power_limit_w=700.0,
+        sm_clock_mhz=1980,
+        ecc_volatile_errors=0,
+        processes=[],
+    )
+
+
+def test_parse_row_with_missing_fields() -> None:
+    g = parse_nvidia_smi_row(NA_ROW)
+    assert g is not None
+    assert (g.index, g.name, g.memory_used_mb, g.memory_total_mb) == (
+        2,
+        "NVIDIA GeForce RTX 4090",
+        512,
+        24564,
+    )
+    assert g.utilization_pct is None
+    assert g.power_w is None
+    assert g.power_limit_w is None
+    assert g.ecc_volatile_errors is None
+    assert g.sm_clock_mhz == 210
+    plain = parse_nvidia_smi_row("3, Tesla T4, GPU-1, N/A, 0, 15360, N/A, N/A, 70.00, 585, ERR!")
+    assert plain is not None
+    assert (plain.utilization_pct, plain.temperature_c, plain.power_w) == (None, None, None)
+    assert plain.ecc_volatile_errors is None
+    assert plain.power_limit_w == 70.0
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "",
+        "index, name, uuid, utilization.gpu [%], memory.used [MiB], memory.total [MiB], "
+        "temperature.gpu, power.draw [W], power.limit [W], clocks.sm [MHz], "
+        "ecc.errors.uncorrected.volatile.total",
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.",
+        "No devices were found",
+        "0, NVIDIA H100, GPU-1, 87",
+    ],
+)
+def test_parse_rejects_what_is_not_a_gpu_row(line: str) -> None:
+    assert parse_nvidia_smi_row(line) is None
+
+
+def test_parse_row_tolerates_units_and_commas_in_names() -> None:
+    g = parse_nvidia_smi_row("1, Odd, Name, GPU-2, 5 %, 10 MiB, 100 MiB, 30, 50.5 W, 300 W, 900, 2")
+    assert g is not None
+    assert (g.name, g.uuid, g.utilization_pct, g.memory_used_mb, g.power_w) == (
+        "Odd, Name",
+        "GPU-2",
+        5.0,
+        10,
+        50.5,
+    )
+    assert g.ecc_volatile_errors == 2
+
+
+# --- nvidia-smi stream with a fake binary -----------------------------------------------------
+
+
+def _fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str = "loop") -> Path:
+    """Put a fake ``nvidia-smi`` first on PATH; returns the file where it logs each start."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    log = tmp_path / "invocations.log"
+    rows = "\n".join([H100_ROW, H100_ROW_1])
+    body = {
+        "loop": f"while :; do\n  cat <<'EOF'\n{rows}\nEOF\n  sleep 0.05\ndone\n",
+        "once": f"cat <<'EOF'\n{rows}\nEOF\nexit 0\n",
+        "fail": 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the driver."\n'
+        "exit 9\n",
+    }[mode]
+    script = bindir / "nvidia-smi"
+    script.write_text(f'#!/bin/sh\necho "$$ $*" >> "{log}"\n{body}')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    return log
+
+
+def _invocations(log: Path) -> list[list[str]]:
+    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def _failing_nvml() -> Any:
+    fake = FakeNvml(gpus=0)
+    fake.fail_init = True
+    return fake
+
+
+def test_nvidia_smi_stream_is_one_child_across_many_samples(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _fake_smi(tmp_path, monkeypatch)
+    c = Collector(interval=0.2, nvml_module=_failing_nvml(), hostname="h")
+    try:
+        assert c.gpu_source == "nvidia-smi"
+        samples = []
+        for _ in range(30):
+            samples.append(c.sample())
+            time.sleep(0.02)
+        assert all(s.gpu_source == "nvidia-smi" and not s.simulated for s in samples)
+        last = samples[-1]
+        assert [g.index for g in last.gpus] == [0, 1]
+        assert last.gpus[0] == parse_nvidia_smi_row(H100_ROW)
+        assert last.gpus[1].sm_clock_mhz == 345
+        assert all(g.processes == [] for g in last.gpus)  # this source reports no processes
+        calls = _invocations(log)
+        assert len(calls) == 1, calls
+        argv = calls[0][1:]
+        assert f"--query-gpu={NVIDIA_SMI_QUERY}" in argv
+        assert "--format=csv,noheader,nounits" in argv
+        assert argv[argv.index("-lms") + 1] == "200"
+
+        c.set_interval(0.5)
+        time.sleep(0.3)
+        assert [g.index for g in c.sample().gpus] == [0, 1]
+        calls = _invocations(log)
+        assert len(calls) == 2
+        assert calls[1][calls[1].index("-lms") + 1] == "500"
+        c.set_interval(0.5)  # unchanged: no restart
+        assert len(_invocations(log)) == 2
+    finally:
+        c.close()
+    for call in _invocations(log):
+        assert not Path(f"/proc/{call[0]}").exists(), "nvidia-smi child left running"
+
+
+def test_nvidia_smi_child_that_dies_is_restarted_at_most_every_restart_interval(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _fake_smi(tmp_path, monkeypatch, mode="once")
+    with Collector(interval=0.1, backend="nvidia-smi") as c:
+        for _ in range(20):
+            s = c.sample()
+            time.sleep(0.05)
+        assert len(_invocations(log)) == 1  # the default waits 10 s before a restart
+        assert [g.index for g in s.gpus] == [0, 1]  # the last rows stay until they are stale
+
+    log.unlink()
+    monkeypatch.setattr(telemetry._NvidiaSmiStream, "RESTART_MIN_S", 0.4)
+    with Collector(interval=0.1, backend="nvidia-smi") as c:
+        t_end = time.monotonic() + 1.5
+        while time.monotonic() < t_end:
+            c.sample()
+            time.sleep(0.05)
+    n = len(_invocations(log))
+    assert 2 <= n <= 5, n
+
+
+def test_auto_passes_over_a_failing_nvidia_smi(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fake_smi(tmp_path, monkeypatch, mode="fail")
+    with Collector(sim_gpus=2, nvml_module=_failing_nvml()) as c:
+        assert c.gpu_source == "simulated"
+        assert any("nvidia-smi" in n for n in c.notes)
+    with Collector(nvml_module=_failing_nvml()) as c:
+        assert c.gpu_source == "none"
+        assert c.sample().gpus == []
+
+
+def test_forced_backends_that_cannot_start_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(TelemetryError, match="nvidia-smi"):
+        Collector(backend="nvidia-smi")
+    with pytest.raises(TelemetryError, match="NVML"):
+        Collector(backend="nvml", nvml_module=_failing_nvml())
+    with pytest.raises(ValueError, match="backend"):
+        Collector(backend="cuda")
+
+
+# --- NVML through a fake pynvml ---------------------------------------------------------------
+
+
+class FakeNVMLError(Exception):
+    def __init__(self, value: int) -> None:
+        super().__init__(f"NVML error {value}")
+        self.value = value
+
+
+class FakeNvml:
+    """The pynvml functions the collector uses, over made-up devices; counts every call."""
+
+    NVMLError = FakeNVMLError
+    NVML_TEMPERATURE_GPU = 0
+    NVML_CLOCK_SM = 1
+    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+    NVML_VOLATILE_ECC = 0
+    NVML_ERROR_NOT_SUPPORTED = 3
+    NVML_ERROR_GPU_IS_LOST = 15
+    NVML_ERROR_LIBRARY_NOT_FOUND = 12
+
+    def __init__(self, gpus: int = 2) -> None:
+        self.gpus = gpus
+        self.fail_init = False
+        self.calls: Counter[str] = Counter()
+        self.compute: dict[int, list[Any]] = {i: [] for i in range(gpus)}
+        self.graphics: dict[int, list[Any]] = {i: [] for i in range(gpus)}
+        self.no_ecc: set[int] = set()
+        self.lost_power: set[int] = set()
+
+    def _h(self, name: str, h: Any = None) -> int:
+        self.calls[name] += 1
+        if h is not None:
+            assert isinstance(h, tuple) and h[0] == "handle", h
+            return int(h[1])
+        return -1
+
+    def nvmlInit(self) -> None:
+        self._h("nvmlInit")
+        if self.fail_init:
+            raise FakeNVMLError(self.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    def nvmlShutdown(self) -> None:
+        self._h("nvmlShutdown")
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._h("nvmlDeviceGetCount")
+        return self.gpus
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> Any:
+        self._h("nvmlDeviceGetHandleByIndex")
+        return ("handle", i)
+
+    def nvmlDeviceGetName(self, h: Any) -> bytes:
+        self._h("nvmlDeviceGetName", h)
+        return b"NVIDIA H100 80GB HBM3"  # older pynvml returns bytes
+
+    def nvmlDeviceGetUUID(self, h: Any) -> str:
+        return f"GPU-fake-{self._h('nvmlDeviceGetUUID', h)}"
+
+    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
+        i = self._h("nvmlDeviceGetUtilizationRates", h)
+        return SimpleNamespace(gpu=40 + i, memory=10)
+
+    def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
+        i = self._h("nvmlDeviceGetMemoryInfo", h)
+        total = 81559 * 1024 * 1024
+        used = (1000 + i) * 1024 * 1024
+        return SimpleNamespace(total=total, used=used, free=total - used)
+
+    def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
+        assert sensor == self.NVML_TEMPERATURE_GPU
+        return 50 + self._h("nvmlDeviceGetTemperature", h)
+
+    def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
+        i = self._h("nvmlDeviceGetPowerUsage", h)
+        if i in self.lost_power:
+            raise FakeNVMLError(self.NVML_ERROR_GPU_IS_LOST)
+        return 512340
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: Any) -> int:
+        self._h("nvmlDeviceGetEnforcedPowerLimit", h)
+        return 700000
+
+    def nvmlDeviceGetClockInfo(self, h: Any, clock: int) -> int:
+        assert clock == self.NVML_CLOCK_SM
+        self._h("nvmlDeviceGetClockInfo", h)
+        return 1980
+
+    def nvmlDeviceGetTotalEccErrors(self, h: Any, error_type: int, counter: int) -> int:
+        assert (error_type, counter) == (1, 0)
+        i = self._h("nvmlDeviceGetTotalEccErrors", h)
+        if i in self.no_ecc:
+            raise FakeNVMLError(self.NVML_ERROR_NOT_SUPPORTED)
+        return 0
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
+        return self.compute[self._h("nvmlDeviceGetComputeRunningProcesses", h)]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, h: Any) -> list[Any]:
+        return self.graphics[self._h("nvmlDeviceGetGraphicsRunningProcesses", h)]
+
+
+def _nvproc(pid: int, mb: int | None) -> Any:
+    return SimpleNamespace(pid=pid, usedGpuMemory=None if mb is None else mb * 1024 * 1024)
+
+
+def test_nvml_reads_every_field_and_caches_handles(spawn: Any) -> None:
+    fake = FakeNvml(gpus=2)
+    fake.no_ecc.add(1)
+    child = spawn(["sleep", "60"], RIGDECK_JOB_ID="j1", RIGDECK_RANK="3")
+    fake.compute[0] = [_nvproc(child.pid, 2048)]
+    fake.graphics[0] = [_nvproc(child.pid, None)]  # the same pid twice: reported once
+    fake.compute[1] = [_nvproc(os.getpid(), None)]
+    c = Collector(nvml_module=fake, hostname="gpu-01")
+    try:
+        assert c.gpu_source == "nvml"
+        for _ in range(50):
+            s = c.sample()
+    finally:
+        c.close()
+        c.close()
+    assert fake.calls["nvmlDeviceGetHandleByIndex"] == 2  # once per GPU, never per tick
+    assert fake.calls["nvmlInit"] == 1
+    assert fake.calls["nvmlShutdown"] == 1
+    assert s.gpu_source == "nvml" and not s.simulated and s.seq == 50
+    g0, g1 = s.gpus
+    assert (g0.name, g0.uuid, g1.uuid) == ("NVIDIA H100 80GB HBM3", "GPU-fake-0", "GPU-fake-1")
+    assert (g0.utilization_pct, g1.utilization_pct) == (40.0, 41.0)
+    assert (g0.memory_used_mb, g0.memory_total_mb) == (1000, 81559)
+    assert (g0.temperature_c, g0.power_w, g0.power_limit_w) == (50.0, 512.34, 700.0)
+    assert g0.sm_clock_mhz == 1980
+    assert g0.ecc_volatile_errors == 0
+    assert g1.ecc_volatile_errors is None  # NOT_SUPPORTED: no ECC on this card
+    # NOT_SUPPORTED does not change: GPU 1 is asked once, GPU 0 every tick.
+    assert fake.calls["nvmlDeviceGetTotalEccErrors"] == 50 + 1
+    assert g0.processes == [GpuProcess(child.pid, ME, 2048, "j1", 3)]
+    assert g1.processes == [GpuProcess(os.getpid(), ME, None, None, None)]
+
+
+def test_nvml_error_on_one_field_gives_none_for_that_field_only() -> None:
+    fake = FakeNvml(gpus=2)
+    fake.lost_power.add(0)
+    fake.compute[1] = [_nvproc(999_999_999, 10)]  # a pid this /proc does not show
+    with Collector(nvml_module=fake) as c:
+        s1 = c.sample()
+        fake.lost_power.clear()
+        s2 = c.sample()
+    assert s1.gpus[0].power_w is None
+    assert s1.gpus[0].power_limit_w == 700.0
+    assert s1.gpus[1].power_w == 512.34
+    assert s2.gpus[0].power_w == 512.34  # a transient error is asked again next tick
+    assert s1.gpus[1].processes == [GpuProcess(999_999_999, None, 10, None, None)]
+
+
+def test_nvml_without_gpus_falls_through_in_auto_mode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    fake = FakeNvml(gpus=0)
+    with Collector(nvml_module=fake, sim_gpus=1) as c:
+        assert c.gpu_source == "simulated"
+    assert fake.calls["nvmlShutdown"] == 1
+
+
+# --- simulated GPUs ---------------------------------------------------------------------------
+
+
+def test_simulated_gpu_follows_a_cpu_burning_process(spawn: Any) -> None:
+    burner = spawn([sys.executable, "-c", "while True: pass"], RIGDECK_SIM_GPU="1")
+    with Collector(sim_gpus=2, interval=0.5, hostname="sim-host") as c:
+        assert c.gpu_source == "simulated"
+        t_end = time.monotonic() + 3.0
+        util1 = 0.0
+        while time.monotonic() < t_end:
+            s = c.sample()
+            util1 = s.gpus[1].utilization_pct or 0.0
+            if util1 > 50:
+                break
+            time.sleep(0.5)
+    assert util1 > 50, util1
+    assert s.simulated and s.gpu_source == "simulated"
+    expected = simulated_gpus(2, "sim-host")
+    for g, e in zip(s.gpus, expected, strict=True):
+        assert (g.index, g.name, g.uuid, g.memory_total_mb) == (
+            e["index"],
+            e["name"],
+            e["uuid"],
+            81920,
+        )
+        assert g.simulated is True
+    g0, g1 = s.gpus
+    assert burner.pid in [p.pid for p in g1.processes]
+    assert burner.pid not in [p.pid for p in g0.processes]
+    if not g0.processes:  # other tagged processes of this user (a test bed job) could use GPU 0
+        assert (g0.utilization_pct, g0.memory_used_mb, g0.sm_clock_mhz) == (0.0, 0, 345)
+    mine = [p for p in g1.processes if p.pid == burner.pid][0]
+    assert mine.user == ME and mine.job_id is None and mine.rank is None
+    assert mine.used_memory_mb is not None and mine.used_memory_mb > 0
+    u = g1.utilization_pct
+    assert u is not None and g1.memory_used_mb is not None
+    assert 300 < g1.memory_used_mb <= 81920
+    assert g1.temperature_c == pytest.approx(30 + 0.5 * u)
+    assert g1.power_w == pytest.approx(60 + 6 * u)
+    assert (g1.power_limit_w, g1.sm_clock_mhz, g1.ecc_volatile_errors) == (700.0, 1980, 0)
+
+
+def test_simulated_assignment_by_job_and_cuda_visible_devices(spawn: Any) -> None:
+    uuid1 = simulated_gpus(4, "tags")[1]["uuid"]
+    rank2 = spawn(
+        ["sleep", "60"], RIGDECK_JOB_ID="j7", RIGDECK_RANK="2", CUDA_VISIBLE_DEVICES="2,3"
+    )
+    by_uuid = spawn(["sleep", "60"], RIGDECK_JOB_ID="j7", CUDA_VISIBLE_DEVICES=uuid1)
+    untagged = spawn(["sleep", "60"], CUDA_VISIBLE_DEVICES="3")  # no job id: not a rank
+    out_of_range = spawn(["sleep", "60"], RIGDECK_SIM_GPU="9")
+    with Collector(sim_gpus=4, backend="simulated", hostname="tags") as c:
+        s = c.sample()
+    pids = {g.index: {p.pid: p for p in g.processes} for g in s.gpus}
+    assert pids[2][rank2.pid] == GpuProcess(
+        rank2.pid, ME, pids[2][rank2.pid].used_memory_mb, "j7", 2
+    )
+    assert by_uuid.pid in pids[1]
+    everywhere = {pid for g in pids.values() for pid in g}
+    assert untagged.pid not in everywhere
+    assert out_of_range.pid not in everywhere
+    assert (s.gpus[2].memory_used_mb or 0) >= 300
+
+
+def test_simulated_finds_processes_started_later_and_forgets_dead_ones(spawn: Any) -> None:
+    with Collector(sim_gpus=1, backend="simulated") as c:
+        c.sample()
+        child = spawn(["sleep", "60"], RIGDECK_SIM_GPU="0")
+        deadline = time.monotonic() + 6.0
+        while child.pid not in [p.pid for p in c.sample().gpus[0].processes]:
+            assert time.monotonic() < deadline, "a new tagged process was never picked up"
+            time.sleep(0.2)
+        child.kill()
+        child.wait()
+        assert child.pid not in [p.pid for p in c.sample().gpus[0].processes]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as another user")
+def test_simulated_ignores_other_users_processes(spawn: Any) -> None:
+    other = spawn(["sleep", "60"], user=65534, RIGDECK_SIM_GPU="0")
+    with Collector(sim_gpus=1, backend="simulated") as c:
+        s = c.sample()
+    assert other.pid not in [p.pid for p in s.gpus[0].processes]
+
+
+def test_parse_environ_keeps_only_rigdeck_tags() -> None:
+    data = b"PATH=/bin\0RIGDECK_JOB_ID=j1\0RIGDECK_RANK=3\0CUDA_VISIBLE_DEVICES=1,2\0X=RIGDECK_\0"
+    assert parse_environ(data) == {
+        "RIGDECK_JOB_ID": "j1",
+        "RIGDECK_RANK": "3",
+        "CUDA_VISIBLE_DEVICES": "1,2",
+    }
+    assert parse_environ(b"PATH=/bin\0CUDA_VISIBLE_DEVICES=0\0") == {}
+
+
+# --- host metrics -----------------------------------------------------------------------------
+
+
+def _check_host(c: Collector) -> None:
+    first = c.sample().host
+    assert (first.disk_read_bps, first.disk_write_bps, first.net_rx_bps, first.net_tx_bps) == (
+        0.0,
+        0.0,
+        0.0,
+        0.0,
+    )
+    assert first.cpu_pct == 0.0
+    t_end = time.monotonic() + 0.3
+    while time.monotonic() < t_end:  # some CPU work to measure
+        sum(range(10000))
+    with open(os.devnull, "wb") as f:
+        f.write(b"x")
+    h = c.sample().host
+    assert 0.0 <= h.cpu_pct <= 100.0
+    assert h.cpu_pct > 0.0
+    assert 1 <= len(h.cpu_per_core) <= (os.cpu_count() or 1)
+    assert all(0.0 <= x <= 100.0 for x in h.cpu_per_core)
+    assert len(h.load) == 3 and all(x >= 0 for x in h.load)
+    assert h.mem_total_mb > 0 and 0 < h.mem_used_mb <= h.mem_total_mb
+    assert 0 <= h.swap_used_mb <= max(h.swap_total_mb, 0) or h.swap_total_mb == 0
+    assert min(h.disk_read_bps, h.disk_write_bps, h.net_rx_bps, h.net_tx_bps) >= 0.0
+
+
+def test_host_metrics_with_psutil() -> None:
+    pytest.importorskip("psutil")
+    with Collector(backend="none", use_psutil=True) as c:
+        assert c.uses_psutil
+        _check_host(c)
+
+
+def test_host_metrics_from_proc() -> None:
+    with Collector(backend="none", use_psutil=False) as c:
+        assert not c.uses_psutil
+        _check_host(c)
+
+
+def test_host_metrics_without_psutil_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "psutil", None)  # import psutil -> ImportError
+    with Collector(backend="none") as c:
+        assert not c.uses_psutil
+        _check_host(c)
+    with pytest.raises(TelemetryError, match="psutil"):
+        Collector(backend="none", use_psutil=True)
+
+
+def test_psutil_and_proc_agree_on_memory() -> None:
+    pytest.importorskip("psutil")
+    with (
+        Collector(backend="none", use_psutil=True) as a,
+        Collector(backend="none", use_psutil=False) as b,
+    ):
+        ha, hb = a.sample().host, b.sample().host
+    assert ha.mem_total_mb == hb.mem_total_mb
+    assert ha.swap_total_mb == hb.swap_total_mb
+    assert len(ha.cpu_per_core) == len(hb.cpu_per_core)
+
+
+def test_proc_parsers_on_recorded_text() -> None:
+    stat_text = textwrap.dedent(
+        """\
+        cpu  400 0 200 1000 100 0 0 0 0 0
+        cpu0 200 0 100 500 50 0 0 0 0 0
+        cpu1 200 0 100 500 50 0 0 0 0 0
+        intr 123456 0 0 0
+        ctxt 98765
+        """
+    )
+    assert parse_proc_stat_cpus(stat_text) == [(300.0, 850.0), (300.0, 850.0)]
+
+    meminfo = "MemTotal: 2048000 kB\nMemFree: 100000 kB\nMemAvailable: 1024000 kB\n"
+    meminfo += "SwapTotal: 1024000 kB\nSwapFree: 512000 kB\n"
+    assert parse_meminfo(meminfo) == (1000, 2000, 500, 1000)
+    old_kernel = "MemTotal: 2048000 kB\nMemFree: 1024000 kB\nBuffers: 0 kB\nCached: 0 kB\n"
+    assert parse_meminfo(old_kernel) == (1000, 2000, 0, 0)
+
+    diskstats = textwrap.dedent(
+        """\
+           7       0 loop0 10 0 80 0 0 0 0 0 0 0 0 0 0 0 0 0 0
+         259       0 nvme0n1 100 0 2000 0 50 0 4000 0 0 0 0 0 0 0 0 0 0
+         259       1 nvme0n1p1 100 0 2000 0 50 0 4000 0 0 0 0 0 0 0 0 0 0
+         254       0 vda 1 0 8 0 2 0 16 0 0 0 0
+        """
+    )
+    disks = parse_diskstats(diskstats)
+    assert disks["nvme0n1"] == (2000 * 512, 4000 * 512)
+    assert disks["vda"] == (8 * 512, 16 * 512)
+
+    net = textwrap.dedent(
+        """\
+        Inter-|   Receive                                                |  Transmit
+         face |bytes    packets errs drop fifo frame compressed multicast|bytes    packets errs
+            lo:    3193      29    0    0    0     0          0         0     3193      29    0
+          eth0:61022065    1875    0    0    0     0          0         0   137285    1074    0
+        """
+    )
+    assert parse_net_dev(net) == {"lo": (3193, 3193), "eth0": (61022065, 137285)}
+
+
+def test_whole_disks_skips_partitions_and_virtual_devices() -> None:
+    names = [
+        "loop0",
+        "ram0",
+        "zram0",
+        "sda",
+        "sda1",
+        "sda2",
+        "nvme0n1",
+        "nvme0n1p1",
+        "nvme1n1",
+        "mmcblk0",
+        "mmcblk0p1",
+        "dm-0",
+        "md0",
+        "vda",
+        "xvdb1",  # a partition whose disk is not listed counts on its own
+        "sr0",
+    ]
+    assert whole_disks(names) == ["sda", "nvme0n1", "nvme1n1", "mmcblk0", "vda", "xvdb1", "sr0"]
+
+
+# --- the collector itself ---------------------------------------------------------------------
+
+
+def test_interval_is_clamped_and_seq_counts() -> None:
+    with Collector(backend="none", interval=0.01) as c:
+        assert c.interval == 0.1
+        c.set_interval(1000)
+        assert c.interval == 60.0
+        c.set_interval(0.5)
+        assert c.interval == 0.5
+        assert [c.sample().seq for _ in range(3)] == [1, 2, 3]
+        s = c.sample()
+        assert s.cost_s >= 0 and s.gpu_source == "none" and not s.simulated
+    with pytest.raises(TelemetryError, match="closed"):
+        c.sample()
+
+
+@pytest.mark.parametrize("use_psutil", [True, False])
+def test_sample_with_eight_simulated_gpus_is_cheap(use_psutil: bool) -> None:
+    if use_psutil:
+        pytest.importorskip("psutil")
+    with Collector(sim_gpus=8, backend="simulated", use_psutil=use_psutil) as c:
+        c.sample()
+        t0 = time.perf_counter()
+        for _ in range(100):
+            c.sample()
+        avg = (time.perf_counter() - t0) / 100
+    assert avg < 0.005, f"{avg * 1e3:.2f} ms per sample"
+
+
+def test_import_pulls_in_no_optional_module() -> None:
+    code = (
+        "import sys, agent.telemetry\n"
+        "bad = [m for m in ('psutil', 'pynvml') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+@pytest.mark.skipif(not PY39.exists(), reason=f"{PY39} not installed")
+def test_smoke_under_python_3_9() -> None:
+    code = textwrap.dedent(
+        """\
+        import json, sys, time
+        import agent.telemetry as t
+        c = t.Collector(sim_gpus=2)
+        c.sample()
+        time.sleep(0.2)
+        s = c.sample()
+        c.close()
+        d = t.sample_to_dict(s)
+        assert t.sample_from_dict(d) == s
+        print(json.dumps({"sample": d, "has_psutil": "psutil" in sys.modules}))
+        """
+    )
+    env = _clean_env(PYTHONPATH=str(ROOT))
+    env.pop("PYTHONHOME", None)
+    proc = subprocess.run(
+        [str(PY39), "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    d = out["sample"]
+    assert d["seq"] == 2
+    assert d["hostname"]
+    assert d["host"]["mem_total_mb"] > 0
+    if d["gpu_source"] == "simulated":
+        assert [g["simulated"] for g in d["gpus"]] == [True, True]
+        assert d["simulated"] is True

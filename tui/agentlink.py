@@ -1,0 +1,115 @@
+"""The controller's end of one agent connection: JSON lines over a transport stream.
+
+Single-threaded by design: the host's reader thread both issues requests and receives events;
+anything that arrives while it waits for a response goes to ``on_event``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent import protocol
+from tui.transport import Stream, TransportError
+
+
+class AgentError(TransportError):
+    """The agent answered a request with an error."""
+
+    kind = "agent"
+
+    def __init__(self, host: str, code: str, message: str):
+        super().__init__(host, f"agent error {code}: {message}")
+        self.code = code
+
+
+class AgentLink:
+    def __init__(self, host: str, stream: Stream, on_event: Callable[[dict[str, Any]], None] | None = None):
+        self.host = host
+        self.stream = stream
+        self.on_event = on_event or (lambda msg: None)
+        self.splitter = protocol.LineSplitter()
+        self._pending: list[dict[str, Any]] = []
+        self._next_id = 0
+        self.remote_hello: dict[str, Any] | None = None
+        self.bad_messages = 0
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def send(self, msg: dict[str, Any]) -> None:
+        self.stream.send(protocol.encode(msg))
+
+    def recv(self, timeout: float) -> dict[str, Any] | None:
+        """The next decoded message, or None when none came within ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while not self._pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            data = self.stream.recv(remaining)
+            if data is None:
+                return None
+            if data == b"":
+                raise TransportError(self.host, "the agent closed the connection")
+            for line, err in self.splitter.feed(data):
+                if err is not None or line is None:
+                    self.bad_messages += 1
+                    continue
+                try:
+                    self._pending.append(protocol.decode(line))
+                except protocol.ProtocolError:
+                    self.bad_messages += 1  # a garbled line costs that line only
+        return self._pending.pop(0)
+
+    def handshake(self, timeout: float, **fields: Any) -> dict[str, Any]:
+        """Exchange hellos; returns the agent's (its version, hostname, pid)."""
+        self.send(protocol.hello(role="controller", **fields))
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.recv(max(0.0, deadline - time.monotonic()))
+            if msg is None:
+                raise TransportError(self.host, f"the agent did not say hello within {timeout:g}s")
+            if msg["type"] == "hello":
+                if msg.get("protocol") != protocol.PROTOCOL_VERSION:
+                    raise TransportError(
+                        self.host,
+                        f"agent speaks protocol {msg.get('protocol')}, we speak {protocol.PROTOCOL_VERSION}",
+                    )
+                self.remote_hello = msg
+                return msg
+            self._dispatch(msg)
+
+    def request(self, method: str, timeout: float = 30.0, **params: Any) -> Any:
+        self._next_id += 1
+        rid = self._next_id
+        self.send(protocol.request(rid, method, **params))
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.recv(max(0.0, deadline - time.monotonic()))
+            if msg is None:
+                raise TransportError(self.host, f"agent did not answer {method} within {timeout:g}s")
+            if msg["type"] == "response" and msg.get("id") == rid:
+                if msg["ok"]:
+                    return msg.get("result")
+                err = msg.get("error") or {}
+                raise AgentError(self.host, str(err.get("code")), str(err.get("message")))
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        if msg["type"] == "event":
+            self.on_event(msg)
+
+    def pump(self, timeout: float) -> int:
+        """Deliver events for up to ``timeout`` seconds; returns how many arrived."""
+        n = 0
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.recv(max(0.0, deadline - time.monotonic()))
+            if msg is None:
+                return n
+            self._dispatch(msg)
+            n += 1
+            if time.monotonic() >= deadline:
+                return n

@@ -1,0 +1,137 @@
+"""Live telemetry from every host: one reader thread per host feeding ``ClusterState``.
+
+A reader connects, makes sure the current agent is deployed, attaches to the host's daemon,
+subscribes, and folds every sample into the state. A host that goes quiet is marked stale after
+``stale_after`` seconds and down after its timeout; its reader then reconnects with backoff on
+its own. Readers never wait on each other.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+from tui.agentlink import AgentLink
+from tui.controller import Controller, _report_for
+from tui.inventory import HostSpec
+from tui.state import ClusterState, HostStatus
+from tui.transport import Backoff, TransportError, UnreachableError
+
+log = logging.getLogger(__name__)
+
+
+class Monitor:
+    def __init__(
+        self,
+        controller: Controller,
+        *,
+        rate_hz: float = 1.0,
+        stale_after: float = 3.0,
+        max_backoff: float = 5.0,
+    ):
+        self.controller = controller
+        self.rate_hz = rate_hz
+        self.stale_after = stale_after
+        self.max_backoff = max_backoff
+        inv = controller.inventory
+        self.state = ClusterState([(s.name, s.address) for s in inv.hosts])
+        self._stop = threading.Event()
+        self._kick: dict[str, threading.Event] = {s.name: threading.Event() for s in inv.hosts}
+        self._threads: dict[str, threading.Thread] = {}
+        self.events_received = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> Monitor:
+        for spec in self.controller.inventory.hosts:
+            t = threading.Thread(target=self._run_host, args=(spec,), name=f"reader-{spec.name}", daemon=True)
+            self._threads[spec.name] = t
+            t.start()
+        return self
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        for ev in self._kick.values():
+            ev.set()
+        deadline = time.monotonic() + timeout
+        for t in self._threads.values():
+            t.join(max(0.0, deadline - time.monotonic()))
+
+    def __enter__(self) -> Monitor:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def reconnect(self, host: str) -> None:
+        """Drop the host's connection and connect again now (the app's 'reconnect' action)."""
+        self._kick[host].set()
+
+    def down_after(self, spec: HostSpec) -> float:
+        return max(self.stale_after + 1.0, spec.connect_timeout)
+
+    # -- one host ----------------------------------------------------------------------------
+
+    def _on_event(self, host: str, msg: dict[str, Any]) -> None:
+        self.events_received += 1
+        if msg.get("event") == "telemetry" and isinstance(msg.get("data"), dict):
+            self.state.apply_sample(host, msg["data"])
+
+    def _run_host(self, spec: HostSpec) -> None:
+        backoff = Backoff(initial=0.5, maximum=self.max_backoff)
+        kick = self._kick[spec.name]
+        while not self._stop.is_set():
+            kick.clear()
+            try:
+                self._session(spec, kick, backoff)
+            except TransportError as e:
+                self.state.set_status(spec.name, HostStatus.DOWN, e.detail)
+                log.info("%s: %s", spec.name, e)
+            except Exception as e:  # a bug in one reader must not end it for good
+                log.exception("%s: reader failed", spec.name)
+                self.state.set_status(spec.name, HostStatus.DOWN, f"internal error: {e}")
+            finally:
+                self.controller.transport(spec).close()
+            if self._stop.is_set():
+                break
+            if not kick.is_set():
+                kick.wait(backoff.next_delay())
+
+    def _session(self, spec: HostSpec, kick: threading.Event, backoff: Backoff) -> None:
+        ctl = self.controller
+        transport = ctl.transport(spec)
+        transport.connect()
+        state_dir, pyz = ctl._deploy_one(_report_for(spec), transport, ctl.bundle)
+        stream = transport.open_stream(
+            [spec.python, pyz, "attach", "--state-dir", state_dir], env=ctl.agent_env(spec)
+        )
+        link = AgentLink(spec.name, stream, on_event=lambda m: self._on_event(spec.name, m))
+        try:
+            hello = link.handshake(spec.connect_timeout, client="rigdeck")
+            upgrade = None
+            if hello.get("agent_version") != ctl.bundle.version:
+                # An older daemon is running. It hands over now if idle, else when its jobs end.
+                result = link.request("upgrade", timeout=spec.connect_timeout, path=pyz)
+                if (result or {}).get("scheduled") == "now":
+                    self.state.set_agent(spec.name, hello, upgrade_pending=ctl.bundle.version)
+                    kick.set()  # reconnect at once, to the new daemon
+                    return
+                upgrade = ctl.bundle.version
+            self.state.set_agent(spec.name, hello, upgrade_pending=upgrade)
+            link.request("subscribe", timeout=spec.connect_timeout, rate_hz=self.rate_hz)
+            subscribed_at = time.monotonic()
+            backoff.reset()
+            down_after = self.down_after(spec)
+            while not self._stop.is_set() and not kick.is_set():
+                link.pump(0.25)
+                h = self.state.get(spec.name)
+                last = h.last_sample_at if h.last_sample_at and h.last_sample_at > subscribed_at else subscribed_at
+                age = time.monotonic() - last
+                if age > self.stale_after and h.status == HostStatus.UP:
+                    self.state.set_status(spec.name, HostStatus.STALE, f"no telemetry for {age:.1f}s")
+                if age > down_after:
+                    raise UnreachableError(spec.name, f"no telemetry for {age:.0f}s (timeout {down_after:g}s)")
+        finally:
+            link.close()

@@ -1,0 +1,171 @@
+"""The controller's picture of the cluster: plain objects, folded from decoded agent events.
+
+Readers (one thread per host) write here under one short lock; the app and the CLI read
+snapshots. Nothing here does I/O or knows about Textual.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+HISTORY = 60  # samples kept per GPU for sparklines
+
+
+class HostStatus(str, Enum):
+    CONNECTING = "connecting"
+    UP = "up"
+    STALE = "stale"
+    DOWN = "down"
+
+
+@dataclass
+class GpuState:
+    host: str
+    index: int
+    uuid: str
+    name: str
+    simulated: bool
+    sample: dict[str, Any]
+    history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+
+    def to_json(self, stale: bool) -> dict[str, Any]:
+        return {**self.sample, "host": self.host, "stale": stale, "history": list(self.history)}
+
+
+@dataclass
+class HostState:
+    name: str
+    address: str
+    status: HostStatus = HostStatus.CONNECTING
+    reason: str | None = None
+    agent_version: str | None = None
+    agent_pid: int | None = None
+    hostname: str | None = None
+    upgrade_pending: str | None = None
+    simulated: bool = False
+    gpu_source: str | None = None
+    host_sample: dict[str, Any] | None = None
+    gpus: dict[int, GpuState] = field(default_factory=dict)
+    last_sample_at: float | None = None  # monotonic, on the controller
+    last_sample_time: float | None = None  # the agent's wall clock
+    samples: int = 0
+    status_since: float = field(default_factory=time.monotonic)
+
+    @property
+    def stale(self) -> bool:
+        return self.status in (HostStatus.STALE, HostStatus.DOWN)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "address": self.address,
+            "status": self.status.value,
+            "reason": self.reason,
+            "agent_version": self.agent_version,
+            "agent_pid": self.agent_pid,
+            "hostname": self.hostname,
+            "upgrade_pending": self.upgrade_pending,
+            "simulated": self.simulated,
+            "gpu_source": self.gpu_source,
+            "samples": self.samples,
+            "sample_age_s": None if self.last_sample_at is None else time.monotonic() - self.last_sample_at,
+            "host_sample": self.host_sample,
+            "gpus": [g.to_json(self.stale) for _, g in sorted(self.gpus.items())],
+        }
+
+
+class ClusterState:
+    """All hosts. ``version`` grows on every change, so readers can tell when to redraw."""
+
+    def __init__(self, hosts: list[tuple[str, str]]):
+        self._lock = threading.Lock()
+        self.hosts: dict[str, HostState] = {n: HostState(n, a) for n, a in hosts}
+        self.version = 0
+
+    def _changed(self) -> None:
+        self.version += 1
+
+    def set_status(self, host: str, status: HostStatus, reason: str | None = None) -> None:
+        with self._lock:
+            h = self.hosts[host]
+            if h.status != status or h.reason != reason:
+                if h.status != status:
+                    h.status_since = time.monotonic()
+                h.status = status
+                h.reason = reason
+                self._changed()
+
+    def set_agent(self, host: str, hello: dict[str, Any], upgrade_pending: str | None = None) -> None:
+        with self._lock:
+            h = self.hosts[host]
+            h.agent_version = hello.get("agent_version")
+            h.agent_pid = hello.get("pid")
+            h.hostname = hello.get("hostname")
+            h.upgrade_pending = upgrade_pending
+            self._changed()
+
+    def apply_sample(self, host: str, data: dict[str, Any], received_at: float | None = None) -> None:
+        """Fold one telemetry sample (agent/telemetry.py's dict) into the host's state."""
+        now = time.monotonic() if received_at is None else received_at
+        with self._lock:
+            h = self.hosts[host]
+            h.host_sample = data.get("host")
+            h.simulated = bool(data.get("simulated"))
+            h.gpu_source = data.get("gpu_source")
+            h.last_sample_at = now
+            h.last_sample_time = data.get("time")
+            h.samples += 1
+            seen = set()
+            for g in data.get("gpus") or []:
+                idx = int(g["index"])
+                seen.add(idx)
+                gs = h.gpus.get(idx)
+                if gs is None or gs.uuid != g.get("uuid"):
+                    gs = GpuState(host, idx, g.get("uuid", ""), g.get("name", ""), bool(g.get("simulated")), g)
+                    h.gpus[idx] = gs
+                gs.sample = g
+                util = g.get("utilization_pct")
+                gs.history.append(float(util) if util is not None else 0.0)
+            for idx in list(h.gpus):
+                if idx not in seen:
+                    del h.gpus[idx]
+            if h.status != HostStatus.UP:
+                h.status = HostStatus.UP
+                h.reason = None
+                h.status_since = now
+            self._changed()
+
+    def mark_stale(self, stale_after: float, now: float | None = None) -> list[str]:
+        """Hosts that were up but sent nothing for ``stale_after`` seconds become stale."""
+        now = time.monotonic() if now is None else now
+        changed = []
+        with self._lock:
+            for h in self.hosts.values():
+                if (
+                    h.status == HostStatus.UP
+                    and h.last_sample_at is not None
+                    and now - h.last_sample_at > stale_after
+                ):
+                    h.status = HostStatus.STALE
+                    h.reason = f"no telemetry for {now - h.last_sample_at:.1f}s"
+                    h.status_since = now
+                    changed.append(h.name)
+            if changed:
+                self._changed()
+        return changed
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [h.to_json() for h in self.hosts.values()]
+
+    def get(self, host: str) -> HostState:
+        return self.hosts[host]
+
+    def gpu_count(self) -> int:
+        with self._lock:
+            return sum(len(h.gpus) for h in self.hosts.values())
