@@ -59,6 +59,8 @@ class HostReport:
     memory_total_mb: int | None = None
     gpu_source: str | None = None
     gpus: list[dict[str, Any]] = field(default_factory=list)
+    agent_pid: int | None = None
+    sample: dict[str, Any] | None = None
     elapsed_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -207,8 +209,27 @@ class Controller:
             _apply_facts(report, facts)
             report.agent_version = facts.get("deployed_version")
             report.agent_current = report.agent_version == version
+            if report.agent_version:
+                pyz = f"{facts['state_dir']}/agent/{report.agent_version}/agent.pyz"
+                self._latest_sample(report, t, facts["state_dir"], pyz)
 
         return self._parallel(self.specs(names), lambda s: self._guarded(s, body))
+
+    def _latest_sample(self, report: HostReport, t: Transport, state_dir: str, pyz: str) -> None:
+        """Ask the host's daemon (started if needed) for its latest telemetry sample."""
+        from tui.agentlink import AgentLink
+
+        spec = t.spec
+        link = AgentLink(
+            spec.name,
+            t.open_stream([spec.python, pyz, "attach", "--state-dir", state_dir], env=self.agent_env(spec)),
+        )
+        try:
+            hello = link.handshake(spec.connect_timeout, client="rigdeck-cli")
+            report.agent_pid = hello.get("pid")
+            report.sample = link.request("sample", timeout=spec.connect_timeout)
+        finally:
+            link.close()
 
     def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
         """Install the current agent where it is missing, verify it, and report each host."""

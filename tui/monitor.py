@@ -28,12 +28,13 @@ class Monitor:
         controller: Controller,
         *,
         rate_hz: float = 1.0,
-        stale_after: float = 3.0,
+        stale_after: float | None = None,
         max_backoff: float = 5.0,
     ):
         self.controller = controller
         self.rate_hz = rate_hz
-        self.stale_after = stale_after
+        # Two and a half missed samples (never under 2.5 s): quick, yet no flicker from jitter.
+        self.stale_after = stale_after if stale_after is not None else max(2.5, 2.5 / rate_hz)
         self.max_backoff = max_backoff
         inv = controller.inventory
         self.state = ClusterState([(s.name, s.address) for s in inv.hosts])
@@ -125,7 +126,7 @@ class Monitor:
             backoff.reset()
             down_after = self.down_after(spec)
             while not self._stop.is_set() and not kick.is_set():
-                link.pump(0.25)
+                link.pump(0.2)
                 h = self.state.get(spec.name)
                 last = h.last_sample_at if h.last_sample_at and h.last_sample_at > subscribed_at else subscribed_at
                 age = time.monotonic() - last
