@@ -17,6 +17,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import zipfile
 from typing import Any, Callable, Dict, List, Optional
@@ -131,6 +132,7 @@ class Daemon:
         self.started = time.time()
         self._collector_factory = collector_factory
         self._collector = None  # type: Any
+        self._collector_lock = threading.Lock()
         self._lock_fd = None  # type: Optional[int]
         self._clients = {}  # type: Dict[int, _Client]
         self._next_cid = 0
@@ -224,6 +226,11 @@ class Daemon:
                 self._collector.close()
 
     def _collector_instance(self) -> Any:
+        # Built on an executor thread: NVML init or the first nvidia-smi rows can take seconds.
+        with self._collector_lock:
+            return self._make_collector()
+
+    def _make_collector(self) -> Any:
         if self._collector is None:
             if self._collector_factory is not None:
                 self._collector = self._collector_factory()
@@ -240,8 +247,7 @@ class Daemon:
         from agent.telemetry import sample_to_dict
 
         loop = asyncio.get_event_loop()
-        collector = self._collector_instance()
-        sample = await loop.run_in_executor(None, collector.sample)
+        sample = await loop.run_in_executor(None, lambda: self._collector_instance().sample())
         return sample_to_dict(sample)
 
     async def _ticker(self) -> None:

@@ -91,14 +91,14 @@ def test_twelve_simulated_gpus_stream_and_follow_a_cpu_burner(monitored: tuple[T
             h = next(h for h in mon.state.snapshot() if h["name"] == host)
             return h["gpus"][idx]
 
-        wait_until(lambda: (gpu("h2", 2)["utilization_pct"] or 0) > 50, 15, "h2 GPU 2 busy")
+        wait_until(lambda: (gpu("h2", 2)["utilization_pct"] or 0) > 25, 20, "h2 GPU 2 busy")
         busy = gpu("h2", 2)
         assert burner_pid in [p["pid"] for p in busy["processes"]]
         assert busy["memory_used_mb"] > 0
         # The others stay idle: on that host, and the same GPU index on the other hosts.
-        assert (gpu("h2", 0)["utilization_pct"] or 0) < 20
-        assert (gpu("h1", 2)["utilization_pct"] or 0) < 20
-        assert (gpu("h3", 2)["utilization_pct"] or 0) < 20
+        assert (gpu("h2", 0)["utilization_pct"] or 0) == 0
+        assert (gpu("h1", 2)["utilization_pct"] or 0) == 0
+        assert (gpu("h3", 2)["utilization_pct"] or 0) == 0
     finally:
         burner.kill()
         burner.wait()
