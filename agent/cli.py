@@ -16,26 +16,8 @@ def _print_json(obj: object) -> None:
     sys.stdout.flush()
 
 
-def cmd_version(args: argparse.Namespace) -> int:
-    info = facts.collect(args.state_dir)
-    info["version"] = agent_version()
-    _print_json(info)
-    return 0
-
-
-def cmd_install(args: argparse.Namespace) -> int:
-    """Verify this very file against the expected hash, then move it into place atomically.
-
-    Runs from the uploaded ``.part`` file: everything it needs is imported before the rename,
-    because the zip importer reopens the archive by path.
-    """
-    me = os.path.abspath(sys.argv[0])
-    version = agent_version()
-    got = facts.sha256_file(me)
-    if got != args.expect_sha256:
-        _print_json({"ok": False, "error": "sha256 mismatch: expected %s, got %s" % (args.expect_sha256, got)})
-        return 3
-    state_dir = os.path.expanduser(args.state_dir)
+def _install(me: str, expect_sha256: str, state_dir: str, version: str) -> str:
+    """Move this verified archive to ``<state_dir>/agent/<version>/agent.pyz`` and make it current."""
     final_dir = os.path.join(state_dir, "agent", version)
     final = os.path.join(final_dir, "agent.pyz")
     os.makedirs(final_dir, mode=0o700, exist_ok=True)
@@ -48,7 +30,31 @@ def cmd_install(args: argparse.Namespace) -> int:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, current)
-    _print_json({"ok": True, "version": version, "path": final, "sha256": got})
+    return final
+
+
+def cmd_version(args: argparse.Namespace) -> int:
+    """Print the version, this file's SHA-256 and the host's facts as one JSON line.
+
+    The controller checks the hash against the one it built, so one run both verifies the file
+    and proves that this host's Python runs it. With ``--install`` (run from the uploaded
+    ``.part`` file) a verified archive is also moved into place; facts are gathered before the
+    rename, because the zip importer reopens the archive by path.
+    """
+    version = agent_version()
+    me = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    sha = facts.sha256_file(me) if os.path.isfile(me) else None
+    if args.install and sha != args.expect_sha256:
+        _print_json({"ok": False, "error": "sha256 mismatch: expected %s, got %s" % (args.expect_sha256, sha)})
+        return 3
+    info = facts.collect(args.state_dir)
+    info.update(ok=True, version=version, sha256=sha, path=me or None)
+    if args.install:
+        state_dir = os.path.expanduser(args.state_dir)
+        info["path"] = _install(me, args.expect_sha256, state_dir, version)
+        info["deployed_version"] = version
+        info["deployed_sha256"] = sha
+    _print_json(info)
     return 0
 
 
@@ -73,13 +79,12 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="agent.pyz", description="rigdeck host agent")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("version", help="print the agent version and this host's facts as JSON")
+    p = sub.add_parser("version", help="print the agent version, its hash and this host's facts as JSON")
     p.add_argument("--state-dir", default=None)
+    p.add_argument("--install", action="store_true",
+                   help="also move this archive into the state dir, if its hash is --expect-sha256")
+    p.add_argument("--expect-sha256", default=None)
     p.set_defaults(func=cmd_version)
-    p = sub.add_parser("install", help="verify this archive and move it into the state dir")
-    p.add_argument("--state-dir", required=True)
-    p.add_argument("--expect-sha256", required=True)
-    p.set_defaults(func=cmd_install)
     p = sub.add_parser("attach", help="bridge stdin/stdout to the daemon, starting it if needed")
     p.add_argument("--state-dir", default="~/.rigdeck")
     p.add_argument("--no-start", action="store_true", help="fail instead of starting a daemon")
@@ -89,4 +94,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--rate-hz", type=float, default=1.0)
     p.set_defaults(func=cmd_daemon)
     args = parser.parse_args(argv)
+    if getattr(args, "install", False) and not (args.expect_sha256 and args.state_dir):
+        parser.error("--install needs --expect-sha256 and --state-dir")
     return int(args.func(args))

@@ -74,7 +74,7 @@ def test_install_refuses_a_corrupt_archive(tmp_path: Path) -> None:
     part = tmp_path / "upload.part"
     shutil.copy(bundle.path, part)
     res = subprocess.run(
-        [sys.executable, str(part), "install", "--state-dir", str(tmp_path / "s"),
+        [sys.executable, str(part), "version", "--install", "--state-dir", str(tmp_path / "s"),
          "--expect-sha256", "0" * 64],
         capture_output=True, text=True,
     )

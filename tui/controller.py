@@ -240,40 +240,56 @@ class Controller:
 
         return self._parallel(self.specs(names), lambda s: self._guarded(s, body))
 
-    def _deploy_one(self, report: HostReport, t: Transport, bundle: AgentBundle) -> tuple[str, str]:
-        """Make sure ``bundle`` is installed and runs; returns (state_dir, agent.pyz path) there."""
+    def _agent_version(self, t: Transport, pyz: str, state_dir: str, install: bool = False) -> dict[str, Any]:
+        """Run ``python agent.pyz version`` on the host (``--install``: verify and move into place)."""
         spec = t.spec
-        facts = self._facts(spec, t)
-        state_dir = facts["state_dir"]
+        argv = [spec.python, pyz, "version", "--state-dir", state_dir]
+        if install:
+            argv += ["--install", "--expect-sha256", self.bundle.sha256]
+        res = t.run(argv, timeout=COMMAND_TIMEOUT, env=self.agent_env(spec))
+        info = _parse_json_line(spec.name, res.stdout, "agent.pyz version") if "{" in res.stdout else {}
+        if res.exit_code != 0 or not info.get("ok"):
+            why = info.get("error") or res.stderr.strip()[-300:]
+            raise TransportError(spec.name, f"agent.pyz version failed (exit {res.exit_code}): {why}")
+        return info
+
+    def _deploy_one(self, report: HostReport, t: Transport, bundle: AgentBundle) -> tuple[str, str]:
+        """Make sure ``bundle`` is installed and runs; returns (state_dir, agent.pyz path) there.
+
+        One SFTP stat, then one command on the host: ``agent.pyz version``, which reports the
+        file's own SHA-256 and the host's facts. When the file is missing, damaged or not yet
+        current, an SFTP upload first and ``version --install`` from the upload, which verifies
+        the hash on the host before moving the file into place.
+        """
+        spec = t.spec
+        state_dir = t.remote_path(spec.state_dir)
         final = f"{state_dir}/agent/{bundle.version}/agent.pyz"
-        if facts.get("deployed_version") == bundle.version and facts.get("deployed_sha256") == bundle.sha256:
-            report.copied = False
-        else:
+        info: dict[str, Any] | None = None
+        if t.file_size(final) == bundle.size:
+            info = self._agent_version(t, final, state_dir)
+            if info.get("sha256") != bundle.sha256 or info.get("version") != bundle.version:
+                info = None  # damaged or foreign: replace it
+            elif info.get("deployed_version") != bundle.version:
+                info = self._agent_version(t, final, state_dir, install=True)  # present, not current
+        if info is None:
             part = f"{final}.part-{secrets.token_hex(4)}"
             t.put_file(bundle.path, part, mode=0o600)
-            res = t.run(
-                [spec.python, part, "install", "--state-dir", state_dir, "--expect-sha256", bundle.sha256],
-                timeout=COMMAND_TIMEOUT,
-            )
-            installed = _parse_json_line(spec.name, res.stdout + res.stderr, "agent install")
-            if res.exit_code != 0 or not installed.get("ok"):
+            try:
+                info = self._agent_version(t, part, state_dir, install=True)
+            except TransportError:
                 t.run(["rm", "-f", part], timeout=COMMAND_TIMEOUT)
-                raise TransportError(spec.name, f"agent install failed: {installed.get('error', res.stderr)}")
+                raise
             report.copied = True
             report.bytes_copied = bundle.size
-        res = t.run(
-            [spec.python, final, "version", "--state-dir", state_dir],
-            timeout=COMMAND_TIMEOUT,
-            env=self.agent_env(spec),
-        )
-        if res.exit_code != 0:
-            raise TransportError(spec.name, f"agent.pyz version failed (exit {res.exit_code}): {res.stderr.strip()[-300:]}")
-        info = _parse_json_line(spec.name, res.stdout, "agent.pyz version")
+        else:
+            report.copied = False
         _apply_facts(report, info)
         report.agent_version = info.get("version")
-        if report.agent_version != bundle.version:
+        if report.agent_version != bundle.version or info.get("sha256") != bundle.sha256:
             raise TransportError(
-                spec.name, f"agent reports version {report.agent_version}, expected {bundle.version}"
+                spec.name,
+                f"agent reports version {report.agent_version} (sha256 {info.get('sha256')}), "
+                f"expected {bundle.version} ({bundle.sha256})",
             )
         report.agent_current = True
         return state_dir, final

@@ -259,6 +259,10 @@ class Transport(ABC):
     def home(self) -> str: ...
 
     @abstractmethod
+    def file_size(self, path: str) -> int | None:
+        """Size of a file on the host, or None when there is none."""
+
+    @abstractmethod
     def open_stream(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Stream:
         """Start ``argv`` and keep talking to it over its stdin/stdout."""
 
@@ -372,6 +376,8 @@ class SSHTransport(Transport):
         self._client: paramiko.SSHClient | None = None
         self._jump_clients: list[paramiko.SSHClient] = []
         self._home: str | None = None
+        self._sftp_client: paramiko.SFTPClient | None = None
+        self._sftp_lock = threading.Lock()
         self._lock = threading.Lock()
         self.accepted_fingerprints: list[str] = []
 
@@ -480,6 +486,7 @@ class SSHTransport(Transport):
         return c is not None and self._alive(c)
 
     def _close_locked(self) -> None:
+        self._sftp_client = None
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -549,25 +556,39 @@ class SSHTransport(Transport):
             chan.close()
         return CommandResult(tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"))
 
-    def put_file(self, local: Path, remote: str, mode: int = 0o644) -> None:
-        try:
+    def _sftp(self) -> paramiko.SFTPClient:
+        """One SFTP session per connection, opened on first use."""
+        if self._sftp_client is None:
             sftp = paramiko.SFTPClient.from_transport(self._transport())
             assert sftp is not None
-            with sftp:
-                sftp.get_channel().settimeout(max(30.0, self.spec.connect_timeout))
+            sftp.get_channel().settimeout(max(30.0, self.spec.connect_timeout))
+            self._sftp_client = sftp
+        return self._sftp_client
+
+    def put_file(self, local: Path, remote: str, mode: int = 0o644) -> None:
+        try:
+            with self._sftp_lock:
+                sftp = self._sftp()
                 _sftp_makedirs(sftp, os.path.dirname(remote))
                 sftp.put(str(local), remote)
                 sftp.chmod(remote, mode)
         except (OSError, paramiko.SSHException, EOFError) as e:
             raise TransportError(self.name, f"copy to {remote} failed: {e}") from None
 
+    def file_size(self, path: str) -> int | None:
+        try:
+            with self._sftp_lock:
+                return self._sftp().stat(path).st_size
+        except FileNotFoundError:
+            return None
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            raise TransportError(self.name, f"cannot stat {path}: {e}") from None
+
     def home(self) -> str:
         if self._home is None:
             try:
-                sftp = paramiko.SFTPClient.from_transport(self._transport())
-                assert sftp is not None
-                with sftp:
-                    self._home = sftp.normalize(".")
+                with self._sftp_lock:
+                    self._home = self._sftp().normalize(".")
             except (OSError, paramiko.SSHException, EOFError) as e:
                 raise TransportError(self.name, f"cannot resolve the home directory: {e}") from None
         return self._home
@@ -648,6 +669,12 @@ class LocalTransport(Transport):
 
     def home(self) -> str:
         return os.path.expanduser("~")
+
+    def file_size(self, path: str) -> int | None:
+        try:
+            return os.stat(path).st_size
+        except FileNotFoundError:
+            return None
 
 
 def make_transport(inv: Inventory, spec: HostSpec, *, accept_new: bool = False) -> Transport:

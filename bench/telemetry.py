@@ -1,0 +1,684 @@
+"""Telemetry cost: one agent daemon vs. spawn-per-tick polling; controller ingest at N hosts.
+
+(a) Agent overhead. A real daemon (``python -m agent daemon`` from this source tree, 8 simulated
+    GPUs) streams 1 Hz telemetry to one unix-socket client for D seconds; its CPU (utime+stime
+    from /proc) and memory (RSS, PSS, USS) are measured once it is warm. The baseline is what
+    polling ``nvidia-smi`` once per tick amounts to: a loop that starts a new process per tick,
+    which builds a ``Collector(sim_gpus=8)``, takes one sample and prints it as JSON; its CPU is
+    the loop's own plus every child's (``os.wait4`` rusage), over the same D seconds.
+(b) Controller ingest. N daemons (each its own state dir, 8 simulated GPUs, 1 Hz) run as local
+    processes; the controller reaches each through ``agent.pyz attach`` over pipes, using
+    ``tui.monitor.Monitor`` unchanged (one reader thread per host, ``AgentLink`` +
+    ``PipeStream``). Its ``ClusterState`` is a subclass that records when each sample is applied.
+    Over D seconds: samples/s, the controller's CPU per sample (this process holds only the
+    controller side) and the latency from the agent's sample time (``data["time"]``, taken at the
+    start of collection, so it includes ``cost_s``) to ``apply_sample``. Deploying the agent is
+    skipped (done once up front; bench/deploy.py measures it) unless ``--real-deploy``.
+
+All agents and the controller share this one machine, so at large N the latency also carries the
+contention of N daemons and N attach bridges for the same cores; the machine's CPU use during
+the window is reported next to it.
+
+Usage: .venv/bin/python bench/telemetry.py [--agent-seconds 30] [--ingest-seconds 20]
+                                            [--n 16,64,256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tui.bundle import AgentBundle, build_agent  # noqa: E402
+from tui.controller import Controller, HostReport  # noqa: E402
+from tui.inventory import HostSpec, Inventory  # noqa: E402
+from tui.monitor import Monitor  # noqa: E402
+from tui.state import ClusterState  # noqa: E402
+from tui.transport import Transport  # noqa: E402
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+TARGET_AGENT_CPU_PCT = 1.0
+TARGET_AGENT_RSS_MB = 60.0
+TARGET_P95_MS = 100.0
+
+# One collector per process, one sample, printed: the per-tick cost of polling by spawning.
+POLL_SCRIPT = (
+    "import json, sys\n"
+    "from agent.telemetry import Collector, sample_to_dict\n"
+    "with Collector(sim_gpus=int(sys.argv[1])) as c:\n"
+    "    sys.stdout.write(json.dumps(sample_to_dict(c.sample())) + '\\n')\n"
+)
+
+
+# -------------------------------------------------------------------------------------------
+# /proc readers
+
+
+def proc_cpu_s(pid: int) -> float | None:
+    """utime + stime of one process, in seconds; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rfind(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return int(data[data.rfind(b")") + 2 :].split()[1])
+
+
+def proc_mem_mb(pid: int) -> dict[str, float]:
+    """RSS (VmRSS), and PSS / USS from smaps_rollup where the kernel has it, in MB."""
+    out: dict[str, float] = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    out["rss"] = int(line.split()[1]) / 1024
+                    break
+    except OSError:
+        return out
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            private = 0
+            for line in f:
+                key, _, rest = line.partition(":")
+                if key == "Pss":
+                    out["pss"] = int(rest.split()[0]) / 1024
+                elif key in ("Private_Clean", "Private_Dirty"):
+                    private += int(rest.split()[0])
+            out["uss"] = private / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return out
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, total) jiffies of the whole machine."""
+    with open("/proc/stat") as f:
+        v = [float(x) for x in f.readline().split()[1:9]]
+    return sum(v) - v[3] - v[4], sum(v)
+
+
+def busy_pct(m0: tuple[float, float], m1: tuple[float, float]) -> float:
+    """Machine CPU use between two machine_cpu() readings, as % of all cores."""
+    total = m1[1] - m0[1]
+    return 100.0 * (m1[0] - m0[0]) / total if total > 0 else float("nan")
+
+
+def children_of(pid: int) -> list[int]:
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and proc_ppid(int(name)) == pid:
+            out.append(int(name))
+    return out
+
+
+def mem_available_mb() -> float:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks; q in 0..100."""
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100.0
+    lo = int(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+# -------------------------------------------------------------------------------------------
+# Daemons we start, and their cleanup
+
+try:
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except (OSError, AttributeError):
+    _prctl = None
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Last resort: a daemon of ours goes when this process does, even on SIGKILL.
+    if _prctl is not None:
+        _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class Daemons:
+    """Agent daemons started by this benchmark; ``stop_all`` ends every one of them."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.state_dirs: list[Path] = []
+
+    def start(
+        self, cmd: list[str], state_dir: Path, env: dict[str, str]
+    ) -> subprocess.Popen[bytes]:
+        state_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with open(state_dir / "bench.stderr", "ab") as log:
+            p = subprocess.Popen(
+                [*cmd, "daemon", "--state-dir", str(state_dir)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, cwd=state_dir, env=env,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )
+        self.procs.append(p)
+        self.state_dirs.append(state_dir)
+        return p
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until every daemon's socket exists (it is listening then)."""
+        deadline = time.monotonic() + timeout
+        pending = list(zip(self.procs, self.state_dirs, strict=True))
+        while pending:
+            still = []
+            for p, d in pending:
+                if (d / "run" / "agent.sock").exists():
+                    continue
+                if p.poll() is not None:
+                    tail = (d / "bench.stderr").read_text(errors="replace")[-500:]
+                    raise RuntimeError(f"daemon in {d} exited {p.returncode}: {tail}")
+                still.append((p, d))
+            pending = still
+            if pending and time.monotonic() > deadline:
+                raise RuntimeError(f"{len(pending)} daemons did not listen within {timeout:g}s")
+            if pending:
+                time.sleep(0.05)
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.poll() is None]
+
+    def stop_all(self, timeout: float = 10.0) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+        # A daemon some attach started on its own (none should) is named by its pidfile.
+        ours = {p.pid for p in self.procs}
+        for d in self.state_dirs:
+            try:
+                pid = int((d / "run" / "daemon.pid").read_text().strip())
+            except (OSError, ValueError):
+                continue
+            if pid in ours:
+                continue
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if b"daemon" in cmdline and str(d).encode() in cmdline:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self.procs.clear()
+        self.state_dirs.clear()
+
+
+def agent_env(sim_gpus: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["RIGDECK_SIM_GPUS"] = str(sim_gpus)
+    return env
+
+
+# -------------------------------------------------------------------------------------------
+# (a) agent overhead
+
+
+def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
+    sock.sendall(json.dumps(msg).encode() + b"\n")
+
+
+def bench_agent(seconds: float, sim_gpus: int, work: Path, daemons: Daemons) -> dict[str, Any]:
+    """One daemon, one subscribed client, ``seconds`` of steady state."""
+    sd = work / "agent-a"
+    p = daemons.start([sys.executable, "-m", "agent"], sd, agent_env(sim_gpus))
+    daemons.wait_ready(30)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(sd / "run" / "agent.sock"))
+    sock.settimeout(10)
+    f = sock.makefile("rb")
+    try:
+        hello = json.loads(f.readline())
+        assert hello.get("type") == "hello", hello
+        _send(sock, {"type": "hello", "protocol": 1})
+        _send(sock, {"type": "request", "id": 1, "method": "subscribe", "params": {"rate_hz": 1}})
+
+        def next_msg() -> tuple[float, dict[str, Any]]:
+            line = f.readline()
+            if not line:
+                raise RuntimeError("the daemon closed the connection")
+            return time.time(), json.loads(line)
+
+        # Warm up: the subscribe answer and two samples (the first builds the collector).
+        warm = 0
+        while warm < 2:
+            _, msg = next_msg()
+            if msg.get("type") == "response":
+                assert msg.get("ok"), msg
+            elif msg.get("type") == "event":
+                warm += 1
+        startup_cpu = proc_cpu_s(p.pid) or 0.0
+        m0 = machine_cpu()
+        cpu0, t0 = proc_cpu_s(p.pid), time.monotonic()
+        costs: list[float] = []
+        lat: list[float] = []
+        seqs: list[int] = []
+        line_bytes: list[int] = []
+        mem: dict[str, float] = {}
+        while time.monotonic() - t0 < seconds:
+            got, msg = next_msg()
+            if msg.get("type") != "event" or msg.get("event") != "telemetry":
+                continue
+            data = msg["data"]
+            costs.append(float(data["cost_s"]))
+            lat.append(got - float(data["time"]))
+            seqs.append(int(data["seq"]))
+            line_bytes.append(len(json.dumps(msg)))
+            for k, v in proc_mem_mb(p.pid).items():
+                mem[k] = max(mem.get(k, 0.0), v)
+        cpu1, t1 = proc_cpu_s(p.pid), time.monotonic()
+        m1 = machine_cpu()
+        assert cpu0 is not None and cpu1 is not None
+        # Leave the way a controller would: ask it to shut down, and check that it does.
+        _send(sock, {"type": "request", "id": 2, "method": "shutdown", "params": {}})
+        try:
+            p.wait(10)
+            clean_exit = p.returncode == 0
+        except subprocess.TimeoutExpired:
+            clean_exit = False
+    finally:
+        f.close()
+        sock.close()
+    elapsed = t1 - t0
+    return {
+        "seconds": elapsed,
+        "samples": len(costs),
+        "missed_samples": sum(max(0, b - a - 1) for a, b in zip(seqs, seqs[1:], strict=False)),
+        "cpu_s": cpu1 - cpu0,
+        "cpu_pct_of_core": 100.0 * (cpu1 - cpu0) / elapsed,
+        "startup_cpu_s": startup_cpu,
+        "rss_mb_max": mem.get("rss"),
+        "pss_mb_max": mem.get("pss"),
+        "uss_mb_max": mem.get("uss"),
+        "cost_ms_mean": 1000 * mean(costs),
+        "cost_ms_p95": 1000 * percentile(costs, 95),
+        "client_latency_ms_p50": 1000 * percentile(lat, 50),
+        "client_latency_ms_p95": 1000 * percentile(lat, 95),
+        "event_bytes_mean": mean([float(b) for b in line_bytes]),
+        "gpu_source": "simulated",
+        "shutdown_clean": clean_exit,
+        "machine_cpu_busy_pct": busy_pct(m0, m1),
+    }
+
+
+def bench_poll(seconds: float, sim_gpus: int) -> dict[str, Any]:
+    """Spawn one collector process per 1 Hz tick, as polling nvidia-smi does."""
+    env = agent_env(sim_gpus)
+    self0 = time.process_time()
+    m0 = machine_cpu()
+    t0 = time.monotonic()
+    next_tick = t0
+    child_cpu: list[float] = []
+    child_rss: list[float] = []
+    walls: list[float] = []
+    costs: list[float] = []
+    while time.monotonic() - t0 < seconds:
+        ts = time.monotonic()
+        p = subprocess.Popen(
+            [sys.executable, "-c", POLL_SCRIPT, str(sim_gpus)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+        )
+        assert p.stdout is not None
+        out = p.stdout.read()
+        p.stdout.close()
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        walls.append(time.monotonic() - ts)
+        if p.returncode != 0:
+            raise RuntimeError(f"poll child exited {p.returncode}: {out[-500:]!r}")
+        sample = json.loads(out.strip().splitlines()[-1])
+        assert len(sample["gpus"]) == sim_gpus, sample
+        costs.append(float(sample["cost_s"]))
+        child_cpu.append(ru.ru_utime + ru.ru_stime)
+        child_rss.append(ru.ru_maxrss / 1024)  # KiB on Linux
+        next_tick += 1.0
+        delay = next_tick - time.monotonic()
+        if delay > 0:
+            time.sleep(min(delay, max(0.0, seconds - (time.monotonic() - t0))))
+    elapsed = time.monotonic() - t0
+    self_cpu = time.process_time() - self0
+    m1 = machine_cpu()
+    total = sum(child_cpu) + self_cpu
+    return {
+        "seconds": elapsed,
+        "ticks": len(child_cpu),
+        "cpu_s": total,
+        "children_cpu_s": sum(child_cpu),
+        "loop_cpu_s": self_cpu,
+        "cpu_pct_of_core": 100.0 * total / elapsed,
+        "cpu_ms_per_tick": 1000 * total / max(1, len(child_cpu)),
+        "child_rss_mb_max": max(child_rss, default=float("nan")),
+        "child_rss_mb_mean": mean(child_rss),
+        "wall_ms_per_tick_p50": 1000 * percentile(walls, 50),
+        "cost_ms_mean": 1000 * mean(costs),
+        "interpreter": sys.executable,
+        "machine_cpu_busy_pct": busy_pct(m0, m1),
+    }
+
+
+# -------------------------------------------------------------------------------------------
+# (b) controller ingest
+
+
+class RecordingState(ClusterState):
+    """ClusterState that notes, per applied sample, when it was applied (wall clock)."""
+
+    def __init__(self, hosts: list[tuple[str, str]]):
+        super().__init__(hosts)
+        self.records: list[tuple[float, float, float, str, int]] = []
+
+    def apply_sample(
+        self, host: str, data: dict[str, Any], received_at: float | None = None
+    ) -> None:
+        applied = time.time()
+        super().apply_sample(host, data, received_at)
+        # list.append is atomic under the GIL: reader threads need no lock of ours.
+        self.records.append(
+            (applied, float(data.get("time") or 0.0), float(data.get("cost_s") or 0.0), host,
+             int(data.get("seq") or 0))
+        )
+
+
+class PredeployedController(Controller):
+    """The agent is already where the daemons run it from: skip the per-connect deploy checks."""
+
+    def __init__(self, inventory: Inventory, bundle: AgentBundle):
+        super().__init__(inventory, bundle_factory=lambda: bundle)
+
+    def _deploy_one(self, report: HostReport, t: Transport, bundle: AgentBundle) -> tuple[str, str]:
+        return t.spec.state_dir, str(bundle.path)
+
+
+def bench_ingest(n: int, seconds: float, sim_gpus: int, work: Path, bundle: AgentBundle,
+                 daemons: Daemons, real_deploy: bool) -> dict[str, Any]:
+    base = work / f"ingest-{n}"
+    env = agent_env(sim_gpus)
+    specs = []
+    t_setup = time.monotonic()
+    for i in range(n):
+        sd = base / f"h{i:03d}"
+        # Each daemon runs the very zipapp the controller attaches with: same version, no upgrade.
+        daemons.start([sys.executable, str(bundle.path)], sd, env)
+        specs.append(HostSpec(name=f"h{i:03d}", address="localhost", transport="local",
+                              python=sys.executable, state_dir=str(sd), sim_gpus=sim_gpus,
+                              connect_timeout=30.0))
+    daemons.wait_ready(max(60.0, n * 0.5))
+    inv = Inventory(hosts=tuple(specs), path=None, known_hosts=base / "known_hosts")
+    ctl = (Controller(inv, bundle_factory=lambda: bundle) if real_deploy
+           else PredeployedController(inv, bundle))
+    mon = Monitor(ctl, rate_hz=1.0)
+    state = RecordingState([(s.name, s.address) for s in inv.hosts])
+    mon.state = state
+    mon.start()
+    try:
+        deadline = time.monotonic() + max(60.0, n * 0.5)
+        while True:
+            up = sum(1 for h in state.hosts.values() if h.samples > 0)
+            if up == n:
+                break
+            if time.monotonic() > deadline:
+                down = {h.name: h.reason for h in state.hosts.values() if h.samples == 0}
+                raise RuntimeError(
+                    f"N={n}: only {up} hosts sent telemetry; e.g. {list(down.items())[:3]}"
+                )
+            time.sleep(0.1)
+        setup_s = time.monotonic() - t_setup
+        time.sleep(2.0)  # every collector past its first sample
+
+        me = os.getpid()
+        dpids = set(daemons.pids())
+        apids = set(children_of(me)) - dpids  # the attach bridges
+        d0 = {pid: proc_cpu_s(pid) for pid in dpids}
+        a0 = {pid: proc_cpu_s(pid) for pid in apids}
+        m0 = machine_cpu()
+        c0 = time.process_time()
+        w0 = time.time()
+        events0 = mon.events_received
+        time.sleep(seconds)
+        w1 = time.time()
+        c1 = time.process_time()
+        m1 = machine_cpu()
+        events1 = mon.events_received
+        d1 = {pid: proc_cpu_s(pid) for pid in dpids}
+        a1 = {pid: proc_cpu_s(pid) for pid in apids}
+        statuses: dict[str, int] = {}
+        for h in state.hosts.values():
+            statuses[h.status.value] = statuses.get(h.status.value, 0) + 1
+        mem_self = proc_mem_mb(me).get("rss", 0.0)
+        mem_daemons = sum(proc_mem_mb(pid).get("rss", 0.0) for pid in dpids)
+        mem_attach = sum(proc_mem_mb(pid).get("rss", 0.0) for pid in apids)
+    finally:
+        mon.stop(timeout=15)
+        ctl.close()
+        daemons.stop_all()
+        shutil.rmtree(base, ignore_errors=True)
+
+    def delta(a: dict[int, float | None], b: dict[int, float | None]) -> float:
+        return sum(b[k] - a[k] for k in a if a[k] is not None and b.get(k) is not None)  # type: ignore[operator]
+
+    window = [r for r in state.records if w0 <= r[0] < w1]
+    lat = [r[0] - r[1] for r in window]
+    costs = [r[2] for r in window]
+    per_host: dict[str, list[int]] = {}
+    for r in window:
+        per_host.setdefault(r[3], []).append(r[4])
+    missed = sum(
+        max(0, b - a - 1) for seqs in per_host.values()
+        for a, b in zip(sorted(seqs), sorted(seqs)[1:], strict=False)
+    )
+    elapsed = w1 - w0
+    count = len(window)
+    ctl_cpu = c1 - c0
+    return {
+        "n": n,
+        "seconds": elapsed,
+        "setup_s": setup_s,
+        "samples": count,
+        "expected_samples": n * elapsed,
+        "samples_per_s": count / elapsed,
+        "events_per_s": (events1 - events0) / elapsed,
+        "missed_samples": missed,
+        "hosts_reporting": len(per_host),
+        "status_at_end": statuses,
+        "controller_cpu_s": ctl_cpu,
+        "controller_cpu_pct_of_core": 100.0 * ctl_cpu / elapsed,
+        "controller_cpu_ms_per_sample": 1000 * ctl_cpu / max(1, count),
+        "latency_ms_p50": 1000 * percentile(lat, 50),
+        "latency_ms_p95": 1000 * percentile(lat, 95),
+        "latency_ms_p99": 1000 * percentile(lat, 99),
+        "latency_ms_max": 1000 * max(lat, default=float("nan")),
+        "cost_ms_mean": 1000 * mean(costs),
+        "cost_ms_p95": 1000 * percentile(costs, 95),
+        "latency_minus_cost_ms_p95": 1000 * percentile(
+            [a - b for a, b in zip(lat, costs, strict=True)], 95
+        ),
+        "daemons_cpu_pct_of_core": 100.0 * delta(d0, d1) / elapsed,
+        "attach_cpu_pct_of_core": 100.0 * delta(a0, a1) / elapsed,
+        "machine_cpu_busy_pct": busy_pct(m0, m1),
+        "cores": os.cpu_count(),
+        "rss_mb": {"controller": mem_self, "daemons": mem_daemons, "attach": mem_attach},
+        "real_deploy": real_deploy,
+    }
+
+
+# -------------------------------------------------------------------------------------------
+
+
+def fmt(v: float | None, spec: str = ".1f") -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def print_agent(a: dict[str, Any], p: dict[str, Any] | None, sim: int) -> None:
+    print(f"agent overhead ({sim} simulated GPUs, 1 Hz, {a['seconds']:.0f} s)")
+    mem = f"RSS {fmt(a['rss_mb_max'])} MB"
+    if a.get("pss_mb_max") is not None:
+        mem += f" (PSS {fmt(a['pss_mb_max'])}, USS {fmt(a['uss_mb_max'])})"
+    print(f"  rigdeck daemon        {a['cpu_pct_of_core']:6.2f} % of a core   {mem}   "
+          f"sample cost mean {a['cost_ms_mean']:.2f} ms p95 {a['cost_ms_p95']:.2f} ms")
+    if p is not None:
+        print(f"  spawn-per-tick poll   {p['cpu_pct_of_core']:6.2f} % of a core   "
+              f"RSS {p['child_rss_mb_max']:.1f} MB per child   "
+              f"{p['cpu_ms_per_tick']:.0f} ms CPU per tick, "
+              f"{p['wall_ms_per_tick_p50']:.0f} ms wall")
+        if a["cpu_pct_of_core"] > 0:
+            print(f"  ratio                 {p['cpu_pct_of_core'] / a['cpu_pct_of_core']:6.1f}x "
+                  "less CPU with the daemon")
+    ok_cpu = a["cpu_pct_of_core"] < TARGET_AGENT_CPU_PCT
+    ok_rss = a["rss_mb_max"] is not None and a["rss_mb_max"] < TARGET_AGENT_RSS_MB
+    print(f"  targets               < {TARGET_AGENT_CPU_PCT:g} % CPU: "
+          f"{'met' if ok_cpu else 'MISSED'}; "
+          f"< {TARGET_AGENT_RSS_MB:g} MB RSS: {'met' if ok_rss else 'MISSED'}; "
+          f"{a['samples']} samples, {a['missed_samples']} skipped, "
+          f"startup {a['startup_cpu_s']:.2f} s CPU (not counted)")
+    busy = f"{a['machine_cpu_busy_pct']:.0f} %"
+    if p is not None:
+        busy += f" (daemon window), {p['machine_cpu_busy_pct']:.0f} % (polling window)"
+    print(f"  machine CPU busy      {busy} of {os.cpu_count()} cores")
+
+
+def print_ingest(rows: list[dict[str, Any]], seconds: float, notes: list[str]) -> None:
+    print(f"controller ingest (1 Hz per agent, {seconds:g} s, "
+          f"all on this {os.cpu_count()}-core machine)")
+    for r in rows:
+        print(f"  N={r['n']:<4d} samples/s {r['samples_per_s']:6.1f}  "
+              f"CPU/sample {r['controller_cpu_ms_per_sample']:.2f} ms  "
+              f"latency p50 {r['latency_ms_p50']:.1f} ms p95 {r['latency_ms_p95']:.1f} ms "
+              f"max {r['latency_ms_max']:.0f} ms  (cost p95 {r['cost_ms_p95']:.1f} ms)")
+        print(f"         controller {r['controller_cpu_pct_of_core']:.1f} % of a core, "
+              f"daemons {r['daemons_cpu_pct_of_core']:.1f} %, "
+              f"attach {r['attach_cpu_pct_of_core']:.1f} %, "
+              f"machine busy {r['machine_cpu_busy_pct']:.0f} %; "
+              f"{r['missed_samples']} skipped; status {r['status_at_end']}; "
+              f"setup {r['setup_s']:.1f} s")
+    if rows:
+        last = rows[-1]
+        verdict = "met" if last["latency_ms_p95"] < TARGET_P95_MS else "MISSED"
+        print(f"  target                p95 < {TARGET_P95_MS:g} ms at N={last['n']}: {verdict}")
+    for note in notes:
+        print(f"  note: {note}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--agent-seconds", type=float, default=30.0, help="D for (a)")
+    ap.add_argument("--ingest-seconds", type=float, default=20.0, help="D for (b), per N")
+    ap.add_argument("--n", default="16,64,256", help="comma-separated host counts for (b)")
+    ap.add_argument("--sim-gpus", type=int, default=8)
+    ap.add_argument("--skip-agent", action="store_true")
+    ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--skip-ingest", action="store_true")
+    ap.add_argument("--real-deploy", action="store_true",
+                    help="let every reader run the controller's deploy check (3 spawns per host)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "telemetry.json"))
+    args = ap.parse_args()
+    ns = [int(x) for x in args.n.split(",") if x.strip()]
+
+    def on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    daemons = Daemons()
+    work = Path(tempfile.mkdtemp(prefix="rigdeck-bench-"))
+    os.chmod(work, 0o700)
+    result: dict[str, Any] = {
+        "machine": {"cores": os.cpu_count(), "mem_available_mb": mem_available_mb(),
+                    "loadavg_at_start": list(os.getloadavg()), "python": sys.version.split()[0]},
+        "sim_gpus": args.sim_gpus,
+    }
+    notes: list[str] = []
+    try:
+        agent = poll = None
+        if not args.skip_agent:
+            agent = bench_agent(args.agent_seconds, args.sim_gpus, work, daemons)
+            daemons.stop_all()
+            result["agent"] = agent
+            if not args.skip_baseline:
+                poll = bench_poll(args.agent_seconds, args.sim_gpus)
+                result["poll_baseline"] = poll
+                result["cpu_ratio"] = (poll["cpu_pct_of_core"] / agent["cpu_pct_of_core"]
+                                       if agent["cpu_pct_of_core"] > 0 else None)
+            print_agent(agent, poll, args.sim_gpus)
+            print(flush=True)
+        rows: list[dict[str, Any]] = []
+        if not args.skip_ingest:
+            bundle = build_agent(work / "cache")
+            per_host_mb = 60.0  # daemon + attach bridge, until a run measures it
+            for n in ns:
+                avail = mem_available_mb()
+                fit = int(0.8 * avail / per_host_mb)
+                if n > fit:
+                    notes.append(f"N={n} needs ~{n * per_host_mb:.0f} MB; "
+                                 f"{avail:.0f} MB available: ran N={fit}")
+                    n = fit
+                if n < 1:
+                    continue
+                row = bench_ingest(n, args.ingest_seconds, args.sim_gpus, work, bundle, daemons,
+                                   args.real_deploy)
+                rows.append(row)
+                rss = row["rss_mb"]
+                per_host_mb = max(20.0, (rss["daemons"] + rss["attach"]) / n * 1.5)
+                print(f"  ... N={n}: {row['samples_per_s']:.1f} samples/s, "
+                      f"p95 {row['latency_ms_p95']:.1f} ms", flush=True)
+            result["ingest"] = rows
+            print()
+            print_ingest(rows, args.ingest_seconds, notes)
+        result["notes"] = notes
+    finally:
+        daemons.stop_all()
+        shutil.rmtree(work, ignore_errors=True)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
