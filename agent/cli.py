@@ -76,6 +76,22 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     return daemon.Daemon(paths.state_dir, sim_gpus=sim, interval=1.0 / args.rate_hz).run()
 
 
+def cmd_rank(args: argparse.Namespace) -> int:
+    from agent import rankexec
+
+    command = [c for c in args.command if c != "--"] if args.command[:1] == ["--"] else args.command
+    if not command:
+        sys.stderr.write("agent.pyz rank: no command\n")
+        return 2
+    return rankexec.main(args.job_dir, args.rank, args.local_rank, command)
+
+
+def cmd_jobhost(args: argparse.Namespace) -> int:
+    from agent import jobhost
+
+    return jobhost.main(args.job_dir)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="agent.pyz", description="rigdeck host agent")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -93,6 +109,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--state-dir", default="~/.rigdeck")
     p.add_argument("--rate-hz", type=float, default=1.0)
     p.set_defaults(func=cmd_daemon)
+    p = sub.add_parser("rank", help="run one rank of a job (used by launchers)")
+    p.add_argument("--job-dir", required=True)
+    p.add_argument("--rank", type=int, default=None)
+    p.add_argument("--local-rank", type=int, default=None)
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    p.set_defaults(func=cmd_rank)
+    p = sub.add_parser("jobhost", help="supervise one job's ranks on this host (started by the daemon)")
+    p.add_argument("--job-dir", required=True)
+    p.set_defaults(func=cmd_jobhost)
     args = parser.parse_args(argv)
     if getattr(args, "install", False) and not (args.expect_sha256 and args.state_dir):
         parser.error("--install needs --expect-sha256 and --state-dir")

@@ -142,6 +142,10 @@ class Daemon:
         self._stop = None  # type: Optional[asyncio.Event]
         self._server = None  # type: Any
         self._successor = None  # type: Optional[List[str]]
+        self._pending_upgrade = None  # type: Optional[str]
+        from agent.jobs import Jobs
+
+        self.jobs = Jobs(self.paths.state_dir, self_command())
         self.methods = {
             "ping": self._m_ping,
             "version": self._m_version,
@@ -152,6 +156,13 @@ class Daemon:
             "set_rate": self._m_set_rate,
             "upgrade": self._m_upgrade,
             "shutdown": self._m_shutdown,
+            "job_start": self._m_job_start,
+            "job_stop": self._m_job_stop,
+            "job_list": lambda c, p: self.jobs.list(),
+            "job_status": lambda c, p: self.jobs.status(self._str(p, "job_id")),
+            "job_logs": self._m_job_logs,
+            "job_metrics": self._m_job_metrics,
+            "probe_port": lambda c, p: {"port": self._probe_port(p)},
         }  # type: Dict[str, Callable[[_Client, Dict[str, Any]], Any]]
 
     # -- single instance ---------------------------------------------------------------------
@@ -211,10 +222,12 @@ class Daemon:
         os.chmod(self.paths.socket, 0o600)
         log.info("agent %s serving on %s (pid %d)", self.version, self.paths.socket, os.getpid())
         ticker = asyncio.ensure_future(self._ticker())
+        watcher = asyncio.ensure_future(self._job_watcher())
         try:
             await self._stop.wait()
         finally:
             ticker.cancel()
+            watcher.cancel()
             self._server.close()
             for c in list(self._clients.values()):
                 c.close()
@@ -424,14 +437,84 @@ class Daemon:
         return {"rate_hz": 1.0 / self.interval}
 
     def busy(self) -> bool:
-        """True while the daemon owns work that a restart would disturb (jobs, later)."""
-        return False
+        """True while jobs run here: an upgrade waits for them (they would survive it, but the
+        old daemon is the one that knows their bookkeeping best)."""
+        return self.jobs.busy()
+
+    async def _job_watcher(self) -> None:
+        """Tell every client about job state changes; hand over to a newer agent once idle."""
+        loop = asyncio.get_event_loop()
+        while True:
+            try:
+                changes = await loop.run_in_executor(None, self.jobs.changes)
+                for st in changes:
+                    for c in list(self._clients.values()):
+                        if c.greeted:
+                            c.send(protocol.event("job", st))
+                if self._pending_upgrade and not await loop.run_in_executor(None, self.busy):
+                    self._successor = [sys.executable, self._pending_upgrade]
+                    self._stop_now()
+            except Exception:
+                log.exception("job watcher")
+            await asyncio.sleep(0.5)
+
+    @staticmethod
+    def _str(params: Dict[str, Any], key: str) -> str:
+        v = params.get(key)
+        if not isinstance(v, str) or not v:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "%r must be a non-empty string" % key)
+        return v
+
+    @staticmethod
+    def _int(params: Dict[str, Any], key: str, default: Optional[int] = None) -> int:
+        v = params.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "%r must be an integer >= 0" % key)
+        return v
+
+    def _m_job_start(self, client: _Client, params: Dict[str, Any]) -> Any:
+        plan = params.get("plan")
+        if not isinstance(plan, dict):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "job_start needs a 'plan' object")
+        from agent.jobs import JobError
+
+        try:
+            return self.jobs.start(plan)
+        except (JobError, KeyError, IndexError, TypeError, ValueError) as e:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "cannot start: %s" % e)
+
+    def _m_job_stop(self, client: _Client, params: Dict[str, Any]) -> Any:
+        grace = params.get("grace_s")
+        if grace is not None and (isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "grace_s must be a number >= 0")
+        return self.jobs.stop(self._str(params, "job_id"), grace)
+
+    def _m_job_logs(self, client: _Client, params: Dict[str, Any]) -> Any:
+        return self.jobs.logs(self._str(params, "job_id"), self._int(params, "rank"),
+                              self._int(params, "offset", 0), self._int(params, "max_bytes", 256 * 1024))
+
+    def _m_job_metrics(self, client: _Client, params: Dict[str, Any]) -> Any:
+        offsets = params.get("offsets") or {}
+        if not isinstance(offsets, dict) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in offsets.values()
+        ):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "offsets must map rank to an integer >= 0")
+        return self.jobs.metrics(self._str(params, "job_id"), {str(k): v for k, v in offsets.items()})
+
+    def _probe_port(self, params: Dict[str, Any]) -> int:
+        from agent.jobs import probe_port
+
+        try:
+            return probe_port(self._str(params, "addr"))
+        except OSError as e:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "cannot bind %s: %s" % (params.get("addr"), e))
 
     def _m_upgrade(self, client: _Client, params: Dict[str, Any]) -> Any:
         path = params.get("path")
         if not isinstance(path, str) or not os.path.isfile(path) or not zipfile.is_zipfile(path):
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "upgrade needs 'path' of an agent.pyz on this host")
         if self.busy():
+            self._pending_upgrade = path
             return {"scheduled": "when-idle"}
         self._successor = [sys.executable, path]
         asyncio.get_event_loop().call_later(0.1, self._stop_now)

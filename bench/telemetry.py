@@ -2,7 +2,8 @@
 
 (a) Agent overhead. A real daemon (``python -m agent daemon`` from this source tree, 8 simulated
     GPUs) streams 1 Hz telemetry to one unix-socket client for D seconds; its CPU (utime+stime
-    from /proc) and memory (RSS, PSS, USS) are measured once it is warm. The baseline is what
+    from /proc) and memory (RSS, PSS, USS) are measured once it is warm; before that, its CPU
+    with no client at all (the state it spends most of its life in). The baseline is what
     polling ``nvidia-smi`` once per tick amounts to: a loop that starts a new process per tick,
     which builds a ``Collector(sim_gpus=8)``, takes one sample and prints it as JSON; its CPU is
     the loop's own plus every child's (``os.wait4`` rusage), over the same D seconds.
@@ -13,7 +14,8 @@
     Over D seconds: samples/s, the controller's CPU per sample (this process holds only the
     controller side) and the latency from the agent's sample time (``data["time"]``, taken at the
     start of collection, so it includes ``cost_s``) to ``apply_sample``. Deploying the agent is
-    skipped (done once up front; bench/deploy.py measures it) unless ``--real-deploy``.
+    skipped (done once up front; bench/deploy.py measures it) unless ``--real-deploy``. The
+    daemons are started once and reused for the larger N (ascending), idle in between.
 
 All agents and the controller share this one machine, so at large N the latency also carries the
 contention of N daemons and N attach bridges for the same cores; the machine's CPU use during
@@ -265,11 +267,20 @@ def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
     sock.sendall(json.dumps(msg).encode() + b"\n")
 
 
-def bench_agent(seconds: float, sim_gpus: int, work: Path, daemons: Daemons) -> dict[str, Any]:
-    """One daemon, one subscribed client, ``seconds`` of steady state."""
+def bench_agent(seconds: float, idle_seconds: float, sim_gpus: int, work: Path,
+                daemons: Daemons) -> dict[str, Any]:
+    """One daemon: ``idle_seconds`` with no client, then one subscribed client for ``seconds``."""
     sd = work / "agent-a"
     p = daemons.start([sys.executable, "-m", "agent"], sd, agent_env(sim_gpus))
     daemons.wait_ready(30)
+    idle_pct = None
+    if idle_seconds > 0:
+        time.sleep(0.5)  # past its start
+        i0, ti0 = proc_cpu_s(p.pid), time.monotonic()
+        time.sleep(idle_seconds)
+        i1, ti1 = proc_cpu_s(p.pid), time.monotonic()
+        if i0 is not None and i1 is not None:
+            idle_pct = 100.0 * (i1 - i0) / (ti1 - ti0)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(str(sd / "run" / "agent.sock"))
     sock.settimeout(10)
@@ -334,6 +345,8 @@ def bench_agent(seconds: float, sim_gpus: int, work: Path, daemons: Daemons) -> 
         "cpu_s": cpu1 - cpu0,
         "cpu_pct_of_core": 100.0 * (cpu1 - cpu0) / elapsed,
         "startup_cpu_s": startup_cpu,
+        "idle_seconds": idle_seconds,
+        "idle_cpu_pct_of_core": idle_pct,
         "rss_mb_max": mem.get("rss"),
         "pss_mb_max": mem.get("pss"),
         "uss_mb_max": mem.get("uss"),
@@ -438,19 +451,21 @@ class PredeployedController(Controller):
 
 def bench_ingest(n: int, seconds: float, sim_gpus: int, work: Path, bundle: AgentBundle,
                  daemons: Daemons, real_deploy: bool) -> dict[str, Any]:
-    base = work / f"ingest-{n}"
+    """N hosts: daemons h000..h<N-1> (started here as far as the pool lacks them, then kept for
+    larger N; each is unsubscribed and idle between runs), one Monitor reading all of them."""
+    base = work / "ingest"
     env = agent_env(sim_gpus)
-    specs = []
     t_setup = time.monotonic()
-    for i in range(n):
-        sd = base / f"h{i:03d}"
+    for i in range(len(daemons.procs), n):
         # Each daemon runs the very zipapp the controller attaches with: same version, no upgrade.
-        daemons.start([sys.executable, str(bundle.path)], sd, env)
-        specs.append(HostSpec(name=f"h{i:03d}", address="localhost", transport="local",
-                              python=sys.executable, state_dir=str(sd), sim_gpus=sim_gpus,
-                              connect_timeout=30.0))
+        daemons.start([sys.executable, str(bundle.path)], base / f"h{i:03d}", env)
     daemons.wait_ready(max(60.0, n * 0.5))
-    inv = Inventory(hosts=tuple(specs), path=None, known_hosts=base / "known_hosts")
+    specs = [
+        HostSpec(name=f"h{i:03d}", address="localhost", transport="local", python=sys.executable,
+                 state_dir=str(daemons.state_dirs[i]), sim_gpus=sim_gpus, connect_timeout=30.0)
+        for i in range(n)
+    ]
+    inv = Inventory(hosts=tuple(specs), path=None, known_hosts=work / "known_hosts")
     ctl = (Controller(inv, bundle_factory=lambda: bundle) if real_deploy
            else PredeployedController(inv, bundle))
     mon = Monitor(ctl, rate_hz=1.0)
@@ -473,7 +488,7 @@ def bench_ingest(n: int, seconds: float, sim_gpus: int, work: Path, bundle: Agen
         time.sleep(2.0)  # every collector past its first sample
 
         me = os.getpid()
-        dpids = set(daemons.pids())
+        dpids = {p.pid for p in daemons.procs[:n] if p.poll() is None}
         apids = set(children_of(me)) - dpids  # the attach bridges
         d0 = {pid: proc_cpu_s(pid) for pid in dpids}
         a0 = {pid: proc_cpu_s(pid) for pid in apids}
@@ -491,14 +506,14 @@ def bench_ingest(n: int, seconds: float, sim_gpus: int, work: Path, bundle: Agen
         statuses: dict[str, int] = {}
         for h in state.hosts.values():
             statuses[h.status.value] = statuses.get(h.status.value, 0) + 1
-        mem_self = proc_mem_mb(me).get("rss", 0.0)
-        mem_daemons = sum(proc_mem_mb(pid).get("rss", 0.0) for pid in dpids)
-        mem_attach = sum(proc_mem_mb(pid).get("rss", 0.0) for pid in apids)
+        mem = {"controller": proc_mem_mb(me)}
+        for key, pids in (("daemons", dpids), ("attach", apids)):
+            per = [proc_mem_mb(pid) for pid in pids]
+            mem[key] = {k: sum(m.get(k, 0.0) for m in per) for k in ("rss", "pss", "uss")}
+            mem[key]["count"] = len(per)
     finally:
         mon.stop(timeout=15)
         ctl.close()
-        daemons.stop_all()
-        shutil.rmtree(base, ignore_errors=True)
 
     def delta(a: dict[int, float | None], b: dict[int, float | None]) -> float:
         return sum(b[k] - a[k] for k in a if a[k] is not None and b.get(k) is not None)  # type: ignore[operator]
@@ -543,7 +558,9 @@ def bench_ingest(n: int, seconds: float, sim_gpus: int, work: Path, bundle: Agen
         "attach_cpu_pct_of_core": 100.0 * delta(a0, a1) / elapsed,
         "machine_cpu_busy_pct": busy_pct(m0, m1),
         "cores": os.cpu_count(),
-        "rss_mb": {"controller": mem_self, "daemons": mem_daemons, "attach": mem_attach},
+        "mem_mb": mem,
+        "attach_pss_mb_each": mem["attach"]["pss"] / max(1, mem["attach"]["count"]),
+        "daemon_pss_mb_each": mem["daemons"]["pss"] / max(1, mem["daemons"]["count"]),
         "real_deploy": real_deploy,
     }
 
@@ -562,6 +579,9 @@ def print_agent(a: dict[str, Any], p: dict[str, Any] | None, sim: int) -> None:
         mem += f" (PSS {fmt(a['pss_mb_max'])}, USS {fmt(a['uss_mb_max'])})"
     print(f"  rigdeck daemon        {a['cpu_pct_of_core']:6.2f} % of a core   {mem}   "
           f"sample cost mean {a['cost_ms_mean']:.2f} ms p95 {a['cost_ms_p95']:.2f} ms")
+    if a.get("idle_cpu_pct_of_core") is not None:
+        print(f"  daemon, no client     {a['idle_cpu_pct_of_core']:6.2f} % of a core   "
+              f"(over {a['idle_seconds']:g} s before anyone subscribed)")
     if p is not None:
         print(f"  spawn-per-tick poll   {p['cpu_pct_of_core']:6.2f} % of a core   "
               f"RSS {p['child_rss_mb_max']:.1f} MB per child   "
@@ -597,6 +617,10 @@ def print_ingest(rows: list[dict[str, Any]], seconds: float, notes: list[str]) -
               f"machine busy {r['machine_cpu_busy_pct']:.0f} %; "
               f"{r['missed_samples']} skipped; status {r['status_at_end']}; "
               f"setup {r['setup_s']:.1f} s")
+        m = r["mem_mb"]
+        print(f"         memory (PSS) controller {m['controller'].get('pss', 0):.0f} MB, "
+              f"daemons {m['daemons']['pss']:.0f} MB ({r['daemon_pss_mb_each']:.1f} each), "
+              f"attach {m['attach']['pss']:.0f} MB ({r['attach_pss_mb_each']:.1f} each)")
     if rows:
         last = rows[-1]
         verdict = "met" if last["latency_ms_p95"] < TARGET_P95_MS else "MISSED"
@@ -608,6 +632,8 @@ def print_ingest(rows: list[dict[str, Any]], seconds: float, notes: list[str]) -
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agent-seconds", type=float, default=30.0, help="D for (a)")
+    ap.add_argument("--idle-seconds", type=float, default=10.0,
+                    help="(a): measure the daemon with no client first, this long")
     ap.add_argument("--ingest-seconds", type=float, default=20.0, help="D for (b), per N")
     ap.add_argument("--n", default="16,64,256", help="comma-separated host counts for (b)")
     ap.add_argument("--sim-gpus", type=int, default=8)
@@ -636,7 +662,8 @@ def main() -> int:
     try:
         agent = poll = None
         if not args.skip_agent:
-            agent = bench_agent(args.agent_seconds, args.sim_gpus, work, daemons)
+            agent = bench_agent(args.agent_seconds, args.idle_seconds, args.sim_gpus, work,
+                                daemons)
             daemons.stop_all()
             result["agent"] = agent
             if not args.skip_baseline:
@@ -649,10 +676,12 @@ def main() -> int:
         rows: list[dict[str, Any]] = []
         if not args.skip_ingest:
             bundle = build_agent(work / "cache")
-            per_host_mb = 60.0  # daemon + attach bridge, until a run measures it
-            for n in ns:
+            per_host_mb, attach_mb = 60.0, 25.0  # daemon + attach bridge, until a run measures it
+            for n in sorted(ns):
+                # Running daemons need only their attach bridge; new hosts need both.
+                have = len(daemons.procs)
                 avail = mem_available_mb()
-                fit = int(0.8 * avail / per_host_mb)
+                fit = have + int((0.8 * avail - have * attach_mb) / per_host_mb)
                 if n > fit:
                     notes.append(f"N={n} needs ~{n * per_host_mb:.0f} MB; "
                                  f"{avail:.0f} MB available: ran N={fit}")
@@ -662,8 +691,9 @@ def main() -> int:
                 row = bench_ingest(n, args.ingest_seconds, args.sim_gpus, work, bundle, daemons,
                                    args.real_deploy)
                 rows.append(row)
-                rss = row["rss_mb"]
-                per_host_mb = max(20.0, (rss["daemons"] + rss["attach"]) / n * 1.5)
+                # What one more host really takes (PSS of its daemon and its attach bridge).
+                attach_mb = max(10.0, 1.25 * row["attach_pss_mb_each"])
+                per_host_mb = max(20.0, 1.25 * row["daemon_pss_mb_each"]) + attach_mb
                 print(f"  ... N={n}: {row['samples_per_s']:.1f} samples/s, "
                       f"p95 {row['latency_ms_p95']:.1f} ms", flush=True)
             result["ingest"] = rows
@@ -681,4 +711,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print("interrupted; every daemon this run started was stopped", file=sys.stderr)
+        sys.exit(130)

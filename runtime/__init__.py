@@ -1,1 +1,63 @@
-"""rigdeck runtime: what training ranks import (stdlib at import time; torch loaded lazily)."""
+"""rigdeck runtime: what training ranks import (stdlib only; torch loaded lazily).
+
+- ``cluster_info()``: this rank's place in the job, from rigdeck, torch, SageMaker, Vertex or
+  Open MPI variables (``runtime.cluster``)
+- ``init_distributed()``, ``ddp()``, ``scaled_lr()`` (``runtime.distributed``)
+- ``report()``: metrics lines for the agent (``runtime.metrics``)
+- ``Checkpointer``: checkpoint ownership and atomic saves (``runtime.checkpoint``)
+- ``shard()``: deterministic data sharding (``runtime.sharding``)
+
+Submodules load on first use, so ``import runtime`` costs next to nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_EXPORTS = {
+    "CheckpointError": "runtime.checkpoint",
+    "Checkpointer": "runtime.checkpoint",
+    "ClusterInfo": "runtime.cluster",
+    "ClusterInfoError": "runtime.cluster",
+    "cluster_info": "runtime.cluster",
+    "ddp": "runtime.distributed",
+    "init_distributed": "runtime.distributed",
+    "scaled_lr": "runtime.distributed",
+    "Reporter": "runtime.metrics",
+    "report": "runtime.metrics",
+    "shard": "runtime.sharding",
+}
+__all__ = [
+    "CheckpointError",
+    "Checkpointer",
+    "ClusterInfo",
+    "ClusterInfoError",
+    "Reporter",
+    "cluster_info",
+    "ddp",
+    "init_distributed",
+    "report",
+    "scaled_lr",
+    "shard",
+]
+
+if TYPE_CHECKING:
+    from runtime.checkpoint import Checkpointer, CheckpointError
+    from runtime.cluster import ClusterInfo, ClusterInfoError, cluster_info
+    from runtime.distributed import ddp, init_distributed, scaled_lr
+    from runtime.metrics import Reporter, report
+    from runtime.sharding import shard
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'runtime' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -8,6 +8,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tui.controller import Controller, HostReport
 from tui.inventory import (
@@ -60,6 +61,38 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("names", nargs="*", metavar="HOST")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = sub.add_parser("launch", help="place and start a job from a spec file")
+    _common(p)
+    p.add_argument("spec", metavar="SPEC", help="job spec TOML")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--wait", action="store_true", help="supervise until the job ends; exit 0 only if it succeeded")
+
+    p = sub.add_parser("jobs", help="list jobs")
+    _common(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("status", help="one job: state, placement, ranks, last step and loss, failure cause")
+    _common(p)
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("logs", help="a job's logs, each line once, prefixed [host rN]")
+    _common(p)
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--rank", type=int, default=None)
+    p.add_argument("--follow", "-f", action="store_true")
+
+    p = sub.add_parser("metrics", help="a job's steps and losses (every step once)")
+    _common(p)
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("stop", help="stop a job on every host (SIGTERM, grace, SIGKILL, sweep)")
+    _common(p)
+    p.add_argument("job", metavar="JOB")
+    p.add_argument("--grace", type=float, default=None, metavar="S", help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("inventory", help="inspect or import inventories")
     _common(p)
@@ -165,6 +198,129 @@ def _run_inventory(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _job_manager(args: argparse.Namespace) -> tuple[Controller, Any]:
+    from tui.jobs import JobManager
+
+    ctl = Controller(_load(args), accept_new=getattr(args, "accept_new", False))
+    return ctl, JobManager(ctl)
+
+
+def _fmt_cause(cause: dict[str, Any] | None) -> str:
+    if not cause:
+        return "-"
+    parts = []
+    if cause.get("rank") is not None:
+        parts.append(f"rank {cause['rank']}")
+    if cause.get("host"):
+        parts.append(f"on {cause['host']}")
+    if cause.get("signal"):
+        parts.append(f"killed by signal {cause['signal']}")
+    elif cause.get("exit_code") is not None:
+        parts.append(f"exited {cause['exit_code']}")
+    if cause.get("message"):
+        parts.append(str(cause["message"]))
+    return " ".join(parts)
+
+
+def _print_job(v: Any) -> None:
+    print(f"job      {v.job_id} ({v.name})")
+    print(f"state    {v.state}" + (f" after {v.restarts} restart(s)" if v.restarts else ""))
+    hosts = ", ".join(f"{n['host']}[{n['slots']}{' gpus ' + ','.join(map(str, n['gpus'])) if n.get('gpus') else ''}]"
+                      for n in v.placement)
+    print(f"placement {hosts}")
+    if v.last_step is not None or v.last_loss is not None:
+        print(f"progress step {v.last_step} loss {v.last_loss}")
+    if v.cause:
+        print(f"cause    {_fmt_cause(v.cause)}")
+        for line in (v.cause.get("tail") or [])[-5:]:
+            print(f"         | {line}")
+    if v.ranks:
+        print("rank  host        local  gpu   pid      state    exit")
+        for r in v.ranks:
+            ex = f"sig {r['signal']}" if r.get("signal") else ("-" if r.get("exit_code") is None else str(r["exit_code"]))
+            print(f"{r['rank']:<5} {r['host']:<11} {r['local_rank']!s:<6} {r['gpu']!s:<5} {r['pid']!s:<8} "
+                  f"{r['state']:<8} {ex}")
+
+
+def _run_jobs(args: argparse.Namespace) -> int:
+    from tui.jobs import TERMINAL, JobError
+    from tui.jobspec import JobSpecError, load_jobspec
+    from tui.scheduler import PlacementError
+
+    ctl, jm = _job_manager(args)
+    try:
+        if args.command == "launch":
+            try:
+                spec = load_jobspec(args.spec)
+                view = jm.launch(spec)
+            except (JobSpecError, PlacementError, JobError) as e:
+                print(f"rigdeck: {e}", file=sys.stderr)
+                return EXIT_USAGE
+            if not args.json:
+                print(f"launched {view.job_id}: {', '.join(n['host'] for n in view.placement)}", flush=True)
+            if args.wait:
+                view = jm.wait(view.job_id, on_change=None if args.json else
+                               (lambda v: print(f"{v.job_id}: {v.state}"
+                                                + (f" (restart {v.restarts})" if v.restarts else ""), flush=True)))
+            if args.json:
+                json.dump(view.to_json(), sys.stdout, indent=2)
+                sys.stdout.write("\n")
+            elif args.wait:
+                _print_job(view)
+            if args.wait:
+                return EXIT_OK if view.state == "succeeded" else EXIT_HOST_FAILED
+            return EXIT_OK
+        if args.command == "jobs":
+            views = jm.list()
+            if args.json:
+                json.dump([v.to_json() for v in views], sys.stdout, indent=2)
+                sys.stdout.write("\n")
+            else:
+                print(f"{'job':<34} {'state':<10} {'restarts':<8} hosts")
+                for v in views:
+                    print(f"{v.job_id:<34} {v.state:<10} {v.restarts:<8} {','.join(n['host'] for n in v.placement)}")
+            return EXIT_OK
+        if args.command == "status":
+            view = jm.view(args.job)
+            if args.json:
+                json.dump(view.to_json(), sys.stdout, indent=2)
+                sys.stdout.write("\n")
+            else:
+                _print_job(view)
+            return EXIT_OK
+        if args.command == "logs":
+            for host, rank, line in jm.log_lines(args.job, rank=args.rank, follow=args.follow):
+                print(f"[{host} r{rank}] {line}", flush=args.follow)
+            return EXIT_OK
+        if args.command == "metrics":
+            records = jm.metrics(args.job)
+            if args.json:
+                json.dump(records, sys.stdout, indent=2)
+                sys.stdout.write("\n")
+            else:
+                for r in records:
+                    if r.get("event"):
+                        print(f"{r.get('host')} r{r.get('rank')} {r['event']} {r.get('status', '')} "
+                              f"step {r.get('step')}")
+                    else:
+                        print(f"step {r.get('step')!s:<8} loss {r.get('loss')!s:<22} rank {r.get('rank')} {r.get('host')}")
+            return EXIT_OK
+        if args.command == "stop":
+            view = jm.stop(args.job, grace_s=args.grace)
+            if args.json:
+                json.dump(view.to_json(), sys.stdout, indent=2)
+                sys.stdout.write("\n")
+            else:
+                print(f"{view.job_id}: {view.state}")
+            return EXIT_OK if view.state in TERMINAL else EXIT_HOST_FAILED
+    except JobError as e:
+        print(f"rigdeck: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        ctl.close()
+    raise AssertionError(args.command)
+
+
 def _run_app(args: argparse.Namespace) -> int:
     from tui.app import RigdeckApp
 
@@ -186,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_hosts(args, deploy=True)
         if args.command == "inventory":
             return _run_inventory(args)
+        if args.command in ("launch", "jobs", "status", "logs", "metrics", "stop"):
+            return _run_jobs(args)
     except InventoryError as e:
         print(f"rigdeck: {e}", file=sys.stderr)
         return EXIT_USAGE

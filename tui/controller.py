@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -118,6 +119,8 @@ class Controller:
         self._bundle_factory = bundle_factory
         self._bundle: AgentBundle | None = None
         self._transports: dict[str, Transport] = {}
+        self._links: dict[str, Any] = {}
+        self._host_locks: dict[str, threading.Lock] = {s.name: threading.Lock() for s in inventory.hosts}
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -138,9 +141,75 @@ class Controller:
         return t
 
     def close(self) -> None:
+        for link in self._links.values():
+            link.close()
+        self._links.clear()
         for t in self._transports.values():
             t.close()
         self._transports.clear()
+
+    # -- agent requests (the CLI's and the job manager's path to the daemons) ----------------
+
+    def _link(self, spec: HostSpec) -> Any:
+        from tui.agentlink import AgentLink
+
+        link = self._links.get(spec.name)
+        if link is not None:
+            return link
+        t = self.transport(spec)
+        t.connect()
+        state_dir, pyz = self._deploy_one(_report_for(spec), t, self.bundle)
+        link = AgentLink(
+            spec.name,
+            t.open_stream([spec.python, pyz, "attach", "--state-dir", state_dir], env=self.agent_env(spec)),
+        )
+        try:
+            link.handshake(spec.connect_timeout, client="rigdeck")
+        except BaseException:
+            link.close()
+            raise
+        self._links[spec.name] = link
+        return link
+
+    def request(self, host: str, method: str, timeout: float = 30.0, **params: Any) -> Any:
+        """One request to a host's daemon, connecting (and deploying) first when needed.
+
+        Serialised per host; different hosts proceed in parallel. A broken connection is
+        dropped and tried once more, so a host that came back is used again at once.
+        """
+        from tui.agentlink import AgentError
+
+        spec = self.inventory.get(host)
+        with self._host_locks[host]:
+            for attempt in (0, 1):
+                try:
+                    return self._link(spec).request(method, timeout=timeout, **params)
+                except AgentError:
+                    raise
+                except TransportError:
+                    link = self._links.pop(host, None)
+                    if link is not None:
+                        link.close()
+                    self.transport(spec).close()
+                    if attempt == 1:
+                        raise
+        raise AssertionError("unreachable")
+
+    def request_many(
+        self, hosts: Sequence[str], method: str, timeout: float = 30.0, **params: Any
+    ) -> dict[str, Any]:
+        """The same request to several hosts at once: host -> result, or the TransportError."""
+
+        def one(h: str) -> Any:
+            try:
+                return self.request(h, method, timeout=timeout, **params)
+            except TransportError as e:
+                return e
+
+        if not hosts:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(64, len(hosts)), thread_name_prefix="req") as pool:
+            return dict(zip(hosts, pool.map(one, hosts), strict=True))
 
     def __enter__(self) -> Controller:
         return self

@@ -17,7 +17,7 @@ from tui.agentlink import AgentLink
 from tui.controller import Controller, _report_for
 from tui.inventory import HostSpec
 from tui.state import ClusterState, HostStatus
-from tui.transport import Backoff, TransportError, UnreachableError
+from tui.transport import Backoff, Transport, TransportError, UnreachableError, make_transport
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class Monitor:
         self._stop = threading.Event()
         self._kick: dict[str, threading.Event] = {s.name: threading.Event() for s in inv.hosts}
         self._threads: dict[str, threading.Thread] = {}
+        self._transports: dict[str, Transport] = {}
         self.events_received = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -94,7 +95,9 @@ class Monitor:
                 log.exception("%s: reader failed", spec.name)
                 self.state.set_status(spec.name, HostStatus.DOWN, f"internal error: {e}")
             finally:
-                self.controller.transport(spec).close()
+                t = self._transports.pop(spec.name, None)
+                if t is not None:
+                    t.close()
             if self._stop.is_set():
                 break
             if not kick.is_set():
@@ -102,7 +105,9 @@ class Monitor:
 
     def _session(self, spec: HostSpec, kick: threading.Event, backoff: Backoff) -> None:
         ctl = self.controller
-        transport = ctl.transport(spec)
+        # Its own connection: requests on the controller's never wait behind this stream.
+        transport = make_transport(ctl.inventory, spec, accept_new=ctl.accept_new)
+        self._transports[spec.name] = transport
         transport.connect()
         state_dir, pyz = ctl._deploy_one(_report_for(spec), transport, ctl.bundle)
         stream = transport.open_stream(

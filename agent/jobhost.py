@@ -1,0 +1,319 @@
+"""``agent.pyz jobhost --job-dir D``: supervises one job's ranks on one host.
+
+The daemon starts one per job per host, detached in its own session, so its process group is the
+job's process group on this host. It starts the ranks (itself for ``direct``, through torchrun,
+or through mpirun on the primary), waits for them, stops the rest of this host's ranks when one
+fails, enforces ``max_runtime``, and keeps ``state.json`` current. Neither an agent restart nor a
+dropped SSH session touches it. Stdlib only, Python 3.9+.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+from agent import clusterfiles
+from agent.rankexec import tail, write_json
+
+POLL_S = 0.2
+TERMINAL = ("succeeded", "failed", "stopped")
+
+
+def agent_command() -> List[str]:
+    """How ranks invoke this agent (the zipapp when we run from one)."""
+    from agent.daemon import self_command
+
+    return self_command()
+
+
+def read_json(path: str) -> Optional[Dict[str, Any]]:
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def processes_with_tag(job_id: str, proc_root: str = "/proc") -> List[int]:
+    """Pids (other than ours) whose environment carries RIGDECK_JOB_ID=<job_id>."""
+    needle = ("RIGDECK_JOB_ID=%s" % job_id).encode()
+    me = os.getpid()
+    out = []
+    try:
+        entries = os.listdir(proc_root)
+    except OSError:
+        return out
+    for e in entries:
+        if not e.isdigit() or int(e) == me:
+            continue
+        try:
+            with open(os.path.join(proc_root, e, "environ"), "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env.split(b"\0"):
+            out.append(int(e))
+    return out
+
+
+def group_members(pgid: int, proc_root: str = "/proc") -> List[int]:
+    """Pids in process group ``pgid``, except this process."""
+    me = os.getpid()
+    out = []
+    for e in os.listdir(proc_root):
+        if not e.isdigit() or int(e) == me:
+            continue
+        try:
+            with open(os.path.join(proc_root, e, "stat")) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid:
+            out.append(int(e))
+    return out
+
+
+def sweep(job_id: str, sig: int = signal.SIGKILL) -> List[int]:
+    """Signal every process still carrying the job id; never by process name."""
+    hit = []
+    for pid in processes_with_tag(job_id):
+        try:
+            os.kill(pid, sig)
+            hit.append(pid)
+        except OSError:
+            pass
+    return hit
+
+
+class JobHost:
+    def __init__(self, job_dir: str):
+        self.job_dir = os.path.abspath(job_dir)
+        plan = read_json(os.path.join(self.job_dir, "plan.json"))
+        if plan is None:
+            raise SystemExit("rigdeck jobhost: no plan.json in %s" % self.job_dir)
+        self.plan = plan  # type: Dict[str, Any]
+        self.node_index = int(plan["node_index"])
+        self.node = plan["nodes"][self.node_index]
+        self.job_id = str(plan["job_id"])
+        self.launcher = plan["launcher"]
+        self.procs = []  # type: List[subprocess.Popen]
+        self.state_path = os.path.join(self.job_dir, "state.json")
+        self.state = {
+            "job_id": self.job_id,
+            "host": self.node["host"],
+            "node_index": self.node_index,
+            "restart_count": plan.get("restart_count", 0),
+            "state": "starting",
+            "jobhost_pid": os.getpid(),
+            "started": time.time(),
+            "ended": None,
+            "cause": None,
+            "expected_ranks": clusterfiles.global_ranks(plan, self.node_index),
+        }  # type: Dict[str, Any]
+        self.stop_requested = False
+        self.stop_reason = None  # type: Optional[str]
+
+    # -- state --------------------------------------------------------------------------------
+
+    def save(self, **changes: Any) -> None:
+        self.state.update(changes)
+        write_json(self.state_path, self.state)
+
+    def log(self, text: str) -> None:
+        with open(os.path.join(self.job_dir, "jobhost.log"), "a") as f:
+            f.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), text))
+
+    # -- start --------------------------------------------------------------------------------
+
+    def _wrap(self, rank: Optional[int], local_rank: Optional[int]) -> List[str]:
+        argv = agent_command() + ["rank", "--job-dir", self.job_dir]
+        if rank is not None:
+            argv += ["--rank", str(rank), "--local-rank", str(local_rank)]
+        return argv + ["--"]
+
+    def start(self) -> None:
+        plan = self.plan
+        iface = clusterfiles.route_interface(plan["master_addr"])
+        env = dict(os.environ)
+        env.update(clusterfiles.node_env(plan, self.node_index, self.job_dir, iface))
+        env["PYTHONUNBUFFERED"] = "1"
+        me = agent_command()
+        if len(me) == 2:  # ranks can `import runtime` straight from the agent's zipapp
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (me[1], env.get("PYTHONPATH", "")) if p)
+        os.makedirs(os.path.join(self.job_dir, "logs"), exist_ok=True)
+        os.makedirs(os.path.join(self.job_dir, "ranks"), exist_ok=True)
+        cwd = plan.get("workdir") or self.job_dir
+        command = list(plan["command"])
+        out = open(os.path.join(self.job_dir, "launcher.log"), "ab")
+        if self.launcher == "direct":
+            for local_rank, rank in enumerate(clusterfiles.global_ranks(plan, self.node_index)):
+                renv = dict(env)
+                renv.update(clusterfiles.rank_env(plan, self.node_index, local_rank))
+                self.procs.append(
+                    subprocess.Popen(self._wrap(rank, local_rank) + command, cwd=cwd, env=renv,
+                                     stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+                )
+        elif self.launcher == "torchrun":
+            nodes = plan["nodes"]
+            argv = [
+                command[0], "-m", "torch.distributed.run",
+                "--nnodes", str(len(nodes)),
+                "--nproc-per-node", str(self.node["slots"]),
+                "--node-rank", str(self.node_index),
+                "--master-addr", plan["master_addr"],
+                "--master-port", str(plan["master_port"]),
+                "--max-restarts", "0",  # rigdeck restarts the whole gang across hosts itself
+                "--no-python",
+            ] + self._wrap(None, None) + command
+            self.procs.append(subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                               stdout=out, stderr=out))
+        elif self.launcher == "mpirun":
+            if self.node_index == 0:
+                hostfile = env["RIGDECK_HOSTFILE"]
+                names = sorted(k for k in env if k.startswith(("RIGDECK_", "SM_", "SAGEMAKER_", "AIP_"))
+                               or k in ("CLUSTER_SPEC", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT",
+                                        "WORLD_SIZE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
+                                        "PYTHONUNBUFFERED", "PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
+                               or k in dict(plan.get("env") or {}))
+                argv = clusterfiles.mpirun_argv(plan, names, iface, hostfile)
+                # mpirun runs the command on every host: put the rank wrapper in front of it there.
+                cmd_at = len(argv) - len(command)
+                argv = argv[:cmd_at] + self._wrap(None, None) + argv[cmd_at:]
+                self.procs.append(subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+                                                   stdout=out, stderr=out))
+            # Other hosts: mpirun's daemons start our ranks; this process only watches them.
+        else:
+            raise SystemExit("unknown launcher %r" % self.launcher)
+        out.close()
+        self.save(state="running", iface=iface)
+        self.log("started %s launcher, %d local process(es)" % (self.launcher, len(self.procs)))
+
+    # -- watching -----------------------------------------------------------------------------
+
+    def rank_exits(self) -> Dict[int, Dict[str, Any]]:
+        out = {}
+        d = os.path.join(self.job_dir, "ranks")
+        try:
+            names = os.listdir(d)
+        except OSError:
+            return out
+        for n in names:
+            if n.endswith(".exit.json"):
+                rec = read_json(os.path.join(d, n))
+                if rec is not None and "rank" in rec:
+                    out[int(rec["rank"])] = rec
+        return out
+
+    def first_failure(self, exits: Dict[int, Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+        bad = [r for r in exits.values() if r.get("exit_code") not in (0, None) or r.get("signal")]
+        if not bad:
+            return None
+        first = min(bad, key=lambda r: r.get("ended") or 0)
+        return {"rank": first["rank"], "host": self.node["host"], "exit_code": first.get("exit_code"),
+                "signal": first.get("signal"), "tail": first.get("tail") or []}
+
+    def terminate_all(self, grace: float) -> None:
+        """SIGTERM the job's process group here, wait ``grace``, SIGKILL, then sweep by job id."""
+        pgid = os.getpgid(0)
+        old = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            try:
+                os.killpg(pgid, signal.SIGTERM)
+            except OSError:
+                pass
+            sweep(self.job_id, signal.SIGTERM)  # processes that left the group (setsid workers)
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                if all(p.poll() is not None for p in self.procs) and not processes_with_tag(self.job_id):
+                    break
+                time.sleep(POLL_S)
+            for pid in group_members(pgid):  # everyone in our group but us
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+            sweep(self.job_id, signal.SIGKILL)
+            for p in self.procs:
+                try:
+                    p.wait(5)
+                except subprocess.TimeoutExpired:
+                    pass
+            for _ in range(25):  # SIGKILLed processes take a moment to vanish
+                if not processes_with_tag(self.job_id):
+                    break
+                time.sleep(POLL_S)
+                sweep(self.job_id, signal.SIGKILL)
+        finally:
+            signal.signal(signal.SIGTERM, old)
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        self.stop_requested = True
+        if self.stop_reason is None:
+            self.stop_reason = "stopped by request"
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        signal.signal(signal.SIGINT, self._on_sigterm)
+        grace = float(self.plan.get("grace_s", 30))
+        deadline = self.state["started"] + float(self.plan.get("max_runtime_s", 86400))
+        try:
+            self.start()
+        except Exception as e:  # a launch that cannot start is a failed job, not a crash
+            self.log("start failed: %s" % e)
+            self.terminate_all(1.0)
+            self.save(state="failed", ended=time.time(),
+                      cause={"host": self.node["host"], "rank": None, "message": "start failed: %s" % e})
+            return 1
+        expected = set(self.state["expected_ranks"])
+        watch_only = not self.procs  # a non-primary mpirun host
+        seen_start = time.monotonic()
+        while True:
+            if self.stop_requested:
+                self.save(state="stopping")
+                self.terminate_all(grace)
+                self.save(state="stopped", ended=time.time(), cause={"message": self.stop_reason})
+                return 0
+            if time.time() > deadline:
+                self.stop_reason = "max_runtime of %ss exceeded" % self.plan.get("max_runtime_s")
+                self.stop_requested = True
+                continue
+            exits = self.rank_exits()
+            failure = self.first_failure(exits)
+            if failure is not None:
+                self.log("rank %s failed: exit %s signal %s" % (failure["rank"], failure["exit_code"], failure["signal"]))
+                self.save(state="stopping", cause=failure)
+                self.terminate_all(min(grace, 5.0))
+                self.save(state="failed", ended=time.time())
+                return 1
+            launchers_done = all(p.poll() is not None for p in self.procs)
+            if self.procs and launchers_done:
+                codes = [p.returncode for p in self.procs]
+                if all(c == 0 for c in codes):
+                    self.save(state="succeeded", ended=time.time())
+                    return 0
+                failure = self.first_failure(self.rank_exits()) or {
+                    "rank": None, "host": self.node["host"], "exit_code": next(c for c in codes if c != 0),
+                    "signal": None, "tail": tail(os.path.join(self.job_dir, "launcher.log")),
+                    "message": "the %s launcher exited %s" % (self.launcher, next(c for c in codes if c != 0)),
+                }
+                self.save(state="stopping", cause=failure)
+                self.terminate_all(min(grace, 5.0))
+                self.save(state="failed", ended=time.time())
+                return 1
+            if watch_only and expected and expected <= set(exits):
+                self.save(state="succeeded", ended=time.time())
+                return 0
+            if watch_only and not exits and time.monotonic() - seen_start > 600 and not processes_with_tag(self.job_id):
+                self.save(state="failed", ended=time.time(),
+                          cause={"host": self.node["host"], "message": "mpirun never started ranks here"})
+                return 1
+            time.sleep(POLL_S)
+
+
+def main(job_dir: str) -> int:
+    return JobHost(job_dir).run()

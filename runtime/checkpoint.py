@@ -1,0 +1,484 @@
+"""Checkpoints written by the ranks the policy names, atomically, with a manifest written last.
+
+Layout of a checkpoint directory (``dir``, or ``dir/<host>/`` under ``per-node``)::
+
+    step-00000120.pt              the state (torch.save), renamed into place after fsync
+    step-00000120.manifest.json   step, bytes, sha256, owner, time: written last; marks completion
+    latest                        the name of the newest complete checkpoint ("step-00000120")
+    .step-00000130.pt.tmp-<pid>   a save in progress (or killed): never read
+
+Under ``all`` each checkpoint is a ``torch.distributed.checkpoint`` directory ``step-00000120/``
+(every rank writes its shard; ``.metadata`` written last by dcp), and rank 0 writes the manifest
+and ``latest`` after it. ``all`` needs a directory every rank reaches (dcp loads need it too).
+
+Every file is written to a temporary name in the same directory, flushed, fsynced and renamed;
+the directory is fsynced after each rename. A checkpoint without its manifest is incomplete and
+ignored, so a save killed at any moment leaves the previous good checkpoint in charge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from runtime.cluster import ClusterInfo, ClusterInfoError, check_policy, cluster_info, resolve_owner
+from runtime.metrics import METRICS_DIR_ENV, Reporter
+
+MANIFEST_FORMAT = 1
+LATEST = "latest"
+_NAME = re.compile(r"^step-(\d{8,})$")
+_MANIFEST = re.compile(r"^(step-\d{8,})\.manifest\.json$")
+_DATA = re.compile(r"^(step-\d{8,})(\.pt)?$")
+_TMP = re.compile(r"^\.(step-\d{8,}|latest).*\.tmp-(\d+)$")
+_CHUNK = 64 << 20
+_moves_reported: set = set()
+
+
+def _stage(name: str) -> None:
+    """A named point inside a save. Does nothing; tests replace it to kill a save right there."""
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        view = view[os.write(fd, view[:_CHUNK]):]
+
+
+class _HashingFile:
+    """A write-only file for torch.save that hashes what it writes, hashing big buffers on a
+    second thread while this one writes them (hashlib and os.write both release the GIL)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.sha = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data).cast("B")
+        n = len(view)
+        if n >= (1 << 20):
+            hasher = threading.Thread(target=self.sha.update, args=(view,), daemon=True)
+            hasher.start()
+            try:
+                _write_all(self.fd, view)
+            finally:
+                hasher.join()
+        else:
+            self.sha.update(view)
+            _write_all(self.fd, view)
+        self.size += n
+        return n
+
+    def flush(self) -> None:
+        pass
+
+
+def _tmp_name(path: str) -> str:
+    head, tail = os.path.split(path)
+    return os.path.join(head, f".{tail}.tmp-{os.getpid()}")
+
+
+def _atomic_write_text(path: str, text: str) -> None:
+    tmp = _tmp_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _write_all(fd, memoryview(text.encode()))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path) or ".")
+
+
+def _sha256_file(path: str) -> Tuple[int, str]:
+    sha = hashlib.sha256()
+    size = 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(_CHUNK)
+        view = memoryview(buf)
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            sha.update(view[:n])
+            size += n
+    return size, sha.hexdigest()
+
+
+def _warn(msg: str) -> None:
+    print(f"rigdeck checkpoint: {msg}", file=sys.stderr, flush=True)
+
+
+def _dist() -> Any:
+    """torch.distributed when a process group is up, else None (torch only if already loaded)."""
+    if "torch" not in sys.modules:
+        return None
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist
+    return None
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint could not be written or read."""
+
+
+class Checkpointer:
+    """Saves and restores training state under a checkpoint ownership policy.
+
+    ``owner``: ``rank0`` (default), ``host:NAME/gpu:I``, ``per-node`` or ``all``; default
+    ``$RIGDECK_CHECKPOINT_OWNER``. ``dir`` defaults to ``$RIGDECK_CHECKPOINT_DIR``. ``keep``: how
+    many complete checkpoints to keep (None or 0: all). ``barrier``: after a save, every rank waits
+    for the others when a process group is up, so non-owners never run ahead of a save.
+    """
+
+    def __init__(self, dir: Optional[str] = None, owner: Optional[str] = None, *,
+                 keep: Optional[int] = 3, barrier: bool = True,
+                 info: Optional[ClusterInfo] = None,
+                 environ: Optional[Mapping[str, str]] = None,
+                 reporter: Optional[Reporter] = None) -> None:
+        env = os.environ if environ is None else environ
+        self.info = info if info is not None else cluster_info(environ)
+        root = dir or env.get("RIGDECK_CHECKPOINT_DIR")
+        if not root:
+            raise ValueError("Checkpointer: no directory given and RIGDECK_CHECKPOINT_DIR is unset")
+        self.root = os.path.abspath(os.fspath(root))
+        self.policy = (owner or env.get("RIGDECK_CHECKPOINT_OWNER") or "rank0").strip()
+        check_policy(self.policy, self.info)
+        decision = resolve_owner(self.policy, self.info)
+        self.is_owner = decision.owner
+        self.dir = (os.path.join(self.root, self.info.current_host) if self.policy == "per-node"
+                    else self.root)
+        self.keep = keep
+        self.barrier = barrier
+        self.reporter = reporter if reporter is not None else Reporter(
+            env.get(METRICS_DIR_ENV), self.info.rank)
+        self.moved_from = decision.moved_from
+        if decision.moved_from is not None and self.is_owner:
+            key = (self.root, self.policy)
+            if key not in _moves_reported:
+                _moves_reported.add(key)
+                self.reporter.event("checkpoint_owner", policy=self.policy,
+                                    **{"from": decision.moved_from, "to": self.owner_id},
+                                    reason=decision.reason)
+
+    @property
+    def owner_id(self) -> Dict[str, Any]:
+        """This rank as a checkpoint owner: ``{"rank", "host", "gpu"}``."""
+        return {"rank": self.info.rank, "host": self.info.current_host,
+                "gpu": self.info.owner_gpu}
+
+    # -- saving ------------------------------------------------------------------------------
+
+    def save(self, step: int, state: Any) -> Optional[str]:
+        """Write ``state`` as the checkpoint of ``step`` if this rank owns checkpoints.
+
+        Returns the checkpoint's path on owners, None elsewhere. Reports writing/done/failed to
+        the metrics file; a failed save raises ``CheckpointError``.
+        """
+        if self.policy == "all":
+            path: Optional[str] = self._save_dcp(step, state)
+        elif self.is_owner:
+            path = self._save_file(step, state)
+        else:
+            path = None
+        self._barrier()
+        return path
+
+    def _report(self, status: str, step: int, nbytes: int, seconds: float, path: str,
+                error: Optional[str] = None) -> None:
+        self.reporter.event("checkpoint", status=status, step=step, bytes=nbytes,
+                            seconds=round(seconds, 6), path=path, owner=self.owner_id,
+                            error=error)
+
+    def _save_file(self, step: int, state: Any) -> str:
+        import torch
+
+        name = _checkpoint_name(step)
+        path = os.path.join(self.dir, name + ".pt")
+        self._report("writing", step, 0, 0.0, path)
+        t0 = time.perf_counter()
+        nbytes = 0
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            self._unpublish(name)
+            tmp = _tmp_name(path)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                out = _HashingFile(fd)
+                torch.save(state, out)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            nbytes = out.size
+            _stage("data-written")
+            os.replace(tmp, path)
+            _fsync_dir(self.dir)
+            _stage("data-renamed")
+            self._publish(name, step, os.path.basename(path), nbytes, out.sha.hexdigest(),
+                          time.perf_counter() - t0)
+        except BaseException as e:
+            self._report("failed", step, nbytes, time.perf_counter() - t0, path,
+                         f"{type(e).__name__}: {e}")
+            if isinstance(e, Exception):
+                raise CheckpointError(f"saving checkpoint {path} failed: {e}") from e
+            raise
+        self._report("done", step, nbytes, time.perf_counter() - t0, path)
+        self._prune()
+        return path
+
+    def _publish(self, name: str, step: int, data: str, nbytes: int, sha256: str,
+                 seconds: float, files: Optional[Dict[str, int]] = None) -> None:
+        manifest: Dict[str, Any] = {
+            "format": MANIFEST_FORMAT, "name": name, "step": step, "data": data,
+            "bytes": nbytes, "sha256": sha256, "policy": self.policy, "owner": self.owner_id,
+            "job_id": self.info.job_id, "world_size": self.info.world_size,
+            "time": time.time(), "seconds": round(seconds, 6),
+        }
+        if files is not None:
+            manifest["files"] = files
+        _atomic_write_text(self._manifest_path(name), json.dumps(manifest, indent=1) + "\n")
+        _stage("manifest-written")
+        _atomic_write_text(os.path.join(self.dir, LATEST), name + "\n")
+        _stage("latest-written")
+
+    def _manifest_path(self, name: str) -> str:
+        return os.path.join(self.dir, name + ".manifest.json")
+
+    def _unpublish(self, name: str) -> None:
+        """Make an existing checkpoint of this name incomplete before it is overwritten."""
+        manifest = self._manifest_path(name)
+        if not os.path.exists(manifest):
+            return
+        if self.latest_name() == name:
+            others = [c for c in self.complete() if c[1] != name]
+            if others:
+                _atomic_write_text(os.path.join(self.dir, LATEST), others[-1][1] + "\n")
+            else:
+                os.remove(os.path.join(self.dir, LATEST))
+        os.remove(manifest)
+        _fsync_dir(self.dir)
+
+    def _save_dcp(self, step: int, state: Any) -> str:
+        import torch.distributed.checkpoint as dcp
+
+        if not isinstance(state, dict):
+            raise TypeError("Checkpointer(owner='all') saves a dict state (a dcp state_dict)")
+        name = _checkpoint_name(step)
+        path = os.path.join(self.dir, name)
+        primary = self.info.rank == 0
+        self._report("writing", step, 0, 0.0, path)
+        t0 = time.perf_counter()
+        nbytes = 0
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            if primary:
+                self._unpublish(name)
+                stale = os.path.join(path, ".metadata")
+                if os.path.exists(stale):
+                    os.remove(stale)
+            # dcp starts with a collective, so no rank writes before rank 0 has unpublished.
+            dcp.save(state, checkpoint_id=path)
+            mine = f"__{self.info.rank}_"
+            nbytes = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+                         if f.startswith(mine))
+            if primary:
+                files = {f: os.path.getsize(os.path.join(path, f))
+                         for f in sorted(os.listdir(path))}
+                _size, digest = _sha256_file(os.path.join(path, ".metadata"))
+                self._publish(name, step, name, sum(files.values()), digest,
+                              time.perf_counter() - t0, files=files)
+        except BaseException as e:
+            self._report("failed", step, nbytes, time.perf_counter() - t0, path,
+                         f"{type(e).__name__}: {e}")
+            if isinstance(e, Exception):
+                raise CheckpointError(f"saving checkpoint {path} failed: {e}") from e
+            raise
+        self._report("done", step, nbytes, time.perf_counter() - t0, path)
+        if primary:
+            self._prune()
+        return path
+
+    def _barrier(self) -> None:
+        dist = _dist() if self.barrier else None
+        if dist is not None and dist.get_world_size() > 1:
+            dist.barrier()
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def latest_name(self) -> Optional[str]:
+        """The checkpoint ``latest`` names, or None."""
+        try:
+            with open(os.path.join(self.dir, LATEST), encoding="utf-8") as f:
+                name = f.read().strip()
+        except FileNotFoundError:
+            return None
+        return name if _NAME.match(name) else None
+
+    def complete(self) -> List[Tuple[int, str, Dict[str, Any]]]:
+        """Complete checkpoints (those with a manifest), oldest first: (step, name, manifest)."""
+        out = []
+        try:
+            entries = os.listdir(self.dir)
+        except FileNotFoundError:
+            return []
+        for entry in entries:
+            m = _MANIFEST.match(entry)
+            if not m:
+                continue
+            try:
+                with open(os.path.join(self.dir, entry), encoding="utf-8") as f:
+                    manifest = json.load(f)
+                step = int(manifest["step"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                _warn(f"ignoring unreadable manifest {os.path.join(self.dir, entry)}: {e}")
+                continue
+            out.append((step, m.group(1), manifest))
+        out.sort(key=lambda c: (c[0], c[1]))
+        return out
+
+    def _verify(self, name: str, manifest: Mapping[str, Any]) -> Optional[str]:
+        """None when the checkpoint's bytes match its manifest, else what is wrong."""
+        data = os.path.join(self.dir, str(manifest.get("data", name + ".pt")))
+        if self.policy == "all" or os.path.isdir(data):
+            files = manifest.get("files") or {}
+            for fname, size in files.items():
+                fpath = os.path.join(data, fname)
+                if not os.path.exists(fpath):
+                    return f"{fpath} is missing"
+                if os.path.getsize(fpath) != size:
+                    return f"{fpath} has {os.path.getsize(fpath)} bytes, manifest says {size}"
+            data = os.path.join(data, ".metadata")
+            if not os.path.exists(data):
+                return f"{data} is missing"
+            _size, digest = _sha256_file(data)
+        else:
+            if not os.path.exists(data):
+                return f"{data} is missing"
+            size, digest = _sha256_file(data)
+            if size != manifest.get("bytes"):
+                return f"{data} has {size} bytes, manifest says {manifest.get('bytes')}"
+        if digest != manifest.get("sha256"):
+            return f"{data} sha256 {digest} does not match the manifest's {manifest.get('sha256')}"
+        return None
+
+    def load_latest(self, map_location: Any = "cpu", *, weights_only: bool = True,
+                    state: Optional[Dict[str, Any]] = None,
+                    broadcast: Optional[bool] = None) -> Optional[Tuple[int, Any]]:
+        """(step, state) of the newest complete checkpoint whose bytes match its manifest, or None.
+
+        With a process group up (and ``broadcast`` not False) one owner reads and every rank gets
+        its copy, so ranks on hosts without the checkpoint resume from the same step; tensors
+        then arrive on the CPU (``load_state_dict`` copies them to the model's device). Under
+        ``all``, ``state`` is the state_dict to load into (dcp loads in place); every rank reads.
+        """
+        if self.policy == "all":
+            return self._load_dcp(state)
+        dist = _dist()
+        if broadcast is None:
+            broadcast = dist is not None and dist.get_world_size() > 1
+        if not broadcast or dist is None:
+            return self._load_local(map_location, weights_only)
+        flags: List[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(flags, bool(self.is_owner))
+        src = flags.index(True) if True in flags else 0
+        box: List[Any] = [None]
+        if self.info.rank == src:
+            box[0] = self._load_local("cpu", weights_only)
+        dist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def _load_local(self, map_location: Any, weights_only: bool) -> Optional[Tuple[int, Any]]:
+        import torch
+
+        for step, name, manifest in reversed(self.complete()):
+            problem = self._verify(name, manifest)
+            if problem is not None:
+                _warn(f"skipping checkpoint {name}: {problem}")
+                continue
+            path = os.path.join(self.dir, str(manifest.get("data", name + ".pt")))
+            return step, torch.load(path, map_location=map_location, weights_only=weights_only)
+        return None
+
+    def _load_dcp(self, state: Optional[Dict[str, Any]]) -> Optional[Tuple[int, Any]]:
+        import torch.distributed.checkpoint as dcp
+
+        if state is None:
+            raise TypeError("Checkpointer(owner='all').load_latest needs state= (loaded in place)")
+        choice: List[Any] = [None]
+        dist = _dist()
+        if self.info.rank == 0 or dist is None:
+            for step, name, manifest in reversed(self.complete()):
+                problem = self._verify(name, manifest)
+                if problem is None:
+                    choice[0] = (step, name)
+                    break
+                _warn(f"skipping checkpoint {name}: {problem}")
+        if dist is not None and dist.get_world_size() > 1:
+            dist.broadcast_object_list(choice, src=0)
+        if choice[0] is None:
+            return None
+        step, name = choice[0]
+        dcp.load(state, checkpoint_id=os.path.join(self.dir, name))
+        return step, state
+
+    # -- retention ---------------------------------------------------------------------------
+
+    def _prune(self) -> None:
+        """Delete complete checkpoints beyond ``keep`` (manifest first), and leftovers of killed
+        saves older than the newest complete one. Problems are warned about, not raised: the
+        checkpoint just written is good."""
+        try:
+            complete = self.complete()
+            if not complete:
+                return
+            doomed = complete[:-self.keep] if self.keep and len(complete) > self.keep else []
+            for _step, name, manifest in doomed:
+                os.remove(self._manifest_path(name))
+                _remove(os.path.join(self.dir, str(manifest.get("data", name + ".pt"))))
+            newest = complete[-1][0]
+            kept = {name for _s, name, _m in complete}
+            for entry in os.listdir(self.dir):
+                m = _DATA.match(entry)
+                if m and m.group(1) not in kept and _step_of(m.group(1)) < newest:
+                    _remove(os.path.join(self.dir, entry))
+                t = _TMP.match(entry)
+                if t and int(t.group(2)) != os.getpid():
+                    _remove(os.path.join(self.dir, entry))
+        except OSError as e:
+            _warn(f"could not prune old checkpoints in {self.dir}: {e}")
+
+
+def _checkpoint_name(step: int) -> str:
+    if not isinstance(step, int) or step < 0:
+        raise ValueError(f"checkpoint step must be a non-negative int, got {step!r}")
+    return f"step-{step:08d}"
+
+
+def _step_of(name: str) -> int:
+    return int(name.split("-", 1)[1])
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+__all__ = ["Checkpointer", "CheckpointError", "ClusterInfoError"]

@@ -1,0 +1,82 @@
+"""Process group from ClusterInfo, DDP with a multi-host bucket size, the linear scaling rule."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Optional
+
+from runtime.cluster import DEFAULT_MASTER_PORT, ClusterInfo, cluster_info
+
+DEFAULT_TIMEOUT_S = 1800.0
+DEFAULT_BUCKET_CAP_MB = 64  # REFERENCE.md: 64 for multi-host all-reduce (torch's default is 25)
+
+
+def init_distributed(backend: Optional[str] = None, timeout_s: float = DEFAULT_TIMEOUT_S, *,
+                     default_master_port: int = DEFAULT_MASTER_PORT) -> ClusterInfo:
+    """Start torch.distributed for this rank and return its ClusterInfo.
+
+    Backend: NCCL when CUDA is available, else gloo. Sets the CUDA device from the local rank and
+    fills ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``/``LOCAL_RANK``/
+    ``LOCAL_WORLD_SIZE`` where missing, so ranks started by mpirun (Open MPI variables only) or
+    from SageMaker/Vertex cluster files need no other set-up. ``default_master_port`` is used
+    when no source names a port. A world of one gets an in-memory store (no port taken).
+    Calling it again once the group is up only returns the info.
+    """
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    info = cluster_info(default_master_port=default_master_port)
+    for name, value in (("MASTER_ADDR", info.master_addr), ("MASTER_PORT", info.master_port),
+                        ("RANK", info.rank), ("WORLD_SIZE", info.world_size),
+                        ("LOCAL_RANK", info.local_rank),
+                        ("LOCAL_WORLD_SIZE", info.local_world_size)):
+        os.environ.setdefault(name, str(value))
+    if info.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(info.device))
+    if dist.is_initialized():
+        return info
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if info.world_size == 1:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
+    else:
+        dist.init_process_group(backend, init_method="env://", rank=info.rank,
+                                world_size=info.world_size, timeout=timeout)
+    return info
+
+
+def ddp(model: Any, bucket_cap_mb: int = DEFAULT_BUCKET_CAP_MB, **kw: Any) -> Any:
+    """Wrap ``model`` in DistributedDataParallel (on this rank's CUDA device when it has one).
+
+    Without a process group (plain single-process run) the model is returned unwrapped.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return model
+    if torch.cuda.is_available() and "device_ids" not in kw:
+        device = torch.cuda.current_device()
+        model = model.to(device)
+        kw["device_ids"] = [device]
+    return DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb, **kw)
+
+
+def scaled_lr(base_lr: float, base_batch: int, global_batch: int, step: int,
+              warmup_steps: int = 0) -> float:
+    """Learning rate by the linear scaling rule with gradual warmup (Goyal et al. 2017).
+
+    Target ``base_lr * global_batch / base_batch``; over the first ``warmup_steps`` steps it rises
+    linearly from ``base_lr`` (step 0) to the target (step ``warmup_steps`` onwards).
+    """
+    if base_batch <= 0 or global_batch <= 0:
+        raise ValueError("scaled_lr: batch sizes must be positive")
+    target = base_lr * global_batch / base_batch
+    if warmup_steps <= 0 or step >= warmup_steps:
+        return target
+    return base_lr + (target - base_lr) * max(step, 0) / warmup_steps

@@ -1,0 +1,262 @@
+"""Jobs across test bed hosts (gloo on CPU, simulated GPUs): launchers, placement, stop, failure,
+restart, disconnect, bad specs. Everything goes through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.testbed import TestBed
+
+pytestmark = pytest.mark.testbed
+
+ROOT = Path(__file__).resolve().parent.parent
+TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
+PROBE = ROOT / "tests" / "probe_rank.py"
+
+
+class Cli:
+    def __init__(self, bed: TestBed, tmp: Path):
+        self.bed = bed
+        self.tmp = tmp
+        # The hosts run ranks with this interpreter (it has torch), not the system python3.
+        self.inventory = bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0)
+        self.env = {**os.environ, "RIGDECK_HOME": str(tmp / "home"), "RIGDECK_INVENTORY": str(self.inventory)}
+
+    def run(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True,
+                              timeout=timeout, env=self.env, cwd=ROOT)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"rigdeck {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def json(self, *args: str, check: bool = True, timeout: float = 180) -> Any:
+        return json.loads(self.run(*args, "--json", check=check, timeout=timeout).stdout)
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([sys.executable, "-m", "tui.cli", *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=self.env, cwd=ROOT)
+
+    def spec(self, name: str, body: str) -> Path:
+        path = self.tmp / f"{name}.toml"
+        path.write_text(f'name = "{name}"\n' + body)
+        return path
+
+
+@pytest.fixture
+def cli(testbed: TestBed, tmp_path: Path) -> Cli:
+    return Cli(testbed, tmp_path)
+
+
+def tagged(bed: TestBed, job_id: str) -> dict[str, list[str]]:
+    """Processes carrying the job id, per host, seen from inside each host."""
+    out = {}
+    for i, h in enumerate(bed.hosts, start=1):
+        res = bed.exec(i, ["sh", "-c", f"grep -l -a 'RIGDECK_JOB_ID={job_id}' /proc/[0-9]*/environ 2>/dev/null "
+                                       "| grep -v self || true"])
+        out[h.name] = [ln for ln in res.stdout.split() if "/self/" not in ln and "/thread-self/" not in ln]
+    return out
+
+
+def wait_until(cond: Any, timeout: float, what: str) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if cond():
+            return time.monotonic() - start
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.mark.parametrize("launcher", ["direct", "torchrun", "mpirun"])
+def test_each_launcher_gets_agreeing_cluster_files(cli: Cli, launcher: str) -> None:
+    mpi = ""
+    if launcher == "mpirun":
+        ssh = (f"-i {cli.bed.user_key} -o UserKnownHostsFile={cli.bed.known_hosts} "
+               "-o StrictHostKeyChecking=yes -o BatchMode=yes")
+        mpi = f'[mpi]\ncustom_options = ["-mca", "plm_rsh_args", "{ssh}"]\n'
+    spec = cli.spec(f"probe-{launcher}", f"""
+command = ["{{python}}", "{PROBE}"]
+workdir = "{ROOT}"
+launcher = "{launcher}"
+nodes = 3
+gpus_per_node = 2
+max_runtime = "5m"
+[env]
+OMP_NUM_THREADS = "1"
+[hyperparameters]
+lr = 0.1
+epochs = 2
+{mpi}""")
+    view = cli.json("launch", str(spec), "--wait", timeout=300)
+    assert view["state"] == "succeeded", json.dumps(view, indent=1)[:3000]
+    assert [n["host"] for n in view["placement"]] == ["h1", "h2", "h3"]
+    reports = []
+    for h in cli.bed.hosts:
+        probe_dir = h.state_dir / "jobs" / view["job_id"] / "probe"
+        reports += [json.loads(p.read_text()) for p in sorted(probe_dir.glob("rank-*.json"))]
+    assert sorted(r["rank"] for r in reports) == list(range(6))
+    bad = [r for r in reports if not r["ok"]]
+    assert not bad, bad
+    assert len(view["ranks"]) == 6 and all(r["state"] == "exited" for r in view["ranks"])
+
+
+def test_two_jobs_never_share_a_gpu_and_a_third_is_told_why(cli: Cli) -> None:
+    body = f"""
+command = ["{{python}}", "{TICKER}", "--steps", "600", "--sleep", "0.1"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 3
+gpus_per_node = 2
+"""
+    a = cli.json("launch", str(cli.spec("fill-a", body)))
+    b = cli.json("launch", str(cli.spec("fill-b", body)))
+    try:
+        for host in ("h1", "h2", "h3"):
+            ga = next(n["gpus"] for n in a["placement"] if n["host"] == host)
+            gb = next(n["gpus"] for n in b["placement"] if n["host"] == host)
+            assert len(ga) == 2 and len(gb) == 2 and not set(ga) & set(gb)
+        third = cli.run("launch", str(cli.spec("no-room", body)), check=False)
+        assert third.returncode == 2
+        assert "asks 3 nodes x 2 GPUs" in third.stderr or "2 GPUs" in third.stderr, third.stderr
+        assert "free" in third.stderr
+    finally:
+        cli.run("stop", a["job_id"], "--grace", "2")
+        cli.run("stop", b["job_id"], "--grace", "2")
+    # Freed: the same request fits again.
+    c = cli.json("launch", str(cli.spec("fits-again", body)))
+    cli.run("stop", c["job_id"], "--grace", "2")
+
+
+def test_stop_kills_everything_and_a_sigterm_ignorer_after_the_grace(cli: Cli) -> None:
+    spec = cli.spec("stubborn", f"""
+command = ["{{python}}", "{TICKER}", "--steps", "100000", "--ignore-term"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 3
+processes_per_node = 2
+""")
+    view = cli.json("launch", str(spec))
+    job_id = view["job_id"]
+    wait_until(lambda: all(len(v) >= 2 for v in tagged(cli.bed, job_id).values()), 30, "ranks running")
+    start = time.monotonic()
+    stopped = cli.json("stop", job_id, "--grace", "3")
+    took = time.monotonic() - start
+    assert stopped["state"] == "stopped"
+    assert took >= 3.0, "SIGKILL came before the grace period ended"
+    assert tagged(cli.bed, job_id) == {"h1": [], "h2": [], "h3": []}
+    st = cli.json("status", job_id)
+    assert all(r["state"] != "running" for r in st["ranks"])
+
+
+def test_kill9_of_one_rank_fails_the_gang_then_restart_once(cli: Cli) -> None:
+    spec = cli.spec("fragile", f"""
+command = ["{{python}}", "{TICKER}", "--steps", "100000"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 3
+processes_per_node = 2
+[restart]
+max_restarts = 1
+""")
+    waiter = cli.popen("launch", str(spec), "--wait", "--json")
+    try:
+        home_jobs = lambda: sorted((cli.bed.hosts[1].state_dir / "jobs").glob("fragile-*"))  # noqa: E731
+        wait_until(lambda: home_jobs() and (home_jobs()[-1] / "ranks" / "rank-3.json").exists(), 60, "rank 3")
+        job_id = home_jobs()[-1].name
+        victim = json.loads((home_jobs()[-1] / "ranks" / "rank-3.json").read_text())["pid"]
+        cli.bed.exec(2, ["kill", "-9", str(victim)])  # rank 3 is h2's second rank
+        killed_at = time.monotonic()
+
+        def all_hosts_ended_once() -> bool:
+            events = cli.json("status", job_id).get("events", [])
+            return any(e.get("event") == "restart" for e in events)
+
+        wait_until(all_hosts_ended_once, 30, "the gang to fail and restart")
+        assert time.monotonic() - killed_at < 15
+        st = cli.json("status", job_id)
+        restart = next(e for e in st["events"] if e.get("event") == "restart")
+        assert restart["cause"]["rank"] == 3 and restart["cause"]["host"] == "h2"
+        assert restart["cause"]["signal"] == 9
+        wait_until(lambda: cli.json("status", job_id)["restarts"] == 1
+                   and all(r["state"] == "running" for r in cli.json("status", job_id)["ranks"])
+                   and len(cli.json("status", job_id)["ranks"]) == 6, 60, "the restarted gang running")
+        # A second failure exhausts max_restarts: the job fails with that rank as the cause.
+        rank_file = cli.bed.hosts[0].state_dir / "jobs" / job_id / "ranks" / "rank-0.json"
+        cli.bed.exec(1, ["kill", "-9", str(json.loads(rank_file.read_text())["pid"])])
+        killed_at = time.monotonic()
+        out, _ = waiter.communicate(timeout=60)
+        final = json.loads(out)
+        assert final["state"] == "failed" and final["restarts"] == 1
+        assert final["cause"]["rank"] == 0 and final["cause"]["signal"] == 9
+        ended = {h: s.get("ended") for h, s in final["hosts"].items()}
+        assert all(e is not None for e in ended.values())
+        assert max(ended.values()) - min(ended.values()) < 5.0, ended
+        assert tagged(cli.bed, job_id) == {"h1": [], "h2": [], "h3": []}
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+
+
+def test_job_survives_cli_exit_and_a_cut_path_then_logs_and_metrics_are_exact(cli: Cli) -> None:
+    steps = 60
+    spec = cli.spec("steady", f"""
+command = ["{{python}}", "{TICKER}", "--steps", "{steps}", "--sleep", "0.5"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 3
+processes_per_node = 2
+""")
+    job_id = cli.json("launch", str(spec))["job_id"]  # the CLI exits here; the job goes on
+    gw = cli.bed.gateway
+    rules = [["iptables", "-I", "INPUT", "-s", gw, "-j", "DROP"], ["iptables", "-I", "OUTPUT", "-d", gw, "-j", "DROP"]]
+    for r in rules:
+        res = cli.bed.exec(2, r)
+        if res.returncode != 0:
+            pytest.skip(f"iptables unusable in the namespace: {res.stderr.strip()}")
+    try:
+        time.sleep(20)
+        h2_ranks = sorted((cli.bed.hosts[1].state_dir / "jobs" / job_id / "logs").glob("rank-*.log"))
+        assert len(h2_ranks) == 2  # ranks on the cut-off host kept running and writing
+    finally:
+        for r in rules:
+            cli.bed.exec(2, [r[0], "-D", *r[2:]])
+    wait_until(lambda: cli.json("status", job_id)["state"] == "succeeded", 120, "job success")
+    metrics = cli.json("metrics", job_id)
+    steps_seen = [(m["rank"], m["step"]) for m in metrics if m.get("loss") is not None]
+    assert sorted(steps_seen) == sorted((r, s) for r in range(6) for s in range(steps))
+    logs = cli.run("logs", job_id).stdout.splitlines()
+    step_lines = [ln for ln in logs if "step=" in ln]
+    assert len(step_lines) == 6 * steps and len(set(step_lines)) == 6 * steps
+    assert all(ln.startswith(("[h1 r0]", "[h1 r1]", "[h2 r2]", "[h2 r3]", "[h3 r4]", "[h3 r5]")) for ln in logs)
+    only_r3 = cli.run("logs", job_id, "--rank", "3").stdout.splitlines()
+    assert only_r3 and all(ln.startswith("[h2 r3]") for ln in only_r3)
+
+
+@pytest.mark.parametrize(
+    "body, needle",
+    [
+        ('command = ["x"]\nlauncher = "slurm"\nnodes = 1\n', "launcher"),
+        ('command = []\nnodes = 1\n', "command"),
+        ('command = ["x"]\nnodes = "3"\n', "nodes"),
+        ('command = ["x"]\nnodes = 1\ngpus_per_node = 99\n', "99"),
+        ('command = ["x"]\nhosts = ["h1", "nosuchhost"]\nprocesses_per_node = 1\n', "nosuchhost"),
+        ('command = ["x"]\nnodes = 1\n[env]\nX = 5\n', "env"),
+    ],
+)
+def test_bad_specs_say_why_and_start_nothing(cli: Cli, body: str, needle: str) -> None:
+    spec = cli.spec("bad", body)
+    before = {h.name: set((h.state_dir / "jobs").glob("*")) for h in cli.bed.hosts}
+    proc = cli.run("launch", str(spec), check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert needle in proc.stderr
+    assert "Traceback" not in proc.stderr
+    after = {h.name: set((h.state_dir / "jobs").glob("*")) for h in cli.bed.hosts}
+    assert after == before

@@ -1,0 +1,109 @@
+"""Job history on the operator's machine: SQLite under ``RIGDECK_HOME`` (default ~/.local/share/rigdeck)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id      TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    spec        TEXT NOT NULL,
+    placement   TEXT,
+    state       TEXT NOT NULL,
+    created     REAL NOT NULL,
+    started     REAL,
+    ended       REAL,
+    cause       TEXT,
+    restarts    INTEGER NOT NULL DEFAULT 0,
+    events      TEXT NOT NULL DEFAULT '[]'
+);
+"""
+JSON_FIELDS = ("spec", "placement", "cause", "events")
+
+
+def rigdeck_home() -> Path:
+    return Path(os.environ.get("RIGDECK_HOME") or os.path.expanduser("~/.local/share/rigdeck"))
+
+
+class History:
+    def __init__(self, path: Path | None = None):
+        self.path = Path(path) if path else rigdeck_home() / "history.sqlite"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def create(self, job_id: str, name: str, spec: dict[str, Any], state: str = "pending") -> None:
+        with self._lock, self._db:
+            self._db.execute(
+                "INSERT INTO jobs (job_id, name, spec, state, created) VALUES (?, ?, ?, ?, ?)",
+                (job_id, name, json.dumps(spec), state, time.time()),
+            )
+
+    def update(self, job_id: str, **fields: Any) -> None:
+        if not fields:
+            return
+        cols, values = [], []
+        for k, v in fields.items():
+            cols.append(f"{k} = ?")
+            values.append(json.dumps(v) if k in JSON_FIELDS else v)
+        with self._lock, self._db:
+            self._db.execute(f"UPDATE jobs SET {', '.join(cols)} WHERE job_id = ?", (*values, job_id))
+
+    def add_event(self, job_id: str, event: dict[str, Any]) -> None:
+        rec = self.get(job_id)
+        if rec is None:
+            return
+        events = rec["events"] + [{"time": time.time(), **event}]
+        self.update(job_id, events=events)
+
+    def _row(self, row: sqlite3.Row | tuple[Any, ...], names: list[str]) -> dict[str, Any]:
+        d = dict(zip(names, row, strict=True))
+        for k in JSON_FIELDS:
+            if d.get(k) is not None:
+                d[k] = json.loads(d[k])
+        return d
+
+    def get(self, job_id: str) -> dict[str, Any] | None:
+        with self._lock:
+            cur = self._db.execute("SELECT * FROM jobs WHERE job_id = ?", (job_id,))
+            row = cur.fetchone()
+            names = [c[0] for c in cur.description]
+        return self._row(row, names) if row else None
+
+    def find(self, ref: str) -> dict[str, Any] | None:
+        """A job by exact id, or by unique id prefix, or the newest job of that name."""
+        rec = self.get(ref)
+        if rec:
+            return rec
+        with self._lock:
+            cur = self._db.execute(
+                "SELECT * FROM jobs WHERE job_id LIKE ? OR name = ? ORDER BY created DESC",
+                (ref.replace("%", "") + "%", ref),
+            )
+            rows = cur.fetchall()
+            names = [c[0] for c in cur.description]
+        by_prefix = [r for r in rows if str(r[0]).startswith(ref)]
+        if len(by_prefix) == 1:
+            return self._row(by_prefix[0], names)
+        if rows and not by_prefix:
+            return self._row(rows[0], names)
+        return None
+
+    def list(self, limit: int = 100) -> list[dict[str, Any]]:
+        with self._lock:
+            cur = self._db.execute("SELECT * FROM jobs ORDER BY created DESC LIMIT ?", (limit,))
+            rows = cur.fetchall()
+            names = [c[0] for c in cur.description]
+        return [self._row(r, names) for r in rows]

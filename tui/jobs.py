@@ -1,0 +1,449 @@
+"""Jobs across hosts, from the controller: place, start, supervise, stop, and read logs and metrics.
+
+The hosts own running jobs (each agent keeps a job host process per job); the controller places
+them, starts them everywhere, and, while it runs, acts as the gang's supervisor: the first failed
+host stops the others and, when restarts remain, the whole gang starts again. Every controller
+that looks at a job (``status``, ``jobs``, ``launch --wait``, the app) applies the same rule, so a
+failure seen late is still handled.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tui.controller import Controller
+from tui.history import History
+from tui.jobspec import JobSpec
+from tui.scheduler import HostCapacity, NodeAssignment, Placement, PlacementError, Scheduler, capacity_from_state
+from tui.state import ClusterState
+from tui.transport import TransportError
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("succeeded", "failed", "stopped")
+POLL_S = 0.5
+
+
+class JobError(Exception):
+    """A job request that cannot be carried out; the message says why."""
+
+
+def new_job_id(name: str) -> str:
+    return f"{name}-{time.strftime('%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def overall_state(host_states: dict[str, dict[str, Any] | TransportError]) -> str:
+    states = [s.get("state") for s in host_states.values() if isinstance(s, dict)]
+    if any(s == "failed" for s in states):
+        return "failed"
+    if states and len(states) == len(host_states) and all(s in TERMINAL for s in states):
+        if all(s == "succeeded" for s in states):
+            return "succeeded"
+        return "stopped"
+    if any(s == "stopping" for s in states):
+        return "stopping"
+    if any(s == "starting" for s in states) or not states:
+        return "starting"
+    return "running"
+
+
+def first_cause(host_states: dict[str, Any]) -> dict[str, Any] | None:
+    causes = []
+    for host, st in host_states.items():
+        if isinstance(st, dict) and st.get("state") == "failed" and st.get("cause"):
+            c = dict(st["cause"])
+            c.setdefault("host", host)
+            causes.append((st.get("ended") or 0, c))
+    if not causes:
+        return None
+    # A rank that failed by itself beats ranks that died because of it: prefer causes naming a
+    # rank with an exit code or signal, then the earliest.
+    causes.sort(key=lambda ec: (ec[1].get("rank") is None, ec[0]))
+    return causes[0][1]
+
+
+@dataclass
+class JobView:
+    job_id: str
+    name: str
+    state: str
+    spec: dict[str, Any]
+    placement: list[dict[str, Any]]
+    restarts: int = 0
+    cause: dict[str, Any] | None = None
+    created: float | None = None
+    started: float | None = None
+    ended: float | None = None
+    hosts: dict[str, Any] = field(default_factory=dict)
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    last_step: int | None = None
+    last_loss: float | None = None
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        hosts = {h: (s if isinstance(s, dict) else {"error": str(s)}) for h, s in self.hosts.items()}
+        return {
+            "job_id": self.job_id, "name": self.name, "state": self.state, "restarts": self.restarts,
+            "placement": self.placement, "cause": self.cause, "created": self.created,
+            "started": self.started, "ended": self.ended, "ranks": self.ranks,
+            "last_step": self.last_step, "last_loss": self.last_loss, "hosts": hosts,
+            "events": self.events,
+        }
+
+
+class JobManager:
+    def __init__(self, controller: Controller, history: History | None = None):
+        self.ctl = controller
+        self.history = history or History()
+        self.scheduler = Scheduler()
+
+    # -- placement --------------------------------------------------------------------------
+
+    def capacity(self, hosts: Sequence[str]) -> list[HostCapacity]:
+        """What every host has and has free: its latest sample plus the jobs its agent runs."""
+        samples = self.ctl.request_many(hosts, "sample", timeout=30)
+        job_lists = self.ctl.request_many(
+            [h for h in hosts if not isinstance(samples[h], Exception)], "job_list", timeout=30
+        )
+        state = ClusterState([(s.name, s.address) for s in self.ctl.inventory.select(hosts)])
+        for h, sample in samples.items():
+            if isinstance(sample, dict):
+                state.apply_sample(h, sample)
+        for h, jobs in job_lists.items():
+            if not isinstance(jobs, list):
+                continue
+            for j in jobs:
+                if j.get("state") not in TERMINAL and j.get("nodes") and j["job_id"] not in self.scheduler.reservations():
+                    self.scheduler.adopt(j["job_id"], Placement.from_plan_nodes(j["nodes"]))
+        return capacity_from_state(state.snapshot(), self.ctl.inventory)
+
+    def _master_addr(self, node: NodeAssignment) -> str:
+        import ipaddress
+
+        try:
+            ipaddress.ip_address(node.address)
+            return node.address
+        except ValueError:
+            pass
+        facts = self.ctl.request(node.host, "facts")
+        addrs = facts.get("addresses") or []
+        if not addrs:
+            raise JobError(f"host {node.host} reports no IP address to use as MASTER_ADDR")
+        return str(addrs[0])
+
+    def _plans(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> dict[str, dict[str, Any]]:
+        primary = placement.nodes[0]
+        master_addr = self._master_addr(primary)
+        port = self.ctl.request(primary.host, "probe_port", addr=master_addr)["port"]
+        base = {
+            "job_id": job_id,
+            "name": spec.name,
+            "launcher": spec.launcher,
+            "workdir": spec.workdir,
+            "env": dict(spec.env),
+            "hyperparameters": dict(spec.hyperparameters),
+            "channels": dict(spec.channels),
+            "checkpoint": {"dir": spec.checkpoint.dir, "owner": spec.checkpoint.owner},
+            "restart_count": restart_count,
+            "max_runtime_s": spec.max_runtime_s,
+            "grace_s": spec.grace_s,
+            "mpi": {"custom_options": list(spec.mpi_custom_options)},
+            "loss_pattern": spec.loss_pattern,
+            "nodes": placement.to_plan_nodes(),
+            "master_addr": master_addr,
+            "master_port": port,
+        }
+        plans = {}
+        for i, node in enumerate(placement.nodes):
+            python = self.ctl.inventory.get(node.host).python
+            plans[node.host] = {
+                **base,
+                "node_index": i,
+                "command": [python if c == "{python}" else c.replace("{python}", python) for c in spec.command],
+            }
+        return plans
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def launch(self, spec: JobSpec, *, job_id: str | None = None) -> JobView:
+        """Place the job, start it on every host, record it. Raises PlacementError or JobError."""
+        unknown = [h for h in spec.hosts if h not in self.ctl.inventory.names]
+        if unknown:
+            raise JobError(
+                f"{spec.path or 'job spec'}: field 'hosts': expected hosts from the inventory "
+                f"({', '.join(self.ctl.inventory.names)}), got unknown {', '.join(map(repr, unknown))}"
+            )
+        candidates = list(spec.hosts) if spec.hosts else self.ctl.inventory.names
+        capacity = self.capacity(candidates)
+        job_id = job_id or new_job_id(spec.name)
+        placement = self.scheduler.reserve(job_id, spec, capacity)
+        self.history.create(job_id, spec.name, spec.to_dict(), state="pending")
+        self.history.update(job_id, placement=placement.to_plan_nodes())
+        try:
+            self._start(job_id, spec, placement, restart_count=0)
+        except BaseException:
+            self.scheduler.release(job_id)
+            raise
+        return self.view(job_id)
+
+    def _start(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> None:
+        self.history.update(job_id, state="starting", placement=placement.to_plan_nodes(), restarts=restart_count)
+        try:
+            plans = self._plans(job_id, spec, placement, restart_count)
+        except TransportError as e:
+            self.history.update(job_id, state="failed", ended=time.time(),
+                                cause={"message": f"could not prepare the launch: {e}"})
+            raise JobError(f"could not prepare the launch: {e}") from None
+        primary = placement.nodes[0].host
+        # The primary last: an mpirun there needs every other host's job directory in place.
+        others = [h for h in plans if h != primary]
+        results = self._start_hosts(plans, others)
+        if not any(isinstance(r, Exception) for r in results.values()):
+            results.update(self._start_hosts(plans, [primary]))
+        failed = {h: r for h, r in results.items() if isinstance(r, Exception)}
+        if failed:
+            started = [h for h, r in results.items() if not isinstance(r, Exception)]
+            self.ctl.request_many(started, "job_stop", timeout=30, job_id=job_id, grace_s=1.0)
+            msg = "; ".join(f"{h}: {e}" for h, e in failed.items())
+            self.history.update(job_id, state="failed", ended=time.time(),
+                                cause={"message": f"start failed: {msg}"})
+            raise JobError(f"job {job_id} could not start: {msg}")
+        self.history.update(job_id, state="running", started=time.time())
+        self.history.add_event(job_id, {"event": "started", "restart_count": restart_count,
+                                        "hosts": [n.host for n in placement.nodes]})
+
+    def _start_hosts(self, plans: dict[str, dict[str, Any]], hosts: list[str]) -> dict[str, Any]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(h: str) -> Any:
+            try:
+                return self.ctl.request(h, "job_start", timeout=60, plan=plans[h])
+            except TransportError as e:
+                return e
+
+        if not hosts:
+            return {}
+        with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+            return dict(zip(hosts, pool.map(one, hosts), strict=True))
+
+    def record(self, ref: str) -> dict[str, Any]:
+        rec = self.history.find(ref)
+        if rec is None:
+            raise JobError(f"no job {ref!r} in {self.history.path}")
+        return rec
+
+    def host_states(self, rec: dict[str, Any], method: str = "job_status") -> dict[str, Any]:
+        hosts = [n["host"] for n in rec.get("placement") or []]
+        return self.ctl.request_many(hosts, method, timeout=20, job_id=rec["job_id"])
+
+    def stop(self, ref: str, grace_s: float | None = None, wait: bool = True) -> JobView:
+        rec = self.record(ref)
+        job_id = rec["job_id"]
+        grace = grace_s if grace_s is not None else float(rec["spec"].get("grace_s", 30))
+        self.history.update(job_id, state="stopping")
+        self.history.add_event(job_id, {"event": "stop requested", "grace_s": grace})
+        hosts = [n["host"] for n in rec.get("placement") or []]
+        self.ctl.request_many(hosts, "job_stop", timeout=20, job_id=job_id, grace_s=grace)
+        if wait:
+            deadline = time.monotonic() + grace + 30
+            while time.monotonic() < deadline:
+                states = self.host_states(rec)
+                done = all(isinstance(s, dict) and s.get("state") in TERMINAL and not s.get("tagged_processes")
+                           for s in states.values())
+                if done:
+                    break
+                time.sleep(POLL_S)
+        self.history.update(job_id, state="stopped", ended=time.time())
+        self.scheduler.release(job_id)
+        return self.view(job_id)
+
+    def supervise_once(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """Look at every host of the job once and apply the gang rules. Returns the host states."""
+        job_id = rec["job_id"]
+        states = self.host_states(rec)
+        overall = overall_state(states)
+        if rec["state"] in TERMINAL:
+            return states
+        if overall == "failed":
+            cause = first_cause(states) or {"message": "a host reported failure"}
+            live = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") not in TERMINAL]
+            if live:  # stop the rest of the gang now
+                self.ctl.request_many(live, "job_stop", timeout=20, job_id=job_id, grace_s=5.0)
+            spec = JobSpec.from_dict(rec["spec"])
+            restarts = int(rec.get("restarts") or 0)
+            code = cause.get("exit_code")
+            sig = cause.get("signal")
+            eligible = not spec.restart.on_exit_codes or code in spec.restart.on_exit_codes or (
+                sig is not None and 128 + sig in spec.restart.on_exit_codes)
+            if restarts < spec.restart.max_restarts and eligible:
+                self._wait_terminal(rec, 30)
+                self.history.add_event(job_id, {"event": "restart", "restart_count": restarts + 1, "cause": cause})
+                self.scheduler.release(job_id)
+                dead = [h for h, s in states.items() if not isinstance(s, dict)]
+                candidates = [h for h in (list(spec.hosts) or self.ctl.inventory.names) if h not in dead]
+                capacity = self.capacity(candidates)
+                try:
+                    placement = self.scheduler.reserve(job_id, spec, capacity, exclude_hosts=dead)
+                except PlacementError as e:
+                    self.history.update(job_id, state="failed", ended=time.time(),
+                                        cause={**cause, "restart_error": str(e)})
+                    return states
+                self._start(job_id, spec, placement, restart_count=restarts + 1)
+            else:
+                self._wait_terminal(rec, 15)  # the rest of the gang is stopping: let it finish
+                self.history.update(job_id, state="failed", ended=time.time(), cause=cause)
+                self.history.add_event(job_id, {"event": "failed", "cause": cause})
+                self.scheduler.release(job_id)
+        elif overall in TERMINAL:
+            self.history.update(job_id, state=overall, ended=time.time())
+            self.history.add_event(job_id, {"event": overall})
+            self.scheduler.release(job_id)
+        elif overall != rec["state"] and rec["state"] != "stopping":
+            self.history.update(job_id, state=overall)
+        return states
+
+    def _wait_terminal(self, rec: dict[str, Any], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = self.host_states(rec)
+            if all(not isinstance(s, dict) or s.get("state") in TERMINAL for s in states.values()):
+                return
+            time.sleep(POLL_S)
+
+    def wait(self, ref: str, on_change: Callable[[JobView], None] | None = None, timeout: float | None = None) -> JobView:
+        """Supervise until the job ends (the gang's supervisor while this runs)."""
+        job_id = self.record(ref)["job_id"]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
+        while True:
+            rec = self.record(job_id)
+            self.supervise_once(rec)
+            rec = self.record(job_id)
+            if on_change and (rec["state"], rec["restarts"]) != last:
+                last = (rec["state"], rec["restarts"])
+                on_change(self.view(job_id, live=False))
+            if rec["state"] in TERMINAL:
+                return self.view(job_id)
+            if deadline is not None and time.monotonic() > deadline:
+                return self.view(job_id)
+            time.sleep(POLL_S)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def view(self, ref: str, live: bool = True) -> JobView:
+        rec = self.record(ref)
+        v = JobView(
+            job_id=rec["job_id"], name=rec["name"], state=rec["state"], spec=rec["spec"],
+            placement=rec.get("placement") or [], restarts=rec.get("restarts") or 0, cause=rec.get("cause"),
+            created=rec.get("created"), started=rec.get("started"), ended=rec.get("ended"),
+            events=rec.get("events") or [],
+        )
+        if not live:
+            return v
+        if rec["state"] not in TERMINAL:
+            v.hosts = self.supervise_once(rec)
+            rec = self.record(ref)
+            v.state, v.cause, v.restarts, v.ended = rec["state"], rec.get("cause"), rec.get("restarts") or 0, rec.get("ended")
+            v.placement = rec.get("placement") or []
+        else:
+            v.hosts = self.host_states(rec)
+        gpus_by_host = {n["host"]: n.get("gpus") or [] for n in v.placement}
+        for host, st in v.hosts.items():
+            if isinstance(st, dict):
+                for r in st.get("ranks") or []:
+                    gpu = r.get("gpu")
+                    if gpu is None and r.get("local_rank") is not None and gpus_by_host.get(host):
+                        g = gpus_by_host[host]
+                        gpu = g[r["local_rank"]] if r["local_rank"] < len(g) else None
+                    v.ranks.append({"rank": r.get("rank"), "host": host, "local_rank": r.get("local_rank"),
+                                    "gpu": gpu, "pid": r.get("pid"), "state": r.get("state"),
+                                    "exit_code": r.get("exit_code"), "signal": r.get("signal")})
+        v.ranks.sort(key=lambda r: r["rank"] if r["rank"] is not None else -1)
+        steps = [m for m in self.metrics(rec["job_id"]) if m.get("loss") is not None]
+        if steps:
+            last = max(steps, key=lambda m: (m.get("step") or 0, -(m.get("rank") or 0)))
+            v.last_step, v.last_loss = last.get("step"), last.get("loss")
+        return v
+
+    def list(self, refresh: bool = True) -> list[JobView]:
+        out = []
+        for rec in self.history.list():
+            if refresh and rec["state"] not in TERMINAL:
+                try:
+                    self.supervise_once(rec)
+                except TransportError as e:
+                    log.info("cannot refresh %s: %s", rec["job_id"], e)
+            out.append(self.view(rec["job_id"], live=False))
+        return out
+
+    def metrics(self, ref: str) -> list[dict[str, Any]]:
+        """Every metrics record of every rank, each once, in (step, rank) order."""
+        rec = self.record(ref)
+        out: list[dict[str, Any]] = []
+        for host in [n["host"] for n in rec.get("placement") or []]:
+            offsets: dict[str, int] = {}
+            while True:
+                try:
+                    chunk = self.ctl.request(host, "job_metrics", timeout=30, job_id=rec["job_id"], offsets=offsets)
+                except TransportError as e:
+                    log.info("metrics from %s: %s", host, e)
+                    break
+                more = False
+                for rank, part in chunk.items():
+                    for r in part["records"]:
+                        r.setdefault("rank", int(rank))
+                        r["host"] = host
+                        out.append(r)
+                    offsets[rank] = part["next_offset"]
+                    more = more or part["more"]
+                if not more:
+                    break
+        out.sort(key=lambda r: (r.get("step") if r.get("step") is not None else -1, r.get("rank") or 0, r.get("time") or 0))
+        return out
+
+    def log_lines(self, ref: str, rank: int | None = None, follow: bool = False,
+                  poll_s: float = 0.5) -> Iterator[tuple[str, int, str]]:
+        """(host, rank, line) for every log line, each exactly once, resuming by byte offset
+        across reconnects; with ``follow`` until the job ends."""
+        rec = self.record(ref)
+        job_id = rec["job_id"]
+        offsets: dict[tuple[str, int], int] = {}
+        while True:
+            rec = self.record(job_id)
+            ended = rec["state"] in TERMINAL
+            got_any = False
+            for host in [n["host"] for n in rec.get("placement") or []]:
+                try:
+                    st = self.ctl.request(host, "job_status", timeout=20, job_id=job_id)
+                except TransportError as e:
+                    log.info("logs from %s: %s", host, e)
+                    continue
+                ranks = sorted({r["rank"] for r in st.get("ranks") or []} | set(st.get("log_ranks") or []))
+                for r in ranks:
+                    if rank is not None and r != rank:
+                        continue
+                    while True:
+                        off = offsets.get((host, r), 0)
+                        try:
+                            chunk = self.ctl.request(host, "job_logs", timeout=20, job_id=job_id, rank=r, offset=off)
+                        except TransportError:
+                            break
+                        for line in chunk["text"].splitlines():
+                            got_any = True
+                            yield host, r, line
+                        offsets[(host, r)] = chunk["next_offset"]
+                        if not chunk["more"]:
+                            break
+            if not follow or (ended and not got_any):
+                return
+            if follow and not ended:
+                try:
+                    self.supervise_once(rec)
+                except TransportError:
+                    pass
+            time.sleep(poll_s)

@@ -1,0 +1,646 @@
+"""Job specs: what to run, on how many hosts and GPUs, and for how long, read from TOML.
+
+The format is in docs/contracts.md ("Job spec"). Nothing here touches a host: loading checks
+every field and returns a frozen ``JobSpec`` that the scheduler places and the controller turns
+into a job plan.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import difflib
+import functools
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from tui.inventory import NAME_RE as HOST_NAME_RE
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+__all__ = [
+    "DEFAULT_GRACE_S",
+    "DEFAULT_LOSS_PATTERN",
+    "DEFAULT_MAX_RUNTIME_S",
+    "LAUNCHERS",
+    "MAX_RUNTIME_LIMIT_S",
+    "CheckpointSpec",
+    "JobSpec",
+    "JobSpecError",
+    "RestartSpec",
+    "jobspec_from_toml",
+    "load_jobspec",
+    "parse_duration",
+    "parse_loss",
+]
+
+LAUNCHERS = ("direct", "torchrun", "mpirun")
+# SageMaker's StoppingCondition.MaxRuntimeInSeconds: default one day, at most 28 days.
+DEFAULT_MAX_RUNTIME_S = 24 * 3600
+MAX_RUNTIME_LIMIT_S = 28 * 24 * 3600
+DEFAULT_GRACE_S = 30.0
+
+JOB_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# "host:NAME/gpu:I"; NAME as in the inventory, I a physical GPU index (or local rank without GPUs).
+_OWNER_HOST_RE = re.compile(r"host:(?P<host>[^/]*)/gpu:(?P<gpu>[^/]*)")
+OWNER_POLICIES = ("rank0", "per-node", "all")
+
+# Units largest first, each at most once: "1d", "2h", "90m", "45s", "1h30m", "1.5h", "1h 30m".
+_DURATION_RE = re.compile(
+    r"\s*(?:(?P<d>\d+(?:\.\d+)?)\s*d)?\s*(?:(?P<h>\d+(?:\.\d+)?)\s*h)?"
+    r"\s*(?:(?P<m>\d+(?:\.\d+)?)\s*m)?\s*(?:(?P<s>\d+(?:\.\d+)?)\s*s)?\s*",
+    re.IGNORECASE,
+)
+_UNIT_S = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+# The training loss on a log line: the word "loss" on its own, optionally quoted, then "=", ":"
+# or spaces, then a number (or nan/inf, which a diverging run prints). "val_loss", "train_loss",
+# "val/loss", "eval.loss" and "loss_scale" are other quantities and do not match: "loss" must not
+# be part of a longer name (letters, digits, "_", "-", "." or "/" before it, a name character
+# after it). Case-insensitive.
+DEFAULT_LOSS_PATTERN = (
+    r"(?i)(?<![A-Za-z0-9_./-])['\"]?loss['\"]?(?:\s*[=:]\s*|\s+)"
+    r"(?P<loss>[-+]?(?:(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|nan(?![a-z])|inf(?:inity)?(?![a-z])))"
+)
+
+
+class JobSpecError(ValueError):
+    """A problem in a job spec that the user can fix.
+
+    ``field`` is dotted (``restart.max_restarts``, ``env.PATH``), or None for problems with the
+    file as a whole; ``got`` is the offending value (None: nothing to show).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        field: str | None,
+        expected: str,
+        got: Any = None,
+    ) -> None:
+        self.path = Path(path) if path is not None else None
+        self.field = field
+        self.expected = expected
+        self.got = got
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        parts = [str(self.path) if self.path is not None else "<job spec>"]
+        if self.field is not None:
+            parts.append(f"field {self.field!r}")
+        text = f"expected {self.expected}"
+        if self.got is not None:
+            text += f", got {_show(self.got)} ({_type_name(self.got)})"
+        parts.append(text)
+        return ": ".join(parts)
+
+
+@dataclass(frozen=True)
+class CheckpointSpec:
+    """``[checkpoint]``: where checkpoints go and which rank writes them."""
+
+    dir: str | None = None
+    owner: str = "rank0"  # "rank0" | "host:NAME/gpu:I" | "per-node" | "all"
+
+
+@dataclass(frozen=True)
+class RestartSpec:
+    """``[restart]``: gang restarts; no exit codes listed means any non-zero exit restarts."""
+
+    max_restarts: int = 0
+    on_exit_codes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One validated job spec. ``nodes`` is None when the spec did not say (see node_count)."""
+
+    name: str
+    command: tuple[str, ...]
+    workdir: str
+    launcher: str = "direct"
+    nodes: int | None = None
+    hosts: tuple[str, ...] = ()
+    gpus_per_node: int | None = None
+    processes_per_node: int | None = None
+    env: tuple[tuple[str, str], ...] = ()
+    max_runtime_s: int = DEFAULT_MAX_RUNTIME_S
+    grace_s: float = DEFAULT_GRACE_S
+    # Values as TOML gave them (lists, tables): treat them as read-only.
+    hyperparameters: tuple[tuple[str, Any], ...] = ()
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    restart: RestartSpec = field(default_factory=RestartSpec)
+    mpi_custom_options: tuple[str, ...] = ()
+    loss_pattern: str | None = None
+    total_steps: int | None = None
+    channels: tuple[tuple[str, str], ...] = ()
+    path: Path | None = None
+
+    def __hash__(self) -> int:
+        # Hyperparameters may hold lists and tables, so hash the canonical JSON form instead.
+        return hash(json.dumps(self.to_dict(), sort_keys=True))
+
+    @property
+    def node_count(self) -> int:
+        """How many hosts the job runs on: ``nodes``, else the number of ``hosts``, else 1."""
+        if self.nodes is not None:
+            return self.nodes
+        return len(self.hosts) or 1
+
+    @property
+    def uses_gpus(self) -> bool:
+        return self.gpus_per_node is not None
+
+    @property
+    def slots_per_node(self) -> int:
+        """Ranks on each host: one per GPU, or ``processes_per_node``."""
+        return self.gpus_per_node or self.processes_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.node_count * self.slots_per_node
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able form (job history); ``from_dict`` reads it back."""
+        return {
+            "name": self.name,
+            "command": list(self.command),
+            "workdir": self.workdir,
+            "launcher": self.launcher,
+            "nodes": self.nodes,
+            "hosts": list(self.hosts),
+            "gpus_per_node": self.gpus_per_node,
+            "processes_per_node": self.processes_per_node,
+            "env": dict(self.env),
+            "max_runtime_s": self.max_runtime_s,
+            "grace_s": self.grace_s,
+            "hyperparameters": copy.deepcopy(dict(self.hyperparameters)),
+            "checkpoint": {"dir": self.checkpoint.dir, "owner": self.checkpoint.owner},
+            "restart": {
+                "max_restarts": self.restart.max_restarts,
+                "on_exit_codes": list(self.restart.on_exit_codes),
+            },
+            "mpi": {"custom_options": list(self.mpi_custom_options)},
+            "loss_pattern": self.loss_pattern,
+            "total_steps": self.total_steps,
+            "channels": dict(self.channels),
+            "path": str(self.path) if self.path is not None else None,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> JobSpec:
+        """The inverse of ``to_dict``. The input is trusted (it was written by ``to_dict``)."""
+        checkpoint = d.get("checkpoint") or {}
+        restart = d.get("restart") or {}
+        mpi = d.get("mpi") or {}
+        path = d.get("path")
+        return cls(
+            name=d["name"],
+            command=tuple(d["command"]),
+            workdir=d["workdir"],
+            launcher=d.get("launcher", "direct"),
+            nodes=d.get("nodes"),
+            hosts=tuple(d.get("hosts") or ()),
+            gpus_per_node=d.get("gpus_per_node"),
+            processes_per_node=d.get("processes_per_node"),
+            env=tuple((d.get("env") or {}).items()),
+            max_runtime_s=int(d.get("max_runtime_s", DEFAULT_MAX_RUNTIME_S)),
+            grace_s=float(d.get("grace_s", DEFAULT_GRACE_S)),
+            hyperparameters=tuple(copy.deepcopy(d.get("hyperparameters") or {}).items()),
+            checkpoint=CheckpointSpec(
+                dir=checkpoint.get("dir"), owner=checkpoint.get("owner", "rank0")
+            ),
+            restart=RestartSpec(
+                max_restarts=int(restart.get("max_restarts", 0)),
+                on_exit_codes=tuple(restart.get("on_exit_codes") or ()),
+            ),
+            mpi_custom_options=tuple(mpi.get("custom_options") or ()),
+            loss_pattern=d.get("loss_pattern"),
+            total_steps=d.get("total_steps"),
+            channels=tuple((d.get("channels") or {}).items()),
+            path=Path(path) if path is not None else None,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Durations and loss lines.
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from ``"2h"``, ``"90m"``, ``"1h30m"``, ``"1d"``, ``"45s"`` or a number of seconds.
+
+    Raises ValueError for anything else (negative numbers included).
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"not a duration: {value!r}")
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"not a duration: {value!r}")
+        return float(value)
+    if not isinstance(value, str):
+        raise ValueError(f"not a duration: {value!r}")
+    m = _DURATION_RE.fullmatch(value)
+    if m is None or not any(m.groupdict().values()):
+        raise ValueError(f"not a duration: {value!r}")
+    return sum(float(n) * _UNIT_S[unit] for unit, n in m.groupdict().items() if n is not None)
+
+
+@functools.lru_cache(maxsize=32)
+def _compiled(pattern: str) -> re.Pattern[str]:
+    return re.compile(pattern)
+
+
+def parse_loss(line: str, pattern: str | None = None) -> float | None:
+    """The loss on a log line (the first match of ``pattern``), or None.
+
+    The pattern's group named ``loss`` is read if it has one, else its first group.
+    """
+    rx = _compiled(pattern if pattern is not None else DEFAULT_LOSS_PATTERN)
+    m = rx.search(line)
+    if m is None:
+        return None
+    text = m.group("loss") if "loss" in rx.groupindex else m.group(1)
+    if text is None:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Field checks. Each takes the raw TOML value and returns the converted one, or raises _Bad.
+
+
+class _Bad(Exception):
+    """A value failed its check; the caller adds file and field. ``sub`` extends the field."""
+
+    def __init__(self, expected: str | None = None, *, got: Any = None, sub: str | None = None):
+        super().__init__(expected)
+        self.expected = expected
+        self.got = got
+        self.sub = sub
+
+
+class _Check(NamedTuple):
+    expected: str
+    convert: Callable[[Any], Any]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_at_least(lo: int) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if _is_int(v) and v >= lo:
+            return int(v)
+        raise _Bad()
+
+    return check
+
+
+def _job_name(v: Any) -> str:
+    if isinstance(v, str) and JOB_NAME_RE.fullmatch(v):
+        return v
+    raise _Bad()
+
+
+def _command(v: Any) -> tuple[str, ...]:
+    if isinstance(v, list) and v and all(isinstance(s, str) and s for s in v):
+        return tuple(v)
+    raise _Bad()
+
+
+def _workdir(v: Any) -> str:
+    # "~" would mean a different home on every host, and the spec file's directory is local.
+    if isinstance(v, str) and v.strip() and not v.startswith("~"):
+        return v
+    raise _Bad()
+
+
+def _launcher(v: Any) -> str:
+    if v in LAUNCHERS:
+        return str(v)
+    raise _Bad()
+
+
+def _host_names(v: Any) -> tuple[str, ...]:
+    if not isinstance(v, list) or not v:
+        raise _Bad()
+    for name in v:
+        if not isinstance(name, str) or not HOST_NAME_RE.fullmatch(name):
+            raise _Bad(got=name)
+    repeated = sorted({n for n in v if v.count(n) > 1})
+    if repeated:
+        raise _Bad("host names without repeats", got=repeated[0])
+    return tuple(v)
+
+
+def _env(v: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(v, dict):
+        raise _Bad()
+    for key, value in v.items():
+        if not _ENV_NAME_RE.fullmatch(key):
+            raise _Bad("environment variable names ([A-Za-z_][A-Za-z0-9_]*)", got=key)
+        if key.startswith("RIGDECK_"):
+            raise _Bad("no RIGDECK_* variables (rigdeck sets those for every rank)", got=key)
+        if not isinstance(value, str):
+            raise _Bad('a string (quote numbers and booleans: "1")', got=value, sub=key)
+    return tuple(v.items())
+
+
+def _max_runtime(v: Any) -> int:
+    try:
+        seconds = parse_duration(v)
+    except ValueError:
+        raise _Bad() from None
+    if seconds <= 0 or seconds > MAX_RUNTIME_LIMIT_S or seconds != int(seconds):
+        raise _Bad()
+    return int(seconds)
+
+
+def _grace(v: Any) -> float:
+    try:
+        return parse_duration(v)
+    except ValueError:
+        raise _Bad() from None
+
+
+def _json_value(v: Any, where: str) -> None:
+    """Reject what has no JSON form (TOML dates and times); ``where`` is the dotted sub-field."""
+    if isinstance(v, (datetime.date, datetime.time)):
+        raise _Bad(
+            "numbers, strings, booleans, arrays or tables (no dates or times)", got=v, sub=where
+        )
+    if isinstance(v, list):
+        for i, x in enumerate(v):
+            _json_value(x, f"{where}[{i}]")
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _json_value(x, f"{where}.{k}")
+
+
+def _hyperparameters(v: Any) -> tuple[tuple[str, Any], ...]:
+    if not isinstance(v, dict):
+        raise _Bad()
+    for key, value in v.items():
+        _json_value(value, key)
+    return tuple(v.items())
+
+
+def _channels(v: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(v, dict):
+        raise _Bad()
+    for key, value in v.items():
+        # The name becomes SM_CHANNEL_<NAME>, so it must be usable in a variable name.
+        if not _ENV_NAME_RE.fullmatch(key):
+            raise _Bad(
+                "channel names of letters, digits and '_' (not starting with a digit)", got=key
+            )
+        if not isinstance(value, str) or not value.strip():
+            raise _Bad("a path on the hosts (a non-empty string)", got=value, sub=key)
+    return tuple(v.items())
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, str) and v.strip():
+        return v
+    raise _Bad()
+
+
+def _owner(v: Any) -> str:
+    if not isinstance(v, str):
+        raise _Bad()
+    if v in OWNER_POLICIES:
+        return v
+    m = _OWNER_HOST_RE.fullmatch(v)
+    if m is None:
+        raise _Bad()
+    if not HOST_NAME_RE.fullmatch(m["host"]):
+        raise _Bad("a host name of letters, digits, '.', '_' and '-' after 'host:'", got=v)
+    if not m["gpu"].isascii() or not m["gpu"].isdigit():
+        raise _Bad("a GPU index (an integer >= 0) after 'gpu:'", got=v)
+    return f"host:{m['host']}/gpu:{int(m['gpu'])}"
+
+
+def _exit_codes(v: Any) -> tuple[int, ...]:
+    if isinstance(v, list) and all(_is_int(c) and 1 <= c <= 255 for c in v):
+        return tuple(v)
+    raise _Bad()
+
+
+def _strings(v: Any) -> tuple[str, ...]:
+    if isinstance(v, list) and all(isinstance(s, str) for s in v):
+        return tuple(v)
+    raise _Bad()
+
+
+_LOSS_EXPECTED = "a regular expression with exactly one capture group, or a group named 'loss'"
+
+
+def _loss_pattern(v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise _Bad()
+    try:
+        rx = re.compile(v)
+    except re.error as e:
+        raise _Bad(f"{_LOSS_EXPECTED} (it does not compile: {e})") from None
+    if "loss" not in rx.groupindex and rx.groups != 1:
+        raise _Bad(f"{_LOSS_EXPECTED} (it has {rx.groups})")
+    return v
+
+
+_TOP_FIELDS: dict[str, _Check] = {
+    "name": _Check("a job name of 1-64 letters, digits, '.', '_' and '-'", _job_name),
+    "command": _Check("a non-empty list of non-empty strings", _command),
+    "workdir": _Check(
+        "a directory: absolute, or relative to the spec file's directory (no '~')", _workdir
+    ),
+    "launcher": _Check(" or ".join(f'"{x}"' for x in LAUNCHERS), _launcher),
+    "nodes": _Check("an integer >= 1", _int_at_least(1)),
+    "hosts": _Check("a non-empty list of inventory host names", _host_names),
+    "gpus_per_node": _Check("an integer >= 1", _int_at_least(1)),
+    "processes_per_node": _Check("an integer >= 1", _int_at_least(1)),
+    "max_runtime": _Check(
+        "a duration of whole seconds, > 0 and at most 28 days: an integer of seconds or a "
+        'string like "2h", "90m", "1h30m", "1d"',
+        _max_runtime,
+    ),
+    "grace": _Check('a duration >= 0: seconds or a string like "30s", "2m"', _grace),
+    "total_steps": _Check("an integer >= 1", _int_at_least(1)),
+    "env": _Check('a table of strings (NAME = "value")', _env),
+    "hyperparameters": _Check("a table ([hyperparameters])", _hyperparameters),
+    "channels": _Check('a table of paths on the hosts (name = "/path")', _channels),
+}
+_TABLES: dict[str, dict[str, _Check]] = {
+    "checkpoint": {
+        "dir": _Check("a directory path on the hosts (a non-empty string)", _text),
+        "owner": _Check(
+            '"rank0", "per-node", "all" or "host:NAME/gpu:I" (I an integer >= 0)', _owner
+        ),
+    },
+    "restart": {
+        "max_restarts": _Check("an integer >= 0", _int_at_least(0)),
+        "on_exit_codes": _Check(
+            "a list of exit codes 1..255 (a death by signal N exits with 128+N)", _exit_codes
+        ),
+    },
+    "mpi": {"custom_options": _Check("a list of strings", _strings)},
+    "log": {"loss_pattern": _Check(_LOSS_EXPECTED, _loss_pattern)},
+}
+_REQUIRED = ("name", "command")
+
+
+def _unknown_field(key: str, known: list[str]) -> str:
+    hint = difflib.get_close_matches(key, known, n=1)
+    did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return f"one of the known fields {', '.join(sorted(known))}{did_you_mean}"
+
+
+def _checked(
+    raw: Mapping[str, Any], checks: Mapping[str, _Check], path: Path | None, prefix: str
+) -> dict[str, Any]:
+    """Check every key of one table; unknown keys are errors. ``prefix``: "" or "restart."."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        check = checks.get(key)
+        if check is None:
+            raise JobSpecError(path, prefix + key, _unknown_field(key, list(checks)))
+        try:
+            out[key] = check.convert(value)
+        except _Bad as bad:
+            name = prefix + key + (f".{bad.sub}" if bad.sub else "")
+            got = value if bad.got is None else bad.got
+            raise JobSpecError(path, name, bad.expected or check.expected, got) from None
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading.
+
+
+def load_jobspec(path: str | os.PathLike[str]) -> JobSpec:
+    """Read and check a job spec file."""
+    target = Path(os.path.expanduser(os.fspath(path)))
+    try:
+        text = target.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise JobSpecError(target, None, "an existing job spec file") from None
+    except UnicodeDecodeError as e:
+        raise JobSpecError(target, None, f"UTF-8 text ({e})") from None
+    except OSError as e:
+        raise JobSpecError(target, None, f"a readable file ({e.strerror or e})") from None
+    return jobspec_from_toml(text, target)
+
+
+def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> JobSpec:
+    """Check a job spec given as TOML text; ``path`` names it in errors and anchors ``workdir``.
+
+    Without a path, a relative ``workdir`` is taken relative to the current directory.
+    """
+    where = Path(path) if path is not None else None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise JobSpecError(where, None, f"valid TOML ({e})") from None
+
+    for key in data:
+        if key not in _TOP_FIELDS and key not in _TABLES:
+            raise JobSpecError(where, key, _unknown_field(key, [*_TOP_FIELDS, *_TABLES]))
+    top = {k: v for k, v in data.items() if k not in _TABLES}
+    values = _checked(top, _TOP_FIELDS, where, "")
+    tables: dict[str, dict[str, Any]] = {}
+    for name, checks in _TABLES.items():
+        raw = data.get(name, {})
+        if not isinstance(raw, dict):
+            raise JobSpecError(where, name, f"a table ([{name}])", raw)
+        tables[name] = _checked(raw, checks, where, f"{name}.")
+
+    for key in _REQUIRED:
+        if key not in values:
+            raise JobSpecError(where, key, f"{_TOP_FIELDS[key].expected} (required)")
+
+    hosts: tuple[str, ...] = values.get("hosts", ())
+    nodes: int | None = values.get("nodes")
+    if hosts and nodes is not None and nodes != len(hosts):
+        raise JobSpecError(
+            where, "nodes", f"the number of hosts listed in 'hosts' ({len(hosts)})", nodes
+        )
+    gpus: int | None = values.get("gpus_per_node")
+    procs: int | None = values.get("processes_per_node")
+    if gpus is not None and procs is not None:
+        raise JobSpecError(
+            where,
+            "processes_per_node",
+            "only one of gpus_per_node (hosts with GPUs) and processes_per_node (hosts without)",
+            procs,
+        )
+    if gpus is None and procs is None:
+        procs = 1
+
+    base = where.parent if where is not None else Path.cwd()
+    workdir = os.path.normpath(os.path.join(os.path.abspath(base), values.get("workdir", ".")))
+    checkpoint = tables["checkpoint"]
+    restart = tables["restart"]
+    return JobSpec(
+        name=values["name"],
+        command=values["command"],
+        workdir=workdir,
+        launcher=values.get("launcher", "direct"),
+        nodes=nodes,
+        hosts=hosts,
+        gpus_per_node=gpus,
+        processes_per_node=procs,
+        env=values.get("env", ()),
+        max_runtime_s=values.get("max_runtime", DEFAULT_MAX_RUNTIME_S),
+        grace_s=values.get("grace", DEFAULT_GRACE_S),
+        hyperparameters=values.get("hyperparameters", ()),
+        checkpoint=CheckpointSpec(
+            dir=checkpoint.get("dir"), owner=checkpoint.get("owner", "rank0")
+        ),
+        restart=RestartSpec(
+            max_restarts=restart.get("max_restarts", 0),
+            on_exit_codes=restart.get("on_exit_codes", ()),
+        ),
+        mpi_custom_options=tables["mpi"].get("custom_options", ()),
+        loss_pattern=tables["log"].get("loss_pattern"),
+        total_steps=values.get("total_steps"),
+        channels=values.get("channels", ()),
+        path=where,
+    )
+
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _type_name(value: Any) -> str:
+    return {
+        bool: "boolean",
+        int: "integer",
+        float: "float",
+        str: "string",
+        list: "array",
+        dict: "table",
+    }.get(type(value), type(value).__name__)
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = '"' + "".join(_TOML_ESCAPES.get(c, c) for c in value) + '"'
+    else:
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
