@@ -686,7 +686,7 @@ def _local_addresses() -> Dict[str, str]:
     return out
 
 
-def _proc_route_iface(addr: str) -> Optional[str]:
+def _proc_route_iface(addr: str, path: str = "/proc/net/route") -> Optional[str]:
     """The interface of the most specific IPv4 route in /proc/net/route that covers ``addr``
     (the default route when nothing narrower does)."""
     try:
@@ -695,7 +695,7 @@ def _proc_route_iface(addr: str) -> Optional[str]:
         target = None
     best = None  # type: Optional[Tuple[int, int, str]]
     try:
-        with open("/proc/net/route") as f:
+        with open(path) as f:
             lines = f.read().splitlines()[1:]
     except OSError:
         return None

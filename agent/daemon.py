@@ -261,7 +261,7 @@ class Daemon:
 
         loop = asyncio.get_event_loop()
         sample = await loop.run_in_executor(None, lambda: self._collector_instance().sample())
-        return sample_to_dict(sample)
+        return sample if isinstance(sample, dict) else sample_to_dict(sample)
 
     async def _ticker(self) -> None:
         """Collect at the current rate while someone listens; publish the latest value only."""

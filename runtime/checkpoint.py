@@ -383,8 +383,7 @@ class Checkpointer:
         """(step, state) of the newest complete checkpoint whose bytes match its manifest, or None.
 
         With a process group up (and ``broadcast`` not False) one owner reads and every rank gets
-        its copy, so ranks on hosts without the checkpoint resume from the same step; tensors
-        then arrive on the CPU (``load_state_dict`` copies them to the model's device). Under
+        its copy, so ranks on hosts without the checkpoint resume from the same step. Under
         ``all``, ``state`` is the state_dict to load into (dcp loads in place); every rank reads.
         """
         if self.policy == "all":
@@ -394,14 +393,13 @@ class Checkpointer:
             broadcast = dist is not None and dist.get_world_size() > 1
         if not broadcast or dist is None:
             return self._load_local(map_location, weights_only)
-        flags: List[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(flags, bool(self.is_owner))
-        src = flags.index(True) if True in flags else 0
-        box: List[Any] = [None]
+        src = _min_rank(dist, self.info.rank if self.is_owner else None)
+        payload = None
         if self.info.rank == src:
-            box[0] = self._load_local("cpu", weights_only)
-        dist.broadcast_object_list(box, src=src)
-        return box[0]
+            result = self._load_local("cpu", weights_only)
+            payload = b"" if result is None else _dumps(result)
+        data = _broadcast_bytes(dist, payload, src)
+        return None if not data else _loads(data, map_location, weights_only)
 
     def _load_local(self, map_location: Any, weights_only: bool) -> Optional[Tuple[int, Any]]:
         import torch
@@ -420,20 +418,22 @@ class Checkpointer:
 
         if state is None:
             raise TypeError("Checkpointer(owner='all').load_latest needs state= (loaded in place)")
-        choice: List[Any] = [None]
+        choice: Optional[List[Any]] = None
         dist = _dist()
         if self.info.rank == 0 or dist is None:
             for step, name, manifest in reversed(self.complete()):
                 problem = self._verify(name, manifest)
                 if problem is None:
-                    choice[0] = (step, name)
+                    choice = [step, name]
                     break
                 _warn(f"skipping checkpoint {name}: {problem}")
         if dist is not None and dist.get_world_size() > 1:
-            dist.broadcast_object_list(choice, src=0)
-        if choice[0] is None:
+            # Rank 0 picks, so every rank loads the same checkpoint.
+            data = _broadcast_bytes(dist, json.dumps(choice).encode(), 0)
+            choice = json.loads(data.decode())
+        if choice is None:
             return None
-        step, name = choice[0]
+        step, name = choice
         dcp.load(state, checkpoint_id=os.path.join(self.dir, name))
         return step, state
 
@@ -462,6 +462,65 @@ class Checkpointer:
                     _remove(os.path.join(self.dir, entry))
         except OSError as e:
             _warn(f"could not prune old checkpoints in {self.dir}: {e}")
+
+
+def _min_rank(dist: Any, mine: Optional[int]) -> int:
+    """The lowest rank that offered itself (``mine`` not None), else 0."""
+    import torch
+
+    world = dist.get_world_size()
+    t = torch.tensor([world if mine is None else mine], dtype=torch.long, device=_device(dist))
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    found = int(t.item())
+    return found if found < world else 0
+
+
+def _device(dist: Any) -> Any:
+    import torch
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _broadcast_bytes(dist: Any, payload: Optional[bytes], src: int) -> bytes:
+    """``payload`` from rank ``src`` to every rank, through tensors only (the ``*_object``
+    collectives need numpy, which a training host may lack)."""
+    import ctypes
+
+    import torch
+
+    device = _device(dist)
+    size = torch.tensor([len(payload or b"")], dtype=torch.long, device=device)
+    dist.broadcast(size, src=src)
+    n = int(size.item())
+    if n == 0:
+        return b""
+    if payload is not None:
+        buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
+    else:
+        buf = torch.empty(n, dtype=torch.uint8, device=device)
+    dist.broadcast(buf, src=src)
+    host = buf.cpu().contiguous()
+    return ctypes.string_at(host.data_ptr(), n)
+
+
+def _dumps(obj: Any) -> bytes:
+    import io
+
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _loads(data: bytes, map_location: Any, weights_only: bool) -> Any:
+    import io
+
+    import torch
+
+    return torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
 
 
 def _checkpoint_name(step: int) -> str:

@@ -97,9 +97,8 @@ class Reporter:
                 self._fd = None
 
 
-_default: Optional[Reporter] = None
-_default_key: Optional[str] = None
 _NONE = Reporter(None, 0)
+_current: Optional[Reporter] = None
 
 
 def _rank_from_env(env: Mapping[str, str]) -> int:
@@ -115,26 +114,29 @@ def _rank_from_env(env: Mapping[str, str]) -> int:
 
 
 def reporter() -> Reporter:
-    """This process's reporter, (re)opened when ``$RIGDECK_METRICS_DIR`` changes."""
-    global _default, _default_key
-    key = os.environ.get(METRICS_DIR_ENV)
-    if key == _default_key and _default is not None:
-        return _default
-    if _default is not None:
-        _default.close()
-    _default = Reporter(key, _rank_from_env(os.environ)) if key else _NONE
-    _default_key = key
-    return _default
+    """This process's reporter. ``$RIGDECK_METRICS_DIR`` is read once, on first use (reading the
+    environment costs more than the rest of a no-op report); ``reset()`` reads it again."""
+    global _current
+    if _current is None:
+        metrics_dir = os.environ.get(METRICS_DIR_ENV)
+        _current = Reporter(metrics_dir, _rank_from_env(os.environ)) if metrics_dir else _NONE
+    return _current
+
+
+def reset() -> None:
+    """Close this process's metrics file; the next report() looks at the environment again."""
+    global _current
+    if _current is not None:
+        _current.close()
+    _current = None
 
 
 def report(step: Optional[int] = None, loss: Any = None, **metrics: Any) -> None:
     """Append ``{"time", "rank", "step", "loss", **metrics}`` to this rank's metrics file.
 
-    Values: ints, floats, strings, bools, or scalars with ``.item()`` (torch tensors). Costs next
-    to nothing when ``$RIGDECK_METRICS_DIR`` is unset.
+    Values: ints, floats, strings, bools, or scalars with ``.item()`` (torch tensors). A no-op
+    costing well under a microsecond when ``$RIGDECK_METRICS_DIR`` is unset.
     """
-    key = os.environ.get(METRICS_DIR_ENV)
-    if key is None:
-        return
-    rep = _default if (key == _default_key and _default is not None) else reporter()
-    rep.step(step, loss, **metrics)
+    rep = _current if _current is not None else reporter()
+    if rep is not _NONE:
+        rep.step(step, loss, **metrics)

@@ -194,3 +194,61 @@ def test_oversized_message_gets_an_error_and_the_daemon_carries_on(live: SocketC
     assert reply["ok"] is False and reply["error"]["code"] == protocol.TOO_LARGE
     live.send(protocol.encode(protocol.request(2, "ping")))
     assert live.recv()["id"] == 2
+
+
+class _BigSamples:
+    """A collector whose samples are large, to fill socket buffers quickly."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def sample(self) -> dict:
+        self.n += 1
+        return {"seq": self.n, "time": time.time(), "pad": "x" * 200_000}
+
+    def set_interval(self, seconds: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_slow_reader_gets_the_latest_sample_not_a_backlog(tmp_path: Path) -> None:
+    import asyncio
+    import threading
+
+    from agent.daemon import Daemon
+
+    d = Daemon(str(tmp_path / "state"), collector_factory=_BigSamples)
+    assert d.acquire_lock()
+    loop = asyncio.new_event_loop()
+    t = threading.Thread(target=lambda: loop.run_until_complete(d.serve()), daemon=True)
+    t.start()
+    try:
+        for _ in range(100):
+            if os.path.exists(d.paths.socket):
+                break
+            time.sleep(0.05)
+        c = SocketClient(d.paths.socket)
+        c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        c.send(protocol.encode(protocol.hello()))
+        c.send(protocol.encode(protocol.request(1, "subscribe", rate_hz=10)))
+        time.sleep(4.0)  # ~40 samples of 200 kB are produced while we read nothing
+        seqs = []
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline:
+            msg = c.recv()
+            if msg.get("event") == "telemetry":
+                seqs.append(msg["data"]["seq"])
+                if msg["data"]["seq"] >= d._latest_seq - 1 and len(seqs) > 3:
+                    break
+        produced = d._latest_seq
+        assert produced >= 30
+        # Only a few samples were buffered on the way; the rest were skipped, not queued.
+        assert len(seqs) < produced / 2, (len(seqs), produced)
+        assert any(b - a > 1 for a, b in zip(seqs, seqs[1:], strict=False)), seqs
+        assert seqs[-1] >= produced - 2
+    finally:
+        loop.call_soon_threadsafe(d._stop_now)
+        t.join(5)
+        d.release_lock()

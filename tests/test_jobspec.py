@@ -310,7 +310,7 @@ BAD = [
     pytest.param(
         "[log]\nloss_pattern = '(loss)=([0-9.]+)'",
         "log.loss_pattern",
-        "(it has 2)",
+        "(it has 2 groups)",
         id="regex-two-groups",
     ),
     pytest.param('[channels]\ntrain = ""', "channels.train", "a path on the hosts", id="channel"),

@@ -104,7 +104,7 @@ class JobManager:
 
     # -- placement --------------------------------------------------------------------------
 
-    def capacity(self, hosts: Sequence[str]) -> list[HostCapacity]:
+    def capacity(self, hosts: Sequence[str], skip: str | None = None) -> list[HostCapacity]:
         """What every host has and has free: its latest sample plus the jobs its agent runs."""
         samples = self.ctl.request_many(hosts, "sample", timeout=30)
         job_lists = self.ctl.request_many(
@@ -118,7 +118,8 @@ class JobManager:
             if not isinstance(jobs, list):
                 continue
             for j in jobs:
-                if j.get("state") not in TERMINAL and j.get("nodes") and j["job_id"] not in self.scheduler.reservations():
+                if (j.get("state") not in TERMINAL and j.get("nodes") and j["job_id"] != skip
+                        and j["job_id"] not in self.scheduler.reservations()):
                     self.scheduler.adopt(j["job_id"], Placement.from_plan_nodes(j["nodes"]))
         return capacity_from_state(state.snapshot(), self.ctl.inventory)
 
@@ -286,7 +287,7 @@ class JobManager:
                 self.scheduler.release(job_id)
                 dead = [h for h, s in states.items() if not isinstance(s, dict)]
                 candidates = [h for h in (list(spec.hosts) or self.ctl.inventory.names) if h not in dead]
-                capacity = self.capacity(candidates)
+                capacity = self.capacity(candidates, skip=job_id)
                 try:
                     placement = self.scheduler.reserve(job_id, spec, capacity, exclude_hosts=dead)
                 except PlacementError as e:

@@ -458,7 +458,7 @@ def _loss_pattern(v: Any) -> str:
     except re.error as e:
         raise _Bad(f"{_LOSS_EXPECTED} (it does not compile: {e})") from None
     if "loss" not in rx.groupindex and rx.groups != 1:
-        raise _Bad(f"{_LOSS_EXPECTED} (it has {rx.groups})")
+        raise _Bad(f"{_LOSS_EXPECTED} (it has {rx.groups} groups)")
     return v
 
 

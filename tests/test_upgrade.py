@@ -1,0 +1,96 @@
+"""A newer agent meets an older daemon: it hands over at once when idle, and waits for its jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tui.bundle import REPO_ROOT, AgentBundle, build_agent
+from tui.controller import Controller
+from tui.inventory import HostSpec, Inventory
+from tui.monitor import Monitor
+
+
+def old_bundle(tmp: Path) -> AgentBundle:
+    """The same agent with one changed byte: a different version, as after an upgrade."""
+    src = tmp / "old-src"
+    for pkg in ("agent", "runtime"):
+        shutil.copytree(REPO_ROOT / pkg, src / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    with open(src / "agent" / "__init__.py", "a") as f:
+        f.write("# an older build\n")
+    return build_agent(tmp / "old-cache", root=src)
+
+
+def wait_until(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[tuple[Inventory, Path]]:
+    state = tmp_path / "state"
+    spec = HostSpec(name="here", address="localhost", transport="local", python=sys.executable,
+                    state_dir=str(state), sim_gpus=1)
+    yield Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"), state
+    pid_file = state / "run" / "daemon.pid"
+    if pid_file.exists():
+        try:
+            os.kill(int(pid_file.read_text()), 9)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
+def start_old_daemon(inv: Inventory, old: AgentBundle) -> int:
+    with Controller(inv, bundle_factory=lambda: old) as ctl:
+        report = ctl.probe()[0] if ctl.deploy()[0].error is None else None
+    assert report is not None and report.agent_version == old.version and report.agent_pid
+    return report.agent_pid
+
+
+def test_idle_old_daemon_hands_over_to_the_new_agent(local: tuple[Inventory, Path], tmp_path: Path) -> None:
+    inv, state = local
+    old, new = old_bundle(tmp_path), build_agent(tmp_path / "new-cache")
+    assert old.version != new.version
+    old_pid = start_old_daemon(inv, old)
+    with Monitor(Controller(inv, bundle_factory=lambda: new)) as mon:
+        wait_until(lambda: mon.state.get("here").agent_version == new.version
+                   and mon.state.get("here").samples > 0, 30, "the new daemon streaming")
+        h = mon.state.get("here")
+        assert h.agent_pid != old_pid and h.upgrade_pending is None
+    assert "handing over to" in (state / "agent.log").read_text()
+
+
+def test_busy_old_daemon_keeps_its_job_and_upgrades_when_idle(local: tuple[Inventory, Path], tmp_path: Path) -> None:
+    inv, state = local
+    old, new = old_bundle(tmp_path), build_agent(tmp_path / "new-cache")
+    old_pid = start_old_daemon(inv, old)
+    # A job the old daemon looks after: its job host process is alive.
+    job_host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    job_dir = state / "jobs" / "j1"
+    job_dir.mkdir(parents=True)
+    (job_dir / "state.json").write_text(json.dumps({"job_id": "j1", "state": "running", "jobhost_pid": job_host.pid}))
+    try:
+        with Monitor(Controller(inv, bundle_factory=lambda: new)) as mon:
+            wait_until(lambda: mon.state.get("here").upgrade_pending == new.version
+                       and mon.state.get("here").samples > 0, 30, "upgrade pending, old daemon streaming")
+            h = mon.state.get("here")
+            assert h.agent_pid == old_pid and h.agent_version == old.version
+            job_host.kill()  # the job ends
+            job_host.wait()
+            wait_until(lambda: mon.state.get("here").agent_version == new.version, 30, "handover after the job")
+            assert mon.state.get("here").agent_pid != old_pid
+    finally:
+        if job_host.poll() is None:
+            job_host.kill()
