@@ -51,6 +51,14 @@ def tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 16384) -> List[str
 
 def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: List[str]) -> int:
     env = dict(os.environ)
+    if env.get("RIGDECK_LAUNCHER") == "mpirun":
+        # mpirun exported the primary's environment to every host: put this host's own view of
+        # the cluster (written here by this host's agent, same job path) back on top.
+        from agent.clusterfiles import load_node_env
+
+        mine = load_node_env(job_dir)
+        if mine:
+            env.update(mine)
     if rank is None:
         rank = _first_int(env, ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])
     if local_rank is None:

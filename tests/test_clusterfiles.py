@@ -70,7 +70,7 @@ def test_global_ranks_follow_the_slots_of_the_nodes_before() -> None:
     plan = make_plan()
     assert [cf.global_ranks(plan, i) for i in range(3)] == [[0, 1], [2, 3], [4, 5]]
     uneven = make_plan()
-    for n, s in zip(uneven["nodes"], (3, 1, 2)):
+    for n, s in zip(uneven["nodes"], (3, 1, 2), strict=True):
         n["slots"] = s
     assert [cf.global_ranks(uneven, i) for i in range(3)] == [[0, 1, 2], [3], [4, 5]]
     with pytest.raises(ValueError):
@@ -114,7 +114,8 @@ def test_every_view_agrees_with_the_placement(tmp_path: Path, gpus: bool, i: int
     assert spec["job"]["job_id"] == plan["job_id"]
     tf = json.loads(env["TF_CONFIG"])
     assert tf["cluster"] == {"chief": eps[:1], "worker": eps[1:]}
-    assert tf["task"] == ({"type": "chief", "index": 0} if i == 0 else {"type": "worker", "index": i - 1})
+    assert tf["task"] == ({"type": "chief", "index": 0} if i == 0
+                          else {"type": "worker", "index": i - 1})
     assert tf["environment"] == "cloud"
     # torch
     assert env["MASTER_ADDR"] == env["RIGDECK_MASTER_ADDR"] == ADDRS[0]
@@ -178,8 +179,9 @@ def test_sagemaker_tree_and_variables(tmp_path: Path) -> None:
     assert read(config / "inputdataconfig.json") == {}
     expected = {
         "SM_HOSTS", "SM_CURRENT_HOST", "SM_NETWORK_INTERFACE_NAME", "SM_HPS", "SM_CHANNELS",
-        "SM_RESOURCE_CONFIG", "SM_INPUT_DATA_CONFIG", "SM_OUTPUT_DATA_DIR", "SM_CURRENT_INSTANCE_TYPE",
-        "SM_CURRENT_INSTANCE_GROUP", "SM_INSTANCE_GROUPS", "SM_NUM_CPUS", "SM_NUM_GPUS",
+        "SM_RESOURCE_CONFIG", "SM_INPUT_DATA_CONFIG", "SM_OUTPUT_DATA_DIR",
+        "SM_CURRENT_INSTANCE_TYPE", "SM_CURRENT_INSTANCE_GROUP", "SM_INSTANCE_GROUPS",
+        "SM_NUM_CPUS", "SM_NUM_GPUS",
         "SM_MODEL_DIR", "SM_INPUT_DIR", "SM_INPUT_CONFIG_DIR", "SM_OUTPUT_DIR",
         "SM_OUTPUT_INTERMEDIATE_DIR", "SM_TRAINING_ENV", "SM_USER_ARGS", "SM_LOG_LEVEL",
         "SM_MODULE_NAME", "SM_USER_ENTRY_POINT", "SM_FRAMEWORK_PARAMS", "SM_MODULE_DIR",
@@ -201,7 +203,8 @@ def test_sagemaker_tree_and_variables(tmp_path: Path) -> None:
                 "output_data_dir", "channel_input_dirs", "resource_config", "job_name", "log_level",
                 "input_data_config", "network_interface_name", "master_hostname", "is_master"):
         assert key in te, key
-    assert te["job_name"] == plan["job_id"] and te["master_hostname"] == HOSTS[0] and te["is_master"]
+    assert te["job_name"] == plan["job_id"] and te["master_hostname"] == HOSTS[0]
+    assert te["is_master"]
     assert te["model_dir"] == env["SM_MODEL_DIR"]
     # the toolkit's encoding: strings as they are, everything else compact sorted JSON
     assert env["SM_NUM_GPUS"] == "2" and env["SM_HOSTS"] == json.dumps(HOSTS, separators=(",", ":"))
@@ -335,13 +338,14 @@ def test_rank_env_gives_global_ranks_and_one_gpu_each(gpus: bool) -> None:
         cf.rank_env(plan, 0, 2)
 
 
-# -- MPI ---------------------------------------------------------------------------------------------
+# -- MPI ------------------------------------------------------------------------------------------
 
 
 def test_mpi_hostfile_lists_addresses_in_rank_order() -> None:
     plan = make_plan()
     plan["nodes"][2]["slots"] = 3
-    assert cf.mpi_hostfile(plan) == "10.213.1.13 slots=2\n10.213.1.11 slots=2\n10.213.1.12 slots=3\n"
+    assert cf.mpi_hostfile(plan) == (
+        "10.213.1.13 slots=2\n10.213.1.11 slots=2\n10.213.1.12 slots=3\n")
 
 
 def test_mpirun_argv(tmp_path: Path) -> None:
@@ -455,8 +459,8 @@ def test_agent_module_runs_on_python_3_9(tmp_path: Path) -> None:
         "env = c.node_env(plan, 1, sys.argv[3], c.route_interface('127.0.0.1'))\n"
         "print(json.dumps(env))\n"
     )
-    out = subprocess.run([py39, "-c", code, str(ROOT), json.dumps(make_plan()), str(tmp_path / "j")],
-                         capture_output=True, text=True, check=True).stdout
+    argv = [py39, "-c", code, str(ROOT), json.dumps(make_plan()), str(tmp_path / "j")]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     env = json.loads(out)
     assert env["RIGDECK_CURRENT_HOST"] == HOSTS[1] and env["NCCL_SOCKET_IFNAME"] == "lo"
 

@@ -24,7 +24,11 @@ from tui.transport import (
     Transport,
     TransportError,
     UnknownHostKeyError,
+    fingerprint,
+    hostkey_name,
     make_transport,
+    record_host_key,
+    scan_host_key,
 )
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,17 @@ class HostReport:
         d = asdict(self)
         d["elapsed_s"] = round(self.elapsed_s, 3)
         return d
+
+
+def host_key_info(e: TransportError) -> dict[str, str] | None:
+    """What a host key error tells the user: key type and SHA256 fingerprint (and the expected
+    fingerprint when the key changed); None for other errors."""
+    if isinstance(e, UnknownHostKeyError):
+        return {"type": e.key_type, "fingerprint": e.fingerprint, "name": e.hostkey_name}
+    if isinstance(e, HostKeyChangedError):
+        return {"fingerprint": e.fingerprint, "expected": e.expected_fingerprint,
+                "name": e.hostkey_name}
+    return None
 
 
 def _report_for(spec: HostSpec) -> HostReport:
@@ -268,6 +283,34 @@ class Controller:
         return env
 
     # -- what the CLI and app call ---------------------------------------------------------
+
+    def trust_host_key(self, host: str, expected_fingerprint: str) -> str:
+        """Record the key ``host`` presents in known_hosts, if it is the one the user checked.
+
+        The key is fetched again and compared with ``expected_fingerprint`` (what the user was
+        shown), so a key swapped in between is refused. Returns the recorded known_hosts name.
+        """
+        spec = self.inventory.get(host)
+        if spec.is_local:
+            raise TransportError(host, "a local host has no host key")
+        if spec.proxy_jump:
+            raise TransportError(
+                host, "behind a ProxyJump: check the key, then run `rigdeck hosts "
+                f"{host} --accept-new`")
+        try:
+            key = scan_host_key(spec.address, spec.port, timeout=spec.connect_timeout)
+        except Exception as e:  # OSError, EOFError, paramiko.SSHException: all mean "no key"
+            raise TransportError(
+                host, f"cannot fetch the host key of {spec.address}:{spec.port}: {e}") from None
+        got = fingerprint(key)
+        if got != expected_fingerprint:
+            raise TransportError(
+                host, f"the host now presents {key.get_name()} {got}, not the "
+                f"{expected_fingerprint} you checked; nothing recorded")
+        name = hostkey_name(spec.address, spec.port)
+        record_host_key(self.inventory.known_hosts, name, key)
+        log.warning("%s: trusted host key %s %s for %s", host, key.get_name(), got, name)
+        return name
 
     def probe(self, names: Sequence[str] | None = None) -> list[HostReport]:
         """Reach every host and report its facts and deployed agent, deploying nothing."""

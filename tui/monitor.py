@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from tui.agentlink import AgentLink
-from tui.controller import Controller, _report_for
+from tui.controller import Controller, _report_for, host_key_info
 from tui.inventory import HostSpec
 from tui.state import ClusterState, HostStatus
 from tui.transport import Backoff, Transport, TransportError, UnreachableError, make_transport
@@ -89,7 +89,8 @@ class Monitor:
             try:
                 self._session(spec, kick, backoff)
             except TransportError as e:
-                self.state.set_status(spec.name, HostStatus.DOWN, e.detail)
+                self.state.set_status(spec.name, HostStatus.DOWN, e.detail, kind=e.kind,
+                                      host_key=host_key_info(e))
                 log.info("%s: %s", spec.name, e)
             except Exception as e:  # a bug in one reader must not end it for good
                 log.exception("%s: reader failed", spec.name)

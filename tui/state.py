@@ -43,6 +43,10 @@ class HostState:
     address: str
     status: HostStatus = HostStatus.CONNECTING
     reason: str | None = None
+    # Why it is down, when a transport error said so: its kind ("unknown-host-key", ...) and,
+    # for host key problems, {"type", "fingerprint"[, "expected"]} for the app's trust dialog.
+    error_kind: str | None = None
+    host_key: dict[str, str] | None = None
     agent_version: str | None = None
     agent_pid: int | None = None
     hostname: str | None = None
@@ -66,6 +70,8 @@ class HostState:
             "address": self.address,
             "status": self.status.value,
             "reason": self.reason,
+            "error_kind": self.error_kind,
+            "host_key": self.host_key,
             "agent_version": self.agent_version,
             "agent_pid": self.agent_pid,
             "hostname": self.hostname,
@@ -90,14 +96,24 @@ class ClusterState:
     def _changed(self) -> None:
         self.version += 1
 
-    def set_status(self, host: str, status: HostStatus, reason: str | None = None) -> None:
+    def set_status(
+        self,
+        host: str,
+        status: HostStatus,
+        reason: str | None = None,
+        *,
+        kind: str | None = None,
+        host_key: dict[str, str] | None = None,
+    ) -> None:
         with self._lock:
             h = self.hosts[host]
-            if h.status != status or h.reason != reason:
+            if (h.status, h.reason, h.error_kind, h.host_key) != (status, reason, kind, host_key):
                 if h.status != status:
                     h.status_since = time.monotonic()
                 h.status = status
                 h.reason = reason
+                h.error_kind = kind
+                h.host_key = host_key
                 self._changed()
 
     def set_agent(self, host: str, hello: dict[str, Any], upgrade_pending: str | None = None) -> None:
@@ -137,6 +153,8 @@ class ClusterState:
             if h.status != HostStatus.UP:
                 h.status = HostStatus.UP
                 h.reason = None
+                h.error_kind = None
+                h.host_key = None
                 h.status_since = now
             self._changed()
 

@@ -1,0 +1,670 @@
+"""What the app shows about jobs, fetched off the UI thread: the fetch side of the job panels.
+
+``JobWatch`` runs one poller thread. Each round it lists the job history, applies the gang rules
+to every live job (``JobManager.supervise_once``, as every controller that looks at a job does),
+reads new metrics records from each host by byte offset (never the whole file again) and, for
+the job the user has open, new log lines. It folds them into plain per-job state (loss by step,
+step rate, ranks, checkpoint saves and owner moves) and publishes immutable snapshots. The app
+samples ``snapshot()`` on a timer; nothing here knows about Textual.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from tui.jobspec import JobSpec
+from tui.transport import TransportError
+
+log = logging.getLogger(__name__)
+
+TERMINAL = ("succeeded", "failed", "stopped")
+RATE_WINDOW_S = 30.0
+LOG_LIMIT = 200_000  # lines kept per job; the oldest half goes when it is reached
+LOG_CHUNKS_PER_ROUND = 8  # per rank, so one chatty rank cannot hold up a round
+
+
+# ---------------------------------------------------------------------------------------------
+# Plain data the app renders
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A checkpoint writer: a rank on a host's GPU (``gpu`` is the local rank without GPUs)."""
+
+    rank: int | None
+    host: str | None
+    gpu: int | None
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any] | None) -> Owner:
+        d = d or {}
+        return cls(d.get("rank"), d.get("host"), d.get("gpu"))
+
+    def label(self) -> str:
+        where = f"{self.host or '?'}/gpu{self.gpu}" if self.gpu is not None else (self.host or "?")
+        return where if self.rank is None else f"{where} r{self.rank}"
+
+
+@dataclass(frozen=True)
+class CheckpointSave:
+    step: int
+    status: str  # writing | done | failed
+    owner: Owner
+    bytes: int | None = None
+    seconds: float | None = None
+    time: float | None = None
+    path: str | None = None
+    error: str | None = None
+
+    @property
+    def speed_bps(self) -> float | None:
+        if self.bytes and self.seconds and self.seconds > 0:
+            return self.bytes / self.seconds
+        return None
+
+
+@dataclass(frozen=True)
+class OwnerMove:
+    time: float | None
+    policy: str | None
+    from_: Owner
+    to: Owner
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class CheckpointView:
+    """Who owns a job's checkpoints and what they wrote."""
+
+    policy: str
+    directory: str | None
+    owners: tuple[Owner, ...]  # current owners: from saves when any, else from the policy
+    last_done: CheckpointSave | None
+    saves: tuple[CheckpointSave, ...]  # one per (step, owner), in the order they started
+    moves: tuple[OwnerMove, ...]
+    failed: int
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One line of the jobs table (and the head of the job view)."""
+
+    job_id: str
+    name: str
+    state: str
+    placement: tuple[dict[str, Any], ...]
+    ranks_running: int
+    ranks_total: int
+    step: int | None
+    loss: float | None
+    step_rate: float | None  # steps per second
+    total_steps: int | None
+    created: float | None
+    started: float | None
+    ended: float | None
+    restarts: int
+    checkpoint_owner: str
+    cause: dict[str, Any] | None
+    unreachable: tuple[str, ...] = ()  # placement hosts that did not answer the last round
+
+    @property
+    def eta_s(self) -> float | None:
+        if self.total_steps is None or self.step is None or not self.step_rate:
+            return None
+        if self.state in TERMINAL:
+            return None
+        return max(0.0, (self.total_steps - (self.step + 1)) / self.step_rate)
+
+    def runtime_s(self, now: float) -> float | None:
+        if self.started is None:
+            return None
+        return max(0.0, (self.ended if self.ended is not None else now) - self.started)
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    row: JobRow
+    spec: dict[str, Any]
+    ranks: tuple[dict[str, Any], ...]
+    points: tuple[tuple[int, float], ...]  # (step, loss), steps ascending
+    points_version: int
+    checkpoints: CheckpointView
+    events: tuple[dict[str, Any], ...]
+    logs: LogBuffer
+
+
+@dataclass(frozen=True)
+class JobsSnapshot:
+    rows: tuple[JobRow, ...]
+    version: int
+    error: str | None = None
+    polled_at: float | None = None
+
+    def row(self, job_id: str) -> JobRow | None:
+        return next((r for r in self.rows if r.job_id == job_id), None)
+
+
+@dataclass(frozen=True)
+class StopPlan:
+    """What stopping a job touches, for the confirmation dialog."""
+
+    job_id: str
+    state: str
+    hosts: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]  # (host, ranks, GPUs)
+    grace_s: float
+
+    @property
+    def rank_count(self) -> int:
+        return sum(len(r) for _, r, _ in self.hosts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Logs
+
+
+class LogBuffer:
+    """A job's log lines as (host, rank, text), append-only; old lines drop off past ``limit``.
+
+    Indices are absolute: line ``i`` stays line ``i`` while it is kept (``base`` is the index of
+    the oldest one kept), so a view can cache by index.
+    """
+
+    def __init__(self, limit: int = LOG_LIMIT):
+        self._lock = threading.Lock()
+        self._lines: list[tuple[str, int, str]] = []
+        self.base = 0
+        self.limit = limit
+        self.ranks: set[int] = set()
+
+    def __len__(self) -> int:
+        return self.base + len(self._lines)
+
+    def extend(self, lines: Iterable[tuple[str, int, str]]) -> None:
+        new = list(lines)
+        if not new:
+            return
+        with self._lock:
+            self._lines.extend(new)
+            self.ranks.update(r for _, r, _ in new)
+            if len(self._lines) > self.limit:
+                drop = len(self._lines) - self.limit // 2
+                del self._lines[:drop]
+                self.base += drop
+
+    def get(self, index: int) -> tuple[str, int, str] | None:
+        i = index - self.base
+        if 0 <= i < len(self._lines):
+            return self._lines[i]
+        return None
+
+    def since(self, index: int) -> tuple[int, list[tuple[str, int, str]]]:
+        """(first index returned, lines from ``index`` on) — what a view has not seen yet."""
+        with self._lock:
+            start = max(index, self.base)
+            return start, self._lines[start - self.base:]
+
+
+# ---------------------------------------------------------------------------------------------
+# Folding metrics records
+
+
+class MetricsFold:
+    """Loss by step, step timing and checkpoint events of one job, from metrics records."""
+
+    def __init__(self) -> None:
+        self.loss: dict[int, tuple[int, float]] = {}  # step -> (rank that said it, loss)
+        self.steps: list[int] = []  # sorted
+        self.version = 0
+        self.lead_rank: int | None = None
+        self.timing: deque[tuple[float, int]] = deque(maxlen=4096)  # (time, step) of the lead rank
+        self.saves: dict[tuple[int, int | None, str | None], CheckpointSave] = {}
+        self.moves: list[OwnerMove] = []
+        self._points: tuple[tuple[int, float], ...] | None = ()
+
+    def apply(self, records: Iterable[Mapping[str, Any]], received_at: float) -> None:
+        changed = False
+        for r in records:
+            event = r.get("event")
+            if event == "checkpoint":
+                self._checkpoint(r)
+                continue
+            if event == "checkpoint_owner":
+                self.moves.append(OwnerMove(r.get("time"), r.get("policy"), Owner.from_json(r.get("from")),
+                                            Owner.from_json(r.get("to")), r.get("reason")))
+                continue
+            if event is not None:
+                continue
+            step, loss, rank = r.get("step"), r.get("loss"), r.get("rank")
+            if not isinstance(step, int) or isinstance(step, bool):
+                continue
+            if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+                rank_i = rank if isinstance(rank, int) else 1 << 30
+                have = self.loss.get(step)
+                if have is None:
+                    bisect.insort(self.steps, step)
+                if have is None or rank_i <= have[0]:
+                    self.loss[step] = (rank_i, float(loss))
+                    changed = True
+            if isinstance(rank, int) and (self.lead_rank is None or rank < self.lead_rank):
+                self.lead_rank = rank
+                self.timing.clear()
+            if rank == self.lead_rank or rank is None:
+                t = r.get("time")
+                self.timing.append((float(t) if isinstance(t, (int, float)) else received_at, step))
+        if changed:
+            self.version += 1
+            self._points = None
+
+    def _checkpoint(self, r: Mapping[str, Any]) -> None:
+        owner = Owner.from_json(r.get("owner"))
+        step = r.get("step")
+        if not isinstance(step, int):
+            return
+        key = (step, owner.rank, owner.host)
+        prev = self.saves.get(key)
+        save = CheckpointSave(
+            step=step, status=str(r.get("status") or "?"), owner=owner, bytes=r.get("bytes"),
+            seconds=r.get("seconds"), time=r.get("time"), path=r.get("path"), error=r.get("error"),
+        )
+        if prev is not None:
+            self.saves[key] = replace(save, time=prev.time or save.time)  # keep its start time
+        else:
+            self.saves[key] = save
+
+    @property
+    def points(self) -> tuple[tuple[int, float], ...]:
+        if self._points is None:
+            self._points = tuple((s, self.loss[s][1]) for s in self.steps)
+        return self._points
+
+    @property
+    def last(self) -> tuple[int | None, float | None]:
+        if not self.steps:
+            return None, None
+        s = self.steps[-1]
+        return s, self.loss[s][1]
+
+    def step_rate(self) -> float | None:
+        """Steps per second of the lead rank over the last ``RATE_WINDOW_S`` of its records."""
+        if len(self.timing) < 2:
+            return None
+        t1, s1 = self.timing[-1]
+        t0, s0 = t1, s1
+        for t, s in reversed(self.timing):
+            if t1 - t > RATE_WINDOW_S:
+                break
+            t0, s0 = t, s
+        if t1 <= t0 or s1 <= s0:
+            return None
+        return (s1 - s0) / (t1 - t0)
+
+
+def expected_owners(policy: str, ranks: Sequence[Mapping[str, Any]],
+                    placement: Sequence[Mapping[str, Any]]) -> tuple[tuple[Owner, ...], OwnerMove | None]:
+    """Who the policy makes write checkpoints, from the ranks the job runs (or its placement)."""
+    rows = list(ranks)
+    if not rows:  # not started yet: derive ranks from the placement
+        rank = 0
+        for node in placement:
+            gpus = list(node.get("gpus") or [])
+            for local in range(int(node.get("slots") or 0)):
+                rows.append({"rank": rank, "host": node.get("host"), "local_rank": local,
+                             "gpu": gpus[local] if local < len(gpus) else None})
+                rank += 1
+
+    def owner(r: Mapping[str, Any]) -> Owner:
+        gpu = r.get("gpu")
+        return Owner(r.get("rank"), r.get("host"), gpu if gpu is not None else r.get("local_rank"))
+
+    rank0 = [owner(r) for r in rows if r.get("rank") == 0]
+    if policy == "rank0":
+        return tuple(rank0), None
+    if policy == "per-node":
+        return tuple(owner(r) for r in rows if r.get("local_rank") == 0), None
+    if policy == "all":
+        return tuple(owner(r) for r in rows), None
+    if policy.startswith("host:") and "/gpu:" in policy:
+        host, _, gpu_s = policy[len("host:"):].partition("/gpu:")
+        try:
+            gpu = int(gpu_s)
+        except ValueError:
+            return (), None
+        hosts = {r.get("host") for r in rows}
+        if host not in hosts:
+            move = OwnerMove(None, policy, Owner(None, host, gpu), rank0[0] if rank0 else Owner(0, None, None),
+                             f"host {host} not in this run")
+            return tuple(rank0), move
+        return tuple(owner(r) for r in rows if r.get("host") == host
+                     and (r.get("gpu") if r.get("gpu") is not None else r.get("local_rank")) == gpu), None
+    return (), None
+
+
+def checkpoint_view(spec: Mapping[str, Any], fold: MetricsFold, ranks: Sequence[Mapping[str, Any]],
+                    placement: Sequence[Mapping[str, Any]]) -> CheckpointView:
+    ck = spec.get("checkpoint") or {}
+    policy = str(ck.get("owner") or "rank0")
+    owners, predicted_move = expected_owners(policy, ranks, placement)
+    saves = sorted(fold.saves.values(), key=lambda s: (s.time or 0.0, s.step, s.owner.rank or 0))
+    if saves:
+        # The owners are whoever wrote the newest step (they can differ from the policy's
+        # prediction after a restart without the named host).
+        newest = max(s.step for s in saves)
+        seen = tuple(sorted({s.owner for s in saves if s.step == newest},
+                            key=lambda o: (o.rank if o.rank is not None else -1, o.host or "")))
+        owners = seen or owners
+    done = [s for s in saves if s.status == "done"]
+    last_done = max(done, key=lambda s: (s.step, s.time or 0.0)) if done else None
+    moves = tuple(fold.moves) or ((predicted_move,) if predicted_move else ())
+    return CheckpointView(
+        policy=policy, directory=ck.get("dir"), owners=owners, last_done=last_done,
+        saves=tuple(saves), moves=moves, failed=sum(1 for s in saves if s.status == "failed"),
+    )
+
+
+def owner_summary(view: CheckpointView) -> str:
+    if not view.owners:
+        return "-" if view.policy == "rank0" and not view.saves else view.policy
+    if len(view.owners) == 1:
+        text = view.owners[0].label()
+    else:
+        text = f"{view.policy}: {len(view.owners)} owners"
+    if view.moves:
+        text += " (moved)"
+    return text
+
+
+def rank_rows(states: Mapping[str, Any], placement: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank of every host that answered, in rank order (as ``JobManager.view`` builds them)."""
+    gpus_by_host = {n["host"]: n.get("gpus") or [] for n in placement}
+    out = []
+    for host, st in states.items():
+        if not isinstance(st, dict):
+            continue
+        for r in st.get("ranks") or []:
+            gpu = r.get("gpu")
+            local = r.get("local_rank")
+            if gpu is None and local is not None and gpus_by_host.get(host):
+                g = gpus_by_host[host]
+                gpu = g[local] if local < len(g) else None
+            out.append({"rank": r.get("rank"), "host": host, "local_rank": local, "gpu": gpu,
+                        "pid": r.get("pid"), "state": r.get("state"), "exit_code": r.get("exit_code"),
+                        "signal": r.get("signal")})
+    out.sort(key=lambda r: r["rank"] if r["rank"] is not None else -1)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# One job's tracked state
+
+
+@dataclass
+class _Track:
+    rec: dict[str, Any]
+    fold: MetricsFold = field(default_factory=MetricsFold)
+    offsets: dict[str, dict[str, int]] = field(default_factory=dict)  # host -> rank -> byte offset
+    log_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    logs: LogBuffer = field(default_factory=LogBuffer)
+    states: dict[str, Any] = field(default_factory=dict)
+    ranks: list[dict[str, Any]] = field(default_factory=list)
+    unreachable: tuple[str, ...] = ()
+    final: bool = False  # terminal and read once more after it ended: nothing left to fetch
+    logs_complete: bool = False  # final, and every log read to its end
+
+    def row(self) -> JobRow:
+        rec = self.rec
+        spec = rec.get("spec") or {}
+        placement = tuple(rec.get("placement") or ())
+        step, loss = self.fold.last
+        total = sum(int(n.get("slots") or 0) for n in placement)
+        running = sum(1 for r in self.ranks if r.get("state") == "running")
+        if rec["state"] in TERMINAL:
+            running = 0
+        ck = checkpoint_view(spec, self.fold, self.ranks, placement)
+        return JobRow(
+            job_id=rec["job_id"], name=rec["name"], state=rec["state"], placement=placement,
+            ranks_running=running, ranks_total=total, step=step, loss=loss,
+            step_rate=self.fold.step_rate(), total_steps=spec.get("total_steps"),
+            created=rec.get("created"), started=rec.get("started"), ended=rec.get("ended"),
+            restarts=int(rec.get("restarts") or 0), checkpoint_owner=owner_summary(ck),
+            cause=rec.get("cause"), unreachable=self.unreachable,
+        )
+
+    def detail(self) -> JobDetail:
+        rec = self.rec
+        spec = rec.get("spec") or {}
+        placement = rec.get("placement") or []
+        return JobDetail(
+            row=self.row(), spec=spec, ranks=tuple(self.ranks), points=self.fold.points,
+            points_version=self.fold.version,
+            checkpoints=checkpoint_view(spec, self.fold, self.ranks, placement),
+            events=tuple(rec.get("events") or ()), logs=self.logs,
+        )
+
+
+class JobSource(Protocol):
+    """What the app needs from a job watcher (``JobWatch``, or a recorded stand-in in tests)."""
+
+    def start(self) -> Any: ...
+    def stop(self) -> None: ...
+    def snapshot(self) -> JobsSnapshot: ...
+    def detail(self, job_id: str) -> JobDetail | None: ...
+    def select(self, job_id: str | None) -> None: ...
+    def kick(self) -> None: ...
+    def stop_plan(self, job_id: str) -> StopPlan: ...
+    def launch(self, spec: JobSpec) -> str: ...
+    def stop_job(self, job_id: str) -> str: ...
+    def inventory_hosts(self) -> list[str]: ...
+
+
+class JobWatch:
+    """Polls jobs on its own thread; ``snapshot()`` and ``detail()`` are safe from any thread."""
+
+    def __init__(self, jobs: Any, *, interval: float = 1.0, limit: int = 50,
+                 clock: Callable[[], float] = time.time):
+        self.jobs = jobs  # a tui.jobs.JobManager
+        self.ctl = jobs.ctl
+        self.interval = interval
+        self.limit = limit
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._jm_lock = threading.Lock()  # launch and supervision never interleave
+        self._tracks: dict[str, _Track] = {}
+        self._order: list[str] = []
+        self._selected: str | None = None
+        self._snapshot = JobsSnapshot((), 0)
+        self._kick = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rounds = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> JobWatch:
+        self._thread = threading.Thread(target=self._run, name="jobwatch", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        self._kick.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def kick(self) -> None:
+        """Poll now instead of at the end of the interval."""
+        self._kick.set()
+
+    def select(self, job_id: str | None) -> None:
+        """The job whose logs to follow (only the open job's logs are fetched)."""
+        if job_id != self._selected:
+            self._selected = job_id
+            self.kick()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._kick.clear()
+            try:
+                self.poll_once()
+            except Exception as e:  # a bug must not end the poller; the app shows the error
+                log.exception("job poll failed")
+                with self._lock:
+                    self._snapshot = replace(self._snapshot, error=f"{type(e).__name__}: {e}")
+            # The next round starts after this one finished, so rounds never overlap.
+            self._kick.wait(self.interval)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def snapshot(self) -> JobsSnapshot:
+        with self._lock:
+            return self._snapshot
+
+    def detail(self, job_id: str) -> JobDetail | None:
+        with self._lock:
+            t = self._tracks.get(job_id)
+            return t.detail() if t is not None else None
+
+    def inventory_hosts(self) -> list[str]:
+        return list(self.ctl.inventory.names)
+
+    def stop_plan(self, job_id: str) -> StopPlan:
+        with self._lock:
+            t = self._tracks.get(job_id)
+            rec = t.rec if t is not None else self.jobs.record(job_id)
+            ranks = list(t.ranks) if t is not None else []
+        hosts = []
+        rank = 0
+        for node in rec.get("placement") or []:
+            slots = int(node.get("slots") or 0)
+            mine = [r["rank"] for r in ranks if r.get("host") == node["host"] and r.get("rank") is not None]
+            if not mine:
+                mine = list(range(rank, rank + slots))
+            rank += slots
+            hosts.append((node["host"], tuple(mine), tuple(node.get("gpus") or ())))
+        grace = float((rec.get("spec") or {}).get("grace_s") or 30.0)
+        return StopPlan(rec["job_id"], rec["state"], tuple(hosts), grace)
+
+    # -- acting -----------------------------------------------------------------------------
+
+    def launch(self, spec: JobSpec) -> str:
+        """Place and start ``spec`` (raises PlacementError, JobError); returns the job id."""
+        with self._jm_lock:
+            view = self.jobs.launch(spec)
+        self.select(view.job_id)
+        self.kick()
+        return str(view.job_id)
+
+    def stop_job(self, job_id: str) -> str:
+        """Stop the job on every host and wait for it to end; returns its final state."""
+        self.kick()
+        view = self.jobs.stop(job_id)
+        self.kick()
+        return str(view.state)
+
+    # -- polling ----------------------------------------------------------------------------
+
+    def poll_once(self) -> JobsSnapshot:
+        recs = self.jobs.history.list(limit=self.limit)
+        errors = []
+        for rec in recs:
+            job_id = rec["job_id"]
+            with self._lock:
+                track = self._tracks.get(job_id)
+                if track is None:
+                    track = self._tracks[job_id] = _Track(rec)
+            if track.final:
+                track.rec = rec
+                continue
+            live = rec["state"] not in TERMINAL
+            try:
+                with self._jm_lock:
+                    states = self.jobs.supervise_once(rec) if live else self.jobs.host_states(rec)
+                rec = self.jobs.record(job_id)
+            except TransportError as e:
+                states = {}
+                errors.append(str(e))
+            placement = rec.get("placement") or []
+            unreachable = tuple(h for h, s in states.items() if not isinstance(s, dict))
+            ranks = rank_rows(states, placement)
+            records = self._read_metrics(job_id, placement, track)
+            with self._lock:
+                track.rec = rec
+                track.states = dict(states)
+                track.unreachable = unreachable
+                if ranks or not live:
+                    track.ranks = ranks or track.ranks
+                track.fold.apply(records, self.clock())
+                # Read once more after the job ended, then never again.
+                track.final = rec["state"] in TERMINAL and not live
+        selected = self._selected
+        if selected and selected in self._tracks:
+            self._read_logs(self._tracks[selected])
+        with self._lock:
+            order = [r["job_id"] for r in recs]
+            for job_id in list(self._tracks):
+                if job_id not in order and job_id != selected:
+                    del self._tracks[job_id]
+            rows = tuple(self._tracks[j].row() for j in order if j in self._tracks)
+            self.rounds += 1
+            self._snapshot = JobsSnapshot(rows, self._snapshot.version + 1,
+                                          error="; ".join(errors) or None, polled_at=self.clock())
+            return self._snapshot
+
+    def _read_metrics(self, job_id: str, placement: Sequence[Mapping[str, Any]],
+                      track: _Track) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for host in [n["host"] for n in placement]:
+            offsets = track.offsets.setdefault(host, {})
+            for _ in range(64):  # bounded: a huge backlog comes in over several rounds
+                try:
+                    chunk = self.ctl.request(host, "job_metrics", timeout=20, job_id=job_id,
+                                             offsets=dict(offsets))
+                except TransportError as e:
+                    log.info("metrics from %s: %s", host, e)
+                    break
+                more = False
+                for rank, part in chunk.items():
+                    for r in part["records"]:
+                        r.setdefault("rank", int(rank))
+                        r["host"] = host
+                        out.append(r)
+                    offsets[rank] = part["next_offset"]
+                    more = more or bool(part["more"])
+                if not more:
+                    break
+        return out
+
+    def _read_logs(self, track: _Track) -> None:
+        if track.logs_complete:
+            return
+        job_id = track.rec["job_id"]
+        complete = track.final
+        for host, st in list(track.states.items()):
+            if not isinstance(st, dict):
+                complete = False
+                continue
+            ranks = sorted({r["rank"] for r in st.get("ranks") or []} | set(st.get("log_ranks") or []))
+            for rank in ranks:
+                key = (host, rank)
+                for _ in range(LOG_CHUNKS_PER_ROUND):
+                    off = track.log_offsets.get(key, 0)
+                    try:
+                        chunk = self.ctl.request(host, "job_logs", timeout=20, job_id=job_id,
+                                                 rank=rank, offset=off)
+                    except TransportError as e:
+                        log.info("logs from %s: %s", host, e)
+                        complete = False
+                        break
+                    track.logs.extend((host, rank, line) for line in chunk["text"].splitlines())
+                    track.log_offsets[key] = chunk["next_offset"]
+                    if not chunk["more"]:
+                        break
+                else:
+                    complete = False
+        track.logs_complete = complete
