@@ -171,6 +171,7 @@ def mean(values: list[float]) -> float:
 # -------------------------------------------------------------------------------------------
 # Daemons we start, and their cleanup
 
+_prctl: Any
 try:
     _prctl = ctypes.CDLL(None, use_errno=True).prctl
 except (OSError, AttributeError):
@@ -528,7 +529,12 @@ def bench_ingest(n: int, seconds: float, sim_gpus: int, work: Path, bundle: Agen
         ctl.close()
 
     def delta(a: dict[int, float | None], b: dict[int, float | None]) -> float:
-        return sum(b[k] - a[k] for k in a if a[k] is not None and b.get(k) is not None)  # type: ignore[operator]
+        total = 0.0
+        for k, x in a.items():
+            y = b.get(k)
+            if x is not None and y is not None:
+                total += y - x
+        return total
 
     window = [r for r in state.records if w0 <= r[0] < w1]
     lat = [r[0] - r[1] for r in window]

@@ -7,9 +7,13 @@ Layout of a checkpoint directory (``dir``, or ``dir/<host>/`` under ``per-node``
     latest                        the name of the newest complete checkpoint ("step-00000120")
     .step-00000130.pt.tmp-<pid>   a save in progress (or killed): never read
 
-Under ``all`` each checkpoint is a ``torch.distributed.checkpoint`` directory ``step-00000120/``
-(every rank writes its shard; ``.metadata`` written last by dcp), and rank 0 writes the manifest
-and ``latest`` after it. ``all`` needs a directory every rank reaches (dcp loads need it too).
+Under ``all`` every rank writes its own part through ``torch.distributed.checkpoint``
+(``dcp.save``/``dcp.load``) into ``step-00000120/rank-<R>/``, where dcp writes ``.metadata`` last
+(tmp, fsync, rename) to mark the part complete. The ranks then exchange each part's size and
+``.metadata`` sha256 (tensor collectives), and rank 0 writes the manifest (``parts``) and
+``latest``. Each rank reloads its own part, so a resume needs the same world size, but no shared
+directory: a part may live on its rank's host. (dcp is run per rank, without its own collectives:
+those pickle objects through numpy, which a training host's torch may lack.)
 
 Every file is written to a temporary name in the same directory, flushed, fsynced and renamed;
 the directory is fsynced after each rename. A checkpoint without its manifest is incomplete and
@@ -26,6 +30,7 @@ import shutil
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from runtime.cluster import ClusterInfo, ClusterInfoError, check_policy, cluster_info, resolve_owner
@@ -37,7 +42,7 @@ _NAME = re.compile(r"^step-(\d{8,})$")
 _MANIFEST = re.compile(r"^(step-\d{8,})\.manifest\.json$")
 _DATA = re.compile(r"^(step-\d{8,})(\.pt)?$")
 _TMP = re.compile(r"^\.(step-\d{8,}|latest).*\.tmp-(\d+)$")
-_CHUNK = 64 << 20
+_CHUNK = 32 << 20
 _moves_reported: set = set()
 
 
@@ -59,8 +64,12 @@ def _write_all(fd: int, view: memoryview) -> None:
 
 
 class _HashingFile:
-    """A write-only file for torch.save that hashes what it writes, hashing big buffers on a
-    second thread while this one writes them (hashlib and os.write both release the GIL)."""
+    """A write-only file for torch.save that hashes what it writes.
+
+    A big buffer is hashed on a second thread while this one writes it and then fsyncs what is
+    written so far (hashlib, os.write and os.fsync all release the GIL): hashing costs no extra
+    time as long as it is faster than the disk, and the final fsync finds little left to do.
+    """
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -70,11 +79,18 @@ class _HashingFile:
     def write(self, data: Any) -> int:
         view = memoryview(data).cast("B")
         n = len(view)
-        if n >= (1 << 20):
+        if n >= (8 << 20):
             hasher = threading.Thread(target=self.sha.update, args=(view,), daemon=True)
             hasher.start()
             try:
-                _write_all(self.fd, view)
+                start_writeback = _writeback_starter()
+                done = 0
+                while done < n:
+                    wrote = os.write(self.fd, view[done:done + _CHUNK])
+                    # Let the disk start on this chunk while the next one is copied in.
+                    start_writeback(self.fd, self.size + done, wrote)
+                    done += wrote
+                os.fsync(self.fd)
             finally:
                 hasher.join()
         else:
@@ -85,6 +101,45 @@ class _HashingFile:
 
     def flush(self) -> None:
         pass
+
+
+_WRITEBACK: List[Any] = []
+
+
+def _writeback_starter() -> Any:
+    """Linux's sync_file_range(..., SYNC_FILE_RANGE_WRITE): start writing a range to disk
+    without waiting (what databases do for big files); a no-op where libc lacks it."""
+    if not _WRITEBACK:
+        starter: Any = lambda fd, offset, length: None  # noqa: E731
+        if sys.platform.startswith("linux"):
+            try:
+                import ctypes
+
+                fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+                fn.argtypes = [ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong, ctypes.c_uint]
+
+                def starter(fd: int, offset: int, length: int) -> None:
+                    fn(fd, offset, length, 2)  # SYNC_FILE_RANGE_WRITE; a hint, errors ignored
+
+            except (OSError, AttributeError):
+                pass
+        _WRITEBACK.append(starter)
+    return _WRITEBACK[0]
+
+
+def _torch_save(state: Any, out: _HashingFile) -> None:
+    import torch
+
+    target: Any = out  # a file-like object with write() and flush() is all torch.save needs
+    try:
+        from torch.utils.serialization import config
+    except ImportError:  # torch < 2.6: no switch, the zip records carry a CRC32 too
+        torch.save(state, target)
+        return
+    # The manifest's sha256 covers every byte; torch's own CRC32 of each record would be a
+    # second pass over the data on this thread.
+    with getattr(config, "patch")({"save.compute_crc32": False}):  # noqa: B009 (untyped)
+        torch.save(state, target)
 
 
 def _tmp_name(path: str) -> str:
@@ -207,21 +262,19 @@ class Checkpointer:
                             error=error)
 
     def _save_file(self, step: int, state: Any) -> str:
-        import torch
-
         name = _checkpoint_name(step)
         path = os.path.join(self.dir, name + ".pt")
         self._report("writing", step, 0, 0.0, path)
         t0 = time.perf_counter()
         nbytes = 0
+        tmp = _tmp_name(path)
         try:
             os.makedirs(self.dir, exist_ok=True)
             self._unpublish(name)
-            tmp = _tmp_name(path)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 out = _HashingFile(fd)
-                torch.save(state, out)
+                _torch_save(state, out)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -235,6 +288,10 @@ class Checkpointer:
         except BaseException as e:
             self._report("failed", step, nbytes, time.perf_counter() - t0, path,
                          f"{type(e).__name__}: {e}")
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass  # never created, or already renamed into place
             if isinstance(e, Exception):
                 raise CheckpointError(f"saving checkpoint {path} failed: {e}") from e
             raise
@@ -242,16 +299,16 @@ class Checkpointer:
         self._prune()
         return path
 
-    def _publish(self, name: str, step: int, data: str, nbytes: int, sha256: str,
-                 seconds: float, files: Optional[Dict[str, int]] = None) -> None:
+    def _publish(self, name: str, step: int, data: str, nbytes: int, sha256: Optional[str],
+                 seconds: float, parts: Optional[Dict[str, Any]] = None) -> None:
         manifest: Dict[str, Any] = {
             "format": MANIFEST_FORMAT, "name": name, "step": step, "data": data,
             "bytes": nbytes, "sha256": sha256, "policy": self.policy, "owner": self.owner_id,
             "job_id": self.info.job_id, "world_size": self.info.world_size,
             "time": time.time(), "seconds": round(seconds, 6),
         }
-        if files is not None:
-            manifest["files"] = files
+        if parts is not None:
+            manifest["parts"] = parts
         _atomic_write_text(self._manifest_path(name), json.dumps(manifest, indent=1) + "\n")
         _stage("manifest-written")
         _atomic_write_text(os.path.join(self.dir, LATEST), name + "\n")
@@ -280,39 +337,57 @@ class Checkpointer:
         if not isinstance(state, dict):
             raise TypeError("Checkpointer(owner='all') saves a dict state (a dcp state_dict)")
         name = _checkpoint_name(step)
-        path = os.path.join(self.dir, name)
+        part = self._part_dir(name)
+        dist = _dist()
         primary = self.info.rank == 0
-        self._report("writing", step, 0, 0.0, path)
+        self._report("writing", step, 0, 0.0, part)
         t0 = time.perf_counter()
         nbytes = 0
         try:
             os.makedirs(self.dir, exist_ok=True)
             if primary:
                 self._unpublish(name)
-                stale = os.path.join(path, ".metadata")
-                if os.path.exists(stale):
-                    os.remove(stale)
-            # dcp starts with a collective, so no rank writes before rank 0 has unpublished.
-            dcp.save(state, checkpoint_id=path)
-            mine = f"__{self.info.rank}_"
-            nbytes = sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-                         if f.startswith(mine))
+            if dist is not None:
+                dist.barrier()  # nobody overwrites a part while it is still published
+            stale = os.path.join(part, ".metadata")
+            if os.path.exists(stale):
+                os.remove(stale)
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*torch.distributed is disabled")
+                dcp.save(state, checkpoint_id=part, no_dist=True)
+            nbytes = _tree_size(part)
+            _size, digest = _sha256_file(os.path.join(part, ".metadata"))
+            parts = _gather_parts(dist, nbytes, digest)
+            doomed: List[str] = []
             if primary:
-                files = {f: os.path.getsize(os.path.join(path, f))
-                         for f in sorted(os.listdir(path))}
-                _size, digest = _sha256_file(os.path.join(path, ".metadata"))
-                self._publish(name, step, name, sum(files.values()), digest,
-                              time.perf_counter() - t0, files=files)
+                self._publish(name, step, name, sum(b for b, _d in parts), None,
+                              time.perf_counter() - t0,
+                              parts={str(r): {"bytes": b, "sha256": d}
+                                     for r, (b, d) in enumerate(parts)})
+                doomed = self._prune()
+            if dist is not None:
+                doomed = json.loads(_broadcast_bytes(
+                    dist, json.dumps(doomed).encode() if primary else None, 0).decode())
         except BaseException as e:
-            self._report("failed", step, nbytes, time.perf_counter() - t0, path,
+            self._report("failed", step, nbytes, time.perf_counter() - t0, part,
                          f"{type(e).__name__}: {e}")
             if isinstance(e, Exception):
-                raise CheckpointError(f"saving checkpoint {path} failed: {e}") from e
+                raise CheckpointError(f"saving checkpoint {part} failed: {e}") from e
             raise
-        self._report("done", step, nbytes, time.perf_counter() - t0, path)
-        if primary:
-            self._prune()
-        return path
+        self._report("done", step, nbytes, time.perf_counter() - t0, part)
+        for old in doomed:  # every rank deletes its own parts of pruned checkpoints
+            try:
+                _remove(self._part_dir(old))
+                if not os.listdir(os.path.join(self.dir, old)):
+                    os.rmdir(os.path.join(self.dir, old))
+            except FileNotFoundError:
+                pass  # rank 0 removed the whole checkpoint (a shared directory)
+            except OSError as e:
+                _warn(f"could not remove {self._part_dir(old)}: {e}")
+        return part
+
+    def _part_dir(self, name: str) -> str:
+        return os.path.join(self.dir, name, f"rank-{self.info.rank}")
 
     def _barrier(self) -> None:
         dist = _dist() if self.barrier else None
@@ -355,26 +430,27 @@ class Checkpointer:
     def _verify(self, name: str, manifest: Mapping[str, Any]) -> Optional[str]:
         """None when the checkpoint's bytes match its manifest, else what is wrong."""
         data = os.path.join(self.dir, str(manifest.get("data", name + ".pt")))
-        if self.policy == "all" or os.path.isdir(data):
-            files = manifest.get("files") or {}
-            for fname, size in files.items():
-                fpath = os.path.join(data, fname)
-                if not os.path.exists(fpath):
-                    return f"{fpath} is missing"
-                if os.path.getsize(fpath) != size:
-                    return f"{fpath} has {os.path.getsize(fpath)} bytes, manifest says {size}"
-            data = os.path.join(data, ".metadata")
-            if not os.path.exists(data):
-                return f"{data} is missing"
-            _size, digest = _sha256_file(data)
-        else:
-            if not os.path.exists(data):
-                return f"{data} is missing"
-            size, digest = _sha256_file(data)
-            if size != manifest.get("bytes"):
-                return f"{data} has {size} bytes, manifest says {manifest.get('bytes')}"
+        if not os.path.exists(data):
+            return f"{data} is missing"
+        size, digest = _sha256_file(data)
+        if size != manifest.get("bytes"):
+            return f"{data} has {size} bytes, manifest says {manifest.get('bytes')}"
         if digest != manifest.get("sha256"):
             return f"{data} sha256 {digest} does not match the manifest's {manifest.get('sha256')}"
+        return None
+
+    def _verify_part(self, name: str, expected: Mapping[str, Any]) -> Optional[str]:
+        """None when this rank's part of an ``all`` checkpoint matches its manifest entry."""
+        part = self._part_dir(name)
+        meta = os.path.join(part, ".metadata")
+        if not os.path.exists(meta):
+            return f"{meta} is missing"
+        size = _tree_size(part)
+        if size != expected.get("bytes"):
+            return f"{part} has {size} bytes, manifest says {expected.get('bytes')}"
+        _n, digest = _sha256_file(meta)
+        if digest != expected.get("sha256"):
+            return f"{meta} sha256 {digest} does not match the manifest's {expected.get('sha256')}"
         return None
 
     def load_latest(self, map_location: Any = "cpu", *, weights_only: bool = True,
@@ -418,50 +494,92 @@ class Checkpointer:
 
         if state is None:
             raise TypeError("Checkpointer(owner='all').load_latest needs state= (loaded in place)")
-        choice: Optional[List[Any]] = None
         dist = _dist()
-        if self.info.rank == 0 or dist is None:
-            for step, name, manifest in reversed(self.complete()):
-                problem = self._verify(name, manifest)
-                if problem is None:
-                    choice = [step, name]
-                    break
+        world = self.info.world_size
+        candidates: List[Any] = []
+        if self.info.rank == 0:
+            # Newest first; only checkpoints of this world size (each rank reloads its own part).
+            candidates = [[step, name, manifest["parts"]]
+                          for step, name, manifest in reversed(self.complete())
+                          if isinstance(manifest.get("parts"), dict)
+                          and len(manifest["parts"]) == world]
+        if dist is not None:
+            candidates = json.loads(_broadcast_bytes(
+                dist, json.dumps(candidates).encode() if self.info.rank == 0 else None,
+                0).decode())
+        for step, name, parts in candidates:
+            problem = self._verify_part(name, parts.get(str(self.info.rank), {}))
+            if problem is not None:
                 _warn(f"skipping checkpoint {name}: {problem}")
-        if dist is not None and dist.get_world_size() > 1:
-            # Rank 0 picks, so every rank loads the same checkpoint.
-            data = _broadcast_bytes(dist, json.dumps(choice).encode(), 0)
-            choice = json.loads(data.decode())
-        if choice is None:
-            return None
-        step, name = choice
-        dcp.load(state, checkpoint_id=os.path.join(self.dir, name))
-        return step, state
+            if not _all_ranks_agree(dist, problem is None):
+                continue
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*torch.distributed is disabled")
+                dcp.load(state, checkpoint_id=self._part_dir(name), no_dist=True)
+            return step, state
+        return None
 
     # -- retention ---------------------------------------------------------------------------
 
-    def _prune(self) -> None:
+    def _prune(self) -> List[str]:
         """Delete complete checkpoints beyond ``keep`` (manifest first), and leftovers of killed
-        saves older than the newest complete one. Problems are warned about, not raised: the
-        checkpoint just written is good."""
+        saves older than the newest complete one; returns the names deleted. Problems are warned
+        about, not raised: the checkpoint just written is good."""
+        gone: List[str] = []
         try:
             complete = self.complete()
             if not complete:
-                return
+                return gone
             doomed = complete[:-self.keep] if self.keep and len(complete) > self.keep else []
             for _step, name, manifest in doomed:
                 os.remove(self._manifest_path(name))
                 _remove(os.path.join(self.dir, str(manifest.get("data", name + ".pt"))))
+                gone.append(name)
             newest = complete[-1][0]
             kept = {name for _s, name, _m in complete}
             for entry in os.listdir(self.dir):
                 m = _DATA.match(entry)
                 if m and m.group(1) not in kept and _step_of(m.group(1)) < newest:
                     _remove(os.path.join(self.dir, entry))
+                    gone.append(m.group(1))
                 t = _TMP.match(entry)
                 if t and int(t.group(2)) != os.getpid():
                     _remove(os.path.join(self.dir, entry))
         except OSError as e:
             _warn(f"could not prune old checkpoints in {self.dir}: {e}")
+        return gone
+
+
+def _tree_size(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(root, f))
+               for root, _dirs, files in os.walk(path) for f in files)
+
+
+def _gather_parts(dist: Any, nbytes: int, digest: str) -> List[Tuple[int, str]]:
+    """Every rank's (bytes, sha256 of its .metadata), in rank order, through tensors only."""
+    if dist is None:
+        return [(nbytes, digest)]
+    import torch
+
+    device = _device(dist)
+    mine = torch.tensor([nbytes] + list(bytes.fromhex(digest)), dtype=torch.long, device=device)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    out = []
+    for t in every:
+        values = t.cpu().tolist()
+        out.append((int(values[0]), bytes(values[1:]).hex()))
+    return out
+
+
+def _all_ranks_agree(dist: Any, ok: bool) -> bool:
+    if dist is None:
+        return ok
+    import torch
+
+    t = torch.tensor([1 if ok else 0], dtype=torch.long, device=_device(dist))
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return bool(t.item())
 
 
 def _min_rank(dist: Any, mine: Optional[int]) -> int:

@@ -433,7 +433,7 @@ def cluster_info(environ: Optional[Mapping[str, str]] = None,
     def get(field: str) -> Any:
         return merged[field][0] if field in merged else None
 
-    def var(field: str) -> str:
+    def origin(field: str) -> str:
         return f"{merged[field][1]} ({merged[field][2]})"
 
     world, rank = get("world_size"), get("rank")
@@ -467,16 +467,17 @@ def cluster_info(environ: Optional[Mapping[str, str]] = None,
     for field, value, bound in (("rank", rank, world), ("local_rank", local_rank, local_world),
                                 ("node_rank", node_rank, num_nodes)):
         if not 0 <= value < bound:
-            where = var(field) if field in merged else field
+            where = origin(field) if field in merged else field
             raise ClusterInfoError(f"{where} = {value} is outside 0..{bound - 1}")
     if hosts_v and len(hosts_v) != num_nodes:
         raise ClusterInfoError(
-            f"{var('hosts')} lists {len(hosts_v)} hosts but {var('num_nodes')} is {num_nodes}")
+            f"{origin('hosts')} lists {len(hosts_v)} hosts "
+            f"but {origin('num_nodes')} is {num_nodes}")
     if hosts_v and current in hosts_v and hosts_v.index(current) != node_rank \
             and "current_host" in merged:
         raise ClusterInfoError(
-            f"{var('node_rank')} is {node_rank} but {var('current_host')} = {current!r} is "
-            f"host {hosts_v.index(current)} of {var('hosts')}")
+            f"{origin('node_rank')} is {node_rank} but {origin('current_host')} = {current!r} is "
+            f"host {hosts_v.index(current)} of {origin('hosts')}")
 
     gpus: Optional[Tuple[int, ...]] = get("gpus")
     gpu: Optional[int] = None

@@ -1,128 +1,743 @@
-"""The Textual app. It draws from the controller's reports and acts only through its methods."""
+"""The Textual app: the face of rigdeck. It draws from the controller's state and acts only
+through controller methods.
+
+Data flow: the Monitor's reader threads fold telemetry into ``ClusterState``; ``JobWatch`` polls
+jobs on its own thread. The app never waits on the network: a timer samples both snapshots at
+``sample_hz`` and applies them to the visible panels by diff inside one ``batch_update``, and
+every action (launch, stop, deploy, trust a key) runs on a thread worker whose outcome is handled
+in one place (``_worker_done``).
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
 from textual import on, work
-from textual.app import App, ComposeResult
-from textual.binding import Binding
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding, BindingType
 from textual.containers import Vertical
-from textual.widgets import DataTable, Footer, Header, Static
+from textual.markup import escape
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
 from tui.controller import Controller, HostReport
-
-HOST_COLUMNS = (
-    ("host", "Host"),
-    ("state", "State"),
-    ("address", "Address"),
-    ("hostname", "Hostname"),
-    ("agent", "Agent"),
-    ("python", "Python"),
-    ("cpus", "CPUs"),
-    ("mem", "Memory"),
-    ("gpus", "GPUs"),
+from tui.jobwatch import TERMINAL, JobDetail, JobsSnapshot, JobSource
+from tui.keys import keymap_path, load_keymap
+from tui.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey, describe_error
+from tui.screens.launch import LaunchScreen
+from tui.widgets.chart import LossChart
+from tui.widgets.format import duration, loss_text, placement_text, size_bytes, step_rate_text
+from tui.widgets.logview import LogView
+from tui.widgets.tables import (
+    BUSY_FILTERS,
+    SORT_LABELS,
+    SORTS,
+    GpuFilter,
+    GpusTable,
+    HostsTable,
+    JobsTable,
+    RanksTable,
+    SavesTable,
+    Widths,
+    gpu_busy,
+    host_rows,
+    host_why,
+    job_rows,
+    jobs_running,
+    rank_rows,
 )
 
+TABS = ("hosts", "gpus", "jobs", "job", "checkpoints", "logs")
+JOB_TABS = ("job", "checkpoints", "logs")
 
-def host_row(r: HostReport) -> dict[str, str]:
-    if r.reachable and not r.error:
-        state = "up"
-    elif r.reachable:
-        state = "error"
-    else:
-        state = "down"
-    gpus = "-"
-    if r.gpus:
-        sim = " (simulated)" if any(g.get("simulated") for g in r.gpus) else ""
-        gpus = f"{len(r.gpus)}{sim}"
-    elif r.gpu_source == "none":
-        gpus = "none"
+
+def summarize(snapshot: Sequence[Mapping[str, Any]]) -> dict[str, int | bool]:
+    """Counts for the summary line."""
+    status = [h.get("status") for h in snapshot]
+    gpus = [g for h in snapshot for g in h.get("gpus") or []]
+    busy = sum(1 for g in gpus if gpu_busy(g))
     return {
-        "host": r.name,
-        "state": state,
-        "address": "local" if r.transport == "local" else f"{r.address}:{r.port}",
-        "hostname": r.hostname or "-",
-        "agent": r.agent_version or "-",
-        "python": r.python or "-",
-        "cpus": str(r.cpus) if r.cpus else "-",
-        "mem": f"{r.memory_total_mb / 1024:.1f} GiB" if r.memory_total_mb else "-",
-        "gpus": gpus,
+        "hosts": len(snapshot), "up": status.count("up"), "stale": status.count("stale"),
+        "down": status.count("down"), "connecting": status.count("connecting"),
+        "gpus": len(gpus), "busy": busy, "free": len(gpus) - busy,
+        "simulated": any(g.get("simulated") for g in gpus),
     }
+
+
+class GpusPane(Vertical):
+    """The GPU table with its filter and sort keys (active while the table has focus)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("slash", "filter", "Filter", id="gpus.filter"),
+        Binding("b", "busy", "Busy/idle", id="gpus.busy"),
+        Binding("o", "sort", "Sort", id="gpus.sort"),
+        Binding("escape", "clear_filter", "Clear filter", id="gpus.clear", show=False),
+    ]
+
+    def action_filter(self) -> None:
+        box = self.query_one("#gpu-filter", Input)
+        box.display = True
+        box.focus()
+
+    def action_busy(self) -> None:
+        app = self.app
+        assert isinstance(app, RigdeckApp)
+        i = BUSY_FILTERS.index(app.gpu_filter.busy)
+        app.gpu_filter = GpuFilter(BUSY_FILTERS[(i + 1) % len(BUSY_FILTERS)], app.gpu_filter.text)
+        app.refresh_views(force=True)
+
+    def action_sort(self) -> None:
+        app = self.app
+        assert isinstance(app, RigdeckApp)
+        app.gpu_sort = SORTS[(SORTS.index(app.gpu_sort) + 1) % len(SORTS)]
+        app.refresh_views(force=True)
+
+    def action_clear_filter(self) -> None:
+        app = self.app
+        assert isinstance(app, RigdeckApp)
+        app.gpu_filter = GpuFilter()
+        box = self.query_one("#gpu-filter", Input)
+        box.value = ""
+        box.display = False
+        app.refresh_views(force=True)
 
 
 class RigdeckApp(App[None]):
     """rigdeck: hosts, GPUs and jobs of a bare-metal cluster."""
 
     TITLE = "rigdeck"
-    CSS = """
-    #summary { height: 1; padding: 0 1; color: $text-muted; }
-    #hosts { height: 1fr; }
-    #errors { height: auto; max-height: 8; padding: 0 1; color: $error; }
-    """
-    BINDINGS = [
-        Binding("r", "refresh_hosts", "Refresh", id="refresh"),
-        Binding("d", "deploy", "Deploy agent", id="deploy"),
-        Binding("q", "quit", "Quit", id="quit"),
+    CSS_PATH = "app.tcss"
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("1", "show_tab('hosts')", "Hosts", id="view.hosts", show=False),
+        Binding("2", "show_tab('gpus')", "GPUs", id="view.gpus", show=False),
+        Binding("3", "show_tab('jobs')", "Jobs", id="view.jobs", show=False),
+        Binding("4", "show_tab('job')", "Job", id="view.job", show=False),
+        Binding("5", "show_tab('checkpoints')", "Checkpoints", id="view.checkpoints", show=False),
+        Binding("6", "show_tab('logs')", "Logs", id="view.logs", show=False),
+        Binding("l", "launch", "Launch", id="job.launch"),
+        Binding("s", "stop_job", "Stop", id="job.stop"),
+        Binding("d", "deploy", "Deploy", id="host.deploy"),
+        Binding("t", "trust", "Trust key", id="host.trust"),
+        Binding("c", "reconnect", "Reconnect", id="host.reconnect"),
+        Binding("question_mark", "help", "Help", id="app.help"),
+        Binding("q", "quit", "Quit", id="app.quit"),
     ]
 
-    def __init__(self, controller: Controller):
+    def __init__(
+        self,
+        controller: Controller,
+        *,
+        monitor: Any = None,
+        jobs: JobSource | None = None,
+        sample_hz: float = 2.0,
+        telemetry_hz: float = 1.0,
+        clock: Callable[[], float] = time.time,
+        keymap_file: Path | None = None,
+        spec_path: str = "",
+    ):
         super().__init__()
         self.controller = controller
-        self.reports: dict[str, HostReport] = {}
+        if monitor is None:
+            from tui.monitor import Monitor
+
+            monitor = Monitor(controller, rate_hz=telemetry_hz)
+        self.monitor = monitor
+        if jobs is None:
+            from tui.jobs import JobManager
+            from tui.jobwatch import JobWatch
+
+            jobs = JobWatch(JobManager(controller))
+        self.jobwatch: JobSource = jobs
+        self.sample_hz = sample_hz
+        self.clock = clock
+        self.keymap_file = keymap_file or keymap_path()
+        self.keymap_problems: list[str] = []
+        self.spec_path = spec_path
+        self.widths = Widths.for_width(120)
+        self.gpu_filter = GpuFilter()
+        self.gpu_sort = "host"
+        self.job_id: str | None = None
+        self.hosts_snapshot: list[dict[str, Any]] = []
+        self.jobs_snapshot = JobsSnapshot((), -1)
+        self._state_seen = -1
+        self._jobs_seen = -1
+        self._second = -1
+        self._dirty: set[str] = set(TABS)
+        self._detail_key: tuple[Any, ...] | None = None
+        self._warned_keys: set[str] = set()
+        self.samples = 0
+
+    # -- layout -----------------------------------------------------------------------------
 
     def compose(self) -> ComposeResult:
         yield Header()
-        with Vertical():
-            yield Static("connecting…", id="summary")
-            yield DataTable(id="hosts", cursor_type="row", zebra_stripes=True)
-            yield Static("", id="errors")
-        yield Footer()
+        yield Static("connecting…", id="summary")
+        with TabbedContent(initial="hosts", id="tabs"):
+            with TabPane("Hosts 1", id="hosts"):
+                yield HostsTable(id="hosts-table")
+                yield Static("", id="host-detail", classes="detail")
+            with TabPane("GPUs 2", id="gpus"):
+                with GpusPane(id="gpus-pane"):
+                    yield Static("", id="gpus-status", classes="status")
+                    yield Input(placeholder="filter: host, job id, busy, idle, host:NAME, job:ID (enter applies, "
+                                "esc clears)", id="gpu-filter", compact=True)
+                    yield GpusTable(id="gpus-table")
+            with TabPane("Jobs 3", id="jobs"):
+                yield Static("", id="jobs-status", classes="status")
+                yield JobsTable(id="jobs-table")
+            with TabPane("Job 4", id="job"):
+                yield Static("no job open: launch one (l), or pick one in Jobs (3) and press enter",
+                             id="job-head", classes="head")
+                with Vertical(id="job-body"):
+                    yield LossChart(id="loss")
+                    yield RanksTable(id="ranks-table")
+            with TabPane("Checkpoints 5", id="checkpoints"):
+                yield Static("no job open", id="ckpt-head", classes="head")
+                yield SavesTable(id="saves-table")
+            with TabPane("Logs 6", id="logs"):
+                yield Static("", id="logs-status", classes="status")
+                yield Input(placeholder="search the logs (enter finds, esc closes)", id="log-search", compact=True)
+                yield LogView(id="log-view")
+        yield Footer(compact=True)
+
+    @property
+    def tabs(self) -> TabbedContent:
+        return self.query_one("#tabs", TabbedContent)
 
     def on_mount(self) -> None:
-        table = self.query_one("#hosts", DataTable)
-        for key, label in HOST_COLUMNS:
-            table.add_column(label, key=key)
         inv = self.controller.inventory
         self.sub_title = str(inv.path) if inv.path else "this machine (no inventory)"
-        for spec in inv.hosts:
-            table.add_row(spec.name, "connecting", *["…"] * (len(HOST_COLUMNS) - 2), key=spec.name)
-        self.action_deploy()
+        self.query_one("#gpu-filter", Input).display = False
+        self.query_one("#log-search", Input).display = False
+        self.query_one("#loss", LossChart).border_title = "loss by step"
+        self.query_one("#ranks-table").border_title = "ranks"
+        self._apply_keymap()
+        self._set_widths(self.size.width)
+        self.monitor.start()
+        self.jobwatch.start()
+        self.refresh_views(force=True)
+        self.set_interval(1.0 / self.sample_hz, self.refresh_views, name="sample")
+        self.query_one("#hosts-table").focus()
 
-    def action_refresh_hosts(self) -> None:
-        self._talk_to_hosts(deploy=False)
+    def on_unmount(self) -> None:
+        self.jobwatch.stop()
+        self.monitor.stop(timeout=2.0)
+        self.controller.close()
 
-    def action_deploy(self) -> None:
-        self._talk_to_hosts(deploy=True)
+    def on_resize(self) -> None:
+        if self._set_widths(self.size.width):
+            self.refresh_views(force=True)
 
-    @work(thread=True, exclusive=True, group="hosts")
-    def _talk_to_hosts(self, deploy: bool) -> list[HostReport]:
-        # Blocking network calls stay on this worker thread; the UI gets the result when done.
-        return self.controller.deploy() if deploy else self.controller.probe()
+    def _set_widths(self, width: int) -> bool:
+        w = Widths.for_width(width)
+        changed = w != self.widths
+        self.widths = w
+        for sel, cls in (("#hosts-table", HostsTable), ("#gpus-table", GpusTable), ("#jobs-table", JobsTable),
+                         ("#ranks-table", RanksTable), ("#saves-table", SavesTable)):
+            table = self.query_one(sel, cls)
+            if table.set_columns(table.columns_for(w)):
+                changed = True
+        if changed:
+            self._dirty = set(TABS)
+            self._detail_key = None
+        return changed
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def binding_groups(self) -> list[tuple[str, list[tuple[str, str, str]]]]:
+        from tui.screens.launch import LaunchScreen as _L
+
+        def rows(bindings: Sequence[BindingType]) -> list[tuple[str, str, str]]:
+            out = []
+            for b in bindings:
+                if isinstance(b, Binding) and b.id:
+                    key = self._keymap.get(b.id, b.key)
+                    out.append((self._key_label(key), b.description or b.action, b.id))
+            return out
+
+        return [
+            ("Everywhere", rows(self.BINDINGS)),
+            ("GPUs view", rows(GpusPane.BINDINGS)),
+            ("Logs view", rows(LogView.BINDINGS)),
+            ("Launch dialog", rows(_L.BINDINGS)),
+            ("Stop dialog", rows(ConfirmStop.BINDINGS)),
+            ("Host key dialog", rows(TrustHostKey.BINDINGS)),
+        ]
+
+    @staticmethod
+    def _key_label(keys: str) -> str:
+        names = {"question_mark": "?", "slash": "/", "escape": "esc"}
+        return ", ".join(names.get(k, k) for k in keys.split(","))
+
+    def all_binding_ids(self) -> set[str]:
+        return {i for _, rows in self.binding_groups() for *_, i in rows} | {"help.close"}
+
+    def _apply_keymap(self) -> None:
+        keymap, problems = load_keymap(self.keymap_file, self.all_binding_ids())
+        self.keymap_problems = problems
+        if keymap:
+            self.set_keymap(keymap)
+        for p in problems:
+            self.notify(p, title="keys.toml", severity="warning", timeout=10)
+
+    def get_system_commands(self, screen: Screen[Any]) -> Any:
+        yield from super().get_system_commands(screen)
+        yield SystemCommand("Deploy the agent to every host", "Install or upgrade the agent everywhere",
+                            lambda: self.action_deploy(all_hosts=True))
+        yield SystemCommand("Reconnect every host", "Drop every telemetry connection and connect again",
+                            self.action_reconnect_all)
+        yield SystemCommand("Launch a job…", "Pick a spec file or fill the form", self.action_launch)
+        for h in self.hosts_snapshot:
+            if h.get("error_kind") == "unknown-host-key":
+                name = h["name"]
+                yield SystemCommand(f"Trust the host key of {name}", "Check the fingerprint, then record it",
+                                    lambda name=name: self.action_trust(name))
+            yield SystemCommand(f"Deploy the agent to {h['name']}", "Install or upgrade it there",
+                                lambda name=h["name"]: self.action_deploy(name))
+        yield SystemCommand("Show key bindings", f"Rebind in {self.keymap_file}", self.action_help)
+
+    # -- sampling ---------------------------------------------------------------------------
+
+    def refresh_views(self, force: bool = False) -> None:
+        """Sample the controller's state and apply what changed to the visible panels."""
+        self.samples += 1
+        now = self.clock()
+        second = int(now)
+        state = self.monitor.state
+        version = state.version
+        jobs = self.jobwatch.snapshot()
+        if force:
+            self._dirty = set(TABS)
+            self._detail_key = None
+        if version != self._state_seen:
+            self.hosts_snapshot = state.snapshot()
+            self._state_seen = version
+            self._dirty |= {"hosts", "gpus"}
+            self._notice_host_keys()
+        if jobs.version != self._jobs_seen or second != self._second:
+            self.jobs_snapshot = jobs
+            self._jobs_seen = jobs.version
+            self._second = second
+            self._dirty |= {"jobs", "job", "checkpoints", "logs"}
+            if self.job_id is None and jobs.rows:
+                live = [r for r in jobs.rows if r.state not in TERMINAL]
+                if live:
+                    self.select_job(live[0].job_id)
+        active = self.tabs.active
+        with self.batch_update():
+            self._update_summary()
+            if active in self._dirty:
+                self._dirty.discard(active)
+                if active == "hosts":
+                    self.query_one("#hosts-table", HostsTable).apply(host_rows(self.hosts_snapshot, self.widths))
+                    self._update_host_detail()
+                elif active == "gpus":
+                    self._update_gpus()
+                elif active == "jobs":
+                    self._update_jobs(now)
+                elif active in JOB_TABS:
+                    self._update_detail(active, now)
+            if active == "logs":
+                self.query_one("#log-view", LogView).sync()
+
+    def _update_summary(self) -> None:
+        c = summarize(self.hosts_snapshot)
+        jobs = self.jobs_snapshot
+        running = jobs_running(jobs.rows)
+        hosts = f"hosts [b]{c['up']}/{c['hosts']} up[/b]"  # "hosts 2/3 up · 1 stale · 0 down"
+        hosts += f" · [$warning]{c['stale']} stale[/]" if c["stale"] else " · 0 stale"
+        hosts += f" · [$error]{c['down']} down[/]" if c["down"] else " · 0 down"
+        if c["connecting"]:
+            hosts += f" · {c['connecting']} connecting"
+        gpus = f"GPUs [b]{c['busy']} busy[/b] · {c['free']} free · {c['gpus']} total"
+        if c["simulated"]:
+            gpus += " [$text-muted](sim)[/]"
+        rate = getattr(self.monitor, "rate_hz", None)
+        rates = f"refresh {self.sample_hz:g} Hz" + (f", telemetry {rate:g} Hz" if rate else "")
+        text = f"{hosts} [$text-muted]│[/] {gpus} [$text-muted]│[/] jobs [b]{running}[/b] running " \
+               f"[$text-muted]│ {rates}[/]"
+        if jobs.error:
+            text += f"\n[$error]jobs: {escape(jobs.error[:300])}[/]"
+        summary = self.query_one("#summary", Static)
+        if getattr(summary, "_rd_text", None) != text:
+            summary.update(text)
+            summary._rd_text = text  # type: ignore[attr-defined]
+
+    def _update_host_detail(self) -> None:
+        key = self.query_one("#hosts-table", HostsTable).cursor_key
+        h = self.host_entry(key) if key else None
+        text = host_detail(h, self.controller.inventory) if h else ""
+        detail = self.query_one("#host-detail", Static)
+        if getattr(detail, "_rd_text", None) != text:
+            detail.update(text)
+            detail._rd_text = text  # type: ignore[attr-defined]
+
+    @on(DataTable.RowHighlighted, "#hosts-table")
+    def _host_highlighted(self) -> None:
+        self._update_host_detail()
+
+    def _notice_host_keys(self) -> None:
+        for h in self.hosts_snapshot:
+            key = h.get("host_key") or {}
+            if h.get("error_kind") == "unknown-host-key" and key.get("fingerprint") not in self._warned_keys:
+                self._warned_keys.add(key.get("fingerprint", ""))
+                self.notify(f"{h['name']} presents an unknown host key ({key.get('type')} "
+                            f"{key.get('fingerprint')}). Select it in Hosts and press t to check and trust it.",
+                            title="unknown host key", severity="warning", timeout=15)
+
+    def _update_gpus(self) -> None:
+        table = self.query_one("#gpus-table", GpusTable)
+        table.apply_snapshot(self.hosts_snapshot, self.widths, self.gpu_filter, self.gpu_sort)
+        total = sum(len(h.get("gpus") or []) for h in self.hosts_snapshot)
+        status = (f"{table.row_count}/{total} GPUs · filter: {escape(self.gpu_filter.describe())} · "
+                  f"sort: {SORT_LABELS[self.gpu_sort]}  [$text-muted](/ filter · b busy/idle · o sort)[/]")
+        self.query_one("#gpus-status", Static).update(status)
+
+    def _update_jobs(self, now: float) -> None:
+        jobs = self.jobs_snapshot
+        self.query_one("#jobs-table", JobsTable).apply(job_rows(jobs.rows, now))
+        n = len(jobs.rows)
+        status = f"{n} job(s) · {jobs_running(jobs.rows)} running  [$text-muted](enter opens · l launch · s stop)[/]"
+        if not n:
+            status = "no jobs yet: press l to launch one"
+        self.query_one("#jobs-status", Static).update(status)
+
+    def _update_detail(self, tab: str, now: float) -> None:
+        detail = self.jobwatch.detail(self.job_id) if self.job_id else None
+        if tab == "job":
+            self._update_job(detail, now)
+        elif tab == "checkpoints":
+            self._update_checkpoints(detail, now)
+        elif tab == "logs":
+            view = self.query_one("#log-view", LogView)
+            view.set_buffer(detail.logs if detail else None,
+                            empty_message="no job open: pick one in Jobs (3)" if detail is None else None)
+            self._update_logs_status()
+
+    def _update_job(self, detail: JobDetail | None, now: float) -> None:
+        head = self.query_one("#job-head", Static)
+        chart = self.query_one("#loss", LossChart)
+        ranks = self.query_one("#ranks-table", RanksTable)
+        if detail is None:
+            head.update("no job open: launch one (l), or pick one in Jobs (3) and press enter")
+            chart.set_points((), None, empty="no job open")
+            ranks.apply([])
+            return
+        r = detail.row
+        lvl = {"running": "$success", "succeeded": "$success", "failed": "$error"}.get(r.state, "$warning")
+        line1 = (f"[b]{escape(r.job_id)}[/b]  [{lvl}]{escape(r.state)}[/]"
+                 + (f" after {r.restarts} restart(s)" if r.restarts else "")
+                 + f"  [$text-muted]on[/] {escape(placement_text(r.placement))}")
+        step = "-" if r.step is None else (f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step))
+        eta = r.eta_s
+        best = min((p[1] for p in detail.points), default=None)
+        line2 = (f"step [b]{step}[/b] · loss [b]{loss_text(r.loss)}[/b]"
+                 + (f" (min {loss_text(best)})" if best is not None and r.loss is not None and best < r.loss else "")
+                 + f" · {step_rate_text(r.step_rate)}"
+                 + (f" · ETA [b]{duration(eta)}[/b]" if eta is not None else "")
+                 + f" · runtime {duration(r.runtime_s(now))} · ranks {r.ranks_running}/{r.ranks_total} running")
+        lines = [line1, line2]
+        if r.unreachable:
+            lines.append(f"[$warning]not answering: {escape(', '.join(r.unreachable))}[/]")
+        if r.cause:
+            lines.append(f"[$error]cause: {escape(_cause_text(r.cause))}[/]")
+            for tail in (r.cause.get("tail") or [])[-3:]:
+                lines.append(f"[$text-muted]  | {escape(str(tail))}[/]")
+        head.update("\n".join(lines))
+        x_max = float(r.total_steps - 1) if r.total_steps else None
+        chart.set_points(detail.points, (r.job_id, detail.points_version), x_max=x_max,
+                         empty="waiting for the first loss")
+        ranks.apply(rank_rows(detail.ranks))
+
+    def _update_checkpoints(self, detail: JobDetail | None, now: float) -> None:
+        head = self.query_one("#ckpt-head", Static)
+        saves = self.query_one("#saves-table", SavesTable)
+        if detail is None:
+            head.update("no job open: pick one in Jobs (3)")
+            saves.apply([])
+            return
+        ck = detail.checkpoints
+        owners = ", ".join(o.label() for o in ck.owners) or "-"
+        lines = [f"[b]{escape(detail.row.job_id)}[/b]  policy [b]{escape(ck.policy)}[/b]"
+                 + (f" · dir {escape(ck.directory)}" if ck.directory else "")
+                 + f" · owner{'s' if len(ck.owners) != 1 else ''} [b]{escape(owners)}[/b]"]
+        d = ck.last_done
+        if d is not None:
+            age = duration(now - d.time) + " ago" if d.time is not None else "-"
+            speed = f"{size_bytes(d.speed_bps)}/s" if d.speed_bps else "-"
+            lines.append(f"last complete: step [b]{d.step}[/b] by {escape(d.owner.label())} · {age} · "
+                         f"{size_bytes(d.bytes)} in {d.seconds or 0:.2f}s · {speed}")
+        else:
+            lines.append("[$text-muted]no complete checkpoint yet[/]")
+        if ck.failed:
+            lines.append(f"[$error]{ck.failed} failed save(s): highlighted below[/]")
+        for m in ck.moves[-2:]:
+            lines.append(f"[$warning]owner moved: {escape(m.from_.label())} → {escape(m.to.label())}"
+                         f" ({escape(m.reason or '')})[/]")
+        head.update("\n".join(lines))
+        from tui.widgets.tables import save_rows
+
+        saves.apply(save_rows(ck, now))
+
+    def _update_logs_status(self) -> None:
+        view = self.query_one("#log-view", LogView)
+        if view.buffer is None:
+            self.query_one("#logs-status", Static).update("no job open")
+            return
+        rank = "all ranks" if view.rank is None else f"rank {view.rank}"
+        parts = [f"[b]{escape(self.job_id or '')}[/b]", rank, f"follow {'on' if view.follow else 'off'}",
+                 f"{view.line_count} lines"]
+        if view.search:
+            parts.append(escape(view.match_status))
+        text = " · ".join(parts) + "  [$text-muted](r rank · f follow · / search · n next)[/]"
+        self.query_one("#logs-status", Static).update(text)
+
+    @on(LogView.Changed)
+    def _log_changed(self) -> None:
+        self._update_logs_status()
+
+    # -- navigation -------------------------------------------------------------------------
+
+    def action_show_tab(self, tab: str) -> None:
+        self.tabs.active = tab
+
+    @on(TabbedContent.TabActivated)
+    def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        pane = event.pane.id
+        self.refresh_views()
+        focus = {"hosts": "#hosts-table", "gpus": "#gpus-table", "jobs": "#jobs-table", "job": "#ranks-table",
+                 "checkpoints": "#saves-table", "logs": "#log-view"}.get(pane or "")
+        if focus:
+            self.query_one(focus).focus()
+
+    def select_job(self, job_id: str | None) -> None:
+        if job_id != self.job_id:
+            self.job_id = job_id
+            self.jobwatch.select(job_id)
+            self._dirty |= set(JOB_TABS)
+
+    @on(DataTable.RowSelected, "#jobs-table")
+    def _job_chosen(self, event: DataTable.RowSelected) -> None:
+        if event.row_key.value:
+            self.select_job(event.row_key.value)
+            self.tabs.active = "job"
+
+    @on(Input.Submitted, "#gpu-filter")
+    @on(Input.Changed, "#gpu-filter")
+    def _filter_changed(self, event: Input.Changed | Input.Submitted) -> None:
+        self.gpu_filter = GpuFilter(self.gpu_filter.busy, event.value)
+        self.refresh_views(force=True)
+        if isinstance(event, Input.Submitted):
+            self.query_one("#gpus-table").focus()
+
+    @on(LogView.SearchRequested)
+    def _search_requested(self) -> None:
+        box = self.query_one("#log-search", Input)
+        box.display = True
+        box.focus()
+
+    @on(Input.Submitted, "#log-search")
+    def _search_submitted(self, event: Input.Submitted) -> None:
+        view = self.query_one("#log-view", LogView)
+        view.set_search(event.value.strip())
+        if not event.value.strip():
+            event.input.display = False
+        view.focus()
+
+    def on_key(self, event: Any) -> None:
+        if event.key == "escape" and self.focused is not None and self.focused.id in ("log-search", "gpu-filter"):
+            box = self.focused
+            assert isinstance(box, Input)
+            if box.id == "log-search":
+                box.value = ""
+                box.display = False
+                view = self.query_one("#log-view", LogView)
+                view.set_search("")
+                view.focus()
+            else:
+                self.query_one("#gpus-pane", GpusPane).action_clear_filter()
+                self.query_one("#gpus-table").focus()
+            event.stop()
+
+    # -- the current host and job -----------------------------------------------------------
+
+    def current_host(self) -> str | None:
+        names = [h["name"] for h in self.hosts_snapshot] or list(self.controller.inventory.names)
+        if self.tabs.active == "gpus":
+            key = self.query_one("#gpus-table", GpusTable).cursor_key
+            if key:
+                return key.split("/", 1)[0]
+        key = self.query_one("#hosts-table", HostsTable).cursor_key
+        if key:
+            return key
+        return names[0] if names else None
+
+    def current_job(self) -> str | None:
+        if self.tabs.active == "jobs":
+            key = self.query_one("#jobs-table", JobsTable).cursor_key
+            if key:
+                return key
+        return self.job_id
+
+    def host_entry(self, name: str) -> dict[str, Any] | None:
+        return next((h for h in self.hosts_snapshot if h["name"] == name), None)
+
+    # -- actions ----------------------------------------------------------------------------
+
+    def action_launch(self) -> None:
+        def done(job_id: str | None) -> None:
+            if job_id:
+                self.select_job(job_id)
+                self.notify(f"launched {job_id}", title="job")
+                self.tabs.active = "job"
+                self.refresh_views(force=True)
+
+        self.push_screen(LaunchScreen(self.jobwatch.launch, hosts=self.jobwatch.inventory_hosts(),
+                                      spec_path=self.spec_path), done)
+
+    def action_stop_job(self) -> None:
+        job_id = self.current_job()
+        if job_id is None:
+            self.notify("no job selected: pick one in Jobs (3)", severity="warning")
+            return
+        row = self.jobs_snapshot.row(job_id)
+        if row is not None and row.state in TERMINAL:
+            self.notify(f"{job_id} has already ended ({row.state})", severity="warning")
+            return
+        try:
+            plan = self.jobwatch.stop_plan(job_id)
+        except Exception as e:  # JobError: not in the history
+            self.notify(describe_error(e), severity="error")
+            return
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.notify(f"stopping {job_id}…", title="job")
+                self._stop_job(job_id)
+
+        self.push_screen(ConfirmStop(plan), confirmed)
+
+    @work(thread=True, group="action", name="stop", exit_on_error=False)
+    def _stop_job(self, job_id: str) -> str:
+        state = self.jobwatch.stop_job(job_id)
+        return f"{job_id}: {state}"
+
+    def action_deploy(self, host: str | None = None, all_hosts: bool = False) -> None:
+        names = None if all_hosts else [host or self.current_host()]
+        if names == [None]:
+            return
+        what = "every host" if names is None else names[0]
+        self.notify(f"deploying the agent to {what}…", title="deploy")
+        self._deploy(names)
+
+    @work(thread=True, group="action", name="deploy", exit_on_error=False)
+    def _deploy(self, names: list[str] | None) -> str:
+        reports: list[HostReport] = self.controller.deploy(names)
+        lines = []
+        for r in reports:
+            if r.error:
+                lines.append(f"{r.name}: {r.error}")
+            else:
+                lines.append(f"{r.name}: agent {r.agent_version} " + ("copied" if r.copied else "already current"))
+                self.monitor.reconnect(r.name)
+        return "\n".join(lines)
+
+    def action_reconnect(self) -> None:
+        host = self.current_host()
+        if host:
+            self.monitor.reconnect(host)
+            self.notify(f"reconnecting {host}", title="hosts")
+
+    def action_reconnect_all(self) -> None:
+        for name in self.controller.inventory.names:
+            self.monitor.reconnect(name)
+        self.notify("reconnecting every host", title="hosts")
+
+    def action_trust(self, host: str | None = None) -> None:
+        host = host or self.current_host()
+        entry = self.host_entry(host) if host else None
+        if entry is None or not entry.get("host_key"):
+            self.notify(f"{host}: no host key waits for a decision", severity="warning")
+            return
+        spec = self.controller.inventory.get(entry["name"])
+        known = str(self.controller.inventory.known_hosts)
+        key = entry["host_key"]
+
+        def decided(yes: bool | None) -> None:
+            if yes:
+                self._trust(entry["name"], key["fingerprint"])
+
+        self.push_screen(TrustHostKey(entry["name"], f"{spec.address}:{spec.port}", key, known), decided)
+
+    @work(thread=True, group="action", name="trust", exit_on_error=False)
+    def _trust(self, host: str, fingerprint: str) -> str:
+        name = self.controller.trust_host_key(host, fingerprint)
+        self.monitor.reconnect(host)
+        return f"{host}: recorded {fingerprint} for {name}; connecting"
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen(self.binding_groups(), str(self.keymap_file), self.keymap_problems))
 
     @on(Worker.StateChanged)
     def _worker_done(self, event: Worker.StateChanged) -> None:
-        if event.worker.group != "hosts":
+        """Every action's outcome, success or error, is reported here and nowhere else."""
+        w = event.worker
+        if w.group != "action":
             return
-        if event.state == WorkerState.SUCCESS and event.worker.result is not None:
-            self.show_reports(event.worker.result)
+        if event.state == WorkerState.SUCCESS and w.result:
+            self.notify(escape(str(w.result)), title=w.name)
+            self.refresh_views(force=True)
         elif event.state == WorkerState.ERROR:
-            self.query_one("#errors", Static).update(f"error: {event.worker.error}")
+            self.notify(escape(describe_error(w.error or Exception("failed"))), title=f"{w.name} failed",
+                        severity="error", timeout=12)
 
-    def show_reports(self, reports: list[HostReport]) -> None:
-        table = self.query_one("#hosts", DataTable)
-        with self.batch_update():
-            for r in reports:
-                self.reports[r.name] = r
-                row = host_row(r)
-                for key, _ in HOST_COLUMNS:
-                    table.update_cell(r.name, key, row[key])
-        up = sum(1 for r in self.reports.values() if r.reachable and not r.error)
-        gpus = sum(len(r.gpus) for r in self.reports.values())
-        self.query_one("#summary", Static).update(
-            f"hosts {up}/{len(self.reports)} up · GPUs {gpus} · agent {self.controller.bundle.version}"
-        )
-        errors = [r.error for r in self.reports.values() if r.error]
-        self.query_one("#errors", Static).update("\n".join(e for e in errors if e))
 
-    def on_unmount(self) -> None:
-        self.controller.close()
+def host_detail(h: Mapping[str, Any], inventory: Any) -> str:
+    """The selected host in full: where it is, what runs there, and why it is not up."""
+    try:
+        spec = inventory.get(h["name"])
+        where = "local" if spec.is_local else f"{spec.user}@{spec.address}:{spec.port}"
+    except Exception:  # UnknownHostError: a recorded snapshot without inventory entry
+        where = str(h.get("address") or "")
+    status = str(h.get("status") or "connecting")
+    lvl = {"up": "$success", "stale": "$warning", "down": "$error"}.get(status, "$text-muted")
+    parts = [f"[b]{escape(h['name'])}[/b] {escape(where)}", f"[{lvl}]{status}[/]"]
+    if h.get("hostname"):
+        parts.append(escape(str(h["hostname"])))
+    if h.get("agent_version"):
+        parts.append(f"agent {escape(str(h['agent_version']))} (pid {h.get('agent_pid')})")
+    s = h.get("host_sample") or {}
+    if s.get("cpu_per_core"):
+        parts.append(f"{len(s['cpu_per_core'])} cores, load " + " ".join(f"{x:.1f}" for x in s.get("load") or []))
+    gpus = h.get("gpus") or []
+    if gpus:
+        sim = " simulated" if any(g.get("simulated") for g in gpus) else ""
+        parts.append(f"{len(gpus)}{sim} GPU(s): {escape(str(gpus[0].get('name') or '?'))}")
+    text = " · ".join(parts)
+    why = host_why(h)
+    if why:
+        color = "$error" if status == "down" or h.get("error_kind") else "$warning"
+        text += f"\n[{color}]{escape(why)}[/]"
+    return text
+
+
+def _cause_text(cause: Mapping[str, Any]) -> str:
+    parts = []
+    if cause.get("rank") is not None:
+        parts.append(f"rank {cause['rank']}")
+    if cause.get("host"):
+        parts.append(f"on {cause['host']}")
+    if cause.get("signal"):
+        parts.append(f"killed by signal {cause['signal']}")
+    elif cause.get("exit_code") is not None:
+        parts.append(f"exited {cause['exit_code']}")
+    if cause.get("message"):
+        parts.append(str(cause["message"]))
+    if cause.get("restart_error"):
+        parts.append(f"(no restart: {cause['restart_error']})")
+    return " ".join(parts) or "unknown"
+

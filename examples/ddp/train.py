@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 import runtime
 
@@ -69,6 +70,13 @@ def batch(data: torch.Tensor, size: int, context: int, seed: int, rank: int, ste
     return x.to(device), y.to(device)
 
 
+def sharded_state(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> dict:
+    """Model and optimizer state keyed by parameter name, as torch.distributed.checkpoint wants
+    it (the ``all`` policy: every rank saves and reloads its own part)."""
+    model_state, optim_state = get_state_dict(model, opt)
+    return {"model": model_state, "optim": optim_state, "step": step}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=300)
@@ -93,11 +101,14 @@ def main() -> None:
     ckpt = runtime.Checkpointer(args.checkpoint_dir)
 
     start = 0
-    restored = ckpt.load_latest()
+    if ckpt.policy == "all":  # dcp loads in place, into a state of the same shape
+        restored = ckpt.load_latest(state=sharded_state(model, opt, -1))
+    else:
+        restored = ckpt.load_latest()
     if restored is not None:
         step, state = restored
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
         start = step + 1
         if info.rank == 0:
             print(f"resumed from step {step} ({ckpt.dir})", flush=True)
@@ -124,8 +135,8 @@ def main() -> None:
         if info.rank == 0:
             print(f"step={step} loss={value:.4f} lr={lr:.2e}", flush=True)
         if (step + 1) % args.checkpoint_every == 0 or step == args.steps - 1:
-            ckpt.save(step, {"model": model.state_dict(), "optim": opt.state_dict(),
-                             "step": step})
+            ckpt.save(step, sharded_state(model, opt, step) if ckpt.policy == "all" else
+                      {"model": model.state_dict(), "optim": opt.state_dict(), "step": step})
     if info.rank == 0:
         print(f"done: {args.steps - start} steps in {time.perf_counter() - t0:.1f}s", flush=True)
     dist.destroy_process_group()

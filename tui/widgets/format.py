@@ -77,13 +77,13 @@ def bar_text(fraction: float, width: int) -> str:
 
 @lru_cache(maxsize=16384)
 def bar_cell(pct: float | None, width: int, lvl: str, label: str, palette: Palette) -> Text:
-    """``███▍░░░░  42%``: a bar in the level's colour, the rest of the track dim, then a label."""
+    """``███▍────  42%``: a bar in the level's colour, the rest of the track dim, then a label."""
     if pct is None:
         return Text("-", style=palette["muted"])
     filled = bar_text(pct / 100.0, width)
     text = Text(no_wrap=True, overflow="crop")
     text.append(filled, palette[lvl])
-    text.append("░" * (width - len(filled)), palette["bar-empty"])
+    text.append("─" * (width - len(filled)), palette["bar-empty"])
     text.append(label)
     return text
 
@@ -139,6 +139,7 @@ def spark_cell(values: Sequence[float], width: int, palette: Palette, style: str
     return Text(spark_chars(values, width), style=palette[style], no_wrap=True, overflow="crop")
 
 
+@lru_cache(maxsize=65536)
 def size_mb(mb: float) -> str:
     """Memory in MiB as a short string: 812M, 12.3G, 80G."""
     if mb < 1000:

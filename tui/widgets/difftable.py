@@ -1,0 +1,369 @@
+"""A DataTable updated by diff, as dolphie does it.
+
+Every row has a stable key (host name, GPU uuid, job id, rank). ``apply`` takes the rows wanted
+now, in the order wanted, each as a tuple of raw (hashable) values, one per column:
+
+- rows whose key is gone are removed (in one pass, not one O(n) removal each);
+- new rows are added;
+- for rows already there only the cells whose raw value changed are rendered and stored;
+- the rows are reordered only when the wanted order differs from the shown one.
+
+All of it counts as one update of the table (one refresh), and the cursor stays on the row it
+was on. The bulk steps reach into DataTable's row bookkeeping (``_data``, ``_row_locations``),
+mirroring what its own ``update_cell``, ``remove_row`` and ``sort`` do one at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from rich.console import RenderableType
+from rich.segment import Segment
+from rich.style import Style
+from rich.text import Text
+from textual import events
+from textual._two_way_dict import TwoWayDict
+from textual.coordinate import Coordinate
+from textual.widgets import DataTable
+from textual.widgets.data_table import CellKey, ColumnKey, RowKey
+
+from tui.widgets.format import LEVELS, Palette
+
+_palette_serial = 0
+
+
+@dataclass(frozen=True)
+class Col:
+    key: str
+    label: str
+    width: int | None = None  # None: as wide as its widest cell
+
+
+class LazyCell:
+    """A cell's raw value; rendered (by its table's ``render_cell``) only when something draws
+    it, so the rows scrolled out of view cost a comparison, not a rendering."""
+
+    __slots__ = ("table", "column", "raw", "_text")
+
+    def __init__(self, table: DiffTable, column: str, raw: Any):
+        self.table = table
+        self.column = column
+        self.raw = raw
+        self._text: RenderableType | None = None
+
+    @property
+    def text(self) -> RenderableType:
+        if self._text is None:
+            self._text = self.table.render_cell(self.column, self.raw, self.table.palette)
+        return self._text
+
+    @property
+    def plain(self) -> str:
+        t = self.text
+        return t.plain if isinstance(t, Text) else str(t)
+
+    def __rich__(self) -> RenderableType:
+        return self.text
+
+    def __str__(self) -> str:
+        return self.plain
+
+    def __repr__(self) -> str:
+        return f"LazyCell({self.column}={self.raw!r})"
+
+
+@dataclass
+class ApplyStats:
+    added: int = 0
+    removed: int = 0
+    cells: int = 0
+    reordered: bool = False
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.removed or self.cells or self.reordered)
+
+
+class DiffTable(DataTable[RenderableType]):
+    """Subclasses give ``render_cell(column_key, raw, palette)``."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {f"rd--{lvl}" for lvl in LEVELS}
+    DEFAULT_CSS = """
+    DiffTable > .rd--ok { color: $success; }
+    DiffTable > .rd--warn { color: $warning; }
+    DiffTable > .rd--crit { color: $error; text-style: bold; }
+    DiffTable > .rd--muted { color: $text-muted; }
+    DiffTable > .rd--dim { color: $text-disabled; }
+    DiffTable > .rd--accent { color: $accent; }
+    DiffTable > .rd--strong { text-style: bold; }
+    DiffTable > .rd--bar-empty { color: $surface-lighten-2; }
+    """
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=True)
+        self._cols: tuple[Col, ...] = ()
+        self._raw: dict[str, tuple[Any, ...]] = {}
+        self._order: list[str] = []
+        self._palette: Palette | None = None
+        # Rendered cells and rows that survive table updates (DataTable's own caches do not).
+        self._seg_cache: dict[tuple[str, Any, int], list[Segment]] = {}
+        self._rows_rendered: dict[str, tuple[Any, Any, Any, Any]] = {}
+        self._frame: Any = None
+        self._frame_styles: dict[tuple[int, bool, bool], tuple[Style, Style]] = {}
+        self._widths: tuple[int, ...] = ()
+
+    # -- palette ----------------------------------------------------------------------------
+
+    def on_mount(self) -> None:
+        self.app.theme_changed_signal.subscribe(self, self._theme_changed)
+
+    def _theme_changed(self, _theme: object) -> None:
+        self._palette = None
+        self._seg_cache.clear()
+        for row in self._data.values():  # every cell renders again in the new colours
+            for cell in row.values():
+                if isinstance(cell, LazyCell):
+                    cell._text = None
+        self._update_count += 1
+        self.refresh()
+
+    @property
+    def palette(self) -> Palette:
+        if self._palette is None:
+            global _palette_serial
+            _palette_serial += 1
+            styles = {lvl: self.get_component_rich_style(f"rd--{lvl}", partial=True) for lvl in LEVELS}
+            self._palette = Palette(_palette_serial, styles)
+        return self._palette
+
+    # -- rendering --------------------------------------------------------------------------
+
+    def _segments(self, column: str, raw: Any, width: int) -> list[Segment]:
+        """A cell as padded segments exactly ``width`` wide (its own styles only), cached by
+        value: equal values in different rows (every idle GPU's "0%") render once."""
+        key = (column, raw, width)
+        hit = self._seg_cache.get(key)
+        if hit is not None:
+            return hit
+        cell = self.render_cell(column, raw, self.palette)
+        console = self.app.console
+        pad = self.cell_padding
+        inner = max(0, width - 2 * pad)
+        if isinstance(cell, Text):
+            text = cell
+            if text.cell_len > inner:
+                text = cell.copy()
+                text.truncate(inner, overflow="ellipsis" if cell.overflow == "ellipsis" else "crop")
+            segments = list(text.render(console))
+            if text.style:
+                segments = list(Segment.apply_style(segments, console.get_style(text.style)))
+        else:
+            options = console.options.update_dimensions(inner, 1).update(no_wrap=True)
+            segments = console.render_lines(cell, options, pad=False)[0]
+        segments = Segment.adjust_line_length(segments, inner)
+        if pad:
+            segments = [Segment(" " * pad), *segments, Segment(" " * pad)]
+        if len(self._seg_cache) > 50_000:
+            self._seg_cache.clear()
+        self._seg_cache[key] = segments
+        return segments
+
+    def _render_line_in_row(self, row_key: RowKey, line_no: int, base_style: Style,
+                            cursor_location: Any, hover_location: Any) -> Any:
+        """DataTable's row rendering, minus its cost.
+
+        DataTable renders every cell of a row through Padding and Console.render_lines, and
+        forgets every rendered row on any update of the table. Here cells render from their raw
+        values (cached by value) only when a row is drawn, and a row is rebuilt only when its
+        values, position or look changed. The result is the same: padded cells, cell styles
+        between the row style and the cursor/hover style, row meta for the mouse, and the row
+        extended to the widget's width.
+        """
+        key = row_key.value
+        raw = self._raw.get(key) if key is not None else None
+        if (raw is None or line_no != 0 or self.fixed_columns or self.fixed_rows
+                or self.cursor_type != "row" or (self._labelled_row_exists and self.show_row_labels)):
+            return super()._render_line_in_row(row_key, line_no, base_style, cursor_location, hover_location)
+        row_index = self._row_locations.get(row_key)
+        cursor = self.show_cursor and cursor_location.row == row_index
+        hover = self._show_hover_cursor and hover_location.row == row_index
+        frame = (base_style, self._pseudo_class_state, self.size.width, self.show_cursor, self._palette)
+        if frame != self._frame:
+            self._frame = frame
+            self._frame_styles.clear()
+            self._widths = tuple(c.get_render_width(self) for c in self.ordered_columns)
+        look = (row_index, cursor, hover)
+        hit = self._rows_rendered.get(key)
+        if hit is not None and hit[0] == look and hit[1] is raw and hit[2] is frame:
+            return hit[3]
+        styles = self._frame_styles.get((row_index % 2, cursor, hover))
+        if styles is None:
+            component_style, post_style = self._get_styles_to_render_cell(
+                False, False, False, hover, cursor, self.show_cursor, self._show_hover_cursor,
+                self.cursor_foreground_priority == "css", self.cursor_background_priority == "css",
+            )
+            row_style = self._get_row_style(row_index, base_style)
+            styles = (row_style + component_style, post_style)
+            self._frame_styles[(row_index % 2, cursor, hover)] = styles
+        pre, post_style = styles
+        segments: list[Segment] = []
+        widths = self._widths
+        for column, value, width in zip(self.column_keys, raw, widths, strict=True):
+            segments.extend(self._segments(column, value, width))
+        line = list(Segment.apply_style(segments, style=pre, post_style=post_style))
+        remaining = max(0, self.size.width - sum(widths) - self._row_label_column_width)
+        line.append(Segment(" " * remaining, pre))
+        # No row/column meta on body segments (a new Style per segment and row, the biggest cost
+        # of drawing a row): clicks and hovers find their row from the mouse position instead.
+        pair = ([], [line])
+        self._rows_rendered[key] = (look, raw, frame, pair)
+        return pair
+
+    def _row_at(self, event: events.MouseEvent) -> int | None:
+        """The body row under the mouse (rows are one line high), or None."""
+        y = event.y - (self.header_height if self.show_header else 0)
+        if y < 0 or event.x >= self.size.width:
+            return None
+        row = int(self.scroll_y) + y
+        return row if 0 <= row < self.row_count else None
+
+    async def _on_click(self, event: events.Click) -> None:
+        if "row" in event.style.meta or self.cursor_type != "row":
+            await super()._on_click(event)  # the header, or DataTable's own cells
+            return
+        row = self._row_at(event)
+        if row is None or not self.show_cursor:
+            return
+        self._set_hover_cursor(True)
+        highlight_click = row == self.cursor_coordinate.row
+        self.cursor_coordinate = Coordinate(row, 0)
+        if highlight_click:
+            self._post_selected_message()
+        self._scroll_cursor_into_view(animate=True)
+        event.stop()
+
+    def _on_mouse_move(self, event: events.MouseMove) -> None:
+        if "row" in event.style.meta or self.cursor_type != "row":
+            super()._on_mouse_move(event)
+            return
+        row = self._row_at(event)
+        if row is None:
+            self._set_hover_cursor(False)
+            return
+        self._set_hover_cursor(True)
+        if self.show_cursor:
+            self.hover_coordinate = Coordinate(row, 0)
+
+    # -- columns ----------------------------------------------------------------------------
+
+    def set_columns(self, cols: Sequence[Col]) -> bool:
+        """Define the columns; when they change, the rows go (the next ``apply`` adds them)."""
+        cols = tuple(cols)
+        if cols == self._cols:
+            return False
+        self.clear(columns=True)
+        self._seg_cache.clear()
+        self._rows_rendered.clear()
+        self._frame = None
+        self._raw.clear()
+        self._order = []
+        self._cols = cols
+        for c in cols:
+            self.add_column(Text(c.label), key=c.key, width=c.width)
+        return True
+
+    @property
+    def column_keys(self) -> tuple[str, ...]:
+        return tuple(c.key for c in self._cols)
+
+    def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
+        return Text("" if raw is None else str(raw))
+
+    # -- rows -------------------------------------------------------------------------------
+
+    @property
+    def cursor_key(self) -> str | None:
+        if not self._order or self.cursor_row < 0 or self.cursor_row >= len(self._order):
+            return None
+        try:
+            return self.coordinate_to_cell_key(self.cursor_coordinate).row_key.value
+        except Exception:  # CellDoesNotExist while rows change
+            return None
+
+    def raw(self, key: str) -> tuple[Any, ...] | None:
+        return self._raw.get(key)
+
+    def apply(self, rows: Sequence[tuple[str, tuple[Any, ...]]]) -> ApplyStats:
+        """Make the table show ``rows`` (key, raw values), in this order, changing only what differs."""
+        stats = ApplyStats()
+        cols = self.column_keys
+        wanted = [k for k, _ in rows]
+        wanted_set = set(wanted)
+        cursor_key = self.cursor_key
+        data = self._data
+
+        stale = [k for k in self._order if k not in wanted_set]
+        if stale:
+            for k in stale:
+                rk = RowKey(k)
+                for ck in cols:
+                    self._updated_cells.discard(CellKey(rk, ColumnKey(ck)))
+                del self.rows[rk]
+                del data[rk]
+                del self._raw[k]
+                self._rows_rendered.pop(k, None)
+            self._order = [k for k in self._order if k in wanted_set]
+            self._row_locations = TwoWayDict({RowKey(k): i for i, k in enumerate(self._order)})
+            self._require_update_dimensions = True
+            stats.removed = len(stale)
+
+        auto = {c.key for c in self._cols if c.width is None}
+        for key, values in rows:
+            old = self._raw.get(key)
+            if old is None:
+                self.add_row(*[LazyCell(self, c, v) for c, v in zip(cols, values, strict=True)], key=key)
+                self._order.append(key)
+                self._raw[key] = values
+                stats.added += 1
+            elif old != values:
+                row = data[key]  # type: ignore[index]
+                if len(old) != len(values):
+                    old = (object(),) * len(values)
+                for c, o, v in zip(cols, old, values, strict=True):
+                    if o != v:
+                        row[c] = LazyCell(self, c, v)  # type: ignore[index]
+                        stats.cells += 1
+                        if c in auto:  # DataTable measures the column again when idle
+                            self._updated_cells.add(CellKey(RowKey(key), ColumnKey(c)))
+                            self._require_update_dimensions = True
+                self._raw[key] = values
+
+        if self._order != wanted:
+            self._order = wanted
+            self._row_locations = TwoWayDict({RowKey(k): i for i, k in enumerate(wanted)})
+            stats.reordered = True
+
+        if stats.changed:
+            self._update_count += 1
+            if stats.removed or stats.added:
+                self.refresh(layout=True)
+            else:
+                self.refresh()
+            if cursor_key is not None and (stats.removed or stats.reordered) and cursor_key in wanted_set:
+                self.move_cursor(row=wanted.index(cursor_key), animate=False, scroll=False)
+            elif stats.removed:
+                self.cursor_coordinate = self.cursor_coordinate  # clamps to the rows left
+        return stats
+
+    def rebuild(self, rows: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
+        """The naive way (clear, then add every row): the benchmark's baseline."""
+        cols = self.column_keys
+        self.clear()
+        self._raw.clear()
+        self._order = []
+        for key, values in rows:
+            self.add_row(*[LazyCell(self, c, v) for c, v in zip(cols, values, strict=True)], key=key)
+            self._order.append(key)
+            self._raw[key] = values

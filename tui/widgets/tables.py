@@ -1,0 +1,466 @@
+"""The panels' tables: rows built from snapshots (plain functions), drawn by diff.
+
+Each ``*_rows`` function turns controller state into ``(key, raw values)`` rows; raw values are
+small hashable tuples, quantised to what the cell can show, so a row whose numbers moved below
+what the screen can draw changes nothing. Each table renders a cell from its raw value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import RenderableType
+from rich.text import Text
+
+from tui.jobwatch import TERMINAL, CheckpointSave, CheckpointView, JobRow, OwnerMove
+from tui.widgets.difftable import Col, DiffTable
+from tui.widgets.format import (
+    MEM_THRESHOLDS,
+    SPARK,
+    Palette,
+    bar_cell,
+    duration,
+    level,
+    loss_text,
+    pct_bar,
+    placement_text,
+    power_cell,
+    rate_bytes,
+    size_bytes,
+    size_mb,
+    state_cell,
+    step_rate_text,
+    temp_cell,
+    util_level,
+)
+
+BUSY_UTIL_PCT = 5.0
+
+
+def gpu_busy(g: Mapping[str, Any]) -> bool:
+    return bool(g.get("processes")) or (g.get("utilization_pct") or 0.0) >= BUSY_UTIL_PCT
+
+
+@dataclass(frozen=True)
+class Widths:
+    """Column widths for a terminal width: bars and sparklines grow with the screen."""
+
+    bar: int
+    spark: int
+    job: int
+    wide: bool
+    why: int
+
+    @classmethod
+    def for_width(cls, width: int) -> Widths:
+        if width >= 150:
+            return cls(bar=12, spark=24, job=30, wide=True, why=max(24, width - 100))
+        if width >= 110:
+            return cls(bar=10, spark=16, job=24, wide=False, why=max(16, width - 96))
+        return cls(bar=5, spark=8, job=15, wide=False, why=24)
+
+
+def _text(s: object, style: Any = None) -> Text:
+    # Never a str cell: DataTable would read "[h1 r0]" as markup.
+    return Text("-" if s is None else str(s), style=style or "", no_wrap=True, overflow="ellipsis")
+
+
+# ---------------------------------------------------------------------------------------------
+# Hosts
+
+
+def host_why(h: Mapping[str, Any]) -> str:
+    if h.get("status") == "up":
+        if h.get("upgrade_pending"):
+            return f"agent upgrade to {h['upgrade_pending']} when its jobs end"
+        return ""
+    key = h.get("host_key")
+    if h.get("error_kind") == "unknown-host-key" and key:
+        return f"unknown host key {key.get('type', '')} {key.get('fingerprint', '')}: press t to trust"
+    if h.get("error_kind") == "host-key-changed" and key:
+        return f"HOST KEY CHANGED: now {key.get('fingerprint')}, known_hosts has {key.get('expected')}"
+    return str(h.get("reason") or "")
+
+
+def host_rows(snapshot: Sequence[Mapping[str, Any]], w: Widths) -> list[tuple[str, tuple[Any, ...]]]:
+    rows = []
+    for h in snapshot:
+        s = h.get("host_sample") or {}
+        stale = h.get("status") != "up"
+        gpus = h.get("gpus") or []
+        busy = sum(1 for g in gpus if gpu_busy(g))
+        cpu = s.get("cpu_pct")
+        mem_used, mem_total = s.get("mem_used_mb"), s.get("mem_total_mb")
+        mem_q = None if mem_used is None or not mem_total else round(mem_used / mem_total * w.bar * 8)
+        rows.append((h["name"], (
+            h["name"],
+            h.get("status") or "connecting",
+            h.get("hostname") or "-",
+            (h.get("agent_version") or "-", bool(h.get("upgrade_pending"))),
+            (None if cpu is None else round(cpu), w.bar, stale),
+            (mem_q, mem_used and size_mb(mem_used), mem_total and size_mb(mem_total), w.bar, stale),
+            (busy, len(gpus), bool(h.get("simulated")) or any(g.get("simulated") for g in gpus), h.get("gpu_source")),
+            (host_why(h), h.get("error_kind")),
+        )))
+    return rows
+
+
+class HostsTable(DiffTable):
+    def columns_for(self, w: Widths) -> list[Col]:
+        return [
+            Col("host", "Host"), Col("state", "State", 10), Col("hostname", "Hostname"),
+            Col("agent", "Agent", 10), Col("cpu", "CPU", w.bar + 5), Col("mem", "Memory", w.bar + 12),
+            Col("gpus", "GPUs", 9), Col("why", "Why", w.why),
+        ]
+
+    def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
+        if column == "state":
+            return state_cell(raw, palette)
+        if column == "agent":
+            version, upgrading = raw
+            t = _text(version[:8])
+            if upgrading:
+                t.append(" ↑", style=palette["warn"])
+            return t
+        if column == "cpu":
+            pct, bw, stale = raw
+            if pct is None:
+                return _text("-", palette["muted"])
+            return bar_cell(float(pct), bw, "dim" if stale else util_level(pct), f" {pct:3d}%", palette)
+        if column == "mem":
+            q, used, total, bw, stale = raw
+            if q is None:
+                return _text("-", palette["muted"])
+            pct = 100.0 * q / (bw * 8)
+            return bar_cell(pct, bw, "dim" if stale else level(pct, MEM_THRESHOLDS), f" {used}/{total}", palette)
+        if column == "gpus":
+            busy, total, sim, source = raw
+            if not total:
+                return _text("none" if source == "none" else "-", palette["muted"])
+            t = Text(f"{busy}/{total}", no_wrap=True)
+            if sim:
+                t.append(" sim", style=palette["muted"])
+            return t
+        if column == "why":
+            why, kind = raw
+            return _text(why, palette["crit"] if kind in ("unknown-host-key", "host-key-changed") else palette["muted"])
+        return _text(raw)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPUs
+
+SORTS = ("host", "util", "memory", "temp", "job")
+SORT_LABELS = {"host": "host", "util": "util ↓", "memory": "memory ↓", "temp": "temp ↓", "job": "job"}
+BUSY_FILTERS = ("all", "busy", "idle")
+
+
+@dataclass(frozen=True)
+class GpuFilter:
+    """Which GPUs to show: ``busy`` (all, busy, idle) and free text matched against host and job;
+    ``host:NAME`` and ``job:ID`` match one field only."""
+
+    busy: str = "all"
+    text: str = ""
+
+    def describe(self) -> str:
+        parts = [] if self.busy == "all" else [self.busy]
+        if self.text:
+            parts.append(repr(self.text))
+        return " ".join(parts) or "none"
+
+    def matches(self, host: str, g: Mapping[str, Any], job_ids: Iterable[str]) -> bool:
+        if self.busy != "all" and gpu_busy(g) != (self.busy == "busy"):
+            return False
+        jobs = list(job_ids)
+        for word in self.text.lower().split():
+            if word.startswith("host:"):
+                if word[5:] not in host.lower():
+                    return False
+            elif word.startswith("job:"):
+                if not any(word[4:] in j.lower() for j in jobs):
+                    return False
+            elif word in ("busy", "idle"):
+                if gpu_busy(g) != (word == "busy"):
+                    return False
+            elif word not in host.lower() and not any(word in j.lower() for j in jobs):
+                return False
+        return True
+
+
+def gpu_job_label(g: Mapping[str, Any]) -> tuple[str, str]:
+    """(what runs on the GPU, its kind: job | foreign | idle)."""
+    procs = g.get("processes") or []
+    jobs: dict[str, list[int]] = {}
+    foreign = []
+    for p in procs:
+        if p.get("job_id"):
+            jobs.setdefault(p["job_id"], [])
+            if p.get("rank") is not None:
+                jobs[p["job_id"]].append(int(p["rank"]))
+        else:
+            foreign.append(p)
+    if jobs:
+        parts = []
+        for job_id, ranks in jobs.items():
+            rs = ",".join(f"r{r}" for r in sorted(set(ranks)))
+            parts.append(f"{job_id} {rs}".strip())
+        return " + ".join(parts), "job"
+    if foreign:
+        p = foreign[0]
+        more = f" +{len(foreign) - 1}" if len(foreign) > 1 else ""
+        return f"{p.get('user') or '?'} pid {p.get('pid')}{more}", "foreign"
+    return "-", "idle"
+
+
+_SPARK_OF = tuple(int(round(v * (len(SPARK) - 1) / 100.0)) for v in range(101))
+_TOP = len(SPARK) - 1
+
+
+def spark_levels(history: Sequence[float], width: int) -> tuple[int, ...]:
+    """The last ``width`` utilization values as sparkline levels (0..7)."""
+    tail = history[-width:] if isinstance(history, (list, tuple)) else list(history)[-width:]
+    return tuple(_SPARK_OF[int(v + 0.5)] if 0.0 <= v <= 100.0 else (0 if v < 0 else _TOP) for v in tail)
+
+
+def gpu_rows(snapshot: Sequence[Mapping[str, Any]], w: Widths, flt: GpuFilter = GpuFilter(),
+             sort: str = "host") -> list[tuple[str, tuple[Any, ...]]]:
+    """(GPU key, raw cells) for every GPU the filter lets through, in the chosen order.
+
+    Runs for every GPU on every sample, so it stays plain: values are rounded to what a cell
+    shows (a 0.3% change in utilization is no change on screen) and labels come from caches.
+    """
+    items = []
+    unfiltered = flt.busy == "all" and not flt.text
+    bw, spark_w, wide = w.bar, w.spark, w.wide
+    eighths = bw * 8
+    for h in snapshot:
+        host = h["name"]
+        stale = h.get("status") != "up"
+        for g in h.get("gpus") or ():
+            procs = g.get("processes")
+            if procs:
+                job, kind = gpu_job_label(g)
+            else:
+                job, kind = "-", "idle"
+            if not unfiltered:
+                job_ids = [p["job_id"] for p in procs or () if p.get("job_id")]
+                if not flt.matches(host, g, job_ids):
+                    continue
+            util = g.get("utilization_pct")
+            used, total = g.get("memory_used_mb"), g.get("memory_total_mb")
+            if used is None or not total:
+                mem = (None, "", "muted", bw, stale)
+            else:
+                pct = 100.0 * used / total
+                mem = (round(pct * eighths / 100.0), f" {size_mb(used)}/{size_mb(total)}",
+                       level(pct, MEM_THRESHOLDS), bw, stale)
+            temp, power = g.get("temperature_c"), g.get("power_w")
+            raw: tuple[Any, ...] = (
+                host,
+                (g.get("index"), bool(g.get("simulated"))),
+                (None if util is None else int(util + 0.5), bw, stale),
+                mem,
+                (None if temp is None else int(temp + 0.5), stale),
+                (None if power is None else int(power + 0.5), g.get("power_limit_w"), stale),
+                (job, kind),
+                (spark_levels(g.get("history") or (), spark_w), spark_w, stale),
+            )
+            if wide:
+                raw = (raw[0], raw[1], g.get("name") or "-", *raw[2:])
+            items.append((f"{host}/{g.get('uuid') or g.get('index')}", raw, host, g, job))
+    if sort == "util":
+        items.sort(key=lambda it: (-(it[3].get("utilization_pct") or 0.0), it[2], it[3].get("index") or 0))
+    elif sort == "memory":
+        items.sort(key=lambda it: (-(it[3].get("memory_used_mb") or 0), it[2], it[3].get("index") or 0))
+    elif sort == "temp":
+        items.sort(key=lambda it: (-(it[3].get("temperature_c") or 0.0), it[2], it[3].get("index") or 0))
+    elif sort == "job":
+        items.sort(key=lambda it: (it[4] == "-", it[4], it[2], it[3].get("index") or 0))
+    # "host": snapshot order (the inventory's), GPUs by index
+    return [(key, raw) for key, raw, *_ in items]
+
+
+class GpusTable(DiffTable):
+    def columns_for(self, w: Widths) -> list[Col]:
+        cols = [Col("host", "Host"), Col("gpu", "GPU", 5)]
+        if w.wide:
+            cols.append(Col("name", "Model"))
+        cols += [
+            Col("util", "Util", w.bar + 5), Col("mem", "Memory", w.bar + 12), Col("temp", "Temp", 5),
+            Col("power", "Power", 9), Col("job", "Job / rank", w.job), Col("hist", "Util history", w.spark),
+        ]
+        return cols
+
+    def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
+        if column == "gpu":
+            index, sim = raw
+            t = Text(str(index), no_wrap=True)
+            if sim:
+                t.append(" sim", style=palette["muted"])
+            return t
+        if column == "util":
+            pct, bw, stale = raw
+            if pct is None:
+                return _text("-", palette["muted"])
+            return bar_cell(float(pct), bw, "dim" if stale else util_level(pct), f" {pct:3d}%", palette)
+        if column == "mem":
+            q, label, lvl, bw, stale = raw
+            if q is None:
+                return _text("-", palette["muted"])
+            return bar_cell(100.0 * q / (bw * 8), bw, "dim" if stale else lvl, label, palette)
+        if column == "temp":
+            t, stale = raw
+            return _text("-" if t is None else f"{t}°C", palette["dim"]) if stale else temp_cell(t, palette)
+        if column == "power":
+            p, limit, stale = raw
+            if stale:
+                return _text("-" if p is None else f"{p}/{limit or 0:.0f}W", palette["dim"])
+            return power_cell(p, limit, palette)
+        if column == "job":
+            label, kind = raw
+            return _text(label, palette["accent"] if kind == "job" else palette["warn"] if kind == "foreign"
+                         else palette["muted"])
+        if column == "hist":
+            levels, width, stale = raw
+            chars = " " * (width - len(levels)) + "".join(SPARK[i] for i in levels)
+            return Text(chars, style=palette["dim" if stale else "accent"], no_wrap=True)
+        return _text(raw)
+
+    def apply_snapshot(self, snapshot: Sequence[Mapping[str, Any]], w: Widths, flt: GpuFilter,
+                       sort: str) -> Any:
+        return self.apply(gpu_rows(snapshot, w, flt, sort))
+
+
+# ---------------------------------------------------------------------------------------------
+# Jobs
+
+
+def job_rows(rows: Sequence[JobRow], now: float) -> list[tuple[str, tuple[Any, ...]]]:
+    out = []
+    for r in rows:
+        runtime = r.runtime_s(now)
+        step = "-" if r.step is None else (f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step))
+        ranks = f"{r.ranks_running}/{r.ranks_total}" if r.ranks_total else "-"
+        state = r.state + (f" ↻{r.restarts}" if r.restarts else "")
+        out.append((r.job_id, (
+            r.job_id,
+            (r.state, state, bool(r.unreachable)),
+            ranks,
+            step,
+            loss_text(r.loss),
+            step_rate_text(r.step_rate),
+            None if runtime is None else int(runtime),
+            placement_text(r.placement),
+            r.checkpoint_owner,
+        )))
+    return out
+
+
+class JobsTable(DiffTable):
+    def columns_for(self, w: Widths) -> list[Col]:
+        return [
+            Col("job", "Job"), Col("state", "State", 11), Col("ranks", "Ranks", 6), Col("step", "Step", 11),
+            Col("loss", "Loss", 10), Col("rate", "Rate", 9), Col("runtime", "Runtime", 8),
+            Col("placement", "Placement"), Col("ckpt", "Checkpoint owner"),
+        ]
+
+    def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
+        if column == "state":
+            state, label, unreachable = raw
+            t = state_cell(label, palette).copy()
+            t.stylize(palette[_job_level(state)])
+            if unreachable:
+                t.append(" !", style=palette["warn"])
+            return t
+        if column == "runtime":
+            return _text(duration(raw) if raw is not None else "-")
+        if column == "loss":
+            return _text(raw, palette["strong"])
+        return _text(raw)
+
+
+def _job_level(state: str) -> str:
+    return {"running": "ok", "succeeded": "ok", "failed": "crit", "stopping": "warn", "starting": "warn",
+            "stopped": "muted", "pending": "muted"}.get(state, "muted")
+
+
+# ---------------------------------------------------------------------------------------------
+# One job: ranks and checkpoints
+
+
+def rank_rows(ranks: Sequence[Mapping[str, Any]]) -> list[tuple[str, tuple[Any, ...]]]:
+    out = []
+    for r in ranks:
+        ex = f"sig {r['signal']}" if r.get("signal") else ("-" if r.get("exit_code") is None else str(r["exit_code"]))
+        out.append((f"{r.get('rank')}", (
+            r.get("rank"), r.get("host"), r.get("local_rank"), r.get("gpu"), r.get("pid"),
+            r.get("state") or "-", ex,
+        )))
+    return out
+
+
+class RanksTable(DiffTable):
+    def columns_for(self, w: Widths) -> list[Col]:
+        return [Col("rank", "Rank", 5), Col("host", "Host"), Col("local", "Local", 5), Col("gpu", "GPU", 4),
+                Col("pid", "PID", 8), Col("state", "State", 8), Col("exit", "Exit", 7)]
+
+    def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
+        if column == "state":
+            return state_cell(raw, palette)
+        if column == "exit":
+            return _text(raw, palette["crit"] if raw not in ("-", "0") else None)
+        return _text(raw)
+
+
+def save_rows(view: CheckpointView, now: float) -> list[tuple[str, tuple[Any, ...]]]:
+    """Saves and owner moves, newest first; ages from ``now`` rounded to what a cell shows."""
+    events: list[tuple[float, str, tuple[Any, ...]]] = []
+    for s in view.saves:
+        events.append((s.time or 0.0, f"save:{s.step}:{s.owner.rank}:{s.owner.host}", _save_raw(s, now)))
+    for i, m in enumerate(view.moves):
+        events.append((m.time or 0.0, f"move:{i}", _move_raw(m, now)))
+    events.sort(key=lambda e: e[0], reverse=True)
+    return [(key, raw) for _, key, raw in events]
+
+
+def _age(t: float | None, now: float) -> str:
+    return "-" if t is None else f"{duration(now - t)} ago"
+
+
+def _save_raw(s: CheckpointSave, now: float) -> tuple[Any, ...]:
+    failed = s.status == "failed"
+    cells = (
+        _age(s.time, now), str(s.step), s.owner.label(), s.status,
+        size_bytes(s.bytes) if s.bytes else "-", "-" if s.seconds is None else f"{s.seconds:.2f}s",
+        rate_bytes(s.speed_bps) if s.speed_bps else "-", s.error or "",
+    )
+    return tuple((c, failed) for c in cells)  # a failed save stands out as a whole row
+
+
+def _move_raw(m: OwnerMove, now: float) -> tuple[Any, ...]:
+    cells = (_age(m.time, now), "-", f"{m.from_.label()} → {m.to.label()}", "owner moved", "", "", "",
+             m.reason or "")
+    return tuple((c, False) for c in cells)
+
+
+class SavesTable(DiffTable):
+    def columns_for(self, w: Widths) -> list[Col]:
+        return [Col("when", "When", 10), Col("step", "Step", 7), Col("owner", "Owner"), Col("status", "Status", 11),
+                Col("size", "Size", 9), Col("secs", "Took", 7), Col("speed", "Speed", 11), Col("note", "Note")]
+
+    def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
+        value, failed = raw
+        if failed:
+            return _text(value, palette["crit"])
+        if column == "status":
+            return state_cell(value, palette) if value != "owner moved" else _text(value, palette["warn"])
+        if column == "note":
+            return _text(value, palette["muted"])
+        return _text(value)
+
+
+def jobs_running(rows: Iterable[JobRow]) -> int:
+    return sum(1 for r in rows if r.state not in TERMINAL and r.state != "pending")
