@@ -12,7 +12,7 @@ import threading
 import time
 from typing import Optional
 
-from agent.daemon import Paths, spawn_daemon
+from agent.paths import Paths, spawn_daemon
 
 CONNECT_WAIT_S = 15.0
 

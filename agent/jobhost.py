@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from typing import Any, Dict, List, Optional
 
@@ -25,7 +24,7 @@ TERMINAL = ("succeeded", "failed", "stopped")
 
 def agent_command() -> List[str]:
     """How ranks invoke this agent (the zipapp when we run from one)."""
-    from agent.daemon import self_command
+    from agent.paths import self_command
 
     return self_command()
 

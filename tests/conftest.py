@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+from pathlib import Path
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -72,3 +74,18 @@ def testbed_factory() -> Iterator[Callable[..., TestBed]]:
     finally:
         for bed in reversed(beds):
             bed.down()
+
+
+@pytest.fixture(autouse=True)
+def _no_daemon_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Tests that start agent daemons in a tmp state dir must not leave them running."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    tmp = request.getfixturevalue("tmp_path")  # set up first, so torn down after this
+    yield
+    for pid_file in Path(tmp).glob("**/run/daemon.pid"):
+        try:
+            os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+        except (ValueError, OSError):
+            pass
