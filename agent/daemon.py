@@ -90,6 +90,7 @@ class Daemon:
         self._latest_seq = 0
         self._cond = None  # type: Optional[asyncio.Condition]
         self._stop = None  # type: Optional[asyncio.Event]
+        self._wake = None  # type: Optional[asyncio.Event]
         self._server = None  # type: Any
         self._successor = None  # type: Optional[List[str]]
         self._pending_upgrade = None  # type: Optional[str]
@@ -158,6 +159,7 @@ class Daemon:
     async def serve(self) -> None:
         self._cond = asyncio.Condition()
         self._stop = asyncio.Event()
+        self._wake = asyncio.Event()
         try:
             os.unlink(self.paths.socket)  # stale: we hold the lock, so nobody else serves it
         except FileNotFoundError:
@@ -220,7 +222,9 @@ class Daemon:
         next_tick = loop.time()
         while True:
             if self._subscribers() == 0:
-                await asyncio.sleep(0.1)
+                # Idle until someone subscribes: no wake-ups while nobody listens.
+                self._wake.clear()
+                await self._wake.wait()
                 next_tick = loop.time()
                 continue
             try:
@@ -371,6 +375,7 @@ class Daemon:
             self._apply_interval(interval)
         if client.stream_task is None:
             client.stream_task = asyncio.ensure_future(self._stream(client))
+            self._wake.set()
         return {"rate_hz": 1.0 / self.interval}
 
     def _m_unsubscribe(self, client: _Client, params: Dict[str, Any]) -> Any:
@@ -406,7 +411,7 @@ class Daemon:
                     self._stop_now()
             except Exception:
                 log.exception("job watcher")
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(1.0)
 
     @staticmethod
     def _str(params: Dict[str, Any], key: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional
 from agent import clusterfiles
 from agent.rankexec import tail, write_json
 
-POLL_S = 0.2
+POLL_S = 0.5  # rank exits are noticed within this; cheap enough to leave training alone
 TERMINAL = ("succeeded", "failed", "stopped")
 
 
