@@ -149,7 +149,12 @@ class JobManager:
             "env": dict(spec.env),
             "hyperparameters": dict(spec.hyperparameters),
             "channels": dict(spec.channels),
-            "checkpoint": {"dir": spec.checkpoint.dir, "owner": spec.checkpoint.owner},
+            "checkpoint": {
+                # {job_id} keeps one job's checkpoints (across its restarts) apart from another's.
+                "dir": spec.checkpoint.dir.replace("{job_id}", job_id).replace("{name}", spec.name)
+                if spec.checkpoint.dir else None,
+                "owner": spec.checkpoint.owner,
+            },
             "restart_count": restart_count,
             "max_runtime_s": spec.max_runtime_s,
             "grace_s": spec.grace_s,
@@ -162,8 +167,10 @@ class JobManager:
         plans = {}
         for i, node in enumerate(placement.nodes):
             python = self.ctl.inventory.get(node.host).python
+            host_env = dict(self.ctl.inventory.get(node.host).env)  # the inventory's, per host
             plans[node.host] = {
                 **base,
+                "env": {**host_env, **base["env"]},
                 "node_index": i,
                 "command": [python if c == "{python}" else c.replace("{python}", python) for c in spec.command],
             }
