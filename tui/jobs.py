@@ -239,6 +239,19 @@ class JobManager:
         with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
             return dict(zip(hosts, pool.map(one, hosts), strict=True))
 
+    @staticmethod
+    def hosts_ever(rec: dict[str, Any]) -> list[str]:
+        """Every host the job has run on (a restart may have moved it): logs and metrics live there."""
+        seen: list[str] = []
+        for e in rec.get("events") or []:
+            for h in e.get("hosts") or []:
+                if h not in seen:
+                    seen.append(h)
+        for n in rec.get("placement") or []:
+            if n["host"] not in seen:
+                seen.append(n["host"])
+        return seen
+
     def record(self, ref: str) -> dict[str, Any]:
         rec = self.history.find(ref)
         if rec is None:
@@ -393,7 +406,7 @@ class JobManager:
         """Every metrics record of every rank, each once, in (step, rank) order."""
         rec = self.record(ref)
         out: list[dict[str, Any]] = []
-        for host in [n["host"] for n in rec.get("placement") or []]:
+        for host in self.hosts_ever(rec):
             offsets: dict[str, int] = {}
             while True:
                 try:
@@ -425,7 +438,7 @@ class JobManager:
             rec = self.record(job_id)
             ended = rec["state"] in TERMINAL
             got_any = False
-            for host in [n["host"] for n in rec.get("placement") or []]:
+            for host in self.hosts_ever(rec):
                 try:
                     st = self.ctl.request(host, "job_status", timeout=20, job_id=job_id)
                 except TransportError as e:
