@@ -40,6 +40,12 @@ class History:
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
+        cols = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
+        with self._db:
+            if "supervisor" not in cols:
+                self._db.execute("ALTER TABLE jobs ADD COLUMN supervisor TEXT")
+            if "lease_until" not in cols:
+                self._db.execute("ALTER TABLE jobs ADD COLUMN lease_until REAL")
 
     def close(self) -> None:
         self._db.close()
@@ -60,6 +66,21 @@ class History:
             values.append(json.dumps(v) if k in JSON_FIELDS else v)
         with self._lock, self._db:
             self._db.execute(f"UPDATE jobs SET {', '.join(cols)} WHERE job_id = ?", (*values, job_id))
+
+    def try_lease(self, job_id: str, owner: str, seconds: float) -> bool:
+        """Become (or stay) the one controller that acts on this job, for ``seconds``.
+
+        Several controllers may watch a job (the app, ``launch --wait``, ``status``); only the
+        lease holder stops, fails or restarts it, so a failure is never handled twice.
+        """
+        now = time.time()
+        with self._lock, self._db:
+            cur = self._db.execute(
+                "UPDATE jobs SET supervisor = ?, lease_until = ? WHERE job_id = ? AND "
+                "(supervisor IS NULL OR supervisor = ? OR lease_until IS NULL OR lease_until < ?)",
+                (owner, now + seconds, job_id, owner, now),
+            )
+            return cur.rowcount == 1
 
     def add_event(self, job_id: str, event: dict[str, Any]) -> None:
         rec = self.get(job_id)

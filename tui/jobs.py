@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 
 TERMINAL = ("succeeded", "failed", "stopped")
 POLL_S = 0.5
+LEASE_S = 60.0  # how long a supervising controller's claim on a job lasts without renewal
 
 
 class JobError(Exception):
@@ -101,6 +102,10 @@ class JobManager:
         self.ctl = controller
         self.history = history or History()
         self.scheduler = Scheduler()
+        import os
+        import socket
+
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
     # -- placement --------------------------------------------------------------------------
 
@@ -265,6 +270,7 @@ class JobManager:
     def stop(self, ref: str, grace_s: float | None = None, wait: bool = True) -> JobView:
         rec = self.record(ref)
         job_id = rec["job_id"]
+        self.history.update(job_id, supervisor=self.owner, lease_until=time.time() + LEASE_S)
         grace = grace_s if grace_s is not None else float(rec["spec"].get("grace_s", 30))
         self.history.update(job_id, state="stopping")
         self.history.add_event(job_id, {"event": "stop requested", "grace_s": grace})
@@ -288,6 +294,11 @@ class JobManager:
         job_id = rec["job_id"]
         states = self.host_states(rec)
         overall = overall_state(states)
+        if rec["state"] in TERMINAL:
+            return states
+        if overall != rec["state"] and not self.history.try_lease(job_id, self.owner, LEASE_S):
+            return states  # another controller is handling this job: just look
+        rec = self.record(job_id)  # as it is now that we hold the lease
         if rec["state"] in TERMINAL:
             return states
         if overall == "failed":
@@ -342,6 +353,7 @@ class JobManager:
         deadline = None if timeout is None else time.monotonic() + timeout
         last = None
         while True:
+            self.history.try_lease(job_id, self.owner, LEASE_S)  # we are the supervisor while we wait
             rec = self.record(job_id)
             self.supervise_once(rec)
             rec = self.record(job_id)
