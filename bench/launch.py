@@ -7,8 +7,8 @@
 Both sides time their steps the same way: the example's `runtime.report()` lines (the baseline
 gets RIGDECK_METRICS_DIR too, so its ranks write the same per-step timestamps).
 Launch latency = time from the command to the last rank's first step; speed = steps/s of rank 0
-between its first and last step. Rounds alternate the two sides; medians are reported.
-Needs root (the network-namespace test bed). Usage: python bench/launch.py [--rounds 3] [--steps 40]
+over its last four fifths of steps. Rounds alternate the two sides; medians are reported.
+Needs root (the network-namespace test bed). Usage: python bench/launch.py [--rounds 3] [--steps 150]
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def wait_steps(dirs_fn, steps: int, timeout: float) -> dict[int, list[dict]]:  #
 
 def summarize(m: dict[int, list[dict]], t0: float) -> tuple[float, float]:
     first = max(recs[0]["time"] for recs in m.values())
-    r0 = m[0]
+    r0 = m[0][len(m[0]) // 5:]  # steady state: skip the first fifth (warm-up, stragglers)
     rate = (len(r0) - 1) / (r0[-1]["time"] - r0[0]["time"])
     return first - t0, rate
 
@@ -122,7 +122,7 @@ def run_by_hand(bed: TestBed, tmp: Path, steps: int, port: int) -> tuple[float, 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "launch.json"))
     args = ap.parse_args()
     ok, why = available()

@@ -100,6 +100,7 @@ def main() -> None:
     import torch
 
     work = Path(tempfile.mkdtemp(prefix="rigdeck-bench-runtime-", dir=args.dir))
+    load_before = os.getloadavg()[0]
     try:
         on = report_cost(args.calls, args.rounds, str(work / "metrics"))
         off = report_cost(args.calls, args.rounds, None)
@@ -132,7 +133,9 @@ def main() -> None:
               f"(medians of {args.rounds}): ratio {ratio:.2f} (target >= {TARGET_RATIO})")
         result = {
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                        "torch": torch.__version__, "platform": platform.platform()},
+                        "torch": torch.__version__, "platform": platform.platform(),
+                        # other work on the machine skews both sides; hashing suffers most
+                        "load_average_1m": [load_before, os.getloadavg()[0]]},
             "report": {"with_metrics_dir": on, "without_metrics_dir": off,
                        "target_us": TARGET_REPORT_US,
                        "meets_target": on["median_us"] < TARGET_REPORT_US},

@@ -33,6 +33,7 @@ import time
 import warnings
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
+from runtime import metrics
 from runtime.cluster import ClusterInfo, ClusterInfoError, check_policy, cluster_info, resolve_owner
 from runtime.metrics import METRICS_DIR_ENV, Reporter
 
@@ -163,7 +164,7 @@ def _sha256_file(path: str) -> Tuple[int, str]:
     sha = hashlib.sha256()
     size = 0
     with open(path, "rb", buffering=0) as f:
-        buf = bytearray(_CHUNK)
+        buf = bytearray(max(1, min(_CHUNK, os.fstat(f.fileno()).st_size)))
         view = memoryview(buf)
         while True:
             n = f.readinto(buf)
@@ -221,8 +222,11 @@ class Checkpointer:
                     else self.root)
         self.keep = keep
         self.barrier = barrier
-        self.reporter = reporter if reporter is not None else Reporter(
-            env.get(METRICS_DIR_ENV), self.info.rank)
+        if reporter is None:
+            # This process's own metrics file when the environment is the real one.
+            reporter = metrics.reporter() if environ is None else Reporter(
+                env.get(METRICS_DIR_ENV), self.info.rank)
+        self.reporter = reporter
         self.moved_from = decision.moved_from
         if decision.moved_from is not None and self.is_owner:
             key = (self.root, self.policy)

@@ -261,6 +261,44 @@ def test_device_from_visible_gpus() -> None:
     assert info({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, cuda_devices=1).device == "cuda:0"
 
 
+def test_agrees_with_the_cluster_files_the_agent_writes(tmp_path: Path) -> None:
+    """The contract from both ends: every view agent.clusterfiles writes for a host tells
+    cluster_info one story, for direct, torchrun and mpirun ranks (docs/contracts.md plan)."""
+    from agent import clusterfiles
+
+    plan = {
+        "job_id": "ddp-1", "name": "ddp", "launcher": "direct", "command": ["python3", "t.py"],
+        "workdir": str(tmp_path), "env": {}, "hyperparameters": {"lr": 0.01},
+        "checkpoint": {"dir": str(tmp_path / "ckpt"), "owner": "host:h3/gpu:1"},
+        "restart_count": 0, "max_runtime_s": 600, "grace_s": 5, "mpi": {"custom_options": []},
+        "loss_pattern": None, "master_addr": ADDRS[0], "master_port": 29511,
+        "nodes": [{"host": h, "address": a, "slots": 2, "gpus": [0, 1], "cpus": 2,
+                   "instance_type": "rigdeck.sim-gpu-4", "simulated": True}
+                  for h, a in zip(HOSTS, ADDRS, strict=True)],
+    }
+    owners = []
+    for node in range(3):
+        env = clusterfiles.node_env(plan, node, str(tmp_path / f"job-{node}"), None)
+        for local in range(2):
+            direct = dict(env, **clusterfiles.rank_env(plan, node, local))
+            rank = node * 2 + local
+            torchrun = dict(env, RANK=str(rank), LOCAL_RANK=str(local), GROUP_RANK=str(node))
+            mpirun = dict(env, OMPI_COMM_WORLD_RANK=str(rank), OMPI_COMM_WORLD_SIZE="6",
+                          OMPI_COMM_WORLD_LOCAL_RANK=str(local), OMPI_COMM_WORLD_LOCAL_SIZE="2",
+                          RIGDECK_RANK=str(rank), RIGDECK_LOCAL_RANK=str(local),
+                          RANK=str(rank), LOCAL_RANK=str(local))
+            for e in (direct, torchrun, mpirun):
+                i = cluster_info(e, cuda_devices=0)
+                assert (i.rank, i.world_size, i.local_rank, i.node_rank) == (rank, 6, local, node)
+                assert (i.hosts, i.current_host) == (tuple(HOSTS), HOSTS[node])
+                assert (i.master_addr, i.master_port, i.gpu) == (ADDRS[0], 29511, local)
+                assert "SageMaker resourceconfig.json" in i.source
+                assert "Vertex CLUSTER_SPEC" in i.source
+            if i.checkpoint_owner:
+                owners.append(rank)
+    assert owners == [5]
+
+
 # -- checkpoint ownership in cluster_info ----------------------------------------------------
 
 

@@ -25,42 +25,86 @@ FINGERPRINT = "SHA256:q3m8yR5m0V2bXvY0f2Jx1m2ZrWcDf0Qw8d4pJkH5bLs"
 
 def inventory(n: int = 3, known_hosts: Path = Path("/recorded/known_hosts")) -> Inventory:
     hosts = tuple(
-        HostSpec(name=f"h{i}", address=f"10.213.1.{10 + i}", user="root", python="python3", sim_gpus=4)
+        HostSpec(
+            name=f"h{i}", address=f"10.213.1.{10 + i}", user="root", python="python3", sim_gpus=4
+        )
         for i in range(1, n + 1)
     )
     return Inventory(hosts=hosts, path=Path("/recorded/hosts.toml"), known_hosts=known_hosts)
 
 
-def gpu_sample(host_i: int, idx: int, tick: int, job: str | None = None, rank: int | None = None,
-               foreign: str | None = None) -> dict[str, Any]:
+def gpu_sample(
+    host_i: int,
+    idx: int,
+    tick: int,
+    job: str | None = None,
+    rank: int | None = None,
+    foreign: str | None = None,
+) -> dict[str, Any]:
     busy = job is not None or foreign is not None
     util = (55.0 + 40.0 * math.sin(tick / 3.0 + idx + host_i)) if busy else 0.0
     util = round(max(0.0, min(100.0, util)), 1)
     procs = []
     if job is not None:
-        procs.append({"pid": 4100 + 10 * host_i + idx, "user": "root", "used_memory_mb": 9000 + 700 * idx,
-                      "job_id": job, "rank": rank})
+        procs.append(
+            {
+                "pid": 4100 + 10 * host_i + idx,
+                "user": "root",
+                "used_memory_mb": 9000 + 700 * idx,
+                "job_id": job,
+                "rank": rank,
+            }
+        )
     if foreign is not None:
-        procs.append({"pid": 5200 + idx, "user": foreign, "used_memory_mb": 30000, "job_id": None, "rank": None})
+        procs.append(
+            {
+                "pid": 5200 + idx,
+                "user": foreign,
+                "used_memory_mb": 30000,
+                "job_id": None,
+                "rank": None,
+            }
+        )
     return {
-        "index": idx, "name": "Simulated GPU", "uuid": f"SIM-{host_i:08x}-{idx}", "simulated": True,
+        "index": idx,
+        "name": "Simulated GPU",
+        "uuid": f"SIM-{host_i:08x}-{idx}",
+        "simulated": True,
         "utilization_pct": util,
         "memory_used_mb": (300 + sum(p["used_memory_mb"] for p in procs)) if procs else 0,
-        "memory_total_mb": 81920, "temperature_c": round(30.0 + 0.5 * util, 1),
-        "power_w": round(60.0 + 6.0 * util, 1), "power_limit_w": 700.0,
-        "sm_clock_mhz": 1980 if busy else 345, "ecc_volatile_errors": 0, "processes": procs,
+        "memory_total_mb": 81920,
+        "temperature_c": round(30.0 + 0.5 * util, 1),
+        "power_w": round(60.0 + 6.0 * util, 1),
+        "power_limit_w": 700.0,
+        "sm_clock_mhz": 1980 if busy else 345,
+        "ecc_volatile_errors": 0,
+        "processes": procs,
     }
 
 
 def host_sample(host_i: int, tick: int, gpus: list[dict[str, Any]]) -> dict[str, Any]:
     busy = sum(1 for g in gpus if g["processes"])
     return {
-        "seq": tick, "time": T0 + tick, "hostname": f"tb1-h{host_i}", "gpu_source": "simulated",
-        "simulated": True, "cost_s": 0.001, "gpus": gpus,
-        "host": {"cpu_pct": 8.0 + 21.0 * busy + host_i, "cpu_per_core": [10.0] * 16, "load": [1.0, 1.0, 1.0],
-                 "mem_used_mb": 6000 + 9000 * busy, "mem_total_mb": 64000, "swap_used_mb": 0,
-                 "swap_total_mb": 0, "disk_read_bps": 0.0, "disk_write_bps": 0.0, "net_rx_bps": 0.0,
-                 "net_tx_bps": 0.0},
+        "seq": tick,
+        "time": T0 + tick,
+        "hostname": f"tb1-h{host_i}",
+        "gpu_source": "simulated",
+        "simulated": True,
+        "cost_s": 0.001,
+        "gpus": gpus,
+        "host": {
+            "cpu_pct": 8.0 + 21.0 * busy + host_i,
+            "cpu_per_core": [10.0] * 16,
+            "load": [1.0, 1.0, 1.0],
+            "mem_used_mb": 6000 + 9000 * busy,
+            "mem_total_mb": 64000,
+            "swap_used_mb": 0,
+            "swap_total_mb": 0,
+            "disk_read_bps": 0.0,
+            "disk_write_bps": 0.0,
+            "net_rx_bps": 0.0,
+            "net_tx_bps": 0.0,
+        },
     }
 
 
@@ -69,7 +113,9 @@ def cluster_state(ticks: int = 30) -> ClusterState:
     key is unknown."""
     state = ClusterState([(f"h{i}", f"10.213.1.{10 + i}") for i in (1, 2, 3)])
     for i in (1, 2):
-        state.set_agent(f"h{i}", {"agent_version": "3f9c2a71d04b8e15", "pid": 40 + i, "hostname": f"tb1-h{i}"})
+        state.set_agent(
+            f"h{i}", {"agent_version": "3f9c2a71d04b8e15", "pid": 40 + i, "hostname": f"tb1-h{i}"}
+        )
     for tick in range(ticks):
         for i in (1, 2):
             gpus = []
@@ -79,9 +125,13 @@ def cluster_state(ticks: int = 30) -> ClusterState:
                 foreign = "bob" if (i == 2 and idx == 3) else None
                 gpus.append(gpu_sample(i, idx, tick, job, rank, foreign))
             state.apply_sample(f"h{i}", host_sample(i, tick, gpus), received_at=float(tick))
-    state.set_status("h3", HostStatus.DOWN, f"unknown host key for 10.213.1.13: ssh-ed25519 {FINGERPRINT}",
-                     kind="unknown-host-key",
-                     host_key={"type": "ssh-ed25519", "fingerprint": FINGERPRINT, "name": "10.213.1.13"})
+    state.set_status(
+        "h3",
+        HostStatus.DOWN,
+        f"unknown host key for 10.213.1.13: ssh-ed25519 {FINGERPRINT}",
+        kind="unknown-host-key",
+        host_key={"type": "ssh-ed25519", "fingerprint": FINGERPRINT, "name": "10.213.1.13"},
+    )
     return state
 
 
@@ -112,8 +162,18 @@ class FakeController:
 
     def deploy(self, names: list[str] | None = None) -> list[HostReport]:
         self.deployed.append(names)
-        return [HostReport(name=n, address="x", port=22, transport="ssh", reachable=True,
-                           agent_version="3f9c2a71d04b8e15", copied=False) for n in (names or self.inventory.names)]
+        return [
+            HostReport(
+                name=n,
+                address="x",
+                port=22,
+                transport="ssh",
+                reachable=True,
+                agent_version="3f9c2a71d04b8e15",
+                copied=False,
+            )
+            for n in (names or self.inventory.names)
+        ]
 
     def trust_host_key(self, host: str, fingerprint: str) -> str:
         self.trusted.append((host, fingerprint))
@@ -128,26 +188,63 @@ class FakeController:
 
 
 def _placement(hosts: list[str], gpus: list[int]) -> list[dict[str, Any]]:
-    return [{"host": h, "address": f"10.213.1.{10 + int(h[1:])}", "slots": len(gpus), "gpus": gpus, "cpus": 16,
-             "instance_type": "rigdeck.sim-gpu-4", "simulated": True} for h in hosts]
+    return [
+        {
+            "host": h,
+            "address": f"10.213.1.{10 + int(h[1:])}",
+            "slots": len(gpus),
+            "gpus": gpus,
+            "cpus": 16,
+            "instance_type": "rigdeck.sim-gpu-4",
+            "simulated": True,
+        }
+        for h in hosts
+    ]
 
 
 def _spec(name: str, total: int | None, owner: str = "rank0") -> dict[str, Any]:
-    return {"name": name, "command": ["python3", "train.py"], "workdir": "/work/examples/ddp",
-            "launcher": "torchrun", "nodes": 2, "hosts": [], "gpus_per_node": 2, "processes_per_node": None,
-            "env": {}, "max_runtime_s": 3600, "grace_s": 30.0, "hyperparameters": {},
-            "checkpoint": {"dir": "/shared/ckpt/ddp", "owner": owner},
-            "restart": {"max_restarts": 1, "on_exit_codes": []}, "mpi": {"custom_options": []},
-            "loss_pattern": None, "total_steps": total, "channels": {}, "path": None}
+    return {
+        "name": name,
+        "command": ["python3", "train.py"],
+        "workdir": "/work/examples/ddp",
+        "launcher": "torchrun",
+        "nodes": 2,
+        "hosts": [],
+        "gpus_per_node": 2,
+        "processes_per_node": None,
+        "env": {},
+        "max_runtime_s": 3600,
+        "grace_s": 30.0,
+        "hyperparameters": {},
+        "checkpoint": {"dir": "/shared/ckpt/ddp", "owner": owner},
+        "restart": {"max_restarts": 1, "on_exit_codes": []},
+        "mpi": {"custom_options": []},
+        "loss_pattern": None,
+        "total_steps": total,
+        "channels": {},
+        "path": None,
+    }
 
 
 def _ranks(hosts: list[str], state: str, exit_code: int | None = None) -> dict[str, Any]:
     out = {}
     for n, h in enumerate(hosts):
-        ranks = [{"rank": 2 * n + lr, "local_rank": lr, "pid": 4100 + 10 * n + lr, "state": state,
-                  "exit_code": exit_code, "signal": None} for lr in range(2)]
-        out[h] = {"state": "running" if state == "running" else "succeeded", "ranks": ranks,
-                  "log_ranks": [r["rank"] for r in ranks]}
+        ranks = [
+            {
+                "rank": 2 * n + lr,
+                "local_rank": lr,
+                "pid": 4100 + 10 * n + lr,
+                "state": state,
+                "exit_code": exit_code,
+                "signal": None,
+            }
+            for lr in range(2)
+        ]
+        out[h] = {
+            "state": "running" if state == "running" else "succeeded",
+            "ranks": ranks,
+            "log_ranks": [r["rank"] for r in ranks],
+        }
     return out
 
 
@@ -156,21 +253,63 @@ def ddp_metrics(steps: int = 241) -> list[dict[str, Any]]:
     for s in range(steps):
         loss = 2.9 * math.exp(-s / 70.0) + 0.35 + 0.04 * math.sin(s * 1.7)
         for rank in range(4):
-            records.append({"time": T0 + 2.0 + 0.45 * s, "rank": rank, "step": s, "loss": round(loss + 0.01 * rank, 6)})
+            records.append(
+                {
+                    "time": T0 + 2.0 + 0.45 * s,
+                    "rank": rank,
+                    "step": s,
+                    "loss": round(loss + 0.01 * rank, 6),
+                }
+            )
     owner = {"rank": 0, "host": "h1", "gpu": 0}
-    records.append({"time": T0 + 1.5, "rank": 0, "event": "checkpoint_owner", "policy": "host:h3/gpu:0",
-                    "from": {"host": "h3", "gpu": 0}, "to": owner, "reason": "host h3 not in this run"})
-    for step, status, secs, err in ((50, "done", 0.21, None), (100, "done", 0.24, None),
-                                     (150, "failed", 0.05, "OSError: [Errno 28] No space left on device"),
-                                     (200, "done", 0.22, None), (240, "writing", 0.0, None)):
+    records.append(
+        {
+            "time": T0 + 1.5,
+            "rank": 0,
+            "event": "checkpoint_owner",
+            "policy": "host:h3/gpu:0",
+            "from": {"host": "h3", "gpu": 0},
+            "to": owner,
+            "reason": "host h3 not in this run",
+        }
+    )
+    for step, status, secs, err in (
+        (50, "done", 0.21, None),
+        (100, "done", 0.24, None),
+        (150, "failed", 0.05, "OSError: [Errno 28] No space left on device"),
+        (200, "done", 0.22, None),
+        (240, "writing", 0.0, None),
+    ):
         t = T0 + 2.0 + 0.45 * step
-        records.append({"time": t, "rank": 0, "event": "checkpoint", "status": "writing", "step": step,
-                        "bytes": 0, "seconds": 0.0, "path": f"/shared/ckpt/ddp/step-{step:08d}.pt", "owner": owner,
-                        "error": None})
+        records.append(
+            {
+                "time": t,
+                "rank": 0,
+                "event": "checkpoint",
+                "status": "writing",
+                "step": step,
+                "bytes": 0,
+                "seconds": 0.0,
+                "path": f"/shared/ckpt/ddp/step-{step:08d}.pt",
+                "owner": owner,
+                "error": None,
+            }
+        )
         if status != "writing":
-            records.append({"time": t + secs, "rank": 0, "event": "checkpoint", "status": status, "step": step,
-                            "bytes": 4_718_592 if status == "done" else 0, "seconds": secs,
-                            "path": f"/shared/ckpt/ddp/step-{step:08d}.pt", "owner": owner, "error": err})
+            records.append(
+                {
+                    "time": t + secs,
+                    "rank": 0,
+                    "event": "checkpoint",
+                    "status": status,
+                    "step": step,
+                    "bytes": 4_718_592 if status == "done" else 0,
+                    "seconds": secs,
+                    "path": f"/shared/ckpt/ddp/step-{step:08d}.pt",
+                    "owner": owner,
+                    "error": err,
+                }
+            )
     return records
 
 
@@ -185,7 +324,13 @@ def ddp_logs() -> list[tuple[str, int, str]]:
             loss = 2.9 * math.exp(-s / 70.0) + 0.35 + 0.04 * math.sin(s * 1.7) + 0.01 * rank
             lines.append((host, rank, f"step {s:4d} loss={loss:.4f} lr=0.00300 tok/s=18432"))
             if s == 150 and rank == 0:
-                lines.append((host, rank, "checkpoint step 150 FAILED: OSError: [Errno 28] No space left on device"))
+                lines.append(
+                    (
+                        host,
+                        rank,
+                        "checkpoint step 150 FAILED: OSError: [Errno 28] No space left on device",
+                    )
+                )
     return lines
 
 
@@ -205,35 +350,82 @@ class RecordedJobs(JobWatch):
         self.stopped: list[str] = []
         self.launch_error: Exception | None = None
         recs = [
-            {"job_id": JOB, "name": "ddp", "state": "running", "spec": _spec("ddp", 300, "host:h3/gpu:0"),
-             "placement": _placement(["h1", "h2"], [0, 1]), "created": T0, "started": T0 + 1.0, "ended": None,
-             "restarts": 0, "cause": None, "events": []},
-            {"job_id": FAILED_JOB, "name": "fragile", "state": "failed", "spec": _spec("fragile", None),
-             "placement": _placement(["h1", "h2"], [2, 3]), "created": T0 - 1500, "started": T0 - 1499,
-             "ended": T0 - 1400, "restarts": 1,
-             "cause": {"rank": 3, "host": "h2", "signal": 9, "tail": ["step 57 loss=0.81", "Killed"]}, "events": []},
-            {"job_id": OLD_JOB, "name": "ticker", "state": "succeeded", "spec": _spec("ticker", 60),
-             "placement": _placement(["h1", "h2"], [0, 1]), "created": T0 - 1800, "started": T0 - 1799,
-             "ended": T0 - 1769, "restarts": 0, "cause": None, "events": []},
+            {
+                "job_id": JOB,
+                "name": "ddp",
+                "state": "running",
+                "spec": _spec("ddp", 300, "host:h3/gpu:0"),
+                "placement": _placement(["h1", "h2"], [0, 1]),
+                "created": T0,
+                "started": T0 + 1.0,
+                "ended": None,
+                "restarts": 0,
+                "cause": None,
+                "events": [],
+            },
+            {
+                "job_id": FAILED_JOB,
+                "name": "fragile",
+                "state": "failed",
+                "spec": _spec("fragile", None),
+                "placement": _placement(["h1", "h2"], [2, 3]),
+                "created": T0 - 1500,
+                "started": T0 - 1499,
+                "ended": T0 - 1400,
+                "restarts": 1,
+                "cause": {
+                    "rank": 3,
+                    "host": "h2",
+                    "signal": 9,
+                    "tail": ["step 57 loss=0.81", "Killed"],
+                },
+                "events": [],
+            },
+            {
+                "job_id": OLD_JOB,
+                "name": "ticker",
+                "state": "succeeded",
+                "spec": _spec("ticker", 60),
+                "placement": _placement(["h1", "h2"], [0, 1]),
+                "created": T0 - 1800,
+                "started": T0 - 1799,
+                "ended": T0 - 1769,
+                "restarts": 0,
+                "cause": None,
+                "events": [],
+            },
         ]
         from tui.jobwatch import JobsSnapshot, rank_rows
 
         for rec in recs:
             t = _Track(rec)
             hosts_of = [n["host"] for n in rec["placement"]]
-            states = _ranks(hosts_of, "running" if rec["state"] == "running" else "exited",
-                            None if rec["state"] == "running" else 0)
+            states = _ranks(
+                hosts_of,
+                "running" if rec["state"] == "running" else "exited",
+                None if rec["state"] == "running" else 0,
+            )
             t.states = states
             t.ranks = rank_rows(states, rec["placement"])
             if rec["job_id"] == JOB:
                 t.fold.apply(ddp_metrics(), NOW)
                 t.logs.extend(ddp_logs())
             elif rec["job_id"] == OLD_JOB:
-                t.fold.apply([{"time": T0 - 1798 + 0.5 * s, "rank": 0, "step": s, "loss": 1.0 / (s + 1)}
-                              for s in range(60)], NOW)
+                t.fold.apply(
+                    [
+                        {"time": T0 - 1798 + 0.5 * s, "rank": 0, "step": s, "loss": 1.0 / (s + 1)}
+                        for s in range(60)
+                    ],
+                    NOW,
+                )
             else:
-                t.fold.apply([{"time": T0 - 1498 + 1.0 * s, "rank": 0, "step": s, "loss": 2.0 - s / 40}
-                              for s in range(58)], NOW)
+                t.fold.apply(
+                    [
+                        {"time": T0 - 1498 + 1.0 * s, "rank": 0, "step": s, "loss": 2.0 - s / 40}
+                        for s in range(58)
+                    ],
+                    NOW,
+                )
             t.final = rec["state"] != "running"
             self._tracks[rec["job_id"]] = t
         self._snapshot = JobsSnapshot(tuple(self._tracks[r["job_id"]].row() for r in recs), 1)
@@ -259,7 +451,9 @@ class RecordedJobs(JobWatch):
 
 
 def no_room() -> PlacementError:
-    return PlacementError("job 'ddp' asks 3 nodes x 2 GPUs; free: h1 GPUs 2,3; h2 GPU 2 (3: bob); h3 down")
+    return PlacementError(
+        "job 'ddp' asks 3 nodes x 2 GPUs; free: h1 GPUs 2,3; h2 GPU 2 (3: bob); h3 down"
+    )
 
 
 def recorded_app(**kw: Any) -> Any:
@@ -267,6 +461,12 @@ def recorded_app(**kw: Any) -> Any:
     from tui.app import RigdeckApp
 
     jobs = kw.pop("jobs", None) or RecordedJobs()
-    app = RigdeckApp(FakeController(), monitor=FakeMonitor(cluster_state()), jobs=jobs,  # type: ignore[arg-type]
-                     clock=lambda: NOW, keymap_file=kw.pop("keymap_file", Path("/nonexistent/keys.toml")), **kw)
+    app = RigdeckApp(
+        FakeController(),
+        monitor=FakeMonitor(cluster_state()),
+        jobs=jobs,  # type: ignore[arg-type]
+        clock=lambda: NOW,
+        keymap_file=kw.pop("keymap_file", Path("/nonexistent/keys.toml")),
+        **kw,
+    )
     return app

@@ -10,6 +10,7 @@ in one place (``_worker_done``).
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -25,7 +26,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedCont
 from textual.worker import Worker, WorkerState
 
 from tui.controller import Controller, HostReport
-from tui.jobwatch import TERMINAL, JobDetail, JobsSnapshot, JobSource
+from tui.jobwatch import TERMINAL, JobDetail, JobSource, JobsSnapshot
 from tui.keys import keymap_path, load_keymap
 from tui.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey, describe_error
 from tui.screens.launch import LaunchScreen
@@ -55,15 +56,27 @@ TABS = ("hosts", "gpus", "jobs", "job", "checkpoints", "logs")
 JOB_TABS = ("job", "checkpoints", "logs")
 
 
+def set_text(widget: Static, text: str) -> None:
+    """Update a Static only when its text changes: an update costs a layout pass."""
+    if getattr(widget, "_rd_text", None) != text:
+        widget.update(text)
+        widget._rd_text = text  # type: ignore[attr-defined]
+
+
 def summarize(snapshot: Sequence[Mapping[str, Any]]) -> dict[str, int | bool]:
     """Counts for the summary line."""
     status = [h.get("status") for h in snapshot]
     gpus = [g for h in snapshot for g in h.get("gpus") or []]
     busy = sum(1 for g in gpus if gpu_busy(g))
     return {
-        "hosts": len(snapshot), "up": status.count("up"), "stale": status.count("stale"),
-        "down": status.count("down"), "connecting": status.count("connecting"),
-        "gpus": len(gpus), "busy": busy, "free": len(gpus) - busy,
+        "hosts": len(snapshot),
+        "up": status.count("up"),
+        "stale": status.count("stale"),
+        "down": status.count("down"),
+        "connecting": status.count("connecting"),
+        "gpus": len(gpus),
+        "busy": busy,
+        "free": len(gpus) - busy,
         "simulated": any(g.get("simulated") for g in gpus),
     }
 
@@ -167,8 +180,10 @@ class RigdeckApp(App[None]):
         self._jobs_seen = -1
         self._second = -1
         self._dirty: set[str] = set(TABS)
-        self._detail_key: tuple[Any, ...] | None = None
         self._warned_keys: set[str] = set()
+        self._frozen_for_gpus = 0
+        self._freeze_at = float("inf")
+        self._gc_thresholds = gc.get_threshold()
         self.samples = 0
 
     # -- layout -----------------------------------------------------------------------------
@@ -183,15 +198,22 @@ class RigdeckApp(App[None]):
             with TabPane("GPUs 2", id="gpus"):
                 with GpusPane(id="gpus-pane"):
                     yield Static("", id="gpus-status", classes="status")
-                    yield Input(placeholder="filter: host, job id, busy, idle, host:NAME, job:ID (enter applies, "
-                                "esc clears)", id="gpu-filter", compact=True)
+                    yield Input(
+                        placeholder="filter: host, job id, busy, idle, host:NAME, job:ID "
+                        "(enter applies, esc clears)",
+                        id="gpu-filter",
+                        compact=True,
+                    )
                     yield GpusTable(id="gpus-table")
             with TabPane("Jobs 3", id="jobs"):
                 yield Static("", id="jobs-status", classes="status")
                 yield JobsTable(id="jobs-table")
             with TabPane("Job 4", id="job"):
-                yield Static("no job open: launch one (l), or pick one in Jobs (3) and press enter",
-                             id="job-head", classes="head")
+                yield Static(
+                    "no job open: launch one (l), or pick one in Jobs (3) and press enter",
+                    id="job-head",
+                    classes="head",
+                )
                 with Vertical(id="job-body"):
                     yield LossChart(id="loss")
                     yield RanksTable(id="ranks-table")
@@ -200,7 +222,11 @@ class RigdeckApp(App[None]):
                 yield SavesTable(id="saves-table")
             with TabPane("Logs 6", id="logs"):
                 yield Static("", id="logs-status", classes="status")
-                yield Input(placeholder="search the logs (enter finds, esc closes)", id="log-search", compact=True)
+                yield Input(
+                    placeholder="search the logs (enter finds, esc closes)",
+                    id="log-search",
+                    compact=True,
+                )
                 yield LogView(id="log-view")
         yield Footer(compact=True)
 
@@ -221,12 +247,22 @@ class RigdeckApp(App[None]):
         self.jobwatch.start()
         self.refresh_views(force=True)
         self.set_interval(1.0 / self.sample_hz, self.refresh_views, name="sample")
+        # Everything built so far lives as long as the app: keep it out of the collector's way,
+        # so a full collection while thousands of GPU rows change costs what changed, not all.
+        # Samples churn (every GPU, every second): collect young objects less often, and old
+        # ones far less often (a full pass is the stall a user would see).
+        self._gc_thresholds = gc.get_threshold()
+        gc.freeze()
+        gc.set_threshold(10_000, 20, 100)
         self.query_one("#hosts-table").focus()
 
     def on_unmount(self) -> None:
         self.jobwatch.stop()
         self.monitor.stop(timeout=2.0)
         self.controller.close()
+        # The process may go on (tests, an embedding program): leave the collector as it was.
+        gc.unfreeze()
+        gc.set_threshold(*self._gc_thresholds)
 
     def on_resize(self) -> None:
         if self._set_widths(self.size.width):
@@ -236,14 +272,18 @@ class RigdeckApp(App[None]):
         w = Widths.for_width(width)
         changed = w != self.widths
         self.widths = w
-        for sel, cls in (("#hosts-table", HostsTable), ("#gpus-table", GpusTable), ("#jobs-table", JobsTable),
-                         ("#ranks-table", RanksTable), ("#saves-table", SavesTable)):
+        for sel, cls in (
+            ("#hosts-table", HostsTable),
+            ("#gpus-table", GpusTable),
+            ("#jobs-table", JobsTable),
+            ("#ranks-table", RanksTable),
+            ("#saves-table", SavesTable),
+        ):
             table = self.query_one(sel, cls)
             if table.set_columns(table.columns_for(w)):
                 changed = True
         if changed:
             self._dirty = set(TABS)
-            self._detail_key = None
         return changed
 
     # -- keys -------------------------------------------------------------------------------
@@ -286,24 +326,40 @@ class RigdeckApp(App[None]):
 
     def get_system_commands(self, screen: Screen[Any]) -> Any:
         yield from super().get_system_commands(screen)
-        yield SystemCommand("Deploy the agent to every host", "Install or upgrade the agent everywhere",
-                            lambda: self.action_deploy(all_hosts=True))
-        yield SystemCommand("Reconnect every host", "Drop every telemetry connection and connect again",
-                            self.action_reconnect_all)
-        yield SystemCommand("Launch a job…", "Pick a spec file or fill the form", self.action_launch)
+        yield SystemCommand(
+            "Deploy the agent to every host",
+            "Install or upgrade the agent everywhere",
+            lambda: self.action_deploy(all_hosts=True),
+        )
+        yield SystemCommand(
+            "Reconnect every host",
+            "Drop every telemetry connection and connect again",
+            self.action_reconnect_all,
+        )
+        yield SystemCommand(
+            "Launch a job…", "Pick a spec file or fill the form", self.action_launch
+        )
         for h in self.hosts_snapshot:
             if h.get("error_kind") == "unknown-host-key":
                 name = h["name"]
-                yield SystemCommand(f"Trust the host key of {name}", "Check the fingerprint, then record it",
-                                    lambda name=name: self.action_trust(name))
-            yield SystemCommand(f"Deploy the agent to {h['name']}", "Install or upgrade it there",
-                                lambda name=h["name"]: self.action_deploy(name))
+                yield SystemCommand(
+                    f"Trust the host key of {name}",
+                    "Check the fingerprint, then record it",
+                    lambda name=name: self.action_trust(name),
+                )
+            yield SystemCommand(
+                f"Deploy the agent to {h['name']}",
+                "Install or upgrade it there",
+                lambda name=h["name"]: self.action_deploy(name),
+            )
         yield SystemCommand("Show key bindings", f"Rebind in {self.keymap_file}", self.action_help)
 
     # -- sampling ---------------------------------------------------------------------------
 
     def refresh_views(self, force: bool = False) -> None:
         """Sample the controller's state and apply what changed to the visible panels."""
+        if self._exit or self.default_screen._closing or self.default_screen._closed:
+            return  # shutting down: the timer may fire once more while the widgets go
         self.samples += 1
         now = self.clock()
         second = int(now)
@@ -312,12 +368,17 @@ class RigdeckApp(App[None]):
         jobs = self.jobwatch.snapshot()
         if force:
             self._dirty = set(TABS)
-            self._detail_key = None
         if version != self._state_seen:
             self.hosts_snapshot = state.snapshot()
             self._state_seen = version
             self._dirty |= {"hosts", "gpus"}
             self._notice_host_keys()
+            gpus = sum(len(h.get("gpus") or ()) for h in self.hosts_snapshot)
+            if gpus > self._frozen_for_gpus:
+                self._frozen_for_gpus = gpus
+                # The cluster grew (hosts connected): freeze in a moment, once they settle.
+                self._freeze_at = min(self._freeze_at, time.monotonic() + 2.0)
+        self._tune_gc()
         if jobs.version != self._jobs_seen or second != self._second:
             self.jobs_snapshot = jobs
             self._jobs_seen = jobs.version
@@ -333,7 +394,9 @@ class RigdeckApp(App[None]):
             if active in self._dirty:
                 self._dirty.discard(active)
                 if active == "hosts":
-                    self.query_one("#hosts-table", HostsTable).apply(host_rows(self.hosts_snapshot, self.widths))
+                    self.query_one("#hosts-table", HostsTable).apply(
+                        host_rows(self.hosts_snapshot, self.widths)
+                    )
                     self._update_host_detail()
                 elif active == "gpus":
                     self._update_gpus()
@@ -343,6 +406,21 @@ class RigdeckApp(App[None]):
                     self._update_detail(active, now)
             if active == "logs":
                 self.query_one("#log-view", LogView).sync()
+
+    def _tune_gc(self) -> None:
+        """Keep the garbage collector's full passes short.
+
+        Thousands of GPUs mean hundreds of thousands of live objects, and a full collection
+        walks all of them (tens of ms, a stalled frame, every few seconds as samples churn).
+        Once a minute (and soon after the cluster grows) collect, then ``gc.freeze()`` what is
+        left: it lives on, and later full passes walk only what is newer than a minute.
+        """
+        now = time.monotonic()
+        if now < self._freeze_at or not self._frozen_for_gpus:
+            return
+        self._freeze_at = now + 60.0
+        gc.collect()
+        gc.freeze()
 
     def _update_summary(self) -> None:
         c = summarize(self.hosts_snapshot)
@@ -358,23 +436,19 @@ class RigdeckApp(App[None]):
             gpus += " [$text-muted](sim)[/]"
         rate = getattr(self.monitor, "rate_hz", None)
         rates = f"refresh {self.sample_hz:g} Hz" + (f", telemetry {rate:g} Hz" if rate else "")
-        text = f"{hosts} [$text-muted]│[/] {gpus} [$text-muted]│[/] jobs [b]{running}[/b] running " \
-               f"[$text-muted]│ {rates}[/]"
+        text = (
+            f"{hosts} [$text-muted]│[/] {gpus} [$text-muted]│[/] jobs [b]{running}[/b] running "
+            f"[$text-muted]│ {rates}[/]"
+        )
         if jobs.error:
             text += f"\n[$error]jobs: {escape(jobs.error[:300])}[/]"
-        summary = self.query_one("#summary", Static)
-        if getattr(summary, "_rd_text", None) != text:
-            summary.update(text)
-            summary._rd_text = text  # type: ignore[attr-defined]
+        set_text(self.query_one("#summary", Static), text)
 
     def _update_host_detail(self) -> None:
         key = self.query_one("#hosts-table", HostsTable).cursor_key
         h = self.host_entry(key) if key else None
         text = host_detail(h, self.controller.inventory) if h else ""
-        detail = self.query_one("#host-detail", Static)
-        if getattr(detail, "_rd_text", None) != text:
-            detail.update(text)
-            detail._rd_text = text  # type: ignore[attr-defined]
+        set_text(self.query_one("#host-detail", Static), text)
 
     @on(DataTable.RowHighlighted, "#hosts-table")
     def _host_highlighted(self) -> None:
@@ -383,28 +457,41 @@ class RigdeckApp(App[None]):
     def _notice_host_keys(self) -> None:
         for h in self.hosts_snapshot:
             key = h.get("host_key") or {}
-            if h.get("error_kind") == "unknown-host-key" and key.get("fingerprint") not in self._warned_keys:
+            if (
+                h.get("error_kind") == "unknown-host-key"
+                and key.get("fingerprint") not in self._warned_keys
+            ):
                 self._warned_keys.add(key.get("fingerprint", ""))
-                self.notify(f"{h['name']} presents an unknown host key ({key.get('type')} "
-                            f"{key.get('fingerprint')}). Select it in Hosts and press t to check and trust it.",
-                            title="unknown host key", severity="warning", timeout=15)
+                self.notify(
+                    f"{h['name']} presents an unknown host key ({key.get('type')} "
+                    f"{key.get('fingerprint')}). Select it in Hosts and press t to check and "
+                    "trust it.",
+                    title="unknown host key",
+                    severity="warning",
+                    timeout=15,
+                )
 
     def _update_gpus(self) -> None:
         table = self.query_one("#gpus-table", GpusTable)
         table.apply_snapshot(self.hosts_snapshot, self.widths, self.gpu_filter, self.gpu_sort)
         total = sum(len(h.get("gpus") or []) for h in self.hosts_snapshot)
-        status = (f"{table.row_count}/{total} GPUs · filter: {escape(self.gpu_filter.describe())} · "
-                  f"sort: {SORT_LABELS[self.gpu_sort]}  [$text-muted](/ filter · b busy/idle · o sort)[/]")
-        self.query_one("#gpus-status", Static).update(status)
+        status = (
+            f"{table.row_count}/{total} GPUs · filter: {escape(self.gpu_filter.describe())} · "
+            f"sort: {SORT_LABELS[self.gpu_sort]}  [$text-muted](/ filter · b busy/idle · o sort)[/]"
+        )
+        set_text(self.query_one("#gpus-status", Static), status)
 
     def _update_jobs(self, now: float) -> None:
         jobs = self.jobs_snapshot
         self.query_one("#jobs-table", JobsTable).apply(job_rows(jobs.rows, now))
         n = len(jobs.rows)
-        status = f"{n} job(s) · {jobs_running(jobs.rows)} running  [$text-muted](enter opens · l launch · s stop)[/]"
+        status = (
+            f"{n} job(s) · {jobs_running(jobs.rows)} running"
+            "  [$text-muted](enter opens · l launch · s stop)[/]"
+        )
         if not n:
             status = "no jobs yet: press l to launch one"
-        self.query_one("#jobs-status", Static).update(status)
+        set_text(self.query_one("#jobs-status", Static), status)
 
     def _update_detail(self, tab: str, now: float) -> None:
         detail = self.jobwatch.detail(self.job_id) if self.job_id else None
@@ -414,8 +501,10 @@ class RigdeckApp(App[None]):
             self._update_checkpoints(detail, now)
         elif tab == "logs":
             view = self.query_one("#log-view", LogView)
-            view.set_buffer(detail.logs if detail else None,
-                            empty_message="no job open: pick one in Jobs (3)" if detail is None else None)
+            view.set_buffer(
+                detail.logs if detail else None,
+                empty_message="no job open: pick one in Jobs (3)" if detail is None else None,
+            )
             self._update_logs_status()
 
     def _update_job(self, detail: JobDetail | None, now: float) -> None:
@@ -423,23 +512,38 @@ class RigdeckApp(App[None]):
         chart = self.query_one("#loss", LossChart)
         ranks = self.query_one("#ranks-table", RanksTable)
         if detail is None:
-            head.update("no job open: launch one (l), or pick one in Jobs (3) and press enter")
+            set_text(head, "no job open: launch one (l), or pick one in Jobs (3) and press enter")
             chart.set_points((), None, empty="no job open")
             ranks.apply([])
             return
         r = detail.row
-        lvl = {"running": "$success", "succeeded": "$success", "failed": "$error"}.get(r.state, "$warning")
-        line1 = (f"[b]{escape(r.job_id)}[/b]  [{lvl}]{escape(r.state)}[/]"
-                 + (f" after {r.restarts} restart(s)" if r.restarts else "")
-                 + f"  [$text-muted]on[/] {escape(placement_text(r.placement))}")
-        step = "-" if r.step is None else (f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step))
+        lvl = {"running": "$success", "succeeded": "$success", "failed": "$error"}.get(
+            r.state, "$warning"
+        )
+        line1 = (
+            f"[b]{escape(r.job_id)}[/b]  [{lvl}]{escape(r.state)}[/]"
+            + (f" after {r.restarts} restart(s)" if r.restarts else "")
+            + f"  [$text-muted]on[/] {escape(placement_text(r.placement))}"
+        )
+        step = (
+            "-"
+            if r.step is None
+            else (f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step))
+        )
         eta = r.eta_s
         best = min((p[1] for p in detail.points), default=None)
-        line2 = (f"step [b]{step}[/b] · loss [b]{loss_text(r.loss)}[/b]"
-                 + (f" (min {loss_text(best)})" if best is not None and r.loss is not None and best < r.loss else "")
-                 + f" · {step_rate_text(r.step_rate)}"
-                 + (f" · ETA [b]{duration(eta)}[/b]" if eta is not None else "")
-                 + f" · runtime {duration(r.runtime_s(now))} · ranks {r.ranks_running}/{r.ranks_total} running")
+        line2 = (
+            f"step [b]{step}[/b] · loss [b]{loss_text(r.loss)}[/b]"
+            + (
+                f" (min {loss_text(best)})"
+                if best is not None and r.loss is not None and best < r.loss
+                else ""
+            )
+            + f" · {step_rate_text(r.step_rate)}"
+            + (f" · ETA [b]{duration(eta)}[/b]" if eta is not None else "")
+            + f" · runtime {duration(r.runtime_s(now))}"
+            + f" · ranks {r.ranks_running}/{r.ranks_total} running"
+        )
         lines = [line1, line2]
         if r.unreachable:
             lines.append(f"[$warning]not answering: {escape(', '.join(r.unreachable))}[/]")
@@ -447,38 +551,48 @@ class RigdeckApp(App[None]):
             lines.append(f"[$error]cause: {escape(_cause_text(r.cause))}[/]")
             for tail in (r.cause.get("tail") or [])[-3:]:
                 lines.append(f"[$text-muted]  | {escape(str(tail))}[/]")
-        head.update("\n".join(lines))
+        set_text(head, "\n".join(lines))
         x_max = float(r.total_steps - 1) if r.total_steps else None
-        chart.set_points(detail.points, (r.job_id, detail.points_version), x_max=x_max,
-                         empty="waiting for the first loss")
+        chart.set_points(
+            detail.points,
+            (r.job_id, detail.points_version),
+            x_max=x_max,
+            empty="waiting for the first loss",
+        )
         ranks.apply(rank_rows(detail.ranks))
 
     def _update_checkpoints(self, detail: JobDetail | None, now: float) -> None:
         head = self.query_one("#ckpt-head", Static)
         saves = self.query_one("#saves-table", SavesTable)
         if detail is None:
-            head.update("no job open: pick one in Jobs (3)")
+            set_text(head, "no job open: pick one in Jobs (3)")
             saves.apply([])
             return
         ck = detail.checkpoints
         owners = ", ".join(o.label() for o in ck.owners) or "-"
-        lines = [f"[b]{escape(detail.row.job_id)}[/b]  policy [b]{escape(ck.policy)}[/b]"
-                 + (f" · dir {escape(ck.directory)}" if ck.directory else "")
-                 + f" · owner{'s' if len(ck.owners) != 1 else ''} [b]{escape(owners)}[/b]"]
+        lines = [
+            f"[b]{escape(detail.row.job_id)}[/b]  policy [b]{escape(ck.policy)}[/b]"
+            + (f" · dir {escape(ck.directory)}" if ck.directory else "")
+            + f" · owner{'s' if len(ck.owners) != 1 else ''} [b]{escape(owners)}[/b]"
+        ]
         d = ck.last_done
         if d is not None:
             age = duration(now - d.time) + " ago" if d.time is not None else "-"
             speed = f"{size_bytes(d.speed_bps)}/s" if d.speed_bps else "-"
-            lines.append(f"last complete: step [b]{d.step}[/b] by {escape(d.owner.label())} · {age} · "
-                         f"{size_bytes(d.bytes)} in {d.seconds or 0:.2f}s · {speed}")
+            lines.append(
+                f"last complete: step [b]{d.step}[/b] by {escape(d.owner.label())} · {age} · "
+                f"{size_bytes(d.bytes)} in {d.seconds or 0:.2f}s · {speed}"
+            )
         else:
             lines.append("[$text-muted]no complete checkpoint yet[/]")
         if ck.failed:
             lines.append(f"[$error]{ck.failed} failed save(s): highlighted below[/]")
         for m in ck.moves[-2:]:
-            lines.append(f"[$warning]owner moved: {escape(m.from_.label())} → {escape(m.to.label())}"
-                         f" ({escape(m.reason or '')})[/]")
-        head.update("\n".join(lines))
+            lines.append(
+                f"[$warning]owner moved: {escape(m.from_.label())} → {escape(m.to.label())}"
+                f" ({escape(m.reason or '')})[/]"
+            )
+        set_text(head, "\n".join(lines))
         from tui.widgets.tables import save_rows
 
         saves.apply(save_rows(ck, now))
@@ -486,15 +600,19 @@ class RigdeckApp(App[None]):
     def _update_logs_status(self) -> None:
         view = self.query_one("#log-view", LogView)
         if view.buffer is None:
-            self.query_one("#logs-status", Static).update("no job open")
+            set_text(self.query_one("#logs-status", Static), "no job open")
             return
         rank = "all ranks" if view.rank is None else f"rank {view.rank}"
-        parts = [f"[b]{escape(self.job_id or '')}[/b]", rank, f"follow {'on' if view.follow else 'off'}",
-                 f"{view.line_count} lines"]
+        parts = [
+            f"[b]{escape(self.job_id or '')}[/b]",
+            rank,
+            f"follow {'on' if view.follow else 'off'}",
+            f"{view.line_count} lines",
+        ]
         if view.search:
             parts.append(escape(view.match_status))
         text = " · ".join(parts) + "  [$text-muted](r rank · f follow · / search · n next)[/]"
-        self.query_one("#logs-status", Static).update(text)
+        set_text(self.query_one("#logs-status", Static), text)
 
     @on(LogView.Changed)
     def _log_changed(self) -> None:
@@ -509,8 +627,14 @@ class RigdeckApp(App[None]):
     def _tab_activated(self, event: TabbedContent.TabActivated) -> None:
         pane = event.pane.id
         self.refresh_views()
-        focus = {"hosts": "#hosts-table", "gpus": "#gpus-table", "jobs": "#jobs-table", "job": "#ranks-table",
-                 "checkpoints": "#saves-table", "logs": "#log-view"}.get(pane or "")
+        focus = {
+            "hosts": "#hosts-table",
+            "gpus": "#gpus-table",
+            "jobs": "#jobs-table",
+            "job": "#ranks-table",
+            "checkpoints": "#saves-table",
+            "logs": "#log-view",
+        }.get(pane or "")
         if focus:
             self.query_one(focus).focus()
 
@@ -549,7 +673,11 @@ class RigdeckApp(App[None]):
         view.focus()
 
     def on_key(self, event: Any) -> None:
-        if event.key == "escape" and self.focused is not None and self.focused.id in ("log-search", "gpu-filter"):
+        if (
+            event.key == "escape"
+            and self.focused is not None
+            and self.focused.id in ("log-search", "gpu-filter")
+        ):
             box = self.focused
             assert isinstance(box, Input)
             if box.id == "log-search":
@@ -596,8 +724,14 @@ class RigdeckApp(App[None]):
                 self.tabs.active = "job"
                 self.refresh_views(force=True)
 
-        self.push_screen(LaunchScreen(self.jobwatch.launch, hosts=self.jobwatch.inventory_hosts(),
-                                      spec_path=self.spec_path), done)
+        self.push_screen(
+            LaunchScreen(
+                self.jobwatch.launch,
+                hosts=self.jobwatch.inventory_hosts(),
+                spec_path=self.spec_path,
+            ),
+            done,
+        )
 
     def action_stop_job(self) -> None:
         job_id = self.current_job()
@@ -642,7 +776,10 @@ class RigdeckApp(App[None]):
             if r.error:
                 lines.append(f"{r.name}: {r.error}")
             else:
-                lines.append(f"{r.name}: agent {r.agent_version} " + ("copied" if r.copied else "already current"))
+                lines.append(
+                    f"{r.name}: agent {r.agent_version} "
+                    + ("copied" if r.copied else "already current")
+                )
                 self.monitor.reconnect(r.name)
         return "\n".join(lines)
 
@@ -671,7 +808,9 @@ class RigdeckApp(App[None]):
             if yes:
                 self._trust(entry["name"], key["fingerprint"])
 
-        self.push_screen(TrustHostKey(entry["name"], f"{spec.address}:{spec.port}", key, known), decided)
+        self.push_screen(
+            TrustHostKey(entry["name"], f"{spec.address}:{spec.port}", key, known), decided
+        )
 
     @work(thread=True, group="action", name="trust", exit_on_error=False)
     def _trust(self, host: str, fingerprint: str) -> str:
@@ -680,7 +819,9 @@ class RigdeckApp(App[None]):
         return f"{host}: recorded {fingerprint} for {name}; connecting"
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen(self.binding_groups(), str(self.keymap_file), self.keymap_problems))
+        self.push_screen(
+            HelpScreen(self.binding_groups(), str(self.keymap_file), self.keymap_problems)
+        )
 
     @on(Worker.StateChanged)
     def _worker_done(self, event: Worker.StateChanged) -> None:
@@ -692,8 +833,12 @@ class RigdeckApp(App[None]):
             self.notify(escape(str(w.result)), title=w.name)
             self.refresh_views(force=True)
         elif event.state == WorkerState.ERROR:
-            self.notify(escape(describe_error(w.error or Exception("failed"))), title=f"{w.name} failed",
-                        severity="error", timeout=12)
+            self.notify(
+                escape(describe_error(w.error or Exception("failed"))),
+                title=f"{w.name} failed",
+                severity="error",
+                timeout=12,
+            )
 
 
 def host_detail(h: Mapping[str, Any], inventory: Any) -> str:
@@ -712,7 +857,10 @@ def host_detail(h: Mapping[str, Any], inventory: Any) -> str:
         parts.append(f"agent {escape(str(h['agent_version']))} (pid {h.get('agent_pid')})")
     s = h.get("host_sample") or {}
     if s.get("cpu_per_core"):
-        parts.append(f"{len(s['cpu_per_core'])} cores, load " + " ".join(f"{x:.1f}" for x in s.get("load") or []))
+        parts.append(
+            f"{len(s['cpu_per_core'])} cores, load "
+            + " ".join(f"{x:.1f}" for x in s.get("load") or [])
+        )
     gpus = h.get("gpus") or []
     if gpus:
         sim = " simulated" if any(g.get("simulated") for g in gpus) else ""
@@ -740,4 +888,3 @@ def _cause_text(cause: Mapping[str, Any]) -> str:
     if cause.get("restart_error"):
         parts.append(f"(no restart: {cause['restart_error']})")
     return " ".join(parts) or "unknown"
-

@@ -208,7 +208,7 @@ class LogBuffer:
         """(first index returned, lines from ``index`` on) — what a view has not seen yet."""
         with self._lock:
             start = max(index, self.base)
-            return start, self._lines[start - self.base:]
+            return start, self._lines[start - self.base :]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,8 +236,15 @@ class MetricsFold:
                 self._checkpoint(r)
                 continue
             if event == "checkpoint_owner":
-                self.moves.append(OwnerMove(r.get("time"), r.get("policy"), Owner.from_json(r.get("from")),
-                                            Owner.from_json(r.get("to")), r.get("reason")))
+                self.moves.append(
+                    OwnerMove(
+                        r.get("time"),
+                        r.get("policy"),
+                        Owner.from_json(r.get("from")),
+                        Owner.from_json(r.get("to")),
+                        r.get("reason"),
+                    )
+                )
                 continue
             if event is not None:
                 continue
@@ -270,8 +277,14 @@ class MetricsFold:
         key = (step, owner.rank, owner.host)
         prev = self.saves.get(key)
         save = CheckpointSave(
-            step=step, status=str(r.get("status") or "?"), owner=owner, bytes=r.get("bytes"),
-            seconds=r.get("seconds"), time=r.get("time"), path=r.get("path"), error=r.get("error"),
+            step=step,
+            status=str(r.get("status") or "?"),
+            owner=owner,
+            bytes=r.get("bytes"),
+            seconds=r.get("seconds"),
+            time=r.get("time"),
+            path=r.get("path"),
+            error=r.get("error"),
         )
         if prev is not None:
             self.saves[key] = replace(save, time=prev.time or save.time)  # keep its start time
@@ -306,8 +319,9 @@ class MetricsFold:
         return (s1 - s0) / (t1 - t0)
 
 
-def expected_owners(policy: str, ranks: Sequence[Mapping[str, Any]],
-                    placement: Sequence[Mapping[str, Any]]) -> tuple[tuple[Owner, ...], OwnerMove | None]:
+def expected_owners(
+    policy: str, ranks: Sequence[Mapping[str, Any]], placement: Sequence[Mapping[str, Any]]
+) -> tuple[tuple[Owner, ...], OwnerMove | None]:
     """Who the policy makes write checkpoints, from the ranks the job runs (or its placement)."""
     rows = list(ranks)
     if not rows:  # not started yet: derive ranks from the placement
@@ -315,8 +329,14 @@ def expected_owners(policy: str, ranks: Sequence[Mapping[str, Any]],
         for node in placement:
             gpus = list(node.get("gpus") or [])
             for local in range(int(node.get("slots") or 0)):
-                rows.append({"rank": rank, "host": node.get("host"), "local_rank": local,
-                             "gpu": gpus[local] if local < len(gpus) else None})
+                rows.append(
+                    {
+                        "rank": rank,
+                        "host": node.get("host"),
+                        "local_rank": local,
+                        "gpu": gpus[local] if local < len(gpus) else None,
+                    }
+                )
                 rank += 1
 
     def owner(r: Mapping[str, Any]) -> Owner:
@@ -331,23 +351,36 @@ def expected_owners(policy: str, ranks: Sequence[Mapping[str, Any]],
     if policy == "all":
         return tuple(owner(r) for r in rows), None
     if policy.startswith("host:") and "/gpu:" in policy:
-        host, _, gpu_s = policy[len("host:"):].partition("/gpu:")
+        host, _, gpu_s = policy[len("host:") :].partition("/gpu:")
         try:
             gpu = int(gpu_s)
         except ValueError:
             return (), None
         hosts = {r.get("host") for r in rows}
         if host not in hosts:
-            move = OwnerMove(None, policy, Owner(None, host, gpu), rank0[0] if rank0 else Owner(0, None, None),
-                             f"host {host} not in this run")
+            move = OwnerMove(
+                None,
+                policy,
+                Owner(None, host, gpu),
+                rank0[0] if rank0 else Owner(0, None, None),
+                f"host {host} not in this run",
+            )
             return tuple(rank0), move
-        return tuple(owner(r) for r in rows if r.get("host") == host
-                     and (r.get("gpu") if r.get("gpu") is not None else r.get("local_rank")) == gpu), None
+        return tuple(
+            owner(r)
+            for r in rows
+            if r.get("host") == host
+            and (r.get("gpu") if r.get("gpu") is not None else r.get("local_rank")) == gpu
+        ), None
     return (), None
 
 
-def checkpoint_view(spec: Mapping[str, Any], fold: MetricsFold, ranks: Sequence[Mapping[str, Any]],
-                    placement: Sequence[Mapping[str, Any]]) -> CheckpointView:
+def checkpoint_view(
+    spec: Mapping[str, Any],
+    fold: MetricsFold,
+    ranks: Sequence[Mapping[str, Any]],
+    placement: Sequence[Mapping[str, Any]],
+) -> CheckpointView:
     ck = spec.get("checkpoint") or {}
     policy = str(ck.get("owner") or "rank0")
     owners, predicted_move = expected_owners(policy, ranks, placement)
@@ -356,15 +389,24 @@ def checkpoint_view(spec: Mapping[str, Any], fold: MetricsFold, ranks: Sequence[
         # The owners are whoever wrote the newest step (they can differ from the policy's
         # prediction after a restart without the named host).
         newest = max(s.step for s in saves)
-        seen = tuple(sorted({s.owner for s in saves if s.step == newest},
-                            key=lambda o: (o.rank if o.rank is not None else -1, o.host or "")))
+        seen = tuple(
+            sorted(
+                {s.owner for s in saves if s.step == newest},
+                key=lambda o: (o.rank if o.rank is not None else -1, o.host or ""),
+            )
+        )
         owners = seen or owners
     done = [s for s in saves if s.status == "done"]
     last_done = max(done, key=lambda s: (s.step, s.time or 0.0)) if done else None
     moves = tuple(fold.moves) or ((predicted_move,) if predicted_move else ())
     return CheckpointView(
-        policy=policy, directory=ck.get("dir"), owners=owners, last_done=last_done,
-        saves=tuple(saves), moves=moves, failed=sum(1 for s in saves if s.status == "failed"),
+        policy=policy,
+        directory=ck.get("dir"),
+        owners=owners,
+        last_done=last_done,
+        saves=tuple(saves),
+        moves=moves,
+        failed=sum(1 for s in saves if s.status == "failed"),
     )
 
 
@@ -380,8 +422,10 @@ def owner_summary(view: CheckpointView) -> str:
     return text
 
 
-def rank_rows(states: Mapping[str, Any], placement: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Every rank of every host that answered, in rank order (as ``JobManager.view`` builds them)."""
+def rank_rows(
+    states: Mapping[str, Any], placement: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Every rank of every host that answered, in rank order (as ``JobManager.view`` has them)."""
     gpus_by_host = {n["host"]: n.get("gpus") or [] for n in placement}
     out = []
     for host, st in states.items():
@@ -393,9 +437,18 @@ def rank_rows(states: Mapping[str, Any], placement: Sequence[Mapping[str, Any]])
             if gpu is None and local is not None and gpus_by_host.get(host):
                 g = gpus_by_host[host]
                 gpu = g[local] if local < len(g) else None
-            out.append({"rank": r.get("rank"), "host": host, "local_rank": local, "gpu": gpu,
-                        "pid": r.get("pid"), "state": r.get("state"), "exit_code": r.get("exit_code"),
-                        "signal": r.get("signal")})
+            out.append(
+                {
+                    "rank": r.get("rank"),
+                    "host": host,
+                    "local_rank": local,
+                    "gpu": gpu,
+                    "pid": r.get("pid"),
+                    "state": r.get("state"),
+                    "exit_code": r.get("exit_code"),
+                    "signal": r.get("signal"),
+                }
+            )
     out.sort(key=lambda r: r["rank"] if r["rank"] is not None else -1)
     return out
 
@@ -409,6 +462,7 @@ class _Track:
     rec: dict[str, Any]
     fold: MetricsFold = field(default_factory=MetricsFold)
     offsets: dict[str, dict[str, int]] = field(default_factory=dict)  # host -> rank -> byte offset
+    sources: dict[tuple[str, str], str | None] = field(default_factory=dict)  # metrics or stdout
     log_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     logs: LogBuffer = field(default_factory=LogBuffer)
     states: dict[str, Any] = field(default_factory=dict)
@@ -428,12 +482,23 @@ class _Track:
             running = 0
         ck = checkpoint_view(spec, self.fold, self.ranks, placement)
         return JobRow(
-            job_id=rec["job_id"], name=rec["name"], state=rec["state"], placement=placement,
-            ranks_running=running, ranks_total=total, step=step, loss=loss,
-            step_rate=self.fold.step_rate(), total_steps=spec.get("total_steps"),
-            created=rec.get("created"), started=rec.get("started"), ended=rec.get("ended"),
-            restarts=int(rec.get("restarts") or 0), checkpoint_owner=owner_summary(ck),
-            cause=rec.get("cause"), unreachable=self.unreachable,
+            job_id=rec["job_id"],
+            name=rec["name"],
+            state=rec["state"],
+            placement=placement,
+            ranks_running=running,
+            ranks_total=total,
+            step=step,
+            loss=loss,
+            step_rate=self.fold.step_rate(),
+            total_steps=spec.get("total_steps"),
+            created=rec.get("created"),
+            started=rec.get("started"),
+            ended=rec.get("ended"),
+            restarts=int(rec.get("restarts") or 0),
+            checkpoint_owner=owner_summary(ck),
+            cause=rec.get("cause"),
+            unreachable=self.unreachable,
         )
 
     def detail(self) -> JobDetail:
@@ -441,10 +506,14 @@ class _Track:
         spec = rec.get("spec") or {}
         placement = rec.get("placement") or []
         return JobDetail(
-            row=self.row(), spec=spec, ranks=tuple(self.ranks), points=self.fold.points,
+            row=self.row(),
+            spec=spec,
+            ranks=tuple(self.ranks),
+            points=self.fold.points,
             points_version=self.fold.version,
             checkpoints=checkpoint_view(spec, self.fold, self.ranks, placement),
-            events=tuple(rec.get("events") or ()), logs=self.logs,
+            events=tuple(rec.get("events") or ()),
+            logs=self.logs,
         )
 
 
@@ -466,8 +535,14 @@ class JobSource(Protocol):
 class JobWatch:
     """Polls jobs on its own thread; ``snapshot()`` and ``detail()`` are safe from any thread."""
 
-    def __init__(self, jobs: Any, *, interval: float = 1.0, limit: int = 50,
-                 clock: Callable[[], float] = time.time):
+    def __init__(
+        self,
+        jobs: Any,
+        *,
+        interval: float = 1.0,
+        limit: int = 50,
+        clock: Callable[[], float] = time.time,
+    ):
         self.jobs = jobs  # a tui.jobs.JobManager
         self.ctl = jobs.ctl
         self.interval = interval
@@ -542,7 +617,11 @@ class JobWatch:
         rank = 0
         for node in rec.get("placement") or []:
             slots = int(node.get("slots") or 0)
-            mine = [r["rank"] for r in ranks if r.get("host") == node["host"] and r.get("rank") is not None]
+            mine = [
+                r["rank"]
+                for r in ranks
+                if r.get("host") == node["host"] and r.get("rank") is not None
+            ]
             if not mine:
                 mine = list(range(rank, rank + slots))
             rank += slots
@@ -592,7 +671,7 @@ class JobWatch:
             placement = rec.get("placement") or []
             unreachable = tuple(h for h, s in states.items() if not isinstance(s, dict))
             ranks = rank_rows(states, placement)
-            records = self._read_metrics(job_id, placement, track)
+            records = self._read_metrics(job_id, self._hosts_ever(rec), track)
             with self._lock:
                 track.rec = rec
                 track.states = dict(states)
@@ -612,24 +691,46 @@ class JobWatch:
                     del self._tracks[job_id]
             rows = tuple(self._tracks[j].row() for j in order if j in self._tracks)
             self.rounds += 1
-            self._snapshot = JobsSnapshot(rows, self._snapshot.version + 1,
-                                          error="; ".join(errors) or None, polled_at=self.clock())
+            self._snapshot = JobsSnapshot(
+                rows,
+                self._snapshot.version + 1,
+                error="; ".join(errors) or None,
+                polled_at=self.clock(),
+            )
             return self._snapshot
 
-    def _read_metrics(self, job_id: str, placement: Sequence[Mapping[str, Any]],
-                      track: _Track) -> list[dict[str, Any]]:
+    def _hosts_ever(self, rec: Mapping[str, Any]) -> list[str]:
+        """Every host the job ran on (a restart can move it): its logs and metrics stay there."""
+        hosts_ever = getattr(self.jobs, "hosts_ever", None)
+        if hosts_ever is not None:
+            return list(hosts_ever(rec))
+        return [n["host"] for n in rec.get("placement") or []]
+
+    def _read_metrics(
+        self, job_id: str, hosts: Sequence[str], track: _Track
+    ) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        for host in [n["host"] for n in placement]:
+        for host in hosts:
             offsets = track.offsets.setdefault(host, {})
             for _ in range(64):  # bounded: a huge backlog comes in over several rounds
                 try:
-                    chunk = self.ctl.request(host, "job_metrics", timeout=20, job_id=job_id,
-                                             offsets=dict(offsets))
+                    chunk = self.ctl.request(
+                        host, "job_metrics", timeout=20, job_id=job_id, offsets=dict(offsets)
+                    )
                 except TransportError as e:
                     log.info("metrics from %s: %s", host, e)
                     break
                 more = False
                 for rank, part in chunk.items():
+                    source = part.get("source")
+                    before = track.sources.get((host, rank))
+                    track.sources[(host, rank)] = source
+                    if before == "stdout" and source == "metrics":
+                        # The agent parsed the log until the metrics file appeared, and its offset
+                        # was into the log: read the metrics file from its start instead.
+                        offsets[rank] = 0
+                        more = True
+                        continue
                     for r in part["records"]:
                         r.setdefault("rank", int(rank))
                         r["host"] = host
@@ -645,18 +746,28 @@ class JobWatch:
             return
         job_id = track.rec["job_id"]
         complete = track.final
-        for host, st in list(track.states.items()):
+        states = dict(track.states)
+        for host in self._hosts_ever(track.rec):
+            if host not in states:  # ran there before a restart moved the job
+                try:
+                    states[host] = self.ctl.request(host, "job_status", timeout=20, job_id=job_id)
+                except TransportError as e:
+                    states[host] = e
+        for host, st in states.items():
             if not isinstance(st, dict):
                 complete = False
                 continue
-            ranks = sorted({r["rank"] for r in st.get("ranks") or []} | set(st.get("log_ranks") or []))
+            ranks = sorted(
+                {r["rank"] for r in st.get("ranks") or []} | set(st.get("log_ranks") or [])
+            )
             for rank in ranks:
                 key = (host, rank)
                 for _ in range(LOG_CHUNKS_PER_ROUND):
                     off = track.log_offsets.get(key, 0)
                     try:
-                        chunk = self.ctl.request(host, "job_logs", timeout=20, job_id=job_id,
-                                                 rank=rank, offset=off)
+                        chunk = self.ctl.request(
+                            host, "job_logs", timeout=20, job_id=job_id, rank=rank, offset=off
+                        )
                     except TransportError as e:
                         log.info("logs from %s: %s", host, e)
                         complete = False

@@ -44,7 +44,9 @@ def _flatten(d: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]
             yield key, v
 
 
-def load_keymap(path: Path | None = None, known: Iterable[str] = ()) -> tuple[dict[str, str], list[str]]:
+def load_keymap(
+    path: Path | None = None, known: Iterable[str] = ()
+) -> tuple[dict[str, str], list[str]]:
     """(binding id -> keys, problems). A missing file is no problem; a bad entry is skipped and
     named in the problems, so one typo does not cost the other bindings."""
     path = path or keymap_path()
@@ -61,7 +63,9 @@ def load_keymap(path: Path | None = None, known: Iterable[str] = ()) -> tuple[di
     problems = []
     for binding_id, value in _flatten(data):
         if not isinstance(value, str) or not value.strip():
-            problems.append(f"{path}: {binding_id!r}: expected a key such as \"ctrl+l\", got {value!r}")
+            problems.append(
+                f'{path}: {binding_id!r}: expected a key such as "ctrl+l", got {value!r}'
+            )
             continue
         if known_ids and binding_id not in known_ids:
             problems.append(f"{path}: unknown binding id {binding_id!r} (see the help screen, '?')")

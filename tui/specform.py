@@ -64,12 +64,18 @@ def form_values(data: Mapping[str, Any]) -> dict[str, str]:
         if v is None:
             out[name] = ""
         elif name == "command" and isinstance(v, list):
-            out[name] = shlex.join(str(x) for x in v)
+            out[name] = " ".join(_word(str(x)) for x in v)
         elif name == "hosts" and isinstance(v, list):
             out[name] = ", ".join(str(x) for x in v)
         else:
             out[name] = str(v)
     return out
+
+
+def _word(w: str) -> str:
+    """A command word as the form shows it: quoted only where shlex.split needs it
+    (``{python}`` stays as it is)."""
+    return w if w and not re.search(r"[\s'\"\\#]", w) else shlex.quote(w)
 
 
 def merge_form(base: Mapping[str, Any], values: Mapping[str, str]) -> dict[str, Any]:
@@ -90,7 +96,9 @@ def merge_form(base: Mapping[str, Any], values: Mapping[str, str]) -> dict[str, 
             try:
                 value = shlex.split(text)
             except ValueError as e:
-                raise JobSpecError(None, "command", f"a command line with balanced quotes ({e})") from None
+                raise JobSpecError(
+                    None, "command", f"a command line with balanced quotes ({e})"
+                ) from None
         elif name == "hosts":
             value = [h.strip() for h in text.replace(",", " ").split() if h.strip()]
         elif name in INT_FIELDS or (name == "max_runtime" and text.isdigit()):
@@ -113,7 +121,9 @@ def read_spec_data(path: Path) -> dict[str, Any]:
         raise JobSpecError(path, None, f"valid TOML ({e})") from None
 
 
-def spec_from_form(base: Mapping[str, Any], values: Mapping[str, str], path: Path | None) -> JobSpec:
+def spec_from_form(
+    base: Mapping[str, Any], values: Mapping[str, str], path: Path | None
+) -> JobSpec:
     """Check the form as a spec (``path`` anchors a relative workdir and names the spec)."""
     return jobspec_from_toml(dumps(merge_form(base, values)), path)
 

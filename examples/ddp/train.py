@@ -107,8 +107,12 @@ def main() -> None:
         restored = ckpt.load_latest()
     if restored is not None:
         step, state = restored
-        set_state_dict(model, opt, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"])
+        if ckpt.policy == "all":
+            set_state_dict(model, opt, model_state_dict=state["model"],
+                           optim_state_dict=state["optim"])
+        else:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optim"])
         start = step + 1
         if info.rank == 0:
             print(f"resumed from step {step} ({ckpt.dir})", flush=True)

@@ -38,7 +38,8 @@ class ConfirmStop(ModalScreen[bool]):
         with Vertical(id="dialog", classes="dialog -danger"):
             yield Label(f"Stop job [b]{escape(p.job_id)}[/b]?", id="stop-title")
             yield Static(
-                f"State: {escape(p.state)}. {p.rank_count} rank(s) on {len(p.hosts)} host(s):\n{hosts}\n\n"
+                f"State: {escape(p.state)}. {p.rank_count} rank(s) on {len(p.hosts)} host(s):\n"
+                f"{hosts}\n\n"
                 f"Each rank gets SIGTERM, then SIGKILL after {p.grace_s:g}s; "
                 "every process tagged with the job id is swept.",
                 id="stop-body",
@@ -82,11 +83,16 @@ class TrustHostKey(ModalScreen[bool]):
         k = self.key
         with Vertical(id="dialog", classes="dialog" + (" -danger" if self.changed else "")):
             if self.changed:
-                yield Label(f"[b]Host key of {escape(self.host)} has CHANGED[/b]", id="hostkey-title")
+                yield Label(
+                    f"[b]Host key of {escape(self.host)} has CHANGED[/b]", id="hostkey-title"
+                )
                 yield Static(
-                    f"{escape(self.address)} now presents\n  [b]{escape(k.get('fingerprint', '?'))}[/b]\n"
-                    f"but {escape(self.known_hosts)} records\n  {escape(k.get('expected', '?'))}\n\n"
-                    "This may be an attack, or a reinstalled host. rigdeck never replaces a known key: "
+                    f"{escape(self.address)} now presents\n"
+                    f"  [b]{escape(k.get('fingerprint', '?'))}[/b]\n"
+                    f"but {escape(self.known_hosts)} records\n"
+                    f"  {escape(k.get('expected', '?'))}\n\n"
+                    "This may be an attack, or a reinstalled host. rigdeck never replaces a "
+                    "known key: "
                     "find out why it changed, then remove the old entry by hand.",
                     id="hostkey-body",
                 )
@@ -95,7 +101,8 @@ class TrustHostKey(ModalScreen[bool]):
                 return
             yield Label(f"Unknown host key: [b]{escape(self.host)}[/b]", id="hostkey-title")
             yield Static(
-                f"{escape(self.address)} presents a key that {escape(self.known_hosts)} does not list:\n\n"
+                f"{escape(self.address)} presents a key that "
+                f"{escape(self.known_hosts)} does not list:\n\n"
                 f"  type         [b]{escape(k.get('type', '?'))}[/b]\n"
                 f"  fingerprint  [b]{escape(k.get('fingerprint', '?'))}[/b]\n\n"
                 "Compare it with the host's own (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on the "
@@ -127,8 +134,12 @@ class HelpScreen(ModalScreen[None]):
         Binding("escape,q,question_mark", "close", "Close", id="help.close"),
     ]
 
-    def __init__(self, groups: Iterable[tuple[str, list[tuple[str, str, str]]]], keymap_file: str,
-                 problems: Iterable[str] = ()) -> None:
+    def __init__(
+        self,
+        groups: Iterable[tuple[str, list[tuple[str, str, str]]]],
+        keymap_file: str,
+        problems: Iterable[str] = (),
+    ) -> None:
         super().__init__()
         self.groups = list(groups)
         self.keymap_file = keymap_file
@@ -141,7 +152,10 @@ class HelpScreen(ModalScreen[None]):
                 for title, rows in self.groups:
                     lines = [f"[b]{escape(title)}[/b]"]
                     for key, desc, binding_id in rows:
-                        lines.append(f"  [$accent]{escape(key):<14}[/] {escape(desc):<28} [$text-muted]{escape(binding_id)}[/]")
+                        lines.append(
+                            f"  [$accent]{escape(key):<14}[/] {escape(desc):<28} "
+                            f"[$text-muted]{escape(binding_id)}[/]"
+                        )
                     yield Static("\n".join(lines), classes="help-group")
                 yield Static(
                     "Mouse: click tabs, rows and buttons; the wheel scrolls. Rare actions "

@@ -34,8 +34,9 @@ class LaunchScreen(ModalScreen[str | None]):
         Binding("escape", "cancel", "Cancel", id="launch.cancel"),
     ]
 
-    def __init__(self, launch: Callable[[JobSpec], str], *, hosts: Sequence[str] = (),
-                 spec_path: str = "") -> None:
+    def __init__(
+        self, launch: Callable[[JobSpec], str], *, hosts: Sequence[str] = (), spec_path: str = ""
+    ) -> None:
         super().__init__()
         self._launch = launch
         self.hosts = list(hosts)
@@ -49,8 +50,12 @@ class LaunchScreen(ModalScreen[str | None]):
             yield Label("[b]Launch a job[/b]  [$text-muted]a spec file, the form, or both[/]")
             with Horizontal(classes="form-row"):
                 yield Label("Spec file", classes="form-label")
-                yield Input(self.initial_path, placeholder="path/to/job.toml (enter loads it)", id="spec-path",
-                            compact=True)
+                yield Input(
+                    self.initial_path,
+                    placeholder="path/to/job.toml (enter loads it)",
+                    id="spec-path",
+                    compact=True,
+                )
                 yield Button("Load", id="spec-load", compact=True)
             yield Static("", id="err-spec", classes="field-error")
             with VerticalScroll(id="form"):
@@ -59,10 +64,16 @@ class LaunchScreen(ModalScreen[str | None]):
                     with Horizontal(classes="form-row"):
                         yield Label(label, classes="form-label")
                         if name == "launcher":
-                            yield Select([(x, x) for x in LAUNCHERS], prompt="direct (default)", id=fid,
-                                         compact=True)
+                            yield Select(
+                                [(x, x) for x in LAUNCHERS],
+                                prompt="direct (default)",
+                                id=fid,
+                                compact=True,
+                            )
                         else:
-                            yield Input(placeholder=_placeholder(name, self.hosts), id=fid, compact=True)
+                            yield Input(
+                                placeholder=_placeholder(name, self.hosts), id=fid, compact=True
+                            )
                     yield Static("", id=f"err-{fid}", classes="field-error")
             yield Static("", id="launch-status")
             with Horizontal(classes="buttons"):
@@ -81,7 +92,7 @@ class LaunchScreen(ModalScreen[str | None]):
         for name, _ in FORM_FIELDS:
             w = self.query_one(f"#{field_id(name)}")
             if isinstance(w, Select):
-                out[name] = "" if w.value is Select.BLANK else str(w.value)
+                out[name] = "" if w.value is Select.NULL else str(w.value)
             else:
                 assert isinstance(w, Input)
                 out[name] = w.value
@@ -92,7 +103,7 @@ class LaunchScreen(ModalScreen[str | None]):
             w = self.query_one(f"#{field_id(name)}")
             v = values.get(name, "")
             if isinstance(w, Select):
-                w.value = v if v in LAUNCHERS else Select.BLANK
+                w.value = v if v in LAUNCHERS else Select.NULL
             else:
                 assert isinstance(w, Input)
                 w.value = v
@@ -102,8 +113,8 @@ class LaunchScreen(ModalScreen[str | None]):
             w.update("")
             w.remove_class("-shown")
         self.query_one("#launch-status", Static).update("")
-        for w in self.query(".-invalid"):
-            w.remove_class("-invalid")
+        for invalid in self.query(".-invalid"):
+            invalid.remove_class("-invalid")
 
     def show_error(self, name: str | None, message: str) -> None:
         """Under the field ``name`` (a spec field), or under the file path when None."""
@@ -128,7 +139,9 @@ class LaunchScreen(ModalScreen[str | None]):
             return
         self.base, self.path = data, path.resolve()
         self.fill(form_values(data))
-        self.query_one("#launch-status", Static).update(f"[$text-muted]loaded {escape(str(self.path))}[/]")
+        self.query_one("#launch-status", Static).update(
+            f"[$text-muted]loaded {escape(str(self.path))}[/]"
+        )
 
     @on(Input.Submitted, "#spec-path")
     @on(Button.Pressed, "#spec-load")
@@ -160,12 +173,19 @@ class LaunchScreen(ModalScreen[str | None]):
         self.busy = True
         self.query_one("#launch-go", Button).disabled = True
         self.query_one("#launch-status", Static).update(
-            f"placing and starting [b]{escape(spec.name)}[/b] ({spec.node_count} node(s) × {spec.slots_per_node})…")
-        self.run_worker(lambda: self._launch(spec), thread=True, group="launch", exit_on_error=False)
+            f"placing and starting [b]{escape(spec.name)}[/b] "
+            f"({spec.node_count} node(s) × {spec.slots_per_node})…"
+        )
+        self.run_worker(
+            lambda: self._launch(spec), thread=True, group="launch", exit_on_error=False
+        )
 
     @on(Worker.StateChanged)
     def _worker(self, event: Worker.StateChanged) -> None:
-        if event.worker.group != "launch" or event.state not in (WorkerState.SUCCESS, WorkerState.ERROR):
+        if event.worker.group != "launch" or event.state not in (
+            WorkerState.SUCCESS,
+            WorkerState.ERROR,
+        ):
             return
         self.busy = False
         self.query_one("#launch-go", Button).disabled = False

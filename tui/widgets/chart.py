@@ -17,6 +17,8 @@ from textual.geometry import Size
 from textual.strip import Strip
 from textual.widget import Widget
 
+_PLAIN = Style()
+
 # Braille dot bits, by (column in the cell, row in the cell).
 _DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 
@@ -43,7 +45,7 @@ def ticks(lo: float, hi: float, target: int) -> tuple[float, float, list[float]]
     step = nice_step(hi - lo, target)
     start = math.floor(lo / step + 1e-9) * step
     end = math.ceil(hi / step - 1e-9) * step
-    values = []
+    values: list[float] = []
     v = start
     while v <= end + step * 1e-6 and len(values) < 200:
         values.append(round(v, 12))
@@ -60,9 +62,16 @@ def fmt_tick(v: float, step: float) -> str:
     return f"{v:.{decimals}f}"
 
 
-def render_chart(points: Sequence[tuple[float, float]], width: int, height: int, *,
-                 x_max: float | None = None, axis: Style = Style(), line: Style = Style(),
-                 empty: str = "no data yet") -> list[Strip]:
+def render_chart(
+    points: Sequence[tuple[float, float]],
+    width: int,
+    height: int,
+    *,
+    x_max: float | None = None,
+    axis: Style = _PLAIN,
+    line: Style = _PLAIN,
+    empty: str = "no data yet",
+) -> list[Strip]:
     """The chart as ``height`` strips of ``width`` cells."""
     if width < 12 or height < 4:
         return [Strip.blank(width)] * height
@@ -71,7 +80,9 @@ def render_chart(points: Sequence[tuple[float, float]], width: int, height: int,
         msg = empty[:width]
         pad = (width - len(msg)) // 2
         lines = list(lines)
-        lines[height // 2] = Strip([Segment(" " * pad), Segment(msg, axis), Segment(" " * (width - pad - len(msg)))])
+        lines[height // 2] = Strip(
+            [Segment(" " * pad), Segment(msg, axis), Segment(" " * (width - pad - len(msg)))]
+        )
         return lines
 
     xs = [float(p[0]) for p in points]
@@ -131,8 +142,11 @@ def render_chart(points: Sequence[tuple[float, float]], width: int, height: int,
 
     strips = []
     for r in range(plot_h):
-        label = tick_rows.get(r)
-        segs = [Segment((label or "").rjust(label_w), axis), Segment("┤" if label is not None else "│", axis)]
+        tick = tick_rows.get(r)
+        segs = [
+            Segment((tick or "").rjust(label_w), axis),
+            Segment("┤" if tick is not None else "│", axis),
+        ]
         run = "".join(chr(0x2800 + b) if b else " " for b in grid[r])
         segs.append(Segment(run, line))
         segs.append(Segment(" "))
@@ -150,11 +164,17 @@ def render_chart(points: Sequence[tuple[float, float]], width: int, height: int,
             text = fmt_tick(v, x_step) if x_step >= 1 else f"{v:g}"
             start = max(0, min(col - len(text) // 2, plot_w + 2 - len(text)))
             if start > last_end:
-                label_chars[start:start + len(text)] = list(text)
+                label_chars[start : start + len(text)] = list(text)
                 last_end = start + len(text)
-    strips.append(Strip([Segment(" " * label_w + "└", axis), Segment("".join(axis_chars) + " ", axis)], width))
-    strips.append(Strip([Segment(" " * (label_w + 1), axis), Segment("".join(label_chars)[: plot_w + 1], axis)],
-                        width))
+    strips.append(
+        Strip([Segment(" " * label_w + "└", axis), Segment("".join(axis_chars) + " ", axis)], width)
+    )
+    strips.append(
+        Strip(
+            [Segment(" " * (label_w + 1), axis), Segment("".join(label_chars)[: plot_w + 1], axis)],
+            width,
+        )
+    )
     return [s.adjust_cell_length(width) for s in strips]
 
 
@@ -202,9 +222,19 @@ class LossChart(Widget):
         self._cache_key = None
         self.refresh()
 
-    def set_points(self, points: Sequence[tuple[float, float]], version: object, *,
-                   x_max: float | None = None, empty: str | None = None) -> None:
-        if version == self._version and x_max == self._x_max and (empty is None or empty == self._empty):
+    def set_points(
+        self,
+        points: Sequence[tuple[float, float]],
+        version: object,
+        *,
+        x_max: float | None = None,
+        empty: str | None = None,
+    ) -> None:
+        if (
+            version == self._version
+            and x_max == self._x_max
+            and (empty is None or empty == self._empty)
+        ):
             return
         self._points = tuple(points)
         self._version = version
@@ -221,9 +251,13 @@ class LossChart(Widget):
         key = (self._version, size, self._x_max, self._empty)
         if key != self._cache_key:
             self._lines = render_chart(
-                self._points, size.width, size.height, x_max=self._x_max,
+                self._points,
+                size.width,
+                size.height,
+                x_max=self._x_max,
                 axis=self.get_component_rich_style("chart--axis", partial=True),
-                line=self.get_component_rich_style("chart--line", partial=True), empty=self._empty,
+                line=self.get_component_rich_style("chart--line", partial=True),
+                empty=self._empty,
             )
             self._cache_key = key
         return self._lines

@@ -15,7 +15,7 @@ mirroring what its own ``update_cell``, ``remove_row`` and ``sort`` do one at a 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -24,8 +24,10 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual import events
+from textual._segment_tools import line_crop
 from textual._two_way_dict import TwoWayDict
 from textual.coordinate import Coordinate
+from textual.strip import Strip
 from textual.widgets import DataTable
 from textual.widgets.data_table import CellKey, ColumnKey, RowKey
 
@@ -101,18 +103,32 @@ class DiffTable(DataTable[RenderableType]):
     DiffTable > .rd--bar-empty { color: $surface-lighten-2; }
     """
 
+    # Set before DataTable.__init__ runs (it clears the table, which bumps the order version).
+    _order_version = 0
+    _ordered_rows: list[Any] = []
+    _ordered_rows_for: tuple[int, int] | None = None
+    _offsets: list[tuple[RowKey, int]] = []
+    _offsets_for: tuple[int, int] | None = None
+
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=True)
         self._cols: tuple[Col, ...] = ()
+        self._column_keys: tuple[str, ...] = ()
+        self._auto: frozenset[str] = frozenset()
         self._raw: dict[str, tuple[Any, ...]] = {}
         self._order: list[str] = []
         self._palette: Palette | None = None
         # Rendered cells and rows that survive table updates (DataTable's own caches do not).
-        self._seg_cache: dict[tuple[str, Any, int], list[Segment]] = {}
+        self._seg_cache: dict[tuple[str, Any, int, Style, Style], list[Segment]] = {}
         self._rows_rendered: dict[str, tuple[Any, Any, Any, Any]] = {}
         self._frame: Any = None
         self._frame_styles: dict[tuple[int, bool, bool], tuple[Style, Style]] = {}
         self._widths: tuple[int, ...] = ()
+        self._line_style: Style | None = None
+        self._src: dict[str, Any] = {}  # key -> the source its row comes from (apply_sources)
+        self._raw_src: dict[str, Any] = {}  # key -> the source its raw values were made from
+        self._make_raw: Callable[[Any], tuple[Any, ...]] | None = None
+        self._strips: dict[int, tuple[Any, Any, Strip]] = {}
 
     # -- palette ----------------------------------------------------------------------------
 
@@ -134,16 +150,20 @@ class DiffTable(DataTable[RenderableType]):
         if self._palette is None:
             global _palette_serial
             _palette_serial += 1
-            styles = {lvl: self.get_component_rich_style(f"rd--{lvl}", partial=True) for lvl in LEVELS}
+            styles = {
+                lvl: self.get_component_rich_style(f"rd--{lvl}", partial=True) for lvl in LEVELS
+            }
             self._palette = Palette(_palette_serial, styles)
         return self._palette
 
     # -- rendering --------------------------------------------------------------------------
 
-    def _segments(self, column: str, raw: Any, width: int) -> list[Segment]:
-        """A cell as padded segments exactly ``width`` wide (its own styles only), cached by
-        value: equal values in different rows (every idle GPU's "0%") render once."""
-        key = (column, raw, width)
+    def _segments(
+        self, column: str, raw: Any, width: int, pre: Style, post: Style
+    ) -> list[Segment]:
+        """A cell as padded segments exactly ``width`` wide, styled for its row, cached by value
+        and look: equal values in different rows (every idle GPU's "0%") render once."""
+        key = (column, raw, width, pre, post)
         hit = self._seg_cache.get(key)
         if hit is not None:
             return hit
@@ -165,31 +185,54 @@ class DiffTable(DataTable[RenderableType]):
         segments = Segment.adjust_line_length(segments, inner)
         if pad:
             segments = [Segment(" " * pad), *segments, Segment(" " * pad)]
-        if len(self._seg_cache) > 50_000:
+        segments = list(Segment.simplify(Segment.apply_style(segments, style=pre, post_style=post)))
+        if len(self._seg_cache) > 8_000:
             self._seg_cache.clear()
         self._seg_cache[key] = segments
         return segments
 
-    def _render_line_in_row(self, row_key: RowKey, line_no: int, base_style: Style,
-                            cursor_location: Any, hover_location: Any) -> Any:
+    def _render_line_in_row(
+        self,
+        row_key: RowKey,
+        line_no: int,
+        base_style: Style,
+        cursor_location: Any,
+        hover_location: Any,
+    ) -> Any:
         """DataTable's row rendering, minus its cost.
 
         DataTable renders every cell of a row through Padding and Console.render_lines, and
         forgets every rendered row on any update of the table. Here cells render from their raw
         values (cached by value) only when a row is drawn, and a row is rebuilt only when its
         values, position or look changed. The result is the same: padded cells, cell styles
-        between the row style and the cursor/hover style, row meta for the mouse, and the row
-        extended to the widget's width.
+        between the row style and the cursor/hover style, and the row extended to the widget's
+        width; clicks find their row from the mouse position rather than segment meta.
         """
         key = row_key.value
-        raw = self._raw.get(key) if key is not None else None
-        if (raw is None or line_no != 0 or self.fixed_columns or self.fixed_rows
-                or self.cursor_type != "row" or (self._labelled_row_exists and self.show_row_labels)):
-            return super()._render_line_in_row(row_key, line_no, base_style, cursor_location, hover_location)
-        row_index = self._row_locations.get(row_key)
+        raw = self.current_raw(key) if key is not None else None
+        row_index = self._row_locations.get(row_key) if row_key in self._row_locations else None
+        if (
+            raw is None
+            or key is None
+            or row_index is None
+            or line_no != 0
+            or self.fixed_columns
+            or self.fixed_rows
+            or self.cursor_type != "row"
+            or (self._labelled_row_exists and self.show_row_labels)
+        ):
+            return super()._render_line_in_row(
+                row_key, line_no, base_style, cursor_location, hover_location
+            )
         cursor = self.show_cursor and cursor_location.row == row_index
         hover = self._show_hover_cursor and hover_location.row == row_index
-        frame = (base_style, self._pseudo_class_state, self.size.width, self.show_cursor, self._palette)
+        frame = (
+            base_style,
+            self._pseudo_class_state,
+            self.size.width,
+            self.show_cursor,
+            self._palette,
+        )
         if frame != self._frame:
             self._frame = frame
             self._frame_styles.clear()
@@ -201,25 +244,75 @@ class DiffTable(DataTable[RenderableType]):
         styles = self._frame_styles.get((row_index % 2, cursor, hover))
         if styles is None:
             component_style, post_style = self._get_styles_to_render_cell(
-                False, False, False, hover, cursor, self.show_cursor, self._show_hover_cursor,
-                self.cursor_foreground_priority == "css", self.cursor_background_priority == "css",
+                False,
+                False,
+                False,
+                hover,
+                cursor,
+                self.show_cursor,
+                self._show_hover_cursor,
+                self.cursor_foreground_priority == "css",
+                self.cursor_background_priority == "css",
             )
             row_style = self._get_row_style(row_index, base_style)
             styles = (row_style + component_style, post_style)
             self._frame_styles[(row_index % 2, cursor, hover)] = styles
         pre, post_style = styles
-        segments: list[Segment] = []
+        line: list[Segment] = []
         widths = self._widths
-        for column, value, width in zip(self.column_keys, raw, widths, strict=True):
-            segments.extend(self._segments(column, value, width))
-        line = list(Segment.apply_style(segments, style=pre, post_style=post_style))
+        segments_of = self._segments
+        for column, value, width in zip(self._column_keys, raw, widths, strict=True):
+            line += segments_of(column, value, width, pre, post_style)
         remaining = max(0, self.size.width - sum(widths) - self._row_label_column_width)
         line.append(Segment(" " * remaining, pre))
         # No row/column meta on body segments (a new Style per segment and row, the biggest cost
         # of drawing a row): clicks and hovers find their row from the mouse position instead.
-        pair = ([], [line])
+        pair: tuple[list[Any], list[list[Segment]]] = ([], [line])
         self._rows_rendered[key] = (look, raw, frame, pair)
         return pair
+
+    def render_lines(self, crop: Any) -> list[Strip]:
+        # DataTable asks for its (costly) rich_style once per line; once per frame is enough.
+        self._line_style = self.rich_style
+        return super().render_lines(crop)
+
+    def render_line(self, y: int) -> Strip:
+        if self.fixed_rows or self._line_style is None:
+            return super().render_line(y)
+        scroll_x, scroll_y = self.scroll_offset
+        header = self.header_height if self.show_header else 0
+        if y >= header:
+            y += scroll_y
+        return self._render_line(y, scroll_x, scroll_x + self.size.width, self._line_style)
+
+    def _render_line(self, y: int, x1: int, x2: int, base_style: Style) -> Strip:
+        """A body line from the row cache; header lines and anything unusual as DataTable does."""
+        header = self.header_height if self.show_header else 0
+        row_index = y - header
+        if y < header or self.fixed_columns or not (0 <= row_index < len(self._row_locations)):
+            return super()._render_line(y, x1, x2, base_style)
+        row_key = self._row_locations.get_key(row_index)
+        if row_key is None:
+            return super()._render_line(y, x1, x2, base_style)
+        _fixed, scrollable = self._render_line_in_row(
+            row_key,
+            0,
+            base_style,
+            cursor_location=self.cursor_coordinate,
+            hover_location=self.hover_coordinate,
+        )
+        if len(scrollable) != 1:  # DataTable rendered this row itself
+            return super()._render_line(y, x1, x2, base_style)
+        line = scrollable[0]
+        width = self.size.width
+        hit = self._strips.get(row_index)
+        if hit is not None and hit[0] is line and hit[1] == (x1, x2, width, base_style):
+            return hit[2]
+        if x1 or x2 < width:
+            line = line_crop(line, x1, x2, Segment.get_line_length(line))
+        strip = Strip(line).adjust_cell_length(width, base_style)
+        self._strips[row_index] = (scrollable[0], (x1, x2, width, base_style), strip)
+        return strip
 
     def _row_at(self, event: events.MouseEvent) -> int | None:
         """The body row under the mouse (rows are one line high), or None."""
@@ -256,6 +349,48 @@ class DiffTable(DataTable[RenderableType]):
         if self.show_cursor:
             self.hover_coordinate = Coordinate(row, 0)
 
+    # -- row order --------------------------------------------------------------------------
+    # DataTable recomputes its ordered rows and line offsets (a walk over every row) whenever
+    # any cell changes, that is on every tick here. They only change with the rows' order.
+
+    def _order_changed(self) -> None:
+        self._order_version += 1
+
+    def add_row(self, *cells: Any, **kwargs: Any) -> RowKey:
+        self._order_changed()
+        return super().add_row(*cells, **kwargs)
+
+    def remove_row(self, row_key: RowKey | str) -> None:
+        self._order_changed()
+        super().remove_row(row_key)
+
+    def clear(self, columns: bool = False) -> DiffTable:
+        self._order_changed()
+        super().clear(columns)
+        return self
+
+    def sort(self, *columns: Any, key: Any = None, reverse: bool = False) -> DiffTable:
+        self._order_changed()
+        super().sort(*columns, key=key, reverse=reverse)
+        return self
+
+    @property
+    def ordered_rows(self) -> list[Any]:
+        version = (self.row_count, self._order_version)
+        if self._ordered_rows_for != version:
+            rows, key_at = self.rows, self._row_locations.get_key
+            self._ordered_rows = [rows[key_at(i)] for i in range(self.row_count)]  # type: ignore[index]
+            self._ordered_rows_for = version
+        return self._ordered_rows
+
+    @property
+    def _y_offsets(self) -> list[tuple[RowKey, int]]:
+        version = (self.row_count, self._order_version)
+        if self._offsets_for != version:
+            self._offsets = [(row.key, y) for row in self.ordered_rows for y in range(row.height)]
+            self._offsets_for = version
+        return self._offsets
+
     # -- columns ----------------------------------------------------------------------------
 
     def set_columns(self, cols: Sequence[Col]) -> bool:
@@ -264,19 +399,31 @@ class DiffTable(DataTable[RenderableType]):
         if cols == self._cols:
             return False
         self.clear(columns=True)
+        self._raw_src.clear()
+        self._src.clear()
         self._seg_cache.clear()
         self._rows_rendered.clear()
         self._frame = None
         self._raw.clear()
         self._order = []
         self._cols = cols
+        self._column_keys = tuple(c.key for c in cols)
+        self._auto = frozenset(c.key for c in cols if c.width is None)
         for c in cols:
             self.add_column(Text(c.label), key=c.key, width=c.width)
         return True
 
     @property
     def column_keys(self) -> tuple[str, ...]:
-        return tuple(c.key for c in self._cols)
+        return self._column_keys
+
+    @property
+    def _auto_columns(self) -> frozenset[str]:
+        return self._auto
+
+    def columns_for(self, w: Any) -> list[Col]:
+        """The columns for a terminal width (``tui.widgets.tables.Widths``)."""
+        return list(self._cols)
 
     def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
         return Text("" if raw is None else str(raw))
@@ -293,13 +440,42 @@ class DiffTable(DataTable[RenderableType]):
             return None
 
     def raw(self, key: str) -> tuple[Any, ...] | None:
-        return self._raw.get(key)
+        return self.current_raw(key)
 
     def apply(self, rows: Sequence[tuple[str, tuple[Any, ...]]]) -> ApplyStats:
-        """Make the table show ``rows`` (key, raw values), in this order, changing only what differs."""
+        """Show ``rows`` (key, raw values) in this order, changing only what differs."""
+        self._make_raw = None
+        self._src.clear()
+        return self._apply([k for k, _ in rows], dict(rows).__getitem__, None)
+
+    def apply_sources(
+        self,
+        entries: Sequence[tuple[str, Any]],
+        make_raw: Callable[[Any], tuple[Any, ...]],
+        margin: int | None = None,
+    ) -> ApplyStats:
+        """Like ``apply``, for big tables: ``entries`` are (key, source) and ``make_raw(source)``
+        gives a row's raw values. Only rows near the viewport (and new rows) are diffed now; the
+        others keep their source and are brought up to date when they are drawn (scrolled into
+        view), so a tick costs O(rows) dictionary work plus O(visible rows) diffing."""
+        self._make_raw = make_raw
+        src = self._src
+        src.clear()
+        src.update(entries)
+        page = max(1, self.size.height)
+        margin = page if margin is None else margin
+        top = int(self.scroll_y)
+        window = (top - margin, top + page + margin)
+        return self._apply([k for k, _ in entries], lambda k: make_raw(src[k]), window)
+
+    def _apply(
+        self,
+        wanted: list[str],
+        raw_of: Callable[[str], tuple[Any, ...]],
+        window: tuple[int, int] | None,
+    ) -> ApplyStats:
         stats = ApplyStats()
         cols = self.column_keys
-        wanted = [k for k, _ in rows]
         wanted_set = set(wanted)
         cursor_key = self.cursor_key
         data = self._data
@@ -313,36 +489,30 @@ class DiffTable(DataTable[RenderableType]):
                 del self.rows[rk]
                 del data[rk]
                 del self._raw[k]
+                self._raw_src.pop(k, None)
                 self._rows_rendered.pop(k, None)
             self._order = [k for k in self._order if k in wanted_set]
             self._row_locations = TwoWayDict({RowKey(k): i for i, k in enumerate(self._order)})
+            self._order_changed()
             self._require_update_dimensions = True
             stats.removed = len(stale)
 
-        auto = {c.key for c in self._cols if c.width is None}
-        for key, values in rows:
-            old = self._raw.get(key)
-            if old is None:
-                self.add_row(*[LazyCell(self, c, v) for c, v in zip(cols, values, strict=True)], key=key)
+        lo, hi = window if window is not None else (0, len(wanted))
+        for i, key in enumerate(wanted):
+            if key not in self._raw:
+                values = raw_of(key)
+                self.add_row(*self._cells_for(values), key=key)
                 self._order.append(key)
                 self._raw[key] = values
+                self._raw_src[key] = self._src.get(key)
                 stats.added += 1
-            elif old != values:
-                row = data[key]  # type: ignore[index]
-                if len(old) != len(values):
-                    old = (object(),) * len(values)
-                for c, o, v in zip(cols, old, values, strict=True):
-                    if o != v:
-                        row[c] = LazyCell(self, c, v)  # type: ignore[index]
-                        stats.cells += 1
-                        if c in auto:  # DataTable measures the column again when idle
-                            self._updated_cells.add(CellKey(RowKey(key), ColumnKey(c)))
-                            self._require_update_dimensions = True
-                self._raw[key] = values
+            elif lo <= i < hi:
+                stats.cells += self._update_row(key, raw_of(key))
 
         if self._order != wanted:
             self._order = wanted
             self._row_locations = TwoWayDict({RowKey(k): i for i, k in enumerate(wanted)})
+            self._order_changed()
             stats.reordered = True
 
         if stats.changed:
@@ -351,19 +521,69 @@ class DiffTable(DataTable[RenderableType]):
                 self.refresh(layout=True)
             else:
                 self.refresh()
-            if cursor_key is not None and (stats.removed or stats.reordered) and cursor_key in wanted_set:
+            if (
+                cursor_key is not None
+                and (stats.removed or stats.reordered)
+                and cursor_key in wanted_set
+            ):
                 self.move_cursor(row=wanted.index(cursor_key), animate=False, scroll=False)
             elif stats.removed:
                 self.cursor_coordinate = self.cursor_coordinate  # clamps to the rows left
         return stats
 
+    def _cells_for(self, values: tuple[Any, ...]) -> list[Any]:
+        """What DataTable stores for a row: the raw values themselves (this class draws them),
+        except in auto-width columns, which DataTable measures: there a LazyCell renders them."""
+        auto = self._auto
+        return [
+            LazyCell(self, c, v) if c in auto else v
+            for c, v in zip(self._column_keys, values, strict=True)
+        ]
+
+    def cell_text(self, key: str, column: str) -> str:
+        """A cell as the table shows it, as plain text."""
+        raw = self.current_raw(key)
+        if raw is None:
+            raise KeyError(key)
+        cell = self.render_cell(column, raw[self._column_keys.index(column)], self.palette)
+        return cell.plain if isinstance(cell, Text) else str(cell)
+
+    def _update_row(self, key: str, values: tuple[Any, ...]) -> int:
+        """Store the cells of one row that changed; returns how many."""
+        old = self._raw[key]
+        self._raw_src[key] = self._src.get(key)
+        if old == values:
+            return 0
+        row = self._data[key]  # type: ignore[index]
+        if len(old) != len(values):
+            old = (object(),) * len(values)
+        changed = 0
+        for c, o, v in zip(self.column_keys, old, values, strict=True):
+            if o != v:
+                row[c] = LazyCell(self, c, v) if c in self._auto else v  # type: ignore[index]
+                changed += 1
+                if c in self._auto_columns:  # DataTable measures the column again when idle
+                    self._updated_cells.add(CellKey(RowKey(key), ColumnKey(c)))
+                    self._require_update_dimensions = True
+        self._raw[key] = values
+        return changed
+
+    def current_raw(self, key: str) -> tuple[Any, ...] | None:
+        """A row's raw values, brought up to date first if it was left for later."""
+        src = self._src.get(key)
+        if src is not None and self._make_raw is not None and self._raw_src.get(key) is not src:
+            self._update_row(key, self._make_raw(src))
+        return self._raw.get(key)
+
     def rebuild(self, rows: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
         """The naive way (clear, then add every row): the benchmark's baseline."""
-        cols = self.column_keys
         self.clear()
         self._raw.clear()
+        self._raw_src.clear()
+        self._src.clear()
+        self._make_raw = None
         self._order = []
         for key, values in rows:
-            self.add_row(*[LazyCell(self, c, v) for c, v in zip(cols, values, strict=True)], key=key)
+            self.add_row(*self._cells_for(values), key=key)
             self._order.append(key)
             self._raw[key] = values

@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from rich.style import Style
 from rich.text import Text
@@ -60,11 +61,11 @@ def level(value: float | None, thresholds: tuple[float, float]) -> str:
 
 
 def util_level(pct: float | None) -> str:
-    # Busy is not bad for a GPU: light load reads calm, heavy load stands out.
+    """Busy is not bad for a GPU: idle reads muted, working green, saturated amber."""
     if pct is None:
         return "muted"
     lo, hi = UTIL_THRESHOLDS
-    return "crit" if pct >= hi else ("warn" if pct >= lo else "ok")
+    return "warn" if pct >= hi else ("ok" if pct >= lo else "muted")
 
 
 def bar_text(fraction: float, width: int) -> str:
@@ -75,7 +76,7 @@ def bar_text(fraction: float, width: int) -> str:
     return "█" * full + (EIGHTHS[part] if part and full < width else "")
 
 
-@lru_cache(maxsize=16384)
+@lru_cache(maxsize=2048)
 def bar_cell(pct: float | None, width: int, lvl: str, label: str, palette: Palette) -> Text:
     """``███▍────  42%``: a bar in the level's colour, the rest of the track dim, then a label."""
     if pct is None:
@@ -88,58 +89,28 @@ def bar_cell(pct: float | None, width: int, lvl: str, label: str, palette: Palet
     return text
 
 
-def pct_bar(pct: float | None, width: int, thresholds: tuple[float, float], palette: Palette) -> Text:
-    if pct is None:
-        return bar_cell(None, width, "muted", "", palette)
-    p = round(pct)
-    return bar_cell(float(p), width, level(p, thresholds), f" {p:3d}%", palette)
-
-
-def mem_bar(used_mb: float | None, total_mb: float | None, width: int, palette: Palette) -> Text:
-    if used_mb is None or not total_mb:
-        return bar_cell(None, width, "muted", "", palette)
-    pct = 100.0 * used_mb / total_mb
-    # Quantised to what the bar and the label can show, so small changes hit the cache.
-    q = round(pct * width * 8 / 100.0) * 100.0 / (width * 8)
-    label = f" {size_mb(used_mb)}/{size_mb(total_mb)}"
-    return bar_cell(q, width, level(pct, MEM_THRESHOLDS), label, palette)
-
-
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=512)
 def temp_cell(temp_c: float | None, palette: Palette) -> Text:
     if temp_c is None:
         return Text("-", style=palette["muted"])
     return Text(f"{temp_c:.0f}°C", style=palette[level(temp_c, TEMP_THRESHOLDS)])
 
 
-@lru_cache(maxsize=8192)
+@lru_cache(maxsize=2048)
 def power_cell(power_w: float | None, limit_w: float | None, palette: Palette) -> Text:
     if power_w is None:
         return Text("-", style=palette["muted"])
     if not limit_w:
         return Text(f"{power_w:.0f}W")
     pct = 100.0 * power_w / limit_w
-    text = Text(f"{power_w:.0f}", style=palette[level(pct, POWER_THRESHOLDS)] if pct >= 80 else Style())
+    text = Text(
+        f"{power_w:.0f}", style=palette[level(pct, POWER_THRESHOLDS)] if pct >= 80 else Style()
+    )
     text.append(f"/{limit_w:.0f}W", style=palette["muted"])
     return text
 
 
-def spark_chars(values: Sequence[float], width: int, top: float = 100.0) -> str:
-    """The last ``width`` values as block characters, right-aligned (oldest to the left)."""
-    tail = list(values)[-width:]
-    chars = []
-    n = len(SPARK) - 1
-    for v in tail:
-        i = 0 if top <= 0 else int(round(max(0.0, min(1.0, v / top)) * n))
-        chars.append(SPARK[i])
-    return " " * (width - len(chars)) + "".join(chars)
-
-
-def spark_cell(values: Sequence[float], width: int, palette: Palette, style: str = "accent") -> Text:
-    return Text(spark_chars(values, width), style=palette[style], no_wrap=True, overflow="crop")
-
-
-@lru_cache(maxsize=65536)
+@lru_cache(maxsize=8192)
 def size_mb(mb: float) -> str:
     """Memory in MiB as a short string: 812M, 12.3G, 80G."""
     if mb < 1000:
@@ -197,13 +168,13 @@ def step_rate_text(rate: float | None) -> str:
     return f"{rate * 60:.1f}/min"
 
 
-def placement_text(placement: Sequence[Mapping[str, object]]) -> str:
+def placement_text(placement: Sequence[Mapping[str, Any]]) -> str:
     """``h1[0,1] h2[0,1]`` (GPUs), or ``h1×2 h2×2`` (processes without GPUs)."""
     parts = []
     for n in placement:
-        gpus = n.get("gpus") or []
+        gpus = list(n.get("gpus") or [])
         if gpus:
-            parts.append(f"{n.get('host')}[{','.join(str(g) for g in gpus)}]")  # type: ignore[union-attr]
+            parts.append(f"{n.get('host')}[{','.join(str(g) for g in gpus)}]")
         else:
             parts.append(f"{n.get('host')}×{n.get('slots')}")
     return " ".join(parts) or "-"
@@ -211,10 +182,22 @@ def placement_text(placement: Sequence[Mapping[str, object]]) -> str:
 
 def state_level(state: str) -> str:
     return {
-        "up": "ok", "running": "ok", "succeeded": "ok", "exited": "ok", "done": "ok",
-        "stale": "warn", "connecting": "muted", "starting": "warn", "stopping": "warn",
-        "pending": "muted", "stopped": "muted", "writing": "warn",
-        "down": "crit", "failed": "crit", "lost": "crit", "error": "crit",
+        "up": "ok",
+        "running": "ok",
+        "succeeded": "ok",
+        "exited": "ok",
+        "done": "ok",
+        "stale": "warn",
+        "connecting": "muted",
+        "starting": "warn",
+        "stopping": "warn",
+        "pending": "muted",
+        "stopped": "muted",
+        "writing": "warn",
+        "down": "crit",
+        "failed": "crit",
+        "lost": "crit",
+        "error": "crit",
     }.get(state, "muted")
 
 

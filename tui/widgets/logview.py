@@ -129,7 +129,7 @@ class LogView(ScrollView, can_focus=True):
 
     def visible_text(self) -> list[str]:
         """The lines the filter lets through, as plain text (for tests and copying)."""
-        out = []
+        out: list[str] = []
         buf = self.buffer
         if buf is None:
             return out
@@ -151,7 +151,9 @@ class LogView(ScrollView, can_focus=True):
             if y == 0:
                 msg = self.empty_message if self.buffer is None else "no log lines yet"
                 style = self.get_component_rich_style("log--empty", partial=True)
-                return Strip([Segment(msg[:width], base_style + style)]).adjust_cell_length(width, base_style)
+                return Strip([Segment(msg[:width], base_style + style)]).adjust_cell_length(
+                    width, base_style
+                )
             return Strip.blank(width, base_style)
         if pos >= len(self._index):
             return Strip.blank(width, base_style)
@@ -170,11 +172,16 @@ class LogView(ScrollView, can_focus=True):
             return Strip.blank(0)
         host, rank, line = item
         text = Text(no_wrap=True, end="")
-        text.append(f"[{host} r{rank}] ", style=self.get_component_rich_style("log--prefix", partial=True))
+        text.append(
+            f"[{host} r{rank}] ", style=self.get_component_rich_style("log--prefix", partial=True)
+        )
         body = Text(line.expandtabs(8), no_wrap=True, end="")
         if self.search:
-            body.highlight_words([self.search], case_sensitive=False,
-                                 style=self.get_component_rich_style("log--match", partial=True))
+            body.highlight_words(
+                [self.search],
+                case_sensitive=False,
+                style=self.get_component_rich_style("log--match", partial=True),
+            )
         text.append_text(body)
         segments = list(text.render(self.app.console))
         return Strip(segments).apply_style(base_style)

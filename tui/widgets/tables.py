@@ -24,7 +24,6 @@ from tui.widgets.format import (
     duration,
     level,
     loss_text,
-    pct_bar,
     placement_text,
     power_cell,
     rate_bytes,
@@ -78,13 +77,19 @@ def host_why(h: Mapping[str, Any]) -> str:
         return ""
     key = h.get("host_key")
     if h.get("error_kind") == "unknown-host-key" and key:
-        return f"unknown host key {key.get('type', '')} {key.get('fingerprint', '')}: press t to trust"
+        return (
+            f"unknown host key {key.get('type', '')} {key.get('fingerprint', '')}: press t to trust"
+        )
     if h.get("error_kind") == "host-key-changed" and key:
-        return f"HOST KEY CHANGED: now {key.get('fingerprint')}, known_hosts has {key.get('expected')}"
+        return (
+            f"HOST KEY CHANGED: now {key.get('fingerprint')}, known_hosts has {key.get('expected')}"
+        )
     return str(h.get("reason") or "")
 
 
-def host_rows(snapshot: Sequence[Mapping[str, Any]], w: Widths) -> list[tuple[str, tuple[Any, ...]]]:
+def host_rows(
+    snapshot: Sequence[Mapping[str, Any]], w: Widths
+) -> list[tuple[str, tuple[Any, ...]]]:
     rows = []
     for h in snapshot:
         s = h.get("host_sample") or {}
@@ -93,26 +98,49 @@ def host_rows(snapshot: Sequence[Mapping[str, Any]], w: Widths) -> list[tuple[st
         busy = sum(1 for g in gpus if gpu_busy(g))
         cpu = s.get("cpu_pct")
         mem_used, mem_total = s.get("mem_used_mb"), s.get("mem_total_mb")
-        mem_q = None if mem_used is None or not mem_total else round(mem_used / mem_total * w.bar * 8)
-        rows.append((h["name"], (
-            h["name"],
-            h.get("status") or "connecting",
-            h.get("hostname") or "-",
-            (h.get("agent_version") or "-", bool(h.get("upgrade_pending"))),
-            (None if cpu is None else round(cpu), w.bar, stale),
-            (mem_q, mem_used and size_mb(mem_used), mem_total and size_mb(mem_total), w.bar, stale),
-            (busy, len(gpus), bool(h.get("simulated")) or any(g.get("simulated") for g in gpus), h.get("gpu_source")),
-            (host_why(h), h.get("error_kind")),
-        )))
+        mem_q = (
+            None if mem_used is None or not mem_total else round(mem_used / mem_total * w.bar * 8)
+        )
+        rows.append(
+            (
+                h["name"],
+                (
+                    h["name"],
+                    h.get("status") or "connecting",
+                    h.get("hostname") or "-",
+                    (h.get("agent_version") or "-", bool(h.get("upgrade_pending"))),
+                    (None if cpu is None else round(cpu), w.bar, stale),
+                    (
+                        mem_q,
+                        mem_used and size_mb(mem_used),
+                        mem_total and size_mb(mem_total),
+                        w.bar,
+                        stale,
+                    ),
+                    (
+                        busy,
+                        len(gpus),
+                        bool(h.get("simulated")) or any(g.get("simulated") for g in gpus),
+                        h.get("gpu_source"),
+                    ),
+                    (host_why(h), h.get("error_kind")),
+                ),
+            )
+        )
     return rows
 
 
 class HostsTable(DiffTable):
     def columns_for(self, w: Widths) -> list[Col]:
         return [
-            Col("host", "Host"), Col("state", "State", 10), Col("hostname", "Hostname"),
-            Col("agent", "Agent", 10), Col("cpu", "CPU", w.bar + 5), Col("mem", "Memory", w.bar + 12),
-            Col("gpus", "GPUs", 9), Col("why", "Why", w.why),
+            Col("host", "Host"),
+            Col("state", "State", 10),
+            Col("hostname", "Hostname"),
+            Col("agent", "Agent", 10),
+            Col("cpu", "CPU", w.bar + 5),
+            Col("mem", "Memory", w.bar + 12),
+            Col("gpus", "GPUs", 9),
+            Col("why", "Why", w.why),
         ]
 
     def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
@@ -128,13 +156,17 @@ class HostsTable(DiffTable):
             pct, bw, stale = raw
             if pct is None:
                 return _text("-", palette["muted"])
-            return bar_cell(float(pct), bw, "dim" if stale else util_level(pct), f" {pct:3d}%", palette)
+            return bar_cell(
+                float(pct), bw, "dim" if stale else util_level(pct), f" {pct:3d}%", palette
+            )
         if column == "mem":
             q, used, total, bw, stale = raw
             if q is None:
                 return _text("-", palette["muted"])
             pct = 100.0 * q / (bw * 8)
-            return bar_cell(pct, bw, "dim" if stale else level(pct, MEM_THRESHOLDS), f" {used}/{total}", palette)
+            return bar_cell(
+                pct, bw, "dim" if stale else level(pct, MEM_THRESHOLDS), f" {used}/{total}", palette
+            )
         if column == "gpus":
             busy, total, sim, source = raw
             if not total:
@@ -145,7 +177,12 @@ class HostsTable(DiffTable):
             return t
         if column == "why":
             why, kind = raw
-            return _text(why, palette["crit"] if kind in ("unknown-host-key", "host-key-changed") else palette["muted"])
+            return _text(
+                why,
+                palette["crit"]
+                if kind in ("unknown-host-key", "host-key-changed")
+                else palette["muted"],
+            )
         return _text(raw)
 
 
@@ -153,7 +190,13 @@ class HostsTable(DiffTable):
 # GPUs
 
 SORTS = ("host", "util", "memory", "temp", "job")
-SORT_LABELS = {"host": "host", "util": "util ↓", "memory": "memory ↓", "temp": "temp ↓", "job": "job"}
+SORT_LABELS = {
+    "host": "host",
+    "util": "util ↓",
+    "memory": "memory ↓",
+    "temp": "temp ↓",
+    "job": "job",
+}
 BUSY_FILTERS = ("all", "busy", "idle")
 
 
@@ -222,65 +265,111 @@ _TOP = len(SPARK) - 1
 def spark_levels(history: Sequence[float], width: int) -> tuple[int, ...]:
     """The last ``width`` utilization values as sparkline levels (0..7)."""
     tail = history[-width:] if isinstance(history, (list, tuple)) else list(history)[-width:]
-    return tuple(_SPARK_OF[int(v + 0.5)] if 0.0 <= v <= 100.0 else (0 if v < 0 else _TOP) for v in tail)
+    return tuple(
+        _SPARK_OF[int(v + 0.5)] if 0.0 <= v <= 100.0 else (0 if v < 0 else _TOP) for v in tail
+    )
 
 
-def gpu_rows(snapshot: Sequence[Mapping[str, Any]], w: Widths, flt: GpuFilter = GpuFilter(),
-             sort: str = "host") -> list[tuple[str, tuple[Any, ...]]]:
-    """(GPU key, raw cells) for every GPU the filter lets through, in the chosen order.
+GpuSource = tuple[str, bool, Mapping[str, Any]]  # (host, host not up, the GPU's snapshot)
 
-    Runs for every GPU on every sample, so it stays plain: values are rounded to what a cell
-    shows (a 0.3% change in utilization is no change on screen) and labels come from caches.
-    """
-    items = []
+
+def gpu_entries(
+    snapshot: Sequence[Mapping[str, Any]], flt: GpuFilter = GpuFilter(), sort: str = "host"
+) -> list[tuple[str, GpuSource]]:
+    """(GPU key, source) for every GPU the filter lets through, in the chosen order: the cheap
+    pass over every GPU that decides which rows exist and where."""
+    items: list[tuple[str, GpuSource]] = []
     unfiltered = flt.busy == "all" and not flt.text
-    bw, spark_w, wide = w.bar, w.spark, w.wide
-    eighths = bw * 8
     for h in snapshot:
         host = h["name"]
         stale = h.get("status") != "up"
         for g in h.get("gpus") or ():
-            procs = g.get("processes")
-            if procs:
-                job, kind = gpu_job_label(g)
-            else:
-                job, kind = "-", "idle"
             if not unfiltered:
-                job_ids = [p["job_id"] for p in procs or () if p.get("job_id")]
+                job_ids = [p["job_id"] for p in g.get("processes") or () if p.get("job_id")]
                 if not flt.matches(host, g, job_ids):
                     continue
-            util = g.get("utilization_pct")
-            used, total = g.get("memory_used_mb"), g.get("memory_total_mb")
-            if used is None or not total:
-                mem = (None, "", "muted", bw, stale)
-            else:
-                pct = 100.0 * used / total
-                mem = (round(pct * eighths / 100.0), f" {size_mb(used)}/{size_mb(total)}",
-                       level(pct, MEM_THRESHOLDS), bw, stale)
-            temp, power = g.get("temperature_c"), g.get("power_w")
-            raw: tuple[Any, ...] = (
-                host,
-                (g.get("index"), bool(g.get("simulated"))),
-                (None if util is None else int(util + 0.5), bw, stale),
-                mem,
-                (None if temp is None else int(temp + 0.5), stale),
-                (None if power is None else int(power + 0.5), g.get("power_limit_w"), stale),
-                (job, kind),
-                (spark_levels(g.get("history") or (), spark_w), spark_w, stale),
-            )
-            if wide:
-                raw = (raw[0], raw[1], g.get("name") or "-", *raw[2:])
-            items.append((f"{host}/{g.get('uuid') or g.get('index')}", raw, host, g, job))
+            items.append((f"{host}/{g.get('uuid') or g.get('index')}", (host, stale, g)))
     if sort == "util":
-        items.sort(key=lambda it: (-(it[3].get("utilization_pct") or 0.0), it[2], it[3].get("index") or 0))
+        items.sort(
+            key=lambda it: (
+                -(it[1][2].get("utilization_pct") or 0.0),
+                it[1][0],
+                it[1][2].get("index") or 0,
+            )
+        )
     elif sort == "memory":
-        items.sort(key=lambda it: (-(it[3].get("memory_used_mb") or 0), it[2], it[3].get("index") or 0))
+        items.sort(
+            key=lambda it: (
+                -(it[1][2].get("memory_used_mb") or 0),
+                it[1][0],
+                it[1][2].get("index") or 0,
+            )
+        )
     elif sort == "temp":
-        items.sort(key=lambda it: (-(it[3].get("temperature_c") or 0.0), it[2], it[3].get("index") or 0))
+        items.sort(
+            key=lambda it: (
+                -(it[1][2].get("temperature_c") or 0.0),
+                it[1][0],
+                it[1][2].get("index") or 0,
+            )
+        )
     elif sort == "job":
-        items.sort(key=lambda it: (it[4] == "-", it[4], it[2], it[3].get("index") or 0))
+        labels = {k: gpu_job_label(src[2])[0] for k, src in items}
+        items.sort(
+            key=lambda it: (
+                labels[it[0]] == "-",
+                labels[it[0]],
+                it[1][0],
+                it[1][2].get("index") or 0,
+            )
+        )
     # "host": snapshot order (the inventory's), GPUs by index
-    return [(key, raw) for key, raw, *_ in items]
+    return items
+
+
+def gpu_raw(src: GpuSource, w: Widths) -> tuple[Any, ...]:
+    """One GPU's raw cells, rounded to what a cell shows (0.3% more utilization is no change)."""
+    host, stale, g = src
+    bw = w.bar
+    if g.get("processes"):
+        job = gpu_job_label(g)
+    else:
+        job = ("-", "idle")
+    util = g.get("utilization_pct")
+    used, total = g.get("memory_used_mb"), g.get("memory_total_mb")
+    if used is None or not total:
+        mem: tuple[Any, ...] = (None, "", "muted", bw, stale)
+    else:
+        pct = 100.0 * used / total
+        mem = (
+            round(pct * bw * 8 / 100.0),
+            f" {size_mb(used)}/{size_mb(total)}",
+            level(pct, MEM_THRESHOLDS),
+            bw,
+            stale,
+        )
+    temp, power = g.get("temperature_c"), g.get("power_w")
+    head: tuple[Any, ...] = (host, (g.get("index"), bool(g.get("simulated"))))
+    if w.wide:
+        head += (g.get("name") or "-",)
+    return head + (
+        (None if util is None else int(util + 0.5), bw, stale),
+        mem,
+        (None if temp is None else int(temp + 0.5), stale),
+        (None if power is None else int(power + 0.5), g.get("power_limit_w"), stale),
+        job,
+        (spark_levels(g.get("history") or (), w.spark), w.spark, stale),
+    )
+
+
+def gpu_rows(
+    snapshot: Sequence[Mapping[str, Any]],
+    w: Widths,
+    flt: GpuFilter = GpuFilter(),
+    sort: str = "host",
+) -> list[tuple[str, tuple[Any, ...]]]:
+    """Every row with its raw cells (what ``GpusTable`` computes lazily for rows out of view)."""
+    return [(key, gpu_raw(src, w)) for key, src in gpu_entries(snapshot, flt, sort)]
 
 
 class GpusTable(DiffTable):
@@ -289,8 +378,12 @@ class GpusTable(DiffTable):
         if w.wide:
             cols.append(Col("name", "Model"))
         cols += [
-            Col("util", "Util", w.bar + 5), Col("mem", "Memory", w.bar + 12), Col("temp", "Temp", 5),
-            Col("power", "Power", 9), Col("job", "Job / rank", w.job), Col("hist", "Util history", w.spark),
+            Col("util", "Util", w.bar + 5),
+            Col("mem", "Memory", w.bar + 12),
+            Col("temp", "Temp", 5),
+            Col("power", "Power", 9),
+            Col("job", "Job / rank", w.job),
+            Col("hist", "Util history", w.spark),
         ]
         return cols
 
@@ -305,7 +398,9 @@ class GpusTable(DiffTable):
             pct, bw, stale = raw
             if pct is None:
                 return _text("-", palette["muted"])
-            return bar_cell(float(pct), bw, "dim" if stale else util_level(pct), f" {pct:3d}%", palette)
+            return bar_cell(
+                float(pct), bw, "dim" if stale else util_level(pct), f" {pct:3d}%", palette
+            )
         if column == "mem":
             q, label, lvl, bw, stale = raw
             if q is None:
@@ -313,7 +408,11 @@ class GpusTable(DiffTable):
             return bar_cell(100.0 * q / (bw * 8), bw, "dim" if stale else lvl, label, palette)
         if column == "temp":
             t, stale = raw
-            return _text("-" if t is None else f"{t}°C", palette["dim"]) if stale else temp_cell(t, palette)
+            return (
+                _text("-" if t is None else f"{t}°C", palette["dim"])
+                if stale
+                else temp_cell(t, palette)
+            )
         if column == "power":
             p, limit, stale = raw
             if stale:
@@ -321,17 +420,25 @@ class GpusTable(DiffTable):
             return power_cell(p, limit, palette)
         if column == "job":
             label, kind = raw
-            return _text(label, palette["accent"] if kind == "job" else palette["warn"] if kind == "foreign"
-                         else palette["muted"])
+            return _text(
+                label,
+                palette["accent"]
+                if kind == "job"
+                else palette["warn"]
+                if kind == "foreign"
+                else palette["muted"],
+            )
         if column == "hist":
             levels, width, stale = raw
             chars = " " * (width - len(levels)) + "".join(SPARK[i] for i in levels)
             return Text(chars, style=palette["dim" if stale else "accent"], no_wrap=True)
         return _text(raw)
 
-    def apply_snapshot(self, snapshot: Sequence[Mapping[str, Any]], w: Widths, flt: GpuFilter,
-                       sort: str) -> Any:
-        return self.apply(gpu_rows(snapshot, w, flt, sort))
+    def apply_snapshot(
+        self, snapshot: Sequence[Mapping[str, Any]], w: Widths, flt: GpuFilter, sort: str
+    ) -> Any:
+        """Every GPU's row exists and is in place; cells are diffed for the rows in view."""
+        return self.apply_sources(gpu_entries(snapshot, flt, sort), lambda src: gpu_raw(src, w))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -342,29 +449,44 @@ def job_rows(rows: Sequence[JobRow], now: float) -> list[tuple[str, tuple[Any, .
     out = []
     for r in rows:
         runtime = r.runtime_s(now)
-        step = "-" if r.step is None else (f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step))
+        step = (
+            "-"
+            if r.step is None
+            else (f"{r.step}/{r.total_steps}" if r.total_steps else str(r.step))
+        )
         ranks = f"{r.ranks_running}/{r.ranks_total}" if r.ranks_total else "-"
         state = r.state + (f" ↻{r.restarts}" if r.restarts else "")
-        out.append((r.job_id, (
-            r.job_id,
-            (r.state, state, bool(r.unreachable)),
-            ranks,
-            step,
-            loss_text(r.loss),
-            step_rate_text(r.step_rate),
-            None if runtime is None else int(runtime),
-            placement_text(r.placement),
-            r.checkpoint_owner,
-        )))
+        out.append(
+            (
+                r.job_id,
+                (
+                    r.job_id,
+                    (r.state, state, bool(r.unreachable)),
+                    ranks,
+                    step,
+                    loss_text(r.loss),
+                    step_rate_text(r.step_rate),
+                    None if runtime is None else int(runtime),
+                    placement_text(r.placement),
+                    r.checkpoint_owner,
+                ),
+            )
+        )
     return out
 
 
 class JobsTable(DiffTable):
     def columns_for(self, w: Widths) -> list[Col]:
         return [
-            Col("job", "Job"), Col("state", "State", 11), Col("ranks", "Ranks", 6), Col("step", "Step", 11),
-            Col("loss", "Loss", 10), Col("rate", "Rate", 9), Col("runtime", "Runtime", 8),
-            Col("placement", "Placement"), Col("ckpt", "Checkpoint owner"),
+            Col("job", "Job"),
+            Col("state", "State", 11),
+            Col("ranks", "Ranks", 6),
+            Col("step", "Step", 11),
+            Col("loss", "Loss", 10),
+            Col("rate", "Rate", 9),
+            Col("runtime", "Runtime", 8),
+            Col("placement", "Placement"),
+            Col("ckpt", "Checkpoint owner"),
         ]
 
     def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
@@ -383,8 +505,15 @@ class JobsTable(DiffTable):
 
 
 def _job_level(state: str) -> str:
-    return {"running": "ok", "succeeded": "ok", "failed": "crit", "stopping": "warn", "starting": "warn",
-            "stopped": "muted", "pending": "muted"}.get(state, "muted")
+    return {
+        "running": "ok",
+        "succeeded": "ok",
+        "failed": "crit",
+        "stopping": "warn",
+        "starting": "warn",
+        "stopped": "muted",
+        "pending": "muted",
+    }.get(state, "muted")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -394,18 +523,39 @@ def _job_level(state: str) -> str:
 def rank_rows(ranks: Sequence[Mapping[str, Any]]) -> list[tuple[str, tuple[Any, ...]]]:
     out = []
     for r in ranks:
-        ex = f"sig {r['signal']}" if r.get("signal") else ("-" if r.get("exit_code") is None else str(r["exit_code"]))
-        out.append((f"{r.get('rank')}", (
-            r.get("rank"), r.get("host"), r.get("local_rank"), r.get("gpu"), r.get("pid"),
-            r.get("state") or "-", ex,
-        )))
+        ex = (
+            f"sig {r['signal']}"
+            if r.get("signal")
+            else ("-" if r.get("exit_code") is None else str(r["exit_code"]))
+        )
+        out.append(
+            (
+                f"{r.get('rank')}",
+                (
+                    r.get("rank"),
+                    r.get("host"),
+                    r.get("local_rank"),
+                    r.get("gpu"),
+                    r.get("pid"),
+                    r.get("state") or "-",
+                    ex,
+                ),
+            )
+        )
     return out
 
 
 class RanksTable(DiffTable):
     def columns_for(self, w: Widths) -> list[Col]:
-        return [Col("rank", "Rank", 5), Col("host", "Host"), Col("local", "Local", 5), Col("gpu", "GPU", 4),
-                Col("pid", "PID", 8), Col("state", "State", 8), Col("exit", "Exit", 7)]
+        return [
+            Col("rank", "Rank", 5),
+            Col("host", "Host"),
+            Col("local", "Local", 5),
+            Col("gpu", "GPU", 4),
+            Col("pid", "PID", 8),
+            Col("state", "State", 8),
+            Col("exit", "Exit", 7),
+        ]
 
     def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
         if column == "state":
@@ -419,7 +569,9 @@ def save_rows(view: CheckpointView, now: float) -> list[tuple[str, tuple[Any, ..
     """Saves and owner moves, newest first; ages from ``now`` rounded to what a cell shows."""
     events: list[tuple[float, str, tuple[Any, ...]]] = []
     for s in view.saves:
-        events.append((s.time or 0.0, f"save:{s.step}:{s.owner.rank}:{s.owner.host}", _save_raw(s, now)))
+        events.append(
+            (s.time or 0.0, f"save:{s.step}:{s.owner.rank}:{s.owner.host}", _save_raw(s, now))
+        )
     for i, m in enumerate(view.moves):
         events.append((m.time or 0.0, f"move:{i}", _move_raw(m, now)))
     events.sort(key=lambda e: e[0], reverse=True)
@@ -433,30 +585,55 @@ def _age(t: float | None, now: float) -> str:
 def _save_raw(s: CheckpointSave, now: float) -> tuple[Any, ...]:
     failed = s.status == "failed"
     cells = (
-        _age(s.time, now), str(s.step), s.owner.label(), s.status,
-        size_bytes(s.bytes) if s.bytes else "-", "-" if s.seconds is None else f"{s.seconds:.2f}s",
-        rate_bytes(s.speed_bps) if s.speed_bps else "-", s.error or "",
+        _age(s.time, now),
+        str(s.step),
+        s.owner.label(),
+        s.status,
+        size_bytes(s.bytes) if s.bytes else "-",
+        "-" if s.seconds is None else f"{s.seconds:.2f}s",
+        rate_bytes(s.speed_bps) if s.speed_bps else "-",
+        s.error or "",
     )
     return tuple((c, failed) for c in cells)  # a failed save stands out as a whole row
 
 
 def _move_raw(m: OwnerMove, now: float) -> tuple[Any, ...]:
-    cells = (_age(m.time, now), "-", f"{m.from_.label()} → {m.to.label()}", "owner moved", "", "", "",
-             m.reason or "")
+    cells = (
+        _age(m.time, now),
+        "-",
+        f"{m.from_.label()} → {m.to.label()}",
+        "owner moved",
+        "",
+        "",
+        "",
+        m.reason or "",
+    )
     return tuple((c, False) for c in cells)
 
 
 class SavesTable(DiffTable):
     def columns_for(self, w: Widths) -> list[Col]:
-        return [Col("when", "When", 10), Col("step", "Step", 7), Col("owner", "Owner"), Col("status", "Status", 11),
-                Col("size", "Size", 9), Col("secs", "Took", 7), Col("speed", "Speed", 11), Col("note", "Note")]
+        return [
+            Col("when", "When", 10),
+            Col("step", "Step", 7),
+            Col("owner", "Owner"),
+            Col("status", "Status", 11),
+            Col("size", "Size", 9),
+            Col("secs", "Took", 7),
+            Col("speed", "Speed", 11),
+            Col("note", "Note"),
+        ]
 
     def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
         value, failed = raw
         if failed:
             return _text(value, palette["crit"])
         if column == "status":
-            return state_cell(value, palette) if value != "owner moved" else _text(value, palette["warn"])
+            return (
+                state_cell(value, palette)
+                if value != "owner moved"
+                else _text(value, palette["warn"])
+            )
         if column == "note":
             return _text(value, palette["muted"])
         return _text(value)

@@ -1,0 +1,259 @@
+"""Screenshots of the app for the README, from a real run: ``python -m tests.screenshots``.
+
+Brings up a 3-host test bed (simulated GPUs, needs root), opens the app headless on it, launches
+the ddp example on two hosts from the launch dialog (2 GPUs per host, ranks started by the agent;
+checkpoint owner ``host:h3/gpu:0``, so the ownership moves to rank 0 on a host of the run, as
+after a restart without h3), starts a foreign process on h3's GPU 1, and once the job has
+trained for a while and saved checkpoints,
+saves every main view and the launch and stop dialogs as SVG and PNG into ``screenshots/``.
+Then it stops the job from the app and tears the bed down.
+
+PNGs come from ``rsvg-convert`` (Debian: librsvg2-bin) with the Fira Code font the SVGs name
+(fonts-firacode); both are installed with apt-get when missing and this runs as root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import html
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "screenshots"
+DDP = ROOT / "examples" / "ddp" / "job.toml"
+TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
+SIZE = (140, 40)
+
+_TEXT = re.compile(
+    r'<text([^>]*?) x="([0-9.]+)"([^>]*?) textLength="([0-9.]+)"([^>]*)>([^<]*)</text>'
+)
+
+
+def ensure_converter() -> str:
+    """rsvg-convert's path, installing it (and the font the SVGs use) when missing and root."""
+    need = []
+    if shutil.which("rsvg-convert") is None:
+        need.append("librsvg2-bin")
+    if (
+        subprocess.run(["fc-list", "Fira Code"], capture_output=True, text=True).stdout.strip()
+        == ""
+    ):
+        need.append("fonts-firacode")
+    if need and os.geteuid() == 0 and shutil.which("apt-get"):
+        print(f"installing {' '.join(need)}", flush=True)
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        subprocess.run(["apt-get", "update", "-qq"], env=env, check=False)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *need],
+            env=env,
+            check=True,
+        )
+    path = shutil.which("rsvg-convert")
+    if path is None:
+        raise SystemExit(
+            "rsvg-convert not found: apt-get install librsvg2-bin (and fonts-firacode)"
+        )
+    return path
+
+
+def for_raster(svg: str) -> str:
+    """The SVG as rsvg renders it right: spaces kept, and runs of characters the monospace font
+    lacks (the chart's braille) placed one cell at a time instead of squeezed by a fallback font."""
+    svg = svg.replace("<svg ", '<svg xml:space="preserve" ', 1)
+
+    def split(m: re.Match[str]) -> str:
+        pre, x, mid, length, post, body = m.groups()
+        chars = html.unescape(body)
+        if not any(0x2800 <= ord(c) <= 0x28FF for c in chars) or len(chars) < 2:
+            return m.group(0)
+        cell = float(length) / len(chars)
+        return "".join(
+            f'<text{pre} x="{float(x) + i * cell:.1f}"{mid} textLength="{cell:.1f}"{post}>'
+            f"{html.escape(c)}</text>"
+            for i, c in enumerate(chars)
+            if c != " "
+        )
+
+    return _TEXT.sub(split, svg)
+
+
+def to_png(svg_path: Path, converter: str) -> Path:
+    png = svg_path.with_suffix(".png")
+    with tempfile.NamedTemporaryFile("w", suffix=".svg", delete=False) as tmp:
+        tmp.write(for_raster(svg_path.read_text()))
+    try:
+        subprocess.run([converter, "-o", str(png), tmp.name], check=True)
+    finally:
+        os.unlink(tmp.name)
+    return png
+
+
+def job_spec(tmp: Path) -> Path:
+    from tui.specform import dumps, read_spec_data
+
+    out = tmp / "ddp.toml"
+    if DDP.exists():
+        data = read_spec_data(DDP)
+        data["workdir"] = str((DDP.parent / str(data.get("workdir", "."))).resolve())
+        data.pop("nodes", None)
+        data["hosts"] = ["h1", "h2"]
+        # Two (simulated) GPUs per host instead of two processes, one rank started per GPU by
+        # the agent itself: the GPU view attributes each rank to its own GPU.
+        data.pop("processes_per_node", None)
+        data["gpus_per_node"] = 2
+        data["launcher"] = "direct"
+        cmd = [str(c) for c in data["command"]]
+        if "--checkpoint-every" in cmd:
+            cmd[cmd.index("--checkpoint-every") + 1] = "50"
+        if "--steps" in cmd:  # long enough to be caught running
+            cmd[cmd.index("--steps") + 1] = "1200"
+        data["command"] = cmd
+        data["total_steps"] = 1200
+        data["checkpoint"] = {"dir": str(tmp / "ckpt"), "owner": "host:h3/gpu:0"}
+    else:
+        data = {
+            "name": "ticker",
+            "command": ["{python}", str(TICKER), "--steps", "600", "--sleep", "0.2"],
+            "workdir": str(ROOT),
+            "hosts": ["h1", "h2"],
+            "processes_per_node": 2,
+            "total_steps": 600,
+        }
+    out.write_text(dumps(data))
+    return out
+
+
+async def capture(app: Any, pilot: Any, name: str, converter: str, shots: list[Path]) -> None:
+    app.clear_notifications()
+    await pilot.pause(0.3)
+    svg = OUT / f"{name}.svg"
+    app.save_screenshot(str(svg))
+    shots.append(to_png(svg, converter))
+    print(f"  {svg.relative_to(ROOT)} + .png", flush=True)
+
+
+async def run(bed: Any, tmp: Path, converter: str, wait_steps: int, timeout: float) -> list[Path]:
+    from textual.widgets import Input
+
+    from tui.app import RigdeckApp
+    from tui.controller import Controller
+    from tui.inventory import load_inventory
+
+    inv = load_inventory(
+        bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0)
+    )
+    spec = job_spec(tmp)
+    app = RigdeckApp(Controller(inv), keymap_file=tmp / "keys.toml")
+    shots: list[Path] = []
+    burner = None
+    async with app.run_test(size=SIZE) as pilot:
+
+        async def until(cond: Any, what: str, limit: float) -> None:
+            deadline = time.monotonic() + limit
+            while time.monotonic() < deadline:
+                await pilot.pause(0.25)
+                if cond():
+                    return
+            raise SystemExit(f"timed out waiting for {what}")
+
+        await until(
+            lambda: sum(h["status"] == "up" for h in app.hosts_snapshot) == 3, "three hosts up", 120
+        )
+        # Somebody else's process on h3's GPU 1 (a CPU burner the simulated GPU follows).
+        burner = bed.popen(
+            3,
+            ["env", "RIGDECK_SIM_GPU=1", sys.executable, "-c", "while True: pass"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+        await pilot.press("l")
+        await pilot.pause(0.3)
+        app.screen.query_one("#spec-path", Input).value = str(spec)
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        for inp in app.screen.query(Input):
+            inp.cursor_blink = False
+        await capture(app, pilot, "launch", converter, shots)
+        await pilot.press("ctrl+s")
+        await until(lambda: app.job_id is not None, "the launch", 120)
+        job_id = app.job_id
+        print(f"launched {job_id}; waiting for {wait_steps} steps", flush=True)
+
+        def progress() -> int:
+            row = app.jobs_snapshot.row(job_id or "")
+            return -1 if row is None or row.step is None else row.step
+
+        await until(lambda: progress() >= wait_steps, f"step {wait_steps}", timeout)
+        await pilot.pause(1.5)
+        app.refresh_views(force=True)
+        for key, name in (
+            ("1", "hosts"),
+            ("2", "gpus"),
+            ("3", "jobs"),
+            ("4", "job"),
+            ("5", "checkpoints"),
+            ("6", "logs"),
+        ):
+            await pilot.press(key)
+            await pilot.pause(0.5)
+            await capture(app, pilot, name, converter, shots)
+        await pilot.press("3", "s")
+        await pilot.pause(0.5)
+        await capture(app, pilot, "stop", converter, shots)
+        await pilot.press("y")
+        await until(
+            lambda: getattr(app.jobs_snapshot.row(job_id or ""), "state", "") == "stopped",
+            "the job to stop",
+            120,
+        )
+        print(f"stopped {job_id}", flush=True)
+        detail = app.jobwatch.detail(job_id or "")
+        if detail is not None:
+            print(f"owner moves: {detail.checkpoints.moves}", flush=True)
+    if burner is not None:
+        burner.kill()
+        burner.wait()
+    return shots
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--steps", type=int, default=500, help="wait for this many training steps first"
+    )
+    ap.add_argument("--timeout", type=float, default=600)
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from tests.testbed import TestBed, available
+
+    ok, why = available()
+    if not ok:
+        print(f"screenshots need the test bed: {why}", file=sys.stderr)
+        return 2
+    converter = ensure_converter()
+    OUT.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="rigdeck-shots-") as t:
+        tmp = Path(t)
+        os.environ["RIGDECK_HOME"] = str(tmp / "home")
+        bed = TestBed(3, sim_gpus=4)
+        bed.up()
+        try:
+            shots = asyncio.run(run(bed, tmp, converter, args.steps, args.timeout))
+        finally:
+            bed.down()
+    print(f"wrote {len(shots)} PNGs (and their SVGs) to {OUT.relative_to(ROOT)}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""Every action of the app, driven by Textual's pilot over recorded cluster and job data:
+launch (file, form, errors at the field), stop with its confirmation, GPU filter and sort, the
+log view's rank filter and search, the host key dialog, deploy, reconnect, help, rebinding."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from textual.pilot import Pilot
+from textual.widgets import Input, Static
+
+from tests.ui_fixtures import (
+    FINGERPRINT,
+    JOB,
+    FakeController,
+    FakeMonitor,
+    RecordedJobs,
+    no_room,
+    recorded_app,
+)
+from tui.app import RigdeckApp
+from tui.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey
+from tui.screens.launch import LaunchScreen
+from tui.widgets.logview import LogView
+from tui.widgets.tables import GpusTable, HostsTable, JobsTable, SavesTable
+
+ROOT = Path(__file__).resolve().parent.parent
+TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
+SIZE = (120, 36)
+
+
+async def launch_screen(app: RigdeckApp, pilot: Pilot[None]) -> LaunchScreen:
+    """The launch dialog, once it is mounted and has its focus (slow on a busy machine)."""
+    for _ in range(100):
+        await pilot.pause(0.02)
+        screen = app.screen
+        if isinstance(screen, LaunchScreen) and screen.query("#f-name") and app.focused is not None:
+            return screen
+    raise AssertionError(f"no launch dialog: {app.screen}")
+
+
+def static_text(app: RigdeckApp | LaunchScreen, selector: str) -> str:
+    return str(app.query_one(selector, Static).render())
+
+
+async def test_hosts_view_says_why_a_host_is_down() -> None:
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        table = app.query_one("#hosts-table", HostsTable)
+        assert [table.cell_text(h, "state") for h in ("h1", "h2", "h3")] == ["up", "up", "down"]
+        assert table.cell_text("h1", "gpus") == "2/4 sim"
+        await pilot.press("down", "down")
+        await pilot.pause()
+        detail = static_text(app, "#host-detail")
+        assert "h3" in detail and FINGERPRINT in detail and "press t" in detail
+        summary = static_text(app, "#summary")
+        assert (
+            "hosts 2/3 up" in summary
+            and "1 down" in summary
+            and "5 busy" in summary
+            and "refresh 2 Hz" in summary
+        )
+
+
+async def test_gpu_filter_busy_idle_and_sort() -> None:
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        await pilot.pause()
+        table = app.query_one("#gpus-table", GpusTable)
+        assert table.row_count == 8
+        await pilot.press("slash")
+        assert isinstance(app.focused, Input)
+        await pilot.press(*"h2", "enter")
+        await pilot.pause()
+        assert table.row_count == 4 and all(
+            table.cell_text(k, "host") == "h2" for k in table._order
+        )
+        assert "'h2'" in static_text(app, "#gpus-status")
+        await pilot.press("escape")  # clears the filter
+        await pilot.pause()
+        assert table.row_count == 8
+        await pilot.press("b")
+        await pilot.pause()
+        assert table.row_count == 5  # busy: four ranks and bob's process
+        assert any(table.cell_text(k, "job").startswith("bob pid") for k in table._order)
+        await pilot.press("b")
+        await pilot.pause()
+        assert table.row_count == 3  # idle
+        await pilot.press("b", "o")  # all again, then sort by utilization
+        await pilot.pause()
+        utils = [int(table.cell_text(k, "util").split()[-1].rstrip("%")) for k in table._order]
+        assert utils == sorted(utils, reverse=True) and table.row_count == 8
+        assert "util ↓" in static_text(app, "#gpus-status")
+
+
+async def test_launch_from_a_spec_file(tmp_path: Path) -> None:
+    spec = tmp_path / "ticker.toml"
+    spec.write_text(
+        f'name = "ticker"\ncommand = ["{{python}}", "{TICKER}", "--steps", "30"]\n'
+        "nodes = 2\nprocesses_per_node = 2\ntotal_steps = 30\n"
+    )
+    jobs = RecordedJobs()
+    app = recorded_app(jobs=jobs)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("l")
+        screen = await launch_screen(app, pilot)
+        await pilot.press(*str(spec), "enter")  # enter in the path loads the file into the form
+        await pilot.pause()
+        assert screen.query_one("#f-name", Input).value == "ticker"
+        assert screen.query_one("#f-total-steps", Input).value == "30"
+        await pilot.press("ctrl+s")
+        for _ in range(20):
+            await pilot.pause(0.05)
+            if jobs.launched:
+                break
+        await pilot.pause()
+        assert [s.name for s in jobs.launched] == ["ticker"]
+        assert jobs.launched[0].total_steps == 30 and jobs.launched[0].workdir == str(tmp_path)
+        assert not isinstance(app.screen, LaunchScreen)
+        assert app.tabs.active == "job" and app.job_id == JOB
+
+
+async def test_launch_form_shows_errors_at_the_field() -> None:
+    jobs = RecordedJobs()
+    app = recorded_app(jobs=jobs)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("l")
+        screen = await launch_screen(app, pilot)
+        screen.query_one("#f-name", Input).value = "demo"
+        screen.query_one("#f-command", Input).value = f"{sys.executable} -c pass"
+        screen.query_one("#f-nodes", Input).value = "two"
+        await pilot.press("ctrl+s")
+        await pilot.pause()
+        err = static_text(screen, "#err-f-nodes")
+        assert "field 'nodes'" in err and "integer" in err and '"two"' in err
+        assert screen.query_one("#f-nodes").has_class("-invalid")
+        assert not jobs.launched
+        # Fixed, but the cluster has no room: the placement error shows at the placement field.
+        jobs.launch_error = no_room()
+        screen.query_one("#f-nodes", Input).value = "3"
+        await pilot.press("ctrl+s")
+        for _ in range(20):
+            await pilot.pause(0.05)
+            if "free" in static_text(screen, "#err-f-nodes"):
+                break
+        assert "asks 3 nodes" in static_text(screen, "#err-f-nodes")
+        assert static_text(screen, "#err-f-name") == ""
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, LaunchScreen)
+        assert not jobs.launched
+
+
+async def test_stop_asks_first_and_shows_what_it_stops() -> None:
+    jobs = RecordedJobs()
+    app = recorded_app(jobs=jobs)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3")
+        await pilot.pause()
+        assert app.query_one("#jobs-table", JobsTable).cursor_key == JOB
+        await pilot.press("s")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmStop)
+        body = static_text(app.screen, "#stop-body")
+        assert (
+            "4 rank(s) on 2 host(s)" in body
+            and "h1" in body
+            and "ranks 2, 3" in body
+            and "GPUs 0, 1" in body
+        )
+        await pilot.press("n")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmStop) and jobs.stopped == []
+        await pilot.press("s")
+        await pilot.pause()
+        await pilot.press("y")
+        for _ in range(20):
+            await pilot.pause(0.05)
+            if jobs.stopped:
+                break
+        assert jobs.stopped == [JOB]
+        # A job that has ended is not stopped again.
+        await pilot.press("down")
+        await pilot.press("s")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmStop)
+
+
+async def test_logs_rank_filter_follow_and_search() -> None:
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("6")
+        await pilot.pause(0.2)
+        view = app.query_one("#log-view", LogView)
+        assert view.line_count == 105 and view.follow
+        assert view.scroll_y == view.max_scroll_y > 0  # following: the end is in view
+        await pilot.press("r")
+        await pilot.pause()
+        lines = view.visible_text()
+        assert view.rank == 0 and len(lines) == 27 and all(ln.startswith("[h1 r0]") for ln in lines)
+        assert "rank 0" in static_text(app, "#logs-status")
+        await pilot.press("r", "r")
+        await pilot.pause()
+        assert view.rank == 2 and all(ln.startswith("[h2 r2]") for ln in view.visible_text())
+        await pilot.press("r", "r")  # past the last rank: all of them again
+        await pilot.pause()
+        assert view.rank is None and view.line_count == 105
+        await pilot.press("f")
+        assert not view.follow
+        await pilot.press("slash")
+        assert app.focused is app.query_one("#log-search")
+        await pilot.press(*"FAILED", "enter")
+        await pilot.pause()
+        assert view.match_status == "'FAILED': 1/1"
+        assert "'FAILED': 1/1" in static_text(app, "#logs-status")
+        # The match is in view (render the line it is on).
+        pos = view._matches[0]
+        assert int(view.scroll_y) <= pos < int(view.scroll_y) + view.size.height
+
+
+async def test_host_key_dialog_shows_the_fingerprint_and_records_it_on_request() -> None:
+    ctl = FakeController()
+    app = recorded_app()
+    app.controller = ctl
+    monitor = app.monitor
+    assert isinstance(monitor, FakeMonitor)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("down", "down", "t")
+        await pilot.pause()
+        assert isinstance(app.screen, TrustHostKey)
+        body = static_text(app.screen, "#hostkey-body")
+        assert FINGERPRINT in body and "ssh-ed25519" in body and "10.213.1.13:22" in body
+        await pilot.press("n")
+        await pilot.pause()
+        assert ctl.trusted == []
+        await pilot.press("t")
+        await pilot.pause()
+        await pilot.press("y")
+        for _ in range(20):
+            await pilot.pause(0.05)
+            if ctl.trusted:
+                break
+        await pilot.pause(0.1)
+        assert ctl.trusted == [("h3", FINGERPRINT)]
+        assert monitor.reconnects == ["h3"]
+        # A host with a known key has nothing to trust.
+        await pilot.press("up", "t")
+        await pilot.pause()
+        assert not isinstance(app.screen, TrustHostKey)
+
+
+async def test_deploy_reconnect_help_and_palette() -> None:
+    ctl = FakeController()
+    app = recorded_app()
+    app.controller = ctl
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("d")
+        for _ in range(20):
+            await pilot.pause(0.05)
+            if ctl.deployed:
+                break
+        assert ctl.deployed == [["h1"]]
+        await pilot.press("down", "c")
+        assert app.monitor.reconnects[-1] == "h2"
+        commands = {c.title: c for c in app.get_system_commands(app.screen)}
+        assert "Trust the host key of h3" in commands
+        commands["Deploy the agent to every host"].callback()
+        for _ in range(20):
+            await pilot.pause(0.05)
+            if len(ctl.deployed) == 2:
+                break
+        assert ctl.deployed[-1] is None
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        text = "\n".join(str(w.render()) for w in app.screen.query(".help-group").results(Static))
+        for binding_id in (
+            "job.launch",
+            "job.stop",
+            "host.trust",
+            "gpus.filter",
+            "logs.rank",
+            "stop.confirm",
+        ):
+            assert binding_id in text
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_keys_can_be_rebound_from_keys_toml(tmp_path: Path) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text('"job.launch" = "L"\n[logs]\nrank = "R"\n')
+    app = recorded_app(keymap_file=keys)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("l")
+        await pilot.pause()
+        assert not isinstance(app.screen, LaunchScreen)
+        await pilot.press("L")
+        await pilot.pause()
+        assert isinstance(app.screen, LaunchScreen)
+        await pilot.press("escape", "6")
+        await pilot.pause()
+        view = app.query_one("#log-view", LogView)
+        await pilot.press("R")
+        assert view.rank == 0
+
+
+async def test_checkpoint_view_highlights_failed_saves_and_owner_moves() -> None:
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("5")
+        await pilot.pause()
+        head = static_text(app, "#ckpt-head")
+        assert "policy host:h3/gpu:0" in head and "owner h1/gpu0 r0" in head
+        assert "last complete: step 200" in head and "33s ago" in head and "1 failed save" in head
+        assert "owner moved: h3/gpu0 → h1/gpu0 r0" in head
+        saves = app.query_one("#saves-table", SavesTable)
+        failed = [k for k in saves._order if saves.cell_text(k, "status") == "failed"]
+        assert failed == ["save:150:0:h1"]
+        assert all(flag for _, flag in saves.raw(failed[0]) or ())  # the whole row is marked
+        assert "No space left" in saves.cell_text(failed[0], "note")
+
+
+async def test_job_view_mouse_and_theme() -> None:
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        await pilot.pause()
+        head = static_text(app, "#job-head")
+        assert "step 240/300" in head and "ETA 27s" in head and "ranks 4/4 running" in head
+        assert len(app.query_one("#loss").points) == 241
+        await pilot.press("2")
+        await pilot.pause()
+        table = app.query_one("#gpus-table", GpusTable)
+        await pilot.click("#gpus-table", offset=(3, 3))  # header + 2 rows: the third GPU
+        await pilot.pause()
+        assert table.cursor_row == 2
+        app.theme = "textual-light"
+        await pilot.pause()
+        app.refresh_views(force=True)
+        await pilot.pause()
+        assert table.row_count == 8
+
+
+async def test_a_controller_error_is_reported_not_raised() -> None:
+    class Broken(FakeController):
+        def deploy(self, names: list[str] | None = None) -> list:  # type: ignore[override]
+            raise RuntimeError("deploy exploded")
+
+    app = RigdeckApp(
+        Broken(),
+        monitor=FakeMonitor(recorded_app().monitor.state),
+        jobs=RecordedJobs(),  # type: ignore[arg-type]
+        keymap_file=Path("/nonexistent"),
+    )
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("d")
+        for _ in range(20):
+            await pilot.pause(0.05)
+            if any("exploded" in n.message for n in app._notifications):
+                break
+        assert any("exploded" in n.message and n.severity == "error" for n in app._notifications)
+        assert app.is_running

@@ -1,0 +1,68 @@
+"""Snapshots of every main view and dialog over recorded data (fixed clock, no randomness).
+
+Update after an intended change of the look with ``pytest tests/test_ui_snapshots.py
+--snapshot-update`` and review the SVGs in tests/__snapshots__/.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets import Input
+
+from tests.ui_fixtures import recorded_app
+
+
+def _prepare(*keys: str) -> Any:
+    async def run_before(pilot: Pilot[Any]) -> None:
+        await pilot.pause()
+        pilot.app.clear_notifications()
+        if keys:
+            await pilot.press(*keys)
+        for screen in pilot.app.screen_stack:
+            for inp in screen.query(Input):
+                inp.cursor_blink = False
+        await pilot.pause()
+        pilot.app.clear_notifications()
+        await pilot.pause()
+
+    return run_before
+
+
+@pytest.mark.parametrize(
+    "view, keys",
+    [
+        ("hosts", ()),
+        ("gpus", ("2",)),
+        ("jobs", ("3",)),
+        ("job", ("4",)),
+        ("checkpoints", ("5",)),
+        ("logs", ("6",)),
+    ],
+)
+def test_main_views(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
+    assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=_prepare(*keys))
+
+
+@pytest.mark.parametrize("view, keys", [("hosts", ()), ("gpus", ("2",)), ("job", ("4",))])
+def test_views_at_80x24(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
+    assert snap_compare(recorded_app(), terminal_size=(80, 24), run_before=_prepare(*keys))
+
+
+def test_wide_gpu_view(snap_compare: Any) -> None:
+    assert snap_compare(recorded_app(), terminal_size=(170, 30), run_before=_prepare("2"))
+
+
+@pytest.mark.parametrize(
+    "dialog, keys",
+    [
+        ("launch", ("l",)),
+        ("stop", ("3", "s")),
+        ("hostkey", ("down", "down", "t")),
+        ("help", ("question_mark",)),
+    ],
+)
+def test_dialogs(snap_compare: Any, dialog: str, keys: tuple[str, ...]) -> None:
+    assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=_prepare(*keys))

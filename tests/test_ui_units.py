@@ -1,0 +1,219 @@
+"""The app's non-visual parts: job folding, checkpoint ownership, specs from the form, keymaps,
+chart axes, and the diff table's bookkeeping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.app import App, ComposeResult
+
+from tests.ui_fixtures import JOB, NOW, RecordedJobs, cluster_state, ddp_metrics
+from tui.jobspec import JobSpecError
+from tui.jobwatch import (
+    LogBuffer,
+    MetricsFold,
+    Owner,
+    checkpoint_view,
+    expected_owners,
+    owner_summary,
+)
+from tui.keys import load_keymap
+from tui.specform import dumps, form_values, merge_form, spec_from_form
+from tui.widgets.chart import render_chart, ticks
+from tui.widgets.difftable import Col, DiffTable
+from tui.widgets.tables import GpuFilter, Widths, gpu_rows, host_rows
+
+
+def test_loss_by_step_prefers_the_lowest_rank_and_rate_uses_its_times() -> None:
+    fold = MetricsFold()
+    fold.apply(
+        [
+            {"rank": 1, "step": 0, "loss": 2.0, "time": 10.0},
+            {"rank": 0, "step": 0, "loss": 1.0, "time": 10.0},
+        ],
+        received_at=0.0,
+    )
+    fold.apply(
+        [
+            {"rank": 0, "step": s, "loss": 1.0 / (s + 1), "time": 10.0 + 0.5 * s}
+            for s in range(1, 21)
+        ],
+        0.0,
+    )
+    assert fold.points[0] == (0, 1.0)
+    assert fold.last == (20, pytest.approx(1 / 21))
+    assert fold.step_rate() == pytest.approx(2.0)
+    v = fold.version
+    fold.apply([{"rank": 3, "step": 5, "loss": 9.0}], 0.0)  # a higher rank never overrides
+    assert dict(fold.points)[5] == pytest.approx(1 / 6) and fold.version == v
+
+
+def test_checkpoint_events_fold_into_owners_last_good_save_and_moves() -> None:
+    fold = MetricsFold()
+    fold.apply(ddp_metrics(), NOW)
+    view = checkpoint_view({"checkpoint": {"owner": "host:h3/gpu:0", "dir": "/ck"}}, fold, [], [])
+    assert [s.step for s in view.saves] == [50, 100, 150, 200, 240]
+    assert [s.status for s in view.saves] == ["done", "done", "failed", "done", "writing"]
+    assert view.failed == 1
+    assert view.last_done is not None and view.last_done.step == 200
+    assert view.last_done.speed_bps == pytest.approx(4_718_592 / 0.22)
+    assert view.owners == (Owner(0, "h1", 0),)
+    assert (
+        len(view.moves) == 1
+        and view.moves[0].from_.host == "h3"
+        and "not in this run" in (view.moves[0].reason or "")
+    )
+    assert owner_summary(view) == "h1/gpu0 r0 (moved)"
+
+
+@pytest.mark.parametrize(
+    "policy, expect",
+    [
+        ("rank0", ["h1 0 r0"]),
+        ("per-node", ["h1 0 r0", "h2 0 r2"]),
+        ("all", ["h1 0 r0", "h1 1 r1", "h2 0 r2", "h2 1 r3"]),
+        ("host:h2/gpu:1", ["h2 1 r3"]),
+        ("host:h9/gpu:0", ["h1 0 r0"]),
+    ],
+)
+def test_expected_owners_follow_the_policy(policy: str, expect: list[str]) -> None:
+    placement = [
+        {"host": "h1", "slots": 2, "gpus": [0, 1]},
+        {"host": "h2", "slots": 2, "gpus": [0, 1]},
+    ]
+    owners, move = expected_owners(policy, [], placement)
+    assert [f"{o.host} {o.gpu} r{o.rank}" for o in owners] == expect
+    assert (move is not None) == (policy == "host:h9/gpu:0")
+
+
+def test_log_buffer_keeps_absolute_indices_when_old_lines_drop() -> None:
+    buf = LogBuffer(limit=10)
+    buf.extend(("h1", 0, f"line {i}") for i in range(12))
+    assert len(buf) == 12 and buf.base == 7
+    assert buf.get(6) is None and buf.get(7) == ("h1", 0, "line 7")
+    start, lines = buf.since(3)
+    assert start == 7 and lines[0][2] == "line 7"
+
+
+def test_recorded_jobs_give_rows_with_rate_eta_and_owner() -> None:
+    rows = RecordedJobs().snapshot().rows
+    row = next(r for r in rows if r.job_id == JOB)
+    assert (row.step, row.ranks_running, row.ranks_total, row.total_steps) == (240, 4, 4, 300)
+    assert row.step_rate == pytest.approx(1 / 0.45)
+    assert row.eta_s == pytest.approx(59 * 0.45)
+    assert row.checkpoint_owner == "h1/gpu0 r0 (moved)"
+    failed = next(r for r in rows if r.state == "failed")
+    assert failed.cause and failed.cause["signal"] == 9 and failed.ranks_running == 0
+
+
+def test_spec_form_round_trip_and_errors_name_the_field(tmp_path: Path) -> None:
+    base = {
+        "name": "ddp",
+        "command": ["{python}", "train.py", "--steps", "30"],
+        "nodes": 2,
+        "env": {"OMP_NUM_THREADS": "1"},
+        "checkpoint": {"owner": "rank0"},
+    }
+    values = form_values(base)
+    assert values["command"] == "{python} train.py --steps 30"
+    spec = spec_from_form(
+        base, {**values, "total_steps": "30", "hosts": "h1, h2"}, tmp_path / "job.toml"
+    )
+    assert (
+        spec.total_steps == 30
+        and spec.hosts == ("h1", "h2")
+        and dict(spec.env) == {"OMP_NUM_THREADS": "1"}
+    )
+    assert spec.workdir == str(tmp_path)
+    with pytest.raises(JobSpecError) as e:
+        spec_from_form(base, {**values, "nodes": "two"}, None)
+    assert e.value.field == "nodes"
+    with pytest.raises(JobSpecError) as e:
+        spec_from_form(base, {**values, "checkpoint.owner": "gpu0"}, None)
+    assert e.value.field == "checkpoint.owner"
+    with pytest.raises(JobSpecError) as e:
+        merge_form(base, {"command": "python 'unbalanced"})
+    assert e.value.field == "command"
+    assert "[env]" in dumps(merge_form(base, values))
+
+
+def test_keymap_file_flat_grouped_and_problems(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    path.write_text('"job.launch" = "L"\n[logs]\nrank = "R, ctrl+r"\nfollow = 3\n[nope]\nx = "y"\n')
+    keymap, problems = load_keymap(path, known={"job.launch", "logs.rank", "logs.follow"})
+    assert keymap == {"job.launch": "L", "logs.rank": "R,ctrl+r"}
+    assert any("logs.follow" in p for p in problems) and any("nope.x" in p for p in problems)
+    assert load_keymap(tmp_path / "missing.toml") == ({}, [])
+    path.write_text("= broken")
+    assert load_keymap(path)[1][0].startswith(str(path))
+
+
+def test_chart_has_axes_ticks_and_a_curve() -> None:
+    lo, hi, values = ticks(0.37, 3.3, 4)
+    assert lo <= 0.37 and hi >= 3.3 and len(values) >= 3
+    points = [(s, 3.0 / (1 + s / 20)) for s in range(200)]
+    strips = render_chart(points, 60, 12, x_max=299)
+    text = [s.text for s in strips]
+    assert len(text) == 12 and all(len(t) == 60 for t in text)
+    assert any("┤" in t for t in text[:-2])  # y ticks
+    assert "└" in text[-2] and "┬" in text[-2]  # x axis with ticks
+    assert "0" in text[-1] and "300" in text[-1]  # x labels up to the total steps
+    assert any(any(0x2800 < ord(c) <= 0x28FF for c in t) for t in text)  # the curve
+    assert "waiting" in "".join(s.text for s in render_chart([], 40, 6, empty="waiting"))
+
+
+class _TableApp(App[None]):
+    def compose(self) -> ComposeResult:
+        t = DiffTable(id="t")
+        yield t
+
+    def on_mount(self) -> None:
+        self.query_one(DiffTable).set_columns(
+            [Col("k", "Key"), Col("v", "Value", 8), Col("w", "W", 8)]
+        )
+
+
+async def test_diff_table_changes_only_what_differs() -> None:
+    app = _TableApp()
+    async with app.run_test() as pilot:
+        t = app.query_one(DiffTable)
+        rows: list[tuple[str, tuple[Any, ...]]] = [(f"r{i}", (f"r{i}", i, "x")) for i in range(5)]
+        s = t.apply(rows)
+        assert (s.added, s.removed, s.cells, s.reordered) == (5, 0, 0, False)
+        t.move_cursor(row=3)
+        assert t.cursor_key == "r3"
+        assert not t.apply(rows).changed  # the same rows: nothing at all
+        rows[1] = ("r1", ("r1", 10, "x"))
+        s = t.apply(rows)
+        assert (s.cells, s.reordered) == (1, False)  # one cell of one row
+        assert t.cell_text("r1", "v") == "10"
+        s = t.apply([rows[4], rows[3], rows[0]])  # two gone, a new order
+        assert (s.removed, s.reordered) == (2, True)
+        assert [t.coordinate_to_cell_key((i, 0)).row_key.value for i in range(3)] == [
+            "r4",
+            "r3",
+            "r0",
+        ]
+        assert t.cursor_key == "r3"  # the cursor stayed on its row
+        await pilot.pause()
+
+
+def test_gpu_rows_filter_and_sort() -> None:
+    snap = cluster_state().snapshot()
+    w = Widths.for_width(120)
+    assert len(gpu_rows(snap, w)) == 8  # h3 is down and never reported GPUs
+    busy = gpu_rows(snap, w, GpuFilter("busy"))
+    assert len(busy) == 5 and all(
+        not k.endswith(("-2", "-3")) or k == "h2/SIM-00000002-3" for k, _ in busy
+    )
+    assert len(gpu_rows(snap, w, GpuFilter("idle"))) == 3
+    assert {k.split("/")[0] for k, _ in gpu_rows(snap, w, GpuFilter(text="host:h2"))} == {"h2"}
+    assert len(gpu_rows(snap, w, GpuFilter(text=f"job:{JOB[:6]}"))) == 4
+    by_util = gpu_rows(snap, w, sort="util")
+    utils = [raw[2][0] for _, raw in by_util]
+    assert utils == sorted(utils, reverse=True)
+    hosts = host_rows(snap, w)
+    assert [r[1][1] for r in hosts] == ["up", "up", "down"]
+    assert "press t to trust" in hosts[2][1][-1][0]
