@@ -17,7 +17,6 @@ import random
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -143,7 +142,7 @@ def main() -> None:
                       {"model": model.state_dict(), "optim": opt.state_dict(), "step": step})
     if info.rank == 0:
         print(f"done: {args.steps - start} steps in {time.perf_counter() - t0:.1f}s", flush=True)
-    dist.destroy_process_group()
+    runtime.shutdown_distributed()  # a barrier, then destroy_process_group()
 
 
 if __name__ == "__main__":

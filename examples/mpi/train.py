@@ -16,7 +16,6 @@ import os
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 
 import runtime
@@ -67,7 +66,7 @@ def main() -> None:
             print(f"step={step} loss={loss.item():.5f}", flush=True)
     if info.rank == 0:
         print(f"done: {args.steps} steps in {time.perf_counter() - t0:.1f}s", flush=True)
-    dist.destroy_process_group()
+    runtime.shutdown_distributed()  # a barrier, then destroy_process_group()
 
 
 if __name__ == "__main__":

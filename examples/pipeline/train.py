@@ -20,7 +20,6 @@ import sys
 import time
 
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
@@ -116,7 +115,7 @@ def main() -> None:
         opt.step()
     if last:
         print(f"done: {args.steps} steps in {time.perf_counter() - t0:.1f}s", flush=True)
-    dist.destroy_process_group()
+    runtime.shutdown_distributed()  # a barrier, then destroy_process_group()
 
 
 if __name__ == "__main__":

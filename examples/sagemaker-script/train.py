@@ -109,6 +109,7 @@ def main() -> None:
         torch.save(model.state_dict(), os.path.join(model_dir, "model.pt"))
         print(f"model written to {model_dir}/model.pt", flush=True)
     if world > 1:
+        dist.barrier()  # nobody tears down gloo while a peer still talks to it
         dist.destroy_process_group()
 
 
