@@ -251,6 +251,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "ui.json"))
     args = ap.parse_args()
     results = []
+    load_before = os.getloadavg()
     for n in [int(x) for x in args.hosts.split(",")]:
         pair = {}
         for mode in ("diff", "naive"):
@@ -277,6 +278,10 @@ def main() -> int:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "platform": platform.platform(),
+        },
+        "load_average": {
+            "before": [round(x, 2) for x in load_before],
+            "after": [round(x, 2) for x in os.getloadavg()],
         },
         "target": "p95 < 50 ms at 512 hosts x 8 GPUs",
         "target_met": None if target is None else target["p95_ms"] < 50.0,

@@ -2,7 +2,8 @@
 
 - ``cluster_info()``: this rank's place in the job, from rigdeck, torch, SageMaker, Vertex or
   Open MPI variables (``runtime.cluster``)
-- ``init_distributed()``, ``ddp()``, ``scaled_lr()`` (``runtime.distributed``)
+- ``init_distributed()``, ``ddp()``, ``scaled_lr()``, ``shutdown_distributed()``
+  (``runtime.distributed``)
 - ``report()``: metrics lines for the agent (``runtime.metrics``)
 - ``Checkpointer``: checkpoint ownership and atomic saves (``runtime.checkpoint``)
 - ``shard()``: deterministic data sharding (``runtime.sharding``)
@@ -27,6 +28,7 @@ _EXPORTS = {
     "Reporter": "runtime.metrics",
     "report": "runtime.metrics",
     "shard": "runtime.sharding",
+    "shutdown_distributed": "runtime.distributed",
 }
 __all__ = [
     "CheckpointError",
@@ -40,12 +42,13 @@ __all__ = [
     "report",
     "scaled_lr",
     "shard",
+    "shutdown_distributed",
 ]
 
 if TYPE_CHECKING:
     from runtime.checkpoint import Checkpointer, CheckpointError
     from runtime.cluster import ClusterInfo, ClusterInfoError, cluster_info
-    from runtime.distributed import ddp, init_distributed, scaled_lr
+    from runtime.distributed import ddp, init_distributed, scaled_lr, shutdown_distributed
     from runtime.metrics import Reporter, report
     from runtime.sharding import shard
 

@@ -22,6 +22,7 @@ ignored, so a save killed at any moment leaves the previous good checkpoint in c
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 import os
@@ -568,7 +569,7 @@ def _gather_parts(dist: Any, nbytes: int, digest: str) -> List[Tuple[int, str]]:
     device = _device(dist)
     mine = torch.tensor([nbytes] + list(bytes.fromhex(digest)), dtype=torch.long, device=device)
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(every, mine)
+    _wait(dist.all_gather(every, mine, async_op=True))
     out = []
     for t in every:
         values = t.cpu().tolist()
@@ -582,8 +583,22 @@ def _all_ranks_agree(dist: Any, ok: bool) -> bool:
     import torch
 
     t = torch.tensor([1 if ok else 0], dtype=torch.long, device=_device(dist))
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    _wait(dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True))
     return bool(t.item())
+
+
+# The handles of finished collectives stay referenced from here for a while. gloo's worker
+# thread drops its own reference to a finished collective a moment after the caller has moved
+# on; if that is the last one, it releases the collective's tensors there, which needs the GIL,
+# and during interpreter shutdown (a script ending right after a restore) that kills the thread
+# and aborts the process ("terminate called without an active exception"). Holding the handle
+# makes this thread the one that lets go, later, under the GIL.
+_RETAINED: "collections.deque[Any]" = collections.deque(maxlen=32)
+
+
+def _wait(work: Any) -> None:
+    work.wait()
+    _RETAINED.append(work)
 
 
 def _min_rank(dist: Any, mine: Optional[int]) -> int:
@@ -592,7 +607,7 @@ def _min_rank(dist: Any, mine: Optional[int]) -> int:
 
     world = dist.get_world_size()
     t = torch.tensor([world if mine is None else mine], dtype=torch.long, device=_device(dist))
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    _wait(dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True))
     found = int(t.item())
     return found if found < world else 0
 
@@ -614,7 +629,7 @@ def _broadcast_bytes(dist: Any, payload: Optional[bytes], src: int) -> bytes:
 
     device = _device(dist)
     size = torch.tensor([len(payload or b"")], dtype=torch.long, device=device)
-    dist.broadcast(size, src=src)
+    _wait(dist.broadcast(size, src=src, async_op=True))
     n = int(size.item())
     if n == 0:
         return b""
@@ -622,9 +637,11 @@ def _broadcast_bytes(dist: Any, payload: Optional[bytes], src: int) -> bytes:
         buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
     else:
         buf = torch.empty(n, dtype=torch.uint8, device=device)
-    dist.broadcast(buf, src=src)
+    _wait(dist.broadcast(buf, src=src, async_op=True))
     host = buf.cpu().contiguous()
-    return ctypes.string_at(host.data_ptr(), n)
+    data = ctypes.string_at(host.data_ptr(), n)
+    buf.set_(torch.UntypedStorage(0, device=device))  # the kept handle need not keep the bytes
+    return data
 
 
 def _dumps(obj: Any) -> bytes:

@@ -49,6 +49,23 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = DEFAULT_T
     return info
 
 
+def shutdown_distributed() -> None:
+    """Leave the process group: a barrier, then ``destroy_process_group()``. No-op without one.
+
+    The barrier is there for gloo: its worker threads release a finished collective's tensors a
+    moment after the caller moved on, and that needs the GIL; a process that tears the group
+    down or exits in that moment can hang or abort. While the ranks wait in the barrier those
+    releases happen.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    dist.destroy_process_group()
+
+
 def ddp(model: Any, bucket_cap_mb: int = DEFAULT_BUCKET_CAP_MB, **kw: Any) -> Any:
     """Wrap ``model`` in DistributedDataParallel (on this rank's CUDA device when it has one).
 

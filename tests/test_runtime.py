@@ -660,7 +660,8 @@ MULTI_RANK = textwrap.dedent("""
     assert step == 9 and state["w"].tolist() == [0.0, 1.0, 2.0]
     assert not os.path.exists(os.path.join(out, "rank0-1"))
     print(f"rank {info.rank} ok", flush=True)
-    dist.destroy_process_group()
+    runtime.shutdown_distributed()
+    assert not dist.is_initialized()
 """)
 
 
