@@ -26,6 +26,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedCont
 from textual.worker import Worker, WorkerState
 
 from tui.controller import Controller, HostReport
+from tui.jobs import describe_cause
 from tui.jobwatch import TERMINAL, JobDetail, JobSource, JobsSnapshot
 from tui.keys import keymap_path, load_keymap
 from tui.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey, describe_error
@@ -874,17 +875,4 @@ def host_detail(h: Mapping[str, Any], inventory: Any) -> str:
 
 
 def _cause_text(cause: Mapping[str, Any]) -> str:
-    parts = []
-    if cause.get("rank") is not None:
-        parts.append(f"rank {cause['rank']}")
-    if cause.get("host"):
-        parts.append(f"on {cause['host']}")
-    if cause.get("signal"):
-        parts.append(f"killed by signal {cause['signal']}")
-    elif cause.get("exit_code") is not None:
-        parts.append(f"exited {cause['exit_code']}")
-    if cause.get("message"):
-        parts.append(str(cause["message"]))
-    if cause.get("restart_error"):
-        parts.append(f"(no restart: {cause['restart_error']})")
-    return " ".join(parts) or "unknown"
+    return describe_cause(dict(cause)) or "unknown"

@@ -206,20 +206,9 @@ def _job_manager(args: argparse.Namespace) -> tuple[Controller, Any]:
 
 
 def _fmt_cause(cause: dict[str, Any] | None) -> str:
-    if not cause:
-        return "-"
-    parts = []
-    if cause.get("rank") is not None:
-        parts.append(f"rank {cause['rank']}")
-    if cause.get("host"):
-        parts.append(f"on {cause['host']}")
-    if cause.get("signal"):
-        parts.append(f"killed by signal {cause['signal']}")
-    elif cause.get("exit_code") is not None:
-        parts.append(f"exited {cause['exit_code']}")
-    if cause.get("message"):
-        parts.append(str(cause["message"]))
-    return " ".join(parts)
+    from tui.jobs import describe_cause
+
+    return describe_cause(cause, restart_error=False) if cause else "-"
 
 
 def _print_job(v: Any) -> None:
