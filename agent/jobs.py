@@ -21,6 +21,7 @@ from agent.rankexec import write_json
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_CHUNK = 256 * 1024
+STDOUT_SUFFIX = "/stdout"  # job_metrics offsets into a rank's log (loss parsed from stdout)
 DEFAULT_LOSS_RE = re.compile(
     r"""(?<![A-Za-z0-9_])['"]?loss['"]?\s*[:=]?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)""",
     re.IGNORECASE,
@@ -207,7 +208,11 @@ class Jobs:
         return sorted(out)
 
     def metrics(self, job_id: str, offsets: Dict[str, int], max_bytes: int = MAX_CHUNK) -> Dict[str, Any]:
-        """Metrics lines per rank from the given byte offsets; stdout-parsed loss for ranks with none."""
+        """Metrics lines per rank from the given byte offsets; stdout-parsed loss for ranks with none.
+
+        Each rank's reply names the offset it advanced (``offset_key``): ``"R"`` into the rank's
+        metrics file, ``"R/stdout"`` into its log. The two never mix, so a reader that keeps
+        offsets by ``offset_key`` reads a metrics file from its start once it appears."""
         d = self.job_dir(job_id)
         plan = read_json(os.path.join(d, "plan.json")) or {}
         out = {}  # type: Dict[str, Any]
@@ -226,9 +231,13 @@ class Jobs:
                         continue
                     if isinstance(rec, dict):
                         records.append(rec)
-                out[key] = {"source": "metrics", "records": records, "next_offset": nxt, "more": more}
+                out[key] = {"source": "metrics", "records": records, "next_offset": nxt, "more": more,
+                            "offset_key": key}
             else:
-                out[key] = self._stdout_metrics(d, rank, offsets.get(key, 0), max_bytes, plan.get("loss_pattern"))
+                okey = key + STDOUT_SUFFIX
+                part = self._stdout_metrics(d, rank, offsets.get(okey, 0), max_bytes, plan.get("loss_pattern"))
+                part["offset_key"] = okey
+                out[key] = part
         return out
 
     def _metric_ranks(self, d: str) -> List[int]:

@@ -10,7 +10,7 @@ GPU sources, in the order ``Collector`` tries them:
   GPU is kept by a reader thread (never one spawn per tick). It reports no processes.
 - ``simulated``: ``RIGDECK_SIM_GPUS=N`` paper GPUs whose load follows the CPU use of the user's
   processes tagged for them (``RIGDECK_SIM_GPU=i``, or ``RIGDECK_JOB_ID`` plus
-  ``CUDA_VISIBLE_DEVICES`` starting with ``i``). Marked ``simulated`` everywhere.
+  ``CUDA_VISIBLE_DEVICES``: its entry at ``LOCAL_RANK``, else its first). Marked ``simulated`` everywhere.
 - ``none``: no GPUs.
 """
 
@@ -48,7 +48,10 @@ ENV_SIM_GPU = "RIGDECK_SIM_GPU"
 ENV_JOB_ID = "RIGDECK_JOB_ID"
 ENV_RANK = "RIGDECK_RANK"
 ENV_CUDA_VISIBLE = "CUDA_VISIBLE_DEVICES"
-_ENV_KEYS = frozenset(k.encode() for k in (ENV_SIM_GPU, ENV_JOB_ID, ENV_RANK, ENV_CUDA_VISIBLE))
+ENV_LOCAL_RANK = "LOCAL_RANK"
+_ENV_KEYS = frozenset(
+    k.encode() for k in (ENV_SIM_GPU, ENV_JOB_ID, ENV_RANK, ENV_CUDA_VISIBLE, ENV_LOCAL_RANK)
+)
 
 SIM_MEMORY_TOTAL_MB = 81920
 SIM_POWER_LIMIT_W = 700.0
@@ -748,12 +751,17 @@ def _sim_gpu_of(env: Dict[str, str], count: int, uuid_index: Dict[str, int]) -> 
         return i if i is not None and 0 <= i < count else None
     if ENV_JOB_ID not in env:
         return None
-    first = env.get(ENV_CUDA_VISIBLE, "").split(",")[0].strip()
-    if not first:
+    visible = [v.strip() for v in env.get(ENV_CUDA_VISIBLE, "").split(",") if v.strip()]
+    if not visible:
         return None
-    i = _int_or_none(first)
+    # A rank that sees several GPUs (torchrun gives every rank of a host the host's GPUs) uses
+    # the one at its LOCAL_RANK, as ``torch.cuda.set_device(LOCAL_RANK)`` does; anything else
+    # (one GPU, or no local rank) uses the first it sees.
+    local = _int_or_none(env.get(ENV_LOCAL_RANK))
+    pick = visible[local % len(visible)] if local is not None and local >= 0 else visible[0]
+    i = _int_or_none(pick)
     if i is None:
-        return uuid_index.get(first)  # CUDA_VISIBLE_DEVICES may name GPUs by uuid
+        return uuid_index.get(pick)  # CUDA_VISIBLE_DEVICES may name GPUs by uuid
     return i if 0 <= i < count else None
 
 

@@ -2,7 +2,8 @@
 
 - ``cluster_info()``: this rank's place in the job, from rigdeck, torch, SageMaker, Vertex or
   Open MPI variables (``runtime.cluster``)
-- ``init_distributed()``, ``ddp()``, ``scaled_lr()``, ``shutdown_distributed()``
+- ``init_distributed()``, ``ddp()``, ``scaled_lr()``, ``shutdown_distributed()``,
+  ``exit_process()``
   (``runtime.distributed``)
 - ``report()``: metrics lines for the agent (``runtime.metrics``)
 - ``Checkpointer``: checkpoint ownership and atomic saves (``runtime.checkpoint``)
@@ -23,6 +24,7 @@ _EXPORTS = {
     "ClusterInfoError": "runtime.cluster",
     "cluster_info": "runtime.cluster",
     "ddp": "runtime.distributed",
+    "exit_process": "runtime.distributed",
     "init_distributed": "runtime.distributed",
     "scaled_lr": "runtime.distributed",
     "Reporter": "runtime.metrics",
@@ -38,6 +40,7 @@ __all__ = [
     "Reporter",
     "cluster_info",
     "ddp",
+    "exit_process",
     "init_distributed",
     "report",
     "scaled_lr",
@@ -48,7 +51,13 @@ __all__ = [
 if TYPE_CHECKING:
     from runtime.checkpoint import Checkpointer, CheckpointError
     from runtime.cluster import ClusterInfo, ClusterInfoError, cluster_info
-    from runtime.distributed import ddp, init_distributed, scaled_lr, shutdown_distributed
+    from runtime.distributed import (
+        ddp,
+        exit_process,
+        init_distributed,
+        scaled_lr,
+        shutdown_distributed,
+    )
     from runtime.metrics import Reporter, report
     from runtime.sharding import shard
 

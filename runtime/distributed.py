@@ -66,6 +66,25 @@ def shutdown_distributed() -> None:
     dist.destroy_process_group()
 
 
+def exit_process(code: int = 0) -> None:
+    """End this rank now, once stdout and stderr are flushed, skipping the interpreter's teardown.
+
+    For the very end of a training script, after ``shutdown_distributed()`` (and after any file
+    it wrote is closed). torch's gloo worker threads can still be finishing a collective's
+    cleanup while Python tears down, and torch then aborts the process ("terminate called
+    without an active exception", exit 134), which torchrun or mpirun reports as a failed rank.
+    """
+    import os
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    os._exit(code)
+
+
 def ddp(model: Any, bucket_cap_mb: int = DEFAULT_BUCKET_CAP_MB, **kw: Any) -> Any:
     """Wrap ``model`` in DistributedDataParallel (on this rank's CUDA device when it has one).
 

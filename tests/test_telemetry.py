@@ -63,7 +63,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("RIGDECK_") and k != "CUDA_VISIBLE_DEVICES"
+        if not k.startswith("RIGDECK_") and k not in ("CUDA_VISIBLE_DEVICES", "LOCAL_RANK")
     }
     env.update(extra)
     return env
@@ -567,9 +567,16 @@ def test_simulated_assignment_by_job_and_cuda_visible_devices(spawn: Any) -> Non
     by_uuid = spawn(["sleep", "60"], RIGDECK_JOB_ID="j7", CUDA_VISIBLE_DEVICES=uuid1)
     untagged = spawn(["sleep", "60"], CUDA_VISIBLE_DEVICES="3")  # no job id: not a rank
     out_of_range = spawn(["sleep", "60"], RIGDECK_SIM_GPU="9")
+    # torchrun gives each rank of a host all the host's GPUs; a rank uses the one at LOCAL_RANK.
+    torchrun = [
+        spawn(["sleep", "60"], RIGDECK_JOB_ID="j8", CUDA_VISIBLE_DEVICES="0,3", LOCAL_RANK=str(lr))
+        for lr in (0, 1)
+    ]
     with Collector(sim_gpus=4, backend="simulated", hostname="tags") as c:
         s = c.sample()
     pids = {g.index: {p.pid: p for p in g.processes} for g in s.gpus}
+    assert torchrun[0].pid in pids[0] and torchrun[0].pid not in pids[3]
+    assert torchrun[1].pid in pids[3] and torchrun[1].pid not in pids[0]
     assert pids[2][rank2.pid] == GpuProcess(
         rank2.pid, ME, pids[2][rank2.pid].used_memory_mb, "j7", 2
     )

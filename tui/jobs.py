@@ -450,7 +450,7 @@ class JobManager:
                         r.setdefault("rank", int(rank))
                         r["host"] = host
                         out.append(r)
-                    offsets[rank] = part["next_offset"]
+                    offsets[part.get("offset_key", rank)] = part["next_offset"]
                     more = more or part["more"]
                 if not more:
                     break

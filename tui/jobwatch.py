@@ -725,9 +725,9 @@ class JobWatch:
                     source = part.get("source")
                     before = track.sources.get((host, rank))
                     track.sources[(host, rank)] = source
-                    if before == "stdout" and source == "metrics":
-                        # The agent parsed the log until the metrics file appeared, and its offset
-                        # was into the log: read the metrics file from its start instead.
+                    if before == "stdout" and source == "metrics" and "offset_key" not in part:
+                        # An agent from before offset_key: its offset was into the log until the
+                        # metrics file appeared; read the metrics file from its start instead.
                         offsets[rank] = 0
                         more = True
                         continue
@@ -735,7 +735,7 @@ class JobWatch:
                         r.setdefault("rank", int(rank))
                         r["host"] = host
                         out.append(r)
-                    offsets[rank] = part["next_offset"]
+                    offsets[part.get("offset_key", rank)] = part["next_offset"]
                     more = more or bool(part["more"])
                 if not more:
                     break

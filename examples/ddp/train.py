@@ -147,11 +147,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-    # Everything is written and flushed. Skip the interpreter's teardown: gloo's worker threads
-    # can still be finishing a collective's cleanup there, and torch then aborts the process
-    # ("terminate called without an active exception"), which the launcher reports as a failure.
-    import sys
-
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    runtime.exit_process()  # skip the interpreter teardown gloo can abort

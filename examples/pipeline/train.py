@@ -120,3 +120,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    runtime.exit_process()  # skip the interpreter teardown gloo can abort

@@ -1,0 +1,68 @@
+"""The agent's job files, read back: metrics offsets per source (metrics file vs. parsed stdout)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from agent.jobs import Jobs
+
+
+def _job(tmp_path: Path) -> tuple[Jobs, Path]:
+    jobs = Jobs(str(tmp_path / "state"), ["agent"])
+    d = Path(jobs.job_dir("j1"))
+    (d / "logs").mkdir(parents=True)
+    (d / "metrics").mkdir()
+    (d / "plan.json").write_text(json.dumps({"job_id": "j1"}))
+    return jobs, d
+
+
+def _read(jobs: Jobs, offsets: dict[str, int]) -> list[dict[str, Any]]:
+    """One reader's pass, keeping offsets the way the controller does."""
+    out = []
+    while True:
+        chunk = jobs.metrics("j1", offsets, max_bytes=64)
+        more = False
+        for rank, part in chunk.items():
+            out += [{**r, "source": part["source"], "rank": int(rank)} for r in part["records"]]
+            offsets[part["offset_key"]] = part["next_offset"]
+            more = more or part["more"]
+        if not more:
+            return out
+
+
+def test_stdout_loss_then_metrics_file_each_read_from_its_own_offset(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    log = d / "logs" / "rank-0.log"
+    log.write_text("starting\nstep 1 loss=2.5\nstep 2 loss: 2.25\n")
+    offsets: dict[str, int] = {}
+    first = _read(jobs, offsets)
+    assert [(r["step"], r["loss"], r["source"]) for r in first] == [
+        (1, 2.5, "stdout"),
+        (2, 2.25, "stdout"),
+    ]
+    assert set(offsets) == {"0/stdout"}
+    assert offsets["0/stdout"] == log.stat().st_size
+
+    # The rank's runtime starts its metrics file: it is read from its first byte, although the
+    # reader's stdout offset is already far past that.
+    lines = [json.dumps({"step": s, "loss": 3.0 - s / 10, "time": 100.0 + s}) for s in range(3, 9)]
+    (d / "metrics" / "rank-0.jsonl").write_text("\n".join(lines) + "\n")
+    with log.open("a") as f:
+        f.write("step 3 loss=2.7\n")
+    second = _read(jobs, offsets)
+    assert [(r["step"], r["source"]) for r in second] == [(s, "metrics") for s in range(3, 9)]
+    assert offsets["0"] == (d / "metrics" / "rank-0.jsonl").stat().st_size
+    assert _read(jobs, offsets) == []  # nothing again
+
+
+def test_each_rank_has_its_own_offsets(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    (d / "logs" / "rank-0.log").write_text("loss=1.0\n")
+    (d / "logs" / "rank-1.log").write_text("noise\n")
+    (d / "metrics" / "rank-1.jsonl").write_text(json.dumps({"step": 0, "loss": 9.0}) + "\n")
+    offsets: dict[str, int] = {}
+    got = sorted((r["rank"], r["loss"], r["source"]) for r in _read(jobs, offsets))
+    assert got == [(0, 1.0, "stdout"), (1, 9.0, "metrics")]
+    assert set(offsets) == {"0/stdout", "1"}
