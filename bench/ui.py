@@ -32,6 +32,7 @@ import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -249,13 +250,25 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "ui.json"))
+    ap.add_argument("--one", metavar="N:MODE", help=argparse.SUPPRESS)  # a child's measurement
     args = ap.parse_args()
+    if args.one:
+        n, mode = args.one.split(":")
+        print(json.dumps(asyncio.run(measure(int(n), mode, args.seconds, args.warmup))))
+        return 0
     results = []
     load_before = os.getloadavg()
     for n in [int(x) for x in args.hosts.split(",")]:
         pair = {}
         for mode in ("diff", "naive"):
-            r = asyncio.run(measure(n, mode, args.seconds, args.warmup))
+            # Each measurement in a fresh process: one run's heap (and collector state) must not
+            # tax the next.
+            child = subprocess.run(
+                [sys.executable, __file__, "--one", f"{n}:{mode}", "--seconds", str(args.seconds),
+                 "--warmup", str(args.warmup)],
+                capture_output=True, text=True, check=True,
+            )
+            r = json.loads(child.stdout.strip().splitlines()[-1])
             pair[mode] = r
             results.append(r)
             print(

@@ -23,7 +23,7 @@ from tui.keys import load_keymap
 from tui.specform import dumps, form_values, merge_form, spec_from_form
 from tui.widgets.chart import render_chart, ticks
 from tui.widgets.difftable import Col, DiffTable
-from tui.widgets.tables import GpuFilter, Widths, gpu_rows, host_rows
+from tui.widgets.tables import GpuFilter, GpusTable, Widths, gpu_rows, host_rows
 
 
 def test_loss_by_step_prefers_the_lowest_rank_and_rate_uses_its_times() -> None:
@@ -200,6 +200,74 @@ async def test_diff_table_changes_only_what_differs() -> None:
         await pilot.pause()
 
 
+class _GpusApp(App[None]):
+    """A GPU table 12 lines high: rows 10.. are out of view."""
+
+    CSS = "GpusTable { height: 12; }"
+
+    def compose(self) -> ComposeResult:
+        yield GpusTable()
+
+
+def _state_with(gpus_per_host: list[int], tick: int, state: Any = None) -> Any:
+    from tests.ui_fixtures import gpu_sample, host_sample
+    from tui.state import ClusterState
+
+    state = state or ClusterState([(f"h{i}", f"10.0.0.{i}") for i in (1, 2, 3)])
+    for i, n in enumerate(gpus_per_host, start=1):
+        gpus = [gpu_sample(i, idx, tick, JOB if idx == 0 else None, idx) for idx in range(n)]
+        state.apply_sample(f"h{i}", host_sample(i, tick, gpus), received_at=float(tick))
+    return state
+
+
+async def test_gpu_table_follows_samples_in_view_out_of_view_and_new_gpus() -> None:
+    app = _GpusApp()
+    async with app.run_test(size=(140, 30)) as pilot:
+        table = app.query_one(GpusTable)
+        w = Widths.for_width(140)
+        table.set_columns(table.columns_for(w))
+        state = _state_with([8, 8, 8], tick=0)
+
+        def show(flt: GpuFilter = GpuFilter(), sort: str = "host") -> None:
+            table.apply_snapshot(state.snapshot(), w, flt, sort)
+
+        def expected(key: str) -> tuple[Any, ...]:
+            return dict(gpu_rows(state.snapshot(), w))[key]
+
+        show()
+        assert table.row_count == 24
+        in_view, out_of_view = "h1/SIM-00000001-1", "h3/SIM-00000003-7"
+        state.set_agent("h3", {"agent_version": "x"})  # not a GPU change
+        for tick in (1, 2, 3):  # the same GPUs: the rows stay, their values follow
+            _state_with([8, 8, 8], tick=tick, state=state)
+            show()
+            assert table.raw(in_view) == expected(in_view)
+            assert table.raw(out_of_view) == expected(out_of_view)  # brought up to date on demand
+        # h3 goes stale: every one of its rows shows it, including those out of view.
+        from tui.state import HostStatus
+
+        state.set_status("h3", HostStatus.STALE, "no telemetry for 3.0s")
+        show()
+        assert table.raw(out_of_view) == expected(out_of_view)
+        assert table.raw(out_of_view)[-1][-1] is True  # the sparkline's stale flag
+        # h2 gains a GPU (a new layout): the row appears in place.
+        _state_with([8, 9, 8], tick=4, state=state)
+        show()
+        assert table.row_count == 25
+        order = [table.coordinate_to_cell_key((i, 0)).row_key.value for i in range(25)]
+        assert order[16] == "h2/SIM-00000002-8"
+        assert table.raw("h2/SIM-00000002-8") == expected("h2/SIM-00000002-8")
+        # A filter or another order still works, and going back to the default does too.
+        show(GpuFilter("busy"))
+        assert table.row_count == len(gpu_rows(state.snapshot(), w, GpuFilter("busy")))
+        show(sort="util")
+        utils = [table.raw(k)[2][0] for k in table._order]
+        assert utils == sorted(utils, reverse=True)
+        show()
+        assert table._order == [k for k, _ in gpu_rows(state.snapshot(), w)]
+        await pilot.pause()
+
+
 def test_gpu_rows_filter_and_sort() -> None:
     snap = cluster_state().snapshot()
     w = Widths.for_width(120)
@@ -217,3 +285,57 @@ def test_gpu_rows_filter_and_sort() -> None:
     hosts = host_rows(snap, w)
     assert [r[1][1] for r in hosts] == ["up", "up", "down"]
     assert "press t to trust" in hosts[2][1][-1][0]
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "",
+        "0%",
+        "h1",
+        "88°C",
+        "512W/700W",
+        " ▁▂▃▄▅▆▇█",
+        "exactly-ten",
+        "much too long for this cell",
+        "tab\there",
+    ],
+)
+@pytest.mark.parametrize("style", [None, "bold red", "dim"])
+@pytest.mark.parametrize("pad", [0, 1])
+def test_plain_cell_segments_match_the_general_rendering(
+    cell: str, style: str | None, pad: int
+) -> None:
+    from rich.console import Console
+    from rich.style import Style
+    from rich.text import Text
+
+    from tui.widgets.difftable import _plain_segments, cell_segments
+
+    console = Console(width=80, color_system="truecolor")
+    pre, post = Style(bgcolor="grey11"), Style(italic=True)
+    inner = 11
+    text = Text(cell, style=style or "")
+    fast = _plain_segments(text, console, pad, inner, pre, post)
+    slow = cell_segments(text, console, pad, inner, pre, post)
+    if fast is None:  # only cells the fast path cannot draw exactly are left to rich
+        assert len(cell) > inner or "\t" in cell
+        return
+
+    def chars(segments: list[Any]) -> list[tuple[str, Any]]:  # what the terminal shows
+        return [(ch, s.style) for s in segments for ch in s.text]
+
+    assert chars(fast) == chars(slow)
+    assert len(chars(fast)) == inner + 2 * pad
+
+
+def test_spanned_cells_are_left_to_rich() -> None:
+    from rich.console import Console
+    from rich.style import Style
+    from rich.text import Text
+
+    from tui.widgets.difftable import _plain_segments
+
+    t = Text("ab")
+    t.stylize("red", 0, 1)
+    assert _plain_segments(t, Console(), 1, 5, Style(), Style()) is None

@@ -9,11 +9,24 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 HISTORY = 60  # samples kept per GPU for sparklines
+BUSY_UTIL_PCT = 5.0  # a GPU with no processes counts as busy from this utilization up
+
+
+def gpu_busy(g: Mapping[str, Any]) -> bool:
+    """A GPU sample is busy when processes hold it or it is loaded."""
+    return bool(g.get("processes")) or (g.get("utilization_pct") or 0.0) >= BUSY_UTIL_PCT
+
+
+def host_gpus_busy(h: Mapping[str, Any]) -> int:
+    """Busy GPUs of a host's snapshot dict (counted when the snapshot was made, if it was)."""
+    n = h.get("gpus_busy")
+    return n if n is not None else sum(1 for g in h.get("gpus") or () if gpu_busy(g))
 
 
 class HostStatus(str, Enum):
@@ -59,12 +72,34 @@ class HostState:
     last_sample_time: float | None = None  # the agent's wall clock
     samples: int = 0
     status_since: float = field(default_factory=time.monotonic)
+    # What snapshots are made of, kept between them: the GPUs' dicts are built when a sample
+    # arrives (on the reader's thread, not the UI's), the host's when anything else changes.
+    # Readers get them shared and must not change them.
+    _gpus_json: list[dict[str, Any]] | None = field(default=None, repr=False)
+    _json: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def stale(self) -> bool:
         return self.status in (HostStatus.STALE, HostStatus.DOWN)
 
+    def changed(self, gpus: bool = False) -> None:
+        """Forget the cached dicts (``gpus``: the GPUs' too, as when the stale flag flips)."""
+        self._json = None
+        if gpus:
+            self._gpus_json = None
+
     def to_json(self) -> dict[str, Any]:
+        base = self._json
+        if base is None:
+            base = self._json = self._build_json()
+        age = None if self.last_sample_at is None else time.monotonic() - self.last_sample_at
+        return {**base, "sample_age_s": age}
+
+    def _build_json(self) -> dict[str, Any]:
+        gpus = self._gpus_json
+        if gpus is None:
+            stale = self.stale
+            gpus = self._gpus_json = [g.to_json(stale) for _, g in sorted(self.gpus.items())]
         return {
             "name": self.name,
             "address": self.address,
@@ -79,19 +114,29 @@ class HostState:
             "simulated": self.simulated,
             "gpu_source": self.gpu_source,
             "samples": self.samples,
-            "sample_age_s": None if self.last_sample_at is None else time.monotonic() - self.last_sample_at,
             "host_sample": self.host_sample,
-            "gpus": [g.to_json(self.stale) for _, g in sorted(self.gpus.items())],
+            "gpus": gpus,
+            "gpus_busy": sum(1 for g in gpus if gpu_busy(g)),
+            "gpus_simulated": any(g.get("simulated") for g in gpus),
         }
 
 
+class Snapshot(list):  # type: list[dict[str, Any]]
+    """Every host's dict, in inventory order, and ``layout``: a number that changes whenever any
+    host's set of GPUs does (same ``layout``, same GPUs at the same places)."""
+
+    layout: int = 0
+
+
 class ClusterState:
-    """All hosts. ``version`` grows on every change, so readers can tell when to redraw."""
+    """All hosts. ``version`` grows on every change, so readers can tell when to redraw;
+    ``layout`` grows when a host's set of GPUs changes."""
 
     def __init__(self, hosts: list[tuple[str, str]]):
         self._lock = threading.Lock()
         self.hosts: dict[str, HostState] = {n: HostState(n, a) for n, a in hosts}
         self.version = 0
+        self.layout = 0
 
     def _changed(self) -> None:
         self.version += 1
@@ -110,7 +155,9 @@ class ClusterState:
             if (h.status, h.reason, h.error_kind, h.host_key) != (status, reason, kind, host_key):
                 if h.status != status:
                     h.status_since = time.monotonic()
+                was_stale = h.stale
                 h.status = status
+                h.changed(gpus=h.stale != was_stale)
                 h.reason = reason
                 h.error_kind = kind
                 h.host_key = host_key
@@ -123,6 +170,7 @@ class ClusterState:
             h.agent_pid = hello.get("pid")
             h.hostname = hello.get("hostname")
             h.upgrade_pending = upgrade_pending
+            h.changed()
             self._changed()
 
     def apply_sample(self, host: str, data: dict[str, Any], received_at: float | None = None) -> None:
@@ -142,6 +190,7 @@ class ClusterState:
                 seen.add(idx)
                 gs = h.gpus.get(idx)
                 if gs is None or gs.uuid != g.get("uuid"):
+                    self.layout += 1
                     gs = GpuState(host, idx, g.get("uuid", ""), g.get("name", ""), bool(g.get("simulated")), g)
                     h.gpus[idx] = gs
                 gs.sample = g
@@ -150,12 +199,15 @@ class ClusterState:
             for idx in list(h.gpus):
                 if idx not in seen:
                     del h.gpus[idx]
+                    self.layout += 1
             if h.status != HostStatus.UP:
                 h.status = HostStatus.UP
                 h.reason = None
                 h.error_kind = None
                 h.host_key = None
                 h.status_since = now
+            h._gpus_json = [g.to_json(False) for _, g in sorted(h.gpus.items())]
+            h._json = h._build_json()
             self._changed()
 
     def mark_stale(self, stale_after: float, now: float | None = None) -> list[str]:
@@ -172,14 +224,17 @@ class ClusterState:
                     h.status = HostStatus.STALE
                     h.reason = f"no telemetry for {now - h.last_sample_at:.1f}s"
                     h.status_since = now
+                    h.changed(gpus=True)
                     changed.append(h.name)
             if changed:
                 self._changed()
         return changed
 
-    def snapshot(self) -> list[dict[str, Any]]:
+    def snapshot(self) -> Snapshot:
         with self._lock:
-            return [h.to_json() for h in self.hosts.values()]
+            snap = Snapshot(h.to_json() for h in self.hosts.values())
+            snap.layout = self.layout
+            return snap
 
     def get(self, host: str) -> HostState:
         return self.hosts[host]

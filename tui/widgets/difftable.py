@@ -15,6 +15,7 @@ mirroring what its own ``update_cell``, ``remove_row`` and ``sort`` do one at a 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -34,6 +35,7 @@ from textual.widgets.data_table import CellKey, ColumnKey, RowKey
 from tui.widgets.format import LEVELS, Palette
 
 _palette_serial = 0
+SEG_CACHE = 4096  # rendered cells kept (a 200x60 screen of GPUs shows about 500)
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,85 @@ class LazyCell:
         return f"LazyCell({self.column}={self.raw!r})"
 
 
+def _same_source(a: Any, b: Any) -> bool:
+    """Whether a row's source is the one its values were made from: the same object, or a tuple
+    of the same objects (sources made afresh on each call from unchanged parts)."""
+    if a is b:
+        return True
+    if type(a) is tuple and type(b) is tuple and len(a) == len(b):
+        return all(x is y for x, y in zip(a, b, strict=True))
+    return False
+
+
+def cell_segments(
+    cell: RenderableType, console: Any, pad: int, inner: int, pre: Style, post: Style
+) -> list[Segment]:
+    """A cell as segments ``inner + 2 * pad`` wide: rendered by rich, cut to fit, padded, and
+    styled between the row's style (``pre``) and the cursor's (``post``)."""
+    if isinstance(cell, Text):
+        text = cell
+        if text.cell_len > inner:
+            text = cell.copy()
+            text.truncate(inner, overflow="ellipsis" if cell.overflow == "ellipsis" else "crop")
+        segments = list(text.render(console))
+        if text.style:
+            segments = list(Segment.apply_style(segments, console.get_style(text.style)))
+    else:
+        options = console.options.update_dimensions(inner, 1).update(no_wrap=True)
+        segments = console.render_lines(cell, options, pad=False)[0]
+    segments = Segment.adjust_line_length(segments, inner)
+    if pad:
+        segments = [Segment(" " * pad), *segments, Segment(" " * pad)]
+    return list(Segment.simplify(Segment.apply_style(segments, style=pre, post_style=post)))
+
+
+def _plain_segments(
+    cell: RenderableType, console: Any, pad: int, inner: int, pre: Style, post: Style
+) -> list[Segment] | None:
+    """``cell_segments`` of a one-style Text that fits its cell, made directly (the same
+    segments at a fraction of the cost), or None for anything else."""
+    if not isinstance(cell, Text) or cell.spans:
+        return None
+    plain = cell.plain
+    if "\n" in plain or "\t" in plain:
+        return None
+    length = cell.cell_len
+    if length > inner:
+        return None
+    base = pre + post
+    style = cell.style
+    if style:
+        own = console.get_style(style) if isinstance(style, str) else style
+        styled = pre + own + post
+    else:
+        styled = base
+    if not plain:
+        return [Segment(" " * (inner + 2 * pad), base)] if inner + 2 * pad else []
+    if styled == base:
+        return [Segment(" " * pad + plain + " " * (inner - length + pad), base)]
+    out = []
+    if pad:
+        out.append(Segment(" " * pad, base))
+    out.append(Segment(plain, styled))
+    if inner - length + pad:
+        out.append(Segment(" " * (inner - length + pad), base))
+    return out
+
+
+@dataclass(frozen=True)
+class _FrameValues:
+    """What drawing a frame's lines reads from the table, read once for the frame."""
+
+    width: int
+    scroll: Any
+    header: int
+    simple: bool  # one-line rows, row cursor, no fixed rows or columns, no row labels
+    show_cursor: bool
+    show_hover: bool
+    cursor: Coordinate
+    hover: Coordinate
+
+
 @dataclass
 class ApplyStats:
     added: int = 0
@@ -109,6 +190,7 @@ class DiffTable(DataTable[RenderableType]):
     _ordered_rows_for: tuple[int, int] | None = None
     _offsets: list[tuple[RowKey, int]] = []
     _offsets_for: tuple[int, int] | None = None
+    _frame_values: _FrameValues | None = None
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=True)
@@ -119,13 +201,20 @@ class DiffTable(DataTable[RenderableType]):
         self._order: list[str] = []
         self._palette: Palette | None = None
         # Rendered cells and rows that survive table updates (DataTable's own caches do not).
-        self._seg_cache: dict[tuple[str, Any, int, Style, Style], list[Segment]] = {}
+        # Least recently used first, at most SEG_CACHE cells: values that recur (every idle
+        # GPU's "0%", common temperatures) stay; one-off ones (a sparkline) leave a few at a time
+        # as new ones come, rather than piling up for the garbage collector to walk again and
+        # again and then all going in one stall.
+        self._seg_cache: OrderedDict[tuple[str, Any, int, Style, Style], list[Segment]] = (
+            OrderedDict()
+        )
         self._rows_rendered: dict[str, tuple[Any, Any, Any, Any]] = {}
         self._frame: Any = None
         self._frame_styles: dict[tuple[int, bool, bool], tuple[Style, Style]] = {}
         self._widths: tuple[int, ...] = ()
         self._line_style: Style | None = None
         self._src: dict[str, Any] = {}  # key -> the source its row comes from (apply_sources)
+        self._source_of: Callable[[str], Any] | None = None  # key -> its row's source now
         self._raw_src: dict[str, Any] = {}  # key -> the source its raw values were made from
         self._make_raw: Callable[[Any], tuple[Any, ...]] | None = None
         self._strips: dict[int, tuple[Any, Any, Strip]] = {}
@@ -164,31 +253,21 @@ class DiffTable(DataTable[RenderableType]):
         """A cell as padded segments exactly ``width`` wide, styled for its row, cached by value
         and look: equal values in different rows (every idle GPU's "0%") render once."""
         key = (column, raw, width, pre, post)
-        hit = self._seg_cache.get(key)
+        cache = self._seg_cache
+        hit = cache.get(key)
         if hit is not None:
+            cache.move_to_end(key)
             return hit
         cell = self.render_cell(column, raw, self.palette)
         console = self.app.console
         pad = self.cell_padding
         inner = max(0, width - 2 * pad)
-        if isinstance(cell, Text):
-            text = cell
-            if text.cell_len > inner:
-                text = cell.copy()
-                text.truncate(inner, overflow="ellipsis" if cell.overflow == "ellipsis" else "crop")
-            segments = list(text.render(console))
-            if text.style:
-                segments = list(Segment.apply_style(segments, console.get_style(text.style)))
-        else:
-            options = console.options.update_dimensions(inner, 1).update(no_wrap=True)
-            segments = console.render_lines(cell, options, pad=False)[0]
-        segments = Segment.adjust_line_length(segments, inner)
-        if pad:
-            segments = [Segment(" " * pad), *segments, Segment(" " * pad)]
-        segments = list(Segment.simplify(Segment.apply_style(segments, style=pre, post_style=post)))
-        if len(self._seg_cache) > 8_000:
-            self._seg_cache.clear()
-        self._seg_cache[key] = segments
+        segments = _plain_segments(cell, console, pad, inner, pre, post)
+        if segments is None:
+            segments = cell_segments(cell, console, pad, inner, pre, post)
+        cache[key] = segments
+        if len(cache) > SEG_CACHE:
+            cache.popitem(last=False)
         return segments
 
     def _render_line_in_row(
@@ -211,26 +290,18 @@ class DiffTable(DataTable[RenderableType]):
         key = row_key.value
         raw = self.current_raw(key) if key is not None else None
         row_index = self._row_locations.get(row_key) if row_key in self._row_locations else None
-        if (
-            raw is None
-            or key is None
-            or row_index is None
-            or line_no != 0
-            or self.fixed_columns
-            or self.fixed_rows
-            or self.cursor_type != "row"
-            or (self._labelled_row_exists and self.show_row_labels)
-        ):
+        fv = self._frame_values or self._read_frame_values()
+        if raw is None or key is None or row_index is None or line_no != 0 or not fv.simple:
             return super()._render_line_in_row(
                 row_key, line_no, base_style, cursor_location, hover_location
             )
-        cursor = self.show_cursor and cursor_location.row == row_index
-        hover = self._show_hover_cursor and hover_location.row == row_index
+        cursor = fv.show_cursor and cursor_location.row == row_index
+        hover = fv.show_hover and hover_location.row == row_index
         frame = (
             base_style,
             self._pseudo_class_state,
-            self.size.width,
-            self.show_cursor,
+            fv.width,
+            fv.show_cursor,
             self._palette,
         )
         if frame != self._frame:
@@ -263,7 +334,7 @@ class DiffTable(DataTable[RenderableType]):
         segments_of = self._segments
         for column, value, width in zip(self._column_keys, raw, widths, strict=True):
             line += segments_of(column, value, width, pre, post_style)
-        remaining = max(0, self.size.width - sum(widths) - self._row_label_column_width)
+        remaining = max(0, fv.width - sum(widths) - self._row_label_column_width)
         line.append(Segment(" " * remaining, pre))
         # No row/column meta on body segments (a new Style per segment and row, the biggest cost
         # of drawing a row): clicks and hovers find their row from the mouse position instead.
@@ -271,25 +342,47 @@ class DiffTable(DataTable[RenderableType]):
         self._rows_rendered[key] = (look, raw, frame, pair)
         return pair
 
+    def _read_frame_values(self) -> _FrameValues:
+        return _FrameValues(
+            width=self.size.width,
+            scroll=self.scroll_offset,
+            header=self.header_height if self.show_header else 0,
+            simple=not (
+                self.fixed_columns
+                or self.fixed_rows
+                or self.cursor_type != "row"
+                or (self._labelled_row_exists and self.show_row_labels)
+            ),
+            show_cursor=self.show_cursor,
+            show_hover=self._show_hover_cursor,
+            cursor=self.cursor_coordinate,
+            hover=self.hover_coordinate,
+        )
+
     def render_lines(self, crop: Any) -> list[Strip]:
-        # DataTable asks for its (costly) rich_style once per line; once per frame is enough.
+        # DataTable asks for its (costly) rich_style, and the widget's size, scroll position and
+        # cursors (reactive attributes, each read costs) for every line; once a frame is enough.
         self._line_style = self.rich_style
-        return super().render_lines(crop)
+        self._frame_values = self._read_frame_values()
+        try:
+            return super().render_lines(crop)
+        finally:
+            self._frame_values = None
 
     def render_line(self, y: int) -> Strip:
-        if self.fixed_rows or self._line_style is None:
+        fv = self._frame_values
+        if fv is None or self.fixed_rows or self._line_style is None:
             return super().render_line(y)
-        scroll_x, scroll_y = self.scroll_offset
-        header = self.header_height if self.show_header else 0
-        if y >= header:
+        scroll_x, scroll_y = fv.scroll
+        if y >= fv.header:
             y += scroll_y
-        return self._render_line(y, scroll_x, scroll_x + self.size.width, self._line_style)
+        return self._render_line(y, scroll_x, scroll_x + fv.width, self._line_style)
 
     def _render_line(self, y: int, x1: int, x2: int, base_style: Style) -> Strip:
         """A body line from the row cache; header lines and anything unusual as DataTable does."""
-        header = self.header_height if self.show_header else 0
-        row_index = y - header
-        if y < header or self.fixed_columns or not (0 <= row_index < len(self._row_locations)):
+        fv = self._frame_values or self._read_frame_values()
+        row_index = y - fv.header
+        if y < fv.header or not fv.simple or not (0 <= row_index < len(self._row_locations)):
             return super()._render_line(y, x1, x2, base_style)
         row_key = self._row_locations.get_key(row_index)
         if row_key is None:
@@ -298,13 +391,13 @@ class DiffTable(DataTable[RenderableType]):
             row_key,
             0,
             base_style,
-            cursor_location=self.cursor_coordinate,
-            hover_location=self.hover_coordinate,
+            cursor_location=fv.cursor,
+            hover_location=fv.hover,
         )
         if len(scrollable) != 1:  # DataTable rendered this row itself
             return super()._render_line(y, x1, x2, base_style)
         line = scrollable[0]
-        width = self.size.width
+        width = fv.width
         hit = self._strips.get(row_index)
         if hit is not None and hit[0] is line and hit[1] == (x1, x2, width, base_style):
             return hit[2]
@@ -401,6 +494,7 @@ class DiffTable(DataTable[RenderableType]):
         self.clear(columns=True)
         self._raw_src.clear()
         self._src.clear()
+        self._source_of = None
         self._seg_cache.clear()
         self._rows_rendered.clear()
         self._frame = None
@@ -445,6 +539,7 @@ class DiffTable(DataTable[RenderableType]):
     def apply(self, rows: Sequence[tuple[str, tuple[Any, ...]]]) -> ApplyStats:
         """Show ``rows`` (key, raw values) in this order, changing only what differs."""
         self._make_raw = None
+        self._source_of = None
         self._src.clear()
         return self._apply([k for k, _ in rows], dict(rows).__getitem__, None)
 
@@ -462,11 +557,39 @@ class DiffTable(DataTable[RenderableType]):
         src = self._src
         src.clear()
         src.update(entries)
+        self._source_of = src.get
+        return self._apply([k for k, _ in entries], lambda k: make_raw(src[k]), self._window(margin))
+
+    def refresh_sources(
+        self,
+        source_of: Callable[[str], Any],
+        make_raw: Callable[[Any], tuple[Any, ...]],
+        margin: int | None = None,
+    ) -> ApplyStats:
+        """Like ``apply_sources`` when the rows and their order are as they were: only their
+        sources changed, and ``source_of(key)`` finds a row's source when it is needed. A tick
+        then costs O(visible rows), whatever the table's size."""
+        self._make_raw = make_raw
+        self._source_of = source_of
+        self._src.clear()
+        stats = ApplyStats()
+        lo, hi = self._window(margin)
+        order = self._order
+        for i in range(max(0, lo), min(len(order), hi)):
+            key = order[i]
+            src = source_of(key)
+            stats.cells += self._update_row(key, make_raw(src), src)
+        if stats.changed:
+            self._update_count += 1
+            self.refresh()
+        return stats
+
+    def _window(self, margin: int | None) -> tuple[int, int]:
+        """The rows diffed at once: those in view and ``margin`` more either side."""
         page = max(1, self.size.height)
-        margin = page if margin is None else margin
+        margin = max(8, page // 4) if margin is None else margin
         top = int(self.scroll_y)
-        window = (top - margin, top + page + margin)
-        return self._apply([k for k, _ in entries], lambda k: make_raw(src[k]), window)
+        return (top - margin, top + page + margin)
 
     def _apply(
         self,
@@ -507,7 +630,7 @@ class DiffTable(DataTable[RenderableType]):
                 self._raw_src[key] = self._src.get(key)
                 stats.added += 1
             elif lo <= i < hi:
-                stats.cells += self._update_row(key, raw_of(key))
+                stats.cells += self._update_row(key, raw_of(key), self._src.get(key))
 
         if self._order != wanted:
             self._order = wanted
@@ -548,10 +671,10 @@ class DiffTable(DataTable[RenderableType]):
         cell = self.render_cell(column, raw[self._column_keys.index(column)], self.palette)
         return cell.plain if isinstance(cell, Text) else str(cell)
 
-    def _update_row(self, key: str, values: tuple[Any, ...]) -> int:
-        """Store the cells of one row that changed; returns how many."""
+    def _update_row(self, key: str, values: tuple[Any, ...], src: Any = None) -> int:
+        """Store the cells of one row that changed (made from ``src``); returns how many."""
         old = self._raw[key]
-        self._raw_src[key] = self._src.get(key)
+        self._raw_src[key] = src
         if old == values:
             return 0
         row = self._data[key]  # type: ignore[index]
@@ -570,9 +693,12 @@ class DiffTable(DataTable[RenderableType]):
 
     def current_raw(self, key: str) -> tuple[Any, ...] | None:
         """A row's raw values, brought up to date first if it was left for later."""
-        src = self._src.get(key)
-        if src is not None and self._make_raw is not None and self._raw_src.get(key) is not src:
-            self._update_row(key, self._make_raw(src))
+        source_of, make_raw = self._source_of, self._make_raw
+        if source_of is None or make_raw is None or key not in self._raw:
+            return self._raw.get(key)
+        src = source_of(key)
+        if src is not None and not _same_source(self._raw_src.get(key), src):
+            self._update_row(key, make_raw(src), src)
         return self._raw.get(key)
 
     def rebuild(self, rows: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
@@ -581,6 +707,7 @@ class DiffTable(DataTable[RenderableType]):
         self._raw.clear()
         self._raw_src.clear()
         self._src.clear()
+        self._source_of = None
         self._make_raw = None
         self._order = []
         for key, values in rows:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from rich.console import RenderableType
 from rich.text import Text
 
 from tui.jobwatch import TERMINAL, CheckpointSave, CheckpointView, JobRow, OwnerMove
+from tui.state import gpu_busy, host_gpus_busy
 from tui.widgets.difftable import Col, DiffTable
 from tui.widgets.format import (
     MEM_THRESHOLDS,
@@ -34,12 +36,6 @@ from tui.widgets.format import (
     temp_cell,
     util_level,
 )
-
-BUSY_UTIL_PCT = 5.0
-
-
-def gpu_busy(g: Mapping[str, Any]) -> bool:
-    return bool(g.get("processes")) or (g.get("utilization_pct") or 0.0) >= BUSY_UTIL_PCT
 
 
 @dataclass(frozen=True)
@@ -95,7 +91,7 @@ def host_rows(
         s = h.get("host_sample") or {}
         stale = h.get("status") != "up"
         gpus = h.get("gpus") or []
-        busy = sum(1 for g in gpus if gpu_busy(g))
+        busy = host_gpus_busy(h)
         cpu = s.get("cpu_pct")
         mem_used, mem_total = s.get("mem_used_mb"), s.get("mem_total_mb")
         mem_q = (
@@ -273,6 +269,11 @@ def spark_levels(history: Sequence[float], width: int) -> tuple[int, ...]:
 GpuSource = tuple[str, bool, Mapping[str, Any]]  # (host, host not up, the GPU's snapshot)
 
 
+def gpu_key(host: str, g: Mapping[str, Any]) -> str:
+    """A GPU's row key: stable while the host has that GPU."""
+    return f"{host}/{g.get('uuid') or g.get('index')}"
+
+
 def gpu_entries(
     snapshot: Sequence[Mapping[str, Any]], flt: GpuFilter = GpuFilter(), sort: str = "host"
 ) -> list[tuple[str, GpuSource]]:
@@ -288,7 +289,7 @@ def gpu_entries(
                 job_ids = [p["job_id"] for p in g.get("processes") or () if p.get("job_id")]
                 if not flt.matches(host, g, job_ids):
                     continue
-            items.append((f"{host}/{g.get('uuid') or g.get('index')}", (host, stale, g)))
+            items.append((gpu_key(host, g), (host, stale, g)))
     if sort == "util":
         items.sort(
             key=lambda it: (
@@ -434,11 +435,42 @@ class GpusTable(DiffTable):
             return Text(chars, style=palette["dim" if stale else "accent"], no_wrap=True)
         return _text(raw)
 
+    _layout: tuple[Any, ...] | None = None  # what the rows were laid out for (fast path)
+    _places: dict[str, tuple[int, int]] = {}  # row key -> (host, GPU) position in the snapshot
+
     def apply_snapshot(
         self, snapshot: Sequence[Mapping[str, Any]], w: Widths, flt: GpuFilter, sort: str
     ) -> Any:
-        """Every GPU's row exists and is in place; cells are diffed for the rows in view."""
-        return self.apply_sources(gpu_entries(snapshot, flt, sort), lambda src: gpu_raw(src, w))
+        """Every GPU's row exists and is in place; cells are diffed for the rows in view.
+
+        Unfiltered and in host order (the default view), the rows and their order depend only
+        on which GPUs each host has: while the snapshot's ``layout`` says that is unchanged, a
+        tick touches only the rows in view, and the others find their GPU when drawn."""
+        make_raw = partial(gpu_raw, w=w)
+        layout = getattr(snapshot, "layout", None)
+        fast = layout is not None and sort == "host" and flt.busy == "all" and not flt.text
+        key = (layout, len(snapshot), w)
+        if fast and key == self._layout and self.row_count == len(self._places):
+
+            def source_of(k: str) -> GpuSource | None:
+                place = self._places.get(k)
+                if place is None:
+                    return None
+                h = snapshot[place[0]]
+                return (h["name"], h.get("status") != "up", h["gpus"][place[1]])
+
+            return self.refresh_sources(source_of, make_raw)
+        entries = gpu_entries(snapshot, flt, sort)
+        stats = self.apply_sources(entries, make_raw)
+        self._layout = None
+        if fast:
+            self._layout = key
+            self._places = {
+                gpu_key(h["name"], g): (hi, gi)
+                for hi, h in enumerate(snapshot)
+                for gi, g in enumerate(h.get("gpus") or ())
+            }
+        return stats
 
 
 # ---------------------------------------------------------------------------------------------
