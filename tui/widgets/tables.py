@@ -269,6 +269,9 @@ def spark_levels(history: Sequence[float], width: int) -> tuple[int, ...]:
 GpuSource = tuple[str, bool, Mapping[str, Any]]  # (host, host not up, the GPU's snapshot)
 
 
+_SORT_FIELDS = {"util": "utilization_pct", "memory": "memory_used_mb", "temp": "temperature_c"}
+
+
 def gpu_key(host: str, g: Mapping[str, Any]) -> str:
     """A GPU's row key: stable while the host has that GPU."""
     return f"{host}/{g.get('uuid') or g.get('index')}"
@@ -290,29 +293,10 @@ def gpu_entries(
                 if not flt.matches(host, g, job_ids):
                     continue
             items.append((gpu_key(host, g), (host, stale, g)))
-    if sort == "util":
+    field = _SORT_FIELDS.get(sort)
+    if field is not None:  # the most first; ties by host and index
         items.sort(
-            key=lambda it: (
-                -(it[1][2].get("utilization_pct") or 0.0),
-                it[1][0],
-                it[1][2].get("index") or 0,
-            )
-        )
-    elif sort == "memory":
-        items.sort(
-            key=lambda it: (
-                -(it[1][2].get("memory_used_mb") or 0),
-                it[1][0],
-                it[1][2].get("index") or 0,
-            )
-        )
-    elif sort == "temp":
-        items.sort(
-            key=lambda it: (
-                -(it[1][2].get("temperature_c") or 0.0),
-                it[1][0],
-                it[1][2].get("index") or 0,
-            )
+            key=lambda it: (-(it[1][2].get(field) or 0), it[1][0], it[1][2].get("index") or 0)
         )
     elif sort == "job":
         labels = {k: gpu_job_label(src[2])[0] for k, src in items}
