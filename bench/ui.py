@@ -4,7 +4,7 @@ A headless ``RigdeckApp`` (Textual's test driver, 200x60) shows the GPUs view of
 ``ClusterState`` with N hosts x 8 GPUs. Every simulated second every host sends a new sample
 (every GPU's utilization, memory, temperature, power and history change; a few GPUs change
 jobs), folded in the way the Monitor's reader threads do it (not timed: that happens off the UI
-thread). Timed, per second: the app's sampling step (snapshot, summary, the visible table) plus the
+thread, and so does freeing the samples it replaces: the app holds hosts, not GPU samples). Timed, per second: the app's sampling step (snapshot, summary, the visible table) plus the
 frame Textual draws for it (layout when needed, the compositor's update of what changed and its
 encoding as terminal output, which the headless driver would skip and this bench does anyway).
 

@@ -268,6 +268,48 @@ async def test_gpu_table_follows_samples_in_view_out_of_view_and_new_gpus() -> N
         await pilot.pause()
 
 
+async def test_gpu_table_reads_live_gpus_from_a_hosts_only_snapshot() -> None:
+    from tui.state import host_gpu_count, host_gpu_model, host_gpus_busy
+
+    app = _GpusApp()
+    async with app.run_test(size=(140, 30)) as pilot:
+        table = app.query_one(GpusTable)
+        w = Widths.for_width(140)
+        table.set_columns(table.columns_for(w))
+        state = _state_with([8, 8, 8], tick=0)
+        full = state.snapshot()
+        hosts = state.snapshot(gpus=False)
+        assert all("gpus" not in h for h in hosts)
+        assert [host_gpu_count(h) for h in hosts] == [len(h["gpus"]) for h in full] == [8, 8, 8]
+        assert [host_gpus_busy(h) for h in hosts] == [
+            sum(1 for g in h["gpus"] if g["processes"]) for h in full
+        ]
+        assert host_gpu_model(hosts[0]) == full[0]["gpus"][0]["name"]
+
+        def show() -> None:
+            hosts = state.snapshot(gpus=False)
+            table.apply_live(
+                hosts,
+                state.snapshot,
+                lambda hi, gi: state.gpu(hosts[hi]["name"], gi),
+                w,
+                GpuFilter(),
+                "host",
+            )
+
+        show()
+        for tick in (1, 2):
+            _state_with([8, 8, 8], tick=tick, state=state)
+            show()
+            now = dict(gpu_rows(state.snapshot(), w))
+            for key in ("h1/SIM-00000001-1", "h3/SIM-00000003-7"):
+                assert table.raw(key) == now[key]
+        _state_with([8, 8, 7], tick=3, state=state)  # h3 lost a GPU: its row goes
+        show()
+        assert table.row_count == 23 and "h3/SIM-00000003-7" not in table._order
+        await pilot.pause()
+
+
 def test_gpu_rows_filter_and_sort() -> None:
     snap = cluster_state().snapshot()
     w = Widths.for_width(120)

@@ -31,7 +31,7 @@ from tui.jobwatch import TERMINAL, JobDetail, JobSource, JobsSnapshot
 from tui.keys import keymap_path, load_keymap
 from tui.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey, describe_error
 from tui.screens.launch import LaunchScreen
-from tui.state import host_gpus_busy
+from tui.state import host_gpu_count, host_gpu_model, host_gpus_busy, host_gpus_simulated
 from tui.widgets.chart import LossChart
 from tui.widgets.format import duration, loss_text, placement_text, size_bytes, step_rate_text
 from tui.widgets.logview import LogView
@@ -67,7 +67,7 @@ def set_text(widget: Static, text: str) -> None:
 def summarize(snapshot: Sequence[Mapping[str, Any]]) -> dict[str, int | bool]:
     """Counts for the summary line."""
     status = [h.get("status") for h in snapshot]
-    gpus = sum(len(h.get("gpus") or ()) for h in snapshot)
+    gpus = sum(host_gpu_count(h) for h in snapshot)
     busy = sum(host_gpus_busy(h) for h in snapshot)
     return {
         "hosts": len(snapshot),
@@ -78,11 +78,7 @@ def summarize(snapshot: Sequence[Mapping[str, Any]]) -> dict[str, int | bool]:
         "gpus": gpus,
         "busy": busy,
         "free": gpus - busy,
-        "simulated": any(
-            h.get("simulated")
-            or h.get("gpus_simulated", any(g.get("simulated") for g in h.get("gpus") or ()))
-            for h in snapshot
-        ),
+        "simulated": any(h.get("simulated") or host_gpus_simulated(h) for h in snapshot),
     }
 
 
@@ -378,11 +374,13 @@ class RigdeckApp(App[None]):
         if force:
             self._dirty = set(TABS)
         if version != self._state_seen:
-            self.hosts_snapshot = state.snapshot()
+            # Hosts only: the GPU view reads the GPUs it shows from the state itself, so this
+            # thread never holds (and so never has to free) a whole second of GPU samples.
+            self.hosts_snapshot = state.snapshot(gpus=False)
             self._state_seen = version
             self._dirty |= {"hosts", "gpus"}
             self._notice_host_keys()
-            gpus = sum(len(h.get("gpus") or ()) for h in self.hosts_snapshot)
+            gpus = sum(host_gpu_count(h) for h in self.hosts_snapshot)
             if gpus > self._frozen_for_gpus:
                 self._frozen_for_gpus = gpus
                 # The cluster grew (hosts connected): freeze in a moment, once they settle.
@@ -482,8 +480,14 @@ class RigdeckApp(App[None]):
 
     def _update_gpus(self) -> None:
         table = self.query_one("#gpus-table", GpusTable)
-        table.apply_snapshot(self.hosts_snapshot, self.widths, self.gpu_filter, self.gpu_sort)
-        total = sum(len(h.get("gpus") or []) for h in self.hosts_snapshot)
+        state = self.monitor.state
+        hosts = self.hosts_snapshot
+
+        def gpu_of(hi: int, gi: int) -> dict[str, Any] | None:
+            return state.gpu(hosts[hi]["name"], gi)
+
+        table.apply_live(hosts, state.snapshot, gpu_of, self.widths, self.gpu_filter, self.gpu_sort)
+        total = sum(host_gpu_count(h) for h in hosts)
         status = (
             f"{table.row_count}/{total} GPUs · filter: {escape(self.gpu_filter.describe())} · "
             f"sort: {SORT_LABELS[self.gpu_sort]}  [$text-muted](/ filter · b busy/idle · o sort)[/]"
@@ -870,10 +874,10 @@ def host_detail(h: Mapping[str, Any], inventory: Any) -> str:
             f"{len(s['cpu_per_core'])} cores, load "
             + " ".join(f"{x:.1f}" for x in s.get("load") or [])
         )
-    gpus = h.get("gpus") or []
-    if gpus:
-        sim = " simulated" if any(g.get("simulated") for g in gpus) else ""
-        parts.append(f"{len(gpus)}{sim} GPU(s): {escape(str(gpus[0].get('name') or '?'))}")
+    count = host_gpu_count(h)
+    if count:
+        sim = " simulated" if host_gpus_simulated(h) else ""
+        parts.append(f"{count}{sim} GPU(s): {escape(str(host_gpu_model(h) or '?'))}")
     text = " · ".join(parts)
     why = host_why(h)
     if why:

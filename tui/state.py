@@ -29,6 +29,24 @@ def host_gpus_busy(h: Mapping[str, Any]) -> int:
     return n if n is not None else sum(1 for g in h.get("gpus") or () if gpu_busy(g))
 
 
+def host_gpu_count(h: Mapping[str, Any]) -> int:
+    n = h.get("gpu_count")
+    return n if n is not None else len(h.get("gpus") or ())
+
+
+def host_gpus_simulated(h: Mapping[str, Any]) -> bool:
+    if "gpus_simulated" in h:
+        return bool(h["gpus_simulated"])
+    return any(g.get("simulated") for g in h.get("gpus") or ())
+
+
+def host_gpu_model(h: Mapping[str, Any]) -> str | None:
+    if "gpu_model" in h:
+        return h["gpu_model"]
+    gpus = h.get("gpus") or ()
+    return gpus[0].get("name") if gpus else None
+
+
 class HostStatus(str, Enum):
     CONNECTING = "connecting"
     UP = "up"
@@ -88,18 +106,29 @@ class HostState:
         if gpus:
             self._gpus_json = None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self, gpus: bool = True) -> dict[str, Any]:
+        """The host as a dict; without ``gpus`` its GPUs are only counted (``gpu_count``,
+        ``gpus_busy``, ``gpus_simulated``, ``gpu_model``), not listed."""
         base = self._json
         if base is None:
             base = self._json = self._build_json()
         age = None if self.last_sample_at is None else time.monotonic() - self.last_sample_at
-        return {**base, "sample_age_s": age}
+        out = {**base, "sample_age_s": age}
+        if not gpus:
+            del out["gpus"]
+        return out
 
-    def _build_json(self) -> dict[str, Any]:
+    def gpu_json(self, pos: int) -> dict[str, Any] | None:
+        """The dict of the GPU at ``pos`` (index order), as the next snapshot would have it."""
         gpus = self._gpus_json
         if gpus is None:
             stale = self.stale
             gpus = self._gpus_json = [g.to_json(stale) for _, g in sorted(self.gpus.items())]
+        return gpus[pos] if 0 <= pos < len(gpus) else None
+
+    def _build_json(self) -> dict[str, Any]:
+        self.gpu_json(0)  # (re)builds the GPUs' dicts when needed
+        gpus = self._gpus_json or []
         return {
             "name": self.name,
             "address": self.address,
@@ -116,8 +145,10 @@ class HostState:
             "samples": self.samples,
             "host_sample": self.host_sample,
             "gpus": gpus,
+            "gpu_count": len(gpus),
             "gpus_busy": sum(1 for g in gpus if gpu_busy(g)),
             "gpus_simulated": any(g.get("simulated") for g in gpus),
+            "gpu_model": gpus[0].get("name") if gpus else None,
         }
 
 
@@ -230,11 +261,23 @@ class ClusterState:
                 self._changed()
         return changed
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, gpus: bool = True) -> Snapshot:
+        """Every host's dict; ``gpus=False`` leaves the GPU lists out (their counts stay).
+
+        The dicts are shared with later snapshots: read them, never change them. A reader that
+        keeps a snapshot keeps its samples alive, and is the one that frees them when it drops
+        it: the app keeps hosts only, and reads the GPUs it shows with ``gpu``.
+        """
         with self._lock:
-            snap = Snapshot(h.to_json() for h in self.hosts.values())
+            snap = Snapshot(h.to_json(gpus) for h in self.hosts.values())
             snap.layout = self.layout
             return snap
+
+    def gpu(self, host: str, pos: int) -> dict[str, Any] | None:
+        """A host's GPU at ``pos`` (index order) now, or None."""
+        with self._lock:
+            h = self.hosts.get(host)
+            return None if h is None else h.gpu_json(pos)
 
     def get(self, host: str) -> HostState:
         return self.hosts[host]

@@ -35,7 +35,7 @@ from textual.widgets.data_table import CellKey, ColumnKey, RowKey
 from tui.widgets.format import LEVELS, Palette
 
 _palette_serial = 0
-SEG_CACHE = 4096  # rendered cells kept (a 200x60 screen of GPUs shows about 500)
+SEG_CACHE = 1024  # rendered cells kept (a 200x60 screen of GPUs shows about 500)
 
 
 @dataclass(frozen=True)

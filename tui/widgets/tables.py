@@ -7,7 +7,7 @@ what the screen can draw changes nothing. Each table renders a cell from its raw
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -16,7 +16,7 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from tui.jobwatch import TERMINAL, CheckpointSave, CheckpointView, JobRow, OwnerMove
-from tui.state import gpu_busy, host_gpus_busy
+from tui.state import gpu_busy, host_gpu_count, host_gpus_busy, host_gpus_simulated
 from tui.widgets.difftable import Col, DiffTable
 from tui.widgets.format import (
     MEM_THRESHOLDS,
@@ -90,7 +90,6 @@ def host_rows(
     for h in snapshot:
         s = h.get("host_sample") or {}
         stale = h.get("status") != "up"
-        gpus = h.get("gpus") or []
         busy = host_gpus_busy(h)
         cpu = s.get("cpu_pct")
         mem_used, mem_total = s.get("mem_used_mb"), s.get("mem_total_mb")
@@ -115,8 +114,8 @@ def host_rows(
                     ),
                     (
                         busy,
-                        len(gpus),
-                        bool(h.get("simulated")) or any(g.get("simulated") for g in gpus),
+                        host_gpu_count(h),
+                        bool(h.get("simulated")) or host_gpus_simulated(h),
                         h.get("gpu_source"),
                     ),
                     (host_why(h), h.get("error_kind")),
@@ -425,30 +424,52 @@ class GpusTable(DiffTable):
     def apply_snapshot(
         self, snapshot: Sequence[Mapping[str, Any]], w: Widths, flt: GpuFilter, sort: str
     ) -> Any:
-        """Every GPU's row exists and is in place; cells are diffed for the rows in view.
+        """Every GPU's row exists and is in place; cells are diffed for the rows in view."""
+
+        def gpu_of(hi: int, gi: int) -> Mapping[str, Any] | None:
+            gpus = snapshot[hi].get("gpus") or ()
+            return gpus[gi] if gi < len(gpus) else None
+
+        return self.apply_live(snapshot, lambda: snapshot, gpu_of, w, flt, sort)
+
+    def apply_live(
+        self,
+        hosts: Sequence[Mapping[str, Any]],
+        full: Callable[[], Sequence[Mapping[str, Any]]],
+        gpu_of: Callable[[int, int], Mapping[str, Any] | None],
+        w: Widths,
+        flt: GpuFilter,
+        sort: str,
+    ) -> Any:
+        """``apply_snapshot`` for a live cluster: ``hosts`` are the hosts now (their GPU lists
+        may be left out), ``full()`` makes a snapshot with every GPU, and ``gpu_of(host
+        position, GPU position)`` reads one GPU as it is now.
 
         Unfiltered and in host order (the default view), the rows and their order depend only
-        on which GPUs each host has: while the snapshot's ``layout`` says that is unchanged, a
-        tick touches only the rows in view, and the others find their GPU when drawn."""
+        on which GPUs each host has: while ``hosts.layout`` says that is unchanged, a tick reads
+        only the GPUs of the rows in view (the others are read when drawn), and holds on to no
+        other GPU's sample, so dropping the last second's samples is not this thread's work."""
         make_raw = partial(gpu_raw, w=w)
-        layout = getattr(snapshot, "layout", None)
+        layout = getattr(hosts, "layout", None)
         fast = layout is not None and sort == "host" and flt.busy == "all" and not flt.text
-        key = (layout, len(snapshot), w)
+        key = (layout, len(hosts), w)
         if fast and key == self._layout and self.row_count == len(self._places):
+            places = self._places
 
             def source_of(k: str) -> GpuSource | None:
-                place = self._places.get(k)
+                place = places.get(k)
                 if place is None:
                     return None
-                h = snapshot[place[0]]
-                return (h["name"], h.get("status") != "up", h["gpus"][place[1]])
+                h = hosts[place[0]]
+                g = gpu_of(*place)
+                return None if g is None else (h["name"], h.get("status") != "up", g)
 
             return self.refresh_sources(source_of, make_raw)
-        entries = gpu_entries(snapshot, flt, sort)
-        stats = self.apply_sources(entries, make_raw)
+        snapshot = full()
+        stats = self.apply_sources(gpu_entries(snapshot, flt, sort), make_raw)
         self._layout = None
         if fast:
-            self._layout = key
+            self._layout = (getattr(snapshot, "layout", layout), len(snapshot), w)
             self._places = {
                 gpu_key(h["name"], g): (hi, gi)
                 for hi, h in enumerate(snapshot)
