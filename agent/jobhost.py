@@ -278,7 +278,7 @@ class JobHost:
                 self.save(state="stopped", ended=time.time(), cause={"message": self.stop_reason})
                 return 0
             if time.time() > deadline:
-                self.stop_reason = "max_runtime of %ss exceeded" % self.plan.get("max_runtime_s")
+                self.stop_reason = "max_runtime of %gs exceeded" % float(self.plan.get("max_runtime_s") or 0)
                 self.stop_requested = True
                 continue
             exits = self.rank_exits()

@@ -156,6 +156,30 @@ processes_per_node = 2
     assert all(r["state"] != "running" for r in st["ranks"])
 
 
+def test_max_runtime_stops_the_job_with_the_grace_period(cli: Cli) -> None:
+    spec = cli.spec("overtime", f"""
+command = ["{{python}}", "{TICKER}", "--steps", "100000", "--ignore-term"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 2
+processes_per_node = 1
+max_runtime = "4s"
+grace = "2s"
+""")
+    start = time.monotonic()
+    proc = cli.run("launch", str(spec), "--wait", "--json", check=False, timeout=120)
+    took = time.monotonic() - start
+    assert proc.returncode == 1 and proc.stdout.strip(), proc.stderr  # it ran, and did not succeed
+    view = json.loads(proc.stdout)
+    assert view["state"] == "stopped", json.dumps(view, indent=1)[:2000]
+    assert "max_runtime of 4s exceeded" in view["cause"]["message"], view["cause"]
+    # 4 s of running, then SIGTERM (ignored), the 2 s grace and SIGKILL: not before 6 s.
+    assert 6.0 <= took < 60.0, took
+    assert tagged(cli.bed, view["job_id"]) == {"h1": [], "h2": [], "h3": []}
+    out = cli.run("status", view["job_id"]).stdout
+    assert "max_runtime of 4s exceeded" in out, out
+
+
 def test_kill9_of_one_rank_fails_the_gang_then_restart_once(cli: Cli) -> None:
     spec = cli.spec("fragile", f"""
 command = ["{{python}}", "{TICKER}", "--steps", "100000"]

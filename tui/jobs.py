@@ -86,6 +86,15 @@ def first_cause(host_states: dict[str, Any]) -> dict[str, Any] | None:
     return causes[0][1]
 
 
+def stop_cause(host_states: dict[str, Any]) -> dict[str, Any] | None:
+    """Why a job's hosts stopped it (``max_runtime of 7200s exceeded``, ...), from the first
+    host that says so."""
+    for host, st in host_states.items():
+        if isinstance(st, dict) and st.get("state") == "stopped" and (st.get("cause") or {}).get("message"):
+            return {**st["cause"], "host": st["cause"].get("host") or host}
+    return None
+
+
 @dataclass
 class JobView:
     job_id: str
@@ -350,8 +359,12 @@ class JobManager:
                 self.history.add_event(job_id, {"event": "failed", "cause": cause})
                 self.scheduler.release(job_id)
         elif overall in TERMINAL:
-            self.history.update(job_id, state=overall, ended=time.time())
-            self.history.add_event(job_id, {"event": overall})
+            # A job that stopped without being asked to (max_runtime, or a stop from a host)
+            # says why; a user's stop records its own.
+            cause = stop_cause(states) if overall == "stopped" else None
+            extra = {"cause": cause} if cause else {}
+            self.history.update(job_id, state=overall, ended=time.time(), **extra)
+            self.history.add_event(job_id, {"event": overall, **extra})
             self.scheduler.release(job_id)
         elif overall != rec["state"] and rec["state"] != "stopping":
             self.history.update(job_id, state=overall)
