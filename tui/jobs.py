@@ -19,7 +19,14 @@ from typing import Any
 from tui.controller import Controller
 from tui.history import History
 from tui.jobspec import JobSpec
-from tui.scheduler import HostCapacity, NodeAssignment, Placement, PlacementError, Scheduler, capacity_from_state
+from tui.scheduler import (
+    HostCapacity,
+    NodeAssignment,
+    Placement,
+    PlacementError,
+    Scheduler,
+    capacity_from_state,
+)
 from tui.state import ClusterState
 from tui.transport import TransportError
 
@@ -146,7 +153,7 @@ class JobManager:
         for h, sample in samples.items():
             if isinstance(sample, dict):
                 state.apply_sample(h, sample)
-        for h, jobs in job_lists.items():
+        for jobs in job_lists.values():
             if not isinstance(jobs, list):
                 continue
             for j in jobs:
