@@ -22,9 +22,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     ended       REAL,
     cause       TEXT,
     restarts    INTEGER NOT NULL DEFAULT 0,
-    events      TEXT NOT NULL DEFAULT '[]'
+    events      TEXT NOT NULL DEFAULT '[]',
+    supervisor  TEXT,
+    lease_until REAL
 );
 """
+# Columns added after the first release, for history files made before them.
+ADDED_COLUMNS = (("supervisor", "TEXT"), ("lease_until", "REAL"))
 JSON_FIELDS = ("spec", "placement", "cause", "events")
 
 
@@ -40,12 +44,22 @@ class History:
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
-        cols = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
-        with self._db:
-            if "supervisor" not in cols:
-                self._db.execute("ALTER TABLE jobs ADD COLUMN supervisor TEXT")
-            if "lease_until" not in cols:
-                self._db.execute("ALTER TABLE jobs ADD COLUMN lease_until REAL")
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Add the columns an older history file lacks. Several rigdeck processes may open one
+        file at once (the app, ``launch --wait``, ``status``): whoever adds a column first wins,
+        and the others find it there."""
+        for name, kind in ADDED_COLUMNS:
+            cols = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
+            if name in cols:
+                continue
+            try:
+                with self._db:
+                    self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+            except sqlite3.OperationalError as e:
+                if "duplicate column name" not in str(e):
+                    raise
 
     def close(self) -> None:
         self._db.close()
