@@ -94,14 +94,21 @@ max_restarts = 1
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli.env, cwd=ROOT)
     try:
         job_id = None
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
+            if waiter.poll() is not None:
+                out, err = waiter.communicate()
+                raise AssertionError(f"launch --wait ended early ({waiter.returncode}):\n{out}\n{err}")
             jobs = cli.json("jobs")
             job_id = next((j["job_id"] for j in jobs if j["name"] == "ddp-owner"), None)
             if job_id and (shared / "latest").exists():
                 break
             time.sleep(1)
-        assert job_id and (shared / "latest").exists(), "no checkpoint before the kill"
+        if not (job_id and (shared / "latest").exists()):
+            waiter.kill()
+            out, err = waiter.communicate()
+            raise AssertionError(f"no checkpoint before the kill (job {job_id}); launch --wait said:\n"
+                                 f"{out[-2000:]}\n{err[-4000:]}")
         first = cli.json("status", job_id)
         assert [n["host"] for n in first["placement"]] == ["h1", "h2"]
         saves = [m for m in cli.json("metrics", job_id) if m.get("event") == "checkpoint" and m.get("status") == "done"]
