@@ -120,15 +120,18 @@ class HostState:
 
     def gpu_json(self, pos: int) -> dict[str, Any] | None:
         """The dict of the GPU at ``pos`` (index order), as the next snapshot would have it."""
-        gpus = self._gpus_json
-        if gpus is None:
-            stale = self.stale
-            gpus = self._gpus_json = [g.to_json(stale) for _, g in sorted(self.gpus.items())]
+        gpus = self._gpus_list()
         return gpus[pos] if 0 <= pos < len(gpus) else None
 
+    def _gpus_list(self) -> list[dict[str, Any]]:
+        """The GPUs' dicts in index order, built when missing."""
+        if self._gpus_json is None:
+            stale = self.stale
+            self._gpus_json = [g.to_json(stale) for _, g in sorted(self.gpus.items())]
+        return self._gpus_json
+
     def _build_json(self) -> dict[str, Any]:
-        self.gpu_json(0)  # (re)builds the GPUs' dicts when needed
-        gpus = self._gpus_json or []
+        gpus = self._gpus_list()
         return {
             "name": self.name,
             "address": self.address,
@@ -237,8 +240,8 @@ class ClusterState:
                 h.error_kind = None
                 h.host_key = None
                 h.status_since = now
-            h._gpus_json = [g.to_json(False) for _, g in sorted(h.gpus.items())]
-            h._json = h._build_json()
+            h.changed(gpus=True)
+            h._json = h._build_json()  # here, on the reader's thread
             self._changed()
 
     def mark_stale(self, stale_after: float, now: float | None = None) -> list[str]:
