@@ -209,6 +209,14 @@ class _GpusApp(App[None]):
         yield GpusTable()
 
 
+def _gpu_table(app: _GpusApp) -> tuple[GpusTable, Widths]:
+    """The app's GPU table with the columns for a 140-wide terminal."""
+    table = app.query_one(GpusTable)
+    w = Widths.for_width(140)
+    table.set_columns(table.columns_for(w))
+    return table, w
+
+
 def _state_with(gpus_per_host: list[int], tick: int, state: Any = None) -> Any:
     from tests.ui_fixtures import gpu_sample, host_sample
     from tui.state import ClusterState
@@ -223,13 +231,11 @@ def _state_with(gpus_per_host: list[int], tick: int, state: Any = None) -> Any:
 async def test_gpu_table_follows_samples_in_view_out_of_view_and_new_gpus() -> None:
     app = _GpusApp()
     async with app.run_test(size=(140, 30)) as pilot:
-        table = app.query_one(GpusTable)
-        w = Widths.for_width(140)
-        table.set_columns(table.columns_for(w))
+        table, w = _gpu_table(app)
         state = _state_with([8, 8, 8], tick=0)
 
-        def show(flt: GpuFilter = GpuFilter(), sort: str = "host") -> None:
-            table.apply_snapshot(state.snapshot(), w, flt, sort)
+        def show(flt: GpuFilter | None = None, sort: str = "host") -> None:
+            table.apply_snapshot(state.snapshot(), w, flt or GpuFilter(), sort)
 
         def expected(key: str) -> tuple[Any, ...]:
             return dict(gpu_rows(state.snapshot(), w))[key]
@@ -273,9 +279,7 @@ async def test_gpu_table_reads_live_gpus_from_a_hosts_only_snapshot() -> None:
 
     app = _GpusApp()
     async with app.run_test(size=(140, 30)) as pilot:
-        table = app.query_one(GpusTable)
-        w = Widths.for_width(140)
-        table.set_columns(table.columns_for(w))
+        table, w = _gpu_table(app)
         state = _state_with([8, 8, 8], tick=0)
         full = state.snapshot()
         hosts = state.snapshot(gpus=False)
@@ -287,15 +291,7 @@ async def test_gpu_table_reads_live_gpus_from_a_hosts_only_snapshot() -> None:
         assert host_gpu_model(hosts[0]) == full[0]["gpus"][0]["name"]
 
         def show() -> None:
-            hosts = state.snapshot(gpus=False)
-            table.apply_live(
-                hosts,
-                state.snapshot,
-                lambda hi, gi: state.gpu(hosts[hi]["name"], gi),
-                w,
-                GpuFilter(),
-                "host",
-            )
+            table.apply_state(state, state.snapshot(gpus=False), w, GpuFilter(), "host")
 
         show()
         for tick in (1, 2):

@@ -480,13 +480,8 @@ class RigdeckApp(App[None]):
 
     def _update_gpus(self) -> None:
         table = self.query_one("#gpus-table", GpusTable)
-        state = self.monitor.state
         hosts = self.hosts_snapshot
-
-        def gpu_of(hi: int, gi: int) -> dict[str, Any] | None:
-            return state.gpu(hosts[hi]["name"], gi)
-
-        table.apply_live(hosts, state.snapshot, gpu_of, self.widths, self.gpu_filter, self.gpu_sort)
+        table.apply_state(self.monitor.state, hosts, self.widths, self.gpu_filter, self.gpu_sort)
         total = sum(host_gpu_count(h) for h in hosts)
         status = (
             f"{table.row_count}/{total} GPUs · filter: {escape(self.gpu_filter.describe())} · "

@@ -16,7 +16,13 @@ from rich.console import RenderableType
 from rich.text import Text
 
 from tui.jobwatch import TERMINAL, CheckpointSave, CheckpointView, JobRow, OwnerMove
-from tui.state import gpu_busy, host_gpu_count, host_gpus_busy, host_gpus_simulated
+from tui.state import (
+    ClusterState,
+    gpu_busy,
+    host_gpu_count,
+    host_gpus_busy,
+    host_gpus_simulated,
+)
 from tui.widgets.difftable import Col, DiffTable
 from tui.widgets.format import (
     MEM_THRESHOLDS,
@@ -431,6 +437,19 @@ class GpusTable(DiffTable):
             return gpus[gi] if gi < len(gpus) else None
 
         return self.apply_live(snapshot, lambda: snapshot, gpu_of, w, flt, sort)
+
+    def apply_state(
+        self,
+        state: ClusterState,
+        hosts: Sequence[Mapping[str, Any]],
+        w: Widths,
+        flt: GpuFilter,
+        sort: str,
+    ) -> Any:
+        """``apply_live`` on a live ``ClusterState``, given its hosts-only snapshot ``hosts``."""
+        return self.apply_live(
+            hosts, state.snapshot, lambda hi, gi: state.gpu(hosts[hi]["name"], gi), w, flt, sort
+        )
 
     def apply_live(
         self,
