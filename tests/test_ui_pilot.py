@@ -5,6 +5,7 @@ log view's rank filter and search, the host key dialog, deploy, reconnect, help,
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from textual.pilot import Pilot
@@ -38,6 +39,14 @@ async def launch_screen(app: RigdeckApp, pilot: Pilot[None]) -> LaunchScreen:
         if isinstance(screen, LaunchScreen) and screen.query("#f-name") and app.focused is not None:
             return screen
     raise AssertionError(f"no launch dialog: {app.screen}")
+
+
+async def until(pilot: Pilot[None], cond: Callable[[], object]) -> None:
+    """Let the app run until ``cond()`` holds, for at most a second; the caller asserts."""
+    for _ in range(20):
+        await pilot.pause(0.05)
+        if cond():
+            return
 
 
 def static_text(app: RigdeckApp | LaunchScreen, selector: str) -> str:
@@ -112,10 +121,7 @@ async def test_launch_from_a_spec_file(tmp_path: Path) -> None:
         assert screen.query_one("#f-name", Input).value == "ticker"
         assert screen.query_one("#f-total-steps", Input).value == "30"
         await pilot.press("ctrl+s")
-        for _ in range(20):
-            await pilot.pause(0.05)
-            if jobs.launched:
-                break
+        await until(pilot, lambda: jobs.launched)
         await pilot.pause()
         assert [s.name for s in jobs.launched] == ["ticker"]
         assert jobs.launched[0].total_steps == 30 and jobs.launched[0].workdir == str(tmp_path)
@@ -142,10 +148,7 @@ async def test_launch_form_shows_errors_at_the_field() -> None:
         jobs.launch_error = no_room()
         screen.query_one("#f-nodes", Input).value = "3"
         await pilot.press("ctrl+s")
-        for _ in range(20):
-            await pilot.pause(0.05)
-            if "free" in static_text(screen, "#err-f-nodes"):
-                break
+        await until(pilot, lambda: "free" in static_text(screen, "#err-f-nodes"))
         assert "asks 3 nodes" in static_text(screen, "#err-f-nodes")
         assert static_text(screen, "#err-f-name") == ""
         await pilot.press("escape")
@@ -177,10 +180,7 @@ async def test_stop_asks_first_and_shows_what_it_stops() -> None:
         await pilot.press("s")
         await pilot.pause()
         await pilot.press("y")
-        for _ in range(20):
-            await pilot.pause(0.05)
-            if jobs.stopped:
-                break
+        await until(pilot, lambda: jobs.stopped)
         assert jobs.stopped == [JOB]
         # A job that has ended is not stopped again.
         await pilot.press("down")
@@ -239,10 +239,7 @@ async def test_host_key_dialog_shows_the_fingerprint_and_records_it_on_request()
         await pilot.press("t")
         await pilot.pause()
         await pilot.press("y")
-        for _ in range(20):
-            await pilot.pause(0.05)
-            if ctl.trusted:
-                break
+        await until(pilot, lambda: ctl.trusted)
         await pilot.pause(0.1)
         assert ctl.trusted == [("h3", FINGERPRINT)]
         assert monitor.reconnects == ["h3"]
@@ -258,20 +255,14 @@ async def test_deploy_reconnect_help_and_palette() -> None:
     app.controller = ctl
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("d")
-        for _ in range(20):
-            await pilot.pause(0.05)
-            if ctl.deployed:
-                break
+        await until(pilot, lambda: ctl.deployed)
         assert ctl.deployed == [["h1"]]
         await pilot.press("down", "c")
         assert app.monitor.reconnects[-1] == "h2"
         commands = {c.title: c for c in app.get_system_commands(app.screen)}
         assert "Trust the host key of h3" in commands
         commands["Deploy the agent to every host"].callback()
-        for _ in range(20):
-            await pilot.pause(0.05)
-            if len(ctl.deployed) == 2:
-                break
+        await until(pilot, lambda: len(ctl.deployed) == 2)
         assert ctl.deployed[-1] is None
         await pilot.press("question_mark")
         await pilot.pause()
@@ -359,9 +350,6 @@ async def test_a_controller_error_is_reported_not_raised() -> None:
     )
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("d")
-        for _ in range(20):
-            await pilot.pause(0.05)
-            if any("exploded" in n.message for n in app._notifications):
-                break
+        await until(pilot, lambda: any("exploded" in n.message for n in app._notifications))
         assert any("exploded" in n.message and n.severity == "error" for n in app._notifications)
         assert app.is_running
