@@ -160,18 +160,9 @@ class Daemon:
         self._cond = asyncio.Condition()
         self._stop = asyncio.Event()
         self._wake = asyncio.Event()
-        try:
-            os.unlink(self.paths.socket)  # stale: we hold the lock, so nobody else serves it
-        except FileNotFoundError:
-            pass
-        old_umask = os.umask(0o177)
-        try:
-            self._server = await asyncio.start_unix_server(
-                self._on_client, path=self.paths.socket, limit=protocol.MAX_MESSAGE_BYTES
-            )
-        finally:
-            os.umask(old_umask)
-        os.chmod(self.paths.socket, 0o600)
+        self._server = await asyncio.start_unix_server(
+            self._on_client, sock=self._listening_socket(), limit=protocol.MAX_MESSAGE_BYTES
+        )
         log.info("agent %s serving on %s (pid %d)", self.version, self.paths.socket, os.getpid())
         ticker = asyncio.ensure_future(self._ticker())
         watcher = asyncio.ensure_future(self._job_watcher())
@@ -189,6 +180,29 @@ class Daemon:
                 pass
             if self._collector is not None:
                 self._collector.close()
+
+    def _listening_socket(self) -> socket.socket:
+        """Bind and listen under a private name, then rename onto the public path.
+
+        A client that sees the path can connect at once: the path never names a socket that is
+        bound but not yet listening (which refuses connections), nor one with the umask's mode.
+        """
+        staging = self.paths.socket + ".new"
+        for path in (staging, self.paths.socket):  # stale: we hold the lock, nobody serves them
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)
+        try:
+            sock.bind(staging)
+        finally:
+            os.umask(old_umask)
+        os.chmod(staging, 0o600)
+        sock.listen(128)
+        os.rename(staging, self.paths.socket)
+        return sock
 
     def _collector_instance(self) -> Any:
         # Built on an executor thread: NVML init or the first nvidia-smi rows can take seconds.

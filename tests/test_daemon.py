@@ -213,6 +213,33 @@ class _BigSamples:
         pass
 
 
+def test_the_socket_path_appears_only_once_it_accepts_connections(tmp_path: Path) -> None:
+    """A client that sees the path can connect: it never names a bound, not yet listening socket.
+
+    A stale socket left by a crashed daemon (and a stale staging name) are replaced.
+    """
+    from agent.daemon import Daemon
+
+    d = Daemon(str(tmp_path / "state"), collector_factory=_BigSamples)
+    assert d.acquire_lock()
+    for stale in (d.paths.socket, d.paths.socket + ".new"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(stale)
+        s.close()
+    listening = d._listening_socket()
+    try:
+        st_ = os.stat(d.paths.socket)
+        assert stat.S_ISSOCK(st_.st_mode) and stat.S_IMODE(st_.st_mode) == 0o600
+        assert not os.path.exists(d.paths.socket + ".new")
+        c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        c.settimeout(2)
+        c.connect(d.paths.socket)  # no asyncio server yet: the backlog takes it
+        c.close()
+    finally:
+        listening.close()
+        d.release_lock()
+
+
 def test_a_slow_reader_gets_the_latest_sample_not_a_backlog(tmp_path: Path) -> None:
     import asyncio
     import threading
