@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import zipfile
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Set
 
 from agent import facts, protocol
 from agent.paths import Paths, self_command, spawn_daemon
@@ -85,6 +85,7 @@ class Daemon:
         self._collector_lock = threading.Lock()
         self._lock_fd = None  # type: Optional[int]
         self._clients = {}  # type: Dict[int, _Client]
+        self._handlers = set()  # type: Set[asyncio.Task]  # one per connection
         self._next_cid = 0
         self._latest = None  # type: Optional[Dict[str, Any]]
         self._latest_seq = 0
@@ -174,6 +175,10 @@ class Daemon:
             self._server.close()
             for c in list(self._clients.values()):
                 c.close()
+            for task in list(self._handlers):
+                task.cancel()
+            if self._handlers:
+                await asyncio.gather(*self._handlers, return_exceptions=True)
             try:
                 os.unlink(self.paths.socket)
             except OSError:
@@ -277,6 +282,8 @@ class Daemon:
         self._next_cid += 1
         client = _Client(self, writer, self._next_cid)
         self._clients[client.cid] = client
+        task = asyncio.current_task()
+        self._handlers.add(task)
         splitter = protocol.LineSplitter()
         client.send(self.hello())
         try:
@@ -291,11 +298,12 @@ class Daemon:
                     assert line is not None
                     self._handle_line(client, line)
                 await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
             pass
         finally:
             client.close()
             self._clients.pop(client.cid, None)
+            self._handlers.discard(task)
 
     def _handle_line(self, client: _Client, line: bytes) -> None:
         try:
