@@ -68,6 +68,22 @@ def _text(s: object, style: Any = None) -> Text:
     return Text("-" if s is None else str(s), style=style or "", no_wrap=True, overflow="ellipsis")
 
 
+def percent_bar(raw: tuple[int | None, int, bool], palette: Palette) -> RenderableType:
+    """A utilization bar (host CPU, GPU util) from ``(percent, bar width, stale)``."""
+    pct, bw, stale = raw
+    if pct is None:
+        return _text("-", palette["muted"])
+    return bar_cell(float(pct), bw, "dim" if stale else util_level(pct), f" {pct:3d}%", palette)
+
+
+def marked_simulated(label: str, simulated: bool, palette: Palette) -> Text:
+    """``label``, followed by a muted "sim" when the GPUs behind it are simulated."""
+    t = Text(label, no_wrap=True)
+    if simulated:
+        t.append(" sim", style=palette["muted"])
+    return t
+
+
 # ---------------------------------------------------------------------------------------------
 # Hosts
 
@@ -154,12 +170,7 @@ class HostsTable(DiffTable):
                 t.append(" ↑", style=palette["warn"])
             return t
         if column == "cpu":
-            pct, bw, stale = raw
-            if pct is None:
-                return _text("-", palette["muted"])
-            return bar_cell(
-                float(pct), bw, "dim" if stale else util_level(pct), f" {pct:3d}%", palette
-            )
+            return percent_bar(raw, palette)
         if column == "mem":
             q, used, total, bw, stale = raw
             if q is None:
@@ -172,10 +183,7 @@ class HostsTable(DiffTable):
             busy, total, sim, source = raw
             if not total:
                 return _text("none" if source == "none" else "-", palette["muted"])
-            t = Text(f"{busy}/{total}", no_wrap=True)
-            if sim:
-                t.append(" sim", style=palette["muted"])
-            return t
+            return marked_simulated(f"{busy}/{total}", sim, palette)
         if column == "why":
             why, kind = raw
             return _text(
@@ -380,17 +388,9 @@ class GpusTable(DiffTable):
     def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
         if column == "gpu":
             index, sim = raw
-            t = Text(str(index), no_wrap=True)
-            if sim:
-                t.append(" sim", style=palette["muted"])
-            return t
+            return marked_simulated(str(index), sim, palette)
         if column == "util":
-            pct, bw, stale = raw
-            if pct is None:
-                return _text("-", palette["muted"])
-            return bar_cell(
-                float(pct), bw, "dim" if stale else util_level(pct), f" {pct:3d}%", palette
-            )
+            return percent_bar(raw, palette)
         if column == "mem":
             q, label, lvl, bw, stale = raw
             if q is None:
