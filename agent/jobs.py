@@ -49,6 +49,21 @@ def _pid_alive(pid: Optional[int]) -> bool:
         return True
 
 
+def _rank_ended(job_dir: str, rank: int) -> bool:
+    """The rank's wrapper has recorded its exit: its log and metrics file are complete."""
+    return os.path.exists(os.path.join(job_dir, "ranks", "rank-%d.exit.json" % rank))
+
+
+def _utf8_boundary(data: bytes) -> int:
+    """The longest prefix of ``data`` that does not end inside a UTF-8 character (never 0)."""
+    j = len(data) - 1
+    while j > 0 and len(data) - j < 4 and data[j] & 0xC0 == 0x80:
+        j -= 1
+    lead = data[j]
+    need = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+    return len(data) if j + need <= len(data) or j == 0 else j
+
+
 class Jobs:
     def __init__(self, state_dir: str, agent_command: List[str]):
         self.root = os.path.join(state_dir, "jobs")
@@ -176,8 +191,13 @@ class Jobs:
         return {**st, "ranks": ranks, "log_ranks": self.log_ranks(job_id),
                 "tagged_processes": len(processes_with_tag(job_id))}
 
-    def read_chunk(self, path: str, offset: int, max_bytes: int) -> Tuple[str, int, bool]:
-        """Complete lines from ``offset``: (text, next offset, more waiting)."""
+    def read_chunk(self, path: str, offset: int, max_bytes: int, final: bool = False) -> Tuple[str, int, bool]:
+        """Complete lines from ``offset``: (text, next offset, more waiting).
+
+        A line longer than ``max_bytes`` comes in pieces, cut between characters, so one endless
+        line (a progress bar redrawn with ``\\r``) cannot stall a reader. With ``final`` (its
+        writer has exited) an unterminated last line comes too. Offsets only ever advance by
+        what was returned: nothing is skipped or sent twice."""
         max_bytes = max(1, min(int(max_bytes), MAX_CHUNK))
         try:
             with open(path, "rb") as f:
@@ -187,15 +207,20 @@ class Jobs:
             return "", offset, False
         more = len(data) > max_bytes
         data = data[:max_bytes]
-        cut = data.rfind(b"\n")
-        if cut < 0:
-            return "", offset, more
-        data = data[: cut + 1]
+        if more or not final:
+            cut = data.rfind(b"\n")
+            if cut >= 0:
+                data = data[: cut + 1]
+            elif more:
+                data = data[: _utf8_boundary(data)]
+            else:
+                return "", offset, more
         return data.decode("utf-8", "replace"), offset + len(data), more
 
     def logs(self, job_id: str, rank: int, offset: int = 0, max_bytes: int = MAX_CHUNK) -> Dict[str, Any]:
         d = self.job_dir(job_id)
-        text, nxt, more = self.read_chunk(os.path.join(d, "logs", "rank-%d.log" % int(rank)), offset, max_bytes)
+        text, nxt, more = self.read_chunk(os.path.join(d, "logs", "rank-%d.log" % int(rank)), offset, max_bytes,
+                                          final=_rank_ended(d, int(rank)))
         return {"rank": rank, "text": text, "offset": offset, "next_offset": nxt, "more": more}
 
     def log_ranks(self, job_id: str) -> List[int]:
@@ -222,7 +247,8 @@ class Jobs:
                 continue
             mpath = os.path.join(d, "metrics", "rank-%d.jsonl" % rank)
             if os.path.exists(mpath):
-                text, nxt, more = self.read_chunk(mpath, offsets.get(key, 0), max_bytes)
+                text, nxt, more = self.read_chunk(mpath, offsets.get(key, 0), max_bytes,
+                                                  final=_rank_ended(d, rank))
                 records = []
                 for line in text.splitlines():
                     try:
@@ -250,7 +276,8 @@ class Jobs:
 
     def _stdout_metrics(self, d: str, rank: int, offset: int, max_bytes: int, pattern: Optional[str]) -> Dict[str, Any]:
         rx = re.compile(pattern) if pattern else DEFAULT_LOSS_RE
-        text, nxt, more = self.read_chunk(os.path.join(d, "logs", "rank-%d.log" % rank), offset, max_bytes)
+        text, nxt, more = self.read_chunk(os.path.join(d, "logs", "rank-%d.log" % rank), offset, max_bytes,
+                                          final=_rank_ended(d, rank))
         records = []
         for line in text.splitlines():
             m = rx.search(line)

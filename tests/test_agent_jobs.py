@@ -66,3 +66,48 @@ def test_each_rank_has_its_own_offsets(tmp_path: Path) -> None:
     got = sorted((r["rank"], r["loss"], r["source"]) for r in _read(jobs, offsets))
     assert got == [(0, 1.0, "stdout"), (1, 9.0, "metrics")]
     assert set(offsets) == {"0/stdout", "1"}
+
+
+def _read_logs(jobs: Jobs, rank: int, offset: int, max_bytes: int) -> tuple[list[str], int]:
+    """Every chunk a reader gets from ``offset`` on, until the agent says nothing more waits."""
+    texts = []
+    while True:
+        chunk = jobs.logs("j1", rank, offset, max_bytes=max_bytes)
+        assert chunk["offset"] == offset
+        if chunk["text"]:
+            texts.append(chunk["text"])
+        assert chunk["next_offset"] >= offset
+        if chunk["next_offset"] == offset and not chunk["more"]:
+            return texts, offset
+        assert chunk["next_offset"] > offset, "the reader is stuck"
+        offset = chunk["next_offset"]
+
+
+def test_a_line_longer_than_a_chunk_comes_in_pieces_cut_between_characters(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    log = d / "logs" / "rank-0.log"
+    bar = "".join(f"\r{i:3d}% |{'█' * (i // 5)}é" for i in range(100))  # a redrawn progress bar
+    log.write_bytes(("start\n" + bar + "\nstep 1 loss=0.5\n").encode())
+    texts, offset = _read_logs(jobs, 0, 0, max_bytes=61)
+    assert offset == log.stat().st_size
+    assert "".join(texts) == log.read_bytes().decode()
+    assert len(texts) > 10 and not any("\ufffd" in t for t in texts)  # no character was cut
+
+
+def test_an_unterminated_last_line_comes_once_its_rank_has_ended(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    log = d / "logs" / "rank-0.log"
+    log.write_text("epoch 1 loss=0.5\nepoch 2 loss=0.4\nfinal loss=0.3")  # no newline at the end
+    texts, offset = _read_logs(jobs, 0, 0, max_bytes=1024)
+    assert texts == ["epoch 1 loss=0.5\nepoch 2 loss=0.4\n"]  # the rank may still finish the line
+    before = _read(jobs, {})
+    assert [r["loss"] for r in before] == [0.5, 0.4]
+
+    (d / "ranks").mkdir()
+    (d / "ranks" / "rank-0.exit.json").write_text(json.dumps({"rank": 0, "exit_code": 0}))
+    rest, end = _read_logs(jobs, 0, offset, max_bytes=1024)
+    assert rest == ["final loss=0.3"] and end == log.stat().st_size
+    whole, _ = _read_logs(jobs, 0, 0, max_bytes=1024)
+    assert whole == [log.read_text()]  # an ended rank's log comes whole, in one chunk
+    assert _read_logs(jobs, 0, end, max_bytes=1024) == ([], end)  # and only once
+    assert [r["loss"] for r in _read(jobs, {})] == [0.5, 0.4, 0.3]
