@@ -221,6 +221,29 @@ async def test_logs_rank_filter_follow_and_search() -> None:
         assert int(view.scroll_y) <= pos < int(view.scroll_y) + view.size.height
 
 
+async def test_rank_output_cannot_drive_the_terminal() -> None:
+    """Escape sequences a rank prints are not drawn: no ESC or control reaches the terminal."""
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("6")
+        await pilot.pause(0.2)
+        view = app.query_one("#log-view", LogView)
+        assert view.buffer is not None and view.follow
+        view.buffer.extend([
+            ("h1", 0, "\x1b[2J\x1b[H\x1b]0;owned\x07\x1b[31mTraceback\x1b[0m (most recent call last)"),
+            ("h1", 0, "epoch 9\r 50%|#####\r100%|########## done\x1bc"),
+        ])
+        view.sync()
+        await pilot.pause(0.2)
+        drawn = ["".join(seg.text for seg in view.render_line(y)) for y in range(view.size.height)]
+        assert not [ln for ln in drawn if any(ord(c) < 32 or 0x7F <= ord(c) <= 0x9F for c in ln)]
+        assert any("[h1 r0] Traceback (most recent call last)" in ln for ln in drawn), drawn
+        assert any(ln.rstrip().endswith("[h1 r0] 100%|########## done\ufffdc") for ln in drawn)
+        await pilot.press("f", "slash", *"Traceback (most", "enter")
+        await pilot.pause()
+        assert view.match_status == "'Traceback (most': 1/1"
+
+
 async def test_host_key_dialog_shows_the_fingerprint_and_records_it_on_request() -> None:
     ctl = FakeController()
     app = recorded_app()

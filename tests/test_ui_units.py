@@ -20,6 +20,7 @@ from tui.jobwatch import (
     owner_summary,
 )
 from tui.keys import load_keymap
+from tui.termsafe import terminal_safe
 from tui.specform import dumps, form_values, merge_form, spec_from_form
 from tui.widgets.chart import render_chart, ticks
 from tui.widgets.difftable import Col, DiffTable
@@ -95,6 +96,26 @@ def test_log_buffer_keeps_absolute_indices_when_old_lines_drop() -> None:
     assert buf.get(6) is None and buf.get(7) == ("h1", 0, "line 7")
     start, lines = buf.since(3)
     assert start == 7 and lines[0][2] == "line 7"
+
+
+@pytest.mark.parametrize(
+    ("raw", "shown"),
+    [
+        ("step 3 loss=0.25\tok é", "step 3 loss=0.25\tok é"),  # nothing to do
+        ("\x1b[31mERROR\x1b[0m disk full", "ERROR disk full"),  # colours dropped
+        ("a\x1b[2J\x1b[Hb", "ab"),  # clear screen, cursor home
+        ("x\x1b]52;c;cm0gLXJmIH4=\x1b\\y", "xy"),  # OSC 52: a clipboard write
+        ("x\x1b]0;a title\x07y", "xy"),  # OSC 0 ended by BEL: the window title
+        ("  3%|#\r 50%|#####\r100%|##########", "100%|##########"),  # a redrawn progress bar
+        ("reset\x1bc!", "reset\ufffdc!"),  # ESC c (full reset): its ESC is defused
+        ("bel\x07 nul\x00 del\x7f csi\x9b2J", "bel nul\ufffd del\ufffd csi\ufffd2J"),
+    ],
+)
+def test_log_lines_are_made_safe_to_draw(raw: str, shown: str) -> None:
+    assert terminal_safe(raw) == shown
+    buf = LogBuffer()
+    buf.extend([("h1", 0, raw)])
+    assert buf.get(0) == ("h1", 0, shown)  # what every view and search of the buffer sees
 
 
 def test_recorded_jobs_give_rows_with_rate_eta_and_owner() -> None:

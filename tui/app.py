@@ -32,6 +32,7 @@ from tui.keys import keymap_path, load_keymap
 from tui.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey, describe_error
 from tui.screens.launch import LaunchScreen
 from tui.state import host_gpu_count, host_gpu_model, host_gpus_busy, host_gpus_simulated
+from tui.termsafe import terminal_safe
 from tui.widgets.chart import LossChart
 from tui.widgets.format import duration, loss_text, placement_text, size_bytes, step_rate_text
 from tui.widgets.logview import LogView
@@ -558,7 +559,7 @@ class RigdeckApp(App[None]):
         if r.cause:
             lines.append(f"[$error]cause: {escape(_cause_text(r.cause))}[/]")
             for tail in (r.cause.get("tail") or [])[-3:]:
-                lines.append(f"[$text-muted]  | {escape(str(tail))}[/]")
+                lines.append(f"[$text-muted]  | {escape(terminal_safe(str(tail)))}[/]")
         set_text(head, "\n".join(lines))
         x_max = float(r.total_steps - 1) if r.total_steps else None
         chart.set_points(

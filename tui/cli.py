@@ -221,8 +221,10 @@ def _print_job(v: Any) -> None:
         print(f"progress step {v.last_step} loss {v.last_loss}")
     if v.cause:
         print(f"cause    {_fmt_cause(v.cause)}")
+        from tui.termsafe import terminal_safe  # rank output: no escape reaches the terminal
+
         for line in (v.cause.get("tail") or [])[-5:]:
-            print(f"         | {line}")
+            print(f"         | {terminal_safe(str(line))}")
     if v.ranks:
         print("rank  host        local  gpu   pid      state    exit")
         for r in v.ranks:

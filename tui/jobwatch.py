@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from tui.jobspec import JobSpec
+from tui.termsafe import terminal_safe
 from tui.transport import TransportError
 
 log = logging.getLogger(__name__)
@@ -187,7 +188,8 @@ class LogBuffer:
         return self.base + len(self._lines)
 
     def extend(self, lines: Iterable[tuple[str, int, str]]) -> None:
-        new = list(lines)
+        """Add lines, made safe to draw (``terminal_safe``): views and searches see that text."""
+        new = [(host, rank, terminal_safe(text)) for host, rank, text in lines]
         if not new:
             return
         with self._lock:
