@@ -20,7 +20,7 @@ from tui.jobwatch import (
     owner_summary,
 )
 from tui.keys import load_keymap
-from tui.termsafe import terminal_safe
+from tui.termsafe import log_lines, terminal_safe
 from tui.specform import dumps, form_values, merge_form, spec_from_form
 from tui.widgets.chart import render_chart, ticks
 from tui.widgets.difftable import Col, DiffTable
@@ -116,6 +116,13 @@ def test_log_lines_are_made_safe_to_draw(raw: str, shown: str) -> None:
     buf = LogBuffer()
     buf.extend([("h1", 0, raw)])
     assert buf.get(0) == ("h1", 0, shown)  # what every view and search of the buffer sees
+
+
+def test_log_chunks_split_at_newlines_only() -> None:
+    bar = "  0%|\r 50%|#####\r100%|##########"
+    assert log_lines(f"epoch 1\n{bar}\nwindows\r\nno end") == ["epoch 1", bar, "windows", "no end"]
+    assert log_lines("") == [] and log_lines("\n") == [""] and log_lines("a\n\nb\n") == ["a", "", "b"]
+    assert terminal_safe(log_lines(bar + "\n")[0]) == "100%|##########"  # one line, its last state
 
 
 def test_recorded_jobs_give_rows_with_rate_eta_and_owner() -> None:

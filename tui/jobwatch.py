@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from tui.jobspec import JobSpec
-from tui.termsafe import terminal_safe
+from tui.termsafe import log_lines, terminal_safe
 from tui.transport import TransportError
 
 log = logging.getLogger(__name__)
@@ -774,7 +774,7 @@ class JobWatch:
                         log.info("logs from %s: %s", host, e)
                         complete = False
                         break
-                    track.logs.extend((host, rank, line) for line in chunk["text"].splitlines())
+                    track.logs.extend((host, rank, line) for line in log_lines(chunk["text"]))
                     track.log_offsets[key] = chunk["next_offset"]
                     if not chunk["more"]:
                         break
