@@ -96,6 +96,14 @@ class History:
             )
             return cur.rowcount == 1
 
+    def release_lease(self, job_id: str, owner: str) -> None:
+        """Give the job up, if ``owner`` holds it, so another controller can act on it at once."""
+        with self._lock, self._db:
+            self._db.execute(
+                "UPDATE jobs SET supervisor = NULL, lease_until = NULL WHERE job_id = ? AND supervisor = ?",
+                (job_id, owner),
+            )
+
     def add_event(self, job_id: str, event: dict[str, Any]) -> None:
         rec = self.get(job_id)
         if rec is None:

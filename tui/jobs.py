@@ -28,6 +28,7 @@ from tui.scheduler import (
     capacity_from_state,
 )
 from tui.state import ClusterState
+from tui.termsafe import log_lines
 from tui.transport import TransportError
 
 log = logging.getLogger(__name__)
@@ -328,10 +329,22 @@ class JobManager:
         job_id = rec["job_id"]
         states = self.host_states(rec)
         overall = overall_state(states)
-        if rec["state"] in TERMINAL:
+        if rec["state"] in TERMINAL or overall == rec["state"]:
             return states
-        if overall != rec["state"] and not self.history.try_lease(job_id, self.owner, LEASE_S):
+        # A controller that only looks (``status``, ``jobs``, a ``launch`` without ``--wait``)
+        # holds the lease while it applies this change, not for LEASE_S after it has exited:
+        # the app, or a ``launch --wait``, must not find the job unattended for a minute.
+        held = rec.get("supervisor") == self.owner and (rec.get("lease_until") or 0) > time.time()
+        if not self.history.try_lease(job_id, self.owner, LEASE_S):
             return states  # another controller is handling this job: just look
+        try:
+            return self._apply(job_id, states, overall)
+        finally:
+            if not held:
+                self.history.release_lease(job_id, self.owner)
+
+    def _apply(self, job_id: str, states: dict[str, Any], overall: str) -> dict[str, Any]:
+        """The gang rules, applied by the lease holder to what the hosts reported."""
         rec = self.record(job_id)  # as it is now that we hold the lease
         if rec["state"] in TERMINAL:
             return states
@@ -504,7 +517,7 @@ class JobManager:
                             chunk = self.ctl.request(host, "job_logs", timeout=20, job_id=job_id, rank=r, offset=off)
                         except TransportError:
                             break
-                        for line in chunk["text"].splitlines():
+                        for line in log_lines(chunk["text"]):
                             got_any = True
                             yield host, r, line
                         offsets[(host, r)] = chunk["next_offset"]

@@ -1,0 +1,64 @@
+"""Who acts on a job: the lease a controller takes to apply the gang rules, and when it lets go.
+
+The hosts are a double here (their job states as agents report them); the same path runs against
+real hosts in tests/test_jobs.py and tests/test_ui_e2e.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tui.history import History
+from tui.jobs import JobManager
+
+
+class _Hosts:
+    """Stands in for the controller: each host's answer to ``job_status``."""
+
+    def __init__(self, states: dict[str, dict[str, Any]]):
+        self.states = states
+
+    def request_many(self, hosts: list[str], method: str, **kw: Any) -> dict[str, Any]:
+        assert method == "job_status", method
+        return {h: dict(self.states[h]) for h in hosts}
+
+
+def _running_job(tmp_path: Path) -> History:
+    history = History(tmp_path / "history.sqlite")
+    history.create("j1", "train", {"name": "train", "command": ["true"]}, state="running")
+    history.update("j1", placement=[{"host": "h1", "gpus": [], "ranks": [0]},
+                                    {"host": "h2", "gpus": [], "ranks": [1]}])
+    return history
+
+
+def test_a_controller_that_only_looks_does_not_keep_the_job_from_the_next(tmp_path: Path) -> None:
+    history = _running_job(tmp_path)
+    hosts = _Hosts({"h1": {"state": "running"}, "h2": {"state": "stopping"}})
+    # `rigdeck status`, or a `launch` without --wait, sees a change, applies it and exits.
+    JobManager(hosts, history).supervise_once(history.get("j1"))  # type: ignore[arg-type]
+    rec = history.get("j1")
+    assert rec is not None and rec["state"] == "stopping"
+    assert rec["supervisor"] is None  # it let go
+    # The app sees the next change at once, not a minute later.
+    hosts.states = {"h1": {"state": "succeeded"}, "h2": {"state": "succeeded"}}
+    JobManager(hosts, history).supervise_once(history.get("j1"))  # type: ignore[arg-type]
+    rec = history.get("j1")
+    assert rec is not None and rec["state"] == "succeeded"
+
+
+def test_a_waiting_supervisor_keeps_its_lease_and_others_only_look(tmp_path: Path) -> None:
+    history = _running_job(tmp_path)
+    hosts = _Hosts({"h1": {"state": "running"}, "h2": {"state": "stopping"}})
+    waiter = JobManager(hosts, history)  # type: ignore[arg-type]
+    assert history.try_lease("j1", waiter.owner, 60.0)  # as `launch --wait` does each round
+    waiter.supervise_once(history.get("j1"))  # type: ignore[arg-type]
+    rec = history.get("j1")
+    assert rec is not None and rec["state"] == "stopping" and rec["supervisor"] == waiter.owner
+    hosts.states = {"h1": {"state": "succeeded"}, "h2": {"state": "succeeded"}}
+    JobManager(hosts, history).supervise_once(history.get("j1"))  # type: ignore[arg-type]
+    rec = history.get("j1")
+    assert rec is not None and rec["state"] == "stopping"  # not its job to say
+    waiter.supervise_once(history.get("j1"))  # type: ignore[arg-type]
+    rec = history.get("j1")
+    assert rec is not None and rec["state"] == "succeeded"
