@@ -27,6 +27,7 @@ DEFAULT_LOSS_RE = re.compile(
     re.IGNORECASE,
 )
 STEP_RE = re.compile(r"""(?<![A-Za-z0-9_])['"]?(?:step|iter|iteration)['"]?\s*[:=]?\s*(\d+)""", re.IGNORECASE)
+ANSI_CSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")  # colours and the like, in coloured logs
 
 
 class JobError(Exception):
@@ -280,6 +281,8 @@ class Jobs:
                                           final=_rank_ended(d, rank))
         records = []
         for line in text.splitlines():
+            if "\x1b" in line:
+                line = ANSI_CSI_RE.sub("", line)
             m = rx.search(line)
             if not m:
                 continue

@@ -111,3 +111,12 @@ def test_an_unterminated_last_line_comes_once_its_rank_has_ended(tmp_path: Path)
     assert whole == [log.read_text()]  # an ended rank's log comes whole, in one chunk
     assert _read_logs(jobs, 0, end, max_bytes=1024) == ([], end)  # and only once
     assert [r["loss"] for r in _read(jobs, {})] == [0.5, 0.4, 0.3]
+
+
+def test_loss_and_step_are_read_from_coloured_output(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    (d / "logs" / "rank-0.log").write_text(
+        "\x1b[32mstep 7\x1b[0m loss=\x1b[1m0.25\x1b[0m\n"
+        "\x1b[2m12:00:01\x1b[0m INFO iter: 8 | 'loss': 0.125\n"
+    )
+    assert [(r["step"], r["loss"]) for r in _read(jobs, {})] == [(7, 0.25), (8, 0.125)]
