@@ -65,12 +65,35 @@ def _utf8_boundary(data: bytes) -> int:
     return len(data) if j + need <= len(data) or j == 0 else j
 
 
+def _losses(text: str, rank: int, rx: Any) -> List[Dict[str, Any]]:
+    """A record for each line of ``text`` with a loss ``rx`` finds: its loss, and its step if the
+    line names one."""
+    records = []  # type: List[Dict[str, Any]]
+    for line in text.splitlines():
+        if "\x1b" in line:
+            line = ANSI_CSI_RE.sub("", line)
+        m = rx.search(line)
+        if not m:
+            continue
+        try:
+            loss = float(m.group("loss") if "loss" in rx.groupindex else m.group(1))
+        except (ValueError, IndexError):
+            continue
+        rec = {"rank": rank, "loss": loss}  # type: Dict[str, Any]
+        s = STEP_RE.search(line)
+        if s:
+            rec["step"] = int(s.group(1))
+        records.append(rec)
+    return records
+
+
 class Jobs:
     def __init__(self, state_dir: str, agent_command: List[str]):
         self.root = os.path.join(state_dir, "jobs")
         self.agent_command = agent_command
         self._children = {}  # type: Dict[str, subprocess.Popen]
         self._last_states = {}  # type: Dict[str, str]
+        self._loss_counts = {}  # type: Dict[Tuple[str, int], int]  # (log, offset) -> loss lines before
         os.makedirs(self.root, mode=0o700, exist_ok=True)
 
     def job_dir(self, job_id: str) -> str:
@@ -276,26 +299,40 @@ class Jobs:
         return sorted(out)
 
     def _stdout_metrics(self, d: str, rank: int, offset: int, max_bytes: int, pattern: Optional[str]) -> Dict[str, Any]:
+        """Loss (and step) from a rank's log lines. A loss line without a step number gets the
+        count of loss lines before it as its step (``"counted": true``), so that a script which
+        only prints its loss still draws a curve; every reader gets the same numbers."""
         rx = re.compile(pattern) if pattern else DEFAULT_LOSS_RE
-        text, nxt, more = self.read_chunk(os.path.join(d, "logs", "rank-%d.log" % rank), offset, max_bytes,
-                                          final=_rank_ended(d, rank))
-        records = []
-        for line in text.splitlines():
-            if "\x1b" in line:
-                line = ANSI_CSI_RE.sub("", line)
-            m = rx.search(line)
-            if not m:
-                continue
-            try:
-                loss = float(m.group("loss") if "loss" in rx.groupindex else m.group(1))
-            except (ValueError, IndexError):
-                continue
-            rec = {"rank": rank, "loss": loss}  # type: Dict[str, Any]
-            s = STEP_RE.search(line)
-            if s:
-                rec["step"] = int(s.group(1))
-            records.append(rec)
+        path = os.path.join(d, "logs", "rank-%d.log" % rank)
+        text, nxt, more = self.read_chunk(path, offset, max_bytes, final=_rank_ended(d, rank))
+        seen = self._losses_before(path, offset, rx)
+        records = _losses(text, rank, rx)
+        for rec in records:
+            if "step" not in rec:
+                rec["step"] = seen
+                rec["counted"] = True
+            seen += 1
+        if len(self._loss_counts) >= 4096:
+            del self._loss_counts[next(iter(self._loss_counts))]
+        self._loss_counts[(path, nxt)] = seen
         return {"source": "stdout", "records": records, "next_offset": nxt, "more": more}
+
+    def _losses_before(self, path: str, offset: int, rx: Any) -> int:
+        """How many loss lines the log holds before ``offset`` (an offset this agent handed out)."""
+        if offset <= 0:
+            return 0
+        n = self._loss_counts.get((path, offset))
+        if n is not None:
+            return n
+        n = pos = 0  # a reader this daemon has not served (it was restarted): count once
+        while pos < offset:
+            text, nxt, _ = self.read_chunk(path, pos, min(MAX_CHUNK, offset - pos))
+            if nxt == pos:
+                break
+            n += len(_losses(text, 0, rx))
+            pos = nxt
+        self._loss_counts[(path, offset)] = n
+        return n
 
     def changes(self) -> List[Dict[str, Any]]:
         """Jobs whose state changed since the last call (for the daemon's job events)."""

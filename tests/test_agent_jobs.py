@@ -120,3 +120,28 @@ def test_loss_and_step_are_read_from_coloured_output(tmp_path: Path) -> None:
         "\x1b[2m12:00:01\x1b[0m INFO iter: 8 | 'loss': 0.125\n"
     )
     assert [(r["step"], r["loss"]) for r in _read(jobs, {})] == [(7, 0.25), (8, 0.125)]
+
+
+def test_loss_lines_without_a_step_are_numbered_in_order_for_every_reader(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    log = d / "logs" / "rank-0.log"
+    log.write_text("".join(f"epoch={e} loss={1 / (e + 1):.4f}\n" for e in range(10)) + "step 50 loss=0.01\n")
+    offsets: dict[str, int] = {}
+    first = _read(jobs, offsets)  # 64-byte chunks: several replies
+    assert [r["step"] for r in first] == [*range(10), 50]
+    assert all(r.get("counted") for r in first[:10]) and "counted" not in first[10]
+
+    # More output, read by a reader that kept its offset, from a restarted agent (no memory of
+    # the offsets it handed out): the count goes on where it was.
+    with log.open("a") as f:
+        f.write("loss: 0.009\nloss: 0.008\n")
+    again = Jobs(str(tmp_path / "state"), ["agent"])
+    more = []
+    while True:
+        chunk = again.metrics("j1", offsets, max_bytes=64)["0"]
+        more += chunk["records"]
+        offsets[chunk["offset_key"]] = chunk["next_offset"]
+        if not chunk["more"]:
+            break
+    assert [(r["step"], r["loss"]) for r in more] == [(11, 0.009), (12, 0.008)]
+    assert [r["step"] for r in _read(jobs, {})] == [*range(10), 50, 11, 12]  # a new reader: the same
