@@ -247,6 +247,8 @@ def test_launch_watch_cut_a_host_and_stop_in_tmux(
             screen
         )
         tmux.keys("y")
+        tmux.wait(lambda s: "Stop job" not in s, 10, "the confirmation to close")
+        tmux.keys("3")  # the jobs view (once, in CI, the hosts view was showing after the dialog)
         tmux.wait(lambda s: re.search(rf"{job_id}\s+stopped", s), 90, "the job stopped")
         assert tagged(bed, job_id) == {"h1": [], "h2": [], "h3": []}
 

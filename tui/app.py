@@ -757,7 +757,13 @@ class RigdeckApp(App[None]):
             self.notify(describe_error(e), severity="error")
             return
 
+        tab = self.tabs.active
+
         def confirmed(yes: bool | None) -> None:
+            # Back on the view the stop was asked from: focus coming back from the dialog must
+            # not land on a table in another tab (which would switch to that tab).
+            if self.tabs.active != tab:
+                self.tabs.active = tab
             if yes:
                 self.notify(f"stopping {job_id}…", title="job")
                 self._stop_job(job_id)
