@@ -725,6 +725,20 @@ class RigdeckApp(App[None]):
 
     # -- actions ----------------------------------------------------------------------------
 
+    def dialog(self, screen: Screen[Any], then: Callable[[Any], None] | None = None) -> None:
+        """Open a dialog; when it closes, the view it was opened from is showing again (focus
+        coming back from it must not land on a table in another tab, which would switch to
+        that tab), and then ``then`` gets its result."""
+        tab = self.tabs.active
+
+        def closed(result: Any) -> None:
+            if self.tabs.active != tab:
+                self.tabs.active = tab
+            if then is not None:
+                then(result)
+
+        self.push_screen(screen, closed)
+
     def action_launch(self) -> None:
         def done(job_id: str | None) -> None:
             if job_id:
@@ -733,7 +747,7 @@ class RigdeckApp(App[None]):
                 self.tabs.active = "job"
                 self.refresh_views(force=True)
 
-        self.push_screen(
+        self.dialog(
             LaunchScreen(
                 self.jobwatch.launch,
                 hosts=self.jobwatch.inventory_hosts(),
@@ -757,18 +771,12 @@ class RigdeckApp(App[None]):
             self.notify(describe_error(e), severity="error")
             return
 
-        tab = self.tabs.active
-
         def confirmed(yes: bool | None) -> None:
-            # Back on the view the stop was asked from: focus coming back from the dialog must
-            # not land on a table in another tab (which would switch to that tab).
-            if self.tabs.active != tab:
-                self.tabs.active = tab
             if yes:
                 self.notify(f"stopping {job_id}…", title="job")
                 self._stop_job(job_id)
 
-        self.push_screen(ConfirmStop(plan), confirmed)
+        self.dialog(ConfirmStop(plan), confirmed)
 
     @work(thread=True, group="action", name="stop", exit_on_error=False)
     def _stop_job(self, job_id: str) -> str:
@@ -823,9 +831,7 @@ class RigdeckApp(App[None]):
             if yes:
                 self._trust(entry["name"], key["fingerprint"])
 
-        self.push_screen(
-            TrustHostKey(entry["name"], f"{spec.address}:{spec.port}", key, known), decided
-        )
+        self.dialog(TrustHostKey(entry["name"], f"{spec.address}:{spec.port}", key, known), decided)
 
     @work(thread=True, group="action", name="trust", exit_on_error=False)
     def _trust(self, host: str, fingerprint: str) -> str:
@@ -834,9 +840,7 @@ class RigdeckApp(App[None]):
         return f"{host}: recorded {fingerprint} for {name}; connecting"
 
     def action_help(self) -> None:
-        self.push_screen(
-            HelpScreen(self.binding_groups(), str(self.keymap_file), self.keymap_problems)
-        )
+        self.dialog(HelpScreen(self.binding_groups(), str(self.keymap_file), self.keymap_problems))
 
     @on(Worker.StateChanged)
     def _worker_done(self, event: Worker.StateChanged) -> None:
