@@ -312,9 +312,7 @@ class Jobs:
                 rec["step"] = seen
                 rec["counted"] = True
             seen += 1
-        if len(self._loss_counts) >= 4096:
-            del self._loss_counts[next(iter(self._loss_counts))]
-        self._loss_counts[(path, nxt)] = seen
+        self._remember_losses(path, nxt, seen)
         return {"source": "stdout", "records": records, "next_offset": nxt, "more": more}
 
     def _losses_before(self, path: str, offset: int, rx: Any) -> int:
@@ -331,8 +329,14 @@ class Jobs:
                 break
             n += len(_losses(text, 0, rx))
             pos = nxt
-        self._loss_counts[(path, offset)] = n
+        self._remember_losses(path, offset, n)
         return n
+
+    def _remember_losses(self, path: str, offset: int, n: int) -> None:
+        """Remember the count of loss lines before ``offset``; the oldest go past 4096 entries."""
+        if len(self._loss_counts) >= 4096:
+            del self._loss_counts[next(iter(self._loss_counts))]
+        self._loss_counts[(path, offset)] = n
 
     def changes(self) -> List[Dict[str, Any]]:
         """Jobs whose state changed since the last call (for the daemon's job events)."""
