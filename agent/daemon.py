@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import zipfile
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, List, Optional, Set  # noqa: F401
 
 from agent import facts, protocol
 from agent.paths import Paths, self_command, spawn_daemon
@@ -95,6 +95,7 @@ class Daemon:
         self._server = None  # type: Any
         self._successor = None  # type: Optional[List[str]]
         self._pending_upgrade = None  # type: Optional[str]
+        self._last_claims = {}  # type: Dict[int, Dict[str, Any]]
         from agent.jobs import Jobs
 
         self.jobs = Jobs(self.paths.state_dir, self_command())
@@ -114,6 +115,10 @@ class Daemon:
             "job_status": lambda c, p: self.jobs.status(self._str(p, "job_id")),
             "job_logs": self._m_job_logs,
             "job_metrics": self._m_job_metrics,
+            "job_claim": self._m_job_claim,
+            "job_release": lambda c, p: self.jobs.release(self._str(p, "job_id")),
+            "job_check": self._m_job_check,
+            "job_gc": self._m_job_gc,
             "probe_port": lambda c, p: {"port": self._probe_port(p)},
         }  # type: Dict[str, Callable[[_Client, Dict[str, Any]], Any]]
 
@@ -232,7 +237,24 @@ class Daemon:
 
         loop = asyncio.get_event_loop()
         sample = await loop.run_in_executor(None, lambda: self._collector_instance().sample())
-        return sample if isinstance(sample, dict) else sample_to_dict(sample)
+        data = sample if isinstance(sample, dict) else sample_to_dict(sample)
+        self._add_claims(data)
+        return data
+
+    def _add_claims(self, data: Dict[str, Any]) -> None:
+        """Each GPU's claim (the job and user holding it on this host), or None."""
+        from agent import claims
+
+        try:
+            held = claims.held()
+        except OSError:
+            held = {}
+        if held is None:  # a claim is being made right now: keep the last answer
+            held = self._last_claims
+        self._last_claims = held
+        for g in data.get("gpus") or []:
+            h = held.get(int(g.get("index", -1)))
+            g["claim"] = {"job_id": h.get("job_id"), "user": h.get("user"), "since": h.get("since")} if h else None
 
     async def _ticker(self) -> None:
         """Collect at the current rate while someone listens; publish the latest value only."""
@@ -423,6 +445,7 @@ class Daemon:
         loop = asyncio.get_event_loop()
         while True:
             try:
+                await loop.run_in_executor(None, self.jobs.supervise)  # reap; stop what dead job hosts left
                 changes = await loop.run_in_executor(None, self.jobs.changes)
                 for st in changes:
                     for c in list(self._clients.values()):
@@ -467,8 +490,39 @@ class Daemon:
         return self.jobs.stop(self._str(params, "job_id"), grace)
 
     def _m_job_logs(self, client: _Client, params: Dict[str, Any]) -> Any:
+        # base64 takes 4/3 of the bytes: a binary chunk stays well inside one message
+        limit = 512 * 1024 if params.get("binary") else 256 * 1024
         return self.jobs.logs(self._str(params, "job_id"), self._int(params, "rank"),
-                              self._int(params, "offset", 0), self._int(params, "max_bytes", 256 * 1024))
+                              self._int(params, "offset", 0), min(limit, self._int(params, "max_bytes", limit)),
+                              binary=bool(params.get("binary")))
+
+    def _gpus(self, params: Dict[str, Any]) -> List[int]:
+        gpus = params.get("gpus")
+        if not isinstance(gpus, list) or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0
+                                                 for g in gpus):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "'gpus' must be a list of GPU indices")
+        return gpus
+
+    def _m_job_claim(self, client: _Client, params: Dict[str, Any]) -> Any:
+        from agent.jobs import JobError
+
+        try:
+            return self.jobs.claim(self._str(params, "job_id"), self._gpus(params))
+        except (JobError, OSError) as e:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "cannot claim: %s" % e) from None
+
+    def _m_job_check(self, client: _Client, params: Dict[str, Any]) -> Any:
+        mb = params.get("min_free_mb", 0)
+        if isinstance(mb, bool) or not isinstance(mb, (int, float)) or mb < 0:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "min_free_mb must be a number >= 0")
+        return self.jobs.check(self._str(params, "job_id"), self._gpus(params), float(mb))
+
+    def _m_job_gc(self, client: _Client, params: Dict[str, Any]) -> Any:
+        age, keep = params.get("max_age_s"), params.get("max_jobs")
+        for name, v in (("max_age_s", age), ("max_jobs", keep)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+                raise protocol.ProtocolError(protocol.BAD_PARAMS, "%s must be a number >= 0" % name)
+        return self.jobs.gc(float(age) if age is not None else None, int(keep) if keep is not None else None)
 
     def _m_job_metrics(self, client: _Client, params: Dict[str, Any]) -> Any:
         offsets = params.get("offsets") or {}

@@ -16,9 +16,11 @@ import time
 from typing import Any, Dict, List, Optional
 
 from agent import clusterfiles
-from agent.rankexec import tail, write_json
+from agent.jobfiles import free_mb, is_resource_error, resource_message, tail, write_json
+from agent.rankexec import die_with_parent
 
 POLL_S = 0.5  # rank exits are noticed within this; cheap enough to leave training alone
+DISK_FULL_MB = 1.0  # a failure with less than this free under the job dir is put down to it
 TERMINAL = ("succeeded", "failed", "stopped")
 
 
@@ -27,6 +29,32 @@ def agent_command() -> List[str]:
     from agent.paths import self_command
 
     return self_command()
+
+
+def pid_alive(pid: Optional[int]) -> bool:
+    """True for a live process (a zombie is not alive)."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def claim_fds(env: Dict[str, str]) -> List[int]:
+    """The GPU claim descriptors the daemon handed this job host (``RIGDECK_CLAIM_FDS``)."""
+    out = []
+    for part in (env.get("RIGDECK_CLAIM_FDS") or "").split(","):
+        if part.strip().isdigit():
+            out.append(int(part))
+    return out
 
 
 def read_json(path: str) -> Optional[Dict[str, Any]]:
@@ -116,16 +144,31 @@ class JobHost:
         }  # type: Dict[str, Any]
         self.stop_requested = False
         self.stop_reason = None  # type: Optional[str]
+        self.claim_fds = claim_fds(dict(os.environ))  # kept open: passed to every launcher
+        self._preexec = die_with_parent()
 
     # -- state --------------------------------------------------------------------------------
 
     def save(self, **changes: Any) -> None:
         self.state.update(changes)
-        write_json(self.state_path, self.state)
+        try:
+            write_json(self.state_path, self.state)  # rewritten in place when the disk is full
+        except OSError as e:
+            if not is_resource_error(e):
+                raise
+            self.log("cannot save state: %s" % e)
 
     def log(self, text: str) -> None:
-        with open(os.path.join(self.job_dir, "jobhost.log"), "a") as f:
-            f.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), text))
+        try:
+            with open(os.path.join(self.job_dir, "jobhost.log"), "a") as f:
+                f.write("%s %s\n" % (time.strftime("%Y-%m-%dT%H:%M:%S"), text))
+        except OSError:
+            pass  # a full disk: state.json says what matters
+
+    def _popen(self, argv: List[str], **kw: Any) -> subprocess.Popen:
+        """A launcher or wrapper: holds the job's GPU claims and dies with this job host."""
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=self.claim_fds,
+                                preexec_fn=self._preexec, **kw)
 
     # -- start --------------------------------------------------------------------------------
 
@@ -141,6 +184,11 @@ class JobHost:
         env = dict(os.environ)
         env.update(clusterfiles.node_env(plan, self.node_index, self.job_dir, iface))
         env["PYTHONUNBUFFERED"] = "1"
+        env.pop("RIGDECK_CLAIM_FDS", None)
+        if plan.get("log_max_bytes"):
+            env["RIGDECK_LOG_CAP"] = str(int(plan["log_max_bytes"]))
+        if plan.get("loss_pattern"):
+            env["RIGDECK_LOSS_PATTERN"] = str(plan["loss_pattern"])
         me = agent_command()
         if len(me) == 2:  # ranks can `import runtime` straight from the agent's zipapp
             env["PYTHONPATH"] = os.pathsep.join(p for p in (me[1], env.get("PYTHONPATH", "")) if p)
@@ -153,10 +201,8 @@ class JobHost:
             for local_rank, rank in enumerate(clusterfiles.global_ranks(plan, self.node_index)):
                 renv = dict(env)
                 renv.update(clusterfiles.rank_env(plan, self.node_index, local_rank))
-                self.procs.append(
-                    subprocess.Popen(self._wrap(rank, local_rank) + command, cwd=cwd, env=renv,
-                                     stdin=subprocess.DEVNULL, stdout=out, stderr=out)
-                )
+                self.procs.append(self._popen(self._wrap(rank, local_rank) + command, cwd=cwd, env=renv,
+                                              stdout=out, stderr=out))
         elif self.launcher == "torchrun":
             nodes = plan["nodes"]
             argv = [
@@ -169,8 +215,7 @@ class JobHost:
                 "--max-restarts", "0",  # rigdeck restarts the whole gang across hosts itself
                 "--no-python",
             ] + self._wrap(None, None) + command
-            self.procs.append(subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                               stdout=out, stderr=out))
+            self.procs.append(self._popen(argv, cwd=cwd, env=env, stdout=out, stderr=out))
         elif self.launcher == "mpirun":
             if self.node_index == 0:
                 hostfile = env["RIGDECK_HOSTFILE"]
@@ -183,8 +228,7 @@ class JobHost:
                 # mpirun runs the command on every host: put the rank wrapper in front of it there.
                 cmd_at = len(argv) - len(command)
                 argv = argv[:cmd_at] + self._wrap(None, None) + argv[cmd_at:]
-                self.procs.append(subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
-                                                   stdout=out, stderr=out))
+                self.procs.append(self._popen(argv, cwd=cwd, env=env, stdout=out, stderr=out))
             # Other hosts: mpirun's daemons start our ranks; this process only watches them.
         else:
             raise SystemExit("unknown launcher %r" % self.launcher)
@@ -209,12 +253,68 @@ class JobHost:
         return out
 
     def first_failure(self, exits: Dict[int, Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-        bad = [r for r in exits.values() if r.get("exit_code") not in (0, None) or r.get("signal")]
+        bad = [r for r in exits.values()
+               if r.get("exit_code") not in (0, None) or r.get("signal") or r.get("error")]
         if not bad:
             return None
-        first = min(bad, key=lambda r: r.get("ended") or 0)
-        return {"rank": first["rank"], "host": self.node["host"], "exit_code": first.get("exit_code"),
-                "signal": first.get("signal"), "tail": first.get("tail") or []}
+        # A full disk beats what it caused; otherwise the first rank to fail.
+        first = min(bad, key=lambda r: (not r.get("error"), r.get("ended") or 0))
+        cause = {"rank": first["rank"], "host": self.node["host"], "exit_code": first.get("exit_code"),
+                 "signal": first.get("signal"), "tail": first.get("tail") or []}
+        if first.get("error"):
+            cause["message"] = first["error"]
+        return self._with_disk(cause)
+
+    def _with_disk(self, cause: Dict[str, Any]) -> Dict[str, Any]:
+        """A failure on a full job dir says so, whatever the rank died of."""
+        if "no space left" in str(cause.get("message") or ""):
+            return cause
+        mb = free_mb(self.job_dir)
+        if mb is not None and mb < DISK_FULL_MB:
+            err = OSError(28, "No space left on device")
+            msg = resource_message(err, self.job_dir)
+            cause["message"] = msg + ("; " + cause["message"] if cause.get("message") else "")
+        return cause
+
+    def rank_records(self) -> Dict[int, Dict[str, Any]]:
+        out = {}
+        d = os.path.join(self.job_dir, "ranks")
+        try:
+            names = os.listdir(d)
+        except OSError:
+            return out
+        for n in names:
+            if n.startswith("rank-") and n.endswith(".json") and not n.endswith(".exit.json"):
+                rec = read_json(os.path.join(d, n))
+                if rec is not None and "rank" in rec:
+                    out[int(rec["rank"])] = rec
+        return out
+
+    def lost_wrapper(self, exits: Dict[int, Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+        """A rank whose wrapper died without recording its end (``kill -9`` of the wrapper)."""
+        codes = {p.pid: p.poll() for p in self.procs}  # our children: their signal is known
+        for rank, rec in sorted(self.rank_records().items()):
+            wpid = rec.get("wrapper_pid")
+            if rank in exits or not wpid or pid_alive(wpid):
+                continue
+            if os.path.exists(os.path.join(self.job_dir, "ranks", "rank-%d.exit.json" % rank)):
+                continue  # it wrote its record just now
+            code = codes.get(wpid)
+            sig = -code if code is not None and code < 0 else None
+            how = "was killed by signal %d" % sig if sig else "died"
+            return self._with_disk({
+                "rank": rank, "host": self.node["host"], "exit_code": None, "signal": sig,
+                "wrapper_pid": wpid, "pid": rec.get("pid"),
+                "message": "rank %d's wrapper (pid %d) %s; its training process (pid %s) was stopped"
+                           % (rank, wpid, how, rec.get("pid")),
+                "tail": tail(os.path.join(self.job_dir, "logs", "rank-%d.log" % rank)),
+            })
+        return None
+
+    def all_ranks_succeeded(self, exits: Dict[int, Dict[str, Any]]) -> bool:
+        expected = set(self.state["expected_ranks"])
+        return bool(expected) and expected <= set(exits) and all(
+            exits[r].get("exit_code") == 0 and not exits[r].get("error") for r in expected)
 
     def terminate_all(self, grace: float) -> None:
         """SIGTERM the job's process group here, wait ``grace``, SIGKILL, then sweep by job id."""
@@ -282,7 +382,7 @@ class JobHost:
                 self.stop_requested = True
                 continue
             exits = self.rank_exits()
-            failure = self.first_failure(exits)
+            failure = self.lost_wrapper(exits) or self.first_failure(exits)
             if failure is not None:
                 self.log("rank %s failed: exit %s signal %s" % (failure["rank"], failure["exit_code"], failure["signal"]))
                 self.save(state="stopping", cause=failure)
@@ -292,10 +392,17 @@ class JobHost:
             launchers_done = all(p.poll() is not None for p in self.procs)
             if self.procs and launchers_done:
                 codes = [p.returncode for p in self.procs]
+                exits = self.rank_exits()
                 if all(c == 0 for c in codes):
                     self.save(state="succeeded", ended=time.time())
                     return 0
-                failure = self.first_failure(self.rank_exits()) or {
+                if self.all_ranks_succeeded(exits):  # the launcher died after the work was done
+                    bad = next(c for c in codes if c != 0)
+                    self.save(state="succeeded", ended=time.time(),
+                              note="every rank finished with exit 0; the %s launcher then exited %s"
+                                   % (self.launcher, bad))
+                    return 0
+                failure = self.lost_wrapper(exits) or self.first_failure(exits) or {
                     "rank": None, "host": self.node["host"], "exit_code": next(c for c in codes if c != 0),
                     "signal": None, "tail": tail(os.path.join(self.job_dir, "launcher.log")),
                     "message": "the %s launcher exited %s" % (self.launcher, next(c for c in codes if c != 0)),

@@ -6,48 +6,31 @@ only reads those, so it can restart (or upgrade) without losing anything. Stdlib
 """
 from __future__ import annotations
 
+import base64
 import glob
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from agent.jobhost import TERMINAL, processes_with_tag, read_json, sweep
-from agent.rankexec import write_json
+from agent import claims as gpu_claims
+from agent.jobfiles import free_mb, read_log, write_json
+from agent.jobhost import TERMINAL, pid_alive, processes_with_tag, read_json, sweep
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_CHUNK = 256 * 1024
-STDOUT_SUFFIX = "/stdout"  # job_metrics offsets into a rank's log (loss parsed from stdout)
-DEFAULT_LOSS_RE = re.compile(
-    r"""(?<![A-Za-z0-9_])['"]?loss['"]?\s*[:=]?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)""",
-    re.IGNORECASE,
-)
-STEP_RE = re.compile(r"""(?<![A-Za-z0-9_])['"]?(?:step|iter|iteration)['"]?\s*[:=]?\s*(\d+)""", re.IGNORECASE)
-ANSI_CSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")  # colours and the like, in coloured logs
+STDOUT_SUFFIX = "/stdout"  # job_metrics offsets into a rank's parsed-stdout metrics
+CLAIM_TTL_S = 120.0  # a claim made ahead of a start lapses if the start never comes
+ORPHAN_GRACE_S = 2.0  # SIGTERM to SIGKILL for the ranks of a job host that died
 
 
 class JobError(Exception):
     pass
-
-
-def _pid_alive(pid: Optional[int]) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive
-        with open("/proc/%d/stat" % pid) as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
 
 
 def _rank_ended(job_dir: str, rank: int) -> bool:
@@ -55,36 +38,32 @@ def _rank_ended(job_dir: str, rank: int) -> bool:
     return os.path.exists(os.path.join(job_dir, "ranks", "rank-%d.exit.json" % rank))
 
 
-def _utf8_boundary(data: bytes) -> int:
-    """The longest prefix of ``data`` that does not end inside a UTF-8 character (never 0)."""
-    j = len(data) - 1
-    while j > 0 and len(data) - j < 4 and data[j] & 0xC0 == 0x80:
-        j -= 1
-    lead = data[j]
-    need = 1 if lead < 0x80 else 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
-    return len(data) if j + need <= len(data) or j == 0 else j
-
-
-def _losses(text: str, rank: int, rx: Any) -> List[Dict[str, Any]]:
-    """A record for each line of ``text`` with a loss ``rx`` finds: its loss, and its step if the
-    line names one."""
-    records = []  # type: List[Dict[str, Any]]
+def _jsonl(text: str) -> List[Dict[str, Any]]:
+    records = []
     for line in text.splitlines():
-        if "\x1b" in line:
-            line = ANSI_CSI_RE.sub("", line)
-        m = rx.search(line)
-        if not m:
-            continue
         try:
-            loss = float(m.group("loss") if "loss" in rx.groupindex else m.group(1))
-        except (ValueError, IndexError):
+            rec = json.loads(line)
+        except ValueError:
             continue
-        rec = {"rank": rank, "loss": loss}  # type: Dict[str, Any]
-        s = STEP_RE.search(line)
-        if s:
-            rec["step"] = int(s.group(1))
-        records.append(rec)
+        if isinstance(rec, dict):
+            records.append(rec)
     return records
+
+
+def _last_record(path: str, max_bytes: int = 65536) -> Optional[Dict[str, Any]]:
+    """The last metrics record with a loss in a metrics file, from its tail only."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+    except OSError:
+        return None
+    for rec in reversed(_jsonl(data.decode("utf-8", "replace"))):
+        if rec.get("loss") is not None:
+            return rec
+    return None
 
 
 class Jobs:
@@ -92,8 +71,9 @@ class Jobs:
         self.root = os.path.join(state_dir, "jobs")
         self.agent_command = agent_command
         self._children = {}  # type: Dict[str, subprocess.Popen]
+        self._exit_codes = {}  # type: Dict[int, int]  # job host pid -> its exit status, once reaped
         self._last_states = {}  # type: Dict[str, str]
-        self._loss_counts = {}  # type: Dict[Tuple[str, int], int]  # (log, offset) -> loss lines before
+        self._pending = {}  # type: Dict[str, Tuple[List[int], float]]  # claims made ahead of a start
         os.makedirs(self.root, mode=0o700, exist_ok=True)
 
     def job_dir(self, job_id: str) -> str:
@@ -101,36 +81,130 @@ class Jobs:
             raise JobError("bad job id %r" % (job_id,))
         return os.path.join(self.root, job_id)
 
+    # -- GPU claims -----------------------------------------------------------------------------
+
+    def _drop_pending(self, job_id: str) -> None:
+        fds, _ = self._pending.pop(job_id, ([], 0.0))
+        for fd in fds:
+            os.close(fd)
+
+    def _expire_pending(self) -> None:
+        now = time.monotonic()
+        for job_id in [j for j, (_, until) in self._pending.items() if until < now]:
+            self._drop_pending(job_id)
+
+    def _clear_previous(self, job_id: str) -> None:
+        """No process of an earlier attempt may live when a new one starts: stop stragglers (a
+        terminal job's leftovers), refuse while its job host still runs."""
+        d = self.job_dir(job_id)
+        current = read_json(os.path.join(d, "state.json"))
+        if current and current.get("state") not in TERMINAL and pid_alive(current.get("jobhost_pid")):
+            raise JobError("job %s is already running here (pid %s)" % (job_id, current.get("jobhost_pid")))
+        if not processes_with_tag(job_id):
+            return
+        sweep(job_id, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while processes_with_tag(job_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            sweep(job_id, signal.SIGKILL)
+        left = processes_with_tag(job_id)
+        if left:
+            raise JobError("processes of an earlier attempt of %s are still alive here: %s"
+                           % (job_id, " ".join(map(str, left))))
+
+    def claim(self, job_id: str, gpus: List[int], ttl_s: float = CLAIM_TTL_S) -> Dict[str, Any]:
+        """Claim this host's GPUs for a start that follows (all or none); lapses after ``ttl_s``."""
+        self.job_dir(job_id)
+        self._expire_pending()
+        self._drop_pending(job_id)
+        self._clear_previous(job_id)
+        try:
+            fds = gpu_claims.claim(gpus, job_id)
+        except gpu_claims.ClaimError as e:
+            raise JobError(str(e)) from None
+        self._pending[job_id] = (fds, time.monotonic() + ttl_s)
+        return {"claimed": sorted(int(g) for g in gpus)}
+
+    def release(self, job_id: str) -> Dict[str, Any]:
+        """Give back a claim made ahead of a start that will not come."""
+        self.job_dir(job_id)
+        had = job_id in self._pending
+        self._drop_pending(job_id)
+        return {"released": had}
+
+    def check(self, job_id: str, gpus: List[int], min_free_mb: float) -> Dict[str, Any]:
+        """Whether a start could go ahead here, changing nothing: free space for the job's files,
+        and the GPUs unclaimed. Returns the problems (empty when none)."""
+        self.job_dir(job_id)
+        problems = []
+        mb = free_mb(self.root)
+        if mb is not None and mb < min_free_mb:
+            problems.append("only %.1f MB free in %s:%s (at least %g MB needed: min_free_mb)"
+                            % (mb, socket.gethostname(), self.root, min_free_mb))
+        held = gpu_claims.held(gpus=gpus) or {}
+        for g, holder in sorted(held.items()):
+            if holder.get("job_id") != job_id:
+                problems.append("GPU %d on %s is held by %s" % (g, socket.gethostname(), gpu_claims.describe_holder(holder)))
+        return {"problems": problems, "free_mb": mb}
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     def start(self, plan: Dict[str, Any]) -> Dict[str, Any]:
         for key in ("job_id", "launcher", "command", "nodes", "node_index", "master_addr", "master_port"):
             if key not in plan:
                 raise JobError("plan lacks %r" % key)
-        d = self.job_dir(plan["job_id"])
-        current = read_json(os.path.join(d, "state.json"))
-        if current and current.get("state") not in TERMINAL and _pid_alive(current.get("jobhost_pid")):
-            raise JobError("job %s is already running here (pid %s)" % (plan["job_id"], current.get("jobhost_pid")))
-        os.makedirs(d, mode=0o755, exist_ok=True)
-        # A restart reuses the directory: logs and metrics go on; rank records start afresh.
-        for f in glob.glob(os.path.join(d, "ranks", "*")):
-            os.unlink(f)
-        write_json(os.path.join(d, "plan.json"), plan)
-        write_json(os.path.join(d, "state.json"), {
-            "job_id": plan["job_id"], "state": "starting", "host": plan["nodes"][plan["node_index"]]["host"],
-            "restart_count": plan.get("restart_count", 0), "started": time.time(), "ended": None,
-            "cause": None, "jobhost_pid": None,
-        })
-        with open(os.devnull, "rb") as devnull, open(os.path.join(d, "jobhost.stderr"), "ab") as err:
-            proc = subprocess.Popen(
-                self.agent_command + ["jobhost", "--job-dir", d],
-                stdin=devnull, stdout=err, stderr=err, start_new_session=True, cwd=d,
-            )
-        self._children[plan["job_id"]] = proc
+        job_id = plan["job_id"]
+        d = self.job_dir(job_id)
+        gpus = [int(g) for g in plan["nodes"][plan["node_index"]].get("gpus") or []]
+        self._expire_pending()
+        if job_id in self._pending:
+            fds = self._pending.pop(job_id)[0]
+        else:
+            self._clear_previous(job_id)
+            try:
+                fds = gpu_claims.claim(gpus, job_id) if gpus else []
+            except gpu_claims.ClaimError as e:
+                raise JobError(str(e)) from None
+        try:
+            os.makedirs(d, mode=0o755, exist_ok=True)
+            # A restart reuses the directory: logs and metrics go on; rank records start afresh.
+            for f in glob.glob(os.path.join(d, "ranks", "*")):
+                os.unlink(f)
+            self._mark_attempt(d, int(plan.get("restart_count") or 0))
+            write_json(os.path.join(d, "plan.json"), plan)
+            write_json(os.path.join(d, "state.json"), {
+                "job_id": job_id, "state": "starting", "host": plan["nodes"][plan["node_index"]]["host"],
+                "restart_count": plan.get("restart_count", 0), "started": time.time(), "ended": None,
+                "cause": None, "jobhost_pid": None,
+            })
+            env = dict(os.environ, RIGDECK_CLAIM_FDS=",".join(str(fd) for fd in fds))
+            with open(os.devnull, "rb") as devnull, open(os.path.join(d, "jobhost.stderr"), "ab") as err:
+                proc = subprocess.Popen(
+                    self.agent_command + ["jobhost", "--job-dir", d],
+                    stdin=devnull, stdout=err, stderr=err, start_new_session=True, cwd=d, env=env,
+                    pass_fds=fds,
+                )
+        finally:
+            for fd in fds:  # the job host holds the claim now (or nobody does)
+                os.close(fd)
+        self._children[job_id] = proc
         return {"job_dir": d, "jobhost_pid": proc.pid}
+
+    @staticmethod
+    def _mark_attempt(d: str, restart_count: int) -> None:
+        """Record where this attempt's metrics begin in every rank's metrics files, so each record
+        can be told apart by attempt (a restarted gang repeats its steps)."""
+        marks = (read_json(os.path.join(d, "attempts.json")) or {}).get("attempts") or []
+        sizes = {}
+        for p in glob.glob(os.path.join(d, "metrics", "rank-*.jsonl")):
+            sizes[os.path.basename(p)] = os.path.getsize(p)
+        marks = [m for m in marks if int(m.get("restart_count", -1)) < restart_count]
+        marks.append({"restart_count": restart_count, "sizes": sizes})
+        write_json(os.path.join(d, "attempts.json"), {"attempts": marks})
 
     def stop(self, job_id: str, grace_s: Optional[float] = None) -> Dict[str, Any]:
         d = self.job_dir(job_id)
+        self._drop_pending(job_id)
         st = read_json(os.path.join(d, "state.json"))
         if st is None:
             raise JobError("no job %s on this host" % job_id)
@@ -142,7 +216,7 @@ class Jobs:
         if st.get("state") in TERMINAL:
             swept = sweep(job_id)
             return {"state": st["state"], "swept": swept}
-        if _pid_alive(pid):
+        if pid_alive(pid):
             try:
                 os.kill(pid, signal.SIGTERM)  # the job host runs the grace period and the sweep
             except OSError:
@@ -157,17 +231,59 @@ class Jobs:
         return {"state": "stopped", "swept": swept}
 
     def reap(self) -> None:
+        """Collect every job host that ended (no zombies), remembering how it ended."""
         for job_id, p in list(self._children.items()):
-            if p.poll() is not None:
+            code = p.poll()
+            if code is not None:
+                self._exit_codes[p.pid] = code
                 del self._children[job_id]
+        while len(self._exit_codes) > 1024:
+            del self._exit_codes[next(iter(self._exit_codes))]
 
     def busy(self) -> bool:
         self.reap()
         return any(s.get("state") not in TERMINAL for s in self._states().values())
 
+    def _death_cause(self, st: Dict[str, Any]) -> Dict[str, Any]:
+        pid = st["jobhost_pid"]
+        code = self._exit_codes.get(pid)
+        if code is not None and code < 0:
+            how = "was killed by signal %d" % -code
+        elif code is not None:
+            how = "exited %d without recording an end" % code
+        else:
+            how = "died"
+        return {"host": st.get("host"), "rank": None, "jobhost_pid": pid,
+                "signal": -code if code is not None and code < 0 else None,
+                "message": "job host process %s %s; the job's processes on this host were stopped" % (pid, how)}
+
+    def supervise(self) -> None:
+        """The daemon's watch over job hosts: a job host that died leaves no process behind (its
+        ranks are stopped by the job tag), and the job fails with a cause naming it."""
+        self.reap()
+        self._expire_pending()
+        dead = []
+        for job_id, st in self._states(raw=True).items():
+            if st.get("state") not in TERMINAL and st.get("jobhost_pid") and not pid_alive(st["jobhost_pid"]):
+                dead.append((job_id, st))
+        for job_id, st in dead:
+            if sweep(job_id, signal.SIGTERM):
+                deadline = time.monotonic() + ORPHAN_GRACE_S
+                while processes_with_tag(job_id) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                for _ in range(20):
+                    if not sweep(job_id, signal.SIGKILL):
+                        break
+                    time.sleep(0.1)
+            st.update(state="failed", ended=time.time(), cause=self._death_cause(st))
+            try:
+                write_json(os.path.join(self.root, job_id, "state.json"), st)
+            except OSError:
+                pass
+
     # -- reading ------------------------------------------------------------------------------
 
-    def _states(self) -> Dict[str, Dict[str, Any]]:
+    def _states(self, raw: bool = False) -> Dict[str, Dict[str, Any]]:
         out = {}
         try:
             names = os.listdir(self.root)
@@ -177,9 +293,9 @@ class Jobs:
             st = read_json(os.path.join(self.root, name, "state.json"))
             if st is None:
                 continue
-            if st.get("state") not in TERMINAL and st.get("jobhost_pid") and not _pid_alive(st["jobhost_pid"]):
-                st["state"] = "failed"  # the job host died without recording an end
-                st["cause"] = st.get("cause") or {"message": "job host process %s died" % st["jobhost_pid"]}
+            if not raw and st.get("state") not in TERMINAL and st.get("jobhost_pid") and not pid_alive(st["jobhost_pid"]):
+                st["state"] = "failed"  # the job host died; the watcher is stopping what it left
+                st["cause"] = st.get("cause") or self._death_cause(st)
             out[name] = st
         return out
 
@@ -193,6 +309,8 @@ class Jobs:
         return out
 
     def status(self, job_id: str) -> Dict[str, Any]:
+        """The job here: its state, its ranks, and each rank's last loss (read from file tails:
+        as fast for a rank that printed a gigabyte as for one that printed a line)."""
         d = self.job_dir(job_id)
         st = self._states().get(job_id)
         if st is None:
@@ -206,46 +324,46 @@ class Jobs:
                 continue
             ex = read_json(path[: -len(".json")] + ".exit.json")
             if ex is not None:
-                rstate = "exited" if ex.get("exit_code") == 0 else "failed"
+                rstate = "exited" if ex.get("exit_code") == 0 and not ex.get("error") else "failed"
             else:
-                rstate = "running" if _pid_alive(rec.get("pid")) else "lost"
+                rstate = "running" if pid_alive(rec.get("pid")) else "lost"
             ranks.append({**rec, "state": rstate, "exit_code": (ex or {}).get("exit_code"),
                           "signal": (ex or {}).get("signal")})
         ranks.sort(key=lambda r: r["rank"])
-        return {**st, "ranks": ranks, "log_ranks": self.log_ranks(job_id),
+        last = {}
+        for rank in sorted(set(self.log_ranks(job_id)) | set(self._metric_ranks(d))):
+            rec = _last_record(os.path.join(d, "metrics", "rank-%d.jsonl" % rank)) or _last_record(
+                os.path.join(d, "metrics", "rank-%d.stdout.jsonl" % rank))
+            if rec is not None:
+                last[str(rank)] = rec
+        return {**st, "ranks": ranks, "log_ranks": self.log_ranks(job_id), "last_metrics": last,
                 "tagged_processes": len(processes_with_tag(job_id))}
 
-    def read_chunk(self, path: str, offset: int, max_bytes: int, final: bool = False) -> Tuple[str, int, bool]:
-        """Complete lines from ``offset``: (text, next offset, more waiting).
+    def read_chunk(self, path: str, offset: int, max_bytes: int, final: bool = False) -> Tuple[bytes, int, bool]:
+        """Complete lines from logical ``offset``: (bytes, next offset, more waiting).
 
         A line longer than ``max_bytes`` comes in pieces, cut between characters, so one endless
         line (a progress bar redrawn with ``\\r``) cannot stall a reader. With ``final`` (its
         writer has exited) an unterminated last line comes too. Offsets only ever advance by
-        what was returned: nothing is skipped or sent twice."""
+        what was returned: nothing is skipped or sent twice (bytes a capped log dropped come as
+        one marker line)."""
         max_bytes = max(1, min(int(max_bytes), MAX_CHUNK))
-        try:
-            with open(path, "rb") as f:
-                f.seek(max(0, int(offset)))
-                data = f.read(max_bytes + 1)
-        except FileNotFoundError:
-            return "", offset, False
-        more = len(data) > max_bytes
-        data = data[:max_bytes]
-        if more or not final:
-            cut = data.rfind(b"\n")
-            if cut >= 0:
-                data = data[: cut + 1]
-            elif more:
-                data = data[: _utf8_boundary(data)]
-            else:
-                return "", offset, more
-        return data.decode("utf-8", "replace"), offset + len(data), more
+        return read_log(path, offset, max_bytes, final)
 
-    def logs(self, job_id: str, rank: int, offset: int = 0, max_bytes: int = MAX_CHUNK) -> Dict[str, Any]:
+    def logs(self, job_id: str, rank: int, offset: int = 0, max_bytes: int = MAX_CHUNK,
+             binary: bool = False) -> Dict[str, Any]:
+        """A chunk of a rank's log. ``partial``: it ends inside a line (the rest follows).
+        ``binary``: the bytes as they are, in base64 (text replaces invalid UTF-8)."""
         d = self.job_dir(job_id)
-        text, nxt, more = self.read_chunk(os.path.join(d, "logs", "rank-%d.log" % int(rank)), offset, max_bytes,
+        data, nxt, more = self.read_chunk(os.path.join(d, "logs", "rank-%d.log" % int(rank)), offset, max_bytes,
                                           final=_rank_ended(d, int(rank)))
-        return {"rank": rank, "text": text, "offset": offset, "next_offset": nxt, "more": more}
+        out = {"rank": rank, "offset": offset, "next_offset": nxt, "more": more,
+               "partial": bool(data) and not data.endswith(b"\n")}  # type: Dict[str, Any]
+        if binary:
+            out["b64"] = base64.b64encode(data).decode("ascii")
+        else:
+            out["text"] = data.decode("utf-8", "replace")
+        return out
 
     def log_ranks(self, job_id: str) -> List[int]:
         d = self.job_dir(job_id)
@@ -257,86 +375,75 @@ class Jobs:
         return sorted(out)
 
     def metrics(self, job_id: str, offsets: Dict[str, int], max_bytes: int = MAX_CHUNK) -> Dict[str, Any]:
-        """Metrics lines per rank from the given byte offsets; stdout-parsed loss for ranks with none.
+        """Metrics lines per rank from the given byte offsets: the rank's own metrics file, or the
+        loss its wrapper parsed from its output for ranks without one.
 
         Each rank's reply names the offset it advanced (``offset_key``): ``"R"`` into the rank's
-        metrics file, ``"R/stdout"`` into its log. The two never mix, so a reader that keeps
-        offsets by ``offset_key`` reads a metrics file from its start once it appears."""
+        metrics file, ``"R/stdout"`` into its parsed output. The two never mix, so a reader that
+        keeps offsets by ``offset_key`` reads a metrics file from its start once it appears.
+        Every record carries ``restart``: the attempt that wrote it."""
         d = self.job_dir(job_id)
-        plan = read_json(os.path.join(d, "plan.json")) or {}
+        marks = (read_json(os.path.join(d, "attempts.json")) or {}).get("attempts") or []
         out = {}  # type: Dict[str, Any]
-        for rank in self.log_ranks(job_id) + self._metric_ranks(d):
+        for rank in self._metric_ranks(d):
             key = str(rank)
-            if key in out:
-                continue
             mpath = os.path.join(d, "metrics", "rank-%d.jsonl" % rank)
-            if os.path.exists(mpath):
-                text, nxt, more = self.read_chunk(mpath, offsets.get(key, 0), max_bytes,
-                                                  final=_rank_ended(d, rank))
-                records = []
-                for line in text.splitlines():
-                    try:
-                        rec = json.loads(line)
-                    except ValueError:
-                        continue
-                    if isinstance(rec, dict):
-                        records.append(rec)
-                out[key] = {"source": "metrics", "records": records, "next_offset": nxt, "more": more,
-                            "offset_key": key}
-            else:
+            okey = key
+            if not os.path.exists(mpath):
+                mpath = os.path.join(d, "metrics", "rank-%d.stdout.jsonl" % rank)
                 okey = key + STDOUT_SUFFIX
-                part = self._stdout_metrics(d, rank, offsets.get(okey, 0), max_bytes, plan.get("loss_pattern"))
-                part["offset_key"] = okey
-                out[key] = part
+            start = offsets.get(okey, 0)
+            data, nxt, more = self.read_chunk(mpath, start, max_bytes, final=_rank_ended(d, rank))
+            if more and data and not data.endswith(b"\n"):  # one record longer than a chunk: whole
+                data, nxt, more = read_log(mpath, start, 4 * MAX_CHUNK, _rank_ended(d, rank))
+            records = []
+            pos = start
+            name = os.path.basename(mpath)
+            for line in data.split(b"\n"):
+                line_at, pos = pos, pos + len(line) + 1
+                recs = _jsonl(line.decode("utf-8", "replace"))
+                if not recs:
+                    continue
+                rec = recs[0]
+                if "restart" not in rec:
+                    rec["restart"] = _attempt_at(marks, name, line_at)
+                records.append(rec)
+            out[key] = {"source": "stdout" if okey != key else "metrics", "records": records,
+                        "next_offset": nxt, "more": more, "offset_key": okey}
         return out
 
     def _metric_ranks(self, d: str) -> List[int]:
-        out = []
+        out = set()
         for p in glob.glob(os.path.join(d, "metrics", "rank-*.jsonl")):
-            m = re.search(r"rank-(\d+)\.jsonl$", p)
+            m = re.search(r"rank-(\d+)(?:\.stdout)?\.jsonl$", p)
             if m:
-                out.append(int(m.group(1)))
+                out.add(int(m.group(1)))
         return sorted(out)
 
-    def _stdout_metrics(self, d: str, rank: int, offset: int, max_bytes: int, pattern: Optional[str]) -> Dict[str, Any]:
-        """Loss (and step) from a rank's log lines. A loss line without a step number gets the
-        count of loss lines before it as its step (``"counted": true``), so that a script which
-        only prints its loss still draws a curve; every reader gets the same numbers."""
-        rx = re.compile(pattern) if pattern else DEFAULT_LOSS_RE
-        path = os.path.join(d, "logs", "rank-%d.log" % rank)
-        text, nxt, more = self.read_chunk(path, offset, max_bytes, final=_rank_ended(d, rank))
-        seen = self._losses_before(path, offset, rx)
-        records = _losses(text, rank, rx)
-        for rec in records:
-            if "step" not in rec:
-                rec["step"] = seen
-                rec["counted"] = True
-            seen += 1
-        self._remember_losses(path, nxt, seen)
-        return {"source": "stdout", "records": records, "next_offset": nxt, "more": more}
-
-    def _losses_before(self, path: str, offset: int, rx: Any) -> int:
-        """How many loss lines the log holds before ``offset`` (an offset this agent handed out)."""
-        if offset <= 0:
-            return 0
-        n = self._loss_counts.get((path, offset))
-        if n is not None:
-            return n
-        n = pos = 0  # a reader this daemon has not served (it was restarted): count once
-        while pos < offset:
-            text, nxt, _ = self.read_chunk(path, pos, min(MAX_CHUNK, offset - pos))
-            if nxt == pos:
-                break
-            n += len(_losses(text, 0, rx))
-            pos = nxt
-        self._remember_losses(path, offset, n)
-        return n
-
-    def _remember_losses(self, path: str, offset: int, n: int) -> None:
-        """Remember the count of loss lines before ``offset``; the oldest go past 4096 entries."""
-        if len(self._loss_counts) >= 4096:
-            del self._loss_counts[next(iter(self._loss_counts))]
-        self._loss_counts[(path, offset)] = n
+    def gc(self, max_age_s: Optional[float], max_jobs: Optional[int]) -> Dict[str, Any]:
+        """Remove the directories of ended jobs past retention: older than ``max_age_s`` (since
+        they ended), or beyond the newest ``max_jobs``. Never a job that runs, or one any process
+        still carries the tag of."""
+        ended = []
+        kept_running = []
+        for job_id, st in self._states().items():
+            if st.get("state") not in TERMINAL:
+                kept_running.append(job_id)
+                continue
+            ended.append((float(st.get("ended") or st.get("started") or 0), job_id))
+        ended.sort(reverse=True)
+        now = time.time()
+        removed = []
+        for i, (when, job_id) in enumerate(ended):
+            too_old = max_age_s is not None and now - when > max_age_s
+            too_many = max_jobs is not None and i >= max_jobs
+            if not (too_old or too_many) or job_id in self._pending or processes_with_tag(job_id):
+                continue
+            shutil.rmtree(os.path.join(self.root, job_id), ignore_errors=True)
+            self._last_states.pop(job_id, None)
+            removed.append(job_id)
+        return {"removed": sorted(removed), "running": sorted(kept_running),
+                "kept": len(ended) - len(removed)}
 
     def changes(self) -> List[Dict[str, Any]]:
         """Jobs whose state changed since the last call (for the daemon's job events)."""
@@ -347,6 +454,15 @@ class Jobs:
                 self._last_states[job_id] = key
                 out.append(st)
         return out
+
+
+def _attempt_at(marks: List[Dict[str, Any]], name: str, offset: int) -> int:
+    """The attempt whose metrics began at or before ``offset`` in metrics file ``name``."""
+    attempt = 0
+    for m in marks:
+        if int((m.get("sizes") or {}).get(name, 0)) <= offset:
+            attempt = max(attempt, int(m.get("restart_count") or 0))
+    return attempt
 
 
 def probe_port(addr: str) -> int:

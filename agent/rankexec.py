@@ -1,23 +1,57 @@
 """``agent.pyz rank --job-dir D [--rank R --local-rank L] -- COMMAND...``: the wrapper every rank runs in.
 
 Whatever launched it (the job host process, torchrun or mpirun), it gives each rank the same
-bookkeeping: its output goes straight to ``logs/rank-<R>.log`` (a file, not a pipe, so nothing is
-lost when the agent restarts), a ``ranks/rank-<R>.json`` record names its pid, and when the rank
-ends ``ranks/rank-<R>.exit.json`` records its exit code or signal and the last lines it printed.
+bookkeeping:
+
+- the rank's output (stdout and stderr) comes through a pipe and goes to ``logs/rank-<R>.log``,
+  capped per rank with rotation (``jobfiles.CappedLog``); loss lines are parsed on the way into
+  ``metrics/rank-<R>.stdout.jsonl``, so metrics keep up with a chatty rank whatever the cap drops;
+- a ``ranks/rank-<R>.json`` record names the rank's and the wrapper's pids;
+- when the rank ends, ``ranks/rank-<R>.exit.json`` records its exit code or signal, the last
+  lines it printed, and a resource error (a full disk) if one stopped it;
+- the rank joins its job's GPU claims (``agent.claims``) and holds them while it lives;
+- the rank dies with the wrapper (``PR_SET_PDEATHSIG``): no training process outlives it.
+
 Signals sent to the wrapper are passed on to the rank. Stdlib only, Python 3.9+.
 """
 from __future__ import annotations
 
+import collections
+import ctypes
 import json
 import os
+import re
+import select
 import signal
 import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Any, Deque, Dict, List, Optional
+
+from agent import claims
+from agent.jobfiles import (  # noqa: F401  (write_json and tail: imported from here by others)
+    DEFAULT_LOG_CAP,
+    CappedLog,
+    is_resource_error,
+    reserve,
+    resource_message,
+    tail,
+    write_json,
+)
 
 TAIL_LINES = 20
+CHUNK = 65536
+DEFAULT_LOSS_RE = re.compile(
+    r"""(?<![A-Za-z0-9_])['"]?loss['"]?\s*[:=]?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)""",
+    re.IGNORECASE,
+)
+STEP_RE = re.compile(r"""(?<![A-Za-z0-9_])['"]?(?:step|iter|iteration)['"]?\s*[:=]?\s*(\d+)""", re.IGNORECASE)
+ANSI_CSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")  # colours and the like, in coloured logs
+MATCH_BYTES = 4096  # loss is looked for in a line's first bytes only
+# "OSError: [Errno 28] No space left on device: '/ckpt/step-10.pt'" in a rank's own traceback
+ERRNO_LINE_RE = re.compile(r"\[Errno (28|122|30)\] [^:'\n]*(?::\s*'([^']+)')?")
+PR_SET_PDEATHSIG = 1
 
 
 def _first_int(env: Dict[str, str], names: List[str]) -> Optional[int]:
@@ -28,25 +62,110 @@ def _first_int(env: Dict[str, str], names: List[str]) -> Optional[int]:
     return None
 
 
-def write_json(path: str, obj: object) -> None:
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "w") as f:
-        json.dump(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def tail(path: str, lines: int = TAIL_LINES, max_bytes: int = 16384) -> List[str]:
+def parse_loss(line: str, rank: int, rx: Any) -> Optional[Dict[str, Any]]:
+    """A metrics record for one output line that shows a loss: its loss, and its step if the line
+    names one."""
+    if "\x1b" in line:
+        line = ANSI_CSI_RE.sub("", line)
+    m = rx.search(line)
+    if not m:
+        return None
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except OSError:
-        return []
-    return data.decode("utf-8", "replace").splitlines()[-lines:]
+        loss = float(m.group("loss") if "loss" in rx.groupindex else m.group(1))
+    except (ValueError, IndexError):
+        return None
+    rec = {"rank": rank, "loss": loss}  # type: Dict[str, Any]
+    s = STEP_RE.search(line)
+    if s:
+        rec["step"] = int(s.group(1))
+    return rec
+
+
+class LossParser:
+    """Loss records from a rank's output, appended to ``metrics/rank-R.stdout.jsonl``. A loss line
+    without a step number gets the count of loss lines before it in this run as its step."""
+
+    def __init__(self, path: str, rank: int, pattern: Optional[str]):
+        self.path = path
+        self.rank = rank
+        self.rx = re.compile(pattern) if pattern else DEFAULT_LOSS_RE
+        self.prefilter = None if pattern else b"loss"
+        self.partial = b""
+        self.count = 0
+        self.fd = None  # type: Optional[int]
+        self.error = None  # type: Optional[OSError]
+
+    def feed(self, data: bytes) -> None:
+        data = self.partial + data
+        last = data.rfind(b"\n")
+        if last < 0:
+            self.partial = data[:MATCH_BYTES]
+            return
+        self.partial = data[last + 1:][:MATCH_BYTES]
+        block = data[: last + 1]
+        if self.prefilter is not None and self.prefilter not in block.lower():
+            return
+        out = []
+        for raw in block.split(b"\n")[:-1]:
+            if self.prefilter is not None and self.prefilter not in raw[:MATCH_BYTES].lower():
+                continue
+            rec = parse_loss(raw[:MATCH_BYTES].decode("utf-8", "replace"), self.rank, self.rx)
+            if rec is None:
+                continue
+            if "step" not in rec:
+                rec["step"] = self.count
+                rec["counted"] = True
+            self.count += 1
+            rec["time"] = time.time()
+            out.append(json.dumps(rec) + "\n")
+        if out:
+            self._append("".join(out).encode())
+
+    def flush(self) -> None:
+        if self.partial:
+            self.partial, rest = b"", self.partial
+            self.feed(rest + b"\n")
+
+    def _append(self, data: bytes) -> None:
+        if self.error is not None:
+            return
+        try:
+            if self.fd is None:
+                self.fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            os.write(self.fd, data)
+        except OSError as e:
+            self.error = e
+
+
+def _die_with_parent(libc: Any, parent: int) -> Any:
+    def pre() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+    return pre
+
+
+def die_with_parent() -> Any:
+    """A ``preexec_fn`` that makes the child get SIGTERM when this process dies (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl  # noqa: B018  (resolve it now, not in the forked child)
+    except (OSError, AttributeError):
+        return None
+    return _die_with_parent(libc, os.getpid())
+
+
+def _resource_cause(log: CappedLog, parser: LossParser, lines: Deque[bytes]) -> Optional[str]:
+    """What a full disk (or a read-only one) did to this rank, if anything."""
+    for err, path in ((log.error, log.path), (parser.error, parser.path)):
+        if err is not None and is_resource_error(err):
+            return resource_message(err, path)
+    for raw in reversed(lines):  # the rank's own traceback: "[Errno 28] No space left on device: '...'"
+        m = ERRNO_LINE_RE.search(raw.decode("utf-8", "replace"))
+        if m:
+            err = OSError(int(m.group(1)), os.strerror(int(m.group(1))))
+            return resource_message(err, m.group(2) or os.getcwd())
+    return None
 
 
 def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: List[str]) -> int:
@@ -59,6 +178,7 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
         mine = load_node_env(job_dir)
         if mine:
             env.update(mine)
+    env.pop("RIGDECK_CLAIM_FDS", None)
     if rank is None:
         rank = _first_int(env, ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])
     if local_rank is None:
@@ -79,24 +199,36 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
     logs = os.path.join(job_dir, "logs")
     ranks = os.path.join(job_dir, "ranks")
-    os.makedirs(logs, exist_ok=True)
-    os.makedirs(ranks, exist_ok=True)
-    log_path = os.path.join(logs, "rank-%d.log" % rank)
+    metrics = os.path.join(job_dir, "metrics")
+    for d in (logs, ranks, metrics):
+        os.makedirs(d, exist_ok=True)
     exit_path = os.path.join(ranks, "rank-%d.exit.json" % rank)
     try:
         os.unlink(exit_path)
     except OSError:
         pass
-    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    reserve(exit_path)  # so the exit record gets out even when the disk fills up
     try:
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log_fd, stderr=log_fd, env=env)
+        cap = int(env.get("RIGDECK_LOG_CAP") or DEFAULT_LOG_CAP)
+    except ValueError:
+        cap = DEFAULT_LOG_CAP
+    log = CappedLog(os.path.join(logs, "rank-%d.log" % rank), cap)
+    parser = LossParser(os.path.join(metrics, "rank-%d.stdout.jsonl" % rank), rank, env.get("RIGDECK_LOSS_PATTERN") or None)
+    held = claims.join(int(g) for g in gpus)  # the claim lives while this rank lives
+    read_fd, write_fd = os.pipe()
+    try:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, env=env,
+                                 pass_fds=held, preexec_fn=die_with_parent())
     except OSError as e:
-        os.write(log_fd, ("rigdeck: cannot start %s: %s\n" % (command[0], e)).encode())
+        log.write(("rigdeck: cannot start %s: %s\n" % (command[0], e)).encode())
+        log.close()
         write_json(exit_path, {"rank": rank, "exit_code": 127, "signal": None, "ended": time.time(),
-                               "tail": tail(log_path), "error": str(e)})
+                               "tail": tail(log.path), "error": str(e)})
         return 127
     finally:
-        os.close(log_fd)
+        os.close(write_fd)
+        for fd in held:
+            os.close(fd)
 
     def forward(signum: int, frame: object) -> None:
         try:
@@ -106,14 +238,56 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(s, forward)
-    write_json(
-        os.path.join(ranks, "rank-%d.json" % rank),
-        {"rank": rank, "local_rank": local_rank, "pid": child.pid, "wrapper_pid": os.getpid(),
-         "host": env.get("RIGDECK_CURRENT_HOST") or socket.gethostname(), "gpu": gpu,
-         "started": time.time(), "restart_count": int(env.get("RIGDECK_RESTART_COUNT", "0") or 0)},
-    )
+    try:
+        write_json(
+            os.path.join(ranks, "rank-%d.json" % rank),
+            {"rank": rank, "local_rank": local_rank, "pid": child.pid, "wrapper_pid": os.getpid(),
+             "host": env.get("RIGDECK_CURRENT_HOST") or socket.gethostname(), "gpu": gpu,
+             "started": time.time(), "restart_count": int(env.get("RIGDECK_RESTART_COUNT", "0") or 0)},
+        )
+    except OSError as e:
+        if not is_resource_error(e):
+            raise
+    last = collections.deque(maxlen=TAIL_LINES)  # type: Deque[bytes]
+    partial = b""
+    stopped_for_disk = False
+    exited_at = None  # type: Optional[float]
+    while True:
+        # After the rank exits, whatever it left running may keep the pipe open: drain briefly.
+        timeout = 0.5 if exited_at is None else max(0.0, exited_at + 1.0 - time.monotonic())
+        try:
+            ready = select.select([read_fd], [], [], timeout)[0]
+        except InterruptedError:
+            ready = []
+        if ready:
+            data = os.read(read_fd, CHUNK)
+            if not data:
+                break
+            log.write(data)
+            parser.feed(data)
+            lines = (partial + data).split(b"\n")
+            partial = lines.pop()[-MATCH_BYTES:]
+            last.extend(ln[:MATCH_BYTES] for ln in lines[-TAIL_LINES:])
+            if log.error is not None and is_resource_error(log.error) and not stopped_for_disk:
+                stopped_for_disk = True  # its output cannot be kept: stop the rank, say why
+                forward(signal.SIGTERM, None)
+        if exited_at is None and child.poll() is not None:
+            exited_at = time.monotonic()
+        if exited_at is not None and (not ready or time.monotonic() > exited_at + 1.0):
+            break
+    os.close(read_fd)
     code = child.wait()
+    if partial:
+        last.append(partial)
+    parser.flush()
+    log.close()
     sig = -code if code < 0 else None
-    write_json(exit_path, {"rank": rank, "exit_code": code if code >= 0 else None, "signal": sig,
-                           "ended": time.time(), "tail": tail(log_path)})
+    record = {"rank": rank, "exit_code": code if code >= 0 else None, "signal": sig,
+              "ended": time.time(), "tail": [ln.decode("utf-8", "replace") for ln in last]}  # type: Dict[str, Any]
+    cause = _resource_cause(log, parser, last)
+    if cause:
+        record["error"] = cause  # a failure even if the rank exited 0: part of its output is lost
+    if log.lost:
+        record["lost_bytes"] = log.lost
+    write_json(exit_path, record)
     return code if code >= 0 else 128 + (sig or 0)

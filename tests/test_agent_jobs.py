@@ -1,56 +1,89 @@
-"""The agent's job files, read back: metrics offsets per source (metrics file vs. parsed stdout)."""
+"""The agent's job files, written by the real rank wrapper and read back by the daemon's Jobs:
+metrics offsets per source, capped and rotated logs, long lines, raw bytes, GPU claims, attempts,
+retention."""
 
 from __future__ import annotations
 
+import base64
+import fcntl
 import json
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from agent import claims
 from agent.jobs import Jobs
 
+ROOT = Path(__file__).resolve().parent.parent
 
-def _job(tmp_path: Path) -> tuple[Jobs, Path]:
+
+def _job(tmp_path: Path, job_id: str = "j1") -> tuple[Jobs, Path]:
     jobs = Jobs(str(tmp_path / "state"), ["agent"])
-    d = Path(jobs.job_dir("j1"))
-    (d / "logs").mkdir(parents=True)
-    (d / "metrics").mkdir()
-    (d / "plan.json").write_text(json.dumps({"job_id": "j1"}))
+    d = Path(jobs.job_dir(job_id))
+    d.mkdir(parents=True)
+    (d / "plan.json").write_text(json.dumps({"job_id": job_id}))
+    (d / "state.json").write_text(json.dumps({"job_id": job_id, "state": "succeeded"}))
     return jobs, d
 
 
-def _read(jobs: Jobs, offsets: dict[str, int]) -> list[dict[str, Any]]:
+def rank(d: Path, code: str, rank: int = 0, env: dict[str, str] | None = None,
+         claim_dir: Path | None = None) -> subprocess.CompletedProcess[bytes]:
+    """Run ``python -c code`` as rank ``rank`` under the real wrapper (``agent rank``)."""
+    e = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    if claim_dir is not None:
+        e["RIGDECK_CLAIM_DIR"] = str(claim_dir)
+    return subprocess.run([sys.executable, "-m", "agent", "rank", "--job-dir", str(d), "--rank", str(rank),
+                           "--local-rank", "0", "--", sys.executable, "-c", code],
+                          env=e, capture_output=True, timeout=120, check=False)
+
+
+def _read(jobs: Jobs, offsets: dict[str, int], job_id: str = "j1") -> list[dict[str, Any]]:
     """One reader's pass, keeping offsets the way the controller does."""
     out = []
     while True:
-        chunk = jobs.metrics("j1", offsets, max_bytes=64)
+        chunk = jobs.metrics(job_id, offsets, max_bytes=64)
         more = False
-        for rank, part in chunk.items():
-            out += [{**r, "source": part["source"], "rank": int(rank)} for r in part["records"]]
+        for r, part in chunk.items():
+            out += [{**rec, "source": part["source"], "rank": int(r)} for rec in part["records"]]
             offsets[part["offset_key"]] = part["next_offset"]
             more = more or part["more"]
         if not more:
             return out
 
 
+def _read_logs(jobs: Jobs, r: int, offset: int, max_bytes: int, binary: bool = False) -> tuple[list[Any], int]:
+    """Every chunk a reader gets from ``offset`` on, until the agent says nothing more waits."""
+    chunks = []
+    while True:
+        chunk = jobs.logs("j1", r, offset, max_bytes=max_bytes, binary=binary)
+        assert chunk["offset"] == offset
+        data = base64.b64decode(chunk["b64"]) if binary else chunk["text"]
+        if data:
+            chunks.append(data if binary else (data, chunk["partial"]))
+        assert chunk["next_offset"] >= offset
+        if chunk["next_offset"] == offset and not chunk["more"]:
+            return chunks, offset
+        assert chunk["next_offset"] > offset, "the reader is stuck"
+        offset = chunk["next_offset"]
+
+
 def test_stdout_loss_then_metrics_file_each_read_from_its_own_offset(tmp_path: Path) -> None:
     jobs, d = _job(tmp_path)
-    log = d / "logs" / "rank-0.log"
-    log.write_text("starting\nstep 1 loss=2.5\nstep 2 loss: 2.25\n")
+    rank(d, "print('starting'); print('step 1 loss=2.5'); print('step 2 loss: 2.25')")
     offsets: dict[str, int] = {}
     first = _read(jobs, offsets)
-    assert [(r["step"], r["loss"], r["source"]) for r in first] == [
-        (1, 2.5, "stdout"),
-        (2, 2.25, "stdout"),
-    ]
+    assert [(r["step"], r["loss"], r["source"]) for r in first] == [(1, 2.5, "stdout"), (2, 2.25, "stdout")]
     assert set(offsets) == {"0/stdout"}
-    assert offsets["0/stdout"] == log.stat().st_size
 
     # The rank's runtime starts its metrics file: it is read from its first byte, although the
-    # reader's stdout offset is already far past that.
+    # reader's stdout offset is already past that.
     lines = [json.dumps({"step": s, "loss": 3.0 - s / 10, "time": 100.0 + s}) for s in range(3, 9)]
     (d / "metrics" / "rank-0.jsonl").write_text("\n".join(lines) + "\n")
-    with log.open("a") as f:
-        f.write("step 3 loss=2.7\n")
     second = _read(jobs, offsets)
     assert [(r["step"], r["source"]) for r in second] == [(s, "metrics") for s in range(3, 9)]
     assert offsets["0"] == (d / "metrics" / "rank-0.jsonl").stat().st_size
@@ -59,8 +92,8 @@ def test_stdout_loss_then_metrics_file_each_read_from_its_own_offset(tmp_path: P
 
 def test_each_rank_has_its_own_offsets(tmp_path: Path) -> None:
     jobs, d = _job(tmp_path)
-    (d / "logs" / "rank-0.log").write_text("loss=1.0\n")
-    (d / "logs" / "rank-1.log").write_text("noise\n")
+    rank(d, "print('loss=1.0')", rank=0)
+    rank(d, "print('noise')", rank=1)
     (d / "metrics" / "rank-1.jsonl").write_text(json.dumps({"step": 0, "loss": 9.0}) + "\n")
     offsets: dict[str, int] = {}
     got = sorted((r["rank"], r["loss"], r["source"]) for r in _read(jobs, offsets))
@@ -68,80 +101,209 @@ def test_each_rank_has_its_own_offsets(tmp_path: Path) -> None:
     assert set(offsets) == {"0/stdout", "1"}
 
 
-def _read_logs(jobs: Jobs, rank: int, offset: int, max_bytes: int) -> tuple[list[str], int]:
-    """Every chunk a reader gets from ``offset`` on, until the agent says nothing more waits."""
-    texts = []
-    while True:
-        chunk = jobs.logs("j1", rank, offset, max_bytes=max_bytes)
-        assert chunk["offset"] == offset
-        if chunk["text"]:
-            texts.append(chunk["text"])
-        assert chunk["next_offset"] >= offset
-        if chunk["next_offset"] == offset and not chunk["more"]:
-            return texts, offset
-        assert chunk["next_offset"] > offset, "the reader is stuck"
-        offset = chunk["next_offset"]
-
-
-def test_a_line_longer_than_a_chunk_comes_in_pieces_cut_between_characters(tmp_path: Path) -> None:
+def test_a_line_longer_than_a_chunk_comes_in_pieces_marked_partial(tmp_path: Path) -> None:
     jobs, d = _job(tmp_path)
-    log = d / "logs" / "rank-0.log"
     bar = "".join(f"\r{i:3d}% |{'█' * (i // 5)}é" for i in range(100))  # a redrawn progress bar
-    log.write_bytes(("start\n" + bar + "\nstep 1 loss=0.5\n").encode())
-    texts, offset = _read_logs(jobs, 0, 0, max_bytes=61)
+    rank(d, f"import sys; sys.stdout.write('start\\n' + {bar!r} + '\\nstep 1 loss=0.5\\n')")
+    log = d / "logs" / "rank-0.log"
+    chunks, offset = _read_logs(jobs, 0, 0, max_bytes=61)
     assert offset == log.stat().st_size
-    assert "".join(texts) == log.read_bytes().decode()
-    assert len(texts) > 10 and not any("\ufffd" in t for t in texts)  # no character was cut
+    assert "".join(t for t, _ in chunks) == log.read_bytes().decode()
+    assert len(chunks) > 10 and not any("\ufffd" in t for t, _ in chunks)  # no character was cut
+    # Every piece but a line's last says it is part of a line: a reader joins them into one line.
+    joined, buf = [], ""
+    for text, partial in chunks:
+        buf += text
+        if not partial:
+            joined += buf.split("\n")[:-1]
+            buf = ""
+    assert joined == ["start", bar, "step 1 loss=0.5"]
 
 
 def test_an_unterminated_last_line_comes_once_its_rank_has_ended(tmp_path: Path) -> None:
     jobs, d = _job(tmp_path)
     log = d / "logs" / "rank-0.log"
+    log.parent.mkdir()
     log.write_text("epoch 1 loss=0.5\nepoch 2 loss=0.4\nfinal loss=0.3")  # no newline at the end
-    texts, offset = _read_logs(jobs, 0, 0, max_bytes=1024)
-    assert texts == ["epoch 1 loss=0.5\nepoch 2 loss=0.4\n"]  # the rank may still finish the line
-    before = _read(jobs, {})
-    assert [r["loss"] for r in before] == [0.5, 0.4]
-
+    chunks, offset = _read_logs(jobs, 0, 0, max_bytes=1024)
+    assert chunks == [("epoch 1 loss=0.5\nepoch 2 loss=0.4\n", False)]  # the rank may still finish the line
     (d / "ranks").mkdir()
     (d / "ranks" / "rank-0.exit.json").write_text(json.dumps({"rank": 0, "exit_code": 0}))
     rest, end = _read_logs(jobs, 0, offset, max_bytes=1024)
-    assert rest == ["final loss=0.3"] and end == log.stat().st_size
-    whole, _ = _read_logs(jobs, 0, 0, max_bytes=1024)
-    assert whole == [log.read_text()]  # an ended rank's log comes whole, in one chunk
+    assert rest == [("final loss=0.3", True)] and end == log.stat().st_size
     assert _read_logs(jobs, 0, end, max_bytes=1024) == ([], end)  # and only once
+
+
+def test_a_ranks_unterminated_last_loss_line_is_counted(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    rank(d, "import sys; sys.stdout.write('epoch 1 loss=0.5\\nepoch 2 loss=0.4\\nfinal loss=0.3')")
     assert [r["loss"] for r in _read(jobs, {})] == [0.5, 0.4, 0.3]
 
 
 def test_loss_and_step_are_read_from_coloured_output(tmp_path: Path) -> None:
     jobs, d = _job(tmp_path)
-    (d / "logs" / "rank-0.log").write_text(
-        "\x1b[32mstep 7\x1b[0m loss=\x1b[1m0.25\x1b[0m\n"
-        "\x1b[2m12:00:01\x1b[0m INFO iter: 8 | 'loss': 0.125\n"
-    )
+    rank(d, r"print('\x1b[32mstep 7\x1b[0m loss=\x1b[1m0.25\x1b[0m'); "
+            r"print('\x1b[2m12:00:01\x1b[0m INFO iter: 8 | \'loss\': 0.125')")
     assert [(r["step"], r["loss"]) for r in _read(jobs, {})] == [(7, 0.25), (8, 0.125)]
 
 
 def test_loss_lines_without_a_step_are_numbered_in_order_for_every_reader(tmp_path: Path) -> None:
     jobs, d = _job(tmp_path)
-    log = d / "logs" / "rank-0.log"
-    log.write_text("".join(f"epoch={e} loss={1 / (e + 1):.4f}\n" for e in range(10)) + "step 50 loss=0.01\n")
-    offsets: dict[str, int] = {}
-    first = _read(jobs, offsets)  # 64-byte chunks: several replies
-    assert [r["step"] for r in first] == [*range(10), 50]
+    rank(d, "for e in range(10): print(f'epoch={e} loss={1 / (e + 1):.4f}')\nprint('step 50 loss=0.01')\n"
+            "print('loss: 0.009'); print('loss: 0.008')")
+    first = _read(jobs, {})  # 64-byte chunks: several replies
+    assert [r["step"] for r in first] == [*range(10), 50, 11, 12]
     assert all(r.get("counted") for r in first[:10]) and "counted" not in first[10]
+    again = Jobs(str(tmp_path / "state"), ["agent"])  # a restarted agent reads the same numbers
+    assert [(r["step"], r["loss"]) for r in _read(again, {})] == [(r["step"], r["loss"]) for r in first]
 
-    # More output, read by a reader that kept its offset, from a restarted agent (no memory of
-    # the offsets it handed out): the count goes on where it was.
-    with log.open("a") as f:
-        f.write("loss: 0.009\nloss: 0.008\n")
-    again = Jobs(str(tmp_path / "state"), ["agent"])
-    more = []
+
+def test_a_custom_loss_pattern_comes_from_the_plan(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    rank(d, "print('it 3 obj 0.75 loss=9'); print('it 4 obj 0.5')",
+         env={"RIGDECK_LOSS_PATTERN": r"obj (?P<loss>[0-9.]+)"})
+    assert [r["loss"] for r in _read(jobs, {})] == [0.75, 0.5]
+
+
+def test_a_flood_is_capped_rotated_and_read_back_with_a_dropped_marker(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    cap = 1 << 20
+    # 8 MB of output with a loss line every 1000 lines; the last lines are what counts.
+    rank(d, "import sys\nw = sys.stdout.write\n"
+            "for i in range(80000):\n"
+            "    w(f'step {i} loss={1/(i+1):.6f}\\n' if i % 1000 == 0 else f'noise {i:08d} ' + 'x' * 80 + '\\n')\n"
+            "w('the end\\n')", env={"RIGDECK_LOG_CAP": str(cap)})
+    logs = d / "logs"
+    on_disk = sum(p.stat().st_size for p in logs.glob("rank-0.log*") if not p.name.endswith((".seg", ".lock")))
+    assert on_disk <= cap
+    chunks, end = _read_logs(jobs, 0, 0, max_bytes=65536, binary=True)
+    data = b"".join(chunks)
+    assert data.startswith(b"[... ") and b" MB dropped ...]\n" in data.split(b"\n", 1)[0] + b"\n"
+    kept = data.split(b"\n", 1)[1]
+    assert kept.endswith(b"the end\n") and len(kept) <= cap
+    expected = b"".join((f"step {i} loss={1/(i+1):.6f}\n" if i % 1000 == 0 else f"noise {i:08d} " + "x" * 80 + "\n").encode()
+                        for i in range(80000)) + b"the end\n"
+    assert expected.endswith(kept)  # the bytes kept are exactly the rank's last bytes
+    assert end == len(expected)  # offsets count every byte the rank wrote
+    # Every step's loss was parsed on the way, whatever the cap dropped.
+    assert [r["step"] for r in _read(jobs, {})] == list(range(0, 80000, 1000))
+    # A status reads tails only: the last loss is there.
+    assert jobs.status("j1")["last_metrics"]["0"]["step"] == 79000
+
+
+def test_an_overlong_line_is_cut_once_with_a_marker_and_bytes_pass_through(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    cap = 1 << 20  # a line may take a quarter: 256 KB
+    rank(d, "import sys\nb = sys.stdout.buffer\nb.write(b'before\\n' + b'y' * 300000 + b'\\n')\n"
+            "b.write(b'bad \\xff\\xfe bytes \\xc3\\n')\nb.write(b'z' * 1000 + b'\\nafter\\n')",
+         env={"RIGDECK_LOG_CAP": str(cap)})
+    data = b"".join(_read_logs(jobs, 0, 0, max_bytes=65536, binary=True)[0])
+    lines = data.split(b"\n")
+    assert lines[0] == b"before"
+    assert lines[1].startswith(b"y" * 262144) and lines[1].endswith(b"[... 37.0 KB of this line cut ...]")
+    assert lines[2] == b"bad \xff\xfe bytes \xc3"  # invalid UTF-8 comes back as it was written
+    assert lines[3:] == [b"z" * 1000, b"after", b""]
+
+
+def test_gpu_claims_are_all_or_none_name_the_holder_and_live_while_any_rank_does(tmp_path: Path) -> None:
+    cdir = tmp_path / "claims"
+    fds = claims.claim([0, 1], "job-a", str(cdir))
+    assert oct((cdir).stat().st_mode & 0o7777) == "0o1777"
+    with pytest.raises(claims.ClaimError, match=r"GPU 1 on .* is held by job job-a \(user \w+, pid \d+"):
+        claims.claim([1, 2], "job-b", str(cdir))
+    assert claims.claim([2], "job-b", str(cdir))  # GPU 2 was not taken by the refused claim
+    held = claims.held(str(cdir))
+    assert held is not None and {g: h["job_id"] for g, h in held.items()} == {0: "job-a", 1: "job-a", 2: "job-b"}
+    # A rank joins the claim and outlives the holder: the claim lasts while the rank lives.
+    jd = tmp_path / "jd"
+    jd.mkdir()
+    code = "import time, sys; print('up', flush=True); time.sleep(3)"
+    proc = subprocess.Popen([sys.executable, "-m", "agent", "rank", "--job-dir", str(jd), "--rank", "0", "--local-rank",
+                             "0", "--", sys.executable, "-c", code],
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "RIGDECK_CLAIM_DIR": str(cdir),
+                                 "RIGDECK_GPUS": "0,1"})
+    try:
+        deadline = time.monotonic() + 20
+        while not (jd / "ranks" / "rank-0.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for fd in fds:
+            os.close(fd)  # the job host is gone
+        with pytest.raises(claims.ClaimError, match="held by job job-a"):
+            claims.claim([0], "job-c", str(cdir))
+        # The wrapper dies with kill -9: its training process (which holds the claim too) dies with it.
+        child = json.loads((jd / "ranks" / "rank-0.json").read_text())["pid"]
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 5
+        while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{child}") or "Z" in Path(f"/proc/{child}/stat").read_text().split(")")[1][:3]
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 5
     while True:
-        chunk = again.metrics("j1", offsets, max_bytes=64)["0"]
-        more += chunk["records"]
-        offsets[chunk["offset_key"]] = chunk["next_offset"]
-        if not chunk["more"]:
+        try:
+            fds = claims.claim([0, 1], "job-c", str(cdir))
             break
-    assert [(r["step"], r["loss"]) for r in more] == [(11, 0.009), (12, 0.008)]
-    assert [r["step"] for r in _read(jobs, {})] == [*range(10), 50, 11, 12]  # a new reader: the same
+        except claims.ClaimError:
+            assert time.monotonic() < deadline, "the claim outlived every process of its job"
+            time.sleep(0.1)
+    held = claims.held(str(cdir))
+    assert held is not None and held[0]["job_id"] == "job-c"
+    for fd in fds:
+        os.close(fd)
+
+
+def test_a_start_refuses_claimed_gpus_and_a_claim_ahead_is_used_then_released(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("RIGDECK_CLAIM_DIR", str(tmp_path / "claims"))
+    jobs, _ = _job(tmp_path, "other")
+    assert jobs.claim("j2", [0, 1]) == {"claimed": [0, 1]}
+    assert jobs.check("j3", [1], 0)["problems"] == [f"GPU 1 on {os.uname().nodename} is held by "
+                                                    f"{claims.describe_holder(claims.held()[1])}"]
+    assert jobs.check("j2", [0, 1], 0)["problems"] == []  # its own claim is no problem
+    assert "min_free_mb" in jobs.check("j3", [], 1e12)["problems"][0]
+    with pytest.raises(Exception, match="held by job j2"):
+        jobs.claim("j3", [1])
+    assert jobs.release("j2") == {"released": True}
+    assert jobs.claim("j3", [1]) == {"claimed": [1]}
+    jobs.release("j3")
+
+
+def test_metrics_records_carry_the_attempt_that_wrote_them(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    (d / "metrics").mkdir()
+    m = d / "metrics" / "rank-0.jsonl"
+    Jobs._mark_attempt(str(d), 0)
+    m.write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(3)))
+    Jobs._mark_attempt(str(d), 1)
+    with m.open("a") as f:
+        f.write("".join(json.dumps({"step": s, "loss": 0.5}) + "\n" for s in range(2)))
+    got = [(r["step"], r["restart"]) for r in _read(jobs, {})]
+    assert got == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1)]
+
+
+def test_gc_removes_ended_job_dirs_past_retention_and_keeps_running_ones(tmp_path: Path) -> None:
+    jobs = Jobs(str(tmp_path / "state"), ["agent"])
+    now = time.time()
+    for i, (state, ended) in enumerate([("succeeded", now - 10 * 86400), ("failed", now - 3600),
+                                        ("stopped", now - 60), ("running", None)]):
+        d = Path(jobs.job_dir(f"j{i}"))
+        d.mkdir(parents=True)
+        (d / "state.json").write_text(json.dumps({"state": state, "ended": ended, "started": now - 20 * 86400,
+                                                  "jobhost_pid": os.getpid() if state == "running" else None}))
+    assert jobs.gc(max_age_s=7 * 86400, max_jobs=None) == {"removed": ["j0"], "running": ["j3"], "kept": 2}
+    assert jobs.gc(max_age_s=None, max_jobs=1) == {"removed": ["j1"], "running": ["j3"], "kept": 1}
+    assert sorted(p.name for p in Path(jobs.root).iterdir()) == ["j2", "j3"]
+
+
+def test_any_process_holding_a_shared_lock_keeps_a_gpu_claimed(tmp_path: Path) -> None:
+    cdir = tmp_path / "claims"
+    for fd in claims.claim([5], "mine", str(cdir)):
+        os.close(fd)
+    fd = os.open(cdir / "gpu-5.lock", os.O_RDONLY)
+    fcntl.flock(fd, fcntl.LOCK_SH)  # another user's rank holds it
+    try:
+        with pytest.raises(claims.ClaimError, match="GPU 5"):
+            claims.claim([5], "theirs", str(cdir))
+    finally:
+        os.close(fd)

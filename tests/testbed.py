@@ -86,6 +86,7 @@ while True:
 _HOLDER_SH = (
     'echo "$1" > /proc/sys/kernel/hostname && '
     'mount --bind "$2" "$3" && '
+    'mount -t tmpfs -o size=256m,mode=1777 rdk-shm /dev/shm && '  # each host's own (GPU claims live there)
     'exec "$4" -I -S "$5" "$1"'
 )
 

@@ -82,6 +82,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", metavar="JOB")
     p.add_argument("--rank", type=int, default=None)
     p.add_argument("--follow", "-f", action="store_true")
+    p.add_argument("--raw", action="store_true",
+                   help="one rank's bytes exactly as it wrote them, no prefixes (needs --rank)")
 
     p = sub.add_parser("metrics", help="a job's steps and losses (every step once)")
     _common(p)
@@ -92,6 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("job", metavar="JOB")
     p.add_argument("--grace", type=float, default=None, metavar="S", help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("gc", help="remove ended jobs' directories on the hosts past the inventory's retention")
+    _common(p)
+    p.add_argument("names", nargs="*", metavar="HOST")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("inventory", help="inspect or import inventories")
@@ -233,6 +240,41 @@ def _print_job(v: Any) -> None:
                   f"{r['state']:<8} {ex}")
 
 
+def _print_logs(chunks: Any, *, raw: bool, flush: bool) -> None:
+    """Rank output as bytes, as the ranks wrote them (``rigdeck logs`` is ``cat``, not the app):
+    each line prefixed ``[host rN] ``, a line that came in pieces printed as one line."""
+    out = sys.stdout.buffer
+    mid: dict[tuple[str, int], bool] = {}  # a rank's line is printed up to its middle
+    last: tuple[str, int] | None = None
+    for host, rank, data, _partial in chunks:
+        key = (host, rank)
+        if raw:
+            out.write(data)
+        else:
+            if last is not None and last != key and mid.get(last):
+                out.write(b"\n")
+                mid[last] = False
+            prefix = f"[{host} r{rank}] ".encode()
+            lines = data.split(b"\n")
+            for i, line in enumerate(lines):
+                if i == len(lines) - 1 and not line:
+                    break
+                if not mid.get(key):
+                    out.write(prefix)
+                out.write(line)
+                if i < len(lines) - 1:
+                    out.write(b"\n")
+                    mid[key] = False
+                else:
+                    mid[key] = True
+        last = key
+        if flush:
+            out.flush()
+    if not raw and last is not None and mid.get(last):
+        out.write(b"\n")
+    out.flush()
+
+
 def _run_jobs(args: argparse.Namespace) -> int:
     from tui.jobs import TERMINAL, JobError
     from tui.jobspec import JobSpecError, load_jobspec
@@ -280,9 +322,32 @@ def _run_jobs(args: argparse.Namespace) -> int:
                 _print_job(view)
             return EXIT_OK
         if args.command == "logs":
-            for host, rank, line in jm.log_lines(args.job, rank=args.rank, follow=args.follow):
-                print(f"[{host} r{rank}] {line}", flush=args.follow)
+            if args.raw and args.rank is None:
+                print("rigdeck: --raw needs --rank N (one rank's bytes)", file=sys.stderr)
+                return EXIT_USAGE
+            _print_logs(jm.log_chunks(args.job, rank=args.rank, follow=args.follow, binary=True),
+                        raw=args.raw, flush=args.follow)
             return EXIT_OK
+        if args.command == "gc":
+            unknown = [n for n in args.names if n not in ctl.inventory.names]
+            if unknown:
+                print(f"rigdeck: unknown host(s) {', '.join(unknown)}", file=sys.stderr)
+                return EXIT_USAGE
+            results = jm.collect_garbage(args.names or None)
+            out = {h: (r if isinstance(r, dict) else {"error": str(r)}) for h, r in results.items()}
+            if args.json:
+                json.dump(out, sys.stdout, indent=2)
+                sys.stdout.write("\n")
+            else:
+                ret = ctl.inventory.retention
+                print(f"retention: ended jobs newer than {ret.max_age_days:g} days, at most {ret.max_jobs} per host")
+                for h, r in out.items():
+                    if "error" in r:
+                        print(f"{h}: {r['error']}")
+                    else:
+                        print(f"{h}: removed {len(r['removed'])}, kept {r['kept']} ended and "
+                              f"{len(r['running'])} running" + (f" ({', '.join(r['removed'])})" if r["removed"] else ""))
+            return EXIT_OK if all("error" not in r for r in out.values()) else EXIT_HOST_FAILED
         if args.command == "metrics":
             records = jm.metrics(args.job)
             if args.json:
@@ -333,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_hosts(args, deploy=True)
         if args.command == "inventory":
             return _run_inventory(args)
-        if args.command in ("launch", "jobs", "status", "logs", "metrics", "stop"):
+        if args.command in ("launch", "jobs", "status", "logs", "metrics", "stop", "gc"):
             return _run_jobs(args)
     except InventoryError as e:
         print(f"rigdeck: {e}", file=sys.stderr)

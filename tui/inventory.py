@@ -71,6 +71,14 @@ def _local_user() -> str:
 
 
 @dataclass(frozen=True)
+class Retention:
+    """How long the hosts keep the directories of ended jobs (logs, metrics, cluster files)."""
+
+    max_age_days: float = 30.0
+    max_jobs: int = 500
+
+
+@dataclass(frozen=True)
 class HostSpec:
     """One managed host with every setting resolved."""
 
@@ -163,6 +171,8 @@ class Inventory:
     # The OpenSSH client config the names were resolved with; jump hosts that are not in the
     # inventory are resolved through it too. None when disabled.
     ssh_config: Path | None = None
+    min_free_mb: float = 256.0  # a launch refuses a host with less free in its state dir
+    retention: Retention = field(default_factory=Retention)
 
     @property
     def names(self) -> list[str]:
@@ -338,8 +348,28 @@ _COMMON_FIELDS: dict[str, _Check] = {
     "connect_timeout": _Check("a number of seconds > 0", _seconds(positive=True)),
     "keepalive": _Check("a number of seconds >= 0 (0 = off)", _seconds(positive=False)),
 }
+def _retention(v: Any) -> Retention:
+    """``[defaults.retention]``: max_age_days (a number > 0) and max_jobs (an integer >= 1)."""
+    if not isinstance(v, dict):
+        raise _Bad("a table with max_age_days and/or max_jobs")
+    unknown = sorted(set(v) - {"max_age_days", "max_jobs"})
+    if unknown:
+        raise _Bad("only max_age_days (days > 0) and max_jobs (an integer >= 1)", got=unknown[0])
+    age = v.get("max_age_days", Retention.max_age_days)
+    jobs = v.get("max_jobs", Retention.max_jobs)
+    if not ((_is_int(age) or isinstance(age, float)) and math.isfinite(age) and age > 0):
+        raise _Bad("max_age_days: a number of days > 0", got=age)
+    if not (_is_int(jobs) and jobs >= 1):
+        raise _Bad("max_jobs: an integer >= 1", got=jobs)
+    return Retention(float(age), int(jobs))
+
+
 _DEFAULT_FIELDS: dict[str, _Check] = {
     **_COMMON_FIELDS,
+    "min_free_mb": _Check("a number of MB >= 0 (launch refuses a host with less free for its job files)",
+                          _seconds(positive=False)),
+    "retention": _Check("a table: max_age_days = N, max_jobs = N (when ended job dirs are removed)",
+                        _retention),
     "known_hosts": _Check("a path (a string)", _local_path),
     "ssh_config": _Check('a path (a string; "" disables it)', _optional_local_path),
 }
@@ -574,7 +604,9 @@ class _Resolver:
                     line=lines[i] if lines else None,
                 )
             seen[host.name] = i
-        inv = Inventory(tuple(hosts), self.path, self.known_hosts, self.ssh_path)
+        inv = Inventory(tuple(hosts), self.path, self.known_hosts, self.ssh_path,
+                        min_free_mb=self.defaults.get("min_free_mb", Inventory.min_free_mb),
+                        retention=self.defaults.get("retention") or Retention())
         # Loops in proxy_jump are the file's fault: report them when it is loaded.
         for host in hosts:
             _jump_chain(inv, host, self.ssh)

@@ -9,6 +9,7 @@ failure seen late is still handled.
 
 from __future__ import annotations
 
+import base64
 import logging
 import secrets
 import time
@@ -200,6 +201,7 @@ class JobManager:
             "grace_s": spec.grace_s,
             "mpi": {"custom_options": list(spec.mpi_custom_options)},
             "loss_pattern": spec.loss_pattern,
+            "log_max_bytes": spec.log_max_mb * (1 << 20) if spec.log_max_mb else None,
             "nodes": placement.to_plan_nodes(),
             "master_addr": master_addr,
             "master_port": port,
@@ -230,6 +232,12 @@ class JobManager:
         capacity = self.capacity(candidates)
         job_id = job_id or new_job_id(spec.name)
         placement = self.scheduler.reserve(job_id, spec, capacity)
+        try:
+            self._preflight(job_id, placement)
+            self._claim(job_id, placement)
+        except BaseException:
+            self.scheduler.release(job_id)
+            raise
         self.history.create(job_id, spec.name, spec.to_dict(), state="pending")
         self.history.update(job_id, placement=placement.to_plan_nodes())
         try:
@@ -237,13 +245,54 @@ class JobManager:
         except BaseException:
             self.scheduler.release(job_id)
             raise
+        self.collect_garbage([n.host for n in placement.nodes])
         return self.view(job_id)
+
+    def _preflight(self, job_id: str, placement: Placement) -> None:
+        """Before anything starts: every host has room for the job's files and its GPUs free."""
+        hosts = [n.host for n in placement.nodes]
+        gpus = {n.host: list(n.gpus) for n in placement.nodes}
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(h: str) -> Any:
+            try:
+                return self.ctl.request(h, "job_check", timeout=30, job_id=job_id, gpus=gpus[h],
+                                        min_free_mb=self.ctl.inventory.min_free_mb)
+            except TransportError as e:
+                return e
+
+        with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+            results = dict(zip(hosts, pool.map(one, hosts), strict=True))
+        problems = []
+        for h, r in results.items():
+            if isinstance(r, Exception):
+                problems.append(f"{h}: {r}")
+            else:
+                problems += [f"{h}: {p}" for p in r.get("problems") or []]
+        if problems:
+            raise JobError("job not started (nothing was started): " + "; ".join(problems))
+
+    def _claim(self, job_id: str, placement: Placement) -> None:
+        """Claim the job's GPUs on every host, one host after another in name order: of two
+        controllers racing for the same GPUs, the one that claims the first contested host wins
+        them all, and the other gives back what it claimed. All hosts or none."""
+        claimed: list[str] = []
+        try:
+            for node in sorted(placement.nodes, key=lambda n: n.host):
+                if not node.gpus:
+                    continue
+                self.ctl.request(node.host, "job_claim", timeout=30, job_id=job_id, gpus=list(node.gpus))
+                claimed.append(node.host)
+        except TransportError as e:
+            self.ctl.request_many(claimed, "job_release", timeout=30, job_id=job_id)
+            raise JobError(f"job not started (nothing was started): {node.host}: {e}") from None
 
     def _start(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> None:
         self.history.update(job_id, state="starting", placement=placement.to_plan_nodes(), restarts=restart_count)
         try:
             plans = self._plans(job_id, spec, placement, restart_count)
         except TransportError as e:
+            self.ctl.request_many([n.host for n in placement.nodes], "job_release", timeout=30, job_id=job_id)
             self.history.update(job_id, state="failed", ended=time.time(),
                                 cause={"message": f"could not prepare the launch: {e}"})
             raise JobError(f"could not prepare the launch: {e}") from None
@@ -257,6 +306,7 @@ class JobManager:
         if failed:
             started = [h for h, r in results.items() if not isinstance(r, Exception)]
             self.ctl.request_many(started, "job_stop", timeout=30, job_id=job_id, grace_s=1.0)
+            self.ctl.request_many([h for h in plans if h not in started], "job_release", timeout=30, job_id=job_id)
             msg = "; ".join(f"{h}: {e}" for h, e in failed.items())
             self.history.update(job_id, state="failed", ended=time.time(),
                                 cause={"message": f"start failed: {msg}"})
@@ -368,11 +418,13 @@ class JobManager:
                 capacity = self.capacity(candidates, skip=job_id)
                 try:
                     placement = self.scheduler.reserve(job_id, spec, capacity, exclude_hosts=dead)
-                except PlacementError as e:
+                    self._claim(job_id, placement)
+                    self._start(job_id, spec, placement, restart_count=restarts + 1)
+                except (PlacementError, JobError) as e:
+                    self.scheduler.release(job_id)
                     self.history.update(job_id, state="failed", ended=time.time(),
                                         cause={**cause, "restart_error": str(e)})
                     return states
-                self._start(job_id, spec, placement, restart_count=restarts + 1)
             else:
                 self._wait_terminal(rec, 15)  # the rest of the gang is stopping: let it finish
                 self.history.update(job_id, state="failed", ended=time.time(), cause=cause)
@@ -448,7 +500,10 @@ class JobManager:
                                     "gpu": gpu, "pid": r.get("pid"), "state": r.get("state"),
                                     "exit_code": r.get("exit_code"), "signal": r.get("signal")})
         v.ranks.sort(key=lambda r: r["rank"] if r["rank"] is not None else -1)
-        steps = [m for m in self.metrics(rec["job_id"]) if m.get("loss") is not None]
+        # The hosts read each rank's last loss from file tails: a status costs the same for a
+        # rank that printed a gigabyte as for one that printed a line.
+        steps = [m for st in v.hosts.values() if isinstance(st, dict)
+                 for m in (st.get("last_metrics") or {}).values() if m.get("loss") is not None]
         if steps:
             last = max(steps, key=lambda m: (m.get("step") or 0, -(m.get("rank") or 0)))
             v.last_step, v.last_loss = last.get("step"), last.get("loss")
@@ -466,7 +521,9 @@ class JobManager:
         return out
 
     def metrics(self, ref: str) -> list[dict[str, Any]]:
-        """Every metrics record of every rank, each once, in (step, rank) order."""
+        """Every metrics record of every rank, each once, in (step, rank) order. After a restart
+        the new attempt's record of a (rank, step) replaces the earlier attempts' (events, which
+        carry no step, are all kept)."""
         rec = self.record(ref)
         out: list[dict[str, Any]] = []
         for host in self.hosts_ever(rec):
@@ -487,13 +544,23 @@ class JobManager:
                     more = more or part["more"]
                 if not more:
                     break
+        def step_key(r: dict[str, Any]) -> tuple[Any, Any] | None:
+            return (r.get("rank"), r["step"]) if r.get("step") is not None and r.get("event") is None else None
+
+        latest: dict[tuple[Any, Any], int] = {}
+        for r in out:
+            k = step_key(r)
+            if k is not None:
+                latest[k] = max(latest.get(k, 0), int(r.get("restart") or 0))
+        out = [r for r in out if (k := step_key(r)) is None or int(r.get("restart") or 0) == latest[k]]
         out.sort(key=lambda r: (r.get("step") if r.get("step") is not None else -1, r.get("rank") or 0, r.get("time") or 0))
         return out
 
-    def log_lines(self, ref: str, rank: int | None = None, follow: bool = False,
-                  poll_s: float = 0.5) -> Iterator[tuple[str, int, str]]:
-        """(host, rank, line) for every log line, each exactly once, resuming by byte offset
-        across reconnects; with ``follow`` until the job ends."""
+    def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False, poll_s: float = 0.5,
+                   binary: bool = False) -> Iterator[tuple[str, int, Any, bool]]:
+        """(host, rank, data, partial) for every piece of every rank's log, each byte exactly
+        once, resuming by byte offset across reconnects; with ``follow`` until the job ends.
+        ``partial``: the piece ends inside a line. ``binary``: bytes as the rank wrote them."""
         rec = self.record(ref)
         job_id = rec["job_id"]
         offsets: dict[tuple[str, int], int] = {}
@@ -514,12 +581,14 @@ class JobManager:
                     while True:
                         off = offsets.get((host, r), 0)
                         try:
-                            chunk = self.ctl.request(host, "job_logs", timeout=20, job_id=job_id, rank=r, offset=off)
+                            chunk = self.ctl.request(host, "job_logs", timeout=20, job_id=job_id, rank=r,
+                                                     offset=off, binary=binary)
                         except TransportError:
                             break
-                        for line in log_lines(chunk["text"]):
+                        data = base64.b64decode(chunk["b64"]) if binary else chunk["text"]
+                        if data:
                             got_any = True
-                            yield host, r, line
+                            yield host, r, data, bool(chunk.get("partial"))
                         offsets[(host, r)] = chunk["next_offset"]
                         if not chunk["more"]:
                             break
@@ -531,3 +600,33 @@ class JobManager:
                 except TransportError:
                     pass
             time.sleep(poll_s)
+
+    def log_lines(self, ref: str, rank: int | None = None, follow: bool = False,
+                  poll_s: float = 0.5) -> Iterator[tuple[str, int, str]]:
+        """(host, rank, line) for every log line, each exactly once: a line that came in pieces
+        is one line, made safe to draw."""
+        pending: dict[tuple[str, int], str] = {}
+        for host, r, text, partial in self.log_chunks(ref, rank, follow, poll_s):
+            text = pending.pop((host, r), "") + text
+            if partial:
+                pending[(host, r)] = text
+                continue
+            for line in log_lines(text):
+                yield host, r, line
+        for (host, r), text in pending.items():
+            for line in log_lines(text):
+                yield host, r, line
+
+    def collect_garbage(self, hosts: Sequence[str] | None = None, wait: bool = True) -> dict[str, Any]:
+        """Apply the inventory's retention on the hosts: remove the directories of ended jobs
+        past it (never a running job's). ``wait=False``: in the background (after a launch)."""
+        ret = self.ctl.inventory.retention
+        targets = list(hosts) if hosts is not None else self.ctl.inventory.names
+        params = {"max_age_s": ret.max_age_days * 86400, "max_jobs": ret.max_jobs}
+        if not wait:
+            import threading
+
+            threading.Thread(target=self.ctl.request_many, args=(targets, "job_gc"),
+                             kwargs={"timeout": 60, **params}, daemon=True).start()
+            return {}
+        return self.ctl.request_many(targets, "job_gc", timeout=60, **params)

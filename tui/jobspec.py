@@ -143,6 +143,7 @@ class JobSpec:
     restart: RestartSpec = field(default_factory=RestartSpec)
     mpi_custom_options: tuple[str, ...] = ()
     loss_pattern: str | None = None
+    log_max_mb: int | None = None  # each rank's log kept on its host, rotated beyond this
     total_steps: int | None = None
     channels: tuple[tuple[str, str], ...] = ()
     path: Path | None = None
@@ -193,6 +194,7 @@ class JobSpec:
             },
             "mpi": {"custom_options": list(self.mpi_custom_options)},
             "loss_pattern": self.loss_pattern,
+            "log_max_mb": self.log_max_mb,
             "total_steps": self.total_steps,
             "channels": dict(self.channels),
             "path": str(self.path) if self.path is not None else None,
@@ -227,6 +229,7 @@ class JobSpec:
             ),
             mpi_custom_options=tuple(mpi.get("custom_options") or ()),
             loss_pattern=d.get("loss_pattern"),
+            log_max_mb=d.get("log_max_mb"),
             total_steps=d.get("total_steps"),
             channels=tuple((d.get("channels") or {}).items()),
             path=Path(path) if path is not None else None,
@@ -305,6 +308,15 @@ def _is_int(v: Any) -> bool:
 def _int_at_least(lo: int) -> Callable[[Any], int]:
     def check(v: Any) -> int:
         if _is_int(v) and v >= lo:
+            return int(v)
+        raise _Bad()
+
+    return check
+
+
+def _int_range(lo: int, hi: int) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if _is_int(v) and lo <= v <= hi:
             return int(v)
         raise _Bad()
 
@@ -498,7 +510,9 @@ _TABLES: dict[str, dict[str, _Check]] = {
         ),
     },
     "mpi": {"custom_options": _Check("a list of strings", _strings)},
-    "log": {"loss_pattern": _Check(_LOSS_EXPECTED, _loss_pattern)},
+    "log": {"loss_pattern": _Check(_LOSS_EXPECTED, _loss_pattern),
+            "max_mb": _Check("an integer of MB, 2..1048576 (each rank's log on its host; older output "
+                             "is rotated out beyond it)", _int_range(2, 1 << 20))},
 }
 _REQUIRED = ("name", "command")
 
@@ -616,6 +630,7 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
         ),
         mpi_custom_options=tables["mpi"].get("custom_options", ()),
         loss_pattern=tables["log"].get("loss_pattern"),
+        log_max_mb=tables["log"].get("max_mb"),
         total_steps=values.get("total_steps"),
         channels=values.get("channels", ()),
         path=where,

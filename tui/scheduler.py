@@ -57,6 +57,7 @@ class HostCapacity:
     status: str | None = None  # "up", "down", "stale", "connecting"; None: from ``up``
     foreign_users: tuple[tuple[int, str], ...] = ()  # (GPU, "bob" or "bob, carol")
     job_busy: tuple[tuple[int, str], ...] = ()  # (GPU, job id) of rigdeck processes seen
+    claimed: tuple[tuple[int, str, str], ...] = ()  # (GPU, job id, user) claimed on the host
 
     @property
     def state(self) -> str:
@@ -231,6 +232,14 @@ def _views(
                 taken.add(g)
         for jid, gpus in unheld.items():
             view.busy.append(f"GPU {_indices(gpus)} running job {jid!r} (not reserved)")
+        claims: dict[tuple[str, str], list[int]] = {}
+        for g, jid, user in cap.claimed:
+            # The host's claim is the truth, whichever controller placed the job holding it.
+            if g in cap.gpus and g not in taken and jid != job_id:
+                claims.setdefault((jid, user), []).append(g)
+                taken.add(g)
+        for (jid, user), gpus in claims.items():
+            view.busy.append(f"GPU {_indices(gpus)} claimed by job {jid!r}" + (f" of user {user}" if user else ""))
         view.free = tuple(g for g in sorted(cap.gpus) if g not in taken)
     return views
 
@@ -396,6 +405,7 @@ def capacity_from_state(
         foreign: list[int] = []
         users: list[tuple[int, str]] = []
         job_busy: list[tuple[int, str]] = []
+        claimed: list[tuple[int, str, str]] = []
         names: list[str] = []
         simulated = bool(host.get("simulated"))
         for g in host.get("gpus") or []:
@@ -413,6 +423,9 @@ def capacity_from_state(
                     users.append((index, who))
             for jid in sorted({str(p["job_id"]) for p in procs if p.get("job_id") is not None}):
                 job_busy.append((index, jid))
+            claim = g.get("claim")
+            if isinstance(claim, dict):
+                claimed.append((index, str(claim.get("job_id") or "?"), str(claim.get("user") or "")))
         sample = host.get("host_sample") or {}
         per_core = sample.get("cpu_per_core")
         spec = specs.get(name)
@@ -430,6 +443,7 @@ def capacity_from_state(
                 status=status,
                 foreign_users=tuple(users),
                 job_busy=tuple(job_busy),
+                claimed=tuple(claimed),
             )
         )
     return out

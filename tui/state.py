@@ -20,7 +20,7 @@ BUSY_UTIL_PCT = 5.0  # a GPU with no processes counts as busy from this utilizat
 
 def gpu_busy(g: Mapping[str, Any]) -> bool:
     """A GPU sample is busy when processes hold it or it is loaded."""
-    return bool(g.get("processes")) or (g.get("utilization_pct") or 0.0) >= BUSY_UTIL_PCT
+    return bool(g.get("processes") or g.get("claim")) or (g.get("utilization_pct") or 0.0) >= BUSY_UTIL_PCT
 
 
 def host_gpus_busy(h: Mapping[str, Any]) -> int:

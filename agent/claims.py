@@ -1,0 +1,241 @@
+"""GPU claims held on the host: one lock file per GPU in a directory every user of the host shares.
+
+Whatever controller placed a job, the host is the truth about its GPUs. A job's claim on a GPU is
+a *shared* ``flock`` on ``gpu-<index>.lock``, held by every process of the job that could use
+the GPU: the job host, the launcher, each rank wrapper and each training process (the locked
+descriptors are inherited, and wrappers take their own). The claim therefore lasts exactly as
+long as any of them lives: a dead job host with live ranks still holds it, and the kernel frees
+it when the last one exits, however it died.
+
+A new claim is made under the directory's mutex (``claims.lock``): a GPU is free when an
+*exclusive* test lock on it succeeds. All of a host's GPUs for a job are claimed or none. The
+claimant writes who holds the GPU into the lock file (job, user, pid, since), so a refusal can
+name the holder and telemetry can show it. Locks are advisory: they keep rigdeck users from
+double-booking, not a hostile user from ignoring them.
+
+Stdlib only, Python 3.9+.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import pwd
+import socket
+import stat
+import time
+from typing import Any, Dict, Iterable, List, Optional
+
+DEFAULT_DIR = "/dev/shm/rigdeck-gpu-claims"  # host-wide, world-writable and sticky; gone at reboot
+MUTEX_WAIT_S = 10.0
+HOLDER_BYTES = 1024  # the holder record is padded to this, so a rewrite never needs new space
+
+
+class ClaimError(Exception):
+    """A GPU this start needs is held by another job; ``holder`` says by whom."""
+
+    def __init__(self, message: str, gpu: Optional[int] = None, holder: Optional[Dict[str, Any]] = None):
+        super().__init__(message)
+        self.gpu = gpu
+        self.holder = holder or {}
+
+
+def claim_dir() -> str:
+    return os.environ.get("RIGDECK_CLAIM_DIR") or DEFAULT_DIR
+
+
+def _user() -> str:
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:
+        return str(os.getuid())
+
+
+def _ensure_dir(d: str) -> str:
+    """The claim directory, made world-writable and sticky if new; refused if it is not a real
+    directory or is world-writable without the sticky bit (anyone could delete the locks)."""
+    try:
+        old = os.umask(0)
+        try:
+            os.mkdir(d, 0o1777)
+        finally:
+            os.umask(old)
+    except FileExistsError:
+        pass
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ClaimError("GPU claim directory %s is not a directory" % d)
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise ClaimError("GPU claim directory %s is world-writable without the sticky bit" % d)
+    return d
+
+
+def _open(d: str, name: str) -> int:
+    """Open (creating, readable and writable by every user) a lock file; never through a link."""
+    path = os.path.join(d, name)
+    old = os.umask(0)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except PermissionError:  # another user's file created without write permission for us
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    finally:
+        os.umask(old)
+    return fd
+
+
+def _gpu_file(gpu: int) -> str:
+    return "gpu-%d.lock" % int(gpu)
+
+
+class _Mutex:
+    """The directory's mutex: held while a claim is tested and made (never while a job runs)."""
+
+    def __init__(self, d: str, wait_s: float = MUTEX_WAIT_S, block: bool = True):
+        self.d, self.wait_s, self.block = d, wait_s, block
+        self.fd = -1
+
+    def __enter__(self) -> bool:
+        self.fd = _open(self.d, "claims.lock")
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except OSError as e:
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+            if not self.block or time.monotonic() > deadline:
+                return False
+            time.sleep(0.01)
+
+    def __exit__(self, *exc: Any) -> None:
+        os.close(self.fd)  # closing drops the lock
+
+
+def _free(fd: int) -> bool:
+    """True when nobody holds the lock (tested with an exclusive lock, released at once)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
+
+
+def _read_holder(fd: int) -> Dict[str, Any]:
+    try:
+        data = os.pread(fd, HOLDER_BYTES * 4, 0)
+        value = json.loads(data.decode("utf-8", "replace").strip() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _write_holder(fd: int, holder: Dict[str, Any]) -> None:
+    data = json.dumps(holder, sort_keys=True).encode()
+    data = data + b" " * max(0, HOLDER_BYTES - 1 - len(data)) + b"\n"
+    try:
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+    except OSError:
+        pass  # a read-only file (another user's, made without write bits): the lock still holds
+
+
+def describe_holder(holder: Dict[str, Any]) -> str:
+    who = "job %s" % holder.get("job_id") if holder.get("job_id") else "an unknown process"
+    extra = []
+    if holder.get("user"):
+        extra.append("user %s" % holder["user"])
+    if holder.get("pid"):
+        extra.append("pid %s" % holder["pid"])
+    if holder.get("since"):
+        extra.append("since %s" % time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder["since"]))))
+    return who + (" (%s)" % ", ".join(extra) if extra else "")
+
+
+def claim(gpus: Iterable[int], job_id: str, d: Optional[str] = None) -> List[int]:
+    """Claim every GPU in ``gpus`` for ``job_id``, all or none. Returns the locked descriptors
+    (shared locks; close them, or let the processes that inherit them exit, to release).
+
+    Raises ClaimError naming the holder when any of them is held by anybody."""
+    d = _ensure_dir(d or claim_dir())
+    wanted = sorted({int(g) for g in gpus})
+    fds = []  # type: List[int]
+    with _Mutex(d) as got:
+        if not got:
+            raise ClaimError("GPU claim directory %s stayed busy for %gs" % (d, MUTEX_WAIT_S))
+        try:
+            for g in wanted:
+                fd = _open(d, _gpu_file(g))
+                fds.append(fd)
+                if not _free(fd):
+                    holder = _read_holder(fd)
+                    raise ClaimError("GPU %d on %s is held by %s" % (g, socket.gethostname(), describe_holder(holder)),
+                                     gpu=g, holder=holder)
+            holder = {"job_id": job_id, "user": _user(), "uid": os.getuid(), "pid": os.getpid(),
+                      "since": time.time(), "host": socket.gethostname()}
+            for fd in fds:
+                fcntl.flock(fd, fcntl.LOCK_SH)  # under the mutex: nobody claims in between
+                _write_holder(fd, holder)
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+    return fds
+
+
+def join(gpus: Iterable[int], d: Optional[str] = None) -> List[int]:
+    """Take this process's own shared lock on ``gpus`` (a rank wrapper joining its job's claim),
+    so the claim outlives the job host and the launcher. Never blocks for long; a GPU whose lock
+    cannot be taken is skipped (its claim is held exclusively by a claimant testing it)."""
+    d = d or claim_dir()
+    fds = []
+    for g in sorted({int(x) for x in gpus}):
+        try:
+            fd = _open(d, _gpu_file(g))
+        except OSError:
+            continue
+        deadline = time.monotonic() + 5.0
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                fds.append(fd)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    os.close(fd)
+                    break
+                time.sleep(0.01)
+    return fds
+
+
+def held(d: Optional[str] = None, gpus: Optional[Iterable[int]] = None) -> Optional[Dict[int, Dict[str, Any]]]:
+    """``{gpu: holder}`` for every claimed GPU (all lock files, or ``gpus``); None when the
+    directory's mutex is busy right now (a claim is being made: ask again later)."""
+    d = d or claim_dir()
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return {}
+    indices = sorted(int(n[4:-5]) for n in names if n.startswith("gpu-") and n.endswith(".lock") and n[4:-5].isdigit())
+    if gpus is not None:
+        want = {int(g) for g in gpus}
+        indices = [i for i in indices if i in want]
+    out = {}  # type: Dict[int, Dict[str, Any]]
+    with _Mutex(d, block=False) as got:
+        if not got:
+            return None
+        for g in indices:
+            try:
+                fd = os.open(os.path.join(d, _gpu_file(g)), os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                if not _free(fd):
+                    out[g] = _read_holder(fd)
+            finally:
+                os.close(fd)
+    return out
