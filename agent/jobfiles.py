@@ -113,8 +113,8 @@ def reserve(path: str, size: int = PAGE) -> None:
         pass
 
 
-def tail_lines(data: bytes, lines: int) -> List[str]:
-    return data.decode("utf-8", "replace").splitlines()[-lines:]
+def tail_lines(data: bytes, lines: int, chars: int = 400) -> List[str]:
+    return [ln[:chars] for ln in data.decode("utf-8", "replace").splitlines()[-lines:]]
 
 
 def tail(path: str, lines: int = 20, max_bytes: int = 16384) -> List[str]:
@@ -298,7 +298,7 @@ def read_log(path: str, offset: int, max_bytes: int, final: bool = False) -> Tup
             data, used, more = _read_complete(path + ".1", offset - start, max_bytes, True)
             if used == 0:  # it is gone (rotated again meanwhile): skip to what is there
                 return b"", base, True
-            return data, offset + used, more or offset + used < base
+            return data, offset + used, True  # the current segment follows
         data, used, more = _read_complete(path, offset - base, max_bytes, final)
         return data, offset + used, more
     finally:

@@ -16,7 +16,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from agent import clusterfiles
-from agent.jobfiles import free_mb, is_resource_error, resource_message, tail, write_json
+from agent.jobfiles import free_mb, is_resource_error, reserve, resource_message, tail, write_json
 from agent.rankexec import die_with_parent
 
 POLL_S = 0.5  # rank exits are noticed within this; cheap enough to leave training alone
@@ -356,6 +356,7 @@ class JobHost:
             self.stop_reason = "stopped by request"
 
     def run(self) -> int:
+        reserve(self.state_path, 65536)  # room for the state (and its cause) on a full disk
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, self._on_sigterm)
         grace = float(self.plan.get("grace_s", 30))

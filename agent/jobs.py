@@ -7,6 +7,7 @@ only reads those, so it can restart (or upgrade) without losing anything. Stdlib
 from __future__ import annotations
 
 import base64
+import errno
 import glob
 import json
 import os
@@ -19,7 +20,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent import claims as gpu_claims
-from agent.jobfiles import free_mb, read_log, write_json
+from agent.jobfiles import free_mb, read_log, resource_message, write_json
 from agent.jobhost import TERMINAL, pid_alive, processes_with_tag, read_json, sweep
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -253,9 +254,13 @@ class Jobs:
             how = "exited %d without recording an end" % code
         else:
             how = "died"
+        msg = "job host process %s %s; the job's processes on this host were stopped" % (pid, how)
+        job_dir = os.path.join(self.root, str(st.get("job_id")))
+        mb = free_mb(job_dir)
+        if mb is not None and mb < 1.0:  # what most likely killed it
+            msg = resource_message(OSError(errno.ENOSPC, "No space left on device"), job_dir) + "; " + msg
         return {"host": st.get("host"), "rank": None, "jobhost_pid": pid,
-                "signal": -code if code is not None and code < 0 else None,
-                "message": "job host process %s %s; the job's processes on this host were stopped" % (pid, how)}
+                "signal": -code if code is not None and code < 0 else None, "message": msg}
 
     def supervise(self) -> None:
         """The daemon's watch over job hosts: a job host that died leaves no process behind (its

@@ -41,6 +41,8 @@ from agent.jobfiles import (  # noqa: F401  (write_json and tail: imported from 
 )
 
 TAIL_LINES = 20
+TAIL_CHARS = 400  # of each tail line kept in the exit record (it must fit its reserve)
+EXIT_RESERVE = 16384
 CHUNK = 65536
 DEFAULT_LOSS_RE = re.compile(
     r"""(?<![A-Za-z0-9_])['"]?loss['"]?\s*[:=]?\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)""",
@@ -207,7 +209,7 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
         os.unlink(exit_path)
     except OSError:
         pass
-    reserve(exit_path)  # so the exit record gets out even when the disk fills up
+    reserve(exit_path, EXIT_RESERVE)  # so the exit record gets out even when the disk fills up
     try:
         cap = int(env.get("RIGDECK_LOG_CAP") or DEFAULT_LOG_CAP)
     except ValueError:
@@ -283,7 +285,7 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
     log.close()
     sig = -code if code < 0 else None
     record = {"rank": rank, "exit_code": code if code >= 0 else None, "signal": sig,
-              "ended": time.time(), "tail": [ln.decode("utf-8", "replace") for ln in last]}  # type: Dict[str, Any]
+              "ended": time.time(), "tail": [ln[:TAIL_CHARS].decode("utf-8", "replace") for ln in last]}  # type: Dict[str, Any]
     cause = _resource_cause(log, parser, last)
     if cause:
         record["error"] = cause  # a failure even if the rank exited 0: part of its output is lost

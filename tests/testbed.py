@@ -354,6 +354,8 @@ def _toml_value(v: Any) -> str:
         return json.dumps(str(v))
     if isinstance(v, (list, tuple)):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
     raise TypeError(f"cannot write {type(v).__name__} to the inventory: {v!r}")
 
 

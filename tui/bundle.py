@@ -10,6 +10,7 @@ import hashlib
 import io
 import json
 import os
+import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,7 +77,8 @@ def build_agent(out_dir: Path | None = None, root: Path = REPO_ROOT) -> AgentBun
     path = out / f"agent-{version}.pyz"
     digest = hashlib.sha256(data).hexdigest()
     if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != digest:
-        tmp = path.with_suffix(".pyz.tmp")
+        # Several processes (two CLIs at once) and threads may build it together: own temp names.
+        tmp = path.with_suffix(f".pyz.tmp-{os.getpid()}-{threading.get_ident()}")
         tmp.write_bytes(data)
         os.chmod(tmp, 0o755)
         os.replace(tmp, path)

@@ -136,14 +136,16 @@ class Controller:
         self._transports: dict[str, Transport] = {}
         self._links: dict[str, Any] = {}
         self._host_locks: dict[str, threading.Lock] = {s.name: threading.Lock() for s in inventory.hosts}
+        self._bundle_lock = threading.Lock()
 
     # -- plumbing ---------------------------------------------------------------------------
 
     @property
     def bundle(self) -> AgentBundle:
-        if self._bundle is None:
-            self._bundle = self._bundle_factory()
-        return self._bundle
+        with self._bundle_lock:  # hosts connect in parallel: build once
+            if self._bundle is None:
+                self._bundle = self._bundle_factory()
+            return self._bundle
 
     def specs(self, names: Sequence[str] | None = None) -> tuple[HostSpec, ...]:
         return self.inventory.select(names) if names else self.inventory.hosts
