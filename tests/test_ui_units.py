@@ -405,3 +405,28 @@ def test_spanned_cells_are_left_to_rich() -> None:
     t = Text("ab")
     t.stylize("red", 0, 1)
     assert _plain_segments(t, Console(), 1, 5, Style(), Style()) is None
+
+
+def test_the_pieces_of_a_long_log_line_are_one_line_in_the_log_view() -> None:
+    from tui.jobwatch import LINE_SHOWN, JobWatch, _Track
+
+    track = _Track(rec={"job_id": "j"})
+    key = ("h1", 0)
+    chunks = [{"text": "first\n"}, {"text": "a" * 3000, "partial": True}, {"text": "b" * 3000, "partial": True},
+              {"text": "c" * 10 + "\nnext\n"}]
+    lines = [line for c in chunks for line in JobWatch._joined(track, key, c)]
+    assert lines == ["first", ("a" * 3000 + "b" * 3000)[:LINE_SHOWN] + " [... 1914 more characters]", "next"]
+    assert track.log_partial == {}
+    # A short line in two pieces is joined whole, with nothing cut.
+    pieces = [{"text": "loss=0.", "partial": True}, {"text": "5 done\n"}]
+    assert [ln for c in pieces for ln in JobWatch._joined(track, key, c)] == ["loss=0.5 done"]
+
+
+def test_a_gpu_claimed_on_its_host_shows_the_claiming_job_until_its_ranks_run() -> None:
+    from tui.widgets.tables import gpu_job_label
+
+    claimed = {"processes": [], "claim": {"job_id": "ddp-1", "user": "ana", "since": 1.0}}
+    assert gpu_job_label(claimed) == ("ddp-1 claimed (ana)", "job")
+    running = {**claimed, "processes": [{"job_id": "ddp-1", "rank": 0, "pid": 5}]}
+    assert gpu_job_label(running) == ("ddp-1 r0", "job")
+    assert gpu_job_label({"processes": [], "claim": None}) == ("-", "idle")

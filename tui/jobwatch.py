@@ -29,6 +29,7 @@ TERMINAL = ("succeeded", "failed", "stopped")
 RATE_WINDOW_S = 30.0
 LOG_LIMIT = 200_000  # lines kept per job; the oldest half goes when it is reached
 LOG_CHUNKS_PER_ROUND = 8  # per rank, so one chatty rank cannot hold up a round
+LINE_SHOWN = 4096  # characters of one log line kept for the log view; the rest is counted
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,6 +467,8 @@ class _Track:
     offsets: dict[str, dict[str, int]] = field(default_factory=dict)  # host -> rank -> byte offset
     sources: dict[tuple[str, str], str | None] = field(default_factory=dict)  # metrics or stdout
     log_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    # A line that comes in pieces (longer than a chunk): its start so far, and what was cut.
+    log_partial: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
     logs: LogBuffer = field(default_factory=LogBuffer)
     states: dict[str, Any] = field(default_factory=dict)
     ranks: list[dict[str, Any]] = field(default_factory=list)
@@ -743,6 +746,28 @@ class JobWatch:
                     break
         return out
 
+    @staticmethod
+    def _joined(track: _Track, key: tuple[str, int], chunk: Mapping[str, Any]) -> list[str]:
+        """The lines a chunk completes: the pieces of a line longer than a chunk are one line,
+        kept to its first LINE_SHOWN characters and a note of how many more it had."""
+        text = chunk["text"]
+        start, cut = track.log_partial.pop(key, ("", 0))
+        if start or cut:
+            nl = text.find("\n")
+            head, text = (text, "") if nl < 0 else (text[: nl + 1], text[nl + 1:])
+            start += head
+            if len(start) > LINE_SHOWN + 1:
+                cut += len(start.rstrip("\n")) - LINE_SHOWN
+                start = start[:LINE_SHOWN] + ("\n" if start.endswith("\n") else "")
+            if nl < 0 and chunk.get("partial"):
+                track.log_partial[key] = (start, cut)
+                return []
+            text = start.rstrip("\n") + (f" [... {cut} more characters]" if cut else "") + "\n" + text
+        elif chunk.get("partial"):
+            track.log_partial[key] = (text[:LINE_SHOWN], max(0, len(text) - LINE_SHOWN))
+            return []
+        return log_lines(text)
+
     def _read_logs(self, track: _Track) -> None:
         if track.logs_complete:
             return
@@ -774,7 +799,7 @@ class JobWatch:
                         log.info("logs from %s: %s", host, e)
                         complete = False
                         break
-                    track.logs.extend((host, rank, line) for line in log_lines(chunk["text"]))
+                    track.logs.extend((host, rank, line) for line in self._joined(track, key, chunk))
                     track.log_offsets[key] = chunk["next_offset"]
                     if not chunk["more"]:
                         break

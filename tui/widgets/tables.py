@@ -264,6 +264,10 @@ def gpu_job_label(g: Mapping[str, Any]) -> tuple[str, str]:
         p = foreign[0]
         more = f" +{len(foreign) - 1}" if len(foreign) > 1 else ""
         return f"{p.get('user') or '?'} pid {p.get('pid')}{more}", "foreign"
+    claim = g.get("claim")
+    if isinstance(claim, dict) and claim.get("job_id"):  # claimed on the host, nothing on it yet
+        who = f" ({claim['user']})" if claim.get("user") else ""
+        return f"{claim['job_id']} claimed{who}", "job"
     return "-", "idle"
 
 
