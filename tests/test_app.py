@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._require import TMUX_MISSING, require
 from tui.app import RigdeckApp
 from tui.bundle import build_agent
 from tui.controller import Controller
@@ -64,9 +65,9 @@ async def test_app_shows_the_local_host_up(tmp_path: Path, monkeypatch: pytest.M
         assert gpus.cell_text(gpus.cursor_key or "", "host") == "here"
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 def test_rigdeck_opens_on_this_machine_in_tmux(tmp_path: Path) -> None:
     """No inventory anywhere: `rigdeck` manages this machine alone, as `make run` does."""
+    require(shutil.which("tmux"), TMUX_MISSING)
     home = tmp_path / "home"
     home.mkdir()
     session = f"rdk-{uuid.uuid4().hex[:8]}"
@@ -209,7 +210,6 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed")
 @pytest.mark.parametrize(
     "how",
     [
@@ -219,6 +219,7 @@ def _alive(pid: int) -> bool:
     ],
 )
 def test_the_app_exits_when_its_terminal_goes_away(tmp_path: Path, how: str) -> None:
+    require(shutil.which("tmux"), TMUX_MISSING)
     home = tmp_path / "home"
     home.mkdir()
     socket = f"rdk-{uuid.uuid4().hex[:8]}"  # a private tmux server: kill-server kills only it
