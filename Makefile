@@ -10,8 +10,10 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps
 PYTEST_ARGS ?=
+# Tools the tests find on PATH that the machine has but not on PATH (see python39).
+TOOLS := $(CURDIR)/.tools/bin
 
-.PHONY: run test sysdeps install install-test lint screenshots bench clean testbed-down
+.PHONY: run test sysdeps python39 install install-test lint screenshots bench clean testbed-down
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -51,8 +53,32 @@ sysdeps:
 	  fi; \
 	fi
 
-test: sysdeps $(VENV)/.installed-test
-	$(PY) -m pytest $(PYTEST_ARGS)
+# agent/ and runtime/ must run on Python 3.9: the tests take `python3.9` from PATH. Debian 12
+# has no python3.9 package and uv's builds come from GitHub, so when PATH has no working one
+# (a pyenv shim for a version not selected does not run), a 3.9 that pyenv installed is linked
+# into $(TOOLS), first on the tests' PATH; failing that, apt where it has python3.9.
+python39:
+	@export PATH="$(TOOLS):$$PATH"; \
+	ok() { "$$1" -c 'import sys; assert sys.version_info[:2] == (3, 9)' 2>/dev/null; }; \
+	if ok python3.9; then exit 0; fi; \
+	if command -v pyenv >/dev/null; then \
+	  for v in $$(pyenv versions --bare 2>/dev/null | grep -E '^3\.9(\.[0-9]+)?$$'); do \
+	    p="$$(pyenv root)/versions/$$v/bin/python3.9"; \
+	    if ok "$$p"; then mkdir -p $(TOOLS) && ln -sf "$$p" $(TOOLS)/python3.9; exit 0; fi; \
+	  done; \
+	fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -qq; \
+	  if apt-cache show python3.9 >/dev/null 2>&1; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3.9 >/dev/null; \
+	    exit 0; \
+	  fi; \
+	fi; \
+	echo "no Python 3.9 here (Debian has none; pyenv install 3.9 gives one): its tests skip," \
+	  "and fail under RIGDECK_REQUIRE_TESTBED=1"
+
+test: sysdeps python39 $(VENV)/.installed-test
+	PATH="$(TOOLS):$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check tui agent runtime tests bench
@@ -68,4 +94,4 @@ testbed-down: $(VENV)/.installed
 	$(PY) -m tests.testbed down
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache .tools

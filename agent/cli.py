@@ -79,7 +79,8 @@ def cmd_daemon(args: argparse.Namespace) -> int:
 def cmd_rank(args: argparse.Namespace) -> int:
     from agent import rankexec
 
-    command = [c for c in args.command if c != "--"] if args.command[:1] == ["--"] else args.command
+    # Only the separator goes: a "--" inside the command is the command's own argument.
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         sys.stderr.write("agent.pyz rank: no command\n")
         return 2

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
+from tests._require import require
 from tests.testbed import TestBed, TestBedError, available, cleanup_stale
-
 
 _AVAILABLE: tuple[bool, str] | None = None
 
@@ -21,11 +21,7 @@ def _require_testbed() -> None:
     if _AVAILABLE is None:
         _AVAILABLE = available()
     ok, reason = _AVAILABLE
-    if ok:
-        return
-    if os.environ.get("RIGDECK_REQUIRE_TESTBED") == "1":
-        pytest.fail(f"test bed required but unavailable: {reason}", pytrace=False)
-    pytest.skip(f"test bed unavailable: {reason}")
+    require(ok, f"test bed unavailable: {reason}")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

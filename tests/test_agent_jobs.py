@@ -307,3 +307,12 @@ def test_any_process_holding_a_shared_lock_keeps_a_gpu_claimed(tmp_path: Path) -
             claims.claim([5], "theirs", str(cdir))
     finally:
         os.close(fd)
+
+
+def test_a_double_dash_inside_the_command_reaches_it(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    e = {**os.environ, "PYTHONPATH": str(ROOT)}
+    subprocess.run([sys.executable, "-m", "agent", "rank", "--job-dir", str(d), "--rank", "0", "--local-rank", "0",
+                    "--", sys.executable, "-c", "import sys; print(sys.argv[1:])", "--", "--lr", "1"],
+                   env=e, check=True, timeout=60)
+    assert (d / "logs" / "rank-0.log").read_text() == "['--', '--lr', '1']\n"

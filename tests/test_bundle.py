@@ -10,25 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
+from tests._require import PY39_MISSING, python39, require
 from tui.bundle import REPO_ROOT, build_agent, build_bytes, source_version
-
-PY39_CANDIDATES = [os.path.expanduser("~/.pyenv/versions/3.9.18/bin/python"), "/usr/bin/python3.9",
-                   "python3.9"]
-
-
-def _python39() -> str | None:
-    """A working Python 3.9 (pyenv shims exist even where the version is not selected)."""
-    for c in PY39_CANDIDATES:
-        path = c if os.path.isabs(c) else shutil.which(c)
-        if not path or not os.path.exists(path):
-            continue
-        ok = subprocess.run([path, "-c", "import sys; assert sys.version_info[:2] == (3, 9)"],
-                            capture_output=True)
-        if ok.returncode == 0:
-            return path
-    return None
 
 
 def test_build_is_reproducible(tmp_path: Path) -> None:
@@ -83,9 +66,9 @@ def test_install_refuses_a_corrupt_archive(tmp_path: Path) -> None:
     assert not (tmp_path / "s" / "agent" / "current").exists()
 
 
-@pytest.mark.skipif(_python39() is None, reason="no Python 3.9 interpreter on this machine")
 def test_agent_and_runtime_run_on_python39(tmp_path: Path) -> None:
-    py39 = _python39()
+    py39 = python39()
+    require(py39, PY39_MISSING)
     assert py39
     files = [str(p) for d in ("agent", "runtime") for p in (REPO_ROOT / d).rglob("*.py")]
     subprocess.run([py39, "-m", "py_compile", *files], check=True)

@@ -18,6 +18,14 @@ from typing import Any
 import pytest
 
 from agent import clusterfiles as cf
+from tests._require import (
+    MPIRUN_MISSING,
+    PY39_MISSING,
+    TORCH_MISSING,
+    has_module,
+    python39,
+    require,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "probe_rank.py"
@@ -384,8 +392,8 @@ def test_mpirun_argv(tmp_path: Path) -> None:
     assert "btl_tcp_if_include" not in cf.mpirun_argv(plan, [], None, "/h", version=4)
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 def test_mpirun_version_is_read() -> None:
+    require(shutil.which("mpirun"), MPIRUN_MISSING)
     major = cf.mpirun_major_version("mpirun")
     assert isinstance(major, int) and major >= 3
 
@@ -414,8 +422,7 @@ def test_route_interface_loopback() -> None:
 
 def test_route_interface_own_address() -> None:
     local = _local_ipv4()
-    if not local:
-        pytest.skip("no non-loopback IPv4 address on this machine")
+    require(local, "no non-loopback IPv4 address on this machine")
     for addr, name in local:
         assert cf.route_interface(addr) == name
 
@@ -437,22 +444,10 @@ def test_proc_net_route_fallback(tmp_path: Path) -> None:
     assert cf._proc_route_iface("10.213.1.11", str(tmp_path / "missing")) is None
 
 
-def _python39() -> str | None:
-    """A working Python 3.9 (pyenv shims exist even where the version is not selected)."""
-    for c in (os.path.expanduser("~/.pyenv/versions/3.9.18/bin/python"), "/usr/bin/python3.9",
-              "python3.9"):
-        path = c if os.path.isabs(c) else shutil.which(c)
-        if path and os.path.exists(path) and subprocess.run(
-                [path, "-c", "import sys; assert sys.version_info[:2] == (3, 9)"],
-                capture_output=True).returncode == 0:
-            return path
-    return None
-
-
 def test_agent_module_runs_on_python_3_9(tmp_path: Path) -> None:
-    py39 = _python39()
-    if py39 is None:
-        pytest.skip("no Python 3.9 interpreter on this machine")
+    py39 = python39()
+    require(py39, PY39_MISSING)
+    assert py39
     code = (
         "import json, sys; sys.path.insert(0, sys.argv[1]); from agent import clusterfiles as c\n"
         "plan = json.loads(sys.argv[2])\n"
@@ -522,7 +517,7 @@ def assert_all_ok(job_dirs: list[Path], world: int, proc: subprocess.CompletedPr
 
 
 def test_probe_under_torchrun_one_node(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    require(has_module("torch"), TORCH_MISSING)
     port = free_port()
     plan = local_plan(1, port, "torchrun")
     iface = cf.route_interface("127.0.0.1")
@@ -539,7 +534,7 @@ def test_probe_under_torchrun_one_node(tmp_path: Path) -> None:
 
 def test_probe_under_torchrun_two_nodes_on_this_machine(tmp_path: Path) -> None:
     """Two torchrun agents (node ranks 0 and 1), each with its own node's files, one job."""
-    pytest.importorskip("torch")
+    require(has_module("torch"), TORCH_MISSING)
     port = free_port()
     plan = local_plan(2, port, "torchrun")
     dirs = [tmp_path / f"n{i}" / "job" for i in range(2)]
@@ -567,7 +562,7 @@ def test_probe_under_torchrun_two_nodes_on_this_machine(tmp_path: Path) -> None:
 
 
 def test_probe_names_the_sources_that_disagree(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+    require(has_module("torch"), TORCH_MISSING)
     port = free_port()
     plan = local_plan(1, port, "torchrun")
     node = cf.node_env(plan, 0, str(tmp_path / "job"), "lo")
@@ -586,10 +581,10 @@ def test_probe_names_the_sources_that_disagree(tmp_path: Path) -> None:
         assert "SM_HOSTS" in bad["hosts"]["why"]
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 def test_probe_under_mpirun(tmp_path: Path) -> None:
     """mpirun_argv's own command line, 2 ranks here; RANK/WORLD_SIZE come from OMPI_COMM_WORLD_*."""
-    pytest.importorskip("torch")
+    require(shutil.which("mpirun"), MPIRUN_MISSING)
+    require(has_module("torch"), TORCH_MISSING)
     port = free_port()
     plan = local_plan(1, port, "mpirun")
     job = tmp_path / "job"
@@ -604,11 +599,11 @@ def test_probe_under_mpirun(tmp_path: Path) -> None:
         assert r["values"]["RANK"] is None  # only Open MPI's numbering was there
 
 
-@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun not installed")
 def test_probe_under_mpirun_two_nodes_on_this_machine(tmp_path: Path) -> None:
     """Open MPI numbers ranks in app-context order: one context per node, each with that node's
     environment (-x NAME=VALUE), gives every rank the files of the node its rank belongs to."""
-    pytest.importorskip("torch")
+    require(shutil.which("mpirun"), MPIRUN_MISSING)
+    require(has_module("torch"), TORCH_MISSING)
     port = free_port()
     plan = local_plan(2, port, "mpirun")
     dirs = [tmp_path / f"n{i}" / "job" for i in range(2)]

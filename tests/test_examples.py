@@ -20,6 +20,8 @@ from typing import Any
 import pytest
 import tomllib
 
+from tests._require import MPIRUN_MISSING, require
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 PYTHON = sys.executable
@@ -190,8 +192,8 @@ def test_pipeline_refuses_a_world_that_is_not_the_partition_count(tmp_path: Path
 
 def test_mpi_ranks_configure_from_open_mpi_alone(tmp_path: Path) -> None:
     mpirun = shutil.which("mpirun")
-    if mpirun is None:
-        pytest.skip("mpirun not found (Debian: apt-get install openmpi-bin)")
+    require(mpirun, MPIRUN_MISSING)
+    assert mpirun
     out = run([mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "2",
                PYTHON, str(EXAMPLES / "mpi" / "train.py"), "--steps", "60",
                "--master-port", str(free_port())],

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tui.history import History
+from tui.history import History, JobRefError
 
 ROOT = Path(__file__).resolve().parent.parent
 OPENERS = 8
@@ -20,7 +20,7 @@ CHILD = """
 import os, sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from tui.history import History
+from tui.history import History, JobRefError
 go = Path(sys.argv[2])
 while not go.exists():
     time.sleep(0.001)
@@ -68,3 +68,124 @@ def test_many_processes_open_one_history_at_once(tmp_path: Path, old_file: bool)
     assert len(h.list()) == OPENERS
     assert h.try_lease("job-0", "me", 60.0)  # the lease columns are there
     h.close()
+
+
+# -- job references ------------------------------------------------------------------------------
+
+
+def _history_with(tmp_path: Path, jobs: list[tuple[str, str]]) -> History:
+    """A history holding ``(job_id, name)`` jobs, created in this order (the last is newest)."""
+    h = History(tmp_path / "history.sqlite")
+    for i, (job_id, name) in enumerate(jobs):
+        h.create(job_id, name, {})
+        h.update(job_id, created=1000.0 + i)
+    return h
+
+
+JOBS = [
+    ("p-0101-000000-aaaa", "p"),
+    ("train-0101-000001-bbbb", "train"),
+    ("train-0101-000002-cccc", "train"),
+    ("eval-0101-000003-dddd", "eval"),
+]
+
+
+def test_a_reference_is_an_exact_id_a_name_or_a_unique_prefix(tmp_path: Path) -> None:
+    h = _history_with(tmp_path, JOBS)
+    assert h.resolve("train-0101-000001-bbbb").rec["job_id"] == "train-0101-000001-bbbb"  # exact id
+    by_name = h.resolve("train")
+    assert (by_name.rec["job_id"], by_name.how) == ("train-0101-000002-cccc", "name")  # the newest
+    assert by_name.matches == ("train-0101-000002-cccc", "train-0101-000001-bbbb")
+    by_prefix = h.resolve("ev")
+    assert (by_prefix.rec["job_id"], by_prefix.how) == ("eval-0101-000003-dddd", "prefix")
+    assert h.find("nothing") is None
+
+
+@pytest.mark.parametrize("ref", ["", " ", "\t\n", "%", "_", "*", "?", "%%", "_%", "*?_%"])
+def test_empty_and_wildcard_only_references_are_refused(tmp_path: Path, ref: str) -> None:
+    # A single job: the old lookup handed it out for "" and "%".
+    h = _history_with(tmp_path, JOBS[:1])
+    with pytest.raises(JobRefError, match="job reference"):
+        h.find(ref)
+
+
+@pytest.mark.parametrize("ref", ["p_", "p%", "t_ain", "train-0101-00000_", "%-0101"])
+def test_like_wildcards_in_a_reference_are_literal(tmp_path: Path, ref: str) -> None:
+    h = _history_with(tmp_path, JOBS)
+    assert h.find(ref) is None
+
+
+def test_a_literal_underscore_or_percent_matches_itself(tmp_path: Path) -> None:
+    h = _history_with(tmp_path, [("a_b-0101-000000-aaaa", "a_b"), ("axb-0101-000001-bbbb", "axb"),
+                                 ("c%d-0101-000002-cccc", "c%d")])
+    assert h.resolve("a_").rec["job_id"] == "a_b-0101-000000-aaaa"
+    assert h.resolve("c%").rec["job_id"] == "c%d-0101-000002-cccc"
+
+
+def test_an_ambiguous_prefix_is_an_error_listing_the_candidates(tmp_path: Path) -> None:
+    h = _history_with(tmp_path, JOBS)
+    with pytest.raises(JobRefError) as info:
+        h.find("train-0101")
+    assert set(info.value.candidates) == {"train-0101-000001-bbbb", "train-0101-000002-cccc"}
+    for job_id in ("train-0101-000001-bbbb", "train-0101-000002-cccc"):
+        assert job_id in str(info.value)
+
+
+# -- the CLI: a reference that names no single job stops nothing -----------------------------------
+
+
+@pytest.fixture
+def cli_history(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> History:
+    """The CLI's own history (RIGDECK_HOME) with running jobs on no host; no inventory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RIGDECK_HOME", str(tmp_path / "rigdeck"))
+    monkeypatch.delenv("RIGDECK_INVENTORY", raising=False)
+    h = History()
+    for i, (job_id, name) in enumerate(JOBS):
+        h.create(job_id, name, {}, state="running")
+        h.update(job_id, created=1000.0 + i, placement=[])
+    return h
+
+
+def _states(h: History) -> dict[str, str]:
+    return {r["job_id"]: r["state"] for r in h.list()}
+
+
+@pytest.mark.parametrize("ref", ["", "_", "%", "p_", "train-0101"])
+def test_cli_stop_of_a_reference_naming_no_single_job_exits_2_and_stops_nothing(
+    cli_history: History, capsys: pytest.CaptureFixture[str], ref: str
+) -> None:
+    from tui.cli import main
+
+    assert main(["stop", ref]) == 2
+    assert set(_states(cli_history).values()) == {"running"}
+    assert "rigdeck:" in capsys.readouterr().err
+
+
+def test_cli_stop_by_a_shared_name_needs_yes(
+    cli_history: History, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tui.cli import main
+
+    assert main(["stop", "train"]) == 2
+    err = capsys.readouterr().err
+    assert "train-0101-000001-bbbb" in err and "train-0101-000002-cccc" in err and "--yes" in err
+    assert set(_states(cli_history).values()) == {"running"}
+
+    assert main(["stop", "--yes", "train"]) == 0
+    assert _states(cli_history) == {
+        "p-0101-000000-aaaa": "running",
+        "train-0101-000001-bbbb": "running",
+        "train-0101-000002-cccc": "stopped",  # the newest of that name, and it alone
+        "eval-0101-000003-dddd": "running",
+    }
+
+
+def test_cli_stop_by_a_unique_name_or_prefix_needs_no_yes(cli_history: History) -> None:
+    from tui.cli import main
+
+    assert main(["stop", "eval"]) == 0
+    assert main(["stop", "p-01"]) == 0
+    assert _states(cli_history)["eval-0101-000003-dddd"] == "stopped"
+    assert _states(cli_history)["p-0101-000000-aaaa"] == "stopped"
+    assert _states(cli_history)["train-0101-000002-cccc"] == "running"

@@ -298,7 +298,7 @@ MALFORMED = [
         '[[hosts]]\nname = "gpu2"\naddress = "h"\nslots = 0\n',
         "host 'gpu2'",
         "field 'slots'",
-        "expected an integer >= 1",
+        "expected an integer 1..4096",
         id="slots-zero",
     ),
     pytest.param(
@@ -817,9 +817,9 @@ def test_load_inventory_detects_hostfiles(tmp_path: Path) -> None:
         (
             "a slots=2\nb slots=x\n",
             2,
-            "host 'b': field 'slots': expected an integer >= 1, got \"x\" (str)",
+            "host 'b': field 'slots': expected an integer 1..4096, got \"x\" (str)",
         ),
-        ("a slots=0\n", 1, "field 'slots': expected an integer >= 1"),
+        ("a slots=0\n", 1, "field 'slots': expected an integer 1..4096"),
         ("# c\n\na slots=2\nb slots 4\n", 4, "host 'b': expected slots=N or max_slots=M"),
         ("a cpus=4\n", 1, "expected slots=N or max_slots=M after the host name ('cpus=4')"),
         ("a max_slots=z\n", 1, "field 'max_slots'"),
@@ -1126,3 +1126,109 @@ def test_jump_cycle_through_ssh_config(tmp_path: Path) -> None:
 def test_inventory_does_not_import_textual() -> None:
     code = "import sys, tui.inventory; sys.exit('textual' in sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ports written in an address, and slot counts
+
+
+@pytest.mark.parametrize(
+    ("address", "extra", "want"),
+    [
+        ("h5:2222", "", ("h5", 2222)),
+        ("10.0.0.5:2200", "", ("10.0.0.5", 2200)),
+        ("[fe80::1]:2222", "", ("fe80::1", 2222)),
+        ("[fe80::1]", "", ("fe80::1", 22)),
+        ("fe80::1", "", ("fe80::1", 22)),  # a bare IPv6 address has no port
+        ("h5", "port = 2201\n", ("h5", 2201)),
+        ("h5:2222", "port = 2222\n", ("h5", 2222)),  # the same port twice agrees
+    ],
+)
+def test_an_address_may_carry_its_port(
+    tmp_path: Path, address: str, extra: str, want: tuple[str, int]
+) -> None:
+    path = inventory(tmp_path, f'[[hosts]]\nname = "h"\naddress = "{address}"\n{extra}')
+    (host,) = load_inventory(path).hosts
+    assert (host.address, host.port) == want
+
+
+def test_a_port_in_the_address_beats_defaults_and_ssh_config(tmp_path: Path) -> None:
+    cfg = ssh_config(tmp_path, "Host h\n    Port 2000\n")
+    path = inventory(
+        tmp_path,
+        '[defaults]\nport = 2100\n[[hosts]]\nname = "h"\naddress = "h5:2222"\n',
+        ssh_config=cfg,
+    )
+    assert load_inventory(path).hosts[0].port == 2222
+
+
+@pytest.mark.parametrize(
+    ("address", "extra", "field", "needle"),
+    [
+        ("h5:2222", "port = 22\n", "port", "the port the address names (2222)"),
+        ("h5:0", "", "address", "a port 1..65535"),
+        ("h5:65536", "", "address", "a port 1..65535"),
+        ("h5:", "", "address", "a port 1..65535"),
+        ("h5:ssh", "", "address", "a port 1..65535"),
+        ("h5:99999999999999999999", "", "address", "a port 1..65535"),
+        (":2222", "", "address", "host:port"),
+        ("[fe80::1", "", "address", "[IPv6]:port"),
+        ("[fe80::1]x", "", "address", "[IPv6]:port"),
+        ("[]:22", "", "address", "[IPv6]:port"),
+    ],
+)
+def test_a_bad_or_conflicting_port_in_an_address_is_refused(
+    tmp_path: Path, address: str, extra: str, field: str, needle: str
+) -> None:
+    path = inventory(tmp_path, f'[[hosts]]\nname = "gpu5"\naddress = "{address}"\n{extra}')
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: host 'gpu5': field '{field}': expected "), message
+    assert needle in message, message
+
+
+def test_toml_slots_have_an_upper_bound(tmp_path: Path) -> None:
+    ok = inventory(tmp_path, '[[hosts]]\nname = "h"\naddress = "h"\nslots = 4096\n')
+    assert load_inventory(ok).hosts[0].slots == 4096
+    bad = inventory(tmp_path, '[[hosts]]\nname = "h"\naddress = "h"\nslots = 99999999\n')
+    with pytest.raises(InventoryError, match="field .slots.: expected an integer 1..4096"):
+        load_inventory(bad)
+
+
+def test_hostfile_host_port_is_the_address_and_port(tmp_path: Path) -> None:
+    path = write(tmp_path / "hostfile", "h5:2222 slots=2\nroot@[fe80::1]:2200\nh6\n")
+    inv = load_hostfile(path, {"ssh_config": ""})
+    assert [(h.name, h.address, h.port, h.slots) for h in inv.hosts] == [
+        ("h5-2222", "h5", 2222, 2),
+        ("fe80-1-2200", "fe80::1", 2200, 1),
+        ("h6", "h6", 22, 1),
+    ]
+    # The import writes what was meant, and reads back the same.
+    again = write(tmp_path / "again.toml", hostfile_to_toml(inv))
+    assert [(h.address, h.port) for h in load_inventory(again).hosts] == [
+        ("h5", 2222), ("fe80::1", 2200), ("h6", 22)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "field", "got"),
+    [
+        ("a slots=2\nb slots=99999999999999999999\n", 2, "slots", "99999999999999999999"),
+        ("a slots=4097\n", 1, "slots", "4097"),
+        ("a max_slots=99999999999999999999\n", 1, "max_slots", "99999999999999999999"),
+        ("a slots=\u00b2\n", 1, "slots", "\u00b2"),  # a digit to str.isdigit, not to int()
+        ("a slots=-1\n", 1, "slots", "-1"),
+        ("# x\nh5:0 slots=1\n", 2, "address", "h5:0"),
+    ],
+)
+def test_hostfile_slots_and_ports_are_sane(
+    tmp_path: Path, text: str, line: int, field: str, got: str
+) -> None:
+    path = write(tmp_path / "hostfile", text)
+    with pytest.raises(InventoryError) as info:
+        load_hostfile(path, {"ssh_config": ""})
+    message = str(info.value)
+    assert message.startswith(f"{path}:{line}: host "), message
+    assert f"field '{field}': expected " in message and repr(got).strip("'") in message, message
+    assert (info.value.line, info.value.field, info.value.got) == (line, field, got)

@@ -527,3 +527,146 @@ def test_custom_patterns() -> None:
     assert parse_loss("L=x", r"L=(\w+)") is None
     assert parse_loss("nothing", r"L=([0-9.]+)") is None
     assert parse_loss("L=", r"L=([0-9.]+)?") is None
+
+
+# ---------------------------------------------------------------------------------------------
+# Limits: checked before anything starts, with the field named
+
+
+def _toml_list(words: list[str]) -> str:
+    return "[" + ", ".join(json.dumps(w) for w in words) + "]"
+
+
+@pytest.mark.parametrize(
+    ("body", "field", "needle"),
+    [
+        pytest.param(
+            f'command = ["echo", "{"x" * (1 << 20)}"]\n', "command[1]",
+            "at most 65536 bytes (64 KiB) each; this one has 1048576", id="one-1MB-argument",
+        ),
+        pytest.param(
+            f'command = ["echo", "{"x" * 200_000}"]\n', "command[1]",
+            "this one has 200000", id="one-200KB-argument",
+        ),
+        pytest.param(
+            f'command = ["echo", "{"é" * 40_000}"]\n', "command[1]",
+            "this one has 80000", id="bytes-not-characters",
+        ),
+        pytest.param(
+            f"command = {_toml_list(['echo'] + ['y' * 60_000] * 3)}\n", "command",
+            "at most 131072 bytes (128 KiB) together", id="arguments-together",
+        ),
+        pytest.param(
+            f'command = ["echo"]\n[env]\nBIG = "{"v" * 70_000}"\n', "env.BIG",
+            "a value of at most 65536 bytes", id="env-value",
+        ),
+        pytest.param(
+            'command = ["echo"]\n[env]\n'
+            + "".join(f'V{i} = "{"v" * 60_000}"\n' for i in range(3)),
+            "env", "variables of at most 131072 bytes", id="env-together",
+        ),
+        pytest.param(
+            f'command = ["echo"]\n[mpi]\ncustom_options = ["--x", "{"o" * 70_000}"]\n',
+            "mpi.custom_options[1]", "options of at most 65536 bytes", id="mpi-option",
+        ),
+        pytest.param(
+            f'command = ["echo"]\n[hyperparameters]\nblob = "{"h" * 40_000}"\n',
+            "hyperparameters", "at most 32768 bytes (32 KiB) as JSON", id="hyperparameters",
+        ),
+        pytest.param(
+            'command = ["echo"]\n[hyperparameters]\n"a=b" = 1\n',
+            "hyperparameters", "no '='", id="hyperparameter-name",
+        ),
+        pytest.param(
+            f'command = ["echo"]\nworkdir = "/{"d" * 5000}"\n', "workdir",
+            "a path of at most 4096 bytes", id="workdir",
+        ),
+        pytest.param(
+            f'command = ["echo"]\n[checkpoint]\ndir = "/{"d" * 5000}"\n', "checkpoint.dir",
+            "a path of at most 4096 bytes", id="checkpoint-dir",
+        ),
+        pytest.param(
+            f'command = ["echo"]\n[channels]\ntrain = "/{"d" * 5000}"\n', "channels.train",
+            "a path of at most 4096 bytes", id="channel-path",
+        ),
+        pytest.param(
+            'command = ["echo", "a\\u0000b"]\n', "command[1]",
+            "text without NUL characters", id="nul-in-argument",
+        ),
+        pytest.param(
+            'command = ["echo"]\n[env]\nX = "a\\u0000"\n', "env.X",
+            "text without NUL characters", id="nul-in-env-value",
+        ),
+        pytest.param(
+            'command = ["echo"]\n[hyperparameters]\nlr = ["1", "\\u0000"]\n',
+            "hyperparameters.lr[1]", "text without NUL characters", id="nul-in-hyperparameter",
+        ),
+        pytest.param(
+            'command = ["echo"]\n[hyperparameters]\n"a\\u0000" = 1\n',
+            "hyperparameters.a\0", "names without NUL characters", id="nul-in-a-name",
+        ),
+        pytest.param(
+            'command = ["echo"]\n[env]\n"1X" = "1"\n', "env",
+            "environment variable names", id="env-name-digit",
+        ),
+        pytest.param(
+            'command = ["echo"]\n[env]\n"A=B" = "1"\n', "env",
+            "environment variable names", id="env-name-equals",
+        ),
+    ],
+)
+def test_limits_name_the_field(tmp_path: Path, body: str, field: str, needle: str) -> None:
+    err = load_error(tmp_path, 'name = "big"\n' + body)
+    assert err.field == field, str(err)
+    assert needle in str(err), str(err)
+    assert len(str(err)) < 400  # the value is shown cut short, never whole
+
+
+def test_the_whole_spec_has_a_size_limit(tmp_path: Path) -> None:
+    # Each field within its own limit, but JSON writes a control character as six bytes.
+    body = 'name = "big"\ncommand = ' + _toml_list(["echo"] + ["\u0001" * 60_000] * 2) + "\n"
+    body += "[env]\n" + "".join(f"V{i} = {json.dumps(chr(1) * 60_000)}\n" for i in range(2))
+    err = load_error(tmp_path, body)
+    assert err.field is None
+    assert "a spec of at most 524288 bytes (512 KiB)" in str(err)
+
+
+def test_sizes_at_the_limits_are_accepted(tmp_path: Path) -> None:
+    arg = "x" * 65536
+    spec = jobspec_from_toml(f'name = "ok"\ncommand = ["echo", "{arg}"]\n[env]\nA = "{arg}"\n')
+    assert spec.command[1] == arg and dict(spec.env)["A"] == arg
+
+
+def test_a_double_dash_argument_is_kept(tmp_path: Path) -> None:
+    from tui.specform import form_values, merge_form, spec_from_form
+
+    words = ["{python}", "train.py", "--", "--lr", "1", "--"]
+    text = f'name = "dd"\ncommand = {_toml_list(words)}\n'
+    assert load_jobspec(spec_file(tmp_path, text)).command == tuple(words)
+    # Through the launch form: shown, edited as text, and read back.
+    data = {"name": "dd", "command": words}
+    shown = form_values(data)
+    assert shown["command"] == "{python} train.py -- --lr 1 --"
+    assert merge_form(data, shown)["command"] == words
+    assert spec_from_form({}, {"name": "dd", "command": "a -- b --"}, None).command == (
+        "a", "--", "b", "--"
+    )
+    # And in the job history's form of the spec.
+    spec = load_jobspec(spec_file(tmp_path, text))
+    assert JobSpec.from_dict(json.loads(json.dumps(spec.to_dict()))).command == tuple(words)
+
+
+def test_cli_launch_of_a_too_big_spec_exits_2_and_records_no_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tui.cli import main
+    from tui.history import History
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("RIGDECK_HOME", str(tmp_path / "rigdeck"))
+    monkeypatch.delenv("RIGDECK_INVENTORY", raising=False)
+    path = spec_file(tmp_path, f'name = "big"\ncommand = ["echo", "{"x" * (1 << 20)}"]\n')
+    assert main(["launch", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rigdeck: {path}: field 'command[1]': expected ") and len(err) < 400
+    assert History().list() == []

@@ -23,6 +23,7 @@ from runtime.cluster import ClusterInfoError, cluster_info
 from runtime.distributed import scaled_lr
 from runtime.metrics import Reporter
 from runtime.sharding import shard
+from tests._require import PY39_MISSING, python39, require
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS = ["h1", "h2", "h3"]
@@ -761,9 +762,9 @@ def test_import_runtime_is_cheap_and_stdlib_only() -> None:
 
 
 def test_runtime_compiles_on_python_39() -> None:
-    py39 = os.path.expanduser("~/.pyenv/versions/3.9.18/bin/python")
-    if not os.path.exists(py39):
-        pytest.skip("no Python 3.9 at ~/.pyenv/versions/3.9.18")
+    py39 = python39()
+    require(py39, PY39_MISSING)
+    assert py39
     files = [str(p) for p in (ROOT / "runtime").glob("*.py")]
     code = "import ast, sys\nfor f in sys.argv[1:]: ast.parse(open(f).read(), f)\n"
     subprocess.run([py39, "-c", code, *files], check=True)

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from tests._require import require
 from tests.testbed import TestBed
 from tui.bundle import build_agent
 from tui.controller import Controller
@@ -142,8 +143,8 @@ def test_proxy_jump_through_another_test_bed_host(testbed_factory: Any, tmp_path
     blocked = bed.exec(
         2, ["iptables", "-A", "INPUT", "-s", bed.gateway, "-p", "tcp", "--dport", "22", "-j", "DROP"]
     )
-    if blocked.returncode != 0:
-        pytest.skip(f"iptables unusable in the namespace: {blocked.stderr.strip()}")
+    why = f"iptables unusable in the namespace: {blocked.stderr.strip()}"
+    require(blocked.returncode == 0, why)
     direct = bed.write_inventory(tmp_path / "direct.toml", hosts=[2], connect_timeout=2.0)
     r = hosts_json("hosts", "--inventory", str(direct), check=False)[0]
     assert r["reachable"] is False  # proves the direct path is closed

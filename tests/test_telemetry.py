@@ -39,9 +39,10 @@ from agent.telemetry import (
     sample_to_dict,
     whole_disks,
 )
+from tests._require import PY39_MISSING, has_module, python39, require
 
 ROOT = Path(__file__).resolve().parent.parent
-PY39 = Path("/root/.pyenv/versions/3.9.18/bin/python")
+PSUTIL_MISSING = "psutil is not installed (a dependency of rigdeck: pip install -e .)"
 ME = pwd.getpwuid(os.geteuid()).pw_name
 
 H100_ROW = (
@@ -618,8 +619,8 @@ def test_simulated_holds_no_files_after_processes_die_or_close(spawn: Any) -> No
     assert fds() == before
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as another user")
 def test_simulated_ignores_other_users_processes(spawn: Any) -> None:
+    require(os.geteuid() == 0, "needs root to start a process as another user")
     other = spawn(["sleep", "60"], user=65534, RIGDECK_SIM_GPU="0")
     with Collector(sim_gpus=1, backend="simulated") as c:
         s = c.sample()
@@ -665,7 +666,7 @@ def _check_host(c: Collector) -> None:
 
 
 def test_host_metrics_with_psutil() -> None:
-    pytest.importorskip("psutil")
+    require(has_module("psutil"), PSUTIL_MISSING)
     with Collector(backend="none", use_psutil=True) as c:
         assert c.uses_psutil
         _check_host(c)
@@ -687,7 +688,7 @@ def test_host_metrics_without_psutil_installed(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_psutil_and_proc_agree_on_memory() -> None:
-    pytest.importorskip("psutil")
+    require(has_module("psutil"), PSUTIL_MISSING)
     with (
         Collector(backend="none", use_psutil=True) as a,
         Collector(backend="none", use_psutil=False) as b,
@@ -787,8 +788,9 @@ def test_import_pulls_in_no_optional_module() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
 
 
-@pytest.mark.skipif(not PY39.exists(), reason=f"{PY39} not installed")
 def test_smoke_under_python_3_9() -> None:
+    py39 = python39()
+    require(py39, PY39_MISSING)
     code = textwrap.dedent(
         """\
         import json, sys, time
@@ -806,7 +808,7 @@ def test_smoke_under_python_3_9() -> None:
     env = _clean_env(PYTHONPATH=str(ROOT))
     env.pop("PYTHONHOME", None)
     proc = subprocess.run(
-        [str(PY39), "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        [str(py39), "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)

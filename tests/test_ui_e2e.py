@@ -22,13 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from tests._require import TMUX_MISSING, require
 from tests.testbed import TestBed
 from tui.specform import dumps, read_spec_data
 
-pytestmark = [
-    pytest.mark.testbed,
-    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux not installed"),
-]
+pytestmark = pytest.mark.testbed
 
 ROOT = Path(__file__).resolve().parent.parent
 DDP = ROOT / "examples" / "ddp" / "job.toml"
@@ -119,6 +117,7 @@ class Tmux:
 
 @pytest.fixture
 def tmux_env(tmp_path: Path) -> Iterator[dict[str, str]]:
+    require(shutil.which("tmux"), TMUX_MISSING)
     home = tmp_path / "home"
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RIGDECK_", "TMUX"))}

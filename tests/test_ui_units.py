@@ -20,8 +20,8 @@ from tui.jobwatch import (
     owner_summary,
 )
 from tui.keys import load_keymap
-from tui.termsafe import log_lines, terminal_safe
 from tui.specform import dumps, form_values, merge_form, spec_from_form
+from tui.termsafe import log_lines, terminal_safe
 from tui.widgets.chart import render_chart, ticks
 from tui.widgets.difftable import Col, DiffTable
 from tui.widgets.tables import GpuFilter, GpusTable, Widths, gpu_rows, host_rows

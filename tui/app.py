@@ -11,6 +11,9 @@ in one place (``_worker_done``).
 from __future__ import annotations
 
 import gc
+import logging
+import os
+import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -32,6 +35,7 @@ from tui.keys import keymap_path, load_keymap
 from tui.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey, describe_error
 from tui.screens.launch import LaunchScreen
 from tui.state import host_gpu_count, host_gpu_model, host_gpus_busy, host_gpus_simulated
+from tui.terminal import HangupWatch, input_fd
 from tui.termsafe import terminal_safe
 from tui.widgets.chart import LossChart
 from tui.widgets.format import duration, loss_text, placement_text, size_bytes, step_rate_text
@@ -54,7 +58,10 @@ from tui.widgets.tables import (
     rank_rows,
 )
 
+log = logging.getLogger(__name__)
+
 TABS = ("hosts", "gpus", "jobs", "job", "checkpoints", "logs")
+EXIT_HANGUP = 128 + signal.SIGHUP  # the shell's status for a process ended by a hangup
 JOB_TABS = ("job", "checkpoints", "logs")
 
 
@@ -187,6 +194,7 @@ class RigdeckApp(App[None]):
         self._freeze_at = float("inf")
         self._gc_thresholds = gc.get_threshold()
         self.samples = 0
+        self._hangup: HangupWatch | None = None
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -261,8 +269,31 @@ class RigdeckApp(App[None]):
         gc.freeze()
         gc.set_threshold(50_000, 20, 100)
         self.query_one("#hosts-table").focus()
+        self._watch_for_hangup()
+
+    def _watch_for_hangup(self) -> None:
+        """Leave when the terminal goes away (SIGHUP, or the tty seen hung up: the app may
+        never get the signal, see tui/terminal.py). Not for a headless app (tests)."""
+        if not self.is_headless:
+            self._hangup = HangupWatch(input_fd(), self._terminal_gone).start()
+
+    def _terminal_gone(self, reason: str) -> None:
+        """On the hangup watch's thread. Textual cannot shut down on a dead terminal (its
+        writer thread dies on the first EIO and its next write blocks for good), and there
+        is nothing left to restore: let go of the hosts and of the jobs this app supervises,
+        then end the process. Jobs run on their hosts and go on."""
+        try:
+            self.jobwatch.stop()
+            self.monitor.stop(timeout=2.0)
+            self.controller.close()
+        except Exception:
+            log.warning("leaving after %s: cleanup failed", reason, exc_info=True)
+        logging.shutdown()
+        os._exit(EXIT_HANGUP)
 
     def on_unmount(self) -> None:
+        if self._hangup is not None:
+            self._hangup.stop()
         self.jobwatch.stop()
         self.monitor.stop(timeout=2.0)
         self.controller.close()

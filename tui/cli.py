@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("job", metavar="JOB")
     p.add_argument("--grace", type=float, default=None, metavar="S", help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--yes", "-y", action="store_true",
+                   help="when JOB is a name several jobs share, stop the newest of them")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("gc", help="remove ended jobs' directories on the hosts past the inventory's retention")
@@ -276,7 +278,7 @@ def _print_logs(chunks: Any, *, raw: bool, flush: bool) -> None:
 
 
 def _run_jobs(args: argparse.Namespace) -> int:
-    from tui.jobs import TERMINAL, JobError
+    from tui.jobs import TERMINAL, AmbiguousJobError, JobError
     from tui.jobspec import JobSpecError, load_jobspec
     from tui.scheduler import PlacementError
 
@@ -362,7 +364,11 @@ def _run_jobs(args: argparse.Namespace) -> int:
                         print(f"step {r.get('step')!s:<8} loss {r.get('loss')!s:<22} rank {r.get('rank')} {r.get('host')}")
             return EXIT_OK
         if args.command == "stop":
-            view = jm.stop(args.job, grace_s=args.grace)
+            try:
+                view = jm.stop(args.job, grace_s=args.grace, yes=args.yes)
+            except AmbiguousJobError as e:
+                print(f"rigdeck: {e} (stop --yes {args.job} stops the newest)", file=sys.stderr)
+                return EXIT_USAGE
             if args.json:
                 json.dump(view.to_json(), sys.stdout, indent=2)
                 sys.stdout.write("\n")

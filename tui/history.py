@@ -7,6 +7,7 @@ import os
 import sqlite3
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,28 @@ CREATE TABLE IF NOT EXISTS jobs (
 # Columns added after the first release, for history files made before them.
 ADDED_COLUMNS = (("supervisor", "TEXT"), ("lease_until", "REAL"))
 JSON_FIELDS = ("spec", "placement", "cause", "events")
+# Characters that are wildcards somewhere (SQL LIKE, shell globs): a reference made only of them
+# is a mistake, never a job.
+WILDCARDS = frozenset("%_*?")
+
+
+class JobRefError(ValueError):
+    """A job reference that names no single job; ``candidates`` are the ids it could mean."""
+
+    def __init__(self, message: str, candidates: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.candidates = candidates
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """How a reference resolved: ``rec`` is the job; ``how`` is "id", "name" or "prefix";
+    ``matches`` are the ids of every job the reference matched that way, newest first (several
+    only for a name shared by several jobs)."""
+
+    rec: dict[str, Any]
+    how: str
+    matches: tuple[str, ...]
 
 
 def rigdeck_home() -> Path:
@@ -125,24 +148,56 @@ class History:
             names = [c[0] for c in cur.description]
         return self._row(row, names) if row else None
 
-    def find(self, ref: str) -> dict[str, Any] | None:
-        """A job by exact id, or by unique id prefix, or the newest job of that name."""
+    def resolve(self, ref: str) -> JobRef | None:
+        """What ``ref`` names: an exact job id, else the newest job of that name, else the one
+        job whose id starts with ``ref`` (literally: ``_`` and ``%`` are not wildcards).
+
+        A name comes before a prefix because a job's id starts with its name: with two jobs named
+        ``train``, ``train`` is a prefix of both ids but plainly means the newest ``train``.
+        Raises :class:`JobRefError` for a reference that could name any job (empty, or only
+        wildcard-like characters) and for a prefix shared by several jobs.
+        """
+        if not ref.strip():
+            raise JobRefError(
+                f"an empty job reference {ref!r}: give a job id, an id prefix or a job name"
+            )
+        if set(ref) <= WILDCARDS:
+            raise JobRefError(
+                f"job reference {ref!r} is only wildcard-like characters; "
+                "give a job id, an id prefix or a job name (references are matched literally)"
+            )
         rec = self.get(ref)
         if rec:
-            return rec
+            return JobRef(rec, "id", (ref,))
         with self._lock:
             cur = self._db.execute(
-                "SELECT * FROM jobs WHERE job_id LIKE ? OR name = ? ORDER BY created DESC",
-                (ref.replace("%", "") + "%", ref),
+                "SELECT * FROM jobs WHERE name = ? ORDER BY created DESC", (ref,)
             )
             rows = cur.fetchall()
             names = [c[0] for c in cur.description]
-        by_prefix = [r for r in rows if str(r[0]).startswith(ref)]
-        if len(by_prefix) == 1:
-            return self._row(by_prefix[0], names)
-        if rows and not by_prefix:
-            return self._row(rows[0], names)
-        return None
+            if not rows:
+                cur = self._db.execute(
+                    "SELECT * FROM jobs WHERE substr(job_id, 1, ?) = ? ORDER BY created DESC",
+                    (len(ref), ref),
+                )
+                rows = cur.fetchall()
+                how = "prefix"
+            else:
+                how = "name"
+        if not rows:
+            return None
+        ids = tuple(str(r[0]) for r in rows)
+        if how == "prefix" and len(rows) > 1:
+            shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
+            raise JobRefError(
+                f"job reference {ref!r} is a prefix of {len(ids)} job ids: {shown}", ids
+            )
+        return JobRef(self._row(rows[0], names), how, ids)
+
+    def find(self, ref: str) -> dict[str, Any] | None:
+        """The job ``ref`` names (see :meth:`resolve`), or None if it names none."""
+        found = self.resolve(ref)
+        return found.rec if found else None
 
     def list(self, limit: int = 100) -> list[dict[str, Any]]:
         with self._lock:

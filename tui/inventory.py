@@ -255,6 +255,48 @@ def _token(v: Any) -> str:
     raise _Bad()
 
 
+class _Address(NamedTuple):
+    host: str
+    port: int | None  # the port written in the address ("h5:2222"), if any
+
+
+_ADDRESS_EXPECTED = (
+    "a host name or IP address, optionally with a port: host, host:port, an IPv6 address, "
+    "or [IPv6]:port (a string without spaces)"
+)
+_ADDRESS_V6_RE = re.compile(r"\[(?P<v6>[^\]\s]+)\](?::(?P<port>[^:]*))?")
+
+
+def _split_address(v: str) -> _Address:
+    """``host``, ``host:port``, a bare IPv6 address (two or more colons, no port) or
+    ``[v6]`` / ``[v6]:port``. A port written here is what the user meant, never part of the
+    host name: ssh would otherwise look up a host called "h5:2222"."""
+    if not v or any(c.isspace() for c in v):
+        raise _Bad(_ADDRESS_EXPECTED, got=v)
+    if v.startswith("["):
+        m = _ADDRESS_V6_RE.fullmatch(v)
+        if m is None:
+            raise _Bad(_ADDRESS_EXPECTED, got=v)
+        host, port_text = m["v6"], m["port"]
+    elif v.count(":") == 1:
+        host, port_text = v.split(":")
+    else:
+        host, port_text = v, None
+    if not host:
+        raise _Bad(_ADDRESS_EXPECTED, got=v)
+    if port_text is None:
+        return _Address(host, None)
+    if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 1 <= int(port_text) <= 65535:
+        raise _Bad("a port 1..65535 after the ':' of host:port", got=v)
+    return _Address(host, int(port_text))
+
+
+def _address(v: Any) -> _Address:
+    if not isinstance(v, str):
+        raise _Bad()
+    return _split_address(v)
+
+
 def _name(v: Any) -> str:
     if isinstance(v, str) and NAME_RE.fullmatch(v):
         return v
@@ -336,6 +378,11 @@ def _proxy_jump(v: Any) -> str | None:
     return v.strip()
 
 
+# Ranks per host: far above any machine's GPU count, far below what would exhaust the
+# controller or the agent when it starts that many processes.
+MAX_SLOTS = 4096
+_SLOTS_EXPECTED = f"an integer 1..{MAX_SLOTS}"
+
 _COMMON_FIELDS: dict[str, _Check] = {
     "port": _Check("an integer 1..65535", _int_range(1, 65535)),
     "user": _Check("a user name (a string without spaces)", _token),
@@ -376,9 +423,9 @@ _DEFAULT_FIELDS: dict[str, _Check] = {
 _HOST_FIELDS: dict[str, _Check] = {
     **_COMMON_FIELDS,
     "name": _Check("a name of letters, digits, '.', '_' and '-'", _name),
-    "address": _Check("a host name or IP address (a string without spaces)", _token),
+    "address": _Check(_ADDRESS_EXPECTED, _address),
     "proxy_jump": _Check(_JUMP_EXPECTED, _proxy_jump),
-    "slots": _Check("an integer >= 1", _int_range(1)),
+    "slots": _Check(_SLOTS_EXPECTED, _int_range(1, MAX_SLOTS)),
     "transport": _Check('"ssh" or "local"', _transport),
 }
 _TOP_LEVEL = ("defaults", "hosts")
@@ -538,8 +585,19 @@ class _Resolver:
                 return from_ssh
             return self.defaults.get(key, builtin)
 
+        address_port: int | None = None
         if "address" in entry:
-            address = entry["address"]
+            address, address_port = entry["address"]
+            if address_port is not None and entry.get("port", address_port) != address_port:
+                raise InventoryError(
+                    self.path,
+                    name,
+                    "port",
+                    f"no port, or the port the address names ({address_port}), "
+                    f"as address = {raw['address']!r}",
+                    entry["port"],
+                    line=line,
+                )
         elif transport == "ssh" and self.ssh.has_hostname(alias or name):
             address = options["hostname"]
         elif fallback_address is not None:
@@ -574,7 +632,7 @@ class _Resolver:
         return HostSpec(
             name=name,
             address=address,
-            port=pick("port", self.ssh.port(options, name), 22),
+            port=address_port or pick("port", self.ssh.port(options, name), 22),
             user=pick("user", options.get("user"), None) or _local_user(),
             identity_files=pick("identity_file", _identity_files(options), ()),
             python=pick("python", None, "python3"),
@@ -731,9 +789,17 @@ def _hostfile_inventory(text: str, path: Path, defaults: Mapping[str, Any] | Non
         if not hostname or "=" in first or (at and not user):
             raise InventoryError(path, None, None, _HOSTFILE_EXPECTED, content, line=lineno)
         name = _sanitize(hostname)
+        try:  # "h5:2222" is host h5 on port 2222, as in an inventory's address
+            host, port = _split_address(hostname)
+        except _Bad as bad:
+            raise InventoryError(
+                path, name, "address", bad.expected or _ADDRESS_EXPECTED, hostname, line=lineno
+            ) from None
         entry: dict[str, Any] = {"name": name, "slots": 1}
         if user:
             entry["user"] = user
+        if port is not None:
+            entry["port"] = port
         for token in rest:
             key, eq, value = token.partition("=")
             key = key.lower().replace("-", "_")
@@ -745,13 +811,14 @@ def _hostfile_inventory(text: str, path: Path, defaults: Mapping[str, Any] | Non
                     f"slots=N or max_slots=M after the host name ({token!r})",
                     line=lineno,
                 )
-            if not value.isdigit() or int(value) < 1:
-                raise InventoryError(path, name, key, "an integer >= 1", value, line=lineno)
+            # [0-9] and not isdigit(): "²" is a digit to Python but not to int().
+            if not re.fullmatch(r"[0-9]+", value) or not 1 <= int(value) <= MAX_SLOTS:
+                raise InventoryError(path, name, key, _SLOTS_EXPECTED, value, line=lineno)
             if key == "slots":
                 entry["slots"] = int(value)
             # max_slots only caps oversubscription in Open MPI; rigdeck does not oversubscribe.
         hosts.append(
-            resolver.resolve(entry, name, alias=hostname, fallback_address=hostname, line=lineno)
+            resolver.resolve(entry, name, alias=host, fallback_address=host, line=lineno)
         )
         lines.append(lineno)
     if not hosts:

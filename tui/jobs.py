@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tui.controller import Controller
-from tui.history import History
+from tui.history import History, JobRef, JobRefError
 from tui.jobspec import JobSpec
 from tui.scheduler import (
     HostCapacity,
@@ -41,6 +41,15 @@ LEASE_S = 60.0  # how long a supervising controller's claim on a job lasts witho
 
 class JobError(Exception):
     """A job request that cannot be carried out; the message says why."""
+
+
+class AmbiguousJobError(JobError):
+    """A stop by a name that several jobs share, not confirmed; ``job_ids`` are theirs, newest
+    first."""
+
+    def __init__(self, message: str, job_ids: tuple[str, ...]):
+        super().__init__(message)
+        self.job_ids = job_ids
 
 
 def new_job_id(name: str) -> str:
@@ -342,18 +351,36 @@ class JobManager:
                 seen.append(n["host"])
         return seen
 
-    def record(self, ref: str) -> dict[str, Any]:
-        rec = self.history.find(ref)
-        if rec is None:
+    def resolve(self, ref: str) -> JobRef:
+        """The job ``ref`` names (exact id, newest of a name, unique literal id prefix)."""
+        try:
+            found = self.history.resolve(ref)
+        except JobRefError as e:
+            raise JobError(str(e)) from None
+        if found is None:
             raise JobError(f"no job {ref!r} in {self.history.path}")
-        return rec
+        return found
+
+    def record(self, ref: str) -> dict[str, Any]:
+        return self.resolve(ref).rec
 
     def host_states(self, rec: dict[str, Any], method: str = "job_status") -> dict[str, Any]:
         hosts = [n["host"] for n in rec.get("placement") or []]
         return self.ctl.request_many(hosts, method, timeout=20, job_id=rec["job_id"])
 
-    def stop(self, ref: str, grace_s: float | None = None, wait: bool = True) -> JobView:
-        rec = self.record(ref)
+    def stop(
+        self, ref: str, grace_s: float | None = None, wait: bool = True, *, yes: bool = False
+    ) -> JobView:
+        """Stop the job ``ref`` names. A name that several jobs share stops the newest only with
+        ``yes``: a stop cannot be taken back, so the caller must have seen that it was a choice."""
+        found = self.resolve(ref)
+        if found.how == "name" and len(found.matches) > 1 and not yes:
+            raise AmbiguousJobError(
+                f"{ref!r} names {len(found.matches)} jobs: {', '.join(found.matches)}; "
+                f"confirm stopping the newest ({found.matches[0]}), or give a job id",
+                found.matches,
+            )
+        rec = found.rec
         job_id = rec["job_id"]
         self.history.update(job_id, supervisor=self.owner, lease_until=time.time() + LEASE_S)
         grace = grace_s if grace_s is not None else float(rec["spec"].get("grace_s", 30))

@@ -50,6 +50,17 @@ DEFAULT_MAX_RUNTIME_S = 24 * 3600
 MAX_RUNTIME_LIMIT_S = 28 * 24 * 3600
 DEFAULT_GRACE_S = 30.0
 
+# Sizes a host can take. Linux refuses one argument or environment string over 128 KiB
+# (MAX_ARG_STRLEN) and all of them together over ARG_MAX; the plan that carries them to the
+# agent is one protocol message of under 1 MiB (agent/protocol.py MAX_MESSAGE_BYTES), where JSON
+# may write a control character as six. Checked here, before anything starts, so that a spec
+# too big fails with its field named instead of on a host halfway through a launch.
+MAX_ARG_BYTES = 64 * 1024  # one command argument, env value or mpi option
+MAX_ARGV_BYTES = 128 * 1024  # all of command (or of mpi.custom_options, or of env) together
+MAX_HYPERPARAMETERS_BYTES = 32 * 1024  # as JSON: copied into several SM_* variables
+MAX_PATH_BYTES = 4096  # PATH_MAX: workdir, checkpoint.dir, channel paths
+MAX_SPEC_JSON_BYTES = 512 * 1024  # the spec as the job plan carries it
+
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # "host:NAME/gpu:I"; NAME as in the inventory, I a physical GPU index (or local rank without GPUs).
@@ -329,16 +340,46 @@ def _job_name(v: Any) -> str:
     raise _Bad()
 
 
+def _utf8_len(s: str) -> int:
+    return len(s.encode("utf-8", "surrogatepass"))
+
+
+def _arguments(v: tuple[str, ...], what: str) -> tuple[str, ...]:
+    """Each argument and all of them together small enough for exec on any host."""
+    total = 0
+    for i, arg in enumerate(v):
+        size = _utf8_len(arg)
+        if size > MAX_ARG_BYTES:
+            raise _Bad(
+                f"{what} of at most {MAX_ARG_BYTES} bytes (64 KiB) each; this one has {size}",
+                sub=f"[{i}]",
+            )
+        total += size + 1  # exec counts each one's terminating NUL
+    if total > MAX_ARGV_BYTES:
+        raise _Bad(
+            f"{what} of at most {MAX_ARGV_BYTES} bytes (128 KiB) together; these have {total}"
+        )
+    return v
+
+
 def _command(v: Any) -> tuple[str, ...]:
     if isinstance(v, list) and v and all(isinstance(s, str) and s for s in v):
-        return tuple(v)
+        return _arguments(tuple(v), "arguments")
     raise _Bad()
+
+
+def _path_text(v: Any) -> str:
+    """A path on the hosts: non-empty, and no longer than a path can be."""
+    text = _text(v)
+    if _utf8_len(text) > MAX_PATH_BYTES:
+        raise _Bad(f"a path of at most {MAX_PATH_BYTES} bytes; this one has {_utf8_len(text)}")
+    return text
 
 
 def _workdir(v: Any) -> str:
     # "~" would mean a different home on every host, and the spec file's directory is local.
     if isinstance(v, str) and v.strip() and not v.startswith("~"):
-        return v
+        return _path_text(v)
     raise _Bad()
 
 
@@ -370,6 +411,17 @@ def _env(v: Any) -> tuple[tuple[str, str], ...]:
             raise _Bad("no RIGDECK_* variables (rigdeck sets those for every rank)", got=key)
         if not isinstance(value, str):
             raise _Bad('a string (quote numbers and booleans: "1")', got=value, sub=key)
+        if _utf8_len(value) > MAX_ARG_BYTES:
+            raise _Bad(
+                f"a value of at most {MAX_ARG_BYTES} bytes (64 KiB); this one has "
+                f"{_utf8_len(value)}",
+                sub=key,
+            )
+    total = sum(_utf8_len(f"{k}={x}") + 1 for k, x in v.items())
+    if total > MAX_ARGV_BYTES:
+        raise _Bad(
+            f"variables of at most {MAX_ARGV_BYTES} bytes (128 KiB) together; these have {total}"
+        )
     return tuple(v.items())
 
 
@@ -408,7 +460,16 @@ def _hyperparameters(v: Any) -> tuple[tuple[str, Any], ...]:
     if not isinstance(v, dict):
         raise _Bad()
     for key, value in v.items():
+        # Each becomes SM_HP_<KEY>: "=" cannot be in a variable's name.
+        if not key or "=" in key:
+            raise _Bad("hyperparameter names that are not empty and have no '='", got=key)
         _json_value(value, key)
+    size = _utf8_len(json.dumps(v))
+    if size > MAX_HYPERPARAMETERS_BYTES:
+        raise _Bad(
+            f"hyperparameters of at most {MAX_HYPERPARAMETERS_BYTES} bytes (32 KiB) as JSON, "
+            f"since each is copied into several SM_* variables; these have {size}"
+        )
     return tuple(v.items())
 
 
@@ -423,6 +484,10 @@ def _channels(v: Any) -> tuple[tuple[str, str], ...]:
             )
         if not isinstance(value, str) or not value.strip():
             raise _Bad("a path on the hosts (a non-empty string)", got=value, sub=key)
+        try:
+            _path_text(value)
+        except _Bad as bad:
+            raise _Bad(bad.expected, sub=key) from None
     return tuple(v.items())
 
 
@@ -457,6 +522,10 @@ def _strings(v: Any) -> tuple[str, ...]:
     if isinstance(v, list) and all(isinstance(s, str) for s in v):
         return tuple(v)
     raise _Bad()
+
+
+def _options(v: Any) -> tuple[str, ...]:
+    return _arguments(_strings(v), "options")
 
 
 _LOSS_EXPECTED = "a regular expression with exactly one capture group, or a group named 'loss'"
@@ -498,7 +567,7 @@ _TOP_FIELDS: dict[str, _Check] = {
 }
 _TABLES: dict[str, dict[str, _Check]] = {
     "checkpoint": {
-        "dir": _Check("a directory path on the hosts (a non-empty string)", _text),
+        "dir": _Check("a directory path on the hosts (a non-empty string)", _path_text),
         "owner": _Check(
             '"rank0", "per-node", "all" or "host:NAME/gpu:I" (I an integer >= 0)', _owner
         ),
@@ -509,7 +578,7 @@ _TABLES: dict[str, dict[str, _Check]] = {
             "a list of exit codes 1..255 (a death by signal N exits with 128+N)", _exit_codes
         ),
     },
-    "mpi": {"custom_options": _Check("a list of strings", _strings)},
+    "mpi": {"custom_options": _Check("a list of strings", _options)},
     "log": {"loss_pattern": _Check(_LOSS_EXPECTED, _loss_pattern),
             "max_mb": _Check("an integer of MB, 2..1048576 (each rank's log on its host; older output "
                              "is rotated out beyond it)", _int_range(2, 1 << 20))},
@@ -535,7 +604,8 @@ def _checked(
         try:
             out[key] = check.convert(value)
         except _Bad as bad:
-            name = prefix + key + (f".{bad.sub}" if bad.sub else "")
+            sub = bad.sub or ""
+            name = prefix + key + (sub if sub.startswith("[") or not sub else f".{sub}")
             got = value if bad.got is None else bad.got
             raise JobSpecError(path, name, bad.expected or check.expected, got) from None
     return out
@@ -570,6 +640,7 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
     except tomllib.TOMLDecodeError as e:
         raise JobSpecError(where, None, f"valid TOML ({e})") from None
 
+    _no_nul(data, where, "")
     for key in data:
         if key not in _TOP_FIELDS and key not in _TABLES:
             raise JobSpecError(where, key, _unknown_field(key, [*_TOP_FIELDS, *_TABLES]))
@@ -608,7 +679,7 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
     workdir = os.path.normpath(os.path.join(os.path.abspath(base), values.get("workdir", ".")))
     checkpoint = tables["checkpoint"]
     restart = tables["restart"]
-    return JobSpec(
+    spec = JobSpec(
         name=values["name"],
         command=values["command"],
         workdir=workdir,
@@ -635,6 +706,32 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
         channels=values.get("channels", ()),
         path=where,
     )
+    size = len(json.dumps(spec.to_dict()).encode("utf-8"))
+    if size > MAX_SPEC_JSON_BYTES:
+        raise JobSpecError(
+            where,
+            None,
+            f"a spec of at most {MAX_SPEC_JSON_BYTES} bytes (512 KiB) as the job plan carries it "
+            f"(JSON); this one has {size}",
+        )
+    return spec
+
+
+def _no_nul(value: Any, where: Path | None, field: str) -> None:
+    """No NUL anywhere, names included: exec and the environment end a string at the first
+    one, so the host would run something other than what the spec says."""
+    if isinstance(value, str):
+        if "\0" in value:
+            raise JobSpecError(where, field or None, "text without NUL characters (\\0)", value)
+    elif isinstance(value, list):
+        for i, x in enumerate(value):
+            _no_nul(x, where, f"{field}[{i}]")
+    elif isinstance(value, dict):
+        for k, x in value.items():
+            name = f"{field}.{k}" if field else k
+            if "\0" in k:
+                raise JobSpecError(where, name, "names without NUL characters (\\0)", k)
+            _no_nul(x, where, name)
 
 
 _TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
