@@ -222,7 +222,7 @@ def _fmt_cause(cause: dict[str, Any] | None) -> str:
 
 def _print_job(v: Any) -> None:
     print(f"job      {v.job_id} ({v.name})")
-    print(f"state    {v.state}" + (f" after {v.restarts} restart(s)" if v.restarts else ""))
+    print(f"state    {v.state_line}" + (f" after {v.restarts} restart(s)" if v.restarts else ""))
     hosts = ", ".join(f"{n['host']}[{n['slots']}{' gpus ' + ','.join(map(str, n['gpus'])) if n.get('gpus') else ''}]"
                       for n in v.placement)
     print(f"placement {hosts}")
@@ -322,7 +322,7 @@ def _run_jobs(args: argparse.Namespace) -> int:
                 sys.stdout.write("\n")
             else:
                 _print_job(view)
-            return EXIT_OK
+            return EXIT_HOST_FAILED if view.state == "unknown" else EXIT_OK
         if args.command == "logs":
             if args.raw and args.rank is None:
                 print("rigdeck: --raw needs --rank N (one rank's bytes)", file=sys.stderr)

@@ -57,10 +57,14 @@ def new_job_id(name: str) -> str:
 
 
 def overall_state(host_states: dict[str, dict[str, Any] | TransportError]) -> str:
+    """The job's state from what its hosts say. A failure anywhere is a failure; otherwise, while
+    any host cannot be reached the state is ``unknown`` (never guessed, never recorded)."""
     states = [s.get("state") for s in host_states.values() if isinstance(s, dict)]
     if any(s == "failed" for s in states):
         return "failed"
-    if states and len(states) == len(host_states) and all(s in TERMINAL for s in states):
+    if len(states) < len(host_states):
+        return "unknown"
+    if states and all(s in TERMINAL for s in states):
         if all(s == "succeeded" for s in states):
             return "succeeded"
         return "stopped"
@@ -69,6 +73,10 @@ def overall_state(host_states: dict[str, dict[str, Any] | TransportError]) -> st
     if any(s == "starting" for s in states) or not states:
         return "starting"
     return "running"
+
+
+def unreachable(host_states: dict[str, Any]) -> list[str]:
+    return [h for h, s in host_states.items() if not isinstance(s, dict)]
 
 
 def describe_cause(cause: dict[str, Any], *, restart_error: bool = True) -> str:
@@ -130,6 +138,14 @@ class JobView:
     last_step: int | None = None
     last_loss: float | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
+    unreachable: list[str] = field(default_factory=list)  # hosts that did not answer this look
+
+    @property
+    def state_line(self) -> str:
+        """The state as a person reads it: ``unknown (h1, h2 unreachable)``."""
+        if self.state == "unknown" and self.unreachable:
+            return f"unknown ({', '.join(self.unreachable)} unreachable)"
+        return self.state
 
     def to_json(self) -> dict[str, Any]:
         hosts = {h: (s if isinstance(s, dict) else {"error": str(s)}) for h, s in self.hosts.items()}
@@ -138,7 +154,7 @@ class JobView:
             "placement": self.placement, "cause": self.cause, "created": self.created,
             "started": self.started, "ended": self.ended, "ranks": self.ranks,
             "last_step": self.last_step, "last_loss": self.last_loss, "hosts": hosts,
-            "events": self.events,
+            "events": self.events, "unreachable": self.unreachable,
         }
 
 
@@ -406,8 +422,8 @@ class JobManager:
         job_id = rec["job_id"]
         states = self.host_states(rec)
         overall = overall_state(states)
-        if rec["state"] in TERMINAL or overall == rec["state"]:
-            return states
+        if rec["state"] in TERMINAL or overall in (rec["state"], "unknown"):
+            return states  # what cannot be known is not written over what history knows
         # A controller that only looks (``status``, ``jobs``, a ``launch`` without ``--wait``)
         # holds the lease while it applies this change, not for LEASE_S after it has exited:
         # the app, or a ``launch --wait``, must not find the job unattended for a minute.
@@ -513,6 +529,9 @@ class JobManager:
             rec = self.record(ref)
             v.state, v.cause, v.restarts, v.ended = rec["state"], rec.get("cause"), rec.get("restarts") or 0, rec.get("ended")
             v.placement = rec.get("placement") or []
+            v.unreachable = unreachable(v.hosts)
+            if v.unreachable and v.state not in TERMINAL and overall_state(v.hosts) == "unknown":
+                v.state = "unknown"
         else:
             v.hosts = self.host_states(rec)
         gpus_by_host = {n["host"]: n.get("gpus") or [] for n in v.placement}

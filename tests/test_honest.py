@@ -1,0 +1,76 @@
+"""Honest answers on the test bed: a job whose hosts cannot be reached is `unknown`, never
+`starting`, and what history knows is never overwritten by a guess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.test_jobs import ROOT, TICKER, Cli, wait_until
+from tests.testbed import TestBed
+from tui.history import History
+
+pytestmark = pytest.mark.testbed
+
+
+@pytest.fixture
+def cli(testbed: TestBed, tmp_path: Path) -> Cli:
+    return Cli(testbed, tmp_path)
+
+
+def _history_state(cli: Cli, job_id: str) -> str:
+    """The job's row as history holds it (read directly, not through a refreshing command)."""
+    rec = History(Path(cli.env["RIGDECK_HOME"]) / "history.sqlite").get(job_id)
+    assert rec is not None
+    return str(rec["state"])
+
+
+def test_unreachable_hosts_make_the_state_unknown_and_history_keeps_what_it_knew(cli: Cli) -> None:
+    spec = cli.spec("honest", f"""
+command = ["{{python}}", "{TICKER}", "--steps", "100000"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 3
+processes_per_node = 1
+""")
+    job_id = cli.json("launch", str(spec))["job_id"]
+    try:
+        wait_until(lambda: cli.json("status", job_id)["state"] == "running", 60, "the job running")
+        # Twenty status calls at once (on two cores, some hosts may not answer all of them in
+        # time): each says running, or unknown naming who did not answer; none says starting,
+        # and none writes anything over what history knows.
+        def status(_: int) -> tuple[int, dict]:
+            res = cli.run("status", job_id, "--json", check=False, timeout=180)
+            return res.returncode, json.loads(res.stdout)
+
+        with ThreadPoolExecutor(20) as pool:
+            answers = list(pool.map(status, range(20)))
+        for code, st in answers:
+            assert (code, st["state"]) in ((0, "running"), (1, "unknown")), (code, st["state"])
+            assert (st["state"] == "unknown") == bool(st["unreachable"])
+        print("20 parallel status calls:", sorted(st["state"] for _, st in answers))
+        assert _history_state(cli, job_id) == "running"
+        cli.bed.link_down(2)
+        cli.bed.link_down(3)
+        try:
+            res = cli.run("status", job_id, check=False, timeout=120)
+            assert res.returncode == 1, res.stdout + res.stderr
+            assert "state    unknown (h2, h3 unreachable)" in res.stdout
+            js = cli.run("status", job_id, "--json", check=False, timeout=120)
+            assert js.returncode == 1
+            data = json.loads(js.stdout)
+            assert data["state"] == "unknown" and data["unreachable"] == ["h2", "h3"]
+            assert _history_state(cli, job_id) == "running"  # not overwritten
+        finally:
+            cli.bed.link_up(2)
+            cli.bed.link_up(3)
+        wait_until(lambda: cli.run("status", job_id, check=False).returncode == 0, 60, "the hosts back")
+        assert cli.json("status", job_id)["state"] == "running"
+    finally:
+        subprocess.run([sys.executable, "-m", "tui.cli", "stop", job_id, "--grace", "1"], env=cli.env, cwd=ROOT,
+                       capture_output=True, timeout=120)
