@@ -62,3 +62,50 @@ def test_a_waiting_supervisor_keeps_its_lease_and_others_only_look(tmp_path: Pat
     waiter.supervise_once(history.get("j1"))  # type: ignore[arg-type]
     rec = history.get("j1")
     assert rec is not None and rec["state"] == "succeeded"
+
+
+class _Starts:
+    """Stands in for the controller at a launch: h2's start breaks (a bug, not the network)."""
+
+    def __init__(self) -> None:
+        from tui.inventory import HostSpec, Inventory
+
+        self.inventory = Inventory(hosts=(HostSpec(name="h1", address="10.9.0.1"), HostSpec(name="h2", address="10.9.0.2")),
+                                   path=None, known_hosts=Path("/dev/null"))
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+
+    def request(self, host: str, method: str, timeout: float = 30.0, **params: Any) -> Any:
+        self.calls.append((method, (host,)))
+        if method == "probe_port":
+            return {"port": 29500}
+        if method == "job_start":
+            if host == "h2":
+                raise RuntimeError("boom")
+            return {"job_dir": "/x", "jobhost_pid": 1}
+        raise AssertionError(method)
+
+    def request_many(self, hosts: list[str], method: str, **kw: Any) -> dict[str, Any]:
+        self.calls.append((method, tuple(hosts)))
+        return {h: {} for h in hosts}
+
+
+def test_a_start_that_breaks_anywhere_stops_what_started_and_leaves_no_job_starting(tmp_path: Path) -> None:
+    import pytest
+
+    from tui.jobspec import jobspec_from_toml
+    from tui.scheduler import Placement
+
+    history = History(tmp_path / "history.sqlite")
+    ctl = _Starts()
+    jm = JobManager(ctl, history)  # type: ignore[arg-type]
+    spec = jobspec_from_toml('name = "t"\ncommand = ["true"]\nworkdir = "/tmp"\nhosts = ["h1", "h2"]\n')
+    placement = Placement.from_plan_nodes([{"host": "h2", "address": "10.9.0.2", "slots": 1, "gpus": [0]},
+                                           {"host": "h1", "address": "10.9.0.1", "slots": 1, "gpus": [1]}])
+    history.create("t-1", "t", spec.to_dict(), state="pending")
+    with pytest.raises(RuntimeError, match="boom"):
+        jm._start("t-1", spec, placement, restart_count=0)
+    rec = history.get("t-1")
+    assert rec is not None and rec["state"] == "failed"
+    assert rec["cause"]["message"] == "start failed: RuntimeError: boom"
+    assert ("job_stop", ("h1",)) in ctl.calls  # h1 had started: stopped
+    assert ("job_release", ("h2",)) in ctl.calls  # h2's claim given back

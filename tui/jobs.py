@@ -313,29 +313,34 @@ class JobManager:
             raise JobError(f"job not started (nothing was started): {node.host}: {e}") from None
 
     def _start(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> None:
+        """Start the job on every host of ``placement``, or on none: whatever goes wrong (a host,
+        the network, a bug, Ctrl-C) stops what started, gives back every claim and records the
+        job as failed with why. A job is never left ``starting``."""
         self.history.update(job_id, state="starting", placement=placement.to_plan_nodes(), restarts=restart_count)
+        hosts = [n.host for n in placement.nodes]
+        results: dict[str, Any] = {}
         try:
-            plans = self._plans(job_id, spec, placement, restart_count)
-        except TransportError as e:
-            self.ctl.request_many([n.host for n in placement.nodes], "job_release", timeout=30, job_id=job_id)
-            self.history.update(job_id, state="failed", ended=time.time(),
-                                cause={"message": f"could not prepare the launch: {e}"})
-            raise JobError(f"could not prepare the launch: {e}") from None
-        primary = placement.nodes[0].host
-        # The primary last: an mpirun there needs every other host's job directory in place.
-        others = [h for h in plans if h != primary]
-        results = self._start_hosts(plans, others)
-        if not any(isinstance(r, Exception) for r in results.values()):
-            results.update(self._start_hosts(plans, [primary]))
-        failed = {h: r for h, r in results.items() if isinstance(r, Exception)}
-        if failed:
+            try:
+                plans = self._plans(job_id, spec, placement, restart_count)
+            except TransportError as e:
+                raise JobError(f"could not prepare the launch: {e}") from None
+            primary = placement.nodes[0].host
+            # The primary last: an mpirun there needs every other host's job directory in place.
+            others = [h for h in plans if h != primary]
+            results = self._start_hosts(plans, others)
+            if not any(isinstance(r, Exception) for r in results.values()):
+                results.update(self._start_hosts(plans, [primary]))
+            failed = {h: r for h, r in results.items() if isinstance(r, Exception)}
+            if failed:
+                msg = "; ".join(f"{h}: {e}" for h, e in failed.items())
+                raise JobError(f"job {job_id} could not start: {msg}")
+        except BaseException as e:
             started = [h for h, r in results.items() if not isinstance(r, Exception)]
             self.ctl.request_many(started, "job_stop", timeout=30, job_id=job_id, grace_s=1.0)
-            self.ctl.request_many([h for h in plans if h not in started], "job_release", timeout=30, job_id=job_id)
-            msg = "; ".join(f"{h}: {e}" for h, e in failed.items())
-            self.history.update(job_id, state="failed", ended=time.time(),
-                                cause={"message": f"start failed: {msg}"})
-            raise JobError(f"job {job_id} could not start: {msg}")
+            self.ctl.request_many([h for h in hosts if h not in started], "job_release", timeout=30, job_id=job_id)
+            why = str(e) if isinstance(e, JobError) else f"{type(e).__name__}: {e}"
+            self.history.update(job_id, state="failed", ended=time.time(), cause={"message": f"start failed: {why}"})
+            raise
         self.history.update(job_id, state="running", started=time.time())
         self.history.add_event(job_id, {"event": "started", "restart_count": restart_count,
                                         "hosts": [n.host for n in placement.nodes]})
