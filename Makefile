@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # The CPU build of torch that this machine serves locally; on a GPU workstation
 # set TORCH_SPEC to the build that fits its CUDA.
 TORCH_SPEC ?= torch==2.13.0
-DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps
+DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish
 PYTEST_ARGS ?=
 # Tools the tests find on PATH that the machine has but not on PATH (see python39).
 TOOLS := $(CURDIR)/.tools/bin
@@ -42,6 +42,7 @@ sysdeps:
 	command -v mpirun >/dev/null || missing="$$missing openmpi-bin"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v tmux >/dev/null || missing="$$missing tmux"; \
+	command -v fish >/dev/null || missing="$$missing fish"; \
 	command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || missing="$$missing iptables"; \
 	command -v pkill >/dev/null || missing="$$missing procps"; \
 	if [ -n "$$missing" ]; then \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -41,9 +42,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 @pytest.fixture(scope="session")
 def testbed() -> Iterator[TestBed]:
-    """A started 3-host test bed (4 simulated GPUs each), shared by the whole session."""
+    """A started 3-host test bed (4 simulated GPUs each), shared by the whole session. Root's
+    login shell on h3 is fish: every command the suite sends there goes through a shell whose
+    quoting is not POSIX sh's."""
     _require_testbed()
-    bed = TestBed(3, sim_gpus=4)
+    require(shutil.which("fish") is not None, "fish is not installed (Debian: apt-get install fish; make test does)")
+    bed = TestBed(3, sim_gpus=4, login_shells={3: shutil.which("fish") or "/usr/bin/fish"})
     try:
         bed.up()
     except TestBedError as e:

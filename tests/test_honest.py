@@ -74,3 +74,27 @@ processes_per_node = 1
     finally:
         subprocess.run([sys.executable, "-m", "tui.cli", "stop", job_id, "--grace", "1"], env=cli.env, cwd=ROOT,
                        capture_output=True, timeout=120)
+
+
+def test_values_reach_a_host_whose_login_shell_is_fish_exactly(testbed: TestBed, tmp_path: Path) -> None:
+    assert Path("/usr/bin/fish").exists() and "fish" in testbed.login_shells.get(3, "")
+    login = subprocess.run(testbed.ssh_argv(3, "echo", "$FISH_VERSION"), capture_output=True, text=True, timeout=60)
+    assert login.returncode == 0 and login.stdout.strip(), login  # h3 really logs in to fish
+    tricky = {"BACKSLASH": "a\\\\b", "QUOTE": "it\\'s \"q\" $HOME `x` ; (y) *", "UNICODE": "ünï ✓"}
+    cli = Cli(testbed, tmp_path)
+    cli.inventory = testbed.write_inventory(tmp_path / "hosts.toml", python=sys.executable, connect_timeout=5.0,
+                                            env=tricky)
+    hosts = cli.json("hosts", "h3")
+    assert hosts[0]["reachable"] and not hosts[0]["error"], hosts
+    arg = "--lr=1 'x' \\\\ $(whoami)"
+    spec = cli.spec("fishy", f"""
+command = ["{{python}}", "-c", "import json, os, sys; print(json.dumps([sys.argv[1:], {{k: os.environ[k] for k in {sorted(tricky)!r}}}]))", "--", {json.dumps(arg)}]
+workdir = "{ROOT}"
+launcher = "direct"
+hosts = ["h3"]
+processes_per_node = 1
+""")
+    job_id = cli.json("launch", str(spec), "--wait")["job_id"]
+    out = cli.run("logs", job_id, "--rank", "0", "--raw").stdout
+    argv, env = json.loads(out)
+    assert argv == ["--", arg] and env == tricky

@@ -87,6 +87,7 @@ _HOLDER_SH = (
     'echo "$1" > /proc/sys/kernel/hostname && '
     'mount --bind "$2" "$3" && '
     'mount -t tmpfs -o size=256m,mode=1777 rdk-shm /dev/shm && '  # each host's own (GPU claims live there)
+    '{ [ -z "$6" ] || mount --bind "$6" /etc/passwd; } && '  # a host whose root logs in to another shell
     'exec "$4" -I -S "$5" "$1"'
 )
 
@@ -585,10 +586,13 @@ class TestBed:
     __test__ = False
 
     def __init__(self, n: int, sim_gpus: int = 0, *, manual: bool = False,
-                 start_timeout: float = START_TIMEOUT) -> None:
+                 start_timeout: float = START_TIMEOUT, login_shells: dict[int, str] | None = None) -> None:
         if not 1 <= n <= MAX_HOSTS:
             raise ValueError(f"n must be in 1..{MAX_HOSTS}")
         self.n = n
+        # host index -> root's login shell there (e.g. {3: "/usr/bin/fish"}): what sshd runs
+        # the commands it is sent through, as on a host whose users chose fish.
+        self.login_shells = dict(login_shells or {})
         self.sim_gpus = int(sim_gpus)
         self.manual = manual  # outlives this process (owner pid 0), never auto-cleaned
         self.start_timeout = start_timeout
@@ -774,13 +778,30 @@ class TestBed:
         """Rewrite known_hosts from the hosts' current keys."""
         self._write_known_hosts()
 
+    def _passwd_for(self, h: TestHost) -> str:
+        """A passwd file giving root another login shell on host ``h``, or "" for the system's."""
+        shell = self.login_shells.get(h.index)
+        if not shell:
+            return ""
+        if not os.access(shell, os.X_OK):
+            raise TestBedError(f"login shell {shell} for {h.name} is not installed (apt-get install fish)")
+        lines = []
+        for line in Path("/etc/passwd").read_text().splitlines():
+            fields = line.split(":")
+            if fields[0] == "root" and len(fields) == 7:
+                fields[6] = shell
+            lines.append(":".join(fields))
+        path = h.host_dir / "passwd"
+        path.write_text("\n".join(lines) + "\n")
+        return str(path)
+
     def _start_holder(self, h: TestHost) -> None:
         """The host's UTS+mount+PID namespaces, held by a tiny init (PID 1 inside)."""
         argv = ["ip", "netns", "exec", h.netns,
                 "unshare", "--uts", "--mount", "--propagation", "private",
                 "--pid", "--fork", "--mount-proc", "--",
                 "sh", "-c", _HOLDER_SH, "sh", h.hostname, str(h.state_dir), MOUNTPOINT,
-                sys.executable, str(self.root / "nsinit.py")]
+                sys.executable, str(self.root / "nsinit.py"), self._passwd_for(h)]
         errlog = open(h.host_dir / "init.log", "wb")
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

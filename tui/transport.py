@@ -1,8 +1,10 @@
 """How the controller reaches a host: SSH through paramiko, or the local machine directly.
 
-Both transports take commands as argument lists. Over SSH the list is quoted with
-``shlex.join`` into the one string the protocol carries, so no user value is ever parsed by a
-remote shell as anything but a single word.
+Both transports take commands as argument lists. Over SSH the protocol carries one string,
+which the user's login shell on the host parses: bash, zsh, but also fish or csh, whose quoting
+rules differ from POSIX sh. So the list is quoted for POSIX sh (``shlex.join``), base64-encoded,
+and handed to a fixed ``/bin/sh`` wrapper whose one argument is safe in any shell: no user value
+is ever parsed by a login shell, and sh sees every argument as the single word it was.
 """
 
 from __future__ import annotations
@@ -298,6 +300,15 @@ class Transport(ABC):
         self.close()
 
 
+def remote_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """The string an SSH exec request carries for ``argv``: the same words reach the command
+    whatever the login shell (sh, bash, zsh, fish, csh). Base64 has no character any of them
+    treats specially inside single quotes."""
+    script = "exec " + shlex.join(_with_env(argv, env))
+    encoded = base64.b64encode(script.encode("utf-8")).decode("ascii")
+    return f"exec /bin/sh -c 'eval \"$(echo {encoded} | base64 -d)\"'"
+
+
 def _with_env(argv: Sequence[str], env: Mapping[str, str] | None) -> list[str]:
     if not env:
         return list(argv)
@@ -511,7 +522,7 @@ class SSHTransport(Transport):
         """Start ``argv`` and return its channel (for long-lived streams such as the agent)."""
         try:
             chan = self._transport().open_session(timeout=self.spec.connect_timeout)
-            chan.exec_command(shlex.join(_with_env(argv, env)))
+            chan.exec_command(remote_command(argv, env))
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise UnreachableError(self.name, f"cannot open a session: {e}") from None
         return chan
