@@ -133,6 +133,7 @@ processes_per_node = 2
     cli.bed.exec(2, ["kill", "-9", str(pid)])
     killed = time.monotonic()
     wait_until(lambda: tagged(cli.bed, job_id)["h2"] == [], 10, "h2 to have no process of the job")
+    print(f"\njob host kill: h2 clean after {time.monotonic() - killed:.1f}s")
     assert time.monotonic() - killed < 10
     st = cli.json("status", job_id)
     assert st["state"] == "failed"
@@ -162,6 +163,7 @@ max_restarts = 1
         cli.bed.exec(2, ["kill", "-9", str(pid)])
         killed = time.monotonic()
         wait_until(lambda: _attempt_procs(cli.bed, 2, job_id, 0) == [], 10, "no process of attempt 0 on h2")
+        print(f"\njob host kill with a restart: attempt 0 gone from h2 after {time.monotonic() - killed:.1f}s")
         assert time.monotonic() - killed < 10
         out, err = waiter.communicate(timeout=180)
         final = json.loads(out)
@@ -200,6 +202,7 @@ processes_per_node = 2
     wait_until(failed, 10, "the job to fail")
     assert time.monotonic() - killed < 10
     cause = cli.json("status", job_id)["cause"]
+    print(f"\nwrapper kill ({launcher}): failed after {time.monotonic() - killed:.1f}s: {cause['message']}")
     assert cause["rank"] == 3 and cause["host"] == "h2", cause
     assert f"rank 3's wrapper (pid {rec['wrapper_pid']}) was killed by signal 9" in cause["message"] or (
         launcher == "torchrun" and f"rank 3's wrapper (pid {rec['wrapper_pid']})" in cause["message"]), cause
@@ -225,6 +228,7 @@ processes_per_node = 1
         assert cause["host"] == "h2", (cause, why)
         assert "no space left on tb" in cause["message"] and f"-h2:{jobs}/{job_id}" in cause["message"], (cause, why)
         assert " MB free" in cause["message"]
+        print(f"\nfull disk: cause: {cause['message']}")
         wait_until(lambda: tagged(cli.bed, job_id) == {"h1": [], "h2": [], "h3": []}, 15, "no process left")
         # No temp file was left behind by writes that failed.
         left = cli.bed.exec(2, ["sh", "-c", f"find {jobs} -name '*.tmp-*'"]).stdout.split()
@@ -244,6 +248,7 @@ processes_per_node = 1
         assert res.returncode == 2
         assert "h2: only 0." in res.stderr and f":{jobs} (at least 1 MB needed: min_free_mb)" in res.stderr, res.stderr
         assert "nothing was started" in res.stderr
+        print(f"nearly full: {res.stderr.strip()}")
         after = {i: set(os.listdir(h.state_dir / "jobs")) for i, h in enumerate(cli.bed.hosts, 1) if i != 2}
         assert after == before
         assert cli.bed.exec(2, ["ls", jobs]).stdout.split() == ["filler"]
@@ -299,9 +304,11 @@ max_mb = 100
     assert st["state"] == "succeeded", st
     assert st["last_step"] == 999, st
     assert status_s < 10, f"status took {status_s:.1f}s"  # it reads file tails, never a whole log
+    print(f"\nflood: rigdeck status took {status_s:.2f}s (the whole CLI: start, SSH, reply)")
     # Disk use: each rank's log within the cap.
     du = cli.bed.exec(1, ["du", "-sb", f"/root/.rigdeck/jobs/{job_id}/logs"]).stdout.split()[0]
     assert int(du) <= 2 * (100 << 20) + 4 * 4096, du
+    print(f"flood: job logs on disk {int(du) / (1 << 20):.1f} MB for 1.0 GB + 20 MB written (cap 100 MB per rank)")
     # Every step of both ranks, each once.
     metrics = [(r["rank"], r["step"]) for r in cli.json("metrics", job_id) if r.get("loss") is not None]
     assert sorted(metrics) == [(0, s) for s in range(1000)] + [(1, s) for s in range(100)]
@@ -370,6 +377,7 @@ def test_a_hundred_short_jobs_leave_no_zombie_and_gc_keeps_running_jobs(cli: Cli
         time.sleep(1.5)  # the daemon's watcher reaps within a second
         zombies, children = _daemon_zombies(cli.bed, 3)
         assert zombies == 0, f"{zombies} zombie(s) among {children} children of the daemon"
+        print(f"\n101 jobs started on h3: {zombies} zombies among the daemon's {children} children")
     finally:
         ctl.close()
     # rigdeck gc with a retention of a second: every ended job dir goes, the running one stays.
@@ -383,6 +391,7 @@ def test_a_hundred_short_jobs_leave_no_zombie_and_gc_keeps_running_jobs(cli: Cli
     assert set(ids) <= set(res["removed"]) and keeper in res["running"]
     left = set(os.listdir(cli.bed.hosts[2].state_dir / "jobs"))
     assert keeper in left and not (set(ids) & left)
+    print(f"rigdeck gc h3: removed {len(res['removed'])}, running kept: {res['running']}")
     ctl = Controller(load_inventory(cli.inventory))
     try:
         ctl.request(host, "job_stop", job_id=keeper, grace_s=0.5)
