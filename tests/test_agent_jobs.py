@@ -316,3 +316,14 @@ def test_a_double_dash_inside_the_command_reaches_it(tmp_path: Path) -> None:
                     "--", sys.executable, "-c", "import sys; print(sys.argv[1:])", "--", "--lr", "1"],
                    env=e, check=True, timeout=60)
     assert (d / "logs" / "rank-0.log").read_text() == "['--', '--lr', '1']\n"
+
+
+def test_a_rank_that_dies_of_a_full_disk_says_where_in_its_exit_record(tmp_path: Path) -> None:
+    _, d = _job(tmp_path)
+    code = ("import errno, os\n"
+            "raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), '/data/ckpt/step-10.pt')")
+    rank(d, code)
+    ex = json.loads((d / "ranks" / "rank-0.exit.json").read_text())
+    assert ex["exit_code"] == 1
+    assert ex["error"].startswith(f"no space left on {os.uname().nodename}:/data/ckpt/step-10.pt")
+    assert ex["error"].endswith(" MB free")
