@@ -75,6 +75,7 @@ class Jobs:
         self._exit_codes = {}  # type: Dict[int, int]  # job host pid -> its exit status, once reaped
         self._last_states = {}  # type: Dict[str, str]
         self._pending = {}  # type: Dict[str, Tuple[List[int], float]]  # claims made ahead of a start
+        self._state_cache = {}  # type: Dict[str, Tuple[Tuple[int, int, int], Dict[str, Any]]]
         os.makedirs(self.root, mode=0o700, exist_ok=True)
 
     def job_dir(self, job_id: str) -> str:
@@ -288,6 +289,24 @@ class Jobs:
 
     # -- reading ------------------------------------------------------------------------------
 
+    def _read_state(self, name: str) -> Optional[Dict[str, Any]]:
+        """A job's state.json, read again only when it changed: the daemon looks at every job
+        each second, and ended jobs (most of them) never change."""
+        path = os.path.join(self.root, name, "state.json")
+        try:
+            stamp = os.stat(path)
+        except OSError:
+            self._state_cache.pop(name, None)
+            return None
+        key = (stamp.st_mtime_ns, stamp.st_size, stamp.st_ino)
+        hit = self._state_cache.get(name)
+        if hit is not None and hit[0] == key:
+            return dict(hit[1])
+        st = read_json(path)
+        if st is not None:
+            self._state_cache[name] = (key, st)
+        return dict(st) if st is not None else None
+
     def _states(self, raw: bool = False) -> Dict[str, Dict[str, Any]]:
         out = {}
         try:
@@ -295,7 +314,7 @@ class Jobs:
         except OSError:
             return out
         for name in names:
-            st = read_json(os.path.join(self.root, name, "state.json"))
+            st = self._read_state(name)
             if st is None:
                 continue
             if not raw and st.get("state") not in TERMINAL and st.get("jobhost_pid") and not pid_alive(st["jobhost_pid"]):
@@ -446,6 +465,7 @@ class Jobs:
                 continue
             shutil.rmtree(os.path.join(self.root, job_id), ignore_errors=True)
             self._last_states.pop(job_id, None)
+            self._state_cache.pop(job_id, None)
             removed.append(job_id)
         return {"removed": sorted(removed), "running": sorted(kept_running),
                 "kept": len(ended) - len(removed)}
