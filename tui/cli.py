@@ -242,6 +242,23 @@ def _print_job(v: Any) -> None:
                   f"{r['state']:<8} {ex}")
 
 
+def _print_metrics(records: list[dict[str, Any]]) -> None:
+    """Steps and events, one a line. Every value is the rank's own (a metrics line is whatever a
+    rank appended), so each goes through ``terminal_safe``: no escape of theirs reaches the
+    terminal."""
+    from tui.termsafe import terminal_safe
+
+    def s(value: Any) -> str:
+        return terminal_safe(str(value))
+
+    for r in records:
+        if r.get("event"):
+            print(f"{s(r.get('host'))} r{s(r.get('rank'))} {s(r['event'])} {s(r.get('status', ''))} "
+                  f"step {s(r.get('step'))}")
+        else:
+            print(f"step {s(r.get('step')):<8} loss {s(r.get('loss')):<22} rank {s(r.get('rank'))} {s(r.get('host'))}")
+
+
 def _print_logs(chunks: Any, *, raw: bool, flush: bool) -> None:
     """Rank output as bytes, as the ranks wrote them (``rigdeck logs`` is ``cat``, not the app):
     each line prefixed ``[host rN] ``, a line that came in pieces printed as one line."""
@@ -356,12 +373,7 @@ def _run_jobs(args: argparse.Namespace) -> int:
                 json.dump(records, sys.stdout, indent=2)
                 sys.stdout.write("\n")
             else:
-                for r in records:
-                    if r.get("event"):
-                        print(f"{r.get('host')} r{r.get('rank')} {r['event']} {r.get('status', '')} "
-                              f"step {r.get('step')}")
-                    else:
-                        print(f"step {r.get('step')!s:<8} loss {r.get('loss')!s:<22} rank {r.get('rank')} {r.get('host')}")
+                _print_metrics(records)
             return EXIT_OK
         if args.command == "stop":
             try:
