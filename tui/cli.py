@@ -221,9 +221,12 @@ def _fmt_cause(cause: dict[str, Any] | None) -> str:
 
 
 def _print_job(v: Any) -> None:
+    from tui.widgets.format import marked_simulated
+
     print(f"job      {v.job_id} ({v.name})")
     print(f"state    {v.state_line}" + (f" after {v.restarts} restart(s)" if v.restarts else ""))
-    hosts = ", ".join(f"{n['host']}[{n['slots']}{' gpus ' + ','.join(map(str, n['gpus'])) if n.get('gpus') else ''}]"
+    hosts = ", ".join(marked_simulated(f"{n['host']}[{n['slots']}{' gpus ' + ','.join(map(str, n['gpus'])) if n.get('gpus') else ''}]",
+                                       bool(n.get("gpus") and n.get("simulated"))).plain
                       for n in v.placement)
     print(f"placement {hosts}")
     if v.last_step is not None or v.last_loss is not None:
@@ -235,10 +238,12 @@ def _print_job(v: Any) -> None:
         for line in (v.cause.get("tail") or [])[-5:]:
             print(f"         | {terminal_safe(str(line))}")
     if v.ranks:
-        print("rank  host        local  gpu   pid      state    exit")
+        simulated = {n["host"] for n in v.placement if n.get("simulated")}
+        print("rank  host        local  gpu    pid      state    exit")
         for r in v.ranks:
             ex = f"sig {r['signal']}" if r.get("signal") else ("-" if r.get("exit_code") is None else str(r["exit_code"]))
-            print(f"{r['rank']:<5} {r['host']:<11} {r['local_rank']!s:<6} {r['gpu']!s:<5} {r['pid']!s:<8} "
+            gpu = marked_simulated(str(r["gpu"]), r["gpu"] is not None and r["host"] in simulated).plain
+            print(f"{r['rank']:<5} {r['host']:<11} {r['local_rank']!s:<6} {gpu:<6} {r['pid']!s:<8} "
                   f"{r['state']:<8} {ex}")
 
 
