@@ -27,6 +27,171 @@ HOSTILE = ROOT / "tests" / "jobscripts" / "hostile_metrics.py"
 NONE = type(None)
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # anything but tab and newline
 
+# The key sets and types of docs/contracts.md ("--json output of every command").
+HOST_REPORT: dict[str, Any] = {
+    "name": str, "address": str, "port": int, "transport": str, "labels": list,
+    "reachable": bool, "error": (str, NONE), "error_kind": (str, NONE), "host_key": (dict, NONE),
+    "hostname": (str, NONE), "addresses": list, "agent_version": (str, NONE),
+    "agent_current": bool, "copied": (bool, NONE), "bytes_copied": int, "python": (str, NONE),
+    "python_executable": (str, NONE), "cpus": (int, NONE), "memory_total_mb": (int, NONE),
+    "gpu_source": (str, NONE), "gpus": list, "agent_pid": (int, NONE), "sample": (dict, NONE),
+    "elapsed_s": (float, int),
+}
+GPU = {"index": int, "name": str, "uuid": str, "memory_total_mb": int, "simulated": bool}
+INVENTORY_HOST = {
+    "name": str, "address": str, "port": int, "user": str, "transport": str, "python": str,
+    "state_dir": str, "labels": list, "proxy_jump": (str, NONE), "slots": (int, NONE), "sim_gpus": int,
+}
+JOB: dict[str, Any] = {
+    "job_id": str, "name": str, "state": str, "restarts": int, "placement": list,
+    "cause": (dict, NONE), "created": (float, NONE), "started": (float, NONE), "ended": (float, NONE),
+    "ranks": list, "last_step": (int, NONE), "last_loss": (float, int, NONE), "hosts": dict,
+    "events": list, "unreachable": list,
+}
+NODE = {"host": str, "address": str, "slots": int, "gpus": list, "cpus": (int, NONE),
+        "instance_type": str, "simulated": bool}
+RANK = {"rank": int, "host": str, "local_rank": int, "gpu": (int, NONE), "pid": (int, NONE),
+        "state": str, "exit_code": (int, NONE), "signal": (int, NONE)}
+GC = {"removed": list, "kept": int, "running": list}
+
+
+def conforms(obj: Any, schema: dict[str, Any], where: str) -> None:
+    """``obj`` has exactly ``schema``'s keys, each of its type (a bool is not an int here)."""
+    assert isinstance(obj, dict), f"{where}: {obj!r} is not an object"
+    assert set(obj) == set(schema), f"{where}: extra {sorted(set(obj) - set(schema))}, missing {sorted(set(schema) - set(obj))}"
+    for key, types in schema.items():
+        types = types if isinstance(types, tuple) else (types,)
+        value = obj[key]
+        ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
+        assert ok, f"{where}.{key}: {value!r} is not {' or '.join(t.__name__ for t in types)}"
+
+
+# -- host reports -----------------------------------------------------------------------------
+
+
+def test_host_report_json_is_the_documented_mapping_not_the_dataclass() -> None:
+    r = HostReport(name="h1", address="10.0.0.5", port=2222, transport="ssh", labels=["a"],
+                   reachable=True, hostname="n1", addresses=["10.0.0.5"], agent_version="v",
+                   agent_current=True, copied=True, bytes_copied=10, python="3.11.2",
+                   python_executable="/usr/bin/python3", cpus=8, memory_total_mb=1024,
+                   gpu_source="simulated", gpus=[{"index": 0, "name": "Simulated GPU", "uuid": "SIM-1-0",
+                                                  "memory_total_mb": 81920, "simulated": True}],
+                   agent_pid=7, sample={"seq": 1}, elapsed_s=0.12345)
+    d = r.to_json()
+    conforms(d, HOST_REPORT, "report")
+    assert d["port"] == 2222 and d["gpu_source"] == "simulated" and d["elapsed_s"] == 0.123
+    conforms(d["gpus"][0], GPU, "report.gpus[0]")
+    json.dumps(d)  # serialisable as it is
+
+    @dataclasses.dataclass
+    class Grown(HostReport):  # a field added for the app's sake
+        ssh_banner: str = "OpenSSH_9.2"
+
+    assert set(Grown(name="h1", address="a", port=22, transport="ssh").to_json()) == set(HOST_REPORT)
+
+
+# -- every command on this machine, as a one-host cluster without SSH -------------------------
+
+
+def _local_cluster(tmp_path: Path) -> dict[str, str]:
+    inv = tmp_path / "hosts.toml"
+    inv.write_text(
+        "[[hosts]]\n"
+        f'name = "here"\naddress = "localhost"\ntransport = "local"\npython = "{sys.executable}"\n'
+        f'state_dir = "{tmp_path / "state"}"\nsim_gpus = 2\n'
+        # GPU claims in this test's own directory: the simulated GPUs are this test's alone.
+        f'env = {{ RIGDECK_CLAIM_DIR = "{tmp_path / "claims"}" }}\n'
+    )
+    return {**os.environ, "RIGDECK_HOME": str(tmp_path / "home"), "RIGDECK_INVENTORY": str(inv)}
+
+
+def _rigdeck(env: dict[str, str], *args: str, ok: tuple[int, ...] = (0,)) -> str:
+    res = subprocess.run([sys.executable, "-m", "tui.cli", *args], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode in ok, f"rigdeck {' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
+    return res.stdout
+
+
+def _job(data: Any, where: str) -> None:
+    conforms(data, JOB, where)
+    for i, n in enumerate(data["placement"]):
+        conforms(n, NODE, f"{where}.placement[{i}]")
+    for i, r in enumerate(data["ranks"]):
+        conforms(r, RANK, f"{where}.ranks[{i}]")
+    for i, e in enumerate(data["events"]):
+        assert isinstance(e.get("time"), float) and isinstance(e.get("event"), str), f"{where}.events[{i}]: {e}"
+    for h, st in data["hosts"].items():
+        assert isinstance(h, str) and isinstance(st, dict), f"{where}.hosts[{h}]"
+
+
+def test_every_command_json_keeps_its_keys_and_types(tmp_path: Path) -> None:
+    env = _local_cluster(tmp_path)
+
+    inv = json.loads(_rigdeck(env, "inventory", "show", "--json"))
+    assert set(inv) == {"path", "hosts"} and inv["path"] == env["RIGDECK_INVENTORY"]
+    conforms(inv["hosts"][0], INVENTORY_HOST, "inventory.hosts[0]")
+
+    for command in ("deploy", "hosts"):
+        reports = json.loads(_rigdeck(env, command, "--json"))
+        assert isinstance(reports, list) and len(reports) == 1
+        r = reports[0]
+        conforms(r, HOST_REPORT, command)
+        assert r["port"] == 22 and r["transport"] == "local" and r["reachable"] and r["error"] is None
+        assert r["gpu_source"] == "simulated" and len(r["gpus"]) == 2
+        for g in r["gpus"]:
+            conforms(g, GPU, f"{command}.gpus")
+            assert g["simulated"] is True
+    assert isinstance(r["copied"], NONE) and isinstance(r["agent_pid"], int) and isinstance(r["sample"], dict)
+
+    spec = tmp_path / "hostile.toml"
+    # No GPU for the job: the simulated GPUs of this machine are seen by every agent on it,
+    # so a test running beside this one could hold them. The unit tests below mark GPUs.
+    spec.write_text(f'name = "hostile"\ncommand = ["{{python}}", "{HOSTILE}"]\nworkdir = "{tmp_path}"\n'
+                    'launcher = "direct"\nnodes = 1\nprocesses_per_node = 1\n')
+    launched = json.loads(_rigdeck(env, "launch", str(spec), "--json"))
+    _job(launched, "launch")
+    job_id = launched["job_id"]
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            records = json.loads(_rigdeck(env, "metrics", job_id, "--json"))
+            if len(records) == 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert len(records) == 4, records
+        for r in records:
+            assert isinstance(r["host"], str) and isinstance(r["rank"], int) and not isinstance(r["rank"], bool)
+
+        status = json.loads(_rigdeck(env, "status", job_id, "--json"))
+        _job(status, "status")
+        assert status["state"] == "running" and len(status["ranks"]) == 1
+        assert status["placement"][0]["gpus"] == [] and status["ranks"][0]["gpu"] is None
+
+        # Text: ranks without a GPU are not marked, though the host's GPUs are simulated.
+        text = _rigdeck(env, "status", job_id)
+        assert "placement here[1]\n" in text
+        rank_line = next(ln for ln in text.splitlines() if ln.startswith("0 "))
+        assert rank_line.split()[:4] == ["0", "here", "0", "None"], rank_line
+
+        # Text: what the rank wrote reaches the terminal without its escapes.
+        out = _rigdeck(env, "metrics", job_id)
+        assert not CONTROL.search(out), repr(out)
+        assert "ckpt" in out and "done" in out and "pwned" not in out  # the OSC title is gone whole
+    finally:
+        stopped = json.loads(_rigdeck(env, "stop", job_id, "--grace", "1", "--json", ok=(0, 1)))
+    _job(stopped, "stop")
+    assert stopped["state"] == "stopped"
+
+    jobs = json.loads(_rigdeck(env, "jobs", "--json"))
+    assert isinstance(jobs, list) and [j["job_id"] for j in jobs] == [job_id]
+    _job(jobs[0], "jobs[0]")
+    assert jobs[0]["ranks"] == [] and jobs[0]["hosts"] == {}  # from history, no look at the hosts
+
+    gc = json.loads(_rigdeck(env, "gc", "--json"))
+    assert list(gc) == ["here"]
+    conforms(gc["here"], GC, "gc.here")
+
+
 # -- sim markers ------------------------------------------------------------------------------
 
 
@@ -81,6 +246,22 @@ def test_summary_counts_only_the_simulated_gpus() -> None:
     assert summarize([sim, sim])["simulated"] == 8
 
 
+# -- metrics text ---------------------------------------------------------------------------
+
+
+def test_metrics_text_prints_rank_strings_through_terminal_safe(capsys: pytest.CaptureFixture[str]) -> None:
+    from tui.cli import _print_metrics
+
+    _print_metrics([
+        {"host": "h1", "rank": 0, "step": "\x1b[2J3", "loss": "\x1b]52;c;ZXZpbA==\x070.5"},
+        {"host": "h1", "rank": "\x1bc0", "event": "\x1b]0;title\x07checkpoint\x07",
+         "status": "do\x08ne\x1b[?1049h", "step": "\x9b5"},
+    ])
+    out = capsys.readouterr().out
+    assert not CONTROL.search(out), repr(out)
+    assert "step 3" in out and "loss 0.5" in out and "checkpoint" in out and "title" not in out
+
+
 async def test_app_marks_simulated_gpus_in_the_job_view_the_stop_dialog_and_the_summary() -> None:
     from textual.widgets import Static
 
@@ -122,19 +303,3 @@ async def test_app_marks_simulated_gpus_in_the_job_view_the_stop_dialog_and_the_
         await pilot.pause()
         summary = str(app.query_one("#summary", Static).render())
         assert "8 total (4 sim)" in summary, summary
-
-
-# -- metrics text ---------------------------------------------------------------------------
-
-
-def test_metrics_text_prints_rank_strings_through_terminal_safe(capsys: pytest.CaptureFixture[str]) -> None:
-    from tui.cli import _print_metrics
-
-    _print_metrics([
-        {"host": "h1", "rank": 0, "step": "\x1b[2J3", "loss": "\x1b]52;c;ZXZpbA==\x070.5"},
-        {"host": "h1", "rank": "\x1bc0", "event": "\x1b]0;title\x07checkpoint\x07",
-         "status": "do\x08ne\x1b[?1049h", "step": "\x9b5"},
-    ])
-    out = capsys.readouterr().out
-    assert not CONTROL.search(out), repr(out)
-    assert "step 3" in out and "loss 0.5" in out and "checkpoint" in out and "title" not in out
