@@ -262,6 +262,135 @@ def test_metrics_text_prints_rank_strings_through_terminal_safe(capsys: pytest.C
     assert "step 3" in out and "loss 0.5" in out and "checkpoint" in out and "title" not in out
 
 
+# -- MASTER_ADDR ------------------------------------------------------------------------------
+
+
+class _Ctl:
+    """A controller that answers as a host with a docker0 (172.17.0.1, sorting first) would."""
+
+    def __init__(self, peer: str | None, routed: str | None):
+        self.peer, self.routed = peer, routed
+        self.asked: list[tuple[str, str, dict[str, Any]]] = []
+
+    def request(self, host: str, method: str, **params: Any) -> Any:
+        self.asked.append((host, method, params))
+        if method == "facts":
+            return {"addresses": ["172.17.0.1", "192.168.1.20"]}
+        if method == "route_source":
+            return {"address": self.routed}
+        raise AssertionError(method)
+
+    def peer_address(self, host: str) -> str | None:
+        return self.peer
+
+
+def _node(host: str, address: str) -> NodeAssignment:
+    return NodeAssignment(host=host, address=address, slots=1, gpus=(), cpus=1, instance_type="x", simulated=False)
+
+
+@pytest.mark.parametrize("peer, routed, why", [
+    ("192.168.1.20", None, "the address the controller's SSH session reached"),
+    (None, "192.168.1.20", "a ProxyJump or the local transport: the primary's route to h2"),
+    ("203.0.113.7", "192.168.1.20", "a NAT's address is not the host's own: the route"),
+])
+def test_master_addr_is_the_routed_address_not_the_first_sorted(
+        tmp_path: Path, peer: str | None, routed: str | None, why: str) -> None:
+    ctl = _Ctl(peer, routed)
+    jm = JobManager(ctl, History(tmp_path / "history.sqlite"))  # type: ignore[arg-type]
+    assert jm._master_addr(_node("h1", "gpu-a"), [_node("h2", "gpu-b")]) == "192.168.1.20", why
+    if routed:
+        assert ("h1", "route_source", {"peer": "gpu-b"}) in ctl.asked
+    # An IP in the inventory is the address the controller (or its jump host) reached: as is.
+    assert jm._master_addr(_node("h1", "10.9.8.7"), [_node("h2", "gpu-b")]) == "10.9.8.7"
+
+
+def test_master_addr_on_the_local_transport_is_the_source_of_the_route_to_the_peer(tmp_path: Path) -> None:
+    """The real agent's answer, checked against ``ip route get``: with a second interface on this
+    machine (a test bed's bridge, docker0) the route's address is not necessarily the first."""
+    from tui.bundle import build_agent
+    from tui.controller import Controller
+    from tui.inventory import HostSpec, Inventory
+
+    require(lambda: subprocess.run(["ip", "-V"], capture_output=True).returncode == 0, "iproute2 (ip)")
+    nets = [ln.split() for ln in subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
+                                                capture_output=True, text=True).stdout.splitlines()]
+    cidrs = sorted(p[3] for p in nets if len(p) > 3)
+    require(cidrs, "a non-loopback IPv4 address on this machine")
+    addr, prefix = cidrs[-1].split("/")  # the one that sorts last, when there are several
+    import ipaddress
+
+    net = ipaddress.ip_interface(cidrs[-1]).network
+    peer = next(str(h) for h in net.hosts() if str(h) != addr)  # on-link: nothing is sent to it
+    expected = subprocess.run(["ip", "-o", "route", "get", peer], capture_output=True, text=True).stdout.split()
+    expected_src = expected[expected.index("src") + 1]
+    spec = HostSpec(name="here", address="localhost", transport="local", python=sys.executable,
+                    state_dir=str(tmp_path / "state"))
+    bundle = build_agent(tmp_path / "cache")
+    with Controller(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
+                    bundle_factory=lambda: bundle) as ctl:
+        jm = JobManager(ctl, History(tmp_path / "history.sqlite"))
+        got = jm._master_addr(_node("here", "localhost"), [_node("other", peer)])
+    assert got == expected_src == addr, (got, expected_src, cidrs)
+
+
+
+@pytest.mark.testbed
+def test_master_addr_on_the_test_bed_is_the_address_the_other_hosts_reach(testbed: Any, tmp_path: Path) -> None:
+    """Both hosts named by aliases (resolved by an /etc/hosts of the controller's own mount
+    namespace) and each given a second interface with 10.0.0.1, which sorts before its 10.213.K.x: every
+    rank's MASTER_ADDR is the primary's bed address, the one the controller's SSH reached."""
+    import shutil
+
+    require(shutil.which("unshare") and shutil.which("mount"), "util-linux (unshare, mount)")
+    bed = testbed
+    hosts = [bed.host(1), bed.host(2)]
+    inv = bed.write_inventory(tmp_path / "hosts.toml", hosts=[1, 2], python=sys.executable,
+                              known_hosts=str(tmp_path / "known_hosts"))
+    text, etc_hosts = inv.read_text(), Path("/etc/hosts").read_text()
+    known = bed.known_hosts.read_text()
+    for h in hosts:
+        alias = f"rdk-contracts-{h.name}"
+        text = text.replace(f'address = "{h.address}"', f'address = "{alias}"')
+        etc_hosts += f"\n{h.address} {alias}\n"
+        known += f"{alias} {h.public_key}\n"
+    inv.write_text(text)
+    (tmp_path / "known_hosts").write_text(known)
+    (tmp_path / "etc_hosts").write_text(etc_hosts)
+    spec = tmp_path / "master.toml"
+    spec.write_text('name = "master"\nhosts = ["h1", "h2"]\nlauncher = "direct"\nprocesses_per_node = 1\n'
+                    f'workdir = "{tmp_path}"\n'
+                    """command = ["{python}", "-c", 'import os; print("MASTER", os.environ["MASTER_ADDR"], os.environ["RIGDECK_MASTER_ADDR"])']\n""")
+    env = {**os.environ, "RIGDECK_HOME": str(tmp_path / "home"), "RIGDECK_INVENTORY": str(inv)}
+
+    def rigdeck(*args: str) -> subprocess.CompletedProcess[str]:
+        # The aliases resolve only in this command's mount namespace: the machine's /etc/hosts is untouched.
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               'mount --bind "$0" /etc/hosts && exec "$@"', str(tmp_path / "etc_hosts"),
+                               sys.executable, "-m", "tui.cli", *args],
+                              env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+
+    for h in hosts:  # a veth pair inside the host (no dummy module in a container), as docker0 would be
+        for argv in (["link", "add", "dock0", "type", "veth", "peer", "name", "dock1"],
+                     ["addr", "add", "10.0.0.1/24", "dev", "dock0"], ["link", "set", "dock0", "up"],
+                     ["link", "set", "dock1", "up"]):
+            subprocess.run(["ip", "-n", h.netns, *argv], check=True, capture_output=True)
+    try:
+        res = rigdeck("launch", str(spec), "--wait", "--json")
+        assert res.returncode == 0, res.stdout + res.stderr
+        job = json.loads(res.stdout)
+        assert job["state"] == "succeeded"
+        primary = bed.host(job["placement"][0]["host"])
+        logs = rigdeck("logs", job["job_id"])
+        assert logs.returncode == 0, logs.stderr
+        lines = [ln.split() for ln in logs.stdout.splitlines() if " MASTER " in ln]
+        assert len(lines) == 2, logs.stdout
+        for ln in lines:
+            assert ln[-2:] == [primary.address, primary.address], (ln, "not 10.0.0.1")
+    finally:
+        for h in hosts:
+            subprocess.run(["ip", "-n", h.netns, "link", "del", "dock0"], capture_output=True)  # takes dock1 along
+
+
 async def test_app_marks_simulated_gpus_in_the_job_view_the_stop_dialog_and_the_summary() -> None:
     from textual.widgets import Static
 

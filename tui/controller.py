@@ -237,6 +237,15 @@ class Controller:
                         raise
         raise AssertionError("unreachable")
 
+    def peer_address(self, host: str) -> str | None:
+        """The IP address this controller's own connection to ``host`` reached (connecting
+        first when needed), or None: a local host, or one behind a ProxyJump."""
+        spec = self.inventory.get(host)
+        with self._host_locks[host]:
+            t = self.transport(spec)
+            t.connect()
+            return t.peer_address()
+
     def request_many(
         self, hosts: Sequence[str], method: str, timeout: float = 30.0, **params: Any
     ) -> dict[str, Any]:

@@ -189,7 +189,15 @@ class JobManager:
                     self.scheduler.adopt(j["job_id"], Placement.from_plan_nodes(j["nodes"]))
         return capacity_from_state(state.snapshot(), self.ctl.inventory)
 
-    def _master_addr(self, node: NodeAssignment) -> str:
+    def _master_addr(self, node: NodeAssignment, peers: Sequence[NodeAssignment] = ()) -> str:
+        """The primary's address on the route the other hosts use to reach it (not the first of
+        its sorted addresses: a ``docker0`` 172.17.x sorts before the cluster's 192.168.x).
+
+        An IP in the inventory is that address. For a name: the address this controller's SSH
+        session reached, when it is one of the host's own (not a jump host's, not a NAT's);
+        else the address the primary's own route to the first other host leaves from; only
+        with neither (a one-host job on the local transport) the first of its addresses.
+        """
         import ipaddress
 
         try:
@@ -197,15 +205,21 @@ class JobManager:
             return node.address
         except ValueError:
             pass
-        facts = self.ctl.request(node.host, "facts")
-        addrs = facts.get("addresses") or []
-        if not addrs:
+        own = [str(a) for a in self.ctl.request(node.host, "facts").get("addresses") or []]
+        peer = self.ctl.peer_address(node.host)
+        if peer is not None and peer in own:
+            return peer
+        for other in peers[:1]:
+            routed = self.ctl.request(node.host, "route_source", peer=other.address).get("address")
+            if routed and not ipaddress.ip_address(routed).is_loopback:
+                return str(routed)
+        if not own:
             raise JobError(f"host {node.host} reports no IP address to use as MASTER_ADDR")
-        return str(addrs[0])
+        return own[0]
 
     def _plans(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> dict[str, dict[str, Any]]:
         primary = placement.nodes[0]
-        master_addr = self._master_addr(primary)
+        master_addr = self._master_addr(primary, placement.nodes[1:])
         port = self.ctl.request(primary.host, "probe_port", addr=master_addr)["port"]
         base = {
             "job_id": job_id,
