@@ -721,6 +721,28 @@ def _proc_route_iface(addr: str, path: str = "/proc/net/route") -> Optional[str]
     return best[2] if best else None
 
 
+def route_source(peer: str) -> Optional[str]:
+    """The address this host's packets to ``peer`` leave from (``ip route get``'s ``src``): the
+    one ``peer`` can reach this host at, where a second interface (``docker0``, a VPN) may hold
+    addresses that sort first. A name is resolved here, as ``peer``'s own hosts would. None when
+    there is no route. Nothing is sent: connecting a UDP socket only asks the kernel's routing."""
+    addr = str(peer).strip().strip("[]")
+    try:
+        infos = socket.getaddrinfo(addr, 9, 0, socket.SOCK_DGRAM)
+    except OSError:
+        return None
+    for family, _, _, _, sockaddr in infos:
+        s = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            s.connect(sockaddr)
+            return str(s.getsockname()[0]).split("%")[0]
+        except OSError:
+            continue
+        finally:
+            s.close()
+    return None
+
+
 def route_interface(addr: str) -> Optional[str]:
     """The network interface this host uses to reach ``addr`` (for NCCL_SOCKET_IFNAME and
     GLOO_SOCKET_IFNAME): the interface that owns ``addr`` if it is one of ours, else the ``dev`` of

@@ -120,6 +120,7 @@ class Daemon:
             "job_check": self._m_job_check,
             "job_gc": self._m_job_gc,
             "probe_port": lambda c, p: {"port": self._probe_port(p)},
+            "route_source": lambda c, p: {"address": self._route_source(p)},
         }  # type: Dict[str, Callable[[_Client, Dict[str, Any]], Any]]
 
     # -- single instance ---------------------------------------------------------------------
@@ -539,6 +540,13 @@ class Daemon:
             return probe_port(self._str(params, "addr"))
         except OSError as e:
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "cannot bind %s: %s" % (params.get("addr"), e))
+
+    def _route_source(self, params: Dict[str, Any]) -> Optional[str]:
+        """Where this host's route to ``peer`` goes out from (the controller's MASTER_ADDR when
+        its own SSH session did not reach this host directly)."""
+        from agent.clusterfiles import route_source
+
+        return route_source(self._str(params, "peer"))
 
     def _m_upgrade(self, client: _Client, params: Dict[str, Any]) -> Any:
         path = params.get("path")

@@ -109,3 +109,24 @@ def test_a_start_that_breaks_anywhere_stops_what_started_and_leaves_no_job_start
     assert rec["cause"]["message"] == "start failed: RuntimeError: boom"
     assert ("job_stop", ("h1",)) in ctl.calls  # h1 had started: stopped
     assert ("job_release", ("h2",)) in ctl.calls  # h2's claim given back
+
+
+class _Metrics:
+    """Stands in for the controller: one host whose rank wrote odd records."""
+
+    def request(self, host: str, method: str, timeout: float = 30.0, **params: Any) -> Any:
+        assert method == "job_metrics"
+        if host != "h1":
+            return {}
+        records = [{"step": "warmup", "loss": 9.0}, {"step": 1, "loss": 0.5, "restart": 0},
+                   {"step": 1, "loss": 0.4, "restart": 1}, {"step": None, "event": "checkpoint"}]
+        return {"0": {"records": records, "next_offset": 1, "more": False, "offset_key": "0"}}
+
+
+def test_metrics_keep_the_newest_attempt_of_a_step_and_survive_a_step_that_is_not_a_number(tmp_path: Path) -> None:
+    history = _running_job(tmp_path)
+    got = JobManager(_Metrics(), history).metrics("j1")  # type: ignore[arg-type]
+    # A step that is not a number sorts first (with the event), instead of breaking the sort;
+    # attempt 1's step 1 replaced attempt 0's.
+    assert sorted((str(r["step"]), r.get("loss")) for r in got) == [("1", 0.4), ("None", None), ("warmup", 9.0)]
+    assert got[-1]["step"] == 1

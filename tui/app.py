@@ -38,7 +38,14 @@ from tui.state import host_gpu_count, host_gpu_model, host_gpus_busy, host_gpus_
 from tui.terminal import HangupWatch, input_fd
 from tui.termsafe import terminal_safe
 from tui.widgets.chart import LossChart
-from tui.widgets.format import duration, loss_text, placement_text, size_bytes, step_rate_text
+from tui.widgets.format import (
+    SIM_MARK,
+    duration,
+    loss_text,
+    placement_parts,
+    size_bytes,
+    step_rate_text,
+)
 from tui.widgets.logview import LogView
 from tui.widgets.tables import (
     BUSY_FILTERS,
@@ -72,8 +79,8 @@ def set_text(widget: Static, text: str) -> None:
         widget._rd_text = text  # type: ignore[attr-defined]
 
 
-def summarize(snapshot: Sequence[Mapping[str, Any]]) -> dict[str, int | bool]:
-    """Counts for the summary line."""
+def summarize(snapshot: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+    """Counts for the summary line (``simulated``: how many of the GPUs are)."""
     status = [h.get("status") for h in snapshot]
     gpus = sum(host_gpu_count(h) for h in snapshot)
     busy = sum(host_gpus_busy(h) for h in snapshot)
@@ -86,8 +93,15 @@ def summarize(snapshot: Sequence[Mapping[str, Any]]) -> dict[str, int | bool]:
         "gpus": gpus,
         "busy": busy,
         "free": gpus - busy,
-        "simulated": any(h.get("simulated") or host_gpus_simulated(h) for h in snapshot),
+        "simulated": sum(host_gpu_count(h) for h in snapshot if host_gpus_simulated(h)),
     }
+
+
+def placement_markup(placement: Sequence[Mapping[str, Any]]) -> str:
+    """The job head's placement, each node whose GPUs are simulated marked as the tables mark
+    them (``placement_parts``; markup, since the head is one Static of markup lines)."""
+    parts = [escape(label) + (f"[$text-muted]{SIM_MARK}[/]" if sim else "") for label, sim in placement_parts(placement)]
+    return " ".join(parts) or "-"
 
 
 class GpusPane(Vertical):
@@ -471,8 +485,8 @@ class RigdeckApp(App[None]):
         if c["connecting"]:
             hosts += f" · {c['connecting']} connecting"
         gpus = f"GPUs [b]{c['busy']} busy[/b] · {c['free']} free · {c['gpus']} total"
-        if c["simulated"]:
-            gpus += " [$text-muted](sim)[/]"
+        if c["simulated"]:  # only the simulated ones: "(sim)" when all are, else "(4 sim)"
+            gpus += " [$text-muted](sim)[/]" if c["simulated"] == c["gpus"] else f" [$text-muted]({c['simulated']} sim)[/]"
         rate = getattr(self.monitor, "rate_hz", None)
         rates = f"refresh {self.sample_hz:g} Hz" + (f", telemetry {rate:g} Hz" if rate else "")
         text = (
@@ -563,7 +577,7 @@ class RigdeckApp(App[None]):
         line1 = (
             f"[b]{escape(r.job_id)}[/b]  [{lvl}]{escape(r.state)}[/]"
             + (f" after {r.restarts} restart(s)" if r.restarts else "")
-            + f"  [$text-muted]on[/] {escape(placement_text(r.placement))}"
+            + f"  [$text-muted]on[/] {placement_markup(r.placement)}"
         )
         step = (
             "-"
@@ -599,7 +613,7 @@ class RigdeckApp(App[None]):
             x_max=x_max,
             empty="waiting for the first loss",
         )
-        ranks.apply(rank_rows(detail.ranks))
+        ranks.apply(rank_rows(detail.ranks, r.placement))
 
     def _update_checkpoints(self, detail: JobDetail | None, now: float) -> None:
         head = self.query_one("#ckpt-head", Static)
@@ -807,7 +821,8 @@ class RigdeckApp(App[None]):
                 self.notify(f"stopping {job_id}…", title="job")
                 self._stop_job(job_id)
 
-        self.dialog(ConfirmStop(plan), confirmed)
+        simulated = {n.get("host") for n in (row.placement if row else ()) if n.get("simulated")}
+        self.dialog(ConfirmStop(plan, simulated), confirmed)
 
     @work(thread=True, group="action", name="stop", exit_on_error=False)
     def _stop_job(self, job_id: str) -> str:

@@ -221,9 +221,12 @@ def _fmt_cause(cause: dict[str, Any] | None) -> str:
 
 
 def _print_job(v: Any) -> None:
+    from tui.widgets.format import marked_simulated
+
     print(f"job      {v.job_id} ({v.name})")
     print(f"state    {v.state_line}" + (f" after {v.restarts} restart(s)" if v.restarts else ""))
-    hosts = ", ".join(f"{n['host']}[{n['slots']}{' gpus ' + ','.join(map(str, n['gpus'])) if n.get('gpus') else ''}]"
+    hosts = ", ".join(marked_simulated(f"{n['host']}[{n['slots']}{' gpus ' + ','.join(map(str, n['gpus'])) if n.get('gpus') else ''}]",
+                                       bool(n.get("gpus") and n.get("simulated"))).plain
                       for n in v.placement)
     print(f"placement {hosts}")
     if v.last_step is not None or v.last_loss is not None:
@@ -235,11 +238,30 @@ def _print_job(v: Any) -> None:
         for line in (v.cause.get("tail") or [])[-5:]:
             print(f"         | {terminal_safe(str(line))}")
     if v.ranks:
-        print("rank  host        local  gpu   pid      state    exit")
+        simulated = {n["host"] for n in v.placement if n.get("simulated")}
+        print("rank  host        local  gpu    pid      state    exit")
         for r in v.ranks:
             ex = f"sig {r['signal']}" if r.get("signal") else ("-" if r.get("exit_code") is None else str(r["exit_code"]))
-            print(f"{r['rank']:<5} {r['host']:<11} {r['local_rank']!s:<6} {r['gpu']!s:<5} {r['pid']!s:<8} "
+            gpu = marked_simulated(str(r["gpu"]), r["gpu"] is not None and r["host"] in simulated).plain
+            print(f"{r['rank']:<5} {r['host']:<11} {r['local_rank']!s:<6} {gpu:<6} {r['pid']!s:<8} "
                   f"{r['state']:<8} {ex}")
+
+
+def _print_metrics(records: list[dict[str, Any]]) -> None:
+    """Steps and events, one a line. Every value is the rank's own (a metrics line is whatever a
+    rank appended), so each goes through ``terminal_safe``: no escape of theirs reaches the
+    terminal."""
+    from tui.termsafe import terminal_safe
+
+    def s(value: Any) -> str:
+        return terminal_safe(str(value))
+
+    for r in records:
+        if r.get("event"):
+            print(f"{s(r.get('host'))} r{s(r.get('rank'))} {s(r['event'])} {s(r.get('status', ''))} "
+                  f"step {s(r.get('step'))}")
+        else:
+            print(f"step {s(r.get('step')):<8} loss {s(r.get('loss')):<22} rank {s(r.get('rank'))} {s(r.get('host'))}")
 
 
 def _print_logs(chunks: Any, *, raw: bool, flush: bool) -> None:
@@ -356,12 +378,7 @@ def _run_jobs(args: argparse.Namespace) -> int:
                 json.dump(records, sys.stdout, indent=2)
                 sys.stdout.write("\n")
             else:
-                for r in records:
-                    if r.get("event"):
-                        print(f"{r.get('host')} r{r.get('rank')} {r['event']} {r.get('status', '')} "
-                              f"step {r.get('step')}")
-                    else:
-                        print(f"step {r.get('step')!s:<8} loss {r.get('loss')!s:<22} rank {r.get('rank')} {r.get('host')}")
+                _print_metrics(records)
             return EXIT_OK
         if args.command == "stop":
             try:

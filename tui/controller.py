@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -69,9 +69,34 @@ class HostReport:
     elapsed_s: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["elapsed_s"] = round(self.elapsed_s, 3)
-        return d
+        """The documented keys (docs/contracts.md), each named here: a new or renamed field
+        changes the output only when this mapping does."""
+        return {
+            "name": self.name,
+            "address": self.address,
+            "port": self.port,
+            "transport": self.transport,
+            "labels": list(self.labels),
+            "reachable": self.reachable,
+            "error": self.error,
+            "error_kind": self.error_kind,
+            "host_key": dict(self.host_key) if self.host_key is not None else None,
+            "hostname": self.hostname,
+            "addresses": list(self.addresses),
+            "agent_version": self.agent_version,
+            "agent_current": self.agent_current,
+            "copied": self.copied,
+            "bytes_copied": self.bytes_copied,
+            "python": self.python,
+            "python_executable": self.python_executable,
+            "cpus": self.cpus,
+            "memory_total_mb": self.memory_total_mb,
+            "gpu_source": self.gpu_source,
+            "gpus": [dict(g) for g in self.gpus],
+            "agent_pid": self.agent_pid,
+            "sample": self.sample,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
 
 
 def host_key_info(e: TransportError) -> dict[str, str] | None:
@@ -211,6 +236,15 @@ class Controller:
                     if attempt == 1:
                         raise
         raise AssertionError("unreachable")
+
+    def peer_address(self, host: str) -> str | None:
+        """The IP address this controller's own connection to ``host`` reached (connecting
+        first when needed), or None: a local host, or one behind a ProxyJump."""
+        spec = self.inventory.get(host)
+        with self._host_locks[host]:
+            t = self.transport(spec)
+            t.connect()
+            return t.peer_address()
 
     def request_many(
         self, hosts: Sequence[str], method: str, timeout: float = 30.0, **params: Any

@@ -75,6 +75,10 @@ def overall_state(host_states: dict[str, dict[str, Any] | TransportError]) -> st
     return "running"
 
 
+def _number(v: Any, default: float) -> float:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
+
+
 def unreachable(host_states: dict[str, Any]) -> list[str]:
     return [h for h, s in host_states.items() if not isinstance(s, dict)]
 
@@ -189,7 +193,15 @@ class JobManager:
                     self.scheduler.adopt(j["job_id"], Placement.from_plan_nodes(j["nodes"]))
         return capacity_from_state(state.snapshot(), self.ctl.inventory)
 
-    def _master_addr(self, node: NodeAssignment) -> str:
+    def _master_addr(self, node: NodeAssignment, peers: Sequence[NodeAssignment] = ()) -> str:
+        """The primary's address on the route the other hosts use to reach it (not the first of
+        its sorted addresses: a ``docker0`` 172.17.x sorts before the cluster's 192.168.x).
+
+        An IP in the inventory is that address. For a name: the address this controller's SSH
+        session reached, when it is one of the host's own (not a jump host's, not a NAT's);
+        else the address the primary's own route to the first other host leaves from; only
+        with neither (a one-host job on the local transport) the first of its addresses.
+        """
         import ipaddress
 
         try:
@@ -197,15 +209,21 @@ class JobManager:
             return node.address
         except ValueError:
             pass
-        facts = self.ctl.request(node.host, "facts")
-        addrs = facts.get("addresses") or []
-        if not addrs:
+        own = [str(a) for a in self.ctl.request(node.host, "facts").get("addresses") or []]
+        peer = self.ctl.peer_address(node.host)
+        if peer is not None and peer in own:
+            return peer
+        for other in peers[:1]:
+            routed = self.ctl.request(node.host, "route_source", peer=other.address).get("address")
+            if routed and not ipaddress.ip_address(routed).is_loopback:
+                return str(routed)
+        if not own:
             raise JobError(f"host {node.host} reports no IP address to use as MASTER_ADDR")
-        return str(addrs[0])
+        return own[0]
 
     def _plans(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> dict[str, dict[str, Any]]:
         primary = placement.nodes[0]
-        master_addr = self._master_addr(primary)
+        master_addr = self._master_addr(primary, placement.nodes[1:])
         port = self.ctl.request(primary.host, "probe_port", addr=master_addr)["port"]
         base = {
             "job_id": job_id,
@@ -556,7 +574,7 @@ class JobManager:
         steps = [m for st in v.hosts.values() if isinstance(st, dict)
                  for m in (st.get("last_metrics") or {}).values() if m.get("loss") is not None]
         if steps:
-            last = max(steps, key=lambda m: (m.get("step") or 0, -(m.get("rank") or 0)))
+            last = max(steps, key=lambda m: (_number(m.get("step"), 0), -_number(m.get("rank"), 0)))
             v.last_step, v.last_loss = last.get("step"), last.get("loss")
         return v
 
@@ -604,7 +622,10 @@ class JobManager:
             if k is not None:
                 latest[k] = max(latest.get(k, 0), int(r.get("restart") or 0))
         out = [r for r in out if (k := step_key(r)) is None or int(r.get("restart") or 0) == latest[k]]
-        out.sort(key=lambda r: (r.get("step") if r.get("step") is not None else -1, r.get("rank") or 0, r.get("time") or 0))
+        def order(r: dict[str, Any]) -> tuple[float, float, float]:
+            return (_number(r.get("step"), -1), _number(r.get("rank"), 0), _number(r.get("time"), 0))
+
+        out.sort(key=order)  # ranks write these records: a step that is not a number sorts first
         return out
 
     def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False, poll_s: float = 0.5,

@@ -268,6 +268,11 @@ class Transport(ABC):
     def open_stream(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Stream:
         """Start ``argv`` and keep talking to it over its stdin/stdout."""
 
+    def peer_address(self) -> str | None:
+        """The IP address this connection reached on the host, or None where the connection
+        says nothing about the host's own addresses (no network, or a jump host in between)."""
+        return None
+
     def remote_path(self, path: str) -> str:
         """Expand a leading ``~`` against the host's home directory."""
         if path == "~":
@@ -515,6 +520,17 @@ class SSHTransport(Transport):
         if t is None or not t.is_active():
             raise UnreachableError(self.name, "not connected")
         return t
+
+    def peer_address(self) -> str | None:
+        """The address the SSH connection reached: over a ProxyJump the socket's peer is the
+        jump host, not this one, so None."""
+        if self.jumps:
+            return None
+        try:
+            peer = self._transport().getpeername()
+        except (TransportError, OSError):
+            return None
+        return str(peer[0]).split("%")[0] if peer else None
 
     # -- commands ---------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
 from tui.jobwatch import StopPlan
+from tui.widgets.format import SIM_MARK
 
 
 class ConfirmStop(ModalScreen[bool]):
@@ -24,15 +25,18 @@ class ConfirmStop(ModalScreen[bool]):
         Binding("n,escape", "cancel", "Cancel", id="stop.cancel"),
     ]
 
-    def __init__(self, plan: StopPlan) -> None:
+    def __init__(self, plan: StopPlan, simulated: Iterable[str] = ()) -> None:
+        """``simulated``: the hosts whose GPUs are simulated (the placement's), marked "sim"."""
         super().__init__()
         self.plan = plan
+        self.simulated = frozenset(simulated)
 
     def compose(self) -> ComposeResult:
         p = self.plan
         hosts = "\n".join(
             f"  [b]{escape(h)}[/b]: ranks {', '.join(str(r) for r in ranks) or '-'}"
             + (f" on GPUs {', '.join(str(g) for g in gpus)}" if gpus else "")
+            + (f"[$text-muted]{SIM_MARK}[/]" if gpus and h in self.simulated else "")
             for h, ranks, gpus in p.hosts
         )
         with Vertical(id="dialog", classes="dialog -danger"):

@@ -168,16 +168,41 @@ def step_rate_text(rate: float | None) -> str:
     return f"{rate * 60:.1f}/min"
 
 
-def placement_text(placement: Sequence[Mapping[str, Any]]) -> str:
-    """``h1[0,1] h2[0,1]`` (GPUs), or ``h1×2 h2×2`` (processes without GPUs)."""
+SIM_MARK = " sim"  # follows a label whose GPUs are simulated, wherever one is shown
+
+
+def marked_simulated(label: str, simulated: bool, palette: Palette = PLAIN) -> Text:
+    """``label``, followed by a muted "sim" when the GPUs behind it are simulated: one marker
+    for the tables, the job view and ``rigdeck status`` (``.plain``), so none can forget it."""
+    t = Text(label, no_wrap=True)
+    if simulated:
+        t.append(SIM_MARK, style=palette["muted"])
+    return t
+
+
+def placement_parts(placement: Sequence[Mapping[str, Any]]) -> tuple[tuple[str, bool], ...]:
+    """(label, simulated) per node: ``h1[0,1]`` (GPUs), or ``h1×2`` (processes without GPUs,
+    never marked: only a GPU is simulated)."""
     parts = []
     for n in placement:
         gpus = list(n.get("gpus") or [])
         if gpus:
-            parts.append(f"{n.get('host')}[{','.join(str(g) for g in gpus)}]")
+            parts.append((f"{n.get('host')}[{','.join(str(g) for g in gpus)}]", bool(n.get("simulated"))))
         else:
-            parts.append(f"{n.get('host')}×{n.get('slots')}")
-    return " ".join(parts) or "-"
+            parts.append((f"{n.get('host')}×{n.get('slots')}", False))
+    return tuple(parts)
+
+
+def placement_cell(parts: Sequence[tuple[str, bool]], palette: Palette = PLAIN) -> Text:
+    """``h1[0,1] sim h2[0,1]``: the nodes of ``placement_parts``, simulated ones marked."""
+    if not parts:
+        return Text("-", no_wrap=True, overflow="ellipsis")
+    return Text(" ", no_wrap=True, overflow="ellipsis").join(marked_simulated(label, sim, palette) for label, sim in parts)
+
+
+def placement_text(placement: Sequence[Mapping[str, Any]]) -> str:
+    """``placement_cell`` as plain text."""
+    return placement_cell(placement_parts(placement)).plain
 
 
 def state_level(state: str) -> str:

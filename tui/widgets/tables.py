@@ -32,7 +32,9 @@ from tui.widgets.format import (
     duration,
     level,
     loss_text,
-    placement_text,
+    marked_simulated,
+    placement_cell,
+    placement_parts,
     power_cell,
     rate_bytes,
     size_bytes,
@@ -74,14 +76,6 @@ def percent_bar(raw: tuple[int | None, int, bool], palette: Palette) -> Renderab
     if pct is None:
         return _text("-", palette["muted"])
     return bar_cell(float(pct), bw, "dim" if stale else util_level(pct), f" {pct:3d}%", palette)
-
-
-def marked_simulated(label: str, simulated: bool, palette: Palette) -> Text:
-    """``label``, followed by a muted "sim" when the GPUs behind it are simulated."""
-    t = Text(label, no_wrap=True)
-    if simulated:
-        t.append(" sim", style=palette["muted"])
-    return t
 
 
 # ---------------------------------------------------------------------------------------------
@@ -527,7 +521,7 @@ def job_rows(rows: Sequence[JobRow], now: float) -> list[tuple[str, tuple[Any, .
                     loss_text(r.loss),
                     step_rate_text(r.step_rate),
                     None if runtime is None else int(runtime),
-                    placement_text(r.placement),
+                    placement_parts(r.placement),
                     r.checkpoint_owner,
                 ),
             )
@@ -561,6 +555,8 @@ class JobsTable(DiffTable):
             return _text(duration(raw) if raw is not None else "-")
         if column == "loss":
             return _text(raw, palette["strong"])
+        if column == "placement":
+            return placement_cell(raw, palette)
         return _text(raw)
 
 
@@ -580,7 +576,11 @@ def _job_level(state: str) -> str:
 # One job: ranks and checkpoints
 
 
-def rank_rows(ranks: Sequence[Mapping[str, Any]]) -> list[tuple[str, tuple[Any, ...]]]:
+def rank_rows(
+    ranks: Sequence[Mapping[str, Any]], placement: Sequence[Mapping[str, Any]] = ()
+) -> list[tuple[str, tuple[Any, ...]]]:
+    """One row per rank; its GPU marked "sim" when the placement says its host's are simulated."""
+    simulated = {n.get("host") for n in placement if n.get("simulated")}
     out = []
     for r in ranks:
         ex = (
@@ -588,6 +588,7 @@ def rank_rows(ranks: Sequence[Mapping[str, Any]]) -> list[tuple[str, tuple[Any, 
             if r.get("signal")
             else ("-" if r.get("exit_code") is None else str(r["exit_code"]))
         )
+        gpu = r.get("gpu")
         out.append(
             (
                 f"{r.get('rank')}",
@@ -595,7 +596,7 @@ def rank_rows(ranks: Sequence[Mapping[str, Any]]) -> list[tuple[str, tuple[Any, 
                     r.get("rank"),
                     r.get("host"),
                     r.get("local_rank"),
-                    r.get("gpu"),
+                    (gpu, gpu is not None and r.get("host") in simulated),
                     r.get("pid"),
                     r.get("state") or "-",
                     ex,
@@ -611,13 +612,16 @@ class RanksTable(DiffTable):
             Col("rank", "Rank", 5),
             Col("host", "Host"),
             Col("local", "Local", 5),
-            Col("gpu", "GPU", 4),
+            Col("gpu", "GPU", 6),
             Col("pid", "PID", 8),
             Col("state", "State", 8),
             Col("exit", "Exit", 7),
         ]
 
     def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
+        if column == "gpu":
+            gpu, sim = raw
+            return marked_simulated("-" if gpu is None else str(gpu), sim, palette)
         if column == "state":
             return state_cell(raw, palette)
         if column == "exit":

@@ -1,0 +1,434 @@
+"""Contracts a user or a script relies on: every command's ``--json`` keys and types (as
+docs/contracts.md lists them), a ``sim`` marker wherever a simulated GPU is shown, rank strings
+made safe in ``rigdeck metrics``, and MASTER_ADDR on the route the other hosts use."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests._require import require
+from tui.controller import HostReport
+from tui.history import History
+from tui.jobs import JobManager, JobView
+from tui.scheduler import NodeAssignment
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTILE = ROOT / "tests" / "jobscripts" / "hostile_metrics.py"
+NONE = type(None)
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # anything but tab and newline
+
+# The key sets and types of docs/contracts.md ("--json output of every command").
+HOST_REPORT: dict[str, Any] = {
+    "name": str, "address": str, "port": int, "transport": str, "labels": list,
+    "reachable": bool, "error": (str, NONE), "error_kind": (str, NONE), "host_key": (dict, NONE),
+    "hostname": (str, NONE), "addresses": list, "agent_version": (str, NONE),
+    "agent_current": bool, "copied": (bool, NONE), "bytes_copied": int, "python": (str, NONE),
+    "python_executable": (str, NONE), "cpus": (int, NONE), "memory_total_mb": (int, NONE),
+    "gpu_source": (str, NONE), "gpus": list, "agent_pid": (int, NONE), "sample": (dict, NONE),
+    "elapsed_s": (float, int),
+}
+GPU = {"index": int, "name": str, "uuid": str, "memory_total_mb": int, "simulated": bool}
+INVENTORY_HOST = {
+    "name": str, "address": str, "port": int, "user": str, "transport": str, "python": str,
+    "state_dir": str, "labels": list, "proxy_jump": (str, NONE), "slots": (int, NONE), "sim_gpus": int,
+}
+JOB: dict[str, Any] = {
+    "job_id": str, "name": str, "state": str, "restarts": int, "placement": list,
+    "cause": (dict, NONE), "created": (float, NONE), "started": (float, NONE), "ended": (float, NONE),
+    "ranks": list, "last_step": (int, NONE), "last_loss": (float, int, NONE), "hosts": dict,
+    "events": list, "unreachable": list,
+}
+NODE = {"host": str, "address": str, "slots": int, "gpus": list, "cpus": (int, NONE),
+        "instance_type": str, "simulated": bool}
+RANK = {"rank": int, "host": str, "local_rank": int, "gpu": (int, NONE), "pid": (int, NONE),
+        "state": str, "exit_code": (int, NONE), "signal": (int, NONE)}
+GC = {"removed": list, "kept": int, "running": list}
+
+
+def conforms(obj: Any, schema: dict[str, Any], where: str) -> None:
+    """``obj`` has exactly ``schema``'s keys, each of its type (a bool is not an int here)."""
+    assert isinstance(obj, dict), f"{where}: {obj!r} is not an object"
+    assert set(obj) == set(schema), f"{where}: extra {sorted(set(obj) - set(schema))}, missing {sorted(set(schema) - set(obj))}"
+    for key, types in schema.items():
+        types = types if isinstance(types, tuple) else (types,)
+        value = obj[key]
+        ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
+        assert ok, f"{where}.{key}: {value!r} is not {' or '.join(t.__name__ for t in types)}"
+
+
+# -- host reports -----------------------------------------------------------------------------
+
+
+def test_host_report_json_is_the_documented_mapping_not_the_dataclass() -> None:
+    r = HostReport(name="h1", address="10.0.0.5", port=2222, transport="ssh", labels=["a"],
+                   reachable=True, hostname="n1", addresses=["10.0.0.5"], agent_version="v",
+                   agent_current=True, copied=True, bytes_copied=10, python="3.11.2",
+                   python_executable="/usr/bin/python3", cpus=8, memory_total_mb=1024,
+                   gpu_source="simulated", gpus=[{"index": 0, "name": "Simulated GPU", "uuid": "SIM-1-0",
+                                                  "memory_total_mb": 81920, "simulated": True}],
+                   agent_pid=7, sample={"seq": 1}, elapsed_s=0.12345)
+    d = r.to_json()
+    conforms(d, HOST_REPORT, "report")
+    assert d["port"] == 2222 and d["gpu_source"] == "simulated" and d["elapsed_s"] == 0.123
+    conforms(d["gpus"][0], GPU, "report.gpus[0]")
+    json.dumps(d)  # serialisable as it is
+
+    @dataclasses.dataclass
+    class Grown(HostReport):  # a field added for the app's sake
+        ssh_banner: str = "OpenSSH_9.2"
+
+    assert set(Grown(name="h1", address="a", port=22, transport="ssh").to_json()) == set(HOST_REPORT)
+
+
+# -- every command on this machine, as a one-host cluster without SSH -------------------------
+
+
+def _local_cluster(tmp_path: Path) -> dict[str, str]:
+    inv = tmp_path / "hosts.toml"
+    inv.write_text(
+        "[[hosts]]\n"
+        f'name = "here"\naddress = "localhost"\ntransport = "local"\npython = "{sys.executable}"\n'
+        f'state_dir = "{tmp_path / "state"}"\nsim_gpus = 2\n'
+        # GPU claims in this test's own directory: the simulated GPUs are this test's alone.
+        f'env = {{ RIGDECK_CLAIM_DIR = "{tmp_path / "claims"}" }}\n'
+    )
+    return {**os.environ, "RIGDECK_HOME": str(tmp_path / "home"), "RIGDECK_INVENTORY": str(inv)}
+
+
+def _rigdeck(env: dict[str, str], *args: str, ok: tuple[int, ...] = (0,)) -> str:
+    res = subprocess.run([sys.executable, "-m", "tui.cli", *args], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=180)
+    assert res.returncode in ok, f"rigdeck {' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
+    return res.stdout
+
+
+def _job(data: Any, where: str) -> None:
+    conforms(data, JOB, where)
+    for i, n in enumerate(data["placement"]):
+        conforms(n, NODE, f"{where}.placement[{i}]")
+    for i, r in enumerate(data["ranks"]):
+        conforms(r, RANK, f"{where}.ranks[{i}]")
+    for i, e in enumerate(data["events"]):
+        assert isinstance(e.get("time"), float) and isinstance(e.get("event"), str), f"{where}.events[{i}]: {e}"
+    for h, st in data["hosts"].items():
+        assert isinstance(h, str) and isinstance(st, dict), f"{where}.hosts[{h}]"
+
+
+def test_every_command_json_keeps_its_keys_and_types(tmp_path: Path) -> None:
+    env = _local_cluster(tmp_path)
+
+    inv = json.loads(_rigdeck(env, "inventory", "show", "--json"))
+    assert set(inv) == {"path", "hosts"} and inv["path"] == env["RIGDECK_INVENTORY"]
+    conforms(inv["hosts"][0], INVENTORY_HOST, "inventory.hosts[0]")
+
+    for command in ("deploy", "hosts"):
+        reports = json.loads(_rigdeck(env, command, "--json"))
+        assert isinstance(reports, list) and len(reports) == 1
+        r = reports[0]
+        conforms(r, HOST_REPORT, command)
+        assert r["port"] == 22 and r["transport"] == "local" and r["reachable"] and r["error"] is None
+        assert r["gpu_source"] == "simulated" and len(r["gpus"]) == 2
+        for g in r["gpus"]:
+            conforms(g, GPU, f"{command}.gpus")
+            assert g["simulated"] is True
+    assert isinstance(r["copied"], NONE) and isinstance(r["agent_pid"], int) and isinstance(r["sample"], dict)
+
+    spec = tmp_path / "hostile.toml"
+    # No GPU for the job: the simulated GPUs of this machine are seen by every agent on it,
+    # so a test running beside this one could hold them. The unit tests below mark GPUs.
+    spec.write_text(f'name = "hostile"\ncommand = ["{{python}}", "{HOSTILE}"]\nworkdir = "{tmp_path}"\n'
+                    'launcher = "direct"\nnodes = 1\nprocesses_per_node = 1\n')
+    launched = json.loads(_rigdeck(env, "launch", str(spec), "--json"))
+    _job(launched, "launch")
+    job_id = launched["job_id"]
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            records = json.loads(_rigdeck(env, "metrics", job_id, "--json"))
+            if len(records) == 4 or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        assert len(records) == 4, records
+        for r in records:
+            assert isinstance(r["host"], str) and isinstance(r["rank"], int) and not isinstance(r["rank"], bool)
+
+        status = json.loads(_rigdeck(env, "status", job_id, "--json"))
+        _job(status, "status")
+        assert status["state"] == "running" and len(status["ranks"]) == 1
+        assert status["placement"][0]["gpus"] == [] and status["ranks"][0]["gpu"] is None
+
+        # Text: ranks without a GPU are not marked, though the host's GPUs are simulated.
+        text = _rigdeck(env, "status", job_id)
+        assert "placement here[1]\n" in text
+        rank_line = next(ln for ln in text.splitlines() if ln.startswith("0 "))
+        assert rank_line.split()[:4] == ["0", "here", "0", "None"], rank_line
+
+        # Text: what the rank wrote reaches the terminal without its escapes.
+        out = _rigdeck(env, "metrics", job_id)
+        assert not CONTROL.search(out), repr(out)
+        assert "ckpt" in out and "done" in out and "pwned" not in out  # the OSC title is gone whole
+    finally:
+        stopped = json.loads(_rigdeck(env, "stop", job_id, "--grace", "1", "--json", ok=(0, 1)))
+    _job(stopped, "stop")
+    assert stopped["state"] == "stopped"
+
+    jobs = json.loads(_rigdeck(env, "jobs", "--json"))
+    assert isinstance(jobs, list) and [j["job_id"] for j in jobs] == [job_id]
+    _job(jobs[0], "jobs[0]")
+    assert jobs[0]["ranks"] == [] and jobs[0]["hosts"] == {}  # from history, no look at the hosts
+
+    gc = json.loads(_rigdeck(env, "gc", "--json"))
+    assert list(gc) == ["here"]
+    conforms(gc["here"], GC, "gc.here")
+
+
+# -- sim markers ------------------------------------------------------------------------------
+
+
+def _mixed_view() -> JobView:
+    """h1's GPUs simulated, h2's real."""
+    placement = [
+        {"host": "h1", "address": "10.0.0.1", "slots": 2, "gpus": [0, 1], "cpus": 8,
+         "instance_type": "rigdeck.sim-gpu-4", "simulated": True},
+        {"host": "h2", "address": "10.0.0.2", "slots": 2, "gpus": [2, 3], "cpus": 8,
+         "instance_type": "rigdeck.gpu-4xh100", "simulated": False},
+    ]
+    ranks = [{"rank": i, "host": h, "local_rank": i % 2, "gpu": g, "pid": 100 + i, "state": "running",
+              "exit_code": None, "signal": None}
+             for i, (h, g) in enumerate([("h1", 0), ("h1", 1), ("h2", 2), ("h2", 3)])]
+    return JobView(job_id="j-1", name="j", state="running", spec={}, placement=placement, ranks=ranks)
+
+
+def test_status_text_marks_only_the_simulated_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    from tui.cli import _print_job
+
+    _print_job(_mixed_view())
+    lines = capsys.readouterr().out.splitlines()
+    assert "placement h1[2 gpus 0,1] sim, h2[2 gpus 2,3]" in lines
+    gpu_cells = {ln.split()[0]: ln.split()[3:5] for ln in lines if ln[:1].isdigit()}
+    assert gpu_cells == {"0": ["0", "sim"], "1": ["1", "sim"], "2": ["2", "102"], "3": ["3", "103"]}
+
+
+def test_job_view_placement_and_ranks_mark_only_the_simulated_gpus() -> None:
+    from tui.app import placement_markup
+    from tui.widgets.format import PLAIN, placement_text
+    from tui.widgets.tables import RanksTable, rank_rows
+
+    v = _mixed_view()
+    assert placement_text(v.placement) == "h1[0,1] sim h2[2,3]"
+    assert placement_markup(v.placement) == "h1[0,1][$text-muted] sim[/] h2[2,3]"
+    rows = dict(rank_rows(v.ranks, v.placement))
+    assert [rows[k][3] for k in ("0", "1", "2", "3")] == [(0, True), (1, True), (2, False), (3, False)]
+    table = RanksTable()
+    cells = [table.render_cell("gpu", rows[k][3], PLAIN).plain for k in ("0", "2")]
+    assert cells == ["0 sim", "2"]
+    no_gpu = {**v.ranks[0], "gpu": None}
+    assert dict(rank_rows([no_gpu], v.placement))["0"][3] == (None, False)  # no GPU: nothing simulated
+
+
+def test_summary_counts_only_the_simulated_gpus() -> None:
+    from tui.app import summarize
+
+    sim = {"status": "up", "gpus": [{"simulated": True, "processes": []}] * 4}
+    real = {"status": "up", "gpus": [{"simulated": False, "processes": []}] * 4}
+    assert summarize([sim, real])["simulated"] == 4
+    assert summarize([real])["simulated"] == 0
+    assert summarize([sim, sim])["simulated"] == 8
+
+
+# -- metrics text ---------------------------------------------------------------------------
+
+
+def test_metrics_text_prints_rank_strings_through_terminal_safe(capsys: pytest.CaptureFixture[str]) -> None:
+    from tui.cli import _print_metrics
+
+    _print_metrics([
+        {"host": "h1", "rank": 0, "step": "\x1b[2J3", "loss": "\x1b]52;c;ZXZpbA==\x070.5"},
+        {"host": "h1", "rank": "\x1bc0", "event": "\x1b]0;title\x07checkpoint\x07",
+         "status": "do\x08ne\x1b[?1049h", "step": "\x9b5"},
+    ])
+    out = capsys.readouterr().out
+    assert not CONTROL.search(out), repr(out)
+    assert "step 3" in out and "loss 0.5" in out and "checkpoint" in out and "title" not in out
+
+
+# -- MASTER_ADDR ------------------------------------------------------------------------------
+
+
+class _Ctl:
+    """A controller that answers as a host with a docker0 (172.17.0.1, sorting first) would."""
+
+    def __init__(self, peer: str | None, routed: str | None):
+        self.peer, self.routed = peer, routed
+        self.asked: list[tuple[str, str, dict[str, Any]]] = []
+
+    def request(self, host: str, method: str, **params: Any) -> Any:
+        self.asked.append((host, method, params))
+        if method == "facts":
+            return {"addresses": ["172.17.0.1", "192.168.1.20"]}
+        if method == "route_source":
+            return {"address": self.routed}
+        raise AssertionError(method)
+
+    def peer_address(self, host: str) -> str | None:
+        return self.peer
+
+
+def _node(host: str, address: str) -> NodeAssignment:
+    return NodeAssignment(host=host, address=address, slots=1, gpus=(), cpus=1, instance_type="x", simulated=False)
+
+
+@pytest.mark.parametrize("peer, routed, why", [
+    ("192.168.1.20", None, "the address the controller's SSH session reached"),
+    (None, "192.168.1.20", "a ProxyJump or the local transport: the primary's route to h2"),
+    ("203.0.113.7", "192.168.1.20", "a NAT's address is not the host's own: the route"),
+])
+def test_master_addr_is_the_routed_address_not_the_first_sorted(
+        tmp_path: Path, peer: str | None, routed: str | None, why: str) -> None:
+    ctl = _Ctl(peer, routed)
+    jm = JobManager(ctl, History(tmp_path / "history.sqlite"))  # type: ignore[arg-type]
+    assert jm._master_addr(_node("h1", "gpu-a"), [_node("h2", "gpu-b")]) == "192.168.1.20", why
+    if routed:
+        assert ("h1", "route_source", {"peer": "gpu-b"}) in ctl.asked
+    # An IP in the inventory is the address the controller (or its jump host) reached: as is.
+    assert jm._master_addr(_node("h1", "10.9.8.7"), [_node("h2", "gpu-b")]) == "10.9.8.7"
+
+
+def test_master_addr_on_the_local_transport_is_the_source_of_the_route_to_the_peer(tmp_path: Path) -> None:
+    """The real agent's answer, checked against ``ip route get``: with a second interface on this
+    machine (a test bed's bridge, docker0) the route's address is not necessarily the first."""
+    from tui.bundle import build_agent
+    from tui.controller import Controller
+    from tui.inventory import HostSpec, Inventory
+
+    require(lambda: subprocess.run(["ip", "-V"], capture_output=True).returncode == 0, "iproute2 (ip)")
+    nets = [ln.split() for ln in subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
+                                                capture_output=True, text=True).stdout.splitlines()]
+    cidrs = sorted(p[3] for p in nets if len(p) > 3)
+    require(cidrs, "a non-loopback IPv4 address on this machine")
+    addr, prefix = cidrs[-1].split("/")  # the one that sorts last, when there are several
+    import ipaddress
+
+    net = ipaddress.ip_interface(cidrs[-1]).network
+    peer = next(str(h) for h in net.hosts() if str(h) != addr)  # on-link: nothing is sent to it
+    expected = subprocess.run(["ip", "-o", "route", "get", peer], capture_output=True, text=True).stdout.split()
+    expected_src = expected[expected.index("src") + 1]
+    spec = HostSpec(name="here", address="localhost", transport="local", python=sys.executable,
+                    state_dir=str(tmp_path / "state"))
+    bundle = build_agent(tmp_path / "cache")
+    with Controller(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
+                    bundle_factory=lambda: bundle) as ctl:
+        jm = JobManager(ctl, History(tmp_path / "history.sqlite"))
+        got = jm._master_addr(_node("here", "localhost"), [_node("other", peer)])
+    assert got == expected_src == addr, (got, expected_src, cidrs)
+
+
+
+@pytest.mark.testbed
+def test_master_addr_on_the_test_bed_is_the_address_the_other_hosts_reach(testbed: Any, tmp_path: Path) -> None:
+    """Both hosts named by aliases (resolved by an /etc/hosts of the controller's own mount
+    namespace) and each given a second interface with 10.0.0.1, which sorts before its 10.213.K.x: every
+    rank's MASTER_ADDR is the primary's bed address, the one the controller's SSH reached."""
+    import shutil
+
+    require(shutil.which("unshare") and shutil.which("mount"), "util-linux (unshare, mount)")
+    bed = testbed
+    hosts = [bed.host(1), bed.host(2)]
+    inv = bed.write_inventory(tmp_path / "hosts.toml", hosts=[1, 2], python=sys.executable,
+                              known_hosts=str(tmp_path / "known_hosts"))
+    text, etc_hosts = inv.read_text(), Path("/etc/hosts").read_text()
+    known = bed.known_hosts.read_text()
+    for h in hosts:
+        alias = f"rdk-contracts-{h.name}"
+        text = text.replace(f'address = "{h.address}"', f'address = "{alias}"')
+        etc_hosts += f"\n{h.address} {alias}\n"
+        known += f"{alias} {h.public_key}\n"
+    inv.write_text(text)
+    (tmp_path / "known_hosts").write_text(known)
+    (tmp_path / "etc_hosts").write_text(etc_hosts)
+    spec = tmp_path / "master.toml"
+    spec.write_text('name = "master"\nhosts = ["h1", "h2"]\nlauncher = "direct"\nprocesses_per_node = 1\n'
+                    f'workdir = "{tmp_path}"\n'
+                    """command = ["{python}", "-c", 'import os; print("MASTER", os.environ["MASTER_ADDR"], os.environ["RIGDECK_MASTER_ADDR"])']\n""")
+    env = {**os.environ, "RIGDECK_HOME": str(tmp_path / "home"), "RIGDECK_INVENTORY": str(inv)}
+
+    def rigdeck(*args: str) -> subprocess.CompletedProcess[str]:
+        # The aliases resolve only in this command's mount namespace: the machine's /etc/hosts is untouched.
+        return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                               'mount --bind "$0" /etc/hosts && exec "$@"', str(tmp_path / "etc_hosts"),
+                               sys.executable, "-m", "tui.cli", *args],
+                              env=env, cwd=ROOT, capture_output=True, text=True, timeout=180)
+
+    for h in hosts:  # a veth pair inside the host (no dummy module in a container), as docker0 would be
+        for argv in (["link", "add", "dock0", "type", "veth", "peer", "name", "dock1"],
+                     ["addr", "add", "10.0.0.1/24", "dev", "dock0"], ["link", "set", "dock0", "up"],
+                     ["link", "set", "dock1", "up"]):
+            subprocess.run(["ip", "-n", h.netns, *argv], check=True, capture_output=True)
+    try:
+        res = rigdeck("launch", str(spec), "--wait", "--json")
+        assert res.returncode == 0, res.stdout + res.stderr
+        job = json.loads(res.stdout)
+        assert job["state"] == "succeeded"
+        primary = bed.host(job["placement"][0]["host"])
+        logs = rigdeck("logs", job["job_id"])
+        assert logs.returncode == 0, logs.stderr
+        lines = [ln.split() for ln in logs.stdout.splitlines() if " MASTER " in ln]
+        assert len(lines) == 2, logs.stdout
+        for ln in lines:
+            assert ln[-2:] == [primary.address, primary.address], (ln, "not 10.0.0.1")
+    finally:
+        for h in hosts:
+            subprocess.run(["ip", "-n", h.netns, "link", "del", "dock0"], capture_output=True)  # takes dock1 along
+
+
+async def test_app_marks_simulated_gpus_in_the_job_view_the_stop_dialog_and_the_summary() -> None:
+    from textual.widgets import Static
+
+    from tests.ui_fixtures import (
+        JOB,
+        NOW,
+        FakeController,
+        FakeMonitor,
+        RecordedJobs,
+        cluster_state,
+        gpu_sample,
+        host_sample,
+        recorded_app,
+    )
+    from tui.app import RigdeckApp
+    from tui.widgets.tables import RanksTable
+
+    app = recorded_app()  # every GPU simulated
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.press("4")
+        await pilot.pause()
+        head = str(app.query_one("#job-head", Static).render())
+        assert f"{JOB}  running  on h1[0,1] sim h2[0,1] sim" in head
+        ranks = app.query_one("#ranks-table", RanksTable)
+        assert [ranks.cell_text(k, "gpu") for k in ("0", "1", "2", "3")] == ["0 sim", "1 sim", "0 sim", "1 sim"]
+        assert "8 total (sim)" in str(app.query_one("#summary", Static).render())
+        await pilot.press("3", "s")
+        await pilot.pause()
+        body = str(app.screen.query_one("#stop-body", Static).render())
+        assert "h1: ranks 0, 1 on GPUs 0, 1 sim" in body
+
+    state = cluster_state()  # then h2 reports real GPUs
+    real = [{**gpu_sample(2, idx, 30), "simulated": False, "name": "NVIDIA H100"} for idx in range(4)]
+    state.apply_sample("h2", {**host_sample(2, 30, real), "gpu_source": "nvml", "simulated": False},
+                       received_at=30.0)
+    app = RigdeckApp(FakeController(), monitor=FakeMonitor(state), jobs=RecordedJobs(),  # type: ignore[arg-type]
+                     clock=lambda: NOW, keymap_file=Path("/nonexistent/keys.toml"))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.pause()
+        summary = str(app.query_one("#summary", Static).render())
+        assert "8 total (4 sim)" in summary, summary
