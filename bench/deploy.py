@@ -9,7 +9,6 @@ Needs root (the network-namespace test bed). Usage: python bench/deploy.py [--ho
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._meta import run_meta, write_result  # noqa: E402
 from tests.testbed import TestBed, available  # noqa: E402
 from tui.bundle import build_agent  # noqa: E402
 from tui.controller import Controller  # noqa: E402
@@ -59,6 +59,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "deploy.json"))
     args = ap.parse_args()
+    meta = run_meta()
     ok, why = available()
     if not ok:
         print(f"bench/deploy.py needs the test bed: {why}", file=sys.stderr)
@@ -83,9 +84,7 @@ def main() -> int:
         "median": med, "ratio_fresh_vs_scp": med["fresh"] / med["scp"],
         "ratio_current_vs_scp": med["again"] / med["scp"],
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result, meta)
     return 0
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._meta import run_meta, write_result  # noqa: E402
 from tests.testbed import TestBed, available  # noqa: E402
 
 SCRIPT = ROOT / "examples" / "ddp" / "train.py"
@@ -125,6 +126,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "launch.json"))
     args = ap.parse_args()
+    meta = run_meta()
     ok, why = available()
     if not ok:
         print(f"bench/launch.py needs the test bed: {why}", file=sys.stderr)
@@ -155,9 +157,7 @@ def main() -> int:
               "median": {"launch_by_hand_s": lat_h, "launch_rigdeck_s": lat_o,
                          "steps_per_s_by_hand": sps_h, "steps_per_s_rigdeck": sps_o},
               "ratio_launch": lat_o / lat_h, "ratio_steps_per_s": sps_o / sps_h}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result, meta)
     return 0
 
 

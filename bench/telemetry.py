@@ -44,6 +44,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._meta import run_meta, write_result  # noqa: E402
 from tui.bundle import AgentBundle, build_agent  # noqa: E402
 from tui.controller import Controller, HostReport  # noqa: E402
 from tui.inventory import HostSpec, Inventory  # noqa: E402
@@ -664,6 +665,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "telemetry.json"))
     args = ap.parse_args()
     ns = [int(x) for x in args.n.split(",") if x.strip()]
+    meta = run_meta()
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -732,10 +734,7 @@ def main() -> int:
     finally:
         daemons.stop_all()
         shutil.rmtree(work, ignore_errors=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {out}")
+    write_result(args.out, result, meta)
     return 0
 
 

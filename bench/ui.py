@@ -42,6 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._meta import run_meta, write_result  # noqa: E402
 from tui.inventory import HostSpec, Inventory  # noqa: E402
 from tui.jobwatch import JobsSnapshot  # noqa: E402
 from tui.state import ClusterState  # noqa: E402
@@ -257,6 +258,7 @@ def main() -> int:
         n, mode = args.one.split(":")
         print(json.dumps(asyncio.run(measure(int(n), mode, args.seconds, args.warmup))))
         return 0
+    meta = run_meta()
     results = []
     load_before = os.getloadavg()
     sizes = [int(x) for x in args.hosts.split(",")]
@@ -305,9 +307,7 @@ def main() -> int:
         "target_met": None if target is None else target["p95_ms"] < 50.0,
         "results": results,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, out, meta)
     return 0
 
 
