@@ -38,7 +38,12 @@ def read_metrics(dirs: list[Path]) -> dict[int, list[dict]]:
     out: dict[int, list[dict]] = {}
     for d in dirs:
         for f in d.glob("rank-*.jsonl"):
-            rank = int(f.stem.split("-")[1])
+            # runtime.report()'s rank-<N>.jsonl only: the agent keeps losses it parsed from a
+            # rank's output in rank-<N>.stdout.jsonl beside it.
+            rank_s = f.name[len("rank-"):-len(".jsonl")]
+            if not rank_s.isdigit():
+                continue
+            rank = int(rank_s)
             recs = []
             for line in f.read_text().splitlines():
                 try:
