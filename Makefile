@@ -88,8 +88,14 @@ lint: $(VENV)/.installed-test
 screenshots: sysdeps $(VENV)/.installed-test
 	$(PY) -m tests.screenshots
 
+# Every benchmark in sequence (the test bed ones need root); each writes bench/results/<name>.json.
 bench: sysdeps $(VENV)/.installed-test
 	$(PY) bench/deploy.py
+	$(PY) bench/telemetry.py
+	$(PY) bench/scale.py
+	$(PY) bench/launch.py --rounds 5 --steps 300
+	$(PY) bench/runtime.py
+	$(PY) bench/ui.py
 
 testbed-down: $(VENV)/.installed
 	$(PY) -m tests.testbed down

@@ -27,6 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._meta import run_meta, write_result  # noqa: E402
 from tests.testbed import TestBed, available  # noqa: E402
 
 SCRIPT = ROOT / "examples" / "ddp" / "train.py"
@@ -37,7 +38,12 @@ def read_metrics(dirs: list[Path]) -> dict[int, list[dict]]:
     out: dict[int, list[dict]] = {}
     for d in dirs:
         for f in d.glob("rank-*.jsonl"):
-            rank = int(f.stem.split("-")[1])
+            # runtime.report()'s rank-<N>.jsonl only: the agent keeps losses it parsed from a
+            # rank's output in rank-<N>.stdout.jsonl beside it.
+            rank_s = f.name[len("rank-"):-len(".jsonl")]
+            if not rank_s.isdigit():
+                continue
+            rank = int(rank_s)
             recs = []
             for line in f.read_text().splitlines():
                 try:
@@ -125,6 +131,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "launch.json"))
     args = ap.parse_args()
+    meta = run_meta()
     ok, why = available()
     if not ok:
         print(f"bench/launch.py needs the test bed: {why}", file=sys.stderr)
@@ -155,9 +162,7 @@ def main() -> int:
               "median": {"launch_by_hand_s": lat_h, "launch_rigdeck_s": lat_o,
                          "steps_per_s_by_hand": sps_h, "steps_per_s_rigdeck": sps_o},
               "ratio_launch": lat_o / lat_h, "ratio_steps_per_s": sps_o / sps_h}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(args.out, result, meta)
     return 0
 
 

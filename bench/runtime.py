@@ -18,7 +18,6 @@ Writes bench/results/runtime.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -33,6 +32,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._meta import run_meta, write_result  # noqa: E402
 from runtime import metrics  # noqa: E402
 from runtime.checkpoint import Checkpointer  # noqa: E402
 
@@ -96,6 +96,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=200_000)
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "runtime.json"))
     args = p.parse_args()
+    meta = run_meta()
 
     import torch
 
@@ -148,10 +149,7 @@ def main() -> None:
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(args.out, result, meta)
 
 
 if __name__ == "__main__":

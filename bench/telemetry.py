@@ -1,12 +1,18 @@
-"""Telemetry cost: one agent daemon vs. spawn-per-tick polling; controller ingest at N hosts.
+"""Telemetry cost: one agent daemon vs. spawning a sampler per tick; controller ingest at N hosts.
 
-(a) Agent overhead. A real daemon (``python -m agent daemon`` from this source tree, 8 simulated
-    GPUs) streams 1 Hz telemetry to one unix-socket client for D seconds; its CPU (utime+stime
-    from /proc) and memory (RSS, PSS, USS) are measured once it is warm; before that, its CPU
-    with no client at all (the state it spends most of its life in). The baseline is what
-    polling ``nvidia-smi`` once per tick amounts to: a loop that starts a new process per tick,
-    which builds a ``Collector(sim_gpus=8)``, takes one sample and prints it as JSON; its CPU is
-    the loop's own plus every child's (``os.wait4`` rusage), over the same D seconds.
+(a) Agent overhead. A real daemon (``python -m agent daemon`` from this source tree) streams 1 Hz
+    telemetry to one unix-socket client for D seconds; its CPU (utime+stime from /proc) and
+    memory (RSS, PSS, USS) are measured once it is warm; before that, its CPU with no client at
+    all (the state it spends most of its life in). This machine has no NVIDIA GPU (no NVML):
+    the agent is measured on 8 *simulated* GPUs, so its figure leaves out what NVML calls cost.
+    Two baselines, each a loop that starts a new process per 1 Hz tick and reads its one JSON
+    line; their CPU is the loop's own plus every child's (``os.wait4`` rusage), over the same D:
+    - python poller: spawning a Python poller per tick, as gpustat-web and nvitop-cluster do
+      over SSH. The child imports rigdeck's own collector, builds a ``Collector(sim_gpus=8)``,
+      takes one sample and prints it; most of its cost is interpreter start-up and imports.
+    - stdlib sampler: a minimal ``python3 -c`` per tick that reads /proc/stat and /proc/meminfo
+      and prints one JSON line, importing nothing of rigdeck (and sampling no GPUs at all: it
+      does less work than the agent, so the ratio against it is the conservative one).
 (b) Controller ingest. N daemons (each its own state dir, 8 simulated GPUs, 1 Hz) run as local
     processes; the controller reaches each through ``agent.pyz attach`` over pipes, using
     ``tui.monitor.Monitor`` unchanged (one reader thread per host, ``AgentLink`` +
@@ -17,7 +23,8 @@
     skipped (done once up front; bench/deploy.py measures it) unless ``--real-deploy``. The
     daemons are started once and reused for the larger N (ascending), idle in between.
 
-All agents and the controller share this one machine, so at large N the latency also carries the
+The ingest figures use local pipes, not SSH: bench/scale.py measures the controller over SSH
+against real sshd hosts of the test bed. All agents and the controller share this one machine, so at large N the latency also carries the
 contention of N daemons and N attach bridges for the same cores; the machine's CPU use during
 the window is reported next to it.
 
@@ -44,6 +51,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench._meta import run_meta, write_result  # noqa: E402
 from tui.bundle import AgentBundle, build_agent  # noqa: E402
 from tui.controller import Controller, HostReport  # noqa: E402
 from tui.inventory import HostSpec, Inventory  # noqa: E402
@@ -60,13 +68,34 @@ TARGET_P95_MS = 100.0
 CONNECT_TIMEOUT_S = 120.0
 BUSY_WARN_PCT = 25.0
 
-# One collector per process, one sample, printed: the per-tick cost of polling by spawning.
+# Spawning a Python poller per tick (as gpustat-web and nvitop-cluster do over SSH): one
+# collector per process, one sample, printed.
 POLL_SCRIPT = (
     "import json, sys\n"
     "from agent.telemetry import Collector, sample_to_dict\n"
     "with Collector(sim_gpus=int(sys.argv[1])) as c:\n"
     "    sys.stdout.write(json.dumps(sample_to_dict(c.sample())) + '\\n')\n"
 )
+# The least a Python sampler spawned per tick can do: the stdlib, /proc/stat and /proc/meminfo,
+# one JSON line. No rigdeck import, no GPUs.
+SAMPLER_SCRIPT = (
+    "import json, time\n"
+    "with open('/proc/stat') as f:\n"
+    "    cpu = [int(x) for x in f.readline().split()[1:]]\n"
+    "mem = {}\n"
+    "with open('/proc/meminfo') as f:\n"
+    "    for line in f:\n"
+    "        k, _, v = line.partition(':')\n"
+    "        mem[k] = int(v.split()[0])\n"
+    "print(json.dumps({'time': time.time(), 'cpu_jiffies': cpu,\n"
+    "                  'mem_total_kb': mem['MemTotal'], 'mem_available_kb': mem['MemAvailable']}))\n"
+)
+BASELINES = {
+    "python_poller": "spawning a Python poller per tick (as gpustat-web and nvitop-cluster do "
+                     "over SSH): imports rigdeck's collector, simulated GPUs",
+    "stdlib_sampler": "spawning a minimal stdlib sampler per tick (python3 -c reading /proc/stat "
+                      "and /proc/meminfo, one JSON line; no rigdeck import, no GPUs)",
+}
 
 
 # -------------------------------------------------------------------------------------------
@@ -117,6 +146,18 @@ def proc_mem_mb(pid: int) -> dict[str, float]:
     except (OSError, ValueError, IndexError):
         pass
     return out
+
+
+def proc_hwm_mb(pid: int) -> float | None:
+    """Peak RSS (VmHWM) of a live process, in MB; None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
 
 
 def machine_cpu() -> tuple[float, float]:
@@ -372,9 +413,12 @@ def bench_agent(seconds: float, idle_seconds: float, sim_gpus: int, work: Path,
     }
 
 
-def bench_poll(seconds: float, sim_gpus: int) -> dict[str, Any]:
-    """Spawn one collector process per 1 Hz tick, as polling nvidia-smi does."""
-    env = agent_env(sim_gpus)
+def bench_spawn(seconds: float, kind: str, sim_gpus: int) -> dict[str, Any]:
+    """Spawn one sampler process per 1 Hz tick (``kind``: a key of BASELINES) for ``seconds``."""
+    if kind == "python_poller":
+        argv, env = [sys.executable, "-c", POLL_SCRIPT, str(sim_gpus)], agent_env(sim_gpus)
+    else:
+        argv, env = [sys.executable, "-c", SAMPLER_SCRIPT], dict(os.environ)
     self0 = time.process_time()
     m0 = machine_cpu()
     t0 = time.monotonic()
@@ -386,22 +430,29 @@ def bench_poll(seconds: float, sim_gpus: int) -> dict[str, Any]:
     while time.monotonic() - t0 < seconds:
         ts = time.monotonic()
         p = subprocess.Popen(
-            [sys.executable, "-c", POLL_SCRIPT, str(sim_gpus)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
         )
         assert p.stdout is not None
-        out = p.stdout.read()
+        out = p.stdout.readline()
+        # Its peak RSS, read while it is still exiting: wait4's ru_maxrss would be this
+        # process's own size (a child's maximum RSS counts what it had at fork, before exec).
+        hwm = proc_hwm_mb(p.pid)
+        out += p.stdout.read()
         p.stdout.close()
         _, status, ru = os.wait4(p.pid, 0)
         p.returncode = os.waitstatus_to_exitcode(status)
         walls.append(time.monotonic() - ts)
         if p.returncode != 0:
-            raise RuntimeError(f"poll child exited {p.returncode}: {out[-500:]!r}")
+            raise RuntimeError(f"{kind} child exited {p.returncode}: {out[-500:]!r}")
         sample = json.loads(out.strip().splitlines()[-1])
-        assert len(sample["gpus"]) == sim_gpus, sample
-        costs.append(float(sample["cost_s"]))
+        if kind == "python_poller":
+            assert len(sample["gpus"]) == sim_gpus, sample
+            costs.append(float(sample["cost_s"]))
+        else:
+            assert sample["cpu_jiffies"] and sample["mem_total_kb"] > 0, sample
         child_cpu.append(ru.ru_utime + ru.ru_stime)
-        child_rss.append(ru.ru_maxrss / 1024)  # KiB on Linux
+        if hwm is not None:
+            child_rss.append(hwm)
         next_tick += 1.0
         delay = next_tick - time.monotonic()
         if delay > 0:
@@ -411,6 +462,7 @@ def bench_poll(seconds: float, sim_gpus: int) -> dict[str, Any]:
     m1 = machine_cpu()
     total = sum(child_cpu) + self_cpu
     return {
+        "what": BASELINES[kind],
         "seconds": elapsed,
         "ticks": len(child_cpu),
         "cpu_s": total,
@@ -420,8 +472,9 @@ def bench_poll(seconds: float, sim_gpus: int) -> dict[str, Any]:
         "cpu_ms_per_tick": 1000 * total / max(1, len(child_cpu)),
         "child_rss_mb_max": max(child_rss, default=float("nan")),
         "child_rss_mb_mean": mean(child_rss),
+        "child_rss_measured": f"VmHWM of {len(child_rss)} of {len(child_cpu)} children",
         "wall_ms_per_tick_p50": 1000 * percentile(walls, 50),
-        "cost_ms_mean": 1000 * mean(costs),
+        "cost_ms_mean": 1000 * mean(costs) if costs else None,
         "interpreter": sys.executable,
         "machine_cpu_busy_pct": busy_pct(m0, m1),
         "others_cpu_pct_of_core": others_pct(m0, m1, 100.0 * total / elapsed),
@@ -593,8 +646,15 @@ def fmt(v: float | None, spec: str = ".1f") -> str:
     return "n/a" if v is None else format(v, spec)
 
 
-def print_agent(a: dict[str, Any], p: dict[str, Any] | None, sim: int) -> None:
-    print(f"agent overhead ({sim} simulated GPUs, 1 Hz, {a['seconds']:.0f} s)")
+SPAWN_LABELS = {
+    "python_poller": "spawn Python poller",
+    "stdlib_sampler": "spawn stdlib sampler",
+}
+
+
+def print_agent(a: dict[str, Any], spawned: dict[str, dict[str, Any]], sim: int) -> None:
+    print(f"agent overhead ({sim} simulated GPUs: no NVML on this machine; 1 Hz, "
+          f"{a['seconds']:.0f} s)")
     mem = f"RSS {fmt(a['rss_mb_max'])} MB"
     if a.get("pss_mb_max") is not None:
         mem += f" (PSS {fmt(a['pss_mb_max'])}, USS {fmt(a['uss_mb_max'])})"
@@ -603,14 +663,15 @@ def print_agent(a: dict[str, Any], p: dict[str, Any] | None, sim: int) -> None:
     if a.get("idle_cpu_pct_of_core") is not None:
         print(f"  daemon, no client     {a['idle_cpu_pct_of_core']:6.2f} % of a core   "
               f"(over {a['idle_seconds']:g} s before anyone subscribed)")
-    if p is not None:
-        print(f"  spawn-per-tick poll   {p['cpu_pct_of_core']:6.2f} % of a core   "
+    for kind, p in spawned.items():
+        print(f"  {SPAWN_LABELS[kind]:<21} {p['cpu_pct_of_core']:6.2f} % of a core   "
               f"RSS {p['child_rss_mb_max']:.1f} MB per child   "
               f"{p['cpu_ms_per_tick']:.0f} ms CPU per tick, "
               f"{p['wall_ms_per_tick_p50']:.0f} ms wall")
+    for kind, p in spawned.items():
         if a["cpu_pct_of_core"] > 0:
             print(f"  ratio                 {p['cpu_pct_of_core'] / a['cpu_pct_of_core']:6.1f}x "
-                  "less CPU with the daemon")
+                  f"less CPU with the daemon than {BASELINES[kind].split(':')[0]}")
     ok_cpu = a["cpu_pct_of_core"] < TARGET_AGENT_CPU_PCT
     ok_rss = a["rss_mb_max"] is not None and a["rss_mb_max"] < TARGET_AGENT_RSS_MB
     print(f"  targets               < {TARGET_AGENT_CPU_PCT:g} % CPU: "
@@ -618,15 +679,15 @@ def print_agent(a: dict[str, Any], p: dict[str, Any] | None, sim: int) -> None:
           f"< {TARGET_AGENT_RSS_MB:g} MB RSS: {'met' if ok_rss else 'MISSED'}; "
           f"{a['samples']} samples, {a['missed_samples']} skipped, "
           f"startup {a['startup_cpu_s']:.2f} s CPU (not counted)")
-    other = f"{a['others_cpu_pct_of_core']:.0f} %"
-    if p is not None:
-        other += f" (daemon window), {p['others_cpu_pct_of_core']:.0f} % (polling window)"
+    other = f"{a['others_cpu_pct_of_core']:.0f} % (daemon window)"
+    for kind, p in spawned.items():
+        other += f", {p['others_cpu_pct_of_core']:.0f} % ({kind} window)"
     print(f"  other processes       {other} of a core (not ours: interference)")
 
 
 def print_ingest(rows: list[dict[str, Any]], seconds: float) -> None:
-    print(f"controller ingest (1 Hz per agent, {seconds:g} s, "
-          f"all on this {os.cpu_count()}-core machine)")
+    print(f"controller ingest (1 Hz per agent, {seconds:g} s, local pipes, not SSH: "
+          f"see bench/scale.py; all on this {os.cpu_count()}-core machine)")
     for r in rows:
         print(f"  N={r['n']:<4d} samples/s {r['samples_per_s']:6.1f}  "
               f"CPU/sample {r['controller_cpu_ms_per_sample']:.2f} ms  "
@@ -664,6 +725,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "telemetry.json"))
     args = ap.parse_args()
     ns = [int(x) for x in args.n.split(",") if x.strip()]
+    meta = run_meta()
 
     def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -684,21 +746,24 @@ def main() -> int:
         "machine": {"cores": os.cpu_count(), "mem_available_mb": mem_available_mb(),
                     "loadavg_at_start": list(os.getloadavg()), "python": sys.version.split()[0]},
         "sim_gpus": args.sim_gpus,
+        "gpu_source": "simulated (no NVML on the measuring machine)",
+        "ingest_transport": "local pipes (agent.pyz attach); bench/scale.py measures SSH",
     }
     result["machine"]["busy_pct_before_run"] = busy_before
     try:
-        agent = poll = None
         if not args.skip_agent:
             agent = bench_agent(args.agent_seconds, args.idle_seconds, args.sim_gpus, work,
                                 daemons)
             daemons.stop_all()
             result["agent"] = agent
-            if not args.skip_baseline:
-                poll = bench_poll(args.agent_seconds, args.sim_gpus)
-                result["poll_baseline"] = poll
-                result["cpu_ratio"] = (poll["cpu_pct_of_core"] / agent["cpu_pct_of_core"]
-                                       if agent["cpu_pct_of_core"] > 0 else None)
-            print_agent(agent, poll, args.sim_gpus)
+            spawned: dict[str, dict[str, Any]] = {}
+            for kind in () if args.skip_baseline else BASELINES:
+                spawned[kind] = bench_spawn(args.agent_seconds, kind, args.sim_gpus)
+                result[f"{kind}_baseline"] = spawned[kind]
+                result[f"cpu_ratio_vs_{kind}"] = (
+                    spawned[kind]["cpu_pct_of_core"] / agent["cpu_pct_of_core"]
+                    if agent["cpu_pct_of_core"] > 0 else None)
+            print_agent(agent, spawned, args.sim_gpus)
             print(flush=True)
         rows: list[dict[str, Any]] = []
         if not args.skip_ingest:
@@ -732,10 +797,7 @@ def main() -> int:
     finally:
         daemons.stop_all()
         shutil.rmtree(work, ignore_errors=True)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    print(f"wrote {out}")
+    write_result(args.out, result, meta)
     return 0
 
 

@@ -1,0 +1,271 @@
+"""The controller over SSH at 8, 16 and 32 real hosts: CPU, memory and sample-to-state latency.
+
+One test bed of max(N) hosts is brought up once (each host a real OpenSSH sshd in its own
+network namespace; 8 *simulated* GPUs each, since this machine has no NVML), and the current
+agent is deployed to every host with ``Controller.deploy()``. Then, for each N (ascending), a
+fresh process runs the real controller side against hosts h1..hN: ``tui.controller.Controller``
+and ``tui.monitor.Monitor`` unchanged (one reader thread per host, paramiko SSH, the deploy
+check, ``agent.pyz attach`` and a 1 Hz subscription), with a ``ClusterState`` that records when
+each sample is applied (bench/telemetry.py's ``RecordingState``). Once every host has sent
+telemetry, and 2 s more, it measures over D seconds:
+
+- controller CPU: that process, all its threads (SSH included: paramiko runs in it), in % of
+  one core, total and per host;
+- controller memory: its RSS (and PSS) at the end, and per host its growth since just before the
+  Monitor started (imports, the inventory and the agent bundle already there), divided by N;
+- sample-to-state latency p50/p95: from the agent's sample time (``data["time"]``, taken at
+  the start of collection, so it includes the collection's cost) to ``apply_sample`` in the
+  controller's ClusterState. Hosts share this machine's clock (namespaces, one kernel);
+- samples/s (N expected).
+
+The hosts run on this machine too: their daemons, sshd and attach bridges compete with the
+controller for the same cores. Their CPU (every process in the hosts' network namespaces) and
+the machine's total use during the window are reported next to the controller's, and what is
+left is other processes' (interference). Hosts beyond N idle between runs (their daemons keep
+running, unsubscribed).
+
+Needs root (the network-namespace test bed).
+Usage: .venv/bin/python bench/scale.py [--n 8,16,32] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._meta import run_meta, write_result  # noqa: E402
+from bench.telemetry import (  # noqa: E402
+    RecordingState,
+    busy_pct,
+    machine_cpu,
+    mean,
+    percentile,
+    proc_cpu_s,
+    proc_mem_mb,
+)
+from tests.testbed import TestBed, available  # noqa: E402
+from tui.controller import Controller  # noqa: E402
+from tui.inventory import load_inventory  # noqa: E402
+from tui.monitor import Monitor  # noqa: E402
+
+SIM_GPUS = 8
+SETTLE_S = 2.0  # after every host's first sample: every collector past its first, costly one
+
+
+def netns_pids(names: list[str]) -> list[int]:
+    """Every process in these network namespaces (the test bed hosts): daemons, sshd, attach."""
+    pids: list[int] = []
+    for ns in names:
+        res = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True)
+        pids += [int(x) for x in res.stdout.split() if x.isdigit()]
+    return pids
+
+
+def cpu_of(pids: list[int]) -> dict[int, float | None]:
+    return {pid: proc_cpu_s(pid) for pid in pids}
+
+
+def cpu_delta(a: dict[int, float | None], b: dict[int, float | None]) -> float:
+    total = 0.0
+    for pid, x in a.items():
+        y = b.get(pid)
+        if x is not None and y is not None:
+            total += y - x
+    return total
+
+
+# -------------------------------------------------------------------------------------------
+# one N, in its own process
+
+
+def measure(inventory: Path, seconds: float, netns: list[str]) -> dict[str, Any]:
+    """The controller side against every host of ``inventory``, measured over ``seconds``."""
+    inv = load_inventory(inventory)
+    n = len(inv.hosts)
+    ctl = Controller(inv)
+    ctl.bundle  # noqa: B018  (built before the baseline memory reading, as the app has it)
+    me = os.getpid()
+    rss0 = proc_mem_mb(me)
+    mon = Monitor(ctl, rate_hz=1.0)
+    state = RecordingState([(s.name, s.address) for s in inv.hosts])
+    mon.state = state
+    t_setup = time.monotonic()
+    mon.start()
+    try:
+        deadline = time.monotonic() + max(60.0, 2.0 * n)
+        while True:
+            up = sum(1 for h in state.hosts.values() if h.samples > 0)
+            if up == n:
+                break
+            if time.monotonic() > deadline:
+                down = {h.name: h.reason for h in state.hosts.values() if h.samples == 0}
+                raise RuntimeError(f"N={n}: only {up} hosts sent telemetry; "
+                                   f"e.g. {list(down.items())[:3]}")
+            time.sleep(0.1)
+        setup_s = time.monotonic() - t_setup
+        time.sleep(SETTLE_S)
+
+        hpids = netns_pids(netns)  # spawns `ip`: before the window
+        h0 = cpu_of(hpids)
+        m0 = machine_cpu()
+        c0 = time.process_time()
+        w0 = time.time()
+        time.sleep(seconds)
+        w1 = time.time()
+        c1 = time.process_time()
+        m1 = machine_cpu()
+        h1 = cpu_of(hpids)
+        rss1 = proc_mem_mb(me)
+        statuses: dict[str, int] = {}
+        for h in state.hosts.values():
+            statuses[h.status.value] = statuses.get(h.status.value, 0) + 1
+        threads = len(os.listdir(f"/proc/{me}/task"))
+    finally:
+        mon.stop(timeout=15)
+        ctl.close()
+
+    window = [r for r in state.records if w0 <= r[0] < w1]
+    lat = [r[0] - r[1] for r in window]
+    costs = [r[2] for r in window]
+    per_host: dict[str, list[int]] = {}
+    for r in window:
+        per_host.setdefault(r[3], []).append(r[4])
+    missed = sum(
+        max(0, b - a - 1) for seqs in per_host.values()
+        for a, b in zip(sorted(seqs), sorted(seqs)[1:], strict=False)
+    )
+    elapsed = w1 - w0
+    ctl_pct = 100.0 * (c1 - c0) / elapsed
+    hosts_pct = 100.0 * cpu_delta(h0, h1) / elapsed
+    machine_pct = busy_pct(m0, m1) * (os.cpu_count() or 1)
+    rss_growth = rss1.get("rss", 0.0) - rss0.get("rss", 0.0)
+    return {
+        "n": n,
+        "seconds": elapsed,
+        "setup_s": setup_s,
+        "samples": len(window),
+        "expected_samples": n * elapsed,
+        "samples_per_s": len(window) / elapsed,
+        "missed_samples": missed,
+        "hosts_reporting": len(per_host),
+        "status_at_end": statuses,
+        "controller_threads": threads,
+        "controller_cpu_s": c1 - c0,
+        "controller_cpu_pct_of_core": ctl_pct,
+        "controller_cpu_pct_of_core_per_host": ctl_pct / n,
+        "controller_cpu_ms_per_sample": 1000 * (c1 - c0) / max(1, len(window)),
+        "controller_rss_mb": rss1.get("rss"),
+        "controller_pss_mb": rss1.get("pss"),
+        "controller_rss_mb_before_monitor": rss0.get("rss"),
+        "controller_rss_mb_per_host": rss_growth / n,
+        "latency_ms_p50": 1000 * percentile(lat, 50),
+        "latency_ms_p95": 1000 * percentile(lat, 95),
+        "latency_ms_p99": 1000 * percentile(lat, 99),
+        "latency_ms_max": 1000 * max(lat, default=float("nan")),
+        "cost_ms_mean": 1000 * mean(costs),
+        "cost_ms_p95": 1000 * percentile(costs, 95),
+        "hosts_cpu_pct_of_core": hosts_pct,
+        "hosts_processes": len(hpids),
+        "machine_cpu_pct_of_core": machine_pct,
+        "others_cpu_pct_of_core": max(0.0, machine_pct - ctl_pct - hosts_pct),
+    }
+
+
+# -------------------------------------------------------------------------------------------
+
+
+def print_table(rows: list[dict[str, Any]], seconds: float) -> None:
+    print(f"\ncontroller over SSH, 1 Hz per host, {SIM_GPUS} simulated GPUs per host, "
+          f"{seconds:g} s per N, hosts and controller on this {os.cpu_count()}-core machine")
+    print("     N  samples/s   controller CPU        controller RSS       "
+          "sample-to-state latency   hosts CPU  others")
+    print("                    % core  per host      MB   per host MB     "
+          "p50 ms   p95 ms   max ms   % core     % core")
+    for r in rows:
+        print(f"  {r['n']:4d}  {r['samples_per_s']:9.1f}  {r['controller_cpu_pct_of_core']:7.1f}  "
+              f"{r['controller_cpu_pct_of_core_per_host']:8.2f}  "
+              f"{r['controller_rss_mb'] or 0:6.0f}  {r['controller_rss_mb_per_host']:11.2f}     "
+              f"{r['latency_ms_p50']:6.1f}  {r['latency_ms_p95']:7.1f}  {r['latency_ms_max']:7.0f}"
+              f"   {r['hosts_cpu_pct_of_core']:7.1f}  {r['others_cpu_pct_of_core']:7.0f}")
+    for r in rows:
+        print(f"  N={r['n']}: {r['samples']} samples of {r['expected_samples']:.0f} expected, "
+              f"{r['missed_samples']} skipped, status {r['status_at_end']}, "
+              f"{r['controller_threads']} threads, setup {r['setup_s']:.1f} s, "
+              f"{r['controller_cpu_ms_per_sample']:.2f} ms controller CPU per sample")
+
+
+def run_one(n: int, inventory: Path, seconds: float, netns: list[str]) -> dict[str, Any]:
+    child = subprocess.run(
+        [sys.executable, __file__, "--one", str(inventory), "--seconds", str(seconds),
+         "--netns", ",".join(netns)],
+        capture_output=True, text=True,
+    )
+    if child.returncode != 0:
+        raise RuntimeError(f"N={n} failed (exit {child.returncode}): {child.stderr[-2000:]}")
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", default="8,16,32", help="comma-separated host counts")
+    ap.add_argument("--seconds", type=float, default=20.0, help="measured window per N")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
+    ap.add_argument("--one", metavar="INVENTORY", help=argparse.SUPPRESS)  # a child's run
+    ap.add_argument("--netns", default="", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        netns = [x for x in args.netns.split(",") if x]
+        print(json.dumps(measure(Path(args.one), args.seconds, netns)))
+        return 0
+    ns = sorted({int(x) for x in args.n.split(",") if x.strip()})
+    meta = run_meta()
+    ok, why = available()
+    if not ok:
+        print(f"bench/scale.py needs the test bed: {why}", file=sys.stderr)
+        return 2
+    rows: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    with TestBed(max(ns), sim_gpus=SIM_GPUS) as bed, tempfile.TemporaryDirectory() as tmp:
+        up_s = time.monotonic() - t0
+        print(f"test bed of {max(ns)} hosts up in {up_s:.1f} s", flush=True)
+        t1 = time.monotonic()
+        with Controller(load_inventory(bed.inventory_path)) as ctl:
+            reports = ctl.deploy()
+        bad = {r.name: r.error for r in reports if r.error}
+        if bad:
+            raise RuntimeError(f"deploy failed: {bad}")
+        deploy_s = time.monotonic() - t1
+        print(f"agent deployed to {len(reports)} hosts in {deploy_s:.1f} s", flush=True)
+        for n in ns:
+            inv = bed.write_inventory(Path(tmp) / f"hosts-{n}.toml", hosts=list(range(1, n + 1)))
+            row = run_one(n, inv, args.seconds, [h.netns for h in bed.hosts[:n]])
+            rows.append(row)
+            print(f"  ... N={n}: {row['samples_per_s']:.1f} samples/s, controller "
+                  f"{row['controller_cpu_pct_of_core']:.1f} % of a core, "
+                  f"p95 {row['latency_ms_p95']:.1f} ms", flush=True)
+    print_table(rows, args.seconds)
+    result = {
+        "what": "the real controller (Controller + Monitor, paramiko SSH) against N test bed "
+        "hosts (real sshd, real agent, simulated GPUs), telemetry at 1 Hz",
+        "sim_gpus": SIM_GPUS,
+        "gpu_source": "simulated (no NVML on the measuring machine)",
+        "testbed_up_s": up_s,
+        "deploy_s": deploy_s,
+        "rows": rows,
+    }
+    write_result(args.out, result, meta)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
