@@ -13,6 +13,16 @@ from typing import Any
 from agent import protocol
 from tui.transport import Stream, TransportError
 
+HELLO_MIN_S = 20.0
+
+
+def hello_timeout(connect_timeout: float) -> float:
+    """How long the agent's hello may take. It comes after a Python interpreter has started on
+    the host (the first time, the daemon too): with many hosts connecting at once on a busy
+    controller or host that takes longer than a TCP connect (bench/scale.py: 27 of 32 test bed
+    hosts missed a 5 s hello on 2 cores). A dead host fails at the connect, not here."""
+    return max(connect_timeout, HELLO_MIN_S)
+
 
 class AgentError(TransportError):
     """The agent answered a request with an error."""

@@ -193,7 +193,7 @@ class Controller:
     # -- agent requests (the CLI's and the job manager's path to the daemons) ----------------
 
     def _link(self, spec: HostSpec) -> Any:
-        from tui.agentlink import AgentLink
+        from tui.agentlink import AgentLink, hello_timeout
 
         link = self._links.get(spec.name)
         if link is not None:
@@ -206,7 +206,7 @@ class Controller:
             t.open_stream([spec.python, pyz, "attach", "--state-dir", state_dir], env=self.agent_env(spec)),
         )
         try:
-            link.handshake(spec.connect_timeout, client="rigdeck")
+            link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck")
         except BaseException:
             link.close()
             raise
@@ -365,7 +365,7 @@ class Controller:
 
     def _latest_sample(self, report: HostReport, t: Transport, state_dir: str, pyz: str) -> None:
         """Ask the host's daemon (started if needed) for its latest telemetry sample."""
-        from tui.agentlink import AgentLink
+        from tui.agentlink import AgentLink, hello_timeout
 
         spec = t.spec
         link = AgentLink(
@@ -373,7 +373,7 @@ class Controller:
             t.open_stream([spec.python, pyz, "attach", "--state-dir", state_dir], env=self.agent_env(spec)),
         )
         try:
-            hello = link.handshake(spec.connect_timeout, client="rigdeck-cli")
+            hello = link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck-cli")
             report.agent_pid = hello.get("pid")
             report.sample = link.request("sample", timeout=spec.connect_timeout)
         finally:

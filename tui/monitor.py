@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from tui.agentlink import AgentLink
+from tui.agentlink import AgentLink, hello_timeout
 from tui.controller import Controller, _report_for, host_key_info
 from tui.inventory import HostSpec
 from tui.state import ClusterState, HostStatus
@@ -116,7 +116,7 @@ class Monitor:
         )
         link = AgentLink(spec.name, stream, on_event=lambda m: self._on_event(spec.name, m))
         try:
-            hello = link.handshake(spec.connect_timeout, client="rigdeck")
+            hello = link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck")
             upgrade = None
             if hello.get("agent_version") != ctl.bundle.version:
                 # An older daemon is running. It hands over now if idle, else when its jobs end.
