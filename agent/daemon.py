@@ -237,10 +237,13 @@ class Daemon:
         from agent.telemetry import sample_to_dict
 
         loop = asyncio.get_event_loop()
-        sample = await loop.run_in_executor(None, lambda: self._collector_instance().sample())
-        data = sample if isinstance(sample, dict) else sample_to_dict(sample)
-        self._add_claims(data)
-        return data
+        def collect() -> Dict[str, Any]:
+            sample = self._collector_instance().sample()
+            data = sample if isinstance(sample, dict) else sample_to_dict(sample)
+            self._add_claims(data)  # file locks: on the executor thread, not the event loop
+            return data
+
+        return await loop.run_in_executor(None, collect)
 
     def _add_claims(self, data: Dict[str, Any]) -> None:
         """Each GPU's claim (the job and user holding it on this host), or None."""

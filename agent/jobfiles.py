@@ -117,16 +117,21 @@ def tail_lines(data: bytes, lines: int, chars: int = 400) -> List[str]:
     return [ln[:chars] for ln in data.decode("utf-8", "replace").splitlines()[-lines:]]
 
 
-def tail(path: str, lines: int = 20, max_bytes: int = 16384) -> List[str]:
+def read_tail(path: str, max_bytes: int) -> Optional[bytes]:
+    """A file's last ``max_bytes`` (None when it cannot be read): status reads tails, never
+    whole files."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read()
     except OSError:
-        return []
-    return tail_lines(data, lines)
+        return None
+
+
+def tail(path: str, lines: int = 20, max_bytes: int = 16384) -> List[str]:
+    data = read_tail(path, max_bytes)
+    return tail_lines(data, lines) if data is not None else []
 
 
 # -- capped, rotated rank logs ------------------------------------------------------------------

@@ -238,7 +238,8 @@ class JobHost:
 
     # -- watching -----------------------------------------------------------------------------
 
-    def rank_exits(self) -> Dict[int, Dict[str, Any]]:
+    def _rank_files(self, exits: bool) -> Dict[int, Dict[str, Any]]:
+        """Rank number -> its exit records (``exits``) or its start records, from ``ranks/``."""
         out = {}
         d = os.path.join(self.job_dir, "ranks")
         try:
@@ -246,11 +247,14 @@ class JobHost:
         except OSError:
             return out
         for n in names:
-            if n.endswith(".exit.json"):
+            if n.startswith("rank-") and n.endswith(".json") and n.endswith(".exit.json") == exits:
                 rec = read_json(os.path.join(d, n))
                 if rec is not None and "rank" in rec:
                     out[int(rec["rank"])] = rec
         return out
+
+    def rank_exits(self) -> Dict[int, Dict[str, Any]]:
+        return self._rank_files(exits=True)
 
     def first_failure(self, exits: Dict[int, Dict[str, Any]]) -> Optional[Dict[str, Any]]:
         bad = [r for r in exits.values()
@@ -277,18 +281,7 @@ class JobHost:
         return cause
 
     def rank_records(self) -> Dict[int, Dict[str, Any]]:
-        out = {}
-        d = os.path.join(self.job_dir, "ranks")
-        try:
-            names = os.listdir(d)
-        except OSError:
-            return out
-        for n in names:
-            if n.startswith("rank-") and n.endswith(".json") and not n.endswith(".exit.json"):
-                rec = read_json(os.path.join(d, n))
-                if rec is not None and "rank" in rec:
-                    out[int(rec["rank"])] = rec
-        return out
+        return self._rank_files(exits=False)
 
     def lost_wrapper(self, exits: Dict[int, Dict[str, Any]]) -> Optional[Dict[str, Any]]:
         """A rank whose wrapper died without recording its end (``kill -9`` of the wrapper)."""

@@ -20,7 +20,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent import claims as gpu_claims
-from agent.jobfiles import free_mb, read_log, resource_message, write_json
+from agent.jobfiles import free_mb, read_log, read_tail, resource_message, write_json
 from agent.jobhost import TERMINAL, pid_alive, processes_with_tag, read_json, sweep
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -53,13 +53,8 @@ def _jsonl(text: str) -> List[Dict[str, Any]]:
 
 def _last_record(path: str, max_bytes: int = 65536) -> Optional[Dict[str, Any]]:
     """The last metrics record with a loss in a metrics file, from its tail only."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            data = f.read()
-    except OSError:
+    data = read_tail(path, max_bytes)
+    if data is None:
         return None
     for rec in reversed(_jsonl(data.decode("utf-8", "replace"))):
         if rec.get("loss") is not None:

@@ -689,16 +689,10 @@ class JobManager:
             for line in log_lines(text):
                 yield host, r, line
 
-    def collect_garbage(self, hosts: Sequence[str] | None = None, wait: bool = True) -> dict[str, Any]:
+    def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
         """Apply the inventory's retention on the hosts: remove the directories of ended jobs
-        past it (never a running job's). ``wait=False``: in the background (after a launch)."""
+        past it (never a running job's)."""
         ret = self.ctl.inventory.retention
         targets = list(hosts) if hosts is not None else self.ctl.inventory.names
-        params = {"max_age_s": ret.max_age_days * 86400, "max_jobs": ret.max_jobs}
-        if not wait:
-            import threading
-
-            threading.Thread(target=self.ctl.request_many, args=(targets, "job_gc"),
-                             kwargs={"timeout": 60, **params}, daemon=True).start()
-            return {}
-        return self.ctl.request_many(targets, "job_gc", timeout=60, **params)
+        return self.ctl.request_many(targets, "job_gc", timeout=60, max_age_s=ret.max_age_days * 86400,
+                                     max_jobs=ret.max_jobs)
