@@ -134,16 +134,7 @@ def measure(inventory: Path, seconds: float, netns: list[str]) -> dict[str, Any]
         mon.stop(timeout=15)
         ctl.close()
 
-    window = [r for r in state.records if w0 <= r[0] < w1]
-    lat = [r[0] - r[1] for r in window]
-    costs = [r[2] for r in window]
-    per_host: dict[str, list[int]] = {}
-    for r in window:
-        per_host.setdefault(r[3], []).append(r[4])
-    missed = sum(
-        max(0, b - a - 1) for seqs in per_host.values()
-        for a, b in zip(sorted(seqs), sorted(seqs)[1:], strict=False)
-    )
+    window, lat, costs, missed = state.window(w0, w1)
     elapsed = w1 - w0
     ctl_pct = 100.0 * (c1 - c0) / elapsed
     hosts_pct = 100.0 * cpu_delta(h0, h1) / elapsed
@@ -157,7 +148,7 @@ def measure(inventory: Path, seconds: float, netns: list[str]) -> dict[str, Any]
         "expected_samples": n * elapsed,
         "samples_per_s": len(window) / elapsed,
         "missed_samples": missed,
-        "hosts_reporting": len(per_host),
+        "hosts_reporting": len({r[3] for r in window}),
         "status_at_end": statuses,
         "controller_threads": threads,
         "controller_cpu_s": c1 - c0,

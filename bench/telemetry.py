@@ -503,6 +503,19 @@ class RecordingState(ClusterState):
              int(data.get("seq") or 0))
         )
 
+    def window(self, w0: float, w1: float) -> tuple[list[Any], list[float], list[float], int]:
+        """The records applied in [w0, w1): themselves, their latencies (applied minus sampled),
+        their collection costs, and how many samples the hosts' sequence numbers skipped."""
+        window = [r for r in self.records if w0 <= r[0] < w1]
+        per_host: dict[str, list[int]] = {}
+        for r in window:
+            per_host.setdefault(r[3], []).append(r[4])
+        missed = sum(
+            max(0, b - a - 1) for seqs in per_host.values()
+            for a, b in zip(sorted(seqs), sorted(seqs)[1:], strict=False)
+        )
+        return window, [r[0] - r[1] for r in window], [r[2] for r in window], missed
+
 
 class PredeployedController(Controller):
     """The agent is already where the daemons run it from: skip the per-connect deploy checks."""
@@ -589,16 +602,7 @@ def bench_ingest(n: int, seconds: float, sim_gpus: int, work: Path, bundle: Agen
                 total += y - x
         return total
 
-    window = [r for r in state.records if w0 <= r[0] < w1]
-    lat = [r[0] - r[1] for r in window]
-    costs = [r[2] for r in window]
-    per_host: dict[str, list[int]] = {}
-    for r in window:
-        per_host.setdefault(r[3], []).append(r[4])
-    missed = sum(
-        max(0, b - a - 1) for seqs in per_host.values()
-        for a, b in zip(sorted(seqs), sorted(seqs)[1:], strict=False)
-    )
+    window, lat, costs, missed = state.window(w0, w1)
     elapsed = w1 - w0
     count = len(window)
     ctl_cpu = c1 - c0
@@ -611,7 +615,7 @@ def bench_ingest(n: int, seconds: float, sim_gpus: int, work: Path, bundle: Agen
         "samples_per_s": count / elapsed,
         "events_per_s": (events1 - events0) / elapsed,
         "missed_samples": missed,
-        "hosts_reporting": len(per_host),
+        "hosts_reporting": len({r[3] for r in window}),
         "status_at_end": statuses,
         "controller_cpu_s": ctl_cpu,
         "controller_cpu_pct_of_core": 100.0 * ctl_cpu / elapsed,
