@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from tui.bundle import build_bytes  # noqa: E402
+from tui.remote.bundle import build_bytes  # noqa: E402
 
 RESULTS = "bench/results"
 

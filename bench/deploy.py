@@ -23,9 +23,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench._meta import run_meta, write_result  # noqa: E402
 from tests.testbed import TestBed, available  # noqa: E402
-from tui.bundle import build_agent  # noqa: E402
-from tui.controller import Controller  # noqa: E402
-from tui.inventory import load_inventory  # noqa: E402
+from tui.control.controller import Controller  # noqa: E402
+from tui.remote.bundle import build_agent  # noqa: E402
+from tui.remote.sshconfig import load_inventory  # noqa: E402
 
 
 def time_rigdeck(bed: TestBed, fresh: bool) -> float:

@@ -3,8 +3,8 @@
 One test bed of max(N) hosts is brought up once (each host a real OpenSSH sshd in its own
 network namespace; 8 *simulated* GPUs each, since this machine has no NVML), and the current
 agent is deployed to every host with ``Controller.deploy()``. Then, for each N (ascending), a
-fresh process runs the real controller side against hosts h1..hN: ``tui.controller.Controller``
-and ``tui.monitor.Monitor`` unchanged (one reader thread per host, paramiko SSH, the deploy
+fresh process runs the real controller side against hosts h1..hN: ``tui.control.controller.Controller``
+and ``tui.control.monitor.Monitor`` unchanged (one reader thread per host, paramiko SSH, the deploy
 check, ``agent.pyz attach`` and a 1 Hz subscription), with a ``ClusterState`` that records when
 each sample is applied (bench/telemetry.py's ``RecordingState``). Once every host has sent
 telemetry, and 2 s more, it measures over D seconds:
@@ -54,9 +54,9 @@ from bench.telemetry import (  # noqa: E402
     proc_mem_mb,
 )
 from tests.testbed import TestBed, available  # noqa: E402
-from tui.controller import Controller  # noqa: E402
-from tui.inventory import load_inventory  # noqa: E402
-from tui.monitor import Monitor  # noqa: E402
+from tui.control.controller import Controller  # noqa: E402
+from tui.control.monitor import Monitor  # noqa: E402
+from tui.remote.sshconfig import load_inventory  # noqa: E402
 
 SIM_GPUS = 8
 SETTLE_S = 2.0  # after every host's first sample: every collector past its first, costly one

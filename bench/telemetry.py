@@ -15,7 +15,7 @@
       does less work than the agent, so the ratio against it is the conservative one).
 (b) Controller ingest. N daemons (each its own state dir, 8 simulated GPUs, 1 Hz) run as local
     processes; the controller reaches each through ``agent.pyz attach`` over pipes, using
-    ``tui.monitor.Monitor`` unchanged (one reader thread per host, ``AgentLink`` +
+    ``tui.control.monitor.Monitor`` unchanged (one reader thread per host, ``AgentLink`` +
     ``PipeStream``). Its ``ClusterState`` is a subclass that records when each sample is applied.
     Over D seconds: samples/s, the controller's CPU per sample (this process holds only the
     controller side) and the latency from the agent's sample time (``data["time"]``, taken at the
@@ -52,12 +52,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._meta import run_meta, write_result  # noqa: E402
-from tui.bundle import AgentBundle, build_agent  # noqa: E402
-from tui.controller import Controller, HostReport  # noqa: E402
-from tui.inventory import HostSpec, Inventory  # noqa: E402
-from tui.monitor import Monitor  # noqa: E402
-from tui.state import ClusterState  # noqa: E402
-from tui.transport import Transport  # noqa: E402
+from tui.control.controller import Controller, HostReport  # noqa: E402
+from tui.control.monitor import Monitor  # noqa: E402
+from tui.model.inventory import HostSpec, Inventory  # noqa: E402
+from tui.model.state import ClusterState  # noqa: E402
+from tui.remote.bundle import AgentBundle, build_agent  # noqa: E402
+from tui.remote.transport import Transport  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 TARGET_AGENT_CPU_PCT = 1.0

@@ -59,10 +59,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._meta import run_meta, write_result  # noqa: E402
-from tui.inventory import HostSpec, Inventory  # noqa: E402
-from tui.jobwatch import JobRow, JobsSnapshot  # noqa: E402
-from tui.state import ClusterState  # noqa: E402
-from tui.widgets.tables import GpuFilter  # noqa: E402
+from tui.app.widgets.tables import GpuFilter  # noqa: E402
+from tui.control.jobwatch import JobRow, JobsSnapshot  # noqa: E402
+from tui.model.inventory import HostSpec, Inventory  # noqa: E402
+from tui.model.state import ClusterState  # noqa: E402
 
 GPUS = 8
 RUNNING_JOBS = 7  # the job-<k> that sample() puts on busy GPUs
@@ -263,8 +263,8 @@ async def show(app: Any, pilot: Any, tab: str, table: Any) -> None:
 
 async def measure(case: str, n: int, mode: str, seconds: int, warmup: int,
                   n_jobs: int) -> dict[str, Any]:
-    from tui.app import RigdeckApp
-    from tui.widgets.tables import GpusTable, JobsTable, gpu_rows, job_rows
+    from tui.app.shell import RigdeckApp
+    from tui.app.widgets.tables import GpusTable, JobsTable, gpu_rows, job_rows
 
     tab, flt, sort, _ = CASES[case]
     rng = random.Random(n)

@@ -98,7 +98,7 @@ def to_png(svg_path: Path, converter: str) -> Path:
 
 
 def job_spec(tmp: Path) -> Path:
-    from tui.specform import dumps, read_spec_data
+    from tui.model.specform import dumps, read_spec_data
 
     out = tmp / "ddp.toml"
     if DDP.exists():
@@ -144,9 +144,9 @@ async def capture(app: Any, pilot: Any, name: str, converter: str, shots: list[P
 async def run(bed: Any, tmp: Path, converter: str, wait_steps: int, timeout: float) -> list[Path]:
     from textual.widgets import Input
 
-    from tui.app import RigdeckApp
-    from tui.controller import Controller
-    from tui.inventory import load_inventory
+    from tui.app.shell import RigdeckApp
+    from tui.control.controller import Controller
+    from tui.remote.sshconfig import load_inventory
 
     inv = load_inventory(
         bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0)

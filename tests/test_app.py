@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from tests._require import TMUX_MISSING, require
-from tui.app import RigdeckApp
-from tui.bundle import build_agent
-from tui.controller import Controller
-from tui.inventory import HostSpec, Inventory
-from tui.terminal import HangupWatch
-from tui.widgets.tables import GpusTable, HostsTable
+from tui.app.shell import RigdeckApp
+from tui.app.terminal import HangupWatch
+from tui.app.widgets.tables import GpusTable, HostsTable
+from tui.control.controller import Controller
+from tui.model.inventory import HostSpec, Inventory
+from tui.remote.bundle import build_agent
 
 
 async def test_app_shows_the_local_host_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -161,7 +161,7 @@ def test_a_stopped_hangup_watch_calls_nobody() -> None:
 
 
 def test_terminal_gone_sees_a_hung_up_pty() -> None:
-    from tui.terminal import terminal_gone
+    from tui.app.terminal import terminal_gone
 
     master, slave = os.openpty()
     try:

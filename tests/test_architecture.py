@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import ast
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,14 +50,36 @@ def test_agent_imports_only_stdlib_at_top_level() -> None:
                     assert top not in allowed_optional, (path, m)
 
 
-def test_controller_side_imports_no_textual() -> None:
-    code = (
-        "import sys, tui.controller, tui.transport, tui.inventory, tui.bundle, tui.cli\n"
-        "bad = [m for m in sys.modules if m.split('.')[0] == 'textual']\n"
-        "assert not bad, bad\n"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+def _lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("lint-imports")
+    return subprocess.run([str(exe), "--no-cache"], cwd=root, capture_output=True, text=True, timeout=120)
 
 
-def test_app_never_touches_paramiko() -> None:
-    assert "paramiko" not in _imports(ROOT / "tui" / "app.py")
+def test_room_contracts_hold() -> None:
+    """pyproject's import-linter contracts: the rooms of tui/ and the three packages."""
+    res = _lint_imports(ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "BROKEN" not in res.stdout and " KEPT" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("module", "line", "contract"),
+    [
+        ("tui/model/state.py", "import paramiko", "model is plain data"),
+        ("tui/control/jobs.py", "import textual.app", "control is headless"),
+        ("runtime/metrics.py", "import agent.protocol", "the runtime never imports the agent"),
+    ],
+)
+def test_a_wrong_import_breaks_a_contract(tmp_path: Path, module: str, line: str, contract: str) -> None:
+    """The contracts can fail: the same tree with one forbidden import added does not pass."""
+    copy = tmp_path / "tree"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".git", ".venv", ".tools", "__pycache__",
+                                                             "screenshots", "bench", "tests", "*.egg-info"))
+    target = copy / module
+    target.write_text(target.read_text() + f"\n{line}  # a deliberately wrong import\n")
+    env_path = f"{copy}"
+    res = subprocess.run([str(Path(sys.executable).with_name("lint-imports")), "--no-cache"], cwd=copy,
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": env_path})
+    assert res.returncode != 0
+    assert f"{contract}" in res.stdout and "BROKEN" in res.stdout, res.stdout

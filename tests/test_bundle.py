@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from tests._require import PY39_MISSING, python39, require
-from tui.bundle import REPO_ROOT, build_agent, build_bytes, source_version
+from tui.remote.bundle import REPO_ROOT, build_agent, build_bytes, source_version
 
 
 def test_build_is_reproducible(tmp_path: Path) -> None:

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from tests._require import require
-from tui.controller import HostReport
-from tui.history import History
-from tui.jobs import JobManager, JobView
-from tui.scheduler import NodeAssignment
+from tui.control.controller import HostReport
+from tui.control.history import History
+from tui.control.jobs import JobManager, JobView
+from tui.model.scheduler import NodeAssignment
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "tests" / "jobscripts" / "hostile_metrics.py"
@@ -210,7 +210,7 @@ def _mixed_view() -> JobView:
 
 
 def test_status_text_marks_only_the_simulated_gpus(capsys: pytest.CaptureFixture[str]) -> None:
-    from tui.cli import _print_job
+    from tui.cli.main import _print_job
 
     _print_job(_mixed_view())
     lines = capsys.readouterr().out.splitlines()
@@ -220,9 +220,9 @@ def test_status_text_marks_only_the_simulated_gpus(capsys: pytest.CaptureFixture
 
 
 def test_job_view_placement_and_ranks_mark_only_the_simulated_gpus() -> None:
-    from tui.app import placement_markup
-    from tui.widgets.format import PLAIN, placement_text
-    from tui.widgets.tables import RanksTable, rank_rows
+    from tui.app.shell import placement_markup
+    from tui.app.widgets.format import PLAIN, placement_text
+    from tui.app.widgets.tables import RanksTable, rank_rows
 
     v = _mixed_view()
     assert placement_text(v.placement) == "h1[0,1] sim h2[2,3]"
@@ -237,7 +237,7 @@ def test_job_view_placement_and_ranks_mark_only_the_simulated_gpus() -> None:
 
 
 def test_summary_counts_only_the_simulated_gpus() -> None:
-    from tui.app import summarize
+    from tui.app.shell import summarize
 
     sim = {"status": "up", "gpus": [{"simulated": True, "processes": []}] * 4}
     real = {"status": "up", "gpus": [{"simulated": False, "processes": []}] * 4}
@@ -250,7 +250,7 @@ def test_summary_counts_only_the_simulated_gpus() -> None:
 
 
 def test_metrics_text_prints_rank_strings_through_terminal_safe(capsys: pytest.CaptureFixture[str]) -> None:
-    from tui.cli import _print_metrics
+    from tui.cli.main import _print_metrics
 
     _print_metrics([
         {"host": "h1", "rank": 0, "step": "\x1b[2J3", "loss": "\x1b]52;c;ZXZpbA==\x070.5"},
@@ -307,9 +307,9 @@ def test_master_addr_is_the_routed_address_not_the_first_sorted(
 def test_master_addr_on_the_local_transport_is_the_source_of_the_route_to_the_peer(tmp_path: Path) -> None:
     """The real agent's answer, checked against ``ip route get``: with a second interface on this
     machine (a test bed's bridge, docker0) the route's address is not necessarily the first."""
-    from tui.bundle import build_agent
-    from tui.controller import Controller
-    from tui.inventory import HostSpec, Inventory
+    from tui.control.controller import Controller
+    from tui.model.inventory import HostSpec, Inventory
+    from tui.remote.bundle import build_agent
 
     require(lambda: subprocess.run(["ip", "-V"], capture_output=True).returncode == 0, "iproute2 (ip)")
     nets = [ln.split() for ln in subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"],
@@ -405,8 +405,8 @@ async def test_app_marks_simulated_gpus_in_the_job_view_the_stop_dialog_and_the_
         host_sample,
         recorded_app,
     )
-    from tui.app import RigdeckApp
-    from tui.widgets.tables import RanksTable
+    from tui.app.shell import RigdeckApp
+    from tui.app.widgets.tables import RanksTable
 
     app = recorded_app()  # every GPU simulated
     async with app.run_test(size=(120, 36)) as pilot:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tui.history import History, JobRefError
+from tui.control.history import History, JobRefError
 
 ROOT = Path(__file__).resolve().parent.parent
 OPENERS = 8
@@ -20,7 +20,7 @@ CHILD = """
 import os, sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from tui.history import History, JobRefError
+from tui.control.history import History, JobRefError
 go = Path(sys.argv[2])
 while not go.exists():
     time.sleep(0.001)
@@ -155,7 +155,7 @@ def _states(h: History) -> dict[str, str]:
 def test_cli_stop_of_a_reference_naming_no_single_job_exits_2_and_stops_nothing(
     cli_history: History, capsys: pytest.CaptureFixture[str], ref: str
 ) -> None:
-    from tui.cli import main
+    from tui.cli.main import main
 
     assert main(["stop", ref]) == 2
     assert set(_states(cli_history).values()) == {"running"}
@@ -165,7 +165,7 @@ def test_cli_stop_of_a_reference_naming_no_single_job_exits_2_and_stops_nothing(
 def test_cli_stop_by_a_shared_name_needs_yes(
     cli_history: History, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tui.cli import main
+    from tui.cli.main import main
 
     assert main(["stop", "train"]) == 2
     err = capsys.readouterr().err
@@ -182,7 +182,7 @@ def test_cli_stop_by_a_shared_name_needs_yes(
 
 
 def test_cli_stop_by_a_unique_name_or_prefix_needs_no_yes(cli_history: History) -> None:
-    from tui.cli import main
+    from tui.cli.main import main
 
     assert main(["stop", "eval"]) == 0
     assert main(["stop", "p-01"]) == 0

@@ -13,7 +13,7 @@ import pytest
 
 from tests.test_jobs import ROOT, TICKER, Cli, wait_until
 from tests.testbed import TestBed
-from tui.history import History
+from tui.control.history import History
 
 pytestmark = pytest.mark.testbed
 

@@ -1,4 +1,4 @@
-"""tui.inventory: TOML inventories, hostfiles, ssh config resolution and jump chains."""
+"""tui.model.inventory: TOML inventories, hostfiles, ssh config resolution and jump chains."""
 
 from __future__ import annotations
 
@@ -12,13 +12,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tui.inventory import (
+from tui.model.inventory import (
     INVENTORY_ENV,
     HostSpec,
     Inventory,
     InventoryError,
     UnknownHostError,
     default_inventory_path,
+)
+from tui.remote.sshconfig import (
     hostfile_to_toml,
     jump_chain,
     load_hostfile,
@@ -1124,7 +1126,7 @@ def test_jump_cycle_through_ssh_config(tmp_path: Path) -> None:
 
 
 def test_inventory_does_not_import_textual() -> None:
-    code = "import sys, tui.inventory; sys.exit('textual' in sys.modules)"
+    code = "import sys, tui.model.inventory; sys.exit('textual' in sys.modules)"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

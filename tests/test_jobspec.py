@@ -1,4 +1,4 @@
-"""tui.jobspec: the job spec TOML, its checks, durations and loss lines."""
+"""tui.model.jobspec: the job spec TOML, its checks, durations and loss lines."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tui.jobspec import (
+from tui.model.jobspec import (
     DEFAULT_LOSS_PATTERN,
     MAX_RUNTIME_LIMIT_S,
     CheckpointSpec,
@@ -638,7 +638,7 @@ def test_sizes_at_the_limits_are_accepted(tmp_path: Path) -> None:
 
 
 def test_a_double_dash_argument_is_kept(tmp_path: Path) -> None:
-    from tui.specform import form_values, merge_form, spec_from_form
+    from tui.model.specform import form_values, merge_form, spec_from_form
 
     words = ["{python}", "train.py", "--", "--lr", "1", "--"]
     text = f'name = "dd"\ncommand = {_toml_list(words)}\n'
@@ -659,8 +659,8 @@ def test_a_double_dash_argument_is_kept(tmp_path: Path) -> None:
 def test_cli_launch_of_a_too_big_spec_exits_2_and_records_no_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tui.cli import main
-    from tui.history import History
+    from tui.cli.main import main
+    from tui.control.history import History
 
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("RIGDECK_HOME", str(tmp_path / "rigdeck"))

@@ -354,8 +354,8 @@ print(z, n)
 
 
 def test_a_hundred_short_jobs_leave_no_zombie_and_gc_keeps_running_jobs(cli: Cli) -> None:
-    from tui.controller import Controller
-    from tui.inventory import load_inventory
+    from tui.control.controller import Controller
+    from tui.remote.sshconfig import load_inventory
 
     ctl = Controller(load_inventory(cli.inventory))
     try:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from tui.bundle import build_agent
-from tui.controller import Controller
-from tui.inventory import HostSpec, Inventory
-from tui.transport import Backoff, CommandTimeout, LocalTransport
+from tui.control.controller import Controller
+from tui.model.inventory import HostSpec, Inventory
+from tui.remote.bundle import build_agent
+from tui.remote.transport import Backoff, CommandTimeout, LocalTransport
 
 
 def _local_inventory(state_dir: Path, **kw: object) -> Inventory:

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from tests.testbed import TestBed
-from tui.controller import Controller
-from tui.inventory import load_inventory
-from tui.monitor import Monitor
-from tui.state import HostStatus
+from tui.control.controller import Controller
+from tui.control.monitor import Monitor
+from tui.model.state import HostStatus
+from tui.remote.sshconfig import load_inventory
 
 pytestmark = pytest.mark.testbed
 

@@ -1,4 +1,4 @@
-"""tui.scheduler: placement rules, bookkeeping, and that no two jobs ever share a GPU."""
+"""tui.model.scheduler: placement rules, bookkeeping, and that no two jobs ever share a GPU."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tui import scheduler
-from tui.inventory import HostSpec, Inventory
-from tui.jobspec import JobSpec
-from tui.scheduler import (
+from tui.model import scheduler
+from tui.model.inventory import HostSpec, Inventory
+from tui.model.jobspec import JobSpec
+from tui.model.scheduler import (
     HostCapacity,
     NodeAssignment,
     Placement,
@@ -25,7 +25,7 @@ from tui.scheduler import (
     capacity_from_state,
     instance_type,
 )
-from tui.state import ClusterState, HostStatus
+from tui.model.state import ClusterState, HostStatus
 
 
 def gpu_job(name: str, nodes: int | None, gpus: int, hosts: Sequence[str] = ()) -> JobSpec:

@@ -15,10 +15,10 @@ import pytest
 
 from tests._require import require
 from tests.testbed import TestBed
-from tui.bundle import build_agent
-from tui.controller import Controller
-from tui.inventory import load_inventory
-from tui.transport import make_transport
+from tui.control.controller import Controller
+from tui.remote.bundle import build_agent
+from tui.remote.sshconfig import load_inventory
+from tui.remote.transport import make_transport
 
 pytestmark = pytest.mark.testbed
 

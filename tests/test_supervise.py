@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tui.history import History
-from tui.jobs import JobManager
+from tui.control.history import History
+from tui.control.jobs import JobManager
 
 
 class _Hosts:
@@ -68,7 +68,7 @@ class _Starts:
     """Stands in for the controller at a launch: h2's start breaks (a bug, not the network)."""
 
     def __init__(self) -> None:
-        from tui.inventory import HostSpec, Inventory
+        from tui.model.inventory import HostSpec, Inventory
 
         self.inventory = Inventory(hosts=(HostSpec(name="h1", address="10.9.0.1"), HostSpec(name="h2", address="10.9.0.2")),
                                    path=None, known_hosts=Path("/dev/null"))
@@ -92,8 +92,8 @@ class _Starts:
 def test_a_start_that_breaks_anywhere_stops_what_started_and_leaves_no_job_starting(tmp_path: Path) -> None:
     import pytest
 
-    from tui.jobspec import jobspec_from_toml
-    from tui.scheduler import Placement
+    from tui.model.jobspec import jobspec_from_toml
+    from tui.model.scheduler import Placement
 
     history = History(tmp_path / "history.sqlite")
     ctl = _Starts()

@@ -24,7 +24,7 @@ import pytest
 
 from tests._require import TMUX_MISSING, require
 from tests.testbed import TestBed
-from tui.specform import dumps, read_spec_data
+from tui.model.specform import dumps, read_spec_data
 
 pytestmark = pytest.mark.testbed
 
@@ -270,12 +270,12 @@ async def test_trust_an_unknown_host_key_from_the_app(
     """h1 with an empty known_hosts: down, its key shown; trusted in the dialog, it comes up."""
     from textual.widgets import Static
 
-    from tui.app import RigdeckApp
-    from tui.controller import Controller
-    from tui.inventory import load_inventory
-    from tui.screens.dialogs import TrustHostKey
-    from tui.transport import TransportError
-    from tui.widgets.tables import HostsTable
+    from tui.app.screens.dialogs import TrustHostKey
+    from tui.app.shell import RigdeckApp
+    from tui.app.widgets.tables import HostsTable
+    from tui.control.controller import Controller
+    from tui.remote.sshconfig import load_inventory
+    from tui.remote.transport import TransportError
 
     monkeypatch.setenv("RIGDECK_HOME", str(tmp_path / "home"))
     known = tmp_path / "known_hosts"

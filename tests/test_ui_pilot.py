@@ -20,11 +20,11 @@ from tests.ui_fixtures import (
     no_room,
     recorded_app,
 )
-from tui.app import RigdeckApp
-from tui.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey
-from tui.screens.launch import LaunchScreen
-from tui.widgets.logview import LogView
-from tui.widgets.tables import GpusTable, HostsTable, JobsTable, SavesTable
+from tui.app.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey
+from tui.app.screens.launch import LaunchScreen
+from tui.app.shell import RigdeckApp
+from tui.app.widgets.logview import LogView
+from tui.app.widgets.tables import GpusTable, HostsTable, JobsTable, SavesTable
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"

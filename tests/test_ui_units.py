@@ -10,8 +10,11 @@ import pytest
 from textual.app import App, ComposeResult
 
 from tests.ui_fixtures import JOB, NOW, RecordedJobs, cluster_state, ddp_metrics
-from tui.jobspec import JobSpecError
-from tui.jobwatch import (
+from tui.app.keys import load_keymap
+from tui.app.widgets.chart import render_chart, ticks
+from tui.app.widgets.difftable import Col, DiffTable
+from tui.app.widgets.tables import GpuFilter, GpusTable, Widths, gpu_rows, host_rows
+from tui.control.jobwatch import (
     LogBuffer,
     MetricsFold,
     Owner,
@@ -19,12 +22,9 @@ from tui.jobwatch import (
     expected_owners,
     owner_summary,
 )
-from tui.keys import load_keymap
-from tui.specform import dumps, form_values, merge_form, spec_from_form
-from tui.termsafe import log_lines, terminal_safe
-from tui.widgets.chart import render_chart, ticks
-from tui.widgets.difftable import Col, DiffTable
-from tui.widgets.tables import GpuFilter, GpusTable, Widths, gpu_rows, host_rows
+from tui.model.jobspec import JobSpecError
+from tui.model.specform import dumps, form_values, merge_form, spec_from_form
+from tui.model.termsafe import log_lines, terminal_safe
 
 
 def test_loss_by_step_prefers_the_lowest_rank_and_rate_uses_its_times() -> None:
@@ -247,7 +247,7 @@ def _gpu_table(app: _GpusApp) -> tuple[GpusTable, Widths]:
 
 def _state_with(gpus_per_host: list[int], tick: int, state: Any = None) -> Any:
     from tests.ui_fixtures import gpu_sample, host_sample
-    from tui.state import ClusterState
+    from tui.model.state import ClusterState
 
     state = state or ClusterState([(f"h{i}", f"10.0.0.{i}") for i in (1, 2, 3)])
     for i, n in enumerate(gpus_per_host, start=1):
@@ -278,7 +278,7 @@ async def test_gpu_table_follows_samples_in_view_out_of_view_and_new_gpus() -> N
             assert table.raw(in_view) == expected(in_view)
             assert table.raw(out_of_view) == expected(out_of_view)  # brought up to date on demand
         # h3 goes stale: every one of its rows shows it, including those out of view.
-        from tui.state import HostStatus
+        from tui.model.state import HostStatus
 
         state.set_status("h3", HostStatus.STALE, "no telemetry for 3.0s")
         show()
@@ -303,7 +303,7 @@ async def test_gpu_table_follows_samples_in_view_out_of_view_and_new_gpus() -> N
 
 
 async def test_gpu_table_reads_live_gpus_from_a_hosts_only_snapshot() -> None:
-    from tui.state import host_gpu_count, host_gpu_model, host_gpus_busy
+    from tui.model.state import host_gpu_count, host_gpu_model, host_gpus_busy
 
     app = _GpusApp()
     async with app.run_test(size=(140, 30)) as pilot:
@@ -376,7 +376,7 @@ def test_plain_cell_segments_match_the_general_rendering(
     from rich.style import Style
     from rich.text import Text
 
-    from tui.widgets.difftable import _plain_segments, cell_segments
+    from tui.app.widgets.difftable import _plain_segments, cell_segments
 
     console = Console(width=80, color_system="truecolor")
     pre, post = Style(bgcolor="grey11"), Style(italic=True)
@@ -400,7 +400,7 @@ def test_spanned_cells_are_left_to_rich() -> None:
     from rich.style import Style
     from rich.text import Text
 
-    from tui.widgets.difftable import _plain_segments
+    from tui.app.widgets.difftable import _plain_segments
 
     t = Text("ab")
     t.stylize("red", 0, 1)
@@ -408,7 +408,7 @@ def test_spanned_cells_are_left_to_rich() -> None:
 
 
 def test_the_pieces_of_a_long_log_line_are_one_line_in_the_log_view() -> None:
-    from tui.jobwatch import LINE_SHOWN, JobWatch, _Track
+    from tui.control.jobwatch import LINE_SHOWN, JobWatch, _Track
 
     track = _Track(rec={"job_id": "j"})
     key = ("h1", 0)
@@ -423,7 +423,7 @@ def test_the_pieces_of_a_long_log_line_are_one_line_in_the_log_view() -> None:
 
 
 def test_a_gpu_claimed_on_its_host_shows_the_claiming_job_until_its_ranks_run() -> None:
-    from tui.widgets.tables import gpu_job_label
+    from tui.app.widgets.tables import gpu_job_label
 
     claimed = {"processes": [], "claim": {"job_id": "ddp-1", "user": "ana", "since": 1.0}}
     assert gpu_job_label(claimed) == ("ddp-1 claimed (ana)", "job")

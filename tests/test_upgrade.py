@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tui.bundle import REPO_ROOT, AgentBundle, build_agent
-from tui.controller import Controller
-from tui.inventory import HostSpec, Inventory
-from tui.monitor import Monitor
+from tui.control.controller import Controller
+from tui.control.monitor import Monitor
+from tui.model.inventory import HostSpec, Inventory
+from tui.remote.bundle import REPO_ROOT, AgentBundle, build_agent
 
 
 def old_bundle(tmp: Path) -> AgentBundle:

@@ -8,12 +8,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tui.controller import HostReport
-from tui.inventory import HostSpec, Inventory
-from tui.jobspec import JobSpec
-from tui.jobwatch import JobWatch, _Track
-from tui.scheduler import PlacementError
-from tui.state import ClusterState, HostStatus
+from tui.control.controller import HostReport
+from tui.control.jobwatch import JobWatch, _Track
+from tui.model.inventory import HostSpec, Inventory
+from tui.model.jobspec import JobSpec
+from tui.model.scheduler import PlacementError
+from tui.model.state import ClusterState, HostStatus
 
 T0 = 1_760_000_000.0  # the recorded job started here
 NOW = T0 + 125.0  # the app's clock in these tests
@@ -395,7 +395,7 @@ class RecordedJobs(JobWatch):
                 "events": [],
             },
         ]
-        from tui.jobwatch import JobsSnapshot, rank_rows
+        from tui.control.jobwatch import JobsSnapshot, rank_rows
 
         for rec in recs:
             t = _Track(rec)
@@ -458,7 +458,7 @@ def no_room() -> PlacementError:
 
 def recorded_app(**kw: Any) -> Any:
     """The app over recorded data, its clock fixed at NOW."""
-    from tui.app import RigdeckApp
+    from tui.app.shell import RigdeckApp
 
     jobs = kw.pop("jobs", None) or RecordedJobs()
     app = RigdeckApp(

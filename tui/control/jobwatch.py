@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from tui.jobspec import JobSpec
-from tui.termsafe import log_lines, terminal_safe
-from tui.transport import TransportError
+from tui.model.jobspec import JobSpec
+from tui.model.termsafe import log_lines, terminal_safe
+from tui.remote.transport import TransportError
 
 log = logging.getLogger(__name__)
 
@@ -548,7 +548,7 @@ class JobWatch:
         limit: int = 50,
         clock: Callable[[], float] = time.time,
     ):
-        self.jobs = jobs  # a tui.jobs.JobManager
+        self.jobs = jobs  # a tui.control.jobs.JobManager
         self.ctl = jobs.ctl
         self.interval = interval
         self.limit = limit

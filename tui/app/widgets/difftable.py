@@ -32,7 +32,7 @@ from textual.strip import Strip
 from textual.widgets import DataTable
 from textual.widgets.data_table import CellKey, ColumnKey, RowKey
 
-from tui.widgets.format import LEVELS, Palette
+from tui.app.widgets.format import LEVELS, Palette
 
 _palette_serial = 0
 SEG_CACHE = 1024  # rendered cells kept (a 200x60 screen of GPUs shows about 500)
@@ -516,7 +516,7 @@ class DiffTable(DataTable[RenderableType]):
         return self._auto
 
     def columns_for(self, w: Any) -> list[Col]:
-        """The columns for a terminal width (``tui.widgets.tables.Widths``)."""
+        """The columns for a terminal width (``tui.app.widgets.tables.Widths``)."""
         return list(self._cols)
 
     def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tui.bundle import AgentBundle, build_agent
-from tui.inventory import HostSpec, Inventory
-from tui.transport import (
+from tui.model.inventory import HostSpec, Inventory
+from tui.remote.bundle import AgentBundle, build_agent
+from tui.remote.transport import (
     HostKeyChangedError,
     Transport,
     TransportError,
@@ -33,7 +33,7 @@ from tui.transport import (
 
 log = logging.getLogger(__name__)
 
-FACTS_SOURCE = (Path(__file__).resolve().parent.parent / "agent" / "facts.py").read_text()
+FACTS_SOURCE = (Path(__file__).resolve().parent.parent.parent / "agent" / "facts.py").read_text()
 COMMAND_TIMEOUT = 60.0
 
 T = TypeVar("T")
@@ -193,7 +193,7 @@ class Controller:
     # -- agent requests (the CLI's and the job manager's path to the daemons) ----------------
 
     def _link(self, spec: HostSpec) -> Any:
-        from tui.agentlink import AgentLink, hello_timeout
+        from tui.remote.agentlink import AgentLink, hello_timeout
 
         link = self._links.get(spec.name)
         if link is not None:
@@ -219,7 +219,7 @@ class Controller:
         Serialised per host; different hosts proceed in parallel. A broken connection is
         dropped and tried once more, so a host that came back is used again at once.
         """
-        from tui.agentlink import AgentError
+        from tui.remote.agentlink import AgentError
 
         spec = self.inventory.get(host)
         with self._host_locks[host]:
@@ -365,7 +365,7 @@ class Controller:
 
     def _latest_sample(self, report: HostReport, t: Transport, state_dir: str, pyz: str) -> None:
         """Ask the host's daemon (started if needed) for its latest telemetry sample."""
-        from tui.agentlink import AgentLink, hello_timeout
+        from tui.remote.agentlink import AgentLink, hello_timeout
 
         spec = t.spec
         link = AgentLink(

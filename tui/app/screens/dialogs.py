@@ -13,8 +13,8 @@ from textual.markup import escape
 from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
-from tui.jobwatch import StopPlan
-from tui.widgets.format import SIM_MARK
+from tui.app.widgets.format import SIM_MARK
+from tui.control.jobwatch import StopPlan
 
 
 class ConfirmStop(ModalScreen[bool]):

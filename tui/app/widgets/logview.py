@@ -21,7 +21,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from tui.jobwatch import LogBuffer
+from tui.control.jobwatch import LogBuffer
 
 MAX_WIDTH = 2000
 

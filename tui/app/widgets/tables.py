@@ -15,16 +15,8 @@ from typing import Any
 from rich.console import RenderableType
 from rich.text import Text
 
-from tui.jobwatch import TERMINAL, CheckpointSave, CheckpointView, JobRow, OwnerMove
-from tui.state import (
-    ClusterState,
-    gpu_busy,
-    host_gpu_count,
-    host_gpus_busy,
-    host_gpus_simulated,
-)
-from tui.widgets.difftable import Col, DiffTable
-from tui.widgets.format import (
+from tui.app.widgets.difftable import Col, DiffTable
+from tui.app.widgets.format import (
     MEM_THRESHOLDS,
     SPARK,
     Palette,
@@ -43,6 +35,14 @@ from tui.widgets.format import (
     step_rate_text,
     temp_cell,
     util_level,
+)
+from tui.control.jobwatch import TERMINAL, CheckpointSave, CheckpointView, JobRow, OwnerMove
+from tui.model.state import (
+    ClusterState,
+    gpu_busy,
+    host_gpu_count,
+    host_gpus_busy,
+    host_gpus_simulated,
 )
 
 

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tui.inventory import Inventory
-from tui.jobspec import JobSpec
+from tui.model.inventory import Inventory
+from tui.model.jobspec import JobSpec
 
 __all__ = [
     "HostCapacity",

@@ -29,7 +29,8 @@ from typing import Any
 
 import paramiko
 
-from tui.inventory import HostSpec, Inventory, jump_chain
+from tui.model.inventory import HostSpec, Inventory
+from tui.remote.sshconfig import jump_chain
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 from textual.worker import Worker, WorkerState
 
-from tui.jobspec import LAUNCHERS, JobSpec, JobSpecError
-from tui.scheduler import PlacementError
-from tui.screens.dialogs import describe_error, field_of_message
-from tui.specform import FORM_FIELDS, field_id, form_values, read_spec_data, spec_from_form
+from tui.app.screens.dialogs import describe_error, field_of_message
+from tui.model.jobspec import LAUNCHERS, JobSpec, JobSpecError
+from tui.model.scheduler import PlacementError
+from tui.model.specform import FORM_FIELDS, field_id, form_values, read_spec_data, spec_from_form
 
 PLACEMENT_FIELDS = ("nodes", "hosts", "gpus_per_node", "processes_per_node")
 

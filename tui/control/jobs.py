@@ -17,10 +17,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tui.controller import Controller
-from tui.history import History, JobRef, JobRefError
-from tui.jobspec import JobSpec
-from tui.scheduler import (
+from tui.control.controller import Controller
+from tui.control.history import History, JobRef, JobRefError
+from tui.model.jobspec import JobSpec
+from tui.model.scheduler import (
     HostCapacity,
     NodeAssignment,
     Placement,
@@ -28,9 +28,9 @@ from tui.scheduler import (
     Scheduler,
     capacity_from_state,
 )
-from tui.state import ClusterState
-from tui.termsafe import log_lines
-from tui.transport import TransportError
+from tui.model.state import ClusterState
+from tui.model.termsafe import log_lines
+from tui.remote.transport import TransportError
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,17 @@ import threading
 import time
 from typing import Any
 
-from tui.agentlink import AgentLink, hello_timeout
-from tui.controller import Controller, _report_for, host_key_info
-from tui.inventory import HostSpec
-from tui.state import ClusterState, HostStatus
-from tui.transport import Backoff, Transport, TransportError, UnreachableError, make_transport
+from tui.control.controller import Controller, _report_for, host_key_info
+from tui.model.inventory import HostSpec
+from tui.model.state import ClusterState, HostStatus
+from tui.remote.agentlink import AgentLink, hello_timeout
+from tui.remote.transport import (
+    Backoff,
+    Transport,
+    TransportError,
+    UnreachableError,
+    make_transport,
+)
 
 log = logging.getLogger(__name__)
 

@@ -28,17 +28,12 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
-from tui.controller import Controller, HostReport
-from tui.jobs import describe_cause
-from tui.jobwatch import TERMINAL, JobDetail, JobSource, JobsSnapshot
-from tui.keys import keymap_path, load_keymap
-from tui.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey, describe_error
-from tui.screens.launch import LaunchScreen
-from tui.state import host_gpu_count, host_gpu_model, host_gpus_busy, host_gpus_simulated
-from tui.terminal import HangupWatch, input_fd
-from tui.termsafe import terminal_safe
-from tui.widgets.chart import LossChart
-from tui.widgets.format import (
+from tui.app.keys import keymap_path, load_keymap
+from tui.app.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey, describe_error
+from tui.app.screens.launch import LaunchScreen
+from tui.app.terminal import HangupWatch, input_fd
+from tui.app.widgets.chart import LossChart
+from tui.app.widgets.format import (
     SIM_MARK,
     duration,
     loss_text,
@@ -46,8 +41,8 @@ from tui.widgets.format import (
     size_bytes,
     step_rate_text,
 )
-from tui.widgets.logview import LogView
-from tui.widgets.tables import (
+from tui.app.widgets.logview import LogView
+from tui.app.widgets.tables import (
     BUSY_FILTERS,
     SORT_LABELS,
     SORTS,
@@ -64,6 +59,11 @@ from tui.widgets.tables import (
     jobs_running,
     rank_rows,
 )
+from tui.control.controller import Controller, HostReport
+from tui.control.jobs import describe_cause
+from tui.control.jobwatch import TERMINAL, JobDetail, JobSource, JobsSnapshot
+from tui.model.state import host_gpu_count, host_gpu_model, host_gpus_busy, host_gpus_simulated
+from tui.model.termsafe import terminal_safe
 
 log = logging.getLogger(__name__)
 
@@ -178,13 +178,13 @@ class RigdeckApp(App[None]):
         super().__init__()
         self.controller = controller
         if monitor is None:
-            from tui.monitor import Monitor
+            from tui.control.monitor import Monitor
 
             monitor = Monitor(controller, rate_hz=telemetry_hz)
         self.monitor = monitor
         if jobs is None:
-            from tui.jobs import JobManager
-            from tui.jobwatch import JobWatch
+            from tui.control.jobs import JobManager
+            from tui.control.jobwatch import JobWatch
 
             jobs = JobWatch(JobManager(controller))
         self.jobwatch: JobSource = jobs
@@ -340,7 +340,7 @@ class RigdeckApp(App[None]):
     # -- keys -------------------------------------------------------------------------------
 
     def binding_groups(self) -> list[tuple[str, list[tuple[str, str, str]]]]:
-        from tui.screens.launch import LaunchScreen as _L
+        from tui.app.screens.launch import LaunchScreen as _L
 
         def rows(bindings: Sequence[BindingType]) -> list[tuple[str, str, str]]:
             out = []
@@ -647,7 +647,7 @@ class RigdeckApp(App[None]):
                 f" ({escape(m.reason or '')})[/]"
             )
         set_text(head, "\n".join(lines))
-        from tui.widgets.tables import save_rows
+        from tui.app.widgets.tables import save_rows
 
         saves.apply(save_rows(ck, now))
 

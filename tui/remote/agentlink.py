@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agent import protocol
-from tui.transport import Stream, TransportError
+from tui.remote.transport import Stream, TransportError
 
 HELLO_MIN_S = 20.0
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tui.inventory import NAME_RE as HOST_NAME_RE
+from tui.model.inventory import NAME_RE as HOST_NAME_RE
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -15,7 +15,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 PACKAGES = ("agent", "runtime")
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
 _MAIN = b"import sys\nfrom agent.cli import main\nsys.exit(main())\n"

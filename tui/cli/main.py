@@ -10,14 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tui.controller import Controller, HostReport
-from tui.inventory import (
-    Inventory,
-    InventoryError,
-    hostfile_to_toml,
-    load_hostfile,
-    load_inventory,
-)
+from tui.control.controller import Controller, HostReport
+from tui.model.inventory import Inventory, InventoryError
+from tui.remote.sshconfig import hostfile_to_toml, load_hostfile, load_inventory
 
 EXIT_OK = 0
 EXIT_HOST_FAILED = 1
@@ -208,20 +203,20 @@ def _run_inventory(args: argparse.Namespace) -> int:
 
 
 def _job_manager(args: argparse.Namespace) -> tuple[Controller, Any]:
-    from tui.jobs import JobManager
+    from tui.control.jobs import JobManager
 
     ctl = Controller(_load(args), accept_new=getattr(args, "accept_new", False))
     return ctl, JobManager(ctl)
 
 
 def _fmt_cause(cause: dict[str, Any] | None) -> str:
-    from tui.jobs import describe_cause
+    from tui.control.jobs import describe_cause
 
     return describe_cause(cause, restart_error=False) if cause else "-"
 
 
 def _print_job(v: Any) -> None:
-    from tui.widgets.format import marked_simulated
+    from tui.app.widgets.format import marked_simulated
 
     print(f"job      {v.job_id} ({v.name})")
     print(f"state    {v.state_line}" + (f" after {v.restarts} restart(s)" if v.restarts else ""))
@@ -233,7 +228,7 @@ def _print_job(v: Any) -> None:
         print(f"progress step {v.last_step} loss {v.last_loss}")
     if v.cause:
         print(f"cause    {_fmt_cause(v.cause)}")
-        from tui.termsafe import terminal_safe  # rank output: no escape reaches the terminal
+        from tui.model.termsafe import terminal_safe  # rank output: no escape reaches the terminal
 
         for line in (v.cause.get("tail") or [])[-5:]:
             print(f"         | {terminal_safe(str(line))}")
@@ -251,7 +246,7 @@ def _print_metrics(records: list[dict[str, Any]]) -> None:
     """Steps and events, one a line. Every value is the rank's own (a metrics line is whatever a
     rank appended), so each goes through ``terminal_safe``: no escape of theirs reaches the
     terminal."""
-    from tui.termsafe import terminal_safe
+    from tui.model.termsafe import terminal_safe
 
     def s(value: Any) -> str:
         return terminal_safe(str(value))
@@ -300,9 +295,9 @@ def _print_logs(chunks: Any, *, raw: bool, flush: bool) -> None:
 
 
 def _run_jobs(args: argparse.Namespace) -> int:
-    from tui.jobs import TERMINAL, AmbiguousJobError, JobError
-    from tui.jobspec import JobSpecError, load_jobspec
-    from tui.scheduler import PlacementError
+    from tui.control.jobs import TERMINAL, AmbiguousJobError, JobError
+    from tui.model.jobspec import JobSpecError, load_jobspec
+    from tui.model.scheduler import PlacementError
 
     ctl, jm = _job_manager(args)
     try:
@@ -401,7 +396,7 @@ def _run_jobs(args: argparse.Namespace) -> int:
 
 
 def _run_app(args: argparse.Namespace) -> int:
-    from tui.app import RigdeckApp
+    from tui.app.shell import RigdeckApp
 
     inv = _load(args)
     RigdeckApp(Controller(inv, accept_new=getattr(args, "accept_new", False))).run()

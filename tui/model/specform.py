@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tui.jobspec import JobSpec, JobSpecError, jobspec_from_toml
+from tui.model.jobspec import JobSpec, JobSpecError, jobspec_from_toml
 
 if sys.version_info >= (3, 11):
     import tomllib

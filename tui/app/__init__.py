@@ -1,0 +1,1 @@
+"""The Textual face: the app shell, screens and widgets."""

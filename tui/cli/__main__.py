@@ -1,0 +1,7 @@
+"""python -m tui.cli: the rigdeck command."""
+
+import sys
+
+from tui.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""control room of the controller side (see docs/architecture.md)."""

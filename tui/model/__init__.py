@@ -1,0 +1,1 @@
+"""model room of the controller side (see docs/architecture.md)."""

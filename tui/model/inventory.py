@@ -1,0 +1,530 @@
+"""The host inventory: which machines rigdeck manages and how to reach them.
+
+The inventory is a TOML file (``[defaults]`` plus ``[[hosts]]`` entries), or a DeepSpeed/MPI
+hostfile. Names are resolved through the OpenSSH client config, as ``ssh`` would resolve them.
+Nothing here opens a connection; the result is plain frozen dataclasses.
+"""
+
+from __future__ import annotations
+
+import difflib
+import getpass
+import math
+import os
+import re
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+if sys.version_info >= (3, 11):
+    pass
+else:  # pragma: no cover - exercised on Python 3.10 only
+    pass
+
+__all__ = [
+    "INVENTORY_ENV",
+    "HostSpec",
+    "Inventory",
+    "InventoryError",
+    "UnknownHostError",
+    "default_inventory_path",
+]
+
+INVENTORY_ENV = "RIGDECK_INVENTORY"
+DEFAULT_INVENTORY = "~/.config/rigdeck/hosts.toml"
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+DEFAULT_SSH_CONFIG = "~/.ssh/config"
+
+NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
+# Stand-ins for a host name in errors: an unnamed entry ("hosts[2]") or a section ("[defaults]").
+_LABEL_RE = re.compile(r"hosts\[[0-9]+\]|\[[a-z_]+\]")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# [ssh://][user@]host[:port], with IPv6 addresses in brackets, as OpenSSH's ProxyJump takes them.
+_JUMP_RE = re.compile(
+    r"(?:ssh://)?(?:(?P<user>[^@\s/]+)@)?"
+    r"(?:\[(?P<v6>[^\]\s]+)\]|(?P<host>[^@:\s/\[\]]+))"
+    r"(?::(?P<port>[0-9]+))?"
+)
+# A hostfile line, loosely: a host token then tokens that are neither '=...' nor TOML syntax.
+# Loose on purpose, so that a malformed hostfile gets the hostfile parser's error, not TOML's.
+_HOSTFILE_LINE_RE = re.compile(r"[^\s=\[\]{}\"']+(?:\s+[^\s=\[\]{}\"'][^\s\[\]{}\"']*)*")
+
+
+def _local_user() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        # No $USER/$LOGNAME and no passwd entry (some containers); those images run as root.
+        return "root"
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How long the hosts keep the directories of ended jobs (logs, metrics, cluster files)."""
+
+    max_age_days: float = 30.0
+    max_jobs: int = 500
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    """One managed host with every setting resolved."""
+
+    name: str
+    address: str
+    port: int = 22
+    user: str = field(default_factory=_local_user)
+    identity_files: tuple[str, ...] = ()
+    python: str = "python3"
+    state_dir: str = "~/.rigdeck"
+    labels: tuple[str, ...] = ()
+    proxy_jump: str | None = None
+    slots: int | None = None
+    sim_gpus: int = 0
+    env: tuple[tuple[str, str], ...] = ()
+    transport: str = "ssh"
+    connect_timeout: float = 10.0
+    keepalive: float = 15.0
+
+    @property
+    def is_local(self) -> bool:
+        """True when the host is this machine, reached without SSH."""
+        return self.transport == "local"
+
+
+class InventoryError(ValueError):
+    """A problem in an inventory, hostfile or ssh config that the user can fix.
+
+    ``host`` is the host's name, or ``hosts[2]`` (an entry without a usable name) or
+    ``[defaults]``; ``field`` is None for problems with the file as a whole.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None,
+        host: str | None,
+        field: str | None,
+        expected: str,
+        got: Any = None,
+        *,
+        line: int | None = None,
+    ) -> None:
+        self.path = Path(path) if path is not None else None
+        self.host = host
+        self.field = field
+        self.expected = expected
+        self.got = got
+        self.line = line
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        where = str(self.path) if self.path is not None else "<built-in inventory>"
+        if self.line is not None:
+            where += f":{self.line}"
+        parts = [where]
+        if self.host is not None:
+            label = _LABEL_RE.fullmatch(self.host)
+            parts.append(self.host if label else f"host {self.host!r}")
+        if self.field is not None:
+            parts.append(f"field {self.field!r}")
+        text = f"expected {self.expected}"
+        if self.got is not None:
+            text += f", got {_show(self.got)} ({type(self.got).__name__})"
+        parts.append(text)
+        return ": ".join(parts)
+
+
+class UnknownHostError(KeyError):
+    """``Inventory.get`` was asked for a name the inventory does not have."""
+
+    def __init__(self, name: str, known: Sequence[str], path: Path | None) -> None:
+        self.name = name
+        where = str(path) if path is not None else "the built-in inventory"
+        listing = ", ".join(known) if known else "(none)"
+        self.message = f"no host {name!r} in {where}; known hosts: {listing}"
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        # KeyError's own __str__ would print the repr of the message, quotes and all.
+        return self.message
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """The resolved inventory: hosts in file order and where host keys live."""
+
+    hosts: tuple[HostSpec, ...]
+    path: Path | None
+    known_hosts: Path
+    # The OpenSSH client config the names were resolved with; jump hosts that are not in the
+    # inventory are resolved through it too. None when disabled.
+    ssh_config: Path | None = None
+    min_free_mb: float = 256.0  # a launch refuses a host with less free in its state dir
+    retention: Retention = field(default_factory=Retention)
+
+    @property
+    def names(self) -> list[str]:
+        """Host names in inventory order."""
+        return [h.name for h in self.hosts]
+
+    def get(self, name: str) -> HostSpec:
+        """The host called ``name``; UnknownHostError (a KeyError) listing the known names."""
+        for host in self.hosts:
+            if host.name == name:
+                return host
+        raise UnknownHostError(name, self.names, self.path)
+
+    def select(self, names: Sequence[str]) -> tuple[HostSpec, ...]:
+        """The named hosts in the order given (repeats dropped); an unknown name is an error."""
+        chosen: dict[str, HostSpec] = {}
+        for name in names:
+            try:
+                chosen.setdefault(name, self.get(name))
+            except UnknownHostError:
+                known = ", ".join(self.names) or "none"
+                raise InventoryError(
+                    self.path, name, None, f"a host in the inventory (known: {known})"
+                ) from None
+        return tuple(chosen.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Field checks. Each takes the raw TOML value and returns the converted one, or raises _Bad.
+
+
+class _Bad(Exception):
+    """A value failed its check; the caller adds file and host. Overrides are optional."""
+
+    def __init__(self, expected: str | None = None, *, got: Any = None, field: str | None = None):
+        super().__init__(expected)
+        self.expected = expected
+        self.got = got
+        self.field = field
+
+
+class _Check(NamedTuple):
+    expected: str
+    convert: Callable[[Any], Any]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int_range(lo: int, hi: int | None = None) -> Callable[[Any], int]:
+    def check(v: Any) -> int:
+        if _is_int(v) and v >= lo and (hi is None or v <= hi):
+            return int(v)
+        raise _Bad()
+
+    return check
+
+
+def _seconds(*, positive: bool) -> Callable[[Any], float]:
+    def check(v: Any) -> float:
+        if (_is_int(v) or isinstance(v, float)) and math.isfinite(v):
+            if v > 0 or (v == 0 and not positive):
+                return float(v)
+        raise _Bad()
+
+    return check
+
+
+def _text(v: Any) -> str:
+    if isinstance(v, str) and v.strip():
+        return v
+    raise _Bad()
+
+
+def _token(v: Any) -> str:
+    """A non-empty string without whitespace (addresses, user names)."""
+    if isinstance(v, str) and v and not any(c.isspace() for c in v):
+        return v
+    raise _Bad()
+
+
+class _Address(NamedTuple):
+    host: str
+    port: int | None  # the port written in the address ("h5:2222"), if any
+
+
+_ADDRESS_EXPECTED = (
+    "a host name or IP address, optionally with a port: host, host:port, an IPv6 address, "
+    "or [IPv6]:port (a string without spaces)"
+)
+_ADDRESS_V6_RE = re.compile(r"\[(?P<v6>[^\]\s]+)\](?::(?P<port>[^:]*))?")
+
+
+def _split_address(v: str) -> _Address:
+    """``host``, ``host:port``, a bare IPv6 address (two or more colons, no port) or
+    ``[v6]`` / ``[v6]:port``. A port written here is what the user meant, never part of the
+    host name: ssh would otherwise look up a host called "h5:2222"."""
+    if not v or any(c.isspace() for c in v):
+        raise _Bad(_ADDRESS_EXPECTED, got=v)
+    if v.startswith("["):
+        m = _ADDRESS_V6_RE.fullmatch(v)
+        if m is None:
+            raise _Bad(_ADDRESS_EXPECTED, got=v)
+        host, port_text = m["v6"], m["port"]
+    elif v.count(":") == 1:
+        host, port_text = v.split(":")
+    else:
+        host, port_text = v, None
+    if not host:
+        raise _Bad(_ADDRESS_EXPECTED, got=v)
+    if port_text is None:
+        return _Address(host, None)
+    if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 1 <= int(port_text) <= 65535:
+        raise _Bad("a port 1..65535 after the ':' of host:port", got=v)
+    return _Address(host, int(port_text))
+
+
+def _address(v: Any) -> _Address:
+    if not isinstance(v, str):
+        raise _Bad()
+    return _split_address(v)
+
+
+def _name(v: Any) -> str:
+    if isinstance(v, str) and NAME_RE.fullmatch(v):
+        return v
+    raise _Bad()
+
+
+def _local_path(v: Any) -> str:
+    return os.path.expanduser(_text(v))
+
+
+def _optional_local_path(v: Any) -> str:
+    if v == "":
+        return ""
+    return _local_path(v)
+
+
+def _paths(v: Any) -> tuple[str, ...]:
+    if isinstance(v, str):
+        return (_local_path(v),)
+    if isinstance(v, list):
+        return tuple(_local_path(p) for p in v)
+    raise _Bad()
+
+
+def _labels(v: Any) -> tuple[str, ...]:
+    if isinstance(v, list) and all(isinstance(s, str) and s for s in v):
+        return tuple(v)
+    raise _Bad()
+
+
+def _env(v: Any) -> dict[str, str]:
+    if not isinstance(v, dict):
+        raise _Bad()
+    for key, value in v.items():
+        if not _ENV_NAME_RE.fullmatch(key):
+            raise _Bad("environment variable names ([A-Za-z_][A-Za-z0-9_]*)", got=key)
+        if not isinstance(value, str):
+            raise _Bad("a string", got=value, field=f"env.{key}")
+    return dict(v)
+
+
+def _transport(v: Any) -> str:
+    if v in ("ssh", "local"):
+        return str(v)
+    raise _Bad()
+
+
+class _Jump(NamedTuple):
+    user: str | None
+    host: str
+    port: int | None
+
+
+_JUMP_EXPECTED = (
+    'inventory host names or [user@]host[:port], comma-separated, or "none" for no jump'
+)
+
+
+def _parse_jump(element: str) -> _Jump:
+    m = _JUMP_RE.fullmatch(element)
+    if m is None:
+        raise _Bad(got=element)
+    port = None
+    if m["port"] is not None:
+        port = int(m["port"])
+        if not 1 <= port <= 65535:
+            raise _Bad(f"a jump host port 1..65535 in {_JUMP_EXPECTED}", got=element)
+    return _Jump(m["user"], m["v6"] or m["host"], port)
+
+
+def _proxy_jump(v: Any) -> str | None:
+    """The raw jump spec, checked for syntax; "none" (as in OpenSSH) means no jump."""
+    if not isinstance(v, str) or not v.strip():
+        raise _Bad()
+    if v.strip().lower() == "none":
+        return None
+    for element in v.split(","):
+        _parse_jump(element.strip())
+    return v.strip()
+
+
+# Ranks per host: far above any machine's GPU count, far below what would exhaust the
+# controller or the agent when it starts that many processes.
+MAX_SLOTS = 4096
+_SLOTS_EXPECTED = f"an integer 1..{MAX_SLOTS}"
+
+_COMMON_FIELDS: dict[str, _Check] = {
+    "port": _Check("an integer 1..65535", _int_range(1, 65535)),
+    "user": _Check("a user name (a string without spaces)", _token),
+    "identity_file": _Check("a path or a list of paths (strings)", _paths),
+    "python": _Check("a Python interpreter command or path (a string)", _text),
+    "state_dir": _Check("a directory path on the host (a string)", _text),
+    "labels": _Check("a list of strings", _labels),
+    "sim_gpus": _Check("an integer >= 0", _int_range(0)),
+    "env": _Check('a table of strings (NAME = "value")', _env),
+    "connect_timeout": _Check("a number of seconds > 0", _seconds(positive=True)),
+    "keepalive": _Check("a number of seconds >= 0 (0 = off)", _seconds(positive=False)),
+}
+def _retention(v: Any) -> Retention:
+    """``[defaults.retention]``: max_age_days (a number > 0) and max_jobs (an integer >= 1)."""
+    if not isinstance(v, dict):
+        raise _Bad("a table with max_age_days and/or max_jobs")
+    unknown = sorted(set(v) - {"max_age_days", "max_jobs"})
+    if unknown:
+        raise _Bad("only max_age_days (days > 0) and max_jobs (an integer >= 1)", got=unknown[0])
+    age = v.get("max_age_days", Retention.max_age_days)
+    jobs = v.get("max_jobs", Retention.max_jobs)
+    if not ((_is_int(age) or isinstance(age, float)) and math.isfinite(age) and age > 0):
+        raise _Bad("max_age_days: a number of days > 0", got=age)
+    if not (_is_int(jobs) and jobs >= 1):
+        raise _Bad("max_jobs: an integer >= 1", got=jobs)
+    return Retention(float(age), int(jobs))
+
+
+_DEFAULT_FIELDS: dict[str, _Check] = {
+    **_COMMON_FIELDS,
+    "min_free_mb": _Check("a number of MB >= 0 (launch refuses a host with less free for its job files)",
+                          _seconds(positive=False)),
+    "retention": _Check("a table: max_age_days = N, max_jobs = N (when ended job dirs are removed)",
+                        _retention),
+    "known_hosts": _Check("a path (a string)", _local_path),
+    "ssh_config": _Check('a path (a string; "" disables it)', _optional_local_path),
+}
+_HOST_FIELDS: dict[str, _Check] = {
+    **_COMMON_FIELDS,
+    "name": _Check("a name of letters, digits, '.', '_' and '-'", _name),
+    "address": _Check(_ADDRESS_EXPECTED, _address),
+    "proxy_jump": _Check(_JUMP_EXPECTED, _proxy_jump),
+    "slots": _Check(_SLOTS_EXPECTED, _int_range(1, MAX_SLOTS)),
+    "transport": _Check('"ssh" or "local"', _transport),
+}
+_TOP_LEVEL = ("defaults", "hosts")
+
+
+def _unknown_field(key: str, known: Sequence[str]) -> str:
+    hint = difflib.get_close_matches(key, known, n=1)
+    did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
+    return f"one of the known fields {', '.join(sorted(known))}{did_you_mean}"
+
+
+def _checked(
+    raw: Mapping[str, Any],
+    checks: Mapping[str, _Check],
+    path: Path | None,
+    host: str | None,
+    line: int | None = None,
+) -> dict[str, Any]:
+    """Check every key of one table; unknown keys are errors."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        check = checks.get(key)
+        if check is None:
+            raise InventoryError(path, host, key, _unknown_field(key, list(checks)), line=line)
+        try:
+            out[key] = check.convert(value)
+        except _Bad as bad:
+            raise InventoryError(
+                path,
+                host,
+                bad.field or key,
+                bad.expected or check.expected,
+                value if bad.got is None else bad.got,
+                line=line,
+            ) from None
+    return out
+
+
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _toml_str(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04X}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return _toml_str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        if not v:
+            return "{}"
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    raise TypeError(f"no TOML form for {type(v).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Files.
+
+_HOSTFILE_EXPECTED = "a line 'HOSTNAME [slots=N] [max_slots=M]'"
+
+
+def default_inventory_path() -> Path:
+    """$RIGDECK_INVENTORY, or ~/.config/rigdeck/hosts.toml."""
+    env = os.environ.get(INVENTORY_ENV)
+    return Path(os.path.expanduser(env or DEFAULT_INVENTORY))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InventoryError(path, None, None, "an existing inventory file") from None
+    except UnicodeDecodeError as e:
+        raise InventoryError(path, None, None, f"UTF-8 text ({e})") from None
+    except OSError as e:
+        raise InventoryError(path, None, None, f"a readable file ({e.strerror or e})") from None
+
+
+def _looks_like_hostfile(text: str) -> bool:
+    lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
+    lines = [ln for ln in lines if ln]
+    return bool(lines) and all(_HOSTFILE_LINE_RE.fullmatch(ln) for ln in lines)
+
+
+def _sanitize(hostname: str) -> str:
+    """An inventory name for a host name that may hold other characters (IPv6, brackets)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", hostname).strip("-") or "host"
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif isinstance(value, str):
+        text = _toml_str(value)
+    else:
+        text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+

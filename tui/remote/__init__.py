@@ -1,0 +1,1 @@
+"""remote room of the controller side (see docs/architecture.md)."""

@@ -1,0 +1,530 @@
+"""Loading an inventory: the file, the OpenSSH client config (paramiko's parser) and jump chains.
+
+The data and its field checks live in ``tui.model.inventory``; this module resolves each host
+through ``~/.ssh/config`` and so belongs with the other code that reaches hosts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import os
+import re
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import paramiko
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from tui.model.inventory import (  # noqa: F401  (the loader works with the model's private checks)
+    _ADDRESS_EXPECTED,
+    _DEFAULT_FIELDS,
+    _HOST_FIELDS,
+    _HOSTFILE_EXPECTED,
+    _JUMP_EXPECTED,
+    _SLOTS_EXPECTED,
+    _TOP_LEVEL,
+    DEFAULT_KNOWN_HOSTS,
+    DEFAULT_SSH_CONFIG,
+    INVENTORY_ENV,
+    MAX_SLOTS,
+    NAME_RE,
+    HostSpec,
+    Inventory,
+    InventoryError,
+    Retention,
+    _Bad,
+    _checked,
+    _Jump,
+    _local_user,
+    _looks_like_hostfile,
+    _parse_jump,
+    _proxy_jump,
+    _read,
+    _sanitize,
+    _split_address,
+    _toml_str,
+    _toml_value,
+    default_inventory_path,
+)
+
+# ---------------------------------------------------------------------------------------------
+# OpenSSH client config.
+
+
+class _SshConfig:
+    """A parsed ssh config file, or an empty stand-in when there is none."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.config: paramiko.SSHConfig | None = None
+        if path is None or not path.is_file():
+            return
+        try:
+            self.config = paramiko.SSHConfig.from_path(str(path))
+        except paramiko.ssh_exception.ConfigParseError as e:
+            raise InventoryError(path, None, None, f"a valid OpenSSH client config ({e})") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise InventoryError(path, None, None, f"a readable ssh config ({e})") from None
+
+    def lookup(self, alias: str) -> dict[str, Any]:
+        """The options for ``alias``; {} without a config."""
+        if self.config is None:
+            return {}
+        try:
+            return dict(self.config.lookup(alias))
+        except paramiko.ssh_exception.CouldNotCanonicalize as e:
+            raise InventoryError(
+                self.path, alias, None, f"a host name the ssh config can canonicalize ({e})"
+            ) from None
+
+    def has_hostname(self, alias: str) -> bool:
+        """Whether a Host block naming ``alias`` literally (not by wildcard) sets HostName.
+
+        ``lookup`` invents HostName = alias for names it does not know, so its answer cannot
+        tell a configured alias from a typo.
+        """
+        if self.config is None:
+            return False
+        # paramiko has no public view of its parsed blocks.
+        for block in getattr(self.config, "_config", []):
+            patterns = block.get("host") or []
+            negated = any(p.startswith("!") and fnmatch.fnmatch(alias, p[1:]) for p in patterns)
+            if alias in patterns and not negated and "hostname" in block.get("config", {}):
+                return True
+        return False
+
+    def port(self, options: Mapping[str, Any], host: str) -> int | None:
+        if "port" not in options:
+            return None
+        value = options["port"]
+        try:
+            port = int(value)
+        except ValueError:
+            port = 0
+        if not 1 <= port <= 65535:
+            raise InventoryError(self.path, host, "Port", "an integer 1..65535", value)
+        return port
+
+    def proxy_jump(self, options: Mapping[str, Any], host: str) -> str | None:
+        if "proxyjump" not in options:
+            return None
+        value = options["proxyjump"]
+        try:
+            return _proxy_jump(value)
+        except _Bad as bad:
+            raise InventoryError(
+                self.path, host, "ProxyJump", bad.expected or _JUMP_EXPECTED, value
+            ) from None
+
+
+def _identity_files(options: Mapping[str, Any]) -> tuple[str, ...] | None:
+    files = options.get("identityfile")
+    if not files:
+        return None
+    return tuple(os.path.expanduser(f) for f in files)
+
+
+# ---------------------------------------------------------------------------------------------
+# Resolution: host entry > ssh config > [defaults] > built-in defaults.
+
+
+class _Resolver:
+    """Turns raw host entries of one file into HostSpecs."""
+
+    def __init__(self, path: Path | None, defaults: dict[str, Any]) -> None:
+        self.path = path
+        self.defaults = defaults
+        ssh_config = defaults.get("ssh_config", os.path.expanduser(DEFAULT_SSH_CONFIG))
+        self.ssh_path = Path(ssh_config) if ssh_config else None
+        self.ssh = _SshConfig(self.ssh_path)
+        self.known_hosts = Path(
+            defaults.get("known_hosts", os.path.expanduser(DEFAULT_KNOWN_HOSTS))
+        )
+
+    def resolve(
+        self,
+        raw: Any,
+        label: str,
+        *,
+        alias: str | None = None,
+        fallback_address: str | None = None,
+        line: int | None = None,
+    ) -> HostSpec:
+        """One host. ``alias`` is the name looked up in the ssh config (default: the name)."""
+        if not isinstance(raw, dict):
+            raise InventoryError(self.path, label, None, "a table ([[hosts]])", raw, line=line)
+        entry = _checked(raw, _HOST_FIELDS, self.path, label, line)
+        if "name" not in entry:
+            raise InventoryError(self.path, label, "name", "a host name (required)", line=line)
+        name: str = entry["name"]
+        transport: str = entry.get("transport", "ssh")
+        # A local host is not reached over SSH, so the ssh config has nothing to say about it.
+        options = self.ssh.lookup(alias or name) if transport == "ssh" else {}
+
+        def pick(key: str, from_ssh: Any, builtin: Any) -> Any:
+            if key in entry:
+                return entry[key]
+            if from_ssh is not None:
+                return from_ssh
+            return self.defaults.get(key, builtin)
+
+        address_port: int | None = None
+        if "address" in entry:
+            address, address_port = entry["address"]
+            if address_port is not None and entry.get("port", address_port) != address_port:
+                raise InventoryError(
+                    self.path,
+                    name,
+                    "port",
+                    f"no port, or the port the address names ({address_port}), "
+                    f"as address = {raw['address']!r}",
+                    entry["port"],
+                    line=line,
+                )
+        elif transport == "ssh" and self.ssh.has_hostname(alias or name):
+            address = options["hostname"]
+        elif fallback_address is not None:
+            address = fallback_address
+        elif transport == "local":
+            address = "localhost"
+        else:
+            where = f"the ssh config {self.ssh_path}" if self.ssh_path else "an ssh config"
+            raise InventoryError(
+                self.path,
+                name,
+                "address",
+                f"a host name or IP address (required unless {where} has a "
+                f"'Host {alias or name}' block with HostName)",
+                line=line,
+            )
+
+        if "proxy_jump" in entry:
+            proxy_jump = entry["proxy_jump"]
+        else:
+            proxy_jump = self.ssh.proxy_jump(options, name)
+        if proxy_jump is not None and transport == "local":
+            raise InventoryError(
+                self.path,
+                name,
+                "proxy_jump",
+                'no jump host for transport = "local"',
+                proxy_jump,
+                line=line,
+            )
+        env = {**self.defaults.get("env", {}), **entry.get("env", {})}
+        return HostSpec(
+            name=name,
+            address=address,
+            port=address_port or pick("port", self.ssh.port(options, name), 22),
+            user=pick("user", options.get("user"), None) or _local_user(),
+            identity_files=pick("identity_file", _identity_files(options), ()),
+            python=pick("python", None, "python3"),
+            state_dir=pick("state_dir", None, "~/.rigdeck"),
+            labels=pick("labels", None, ()),
+            proxy_jump=proxy_jump,
+            slots=entry.get("slots"),
+            sim_gpus=pick("sim_gpus", None, 0),
+            env=tuple(sorted(env.items())),
+            transport=transport,
+            connect_timeout=pick("connect_timeout", None, 10.0),
+            keepalive=pick("keepalive", None, 15.0),
+        )
+
+    def inventory(self, hosts: list[HostSpec], lines: Sequence[int | None] = ()) -> Inventory:
+        seen: dict[str, int] = {}
+        for i, host in enumerate(hosts):
+            if host.name in seen:
+                first = seen[host.name]
+                where = f"line {lines[first]}" if lines else f"hosts[{first}]"
+                raise InventoryError(
+                    self.path,
+                    host.name,
+                    "name",
+                    f"a name no other host has ({where} has it too)",
+                    host.name,
+                    line=lines[i] if lines else None,
+                )
+            seen[host.name] = i
+        inv = Inventory(tuple(hosts), self.path, self.known_hosts, self.ssh_path,
+                        min_free_mb=self.defaults.get("min_free_mb", Inventory.min_free_mb),
+                        retention=self.defaults.get("retention") or Retention())
+        # Loops in proxy_jump are the file's fault: report them when it is loaded.
+        for host in hosts:
+            _jump_chain(inv, host, self.ssh)
+        return inv
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading.
+
+
+
+
+
+
+
+
+def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
+    """Load an inventory (TOML, or a hostfile); None means the default location.
+
+    With no path and no $RIGDECK_INVENTORY, a missing default file means this machine alone.
+    A path given explicitly (argument or $RIGDECK_INVENTORY) must exist.
+    """
+    if path is None:
+        target = default_inventory_path()
+        if not os.environ.get(INVENTORY_ENV) and not target.exists():
+            return local_inventory()
+    else:
+        target = Path(os.path.expanduser(os.fspath(path)))
+    text = _read(target)
+    if target.suffix.lower() != ".toml" and _looks_like_hostfile(text):
+        return _hostfile_inventory(text, target, None)
+    return _toml_inventory(text, target)
+
+
+def _toml_inventory(text: str, path: Path) -> Inventory:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise InventoryError(path, None, None, f"valid TOML ({e})") from None
+    for key in data:
+        if key not in _TOP_LEVEL:
+            expected = "only a [defaults] table and [[hosts]] entries at the top level"
+            raise InventoryError(path, None, key, expected, data[key])
+    defaults_raw = data.get("defaults", {})
+    if not isinstance(defaults_raw, dict):
+        raise InventoryError(path, None, "defaults", "a table ([defaults])", defaults_raw)
+    hosts_raw = data.get("hosts", [])
+    if not isinstance(hosts_raw, list):
+        raise InventoryError(path, None, "hosts", "an array of tables ([[hosts]])", hosts_raw)
+    resolver = _Resolver(path, _checked(defaults_raw, _DEFAULT_FIELDS, path, "[defaults]"))
+    hosts = []
+    for i, raw in enumerate(hosts_raw):
+        name = raw.get("name") if isinstance(raw, dict) else None
+        label = name if isinstance(name, str) and NAME_RE.fullmatch(name) else f"hosts[{i}]"
+        hosts.append(resolver.resolve(raw, label))
+    return resolver.inventory(hosts)
+
+
+def local_inventory() -> Inventory:
+    """This machine alone, run without SSH: what rigdeck uses when there is no inventory."""
+    host = HostSpec(
+        name=_sanitize(socket.gethostname()),
+        address="localhost",
+        transport="local",
+        python=sys.executable or "python3",
+        state_dir="~/.rigdeck",
+    )
+    return Inventory(
+        hosts=(host,),
+        path=None,
+        known_hosts=Path(os.path.expanduser(DEFAULT_KNOWN_HOSTS)),
+        ssh_config=Path(os.path.expanduser(DEFAULT_SSH_CONFIG)),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Hostfiles (DeepSpeed: "host slots=N"; Open MPI: also "max_slots=M" and "user@host").
+
+
+
+
+
+def load_hostfile(
+    path: str | os.PathLike[str], defaults: Mapping[str, Any] | None = None
+) -> Inventory:
+    """An inventory from a DeepSpeed/MPI hostfile; ``defaults`` is a [defaults] table."""
+    target = Path(os.path.expanduser(os.fspath(path)))
+    return _hostfile_inventory(_read(target), target, defaults)
+
+
+def _hostfile_inventory(text: str, path: Path, defaults: Mapping[str, Any] | None) -> Inventory:
+    resolver = _Resolver(path, _checked(defaults or {}, _DEFAULT_FIELDS, path, "[defaults]"))
+    hosts: list[HostSpec] = []
+    lines: list[int | None] = []
+    for lineno, raw_line in enumerate(text.splitlines(), start=1):
+        content = raw_line.split("#", 1)[0].strip()
+        if not content:
+            continue
+        first, *rest = content.split()
+        user, at, hostname = first.rpartition("@")
+        if not hostname or "=" in first or (at and not user):
+            raise InventoryError(path, None, None, _HOSTFILE_EXPECTED, content, line=lineno)
+        name = _sanitize(hostname)
+        try:  # "h5:2222" is host h5 on port 2222, as in an inventory's address
+            host, port = _split_address(hostname)
+        except _Bad as bad:
+            raise InventoryError(
+                path, name, "address", bad.expected or _ADDRESS_EXPECTED, hostname, line=lineno
+            ) from None
+        entry: dict[str, Any] = {"name": name, "slots": 1}
+        if user:
+            entry["user"] = user
+        if port is not None:
+            entry["port"] = port
+        for token in rest:
+            key, eq, value = token.partition("=")
+            key = key.lower().replace("-", "_")
+            if not eq or key not in ("slots", "max_slots"):
+                raise InventoryError(
+                    path,
+                    name,
+                    None,
+                    f"slots=N or max_slots=M after the host name ({token!r})",
+                    line=lineno,
+                )
+            # [0-9] and not isdigit(): "²" is a digit to Python but not to int().
+            if not re.fullmatch(r"[0-9]+", value) or not 1 <= int(value) <= MAX_SLOTS:
+                raise InventoryError(path, name, key, _SLOTS_EXPECTED, value, line=lineno)
+            if key == "slots":
+                entry["slots"] = int(value)
+            # max_slots only caps oversubscription in Open MPI; rigdeck does not oversubscribe.
+        hosts.append(
+            resolver.resolve(entry, name, alias=host, fallback_address=host, line=lineno)
+        )
+        lines.append(lineno)
+    if not hosts:
+        raise InventoryError(path, None, None, f"at least one host: {_HOSTFILE_EXPECTED}")
+    return resolver.inventory(hosts, lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Jump hosts.
+
+
+def jump_chain(inv: Inventory, host: HostSpec) -> list[HostSpec]:
+    """The hosts to go through to reach ``host``, first hop first; [] for a direct connection.
+
+    Each element of ``proxy_jump`` is an inventory host's name or ``[user@]host[:port]``
+    (resolved through the ssh config, with the target's user, keys and timeouts as defaults).
+    As with OpenSSH, only the first hop's own jump setting is followed.
+    """
+    return _jump_chain(inv, host, _SshConfig(inv.ssh_config))
+
+
+def _jump_chain(inv: Inventory, host: HostSpec, ssh: _SshConfig) -> list[HostSpec]:
+    keyed = _hops(inv, host, host.proxy_jump, [host.name], ssh)
+    keys = [host.name]
+    for key, _hop in keyed:
+        if key in keys:
+            loop = " -> ".join([*keys, key])
+            raise InventoryError(
+                inv.path, host.name, "proxy_jump", f"a jump chain without loops ({loop})"
+            )
+        keys.append(key)
+    return [hop for _key, hop in keyed]
+
+
+def _hops(
+    inv: Inventory,
+    root: HostSpec,
+    spec: str | None,
+    trail: list[str],
+    ssh: _SshConfig,
+) -> list[tuple[str, HostSpec]]:
+    """(identity, hop) pairs for ``spec``, recursing into the first hop's own jump setting.
+
+    ``root`` is the host being reached: its name goes in errors, its settings are the defaults
+    of ad-hoc hops.
+    """
+    if spec is None:
+        return []
+    out: list[tuple[str, HostSpec]] = []
+    for position, element in enumerate(e.strip() for e in spec.split(",")):
+        try:
+            jump = _parse_jump(element)
+        except _Bad as bad:
+            raise InventoryError(
+                inv.path, root.name, "proxy_jump", bad.expected or _JUMP_EXPECTED, element
+            ) from None
+        key, hop = _hop(inv, root, element, jump, ssh)
+        if key in trail:
+            loop = " -> ".join([*trail, key])
+            raise InventoryError(
+                inv.path, root.name, "proxy_jump", f"a jump chain without loops ({loop})"
+            )
+        if position == 0:
+            out += _hops(inv, root, hop.proxy_jump, [*trail, key], ssh)
+        out.append((key, hop))
+    return out
+
+
+def _hop(
+    inv: Inventory, target: HostSpec, element: str, jump: _Jump, ssh: _SshConfig
+) -> tuple[str, HostSpec]:
+    if jump.host in inv.names:
+        base = inv.get(jump.host)
+        if jump.user is None and jump.port is None:
+            return base.name, base
+        return base.name, dataclasses.replace(
+            base, name=element, user=jump.user or base.user, port=jump.port or base.port
+        )
+    options = ssh.lookup(jump.host)
+    own_keys = _identity_files(options) or ()
+    return jump.host, HostSpec(
+        name=element,
+        address=options.get("hostname", jump.host),
+        port=jump.port or ssh.port(options, element) or 22,
+        user=jump.user or options.get("user") or target.user,
+        identity_files=own_keys + tuple(f for f in target.identity_files if f not in own_keys),
+        proxy_jump=ssh.proxy_jump(options, element),
+        connect_timeout=target.connect_timeout,
+        keepalive=target.keepalive,
+    )
+
+
+def hostfile_to_toml(inv: Inventory) -> str:
+    """TOML text for ``inv`` that ``load_inventory`` reads back to the same hosts.
+
+    Everything the ssh config resolved is written out explicitly, so later edits to the ssh
+    config do not change these hosts; remove a line to have it resolved again.
+    """
+    ssh = _SshConfig(inv.ssh_config)
+    source = str(inv.path).replace("\n", " ") if inv.path else "the built-in inventory"
+    out = [
+        f"# rigdeck inventory, imported from {source}",
+        "# Values the ssh config resolved are written out; delete a line to resolve it again.",
+        "",
+        "[defaults]",
+        f"known_hosts = {_toml_str(str(inv.known_hosts))}",
+        f"ssh_config = {_toml_str(str(inv.ssh_config) if inv.ssh_config else '')}",
+    ]
+    builtin = HostSpec(name="-", address="-")
+    for h in inv.hosts:
+        options = ssh.lookup(h.name) if not h.is_local else {}
+        fields: dict[str, Any] = {"name": h.name, "address": h.address}
+        if h.is_local:
+            fields["transport"] = h.transport
+        fields["port"] = h.port
+        fields["user"] = h.user
+        # An empty list still has to be written when the ssh config would otherwise add one.
+        if h.identity_files or "identityfile" in options:
+            fields["identity_file"] = list(h.identity_files)
+        if h.proxy_jump is not None:
+            fields["proxy_jump"] = h.proxy_jump
+        elif "proxyjump" in options and str(options["proxyjump"]).lower() != "none":
+            fields["proxy_jump"] = "none"
+        for key in (
+            "python",
+            "state_dir",
+            "labels",
+            "slots",
+            "sim_gpus",
+            "env",
+            "connect_timeout",
+            "keepalive",
+        ):
+            value = getattr(h, key)
+            if value != getattr(builtin, key):
+                fields[key] = dict(value) if key == "env" else value
+        out += ["", "[[hosts]]"]
+        out += [f"{key} = {_toml_value(value)}" for key, value in fields.items()]
+    return "\n".join(out) + "\n"
