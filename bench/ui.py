@@ -265,6 +265,7 @@ async def measure(case: str, n: int, mode: str, seconds: int, warmup: int,
                   n_jobs: int) -> dict[str, Any]:
     from tui.app.shell import RigdeckApp
     from tui.app.widgets.tables import GpusTable, JobsTable, gpu_rows, job_rows
+    from tui.client import InProcessClient
 
     tab, flt, sort, _ = CASES[case]
     rng = random.Random(n)
@@ -273,10 +274,8 @@ async def measure(case: str, n: int, mode: str, seconds: int, warmup: int,
     jobs = _Jobs()
     now = [0.0]
     app = RigdeckApp(
-        ctl,
-        monitor=_Monitor(state),
-        jobs=jobs,
-        sample_hz=1e-3,  # type: ignore[arg-type]
+        InProcessClient(controller=ctl, monitor=_Monitor(state), jobs=jobs),
+        sample_hz=1e-3,
         clock=lambda: now[0],
         keymap_file=Path("/nonexistent"),
     )

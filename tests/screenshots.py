@@ -145,6 +145,7 @@ async def run(bed: Any, tmp: Path, converter: str, wait_steps: int, timeout: flo
     from textual.widgets import Input
 
     from tui.app.shell import RigdeckApp
+    from tui.client import InProcessClient
     from tui.control.controller import Controller
     from tui.remote.sshconfig import load_inventory
 
@@ -152,7 +153,7 @@ async def run(bed: Any, tmp: Path, converter: str, wait_steps: int, timeout: flo
         bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0)
     )
     spec = job_spec(tmp)
-    app = RigdeckApp(Controller(inv), keymap_file=tmp / "keys.toml")
+    app = RigdeckApp(InProcessClient(controller=Controller(inv)), keymap_file=tmp / "keys.toml")
     shots: list[Path] = []
     burner = None
     async with app.run_test(size=SIZE) as pilot:

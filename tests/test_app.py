@@ -20,6 +20,7 @@ from tests._require import TMUX_MISSING, require
 from tui.app.shell import RigdeckApp
 from tui.app.terminal import HangupWatch
 from tui.app.widgets.tables import GpusTable, HostsTable
+from tui.client import InProcessClient
 from tui.control.controller import Controller
 from tui.model.inventory import HostSpec, Inventory
 from tui.remote.bundle import build_agent
@@ -38,7 +39,8 @@ async def test_app_shows_the_local_host_up(tmp_path: Path, monkeypatch: pytest.M
     inv = Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh")
     bundle = build_agent(tmp_path / "cache")
     app = RigdeckApp(
-        Controller(inv, bundle_factory=lambda: bundle), keymap_file=tmp_path / "keys.toml"
+        InProcessClient(controller=Controller(inv, bundle_factory=lambda: bundle)),
+        keymap_file=tmp_path / "keys.toml",
     )
     async with app.run_test(size=(120, 30)) as pilot:
         table = app.query_one("#hosts-table", HostsTable)
@@ -48,7 +50,7 @@ async def test_app_shows_the_local_host_up(tmp_path: Path, monkeypatch: pytest.M
                 await pilot.pause(0.1)
                 if "here" in table.rows and table.cell_text("here", "state") == "up":
                     return
-            raise AssertionError(f"not up: {app.monitor.state.snapshot()}")
+            raise AssertionError(f"not up: {app.client.state.snapshot()}")
 
         await wait_up()
         assert table.cell_text("here", "agent") == bundle.version[:8]

@@ -46,7 +46,7 @@ JOB: dict[str, Any] = {
     "job_id": str, "name": str, "state": str, "restarts": int, "placement": list,
     "cause": (dict, NONE), "created": (float, NONE), "started": (float, NONE), "ended": (float, NONE),
     "ranks": list, "last_step": (int, NONE), "last_loss": (float, int, NONE), "hosts": dict,
-    "events": list, "unreachable": list,
+    "events": list, "unreachable": list, "waiting": (str, NONE),
 }
 NODE = {"host": str, "address": str, "slots": int, "gpus": list, "cpus": (int, NONE),
         "instance_type": str, "simulated": bool}
@@ -407,6 +407,7 @@ async def test_app_marks_simulated_gpus_in_the_job_view_the_stop_dialog_and_the_
     )
     from tui.app.shell import RigdeckApp
     from tui.app.widgets.tables import RanksTable
+    from tui.client import InProcessClient
 
     app = recorded_app()  # every GPU simulated
     async with app.run_test(size=(120, 36)) as pilot:
@@ -426,7 +427,7 @@ async def test_app_marks_simulated_gpus_in_the_job_view_the_stop_dialog_and_the_
     real = [{**gpu_sample(2, idx, 30), "simulated": False, "name": "NVIDIA H100"} for idx in range(4)]
     state.apply_sample("h2", {**host_sample(2, 30, real), "gpu_source": "nvml", "simulated": False},
                        received_at=30.0)
-    app = RigdeckApp(FakeController(), monitor=FakeMonitor(state), jobs=RecordedJobs(),  # type: ignore[arg-type]
+    app = RigdeckApp(InProcessClient(controller=FakeController(), monitor=FakeMonitor(state), jobs=RecordedJobs()),
                      clock=lambda: NOW, keymap_file=Path("/nonexistent/keys.toml"))
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.pause()

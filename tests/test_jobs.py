@@ -123,10 +123,20 @@ gpus_per_node = 2
             ga = next(n["gpus"] for n in a["placement"] if n["host"] == host)
             gb = next(n["gpus"] for n in b["placement"] if n["host"] == host)
             assert len(ga) == 2 and len(gb) == 2 and not set(ga) & set(gb)
-        third = cli.run("launch", str(cli.spec("no-room", body)), check=False)
+        third = cli.run("launch", str(cli.spec("no-room", body)), "--no-queue", check=False)
         assert third.returncode == 2
         assert "asks 3 nodes x 2 GPUs" in third.stderr or "2 GPUs" in third.stderr, third.stderr
         assert "free" in third.stderr
+        # Without --no-queue it waits, and says for what: the hosts and the jobs holding their GPUs.
+        queued = cli.json("launch", str(cli.spec("no-room", body)))
+        assert queued["state"] == "queued" and queued["placement"] == []
+        assert "free" in queued["waiting"] and a["job_id"] in queued["waiting"], queued["waiting"]
+        line = cli.json("queue")
+        assert [(e["position"], e["job_id"]) for e in line] == [(1, queued["job_id"])]
+        assert line[0]["waiting"] == queued["waiting"] and line[0]["gpus"] == 6
+        cancelled = cli.json("stop", queued["job_id"])  # a queued job leaves the line, no host touched
+        assert cancelled["state"] == "stopped" and cancelled["cause"]["message"] == "cancelled while queued"
+        assert cli.json("queue") == []
     finally:
         cli.run("stop", a["job_id"], "--grace", "2")
         cli.run("stop", b["job_id"], "--grace", "2")

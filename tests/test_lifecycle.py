@@ -77,8 +77,9 @@ gpus_per_node = 4
     homes = [{**cli.env, "RIGDECK_HOME": str(tmp_path / f"home{k}")} for k in (1, 2)]
 
     def launch(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tui.cli", "launch", str(spec), "--json"], capture_output=True,
-                              text=True, timeout=120, env=env, cwd=ROOT)
+        # --no-queue: the loser is refused, not queued (this is about the hosts' claims).
+        return subprocess.run([sys.executable, "-m", "tui.cli", "launch", str(spec), "--json", "--no-queue"],
+                              capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
 
     refusals: list[str] = []
     for round_ in range(ROUNDS):

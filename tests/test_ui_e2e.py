@@ -273,6 +273,7 @@ async def test_trust_an_unknown_host_key_from_the_app(
     from tui.app.screens.dialogs import TrustHostKey
     from tui.app.shell import RigdeckApp
     from tui.app.widgets.tables import HostsTable
+    from tui.client import InProcessClient
     from tui.control.controller import Controller
     from tui.remote.sshconfig import load_inventory
     from tui.remote.transport import TransportError
@@ -290,7 +291,7 @@ async def test_trust_an_unknown_host_key_from_the_app(
         text=True,
         check=True,
     ).stdout.split()[1]
-    app = RigdeckApp(Controller(inv), keymap_file=tmp_path / "keys.toml")
+    app = RigdeckApp(InProcessClient(controller=Controller(inv)), keymap_file=tmp_path / "keys.toml")
     async with app.run_test(size=(120, 36)) as pilot:
         table = app.query_one("#hosts-table", HostsTable)
 
@@ -308,7 +309,7 @@ async def test_trust_an_unknown_host_key_from_the_app(
         assert expected in table.cell_text("h1", "why")
         # A key other than the one the user checked is never recorded.
         with pytest.raises(TransportError, match="nothing recorded"):
-            app.controller.trust_host_key("h1", "SHA256:not-the-key-you-saw")
+            app.client.trust_host_key("h1", "SHA256:not-the-key-you-saw")
         assert not known.exists() or testbed.hosts[0].address not in known.read_text()
         await pilot.press("t")
         await pilot.pause()

@@ -7,7 +7,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input, Static
 
@@ -17,17 +19,28 @@ from tests.ui_fixtures import (
     FakeController,
     FakeMonitor,
     RecordedJobs,
+    cluster_state,
     no_room,
     recorded_app,
+    stop_servers,
 )
 from tui.app.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey
 from tui.app.screens.launch import LaunchScreen
 from tui.app.shell import RigdeckApp
 from tui.app.widgets.logview import LogView
 from tui.app.widgets.tables import GpusTable, HostsTable, JobsTable, SavesTable
+from tui.client import InProcessClient
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
+
+@pytest.fixture(params=["embedded", "server"])
+def kind(request: pytest.FixtureRequest) -> Any:
+    """Each app test twice: the controller in the app's process, and a server the app attaches to."""
+    yield request.param
+    stop_servers()
+
+
 SIZE = (120, 36)
 
 
@@ -53,8 +66,8 @@ def static_text(app: RigdeckApp | LaunchScreen, selector: str) -> str:
     return str(app.query_one(selector, Static).render())
 
 
-async def test_hosts_view_says_why_a_host_is_down() -> None:
-    app = recorded_app()
+async def test_hosts_view_says_why_a_host_is_down(kind: str) -> None:
+    app = recorded_app(kind=kind)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.pause()
         table = app.query_one("#hosts-table", HostsTable)
@@ -73,8 +86,8 @@ async def test_hosts_view_says_why_a_host_is_down() -> None:
         )
 
 
-async def test_gpu_filter_busy_idle_and_sort() -> None:
-    app = recorded_app()
+async def test_gpu_filter_busy_idle_and_sort(kind: str) -> None:
+    app = recorded_app(kind=kind)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("2")
         await pilot.pause()
@@ -105,14 +118,14 @@ async def test_gpu_filter_busy_idle_and_sort() -> None:
         assert "util ↓" in static_text(app, "#gpus-status")
 
 
-async def test_launch_from_a_spec_file(tmp_path: Path) -> None:
+async def test_launch_from_a_spec_file(tmp_path: Path, kind: str) -> None:
     spec = tmp_path / "ticker.toml"
     spec.write_text(
         f'name = "ticker"\ncommand = ["{{python}}", "{TICKER}", "--steps", "30"]\n'
         "nodes = 2\nprocesses_per_node = 2\ntotal_steps = 30\n"
     )
     jobs = RecordedJobs()
-    app = recorded_app(jobs=jobs)
+    app = recorded_app(kind=kind, jobs=jobs)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("l")
         screen = await launch_screen(app, pilot)
@@ -129,9 +142,9 @@ async def test_launch_from_a_spec_file(tmp_path: Path) -> None:
         assert app.tabs.active == "job" and app.job_id == JOB
 
 
-async def test_launch_form_shows_errors_at_the_field() -> None:
+async def test_launch_form_shows_errors_at_the_field(kind: str) -> None:
     jobs = RecordedJobs()
-    app = recorded_app(jobs=jobs)
+    app = recorded_app(kind=kind, jobs=jobs)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("l")
         screen = await launch_screen(app, pilot)
@@ -157,9 +170,9 @@ async def test_launch_form_shows_errors_at_the_field() -> None:
         assert not jobs.launched
 
 
-async def test_stop_asks_first_and_shows_what_it_stops() -> None:
+async def test_stop_asks_first_and_shows_what_it_stops(kind: str) -> None:
     jobs = RecordedJobs()
-    app = recorded_app(jobs=jobs)
+    app = recorded_app(kind=kind, jobs=jobs)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("3")
         await pilot.pause()
@@ -189,8 +202,8 @@ async def test_stop_asks_first_and_shows_what_it_stops() -> None:
         assert not isinstance(app.screen, ConfirmStop)
 
 
-async def test_logs_rank_filter_follow_and_search() -> None:
-    app = recorded_app()
+async def test_logs_rank_filter_follow_and_search(kind: str) -> None:
+    app = recorded_app(kind=kind)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("6")
         await pilot.pause(0.2)
@@ -221,9 +234,9 @@ async def test_logs_rank_filter_follow_and_search() -> None:
         assert int(view.scroll_y) <= pos < int(view.scroll_y) + view.size.height
 
 
-async def test_rank_output_cannot_drive_the_terminal() -> None:
+async def test_rank_output_cannot_drive_the_terminal(kind: str) -> None:
     """Escape sequences a rank prints are not drawn: no ESC or control reaches the terminal."""
-    app = recorded_app()
+    app = recorded_app(kind=kind)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("6")
         await pilot.pause(0.2)
@@ -246,9 +259,8 @@ async def test_rank_output_cannot_drive_the_terminal() -> None:
 
 async def test_host_key_dialog_shows_the_fingerprint_and_records_it_on_request() -> None:
     ctl = FakeController()
-    app = recorded_app()
-    app.controller = ctl
-    monitor = app.monitor
+    app = recorded_app(controller=ctl)
+    monitor = app.client.monitor
     assert isinstance(monitor, FakeMonitor)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("down", "down", "t")
@@ -274,14 +286,13 @@ async def test_host_key_dialog_shows_the_fingerprint_and_records_it_on_request()
 
 async def test_deploy_reconnect_help_and_palette() -> None:
     ctl = FakeController()
-    app = recorded_app()
-    app.controller = ctl
+    app = recorded_app(controller=ctl)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("d")
         await until(pilot, lambda: ctl.deployed)
         assert ctl.deployed == [["h1"]]
         await pilot.press("down", "c")
-        assert app.monitor.reconnects[-1] == "h2"
+        assert app.client.monitor.reconnects[-1] == "h2"
         commands = {c.title: c for c in app.get_system_commands(app.screen)}
         assert "Trust the host key of h3" in commands
         commands["Deploy the agent to every host"].callback()
@@ -305,10 +316,10 @@ async def test_deploy_reconnect_help_and_palette() -> None:
         assert not isinstance(app.screen, HelpScreen)
 
 
-async def test_keys_can_be_rebound_from_keys_toml(tmp_path: Path) -> None:
+async def test_keys_can_be_rebound_from_keys_toml(tmp_path: Path, kind: str) -> None:
     keys = tmp_path / "keys.toml"
     keys.write_text('"job.launch" = "L"\n[logs]\nrank = "R"\n')
-    app = recorded_app(keymap_file=keys)
+    app = recorded_app(kind=kind, keymap_file=keys)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("l")
         await pilot.pause()
@@ -323,8 +334,8 @@ async def test_keys_can_be_rebound_from_keys_toml(tmp_path: Path) -> None:
         assert view.rank == 0
 
 
-async def test_checkpoint_view_highlights_failed_saves_and_owner_moves() -> None:
-    app = recorded_app()
+async def test_checkpoint_view_highlights_failed_saves_and_owner_moves(kind: str) -> None:
+    app = recorded_app(kind=kind)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("5")
         await pilot.pause()
@@ -339,8 +350,8 @@ async def test_checkpoint_view_highlights_failed_saves_and_owner_moves() -> None
         assert "No space left" in saves.cell_text(failed[0], "note")
 
 
-async def test_job_view_mouse_and_theme() -> None:
-    app = recorded_app()
+async def test_job_view_mouse_and_theme(kind: str) -> None:
+    app = recorded_app(kind=kind)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("4")
         await pilot.pause()
@@ -366,9 +377,7 @@ async def test_a_controller_error_is_reported_not_raised() -> None:
             raise RuntimeError("deploy exploded")
 
     app = RigdeckApp(
-        Broken(),
-        monitor=FakeMonitor(recorded_app().monitor.state),
-        jobs=RecordedJobs(),  # type: ignore[arg-type]
+        InProcessClient(controller=Broken(), monitor=FakeMonitor(cluster_state()), jobs=RecordedJobs()),
         keymap_file=Path("/nonexistent"),
     )
     async with app.run_test(size=SIZE) as pilot:

@@ -459,14 +459,56 @@ def no_room() -> PlacementError:
 def recorded_app(**kw: Any) -> Any:
     """The app over recorded data, its clock fixed at NOW."""
     from tui.app.shell import RigdeckApp
+    from tui.client import InProcessClient
 
     jobs = kw.pop("jobs", None) or RecordedJobs()
+    kind = kw.pop("kind", "embedded")
+    controller = kw.pop("controller", None) or FakeController()
+    client = kw.pop("client", None)
+    if client is None and kind == "server":
+        client = served_client(controller, FakeMonitor(cluster_state()), jobs)
+    elif client is None:
+        client = InProcessClient(controller=controller, monitor=FakeMonitor(cluster_state()), jobs=jobs)
     app = RigdeckApp(
-        FakeController(),
-        monitor=FakeMonitor(cluster_state()),
-        jobs=jobs,  # type: ignore[arg-type]
+        client,
         clock=lambda: NOW,
         keymap_file=kw.pop("keymap_file", Path("/nonexistent/keys.toml")),
         **kw,
     )
     return app
+
+
+SERVERS: list[Any] = []  # servers started by served_client, stopped by stop_servers
+
+
+def served_client(controller: Any, monitor: Any, jobs: Any) -> Any:
+    """The same recorded parts behind a real ``rigdeck serve`` server (tui.control.server, in a
+    thread of this process, on a unix socket in a fresh directory), and a RemoteClient attached
+    to it: what the app sees then came through the server's JSON-lines API and the state mirror."""
+    import tempfile
+    import threading
+    import types
+
+    from tui.client import RemoteClient
+    from tui.control.server import Server, socket_path
+    from tui.control.service import ControllerService
+    from tui.remote.unixsock import UnixSocketTransport
+
+    state_dir = Path(tempfile.mkdtemp(prefix="rigdeck-pilot-server-"))
+    service = ControllerService(controller.inventory, controller=controller, monitor=monitor, source=jobs,
+                                kind="server", host="h1")
+    server = Server(service, socket_path(state_dir))
+    server.listen()
+    threading.Thread(target=server.serve_forever, daemon=True, name="pilot-server").start()
+    SERVERS.append(server)
+    return RemoteClient(controller.inventory, server=types.SimpleNamespace(host="h1", state_dir=str(state_dir)),
+                        transport_factory=lambda: UnixSocketTransport(socket_path(state_dir), "h1"))
+
+
+def stop_servers() -> None:
+    import shutil
+
+    while SERVERS:
+        server = SERVERS.pop()
+        server.stop()
+        shutil.rmtree(server.sock_path.parent.parent, ignore_errors=True)

@@ -59,8 +59,7 @@ from tui.app.widgets.tables import (
     jobs_running,
     rank_rows,
 )
-from tui.control.controller import Controller, HostReport
-from tui.control.jobs import describe_cause
+from tui.client import Client, HostReport, describe_cause
 from tui.control.jobwatch import TERMINAL, JobDetail, JobSource, JobsSnapshot
 from tui.model.state import host_gpu_count, host_gpu_model, host_gpus_busy, host_gpus_simulated
 from tui.model.termsafe import terminal_safe
@@ -165,29 +164,16 @@ class RigdeckApp(App[None]):
 
     def __init__(
         self,
-        controller: Controller,
+        client: Client,
         *,
-        monitor: Any = None,
-        jobs: JobSource | None = None,
         sample_hz: float = 2.0,
-        telemetry_hz: float = 1.0,
         clock: Callable[[], float] = time.time,
         keymap_file: Path | None = None,
         spec_path: str = "",
     ):
         super().__init__()
-        self.controller = controller
-        if monitor is None:
-            from tui.control.monitor import Monitor
-
-            monitor = Monitor(controller, rate_hz=telemetry_hz)
-        self.monitor = monitor
-        if jobs is None:
-            from tui.control.jobs import JobManager
-            from tui.control.jobwatch import JobWatch
-
-            jobs = JobWatch(JobManager(controller))
-        self.jobwatch: JobSource = jobs
+        self.client = client
+        self.jobwatch: JobSource = client.jobs
         self.sample_hz = sample_hz
         self.clock = clock
         self.keymap_file = keymap_file or keymap_path()
@@ -259,7 +245,7 @@ class RigdeckApp(App[None]):
         return self.query_one("#tabs", TabbedContent)
 
     def on_mount(self) -> None:
-        inv = self.controller.inventory
+        inv = self.client.inventory
         self.sub_title = str(inv.path) if inv.path else "this machine (no inventory)"
         self.query_one("#gpu-filter", Input).display = False
         self.query_one("#log-search", Input).display = False
@@ -267,8 +253,7 @@ class RigdeckApp(App[None]):
         self.query_one("#ranks-table").border_title = "ranks"
         self._apply_keymap()
         self._set_widths(self.size.width)
-        self.monitor.start()
-        self.jobwatch.start()
+        self.client.start()
         self.refresh_views(force=True)
         self.set_interval(1.0 / self.sample_hz, self.refresh_views, name="sample")
         # Everything built so far lives as long as the app: keep it out of the collector's way,
@@ -297,9 +282,7 @@ class RigdeckApp(App[None]):
         is nothing left to restore: let go of the hosts and of the jobs this app supervises,
         then end the process. Jobs run on their hosts and go on."""
         try:
-            self.jobwatch.stop()
-            self.monitor.stop(timeout=2.0)
-            self.controller.close()
+            self.client.close()
         except Exception:
             log.warning("leaving after %s: cleanup failed", reason, exc_info=True)
         logging.shutdown()
@@ -308,9 +291,7 @@ class RigdeckApp(App[None]):
     def on_unmount(self) -> None:
         if self._hangup is not None:
             self._hangup.stop()
-        self.jobwatch.stop()
-        self.monitor.stop(timeout=2.0)
-        self.controller.close()
+        self.client.close()
         # The process may go on (tests, an embedding program): leave the collector as it was.
         gc.unfreeze()
         gc.set_threshold(*self._gc_thresholds)
@@ -414,7 +395,7 @@ class RigdeckApp(App[None]):
         self.samples += 1
         now = self.clock()
         second = int(now)
-        state = self.monitor.state
+        state = self.client.state
         version = state.version
         jobs = self.jobwatch.snapshot()
         if force:
@@ -487,12 +468,23 @@ class RigdeckApp(App[None]):
         gpus = f"GPUs [b]{c['busy']} busy[/b] · {c['free']} free · {c['gpus']} total"
         if c["simulated"]:  # only the simulated ones: "(sim)" when all are, else "(4 sim)"
             gpus += " [$text-muted](sim)[/]" if c["simulated"] == c["gpus"] else f" [$text-muted]({c['simulated']} sim)[/]"
-        rate = getattr(self.monitor, "rate_hz", None)
+        rate = self.client.telemetry_hz
         rates = f"refresh {self.sample_hz:g} Hz" + (f", telemetry {rate:g} Hz" if rate else "")
+        queued = sum(1 for r in jobs.rows if r.state == "queued")
         text = (
-            f"{hosts} [$text-muted]│[/] {gpus} [$text-muted]│[/] jobs [b]{running}[/b] running "
-            f"[$text-muted]│ {rates}[/]"
+            f"{hosts} [$text-muted]│[/] {gpus} [$text-muted]│[/] jobs [b]{running}[/b] running"
+            + (f" · {queued} queued" if queued else "")
+            + f" [$text-muted]│ {rates}[/]"
         )
+        link = self.client.link()
+        if link.kind == "server":
+            if link.up:
+                text += f"\n[$text-muted]controller: {escape(link.detail)}[/]"
+            else:
+                down = max(0, int(self.clock() - link.since))
+                text += f"\n[$error]{escape(link.detail)} ({down}s)[/]"
+        elif queued:
+            text += "\n[$text-muted]controller: embedded (queued jobs start only while rigdeck runs)[/]"
         if jobs.error:
             text += f"\n[$error]jobs: {escape(jobs.error[:300])}[/]"
         set_text(self.query_one("#summary", Static), text)
@@ -500,7 +492,7 @@ class RigdeckApp(App[None]):
     def _update_host_detail(self) -> None:
         key = self.query_one("#hosts-table", HostsTable).cursor_key
         h = self.host_entry(key) if key else None
-        text = host_detail(h, self.controller.inventory) if h else ""
+        text = host_detail(h, self.client.inventory) if h else ""
         set_text(self.query_one("#host-detail", Static), text)
 
     @on(DataTable.RowHighlighted, "#hosts-table")
@@ -527,7 +519,7 @@ class RigdeckApp(App[None]):
     def _update_gpus(self) -> None:
         table = self.query_one("#gpus-table", GpusTable)
         hosts = self.hosts_snapshot
-        table.apply_state(self.monitor.state, hosts, self.widths, self.gpu_filter, self.gpu_sort)
+        table.apply_state(self.client.state, hosts, self.widths, self.gpu_filter, self.gpu_sort)
         total = sum(host_gpu_count(h) for h in hosts)
         status = (
             f"{table.row_count}/{total} GPUs · filter: {escape(self.gpu_filter.describe())} · "
@@ -748,7 +740,7 @@ class RigdeckApp(App[None]):
     # -- the current host and job -----------------------------------------------------------
 
     def current_host(self) -> str | None:
-        names = [h["name"] for h in self.hosts_snapshot] or list(self.controller.inventory.names)
+        names = [h["name"] for h in self.hosts_snapshot] or list(self.client.inventory.names)
         if self.tabs.active == "gpus":
             key = self.query_one("#gpus-table", GpusTable).cursor_key
             if key:
@@ -839,7 +831,7 @@ class RigdeckApp(App[None]):
 
     @work(thread=True, group="action", name="deploy", exit_on_error=False)
     def _deploy(self, names: list[str] | None) -> str:
-        reports: list[HostReport] = self.controller.deploy(names)
+        reports: list[HostReport] = self.client.deploy(names)
         lines = []
         for r in reports:
             if r.error:
@@ -849,18 +841,18 @@ class RigdeckApp(App[None]):
                     f"{r.name}: agent {r.agent_version} "
                     + ("copied" if r.copied else "already current")
                 )
-                self.monitor.reconnect(r.name)
+                self.client.reconnect(r.name)
         return "\n".join(lines)
 
     def action_reconnect(self) -> None:
         host = self.current_host()
         if host:
-            self.monitor.reconnect(host)
+            self.client.reconnect(host)
             self.notify(f"reconnecting {host}", title="hosts")
 
     def action_reconnect_all(self) -> None:
-        for name in self.controller.inventory.names:
-            self.monitor.reconnect(name)
+        for name in self.client.inventory.names:
+            self.client.reconnect(name)
         self.notify("reconnecting every host", title="hosts")
 
     def action_trust(self, host: str | None = None) -> None:
@@ -869,8 +861,8 @@ class RigdeckApp(App[None]):
         if entry is None or not entry.get("host_key"):
             self.notify(f"{host}: no host key waits for a decision", severity="warning")
             return
-        spec = self.controller.inventory.get(entry["name"])
-        known = str(self.controller.inventory.known_hosts)
+        spec = self.client.inventory.get(entry["name"])
+        known = str(self.client.inventory.known_hosts)
         key = entry["host_key"]
 
         def decided(yes: bool | None) -> None:
@@ -881,8 +873,8 @@ class RigdeckApp(App[None]):
 
     @work(thread=True, group="action", name="trust", exit_on_error=False)
     def _trust(self, host: str, fingerprint: str) -> str:
-        name = self.controller.trust_host_key(host, fingerprint)
-        self.monitor.reconnect(host)
+        name = self.client.trust_host_key(host, fingerprint)
+        self.client.reconnect(host)
         return f"{host}: recorded {fingerprint} for {name}; connecting"
 
     def action_help(self) -> None:

@@ -6,13 +6,20 @@ import argparse
 import json
 import logging
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tui.control.controller import Controller, HostReport
+from tui.client import (
+    HostReport,
+    InProcessClient,
+    connect,
+    hostfile_to_toml,
+    load_hostfile,
+    load_inventory,
+)
 from tui.model.inventory import Inventory, InventoryError
-from tui.remote.sshconfig import hostfile_to_toml, load_hostfile, load_inventory
 
 EXIT_OK = 0
 EXIT_HOST_FAILED = 1
@@ -62,6 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("spec", metavar="SPEC", help="job spec TOML")
     p.add_argument("--json", action="store_true")
     p.add_argument("--wait", action="store_true", help="supervise until the job ends; exit 0 only if it succeeded")
+    p.add_argument("--no-queue", action="store_true",
+                   help="refuse (exit 2) when the job does not fit now, instead of queueing it")
+
+    p = sub.add_parser("queue", help="the jobs waiting to start: position, priority, what each waits for")
+    _common(p)
+    p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("serve", help="run the controller as a server here (what `rigdeck server start` runs)")
+    p.add_argument("--state-dir", default="~/.rigdeck/server", metavar="DIR")
+    p.add_argument("--inventory", "-i", metavar="PATH", default=argparse.SUPPRESS,
+                   help="inventory (default: DIR/inventory.toml, written by `rigdeck server setup`)")
 
     p = sub.add_parser("jobs", help="list jobs")
     _common(p)
@@ -157,8 +175,10 @@ def _load(args: argparse.Namespace) -> Inventory:
 
 def _run_hosts(args: argparse.Namespace, deploy: bool) -> int:
     inv = _load(args)
-    with Controller(inv, accept_new=getattr(args, "accept_new", False)) as ctl:
-        reports = ctl.deploy(args.names) if deploy else ctl.probe(args.names)
+    # Always from this workstation: inspecting and installing agents takes commands on the hosts,
+    # which a server's key (restricted to the agent's attach) cannot run.
+    with InProcessClient(inv, accept_new=getattr(args, "accept_new", False)) as client:
+        reports = client.deploy(args.names) if deploy else client.probe(args.names)
     if args.json:
         json.dump([r.to_json() for r in reports], sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -202,15 +222,12 @@ def _run_inventory(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _job_manager(args: argparse.Namespace) -> tuple[Controller, Any]:
-    from tui.control.jobs import JobManager
-
-    ctl = Controller(_load(args), accept_new=getattr(args, "accept_new", False))
-    return ctl, JobManager(ctl)
+def _client(args: argparse.Namespace) -> Any:
+    return connect(_load(args), accept_new=getattr(args, "accept_new", False))
 
 
 def _fmt_cause(cause: dict[str, Any] | None) -> str:
-    from tui.control.jobs import describe_cause
+    from tui.client import describe_cause
 
     return describe_cause(cause, restart_error=False) if cause else "-"
 
@@ -294,26 +311,44 @@ def _print_logs(chunks: Any, *, raw: bool, flush: bool) -> None:
     out.flush()
 
 
-def _run_jobs(args: argparse.Namespace) -> int:
-    from tui.control.jobs import TERMINAL, AmbiguousJobError, JobError
-    from tui.model.jobspec import JobSpecError, load_jobspec
-    from tui.model.scheduler import PlacementError
+def _print_queue(entries: list[Any]) -> None:
+    if not entries:
+        print("no job waits")
+        return
+    print(f"{'pos':<4} {'job':<34} {'prio':>4} {'gpus':>4}  {'waiting since':<19} waits for")
+    for e in entries:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.queued_at))
+        print(f"{e.position:<4} {e.job_id:<34} {e.priority:>4} {e.gpus:>4}  {since:<19} {e.waiting}")
 
-    ctl, jm = _job_manager(args)
+
+def _run_jobs(args: argparse.Namespace) -> int:
+    from tui.client import TERMINAL, AmbiguousJobError, JobError, PlacementError, wire_json
+    from tui.model.jobspec import JobSpecError, load_jobspec
+
+    client = _client(args)
     try:
         if args.command == "launch":
             try:
                 spec = load_jobspec(args.spec)
-                view = jm.launch(spec)
+                view = client.launch(spec, queue=not args.no_queue)
             except (JobSpecError, PlacementError, JobError) as e:
                 print(f"rigdeck: {e}", file=sys.stderr)
                 return EXIT_USAGE
             if not args.json:
-                print(f"launched {view.job_id}: {', '.join(n['host'] for n in view.placement)}", flush=True)
+                if view.state == "queued":
+                    pos = next((e.position for e in client.queue() if e.job_id == view.job_id), "?")
+                    print(f"queued {view.job_id} (position {pos}): waits for {view.waiting}", flush=True)
+                    if client.kind == "embedded":
+                        print("  (no server: the queue advances only while rigdeck runs: the app, or "
+                              "launch --wait)", flush=True)
+                else:
+                    print(f"launched {view.job_id}: {', '.join(n['host'] for n in view.placement)}", flush=True)
             if args.wait:
-                view = jm.wait(view.job_id, on_change=None if args.json else
-                               (lambda v: print(f"{v.job_id}: {v.state}"
-                                                + (f" (restart {v.restarts})" if v.restarts else ""), flush=True)))
+                for v in client.wait(view.job_id):
+                    if not args.json:
+                        print(f"{v.job_id}: {v.state}" + (f" (restart {v.restarts})" if v.restarts else ""),
+                              flush=True)
+                view = client.view(view.job_id)
             if args.json:
                 json.dump(view.to_json(), sys.stdout, indent=2)
                 sys.stdout.write("\n")
@@ -323,7 +358,7 @@ def _run_jobs(args: argparse.Namespace) -> int:
                 return EXIT_OK if view.state == "succeeded" else EXIT_HOST_FAILED
             return EXIT_OK
         if args.command == "jobs":
-            views = jm.list()
+            views = client.list_jobs()
             if args.json:
                 json.dump([v.to_json() for v in views], sys.stdout, indent=2)
                 sys.stdout.write("\n")
@@ -332,8 +367,18 @@ def _run_jobs(args: argparse.Namespace) -> int:
                 for v in views:
                     print(f"{v.job_id:<34} {v.state:<10} {v.restarts:<8} {','.join(n['host'] for n in v.placement)}")
             return EXIT_OK
+        if args.command == "queue":
+            entries = client.queue()
+            if args.json:
+                json.dump(wire_json(entries), sys.stdout, indent=2)
+                sys.stdout.write("\n")
+            else:
+                _print_queue(entries)
+                if client.kind == "embedded" and entries:
+                    print("(no server: the queue advances only while rigdeck runs: the app, or launch --wait)")
+            return EXIT_OK
         if args.command == "status":
-            view = jm.view(args.job)
+            view = client.view(args.job)
             if args.json:
                 json.dump(view.to_json(), sys.stdout, indent=2)
                 sys.stdout.write("\n")
@@ -344,21 +389,21 @@ def _run_jobs(args: argparse.Namespace) -> int:
             if args.raw and args.rank is None:
                 print("rigdeck: --raw needs --rank N (one rank's bytes)", file=sys.stderr)
                 return EXIT_USAGE
-            _print_logs(jm.log_chunks(args.job, rank=args.rank, follow=args.follow, binary=True),
+            _print_logs(client.log_chunks(args.job, rank=args.rank, follow=args.follow),
                         raw=args.raw, flush=args.follow)
             return EXIT_OK
         if args.command == "gc":
-            unknown = [n for n in args.names if n not in ctl.inventory.names]
+            unknown = [n for n in args.names if n not in client.inventory.names]
             if unknown:
                 print(f"rigdeck: unknown host(s) {', '.join(unknown)}", file=sys.stderr)
                 return EXIT_USAGE
-            results = jm.collect_garbage(args.names or None)
+            results = client.collect_garbage(args.names or None)
             out = {h: (r if isinstance(r, dict) else {"error": str(r)}) for h, r in results.items()}
             if args.json:
                 json.dump(out, sys.stdout, indent=2)
                 sys.stdout.write("\n")
             else:
-                ret = ctl.inventory.retention
+                ret = client.inventory.retention
                 print(f"retention: ended jobs newer than {ret.max_age_days:g} days, at most {ret.max_jobs} per host")
                 for h, r in out.items():
                     if "error" in r:
@@ -368,7 +413,7 @@ def _run_jobs(args: argparse.Namespace) -> int:
                               f"{len(r['running'])} running" + (f" ({', '.join(r['removed'])})" if r["removed"] else ""))
             return EXIT_OK if all("error" not in r for r in out.values()) else EXIT_HOST_FAILED
         if args.command == "metrics":
-            records = jm.metrics(args.job)
+            records = client.metrics(args.job)
             if args.json:
                 json.dump(records, sys.stdout, indent=2)
                 sys.stdout.write("\n")
@@ -377,7 +422,7 @@ def _run_jobs(args: argparse.Namespace) -> int:
             return EXIT_OK
         if args.command == "stop":
             try:
-                view = jm.stop(args.job, grace_s=args.grace, yes=args.yes)
+                view = client.stop(args.job, grace_s=args.grace, yes=args.yes)
             except AmbiguousJobError as e:
                 print(f"rigdeck: {e} (stop --yes {args.job} stops the newest)", file=sys.stderr)
                 return EXIT_USAGE
@@ -391,16 +436,21 @@ def _run_jobs(args: argparse.Namespace) -> int:
         print(f"rigdeck: {e}", file=sys.stderr)
         return EXIT_USAGE
     finally:
-        ctl.close()
+        client.close()
     raise AssertionError(args.command)
 
 
 def _run_app(args: argparse.Namespace) -> int:
     from tui.app.shell import RigdeckApp
 
-    inv = _load(args)
-    RigdeckApp(Controller(inv, accept_new=getattr(args, "accept_new", False))).run()
+    RigdeckApp(_client(args)).run()
     return EXIT_OK
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from tui.client import serve
+
+    return serve(Path(args.state_dir), inventory_path=Path(args.inventory) if getattr(args, "inventory", None) else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -416,8 +466,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_hosts(args, deploy=True)
         if args.command == "inventory":
             return _run_inventory(args)
-        if args.command in ("launch", "jobs", "status", "logs", "metrics", "stop", "gc"):
+        if args.command in ("launch", "jobs", "status", "logs", "metrics", "stop", "gc", "queue"):
             return _run_jobs(args)
+        if args.command == "serve":
+            return _run_serve(args)
     except InventoryError as e:
         print(f"rigdeck: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -200,11 +200,7 @@ class Controller:
             return link
         t = self.transport(spec)
         t.connect()
-        state_dir, pyz = self._deploy_one(_report_for(spec), t, self.bundle)
-        link = AgentLink(
-            spec.name,
-            t.open_stream([spec.python, pyz, "attach", "--state-dir", state_dir], env=self.agent_env(spec)),
-        )
+        link = AgentLink(spec.name, self.open_agent_stream(spec, t)[0])
         try:
             link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck")
         except BaseException:
@@ -212,6 +208,18 @@ class Controller:
             raise
         self._links[spec.name] = link
         return link
+
+    def open_agent_stream(self, spec: HostSpec, t: Transport) -> tuple[Any, str | None]:
+        """The agent's attach stream on a connected transport. Normally the agent is checked
+        (and installed or upgraded) first. An ``attach_only`` host (a server's, reached with a
+        key whose forced command is the agent's attach) gets no other command: sshd runs the
+        attach whatever is asked, so nothing is checked or installed from here. Returns the
+        stream and the agent.pyz path (None when not known here)."""
+        if getattr(spec, "attach_only", False):
+            return t.open_stream([spec.python, "agent.pyz", "attach"], env={}), None
+        state_dir, pyz = self._deploy_one(_report_for(spec), t, self.bundle)
+        stream = t.open_stream([spec.python, pyz, "attach", "--state-dir", state_dir], env=self.agent_env(spec))
+        return stream, pyz
 
     def request(self, host: str, method: str, timeout: float = 30.0, **params: Any) -> Any:
         """One request to a host's daemon, connecting (and deploying) first when needed.

@@ -29,7 +29,7 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 """
 # Columns added after the first release, for history files made before them.
-ADDED_COLUMNS = (("supervisor", "TEXT"), ("lease_until", "REAL"))
+ADDED_COLUMNS = (("supervisor", "TEXT"), ("lease_until", "REAL"), ("priority", "INTEGER"), ("waiting", "TEXT"))
 JSON_FIELDS = ("spec", "placement", "cause", "events")
 # Characters that are wildcards somewhere (SQL LIKE, shell globs): a reference made only of them
 # is a mistake, never a job.
@@ -198,6 +198,25 @@ class History:
         """The job ``ref`` names (see :meth:`resolve`), or None if it names none."""
         found = self.resolve(ref)
         return found.rec if found else None
+
+    def queued(self) -> list[dict[str, Any]]:
+        """The jobs waiting to start, in the order the queue starts them: higher priority first,
+        first come first within one priority."""
+        with self._lock:
+            cur = self._db.execute(
+                "SELECT * FROM jobs WHERE state = 'queued' ORDER BY COALESCE(priority, 0) DESC, created, job_id")
+            rows = cur.fetchall()
+            names = [c[0] for c in cur.description]
+        return [self._row(r, names) for r in rows]
+
+    def take_queued(self, job_id: str) -> bool:
+        """Move a queued job to ``pending`` if it still is queued: exactly one caller wins, so a
+        queued job is never started twice (two loops, a cancel racing a start)."""
+        with self._lock, self._db:
+            cur = self._db.execute(
+                "UPDATE jobs SET state = 'pending', waiting = NULL WHERE job_id = ? AND state = 'queued'",
+                (job_id,))
+            return cur.rowcount == 1
 
     def list(self, limit: int = 100) -> list[dict[str, Any]]:
         with self._lock:

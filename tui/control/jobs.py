@@ -143,12 +143,15 @@ class JobView:
     last_loss: float | None = None
     events: list[dict[str, Any]] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)  # hosts that did not answer this look
+    waiting: str | None = None  # a queued job: what it waits for
 
     @property
     def state_line(self) -> str:
         """The state as a person reads it: ``unknown (h1, h2 unreachable)``."""
         if self.state == "unknown" and self.unreachable:
             return f"unknown ({', '.join(self.unreachable)} unreachable)"
+        if self.state == "queued" and self.waiting:
+            return f"queued ({self.waiting})"
         return self.state
 
     def to_json(self) -> dict[str, Any]:
@@ -158,8 +161,20 @@ class JobView:
             "placement": self.placement, "cause": self.cause, "created": self.created,
             "started": self.started, "ended": self.ended, "ranks": self.ranks,
             "last_step": self.last_step, "last_loss": self.last_loss, "hosts": hosts,
-            "events": self.events, "unreachable": self.unreachable,
+            "events": self.events, "unreachable": self.unreachable, "waiting": self.waiting,
         }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JobView:
+        """The inverse of ``to_json`` (a host that could not be reached stays ``{"error": ...}``)."""
+        return cls(
+            job_id=d["job_id"], name=d["name"], state=d["state"], spec=d.get("spec") or {},
+            placement=d.get("placement") or [], restarts=d.get("restarts") or 0, cause=d.get("cause"),
+            created=d.get("created"), started=d.get("started"), ended=d.get("ended"),
+            hosts=d.get("hosts") or {}, ranks=d.get("ranks") or [], last_step=d.get("last_step"),
+            last_loss=d.get("last_loss"), events=d.get("events") or [],
+            unreachable=d.get("unreachable") or [], waiting=d.get("waiting"),
+        )
 
 
 class JobManager:
@@ -281,8 +296,9 @@ class JobManager:
         except BaseException:
             self.scheduler.release(job_id)
             raise
-        self.history.create(job_id, spec.name, spec.to_dict(), state="pending")
-        self.history.update(job_id, placement=placement.to_plan_nodes())
+        if self.history.get(job_id) is None:
+            self.history.create(job_id, spec.name, spec.to_dict(), state="pending")
+        self.history.update(job_id, state="pending", placement=placement.to_plan_nodes())
         try:
             self._start(job_id, spec, placement, restart_count=0)
         except BaseException:
@@ -421,6 +437,12 @@ class JobManager:
             )
         rec = found.rec
         job_id = rec["job_id"]
+        if rec["state"] == "queued" and self.history.take_queued(job_id):
+            # Nothing runs yet: it leaves the line, and no host is touched.
+            self.history.update(job_id, state="stopped", ended=time.time(),
+                                cause={"message": "cancelled while queued"})
+            self.history.add_event(job_id, {"event": "cancelled while queued"})
+            return self.view(job_id, live=False)
         self.history.update(job_id, supervisor=self.owner, lease_until=time.time() + LEASE_S)
         grace = grace_s if grace_s is not None else float(rec["spec"].get("grace_s", 30))
         self.history.update(job_id, state="stopping")
@@ -445,7 +467,7 @@ class JobManager:
         job_id = rec["job_id"]
         states = self.host_states(rec)
         overall = overall_state(states)
-        if rec["state"] in TERMINAL or overall in (rec["state"], "unknown"):
+        if rec["state"] in TERMINAL or rec["state"] == "queued" or overall in (rec["state"], "unknown"):
             return states  # what cannot be known is not written over what history knows
         # A controller that only looks (``status``, ``jobs``, a ``launch`` without ``--wait``)
         # holds the lease while it applies this change, not for LEASE_S after it has exited:
@@ -543,7 +565,7 @@ class JobManager:
             job_id=rec["job_id"], name=rec["name"], state=rec["state"], spec=rec["spec"],
             placement=rec.get("placement") or [], restarts=rec.get("restarts") or 0, cause=rec.get("cause"),
             created=rec.get("created"), started=rec.get("started"), ended=rec.get("ended"),
-            events=rec.get("events") or [],
+            events=rec.get("events") or [], waiting=rec.get("waiting") if rec["state"] == "queued" else None,
         )
         if not live:
             return v

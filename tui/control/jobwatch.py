@@ -558,6 +558,8 @@ class JobWatch:
         self._tracks: dict[str, _Track] = {}
         self._order: list[str] = []
         self._selected: str | None = None
+        self._selections: dict[str, str] = {}  # more viewers (a server's attached faces): who -> job
+        self.after_round: Callable[[], None] | None = None  # run each round, as supervision is
         self._snapshot = JobsSnapshot((), 0)
         self._kick = threading.Event()
         self._stop = threading.Event()
@@ -581,8 +583,16 @@ class JobWatch:
         """Poll now instead of at the end of the interval."""
         self._kick.set()
 
-    def select(self, job_id: str | None) -> None:
-        """The job whose logs to follow (only the open job's logs are fetched)."""
+    def select(self, job_id: str | None, who: str | None = None) -> None:
+        """The job whose logs to follow (only open jobs' logs are fetched). ``who`` names one of
+        several viewers (a server's attached faces); without it, this process's own."""
+        if who is not None:
+            if job_id is None:
+                self._selections.pop(who, None)
+            elif self._selections.get(who) != job_id:
+                self._selections[who] = job_id
+                self.kick()
+            return
         if job_id != self._selected:
             self._selected = job_id
             self.kick()
@@ -686,13 +696,17 @@ class JobWatch:
                 track.fold.apply(records, self.clock())
                 # Read once more after the job ended, then never again.
                 track.final = rec["state"] in TERMINAL and not live
-        selected = self._selected
-        if selected and selected in self._tracks:
-            self._read_logs(self._tracks[selected])
+        if self.after_round is not None:
+            with self._jm_lock:
+                self.after_round()
+        selected = {j for j in (self._selected, *self._selections.values()) if j}
+        for job_id in selected:
+            if job_id in self._tracks:
+                self._read_logs(self._tracks[job_id])
         with self._lock:
             order = [r["job_id"] for r in recs]
             for job_id in list(self._tracks):
-                if job_id not in order and job_id != selected:
+                if job_id not in order and job_id not in selected:
                     del self._tracks[job_id]
             rows = tuple(self._tracks[j].row() for j in order if j in self._tracks)
             self.rounds += 1

@@ -13,7 +13,7 @@ import threading
 import time
 from typing import Any
 
-from tui.control.controller import Controller, _report_for, host_key_info
+from tui.control.controller import Controller, host_key_info
 from tui.model.inventory import HostSpec
 from tui.model.state import ClusterState, HostStatus
 from tui.remote.agentlink import AgentLink, hello_timeout
@@ -116,15 +116,13 @@ class Monitor:
         transport = make_transport(ctl.inventory, spec, accept_new=ctl.accept_new)
         self._transports[spec.name] = transport
         transport.connect()
-        state_dir, pyz = ctl._deploy_one(_report_for(spec), transport, ctl.bundle)
-        stream = transport.open_stream(
-            [spec.python, pyz, "attach", "--state-dir", state_dir], env=ctl.agent_env(spec)
-        )
+        stream, pyz = ctl.open_agent_stream(spec, transport)
+        attach_only = pyz is None
         link = AgentLink(spec.name, stream, on_event=lambda m: self._on_event(spec.name, m))
         try:
             hello = link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck")
             upgrade = None
-            if hello.get("agent_version") != ctl.bundle.version:
+            if hello.get("agent_version") != ctl.bundle.version and not attach_only:
                 # An older daemon is running. It hands over now if idle, else when its jobs end.
                 result = link.request("upgrade", timeout=spec.connect_timeout, path=pyz)
                 if (result or {}).get("scheduled") == "now":

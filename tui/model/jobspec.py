@@ -157,6 +157,7 @@ class JobSpec:
     log_max_mb: int | None = None  # each rank's log kept on its host, rotated beyond this
     total_steps: int | None = None
     channels: tuple[tuple[str, str], ...] = ()
+    priority: int = 0  # the queue starts higher priorities first, FIFO within one
     path: Path | None = None
 
     def __hash__(self) -> int:
@@ -208,6 +209,7 @@ class JobSpec:
             "log_max_mb": self.log_max_mb,
             "total_steps": self.total_steps,
             "channels": dict(self.channels),
+            "priority": self.priority,
             "path": str(self.path) if self.path is not None else None,
         }
 
@@ -229,6 +231,7 @@ class JobSpec:
             processes_per_node=d.get("processes_per_node"),
             env=tuple((d.get("env") or {}).items()),
             max_runtime_s=int(d.get("max_runtime_s", DEFAULT_MAX_RUNTIME_S)),
+            priority=int(d.get("priority") or 0),
             grace_s=float(d.get("grace_s", DEFAULT_GRACE_S)),
             hyperparameters=tuple(copy.deepcopy(d.get("hyperparameters") or {}).items()),
             checkpoint=CheckpointSpec(
@@ -561,6 +564,7 @@ _TOP_FIELDS: dict[str, _Check] = {
     ),
     "grace": _Check('a duration >= 0: seconds or a string like "30s", "2m"', _grace),
     "total_steps": _Check("an integer >= 1", _int_at_least(1)),
+    "priority": _Check("an integer -1000..1000 (the queue starts higher first)", _int_range(-1000, 1000)),
     "env": _Check('a table of strings (NAME = "value")', _env),
     "hyperparameters": _Check("a table ([hyperparameters])", _hyperparameters),
     "channels": _Check('a table of paths on the hosts (name = "/path")', _channels),
@@ -690,6 +694,7 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
         processes_per_node=procs,
         env=values.get("env", ()),
         max_runtime_s=values.get("max_runtime", DEFAULT_MAX_RUNTIME_S),
+        priority=values.get("priority", 0),
         grace_s=values.get("grace", DEFAULT_GRACE_S),
         hyperparameters=values.get("hyperparameters", ()),
         checkpoint=CheckpointSpec(

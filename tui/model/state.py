@@ -244,6 +244,18 @@ class ClusterState:
             h._json = h._build_json()  # here, on the reader's thread
             self._changed()
 
+    def seed_history(self, host: str, histories: Mapping[int, list[float]]) -> None:
+        """Replace GPUs' utilization history (a mirror of another controller's state starts
+        with that controller's recent samples, not an empty sparkline)."""
+        with self._lock:
+            h = self.hosts[host]
+            for idx, values in histories.items():
+                g = h.gpus.get(int(idx))
+                if g is not None:
+                    g.history = deque((float(v) for v in values), maxlen=HISTORY)
+            h.changed(gpus=True)
+            self._changed()
+
     def mark_stale(self, stale_after: float, now: float | None = None) -> list[str]:
         """Hosts that were up but sent nothing for ``stale_after`` seconds become stale."""
         now = time.monotonic() if now is None else now

@@ -1,0 +1,704 @@
+"""The controller API the faces use: the app and the CLI call this, and only this.
+
+Two kinds, one interface:
+
+* ``InProcessClient``: the controller runs in this process (the embedded default, how rigdeck
+  has always run). A queue advances only while a controller process runs.
+* ``RemoteClient``: the controller is ``rigdeck serve`` on a head host (inventory ``[server]``).
+  One SSH exec channel to ``rigdeck attach`` there carries everything, telemetry included, as
+  JSON lines (``tui.control.server``); the link reconnects by itself and says when it is down.
+
+``connect(inventory)`` picks: the remote kind when the inventory names a server (unless
+``RIGDECK_SERVER=off``), else the embedded one.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import logging
+import os
+import queue as queue_mod
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from tui.control.controller import HostReport
+from tui.control.history import JobRefError
+from tui.control.jobs import TERMINAL, AmbiguousJobError, JobError, JobView, describe_cause
+from tui.control.jobwatch import JobDetail, JobsSnapshot, LogBuffer, StopPlan
+from tui.control.queue import QueueEntry
+from tui.control.server import StateMirror, serve
+from tui.control.service import ControllerService, ServiceInfo
+from tui.model import wire
+from tui.model.inventory import Inventory, InventoryError
+from tui.model.jobspec import JobSpec, JobSpecError
+from tui.model.scheduler import PlacementError
+from tui.model.state import ClusterState
+from tui.remote.sshconfig import hostfile_to_toml, load_hostfile, load_inventory
+from tui.remote.transport import Backoff, TransportError, UnreachableError, make_transport
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "AmbiguousJobError", "Client", "HostReport", "InProcessClient", "InventoryError", "JobError",
+    "JobRefError", "JobSpecError", "JobView", "LinkStatus", "PlacementError", "QueueEntry",
+    "RemoteClient", "ServerError", "TERMINAL", "TransportError", "connect", "describe_cause",
+    "hostfile_to_toml", "load_hostfile", "load_inventory", "serve", "wire_json",
+]
+
+
+def wire_json(value: Any) -> Any:
+    """A typed view (or a list of them) as JSON values, for ``--json`` output."""
+    return wire.encode(value)
+
+SERVER_ENV = "RIGDECK_SERVER"  # "off": ignore the inventory's [server] (talk to hosts directly)
+
+
+@dataclass(frozen=True)
+class LinkStatus:
+    """The face's path to its controller. Embedded: always up."""
+
+    kind: str  # "embedded" | "server"
+    up: bool
+    detail: str  # "embedded", "server h1 (pid 4242)", "server h1: link down (…)"
+    since: float  # when ``up`` last changed (time.time())
+    queue_advances: bool  # queued jobs start with no face open
+
+
+class ServerError(Exception):
+    """An error the server reported that has no local type."""
+
+
+_ERRORS: dict[str, type[Exception]] = {
+    "JobError": JobError, "PlacementError": PlacementError, "JobSpecError": JobSpecError,
+    "JobRefError": JobError, "InventoryError": JobError,
+}
+
+
+class Client:
+    """What the faces can see and do. Subclasses: InProcessClient, RemoteClient."""
+
+    kind = "embedded"
+    inventory: Inventory
+    state: ClusterState
+
+    # lifecycle
+    def start(self, *, telemetry: bool = True, jobs: bool = True) -> Client:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def link(self) -> LinkStatus:
+        raise NotImplementedError
+
+    def info(self) -> ServiceInfo:
+        raise NotImplementedError
+
+    # hosts
+    def probe(self, names: Sequence[str] | None = None) -> list[HostReport]:
+        raise NotImplementedError
+
+    def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
+        raise NotImplementedError
+
+    def reconnect(self, host: str) -> None:
+        raise NotImplementedError
+
+    def trust_host_key(self, host: str, fingerprint: str) -> str:
+        raise NotImplementedError
+
+    @property
+    def telemetry_hz(self) -> float:
+        return 1.0
+
+    # jobs (the app's live view)
+    @property
+    def jobs(self) -> Any:
+        """The app's job source: snapshot(), detail(), select(), kick(), stop_plan(), launch(),
+        stop_job(), inventory_hosts(), start(), stop()."""
+        raise NotImplementedError
+
+    # jobs (commands)
+    def launch(self, spec: JobSpec, *, queue: bool = True) -> JobView:
+        raise NotImplementedError
+
+    def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False, wait: bool = True) -> JobView:
+        raise NotImplementedError
+
+    def view(self, ref: str) -> JobView:
+        raise NotImplementedError
+
+    def list_jobs(self) -> list[JobView]:
+        raise NotImplementedError
+
+    def queue(self) -> list[QueueEntry]:
+        raise NotImplementedError
+
+    def metrics(self, ref: str) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
+        raise NotImplementedError
+
+    def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def wait(self, ref: str, timeout: float | None = None) -> Iterator[JobView]:
+        raise NotImplementedError
+
+
+# ---------------------------------------------------------------------------------------------
+# Embedded
+
+
+class InProcessClient(Client):
+    kind = "embedded"
+
+    def __init__(self, inventory: Inventory | None = None, *, accept_new: bool = False,
+                 service: ControllerService | None = None, telemetry_hz: float = 1.0,
+                 controller: Any = None, monitor: Any = None, jobs: Any = None):
+        """``controller``, ``monitor``, ``jobs``: parts to use instead of making them (a test's
+        recorded data, a benchmark's simulated cluster)."""
+        if service is None:
+            if inventory is None:
+                assert controller is not None, "an inventory or a controller"
+                inventory = controller.inventory
+            service = ControllerService(inventory, accept_new=accept_new, telemetry_hz=telemetry_hz,
+                                        monitor=monitor, controller=controller, source=jobs)
+        self.service = service
+        self.inventory = service.inventory
+        if jobs is not None:  # a job source to show instead of the service's own (recorded data)
+            service.source = jobs
+        self._jobs = service.source
+        self._since = time.time()
+
+    @property
+    def controller(self) -> Any:
+        return self.service.ctl
+
+    @property
+    def state(self) -> ClusterState:  # type: ignore[override]
+        return self.service.state
+
+    @property
+    def monitor(self) -> Any:
+        return self.service.monitor
+
+    @property
+    def telemetry_hz(self) -> float:
+        return float(getattr(self.service.monitor, "rate_hz", self.service.telemetry_hz) or 1.0)
+
+    @property
+    def jobs(self) -> Any:
+        return self._jobs
+
+    def start(self, *, telemetry: bool = True, jobs: bool = True) -> InProcessClient:
+        if telemetry:
+            self.service.monitor.start()
+        if jobs:
+            self._jobs.start()
+        return self
+
+    def close(self) -> None:
+        self._jobs.stop()
+        if self.service._monitor is not None:
+            self.service._monitor.stop(timeout=2.0)
+        self.service.ctl.close()
+
+    def link(self) -> LinkStatus:
+        return LinkStatus("embedded", True, "embedded controller", self._since, False)
+
+    def info(self) -> ServiceInfo:
+        return self.service.info()
+
+    def probe(self, names: Sequence[str] | None = None) -> list[HostReport]:
+        return self.service.probe(names)
+
+    def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
+        return self.service.deploy(names)
+
+    def reconnect(self, host: str) -> None:
+        self.service.reconnect(host)
+
+    def trust_host_key(self, host: str, fingerprint: str) -> str:
+        return self.service.trust_host_key(host, fingerprint)
+
+    def launch(self, spec: JobSpec, *, queue: bool = True) -> JobView:
+        return self.service.launch(spec, queue=queue)
+
+    def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False, wait: bool = True) -> JobView:
+        return self.service.stop(ref, grace_s, yes=yes, wait=wait)
+
+    def view(self, ref: str) -> JobView:
+        return self.service.view(ref)
+
+    def list_jobs(self) -> list[JobView]:
+        return self.service.list_jobs()
+
+    def queue(self) -> list[QueueEntry]:
+        return self.service.queue_entries()
+
+    def metrics(self, ref: str) -> list[dict[str, Any]]:
+        return self.service.metrics(ref)
+
+    def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
+        return self.service.log_chunks(ref, rank=rank, follow=follow, binary=True)
+
+    def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
+        return self.service.collect_garbage(hosts)
+
+    def wait(self, ref: str, timeout: float | None = None) -> Iterator[JobView]:
+        return self.service.wait(ref, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------------------
+# Remote
+
+
+class _Call:
+    def __init__(self) -> None:
+        self.q: queue_mod.Queue[dict[str, Any]] = queue_mod.Queue()
+
+
+class _RemoteJobs:
+    """The app's job source over a server: a poller keeps the last snapshot and the open job's
+    detail (its log lines mirrored into a local buffer), so the UI never waits on the network."""
+
+    def __init__(self, client: RemoteClient, interval: float = 1.0):
+        self.c = client
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._snapshot = JobsSnapshot((), 0)
+        self._selected: str | None = None
+        self._details: dict[str, JobDetail] = {}
+        self._logs: dict[str, LogBuffer] = {}
+        self._kick = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> _RemoteJobs:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="remote-jobs")
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        self._stop.set()
+        self._kick.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._kick.clear()
+            try:
+                self.poll_once()
+            except (TransportError, ServerError, JobError) as e:
+                with self._lock:
+                    self._snapshot = replace(self._snapshot, error=str(e))
+            except Exception as e:
+                log.exception("remote job poll failed")
+                with self._lock:
+                    self._snapshot = replace(self._snapshot, error=f"{type(e).__name__}: {e}")
+            self._kick.wait(self.interval)
+
+    def poll_once(self) -> None:
+        data = self.c.call("jobs_snapshot", since=self._snapshot.version if not self._snapshot.error else -1)
+        if data is not None:
+            snap = wire.decode(JobsSnapshot, data)
+            with self._lock:
+                self._snapshot = snap
+        job_id = self._selected
+        if job_id:
+            buf = self._logs.setdefault(job_id, LogBuffer())
+            d = self.c.call("job_detail", job_id=job_id, log_since=len(buf))
+            if d is not None:
+                logs = d.pop("logs")
+                if logs["start"] > len(buf) or logs["length"] < len(buf):
+                    buf = self._logs[job_id] = LogBuffer()  # a new server: start over
+                    d2 = self.c.call("job_detail", job_id=job_id, log_since=0)
+                    if d2 is None:
+                        return
+                    logs = d2.pop("logs")
+                    d = d2
+                buf.extend(tuple(x) for x in logs["lines"])  # type: ignore[misc]
+                hints = wire._hints(JobDetail)
+                fields = {k: wire.decode(hints[k], v) for k, v in d.items() if k in hints}
+                detail = JobDetail(**fields, logs=buf)
+                with self._lock:
+                    self._details[job_id] = detail
+
+    def snapshot(self) -> JobsSnapshot:
+        with self._lock:
+            return self._snapshot
+
+    def detail(self, job_id: str) -> JobDetail | None:
+        with self._lock:
+            return self._details.get(job_id)
+
+    def select(self, job_id: str | None) -> None:
+        if job_id != self._selected:
+            self._selected = job_id
+            try:
+                self.c.call_async("select", job_id=job_id)
+            except TransportError:
+                pass
+            self._kick.set()
+
+    def kick(self) -> None:
+        self._kick.set()
+
+    def stop_plan(self, job_id: str) -> StopPlan:
+        return wire.decode(StopPlan, self.c.call("stop_plan", job_id=job_id))
+
+    def launch(self, spec: JobSpec) -> str:
+        job_id = str(self.c.call("source_launch", spec=spec.to_dict()))
+        self.select(job_id)
+        self._kick.set()
+        return job_id
+
+    def stop_job(self, job_id: str) -> str:
+        state = str(self.c.call("source_stop", job_id=job_id))
+        self._kick.set()
+        return state
+
+    def inventory_hosts(self) -> list[str]:
+        return list(self.c.inventory.names)
+
+
+class RemoteClient(Client):
+    """The controller API over one SSH channel to ``rigdeck attach`` on the server host."""
+
+    kind = "server"
+
+    def __init__(self, inventory: Inventory, *, accept_new: bool = False, telemetry_hz: float = 1.0,
+                 call_timeout: float = 120.0, transport_factory: Callable[[], Any] | None = None,
+                 server: Any = None):
+        """``server``: where the server runs (``host``, ``state_dir``), default the inventory's
+        ``[server]``; ``transport_factory``: how to reach it (default SSH to that host)."""
+        server = server or getattr(inventory, "server", None)
+        if server is None:
+            raise ValueError("the inventory names no [server]")
+        self.inventory = inventory
+        self.server = server
+        self.host = inventory.get(server.host)
+        self.accept_new = accept_new
+        self.call_timeout = call_timeout
+        self._telemetry_hz = telemetry_hz
+        self._factory = transport_factory or (lambda: make_transport(inventory, self.host, accept_new=accept_new))
+        self.state = ClusterState([(h.name, h.address) for h in inventory.hosts])
+        self._mirror = StateMirror(self.state)
+        self._ids = itertools.count(1)
+        self._calls: dict[int, _Call] = {}
+        self._calls_lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._stream: Any = None
+        self._transport: Any = None
+        self._connected = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._subscribed = False
+        self._up = False
+        self._since = time.time()
+        self._detail = "connecting"
+        self._info: dict[str, Any] | None = None
+        self._jobs = _RemoteJobs(self)
+        self.bytes_in = 0
+        self.reconnects = 0
+
+    # -- connection ---------------------------------------------------------------------------
+
+    @property
+    def telemetry_hz(self) -> float:
+        return self._telemetry_hz
+
+    @property
+    def jobs(self) -> Any:
+        return self._jobs
+
+    def start(self, *, telemetry: bool = True, jobs: bool = True) -> RemoteClient:
+        self._subscribed = telemetry
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True, name="server-link")
+            self._thread.start()
+        if jobs:
+            self._jobs.start()
+        return self
+
+    def connect_now(self, timeout: float = 60.0) -> RemoteClient:
+        """Start the link (without telemetry) and wait for it; TransportError if it fails."""
+        if self._thread is None:
+            self.start(telemetry=False, jobs=False)
+        if not self._connected.wait(timeout):
+            raise UnreachableError(self.host.name, f"rigdeck server: {self._detail}")
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        self._jobs.stop()
+        self._drop("closed")
+        if self._thread is not None:
+            self._thread.join(3.0)
+
+    def _set_link(self, up: bool, detail: str) -> None:
+        if up != self._up:
+            self._since = time.time()
+        self._up = up
+        self._detail = detail
+
+    def _drop(self, why: str) -> None:
+        stream, self._stream = self._stream, None
+        transport, self._transport = self._transport, None
+        self._connected.clear()
+        for s in (stream, transport):
+            if s is not None:
+                try:
+                    s.close()
+                except Exception:
+                    pass
+        with self._calls_lock:
+            calls, self._calls = self._calls, {}
+        for c in calls.values():
+            c.q.put({"error": {"type": "UnreachableError", "message": f"server link lost: {why}"}})
+
+    def _open(self) -> None:
+        t = self._factory()
+        t.connect()
+        state_dir = t.remote_path(self.server.state_dir)
+        stream = t.open_stream([f"{state_dir}/venv/bin/rigdeck", "attach", "--state-dir", state_dir])
+        self._transport, self._stream = t, stream
+
+    def _run(self) -> None:
+        backoff = Backoff(initial=0.5, maximum=5.0)
+        while not self._stop.is_set():
+            try:
+                self._open()
+                self._pump_until_hello()
+                backoff.reset()
+                self._set_link(True, f"server {self.server.host} (pid {(self._info or {}).get('pid')})")
+                self._connected.set()
+                if self._subscribed:
+                    self._mirror.reset()
+                    self.call_async("subscribe_hosts", rate_hz=self._telemetry_hz)
+                if self._jobs._selected:
+                    self.call_async("select", job_id=self._jobs._selected)
+                self._pump()
+                why = "the server closed the channel"
+            except TransportError as e:
+                why = e.detail
+            except Exception as e:  # never let the link thread die
+                log.exception("server link")
+                why = f"{type(e).__name__}: {e}"
+            self._drop(why)
+            if self._stop.is_set():
+                break
+            self._set_link(False, f"server {self.server.host}: link down ({why}); reconnecting")
+            self.reconnects += 1
+            self._stop.wait(backoff.next_delay())
+
+    def _lines(self, timeout: float) -> Iterator[dict[str, Any] | None]:
+        buf = b""
+        unzip: Any = None  # after a hello that says so, the rest is one zlib stream
+        while not self._stop.is_set():
+            stream = self._stream
+            if stream is None:
+                return
+            data = stream.recv(timeout)
+            if data is None:
+                yield None
+                continue
+            if data == b"":
+                return
+            self.bytes_in += len(data)
+            buf += unzip.decompress(data) if unzip is not None else data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                try:
+                    msg = json.loads(line)
+                except ValueError:
+                    log.info("bad line from the server: %r", line[:200])
+                    continue
+                if not isinstance(msg, dict):
+                    continue
+                if unzip is None and msg.get("event") == "hello" and msg.get("compress") == "zlib":
+                    unzip = zlib.decompressobj()
+                    buf = unzip.decompress(buf)
+                yield msg
+
+    def _pump_until_hello(self) -> None:
+        deadline = time.monotonic() + max(20.0, self.host.connect_timeout)
+        self._line_iter = self._lines(0.5)
+        for msg in self._line_iter:
+            if msg is not None and msg.get("event") == "hello":
+                self._info = msg.get("data") or {}
+                return
+            if msg is None and time.monotonic() > deadline:
+                raise UnreachableError(self.server.host, "no hello from the rigdeck server (is it started?)")
+        raise UnreachableError(self.server.host, "the rigdeck server is not running there "
+                                                 "(rigdeck server start)")
+
+    def _pump(self) -> None:
+        last_heard = time.monotonic()
+        pinged = False
+        for msg in self._line_iter:
+            now = time.monotonic()
+            if msg is None:
+                # Silence: a link that died without a FIN (a dropped path) is found by a ping.
+                if now - last_heard > 5.0 and not pinged:
+                    self.call_async("ping")
+                    pinged = True
+                elif now - last_heard > 15.0:
+                    raise UnreachableError(self.server.host, "no answer from the server for 15 s")
+                continue
+            last_heard, pinged = now, False
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: dict[str, Any]) -> None:
+        if "event" in msg:
+            if msg["event"] == "hosts":
+                self._mirror.apply(msg.get("data") or [])
+            return
+        with self._calls_lock:
+            call = self._calls.get(msg.get("id"))  # type: ignore[arg-type]
+            if call is not None and ("result" in msg or "error" in msg or "end" in msg):
+                self._calls.pop(msg["id"], None)
+        if call is not None:
+            call.q.put(msg)
+
+    def _send(self, rid: int, method: str, params: dict[str, Any]) -> _Call:
+        call = _Call()
+        with self._calls_lock:
+            self._calls[rid] = call
+        stream = self._stream
+        if stream is None:
+            with self._calls_lock:
+                self._calls.pop(rid, None)
+            raise UnreachableError(self.server.host, f"rigdeck server: {self._detail}")
+        data = (json.dumps({"id": rid, "method": method, "params": params}, default=str) + "\n").encode()
+        with self._send_lock:
+            stream.send(data)
+        return call
+
+    # -- calls ------------------------------------------------------------------------------
+
+    def call_async(self, method: str, **params: Any) -> None:
+        """Send and forget (the answer is dropped)."""
+        rid = next(self._ids)
+        self._send(rid, method, params)
+
+    def call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
+        if not self._connected.is_set():
+            self._connected.wait(min(5.0, timeout or 5.0))
+        rid = next(self._ids)
+        call = self._send(rid, method, params)
+        try:
+            msg = call.q.get(timeout=timeout or self.call_timeout)
+        except queue_mod.Empty:
+            with self._calls_lock:
+                self._calls.pop(rid, None)
+            raise UnreachableError(self.server.host, f"the server did not answer {method} in time") from None
+        return self._result(msg)
+
+    def _result(self, msg: dict[str, Any]) -> Any:
+        if "error" in msg:
+            err = msg["error"]
+            kind, text = err.get("type", "Error"), err.get("message", "")
+            if kind == "AmbiguousJobError":
+                raise AmbiguousJobError(text, tuple(err.get("job_ids") or ()))
+            if kind in ("UnreachableError", "TransportError"):
+                raise UnreachableError(self.server.host, text)
+            raise _ERRORS.get(kind, ServerError)(text)
+        return msg.get("result")
+
+    def stream(self, method: str, **params: Any) -> Iterator[Any]:
+        rid = next(self._ids)
+        call = self._send(rid, method, params)
+        while True:
+            try:
+                msg = call.q.get(timeout=3600)
+            except queue_mod.Empty:
+                raise UnreachableError(self.server.host, f"{method}: nothing for an hour") from None
+            if "item" in msg:
+                with self._calls_lock:  # more to come: keep the call registered
+                    self._calls.setdefault(rid, call)
+                yield msg["item"]
+                continue
+            if msg.get("end"):
+                return
+            self._result(msg)
+            return
+
+    # -- the API ----------------------------------------------------------------------------
+
+    def link(self) -> LinkStatus:
+        return LinkStatus("server", self._up, self._detail, self._since, True)
+
+    def info(self) -> ServiceInfo:
+        return wire.decode(ServiceInfo, self.call("info"))
+
+    def probe(self, names: Sequence[str] | None = None) -> list[HostReport]:
+        raise ServerError("probing hosts runs from the workstation: RIGDECK_SERVER=off rigdeck hosts")
+
+    def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
+        raise ServerError("agents are installed from the workstation: RIGDECK_SERVER=off rigdeck deploy, "
+                          "then rigdeck server setup")
+
+    def reconnect(self, host: str) -> None:
+        self.call_async("reconnect", host=host)
+
+    def trust_host_key(self, host: str, fingerprint: str) -> str:
+        raise ServerError("the server trusts only host keys recorded by its operator: record the key "
+                          "on the workstation, then run rigdeck server setup")
+
+    def launch(self, spec: JobSpec, *, queue: bool = True) -> JobView:
+        return JobView.from_json(self.call("launch", spec=spec.to_dict(), queue=queue))
+
+    def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False, wait: bool = True) -> JobView:
+        return JobView.from_json(self.call("stop", ref=ref, grace_s=grace_s, yes=yes, wait=wait))
+
+    def view(self, ref: str) -> JobView:
+        return JobView.from_json(self.call("view", ref=ref))
+
+    def list_jobs(self) -> list[JobView]:
+        return [JobView.from_json(v) for v in self.call("list_jobs")]
+
+    def queue(self) -> list[QueueEntry]:
+        return [wire.decode(QueueEntry, e) for e in self.call("queue")]
+
+    def metrics(self, ref: str) -> list[dict[str, Any]]:
+        return list(self.call("metrics", ref=ref))
+
+    def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
+        for item in self.stream("logs", ref=ref, rank=rank, follow=follow):
+            yield item["host"], int(item["rank"]), base64.b64decode(item["b64"]), bool(item["partial"])
+
+    def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
+        return dict(self.call("gc", hosts=list(hosts) if hosts is not None else None))
+
+    def wait(self, ref: str, timeout: float | None = None) -> Iterator[JobView]:
+        for item in self.stream("wait", ref=ref, timeout=timeout):
+            yield JobView.from_json(item)
+
+
+def server_enabled(inventory: Inventory) -> bool:
+    return getattr(inventory, "server", None) is not None and os.environ.get(SERVER_ENV, "").lower() not in (
+        "off", "0", "no", "false")
+
+
+def connect(inventory: Inventory, *, accept_new: bool = False, telemetry_hz: float = 1.0) -> Client:
+    """The client this inventory calls for: the server it names, else the embedded controller."""
+    if server_enabled(inventory):
+        return RemoteClient(inventory, accept_new=accept_new, telemetry_hz=telemetry_hz)
+    return InProcessClient(inventory, accept_new=accept_new, telemetry_hz=telemetry_hz)

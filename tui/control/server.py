@@ -1,0 +1,511 @@
+"""``rigdeck serve``: the controller service, headless and long-lived, on a unix socket.
+
+The server holds the agent connections, the history database, the queue and the supervisors
+(``ControllerService``). Faces reach it through ``rigdeck attach`` (an SSH exec channel on the
+head host, bridged to the socket) and speak JSON lines:
+
+    -> {"id": 7, "method": "launch", "params": {...}}
+    <- {"id": 7, "result": ...}                      or {"id": 7, "error": {"type", "message"}}
+    <- {"id": 7, "item": ...} ... {"id": 7, "end": true}     (streaming methods: logs, wait)
+    <- {"event": "hosts", "data": [...]}             (after "subscribe_hosts": telemetry deltas)
+
+The server's first line (``{"event": "hello", ..., "compress": "zlib"}``) is plain; what it sends
+after it is one zlib stream, flushed after each message (``Z_SYNC_FLUSH``), so each message can
+be read as soon as it arrives. The client's requests are plain JSON lines.
+
+The socket lives in ``<state_dir>/sock`` (0700) and is itself 0600; there is no TCP listener.
+One server per state dir: ``server.lock`` is held (flock) for the server's lifetime, so a second
+``serve`` refuses and a restarted one re-adopts what the first left: the running jobs (the
+hosts say what runs; the gang rules go on), the queue and the history (SQLite).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tui.control.history import History
+from tui.control.service import ControllerService
+from tui.model import wire
+from tui.model.state import ClusterState, HostState
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "server.sock"
+MAX_LINE = 16 << 20  # one request; a launch carries a spec, nothing carries more
+DEFAULT_RATE_HZ = 1.0
+
+
+def socket_path(state_dir: Path) -> Path:
+    return state_dir / "sock" / SOCKET_NAME
+
+
+class RemoteError(Exception):
+    """An error raised by a method, as sent to the client: its type's name and message."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Telemetry as deltas: what the attached face's mirror of the cluster state needs.
+
+
+def host_status(h: HostState) -> list[Any]:
+    return [h.status.value, h.reason, h.error_kind, h.host_key]
+
+
+def host_agent(h: HostState) -> list[Any]:
+    return [h.agent_version, h.agent_pid, h.hostname, h.upgrade_pending]
+
+
+@dataclass
+class _Sent:
+    """What one session last sent about one host."""
+
+    samples: int = -1
+    status: list[Any] | None = None
+    agent: list[Any] | None = None
+    gpus: dict[int, dict[str, Any]] = field(default_factory=dict)
+    host_sample: dict[str, Any] | None = None
+
+
+def host_delta(h: HostState, sent: _Sent) -> dict[str, Any] | None:
+    """What changed about ``h`` since ``sent`` (updated in place), or None. A sample goes as the
+    fields of each GPU that changed (a GPU's index always), so a quiet cluster costs nothing and
+    a busy one its changing numbers."""
+    out: dict[str, Any] = {}
+    status = host_status(h)
+    if status != sent.status:
+        out["st"] = sent.status = status
+    agent = host_agent(h)
+    if agent != sent.agent:
+        out["ag"] = sent.agent = agent
+    if h.samples != sent.samples:
+        sent.samples = h.samples
+        gpus = []
+        seen = set()
+        for idx, g in sorted(h.gpus.items()):
+            seen.add(idx)
+            before = sent.gpus.get(idx)
+            now = g.sample
+            if before is None:  # new to this face: with its recent utilization (the sparkline)
+                gpus.append({**now, "_hist": list(g.history)})
+            else:
+                d = {k: v for k, v in now.items() if before.get(k, _MISSING) != v}
+                gone = [k for k in before if k not in now]
+                if gone:
+                    d["-"] = gone
+                d["index"] = idx
+                gpus.append(d)
+            sent.gpus[idx] = now
+        for idx in [i for i in sent.gpus if i not in seen]:
+            del sent.gpus[idx]
+        s: dict[str, Any] = {"g": gpus, "n": sorted(seen), "t": h.last_sample_time,
+                             "sim": h.simulated, "src": h.gpu_source}
+        if h.host_sample != sent.host_sample:
+            s["h"] = sent.host_sample = h.host_sample
+        out["s"] = s
+    if not out:
+        return None
+    out["name"] = h.name
+    return out
+
+
+_MISSING = object()
+
+
+class StateMirror:
+    """The face's side: folds the server's host deltas into a local ``ClusterState``, through
+    the same methods the server's own telemetry readers use."""
+
+    def __init__(self, state: ClusterState):
+        self.state = state
+        self._gpus: dict[str, dict[int, dict[str, Any]]] = {}
+        self._host_sample: dict[str, Any] = {}
+
+    def reset(self) -> None:
+        """A new connection sends everything again."""
+        self._gpus.clear()
+        self._host_sample.clear()
+
+    def apply(self, deltas: list[dict[str, Any]]) -> None:
+        from tui.model.state import HostStatus
+
+        for d in deltas:
+            name = d.get("name")
+            if name not in self.state.hosts:
+                continue
+            if "ag" in d:
+                v, pid, hostname, upgrade = d["ag"]
+                self.state.set_agent(name, {"agent_version": v, "pid": pid, "hostname": hostname},
+                                     upgrade_pending=upgrade)
+            if "s" in d:
+                s = d["s"]
+                known = self._gpus.setdefault(name, {})
+                seeds = {}
+                for g in s.get("g") or []:
+                    idx = int(g["index"])
+                    full = dict(known.get(idx) or {})
+                    for k in g.get("-") or []:
+                        full.pop(k, None)
+                    full.update({k: v for k, v in g.items() if k not in ("-", "_hist")})
+                    known[idx] = full
+                    if "_hist" in g:
+                        seeds[idx] = g["_hist"]
+                for idx in [i for i in known if i not in set(s.get("n") or [])]:
+                    del known[idx]
+                if "h" in s:
+                    self._host_sample[name] = s["h"]
+                self.state.apply_sample(name, {
+                    "time": s.get("t"), "simulated": s.get("sim"), "gpu_source": s.get("src"),
+                    "host": self._host_sample.get(name), "gpus": [known[i] for i in sorted(known)],
+                })
+                if seeds:
+                    self.state.seed_history(name, seeds)
+            if "st" in d:
+                status, reason, kind, host_key = d["st"]
+                self.state.set_status(name, HostStatus(status), reason, kind=kind, host_key=host_key)
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding what methods return.
+
+
+def encode_result(value: Any) -> Any:
+    from tui.control.controller import HostReport
+    from tui.control.jobs import JobView
+
+    if isinstance(value, JobView):
+        return {**value.to_json(), "spec": value.spec}
+    if isinstance(value, HostReport):
+        return value.to_json()
+    if isinstance(value, list):
+        return [encode_result(v) for v in value]
+    if isinstance(value, dict):
+        return {k: (v.to_json() if hasattr(v, "to_json") and not isinstance(v, dict) else
+                    (str(v) if isinstance(v, BaseException) else encode_result(v))) for k, v in value.items()}
+    if isinstance(value, BaseException):
+        return {"error": str(value)}
+    return wire.encode(value)
+
+
+def encode_detail(detail: Any, log_since: int) -> dict[str, Any]:
+    """A JobDetail without its log buffer, plus the log lines after ``log_since``."""
+    import dataclasses
+
+    out = {f.name: wire.encode(getattr(detail, f.name)) for f in dataclasses.fields(detail) if f.name != "logs"}
+    start, lines = detail.logs.since(log_since)
+    out["logs"] = {"start": start, "lines": [list(x) for x in lines], "length": len(detail.logs)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The server.
+
+
+class Session:
+    """One attached face: its requests, its telemetry subscription, its selected job."""
+
+    def __init__(self, server: Server, conn: socket.socket, number: int):
+        self.server = server
+        self.conn = conn
+        self.who = f"session-{number}"
+        self._wlock = threading.Lock()
+        self._closed = threading.Event()
+        self.rate_hz = 0.0
+        self._sent: dict[str, _Sent] = {}
+        self.bytes_out = 0
+        self._z: Any = None
+
+    def send(self, msg: dict[str, Any]) -> None:
+        data = (json.dumps(msg, separators=(",", ":"), default=str) + "\n").encode()
+        with self._wlock:
+            if self._z is not None:  # after the hello, one zlib stream, flushed at each message
+                data = self._z.compress(data) + self._z.flush(zlib.Z_SYNC_FLUSH)
+            self.conn.sendall(data)
+            self.bytes_out += len(data)
+
+    def run(self) -> None:
+        svc = self.server.service
+        try:
+            # The hello goes as plain text; everything after it is compressed (telemetry is most of
+            # it: repeated keys, small numbers), which the hello announces.
+            self.send({"event": "hello", "data": encode_result(svc.info()), "compress": "zlib"})
+            self._z = zlib.compressobj(6)
+            buf = b""
+            while not self._closed.is_set():
+                chunk = self.conn.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    self._handle_line(line)
+                if len(buf) > MAX_LINE:
+                    self.send({"event": "error", "data": "request too long"})
+                    break
+        except OSError:
+            pass
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        if self.server.service._watch is not None:
+            self.server.service.select(None, who=self.who)
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+
+    def _handle_line(self, line: bytes) -> None:
+        try:
+            msg = json.loads(line)
+            if not isinstance(msg, dict) or not isinstance(msg.get("method"), str):
+                raise ValueError("expected {id, method, params}")
+        except ValueError as e:  # a bad message never ends the server, nor this session
+            self.send({"event": "error", "data": f"bad message: {e}"})
+            return
+        threading.Thread(target=self._call, args=(msg,), daemon=True,
+                         name=f"{self.who}-{msg.get('method')}").start()
+
+    def _call(self, msg: dict[str, Any]) -> None:
+        rid = msg.get("id")
+        method = msg["method"]
+        params = msg.get("params") or {}
+        handler = self.server.methods.get(method)
+        try:
+            if handler is None:
+                raise RemoteError(f"no method {method!r}")
+            result = handler(self, **params)
+            if hasattr(result, "__next__"):  # a stream: items, then the end
+                for item in result:
+                    if self._closed.is_set():
+                        return
+                    self.send({"id": rid, "item": item})
+                self.send({"id": rid, "end": True})
+            else:
+                self.send({"id": rid, "result": result})
+        except Exception as e:
+            if not isinstance(e, (RemoteError, ValueError, LookupError)) and type(e).__name__ not in (
+                    "JobError", "AmbiguousJobError", "PlacementError", "JobSpecError", "TransportError"):
+                log.exception("%s failed", method)
+            extra = {"job_ids": list(e.job_ids)} if hasattr(e, "job_ids") else {}
+            try:
+                self.send({"id": rid, "error": {"type": type(e).__name__, "message": str(e), **extra}})
+            except OSError:
+                pass
+
+    def telemetry_loop(self) -> None:
+        state = self.server.service.state
+        while not self._closed.is_set() and self.rate_hz > 0:
+            deltas = []
+            for h in list(state.hosts.values()):
+                sent = self._sent.setdefault(h.name, _Sent())
+                d = host_delta(h, sent)
+                if d is not None:
+                    deltas.append(d)
+            if deltas:
+                try:
+                    self.send({"event": "hosts", "data": deltas})
+                except OSError:
+                    return
+            self._closed.wait(1.0 / self.rate_hz)
+
+
+class Server:
+    def __init__(self, service: ControllerService, sock_path: Path):
+        self.service = service
+        self.sock_path = sock_path
+        self._stop = threading.Event()
+        self._sessions: list[Session] = []
+        self._listener: socket.socket | None = None
+        self.methods: dict[str, Callable[..., Any]] = _methods()
+
+    def listen(self) -> None:
+        d = self.sock_path.parent
+        d.mkdir(parents=True, exist_ok=True)
+        os.chmod(d, 0o700)
+        if self.sock_path.exists() or self.sock_path.is_symlink():
+            self.sock_path.unlink()  # ours (the lock says no other server runs)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            s.bind(str(self.sock_path))
+        finally:
+            os.umask(old)
+        os.chmod(self.sock_path, 0o600)
+        s.listen(64)
+        self._listener = s
+
+    def serve_forever(self) -> None:
+        assert self._listener is not None
+        self._listener.settimeout(0.5)
+        n = 0
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    break
+                raise
+            n += 1
+            sess = Session(self, conn, n)
+            self._sessions = [s for s in self._sessions if not s._closed.is_set()] + [sess]
+            threading.Thread(target=sess.run, daemon=True, name=sess.who).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        for s in list(self._sessions):
+            s.close()
+        if self._listener is not None:
+            self._listener.close()
+
+
+def _methods() -> dict[str, Callable[..., Any]]:
+    """The controller API as the server exposes it: one function per method."""
+    from tui.model.jobspec import JobSpec
+
+    def svc(s: Session) -> ControllerService:
+        return s.server.service
+
+    def subscribe_hosts(s: Session, rate_hz: float = DEFAULT_RATE_HZ) -> dict[str, Any]:
+        start = s.rate_hz <= 0
+        s.rate_hz = max(0.1, min(float(rate_hz), 10.0))
+        s._sent.clear()  # everything again, for a new mirror
+        if start:
+            threading.Thread(target=s.telemetry_loop, daemon=True, name=f"{s.who}-hosts").start()
+        inv = svc(s).inventory
+        return {"hosts": [[h.name, h.address] for h in inv.hosts], "rate_hz": s.rate_hz}
+
+    def jobs_snapshot(s: Session, since: int = -1) -> Any:
+        snap = svc(s).jobs_snapshot()
+        return None if snap.version == since else wire.encode(snap)
+
+    def job_detail(s: Session, job_id: str, log_since: int = 0) -> Any:
+        d = svc(s).job_detail(job_id)
+        return None if d is None else encode_detail(d, log_since)
+
+    def select(s: Session, job_id: str | None) -> None:
+        svc(s).select(job_id, who=s.who)
+
+    def launch(s: Session, spec: dict[str, Any], queue: bool = True, job_id: str | None = None) -> Any:
+        view = svc(s).launch(JobSpec.from_dict(spec), queue=queue, job_id=job_id)
+        if view.state != "queued":
+            svc(s).select(view.job_id, who=s.who)
+        return encode_result(view)
+
+    def source_launch(s: Session, spec: dict[str, Any]) -> str:
+        return str(svc(s).source.launch(JobSpec.from_dict(spec)))
+
+    def source_stop(s: Session, job_id: str) -> str:
+        return str(svc(s).source.stop_job(job_id))
+
+    def stop(s: Session, ref: str, grace_s: float | None = None, yes: bool = False, wait: bool = True) -> Any:
+        return encode_result(svc(s).stop(ref, grace_s, yes=yes, wait=wait))
+
+    def logs(s: Session, ref: str, rank: int | None = None, follow: bool = False) -> Any:
+        import base64
+
+        for host, r, data, partial in svc(s).log_chunks(ref, rank=rank, follow=follow, binary=True):
+            yield {"host": host, "rank": r, "b64": base64.b64encode(data).decode(), "partial": partial}
+
+    def wait(s: Session, ref: str, timeout: float | None = None) -> Any:
+        for view in svc(s).wait(ref, timeout=timeout):
+            yield encode_result(view)
+
+    def plain(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(s: Session, **kw: Any) -> Any:
+            return encode_result(fn(svc(s), **kw))
+        call.__name__ = name
+        return call
+
+    def deploy(s: Session, names: list[str] | None = None) -> Any:
+        raise RemoteError("the server does not install agents: run `rigdeck deploy` with the server "
+                          "unset (RIGDECK_SERVER=off), then `rigdeck server setup` again")
+
+    return {
+        "info": plain("info", lambda c: c.info()),
+        "subscribe_hosts": subscribe_hosts,
+        "jobs_snapshot": jobs_snapshot,
+        "job_detail": job_detail,
+        "select": select,
+        "kick": plain("kick", lambda c: c.kick()),
+        "stop_plan": plain("stop_plan", lambda c, job_id: c.stop_plan(job_id)),
+        "launch": launch,
+        "stop": stop,
+        "source_launch": source_launch,
+        "source_stop": source_stop,
+        "view": plain("view", lambda c, ref: c.view(ref)),
+        "list_jobs": plain("list_jobs", lambda c, refresh=True: c.list_jobs(refresh)),
+        "queue": plain("queue", lambda c: c.queue_entries()),
+        "metrics": plain("metrics", lambda c, ref: c.metrics(ref)),
+        "gc": plain("gc", lambda c, hosts=None: c.collect_garbage(hosts)),
+        "logs": logs,
+        "wait": wait,
+        "reconnect": plain("reconnect", lambda c, host: c.reconnect(host)),
+        "deploy": deploy,
+        "ping": plain("ping", lambda c: time.time()),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The process.
+
+
+def serve(state_dir: Path, *, inventory_path: Path | None = None, telemetry_hz: float = 1.0) -> int:
+    """Run the server in the foreground until SIGTERM or SIGINT. Exit 3 when another server
+    holds this state dir."""
+    from tui.remote.sshconfig import load_inventory
+
+    state_dir = Path(os.path.expanduser(str(state_dir)))
+    state_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(state_dir, 0o700)
+    lock = open(state_dir / "server.lock", "a+")  # noqa: SIM115 - held for the process's life
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"rigdeck serve: another server runs on {state_dir}", flush=True)
+        return 3
+    (state_dir / "server.pid").write_text(f"{os.getpid()}\n")
+    inv = load_inventory(inventory_path or state_dir / "inventory.toml")
+    host = inv.server.host if getattr(inv, "server", None) else None
+    service = ControllerService(
+        inv, history=History(state_dir / "history.sqlite"), telemetry_hz=telemetry_hz, kind="server",
+        host=host, owner=f"server:{state_dir}",
+    )
+    server = Server(service, socket_path(state_dir))
+    server.listen()
+    done = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        done.set()
+        server.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    service.start(telemetry=True, jobs=True)
+    log.info("rigdeck server %d on %s (%d hosts)", os.getpid(), server.sock_path, len(inv.hosts))
+    print(f"rigdeck server {os.getpid()} listening on {server.sock_path}", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        service.close()
+        try:
+            (state_dir / "server.pid").unlink()
+        except OSError:
+            pass
+    return 0

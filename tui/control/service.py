@@ -1,0 +1,299 @@
+"""The controller service: one object that holds everything the controller does, and the one
+place the faces' requests land.
+
+Embedded (the default), the app and the CLI call it in their own process through
+``tui.client.InProcessClient``. With a server, ``rigdeck serve`` holds one on a head host and
+``tui.control.server`` exposes the same methods over a unix socket; ``tui.client.RemoteClient``
+calls them from the workstation. Same code in both places: the agent connections
+(``Controller``), telemetry (``Monitor``), the job history and the gang rules (``JobManager``),
+the poller that supervises live jobs and folds their metrics (``JobWatch``) and the queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tui.control.controller import Controller, HostReport
+from tui.control.history import History
+from tui.control.jobs import TERMINAL, JobManager, JobView
+from tui.control.jobwatch import JobDetail, JobsSnapshot, JobWatch, StopPlan
+from tui.control.queue import JobQueue, QueueEntry
+from tui.model.inventory import Inventory
+from tui.model.jobspec import JobSpec
+from tui.model.state import ClusterState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    """Where the controller runs, for the faces' status line."""
+
+    kind: str  # "embedded" or "server"
+    host: str | None  # the server's host (inventory name), None embedded
+    pid: int
+    since: float
+    version: str
+    history: str  # the history database's path (on the controller's machine)
+    queue_advances: bool  # whether queued jobs start while no face is open
+
+
+class ControllerService:
+    """Everything a controller does; thread-safe where the faces need it to be."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        *,
+        accept_new: bool = False,
+        history: History | None = None,
+        telemetry_hz: float = 1.0,
+        kind: str = "embedded",
+        host: str | None = None,
+        owner: str | None = None,
+        monitor: Any = None,
+        watch: Any = None,
+        controller: Controller | None = None,
+        source: Any = None,
+    ):
+        self.kind = kind
+        self.host = host
+        self.ctl = controller or Controller(inventory, accept_new=accept_new)
+        self.inventory = self.ctl.inventory
+        self._history = history
+        self._manager: JobManager | None = None
+        self._owner = owner
+        self.telemetry_hz = telemetry_hz
+        self._monitor = monitor
+        self._watch = watch
+        self._queue: JobQueue | None = None
+        self._lock = threading.Lock()
+        self.since = time.time()
+        self._started = False
+        # What the app shows of jobs: this service's own poller, or a stand-in (recorded data).
+        self.source: Any = source if source is not None else ServiceJobSource(self)
+
+    # -- the parts, made when first needed (a CLI command needs no telemetry) ------------------
+
+    @property
+    def manager(self) -> JobManager:
+        with self._lock:
+            if self._manager is None:
+                self._manager = JobManager(self.ctl, self._history)
+                if self._owner:
+                    self._manager.owner = self._owner
+            return self._manager
+
+    @property
+    def queue(self) -> JobQueue:
+        m = self.manager
+        with self._lock:
+            if self._queue is None:
+                self._queue = JobQueue(m)
+            return self._queue
+
+    @property
+    def monitor(self) -> Any:
+        with self._lock:
+            if self._monitor is None:
+                from tui.control.monitor import Monitor
+
+                self._monitor = Monitor(self.ctl, rate_hz=self.telemetry_hz)
+            return self._monitor
+
+    @property
+    def watch(self) -> Any:
+        m = self.manager
+        q = self.queue
+        with self._lock:
+            if self._watch is None:
+                self._watch = JobWatch(m)
+            if getattr(self._watch, "after_round", "absent") is None:
+                self._watch.after_round = q.advance
+            return self._watch
+
+    @property
+    def state(self) -> ClusterState:
+        return self.monitor.state
+
+    def start(self, *, telemetry: bool = True, jobs: bool = True) -> ControllerService:
+        """Start the background parts: telemetry readers, and the job poller that supervises
+        live jobs and advances the queue."""
+        if self._started:
+            return self
+        self._started = True
+        if telemetry:
+            self.monitor.start()
+        if jobs:
+            self.watch.start()
+        return self
+
+    def close(self) -> None:
+        if self._watch is not None and hasattr(self._watch, "stop"):
+            self._watch.stop()
+        if self._monitor is not None and hasattr(self._monitor, "stop"):
+            self._monitor.stop(timeout=2.0)
+        self.ctl.close()
+
+    def info(self) -> ServiceInfo:
+        import importlib.metadata
+        import os
+
+        try:
+            version = importlib.metadata.version("rigdeck")
+        except importlib.metadata.PackageNotFoundError:
+            version = "dev"
+        return ServiceInfo(
+            kind=self.kind, host=self.host, pid=os.getpid(), since=self.since, version=version,
+            history=str(self.manager.history.path), queue_advances=self.kind == "server",
+        )
+
+    # -- hosts -----------------------------------------------------------------------------
+
+    def probe(self, names: Sequence[str] | None = None) -> list[HostReport]:
+        return self.ctl.probe(names)
+
+    def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
+        return self.ctl.deploy(names)
+
+    def reconnect(self, host: str) -> None:
+        if self._monitor is not None:
+            self._monitor.reconnect(host)
+
+    def trust_host_key(self, host: str, fingerprint: str) -> str:
+        return self.ctl.trust_host_key(host, fingerprint)
+
+    # -- jobs: what the app shows ------------------------------------------------------------
+
+    def jobs_snapshot(self) -> JobsSnapshot:
+        return self.source.snapshot()
+
+    def job_detail(self, job_id: str) -> JobDetail | None:
+        return self.source.detail(job_id)
+
+    def select(self, job_id: str | None, who: str | None = None) -> None:
+        if who is not None and isinstance(self.source, ServiceJobSource):
+            self.watch.select(job_id, who=who)
+        else:
+            self.source.select(job_id)
+
+    def kick(self) -> None:
+        self.source.kick()
+
+    def stop_plan(self, job_id: str) -> StopPlan:
+        return self.source.stop_plan(job_id)
+
+    # -- jobs: commands ----------------------------------------------------------------------
+
+    def launch(self, spec: JobSpec, *, queue: bool = True, job_id: str | None = None) -> JobView:
+        """Start ``spec`` now, or queue it when it does not fit now (``queue``)."""
+        lock = getattr(self._watch, "_jm_lock", None)
+        if lock is None:
+            view = self.queue.submit(spec, queue=queue, job_id=job_id)
+        else:
+            with lock:  # never interleaved with the poller's supervision and queue rounds
+                view = self.queue.submit(spec, queue=queue, job_id=job_id)
+        if self._watch is not None:
+            if view.state != "queued":
+                self._watch.select(view.job_id)
+            self._watch.kick()
+        return view
+
+    def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False,
+             wait: bool = True) -> JobView:
+        view = self.manager.stop(ref, grace_s=grace_s, wait=wait, yes=yes)
+        if self._watch is not None:
+            self._watch.kick()
+        return view
+
+    def view(self, ref: str) -> JobView:
+        return self.manager.view(ref)
+
+    def list_jobs(self, refresh: bool = True) -> list[JobView]:
+        return self.manager.list(refresh=refresh)
+
+    def queue_entries(self) -> list[QueueEntry]:
+        return self.queue.entries()
+
+    def metrics(self, ref: str) -> list[dict[str, Any]]:
+        return self.manager.metrics(ref)
+
+    def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False,
+                   binary: bool = False) -> Iterator[tuple[str, int, Any, bool]]:
+        return self.manager.log_chunks(ref, rank=rank, follow=follow, binary=binary)
+
+    def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
+        return self.manager.collect_garbage(hosts)
+
+    def wait(self, ref: str, timeout: float | None = None) -> Iterator[JobView]:
+        """The job's view each time its state or restart count changes, until it ends. Embedded,
+        this process supervises it meanwhile (and advances the queue, for a queued job); a
+        server supervises its jobs anyway."""
+        jm = self.manager
+        job_id = jm.record(ref)["job_id"]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
+        while True:
+            rec = jm.record(job_id)
+            if rec["state"] == "queued" and self.kind == "embedded":
+                self.queue.advance()
+            elif rec["state"] not in TERMINAL and self.kind == "embedded":
+                jm.history.try_lease(job_id, jm.owner, 60.0)
+                jm.supervise_once(rec)
+            rec = jm.record(job_id)
+            if (rec["state"], rec["restarts"]) != last:
+                last = (rec["state"], rec["restarts"])
+                yield jm.view(job_id, live=False)
+            if rec["state"] in TERMINAL:
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            time.sleep(0.5)
+
+    def history_path(self) -> Path:
+        return self.manager.history.path
+
+
+class ServiceJobSource:
+    """The app's job source over a service: its JobWatch, launches through the queue."""
+
+    def __init__(self, service: ControllerService):
+        self.svc = service
+
+    def start(self) -> ServiceJobSource:
+        self.svc.watch.start()
+        return self
+
+    def stop(self, timeout: float = 2.0) -> None:
+        if self.svc._watch is not None:
+            self.svc._watch.stop(timeout)
+
+    def snapshot(self) -> JobsSnapshot:
+        return self.svc.watch.snapshot()
+
+    def detail(self, job_id: str) -> JobDetail | None:
+        return self.svc.watch.detail(job_id)
+
+    def select(self, job_id: str | None) -> None:
+        self.svc.watch.select(job_id)
+
+    def kick(self) -> None:
+        self.svc.watch.kick()
+
+    def stop_plan(self, job_id: str) -> StopPlan:
+        return self.svc.watch.stop_plan(job_id)
+
+    def launch(self, spec: JobSpec) -> str:
+        return self.svc.launch(spec).job_id
+
+    def stop_job(self, job_id: str) -> str:
+        return str(self.svc.stop(job_id).state)
+
+    def inventory_hosts(self) -> list[str]:
+        return list(self.svc.inventory.names)
