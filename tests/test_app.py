@@ -28,6 +28,8 @@ from tui.remote.bundle import build_agent
 
 async def test_app_shows_the_local_host_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RIGDECK_HOME", str(tmp_path / "home"))
+    # Its own claim directory: a job of another test on this machine must not make its GPUs busy.
+    monkeypatch.setenv("RIGDECK_CLAIM_DIR", str(tmp_path / "claims"))
     spec = HostSpec(
         name="here",
         address="localhost",

@@ -1,0 +1,292 @@
+"""The controller as a service, on the test bed: `rigdeck server setup` and `start` put it on h1,
+the CLI and the app reach it over one SSH channel, and it manages jobs with no workstation
+process alive: gang restarts, the queue, a restart of the server itself, a lost path to it.
+
+Everything is real: sshd on each host, the server's own key (restricted on every host to the
+agent's attach), `rigdeck serve` in a venv on h1, agents, ranks, iptables."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_jobs import ROOT, TICKER, wait_until
+from tests.testbed import TestBed
+
+pytestmark = pytest.mark.testbed
+
+
+class Operator:
+    """One person at a workstation: their own RIGDECK_HOME, the shared inventory."""
+
+    def __init__(self, inventory: Path, home: Path):
+        self.inventory = inventory
+        self.home = home
+        self.env = {**os.environ, "RIGDECK_HOME": str(home), "PYTHONPATH": str(ROOT)}
+        self.env.pop("RIGDECK_SERVER", None)
+
+    def run(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([sys.executable, "-m", "tui.cli", *args, "-i", str(self.inventory)],
+                              capture_output=True, text=True, timeout=timeout, env=self.env, cwd=ROOT)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"rigdeck {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
+        return proc
+
+    def json(self, *args: str, check: bool = True, timeout: float = 180) -> Any:
+        return json.loads(self.run(*args, "--json", check=check, timeout=timeout).stdout)
+
+    def spec(self, name: str, body: str) -> Path:
+        path = self.home / f"{name}.toml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f'name = "{name}"\n' + body)
+        return path
+
+
+def workstation_rigdeck(homes: list[Path]) -> list[int]:
+    """Processes of these operators still alive on the workstation: any process whose
+    environment carries one of their RIGDECK_HOMEs (every CLI and app they started does)."""
+    marks = {f"RIGDECK_HOME={h}".encode() for h in homes}
+    out = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            env = set(Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"))
+        except OSError:
+            continue
+        if env & marks:
+            out.append(int(pid))
+    return out
+
+
+def rank_pids(bed: TestBed, host: int, job_id: str) -> dict[int, int]:
+    """rank -> pid of the job's training processes on a host, read there from /proc."""
+    code = r"""
+import json, os, sys
+out = {}
+for pid in os.listdir('/proc'):
+    if not pid.isdigit():
+        continue
+    try:
+        env = dict(kv.split('=', 1) for kv in open(f'/proc/{pid}/environ', 'rb').read().decode(
+            'utf-8', 'replace').split('\0') if '=' in kv)
+        cmd = open(f'/proc/{pid}/cmdline', 'rb').read()
+    except OSError:
+        continue
+    if env.get('RIGDECK_JOB_ID') == sys.argv[1] and 'RANK' in env and b'ticker' in cmd:
+        out[env['RANK']] = int(pid)
+print(json.dumps(out))
+"""
+    res = bed.exec(host, [sys.executable, "-c", code, job_id])
+    return {int(k): v for k, v in json.loads(res.stdout or "{}").items()}
+
+
+@pytest.fixture(scope="module")
+def served(testbed: TestBed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestBed, Operator, Operator]]:
+    """A server on h1, set up and started from the workstation; two operators."""
+    tmp = tmp_path_factory.mktemp("served")
+    inv = testbed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0, min_free_mb=1)
+    inv.write_text(inv.read_text() + '\n[server]\nhost = "h1"\n')
+    alice, bob = Operator(inv, tmp / "alice"), Operator(inv, tmp / "bob")
+    alice.run("deploy")
+    alice.run("server", "setup", timeout=900)
+    alice.run("server", "start", timeout=120)
+    try:
+        yield testbed, alice, bob
+    finally:
+        alice.run("server", "stop", check=False, timeout=60)
+
+
+TICK = f"""
+command = ["{{python}}", "{TICKER}", "--steps", "{{steps}}", "--sleep", "0.1"]
+workdir = "{ROOT}"
+launcher = "direct"
+"""
+
+
+def ticker(steps: int) -> str:
+    return TICK.replace("{steps}", str(steps))
+
+
+def test_server_status_and_the_cli_go_through_it(served: tuple[TestBed, Operator, Operator]) -> None:
+    bed, alice, _ = served
+    st = alice.json("server", "status")
+    assert st["running"] and st["listening"], st
+    # The CLI's jobs come from the server's history, not from a workstation database.
+    assert alice.json("jobs") == [] or isinstance(alice.json("jobs"), list)
+    assert not (alice.home / "history.sqlite").exists()
+
+
+def test_a_rank_killed_while_no_workstation_process_runs_is_restarted_by_the_server(
+        served: tuple[TestBed, Operator, Operator]) -> None:
+    bed, alice, bob = served
+    spec = alice.spec("unattended", ticker(100_000) + """
+nodes = 2
+hosts = ["h2", "h3"]
+gpus_per_node = 1
+[restart]
+max_restarts = 1
+""")
+    job = alice.json("launch", str(spec))
+    job_id = job["job_id"]
+    try:
+        pids = wait_until(lambda: rank_pids(bed, 3, job_id) or None, 60, "the rank on h3 runs")
+        assert workstation_rigdeck([alice.home, bob.home]) == []  # every workstation process has ended
+        killed_at = time.time()
+        os.kill(next(iter(pids.values())), signal.SIGKILL)  # the bed's PID namespaces nest in ours
+        time.sleep(15)  # nothing runs on the workstation meanwhile
+        assert workstation_rigdeck([alice.home, bob.home]) == []
+        view = alice.json("status", job_id)  # re-attaching
+        restarts = [e for e in view["events"] if e["event"] == "restart"]
+        assert view["restarts"] == 1 and restarts, view["events"]
+        assert restarts[0]["cause"]["signal"] == 9 and restarts[0]["cause"]["host"] == "h3"
+        assert restarts[0]["time"] - killed_at < 15
+        started = [e for e in view["events"] if e["event"] == "started"]
+        assert len(started) == 2 and started[1]["time"] - killed_at < 15, started
+        assert view["state"] == "running", view["state"]
+        # Both hosts run the new attempt; the old rank on h2 was stopped with the gang.
+        assert rank_pids(bed, 2, job_id) and rank_pids(bed, 3, job_id)
+        status = alice.run("status", job_id).stdout
+        assert "after 1 restart" in status, status
+    finally:
+        alice.run("stop", job_id, "--grace", "1", check=False)
+
+
+def test_two_operators_share_jobs_and_queue_and_the_queue_runs_unattended(
+        served: tuple[TestBed, Operator, Operator]) -> None:
+    bed, alice, bob = served
+    body = ticker(40) + "nodes = 3\ngpus_per_node = 4\n"  # all of every host's GPUs: one at a time
+    specs = [alice.spec("whole-a", body), bob.spec("whole-b", body)]
+    procs = [subprocess.Popen([sys.executable, "-m", "tui.cli", "launch", str(s), "--json", "-i", str(op.inventory)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=op.env, cwd=ROOT)
+             for s, op in zip(specs, (alice, bob), strict=True)]
+    views = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+        views.append(json.loads(out))
+    states = sorted(v["state"] for v in views)
+    assert states == ["queued", "running"], states
+    first = next(v for v in views if v["state"] == "running")
+    second = next(v for v in views if v["state"] == "queued")
+    assert first["job_id"] in second["waiting"] or "GPU" in second["waiting"], second["waiting"]
+    # Both operators see the same jobs and the same line.
+    ids_a = {v["job_id"] for v in alice.json("jobs")}
+    ids_b = {v["job_id"] for v in bob.json("jobs")}
+    assert {first["job_id"], second["job_id"]} <= ids_a and ids_a == ids_b
+    assert [e["job_id"] for e in alice.json("queue")] == [second["job_id"]] == [e["job_id"] for e in bob.json("queue")]
+    assert workstation_rigdeck([alice.home, bob.home]) == []
+    deadline = time.time() + 120
+    while time.time() < deadline:  # the workstation only sleeps: nothing of rigdeck runs here
+        time.sleep(10)
+        v1 = alice.json("status", first["job_id"])
+        if v1["state"] in ("succeeded", "failed", "stopped"):
+            break
+    v1 = alice.json("status", first["job_id"])
+    assert v1["state"] == "succeeded", v1
+    v2 = wait_until(lambda: (lambda v: v if v["started"] else None)(bob.json("status", second["job_id"])), 60,
+                    "the queued job starts")
+    assert v2["started"] - v1["ended"] <= 3.0, (v1["ended"], v2["started"])
+    assert [e for e in v2["events"] if e["event"] == "queued"]
+    alice.run("stop", second["job_id"], "--grace", "1")
+
+
+def test_a_killed_server_restarts_and_readopts_its_jobs_and_queue(served: tuple[TestBed, Operator, Operator]) -> None:
+    bed, alice, bob = served
+    body = ticker(100_000) + "nodes = 3\ngpus_per_node = 4\n"
+    running = alice.json("launch", str(alice.spec("keeps-running", body)))
+    waiting = bob.json("launch", str(bob.spec("keeps-waiting", body)))
+    assert running["state"] == "running" and waiting["state"] == "queued"
+    try:
+        before = {h: rank_pids(bed, h, running["job_id"]) for h in (1, 2, 3)}
+        assert all(before.values()), before
+        pid = alice.json("server", "status")["pid"]
+        bed.exec(1, ["kill", "-9", str(pid)])
+        wait_until(lambda: not alice.json("server", "status", check=False).get("running") or None, 30,
+                   "the server is seen dead")
+        alice.run("server", "start", timeout=120)
+        time.sleep(3)  # a few supervision rounds
+        view = alice.json("status", running["job_id"])
+        assert view["state"] == "running" and view["restarts"] == 0, view
+        after = {h: rank_pids(bed, h, running["job_id"]) for h in (1, 2, 3)}
+        assert after == before  # re-adopted: the same processes, nothing started again
+        assert [e["job_id"] for e in alice.json("queue")] == [waiting["job_id"]]
+        started = [e for e in view["events"] if e["event"] == "started"]
+        assert len(started) == 1
+        alice.run("stop", running["job_id"], "--grace", "1")
+        v2 = wait_until(lambda: (lambda v: v if v["state"] == "running" else None)(bob.json("status", waiting["job_id"])),
+                        60, "the queued job starts after the restart")
+        assert len([e for e in v2["events"] if e["event"] == "started"]) == 1
+    finally:
+        for j in (running["job_id"], waiting["job_id"]):
+            alice.run("stop", j, "--grace", "1", check=False)
+
+
+def test_the_servers_key_runs_only_the_agent_and_no_host_listens_on_tcp(served: tuple[TestBed, Operator, Operator]) -> None:
+    bed, alice, _ = served
+    key = "/root/.rigdeck/server/id_ed25519"
+    for target in bed.hosts[1:]:
+        res = bed.exec(1, ["ssh", "-i", key, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                           "-o", "UserKnownHostsFile=/root/.rigdeck/server/known_hosts",
+                           f"root@{target.address}", "id"], timeout=30, input="")
+        assert "uid=" not in res.stdout, res.stdout
+    for i, h in enumerate(bed.hosts, start=1):
+        listening = bed.exec(i, ["ss", "-ltnp"]).stdout.splitlines()[1:]
+        others = [ln for ln in listening if "sshd" not in ln]
+        assert others == [], (h.name, others)
+
+
+def test_the_app_shows_a_lost_server_link_and_reconnects(served: tuple[TestBed, Operator, Operator]) -> None:
+    import asyncio
+
+    bed, alice, _ = served
+    spec = alice.spec("through-a-cut", ticker(100_000) + "nodes = 2\nhosts = [\"h2\", \"h3\"]\ngpus_per_node = 1\n")
+
+    async def run() -> None:
+        from tui.app.shell import RigdeckApp
+        from tui.client import RemoteClient, load_inventory
+        from tui.model.jobspec import load_jobspec
+
+        inv = load_inventory(alice.inventory)
+        client = RemoteClient(inv)
+        app = RigdeckApp(client, keymap_file=alice.home / "keys.toml")
+        async with app.run_test(size=(120, 36)) as pilot:
+            def summary() -> str:
+                return str(app.query_one("#summary").render())
+
+            async def until(cond: Callable[[], bool], what: str, limit: float) -> None:
+                end = time.monotonic() + limit
+                while time.monotonic() < end:
+                    await pilot.pause(0.5)
+                    if cond():
+                        return
+                raise AssertionError(f"{what}: {summary()}")
+
+            await until(lambda: "controller: server h1" in summary(), "link up", 60)
+            await until(lambda: "3/3 up" in summary(), "hosts up through the server", 60)
+            job = client.launch(load_jobspec(spec))
+            ns = bed.host(1).netns
+            rule = ["INPUT", "-s", bed.gateway, "-j", "DROP"]  # the workstation's path to h1
+            subprocess.run(["ip", "netns", "exec", ns, "iptables", "-I", *rule], check=True)
+            cut = time.monotonic()
+            try:
+                await until(lambda: "link down" in summary(), "link down shown", 40)
+                await asyncio.sleep(max(0.0, 30 - (time.monotonic() - cut)))
+            finally:
+                subprocess.run(["ip", "netns", "exec", ns, "iptables", "-D", *rule], check=True)
+            await until(lambda: "controller: server h1" in summary(), "reconnected by itself", 60)
+            assert client.reconnects >= 1
+            view = client.view(job.job_id)  # the job went on meanwhile, on hosts the server still reached
+            assert view.state == "running" and view.restarts == 0 and view.last_step, view.to_json()
+            client.stop(job.job_id, grace_s=1)
+
+    asyncio.run(run())
