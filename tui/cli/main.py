@@ -295,8 +295,9 @@ def _print_logs(chunks: Any, *, raw: bool, flush: bool) -> None:
 
 
 def _run_jobs(args: argparse.Namespace) -> int:
-    from tui.control.jobs import TERMINAL, AmbiguousJobError, JobError
+    from tui.control.jobs import AmbiguousJobError, JobError
     from tui.model.jobspec import JobSpecError, load_jobspec
+    from tui.model.jobstate import TERMINAL
     from tui.model.scheduler import PlacementError
 
     ctl, jm = _job_manager(args)
