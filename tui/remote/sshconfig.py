@@ -23,6 +23,7 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from tui.model.fields import Bad
 from tui.model.inventory import (  # noqa: F401  (the loader works with the model's private checks)
     _ADDRESS_EXPECTED,
     _DEFAULT_FIELDS,
@@ -40,7 +41,6 @@ from tui.model.inventory import (  # noqa: F401  (the loader works with the mode
     Inventory,
     InventoryError,
     Retention,
-    _Bad,
     _checked,
     _Jump,
     _local_user,
@@ -119,7 +119,7 @@ class _SshConfig:
         value = options["proxyjump"]
         try:
             return _proxy_jump(value)
-        except _Bad as bad:
+        except Bad as bad:
             raise InventoryError(
                 self.path, host, "ProxyJump", bad.expected or _JUMP_EXPECTED, value
             ) from None
@@ -361,7 +361,7 @@ def _hostfile_inventory(text: str, path: Path, defaults: Mapping[str, Any] | Non
         name = _sanitize(hostname)
         try:  # "h5:2222" is host h5 on port 2222, as in an inventory's address
             host, port = _split_address(hostname)
-        except _Bad as bad:
+        except Bad as bad:
             raise InventoryError(
                 path, name, "address", bad.expected or _ADDRESS_EXPECTED, hostname, line=lineno
             ) from None
@@ -441,7 +441,7 @@ def _hops(
     for position, element in enumerate(e.strip() for e in spec.split(",")):
         try:
             jump = _parse_jump(element)
-        except _Bad as bad:
+        except Bad as bad:
             raise InventoryError(
                 inv.path, root.name, "proxy_jump", bad.expected or _JUMP_EXPECTED, element
             ) from None
