@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
+import tomli_w
 
 try:
     import tomllib
@@ -50,8 +51,6 @@ from tui.model.inventory import (  # noqa: F401  (the loader works with the mode
     _read,
     _sanitize,
     _split_address,
-    _toml_str,
-    _toml_value,
     default_inventory_path,
 )
 
@@ -490,12 +489,13 @@ def hostfile_to_toml(inv: Inventory) -> str:
     ssh = _SshConfig(inv.ssh_config)
     source = str(inv.path).replace("\n", " ") if inv.path else "the built-in inventory"
     out = [
-        f"# rigdeck inventory, imported from {source}",
-        "# Values the ssh config resolved are written out; delete a line to resolve it again.",
-        "",
-        "[defaults]",
-        f"known_hosts = {_toml_str(str(inv.known_hosts))}",
-        f"ssh_config = {_toml_str(str(inv.ssh_config) if inv.ssh_config else '')}",
+        f"# rigdeck inventory, imported from {source}\n",
+        "# Values the ssh config resolved are written out; delete a line to resolve it again.\n",
+        "\n",
+        tomli_w.dumps({"defaults": {
+            "known_hosts": str(inv.known_hosts),
+            "ssh_config": str(inv.ssh_config) if inv.ssh_config else "",
+        }}),
     ]
     builtin = HostSpec(name="-", address="-")
     for h in inv.hosts:
@@ -525,6 +525,10 @@ def hostfile_to_toml(inv: Inventory) -> str:
             value = getattr(h, key)
             if value != getattr(builtin, key):
                 fields[key] = dict(value) if key == "env" else value
-        out += ["", "[[hosts]]"]
-        out += [f"{key} = {_toml_value(value)}" for key, value in fields.items()]
-    return "\n".join(out) + "\n"
+        # One [[hosts]] table a host, one key a line (tomli_w alone would write a short host as
+        # an inline table); a table value (env) follows as [hosts.KEY].
+        tables = {k: v for k, v in fields.items() if isinstance(v, dict)}
+        keys = {k: v for k, v in fields.items() if k not in tables}
+        out += ["\n[[hosts]]\n", tomli_w.dumps(keys)]
+        out += [f"\n[hosts.{k}]\n" + tomli_w.dumps(v) for k, v in tables.items()]
+    return "".join(out)
