@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
 log = logging.getLogger("rigdeck.testbed")
 
 BASE_DIR = Path("/run/rigdeck-testbed")
@@ -334,30 +336,6 @@ def _keygen(path: Path, comment: str) -> None:
         except FileNotFoundError:
             pass
     _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
-
-
-def _toml_key(k: str) -> str:
-    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else json.dumps(k)
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if v != v:
-            return "nan"
-        if v in (float("inf"), float("-inf")):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, (str, Path)):
-        return json.dumps(str(v))
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{_toml_key(k)} = {_toml_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(f"cannot write {type(v).__name__} to the inventory: {v!r}")
 
 
 def _bed_dir(k: int) -> Path:
@@ -978,16 +956,17 @@ class TestBed:
             "connect_timeout": 5.0,
         }
         d.update(defaults)
-        lines = ["[defaults]"]
-        lines += [f"{_toml_key(k)} = {_toml_value(v)}" for k, v in d.items() if v is not None]
+        text = tomli_w.dumps({"defaults": {k: str(v) if isinstance(v, Path) else v
+                                           for k, v in d.items() if v is not None}})
         chosen = [self.host(i) for i in hosts] if hosts is not None else self.hosts
         for h in chosen:
-            lines += ["", "[[hosts]]", f"name = {_toml_value(h.name)}",
-                      f"address = {_toml_value(h.address)}"]
+            # One [[hosts]] table each, one key a line: tests edit this text by its lines.
+            entry: dict[str, Any] = {"name": h.name, "address": h.address}
             if h.sim_gpus > 0:
-                lines.append(f"sim_gpus = {h.sim_gpus}")
+                entry["sim_gpus"] = h.sim_gpus
+            text += "\n[[hosts]]\n" + tomli_w.dumps(entry)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("\n".join(lines) + "\n")
+        path.write_text(text)
         return path
 
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from tui.control.controller import HostReport
 from tui.control.history import JobRefError
-from tui.control.jobs import TERMINAL, AmbiguousJobError, JobError, JobView, describe_cause
+from tui.control.jobs import AmbiguousJobError, JobError, JobView, describe_cause
 from tui.control.jobwatch import JobDetail, JobsSnapshot, LogBuffer, StopPlan
 from tui.control.queue import QueueEntry
 from tui.control.server import StateMirror, serve
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "AmbiguousJobError", "Client", "HostReport", "InProcessClient", "InventoryError", "JobError",
     "JobRefError", "JobSpecError", "JobView", "LinkStatus", "PlacementError", "QueueEntry",
-    "RemoteClient", "ServerError", "TERMINAL", "TransportError", "connect", "describe_cause",
+    "RemoteClient", "ServerError", "TransportError", "connect", "describe_cause",
     "hostfile_to_toml", "load_hostfile", "load_inventory", "serve", "wire_json",
 ]
 

@@ -322,8 +322,9 @@ def _print_queue(entries: list[Any]) -> None:
 
 
 def _run_jobs(args: argparse.Namespace) -> int:
-    from tui.client import TERMINAL, AmbiguousJobError, JobError, PlacementError, wire_json
+    from tui.client import AmbiguousJobError, JobError, PlacementError, wire_json
     from tui.model.jobspec import JobSpecError, load_jobspec
+    from tui.model.jobstate import TERMINAL
 
     client = _client(args)
     try:

@@ -20,6 +20,7 @@ from typing import Any
 from tui.control.controller import Controller
 from tui.control.history import History, JobRef, JobRefError
 from tui.model.jobspec import JobSpec
+from tui.model.jobstate import TERMINAL
 from tui.model.scheduler import (
     HostCapacity,
     NodeAssignment,
@@ -34,7 +35,6 @@ from tui.remote.transport import TransportError
 
 log = logging.getLogger(__name__)
 
-TERMINAL = ("succeeded", "failed", "stopped")
 POLL_S = 0.5
 LEASE_S = 60.0  # how long a supervising controller's claim on a job lasts without renewal
 

@@ -20,12 +20,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from tui.model.jobspec import JobSpec
+from tui.model.jobstate import TERMINAL
 from tui.model.termsafe import log_lines, terminal_safe
 from tui.remote.transport import TransportError
 
 log = logging.getLogger(__name__)
 
-TERMINAL = ("succeeded", "failed", "stopped")
 RATE_WINDOW_S = 30.0
 LOG_LIMIT = 200_000  # lines kept per job; the oldest half goes when it is reached
 LOG_CHUNKS_PER_ROUND = 8  # per rank, so one chatty rank cannot hold up a round

@@ -21,11 +21,12 @@ from typing import Any
 
 from tui.control.controller import Controller, HostReport
 from tui.control.history import History
-from tui.control.jobs import TERMINAL, JobManager, JobView
+from tui.control.jobs import JobManager, JobView
 from tui.control.jobwatch import JobDetail, JobsSnapshot, JobWatch, StopPlan
 from tui.control.queue import JobQueue, QueueEntry
 from tui.model.inventory import Inventory
 from tui.model.jobspec import JobSpec
+from tui.model.jobstate import TERMINAL
 from tui.model.state import ClusterState
 
 log = logging.getLogger(__name__)

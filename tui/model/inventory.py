@@ -7,21 +7,27 @@ Nothing here opens a connection; the result is plain frozen dataclasses.
 
 from __future__ import annotations
 
-import difflib
 import getpass
 import math
 import os
 import re
-import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-if sys.version_info >= (3, 11):
-    pass
-else:  # pragma: no cover - exercised on Python 3.10 only
-    pass
+from tui.model.fields import (
+    ENV_NAME_RE,
+    Bad,
+    Check,
+    checked,
+    int_range,
+    is_int,
+    nonblank,
+    number,
+    show,
+    token,
+)
 
 __all__ = [
     "INVENTORY_ENV",
@@ -40,7 +46,6 @@ DEFAULT_SSH_CONFIG = "~/.ssh/config"
 NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
 # Stand-ins for a host name in errors: an unnamed entry ("hosts[2]") or a section ("[defaults]").
 _LABEL_RE = re.compile(r"hosts\[[0-9]+\]|\[[a-z_]+\]")
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # [ssh://][user@]host[:port], with IPv6 addresses in brackets, as OpenSSH's ProxyJump takes them.
 _JUMP_RE = re.compile(
     r"(?:ssh://)?(?:(?P<user>[^@\s/]+)@)?"
@@ -131,7 +136,7 @@ class InventoryError(ValueError):
             parts.append(f"field {self.field!r}")
         text = f"expected {self.expected}"
         if self.got is not None:
-            text += f", got {_show(self.got)} ({type(self.got).__name__})"
+            text += f", got {show(self.got)} ({type(self.got).__name__})"
         parts.append(text)
         return ": ".join(parts)
 
@@ -191,58 +196,8 @@ class Inventory:
 
 
 # ---------------------------------------------------------------------------------------------
-# Field checks. Each takes the raw TOML value and returns the converted one, or raises _Bad.
-
-
-class _Bad(Exception):
-    """A value failed its check; the caller adds file and host. Overrides are optional."""
-
-    def __init__(self, expected: str | None = None, *, got: Any = None, field: str | None = None):
-        super().__init__(expected)
-        self.expected = expected
-        self.got = got
-        self.field = field
-
-
-class _Check(NamedTuple):
-    expected: str
-    convert: Callable[[Any], Any]
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _int_range(lo: int, hi: int | None = None) -> Callable[[Any], int]:
-    def check(v: Any) -> int:
-        if _is_int(v) and v >= lo and (hi is None or v <= hi):
-            return int(v)
-        raise _Bad()
-
-    return check
-
-
-def _seconds(*, positive: bool) -> Callable[[Any], float]:
-    def check(v: Any) -> float:
-        if (_is_int(v) or isinstance(v, float)) and math.isfinite(v):
-            if v > 0 or (v == 0 and not positive):
-                return float(v)
-        raise _Bad()
-
-    return check
-
-
-def _text(v: Any) -> str:
-    if isinstance(v, str) and v.strip():
-        return v
-    raise _Bad()
-
-
-def _token(v: Any) -> str:
-    """A non-empty string without whitespace (addresses, user names)."""
-    if isinstance(v, str) and v and not any(c.isspace() for c in v):
-        return v
-    raise _Bad()
+# Field checks (the kit is tui.model.fields). Each takes the raw TOML value and returns the
+# converted one, or raises Bad.
 
 
 class _Address(NamedTuple):
@@ -262,39 +217,39 @@ def _split_address(v: str) -> _Address:
     ``[v6]`` / ``[v6]:port``. A port written here is what the user meant, never part of the
     host name: ssh would otherwise look up a host called "h5:2222"."""
     if not v or any(c.isspace() for c in v):
-        raise _Bad(_ADDRESS_EXPECTED, got=v)
+        raise Bad(_ADDRESS_EXPECTED, got=v)
     if v.startswith("["):
         m = _ADDRESS_V6_RE.fullmatch(v)
         if m is None:
-            raise _Bad(_ADDRESS_EXPECTED, got=v)
+            raise Bad(_ADDRESS_EXPECTED, got=v)
         host, port_text = m["v6"], m["port"]
     elif v.count(":") == 1:
         host, port_text = v.split(":")
     else:
         host, port_text = v, None
     if not host:
-        raise _Bad(_ADDRESS_EXPECTED, got=v)
+        raise Bad(_ADDRESS_EXPECTED, got=v)
     if port_text is None:
         return _Address(host, None)
     if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 1 <= int(port_text) <= 65535:
-        raise _Bad("a port 1..65535 after the ':' of host:port", got=v)
+        raise Bad("a port 1..65535 after the ':' of host:port", got=v)
     return _Address(host, int(port_text))
 
 
 def _address(v: Any) -> _Address:
     if not isinstance(v, str):
-        raise _Bad()
+        raise Bad()
     return _split_address(v)
 
 
 def _name(v: Any) -> str:
     if isinstance(v, str) and NAME_RE.fullmatch(v):
         return v
-    raise _Bad()
+    raise Bad()
 
 
 def _local_path(v: Any) -> str:
-    return os.path.expanduser(_text(v))
+    return os.path.expanduser(nonblank(v))
 
 
 def _optional_local_path(v: Any) -> str:
@@ -308,30 +263,30 @@ def _paths(v: Any) -> tuple[str, ...]:
         return (_local_path(v),)
     if isinstance(v, list):
         return tuple(_local_path(p) for p in v)
-    raise _Bad()
+    raise Bad()
 
 
 def _labels(v: Any) -> tuple[str, ...]:
     if isinstance(v, list) and all(isinstance(s, str) and s for s in v):
         return tuple(v)
-    raise _Bad()
+    raise Bad()
 
 
 def _env(v: Any) -> dict[str, str]:
     if not isinstance(v, dict):
-        raise _Bad()
+        raise Bad()
     for key, value in v.items():
-        if not _ENV_NAME_RE.fullmatch(key):
-            raise _Bad("environment variable names ([A-Za-z_][A-Za-z0-9_]*)", got=key)
+        if not ENV_NAME_RE.fullmatch(key):
+            raise Bad("environment variable names ([A-Za-z_][A-Za-z0-9_]*)", got=key)
         if not isinstance(value, str):
-            raise _Bad("a string", got=value, field=f"env.{key}")
+            raise Bad("a string", got=value, sub=key)
     return dict(v)
 
 
 def _transport(v: Any) -> str:
     if v in ("ssh", "local"):
         return str(v)
-    raise _Bad()
+    raise Bad()
 
 
 class _Jump(NamedTuple):
@@ -348,19 +303,19 @@ _JUMP_EXPECTED = (
 def _parse_jump(element: str) -> _Jump:
     m = _JUMP_RE.fullmatch(element)
     if m is None:
-        raise _Bad(got=element)
+        raise Bad(got=element)
     port = None
     if m["port"] is not None:
         port = int(m["port"])
         if not 1 <= port <= 65535:
-            raise _Bad(f"a jump host port 1..65535 in {_JUMP_EXPECTED}", got=element)
+            raise Bad(f"a jump host port 1..65535 in {_JUMP_EXPECTED}", got=element)
     return _Jump(m["user"], m["v6"] or m["host"], port)
 
 
 def _proxy_jump(v: Any) -> str | None:
     """The raw jump spec, checked for syntax; "none" (as in OpenSSH) means no jump."""
     if not isinstance(v, str) or not v.strip():
-        raise _Bad()
+        raise Bad()
     if v.strip().lower() == "none":
         return None
     for element in v.split(","):
@@ -373,116 +328,67 @@ def _proxy_jump(v: Any) -> str | None:
 MAX_SLOTS = 4096
 _SLOTS_EXPECTED = f"an integer 1..{MAX_SLOTS}"
 
-_COMMON_FIELDS: dict[str, _Check] = {
-    "port": _Check("an integer 1..65535", _int_range(1, 65535)),
-    "user": _Check("a user name (a string without spaces)", _token),
-    "identity_file": _Check("a path or a list of paths (strings)", _paths),
-    "python": _Check("a Python interpreter command or path (a string)", _text),
-    "state_dir": _Check("a directory path on the host (a string)", _text),
-    "labels": _Check("a list of strings", _labels),
-    "sim_gpus": _Check("an integer >= 0", _int_range(0)),
-    "env": _Check('a table of strings (NAME = "value")', _env),
-    "connect_timeout": _Check("a number of seconds > 0", _seconds(positive=True)),
-    "keepalive": _Check("a number of seconds >= 0 (0 = off)", _seconds(positive=False)),
+_COMMON_FIELDS: dict[str, Check] = {
+    "port": Check("an integer 1..65535", int_range(1, 65535)),
+    "user": Check("a user name (a string without spaces)", token),
+    "identity_file": Check("a path or a list of paths (strings)", _paths),
+    "python": Check("a Python interpreter command or path (a string)", nonblank),
+    "state_dir": Check("a directory path on the host (a string)", nonblank),
+    "labels": Check("a list of strings", _labels),
+    "sim_gpus": Check("an integer >= 0", int_range(0)),
+    "env": Check('a table of strings (NAME = "value")', _env),
+    "connect_timeout": Check("a number of seconds > 0", number(positive=True)),
+    "keepalive": Check("a number of seconds >= 0 (0 = off)", number(positive=False)),
 }
 def _retention(v: Any) -> Retention:
     """``[defaults.retention]``: max_age_days (a number > 0) and max_jobs (an integer >= 1)."""
     if not isinstance(v, dict):
-        raise _Bad("a table with max_age_days and/or max_jobs")
+        raise Bad("a table with max_age_days and/or max_jobs")
     unknown = sorted(set(v) - {"max_age_days", "max_jobs"})
     if unknown:
-        raise _Bad("only max_age_days (days > 0) and max_jobs (an integer >= 1)", got=unknown[0])
+        raise Bad("only max_age_days (days > 0) and max_jobs (an integer >= 1)", got=unknown[0])
     age = v.get("max_age_days", Retention.max_age_days)
     jobs = v.get("max_jobs", Retention.max_jobs)
-    if not ((_is_int(age) or isinstance(age, float)) and math.isfinite(age) and age > 0):
-        raise _Bad("max_age_days: a number of days > 0", got=age)
-    if not (_is_int(jobs) and jobs >= 1):
-        raise _Bad("max_jobs: an integer >= 1", got=jobs)
+    if not ((is_int(age) or isinstance(age, float)) and math.isfinite(age) and age > 0):
+        raise Bad("max_age_days: a number of days > 0", got=age)
+    if not (is_int(jobs) and jobs >= 1):
+        raise Bad("max_jobs: an integer >= 1", got=jobs)
     return Retention(float(age), int(jobs))
 
 
-_DEFAULT_FIELDS: dict[str, _Check] = {
+_DEFAULT_FIELDS: dict[str, Check] = {
     **_COMMON_FIELDS,
-    "min_free_mb": _Check("a number of MB >= 0 (launch refuses a host with less free for its job files)",
-                          _seconds(positive=False)),
-    "retention": _Check("a table: max_age_days = N, max_jobs = N (when ended job dirs are removed)",
-                        _retention),
-    "known_hosts": _Check("a path (a string)", _local_path),
-    "ssh_config": _Check('a path (a string; "" disables it)', _optional_local_path),
+    "min_free_mb": Check("a number of MB >= 0 (launch refuses a host with less free for its job files)",
+                         number(positive=False)),
+    "retention": Check("a table: max_age_days = N, max_jobs = N (when ended job dirs are removed)",
+                       _retention),
+    "known_hosts": Check("a path (a string)", _local_path),
+    "ssh_config": Check('a path (a string; "" disables it)', _optional_local_path),
 }
-_HOST_FIELDS: dict[str, _Check] = {
+_HOST_FIELDS: dict[str, Check] = {
     **_COMMON_FIELDS,
-    "name": _Check("a name of letters, digits, '.', '_' and '-'", _name),
-    "address": _Check(_ADDRESS_EXPECTED, _address),
-    "proxy_jump": _Check(_JUMP_EXPECTED, _proxy_jump),
-    "slots": _Check(_SLOTS_EXPECTED, _int_range(1, MAX_SLOTS)),
-    "transport": _Check('"ssh" or "local"', _transport),
+    "name": Check("a name of letters, digits, '.', '_' and '-'", _name),
+    "address": Check(_ADDRESS_EXPECTED, _address),
+    "proxy_jump": Check(_JUMP_EXPECTED, _proxy_jump),
+    "slots": Check(_SLOTS_EXPECTED, int_range(1, MAX_SLOTS)),
+    "transport": Check('"ssh" or "local"', _transport),
 }
 _TOP_LEVEL = ("defaults", "hosts")
 
 
-def _unknown_field(key: str, known: Sequence[str]) -> str:
-    hint = difflib.get_close_matches(key, known, n=1)
-    did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
-    return f"one of the known fields {', '.join(sorted(known))}{did_you_mean}"
-
-
 def _checked(
     raw: Mapping[str, Any],
-    checks: Mapping[str, _Check],
+    checks: Mapping[str, Check],
     path: Path | None,
     host: str | None,
     line: int | None = None,
 ) -> dict[str, Any]:
-    """Check every key of one table; unknown keys are errors."""
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        check = checks.get(key)
-        if check is None:
-            raise InventoryError(path, host, key, _unknown_field(key, list(checks)), line=line)
-        try:
-            out[key] = check.convert(value)
-        except _Bad as bad:
-            raise InventoryError(
-                path,
-                host,
-                bad.field or key,
-                bad.expected or check.expected,
-                value if bad.got is None else bad.got,
-                line=line,
-            ) from None
-    return out
+    """Check every key of one table; unknown keys are errors naming file, host and line."""
 
+    def error(name: str, expected: str, got: Any) -> InventoryError:
+        return InventoryError(path, host, name, expected, got, line=line)
 
-_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
-def _toml_str(s: str) -> str:
-    out = []
-    for ch in s:
-        if ch in _TOML_ESCAPES:
-            out.append(_TOML_ESCAPES[ch])
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04X}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return _toml_str(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        if not v:
-            return "{}"
-        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
-    raise TypeError(f"no TOML form for {type(v).__name__}")
+    return checked(raw, checks, error)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -517,14 +423,4 @@ def _looks_like_hostfile(text: str) -> bool:
 def _sanitize(hostname: str) -> str:
     """An inventory name for a host name that may hold other characters (IPv6, brackets)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", hostname).strip("-") or "host"
-
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, str):
-        text = _toml_str(value)
-    else:
-        text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
 

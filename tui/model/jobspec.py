@@ -9,18 +9,28 @@ from __future__ import annotations
 
 import copy
 import datetime
-import difflib
 import functools
 import json
 import math
 import os
 import re
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
+from tui.model.fields import (
+    ENV_NAME_RE,
+    Bad,
+    Check,
+    checked,
+    int_range,
+    is_int,
+    nonblank,
+    show,
+    unknown_field,
+)
 from tui.model.inventory import NAME_RE as HOST_NAME_RE
 
 if sys.version_info >= (3, 11):
@@ -62,7 +72,6 @@ MAX_PATH_BYTES = 4096  # PATH_MAX: workdir, checkpoint.dir, channel paths
 MAX_SPEC_JSON_BYTES = 512 * 1024  # the spec as the job plan carries it
 
 JOB_NAME_RE = re.compile(r"[A-Za-z0-9._-]{1,64}")
-_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # "host:NAME/gpu:I"; NAME as in the inventory, I a physical GPU index (or local rank without GPUs).
 _OWNER_HOST_RE = re.compile(r"host:(?P<host>[^/]*)/gpu:(?P<gpu>[^/]*)")
 OWNER_POLICIES = ("rank0", "per-node", "all")
@@ -112,7 +121,8 @@ class JobSpecError(ValueError):
             parts.append(f"field {self.field!r}")
         text = f"expected {self.expected}"
         if self.got is not None:
-            text += f", got {_show(self.got)} ({_type_name(self.got)})"
+            # Control characters are shown as they are, as job spec messages always have.
+            text += f", got {show(self.got, escape_controls=False)} ({_type_name(self.got)})"
         parts.append(text)
         return ": ".join(parts)
 
@@ -297,50 +307,14 @@ def parse_loss(line: str, pattern: str | None = None) -> float | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Field checks. Each takes the raw TOML value and returns the converted one, or raises _Bad.
-
-
-class _Bad(Exception):
-    """A value failed its check; the caller adds file and field. ``sub`` extends the field."""
-
-    def __init__(self, expected: str | None = None, *, got: Any = None, sub: str | None = None):
-        super().__init__(expected)
-        self.expected = expected
-        self.got = got
-        self.sub = sub
-
-
-class _Check(NamedTuple):
-    expected: str
-    convert: Callable[[Any], Any]
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _int_at_least(lo: int) -> Callable[[Any], int]:
-    def check(v: Any) -> int:
-        if _is_int(v) and v >= lo:
-            return int(v)
-        raise _Bad()
-
-    return check
-
-
-def _int_range(lo: int, hi: int) -> Callable[[Any], int]:
-    def check(v: Any) -> int:
-        if _is_int(v) and lo <= v <= hi:
-            return int(v)
-        raise _Bad()
-
-    return check
+# Field checks (the kit is tui.model.fields). Each takes the raw TOML value and returns the
+# converted one, or raises Bad.
 
 
 def _job_name(v: Any) -> str:
     if isinstance(v, str) and JOB_NAME_RE.fullmatch(v):
         return v
-    raise _Bad()
+    raise Bad()
 
 
 def _utf8_len(s: str) -> int:
@@ -353,13 +327,13 @@ def _arguments(v: tuple[str, ...], what: str) -> tuple[str, ...]:
     for i, arg in enumerate(v):
         size = _utf8_len(arg)
         if size > MAX_ARG_BYTES:
-            raise _Bad(
+            raise Bad(
                 f"{what} of at most {MAX_ARG_BYTES} bytes (64 KiB) each; this one has {size}",
                 sub=f"[{i}]",
             )
         total += size + 1  # exec counts each one's terminating NUL
     if total > MAX_ARGV_BYTES:
-        raise _Bad(
+        raise Bad(
             f"{what} of at most {MAX_ARGV_BYTES} bytes (128 KiB) together; these have {total}"
         )
     return v
@@ -368,14 +342,14 @@ def _arguments(v: tuple[str, ...], what: str) -> tuple[str, ...]:
 def _command(v: Any) -> tuple[str, ...]:
     if isinstance(v, list) and v and all(isinstance(s, str) and s for s in v):
         return _arguments(tuple(v), "arguments")
-    raise _Bad()
+    raise Bad()
 
 
 def _path_text(v: Any) -> str:
     """A path on the hosts: non-empty, and no longer than a path can be."""
-    text = _text(v)
+    text = nonblank(v)
     if _utf8_len(text) > MAX_PATH_BYTES:
-        raise _Bad(f"a path of at most {MAX_PATH_BYTES} bytes; this one has {_utf8_len(text)}")
+        raise Bad(f"a path of at most {MAX_PATH_BYTES} bytes; this one has {_utf8_len(text)}")
     return text
 
 
@@ -383,46 +357,46 @@ def _workdir(v: Any) -> str:
     # "~" would mean a different home on every host, and the spec file's directory is local.
     if isinstance(v, str) and v.strip() and not v.startswith("~"):
         return _path_text(v)
-    raise _Bad()
+    raise Bad()
 
 
 def _launcher(v: Any) -> str:
     if v in LAUNCHERS:
         return str(v)
-    raise _Bad()
+    raise Bad()
 
 
 def _host_names(v: Any) -> tuple[str, ...]:
     if not isinstance(v, list) or not v:
-        raise _Bad()
+        raise Bad()
     for name in v:
         if not isinstance(name, str) or not HOST_NAME_RE.fullmatch(name):
-            raise _Bad(got=name)
+            raise Bad(got=name)
     repeated = sorted({n for n in v if v.count(n) > 1})
     if repeated:
-        raise _Bad("host names without repeats", got=repeated[0])
+        raise Bad("host names without repeats", got=repeated[0])
     return tuple(v)
 
 
 def _env(v: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(v, dict):
-        raise _Bad()
+        raise Bad()
     for key, value in v.items():
-        if not _ENV_NAME_RE.fullmatch(key):
-            raise _Bad("environment variable names ([A-Za-z_][A-Za-z0-9_]*)", got=key)
+        if not ENV_NAME_RE.fullmatch(key):
+            raise Bad("environment variable names ([A-Za-z_][A-Za-z0-9_]*)", got=key)
         if key.startswith("RIGDECK_"):
-            raise _Bad("no RIGDECK_* variables (rigdeck sets those for every rank)", got=key)
+            raise Bad("no RIGDECK_* variables (rigdeck sets those for every rank)", got=key)
         if not isinstance(value, str):
-            raise _Bad('a string (quote numbers and booleans: "1")', got=value, sub=key)
+            raise Bad('a string (quote numbers and booleans: "1")', got=value, sub=key)
         if _utf8_len(value) > MAX_ARG_BYTES:
-            raise _Bad(
+            raise Bad(
                 f"a value of at most {MAX_ARG_BYTES} bytes (64 KiB); this one has "
                 f"{_utf8_len(value)}",
                 sub=key,
             )
     total = sum(_utf8_len(f"{k}={x}") + 1 for k, x in v.items())
     if total > MAX_ARGV_BYTES:
-        raise _Bad(
+        raise Bad(
             f"variables of at most {MAX_ARGV_BYTES} bytes (128 KiB) together; these have {total}"
         )
     return tuple(v.items())
@@ -432,9 +406,9 @@ def _max_runtime(v: Any) -> int:
     try:
         seconds = parse_duration(v)
     except ValueError:
-        raise _Bad() from None
+        raise Bad() from None
     if seconds <= 0 or seconds > MAX_RUNTIME_LIMIT_S or seconds != int(seconds):
-        raise _Bad()
+        raise Bad()
     return int(seconds)
 
 
@@ -442,13 +416,13 @@ def _grace(v: Any) -> float:
     try:
         return parse_duration(v)
     except ValueError:
-        raise _Bad() from None
+        raise Bad() from None
 
 
 def _json_value(v: Any, where: str) -> None:
     """Reject what has no JSON form (TOML dates and times); ``where`` is the dotted sub-field."""
     if isinstance(v, (datetime.date, datetime.time)):
-        raise _Bad(
+        raise Bad(
             "numbers, strings, booleans, arrays or tables (no dates or times)", got=v, sub=where
         )
     if isinstance(v, list):
@@ -461,15 +435,15 @@ def _json_value(v: Any, where: str) -> None:
 
 def _hyperparameters(v: Any) -> tuple[tuple[str, Any], ...]:
     if not isinstance(v, dict):
-        raise _Bad()
+        raise Bad()
     for key, value in v.items():
         # Each becomes SM_HP_<KEY>: "=" cannot be in a variable's name.
         if not key or "=" in key:
-            raise _Bad("hyperparameter names that are not empty and have no '='", got=key)
+            raise Bad("hyperparameter names that are not empty and have no '='", got=key)
         _json_value(value, key)
     size = _utf8_len(json.dumps(v))
     if size > MAX_HYPERPARAMETERS_BYTES:
-        raise _Bad(
+        raise Bad(
             f"hyperparameters of at most {MAX_HYPERPARAMETERS_BYTES} bytes (32 KiB) as JSON, "
             f"since each is copied into several SM_* variables; these have {size}"
         )
@@ -478,53 +452,47 @@ def _hyperparameters(v: Any) -> tuple[tuple[str, Any], ...]:
 
 def _channels(v: Any) -> tuple[tuple[str, str], ...]:
     if not isinstance(v, dict):
-        raise _Bad()
+        raise Bad()
     for key, value in v.items():
         # The name becomes SM_CHANNEL_<NAME>, so it must be usable in a variable name.
-        if not _ENV_NAME_RE.fullmatch(key):
-            raise _Bad(
+        if not ENV_NAME_RE.fullmatch(key):
+            raise Bad(
                 "channel names of letters, digits and '_' (not starting with a digit)", got=key
             )
         if not isinstance(value, str) or not value.strip():
-            raise _Bad("a path on the hosts (a non-empty string)", got=value, sub=key)
+            raise Bad("a path on the hosts (a non-empty string)", got=value, sub=key)
         try:
             _path_text(value)
-        except _Bad as bad:
-            raise _Bad(bad.expected, sub=key) from None
+        except Bad as bad:
+            raise Bad(bad.expected, sub=key) from None
     return tuple(v.items())
-
-
-def _text(v: Any) -> str:
-    if isinstance(v, str) and v.strip():
-        return v
-    raise _Bad()
 
 
 def _owner(v: Any) -> str:
     if not isinstance(v, str):
-        raise _Bad()
+        raise Bad()
     if v in OWNER_POLICIES:
         return v
     m = _OWNER_HOST_RE.fullmatch(v)
     if m is None:
-        raise _Bad()
+        raise Bad()
     if not HOST_NAME_RE.fullmatch(m["host"]):
-        raise _Bad("a host name of letters, digits, '.', '_' and '-' after 'host:'", got=v)
+        raise Bad("a host name of letters, digits, '.', '_' and '-' after 'host:'", got=v)
     if not m["gpu"].isascii() or not m["gpu"].isdigit():
-        raise _Bad("a GPU index (an integer >= 0) after 'gpu:'", got=v)
+        raise Bad("a GPU index (an integer >= 0) after 'gpu:'", got=v)
     return f"host:{m['host']}/gpu:{int(m['gpu'])}"
 
 
 def _exit_codes(v: Any) -> tuple[int, ...]:
-    if isinstance(v, list) and all(_is_int(c) and 1 <= c <= 255 for c in v):
+    if isinstance(v, list) and all(is_int(c) and 1 <= c <= 255 for c in v):
         return tuple(v)
-    raise _Bad()
+    raise Bad()
 
 
 def _strings(v: Any) -> tuple[str, ...]:
     if isinstance(v, list) and all(isinstance(s, str) for s in v):
         return tuple(v)
-    raise _Bad()
+    raise Bad()
 
 
 def _options(v: Any) -> tuple[str, ...]:
@@ -536,83 +504,69 @@ _LOSS_EXPECTED = "a regular expression with exactly one capture group, or a grou
 
 def _loss_pattern(v: Any) -> str:
     if not isinstance(v, str) or not v:
-        raise _Bad()
+        raise Bad()
     try:
         rx = re.compile(v)
     except re.error as e:
-        raise _Bad(f"{_LOSS_EXPECTED} (it does not compile: {e})") from None
+        raise Bad(f"{_LOSS_EXPECTED} (it does not compile: {e})") from None
     if "loss" not in rx.groupindex and rx.groups != 1:
-        raise _Bad(f"{_LOSS_EXPECTED} (it has {rx.groups} groups)")
+        raise Bad(f"{_LOSS_EXPECTED} (it has {rx.groups} groups)")
     return v
 
 
-_TOP_FIELDS: dict[str, _Check] = {
-    "name": _Check("a job name of 1-64 letters, digits, '.', '_' and '-'", _job_name),
-    "command": _Check("a non-empty list of non-empty strings", _command),
-    "workdir": _Check(
+_TOP_FIELDS: dict[str, Check] = {
+    "name": Check("a job name of 1-64 letters, digits, '.', '_' and '-'", _job_name),
+    "command": Check("a non-empty list of non-empty strings", _command),
+    "workdir": Check(
         "a directory: absolute, or relative to the spec file's directory (no '~')", _workdir
     ),
-    "launcher": _Check(" or ".join(f'"{x}"' for x in LAUNCHERS), _launcher),
-    "nodes": _Check("an integer >= 1", _int_at_least(1)),
-    "hosts": _Check("a non-empty list of inventory host names", _host_names),
-    "gpus_per_node": _Check("an integer >= 1", _int_at_least(1)),
-    "processes_per_node": _Check("an integer >= 1", _int_at_least(1)),
-    "max_runtime": _Check(
+    "launcher": Check(" or ".join(f'"{x}"' for x in LAUNCHERS), _launcher),
+    "nodes": Check("an integer >= 1", int_range(1)),
+    "hosts": Check("a non-empty list of inventory host names", _host_names),
+    "gpus_per_node": Check("an integer >= 1", int_range(1)),
+    "processes_per_node": Check("an integer >= 1", int_range(1)),
+    "max_runtime": Check(
         "a duration of whole seconds, > 0 and at most 28 days: an integer of seconds or a "
         'string like "2h", "90m", "1h30m", "1d"',
         _max_runtime,
     ),
-    "grace": _Check('a duration >= 0: seconds or a string like "30s", "2m"', _grace),
-    "total_steps": _Check("an integer >= 1", _int_at_least(1)),
-    "priority": _Check("an integer -1000..1000 (the queue starts higher first)", _int_range(-1000, 1000)),
-    "env": _Check('a table of strings (NAME = "value")', _env),
-    "hyperparameters": _Check("a table ([hyperparameters])", _hyperparameters),
-    "channels": _Check('a table of paths on the hosts (name = "/path")', _channels),
+    "grace": Check('a duration >= 0: seconds or a string like "30s", "2m"', _grace),
+    "total_steps": Check("an integer >= 1", int_range(1)),
+    "priority": Check("an integer -1000..1000 (the queue starts higher first)", int_range(-1000, 1000)),
+    "env": Check('a table of strings (NAME = "value")', _env),
+    "hyperparameters": Check("a table ([hyperparameters])", _hyperparameters),
+    "channels": Check('a table of paths on the hosts (name = "/path")', _channels),
 }
-_TABLES: dict[str, dict[str, _Check]] = {
+_TABLES: dict[str, dict[str, Check]] = {
     "checkpoint": {
-        "dir": _Check("a directory path on the hosts (a non-empty string)", _path_text),
-        "owner": _Check(
+        "dir": Check("a directory path on the hosts (a non-empty string)", _path_text),
+        "owner": Check(
             '"rank0", "per-node", "all" or "host:NAME/gpu:I" (I an integer >= 0)', _owner
         ),
     },
     "restart": {
-        "max_restarts": _Check("an integer >= 0", _int_at_least(0)),
-        "on_exit_codes": _Check(
+        "max_restarts": Check("an integer >= 0", int_range(0)),
+        "on_exit_codes": Check(
             "a list of exit codes 1..255 (a death by signal N exits with 128+N)", _exit_codes
         ),
     },
-    "mpi": {"custom_options": _Check("a list of strings", _options)},
-    "log": {"loss_pattern": _Check(_LOSS_EXPECTED, _loss_pattern),
-            "max_mb": _Check("an integer of MB, 2..1048576 (each rank's log on its host; older output "
-                             "is rotated out beyond it)", _int_range(2, 1 << 20))},
+    "mpi": {"custom_options": Check("a list of strings", _options)},
+    "log": {"loss_pattern": Check(_LOSS_EXPECTED, _loss_pattern),
+            "max_mb": Check("an integer of MB, 2..1048576 (each rank's log on its host; older output "
+                             "is rotated out beyond it)", int_range(2, 1 << 20))},
 }
 _REQUIRED = ("name", "command")
 
 
-def _unknown_field(key: str, known: list[str]) -> str:
-    hint = difflib.get_close_matches(key, known, n=1)
-    did_you_mean = f" (did you mean {hint[0]!r}?)" if hint else ""
-    return f"one of the known fields {', '.join(sorted(known))}{did_you_mean}"
-
-
 def _checked(
-    raw: Mapping[str, Any], checks: Mapping[str, _Check], path: Path | None, prefix: str
+    raw: Mapping[str, Any], checks: Mapping[str, Check], path: Path | None, prefix: str
 ) -> dict[str, Any]:
     """Check every key of one table; unknown keys are errors. ``prefix``: "" or "restart."."""
-    out: dict[str, Any] = {}
-    for key, value in raw.items():
-        check = checks.get(key)
-        if check is None:
-            raise JobSpecError(path, prefix + key, _unknown_field(key, list(checks)))
-        try:
-            out[key] = check.convert(value)
-        except _Bad as bad:
-            sub = bad.sub or ""
-            name = prefix + key + (sub if sub.startswith("[") or not sub else f".{sub}")
-            got = value if bad.got is None else bad.got
-            raise JobSpecError(path, name, bad.expected or check.expected, got) from None
-    return out
+
+    def error(name: str, expected: str, got: Any) -> JobSpecError:
+        return JobSpecError(path, prefix + name, expected, got)
+
+    return checked(raw, checks, error)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -647,7 +601,7 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
     _no_nul(data, where, "")
     for key in data:
         if key not in _TOP_FIELDS and key not in _TABLES:
-            raise JobSpecError(where, key, _unknown_field(key, [*_TOP_FIELDS, *_TABLES]))
+            raise JobSpecError(where, key, unknown_field(key, [*_TOP_FIELDS, *_TABLES]))
     top = {k: v for k, v in data.items() if k not in _TABLES}
     values = _checked(top, _TOP_FIELDS, where, "")
     tables: dict[str, dict[str, Any]] = {}
@@ -739,9 +693,6 @@ def _no_nul(value: Any, where: Path | None, field: str) -> None:
             _no_nul(x, where, name)
 
 
-_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
-
-
 def _type_name(value: Any) -> str:
     return {
         bool: "boolean",
@@ -752,12 +703,3 @@ def _type_name(value: Any) -> str:
         dict: "table",
     }.get(type(value), type(value).__name__)
 
-
-def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    elif isinstance(value, str):
-        text = '"' + "".join(_TOML_ESCAPES.get(c, c) for c in value) + '"'
-    else:
-        text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."

@@ -1,4 +1,4 @@
-"""The launch form's side that is not UI: spec TOML <-> form fields, and a small TOML writer.
+"""The launch form's side that is not UI: spec TOML <-> form fields.
 
 A spec file loaded into the form keeps everything the form does not show (env,
 hyperparameters, restart, ...): the form's fields override the file's values, and the result
@@ -8,13 +8,14 @@ goes through ``jobspec_from_toml`` like any file, so its errors name the same fi
 from __future__ import annotations
 
 import json
-import math
 import re
 import shlex
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import tomli_w
 
 from tui.model.jobspec import JobSpec, JobSpecError, jobspec_from_toml
 
@@ -39,7 +40,6 @@ FORM_FIELDS: tuple[tuple[str, str], ...] = (
     ("checkpoint.owner", "Checkpoint owner"),
 )
 INT_FIELDS = ("nodes", "gpus_per_node", "processes_per_node", "total_steps")
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
 def field_id(name: str) -> str:
@@ -128,48 +128,6 @@ def spec_from_form(
     return jobspec_from_toml(dumps(merge_form(base, values)), path)
 
 
-# ---------------------------------------------------------------------------------------------
-# A TOML writer for spec data: strings, numbers, booleans, lists and nested tables.
-
-
-def _key(k: str) -> str:
-    return k if _BARE_KEY.match(k) else json.dumps(k)
-
-
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, str):
-        # JSON's escapes are TOML's (\" \\ \n \t \uXXXX), and it escapes every control character.
-        return json.dumps(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    if isinstance(v, Mapping):
-        return "{" + ", ".join(f"{_key(str(k))} = {_value(x)}" for k, x in v.items()) + "}"
-    raise TypeError(f"cannot write {type(v).__name__} as TOML")
-
-
-def dumps(data: Mapping[str, Any], _prefix: str = "") -> str:
-    lines = []
-    tables = []
-    for k, v in data.items():
-        if isinstance(v, Mapping):
-            tables.append((k, v))
-        else:
-            lines.append(f"{_key(str(k))} = {_value(v)}")
-    out = "\n".join(lines)
-    for k, v in tables:
-        name = f"{_prefix}{_key(str(k))}"
-        body = dumps(v, name + ".")
-        scalars = [x for x in v.values() if not isinstance(x, Mapping)]
-        section = (f"[{name}]\n" if scalars or not v else "") + body
-        out = (out + "\n\n" if out else "") + section
-    return out.strip("\n") + "\n" if not _prefix else out
+def dumps(data: Mapping[str, Any]) -> str:
+    """Spec data as TOML text (tomli_w), for ``jobspec_from_toml`` or a spec file."""
+    return tomli_w.dumps(data)

@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
+import tomli_w
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
+from tui.model.fields import Bad
 from tui.model.inventory import (  # noqa: F401  (the loader works with the model's private checks)
     _ADDRESS_EXPECTED,
     _DEFAULT_FIELDS,
@@ -40,7 +42,6 @@ from tui.model.inventory import (  # noqa: F401  (the loader works with the mode
     Inventory,
     InventoryError,
     Retention,
-    _Bad,
     _checked,
     _Jump,
     _local_user,
@@ -50,8 +51,6 @@ from tui.model.inventory import (  # noqa: F401  (the loader works with the mode
     _read,
     _sanitize,
     _split_address,
-    _toml_str,
-    _toml_value,
     default_inventory_path,
 )
 
@@ -119,7 +118,7 @@ class _SshConfig:
         value = options["proxyjump"]
         try:
             return _proxy_jump(value)
-        except _Bad as bad:
+        except Bad as bad:
             raise InventoryError(
                 self.path, host, "ProxyJump", bad.expected or _JUMP_EXPECTED, value
             ) from None
@@ -361,7 +360,7 @@ def _hostfile_inventory(text: str, path: Path, defaults: Mapping[str, Any] | Non
         name = _sanitize(hostname)
         try:  # "h5:2222" is host h5 on port 2222, as in an inventory's address
             host, port = _split_address(hostname)
-        except _Bad as bad:
+        except Bad as bad:
             raise InventoryError(
                 path, name, "address", bad.expected or _ADDRESS_EXPECTED, hostname, line=lineno
             ) from None
@@ -441,7 +440,7 @@ def _hops(
     for position, element in enumerate(e.strip() for e in spec.split(",")):
         try:
             jump = _parse_jump(element)
-        except _Bad as bad:
+        except Bad as bad:
             raise InventoryError(
                 inv.path, root.name, "proxy_jump", bad.expected or _JUMP_EXPECTED, element
             ) from None
@@ -490,12 +489,13 @@ def hostfile_to_toml(inv: Inventory) -> str:
     ssh = _SshConfig(inv.ssh_config)
     source = str(inv.path).replace("\n", " ") if inv.path else "the built-in inventory"
     out = [
-        f"# rigdeck inventory, imported from {source}",
-        "# Values the ssh config resolved are written out; delete a line to resolve it again.",
-        "",
-        "[defaults]",
-        f"known_hosts = {_toml_str(str(inv.known_hosts))}",
-        f"ssh_config = {_toml_str(str(inv.ssh_config) if inv.ssh_config else '')}",
+        f"# rigdeck inventory, imported from {source}\n",
+        "# Values the ssh config resolved are written out; delete a line to resolve it again.\n",
+        "\n",
+        tomli_w.dumps({"defaults": {
+            "known_hosts": str(inv.known_hosts),
+            "ssh_config": str(inv.ssh_config) if inv.ssh_config else "",
+        }}),
     ]
     builtin = HostSpec(name="-", address="-")
     for h in inv.hosts:
@@ -525,6 +525,10 @@ def hostfile_to_toml(inv: Inventory) -> str:
             value = getattr(h, key)
             if value != getattr(builtin, key):
                 fields[key] = dict(value) if key == "env" else value
-        out += ["", "[[hosts]]"]
-        out += [f"{key} = {_toml_value(value)}" for key, value in fields.items()]
-    return "\n".join(out) + "\n"
+        # One [[hosts]] table a host, one key a line (tomli_w alone would write a short host as
+        # an inline table); a table value (env) follows as [hosts.KEY].
+        tables = {k: v for k, v in fields.items() if isinstance(v, dict)}
+        keys = {k: v for k, v in fields.items() if k not in tables}
+        out += ["\n[[hosts]]\n", tomli_w.dumps(keys)]
+        out += [f"\n[hosts.{k}]\n" + tomli_w.dumps(v) for k, v in tables.items()]
+    return "".join(out)

@@ -36,7 +36,8 @@ from tui.app.widgets.format import (
     temp_cell,
     util_level,
 )
-from tui.control.jobwatch import TERMINAL, CheckpointSave, CheckpointView, JobRow, OwnerMove
+from tui.control.jobwatch import CheckpointSave, CheckpointView, JobRow, OwnerMove
+from tui.model.jobstate import TERMINAL
 from tui.model.state import (
     ClusterState,
     gpu_busy,

@@ -1,0 +1,67 @@
+"""The states of a job, defined once for the whole workstation side.
+
+A job's state is recorded in the job history and shown in every face. Its lifecycle:
+
+``pending``
+    Recorded, not yet placed on hosts (the launch is checking and reserving).
+``queued``
+    Waiting in the job queue (``tui/control/queue.py``) for hosts or GPUs to free up; its
+    ``waiting`` says for what. Leaves the line as ``pending`` (started) or ``stopped`` (cancelled).
+``starting``
+    Placed; the hosts are starting its ranks (a gang restart goes through ``starting`` again).
+``running``
+    Every host says its ranks run.
+``restarting``
+    Between a failed gang and its next start. Reserved: a gang restart records ``starting``
+    today.
+``stopping``
+    A stop was asked for, or one rank failed and the rest of the gang is being stopped.
+``succeeded`` (terminal)
+    Every rank exited with status 0.
+``failed`` (terminal)
+    A rank failed (or the job could not start) and no restart remains.
+``stopped`` (terminal)
+    Stopped before it finished: by a user, by ``max_runtime``, or by a host.
+
+``unknown`` is not a recorded state: it is what a job's state reads as while one of its hosts
+cannot be reached (never guessed, never written to the history).
+
+The agent keeps its own copy of the terminal states (``agent/jobhost.py``): it runs on the hosts
+and never imports ``tui``.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ACTIVE",
+    "FAILED",
+    "PENDING",
+    "QUEUED",
+    "RESTARTING",
+    "RUNNING",
+    "STARTING",
+    "STATES",
+    "STOPPED",
+    "STOPPING",
+    "SUCCEEDED",
+    "TERMINAL",
+    "UNKNOWN",
+]
+
+PENDING = "pending"
+QUEUED = "queued"
+STARTING = "starting"
+RUNNING = "running"
+RESTARTING = "restarting"
+STOPPING = "stopping"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+STOPPED = "stopped"
+UNKNOWN = "unknown"
+
+# Not yet ended: the job holds (or waits for) its hosts.
+ACTIVE: tuple[str, ...] = (PENDING, QUEUED, STARTING, RUNNING, RESTARTING, STOPPING)
+# Ended for good: the job's hosts are free and its state no longer changes.
+TERMINAL: tuple[str, ...] = (SUCCEEDED, FAILED, STOPPED)
+# Every state a job's record can hold, in lifecycle order.
+STATES: tuple[str, ...] = ACTIVE + TERMINAL
