@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.test_jobs import ROOT, TICKER, wait_until
+from tests.test_ui_e2e import tmux_env  # noqa: F401  (a fixture)
 from tests.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -290,3 +291,60 @@ def test_the_app_shows_a_lost_server_link_and_reconnects(served: tuple[TestBed, 
             client.stop(job.job_id, grace_s=1)
 
     asyncio.run(run())
+
+
+def test_the_app_in_tmux_against_the_server(served: tuple[TestBed, Operator, Operator], tmp_path: Path,
+                                             tmux_env: dict[str, str]) -> None:
+    """The end-to-end run of the app in a real terminal, attached to the server: hosts up through
+    it, a launch from the dialog, the loss in the job view, a stop from the app."""
+    import re
+    import uuid
+
+    from tests.test_ui_e2e import Tmux, job_spec
+
+    bed, alice, _ = served
+    spec, is_ticker = job_spec(tmp_path)
+    env = {**tmux_env, "RIGDECK_INVENTORY": str(alice.inventory), "PYTHONPATH": str(ROOT)}
+    tmux = Tmux(f"rdk-{uuid.uuid4().hex[:8]}", env)
+    tmux.start(f"{sys.executable} -m tui.cli")
+    job_id = None
+    try:
+        tmux.wait(lambda s: "hosts 3/3 up" in s and "controller: server h1" in s, 90, "hosts up via the server")
+        tmux.keys("l")
+        tmux.wait(lambda s: "Launch a job" in s, 10, "the launch dialog")
+        tmux.keys(str(spec), literal=True)
+        tmux.keys("Enter")
+        tmux.wait(lambda s: "loaded" in s, 10, "the spec loaded into the form")
+        tmux.keys("C-s")
+        name = "ticker" if is_ticker else "ddp"
+        pattern = rf"{name}-\d{{4}}-\d{{6}}-[0-9a-f]{{4}}"
+        screen = tmux.wait(lambda s: re.search(pattern, s) and "Launch a job" not in s, 120, "the job view")
+        job_id = re.search(pattern, screen).group(0)  # type: ignore[union-attr]
+
+        def loss_of(s: str) -> float | None:
+            m = re.search(r"step (\d+)(?:/\d+)? · loss ([0-9.e+-]+)", s)
+            return float(m.group(2)) if m else None
+
+        screen = tmux.wait(loss_of, 240, "a loss in the job view")
+        first = loss_of(screen)
+        tmux.wait(lambda s: loss_of(s) not in (None, first), 120, "the loss to move on")
+        # The job is the server's: the other operator's CLI sees it.
+        assert job_id in {v["job_id"] for v in alice.json("jobs")}
+        tmux.keys("3")
+        tmux.wait(lambda s: job_id in s and "Checkpoint owner" in s, 10, "the jobs view")
+        tmux.keys("s")
+        tmux.wait(lambda s: "Stop job" in s, 10, "the stop confirmation")
+        tmux.keys("y")
+        tmux.wait(lambda s: "Stop job" not in s, 10, "the confirmation to close")
+        tmux.keys("3")
+        tmux.wait(lambda s: re.search(rf"{job_id}\s+stopped", s), 90, "the job stopped")
+        tmux.keys("q")
+        deadline = time.monotonic() + 10
+        while tmux.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not tmux.alive(), "the app did not quit on q"
+        assert alice.json("status", job_id)["state"] == "stopped"
+    finally:
+        tmux.kill()
+        if job_id:
+            alice.run("stop", job_id, "--grace", "1", check=False)
