@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests.test_jobs import ROOT, TICKER, wait_until
-from tests.test_ui_e2e import tmux_env  # noqa: F401  (a fixture)
+from tests.test_ui_e2e import tmux_env  # noqa: F401, F811  (a fixture)
 from tests.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -294,7 +294,7 @@ def test_the_app_shows_a_lost_server_link_and_reconnects(served: tuple[TestBed, 
 
 
 def test_the_app_in_tmux_against_the_server(served: tuple[TestBed, Operator, Operator], tmp_path: Path,
-                                             tmux_env: dict[str, str]) -> None:
+                                             tmux_env: dict[str, str]) -> None:  # noqa: F811
     """The end-to-end run of the app in a real terminal, attached to the server: hosts up through
     it, a launch from the dialog, the loss in the job view, a stop from the app."""
     import re
