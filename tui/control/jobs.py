@@ -9,7 +9,6 @@ failure seen late is still handled.
 
 from __future__ import annotations
 
-import base64
 import logging
 import secrets
 import time
@@ -176,10 +175,8 @@ class JobManager:
 
     def capacity(self, hosts: Sequence[str], skip: str | None = None) -> list[HostCapacity]:
         """What every host has and has free: its latest sample plus the jobs its agent runs."""
-        samples = self.ctl.request_many(hosts, "sample", timeout=30)
-        job_lists = self.ctl.request_many(
-            [h for h in hosts if not isinstance(samples[h], Exception)], "job_list", timeout=30
-        )
+        samples = self.ctl.agents(hosts).sample(timeout=30)
+        job_lists = self.ctl.agents([h for h in hosts if not isinstance(samples[h], Exception)]).job_list(timeout=30)
         state = ClusterState([(s.name, s.address) for s in self.ctl.inventory.select(hosts)])
         for h, sample in samples.items():
             if isinstance(sample, dict):
@@ -190,7 +187,7 @@ class JobManager:
             for j in jobs:
                 if (j.get("state") not in TERMINAL and j.get("nodes") and j["job_id"] != skip
                         and j["job_id"] not in self.scheduler.reservations()):
-                    self.scheduler.adopt(j["job_id"], Placement.from_plan_nodes(j["nodes"]))
+                    self.scheduler.adopt(j["job_id"], Placement.from_plan_nodes(j["nodes"] or []))
         return capacity_from_state(state.snapshot(), self.ctl.inventory)
 
     def _master_addr(self, node: NodeAssignment, peers: Sequence[NodeAssignment] = ()) -> str:
@@ -209,12 +206,12 @@ class JobManager:
             return node.address
         except ValueError:
             pass
-        own = [str(a) for a in self.ctl.request(node.host, "facts").get("addresses") or []]
+        own = list(self.ctl.agent(node.host).facts().addresses)
         peer = self.ctl.peer_address(node.host)
         if peer is not None and peer in own:
             return peer
         for other in peers[:1]:
-            routed = self.ctl.request(node.host, "route_source", peer=other.address).get("address")
+            routed = self.ctl.agent(node.host).route_source(peer=other.address)
             if routed and not ipaddress.ip_address(routed).is_loopback:
                 return str(routed)
         if not own:
@@ -224,8 +221,8 @@ class JobManager:
     def _plans(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> dict[str, dict[str, Any]]:
         primary = placement.nodes[0]
         master_addr = self._master_addr(primary, placement.nodes[1:])
-        port = self.ctl.request(primary.host, "probe_port", addr=master_addr)["port"]
-        base = {
+        port = self.ctl.agent(primary.host).probe_port(addr=master_addr)
+        base: dict[str, Any] = {
             "job_id": job_id,
             "name": spec.name,
             "launcher": spec.launcher,
@@ -299,8 +296,8 @@ class JobManager:
 
         def one(h: str) -> Any:
             try:
-                return self.ctl.request(h, "job_check", timeout=30, job_id=job_id, gpus=gpus[h],
-                                        min_free_mb=self.ctl.inventory.min_free_mb)
+                return self.ctl.agent(h).job_check(job_id=job_id, gpus=gpus[h],
+                                                   min_free_mb=self.ctl.inventory.min_free_mb, timeout=30)
             except TransportError as e:
                 return e
 
@@ -311,7 +308,7 @@ class JobManager:
             if isinstance(r, Exception):
                 problems.append(f"{h}: {r}")
             else:
-                problems += [f"{h}: {p}" for p in r.get("problems") or []]
+                problems += [f"{h}: {p}" for p in r.problems]
         if problems:
             raise JobError("job not started (nothing was started): " + "; ".join(problems))
 
@@ -324,10 +321,10 @@ class JobManager:
             for node in sorted(placement.nodes, key=lambda n: n.host):
                 if not node.gpus:
                     continue
-                self.ctl.request(node.host, "job_claim", timeout=30, job_id=job_id, gpus=list(node.gpus))
+                self.ctl.agent(node.host).job_claim(job_id=job_id, gpus=list(node.gpus), timeout=30)
                 claimed.append(node.host)
         except TransportError as e:
-            self.ctl.request_many(claimed, "job_release", timeout=30, job_id=job_id)
+            self.ctl.agents(claimed).job_release(job_id=job_id, timeout=30)
             raise JobError(f"job not started (nothing was started): {node.host}: {e}") from None
 
     def _start(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> None:
@@ -354,8 +351,8 @@ class JobManager:
                 raise JobError(f"job {job_id} could not start: {msg}")
         except BaseException as e:
             started = [h for h, r in results.items() if not isinstance(r, Exception)]
-            self.ctl.request_many(started, "job_stop", timeout=30, job_id=job_id, grace_s=1.0)
-            self.ctl.request_many([h for h in hosts if h not in started], "job_release", timeout=30, job_id=job_id)
+            self.ctl.agents(started).job_stop(job_id=job_id, grace_s=1.0, timeout=30)
+            self.ctl.agents([h for h in hosts if h not in started]).job_release(job_id=job_id, timeout=30)
             why = str(e) if isinstance(e, JobError) else f"{type(e).__name__}: {e}"
             self.history.update(job_id, state="failed", ended=time.time(), cause={"message": f"start failed: {why}"})
             raise
@@ -368,7 +365,7 @@ class JobManager:
 
         def one(h: str) -> Any:
             try:
-                return self.ctl.request(h, "job_start", timeout=60, plan=plans[h])
+                return self.ctl.agent(h).job_start(plan=plans[h], timeout=60)
             except TransportError as e:
                 return e
 
@@ -403,9 +400,11 @@ class JobManager:
     def record(self, ref: str) -> dict[str, Any]:
         return self.resolve(ref).rec
 
-    def host_states(self, rec: dict[str, Any], method: str = "job_status") -> dict[str, Any]:
+    def host_states(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """What each host of the job's placement says of it (``job_status``), or the
+        TransportError that kept it from saying."""
         hosts = [n["host"] for n in rec.get("placement") or []]
-        return self.ctl.request_many(hosts, method, timeout=20, job_id=rec["job_id"])
+        return self.ctl.agents(hosts).job_status(job_id=rec["job_id"], timeout=20)
 
     def stop(
         self, ref: str, grace_s: float | None = None, wait: bool = True, *, yes: bool = False
@@ -426,7 +425,7 @@ class JobManager:
         self.history.update(job_id, state="stopping")
         self.history.add_event(job_id, {"event": "stop requested", "grace_s": grace})
         hosts = [n["host"] for n in rec.get("placement") or []]
-        self.ctl.request_many(hosts, "job_stop", timeout=20, job_id=job_id, grace_s=grace)
+        self.ctl.agents(hosts).job_stop(job_id=job_id, grace_s=grace, timeout=20)
         if wait:
             deadline = time.monotonic() + grace + 30
             while time.monotonic() < deadline:
@@ -468,7 +467,7 @@ class JobManager:
             cause = first_cause(states) or {"message": "a host reported failure"}
             live = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") not in TERMINAL]
             if live:  # stop the rest of the gang now
-                self.ctl.request_many(live, "job_stop", timeout=20, job_id=job_id, grace_s=5.0)
+                self.ctl.agents(live).job_stop(job_id=job_id, grace_s=5.0, timeout=20)
             spec = JobSpec.from_dict(rec["spec"])
             restarts = int(rec.get("restarts") or 0)
             code = cause.get("exit_code")
@@ -599,18 +598,18 @@ class JobManager:
             offsets: dict[str, int] = {}
             while True:
                 try:
-                    chunk = self.ctl.request(host, "job_metrics", timeout=30, job_id=rec["job_id"], offsets=offsets)
+                    chunk = self.ctl.agent(host).job_metrics(job_id=rec["job_id"], offsets=offsets, timeout=30)
                 except TransportError as e:
                     log.info("metrics from %s: %s", host, e)
                     break
                 more = False
                 for rank, part in chunk.items():
-                    for r in part["records"]:
+                    for r in part.records:
                         r.setdefault("rank", int(rank))
                         r["host"] = host
                         out.append(r)
-                    offsets[part.get("offset_key", rank)] = part["next_offset"]
-                    more = more or part["more"]
+                    offsets[part.offset_key or rank] = part.next_offset
+                    more = more or part.more
                 if not more:
                     break
         def step_key(r: dict[str, Any]) -> tuple[Any, Any] | None:
@@ -642,7 +641,7 @@ class JobManager:
             got_any = False
             for host in self.hosts_ever(rec):
                 try:
-                    st = self.ctl.request(host, "job_status", timeout=20, job_id=job_id)
+                    st = self.ctl.agent(host).job_status(job_id=job_id, timeout=20)
                 except TransportError as e:
                     log.info("logs from %s: %s", host, e)
                     continue
@@ -653,16 +652,16 @@ class JobManager:
                     while True:
                         off = offsets.get((host, r), 0)
                         try:
-                            chunk = self.ctl.request(host, "job_logs", timeout=20, job_id=job_id, rank=r,
-                                                     offset=off, binary=binary)
+                            chunk = self.ctl.agent(host).job_logs(job_id=job_id, rank=r, offset=off, binary=binary,
+                                                                  timeout=20)
                         except TransportError:
                             break
-                        data = base64.b64decode(chunk["b64"]) if binary else chunk["text"]
+                        data = chunk.data if binary else chunk.text
                         if data:
                             got_any = True
-                            yield host, r, data, bool(chunk.get("partial"))
-                        offsets[(host, r)] = chunk["next_offset"]
-                        if not chunk["more"]:
+                            yield host, r, data, chunk.partial
+                        offsets[(host, r)] = chunk.next_offset
+                        if not chunk.more:
                             break
             if not follow or (ended and not got_any):
                 return
@@ -694,5 +693,5 @@ class JobManager:
         past it (never a running job's)."""
         ret = self.ctl.inventory.retention
         targets = list(hosts) if hosts is not None else self.ctl.inventory.names
-        return self.ctl.request_many(targets, "job_gc", timeout=60, max_age_s=ret.max_age_days * 86400,
-                                     max_jobs=ret.max_jobs)
+        return self.ctl.agents(targets).job_gc(max_age_s=ret.max_age_days * 86400, max_jobs=ret.max_jobs,
+                                               timeout=60)

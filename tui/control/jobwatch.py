@@ -719,29 +719,27 @@ class JobWatch:
             offsets = track.offsets.setdefault(host, {})
             for _ in range(64):  # bounded: a huge backlog comes in over several rounds
                 try:
-                    chunk = self.ctl.request(
-                        host, "job_metrics", timeout=20, job_id=job_id, offsets=dict(offsets)
-                    )
+                    chunk = self.ctl.agent(host).job_metrics(job_id=job_id, offsets=dict(offsets), timeout=20)
                 except TransportError as e:
                     log.info("metrics from %s: %s", host, e)
                     break
                 more = False
                 for rank, part in chunk.items():
-                    source = part.get("source")
+                    source = part.source
                     before = track.sources.get((host, rank))
                     track.sources[(host, rank)] = source
-                    if before == "stdout" and source == "metrics" and "offset_key" not in part:
+                    if before == "stdout" and source == "metrics" and part.offset_key is None:
                         # An agent from before offset_key: its offset was into the log until the
                         # metrics file appeared; read the metrics file from its start instead.
                         offsets[rank] = 0
                         more = True
                         continue
-                    for r in part["records"]:
+                    for r in part.records:
                         r.setdefault("rank", int(rank))
                         r["host"] = host
                         out.append(r)
-                    offsets[part.get("offset_key", rank)] = part["next_offset"]
-                    more = more or bool(part["more"])
+                    offsets[part.offset_key or rank] = part.next_offset
+                    more = more or part.more
                 if not more:
                     break
         return out
@@ -777,7 +775,7 @@ class JobWatch:
         for host in self._hosts_ever(track.rec):
             if host not in states:  # ran there before a restart moved the job
                 try:
-                    states[host] = self.ctl.request(host, "job_status", timeout=20, job_id=job_id)
+                    states[host] = self.ctl.agent(host).job_status(job_id=job_id, timeout=20)
                 except TransportError as e:
                     states[host] = e
         for host, st in states.items():
@@ -792,16 +790,15 @@ class JobWatch:
                 for _ in range(LOG_CHUNKS_PER_ROUND):
                     off = track.log_offsets.get(key, 0)
                     try:
-                        chunk = self.ctl.request(
-                            host, "job_logs", timeout=20, job_id=job_id, rank=rank, offset=off
-                        )
+                        chunk = self.ctl.agent(host).job_logs(job_id=job_id, rank=rank, offset=off, timeout=20)
                     except TransportError as e:
                         log.info("logs from %s: %s", host, e)
                         complete = False
                         break
-                    track.logs.extend((host, rank, line) for line in self._joined(track, key, chunk))
-                    track.log_offsets[key] = chunk["next_offset"]
-                    if not chunk["more"]:
+                    joined = self._joined(track, key, {"text": chunk.text, "partial": chunk.partial})
+                    track.logs.extend((host, rank, line) for line in joined)
+                    track.log_offsets[key] = chunk.next_offset
+                    if not chunk.more:
                         break
                 else:
                     complete = False
