@@ -1,4 +1,4 @@
-"""The typed agent client: one method per agent RPC."""
+"""The typed agent client (one method per agent RPC) and the one job reader (logs and metrics)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tui.control.reader import JobReader, LineJoiner, newest_attempts
 from tui.remote.agentclient import AgentClient, AgentFleet, LogChunk, MetricsPart, TypedAgents
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,6 +113,57 @@ def test_typed_methods_send_the_daemons_parameter_names_and_read_typed_answers()
     assert ctl.agents([]).job_status(job_id="j") == {}
 
 
+# -- the reader -------------------------------------------------------------------------------
+
+
+def test_the_joiner_keeps_complete_lines_of_a_final_piece_whole() -> None:
+    """A rank that ended without a newline: its last chunk is partial yet holds complete lines;
+    they are lines now (never cut to the kept width as if one), its unterminated end waits."""
+    j = LineJoiner(keep=10)
+    long_lines = "".join(f"line {i:04d} of many\n" for i in range(50))
+    assert j.feed("k", long_lines + "progress 99%", True) == [f"line {i:04d} of many" for i in range(50)]
+    assert j.feed("k", "", False) == ["progress 9 [... 2 more characters]"]
+    whole = LineJoiner()  # rigdeck logs: whole lines
+    assert whole.feed("k", "x" * 20, True) == [] and whole.feed("k", "y\r\nz\n", False) == ["x" * 20 + "y", "z"]
+    assert whole.feed("k", "tail", True) == [] and whole.flush() == [("k", "tail")]
+
+
+def test_newest_attempts_keep_a_steps_record_from_its_last_attempt() -> None:
+    recs = [{"rank": 0, "step": 1, "restart": 0}, {"rank": 1, "step": 1, "restart": 0},
+            {"rank": 0, "event": "checkpoint", "step": 1}, {"rank": 0, "step": 1, "restart": 1}]
+    assert newest_attempts(recs) == recs[1:]
+
+
+class _OldAgent(TypedAgents):
+    """An agent from before offset keys: one offset per rank, into the rank's parsed output
+    until its metrics file appears, then into the metrics file."""
+
+    def __init__(self) -> None:
+        self.stdout = [{"step": 0, "loss": 3.0}, {"step": 1, "loss": 2.0}]
+        self.metrics: list[dict[str, Any]] | None = None  # the metrics file, once it exists
+
+    def request(self, host: str, method: str, timeout: float = 30.0, **params: Any) -> Any:
+        assert method == "job_metrics"
+        off = params["offsets"].get("0", 0)
+        recs, source = (self.stdout, "stdout") if self.metrics is None else (self.metrics, "metrics")
+        return {"0": {"source": source, "records": [dict(r) for r in recs[off:]], "next_offset": len(recs),
+                      "more": False}}
+
+    def request_many(self, hosts: list[str], method: str, timeout: float = 30.0, **params: Any) -> Any:
+        raise AssertionError(method)
+
+
+def test_an_old_agents_metrics_file_is_read_from_its_start_once_it_appears() -> None:
+    agent = _OldAgent()
+    reader = JobReader(agent, "j")
+    assert [r["loss"] for r in reader.metrics(["h1"])] == [3.0, 2.0]
+    # The rank's own metrics file appears, with three records: the old agent would read it from
+    # the output's offset (2) and skip two of them.
+    agent.metrics = [{"step": 0, "loss": 3.1}, {"step": 1, "loss": 2.1}, {"step": 2, "loss": 1.1}]
+    assert [r["loss"] for r in reader.metrics(["h1"])] == [3.1, 2.1, 1.1]
+    assert reader.metrics(["h1"]) == []
+
+
 # -- against a real agent on this machine -----------------------------------------------------
 
 
@@ -161,12 +213,18 @@ def test_every_rpc_reaches_a_real_agent(tmp_path: Path) -> None:
         assert [j["job_id"] for j in a.job_list()] == [job_id]
         assert a.job_stop(job_id=job_id, grace_s=1.0).state == "succeeded"
 
-        chunk = a.job_logs(job_id=job_id, rank=0, offset=0)
-        assert chunk.partial and chunk.more and chunk.text == "x" * len(chunk.text)
-        assert a.job_logs(job_id=job_id, rank=0, offset=chunk.next_offset, binary=True).data.endswith(b"done")
-        parts = a.job_metrics(job_id=job_id, offsets={})
-        assert [r["loss"] for r in parts["0"].records] == [0.5] and parts["0"].offset_key == "0/stdout"
-        assert a.job_status(job_id=job_id)["log_ranks"] == [0]
+        # The reader over it: a 300,000-character line comes in pieces and is one line.
+        reader = JobReader(ctl, job_id)
+        st = reader.status("here")
+        chunks = list(reader.log_chunks("here", 0))
+        assert len(chunks) >= 2 and chunks[0].partial and not chunks[-1].more
+        lines = [ln for c in chunks for ln in reader.lines("here", 0, c)] + [ln for _, ln in reader.joiner.flush()]
+        assert lines == ["x" * 300000, "loss=0.5", "done"], [len(ln) for ln in lines]
+        assert list(reader.log_chunks("here", 0))[0].text == ""  # read to the end: nothing twice
+        metrics = reader.all_metrics(["here"])
+        assert [(r["rank"], r["host"], r["loss"]) for r in metrics] == [(0, "here", 0.5)]
+        assert reader.metrics(["here"]) == []
+        assert st["log_ranks"] == [0]
 
         gc = ctl.agents(["here"]).job_gc(max_age_s=0, max_jobs=0)["here"]
         assert isinstance(gc, dict) and gc["removed"] == [job_id]

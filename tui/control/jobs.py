@@ -18,6 +18,7 @@ from typing import Any
 
 from tui.control.controller import Controller
 from tui.control.history import History, JobRef, JobRefError
+from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
 from tui.model.jobspec import JobSpec
 from tui.model.scheduler import (
     HostCapacity,
@@ -28,7 +29,6 @@ from tui.model.scheduler import (
     capacity_from_state,
 )
 from tui.model.state import ClusterState
-from tui.model.termsafe import log_lines
 from tui.remote.transport import TransportError
 
 log = logging.getLogger(__name__)
@@ -72,10 +72,6 @@ def overall_state(host_states: dict[str, dict[str, Any] | TransportError]) -> st
     if any(s == "starting" for s in states) or not states:
         return "starting"
     return "running"
-
-
-def _number(v: Any, default: float) -> float:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
 
 
 def unreachable(host_states: dict[str, Any]) -> list[str]:
@@ -568,13 +564,7 @@ class JobManager:
                                     "gpu": gpu, "pid": r.get("pid"), "state": r.get("state"),
                                     "exit_code": r.get("exit_code"), "signal": r.get("signal")})
         v.ranks.sort(key=lambda r: r["rank"] if r["rank"] is not None else -1)
-        # The hosts read each rank's last loss from file tails: a status costs the same for a
-        # rank that printed a gigabyte as for one that printed a line.
-        steps = [m for st in v.hosts.values() if isinstance(st, dict)
-                 for m in (st.get("last_metrics") or {}).values() if m.get("loss") is not None]
-        if steps:
-            last = max(steps, key=lambda m: (_number(m.get("step"), 0), -_number(m.get("rank"), 0)))
-            v.last_step, v.last_loss = last.get("step"), last.get("loss")
+        v.last_step, v.last_loss = last_loss(v.hosts)
         return v
 
     def list(self, refresh: bool = True) -> list[JobView]:
@@ -593,39 +583,7 @@ class JobManager:
         the new attempt's record of a (rank, step) replaces the earlier attempts' (events, which
         carry no step, are all kept)."""
         rec = self.record(ref)
-        out: list[dict[str, Any]] = []
-        for host in self.hosts_ever(rec):
-            offsets: dict[str, int] = {}
-            while True:
-                try:
-                    chunk = self.ctl.agent(host).job_metrics(job_id=rec["job_id"], offsets=offsets, timeout=30)
-                except TransportError as e:
-                    log.info("metrics from %s: %s", host, e)
-                    break
-                more = False
-                for rank, part in chunk.items():
-                    for r in part.records:
-                        r.setdefault("rank", int(rank))
-                        r["host"] = host
-                        out.append(r)
-                    offsets[part.offset_key or rank] = part.next_offset
-                    more = more or part.more
-                if not more:
-                    break
-        def step_key(r: dict[str, Any]) -> tuple[Any, Any] | None:
-            return (r.get("rank"), r["step"]) if r.get("step") is not None and r.get("event") is None else None
-
-        latest: dict[tuple[Any, Any], int] = {}
-        for r in out:
-            k = step_key(r)
-            if k is not None:
-                latest[k] = max(latest.get(k, 0), int(r.get("restart") or 0))
-        out = [r for r in out if (k := step_key(r)) is None or int(r.get("restart") or 0) == latest[k]]
-        def order(r: dict[str, Any]) -> tuple[float, float, float]:
-            return (_number(r.get("step"), -1), _number(r.get("rank"), 0), _number(r.get("time"), 0))
-
-        out.sort(key=order)  # ranks write these records: a step that is not a number sorts first
-        return out
+        return JobReader(self.ctl, rec["job_id"]).all_metrics(self.hosts_ever(rec), timeout=30)
 
     def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False, poll_s: float = 0.5,
                    binary: bool = False) -> Iterator[tuple[str, int, Any, bool]]:
@@ -634,35 +592,28 @@ class JobManager:
         ``partial``: the piece ends inside a line. ``binary``: bytes as the rank wrote them."""
         rec = self.record(ref)
         job_id = rec["job_id"]
-        offsets: dict[tuple[str, int], int] = {}
+        reader = JobReader(self.ctl, job_id)
         while True:
             rec = self.record(job_id)
             ended = rec["state"] in TERMINAL
             got_any = False
             for host in self.hosts_ever(rec):
                 try:
-                    st = self.ctl.agent(host).job_status(job_id=job_id, timeout=20)
+                    st = reader.status(host)
                 except TransportError as e:
                     log.info("logs from %s: %s", host, e)
                     continue
-                ranks = sorted({r["rank"] for r in st.get("ranks") or []} | set(st.get("log_ranks") or []))
-                for r in ranks:
+                for r in log_ranks(st):
                     if rank is not None and r != rank:
                         continue
-                    while True:
-                        off = offsets.get((host, r), 0)
-                        try:
-                            chunk = self.ctl.agent(host).job_logs(job_id=job_id, rank=r, offset=off, binary=binary,
-                                                                  timeout=20)
-                        except TransportError:
-                            break
-                        data = chunk.data if binary else chunk.text
-                        if data:
-                            got_any = True
-                            yield host, r, data, chunk.partial
-                        offsets[(host, r)] = chunk.next_offset
-                        if not chunk.more:
-                            break
+                    try:
+                        for chunk in reader.log_chunks(host, r, binary=binary):
+                            data = chunk.data if binary else chunk.text
+                            if data:
+                                got_any = True
+                                yield host, r, data, chunk.partial
+                    except TransportError:
+                        pass
             if not follow or (ended and not got_any):
                 return
             if follow and not ended:
@@ -676,17 +627,12 @@ class JobManager:
                   poll_s: float = 0.5) -> Iterator[tuple[str, int, str]]:
         """(host, rank, line) for every log line, each exactly once: a line that came in pieces
         is one line, made safe to draw."""
-        pending: dict[tuple[str, int], str] = {}
+        joiner = LineJoiner()
         for host, r, text, partial in self.log_chunks(ref, rank, follow, poll_s):
-            text = pending.pop((host, r), "") + text
-            if partial:
-                pending[(host, r)] = text
-                continue
-            for line in log_lines(text):
+            for line in joiner.feed((host, r), text, partial):
                 yield host, r, line
-        for (host, r), text in pending.items():
-            for line in log_lines(text):
-                yield host, r, line
+        for (host, r), line in joiner.flush():
+            yield host, r, line
 
     def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
         """Apply the inventory's retention on the hosts: remove the directories of ended jobs
