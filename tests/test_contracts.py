@@ -21,6 +21,7 @@ from tui.control.controller import HostReport
 from tui.control.history import History
 from tui.control.jobs import JobManager, JobView
 from tui.model.scheduler import NodeAssignment
+from tui.remote.agentclient import TypedAgents
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTILE = ROOT / "tests" / "jobscripts" / "hostile_metrics.py"
@@ -265,7 +266,7 @@ def test_metrics_text_prints_rank_strings_through_terminal_safe(capsys: pytest.C
 # -- MASTER_ADDR ------------------------------------------------------------------------------
 
 
-class _Ctl:
+class _Ctl(TypedAgents):
     """A controller that answers as a host with a docker0 (172.17.0.1, sorting first) would."""
 
     def __init__(self, peer: str | None, routed: str | None):

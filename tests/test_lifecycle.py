@@ -366,12 +366,12 @@ def test_a_hundred_short_jobs_leave_no_zombie_and_gc_keeps_running_jobs(cli: Cli
                 "master_port": 29999, "workdir": str(ROOT)}
         ids = [f"short-{k:03d}-{os.getpid()}" for k in range(100)]
         for job_id in ids:
-            ctl.request(host, "job_start", plan={**base, "job_id": job_id, "command": ["true"]})
+            ctl.agent(host).job_start(plan={**base, "job_id": job_id, "command": ["true"]})
         keeper = f"keeper-{os.getpid()}"
-        ctl.request(host, "job_start", plan={**base, "job_id": keeper, "command": ["sleep", "60"]})
+        ctl.agent(host).job_start(plan={**base, "job_id": keeper, "command": ["sleep", "60"]})
 
         def all_ended() -> bool:
-            states = {j["job_id"]: j["state"] for j in ctl.request(host, "job_list")}
+            states = {j["job_id"]: j["state"] for j in ctl.agent(host).job_list()}
             return all(states.get(j) == "succeeded" for j in ids)
 
         wait_until(all_ended, 120, "100 short jobs to end")
@@ -395,6 +395,6 @@ def test_a_hundred_short_jobs_leave_no_zombie_and_gc_keeps_running_jobs(cli: Cli
     print(f"rigdeck gc h3: removed {len(res['removed'])}, running kept: {res['running']}")
     ctl = Controller(load_inventory(cli.inventory))
     try:
-        ctl.request(host, "job_stop", job_id=keeper, grace_s=0.5)
+        ctl.agent(host).job_stop(job_id=keeper, grace_s=0.5)
     finally:
         ctl.close()

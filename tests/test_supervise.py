@@ -11,9 +11,10 @@ from typing import Any
 
 from tui.control.history import History
 from tui.control.jobs import JobManager
+from tui.remote.agentclient import TypedAgents
 
 
-class _Hosts:
+class _Hosts(TypedAgents):
     """Stands in for the controller: each host's answer to ``job_status``."""
 
     def __init__(self, states: dict[str, dict[str, Any]]):
@@ -64,7 +65,7 @@ def test_a_waiting_supervisor_keeps_its_lease_and_others_only_look(tmp_path: Pat
     assert rec is not None and rec["state"] == "succeeded"
 
 
-class _Starts:
+class _Starts(TypedAgents):
     """Stands in for the controller at a launch: h2's start breaks (a bug, not the network)."""
 
     def __init__(self) -> None:
@@ -111,7 +112,7 @@ def test_a_start_that_breaks_anywhere_stops_what_started_and_leaves_no_job_start
     assert ("job_release", ("h2",)) in ctl.calls  # h2's claim given back
 
 
-class _Metrics:
+class _Metrics(TypedAgents):
     """Stands in for the controller: one host whose rank wrote odd records."""
 
     def request(self, host: str, method: str, timeout: float = 30.0, **params: Any) -> Any:

@@ -408,18 +408,18 @@ def test_spanned_cells_are_left_to_rich() -> None:
 
 
 def test_the_pieces_of_a_long_log_line_are_one_line_in_the_log_view() -> None:
-    from tui.control.jobwatch import LINE_SHOWN, JobWatch, _Track
+    from tui.control.jobwatch import LINE_SHOWN
+    from tui.control.reader import LineJoiner
 
-    track = _Track(rec={"job_id": "j"})
+    joiner = LineJoiner(keep=LINE_SHOWN)  # as JobWatch's reader joins them
     key = ("h1", 0)
-    chunks = [{"text": "first\n"}, {"text": "a" * 3000, "partial": True}, {"text": "b" * 3000, "partial": True},
-              {"text": "c" * 10 + "\nnext\n"}]
-    lines = [line for c in chunks for line in JobWatch._joined(track, key, c)]
+    chunks = [("first\n", False), ("a" * 3000, True), ("b" * 3000, True), ("c" * 10 + "\nnext\n", False)]
+    lines = [line for text, partial in chunks for line in joiner.feed(key, text, partial)]
     assert lines == ["first", ("a" * 3000 + "b" * 3000)[:LINE_SHOWN] + " [... 1914 more characters]", "next"]
-    assert track.log_partial == {}
+    assert joiner.pending == {}
     # A short line in two pieces is joined whole, with nothing cut.
-    pieces = [{"text": "loss=0.", "partial": True}, {"text": "5 done\n"}]
-    assert [ln for c in pieces for ln in JobWatch._joined(track, key, c)] == ["loss=0.5 done"]
+    pieces = [("loss=0.", True), ("5 done\n", False)]
+    assert [ln for text, partial in pieces for ln in joiner.feed(key, text, partial)] == ["loss=0.5 done"]
 
 
 def test_a_gpu_claimed_on_its_host_shows_the_claiming_job_until_its_ranks_run() -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from tui.model.inventory import HostSpec, Inventory
+from tui.remote.agentclient import AgentClient, TypedAgents
 from tui.remote.bundle import AgentBundle, build_agent
 from tui.remote.transport import (
     HostKeyChangedError,
@@ -144,8 +145,10 @@ def _parse_json_line(host: str, text: str, what: str) -> dict[str, Any]:
     raise TransportError(host, f"{what} printed no JSON: {text.strip()[:200]!r}")
 
 
-class Controller:
-    """Headless control of an inventory of hosts."""
+class Controller(TypedAgents):
+    """Headless control of an inventory of hosts. ``agent(host)`` is a host's typed agent
+    client and ``agents(hosts)`` several at once (``tui.remote.agentclient``); ``request`` and
+    ``request_many`` are the untyped path beneath them."""
 
     def __init__(
         self,
@@ -222,7 +225,8 @@ class Controller:
         return stream, pyz
 
     def request(self, host: str, method: str, timeout: float = 30.0, **params: Any) -> Any:
-        """One request to a host's daemon, connecting (and deploying) first when needed.
+        """One request to a host's daemon, connecting (and deploying) first when needed. Call
+        it through ``agent(host)``, whose methods name the RPCs and their parameters.
 
         Serialised per host; different hosts proceed in parallel. A broken connection is
         dropped and tried once more, so a host that came back is used again at once.
@@ -257,7 +261,8 @@ class Controller:
     def request_many(
         self, hosts: Sequence[str], method: str, timeout: float = 30.0, **params: Any
     ) -> dict[str, Any]:
-        """The same request to several hosts at once: host -> result, or the TransportError."""
+        """The same request to several hosts at once: host -> result, or the TransportError.
+        Call it through ``agents(hosts)``."""
 
         def one(h: str) -> Any:
             try:
@@ -383,7 +388,7 @@ class Controller:
         try:
             hello = link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck-cli")
             report.agent_pid = hello.get("pid")
-            report.sample = link.request("sample", timeout=spec.connect_timeout)
+            report.sample = AgentClient.over(link).sample(timeout=spec.connect_timeout)
         finally:
             link.close()
 

@@ -9,7 +9,6 @@ failure seen late is still handled.
 
 from __future__ import annotations
 
-import base64
 import logging
 import secrets
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 from tui.control.controller import Controller
 from tui.control.history import History, JobRef, JobRefError
+from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.scheduler import (
@@ -30,7 +30,6 @@ from tui.model.scheduler import (
     capacity_from_state,
 )
 from tui.model.state import ClusterState
-from tui.model.termsafe import log_lines
 from tui.remote.transport import TransportError
 
 log = logging.getLogger(__name__)
@@ -73,10 +72,6 @@ def overall_state(host_states: dict[str, dict[str, Any] | TransportError]) -> st
     if any(s == "starting" for s in states) or not states:
         return "starting"
     return "running"
-
-
-def _number(v: Any, default: float) -> float:
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
 
 
 def unreachable(host_states: dict[str, Any]) -> list[str]:
@@ -191,10 +186,8 @@ class JobManager:
 
     def capacity(self, hosts: Sequence[str], skip: str | None = None) -> list[HostCapacity]:
         """What every host has and has free: its latest sample plus the jobs its agent runs."""
-        samples = self.ctl.request_many(hosts, "sample", timeout=30)
-        job_lists = self.ctl.request_many(
-            [h for h in hosts if not isinstance(samples[h], Exception)], "job_list", timeout=30
-        )
+        samples = self.ctl.agents(hosts).sample(timeout=30)
+        job_lists = self.ctl.agents([h for h in hosts if not isinstance(samples[h], Exception)]).job_list(timeout=30)
         state = ClusterState([(s.name, s.address) for s in self.ctl.inventory.select(hosts)])
         for h, sample in samples.items():
             if isinstance(sample, dict):
@@ -205,7 +198,7 @@ class JobManager:
             for j in jobs:
                 if (j.get("state") not in TERMINAL and j.get("nodes") and j["job_id"] != skip
                         and j["job_id"] not in self.scheduler.reservations()):
-                    self.scheduler.adopt(j["job_id"], Placement.from_plan_nodes(j["nodes"]))
+                    self.scheduler.adopt(j["job_id"], Placement.from_plan_nodes(j["nodes"] or []))
         return capacity_from_state(state.snapshot(), self.ctl.inventory)
 
     def _master_addr(self, node: NodeAssignment, peers: Sequence[NodeAssignment] = ()) -> str:
@@ -224,12 +217,12 @@ class JobManager:
             return node.address
         except ValueError:
             pass
-        own = [str(a) for a in self.ctl.request(node.host, "facts").get("addresses") or []]
+        own = list(self.ctl.agent(node.host).facts().addresses)
         peer = self.ctl.peer_address(node.host)
         if peer is not None and peer in own:
             return peer
         for other in peers[:1]:
-            routed = self.ctl.request(node.host, "route_source", peer=other.address).get("address")
+            routed = self.ctl.agent(node.host).route_source(peer=other.address)
             if routed and not ipaddress.ip_address(routed).is_loopback:
                 return str(routed)
         if not own:
@@ -239,8 +232,8 @@ class JobManager:
     def _plans(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> dict[str, dict[str, Any]]:
         primary = placement.nodes[0]
         master_addr = self._master_addr(primary, placement.nodes[1:])
-        port = self.ctl.request(primary.host, "probe_port", addr=master_addr)["port"]
-        base = {
+        port = self.ctl.agent(primary.host).probe_port(addr=master_addr)
+        base: dict[str, Any] = {
             "job_id": job_id,
             "name": spec.name,
             "launcher": spec.launcher,
@@ -315,8 +308,8 @@ class JobManager:
 
         def one(h: str) -> Any:
             try:
-                return self.ctl.request(h, "job_check", timeout=30, job_id=job_id, gpus=gpus[h],
-                                        min_free_mb=self.ctl.inventory.min_free_mb)
+                return self.ctl.agent(h).job_check(job_id=job_id, gpus=gpus[h],
+                                                   min_free_mb=self.ctl.inventory.min_free_mb, timeout=30)
             except TransportError as e:
                 return e
 
@@ -327,7 +320,7 @@ class JobManager:
             if isinstance(r, Exception):
                 problems.append(f"{h}: {r}")
             else:
-                problems += [f"{h}: {p}" for p in r.get("problems") or []]
+                problems += [f"{h}: {p}" for p in r.problems]
         if problems:
             raise JobError("job not started (nothing was started): " + "; ".join(problems))
 
@@ -340,10 +333,10 @@ class JobManager:
             for node in sorted(placement.nodes, key=lambda n: n.host):
                 if not node.gpus:
                     continue
-                self.ctl.request(node.host, "job_claim", timeout=30, job_id=job_id, gpus=list(node.gpus))
+                self.ctl.agent(node.host).job_claim(job_id=job_id, gpus=list(node.gpus), timeout=30)
                 claimed.append(node.host)
         except TransportError as e:
-            self.ctl.request_many(claimed, "job_release", timeout=30, job_id=job_id)
+            self.ctl.agents(claimed).job_release(job_id=job_id, timeout=30)
             raise JobError(f"job not started (nothing was started): {node.host}: {e}") from None
 
     def _start(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> None:
@@ -370,8 +363,8 @@ class JobManager:
                 raise JobError(f"job {job_id} could not start: {msg}")
         except BaseException as e:
             started = [h for h, r in results.items() if not isinstance(r, Exception)]
-            self.ctl.request_many(started, "job_stop", timeout=30, job_id=job_id, grace_s=1.0)
-            self.ctl.request_many([h for h in hosts if h not in started], "job_release", timeout=30, job_id=job_id)
+            self.ctl.agents(started).job_stop(job_id=job_id, grace_s=1.0, timeout=30)
+            self.ctl.agents([h for h in hosts if h not in started]).job_release(job_id=job_id, timeout=30)
             why = str(e) if isinstance(e, JobError) else f"{type(e).__name__}: {e}"
             self.history.update(job_id, state="failed", ended=time.time(), cause={"message": f"start failed: {why}"})
             raise
@@ -384,7 +377,7 @@ class JobManager:
 
         def one(h: str) -> Any:
             try:
-                return self.ctl.request(h, "job_start", timeout=60, plan=plans[h])
+                return self.ctl.agent(h).job_start(plan=plans[h], timeout=60)
             except TransportError as e:
                 return e
 
@@ -419,9 +412,11 @@ class JobManager:
     def record(self, ref: str) -> dict[str, Any]:
         return self.resolve(ref).rec
 
-    def host_states(self, rec: dict[str, Any], method: str = "job_status") -> dict[str, Any]:
+    def host_states(self, rec: dict[str, Any]) -> dict[str, Any]:
+        """What each host of the job's placement says of it (``job_status``), or the
+        TransportError that kept it from saying."""
         hosts = [n["host"] for n in rec.get("placement") or []]
-        return self.ctl.request_many(hosts, method, timeout=20, job_id=rec["job_id"])
+        return self.ctl.agents(hosts).job_status(job_id=rec["job_id"], timeout=20)
 
     def stop(
         self, ref: str, grace_s: float | None = None, wait: bool = True, *, yes: bool = False
@@ -448,7 +443,7 @@ class JobManager:
         self.history.update(job_id, state="stopping")
         self.history.add_event(job_id, {"event": "stop requested", "grace_s": grace})
         hosts = [n["host"] for n in rec.get("placement") or []]
-        self.ctl.request_many(hosts, "job_stop", timeout=20, job_id=job_id, grace_s=grace)
+        self.ctl.agents(hosts).job_stop(job_id=job_id, grace_s=grace, timeout=20)
         if wait:
             deadline = time.monotonic() + grace + 30
             while time.monotonic() < deadline:
@@ -490,7 +485,7 @@ class JobManager:
             cause = first_cause(states) or {"message": "a host reported failure"}
             live = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") not in TERMINAL]
             if live:  # stop the rest of the gang now
-                self.ctl.request_many(live, "job_stop", timeout=20, job_id=job_id, grace_s=5.0)
+                self.ctl.agents(live).job_stop(job_id=job_id, grace_s=5.0, timeout=20)
             spec = JobSpec.from_dict(rec["spec"])
             restarts = int(rec.get("restarts") or 0)
             code = cause.get("exit_code")
@@ -591,13 +586,7 @@ class JobManager:
                                     "gpu": gpu, "pid": r.get("pid"), "state": r.get("state"),
                                     "exit_code": r.get("exit_code"), "signal": r.get("signal")})
         v.ranks.sort(key=lambda r: r["rank"] if r["rank"] is not None else -1)
-        # The hosts read each rank's last loss from file tails: a status costs the same for a
-        # rank that printed a gigabyte as for one that printed a line.
-        steps = [m for st in v.hosts.values() if isinstance(st, dict)
-                 for m in (st.get("last_metrics") or {}).values() if m.get("loss") is not None]
-        if steps:
-            last = max(steps, key=lambda m: (_number(m.get("step"), 0), -_number(m.get("rank"), 0)))
-            v.last_step, v.last_loss = last.get("step"), last.get("loss")
+        v.last_step, v.last_loss = last_loss(v.hosts)
         return v
 
     def list(self, refresh: bool = True) -> list[JobView]:
@@ -616,39 +605,7 @@ class JobManager:
         the new attempt's record of a (rank, step) replaces the earlier attempts' (events, which
         carry no step, are all kept)."""
         rec = self.record(ref)
-        out: list[dict[str, Any]] = []
-        for host in self.hosts_ever(rec):
-            offsets: dict[str, int] = {}
-            while True:
-                try:
-                    chunk = self.ctl.request(host, "job_metrics", timeout=30, job_id=rec["job_id"], offsets=offsets)
-                except TransportError as e:
-                    log.info("metrics from %s: %s", host, e)
-                    break
-                more = False
-                for rank, part in chunk.items():
-                    for r in part["records"]:
-                        r.setdefault("rank", int(rank))
-                        r["host"] = host
-                        out.append(r)
-                    offsets[part.get("offset_key", rank)] = part["next_offset"]
-                    more = more or part["more"]
-                if not more:
-                    break
-        def step_key(r: dict[str, Any]) -> tuple[Any, Any] | None:
-            return (r.get("rank"), r["step"]) if r.get("step") is not None and r.get("event") is None else None
-
-        latest: dict[tuple[Any, Any], int] = {}
-        for r in out:
-            k = step_key(r)
-            if k is not None:
-                latest[k] = max(latest.get(k, 0), int(r.get("restart") or 0))
-        out = [r for r in out if (k := step_key(r)) is None or int(r.get("restart") or 0) == latest[k]]
-        def order(r: dict[str, Any]) -> tuple[float, float, float]:
-            return (_number(r.get("step"), -1), _number(r.get("rank"), 0), _number(r.get("time"), 0))
-
-        out.sort(key=order)  # ranks write these records: a step that is not a number sorts first
-        return out
+        return JobReader(self.ctl, rec["job_id"]).all_metrics(self.hosts_ever(rec), timeout=30)
 
     def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False, poll_s: float = 0.5,
                    binary: bool = False) -> Iterator[tuple[str, int, Any, bool]]:
@@ -657,35 +614,28 @@ class JobManager:
         ``partial``: the piece ends inside a line. ``binary``: bytes as the rank wrote them."""
         rec = self.record(ref)
         job_id = rec["job_id"]
-        offsets: dict[tuple[str, int], int] = {}
+        reader = JobReader(self.ctl, job_id)
         while True:
             rec = self.record(job_id)
             ended = rec["state"] in TERMINAL
             got_any = False
             for host in self.hosts_ever(rec):
                 try:
-                    st = self.ctl.request(host, "job_status", timeout=20, job_id=job_id)
+                    st = reader.status(host)
                 except TransportError as e:
                     log.info("logs from %s: %s", host, e)
                     continue
-                ranks = sorted({r["rank"] for r in st.get("ranks") or []} | set(st.get("log_ranks") or []))
-                for r in ranks:
+                for r in log_ranks(st):
                     if rank is not None and r != rank:
                         continue
-                    while True:
-                        off = offsets.get((host, r), 0)
-                        try:
-                            chunk = self.ctl.request(host, "job_logs", timeout=20, job_id=job_id, rank=r,
-                                                     offset=off, binary=binary)
-                        except TransportError:
-                            break
-                        data = base64.b64decode(chunk["b64"]) if binary else chunk["text"]
-                        if data:
-                            got_any = True
-                            yield host, r, data, bool(chunk.get("partial"))
-                        offsets[(host, r)] = chunk["next_offset"]
-                        if not chunk["more"]:
-                            break
+                    try:
+                        for chunk in reader.log_chunks(host, r, binary=binary):
+                            data = chunk.data if binary else chunk.text
+                            if data:
+                                got_any = True
+                                yield host, r, data, chunk.partial
+                    except TransportError:
+                        pass
             if not follow or (ended and not got_any):
                 return
             if follow and not ended:
@@ -699,22 +649,17 @@ class JobManager:
                   poll_s: float = 0.5) -> Iterator[tuple[str, int, str]]:
         """(host, rank, line) for every log line, each exactly once: a line that came in pieces
         is one line, made safe to draw."""
-        pending: dict[tuple[str, int], str] = {}
+        joiner = LineJoiner()
         for host, r, text, partial in self.log_chunks(ref, rank, follow, poll_s):
-            text = pending.pop((host, r), "") + text
-            if partial:
-                pending[(host, r)] = text
-                continue
-            for line in log_lines(text):
+            for line in joiner.feed((host, r), text, partial):
                 yield host, r, line
-        for (host, r), text in pending.items():
-            for line in log_lines(text):
-                yield host, r, line
+        for (host, r), line in joiner.flush():
+            yield host, r, line
 
     def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
         """Apply the inventory's retention on the hosts: remove the directories of ended jobs
         past it (never a running job's)."""
         ret = self.ctl.inventory.retention
         targets = list(hosts) if hosts is not None else self.ctl.inventory.names
-        return self.ctl.request_many(targets, "job_gc", timeout=60, max_age_s=ret.max_age_days * 86400,
-                                     max_jobs=ret.max_jobs)
+        return self.ctl.agents(targets).job_gc(max_age_s=ret.max_age_days * 86400, max_jobs=ret.max_jobs,
+                                               timeout=60)

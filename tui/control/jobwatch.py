@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from tui.control.reader import JobReader, log_ranks
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
-from tui.model.termsafe import log_lines, terminal_safe
+from tui.model.termsafe import terminal_safe
 from tui.remote.transport import TransportError
 
 log = logging.getLogger(__name__)
@@ -464,11 +465,7 @@ def rank_rows(
 class _Track:
     rec: dict[str, Any]
     fold: MetricsFold = field(default_factory=MetricsFold)
-    offsets: dict[str, dict[str, int]] = field(default_factory=dict)  # host -> rank -> byte offset
-    sources: dict[tuple[str, str], str | None] = field(default_factory=dict)  # metrics or stdout
-    log_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
-    # A line that comes in pieces (longer than a chunk): its start so far, and what was cut.
-    log_partial: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
+    reader: JobReader | None = None  # the job's offsets on its hosts; made at its first read
     logs: LogBuffer = field(default_factory=LogBuffer)
     states: dict[str, Any] = field(default_factory=dict)
     ranks: list[dict[str, Any]] = field(default_factory=list)
@@ -725,98 +722,42 @@ class JobWatch:
             return list(hosts_ever(rec))
         return [n["host"] for n in rec.get("placement") or []]
 
+    def _reader(self, track: _Track) -> JobReader:
+        if track.reader is None:
+            # Lines that came in pieces are kept to LINE_SHOWN characters for the log view.
+            track.reader = JobReader(self.ctl, track.rec["job_id"], keep=LINE_SHOWN)
+        return track.reader
+
     def _read_metrics(
         self, job_id: str, hosts: Sequence[str], track: _Track
     ) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
-        for host in hosts:
-            offsets = track.offsets.setdefault(host, {})
-            for _ in range(64):  # bounded: a huge backlog comes in over several rounds
-                try:
-                    chunk = self.ctl.request(
-                        host, "job_metrics", timeout=20, job_id=job_id, offsets=dict(offsets)
-                    )
-                except TransportError as e:
-                    log.info("metrics from %s: %s", host, e)
-                    break
-                more = False
-                for rank, part in chunk.items():
-                    source = part.get("source")
-                    before = track.sources.get((host, rank))
-                    track.sources[(host, rank)] = source
-                    if before == "stdout" and source == "metrics" and "offset_key" not in part:
-                        # An agent from before offset_key: its offset was into the log until the
-                        # metrics file appeared; read the metrics file from its start instead.
-                        offsets[rank] = 0
-                        more = True
-                        continue
-                    for r in part["records"]:
-                        r.setdefault("rank", int(rank))
-                        r["host"] = host
-                        out.append(r)
-                    offsets[part.get("offset_key", rank)] = part["next_offset"]
-                    more = more or bool(part["more"])
-                if not more:
-                    break
-        return out
-
-    @staticmethod
-    def _joined(track: _Track, key: tuple[str, int], chunk: Mapping[str, Any]) -> list[str]:
-        """The lines a chunk completes: the pieces of a line longer than a chunk are one line,
-        kept to its first LINE_SHOWN characters and a note of how many more it had."""
-        text = chunk["text"]
-        start, cut = track.log_partial.pop(key, ("", 0))
-        if start or cut:
-            nl = text.find("\n")
-            head, text = (text, "") if nl < 0 else (text[: nl + 1], text[nl + 1:])
-            start += head
-            if len(start) > LINE_SHOWN + 1:
-                cut += len(start.rstrip("\n")) - LINE_SHOWN
-                start = start[:LINE_SHOWN] + ("\n" if start.endswith("\n") else "")
-            if nl < 0 and chunk.get("partial"):
-                track.log_partial[key] = (start, cut)
-                return []
-            text = start.rstrip("\n") + (f" [... {cut} more characters]" if cut else "") + "\n" + text
-        elif chunk.get("partial"):
-            track.log_partial[key] = (text[:LINE_SHOWN], max(0, len(text) - LINE_SHOWN))
-            return []
-        return log_lines(text)
+        # Bounded: a huge backlog comes in over several rounds.
+        return self._reader(track).metrics(hosts, max_rounds=64, timeout=20)
 
     def _read_logs(self, track: _Track) -> None:
         if track.logs_complete:
             return
-        job_id = track.rec["job_id"]
+        reader = self._reader(track)
         complete = track.final
         states = dict(track.states)
         for host in self._hosts_ever(track.rec):
             if host not in states:  # ran there before a restart moved the job
                 try:
-                    states[host] = self.ctl.request(host, "job_status", timeout=20, job_id=job_id)
+                    states[host] = reader.status(host)
                 except TransportError as e:
                     states[host] = e
         for host, st in states.items():
             if not isinstance(st, dict):
                 complete = False
                 continue
-            ranks = sorted(
-                {r["rank"] for r in st.get("ranks") or []} | set(st.get("log_ranks") or [])
-            )
-            for rank in ranks:
-                key = (host, rank)
-                for _ in range(LOG_CHUNKS_PER_ROUND):
-                    off = track.log_offsets.get(key, 0)
-                    try:
-                        chunk = self.ctl.request(
-                            host, "job_logs", timeout=20, job_id=job_id, rank=rank, offset=off
-                        )
-                    except TransportError as e:
-                        log.info("logs from %s: %s", host, e)
-                        complete = False
-                        break
-                    track.logs.extend((host, rank, line) for line in self._joined(track, key, chunk))
-                    track.log_offsets[key] = chunk["next_offset"]
-                    if not chunk["more"]:
-                        break
-                else:
+            for rank in log_ranks(st):
+                caught_up = False
+                try:
+                    for chunk in reader.log_chunks(host, rank, max_chunks=LOG_CHUNKS_PER_ROUND):
+                        track.logs.extend((host, rank, line) for line in reader.lines(host, rank, chunk))
+                        caught_up = not chunk.more
+                except TransportError as e:
+                    log.info("logs from %s: %s", host, e)
+                if not caught_up:
                     complete = False
         track.logs_complete = complete

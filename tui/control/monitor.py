@@ -16,6 +16,7 @@ from typing import Any
 from tui.control.controller import Controller, host_key_info
 from tui.model.inventory import HostSpec
 from tui.model.state import ClusterState, HostStatus
+from tui.remote.agentclient import AgentClient
 from tui.remote.agentlink import AgentLink, hello_timeout
 from tui.remote.transport import (
     Backoff,
@@ -119,19 +120,19 @@ class Monitor:
         stream, pyz = ctl.open_agent_stream(spec, transport)
         attach_only = pyz is None
         link = AgentLink(spec.name, stream, on_event=lambda m: self._on_event(spec.name, m))
+        agent = AgentClient.over(link)
         try:
             hello = link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck")
             upgrade = None
             if hello.get("agent_version") != ctl.bundle.version and not attach_only:
                 # An older daemon is running. It hands over now if idle, else when its jobs end.
-                result = link.request("upgrade", timeout=spec.connect_timeout, path=pyz)
-                if (result or {}).get("scheduled") == "now":
+                if agent.upgrade(path=pyz, timeout=spec.connect_timeout) == "now":
                     self.state.set_agent(spec.name, hello, upgrade_pending=ctl.bundle.version)
                     kick.set()  # reconnect at once, to the new daemon
                     return
                 upgrade = ctl.bundle.version
             self.state.set_agent(spec.name, hello, upgrade_pending=upgrade)
-            link.request("subscribe", timeout=spec.connect_timeout, rate_hz=self.rate_hz)
+            agent.subscribe(rate_hz=self.rate_hz, timeout=spec.connect_timeout)
             subscribed_at = time.monotonic()
             backoff.reset()
             down_after = self.down_after(spec)

@@ -1,0 +1,450 @@
+"""The typed agent client: one method per agent RPC (``agent/daemon.py``'s dispatch table).
+
+The RPCs' wire names are written here and nowhere else on the workstation side: the controller,
+the monitor and the job readers call ``AgentClient.job_status(job_id=...)``, never
+``request(host, "job_status", ...)``. Each method takes keyword parameters named as the daemon
+reads them, and turns the answer into a typed value: a dataclass where the controller reads
+fields, a plain ``dict`` (said so in its docstring) where the payload is passed through as the
+agent sent it.
+
+Two ways to reach an agent:
+
+- ``AgentClient``: one host. It sits on a ``call(method, timeout=..., **params)`` function, which
+  is a bound ``AgentLink.request`` (``AgentClient.over(link)``) or the controller's per-host
+  ``request`` (``Controller.agent(host)``, which connects, deploys and reconnects as needed).
+- ``AgentFleet``: the same request to several hosts at once (``Controller.agents(hosts)``), each
+  host's answer or the ``TransportError`` that kept it from answering.
+
+Any object with the controller's ``request``/``request_many`` gains ``agent()`` and ``agents()``
+by inheriting ``TypedAgents`` (the controller does; so do the tests' stand-ins for it).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, TypedDict, TypeVar
+
+from tui.remote.transport import TransportError
+
+T = TypeVar("T")
+
+#: The one function an ``AgentClient`` needs: ``call(method, timeout=..., **params)``; the
+#: timeout is left out when the caller gave none (the transport's default then applies).
+Call = Callable[..., Any]
+
+
+# ---------------------------------------------------------------------------------------------
+# What the agent answers
+
+
+class JobRankState(TypedDict, total=False):
+    """One rank in a ``job_status`` answer (the rank's start record plus its outcome)."""
+
+    rank: int
+    local_rank: int
+    pid: int | None
+    gpu: int | None
+    state: str  # running | exited | failed | lost
+    exit_code: int | None
+    signal: int | None
+
+
+class JobState(TypedDict, total=False):
+    """A job on one host, as ``job_status`` (and each ``job_list`` entry) has it.
+
+    A ``TypedDict``, not a dataclass: the gang rules read these keys, and the same mapping is
+    passed through unchanged into ``JobView.hosts`` (``rigdeck status --json``) and the app's
+    job state, so it stays the agent's own JSON object. Only the keys the controller reads are
+    named; the agent may send more.
+    """
+
+    job_id: str
+    state: str  # starting | running | stopping | succeeded | failed | stopped
+    host: str
+    restart_count: int
+    started: float | None
+    ended: float | None
+    cause: dict[str, Any] | None
+    jobhost_pid: int | None
+    # job_status only:
+    ranks: list[JobRankState]
+    log_ranks: list[int]
+    last_metrics: dict[str, dict[str, Any]]  # rank (as a string) -> its last metrics record
+    tagged_processes: int
+    # job_list only:
+    name: str | None
+    gpus: list[int]
+    nodes: list[dict[str, Any]] | None
+    launcher: str | None
+
+
+@dataclass(frozen=True)
+class AgentVersion:
+    """The running daemon (``version``): what its hello says."""
+
+    agent_version: str | None
+    hostname: str | None
+    pid: int | None
+    started: float | None
+    python: str | None
+    protocol: int | None
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> AgentVersion:
+        return cls(d.get("agent_version"), d.get("hostname"), d.get("pid"), d.get("started"),
+                   d.get("python"), d.get("protocol"))
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the host is (``facts``). ``raw`` is the agent's whole answer."""
+
+    hostname: str | None
+    addresses: tuple[str, ...]
+    python: str | None
+    cpus: int | None
+    memory_total_mb: int | None
+    gpu_source: str | None
+    gpus: tuple[dict[str, Any], ...]
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> HostFacts:
+        return cls(d.get("hostname"), tuple(str(a) for a in d.get("addresses") or ()), d.get("python"),
+                   d.get("cpus"), d.get("memory_total_mb"), d.get("gpu_source"),
+                   tuple(d.get("gpus") or ()), d)
+
+
+@dataclass(frozen=True)
+class JobStarted:
+    """A start the host accepted (``job_start``): the job's directory and its job host."""
+
+    job_dir: str | None
+    jobhost_pid: int | None
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> JobStarted:
+        return cls(d.get("job_dir"), d.get("jobhost_pid"))
+
+
+@dataclass(frozen=True)
+class JobStopped:
+    """What a ``job_stop`` did: the job's state after it (``stopping`` while its job host runs
+    the grace period) and how many stray processes of the job were swept, if it swept."""
+
+    state: str | None
+    swept: int | None = None
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> JobStopped:
+        return cls(d.get("state"), d.get("swept"))
+
+
+@dataclass(frozen=True)
+class JobCheck:
+    """Whether a start could go ahead on the host (``job_check``); it changes nothing."""
+
+    problems: tuple[str, ...]
+    free_mb: float | None
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> JobCheck:
+        return cls(tuple(str(p) for p in d.get("problems") or ()), d.get("free_mb"))
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    """A piece of a rank's log (``job_logs``), read from byte ``offset`` to ``next_offset``.
+
+    ``text`` holds it as text (invalid UTF-8 replaced); with ``binary`` it is ``data`` instead,
+    the bytes as the rank wrote them, and ``text`` is empty. ``partial``: it ends inside a line
+    (the rest follows, or the rank ended without a newline). ``more``: more is waiting now.
+    """
+
+    rank: int
+    offset: int
+    next_offset: int
+    more: bool
+    partial: bool
+    text: str = ""
+    data: bytes = b""
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> LogChunk:
+        data = base64.b64decode(d["b64"]) if "b64" in d else b""
+        return cls(int(d.get("rank", -1)), int(d.get("offset", 0)), d["next_offset"], bool(d["more"]),
+                   bool(d.get("partial")), d.get("text") or "", data)
+
+
+@dataclass(frozen=True)
+class MetricsPart:
+    """One rank's new metrics records (``job_metrics``), from its metrics file (``source``
+    ``metrics``) or from the losses its wrapper parsed out of its output (``stdout``).
+
+    ``offset_key`` names the offset ``next_offset`` advances (``"R"`` or ``"R/stdout"``); an agent
+    from before offset keys sends none (``None``): its one offset per rank moved from the output
+    to the metrics file when that file appeared. ``records`` are the rank's JSON objects as it
+    wrote them (plus ``restart``, the attempt that wrote each), passed through as dicts.
+    """
+
+    records: list[dict[str, Any]]
+    next_offset: int
+    more: bool
+    source: str | None = None
+    offset_key: str | None = None
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> MetricsPart:
+        return cls(list(d["records"]), d["next_offset"], bool(d["more"]), d.get("source"), d.get("offset_key"))
+
+
+UpgradeWhen = Literal["now", "when-idle"]
+
+
+def _dict(d: Any) -> dict[str, Any]:
+    return d if isinstance(d, dict) else {}
+
+
+def _metrics(d: Any) -> dict[str, MetricsPart]:
+    return {str(rank): MetricsPart.from_wire(part) for rank, part in _dict(d).items()}
+
+
+def _job_states(d: Any) -> list[JobState]:
+    return list(d) if isinstance(d, list) else []
+
+
+def _kw(timeout: float | None) -> dict[str, float]:
+    return {} if timeout is None else {"timeout": timeout}
+
+
+# ---------------------------------------------------------------------------------------------
+# One host
+
+
+class AgentClient:
+    """The agent on one host: one method per RPC. A failed request raises ``TransportError``
+    (``AgentError``, a subclass, when the agent answered with an error). ``timeout`` is the
+    seconds to wait for the answer; ``None`` leaves the transport's default (30 s)."""
+
+    def __init__(self, host: str, call: Call):
+        self.host = host
+        self._call = call
+
+    @classmethod
+    def over(cls, link: Any) -> AgentClient:
+        """A client on one open ``AgentLink`` (the monitor's stream, a probe's short session)."""
+        return cls(link.host, link.request)
+
+    def __repr__(self) -> str:
+        return f"AgentClient({self.host!r})"
+
+    # -- the daemon ----------------------------------------------------------------------------
+
+    def ping(self, *, timeout: float | None = None) -> float:
+        """The agent's clock (``time.time()`` there)."""
+        return float(_dict(self._call("ping", **_kw(timeout))).get("time") or 0.0)
+
+    def version(self, *, timeout: float | None = None) -> AgentVersion:
+        """The running daemon: its version, hostname, pid and start time."""
+        return AgentVersion.from_wire(_dict(self._call("version", **_kw(timeout))))
+
+    def facts(self, *, timeout: float | None = None) -> HostFacts:
+        """The host's facts (addresses, Python, CPUs, memory, GPUs, what is deployed)."""
+        return HostFacts.from_wire(_dict(self._call("facts", **_kw(timeout))))
+
+    def sample(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """The latest telemetry sample (GPUs with their claims, host CPU and memory). A plain
+        dict: passed through unchanged to ``ClusterState.apply_sample`` and ``HostReport.sample``."""
+        return _dict(self._call("sample", **_kw(timeout)))
+
+    def subscribe(self, *, rate_hz: float | None = None, timeout: float | None = None) -> float:
+        """Stream ``telemetry`` events on this connection (at ``rate_hz``, 1/60..10, when given);
+        returns the daemon's rate now. The events go to the link's ``on_event``."""
+        params = {} if rate_hz is None else {"rate_hz": rate_hz}
+        return float(_dict(self._call("subscribe", **_kw(timeout), **params)).get("rate_hz") or 0.0)
+
+    def unsubscribe(self, *, timeout: float | None = None) -> None:
+        """Stop this connection's telemetry events."""
+        self._call("unsubscribe", **_kw(timeout))
+
+    def set_rate(self, *, rate_hz: float, timeout: float | None = None) -> float:
+        """Change the daemon's sampling rate (for every subscriber); returns it."""
+        return float(_dict(self._call("set_rate", **_kw(timeout), rate_hz=rate_hz)).get("rate_hz") or 0.0)
+
+    def upgrade(self, *, path: str, timeout: float | None = None) -> UpgradeWhen | None:
+        """Hand over to the agent.pyz at ``path`` on the host: ``"now"`` when the daemon is idle
+        (it restarts as the new version), ``"when-idle"`` once its jobs have ended."""
+        when = _dict(self._call("upgrade", **_kw(timeout), path=path)).get("scheduled")
+        return when if when in ("now", "when-idle") else None
+
+    def shutdown(self, *, force: bool = False, timeout: float | None = None) -> bool:
+        """Stop the daemon (refused while jobs run, unless ``force``); True when it is stopping."""
+        return bool(_dict(self._call("shutdown", **_kw(timeout), force=force)).get("stopping"))
+
+    # -- jobs --------------------------------------------------------------------------------
+
+    def job_start(self, *, plan: dict[str, Any], timeout: float | None = None) -> JobStarted:
+        """Start this host's part of a job from its plan (the controller's ``_plans``)."""
+        return JobStarted.from_wire(_dict(self._call("job_start", **_kw(timeout), plan=plan)))
+
+    def job_stop(self, *, job_id: str, grace_s: float | None = None,
+                 timeout: float | None = None) -> JobStopped:
+        """Stop the job here: SIGTERM to its ranks, SIGKILL after ``grace_s`` (the plan's when None)."""
+        params: dict[str, Any] = {"job_id": job_id}
+        if grace_s is not None:
+            params["grace_s"] = grace_s
+        return JobStopped.from_wire(_dict(self._call("job_stop", **_kw(timeout), **params)))
+
+    def job_list(self, *, timeout: float | None = None) -> list[JobState]:
+        """Every job this host knows, with its name, GPUs and plan nodes (passed through as the
+        agent's dicts; see ``JobState``)."""
+        return _job_states(self._call("job_list", **_kw(timeout)))
+
+    def job_status(self, *, job_id: str, timeout: float | None = None) -> JobState:
+        """The job here: state, cause, ranks, ranks with logs, each rank's last metrics record
+        (see ``JobState``: the agent's dict, passed through)."""
+        return self._call("job_status", **_kw(timeout), job_id=job_id)  # type: ignore[no-any-return]
+
+    def job_logs(self, *, job_id: str, rank: int, offset: int = 0, max_bytes: int | None = None,
+                 binary: bool = False, timeout: float | None = None) -> LogChunk:
+        """A chunk of ``rank``'s log from byte ``offset``: complete lines, or a piece of a line
+        longer than a chunk (``partial``). ``binary``: the bytes as written (``LogChunk.data``)."""
+        params: dict[str, Any] = {"job_id": job_id, "rank": rank, "offset": offset}
+        if max_bytes is not None:
+            params["max_bytes"] = max_bytes
+        if binary:
+            params["binary"] = True
+        return LogChunk.from_wire(_dict(self._call("job_logs", **_kw(timeout), **params)))
+
+    def job_metrics(self, *, job_id: str, offsets: dict[str, int],
+                    timeout: float | None = None) -> dict[str, MetricsPart]:
+        """New metrics records of every rank here, from ``offsets`` (offset key -> byte offset;
+        see ``MetricsPart``): rank (as a string) -> its part."""
+        return _metrics(self._call("job_metrics", **_kw(timeout), job_id=job_id, offsets=offsets))
+
+    def job_claim(self, *, job_id: str, gpus: Sequence[int], timeout: float | None = None) -> list[int]:
+        """Claim ``gpus`` here for a start that follows (all or none; lapses if none comes).
+        Returns the GPUs claimed; a GPU held by another job is an ``AgentError``."""
+        got = _dict(self._call("job_claim", **_kw(timeout), job_id=job_id, gpus=list(gpus)))
+        return [int(g) for g in got.get("claimed") or ()]
+
+    def job_release(self, *, job_id: str, timeout: float | None = None) -> bool:
+        """Give back a claim made for a start that will not come; True when there was one."""
+        return bool(_dict(self._call("job_release", **_kw(timeout), job_id=job_id)).get("released"))
+
+    def job_check(self, *, job_id: str, gpus: Sequence[int], min_free_mb: float = 0.0,
+                  timeout: float | None = None) -> JobCheck:
+        """Whether a start could go ahead here (free space, the GPUs unclaimed), changing nothing."""
+        return JobCheck.from_wire(_dict(self._call("job_check", **_kw(timeout), job_id=job_id,
+                                                   gpus=list(gpus), min_free_mb=min_free_mb)))
+
+    def job_gc(self, *, max_age_s: float | None = None, max_jobs: int | None = None,
+               timeout: float | None = None) -> dict[str, Any]:
+        """Remove ended jobs' directories past retention. A plain dict (``removed``, ``kept``,
+        ``running``): passed through unchanged to ``rigdeck gc``'s output."""
+        return _dict(self._call("job_gc", **_kw(timeout), max_age_s=max_age_s, max_jobs=max_jobs))
+
+    # -- the network -------------------------------------------------------------------------
+
+    def probe_port(self, *, addr: str, timeout: float | None = None) -> int:
+        """A TCP port free on the host's address ``addr`` (the job's MASTER_PORT)."""
+        return int(_dict(self._call("probe_port", **_kw(timeout), addr=addr))["port"])
+
+    def route_source(self, *, peer: str, timeout: float | None = None) -> str | None:
+        """The address the host's route to ``peer`` leaves from, or None."""
+        got = _dict(self._call("route_source", **_kw(timeout), peer=peer)).get("address")
+        return str(got) if got else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Many hosts at once
+
+
+class AgentFleet:
+    """The same request to several hosts in parallel (``Controller.request_many``): each method
+    returns host -> its answer (typed as ``AgentClient``'s), or the ``TransportError`` that kept
+    that host from answering. One slow host holds up the others only to its own timeout."""
+
+    def __init__(self, hosts: Sequence[str], call_many: Call):
+        self.hosts = list(hosts)
+        self._call_many = call_many
+
+    def __repr__(self) -> str:
+        return f"AgentFleet({self.hosts!r})"
+
+    def _each(self, convert: Callable[[Any], T], method: str, timeout: float | None,
+              **params: Any) -> dict[str, T | TransportError]:
+        if not self.hosts:
+            return {}
+        got = self._call_many(method, **_kw(timeout), **params)
+        return {h: r if isinstance(r, TransportError) else convert(r) for h, r in got.items()}
+
+    def ping(self, *, timeout: float | None = None) -> dict[str, float | TransportError]:
+        """Each agent's clock."""
+        return self._each(lambda d: float(_dict(d).get("time") or 0.0), "ping", timeout)
+
+    def version(self, *, timeout: float | None = None) -> dict[str, AgentVersion | TransportError]:
+        """Each running daemon."""
+        return self._each(lambda d: AgentVersion.from_wire(_dict(d)), "version", timeout)
+
+    def facts(self, *, timeout: float | None = None) -> dict[str, HostFacts | TransportError]:
+        """Each host's facts."""
+        return self._each(lambda d: HostFacts.from_wire(_dict(d)), "facts", timeout)
+
+    def sample(self, *, timeout: float | None = None) -> dict[str, dict[str, Any] | TransportError]:
+        """Each host's latest telemetry sample (plain dicts, passed through to ``ClusterState``)."""
+        return self._each(_dict, "sample", timeout)
+
+    def job_list(self, *, timeout: float | None = None) -> dict[str, list[JobState] | TransportError]:
+        """Each host's jobs."""
+        return self._each(_job_states, "job_list", timeout)
+
+    def job_status(self, *, job_id: str, timeout: float | None = None) -> dict[str, JobState | TransportError]:
+        """The job on each host (the agents' dicts, passed through: see ``JobState``)."""
+        return self._each(lambda d: d, "job_status", timeout, job_id=job_id)
+
+    def job_stop(self, *, job_id: str, grace_s: float | None = None,
+                 timeout: float | None = None) -> dict[str, JobStopped | TransportError]:
+        """Stop the job on every host."""
+        params: dict[str, Any] = {"job_id": job_id}
+        if grace_s is not None:
+            params["grace_s"] = grace_s
+        return self._each(lambda d: JobStopped.from_wire(_dict(d)), "job_stop", timeout, **params)
+
+    def job_release(self, *, job_id: str, timeout: float | None = None) -> dict[str, bool | TransportError]:
+        """Give back the job's claims on every host."""
+        return self._each(lambda d: bool(_dict(d).get("released")), "job_release", timeout, job_id=job_id)
+
+    def job_gc(self, *, max_age_s: float | None = None, max_jobs: int | None = None,
+               timeout: float | None = None) -> dict[str, dict[str, Any] | TransportError]:
+        """Retention on every host (plain dicts, passed through to ``rigdeck gc``)."""
+        return self._each(_dict, "job_gc", timeout, max_age_s=max_age_s, max_jobs=max_jobs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Where the controller gets them
+
+
+class Requests(Protocol):
+    """The untyped path a typed client rides on (the controller's): a method name and params."""
+
+    def request(self, host: str, method: str, timeout: float = ..., **params: Any) -> Any: ...
+
+    def request_many(self, hosts: Sequence[str], method: str, timeout: float = ...,
+                     **params: Any) -> dict[str, Any]: ...
+
+
+class TypedAgents:
+    """``agent(host)`` and ``agents(hosts)`` for anything with ``request``/``request_many``."""
+
+    def agent(self: Requests, host: str) -> AgentClient:
+        """The typed client of ``host``'s agent (connecting and deploying when first used)."""
+        return AgentClient(host, functools.partial(self.request, host))
+
+    def agents(self: Requests, hosts: Iterable[str]) -> AgentFleet:
+        """Typed requests to several hosts' agents at once."""
+        hosts = list(hosts)
+        return AgentFleet(hosts, functools.partial(self.request_many, hosts))
