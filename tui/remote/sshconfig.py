@@ -40,6 +40,7 @@ from tui.model.inventory import (  # noqa: F401  (the loader works with the mode
     Inventory,
     InventoryError,
     Retention,
+    ServerSpec,
     _Bad,
     _checked,
     _Jump,
@@ -53,6 +54,7 @@ from tui.model.inventory import (  # noqa: F401  (the loader works with the mode
     _toml_str,
     _toml_value,
     default_inventory_path,
+    server_spec,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -236,9 +238,11 @@ class _Resolver:
             transport=transport,
             connect_timeout=pick("connect_timeout", None, 10.0),
             keepalive=pick("keepalive", None, 15.0),
+            attach_only=pick("attach_only", None, False),
         )
 
-    def inventory(self, hosts: list[HostSpec], lines: Sequence[int | None] = ()) -> Inventory:
+    def inventory(self, hosts: list[HostSpec], lines: Sequence[int | None] = (),
+                  server: ServerSpec | None = None) -> Inventory:
         seen: dict[str, int] = {}
         for i, host in enumerate(hosts):
             if host.name in seen:
@@ -255,7 +259,7 @@ class _Resolver:
             seen[host.name] = i
         inv = Inventory(tuple(hosts), self.path, self.known_hosts, self.ssh_path,
                         min_free_mb=self.defaults.get("min_free_mb", Inventory.min_free_mb),
-                        retention=self.defaults.get("retention") or Retention())
+                        retention=self.defaults.get("retention") or Retention(), server=server)
         # Loops in proxy_jump are the file's fault: report them when it is loaded.
         for host in hosts:
             _jump_chain(inv, host, self.ssh)
@@ -297,7 +301,7 @@ def _toml_inventory(text: str, path: Path) -> Inventory:
         raise InventoryError(path, None, None, f"valid TOML ({e})") from None
     for key in data:
         if key not in _TOP_LEVEL:
-            expected = "only a [defaults] table and [[hosts]] entries at the top level"
+            expected = "only a [defaults] table, [[hosts]] entries and a [server] table at the top level"
             raise InventoryError(path, None, key, expected, data[key])
     defaults_raw = data.get("defaults", {})
     if not isinstance(defaults_raw, dict):
@@ -311,7 +315,8 @@ def _toml_inventory(text: str, path: Path) -> Inventory:
         name = raw.get("name") if isinstance(raw, dict) else None
         label = name if isinstance(name, str) and NAME_RE.fullmatch(name) else f"hosts[{i}]"
         hosts.append(resolver.resolve(raw, label))
-    return resolver.inventory(hosts)
+    server = server_spec(data["server"], path, hosts) if "server" in data else None
+    return resolver.inventory(hosts, server=server)
 
 
 def local_inventory() -> Inventory:
@@ -521,10 +526,16 @@ def hostfile_to_toml(inv: Inventory) -> str:
             "env",
             "connect_timeout",
             "keepalive",
+            "attach_only",
         ):
             value = getattr(h, key)
             if value != getattr(builtin, key):
                 fields[key] = dict(value) if key == "env" else value
         out += ["", "[[hosts]]"]
         out += [f"{key} = {_toml_value(value)}" for key, value in fields.items()]
+    if inv.server is not None:
+        out += ["", "[server]", f"host = {_toml_str(inv.server.host)}"]
+        if inv.server.python is not None:
+            out.append(f"python = {_toml_str(inv.server.python)}")
+        out.append(f"state_dir = {_toml_str(inv.server.state_dir)}")
     return "\n".join(out) + "\n"
