@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tui.cli import server as server_cli
 from tui.control.controller import Controller, HostReport
 from tui.model.inventory import Inventory, InventoryError
 from tui.remote.sshconfig import hostfile_to_toml, load_hostfile, load_inventory
@@ -106,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     ip = isub.add_parser("import", help="convert a DeepSpeed/MPI hostfile ('host slots=N') to TOML")
     ip.add_argument("hostfile")
     ip.add_argument("-o", "--output", help="write here instead of stdout (refuses to overwrite)")
+
+    server_cli.add_parsers(sub)
     return parser
 
 
@@ -418,6 +421,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_inventory(args)
         if args.command in ("launch", "jobs", "status", "logs", "metrics", "stop", "gc"):
             return _run_jobs(args)
+        if args.command in ("server", "attach"):
+            return server_cli.run(args)
     except InventoryError as e:
         print(f"rigdeck: {e}", file=sys.stderr)
         return EXIT_USAGE
