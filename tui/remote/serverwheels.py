@@ -29,7 +29,6 @@ import base64
 import csv
 import hashlib
 import io
-import json
 import os
 import platform
 import re
@@ -427,8 +426,3 @@ def _pip(pip_wheel: Path, args: Sequence[str], fallback: Sequence[str] | None = 
         last = (proc.stderr or proc.stdout).strip()[-1500:]
     raise WheelError(f"pip {' '.join(args[:1])} failed: {last}")
 
-
-def describe(wheels: WheelSet) -> str:
-    return json.dumps({"rigdeck": wheels.rigdeck.name, "build": wheels.build,
-                       "dependencies": [p.name for p in wheels.dependencies],
-                       "pip": wheels.pip.name})
