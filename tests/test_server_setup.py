@@ -197,16 +197,19 @@ def test_the_server_reaches_every_agent_with_its_own_credentials(
 
 
 def test_setup_twice_duplicates_nothing(
-    bed: TestBed, inv: Inventory, first_setup: serveradmin.SetupReport
+    bed: TestBed, inv_path: Path, first_setup: serveradmin.SetupReport,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     h3_keys = bed.host(3).dot_ssh / "authorized_keys"
     stale = f'restrict,command="old" ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIold {key_comment("h1")}'
     other = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIother someone@laptop"
     h3_keys.write_text(h3_keys.read_text() + other + "\n" + stale + "\n")
-    again = serveradmin.setup(inv)
-    assert again.install == "current" and again.wheels_copied == []
-    assert not again.key_created and again.public_key == first_setup.public_key
-    assert again.authorized == {"h1": "current", "h2": "current", "h3": "replaced"}
+    capsys.readouterr()
+    assert rigdeck_main(["server", "setup", "--json", "--inventory", str(inv_path)]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["install"] == "current" and again["wheels_copied"] == []
+    assert not again["key_created"] and again["public_key"] == first_setup.public_key
+    assert again["authorized"] == {"h1": "current", "h2": "current", "h3": "replaced"}
     for i in (1, 2, 3):
         assert len(server_lines(bed, i)) == 1
     assert other in h3_keys.read_text().splitlines()  # someone else's key is left alone

@@ -401,3 +401,116 @@ def test_attach_without_a_server_says_so(tmp_path: Path) -> None:
     err = proc.stderr.decode()
     assert err.count("\n") == 1 and err.startswith("rigdeck attach: no rigdeck server listens on ")
     assert str(tmp_path / "none" / "sock" / "server.sock") in err
+
+
+# ---------------------------------------------------------------------------------------------
+# serverhost end to end on this machine (a local-transport server host)
+
+
+def _local_server(tmp_path: Path) -> Inventory:
+    path = tmp_path / "hosts.toml"
+    path.write_text(
+        f'[[hosts]]\nname = "me"\ntransport = "local"\npython = "{sys.executable}"\n\n'
+        f'[server]\nhost = "me"\nstate_dir = "{tmp_path / "srv"}"\n')
+    return load_inventory(path)
+
+
+@pytest.mark.timeout(120)
+def test_start_logs_stop_through_serverhost_locally(tmp_path: Path) -> None:
+    from tui.remote import serverhost
+
+    inv = _local_server(tmp_path)
+    layout = ServerLayout(str(tmp_path / "srv"))
+    st = serverhost.status(inv)
+    assert (st.host, st.running, st.set_up, st.socket) == ("me", False, False, layout.socket)
+    started = serverhost.start(inv, command=[sys.executable, "-c", LISTENER, layout.socket])
+    try:
+        assert started.started and started.running and started.listening
+        assert serverhost.attach_command(inv, serverhost.make_transport(inv, inv.hosts[0])) == [
+            layout.rigdeck, "attach", "--state-dir", layout.state_dir]
+        got = bytearray()
+        serverhost.logs(inv, got.extend, lines=1)
+        assert got.startswith(b"stand-in listening on")
+
+        class Enough(Exception):
+            pass
+
+        followed = bytearray()
+        appended: list[bool] = []
+
+        def write(data: bytes) -> None:
+            followed.extend(data)
+            if b"appended" in followed:
+                raise Enough
+            if not appended:
+                appended.append(True)
+                with open(layout.log, "ab") as f:
+                    f.write(b"x appended\n")
+
+        with pytest.raises(Enough):
+            serverhost.logs(inv, write, lines=1, follow=True)
+        assert followed.endswith(b"x appended\n")
+    finally:
+        stopped, was_running = serverhost.stop(inv, timeout=5)
+    assert was_running and not stopped.running
+
+
+def test_the_helper_fits_on_one_command_line() -> None:
+    # One argv word of `sh -c` on the host: Linux takes at most 128 KiB per word.
+    assert len(remote_command(["python3", "-c", HELPER_SOURCE, "status", "/x"])) < 100_000
+
+
+def test_install_plans(tmp_path: Path) -> None:
+    """Offline: only the wheels that changed, --no-deps; another platform: the host's index for
+    the dependencies, rigdeck's own wheel from here; nothing when the record matches."""
+    from tui.remote import serverhost
+    from tui.remote.serverwheels import WheelSet
+    from tui.remote.transport import CommandResult
+
+    files = {}
+    for name in ("pip-1-py3-none-any.whl", "dep-1-py3-none-any.whl", "rigdeck-0.1-py3-none-any.whl"):
+        files[name] = tmp_path / name
+        files[name].write_bytes(name.encode())
+    here = local_platform()
+    ws = WheelSet(rigdeck=files["rigdeck-0.1-py3-none-any.whl"], pip=files["pip-1-py3-none-any.whl"],
+                  dependencies=(files["dep-1-py3-none-any.whl"],), requirements=("dep>=1",),
+                  version="0.1", build="b", platform=here)
+
+    class Fake:
+        name = "h"
+
+        def __init__(self) -> None:
+            self.runs: list[list[str]] = []
+            self.puts: list[str] = []
+
+        def run(self, argv, *, input=None, timeout=60.0, env=None):  # type: ignore[no-untyped-def]
+            self.runs.append(list(argv))
+            return CommandResult(tuple(argv), 0, '{"ok": true}\n', "")
+
+        def put_file(self, local, remote, mode=0o644):  # type: ignore[no-untyped-def]
+            self.puts.append(remote)
+
+    def plan(installed: dict, host: Platform, there: dict | None = None) -> tuple[Fake, dict | None, str]:
+        t = Fake()
+        report = serverhost.SetupReport("h", "/s", "python3", "current", "", "0.1", "b")
+        serverhost._install(t, "python3", ServerLayout("/s"), ws,  # type: ignore[arg-type]
+                            {"wheels": there or {}, "installed": installed}, host, report,
+                            lambda _: None)
+        runs = [r for r in t.runs if r[3] == "install"]
+        return t, (json.loads(runs[0][5]) if runs else None), report.install
+
+    t, p, how = plan({}, here)
+    assert len(t.puts) == 3 and how == "offline"
+    assert p is not None and p["offline"] == ["dep-1-py3-none-any.whl", "rigdeck-0.1-py3-none-any.whl"]
+    assert p["index"] == [] and p["pip"] == "pip-1-py3-none-any.whl"
+    record = p["record"]
+    shas = record["wheels"]
+    t, p, how = plan(record, here, there=shas)
+    assert t.puts == [] and p is None and how == "current"
+    changed = {**record, "wheels": {**shas, "rigdeck-0.1-py3-none-any.whl": "old"}}
+    t, p, _ = plan(changed, here, there=shas)
+    assert p is not None and p["offline"] == ["rigdeck-0.1-py3-none-any.whl"]
+    other = Platform(here.implementation, "3.99", here.platform, here.libc, here.libc_version)
+    t, p, how = plan({}, other)
+    assert how == "index" and p is not None
+    assert p["index"] == ["dep>=1"] and p["offline"] == ["rigdeck-0.1-py3-none-any.whl"]

@@ -105,6 +105,11 @@ def _sha256(path: str) -> str:
 
 def _tail(path: str, lines: int) -> bytes:
     """The last ``lines`` lines of a file (b"" when there is none)."""
+    return _tail_at(path, lines)[0]
+
+
+def _tail_at(path: str, lines: int) -> tuple:
+    """(the last ``lines`` lines, the file's size they end at); (b"", 0) without a file."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
@@ -117,10 +122,12 @@ def _tail(path: str, lines: int) -> bytes:
                     break
                 size = min(end, size * 4)
     except OSError:
-        return b""
+        return b"", 0
+    if lines <= 0:
+        return b"", end
     parts = data.split(b"\n")
     keep = parts[-(lines + 1):] if data.endswith(b"\n") else parts[-lines:]
-    return b"\n".join(keep) if lines > 0 else b""
+    return b"\n".join(keep), end
 
 
 # ---------------------------------------------------------------------------------------------
@@ -483,14 +490,11 @@ def stop(state_dir: str, timeout: str) -> dict:
 def logs(state_dir: str, lines: str, follow: str) -> None:
     p = Paths(state_dir)
     out = sys.stdout.buffer
-    out.write(_tail(p.log, int(lines)))
+    data, pos = _tail_at(p.log, int(lines))  # following goes on from where the tail ended
+    out.write(data)
     out.flush()
     if follow != "1":
         return
-    try:
-        pos = os.path.getsize(p.log)
-    except OSError:
-        pos = 0
     stdin = sys.stdin.fileno()
     while True:
         ready, _, _ = select.select([stdin], [], [], 0.3)
