@@ -139,7 +139,8 @@ def prepare(state_dir: str) -> dict:
     import sysconfig
 
     p = Paths(state_dir)
-    for d in (p.state_dir, p.wheels, p.socket_dir):
+    os.makedirs(p.state_dir, mode=0o700, exist_ok=True)  # an existing one keeps its mode
+    for d in (p.wheels, p.socket_dir):
         os.makedirs(d, mode=0o700, exist_ok=True)
         os.chmod(d, 0o700)
     wheels = {n: _sha256(os.path.join(p.wheels, n))
@@ -363,14 +364,13 @@ def _systemd_user() -> bool:
         return False
 
 
-def _spawn_systemd(p: Paths, argv: list, env: dict) -> int | None:
+def _spawn_systemd(p: Paths, argv: list) -> int | None:
     subprocess.run(["systemctl", "--user", "reset-failed", UNIT], stdin=subprocess.DEVNULL,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
     cmd = ["systemd-run", "--user", "--unit", UNIT, "--collect", "--quiet",
            "--working-directory", p.state_dir,
            "--property", "StandardOutput=append:" + p.log,
            "--property", "StandardError=append:" + p.log]
-    cmd += [f"--setenv={k}={v}" for k, v in sorted(env.items())]
     proc = subprocess.run(cmd + ["--"] + argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, timeout=30)
     if proc.returncode != 0:
@@ -385,12 +385,11 @@ def _spawn_systemd(p: Paths, argv: list, env: dict) -> int | None:
     return pid or None
 
 
-def _spawn_detached(p: Paths, argv: list, env: dict) -> subprocess.Popen:
+def _spawn_detached(p: Paths, argv: list) -> subprocess.Popen:
     with open(os.devnull, "rb") as devnull, open(p.log, "ab") as log:
         os.chmod(p.log, 0o600)
         return subprocess.Popen(argv, stdin=devnull, stdout=log, stderr=log, cwd=p.state_dir,
-                                env=dict(os.environ, **env), start_new_session=True,
-                                close_fds=True)
+                                start_new_session=True, close_fds=True)
 
 
 def start(state_dir: str, timeout: str, argv_json: str) -> dict:
@@ -404,15 +403,14 @@ def start(state_dir: str, timeout: str, argv_json: str) -> dict:
             return dict(_status(p), started=False,
                         error=f"{argv[0]} is missing: run `rigdeck server setup` first")
         os.makedirs(p.socket_dir, mode=0o700, exist_ok=True)
-        env: dict = {}
         with open(p.log, "ab") as log:
             stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
             log.write(f"--- rigdeck server starting {stamp}: {' '.join(argv)}\n".encode())
         child = None
-        pid = _spawn_systemd(p, argv, env) if _systemd_user() else None
+        pid = _spawn_systemd(p, argv) if _systemd_user() else None
         mode = "systemd" if pid else "process"
         if pid is None:
-            child = _spawn_detached(p, argv, env)
+            child = _spawn_detached(p, argv)
             pid = child.pid
         info = {"pid": pid, "start_time": _start_time(pid), "mode": mode, "argv": argv,
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "started_epoch": time.time()}
@@ -476,6 +474,8 @@ def _terminate(p: Paths, info: dict, timeout: float) -> bool:
 
 def stop(state_dir: str, timeout: str) -> dict:
     p = Paths(state_dir)
+    if not os.path.isdir(p.state_dir):
+        return dict(_status(p), was_running=False, killed=False)
     lock = _locked(p)
     try:
         info = _running(p)

@@ -334,7 +334,7 @@ def _helper(
     timeout: float = COMMAND_TIMEOUT,
     what: str = "",
 ) -> dict[str, Any]:
-    res = t.run([python, "-c", HELPER_SOURCE, *args], input=input, timeout=timeout)
+    res = _wrap(lambda: t.run([python, "-c", HELPER_SOURCE, *args], input=input, timeout=timeout))
     return _parse(t.name, res, what or args[0])
 
 
