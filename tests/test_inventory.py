@@ -17,6 +17,7 @@ from tui.model.inventory import (
     HostSpec,
     Inventory,
     InventoryError,
+    ServerSpec,
     UnknownHostError,
     default_inventory_path,
 )
@@ -237,7 +238,7 @@ MALFORMED = [
         "extra = 1\n",
         "hosts.toml",
         "field 'extra'",
-        "only a [defaults] table and [[hosts]] entries",
+        "only a [defaults] table, [[hosts]] entries and a [server] table",
         id="unknown-top-level",
     ),
     pytest.param(
@@ -1234,3 +1235,84 @@ def test_hostfile_slots_and_ports_are_sane(
     assert message.startswith(f"{path}:{line}: host "), message
     assert f"field '{field}': expected " in message and repr(got).strip("'") in message, message
     assert (info.value.line, info.value.field, info.value.got) == (line, field, got)
+
+
+# ---------------------------------------------------------------------------------------------
+# [server] (where `rigdeck serve` runs) and attach_only
+
+
+TWO_HOSTS = """
+[[hosts]]
+name = "head"
+address = "10.0.0.1"
+python = "/opt/py/bin/python3"
+
+[[hosts]]
+name = "gpu1"
+address = "10.0.0.2"
+"""
+
+
+def test_server_table_defaults_and_values(tmp_path: Path) -> None:
+    inv = load_inventory(inventory(tmp_path, TWO_HOSTS))
+    assert inv.server is None
+    inv = load_inventory(inventory(tmp_path, TWO_HOSTS + '\n[server]\nhost = "head"\n'))
+    assert inv.server == ServerSpec(host="head", python=None, state_dir="~/.rigdeck/server")
+    inv = load_inventory(inventory(
+        tmp_path,
+        TWO_HOSTS + '\n[server]\nhost = "gpu1"\npython = "python3.12"\nstate_dir = "/srv/rd"\n'))
+    assert inv.server == ServerSpec(host="gpu1", python="python3.12", state_dir="/srv/rd")
+    hash(inv)
+    # The table may come before the hosts it names.
+    inv = load_inventory(inventory(tmp_path, '[server]\nhost = "head"\n' + TWO_HOSTS))
+    assert inv.server is not None and inv.server.host == "head"
+
+
+@pytest.mark.parametrize(
+    ("server", "field", "expected"),
+    [
+        ('host = "nope"', "field 'host'",
+         'expected the name of a host in this inventory (head, gpu1), got "nope" (str)'),
+        ('python = "python3"', "field 'host'", "(required; hosts: head, gpu1)"),
+        ("host = 5", "field 'host'", "expected the name of a host in this inventory, got 5 (int)"),
+        ('host = "head"\npython = ""', "field 'python'", "a Python interpreter command or path"),
+        ('host = "head"\nstate_dir = 3', "field 'state_dir'", "a directory path on the server host"),
+        ('host = "head"\nport = 22', "field 'port'", "one of the known fields host, python, state_dir"),
+    ],
+)
+def test_server_table_errors(tmp_path: Path, server: str, field: str, expected: str) -> None:
+    path = inventory(tmp_path, TWO_HOSTS + "\n[server]\n" + server + "\n")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: [server]: {field}: "), message
+    assert expected in message, message
+
+
+def test_server_must_be_a_table(tmp_path: Path) -> None:
+    path = write(tmp_path / "hosts.toml", 'server = "head"\n' + TWO_HOSTS)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    assert str(info.value) == f"{path}: field 'server': expected a table ([server]), got \"head\" (str)"
+
+
+def test_attach_only_per_host_and_in_defaults(tmp_path: Path) -> None:
+    inv = load_inventory(inventory(tmp_path, TWO_HOSTS))
+    assert [h.attach_only for h in inv.hosts] == [False, False]
+    body = "[defaults]\nattach_only = true\n" + TWO_HOSTS + "attach_only = false\n"
+    inv = load_inventory(inventory(tmp_path, body))
+    assert [h.attach_only for h in inv.hosts] == [True, False]
+    path = inventory(tmp_path, TWO_HOSTS + 'attach_only = "yes"\n')
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    assert str(info.value) == (
+        f"{path}: host 'gpu1': field 'attach_only': expected true or false, got \"yes\" (str)")
+
+
+def test_server_and_attach_only_round_trip(tmp_path: Path) -> None:
+    body = (TWO_HOSTS + "attach_only = true\n"
+            + '\n[server]\nhost = "head"\npython = "python3.12"\nstate_dir = "/srv/rd"\n')
+    inv = load_inventory(inventory(tmp_path, body))
+    again = load_inventory(write(tmp_path / "again.toml", hostfile_to_toml(inv)))
+    assert again.hosts == inv.hosts
+    assert again.server == inv.server

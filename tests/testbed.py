@@ -6,13 +6,17 @@ Each test host gets
   ``rdkbr<K>`` in the root namespace) and the address ``10.213.<K>.<10+i>/24``; the bridge
   holds ``10.213.<K>.1`` (the controller's address);
 * its own UTS namespace (hostname ``tb<K>-h<i>``), mount namespace (the real directory
-  ``<root>/hosts/h<i>/state`` is bind-mounted over ``/root/.rigdeck``, propagation private)
+  ``<root>/hosts/h<i>/state`` is bind-mounted over ``/root/.rigdeck`` and
+  ``<root>/hosts/h<i>/dotssh`` over ``/root/.ssh``, propagation private)
   and PID namespace (a tiny init that reaps orphans; ``ps`` on a host shows only that host's
   processes, and killing the init takes every process of the host with it);
 * a real OpenSSH ``sshd`` with its own ed25519 host key, listening on ``<address>:22`` only.
 
-One user key pair (``<root>/id_ed25519``) is authorised on every host, and
-``<root>/known_hosts`` lists every host key. ``<root>`` is ``/run/rigdeck-testbed/<K>``; the
+One user key pair (``<root>/id_ed25519``) is authorised on every host (``<root>/authorized_keys``,
+which every sshd reads), and ``<root>/known_hosts`` lists every host key. Each host's sshd also
+reads that host's own ``~/.ssh/authorized_keys`` (empty at first), so a key installed on one host
+is authorised there only; this machine's own ``/root/.ssh`` is never read or written (it is only
+created, empty, as a mount point when it does not exist). ``<root>`` is ``/run/rigdeck-testbed/<K>``; the
 instance number K (1..200) is allocated with an atomic ``mkdir`` so that several test beds
 can exist at once. The test bed only ever contacts addresses inside namespaces it made.
 
@@ -57,6 +61,7 @@ MAX_K = 200
 MAX_HOSTS = 244  # host addresses .11 .. .254
 SSHD = "/usr/sbin/sshd"
 MOUNTPOINT = "/root/.rigdeck"
+SSH_MOUNTPOINT = "/root/.ssh"
 START_TIMEOUT = 10.0
 _CREATING_GRACE_S = 60.0  # a bed dir without owner.pid younger than this is still being made
 
@@ -88,6 +93,7 @@ while True:
 _HOLDER_SH = (
     'echo "$1" > /proc/sys/kernel/hostname && '
     'mount --bind "$2" "$3" && '
+    'mount --bind "$7" "$8" && '  # each host's own ~/.ssh
     'mount -t tmpfs -o size=256m,mode=1777 rdk-shm /dev/shm && '  # each host's own (GPU claims live there)
     '{ [ -z "$6" ] || mount --bind "$6" /etc/passwd; } && '  # a host whose root logs in to another shell
     'exec "$4" -I -S "$5" "$1"'
@@ -127,6 +133,11 @@ class TestHost:
     @property
     def sshd_log(self) -> Path:
         return self.host_dir / "sshd.log"
+
+    @property
+    def dot_ssh(self) -> Path:
+        """Real path of the host's own ~/.ssh (/root/.ssh inside)."""
+        return self.host_dir / "dotssh"
 
     @property
     def public_key(self) -> str:
@@ -676,6 +687,8 @@ class TestBed:
         self.authorized_keys.write_text(Path(str(self.user_key) + ".pub").read_text())
         for h in self.hosts:
             h.state_dir.mkdir(parents=True)
+            h.dot_ssh.mkdir(mode=0o700)
+            (h.dot_ssh / "authorized_keys").touch(mode=0o600)
             _keygen(h.host_key, h.hostname)
             self._write_sshd_config(h)
         self._write_known_hosts()
@@ -700,6 +713,8 @@ class TestBed:
         # namespaces and sshd
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         os.makedirs(MOUNTPOINT, exist_ok=True)
+        if not os.path.isdir(SSH_MOUNTPOINT):  # a mount point only; its content is never touched
+            os.makedirs(SSH_MOUNTPOINT, mode=0o700, exist_ok=True)
         for h in self.hosts:
             self._start_holder(h)
         for h in self.hosts:
@@ -726,7 +741,8 @@ class TestBed:
             f"ListenAddress {h.address}:{h.port}",
             f"HostKey {h.host_key}",
             f"PidFile {h.host_dir / 'sshd.pid'}",
-            f"AuthorizedKeysFile {self.authorized_keys}",
+            # The bed-wide key, then the host's own ~/.ssh (relative to the user's home).
+            f"AuthorizedKeysFile {self.authorized_keys} .ssh/authorized_keys",
             "PermitRootLogin prohibit-password",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
@@ -779,7 +795,8 @@ class TestBed:
                 "unshare", "--uts", "--mount", "--propagation", "private",
                 "--pid", "--fork", "--mount-proc", "--",
                 "sh", "-c", _HOLDER_SH, "sh", h.hostname, str(h.state_dir), MOUNTPOINT,
-                sys.executable, str(self.root / "nsinit.py"), self._passwd_for(h)]
+                sys.executable, str(self.root / "nsinit.py"), self._passwd_for(h),
+                str(h.dot_ssh), SSH_MOUNTPOINT]
         errlog = open(h.host_dir / "init.log", "wb")
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tui.cli import server as server_cli
 from tui.client import (
     HostReport,
     InProcessClient,
@@ -124,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
     ip = isub.add_parser("import", help="convert a DeepSpeed/MPI hostfile ('host slots=N') to TOML")
     ip.add_argument("hostfile")
     ip.add_argument("-o", "--output", help="write here instead of stdout (refuses to overwrite)")
+
+    server_cli.add_parsers(sub)
     return parser
 
 
@@ -471,6 +474,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_jobs(args)
         if args.command == "serve":
             return _run_serve(args)
+        if args.command in ("server", "attach"):
+            return server_cli.run(args)
     except InventoryError as e:
         print(f"rigdeck: {e}", file=sys.stderr)
         return EXIT_USAGE

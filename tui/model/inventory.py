@@ -34,6 +34,7 @@ __all__ = [
     "HostSpec",
     "Inventory",
     "InventoryError",
+    "ServerSpec",
     "UnknownHostError",
     "default_inventory_path",
 ]
@@ -74,6 +75,16 @@ class Retention:
 
 
 @dataclass(frozen=True)
+class ServerSpec:
+    """The ``[server]`` table: the inventory host that runs ``rigdeck serve``, the Python that
+    runs it there (None: that host's own ``python``) and the server's directory on that host."""
+
+    host: str
+    python: str | None = None
+    state_dir: str = "~/.rigdeck/server"
+
+
+@dataclass(frozen=True)
 class HostSpec:
     """One managed host with every setting resolved."""
 
@@ -92,6 +103,9 @@ class HostSpec:
     transport: str = "ssh"
     connect_timeout: float = 10.0
     keepalive: float = 15.0
+    # Only the agent's attach stream is opened on this host: no deploy, no probe commands
+    # (what a rigdeck server's key is restricted to).
+    attach_only: bool = False
 
     @property
     def is_local(self) -> bool:
@@ -168,6 +182,7 @@ class Inventory:
     ssh_config: Path | None = None
     min_free_mb: float = 256.0  # a launch refuses a host with less free in its state dir
     retention: Retention = field(default_factory=Retention)
+    server: ServerSpec | None = None  # the [server] table: where `rigdeck serve` runs
 
     @property
     def names(self) -> list[str]:
@@ -283,6 +298,12 @@ def _env(v: Any) -> dict[str, str]:
     return dict(v)
 
 
+def _boolean(v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    raise Bad()
+
+
 def _transport(v: Any) -> str:
     if v in ("ssh", "local"):
         return str(v)
@@ -339,6 +360,7 @@ _COMMON_FIELDS: dict[str, Check] = {
     "env": Check('a table of strings (NAME = "value")', _env),
     "connect_timeout": Check("a number of seconds > 0", number(positive=True)),
     "keepalive": Check("a number of seconds >= 0 (0 = off)", number(positive=False)),
+    "attach_only": Check("true or false", _boolean),
 }
 def _retention(v: Any) -> Retention:
     """``[defaults.retention]``: max_age_days (a number > 0) and max_jobs (an integer >= 1)."""
@@ -373,7 +395,31 @@ _HOST_FIELDS: dict[str, Check] = {
     "slots": Check(_SLOTS_EXPECTED, int_range(1, MAX_SLOTS)),
     "transport": Check('"ssh" or "local"', _transport),
 }
-_TOP_LEVEL = ("defaults", "hosts")
+_TOP_LEVEL = ("defaults", "hosts", "server")
+
+
+# The [server] table. Checked after the hosts: its host must be one of them.
+_SERVER_FIELDS: dict[str, Check] = {
+    "host": Check("the name of a host in this inventory", _name),
+    "python": Check("a Python interpreter command or path on the server host (a string)", nonblank),
+    "state_dir": Check("a directory path on the server host (a string)", nonblank),
+}
+
+
+def server_spec(raw: Any, path: Path | None, hosts: Sequence[HostSpec]) -> ServerSpec:
+    """The checked ``[server]`` table; its ``host`` must name one of ``hosts``."""
+    if not isinstance(raw, dict):
+        raise InventoryError(path, None, "server", "a table ([server])", raw)
+    entry = _checked(raw, _SERVER_FIELDS, path, "[server]")
+    names = [h.name for h in hosts]
+    if "host" not in entry:
+        raise InventoryError(path, "[server]", "host", "the name of a host in this inventory "
+                             f"(required; hosts: {', '.join(names) or 'none'})")
+    if entry["host"] not in names:
+        raise InventoryError(path, "[server]", "host", "the name of a host in this inventory "
+                             f"({', '.join(names) or 'none'})", entry["host"])
+    return ServerSpec(entry["host"], entry.get("python"),
+                      entry.get("state_dir", ServerSpec.state_dir))
 
 
 def _checked(

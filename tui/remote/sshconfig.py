@@ -42,6 +42,7 @@ from tui.model.inventory import (  # noqa: F401  (the loader works with the mode
     Inventory,
     InventoryError,
     Retention,
+    ServerSpec,
     _checked,
     _Jump,
     _local_user,
@@ -52,6 +53,7 @@ from tui.model.inventory import (  # noqa: F401  (the loader works with the mode
     _sanitize,
     _split_address,
     default_inventory_path,
+    server_spec,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -235,9 +237,11 @@ class _Resolver:
             transport=transport,
             connect_timeout=pick("connect_timeout", None, 10.0),
             keepalive=pick("keepalive", None, 15.0),
+            attach_only=pick("attach_only", None, False),
         )
 
-    def inventory(self, hosts: list[HostSpec], lines: Sequence[int | None] = ()) -> Inventory:
+    def inventory(self, hosts: list[HostSpec], lines: Sequence[int | None] = (),
+                  server: ServerSpec | None = None) -> Inventory:
         seen: dict[str, int] = {}
         for i, host in enumerate(hosts):
             if host.name in seen:
@@ -254,7 +258,7 @@ class _Resolver:
             seen[host.name] = i
         inv = Inventory(tuple(hosts), self.path, self.known_hosts, self.ssh_path,
                         min_free_mb=self.defaults.get("min_free_mb", Inventory.min_free_mb),
-                        retention=self.defaults.get("retention") or Retention())
+                        retention=self.defaults.get("retention") or Retention(), server=server)
         # Loops in proxy_jump are the file's fault: report them when it is loaded.
         for host in hosts:
             _jump_chain(inv, host, self.ssh)
@@ -296,7 +300,7 @@ def _toml_inventory(text: str, path: Path) -> Inventory:
         raise InventoryError(path, None, None, f"valid TOML ({e})") from None
     for key in data:
         if key not in _TOP_LEVEL:
-            expected = "only a [defaults] table and [[hosts]] entries at the top level"
+            expected = "only a [defaults] table, [[hosts]] entries and a [server] table at the top level"
             raise InventoryError(path, None, key, expected, data[key])
     defaults_raw = data.get("defaults", {})
     if not isinstance(defaults_raw, dict):
@@ -310,7 +314,8 @@ def _toml_inventory(text: str, path: Path) -> Inventory:
         name = raw.get("name") if isinstance(raw, dict) else None
         label = name if isinstance(name, str) and NAME_RE.fullmatch(name) else f"hosts[{i}]"
         hosts.append(resolver.resolve(raw, label))
-    return resolver.inventory(hosts)
+    server = server_spec(data["server"], path, hosts) if "server" in data else None
+    return resolver.inventory(hosts, server=server)
 
 
 def local_inventory() -> Inventory:
@@ -521,6 +526,7 @@ def hostfile_to_toml(inv: Inventory) -> str:
             "env",
             "connect_timeout",
             "keepalive",
+            "attach_only",
         ):
             value = getattr(h, key)
             if value != getattr(builtin, key):
@@ -531,4 +537,9 @@ def hostfile_to_toml(inv: Inventory) -> str:
         keys = {k: v for k, v in fields.items() if k not in tables}
         out += ["\n[[hosts]]\n", tomli_w.dumps(keys)]
         out += [f"\n[hosts.{k}]\n" + tomli_w.dumps(v) for k, v in tables.items()]
+    if inv.server is not None:
+        server = {"host": inv.server.host, "state_dir": inv.server.state_dir}
+        if inv.server.python is not None:
+            server["python"] = inv.server.python
+        out += ["\n[server]\n", tomli_w.dumps(server)]
     return "".join(out)

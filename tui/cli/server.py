@@ -1,0 +1,163 @@
+"""``rigdeck server setup|start|stop|status|logs`` and ``rigdeck attach``.
+
+The server is the controller running as a long-lived process (``rigdeck serve``) on the host the
+inventory's ``[server]`` table names; these commands put it there and look after it, through
+``tui.serveradmin``. ``rigdeck attach`` runs on the server host itself: it is what a client's SSH
+session runs to speak to the server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+
+
+def _inventory_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--inventory", "-i", metavar="PATH", default=argparse.SUPPRESS,
+        help="inventory TOML with a [server] table (default: $RIGDECK_INVENTORY or "
+        "~/.config/rigdeck/hosts.toml)",
+    )
+
+
+def add_parsers(sub: Any) -> None:
+    """The ``server`` and ``attach`` subcommands, on the main parser's subparsers ``sub``. The
+    server's commands take ``--inventory`` but not ``--accept-new``: setup never records a host
+    key (the server trusts recorded keys only)."""
+    from tui.serveradmin import DEFAULT_SERVER_STATE_DIR
+
+    p = sub.add_parser(
+        "server",
+        help="the controller as a long-lived server on one of your hosts ([server] in the inventory)",
+    )
+    _inventory_option(p)
+    ssub = p.add_subparsers(dest="server_command", required=True, metavar="COMMAND")
+    sp = ssub.add_parser(
+        "setup",
+        help="deploy the agent, install rigdeck in a venv on the server host (offline, from "
+        "wheels built here), give the server its own key and authorise it on every host for "
+        "the agent's attach only",
+    )
+    _inventory_option(sp)
+    sp.add_argument("--json", action="store_true", help="machine-readable output")
+    sp = ssub.add_parser("start", help="start the server (it outlives this SSH session)")
+    _inventory_option(sp)
+    sp.add_argument("--timeout", type=float, default=30.0, metavar="S",
+                    help="seconds to wait for its socket (default 30)")
+    sp.add_argument("--json", action="store_true")
+    sp = ssub.add_parser("stop", help="stop the server (SIGTERM, then SIGKILL)")
+    _inventory_option(sp)
+    sp.add_argument("--timeout", type=float, default=10.0, metavar="S",
+                    help="seconds between SIGTERM and SIGKILL (default 10)")
+    sp.add_argument("--json", action="store_true")
+    sp = ssub.add_parser("status", help="whether the server runs: pid, since, version, socket")
+    _inventory_option(sp)
+    sp.add_argument("--json", action="store_true")
+    sp = ssub.add_parser("logs", help="the server's log")
+    _inventory_option(sp)
+    sp.add_argument("-n", "--lines", type=int, default=50, metavar="N",
+                    help="the last N lines (default 50)")
+    sp.add_argument("-f", "--follow", action="store_true", help="then what is appended")
+
+    p = sub.add_parser(
+        "attach",
+        help="(on the server host) bridge stdin/stdout to the running server's socket",
+    )
+    p.add_argument("--state-dir", default=DEFAULT_SERVER_STATE_DIR, metavar="DIR",
+                   help=f"the server's directory (default {DEFAULT_SERVER_STATE_DIR})")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tui import serveradmin
+
+    if args.command == "attach":
+        return serveradmin.attach(args.state_dir)
+    inv = serveradmin.load(getattr(args, "inventory", None))
+    try:
+        return _run_server(args, inv)
+    except serveradmin.ServerHostError as e:
+        print(f"rigdeck: {e}", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _dump(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+
+
+def _run_server(args: argparse.Namespace, inv: Any) -> int:
+    from tui import serveradmin
+
+    cmd = args.server_command
+    if cmd == "setup":
+        progress = None if args.json else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+        report = serveradmin.setup(inv, progress=progress)
+        if args.json:
+            _dump(report.to_json())
+            return EXIT_OK
+        print(f"server on {report.host}: {report.state_dir}")
+        how = {"offline": "installed offline from wheels built here",
+               "index": "installed, dependencies from the host's own index",
+               "current": "already current"}[report.install]
+        print(f"  rigdeck {report.version} (build {report.build}): {how} ({report.platform})")
+        if report.wheels_copied:
+            print(f"  copied {len(report.wheels_copied)} wheel(s)")
+        print(f"  key: {report.public_key}{' (new)' if report.key_created else ''}")
+        print("  authorised for the agent's attach only on: "
+              + ", ".join(f"{h} ({how})" for h, how in report.authorized.items()))
+        print(f"  inventory: {report.inventory}")
+        print(f"  done in {report.elapsed_s:.1f}s; next: rigdeck server start")
+        return EXIT_OK
+    if cmd == "start":
+        st = serveradmin.start(inv, timeout=args.timeout)
+        if args.json:
+            _dump(dict(st.to_json(), started=bool(st.started)))
+        elif st.started:
+            print(f"server on {st.host}: started (pid {st.pid}, {st.mode}); "
+                  f"listening on {st.socket}")
+        else:
+            print(f"server on {st.host}: already running (pid {st.pid}, since {st.since})")
+        return EXIT_OK
+    if cmd == "stop":
+        st, was_running = serveradmin.stop(inv, timeout=args.timeout)
+        if args.json:
+            _dump(dict(st.to_json(), was_running=was_running))
+        else:
+            print(f"server on {st.host}: " + ("stopped" if was_running else "was not running"))
+        return EXIT_OK if not st.running else EXIT_FAILED
+    if cmd == "status":
+        st = serveradmin.status(inv)
+        if args.json:
+            _dump(st.to_json())
+        else:
+            _print_status(st)
+        return EXIT_OK if st.running and st.listening else EXIT_FAILED
+    if cmd == "logs":
+        out = sys.stdout.buffer
+
+        def write(data: bytes) -> None:
+            out.write(data)
+            out.flush()
+
+        serveradmin.logs(inv, write, lines=args.lines, follow=args.follow)
+        return EXIT_OK
+    raise AssertionError(cmd)
+
+
+def _print_status(st: Any) -> None:
+    if st.running:
+        state = f"running (pid {st.pid}, since {st.since}, {st.mode})"
+    elif not st.set_up:
+        state = "not set up (rigdeck server setup)"
+    else:
+        state = "not running (rigdeck server start)"
+    print(f"server on {st.host}: {state}")
+    print(f"  socket   {st.socket} ({'accepts' if st.listening else 'not listening'})")
+    if st.version:
+        print(f"  version  rigdeck {st.version} (build {st.build})")
+    print(f"  log      {st.log}")
