@@ -68,6 +68,8 @@ def test_room_contracts_hold() -> None:
         ("tui/model/state.py", "import paramiko", "model is plain data"),
         ("tui/control/jobs.py", "import textual.app", "control is headless"),
         ("runtime/metrics.py", "import agent.protocol", "the runtime never imports the agent"),
+        ("tui/app/shell.py", "from tui.control.jobs import JobManager", "the faces reach the controller only"),
+        ("tui/cli/main.py", "import paramiko", "the faces reach the controller only"),
     ],
 )
 def test_a_wrong_import_breaks_a_contract(tmp_path: Path, module: str, line: str, contract: str) -> None:

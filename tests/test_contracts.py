@@ -185,6 +185,7 @@ def test_every_command_json_keeps_its_keys_and_types(tmp_path: Path) -> None:
 
     jobs = json.loads(_rigdeck(env, "jobs", "--json"))
     assert isinstance(jobs, list) and [j["job_id"] for j in jobs] == [job_id]
+    assert json.loads(_rigdeck(env, "queue", "--json")) == []  # nothing waits (tests/test_jobs.py queues one)
     _job(jobs[0], "jobs[0]")
     assert jobs[0]["ranks"] == [] and jobs[0]["hosts"] == {}  # from history, no look at the hosts
 
@@ -434,3 +435,16 @@ async def test_app_marks_simulated_gpus_in_the_job_view_the_stop_dialog_and_the_
         await pilot.pause()
         summary = str(app.query_one("#summary", Static).render())
         assert "8 total (4 sim)" in summary, summary
+
+
+QUEUE_ENTRY = {"position": int, "job_id": str, "name": str, "priority": int, "queued_at": float,
+               "waiting": str, "hosts": list, "gpus": int}
+
+
+def test_queue_json_keeps_its_keys_and_types() -> None:
+    from tui.client import QueueEntry, wire_json
+
+    entry = QueueEntry(position=1, job_id="j-1", name="j", priority=5, queued_at=1.5,
+                       waiting="h1 0 GPUs (GPU 0,1 busy with job 'x')", hosts=("h1",), gpus=2)
+    out = json.loads(json.dumps(wire_json([entry])))
+    conforms(out[0], QUEUE_ENTRY, "queue[0]")

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_jobs import ROOT, TICKER, wait_until
+from tests.test_jobs import ROOT, TICKER
 from tests.test_ui_e2e import tmux_env  # noqa: F401, F811  (a fixture)
 from tests.testbed import TestBed
 
@@ -50,6 +50,17 @@ class Operator:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f'name = "{name}"\n' + body)
         return path
+
+
+def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
+    """The first true value of ``cond()``, polled until ``timeout``."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = cond()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def workstation_rigdeck(homes: list[Path]) -> list[int]:

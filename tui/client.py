@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from tui import serveradmin  # noqa: F401  (`rigdeck server ...`: set-up and start on the server host)
 from tui.control.controller import HostReport
 from tui.control.history import JobRefError
 from tui.control.jobs import AmbiguousJobError, JobError, JobView, describe_cause
@@ -48,7 +49,7 @@ __all__ = [
     "AmbiguousJobError", "Client", "HostReport", "InProcessClient", "InventoryError", "JobError",
     "JobRefError", "JobSpecError", "JobView", "LinkStatus", "PlacementError", "QueueEntry",
     "RemoteClient", "ServerError", "TransportError", "connect", "describe_cause",
-    "hostfile_to_toml", "load_hostfile", "load_inventory", "serve", "wire_json",
+    "hostfile_to_toml", "load_hostfile", "load_inventory", "serve", "serveradmin", "wire_json",
 ]
 
 
@@ -598,9 +599,16 @@ class RemoteClient(Client):
         rid = next(self._ids)
         self._send(rid, method, params)
 
+    def _ensure_link(self) -> None:
+        """A CLI command's first call starts the link (without telemetry) and waits for it."""
+        if self._thread is None:
+            self.start(telemetry=False, jobs=False)
+            self._connected.wait(max(30.0, self.host.connect_timeout * 3))
+        elif not self._connected.is_set():
+            self._connected.wait(5.0)
+
     def call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
-        if not self._connected.is_set():
-            self._connected.wait(min(5.0, timeout or 5.0))
+        self._ensure_link()
         rid = next(self._ids)
         call = self._send(rid, method, params)
         try:
@@ -623,6 +631,7 @@ class RemoteClient(Client):
         return msg.get("result")
 
     def stream(self, method: str, **params: Any) -> Iterator[Any]:
+        self._ensure_link()
         rid = next(self._ids)
         call = self._send(rid, method, params)
         while True:

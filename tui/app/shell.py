@@ -60,8 +60,8 @@ from tui.app.widgets.tables import (
     rank_rows,
 )
 from tui.client import Client, HostReport, describe_cause
-from tui.control.jobwatch import JobDetail, JobSource, JobsSnapshot
 from tui.model.jobstate import TERMINAL
+from tui.model.jobview import JobDetail, JobSource, JobsSnapshot
 from tui.model.state import host_gpu_count, host_gpu_model, host_gpus_busy, host_gpus_simulated
 from tui.model.termsafe import terminal_safe
 

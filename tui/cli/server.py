@@ -2,7 +2,7 @@
 
 The server is the controller running as a long-lived process (``rigdeck serve``) on the host the
 inventory's ``[server]`` table names; these commands put it there and look after it, through
-``tui.serveradmin``. ``rigdeck attach`` runs on the server host itself: it is what a client's SSH
+``tui.serveradmin`` (through ``tui.client``). ``rigdeck attach`` runs on the server host itself: it is what a client's SSH
 session runs to speak to the server.
 """
 
@@ -29,7 +29,7 @@ def add_parsers(sub: Any) -> None:
     """The ``server`` and ``attach`` subcommands, on the main parser's subparsers ``sub``. The
     server's commands take ``--inventory`` but not ``--accept-new``: setup never records a host
     key (the server trusts recorded keys only)."""
-    from tui.serveradmin import DEFAULT_SERVER_STATE_DIR
+    from tui.model.serverlayout import DEFAULT_SERVER_STATE_DIR
 
     p = sub.add_parser(
         "server",
@@ -73,7 +73,7 @@ def add_parsers(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tui import serveradmin
+    from tui.client import serveradmin
 
     if args.command == "attach":
         return serveradmin.attach(args.state_dir)
@@ -91,7 +91,7 @@ def _dump(obj: Any) -> None:
 
 
 def _run_server(args: argparse.Namespace, inv: Any) -> int:
-    from tui import serveradmin
+    from tui.client import serveradmin
 
     cmd = args.server_command
     if cmd == "setup":

@@ -14,7 +14,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
 from tui.app.widgets.format import SIM_MARK
-from tui.control.jobwatch import StopPlan
+from tui.model.jobview import StopPlan
 
 
 class ConfirmStop(ModalScreen[bool]):

@@ -21,7 +21,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from tui.control.jobwatch import LogBuffer
+from tui.model.jobview import LogBuffer
 
 MAX_WIDTH = 2000
 

@@ -36,8 +36,8 @@ from tui.app.widgets.format import (
     temp_cell,
     util_level,
 )
-from tui.control.jobwatch import CheckpointSave, CheckpointView, JobRow, OwnerMove
 from tui.model.jobstate import TERMINAL
+from tui.model.jobview import CheckpointSave, CheckpointView, JobRow, OwnerMove
 from tui.model.state import (
     ClusterState,
     gpu_busy,
