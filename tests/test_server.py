@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -154,12 +153,13 @@ max_restarts = 1
         pids = wait_until(lambda: rank_pids(bed, 3, job_id) or None, 60, "the rank on h3 runs")
         assert workstation_rigdeck([alice.home, bob.home]) == []  # every workstation process has ended
         killed_at = time.time()
-        os.kill(next(iter(pids.values())), signal.SIGKILL)  # the bed's PID namespaces nest in ours
+        bed.exec(3, ["kill", "-9", str(next(iter(pids.values())))])  # a pid of h3's own PID namespace
         time.sleep(15)  # nothing runs on the workstation meanwhile
         assert workstation_rigdeck([alice.home, bob.home]) == []
         view = alice.json("status", job_id)  # re-attaching
         restarts = [e for e in view["events"] if e["event"] == "restart"]
-        assert view["restarts"] == 1 and restarts, view["events"]
+        assert view["restarts"] == 1 and restarts, (view["state"], view["events"], view["hosts"],
+                                                    alice.run("server", "logs", "-n", "80").stdout)
         assert restarts[0]["cause"]["signal"] == 9 and restarts[0]["cause"]["host"] == "h3"
         assert restarts[0]["time"] - killed_at < 15
         started = [e for e in view["events"] if e["event"] == "started"]
@@ -176,7 +176,7 @@ max_restarts = 1
 def test_two_operators_share_jobs_and_queue_and_the_queue_runs_unattended(
         served: tuple[TestBed, Operator, Operator]) -> None:
     bed, alice, bob = served
-    body = ticker(40) + "nodes = 3\ngpus_per_node = 4\n"  # all of every host's GPUs: one at a time
+    body = ticker(200) + "nodes = 3\ngpus_per_node = 4\n"  # all of every host's GPUs: one at a time
     specs = [alice.spec("whole-a", body), bob.spec("whole-b", body)]
     procs = [subprocess.Popen([sys.executable, "-m", "tui.cli", "launch", str(s), "--json", "-i", str(op.inventory)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=op.env, cwd=ROOT)
@@ -187,8 +187,8 @@ def test_two_operators_share_jobs_and_queue_and_the_queue_runs_unattended(
         assert p.returncode == 0, err
         views.append(json.loads(out))
     states = sorted(v["state"] for v in views)
-    assert states == ["queued", "running"], states
-    first = next(v for v in views if v["state"] == "running")
+    assert states[0] == "queued" and states[1] in ("starting", "running"), states
+    first = next(v for v in views if v["state"] != "queued")
     second = next(v for v in views if v["state"] == "queued")
     assert first["job_id"] in second["waiting"] or "GPU" in second["waiting"], second["waiting"]
     # Both operators see the same jobs and the same line.
@@ -217,7 +217,7 @@ def test_a_killed_server_restarts_and_readopts_its_jobs_and_queue(served: tuple[
     body = ticker(100_000) + "nodes = 3\ngpus_per_node = 4\n"
     running = alice.json("launch", str(alice.spec("keeps-running", body)))
     waiting = bob.json("launch", str(bob.spec("keeps-waiting", body)))
-    assert running["state"] == "running" and waiting["state"] == "queued"
+    assert running["state"] in ("starting", "running") and waiting["state"] == "queued"
     try:
         before = {h: rank_pids(bed, h, running["job_id"]) for h in (1, 2, 3)}
         assert all(before.values()), before
@@ -342,7 +342,7 @@ def test_the_app_in_tmux_against_the_server(served: tuple[TestBed, Operator, Ope
         # The job is the server's: the other operator's CLI sees it.
         assert job_id in {v["job_id"] for v in alice.json("jobs")}
         tmux.keys("3")
-        tmux.wait(lambda s: job_id in s and "Checkpoint owner" in s, 10, "the jobs view")
+        tmux.wait(lambda s: job_id in s and "Placement" in s, 10, "the jobs view")
         tmux.keys("s")
         tmux.wait(lambda s: "Stop job" in s, 10, "the stop confirmation")
         tmux.keys("y")
