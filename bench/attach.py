@@ -35,7 +35,7 @@ Each measurement runs in a fresh process (bench/ui.py's reason), and the kinds t
 first across repeats (embedded, server; then server, embedded; ...). Prints each run and a
 comparison (medians over the repeats) and writes bench/results/attach.json.
 
-Usage: .venv/bin/python bench/attach.py [--hosts 512] [--seconds 40] [--warmup 5] [--repeats 2]
+Usage: .venv/bin/python bench/attach.py [--hosts 512] [--seconds 40] [--warmup 5] [--repeats 4]
                                         [--jobs 200]
 """
 
@@ -344,7 +344,7 @@ def main() -> int:
     ap.add_argument("--hosts", type=int, default=512)
     ap.add_argument("--seconds", type=int, default=40, help="measured seconds per run")
     ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--repeats", type=int, default=2, help="runs of each kind (they alternate)")
+    ap.add_argument("--repeats", type=int, default=4, help="runs of each kind (they alternate)")
     ap.add_argument("--jobs", type=int, default=200, help="jobs in the list (7 of them running)")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "attach.json"))
     ap.add_argument("--one", choices=KINDS, help=argparse.SUPPRESS)  # a child's run
@@ -364,16 +364,18 @@ def main() -> int:
           f"{args.seconds} s measured per run (after {args.warmup} s), {args.repeats} repeats",
           flush=True)
     print(f"{'run':>3} {'kind':8} {'CPU p50':>8} {'CPU p95':>8} {'wall p50':>9} {'wall p95':>9}"
-          f" {'KB/s':>7}  (ms; KB/s: attach channel, client side)", flush=True)
+          f" {'KB/s':>7} {'load':>5}  (ms; KB/s: attach channel, client side; load: 1-min"
+          " load average as the run began)", flush=True)
     for rep in range(args.repeats):
         for kind in KINDS if rep % 2 == 0 else tuple(reversed(KINDS)):
+            load = os.getloadavg()[0]
             r = run_one(kind, args)
-            r["repeat"], r["order"] = rep, order
+            r["repeat"], r["order"], r["loadavg_at_start"] = rep, order, round(load, 2)
             order += 1
             results.append(r)
             kb = f"{r['kb_per_s']:7.1f}" if kind == "server" else f"{'-':>7}"
             print(f"{r['order']:3d} {kind:8} {r['p50_ms']:8.1f} {r['p95_ms']:8.1f}"
-                  f" {r['wall_p50_ms']:9.1f} {r['wall_p95_ms']:9.1f} {kb}", flush=True)
+                  f" {r['wall_p50_ms']:9.1f} {r['wall_p95_ms']:9.1f} {kb} {load:5.1f}", flush=True)
             if kind == "server":
                 sent, msgs = r["server_sent"]["bytes"], r["server_sent"]["messages"]
                 raw = r["server_sent"]["raw"]
