@@ -96,6 +96,7 @@ bench: sysdeps $(VENV)/.installed-test
 	$(PY) bench/launch.py --rounds 5 --steps 300
 	$(PY) bench/runtime.py
 	$(PY) bench/ui.py
+	$(PY) bench/attach.py
 
 testbed-down: $(VENV)/.installed
 	$(PY) -m tests.testbed down

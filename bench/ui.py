@@ -261,45 +261,86 @@ async def show(app: Any, pilot: Any, tab: str, table: Any) -> None:
     await settle(pilot, lambda: app.tabs.active == tab and app.focused is table, f"the {tab} view")
 
 
-async def measure(case: str, n: int, mode: str, seconds: int, warmup: int,
-                  n_jobs: int) -> dict[str, Any]:
+def bench_app(client: Any, now: list[float]) -> Any:
+    """The app as every UI benchmark runs it: its own sampling timer off (the bench calls
+    ``refresh_views`` itself, once per simulated second), its clock the simulated one."""
     from tui.app.shell import RigdeckApp
-    from tui.app.widgets.tables import GpusTable, JobsTable, gpu_rows, job_rows
-    from tui.client import InProcessClient
+
+    return RigdeckApp(
+        client,
+        sample_hz=1e-3,
+        clock=lambda: now[0],
+        keymap_file=Path("/nonexistent"),
+    )
+
+
+async def open_case(app: Any, pilot: Any, case: str) -> Any:
+    """Show the case's view (filter, sort, tab) as a user leaves it, and encode frames from
+    then on; returns the view's table."""
+    from tui.app.widgets.tables import GpusTable, JobsTable
 
     tab, flt, sort, _ = CASES[case]
+    app.gpu_filter, app.gpu_sort = flt, sort
+    table: GpusTable | JobsTable
+    if tab == "gpus":
+        table = app.query_one("#gpus-table", GpusTable)
+    else:
+        table = app.query_one("#jobs-table", JobsTable)
+    await show(app, pilot, tab, table)
+    _encode_frames(app)
+    return table
+
+
+async def timed_step(pilot: Any, step: Callable[[], None]) -> tuple[float, float, float]:
+    """One second's sampling step (``step``) and the frame Textual draws for it: (UI-thread
+    CPU ms, wall ms, CPU ms of the sampling step alone)."""
+    w0 = time.perf_counter()
+    t0 = time.thread_time()
+    step()
+    t1 = time.thread_time()
+    await pilot.pause()  # Textual lays out and renders the frame, and encodes it
+    t2 = time.thread_time()
+    w2 = time.perf_counter()
+    return (t2 - t0) * 1000, (w2 - w0) * 1000, (t1 - t0) * 1000
+
+
+def timing_stats(times: list[float], walls: list[float], apply_times: list[float]) -> dict[str, Any]:
+    """p50/p95/max of the measured seconds, as bench/results/ui.json has them."""
+    return {
+        "p50_ms": round(statistics.median(times), 2),
+        "p95_ms": round(pct(times, 95), 2),
+        "max_ms": round(max(times), 2),
+        "apply_p50_ms": round(statistics.median(apply_times), 2),
+        "apply_p95_ms": round(pct(apply_times, 95), 2),
+        "wall_p50_ms": round(statistics.median(walls), 2),
+        "wall_p95_ms": round(pct(walls, 95), 2),
+        "wall_max_ms": round(max(walls), 2),
+    }
+
+
+async def measure(case: str, n: int, mode: str, seconds: int, warmup: int,
+                  n_jobs: int, pace_s: float = 0.0) -> dict[str, Any]:
+    """One case and mode. ``pace_s``: seconds of wall clock a simulated second lasts (0: one
+    after the other, as this bench runs them; bench/attach.py feeds at 1 Hz, as a server
+    does)."""
+    from tui.app.widgets.tables import gpu_rows, job_rows
+    from tui.client import InProcessClient
+
+    tab = CASES[case][0]
     rng = random.Random(n)
     ctl = _Controller(n)
     state = ClusterState([(h.name, h.address) for h in ctl.inventory.hosts])
     jobs = _Jobs()
     now = [0.0]
-    app = RigdeckApp(
-        InProcessClient(controller=ctl, monitor=_Monitor(state), jobs=jobs),
-        sample_hz=1e-3,
-        clock=lambda: now[0],
-        keymap_file=Path("/nonexistent"),
-    )
+    app = bench_app(InProcessClient(controller=ctl, monitor=_Monitor(state), jobs=jobs), now)
     times: list[float] = []
     walls: list[float] = []
     apply_times: list[float] = []
     async with app.run_test(size=(200, 60)) as pilot:
-        app.gpu_filter, app.gpu_sort = flt, sort
-        table: GpusTable | JobsTable
-        if tab == "gpus":
-            table = app.query_one("#gpus-table", GpusTable)
-        else:
-            table = app.query_one("#jobs-table", JobsTable)
-        await show(app, pilot, tab, table)
-        _encode_frames(app)
-        for t in range(seconds + warmup):
-            feed(state, n, t, rng)
-            jobs.current = job_list(n, n_jobs, t, rng)
-            now[0] = float(t)
-            w0 = time.perf_counter()
-            t0 = time.thread_time()
-            if mode == "diff":
-                app.refresh_views()
-            elif tab == "gpus":
+        table = await open_case(app, pilot, case)
+
+        def naive() -> None:
+            if tab == "gpus":
                 snap = state.snapshot()
                 app.hosts_snapshot = snap
                 app.jobs_snapshot = jobs.snapshot()
@@ -312,14 +353,19 @@ async def measure(case: str, n: int, mode: str, seconds: int, warmup: int,
                 with app.batch_update():
                     app._update_summary()
                     table.rebuild(job_rows(app.jobs_snapshot.rows, now[0]))
-            t1 = time.thread_time()
-            await pilot.pause()  # Textual lays out and renders the frame, and encodes it
-            t2 = time.thread_time()
-            w2 = time.perf_counter()
+
+        start = time.perf_counter()
+        for t in range(seconds + warmup):
+            if pace_s > 0:  # the app idles until the next second's samples
+                await asyncio.sleep(max(0.0, start + t * pace_s - time.perf_counter()))
+            feed(state, n, t, rng)
+            jobs.current = job_list(n, n_jobs, t, rng)
+            now[0] = float(t)
+            cpu, wall, apply = await timed_step(pilot, app.refresh_views if mode == "diff" else naive)
             if t >= warmup:
-                times.append((t2 - t0) * 1000)
-                walls.append((w2 - w0) * 1000)
-                apply_times.append((t1 - t0) * 1000)
+                times.append(cpu)
+                walls.append(wall)
+                apply_times.append(apply)
         rows = table.row_count
         if app.tabs.active != tab:
             raise RuntimeError(f"the view changed to {app.tabs.active} while measuring {tab}")
@@ -332,14 +378,7 @@ async def measure(case: str, n: int, mode: str, seconds: int, warmup: int,
         "mode": mode,
         "seconds": seconds,
         "rows": rows,
-        "p50_ms": round(statistics.median(times), 2),
-        "p95_ms": round(pct(times, 95), 2),
-        "max_ms": round(max(times), 2),
-        "apply_p50_ms": round(statistics.median(apply_times), 2),
-        "apply_p95_ms": round(pct(apply_times, 95), 2),
-        "wall_p50_ms": round(statistics.median(walls), 2),
-        "wall_p95_ms": round(pct(walls, 95), 2),
-        "wall_max_ms": round(max(walls), 2),
+        **timing_stats(times, walls, apply_times),
     }
 
 
