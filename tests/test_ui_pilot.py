@@ -206,8 +206,8 @@ async def test_logs_rank_filter_follow_and_search(kind: str) -> None:
     app = recorded_app(kind=kind)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("6")
-        await pilot.pause(0.2)
         view = app.query_one("#log-view", LogView)
+        await until(pilot, lambda: view.line_count == 105)  # from a server: after its first answers
         assert view.line_count == 105 and view.follow
         assert view.scroll_y == view.max_scroll_y > 0  # following: the end is in view
         await pilot.press("r")
@@ -239,8 +239,8 @@ async def test_rank_output_cannot_drive_the_terminal(kind: str) -> None:
     app = recorded_app(kind=kind)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("6")
-        await pilot.pause(0.2)
         view = app.query_one("#log-view", LogView)
+        await until(pilot, lambda: view.buffer is not None and view.line_count > 0)
         assert view.buffer is not None and view.follow
         view.buffer.extend([
             ("h1", 0, "\x1b[2J\x1b[H\x1b]0;owned\x07\x1b[31mTraceback\x1b[0m (most recent call last)"),
@@ -338,7 +338,7 @@ async def test_checkpoint_view_highlights_failed_saves_and_owner_moves(kind: str
     app = recorded_app(kind=kind)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("5")
-        await pilot.pause()
+        await until(pilot, lambda: "policy" in static_text(app, "#ckpt-head"))
         head = static_text(app, "#ckpt-head")
         assert "policy host:h3/gpu:0" in head and "owner h1/gpu0 r0" in head
         assert "last complete: step 200" in head and "33s ago" in head and "1 failed save" in head

@@ -31,7 +31,7 @@ from tui import serveradmin  # noqa: F401  (`rigdeck server ...`: set-up and sta
 from tui.control.controller import HostReport
 from tui.control.history import JobRefError
 from tui.control.jobs import AmbiguousJobError, JobError, JobView, describe_cause
-from tui.control.jobwatch import JobDetail, JobsSnapshot, LogBuffer, StopPlan
+from tui.control.jobwatch import JobDetail, JobRow, JobsSnapshot, LogBuffer, StopPlan
 from tui.control.queue import QueueEntry
 from tui.control.server import StateMirror, serve
 from tui.control.service import ControllerService, ServiceInfo
@@ -284,6 +284,7 @@ class _RemoteJobs:
         self._snapshot = JobsSnapshot((), 0)
         self._selected: str | None = None
         self._details: dict[str, JobDetail] = {}
+        self._rows: dict[str, JobRow] = {}  # every job's row as the server last sent it
         self._logs: dict[str, LogBuffer] = {}
         self._kick = threading.Event()
         self._stop = threading.Event()
@@ -316,9 +317,15 @@ class _RemoteJobs:
             self._kick.wait(self.interval)
 
     def poll_once(self) -> None:
-        data = self.c.call("jobs_snapshot", since=self._snapshot.version if not self._snapshot.error else -1)
+        since = self._snapshot.version if not self._snapshot.error and self._rows else -1
+        data = self.c.call("jobs_snapshot", since=since)
         if data is not None:
-            snap = wire.decode(JobsSnapshot, data)
+            if data.get("full"):
+                self._rows = {}
+            for job_id, row in data["rows"].items():
+                self._rows[job_id] = wire.decode(JobRow, row)  # only the rows that changed
+            snap = JobsSnapshot(tuple(self._rows[j] for j in data["order"] if j in self._rows),
+                                data["version"], error=data.get("error"), polled_at=data.get("polled_at"))
             with self._lock:
                 self._snapshot = snap
         job_id = self._selected

@@ -111,8 +111,17 @@ def host_delta(h: HostState, sent: _Sent) -> dict[str, Any] | None:
             del sent.gpus[idx]
         s: dict[str, Any] = {"g": gpus, "n": sorted(seen), "t": h.last_sample_time,
                              "sim": h.simulated, "src": h.gpu_source}
-        if h.host_sample != sent.host_sample:
-            s["h"] = sent.host_sample = h.host_sample
+        if h.host_sample != sent.host_sample:  # its changed fields only, as for a GPU
+            before_h, now_h = sent.host_sample, h.host_sample
+            if before_h is None or now_h is None:
+                s["h"] = now_h
+            else:
+                d = {k: v for k, v in now_h.items() if before_h.get(k, _MISSING) != v}
+                gone = [k for k in before_h if k not in now_h]
+                if gone:
+                    d["-"] = gone
+                s["hd"] = d
+            sent.host_sample = now_h
         out["s"] = s
     if not out:
         return None
@@ -165,6 +174,12 @@ class StateMirror:
                     del known[idx]
                 if "h" in s:
                     self._host_sample[name] = s["h"]
+                elif "hd" in s:
+                    merged = dict(self._host_sample.get(name) or {})
+                    for k in s["hd"].get("-") or []:
+                        merged.pop(k, None)
+                    merged.update({k: v for k, v in s["hd"].items() if k != "-"})
+                    self._host_sample[name] = merged
                 self.state.apply_sample(name, {
                     "time": s.get("t"), "simulated": s.get("sim"), "gpu_source": s.get("src"),
                     "host": self._host_sample.get(name), "gpus": [known[i] for i in sorted(known)],
@@ -225,6 +240,7 @@ class Session:
         self._sent: dict[str, _Sent] = {}
         self.bytes_out = 0
         self._z: Any = None
+        self.rows_sent: dict[str, Any] = {}  # jobs_snapshot: each job's row as last sent
 
     def send(self, msg: dict[str, Any]) -> None:
         data = (json.dumps(msg, separators=(",", ":"), default=str) + "\n").encode()
@@ -392,8 +408,25 @@ def _methods() -> dict[str, Callable[..., Any]]:
         return {"hosts": [[h.name, h.address] for h in inv.hosts], "rate_hz": s.rate_hz}
 
     def jobs_snapshot(s: Session, since: int = -1) -> Any:
+        """The jobs list, or None when unchanged since ``since``. Only the rows that changed
+        since this session's last answer are sent (``rows``), with the order of all (``order``);
+        ``full`` says the client must drop what it kept (a new session, or ``since`` = -1)."""
         snap = svc(s).jobs_snapshot()
-        return None if snap.version == since else wire.encode(snap)
+        if snap.version == since:
+            return None
+        full = since < 0 or not s.rows_sent
+        if full:
+            s.rows_sent = {}
+        rows = {}
+        for r in snap.rows:
+            enc = wire.encode(r)
+            if s.rows_sent.get(r.job_id) != enc:
+                rows[r.job_id] = s.rows_sent[r.job_id] = enc
+        order = [r.job_id for r in snap.rows]
+        for gone in [j for j in s.rows_sent if j not in set(order)]:
+            del s.rows_sent[gone]
+        return {"version": snap.version, "error": snap.error, "polled_at": snap.polled_at,
+                "order": order, "rows": rows, "full": full}
 
     def job_detail(s: Session, job_id: str, log_since: int = 0) -> Any:
         d = svc(s).job_detail(job_id)
