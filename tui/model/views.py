@@ -51,7 +51,7 @@ class GpuProcess:
         g = p.get
         v = _GpuProcessFiller(g("pid"), g("user"), g("used_memory_mb"), g("job_id"), g("rank"))
         v.__class__ = GpuProcess
-        return v  # type: ignore[no-any-return]
+        return v
 
 
 _GpuProcessFiller = _filler(GpuProcess)
@@ -129,7 +129,7 @@ class HostSample:
             g("net_tx_bps"),
         )
         v.__class__ = HostSample
-        return v  # type: ignore[no-any-return]
+        return v
 
 
 _HostSampleFiller = _filler(HostSample)
@@ -208,7 +208,7 @@ class GpuView:
             tuple(history),
         )
         v.__class__ = GpuView
-        return v  # type: ignore[no-any-return]
+        return v
 
 
 _GpuViewFiller = _filler(GpuView)
@@ -263,7 +263,7 @@ class HostView:
         """``HostView(*fields)`` (every field, in order), built as the GPU views are."""
         v = _HostViewFiller(*fields)
         v.__class__ = HostView
-        return v  # type: ignore[no-any-return]
+        return v
 
 
 _HostViewFiller = _filler(HostView)
