@@ -865,8 +865,8 @@ class RigdeckApp(App[None]):
         key = entry.host_key
 
         def decided(yes: bool | None) -> None:
-            if yes:
-                self._trust(name, str(key.fingerprint))
+            if yes and key.fingerprint:
+                self._trust(name, key.fingerprint)
 
         self.dialog(TrustHostKey(name, f"{spec.address}:{spec.port}", key, known), decided)
 
