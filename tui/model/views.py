@@ -274,7 +274,7 @@ def count_gpus(gpus: Sequence[GpuView]) -> tuple[int, int, bool, str | None]:
     busy = 0
     simulated = False
     for g in gpus:
-        if g.processes or g.claim or (g.utilization_pct or 0.0) >= BUSY_UTIL_PCT:
+        if g.busy:
             busy += 1
         if g.simulated:
             simulated = True
