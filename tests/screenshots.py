@@ -167,7 +167,7 @@ async def run(bed: Any, tmp: Path, converter: str, wait_steps: int, timeout: flo
             raise SystemExit(f"timed out waiting for {what}")
 
         await until(
-            lambda: sum(h["status"] == "up" for h in app.hosts_snapshot) == 3, "three hosts up", 120
+            lambda: sum(h.status == "up" for h in app.hosts_snapshot) == 3, "three hosts up", 120
         )
         # Somebody else's process on h3's GPU 1 (a CPU burner the simulated GPU follows).
         burner = bed.popen(

@@ -240,9 +240,14 @@ def test_job_view_placement_and_ranks_mark_only_the_simulated_gpus() -> None:
 
 def test_summary_counts_only_the_simulated_gpus() -> None:
     from tui.app.shell import summarize
+    from tui.model.state import ClusterState
 
-    sim = {"status": "up", "gpus": [{"simulated": True, "processes": []}] * 4}
-    real = {"status": "up", "gpus": [{"simulated": False, "processes": []}] * 4}
+    state = ClusterState([("sim", "a"), ("real", "b")])
+    for host, simulated in (("sim", True), ("real", False)):
+        gpus = [{"index": i, "uuid": f"{host}-{i}", "simulated": simulated, "processes": []}
+                for i in range(4)]
+        state.apply_sample(host, {"gpus": gpus})
+    sim, real = state.snapshot(gpus=False)
     assert summarize([sim, real])["simulated"] == 4
     assert summarize([real])["simulated"] == 0
     assert summarize([sim, sim])["simulated"] == 8

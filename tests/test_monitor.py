@@ -20,6 +20,7 @@ from tests.testbed import TestBed
 from tui.control.controller import Controller
 from tui.control.monitor import Monitor
 from tui.model.state import HostStatus
+from tui.model.views import GpuView
 from tui.remote.sshconfig import load_inventory
 
 pytestmark = pytest.mark.testbed
@@ -58,7 +59,7 @@ def monitored(testbed: TestBed, tmp_path: Path) -> Iterator[tuple[TestBed, Monit
     mon = Monitor(Controller(inv), rate_hz=1.0)
     mon.start()
     try:
-        wait_until(lambda: all(h["status"] == "up" for h in mon.state.snapshot()), 60, "all hosts up")
+        wait_until(lambda: all(h.status == "up" for h in mon.state.snapshot()), 60, "all hosts up")
         yield testbed, mon
     finally:
         mon.stop()
@@ -69,12 +70,12 @@ def test_twelve_simulated_gpus_stream_and_follow_a_cpu_burner(monitored: tuple[T
     bed, mon = monitored
     wait_until(lambda: mon.state.gpu_count() == 12, 10, "12 GPUs")
     snap = mon.state.snapshot()
-    assert all(g["simulated"] for h in snap for g in h["gpus"])
-    assert sorted(h["hostname"] for h in snap) == sorted(h.hostname for h in bed.hosts)
+    assert all(g.simulated for h in snap for g in h.gpus or ())
+    assert sorted(str(h.hostname) for h in snap) == sorted(h.hostname for h in bed.hosts)
 
-    before = {h["name"]: h["samples"] for h in snap}
+    before = {h.name: h.samples for h in snap}
     time.sleep(4.0)
-    after = {h["name"]: h["samples"] for h in mon.state.snapshot()}
+    after = {h.name: h.samples for h in mon.state.snapshot()}
     for name in before:
         assert 3 <= after[name] - before[name] <= 6, (name, before[name], after[name])  # ~1 Hz
 
@@ -87,18 +88,19 @@ def test_twelve_simulated_gpus_stream_and_follow_a_cpu_burner(monitored: tuple[T
     assert burner.stdout is not None
     burner_pid = int(burner.stdout.readline())  # its pid inside the host's PID namespace
     try:
-        def gpu(host: str, idx: int) -> dict[str, Any]:
-            h = next(h for h in mon.state.snapshot() if h["name"] == host)
-            return h["gpus"][idx]
+        def gpu(host: str, idx: int) -> GpuView:
+            view = mon.state.gpu(host, idx)
+            assert view is not None and view.index == idx
+            return view
 
-        wait_until(lambda: (gpu("h2", 2)["utilization_pct"] or 0) > 25, 20, "h2 GPU 2 busy")
+        wait_until(lambda: (gpu("h2", 2).utilization_pct or 0) > 25, 20, "h2 GPU 2 busy")
         busy = gpu("h2", 2)
-        assert burner_pid in [p["pid"] for p in busy["processes"]]
-        assert busy["memory_used_mb"] > 0
+        assert burner_pid in [p.pid for p in busy.processes]
+        assert (busy.memory_used_mb or 0) > 0
         # The others stay idle: on that host, and the same GPU index on the other hosts.
-        assert (gpu("h2", 0)["utilization_pct"] or 0) == 0
-        assert (gpu("h1", 2)["utilization_pct"] or 0) == 0
-        assert (gpu("h3", 2)["utilization_pct"] or 0) == 0
+        assert (gpu("h2", 0).utilization_pct or 0) == 0
+        assert (gpu("h1", 2).utilization_pct or 0) == 0
+        assert (gpu("h3", 2).utilization_pct or 0) == 0
     finally:
         burner.kill()
         burner.wait()
@@ -117,7 +119,7 @@ def test_a_cut_link_goes_stale_then_down_and_comes_back(monitored: tuple[TestBed
         assert all(state.get(n).samples >= others[n] + 2 for n in others)
         assert all(state.get(n).status == HostStatus.UP for n in others)
         assert state.get("h3").gpus, "the last good values are kept"
-        assert all(g["stale"] for g in next(h for h in state.snapshot() if h["name"] == "h3")["gpus"])
+        assert all(g.stale for g in next(h for h in state.snapshot() if h.name == "h3").gpus or ())
     finally:
         bed.link_up(3)
     wait_until(lambda: state.get("h3").status == HostStatus.UP, 30, "h3 back up")

@@ -55,8 +55,8 @@ async def launch_screen(app: RigdeckApp, pilot: Pilot[None]) -> LaunchScreen:
 
 
 async def until(pilot: Pilot[None], cond: Callable[[], object]) -> None:
-    """Let the app run until ``cond()`` holds, for at most a second; the caller asserts."""
-    for _ in range(20):
+    """Let the app run until ``cond()`` holds, for at most three seconds; the caller asserts."""
+    for _ in range(60):
         await pilot.pause(0.05)
         if cond():
             return

@@ -303,20 +303,18 @@ async def test_gpu_table_follows_samples_in_view_out_of_view_and_new_gpus() -> N
 
 
 async def test_gpu_table_reads_live_gpus_from_a_hosts_only_snapshot() -> None:
-    from tui.model.state import host_gpu_count, host_gpu_model, host_gpus_busy
-
     app = _GpusApp()
     async with app.run_test(size=(140, 30)) as pilot:
         table, w = _gpu_table(app)
         state = _state_with([8, 8, 8], tick=0)
         full = state.snapshot()
         hosts = state.snapshot(gpus=False)
-        assert all("gpus" not in h for h in hosts)
-        assert [host_gpu_count(h) for h in hosts] == [len(h["gpus"]) for h in full] == [8, 8, 8]
-        assert [host_gpus_busy(h) for h in hosts] == [
-            sum(1 for g in h["gpus"] if g["processes"]) for h in full
+        assert all(h.gpus is None for h in hosts) and all(h.gpus is not None for h in full)
+        assert [h.gpu_count for h in hosts] == [len(h.gpus or ()) for h in full] == [8, 8, 8]
+        assert [h.gpus_busy for h in hosts] == [
+            sum(1 for g in h.gpus or () if g.processes) for h in full
         ]
-        assert host_gpu_model(hosts[0]) == full[0]["gpus"][0]["name"]
+        assert hosts[0].gpu_model == (full[0].gpus or ())[0].name
 
         def show() -> None:
             table.apply_state(state, state.snapshot(gpus=False), w, GpuFilter(), "host")
@@ -424,9 +422,14 @@ def test_the_pieces_of_a_long_log_line_are_one_line_in_the_log_view() -> None:
 
 def test_a_gpu_claimed_on_its_host_shows_the_claiming_job_until_its_ranks_run() -> None:
     from tui.app.widgets.tables import gpu_job_label
+    from tui.model.views import GpuView
+
+    def gpu(sample: dict[str, Any]) -> GpuView:
+        return GpuView.from_sample("h1", 0, "GPU-0", "H100", sample, False, ())
 
     claimed = {"processes": [], "claim": {"job_id": "ddp-1", "user": "ana", "since": 1.0}}
-    assert gpu_job_label(claimed) == ("ddp-1 claimed (ana)", "job")
+    assert gpu(claimed).busy and gpu_job_label(gpu(claimed)) == ("ddp-1 claimed (ana)", "job")
     running = {**claimed, "processes": [{"job_id": "ddp-1", "rank": 0, "pid": 5}]}
-    assert gpu_job_label(running) == ("ddp-1 r0", "job")
-    assert gpu_job_label({"processes": [], "claim": None}) == ("-", "idle")
+    assert gpu_job_label(gpu(running)) == ("ddp-1 r0", "job")
+    idle = gpu({"processes": [], "claim": None})
+    assert not idle.busy and gpu_job_label(idle) == ("-", "idle")

@@ -501,8 +501,23 @@ def served_client(controller: Any, monitor: Any, jobs: Any) -> Any:
     server.listen()
     threading.Thread(target=server.serve_forever, daemon=True, name="pilot-server").start()
     SERVERS.append(server)
-    return RemoteClient(controller.inventory, server=types.SimpleNamespace(host="h1", state_dir=str(state_dir)),
-                        transport_factory=lambda: UnixSocketTransport(socket_path(state_dir), "h1"))
+    client = RemoteClient(controller.inventory, server=types.SimpleNamespace(host="h1", state_dir=str(state_dir)),
+                          transport_factory=lambda: UnixSocketTransport(socket_path(state_dir), "h1"))
+    # Attached as the app would be, and given the server's first answers (every host's state,
+    # the jobs list) before the test looks: a test of the view, not of the link's first second.
+    client.start()
+    import time
+
+    want = {h.name: h.status for h in monitor.state.hosts.values()}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        have = {h.name: h.status for h in client.state.hosts.values()}
+        if have == want and (client.jobs.snapshot().rows or not jobs.snapshot().rows):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError(f"the served client did not mirror the server: {have} vs {want}")
+    return client
 
 
 def stop_servers() -> None:

@@ -62,8 +62,8 @@ from tui.app.widgets.tables import (
 from tui.client import Client, HostReport, describe_cause
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import JobDetail, JobSource, JobsSnapshot
-from tui.model.state import host_gpu_count, host_gpu_model, host_gpus_busy, host_gpus_simulated
 from tui.model.termsafe import terminal_safe
+from tui.model.views import HostKey, HostView
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,11 @@ def set_text(widget: Static, text: str) -> None:
         widget._rd_text = text  # type: ignore[attr-defined]
 
 
-def summarize(snapshot: Sequence[Mapping[str, Any]]) -> dict[str, int]:
+def summarize(snapshot: Sequence[HostView]) -> dict[str, int]:
     """Counts for the summary line (``simulated``: how many of the GPUs are)."""
-    status = [h.get("status") for h in snapshot]
-    gpus = sum(host_gpu_count(h) for h in snapshot)
-    busy = sum(host_gpus_busy(h) for h in snapshot)
+    status = [h.status for h in snapshot]
+    gpus = sum(h.gpu_count for h in snapshot)
+    busy = sum(h.gpus_busy for h in snapshot)
     return {
         "hosts": len(snapshot),
         "up": status.count("up"),
@@ -93,7 +93,7 @@ def summarize(snapshot: Sequence[Mapping[str, Any]]) -> dict[str, int]:
         "gpus": gpus,
         "busy": busy,
         "free": gpus - busy,
-        "simulated": sum(host_gpu_count(h) for h in snapshot if host_gpus_simulated(h)),
+        "simulated": sum(h.gpu_count for h in snapshot if h.gpus_simulated),
     }
 
 
@@ -184,7 +184,7 @@ class RigdeckApp(App[None]):
         self.gpu_filter = GpuFilter()
         self.gpu_sort = "host"
         self.job_id: str | None = None
-        self.hosts_snapshot: list[dict[str, Any]] = []
+        self.hosts_snapshot: Sequence[HostView] = []
         self.jobs_snapshot = JobsSnapshot((), -1)
         self._state_seen = -1
         self._jobs_seen = -1
@@ -373,17 +373,17 @@ class RigdeckApp(App[None]):
             "Launch a job…", "Pick a spec file or fill the form", self.action_launch
         )
         for h in self.hosts_snapshot:
-            if h.get("error_kind") == "unknown-host-key":
-                name = h["name"]
+            if h.error_kind == "unknown-host-key":
+                name = h.name
                 yield SystemCommand(
                     f"Trust the host key of {name}",
                     "Check the fingerprint, then record it",
                     lambda name=name: self.action_trust(name),
                 )
             yield SystemCommand(
-                f"Deploy the agent to {h['name']}",
+                f"Deploy the agent to {h.name}",
                 "Install or upgrade it there",
-                lambda name=h["name"]: self.action_deploy(name),
+                lambda name=h.name: self.action_deploy(name),
             )
         yield SystemCommand("Show key bindings", f"Rebind in {self.keymap_file}", self.action_help)
 
@@ -408,7 +408,7 @@ class RigdeckApp(App[None]):
             self._state_seen = version
             self._dirty |= {"hosts", "gpus"}
             self._notice_host_keys()
-            gpus = sum(host_gpu_count(h) for h in self.hosts_snapshot)
+            gpus = sum(h.gpu_count for h in self.hosts_snapshot)
             if gpus > self._frozen_for_gpus:
                 self._frozen_for_gpus = gpus
                 # The cluster grew (hosts connected): freeze in a moment, once they settle.
@@ -502,15 +502,12 @@ class RigdeckApp(App[None]):
 
     def _notice_host_keys(self) -> None:
         for h in self.hosts_snapshot:
-            key = h.get("host_key") or {}
-            if (
-                h.get("error_kind") == "unknown-host-key"
-                and key.get("fingerprint") not in self._warned_keys
-            ):
-                self._warned_keys.add(key.get("fingerprint", ""))
+            key = h.host_key or HostKey()
+            if h.error_kind == "unknown-host-key" and key.fingerprint not in self._warned_keys:
+                self._warned_keys.add(key.fingerprint or "")
                 self.notify(
-                    f"{h['name']} presents an unknown host key ({key.get('type')} "
-                    f"{key.get('fingerprint')}). Select it in Hosts and press t to check and "
+                    f"{h.name} presents an unknown host key ({key.type} "
+                    f"{key.fingerprint}). Select it in Hosts and press t to check and "
                     "trust it.",
                     title="unknown host key",
                     severity="warning",
@@ -521,7 +518,7 @@ class RigdeckApp(App[None]):
         table = self.query_one("#gpus-table", GpusTable)
         hosts = self.hosts_snapshot
         table.apply_state(self.client.state, hosts, self.widths, self.gpu_filter, self.gpu_sort)
-        total = sum(host_gpu_count(h) for h in hosts)
+        total = sum(h.gpu_count for h in hosts)
         status = (
             f"{table.row_count}/{total} GPUs · filter: {escape(self.gpu_filter.describe())} · "
             f"sort: {SORT_LABELS[self.gpu_sort]}  [$text-muted](/ filter · b busy/idle · o sort)[/]"
@@ -741,7 +738,7 @@ class RigdeckApp(App[None]):
     # -- the current host and job -----------------------------------------------------------
 
     def current_host(self) -> str | None:
-        names = [h["name"] for h in self.hosts_snapshot] or list(self.client.inventory.names)
+        names = [h.name for h in self.hosts_snapshot] or list(self.client.inventory.names)
         if self.tabs.active == "gpus":
             key = self.query_one("#gpus-table", GpusTable).cursor_key
             if key:
@@ -758,8 +755,8 @@ class RigdeckApp(App[None]):
                 return key
         return self.job_id
 
-    def host_entry(self, name: str) -> dict[str, Any] | None:
-        return next((h for h in self.hosts_snapshot if h["name"] == name), None)
+    def host_entry(self, name: str) -> HostView | None:
+        return next((h for h in self.hosts_snapshot if h.name == name), None)
 
     # -- actions ----------------------------------------------------------------------------
 
@@ -859,18 +856,19 @@ class RigdeckApp(App[None]):
     def action_trust(self, host: str | None = None) -> None:
         host = host or self.current_host()
         entry = self.host_entry(host) if host else None
-        if entry is None or not entry.get("host_key"):
+        if entry is None or entry.host_key is None:
             self.notify(f"{host}: no host key waits for a decision", severity="warning")
             return
-        spec = self.client.inventory.get(entry["name"])
+        name = entry.name
+        spec = self.client.inventory.get(name)
         known = str(self.client.inventory.known_hosts)
-        key = entry["host_key"]
+        key = entry.host_key
 
         def decided(yes: bool | None) -> None:
-            if yes:
-                self._trust(entry["name"], key["fingerprint"])
+            if yes and key.fingerprint:
+                self._trust(name, key.fingerprint)
 
-        self.dialog(TrustHostKey(entry["name"], f"{spec.address}:{spec.port}", key, known), decided)
+        self.dialog(TrustHostKey(name, f"{spec.address}:{spec.port}", key, known), decided)
 
     @work(thread=True, group="action", name="trust", exit_on_error=False)
     def _trust(self, host: str, fingerprint: str) -> str:
@@ -899,34 +897,33 @@ class RigdeckApp(App[None]):
             )
 
 
-def host_detail(h: Mapping[str, Any], inventory: Any) -> str:
+def host_detail(h: HostView, inventory: Any) -> str:
     """The selected host in full: where it is, what runs there, and why it is not up."""
     try:
-        spec = inventory.get(h["name"])
+        spec = inventory.get(h.name)
         where = "local" if spec.is_local else f"{spec.user}@{spec.address}:{spec.port}"
     except Exception:  # UnknownHostError: a recorded snapshot without inventory entry
-        where = str(h.get("address") or "")
-    status = str(h.get("status") or "connecting")
+        where = str(h.address or "")
+    status = str(h.status or "connecting")
     lvl = {"up": "$success", "stale": "$warning", "down": "$error"}.get(status, "$text-muted")
-    parts = [f"[b]{escape(h['name'])}[/b] {escape(where)}", f"[{lvl}]{status}[/]"]
-    if h.get("hostname"):
-        parts.append(escape(str(h["hostname"])))
-    if h.get("agent_version"):
-        parts.append(f"agent {escape(str(h['agent_version']))} (pid {h.get('agent_pid')})")
-    s = h.get("host_sample") or {}
-    if s.get("cpu_per_core"):
+    parts = [f"[b]{escape(h.name)}[/b] {escape(where)}", f"[{lvl}]{status}[/]"]
+    if h.hostname:
+        parts.append(escape(str(h.hostname)))
+    if h.agent_version:
+        parts.append(f"agent {escape(str(h.agent_version))} (pid {h.agent_pid})")
+    s = h.host_sample
+    if s is not None and s.cpu_per_core:
         parts.append(
-            f"{len(s['cpu_per_core'])} cores, load "
-            + " ".join(f"{x:.1f}" for x in s.get("load") or [])
+            f"{len(s.cpu_per_core)} cores, load " + " ".join(f"{x:.1f}" for x in s.load)
         )
-    count = host_gpu_count(h)
+    count = h.gpu_count
     if count:
-        sim = " simulated" if host_gpus_simulated(h) else ""
-        parts.append(f"{count}{sim} GPU(s): {escape(str(host_gpu_model(h) or '?'))}")
+        sim = " simulated" if h.gpus_simulated else ""
+        parts.append(f"{count}{sim} GPU(s): {escape(str(h.gpu_model or '?'))}")
     text = " · ".join(parts)
     why = host_why(h)
     if why:
-        color = "$error" if status == "down" or h.get("error_kind") else "$warning"
+        color = "$error" if status == "down" or h.error_kind else "$warning"
         text += f"\n[{color}]{escape(why)}[/]"
     return text
 

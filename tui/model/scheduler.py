@@ -24,6 +24,7 @@ from typing import Any
 
 from tui.model.inventory import Inventory
 from tui.model.jobspec import JobSpec
+from tui.model.views import HostView
 
 __all__ = [
     "HostCapacity",
@@ -389,7 +390,7 @@ def _place(spec: JobSpec, views: Mapping[str, _HostView], cpu_jobs: Mapping[str,
 
 
 def capacity_from_state(
-    snapshot: Sequence[Mapping[str, Any]], inventory: Inventory | None = None
+    snapshot: Sequence[HostView], inventory: Inventory | None = None
 ) -> list[HostCapacity]:
     """Capacities of the hosts in ``ClusterState.snapshot()``, in its order.
 
@@ -399,40 +400,40 @@ def capacity_from_state(
     specs = {h.name: h for h in inventory.hosts} if inventory is not None else {}
     out: list[HostCapacity] = []
     for host in snapshot:
-        name = str(host["name"])
-        status = str(host.get("status") or "down")
+        name = str(host.name)
+        status = str(host.status or "down")
         gpus: list[int] = []
         foreign: list[int] = []
         users: list[tuple[int, str]] = []
         job_busy: list[tuple[int, str]] = []
         claimed: list[tuple[int, str, str]] = []
         names: list[str] = []
-        simulated = bool(host.get("simulated"))
-        for g in host.get("gpus") or []:
-            index = int(g["index"])
+        simulated = bool(host.simulated)
+        for g in host.gpus or ():
+            index = int(g.index)
             gpus.append(index)
-            if g.get("name"):
-                names.append(str(g["name"]))
-            simulated = simulated or bool(g.get("simulated"))
-            procs = g.get("processes") or []
-            strangers = sorted({str(p.get("user") or "") for p in procs if p.get("job_id") is None})
-            if any(p.get("job_id") is None for p in procs):
+            if g.name:
+                names.append(str(g.name))
+            simulated = simulated or g.simulated
+            procs = g.processes
+            strangers = sorted({str(p.user or "") for p in procs if p.job_id is None})
+            if any(p.job_id is None for p in procs):
                 foreign.append(index)
                 who = ", ".join(u for u in strangers if u)
                 if who:
                     users.append((index, who))
-            for jid in sorted({str(p["job_id"]) for p in procs if p.get("job_id") is not None}):
+            for jid in sorted({str(p.job_id) for p in procs if p.job_id is not None}):
                 job_busy.append((index, jid))
-            claim = g.get("claim")
-            if isinstance(claim, dict):
-                claimed.append((index, str(claim.get("job_id") or "?"), str(claim.get("user") or "")))
-        sample = host.get("host_sample") or {}
-        per_core = sample.get("cpu_per_core")
+            claim = g.claim
+            if claim is not None:
+                claimed.append((index, str(claim.job_id or "?"), str(claim.user or "")))
+        sample = host.host_sample
+        per_core = sample.cpu_per_core if sample is not None else None
         spec = specs.get(name)
         out.append(
             HostCapacity(
                 name=name,
-                address=str(host.get("address") or (spec.address if spec else name)),
+                address=str(host.address or (spec.address if spec else name)),
                 up=status == "up",
                 cpus=len(per_core) if per_core else None,
                 gpus=tuple(sorted(gpus)),

@@ -14,37 +14,9 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from tui.model.views import GpuProcess, GpuView, HostKey, HostSample, HostView, count_gpus
+
 HISTORY = 60  # samples kept per GPU for sparklines
-BUSY_UTIL_PCT = 5.0  # a GPU with no processes counts as busy from this utilization up
-
-
-def gpu_busy(g: Mapping[str, Any]) -> bool:
-    """A GPU sample is busy when processes hold it or it is loaded."""
-    return bool(g.get("processes") or g.get("claim")) or (g.get("utilization_pct") or 0.0) >= BUSY_UTIL_PCT
-
-
-def host_gpus_busy(h: Mapping[str, Any]) -> int:
-    """Busy GPUs of a host's snapshot dict (counted when the snapshot was made, if it was)."""
-    n = h.get("gpus_busy")
-    return n if n is not None else sum(1 for g in h.get("gpus") or () if gpu_busy(g))
-
-
-def host_gpu_count(h: Mapping[str, Any]) -> int:
-    n = h.get("gpu_count")
-    return n if n is not None else len(h.get("gpus") or ())
-
-
-def host_gpus_simulated(h: Mapping[str, Any]) -> bool:
-    if "gpus_simulated" in h:
-        return bool(h["gpus_simulated"])
-    return any(g.get("simulated") for g in h.get("gpus") or ())
-
-
-def host_gpu_model(h: Mapping[str, Any]) -> str | None:
-    if "gpu_model" in h:
-        return h["gpu_model"]
-    gpus = h.get("gpus") or ()
-    return gpus[0].get("name") if gpus else None
 
 
 class HostStatus(str, Enum):
@@ -61,10 +33,29 @@ class GpuState:
     uuid: str
     name: str
     simulated: bool
-    sample: dict[str, Any]
+    sample: dict[str, Any]  # the agent's, as it came (the server sends it on as deltas)
     history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    # The processes of the last view, and the sample list they were made from: a GPU's
+    # processes rarely change from one sample to the next, and their views are then reused.
+    _procs_from: list[Any] | None = field(default=None, repr=False)
+    _procs: tuple[GpuProcess, ...] = field(default=(), repr=False)
+
+    def view(self, stale: bool) -> GpuView:
+        """The GPU as the faces read it."""
+        raw = self.sample.get("processes")
+        if not raw:
+            procs: tuple[GpuProcess, ...] = ()
+        elif raw is self._procs_from or raw == self._procs_from:
+            procs = self._procs
+        else:
+            procs = tuple(map(GpuProcess.from_sample, raw))
+        self._procs_from, self._procs = raw, procs
+        return GpuView.from_sample(
+            self.host, self.index, self.uuid, self.name, self.sample, stale, self.history, procs
+        )
 
     def to_json(self, stale: bool) -> dict[str, Any]:
+        """The GPU as a plain dict: its last sample, its host, ``stale`` and ``history``."""
         return {**self.sample, "host": self.host, "stale": stale, "history": list(self.history)}
 
 
@@ -90,49 +81,83 @@ class HostState:
     last_sample_time: float | None = None  # the agent's wall clock
     samples: int = 0
     status_since: float = field(default_factory=time.monotonic)
-    # What snapshots are made of, kept between them: the GPUs' dicts are built when a sample
+    # What snapshots are made of, kept between them: the GPUs' views are built when a sample
     # arrives (on the reader's thread, not the UI's), the host's when anything else changes.
-    # Readers get them shared and must not change them.
-    _gpus_json: list[dict[str, Any]] | None = field(default=None, repr=False)
-    _json: dict[str, Any] | None = field(default=None, repr=False)
+    # They are immutable and shared by every reader.
+    _gpu_views: tuple[GpuView, ...] | None = field(default=None, repr=False)
+    _view: HostView | None = field(default=None, repr=False)  # with its GPUs
+    _hosts_view: HostView | None = field(default=None, repr=False)  # without (counts only)
+    _sample_view: HostSample | None = field(default=None, repr=False)
+    _sample_from: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def stale(self) -> bool:
         return self.status in (HostStatus.STALE, HostStatus.DOWN)
 
     def changed(self, gpus: bool = False) -> None:
-        """Forget the cached dicts (``gpus``: the GPUs' too, as when the stale flag flips)."""
-        self._json = None
+        """Forget the cached views (``gpus``: the GPUs' too, as when the stale flag flips)."""
+        self._view = self._hosts_view = None
         if gpus:
-            self._gpus_json = None
+            self._gpu_views = None
 
-    def to_json(self, gpus: bool = True) -> dict[str, Any]:
-        """The host as a dict; without ``gpus`` its GPUs are only counted (``gpu_count``,
-        ``gpus_busy``, ``gpus_simulated``, ``gpu_model``), not listed."""
-        base = self._json
-        if base is None:
-            base = self._json = self._build_json()
-        age = None if self.last_sample_at is None else time.monotonic() - self.last_sample_at
-        out = {**base, "sample_age_s": age}
-        if not gpus:
-            del out["gpus"]
-        return out
+    def view(self, gpus: bool = True) -> HostView:
+        """The host as the faces read it; without ``gpus`` its GPUs are only counted
+        (``gpu_count``, ``gpus_busy``, ``gpus_simulated``, ``gpu_model``), not listed."""
+        if self._view is None or self._hosts_view is None:
+            self._build_views()
+        view = self._view if gpus else self._hosts_view
+        assert view is not None
+        return view
 
-    def gpu_json(self, pos: int) -> dict[str, Any] | None:
-        """The dict of the GPU at ``pos`` (index order), as the next snapshot would have it."""
-        gpus = self._gpus_list()
+    def gpu_view(self, pos: int) -> GpuView | None:
+        """The GPU at ``pos`` (index order), as the next snapshot would have it."""
+        gpus = self._gpus_views()
         return gpus[pos] if 0 <= pos < len(gpus) else None
 
-    def _gpus_list(self) -> list[dict[str, Any]]:
-        """The GPUs' dicts in index order, built when missing."""
-        if self._gpus_json is None:
+    def _gpus_views(self) -> tuple[GpuView, ...]:
+        """The GPUs' views in index order, built when missing."""
+        if self._gpu_views is None:
             stale = self.stale
-            self._gpus_json = [g.to_json(stale) for _, g in sorted(self.gpus.items())]
-        return self._gpus_json
+            self._gpu_views = tuple(g.view(stale) for _, g in sorted(self.gpus.items()))
+        return self._gpu_views
 
-    def _build_json(self) -> dict[str, Any]:
-        gpus = self._gpus_list()
-        return {
+    def _host_sample_view(self) -> HostSample | None:
+        raw = self.host_sample
+        if raw is not self._sample_from:
+            self._sample_from, self._sample_view = raw, HostSample.from_sample(raw)
+        return self._sample_view
+
+    def _build_views(self) -> None:
+        gpus = self._gpus_views()
+        count, busy, simulated, model = count_gpus(gpus)
+        fields = (
+            self.name,
+            self.address,
+            self.status.value,
+            self.reason,
+            self.error_kind,
+            HostKey.from_info(self.host_key),
+            self.agent_version,
+            self.agent_pid,
+            self.hostname,
+            self.upgrade_pending,
+            self.simulated,
+            self.gpu_source,
+            self.samples,
+            self._host_sample_view(),
+        )
+        tail = (count, busy, simulated, model, self.last_sample_at)
+        self._view = HostView.make(*fields, gpus, *tail)
+        self._hosts_view = HostView.make(*fields, None, *tail)
+
+    def to_json(self, gpus: bool = True) -> dict[str, Any]:
+        """The host as a plain dict (the same fields as its view, its GPUs as ``GpuState.to_json``
+        makes them); without ``gpus`` its GPUs are only counted, not listed. Built on each call:
+        for whatever needs dicts, not for the app."""
+        stale = self.stale
+        gpu_list = [g.to_json(stale) for _, g in sorted(self.gpus.items())]
+        _, busy, simulated, _ = count_gpus(self._gpus_views())
+        out = {
             "name": self.name,
             "address": self.address,
             "status": self.status.value,
@@ -147,16 +172,22 @@ class HostState:
             "gpu_source": self.gpu_source,
             "samples": self.samples,
             "host_sample": self.host_sample,
-            "gpus": gpus,
-            "gpu_count": len(gpus),
-            "gpus_busy": sum(1 for g in gpus if gpu_busy(g)),
-            "gpus_simulated": any(g.get("simulated") for g in gpus),
-            "gpu_model": gpus[0].get("name") if gpus else None,
+            "gpus": gpu_list,
+            "gpu_count": len(gpu_list),
+            "gpus_busy": busy,
+            "gpus_simulated": simulated,
+            "gpu_model": gpu_list[0].get("name") if gpu_list else None,
+            "sample_age_s": None
+            if self.last_sample_at is None
+            else time.monotonic() - self.last_sample_at,
         }
+        if not gpus:
+            del out["gpus"]
+        return out
 
 
-class Snapshot(list):  # type: list[dict[str, Any]]
-    """Every host's dict, in inventory order, and ``layout``: a number that changes whenever any
+class Snapshot(list):  # type: list[HostView]
+    """Every host's view, in inventory order, and ``layout``: a number that changes whenever any
     host's set of GPUs does (same ``layout``, same GPUs at the same places)."""
 
     layout: int = 0
@@ -241,7 +272,7 @@ class ClusterState:
                 h.host_key = None
                 h.status_since = now
             h.changed(gpus=True)
-            h._json = h._build_json()  # here, on the reader's thread
+            h._build_views()  # here, on the reader's thread
             self._changed()
 
     def seed_history(self, host: str, histories: Mapping[int, list[float]]) -> None:
@@ -277,22 +308,29 @@ class ClusterState:
         return changed
 
     def snapshot(self, gpus: bool = True) -> Snapshot:
-        """Every host's dict; ``gpus=False`` leaves the GPU lists out (their counts stay).
+        """Every host's view; ``gpus=False`` leaves the GPU lists out (``gpus`` is None; their
+        counts stay).
 
-        The dicts are shared with later snapshots: read them, never change them. A reader that
-        keeps a snapshot keeps its samples alive, and is the one that frees them when it drops
-        it: the app keeps hosts only, and reads the GPUs it shows with ``gpu``.
+        The views are shared with later snapshots (they are immutable). A reader that keeps a
+        snapshot keeps its samples alive, and is the one that frees them when it drops it: the
+        app keeps hosts only, and reads the GPUs it shows with ``gpu``.
         """
         with self._lock:
-            snap = Snapshot(h.to_json(gpus) for h in self.hosts.values())
+            snap = Snapshot(h.view(gpus) for h in self.hosts.values())
             snap.layout = self.layout
             return snap
 
-    def gpu(self, host: str, pos: int) -> dict[str, Any] | None:
+    def gpu(self, host: str, pos: int) -> GpuView | None:
         """A host's GPU at ``pos`` (index order) now, or None."""
         with self._lock:
             h = self.hosts.get(host)
-            return None if h is None else h.gpu_json(pos)
+            return None if h is None else h.gpu_view(pos)
+
+    def to_json(self, gpus: bool = True) -> list[dict[str, Any]]:
+        """Every host as a plain dict (``HostState.to_json``), in inventory order: for what
+        needs dicts (JSON output, contracts), never for a view that refreshes."""
+        with self._lock:
+            return [h.to_json(gpus) for h in self.hosts.values()]
 
     def get(self, host: str) -> HostState:
         return self.hosts[host]

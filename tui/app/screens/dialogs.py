@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import ClassVar
 
 from textual import on
@@ -15,6 +15,7 @@ from textual.widgets import Button, Label, Static
 
 from tui.app.widgets.format import SIM_MARK
 from tui.model.jobview import StopPlan
+from tui.model.views import HostKey
 
 
 class ConfirmStop(ModalScreen[bool]):
@@ -72,16 +73,16 @@ class TrustHostKey(ModalScreen[bool]):
         Binding("n,escape", "cancel", "Cancel", id="hostkey.cancel"),
     ]
 
-    def __init__(self, host: str, address: str, key: Mapping[str, str], known_hosts: str) -> None:
+    def __init__(self, host: str, address: str, key: HostKey, known_hosts: str) -> None:
         super().__init__()
         self.host = host
         self.address = address
-        self.key = dict(key)
+        self.key = key
         self.known_hosts = known_hosts
 
     @property
     def changed(self) -> bool:
-        return "expected" in self.key
+        return self.key.changed
 
     def compose(self) -> ComposeResult:
         k = self.key
@@ -92,9 +93,9 @@ class TrustHostKey(ModalScreen[bool]):
                 )
                 yield Static(
                     f"{escape(self.address)} now presents\n"
-                    f"  [b]{escape(k.get('fingerprint', '?'))}[/b]\n"
+                    f"  [b]{escape(k.fingerprint or '?')}[/b]\n"
                     f"but {escape(self.known_hosts)} records\n"
-                    f"  {escape(k.get('expected', '?'))}\n\n"
+                    f"  {escape(k.expected or '?')}\n\n"
                     "This may be an attack, or a reinstalled host. rigdeck never replaces a "
                     "known key: "
                     "find out why it changed, then remove the old entry by hand.",
@@ -107,8 +108,8 @@ class TrustHostKey(ModalScreen[bool]):
             yield Static(
                 f"{escape(self.address)} presents a key that "
                 f"{escape(self.known_hosts)} does not list:\n\n"
-                f"  type         [b]{escape(k.get('type', '?'))}[/b]\n"
-                f"  fingerprint  [b]{escape(k.get('fingerprint', '?'))}[/b]\n\n"
+                f"  type         [b]{escape(k.type or '?')}[/b]\n"
+                f"  fingerprint  [b]{escape(k.fingerprint or '?')}[/b]\n\n"
                 "Compare it with the host's own (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub on the "
                 "host, or your provisioning records) before you trust it. Trusting records it in "
                 "known_hosts; nothing was sent to the host so far.",

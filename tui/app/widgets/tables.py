@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from operator import attrgetter
 from typing import Any
 
 from rich.console import RenderableType
@@ -38,13 +39,8 @@ from tui.app.widgets.format import (
 )
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import CheckpointSave, CheckpointView, JobRow, OwnerMove
-from tui.model.state import (
-    ClusterState,
-    gpu_busy,
-    host_gpu_count,
-    host_gpus_busy,
-    host_gpus_simulated,
-)
+from tui.model.state import ClusterState
+from tui.model.views import GpuView, HostView
 
 
 @dataclass(frozen=True)
@@ -83,44 +79,39 @@ def percent_bar(raw: tuple[int | None, int, bool], palette: Palette) -> Renderab
 # Hosts
 
 
-def host_why(h: Mapping[str, Any]) -> str:
-    if h.get("status") == "up":
-        if h.get("upgrade_pending"):
-            return f"agent upgrade to {h['upgrade_pending']} when its jobs end"
+def host_why(h: HostView) -> str:
+    if h.status == "up":
+        if h.upgrade_pending:
+            return f"agent upgrade to {h.upgrade_pending} when its jobs end"
         return ""
-    key = h.get("host_key")
-    if h.get("error_kind") == "unknown-host-key" and key:
-        return (
-            f"unknown host key {key.get('type', '')} {key.get('fingerprint', '')}: press t to trust"
-        )
-    if h.get("error_kind") == "host-key-changed" and key:
-        return (
-            f"HOST KEY CHANGED: now {key.get('fingerprint')}, known_hosts has {key.get('expected')}"
-        )
-    return str(h.get("reason") or "")
+    key = h.host_key
+    if h.error_kind == "unknown-host-key" and key:
+        return f"unknown host key {key.type or ''} {key.fingerprint or ''}: press t to trust"
+    if h.error_kind == "host-key-changed" and key:
+        return f"HOST KEY CHANGED: now {key.fingerprint}, known_hosts has {key.expected}"
+    return str(h.reason or "")
 
 
-def host_rows(
-    snapshot: Sequence[Mapping[str, Any]], w: Widths
-) -> list[tuple[str, tuple[Any, ...]]]:
+def host_rows(snapshot: Sequence[HostView], w: Widths) -> list[tuple[str, tuple[Any, ...]]]:
     rows = []
     for h in snapshot:
-        s = h.get("host_sample") or {}
-        stale = h.get("status") != "up"
-        busy = host_gpus_busy(h)
-        cpu = s.get("cpu_pct")
-        mem_used, mem_total = s.get("mem_used_mb"), s.get("mem_total_mb")
+        s = h.host_sample
+        stale = h.status != "up"
+        if s is None:
+            cpu = mem_used = mem_total = None
+        else:
+            cpu, mem_used, mem_total = s.cpu_pct, s.mem_used_mb, s.mem_total_mb
         mem_q = (
             None if mem_used is None or not mem_total else round(mem_used / mem_total * w.bar * 8)
         )
         rows.append(
             (
-                h["name"],
+                h.name,
                 (
-                    h["name"],
-                    h.get("status") or "connecting",
-                    h.get("hostname") or "-",
-                    (h.get("agent_version") or "-", bool(h.get("upgrade_pending"))),
+                    h.name,
+                    h.status or "connecting",
+                    h.hostname or "-",
+                    (h.agent_version or "-", bool(h.upgrade_pending)),
                     (None if cpu is None else round(cpu), w.bar, stale),
                     (
                         mem_q,
@@ -129,13 +120,8 @@ def host_rows(
                         w.bar,
                         stale,
                     ),
-                    (
-                        busy,
-                        host_gpu_count(h),
-                        bool(h.get("simulated")) or host_gpus_simulated(h),
-                        h.get("gpu_source"),
-                    ),
-                    (host_why(h), h.get("error_kind")),
+                    (h.gpus_busy, h.gpu_count, h.any_simulated, h.gpu_source),
+                    (host_why(h), h.error_kind),
                 ),
             )
         )
@@ -218,8 +204,8 @@ class GpuFilter:
             parts.append(repr(self.text))
         return " ".join(parts) or "none"
 
-    def matches(self, host: str, g: Mapping[str, Any], job_ids: Iterable[str]) -> bool:
-        if self.busy != "all" and gpu_busy(g) != (self.busy == "busy"):
+    def matches(self, host: str, g: GpuView, job_ids: Iterable[str]) -> bool:
+        if self.busy != "all" and g.busy != (self.busy == "busy"):
             return False
         jobs = list(job_ids)
         for word in self.text.lower().split():
@@ -230,23 +216,22 @@ class GpuFilter:
                 if not any(word[4:] in j.lower() for j in jobs):
                     return False
             elif word in ("busy", "idle"):
-                if gpu_busy(g) != (word == "busy"):
+                if g.busy != (word == "busy"):
                     return False
             elif word not in host.lower() and not any(word in j.lower() for j in jobs):
                 return False
         return True
 
 
-def gpu_job_label(g: Mapping[str, Any]) -> tuple[str, str]:
+def gpu_job_label(g: GpuView) -> tuple[str, str]:
     """(what runs on the GPU, its kind: job | foreign | idle)."""
-    procs = g.get("processes") or []
     jobs: dict[str, list[int]] = {}
     foreign = []
-    for p in procs:
-        if p.get("job_id"):
-            jobs.setdefault(p["job_id"], [])
-            if p.get("rank") is not None:
-                jobs[p["job_id"]].append(int(p["rank"]))
+    for p in g.processes:
+        if p.job_id:
+            ranks = jobs.setdefault(p.job_id, [])
+            if p.rank is not None:
+                ranks.append(int(p.rank))
         else:
             foreign.append(p)
     if jobs:
@@ -258,11 +243,11 @@ def gpu_job_label(g: Mapping[str, Any]) -> tuple[str, str]:
     if foreign:
         p = foreign[0]
         more = f" +{len(foreign) - 1}" if len(foreign) > 1 else ""
-        return f"{p.get('user') or '?'} pid {p.get('pid')}{more}", "foreign"
-    claim = g.get("claim")
-    if isinstance(claim, dict) and claim.get("job_id"):  # claimed on the host, nothing on it yet
-        who = f" ({claim['user']})" if claim.get("user") else ""
-        return f"{claim['job_id']} claimed{who}", "job"
+        return f"{p.user or '?'} pid {p.pid}{more}", "foreign"
+    claim = g.claim
+    if claim is not None and claim.job_id:  # claimed on the host, nothing on it yet
+        who = f" ({claim.user})" if claim.user else ""
+        return f"{claim.job_id} claimed{who}", "job"
     return "-", "idle"
 
 
@@ -278,38 +263,38 @@ def spark_levels(history: Sequence[float], width: int) -> tuple[int, ...]:
     )
 
 
-GpuSource = tuple[str, bool, Mapping[str, Any]]  # (host, host not up, the GPU's snapshot)
+GpuSource = tuple[str, bool, GpuView]  # (host, host not up, the GPU)
 
 
-_SORT_FIELDS = {"util": "utilization_pct", "memory": "memory_used_mb", "temp": "temperature_c"}
+_SORT_FIELDS = {
+    "util": attrgetter("utilization_pct"),
+    "memory": attrgetter("memory_used_mb"),
+    "temp": attrgetter("temperature_c"),
+}
 
 
-def gpu_key(host: str, g: Mapping[str, Any]) -> str:
+def gpu_key(host: str, g: GpuView) -> str:
     """A GPU's row key: stable while the host has that GPU."""
-    return f"{host}/{g.get('uuid') or g.get('index')}"
+    return f"{host}/{g.uuid or g.index}"
 
 
 def gpu_entries(
-    snapshot: Sequence[Mapping[str, Any]], flt: GpuFilter = GpuFilter(), sort: str = "host"
+    snapshot: Sequence[HostView], flt: GpuFilter = GpuFilter(), sort: str = "host"
 ) -> list[tuple[str, GpuSource]]:
     """(GPU key, source) for every GPU the filter lets through, in the chosen order: the cheap
     pass over every GPU that decides which rows exist and where."""
     items: list[tuple[str, GpuSource]] = []
     unfiltered = flt.busy == "all" and not flt.text
     for h in snapshot:
-        host = h["name"]
-        stale = h.get("status") != "up"
-        for g in h.get("gpus") or ():
-            if not unfiltered:
-                job_ids = [p["job_id"] for p in g.get("processes") or () if p.get("job_id")]
-                if not flt.matches(host, g, job_ids):
-                    continue
+        host = h.name
+        stale = h.status != "up"
+        for g in h.gpus or ():
+            if not unfiltered and not flt.matches(host, g, g.job_ids):
+                continue
             items.append((gpu_key(host, g), (host, stale, g)))
     field = _SORT_FIELDS.get(sort)
     if field is not None:  # the most first; ties by host and index
-        items.sort(
-            key=lambda it: (-(it[1][2].get(field) or 0), it[1][0], it[1][2].get("index") or 0)
-        )
+        items.sort(key=lambda it: (-(field(it[1][2]) or 0), it[1][0], it[1][2].index or 0))
     elif sort == "job":
         labels = {k: gpu_job_label(src[2])[0] for k, src in items}
         items.sort(
@@ -317,7 +302,7 @@ def gpu_entries(
                 labels[it[0]] == "-",
                 labels[it[0]],
                 it[1][0],
-                it[1][2].get("index") or 0,
+                it[1][2].index or 0,
             )
         )
     # "host": snapshot order (the inventory's), GPUs by index
@@ -328,12 +313,12 @@ def gpu_raw(src: GpuSource, w: Widths) -> tuple[Any, ...]:
     """One GPU's raw cells, rounded to what a cell shows (0.3% more utilization is no change)."""
     host, stale, g = src
     bw = w.bar
-    if g.get("processes"):
+    if g.processes:
         job = gpu_job_label(g)
     else:
         job = ("-", "idle")
-    util = g.get("utilization_pct")
-    used, total = g.get("memory_used_mb"), g.get("memory_total_mb")
+    util = g.utilization_pct
+    used, total = g.memory_used_mb, g.memory_total_mb
     if used is None or not total:
         mem: tuple[Any, ...] = (None, "", "muted", bw, stale)
     else:
@@ -345,22 +330,22 @@ def gpu_raw(src: GpuSource, w: Widths) -> tuple[Any, ...]:
             bw,
             stale,
         )
-    temp, power = g.get("temperature_c"), g.get("power_w")
-    head: tuple[Any, ...] = (host, (g.get("index"), bool(g.get("simulated"))))
+    temp, power = g.temperature_c, g.power_w
+    head: tuple[Any, ...] = (host, (g.index, g.simulated))
     if w.wide:
-        head += (g.get("name") or "-",)
+        head += (g.name or "-",)
     return head + (
         (None if util is None else int(util + 0.5), bw, stale),
         mem,
         (None if temp is None else int(temp + 0.5), stale),
-        (None if power is None else int(power + 0.5), g.get("power_limit_w"), stale),
+        (None if power is None else int(power + 0.5), g.power_limit_w, stale),
         job,
-        (spark_levels(g.get("history") or (), w.spark), w.spark, stale),
+        (spark_levels(g.history, w.spark), w.spark, stale),
     )
 
 
 def gpu_rows(
-    snapshot: Sequence[Mapping[str, Any]],
+    snapshot: Sequence[HostView],
     w: Widths,
     flt: GpuFilter = GpuFilter(),
     sort: str = "host",
@@ -427,12 +412,12 @@ class GpusTable(DiffTable):
     _places: dict[str, tuple[int, int]] = {}  # row key -> (host, GPU) position in the snapshot
 
     def apply_snapshot(
-        self, snapshot: Sequence[Mapping[str, Any]], w: Widths, flt: GpuFilter, sort: str
+        self, snapshot: Sequence[HostView], w: Widths, flt: GpuFilter, sort: str
     ) -> Any:
         """Every GPU's row exists and is in place; cells are diffed for the rows in view."""
 
-        def gpu_of(hi: int, gi: int) -> Mapping[str, Any] | None:
-            gpus = snapshot[hi].get("gpus") or ()
+        def gpu_of(hi: int, gi: int) -> GpuView | None:
+            gpus = snapshot[hi].gpus or ()
             return gpus[gi] if gi < len(gpus) else None
 
         return self.apply_live(snapshot, lambda: snapshot, gpu_of, w, flt, sort)
@@ -440,21 +425,21 @@ class GpusTable(DiffTable):
     def apply_state(
         self,
         state: ClusterState,
-        hosts: Sequence[Mapping[str, Any]],
+        hosts: Sequence[HostView],
         w: Widths,
         flt: GpuFilter,
         sort: str,
     ) -> Any:
         """``apply_live`` on a live ``ClusterState``, given its hosts-only snapshot ``hosts``."""
         return self.apply_live(
-            hosts, state.snapshot, lambda hi, gi: state.gpu(hosts[hi]["name"], gi), w, flt, sort
+            hosts, state.snapshot, lambda hi, gi: state.gpu(hosts[hi].name, gi), w, flt, sort
         )
 
     def apply_live(
         self,
-        hosts: Sequence[Mapping[str, Any]],
-        full: Callable[[], Sequence[Mapping[str, Any]]],
-        gpu_of: Callable[[int, int], Mapping[str, Any] | None],
+        hosts: Sequence[HostView],
+        full: Callable[[], Sequence[HostView]],
+        gpu_of: Callable[[int, int], GpuView | None],
         w: Widths,
         flt: GpuFilter,
         sort: str,
@@ -480,7 +465,7 @@ class GpusTable(DiffTable):
                     return None
                 h = hosts[place[0]]
                 g = gpu_of(*place)
-                return None if g is None else (h["name"], h.get("status") != "up", g)
+                return None if g is None else (h.name, h.status != "up", g)
 
             return self.refresh_sources(source_of, make_raw)
         snapshot = full()
@@ -489,9 +474,9 @@ class GpusTable(DiffTable):
         if fast:
             self._layout = (getattr(snapshot, "layout", layout), len(snapshot), w)
             self._places = {
-                gpu_key(h["name"], g): (hi, gi)
+                gpu_key(h.name, g): (hi, gi)
                 for hi, h in enumerate(snapshot)
-                for gi, g in enumerate(h.get("gpus") or ())
+                for gi, g in enumerate(h.gpus or ())
             }
         return stats
 
