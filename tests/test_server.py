@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -103,19 +104,37 @@ print(json.dumps(out))
 
 
 @pytest.fixture(scope="module")
-def served(testbed: TestBed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestBed, Operator, Operator]]:
-    """A server on h1, set up and started from the workstation; two operators."""
-    tmp = tmp_path_factory.mktemp("served")
-    inv = testbed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0, min_free_mb=1)
-    inv.write_text(inv.read_text() + '\n[server]\nhost = "h1"\n')
-    alice, bob = Operator(inv, tmp / "alice"), Operator(inv, tmp / "bob")
-    alice.run("deploy")
-    alice.run("server", "setup", timeout=900)
-    alice.run("server", "start", timeout=120)
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestBed, Operator, Operator]]:
+    """A server on h1 of a 3-host bed of its own (4 simulated GPUs each, fish as h3's login
+    shell: the server key's forced command runs through it), set up and started from the
+    workstation; two operators. Its own bed: the queue tests need every GPU free, whatever
+    other modules left on the shared one."""
+    from tests._require import require
+    from tests.conftest import _require_testbed
+    from tests.testbed import TestBedError
+
+    _require_testbed()
+    fish = shutil.which("fish")
+    require(fish is not None, "fish is not installed (Debian: apt-get install fish; make test does)")
+    bed = TestBed(3, sim_gpus=4, login_shells={3: fish or "/usr/bin/fish"})
     try:
-        yield testbed, alice, bob
+        bed.up()
+    except TestBedError as e:
+        pytest.fail(f"test bed did not come up: {e}", pytrace=False)
+    try:
+        tmp = tmp_path_factory.mktemp("served")
+        inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0, min_free_mb=1)
+        inv.write_text(inv.read_text() + '\n[server]\nhost = "h1"\n')
+        alice, bob = Operator(inv, tmp / "alice"), Operator(inv, tmp / "bob")
+        alice.run("deploy")
+        alice.run("server", "setup", timeout=900)
+        alice.run("server", "start", timeout=120)
+        try:
+            yield bed, alice, bob
+        finally:
+            alice.run("server", "stop", check=False, timeout=60)
     finally:
-        alice.run("server", "stop", check=False, timeout=60)
+        bed.down()
 
 
 TICK = f"""
@@ -178,6 +197,8 @@ max_restarts = 1
 def test_two_operators_share_jobs_and_queue_and_the_queue_runs_unattended(
         served: tuple[TestBed, Operator, Operator]) -> None:
     bed, alice, bob = served
+    live = [(v["job_id"], v["state"]) for v in alice.json("jobs") if v["state"] not in ("succeeded", "failed", "stopped")]
+    assert live == [], live  # what earlier tests started has ended
     body = ticker(200) + "nodes = 3\ngpus_per_node = 4\n"  # all of every host's GPUs: one at a time
     specs = [alice.spec("whole-a", body), bob.spec("whole-b", body)]
     procs = [subprocess.Popen([sys.executable, "-m", "tui.cli", "launch", str(s), "--json", "-i", str(op.inventory)],
