@@ -78,6 +78,27 @@ class _Sent:
     host_sample: dict[str, Any] | None = None
 
 
+_MISSING = object()
+
+
+def field_delta(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """The fields of ``now`` that differ from ``before``, and under ``"-"`` those it lost."""
+    d = {k: v for k, v in now.items() if before.get(k, _MISSING) != v}
+    gone = [k for k in before if k not in now]
+    if gone:
+        d["-"] = gone
+    return d
+
+
+def apply_delta(before: dict[str, Any] | None, delta: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``before`` with ``field_delta``'s answer applied (keys in ``skip`` are not fields)."""
+    out = dict(before or {})
+    for k in delta.get("-") or []:
+        out.pop(k, None)
+    out.update({k: v for k, v in delta.items() if k != "-" and k not in skip})
+    return out
+
+
 def host_delta(h: HostState, sent: _Sent) -> dict[str, Any] | None:
     """What changed about ``h`` since ``sent`` (updated in place), or None. A sample goes as the
     fields of each GPU that changed (a GPU's index always), so a quiet cluster costs nothing and
@@ -100,36 +121,24 @@ def host_delta(h: HostState, sent: _Sent) -> dict[str, Any] | None:
             if before is None:  # new to this face: with its recent utilization (the sparkline)
                 gpus.append({**now, "_hist": list(g.history)})
             else:
-                d = {k: v for k, v in now.items() if before.get(k, _MISSING) != v}
-                gone = [k for k in before if k not in now]
-                if gone:
-                    d["-"] = gone
-                d["index"] = idx
-                gpus.append(d)
+                gpus.append({**field_delta(before, now), "index": idx})
             sent.gpus[idx] = now
         for idx in [i for i in sent.gpus if i not in seen]:
             del sent.gpus[idx]
         s: dict[str, Any] = {"g": gpus, "n": sorted(seen), "t": h.last_sample_time,
                              "sim": h.simulated, "src": h.gpu_source}
         if h.host_sample != sent.host_sample:  # its changed fields only, as for a GPU
-            before_h, now_h = sent.host_sample, h.host_sample
-            if before_h is None or now_h is None:
-                s["h"] = now_h
+            if sent.host_sample is None or h.host_sample is None:
+                s["h"] = h.host_sample
             else:
-                d = {k: v for k, v in now_h.items() if before_h.get(k, _MISSING) != v}
-                gone = [k for k in before_h if k not in now_h]
-                if gone:
-                    d["-"] = gone
-                s["hd"] = d
-            sent.host_sample = now_h
+                s["hd"] = field_delta(sent.host_sample, h.host_sample)
+            sent.host_sample = h.host_sample
         out["s"] = s
     if not out:
         return None
     out["name"] = h.name
     return out
 
-
-_MISSING = object()
 
 
 class StateMirror:
@@ -163,11 +172,7 @@ class StateMirror:
                 seeds = {}
                 for g in s.get("g") or []:
                     idx = int(g["index"])
-                    full = dict(known.get(idx) or {})
-                    for k in g.get("-") or []:
-                        full.pop(k, None)
-                    full.update({k: v for k, v in g.items() if k not in ("-", "_hist")})
-                    known[idx] = full
+                    known[idx] = apply_delta(known.get(idx), g, skip=("_hist",))
                     if "_hist" in g:
                         seeds[idx] = g["_hist"]
                 for idx in [i for i in known if i not in set(s.get("n") or [])]:
@@ -175,11 +180,7 @@ class StateMirror:
                 if "h" in s:
                     self._host_sample[name] = s["h"]
                 elif "hd" in s:
-                    merged = dict(self._host_sample.get(name) or {})
-                    for k in s["hd"].get("-") or []:
-                        merged.pop(k, None)
-                    merged.update({k: v for k, v in s["hd"].items() if k != "-"})
-                    self._host_sample[name] = merged
+                    self._host_sample[name] = apply_delta(self._host_sample.get(name), s["hd"])
                 self.state.apply_sample(name, {
                     "time": s.get("t"), "simulated": s.get("sim"), "gpu_source": s.get("src"),
                     "host": self._host_sample.get(name), "gpus": [known[i] for i in sorted(known)],
