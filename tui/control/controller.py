@@ -6,7 +6,6 @@ others beyond its own timeout), and turns what it learns into plain report objec
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 import threading
@@ -27,6 +26,7 @@ from tui.remote.transport import (
     UnknownHostKeyError,
     fingerprint,
     hostkey_name,
+    last_json_object,
     make_transport,
     record_host_key,
     scan_host_key,
@@ -133,16 +133,10 @@ def _apply_facts(report: HostReport, facts: dict[str, Any]) -> None:
 
 
 def _parse_json_line(host: str, text: str, what: str) -> dict[str, Any]:
-    for line in reversed(text.strip().splitlines()):
-        line = line.strip()
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                break
-            if isinstance(value, dict):
-                return value
-    raise TransportError(host, f"{what} printed no JSON: {text.strip()[:200]!r}")
+    value = last_json_object(text)
+    if value is None:
+        raise TransportError(host, f"{what} printed no JSON: {text.strip()[:200]!r}")
+    return value
 
 
 class Controller(TypedAgents):

@@ -51,6 +51,7 @@ from tui.remote.transport import (
     Transport,
     TransportError,
     hostkey_name,
+    last_json_object,
     load_host_keys,
     make_transport,
     remote_command,
@@ -339,16 +340,11 @@ def _helper(
 
 
 def _parse(host: str, res: CommandResult, what: str) -> dict[str, Any]:
-    for line in reversed(res.stdout.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                value = json.loads(line)
-            except ValueError:
-                break
-            if isinstance(value, dict):
-                if value.get("ok") is False:
-                    raise ServerHostError(f"{host}: {what} failed: {value.get('error')}")
-                return value
+    value = last_json_object(res.stdout)
+    if value is not None:
+        if value.get("ok") is False:
+            raise ServerHostError(f"{host}: {what} failed: {value.get('error')}")
+        return value
     detail = (res.stderr or res.stdout).strip()[-600:]
     raise ServerHostError(f"{host}: {what} failed (exit {res.exit_code}): {detail}")
 

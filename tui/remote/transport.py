@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import logging
 import os
 import random
@@ -703,6 +704,21 @@ class LocalTransport(Transport):
             return os.stat(path).st_size
         except FileNotFoundError:
             return None
+
+
+def last_json_object(text: str) -> dict[str, Any] | None:
+    """The last line of a command's output that is a JSON object, or None. Helpers on the hosts
+    print one such line last; whatever a login script printed before it is skipped, and a
+    malformed last object means none (what came before it is not trusted instead)."""
+    for line in reversed(text.strip().splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                value = json.loads(line)
+            except ValueError:
+                return None
+            return value if isinstance(value, dict) else None
+    return None
 
 
 def make_transport(inv: Inventory, spec: HostSpec, *, accept_new: bool = False) -> Transport:
