@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -40,14 +41,14 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         _require_testbed()
 
 
-@pytest.fixture(scope="session")
-def testbed() -> Iterator[TestBed]:
-    """A started 3-host test bed (4 simulated GPUs each), shared by the whole session. Root's
-    login shell on h3 is fish: every command the suite sends there goes through a shell whose
-    quoting is not POSIX sh's."""
+@contextlib.contextmanager
+def fish_bed(n: int = 3, sim_gpus: int = 4) -> Iterator[TestBed]:
+    """A started bed of ``n`` hosts whose last host's root login shell is fish (every command
+    sent there goes through a shell whose quoting is not POSIX sh's); torn down on exit."""
     _require_testbed()
-    require(shutil.which("fish") is not None, "fish is not installed (Debian: apt-get install fish; make test does)")
-    bed = TestBed(3, sim_gpus=4, login_shells={3: shutil.which("fish") or "/usr/bin/fish"})
+    fish = shutil.which("fish")
+    require(fish is not None, "fish is not installed (Debian: apt-get install fish; make test does)")
+    bed = TestBed(n, sim_gpus=sim_gpus, login_shells={n: fish or "/usr/bin/fish"})
     try:
         bed.up()
     except TestBedError as e:
@@ -56,6 +57,14 @@ def testbed() -> Iterator[TestBed]:
         yield bed
     finally:
         bed.down()
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[TestBed]:
+    """A started 3-host test bed (4 simulated GPUs each), shared by the whole session. Root's
+    login shell on h3 is fish."""
+    with fish_bed(3, sim_gpus=4) as bed:
+        yield bed
 
 
 @pytest.fixture

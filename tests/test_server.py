@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import fish_bed
 from tests.test_jobs import ROOT, TICKER
 from tests.test_ui_e2e import tmux_env  # noqa: F401, F811  (a fixture)
 from tests.testbed import TestBed
@@ -109,19 +109,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestBed, 
     shell: the server key's forced command runs through it), set up and started from the
     workstation; two operators. Its own bed: the queue tests need every GPU free, whatever
     other modules left on the shared one."""
-    from tests._require import require
-    from tests.conftest import _require_testbed
-    from tests.testbed import TestBedError
-
-    _require_testbed()
-    fish = shutil.which("fish")
-    require(fish is not None, "fish is not installed (Debian: apt-get install fish; make test does)")
-    bed = TestBed(3, sim_gpus=4, login_shells={3: fish or "/usr/bin/fish"})
-    try:
-        bed.up()
-    except TestBedError as e:
-        pytest.fail(f"test bed did not come up: {e}", pytrace=False)
-    try:
+    with fish_bed(3, sim_gpus=4) as bed:
         tmp = tmp_path_factory.mktemp("served")
         inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0, min_free_mb=1)
         inv.write_text(inv.read_text() + '\n[server]\nhost = "h1"\n')
@@ -133,8 +121,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestBed, 
             yield bed, alice, bob
         finally:
             alice.run("server", "stop", check=False, timeout=60)
-    finally:
-        bed.down()
 
 
 TICK = f"""
@@ -334,7 +320,7 @@ def test_the_app_in_tmux_against_the_server(served: tuple[TestBed, Operator, Ope
     import re
     import uuid
 
-    from tests.test_ui_e2e import Tmux, job_spec
+    from tests.test_ui_e2e import Tmux, job_spec, launch_from_dialog, loss_of
 
     bed, alice, _ = served
     spec, is_ticker = job_spec(tmp_path)
@@ -344,21 +330,7 @@ def test_the_app_in_tmux_against_the_server(served: tuple[TestBed, Operator, Ope
     job_id = None
     try:
         tmux.wait(lambda s: "hosts 3/3 up" in s and "controller: server h1" in s, 90, "hosts up via the server")
-        tmux.keys("l")
-        tmux.wait(lambda s: "Launch a job" in s, 10, "the launch dialog")
-        tmux.keys(str(spec), literal=True)
-        tmux.keys("Enter")
-        tmux.wait(lambda s: "loaded" in s, 10, "the spec loaded into the form")
-        tmux.keys("C-s")
-        name = "ticker" if is_ticker else "ddp"
-        pattern = rf"{name}-\d{{4}}-\d{{6}}-[0-9a-f]{{4}}"
-        screen = tmux.wait(lambda s: re.search(pattern, s) and "Launch a job" not in s, 120, "the job view")
-        job_id = re.search(pattern, screen).group(0)  # type: ignore[union-attr]
-
-        def loss_of(s: str) -> float | None:
-            m = re.search(r"step (\d+)(?:/\d+)? · loss ([0-9.e+-]+)", s)
-            return float(m.group(2)) if m else None
-
+        job_id = launch_from_dialog(tmux, spec, is_ticker)
         screen = tmux.wait(loss_of, 240, "a loss in the job view")
         first = loss_of(screen)
         tmux.wait(lambda s: loss_of(s) not in (None, first), 120, "the loss to move on")

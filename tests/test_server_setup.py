@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests._require import require
-from tests.testbed import TestBed, TestBedError
+from tests.conftest import fish_bed
+from tests.test_serverhost import LISTENER
+from tests.testbed import TestBed
 from tui import serveradmin
 from tui.cli.main import main as rigdeck_main
 from tui.model.inventory import Inventory
@@ -32,17 +34,8 @@ VENV = f"{SERVER_DIR}/venv"
 
 @pytest.fixture(scope="module")
 def bed() -> Iterator[TestBed]:
-    fish = shutil.which("fish")
-    require(fish is not None, "fish is not installed (Debian: apt-get install fish; make test does)")
-    b = TestBed(3, sim_gpus=2, login_shells={3: fish or "/usr/bin/fish"})
-    try:
-        b.up()
-    except TestBedError as e:
-        pytest.fail(f"test bed did not come up: {e}", pytrace=False)
-    try:
+    with fish_bed(3, sim_gpus=2) as b:
         yield b
-    finally:
-        b.down()
 
 
 def _with_server(bed: TestBed, name: str, server: str, **defaults: object) -> Path:
@@ -226,24 +219,6 @@ def test_no_host_listens_on_anything_but_sshd(
         assert listeners == [f"{h.address}:22"], (h.name, out.stdout)
 
 
-LISTENER = r"""
-import os, socket, sys
-path = sys.argv[1]
-if os.path.exists(path):
-    os.unlink(path)
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.bind(path)
-s.listen(8)
-print("stand-in listening on", path, flush=True)
-while True:
-    c, _ = s.accept()
-    while True:
-        d = c.recv(65536)
-        if not d:
-            break
-        c.sendall(d)
-    c.close()
-"""
 
 
 def test_start_status_logs_stop(

@@ -167,6 +167,28 @@ def tagged(bed: TestBed, job_id: str) -> dict[str, list[str]]:
     return in_hosts(bed, job_id)
 
 
+def launch_from_dialog(tmux: Tmux, spec: Path, is_ticker: bool) -> str:
+    """Launch ``spec`` from the app's dialog (the path, enter loads it into the form, ctrl+s
+    launches) and wait for the launched job's view; returns its job id."""
+    tmux.keys("l")
+    tmux.wait(lambda s: "Launch a job" in s, 10, "the launch dialog")
+    tmux.keys(str(spec), literal=True)
+    tmux.keys("Enter")
+    tmux.wait(lambda s: "loaded" in s, 10, "the spec loaded into the form")
+    tmux.keys("C-s")
+    name = "ticker" if is_ticker else "ddp"
+    pattern = rf"{name}-\d{{4}}-\d{{6}}-[0-9a-f]{{4}}"
+    screen = tmux.wait(lambda s: re.search(pattern, s) and "Launch a job" not in s, 120,
+                       "the job view of the launched job")
+    return re.search(pattern, screen).group(0)  # type: ignore[union-attr]
+
+
+def loss_of(screen: str) -> float | None:
+    """The loss the job view's head shows, or None."""
+    m = re.search(r"step (\d+)(?:/\d+)? · loss ([0-9.e+-]+)", screen)
+    return float(m.group(2)) if m else None
+
+
 def test_launch_watch_cut_a_host_and_stop_in_tmux(
     testbed: TestBed, tmp_path: Path, tmux_env: dict[str, str]
 ) -> None:
@@ -180,28 +202,9 @@ def test_launch_watch_cut_a_host_and_stop_in_tmux(
     try:
         tmux.wait(lambda s: "hosts 3/3 up" in s, 90, "all three hosts up")
 
-        # Launch from the dialog: the spec path, enter loads it into the form, ctrl+s launches.
-        tmux.keys("l")
-        tmux.wait(lambda s: "Launch a job" in s, 10, "the launch dialog")
-        tmux.keys(str(spec), literal=True)
-        tmux.keys("Enter")
-        tmux.wait(lambda s: "loaded" in s, 10, "the spec loaded into the form")
-        tmux.keys("C-s")
-        name = "ticker" if is_ticker else "ddp"
-        screen = tmux.wait(
-            lambda s: (
-                re.search(rf"{name}-\d{{4}}-\d{{6}}-[0-9a-f]{{4}}", s) and "Launch a job" not in s
-            ),
-            120,
-            "the job view of the launched job",
-        )
-        job_id = re.search(rf"{name}-\d{{4}}-\d{{6}}-[0-9a-f]{{4}}", screen).group(0)  # type: ignore[union-attr]
+        job_id = launch_from_dialog(tmux, spec, is_ticker)
 
         # Its loss values appear in the job view (and change as it trains).
-        def loss_of(s: str) -> float | None:
-            m = re.search(r"step (\d+)(?:/\d+)? · loss ([0-9.e+-]+)", s)
-            return float(m.group(2)) if m else None
-
         screen = tmux.wait(loss_of, 240, "a loss in the job view")
         first = loss_of(screen)
         assert first is not None and first > 0
