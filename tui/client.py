@@ -445,14 +445,6 @@ class RemoteClient(Client):
             self._jobs.start()
         return self
 
-    def connect_now(self, timeout: float = 60.0) -> RemoteClient:
-        """Start the link (without telemetry) and wait for it; TransportError if it fails."""
-        if self._thread is None:
-            self.start(telemetry=False, jobs=False)
-        if not self._connected.wait(timeout):
-            raise UnreachableError(self.host.name, f"rigdeck server: {self._detail}")
-        return self
-
     def close(self) -> None:
         self._stop.set()
         self._jobs.stop()

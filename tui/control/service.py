@@ -16,7 +16,6 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tui.control.controller import Controller, HostReport
@@ -256,9 +255,6 @@ class ControllerService:
             if deadline is not None and time.monotonic() > deadline:
                 return
             time.sleep(0.5)
-
-    def history_path(self) -> Path:
-        return self.manager.history.path
 
 
 class ServiceJobSource:
