@@ -210,7 +210,7 @@ def job_list(n_hosts: int, n_jobs: int, t: int, rng: random.Random) -> JobsSnaps
             state="running" if running else ("succeeded", "failed", "stopped")[j % 3],
             placement=placement, ranks_running=len(hosts) * GPUS if running else 0,
             ranks_total=len(hosts) * GPUS, step=step,
-            loss=round(2.0 / (1 + 0.001 * step) + rng.uniform(-0.01, 0.01), 4),
+            loss=round(2.0 / (1 + 0.001 * step) + (rng.uniform(-0.01, 0.01) if running else 0.0), 4),
             step_rate=round(rng.uniform(90, 110), 1) if running else None,
             total_steps=100_000, created=-1000.0 - j, started=-900.0 - j,
             ended=None if running else -10.0 - j, restarts=j % 2,
