@@ -35,11 +35,13 @@ from tui.control.jobwatch import JobDetail, JobRow, JobsSnapshot, LogBuffer, Sto
 from tui.control.queue import QueueEntry
 from tui.control.server import StateMirror, serve
 from tui.control.service import ControllerService, ServiceInfo
+from tui.control.sweeps import SweepError
 from tui.model import wire
 from tui.model.inventory import Inventory, InventoryError
 from tui.model.jobspec import JobSpec, JobSpecError
 from tui.model.scheduler import PlacementError
 from tui.model.state import ClusterState
+from tui.model.sweepview import SweepDetail, SweepRow
 from tui.remote.sshconfig import hostfile_to_toml, load_hostfile, load_inventory
 from tui.remote.transport import Backoff, TransportError, UnreachableError, make_transport
 
@@ -77,7 +79,7 @@ class ServerError(Exception):
 
 _ERRORS: dict[str, type[Exception]] = {
     "JobError": JobError, "PlacementError": PlacementError, "JobSpecError": JobSpecError,
-    "JobRefError": JobError, "InventoryError": JobError,
+    "JobRefError": JobError, "InventoryError": JobError, "SweepError": SweepError,
 }
 
 
@@ -157,6 +159,25 @@ class Client:
         raise NotImplementedError
 
     def wait(self, ref: str, timeout: float | None = None) -> Iterator[JobView]:
+        raise NotImplementedError
+
+    # sweeps
+    def sweep(self, spec: JobSpec) -> SweepDetail:
+        raise NotImplementedError
+
+    def sweeps(self) -> list[SweepRow]:
+        raise NotImplementedError
+
+    def sweep_detail(self, ref: str) -> SweepDetail:
+        raise NotImplementedError
+
+    def sweep_stop(self, ref: str) -> SweepDetail:
+        raise NotImplementedError
+
+    def sweep_stop_trial(self, ref: str, number: int) -> SweepDetail:
+        raise NotImplementedError
+
+    def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
         raise NotImplementedError
 
 
@@ -262,6 +283,24 @@ class InProcessClient(Client):
 
     def wait(self, ref: str, timeout: float | None = None) -> Iterator[JobView]:
         return self.service.wait(ref, timeout=timeout)
+
+    def sweep(self, spec: JobSpec) -> SweepDetail:
+        return self.service.sweep(spec)
+
+    def sweeps(self) -> list[SweepRow]:
+        return self.service.sweep_rows()
+
+    def sweep_detail(self, ref: str) -> SweepDetail:
+        return self.service.sweep_detail(ref)
+
+    def sweep_stop(self, ref: str) -> SweepDetail:
+        return self.service.sweep_stop(ref)
+
+    def sweep_stop_trial(self, ref: str, number: int) -> SweepDetail:
+        return self.service.sweep_stop_trial(ref, number)
+
+    def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
+        return self.service.sweep_wait(ref, timeout=timeout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -698,6 +737,25 @@ class RemoteClient(Client):
     def wait(self, ref: str, timeout: float | None = None) -> Iterator[JobView]:
         for item in self.stream("wait", ref=ref, timeout=timeout):
             yield JobView.from_json(item)
+
+    def sweep(self, spec: JobSpec) -> SweepDetail:
+        return wire.decode(SweepDetail, self.call("sweep", spec=spec.to_dict()))
+
+    def sweeps(self) -> list[SweepRow]:
+        return [wire.decode(SweepRow, r) for r in self.call("sweeps")]
+
+    def sweep_detail(self, ref: str) -> SweepDetail:
+        return wire.decode(SweepDetail, self.call("sweep_detail", ref=ref))
+
+    def sweep_stop(self, ref: str) -> SweepDetail:
+        return wire.decode(SweepDetail, self.call("sweep_stop", ref=ref))
+
+    def sweep_stop_trial(self, ref: str, number: int) -> SweepDetail:
+        return wire.decode(SweepDetail, self.call("sweep_stop_trial", ref=ref, number=number))
+
+    def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
+        for item in self.stream("sweep_wait", ref=ref, timeout=timeout):
+            yield wire.decode(SweepDetail, item)
 
 
 def server_enabled(inventory: Inventory) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tui.cli import server as server_cli
+from tui.cli import sweep as sweep_cli
 from tui.client import (
     HostReport,
     InProcessClient,
@@ -126,6 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     ip.add_argument("hostfile")
     ip.add_argument("-o", "--output", help="write here instead of stdout (refuses to overwrite)")
 
+    sweep_cli.add_parsers(sub, _common)
     server_cli.add_parsers(sub)
     return parser
 
@@ -334,6 +336,10 @@ def _run_jobs(args: argparse.Namespace) -> int:
         if args.command == "launch":
             try:
                 spec = load_jobspec(args.spec)
+                if spec.sweep is not None:
+                    print(f"rigdeck: {args.spec}: has a [sweep] table: run it with rigdeck sweep "
+                          f"{args.spec}", file=sys.stderr)
+                    return EXIT_USAGE
                 view = client.launch(spec, queue=not args.no_queue)
             except (JobSpecError, PlacementError, JobError) as e:
                 print(f"rigdeck: {e}", file=sys.stderr)
@@ -472,6 +478,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_inventory(args)
         if args.command in ("launch", "jobs", "status", "logs", "metrics", "stop", "gc", "queue"):
             return _run_jobs(args)
+        if args.command in ("sweep", "sweeps"):
+            return sweep_cli.run(args, _client)
         if args.command == "serve":
             return _run_serve(args)
         if args.command in ("server", "attach"):

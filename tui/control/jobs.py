@@ -257,6 +257,11 @@ class JobManager:
             "master_addr": master_addr,
             "master_port": port,
         }
+        if spec.trial is not None:  # a sweep's trial: its number reaches the cloud contracts
+            base["trial"] = spec.trial
+            base["sweep_id"] = spec.sweep_id
+        if spec.metric_definitions:
+            base["metric_definitions"] = [{"name": n, "regex": r} for n, r in spec.metric_definitions]
         plans = {}
         for i, node in enumerate(placement.nodes):
             python = self.ctl.inventory.get(node.host).python

@@ -373,6 +373,8 @@ class JobWatch:
         self._selected: str | None = None
         self._selections: dict[str, str] = {}  # more viewers (a server's attached faces): who -> job
         self.after_round: Callable[[], None] | None = None  # run each round, as supervision is
+        # Each live job's new metrics records as the round reads them (the sweeps' objective).
+        self.on_records: Callable[[str, list[dict[str, Any]]], None] | None = None
         self._snapshot = JobsSnapshot((), 0)
         self._kick = threading.Event()
         self._stop = threading.Event()
@@ -500,6 +502,11 @@ class JobWatch:
             unreachable = tuple(h for h, s in states.items() if not isinstance(s, dict))
             ranks = rank_rows(states, placement)
             records = self._read_metrics(job_id, self._hosts_ever(rec), track)
+            if records and self.on_records is not None:
+                try:
+                    self.on_records(job_id, records)
+                except Exception:
+                    log.exception("job %s: metrics hook failed", job_id)
             with self._lock:
                 track.rec = rec
                 track.states = dict(states)

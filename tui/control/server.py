@@ -461,6 +461,13 @@ def _methods() -> dict[str, Callable[..., Any]]:
         for view in svc(s).wait(ref, timeout=timeout):
             yield encode_result(view)
 
+    def sweep(s: Session, spec: dict[str, Any]) -> Any:
+        return wire.encode(svc(s).sweep(JobSpec.from_dict(spec)))
+
+    def sweep_wait(s: Session, ref: str, timeout: float | None = None) -> Any:
+        for detail in svc(s).sweep_wait(ref, timeout=timeout):
+            yield wire.encode(detail)
+
     def plain(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(s: Session, **kw: Any) -> Any:
             return encode_result(fn(svc(s), **kw))
@@ -493,6 +500,12 @@ def _methods() -> dict[str, Callable[..., Any]]:
         "reconnect": plain("reconnect", lambda c, host: c.reconnect(host)),
         "deploy": deploy,
         "ping": plain("ping", lambda c: time.time()),
+        "sweep": sweep,
+        "sweeps": plain("sweeps", lambda c: c.sweep_rows()),
+        "sweep_detail": plain("sweep_detail", lambda c, ref: c.sweep_detail(ref)),
+        "sweep_stop": plain("sweep_stop", lambda c, ref: c.sweep_stop(ref)),
+        "sweep_stop_trial": plain("sweep_stop_trial", lambda c, ref, number: c.sweep_stop_trial(ref, int(number))),
+        "sweep_wait": sweep_wait,
     }
 
 

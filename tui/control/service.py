@@ -23,10 +23,12 @@ from tui.control.history import History
 from tui.control.jobs import JobManager, JobView
 from tui.control.jobwatch import JobDetail, JobsSnapshot, JobWatch, StopPlan
 from tui.control.queue import JobQueue, QueueEntry
+from tui.control.sweeps import SweepRunner
 from tui.model.inventory import Inventory
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.state import ClusterState
+from tui.model.sweepview import SweepDetail, SweepRow
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,7 @@ class ControllerService:
         self._monitor = monitor
         self._watch = watch
         self._queue: JobQueue | None = None
+        self._sweeps: SweepRunner | None = None
         self._lock = threading.Lock()
         self.since = time.time()
         self._started = False
@@ -99,6 +102,21 @@ class ControllerService:
             return self._queue
 
     @property
+    def sweeps(self) -> SweepRunner:
+        m = self.manager
+        q = self.queue
+        with self._lock:
+            if self._sweeps is None:
+                self._sweeps = SweepRunner(m, q)
+            return self._sweeps
+
+    def _after_round(self) -> None:
+        """What the poller does after supervising each round: start queued jobs that fit now,
+        then advance the sweeps (which queue their trials)."""
+        self.queue.advance()
+        self.sweeps.tick()
+
+    @property
     def monitor(self) -> Any:
         with self._lock:
             if self._monitor is None:
@@ -110,13 +128,17 @@ class ControllerService:
     @property
     def watch(self) -> Any:
         m = self.manager
-        q = self.queue
         with self._lock:
             if self._watch is None:
                 self._watch = JobWatch(m)
             if getattr(self._watch, "after_round", "absent") is None:
-                self._watch.after_round = q.advance
+                self._watch.after_round = self._after_round
+            if getattr(self._watch, "on_records", "absent") is None:
+                self._watch.on_records = self._feed_sweeps
             return self._watch
+
+    def _feed_sweeps(self, job_id: str, records: list[dict[str, Any]]) -> None:
+        self.sweeps.feed(job_id, records)
 
     @property
     def state(self) -> ClusterState:
@@ -137,6 +159,8 @@ class ControllerService:
     def close(self) -> None:
         if self._watch is not None and hasattr(self._watch, "stop"):
             self._watch.stop()
+        if self._sweeps is not None:
+            self._sweeps.close()
         if self._monitor is not None and hasattr(self._monitor, "stop"):
             self._monitor.stop(timeout=2.0)
         self.ctl.close()
@@ -204,6 +228,61 @@ class ControllerService:
                 self._watch.select(view.job_id)
             self._watch.kick()
         return view
+
+    def _exclusive(self) -> Any:
+        """Held while a command starts jobs: never interleaved with the poller's rounds."""
+        import contextlib
+
+        lock = getattr(self._watch, "_jm_lock", None)
+        return lock if lock is not None else contextlib.nullcontext()
+
+    # -- sweeps ------------------------------------------------------------------------------
+
+    def sweep(self, spec: JobSpec) -> SweepDetail:
+        """Start a sweep: record it and queue its first trials."""
+        with self._exclusive():
+            detail = self.sweeps.create(spec)
+        if self._watch is not None:
+            self._watch.kick()
+        return detail
+
+    def sweep_rows(self) -> list[SweepRow]:
+        return self.sweeps.rows()
+
+    def sweep_detail(self, ref: str) -> SweepDetail:
+        return self.sweeps.detail(ref)
+
+    def sweep_stop(self, ref: str) -> SweepDetail:
+        with self._exclusive():
+            detail = self.sweeps.stop(ref)
+        if self._watch is not None:
+            self._watch.kick()
+        return detail
+
+    def sweep_stop_trial(self, ref: str, number: int) -> SweepDetail:
+        detail = self.sweeps.stop_trial(ref, number)
+        if self._watch is not None:
+            self._watch.kick()
+        return detail
+
+    def sweep_wait(self, ref: str, timeout: float | None = None, poll_s: float = 1.0) -> Iterator[SweepDetail]:
+        """The sweep's detail each time a trial changes state, until the sweep ends. Embedded,
+        this process advances it meanwhile (its poller supervises the trials)."""
+        if self.kind == "embedded":
+            self.start(telemetry=False, jobs=True)  # nothing more when already started
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
+        while True:
+            detail = self.sweeps.detail(ref)
+            key = tuple((t.number, t.state) for t in detail.trials) + (detail.row.state,)
+            if key != last:
+                last = key
+                yield detail
+            if detail.row.state in ("completed", "stopped", "failed"):
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            time.sleep(poll_s)
 
     def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False,
              wait: bool = True) -> JobView:

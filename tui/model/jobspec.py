@@ -8,6 +8,7 @@ into a job plan.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import functools
 import json
@@ -32,6 +33,7 @@ from tui.model.fields import (
     unknown_field,
 )
 from tui.model.inventory import NAME_RE as HOST_NAME_RE
+from tui.model.sweepspec import SweepSpec, parse_sweep, substitute_command
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -168,6 +170,13 @@ class JobSpec:
     total_steps: int | None = None
     channels: tuple[tuple[str, str], ...] = ()
     priority: int = 0  # the queue starts higher priorities first, FIFO within one
+    # A sweep's spec has ``sweep``; each of its trials is a spec without it, with ``trial`` (the
+    # trial's number as a string from "1", as Vertex writes it), ``sweep_id`` and the sweep's
+    # metric definitions (read off rank 0's output).
+    sweep: SweepSpec | None = None
+    trial: str | None = None
+    sweep_id: str | None = None
+    metric_definitions: tuple[tuple[str, str], ...] = ()
     path: Path | None = None
 
     def __hash__(self) -> int:
@@ -220,8 +229,30 @@ class JobSpec:
             "total_steps": self.total_steps,
             "channels": dict(self.channels),
             "priority": self.priority,
+            "sweep": self.sweep.to_dict() if self.sweep is not None else None,
+            "trial": self.trial,
+            "sweep_id": self.sweep_id,
+            "metric_definitions": [list(d) for d in self.metric_definitions],
             "path": str(self.path) if self.path is not None else None,
         }
+
+    def for_trial(self, number: int, values: Mapping[str, Any], sweep_id: str) -> JobSpec:
+        """Trial ``number`` (from 1) of this sweep's spec, with ``values`` for its parameters:
+        an ordinary job spec whose hyperparameters carry them (so hyperparameters.json and
+        SM_HP_* do) and whose command has each ``{hp.NAME}`` filled in."""
+        assert self.sweep is not None
+        hps = {**dict(self.hyperparameters), **dict(values)}
+        suffix = f"-t{number}"
+        return dataclasses.replace(
+            self,
+            name=self.name[: 64 - len(suffix)] + suffix,
+            command=substitute_command(self.command, hps),
+            hyperparameters=tuple(hps.items()),
+            sweep=None,
+            trial=str(number),
+            sweep_id=sweep_id,
+            metric_definitions=tuple((d.name, d.regex) for d in self.sweep.metric_definitions),
+        )
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> JobSpec:
@@ -256,6 +287,10 @@ class JobSpec:
             log_max_mb=d.get("log_max_mb"),
             total_steps=d.get("total_steps"),
             channels=tuple((d.get("channels") or {}).items()),
+            sweep=SweepSpec.from_dict(d["sweep"]) if d.get("sweep") else None,
+            trial=d.get("trial"),
+            sweep_id=d.get("sweep_id"),
+            metric_definitions=tuple((str(n), str(r)) for n, r in d.get("metric_definitions") or ()),
             path=Path(path) if path is not None else None,
         )
 
@@ -600,9 +635,9 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
 
     _no_nul(data, where, "")
     for key in data:
-        if key not in _TOP_FIELDS and key not in _TABLES:
-            raise JobSpecError(where, key, unknown_field(key, [*_TOP_FIELDS, *_TABLES]))
-    top = {k: v for k, v in data.items() if k not in _TABLES}
+        if key not in _TOP_FIELDS and key not in _TABLES and key != "sweep":
+            raise JobSpecError(where, key, unknown_field(key, [*_TOP_FIELDS, *_TABLES, "sweep"]))
+    top = {k: v for k, v in data.items() if k not in _TABLES and k != "sweep"}
     values = _checked(top, _TOP_FIELDS, where, "")
     tables: dict[str, dict[str, Any]] = {}
     for name, checks in _TABLES.items():
@@ -665,6 +700,14 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
         channels=values.get("channels", ()),
         path=where,
     )
+    if "sweep" in data:
+
+        def sweep_error(field: str, expected: str, got: Any) -> JobSpecError:
+            return JobSpecError(where, field, expected, got)
+
+        sweep = parse_sweep(data["sweep"], sweep_error, command=spec.command,
+                            hyperparameters=dict(spec.hyperparameters), duration=_max_runtime)
+        spec = dataclasses.replace(spec, sweep=sweep)
     size = len(json.dumps(spec.to_dict()).encode("utf-8"))
     if size > MAX_SPEC_JSON_BYTES:
         raise JobSpecError(

@@ -6,6 +6,7 @@ way to the internet, and the workstation already runs exactly the versions the s
 * rigdeck itself: ``pip wheel --no-deps`` of the source checkout the workstation runs (an
   editable install), or the installed distribution repacked when it was installed from a wheel;
 * its runtime dependencies on the server (``SERVER_REQUIREMENTS``: paramiko and what it needs,
+  optuna and what it needs (the sweeps run there),
   tomli-w, tomli on Python < 3.11; not textual, rich, psutil or nvidia-ml-py: the server is
   headless and reads telemetry through the agents): each installed distribution of the
   workstation repacked into the wheel it was installed from (its files, its WHEEL tags, a fresh
@@ -58,7 +59,7 @@ __all__ = [
 
 # The distributions rigdeck declares that the server needs (their version specifiers and
 # markers come from rigdeck's own metadata).
-SERVER_REQUIREMENTS = ("paramiko", "tomli-w", "tomli")
+SERVER_REQUIREMENTS = ("paramiko", "tomli-w", "tomli", "optuna")
 PROJECT = "rigdeck"
 PROJECT_PACKAGES = ("tui", "agent", "runtime")
 PROJECT_FILES = ("pyproject.toml", "README.md", "LICENSE", "setup.cfg", "setup.py", "MANIFEST.in")
