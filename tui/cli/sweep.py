@@ -85,6 +85,22 @@ def detail_json(d: Any) -> dict[str, Any]:
     return {"best": wire_json(best) if best is not None else None, **wire_json(d)}
 
 
+def _follow(client: Any, d: Any, quiet: bool) -> None:
+    """Until the sweep ends: a line each time a trial changes state (embedded, this process
+    runs the sweep meanwhile)."""
+    seen: dict[int, str] = {t.number: t.state for t in d.trials}
+    for step in client.sweep_wait(d.row.sweep_id):
+        if quiet:
+            continue
+        for t in sorted(step.trials, key=lambda t: t.number):
+            if seen.get(t.number) != t.state:
+                seen[t.number] = t.state
+                extra = f" {step.row.metric}={_fmt(t.value)}" if t.value is not None else ""
+                extra += f" at step {t.pruned_step}" if t.state == "pruned" else ""
+                extra += f" ({t.error})" if t.error else ""
+                print(f"trial {t.number}: {t.state}{extra}", flush=True)
+
+
 def run(args: argparse.Namespace, client_factory: Any) -> int:
     from tui.client import JobError, PlacementError, SweepError
     from tui.model.jobspec import JobSpecError, load_jobspec
@@ -126,6 +142,9 @@ def run(args: argparse.Namespace, client_factory: Any) -> int:
     try:
         if action == "status":
             d = client.sweep_detail(target[1])
+            if args.wait:
+                _follow(client, d, args.json)
+                d = client.sweep_detail(d.row.sweep_id)
         elif action == "stop":
             d = client.sweep_stop(target[1])
         else:
@@ -137,17 +156,7 @@ def run(args: argparse.Namespace, client_factory: Any) -> int:
                     print("  (no server: the sweep advances only while rigdeck runs: the app, or "
                           "sweep --wait)", flush=True)
             if args.wait:
-                seen: dict[int, str] = {}
-                for step in client.sweep_wait(d.row.sweep_id):
-                    if args.json:
-                        continue
-                    for t in sorted(step.trials, key=lambda t: t.number):
-                        if seen.get(t.number) != t.state:
-                            seen[t.number] = t.state
-                            extra = f" {step.row.metric}={_fmt(t.value)}" if t.value is not None else ""
-                            extra += f" at step {t.pruned_step}" if t.state == "pruned" else ""
-                            extra += f" ({t.error})" if t.error else ""
-                            print(f"trial {t.number}: {t.state}{extra}", flush=True)
+                _follow(client, d, args.json)
                 d = client.sweep_detail(d.row.sweep_id)
         if args.json:
             json.dump(detail_json(d), sys.stdout, indent=2)

@@ -157,6 +157,7 @@ class JobView:
             "started": self.started, "ended": self.ended, "ranks": self.ranks,
             "last_step": self.last_step, "last_loss": self.last_loss, "hosts": hosts,
             "events": self.events, "unreachable": self.unreachable, "waiting": self.waiting,
+            "sweep_id": self.spec.get("sweep_id"), "trial": self.spec.get("trial"),
         }
 
     @classmethod

@@ -55,7 +55,7 @@ from tui.model.sweepview import (
 
 log = logging.getLogger(__name__)
 
-LEASE_S = 60.0
+LEASE_S = 10.0  # renewed every poller round: a controller that died gives its sweeps up soon
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (
     sweep_id    TEXT PRIMARY KEY,
