@@ -7,7 +7,9 @@ on each host writes, into the job directory:
   ``resourceconfig.json``, ``hyperparameters.json``, ``inputdataconfig.json``, ``input/data/<ch>``,
   ``model/``, ``output/{data,intermediate}/`` and ``checkpoints/``, plus the ``SM_*`` variables the
   sagemaker-training toolkit derives from them (``Environment.to_env_vars()``);
-- Vertex AI's ``CLUSTER_SPEC`` and (multi-node only) ``TF_CONFIG``, and ``AIP_*`` directories;
+- Vertex AI's ``CLUSTER_SPEC`` and (multi-node only) ``TF_CONFIG`` (with ``task.trial`` for a
+  sweep's trial), ``AIP_*`` directories, and ``CLOUD_ML_HP_METRIC_FILE``/``CLOUD_ML_TRIAL_ID`` for
+  cloudml-hypertune;
 - torch's ``MASTER_ADDR``/``MASTER_PORT``/``WORLD_SIZE``/``LOCAL_WORLD_SIZE``/``NODE_RANK`` and
   ``CUDA_VISIBLE_DEVICES`` (per-rank ``RANK``/``LOCAL_RANK`` come from :func:`rank_env`, torchrun or
   mpirun);
@@ -37,6 +39,7 @@ DEFAULT_INTERFACE = "eth0"
 LOG_LEVEL = 20  # logging.INFO, the toolkit's default
 NODE_ENV_FILE = "node_env.json"
 HOSTFILE = "hostfile"
+HYPERTUNE_FILE = "hypertune.metrics"  # in metrics/: where CLOUD_ML_HP_METRIC_FILE points
 
 # inputdataconfig.json entries (SageMaker developer guide; toolkit environment.py docstrings)
 _CHANNEL_DEFAULTS = {
@@ -461,6 +464,11 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
         "RIGDECK_LAUNCHER": str(plan.get("launcher") or "direct"),
         "RIGDECK_HOSTFILE": hostfile,
     })
+    trial = _trial(plan)
+    if trial is not None:
+        env["RIGDECK_TRIAL"] = trial
+        if plan.get("sweep_id"):
+            env["RIGDECK_SWEEP_ID"] = str(plan["sweep_id"])
 
     # ---- Vertex AI ---------------------------------------------------------------------------
     endpoints = [_host_port(a, master_port) for a in addrs]
@@ -469,16 +477,16 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
         "cluster": {"workerpool0": endpoints[:1], "workerpool1": endpoints[1:],
                     "workerpool2": [], "workerpool3": []},
         "environment": "cloud",
-        "task": {"type": "workerpool0" if node_index == 0 else "workerpool1",
-                 "index": 0 if node_index == 0 else node_index - 1},
+        "task": _vertex_task("workerpool0" if node_index == 0 else "workerpool1",
+                             0 if node_index == 0 else node_index - 1, trial),
         "job": job_desc,
     }
     env["CLUSTER_SPEC"] = json.dumps(cluster_spec, separators=(",", ":"))
     if len(nodes) > 1:
         tf_config = {
             "cluster": {"chief": endpoints[:1], "worker": endpoints[1:]},
-            "task": {"type": "chief" if node_index == 0 else "worker",
-                     "index": 0 if node_index == 0 else node_index - 1},
+            "task": _vertex_task("chief" if node_index == 0 else "worker",
+                                 0 if node_index == 0 else node_index - 1, trial),
             "environment": "cloud",
             "job": job_desc,
         }
@@ -486,6 +494,11 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
     env["AIP_MODEL_DIR"] = model_dir
     env["AIP_CHECKPOINT_DIR"] = checkpoint_dir
     env["AIP_TENSORBOARD_LOG_DIR"] = tensorboard_dir
+    # cloudml-hypertune reports here (it rewrites the whole file on each report); every job gets
+    # it, so a script that reports through hypertune works in and out of a sweep alike.
+    env["CLOUD_ML_HP_METRIC_FILE"] = os.path.join(metrics_dir, HYPERTUNE_FILE)
+    if trial is not None:
+        env["CLOUD_ML_TRIAL_ID"] = trial
 
     # ---- torch -------------------------------------------------------------------------------
     env.update({
@@ -509,6 +522,20 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
 
     write_json_atomic(os.path.join(job_dir, NODE_ENV_FILE), env)
     return env
+
+
+def _trial(plan: Dict[str, Any]) -> Optional[str]:
+    """The sweep trial this job is (``plan["trial"]``, a string counting from "1"), or None."""
+    trial = plan.get("trial")
+    return None if trial is None or trial == "" else str(trial)
+
+
+def _vertex_task(kind: str, index: int, trial: Optional[str]) -> Dict[str, Any]:
+    """Vertex's ``task`` object; ``trial`` is there only in hyperparameter tuning."""
+    task = {"type": kind, "index": index}  # type: Dict[str, Any]
+    if trial is not None:
+        task["trial"] = trial
+    return task
 
 
 def _vertex_job(plan: Dict[str, Any], nodes: List[Dict[str, Any]]) -> Dict[str, Any]:

@@ -189,6 +189,8 @@ class JobHost:
             env["RIGDECK_LOG_CAP"] = str(int(plan["log_max_bytes"]))
         if plan.get("loss_pattern"):
             env["RIGDECK_LOSS_PATTERN"] = str(plan["loss_pattern"])
+        if plan.get("metric_definitions"):  # rank 0's wrapper parses its output with them
+            env["RIGDECK_METRIC_DEFINITIONS"] = json.dumps(plan["metric_definitions"])
         me = agent_command()
         if len(me) == 2:  # ranks can `import runtime` straight from the agent's zipapp
             env["PYTHONPATH"] = os.pathsep.join(p for p in (me[1], env.get("PYTHONPATH", "")) if p)
@@ -219,7 +221,7 @@ class JobHost:
         elif self.launcher == "mpirun":
             if self.node_index == 0:
                 hostfile = env["RIGDECK_HOSTFILE"]
-                names = sorted(k for k in env if k.startswith(("RIGDECK_", "SM_", "SAGEMAKER_", "AIP_"))
+                names = sorted(k for k in env if k.startswith(("RIGDECK_", "SM_", "SAGEMAKER_", "AIP_", "CLOUD_ML_"))
                                or k in ("CLUSTER_SPEC", "TF_CONFIG", "MASTER_ADDR", "MASTER_PORT",
                                         "WORLD_SIZE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
                                         "PYTHONUNBUFFERED", "PATH", "LD_LIBRARY_PATH", "PYTHONPATH")

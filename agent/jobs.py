@@ -10,6 +10,7 @@ import base64
 import errno
 import glob
 import json
+import math
 import os
 import re
 import shutil
@@ -20,12 +21,18 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent import claims as gpu_claims
+from agent.clusterfiles import HYPERTUNE_FILE, global_ranks
 from agent.jobfiles import free_mb, read_log, read_tail, resource_message, write_json
 from agent.jobhost import TERMINAL, pid_alive, processes_with_tag, read_json, sweep
+from agent.rankexec import DEFS_RANK, RECORD_KEYS
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_CHUNK = 256 * 1024
 STDOUT_SUFFIX = "/stdout"  # job_metrics offsets into a rank's parsed-stdout metrics
+DEFS_KEY = "%d/defs" % DEFS_RANK  # job_metrics offset into metrics/defs-rank-0.jsonl
+HYPERTUNE_SUFFIX = "/hypertune"  # "R/hypertune": the last hypertune timestamp sent, in µs
+# cloudml-hypertune's own keys in an entry; every other key is a metric (a number in a string)
+HYPERTUNE_RESERVED = ("timestamp", "trial", "global_step", "checkpoint_path")
 CLAIM_TTL_S = 120.0  # a claim made ahead of a start lapses if the start never comes
 ORPHAN_GRACE_S = 2.0  # SIGTERM to SIGKILL for the ranks of a job host that died
 
@@ -189,14 +196,15 @@ class Jobs:
 
     @staticmethod
     def _mark_attempt(d: str, restart_count: int) -> None:
-        """Record where this attempt's metrics begin in every rank's metrics files, so each record
-        can be told apart by attempt (a restarted gang repeats its steps)."""
+        """Record where this attempt's metrics begin in every rank's metrics files (and when it
+        began), so each record can be told apart by attempt (a restarted gang repeats its steps)."""
         marks = (read_json(os.path.join(d, "attempts.json")) or {}).get("attempts") or []
         sizes = {}
-        for p in glob.glob(os.path.join(d, "metrics", "rank-*.jsonl")):
+        for p in glob.glob(os.path.join(d, "metrics", "*.jsonl")):
             sizes[os.path.basename(p)] = os.path.getsize(p)
         marks = [m for m in marks if int(m.get("restart_count", -1)) < restart_count]
-        marks.append({"restart_count": restart_count, "sizes": sizes})
+        # hypertune's file is rewritten, not appended to: its entries are told apart by time
+        marks.append({"restart_count": restart_count, "sizes": sizes, "started": time.time()})
         write_json(os.path.join(d, "attempts.json"), {"attempts": marks})
 
     def stop(self, job_id: str, grace_s: Optional[float] = None) -> Dict[str, Any]:
@@ -394,12 +402,17 @@ class Jobs:
         return sorted(out)
 
     def metrics(self, job_id: str, offsets: Dict[str, int], max_bytes: int = MAX_CHUNK) -> Dict[str, Any]:
-        """Metrics lines per rank from the given byte offsets: the rank's own metrics file, or the
-        loss its wrapper parsed from its output for ranks without one.
+        """Metrics lines per rank from the given offsets: the rank's own metrics file, or the loss
+        its wrapper parsed from its output for ranks without one; and a sweep's metrics, when
+        there are any.
 
-        Each rank's reply names the offset it advanced (``offset_key``): ``"R"`` into the rank's
-        metrics file, ``"R/stdout"`` into its parsed output. The two never mix, so a reader that
-        keeps offsets by ``offset_key`` reads a metrics file from its start once it appears.
+        Each part names the offset it advanced (``offset_key``): ``"R"`` into the rank's metrics
+        file, ``"R/stdout"`` into its parsed output. The two never mix, so a reader that keeps
+        offsets by ``offset_key`` reads a metrics file from its start once it appears. Two more
+        parts, keyed by their offset key: ``"0/defs"``, what rank 0's wrapper found with the
+        spec's metric definitions (a byte offset too), and ``"R/hypertune"`` for what
+        cloudml-hypertune reported on this host, R being the host's first rank. hypertune rewrites
+        its file, so that offset is the newest entry's timestamp in microseconds instead.
         Every record carries ``restart``: the attempt that wrote it."""
         d = self.job_dir(job_id)
         marks = (read_json(os.path.join(d, "attempts.json")) or {}).get("attempts") or []
@@ -411,25 +424,40 @@ class Jobs:
             if not os.path.exists(mpath):
                 mpath = os.path.join(d, "metrics", "rank-%d.stdout.jsonl" % rank)
                 okey = key + STDOUT_SUFFIX
-            start = offsets.get(okey, 0)
-            data, nxt, more = self.read_chunk(mpath, start, max_bytes, final=_rank_ended(d, rank))
-            if more and data and not data.endswith(b"\n"):  # one record longer than a chunk: whole
-                data, nxt, more = read_log(mpath, start, 4 * MAX_CHUNK, _rank_ended(d, rank))
-            records = []
-            pos = start
-            name = os.path.basename(mpath)
-            for line in data.split(b"\n"):
-                line_at, pos = pos, pos + len(line) + 1
-                recs = _jsonl(line.decode("utf-8", "replace"))
-                if not recs:
-                    continue
-                rec = recs[0]
-                if "restart" not in rec:
-                    rec["restart"] = _attempt_at(marks, name, line_at)
-                records.append(rec)
-            out[key] = {"source": "stdout" if okey != key else "metrics", "records": records,
-                        "next_offset": nxt, "more": more, "offset_key": okey}
+            source = "stdout" if okey != key else "metrics"
+            out[key] = self._appended_part(d, marks, rank, mpath, okey, offsets.get(okey, 0), max_bytes, source)
+        dpath = os.path.join(d, "metrics", "defs-rank-%d.jsonl" % DEFS_RANK)
+        if os.path.exists(dpath):
+            out[DEFS_KEY] = self._appended_part(d, marks, DEFS_RANK, dpath, DEFS_KEY, offsets.get(DEFS_KEY, 0),
+                                                max_bytes, "metric_definitions")
+        first = _first_rank_here(d)
+        if first is not None:
+            hkey = "%d%s" % (first, HYPERTUNE_SUFFIX)
+            part = _hypertune_part(os.path.join(d, "metrics", HYPERTUNE_FILE), first, hkey,
+                                   offsets.get(hkey, 0), marks)
+            if part is not None:
+                out[hkey] = part
         return out
+
+    def _appended_part(self, d: str, marks: List[Dict[str, Any]], rank: int, mpath: str, okey: str,
+                       start: int, max_bytes: int, source: str) -> Dict[str, Any]:
+        """The records of a file of JSON lines that only grows, from byte ``start``."""
+        data, nxt, more = self.read_chunk(mpath, start, max_bytes, final=_rank_ended(d, rank))
+        if more and data and not data.endswith(b"\n"):  # one record longer than a chunk: whole
+            data, nxt, more = read_log(mpath, start, 4 * MAX_CHUNK, _rank_ended(d, rank))
+        records = []
+        pos = start
+        name = os.path.basename(mpath)
+        for line in data.split(b"\n"):
+            line_at, pos = pos, pos + len(line) + 1
+            recs = _jsonl(line.decode("utf-8", "replace"))
+            if not recs:
+                continue
+            rec = recs[0]
+            if "restart" not in rec:
+                rec["restart"] = _attempt_at(marks, name, line_at)
+            records.append(rec)
+        return {"source": source, "records": records, "next_offset": nxt, "more": more, "offset_key": okey}
 
     def _metric_ranks(self, d: str) -> List[int]:
         out = set()
@@ -483,6 +511,92 @@ def _attempt_at(marks: List[Dict[str, Any]], name: str, offset: int) -> int:
         if int((m.get("sizes") or {}).get(name, 0)) <= offset:
             attempt = max(attempt, int(m.get("restart_count") or 0))
     return attempt
+
+
+def _attempt_at_time(marks: List[Dict[str, Any]], when: float) -> int:
+    """The attempt that had begun by ``when`` (a mark from an agent that did not record start
+    times counts as begun from the first)."""
+    attempt = 0
+    for m in marks:
+        if float(m.get("started") or 0) <= when:
+            attempt = max(attempt, int(m.get("restart_count") or 0))
+    return attempt
+
+
+def _first_rank_here(d: str) -> Optional[int]:
+    """The lowest global rank of this host's node, from the plan in the job dir (None if it does
+    not say)."""
+    plan = read_json(os.path.join(d, "plan.json")) or {}
+    try:
+        return min(global_ranks(plan, int(plan["node_index"])))
+    except (KeyError, TypeError, ValueError):  # no node_index, no nodes, a node without slots
+        return None
+
+
+def _number(v: Any) -> Optional[float]:
+    """``v`` as a float: a JSON number or a string of one (hypertune writes strings)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        return None
+    try:
+        return float(v)
+    except ValueError:
+        return None
+
+
+def hypertune_record(entry: Any, rank: int) -> Optional[Dict[str, Any]]:
+    """A metrics record from one entry of cloudml-hypertune's file (``{"global_step": "1000",
+    "<tag>": "0.987", "timestamp": 1525851440.12, "trial": "1", "checkpoint_path": ""}``), or
+    None for one that is not such an entry: no finite timestamp, a step that is no whole number,
+    no metric. A missing step is 0, as hypertune writes one it was not given."""
+    if not isinstance(entry, dict):
+        return None
+    when = _number(entry.get("timestamp"))
+    step = _number(entry.get("global_step", 0))
+    if when is None or not math.isfinite(when) or step is None or not step.is_integer():
+        return None
+    rec = {"rank": rank, "step": int(step), "time": when, "source": "hypertune"}  # type: Dict[str, Any]
+    found = False
+    for key, value in entry.items():
+        if key in HYPERTUNE_RESERVED or key in RECORD_KEYS:
+            continue
+        number = _number(value)
+        if number is not None:
+            rec[key] = number
+            found = True
+    if not found:
+        return None
+    if entry.get("trial") is not None:
+        rec["trial"] = str(entry["trial"])
+    return rec
+
+
+def _micros(when: float) -> int:
+    return int(round(when * 1e6))
+
+
+def _hypertune_part(path: str, rank: int, okey: str, since_us: int,
+                    marks: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """hypertune's entries newer than ``since_us`` (µs since the epoch), oldest first, or None
+    when there is no file. hypertune rewrites the whole file on each report (its last 100), so a
+    byte offset means nothing there; an entry's timestamp does. A line being written as we read
+    (or any line that is no entry) is skipped: a complete one has a later timestamp than every
+    entry before it, so it comes in a later reply."""
+    data = read_tail(path, MAX_CHUNK)  # hypertune's 100 entries fit many times over
+    if data is None:
+        return None
+    records = []
+    for line in data.split(b"\n"):
+        try:
+            entry = json.loads(line.decode("utf-8", "replace"))
+        except ValueError:
+            continue
+        rec = hypertune_record(entry, rank)
+        if rec is not None and _micros(rec["time"]) > since_us:
+            rec["restart"] = _attempt_at_time(marks, rec["time"])
+            records.append(rec)
+    records.sort(key=lambda r: r["time"])
+    nxt = max([since_us] + [_micros(r["time"]) for r in records])
+    return {"source": "hypertune", "records": records, "next_offset": nxt, "more": False, "offset_key": okey}
 
 
 def probe_port(addr: str) -> int:

@@ -6,6 +6,11 @@ bookkeeping:
 - the rank's output (stdout and stderr) comes through a pipe and goes to ``logs/rank-<R>.log``,
   capped per rank with rotation (``jobfiles.CappedLog``); loss lines are parsed on the way into
   ``metrics/rank-<R>.stdout.jsonl``, so metrics keep up with a chatty rank whatever the cap drops;
+- a sweep's metric definitions (``RIGDECK_METRIC_DEFINITIONS``: SageMaker MetricDefinitions, a
+  name and a regex each) are applied to rank 0's output only, into ``metrics/defs-rank-0.jsonl``.
+  The rank is the global one under every launcher (``--rank`` from the job host for ``direct``,
+  ``RANK`` from torchrun, ``OMPI_COMM_WORLD_RANK`` from mpirun), so exactly one wrapper of the
+  job, on the primary, parses them: the nodes never report a metric twice;
 - a ``ranks/rank-<R>.json`` record names the rank's and the wrapper's pids;
 - when the rank ends, ``ranks/rank-<R>.exit.json`` records its exit code or signal, the last
   lines it printed, and a resource error (a full disk) if one stopped it;
@@ -27,7 +32,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Deque, Dict, List, Optional
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from agent import claims
 from agent.jobfiles import (  # noqa: F401  (write_json and tail: imported from here by others)
@@ -54,6 +59,9 @@ MATCH_BYTES = 4096  # loss is looked for in a line's first bytes only
 # "OSError: [Errno 28] No space left on device: '/ckpt/step-10.pt'" in a rank's own traceback
 ERRNO_LINE_RE = re.compile(r"\[Errno (28|122|30)\] [^:'\n]*(?::\s*'([^']+)')?")
 PR_SET_PDEATHSIG = 1
+# Keys a metrics record keeps for itself (or a reader adds): never a metric's name.
+RECORD_KEYS = ("rank", "step", "time", "source", "counted", "restart", "host", "event")
+DEFS_RANK = 0  # the one rank whose output metric definitions read (see the module docstring)
 
 
 def _first_int(env: Dict[str, str], names: List[str]) -> Optional[int]:
@@ -83,19 +91,21 @@ def parse_loss(line: str, rank: int, rx: Any) -> Optional[Dict[str, Any]]:
     return rec
 
 
-class LossParser:
-    """Loss records from a rank's output, appended to ``metrics/rank-R.stdout.jsonl``. A loss line
-    without a step number gets the count of loss lines before it in this run as its step."""
+class LineParser:
+    """Records parsed from a rank's complete output lines (each cut to its first ``MATCH_BYTES``),
+    appended to one metrics file: one ``os.write`` per batch with ``O_APPEND``, so a reader never
+    sees half a record. Subclasses say what a line gives (:meth:`parse`)."""
 
-    def __init__(self, path: str, rank: int, pattern: Optional[str]):
+    prefilter = None  # type: Optional[bytes]  # lines without it (lower-cased) are skipped unread
+
+    def __init__(self, path: str):
         self.path = path
-        self.rank = rank
-        self.rx = re.compile(pattern) if pattern else DEFAULT_LOSS_RE
-        self.prefilter = None if pattern else b"loss"
         self.partial = b""
-        self.count = 0
         self.fd = None  # type: Optional[int]
         self.error = None  # type: Optional[OSError]
+
+    def parse(self, line: str) -> List[Dict[str, Any]]:
+        raise NotImplementedError
 
     def feed(self, data: bytes) -> None:
         data = self.partial + data
@@ -111,15 +121,8 @@ class LossParser:
         for raw in block.split(b"\n")[:-1]:
             if self.prefilter is not None and self.prefilter not in raw[:MATCH_BYTES].lower():
                 continue
-            rec = parse_loss(raw[:MATCH_BYTES].decode("utf-8", "replace"), self.rank, self.rx)
-            if rec is None:
-                continue
-            if "step" not in rec:
-                rec["step"] = self.count
-                rec["counted"] = True
-            self.count += 1
-            rec["time"] = time.time()
-            out.append(json.dumps(rec) + "\n")
+            for rec in self.parse(raw[:MATCH_BYTES].decode("utf-8", "replace")):
+                out.append(json.dumps(rec) + "\n")
         if out:
             self._append("".join(out).encode())
 
@@ -137,6 +140,104 @@ class LossParser:
             os.write(self.fd, data)
         except OSError as e:
             self.error = e
+
+
+class LossParser(LineParser):
+    """Loss records from a rank's output, appended to ``metrics/rank-R.stdout.jsonl``. A loss line
+    without a step number gets the count of loss lines before it in this run as its step."""
+
+    def __init__(self, path: str, rank: int, pattern: Optional[str]):
+        super().__init__(path)
+        self.rank = rank
+        self.rx = re.compile(pattern) if pattern else DEFAULT_LOSS_RE
+        self.prefilter = None if pattern else b"loss"
+        self.count = 0
+
+    def parse(self, line: str) -> List[Dict[str, Any]]:
+        rec = parse_loss(line, self.rank, self.rx)
+        if rec is None:
+            return []
+        if "step" not in rec:
+            rec["step"] = self.count
+            rec["counted"] = True
+        self.count += 1
+        rec["time"] = time.time()
+        return [rec]
+
+
+def metric_definitions(raw: Optional[str]) -> List[Tuple[str, Any]]:
+    """(name, compiled regex) of each usable definition in ``RIGDECK_METRIC_DEFINITIONS`` (a JSON
+    list of SageMaker MetricDefinitions, ``{"name", "regex"}``). One that cannot be used (a bad
+    regex, a name a record keeps for itself) is left out, with a line on stderr (the launcher's
+    log) saying why: a typo in one definition must not stop the rank or the others."""
+    if not raw:
+        return []
+    try:
+        items = json.loads(raw)
+    except ValueError as e:
+        sys.stderr.write("rigdeck rank: RIGDECK_METRIC_DEFINITIONS is not JSON (%s): ignored\n" % e)
+        return []
+    out = []  # type: List[Tuple[str, Any]]
+    for item in items if isinstance(items, list) else []:
+        name = item.get("name") if isinstance(item, dict) else None
+        regex = item.get("regex") if isinstance(item, dict) else None
+        if not isinstance(name, str) or not name or not isinstance(regex, str) or name in RECORD_KEYS:
+            sys.stderr.write("rigdeck rank: metric definition %r skipped: it needs a name (not one of "
+                             "%s) and a regex\n" % (item, ", ".join(RECORD_KEYS)))
+            continue
+        try:
+            out.append((name, re.compile(regex)))
+        except (re.error, OverflowError, RecursionError) as e:
+            sys.stderr.write("rigdeck rank: metric definition %r skipped: bad regex %r: %s\n" % (name, regex, e))
+    return out
+
+
+def definition_value(rx: Any, line: str) -> Optional[float]:
+    """The number a definition's regex finds in ``line``: its group named ``value``, else its first
+    group (SageMaker's rule). None when it does not match or what it captured is no number."""
+    m = rx.search(line)
+    if not m:
+        return None
+    try:
+        return float(m.group("value") if "value" in rx.groupindex else m.group(1))
+    except (IndexError, TypeError, ValueError):  # no group, a group that did not take part, "abc"
+        return None
+
+
+class DefinitionParser(LineParser):
+    """SageMaker-style metric definitions applied to a rank's output, records appended to
+    ``metrics/defs-rank-R.jsonl``: one per line and definition that matches, with the line's step
+    if it names one, else the count of that definition's matches before it in this run."""
+
+    def __init__(self, path: str, rank: int, definitions: List[Tuple[str, Any]]):
+        super().__init__(path)
+        self.rank = rank
+        self.definitions = definitions
+        self.counts = [0] * len(definitions)
+
+    def parse(self, line: str) -> List[Dict[str, Any]]:
+        if "\x1b" in line:
+            line = ANSI_CSI_RE.sub("", line)
+        hits = []
+        for i, (name, rx) in enumerate(self.definitions):
+            value = definition_value(rx, line)
+            if value is not None:
+                hits.append((i, name, value))
+        if not hits:
+            return []
+        s = STEP_RE.search(line)
+        out = []
+        for i, name, value in hits:
+            rec = {"rank": self.rank, name: value, "time": time.time(),
+                   "source": "metric_definitions"}  # type: Dict[str, Any]
+            if s:
+                rec["step"] = int(s.group(1))
+            else:
+                rec["step"] = self.counts[i]
+                rec["counted"] = True
+            self.counts[i] += 1
+            out.append(rec)
+        return out
 
 
 def _die_with_parent(libc: Any, parent: int) -> Any:
@@ -157,9 +258,9 @@ def die_with_parent() -> Any:
     return _die_with_parent(libc, os.getpid())
 
 
-def _resource_cause(log: CappedLog, parser: LossParser, lines: Deque[bytes]) -> Optional[str]:
+def _resource_cause(log: CappedLog, parsers: List[LineParser], lines: Deque[bytes]) -> Optional[str]:
     """What a full disk (or a read-only one) did to this rank, if anything."""
-    for err, path in ((log.error, log.path), (parser.error, parser.path)):
+    for err, path in [(log.error, log.path)] + [(p.error, p.path) for p in parsers]:
         if err is not None and is_resource_error(err):
             return resource_message(err, path)
     for raw in reversed(lines):  # the rank's own traceback: "[Errno 28] No space left on device: '...'"
@@ -215,7 +316,11 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
     except ValueError:
         cap = DEFAULT_LOG_CAP
     log = CappedLog(os.path.join(logs, "rank-%d.log" % rank), cap)
-    parser = LossParser(os.path.join(metrics, "rank-%d.stdout.jsonl" % rank), rank, env.get("RIGDECK_LOSS_PATTERN") or None)
+    parsers = [LossParser(os.path.join(metrics, "rank-%d.stdout.jsonl" % rank), rank,
+                          env.get("RIGDECK_LOSS_PATTERN") or None)]  # type: List[LineParser]
+    definitions = metric_definitions(env.get("RIGDECK_METRIC_DEFINITIONS")) if rank == DEFS_RANK else []
+    if definitions:
+        parsers.append(DefinitionParser(os.path.join(metrics, "defs-rank-%d.jsonl" % rank), rank, definitions))
     held = claims.join(int(g) for g in gpus)  # the claim lives while this rank lives
     read_fd, write_fd = os.pipe()
     try:
@@ -266,7 +371,8 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
             if not data:
                 break
             log.write(data)
-            parser.feed(data)
+            for parser in parsers:
+                parser.feed(data)
             lines = (partial + data).split(b"\n")
             partial = lines.pop()[-MATCH_BYTES:]
             last.extend(ln[:MATCH_BYTES] for ln in lines[-TAIL_LINES:])
@@ -281,12 +387,13 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
     code = child.wait()
     if partial:
         last.append(partial)
-    parser.flush()
+    for parser in parsers:
+        parser.flush()
     log.close()
     sig = -code if code < 0 else None
     record = {"rank": rank, "exit_code": code if code >= 0 else None, "signal": sig,
               "ended": time.time(), "tail": [ln[:TAIL_CHARS].decode("utf-8", "replace") for ln in last]}  # type: Dict[str, Any]
-    cause = _resource_cause(log, parser, last)
+    cause = _resource_cause(log, parsers, last)
     if cause:
         record["error"] = cause  # a failure even if the rank exited 0: part of its output is lost
     if log.lost:

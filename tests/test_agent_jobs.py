@@ -5,9 +5,11 @@ retention."""
 from __future__ import annotations
 
 import base64
+import collections
 import fcntl
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ from typing import Any
 import pytest
 
 from agent import claims
+from agent.jobhost import TERMINAL
 from agent.jobs import Jobs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,8 +51,8 @@ def _read(jobs: Jobs, offsets: dict[str, int], job_id: str = "j1") -> list[dict[
     while True:
         chunk = jobs.metrics(job_id, offsets, max_bytes=64)
         more = False
-        for r, part in chunk.items():
-            out += [{**rec, "source": part["source"], "rank": int(r)} for rec in part["records"]]
+        for r, part in chunk.items():  # keys: "R", or "0/defs" and "R/hypertune"
+            out += [{**rec, "source": part["source"], "rank": int(r.split("/")[0])} for rec in part["records"]]
             offsets[part["offset_key"]] = part["next_offset"]
             more = more or part["more"]
         if not more:
@@ -327,3 +330,192 @@ def test_a_rank_that_dies_of_a_full_disk_says_where_in_its_exit_record(tmp_path:
     assert ex["exit_code"] == 1
     assert ex["error"].startswith(f"no space left on {os.uname().nodename}:/data/ckpt/step-10.pt")
     assert ex["error"].endswith(" MB free")
+
+
+# -- a sweep's metrics: metric definitions on rank 0's output, cloudml-hypertune's file ----------
+
+DEFINITIONS = [
+    {"name": "val_acc", "regex": r"val_acc=([-0-9.eE+]+)"},
+    {"name": "lr", "regex": r"lr: (?P<value>\S+)"},  # the group named value, not the first
+    {"name": "broken", "regex": "val_acc=(["},  # no regex: left out, the others go on
+    {"name": "no_group", "regex": "val_acc"},  # nothing to capture: never a value
+    {"name": "step", "regex": r"step (\d+)"},  # a record's own key: left out
+]
+PRINTS = ("print('epoch 1 val_acc=0.5 lr: 0.1'); print('step 30 val_acc=0.75 loss=2.0'); "
+          "print('lr: fast'); print('lr: 1e-3'); print('\\x1b[32mval_acc=0.875\\x1b[0m')")
+
+
+def test_metric_definitions_read_rank_0s_output_only_and_skip_what_they_cannot_use(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    env = {"RIGDECK_METRIC_DEFINITIONS": json.dumps(DEFINITIONS)}
+    zero = rank(d, PRINTS, rank=0, env=env)
+    one = rank(d, PRINTS, rank=1, env=env)
+    assert zero.returncode == one.returncode == 0
+    assert b"'broken' skipped: bad regex" in zero.stderr and b"'step'" in zero.stderr
+    assert not (d / "metrics" / "defs-rank-1.jsonl").exists()  # rank 1 printed the same lines
+    offsets: dict[str, int] = {}
+    parts = jobs.metrics("j1", offsets)
+    assert set(parts) == {"0", "1", "0/defs"}  # rank R's parsed loss, and the definitions' part
+    defs = parts["0/defs"]
+    assert defs["source"] == "metric_definitions" and defs["offset_key"] == "0/defs"
+    assert defs["next_offset"] == (d / "metrics" / "defs-rank-0.jsonl").stat().st_size
+    got = [{k: v for k, v in r.items() if k != "time"} for r in defs["records"]]
+    # A line's own "step N" is the step; otherwise the definition's matches before it are counted.
+    assert got == [
+        {"rank": 0, "val_acc": 0.5, "step": 0, "counted": True, "source": "metric_definitions", "restart": 0},
+        {"rank": 0, "lr": 0.1, "step": 0, "counted": True, "source": "metric_definitions", "restart": 0},
+        {"rank": 0, "val_acc": 0.75, "step": 30, "source": "metric_definitions", "restart": 0},
+        {"rank": 0, "lr": 0.001, "step": 1, "counted": True, "source": "metric_definitions", "restart": 0},
+        {"rank": 0, "val_acc": 0.875, "step": 2, "counted": True, "source": "metric_definitions", "restart": 0},
+    ]
+    assert all(isinstance(r["time"], float) for r in defs["records"])
+    assert [r["loss"] for r in parts["0"]["records"]] == [2.0]  # the loss parser goes on as before
+    offsets.update((p["offset_key"], p["next_offset"]) for p in parts.values())
+    assert all(not p["records"] for p in jobs.metrics("j1", offsets).values())  # each record once
+
+
+def test_metric_definitions_that_are_no_json_leave_the_rank_alone(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    done = rank(d, "print('val_acc=0.5')", env={"RIGDECK_METRIC_DEFINITIONS": "[{name: x"})
+    assert done.returncode == 0 and b"not JSON" in done.stderr
+    assert (d / "logs" / "rank-0.log").read_text() == "val_acc=0.5\n"
+    assert not (d / "metrics" / "defs-rank-0.jsonl").exists()
+
+
+class HyperTuneLike:
+    """Reports the way cloudml-hypertune's ``HyperTune.report_hyperparameter_tuning_metric`` does:
+    its last 100 entries kept, the whole file rewritten (mode 'w') on each report, one JSON object
+    a line with every value a string but the timestamp."""
+
+    def __init__(self, path: Path, trial: str):
+        self.path, self.trial = path, trial
+        self.entries: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
+
+    def report(self, tag: str, value: float, global_step: int) -> None:
+        self.entries.append({"timestamp": time.time(), "trial": self.trial, tag: str(float(value)),
+                             "global_step": str(int(global_step)), "checkpoint_path": ""})
+        with open(self.path, "w") as f:
+            for e in self.entries:
+                f.write(json.dumps(e, sort_keys=True) + "\n")
+
+
+def _plan_on_node(d: Path, node_index: int) -> None:
+    nodes = [{"host": f"h{i}", "address": f"10.0.0.{i + 1}", "slots": 2, "gpus": []} for i in range(2)]
+    (d / "plan.json").write_text(json.dumps({"job_id": "j1", "nodes": nodes, "node_index": node_index}))
+
+
+def _hypertune(jobs: Jobs, offsets: dict[str, int], key: str) -> list[dict[str, Any]]:
+    parts = jobs.metrics("j1", offsets)
+    json.dumps(parts)  # it goes over the wire as it is
+    part = parts[key]
+    assert part["source"] == "hypertune" and part["offset_key"] == key and part["more"] is False
+    offsets[key] = part["next_offset"]
+    return part["records"]
+
+
+def test_hypertune_reports_come_once_each_by_timestamp_though_the_file_is_rewritten(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    _plan_on_node(d, 1)  # the second node: its first rank is 2
+    (d / "metrics").mkdir()
+    Jobs._mark_attempt(str(d), 0)
+    path = d / "metrics" / "hypertune.metrics"
+    ht = HyperTuneLike(path, "4")
+    for step in (100, 200, 300):
+        ht.report("accuracy", step / 1000, step)
+    offsets: dict[str, int] = {}
+    first = _hypertune(jobs, offsets, "2/hypertune")
+    assert [{k: v for k, v in r.items() if k != "time"} for r in first] == [
+        {"rank": 2, "step": s, "accuracy": s / 1000, "trial": "4", "source": "hypertune", "restart": 0}
+        for s in (100, 200, 300)]
+    assert offsets["2/hypertune"] == round(ht.entries[-1]["timestamp"] * 1e6)
+    ht.report("accuracy", 0.4, 400)
+    ht.report("loss", 0.25, 400)
+    assert [(r["step"], r.get("accuracy"), r.get("loss")) for r in _hypertune(jobs, offsets, "2/hypertune")] == [
+        (400, 0.4, None), (400, None, 0.25)]
+    assert _hypertune(jobs, offsets, "2/hypertune") == []  # nothing new: nothing again
+
+
+def test_a_malformed_or_half_written_hypertune_line_is_skipped_and_a_whole_one_comes_later(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    _plan_on_node(d, 0)
+    (d / "metrics").mkdir()
+    path = d / "metrics" / "hypertune.metrics"
+    ht = HyperTuneLike(path, "1")
+    ht.report("accuracy", 0.5, 10)
+    ht.report("accuracy", 0.6, 20)
+    text = path.read_text()
+    whole, torn = text.splitlines()[0], text.splitlines()[1]
+    now = time.time()
+    path.write_text("\n".join([
+        whole,
+        "not json at all",
+        json.dumps(["a", "list"]),
+        json.dumps({"timestamp": "soon", "accuracy": "0.9", "global_step": "5"}),  # no time
+        json.dumps({"timestamp": now, "accuracy": "0.9", "global_step": "five"}),  # no step
+        json.dumps({"timestamp": now, "trial": "1", "global_step": "5", "checkpoint_path": ""}),  # no metric
+        torn[: len(torn) // 2],  # hypertune is rewriting the file as we read
+    ]))
+    offsets: dict[str, int] = {}
+    assert [(r["step"], r["accuracy"]) for r in _hypertune(jobs, offsets, "0/hypertune")] == [(10, 0.5)]
+    path.write_text(whole + "\n" + torn + "\n")  # the rewrite is done
+    assert [(r["step"], r["accuracy"]) for r in _hypertune(jobs, offsets, "0/hypertune")] == [(20, 0.6)]
+
+
+def test_a_restarts_hypertune_reports_carry_its_attempt(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)
+    _plan_on_node(d, 0)
+    (d / "metrics").mkdir()
+    path = d / "metrics" / "hypertune.metrics"
+    Jobs._mark_attempt(str(d), 0)
+    HyperTuneLike(path, "1").report("accuracy", 0.5, 10)
+    offsets: dict[str, int] = {}
+    assert [r["restart"] for r in _hypertune(jobs, offsets, "0/hypertune")] == [0]
+    time.sleep(0.01)
+    Jobs._mark_attempt(str(d), 1)
+    again = HyperTuneLike(path, "1")  # the restarted process: its own entries only
+    again.report("accuracy", 0.55, 10)
+    assert [(r["step"], r["restart"]) for r in _hypertune(jobs, offsets, "0/hypertune")] == [(10, 1)]
+    assert [(r["step"], r["restart"]) for r in _hypertune(jobs, {}, "0/hypertune")] == [(10, 1)]
+
+
+TRIAL_RANK = r"""
+import json, os, time
+print("trial", os.environ["RIGDECK_TRIAL"], os.environ["CLOUD_ML_TRIAL_ID"], os.environ["RIGDECK_SWEEP_ID"])
+print("step 5 val_acc=0.625")
+if os.environ["RANK"] == "0":
+    entry = {"timestamp": time.time(), "trial": os.environ["CLOUD_ML_TRIAL_ID"],
+             "val_acc": "0.625", "global_step": "5", "checkpoint_path": ""}
+    with open(os.environ["CLOUD_ML_HP_METRIC_FILE"], "w") as f:
+        f.write(json.dumps(entry, sort_keys=True) + "\n")
+"""
+
+
+def test_a_trial_started_by_the_agent_reports_through_both_paths(tmp_path: Path, monkeypatch: Any) -> None:
+    """The whole agent side of a trial: job_start's job host puts the trial and the metric
+    definitions in the ranks' environment, rank 0's wrapper parses its output, a hypertune file
+    lands where CLOUD_ML_HP_METRIC_FILE says, and job_metrics hands both out."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("RIGDECK_CLAIM_DIR", str(tmp_path / "claims"))
+    jobs = Jobs(str(tmp_path / "state"), [sys.executable, "-m", "agent"])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    plan = {"job_id": "trial-1", "name": "t", "launcher": "direct", "command": [sys.executable, "-c", TRIAL_RANK],
+            "workdir": str(tmp_path), "env": {}, "restart_count": 0, "max_runtime_s": 120, "grace_s": 5,
+            "nodes": [{"host": "local", "address": "127.0.0.1", "slots": 2, "gpus": []}], "node_index": 0,
+            "master_addr": "127.0.0.1", "master_port": port,
+            "trial": "5", "sweep_id": "sw-1", "metric_definitions": [{"name": "val_acc", "regex": r"val_acc=([0-9.]+)"}]}
+    jobs.start(plan)
+    deadline = time.monotonic() + 60
+    while jobs.status("trial-1")["state"] not in TERMINAL:
+        assert time.monotonic() < deadline, "the trial did not end"
+        time.sleep(0.1)
+    jobs.reap()
+    d = Path(jobs.job_dir("trial-1"))
+    assert jobs.status("trial-1")["state"] == "succeeded", (d / "launcher.log").read_text()
+    assert (d / "logs" / "rank-1.log").read_text().splitlines()[0] == "trial 5 5 sw-1"
+    parts = jobs.metrics("trial-1", {})
+    assert set(parts) == {"0/defs", "0/hypertune"}  # no loss printed; rank 1's output not parsed
+    assert [(r["rank"], r["step"], r["val_acc"]) for r in parts["0/defs"]["records"]] == [(0, 5, 0.625)]
+    assert [(r["rank"], r["step"], r["val_acc"], r["trial"]) for r in parts["0/hypertune"]["records"]] == [
+        (0, 5, 0.625, "5")]

@@ -164,6 +164,40 @@ def test_an_old_agents_metrics_file_is_read_from_its_start_once_it_appears() -> 
     assert reader.metrics(["h1"]) == []
 
 
+class _SweepAgent(TypedAgents):
+    """An agent answering ``job_metrics`` with a sweep's parts: a rank's own, the metric
+    definitions' (``"0/defs"``) and hypertune's (``"2/hypertune"``, offset a time in µs)."""
+
+    def __init__(self) -> None:
+        self.asked: list[dict[str, int]] = []
+
+    def request(self, host: str, method: str, timeout: float = 30.0, **params: Any) -> Any:
+        assert method == "job_metrics"
+        self.asked.append(dict(params["offsets"]))
+        if len(self.asked) > 1:
+            return {}
+        return {
+            "1": {"source": "metrics", "records": [{"step": 3, "loss": 0.5}], "next_offset": 40, "more": False,
+                  "offset_key": "1"},
+            "0/defs": {"source": "metric_definitions", "records": [{"rank": 0, "step": 3, "acc": 0.9}],
+                       "next_offset": 52, "more": False, "offset_key": "0/defs"},
+            "2/hypertune": {"source": "hypertune", "records": [{"step": 3, "acc": 0.8}],
+                            "next_offset": 1_700_000_000_123_456, "more": False, "offset_key": "2/hypertune"},
+        }
+
+    def request_many(self, hosts: list[str], method: str, timeout: float = 30.0, **params: Any) -> Any:
+        raise AssertionError(method)
+
+
+def test_a_sweeps_metrics_parts_keep_their_rank_and_their_own_offsets() -> None:
+    agent = _SweepAgent()
+    reader = JobReader(agent, "j")
+    got = [(r["rank"], r["host"], r.get("loss"), r.get("acc")) for r in reader.metrics(["h1"])]
+    assert got == [(1, "h1", 0.5, None), (0, "h1", None, 0.9), (2, "h1", None, 0.8)]
+    assert reader.metrics(["h1"]) == []
+    assert agent.asked[-1] == {"1": 40, "0/defs": 52, "2/hypertune": 1_700_000_000_123_456}
+
+
 # -- against a real agent on this machine -----------------------------------------------------
 
 
@@ -200,11 +234,16 @@ def test_every_rpc_reaches_a_real_agent(tmp_path: Path) -> None:
         assert a.job_check(job_id=job_id, gpus=[0], min_free_mb=1).problems == ()
         assert a.job_claim(job_id=job_id, gpus=[0, 1]) == [0, 1]
         assert a.job_release(job_id=job_id) is True
-        script = "import sys; print('x' * 300000); print('loss=0.5'); sys.stdout.write('done')"
+        script = ("import json, os, sys, time; print('x' * 300000); print('loss=0.5 acc=0.75')\n"
+                  "with open(os.environ['CLOUD_ML_HP_METRIC_FILE'], 'w') as f:\n"  # as cloudml-hypertune
+                  "    f.write(json.dumps({'timestamp': time.time(), 'trial': '2', 'acc': '0.8',"
+                  " 'global_step': '1'}) + '\\n')\n"
+                  "sys.stdout.write('done')")
         node = {"host": "here", "address": "127.0.0.1", "slots": 1, "gpus": []}
         started = a.job_start(plan={"job_id": job_id, "launcher": "direct", "nodes": [node], "node_index": 0,
                                     "master_addr": "127.0.0.1", "master_port": port, "workdir": str(tmp_path),
-                                    "command": [sys.executable, "-c", script]})
+                                    "command": [sys.executable, "-c", script], "trial": "2",
+                                    "metric_definitions": [{"name": "acc", "regex": r"acc=([0-9.]+)"}]})
         assert started.job_dir and started.jobhost_pid
         deadline = time.monotonic() + 60
         while a.job_status(job_id=job_id).get("state") != "succeeded":
@@ -219,11 +258,15 @@ def test_every_rpc_reaches_a_real_agent(tmp_path: Path) -> None:
         chunks = list(reader.log_chunks("here", 0))
         assert len(chunks) >= 2 and chunks[0].partial and not chunks[-1].more
         lines = [ln for c in chunks for ln in reader.lines("here", 0, c)] + [ln for _, ln in reader.joiner.flush()]
-        assert lines == ["x" * 300000, "loss=0.5", "done"], [len(ln) for ln in lines]
+        assert lines == ["x" * 300000, "loss=0.5 acc=0.75", "done"], [len(ln) for ln in lines]
         assert list(reader.log_chunks("here", 0))[0].text == ""  # read to the end: nothing twice
         metrics = reader.all_metrics(["here"])
-        assert [(r["rank"], r["host"], r["loss"]) for r in metrics] == [(0, "here", 0.5)]
-        assert reader.metrics(["here"]) == []
+        got = sorted((r["source"] if "source" in r else "stdout", r["rank"], r["host"], r.get("loss"), r.get("acc"))
+                     for r in metrics)
+        assert got == [("hypertune", 0, "here", None, 0.8), ("metric_definitions", 0, "here", None, 0.75),
+                       ("stdout", 0, "here", 0.5, None)]
+        assert set(reader.metrics_offsets["here"]) == {"0/stdout", "0/defs", "0/hypertune"}
+        assert reader.metrics(["here"]) == []  # hypertune's file too: its offset is its time
         assert st["log_ranks"] == [0]
 
         gc = ctl.agents(["here"]).job_gc(max_age_s=0, max_jobs=0)["here"]

@@ -278,6 +278,51 @@ def test_single_node_has_no_tf_config(tmp_path: Path) -> None:
     assert cf.mpi_hostfile(plan) == f"{ADDRS[0]} slots=2\n"
 
 
+@pytest.mark.parametrize("i", [0, 1, 2])
+def test_a_trial_names_itself_in_the_vertex_task_and_the_environment(tmp_path: Path, i: int) -> None:
+    plan = make_plan(trial="7", sweep_id="lr-sweep-1")
+    env, job_dir = write_node(tmp_path, plan, i)
+    spec = json.loads(env["CLUSTER_SPEC"])
+    assert spec["task"] == ({"type": "workerpool0", "index": 0, "trial": "7"} if i == 0
+                            else {"type": "workerpool1", "index": i - 1, "trial": "7"})
+    tf = json.loads(env["TF_CONFIG"])
+    assert tf["task"] == ({"type": "chief", "index": 0, "trial": "7"} if i == 0
+                          else {"type": "worker", "index": i - 1, "trial": "7"})
+    assert env["CLOUD_ML_TRIAL_ID"] == env["RIGDECK_TRIAL"] == "7"
+    assert env["RIGDECK_SWEEP_ID"] == "lr-sweep-1"
+    assert env["CLOUD_ML_HP_METRIC_FILE"] == str(job_dir / "metrics" / "hypertune.metrics")
+    assert cf.load_node_env(str(job_dir)) == env  # mpirun's other hosts see the same
+
+
+def test_a_single_node_trial_has_the_trial_in_cluster_spec_and_still_no_tf_config(tmp_path: Path) -> None:
+    env, _ = write_node(tmp_path, make_plan(n_nodes=1, trial="1"), 0)
+    assert json.loads(env["CLUSTER_SPEC"])["task"] == {"type": "workerpool0", "index": 0, "trial": "1"}
+    assert "TF_CONFIG" not in env
+    assert env["CLOUD_ML_TRIAL_ID"] == env["RIGDECK_TRIAL"] == "1"
+    assert "RIGDECK_SWEEP_ID" not in env  # none given
+
+
+@pytest.mark.parametrize("n_nodes", [1, 3])
+def test_an_ordinary_job_has_no_trial_but_a_hypertune_file(tmp_path: Path, n_nodes: int) -> None:
+    env, job_dir = write_node(tmp_path, make_plan(n_nodes=n_nodes), 0)
+    assert "trial" not in json.loads(env["CLUSTER_SPEC"])["task"]
+    assert n_nodes == 1 or "trial" not in json.loads(env["TF_CONFIG"])["task"]
+    for name in ("CLOUD_ML_TRIAL_ID", "RIGDECK_TRIAL", "RIGDECK_SWEEP_ID"):
+        assert name not in env
+    # cloudml-hypertune reports into the job's metrics directory, sweep or not
+    assert env["CLOUD_ML_HP_METRIC_FILE"] == str(job_dir / "metrics" / "hypertune.metrics")
+    assert (job_dir / "metrics").is_dir()
+
+
+def test_the_user_env_wins_over_the_trial_variables(tmp_path: Path) -> None:
+    plan = make_plan(trial="2", sweep_id="s", env={"CLOUD_ML_HP_METRIC_FILE": "/tmp/mine.metrics",
+                                                   "CLOUD_ML_TRIAL_ID": "x", "RIGDECK_SWEEP_ID": "t"})
+    env, _ = write_node(tmp_path, plan, 0)
+    assert env["CLOUD_ML_HP_METRIC_FILE"] == "/tmp/mine.metrics"
+    assert env["CLOUD_ML_TRIAL_ID"] == "x" and env["RIGDECK_SWEEP_ID"] == "t"
+    assert env["RIGDECK_TRIAL"] == "2"  # not in the table: the plan's
+
+
 def test_checkpoint_dir_is_linked_and_reruns_are_idempotent(tmp_path: Path) -> None:
     ckpt = tmp_path / "shared" / "ckpt"
     plan = make_plan(checkpoint={"dir": str(ckpt), "owner": "host:gpu-a/gpu:2"})

@@ -262,9 +262,11 @@ def test_device_from_visible_gpus() -> None:
     assert info({"LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}, cuda_devices=1).device == "cuda:0"
 
 
-def test_agrees_with_the_cluster_files_the_agent_writes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("trial", [None, "3"], ids=["job", "trial"])
+def test_agrees_with_the_cluster_files_the_agent_writes(tmp_path: Path, trial: str | None) -> None:
     """The contract from both ends: every view agent.clusterfiles writes for a host tells
-    cluster_info one story, for direct, torchrun and mpirun ranks (docs/contracts.md plan)."""
+    cluster_info one story, for direct, torchrun and mpirun ranks (docs/contracts.md plan), a
+    sweep's trial (``task.trial`` in CLUSTER_SPEC and TF_CONFIG) too."""
     from agent import clusterfiles
 
     plan = {
@@ -277,6 +279,8 @@ def test_agrees_with_the_cluster_files_the_agent_writes(tmp_path: Path) -> None:
                    "instance_type": "rigdeck.sim-gpu-4", "simulated": True}
                   for h, a in zip(HOSTS, ADDRS, strict=True)],
     }
+    if trial is not None:
+        plan.update(trial=trial, sweep_id="sweep-1")
     owners = []
     for node in range(3):
         env = clusterfiles.node_env(plan, node, str(tmp_path / f"job-{node}"), None)

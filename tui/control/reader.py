@@ -15,6 +15,8 @@ Besides the offsets it owns:
   then the same offset went into the metrics file. The reader notices the switch (the rank's
   ``source`` going from ``stdout`` to ``metrics``), drops that answer and reads the metrics file
   from its start, instead of from an offset that belonged to another file;
+- the parts of a sweep's metrics (``"0/defs"``, ``"R/hypertune"``): their records carry their
+  rank; a record without one takes the rank its part's key begins with;
 - after a restart, the newest attempt's record of each (rank, step) (``newest_attempts``);
 - the last loss of a job from its hosts' statuses (``last_loss``).
 """
@@ -40,6 +42,13 @@ class Agents(Protocol):
 
 def _number(v: Any, default: float) -> float:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else default
+
+
+def part_rank(key: str) -> int | None:
+    """The rank a ``job_metrics`` part is of, from its key: ``"3"``, or a rank and what the part
+    holds (``"0/defs"``, ``"2/hypertune"``). None for a key that names no rank."""
+    head = key.split("/", 1)[0]
+    return int(head) if head.isdigit() else None
 
 
 def log_ranks(status: Mapping[str, Any]) -> list[int]:
@@ -128,7 +137,7 @@ class JobReader:
         self.log_offsets: dict[tuple[str, int], int] = {}
         self.joiner = LineJoiner(keep)
         self.metrics_offsets: dict[str, dict[str, int]] = {}  # host -> offset key -> byte offset
-        self.sources: dict[tuple[str, str], str | None] = {}  # (host, rank) -> metrics | stdout
+        self.sources: dict[tuple[str, str], str | None] = {}  # (host, part key) -> its source
 
     # -- hosts -------------------------------------------------------------------------------
 
@@ -180,20 +189,21 @@ class JobReader:
                     log.info("metrics from %s: %s", host, e)
                     break
                 more = False
-                for rank, part in parts.items():
-                    before = self.sources.get((host, rank))
-                    self.sources[(host, rank)] = part.source
+                for key, part in parts.items():
+                    before = self.sources.get((host, key))
+                    self.sources[(host, key)] = part.source
                     if before == "stdout" and part.source == "metrics" and part.offset_key is None:
                         # An agent from before offset keys: its offset was into the rank's output
                         # until the metrics file appeared. Read the metrics file from its start.
-                        offsets[rank] = 0
+                        offsets[key] = 0
                         more = True
                         continue
                     for r in part.records:
-                        r.setdefault("rank", int(rank))
+                        if "rank" not in r:
+                            r["rank"] = part_rank(key)
                         r["host"] = host
                         out.append(r)
-                    offsets[part.offset_key or rank] = part.next_offset
+                    offsets[part.offset_key or key] = part.next_offset
                     more = more or part.more
                 if not more:
                     break

@@ -182,9 +182,13 @@ class LogChunk:
 @dataclass(frozen=True)
 class MetricsPart:
     """One rank's new metrics records (``job_metrics``), from its metrics file (``source``
-    ``metrics``) or from the losses its wrapper parsed out of its output (``stdout``).
+    ``metrics``) or from the losses its wrapper parsed out of its output (``stdout``); or a sweep's
+    metrics: what rank 0's wrapper found with the metric definitions (``metric_definitions``, part
+    ``"0/defs"``) and what cloudml-hypertune reported on a host (``hypertune``, part
+    ``"R/hypertune"``, R the host's first rank; its offset is a timestamp in microseconds).
 
-    ``offset_key`` names the offset ``next_offset`` advances (``"R"`` or ``"R/stdout"``); an agent
+    ``offset_key`` names the offset ``next_offset`` advances (``"R"`` or ``"R/stdout"`` for a
+    rank's part, the part's own key for the others); an agent
     from before offset keys sends none (``None``): its one offset per rank moved from the output
     to the metrics file when that file appeared. ``records`` are the rank's JSON objects as it
     wrote them (plus ``restart``, the attempt that wrote each), passed through as dicts.
@@ -321,8 +325,8 @@ class AgentClient:
 
     def job_metrics(self, *, job_id: str, offsets: dict[str, int],
                     timeout: float | None = None) -> dict[str, MetricsPart]:
-        """New metrics records of every rank here, from ``offsets`` (offset key -> byte offset;
-        see ``MetricsPart``): rank (as a string) -> its part."""
+        """New metrics records of every rank here, from ``offsets`` (offset key -> offset; see
+        ``MetricsPart``): part key (a rank as a string, ``"0/defs"``, ``"R/hypertune"``) -> part."""
         return _metrics(self._call("job_metrics", **_kw(timeout), job_id=job_id, offsets=offsets))
 
     def job_claim(self, *, job_id: str, gpus: Sequence[int], timeout: float | None = None) -> list[int]:
