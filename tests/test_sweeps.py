@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_jobs import ROOT, Cli, cli  # noqa: F401  (a fixture)
+from tests.test_jobs import ROOT, Cli
 from tests.testbed import TestBed
 from tui.control.sweeps import infrastructure_failure, objective_values, sampler_for
 from tui.model.jobspec import JobSpecError, jobspec_from_toml
@@ -145,6 +145,11 @@ def test_proposals_depend_on_the_seed_and_the_trial_number_only() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # On the test bed
+
+@pytest.fixture
+def cli(testbed: TestBed, tmp_path: Path) -> Cli:
+    return Cli(testbed, tmp_path)
+
 
 def example_spec(cli: Cli, name: str, *, trials: int, parallel: int | None = 3, strategy: str = "random",
                  steps: int = 8, step_s: float = 0.1, report: str = "runtime", extra: str = "",

@@ -443,7 +443,7 @@ class SSHTransport(Transport):
         except (UnknownHostKeyError, HostKeyChangedError):
             client.close()
             raise
-        except (TimeoutError, socket.timeout) as e:
+        except TimeoutError as e:
             client.close()
             raise UnreachableError(
                 label, f"{spec.address}:{spec.port} did not answer within {timeout:g}s ({e})"
