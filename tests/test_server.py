@@ -252,6 +252,32 @@ def test_a_killed_server_restarts_and_readopts_its_jobs_and_queue(served: tuple[
             alice.run("stop", j, "--grace", "1", check=False)
 
 
+def test_a_sweep_runs_unattended_and_survives_a_killed_server(served: tuple[TestBed, Operator, Operator]) -> None:
+    """Issue 13, acceptance 5 (server): the sweep is started and left; the server is killed -9
+    mid-sweep and started again; the sweep completes with exactly max_trials trials, each once."""
+    from tests.test_sweeps import example_spec, expected
+
+    bed, alice, bob = served
+    started = alice.json("sweep", str(example_spec(alice, "sw-served", trials=8, parallel=3, steps=10, step_s=0.2)))
+    sweep_id = started["row"]["sweep_id"]
+    assert workstation_rigdeck([alice.home]) == []  # nobody at the workstation runs it
+    wait_until(lambda: bob.json("sweep", "status", sweep_id)["row"]["completed"] >= 2, 120, "two trials completed")
+    pid = alice.json("server", "status")["pid"]
+    bed.exec(1, ["kill", "-9", str(pid)])
+    wait_until(lambda: not alice.json("server", "status", check=False).get("running") or None, 30,
+               "the server is seen dead")
+    alice.run("server", "start", timeout=120)
+    out = wait_until(lambda: (lambda d: d if d["row"]["state"] != "running" else None)(
+        bob.json("sweep", "status", sweep_id)), 240, "the sweep ends")
+    assert out["row"]["state"] == "completed", out["row"]
+    assert sorted(t["number"] for t in out["trials"]) == list(range(1, 9))
+    for t in out["trials"]:
+        assert t["state"] == "completed" and t["value"] == pytest.approx(expected(t, 10), rel=1e-9), t
+    jobs = [j for j in alice.json("jobs") if j["sweep_id"] == sweep_id]
+    assert sorted(int(j["trial"]) for j in jobs) == list(range(1, 9))  # one job per trial: none ran twice
+    assert all(len([e for e in j["events"] if e["event"] == "started"]) == 1 for j in jobs)
+
+
 def test_the_servers_key_runs_only_the_agent_and_no_host_listens_on_tcp(served: tuple[TestBed, Operator, Operator]) -> None:
     bed, alice, _ = served
     key = "/root/.rigdeck/server/id_ed25519"
