@@ -516,3 +516,19 @@ def test_capacity_from_state(tmp_path: Path) -> None:
     assert s.reserve("c", gpu_job("c", 1, 1), caps).nodes[0].instance_type == (
         "rigdeck.gpu-4xnvidia-a100-sxm4-80gb"
     )
+
+
+def test_the_queue_waits_out_a_lost_claim_race_and_nothing_else() -> None:
+    """A start refused because another controller's job holds the GPUs (at the claim, or at the
+    hosts' preflight check a moment before) waits in the queue; bad input and full disks do not."""
+    from tui.control.jobs import JobError
+    from tui.control.queue import JobQueue
+
+    def refused(why: str) -> bool:
+        return JobQueue._transient(JobError(f"job not started (nothing was started): {why}"))
+
+    assert refused("h1: GPU 1 on tb1-h1 is held by job loop-t9 (user root, pid 340, since 2026-11-22 16:09:56)")
+    assert refused("h2: GPU 0,1 claimed by job 'a' of user bob")
+    assert not refused("h1: 120 MB free under the state dir, min_free_mb is 2048")
+    assert not refused("h1: no such file: train.py")
+    assert JobQueue._transient(PlacementError("h1 0 GPUs free"))

@@ -82,7 +82,11 @@ class JobQueue:
         needs a person, and is said at once."""
         if isinstance(e, PlacementError):
             return True
-        return "nothing was started" in str(e) and "claimed" in str(e) and "min_free_mb" not in str(e)
+        text = str(e)
+        # The claim race is lost at the claim ("claimed by") or, a moment earlier, at the hosts'
+        # preflight check ("GPU 1 on h1 is held by job ..."): either way the GPUs free up later.
+        held = "claimed" in text or " is held by " in text
+        return "nothing was started" in text and held and "min_free_mb" not in text
 
     def _candidates(self, spec: JobSpec) -> list[str]:
         return list(spec.hosts) if spec.hosts else list(self.jm.ctl.inventory.names)

@@ -32,6 +32,8 @@ from tui.model.sweepview import SweepDetail, SweepRow
 
 log = logging.getLogger(__name__)
 
+SWEEP_ROUND_S = 0.5  # the poller's interval while a sweep has trials to follow
+
 
 @dataclass(frozen=True)
 class ServiceInfo:
@@ -76,6 +78,7 @@ class ControllerService:
         self._watch = watch
         self._queue: JobQueue | None = None
         self._sweeps: SweepRunner | None = None
+        self._round_s = getattr(watch, "interval", 1.0)  # the poller's own interval, between sweeps
         self._lock = threading.Lock()
         self.since = time.time()
         self._started = False
@@ -114,7 +117,10 @@ class ControllerService:
         """What the poller does after supervising each round: start queued jobs that fit now,
         then advance the sweeps (which queue their trials)."""
         self.queue.advance()
-        self.sweeps.tick()
+        busy = self.sweeps.tick()
+        if self._watch is not None and hasattr(self._watch, "interval"):
+            # A trial that ends is noticed within a round: rounds come faster while sweeps run.
+            self._watch.interval = SWEEP_ROUND_S if busy else self._round_s
 
     @property
     def monitor(self) -> Any:
@@ -131,6 +137,7 @@ class ControllerService:
         with self._lock:
             if self._watch is None:
                 self._watch = JobWatch(m)
+                self._round_s = self._watch.interval
             if getattr(self._watch, "after_round", "absent") is None:
                 self._watch.after_round = self._after_round
             if getattr(self._watch, "on_records", "absent") is None:

@@ -84,6 +84,7 @@ CREATE TABLE IF NOT EXISTS sweep_trials (
     started     REAL,
     ended       REAL,
     error       TEXT,
+    curve       TEXT,
     PRIMARY KEY (sweep_id, number)
 );
 """
@@ -277,6 +278,7 @@ class SweepRunner:
         self._studies: dict[str, Any] = {}
         self._values: dict[str, dict[int, tuple[int, int, float]]] = {}  # job id -> objective by step
         self._reported: dict[str, set[int]] = {}  # job id -> steps told to its trial
+        self._handles: dict[int, Any] = {}  # Optuna trial id -> its Trial
         self._metric_cache: dict[str, str | None] = {}  # job id -> its sweep's objective metric
         self._lock = threading.RLock()
 
@@ -373,16 +375,20 @@ class SweepRunner:
             self._metric_cache[job_id] = metric
         return self._metric_cache[job_id]
 
-    def tick(self) -> None:
-        """Advance every sweep this controller may: tell ended trials, prune, ask new ones."""
+    def tick(self) -> bool:
+        """Advance every sweep this controller may: tell ended trials, prune, ask new ones.
+        True while some sweep is still running here."""
+        busy = False
         with self._lock:
             for sweep in self.store.active():
                 if not self.store.try_lease(sweep["sweep_id"], self.owner):
                     continue
+                busy = True
                 try:
                     self._advance(sweep)
                 except Exception:
                     log.exception("sweep %s: a round failed", sweep["sweep_id"])
+        return busy
 
     def _advance(self, sweep: dict[str, Any]) -> None:
         sweep_id = sweep["sweep_id"]
@@ -438,20 +444,34 @@ class SweepRunner:
         while len(trials) < sw.max_trials:
             live = [t for t in trials if t["state"] not in TRIAL_FINAL]
             if sw.max_parallel is not None and len(live) >= sw.max_parallel:
-                return
+                break
             if any(self._job_state(t) == "queued" for t in live):
-                return  # one waits in the queue already: as many run as fit
+                break  # one waits in the queue already: as many run as fit
             number = self._next_number(trials)
             if grid is not None and number > len(grid):
-                return
+                break
             study.sampler = sampler_for(sw, number)
             ft = study.ask(dists)
             job_id = f"{spec.name[:48]}-t{number}-{uuid.uuid4().hex[:6]}"
             self.store.add_trial(sweep_id, number, ft._trial_id, job_id, dict(ft.params))
             row = {"number": number, "trial_id": ft._trial_id, "job_id": job_id, "params": dict(ft.params),
                    "state": "submitting", "attempt": 1}
-            self._submit(sweep_id, spec, row)
-            trials.append({**row, "state": self.store.trials(sweep_id)[-1]["state"]})
+            trials.append(row)
+            if sw.max_parallel is None:
+                # As many as fit: one at a time, until one has to wait in the queue.
+                self._submit(sweep_id, spec, row)
+                row["state"] = self._job_state(row) or "submitting"
+        if sw.max_parallel is not None:
+            # A known number: start them side by side. A launch waits on its hosts' answers, and
+            # a wave of trials that ended together must not start one after another.
+            fresh = [t for t in trials if t["state"] == "submitting"]
+            if len(fresh) == 1:
+                self._submit(sweep_id, spec, fresh[0])
+            elif fresh:
+                from concurrent.futures import ThreadPoolExecutor
+
+                with ThreadPoolExecutor(max_workers=min(8, len(fresh)), thread_name_prefix="sweep-submit") as pool:
+                    list(pool.map(lambda t: self._submit(sweep_id, spec, t), fresh))
 
     def _submit(self, sweep_id: str, spec: JobSpec, t: dict[str, Any]) -> None:
         """Queue (or start) the trial's job, under the id its row already names."""
@@ -488,13 +508,11 @@ class SweepRunner:
             return
         state = rec["state"]
         values = self._values.get(t["job_id"], {})
-        self._report(study, t, values)
+        pruning = sw.pruner != "off"
+        if pruning:
+            self._report(study, t, values)
         curve = sorted(values.items())
-        best = self._best(curve, sw.goal)
-        fields: dict[str, Any] = {}
-        if curve:
-            fields.update(last_step=curve[-1][0], best_step=best[0] if best else None,
-                          best_value=best[1][2] if best else None)
+        fields = self._curve_fields(t, curve, sw.goal)
         if rec.get("started") and not t.get("started"):
             fields["started"] = rec["started"]
         if state not in TERMINAL:
@@ -502,9 +520,8 @@ class SweepRunner:
                 fields["state"] = state
             if fields:
                 self.store.update_trial(sweep_id, number, **fields)
-            if t["state"] != "pruning" and state in ("running", "starting") and curve and not stopping:
-                trial = _optuna().trial.Trial(study, int(t["trial_id"]))
-                if trial.should_prune():
+            if pruning and t["state"] != "pruning" and state in ("running", "starting") and curve and not stopping:
+                if self._trial(study, t).should_prune():
                     step = curve[-1][0]
                     self.store.update_trial(sweep_id, number, state="pruning", pruned_step=step)
                     self.jm.history.add_event(t["job_id"], {"event": "pruned", "step": step})
@@ -512,18 +529,20 @@ class SweepRunner:
             return
         if fields:
             self.store.update_trial(sweep_id, number, **fields)
-        # The job ended: read every record it left (the poller may not have seen the last ones).
-        try:
-            self.feed(t["job_id"], self.jm.metrics(t["job_id"]))
-        except Exception as e:  # a host that cannot be reached now: its last values are lost
-            log.info("sweep %s trial %s: final metrics: %s", sweep_id, number, e)
+        # The job ended. The poller read its records once more after it did; a controller that
+        # started after it ended (or one whose trial stopped short of its last step) reads them all.
+        if not curve or (spec.total_steps is not None and curve[-1][0] < spec.total_steps):
+            try:
+                self.feed(t["job_id"], self.jm.metrics(t["job_id"]))
+            except Exception as e:  # a host that cannot be reached now: its last values are lost
+                log.info("sweep %s trial %s: final metrics: %s", sweep_id, number, e)
         values = self._values.get(t["job_id"], {})
-        self._report(study, t, values)
+        if pruning:
+            self._report(study, t, values)
         curve = sorted(values.items())
-        best = self._best(curve, sw.goal)
-        if curve:
-            self.store.update_trial(sweep_id, number, last_step=curve[-1][0], best_step=best[0] if best else None,
-                                    best_value=best[1][2] if best else None)
+        fields = self._curve_fields({**t, **fields}, curve, sw.goal)
+        if fields:
+            self.store.update_trial(sweep_id, number, **fields)
         if t["state"] == "pruning":
             self._finish(sweep_id, t, "pruned", study=study)
         elif state == "succeeded":
@@ -546,6 +565,24 @@ class SweepRunner:
             why = describe_cause(rec["cause"]) if rec.get("cause") else f"its job {state}"
             self._finish(sweep_id, t, "failed" if state == "failed" else "stopped", study=study, error=why)
 
+    def _curve_fields(self, t: dict[str, Any], curve: list[tuple[int, tuple[int, int, float]]],
+                      goal: str) -> dict[str, Any]:
+        """The trial row's fields its objective values give (those that changed)."""
+        if not curve:
+            return {}
+        best = self._best(curve, goal)
+        text = json.dumps([[s, x[2]] for s, x in curve])
+        fields = {"last_step": curve[-1][0], "best_step": best[0] if best else None,
+                  "best_value": best[1][2] if best else None, "curve": text}
+        return {k: v for k, v in fields.items() if t.get(k) != v}
+
+    def _trial(self, study: Any, t: dict[str, Any]) -> Any:
+        """Optuna's handle on the trial (made once: making one reads the storage)."""
+        trial = self._handles.get(int(t["trial_id"]))
+        if trial is None:
+            trial = self._handles[int(t["trial_id"])] = _optuna().trial.Trial(study, int(t["trial_id"]))
+        return trial
+
     @staticmethod
     def _best(curve: list[tuple[int, tuple[int, int, float]]], goal: str) -> tuple[int, tuple[int, int, float]] | None:
         finite = [c for c in curve if math.isfinite(c[1][2])]
@@ -564,7 +601,7 @@ class SweepRunner:
         new = [(s, x[2]) for s, x in sorted(values.items()) if s not in told and math.isfinite(x[2])]
         if not new:
             return
-        trial = _optuna().trial.Trial(study, int(t["trial_id"]))
+        trial = self._trial(study, t)
         for step, v in new:
             try:
                 trial.report(v, step)
@@ -580,12 +617,13 @@ class SweepRunner:
         study = study or self._studies.get(sweep_id)
         if study is not None:
             try:
-                current = study._storage.get_trial(int(t["trial_id"])).state
-                if not current.is_finished():
+                ft = study._storage.get_trial(int(t["trial_id"]))
+                if not ft.state.is_finished():
                     if state == "completed":
-                        study.tell(_number_of(study, t), value)
+                        study.tell(ft.number, value)
                     else:
-                        study.tell(_number_of(study, t), state=ts.PRUNED if state == "pruned" else ts.FAIL)
+                        study.tell(ft.number, state=ts.PRUNED if state == "pruned" else ts.FAIL)
+                self._handles.pop(int(t["trial_id"]), None)
             except Exception:
                 log.exception("sweep %s: telling trial %s", sweep_id, t["number"])
         fields: dict[str, Any] = {"state": state, "ended": time.time()}
@@ -637,20 +675,10 @@ class SweepRunner:
         sweep = self.store.find(ref)
         trials = self.store.trials(sweep["sweep_id"])
         sw = SweepSpec.from_dict(sweep["spec"]["sweep"])
-        curves = self._curves(sweep["sweep_id"])
-        rows = [self._trial_row(t, curves.get(int(t["trial_id"]), ())) for t in trials]
+        rows = [self._trial_row(t, json.loads(t["curve"]) if t.get("curve") else ()) for t in trials]
         return SweepDetail(
             row=self._row(sweep, trials), parameters=tuple(p.to_dict() for p in sw.parameters),
             trials=tuple(sorted_trials(rows, sw.goal)), max_parallel=sw.max_parallel, seed=sw.seed)
-
-    def _curves(self, sweep_id: str) -> dict[int, tuple[tuple[int, float], ...]]:
-        try:
-            study = self._studies.get(sweep_id) or _optuna().load_study(study_name=sweep_id, storage=self.storage)
-            return {ft._trial_id: tuple(sorted(ft.intermediate_values.items()))
-                    for ft in study.get_trials(deepcopy=False)}
-        except Exception as e:
-            log.info("sweep %s: curves: %s", sweep_id, e)
-            return {}
 
     def _row(self, s: dict[str, Any], trials: list[dict[str, Any]]) -> SweepRow:
         sw = SweepSpec.from_dict(s["spec"]["sweep"])
@@ -682,7 +710,3 @@ class SweepRunner:
         self.store.release(self.owner)
         self.store.close()
 
-
-def _number_of(study: Any, t: dict[str, Any]) -> int:
-    """Optuna's trial number (from 0) of our trial row (its trial id is what we keep)."""
-    return int(study._storage.get_trial(int(t["trial_id"])).number)
