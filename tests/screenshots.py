@@ -6,7 +6,10 @@ checkpoint owner ``host:h3/gpu:0``, so the ownership moves to rank 0 on a host o
 after a restart without h3), starts a foreign process on h3's GPU 1, and once the job has
 trained for a while and saved checkpoints,
 saves every main view and the launch and stop dialogs as SVG and PNG into ``screenshots/``.
-Then it stops the job from the app and tears the bed down.
+Then it stops the job from the app, runs a short hyperparameter sweep through the app's client
+(examples/sweep with fewer trials and steps: every trial a real job on the bed) and, once some
+trials completed, saves the Sweeps view with that sweep selected; then tears the bed down.
+``--only sweeps`` makes the sweeps screenshot alone (no training job: a minute, not ten).
 
 PNGs come from ``rsvg-convert`` (Debian: librsvg2-bin) with the Fira Code font the SVGs name
 (fonts-firacode); both are installed with apt-get when missing and this runs as root.
@@ -30,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "screenshots"
 DDP = ROOT / "examples" / "ddp" / "job.toml"
+SWEEP = ROOT / "examples" / "sweep" / "sweep.toml"
 TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
 SIZE = (140, 40)
 
@@ -132,6 +136,60 @@ def job_spec(tmp: Path) -> Path:
     return out
 
 
+def sweep_spec(tmp: Path) -> Path:
+    """examples/sweep, short: 12 trials of 30 steps at 0.3 s a step, four at a time, median
+    pruning; one (simulated) GPU per trial."""
+    from tui.model.specform import dumps, read_spec_data
+
+    data = read_spec_data(SWEEP)
+    data["workdir"] = str((SWEEP.parent / str(data.get("workdir", "."))).resolve())
+    data["command"] = [str(c) for c in data["command"]] + ["--step-seconds", "0.3"]
+    data["hyperparameters"]["steps"] = 30
+    data["total_steps"] = 30
+    data["max_runtime"] = "5m"
+    sweep = data["sweep"]
+    sweep.update(max_trials=12, max_parallel=4, early_stopping="median")
+    out = tmp / "sweep.toml"
+    out.write_text(dumps(data))
+    return out
+
+
+async def run_sweep(app: Any, pilot: Any, tmp: Path, converter: str, shots: list[Path],
+                    until: Any) -> None:
+    """Start the short sweep through the app's client (off the app's loop: starting its first
+    trials places them on the hosts), show the Sweeps view, and capture it once at least six
+    trials completed (or the sweep ended)."""
+    from tui.model.jobspec import load_jobspec
+
+    spec = load_jobspec(sweep_spec(tmp))
+    detail = await asyncio.to_thread(app.client.sweep, spec)
+    sweep_id = detail.row.sweep_id
+    print(f"sweep {sweep_id}: {detail.row.max_trials} trials", flush=True)
+    await pilot.press("7")
+
+    def progress() -> tuple[int, str]:
+        row = next((r for r in app.sweep_list if r.sweep_id == sweep_id), None)
+        return (0, "") if row is None else (row.completed, row.state)
+
+    await until(
+        lambda: progress()[0] >= 6 or progress()[1] in ("completed", "stopped", "failed"),
+        "six trials of the sweep",
+        240,
+    )
+    await pilot.press("enter")  # into the trials, the cursor on the best
+    app.query_one("#trials-table").move_cursor(row=0)
+    await pilot.pause(1.5)
+    await capture(app, pilot, "sweeps", converter, shots)
+    print(f"sweep {sweep_id}: {progress()[0]} trials completed at the screenshot", flush=True)
+    row = next((r for r in app.sweep_list if r.sweep_id == sweep_id), None)
+    if row is not None and row.state in ("running", "stopping"):
+        await asyncio.to_thread(app.client.sweep_stop, sweep_id)
+        await until(
+            lambda: progress()[1] in ("stopped", "completed", "failed"), "the sweep to stop", 120
+        )
+    print(f"sweep {sweep_id}: {progress()[1]}", flush=True)
+
+
 async def capture(app: Any, pilot: Any, name: str, converter: str, shots: list[Path]) -> None:
     app.clear_notifications()
     await pilot.pause(0.3)
@@ -141,7 +199,9 @@ async def capture(app: Any, pilot: Any, name: str, converter: str, shots: list[P
     print(f"  {svg.relative_to(ROOT)} + .png", flush=True)
 
 
-async def run(bed: Any, tmp: Path, converter: str, wait_steps: int, timeout: float) -> list[Path]:
+async def run(
+    bed: Any, tmp: Path, converter: str, wait_steps: int, timeout: float, only: str = "all"
+) -> list[Path]:
     from textual.widgets import Input
 
     from tui.app.shell import RigdeckApp
@@ -169,6 +229,9 @@ async def run(bed: Any, tmp: Path, converter: str, wait_steps: int, timeout: flo
         await until(
             lambda: sum(h.status == "up" for h in app.hosts_snapshot) == 3, "three hosts up", 120
         )
+        if only == "sweeps":
+            await run_sweep(app, pilot, tmp, converter, shots, until)
+            return shots
         # Somebody else's process on h3's GPU 1 (a CPU burner the simulated GPU follows).
         burner = bed.popen(
             3,
@@ -221,6 +284,11 @@ async def run(bed: Any, tmp: Path, converter: str, wait_steps: int, timeout: flo
         detail = app.jobwatch.detail(job_id or "")
         if detail is not None:
             print(f"owner moves: {detail.checkpoints.moves}", flush=True)
+        if burner is not None:
+            burner.kill()
+            burner.wait()
+            burner = None
+        await run_sweep(app, pilot, tmp, converter, shots, until)
     if burner is not None:
         burner.kill()
         burner.wait()
@@ -233,6 +301,12 @@ def main(argv: list[str] | None = None) -> int:
         "--steps", type=int, default=500, help="wait for this many training steps first"
     )
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument(
+        "--only",
+        choices=("all", "sweeps"),
+        default="all",
+        help="sweeps: only the Sweeps view (a short sweep, no training job)",
+    )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from tests.testbed import TestBed, available
@@ -249,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         bed = TestBed(3, sim_gpus=4)
         bed.up()
         try:
-            shots = asyncio.run(run(bed, tmp, converter, args.steps, args.timeout))
+            shots = asyncio.run(run(bed, tmp, converter, args.steps, args.timeout, args.only))
         finally:
             bed.down()
     print(f"wrote {len(shots)} PNGs (and their SVGs) to {OUT.relative_to(ROOT)}/")

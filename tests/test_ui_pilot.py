@@ -1,6 +1,7 @@
 """Every action of the app, driven by Textual's pilot over recorded cluster and job data:
 launch (file, form, errors at the field), stop with its confirmation, GPU filter and sort, the
-log view's rank filter and search, the host key dialog, deploy, reconnect, help, rebinding."""
+log view's rank filter and search, the host key dialog, deploy, reconnect, help, rebinding, and
+the Sweeps view (its trials, charts, stop keys, errors)."""
 
 from __future__ import annotations
 
@@ -16,18 +17,24 @@ from textual.widgets import Input, Static
 from tests.ui_fixtures import (
     FINGERPRINT,
     JOB,
+    OLD_SWEEP,
+    SWEEP,
     FakeController,
     FakeMonitor,
     RecordedJobs,
+    RecordedSweeps,
     cluster_state,
     no_room,
     recorded_app,
+    recorded_sweeps,
     stop_servers,
 )
-from tui.app.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey
+from tui.app.screens.dialogs import ConfirmStop, ConfirmSweepStop, HelpScreen, TrustHostKey
 from tui.app.screens.launch import LaunchScreen
 from tui.app.shell import RigdeckApp
+from tui.app.widgets.chart import LossChart
 from tui.app.widgets.logview import LogView
+from tui.app.widgets.sweeps import SweepsTable, TrialsTable
 from tui.app.widgets.tables import GpusTable, HostsTable, JobsTable, SavesTable
 from tui.client import InProcessClient
 
@@ -309,6 +316,9 @@ async def test_deploy_reconnect_help_and_palette() -> None:
             "gpus.filter",
             "logs.rank",
             "stop.confirm",
+            "view.sweeps",
+            "sweeps.stop_trial",
+            "sweeps.stop",
         ):
             assert binding_id in text
         await pilot.press("escape")
@@ -385,3 +395,206 @@ async def test_a_controller_error_is_reported_not_raised() -> None:
         await until(pilot, lambda: any("exploded" in n.message for n in app._notifications))
         assert any("exploded" in n.message and n.severity == "error" for n in app._notifications)
         assert app.is_running
+
+
+# -- the Sweeps view ------------------------------------------------------------------------
+
+
+def best_so_far_of(detail: Any) -> list[tuple[int, float]]:
+    """The best completed objective up to each trial number, worked out here from the trials."""
+    out, best = [], None
+    for t in sorted(detail.trials, key=lambda t: t.number):
+        if t.state == "completed" and t.value is not None:
+            best = t.value if best is None else min(best, t.value)
+        if best is not None:
+            out.append((t.number, best))
+    return out
+
+
+async def sweeps_shown(app: RigdeckApp, pilot: Pilot[None], rows: int = 2) -> None:
+    """Switch to the Sweeps view (7) and wait for its first fetch with the selected detail."""
+    await pilot.press("7")
+    await until(pilot, lambda: app.sweeps_fetches and app.query_one("#trials-table").row_count
+                and app.query_one("#sweeps-table").row_count == rows)
+    await pilot.pause()
+
+
+async def test_sweeps_view_lists_sweeps_and_trials_best_first(kind: str) -> None:
+    sweeps = RecordedSweeps()
+    app = recorded_app(kind=kind, sweeps=sweeps)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert sweeps.calls == 0  # nothing fetched while the view is hidden
+        await sweeps_shown(app, pilot)
+        assert app.tabs.active == "sweeps"
+        table = app.query_one("#sweeps-table", SweepsTable)
+        assert table._order == [SWEEP, OLD_SWEEP] and table.cursor_key == SWEEP
+        assert [table.cell_text(SWEEP, c) for c in ("state", "strategy", "trials", "live", "pruned", "failed")] \
+            == ["running", "bayesian+median", "10/16", "2", "2", "1"]
+        assert table.cell_text(SWEEP, "best") == "0.008938 (#9)"
+        assert table.cell_text(OLD_SWEEP, "state") == "completed" and table.cell_text(OLD_SWEEP, "trials") == "6/6"
+        head = static_text(app, "#sweep-head")
+        assert "best: trial 9" in head and "lr=0.0093 width=136 optimizer=adamw" in head
+        assert "12 of 16 asked · 7 completed, 2 pruned, 1 failed" in head
+        # Trials: completed ones by objective, lowest first; then the unfinished, newest first.
+        trials = app.query_one("#trials-table", TrialsTable)
+        assert trials._order == ["9", "3", "5", "8", "1", "4", "2", "12", "11", "10", "7", "6"]
+        values = [float(trials.cell_text(k, "objective")) for k in trials._order[:7]]
+        assert values == sorted(values) and values[0] == 0.008938
+        assert trials.cell_text("9", "params") == "lr=0.0093 width=136 optimizer=adamw"
+        assert trials.cell_text("9", "best_step") == "30" and trials.cell_text("9", "time") == "40s"
+        assert trials.cell_text("6", "state") == "pruned" and trials.cell_text("6", "pruned") == "9"
+        assert trials.cell_text("12", "state") == "running" and trials.cell_text("12", "time") == "2m39s"
+        assert trials.cell_text("12", "objective") == "0.7451"  # reported so far (muted)
+        assert trials.cell_text("10", "objective") == "-"
+        # Best so far by trial number, and the curves of the best three.
+        detail = recorded_sweeps()[SWEEP]
+        best = app.query_one("#sweep-best", LossChart)
+        assert list(best.series[0]) == best_so_far_of(detail)
+        trial1 = next(t for t in detail.trials if t.number == 1)
+        assert best.series[0][0] == (1, trial1.value) and best.series[0][-1] == (12, 0.008938)
+        curves = app.query_one("#sweep-curves", LossChart)
+        assert [len(s) for s in curves.series] == [30, 30, 30]
+        assert curves.series[0][-1] == (30, 0.008938)
+        assert all(f"#{n}" in str(curves.border_subtitle) for n in (9, 3, 5))
+        # Another sweep: its trials and chart.
+        await pilot.press("down")
+        await until(pilot, lambda: trials.row_count == 6)
+        assert app.sweep_id == OLD_SWEEP and trials.cursor_key == "4"
+        assert "grid-width-sw81d0e4" in static_text(app, "#sweep-head")
+        assert list(app.query_one("#sweep-best", LossChart).series[0]) == best_so_far_of(
+            recorded_sweeps()[OLD_SWEEP])
+
+
+async def test_sweeps_refresh_while_shown_and_not_when_hidden() -> None:
+    sweeps = RecordedSweeps()
+    app = recorded_app(sweeps=sweeps)
+    async with app.run_test(size=SIZE) as pilot:
+        await sweeps_shown(app, pilot)
+        seen = app.sweeps_fetches
+        await until(pilot, lambda: app.sweeps_fetches >= seen + 2)
+        assert app.sweeps_fetches >= seen + 2  # about once a second
+        await pilot.press("1")
+        await pilot.pause(0.2)
+        calls = sweeps.calls
+        await pilot.pause(2.2)
+        assert sweeps.calls == calls
+
+
+async def test_stop_trial_and_stop_sweep_ask_first(kind: str) -> None:
+    sweeps = RecordedSweeps()
+    app = recorded_app(kind=kind, sweeps=sweeps)
+    async with app.run_test(size=SIZE) as pilot:
+        await sweeps_shown(app, pilot)
+        await pilot.press("enter")  # into the trials
+        trials = app.query_one("#trials-table", TrialsTable)
+        assert app.focused is trials and trials.cursor_key == "9"
+        await pilot.press("s")  # a completed trial is not stopped
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmSweepStop)
+        assert any("trial 9 has already ended" in n.message for n in app._notifications)
+        await pilot.press(*["down"] * 7)
+        assert trials.cursor_key == "12"
+        await pilot.press("s")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmSweepStop)
+        assert "trial 12" in static_text(app.screen, "#stop-title").replace("[b]", "")
+        body = static_text(app.screen, "#stop-body")
+        assert "lr=0.0078 width=160 optimizer=adam" in body and "sweep-lr-t12-" in body
+        await pilot.press("n")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmSweepStop) and app.tabs.active == "sweeps"
+        await pilot.pause(0.3)
+        assert sweeps.stopped_trials == [] and sweeps.stopped == []
+        await pilot.press("s")
+        await pilot.pause()
+        await pilot.press("y")
+        await until(pilot, lambda: sweeps.stopped_trials)
+        assert sweeps.stopped_trials == [(SWEEP, 12)] and sweeps.stopped == []
+        # The whole sweep.
+        await pilot.press("S")
+        await pilot.pause()
+        assert isinstance(app.screen, ConfirmSweepStop)
+        body = static_text(app.screen, "#stop-body")
+        assert "2 trial(s) running" in body and "best: trial 9" in body
+        await pilot.press("escape")
+        await pilot.pause(0.3)
+        assert sweeps.stopped == []
+        await pilot.press("S")
+        await pilot.pause()
+        await pilot.press("y")
+        await until(pilot, lambda: sweeps.stopped)
+        assert sweeps.stopped == [SWEEP] and sweeps.stopped_trials == [(SWEEP, 12)]
+        await until(pilot, lambda: any("sweep-lr-sw3f9c2a: running" in n.message for n in app._notifications))
+        # A finished sweep is not stopped again.
+        await pilot.press("shift+tab", "down")
+        await until(pilot, lambda: app.sweep_id == OLD_SWEEP and trials.row_count == 6)
+        await pilot.press("S")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmSweepStop)
+        assert any("has already ended (completed)" in n.message for n in app._notifications)
+        assert sweeps.stopped == [SWEEP]
+
+
+async def test_enter_on_a_trial_opens_its_job(kind: str) -> None:
+    app = recorded_app(kind=kind)
+    async with app.run_test(size=SIZE) as pilot:
+        await sweeps_shown(app, pilot)
+        await pilot.press("enter", "down", "enter")
+        await pilot.pause()
+        trial3 = next(t for t in recorded_sweeps()[SWEEP].trials if t.number == 3)
+        assert app.tabs.active == "job" and app.job_id == trial3.job_id
+
+
+async def test_sweeps_view_empty_state() -> None:
+    app = recorded_app(sweeps=RecordedSweeps(empty=True))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("7")
+        await until(pilot, lambda: app.sweeps_fetches)
+        await pilot.pause()
+        assert static_text(app, "#sweeps-status") == "no sweeps: rigdeck sweep SPEC starts one"
+        assert app.query_one("#sweeps-table").row_count == 0
+        await pilot.press("s", "S")
+        await pilot.pause()
+        assert not isinstance(app.screen, ConfirmSweepStop)
+        assert any("no sweep selected" in n.message for n in app._notifications)
+
+
+async def test_a_sweeps_error_is_shown_and_the_view_recovers(kind: str) -> None:
+    sweeps = RecordedSweeps()
+    sweeps.error = RuntimeError("the sweep store is locked")
+    app = recorded_app(kind=kind, sweeps=sweeps)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("7")
+        await until(pilot, lambda: "locked" in static_text(app, "#sweeps-status"))
+        assert "the sweep store is locked" in static_text(app, "#sweeps-status")
+        assert app.query_one("#sweeps-table").row_count == 0 and app.is_running
+        sweeps.error = None
+        await until(pilot, lambda: app.query_one("#sweeps-table").row_count == 2)
+        assert "locked" not in static_text(app, "#sweeps-status")
+        # Failing again: the last rows stay, with the error above them.
+        sweeps.error = RuntimeError("the sweep store is locked")
+        await until(pilot, lambda: "locked" in static_text(app, "#sweeps-status"))
+        assert "showing the last fetched" in static_text(app, "#sweeps-status")
+        assert app.query_one("#sweeps-table").row_count == 2
+
+
+async def test_sweeps_view_over_a_server_whose_link_goes_down() -> None:
+    """The server goes away: the view says so and keeps what it had; the app never waits."""
+    app = recorded_app(kind="server")
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await sweeps_shown(app, pilot)
+            stop_servers()
+            for _ in range(300):  # the link's own wait for a reconnection: about 5 s
+                await pilot.pause(0.05)
+                if app.sweeps_error:
+                    break
+            status = static_text(app, "#sweeps-status")
+            assert "server" in status and "showing the last fetched" in status, status
+            assert app.query_one("#sweeps-table").row_count == 2
+            await pilot.press("1")  # the UI answers meanwhile
+            await pilot.pause()
+            assert app.tabs.active == "hosts"
+    finally:
+        stop_servers()

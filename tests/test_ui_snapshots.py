@@ -66,3 +66,31 @@ def test_wide_gpu_view(snap_compare: Any) -> None:
 )
 def test_dialogs(snap_compare: Any, dialog: str, keys: tuple[str, ...]) -> None:
     assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=_prepare(*keys))
+
+
+def _sweeps(*keys: str) -> Any:
+    """Switch to the Sweeps view, wait for its fetch (a worker thread), then press ``keys``."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        await pilot.pause()
+        await pilot.press("7")
+        for _ in range(100):
+            await pilot.pause(0.05)
+            if app.sweeps_fetches and app.query_one("#trials-table").row_count:
+                break
+        await _prepare(*keys)(pilot)
+
+    return run_before
+
+
+@pytest.mark.parametrize(
+    "view, keys",
+    [
+        ("sweeps", ()),
+        ("stop-trial", ("enter", *["down"] * 7, "s")),
+        ("stop-sweep", ("S",)),
+    ],
+)
+def test_sweeps_view(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
+    assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=_sweeps(*keys))

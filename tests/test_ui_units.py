@@ -1,18 +1,40 @@
 """The app's non-visual parts: job folding, checkpoint ownership, specs from the form, keymaps,
-chart axes, and the diff table's bookkeeping."""
+chart axes and series, the sweeps view's rows and text, and the diff table's bookkeeping."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
+from rich.style import Style
 from textual.app import App, ComposeResult
 
-from tests.ui_fixtures import JOB, NOW, RecordedJobs, cluster_state, ddp_metrics
+from tests.ui_fixtures import (
+    JOB,
+    NOW,
+    OLD_SWEEP,
+    SWEEP,
+    RecordedJobs,
+    cluster_state,
+    ddp_metrics,
+    recorded_sweeps,
+)
 from tui.app.keys import load_keymap
-from tui.app.widgets.chart import render_chart, ticks
+from tui.app.widgets.chart import fmt_tick, render_chart, render_series, ticks
 from tui.app.widgets.difftable import Col, DiffTable
+from tui.app.widgets.sweeps import (
+    best_text,
+    curve_trials,
+    fetch_sweeps,
+    objective_text,
+    stop_sweep_text,
+    sweep_rows,
+    trial_duration,
+    trial_line,
+    trial_rows,
+)
 from tui.app.widgets.tables import GpuFilter, GpusTable, Widths, gpu_rows, host_rows
 from tui.control.jobwatch import (
     LogBuffer,
@@ -433,3 +455,109 @@ def test_a_gpu_claimed_on_its_host_shows_the_claiming_job_until_its_ranks_run() 
     assert gpu_job_label(gpu(running)) == ("ddp-1 r0", "job")
     idle = gpu({"processes": [], "claim": None})
     assert not idle.busy and gpu_job_label(idle) == ("-", "idle")
+
+
+def test_chart_ticks_of_a_two_and_a_half_step_and_of_whole_numbers() -> None:
+    lo, hi, values = ticks(0.0, 0.41, 2)
+    assert values == [0.0, 0.25, 0.5]
+    assert [fmt_tick(v, 0.25) for v in values] == ["0", "0.25", "0.50"]
+    assert [fmt_tick(v, 2.5) for v in (2.5, 5.0, 7.5)] == ["2.5", "5.0", "7.5"]
+    assert ticks(1, 4, 12, min_step=1.0)[2] == [1.0, 2.0, 3.0, 4.0]  # trial numbers: no 1.5
+    assert ticks(1, 12, 5, min_step=1.0)[2] == [0.0, 5.0, 10.0, 15.0]  # nor 2.5
+
+
+def _cells(strips: list[Any]) -> list[list[tuple[str, Any]]]:
+    """Each strip as (character, style) per cell."""
+    return [[(c, seg.style) for seg in strip for c in seg.text] for strip in strips]
+
+
+def test_chart_draws_several_series_the_first_on_top_and_steps() -> None:
+    first, second = Style(color="red"), Style(color="blue")
+    a = [(s, 1.0) for s in range(50)]
+    b = [(s, 1.0 + s / 49) for s in range(50)]
+
+    def dots(strips: list[Any]) -> dict[tuple[int, int], Any]:
+        return {(r, i): st for r, row in enumerate(_cells(strips)) for i, (c, st) in enumerate(row)
+                if 0x2800 < ord(c) <= 0x28FF}
+
+    ab = dots(render_series([a, b], 60, 12, lines=[first, second]))
+    ba = dots(render_series([b, a], 60, 12, lines=[first, second]))
+    assert set(ab.values()) == {first, second} and set(ab) == set(ba)
+    shared = [k for k in ab if ab[k] == ba[k]]  # where both pass: the first series' style
+    assert shared and all(ab[k] == first for k in shared)
+    # One series is the one-series chart.
+    one = [st.text for st in render_series([a], 60, 12)]
+    assert one == [st.text for st in render_chart(a, 60, 12)]
+    # Steps: across at the first level, straight down at the next point, across again.
+    stair = dots(render_series([[(1, 2.0), (5, 1.0), (10, 1.0)]], 40, 10, steps=True))
+    rows_at = {}
+    for r, c in stair:
+        rows_at.setdefault(c, set()).add(r)
+    drop = [c for c, rs in rows_at.items() if len(rs) >= 4]
+    assert len(drop) == 1  # one column holds the whole drop: no diagonal
+    assert "empty" in "".join(st.text for st in render_series([[], []], 40, 6, empty="empty"))
+
+
+def test_sweep_rows_and_trial_rows() -> None:
+    sweeps = recorded_sweeps()
+    rows = dict(sweep_rows([sweeps[SWEEP].row, sweeps[OLD_SWEEP].row]))
+    assert list(rows) == [SWEEP, OLD_SWEEP]
+    assert rows[SWEEP] == (SWEEP, "running", "bayesian+median", "10/16", (2, 0), 2, 1, "val_loss ↓",
+                           "0.008938 (#9)")
+    assert rows[OLD_SWEEP][4] is None and rows[OLD_SWEEP][2] == "grid"
+    detail = sweeps[SWEEP]
+    trials = trial_rows(detail, NOW)
+    assert [k for k, _ in trials][:3] == ["9", "3", "5"]
+    by = dict(trials)
+    assert by["9"] == ((9, 1), "completed", ("0.008938", False), "30", "-", 40,
+                       "lr=0.0093 width=136 optimizer=adamw")
+    assert by["12"][2] == ("0.7451", True) and by["12"][5] == 159  # running: so far, muted
+    assert by["6"][4] == "9" and by["10"][2] == ("-", False)
+
+
+def test_sweep_text_helpers() -> None:
+    assert objective_text(None) == "-" and objective_text(0.0123456789) == "0.012346"
+    assert objective_text(float("nan")) == "nan" and objective_text(3.2e7) == "3.200e+07"
+    detail = recorded_sweeps()[SWEEP]
+    t = {t.number: t for t in detail.trials}
+    assert trial_duration(t[9], NOW) == 40.0 and trial_duration(t[12], NOW) == NOW - t[12].started
+    assert best_text(detail.row) == "0.008938 (#9)"
+    assert best_text(dataclasses.replace(detail.row, best_trial=None)) == "-"
+    assert [x.number for x in curve_trials(detail)] == [9, 3, 5]
+    assert [x.number for x in curve_trials(detail, extra=6)] == [9, 3, 5, 6]
+    assert [x.number for x in curve_trials(detail, extra=10)] == [9, 3, 5]  # no curve: not drawn
+    line = trial_line(t[10])
+    assert "trial 10" in line and "$error" in line and "exited with code 1" in line
+    assert "pruned at step 9" in trial_line(t[6]) and trial_line(None) == ""
+    body = stop_sweep_text(detail.row)
+    assert "2 trial(s) running, 0 queued; 10 of 16 done" in body and "best: trial 9" in body
+
+
+def test_fetch_sweeps_picks_the_newest_and_reports_errors() -> None:
+    sweeps = recorded_sweeps()
+
+    class Client:
+        fail: Exception | None = None
+        fail_detail: Exception | None = None
+
+        def sweeps(self) -> list[Any]:
+            if self.fail:
+                raise self.fail
+            return [d.row for d in sweeps.values()]
+
+        def sweep_detail(self, ref: str) -> Any:
+            if self.fail_detail:
+                raise self.fail_detail
+            return sweeps[ref]
+
+    c = Client()
+    f = fetch_sweeps(c, None)
+    assert f.selected == SWEEP and f.detail is sweeps[SWEEP] and f.error is None and len(f.rows or ()) == 2
+    assert fetch_sweeps(c, OLD_SWEEP).detail is sweeps[OLD_SWEEP]
+    assert fetch_sweeps(c, "gone-sw000000").selected == SWEEP  # a sweep no longer listed
+    c.fail_detail = TimeoutError()
+    f = fetch_sweeps(c, OLD_SWEEP)
+    assert f.rows is not None and f.detail is None and f.error == f"sweep {OLD_SWEEP}: TimeoutError"
+    c.fail = ConnectionError("server h1: link down")
+    f = fetch_sweeps(c, OLD_SWEEP)
+    assert f.rows is None and f.selected == OLD_SWEEP and f.error == "sweeps: server h1: link down"

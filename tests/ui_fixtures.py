@@ -450,6 +450,159 @@ class RecordedJobs(JobWatch):
         return "stopped"
 
 
+# ---------------------------------------------------------------------------------------------
+# Sweeps
+
+SWEEP = "sweep-lr-sw3f9c2a"
+OLD_SWEEP = "grid-width-sw81d0e4"
+PENALTY = {"adamw": 0.0, "adam": 0.05, "sgd": 0.3}
+
+
+def val_loss(lr: float, width: int, optimizer: str, step: int) -> float:
+    """examples/sweep/objective.py's curve: lowest at lr 0.01, width 128, adamw."""
+    floor = (math.log10(lr) + 2.0) ** 2 / 4.0 + ((width - 128) / 128.0) ** 2 + PENALTY[optimizer]
+    return floor + 1.5 * math.exp(-(0.08 + 0.12 * min(1.0, lr / 0.01)) * step)
+
+
+# (lr, width, optimizer, state, steps reported, error)
+SWEEP_TRIALS: list[tuple[float, int, str, str, int, str | None]] = [
+    (0.0031, 64, "adam", "completed", 30, None),
+    (0.21, 224, "sgd", "completed", 30, None),
+    (0.012, 144, "adamw", "completed", 30, None),
+    (0.00042, 96, "adamw", "completed", 30, None),
+    (0.0087, 112, "adamw", "completed", 30, None),
+    (0.055, 32, "adam", "pruned", 9, None),
+    (0.0011, 176, "sgd", "pruned", 12, None),
+    (0.0105, 128, "adam", "completed", 30, None),
+    (0.0093, 136, "adamw", "completed", 30, None),
+    (0.6, 16, "sgd", "failed", 0, "rank 0 on h2 exited with code 1"),
+    (0.011, 120, "adamw", "running", 14, None),
+    (0.0078, 160, "adam", "running", 5, None),
+]
+
+
+def _trial(sweep_id: str, number: int, lr: float, width: int, opt: str, state: str, steps: int,
+           error: str | None, started: float) -> Any:
+    from tui.model.sweepview import TrialRow
+
+    curve = tuple((s, round(val_loss(lr, width, opt, s), 6)) for s in range(1, steps + 1))
+    best = min(curve, key=lambda c: c[1]) if curve else None
+    done = state in ("completed", "pruned", "failed", "stopped")
+    return TrialRow(
+        number=number,
+        job_id=f"{sweep_id.split('-sw')[0]}-t{number}-{number:02d}a{number % 7}c{number % 5}",
+        state=state,
+        params=(("lr", lr), ("width", width), ("optimizer", opt)),
+        value=curve[-1][1] if state == "completed" else None,
+        best_step=best[0] if best else None,
+        best_value=best[1] if best else None,
+        last_step=curve[-1][0] if curve else None,
+        pruned_step=steps if state == "pruned" else None,
+        started=started,
+        ended=started + (1.2 * steps + 4 if steps else 3) if done else None,
+        error=error,
+        curve=curve,
+    )
+
+
+def _sweep(sweep_id: str, name: str, state: str, strategy: str, pruner: str, max_trials: int,
+           created: float, trials: list[Any], ended: float | None = None,
+           reason: str | None = None) -> Any:
+    from tui.model.sweepview import SweepDetail, SweepRow, sorted_trials
+
+    count = {k: sum(1 for t in trials if t.state == k) for k in
+             ("completed", "pruned", "failed", "stopped", "running", "queued")}
+    done = sorted_trials([t for t in trials if t.state == "completed"], "minimize")
+    row = SweepRow(
+        sweep_id=sweep_id, name=name, state=state, strategy=strategy, pruner=pruner,
+        metric="val_loss", goal="minimize", max_trials=max_trials, created=created, ended=ended,
+        reason=reason, trials=len(trials), running=count["running"], queued=count["queued"],
+        completed=count["completed"], pruned=count["pruned"],
+        failed=count["failed"] + count["stopped"],
+        best_trial=done[0].number if done else None, best_value=done[0].value if done else None,
+    )
+    parameters = (
+        {"name": "lr", "type": "float", "low": 1e-4, "high": 1.0, "log": True},
+        {"name": "width", "type": "int", "low": 16, "high": 256, "step": 16},
+        {"name": "optimizer", "type": "categorical", "choices": ["sgd", "adam", "adamw"]},
+    )
+    return SweepDetail(row=row, parameters=parameters, trials=tuple(sorted_trials(trials, "minimize")),
+                       seed=1)
+
+
+def recorded_sweeps() -> dict[str, Any]:
+    """Two sweeps: SWEEP running (bayesian with median pruning: completed, pruned, failed and
+    running trials) and OLD_SWEEP, a finished grid; newest first."""
+    created = T0 - 300
+    trials = [_trial(SWEEP, i, *t, started=created + 2 + 24 * (i - 1))
+              for i, t in enumerate(SWEEP_TRIALS, start=1)]
+    old_created = T0 - 3600
+    grid = [_trial(OLD_SWEEP, i, 0.01, w, "adamw", "completed", 30, None, old_created + 40 * i)
+            for i, w in enumerate((32, 64, 96, 128, 160, 192), start=1)]
+    return {
+        SWEEP: _sweep(SWEEP, "sweep-lr", "running", "bayesian", "median", 16, created, trials),
+        OLD_SWEEP: _sweep(OLD_SWEEP, "grid-width", "completed", "grid", "off", 6, old_created, grid,
+                          ended=old_created + 300),
+    }
+
+
+class RecordedSweeps:
+    """Stands in for the controller's SweepRunner: recorded sweeps; stops are recorded."""
+
+    def __init__(self, empty: bool = False):
+        self.details: dict[str, Any] = {} if empty else recorded_sweeps()
+        self.stopped: list[str] = []
+        self.stopped_trials: list[tuple[str, int]] = []
+        self.error: Exception | None = None
+        self.calls = 0
+
+    def _check(self) -> None:
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+
+    def rows(self) -> list[Any]:
+        self._check()
+        return [d.row for d in self.details.values()]
+
+    def detail(self, ref: str) -> Any:
+        self._check()
+        from tui.client import SweepError
+
+        if ref not in self.details:
+            raise SweepError(f"no sweep {ref!r} (rigdeck sweeps lists them)")
+        return self.details[ref]
+
+    def stop(self, ref: str) -> Any:
+        self.stopped.append(ref)
+        return self.detail(ref)
+
+    def stop_trial(self, ref: str, number: int) -> Any:
+        self.stopped_trials.append((ref, number))
+        return self.detail(ref)
+
+    def tick(self) -> None:
+        pass
+
+    def feed(self, job_id: str, records: list[dict[str, Any]]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def recorded_service(controller: Any, monitor: Any, jobs: Any, sweeps: RecordedSweeps, **kw: Any) -> Any:
+    """A ControllerService over the recorded parts, its sweeps the recorded ones."""
+    from tui.control.service import ControllerService
+
+    class RecordedService(ControllerService):
+        @property
+        def sweeps(self) -> Any:  # type: ignore[override]
+            return sweeps
+
+    return RecordedService(controller.inventory, controller=controller, monitor=monitor, source=jobs, **kw)
+
+
 def no_room() -> PlacementError:
     return PlacementError(
         "job 'ddp' asks 3 nodes x 2 GPUs; free: h1 GPUs 2,3; h2 GPU 2 (3: bob); h3 down"
@@ -462,13 +615,16 @@ def recorded_app(**kw: Any) -> Any:
     from tui.client import InProcessClient
 
     jobs = kw.pop("jobs", None) or RecordedJobs()
+    sweeps = kw.pop("sweeps", None) or RecordedSweeps()
     kind = kw.pop("kind", "embedded")
     controller = kw.pop("controller", None) or FakeController()
     client = kw.pop("client", None)
     if client is None and kind == "server":
-        client = served_client(controller, FakeMonitor(cluster_state()), jobs)
+        client = served_client(controller, FakeMonitor(cluster_state()), jobs, sweeps)
     elif client is None:
-        client = InProcessClient(controller=controller, monitor=FakeMonitor(cluster_state()), jobs=jobs)
+        client = InProcessClient(
+            service=recorded_service(controller, FakeMonitor(cluster_state()), jobs, sweeps)
+        )
     app = RigdeckApp(
         client,
         clock=lambda: NOW,
@@ -481,7 +637,7 @@ def recorded_app(**kw: Any) -> Any:
 SERVERS: list[Any] = []  # servers started by served_client, stopped by stop_servers
 
 
-def served_client(controller: Any, monitor: Any, jobs: Any) -> Any:
+def served_client(controller: Any, monitor: Any, jobs: Any, sweeps: RecordedSweeps | None = None) -> Any:
     """The same recorded parts behind a real ``rigdeck serve`` server (tui.control.server, in a
     thread of this process, on a unix socket in a fresh directory), and a RemoteClient attached
     to it: what the app sees then came through the server's JSON-lines API and the state mirror."""
@@ -491,12 +647,10 @@ def served_client(controller: Any, monitor: Any, jobs: Any) -> Any:
 
     from tui.client import RemoteClient
     from tui.control.server import Server, socket_path
-    from tui.control.service import ControllerService
     from tui.remote.unixsock import UnixSocketTransport
 
     state_dir = Path(tempfile.mkdtemp(prefix="rigdeck-pilot-server-"))
-    service = ControllerService(controller.inventory, controller=controller, monitor=monitor, source=jobs,
-                                kind="server", host="h1")
+    service = recorded_service(controller, monitor, jobs, sweeps or RecordedSweeps(), kind="server", host="h1")
     server = Server(service, socket_path(state_dir))
     server.listen()
     threading.Thread(target=server.serve_forever, daemon=True, name="pilot-server").start()

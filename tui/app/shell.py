@@ -22,17 +22,23 @@ from typing import Any, ClassVar
 from textual import on, work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding, BindingType
-from textual.containers import Vertical
+from textual.containers import Horizontal, Vertical
 from textual.markup import escape
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedContent, TabPane
 from textual.worker import Worker, WorkerState
 
 from tui.app.keys import keymap_path, load_keymap
-from tui.app.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey, describe_error
+from tui.app.screens.dialogs import (
+    ConfirmStop,
+    ConfirmSweepStop,
+    HelpScreen,
+    TrustHostKey,
+    describe_error,
+)
 from tui.app.screens.launch import LaunchScreen
 from tui.app.terminal import HangupWatch, input_fd
-from tui.app.widgets.chart import LossChart
+from tui.app.widgets.chart import LINE_VARS, LossChart
 from tui.app.widgets.format import (
     SIM_MARK,
     duration,
@@ -42,6 +48,22 @@ from tui.app.widgets.format import (
     step_rate_text,
 )
 from tui.app.widgets.logview import LogView
+from tui.app.widgets.sweeps import (
+    NO_SWEEPS,
+    SweepFetch,
+    SweepsTable,
+    TrialsTable,
+    can_stop_sweep,
+    can_stop_trial,
+    curve_trials,
+    fetch_sweeps,
+    stop_sweep_text,
+    stop_trial_text,
+    sweep_head,
+    sweep_rows,
+    trial_line,
+    trial_rows,
+)
 from tui.app.widgets.tables import (
     BUSY_FILTERS,
     SORT_LABELS,
@@ -62,12 +84,13 @@ from tui.app.widgets.tables import (
 from tui.client import Client, HostReport, describe_cause
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import JobDetail, JobSource, JobsSnapshot
+from tui.model.sweepview import SweepDetail, SweepRow, TrialRow
 from tui.model.termsafe import terminal_safe
 from tui.model.views import HostKey, HostView
 
 log = logging.getLogger(__name__)
 
-TABS = ("hosts", "gpus", "jobs", "job", "checkpoints", "logs")
+TABS = ("hosts", "gpus", "jobs", "job", "checkpoints", "logs", "sweeps")
 EXIT_HANGUP = 128 + signal.SIGHUP  # the shell's status for a process ended by a hangup
 JOB_TABS = ("job", "checkpoints", "logs")
 
@@ -142,6 +165,26 @@ class GpusPane(Vertical):
         app.refresh_views(force=True)
 
 
+class SweepsPane(Vertical):
+    """The Sweeps view: sweeps, the selected one's trials, its charts; its stop keys (active
+    while a table of it has focus)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("s", "stop_trial", "Stop trial", id="sweeps.stop_trial"),
+        Binding("S", "stop_sweep", "Stop sweep", id="sweeps.stop"),
+    ]
+
+    def action_stop_trial(self) -> None:
+        app = self.app
+        assert isinstance(app, RigdeckApp)
+        app.stop_trial()
+
+    def action_stop_sweep(self) -> None:
+        app = self.app
+        assert isinstance(app, RigdeckApp)
+        app.stop_sweep()
+
+
 class RigdeckApp(App[None]):
     """rigdeck: hosts, GPUs and jobs of a bare-metal cluster."""
 
@@ -154,6 +197,7 @@ class RigdeckApp(App[None]):
         Binding("4", "show_tab('job')", "Job", id="view.job", show=False),
         Binding("5", "show_tab('checkpoints')", "Checkpoints", id="view.checkpoints", show=False),
         Binding("6", "show_tab('logs')", "Logs", id="view.logs", show=False),
+        Binding("7", "show_tab('sweeps')", "Sweeps", id="view.sweeps", show=False),
         Binding("l", "launch", "Launch", id="job.launch"),
         Binding("s", "stop_job", "Stop", id="job.stop"),
         Binding("d", "deploy", "Deploy", id="host.deploy"),
@@ -196,6 +240,14 @@ class RigdeckApp(App[None]):
         self._gc_thresholds = gc.get_threshold()
         self.samples = 0
         self._hangup: HangupWatch | None = None
+        # The Sweeps view: fetched on a worker thread about once a second while it shows.
+        self.sweep_id: str | None = None
+        self.sweep_list: tuple[SweepRow, ...] = ()
+        self.sweep_detail: SweepDetail | None = None
+        self.sweeps_error: str | None = None
+        self.sweeps_fetches = 0  # fetches done (tests wait on it)
+        self._sweeps_inflight = False
+        self._sweeps_again = False
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -239,6 +291,15 @@ class RigdeckApp(App[None]):
                     compact=True,
                 )
                 yield LogView(id="log-view")
+            with TabPane("Sweeps 7", id="sweeps"):
+                with SweepsPane(id="sweeps-pane"):
+                    yield Static("loading sweeps…", id="sweeps-status", classes="status")
+                    yield SweepsTable(id="sweeps-table")
+                    yield Static("", id="sweep-head", classes="head")
+                    yield TrialsTable(id="trials-table")
+                    with Horizontal(id="sweep-charts"):
+                        yield LossChart(id="sweep-best")
+                        yield LossChart(id="sweep-curves")
         yield Footer(compact=True)
 
     @property
@@ -252,11 +313,15 @@ class RigdeckApp(App[None]):
         self.query_one("#log-search", Input).display = False
         self.query_one("#loss", LossChart).border_title = "loss by step"
         self.query_one("#ranks-table").border_title = "ranks"
+        self.query_one("#sweep-best", LossChart).border_title = "best so far, by trial"
+        self.query_one("#sweep-curves", LossChart).border_title = "objective by step"
+        self.query_one("#trials-table").border_title = "trials, best first"
         self._apply_keymap()
         self._set_widths(self.size.width)
         self.client.start()
         self.refresh_views(force=True)
         self.set_interval(1.0 / self.sample_hz, self.refresh_views, name="sample")
+        self.set_interval(1.0, self.poll_sweeps, name="sweeps")
         # Everything built so far lives as long as the app: keep it out of the collector's way,
         # so a full collection while thousands of GPU rows change costs what changed, not all.
         # Samples churn (every GPU, every second), and most of a second's objects die within
@@ -311,6 +376,8 @@ class RigdeckApp(App[None]):
             ("#jobs-table", JobsTable),
             ("#ranks-table", RanksTable),
             ("#saves-table", SavesTable),
+            ("#sweeps-table", SweepsTable),
+            ("#trials-table", TrialsTable),
         ):
             table = self.query_one(sel, cls)
             if table.set_columns(table.columns_for(w)):
@@ -336,8 +403,9 @@ class RigdeckApp(App[None]):
             ("Everywhere", rows(self.BINDINGS)),
             ("GPUs view", rows(GpusPane.BINDINGS)),
             ("Logs view", rows(LogView.BINDINGS)),
+            ("Sweeps view", rows(SweepsPane.BINDINGS)),
             ("Launch dialog", rows(_L.BINDINGS)),
-            ("Stop dialog", rows(ConfirmStop.BINDINGS)),
+            ("Stop dialogs (job, trial, sweep)", rows(ConfirmStop.BINDINGS)),
             ("Host key dialog", rows(TrustHostKey.BINDINGS)),
         ]
 
@@ -389,10 +457,16 @@ class RigdeckApp(App[None]):
 
     # -- sampling ---------------------------------------------------------------------------
 
+    @property
+    def closing(self) -> bool:
+        """Shutting down: a timer may fire, or a worker end, once more while the widgets go."""
+        screen = self.default_screen
+        return bool(self._exit or screen._closing or screen._closed or getattr(screen, "_pruning", False))
+
     def refresh_views(self, force: bool = False) -> None:
         """Sample the controller's state and apply what changed to the visible panels."""
-        if self._exit or self.default_screen._closing or self.default_screen._closed:
-            return  # shutting down: the timer may fire once more while the widgets go
+        if self.closing:
+            return
         self.samples += 1
         now = self.clock()
         second = int(now)
@@ -439,6 +513,8 @@ class RigdeckApp(App[None]):
                     self._update_jobs(now)
                 elif active in JOB_TABS:
                     self._update_detail(active, now)
+                elif active == "sweeps":
+                    self._update_sweeps(now)
             if active == "logs":
                 self.query_one("#log-view", LogView).sync()
 
@@ -662,6 +738,163 @@ class RigdeckApp(App[None]):
     def _log_changed(self) -> None:
         self._update_logs_status()
 
+    # -- sweeps -----------------------------------------------------------------------------
+
+    def poll_sweeps(self, soon: bool = False) -> None:
+        """Fetch the sweeps (and the selected one's detail) on a worker thread, while the view
+        shows and no fetch is under way; ``soon``: one more right after the current one (the
+        selection changed, a stop was sent)."""
+        if self.closing or self.tabs.active != "sweeps":
+            return
+        if self._sweeps_inflight:
+            self._sweeps_again = self._sweeps_again or soon
+            return
+        self._sweeps_inflight = True
+        self.run_worker(
+            lambda sel=self.sweep_id: fetch_sweeps(self.client, sel),
+            thread=True,
+            group="sweeps",
+            name="sweeps",
+            exit_on_error=False,
+        )
+
+    def _sweeps_fetched(self, fetch: SweepFetch | None, error: str | None = None) -> None:
+        self._sweeps_inflight = False
+        self.sweeps_fetches += 1
+        if self.closing:
+            return
+        if fetch is None:
+            self.sweeps_error = error or "sweeps: the fetch failed"
+        else:
+            self.sweeps_error = fetch.error
+            if fetch.rows is not None:
+                self.sweep_list = fetch.rows
+                ids = {r.sweep_id for r in fetch.rows}
+                if self.sweep_id not in ids:
+                    self.sweep_id = fetch.selected
+                    self.sweep_detail = None
+            if fetch.selected == self.sweep_id:
+                if fetch.detail is not None:
+                    self.sweep_detail = fetch.detail
+                elif fetch.error is None:
+                    self.sweep_detail = None
+            else:
+                self._sweeps_again = True  # the selection moved while this one was fetched
+        if self.tabs.active == "sweeps":
+            self._update_sweeps(self.clock())
+            self._dirty.discard("sweeps")
+        if self._sweeps_again:
+            self._sweeps_again = False
+            self.poll_sweeps()
+
+    def current_trial(self) -> TrialRow | None:
+        d = self.sweep_detail
+        if d is None:
+            return None
+        key = self.query_one("#trials-table", TrialsTable).cursor_key
+        return next((t for t in d.trials if str(t.number) == key), None)
+
+    def _update_sweeps(self, now: float) -> None:
+        status = self.query_one("#sweeps-status", Static)
+        sweeps = self.query_one("#sweeps-table", SweepsTable)
+        trials = self.query_one("#trials-table", TrialsTable)
+        rows = self.sweep_list
+        detail = self.sweep_detail
+        if not self.sweeps_fetches:
+            text = "loading sweeps…"
+        elif not rows:
+            text = NO_SWEEPS
+        else:
+            running = sum(1 for r in rows if r.state in ("running", "stopping"))
+            text = (
+                f"{len(rows)} sweep(s) · {running} running  "
+                "[$text-muted](enter: its trials · enter on a trial: its job)[/]"
+            )
+        if self.sweeps_error:
+            text = f"[$error]{escape(self.sweeps_error[:300])}[/]" + (
+                "  [$text-muted](showing the last fetched)[/]" if rows else ""
+            )
+        set_text(status, text)
+        sweeps.apply(sweep_rows(rows))
+        if detail is not None and detail.row.sweep_id != self.sweep_id:
+            detail = None
+        head = self.query_one("#sweep-head", Static)
+        if not rows:
+            set_text(head, "no sweep selected" if self.sweeps_fetches else "")
+        elif detail is None and self.sweep_id is not None:
+            set_text(head, f"[b]{escape(self.sweep_id)}[/b]  [$text-muted]loading…[/]")
+        else:
+            set_text(head, sweep_head(detail))
+        metric = detail.row.metric if detail is not None else "objective"
+        if trials.metric != metric:
+            trials.metric = metric
+            trials.set_columns(trials.columns_for(self.widths))
+        trials.apply(trial_rows(detail, now) if detail is not None else [])
+        self._update_sweep_charts(detail)
+
+    def _update_sweep_charts(self, detail: SweepDetail | None) -> None:
+        best = self.query_one("#sweep-best", LossChart)
+        curves = self.query_one("#sweep-curves", LossChart)
+        if detail is None:
+            empty = "no sweep selected" if self.sweep_list else "no sweeps"
+            best.set_series((), None, empty=empty)
+            curves.set_series((), None, empty=empty)
+            curves.border_subtitle = ""
+            self.query_one("#trials-table", TrialsTable).border_subtitle = ""
+            return
+        r = detail.row
+        so_far = detail.best_so_far()
+        best.set_series(
+            [so_far] if so_far else [],
+            (r.sweep_id, so_far, r.max_trials),
+            x_max=float(r.max_trials),
+            x_min_step=1.0,
+            steps=True,
+            empty="no trial completed yet",
+        )
+        best.border_title = f"best {r.metric} so far, by trial"
+        cursor = self.current_trial()
+        self.query_one("#trials-table", TrialsTable).border_subtitle = trial_line(cursor)
+        chosen = curve_trials(detail, extra=cursor.number if cursor is not None else None)
+        curves.set_series(
+            [t.curve for t in chosen],
+            (r.sweep_id, tuple((t.number, len(t.curve), t.curve[-1]) for t in chosen)),
+            empty=f"no {r.metric} reported yet",
+        )
+        curves.border_title = f"{r.metric} by step"
+        curves.border_subtitle = " ".join(
+            f"[{var}]━ #{t.number}[/]" for var, t in zip(LINE_VARS, chosen, strict=False)
+        )
+
+    @on(DataTable.RowHighlighted, "#sweeps-table")
+    def _sweep_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        key = event.row_key.value
+        if key and key != self.sweep_id:
+            self.sweep_id = key
+            self.sweep_detail = None
+            self._update_sweeps(self.clock())
+            self.query_one("#trials-table", TrialsTable).move_cursor(row=0)
+            self.poll_sweeps(soon=True)
+
+    @on(DataTable.RowSelected, "#sweeps-table")
+    def _sweep_chosen(self) -> None:
+        self.query_one("#trials-table").focus()
+
+    @on(DataTable.RowHighlighted, "#trials-table")
+    def _trial_highlighted(self) -> None:
+        self._update_sweep_charts(
+            self.sweep_detail
+            if self.sweep_detail is not None and self.sweep_detail.row.sweep_id == self.sweep_id
+            else None
+        )
+
+    @on(DataTable.RowSelected, "#trials-table")
+    def _trial_chosen(self) -> None:
+        t = self.current_trial()
+        if t is not None:
+            self.select_job(t.job_id)
+            self.tabs.active = "job"
+
     # -- navigation -------------------------------------------------------------------------
 
     def action_show_tab(self, tab: str) -> None:
@@ -678,9 +911,12 @@ class RigdeckApp(App[None]):
             "job": "#ranks-table",
             "checkpoints": "#saves-table",
             "logs": "#log-view",
+            "sweeps": "#sweeps-table",
         }.get(pane or "")
         if focus:
             self.query_one(focus).focus()
+        if pane == "sweeps":
+            self.poll_sweeps(soon=True)
 
     def select_job(self, job_id: str | None) -> None:
         if job_id != self.job_id:
@@ -819,6 +1055,61 @@ class RigdeckApp(App[None]):
         state = self.jobwatch.stop_job(job_id)
         return f"{job_id}: {state}"
 
+    def stop_trial(self) -> None:
+        """Stop the trial the cursor is on, after a confirmation."""
+        d = self.sweep_detail
+        if d is None or d.row.sweep_id != self.sweep_id:
+            self.notify("no sweep selected: pick one in Sweeps (7)", severity="warning")
+            return
+        t = self.current_trial()
+        if t is None:
+            self.notify("no trial selected: pick one in the trials table", severity="warning")
+            return
+        if not can_stop_trial(t):
+            self.notify(f"trial {t.number} has already ended ({t.state})", severity="warning")
+            return
+        sweep_id, number = d.row.sweep_id, t.number
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.notify(f"stopping trial {number} of {sweep_id}…", title="sweep")
+                self._stop_trial(sweep_id, number)
+
+        title = f"Stop trial [b]{number}[/b] of sweep [b]{escape(sweep_id)}[/b]?"
+        self.dialog(ConfirmSweepStop(title, stop_trial_text(d.row, t), "Stop trial"), confirmed)
+
+    @work(thread=True, group="action", name="stop trial", exit_on_error=False)
+    def _stop_trial(self, sweep_id: str, number: int) -> str:
+        self.client.sweep_stop_trial(sweep_id, number)
+        return f"{sweep_id}: trial {number} stopping"
+
+    def stop_sweep(self) -> None:
+        """Stop the selected sweep (its queued and running trials), after a confirmation."""
+        d = self.sweep_detail
+        row = d.row if d is not None and d.row.sweep_id == self.sweep_id else None
+        if row is None:
+            row = next((r for r in self.sweep_list if r.sweep_id == self.sweep_id), None)
+        if row is None:
+            self.notify("no sweep selected: pick one in Sweeps (7)", severity="warning")
+            return
+        if not can_stop_sweep(row):
+            self.notify(f"{row.sweep_id} has already ended ({row.state})", severity="warning")
+            return
+        sweep_id = row.sweep_id
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.notify(f"stopping sweep {sweep_id}…", title="sweep")
+                self._stop_sweep(sweep_id)
+
+        title = f"Stop sweep [b]{escape(sweep_id)}[/b]?"
+        self.dialog(ConfirmSweepStop(title, stop_sweep_text(row), "Stop sweep"), confirmed)
+
+    @work(thread=True, group="action", name="stop sweep", exit_on_error=False)
+    def _stop_sweep(self, sweep_id: str) -> str:
+        d = self.client.sweep_stop(sweep_id)
+        return f"sweep {sweep_id}: {d.row.state}"
+
     def action_deploy(self, host: str | None = None, all_hosts: bool = False) -> None:
         names = None if all_hosts else [host or self.current_host()]
         if names == [None]:
@@ -883,11 +1174,20 @@ class RigdeckApp(App[None]):
     def _worker_done(self, event: Worker.StateChanged) -> None:
         """Every action's outcome, success or error, is reported here and nowhere else."""
         w = event.worker
+        if self.closing:
+            return
+        if w.group == "sweeps":
+            if event.state == WorkerState.SUCCESS:
+                self._sweeps_fetched(w.result)
+            elif event.state in (WorkerState.ERROR, WorkerState.CANCELLED):
+                self._sweeps_fetched(None, f"sweeps: {describe_error(w.error or Exception('cancelled'))}")
+            return
         if w.group != "action":
             return
         if event.state == WorkerState.SUCCESS and w.result:
             self.notify(escape(str(w.result)), title=w.name)
             self.refresh_views(force=True)
+            self.poll_sweeps(soon=True)
         elif event.state == WorkerState.ERROR:
             self.notify(
                 escape(describe_error(w.error or Exception("failed"))),

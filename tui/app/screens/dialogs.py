@@ -1,4 +1,5 @@
-"""Modal dialogs: confirm a stop, trust a host key, and the help screen."""
+"""Modal dialogs: confirm a stop (a job, a sweep or one of its trials), trust a host key, and
+the help screen."""
 
 from __future__ import annotations
 
@@ -51,6 +52,39 @@ class ConfirmStop(ModalScreen[bool]):
             )
             with Horizontal(classes="buttons"):
                 yield Button("Stop job (y)", variant="error", id="stop-yes")
+                yield Button("Cancel (n)", id="stop-no")
+
+    def on_mount(self) -> None:
+        self.query_one("#stop-no", Button).focus()
+
+    @on(Button.Pressed, "#stop-yes")
+    def action_confirm(self) -> None:
+        self.dismiss(True)
+
+    @on(Button.Pressed, "#stop-no")
+    def action_cancel(self) -> None:
+        self.dismiss(False)
+
+
+class ConfirmSweepStop(ModalScreen[bool]):
+    """Stop one trial of a sweep, or the whole sweep: what it stops; Stop or Cancel. The keys are
+    the job stop dialog's (the same binding ids)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = ConfirmStop.BINDINGS
+
+    def __init__(self, title: str, body: str, button: str) -> None:
+        """``title`` and ``body``: markup (escaped by the caller); ``button``: "Stop trial"."""
+        super().__init__()
+        self.title_markup = title
+        self.body_markup = body
+        self.button = button
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="dialog", classes="dialog -danger"):
+            yield Label(self.title_markup, id="stop-title")
+            yield Static(self.body_markup, id="stop-body")
+            with Horizontal(classes="buttons"):
+                yield Button(f"{self.button} (y)", variant="error", id="stop-yes")
                 yield Button("Cancel (n)", id="stop-no")
 
     def on_mount(self) -> None:

@@ -3,12 +3,16 @@
 Drawn with the Line API: the lines are computed once per (data version, size, theme) and
 ``render_line`` hands them out. Many more points than dot columns are folded per column into
 their min and max, so a noisy loss reads as a band, not as aliasing.
+
+Several series share the axes (``render_series``: the sweeps' objective curves): each is drawn
+in its own style, and a cell that two of them pass through takes the style of the first (the
+series are given most important first).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from rich.segment import Segment
@@ -23,26 +27,33 @@ _PLAIN = Style()
 _DOTS = ((0x01, 0x02, 0x04, 0x40), (0x08, 0x10, 0x20, 0x80))
 
 
-def nice_step(span: float, target_ticks: int) -> float:
-    """A 1/2/5 x 10^n step that cuts ``span`` into about ``target_ticks`` pieces."""
+def nice_step(span: float, target_ticks: int, integer: bool = False) -> float:
+    """A 1/2/2.5/5 x 10^n step that cuts ``span`` into about ``target_ticks`` pieces;
+    ``integer``: a whole number (no 2.5 for an axis of trial numbers)."""
     if span <= 0 or not math.isfinite(span):
         return 1.0
     raw = span / max(1, target_ticks)
     mag = 10 ** math.floor(math.log10(raw))
     for m in (1, 2, 2.5, 5, 10):
-        if raw <= m * mag:
-            return m * mag
+        step = m * mag
+        if integer and step != int(step):
+            continue
+        if raw <= step:
+            return step
     return 10 * mag
 
 
-def ticks(lo: float, hi: float, target: int) -> tuple[float, float, list[float]]:
-    """Axis bounds widened to whole steps, and the tick values between them."""
+def ticks(
+    lo: float, hi: float, target: int, min_step: float = 0.0
+) -> tuple[float, float, list[float]]:
+    """Axis bounds widened to whole steps, and the tick values between them; ``min_step``: no
+    finer step than that (1 for an axis of whole numbers, such as trial numbers)."""
     if hi < lo:
         lo, hi = hi, lo
     if hi == lo:
         pad = abs(lo) * 0.1 or 1.0
         lo, hi = lo - pad, hi + pad
-    step = nice_step(hi - lo, target)
+    step = max(nice_step(hi - lo, target, integer=min_step >= 1), min_step)
     start = math.floor(lo / step + 1e-9) * step
     end = math.ceil(hi / step - 1e-9) * step
     values: list[float] = []
@@ -59,6 +70,8 @@ def fmt_tick(v: float, step: float) -> str:
     if abs(v) >= 1e5 or (abs(v) < 1e-3):
         return f"{v:.1e}"
     decimals = max(0, -int(math.floor(math.log10(step)))) if step < 1 else 0
+    while decimals < 6 and abs(step * 10**decimals - round(step * 10**decimals)) > 1e-6:
+        decimals += 1  # a 2.5 step: 0.25, 0.50, not 0.2, 0.5
     return f"{v:.{decimals}f}"
 
 
@@ -72,21 +85,40 @@ def render_chart(
     line: Style = _PLAIN,
     empty: str = "no data yet",
 ) -> list[Strip]:
-    """The chart as ``height`` strips of ``width`` cells."""
+    """The chart of one series as ``height`` strips of ``width`` cells."""
+    return render_series([points], width, height, x_max=x_max, axis=axis, lines=[line], empty=empty)
+
+
+def render_series(
+    series: Sequence[Sequence[tuple[float, float]]],
+    width: int,
+    height: int,
+    *,
+    x_max: float | None = None,
+    x_min_step: float = 0.0,
+    axis: Style = _PLAIN,
+    lines: Sequence[Style] = (),
+    empty: str = "no data yet",
+    steps: bool = False,
+) -> list[Strip]:
+    """Several series on shared axes as ``height`` strips of ``width`` cells; series ``i`` is
+    drawn in ``lines[i]`` (the last style for any beyond them), the first on top. ``steps``:
+    each value holds until the next point (across, then down or up), as a best-so-far does."""
     if width < 12 or height < 4:
         return [Strip.blank(width)] * height
-    if not points:
-        lines = [Strip.blank(width)] * height
+    series = [s for s in series if s]
+    if not series:
+        lines_out = [Strip.blank(width)] * height
         msg = empty[:width]
         pad = (width - len(msg)) // 2
-        lines = list(lines)
-        lines[height // 2] = Strip(
+        lines_out = list(lines_out)
+        lines_out[height // 2] = Strip(
             [Segment(" " * pad), Segment(msg, axis), Segment(" " * (width - pad - len(msg)))]
         )
-        return lines
+        return lines_out
 
-    xs = [float(p[0]) for p in points]
-    ys = [float(p[1]) for p in points if math.isfinite(p[1])]
+    xs = [float(p[0]) for s in series for p in s]
+    ys = [float(p[1]) for s in series for p in s if math.isfinite(p[1])]
     if not ys:
         ys = [0.0]
     plot_h = height - 2
@@ -99,11 +131,12 @@ def render_chart(
         return [Strip.blank(width)] * height
     x_lo = min(xs)
     x_hi = max(max(xs), x_max if x_max is not None else max(xs))
-    x_lo_t, x_hi_t, x_ticks = ticks(x_lo, x_hi if x_hi > x_lo else x_lo + 1, max(2, plot_w // 12))
+    x_lo_t, x_hi_t, x_ticks = ticks(
+        x_lo, x_hi if x_hi > x_lo else x_lo + 1, max(2, plot_w // 12), x_min_step
+    )
     x_lo, x_hi = x_lo_t, x_hi_t
 
     dots_w, dots_h = plot_w * 2, plot_h * 4
-    grid = [[0] * plot_w for _ in range(plot_h)]
 
     def to_dx(x: float) -> int:
         return min(dots_w - 1, max(0, int(round((x - x_lo) / (x_hi - x_lo) * (dots_w - 1)))))
@@ -111,28 +144,12 @@ def render_chart(
     def to_dy(y: float) -> int:  # 0 at the top
         return min(dots_h - 1, max(0, int(round((y_hi - y) / (y_hi - y_lo) * (dots_h - 1)))))
 
-    def plot(dx: int, dy: int) -> None:
-        grid[dy // 4][dx // 2] |= _DOTS[dx % 2][dy % 4]
-
-    # Fold the points per dot column into (min, max), then connect the columns.
-    cols: dict[int, list[int]] = {}
-    for x, y in points:
-        if not math.isfinite(y):
-            continue
-        dx, dy = to_dx(float(x)), to_dy(float(y))
-        c = cols.get(dx)
-        if c is None:
-            cols[dx] = [dy, dy, dy]  # min, max, last
-        else:
-            c[0], c[1], c[2] = min(c[0], dy), max(c[1], dy), dy
-    prev: tuple[int, int] | None = None
-    for dx in sorted(cols):
-        lo_dy, hi_dy, last = cols[dx]
-        for dy in range(lo_dy, hi_dy + 1):
-            plot(dx, dy)
-        if prev is not None:
-            _segment(prev[0], prev[1], dx, last if lo_dy == hi_dy else (lo_dy + hi_dy) // 2, plot)
-        prev = (dx, last)
+    grids = [
+        (_step_dots if steps else _dots)(s, to_dx, to_dy, plot_w, plot_h) for s in series
+    ]
+    styles = [
+        (lines[min(i, len(lines) - 1)] if lines else _PLAIN) for i in range(len(series))
+    ]
 
     # y tick rows
     tick_rows: dict[int, str] = {}
@@ -147,8 +164,7 @@ def render_chart(
             Segment((tick or "").rjust(label_w), axis),
             Segment("┤" if tick is not None else "│", axis),
         ]
-        run = "".join(chr(0x2800 + b) if b else " " for b in grid[r])
-        segs.append(Segment(run, line))
+        segs.extend(_row_segments([g[r] for g in grids], styles, plot_w))
         segs.append(Segment(" "))
         strips.append(Strip(segs, width))
 
@@ -178,6 +194,99 @@ def render_chart(
     return [s.adjust_cell_length(width) for s in strips]
 
 
+def _dots(
+    points: Sequence[tuple[float, float]],
+    to_dx: Callable[[float], int],
+    to_dy: Callable[[float], int],
+    plot_w: int,
+    plot_h: int,
+) -> list[list[int]]:
+    """One series as braille dot bits per cell: the points folded per dot column into (min,
+    max), the columns connected."""
+    grid = [[0] * plot_w for _ in range(plot_h)]
+
+    def plot(dx: int, dy: int) -> None:
+        grid[dy // 4][dx // 2] |= _DOTS[dx % 2][dy % 4]
+
+    cols: dict[int, list[int]] = {}
+    for x, y in points:
+        if not math.isfinite(y):
+            continue
+        dx, dy = to_dx(float(x)), to_dy(float(y))
+        c = cols.get(dx)
+        if c is None:
+            cols[dx] = [dy, dy, dy]  # min, max, last
+        else:
+            c[0], c[1], c[2] = min(c[0], dy), max(c[1], dy), dy
+    prev: tuple[int, int] | None = None
+    for dx in sorted(cols):
+        lo_dy, hi_dy, last = cols[dx]
+        for dy in range(lo_dy, hi_dy + 1):
+            plot(dx, dy)
+        if prev is not None:
+            _segment(prev[0], prev[1], dx, last if lo_dy == hi_dy else (lo_dy + hi_dy) // 2, plot)
+        prev = (dx, last)
+    return grid
+
+
+def _step_dots(
+    points: Sequence[tuple[float, float]],
+    to_dx: Callable[[float], int],
+    to_dy: Callable[[float], int],
+    plot_w: int,
+    plot_h: int,
+) -> list[list[int]]:
+    """One series as a step line: from each point across to the next one's x, then to its y."""
+    grid = [[0] * plot_w for _ in range(plot_h)]
+
+    def plot(dx: int, dy: int) -> None:
+        grid[dy // 4][dx // 2] |= _DOTS[dx % 2][dy % 4]
+
+    prev: tuple[int, int] | None = None
+    for x, y in points:
+        if not math.isfinite(y):
+            continue
+        dx, dy = to_dx(float(x)), to_dy(float(y))
+        if prev is None:
+            plot(dx, dy)
+        else:
+            for cx in range(prev[0], dx + 1):
+                plot(cx, prev[1])
+            for cy in range(min(prev[1], dy), max(prev[1], dy) + 1):
+                plot(dx, cy)
+        prev = (dx, dy)
+    return grid
+
+
+def _row_segments(rows: Sequence[list[int]], styles: Sequence[Style], width: int) -> list[Segment]:
+    """One row of cells of several series: the dots of all, each cell in the style of the first
+    series with a dot there; runs of one style as one segment."""
+    if len(rows) == 1:
+        return [Segment("".join(chr(0x2800 + b) if b else " " for b in rows[0]), styles[0])]
+    out: list[Segment] = []
+    run: list[str] = []
+    run_style: Style | None = None
+    for c in range(width):
+        bits = 0
+        style = None
+        for row, st in zip(rows, styles, strict=True):
+            b = row[c]
+            if b:
+                bits |= b
+                if style is None:
+                    style = st
+        ch = chr(0x2800 + bits) if bits else " "
+        st = style if style is not None else _PLAIN
+        if run and st != run_style:
+            out.append(Segment("".join(run), run_style))
+            run = []
+        run.append(ch)
+        run_style = st
+    if run:
+        out.append(Segment("".join(run), run_style))
+    return out
+
+
 def _segment(x0: int, y0: int, x1: int, y1: int, plot: object) -> None:
     """Bresenham between two dots."""
     dx, dy = abs(x1 - x0), -abs(y1 - y0)
@@ -196,21 +305,28 @@ def _segment(x0: int, y0: int, x1: int, y1: int, plot: object) -> None:
             y0 += sy
 
 
-class LossChart(Widget):
-    """Loss over steps. ``set_points`` with a version; it redraws only when that changes."""
+LINE_CLASSES = ("chart--line", "chart--line-2", "chart--line-3", "chart--line-4")
+LINE_VARS = ("$accent", "$success", "$primary-lighten-2", "$foreground")  # their colours, for legends
 
-    COMPONENT_CLASSES: ClassVar[set[str]] = {"chart--axis", "chart--line"}
-    DEFAULT_CSS = """
-    LossChart { height: 1fr; min-height: 6; }
-    LossChart > .chart--axis { color: $text-muted; }
-    LossChart > .chart--line { color: $accent; }
-    """
+
+class LossChart(Widget):
+    """Loss over steps, or several series on shared axes (``set_series``). Given with a
+    version; it redraws only when that changes."""
+
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"chart--axis", *LINE_CLASSES}
+    DEFAULT_CSS = (
+        "LossChart { height: 1fr; min-height: 6; }\n"
+        "LossChart > .chart--axis { color: $text-muted; }\n"
+        + "".join(f"LossChart > .{c} {{ color: {v}; }}\n" for c, v in zip(LINE_CLASSES, LINE_VARS, strict=True))
+    )
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
-        self._points: tuple[tuple[float, float], ...] = ()
+        self._series: tuple[tuple[tuple[float, float], ...], ...] = ()
         self._version: object = None
         self._x_max: float | None = None
+        self._x_min_step = 0.0
+        self._steps = False
         self._empty = "waiting for the first loss"
         self._cache_key: object = None
         self._lines: list[Strip] = []
@@ -230,33 +346,58 @@ class LossChart(Widget):
         x_max: float | None = None,
         empty: str | None = None,
     ) -> None:
+        self.set_series([points], version, x_max=x_max, empty=empty)
+
+    def set_series(
+        self,
+        series: Sequence[Sequence[tuple[float, float]]],
+        version: object,
+        *,
+        x_max: float | None = None,
+        x_min_step: float = 0.0,
+        steps: bool = False,
+        empty: str | None = None,
+    ) -> None:
+        """Up to four series (most important first: drawn on top, in ``chart--line``, then
+        ``chart--line-2`` ...); ``steps``: drawn as steps (``render_series``)."""
         if (
             version == self._version
             and x_max == self._x_max
+            and x_min_step == self._x_min_step
+            and steps == self._steps
             and (empty is None or empty == self._empty)
         ):
             return
-        self._points = tuple(points)
+        self._series = tuple(tuple(s) for s in series)
         self._version = version
         self._x_max = x_max
+        self._x_min_step = x_min_step
+        self._steps = steps
         if empty is not None:
             self._empty = empty
         self._invalidate()
 
     @property
     def points(self) -> tuple[tuple[float, float], ...]:
-        return self._points
+        """The first series."""
+        return self._series[0] if self._series else ()
+
+    @property
+    def series(self) -> tuple[tuple[tuple[float, float], ...], ...]:
+        return self._series
 
     def _render_lines(self, size: Size) -> list[Strip]:
-        key = (self._version, size, self._x_max, self._empty)
+        key = (self._version, size, self._x_max, self._x_min_step, self._steps, self._empty)
         if key != self._cache_key:
-            self._lines = render_chart(
-                self._points,
+            self._lines = render_series(
+                self._series,
                 size.width,
                 size.height,
                 x_max=self._x_max,
+                x_min_step=self._x_min_step,
+                steps=self._steps,
                 axis=self.get_component_rich_style("chart--axis", partial=True),
-                line=self.get_component_rich_style("chart--line", partial=True),
+                lines=[self.get_component_rich_style(c, partial=True) for c in LINE_CLASSES],
                 empty=self._empty,
             )
             self._cache_key = key

@@ -223,6 +223,8 @@ def state_level(state: str) -> str:
         "failed": "crit",
         "lost": "crit",
         "error": "crit",
+        "completed": "ok",  # a sweep's trial, or the sweep
+        "pruning": "warn",
     }.get(state, "muted")
 
 
