@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import time
@@ -19,7 +20,7 @@ from agent import clusterfiles
 from agent.jobfiles import free_mb, is_resource_error, reserve, resource_message, tail, write_json
 from agent.rankexec import die_with_parent
 
-POLL_S = 0.5  # rank exits are noticed within this; cheap enough to leave training alone
+POLL_S = 0.5  # at the latest: a rank's exit wakes the loop at once (SIGCHLD), a poll finds the rest
 DISK_FULL_MB = 1.0  # a failure with less than this free under the job dir is put down to it
 TERMINAL = ("succeeded", "failed", "stopped")
 
@@ -350,10 +351,39 @@ class JobHost:
         if self.stop_reason is None:
             self.stop_reason = "stopped by request"
 
+    def _wakeups(self) -> Optional[int]:
+        """A pipe that a signal writes a byte into (SIGCHLD: a rank's wrapper or a launcher
+        exited; SIGTERM: stop), so the loop wakes at once instead of at its next poll. None
+        where that cannot be set up (then the loop polls, as it always could)."""
+        try:
+            r, w = os.pipe()
+            for fd in (r, w):
+                os.set_blocking(fd, False)
+            signal.set_wakeup_fd(w)
+            signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+            return r
+        except (OSError, ValueError):
+            return None
+
+    def _sleep(self, wake: Optional[int]) -> None:
+        if wake is None:
+            time.sleep(POLL_S)
+            return
+        try:
+            ready, _, _ = select.select([wake], [], [], POLL_S)
+            if ready:
+                while os.read(wake, 512):
+                    pass
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError:
+            time.sleep(POLL_S)
+
     def run(self) -> int:
         reserve(self.state_path, 65536)  # room for the state (and its cause) on a full disk
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, self._on_sigterm)
+        wake = self._wakeups()
         grace = float(self.plan.get("grace_s", 30))
         deadline = self.state["started"] + float(self.plan.get("max_runtime_s", 86400))
         try:
@@ -414,7 +444,7 @@ class JobHost:
                 self.save(state="failed", ended=time.time(),
                           cause={"host": self.node["host"], "message": "mpirun never started ranks here"})
                 return 1
-            time.sleep(POLL_S)
+            self._sleep(wake)
 
 
 def main(job_dir: str) -> int:

@@ -480,28 +480,30 @@ class JobWatch:
 
     def poll_once(self) -> JobsSnapshot:
         recs = self.jobs.history.list(limit=self.limit)
-        errors = []
+        errors: list[str] = []
+        work: list[tuple[dict[str, Any], _Track]] = []
         for rec in recs:
-            job_id = rec["job_id"]
             with self._lock:
-                track = self._tracks.get(job_id)
+                track = self._tracks.get(rec["job_id"])
                 if track is None:
-                    track = self._tracks[job_id] = _Track(rec)
+                    track = self._tracks[rec["job_id"]] = _Track(rec)
             if track.final:
                 track.rec = rec
                 continue
-            live = rec["state"] not in TERMINAL
-            try:
-                with self._jm_lock:
-                    states = self.jobs.supervise_once(rec) if live else self.jobs.host_states(rec)
-                rec = self.jobs.record(job_id)
-            except TransportError as e:
-                states = {}
-                errors.append(str(e))
+            work.append((rec, track))
+        # Every job's hosts are asked side by side: a round's length is then about one job's
+        # round trips, not the sum of all of them (an ended job is noticed sooner).
+        with self._jm_lock:
+            looked = self._map(self._look, [rec for rec, _ in work])
+        read = self._map(lambda item: self._read_metrics(item[0]["job_id"], self._hosts_ever(item[0]), item[1]),
+                         [(rec_now, track) for (rec_now, _, _, _), (_, track) in zip(looked, work, strict=True)])
+        for (rec, states, live, error), (_, track), records in zip(looked, work, read, strict=True):
+            job_id = rec["job_id"]
+            if error:
+                errors.append(error)
             placement = rec.get("placement") or []
             unreachable = tuple(h for h, s in states.items() if not isinstance(s, dict))
             ranks = rank_rows(states, placement)
-            records = self._read_metrics(job_id, self._hosts_ever(rec), track)
             if records and self.on_records is not None:
                 try:
                     self.on_records(job_id, records)
@@ -537,6 +539,24 @@ class JobWatch:
                 polled_at=self.clock(),
             )
             return self._snapshot
+
+    def _look(self, rec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], bool, str | None]:
+        """One job's hosts, supervised when it is live: (its record now, host states, live, error)."""
+        live = rec["state"] not in TERMINAL
+        try:
+            states = self.jobs.supervise_once(rec) if live else self.jobs.host_states(rec)
+            return self.jobs.record(rec["job_id"]), states, live, None
+        except TransportError as e:
+            return rec, {}, live, str(e)
+
+    @staticmethod
+    def _map(fn: Callable[[Any], Any], items: list[Any]) -> list[Any]:
+        if len(items) <= 1:
+            return [fn(x) for x in items]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=min(8, len(items)), thread_name_prefix="jobwatch-look") as pool:
+            return list(pool.map(fn, items))
 
     def _hosts_ever(self, rec: Mapping[str, Any]) -> list[str]:
         """Every host the job ran on (a restart can move it): its logs and metrics stay there."""

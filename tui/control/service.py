@@ -32,7 +32,7 @@ from tui.model.sweepview import SweepDetail, SweepRow
 
 log = logging.getLogger(__name__)
 
-SWEEP_ROUND_S = 0.5  # the poller's interval while a sweep has trials to follow
+SWEEP_ROUND_S = 0.25  # the poller's interval while a sweep has trials to follow
 
 
 @dataclass(frozen=True)

@@ -279,6 +279,7 @@ class SweepRunner:
         self._values: dict[str, dict[int, tuple[int, int, float]]] = {}  # job id -> objective by step
         self._reported: dict[str, set[int]] = {}  # job id -> steps told to its trial
         self._handles: dict[int, Any] = {}  # Optuna trial id -> its Trial
+        self._told: set[int] = set()  # Optuna trial ids told how they ended
         self._metric_cache: dict[str, str | None] = {}  # job id -> its sweep's objective metric
         self._lock = threading.RLock()
 
@@ -409,9 +410,14 @@ class SweepRunner:
             if t["state"] not in TRIAL_FINAL:
                 self._follow(sweep_id, spec, study, t, stopping)
         trials = self.store.trials(sweep_id)
+        if sw.strategy in ("bayesian", "hyperband"):
+            # A model-based sampler's next proposal should know what just ended; random and grid
+            # proposals do not depend on it, so there the new trials start first.
+            self._tell(study, trials)
         if not stopping:
             self._ask(sweep_id, spec, study, trials)
             trials = self.store.trials(sweep_id)
+        self._tell(study, trials)
         open_trials = [t for t in trials if t["state"] not in TRIAL_FINAL]
         if open_trials:
             return
@@ -441,37 +447,52 @@ class SweepRunner:
         assert sw is not None
         dists = distributions(sw)
         grid = grid_points(sw) if sw.strategy == "grid" else None
-        while len(trials) < sw.max_trials:
-            live = [t for t in trials if t["state"] not in TRIAL_FINAL]
-            if sw.max_parallel is not None and len(live) >= sw.max_parallel:
-                break
-            if any(self._job_state(t) == "queued" for t in live):
-                break  # one waits in the queue already: as many run as fit
-            number = self._next_number(trials)
-            if grid is not None and number > len(grid):
-                break
-            study.sampler = sampler_for(sw, number)
-            ft = study.ask(dists)
-            job_id = f"{spec.name[:48]}-t{number}-{uuid.uuid4().hex[:6]}"
-            self.store.add_trial(sweep_id, number, ft._trial_id, job_id, dict(ft.params))
-            row = {"number": number, "trial_id": ft._trial_id, "job_id": job_id, "params": dict(ft.params),
-                   "state": "submitting", "attempt": 1}
-            trials.append(row)
-            if sw.max_parallel is None:
-                # As many as fit: one at a time, until one has to wait in the queue.
-                self._submit(sweep_id, spec, row)
-                row["state"] = self._job_state(row) or "submitting"
-        if sw.max_parallel is not None:
-            # A known number: start them side by side. A launch waits on its hosts' answers, and
-            # a wave of trials that ended together must not start one after another.
-            fresh = [t for t in trials if t["state"] == "submitting"]
-            if len(fresh) == 1:
-                self._submit(sweep_id, spec, fresh[0])
-            elif fresh:
-                from concurrent.futures import ThreadPoolExecutor
+        # With a known max_parallel, each trial starts the moment it is asked, side by side with
+        # the others: a launch waits on its hosts' answers, and a wave of trials that ended
+        # together must not start one after another.
+        from concurrent.futures import Future, ThreadPoolExecutor
 
-                with ThreadPoolExecutor(max_workers=min(8, len(fresh)), thread_name_prefix="sweep-submit") as pool:
-                    list(pool.map(lambda t: self._submit(sweep_id, spec, t), fresh))
+        pool: ThreadPoolExecutor | None = None
+        started: list[Future[None]] = []
+
+        def start(row: dict[str, Any]) -> None:
+            nonlocal pool
+            if pool is None:
+                pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sweep-submit")
+            started.append(pool.submit(self._submit, sweep_id, spec, row))
+
+        try:
+            if sw.max_parallel is not None:
+                for t in trials:
+                    if t["state"] == "submitting":
+                        start(t)
+            while len(trials) < sw.max_trials:
+                live = [t for t in trials if t["state"] not in TRIAL_FINAL]
+                if sw.max_parallel is not None and len(live) >= sw.max_parallel:
+                    break
+                if any(self._job_state(t) == "queued" for t in live):
+                    break  # one waits in the queue already: as many run as fit
+                number = self._next_number(trials)
+                if grid is not None and number > len(grid):
+                    break
+                study.sampler = sampler_for(sw, number)
+                ft = study.ask(dists)
+                job_id = f"{spec.name[:48]}-t{number}-{uuid.uuid4().hex[:6]}"
+                self.store.add_trial(sweep_id, number, ft._trial_id, job_id, dict(ft.params))
+                row = {"number": number, "trial_id": ft._trial_id, "job_id": job_id, "params": dict(ft.params),
+                       "state": "submitting", "attempt": 1}
+                trials.append(row)
+                if sw.max_parallel is None:
+                    # As many as fit: one at a time, until one has to wait in the queue.
+                    self._submit(sweep_id, spec, row)
+                    row["state"] = self._job_state(row) or "submitting"
+                else:
+                    start(row)
+        finally:
+            for f in started:
+                f.result()
+            if pool is not None:
+                pool.shutdown()
 
     def _submit(self, sweep_id: str, spec: JobSpec, t: dict[str, Any]) -> None:
         """Queue (or start) the trial's job, under the id its row already names."""
@@ -612,26 +633,34 @@ class SweepRunner:
 
     def _finish(self, sweep_id: str, t: dict[str, Any], state: str, *, study: Any = None,
                 value: float | None = None, error: str | None = None) -> None:
-        optuna = _optuna()
-        ts = optuna.trial.TrialState
-        study = study or self._studies.get(sweep_id)
-        if study is not None:
-            try:
-                ft = study._storage.get_trial(int(t["trial_id"]))
-                if not ft.state.is_finished():
-                    if state == "completed":
-                        study.tell(ft.number, value)
-                    else:
-                        study.tell(ft.number, state=ts.PRUNED if state == "pruned" else ts.FAIL)
-                self._handles.pop(int(t["trial_id"]), None)
-            except Exception:
-                log.exception("sweep %s: telling trial %s", sweep_id, t["number"])
+        """Record how a trial ended. Optuna hears of it at the end of the round (``_tell``),
+        after the round's new trials started: a finished trial must not hold up the next."""
         fields: dict[str, Any] = {"state": state, "ended": time.time()}
         if value is not None:
             fields["value"] = value
         if error is not None:
             fields["error"] = error
         self.store.update_trial(sweep_id, int(t["number"]), **fields)
+
+    def _tell(self, study: Any, trials: list[dict[str, Any]]) -> None:
+        """Tell Optuna every ended trial it has not heard of (once per trial per controller; a
+        controller that died between recording a trial and telling it tells it on its return)."""
+        ts = _optuna().trial.TrialState
+        for t in trials:
+            tid = int(t["trial_id"])
+            if t["state"] not in TRIAL_FINAL or tid in self._told:
+                continue
+            try:
+                ft = study._storage.get_trial(tid)
+                if not ft.state.is_finished():
+                    if t["state"] == "completed" and t.get("value") is not None:
+                        study.tell(ft.number, float(t["value"]))
+                    else:
+                        study.tell(ft.number, state=ts.PRUNED if t["state"] == "pruned" else ts.FAIL)
+                self._told.add(tid)
+                self._handles.pop(tid, None)
+            except Exception:
+                log.exception("telling trial %s", t["number"])
 
     # -- commands ----------------------------------------------------------------------------
 
