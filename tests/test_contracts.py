@@ -453,3 +453,43 @@ def test_queue_json_keeps_its_keys_and_types() -> None:
                        waiting="h1 0 GPUs (GPU 0,1 busy with job 'x')", hosts=("h1",), gpus=2)
     out = json.loads(json.dumps(wire_json([entry])))
     conforms(out[0], QUEUE_ENTRY, "queue[0]")
+
+
+SWEEP_ROW = {"sweep_id": str, "name": str, "state": str, "strategy": str, "pruner": str, "metric": str,
+             "goal": str, "max_trials": int, "created": float, "ended": (float, NONE), "reason": (str, NONE),
+             "trials": int, "running": int, "queued": int, "completed": int, "pruned": int, "failed": int,
+             "best_trial": (int, NONE), "best_value": (float, NONE)}
+TRIAL = {"number": int, "job_id": str, "state": str, "params": list, "value": (float, NONE),
+         "best_step": (int, NONE), "best_value": (float, NONE), "last_step": (int, NONE),
+         "pruned_step": (int, NONE), "started": (float, NONE), "ended": (float, NONE), "attempt": int,
+         "error": (str, NONE), "curve": list}
+SWEEP = {"best": (dict, NONE), "row": dict, "parameters": list, "trials": list, "max_parallel": (int, NONE),
+         "seed": (int, NONE)}
+
+
+def test_sweep_json_keeps_its_keys_and_types() -> None:
+    """The documented keys are exactly what `rigdeck sweep --json` writes (tui/cli/sweep.py)."""
+    from tui.cli.sweep import detail_json
+    from tui.client import wire_json
+    from tui.model.sweepview import SweepDetail, SweepRow, TrialRow
+
+    done = TrialRow(number=2, job_id="sw-t2-ab12cd", state="completed", params=(("lr", 0.01), ("opt", "adam")),
+                    value=0.12, best_step=30, best_value=0.12, last_step=30, started=10.0, ended=20.0,
+                    curve=((1, 1.0), (30, 0.12)))
+    pruned = TrialRow(number=1, job_id="sw-t1-cd34ef", state="pruned", params=(("lr", 0.5), ("opt", "sgd")),
+                      best_step=3, best_value=0.9, last_step=3, pruned_step=3, started=10.0, ended=14.0,
+                      error=None, curve=((1, 1.2), (3, 0.9)))
+    row = SweepRow(sweep_id="sw-sw1a2b3c", name="sw", state="running", strategy="bayesian", pruner="median",
+                   metric="val_loss", goal="minimize", max_trials=4, created=9.5, trials=2, completed=1, pruned=1,
+                   best_trial=2, best_value=0.12)
+    detail = SweepDetail(row=row, parameters=({"name": "lr", "type": "float", "low": 1e-4, "high": 1.0,
+                                               "log": True},), trials=(done, pruned), max_parallel=None, seed=1)
+    out = json.loads(json.dumps(detail_json(detail)))
+    conforms(out, SWEEP, "sweep")
+    conforms(out["row"], SWEEP_ROW, "sweep.row")
+    conforms(out["best"], TRIAL, "sweep.best")
+    for i, t in enumerate(out["trials"]):
+        conforms(t, TRIAL, f"sweep.trials[{i}]")
+    assert out["best"]["number"] == 2 and list(out)[0] == "best"
+    rows = json.loads(json.dumps(wire_json([row])))
+    conforms(rows[0], SWEEP_ROW, "sweeps[0]")
