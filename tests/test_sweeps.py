@@ -7,7 +7,9 @@ is checked against the value its parameters must give."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -337,3 +339,74 @@ def test_an_embedded_controller_killed_mid_sweep_resumes_it_without_losing_or_re
     jobs = [j for j in cli.json("jobs") if j["sweep_id"] == sweep_id]
     assert sorted(j["trial"] for j in jobs) == sorted(str(n) for n in numbers)  # one job per trial
     assert all(j["state"] == "succeeded" for j in jobs)
+
+
+@pytest.mark.testbed
+async def test_an_embedded_sweep_goes_on_when_the_app_is_quit_and_reopened(
+        cli: Cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 13, acceptance 5 (embedded, the app): the app runs the sweep while it is open; quit
+    mid-sweep, the sweep waits; reopened, the app finishes it, every trial once."""
+    import asyncio
+
+    from tui.app.shell import RigdeckApp
+    from tui.client import InProcessClient
+    from tui.model.jobspec import load_jobspec
+    from tui.remote.sshconfig import load_inventory
+
+    cli.run("deploy")
+    monkeypatch.setenv("RIGDECK_HOME", cli.env["RIGDECK_HOME"])
+    inv = load_inventory(cli.inventory)
+    spec = load_jobspec(example_spec(cli, "sw-app", trials=6, parallel=2, steps=10, step_s=0.2))
+
+    async def until(cond: Any, what: str, timeout: float = 120) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = await asyncio.to_thread(cond)
+            if value:
+                return value
+            await asyncio.sleep(0.3)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    app = RigdeckApp(InProcessClient(inv), keymap_file=tmp_path / "keys.toml")
+    async with app.run_test(size=(140, 40)) as pilot:
+        sweep_id = (await asyncio.to_thread(app.client.sweep, spec)).row.sweep_id
+        await until(lambda: app.client.sweep_detail(sweep_id).row.completed >= 2, "two trials completed")
+        await pilot.press("q")
+    mid = cli.json("sweep", "status", sweep_id)
+    assert mid["row"]["state"] == "running" and mid["row"]["completed"] < 6, mid["row"]
+    time.sleep(3)  # nothing runs the sweep now: no trial is asked
+    assert cli.json("sweep", "status", sweep_id)["row"]["trials"] == mid["row"]["trials"]
+
+    app = RigdeckApp(InProcessClient(inv), keymap_file=tmp_path / "keys.toml")
+    async with app.run_test(size=(140, 40)) as pilot:
+        await pilot.press("7")
+        await until(lambda: any(r.sweep_id == sweep_id and r.state == "completed" for r in app.sweep_list),
+                    "the reopened app finishes the sweep and shows it", 240)
+    out = cli.json("sweep", "status", sweep_id)
+    assert sorted(t["number"] for t in out["trials"]) == list(range(1, 7))
+    for t in out["trials"]:
+        assert t["state"] == "completed" and t["value"] == pytest.approx(expected(t, 10), rel=1e-9)
+    jobs = [j for j in cli.json("jobs") if j["sweep_id"] == sweep_id]
+    assert sorted(int(j["trial"]) for j in jobs) == list(range(1, 7))
+
+
+def test_a_bad_sweep_spec_is_refused_by_the_cli_before_anything_starts(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(BASE + 'lr = {type = "float", low = 0, high = 0.1, log = true}\n')
+    env = {**os.environ, "RIGDECK_HOME": str(tmp_path / "home"), "RIGDECK_INVENTORY": str(tmp_path / "none.toml")}
+    p = subprocess.run([sys.executable, "-m", "tui.cli", "sweep", str(bad)], capture_output=True, text=True, env=env,
+                       cwd=ROOT, timeout=60)
+    assert p.returncode == 2
+    assert f"{bad}: field 'sweep.parameters.lr.low': expected low > 0 with log = true" in p.stderr
+    assert not (tmp_path / "home" / "history.sqlite").exists()  # nothing recorded, nothing started
+    plain = tmp_path / "plain.toml"
+    plain.write_text('name = "x"\ncommand = ["true"]\n')
+    p = subprocess.run([sys.executable, "-m", "tui.cli", "sweep", str(plain)], capture_output=True, text=True,
+                       env=env, cwd=ROOT, timeout=60)
+    assert p.returncode == 2 and "no [sweep] table" in p.stderr
+    ok = tmp_path / "ok.toml"
+    ok.write_text(BASE + 'lr = {type = "float", low = 0.01, high = 0.1, log = true}\n')
+    local = {k: v for k, v in env.items() if k != "RIGDECK_INVENTORY"}  # this machine alone
+    p = subprocess.run([sys.executable, "-m", "tui.cli", "launch", str(ok)], capture_output=True, text=True, env=local,
+                       cwd=ROOT, timeout=60)
+    assert p.returncode == 2 and "has a [sweep] table: run it with rigdeck sweep" in p.stderr

@@ -193,13 +193,25 @@ class JobManager:
         for h, sample in samples.items():
             if isinstance(sample, dict):
                 state.apply_sample(h, sample)
+        live: set[str] = set()
         for jobs in job_lists.values():
             if not isinstance(jobs, list):
                 continue
             for j in jobs:
+                if j.get("state") not in TERMINAL:
+                    live.add(j["job_id"])
                 if (j.get("state") not in TERMINAL and j.get("nodes") and j["job_id"] != skip
                         and j["job_id"] not in self.scheduler.reservations()):
                     self.scheduler.adopt(j["job_id"], Placement.from_plan_nodes(j["nodes"] or []))
+        # A job adopted while its hosts were still stopping it holds nothing once they are done
+        # and history says it ended: give its GPUs back (every host of it answered just now).
+        answered = {h for h, jobs in job_lists.items() if isinstance(jobs, list)}
+        for job_id, placement in self.scheduler.reservations().items():
+            if job_id in live or not set(placement.hosts) <= answered:
+                continue
+            rec = self.history.get(job_id)
+            if rec is not None and rec["state"] in TERMINAL:
+                self.scheduler.release(job_id)
         return capacity_from_state(state.snapshot(), self.ctl.inventory)
 
     def _master_addr(self, node: NodeAssignment, peers: Sequence[NodeAssignment] = ()) -> str:
@@ -450,15 +462,19 @@ class JobManager:
         self.history.add_event(job_id, {"event": "stop requested", "grace_s": grace})
         hosts = [n["host"] for n in rec.get("placement") or []]
         self.ctl.agents(hosts).job_stop(job_id=job_id, grace_s=grace, timeout=20)
-        if wait:
-            deadline = time.monotonic() + grace + 30
-            while time.monotonic() < deadline:
-                states = self.host_states(rec)
-                done = all(isinstance(s, dict) and s.get("state") in TERMINAL and not s.get("tagged_processes")
-                           for s in states.values())
-                if done:
-                    break
-                time.sleep(POLL_S)
+        if not wait:
+            # The hosts are stopping it: it stays "stopping" (its GPUs held) until supervision
+            # sees them done, and records "stopped" then.
+            self.history.update(job_id, supervisor=None, lease_until=None)
+            return self.view(job_id, live=False)
+        deadline = time.monotonic() + grace + 30
+        while time.monotonic() < deadline:
+            states = self.host_states(rec)
+            done = all(isinstance(s, dict) and s.get("state") in TERMINAL and not s.get("tagged_processes")
+                       for s in states.values())
+            if done:
+                break
+            time.sleep(POLL_S)
         self.history.update(job_id, state="stopped", ended=time.time())
         self.scheduler.release(job_id)
         return self.view(job_id)
