@@ -13,10 +13,14 @@ optimizer = adamw; at ``--steps`` S the best value any trial can reach is 1.5 ex
    best (target: within 10%).
 
 Every sweep runs ``max_parallel`` trials at once (default 4: a model-based sampler learns from
-what ended; with every GPU busy at once it would propose most trials before any result).
+what ended; with every GPU busy at once it would propose most trials before any result). Steps
+take ``--step-seconds`` (0.2): a pruned trial runs on for as long as its stop takes (the next
+poller round, the signal; under a second), which costs a few steps of that length, as it would
+of real training steps; the steps counted are those each trial actually reported.
 Needs root (the network-namespace test bed).
 
 Usage: .venv/bin/python bench/sweep_quality.py [--seeds 3] [--trials 30] [--steps 30] [--parallel 4]
+                                               [--step-seconds 0.2]
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=30)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--parallel", type=int, default=4)
-    ap.add_argument("--step-seconds", type=float, default=0.05)
+    ap.add_argument("--step-seconds", type=float, default=0.2)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "sweep_quality.json"))
     args = ap.parse_args()
     ok, why = available()

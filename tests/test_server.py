@@ -267,8 +267,7 @@ def test_a_sweep_runs_unattended_and_survives_a_killed_server(served: tuple[Test
     wait_until(lambda: not alice.json("server", "status", check=False).get("running") or None, 30,
                "the server is seen dead")
     alice.run("server", "start", timeout=120)
-    out = wait_until(lambda: (lambda d: d if d["row"]["state"] != "running" else None)(
-        bob.json("sweep", "status", sweep_id)), 240, "the sweep ends")
+    out = bob.json("sweep", "status", sweep_id, "--wait", timeout=300)  # follows it over the server's stream
     assert out["row"]["state"] == "completed", out["row"]
     assert sorted(t["number"] for t in out["trials"]) == list(range(1, 9))
     for t in out["trials"]:
