@@ -7,10 +7,14 @@ optimizer = adamw; at ``--steps`` S the best value any trial can reach is 1.5 ex
 1. ``bayesian`` (TPE) against ``random``: 3 seeds x 30 trials each. Printed: each sweep's best
    val_loss and its distance to the optimum; the target is bayesian's median distance below
    random's median distance.
-2. ``hyperband`` (TPE proposals, Optuna's HyperbandPruner) against the same seeds' ``bayesian``
-   sweeps without pruning: the share of trials pruned (target >= 1/3), the steps run against
-   running every trial to the end (target <= 60%), and its best against the no-pruning sweep's
-   best (target: within 10%).
+2. Hyperband pruning (Optuna's HyperbandPruner) against no pruning, on the same proposals: the
+   ``random`` strategy with ``early_stopping = "hyperband"`` against the same seed's ``random``
+   sweep (a trial's parameters depend on its seed and number only, so both sweeps propose the
+   same trials, and the comparison is the pruning's alone): the share of trials pruned (target
+   >= 1/3), the steps run against running every trial to the end (target <= 60%), and its best
+   against the no-pruning sweep's best (target: within 10%). Printed too, not judged: the
+   ``hyperband`` strategy (TPE proposals and the pruner) against ``bayesian``, whose proposals
+   part ways as soon as they learn from different results.
 
 Every sweep runs ``max_parallel`` trials at once (default 4: a model-based sampler learns from
 what ended; with every GPU busy at once it would propose most trials before any result). Steps
@@ -53,8 +57,17 @@ def optimum(steps: int) -> float:
     return 1.5 * math.exp(-0.2 * steps)
 
 
-def spec(path: Path, name: str, strategy: str, *, seed: int, trials: int, steps: int, parallel: int,
+CONFIGS = {  # name -> (strategy, early_stopping)
+    "random": ("random", "off"),
+    "bayesian": ("bayesian", "off"),
+    "random+hb": ("random", "hyperband"),
+    "hyperband": ("hyperband", "off"),
+}
+
+
+def spec(path: Path, name: str, config: str, *, seed: int, trials: int, steps: int, parallel: int,
          step_s: float) -> Path:
+    strategy, early = CONFIGS[config]
     path.write_text(f"""name = "{name}"
 command = ["{{python}}", "objective.py", "--lr", "{{hp.lr}}", "--width", "{{hp.width}}",
            "--optimizer", "{{hp.optimizer}}", "--steps", "{steps}", "--step-seconds", "{step_s}"]
@@ -63,6 +76,7 @@ gpus_per_node = 1
 total_steps = {steps}
 [sweep]
 strategy = "{strategy}"
+early_stopping = "{early}"
 max_trials = {trials}
 max_parallel = {parallel}
 seed = {seed}
@@ -111,8 +125,9 @@ def main() -> int:
                   f"the optimum's val_loss at step {args.steps}: {best_possible:.6f}", flush=True)
             print(f"{'strategy':<10} {'seed':>4} {'best':>10} {'distance':>10} {'pruned':>7} {'steps run':>10}", flush=True)
             for seed in range(args.seeds):
-                for strategy in ("random", "bayesian", "hyperband"):
-                    path = spec(tmp / f"{strategy}-{seed}.toml", f"q-{strategy}-{seed}", strategy, seed=seed,
+                for strategy in CONFIGS:
+                    path = spec(tmp / f"{strategy}-{seed}.toml", f"q-{strategy.replace('+', '-')}-{seed}", strategy,
+                                seed=seed,
                                 trials=args.trials, steps=args.steps, parallel=args.parallel, step_s=args.step_seconds)
                     out = json.loads(rigdeck("sweep", str(path), "--wait", "--json"))
                     trials = out["trials"]
@@ -135,11 +150,16 @@ def main() -> int:
 
     med_random = statistics.median(r["distance"] for r in of("random"))
     med_bayes = statistics.median(r["distance"] for r in of("bayesian"))
-    hb = of("hyperband")
+    hb = of("random+hb")
     pruned_share = sum(r["pruned"] for r in hb) / sum(r["trials"] for r in hb)
     steps_share = sum(r["steps_run"] for r in hb) / sum(r["steps_all"] for r in hb)
-    nopr = {r["seed"]: r["best"] for r in of("bayesian")}
+    nopr = {r["seed"]: r["best"] for r in of("random")}
     best_ratio = [r["best"] / nopr[r["seed"]] for r in hb]  # per seed: hyperband's best / no pruning's
+    tpe_hb = of("hyperband")
+    tpe_nopr = {r["seed"]: r["best"] for r in of("bayesian")}
+    tpe_info = {"pruned_share": round(sum(r["pruned"] for r in tpe_hb) / sum(r["trials"] for r in tpe_hb), 3),
+                "steps_share": round(sum(r["steps_run"] for r in tpe_hb) / sum(r["steps_all"] for r in tpe_hb), 3),
+                "best_over_bayesian": [round(r["best"] / tpe_nopr[r["seed"]], 4) for r in tpe_hb]}
     # Within 10%: hyperband's best at most 10% above the no-pruning sweep's (lower is better).
     within = [x <= 1 + TARGET_BEST for x in best_ratio]
     judged = {
@@ -147,17 +167,21 @@ def main() -> int:
         "bayesian_closer": med_bayes < med_random,
         "pruned_share": round(pruned_share, 3), "steps_share": round(steps_share, 3),
         "hyperband_best_over_nopruning": [round(x, 4) for x in best_ratio],
+        "tpe_hyperband_vs_bayesian": tpe_info,
         "target_met": {"bayesian_closer": med_bayes < med_random, "pruned_share": pruned_share >= TARGET_PRUNED,
                        "steps_share": steps_share <= TARGET_STEPS, "best_within_10pct": all(within)},
     }
     print(f"\n1. distance to the optimum, median over {args.seeds} seeds: bayesian {med_bayes:.6f}, random "
           f"{med_random:.6f} ({med_bayes / med_random if med_random else float('nan'):.2f}x): "
           f"{'met' if judged['target_met']['bayesian_closer'] else 'MISSED'}")
-    print(f"2. hyperband: {pruned_share:.0%} of trials pruned (target >= 33%): "
+    print(f"2. hyperband pruning on random proposals: {pruned_share:.0%} of trials pruned (target >= 33%): "
           f"{'met' if judged['target_met']['pruned_share'] else 'MISSED'}; steps run {steps_share:.0%} of every trial "
           f"to the end (target <= 60%): {'met' if judged['target_met']['steps_share'] else 'MISSED'}; best / "
           f"no-pruning best per seed {', '.join(f'{x:.3f}' for x in best_ratio)} (target <= 1.10): "
           f"{'met' if judged['target_met']['best_within_10pct'] else 'MISSED'}")
+    print(f"   (not judged) the hyperband strategy (TPE + pruner) against bayesian: {tpe_info['pruned_share']:.0%} "
+          f"pruned, steps {tpe_info['steps_share']:.0%}, best / bayesian's best per seed "
+          f"{', '.join(f'{x:.3f}' for x in tpe_info['best_over_bayesian'])}")
     write_result(args.out, {"what": __doc__.splitlines()[0], "seeds": args.seeds, "trials": args.trials,
                             "steps": args.steps, "parallel": args.parallel, "optimum": best_possible,
                             "judged": judged, "runs": runs}, meta)

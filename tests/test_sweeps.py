@@ -141,8 +141,14 @@ def test_proposals_depend_on_the_seed_and_the_trial_number_only() -> None:
         return out
 
     assert propose([1, 2, 3]) == propose([1, 2, 3])
+    propose_seed5 = propose(list(range(1, 11)))
     assert propose([3]) == propose([1, 2, 3])[2:]  # trial 3 alone, as after a restart
     assert len(set(propose([1, 2, 3]))) == 3
+    other = jobspec_from_toml(BASE.replace("max_trials = 4", 'max_trials = 4\nstrategy = "random"\nseed = 6') +
+                              'lr = {type = "float", low = 0.0001, high = 0.5, log = true}\n').sweep
+    assert other is not None
+    spec = other
+    assert not set(propose(list(range(1, 11)))) & set(propose_seed5)  # another seed: other proposals
 
 
 # ---------------------------------------------------------------------------------------------

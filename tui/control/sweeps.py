@@ -120,10 +120,11 @@ def distributions(spec: SweepSpec) -> dict[str, Any]:
 
 
 def sampler_for(spec: SweepSpec, number: int) -> Any:
-    """The sampler that proposes trial ``number``. Seeded per trial (seed + number), so a sweep's
-    proposals do not depend on how many times its controller restarted."""
+    """The sampler that proposes trial ``number``. Seeded per trial (from the seed and the number),
+    so a sweep's proposals do not depend on how many times its controller restarted."""
     samplers = _optuna().samplers
-    seed = None if spec.seed is None else spec.seed + number
+    # Mixed, not added: seed 1's trial 1 must not be seed 0's trial 2.
+    seed = None if spec.seed is None else (spec.seed * 1_000_003 + number * 7919) % (2 ** 32)
     if spec.strategy == "random":
         return samplers.RandomSampler(seed=seed)
     if spec.strategy == "grid":
