@@ -32,6 +32,18 @@ def agent_command() -> List[str]:
     return self_command()
 
 
+def no_site(command: List[str]) -> List[str]:
+    """``command`` (an agent command: interpreter first) run without ``site``: the job host and
+    the rank wrappers need only the standard library, and a site with many .pth files and import
+    hooks (an editable install, a big environment) costs tens of ms of CPU at every start, which
+    a wave of trials starting at once pays many times over. Only for the zipapp (``[python,
+    agent.pyz]``), which carries everything it imports; an agent run from a source tree
+    (``-m agent``) may be importable only through site."""
+    if len(command) == 2 and command[1].endswith(".pyz"):
+        return [command[0], "-S", command[1]]
+    return list(command)
+
+
 def pid_alive(pid: Optional[int]) -> bool:
     """True for a live process (a zombie is not alive)."""
     if not pid:
@@ -174,7 +186,7 @@ class JobHost:
     # -- start --------------------------------------------------------------------------------
 
     def _wrap(self, rank: Optional[int], local_rank: Optional[int]) -> List[str]:
-        argv = agent_command() + ["rank", "--job-dir", self.job_dir]
+        argv = no_site(agent_command()) + ["rank", "--job-dir", self.job_dir]
         if rank is not None:
             argv += ["--rank", str(rank), "--local-rank", str(local_rank)]
         return argv + ["--"]

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from agent import claims as gpu_claims
 from agent.clusterfiles import HYPERTUNE_FILE, global_ranks
 from agent.jobfiles import free_mb, read_log, read_tail, resource_message, write_json
-from agent.jobhost import TERMINAL, pid_alive, processes_with_tag, read_json, sweep
+from agent.jobhost import TERMINAL, no_site, pid_alive, processes_with_tag, read_json, sweep
 from agent.rankexec import DEFS_RANK, RECORD_KEYS
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -184,7 +184,7 @@ class Jobs:
             env = dict(os.environ, RIGDECK_CLAIM_FDS=",".join(str(fd) for fd in fds))
             with open(os.devnull, "rb") as devnull, open(os.path.join(d, "jobhost.stderr"), "ab") as err:
                 proc = subprocess.Popen(
-                    self.agent_command + ["jobhost", "--job-dir", d],
+                    no_site(self.agent_command) + ["jobhost", "--job-dir", d],
                     stdin=devnull, stdout=err, stderr=err, start_new_session=True, cwd=d, env=env,
                     pass_fds=fds,
                 )

@@ -519,3 +519,11 @@ def test_a_trial_started_by_the_agent_reports_through_both_paths(tmp_path: Path,
     assert [(r["rank"], r["step"], r["val_acc"]) for r in parts["0/defs"]["records"]] == [(0, 5, 0.625)]
     assert [(r["rank"], r["step"], r["val_acc"], r["trial"]) for r in parts["0/hypertune"]["records"]] == [
         (0, 5, 0.625, "5")]
+
+
+def test_job_hosts_and_rank_wrappers_start_without_site_only_from_the_zipapp() -> None:
+    """They need only the standard library; a source tree may be importable only through site."""
+    from agent.jobhost import no_site
+
+    assert no_site(["/usr/bin/python3", "/s/agent/ab12/agent.pyz"]) == ["/usr/bin/python3", "-S", "/s/agent/ab12/agent.pyz"]
+    assert no_site(["/usr/bin/python3", "-m", "agent"]) == ["/usr/bin/python3", "-m", "agent"]
