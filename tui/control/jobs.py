@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.5
 LEASE_S = 60.0  # how long a supervising controller's claim on a job lasts without renewal
+GC_EVERY_S = 60.0  # a controller that starts many jobs applies retention on a host at most this often
 
 
 class JobError(Exception):
@@ -182,6 +183,7 @@ class JobManager:
         import socket
 
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self._gc_at: dict[str, float] = {}  # host -> when this controller last applied retention there
 
     # -- placement --------------------------------------------------------------------------
 
@@ -315,7 +317,11 @@ class JobManager:
         except BaseException:
             self.scheduler.release(job_id)
             raise
-        self.collect_garbage([n.host for n in placement.nodes])
+        now = time.monotonic()
+        due = [n.host for n in placement.nodes if now - self._gc_at.get(n.host, -GC_EVERY_S) >= GC_EVERY_S]
+        if due:  # retention, applied where jobs start; a controller that starts many: once a minute a host
+            self._gc_at.update({h: now for h in due})
+            self.collect_garbage(due)
         return self.view(job_id)
 
     def _preflight(self, job_id: str, placement: Placement) -> None:
