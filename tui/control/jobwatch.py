@@ -555,7 +555,7 @@ class JobWatch:
             return [fn(x) for x in items]
         from concurrent.futures import ThreadPoolExecutor
 
-        with ThreadPoolExecutor(max_workers=min(8, len(items)), thread_name_prefix="jobwatch-look") as pool:
+        with ThreadPoolExecutor(max_workers=min(16, len(items)), thread_name_prefix="jobwatch-look") as pool:
             return list(pool.map(fn, items))
 
     def _hosts_ever(self, rec: Mapping[str, Any]) -> list[str]:

@@ -55,6 +55,9 @@ from tui.model.sweepview import (
 
 log = logging.getLogger(__name__)
 
+# Trials started side by side: a wave of ended trials (all of a host's GPUs) starts at once;
+# each start waits on its hosts' answers, not on this machine's CPU.
+SUBMIT_WORKERS = 16
 LEASE_S = 10.0  # renewed every poller round: a controller that died gives its sweeps up soon
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -459,7 +462,7 @@ class SweepRunner:
         def start(row: dict[str, Any]) -> None:
             nonlocal pool
             if pool is None:
-                pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sweep-submit")
+                pool = ThreadPoolExecutor(max_workers=SUBMIT_WORKERS, thread_name_prefix="sweep-submit")
             started.append(pool.submit(self._submit, sweep_id, spec, row))
 
         try:
