@@ -97,6 +97,8 @@ bench: sysdeps $(VENV)/.installed-test
 	$(PY) bench/runtime.py
 	$(PY) bench/ui.py
 	$(PY) bench/attach.py
+	$(PY) bench/sweep.py --rounds 3
+	$(PY) bench/sweep_quality.py
 
 testbed-down: $(VENV)/.installed
 	$(PY) -m tests.testbed down
