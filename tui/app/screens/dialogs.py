@@ -19,13 +19,28 @@ from tui.model.jobview import StopPlan
 from tui.model.views import HostKey
 
 
-class ConfirmStop(ModalScreen[bool]):
-    """What will be stopped (job, hosts, ranks); Stop or Cancel."""
+class _ConfirmStopBase(ModalScreen[bool]):
+    """A stop's confirmation: y stops, n or escape cancels, Cancel has the focus."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("y", "confirm", "Stop the job", id="stop.confirm"),
         Binding("n,escape", "cancel", "Cancel", id="stop.cancel"),
     ]
+
+    def on_mount(self) -> None:
+        self.query_one("#stop-no", Button).focus()
+
+    @on(Button.Pressed, "#stop-yes")
+    def action_confirm(self) -> None:
+        self.dismiss(True)
+
+    @on(Button.Pressed, "#stop-no")
+    def action_cancel(self) -> None:
+        self.dismiss(False)
+
+
+class ConfirmStop(_ConfirmStopBase):
+    """What will be stopped (job, hosts, ranks); Stop or Cancel."""
 
     def __init__(self, plan: StopPlan, simulated: Iterable[str] = ()) -> None:
         """``simulated``: the hosts whose GPUs are simulated (the placement's), marked "sim"."""
@@ -54,23 +69,10 @@ class ConfirmStop(ModalScreen[bool]):
                 yield Button("Stop job (y)", variant="error", id="stop-yes")
                 yield Button("Cancel (n)", id="stop-no")
 
-    def on_mount(self) -> None:
-        self.query_one("#stop-no", Button).focus()
 
-    @on(Button.Pressed, "#stop-yes")
-    def action_confirm(self) -> None:
-        self.dismiss(True)
-
-    @on(Button.Pressed, "#stop-no")
-    def action_cancel(self) -> None:
-        self.dismiss(False)
-
-
-class ConfirmSweepStop(ModalScreen[bool]):
+class ConfirmSweepStop(_ConfirmStopBase):
     """Stop one trial of a sweep, or the whole sweep: what it stops; Stop or Cancel. The keys are
     the job stop dialog's (the same binding ids)."""
-
-    BINDINGS: ClassVar[list[BindingType]] = ConfirmStop.BINDINGS
 
     def __init__(self, title: str, body: str, button: str) -> None:
         """``title`` and ``body``: markup (escaped by the caller); ``button``: "Stop trial"."""
@@ -86,17 +88,6 @@ class ConfirmSweepStop(ModalScreen[bool]):
             with Horizontal(classes="buttons"):
                 yield Button(f"{self.button} (y)", variant="error", id="stop-yes")
                 yield Button("Cancel (n)", id="stop-no")
-
-    def on_mount(self) -> None:
-        self.query_one("#stop-no", Button).focus()
-
-    @on(Button.Pressed, "#stop-yes")
-    def action_confirm(self) -> None:
-        self.dismiss(True)
-
-    @on(Button.Pressed, "#stop-no")
-    def action_cancel(self) -> None:
-        self.dismiss(False)
 
 
 class TrustHostKey(ModalScreen[bool]):
