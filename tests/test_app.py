@@ -125,17 +125,39 @@ def _watch(fd: int | None) -> tuple[HangupWatch, list[str], threading.Event]:
 
 
 def test_the_hangup_watch_calls_once_on_sighup() -> None:
-    before = signal.getsignal(signal.SIGHUP)
-    watch, reasons, called = _watch(None)
-    watch.start()
+    # Whatever this test run inherited (under nohup SIGHUP comes in ignored), the case here is
+    # a terminal's default disposition.
+    inherited = signal.signal(signal.SIGHUP, signal.SIG_DFL)
     try:
-        assert signal.getsignal(signal.SIGHUP) not in (signal.SIG_DFL, signal.SIG_IGN, before)
-        os.kill(os.getpid(), signal.SIGHUP)
-        assert called.wait(5)
-        assert reasons == ["SIGHUP"]
+        watch, reasons, called = _watch(None)
+        watch.start()
+        try:
+            assert signal.getsignal(signal.SIGHUP) not in (signal.SIG_DFL, signal.SIG_IGN)
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert called.wait(5)
+            assert reasons == ["SIGHUP"]
+        finally:
+            watch.stop()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
     finally:
-        watch.stop()
-    assert signal.getsignal(signal.SIGHUP) == before
+        signal.signal(signal.SIGHUP, inherited)
+
+
+def test_the_hangup_watch_leaves_an_ignored_sighup_ignored() -> None:
+    """Started under nohup, the app keeps running when its terminal goes: SIGHUP stays ignored."""
+    inherited = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        watch, _, called = _watch(None)
+        watch.start()
+        try:
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)
+            assert not called.wait(0.5)
+        finally:
+            watch.stop()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, inherited)
 
 
 def test_the_hangup_watch_sees_its_pty_hang_up_and_not_a_key() -> None:
