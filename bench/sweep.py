@@ -62,14 +62,17 @@ total_steps = {steps}
 """
 
 
-def sweep_spec(path: Path, trials: int, steps: int, step_s: float, seed: int) -> Path:
-    body = SPEC.format(name="bench-sweep", lr="{hp.lr}", width="{hp.width}", optimizer="{hp.optimizer}",
+def sweep_spec(path: Path, trials: int, steps: int, step_s: float, seed: int, *, name: str = "bench-sweep",
+               strategy: str = "random", early_stopping: str = "off", parallel: int = SLOTS) -> Path:
+    """The example as a sweep (bench/sweep_quality.py's too)."""
+    body = SPEC.format(name=name, lr="{hp.lr}", width="{hp.width}", optimizer="{hp.optimizer}",
                        steps=steps, step_s=step_s, workdir=EXAMPLE)
     body += f"""
 [sweep]
-strategy = "random"
+strategy = "{strategy}"
+early_stopping = "{early_stopping}"
 max_trials = {trials}
-max_parallel = {SLOTS}
+max_parallel = {parallel}
 seed = {seed}
 objective = {{metric = "val_loss", goal = "minimize"}}
 [sweep.parameters]

@@ -32,9 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -44,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._meta import run_meta, write_result  # noqa: E402
+from bench.sweep import Side, sweep_spec  # noqa: E402
 from tests.testbed import TestBed, available  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "sweep"
@@ -65,30 +64,6 @@ CONFIGS = {  # name -> (strategy, early_stopping)
 }
 
 
-def spec(path: Path, name: str, config: str, *, seed: int, trials: int, steps: int, parallel: int,
-         step_s: float) -> Path:
-    strategy, early = CONFIGS[config]
-    path.write_text(f"""name = "{name}"
-command = ["{{python}}", "objective.py", "--lr", "{{hp.lr}}", "--width", "{{hp.width}}",
-           "--optimizer", "{{hp.optimizer}}", "--steps", "{steps}", "--step-seconds", "{step_s}"]
-workdir = "{EXAMPLE}"
-gpus_per_node = 1
-total_steps = {steps}
-[sweep]
-strategy = "{strategy}"
-early_stopping = "{early}"
-max_trials = {trials}
-max_parallel = {parallel}
-seed = {seed}
-objective = {{metric = "val_loss", goal = "minimize"}}
-[sweep.parameters]
-lr = {{type = "float", low = 1e-4, high = 1.0, log = true}}
-width = {{type = "int", low = 16, high = 256, step = 16}}
-optimizer = {{type = "categorical", choices = ["sgd", "adam", "adamw"]}}
-""")
-    return path
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=3)
@@ -108,28 +83,18 @@ def main() -> int:
     bed = TestBed(3, sim_gpus=4).up()
     try:
         with tempfile.TemporaryDirectory(prefix="rigdeck-bench-sweepq-") as tmp_s:
-            tmp = Path(tmp_s)
-            inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0, min_free_mb=1)
-            env = {**os.environ, "RIGDECK_HOME": str(tmp / "home"), "RIGDECK_INVENTORY": str(inv)}
-            env.pop("RIGDECK_SERVER", None)
-
-            def rigdeck(*a: str) -> str:
-                p = subprocess.run([sys.executable, "-m", "tui.cli", *a], capture_output=True, text=True, env=env,
-                                   cwd=ROOT, timeout=1800)
-                if p.returncode != 0:
-                    raise RuntimeError(f"rigdeck {' '.join(a)} exited {p.returncode}: {p.stderr[-2000:]}")
-                return p.stdout
-
-            rigdeck("deploy")
+            side = Side(bed, Path(tmp_s), "quality")
+            side.rigdeck("deploy")
             print(f"{args.trials} trials x {args.seeds} seeds, {args.steps} steps each, {args.parallel} at a time; "
                   f"the optimum's val_loss at step {args.steps}: {best_possible:.6f}", flush=True)
             print(f"{'strategy':<10} {'seed':>4} {'best':>10} {'distance':>10} {'pruned':>7} {'steps run':>10}", flush=True)
             for seed in range(args.seeds):
                 for strategy in CONFIGS:
-                    path = spec(tmp / f"{strategy}-{seed}.toml", f"q-{strategy.replace('+', '-')}-{seed}", strategy,
-                                seed=seed,
-                                trials=args.trials, steps=args.steps, parallel=args.parallel, step_s=args.step_seconds)
-                    out = json.loads(rigdeck("sweep", str(path), "--wait", "--json"))
+                    kind, early = CONFIGS[strategy]
+                    path = sweep_spec(side.tmp / f"{strategy}-{seed}.toml", args.trials, args.steps, args.step_seconds,
+                                      seed, name=f"q-{strategy.replace('+', '-')}-{seed}", strategy=kind,
+                                      early_stopping=early, parallel=args.parallel)
+                    out = json.loads(side.rigdeck("sweep", str(path), "--wait", "--json").stdout)
                     trials = out["trials"]
                     done = [t for t in trials if t["state"] == "completed"]
                     best = min(t["value"] for t in done)

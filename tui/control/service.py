@@ -224,12 +224,8 @@ class ControllerService:
 
     def launch(self, spec: JobSpec, *, queue: bool = True, job_id: str | None = None) -> JobView:
         """Start ``spec`` now, or queue it when it does not fit now (``queue``)."""
-        lock = getattr(self._watch, "_jm_lock", None)
-        if lock is None:
+        with self._exclusive():
             view = self.queue.submit(spec, queue=queue, job_id=job_id)
-        else:
-            with lock:  # never interleaved with the poller's supervision and queue rounds
-                view = self.queue.submit(spec, queue=queue, job_id=job_id)
         if self._watch is not None:
             if view.state != "queued":
                 self._watch.select(view.job_id)
@@ -237,7 +233,8 @@ class ControllerService:
         return view
 
     def _exclusive(self) -> Any:
-        """Held while a command starts jobs: never interleaved with the poller's rounds."""
+        """Held while a command starts jobs: never interleaved with the poller's supervision and
+        queue rounds."""
         import contextlib
 
         lock = getattr(self._watch, "_jm_lock", None)

@@ -474,7 +474,8 @@ class SweepRunner:
                 live = [t for t in trials if t["state"] not in TRIAL_FINAL]
                 if sw.max_parallel is not None and len(live) >= sw.max_parallel:
                     break
-                if any(self._job_state(t) == "queued" for t in live):
+                # The rows carry their jobs' states as this round's look found them.
+                if any(t["state"] == "queued" for t in live):
                     break  # one waits in the queue already: as many run as fit
                 number = self._next_number(trials)
                 if grid is not None and number > len(grid):
