@@ -22,7 +22,7 @@ import zipfile
 from typing import Any, Callable, Dict, List, Optional, Set  # noqa: F401
 
 from agent import facts, protocol
-from agent.paths import Paths, self_command, spawn_daemon
+from agent.paths import Paths, self_command, spawn_daemon, unpacked_command
 from agent.version import agent_version
 
 log = logging.getLogger("rigdeck.agent")
@@ -576,6 +576,9 @@ class Daemon:
         if not self.acquire_lock():
             log.info("another agent daemon already serves %s; exiting", self.paths.socket)
             return 0
+        # Job hosts and rank wrappers start from the byte-compiled copy (after the lock: one
+        # daemon makes it).
+        self.jobs.agent_command = unpacked_command(self.jobs.agent_command)
         try:
             asyncio.run(self.serve())
         finally:

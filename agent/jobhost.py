@@ -39,7 +39,9 @@ def no_site(command: List[str]) -> List[str]:
     a wave of trials starting at once pays many times over. Only for the zipapp (``[python,
     agent.pyz]``), which carries everything it imports; an agent run from a source tree
     (``-m agent``) may be importable only through site."""
-    if len(command) == 2 and command[1].endswith(".pyz"):
+    from agent.paths import is_unpacked
+
+    if len(command) == 2 and (command[1].endswith(".pyz") or is_unpacked(command[1])):
         return [command[0], "-S", command[1]]
     return list(command)
 
@@ -205,7 +207,7 @@ class JobHost:
         if plan.get("metric_definitions"):  # rank 0's wrapper parses its output with them
             env["RIGDECK_METRIC_DEFINITIONS"] = json.dumps(plan["metric_definitions"])
         me = agent_command()
-        if len(me) == 2:  # ranks can `import runtime` straight from the agent's zipapp
+        if len(me) == 2:  # ranks can `import runtime` straight from the agent's zipapp (or its copy)
             env["PYTHONPATH"] = os.pathsep.join(p for p in (me[1], env.get("PYTHONPATH", "")) if p)
         os.makedirs(os.path.join(self.job_dir, "logs"), exist_ok=True)
         os.makedirs(os.path.join(self.job_dir, "ranks"), exist_ok=True)

@@ -33,12 +33,92 @@ class Paths:
             os.chmod(self.run_dir, 0o700)
 
 
+UNPACKED = "unpacked"  # beside agent.pyz: the same files, byte-compiled for this host's Python
+
+
+def is_unpacked(path: str) -> bool:
+    """True for a directory made by ``unpack`` (it runs as ``python DIR`` as the zipapp does)."""
+    return os.path.isfile(os.path.join(path, "__main__.py")) and os.path.isfile(
+        os.path.join(path, "agent", "BUILD.json"))
+
+
 def self_command() -> List[str]:
-    """How to start this agent again: the zipapp when we run from one, else the source package."""
+    """How to start this agent again: the zipapp (or its unpacked copy) when we run from one, else
+    the source package."""
     argv0 = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
     if argv0 and os.path.isfile(argv0) and zipfile.is_zipfile(argv0):
         return [sys.executable, argv0]
+    if argv0 and os.path.isdir(argv0) and is_unpacked(argv0):
+        return [sys.executable, argv0]
     return [sys.executable, "-m", "agent"]
+
+
+def unpack(pyz: str) -> str:
+    """The zipapp's files in ``<its dir>/unpacked``, byte-compiled; returns that directory.
+
+    A job host and every rank wrapper is a fresh interpreter. From a zipapp each one compiles
+    every agent module from source (zipimport cannot cache bytecode): about 60 ms of CPU per job
+    host on an idle core, paid by every process of a wave of trials starting at once. The copy
+    holds the same bytes as the archive (checked on each call, so a changed or damaged copy is
+    made again), and its bytecode is checked against the source's hash at every import, so it
+    can never run anything but what the verified archive holds. Made in a temporary directory and
+    renamed into place: a reader sees the whole copy or none."""
+    import compileall
+    import py_compile
+    import shutil
+
+    target = os.path.join(os.path.dirname(os.path.abspath(pyz)), UNPACKED)
+    with zipfile.ZipFile(pyz) as zf:
+        entries = {i.filename: zf.read(i) for i in zf.infolist() if not i.is_dir()}
+    for name in entries:
+        if name.startswith("/") or ".." in name.split("/"):
+            raise ValueError("%s: unsafe member name %r" % (pyz, name))
+
+    def same() -> bool:
+        for name, data in entries.items():
+            try:
+                with open(os.path.join(target, name), "rb") as f:
+                    if f.read() != data:
+                        return False
+            except OSError:
+                return False
+        return True
+
+    if os.path.isdir(target) and same():
+        return target
+    tmp = "%s.tmp-%d" % (target, os.getpid())
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        for name, data in entries.items():
+            path = os.path.join(tmp, name)
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        if not compileall.compile_dir(tmp, ddir=target, quiet=1, workers=1,
+                                      invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH):
+            raise OSError("%s: byte-compiling the agent failed" % tmp)
+        if os.path.isdir(target):
+            old = "%s.old-%d" % (target, os.getpid())
+            os.rename(target, old)
+            shutil.rmtree(old, ignore_errors=True)
+        os.rename(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def unpacked_command(command: List[str]) -> List[str]:
+    """``command`` run from the unpacked copy when it is a zipapp's (``[python, agent.pyz]``);
+    the zipapp itself when unpacking fails (a full disk): slower starts, nothing lost."""
+    if len(command) != 2 or not command[1].endswith(".pyz"):
+        return list(command)
+    import logging
+
+    try:
+        return [command[0], unpack(command[1])]
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        logging.getLogger("rigdeck.agent").warning("running jobs from %s (could not unpack it: %s)", command[1], e)
+        return list(command)
 
 
 def spawn_daemon(paths: Paths, command: Optional[List[str]] = None) -> subprocess.Popen:

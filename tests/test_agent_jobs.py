@@ -521,9 +521,15 @@ def test_a_trial_started_by_the_agent_reports_through_both_paths(tmp_path: Path,
         (0, 5, 0.625, "5")]
 
 
-def test_job_hosts_and_rank_wrappers_start_without_site_only_from_the_zipapp() -> None:
+def test_job_hosts_and_rank_wrappers_start_without_site_only_from_the_zipapp(tmp_path: Path) -> None:
     """They need only the standard library; a source tree may be importable only through site."""
     from agent.jobhost import no_site
 
     assert no_site(["/usr/bin/python3", "/s/agent/ab12/agent.pyz"]) == ["/usr/bin/python3", "-S", "/s/agent/ab12/agent.pyz"]
     assert no_site(["/usr/bin/python3", "-m", "agent"]) == ["/usr/bin/python3", "-m", "agent"]
+    unpacked = tmp_path / "unpacked"  # the zipapp's byte-compiled copy runs without site too
+    (unpacked / "agent").mkdir(parents=True)
+    (unpacked / "__main__.py").write_text("")
+    assert no_site(["/usr/bin/python3", str(unpacked)]) == ["/usr/bin/python3", str(unpacked)]
+    (unpacked / "agent" / "BUILD.json").write_text("{}")
+    assert no_site(["/usr/bin/python3", str(unpacked)]) == ["/usr/bin/python3", "-S", str(unpacked)]

@@ -76,3 +76,59 @@ def test_agent_and_runtime_run_on_python39(tmp_path: Path) -> None:
     out = subprocess.run([py39, str(bundle.path), "version"], capture_output=True, text=True, check=True)
     info = json.loads(out.stdout)
     assert info["python"].startswith("3.9.") and info["version"] == bundle.version
+
+
+def test_the_unpacked_copy_holds_the_archive_byte_compiled_and_is_remade_when_changed(tmp_path: Path) -> None:
+    """Job hosts and rank wrappers start from it: the archive's bytes, with bytecode that is
+    checked against the source at every import, made again when a file differs."""
+    import zipfile
+
+    from agent.paths import is_unpacked, self_command, unpack, unpacked_command
+
+    bundle = build_agent(tmp_path)
+    d = Path(unpack(str(bundle.path)))
+    assert d == bundle.path.parent / "unpacked" and is_unpacked(str(d))
+    with zipfile.ZipFile(bundle.path) as zf:
+        names = [i.filename for i in zf.infolist() if not i.is_dir()]
+        assert all((d / n).read_bytes() == zf.read(n) for n in names)
+    pyc = list((d / "agent" / "__pycache__").glob("jobhost.*.pyc"))
+    assert pyc, "the copy is byte-compiled"
+    flags = int.from_bytes(pyc[0].read_bytes()[4:8], "little")
+    assert flags == 0b11, "checked-hash bytecode: the source is checked at every import"
+    # Runs as the zipapp does, with no site, and knows itself as the command to start again.
+    out = subprocess.run([sys.executable, "-S", str(d), "version"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": ""})
+    assert json.loads(out.stdout)["version"] == bundle.version
+    me = subprocess.run([sys.executable, "-S", str(d / "__main__.py")], capture_output=True, text=True)
+    assert me.returncode != 0  # run from the directory, not a file inside it
+    probe = subprocess.run(
+        [sys.executable, "-S", "-c", "import sys, json; sys.argv=[sys.argv[1]]; sys.path.insert(0, sys.argv[0]); "
+         "from agent.paths import self_command; print(json.dumps(self_command()))", str(d)],
+        capture_output=True, text=True, check=True)
+    assert json.loads(probe.stdout) == [sys.executable, str(d)]
+    assert self_command()[1:] == ["-m", "agent"]  # this test runs from the source tree
+    # A changed file (damage, or someone's edit) is put back as the archive has it.
+    target = d / "agent" / "jobhost.py"
+    good = target.read_bytes()
+    target.write_bytes(b"raise SystemExit('tampered')\n")
+    assert unpack(str(bundle.path)) == str(d)
+    assert target.read_bytes() == good
+    assert not list(d.parent.glob("unpacked.*")), "no temporary or old copies left behind"
+    # Not a zipapp: nothing to unpack. A zipapp that cannot be unpacked: run it as it is.
+    assert unpacked_command([sys.executable, "-m", "agent"]) == [sys.executable, "-m", "agent"]
+    assert unpacked_command([sys.executable, str(tmp_path / "missing.pyz")]) == [sys.executable, str(tmp_path / "missing.pyz")]
+    assert unpacked_command([sys.executable, str(bundle.path)]) == [sys.executable, str(d)]
+
+
+def test_the_unpacked_copy_runs_on_python39(tmp_path: Path) -> None:
+    py39 = python39()
+    require(py39, PY39_MISSING)
+    assert py39
+    bundle = build_agent(tmp_path)
+    out = subprocess.run([py39, "-c", "import sys; sys.path.insert(0, sys.argv[1]); from agent.paths import unpack; "
+                          "print(unpack(sys.argv[2]))", str(bundle.path), str(bundle.path)],
+                         capture_output=True, text=True, check=True)
+    d = out.stdout.strip()
+    assert list(Path(d, "agent", "__pycache__").glob("*.cpython-39.pyc"))
+    info = json.loads(subprocess.run([py39, "-S", d, "version"], capture_output=True, text=True, check=True).stdout)
+    assert info["python"].startswith("3.9.") and info["version"] == bundle.version

@@ -131,6 +131,13 @@ processes_per_node = 2
     wait_until(lambda: len([r for r in cli.json("status", job_id)["ranks"] if r["state"] == "running"]) == 6, 60,
                "six running ranks")
     pid = _jobhost_pid(cli.bed, 2, job_id)
+    # The job host and its rank wrappers run from the agent's byte-compiled copy, without site.
+    argv = cli.bed.exec(2, ["cat", f"/proc/{pid}/cmdline"]).stdout.split("\0")
+    assert argv[1] == "-S" and argv[2].endswith("/unpacked") and argv[3] == "jobhost", argv
+    argvs = [cli.bed.exec(2, ["cat", e.replace("/environ", "/cmdline")]).stdout.split("\0")
+             for e in tagged(cli.bed, job_id)["h2"]]
+    wrappers = [a for a in argvs if a[3:4] == ["rank"]]
+    assert len(wrappers) == 2 and all(a[1] == "-S" and a[2].endswith("/unpacked") for a in wrappers), argvs
     cli.bed.exec(2, ["kill", "-9", str(pid)])
     killed = time.monotonic()
     wait_until(lambda: tagged(cli.bed, job_id)["h2"] == [], 10, "h2 to have no process of the job")
