@@ -416,3 +416,55 @@ def test_a_bad_sweep_spec_is_refused_by_the_cli_before_anything_starts(tmp_path:
     p = subprocess.run([sys.executable, "-m", "tui.cli", "launch", str(ok)], capture_output=True, text=True, env=local,
                        cwd=ROOT, timeout=60)
     assert p.returncode == 2 and "has a [sweep] table: run it with rigdeck sweep" in p.stderr
+
+
+@pytest.mark.testbed
+def test_a_random_sweep_asks_its_next_trials_ahead_and_a_stop_ends_them_without_jobs(cli: Cli) -> None:
+    """Random proposals do not depend on results: while its trials run, the sweep asks up to
+    max_parallel more ahead (``ready``, no job yet); a stop ends those with the sweep."""
+    cli.run("deploy")
+    spec = example_spec(cli, "sw-ahead", trials=6, parallel=2, steps=60, step_s=0.2)
+    proc = cli.popen("sweep", str(spec), "--wait")
+    try:
+        assert proc.stdout is not None
+        sweep_id = proc.stdout.readline().split()[1].rstrip(":")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            st = cli.json("sweep", "status", sweep_id)
+            states = {t["number"]: t["state"] for t in st["trials"]}
+            if sorted(n for n, s in states.items() if s == "ready") == [3, 4]:
+                break
+            time.sleep(0.3)
+        else:
+            raise AssertionError(f"trials 3 and 4 were not asked ahead: {states}")
+        assert sorted(n for n, s in states.items() if s in ("starting", "running")) == [1, 2], states
+        assert len(states) == 4, "never more asked ahead than max_parallel"
+        assert st["row"]["queued"] == 2 and st["row"]["running"] == 2, st["row"]
+        ready = [t for t in st["trials"] if t["state"] == "ready"]
+        for t in ready:  # no job until its turn
+            assert cli.run("status", t["job_id"], check=False).returncode != 0
+        # Stopping one of them (the app's `s` on a trial) ends it at once; the other stays ready.
+        stop4 = subprocess.run(
+            [sys.executable, "-c", "import argparse, json, sys; from tui.cli.main import _client; "
+             "d = _client(argparse.Namespace(inventory=None)).sweep_stop_trial(sys.argv[1], 4); "
+             "print(json.dumps({t.number: [t.state, t.error] for t in d.trials}))", sweep_id],
+            capture_output=True, text=True, env=cli.env, cwd=ROOT, timeout=60)
+        assert stop4.returncode == 0, stop4.stderr
+        after = json.loads(stop4.stdout)
+        assert after["4"] == ["stopped", "stopped by the user"] and after["3"][0] == "ready", after
+        cli.run("sweep", "stop", sweep_id)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    final = cli.json("sweep", "status", sweep_id)
+    assert final["row"]["state"] == "stopped", final["row"]
+    by_number = {t["number"]: t for t in final["trials"]}
+    # Trial 4's stop left room ahead for one more (5), if a round came before the sweep's stop.
+    assert sorted(by_number) in ([1, 2, 3, 4], [1, 2, 3, 4, 5]), by_number
+    assert all(t["state"] == "stopped" for t in by_number.values()), by_number
+    assert by_number[4]["error"] == "stopped by the user"
+    assert all(by_number[n]["error"] == "the sweep was stopped" for n in by_number if n in (3, 5))
+    jobs = {j["trial"]: j["state"] for j in cli.json("jobs") if j["sweep_id"] == sweep_id}
+    assert jobs == {"1": "stopped", "2": "stopped"}, jobs  # the ready ones never became jobs

@@ -546,6 +546,28 @@ async def test_enter_on_a_trial_opens_its_job(kind: str) -> None:
         assert app.tabs.active == "job" and app.job_id == trial3.job_id
 
 
+async def test_enter_on_a_trial_asked_ahead_says_it_has_no_job_yet() -> None:
+    from dataclasses import replace
+
+    sweeps = RecordedSweeps()
+    d = sweeps.details[SWEEP]
+    running = next(t for t in d.trials if t.state == "running")
+    ahead = replace(running, state="ready", curve=(), last_step=None, best_step=None, best_value=None, started=None)
+    sweeps.details[SWEEP] = replace(d, trials=tuple(ahead if t is running else t for t in d.trials))
+    app = recorded_app(sweeps=sweeps)
+    async with app.run_test(size=SIZE) as pilot:
+        await sweeps_shown(app, pilot)
+        await pilot.press("enter", *["down"] * list(sweeps.details[SWEEP].trials).index(ahead))
+        await pilot.pause()
+        assert app.query_one("#trials-table", TrialsTable).cursor_row == list(sweeps.details[SWEEP].trials).index(ahead)
+        before = app.job_id
+        await pilot.press("enter")
+        await pilot.pause()
+        assert app.tabs.active == "sweeps" and app.job_id == before  # no job to open
+        shown = [str(n.message) for n in app._notifications]
+        assert any(f"Trial {ahead.number} was asked ahead" in m for m in shown), shown
+
+
 async def test_sweeps_view_empty_state() -> None:
     app = recorded_app(sweeps=RecordedSweeps(empty=True))
     async with app.run_test(size=SIZE) as pilot:

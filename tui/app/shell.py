@@ -891,7 +891,9 @@ class RigdeckApp(App[None]):
     @on(DataTable.RowSelected, "#trials-table")
     def _trial_chosen(self) -> None:
         t = self.current_trial()
-        if t is not None:
+        if t is not None and t.state == "ready":
+            self.notify(f"Trial {t.number} was asked ahead of its turn: it starts (and has a job) when a GPU frees.")
+        elif t is not None:
             self.select_job(t.job_id)
             self.tabs.active = "job"
 

@@ -121,6 +121,10 @@ class ControllerService:
         if self._watch is not None and hasattr(self._watch, "interval"):
             # A trial that ends is noticed within a round: rounds come faster while sweeps run.
             self._watch.interval = SWEEP_ROUND_S if busy else self._round_s
+            if self.sweeps.started:
+                # Trials ended and others started: more of the same wave may have ended while
+                # this round started them, so the next round looks at once.
+                self._watch.kick()
 
     @property
     def monitor(self) -> Any:

@@ -58,6 +58,8 @@ log = logging.getLogger(__name__)
 # Trials started side by side: a wave of ended trials (all of a host's GPUs) starts at once;
 # each start waits on its hosts' answers, not on this machine's CPU.
 SUBMIT_WORKERS = 16
+READY = "ready"  # a trial asked ahead of its slot (random and grid sweeps); not yet a job
+INDEPENDENT = ("random", "grid")  # strategies whose proposals do not depend on any result
 LEASE_S = 10.0  # renewed every poller round: a controller that died gives its sweeps up soon
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -255,9 +257,10 @@ class SweepStore:
             r["params"] = json.loads(r["params"])
         return rows
 
-    def add_trial(self, sweep_id: str, number: int, trial_id: int, job_id: str, params: dict[str, Any]) -> None:
+    def add_trial(self, sweep_id: str, number: int, trial_id: int, job_id: str, params: dict[str, Any],
+                  state: str = "submitting") -> None:
         self._exec("INSERT INTO sweep_trials (sweep_id, number, trial_id, job_id, params, state) "
-                   "VALUES (?, ?, ?, ?, ?, 'submitting')", (sweep_id, number, trial_id, job_id, json.dumps(params)))
+                   "VALUES (?, ?, ?, ?, ?, ?)", (sweep_id, number, trial_id, job_id, json.dumps(params), state))
 
     def update_trial(self, sweep_id: str, number: int, **fields: Any) -> None:
         cols = ", ".join(f"{k} = ?" for k in fields)
@@ -286,6 +289,7 @@ class SweepRunner:
         self._told: set[int] = set()  # Optuna trial ids told how they ended
         self._metric_cache: dict[str, str | None] = {}  # job id -> its sweep's objective metric
         self._lock = threading.RLock()
+        self.started = 0  # trials the last tick started
 
     # -- Optuna ------------------------------------------------------------------------------
 
@@ -384,6 +388,7 @@ class SweepRunner:
         """Advance every sweep this controller may: tell ended trials, prune, ask new ones.
         True while some sweep is still running here."""
         busy = False
+        self.started = 0
         with self._lock:
             for sweep in self.store.active():
                 if not self.store.try_lease(sweep["sweep_id"], self.owner):
@@ -418,10 +423,15 @@ class SweepRunner:
             # A model-based sampler's next proposal should know what just ended; random and grid
             # proposals do not depend on it, so there the new trials start first.
             self._tell(study, trials)
+        started = 0
         if not stopping:
-            self._ask(sweep_id, spec, study, trials)
+            started = self._ask(sweep_id, spec, study, trials)
+            self.started += started
             trials = self.store.trials(sweep_id)
-        self._tell(study, trials)
+        if not started or stopping or sw.strategy in ("bayesian", "hyperband"):
+            # A round that started trials leaves its tells to the next one: while a wave of trials
+            # ends, each round must come back soon to notice the next that ends.
+            self._tell(study, trials)
         open_trials = [t for t in trials if t["state"] not in TRIAL_FINAL]
         if open_trials:
             return
@@ -446,7 +456,9 @@ class SweepRunner:
     def _next_number(trials: list[dict[str, Any]]) -> int:
         return max((int(t["number"]) for t in trials), default=0) + 1
 
-    def _ask(self, sweep_id: str, spec: JobSpec, study: Any, trials: list[dict[str, Any]]) -> None:
+    def _ask(self, sweep_id: str, spec: JobSpec, study: Any, trials: list[dict[str, Any]]) -> int:
+        """Start the trials that fit now (asked ahead ones first, then newly asked); in a round
+        that started none, ask one trial ahead. Returns how many were started."""
         sw = spec.sweep
         assert sw is not None
         dists = distributions(sw)
@@ -465,39 +477,66 @@ class SweepRunner:
                 pool = ThreadPoolExecutor(max_workers=SUBMIT_WORKERS, thread_name_prefix="sweep-submit")
             started.append(pool.submit(self._submit, sweep_id, spec, row))
 
+        def new_trial(state: str) -> dict[str, Any] | None:
+            number = self._next_number(trials)
+            if grid is not None and number > len(grid):
+                return None
+            study.sampler = sampler_for(sw, number)
+            ft = study.ask(dists)
+            job_id = f"{spec.name[:48]}-t{number}-{uuid.uuid4().hex[:6]}"
+            self.store.add_trial(sweep_id, number, ft._trial_id, job_id, dict(ft.params), state=state)
+            row = {"number": number, "trial_id": ft._trial_id, "job_id": job_id, "params": dict(ft.params),
+                   "state": state, "attempt": 1}
+            trials.append(row)
+            return row
+
+        submitted = 0  # started one at a time (no max_parallel)
         try:
             if sw.max_parallel is not None:
                 for t in trials:
                     if t["state"] == "submitting":
                         start(t)
-            while len(trials) < sw.max_trials:
-                live = [t for t in trials if t["state"] not in TRIAL_FINAL]
+            while True:
+                live = [t for t in trials if t["state"] not in TRIAL_FINAL and t["state"] != READY]
                 if sw.max_parallel is not None and len(live) >= sw.max_parallel:
                     break
                 # The rows carry their jobs' states as this round's look found them.
                 if any(t["state"] == "queued" for t in live):
                     break  # one waits in the queue already: as many run as fit
-                number = self._next_number(trials)
-                if grid is not None and number > len(grid):
+                ready = sorted((t for t in trials if t["state"] == READY), key=lambda t: int(t["number"]))
+                if ready:
+                    row = ready[0]
+                    self.store.update_trial(sweep_id, int(row["number"]), state="submitting")
+                    row["state"] = "submitting"
+                elif len(trials) >= sw.max_trials:
                     break
-                study.sampler = sampler_for(sw, number)
-                ft = study.ask(dists)
-                job_id = f"{spec.name[:48]}-t{number}-{uuid.uuid4().hex[:6]}"
-                self.store.add_trial(sweep_id, number, ft._trial_id, job_id, dict(ft.params))
-                row = {"number": number, "trial_id": ft._trial_id, "job_id": job_id, "params": dict(ft.params),
-                       "state": "submitting", "attempt": 1}
-                trials.append(row)
+                else:
+                    made = new_trial("submitting")
+                    if made is None:
+                        break
+                    row = made
                 if sw.max_parallel is None:
                     # As many as fit: one at a time, until one has to wait in the queue.
                     self._submit(sweep_id, spec, row)
                     row["state"] = self._job_state(row) or "submitting"
+                    submitted += 1
                 else:
                     start(row)
+            count = len(started) + submitted
+            if not count and sw.strategy in INDEPENDENT and len(trials) < sw.max_trials:
+                # Random and grid proposals do not depend on any result, so a quiet round asks
+                # the next trial ahead of time: when a GPU frees, its trial starts without an ask
+                # (tens of ms of CPU each, paid by every trial of a wave that ends together).
+                live = [t for t in trials if t["state"] not in TRIAL_FINAL and t["state"] != READY]
+                ahead = sum(1 for t in trials if t["state"] == READY)
+                if ahead < max(1, sw.max_parallel or len(live)):
+                    new_trial(READY)
         finally:
             for f in started:
                 f.result()
             if pool is not None:
                 pool.shutdown()
+        return len(started) + submitted
 
     def _submit(self, sweep_id: str, spec: JobSpec, t: dict[str, Any]) -> None:
         """Queue (or start) the trial's job, under the id its row already names."""
@@ -524,6 +563,10 @@ class SweepRunner:
         prune it, or tell Optuna how it ended."""
         sw = spec.sweep
         assert sw is not None
+        if t["state"] == READY:  # asked ahead: it waits for a free slot (``_ask``)
+            if stopping:
+                self._finish(sweep_id, t, "stopped", study=study, error="the sweep was stopped")
+            return
         rec = self.jm.history.get(t["job_id"])
         number = int(t["number"])
         if rec is None:
@@ -695,7 +738,10 @@ class SweepRunner:
         sweep = self.store.find(ref)
         for t in self.store.trials(sweep["sweep_id"]):
             if int(t["number"]) == number:
-                if t["state"] not in TRIAL_FINAL:
+                if t["state"] == READY:  # asked ahead, never started: it ends here
+                    with self._lock:
+                        self._finish(sweep["sweep_id"], t, "stopped", error="stopped by the user")
+                elif t["state"] not in TRIAL_FINAL:
                     self.jm.stop(t["job_id"], wait=False)
                 return self.detail(sweep["sweep_id"])
         raise SweepError(f"sweep {sweep['sweep_id']} has no trial {number}")
@@ -725,7 +771,7 @@ class SweepRunner:
             reason=s["reason"], trials=len(trials),
             running=sum(1 for t in trials if t["state"] in ("starting", "running", "pending", "pruning",
                                                             "stopping")),
-            queued=sum(1 for t in trials if t["state"] in ("queued", "submitting")),
+            queued=sum(1 for t in trials if t["state"] in ("queued", "submitting", READY)),
             completed=count["completed"], pruned=count["pruned"], failed=count["failed"] + sum(
                 1 for t in trials if t["state"] == "stopped"),
             best_trial=best[0].number if best else None, best_value=best[0].value if best else None,
