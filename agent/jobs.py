@@ -317,14 +317,22 @@ class Jobs:
         except OSError:
             return out
         for name in names:
-            st = self._read_state(name)
-            if st is None:
-                continue
-            if not raw and st.get("state") not in TERMINAL and st.get("jobhost_pid") and not pid_alive(st["jobhost_pid"]):
-                st["state"] = "failed"  # the job host died; the watcher is stopping what it left
-                st["cause"] = st.get("cause") or self._death_cause(st)
-            out[name] = st
+            st = self._state(name, raw)
+            if st is not None:
+                out[name] = st
         return out
+
+    def _state(self, name: str, raw: bool = False) -> Optional[Dict[str, Any]]:
+        """One job's state (without ``raw``: failed when its job host died)."""
+        if not name or name.startswith(".") or "/" in name:
+            return None
+        st = self._read_state(name)
+        if st is None:
+            return None
+        if not raw and st.get("state") not in TERMINAL and st.get("jobhost_pid") and not pid_alive(st["jobhost_pid"]):
+            st["state"] = "failed"  # the job host died; the watcher is stopping what it left
+            st["cause"] = st.get("cause") or self._death_cause(st)
+        return st
 
     def list(self) -> List[Dict[str, Any]]:
         out = []
@@ -339,7 +347,7 @@ class Jobs:
         """The job here: its state, its ranks, and each rank's last loss (read from file tails:
         as fast for a rank that printed a gigabyte as for one that printed a line)."""
         d = self.job_dir(job_id)
-        st = self._states().get(job_id)
+        st = self._state(job_id)  # this job's file only: hosts keep hundreds of ended jobs
         if st is None:
             raise JobError("no job %s on this host" % job_id)
         ranks = []
@@ -363,8 +371,11 @@ class Jobs:
                 os.path.join(d, "metrics", "rank-%d.stdout.jsonl" % rank))
             if rec is not None:
                 last[str(rank)] = rec
+        # Processes left with the job's tag: counted once it has ended (a look through every
+        # process's environment, too dear for each look at a running job); None while it runs.
+        tagged = len(processes_with_tag(job_id)) if st.get("state") in TERMINAL else None
         return {**st, "ranks": ranks, "log_ranks": self.log_ranks(job_id), "last_metrics": last,
-                "tagged_processes": len(processes_with_tag(job_id))}
+                "tagged_processes": tagged}
 
     def read_chunk(self, path: str, offset: int, max_bytes: int, final: bool = False) -> Tuple[bytes, int, bool]:
         """Complete lines from logical ``offset``: (bytes, next offset, more waiting).

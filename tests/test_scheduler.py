@@ -532,3 +532,60 @@ def test_the_queue_waits_out_a_lost_claim_race_and_nothing_else() -> None:
     assert not refused("h1: 120 MB free under the state dir, min_free_mb is 2048")
     assert not refused("h1: no such file: train.py")
     assert JobQueue._transient(PlacementError("h1 0 GPUs free"))
+
+
+def test_launches_asking_for_capacity_at_once_share_one_read_and_its_error() -> None:
+    """A wave of sweep trials starting together asks each host once, not once per trial."""
+    import threading
+
+    from tui.control.jobs import JobManager
+
+    jm = JobManager.__new__(JobManager)  # only the read-sharing part: no hosts here
+    jm._reads, jm._reads_lock = {}, threading.Lock()
+    calls: list[tuple[tuple[str, ...], str | None]] = []
+    gate = threading.Event()
+    outcome: dict[str, Any] = {"value": ["h1 has 4"]}
+
+    def read(hosts: Any, skip: Any = None) -> Any:
+        calls.append((tuple(hosts), skip))
+        gate.wait(10)
+        if isinstance(outcome["value"], Exception):
+            raise outcome["value"]
+        return list(outcome["value"])
+
+    jm._capacity = read  # type: ignore[method-assign]
+    results: list[Any] = []
+
+    def ask(hosts: list[str]) -> None:
+        try:
+            results.append(jm.capacity(hosts))
+        except Exception as e:  # noqa: BLE001
+            results.append(e)
+
+    for outcome_value in (["h1 has 4"], RuntimeError("h1: connection refused")):
+        calls.clear()
+        results.clear()
+        gate.clear()
+        outcome["value"] = outcome_value
+        threads = [threading.Thread(target=ask, args=(["h1", "h2"],)) for _ in range(6)]
+        threads.append(threading.Thread(target=ask, args=(["h1"],)))  # other hosts: its own read
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 5
+        while len(calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # the others are waiting on the read in flight by now
+        gate.set()
+        for t in threads:
+            t.join(10)
+        assert sorted(calls) == [(("h1",), None), (("h1", "h2"), None)], calls
+        assert len(results) == 7
+        if isinstance(outcome_value, Exception):
+            assert all(r is outcome_value for r in results)
+        else:
+            assert all(r == ["h1 has 4"] for r in results)
+    # Once it is done, the next launch reads afresh.
+    outcome["value"] = ["h1 has 3"]
+    assert jm.capacity(["h1", "h2"]) == ["h1 has 3"]
+    assert calls[-1] == (("h1", "h2"), None) and len(calls) == 3
+    assert jm._reads == {}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -174,6 +175,15 @@ class JobView:
         )
 
 
+class _Read:
+    """One capacity read that several launches wait on."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: list[HostCapacity] = []
+        self.error: BaseException | None = None
+
+
 class JobManager:
     def __init__(self, controller: Controller, history: History | None = None):
         self.ctl = controller
@@ -184,11 +194,41 @@ class JobManager:
 
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self._gc_at: dict[str, float] = {}  # host -> when this controller last applied retention there
+        self._reads: dict[tuple[tuple[str, ...], str | None], _Read] = {}  # capacity reads in flight
+        self._reads_lock = threading.Lock()
 
     # -- placement --------------------------------------------------------------------------
 
     def capacity(self, hosts: Sequence[str], skip: str | None = None) -> list[HostCapacity]:
-        """What every host has and has free: its latest sample plus the jobs its agent runs."""
+        """What every host has and has free: its latest sample plus the jobs its agent runs.
+
+        Launches that ask at the same time share one read (a wave of sweep trials starting at once
+        asks every host once, not once per trial). Sharing is safe: a placement subtracts what this
+        controller's jobs hold at the moment it is made, and the claim on each host is what settles
+        a race with another controller."""
+        key = (tuple(hosts), skip)
+        with self._reads_lock:
+            read = self._reads.get(key)
+            leader = read is None
+            if read is None:
+                read = self._reads[key] = _Read()
+        if not leader:
+            read.done.wait()
+            if read.error is not None:
+                raise read.error
+            return list(read.result)
+        try:
+            read.result = self._capacity(hosts, skip)
+            return list(read.result)
+        except BaseException as e:
+            read.error = e
+            raise
+        finally:
+            with self._reads_lock:
+                self._reads.pop(key, None)
+            read.done.set()
+
+    def _capacity(self, hosts: Sequence[str], skip: str | None = None) -> list[HostCapacity]:
         samples = self.ctl.agents(hosts).sample(timeout=30)
         job_lists = self.ctl.agents([h for h in hosts if not isinstance(samples[h], Exception)]).job_list(timeout=30)
         state = ClusterState([(s.name, s.address) for s in self.ctl.inventory.select(hosts)])
@@ -291,8 +331,10 @@ class JobManager:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def launch(self, spec: JobSpec, *, job_id: str | None = None) -> JobView:
-        """Place the job, start it on every host, record it. Raises PlacementError or JobError."""
+    def launch(self, spec: JobSpec, *, job_id: str | None = None, look: bool = True) -> JobView:
+        """Place the job, start it on every host, record it. Raises PlacementError or JobError.
+        The view returned looks at the hosts once more, unless ``look`` is false (a caller that
+        does not show it: the sweeps)."""
         unknown = [h for h in spec.hosts if h not in self.ctl.inventory.names]
         if unknown:
             raise JobError(
@@ -322,7 +364,7 @@ class JobManager:
         if due:  # retention, applied where jobs start; a controller that starts many: once a minute a host
             self._gc_at.update({h: now for h in due})
             self.collect_garbage(due)
-        return self.view(job_id)
+        return self.view(job_id, live=look)
 
     def _preflight(self, job_id: str, placement: Placement) -> None:
         """Before anything starts: every host has room for the job's files and its GPUs free."""

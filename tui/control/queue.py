@@ -54,7 +54,7 @@ class JobQueue:
 
     # -- submitting -------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec, *, queue: bool = True, job_id: str | None = None) -> JobView:
+    def submit(self, spec: JobSpec, *, queue: bool = True, job_id: str | None = None, look: bool = True) -> JobView:
         """Start ``spec`` now if it fits and nothing of equal or higher priority waits; else,
         with ``queue``, record it as queued. Raises PlacementError for a job that cannot ever fit
         (or, without ``queue``, does not fit now), JobError for a bad host name or a failed start."""
@@ -62,7 +62,7 @@ class JobQueue:
         ahead = [r for r in self.history.queued() if int(r.get("priority") or 0) >= spec.priority]
         if not ahead or not queue:
             try:
-                return self.jm.launch(spec, job_id=job_id)
+                return self.jm.launch(spec, job_id=job_id, look=look)
             except (PlacementError, JobError) as e:
                 if not queue or not self._transient(e):
                     raise

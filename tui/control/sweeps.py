@@ -60,6 +60,7 @@ log = logging.getLogger(__name__)
 SUBMIT_WORKERS = 16
 READY = "ready"  # a trial asked ahead of its slot (random and grid sweeps); not yet a job
 INDEPENDENT = ("random", "grid")  # strategies whose proposals do not depend on any result
+ADOPT_EVERY_S = 30.0
 LEASE_S = 10.0  # renewed every poller round: a controller that died gives its sweeps up soon
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (
@@ -290,6 +291,7 @@ class SweepRunner:
         self._metric_cache: dict[str, str | None] = {}  # job id -> its sweep's objective metric
         self._lock = threading.RLock()
         self.started = 0  # trials the last tick started
+        self._adopted: dict[str, float] = {}  # sweep id -> when its orphans were last looked for
 
     # -- Optuna ------------------------------------------------------------------------------
 
@@ -392,6 +394,7 @@ class SweepRunner:
         with self._lock:
             for sweep in self.store.active():
                 if not self.store.try_lease(sweep["sweep_id"], self.owner):
+                    self._adopted.pop(sweep["sweep_id"], None)  # another controller has it now
                     continue
                 busy = True
                 try:
@@ -407,8 +410,13 @@ class SweepRunner:
         assert sw is not None
         study = self._study(sweep_id, spec)
         trials = self.store.trials(sweep_id)
-        self._adopt_orphans(sweep_id, spec, study, trials)
-        trials = self.store.trials(sweep_id)
+        # Orphans come from a controller that died between an ask and its record: looked for
+        # when this controller takes the sweep on, and now and then after (a query of every
+        # running trial, too dear for each round).
+        if time.monotonic() - self._adopted.get(sweep_id, -ADOPT_EVERY_S) >= ADOPT_EVERY_S:
+            self._adopt_orphans(sweep_id, spec, study, trials)
+            self._adopted[sweep_id] = time.monotonic()
+            trials = self.store.trials(sweep_id)
         stopping = sweep["state"] == "stopping"
         over_time = sw.max_runtime_s is not None and time.time() - sweep["created"] > sw.max_runtime_s
         if over_time and not stopping:
@@ -546,7 +554,7 @@ class SweepRunner:
         trial_spec = spec.for_trial(int(t["number"]), t["params"], sweep_id)
         if self.jm.history.get(t["job_id"]) is None:
             try:
-                self.queue.submit(trial_spec, queue=True, job_id=t["job_id"])
+                self.queue.submit(trial_spec, queue=True, job_id=t["job_id"], look=False)
             except (PlacementError, JobError) as e:
                 self._finish(sweep_id, t, "failed", error=f"could not start: {e}")
                 return

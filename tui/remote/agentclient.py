@@ -73,7 +73,7 @@ class JobState(TypedDict, total=False):
     ranks: list[JobRankState]
     log_ranks: list[int]
     last_metrics: dict[str, dict[str, Any]]  # rank (as a string) -> its last metrics record
-    tagged_processes: int
+    tagged_processes: int | None  # processes still tagged with the job, once it ended; None before
     # job_list only:
     name: str | None
     gpus: list[int]
