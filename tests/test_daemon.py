@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -279,3 +280,51 @@ def test_a_slow_reader_gets_the_latest_sample_not_a_backlog(tmp_path: Path) -> N
         loop.call_soon_threadsafe(d._stop_now)
         t.join(5)
         d.release_lock()
+
+
+def test_job_wait_answers_when_a_job_changes_and_refuses_bad_params(live: SocketClient, state_dir: Path) -> None:
+    """The controller's waiter: an answer as the job's state changes, not at the next poll."""
+    import threading
+
+    job_dir = state_dir / "jobs" / "wait-1-abc123"
+    job_dir.mkdir(parents=True)
+    state = job_dir / "state.json"
+    state.write_text(json.dumps({"job_id": "wait-1-abc123", "state": "running", "jobhost_pid": os.getpid()}))
+
+    def ask(rid: int, **params: Any) -> dict:
+        live.send(protocol.encode(protocol.request(rid, "job_wait", **params)))
+        while True:
+            msg = live.recv()
+            if msg["type"] == "response":  # (the daemon's hello comes first)
+                assert msg["id"] == rid
+                return msg
+
+    # Known state differs from the host's: at once.
+    t0 = time.monotonic()
+    r = ask(1, jobs={"wait-1-abc123": "starting"}, timeout_s=10)
+    assert r["ok"] and r["result"] == {"changed": {"wait-1-abc123": "running"}}
+    assert time.monotonic() - t0 < 2
+    # Nothing changes: nothing, after the timeout (a job not here counts as None).
+    t0 = time.monotonic()
+    r = ask(2, jobs={"wait-1-abc123": "running", "other-2-def456": None}, timeout_s=0.5)
+    assert r["ok"] and r["result"] == {"changed": {}} and time.monotonic() - t0 >= 0.45
+    # The job ends while the request waits: the answer comes then.
+    timer = threading.Timer(0.6, lambda: state.write_text(json.dumps(
+        {"job_id": "wait-1-abc123", "state": "succeeded", "jobhost_pid": os.getpid()})))
+    timer.start()
+    t0 = time.monotonic()
+    r = ask(3, jobs={"wait-1-abc123": "running"}, timeout_s=20)
+    waited = time.monotonic() - t0
+    assert r["ok"] and r["result"] == {"changed": {"wait-1-abc123": "succeeded"}}, r
+    assert 0.5 < waited < 5, waited
+    # A job host that died without a word: its job failed.
+    state.write_text(json.dumps({"job_id": "wait-1-abc123", "state": "running", "jobhost_pid": 2 ** 22 + 7}))
+    r = ask(4, jobs={"wait-1-abc123": "running"}, timeout_s=5)
+    assert r["result"]["changed"] == {"wait-1-abc123": "failed"}, r
+    for rid, params in enumerate([{"jobs": []}, {"jobs": {}}, {"jobs": {"a-1-abc": 3}},
+                                  {"jobs": {"../x": "running"}}, {"jobs": {"a-1-abc": None}, "timeout_s": 31},
+                                  {"jobs": {"a-1-abc": None}, "timeout_s": True}], start=10):
+        r = ask(rid, **params)
+        assert not r["ok"] and r["error"]["code"] == protocol.BAD_PARAMS, (params, r)
+    live.send(protocol.encode(protocol.request(99, "ping")))
+    assert live.recv()["ok"]  # still up (the ping answers)

@@ -293,3 +293,47 @@ def test_bad_specs_say_why_and_start_nothing(cli: Cli, body: str, needle: str) -
     assert "Traceback" not in proc.stderr
     after = {h.name: set((h.state_dir / "jobs").glob("*")) for h in cli.bed.hosts}
     assert after == before
+
+
+@pytest.mark.testbed
+def test_a_job_end_is_noticed_as_it_happens_not_at_the_next_round(cli: Cli) -> None:
+    """Each host with live jobs has a waiter (job_wait on a connection of its own): a job that
+    ends starts a round at once, however long the poller's interval."""
+    from tui.control.controller import Controller
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+    from tui.control.jobwatch import JobWatch
+    from tui.model.jobspec import load_jobspec
+    from tui.remote.sshconfig import load_inventory
+
+    cli.run("deploy")
+    spec = load_jobspec(cli.spec("pushed", f"""
+command = ["{{python}}", "{TICKER}", "--steps", "25", "--sleep", "0.1"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 2
+processes_per_node = 1
+"""))
+    ctl = Controller(load_inventory(cli.inventory))
+    history = History(cli.tmp / "pushed.sqlite")
+    watch = JobWatch(JobManager(ctl, history), interval=60.0).start()
+    try:
+        job_id = watch.launch(spec)
+
+        def state() -> str | None:
+            row = next((r for r in watch.snapshot().rows if r.job_id == job_id), None)
+            return row.state if row is not None else None
+
+        wait_until(lambda: state() == "running" and watch.ends_pushed(), 30, "the job running, its hosts waited on")
+        rounds = watch.rounds
+        took = wait_until(lambda: state() == "succeeded", 30, "the end noticed")
+        assert took < 20, "an end noticed only by the 60 s round"
+        assert watch.rounds - rounds <= 6, "rounds came from the waiters' news, not by polling"
+        ended = history.get(job_id)["ended"]
+        ranks_done = max(json.loads(p.read_text())["ended"] for p in
+                         (h.state_dir / "jobs" / job_id / "ranks" / "rank-0.exit.json" for h in cli.bed.hosts[:1]))
+        print(f"\nrank 0 exited -> history ended: {ended - ranks_done:.2f} s (the poller's interval: 60 s)")
+        assert ended - ranks_done < 5
+    finally:
+        watch.stop()
+        ctl.close()
