@@ -11,9 +11,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
