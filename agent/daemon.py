@@ -30,7 +30,6 @@ log = logging.getLogger("rigdeck.agent")
 WRITE_BUFFER_LIMIT = 4 << 20  # a client that lets this much pile up is dropped
 MIN_INTERVAL = 0.1
 MAX_INTERVAL = 60.0
-JOB_WAIT_STEP_S = 0.05  # how often a job_wait looks at its jobs' state files (a stat each, mostly)
 
 
 class _Client:
@@ -114,7 +113,6 @@ class Daemon:
             "job_stop": self._m_job_stop,
             "job_list": lambda c, p: self.jobs.list(),
             "job_status": lambda c, p: self.jobs.status(self._str(p, "job_id")),
-            "job_wait": self._m_job_wait,
             "job_logs": self._m_job_logs,
             "job_metrics": self._m_job_metrics,
             "job_claim": self._m_job_claim,
@@ -477,41 +475,6 @@ class Daemon:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "%r must be an integer >= 0" % key)
         return v
-
-    def _m_job_wait(self, client: _Client, params: Dict[str, Any]) -> Any:
-        """Answer when a job's state here differs from the one the caller knows (``jobs``: job
-        id -> state), or after ``timeout_s`` (at most 30) with nothing changed: a controller
-        learns that a job ended as it ends, without asking every job's state over and over.
-        A job this host does not have counts as state None."""
-        jobs = params.get("jobs")
-        if not isinstance(jobs, dict) or not jobs or len(jobs) > 4096 or not all(
-                isinstance(k, str) and k and (v is None or isinstance(v, str)) for k, v in jobs.items()):
-            raise protocol.ProtocolError(protocol.BAD_PARAMS, "'jobs' must map job ids to the states the caller knows")
-        timeout = params.get("timeout_s", 10)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (0 <= timeout <= 30):
-            raise protocol.ProtocolError(protocol.BAD_PARAMS, "'timeout_s' must be a number in 0..30")
-        from agent.jobs import JobError
-
-        for job_id in jobs:
-            try:
-                self.jobs.job_dir(job_id)
-            except JobError as e:
-                raise protocol.ProtocolError(protocol.BAD_PARAMS, str(e))
-        return self._job_wait(client, dict(jobs), float(timeout))
-
-    async def _job_wait(self, client: _Client, known: Dict[str, Optional[str]], timeout: float) -> Any:
-        loop = asyncio.get_event_loop()
-        deadline = loop.time() + timeout
-        while True:
-            changed = {}
-            for job_id, state in known.items():
-                st = self.jobs._state(job_id)
-                now = st.get("state") if st is not None else None
-                if now != state:
-                    changed[job_id] = now
-            if changed or client.closed or loop.time() >= deadline:
-                return {"changed": changed}
-            await asyncio.sleep(min(JOB_WAIT_STEP_S, max(0.0, deadline - loop.time())))
 
     def _m_job_start(self, client: _Client, params: Dict[str, Any]) -> Any:
         plan = params.get("plan")

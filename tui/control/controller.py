@@ -158,8 +158,6 @@ class Controller(TypedAgents):
         self._transports: dict[str, Transport] = {}
         self._links: dict[str, Any] = {}
         self._host_locks: dict[str, threading.Lock] = {s.name: threading.Lock() for s in inventory.hosts}
-        self._wait_links: dict[str, Any] = {}  # a second connection per host, for requests that wait
-        self._wait_locks: dict[str, threading.Lock] = {s.name: threading.Lock() for s in inventory.hosts}
         self._bundle_lock = threading.Lock()
 
     # -- plumbing ---------------------------------------------------------------------------
@@ -182,10 +180,9 @@ class Controller(TypedAgents):
         return t
 
     def close(self) -> None:
-        for link in [*self._links.values(), *self._wait_links.values()]:
+        for link in self._links.values():
             link.close()
         self._links.clear()
-        self._wait_links.clear()
         for t in self._transports.values():
             t.close()
         self._transports.clear()
@@ -193,17 +190,11 @@ class Controller(TypedAgents):
     # -- agent requests (the CLI's and the job manager's path to the daemons) ----------------
 
     def _link(self, spec: HostSpec) -> Any:
+        from tui.remote.agentlink import AgentLink, hello_timeout
 
         link = self._links.get(spec.name)
         if link is not None:
             return link
-        link = self._links[spec.name] = self._link_on(spec)
-        return link
-
-    def _link_on(self, spec: HostSpec) -> Any:
-        """A new agent link on the host's SSH connection (connecting first when needed)."""
-        from tui.remote.agentlink import AgentLink, hello_timeout
-
         t = self.transport(spec)
         t.connect()
         link = AgentLink(spec.name, self.open_agent_stream(spec, t)[0])
@@ -212,6 +203,7 @@ class Controller(TypedAgents):
         except BaseException:
             link.close()
             raise
+        self._links[spec.name] = link
         return link
 
     def open_agent_stream(self, spec: HostSpec, t: Transport) -> tuple[Any, str | None]:
@@ -247,37 +239,6 @@ class Controller(TypedAgents):
                     if link is not None:
                         link.close()
                     self.transport(spec).close()
-                    if attempt == 1:
-                        raise
-        raise AssertionError("unreachable")
-
-    def waiter(self, host: str) -> Any:
-        """The typed client of ``host``'s agent over a connection of its own (a second channel of
-        the same SSH connection), for requests that wait for something to happen there
-        (``job_wait``): they never hold up the host's other requests."""
-        from tui.remote.agentclient import AgentClient
-
-        return AgentClient(host, lambda method, timeout=30.0, **params: self._wait_request(
-            host, method, timeout, **params))
-
-    def _wait_request(self, host: str, method: str, timeout: float, **params: Any) -> Any:
-        from tui.remote.agentlink import AgentError
-
-        spec = self.inventory.get(host)
-        with self._wait_locks[host]:
-            for attempt in (0, 1):
-                link = self._wait_links.get(host)
-                try:
-                    if link is None:
-                        with self._host_locks[host]:  # the transport is the host's one
-                            link = self._wait_links[host] = self._link_on(spec)
-                    return link.request(method, timeout=timeout, **params)
-                except AgentError:
-                    raise
-                except TransportError:
-                    dropped = self._wait_links.pop(host, None)
-                    if dropped is not None:
-                        dropped.close()
                     if attempt == 1:
                         raise
         raise AssertionError("unreachable")

@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 RATE_WINDOW_S = 30.0
 LOG_CHUNKS_PER_ROUND = 8  # per rank, so one chatty rank cannot hold up a round
 LINE_SHOWN = 4096  # characters of one log line kept for the log view; the rest is counted
-WAIT_S = 10.0  # one job_wait's longest wait on a host
-WAITER_IDLE_S = 30.0  # a host's waiter with no live job to wait on for this long ends
 
 
 # ---------------------------------------------------------------------------------------------
@@ -382,15 +380,6 @@ class JobWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rounds = 0
-        self._round_done = threading.Condition(self._lock)
-        # Each host with live jobs has a waiter: a job_wait on its own connection that answers
-        # as soon as one of them changes state there, and starts a round at once (an ended job
-        # is noticed as it ends, not at the next round).
-        self._wait_jobs: dict[str, dict[str, str | None]] = {}  # host -> job id -> state known
-        self._waiters: dict[str, threading.Thread] = {}
-        self._no_wait: set[str] = set()  # hosts whose agent has no job_wait (an older one)
-        self._dirty: set[str] = set()  # jobs a waiter saw change since the last round
-        self._full_wanted = False
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -405,84 +394,8 @@ class JobWatch:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def ends_pushed(self) -> bool:
-        """True when every host with a live job has a waiter that tells of its changes (then
-        rounds need not come fast to notice ends)."""
-        with self._lock:
-            hosts = set(self._wait_jobs)
-            return all(h in self._waiters and self._waiters[h].is_alive() and h not in self._no_wait
-                       for h in hosts)
-
-    def _update_waiters(self) -> None:
-        """After a round: what each host's waiter waits on, and a waiter for every host with a
-        live job (only when this poller runs its own thread, and the controller can wait)."""
-        if self._thread is None or not hasattr(self.ctl, "waiter"):
-            return
-        wait: dict[str, dict[str, str | None]] = {}
-        with self._lock:
-            for job_id, t in self._tracks.items():
-                if t.final or t.rec.get("state") in TERMINAL or t.rec.get("state") == "queued":
-                    continue
-                for host, st in t.states.items():
-                    if isinstance(st, dict):
-                        wait.setdefault(host, {})[job_id] = st.get("state")
-            self._wait_jobs = wait
-            for host in wait:
-                w = self._waiters.get(host)
-                if host in self._no_wait or (w is not None and w.is_alive()):
-                    continue
-                w = self._waiters[host] = threading.Thread(target=self._wait_on, args=(host,),
-                                                           name=f"jobwatch-wait-{host}", daemon=True)
-                w.start()
-
-    def _wait_on(self, host: str) -> None:
-        from tui.remote.agentlink import AgentError
-
-        idle_since = time.monotonic()
-        while not self._stop.is_set():
-            with self._lock:
-                jobs = dict(self._wait_jobs.get(host) or {})
-                if not jobs:
-                    if time.monotonic() - idle_since > WAITER_IDLE_S:
-                        self._waiters.pop(host, None)
-                        return
-                    self._round_done.wait(1.0)
-                    continue
-                idle_since = time.monotonic()
-                seen = self.rounds
-            try:
-                changed = self.ctl.waiter(host).job_wait(jobs=jobs, timeout_s=WAIT_S, timeout=WAIT_S + 20)
-            except AgentError as e:
-                log.info("%s: no job_wait (%s); its jobs' ends are noticed by polling", host, e)
-                with self._lock:
-                    self._no_wait.add(host)
-                    self._waiters.pop(host, None)
-                return
-            except TransportError as e:
-                log.info("%s: job_wait: %s", host, e)
-                self._stop.wait(1.0)
-                continue
-            except Exception:  # a bug must not end the waiter quietly in a loop
-                log.exception("%s: job_wait failed", host)
-                self._stop.wait(1.0)
-                continue
-            if changed:
-                self._changed(changed)
-                # Until a round has looked, the same change would answer at once again.
-                with self._lock:
-                    deadline = time.monotonic() + 5.0
-                    while self.rounds <= seen and not self._stop.is_set() and time.monotonic() < deadline:
-                        self._round_done.wait(0.5)
-
     def kick(self) -> None:
         """Poll now instead of at the end of the interval."""
-        self._full_wanted = True
-        self._kick.set()
-
-    def _changed(self, job_ids: Iterable[str]) -> None:
-        """A waiter's news: these jobs changed; a round looks at them now."""
-        with self._lock:
-            self._dirty.update(job_ids)
         self._kick.set()
 
     def select(self, job_id: str | None, who: str | None = None) -> None:
@@ -500,28 +413,16 @@ class JobWatch:
             self.kick()
 
     def _run(self) -> None:
-        next_full = 0.0
         while not self._stop.is_set():
-            # A round looks at every job; one that a waiter started (jobs changed on a host)
-            # looks at those jobs only, so the next trial of a wave is not held up by a look at
-            # every other.
-            with self._lock:
-                full = self._full_wanted or time.monotonic() >= next_full or not self._dirty
-                only = None if full else set(self._dirty)
-                self._dirty.clear()
-                self._full_wanted = False
-                self._kick.clear()
+            self._kick.clear()
             try:
-                self.poll_once(only=only)
-                self._update_waiters()
+                self.poll_once()
             except Exception as e:  # a bug must not end the poller; the app shows the error
                 log.exception("job poll failed")
                 with self._lock:
                     self._snapshot = replace(self._snapshot, error=f"{type(e).__name__}: {e}")
-            if full:
-                next_full = time.monotonic() + self.interval
             # The next round starts after this one finished, so rounds never overlap.
-            self._kick.wait(max(0.0, next_full - time.monotonic()))
+            self._kick.wait(self.interval)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -577,9 +478,7 @@ class JobWatch:
 
     # -- polling ----------------------------------------------------------------------------
 
-    def poll_once(self, only: set[str] | None = None) -> JobsSnapshot:
-        """One round: every live job (or, with ``only``, those of them) looked at on its hosts
-        and supervised, its new metrics and logs read; then ``after_round``."""
+    def poll_once(self) -> JobsSnapshot:
         recs = self.jobs.history.list(limit=self.limit)
         errors: list[str] = []
         work: list[tuple[dict[str, Any], _Track]] = []
@@ -588,7 +487,7 @@ class JobWatch:
                 track = self._tracks.get(rec["job_id"])
                 if track is None:
                     track = self._tracks[rec["job_id"]] = _Track(rec)
-            if track.final or (only is not None and rec["job_id"] not in only and track.states):
+            if track.final:
                 track.rec = rec
                 continue
             work.append((rec, track))
@@ -633,7 +532,6 @@ class JobWatch:
                     del self._tracks[job_id]
             rows = tuple(self._tracks[j].row() for j in order if j in self._tracks)
             self.rounds += 1
-            self._round_done.notify_all()
             self._snapshot = JobsSnapshot(
                 rows,
                 self._snapshot.version + 1,

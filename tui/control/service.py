@@ -119,11 +119,9 @@ class ControllerService:
         self.queue.advance()
         busy = self.sweeps.tick()
         if self._watch is not None and hasattr(self._watch, "interval"):
-            # A trial that ends is noticed within a round: rounds come faster while sweeps run,
-            # unless every host tells of its jobs' ends as they happen (job_wait).
-            pushed = getattr(self._watch, "ends_pushed", lambda: False)()
-            self._watch.interval = SWEEP_ROUND_S if busy and not pushed else self._round_s
-            if self.sweeps.started and not pushed:
+            # A trial that ends is noticed within a round: rounds come faster while sweeps run.
+            self._watch.interval = SWEEP_ROUND_S if busy else self._round_s
+            if self.sweeps.started:
                 # Trials ended and others started: more of the same wave may have ended while
                 # this round started them, so the next round looks at once.
                 self._watch.kick()

@@ -312,13 +312,6 @@ class AgentClient:
         (see ``JobState``: the agent's dict, passed through)."""
         return self._call("job_status", **_kw(timeout), job_id=job_id)  # type: ignore[no-any-return]
 
-    def job_wait(self, *, jobs: dict[str, str | None], timeout_s: float,
-                 timeout: float | None = None) -> dict[str, str | None]:
-        """Wait until one of ``jobs`` (job id -> the state the caller knows) is in another state
-        here, at most ``timeout_s``: job id -> its state now (None: not on this host), or {}."""
-        res = self._call("job_wait", **_kw(timeout), jobs=jobs, timeout_s=timeout_s)
-        return dict(res.get("changed") or {})
-
     def job_logs(self, *, job_id: str, rank: int, offset: int = 0, max_bytes: int | None = None,
                  binary: bool = False, timeout: float | None = None) -> LogChunk:
         """A chunk of ``rank``'s log from byte ``offset``: complete lines, or a piece of a line
