@@ -22,7 +22,7 @@ import zipfile
 from typing import Any, Callable, Dict, List, Optional, Set  # noqa: F401
 
 from agent import facts, protocol
-from agent.paths import Paths, self_command, spawn_daemon, unpacked_command
+from agent.paths import Paths, self_command, spawn_daemon
 from agent.version import agent_version
 
 log = logging.getLogger("rigdeck.agent")
@@ -30,6 +30,8 @@ log = logging.getLogger("rigdeck.agent")
 WRITE_BUFFER_LIMIT = 4 << 20  # a client that lets this much pile up is dropped
 MIN_INTERVAL = 0.1
 MAX_INTERVAL = 60.0
+EXEC_OUTPUT_MAX = 1 << 20  # bytes of a command's stdout (and of its stderr) kept; the rest counted
+EXEC_TIMEOUT_MAX_S = 86400.0
 
 
 class _Client:
@@ -120,6 +122,7 @@ class Daemon:
             "job_check": self._m_job_check,
             "job_gc": self._m_job_gc,
             "probe_port": lambda c, p: {"port": self._probe_port(p)},
+            "exec": self._m_exec,
             "route_source": lambda c, p: {"address": self._route_source(p)},
         }  # type: Dict[str, Callable[[_Client, Dict[str, Any]], Any]]
 
@@ -476,6 +479,66 @@ class Daemon:
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "%r must be an integer >= 0" % key)
         return v
 
+    def _m_exec(self, client: _Client, params: Dict[str, Any]) -> Any:
+        """Run ``argv`` here, as this user, with no shell: each argument reaches the program as
+        it was given (``rigdeck exec``). Answers when it ends or after ``timeout_s`` (then its
+        process group is killed): exit code, signal, and its stdout and stderr (the first
+        EXEC_OUTPUT_MAX bytes of each, the rest counted)."""
+        argv = params.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) and "\0" not in a for a in argv) \
+                or not argv[0]:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "'argv' must be a non-empty list of strings")
+        timeout = params.get("timeout_s", 600)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (0 < timeout <= EXEC_TIMEOUT_MAX_S):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "'timeout_s' must be a number in (0, %d]" % EXEC_TIMEOUT_MAX_S)
+        return self._exec(list(argv), float(timeout))
+
+    async def _exec(self, argv: List[str], timeout: float) -> Dict[str, Any]:
+        import signal as _signal
+
+        started = time.time()
+        out = {"exit_code": None, "signal": None, "stdout": "", "stderr": "", "stdout_dropped": 0,
+               "stderr_dropped": 0, "timed_out": False, "error": None}  # type: Dict[str, Any]
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, cwd=os.path.expanduser("~"), start_new_session=True)
+        except OSError as e:  # as a shell says it: 127 not found, 126 found but not runnable
+            out["exit_code"] = 127 if isinstance(e, FileNotFoundError) else 126
+            out["error"] = "%s: %s" % (argv[0], e.strerror or e)
+            out["duration_s"] = round(time.time() - started, 3)
+            return out
+        kept = {"stdout": bytearray(), "stderr": bytearray()}  # type: Dict[str, bytearray]
+
+        async def drain(name: str, stream: Any) -> None:
+            while True:
+                chunk = await stream.read(65536)
+                if not chunk:
+                    return
+                room = EXEC_OUTPUT_MAX - len(kept[name])
+                kept[name] += chunk[:max(0, room)]
+                out[name + "_dropped"] += max(0, len(chunk) - max(0, room))
+
+        try:
+            await asyncio.wait_for(asyncio.gather(drain("stdout", proc.stdout), drain("stderr", proc.stderr),
+                                                  proc.wait()), timeout)
+        except asyncio.TimeoutError:
+            out["timed_out"] = True
+            try:
+                os.killpg(proc.pid, _signal.SIGKILL)
+            except OSError:
+                pass
+            await proc.wait()
+        rc = proc.returncode
+        if rc is not None and rc < 0:
+            out["signal"], out["exit_code"] = -rc, 128 - rc
+        else:
+            out["exit_code"] = rc
+        for name in ("stdout", "stderr"):
+            out[name] = bytes(kept[name]).decode("utf-8", "replace")
+        out["duration_s"] = round(time.time() - started, 3)
+        return out
+
     def _m_job_start(self, client: _Client, params: Dict[str, Any]) -> Any:
         plan = params.get("plan")
         if not isinstance(plan, dict):
@@ -578,7 +641,7 @@ class Daemon:
             return 0
         # Job hosts and rank wrappers start from the byte-compiled copy (after the lock: one
         # daemon makes it).
-        self.jobs.agent_command = unpacked_command(self.jobs.agent_command)
+        self.jobs.use_unpacked()
         try:
             asyncio.run(self.serve())
         finally:

@@ -73,6 +73,7 @@ class Jobs:
     def __init__(self, state_dir: str, agent_command: List[str]):
         self.root = os.path.join(state_dir, "jobs")
         self.agent_command = agent_command
+        self.zipapp_command = None  # type: Optional[List[str]]  # what agent_command was unpacked from
         self._children = {}  # type: Dict[str, subprocess.Popen]
         self._exit_codes = {}  # type: Dict[int, int]  # job host pid -> its exit status, once reaped
         self._last_states = {}  # type: Dict[str, str]
@@ -184,7 +185,7 @@ class Jobs:
             env = dict(os.environ, RIGDECK_CLAIM_FDS=",".join(str(fd) for fd in fds))
             with open(os.devnull, "rb") as devnull, open(os.path.join(d, "jobhost.stderr"), "ab") as err:
                 proc = subprocess.Popen(
-                    no_site(self.agent_command) + ["jobhost", "--job-dir", d],
+                    no_site(self._command()) + ["jobhost", "--job-dir", d],
                     stdin=devnull, stdout=err, stderr=err, start_new_session=True, cwd=d, env=env,
                     pass_fds=fds,
                 )
@@ -235,6 +236,24 @@ class Jobs:
         write_json(os.path.join(d, "state.json"), st)
         return {"state": "stopped", "swept": swept}
 
+    def use_unpacked(self) -> None:
+        """Start job hosts and rank wrappers from the zipapp's byte-compiled copy (made now)."""
+        from agent.paths import unpacked_command
+
+        self.zipapp_command = list(self.agent_command)
+        self.agent_command = unpacked_command(self.zipapp_command)
+
+    def _command(self) -> List[str]:
+        """The agent command for a new job host: the unpacked copy, made again first when it is
+        gone (someone removed the agent's directory, and a deploy put the archive back)."""
+        from agent.paths import is_unpacked, unpacked_command
+
+        c = self.agent_command
+        if self.zipapp_command and c != self.zipapp_command and not (
+                is_unpacked(c[1]) and os.path.isfile(os.path.join(c[1], "agent", "jobhost.py"))):
+            self.agent_command = c = unpacked_command(self.zipapp_command)
+        return c
+
     def reap(self) -> None:
         """Collect every job host that ended (no zombies), remembering how it ended."""
         for job_id, p in list(self._children.items()):
@@ -242,8 +261,25 @@ class Jobs:
             if code is not None:
                 self._exit_codes[p.pid] = code
                 del self._children[job_id]
+                self._never_started(job_id, p.pid, code)
         while len(self._exit_codes) > 1024:
             del self._exit_codes[next(iter(self._exit_codes))]
+
+    def _never_started(self, job_id: str, pid: int, code: int) -> None:
+        """A job host that exited before it recorded itself (its interpreter could not start it):
+        the job failed here, saying why, instead of "starting" for ever."""
+        st = self._read_state(job_id)
+        if st is None or st.get("state") in TERMINAL or st.get("jobhost_pid"):
+            return
+        why = (read_tail(os.path.join(self.root, job_id, "jobhost.stderr"), 400) or b"").decode("utf-8", "replace").strip()
+        how = "was killed by signal %d" % -code if code < 0 else "exited %d" % code
+        st.update(state="failed", ended=time.time(), cause={
+            "host": st.get("host"), "rank": None, "jobhost_pid": pid, "signal": -code if code < 0 else None,
+            "message": "the job host (pid %d) %s before it started%s" % (pid, how, ": " + why if why else "")})
+        try:
+            write_json(os.path.join(self.root, job_id, "state.json"), st)
+        except OSError:
+            pass
 
     def busy(self) -> bool:
         self.reap()

@@ -54,6 +54,10 @@ NODE = {"host": str, "address": str, "slots": int, "gpus": list, "cpus": (int, N
 RANK = {"rank": int, "host": str, "local_rank": int, "gpu": (int, NONE), "pid": (int, NONE),
         "state": str, "exit_code": (int, NONE), "signal": (int, NONE)}
 GC = {"removed": list, "kept": int, "running": list}
+EXEC = {"argv": list, "hosts": list, "failed": list}
+EXEC_HOST = {"host": str, "exit_code": (int, NONE), "signal": (int, NONE), "stdout": str, "stderr": str,
+             "stdout_dropped": int, "stderr_dropped": int, "timed_out": bool, "error": (str, NONE),
+             "duration_s": (float, int, NONE)}
 
 
 def conforms(obj: Any, schema: dict[str, Any], where: str) -> None:
@@ -192,6 +196,13 @@ def test_every_command_json_keeps_its_keys_and_types(tmp_path: Path) -> None:
     gc = json.loads(_rigdeck(env, "gc", "--json"))
     assert list(gc) == ["here"]
     conforms(gc["here"], GC, "gc.here")
+
+    ran = json.loads(_rigdeck(env, "exec", "--all", "--json", "--", "sh", "-c", "echo out; echo err >&2; exit 4",
+                              ok=(1,)))
+    conforms(ran, EXEC, "exec")
+    assert ran["argv"] == ["sh", "-c", "echo out; echo err >&2; exit 4"] and ran["failed"] == ["here"]
+    conforms(ran["hosts"][0], EXEC_HOST, "exec.hosts[0]")
+    assert ran["hosts"][0]["exit_code"] == 4 and ran["hosts"][0]["stdout"] == "out\n" and ran["hosts"][0]["stderr"] == "err\n"
 
 
 # -- sim markers ------------------------------------------------------------------------------

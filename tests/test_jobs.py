@@ -293,3 +293,36 @@ def test_bad_specs_say_why_and_start_nothing(cli: Cli, body: str, needle: str) -
     assert "Traceback" not in proc.stderr
     after = {h.name: set((h.state_dir / "jobs").glob("*")) for h in cli.bed.hosts}
     assert after == before
+
+
+@pytest.mark.testbed
+def test_a_removed_agent_copy_is_made_again_and_a_job_host_that_cannot_start_fails_its_job(cli: Cli) -> None:
+    """The daemon starts job hosts from its unpacked copy of the agent. Someone removes the
+    agent's directory while it runs: the next job still starts. A job host that exits before it
+    records itself fails the job with the reason, instead of leaving it "starting"."""
+    import shutil
+
+    cli.run("deploy")
+    spec = cli.spec("copy", f"""
+command = ["{{python}}", "{TICKER}", "--steps", "3", "--sleep", "0.05"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 1
+processes_per_node = 1
+hosts = ["h1"]
+""")
+    agent_dir = cli.bed.hosts[0].state_dir / "agent"
+    shutil.rmtree(agent_dir)  # the daemon runs on; the launch's deploy puts the archive back
+    done = cli.json("launch", str(spec), "--wait")
+    assert done["state"] == "succeeded", done
+    (copy,) = agent_dir.glob("*/unpacked")
+    main = copy / "__main__.py"
+    good = main.read_bytes()
+    main.write_text("raise SystemExit(7)\n")  # damaged: it is there, but cannot start a job host
+    try:
+        failed = cli.json("launch", str(spec), "--wait", check=False)
+    finally:
+        main.write_bytes(good)
+    assert failed["state"] == "failed", failed
+    assert "exited 7 before it started" in failed["cause"]["message"], failed["cause"]
+    assert cli.json("launch", str(spec), "--wait")["state"] == "succeeded"

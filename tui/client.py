@@ -116,6 +116,11 @@ class Client:
     def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
         raise NotImplementedError
 
+    def exec(self, hosts: Sequence[str], argv: list[str], timeout_s: float) -> dict[str, Any]:
+        """``argv`` run on ``hosts`` at once with no shell: host -> the agent's answer, or the
+        TransportError that kept the host from answering."""
+        raise NotImplementedError
+
     def reconnect(self, host: str) -> None:
         raise NotImplementedError
 
@@ -250,6 +255,9 @@ class InProcessClient(Client):
 
     def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
         return self.service.deploy(names)
+
+    def exec(self, hosts: Sequence[str], argv: list[str], timeout_s: float) -> dict[str, Any]:
+        return self.service.exec(hosts, argv, timeout_s)
 
     def reconnect(self, host: str) -> None:
         self.service.reconnect(host)

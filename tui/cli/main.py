@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tui.cli import exec as exec_cli
 from tui.cli import server as server_cli
 from tui.cli import sweep as sweep_cli
 from tui.client import (
@@ -128,6 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     ip.add_argument("-o", "--output", help="write here instead of stdout (refuses to overwrite)")
 
     sweep_cli.add_parsers(sub, _common)
+    exec_cli.add_parser(sub, _common)
     server_cli.add_parsers(sub)
     return parser
 
@@ -480,6 +482,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_jobs(args)
         if args.command in ("sweep", "sweeps"):
             return sweep_cli.run(args, _client)
+        if args.command == "exec":
+            return exec_cli.run(args, _load)
         if args.command == "serve":
             return _run_serve(args)
         if args.command in ("server", "attach"):

@@ -65,8 +65,19 @@ class History:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(SCHEMA)
+        # Several processes may open a new file at once. Turning on WAL takes the file for a
+        # moment, and SQLite answers "database is locked" to the others at once, without waiting
+        # its busy timeout: try again for as long as that timeout.
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.executescript(SCHEMA)
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         self._migrate()
 
     def _migrate(self) -> None:

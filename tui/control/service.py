@@ -197,6 +197,10 @@ class ControllerService:
     def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
         return self.ctl.deploy(names)
 
+    def exec(self, hosts: Sequence[str], argv: list[str], timeout_s: float) -> dict[str, Any]:
+        """``argv`` on every host at once, through each agent, with no shell."""
+        return dict(self.ctl.agents(list(hosts)).exec(argv=list(argv), timeout_s=timeout_s, timeout=timeout_s + 30))
+
     def reconnect(self, host: str) -> None:
         if self._monitor is not None:
             self._monitor.reconnect(host)

@@ -312,6 +312,11 @@ class AgentClient:
         (see ``JobState``: the agent's dict, passed through)."""
         return self._call("job_status", **_kw(timeout), job_id=job_id)  # type: ignore[no-any-return]
 
+    def exec(self, *, argv: list[str], timeout_s: float, timeout: float | None = None) -> dict[str, Any]:
+        """Run ``argv`` on the host with no shell: its exit code, signal, stdout and stderr (see
+        ``exec`` in docs/contracts.md)."""
+        return _dict(self._call("exec", **_kw(timeout), argv=argv, timeout_s=timeout_s))
+
     def job_logs(self, *, job_id: str, rank: int, offset: int = 0, max_bytes: int | None = None,
                  binary: bool = False, timeout: float | None = None) -> LogChunk:
         """A chunk of ``rank``'s log from byte ``offset``: complete lines, or a piece of a line
@@ -385,6 +390,11 @@ class AgentFleet:
             return {}
         got = self._call_many(method, **_kw(timeout), **params)
         return {h: r if isinstance(r, TransportError) else convert(r) for h, r in got.items()}
+
+    def exec(self, *, argv: list[str], timeout_s: float,
+             timeout: float | None = None) -> dict[str, dict[str, Any] | TransportError]:
+        """``argv`` run on every host at once, with no shell (``AgentClient.exec``)."""
+        return self._each(_dict, "exec", timeout, argv=argv, timeout_s=timeout_s)
 
     def ping(self, *, timeout: float | None = None) -> dict[str, float | TransportError]:
         """Each agent's clock."""
