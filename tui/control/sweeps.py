@@ -544,7 +544,7 @@ class SweepRunner:
                 f.result()
             if pool is not None:
                 pool.shutdown()
-        return len(started) + submitted
+        return count
 
     def _submit(self, sweep_id: str, spec: JobSpec, t: dict[str, Any]) -> None:
         """Queue (or start) the trial's job, under the id its row already names."""
