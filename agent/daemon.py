@@ -21,7 +21,7 @@ import time
 import zipfile
 from typing import Any, Callable, Dict, List, Optional, Set  # noqa: F401
 
-from agent import facts, protocol
+from agent import code, facts, protocol
 from agent.paths import Paths, self_command, spawn_daemon
 from agent.version import agent_version
 
@@ -124,6 +124,10 @@ class Daemon:
             "probe_port": lambda c, p: {"port": self._probe_port(p)},
             "exec": self._m_exec,
             "route_source": lambda c, p: {"address": self._route_source(p)},
+            "code_have": lambda c, p: self._code(lambda: code.have(self.paths.state_dir, p.get("tree"), p.get("blobs"))),
+            "code_put": lambda c, p: self._code(lambda: code.put(self.paths.state_dir, p.get("blobs"))),
+            "code_commit": lambda c, p: self._code(
+                lambda: code.commit(self.paths.state_dir, p.get("tree"), p.get("files"))),
         }  # type: Dict[str, Callable[[_Client, Dict[str, Any]], Any]]
 
     # -- single instance ---------------------------------------------------------------------
@@ -478,6 +482,14 @@ class Daemon:
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "%r must be an integer >= 0" % key)
         return v
+
+    @staticmethod
+    def _code(fn: Callable[[], Any]) -> Any:
+        """Synced code (agent/code.py): a bad request is the caller's error, not the daemon's."""
+        try:
+            return fn()
+        except code.CodeError as e:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, str(e)) from None
 
     def _m_exec(self, client: _Client, params: Dict[str, Any]) -> Any:
         """Run ``argv`` here, as this user, with no shell: each argument reaches the program as

@@ -61,6 +61,9 @@ MAX_K = 200
 MAX_HOSTS = 244  # host addresses .11 .. .254
 SSHD = "/usr/sbin/sshd"
 MOUNTPOINT = "/root/.rigdeck"
+# A directory of this machine (the workstation) that the hosts do not see: each host has an empty
+# tmpfs of its own over it. Code that exists only on the workstation lives here in tests.
+WORKSTATION_ONLY = "/run/rigdeck-workstation"
 SSH_MOUNTPOINT = "/root/.ssh"
 START_TIMEOUT = 10.0
 _CREATING_GRACE_S = 60.0  # a bed dir without owner.pid younger than this is still being made
@@ -95,6 +98,7 @@ _HOLDER_SH = (
     'mount --bind "$2" "$3" && '
     'mount --bind "$7" "$8" && '  # each host's own ~/.ssh
     'mount -t tmpfs -o size=256m,mode=1777 rdk-shm /dev/shm && '  # each host's own (GPU claims live there)
+    'mount -t tmpfs -o size=1m,mode=0755 rdk-ws ' + WORKSTATION_ONLY + ' && '  # the workstation's files, hidden
     '{ [ -z "$6" ] || mount --bind "$6" /etc/passwd; } && '  # a host whose root logs in to another shell
     'exec "$4" -I -S "$5" "$1"'
 )
@@ -713,6 +717,7 @@ class TestBed:
         # namespaces and sshd
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)
         os.makedirs(MOUNTPOINT, exist_ok=True)
+        os.makedirs(WORKSTATION_ONLY, mode=0o755, exist_ok=True)
         if not os.path.isdir(SSH_MOUNTPOINT):  # a mount point only; its content is never touched
             os.makedirs(SSH_MOUNTPOINT, mode=0o700, exist_ok=True)
         for h in self.hosts:

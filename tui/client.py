@@ -139,6 +139,10 @@ class Client:
         raise NotImplementedError
 
     # jobs (commands)
+    def on_code_progress(self, fn: Callable[[str, str, int, int], None]) -> None:
+        """``fn(job_id, host, bytes_done, bytes_total)`` as a job's code goes to its hosts (the
+        embedded controller; a server reports the outcome in the job's events only)."""
+
     def launch(self, spec: JobSpec, *, queue: bool = True) -> JobView:
         raise NotImplementedError
 
@@ -264,6 +268,9 @@ class InProcessClient(Client):
 
     def trust_host_key(self, host: str, fingerprint: str) -> str:
         return self.service.trust_host_key(host, fingerprint)
+
+    def on_code_progress(self, fn: Callable[[str, str, int, int], None]) -> None:
+        self.service.manager.code_listeners.append(fn)
 
     def launch(self, spec: JobSpec, *, queue: bool = True) -> JobView:
         return self.service.launch(spec, queue=queue)

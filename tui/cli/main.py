@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tui.app.widgets.format import size_bytes
 from tui.cli import exec as exec_cli
 from tui.cli import server as server_cli
 from tui.cli import sweep as sweep_cli
@@ -22,6 +23,7 @@ from tui.client import (
     load_hostfile,
     load_inventory,
 )
+from tui.model.codesync import short
 from tui.model.inventory import Inventory, InventoryError
 
 EXIT_OK = 0
@@ -239,6 +241,39 @@ def _fmt_cause(cause: dict[str, Any] | None) -> str:
     return describe_cause(cause, restart_error=False) if cause else "-"
 
 
+def _code_progress() -> Any:
+    """A printer of code-sync progress: a line per host at each quarter of what it is sent."""
+    shown: dict[tuple[str, str], int] = {}
+
+    def show(job_id: str, host: str, done: int, total: int) -> None:
+        quarter = 4 if total == 0 else done * 4 // total
+        if shown.get((job_id, host), -1) >= quarter:
+            return
+        shown[(job_id, host)] = quarter
+        if total == 0:
+            print(f"code → {host}: has this version, nothing to send", file=sys.stderr, flush=True)
+        else:
+            print(f"code → {host}: {size_bytes(done)} of {size_bytes(total)}", file=sys.stderr, flush=True)
+
+    return show
+
+
+def code_lines(code: dict[str, Any] | None, events: list[dict[str, Any]]) -> list[str]:
+    """The job's code snapshot and what each host was sent for it (the newest sync)."""
+    if not code or not code.get("tree"):
+        return []
+    lines = [f"code     {short(code['tree'])}: {code.get('files')} files, {size_bytes(code.get('size') or 0)} "
+             f"from {code.get('sync')}"]
+    sync = next((e for e in reversed(events) if e.get("event") == "code"), None)
+    for host, r in sorted((sync or {}).get("hosts", {}).items()):
+        if r.get("had_tree"):
+            lines.append(f"         {host}: had it, sent nothing")
+        else:
+            lines.append(f"         {host}: sent {r['files_sent']} files, {size_bytes(r['bytes_sent'])} "
+                         f"({size_bytes(r['wire_bytes'])} on the wire) in {r['seconds']:.1f}s")
+    return lines
+
+
 def _print_job(v: Any) -> None:
     from tui.app.widgets.format import marked_simulated
 
@@ -248,6 +283,8 @@ def _print_job(v: Any) -> None:
                                        bool(n.get("gpus") and n.get("simulated"))).plain
                       for n in v.placement)
     print(f"placement {hosts}")
+    for line in code_lines(v.spec.get("code"), v.events):
+        print(line)
     if v.last_step is not None or v.last_loss is not None:
         print(f"progress step {v.last_step} loss {v.last_loss}")
     if v.cause:
@@ -342,6 +379,8 @@ def _run_jobs(args: argparse.Namespace) -> int:
                     print(f"rigdeck: {args.spec}: has a [sweep] table: run it with rigdeck sweep "
                           f"{args.spec}", file=sys.stderr)
                     return EXIT_USAGE
+                if spec.code is not None and not args.json:
+                    client.on_code_progress(_code_progress())
                 view = client.launch(spec, queue=not args.no_queue)
             except (JobSpecError, PlacementError, JobError) as e:
                 print(f"rigdeck: {e}", file=sys.stderr)
@@ -355,6 +394,8 @@ def _run_jobs(args: argparse.Namespace) -> int:
                               "launch --wait)", flush=True)
                 else:
                     print(f"launched {view.job_id}: {', '.join(n['host'] for n in view.placement)}", flush=True)
+                    for line in code_lines(view.spec.get("code"), view.events):
+                        print(line, flush=True)
             if args.wait:
                 for v in client.wait(view.job_id):
                     if not args.json:

@@ -157,6 +157,7 @@ class Controller(TypedAgents):
         self._bundle: AgentBundle | None = None
         self._transports: dict[str, Transport] = {}
         self._links: dict[str, Any] = {}
+        self._pyz: dict[str, str | None] = {}
         self._host_locks: dict[str, threading.Lock] = {s.name: threading.Lock() for s in inventory.hosts}
         self._bundle_lock = threading.Lock()
 
@@ -197,13 +198,39 @@ class Controller(TypedAgents):
             return link
         t = self.transport(spec)
         t.connect()
-        link = AgentLink(spec.name, self.open_agent_stream(spec, t)[0])
+        stream, pyz = self.open_agent_stream(spec, t)
+        link = AgentLink(spec.name, stream)
         try:
             link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck")
         except BaseException:
             link.close()
             raise
         self._links[spec.name] = link
+        self._pyz[spec.name] = pyz
+        return link
+
+    def side_link(self, host: str) -> Any:
+        """A second connection to ``host``'s agent, on the same SSH connection, for a long
+        exchange (code sync) that must not hold up the host's other requests. The caller closes
+        it. The agent is checked (and deployed) through the host's first connection."""
+        from tui.remote.agentlink import AgentLink, hello_timeout
+
+        spec = self.inventory.get(host)
+        with self._host_locks[host]:
+            self._link(spec)
+            t = self.transport(spec)
+            pyz = self._pyz.get(host)
+        if getattr(spec, "attach_only", False) or pyz is None:
+            stream = t.open_stream([spec.python, "agent.pyz", "attach"], env={})
+        else:
+            stream = t.open_stream([spec.python, pyz, "attach", "--state-dir", t.remote_path(spec.state_dir)],
+                                   env=self.agent_env(spec))
+        link = AgentLink(spec.name, stream)
+        try:
+            link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck-sync")
+        except BaseException:
+            link.close()
+            raise
         return link
 
     def open_agent_stream(self, spec: HostSpec, t: Transport) -> tuple[Any, str | None]:

@@ -160,6 +160,7 @@ class JobView:
             "last_step": self.last_step, "last_loss": self.last_loss, "hosts": hosts,
             "events": self.events, "unreachable": self.unreachable, "waiting": self.waiting,
             "sweep_id": self.spec.get("sweep_id"), "trial": self.spec.get("trial"),
+            "code": self.spec.get("code"),
         }
 
     @classmethod
@@ -196,6 +197,13 @@ class JobManager:
         self._gc_at: dict[str, float] = {}  # host -> when this controller last applied retention there
         self._reads: dict[tuple[tuple[str, ...], str | None], _Read] = {}  # capacity reads in flight
         self._reads_lock = threading.Lock()
+        # Code sync: the controller's store of snapshots, and each syncing job's progress
+        # ({job_id: {host: (bytes done, bytes to send)}}) while its start waits for it.
+        from tui.remote.codesync import CodeStore
+
+        self.code_store = CodeStore(self.history.path.parent / "code")
+        self.code_progress: dict[str, dict[str, tuple[int, int]]] = {}
+        self.code_listeners: list[Callable[[str, str, int, int], None]] = []
 
     # -- placement --------------------------------------------------------------------------
 
@@ -413,10 +421,13 @@ class JobManager:
         hosts = [n.host for n in placement.nodes]
         results: dict[str, Any] = {}
         try:
+            workdirs = self._push_code(job_id, spec, hosts) if spec.code is not None else {}
             try:
                 plans = self._plans(job_id, spec, placement, restart_count)
             except TransportError as e:
                 raise JobError(f"could not prepare the launch: {e}") from None
+            for h, path in workdirs.items():
+                plans[h]["workdir"] = path
             primary = placement.nodes[0].host
             # The primary last: an mpirun there needs every other host's job directory in place.
             others = [h for h in plans if h != primary]
@@ -437,6 +448,66 @@ class JobManager:
         self.history.update(job_id, state="running", started=time.time())
         self.history.add_event(job_id, {"event": "started", "restart_count": restart_count,
                                         "hosts": [n.host for n in placement.nodes]})
+
+    def snapshot_code(self, spec: JobSpec) -> JobSpec:
+        """A spec with ``[code] sync`` gets its snapshot now, at submission: the job runs this
+        version of the files even if it waits in the queue while they change."""
+        if spec.code is None or spec.code.tree is not None:
+            return spec
+        from tui.model.codesync import CodeSyncError
+
+        try:
+            code, _done = self.code_store.snapshot(spec.code, f"{spec.path or 'job spec'}: [code] sync")
+        except CodeSyncError as e:
+            raise JobError(str(e)) from None
+        import dataclasses
+
+        return dataclasses.replace(spec, code=code)
+
+    def _push_code(self, job_id: str, spec: JobSpec, hosts: list[str]) -> dict[str, str]:
+        """Ship the job's code snapshot to every host of the job, in parallel; the job's workdir
+        on each host is its copy. Any host failing fails the start (nothing has started yet)."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from tui.model.codesync import CodeSyncError
+        from tui.remote.codesync import push
+
+        assert spec.code is not None
+        if spec.code.tree is None:
+            spec = self.snapshot_code(spec)
+            assert spec.code is not None
+        tree = spec.code.tree
+        assert tree is not None
+        live = self.code_progress.setdefault(job_id, {})
+
+        def progress(host: str, done: int, total: int) -> None:
+            live[host] = (done, total)
+            for fn in list(self.code_listeners):
+                fn(job_id, host, done, total)
+
+        def one(h: str) -> Any:
+            try:
+                link = self.ctl.side_link(h)
+            except TransportError as e:
+                return e
+            try:
+                return push(link, h, self.code_store, tree, progress)
+            except (TransportError, CodeSyncError) as e:
+                return e
+            finally:
+                link.close()
+
+        try:
+            with ThreadPoolExecutor(max_workers=min(32, len(hosts)), thread_name_prefix="sync") as pool:
+                results = dict(zip(hosts, pool.map(one, hosts), strict=True))
+        finally:
+            self.code_progress.pop(job_id, None)
+        failed = {h: r for h, r in results.items() if isinstance(r, Exception)}
+        if failed:
+            raise JobError("code sync failed: " + "; ".join(f"{h}: {e}" for h, e in failed.items()))
+        self.history.add_event(job_id, {"event": "code", "tree": tree,
+                                        "hosts": {h: r.to_json() for h, r in results.items()}})
+        return {h: r.path for h, r in results.items()}
 
     def _start_hosts(self, plans: dict[str, dict[str, Any]], hosts: list[str]) -> dict[str, Any]:
         from concurrent.futures import ThreadPoolExecutor

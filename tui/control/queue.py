@@ -59,6 +59,7 @@ class JobQueue:
         with ``queue``, record it as queued. Raises PlacementError for a job that cannot ever fit
         (or, without ``queue``, does not fit now), JobError for a bad host name or a failed start."""
         job_id = job_id or new_job_id(spec.name)
+        spec = self.jm.snapshot_code(spec)  # [code] sync: the files as they are now
         ahead = [r for r in self.history.queued() if int(r.get("priority") or 0) >= spec.priority]
         if not ahead or not queue:
             try:

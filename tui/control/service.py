@@ -232,6 +232,7 @@ class ControllerService:
 
     def launch(self, spec: JobSpec, *, queue: bool = True, job_id: str | None = None) -> JobView:
         """Start ``spec`` now, or queue it when it does not fit now (``queue``)."""
+        spec = self.manager.snapshot_code(spec)  # reading the files holds up no supervision
         with self._exclusive():
             view = self.queue.submit(spec, queue=queue, job_id=job_id)
         if self._watch is not None:
@@ -252,6 +253,7 @@ class ControllerService:
 
     def sweep(self, spec: JobSpec) -> SweepDetail:
         """Start a sweep: record it and queue its first trials."""
+        spec = self.manager.snapshot_code(spec)  # every trial runs this version of the files
         with self._exclusive():
             detail = self.sweeps.create(spec)
         if self._watch is not None:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tui.model.codesync import DEFAULT_MAX_FILES, DEFAULT_MAX_MB, CodeSpec
 from tui.model.fields import (
     ENV_NAME_RE,
     Bad,
@@ -177,6 +178,9 @@ class JobSpec:
     trial: str | None = None
     sweep_id: str | None = None
     metric_definitions: tuple[tuple[str, str], ...] = ()
+    # ``[code] sync``: a directory on the operator's machine shipped to the hosts before the
+    # job starts; the job runs in the host's copy (and ``workdir`` is that directory here).
+    code: CodeSpec | None = None
     path: Path | None = None
 
     def __hash__(self) -> int:
@@ -233,6 +237,7 @@ class JobSpec:
             "trial": self.trial,
             "sweep_id": self.sweep_id,
             "metric_definitions": [list(d) for d in self.metric_definitions],
+            "code": self.code.to_dict() if self.code is not None else None,
             "path": str(self.path) if self.path is not None else None,
         }
 
@@ -291,6 +296,7 @@ class JobSpec:
             trial=d.get("trial"),
             sweep_id=d.get("sweep_id"),
             metric_definitions=tuple((str(n), str(r)) for n, r in d.get("metric_definitions") or ()),
+            code=CodeSpec.from_dict(d["code"]) if d.get("code") else None,
             path=Path(path) if path is not None else None,
         )
 
@@ -586,6 +592,12 @@ _TABLES: dict[str, dict[str, Check]] = {
         ),
     },
     "mpi": {"custom_options": Check("a list of strings", _options)},
+    "code": {
+        "sync": Check("a directory on this machine: absolute, or relative to the spec file's "
+                      "directory (no '~')", _workdir),
+        "max_files": Check("an integer 1..1000000 (files shipped at most)", int_range(1, 1_000_000)),
+        "max_mb": Check("an integer of MB, 1..1048576 (the tree's size at most)", int_range(1, 1 << 20)),
+    },
     "log": {"loss_pattern": Check(_LOSS_EXPECTED, _loss_pattern),
             "max_mb": Check("an integer of MB, 2..1048576 (each rank's log on its host; older output "
                              "is rotated out beyond it)", int_range(2, 1 << 20))},
@@ -670,6 +682,19 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
 
     base = where.parent if where is not None else Path.cwd()
     workdir = os.path.normpath(os.path.join(os.path.abspath(base), values.get("workdir", ".")))
+    code = None
+    if "sync" in tables["code"]:
+        if "workdir" in values:
+            raise JobSpecError(where, "workdir", "no workdir with [code] sync (the job runs in the "
+                               "hosts' copy of the synced directory)", values["workdir"])
+        workdir = os.path.normpath(os.path.join(os.path.abspath(base), tables["code"]["sync"]))
+        if not os.path.isdir(workdir):
+            raise JobSpecError(where, "code.sync", "an existing directory on this machine",
+                               tables["code"]["sync"])
+        code = CodeSpec(sync=workdir, max_files=tables["code"].get("max_files", DEFAULT_MAX_FILES),
+                        max_mb=tables["code"].get("max_mb", DEFAULT_MAX_MB))
+    elif tables["code"]:
+        raise JobSpecError(where, "code.sync", "a directory to sync (max_files and max_mb need it)")
     checkpoint = tables["checkpoint"]
     restart = tables["restart"]
     spec = JobSpec(
@@ -698,6 +723,7 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
         log_max_mb=tables["log"].get("max_mb"),
         total_steps=values.get("total_steps"),
         channels=values.get("channels", ()),
+        code=code,
         path=where,
     )
     if "sweep" in data:

@@ -317,6 +317,21 @@ class AgentClient:
         ``exec`` in docs/contracts.md)."""
         return _dict(self._call("exec", **_kw(timeout), argv=argv, timeout_s=timeout_s))
 
+    def code_have(self, *, tree: str, blobs: list[str], timeout: float | None = None) -> dict[str, Any]:
+        """Synced code: ``{path, missing}``: the tree's path when the host has it, else which
+        of ``blobs`` (content hashes) it lacks (see "Synced code on a host" in docs/contracts.md)."""
+        return _dict(self._call("code_have", **_kw(timeout), tree=tree, blobs=blobs))
+
+    def code_put(self, *, blobs: list[list[Any]], timeout: float | None = None) -> dict[str, Any]:
+        """Store contents ``[[sha256, "raw"|"zlib", base64, offset, last], ...]``, each checked
+        against its hash: ``{stored, bytes}``. Code sync pipelines these on a link of its own."""
+        return _dict(self._call("code_put", **_kw(timeout), blobs=blobs))
+
+    def code_commit(self, *, tree: str, files: list[list[Any]], timeout: float | None = None) -> dict[str, Any]:
+        """Make ``tree`` from its manifest ``[[path, sha256, size, executable], ...]`` out of
+        stored contents: ``{path, made}``."""
+        return _dict(self._call("code_commit", **_kw(timeout), tree=tree, files=files))
+
     def job_logs(self, *, job_id: str, rank: int, offset: int = 0, max_bytes: int | None = None,
                  binary: bool = False, timeout: float | None = None) -> LogChunk:
         """A chunk of ``rank``'s log from byte ``offset``: complete lines, or a piece of a line

@@ -7,7 +7,7 @@ anything that arrives while it waits for a response goes to ``on_event``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from agent import protocol
@@ -106,6 +106,43 @@ class AgentLink:
                 err = msg.get("error") or {}
                 raise AgentError(self.host, str(err.get("code")), str(err.get("message")))
             self._dispatch(msg)
+
+    def pipeline(self, calls: Iterator[tuple[str, dict[str, Any]]], window: int = 4,
+                 timeout: float = 60.0, on_result: Callable[[Any], None] | None = None) -> int:
+        """Send ``calls`` with up to ``window`` of them unanswered at once (the daemon answers a
+        connection's requests in order), so the link is never idle waiting for a round trip.
+        ``on_result`` gets each result in order; the first error raises (after which the link
+        should be closed: answers to later requests may still come). Returns how many ran."""
+        pending: dict[int, str] = {}
+        done = 0
+
+        def collect() -> None:
+            nonlocal done
+            deadline = time.monotonic() + timeout
+            while True:
+                msg = self.recv(max(0.0, deadline - time.monotonic()))
+                if msg is None:
+                    raise TransportError(self.host, f"agent did not answer within {timeout:g}s")
+                if msg["type"] == "response" and msg.get("id") in pending:
+                    method = pending.pop(msg["id"])
+                    if not msg["ok"]:
+                        err = msg.get("error") or {}
+                        raise AgentError(self.host, str(err.get("code")), f"{method}: {err.get('message')}")
+                    done += 1
+                    if on_result is not None:
+                        on_result(msg.get("result"))
+                    return
+                self._dispatch(msg)
+
+        for method, params in calls:
+            while len(pending) >= window:
+                collect()
+            self._next_id += 1
+            pending[self._next_id] = method
+            self.send(protocol.request(self._next_id, method, **params))
+        while pending:
+            collect()
+        return done
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         if msg["type"] == "event":

@@ -1,0 +1,241 @@
+"""Synced code on this host: file contents stored by SHA-256, trees made from them.
+
+Layout under the state dir::
+
+    code/objects/ab/abcdef...     one file's content, named by its SHA-256 (read-only)
+    code/trees/<tree>/...         a tree made from a manifest (what a job's workdir points at)
+    code/manifests/<tree>.json    the manifest it was made from
+
+The controller asks ``have`` (is the tree here; which contents are missing), sends only the
+missing contents with ``put`` (each checked against its hash before it is kept), then ``commit``
+makes the tree (in a temporary directory, renamed into place, so a tree either exists whole or
+not at all). Stdlib only, Python 3.9+.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import zlib
+from typing import Any, Dict, List, Optional
+
+KEEP_TREES = 8  # the newest trees are kept; older ones (and contents only they use) go
+KEEP_AGE_S = 7 * 86400  # ... once unused this long, so a long job's tree stays
+MAX_BLOB_BYTES = 1 << 30
+
+_SHA_RE = re.compile(r"[0-9a-f]{64}\Z")
+
+
+class CodeError(ValueError):
+    pass
+
+
+def _root(state_dir: str) -> str:
+    return os.path.join(state_dir, "code")
+
+
+def object_path(state_dir: str, sha: str) -> str:
+    return os.path.join(_root(state_dir), "objects", sha[:2], sha)
+
+
+def tree_path(state_dir: str, tree: str) -> str:
+    return os.path.join(_root(state_dir), "trees", tree)
+
+
+def _sha(value: Any, what: str = "sha256") -> str:
+    if not isinstance(value, str) or not _SHA_RE.match(value):
+        raise CodeError("%s must be a SHA-256 in lower-case hex" % what)
+    return value
+
+
+def _rel_path(value: Any) -> str:
+    if not isinstance(value, str) or not value or value.startswith("/") or "\0" in value \
+            or "\n" in value or "\\" in value or os.path.normpath(value) != value \
+            or value == "." or value.split("/")[0] == "..":
+        raise CodeError("manifest path %r is not a relative path inside the tree" % (value,))
+    return value
+
+
+def _entries(rows: Any) -> List[List[Any]]:
+    if not isinstance(rows, list):
+        raise CodeError("'files' must be a list of [path, sha256, size, executable]")
+    out = []
+    for row in rows:
+        if not isinstance(row, list) or len(row) != 4 or isinstance(row[2], bool) \
+                or not isinstance(row[2], int) or row[2] < 0 or not isinstance(row[3], bool):
+            raise CodeError("each file must be [path, sha256, size, executable]")
+        out.append([_rel_path(row[0]), _sha(row[1]), row[2], row[3]])
+    out.sort(key=lambda r: r[0])
+    return out
+
+
+def tree_hash(rows: List[List[Any]]) -> str:
+    """The same name the controller computes (tui/model/codesync.py): SHA-256 of the sorted
+    lines ``<sha256> <x|-> <size> <path>``."""
+    h = hashlib.sha256(b"rigdeck-tree-1\n")
+    for path, sha, size, exe in sorted(rows, key=lambda r: r[0]):
+        h.update(("%s %s %d %s\n" % (sha, "x" if exe else "-", size, path)).encode("utf-8"))
+    return h.hexdigest()
+
+
+def have(state_dir: str, tree: Any, blobs: Any) -> Dict[str, Any]:
+    """Whether ``tree`` is here (then its path, and it counts as used now) and, if not, which of
+    ``blobs`` (content hashes) are missing."""
+    tree = _sha(tree, "tree")
+    path = tree_path(state_dir, tree)
+    if os.path.isdir(path):
+        _touch(path)
+        return {"path": path, "missing": []}
+    if not isinstance(blobs, list):
+        raise CodeError("'blobs' must be a list of SHA-256 hashes")
+    missing = [b for b in (_sha(x) for x in blobs) if not os.path.isfile(object_path(state_dir, b))]
+    return {"path": None, "missing": missing}
+
+
+def put(state_dir: str, blobs: Any) -> Dict[str, Any]:
+    """Keep contents sent as ``[sha256, "raw"|"zlib", base64, offset, last]``: a content in one
+    piece is ``offset`` 0 and ``last`` true; a large one comes in parts, in order, each appended
+    at its offset. A content is kept only when its bytes hash to its name (a wrong one is
+    refused, and nothing of it is kept)."""
+    if not isinstance(blobs, list):
+        raise CodeError("'blobs' must be a list of [sha256, encoding, base64, offset, last]")
+    stored = 0
+    raw_bytes = 0
+    for item in blobs:
+        if not isinstance(item, list) or len(item) != 5 or item[1] not in ("raw", "zlib") \
+                or not isinstance(item[2], str) or isinstance(item[3], bool) or not isinstance(item[3], int) \
+                or item[3] < 0 or not isinstance(item[4], bool):
+            raise CodeError("each blob must be [sha256, \"raw\" or \"zlib\", base64, offset, last]")
+        sha, enc, text, offset, last = _sha(item[0]), item[1], item[2], item[3], item[4]
+        try:
+            data = base64.b64decode(text.encode("ascii"), validate=True)
+            if enc == "zlib":
+                d = zlib.decompressobj()
+                data = d.decompress(data, MAX_BLOB_BYTES)
+                if d.unconsumed_tail:
+                    raise CodeError("blob %s is larger than %d bytes" % (sha[:12], MAX_BLOB_BYTES))
+        except (ValueError, zlib.error) as e:
+            raise CodeError("blob %s does not decode: %s" % (sha[:12], e)) from None
+        raw_bytes += len(data)
+        dest = object_path(state_dir, sha)
+        os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+        part = dest + ".part"
+        if offset == 0:
+            if last and os.path.isfile(dest):
+                continue
+            if last and hashlib.sha256(data).hexdigest() != sha:
+                raise CodeError("blob %s: its content does not match its hash" % sha[:12])
+            with open(part, "wb") as f:
+                f.write(data)
+        else:
+            try:
+                have_bytes = os.path.getsize(part)
+            except OSError:
+                have_bytes = -1
+            if have_bytes != offset:
+                raise CodeError("blob %s: part at offset %d, but %d bytes are here" % (sha[:12], offset, max(have_bytes, 0)))
+            with open(part, "ab") as f:
+                f.write(data)
+        if last:
+            if offset:
+                h = hashlib.sha256()
+                with open(part, "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 20), b""):
+                        h.update(chunk)
+                if h.hexdigest() != sha:
+                    os.unlink(part)
+                    raise CodeError("blob %s: its content does not match its hash" % sha[:12])
+            os.chmod(part, 0o400)
+            os.replace(part, dest)
+            stored += 1
+    return {"stored": stored, "bytes": raw_bytes}
+
+
+def commit(state_dir: str, tree: Any, files: Any) -> Dict[str, Any]:
+    """Make ``tree`` from its manifest: every file copied from its stored content (a job that
+    writes into its workdir cannot change the stored one), executables 0755, others 0644."""
+    tree = _sha(tree, "tree")
+    rows = _entries(files)
+    if tree_hash(rows) != tree:
+        raise CodeError("the manifest does not hash to tree %s" % tree[:12])
+    path = tree_path(state_dir, tree)
+    if os.path.isdir(path):
+        _touch(path)
+        return {"path": path, "made": False}
+    missing = sorted({r[1] for r in rows if not os.path.isfile(object_path(state_dir, r[1]))})
+    if missing:
+        raise CodeError("%d contents of tree %s are not here (first %s): send them first"
+                        % (len(missing), tree[:12], missing[0][:12]))
+    trees = os.path.dirname(path)
+    os.makedirs(trees, mode=0o700, exist_ok=True)
+    tmp = "%s.tmp%d" % (path, os.getpid())
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp, mode=0o755)
+    try:
+        for rel, sha, _size, exe in rows:
+            dest = os.path.join(tmp, rel)
+            parent = os.path.dirname(dest)
+            if parent != tmp:
+                os.makedirs(parent, mode=0o755, exist_ok=True)
+            shutil.copyfile(object_path(state_dir, sha), dest)
+            os.chmod(dest, 0o755 if exe else 0o644)
+        manifests = os.path.join(_root(state_dir), "manifests")
+        os.makedirs(manifests, mode=0o700, exist_ok=True)
+        with open(os.path.join(manifests, tree + ".json"), "w") as f:
+            json.dump(rows, f)
+        os.rename(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    prune(state_dir, keep=(tree,))
+    return {"path": path, "made": True}
+
+
+def _touch(path: str) -> None:
+    try:
+        os.utime(path, None)
+    except OSError:
+        pass
+
+
+def prune(state_dir: str, keep: tuple = (), now: Optional[float] = None) -> Dict[str, int]:
+    """Remove trees beyond the newest KEEP_TREES that were last used over KEEP_AGE_S ago, and
+    the stored contents that no remaining tree uses."""
+    now = time.time() if now is None else now
+    trees_dir = os.path.join(_root(state_dir), "trees")
+    manifests = os.path.join(_root(state_dir), "manifests")
+    try:
+        names = [n for n in os.listdir(trees_dir) if _SHA_RE.match(n)]
+    except OSError:
+        return {"trees": 0, "objects": 0}
+    aged = sorted(((os.path.getmtime(os.path.join(trees_dir, n)), n) for n in names), reverse=True)
+    gone = [n for i, (mtime, n) in enumerate(aged)
+            if i >= KEEP_TREES and n not in keep and now - mtime > KEEP_AGE_S]
+    for n in gone:
+        shutil.rmtree(os.path.join(trees_dir, n), ignore_errors=True)
+        try:
+            os.unlink(os.path.join(manifests, n + ".json"))
+        except OSError:
+            pass
+    removed = 0
+    if gone:
+        used = set()
+        for n in names:
+            if n in gone:
+                continue
+            try:
+                with open(os.path.join(manifests, n + ".json")) as f:
+                    used.update(r[1] for r in json.load(f))
+            except (OSError, ValueError):
+                return {"trees": len(gone), "objects": 0}  # unsure what is used: keep every content
+        objects = os.path.join(_root(state_dir), "objects")
+        for sub in os.listdir(objects):
+            for sha in os.listdir(os.path.join(objects, sub)):
+                if _SHA_RE.match(sha) and sha not in used:
+                    os.unlink(os.path.join(objects, sub, sha))
+                    removed += 1
+    return {"trees": len(gone), "objects": removed}

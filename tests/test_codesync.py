@@ -1,0 +1,224 @@
+"""Code sync: ``[code] sync`` ships a directory that exists only on the workstation to the job's
+hosts (content-addressed: only what changed is sent), and the job runs in the hosts' copies."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.test_examples_e2e import EXAMPLES, Cli
+from tests.testbed import WORKSTATION_ONLY, TestBed
+
+pytestmark = pytest.mark.testbed
+
+DDP_SPEC = """\
+name = "ddp-synced"
+command = ["{python}", "train.py", "--steps", "30", "--checkpoint-every", "10", "--seed", "0"]
+launcher = "torchrun"
+nodes = 3
+processes_per_node = 2
+max_runtime = "10m"
+
+[code]
+sync = "."
+
+[env]
+OMP_NUM_THREADS = "1"
+
+[checkpoint]
+dir = "/tmp/rigdeck-checkpoints/{job_id}"
+"""
+
+
+@pytest.fixture
+def code_dir() -> Iterator[Path]:
+    """A copy of the ddp example in a directory the bed's hosts do not see."""
+    d = Path(WORKSTATION_ONLY) / f"ddp-{uuid.uuid4().hex[:8]}"
+    d.mkdir(parents=True)
+    shutil.copy(EXAMPLES / "ddp" / "train.py", d / "train.py")
+    (d / "data").mkdir()
+    (d / "data" / "notes.txt").write_text("shipped with the code\n")
+    (d / "job.toml").write_text(DDP_SPEC)
+    try:
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _sync_event(view: dict) -> dict:
+    return next(e for e in reversed(view["events"]) if e.get("event") == "code")
+
+
+def test_ddp_runs_from_code_only_the_workstation_has_and_a_change_sends_one_file(
+        testbed: TestBed, tmp_path: Path, code_dir: Path) -> None:
+    cli = Cli(testbed, tmp_path)
+    # The hosts cannot see the directory: the job can only run from what was shipped.
+    res = cli.run("exec", "--all", "--json", "--", "test", "-e", str(code_dir / "train.py"), check=False)
+    seen = json.loads(res.stdout)
+    assert res.returncode == 1 and [r["exit_code"] for r in seen["hosts"]] == [1, 1, 1], res.stdout
+    assert code_dir.joinpath("train.py").is_file()  # while the workstation has it
+
+    first = cli.json("launch", str(code_dir / "job.toml"), "--wait", timeout=900)
+    assert first["state"] == "succeeded", json.dumps(first, indent=1)[-3000:]
+    assert len({n["host"] for n in first["placement"]}) == 3
+    code = first["code"]
+    files = {"train.py", "job.toml", "data/notes.txt"}
+    assert code["files"] == len(files)
+    sync = _sync_event(first)
+    assert sorted(sync["hosts"]) == sorted(n["host"] for n in first["placement"])
+    size = sum((code_dir / f).stat().st_size for f in files)
+    for host, r in sync["hosts"].items():
+        assert not r["had_tree"] and r["files_sent"] == len(files) and r["bytes_sent"] == size, (host, r)
+        assert r["path"].endswith(f"/code/trees/{code['tree']}")
+    # Each host ran in its own copy, under its private state dir, and the copy is exact.
+    for h in testbed.hosts:
+        tree = h.state_dir / "code" / "trees" / code["tree"]
+        for f in files:
+            assert (tree / f).read_bytes() == (code_dir / f).read_bytes(), (h.name, f)
+    metrics = cli.json("metrics", first["job_id"])
+    assert {m["rank"] for m in metrics if m.get("loss") is not None} == set(range(6))
+
+    # One file changed: only that file goes, to every host.
+    with (code_dir / "train.py").open("a") as f:
+        f.write("\n# changed after the first launch\n")
+    second = cli.json("launch", str(code_dir / "job.toml"), "--wait", timeout=900)
+    assert second["state"] == "succeeded", json.dumps(second, indent=1)[-3000:]
+    assert second["code"]["tree"] != code["tree"]
+    for host, r in _sync_event(second)["hosts"].items():
+        assert not r["had_tree"] and r["files_sent"] == 1, (host, r)
+        assert r["bytes_sent"] == (code_dir / "train.py").stat().st_size, (host, r)
+
+    # The same version again: the hosts have it, nothing is sent.
+    third = cli.run("launch", str(code_dir / "job.toml"))
+    assert third.stdout.count("had it, sent nothing") == 3, third.stdout
+    job_id = third.stdout.split()[1].rstrip(":")
+    cli.run("stop", job_id, "--yes", check=False)
+
+
+# -- the parts, without hosts ---------------------------------------------------------------------
+
+def _manifest_rows(files: dict[str, bytes]) -> tuple[str, list[list]]:
+    import hashlib
+
+    from tui.model.codesync import FileEntry, Manifest
+
+    m = Manifest(tuple(sorted((FileEntry(p, hashlib.sha256(b).hexdigest(), len(b), p.endswith(".sh"))
+                               for p, b in files.items()), key=lambda e: e.path)))
+    return m.tree, m.to_wire()
+
+
+def test_agent_store_takes_only_contents_that_match_and_makes_the_tree_whole(tmp_path: Path) -> None:
+    import base64
+    import hashlib
+    import zlib
+
+    from agent import code
+
+    files = {"a.py": b"print('a')\n", "run.sh": b"#!/bin/sh\necho hi\n", "d/b.txt": b"x" * 3000}
+    tree, rows = _manifest_rows(files)
+    from agent.code import tree_hash
+
+    assert tree_hash([list(r) for r in rows]) == tree  # the agent names trees as the controller does
+    have = code.have(str(tmp_path), tree, [r[1] for r in rows])
+    assert have["path"] is None and sorted(have["missing"]) == sorted(hashlib.sha256(b).hexdigest() for b in files.values())
+    with pytest.raises(code.CodeError, match="not here"):
+        code.commit(str(tmp_path), tree, rows)
+    # A content whose bytes do not hash to its name is refused, and not kept.
+    bad = hashlib.sha256(b"other").hexdigest()
+    with pytest.raises(code.CodeError, match="does not match"):
+        code.put(str(tmp_path), [[bad, "raw", base64.b64encode(b"not other").decode(), 0, True]])
+    assert not Path(code.object_path(str(tmp_path), bad)).exists()
+    # One sent whole (compressed), one in two parts, one raw.
+    big = files["d/b.txt"]
+    items = [[hashlib.sha256(files["a.py"]).hexdigest(), "raw", base64.b64encode(files["a.py"]).decode(), 0, True],
+             [hashlib.sha256(files["run.sh"]).hexdigest(), "zlib", base64.b64encode(zlib.compress(files["run.sh"])).decode(), 0, True],
+             [hashlib.sha256(big).hexdigest(), "raw", base64.b64encode(big[:1000]).decode(), 0, False],
+             [hashlib.sha256(big).hexdigest(), "raw", base64.b64encode(big[1000:]).decode(), 1000, True]]
+    assert code.put(str(tmp_path), items)["stored"] == 3
+    # A manifest that does not hash to the tree's name is refused; paths out of the tree too.
+    with pytest.raises(code.CodeError, match="does not hash"):
+        code.commit(str(tmp_path), tree, rows[:-1])
+    with pytest.raises(code.CodeError, match="not a relative path"):
+        code.commit(str(tmp_path), tree, [["../evil", rows[0][1], rows[0][2], False]])
+    made = code.commit(str(tmp_path), tree, rows)
+    out = Path(made["path"])
+    assert made["made"] and out.name == tree
+    assert {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()} == files
+    assert (out / "run.sh").stat().st_mode & 0o111 and not (out / "a.py").stat().st_mode & 0o111
+    assert code.have(str(tmp_path), tree, [])["path"] == str(out)
+
+
+def test_snapshot_lists_git_files_or_follows_rigdeckignore_and_checks_limits(tmp_path: Path) -> None:
+    import dataclasses
+    import subprocess
+
+    from tui.model.codesync import CodeSpec, CodeSyncError
+    from tui.remote.codesync import CodeStore
+
+    plain = tmp_path / "plain"
+    (plain / "sub" / "build").mkdir(parents=True)
+    (plain / "train.py").write_text("x = 1\n")
+    (plain / "notes.log").write_text("log\n")
+    (plain / "keep.log").write_text("keep\n")
+    (plain / "sub" / "build" / "out.bin").write_bytes(b"\0" * 10)
+    (plain / "sub" / "m.py").write_text("y = 2\n")
+    (plain / ".rigdeckignore").write_text("# logs and build output\n*.log\n!keep.log\nbuild/\n")
+    store = CodeStore(tmp_path / "store")
+    spec, done = store.snapshot(CodeSpec(sync=str(plain)))
+    assert done["listed_by"] == ".rigdeckignore"
+    paths = {e.path for e in store.manifest(spec.tree).entries}
+    assert paths == {".rigdeckignore", "keep.log", "sub/m.py", "train.py"}
+    assert spec.files == 4 and done["new_contents"] == 4
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (repo / ".gitignore").write_text("*.ckpt\n")
+    (repo / "tracked.py").write_text("a\n")
+    (repo / "gone.py").write_text("b\n")
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    (repo / "gone.py").unlink()  # tracked, deleted here: nothing to ship
+    (repo / "new.py").write_text("c\n")  # untracked, not ignored: shipped
+    (repo / "model.ckpt").write_bytes(b"big")  # ignored
+    spec, done = store.snapshot(CodeSpec(sync=str(repo)))
+    assert done["listed_by"] == "git"
+    assert {e.path for e in store.manifest(spec.tree).entries} == {".gitignore", "tracked.py", "new.py"}
+
+    with pytest.raises(CodeSyncError, match=r"4 files to sync, over \[code\] max_files = 3"):
+        store.snapshot(dataclasses.replace(CodeSpec(sync=str(plain)), max_files=3))
+    (plain / "big.dat").write_bytes(b"\1" * (2 << 20))
+    with pytest.raises(CodeSyncError, match=r"over \[code\] max_mb = 1"):
+        store.snapshot(CodeSpec(sync=str(plain), max_mb=1))
+
+
+@pytest.mark.parametrize(("extra", "field", "expected"), [
+    ('[code]\nsync = "missing-dir"\n', "code.sync", "an existing directory on this machine"),
+    ('[code]\nmax_files = 3\n', "code.sync", "a directory to sync"),
+    ('workdir = "."\n[code]\nsync = "."\n', "workdir", "no workdir with [code] sync"),
+    ('[code]\nsync = "."\nmax_mb = 0\n', "code.max_mb", "an integer of MB"),
+    ('[code]\nsync = "."\ncompress = true\n', "code.compress", "one of"),
+])
+def test_a_bad_code_table_names_the_file_and_field(tmp_path: Path, extra: str, field: str, expected: str) -> None:
+    from tui.model.jobspec import JobSpecError, jobspec_from_toml
+
+    path = tmp_path / "job.toml"
+    with pytest.raises(JobSpecError) as e:
+        jobspec_from_toml('name = "x"\ncommand = ["true"]\n' + extra, path)
+    assert e.value.field == field and expected in e.value.expected and str(path) in str(e.value), str(e.value)
+
+
+def test_a_code_spec_is_anchored_at_the_spec_file_and_survives_the_history(tmp_path: Path) -> None:
+    from tui.model.jobspec import JobSpec, jobspec_from_toml
+
+    (tmp_path / "src").mkdir()
+    spec = jobspec_from_toml('name = "x"\ncommand = ["true"]\n[code]\nsync = "src"\nmax_files = 7\n', tmp_path / "job.toml")
+    assert spec.code is not None and spec.code.sync == str(tmp_path / "src") and spec.code.max_files == 7
+    assert spec.workdir == str(tmp_path / "src")
+    assert JobSpec.from_dict(spec.to_dict()) == spec
