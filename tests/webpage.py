@@ -9,7 +9,8 @@ buffer, which is what xterm.js draws onto the canvas.
 
 Chromium runs with the flags this closed network needs (no background connections, no
 component updates, no sync, no QUIC) and a fresh profile; Playwright is told where it is, so no
-browser is downloaded (never run ``playwright install`` here).
+browser is downloaded (never run ``playwright install`` here). ``$RIGDECK_CHROMIUM`` names
+another Chromium binary (default: ``chromium`` on PATH, Debian's /usr/bin/chromium).
 """
 
 from __future__ import annotations
