@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # The CPU build of torch that this machine serves locally; on a GPU workstation
 # set TORCH_SPEC to the build that fits its CUDA.
 TORCH_SPEC ?= torch==2.13.0
-DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish
+DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium
 PYTEST_ARGS ?=
 # Tools the tests find on PATH that the machine has but not on PATH (see python39).
 TOOLS := $(CURDIR)/.tools/bin
@@ -45,6 +45,7 @@ sysdeps:
 	command -v fish >/dev/null || missing="$$missing fish"; \
 	command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || missing="$$missing iptables"; \
 	command -v pkill >/dev/null || missing="$$missing procps"; \
+	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$missing"; \
@@ -87,6 +88,7 @@ lint: $(VENV)/.installed-test
 
 screenshots: sysdeps $(VENV)/.installed-test
 	$(PY) -m tests.screenshots
+	$(PY) -m tests.webpage
 
 # Every benchmark in sequence (the test bed ones need root); each writes bench/results/<name>.json.
 bench: sysdeps $(VENV)/.installed-test

@@ -15,6 +15,7 @@ from tui.app.widgets.format import size_bytes
 from tui.cli import exec as exec_cli
 from tui.cli import server as server_cli
 from tui.cli import sweep as sweep_cli
+from tui.cli import web as web_cli
 from tui.client import (
     HostReport,
     InProcessClient,
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep_cli.add_parsers(sub, _common)
     exec_cli.add_parser(sub, _common)
+    web_cli.add_parser(sub, _common)
     server_cli.add_parsers(sub)
     return parser
 
@@ -525,6 +527,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return sweep_cli.run(args, _client)
         if args.command == "exec":
             return exec_cli.run(args, _load)
+        if args.command == "web":
+            return web_cli.run(args, _load)
         if args.command == "serve":
             return _run_serve(args)
         if args.command in ("server", "attach"):
