@@ -91,8 +91,20 @@ def have(state_dir: str, tree: Any, blobs: Any) -> Dict[str, Any]:
         _touch(path)
         return {"path": path, "missing": []}
     if not isinstance(blobs, list):
-        raise CodeError("'blobs' must be a list of SHA-256 hashes")
-    missing = [b for b in (_sha(x) for x in blobs) if not os.path.isfile(object_path(state_dir, b))]
+        raise CodeError("'blobs' must be a list of SHA-256 hashes, or of [SHA-256, size]")
+    missing = []
+    for item in blobs:
+        if isinstance(item, list) and len(item) == 2 and isinstance(item[1], int):
+            sha, size = _sha(item[0]), item[1]  # a stored content of another size was changed here
+        else:
+            sha, size = _sha(item), None
+        try:
+            st = os.stat(object_path(state_dir, sha))
+        except OSError:
+            missing.append(sha)
+            continue
+        if size is not None and st.st_size != size:
+            missing.append(sha)
     return {"path": None, "missing": missing}
 
 
@@ -122,13 +134,23 @@ def put(state_dir: str, blobs: Any) -> Dict[str, Any]:
             raise CodeError("blob %s does not decode: %s" % (sha[:12], e)) from None
         raw_bytes += len(data)
         dest = object_path(state_dir, sha)
-        os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+        parent = os.path.dirname(dest)
+        if not os.path.isdir(parent):
+            os.makedirs(parent, mode=0o700, exist_ok=True)
         part = dest + ".part"
         if offset == 0:
-            if last and os.path.isfile(dest):
-                continue
+            try:
+                os.unlink(part)  # left by a sync that broke off
+            except FileNotFoundError:
+                pass
             if last and hashlib.sha256(data).hexdigest() != sha:
                 raise CodeError("blob %s: its content does not match its hash" % sha[:12])
+            if last:
+                with os.fdopen(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444), "wb") as f:
+                    f.write(data)
+                os.replace(part, dest)
+                stored += 1
+                continue
             with open(part, "wb") as f:
                 f.write(data)
         else:
@@ -149,15 +171,16 @@ def put(state_dir: str, blobs: Any) -> Dict[str, Any]:
                 if h.hexdigest() != sha:
                     os.unlink(part)
                     raise CodeError("blob %s: its content does not match its hash" % sha[:12])
-            os.chmod(part, 0o400)
+            os.chmod(part, 0o444)
             os.replace(part, dest)
             stored += 1
     return {"stored": stored, "bytes": raw_bytes}
 
 
 def commit(state_dir: str, tree: Any, files: Any) -> Dict[str, Any]:
-    """Make ``tree`` from its manifest: every file copied from its stored content (a job that
-    writes into its workdir cannot change the stored one), executables 0755, others 0644."""
+    """Make ``tree`` from its manifest: each file a hard link to its stored content, read-only
+    (0444; an executable gets a copy of its own, 0555). The directories are writable: a job may
+    write new files into its workdir, not change the code others share."""
     tree = _sha(tree, "tree")
     rows = _entries(files)
     if tree_hash(rows) != tree:
@@ -181,8 +204,15 @@ def commit(state_dir: str, tree: Any, files: Any) -> Dict[str, Any]:
             parent = os.path.dirname(dest)
             if parent != tmp:
                 os.makedirs(parent, mode=0o755, exist_ok=True)
-            shutil.copyfile(object_path(state_dir, sha), dest)
-            os.chmod(dest, 0o755 if exe else 0o644)
+            if exe:  # its own copy: the stored content keeps its mode
+                shutil.copyfile(object_path(state_dir, sha), dest)
+                os.chmod(dest, 0o555)
+            else:  # the stored content itself (read-only), not a copy: a tree costs no space
+                try:
+                    os.link(object_path(state_dir, sha), dest)
+                except OSError:
+                    shutil.copyfile(object_path(state_dir, sha), dest)
+                    os.chmod(dest, 0o444)
         manifests = os.path.join(_root(state_dir), "manifests")
         os.makedirs(manifests, mode=0o700, exist_ok=True)
         with open(os.path.join(manifests, tree + ".json"), "w") as f:

@@ -98,6 +98,7 @@ class Daemon:
         self._successor = None  # type: Optional[List[str]]
         self._pending_upgrade = None  # type: Optional[str]
         self._last_claims = {}  # type: Dict[int, Dict[str, Any]]
+        self._code_pool = None  # type: Any
         from agent.jobs import Jobs
 
         self.jobs = Jobs(self.paths.state_dir, self_command())
@@ -125,7 +126,7 @@ class Daemon:
             "exec": self._m_exec,
             "route_source": lambda c, p: {"address": self._route_source(p)},
             "code_have": lambda c, p: self._code(lambda: code.have(self.paths.state_dir, p.get("tree"), p.get("blobs"))),
-            "code_put": lambda c, p: self._code(lambda: code.put(self.paths.state_dir, p.get("blobs"))),
+            "code_put": lambda c, p: self._code_in_thread(lambda: code.put(self.paths.state_dir, p.get("blobs"))),
             "code_commit": lambda c, p: self._code(
                 lambda: code.commit(self.paths.state_dir, p.get("tree"), p.get("files"))),
         }  # type: Dict[str, Callable[[_Client, Dict[str, Any]], Any]]
@@ -490,6 +491,16 @@ class Daemon:
             return fn()
         except code.CodeError as e:
             raise protocol.ProtocolError(protocol.BAD_PARAMS, str(e)) from None
+
+    async def _code_in_thread(self, fn: Callable[[], Any]) -> Any:
+        """Storing sent contents (decode, hash, write) in a thread of its own, one at a time and
+        in the order they came (a large content's parts must be appended in order), while the
+        loop goes on reading the next message."""
+        if self._code_pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._code_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="code")
+        return await asyncio.get_running_loop().run_in_executor(self._code_pool, lambda: self._code(fn))
 
     def _m_exec(self, client: _Client, params: Dict[str, Any]) -> Any:
         """Run ``argv`` here, as this user, with no shell: each argument reaches the program as

@@ -252,6 +252,38 @@ def test_a_killed_server_restarts_and_readopts_its_jobs_and_queue(served: tuple[
             alice.run("stop", j, "--grace", "1", check=False)
 
 
+def test_code_only_the_workstation_has_runs_through_the_server(served: tuple[TestBed, Operator, Operator]) -> None:
+    """[code] sync with a server: the workstation sends the server what its store lacks, the
+    server ships it to the hosts; the hosts (the server's too) never see the directory."""
+    import shutil
+    import uuid
+
+    from tests.testbed import WORKSTATION_ONLY
+
+    bed, alice, _ = served
+    src = Path(WORKSTATION_ONLY) / f"served-{uuid.uuid4().hex[:8]}"
+    (src / "data").mkdir(parents=True)
+    mark = uuid.uuid4().hex
+    (src / "data" / "mark.txt").write_text(mark)
+    (src / "show.py").write_text("import os\nprint('mark', open('data/mark.txt').read(), 'in', os.getcwd())\n")
+    spec = src / "job.toml"
+    spec.write_text('name = "synced"\ncommand = ["{python}", "show.py"]\nlauncher = "direct"\nnodes = 2\n'
+                    '[code]\nsync = "."\n')
+    try:
+        view = alice.json("launch", str(spec), "--wait", timeout=300)
+        assert view["state"] == "succeeded", json.dumps(view, indent=1)[-2000:]
+        tree = view["code"]["tree"]
+        sync = next(e for e in reversed(view["events"]) if e.get("event") == "code")
+        assert len(sync["hosts"]) == 2 and all(r["files_sent"] == 3 for r in sync["hosts"].values()), sync
+        logs = alice.run("logs", view["job_id"]).stdout
+        assert logs.count(f"mark {mark} in /root/.rigdeck/code/trees/{tree}") == 2, logs
+        # The workstation's store holds the snapshot; the server's store got it from there.
+        assert (alice.home / "code" / "manifests" / f"{tree}.json").is_file()
+        assert bed.exec(1, ["test", "-e", str(src)]).returncode == 1  # the server's host cannot see it
+    finally:
+        shutil.rmtree(src, ignore_errors=True)
+
+
 def test_a_sweep_runs_unattended_and_survives_a_killed_server(served: tuple[TestBed, Operator, Operator]) -> None:
     """Issue 13, acceptance 5 (server): the sweep is started and left; the server is killed -9
     mid-sweep and started again; the sweep completes with exactly max_trials trials, each once."""

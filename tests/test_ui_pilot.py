@@ -620,3 +620,38 @@ async def test_sweeps_view_over_a_server_whose_link_goes_down() -> None:
             assert app.tabs.active == "hosts"
     finally:
         stop_servers()
+
+
+async def test_launch_dialog_shows_code_sync_progress_per_host(tmp_path: Path) -> None:
+    """[code] sync: while the launch waits for the hosts to get the code, the dialog says how far
+    each is; the form keeps the spec's [code] table (and no workdir)."""
+    (tmp_path / "src").mkdir()
+    spec = tmp_path / "synced.toml"
+    spec.write_text(f'name = "synced"\ncommand = ["{{python}}", "{TICKER}"]\nnodes = 2\n[code]\nsync = "src"\n')
+    jobs = RecordedJobs()
+    app = recorded_app(kind="embedded", jobs=jobs)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("l")
+        screen = await launch_screen(app, pilot)
+        await pilot.press(*str(spec), "enter")
+        await pilot.pause()
+        assert screen.query_one("#f-workdir", Input).value == ""
+        app._code_progress("h2", 0, 0)
+        app._code_progress("h1", 3 << 20, 12 << 20)
+        await pilot.pause()
+        status = static_text(screen, "#launch-status")
+        assert "code → h1 3.0 MB of 12.0 MB, h2 has it" in status, status
+        await pilot.press("ctrl+s")
+        await until(pilot, lambda: jobs.launched)
+        assert jobs.launched[0].code is not None and jobs.launched[0].code.sync == str(tmp_path / "src")
+
+
+def test_the_job_view_line_for_synced_code() -> None:
+    from tui.app.shell import code_markup
+
+    code = {"sync": "/src", "tree": "ab" * 32, "files": 3, "size": 2048}
+    assert code_markup(None, []) is None
+    assert "not yet synced" in (code_markup(code, []) or "")
+    events = [{"event": "code", "hosts": {"h2": {"had_tree": True}, "h1": {"had_tree": False, "files_sent": 1, "bytes_sent": 512}}}]
+    line = code_markup(code, events) or ""
+    assert line.startswith("code [b]abababababab[/b] · 3 files 2.0 KB") and "synced: h1 +1 (512 B), h2 had it" in line, line

@@ -80,6 +80,7 @@ class ServerError(Exception):
 _ERRORS: dict[str, type[Exception]] = {
     "JobError": JobError, "PlacementError": PlacementError, "JobSpecError": JobSpecError,
     "JobRefError": JobError, "InventoryError": JobError, "SweepError": SweepError,
+    "CodeSyncError": JobError,
 }
 
 
@@ -724,7 +725,29 @@ class RemoteClient(Client):
         raise ServerError("the server trusts only host keys recorded by its operator: record the key "
                           "on the workstation, then run rigdeck server setup")
 
+    def _with_code(self, spec: JobSpec) -> JobSpec:
+        """``[code] sync`` through a server: the snapshot is taken here (the directory is on this
+        machine) and what the server's store lacks of it is sent there; the server ships it to
+        the hosts from its store."""
+        if spec.code is None or spec.code.tree is not None:
+            return spec
+        import dataclasses
+
+        from tui.control.history import rigdeck_home
+        from tui.model.codesync import CodeSyncError
+        from tui.remote.codesync import CodeStore
+
+        store = CodeStore(rigdeck_home() / "code")
+        try:
+            code, _done = store.snapshot(spec.code, f"{spec.path or 'job spec'}: [code] sync")
+            assert code.tree is not None
+            store.upload(lambda method, **kw: self.call(method, **kw), code.tree)
+        except CodeSyncError as e:
+            raise JobError(str(e)) from None
+        return dataclasses.replace(spec, code=code)
+
     def launch(self, spec: JobSpec, *, queue: bool = True) -> JobView:
+        spec = self._with_code(spec)
         return JobView.from_json(self.call("launch", spec=spec.to_dict(), queue=queue))
 
     def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False, wait: bool = True) -> JobView:
@@ -754,6 +777,7 @@ class RemoteClient(Client):
             yield JobView.from_json(item)
 
     def sweep(self, spec: JobSpec) -> SweepDetail:
+        spec = self._with_code(spec)
         return wire.decode(SweepDetail, self.call("sweep", spec=spec.to_dict()))
 
     def sweeps(self) -> list[SweepRow]:

@@ -319,6 +319,8 @@ class RigdeckApp(App[None]):
         self._apply_keymap()
         self._set_widths(self.size.width)
         self.client.start()
+        self.client.on_code_progress(
+            lambda job_id, host, done, total: self.call_from_thread(self._code_progress, host, done, total))
         self.refresh_views(force=True)
         self.set_interval(1.0 / self.sample_hz, self.refresh_views, name="sample")
         self.set_interval(1.0, self.poll_sweeps, name="sweeps")
@@ -665,6 +667,9 @@ class RigdeckApp(App[None]):
             + f" · ranks {r.ranks_running}/{r.ranks_total} running"
         )
         lines = [line1, line2]
+        code = code_markup(detail.spec.get("code"), detail.events)
+        if code:
+            lines.append(code)
         if r.unreachable:
             lines.append(f"[$warning]not answering: {escape(', '.join(r.unreachable))}[/]")
         if r.cause:
@@ -1029,6 +1034,12 @@ class RigdeckApp(App[None]):
             done,
         )
 
+    def _code_progress(self, host: str, done: int, total: int) -> None:
+        """[code] sync while a launch waits for it: each host's part, in the launch dialog."""
+        screen = self.screen
+        if isinstance(screen, LaunchScreen):
+            screen.code_progress(host, done, total)
+
     def action_stop_job(self) -> None:
         job_id = self.current_job()
         if job_id is None:
@@ -1227,6 +1238,26 @@ def host_detail(h: HostView, inventory: Any) -> str:
     if why:
         color = "$error" if status == "down" or h.error_kind else "$warning"
         text += f"\n[{color}]{escape(why)}[/]"
+    return text
+
+
+def code_markup(code: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]]) -> str | None:
+    """``[code] sync``: the snapshot's hash and size, and what its hosts were sent for it."""
+    if not code or not code.get("tree"):
+        return None
+    from tui.app.widgets.format import size_bytes
+
+    text = (f"code [b]{escape(str(code['tree'])[:12])}[/b] · {code.get('files')} files "
+            f"{size_bytes(code.get('size') or 0)}")
+    sync = next((e for e in reversed(events) if e.get("event") == "code"), None)
+    if sync:
+        per = []
+        for host, got in sorted((sync.get("hosts") or {}).items()):
+            per.append(f"{escape(host)} had it" if got.get("had_tree") else
+                       f"{escape(host)} +{got.get('files_sent')} ({size_bytes(got.get('bytes_sent') or 0)})")
+        text += " · synced: " + ", ".join(per)
+    else:
+        text += " · [$text-muted]not yet synced[/]"
     return text
 
 

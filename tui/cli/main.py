@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tui.app.widgets.format import size_bytes
 from tui.cli import exec as exec_cli
 from tui.cli import server as server_cli
 from tui.cli import sweep as sweep_cli
@@ -245,6 +244,7 @@ def _fmt_cause(cause: dict[str, Any] | None) -> str:
 
 def _code_progress() -> Any:
     """A printer of code-sync progress: a line per host at each quarter of what it is sent."""
+    from tui.app.widgets.format import size_bytes
     shown: dict[tuple[str, str], int] = {}
 
     def show(job_id: str, host: str, done: int, total: int) -> None:
@@ -262,6 +262,7 @@ def _code_progress() -> Any:
 
 def code_lines(code: dict[str, Any] | None, events: list[dict[str, Any]]) -> list[str]:
     """The job's code snapshot and what each host was sent for it (the newest sync)."""
+    from tui.app.widgets.format import size_bytes
     if not code or not code.get("tree"):
         return []
     lines = [f"code     {short(code['tree'])}: {code.get('files')} files, {size_bytes(code.get('size') or 0)} "

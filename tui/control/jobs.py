@@ -470,7 +470,7 @@ class JobManager:
         from concurrent.futures import ThreadPoolExecutor
 
         from tui.model.codesync import CodeSyncError
-        from tui.remote.codesync import push
+        from tui.remote.codesync import Payloads, push
 
         assert spec.code is not None
         if spec.code.tree is None:
@@ -479,6 +479,7 @@ class JobManager:
         tree = spec.code.tree
         assert tree is not None
         live = self.code_progress.setdefault(job_id, {})
+        payloads = Payloads(self.code_store, self.code_store.manifest(tree).blobs())
 
         def progress(host: str, done: int, total: int) -> None:
             live[host] = (done, total)
@@ -491,7 +492,7 @@ class JobManager:
             except TransportError as e:
                 return e
             try:
-                return push(link, h, self.code_store, tree, progress)
+                return push(link, h, self.code_store, tree, progress, payloads)
             except (TransportError, CodeSyncError) as e:
                 return e
             finally:

@@ -468,6 +468,15 @@ def _methods() -> dict[str, Callable[..., Any]]:
         for detail in svc(s).sweep_wait(ref, timeout=timeout):
             yield wire.encode(detail)
 
+    def code_missing(s: Session, blobs: list[Any]) -> Any:
+        return svc(s).manager.code_store.missing(blobs)
+
+    def code_put(s: Session, blobs: list[Any]) -> Any:
+        return svc(s).manager.code_store.put(blobs)
+
+    def code_manifest(s: Session, tree: str, files: list[Any]) -> Any:
+        return {"tree": svc(s).manager.code_store.add_manifest(tree, files).tree}
+
     def plain(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         def call(s: Session, **kw: Any) -> Any:
             return encode_result(fn(svc(s), **kw))
@@ -506,6 +515,9 @@ def _methods() -> dict[str, Callable[..., Any]]:
         "sweep_stop": plain("sweep_stop", lambda c, ref: c.sweep_stop(ref)),
         "sweep_stop_trial": plain("sweep_stop_trial", lambda c, ref, number: c.sweep_stop_trial(ref, int(number))),
         "sweep_wait": sweep_wait,
+        "code_missing": code_missing,
+        "code_put": code_put,
+        "code_manifest": code_manifest,
     }
 
 

@@ -43,6 +43,7 @@ from tui.model.codesync import (
 MESSAGE_RAW_BYTES = 560 << 10  # payload per message: base64 of it stays under the agent's 1 MiB line
 WINDOW = 4  # messages in flight per host
 COMPRESS_MIN = 512  # smaller contents go as they are
+PROBE_BYTES = 64 << 10  # how much of a large content is tried first
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,55 @@ class CodeStore:
             raise CodeSyncError(f"code snapshot {tree[:12]} is not in this controller's store "
                                 f"({self.root}): launch the job again") from None
 
+    def missing(self, blobs: list[Any]) -> list[str]:
+        """Which of ``blobs`` (``[sha256, size]``) this store lacks (or holds at another size)."""
+        out = []
+        for sha, size in blobs:
+            p = self.object_path(str(sha))
+            if not p.is_file() or p.stat().st_size != size:
+                out.append(str(sha))
+        return out
+
+    def put(self, items: list[Any]) -> dict[str, int]:
+        """Keep contents sent as a host's agent takes them (``code_put`` items), each checked
+        against its hash: a server's store, filled by a workstation. The same layout and checks
+        as a host's store, so the same code."""
+        from agent import code as host_code
+
+        if self.root.name != "code":
+            raise CodeSyncError(f"a store that takes contents lives in a directory named code, not {self.root}")
+        try:
+            return host_code.put(str(self.root.parent), items)
+        except host_code.CodeError as e:
+            raise CodeSyncError(str(e)) from None
+
+    def add_manifest(self, tree: str, files: list[Any]) -> Manifest:
+        """Record a tree whose every content is here, after checking it hashes to ``tree``."""
+        manifest = Manifest.from_wire(files)
+        if manifest.tree != tree:
+            raise CodeSyncError(f"the manifest does not hash to tree {tree[:12]}")
+        lacking = self.missing([[e.sha256, e.size] for e in manifest.entries])
+        if lacking:
+            raise CodeSyncError(f"{len(lacking)} contents of tree {tree[:12]} are not here: send them first")
+        self.save_manifest(manifest)
+        return manifest
+
+    def upload(self, call: Callable[..., Any], tree: str) -> dict[str, int]:
+        """Send tree ``tree`` of this store to another store (a server's) through ``call(method,
+        **params)``: only the contents it lacks, then the manifest."""
+        manifest = self.manifest(tree)
+        sizes = manifest.blobs()
+        lacking = [str(s) for s in call("code_missing", blobs=[[s, n] for s, n in sorted(sizes.items())]) if s in sizes]
+        payloads = Payloads(self, sizes)
+        sent = {"files": 0, "bytes": 0, "wire": 0}
+        for items, files, content, wire in _pieces(payloads, lacking):
+            call("code_put", blobs=items)
+            sent["files"] += files
+            sent["bytes"] += content
+            sent["wire"] += wire
+        call("code_manifest", tree=tree, files=manifest.to_wire())
+        return sent
+
     def snapshot(self, code: CodeSpec, where: str = "[code] sync") -> tuple[CodeSpec, dict[str, Any]]:
         """Take the snapshot of ``code.sync``: returns the spec with ``tree``/``files``/``size``
         set, and what was done (files, bytes, new contents, how the list was made)."""
@@ -197,52 +247,84 @@ class CodeStore:
 # -- to a host --------------------------------------------------------------------------------
 
 
-def _pieces(store: CodeStore, missing: list[str], sizes: dict[str, int]
-            ) -> Iterator[tuple[list[list[Any]], int, int, int]]:
+class Payloads:
+    """Each content's ``code_put`` items, encoded once however many hosts it goes to (reading,
+    checking, compressing and base64 cost the controller's CPU once per sync, not per host)."""
+
+    def __init__(self, store: CodeStore, sizes: dict[str, int]):
+        self.store = store
+        self.sizes = sizes
+        self._done: dict[str, list[tuple[list[Any], int, int]]] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def items(self, sha: str) -> list[tuple[list[Any], int, int]]:
+        """``[(item, content bytes, wire bytes)]``: one item, or a large content's parts."""
+        with self._lock:
+            lock = self._locks.setdefault(sha, threading.Lock())
+        with lock:
+            got = self._done.get(sha)
+            if got is None:
+                got = self._done[sha] = self._encode(sha)
+            return got
+
+    def _encode(self, sha: str) -> list[tuple[list[Any], int, int]]:
+        data = self.store.read(sha)
+        if len(data) != self.sizes[sha] or hashlib.sha256(data).hexdigest() != sha:
+            raise CodeSyncError(f"the controller's stored content {sha[:12]} is damaged ({self.store.root})")
+        # Compress only what compresses: a sample of a large content says (random bytes,
+        # already compressed data and weights are sent as they are).
+        compress = len(data) >= COMPRESS_MIN and (
+            len(data) <= PROBE_BYTES or len(zlib.compress(data[:PROBE_BYTES], 1)) < PROBE_BYTES * 0.9)
+        out = []
+        offset = 0
+        while True:
+            part = data[offset: offset + MESSAGE_RAW_BYTES]
+            last = offset + len(part) >= len(data)
+            enc, payload = "raw", part
+            if compress and len(part) >= COMPRESS_MIN:
+                z = zlib.compress(part, 1)
+                if len(z) < len(part) * 0.9:
+                    enc, payload = "zlib", z
+            out.append(([sha, enc, base64.b64encode(payload).decode("ascii"), offset, last], len(part), len(payload)))
+            offset += len(part)
+            if last:
+                return out
+
+
+def _pieces(payloads: Payloads, missing: list[str]) -> Iterator[tuple[list[list[Any]], int, int, int]]:
     """Messages of ``code_put`` items: (items, files finished in it, content bytes, wire bytes)."""
     batch: list[list[Any]] = []
     batch_wire = 0
     batch_files = 0
     batch_bytes = 0
     for sha in missing:
-        data = store.read(sha)
-        if len(data) != sizes[sha] or hashlib.sha256(data).hexdigest() != sha:
-            raise CodeSyncError(f"the controller's stored content {sha[:12]} is damaged ({store.root})")
-        offset = 0
-        while True:
-            part = data[offset: offset + MESSAGE_RAW_BYTES]
-            last = offset + len(part) >= len(data)
-            enc, payload = "raw", part
-            if len(part) >= COMPRESS_MIN:
-                z = zlib.compress(part, 1)
-                if len(z) < len(part) * 0.9:
-                    enc, payload = "zlib", z
-            if batch and batch_wire + len(payload) > MESSAGE_RAW_BYTES:
+        for item, content, wire in payloads.items(sha):
+            if batch and batch_wire + wire > MESSAGE_RAW_BYTES:
                 yield batch, batch_files, batch_bytes, batch_wire
                 batch, batch_wire, batch_files, batch_bytes = [], 0, 0, 0
-            batch.append([sha, enc, base64.b64encode(payload).decode("ascii"), offset, last])
-            batch_wire += len(payload)
-            batch_bytes += len(part)
-            offset += len(part)
-            if last:
-                batch_files += 1
-                break
+            batch.append(item)
+            batch_wire += wire
+            batch_bytes += content
+            batch_files += bool(item[4])
     if batch:
         yield batch, batch_files, batch_bytes, batch_wire
 
 
 def push(link: Any, host: str, store: CodeStore, tree: str,
-         progress: Callable[[str, int, int], None] | None = None) -> PushResult:
+         progress: Callable[[str, int, int], None] | None = None,
+         payloads: Payloads | None = None) -> PushResult:
     """Ship tree ``tree`` (from ``store``) to ``host`` over ``link`` (an AgentLink of its own:
     requests are pipelined on it). ``progress(host, bytes_done, bytes_total)`` is called as
-    contents go."""
+    contents go. Pushes of one tree to several hosts share ``payloads``."""
     t0 = time.monotonic()
     manifest = store.manifest(tree)
     sizes = manifest.blobs()
+    payloads = payloads or Payloads(store, sizes)
     from tui.remote.agentclient import AgentClient
 
     agent = AgentClient.over(link)
-    answer = agent.code_have(tree=tree, blobs=sorted(sizes), timeout=60)
+    answer = agent.code_have(tree=tree, blobs=[[s, n] for s, n in sorted(sizes.items())], timeout=60)
     if answer.get("path"):
         if progress:
             progress(host, 0, 0)
@@ -254,7 +336,7 @@ def push(link: Any, host: str, store: CodeStore, tree: str,
         progress(host, 0, total)
 
     def calls() -> Iterator[tuple[str, dict[str, Any]]]:
-        for items, files, content, wire in _pieces(store, missing, sizes):
+        for items, files, content, wire in _pieces(payloads, missing):
             sent["files"] += files
             sent["bytes"] += content
             sent["wire"] += wire

@@ -44,6 +44,8 @@ class LaunchScreen(ModalScreen[str | None]):
         self.base: dict[str, Any] = {}
         self.path: Path | None = None
         self.busy = False
+        self._code: dict[str, str] = {}  # [code] sync: host -> how far
+        self._status_head = ""
 
     def compose(self) -> ComposeResult:
         with Vertical(id="dialog", classes="dialog -wide"):
@@ -172,13 +174,23 @@ class LaunchScreen(ModalScreen[str | None]):
             return
         self.busy = True
         self.query_one("#launch-go", Button).disabled = True
-        self.query_one("#launch-status", Static).update(
+        self._code = {}
+        self._status_head = (
             f"placing and starting [b]{escape(spec.name)}[/b] "
             f"({spec.node_count} node(s) × {spec.slots_per_node})…"
         )
+        self.query_one("#launch-status", Static).update(self._status_head)
         self.run_worker(
             lambda: self._launch(spec), thread=True, group="launch", exit_on_error=False
         )
+
+    def code_progress(self, host: str, done: int, total: int) -> None:
+        """[code] sync: how far each host is, under the launch's status line."""
+        from tui.app.widgets.format import size_bytes
+
+        self._code[host] = "has it" if total == 0 else f"{size_bytes(done)} of {size_bytes(total)}"
+        self.query_one("#launch-status", Static).update(
+            self._status_head + "\ncode → " + ", ".join(f"{escape(h)} {v}" for h, v in sorted(self._code.items())))
 
     @on(Worker.StateChanged)
     def _worker(self, event: Worker.StateChanged) -> None:
