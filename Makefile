@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # The CPU build of torch that this machine serves locally; on a GPU workstation
 # set TORCH_SPEC to the build that fits its CUDA.
 TORCH_SPEC ?= torch==2.13.0
-DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium
+DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync
 PYTEST_ARGS ?=
 # Tools the tests find on PATH that the machine has but not on PATH (see python39).
 TOOLS := $(CURDIR)/.tools/bin
@@ -46,6 +46,7 @@ sysdeps:
 	command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || missing="$$missing iptables"; \
 	command -v pkill >/dev/null || missing="$$missing procps"; \
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
+	command -v rsync >/dev/null || missing="$$missing rsync"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$missing"; \
@@ -101,6 +102,7 @@ bench: sysdeps $(VENV)/.installed-test
 	$(PY) bench/attach.py
 	$(PY) bench/sweep.py --rounds 3
 	$(PY) bench/sweep_quality.py
+	$(PY) bench/sync.py --rounds 3
 
 testbed-down: $(VENV)/.installed
 	$(PY) -m tests.testbed down
