@@ -222,3 +222,26 @@ def test_a_code_spec_is_anchored_at_the_spec_file_and_survives_the_history(tmp_p
     assert spec.code is not None and spec.code.sync == str(tmp_path / "src") and spec.code.max_files == 7
     assert spec.workdir == str(tmp_path / "src")
     assert JobSpec.from_dict(spec.to_dict()) == spec
+
+
+def test_the_controllers_store_keeps_the_newest_snapshots_and_their_contents_only(tmp_path: Path) -> None:
+    import os
+
+    from tui.model.codesync import CodeSpec, CodeSyncError
+    from tui.remote.codesync import CodeStore
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "same.py").write_text("shared\n")
+    store = CodeStore(tmp_path / "code")
+    trees = []
+    for i in range(4):
+        (src / "v.py").write_text(f"version {i}\n")
+        code, _ = store.snapshot(CodeSpec(sync=str(src)))
+        trees.append(code.tree)
+        os.utime(store.root / "manifests" / f"{code.tree}.json", (1000 + i, 1000 + i))
+    assert store.prune(keep_newest=2) == 2  # versions 0 and 1 of v.py; same.py stays
+    with pytest.raises(CodeSyncError, match="not in this controller's store"):
+        store.manifest(trees[0])
+    for tree in trees[2:]:
+        assert all(store.has(e.sha256) for e in store.manifest(tree).entries)

@@ -44,6 +44,7 @@ MESSAGE_RAW_BYTES = 560 << 10  # payload per message: base64 of it stays under t
 WINDOW = 4  # messages in flight per host
 COMPRESS_MIN = 512  # smaller contents go as they are
 PROBE_BYTES = 64 << 10  # how much of a large content is tried first
+KEEP_SNAPSHOTS = 32  # the controller's store keeps the newest snapshots (and their contents)
 
 
 @dataclass(frozen=True)
@@ -218,6 +219,35 @@ class CodeStore:
         call("code_manifest", tree=tree, files=manifest.to_wire())
         return sent
 
+    def prune(self, keep: tuple[str, ...] = (), keep_newest: int = KEEP_SNAPSHOTS) -> int:
+        """Forget all but the newest ``keep_newest`` snapshots (and ``keep``), and the contents
+        only they used; returns how many contents went. A job still queued on a forgotten
+        snapshot fails its start saying so."""
+        with self._lock:
+            mdir = self.root / "manifests"
+            try:
+                manifests = sorted(mdir.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+            except FileNotFoundError:
+                return 0
+            if len(manifests) <= keep_newest:
+                return 0
+            kept = [p for i, p in enumerate(manifests) if i < keep_newest or p.stem in keep]
+            used: set[str] = set()
+            for p in kept:
+                try:
+                    used.update(str(row[1]) for row in json.loads(p.read_text()))
+                except (OSError, ValueError, IndexError, TypeError):
+                    return 0  # unsure what is used: keep everything
+            for p in manifests:
+                if p not in kept:
+                    p.unlink(missing_ok=True)
+            gone = 0
+            for obj in (self.root / "objects").glob("*/*"):
+                if len(obj.name) == 64 and obj.name not in used:
+                    obj.unlink(missing_ok=True)
+                    gone += 1
+            return gone
+
     def snapshot(self, code: CodeSpec, where: str = "[code] sync") -> tuple[CodeSpec, dict[str, Any]]:
         """Take the snapshot of ``code.sync``: returns the spec with ``tree``/``files``/``size``
         set, and what was done (files, bytes, new contents, how the list was made)."""
@@ -239,6 +269,7 @@ class CodeStore:
         manifest = Manifest(tuple(sorted(entries, key=lambda e: e.path)))
         check_limits(len(entries), manifest.size, code, f"{where} ({root})")  # grown while read
         self.save_manifest(manifest)
+        self.prune(keep=(manifest.tree,))
         done = {"tree": manifest.tree, "files": len(entries), "bytes": manifest.size,
                 "new_contents": new, "listed_by": how}
         return replace(code, tree=manifest.tree, files=len(entries), size=manifest.size), done
