@@ -33,7 +33,9 @@ def test_exec_runs_on_every_host_with_each_argument_as_given(cli: Cli) -> None:
     lines = res.stdout.splitlines()
     assert [ln.split(": ", 1)[0] for ln in lines] == ["h1", "h2", "h3"], res.stdout  # prefixed, in inventory order
     for name, line in zip(("h1", "h2", "h3"), lines, strict=True):
-        got = json.loads(line.split(": ", 1)[1])
+        prefix, _, rest = line.partition(": ")
+        assert prefix == name
+        got = json.loads(rest)
         assert got["argv"] == [NASTY, "", "two\nlines"]  # literally, the empty one and the newline too
     assert not pwned.exists(), "nothing was run by a shell"
     assert [ln for ln in res.stderr.splitlines() if ln.endswith("to stderr")] == [f"{h}: to stderr" for h in ("h1", "h2", "h3")]
