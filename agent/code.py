@@ -69,7 +69,7 @@ def _entries(rows: Any) -> List[List[Any]]:
                 or not isinstance(row[2], int) or row[2] < 0 or not isinstance(row[3], bool):
             raise CodeError("each file must be [path, sha256, size, executable]")
         out.append([_rel_path(row[0]), _sha(row[1]), row[2], row[3]])
-    out.sort(key=lambda r: r[0])
+    out.sort(key=lambda r: str(r[0]))
     return out
 
 
@@ -253,7 +253,7 @@ def prune(state_dir: str, keep: tuple = (), now: Optional[float] = None) -> Dict
             pass
     removed = 0
     if gone:
-        used = set()
+        used = set()  # type: set
         for n in names:
             if n in gone:
                 continue

@@ -472,10 +472,9 @@ class JobManager:
         from tui.model.codesync import CodeSyncError
         from tui.remote.codesync import Payloads, push
 
-        assert spec.code is not None
-        if spec.code.tree is None:
+        if spec.code is not None and spec.code.tree is None:
             spec = self.snapshot_code(spec)
-            assert spec.code is not None
+        assert spec.code is not None
         tree = spec.code.tree
         assert tree is not None
         live = self.code_progress.setdefault(job_id, {})

@@ -317,7 +317,7 @@ class AgentClient:
         ``exec`` in docs/contracts.md)."""
         return _dict(self._call("exec", **_kw(timeout), argv=argv, timeout_s=timeout_s))
 
-    def code_have(self, *, tree: str, blobs: list[str], timeout: float | None = None) -> dict[str, Any]:
+    def code_have(self, *, tree: str, blobs: list[Any], timeout: float | None = None) -> dict[str, Any]:
         """Synced code: ``{path, missing}``: the tree's path when the host has it, else which
         of ``blobs`` (content hashes) it lacks (see "Synced code on a host" in docs/contracts.md)."""
         return _dict(self._call("code_have", **_kw(timeout), tree=tree, blobs=blobs))
