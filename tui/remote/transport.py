@@ -145,19 +145,26 @@ def key_needs_passphrase(path: str) -> bool:
         paramiko.PKey.from_path(_key_path(path))
     except paramiko.PasswordRequiredException:
         return True
-    except (OSError, paramiko.SSHException, ValueError, TypeError):
+    except TypeError as e:  # what PKey.from_path raises for an encrypted key and no password
+        return "password" in str(e).lower()
+    except (OSError, paramiko.SSHException, ValueError):
         return False
     return False
+
+
+def _open_key(path: str, passphrase: str) -> paramiko.PKey:
+    """The private key at ``path`` opened with ``passphrase``; ValueError when it does not."""
+    try:
+        return paramiko.PKey.from_path(path, passphrase.encode())
+    except (OSError, paramiko.SSHException, ValueError, TypeError):
+        raise ValueError(f"that passphrase does not open {path}") from None
 
 
 def remember_passphrase(path: str, passphrase: str) -> None:
     """Hold ``passphrase`` for the key at ``path`` in memory, once it is shown to open the key;
     ValueError when it does not (the message never holds the passphrase)."""
     real = _key_path(path)
-    try:
-        paramiko.PKey.from_path(real, passphrase=passphrase.encode())
-    except (paramiko.SSHException, ValueError, TypeError):
-        raise ValueError(f"that passphrase does not open {path}") from None
+    _open_key(real, passphrase)
     with _passphrase_lock:
         _passphrases[real] = passphrase
         _declined.discard(real)
@@ -175,8 +182,8 @@ def _unlocked_key(path: str) -> paramiko.PKey | None:
     if secret is None:
         return None
     try:
-        return paramiko.PKey.from_path(_key_path(path), passphrase=secret.encode())
-    except (OSError, paramiko.SSHException, ValueError):
+        return _open_key(_key_path(path), secret)
+    except ValueError:
         return None
 
 
@@ -196,8 +203,8 @@ def _ask_passphrase(label: str, path: str) -> bool:
             if not answer:
                 break
             try:
-                paramiko.PKey.from_path(real, passphrase=answer.encode())
-            except (paramiko.SSHException, ValueError, TypeError):
+                _open_key(real, answer)
+            except ValueError:
                 log.warning("%s: the passphrase given does not open %s", label, path)
                 continue
             _passphrases[real] = answer
