@@ -30,7 +30,7 @@ from textual.widgets import DataTable
 
 from tests.testbed import TestBed
 from tui.app.screens.dialogs import TrustHostKey
-from tui.app.screens.onboarding import OnboardingScreen
+from tui.app.screens.onboarding import OnboardingScreen, PassphraseDialog
 from tui.app.shell import RigdeckApp
 from tui.client import (
     InProcessClient,
@@ -200,6 +200,44 @@ async def test_skipping_onboarding_writes_nothing_and_goes_on_with_this_machine(
     assert not inventory_file(home).exists()
     assert not (home / ".config" / "rigdeck").exists()
     assert not (home / ".ssh" / "known_hosts").exists()
+
+
+async def test_onboarding_asks_a_keys_passphrase_in_a_password_dialog(home: Path, testbed: TestBed) -> None:
+    secret = "s3cretpass9"
+    key = home / ".ssh" / "id_locked"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", secret, "-f", str(key)], check=True)
+    h3 = testbed.hosts[2]
+    (home / ".ssh" / "config").write_text(
+        f"Host locked\n    HostName {h3.address}\n    User root\n    IdentityFile {key}\n")
+    authorized = h3.dot_ssh / "authorized_keys"
+    before = authorized.read_text()
+    authorized.write_text(before + Path(f"{key}.pub").read_text())
+    try:
+        app = app_as_the_cli_makes_it()
+        async with app.run_test(size=SIZE) as pilot:
+            await until(pilot, lambda: isinstance(app.screen, OnboardingScreen))
+            screen = app.screen
+            assert isinstance(screen, OnboardingScreen) and screen.names == ["locked"]
+            await pilot.press("space", "enter")
+            await until(pilot, lambda: isinstance(app.screen, TrustHostKey))
+            await pilot.press("y")
+            await until(pilot, lambda: isinstance(app.screen, PassphraseDialog))
+            dialog = app.screen
+            assert isinstance(dialog, PassphraseDialog) and dialog.key_file == str(key)
+            await pilot.press(*secret)
+            # A password field: what is shown is not what was typed.
+            assert secret not in str(dialog.query_one("#passphrase-input").render())
+            await pilot.press("enter")
+            await until(pilot, lambda: rows(screen)["locked"][3].startswith("ok"))
+            assert rows(screen)["locked"][3].startswith(f"ok: {h3.hostname}"), rows(screen)
+            await pilot.press("w")
+            await until(pilot, lambda: not isinstance(app.screen, OnboardingScreen))
+    finally:
+        authorized.write_text(before)
+    assert load_inventory(inventory_file(home)).get("locked").identity_files == (str(key),)
+    for f in home.rglob("*"):
+        if f.is_file():
+            assert secret.encode() not in f.read_bytes(), f
 
 
 def test_no_onboarding_when_an_inventory_exists_or_the_config_has_no_concrete_host(

@@ -81,19 +81,20 @@ def run(args: argparse.Namespace) -> int:
     try:
         while True:
             report = ob.check(cand.name, accept_fingerprints=accepted)
-            key = report.host_key or {}
-            if report.error_kind != "unknown-host-key" or key.get("fingerprint") in accepted:
+            hk: dict[str, str] = dict(report.host_key or {})
+            if report.error_kind != "unknown-host-key" or hk.get("fingerprint") in accepted:
                 break
-            print(f"{report.error}", file=sys.stderr)
+            print(f"{cand.name}: unknown host key {hk.get('type', '')} {hk.get('fingerprint')}",
+                  file=sys.stderr)
             print(f"The host key is not in {ob.known_hosts}. Compare its fingerprint "
-                  f"{key.get('fingerprint')} with the host's own (ssh-keygen -lf "
+                  f"{hk.get('fingerprint')} with the host's own (ssh-keygen -lf "
                   "/etc/ssh/ssh_host_*_key.pub there) before you trust it.", file=sys.stderr)
-            if not _ask(f"Trust {key.get('type', 'the')} key {key.get('fingerprint')}?"):
+            if not _ask(f"Trust {hk.get('type', 'the')} key {hk.get('fingerprint')}?"):
                 print(f"rigdeck: {cand.name}: host key not accepted; nothing written (accept it "
-                      f"with --accept-fingerprint {key.get('fingerprint')} once checked)",
+                      f"with --accept-fingerprint {hk.get('fingerprint')} once checked)",
                       file=sys.stderr)
                 return EXIT_FAILED
-            accepted.append(str(key.get("fingerprint")))
+            accepted.append(str(hk.get("fingerprint")))
     finally:
         set_passphrase_prompt(None)
     if report.error:

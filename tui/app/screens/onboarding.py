@@ -99,8 +99,12 @@ def passphrase_prompt(app: App[Any]) -> Callable[[str], str | None]:
         box: list[str | None] = []
         done = threading.Event()
 
+        def answered(value: str | None) -> None:
+            box.append(value)
+            done.set()
+
         def show() -> None:
-            app.push_screen(PassphraseDialog(key_file), lambda v: (box.append(v), done.set()))
+            app.push_screen(PassphraseDialog(key_file), answered)
 
         app.call_from_thread(show)
         while not done.wait(0.5):
@@ -115,7 +119,7 @@ class OnboardingScreen(Screen["Path | None"]):
     """Pick, check and write the first inventory. Dismissed with the file written, or None."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("space", "toggle", "Select", id="onboard.toggle"),
+        Binding("space", "toggle_host", "Select", id="onboard.toggle"),
         Binding("a", "toggle_all", "All", id="onboard.all"),
         Binding("enter", "check", "Check selected", id="onboard.check", priority=True),
         Binding("w", "write", "Write inventory", id="onboard.write"),
@@ -200,7 +204,7 @@ class OnboardingScreen(Screen["Path | None"]):
 
     # -- actions ------------------------------------------------------------------------------
 
-    def action_toggle(self) -> None:
+    def action_toggle_host(self) -> None:
         name = self._cursor_name()
         if name is None:
             return
@@ -241,7 +245,9 @@ class OnboardingScreen(Screen["Path | None"]):
                 self.checking.discard(n)
                 self._redraw(n)
             return
-        name, report = w.result
+        result = w.result
+        assert result is not None
+        name, report = result
         self.checking.discard(name)
         self.reports[name] = report
         self._redraw(name)
