@@ -145,12 +145,12 @@ class OnboardingScreen(Screen["Path | None"]):
 
     def compose(self) -> ComposeResult:
         source = self.ob.ssh_config or "the ssh config"
-        yield Label(f"[b]No inventory yet.[/b] Hosts of [b]{escape(str(source))}[/b]: pick the "
+        yield Static(f"[b]No inventory yet.[/b] Hosts of [b]{escape(str(source))}[/b]: pick the "
                     f"ones rigdeck should manage; they are written to "
                     f"[b]{escape(str(self.ob.target))}[/b].", id="onboard-title")
-        yield Static("space selects · a selects all · enter checks the selected hosts (host key, "
+        yield Static("[$text-muted]space selects · a selects all · enter checks the selected hosts (host key, "
                      "login, Python) · w writes those that checked ok · esc skips (this machine "
-                     "only)", id="onboard-help")
+                     "only)[/]", id="onboard-help")
         table: DataTable[Any] = DataTable(id="onboard-table", cursor_type="row", zebra_stripes=True)
         yield table
         yield Static("", id="onboard-status")
@@ -176,13 +176,14 @@ class OnboardingScreen(Screen["Path | None"]):
         res = self.result(name)
         style = "green" if res.startswith("ok") else ("yellow" if res == CHECKING else
                                                       ("dim" if res == PENDING else "red"))
-        return ("[x]" if name in self.selected else "[ ]", name,
-                self.ob.candidate(name).where, Text(res, style=style))
+        # Text, not str: a str cell is markup, and "[x]" would be read as a tag.
+        return (Text("[x]" if name in self.selected else "[ ]"), Text(name),
+                Text(self.ob.candidate(name).where), Text(res, style=style))
 
     def _redraw(self, name: str) -> None:
         table = self.query_one("#onboard-table", DataTable)
         for col, value in zip(("sel", "host", "where", "result"), self._cells(name), strict=True):
-            table.update_cell(name, col, value, update_width=False)
+            table.update_cell(name, col, value, update_width=col == "result")
         self._status()
 
     def ok_names(self) -> list[str]:
