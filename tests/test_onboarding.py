@@ -354,6 +354,24 @@ def run_in_pty(home: Path, argv: list[str], answers: list[tuple[bytes, bytes]],
     return os.waitstatus_to_exitcode(status), out
 
 
+def test_inventory_add_asks_at_the_terminal_before_trusting_and_writing(
+        home: Path, testbed: TestBed) -> None:
+    h2 = testbed.hosts[1]
+    fp = fingerprint_of(h2.public_key)
+    trust = f"Trust ssh-ed25519 key {fp}? [y/N] ".encode()
+    # No at the key's question: nothing recorded, nothing written.
+    code, out = run_in_pty(home, ["inventory", "add", "gpu-b"], [(trust, b"n\n")])
+    assert code == 1 and b"host key not accepted; nothing written" in out
+    assert not inventory_file(home).exists() and not (home / ".ssh" / "known_hosts").exists()
+    # Yes to the key, then yes to writing.
+    add = f"Add gpu-b to {inventory_file(home)}? [y/N] ".encode()
+    code, out = run_in_pty(home, ["inventory", "add", "gpu-b"], [(trust, b"y\n"), (add, b"y\n")])
+    assert code == 0, out.decode(errors="replace")
+    assert fp.encode() in out  # shown before the question
+    b = load_inventory(inventory_file(home)).get("gpu-b")
+    assert (b.address, b.port, b.user) == (h2.address, 22, "root")
+
+
 def test_inventory_add_with_a_passphrase_protected_key(home: Path, testbed: TestBed,
                                                          tmp_path: Path) -> None:
     secret = "corr3ct horse battery"

@@ -351,10 +351,15 @@ class RigdeckApp(App[None]):
 
     def _onboarded(self, written: Path | None) -> None:
         """Onboarding ended: go on with the inventory it wrote, or (skipped) as we were."""
-        if written is not None:
-            from tui.client import connect, load_inventory
+        from tui.client import connect, load_inventory
 
-            old, self.client = self.client, connect(load_inventory(written))
+        try:
+            new = connect(load_inventory(written)) if written is not None else None
+        except Exception as e:  # checked when written; a file edited since: say so, go on
+            self.notify(escape(describe_error(e)), title="inventory", severity="error")
+            new = None
+        if new is not None:
+            old, self.client = self.client, new
             self.jobwatch = self.client.jobs
             self._state_seen = self._jobs_seen = -1
             self.sub_title = str(written)

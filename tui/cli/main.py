@@ -23,6 +23,7 @@ from tui.client import (
     hostfile_to_toml,
     load_hostfile,
     load_inventory,
+    set_passphrase_prompt,
 )
 from tui.model.codesync import short
 from tui.model.inventory import Inventory, InventoryError
@@ -518,6 +519,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # An encrypted key's passphrase: asked on the terminal, once (none without a terminal).
+    set_passphrase_prompt(onboard_cli.ask_passphrase)
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:

@@ -18,7 +18,7 @@ import re
 import sys
 from typing import Any
 
-from tui.client import HostReport, Onboarding, set_passphrase_prompt
+from tui.client import HostReport, Onboarding
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 _FINGERPRINT_RE = re.compile(r"SHA256:[A-Za-z0-9+/]{43}")
@@ -54,7 +54,7 @@ def _ask(question: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
-def _passphrase(key_file: str) -> str | None:
+def ask_passphrase(key_file: str) -> str | None:
     """Ask on the terminal (never echoed); None when there is no terminal to ask on."""
     if not sys.stdin.isatty():
         return None
@@ -76,27 +76,23 @@ def run(args: argparse.Namespace) -> int:
     cand = ob.candidate(args.name)
     print(f"{cand.name}: {cand.where}" + (f", key {', '.join(cand.spec.identity_files)}"
                                           if cand.spec.identity_files else ""))
-    set_passphrase_prompt(_passphrase)
     accepted = list(args.accept_fingerprint)
-    try:
-        while True:
-            report = ob.check(cand.name, accept_fingerprints=accepted)
-            hk: dict[str, str] = dict(report.host_key or {})
-            if report.error_kind != "unknown-host-key" or hk.get("fingerprint") in accepted:
-                break
-            print(f"{cand.name}: unknown host key {hk.get('type', '')} {hk.get('fingerprint')}",
+    while True:
+        report = ob.check(cand.name, accept_fingerprints=accepted)
+        hk: dict[str, str] = dict(report.host_key or {})
+        if report.error_kind != "unknown-host-key" or hk.get("fingerprint") in accepted:
+            break
+        print(f"{cand.name}: unknown host key {hk.get('type', '')} {hk.get('fingerprint')}",
+              file=sys.stderr)
+        print(f"The host key is not in {ob.known_hosts}. Compare its fingerprint "
+              f"{hk.get('fingerprint')} with the host's own (ssh-keygen -lf "
+              "/etc/ssh/ssh_host_*_key.pub there) before you trust it.", file=sys.stderr)
+        if not _ask(f"Trust {hk.get('type', 'the')} key {hk.get('fingerprint')}?"):
+            print(f"rigdeck: {cand.name}: host key not accepted; nothing written (accept it "
+                  f"with --accept-fingerprint {hk.get('fingerprint')} once checked)",
                   file=sys.stderr)
-            print(f"The host key is not in {ob.known_hosts}. Compare its fingerprint "
-                  f"{hk.get('fingerprint')} with the host's own (ssh-keygen -lf "
-                  "/etc/ssh/ssh_host_*_key.pub there) before you trust it.", file=sys.stderr)
-            if not _ask(f"Trust {hk.get('type', 'the')} key {hk.get('fingerprint')}?"):
-                print(f"rigdeck: {cand.name}: host key not accepted; nothing written (accept it "
-                      f"with --accept-fingerprint {hk.get('fingerprint')} once checked)",
-                      file=sys.stderr)
-                return EXIT_FAILED
-            accepted.append(str(hk.get("fingerprint")))
-    finally:
-        set_passphrase_prompt(None)
+            return EXIT_FAILED
+        accepted.append(str(hk.get("fingerprint")))
     if report.error:
         print(f"rigdeck: {report.error}", file=sys.stderr)
         print(f"rigdeck: {cand.name}: check failed; nothing written to {ob.target}", file=sys.stderr)

@@ -44,6 +44,8 @@ def result_text(report: HostReport | None, refused: bool = False) -> str:
         gpus = f", {len(report.gpus)} GPU(s)" if report.gpus else ""
         return f"ok: {report.hostname or '?'}, Python {report.python}{gpus}"
     kind = report.error_kind or "error"
+    if kind == "unknown-host-key" and report.host_key:
+        return f"unknown host key {report.host_key.get('fingerprint')}: trust it or not in the dialog"
     detail = report.error.split(": ", 1)[-1]  # the host's name is in the row already
     label = {
         "unreachable": "unreachable", "auth": "login refused", "passphrase": "no passphrase",
