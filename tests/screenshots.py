@@ -300,6 +300,8 @@ async def run(
 async def run_onboarding(bed: Any, tmp: Path, converter: str) -> list[Path]:
     """The onboarding screen (no inventory; the hosts of an ssh config under a fresh HOME),
     after checking three hosts: two whose keys were accepted, one with its port closed."""
+    from textual.widgets import DataTable
+
     from tui.app.screens.dialogs import TrustHostKey
     from tui.app.screens.onboarding import OnboardingScreen
     from tui.app.shell import RigdeckApp
@@ -323,7 +325,7 @@ async def run_onboarding(bed: Any, tmp: Path, converter: str) -> list[Path]:
         screen = app.screen
         assert isinstance(screen, OnboardingScreen), screen
         for name in ("gpu-a", "gpu-b", "old-box"):
-            screen.query_one("#onboard-table").move_cursor(row=screen.names.index(name))
+            screen.query_one("#onboard-table", DataTable).move_cursor(row=screen.names.index(name))
             await pilot.press("space")
         await pilot.press("enter")
         for _ in range(2):
