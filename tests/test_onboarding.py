@@ -192,6 +192,9 @@ async def test_skipping_onboarding_writes_nothing_and_goes_on_with_this_machine(
         screen = app.screen
         assert isinstance(screen, OnboardingScreen)
         await pick(pilot, screen, ["gpu-a"])
+        await pilot.press("l", "3")  # the app's keys (launch, views) are off: no cluster yet
+        await pilot.pause(0.2)
+        assert app.screen is screen
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, OnboardingScreen))
         assert not isinstance(app.screen, OnboardingScreen)
@@ -250,6 +253,12 @@ def test_no_onboarding_when_an_inventory_exists_or_the_config_has_no_concrete_ho
     inventory_file(home).write_text("")
     assert onboarding_offer() is None
     inventory_file(home).unlink()
+    # A Host block that does not resolve is left out (and said why); the others are offered.
+    (home / ".ssh" / "config").write_text(
+        "Host good\n    HostName 192.0.2.1\nHost bad\n    HostName 192.0.2.2\n    Port 99999\n")
+    offer = onboarding_offer()
+    assert offer is not None and [c.name for c in offer.candidates] == ["good"]
+    assert len(offer.skipped) == 1 and "'bad'" in offer.skipped[0] and "'Port'" in offer.skipped[0]
     (home / ".ssh" / "config").write_text("Host *\n    User root\nHost !x *.y\n    Port 2\n")
     assert onboarding_offer() is None
 

@@ -344,6 +344,13 @@ class RigdeckApp(App[None]):
         self.query_one("#hosts-table").focus()
         self._watch_for_hangup()
 
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """While the onboarding screen shows, the app's own keys (launch, stop, deploy, views)
+        are off (and out of the footer): there is no cluster yet. Quit and help stay."""
+        if isinstance(self.screen, OnboardingScreen):
+            return action in ("quit", "help", "command_palette")
+        return True
+
     def _start_client(self) -> None:
         self.client.start()
         self.client.on_code_progress(

@@ -59,7 +59,10 @@ class Onboarding:
 
     def __init__(self, target: str | os.PathLike[str] | None = None,
                  entries: Sequence[Mapping[str, Any]] | None = None):
-        self.inventory, names = new_hosts_inventory(target, entries)
+        # ssh config hosts that do not resolve (a bad Port...) are left out, and said why.
+        self.skipped: list[str] = []
+        self.inventory, names = new_hosts_inventory(
+            target, entries, skipped=self.skipped if entries is None else None)
         assert self.inventory.path is not None
         self.target: Path = self.inventory.path
         self.candidates = [Candidate(self.inventory.get(n)) for n in names]

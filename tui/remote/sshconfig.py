@@ -582,6 +582,7 @@ def _defaults_of(target: Path) -> tuple[dict[str, Any], Inventory | None]:
 def new_hosts_inventory(
     target: str | os.PathLike[str] | None = None,
     entries: Sequence[Mapping[str, Any]] | None = None,
+    skipped: list[str] | None = None,
 ) -> tuple[Inventory, list[str]]:
     """Hosts to add to the inventory file ``target`` (default: the usual location), resolved
     as the file would resolve them (its ``[defaults]``, then the ssh config): each of
@@ -591,7 +592,8 @@ def new_hosts_inventory(
 
     Returns an inventory of the file's hosts followed by the new ones (so jump hosts can be
     either), with ``path`` = target, and the new hosts' names. A name the file already has
-    is an error naming the file.
+    is an error naming the file. With ``skipped`` (a list), a host that does not resolve, or
+    (ssh config hosts) one the file has already, is left out, its error appended there.
     """
     path = Path(os.path.expanduser(os.fspath(target))) if target is not None else default_inventory_path()
     defaults, existing = _defaults_of(path)
@@ -605,8 +607,16 @@ def new_hosts_inventory(
         entry = {k: v for k, v in raw.items() if k != "_alias"}
         alias = raw.get("_alias") or entry.get("name")
         label = entry.get("name") if isinstance(entry.get("name"), str) else "hosts[new]"
-        spec = resolver.resolve(entry, str(label), alias=str(alias),
-                                fallback_address=str(alias) if isinstance(alias, str) else None)
+        try:
+            spec = resolver.resolve(entry, str(label), alias=str(alias),
+                                    fallback_address=str(alias) if isinstance(alias, str) else None)
+        except InventoryError as e:
+            if skipped is None:
+                raise
+            skipped.append(str(e))  # one bad Host block does not hide the others
+            continue
+        if skipped is not None and any(h.name == spec.name for h in have):
+            continue  # offering the ssh config's hosts: those already in the file are not new
         if any(h.name == spec.name for h in have):
             raise InventoryError(path, spec.name, "name", "a name no host of this inventory "
                                  "has yet (it is there already)", spec.name)

@@ -153,6 +153,8 @@ class OnboardingScreen(Screen["Path | None"]):
         yield Static("[$text-muted]space selects · a selects all · enter checks the selected hosts (host key, "
                      "login, Python) · w writes those that checked ok · esc skips (this machine "
                      "only)[/]", id="onboard-help")
+        for why in self.ob.skipped:
+            yield Static(f"[$warning]left out: {escape(why)}[/]", classes="onboard-skipped")
         table: DataTable[Any] = DataTable(id="onboard-table", cursor_type="row", zebra_stripes=True)
         yield table
         yield Static("", id="onboard-status")
