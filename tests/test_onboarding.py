@@ -424,3 +424,39 @@ def test_inventory_add_without_a_terminal_cannot_unlock_an_encrypted_key(
     assert r.returncode == 1
     assert f"the key {key} is protected by a passphrase" in r.stderr
     assert not inventory_file(home).exists()
+
+
+def test_two_encrypted_keys_each_asked_once_until_one_logs_in(home: Path, testbed: TestBed) -> None:
+    """Only the second of two passphrase-protected keys is authorised: each passphrase is
+    asked once, in turn, and a later connection asks nothing."""
+    from tui.client import Onboarding
+
+    keys = {}
+    for name, secret in (("k1", "first-secret"), ("k2", "second-secret")):
+        keys[name] = home / ".ssh" / name
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", secret, "-f", str(keys[name])],
+                       check=True)
+    secrets = {str(keys["k1"]): "first-secret", str(keys["k2"]): "second-secret"}
+    asked: list[str] = []
+
+    def prompt(key_file: str) -> str | None:
+        asked.append(key_file)
+        return secrets[key_file]
+
+    h3 = testbed.hosts[2]
+    authorized = h3.dot_ssh / "authorized_keys"
+    before = authorized.read_text()
+    authorized.write_text(before + Path(f"{keys['k2']}.pub").read_text())
+    set_passphrase_prompt(prompt)
+    try:
+        ob = Onboarding(None, entries=[{"name": "two", "address": h3.address, "user": "root",
+                                        "identity_file": [str(keys["k1"]), str(keys["k2"])]}])
+        fp = fingerprint_of(h3.public_key)
+        report = ob.check("two", accept_fingerprints=[fp])
+        assert report.error is None, report.error
+        assert asked == [str(keys["k1"]), str(keys["k2"])]
+        report = ob.check("two")  # a new connection: both passphrases held, none asked
+        assert report.error is None, report.error
+        assert len(asked) == 2
+    finally:
+        authorized.write_text(before)

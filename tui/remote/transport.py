@@ -516,6 +516,7 @@ class SSHTransport(Transport):
         self._sftp_lock = threading.Lock()
         self._lock = threading.Lock()
         self.accepted_fingerprints: list[str] = []
+        self._worked: dict[str, str] = {}  # hop name -> the unlocked key that logged in there
 
     # -- connection -------------------------------------------------------------------------
 
@@ -548,8 +549,12 @@ class SSHTransport(Transport):
                  sock: Any, label: str, present: list[str], candidates: list[str]) -> paramiko.SSHClient:
         timeout = spec.connect_timeout
         key_files = present
-        # A key whose passphrase the user gave is opened here (paramiko takes one such key).
+        # A key whose passphrase the user gave is opened here; paramiko takes one such key: the
+        # one that worked for this host before, else the one unlocked last (just asked for).
+        order = list(_passphrases)
         unlocked = [(p, k) for p in candidates if (k := _unlocked_key(p)) is not None]
+        unlocked.sort(key=lambda pk: (pk[0] != self._worked.get(spec.name),
+                                      -order.index(_key_path(pk[0]))))
         pkey = unlocked[0][1] if unlocked else None
         files = [p for p in present if not unlocked or p != unlocked[0][0]]
         try:
@@ -559,7 +564,7 @@ class SSHTransport(Transport):
                 username=spec.user,
                 pkey=pkey,
                 key_filename=files or None,
-                look_for_keys=not key_files and pkey is None,
+                look_for_keys=not key_files,
                 allow_agent=True,
                 timeout=timeout,
                 banner_timeout=timeout,
@@ -593,6 +598,8 @@ class SSHTransport(Transport):
             raise UnreachableError(label, f"cannot connect to {spec.address}:{spec.port}: {e}") from None
         if policy.accepted:
             self.accepted_fingerprints.append(policy.accepted)
+        if unlocked:
+            self._worked[spec.name] = unlocked[0][0]
         transport = client.get_transport()
         if transport is not None and spec.keepalive > 0:
             transport.set_keepalive(max(1, int(spec.keepalive)))
@@ -603,13 +610,17 @@ class SSHTransport(Transport):
             if self._client is not None and self._alive(self._client):
                 return
             self._close_locked()
-            try:
-                self._connect_chain()
-            except PassphraseRequiredError as e:
-                # Ask the user (once per key file while this process lives), then try again.
-                if not _ask_passphrase(e.host, e.key_file):
-                    raise
-                self._connect_chain()
+            asked: set[str] = set()
+            while True:
+                try:
+                    self._connect_chain()
+                    return
+                except PassphraseRequiredError as e:
+                    # Ask the user (once per key file while this process lives), then try
+                    # again: with that key first.
+                    if e.key_file in asked or not _ask_passphrase(e.host, e.key_file):
+                        raise
+                    asked.add(e.key_file)
 
     def _connect_chain(self) -> None:
         sock = None
