@@ -301,7 +301,7 @@ def test_inventory_add_checks_the_host_and_appends_it(home: Path, testbed: TestB
 
     # Options win over the ssh config; a host not in the config at all works with --address.
     h2 = testbed.hosts[1]
-    r = rigdeck(home, "inventory", "add", "other", "--address", h2.address, "--user", "root",
+    r = rigdeck(home, "inventory", "add", "other", "-i", str(target), "--address", h2.address, "--user", "root",
                 "--identity-file", str(testbed.user_key),
                 "--accept-fingerprint", fingerprint_of(h2.public_key))
     assert r.returncode == 0, r.stderr

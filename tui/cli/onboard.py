@@ -28,6 +28,9 @@ def add_parser(isub: Any) -> None:
     p = isub.add_parser(
         "add", help="check a host (host key, login, Python) and add it to the inventory file",
         description=(__doc__ or "").split("\n\n")[1].replace("\n", " ") if __doc__ else None)
+    p.add_argument("--inventory", "-i", metavar="PATH", default=argparse.SUPPRESS,
+                   help="the inventory file to add to (default: $RIGDECK_INVENTORY or "
+                   "~/.config/rigdeck/hosts.toml; created when missing)")
     p.add_argument("name", metavar="NAME", help="the host's name (an ssh config Host, or any name with --address)")
     p.add_argument("--address", metavar="A", help="host name or IP address (default: the ssh config's HostName, else NAME)")
     p.add_argument("--user", metavar="U", help="login user (default: the ssh config's User, else yours)")
