@@ -10,6 +10,8 @@ Then it stops the job from the app, runs a short hyperparameter sweep through th
 (examples/sweep with fewer trials and steps: every trial a real job on the bed) and, once some
 trials completed, saves the Sweeps view with that sweep selected; then tears the bed down.
 ``--only sweeps`` makes the sweeps screenshot alone (no training job: a minute, not ten).
+Last, the onboarding screen (no inventory, a fixture ssh config under a fresh HOME, three of its
+hosts checked); ``--only onboarding`` makes that one alone.
 
 PNGs come from ``rsvg-convert`` (Debian: librsvg2-bin) with the Fira Code font the SVGs name
 (fonts-firacode); both are installed with apt-get when missing and this runs as root.
@@ -295,6 +297,51 @@ async def run(
     return shots
 
 
+async def run_onboarding(bed: Any, tmp: Path, converter: str) -> list[Path]:
+    """The onboarding screen (no inventory; the hosts of an ssh config under a fresh HOME),
+    after checking three hosts: two whose keys were accepted, one with its port closed."""
+    from textual.widgets import DataTable
+
+    from tui.app.screens.dialogs import TrustHostKey
+    from tui.app.screens.onboarding import OnboardingScreen
+    from tui.app.shell import RigdeckApp
+    from tui.client import InProcessClient, load_inventory, onboarding_offer
+
+    home = tmp / "onboard-home"
+    (home / ".ssh").mkdir(parents=True, mode=0o700)
+    h1, h2, h3 = bed.hosts[:3]
+    (home / ".ssh" / "config").write_text(
+        f"Host *\n    User root\n    IdentityFile {bed.user_key}\n"
+        f"Host gpu-a\n    HostName {h1.address}\nHost gpu-b\n    HostName {h2.address}\n"
+        f"Host gpu-c\n    HostName {h3.address}\nHost old-box\n    HostName {h3.address}\n"
+        "    Port 2\n")
+    os.environ["HOME"] = str(home)
+    os.environ.pop("RIGDECK_INVENTORY", None)
+    app = RigdeckApp(InProcessClient(load_inventory()), onboarding=onboarding_offer(),
+                     keymap_file=tmp / "keys.toml")
+    shots: list[Path] = []
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause(0.5)
+        screen = app.screen
+        assert isinstance(screen, OnboardingScreen), screen
+        for name in ("gpu-a", "gpu-b", "old-box"):
+            screen.query_one("#onboard-table", DataTable).move_cursor(row=screen.names.index(name))
+            await pilot.press("space")
+        await pilot.press("enter")
+        for _ in range(2):
+            for _ in range(100):
+                await pilot.pause(0.1)
+                if isinstance(app.screen, TrustHostKey):
+                    break
+            await pilot.press("y")
+        for _ in range(100):
+            await pilot.pause(0.1)
+            if len(screen.ok_names()) == 2 and not screen.checking:
+                break
+        await capture(app, pilot, "onboarding", converter, shots)
+    return shots
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -303,9 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument(
         "--only",
-        choices=("all", "sweeps"),
+        choices=("all", "sweeps", "onboarding"),
         default="all",
-        help="sweeps: only the Sweeps view (a short sweep, no training job)",
+        help="sweeps: only the Sweeps view (a short sweep, no training job); onboarding: only "
+        "the onboarding screen",
     )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
@@ -323,7 +371,10 @@ def main(argv: list[str] | None = None) -> int:
         bed = TestBed(3, sim_gpus=4)
         bed.up()
         try:
-            shots = asyncio.run(run(bed, tmp, converter, args.steps, args.timeout, args.only))
+            shots = [] if args.only == "onboarding" else asyncio.run(
+                run(bed, tmp, converter, args.steps, args.timeout, args.only))
+            if args.only in ("all", "onboarding"):  # last: it changes HOME
+                shots += asyncio.run(run_onboarding(bed, tmp, converter))
         finally:
             bed.down()
     print(f"wrote {len(shots)} PNGs (and their SVGs) to {OUT.relative_to(ROOT)}/")

@@ -32,27 +32,52 @@ from tui.control.controller import HostReport
 from tui.control.history import JobRefError
 from tui.control.jobs import AmbiguousJobError, JobError, JobView, describe_cause
 from tui.control.jobwatch import JobDetail, JobRow, JobsSnapshot, LogBuffer, StopPlan
+from tui.control.onboard import Candidate, Onboarding
 from tui.control.queue import QueueEntry
 from tui.control.server import StateMirror, serve
 from tui.control.service import ControllerService, ServiceInfo
 from tui.control.sweeps import SweepError
 from tui.model import wire
-from tui.model.inventory import Inventory, InventoryError
+from tui.model.inventory import INVENTORY_ENV, Inventory, InventoryError, default_inventory_path
 from tui.model.jobspec import JobSpec, JobSpecError
 from tui.model.scheduler import PlacementError
 from tui.model.state import ClusterState
 from tui.model.sweepview import SweepDetail, SweepRow
 from tui.remote.sshconfig import hostfile_to_toml, load_hostfile, load_inventory
-from tui.remote.transport import Backoff, TransportError, UnreachableError, make_transport
+from tui.remote.transport import (
+    Backoff,
+    TransportError,
+    UnreachableError,
+    forget_passphrases,
+    make_transport,
+    remember_passphrase,
+    set_passphrase_prompt,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "AmbiguousJobError", "Client", "HostReport", "InProcessClient", "InventoryError", "JobError",
+    "AmbiguousJobError", "Candidate", "Client", "Onboarding", "forget_passphrases",
+    "onboarding_offer", "remember_passphrase", "set_passphrase_prompt", "HostReport", "InProcessClient", "InventoryError", "JobError",
     "JobRefError", "JobSpecError", "JobView", "LinkStatus", "PlacementError", "QueueEntry",
     "RemoteClient", "ServerError", "TransportError", "connect", "describe_cause",
     "hostfile_to_toml", "load_hostfile", "load_inventory", "serve", "serveradmin", "wire_json",
 ]
+
+
+def onboarding_offer(inventory: str | None = None) -> Onboarding | None:
+    """What the app offers when there is no inventory yet: the concrete ``Host`` entries of
+    the ssh config, to check and write to the default inventory file. None when an inventory
+    was named (``inventory`` or $RIGDECK_INVENTORY), the default file exists, or the ssh
+    config has no concrete host (or cannot be read: the app goes on with this machine)."""
+    if inventory or os.environ.get(INVENTORY_ENV) or default_inventory_path().exists():
+        return None
+    try:
+        offer = Onboarding(default_inventory_path())
+    except InventoryError as e:
+        log.warning("no onboarding: %s", e)
+        return None
+    return offer if offer.candidates else None
 
 
 def wire_json(value: Any) -> Any:

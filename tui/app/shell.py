@@ -37,6 +37,7 @@ from tui.app.screens.dialogs import (
     describe_error,
 )
 from tui.app.screens.launch import LaunchScreen
+from tui.app.screens.onboarding import OnboardingScreen, passphrase_prompt
 from tui.app.terminal import HangupWatch, input_fd
 from tui.app.widgets.chart import LINE_VARS, LossChart
 from tui.app.widgets.format import (
@@ -81,7 +82,7 @@ from tui.app.widgets.tables import (
     jobs_running,
     rank_rows,
 )
-from tui.client import Client, HostReport, describe_cause
+from tui.client import Client, HostReport, Onboarding, describe_cause, set_passphrase_prompt
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import JobDetail, JobSource, JobsSnapshot
 from tui.model.sweepview import SweepDetail, SweepRow, TrialRow
@@ -215,9 +216,12 @@ class RigdeckApp(App[None]):
         clock: Callable[[], float] = time.time,
         keymap_file: Path | None = None,
         spec_path: str = "",
+        onboarding: Onboarding | None = None,
     ):
+        """``onboarding``: hosts to offer first (no inventory yet; screens/onboarding.py)."""
         super().__init__()
         self.client = client
+        self.onboarding = onboarding
         self.jobwatch: JobSource = client.jobs
         self.sample_hz = sample_hz
         self.clock = clock
@@ -318,9 +322,11 @@ class RigdeckApp(App[None]):
         self.query_one("#trials-table").border_title = "trials, best first"
         self._apply_keymap()
         self._set_widths(self.size.width)
-        self.client.start()
-        self.client.on_code_progress(
-            lambda job_id, host, done, total: self.call_from_thread(self._code_progress, host, done, total))
+        set_passphrase_prompt(passphrase_prompt(self))  # an encrypted key's passphrase: asked here
+        if self.onboarding is not None:
+            self.push_screen(OnboardingScreen(self.onboarding), self._onboarded)
+        else:
+            self._start_client()
         self.refresh_views(force=True)
         self.set_interval(1.0 / self.sample_hz, self.refresh_views, name="sample")
         self.set_interval(1.0, self.poll_sweeps, name="sweeps")
@@ -337,6 +343,37 @@ class RigdeckApp(App[None]):
         gc.set_threshold(50_000, 20, 100)
         self.query_one("#hosts-table").focus()
         self._watch_for_hangup()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """While the onboarding screen shows, the app's own keys (launch, stop, deploy, views)
+        are off (and out of the footer): there is no cluster yet. Quit and help stay."""
+        if isinstance(self.screen, OnboardingScreen):
+            return action in ("quit", "help", "command_palette")
+        return True
+
+    def _start_client(self) -> None:
+        self.client.start()
+        self.client.on_code_progress(
+            lambda job_id, host, done, total: self.call_from_thread(self._code_progress, host, done, total))
+
+    def _onboarded(self, written: Path | None) -> None:
+        """Onboarding ended: go on with the inventory it wrote, or (skipped) as we were."""
+        from tui.client import connect, load_inventory
+
+        try:
+            new = connect(load_inventory(written)) if written is not None else None
+        except Exception as e:  # checked when written; a file edited since: say so, go on
+            self.notify(escape(describe_error(e)), title="inventory", severity="error")
+            new = None
+        if new is not None:
+            old, self.client = self.client, new
+            self.jobwatch = self.client.jobs
+            self._state_seen = self._jobs_seen = -1
+            self.sub_title = str(written)
+            old.close()
+            self.notify(f"inventory written: {escape(str(written))}", title="onboarding")
+        self._start_client()
+        self.refresh_views(force=True)
 
     def _watch_for_hangup(self) -> None:
         """Leave when the terminal goes away (SIGHUP, or the tty seen hung up: the app may

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from tui.cli import exec as exec_cli
+from tui.cli import onboard as onboard_cli
 from tui.cli import server as server_cli
 from tui.cli import sweep as sweep_cli
 from tui.cli import web as web_cli
@@ -22,6 +23,7 @@ from tui.client import (
     hostfile_to_toml,
     load_hostfile,
     load_inventory,
+    set_passphrase_prompt,
 )
 from tui.model.codesync import short
 from tui.model.inventory import Inventory, InventoryError
@@ -129,6 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     ip = isub.add_parser("import", help="convert a DeepSpeed/MPI hostfile ('host slots=N') to TOML")
     ip.add_argument("hostfile")
     ip.add_argument("-o", "--output", help="write here instead of stdout (refuses to overwrite)")
+    onboard_cli.add_parser(isub)
 
     sweep_cli.add_parsers(sub, _common)
     exec_cli.add_parser(sub, _common)
@@ -198,6 +201,8 @@ def _run_hosts(args: argparse.Namespace, deploy: bool) -> int:
 
 
 def _run_inventory(args: argparse.Namespace) -> int:
+    if args.inventory_command == "add":
+        return onboard_cli.run(args)
     if args.inventory_command == "import":
         text = hostfile_to_toml(load_hostfile(args.hostfile))
         if args.output:
@@ -498,8 +503,11 @@ def _run_jobs(args: argparse.Namespace) -> int:
 
 def _run_app(args: argparse.Namespace) -> int:
     from tui.app.shell import RigdeckApp
+    from tui.client import onboarding_offer
 
-    RigdeckApp(_client(args)).run()
+    # No inventory yet: the app offers the ssh config's hosts first (tui/app/screens/onboarding).
+    offer = onboarding_offer(getattr(args, "inventory", None))
+    RigdeckApp(_client(args), onboarding=offer).run()
     return EXIT_OK
 
 
@@ -511,6 +519,8 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # An encrypted key's passphrase: asked on the terminal, once (none without a terminal).
+    set_passphrase_prompt(onboard_cli.ask_passphrase)
     if args.verbose:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:

@@ -150,9 +150,11 @@ class Controller(TypedAgents):
         *,
         accept_new: bool = False,
         bundle_factory: Callable[[], AgentBundle] = build_agent,
+        accept_fingerprints: Sequence[str] = (),
     ):
         self.inventory = inventory
         self.accept_new = accept_new
+        self.accept_fingerprints = tuple(accept_fingerprints)  # host keys the user accepted
         self._bundle_factory = bundle_factory
         self._bundle: AgentBundle | None = None
         self._transports: dict[str, Transport] = {}
@@ -176,7 +178,8 @@ class Controller(TypedAgents):
     def transport(self, spec: HostSpec) -> Transport:
         t = self._transports.get(spec.name)
         if t is None:
-            t = make_transport(self.inventory, spec, accept_new=self.accept_new)
+            t = make_transport(self.inventory, spec, accept_new=self.accept_new,
+                               accept_fingerprints=self.accept_fingerprints)
             self._transports[spec.name] = t
         return t
 
@@ -324,7 +327,7 @@ class Controller(TypedAgents):
                 report.host_key = {"type": e.key_type, "fingerprint": e.fingerprint}
             elif isinstance(e, HostKeyChangedError):
                 report.host_key = {"fingerprint": e.fingerprint, "expected": e.expected_fingerprint}
-            if e.kind in ("unreachable", "auth", "unknown-host-key", "host-key-changed"):
+            if e.kind in ("unreachable", "auth", "passphrase", "unknown-host-key", "host-key-changed"):
                 report.reachable = False
         except Exception as e:  # a bug must not hide the other hosts' reports
             log.exception("%s: unexpected error", spec.name)

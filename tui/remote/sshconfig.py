@@ -6,12 +6,14 @@ through ``~/.ssh/config`` and so belongs with the other code that reaches hosts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import fnmatch
 import os
 import re
 import socket
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -543,3 +545,131 @@ def hostfile_to_toml(inv: Inventory) -> str:
             server["python"] = inv.server.python
         out += ["\n[server]\n", tomli_w.dumps(server)]
     return "".join(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Onboarding: hosts that are not in the inventory yet (from the ssh config, or named by the
+# user), and adding them to the inventory file.
+
+
+def ssh_config_aliases(path: Path | None) -> list[str]:
+    """The concrete names of the ssh config's ``Host`` lines, in file order: patterns with
+    wildcards (``*``, ``?``) and negations (``!name``) are not hosts one can pick."""
+    ssh = _SshConfig(path)
+    if ssh.config is None:
+        return []
+    out: list[str] = []
+    for block in getattr(ssh.config, "_config", []):
+        for pattern in block.get("host") or []:
+            if any(c in pattern for c in "*?!") or pattern in out:
+                continue
+            out.append(pattern)
+    return out
+
+
+def _defaults_of(target: Path) -> tuple[dict[str, Any], Inventory | None]:
+    """The target inventory's checked ``[defaults]`` and the inventory itself, or ({}, None)
+    when the file does not exist yet. A file that is not a valid TOML inventory is an error:
+    hosts are only ever added to one."""
+    if not target.exists():
+        return {}, None
+    text = _read(target)
+    existing = _toml_inventory(text, target)
+    raw = tomllib.loads(text).get("defaults", {})
+    return _checked(raw, _DEFAULT_FIELDS, target, "[defaults]"), existing
+
+
+def new_hosts_inventory(
+    target: str | os.PathLike[str] | None = None,
+    entries: Sequence[Mapping[str, Any]] | None = None,
+    skipped: list[str] | None = None,
+) -> tuple[Inventory, list[str]]:
+    """Hosts to add to the inventory file ``target`` (default: the usual location), resolved
+    as the file would resolve them (its ``[defaults]``, then the ssh config): each of
+    ``entries`` (a ``[[hosts]]`` table: ``name`` and any of address, user, port, proxy_jump,
+    identity_file...), or with no entries every concrete ``Host`` of the ssh config. A name
+    without HostName anywhere is its own address, as with ssh.
+
+    Returns an inventory of the file's hosts followed by the new ones (so jump hosts can be
+    either), with ``path`` = target, and the new hosts' names. A name the file already has
+    is an error naming the file. With ``skipped`` (a list), a host that does not resolve, or
+    (ssh config hosts) one the file has already, is left out, its error appended there.
+    """
+    path = Path(os.path.expanduser(os.fspath(target))) if target is not None else default_inventory_path()
+    defaults, existing = _defaults_of(path)
+    resolver = _Resolver(path, defaults)
+    if entries is None:
+        entries = [{"name": _sanitize(alias), "_alias": alias}
+                   for alias in ssh_config_aliases(resolver.ssh_path)]
+    have = list(existing.hosts) if existing is not None else []
+    new: list[HostSpec] = []
+    for raw in entries:
+        entry = {k: v for k, v in raw.items() if k != "_alias"}
+        alias = raw.get("_alias") or entry.get("name")
+        label = entry.get("name") if isinstance(entry.get("name"), str) else "hosts[new]"
+        try:
+            spec = resolver.resolve(entry, str(label), alias=str(alias),
+                                    fallback_address=str(alias) if isinstance(alias, str) else None)
+        except InventoryError as e:
+            if skipped is None:
+                raise
+            skipped.append(str(e))  # one bad Host block does not hide the others
+            continue
+        if skipped is not None and any(h.name == spec.name for h in have):
+            continue  # offering the ssh config's hosts: those already in the file are not new
+        if any(h.name == spec.name for h in have):
+            raise InventoryError(path, spec.name, "name", "a name no host of this inventory "
+                                 "has yet (it is there already)", spec.name)
+        if any(h.name == spec.name for h in new):
+            continue
+        new.append(spec)
+    inv = resolver.inventory([*have, *new], server=existing.server if existing else None)
+    return inv, [h.name for h in new]
+
+
+def _host_table(spec: HostSpec) -> dict[str, Any]:
+    """What one new host is written as: everything that was resolved for it, spelled out,
+    so that a later change of the ssh config does not change the host."""
+    fields: dict[str, Any] = {"name": spec.name, "address": spec.address, "port": spec.port,
+                              "user": spec.user}
+    if spec.identity_files:
+        fields["identity_file"] = list(spec.identity_files)
+    if spec.proxy_jump is not None:
+        fields["proxy_jump"] = spec.proxy_jump
+    return fields
+
+
+def append_hosts(target: str | os.PathLike[str], hosts: Sequence[HostSpec]) -> Path:
+    """Add ``hosts`` to the inventory file ``target`` (created when missing), keeping the
+    file's own text as it is (comments and all) and adding one ``[[hosts]]`` table each
+    (written with tomli-w). The result is loaded with the real loader before it replaces
+    the file (a temporary file in the same directory, then a rename): a name it has already,
+    or a result that does not load back to the same hosts, writes nothing."""
+    path = Path(os.path.expanduser(os.fspath(target)))
+    old = _read(path) if path.exists() else (
+        "# rigdeck inventory (written by rigdeck's onboarding; edit freely)\n")
+    text = old if old.endswith("\n") else old + "\n"
+    for spec in hosts:
+        text += "\n[[hosts]]\n" + tomli_w.dumps(_host_table(spec))
+    loaded = _toml_inventory(text, path)  # duplicates and bad values fail here, before writing
+    for spec in hosts:
+        got = loaded.get(spec.name)
+        for key in ("address", "port", "user", "identity_files", "proxy_jump"):
+            if getattr(got, key) != getattr(spec, key):
+                raise InventoryError(path, spec.name, key, f"{getattr(spec, key)!r} once written "
+                                     "(the file's other settings change it)", getattr(got, key))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o644
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path

@@ -23,7 +23,7 @@ import subprocess
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +98,119 @@ class HostKeyChangedError(TransportError):
 
 class CommandTimeout(TransportError):
     kind = "timeout"
+
+
+class PassphraseRequiredError(AuthenticationError):
+    """Authentication needs a private key that is encrypted, and no passphrase for it is held
+    (none was asked for, or the user declined). ``key_file`` names the key."""
+
+    kind = "passphrase"
+
+    def __init__(self, host: str, key_file: str):
+        self.key_file = key_file
+        super().__init__(
+            host,
+            f"the key {key_file} is protected by a passphrase: enter it when asked, or add the "
+            "key to ssh-agent (ssh-add)",
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Passphrases of encrypted private keys: asked once (through the face's prompt), held in this
+# process's memory only, never written anywhere and never logged.
+
+PassphrasePrompt = Callable[[str], "str | None"]
+_passphrases: dict[str, str] = {}
+_declined: set[str] = set()
+_passphrase_lock = threading.Lock()
+_prompt: PassphrasePrompt | None = None
+DEFAULT_KEY_FILES = ("~/.ssh/id_rsa", "~/.ssh/id_ecdsa", "~/.ssh/id_ed25519")
+
+
+def set_passphrase_prompt(prompt: PassphrasePrompt | None) -> None:
+    """How to ask the user for a key's passphrase: ``prompt(key_file)`` returns it, or None
+    when the user declines. Called from whatever thread connects; at most once per key file
+    while the process lives (a wrong passphrase is asked again, up to three times)."""
+    global _prompt
+    _prompt = prompt
+
+
+def _key_path(path: str) -> str:
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def key_needs_passphrase(path: str) -> bool:
+    """Whether the private key file is encrypted (False for a plain key or no key at all)."""
+    try:
+        paramiko.PKey.from_path(_key_path(path))
+    except paramiko.PasswordRequiredException:
+        return True
+    except TypeError as e:  # what PKey.from_path raises for an encrypted key and no password
+        return "password" in str(e).lower()
+    except (OSError, paramiko.SSHException, ValueError):
+        return False
+    return False
+
+
+def _open_key(path: str, passphrase: str) -> paramiko.PKey:
+    """The private key at ``path`` opened with ``passphrase``; ValueError when it does not."""
+    try:
+        return paramiko.PKey.from_path(path, passphrase.encode())
+    except (OSError, paramiko.SSHException, ValueError, TypeError):
+        raise ValueError(f"that passphrase does not open {path}") from None
+
+
+def remember_passphrase(path: str, passphrase: str) -> None:
+    """Hold ``passphrase`` for the key at ``path`` in memory, once it is shown to open the key;
+    ValueError when it does not (the message never holds the passphrase)."""
+    real = _key_path(path)
+    _open_key(real, passphrase)
+    with _passphrase_lock:
+        _passphrases[real] = passphrase
+        _declined.discard(real)
+
+
+def forget_passphrases() -> None:
+    """Drop every held passphrase (and every refusal to give one)."""
+    with _passphrase_lock:
+        _passphrases.clear()
+        _declined.clear()
+
+
+def _unlocked_key(path: str) -> paramiko.PKey | None:
+    secret = _passphrases.get(_key_path(path))
+    if secret is None:
+        return None
+    try:
+        return _open_key(_key_path(path), secret)
+    except ValueError:
+        return None
+
+
+def _ask_passphrase(label: str, path: str) -> bool:
+    """Ask for the passphrase of ``path`` (once per process); True when one is now held."""
+    real = _key_path(path)
+    with _passphrase_lock:  # one question at a time: parallel connects ask once
+        if real in _passphrases:
+            return True
+        if real in _declined or _prompt is None:
+            return False
+        for _attempt in range(3):
+            try:
+                answer = _prompt(path)
+            except (EOFError, KeyboardInterrupt, OSError):
+                answer = None
+            if not answer:
+                break
+            try:
+                _open_key(real, answer)
+            except ValueError:
+                log.warning("%s: the passphrase given does not open %s", label, path)
+                continue
+            _passphrases[real] = answer
+            return True
+        _declined.add(real)
+        return False
 
 
 def fingerprint(key: paramiko.PKey) -> str:
@@ -328,14 +441,17 @@ def _with_env(argv: Sequence[str], env: Mapping[str, str] | None) -> list[str]:
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
     """Refuse unknown keys, or record them in known_hosts when the user accepted new keys."""
 
-    def __init__(self, host: str, known_hosts: Path, accept_new: bool):
+    def __init__(self, host: str, known_hosts: Path, accept_new: bool,
+                 accept_fingerprints: frozenset[str] = frozenset()):
         self.host = host
         self.known_hosts = known_hosts
         self.accept_new = accept_new
+        # Keys the user checked and accepted by fingerprint: only those are recorded.
+        self.accept_fingerprints = accept_fingerprints
         self.accepted: str | None = None
 
     def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
-        if not self.accept_new:
+        if not self.accept_new and fingerprint(key) not in self.accept_fingerprints:
             raise UnknownHostKeyError(self.host, hostname, key, self.known_hosts)
         record_host_key(self.known_hosts, hostname, key)
         client.get_host_keys().add(hostname, key.get_name(), key)
@@ -386,10 +502,12 @@ class SSHTransport(Transport):
         *,
         accept_new: bool = False,
         jumps: Sequence[HostSpec] = (),
+        accept_fingerprints: Sequence[str] = (),
     ):
         super().__init__(spec)
         self.known_hosts = Path(known_hosts)
         self.accept_new = accept_new
+        self.accept_fingerprints = frozenset(accept_fingerprints)
         self.jumps = list(jumps)
         self._client: paramiko.SSHClient | None = None
         self._jump_clients: list[paramiko.SSHClient] = []
@@ -398,6 +516,7 @@ class SSHTransport(Transport):
         self._sftp_lock = threading.Lock()
         self._lock = threading.Lock()
         self.accepted_fingerprints: list[str] = []
+        self._worked: dict[str, str] = {}  # hop name -> the unlocked key that logged in there
 
     # -- connection -------------------------------------------------------------------------
 
@@ -406,19 +525,45 @@ class SSHTransport(Transport):
         for name, entry in load_host_keys(self.known_hosts).items():
             for key_type, key in entry.items():
                 client.get_host_keys().add(name, key_type, key)
-        policy = _HostKeyPolicy(label, self.known_hosts, self.accept_new)
+        policy = _HostKeyPolicy(label, self.known_hosts, self.accept_new, self.accept_fingerprints)
         client.set_missing_host_key_policy(policy)
-        timeout = spec.connect_timeout
         key_files = [os.path.expanduser(p) for p in spec.identity_files]
         missing = [p for p in key_files if not os.path.exists(p)]
         if missing and len(missing) == len(key_files):
             raise AuthenticationError(label, f"identity file not found: {', '.join(missing)}")
+        present = [p for p in key_files if os.path.exists(p)]
+        # Keys to try: the host's identity files, else the default ones (as ssh looks for them).
+        candidates = present or [p for p in map(os.path.expanduser, DEFAULT_KEY_FILES)
+                                 if os.path.exists(p)]
+        try:
+            return self._connect(client, policy, spec, sock, label, present, candidates)
+        except AuthenticationError:
+            # Failed with an encrypted key among those to try and no passphrase held for it:
+            # connect() asks for it and tries the whole chain again.
+            locked = [p for p in candidates if _unlocked_key(p) is None and key_needs_passphrase(p)]
+            if locked:
+                raise PassphraseRequiredError(label, locked[0]) from None
+            raise
+
+    def _connect(self, client: paramiko.SSHClient, policy: _HostKeyPolicy, spec: HostSpec,
+                 sock: Any, label: str, present: list[str], candidates: list[str]) -> paramiko.SSHClient:
+        timeout = spec.connect_timeout
+        key_files = present
+        # A key whose passphrase the user gave is opened here; paramiko takes one such key: the
+        # one that worked for this host before, else the one unlocked last (just asked for).
+        order = list(_passphrases)
+        unlocked = [(p, k) for p in candidates if (k := _unlocked_key(p)) is not None]
+        unlocked.sort(key=lambda pk: (pk[0] != self._worked.get(spec.name),
+                                      -order.index(_key_path(pk[0]))))
+        pkey = unlocked[0][1] if unlocked else None
+        files = [p for p in present if not unlocked or p != unlocked[0][0]]
         try:
             client.connect(
                 spec.address,
                 port=spec.port,
                 username=spec.user,
-                key_filename=[p for p in key_files if os.path.exists(p)] or None,
+                pkey=pkey,
+                key_filename=files or None,
                 look_for_keys=not key_files,
                 allow_agent=True,
                 timeout=timeout,
@@ -453,6 +598,8 @@ class SSHTransport(Transport):
             raise UnreachableError(label, f"cannot connect to {spec.address}:{spec.port}: {e}") from None
         if policy.accepted:
             self.accepted_fingerprints.append(policy.accepted)
+        if unlocked:
+            self._worked[spec.name] = unlocked[0][0]
         transport = client.get_transport()
         if transport is not None and spec.keepalive > 0:
             transport.set_keepalive(max(1, int(spec.keepalive)))
@@ -463,23 +610,36 @@ class SSHTransport(Transport):
             if self._client is not None and self._alive(self._client):
                 return
             self._close_locked()
-            sock = None
-            hops = [*self.jumps, self.spec]
-            clients: list[paramiko.SSHClient] = []
-            try:
-                for i, hop in enumerate(hops):
-                    label = self.name if hop is self.spec else f"{self.name} (via jump {hop.name})"
-                    client = self._open(hop, sock, label)
-                    clients.append(client)
-                    if i + 1 < len(hops):
-                        nxt = hops[i + 1]
-                        sock = self._direct_tcpip(client, nxt, label)
-            except BaseException:
-                for c in clients:
-                    c.close()
-                raise
-            self._jump_clients = clients[:-1]
-            self._client = clients[-1]
+            asked: set[str] = set()
+            while True:
+                try:
+                    self._connect_chain()
+                    return
+                except PassphraseRequiredError as e:
+                    # Ask the user (once per key file while this process lives), then try
+                    # again: with that key first.
+                    if e.key_file in asked or not _ask_passphrase(e.host, e.key_file):
+                        raise
+                    asked.add(e.key_file)
+
+    def _connect_chain(self) -> None:
+        sock = None
+        hops = [*self.jumps, self.spec]
+        clients: list[paramiko.SSHClient] = []
+        try:
+            for i, hop in enumerate(hops):
+                label = self.name if hop is self.spec else f"{self.name} (via jump {hop.name})"
+                client = self._open(hop, sock, label)
+                clients.append(client)
+                if i + 1 < len(hops):
+                    nxt = hops[i + 1]
+                    sock = self._direct_tcpip(client, nxt, label)
+        except BaseException:
+            for c in clients:
+                c.close()
+            raise
+        self._jump_clients = clients[:-1]
+        self._client = clients[-1]
 
     def _direct_tcpip(self, client: paramiko.SSHClient, nxt: HostSpec, label: str) -> paramiko.Channel:
         transport = client.get_transport()
@@ -721,8 +881,12 @@ def last_json_object(text: str) -> dict[str, Any] | None:
     return None
 
 
-def make_transport(inv: Inventory, spec: HostSpec, *, accept_new: bool = False) -> Transport:
+def make_transport(inv: Inventory, spec: HostSpec, *, accept_new: bool = False,
+                   accept_fingerprints: Sequence[str] = ()) -> Transport:
+    """``accept_fingerprints``: host keys (SHA256:...) the user checked and accepted; one of
+    them that known_hosts lacks is recorded there when a host presents it."""
     if spec.is_local:
         return LocalTransport(spec)
-    return SSHTransport(spec, inv.known_hosts, accept_new=accept_new, jumps=jump_chain(inv, spec))
+    return SSHTransport(spec, inv.known_hosts, accept_new=accept_new, jumps=jump_chain(inv, spec),
+                        accept_fingerprints=accept_fingerprints)
 
