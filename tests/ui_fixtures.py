@@ -689,7 +689,7 @@ def stop_servers() -> None:
 MAP_HOSTS = 512
 MAP_GPUS = 8
 MAP_USERS = ("alice", "bob", "carol", "dave", "erin")
-MAP_DOWN = (17, 300)  # hosts (positions) down before any sample: no GPU known
+MAP_DOWN = (17, 300)  # hosts (positions) that sent a sample and then could not be reached
 MAP_STALE = 42  # a host that sent samples and then went quiet
 
 
@@ -747,15 +747,15 @@ def map_gpu(i: int, idx: int, tick: int) -> dict[str, Any]:
 
 
 def map_state(n: int = MAP_HOSTS, tick: int = 0) -> ClusterState:
-    """``n`` hosts x 8 simulated GPUs as ``map_job`` places jobs; MAP_DOWN hosts down with no
-    sample, MAP_STALE stale after one."""
+    """``n`` hosts x 8 simulated GPUs as ``map_job`` places jobs; the MAP_DOWN hosts down and
+    MAP_STALE stale after one sample (their GPUs are known, as last seen)."""
     state = ClusterState([(map_host(i), f"10.40.{i // 250}.{i % 250 + 1}") for i in range(n)])
     for i in range(n):
-        if i in MAP_DOWN:
-            state.set_status(map_host(i), HostStatus.DOWN, "connect timed out after 5.0s")
-            continue
         gpus = [map_gpu(i, idx, tick) for idx in range(MAP_GPUS)]
         state.apply_sample(map_host(i), host_sample(i, tick, gpus), received_at=float(tick))
+    for i in MAP_DOWN:
+        if i < n:
+            state.set_status(map_host(i), HostStatus.DOWN, "connect timed out after 5.0s")
     if MAP_STALE < n:
         state.set_status(map_host(MAP_STALE), HostStatus.STALE, "no telemetry for 6.0s")
     return state

@@ -164,7 +164,8 @@ class ClusterMap(ScrollView, can_focus=True):
         self.summary = Summary((), 0, 0, 0, 0)
         self.cursor = (0, 0)
         self.grid = Grid(0, 1, 1, 4, 1)
-        self.builds = 0  # full map builds (tests and the bench read it)
+        self.builds = 0  # map builds (a new snapshot, mode or size)
+        self.renders = 0  # host blocks rendered (tests read both)
         self._blocks: list[tuple[Any, list[Segment]]] = []  # per host: (its key, segments)
         self._lines: list[Strip] = []
         self._styles: dict[str, Style] | None = None
@@ -370,6 +371,7 @@ class ClusterMap(ScrollView, can_focus=True):
             if old is not None and _same(old, key):
                 continue
             self._blocks[pos] = (key, self._render_host(pos))
+            self.renders += 1
             dirty_lines.add(pos // self.grid.per_line)
         lines = self.grid.lines
         if len(self._lines) != lines:
