@@ -77,10 +77,33 @@ def holder_of(g: GpuView, placed: Mapping[tuple[str, int], str]) -> Holder:
 
 
 def holders(
-    snapshot: Sequence[HostView], placed: Mapping[tuple[str, int], str]
+    snapshot: Sequence[HostView],
+    placed: Mapping[tuple[str, int], str],
+    before: tuple[Sequence[HostView], Sequence[tuple[Holder, ...]]] | None = None,
 ) -> list[tuple[Holder, ...]]:
-    """Each host's GPUs' holders, in the snapshot's order (GPUs in index order)."""
-    return [tuple(holder_of(g, placed) for g in (h.gpus or ())) for h in snapshot]
+    """Each host's GPUs' holders, in the snapshot's order (GPUs in index order).
+
+    ``before``: the (snapshot, holders) of the last call with the same ``placed``. A GPU whose
+    processes are the same tuple (the state keeps a GPU's process views while its processes do
+    not change) and whose claim is equal keeps its holder: a second of samples costs the
+    GPUs whose holders may have changed."""
+    old: dict[str, tuple[HostView, tuple[Holder, ...]]] = {}
+    if before is not None:
+        old = {h.name: (h, hs) for h, hs in zip(before[0], before[1], strict=False)}
+    out = []
+    for h in snapshot:
+        gpus = h.gpus or ()
+        prev = old.get(h.name)
+        if prev is None or prev[0].gpus is None or len(prev[0].gpus) != len(gpus):
+            out.append(tuple(holder_of(g, placed) for g in gpus))
+            continue
+        pgpus, phs = prev[0].gpus, prev[1]
+        out.append(tuple(
+            phs[i] if (p.processes is g.processes and p.claim == g.claim and p.index == g.index)
+            else holder_of(g, placed)
+            for i, (g, p) in enumerate(zip(gpus, pgpus, strict=True))
+        ))
+    return out
 
 
 def assign_slots(previous: Mapping[str, int], jobs: Iterable[str], n: int) -> dict[str, int]:

@@ -83,9 +83,19 @@ def _spark(fraction: float) -> str:
     return SPARK[min(len(SPARK) - 1, max(0, round(fraction * (len(SPARK) - 1))))]
 
 
+def _util_look(pct: int) -> tuple[str, str]:
+    lvl = util_level(pct)
+    return _spark(pct / 100.0), "ok" if lvl == "muted" else lvl
+
+
+# (glyph, style name) by whole percent: a cell costs a lookup, not a computation.
+_UTIL_LOOK = tuple(_util_look(p) for p in range(101))
+_MEM_LOOK = tuple((_spark(p / 100.0), level(p, MEM_THRESHOLDS)) for p in range(101))
+
+
 def cell_look(g: GpuView, who: Holder, mode: str, slot: int | None, stale: bool) -> tuple[str, str]:
     """(glyph, style name) of one GPU's cell in ``mode``; style names are the component
-    classes' (``ok``, ``warn``, ``job-3``, ...)."""
+    classes' (``ok``, ``warn``, ``job-3``, ...). Free GPUs are a dim dot in every mode."""
     if mode == "job":
         if who.job_id is not None:
             return JOB_GLYPH, "stale" if stale else f"job-{slot or 0}"
@@ -99,14 +109,15 @@ def cell_look(g: GpuView, who: Holder, mode: str, slot: int | None, stale: bool)
         pct = 100.0 * used / total
         if pct < 1.0 and who.free:
             return FREE_GLYPH, "dim"
-        return _spark(pct / 100.0), "stale" if stale else level(pct, MEM_THRESHOLDS)
+        glyph, name = _MEM_LOOK[min(100, max(0, int(pct + 0.5)))]
+        return glyph, "stale" if stale else name
     util = g.utilization_pct
     if util is None:
         return "?", "muted"
     if util < BUSY_UTIL_PCT and who.free:
         return FREE_GLYPH, "dim"
-    lvl = util_level(util)
-    return _spark(util / 100.0), "stale" if stale else ("ok" if lvl == "muted" else lvl)
+    glyph, name = _UTIL_LOOK[min(100, max(0, int(util + 0.5)))]
+    return glyph, "stale" if stale else name
 
 
 class ClusterMap(ScrollView, can_focus=True):
@@ -170,6 +181,9 @@ class ClusterMap(ScrollView, can_focus=True):
         self._lines: list[Strip] = []
         self._styles: dict[str, Style] | None = None
         self._names: tuple[str, ...] = ()
+        self._line_width = 0
+        self._before: tuple[Sequence[HostView], list[tuple[Holder, ...]]] | None = None
+        self._placed: dict[tuple[str, int], str] = {}
 
     # -- data -------------------------------------------------------------------------------
 
@@ -183,7 +197,9 @@ class ClusterMap(ScrollView, can_focus=True):
 
     def show(self, snapshot: Sequence[HostView], jobs: JobsSnapshot) -> None:
         """The cluster as ``snapshot`` (hosts with their GPUs) and ``jobs`` have it."""
-        held = holders(snapshot, live_placements(jobs.rows))
+        placed = live_placements(jobs.rows)
+        held = holders(snapshot, placed, self._before if self._placed == placed else None)
+        self._before, self._placed = (snapshot, held), placed
         self.hosts = snapshot
         self.held = held
         self.slots = assign_slots(
@@ -323,10 +339,13 @@ class ClusterMap(ScrollView, can_focus=True):
         label_style = st[{"up": "label", "stale": "warn", "down": "down"}.get(status, "muted")]
         cur = self.cursor[1] if self.cursor[0] == pos else -1
         label = host_label(h.name, g_.label)
-        segs = [
-            Segment(label, label_style + st["here"] if cur >= 0 else label_style),
-            Segment(" " * (g_.label - len(label) + 1), st[""]),
-        ]
+        if cur >= 0:
+            segs = [
+                Segment(label, label_style + st["here"]),
+                Segment(" " * (g_.label - len(label) + 1), st[""]),
+            ]
+        else:
+            segs = [Segment(label.ljust(g_.label + 1), label_style)]
         gpus = h.gpus or ()
         width = g_.slots * g_.cell
         if not gpus:
@@ -339,20 +358,33 @@ class ClusterMap(ScrollView, can_focus=True):
             return segs
         stale = status != "up"
         held = self.held[pos] if pos < len(self.held) else ()
+        mode, slots, sep = self.mode, self.slots, g_.cell > 1
+        reps = max(1, g_.cell - 1)
+        run_text: list[str] = []  # cells of one style so far: one segment each run
+        run_style: Style | None = None
         for i, g in enumerate(gpus[: g_.slots]):
-            who = held[i] if i < len(held) else FREE
-            glyph, name = cell_look(g, who, self.mode, self.slots.get(who.job_id or ""), stale)
             if status == "down":
                 glyph, name = DOWN_GLYPH, "down"
+            else:
+                who = held[i] if i < len(held) else FREE
+                glyph, name = cell_look(g, who, mode, slots.get(who.job_id) if who.job_id else None, stale)
             style = st[name]
-            body = glyph * max(1, g_.cell - 1)
+            body = glyph * reps if reps > 1 else glyph
             if i == cur:  # the cell's colour on a light ground (a full block would hide it)
                 style = style + st["cursor"]
                 body = body.replace(JOB_GLYPH, CURSOR_BLOCK)
-            segs.append(Segment(body, style))
-            if g_.cell > 1:
+            if style is not run_style and run_text:
+                segs.append(Segment("".join(run_text), run_style))
+                run_text = []
+            if sep and run_text:
+                run_text.append(" ")
+            elif sep and i:
                 segs.append(Segment(" ", st[""]))
-        pad = width - min(len(gpus), g_.slots) * g_.cell
+            run_text.append(body)
+            run_style = style
+        if run_text:
+            segs.append(Segment("".join(run_text), run_style))
+        pad = width - min(len(gpus), g_.slots) * g_.cell + (1 if sep else 0)
         segs.append(Segment(" " * (pad + 1), st[""]))
         return segs
 
@@ -374,7 +406,9 @@ class ClusterMap(ScrollView, can_focus=True):
             self.renders += 1
             dirty_lines.add(pos // self.grid.per_line)
         lines = self.grid.lines
-        if len(self._lines) != lines:
+        width = self.size.width
+        if len(self._lines) != lines or width != self._line_width:
+            self._line_width = width
             self._lines = [Strip.blank(0)] * lines
             dirty_lines = set(range(lines))
         per = self.grid.per_line
@@ -382,14 +416,17 @@ class ClusterMap(ScrollView, can_focus=True):
             segs: list[Segment] = []
             for _, block in self._blocks[line * per : (line + 1) * per]:
                 segs.extend(block)
-            self._lines[line] = Strip(segs)
+            strip = Strip(Segment.simplify(segs))
+            if strip.cell_length < width:
+                strip = strip.adjust_cell_length(width, self.styles_by_name[""])
+            self._lines[line] = strip
         if dirty_lines:
             self.refresh()
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
         width = self.size.width
-        base = self.rich_style
+        base = self.styles_by_name[""]
         pos = scroll_y + y
         if not self.hosts:
             if y == 0:
@@ -397,7 +434,10 @@ class ClusterMap(ScrollView, can_focus=True):
             return Strip.blank(width, base)
         if pos >= len(self._lines):
             return Strip.blank(width, base)
-        return self._lines[pos].crop_extend(scroll_x, scroll_x + width, base)
+        strip = self._lines[pos]
+        if scroll_x == 0 and strip.cell_length == width:
+            return strip  # joined at this width: as it is
+        return strip.crop_extend(scroll_x, scroll_x + width, base)
 
     # -- for tests and the panels -----------------------------------------------------------
 
