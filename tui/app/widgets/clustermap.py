@@ -463,7 +463,8 @@ def _same(a: Any, b: Any) -> bool:
 # The panels beside the map
 
 
-def legend(mode: str, simulated: int, gpus: int, hosts: int, per_line: int, fits: bool) -> str:
+def legend(mode: str, simulated: int, gpus: int, hosts: int, fits: bool) -> str:
+    """The line above the map: what it shows (simulated GPUs said so), what the colours mean."""
     sim = ""
     if simulated:
         sim = " [b]simulated[/b]" if simulated == gpus else f" ({simulated} simulated)"
@@ -591,7 +592,7 @@ class MapPane(Vertical):
         gpus = sum(len(h.gpus or ()) for h in hosts)
         sim = sum(1 for h in hosts for g in (h.gpus or ()) if g.simulated)
         fits = m.grid.lines <= m.size.height
-        self._set("#map-legend", legend(m.mode, sim, gpus, len(hosts), m.grid.per_line, fits))
+        self._set("#map-legend", legend(m.mode, sim, gpus, len(hosts), fits))
         cur = m.current()
         self._set("#map-detail", gpu_detail(*cur, self.jobs) if cur else "no hosts")
         self._set("#map-users", users_text(m.summary, self.jobs))
