@@ -15,11 +15,14 @@ Cases (each view as a user leaves it on screen):
 - gpus-util:     the GPU view sorted by utilization (the order changes every second)
 - gpus-busy:     the GPU view filtered to busy GPUs (which GPUs are shown changes over time)
 - jobs:          the jobs view, ``--jobs`` jobs of which 7 are running
+- map:           the cluster map (view 8), every GPU a cell, all of them on the 200x60 screen
+                 (compare it with ``gpus``, the same GPUs as table rows, in the same run)
 
 Modes:
 - diff: ``RigdeckApp.refresh_views()`` as the app's timer runs it: stable row keys, only the
   cells whose value changed are rendered and stored, reordered only when the order changed.
-- naive: the same snapshot and rows, but the table is cleared and every row added again.
+- naive: the same snapshot and rows, but the table is cleared and every row added again; for
+  the map, every host's block rendered again (its per-host cache forgotten).
 
 Two times per second of change, p50 and p95 of each:
 - CPU: the UI thread's CPU time (``time.thread_time``) from the start of the sampling step to
@@ -34,7 +37,7 @@ run keeps the CPUs busy for minutes, and whichever runs right after one is measu
 
 Prints p50/p95 per case and mode and the naive/diff ratios, and writes bench/results/ui.json.
 
-Usage: .venv/bin/python bench/ui.py [--hosts 64,512] [--cases gpus,gpus-util,gpus-busy,jobs]
+Usage: .venv/bin/python bench/ui.py [--hosts 64,512] [--cases gpus,gpus-util,gpus-busy,jobs,map]
                                     [--seconds 40] [--warmup 5] [--jobs 200]
 """
 
@@ -72,6 +75,7 @@ CASES: dict[str, tuple[str, GpuFilter, str, str]] = {
     "gpus-util": ("gpus", GpuFilter(), "util", "GPU view sorted by utilization"),
     "gpus-busy": ("gpus", GpuFilter("busy"), "host", "GPU view filtered to busy GPUs"),
     "jobs": ("jobs", GpuFilter(), "host", "jobs view"),
+    "map": ("map", GpuFilter(), "host", "cluster map, every GPU a cell"),
 }
 
 
@@ -236,7 +240,7 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))]
 
 
-VIEW_KEYS = {"gpus": "2", "jobs": "3"}
+VIEW_KEYS = {"gpus": "2", "jobs": "3", "map": "8"}
 
 
 async def settle(pilot: Any, holds: Callable[[], bool], what: str) -> None:
@@ -277,13 +281,16 @@ def bench_app(client: Any, now: list[float]) -> Any:
 async def open_case(app: Any, pilot: Any, case: str) -> Any:
     """Show the case's view (filter, sort, tab) as a user leaves it, and encode frames from
     then on; returns the view's table."""
+    from tui.app.widgets.clustermap import ClusterMap
     from tui.app.widgets.tables import GpusTable, JobsTable
 
     tab, flt, sort, _ = CASES[case]
     app.gpu_filter, app.gpu_sort = flt, sort
-    table: GpusTable | JobsTable
+    table: GpusTable | JobsTable | ClusterMap
     if tab == "gpus":
         table = app.query_one("#gpus-table", GpusTable)
+    elif tab == "map":
+        table = app.query_one("#cluster-map", ClusterMap)
     else:
         table = app.query_one("#jobs-table", JobsTable)
     await show(app, pilot, tab, table)
@@ -347,6 +354,13 @@ async def measure(case: str, n: int, mode: str, seconds: int, warmup: int,
                 with app.batch_update():
                     app._update_summary()
                     table.rebuild(gpu_rows(snap, app.widths, app.gpu_filter, app.gpu_sort))
+            elif tab == "map":
+                app.hosts_snapshot = state.snapshot(gpus=False)
+                app.jobs_snapshot = jobs.snapshot()
+                with app.batch_update():
+                    app._update_summary()
+                    table._blocks = []  # every host's block rendered again
+                    app.query_one("#map-pane").apply(state, app.jobs_snapshot)
             else:
                 app.hosts_snapshot = state.snapshot(gpus=False)
                 app.jobs_snapshot = jobs.snapshot()
@@ -366,7 +380,12 @@ async def measure(case: str, n: int, mode: str, seconds: int, warmup: int,
                 times.append(cpu)
                 walls.append(wall)
                 apply_times.append(apply)
-        rows = table.row_count
+        if tab == "map":  # the cells drawn, all of them on screen
+            rows = sum(len(h.gpus or ()) for h in table.hosts)
+            if table.max_scroll_y:
+                raise RuntimeError("the map did not fit the screen")
+        else:
+            rows = table.row_count
         if app.tabs.active != tab:
             raise RuntimeError(f"the view changed to {app.tabs.active} while measuring {tab}")
     return {
@@ -446,6 +465,15 @@ def main() -> int:
         diff["naive_over_diff_wall_p95"] = round(wall, 2)
         print(f"{case:9s} {n:4d} hosts: naive / diff at p95 = {cpu:.1f}x CPU, {wall:.1f}x wall",
               flush=True)
+    for n in sizes:
+        m, g = by.get(("map", n, "diff")), by.get(("gpus", n, "diff"))
+        if m is not None and g is not None:
+            print(f"map vs GPU table, {n} hosts x {GPUS} GPUs: p95 CPU {m['p95_ms']:.1f} vs "
+                  f"{g['p95_ms']:.1f} ms ({m['p95_ms'] / g['p95_ms']:.2f}x), wall "
+                  f"{m['wall_p95_ms']:.1f} vs {g['wall_p95_ms']:.1f} ms "
+                  f"({m['wall_p95_ms'] / g['wall_p95_ms']:.2f}x)", flush=True)
+            m["map_over_gpus_p95"] = round(m["p95_ms"] / g["p95_ms"], 2)
+            m["map_over_gpus_wall_p95"] = round(m["wall_p95_ms"] / g["wall_p95_ms"], 2)
     targets = {}
     for case in cases:
         r = by.get((case, 512, "diff"))

@@ -5,7 +5,8 @@ the ddp example on two hosts from the launch dialog (2 GPUs per host, ranks star
 checkpoint owner ``host:h3/gpu:0``, so the ownership moves to rank 0 on a host of the run, as
 after a restart without h3), starts a foreign process on h3's GPU 1, and once the job has
 trained for a while and saved checkpoints,
-saves every main view and the launch and stop dialogs as SVG and PNG into ``screenshots/``.
+saves every main view (the cluster map too) and the launch and stop dialogs as SVG and PNG
+into ``screenshots/``.
 Then it stops the job from the app, runs a short hyperparameter sweep through the app's client
 (examples/sweep with fewer trials and steps: every trial a real job on the bed) and, once some
 trials completed, saves the Sweeps view with that sweep selected; then tears the bed down.
@@ -269,6 +270,7 @@ async def run(
             ("4", "job"),
             ("5", "checkpoints"),
             ("6", "logs"),
+            ("8", "map"),
         ):
             await pilot.press(key)
             await pilot.pause(0.5)

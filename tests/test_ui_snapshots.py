@@ -94,3 +94,16 @@ def _sweeps(*keys: str) -> Any:
 )
 def test_sweeps_view(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
     assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=_sweeps(*keys))
+
+
+def test_cluster_map_512x8(snap_compare: Any) -> None:
+    """Every GPU of 512 hosts x 8 (simulated) on one 200x60 screen, the cursor moved."""
+    from tests.ui_fixtures import map_app
+
+    assert snap_compare(map_app(), terminal_size=(200, 60),
+                        run_before=_prepare("8", "right", "right", "down"))
+
+
+@pytest.mark.parametrize("mode, keys", [("util", ("8",)), ("job", ("8", "down", "m", "m"))])
+def test_cluster_map_small(snap_compare: Any, mode: str, keys: tuple[str, ...]) -> None:
+    assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=_prepare(*keys))

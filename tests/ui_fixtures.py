@@ -681,3 +681,135 @@ def stop_servers() -> None:
         server = SERVERS.pop()
         server.stop()
         shutil.rmtree(server.sock_path.parent.parent, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# A big cluster for the cluster map: 512 hosts x 8 simulated GPUs
+
+MAP_HOSTS = 512
+MAP_GPUS = 8
+MAP_USERS = ("alice", "bob", "carol", "dave", "erin")
+MAP_DOWN = (17, 300)  # hosts (positions) that sent a sample and then could not be reached
+MAP_STALE = 42  # a host that sent samples and then went quiet
+
+
+def map_host(i: int) -> str:
+    return f"gpu{i:03d}"
+
+
+def map_job(i: int, idx: int) -> tuple[str, str] | None:
+    """(job id, user) holding GPU ``idx`` of host ``i``, or None: 20 jobs, each on a run of
+    hosts, some on half a host; about a fifth of the GPUs are free."""
+    if (i * 7 + idx * 3) % 5 == 0:
+        return None
+    j = (i // 26) % 20
+    if j % 4 == 3 and idx >= 4:  # these jobs take half of each host
+        return None
+    return f"train-{j:02d}", MAP_USERS[j % len(MAP_USERS)]
+
+
+def map_foreign(i: int, idx: int) -> str | None:
+    """A process of no job (a user's notebook) on some free GPUs."""
+    return "frank" if map_job(i, idx) is None and i % 37 == 5 else None
+
+
+def map_gpu(i: int, idx: int, tick: int) -> dict[str, Any]:
+    held = map_job(i, idx)
+    foreign = map_foreign(i, idx)
+    procs: list[dict[str, Any]] = []
+    claim = None
+    if held is not None:
+        job, user = held
+        rank = (i % 26) * MAP_GPUS + idx
+        procs.append({"pid": 7000 + idx, "user": user, "used_memory_mb": 20000 + 997 * ((i + idx) % 60),
+                      "job_id": job, "rank": rank})
+        claim = {"job_id": job, "user": user, "since": T0}
+    if foreign is not None:
+        procs.append({"pid": 9100 + idx, "user": foreign, "used_memory_mb": 12000, "job_id": None, "rank": None})
+    util = 0.0 if not procs else round(30.0 + 70.0 * (((i * 13 + idx * 29 + tick) % 100) / 100.0), 1)
+    used = sum(p["used_memory_mb"] for p in procs)
+    return {
+        "index": idx,
+        "name": "Simulated GPU",
+        "uuid": f"SIM-map-{i:04d}-{idx}",
+        "simulated": True,
+        "utilization_pct": util,
+        "memory_used_mb": used,
+        "memory_total_mb": 81920,
+        "temperature_c": round(30.0 + 0.5 * util, 1),
+        "power_w": round(60.0 + 6.0 * util, 1),
+        "power_limit_w": 700.0,
+        "sm_clock_mhz": 1980 if procs else 345,
+        "ecc_volatile_errors": 0,
+        "processes": procs,
+        "claim": claim,
+    }
+
+
+def map_state(n: int = MAP_HOSTS, tick: int = 0) -> ClusterState:
+    """``n`` hosts x 8 simulated GPUs as ``map_job`` places jobs; the MAP_DOWN hosts down and
+    MAP_STALE stale after one sample (their GPUs are known, as last seen)."""
+    state = ClusterState([(map_host(i), f"10.40.{i // 250}.{i % 250 + 1}") for i in range(n)])
+    for i in range(n):
+        gpus = [map_gpu(i, idx, tick) for idx in range(MAP_GPUS)]
+        state.apply_sample(map_host(i), host_sample(i, tick, gpus), received_at=float(tick))
+    for i in MAP_DOWN:
+        if i < n:
+            state.set_status(map_host(i), HostStatus.DOWN, "connect timed out after 5.0s")
+    if MAP_STALE < n:
+        state.set_status(map_host(MAP_STALE), HostStatus.STALE, "no telemetry for 6.0s")
+    return state
+
+
+class MapJobs:
+    """A job source with the map's 20 jobs running (names only; no detail)."""
+
+    def __init__(self, n: int = MAP_HOSTS):
+        from tui.control.jobwatch import JobRow, JobsSnapshot
+
+        rows = []
+        for j in range(20):
+            hosts = sorted({map_host(i) for i in range(n) for idx in range(MAP_GPUS)
+                            if (map_job(i, idx) or ("",))[0] == f"train-{j:02d}"})
+            placement = tuple({"host": h, "gpus": [], "simulated": True} for h in hosts)
+            rows.append(JobRow(
+                job_id=f"train-{j:02d}", name=f"llm-{j}", state="running", placement=placement,
+                ranks_running=0, ranks_total=0, step=100, loss=1.0, step_rate=2.0, total_steps=1000,
+                created=T0, started=T0 + 1, ended=None, restarts=0, checkpoint_owner="-", cause=None,
+            ))
+        self.current = JobsSnapshot(tuple(rows), 1)
+        self.selected: str | None = None
+
+    def start(self) -> MapJobs:
+        return self
+
+    def stop(self, timeout: float = 0.0) -> None:
+        pass
+
+    def snapshot(self) -> Any:
+        return self.current
+
+    def detail(self, job_id: str) -> None:
+        return None
+
+    def select(self, job_id: str | None) -> None:
+        self.selected = job_id
+
+    def kick(self) -> None:
+        pass
+
+    def inventory_hosts(self) -> list[str]:
+        return []
+
+
+def map_app(n: int = MAP_HOSTS, state: ClusterState | None = None) -> Any:
+    """The app over ``map_state(n)`` and ``MapJobs``, its clock fixed at NOW."""
+    from tui.app.shell import RigdeckApp
+    from tui.client import InProcessClient
+
+    hosts = tuple(HostSpec(name=map_host(i), address=f"10.40.{i // 250}.{i % 250 + 1}", user="root",
+                           python="python3", sim_gpus=MAP_GPUS) for i in range(n))
+    inv = Inventory(hosts=hosts, path=Path("/recorded/big.toml"), known_hosts=Path("/recorded/known_hosts"))
+    st = state if state is not None else map_state(n)
+    client = InProcessClient(controller=FakeController(inv), monitor=FakeMonitor(st), jobs=MapJobs(n))
+    return RigdeckApp(client, clock=lambda: NOW, keymap_file=Path("/nonexistent/keys.toml"))

@@ -40,6 +40,7 @@ from tui.app.screens.launch import LaunchScreen
 from tui.app.screens.onboarding import OnboardingScreen, passphrase_prompt
 from tui.app.terminal import HangupWatch, input_fd
 from tui.app.widgets.chart import LINE_VARS, LossChart
+from tui.app.widgets.clustermap import ClusterMap, MapPane
 from tui.app.widgets.format import (
     SIM_MARK,
     duration,
@@ -91,7 +92,7 @@ from tui.model.views import HostKey, HostView
 
 log = logging.getLogger(__name__)
 
-TABS = ("hosts", "gpus", "jobs", "job", "checkpoints", "logs", "sweeps")
+TABS = ("hosts", "gpus", "jobs", "job", "checkpoints", "logs", "sweeps", "map")
 EXIT_HANGUP = 128 + signal.SIGHUP  # the shell's status for a process ended by a hangup
 JOB_TABS = ("job", "checkpoints", "logs")
 
@@ -199,6 +200,7 @@ class RigdeckApp(App[None]):
         Binding("5", "show_tab('checkpoints')", "Checkpoints", id="view.checkpoints", show=False),
         Binding("6", "show_tab('logs')", "Logs", id="view.logs", show=False),
         Binding("7", "show_tab('sweeps')", "Sweeps", id="view.sweeps", show=False),
+        Binding("8", "show_tab('map')", "Map", id="view.map", show=False),
         Binding("l", "launch", "Launch", id="job.launch"),
         Binding("s", "stop_job", "Stop", id="job.stop"),
         Binding("d", "deploy", "Deploy", id="host.deploy"),
@@ -304,6 +306,8 @@ class RigdeckApp(App[None]):
                     with Horizontal(id="sweep-charts"):
                         yield LossChart(id="sweep-best")
                         yield LossChart(id="sweep-curves")
+            with TabPane("Map 8", id="map"):
+                yield MapPane(id="map-pane")
         yield Footer(compact=True)
 
     @property
@@ -443,6 +447,7 @@ class RigdeckApp(App[None]):
             ("GPUs view", rows(GpusPane.BINDINGS)),
             ("Logs view", rows(LogView.BINDINGS)),
             ("Sweeps view", rows(SweepsPane.BINDINGS)),
+            ("Map view", rows(ClusterMap.BINDINGS)),
             ("Launch dialog", rows(_L.BINDINGS)),
             ("Stop dialogs (job, trial, sweep)", rows(ConfirmStop.BINDINGS)),
             ("Host key dialog", rows(TrustHostKey.BINDINGS)),
@@ -519,7 +524,7 @@ class RigdeckApp(App[None]):
             # thread never holds (and so never has to free) a whole second of GPU samples.
             self.hosts_snapshot = state.snapshot(gpus=False)
             self._state_seen = version
-            self._dirty |= {"hosts", "gpus"}
+            self._dirty |= {"hosts", "gpus", "map"}
             self._notice_host_keys()
             gpus = sum(h.gpu_count for h in self.hosts_snapshot)
             if gpus > self._frozen_for_gpus:
@@ -531,7 +536,7 @@ class RigdeckApp(App[None]):
             self.jobs_snapshot = jobs
             self._jobs_seen = jobs.version
             self._second = second
-            self._dirty |= {"jobs", "job", "checkpoints", "logs"}
+            self._dirty |= {"jobs", "job", "checkpoints", "logs", "map"}
             if self.job_id is None and jobs.rows:
                 live = [r for r in jobs.rows if r.state not in TERMINAL]
                 if live:
@@ -554,6 +559,8 @@ class RigdeckApp(App[None]):
                     self._update_detail(active, now)
                 elif active == "sweeps":
                     self._update_sweeps(now)
+                elif active == "map":
+                    self.query_one("#map-pane", MapPane).apply(self.client.state, self.jobs_snapshot)
             if active == "logs":
                 self.query_one("#log-view", LogView).sync()
 
@@ -956,6 +963,7 @@ class RigdeckApp(App[None]):
             "checkpoints": "#saves-table",
             "logs": "#log-view",
             "sweeps": "#sweeps-table",
+            "map": "#cluster-map",
         }.get(pane or "")
         if focus:
             self.query_one(focus).focus()
@@ -967,6 +975,13 @@ class RigdeckApp(App[None]):
             self.job_id = job_id
             self.jobwatch.select(job_id)
             self._dirty |= set(JOB_TABS)
+
+    @on(ClusterMap.Selected)
+    def _map_selected(self, event: ClusterMap.Selected) -> None:
+        """A GPU chosen on the map: its job becomes the open one (Job 4 shows it)."""
+        if event.job_id:
+            self.select_job(event.job_id)
+            self.notify(f"{event.job_id} is the open job: 4 shows it", title="map")
 
     @on(DataTable.RowSelected, "#jobs-table")
     def _job_chosen(self, event: DataTable.RowSelected) -> None:
@@ -1023,6 +1038,10 @@ class RigdeckApp(App[None]):
             key = self.query_one("#gpus-table", GpusTable).cursor_key
             if key:
                 return key.split("/", 1)[0]
+        if self.tabs.active == "map":
+            key = self.query_one("#cluster-map", ClusterMap).cursor_host
+            if key:
+                return key
         key = self.query_one("#hosts-table", HostsTable).cursor_key
         if key:
             return key
