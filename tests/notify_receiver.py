@@ -1,6 +1,6 @@
 """A webhook receiver for the notification tests: ``python notify_receiver.py ADDR PORT OUT``.
 
-Listens on ADDR:PORT (0: any free port), prints ``listening PORT`` once it accepts, and appends
+Listens on ADDR:PORT (0: any free port), prints ``listening PORT PID`` once it accepts, and appends
 one JSON line per POST to OUT: the time it arrived, the path (with its query) and the body.
 Answers 500 to the first N POSTs when RECEIVER_FAIL_FIRST=N (to exercise retries)."""
 
@@ -39,5 +39,5 @@ class Handler(BaseHTTPRequestHandler):
 
 
 server = ThreadingHTTPServer((addr, port), Handler)
-print(f"listening {server.server_address[1]}", flush=True)
+print(f"listening {server.server_address[1]} {os.getpid()}", flush=True)
 server.serve_forever()

@@ -334,7 +334,7 @@ def test_a_short_job_sends_started_and_succeeded_from_the_embedded_controller(
     env = {**os.environ, "RIGDECK_HOME": str(tmp_path / "home"), "RIGDECK_INVENTORY": str(inv),
            "RIGDECK_CONFIG": str(cfg)}
     env.pop("RIGDECK_SERVER", None)
-    proc = subprocess.run([sys.executable, "-m", "tui.cli", "launch", str(spec), "--wait", "--json", "-v"],
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "-v", "launch", str(spec), "--wait", "--json"],
                           capture_output=True, text=True, timeout=180, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     job = json.loads(proc.stdout)
