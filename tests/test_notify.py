@@ -351,3 +351,50 @@ def test_a_short_job_sends_started_and_succeeded_from_the_embedded_controller(
     subprocess.run([sys.executable, "-m", "tui.cli", "jobs", "--json"], capture_output=True, text=True,
                    timeout=120, env=env, cwd=ROOT, check=True)
     assert len(_received(out)) == 2
+
+
+def test_setup_writes_the_notify_table_for_the_server() -> None:
+    from tui.remote.serverhost import server_config
+
+    n = NotifyConfig(webhook="https://h/x?token=t", on=("failed",), retries=1)
+    text = server_config(n, "h1")
+    assert text.startswith("# The rigdeck server's config on h1")
+    assert parse_config(text).notify == n
+    # No [notify] (or one that sends nothing): the server's file says nothing, so it sends nothing.
+    assert parse_config(server_config(None, "h1")).notify == NotifyConfig()
+    assert parse_config(server_config(NotifyConfig(on=("started",)), "h1")).notify == NotifyConfig()
+
+
+def test_a_bad_config_stops_the_cli_before_anything_starts(tmp_path: Path) -> None:
+    inv = tmp_path / "hosts.toml"
+    inv.write_text('[[hosts]]\nname = "here"\ntransport = "local"\n')
+    cfg = tmp_path / "config.toml"
+    cfg.write_text('[notify]\nwebhook = "https://h/x?token=SEKRET"\non = ["done"]\n')
+    env = {**os.environ, "RIGDECK_HOME": str(tmp_path / "home"), "RIGDECK_CONFIG": str(cfg)}
+    env.pop("RIGDECK_SERVER", None)
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "jobs", "-i", str(inv)], capture_output=True,
+                          text=True, timeout=60, env=env, cwd=ROOT)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip() == (f"rigdeck: {cfg}: field 'notify.on[0]': expected one of 'queued', 'started', "
+                                   "'succeeded', 'failed', 'stopped', got \"done\" (str)")
+    assert not (tmp_path / "home" / "history.sqlite").exists()  # nothing started
+
+
+@pytest.mark.testbed
+def test_a_sweep_sends_started_and_succeeded_to_the_command(testbed: Any, tmp_path: Path) -> None:
+    from tests.test_sweeps import Cli, example_spec
+
+    cli = Cli(testbed, tmp_path)
+    out = tmp_path / "events.txt"
+    cfg = tmp_path / "config.toml"
+    writer = [sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write(sys.stdin.read() + '\\n')", str(out)]
+    cfg.write_text(f'[notify]\ncommand = {json.dumps(writer)}\non = ["started", "succeeded"]\nkinds = ["sweep"]\n')
+    cli.env["RIGDECK_CONFIG"] = str(cfg)
+    done = cli.json("sweep", str(example_spec(cli, "sw-notify", trials=2, parallel=2, steps=3)), "--wait",
+                    timeout=300)
+    assert done["row"]["state"] == "completed"
+    events = [json.loads(ln) for ln in out.read_text().splitlines()]
+    # Only the sweep's own changes (kinds = ["sweep"]): its trials' jobs are not told.
+    assert [(e["kind"], e["event"], e["state"]) for e in events] == [("sweep", "started", "running"),
+                                                                     ("sweep", "succeeded", "completed")]
+    assert {e["id"] for e in events} == {done["row"]["sweep_id"]} and events[0]["name"] == "sw-notify"
