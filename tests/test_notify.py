@@ -398,3 +398,12 @@ def test_a_sweep_sends_started_and_succeeded_to_the_command(testbed: Any, tmp_pa
     assert [(e["kind"], e["event"], e["state"]) for e in events] == [("sweep", "started", "running"),
                                                                      ("sweep", "succeeded", "completed")]
     assert {e["id"] for e in events} == {done["row"]["sweep_id"]} and events[0]["name"] == "sw-notify"
+
+
+def test_setup_says_what_the_server_will_send_without_secrets() -> None:
+    from tui.cli.server import _notify_line
+
+    line = _notify_line(NotifyConfig(webhook="https://h.example/x?token=SEKRET", command=("notify-send", "x"),
+                                     on=("failed",)), "h1")
+    assert line == "webhook https://h.example/x?***, command notify-send on failed, sent from h1"
+    assert _notify_line(NotifyConfig(), "h1").startswith("nothing")

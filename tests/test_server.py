@@ -122,7 +122,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestBed, 
                           'on = ["started", "failed"]\nretries = 1\ntimeout_s = 2\n')
         alice.env["RIGDECK_CONFIG"] = bob.env["RIGDECK_CONFIG"] = str(config)
         alice.run("deploy")
-        alice.run("server", "setup", timeout=900)
+        setup = alice.run("server", "setup", timeout=900).stdout
+        assert "notify: webhook http://" in setup and "s3cret" not in setup, setup
         alice.run("server", "start", timeout=120)
         try:
             yield bed, alice, bob
