@@ -220,7 +220,7 @@ def test_the_command_notifier_gets_each_transition_once_even_across_a_restart(tm
     failed = json.loads(lines[1][0])
     assert failed["cause"] == cause and failed["host"] == "h2" and failed["user"] == "ana"
     assert failed["hosts"] == ["h2"] and failed["kind"] == "job" and failed["cause_text"] == "rank 0 on h2 exited 7"
-    assert n.sent == [("job:j1:started", "command", None), ("job:j1:failed", "command", None)]
+    assert list(n.sent) == [("job:j1:started", "command", None), ("job:j1:failed", "command", None)]
     # A second controller on the same history (a restarted server) records the same change again:
     # nothing more is sent.
     h2 = History(db)
@@ -243,7 +243,7 @@ def test_a_failing_command_is_logged_and_later_events_still_go(tmp_path: Path, c
     with caplog.at_level(logging.WARNING, logger="tui.control.notify"):
         h.update("j", state="failed", cause={"message": "x"})
         n.close()
-    assert n.sent == [("job:j:failed", "command", f"{sys.executable} exited 4")]
+    assert list(n.sent) == [("job:j:failed", "command", f"{sys.executable} exited 4")]
     assert "exited 4" in caplog.text
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from tests.ui_fixtures import JOB, RecordedJobs, recorded_app, stop_servers
 from tui.model.jobview import JobsSnapshot
+from tui.model.userconfig import NotifyConfig
 
 
 @pytest.fixture(params=["embedded", "server"])
@@ -72,3 +73,14 @@ async def test_a_failed_job_makes_a_toast_and_rings_the_bell(tmp_path: Path, mon
 async def test_app_false_keeps_the_app_quiet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     toasts, bells = await _run(tmp_path, monkeypatch, "embedded", '[notify]\non = ["failed"]\napp = false\n')
     assert toasts == [] and bells == 0
+
+
+def test_nothing_polled_yet_is_no_first_look() -> None:
+    from tui.app.notices import JobNotices
+
+    jobs = RecordedJobs()
+    n = JobNotices(NotifyConfig(on=("failed", "succeeded")))
+    assert n.feed(JobsSnapshot((), 0), 1.0) == []  # the poller has not looked yet
+    assert n.feed(jobs._snapshot, 2.0) == []  # the first real look: jobs already ended are no news
+    _fail(jobs)
+    assert [e.summary() for e in n.feed(jobs._snapshot, 3.0)] == [f"job {JOB} failed: rank 1 on h2 killed by signal 9"]

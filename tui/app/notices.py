@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from tui.model.jobview import JobsSnapshot
 from tui.model.userconfig import ConfigError, NotifyConfig, NotifyEvent, StateTracker, load_config
 
 
@@ -24,9 +25,13 @@ class JobNotices:
         self.config = config
         self.tracker = StateTracker()
 
-    def feed(self, rows: Iterable[Any], now: float) -> list[NotifyEvent]:
-        """The events between the last snapshot and this one that the user wants told."""
-        events = self.tracker.feed(rows, now)
+    def feed(self, snapshot: JobsSnapshot, now: float) -> list[NotifyEvent]:
+        """The events between the last snapshot and this one that the user wants told. A
+        snapshot of version 0 (nothing polled yet) is no look at all: otherwise every job in
+        the history would seem new at the first real one."""
+        if snapshot.version <= 0:
+            return []
+        events = self.tracker.feed(snapshot.rows, now)
         if not self.config.app:
             return []
         return [ev for ev in events if self.config.wants(ev.kind, ev.event)]

@@ -492,7 +492,7 @@ class RigdeckApp(App[None]):
         self._tune_gc()
         if jobs.version != self._jobs_seen or second != self._second:
             if jobs.version != self._jobs_seen:
-                toast(self, self.notices.feed(jobs.rows, now))
+                toast(self, self.notices.feed(jobs, now))
             self.jobs_snapshot = jobs
             self._jobs_seen = jobs.version
             self._second = second

@@ -30,6 +30,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -118,7 +119,8 @@ class Notifier:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._sweeps: Any = None
-        self.sent: list[tuple[str, str, str | None]] = []  # (event id, target, error or None)
+        # The latest sends, (event, target, error or None): for tests and a look in a debugger.
+        self.sent: deque[tuple[str, str, str | None]] = deque(maxlen=256)
 
     # -- observing ---------------------------------------------------------------------------
 
