@@ -407,3 +407,18 @@ def test_setup_says_what_the_server_will_send_without_secrets() -> None:
                                      on=("failed",)), "h1")
     assert line == "webhook https://h.example/x?***, command notify-send on failed, sent from h1"
     assert _notify_line(NotifyConfig(), "h1").startswith("nothing")
+
+
+def test_the_readme_example_parses_and_the_contract_lists_every_key() -> None:
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    block = re.search(r"## Notifications\n.*?```toml\n(.*?)```", readme, re.S)
+    assert block is not None
+    n = parse_config(block.group(1)).notify
+    assert n.webhook and n.command == ("notify-send", "rigdeck") and n.on == ("failed", "succeeded")
+    contracts = (ROOT / "docs" / "contracts.md").read_text()
+    example = re.search(r"## Notification event.*?```json\n(.*?)```", contracts, re.S)
+    assert example is not None
+    ev = job_event(_rec(), "failed", when=1.0, cause={"rank": 1, "host": "h3", "signal": 9})
+    assert ev is not None and set(json.loads(example.group(1))) == set(ev.to_json())
