@@ -24,6 +24,7 @@ from tests.test_ui_e2e import tmux_env  # noqa: F401, F811  (a fixture)
 from tests.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
+HOOK_PORT = 18089  # the notify test's webhook receiver, on h2
 
 
 class Operator:
@@ -114,8 +115,15 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestBed, 
         inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0, min_free_mb=1)
         inv.write_text(inv.read_text() + '\n[server]\nhost = "h1"\n')
         alice, bob = Operator(inv, tmp / "alice"), Operator(inv, tmp / "bob")
+        # Alice's [notify]: a webhook on h2 (a receiver there only while the notify test runs),
+        # carried to the server by setup; the server sends to it from h1.
+        config = tmp / "config.toml"
+        config.write_text(f'[notify]\nwebhook = "http://{bed.host(2).address}:{HOOK_PORT}/hook?token=s3cret"\n'
+                          'on = ["started", "failed"]\nretries = 1\ntimeout_s = 2\n')
+        alice.env["RIGDECK_CONFIG"] = bob.env["RIGDECK_CONFIG"] = str(config)
         alice.run("deploy")
-        alice.run("server", "setup", timeout=900)
+        setup = alice.run("server", "setup", timeout=900).stdout
+        assert "notify: webhook http://" in setup and "s3cret" not in setup, setup
         alice.run("server", "start", timeout=120)
         try:
             yield bed, alice, bob
@@ -132,6 +140,58 @@ launcher = "direct"
 
 def ticker(steps: int) -> str:
     return TICK.replace("{steps}", str(steps))
+
+
+def test_a_killed_rank_reaches_a_webhook_in_the_bed_within_5s_sent_by_the_server(
+        served: tuple[TestBed, Operator, Operator], tmp_path: Path) -> None:
+    """Acceptance (issue 18, item 3): the server, alone, POSTs a ``failed`` event with the job
+    id, the cause and the host to an HTTP receiver inside the bed within 5 s of a ``kill -9``."""
+    bed, alice, bob = served
+    out = tmp_path / "received.jsonl"
+    receiver = bed.popen(2, [sys.executable, str(ROOT / "tests" / "notify_receiver.py"), bed.host(2).address,
+                             str(HOOK_PORT), str(out)], stdout=subprocess.PIPE, text=True)
+    assert receiver.stdout is not None
+    ready = receiver.stdout.readline().split()  # "listening PORT PID", the pid as h2 sees it
+    try:
+        assert ready[:1] == ["listening"], ready
+        spec = alice.spec("notified", ticker(100_000) + 'nodes = 2\nhosts = ["h2", "h3"]\ngpus_per_node = 1\n')
+        job_id = alice.json("launch", str(spec))["job_id"]
+        try:
+            pids = wait_until(lambda: rank_pids(bed, 3, job_id) or None, 60, "the rank on h3 runs")
+
+            def events() -> list[dict[str, Any]]:
+                return [json.loads(ln) for ln in out.read_text().splitlines()] if out.exists() else []
+
+            started = wait_until(lambda: [e for e in events() if e["body"]["event"] == "started"], 30,
+                                 "the started event")
+            assert started[0]["body"]["id"] == job_id and started[0]["body"]["controller"] == "server"
+            assert workstation_rigdeck([alice.home, bob.home]) == []  # no workstation process is alive
+            killed_at = time.time()
+            bed.exec(3, ["kill", "-9", str(next(iter(pids.values())))])
+            failed = wait_until(lambda: [e for e in events() if e["body"]["event"] == "failed"], 30,
+                                "the failed event")
+            took = failed[0]["received"] - killed_at
+            print(f"\nfailed event received {took:.2f}s after kill -9 (job {job_id})")
+            assert workstation_rigdeck([alice.home, bob.home]) == []
+            body = failed[0]["body"]
+            assert body["id"] == job_id and body["kind"] == "job" and body["name"] == "notified"
+            assert body["host"] == "h3" and body["cause"]["host"] == "h3" and body["cause"]["signal"] == 9, body
+            assert "killed by signal 9" in body["cause_text"] and sorted(body["hosts"]) == ["h2", "h3"]
+            assert failed[0]["path"] == "/hook?token=s3cret"
+            assert took < 5.0, f"the failed event took {took:.2f}s"
+            # One event per transition: the record of the failure (once the gang has stopped)
+            # sends nothing more, and neither does a look from the workstation.
+            wait_until(lambda: alice.json("status", job_id)["state"] == "failed", 60, "the job is recorded failed")
+            time.sleep(2)
+            assert [e["body"]["event"] for e in events()] == ["started", "failed"], events()
+            assert "s3cret" not in alice.run("server", "logs", "-n", "200").stdout
+        finally:
+            alice.run("stop", job_id, "--grace", "1", check=False)
+    finally:
+        if len(ready) == 3:  # nsenter forked it into h2's PID namespace: stopped there
+            bed.exec(2, ["kill", "-9", ready[2]])
+        receiver.kill()
+        receiver.wait()
 
 
 def test_server_status_and_the_cli_go_through_it(served: tuple[TestBed, Operator, Operator]) -> None:

@@ -43,6 +43,7 @@ from tui.model.jobspec import JobSpec, JobSpecError
 from tui.model.scheduler import PlacementError
 from tui.model.state import ClusterState
 from tui.model.sweepview import SweepDetail, SweepRow
+from tui.model.userconfig import NotifyConfig, UserConfig, load_config
 from tui.remote.sshconfig import hostfile_to_toml, load_hostfile, load_inventory
 from tui.remote.transport import (
     Backoff,
@@ -225,7 +226,8 @@ class InProcessClient(Client):
 
     def __init__(self, inventory: Inventory | None = None, *, accept_new: bool = False,
                  service: ControllerService | None = None, telemetry_hz: float = 1.0,
-                 controller: Any = None, monitor: Any = None, jobs: Any = None):
+                 controller: Any = None, monitor: Any = None, jobs: Any = None,
+                 notify: NotifyConfig | None = None):
         """``controller``, ``monitor``, ``jobs``: parts to use instead of making them (a test's
         recorded data, a benchmark's simulated cluster)."""
         if service is None:
@@ -233,7 +235,7 @@ class InProcessClient(Client):
                 assert controller is not None, "an inventory or a controller"
                 inventory = controller.inventory
             service = ControllerService(inventory, accept_new=accept_new, telemetry_hz=telemetry_hz,
-                                        monitor=monitor, controller=controller, source=jobs)
+                                        monitor=monitor, controller=controller, source=jobs, notify=notify)
         self.service = service
         self.inventory = service.inventory
         if jobs is not None:  # a job source to show instead of the service's own (recorded data)
@@ -273,6 +275,7 @@ class InProcessClient(Client):
         if self.service._monitor is not None:
             self.service._monitor.stop(timeout=2.0)
         self.service.ctl.close()
+        self.service.close_notifier()
 
     def link(self) -> LinkStatus:
         return LinkStatus("embedded", True, "embedded controller", self._since, False)
@@ -827,8 +830,13 @@ def server_enabled(inventory: Inventory) -> bool:
         "off", "0", "no", "false")
 
 
-def connect(inventory: Inventory, *, accept_new: bool = False, telemetry_hz: float = 1.0) -> Client:
-    """The client this inventory calls for: the server it names, else the embedded controller."""
+def connect(inventory: Inventory, *, accept_new: bool = False, telemetry_hz: float = 1.0,
+            config: UserConfig | None = None) -> Client:
+    """The client this inventory calls for: the server it names, else the embedded controller.
+    ``config``: the user's (default: ``load_config()``, checked here whichever it is, so a bad
+    value stops the command before anything starts); its ``[notify]`` goes to an embedded
+    controller, as a server has its own copy."""
+    config = config if config is not None else load_config()
     if server_enabled(inventory):
         return RemoteClient(inventory, accept_new=accept_new, telemetry_hz=telemetry_hz)
-    return InProcessClient(inventory, accept_new=accept_new, telemetry_hz=telemetry_hz)
+    return InProcessClient(inventory, accept_new=accept_new, telemetry_hz=telemetry_hz, notify=config.notify)

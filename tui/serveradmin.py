@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from tui.model.inventory import HostSpec, Inventory
 from tui.model.serverlayout import DEFAULT_SERVER_STATE_DIR
+from tui.model.userconfig import UserConfig, load_config
 from tui.remote import serverhost
 from tui.remote.serverhost import AgentPlace, ServerHostError, ServerStatus, SetupReport
 
@@ -37,10 +38,14 @@ def load(path: str | os.PathLike[str] | None) -> Inventory:
     return load_inventory(path)
 
 
-def setup(inventory: Inventory, *, progress: Callable[[str], None] | None = None) -> SetupReport:
+def setup(inventory: Inventory, *, progress: Callable[[str], None] | None = None,
+          config: UserConfig | None = None) -> SetupReport:
     """``rigdeck server setup``: deploy the agent everywhere, then install, key and configure
-    the server on the [server] host (``serverhost.setup``)."""
+    the server on the [server] host (``serverhost.setup``), with the user's ``[notify]``
+    (``config``, default: ``load_config()``; checked before anything is touched)."""
     from tui.control.controller import Controller
+
+    config = config if config is not None else load_config()
 
     with Controller(inventory) as ctl:
 
@@ -62,6 +67,7 @@ def setup(inventory: Inventory, *, progress: Callable[[str], None] | None = None
             agent_env=ctl.agent_env,
             transport=ctl.transport,
             progress=progress or (lambda _: None),
+            notify=config.notify,
         )
 
 

@@ -29,6 +29,7 @@ from textual.widgets import DataTable, Footer, Header, Input, Static, TabbedCont
 from textual.worker import Worker, WorkerState
 
 from tui.app.keys import keymap_path, load_keymap
+from tui.app.notices import JobNotices, toast
 from tui.app.screens.dialogs import (
     ConfirmStop,
     ConfirmSweepStop,
@@ -254,6 +255,7 @@ class RigdeckApp(App[None]):
         self.sweeps_fetches = 0  # fetches done (tests wait on it)
         self._sweeps_inflight = False
         self._sweeps_again = False
+        self.notices = JobNotices()  # job state changes -> a toast and the bell ([notify])
 
     # -- layout -----------------------------------------------------------------------------
 
@@ -533,6 +535,8 @@ class RigdeckApp(App[None]):
                 self._freeze_at = min(self._freeze_at, time.monotonic() + 2.0)
         self._tune_gc()
         if jobs.version != self._jobs_seen or second != self._second:
+            if jobs.version != self._jobs_seen:
+                toast(self, self.notices.feed(jobs, now))
             self.jobs_snapshot = jobs
             self._jobs_seen = jobs.version
             self._second = second

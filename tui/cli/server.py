@@ -13,6 +13,8 @@ import json
 import sys
 from typing import Any
 
+from tui.model.userconfig import NotifyConfig, load_config, redact_url
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 
@@ -90,6 +92,15 @@ def _dump(obj: Any) -> None:
     sys.stdout.write("\n")
 
 
+def _notify_line(n: NotifyConfig, host: str) -> str:
+    """What the server will send, secrets hidden: ``webhook https://h/*** ... (from h1)``."""
+    if not n.sends:
+        return "nothing ([notify] in your config.toml has no webhook or command)"
+    parts = ([f"webhook {redact_url(n.webhook)}"] if n.webhook else []) + (
+        [f"command {n.command[0]}"] if n.command else [])
+    return f"{', '.join(parts)} on {', '.join(n.on)}, sent from {host}"
+
+
 def _run_server(args: argparse.Namespace, inv: Any) -> int:
     from tui.client import serveradmin
 
@@ -111,6 +122,7 @@ def _run_server(args: argparse.Namespace, inv: Any) -> int:
         print("  authorised for the agent's attach only on: "
               + ", ".join(f"{h} ({how})" for h, how in report.authorized.items()))
         print(f"  inventory: {report.inventory}")
+        print(f"  notify: {_notify_line(load_config().notify, report.host)}")
         print(f"  done in {report.elapsed_s:.1f}s; next: rigdeck server start")
         return EXIT_OK
     if cmd == "start":

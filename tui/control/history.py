@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+# Told of every recorded state change: (job id, new state, the other fields written with it).
+StateObserver = Callable[[str, str, dict[str, Any]], None]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -26,6 +33,14 @@ CREATE TABLE IF NOT EXISTS jobs (
     events      TEXT NOT NULL DEFAULT '[]',
     supervisor  TEXT,
     lease_until REAL
+);
+CREATE TABLE IF NOT EXISTS notified (
+    kind        TEXT NOT NULL,
+    id          TEXT NOT NULL,
+    event       TEXT NOT NULL,
+    attempt     INTEGER NOT NULL,
+    time        REAL NOT NULL,
+    PRIMARY KEY (kind, id, event, attempt)
 );
 """
 # Columns added after the first release, for history files made before them.
@@ -64,6 +79,7 @@ class History:
         self.path = Path(path) if path else rigdeck_home() / "history.sqlite"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self.observers: list[StateObserver] = []  # the notifier, when one is configured
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10)
         # Several processes may open a new file at once. Turning on WAL takes the file for a
         # moment, and SQLite answers "database is locked" to the others at once, without waiting
@@ -104,6 +120,7 @@ class History:
                 "INSERT INTO jobs (job_id, name, spec, state, created) VALUES (?, ?, ?, ?, ?)",
                 (job_id, name, json.dumps(spec), state, time.time()),
             )
+        self.announce(job_id, state)
 
     def update(self, job_id: str, **fields: Any) -> None:
         if not fields:
@@ -114,6 +131,27 @@ class History:
             values.append(json.dumps(v) if k in JSON_FIELDS else v)
         with self._lock, self._db:
             self._db.execute(f"UPDATE jobs SET {', '.join(cols)} WHERE job_id = ?", (*values, job_id))
+        if "state" in fields:
+            self.announce(job_id, str(fields["state"]), {k: v for k, v in fields.items() if k != "state"})
+
+    def announce(self, job_id: str, state: str, fields: dict[str, Any] | None = None) -> None:
+        """Tell the observers that ``job_id`` reached ``state`` (recorded, or decided and about
+        to be: a failed gang is announced before its other ranks have finished stopping). An
+        observer's error is logged, never raised: telling must not change what is recorded."""
+        for observer in list(self.observers):
+            try:
+                observer(job_id, state, dict(fields or {}))
+            except Exception:
+                log.exception("a state observer failed for %s -> %s", job_id, state)
+
+    def first_notice(self, kind: str, ref: str, event: str, attempt: int = 0) -> bool:
+        """Record that ``event`` of ``kind`` ``ref`` (its ``attempt``) was notified; True only for
+        the first caller, in whatever process and across restarts: one notice per transition."""
+        with self._lock, self._db:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO notified (kind, id, event, attempt, time) VALUES (?, ?, ?, ?, ?)",
+                (kind, ref, event, int(attempt), time.time()))
+            return cur.rowcount == 1
 
     def try_lease(self, job_id: str, owner: str, seconds: float) -> bool:
         """Become (or stay) the one controller that acts on this job, for ``seconds``.
@@ -227,7 +265,10 @@ class History:
             cur = self._db.execute(
                 "UPDATE jobs SET state = 'pending', waiting = NULL WHERE job_id = ? AND state = 'queued'",
                 (job_id,))
-            return cur.rowcount == 1
+            taken = cur.rowcount == 1
+        if taken:
+            self.announce(job_id, "pending")
+        return taken
 
     def list(self, limit: int = 100) -> list[dict[str, Any]]:
         with self._lock:

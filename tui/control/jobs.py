@@ -650,6 +650,8 @@ class JobManager:
                                         cause={**cause, "restart_error": str(e)})
                     return states
             else:
+                # Decided: announced now (notifications), recorded once the gang has stopped.
+                self.history.announce(job_id, "failed", {"cause": cause})
                 self._wait_terminal(rec, 15)  # the rest of the gang is stopping: let it finish
                 self.history.update(job_id, state="failed", ended=time.time(), cause=cause)
                 self.history.add_event(job_id, {"event": "failed", "cause": cause})

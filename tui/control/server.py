@@ -39,6 +39,7 @@ from tui.control.history import History
 from tui.control.service import ControllerService
 from tui.model import wire
 from tui.model.state import ClusterState, HostState
+from tui.model.userconfig import UserConfig, load_config
 
 log = logging.getLogger(__name__)
 
@@ -542,9 +543,11 @@ def serve(state_dir: Path, *, inventory_path: Path | None = None, telemetry_hz: 
     (state_dir / "server.pid").write_text(f"{os.getpid()}\n")
     inv = load_inventory(inventory_path or state_dir / "inventory.toml")
     host = inv.server.host if getattr(inv, "server", None) else None
+    # The operator's [notify], as `rigdeck server setup` copied it (none: nothing is sent).
+    config = load_config(state_dir / "config.toml") if (state_dir / "config.toml").exists() else UserConfig()
     service = ControllerService(
         inv, history=History(state_dir / "history.sqlite"), telemetry_hz=telemetry_hz, kind="server",
-        host=host, owner=f"server:{state_dir}",
+        host=host, owner=f"server:{state_dir}", notify=config.notify,
     )
     server = Server(service, socket_path(state_dir))
     server.listen()

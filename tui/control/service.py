@@ -22,6 +22,7 @@ from tui.control.controller import Controller, HostReport
 from tui.control.history import History
 from tui.control.jobs import JobManager, JobView
 from tui.control.jobwatch import JobDetail, JobsSnapshot, JobWatch, StopPlan
+from tui.control.notify import Notifier
 from tui.control.queue import JobQueue, QueueEntry
 from tui.control.sweeps import SweepRunner
 from tui.model.inventory import Inventory
@@ -29,6 +30,7 @@ from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.state import ClusterState
 from tui.model.sweepview import SweepDetail, SweepRow
+from tui.model.userconfig import NotifyConfig
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +67,7 @@ class ControllerService:
         watch: Any = None,
         controller: Controller | None = None,
         source: Any = None,
+        notify: NotifyConfig | None = None,
     ):
         self.kind = kind
         self.host = host
@@ -82,6 +85,8 @@ class ControllerService:
         self._lock = threading.Lock()
         self.since = time.time()
         self._started = False
+        self.notify_config = notify
+        self.notifier: Notifier | None = None  # made with the manager, when [notify] sends anything
         # What the app shows of jobs: this service's own poller, or a stand-in (recorded data).
         self.source: Any = source if source is not None else ServiceJobSource(self)
 
@@ -94,6 +99,9 @@ class ControllerService:
                 self._manager = JobManager(self.ctl, self._history)
                 if self._owner:
                     self._manager.owner = self._owner
+                if self.notify_config is not None and self.notify_config.sends:
+                    self.notifier = Notifier(self.notify_config, self._manager.history, controller=self.kind)
+                    self.notifier.attach_jobs()
             return self._manager
 
     @property
@@ -111,6 +119,8 @@ class ControllerService:
         with self._lock:
             if self._sweeps is None:
                 self._sweeps = SweepRunner(m, q)
+                if self.notifier is not None:
+                    self.notifier.attach_sweeps(self._sweeps.store)
             return self._sweeps
 
     def _after_round(self) -> None:
@@ -175,6 +185,12 @@ class ControllerService:
         if self._monitor is not None and hasattr(self._monitor, "stop"):
             self._monitor.stop(timeout=2.0)
         self.ctl.close()
+        self.close_notifier()
+
+    def close_notifier(self) -> None:
+        """Send the notifications still queued, then stop sending."""
+        if self.notifier is not None:
+            self.notifier.close()
 
     def info(self) -> ServiceInfo:
         import importlib.metadata

@@ -193,6 +193,15 @@ class SweepStore:
         self._db = sqlite3.connect(str(path), check_same_thread=False, timeout=20)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
+        # Told of every recorded sweep state: (sweep id, state); the notifier, when configured.
+        self.observers: list[Any] = []
+
+    def _announce(self, sweep_id: str, state: str) -> None:
+        for observer in list(self.observers):
+            try:
+                observer(sweep_id, state)
+            except Exception:
+                log.exception("a sweep state observer failed for %s -> %s", sweep_id, state)
 
     def close(self) -> None:
         self._db.close()
@@ -210,6 +219,7 @@ class SweepStore:
     def create(self, sweep_id: str, name: str, spec: dict[str, Any]) -> None:
         self._exec("INSERT INTO sweeps (sweep_id, name, spec, state, created) VALUES (?, ?, ?, 'running', ?)",
                    (sweep_id, name, json.dumps(spec), time.time()))
+        self._announce(sweep_id, "running")
 
     def sweeps(self, limit: int = 100) -> list[dict[str, Any]]:
         return [self._decode(r) for r in self._rows("SELECT * FROM sweeps ORDER BY created DESC LIMIT ?", (limit,))]
@@ -241,6 +251,8 @@ class SweepStore:
     def update(self, sweep_id: str, **fields: Any) -> None:
         cols = ", ".join(f"{k} = ?" for k in fields)
         self._exec(f"UPDATE sweeps SET {cols} WHERE sweep_id = ?", (*fields.values(), sweep_id))
+        if "state" in fields:
+            self._announce(sweep_id, str(fields["state"]))
 
     def try_lease(self, sweep_id: str, owner: str) -> bool:
         now = time.time()

@@ -12,6 +12,8 @@
       known_hosts                the operator's recorded host keys of every inventory host
       inventory.toml             the operator's inventory as the server uses it: its own key,
                                  its known_hosts, attach_only on every host
+      config.toml                the operator's [notify] table: the server sends the webhook
+                                 and runs the command (on its host)
       setup.json                 what setup installed (rigdeck version and build, when)
       sock/server.sock           the unix socket ``rigdeck serve`` listens on (0600, in 0700)
       server.json                how and when the running server was started (pid, mode)
@@ -81,6 +83,10 @@ class ServerLayout:
     @property
     def inventory(self) -> str:
         return self._p("inventory.toml")
+
+    @property
+    def config(self) -> str:
+        return self._p("config.toml")
 
     @property
     def setup_record(self) -> str:

@@ -44,6 +44,7 @@ import tomli_w
 
 from tui.model.inventory import HostSpec, Inventory, ServerSpec
 from tui.model.serverlayout import ServerLayout
+from tui.model.userconfig import NotifyConfig
 from tui.remote.serverwheels import Platform, WheelSet, build_wheels
 from tui.remote.transport import (
     CommandResult,
@@ -70,6 +71,7 @@ __all__ = [
     "key_comment",
     "logs",
     "recorded_host_keys",
+    "server_config",
     "server_inventory",
     "setup",
     "start",
@@ -323,6 +325,15 @@ def server_inventory(
     return head + tomli_w.dumps({"defaults": defaults, "hosts": hosts})
 
 
+def server_config(notify: NotifyConfig | None, server_host: str) -> str:
+    """The server's config.toml: the operator's ``[notify]`` table, when there is one."""
+    head = (f"# The rigdeck server's config on {server_host}, written by `rigdeck server setup`\n"
+            "# from the operator's [notify]; setup overwrites it.\n")
+    if notify is None or not notify.sends:
+        return head
+    return head + tomli_w.dumps({"notify": notify.to_toml()})
+
+
 # ---------------------------------------------------------------------------------------------
 # Running the helper on a host
 
@@ -406,13 +417,16 @@ def setup(
     transport: TransportFactory | None = None,
     wheels: Callable[[], WheelSet] = build_wheels,
     progress: Progress = _quiet,
+    notify: NotifyConfig | None = None,
 ) -> SetupReport:
     """Install, key and configure the server on the [server] host (see the module docstring).
 
     ``deploy(hosts)`` puts the current agent on those hosts and says where it is on each (the
     controller's deploy); ``agent_env(host)`` is the environment the agent runs with there.
-    ``transport(host)`` reaches a host (default: a transport of its own per host). Safe to run
-    again: what is current is left alone, the key lines are replaced, never duplicated.
+    ``transport(host)`` reaches a host (default: a transport of its own per host). ``notify``:
+    the operator's ``[notify]`` table, written to the server's config.toml (none: an empty one,
+    so a table the operator removed stops there too). Safe to run again: what is current is
+    left alone, the key lines are replaced, never duplicated.
     """
     t0 = time.monotonic()
     srv, server_host = server_of(inventory)
@@ -466,6 +480,7 @@ def setup(
             layout.known_hosts: known_hosts_text,
             layout.inventory: server_inventory(inventory, layout, srv.host),
             layout.setup_record: json.dumps(record, indent=1) + "\n",
+            layout.config: server_config(notify, srv.host),
         })
         report.known_hosts = layout.known_hosts
         report.inventory = layout.inventory
