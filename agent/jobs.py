@@ -69,6 +69,18 @@ def _last_record(path: str, max_bytes: int = 65536) -> Optional[Dict[str, Any]]:
     return None
 
 
+def _runs_jobhost(pid: Any, job_dir: str) -> bool:
+    """Whether ``pid`` is (still) the job host of ``job_dir``, by its command line."""
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return False
+    return b"jobhost" in argv and os.fsencode(job_dir) in argv
+
+
 class Jobs:
     def __init__(self, state_dir: str, agent_command: List[str]):
         self.root = os.path.join(state_dir, "jobs")
@@ -105,6 +117,23 @@ class Jobs:
         current = read_json(os.path.join(d, "state.json"))
         if current and current.get("state") not in TERMINAL and pid_alive(current.get("jobhost_pid")):
             raise JobError("job %s is already running here (pid %s)" % (job_id, current.get("jobhost_pid")))
+        # The earlier attempt's job host writes its ended state, then exits: until it has, it
+        # holds the job's GPU claims (it carries no job tag of its own). A restart waits for it.
+        jobhost = (current or {}).get("jobhost_pid")
+        if not _runs_jobhost(jobhost, d):
+            jobhost = None  # gone, or its pid now someone else's
+        deadline = time.monotonic() + 5.0
+        while pid_alive(jobhost) and time.monotonic() < deadline:
+            self.reap()
+            time.sleep(0.02)
+        if pid_alive(jobhost):
+            try:
+                os.kill(int(jobhost), signal.SIGKILL)
+            except OSError:
+                pass
+            while pid_alive(jobhost) and time.monotonic() < deadline + 2.0:
+                self.reap()
+                time.sleep(0.02)
         if not processes_with_tag(job_id):
             return
         sweep(job_id, signal.SIGKILL)
