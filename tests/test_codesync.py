@@ -245,3 +245,35 @@ def test_the_controllers_store_keeps_the_newest_snapshots_and_their_contents_onl
         store.manifest(trees[0])
     for tree in trees[2:]:
         assert all(store.has(e.sha256) for e in store.manifest(tree).entries)
+
+
+def test_a_snapshot_reads_again_only_files_whose_stat_changed(tmp_path: Path) -> None:
+    import os
+
+    from tui.model.codesync import CodeSpec
+    from tui.remote.codesync import CodeStore
+
+    src = tmp_path / "src"
+    src.mkdir()
+    old = 1_000_000_000
+    for i in range(5):
+        (src / f"f{i}.py").write_text(f"v{i}\n")
+        os.utime(src / f"f{i}.py", (old, old))  # long before the snapshot: a trusted stat
+    store = CodeStore(tmp_path / "code")
+    first, done = store.snapshot(CodeSpec(sync=str(src)))
+    assert done["files_read"] == 5
+    second, done = store.snapshot(CodeSpec(sync=str(src)))
+    assert done["files_read"] == 0 and second.tree == first.tree
+    (src / "f1.py").write_text("v1 changed, same second as written\n")  # mtime now: read, not cached
+    third, done = store.snapshot(CodeSpec(sync=str(src)))
+    assert done["files_read"] == 1 and third.tree != first.tree
+    fourth, done = store.snapshot(CodeSpec(sync=str(src)))
+    assert done["files_read"] == 1 and fourth.tree == third.tree  # too recent to trust: read again
+    # Same size, same mtime, another inode (a file replaced by rename): read again.
+    (src / "f2.tmp").write_text("v9\n")
+    os.utime(src / "f2.tmp", (old, old))
+    os.replace(src / "f2.tmp", src / "f2.py")
+    fifth, done = store.snapshot(CodeSpec(sync=str(src)))
+    assert done["files_read"] == 2
+    assert {e.path: e.sha256 for e in store.manifest(fifth.tree).entries}["f2.py"] != \
+        {e.path: e.sha256 for e in store.manifest(first.tree).entries}["f2.py"]

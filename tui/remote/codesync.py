@@ -102,9 +102,9 @@ def _walk_files(root: Path) -> list[str]:
     return sorted(out)
 
 
-def list_files(root: Path) -> tuple[list[tuple[str, Path, int, bool]], str]:
-    """``(relative path, absolute path, size, executable)`` for each regular file to ship (a
-    symlink to a file ships the file's content), and how the list was made."""
+def list_files(root: Path) -> tuple[list[tuple[str, Path, int, bool, os.stat_result]], str]:
+    """``(relative path, absolute path, size, executable, stat)`` for each regular file to ship
+    (a symlink to a file ships the file's content), and how the list was made."""
     names = _git_files(root)
     how = "git" if names is not None else IGNORE_FILE
     if names is None:
@@ -122,7 +122,7 @@ def list_files(root: Path) -> tuple[list[tuple[str, Path, int, bool]], str]:
             check_path(rel)
         except CodeSyncError as e:
             raise CodeSyncError(f"{root}: {e}") from None
-        files.append((rel, full, st.st_size, bool(st.st_mode & 0o111)))
+        files.append((rel, full, st.st_size, bool(st.st_mode & 0o111), st))
     return files, how
 
 
@@ -248,6 +248,34 @@ class CodeStore:
                     gone += 1
             return gone
 
+    def _stat_cache(self) -> dict[str, list[Any]]:
+        """What each file's stat was when it was last read, and its hash, as git's index keeps
+        it: a file whose size, mtime, inode and device are as they were is not read again. An
+        entry whose mtime was too close to when it was recorded is not kept (a change within
+        the clock's grain would look unchanged)."""
+        try:
+            data = json.loads((self.root / "statcache.json").read_text())
+            return {k: v for k, v in data.get("files", {}).items() if isinstance(v, list) and len(v) == 5}
+        except (OSError, ValueError, AttributeError):
+            return {}
+
+    def _save_stat_cache(self, cache: dict[str, list[Any]], seen: dict[str, list[Any]], started: float) -> None:
+        racy = int((started - 2.0) * 1e9)
+        merged = {**cache, **{k: v for k, v in seen.items() if v and v[1] < racy}}
+        for k, v in seen.items():
+            if not v or v[1] >= racy:
+                merged.pop(k, None)
+        if len(merged) > 200_000:  # a bound: the newest snapshot's files first
+            merged = {k: merged[k] for k in seen if k in merged}
+        path = self.root / "statcache.json"
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"statcache.json.tmp{os.getpid()}.{threading.get_ident()}")
+            tmp.write_text(json.dumps({"files": merged}))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # only a cache
+
     def snapshot(self, code: CodeSpec, where: str = "[code] sync") -> tuple[CodeSpec, dict[str, Any]]:
         """Take the snapshot of ``code.sync``: returns the spec with ``tree``/``files``/``size``
         set, and what was done (files, bytes, new contents, how the list was made)."""
@@ -258,20 +286,35 @@ class CodeStore:
         check_limits(len(files), sum(f[2] for f in files), code, f"{where} ({root})")
         entries = []
         new = 0
-        for rel, full, _size, exe in files:
-            try:
-                data = full.read_bytes()
-            except OSError as e:
-                raise CodeSyncError(f"{where}: cannot read {full}: {e.strerror or e}") from None
-            sha = hashlib.sha256(data).hexdigest()
-            new += self._keep(sha, data)
-            entries.append(FileEntry(rel, sha, len(data), exe))
+        read = 0
+        cache = self._stat_cache()
+        started = time.time()
+        seen: dict[str, list[Any]] = {}
+        for rel, full, _size, exe, st in files:
+            key = str(full)
+            stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+            hit = cache.get(key)
+            if hit is not None and hit[:4] == stamp and self.has(hit[4]):
+                sha, size = hit[4], st.st_size  # unchanged since it was last read (see _stat_cache)
+            else:
+                try:
+                    data = full.read_bytes()
+                except OSError as e:
+                    raise CodeSyncError(f"{where}: cannot read {full}: {e.strerror or e}") from None
+                sha, size = hashlib.sha256(data).hexdigest(), len(data)
+                new += self._keep(sha, data)
+                read += 1
+                if size != st.st_size:
+                    stamp = []  # changed while read: not to be trusted next time
+            seen[key] = [*stamp, sha] if stamp else []
+            entries.append(FileEntry(rel, sha, size, exe))
+        self._save_stat_cache(cache, seen, started)
         manifest = Manifest(tuple(sorted(entries, key=lambda e: e.path)))
         check_limits(len(entries), manifest.size, code, f"{where} ({root})")  # grown while read
         self.save_manifest(manifest)
         self.prune(keep=(manifest.tree,))
         done = {"tree": manifest.tree, "files": len(entries), "bytes": manifest.size,
-                "new_contents": new, "listed_by": how}
+                "new_contents": new, "files_read": read, "listed_by": how}
         return replace(code, tree=manifest.tree, files=len(entries), size=manifest.size), done
 
 
