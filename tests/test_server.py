@@ -300,7 +300,9 @@ def test_a_killed_server_restarts_and_readopts_its_jobs_and_queue(served: tuple[
         assert view["state"] == "running" and view["restarts"] == 0, view
         after = {h: rank_pids(bed, h, running["job_id"]) for h in (1, 2, 3)}
         assert after == before  # re-adopted: the same processes, nothing started again
-        assert [e["job_id"] for e in alice.json("queue")] == [waiting["job_id"]]
+        queued = [e["job_id"] for e in alice.json("queue")]
+        assert queued == [waiting["job_id"]], (queued, bob.json("status", waiting["job_id"], check=False),
+                                               alice.run("server", "logs", "-n", "60").stdout)
         started = [e for e in view["events"] if e["event"] == "started"]
         assert len(started) == 1
         alice.run("stop", running["job_id"], "--grace", "1")
@@ -366,7 +368,8 @@ def test_a_sweep_runs_unattended_and_survives_a_killed_server(served: tuple[Test
         assert t["state"] == "completed" and t["value"] == pytest.approx(expected(t, 10), rel=1e-9), t
     jobs = [j for j in alice.json("jobs") if j["sweep_id"] == sweep_id]
     assert sorted(int(j["trial"]) for j in jobs) == list(range(1, 9))  # one job per trial: none ran twice
-    assert all(len([e for e in j["events"] if e["event"] == "started"]) == 1 for j in jobs)
+    twice = [(j["job_id"], j["events"]) for j in jobs if len([e for e in j["events"] if e["event"] == "started"]) != 1]
+    assert not twice, (twice, alice.run("server", "logs", "-n", "80").stdout)
 
 
 def test_the_servers_key_runs_only_the_agent_and_no_host_listens_on_tcp(served: tuple[TestBed, Operator, Operator]) -> None:
