@@ -589,3 +589,46 @@ def test_launches_asking_for_capacity_at_once_share_one_read_and_its_error() -> 
     assert jm.capacity(["h1", "h2"]) == ["h1 has 3"]
     assert calls[-1] == (("h1", "h2"), None) and len(calls) == 3
     assert jm._reads == {}
+
+
+def test_a_queued_job_that_does_not_fit_stays_in_line_while_the_queue_looks(tmp_path) -> None:
+    """The queue asks whether a job fits before taking it from the line: a job that does not
+    fit is never `pending` (out of `rigdeck queue`) for the length of a try, and a job that fits
+    is launched with the capacity just read (one read, not two)."""
+    from tui.control.history import History
+    from tui.control.queue import JobQueue
+    from tui.model.jobspec import JobSpec
+    from tui.model.scheduler import HostCapacity, Scheduler
+
+    history = History(tmp_path / "history.sqlite")
+    seen: list[tuple[str, str]] = []
+    history.observers.append(lambda job_id, state, fields: seen.append((job_id, state)))
+
+    class Manager:
+        def __init__(self) -> None:
+            self.history = history
+            self.scheduler = Scheduler()
+            self.free = (0,)
+            self.launched: list[tuple[str, object]] = []
+            self.ctl = type("Ctl", (), {"inventory": type("Inv", (), {"names": ["h1"]})()})()
+
+        def capacity(self, hosts):
+            busy = tuple(g for g in range(4) if g not in self.free)
+            return [HostCapacity("h1", "10.0.0.1", True, 8, (0, 1, 2, 3), busy, True, "Simulated GPU",
+                                 foreign_users=tuple((g, "bob") for g in busy))]
+
+        def launch(self, spec, *, job_id, capacity):
+            self.launched.append((job_id, capacity))
+
+    jm = Manager()
+    q = JobQueue(jm)  # type: ignore[arg-type]
+    spec = JobSpec(name="big", command=("true",), workdir="/", nodes=1, gpus_per_node=2)
+    history.create("big-1", "big", spec.to_dict(), state="queued")
+    for _ in range(3):
+        assert q.advance() == []
+        assert [e.job_id for e in q.entries()] == ["big-1"]
+    assert ("big-1", "pending") not in seen and jm.launched == []
+    assert "GPU" in (history.get("big-1") or {}).get("waiting", "")
+    jm.free = (0, 1, 2)
+    assert q.advance() == ["big-1"]
+    assert [j for j, _ in jm.launched] == ["big-1"] and jm.launched[0][1] is not None

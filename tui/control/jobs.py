@@ -339,10 +339,12 @@ class JobManager:
 
     # -- lifecycle --------------------------------------------------------------------------
 
-    def launch(self, spec: JobSpec, *, job_id: str | None = None, look: bool = True) -> JobView:
+    def launch(self, spec: JobSpec, *, job_id: str | None = None, look: bool = True,
+               capacity: list[HostCapacity] | None = None) -> JobView:
         """Place the job, start it on every host, record it. Raises PlacementError or JobError.
         The view returned looks at the hosts once more, unless ``look`` is false (a caller that
-        does not show it: the sweeps)."""
+        does not show it: the sweeps). ``capacity``: the hosts' capacity if the caller has just
+        read it."""
         unknown = [h for h in spec.hosts if h not in self.ctl.inventory.names]
         if unknown:
             raise JobError(
@@ -350,7 +352,8 @@ class JobManager:
                 f"({', '.join(self.ctl.inventory.names)}), got unknown {', '.join(map(repr, unknown))}"
             )
         candidates = list(spec.hosts) if spec.hosts else self.ctl.inventory.names
-        capacity = self.capacity(candidates)
+        if capacity is None:  # a caller that has just read it (the queue) passes it on
+            capacity = self.capacity(candidates)
         job_id = job_id or new_job_id(spec.name)
         placement = self.scheduler.reserve(job_id, spec, capacity)
         try:

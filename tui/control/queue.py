@@ -23,6 +23,7 @@ from typing import Any
 from tui.control.jobs import JobError, JobManager, JobView, new_job_id
 from tui.model.jobspec import JobSpec
 from tui.model.scheduler import HostCapacity, PlacementError, Scheduler
+from tui.remote.transport import TransportError
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +125,25 @@ class JobQueue:
             if blocked_by is not None:
                 self._wait(rec, f"behind job {blocked_by}")
                 continue
+            spec = JobSpec.from_dict(rec["spec"])
+            # Whether it fits is asked before the job is taken from the line: a job that does
+            # not fit stays queued (and listed) throughout, instead of leaving the line for each
+            # try.
+            try:
+                capacity = self.jm.capacity(self._candidates(spec))
+            except TransportError as e:
+                self._wait(rec, str(e))
+                blocked_by = job_id
+                continue
+            problem = self.jm.scheduler.fits(spec, capacity)
+            if problem is not None:
+                self._wait(rec, str(problem))
+                blocked_by = job_id
+                continue
             if not self.history.take_queued(job_id):
                 continue  # cancelled, or another controller took it
-            spec = JobSpec.from_dict(rec["spec"])
             try:
-                self.jm.launch(spec, job_id=job_id)
+                self.jm.launch(spec, job_id=job_id, capacity=capacity)
             except (PlacementError, JobError) as e:
                 rec_now = self.history.get(job_id) or {}
                 if rec_now.get("state") == "pending" and self._transient(e):

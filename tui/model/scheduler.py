@@ -290,6 +290,16 @@ class Scheduler:
             self._reservations[job_id] = placement
             return placement
 
+    def fits(self, spec: JobSpec, capacity: Sequence[HostCapacity]) -> PlacementError | None:
+        """Whether ``spec`` would fit now, holding nothing: None, or why not."""
+        with self._lock:
+            views = _views(capacity, self._held(), "\0probe", frozenset())
+            try:
+                _place(spec, views, self._cpu_jobs())
+            except PlacementError as e:
+                return e
+            return None
+
     def release(self, job_id: str) -> None:
         """Give back what ``job_id`` holds; a job holding nothing is fine."""
         with self._lock:
