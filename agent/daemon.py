@@ -523,9 +523,14 @@ class Daemon:
         out = {"exit_code": None, "signal": None, "stdout": "", "stderr": "", "stdout_dropped": 0,
                "stderr_dropped": 0, "timed_out": False, "error": None}  # type: Dict[str, Any]
         try:
+            # HOSTNAME as an interactive shell sets it (a program started with no shell has no
+            # such variable otherwise): `rigdeck exec --all -- sh -c 'echo $HOSTNAME'` names each host.
+            env = dict(os.environ)
+            env.setdefault("HOSTNAME", socket.gethostname())
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, cwd=os.path.expanduser("~"), start_new_session=True)
+                stderr=asyncio.subprocess.PIPE, cwd=os.path.expanduser("~"), start_new_session=True,
+                env=env)
         except OSError as e:  # as a shell says it: 127 not found, 126 found but not runnable
             out["exit_code"] = 127 if isinstance(e, FileNotFoundError) else 126
             out["error"] = "%s: %s" % (argv[0], e.strerror or e)

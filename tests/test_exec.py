@@ -42,6 +42,9 @@ def test_exec_runs_on_every_host_with_each_argument_as_given(cli: Cli) -> None:
     summary = res.stderr.splitlines()[-4:]
     assert [s.split()[0] for s in summary[:3]] == ["h1", "h2", "h3"] and all(" exit 0 " in s + " " for s in summary[:3])
     assert summary[-1] == "0 of 3 host(s) failed"
+    # A shell run on each host sees the host's name in $HOSTNAME, as a login shell would.
+    named = cli.run("exec", "--all", "--", "sh", "-c", "echo $HOSTNAME")
+    assert named.stdout.splitlines() == [f"h{i}: {h.hostname}" for i, h in enumerate(cli.bed.hosts, start=1)], named.stdout
 
 
 @pytest.mark.testbed
