@@ -277,7 +277,7 @@ def code_lines(code: dict[str, Any] | None, events: list[dict[str, Any]]) -> lis
         if r.get("had_tree"):
             lines.append(f"         {host}: had it, sent nothing")
         else:
-            lines.append(f"         {host}: sent {r['files_sent']} files, {size_bytes(r['bytes_sent'])} "
+            lines.append(f"         {host}: sent {r['files_sent']} file{'' if r['files_sent'] == 1 else 's'}, {size_bytes(r['bytes_sent'])} "
                          f"({size_bytes(r['wire_bytes'])} on the wire) in {r['seconds']:.1f}s")
     return lines
 
