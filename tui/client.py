@@ -30,7 +30,7 @@ from typing import Any
 from tui import serveradmin  # noqa: F401  (`rigdeck server ...`: set-up and start on the server host)
 from tui.control.controller import HostReport
 from tui.control.history import JobRefError
-from tui.control.jobs import AmbiguousJobError, JobError, JobView, describe_cause
+from tui.control.jobs import AmbiguousJobError, JobError, JobView
 from tui.control.jobwatch import JobDetail, JobRow, JobsSnapshot, LogBuffer, StopPlan
 from tui.control.onboard import Candidate, Onboarding
 from tui.control.queue import QueueEntry
@@ -40,6 +40,7 @@ from tui.control.sweeps import SweepError
 from tui.model import wire
 from tui.model.inventory import INVENTORY_ENV, Inventory, InventoryError, default_inventory_path
 from tui.model.jobspec import JobSpec, JobSpecError
+from tui.model.jobstate import describe_cause
 from tui.model.scheduler import PlacementError
 from tui.model.state import ClusterState
 from tui.model.sweepview import SweepDetail, SweepRow

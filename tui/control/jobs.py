@@ -80,24 +80,6 @@ def unreachable(host_states: dict[str, Any]) -> list[str]:
     return [h for h, s in host_states.items() if not isinstance(s, dict)]
 
 
-def describe_cause(cause: dict[str, Any], *, restart_error: bool = True) -> str:
-    """One line for a failure cause: rank, host, signal or exit code, message."""
-    parts = []
-    if cause.get("rank") is not None:
-        parts.append(f"rank {cause['rank']}")
-    if cause.get("host"):
-        parts.append(f"on {cause['host']}")
-    if cause.get("signal"):
-        parts.append(f"killed by signal {cause['signal']}")
-    elif cause.get("exit_code") is not None:
-        parts.append(f"exited {cause['exit_code']}")
-    if cause.get("message"):
-        parts.append(str(cause["message"]))
-    if restart_error and cause.get("restart_error"):
-        parts.append(f"(no restart: {cause['restart_error']})")
-    return " ".join(parts)
-
-
 def first_cause(host_states: dict[str, Any]) -> dict[str, Any] | None:
     causes = []
     for host, st in host_states.items():

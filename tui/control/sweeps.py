@@ -649,7 +649,7 @@ class SweepRunner:
             self._reported.pop(t["job_id"], None)
             self._submit(sweep_id, spec, {**t, "job_id": job_id, "attempt": attempt})
         else:
-            from tui.control.jobs import describe_cause
+            from tui.model.jobstate import describe_cause
 
             why = describe_cause(rec["cause"]) if rec.get("cause") else f"its job {state}"
             self._finish(sweep_id, t, "failed" if state == "failed" else "stopped", study=study, error=why)

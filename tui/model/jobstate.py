@@ -32,6 +32,9 @@ and never imports ``tui``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 __all__ = [
     "ACTIVE",
     "FAILED",
@@ -65,3 +68,21 @@ ACTIVE: tuple[str, ...] = (PENDING, QUEUED, STARTING, RUNNING, RESTARTING, STOPP
 TERMINAL: tuple[str, ...] = (SUCCEEDED, FAILED, STOPPED)
 # Every state a job's record can hold, in lifecycle order.
 STATES: tuple[str, ...] = ACTIVE + TERMINAL
+
+
+def describe_cause(cause: Mapping[str, Any], *, restart_error: bool = True) -> str:
+    """One line for a failure cause: rank, host, signal or exit code, message."""
+    parts = []
+    if cause.get("rank") is not None:
+        parts.append(f"rank {cause['rank']}")
+    if cause.get("host"):
+        parts.append(f"on {cause['host']}")
+    if cause.get("signal"):
+        parts.append(f"killed by signal {cause['signal']}")
+    elif cause.get("exit_code") is not None:
+        parts.append(f"exited {cause['exit_code']}")
+    if cause.get("message"):
+        parts.append(str(cause["message"]))
+    if restart_error and cause.get("restart_error"):
+        parts.append(f"(no restart: {cause['restart_error']})")
+    return " ".join(parts)

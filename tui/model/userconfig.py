@@ -29,6 +29,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tui.model.fields import Bad, Check, checked, number
 from tui.model.inventory import InventoryError
+from tui.model.jobstate import describe_cause
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -302,24 +303,6 @@ class NotifyEvent:
 def event_for_state(kind: str, state: str) -> str | None:
     table = _SWEEP_EVENTS if kind == "sweep" else _JOB_EVENTS
     return table.get(state)
-
-
-def describe_cause(cause: Mapping[str, Any]) -> str:
-    """One line for a failure cause: rank, host, signal or exit code, message."""
-    parts = []
-    if cause.get("rank") is not None:
-        parts.append(f"rank {cause['rank']}")
-    if cause.get("host"):
-        parts.append(f"on {cause['host']}")
-    if cause.get("signal"):
-        parts.append(f"killed by signal {cause['signal']}")
-    elif cause.get("exit_code") is not None:
-        parts.append(f"exited {cause['exit_code']}")
-    if cause.get("message"):
-        parts.append(str(cause["message"]))
-    if cause.get("restart_error"):
-        parts.append(f"(no restart: {cause['restart_error']})")
-    return " ".join(parts)
 
 
 def _hosts_of(placement: Iterable[Mapping[str, Any]] | None) -> tuple[str, ...]:
