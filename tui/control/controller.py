@@ -194,20 +194,13 @@ class Controller(TypedAgents):
     # -- agent requests (the CLI's and the job manager's path to the daemons) ----------------
 
     def _link(self, spec: HostSpec) -> Any:
-        from tui.remote.agentlink import AgentLink, hello_timeout
-
         link = self._links.get(spec.name)
         if link is not None:
             return link
         t = self.transport(spec)
         t.connect()
         stream, pyz = self.open_agent_stream(spec, t)
-        link = AgentLink(spec.name, stream)
-        try:
-            link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck")
-        except BaseException:
-            link.close()
-            raise
+        link = self._greeted(spec, stream, "rigdeck")
         self._links[spec.name] = link
         self._pyz[spec.name] = pyz
         return link
@@ -216,8 +209,6 @@ class Controller(TypedAgents):
         """A second connection to ``host``'s agent, on the same SSH connection, for a long
         exchange (code sync) that must not hold up the host's other requests. The caller closes
         it. The agent is checked (and deployed) through the host's first connection."""
-        from tui.remote.agentlink import AgentLink, hello_timeout
-
         spec = self.inventory.get(host)
         with self._host_locks[host]:
             self._link(spec)
@@ -228,9 +219,16 @@ class Controller(TypedAgents):
         else:
             stream = t.open_stream([spec.python, pyz, "attach", "--state-dir", t.remote_path(spec.state_dir)],
                                    env=self.agent_env(spec))
+        return self._greeted(spec, stream, "rigdeck-sync")
+
+    @staticmethod
+    def _greeted(spec: HostSpec, stream: Any, client: str) -> Any:
+        """An AgentLink on ``stream`` once the agent has said hello (the stream closed if not)."""
+        from tui.remote.agentlink import AgentLink, hello_timeout
+
         link = AgentLink(spec.name, stream)
         try:
-            link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck-sync")
+            link.handshake(hello_timeout(spec.connect_timeout), client=client)
         except BaseException:
             link.close()
             raise
