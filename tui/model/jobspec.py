@@ -181,6 +181,16 @@ class JobSpec:
     # ``[code] sync``: a directory on the operator's machine shipped to the hosts before the
     # job starts; the job runs in the host's copy (and ``workdir`` is that directory here).
     code: CodeSpec | None = None
+    # A pipeline step's job (tui.model.pipelinespec): artifacts of earlier steps staged on its
+    # hosts before it starts. ``inputs``: channel -> an artifact (``{"tree", "files",
+    # "sources", "from"}``: the manifest's hash, its rows ``[path, sha256, size, executable]``,
+    # which hosts hold which contents, and ``steps.X.output`` it came from); its channel
+    # ``input/data/<channel>`` is the host's copy. ``seed_checkpoint``: an artifact copied into
+    # the job's checkpoint dir before its first attempt (``continue_from``).
+    inputs: tuple[tuple[str, Mapping[str, Any]], ...] = ()
+    seed_checkpoint: Mapping[str, Any] | None = None
+    pipeline_id: str | None = None
+    step: str | None = None
     path: Path | None = None
 
     def __hash__(self) -> int:
@@ -238,6 +248,10 @@ class JobSpec:
             "sweep_id": self.sweep_id,
             "metric_definitions": [list(d) for d in self.metric_definitions],
             "code": self.code.to_dict() if self.code is not None else None,
+            "inputs": {k: copy.deepcopy(dict(v)) for k, v in self.inputs},
+            "seed_checkpoint": copy.deepcopy(dict(self.seed_checkpoint)) if self.seed_checkpoint else None,
+            "pipeline_id": self.pipeline_id,
+            "step": self.step,
             "path": str(self.path) if self.path is not None else None,
         }
 
@@ -297,6 +311,10 @@ class JobSpec:
             sweep_id=d.get("sweep_id"),
             metric_definitions=tuple((str(n), str(r)) for n, r in d.get("metric_definitions") or ()),
             code=CodeSpec.from_dict(d["code"]) if d.get("code") else None,
+            inputs=tuple((str(k), dict(v)) for k, v in (d.get("inputs") or {}).items()),
+            seed_checkpoint=dict(d["seed_checkpoint"]) if d.get("seed_checkpoint") else None,
+            pipeline_id=d.get("pipeline_id"),
+            step=d.get("step"),
             path=Path(path) if path is not None else None,
         )
 
