@@ -43,6 +43,7 @@ from tui.model.jobspec import JobSpec, JobSpecError
 from tui.model.jobstate import describe_cause
 from tui.model.scheduler import PlacementError
 from tui.model.state import ClusterState
+from tui.model.pipelineview import PipelineDetail, PipelineRow
 from tui.model.sweepview import SweepDetail, SweepRow
 from tui.model.userconfig import NotifyConfig, UserConfig, load_config
 from tui.remote.sshconfig import hostfile_to_toml, load_hostfile, load_inventory
@@ -215,6 +216,29 @@ class Client:
         raise NotImplementedError
 
     def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
+        raise NotImplementedError
+
+    # pipelines (tui.model.pipelinespec, tui.model.pipelineview)
+    def pipeline(self, spec: Any) -> PipelineDetail:
+        """Start a pipeline (a PipelineSpec): record it and start the steps that need none."""
+        raise NotImplementedError
+
+    def pipelines(self) -> list[PipelineRow]:
+        raise NotImplementedError
+
+    def pipeline_detail(self, ref: str) -> PipelineDetail:
+        """A pipeline by id, unique id prefix or name (the newest of that name)."""
+        raise NotImplementedError
+
+    def pipeline_stop(self, ref: str) -> PipelineDetail:
+        raise NotImplementedError
+
+    def pipeline_retry(self, ref: str, step: str) -> PipelineDetail:
+        """Run a failed (or stopped) step again, and then the steps skipped because of it."""
+        raise NotImplementedError
+
+    def pipeline_wait(self, ref: str, timeout: float | None = None) -> Iterator[PipelineDetail]:
+        """The pipeline's detail each time a step changes state, until it ends."""
         raise NotImplementedError
 
 
