@@ -36,14 +36,15 @@ from tui.control.onboard import Candidate, Onboarding
 from tui.control.queue import QueueEntry
 from tui.control.server import StateMirror, serve
 from tui.control.service import ControllerService, ServiceInfo
+from tui.control.pipelines import PipelineError
 from tui.control.sweeps import SweepError
 from tui.model import wire
 from tui.model.inventory import INVENTORY_ENV, Inventory, InventoryError, default_inventory_path
 from tui.model.jobspec import JobSpec, JobSpecError
 from tui.model.jobstate import describe_cause
 from tui.model.scheduler import PlacementError
-from tui.model.state import ClusterState
 from tui.model.pipelineview import PipelineDetail, PipelineRow
+from tui.model.state import ClusterState
 from tui.model.sweepview import SweepDetail, SweepRow
 from tui.model.userconfig import NotifyConfig, UserConfig, load_config
 from tui.remote.sshconfig import hostfile_to_toml, load_hostfile, load_inventory
@@ -108,7 +109,7 @@ class ServerError(Exception):
 _ERRORS: dict[str, type[Exception]] = {
     "JobError": JobError, "PlacementError": PlacementError, "JobSpecError": JobSpecError,
     "JobRefError": JobError, "InventoryError": JobError, "SweepError": SweepError,
-    "CodeSyncError": JobError,
+    "CodeSyncError": JobError, "PipelineError": PipelineError,
 }
 
 
@@ -370,6 +371,24 @@ class InProcessClient(Client):
 
     def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
         return self.service.sweep_wait(ref, timeout=timeout)
+
+    def pipeline(self, spec: Any) -> PipelineDetail:
+        return self.service.pipeline(spec)
+
+    def pipelines(self) -> list[PipelineRow]:
+        return self.service.pipeline_rows()
+
+    def pipeline_detail(self, ref: str) -> PipelineDetail:
+        return self.service.pipeline_detail(ref)
+
+    def pipeline_stop(self, ref: str) -> PipelineDetail:
+        return self.service.pipeline_stop(ref)
+
+    def pipeline_retry(self, ref: str, step: str) -> PipelineDetail:
+        return self.service.pipeline_retry(ref, step)
+
+    def pipeline_wait(self, ref: str, timeout: float | None = None) -> Iterator[PipelineDetail]:
+        return self.service.pipeline_wait(ref, timeout=timeout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -848,6 +867,29 @@ class RemoteClient(Client):
     def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
         for item in self.stream("sweep_wait", ref=ref, timeout=timeout):
             yield wire.decode(SweepDetail, item)
+
+    def pipeline(self, spec: Any) -> PipelineDetail:
+        import dataclasses
+
+        steps = tuple(dataclasses.replace(s, job=self._with_code(s.job)) for s in spec.steps)
+        spec = dataclasses.replace(spec, steps=steps)
+        return wire.decode(PipelineDetail, self.call("pipeline", spec=spec.to_dict()))
+
+    def pipelines(self) -> list[PipelineRow]:
+        return [wire.decode(PipelineRow, r) for r in self.call("pipelines")]
+
+    def pipeline_detail(self, ref: str) -> PipelineDetail:
+        return wire.decode(PipelineDetail, self.call("pipeline_detail", ref=ref))
+
+    def pipeline_stop(self, ref: str) -> PipelineDetail:
+        return wire.decode(PipelineDetail, self.call("pipeline_stop", ref=ref))
+
+    def pipeline_retry(self, ref: str, step: str) -> PipelineDetail:
+        return wire.decode(PipelineDetail, self.call("pipeline_retry", ref=ref, step=step))
+
+    def pipeline_wait(self, ref: str, timeout: float | None = None) -> Iterator[PipelineDetail]:
+        for item in self.stream("pipeline_wait", ref=ref, timeout=timeout):
+            yield wire.decode(PipelineDetail, item)
 
 
 def server_enabled(inventory: Inventory) -> bool:

@@ -13,7 +13,7 @@ import logging
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -413,6 +413,11 @@ class JobManager:
                 raise JobError(f"could not prepare the launch: {e}") from None
             for h, path in workdirs.items():
                 plans[h]["workdir"] = path
+            if spec.inputs or spec.seed_checkpoint:
+                for h, staged in self._stage_artifacts(job_id, spec, hosts).items():
+                    plans[h]["channels"] = {**plans[h]["channels"], **staged.get("channels", {})}
+                    if staged.get("seed_checkpoint"):
+                        plans[h]["seed_checkpoint"] = staged["seed_checkpoint"]
             primary = placement.nodes[0].host
             # The primary last: an mpirun there needs every other host's job directory in place.
             others = [h for h in plans if h != primary]
@@ -493,6 +498,34 @@ class JobManager:
         self.history.add_event(job_id, {"event": "code", "tree": tree,
                                         "hosts": {h: r.to_json() for h, r in results.items()}})
         return {h: r.path for h, r in results.items()}
+
+    def _stage_artifacts(self, job_id: str, spec: JobSpec, hosts: list[str]) -> dict[str, dict[str, Any]]:
+        """A pipeline step's artifacts from earlier steps, made on every host of the job (moved
+        from the hosts that made them when these do not have them, each content checked against
+        its SHA-256): host -> {"channels": {channel: its tree}, "seed_checkpoint": a tree}. Any
+        host failing fails the start (nothing has started yet)."""
+        from tui.remote.artifacts import stage
+
+        wanted: list[tuple[str, Mapping[str, Any]]] = list(spec.inputs)
+        if spec.seed_checkpoint:
+            wanted.append(("", spec.seed_checkpoint))
+        out: dict[str, dict[str, Any]] = {h: {"channels": {}} for h in hosts}
+        report: dict[str, Any] = {}
+        for channel, art in wanted:
+            what = f"channel {channel} ({art.get('from')})" if channel else f"checkpoints ({art.get('from')})"
+            results = stage(self.ctl, art, hosts)
+            failed = {h: r for h, r in results.items() if isinstance(r, Exception)}
+            if failed:
+                raise JobError(f"{what} could not be staged: " + "; ".join(f"{h}: {e}" for h, e in failed.items()))
+            for h, r in results.items():
+                if channel:
+                    out[h]["channels"][channel] = r.path
+                else:
+                    out[h]["seed_checkpoint"] = r.path
+            report[channel or "checkpoints"] = {"from": art.get("from"), "tree": art.get("tree"),
+                                                "hosts": {h: r.to_json() for h, r in results.items()}}
+        self.history.add_event(job_id, {"event": "inputs", "artifacts": report})
+        return out
 
     def _start_hosts(self, plans: dict[str, dict[str, Any]], hosts: list[str]) -> dict[str, Any]:
         from concurrent.futures import ThreadPoolExecutor

@@ -469,6 +469,15 @@ def _methods() -> dict[str, Callable[..., Any]]:
         for detail in svc(s).sweep_wait(ref, timeout=timeout):
             yield wire.encode(detail)
 
+    def pipeline(s: Session, spec: dict[str, Any]) -> Any:
+        from tui.model.pipelinespec import PipelineSpec
+
+        return wire.encode(svc(s).pipeline(PipelineSpec.from_dict(spec)))
+
+    def pipeline_wait(s: Session, ref: str, timeout: float | None = None) -> Any:
+        for detail in svc(s).pipeline_wait(ref, timeout=timeout):
+            yield wire.encode(detail)
+
     def code_missing(s: Session, blobs: list[Any]) -> Any:
         return svc(s).manager.code_store.missing(blobs)
 
@@ -516,6 +525,12 @@ def _methods() -> dict[str, Callable[..., Any]]:
         "sweep_stop": plain("sweep_stop", lambda c, ref: c.sweep_stop(ref)),
         "sweep_stop_trial": plain("sweep_stop_trial", lambda c, ref, number: c.sweep_stop_trial(ref, int(number))),
         "sweep_wait": sweep_wait,
+        "pipeline": pipeline,
+        "pipelines": plain("pipelines", lambda c: c.pipeline_rows()),
+        "pipeline_detail": plain("pipeline_detail", lambda c, ref: c.pipeline_detail(ref)),
+        "pipeline_stop": plain("pipeline_stop", lambda c, ref: c.pipeline_stop(ref)),
+        "pipeline_retry": plain("pipeline_retry", lambda c, ref, step: c.pipeline_retry(ref, str(step))),
+        "pipeline_wait": pipeline_wait,
         "code_missing": code_missing,
         "code_put": code_put,
         "code_manifest": code_manifest,

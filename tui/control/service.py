@@ -23,11 +23,13 @@ from tui.control.history import History
 from tui.control.jobs import JobManager, JobView
 from tui.control.jobwatch import JobDetail, JobsSnapshot, JobWatch, StopPlan
 from tui.control.notify import Notifier
+from tui.control.pipelines import PipelineRunner
 from tui.control.queue import JobQueue, QueueEntry
 from tui.control.sweeps import SweepRunner
 from tui.model.inventory import Inventory
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
+from tui.model.pipelineview import PIPELINE_FINAL, PipelineDetail, PipelineRow
 from tui.model.state import ClusterState
 from tui.model.sweepview import SweepDetail, SweepRow
 from tui.model.userconfig import NotifyConfig
@@ -81,6 +83,7 @@ class ControllerService:
         self._watch = watch
         self._queue: JobQueue | None = None
         self._sweeps: SweepRunner | None = None
+        self._pipelines: PipelineRunner | None = None
         self._round_s = getattr(watch, "interval", 1.0)  # the poller's own interval, between sweeps
         self._lock = threading.Lock()
         self.since = time.time()
@@ -123,15 +126,27 @@ class ControllerService:
                     self.notifier.attach_sweeps(self._sweeps.store)
             return self._sweeps
 
+    @property
+    def pipelines(self) -> PipelineRunner:
+        m = self.manager
+        q = self.queue
+        sw = self.sweeps
+        with self._lock:
+            if self._pipelines is None:
+                self._pipelines = PipelineRunner(m, q, sw)
+            return self._pipelines
+
     def _after_round(self) -> None:
         """What the poller does after supervising each round: start queued jobs that fit now,
-        then advance the sweeps (which queue their trials)."""
+        then advance the pipelines (which submit their steps' jobs and sweeps) and the sweeps
+        (which queue their trials)."""
         self.queue.advance()
-        busy = self.sweeps.tick()
+        stepping = self.pipelines.tick()
+        busy = self.sweeps.tick() or stepping
         if self._watch is not None and hasattr(self._watch, "interval"):
             # A trial that ends is noticed within a round: rounds come faster while sweeps run.
             self._watch.interval = SWEEP_ROUND_S if busy else self._round_s
-            if self.sweeps.started:
+            if self.sweeps.started or self.pipelines.changed:
                 # Trials ended and others started: more of the same wave may have ended while
                 # this round started them, so the next round looks at once.
                 self._watch.kick()
@@ -180,6 +195,8 @@ class ControllerService:
     def close(self) -> None:
         if self._watch is not None and hasattr(self._watch, "stop"):
             self._watch.stop()
+        if self._pipelines is not None:
+            self._pipelines.close()
         if self._sweeps is not None:
             self._sweeps.close()
         if self._monitor is not None and hasattr(self._monitor, "stop"):
@@ -309,6 +326,60 @@ class ControllerService:
                 last = key
                 yield detail
             if detail.row.state in ("completed", "stopped", "failed"):
+                return
+            if deadline is not None and time.monotonic() > deadline:
+                return
+            time.sleep(poll_s)
+
+    # -- pipelines ---------------------------------------------------------------------------
+
+    def pipeline(self, spec: Any) -> PipelineDetail:
+        """Start a pipeline: every step's code is snapshotted now (each step runs the files as
+        they are at submission), the pipeline recorded and its first steps submitted."""
+        import dataclasses
+
+        steps = tuple(dataclasses.replace(s, job=self.manager.snapshot_code(s.job)) for s in spec.steps)
+        spec = dataclasses.replace(spec, steps=steps)
+        with self._exclusive():
+            detail = self.pipelines.create(spec)
+        if self._watch is not None:
+            self._watch.kick()
+        return detail
+
+    def pipeline_rows(self) -> list[PipelineRow]:
+        return self.pipelines.rows()
+
+    def pipeline_detail(self, ref: str) -> PipelineDetail:
+        return self.pipelines.detail(ref)
+
+    def pipeline_stop(self, ref: str) -> PipelineDetail:
+        with self._exclusive():
+            detail = self.pipelines.stop(ref)
+        if self._watch is not None:
+            self._watch.kick()
+        return detail
+
+    def pipeline_retry(self, ref: str, step: str) -> PipelineDetail:
+        with self._exclusive():
+            detail = self.pipelines.retry(ref, step)
+        if self._watch is not None:
+            self._watch.kick()
+        return detail
+
+    def pipeline_wait(self, ref: str, timeout: float | None = None, poll_s: float = 1.0) -> Iterator[PipelineDetail]:
+        """The pipeline's detail each time a step changes state, until it ends. Embedded, this
+        process advances it meanwhile."""
+        if self.kind == "embedded":
+            self.start(telemetry=False, jobs=True)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        last = None
+        while True:
+            detail = self.pipelines.detail(ref)
+            key = tuple((s.name, s.state, s.attempt) for s in detail.steps) + (detail.row.state,)
+            if key != last:
+                last = key
+                yield detail
+            if detail.row.state in PIPELINE_FINAL:
                 return
             if deadline is not None and time.monotonic() > deadline:
                 return
