@@ -33,17 +33,17 @@ from tui.control.history import JobRefError
 from tui.control.jobs import AmbiguousJobError, JobError, JobView
 from tui.control.jobwatch import JobDetail, JobRow, JobsSnapshot, LogBuffer, StopPlan
 from tui.control.onboard import Candidate, Onboarding
+from tui.control.pipelines import PipelineError
 from tui.control.queue import QueueEntry
 from tui.control.server import StateMirror, serve
 from tui.control.service import ControllerService, ServiceInfo
-from tui.control.pipelines import PipelineError
 from tui.control.sweeps import SweepError
 from tui.model import wire
 from tui.model.inventory import INVENTORY_ENV, Inventory, InventoryError, default_inventory_path
 from tui.model.jobspec import JobSpec, JobSpecError
 from tui.model.jobstate import describe_cause
-from tui.model.scheduler import PlacementError
 from tui.model.pipelineview import PipelineDetail, PipelineRow
+from tui.model.scheduler import PlacementError
 from tui.model.state import ClusterState
 from tui.model.sweepview import SweepDetail, SweepRow
 from tui.model.userconfig import NotifyConfig, UserConfig, load_config
