@@ -372,6 +372,43 @@ def test_a_sweep_runs_unattended_and_survives_a_killed_server(served: tuple[Test
     assert not twice, (twice, alice.run("server", "logs", "-n", "80").stdout)
 
 
+def test_a_pipeline_advances_unattended_and_a_killed_server_neither_reruns_nor_loses_a_step(
+        served: tuple[TestBed, Operator, Operator]) -> None:
+    """Issue 14, acceptance 4: the pipeline is started and left; the server is killed -9 while a
+    step runs and started again; the pipeline ends with every step run once, the running one
+    followed to its end (not started again), the finished one not run again."""
+    from tests.test_pipelines import step, steps_of
+
+    bed, alice, bob = served
+    spec = alice.home / "served-pipeline.toml"
+    spec.write_text('name = "pl-served"\n'
+                    + step("first", ["--write", "part-{node}.txt=from-first"], "", "nodes = 2\n")
+                    + step("long", ["--sleep", "12", "--expect", "parts/part-1.txt=from-first",
+                                    "--write", "long.txt=done"],
+                           'depends_on = ["first"]\ninputs = { parts = "steps.first.output" }')
+                    + step("last", ["--expect", "long/long.txt=done"],
+                           'depends_on = ["long"]\ninputs = { long = "steps.long.output" }'))
+    started = alice.json("pipeline", str(spec))
+    pid = started["row"]["pipeline_id"]
+    assert workstation_rigdeck([alice.home]) == []  # nobody at the workstation runs it
+    running = wait_until(lambda: (lambda s: s if s["long"]["state"] == "running" else None)(
+        steps_of(bob.json("pipeline", "status", pid))), 120, "the long step running")
+    server = alice.json("server", "status")["pid"]
+    bed.exec(1, ["kill", "-9", str(server)])
+    wait_until(lambda: not alice.json("server", "status", check=False).get("running") or None, 30,
+               "the server is seen dead")
+    alice.run("server", "start", timeout=120)
+    out = bob.json("pipeline", "status", pid, "--wait", timeout=300)
+    steps = steps_of(out)
+    assert out["row"]["state"] == "succeeded", (out, alice.run("server", "logs", "-n", "80").stdout)
+    assert steps["first"]["job_id"] == running["first"]["job_id"]  # not run again
+    assert steps["long"]["job_id"] == running["long"]["job_id"]  # followed, not lost or restarted
+    jobs = [j for j in alice.json("jobs") if j.get("name") in ("first", "long", "last")]
+    assert sorted(j["name"] for j in jobs) == ["first", "last", "long"], [j["job_id"] for j in jobs]
+    twice = [(j["job_id"], j["events"]) for j in jobs if len([e for e in j["events"] if e["event"] == "started"]) != 1]
+    assert not twice, (twice, alice.run("server", "logs", "-n", "80").stdout)
+
+
 def test_the_servers_key_runs_only_the_agent_and_no_host_listens_on_tcp(served: tuple[TestBed, Operator, Operator]) -> None:
     bed, alice, _ = served
     key = "/root/.rigdeck/server/id_ed25519"
