@@ -83,7 +83,7 @@ def test_defaults_and_a_missing_default_file(tmp_path: Path, monkeypatch: pytest
     ('command = [" "]', "field 'notify.command[0]': expected a program"),
     ('on = ["fail"]', "field 'notify.on[0]': expected one of 'queued', 'started', 'succeeded', 'failed', 'stopped', got \"fail\""),
     ('on = "failed"', "field 'notify.on': expected a list of events"),
-    ('kinds = ["pipeline"]', "field 'notify.kinds[0]': expected one of 'job', 'sweep'"),
+    ('kinds = ["pipelines"]', "field 'notify.kinds[0]': expected one of 'job', 'sweep', 'pipeline'"),
     ('app = "yes"', "field 'notify.app': expected true or false"),
     ('retries = 99', "field 'notify.retries': expected an integer 0..10"),
     ('timeout_s = 0', "field 'notify.timeout_s': expected a number of seconds > 0"),
@@ -169,6 +169,11 @@ def test_state_to_event_mapping() -> None:
                      "completed", when=2.0)
     assert sw is not None and (sw.kind, sw.event, sw.id, sw.hosts) == ("sweep", "succeeded", "lr-1", ("h1",))
     assert sweep_event({"sweep_id": "lr-1", "name": "lr", "spec": {}}, "stopping", when=2.0) is None
+    pl = sweep_event({"pipeline_id": "blobs-pl1", "name": "blobs", "spec": {},
+                      "reason": "step train failed: rank 0 on h2 exited 4"}, "failed", when=3.0, kind="pipeline")
+    assert pl is not None and (pl.kind, pl.event, pl.id) == ("pipeline", "failed", "blobs-pl1")
+    assert pl.cause_text == "step train failed: rank 0 on h2 exited 4" and pl.env()["RIGDECK_PIPELINE_ID"] == "blobs-pl1"
+    assert sweep_event({"pipeline_id": "p", "name": "p", "spec": {}}, "stopping", when=2.0, kind="pipeline") is None
 
 
 class _Row:

@@ -1,4 +1,5 @@
-"""Notifications: the ``[notify]`` webhook and command, told of jobs' and sweeps' state changes.
+"""Notifications: the ``[notify]`` webhook and command, told of jobs', sweeps' and pipelines'
+state changes.
 
 The controller records every state change in its history; ``Notifier`` observes those records
 (``History.observers``, ``SweepStore.observers``) in whichever process runs the controller: the
@@ -119,6 +120,7 @@ class Notifier:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._sweeps: Any = None
+        self._pipelines: Any = None
         # The latest sends, (event, target, error or None): for tests and a look in a debugger.
         self.sent: deque[tuple[str, str, str | None]] = deque(maxlen=256)
 
@@ -132,6 +134,11 @@ class Notifier:
         self._sweeps = store
         if self.sweep_state not in store.observers:
             store.observers.append(self.sweep_state)
+
+    def attach_pipelines(self, store: Any) -> None:
+        self._pipelines = store
+        if self.pipeline_state not in store.observers:
+            store.observers.append(self.pipeline_state)
 
     def job_state(self, job_id: str, state: str, fields: dict[str, Any]) -> None:
         event = event_for_state("job", state)
@@ -153,6 +160,18 @@ class Notifier:
         if rec is None:
             return
         ev = sweep_event(rec, state, when=time.time(), user=self.user, controller=self.controller)
+        if ev is not None:
+            self._offer(ev)
+
+    def pipeline_state(self, pipeline_id: str, state: str) -> None:
+        event = event_for_state("pipeline", state)
+        if event is None or not self.config.wants("pipeline", event) or self._pipelines is None:
+            return
+        rec = self._pipelines.get(pipeline_id)
+        if rec is None:
+            return
+        ev = sweep_event(rec, state, when=time.time(), user=self.user, controller=self.controller,
+                         kind="pipeline")
         if ev is not None:
             self._offer(ev)
 

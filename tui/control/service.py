@@ -134,6 +134,8 @@ class ControllerService:
         with self._lock:
             if self._pipelines is None:
                 self._pipelines = PipelineRunner(m, q, sw)
+                if self.notifier is not None:
+                    self.notifier.attach_pipelines(self._pipelines.store)
             return self._pipelines
 
     def _after_round(self) -> None:

@@ -1,12 +1,13 @@
 """The user's own settings: ``$XDG_CONFIG_HOME/rigdeck/config.toml`` (``$RIGDECK_CONFIG``).
 
-Today one table, ``[notify]``: where to tell the user about state changes of jobs and sweeps::
+Today one table, ``[notify]``: where to tell the user about state changes of jobs, sweeps and
+pipelines::
 
     [notify]
     webhook = "https://hooks.example.com/T000/B000?token=..."   # POST of the event JSON
     command = ["notify-send", "rigdeck"]                          # run locally, event JSON on stdin
     on = ["failed", "succeeded"]                                  # which changes (the default)
-    kinds = ["job", "sweep"]                                      # which things (the default: all)
+    kinds = ["job", "sweep", "pipeline"]                          # which things (the default: all)
     app = true                                                    # toast and bell in the app
 
 A missing file is no error: nothing is configured. A bad value is an error naming the file, the
@@ -59,14 +60,16 @@ CONFIG_ENV = "RIGDECK_CONFIG"
 # included); a sweep was made. ``succeeded``: a job's ranks all exited 0; a sweep completed.
 EVENTS = ("queued", "started", "succeeded", "failed", "stopped")
 DEFAULT_ON = ("failed", "succeeded")
-# The things that change state. A pipeline kind joins these when pipelines exist.
-KINDS = ("job", "sweep")
+# The things that change state.
+KINDS = ("job", "sweep", "pipeline")
 
 # A recorded state -> the event its arrival is (states not here are no event).
 _JOB_EVENTS = {"queued": "queued", "running": "started", "succeeded": "succeeded",
                "failed": "failed", "stopped": "stopped"}
 _SWEEP_EVENTS = {"running": "started", "completed": "succeeded", "failed": "failed",
                  "stopped": "stopped"}
+_PIPELINE_EVENTS = {"running": "started", "succeeded": "succeeded", "failed": "failed",
+                    "stopped": "stopped"}
 
 
 class ConfigError(InventoryError):
@@ -266,7 +269,7 @@ class NotifyEvent:
     """One state change, as every notifier sends it (docs/contracts.md, "Notification event")."""
 
     event: str  # one of EVENTS
-    kind: str  # "job", "sweep" (later "pipeline")
+    kind: str  # "job", "sweep", "pipeline"
     id: str
     name: str
     state: str  # the recorded state that made the event
@@ -301,7 +304,7 @@ class NotifyEvent:
 
 
 def event_for_state(kind: str, state: str) -> str | None:
-    table = _SWEEP_EVENTS if kind == "sweep" else _JOB_EVENTS
+    table = {"sweep": _SWEEP_EVENTS, "pipeline": _PIPELINE_EVENTS}.get(kind, _JOB_EVENTS)
     return table.get(state)
 
 
@@ -335,14 +338,16 @@ def job_event(rec: Mapping[str, Any], state: str, *, when: float, cause: Mapping
 
 
 def sweep_event(rec: Mapping[str, Any], state: str, *, when: float, user: str | None = None,
-                controller: str | None = None) -> NotifyEvent | None:
-    event = event_for_state("sweep", state)
+                controller: str | None = None, kind: str = "sweep") -> NotifyEvent | None:
+    """A sweep's (or, ``kind`` "pipeline", a pipeline's) record reaching ``state``; its
+    ``reason`` is the cause (a failed pipeline's names the step)."""
+    event = event_for_state(kind, state)
     if event is None:
         return None
     reason = rec.get("reason")
     spec = rec.get("spec") or {}
     return NotifyEvent(
-        event=event, kind="sweep", id=str(rec["sweep_id"]), name=str(rec.get("name") or ""), state=state,
+        event=event, kind=kind, id=str(rec[f"{kind}_id"]), name=str(rec.get("name") or ""), state=state,
         time=when, user=user, hosts=tuple(spec.get("hosts") or ()) if isinstance(spec, Mapping) else (),
         cause={"message": str(reason)} if reason else None, cause_text=str(reason) if reason else None,
         controller=controller,
