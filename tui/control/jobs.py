@@ -142,14 +142,17 @@ class JobView:
             "last_step": self.last_step, "last_loss": self.last_loss, "hosts": hosts,
             "events": self.events, "unreachable": self.unreachable, "waiting": self.waiting,
             "sweep_id": self.spec.get("sweep_id"), "trial": self.spec.get("trial"),
-            "code": self.spec.get("code"),
+            "code": self.spec.get("code"), "pipeline_id": self.spec.get("pipeline_id"),
+            "step": self.spec.get("step"),
         }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> JobView:
         """The inverse of ``to_json`` (a host that could not be reached stays ``{"error": ...}``)."""
         return cls(
-            job_id=d["job_id"], name=d["name"], state=d["state"], spec=d.get("spec") or {},
+            job_id=d["job_id"], name=d["name"], state=d["state"],
+            spec=d.get("spec") or {k: d[k] for k in ("sweep_id", "trial", "code", "pipeline_id", "step")
+                                   if d.get(k) is not None},
             placement=d.get("placement") or [], restarts=d.get("restarts") or 0, cause=d.get("cause"),
             created=d.get("created"), started=d.get("started"), ended=d.get("ended"),
             hosts=d.get("hosts") or {}, ranks=d.get("ranks") or [], last_step=d.get("last_step"),
