@@ -16,10 +16,35 @@ import pytest
 from tests.test_jobs import ROOT, Cli
 from tests.testbed import TestBed
 
-pytestmark = pytest.mark.testbed
-
 EXAMPLE = ROOT / "examples" / "pipeline-steps"
 SCRIPTS = ROOT / "tests" / "jobscripts"
+
+
+def test_final_metrics_are_rank_0s_last_values_of_the_newest_attempt() -> None:
+    from tui.control.pipelines import final_metrics
+
+    records = [
+        {"rank": 1, "step": 5, "loss": 0.9, "time": 1.0},
+        {"rank": 0, "step": 5, "loss": 0.5, "accuracy": 0.7, "time": 1.0},
+        {"rank": 0, "step": 6, "loss": 0.4, "time": 2.0},
+        {"rank": 0, "event": "checkpoint", "status": "done"},
+        {"rank": 0, "step": 1, "restart": 1, "loss": 2.0, "note": "text"},
+        {"rank": 0, "step": 2, "restart": 1, "accuracy": "0.93", "ok": True, "nan": float("nan")},
+    ]
+    # the restarted attempt's values win; a metric it has not reported keeps the last one's
+    assert final_metrics(records) == {"accuracy": 0.93, "loss": 2.0}
+    assert final_metrics(records[:3]) == {"accuracy": 0.7, "loss": 0.4}
+
+
+def test_the_step_tree_hangs_each_step_under_the_last_step_it_needs() -> None:
+    from tui.model.pipelineview import PipelineDetail, PipelineRow, StepRow
+
+    steps = (StepRow("prep", "succeeded", "job"), StepRow("train", "running", "job", ("prep",)),
+             StepRow("lint", "succeeded", "job"), StepRow("eval", "pending", "job", ("prep", "train")),
+             StepRow("report", "pending", "job", ("lint", "eval")), StepRow("side", "pending", "job", ("prep",)))
+    d = PipelineDetail(PipelineRow("p-1", "p", "running", 0.0), steps)
+    assert [(prefix, s.name) for prefix, s in d.tree()] == [
+        ("", "prep"), ("├─ ", "train"), ("│  └─ ", "eval"), ("│     └─ ", "report"), ("└─ ", "side"), ("", "lint")]
 
 
 @pytest.fixture
@@ -52,6 +77,7 @@ def step(name: str, command: list[str], extra: str = "", job_extra: str = "") ->
             f'workdir = "{SCRIPTS}"\nmax_runtime = "3m"\n{job_extra}\n')
 
 
+@pytest.mark.testbed
 def test_the_example_runs_on_three_hosts_moving_artifacts_between_private_state_dirs(cli: Cli, testbed: TestBed) -> None:
     """Issue 14, acceptance 1."""
     cli.run("deploy")
@@ -106,6 +132,7 @@ def test_the_example_runs_on_three_hosts_moving_artifacts_between_private_state_
     assert entry["sha256"] == model_sha and entry["pipeline"] == out["row"]["pipeline_id"]
 
 
+@pytest.mark.testbed
 def test_a_step_is_retried_a_failing_one_fails_the_pipeline_and_retry_reruns_it_alone(cli: Cli, tmp_path: Path) -> None:
     """Issue 14, acceptance 2."""
     fixed = tmp_path / "fixed"  # the hosts see the test's temporary directory
@@ -143,6 +170,7 @@ def test_a_step_is_retried_a_failing_one_fails_the_pipeline_and_retry_reruns_it_
     assert per_step == {"flaky": 2, "broken": 3, "after": 1, "beside": 1}, per_step
 
 
+@pytest.mark.testbed
 def test_a_false_condition_skips_its_branch_and_a_changed_step_reruns_with_its_dependents_only(cli: Cli) -> None:
     """Issue 14, acceptance 3 (and continue_from: a step starts from an earlier step's checkpoints)."""
     def spec(train_lr: str) -> Path:
