@@ -341,10 +341,13 @@ class PipelineRunner:
 
     # -- making one --------------------------------------------------------------------------
 
-    def create(self, spec: Any, pipeline_id: str | None = None) -> PipelineDetail:
-        """Record a pipeline (its steps' code as submitted) and start the steps that need none."""
+    def create(self, spec: Any, pipeline_id: str | None = None,
+               code_keys: Mapping[str, str | None] | None = None) -> PipelineDetail:
+        """Record a pipeline (its steps' code as submitted: ``code_keys``, step -> ``workdir_key``,
+        computed here when not given) and start the steps that need none."""
         pipeline_id = pipeline_id or new_pipeline_id(spec.name)
-        steps = [(s.name, workdir_key(s.job)) for s in spec.steps]
+        keys = dict(code_keys) if code_keys is not None else {s.name: workdir_key(s.job) for s in spec.steps}
+        steps = [(s.name, keys.get(s.name)) for s in spec.steps]
         self.store.create(pipeline_id, spec.name, spec.to_dict(), steps)
         self.tick()
         return self.detail(pipeline_id)
