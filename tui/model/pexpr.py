@@ -185,7 +185,8 @@ def _show(value: Any) -> str:
 
 
 def _a(kind: str | None) -> str:
-    return {"number": "a number", "string": "a string", "boolean": "a boolean"}.get(kind or "", "")
+    return {"number": "a number", "string": "a string", "boolean": "a boolean"}.get(
+        kind or "", "neither a number, a string nor a boolean")
 
 
 @dataclass(frozen=True)
