@@ -418,15 +418,15 @@ class _Parser:
             items.append(self.not_expr("and"))
         return items[0] if len(items) == 1 else And(tuple(items), start, items[-1].end)
 
-    def nest(self) -> None:
+    def nest(self, position: int) -> None:
         self.depth += 1
         if self.depth > MAX_DEPTH:
-            raise self.fail(f"at most {MAX_DEPTH} nested parentheses or 'not's")
+            raise self.fail(f"at most {MAX_DEPTH} nested parentheses or 'not's", position)
 
     def not_expr(self, after: str | None = None) -> Node:
         start = self.skip()
         if self.keyword("not"):
-            self.nest()
+            self.nest(start)
             operand = self.not_expr("not")
             self.depth -= 1
             return Not(operand, start, operand.end)
@@ -462,8 +462,8 @@ class _Parser:
             raise self.fail(f"expected a value{where}" if after else f"expected {_VALUE}")
         ch = text[start]
         if ch == "(":
+            self.nest(start)
             self.pos += 1
-            self.nest()
             inner = self.or_expr()
             self.skip()
             if not text.startswith(")", self.pos):

@@ -362,9 +362,12 @@ class _Draft:
 
 def _known_steps(name: str, names: Sequence[str]) -> str:
     hint = difflib.get_close_matches(name, names, n=1)
-    shown = list(names) if len(names) <= 20 else [*names[:20], f"... ({len(names)} in all)"]
-    return (f"a step of this pipeline ({', '.join(shown)})"
+    return (f"a step of this pipeline ({', '.join(_shown(names))})"
             + (f"; did you mean {hint[0]!r}?" if hint else ""))
+
+
+def _shown(names: Sequence[str]) -> list[str]:
+    return list(names) if len(names) <= 20 else [*names[:20], f"... ({len(names)} in all)"]
 
 
 def _not_upstream(step: str, other: str) -> str:
@@ -612,8 +615,10 @@ class _Loader:
                 raise fail(ref.position, f"{ref.text} is this step's own; a condition reads the "
                            "steps it depends on")
             if ref.step not in by_name:
-                raise fail(ref.position, f"{ref.text} names no step: expected "
-                           + _known_steps(ref.step, names))
+                hint = difflib.get_close_matches(ref.step, names, n=1)
+                raise fail(ref.position, f"{ref.text}: no step is called {ref.step!r} (the steps "
+                           f"are {', '.join(_shown(names))})"
+                           + (f"; did you mean {hint[0]!r}?" if hint else ""))
             if ref.step not in upstream:
                 raise fail(ref.position, _not_upstream(d.name, ref.step))
             if ref.kind == "params":
