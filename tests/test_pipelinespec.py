@@ -504,6 +504,8 @@ def test_a_step_spec_that_does_not_load_keeps_its_own_error(tmp_path: Path) -> N
         (steps('name = "a"\ndepends_on = "b"', 'name = "b"'), "steps.a.depends_on", "a list of step names"),
         (steps('name = "a"\ndepends_on = ["b", "b"]', 'name = "b"'), "steps.a.depends_on", "without repeats"),
         (steps('name = "a"\ndepends_on = ["a"]'), "steps.a.depends_on", "cannot depend on itself"),
+        ('name = "p"\n[[steps]]\nname = "a"\nspec = "x\\u0000.toml"\n', "steps.a.spec", "NUL"),
+        (steps('name = "a"\nhyperparameters = {h = "x\\u0000"}'), "steps.a.hyperparameters.h", "NUL"),
         # Retries.
         (steps('name = "a"\nretries = 3'), "steps.a.retries", "a table"),
         (steps('name = "a"\nretries = {max_attempts = 0}'), "steps.a.retries.max_attempts", "1..100"),

@@ -53,6 +53,7 @@ from tui.model.jobspec import (
     JobSpec,
     JobSpecError,
     _hyperparameters,
+    _no_nul,
     jobspec_from_data,
     load_jobspec,
     parse_duration,
@@ -425,6 +426,8 @@ class _Loader:
         for key in raw:
             if key not in _STEP_KEYS:
                 raise self.error(f"{label}.{key}", unknown_field(key, list(_STEP_KEYS)))
+        # No NUL in a path, a condition or a hyperparameter (the job's own table checks its own).
+        _no_nul({k: v for k, v in raw.items() if k != "job"}, self.where, label)
 
         job, spec_path = self.job(raw, name, label)
         if "hyperparameters" in raw:
