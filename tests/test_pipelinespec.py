@@ -417,6 +417,27 @@ def test_a_sweep_step(tmp_path: Path) -> None:
         """)
     assert e.field == "steps.final.when"
     assert "cannot compare steps.search.params.optimizer (a string) with 1 (a number)" in str(e)
+    # params are what the sweep searches: not its fixed hyperparameters.
+    e = error(tmp_path, """
+        name = "tune"
+        [[steps]]
+        name = "search"
+        spec = "sweep.toml"
+        [[steps]]
+        name = "final"
+        depends_on = ["search"]
+        when = "steps.search.params.steps > 1 or steps.search.params.widht > 1"
+        [steps.job]
+        command = ["true"]
+        """)
+    assert e.field == "steps.final.when"
+    assert ("at column 1: steps.search.params.steps: the sweep of step 'search' searches no parameter "
+            "'steps' (it searches lr, width, optimizer); 'steps' is a fixed hyperparameter of its "
+            "spec") in str(e)
+    text = (tmp_path / "pipeline.toml").read_text()
+    e = error(tmp_path, text.replace("steps.search.params.steps > 1 or ", ""))
+    assert ("at column 1: steps.search.params.widht: the sweep of step 'search' searches no parameter "
+            "'widht' (it searches lr, width, optimizer); did you mean 'width'?") in str(e)
 
 
 def test_an_inline_sweep_step_is_checked_with_the_job_prefix(tmp_path: Path) -> None:
@@ -553,7 +574,10 @@ def test_a_step_spec_that_does_not_load_keeps_its_own_error(tmp_path: Path) -> N
         (steps('name = "b"', 'name = "a"\ndepends_on = ["b"]\nwhen = "steps.a.state == \'succeeded\'"'),
          "steps.a.when", "at column 1: steps.a.state is this step's own"),
         (steps('name = "b"', 'name = "a"\ndepends_on = ["b"]\nwhen = "steps.b.params.lr > 1"'),
-         "steps.a.when", "at column 1: step 'b' has no hyperparameter 'lr' (it has none)"),
+         "steps.a.when", "at column 1: steps.b.params.lr: params are a sweep step's parameters (its "
+                         "best trial's), and 'b' is a job"),
+        (steps('name = "b"', 'name = "a"\ndepends_on = ["b"]\nwhen = "steps.b.state == \'cached\'"'),
+         "steps.a.when", "at column 18: a cached step's state reads as 'succeeded'"),
         (steps('name = "b"', 'name = "a"\ndepends_on = ["b"]\nwhen = "steps.b.state == \'succeded\'"'),
          "steps.a.when", "at column 18: a step's state is one of succeeded, cached, failed, skipped, "
                          "stopped, not 'succeded' (did you mean 'succeeded'?)"),

@@ -28,8 +28,10 @@ input, condition and ``continue_from`` reads a step upstream (reachable through 
 Errors are ``JobSpecError``s naming the file, ``steps.STEP.FIELD`` (``steps[I].FIELD`` while the
 step has no usable name) and what was expected.
 
-A sweep step's artifacts, metrics and parameters are its best trial's (as the pipeline view
-shows them). The only I/O here is reading the pipeline file and its steps' spec files.
+A sweep step's artifacts and metrics are its best trial's (as the pipeline view shows them);
+``steps.X.params.NAME`` reads a sweep step's best trial's value of its searched parameter NAME
+(a job step has none: its hyperparameters are fixed in its spec). A step's state reads
+"succeeded" when it was cached. The only I/O here is reading the pipeline file and its steps' spec files.
 """
 
 from __future__ import annotations
@@ -625,13 +627,23 @@ class _Loader:
             if ref.step not in upstream:
                 raise fail(ref.position, _not_upstream(d.name, ref.step))
             if ref.kind == "params":
-                known = _param_names(by_name[ref.step].job)
-                if ref.key not in known:
-                    hint = difflib.get_close_matches(ref.key or "", known, n=1)
-                    raise fail(ref.position, f"step {ref.step!r} has no hyperparameter {ref.key!r} ("
-                               + (f"it has {', '.join(known)}" if known else "it has none")
-                               + (f"; did you mean {hint[0]!r}?" if hint else "") + ")")
+                sweep = by_name[ref.step].job.sweep
+                if sweep is None:
+                    raise fail(ref.position, f"{ref.text}: params are a sweep step's parameters (its "
+                               f"best trial's), and {ref.step!r} is a job, whose hyperparameters are "
+                               "fixed in its spec")
+                if ref.key not in sweep.names:
+                    hint = difflib.get_close_matches(ref.key or "", sweep.names, n=1)
+                    fixed = dict(by_name[ref.step].job.hyperparameters)
+                    raise fail(ref.position, f"{ref.text}: the sweep of step {ref.step!r} searches no "
+                               f"parameter {ref.key!r} (it searches {', '.join(sweep.names)})"
+                               + (f"; {ref.key!r} is a fixed hyperparameter of its spec"
+                                  if ref.key in fixed else "")
+                               + (f"; did you mean {hint[0]!r}?" if hint else ""))
         for ref, value, position in when.compared_literals():
+            if ref.kind == "state" and value == "cached":
+                raise fail(position, "a cached step's state reads as 'succeeded' (its earlier run "
+                           "succeeded), so it never equals 'cached'")
             if ref.kind == "state" and isinstance(value, str) and value not in STEP_FINAL:
                 hint = difflib.get_close_matches(value, STEP_FINAL, n=1)
                 raise fail(position, f"a step's state is one of {', '.join(STEP_FINAL)}, not "
@@ -650,19 +662,9 @@ class _Loader:
             raise fail(e.position, e.message) from None
 
 
-def _param_names(job: JobSpec) -> list[str]:
-    names = [k for k, _ in job.hyperparameters]
-    if job.sweep is not None:
-        names += [n for n in job.sweep.names if n not in names]
-    return names
-
-
 def _param_kind(job: JobSpec, key: str) -> str | None:
-    """The kind of value hyperparameter ``key`` has ("number", "string", "boolean"), None when
-    it cannot be told (a categorical sweep parameter of mixed choices) or is not compared."""
-    for k, v in job.hyperparameters:
-        if k == key:
-            return kind_of_value(v) or "other"
+    """The kind of value sweep parameter ``key`` has ("number", "string", "boolean"), None when
+    it cannot be told (a categorical parameter of mixed choices)."""
     if job.sweep is not None:
         for p in job.sweep.parameters:
             if p.name == key:
