@@ -51,6 +51,7 @@ __all__ = [
     "JobSpec",
     "JobSpecError",
     "RestartSpec",
+    "jobspec_from_data",
     "jobspec_from_toml",
     "load_jobspec",
     "parse_duration",
@@ -662,35 +663,44 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise JobSpecError(where, None, f"valid TOML ({e})") from None
+    return jobspec_from_data(data, where)
 
-    _no_nul(data, where, "")
+
+def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str = "") -> JobSpec:
+    """Check a job spec given as its decoded TOML table: a job spec file's, or a pipeline
+    step's inline ``[steps.job]`` (tui.model.pipelinespec). ``where`` names the file in errors
+    and anchors a relative ``workdir`` and ``[code] sync`` (its directory; without one, the
+    current directory); ``prefix`` goes before every field an error names
+    (``"steps.train.job."``), so one set of checks serves both."""
+    def err(field: str | None, expected: str, got: Any = None) -> JobSpecError:
+        name = prefix + field if field is not None else (prefix.rstrip(".") or None)
+        return JobSpecError(where, name, expected, got)
+
+    _no_nul(data, where, prefix.rstrip("."))
     for key in data:
         if key not in _TOP_FIELDS and key not in _TABLES and key != "sweep":
-            raise JobSpecError(where, key, unknown_field(key, [*_TOP_FIELDS, *_TABLES, "sweep"]))
+            raise err(key, unknown_field(key, [*_TOP_FIELDS, *_TABLES, "sweep"]))
     top = {k: v for k, v in data.items() if k not in _TABLES and k != "sweep"}
-    values = _checked(top, _TOP_FIELDS, where, "")
+    values = _checked(top, _TOP_FIELDS, where, prefix)
     tables: dict[str, dict[str, Any]] = {}
     for name, checks in _TABLES.items():
         raw = data.get(name, {})
         if not isinstance(raw, dict):
-            raise JobSpecError(where, name, f"a table ([{name}])", raw)
-        tables[name] = _checked(raw, checks, where, f"{name}.")
+            raise err(name, f"a table ([{name}])", raw)
+        tables[name] = _checked(raw, checks, where, f"{prefix}{name}.")
 
     for key in _REQUIRED:
         if key not in values:
-            raise JobSpecError(where, key, f"{_TOP_FIELDS[key].expected} (required)")
+            raise err(key, f"{_TOP_FIELDS[key].expected} (required)")
 
     hosts: tuple[str, ...] = values.get("hosts", ())
     nodes: int | None = values.get("nodes")
     if hosts and nodes is not None and nodes != len(hosts):
-        raise JobSpecError(
-            where, "nodes", f"the number of hosts listed in 'hosts' ({len(hosts)})", nodes
-        )
+        raise err("nodes", f"the number of hosts listed in 'hosts' ({len(hosts)})", nodes)
     gpus: int | None = values.get("gpus_per_node")
     procs: int | None = values.get("processes_per_node")
     if gpus is not None and procs is not None:
-        raise JobSpecError(
-            where,
+        raise err(
             "processes_per_node",
             "only one of gpus_per_node (hosts with GPUs) and processes_per_node (hosts without)",
             procs,
@@ -703,16 +713,15 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
     code = None
     if "sync" in tables["code"]:
         if "workdir" in values:
-            raise JobSpecError(where, "workdir", "no workdir with [code] sync (the job runs in the "
-                               "hosts' copy of the synced directory)", values["workdir"])
+            raise err("workdir", "no workdir with [code] sync (the job runs in the "
+                      "hosts' copy of the synced directory)", values["workdir"])
         workdir = os.path.normpath(os.path.join(os.path.abspath(base), tables["code"]["sync"]))
         if not os.path.isdir(workdir):
-            raise JobSpecError(where, "code.sync", "an existing directory on this machine",
-                               tables["code"]["sync"])
+            raise err("code.sync", "an existing directory on this machine", tables["code"]["sync"])
         code = CodeSpec(sync=workdir, max_files=tables["code"].get("max_files", DEFAULT_MAX_FILES),
                         max_mb=tables["code"].get("max_mb", DEFAULT_MAX_MB))
     elif tables["code"]:
-        raise JobSpecError(where, "code.sync", "a directory to sync (max_files and max_mb need it)")
+        raise err("code.sync", "a directory to sync (max_files and max_mb need it)")
     checkpoint = tables["checkpoint"]
     restart = tables["restart"]
     spec = JobSpec(
@@ -747,15 +756,14 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
     if "sweep" in data:
 
         def sweep_error(field: str, expected: str, got: Any) -> JobSpecError:
-            return JobSpecError(where, field, expected, got)
+            return err(field, expected, got)
 
         sweep = parse_sweep(data["sweep"], sweep_error, command=spec.command,
                             hyperparameters=dict(spec.hyperparameters), duration=_max_runtime)
         spec = dataclasses.replace(spec, sweep=sweep)
     size = len(json.dumps(spec.to_dict()).encode("utf-8"))
     if size > MAX_SPEC_JSON_BYTES:
-        raise JobSpecError(
-            where,
+        raise err(
             None,
             f"a spec of at most {MAX_SPEC_JSON_BYTES} bytes (512 KiB) as the job plan carries it "
             f"(JSON); this one has {size}",
