@@ -185,7 +185,8 @@ def pack(state_dir: str, job_dir: str, job_id: str, plan: Dict[str, Any], kind: 
             except OSError:
                 pass
         if not sha:
-            if _inside(full, real_job):
+            if _inside(full, real_job) and st.st_nlink == 1:
+                # the job's own file (one linked elsewhere too may be a user's: copied instead)
                 sha = _store_linked(state_dir, full)
             else:
                 sha = _store_copied(state_dir, full)
