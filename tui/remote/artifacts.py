@@ -33,6 +33,8 @@ from tui.remote.codesync import MESSAGE_RAW_BYTES, WINDOW
 __all__ = ["ArtifactError", "StageResult", "merge", "stage"]
 
 PIECE_BYTES = MAX_GET_BYTES  # one code_get answer (its base64 stays under the 1 MiB message line)
+# code_get answers in flight per source: WINDOW (4) of them, ~2.7 MB of base64, stay under the
+# agent's 4 MiB write buffer (a client with more unread is dropped: 16 in flight were).
 QUEUE_PIECES = 8  # pieces waiting for one destination: what bounds the controller's memory
 _END = object()
 
