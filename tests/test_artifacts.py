@@ -241,6 +241,12 @@ def test_seed_checkpoint_fills_an_empty_checkpoint_dir_and_never_overwrites(ran:
     ctl.agent("h3").job_start(plan=plan)
     _wait_ended(ctl, ["h3"], job_id)
     assert ck.read_bytes() == content + b"trained\n" * 3
+    # A seed that is not on the host fails the start, saying so.
+    other = f"seed-{uuid.uuid4().hex[:8]}"
+    ctl.agent("h3").job_start(plan={**plan, "job_id": other, "seed_checkpoint": "/nowhere/tree"})
+    assert _wait_ended(ctl, ["h3"], other) == {"h3": "failed"}
+    cause = ctl.agent("h3").job_status(job_id=other)["cause"]
+    assert cause is not None and "seed_checkpoint /nowhere/tree is not a directory on this host" in cause["message"]
 
 
 # -- merge, without hosts ---------------------------------------------------------------------------
