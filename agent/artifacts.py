@@ -100,7 +100,8 @@ def _store_linked(state_dir: str, full: str) -> str:
             raise
         return _store_copied(state_dir, full)
     try:
-        os.chmod(tmp, 0o444)  # the job has ended: its outputs are read-only from now on
+        # the job has ended: its outputs are read-only from now on (an executable stays one)
+        os.chmod(tmp, stat.S_IMODE(os.stat(tmp).st_mode) & ~0o7222)
         sha = _hash_file(tmp)
         _place(state_dir, tmp, sha)
     finally:

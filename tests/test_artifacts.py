@@ -278,3 +278,51 @@ def test_merge_refuses_a_path_with_two_contents_naming_it_and_both_hosts() -> No
         merge({"h2": {"files": [_row("../escape", b"x")]}})
     with pytest.raises(ArtifactError, match="h2: each file must be"):
         merge({"h2": {"files": [["a", "b"]]}})
+
+
+# -- packing, on this machine's agent code --------------------------------------------------------
+
+def test_pack_links_the_jobs_own_files_copies_others_and_reads_an_unchanged_job_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent import artifacts
+
+    state = tmp_path / "state"
+    job = state / "jobs" / "j1"
+    out = job / "sagemaker" / "output" / "data"
+    (out / "sub").mkdir(parents=True)
+    (out / "a.txt").write_text("a\n")
+    (out / "sub" / "run.sh").write_text("#!/bin/sh\n")
+    os.chmod(out / "sub" / "run.sh", 0o755)
+    (out / "link").symlink_to("/etc/hostname")
+    (out / "dir-link").symlink_to(tmp_path)
+    mine = tmp_path / "user-ckpt"  # a checkpoint.dir outside the job's directory: the user's
+    mine.mkdir()
+    (mine / "last.pt").write_bytes(b"ck")
+    os.chmod(mine / "last.pt", 0o640)
+
+    p = artifacts.pack(str(state), str(job), "j1", {}, "output")
+    assert p["files"] == [["a.txt", _sha_bytes(b"a\n"), 2, False], ["sub/run.sh", _sha_bytes(b"#!/bin/sh\n"), 10, True]]
+    assert p["bytes"] == 12 and Path(p["path"], "sub", "run.sh").read_bytes() == b"#!/bin/sh\n"
+    # the job's own file is the stored content now (one inode), read-only
+    obj = Path(state, "code", "objects", p["files"][0][1][:2], p["files"][0][1])
+    assert os.path.samefile(obj, out / "a.txt") and (out / "a.txt").stat().st_mode & 0o777 == 0o444
+
+    ck = artifacts.pack(str(state), str(job), "j1", {"checkpoint": {"dir": str(mine)}}, "checkpoints")
+    assert ck["files"] == [["last.pt", _sha_bytes(b"ck"), 2, False]]
+    assert (mine / "last.pt").stat().st_mode & 0o777 == 0o640 and (mine / "last.pt").stat().st_nlink == 1
+
+    assert artifacts.pack(str(state), str(job), "j1", {}, "model")["files"] == []  # empty: an empty tree
+
+    reads: list[str] = []
+    for name in ("_store_linked", "_store_copied"):
+        real = getattr(artifacts, name)
+        monkeypatch.setattr(artifacts, name, lambda sd, full, real=real: reads.append(full) or real(sd, full))
+    assert artifacts.pack(str(state), str(job), "j1", {}, "output") == p
+    assert reads == []  # nothing read again
+    (out / "b.txt").write_text("new\n")
+    again = artifacts.pack(str(state), str(job), "j1", {}, "output")
+    assert reads == [str(out / "b.txt")] and len(again["files"]) == 3
+
+
+def _sha_bytes(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()
