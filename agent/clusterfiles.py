@@ -178,6 +178,12 @@ def _checkpoint(plan: Dict[str, Any]) -> Tuple[Optional[str], str]:
     return d, str(ck.get("owner") or "rank0")
 
 
+def checkpoint_dir(plan: Dict[str, Any]) -> Optional[str]:
+    """The plan's ``checkpoint.dir`` as a job sees it (absolute; a relative one is under its
+    workdir), or None when the job keeps its checkpoints in ``sagemaker/checkpoints``."""
+    return _checkpoint(plan)[0]
+
+
 def _script(command: List[str]) -> Tuple[Optional[str], Optional[str]]:
     """(user_entry_point, module_name) of the command: ``python x.py`` -> (x.py, x), ``python -m m``
     -> (m, m), any other program -> (its path, its name without ``.py``)."""
@@ -325,6 +331,13 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
     else:
         _ensure_dir(sm_ckpt)
         checkpoint_dir = sm_ckpt
+    seed = plan.get("seed_checkpoint")
+    if seed and not int(plan.get("restart_count") or 0):
+        # A pipeline's continue_from: the earlier step's checkpoints (a tree staged on this
+        # host), copied before the first attempt; a file the dir already has is kept.
+        from agent.artifacts import seed_checkpoint
+
+        seed_checkpoint(str(seed), checkpoint_dir)
 
     group = {"instance_group_name": SAGEMAKER_GROUP, "instance_type": instance_type,
              "hosts": list(hosts)}

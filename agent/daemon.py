@@ -21,7 +21,7 @@ import time
 import zipfile
 from typing import Any, Callable, Dict, List, Optional, Set  # noqa: F401
 
-from agent import code, facts, protocol
+from agent import artifacts, code, facts, protocol
 from agent.paths import Paths, self_command, spawn_daemon
 from agent.version import agent_version
 
@@ -129,6 +129,9 @@ class Daemon:
             "code_put": lambda c, p: self._code_in_thread(lambda: code.put(self.paths.state_dir, p.get("blobs"))),
             "code_commit": lambda c, p: self._code(
                 lambda: code.commit(self.paths.state_dir, p.get("tree"), p.get("files"))),
+            "code_get": lambda c, p: self._code_in_thread(
+                lambda: artifacts.get(self.paths.state_dir, p.get("sha"), p.get("offset"), p.get("size"))),
+            "artifact_pack": self._m_artifact_pack,
         }  # type: Dict[str, Callable[[_Client, Dict[str, Any]], Any]]
 
     # -- single instance ---------------------------------------------------------------------
@@ -501,6 +504,41 @@ class Daemon:
 
             self._code_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="code")
         return await asyncio.get_running_loop().run_in_executor(self._code_pool, lambda: self._code(fn))
+
+    def _m_artifact_pack(self, client: _Client, params: Dict[str, Any]) -> Any:
+        """Pack ``kind`` (output, model, checkpoints) of an ended job here as a tree of the code
+        store (agent/artifacts.py); hashing runs in the code thread, off the loop."""
+        from agent.jobhost import TERMINAL
+        from agent.jobs import JobError
+
+        job_id = self._str(params, "job_id")
+        kind = params.get("kind")
+        if kind not in artifacts.KINDS:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "'kind' must be one of %s" % ", ".join(artifacts.KINDS))
+        try:
+            job_dir = self.jobs.job_dir(job_id)
+        except JobError as e:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, str(e)) from None
+        st = self.jobs._state(job_id)
+        if st is None:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "no job %s on this host" % job_id)
+        if st.get("state") not in TERMINAL:
+            raise protocol.ProtocolError(
+                protocol.BAD_PARAMS, "job %s is still %s on this host: its artifacts are packed once it has ended"
+                % (job_id, st.get("state")))
+        from agent.jobhost import read_json
+
+        plan = read_json(os.path.join(job_dir, "plan.json")) or {}
+
+        def run() -> Any:
+            try:
+                return artifacts.pack(self.paths.state_dir, job_dir, job_id, plan, kind)
+            except artifacts.ArtifactError as e:
+                raise code.CodeError(str(e)) from None
+            except OSError as e:
+                raise code.CodeError("cannot pack %s of job %s: %s" % (kind, job_id, e)) from None
+
+        return self._code_in_thread(run)
 
     def _m_exec(self, client: _Client, params: Dict[str, Any]) -> Any:
         """Run ``argv`` here, as this user, with no shell: each argument reaches the program as

@@ -332,6 +332,17 @@ class AgentClient:
         stored contents: ``{path, made}``."""
         return _dict(self._call("code_commit", **_kw(timeout), tree=tree, files=files))
 
+    def code_get(self, *, sha: str, offset: int, size: int, timeout: float | None = None) -> dict[str, Any]:
+        """A piece of a stored content (at most 512 KiB of it): ``{data: base64, size: the
+        whole content's size, eof}`` (artifacts move host -> controller -> host this way)."""
+        return _dict(self._call("code_get", **_kw(timeout), sha=sha, offset=offset, size=size))
+
+    def artifact_pack(self, *, job_id: str, kind: str, timeout: float | None = None) -> dict[str, Any]:
+        """Pack ``kind`` (``output``, ``model`` or ``checkpoints``) of a job that has ended here
+        as a tree of the host's code store: ``{tree, files: [[path, sha256, size, executable]],
+        bytes, path}`` (see "Artifacts on a host" in docs/contracts.md)."""
+        return _dict(self._call("artifact_pack", **_kw(timeout), job_id=job_id, kind=kind))
+
     def job_logs(self, *, job_id: str, rank: int, offset: int = 0, max_bytes: int | None = None,
                  binary: bool = False, timeout: float | None = None) -> LogChunk:
         """A chunk of ``rank``'s log from byte ``offset``: complete lines, or a piece of a line
@@ -430,6 +441,12 @@ class AgentFleet:
     def job_list(self, *, timeout: float | None = None) -> dict[str, list[JobState] | TransportError]:
         """Each host's jobs."""
         return self._each(_job_states, "job_list", timeout)
+
+    def artifact_pack(self, *, job_id: str, kind: str,
+                      timeout: float | None = None) -> dict[str, dict[str, Any] | TransportError]:
+        """``kind`` of the ended job packed on every host at once (``AgentClient.artifact_pack``):
+        the answers are what ``tui.model.artifacts.merge`` takes."""
+        return self._each(_dict, "artifact_pack", timeout, job_id=job_id, kind=kind)
 
     def job_status(self, *, job_id: str, timeout: float | None = None) -> dict[str, JobState | TransportError]:
         """The job on each host (the agents' dicts, passed through: see ``JobState``)."""
