@@ -61,7 +61,7 @@ from tui.app.widgets.pipelines import (
     fetch_pipelines,
     pipeline_head,
     pipeline_rows,
-    step_line,
+    step_detail,
     step_rows,
     stop_pipeline_text,
 )
@@ -361,6 +361,7 @@ class RigdeckApp(App[None]):
                     yield PipelinesTable(id="pipelines-table")
                     yield Static("", id="pipeline-head", classes="head")
                     yield StepsTable(id="steps-table")
+                    yield Static("", id="step-detail", classes="detail")
         yield Footer(compact=True)
 
     @property
@@ -1100,7 +1101,7 @@ class RigdeckApp(App[None]):
             set_text(head, pipeline_head(detail, now))
         steps = self.query_one("#steps-table", StepsTable)
         steps.apply(step_rows(detail, now) if detail is not None else [])
-        steps.border_subtitle = step_line(self.current_step(), now)
+        set_text(self.query_one("#step-detail", Static), step_detail(self.current_step(), now))
 
     @on(DataTable.RowHighlighted, "#pipelines-table")
     def _pipeline_highlighted(self, event: DataTable.RowHighlighted) -> None:
@@ -1118,8 +1119,7 @@ class RigdeckApp(App[None]):
 
     @on(DataTable.RowHighlighted, "#steps-table")
     def _step_highlighted(self) -> None:
-        self.query_one("#steps-table", StepsTable).border_subtitle = step_line(
-            self.current_step(), self.clock())
+        set_text(self.query_one("#step-detail", Static), step_detail(self.current_step(), self.clock()))
 
     @on(DataTable.RowSelected, "#steps-table")
     def _step_chosen(self) -> None:

@@ -133,37 +133,44 @@ def pipeline_head(detail: PipelineDetail | None, now: float) -> str:
     return f"{line1}\n{line2}"
 
 
-def step_line(s: StepRow | None, now: float) -> str:
-    """The step the cursor is on, in one line of markup: its job or sweep (enter opens it), what
-    it needs, its condition, why it is where it is, its metrics and artifacts."""
+def step_detail(s: StepRow | None, now: float) -> str:
+    """The step the cursor is on, in up to three lines of markup: its job or sweep (enter opens
+    it), what it needs and its condition; why it is where it is, its inputs; its metrics,
+    artifacts and cache."""
     if s is None:
         return ""
-    parts = [f"[b]{escape(s.name)}[/b]"]
+    first = [f"[b]{escape(s.name)}[/b]"]
     if s.kind == "sweep":
-        parts.append(f"sweep {escape(s.sweep_id)}" if s.sweep_id else "sweep (not started)")
+        first.append(f"sweep [b]{escape(s.sweep_id)}[/b] (enter opens it)" if s.sweep_id
+                     else "sweep, not started")
     elif s.job_id:
-        parts.append(f"job {escape(s.job_id)}")
-    if s.depends_on:
-        parts.append("needs " + ", ".join(escape(d) for d in s.depends_on))
+        first.append(f"job [b]{escape(s.job_id)}[/b] (enter opens it)")
+    else:
+        first.append("no job yet")
+    first.append("needs " + ", ".join(escape(d) for d in s.depends_on) if s.depends_on else "needs no step")
     if s.when:
-        parts.append(f"when {escape(s.when)}")
-    if s.inputs:
-        parts.append("inputs " + ", ".join(f"{escape(c)}←{escape(src)}" for c, src in s.inputs))
-    if s.continue_from:
-        parts.append(f"continues {escape(s.continue_from)}")
-    if s.cached:
-        parts.append("[$accent]cached[/]" + (f" from {escape(s.cached_from)}" if s.cached_from else ""))
+        first.append(f"when [b]{escape(s.when)}[/b]")
+    second = []
     why = reason_text(s, now)
     if why:
-        lvl = "$error" if s.state == "failed" else "$text-muted"
-        parts.append(f"[{lvl}]{escape(why)}[/]")
+        lvl = "$error" if s.state == "failed" else "$warning" if s.state == "waiting" else "$text-muted"
+        second.append(f"[{lvl}]{escape(why)}[/]")
+    if s.inputs:
+        second.append("inputs " + ", ".join(f"{escape(c)} ← {escape(src)}" for c, src in s.inputs))
+    if s.continue_from:
+        second.append(f"continues from {escape(s.continue_from)}")
+    third = []
+    if s.cached:
+        third.append("[$accent]cached[/]" + (f": reuses {escape(s.cached_from)}" if s.cached_from else ""))
     if s.metrics:
-        parts.append(" ".join(f"{escape(k)}={v:.4g}" for k, v in s.metrics))
+        third.append(" ".join(f"{escape(k)}={v:.5g}" for k, v in s.metrics))
     if s.artifacts:
-        parts.append(", ".join(f"{escape(k)} {n} files {size_bytes(b)}" for k, n, b in s.artifacts))
-    if s.sweep_id or s.job_id:
-        parts.append("enter opens the " + ("sweep" if s.kind == "sweep" and s.sweep_id else "job"))
-    return " · ".join(parts)
+        third.append(", ".join(f"{escape(k)} {n} files {size_bytes(b)}" for k, n, b in s.artifacts))
+    lines = [" · ".join(first)]
+    for part in (second, third):
+        if part:
+            lines.append("[$text-muted]" + " · ".join(part) + "[/]" if part is third else " · ".join(part))
+    return "\n".join(lines)
 
 
 def stop_pipeline_text(detail: PipelineDetail | None, row: PipelineRow) -> str:
@@ -172,12 +179,14 @@ def stop_pipeline_text(detail: PipelineDetail | None, row: PipelineRow) -> str:
     if detail is not None:
         live = [s for s in detail.steps if s.state not in ("pending", "succeeded", "cached",
                                                              "failed", "skipped", "stopped")]
-    running = ", ".join(
-        f"{escape(s.name)} ({escape(s.state)}" + (f", job {escape(s.job_id)}" if s.job_id else "") + ")"
-        for s in live) or "none"
+    running = "".join(
+        f"\n  [b]{escape(s.name)}[/b]  {escape(s.state)}"
+        + (f", job {escape(s.job_id)}" if s.job_id else "")
+        + (f", sweep {escape(s.sweep_id)}" if s.sweep_id else "")
+        for s in live) or "\n  none"
     return (
-        f"State: {escape(row.state)}. {row.done} of {row.steps} steps done.\n"
-        f"  running now  [b]{running}[/b]\n\n"
+        f"State: {escape(row.state)}. {row.done} of {row.steps} steps done. Under way:"
+        f"{running}\n\n"
         "Their jobs are stopped like any job (SIGTERM to every rank, then SIGKILL after the grace "
         "period) and no further step starts. Finished steps and their artifacts are kept: "
         "`rigdeck pipeline retry` runs a stopped step again."
@@ -237,7 +246,7 @@ class StepsTable(DiffTable):
             Col("time", "Time", 7),
             Col("hosts", "Hosts"),
             Col("cache", "Cache"),
-            Col("why", "Reason / when", max(16, w.why)),
+            Col("why", "Reason / when", w.why + 14),
         ]
 
     def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
