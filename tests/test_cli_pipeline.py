@@ -327,3 +327,36 @@ def test_without_the_spec_loader_it_says_so(client: StandIn, monkeypatch: pytest
     assert main_mod.main(["pipeline", "pipeline.toml"]) == 2
     assert capsys.readouterr().err.startswith("rigdeck: pipelines are not available in this build")
     assert client.made == []  # type: ignore[attr-defined]
+
+
+PIPELINE_ROW = {"pipeline_id": str, "name": str, "state": str, "created": float, "ended": (float, type(None)),
+                "reason": (str, type(None)), "steps": int, "succeeded": int, "cached": int, "failed": int,
+                "skipped": int, "running": int, "path": (str, type(None))}
+OPT_STR = (str, type(None))
+OPT_FLOAT = (float, type(None))
+STEP = {"name": str, "state": str, "kind": str, "depends_on": list, "depth": int, "job_id": OPT_STR,
+        "sweep_id": OPT_STR, "attempt": int, "max_attempts": int, "started": OPT_FLOAT, "ended": OPT_FLOAT,
+        "reason": OPT_STR, "when": OPT_STR, "retry_at": OPT_FLOAT, "hosts": list, "metrics": list,
+        "artifacts": list, "inputs": list, "continue_from": OPT_STR, "cache_key": OPT_STR,
+        "cached_from": OPT_STR}
+
+
+def test_pipeline_json_keeps_the_documented_keys(client: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
+    """The keys docs/contracts.md lists are exactly what `rigdeck pipeline status --json` and
+    `rigdeck pipelines --json` write."""
+    from tests.test_contracts import conforms
+
+    for ref in (PIPELINE, FAILED_PIPELINE):
+        assert main_mod.main(["pipeline", "status", ref, "--json"]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert set(out) == {"row", "steps"}
+        conforms(out["row"], PIPELINE_ROW, "pipeline.row")
+        for i, s in enumerate(out["steps"]):
+            conforms(s, STEP, f"pipeline.steps[{i}]")
+    assert main_mod.main(["pipelines", "--json"]) == 0
+    for i, r in enumerate(json.loads(capsys.readouterr().out)):
+        conforms(r, PIPELINE_ROW, f"pipelines[{i}]")
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "contracts.md").read_text()
+    section = doc[doc.index("### `rigdeck pipeline --json`"):doc.index("### `rigdeck metrics --json`")]
+    for key in (*PIPELINE_ROW, *STEP):
+        assert f"`{key}`" in section, key
