@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from tests.ui_fixtures import FAILED_JOB, JOB, OLD_JOB, SWEEP, T0
-from tui.model.pipelineview import STEP_DONE, PipelineDetail, PipelineRow, StepRow
+from tui.model.pipelineview import PipelineDetail, PipelineRow, StepRow
 
 PIPELINE = "steps-demo-pl5c2e91"
 FAILED_PIPELINE = "nightly-pl0b7d33"
@@ -169,26 +169,26 @@ def pipeline_client(pipes: RecordedPipelines | None = None, **kw: Any) -> Any:
     )
     from tui.client import InProcessClient
 
-    pipes = pipes if pipes is not None else RecordedPipelines()
+    rec: RecordedPipelines = pipes if pipes is not None else RecordedPipelines()
 
     class PipelineClient(InProcessClient):
-        recorded = pipes
+        recorded = rec
 
         def pipeline(self, spec: Any) -> PipelineDetail:
-            pipes.started.append(spec)
-            return pipes.detail(PIPELINE)
+            rec.started.append(spec)
+            return rec.detail(PIPELINE)
 
         def pipelines(self) -> list[PipelineRow]:
-            return pipes.rows()
+            return rec.rows()
 
         def pipeline_detail(self, ref: str) -> PipelineDetail:
-            return pipes.detail(ref)
+            return rec.detail(ref)
 
         def pipeline_stop(self, ref: str) -> PipelineDetail:
-            return pipes.stop(ref)
+            return rec.stop(ref)
 
         def pipeline_retry(self, ref: str, step: str) -> PipelineDetail:
-            return pipes.retry(ref, step)
+            return rec.retry(ref, step)
 
     service = recorded_service(kw.pop("controller", None) or FakeController(),
                                FakeMonitor(cluster_state()), kw.pop("jobs", None) or RecordedJobs(),
@@ -201,7 +201,3 @@ def pipeline_app(pipes: RecordedPipelines | None = None, **kw: Any) -> Any:
     from tests.ui_fixtures import recorded_app
 
     return recorded_app(client=pipeline_client(pipes), **kw)
-
-
-def done_steps(d: PipelineDetail) -> int:
-    return sum(1 for s in d.steps if s.state in STEP_DONE)

@@ -20,7 +20,7 @@ from tests.pipeline_fixtures import (
     pipeline_client,
     running_pipeline,
 )
-from tests.ui_fixtures import JOB, NOW, SWEEP, T0, recorded_app
+from tests.ui_fixtures import JOB, NOW, OLD_SWEEP, SWEEP, T0, recorded_app
 from tui.app.screens.dialogs import ConfirmSweepStop
 from tui.app.shell import RigdeckApp
 from tui.app.widgets.pipelines import (
@@ -167,6 +167,34 @@ async def test_enter_on_a_step_opens_its_job_and_a_sweep_step_its_sweep() -> Non
         await pilot.pause()
         assert app.tabs.active == "pipelines" and app.job_id == before
         assert any("step evaluate has no job yet (pending)" in m for m in messages(app))
+
+
+async def test_a_sweep_step_puts_the_sweeps_cursor_on_its_sweep() -> None:
+    """Its sweep is not the newest, and the Sweeps view was seen before: the cursor moves to it
+    and the view shows it, not the row the cursor was on."""
+    from dataclasses import replace
+
+    pipes = RecordedPipelines()
+    d = pipes.details[PIPELINE]
+    pipes.details[PIPELINE] = replace(d, steps=tuple(
+        replace(s, sweep_id=OLD_SWEEP) if s.name == "tune" else s for s in d.steps))
+    app = pipeline_app(pipes)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("7")
+        sweeps = app.query_one("#sweeps-table", SweepsTable)
+        await until(pilot, lambda: sweeps.row_count == 2 and app.sweep_detail is not None)
+        assert sweeps.cursor_key == SWEEP
+        await pipelines_shown(app, pilot)
+        await pilot.press("enter")
+        steps = app.query_one("#steps-table", StepsTable)
+        steps.move_cursor(row=steps._order.index("tune"))
+        await pilot.pause()
+        await pilot.press("enter")
+        await until(pilot, lambda: sweeps.cursor_key == OLD_SWEEP and app.sweep_detail is not None
+                    and app.sweep_detail.row.sweep_id == OLD_SWEEP)
+        assert app.tabs.active == "sweeps" and app.sweep_id == OLD_SWEEP
+        assert sweeps.cursor_key == OLD_SWEEP
+        assert OLD_SWEEP in static_text(app, "#sweep-head")
 
 
 async def test_stop_asks_first_then_stops_the_pipeline() -> None:

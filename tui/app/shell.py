@@ -882,6 +882,8 @@ class RigdeckApp(App[None]):
             if fetch.rows is not None:
                 self.sweep_list = fetch.rows
                 ids = {r.sweep_id for r in fetch.rows}
+                if self._sweep_wanted not in ids:
+                    self._sweep_wanted = None  # a pipeline's sweep step's sweep, gone
                 if self.sweep_id not in ids:
                     self.sweep_id = fetch.selected
                     self.sweep_detail = None
@@ -928,9 +930,9 @@ class RigdeckApp(App[None]):
             )
         set_text(status, text)
         sweeps.apply(sweep_rows(rows))
-        wanted = self._sweep_wanted
+        wanted = self._sweep_wanted  # a pipeline's sweep step was opened: the cursor on its sweep
         if wanted is not None and wanted in sweeps._order:
-            self._sweep_wanted = None  # a pipeline's sweep step opened: the cursor on its sweep
+            self._sweep_wanted = None
             sweeps.move_cursor(row=sweeps._order.index(wanted))
         if detail is not None and detail.row.sweep_id != self.sweep_id:
             detail = None
