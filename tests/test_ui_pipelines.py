@@ -336,6 +336,28 @@ async def test_help_lists_the_pipelines_keys() -> None:
         assert ("9", "Pipelines", "view.pipelines") in groups["Everywhere"]
 
 
+async def test_the_pipelines_keys_can_be_rebound(tmp_path: Any) -> None:
+    keys = tmp_path / "keys.toml"
+    keys.write_text('[pipelines]\nretry = "R"\n"stop" = "X"\n')
+    pipes = RecordedPipelines()
+    app = pipeline_app(pipes, keymap_file=keys)
+    async with app.run_test(size=SIZE) as pilot:
+        await pipelines_shown(app, pilot)
+        assert app.keymap_problems == []
+        await pilot.press("down", "enter", "down")  # the failed pipeline's train step
+        steps = app.query_one("#steps-table", StepsTable)
+        await until(pilot, lambda: steps.cursor_key == "train" and app.pipeline_id == FAILED_PIPELINE)
+        await pilot.press("r")  # no longer bound
+        await pilot.pause(0.3)
+        assert pipes.retried == []
+        await pilot.press("R")
+        await until(pilot, lambda: pipes.retried)
+        assert pipes.retried == [(FAILED_PIPELINE, "train")]
+        await pilot.press("shift+tab", "up", "X")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmSweepStop))
+        assert isinstance(app.screen, ConfirmSweepStop)
+
+
 def test_reason_counts_down_to_a_retry() -> None:
     s = StepRow(name="train", state="waiting", kind="job", attempt=1, max_attempts=3,
                 reason="attempt 1 failed: rank 0 on h1 exited with code 1", retry_at=NOW + 75)
