@@ -51,6 +51,20 @@ from tui.app.widgets.format import (
     step_rate_text,
 )
 from tui.app.widgets.logview import LogView
+from tui.app.widgets.pipelines import (
+    NO_PIPELINES,
+    PipelineFetch,
+    PipelinesTable,
+    StepsTable,
+    can_retry_step,
+    can_stop_pipeline,
+    fetch_pipelines,
+    pipeline_head,
+    pipeline_rows,
+    step_detail,
+    step_rows,
+    stop_pipeline_text,
+)
 from tui.app.widgets.sweeps import (
     NO_SWEEPS,
     SweepFetch,
@@ -87,13 +101,14 @@ from tui.app.widgets.tables import (
 from tui.client import Client, HostReport, Onboarding, describe_cause, set_passphrase_prompt
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import JobDetail, JobSource, JobsSnapshot
+from tui.model.pipelineview import PipelineDetail, PipelineRow, StepRow
 from tui.model.sweepview import SweepDetail, SweepRow, TrialRow
 from tui.model.termsafe import terminal_safe
 from tui.model.views import HostKey, HostView
 
 log = logging.getLogger(__name__)
 
-TABS = ("hosts", "gpus", "jobs", "job", "checkpoints", "logs", "sweeps", "map")
+TABS = ("hosts", "gpus", "jobs", "job", "checkpoints", "logs", "sweeps", "map", "pipelines")
 EXIT_HANGUP = 128 + signal.SIGHUP  # the shell's status for a process ended by a hangup
 JOB_TABS = ("job", "checkpoints", "logs")
 
@@ -188,6 +203,26 @@ class SweepsPane(Vertical):
         app.stop_sweep()
 
 
+class PipelinesPane(Vertical):
+    """The Pipelines view: pipelines, the selected one's steps as a tree; its stop and retry
+    keys (active while a table of it has focus)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("S", "stop_pipeline", "Stop pipeline", id="pipelines.stop"),
+        Binding("r", "retry_step", "Retry step", id="pipelines.retry"),
+    ]
+
+    def action_stop_pipeline(self) -> None:
+        app = self.app
+        assert isinstance(app, RigdeckApp)
+        app.stop_pipeline()
+
+    def action_retry_step(self) -> None:
+        app = self.app
+        assert isinstance(app, RigdeckApp)
+        app.retry_step()
+
+
 class RigdeckApp(App[None]):
     """rigdeck: hosts, GPUs and jobs of a bare-metal cluster."""
 
@@ -202,6 +237,7 @@ class RigdeckApp(App[None]):
         Binding("6", "show_tab('logs')", "Logs", id="view.logs", show=False),
         Binding("7", "show_tab('sweeps')", "Sweeps", id="view.sweeps", show=False),
         Binding("8", "show_tab('map')", "Map", id="view.map", show=False),
+        Binding("9", "show_tab('pipelines')", "Pipelines", id="view.pipelines", show=False),
         Binding("l", "launch", "Launch", id="job.launch"),
         Binding("s", "stop_job", "Stop", id="job.stop"),
         Binding("d", "deploy", "Deploy", id="host.deploy"),
@@ -255,6 +291,15 @@ class RigdeckApp(App[None]):
         self.sweeps_fetches = 0  # fetches done (tests wait on it)
         self._sweeps_inflight = False
         self._sweeps_again = False
+        # The Pipelines view: fetched the same way, while it shows.
+        self.pipeline_id: str | None = None
+        self.pipeline_list: tuple[PipelineRow, ...] = ()
+        self.pipeline_detail: PipelineDetail | None = None
+        self.pipelines_error: str | None = None
+        self.pipelines_fetches = 0  # fetches done (tests wait on it)
+        self._pipelines_inflight = False
+        self._pipelines_again = False
+        self._sweep_wanted: str | None = None  # a sweep step's sweep, to put the cursor on
         self.notices = JobNotices()  # job state changes -> a toast and the bell ([notify])
 
     # -- layout -----------------------------------------------------------------------------
@@ -310,6 +355,13 @@ class RigdeckApp(App[None]):
                         yield LossChart(id="sweep-curves")
             with TabPane("Map 8", id="map"):
                 yield MapPane(id="map-pane")
+            with TabPane("Pipelines 9", id="pipelines"):
+                with PipelinesPane(id="pipelines-pane"):
+                    yield Static("loading pipelines…", id="pipelines-status", classes="status")
+                    yield PipelinesTable(id="pipelines-table")
+                    yield Static("", id="pipeline-head", classes="head")
+                    yield StepsTable(id="steps-table")
+                    yield Static("", id="step-detail", classes="detail")
         yield Footer(compact=True)
 
     @property
@@ -326,6 +378,7 @@ class RigdeckApp(App[None]):
         self.query_one("#sweep-best", LossChart).border_title = "best so far, by trial"
         self.query_one("#sweep-curves", LossChart).border_title = "objective by step"
         self.query_one("#trials-table").border_title = "trials, best first"
+        self.query_one("#steps-table").border_title = "steps, in dependency order"
         self._apply_keymap()
         self._set_widths(self.size.width)
         set_passphrase_prompt(passphrase_prompt(self))  # an encrypted key's passphrase: asked here
@@ -336,6 +389,7 @@ class RigdeckApp(App[None]):
         self.refresh_views(force=True)
         self.set_interval(1.0 / self.sample_hz, self.refresh_views, name="sample")
         self.set_interval(1.0, self.poll_sweeps, name="sweeps")
+        self.set_interval(1.0, self.poll_pipelines, name="pipelines")
         # Everything built so far lives as long as the app: keep it out of the collector's way,
         # so a full collection while thousands of GPU rows change costs what changed, not all.
         # Samples churn (every GPU, every second), and most of a second's objects die within
@@ -423,6 +477,8 @@ class RigdeckApp(App[None]):
             ("#saves-table", SavesTable),
             ("#sweeps-table", SweepsTable),
             ("#trials-table", TrialsTable),
+            ("#pipelines-table", PipelinesTable),
+            ("#steps-table", StepsTable),
         ):
             table = self.query_one(sel, cls)
             if table.set_columns(table.columns_for(w)):
@@ -450,8 +506,9 @@ class RigdeckApp(App[None]):
             ("Logs view", rows(LogView.BINDINGS)),
             ("Sweeps view", rows(SweepsPane.BINDINGS)),
             ("Map view", rows(ClusterMap.BINDINGS)),
+            ("Pipelines view", rows(PipelinesPane.BINDINGS)),
             ("Launch dialog", rows(_L.BINDINGS)),
-            ("Stop dialogs (job, trial, sweep)", rows(ConfirmStop.BINDINGS)),
+            ("Stop dialogs (job, trial, sweep, pipeline)", rows(ConfirmStop.BINDINGS)),
             ("Host key dialog", rows(TrustHostKey.BINDINGS)),
         ]
 
@@ -565,6 +622,8 @@ class RigdeckApp(App[None]):
                     self._update_sweeps(now)
                 elif active == "map":
                     self.query_one("#map-pane", MapPane).apply(self.client.state, self.jobs_snapshot)
+                elif active == "pipelines":
+                    self._update_pipelines(now)
             if active == "logs":
                 self.query_one("#log-view", LogView).sync()
 
@@ -823,6 +882,8 @@ class RigdeckApp(App[None]):
             if fetch.rows is not None:
                 self.sweep_list = fetch.rows
                 ids = {r.sweep_id for r in fetch.rows}
+                if self._sweep_wanted not in ids:
+                    self._sweep_wanted = None  # a pipeline's sweep step's sweep, gone
                 if self.sweep_id not in ids:
                     self.sweep_id = fetch.selected
                     self.sweep_detail = None
@@ -869,6 +930,10 @@ class RigdeckApp(App[None]):
             )
         set_text(status, text)
         sweeps.apply(sweep_rows(rows))
+        wanted = self._sweep_wanted  # a pipeline's sweep step was opened: the cursor on its sweep
+        if wanted is not None and wanted in sweeps._order:
+            self._sweep_wanted = None
+            sweeps.move_cursor(row=sweeps._order.index(wanted))
         if detail is not None and detail.row.sweep_id != self.sweep_id:
             detail = None
         head = self.query_one("#sweep-head", Static)
@@ -950,6 +1015,183 @@ class RigdeckApp(App[None]):
             self.select_job(t.job_id)
             self.tabs.active = "job"
 
+    # -- pipelines --------------------------------------------------------------------------
+
+    def poll_pipelines(self, soon: bool = False) -> None:
+        """Fetch the pipelines (and the selected one's detail) on a worker thread, while the
+        view shows and no fetch is under way (as ``poll_sweeps``): a slow or dead controller
+        leaves the last fetched on screen and never holds the UI."""
+        if self.closing or self.tabs.active != "pipelines":
+            return
+        if self._pipelines_inflight:
+            self._pipelines_again = self._pipelines_again or soon
+            return
+        self._pipelines_inflight = True
+        self.run_worker(
+            lambda sel=self.pipeline_id: fetch_pipelines(self.client, sel),
+            thread=True,
+            group="pipelines",
+            name="pipelines",
+            exit_on_error=False,
+        )
+
+    def _pipelines_fetched(self, fetch: PipelineFetch | None, error: str | None = None) -> None:
+        self._pipelines_inflight = False
+        self.pipelines_fetches += 1
+        if self.closing:
+            return
+        if fetch is None:
+            self.pipelines_error = error or "pipelines: the fetch failed"
+        else:
+            self.pipelines_error = fetch.error
+            if fetch.rows is not None:
+                self.pipeline_list = fetch.rows
+                if self.pipeline_id not in {r.pipeline_id for r in fetch.rows}:
+                    self.pipeline_id = fetch.selected
+                    self.pipeline_detail = None
+            if fetch.selected == self.pipeline_id:
+                if fetch.detail is not None:
+                    self.pipeline_detail = fetch.detail
+                elif fetch.error is None:
+                    self.pipeline_detail = None
+            else:
+                self._pipelines_again = True  # the selection moved while this one was fetched
+        if self.tabs.active == "pipelines":
+            self._update_pipelines(self.clock())
+            self._dirty.discard("pipelines")
+        if self._pipelines_again:
+            self._pipelines_again = False
+            self.poll_pipelines()
+
+    def _shown_pipeline(self) -> PipelineDetail | None:
+        d = self.pipeline_detail
+        return d if d is not None and d.row.pipeline_id == self.pipeline_id else None
+
+    def current_step(self) -> StepRow | None:
+        d = self._shown_pipeline()
+        if d is None:
+            return None
+        key = self.query_one("#steps-table", StepsTable).cursor_key
+        return d.step(key) if key else None
+
+    def _update_pipelines(self, now: float) -> None:
+        status = self.query_one("#pipelines-status", Static)
+        rows = self.pipeline_list
+        detail = self._shown_pipeline()
+        if not self.pipelines_fetches:
+            text = "loading pipelines…"
+        elif not rows:
+            text = NO_PIPELINES
+        else:
+            running = sum(1 for r in rows if r.state in ("running", "stopping"))
+            text = (
+                f"{len(rows)} pipeline(s) · {running} running  "
+                "[$text-muted](enter: its steps · enter on a step: its job · S stop · r retry step)[/]"
+            )
+        if self.pipelines_error:
+            text = f"[$error]{escape(self.pipelines_error[:300])}[/]" + (
+                "  [$text-muted](showing the last fetched)[/]" if rows else ""
+            )
+        set_text(status, text)
+        self.query_one("#pipelines-table", PipelinesTable).apply(pipeline_rows(rows, now))
+        head = self.query_one("#pipeline-head", Static)
+        if not rows:
+            set_text(head, "no pipeline selected" if self.pipelines_fetches else "")
+        elif detail is None and self.pipeline_id is not None:
+            set_text(head, f"[b]{escape(self.pipeline_id)}[/b]  [$text-muted]loading…[/]")
+        else:
+            set_text(head, pipeline_head(detail, now))
+        steps = self.query_one("#steps-table", StepsTable)
+        steps.apply(step_rows(detail, now) if detail is not None else [])
+        set_text(self.query_one("#step-detail", Static), step_detail(self.current_step(), now))
+
+    @on(DataTable.RowHighlighted, "#pipelines-table")
+    def _pipeline_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        key = event.row_key.value
+        if key and key != self.pipeline_id:
+            self.pipeline_id = key
+            self.pipeline_detail = None
+            self._update_pipelines(self.clock())
+            self.query_one("#steps-table", StepsTable).move_cursor(row=0)
+            self.poll_pipelines(soon=True)
+
+    @on(DataTable.RowSelected, "#pipelines-table")
+    def _pipeline_chosen(self) -> None:
+        self.query_one("#steps-table").focus()
+
+    @on(DataTable.RowHighlighted, "#steps-table")
+    def _step_highlighted(self) -> None:
+        set_text(self.query_one("#step-detail", Static), step_detail(self.current_step(), self.clock()))
+
+    @on(DataTable.RowSelected, "#steps-table")
+    def _step_chosen(self) -> None:
+        """A job step: its job in the Job view; a sweep step: its sweep in the Sweeps view."""
+        s = self.current_step()
+        if s is None:
+            return
+        if s.kind == "sweep" and s.sweep_id:
+            if s.sweep_id != self.sweep_id:
+                self.sweep_id = s.sweep_id
+                self.sweep_detail = None
+            self._sweep_wanted = s.sweep_id
+            self.tabs.active = "sweeps"
+        elif s.job_id:
+            self.select_job(s.job_id)
+            self.tabs.active = "job"
+        else:
+            self.notify(f"step {s.name} has no job yet ({s.state})", title="pipeline")
+
+    def stop_pipeline(self) -> None:
+        """Stop the selected pipeline (its running steps; no further step starts), after a
+        confirmation."""
+        d = self._shown_pipeline()
+        row = d.row if d is not None else None
+        if row is None:
+            row = next((r for r in self.pipeline_list if r.pipeline_id == self.pipeline_id), None)
+        if row is None:
+            self.notify("no pipeline selected: pick one in Pipelines (9)", severity="warning")
+            return
+        if not can_stop_pipeline(row):
+            self.notify(f"{row.pipeline_id} has already ended ({row.state})", severity="warning")
+            return
+        pipeline_id = row.pipeline_id
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.notify(f"stopping pipeline {pipeline_id}…", title="pipeline")
+                self._stop_pipeline(pipeline_id)
+
+        title = f"Stop pipeline [b]{escape(pipeline_id)}[/b]?"
+        self.dialog(ConfirmSweepStop(title, stop_pipeline_text(d, row), "Stop pipeline"), confirmed)
+
+    @work(thread=True, group="action", name="stop pipeline", exit_on_error=False)
+    def _stop_pipeline(self, pipeline_id: str) -> str:
+        d = self.client.pipeline_stop(pipeline_id)
+        return f"pipeline {pipeline_id}: {d.row.state}"
+
+    def retry_step(self) -> None:
+        """Run the failed or stopped step under the cursor again (and what was skipped for it)."""
+        d = self._shown_pipeline()
+        if d is None:
+            self.notify("no pipeline selected: pick one in Pipelines (9)", severity="warning")
+            return
+        s = self.current_step()
+        if s is None:
+            self.notify("no step selected: pick one in the steps table", severity="warning")
+            return
+        if not can_retry_step(s):
+            self.notify(f"step {s.name} is {s.state}: only a failed or stopped step is retried",
+                        severity="warning")
+            return
+        self.notify(f"retrying step {s.name} of {d.row.pipeline_id}…", title="pipeline")
+        self._retry_step(d.row.pipeline_id, s.name)
+
+    @work(thread=True, group="action", name="retry step", exit_on_error=False)
+    def _retry_step(self, pipeline_id: str, step: str) -> str:
+        d = self.client.pipeline_retry(pipeline_id, step)
+        after = d.step(step)
+        return f"pipeline {pipeline_id}: step {step} {after.state if after else 'retried'}"
+
     # -- navigation -------------------------------------------------------------------------
 
     def action_show_tab(self, tab: str) -> None:
@@ -968,11 +1210,14 @@ class RigdeckApp(App[None]):
             "logs": "#log-view",
             "sweeps": "#sweeps-table",
             "map": "#cluster-map",
+            "pipelines": "#pipelines-table",
         }.get(pane or "")
         if focus:
             self.query_one(focus).focus()
         if pane == "sweeps":
             self.poll_sweeps(soon=True)
+        if pane == "pipelines":
+            self.poll_pipelines(soon=True)
 
     def select_job(self, job_id: str | None) -> None:
         if job_id != self.job_id:
@@ -1255,12 +1500,20 @@ class RigdeckApp(App[None]):
             elif event.state in (WorkerState.ERROR, WorkerState.CANCELLED):
                 self._sweeps_fetched(None, f"sweeps: {describe_error(w.error or Exception('cancelled'))}")
             return
+        if w.group == "pipelines":
+            if event.state == WorkerState.SUCCESS:
+                self._pipelines_fetched(w.result)
+            elif event.state in (WorkerState.ERROR, WorkerState.CANCELLED):
+                self._pipelines_fetched(
+                    None, f"pipelines: {describe_error(w.error or Exception('cancelled'))}")
+            return
         if w.group != "action":
             return
         if event.state == WorkerState.SUCCESS and w.result:
             self.notify(escape(str(w.result)), title=w.name)
             self.refresh_views(force=True)
             self.poll_sweeps(soon=True)
+            self.poll_pipelines(soon=True)
         elif event.state == WorkerState.ERROR:
             self.notify(
                 escape(describe_error(w.error or Exception("failed"))),

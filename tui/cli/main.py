@@ -13,6 +13,7 @@ from typing import Any
 
 from tui.cli import exec as exec_cli
 from tui.cli import onboard as onboard_cli
+from tui.cli import pipeline as pipeline_cli
 from tui.cli import server as server_cli
 from tui.cli import sweep as sweep_cli
 from tui.cli import web as web_cli
@@ -134,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     onboard_cli.add_parser(isub)
 
     sweep_cli.add_parsers(sub, _common)
+    pipeline_cli.add_parsers(sub, _common)
     exec_cli.add_parser(sub, _common)
     web_cli.add_parser(sub, _common)
     server_cli.add_parsers(sub)
@@ -536,6 +538,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_jobs(args)
         if args.command in ("sweep", "sweeps"):
             return sweep_cli.run(args, _client)
+        if args.command in ("pipeline", "pipelines"):
+            return pipeline_cli.run(args, _client)
         if args.command == "exec":
             return exec_cli.run(args, _load)
         if args.command == "web":

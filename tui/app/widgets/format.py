@@ -225,6 +225,10 @@ def state_level(state: str) -> str:
         "error": "crit",
         "completed": "ok",  # a sweep's trial, or the sweep
         "pruning": "warn",
+        "cached": "accent",  # a pipeline step reused from an earlier run: not "succeeded" green
+        "skipped": "dim",
+        "waiting": "warn",  # a pipeline step's retry backoff
+        "staging": "warn",  # a pipeline step's inputs being moved
     }.get(state, "muted")
 
 
