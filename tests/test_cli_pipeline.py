@@ -321,14 +321,6 @@ def test_retry_and_wait(client: StandIn, pipes: RecordedPipelines, capsys: pytes
     assert "train: succeeded (attempt 1/3)" in out and "report: succeeded" in out
 
 
-def test_without_the_spec_loader_it_says_so(client: StandIn, monkeypatch: pytest.MonkeyPatch,
-                                            capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setitem(sys.modules, "tui.model.pipelinespec", None)  # import fails
-    assert main_mod.main(["pipeline", "pipeline.toml"]) == 2
-    assert capsys.readouterr().err.startswith("rigdeck: pipelines are not available in this build")
-    assert client.made == []  # type: ignore[attr-defined]
-
-
 PIPELINE_ROW = {"pipeline_id": str, "name": str, "state": str, "created": float, "ended": (float, type(None)),
                 "reason": (str, type(None)), "steps": int, "succeeded": int, "cached": int, "failed": int,
                 "skipped": int, "running": int, "path": (str, type(None))}

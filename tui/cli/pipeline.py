@@ -217,11 +217,8 @@ def run(args: argparse.Namespace, client_factory: Any) -> int:
         return EXIT_USAGE
     spec = None
     if action is None:
-        try:
-            from tui.model.pipelinespec import load_pipeline  # type: ignore[import-not-found,unused-ignore]
-        except ImportError as e:
-            print(f"rigdeck: pipelines are not available in this build ({e})", file=sys.stderr)
-            return EXIT_USAGE
+        from tui.model.pipelinespec import load_pipeline
+
         try:
             spec = load_pipeline(target[0])
         except JobSpecError as e:
