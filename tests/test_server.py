@@ -381,6 +381,7 @@ def test_a_pipeline_advances_unattended_and_a_killed_server_neither_reruns_nor_l
 
     bed, alice, bob = served
     spec = alice.home / "served-pipeline.toml"
+    spec.parent.mkdir(parents=True, exist_ok=True)
     spec.write_text('name = "pl-served"\n'
                     + step("first", ["--write", "part-{node}.txt=from-first"], "", "nodes = 2\n")
                     + step("long", ["--sleep", "12", "--expect", "parts/part-1.txt=from-first",
