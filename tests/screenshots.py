@@ -10,7 +10,8 @@ into ``screenshots/``.
 Then it stops the job from the app, runs a short hyperparameter sweep through the app's client
 (examples/sweep with fewer trials and steps: every trial a real job on the bed) and, once some
 trials completed, saves the Sweeps view with that sweep selected; then tears the bed down.
-``--only sweeps`` makes the sweeps screenshot alone (no training job: a minute, not ten).
+``--only sweeps`` makes the sweeps screenshot alone (no training job: a minute, not ten);
+``--only pipelines`` the Pipelines view alone (the example pipeline run twice).
 Last, the onboarding screen (no inventory, a fixture ssh config under a fresh HOME, three of its
 hosts checked); ``--only onboarding`` makes that one alone.
 
@@ -37,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "screenshots"
 DDP = ROOT / "examples" / "ddp" / "job.toml"
 SWEEP = ROOT / "examples" / "sweep" / "sweep.toml"
+PIPELINE = ROOT / "examples" / "pipeline-steps"
 TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
 SIZE = (140, 40)
 
@@ -193,6 +195,50 @@ async def run_sweep(app: Any, pilot: Any, tmp: Path, converter: str, shots: list
     print(f"sweep {sweep_id}: {progress()[1]}", flush=True)
 
 
+async def run_pipeline(app: Any, pilot: Any, tmp: Path, converter: str, shots: list[Path],
+                       until: Any) -> None:
+    """examples/pipeline-steps, run to the end through the app's client; then again with the
+    train step's learning rate changed: preprocess comes from the cache, train runs again. The
+    Pipelines view is captured while the second run's train step runs."""
+    import shutil
+
+    from tui.model.pipelinespec import load_pipeline
+
+    src = tmp / "pipeline-steps"
+    shutil.copytree(PIPELINE, src)
+    first = await asyncio.to_thread(app.client.pipeline, load_pipeline(src / "pipeline.toml"))
+    print(f"pipeline {first.row.pipeline_id}: {first.row.steps} steps", flush=True)
+    await pilot.press("9")
+
+    def state(pid: str) -> str:
+        row = next((r for r in app.pipeline_list if r.pipeline_id == pid), None)
+        return "" if row is None else row.state
+
+    await until(lambda: state(first.row.pipeline_id) in ("succeeded", "failed", "stopped"),
+                "the first pipeline run", 300)
+    print(f"pipeline {first.row.pipeline_id}: {state(first.row.pipeline_id)}", flush=True)
+    train = src / "train.toml"
+    train.write_text(train.read_text().replace("lr = 0.5", "lr = 0.4"))
+    second = await asyncio.to_thread(app.client.pipeline, load_pipeline(src / "pipeline.toml"))
+    pid = second.row.pipeline_id
+    await until(lambda: state(pid) != "", "the second run in the list", 30)
+    app.query_one("#pipelines-table").move_cursor(row=0)  # the newest: the second run
+
+    def train_state() -> str:
+        d = app.pipeline_detail
+        if d is None or d.row.pipeline_id != pid:
+            return ""
+        s = d.step("train")
+        return "" if s is None else s.state
+
+    await until(lambda: train_state() == "running", "the second run's train step", 180)
+    app.query_one("#steps-table").move_cursor(row=1)  # train: its detail below the tree
+    await pilot.pause(1.5)
+    await capture(app, pilot, "pipelines", converter, shots)
+    await until(lambda: state(pid) in ("succeeded", "failed", "stopped"), "the second pipeline run", 300)
+    print(f"pipeline {pid}: {state(pid)}", flush=True)
+
+
 async def capture(app: Any, pilot: Any, name: str, converter: str, shots: list[Path]) -> None:
     app.clear_notifications()
     await pilot.pause(0.3)
@@ -234,6 +280,9 @@ async def run(
         )
         if only == "sweeps":
             await run_sweep(app, pilot, tmp, converter, shots, until)
+            return shots
+        if only == "pipelines":
+            await run_pipeline(app, pilot, tmp, converter, shots, until)
             return shots
         # Somebody else's process on h3's GPU 1 (a CPU burner the simulated GPU follows).
         burner = bed.popen(
@@ -293,6 +342,7 @@ async def run(
             burner.wait()
             burner = None
         await run_sweep(app, pilot, tmp, converter, shots, until)
+        await run_pipeline(app, pilot, tmp, converter, shots, until)
     if burner is not None:
         burner.kill()
         burner.wait()
@@ -352,10 +402,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument(
         "--only",
-        choices=("all", "sweeps", "onboarding"),
+        choices=("all", "sweeps", "pipelines", "onboarding"),
         default="all",
-        help="sweeps: only the Sweeps view (a short sweep, no training job); onboarding: only "
-        "the onboarding screen",
+        help="sweeps: only the Sweeps view (a short sweep, no training job); pipelines: only the "
+        "Pipelines view (the example pipeline, twice); onboarding: only the onboarding screen",
     )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))

@@ -8,6 +8,7 @@ is in tests/test_server.py."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -130,6 +131,19 @@ def test_the_example_runs_on_three_hosts_moving_artifacts_between_private_state_
     entry = json.loads(testbed.exec(host, ["cat", f"{job_dir(register['job_id'])}/sagemaker/output/data/"
                                                   "registry.json"]).stdout)
     assert entry["sha256"] == model_sha and entry["pipeline"] == out["row"]["pipeline_id"]
+
+    # A copy with one step's spec changed: that step and the steps after it run again; the
+    # preprocess step is taken from the first run (the spec files are not part of a step's code).
+    copy = cli.tmp / "pipeline-steps"
+    shutil.copytree(EXAMPLE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    train_spec = copy / "train.toml"
+    train_spec.write_text(train_spec.read_text().replace("steps = 60", "steps = 40"))
+    again = cli.json("pipeline", str(copy / "pipeline.toml"), "--wait", timeout=600)
+    steps2 = steps_of(again)
+    assert again["row"]["state"] == "succeeded", json.dumps(again, indent=1)[-4000:]
+    assert steps2["preprocess"]["state"] == "cached" and steps2["preprocess"]["job_id"] == pre["job_id"]
+    for name in ("train", "evaluate", "register"):
+        assert steps2[name]["state"] == "succeeded" and steps2[name]["job_id"] != steps[name]["job_id"], name
 
 
 @pytest.mark.testbed

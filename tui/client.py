@@ -871,8 +871,15 @@ class RemoteClient(Client):
     def pipeline(self, spec: Any) -> PipelineDetail:
         import dataclasses
 
-        steps = tuple(dataclasses.replace(s, job=self._with_code(s.job)) for s in spec.steps)
-        spec = dataclasses.replace(spec, steps=steps)
+        import os
+
+        def absolute(p: Any) -> Any:  # the server tells the spec files apart from code by path
+            return type(p)(os.path.abspath(p)) if p else p
+
+        steps = tuple(dataclasses.replace(s, spec_path=absolute(s.spec_path),
+                                          job=dataclasses.replace(self._with_code(s.job), path=absolute(s.job.path)))
+                      for s in spec.steps)
+        spec = dataclasses.replace(spec, steps=steps, path=absolute(spec.path))
         return wire.decode(PipelineDetail, self.call("pipeline", spec=spec.to_dict()))
 
     def pipelines(self) -> list[PipelineRow]:

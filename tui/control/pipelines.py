@@ -125,8 +125,8 @@ def final_metrics(records: list[Mapping[str, Any]]) -> dict[str, float]:
     best: dict[str, tuple[int, int, int, float]] = {}
     for r in records:
         attempt = int(r.get("restart") or 0)
-        step = r.get("step") if isinstance(r.get("step"), int) else -1
-        rank = r.get("rank") if isinstance(r.get("rank"), int) else 1 << 30
+        step = int(r["step"]) if isinstance(r.get("step"), int) else -1
+        rank = int(r["rank"]) if isinstance(r.get("rank"), int) else 1 << 30
         for k, v in r.items():
             if k in _NOT_METRICS:
                 continue
@@ -151,46 +151,80 @@ def cause_class(cause: Mapping[str, Any] | None) -> str:
     return "host_lost" if infrastructure_failure(cause) else "failed"
 
 
-def workdir_key(job: JobSpec) -> str | None:
-    """What the step's code is, for its cache key: a ``[code] sync`` snapshot's tree; else the
-    content hash of its workdir as this machine sees it (None when it cannot be read here, or is
-    beyond code sync's limits: such a step is never taken from the cache)."""
+def spec_files(spec: Any) -> set[str]:
+    """The pipeline's own spec files (the pipeline file, its steps' spec files), as absolute
+    paths: a step's code key leaves them out, since its parsed spec is in its key already (an
+    edit to one step's spec must not look like a change of every step's code)."""
+    out = set()
+    if getattr(spec, "path", None):
+        out.add(os.path.abspath(str(spec.path)))
+    for s in spec.steps:
+        for p in (s.spec_path, s.job.path):
+            if p:
+                out.add(os.path.abspath(str(p)))
+    return out
+
+
+def _rows_key(rows: list[tuple[str, str, bool]]) -> str:
+    h = hashlib.sha256(b"rigdeck-code-key-1\n")
+    for rel, sha, exe in sorted(rows):
+        h.update(f"{sha} {'x' if exe else '-'} {rel}\n".encode())
+    return h.hexdigest()
+
+
+def workdir_key(job: JobSpec, store: Any = None, skip: set[str] | frozenset[str] = frozenset()) -> str | None:
+    """What the step's code is, for its cache key: its files' paths and content hashes, from the
+    ``[code] sync`` snapshot (in ``store``, the controller's code store) or else read from its
+    workdir as this machine sees it, leaving out ``skip`` (absolute paths: the pipeline's spec
+    files). None when they cannot be read here, or are beyond code sync's limits: such a step
+    is never taken from the cache."""
     if job.code is not None and job.code.tree is not None:
-        return "tree:" + job.code.tree
-    root = Path(job.workdir)
-    if not root.is_dir():
+        if store is None:
+            return "tree:" + job.code.tree
+        try:
+            manifest = store.manifest(job.code.tree)
+        except Exception as e:
+            log.info("code snapshot %s: %s", job.code.tree[:12], e)
+            return None
+        root = job.code.sync
+        return "code:" + _rows_key([(e.path, e.sha256, e.executable) for e in manifest.entries
+                                    if os.path.join(root, e.path) not in skip])
+    root_dir = Path(job.workdir)
+    if not root_dir.is_dir():
         return None
     from tui.model.codesync import DEFAULT_MAX_FILES, DEFAULT_MAX_MB
     from tui.remote.codesync import list_files
 
     try:
-        files, _how = list_files(root)
+        files, _how = list_files(root_dir)
     except Exception as e:  # not readable here: no caching for it
-        log.info("workdir %s: %s", root, e)
+        log.info("workdir %s: %s", root_dir, e)
         return None
     if len(files) > DEFAULT_MAX_FILES or sum(f[2] for f in files) > DEFAULT_MAX_MB << 20:
         return None
-    h = hashlib.sha256(b"rigdeck-workdir-1\n")
+    rows = []
     for rel, full, _size, exe, _st in files:
+        if os.path.abspath(str(full)) in skip:
+            continue
         fh = hashlib.sha256()
         try:
             with open(full, "rb") as f:
-                for chunk in iter(lambda f=f: f.read(1 << 20), b""):
+                while chunk := f.read(1 << 20):
                     fh.update(chunk)
         except OSError:
             return None
-        h.update(f"{fh.hexdigest()} {'x' if exe else '-'} {rel}\n".encode())
-    return "dir:" + h.hexdigest()
+        rows.append((rel, fh.hexdigest(), exe))
+    return "dir:" + _rows_key(rows)
 
 
 def _job_key_dict(job: JobSpec) -> dict[str, Any]:
     """The parts of a step's job spec that decide what it does (not where the spec file was, nor
-    the staged inputs' host lists)."""
+    the staged inputs' host lists, nor the synced files: those are its code key)."""
     d = job.to_dict()
     for k in ("path", "pipeline_id", "step", "inputs", "seed_checkpoint", "sweep_id", "trial"):
         d.pop(k, None)
     if d.get("code"):
-        d["code"] = {"tree": d["code"].get("tree")}
+        d["code"] = True  # its files are the step's code key (without the pipeline's spec files)
         d.pop("workdir", None)  # the hosts' copy, wherever the snapshot came from
     return d
 
@@ -346,7 +380,10 @@ class PipelineRunner:
         """Record a pipeline (its steps' code as submitted: ``code_keys``, step -> ``workdir_key``,
         computed here when not given) and start the steps that need none."""
         pipeline_id = pipeline_id or new_pipeline_id(spec.name)
-        keys = dict(code_keys) if code_keys is not None else {s.name: workdir_key(s.job) for s in spec.steps}
+        if code_keys is None:
+            skip = spec_files(spec)
+            code_keys = {s.name: workdir_key(s.job, self.jm.code_store, skip) for s in spec.steps}
+        keys = dict(code_keys)
         steps = [(s.name, keys.get(s.name)) for s in spec.steps]
         self.store.create(pipeline_id, spec.name, spec.to_dict(), steps)
         self.tick()
@@ -466,7 +503,8 @@ class PipelineRunner:
             return "succeeded" if row["state"] == "cached" else row["state"]
         metrics = row.get("metrics") or {}
         if ref.kind == "params":
-            params = metrics.get("params") if isinstance(metrics.get("params"), dict) else {}
+            found = metrics.get("params")
+            params: dict[str, Any] = found if isinstance(found, dict) else {}
             if ref.key not in params:
                 raise EvalError(f"{ref.text}: step {ref.step} has no parameter {ref.key!r}")
             return params[ref.key]

@@ -340,11 +340,12 @@ class ControllerService:
         they are at submission), the pipeline recorded and its first steps submitted."""
         import dataclasses
 
-        from tui.control.pipelines import workdir_key
+        from tui.control.pipelines import spec_files, workdir_key
 
         steps = tuple(dataclasses.replace(s, job=self.manager.snapshot_code(s.job)) for s in spec.steps)
         spec = dataclasses.replace(spec, steps=steps)
-        keys = {s.name: workdir_key(s.job) for s in spec.steps}  # reading files holds up no supervision
+        skip = spec_files(spec)  # reading files holds up no supervision
+        keys = {s.name: workdir_key(s.job, self.manager.code_store, skip) for s in spec.steps}
         with self._exclusive():
             detail = self.pipelines.create(spec, code_keys=keys)
         if self._watch is not None:
