@@ -870,7 +870,6 @@ class RemoteClient(Client):
 
     def pipeline(self, spec: Any) -> PipelineDetail:
         import dataclasses
-
         import os
 
         def absolute(p: Any) -> Any:  # the server tells the spec files apart from code by path
