@@ -91,7 +91,7 @@ def step_rows(detail: PipelineDetail, now: float) -> list[tuple[str, tuple[Any, 
     out = []
     for prefix, s in detail.tree():
         t = step_time(s, now)
-        cache = f"hit ← {s.cached_from}" if s.cached and s.cached_from else ("hit" if s.cached else "")
+        cache = "hit" if s.cached else ""  # where from: the step's detail line below
         out.append(
             (
                 s.name,
@@ -246,7 +246,7 @@ class StepsTable(DiffTable):
             Col("time", "Time", 7),
             Col("hosts", "Hosts"),
             Col("cache", "Cache"),
-            Col("why", "Reason / when", w.why + 14),
+            Col("why", "Reason / when", w.why if w.wide else w.why + 14),
         ]
 
     def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
