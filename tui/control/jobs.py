@@ -516,17 +516,18 @@ class JobManager:
         report: dict[str, Any] = {}
         for channel, art in wanted:
             what = f"channel {channel} ({art.get('from')})" if channel else f"checkpoints ({art.get('from')})"
-            results = stage(self.ctl, art, hosts)
+            results = stage(self.ctl, dict(art), hosts)
+            staged = {h: r for h, r in results.items() if not isinstance(r, Exception)}
             failed = {h: r for h, r in results.items() if isinstance(r, Exception)}
             if failed:
                 raise JobError(f"{what} could not be staged: " + "; ".join(f"{h}: {e}" for h, e in failed.items()))
-            for h, r in results.items():
+            for h, r in staged.items():
                 if channel:
                     out[h]["channels"][channel] = r.path
                 else:
                     out[h]["seed_checkpoint"] = r.path
             report[channel or "checkpoints"] = {"from": art.get("from"), "tree": art.get("tree"),
-                                                "hosts": {h: r.to_json() for h, r in results.items()}}
+                                                "hosts": {h: r.to_json() for h, r in staged.items()}}
         self.history.add_event(job_id, {"event": "inputs", "artifacts": report})
         return out
 
