@@ -39,6 +39,7 @@ from tui.control.server import StateMirror, serve
 from tui.control.service import ControllerService, ServiceInfo
 from tui.control.sweeps import SweepError
 from tui.model import wire
+from tui.model.doctor import DoctorReport
 from tui.model.inventory import INVENTORY_ENV, Inventory, InventoryError, default_inventory_path
 from tui.model.jobspec import JobSpec, JobSpecError
 from tui.model.jobstate import describe_cause
@@ -217,6 +218,12 @@ class Client:
         raise NotImplementedError
 
     def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
+        raise NotImplementedError
+
+    # doctor (tui.model.doctor)
+    def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> DoctorReport:
+        """Run the doctor's checks over ``hosts`` (default: every host of the inventory) and
+        return what it found; ``checks``: a subset of tui.model.doctor.CHECKS."""
         raise NotImplementedError
 
     # pipelines (tui.model.pipelinespec, tui.model.pipelineview)
