@@ -29,6 +29,7 @@ from typing import Any
 
 from tui import serveradmin  # noqa: F401  (`rigdeck server ...`: set-up and start on the server host)
 from tui.control.controller import HostReport
+from tui.control.doctor import DoctorError
 from tui.control.history import JobRefError
 from tui.control.jobs import AmbiguousJobError, JobError, JobView
 from tui.control.jobwatch import JobDetail, JobRow, JobsSnapshot, LogBuffer, StopPlan
@@ -110,7 +111,7 @@ class ServerError(Exception):
 _ERRORS: dict[str, type[Exception]] = {
     "JobError": JobError, "PlacementError": PlacementError, "JobSpecError": JobSpecError,
     "JobRefError": JobError, "InventoryError": JobError, "SweepError": SweepError,
-    "CodeSyncError": JobError, "PipelineError": PipelineError,
+    "CodeSyncError": JobError, "PipelineError": PipelineError, "DoctorError": DoctorError,
 }
 
 
@@ -378,6 +379,9 @@ class InProcessClient(Client):
 
     def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
         return self.service.sweep_wait(ref, timeout=timeout)
+
+    def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> DoctorReport:
+        return self.service.doctor(hosts, checks)
 
     def pipeline(self, spec: Any) -> PipelineDetail:
         return self.service.pipeline(spec)
@@ -854,6 +858,12 @@ class RemoteClient(Client):
     def wait(self, ref: str, timeout: float | None = None) -> Iterator[JobView]:
         for item in self.stream("wait", ref=ref, timeout=timeout):
             yield JobView.from_json(item)
+
+    def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> DoctorReport:
+        # Measurement jobs run for a while: the server answers when they have ended.
+        result = self.call("doctor", timeout=1800.0, hosts=list(hosts) if hosts else None,
+                           checks=list(checks) if checks else None)
+        return wire.decode(DoctorReport, result)
 
     def sweep(self, spec: JobSpec) -> SweepDetail:
         spec = self._with_code(spec)

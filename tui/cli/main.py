@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tui.cli import doctor as doctor_cli
 from tui.cli import exec as exec_cli
 from tui.cli import onboard as onboard_cli
 from tui.cli import pipeline as pipeline_cli
@@ -135,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     onboard_cli.add_parser(isub)
 
     sweep_cli.add_parsers(sub, _common)
+    doctor_cli.add_parser(sub, _common)
     pipeline_cli.add_parsers(sub, _common)
     exec_cli.add_parser(sub, _common)
     web_cli.add_parser(sub, _common)
@@ -538,6 +540,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_jobs(args)
         if args.command in ("sweep", "sweeps"):
             return sweep_cli.run(args, _client)
+        if args.command == "doctor":
+            return doctor_cli.run(args, _client)
         if args.command in ("pipeline", "pipelines"):
             return pipeline_cli.run(args, _client)
         if args.command == "exec":

@@ -465,6 +465,9 @@ def _methods() -> dict[str, Callable[..., Any]]:
     def sweep(s: Session, spec: dict[str, Any]) -> Any:
         return wire.encode(svc(s).sweep(JobSpec.from_dict(spec)))
 
+    def doctor(s: Session, hosts: list[str] | None = None, checks: list[str] | None = None) -> Any:
+        return wire.encode(svc(s).doctor(hosts, checks))
+
     def sweep_wait(s: Session, ref: str, timeout: float | None = None) -> Any:
         for detail in svc(s).sweep_wait(ref, timeout=timeout):
             yield wire.encode(detail)
@@ -525,6 +528,7 @@ def _methods() -> dict[str, Callable[..., Any]]:
         "sweep_stop": plain("sweep_stop", lambda c, ref: c.sweep_stop(ref)),
         "sweep_stop_trial": plain("sweep_stop_trial", lambda c, ref, number: c.sweep_stop_trial(ref, int(number))),
         "sweep_wait": sweep_wait,
+        "doctor": doctor,
         "pipeline": pipeline,
         "pipelines": plain("pipelines", lambda c: c.pipeline_rows()),
         "pipeline_detail": plain("pipeline_detail", lambda c, ref: c.pipeline_detail(ref)),

@@ -26,6 +26,7 @@ from tui.control.notify import Notifier
 from tui.control.pipelines import PipelineRunner
 from tui.control.queue import JobQueue, QueueEntry
 from tui.control.sweeps import SweepRunner
+from tui.model.doctor import DoctorReport
 from tui.model.inventory import Inventory
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
@@ -332,6 +333,15 @@ class ControllerService:
             if deadline is not None and time.monotonic() > deadline:
                 return
             time.sleep(poll_s)
+
+    # -- doctor ------------------------------------------------------------------------------
+
+    def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> DoctorReport:
+        """Run the doctor's checks (tui.control.doctor): measurement jobs through the queue, and
+        the per-host checks. Embedded, this process supervises the jobs meanwhile."""
+        from tui.control.doctor import run_doctor
+
+        return run_doctor(self, hosts, checks)
 
     # -- pipelines ---------------------------------------------------------------------------
 

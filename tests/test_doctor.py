@@ -1,0 +1,144 @@
+"""``rigdeck doctor``'s network checks: the verdict rules on figures, and on the test bed: a host
+whose link is rate-limited (tc tbf, both directions) is named with its figures and the command
+exits 1; without the limit nothing is flagged."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.testbed import TestBed
+from tui.control.doctor import choose, p2p_findings
+from tui.model.doctor import DoctorReport
+
+ROOT = Path(__file__).resolve().parent.parent
+HOSTS = ("h1", "h2", "h3")
+RATE = "200mbit"  # the limited host's link: 25 MB/s each way
+
+
+def _p2p(bw: dict[tuple[int, int], float], lat: float = 0.2) -> list[dict[str, Any]]:
+    return [{"event": "doctor", "kind": "p2p", "src": s, "dst": d, "gbps": v, "latency_ms": lat}
+            for (s, d), v in bw.items()]
+
+
+def test_p2p_verdicts_name_the_host_whose_links_are_slow() -> None:
+    fast, slow = 1.2, 0.025
+    bw = {(0, 1): fast, (1, 0): fast * 0.97, (0, 2): slow, (2, 0): slow * 1.1, (1, 2): slow, (2, 1): slow}
+    found = {f.subject: f for f in p2p_findings(_p2p(bw), list(HOSTS))}
+    assert found["h1<->h2"].verdict == "ok"
+    assert found["h1<->h3"].verdict == found["h2<->h3"].verdict == "bad"
+    assert found["h3"].verdict == "bad" and found["h1"].verdict == found["h2"].verdict == "ok"
+    assert "every link of h3 is slow" in found["h1<->h3"].advice
+    # The typical link is the median of each host's fastest: the fast one, not a slow one.
+    assert found["all"].baseline == pytest.approx(fast * 0.97)
+    assert "h1<->h3" in found["all"].summary or "h2<->h3" in found["all"].summary
+    assert found["all"].verdict == "bad"
+
+
+def test_p2p_verdicts_warn_between_half_and_most_of_typical_and_blame_the_path() -> None:
+    bw = {(0, 1): 1.0, (1, 0): 1.0, (0, 2): 1.0, (2, 0): 1.0, (1, 2): 0.7, (2, 1): 0.9,
+          (0, 3): 1.0, (3, 0): 1.0, (1, 3): 1.0, (3, 1): 1.0, (2, 3): 1.0, (3, 2): 1.0}
+    found = {f.subject: f for f in p2p_findings(_p2p(bw), ["a", "b", "c", "d"])}
+    assert found["b<->c"].verdict == "warn"  # its slower way counts
+    assert "path between them" in found["b<->c"].advice
+    assert {found[h].verdict for h in "abcd"} == {"ok"}
+    assert sum(f.verdict != "ok" for f in found.values()) == 2  # the link and the set's summary
+
+
+def test_p2p_without_every_pair_is_bad_not_a_guess() -> None:
+    out = p2p_findings(_p2p({(0, 1): 1.0, (1, 0): 1.0}), list(HOSTS))
+    assert [f.verdict for f in out] == ["bad"] and "h1<->h3" in out[0].summary
+
+
+def test_unknown_hosts_and_checks_are_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="unknown host 'h9'.*h1, h2"):
+        choose(["h1", "h2"], ["h9"], None)
+    with pytest.raises(ValueError, match="unknown check 'speed'"):
+        choose(["h1", "h2"], None, ["speed"])
+    assert choose(["h1", "h2"], None, ["p2p", "allreduce"]) == (["h1", "h2"], ["allreduce", "p2p"])
+
+
+def test_cli_refuses_an_unknown_check_before_anything_starts(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "doctor", "--checks", "p2p,speed"],
+                          capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "RIGDECK_HOME": str(tmp_path), "RIGDECK_INVENTORY": str(tmp_path / "none.toml")})
+    assert proc.returncode == 2 and "--checks: expected some of allreduce,p2p" in proc.stderr
+
+
+# -- on the test bed ---------------------------------------------------------------------------
+
+
+class Cli:
+    def __init__(self, bed: TestBed, tmp: Path):
+        self.bed = bed
+        self.tmp = tmp
+        inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0)
+        self.env = {**os.environ, "RIGDECK_HOME": str(tmp / "home"), "RIGDECK_INVENTORY": str(inv)}
+
+    def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True,
+                              timeout=timeout, env=self.env, cwd=ROOT)
+
+    def doctor(self) -> tuple[int, DoctorReport, dict[str, Any]]:
+        from tui.model import wire
+
+        proc = self.run("doctor", "--checks", "allreduce,p2p", "--json")
+        assert proc.returncode in (0, 1), proc.stderr[-3000:]
+        data = json.loads(proc.stdout)
+        return proc.returncode, wire.decode(DoctorReport, data), data
+
+    def table(self) -> subprocess.CompletedProcess[str]:
+        return self.run("doctor", "--checks", "p2p")  # the table as people see it (p2p: the shorter job)
+
+
+def _limit(bed: TestBed, host: str, on: bool) -> None:
+    """tbf on both ends of the host's veth: its egress (to the bridge) inside its namespace, and
+    the bridge side's egress (to the host) here: the one link, slow both ways."""
+    h = bed.host(host)
+    for prefix, dev in ((["ip", "netns", "exec", h.netns], "eth0"), ([], h.veth)):
+        if on:
+            subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", RATE,
+                            "burst", "64kb", "latency", "200ms"], check=True, capture_output=True)
+        else:
+            subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
+
+
+def _show(report: DoctorReport) -> str:
+    return "\n".join(f"  {f.check:<9} {f.subject:<8} {f.verdict:<4} {f.summary}" for f in report.findings)
+
+
+@pytest.mark.testbed
+def test_doctor_names_the_rate_limited_host_and_exits_1(testbed: TestBed, tmp_path: Path) -> None:
+    cli = Cli(testbed, tmp_path)
+    code, clean, _ = cli.doctor()
+    print(f"\nwithout a limit: exit {code}\n{_show(clean)}")
+    assert code == 0 and clean.worst == "ok", _show(clean)
+    assert len(clean.job_ids) == 2 and {f.subject for f in clean.by_check("p2p")} >= {"h1<->h2", "h1<->h3", "h2<->h3"}
+    try:
+        _limit(testbed, "h3", True)
+        code, limited, data = cli.doctor()
+        table = cli.table()
+    finally:
+        _limit(testbed, "h3", False)
+    print(f"h3 limited to {RATE} both ways: exit {code}\n{_show(limited)}\n{table.stdout}")
+    assert code == 1 and table.returncode == 1
+    p2p = {f.subject: f for f in limited.by_check("p2p")}
+    assert p2p["h1<->h3"].verdict == p2p["h2<->h3"].verdict == p2p["h3"].verdict == "bad"
+    assert p2p["h1<->h2"].verdict == p2p["h1"].verdict == p2p["h2"].verdict == "ok"
+    assert re.search(r"slowest link h[12]<->h3 [\d.]+ MB/s, \d+% below typical", p2p["all"].summary)
+    # Figures that fit the limit: 200 Mbit/s is 0.025 GB/s; the fast link is many times that.
+    for pair in ("h1<->h3", "h2<->h3"):
+        assert 0.005 < (p2p[pair].value or 0.0) < 0.03, p2p[pair]
+    assert (p2p["h1<->h2"].value or 0.0) > 4 * 0.025
+    # The table shows it too, and --json is the wire form with the documented keys.
+    assert re.search(r"p2p\s+h3\s+BAD", table.stdout) and "doctor: bad" in table.stdout
+    assert set(data) == {"hosts", "started", "ended", "findings", "skipped", "job_ids"}
+    assert set(data["findings"][0]) == {"check", "subject", "verdict", "summary", "advice", "value", "unit",
+                                        "baseline", "details"}

@@ -1,0 +1,268 @@
+"""``rigdeck doctor``: measurement jobs through the normal launch path, and what they say.
+
+The network checks run ``runtime/netcheck.py`` (stdlib + torch) as ordinary short jobs, one rank
+per chosen host, through the queue like any job: ``python -m runtime.netcheck allreduce`` and
+``... p2p``. The script needs no shipping of its own: the runtime travels inside the agent's
+zipapp, which every host that runs jobs has (``rigdeck deploy``), and ranks import it from there,
+so the hosts run the version of the script that matches their agent. The ranks write their
+figures as metrics events (``{"event": "doctor", "kind": ...}``), read back here with
+``JobManager.metrics``.
+
+Verdicts of the point-to-point matrix compare every link with the *typical* link: the median,
+over the hosts, of each host's fastest link. (The plain median of the links fails where it is
+needed most: with one slow host among three, two links of three are slow and the median is one
+of them.) A link below 50% of the typical one is bad, below 80% a warning; a host whose every
+link is that slow is named as the cause.
+
+The per-host checks (disk, versions, MTU, clock, GPU health) live in ``tui.control.doctorhost``
+when this build has it.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from tui.model.doctor import CHECKS, DoctorReport, Finding
+from tui.model.jobspec import JobSpec
+
+log = logging.getLogger(__name__)
+
+NETWORK_CHECKS = ("allreduce", "p2p")
+HOST_CHECKS = tuple(c for c in CHECKS if c not in NETWORK_CHECKS)
+BAD_RATIO = 0.5  # a link below half the typical one is bad
+WARN_RATIO = 0.8  # below 80% a warning
+# All-reduce sizes (MB). On CPU (gloo) the largest is 64 MB: the rest of the doctor's time.
+SIZES_MB_GPU = (1, 4, 16, 64, 256)
+SIZES_MB_CPU = (1, 4, 16, 64)
+JOB_TIMEOUT_S = 600.0
+
+
+class DoctorError(ValueError):
+    """Bad input to the doctor (unknown host or check), said before anything starts."""
+
+
+def _gbps(v: float) -> str:
+    return f"{v:.3f} GB/s" if v >= 1 else f"{v * 1e3:.1f} MB/s"
+
+
+def _pair(a: str, b: str) -> str:
+    return f"{a}<->{b}"
+
+
+def choose(inventory_names: Sequence[str], hosts: Sequence[str] | None,
+           checks: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """The hosts and checks to run, checked: unknown names raise DoctorError."""
+    names = list(inventory_names)
+    chosen = list(dict.fromkeys(hosts)) if hosts else names
+    unknown = [h for h in chosen if h not in names]
+    if unknown:
+        raise DoctorError(f"doctor: unknown host {', '.join(map(repr, unknown))}; "
+                          f"expected hosts from the inventory ({', '.join(names)})")
+    wanted = list(dict.fromkeys(checks)) if checks else list(CHECKS)
+    bad = [c for c in wanted if c not in CHECKS]
+    if bad:
+        raise DoctorError(f"doctor: unknown check {', '.join(map(repr, bad))}; "
+                          f"expected some of {', '.join(CHECKS)}")
+    return chosen, [c for c in CHECKS if c in wanted]
+
+
+# -- reading the figures ------------------------------------------------------------------------
+
+
+def allreduce_findings(records: list[dict[str, Any]], hosts: Sequence[str],
+                       slowest_link_gbps: float | None = None) -> list[Finding]:
+    """One finding for the set of hosts from the allreduce events: busbw at the largest size,
+    every size in ``details``. A warning when the bus bandwidth is under half of what the slowest
+    link allows (the all-reduce is held back by something else than the links)."""
+    rows = sorted((r for r in records if r.get("event") == "doctor" and r.get("kind") == "allreduce"),
+                  key=lambda r: r["size_bytes"])
+    if not rows:
+        return [Finding("allreduce", "all", "bad", "the all-reduce job reported no figures",
+                        "look at its log: rigdeck logs JOB")]
+    top = rows[-1]
+    busbw = float(top["busbw_gbps"])
+    details: list[tuple[str, object]] = [("backend", top.get("backend")), ("world", top.get("world"))]
+    for r in rows:
+        mb = r["size_bytes"] / (1 << 20)
+        details.append((f"{mb:g}MB", {"time_ms": round(r["time_s"] * 1e3, 3),
+                                      "algbw_gbps": round(r["algbw_gbps"], 4),
+                                      "busbw_gbps": round(r["busbw_gbps"], 4)}))
+    summary = (f"busbw {_gbps(busbw)} (algbw {_gbps(float(top['algbw_gbps']))}) at "
+               f"{top['size_bytes'] / (1 << 20):g} MB over {len(hosts)} hosts ({top.get('backend')})")
+    verdict, advice = "ok", ""
+    if slowest_link_gbps is not None and busbw < 0.5 * slowest_link_gbps:
+        verdict = "warn"
+        summary += f"; under half the slowest link ({_gbps(slowest_link_gbps)})"
+        advice = ("the links are not what holds it back: check NCCL_SOCKET_IFNAME / the interface "
+                  "used, and CPU or GPU load on the hosts")
+    return [Finding("allreduce", "all", verdict, summary, advice, value=busbw, unit="GB/s",
+                    baseline=slowest_link_gbps, details=tuple(details))]
+
+
+def p2p_findings(records: list[dict[str, Any]], hosts: Sequence[str]) -> list[Finding]:
+    """Per pair, per host and one for the set, from the p2p events (rank i = hosts[i])."""
+    rows = [r for r in records if r.get("event") == "doctor" and r.get("kind") == "p2p"]
+    bw: dict[tuple[str, str], float] = {}
+    lat: dict[tuple[str, str], float] = {}
+    for r in rows:
+        src, dst = int(r["src"]), int(r["dst"])
+        if src >= len(hosts) or dst >= len(hosts):
+            continue
+        bw[(hosts[src], hosts[dst])] = float(r["gbps"])
+        lat[(hosts[min(src, dst)], hosts[max(src, dst)])] = float(r["latency_ms"])
+    pairs = [(a, b) for i, a in enumerate(hosts) for b in hosts[i + 1:]]
+    missing = [p for p in pairs if (p[0], p[1]) not in bw or (p[1], p[0]) not in bw]
+    if not rows or missing:
+        return [Finding("p2p", "all", "bad",
+                        f"the point-to-point job reported no figures for {', '.join(_pair(*p) for p in missing)}",
+                        "look at its log: rigdeck logs JOB")]
+    link = {p: min(bw[p], bw[(p[1], p[0])]) for p in pairs}  # a link is as fast as its slower way
+    best = {h: max(v for p, v in link.items() if h in p) for h in hosts}
+    typical = statistics.median(best.values())
+    findings: list[Finding] = []
+
+    def verdict(v: float) -> str:
+        return "bad" if v < BAD_RATIO * typical else "warn" if v < WARN_RATIO * typical else "ok"
+
+    host_verdict = {h: verdict(best[h]) for h in hosts}
+    for a, b in pairs:
+        v = link[(a, b)]
+        ver = verdict(v)
+        pct = 100.0 * v / typical if typical > 0 else 0.0
+        summary = (f"{a}->{b} {_gbps(bw[(a, b)])}, {b}->{a} {_gbps(bw[(b, a)])}, "
+                   f"latency {lat[(a, b)]:.3f} ms; {pct:.0f}% of typical {_gbps(typical)}")
+        advice = ""
+        if ver != "ok":
+            culprits = [h for h in (a, b) if host_verdict[h] != "ok"]
+            advice = (f"every link of {' and '.join(culprits)} is slow: check its NIC, cable, switch port, "
+                      "MTU and any rate limit (tc)" if culprits else
+                      f"{a} and {b} are fast to others: check the path between them (switch, routing)")
+        findings.append(Finding("p2p", _pair(a, b), ver, summary, advice, value=v, unit="GB/s",
+                                baseline=typical,
+                                details=((f"{a}->{b}_gbps", round(bw[(a, b)], 4)),
+                                         (f"{b}->{a}_gbps", round(bw[(b, a)], 4)),
+                                         ("latency_ms", round(lat[(a, b)], 4)))))
+    for h in hosts:
+        mine = sorted((v, p) for p, v in link.items() if h in p)
+        slow_v, slow_p = mine[0]
+        ver = host_verdict[h]
+        summary = (f"links {_gbps(mine[0][0])}..{_gbps(mine[-1][0])}, slowest {_pair(*slow_p)}; "
+                   f"best {100.0 * best[h] / typical:.0f}% of typical {_gbps(typical)}")
+        advice = ("all its links are slow: check its NIC, cable, switch port, MTU and any rate limit (tc)"
+                  if ver != "ok" else "")
+        findings.append(Finding("p2p", h, ver, summary, advice, value=best[h], unit="GB/s", baseline=typical,
+                                details=tuple((_pair(*p), round(v, 4)) for v, p in mine)))
+    slow_v, slow_p = min((v, p) for p, v in link.items())
+    below = 100.0 * (1 - slow_v / typical) if typical > 0 else 0.0
+    ver = verdict(slow_v)
+    summary = (f"slowest link {_pair(*slow_p)} {_gbps(slow_v)}, {below:.0f}% below typical {_gbps(typical)} "
+               f"(median of each host's fastest link; {len(pairs)} links)")
+    advice = f"see {_pair(*slow_p)}" if ver != "ok" else ""
+    findings.insert(0, Finding("p2p", "all", ver, summary, advice, value=slow_v, unit="GB/s", baseline=typical,
+                               details=tuple((_pair(*p), round(v, 4)) for p, v in link.items())))
+    return findings
+
+
+# -- running the jobs ---------------------------------------------------------------------------
+
+
+def _uses_gpus(service: Any, hosts: list[str]) -> bool:
+    """Every chosen host has real GPUs: ranks take one each (NCCL). Simulated GPUs, or none:
+    one process per host (gloo on CPU)."""
+    try:
+        caps = service.manager.capacity(hosts)
+    except Exception as e:  # a host that cannot say: the job's own launch will tell
+        log.info("doctor: capacity: %s", e)
+        return False
+    return bool(caps) and all(c.gpus and not c.simulated for c in caps)
+
+
+def measurement_spec(kind: str, hosts: list[str], args: Sequence[str], gpus: bool) -> JobSpec:
+    return JobSpec(
+        name=f"doctor-{kind}", command=("{python}", "-m", "runtime.netcheck", kind, *args), workdir="",
+        hosts=tuple(hosts), nodes=len(hosts),
+        gpus_per_node=1 if gpus else None, processes_per_node=None if gpus else 1,
+        max_runtime_s=int(JOB_TIMEOUT_S), grace_s=5.0, priority=100,
+    )
+
+
+def _run_job(service: Any, spec: JobSpec, timeout_s: float) -> tuple[str, str, str | None, list[dict[str, Any]]]:
+    """Launch through the queue, wait for the end; (job_id, state, why, metrics records)."""
+    view = service.launch(spec, queue=True)
+    job_id = view.job_id
+    state = view.state
+    for v in service.wait(job_id, timeout=timeout_s):
+        state = v.state
+    why = None
+    if state != "succeeded":
+        rec = service.manager.record(job_id)
+        why = (rec.get("cause") or {}).get("message") or state
+        if state not in ("succeeded", "failed", "stopped"):
+            service.stop(job_id, grace_s=2.0, yes=True)
+            why = f"did not end within {timeout_s:.0f} s"
+    try:
+        records = service.metrics(job_id)
+    except Exception as e:
+        log.info("doctor: metrics of %s: %s", job_id, e)
+        records = []
+    return job_id, state, why, records
+
+
+def run_doctor(service: Any, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None,
+               *, sizes_mb: Sequence[float] | None = None, p2p_size_mb: float = 8.0,
+               p2p_min_s: float = 0.3, timeout_s: float = JOB_TIMEOUT_S) -> DoctorReport:
+    """Run the chosen checks over ``hosts`` (default: the inventory) with ``service`` (a
+    ControllerService) and return the report."""
+    chosen, wanted = choose(service.inventory.names, hosts, checks)
+    started = time.time()
+    findings: list[Finding] = []
+    skipped: list[tuple[str, str]] = []
+    job_ids: list[str] = []
+    net = [c for c in wanted if c in NETWORK_CHECKS]
+    if net and len(chosen) < 2:
+        skipped += [(c, "needs at least 2 hosts") for c in net]
+        net = []
+    p2p_out: list[Finding] = []
+    slowest: float | None = None
+    if net:
+        gpus = _uses_gpus(service, chosen)
+        if "p2p" in net:
+            spec = measurement_spec("p2p", chosen, ["--size-mb", f"{p2p_size_mb:g}", "--min-s", f"{p2p_min_s:g}"], gpus)
+            job_id, state, why, records = _run_job(service, spec, timeout_s)
+            job_ids.append(job_id)
+            if state == "succeeded":
+                p2p_out = p2p_findings(records, chosen)
+                links = [f.value for f in p2p_out if f.subject not in chosen and f.subject != "all"]
+                slowest = min((v for v in links if v is not None), default=None)
+            else:
+                p2p_out = [Finding("p2p", "all", "bad", f"the point-to-point job {job_id} {state}: {why}",
+                                   f"rigdeck logs {job_id}")]
+        if "allreduce" in net:
+            sizes = list(sizes_mb) if sizes_mb else list(SIZES_MB_GPU if gpus else SIZES_MB_CPU)
+            spec = measurement_spec("allreduce", chosen, ["--sizes-mb", ",".join(f"{s:g}" for s in sizes)], gpus)
+            job_id, state, why, records = _run_job(service, spec, timeout_s)
+            job_ids.append(job_id)
+            if state == "succeeded":
+                findings += allreduce_findings(records, chosen, slowest)
+            else:
+                findings.append(Finding("allreduce", "all", "bad", f"the all-reduce job {job_id} {state}: {why}",
+                                        f"rigdeck logs {job_id}"))
+        findings += p2p_out
+    host_checks = [c for c in wanted if c in HOST_CHECKS]
+    if host_checks:
+        try:
+            from tui.control.doctorhost import host_findings  # type: ignore[import-not-found,unused-ignore]
+        except ImportError:
+            skipped += [(c, "not in this build of rigdeck") for c in host_checks]
+        else:
+            got, skip = host_findings(service.ctl, chosen)
+            findings += [f for f in got if f.check in host_checks]
+            skipped += [s for s in skip if s[0] in host_checks]
+    order = {c: i for i, c in enumerate(CHECKS)}
+    findings.sort(key=lambda f: order.get(f.check, len(order)))  # stable: each check's own order kept
+    return DoctorReport(hosts=tuple(chosen), started=started, ended=time.time(), findings=tuple(findings),
+                        skipped=tuple(skipped), job_ids=tuple(job_ids))
