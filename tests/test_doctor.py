@@ -1,12 +1,14 @@
 """``rigdeck doctor``'s network checks: the verdict rules on figures, and on the test bed: a host
 whose link is rate-limited (tc tbf, both directions) is named with its figures and the command
-exits 1; without the limit nothing is flagged."""
+exits 1; without the limit nothing is flagged; the all-reduce bus bandwidth agrees with a plain
+torch.distributed timing loop run by hand."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +21,7 @@ from tui.control.doctor import choose, p2p_findings
 from tui.model.doctor import DoctorReport
 
 ROOT = Path(__file__).resolve().parent.parent
+LOOP = ROOT / "tests" / "jobscripts" / "allreduce_loop.py"
 HOSTS = ("h1", "h2", "h3")
 RATE = "200mbit"  # the limited host's link: 25 MB/s each way
 
@@ -142,3 +145,33 @@ def test_doctor_names_the_rate_limited_host_and_exits_1(testbed: TestBed, tmp_pa
     assert set(data) == {"hosts", "started", "ended", "findings", "skipped", "job_ids"}
     assert set(data["findings"][0]) == {"check", "subject", "verdict", "summary", "advice", "value", "unit",
                                         "baseline", "details"}
+
+
+@pytest.mark.testbed
+def test_doctor_busbw_agrees_with_a_plain_timing_loop(testbed: TestBed, tmp_path: Path) -> None:
+    """The machine is shared (2 cores, other work beside: one run varies by +-30%): doctor and the
+    loop by hand take turns, five times each, and their medians are compared."""
+    from tui.model import wire
+
+    cli = Cli(testbed, tmp_path)
+    size_mb = 64
+    spec = tmp_path / "loop.toml"
+    spec.write_text(f'name = "plain-allreduce"\ncommand = ["{{python}}", "{LOOP}", "{size_mb}", "10", "2"]\n'
+                    f'workdir = "{ROOT}"\nhosts = ["h1", "h2", "h3"]\nprocesses_per_node = 1\n')
+    doctor, hand = [], []
+    for _ in range(5):
+        proc = cli.run("doctor", "--checks", "allreduce", "--json")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (ar,) = wire.decode(DoctorReport, json.loads(proc.stdout)).by_check("allreduce")
+        doctor.append(float(dict(ar.details)[f"{size_mb}MB"]["busbw_gbps"]))  # type: ignore[index]
+        view = json.loads(cli.run("launch", str(spec), "--wait", "--json").stdout)
+        assert view["state"] == "succeeded", view
+        logs = cli.run("logs", view["job_id"]).stdout
+        m = re.search(r"plain-allreduce size_bytes=(\d+) time_s=([\d.]+) busbw_gbps=([\d.]+)", logs)
+        assert m and int(m.group(1)) == size_mb << 20, logs[-2000:]
+        hand.append(float(m.group(3)))
+    d, plain = statistics.median(doctor), statistics.median(hand)
+    print(f"\nbusbw at {size_mb} MB over 3 hosts (gloo), 5 runs each taking turns: doctor median {d:.4f} GB/s "
+          f"({', '.join(f'{v:.4f}' for v in doctor)}); plain loop median {plain:.4f} GB/s "
+          f"({', '.join(f'{v:.4f}' for v in hand)}); doctor/plain {d / plain:.3f}")
+    assert abs(d - plain) <= 0.10 * plain

@@ -410,6 +410,20 @@ def test_a_pipeline_advances_unattended_and_a_killed_server_neither_reruns_nor_l
     assert not twice, (twice, alice.run("server", "logs", "-n", "80").stdout)
 
 
+def test_doctor_runs_on_the_server(served: tuple[TestBed, Operator, Operator]) -> None:
+    """`rigdeck doctor` through the server: its measurement job is the server's, and a bad host
+    name comes back as the doctor's own error (exit 2, the name said)."""
+    bed, alice, _ = served
+    bad = alice.run("doctor", "h9", "--checks", "p2p", check=False)
+    assert bad.returncode == 2 and "unknown host 'h9'" in bad.stderr, bad.stderr
+    rep = alice.json("doctor", "h2", "h3", "--checks", "p2p", timeout=300)
+    assert rep["hosts"] == ["h2", "h3"] and len(rep["job_ids"]) == 1, rep
+    assert {f["subject"] for f in rep["findings"]} == {"all", "h2<->h3", "h2", "h3"}
+    assert all(f["value"] > 0 for f in rep["findings"])
+    assert alice.json("status", rep["job_ids"][0])["state"] == "succeeded"
+    assert not (alice.home / "history.sqlite").exists()
+
+
 def test_the_servers_key_runs_only_the_agent_and_no_host_listens_on_tcp(served: tuple[TestBed, Operator, Operator]) -> None:
     bed, alice, _ = served
     key = "/root/.rigdeck/server/id_ed25519"

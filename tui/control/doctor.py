@@ -39,6 +39,7 @@ WARN_RATIO = 0.8  # below 80% a warning
 SIZES_MB_GPU = (1, 4, 16, 64, 256)
 SIZES_MB_CPU = (1, 4, 16, 64)
 JOB_TIMEOUT_S = 600.0
+ALLREDUCE_ITERS, ALLREDUCE_WARMUP = 10, 2
 
 
 class DoctorError(ValueError):
@@ -243,7 +244,9 @@ def run_doctor(service: Any, hosts: Sequence[str] | None = None, checks: Sequenc
                                    f"rigdeck logs {job_id}")]
         if "allreduce" in net:
             sizes = list(sizes_mb) if sizes_mb else list(SIZES_MB_GPU if gpus else SIZES_MB_CPU)
-            spec = measurement_spec("allreduce", chosen, ["--sizes-mb", ",".join(f"{s:g}" for s in sizes)], gpus)
+            spec = measurement_spec("allreduce", chosen, ["--sizes-mb", ",".join(f"{s:g}" for s in sizes),
+                                                          "--iters", str(ALLREDUCE_ITERS),
+                                                          "--warmup", str(ALLREDUCE_WARMUP)], gpus)
             job_id, state, why, records = _run_job(service, spec, timeout_s)
             job_ids.append(job_id)
             if state == "succeeded":
