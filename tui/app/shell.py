@@ -330,6 +330,10 @@ class RigdeckApp(App[None]):
                     id="job-head",
                     classes="head",
                 )
+                # Live bottleneck signals (stragglers, input-bound, ...): shown only when any.
+                signals = Static("", id="job-signals", classes="head")
+                signals.display = False
+                yield signals
                 with Vertical(id="job-body"):
                     yield LossChart(id="loss")
                     yield RanksTable(id="ranks-table")
@@ -740,6 +744,7 @@ class RigdeckApp(App[None]):
         head = self.query_one("#job-head", Static)
         chart = self.query_one("#loss", LossChart)
         ranks = self.query_one("#ranks-table", RanksTable)
+        self._update_signals(detail)
         if detail is None:
             set_text(head, "no job open: launch one (l), or pick one in Jobs (3) and press enter")
             chart.set_points((), None, empty="no job open")
@@ -792,6 +797,17 @@ class RigdeckApp(App[None]):
             empty="waiting for the first loss",
         )
         ranks.apply(rank_rows(detail.ranks, r.placement))
+
+    def _update_signals(self, detail: JobDetail | None) -> None:
+        box = self.query_one("#job-signals", Static)
+        signals = detail.signals if detail is not None else ()
+        box.display = bool(signals)
+        lines = []
+        for sig in signals:
+            lvl = {"bad": "$error", "warn": "$warning"}.get(sig.verdict, "$text-muted")
+            lines.append(f"[{lvl}]{escape(sig.verdict)}[/] {escape(sig.summary)}")
+            lines.append(f"[$text-muted]    {escape(sig.advice)}[/]")
+        set_text(box, "\n".join(lines))
 
     def _update_checkpoints(self, detail: JobDetail | None, now: float) -> None:
         head = self.query_one("#ckpt-head", Static)

@@ -173,7 +173,27 @@ class ControllerService:
                 self._watch.after_round = self._after_round
             if getattr(self._watch, "on_records", "absent") is None:
                 self._watch.on_records = self._feed_sweeps
+            if getattr(self._watch, "gpu_util", "absent") is None:
+                self._watch.gpu_util = self._gpu_util
             return self._watch
+
+    def _gpu_util(self, placement: Any) -> dict[str, float | None]:
+        """host -> mean utilization (%) of the placement's GPUs there, from telemetry (None
+        where telemetry has no sample: it is not started, or the host is stale)."""
+        out: dict[str, float | None] = {}
+        monitor = self._monitor
+        hosts = monitor.state.hosts if monitor is not None else {}
+        for node in placement:
+            h = hosts.get(node.get("host"))
+            utils = []
+            if h is not None and not h.stale:
+                for i in node.get("gpus") or ():
+                    g = h.gpus.get(i)
+                    u = g.sample.get("utilization_pct") if g is not None else None
+                    if isinstance(u, (int, float)):
+                        utils.append(float(u))
+            out[node.get("host")] = sum(utils) / len(utils) if utils else None
+        return out
 
     def _feed_sweeps(self, job_id: str, records: list[dict[str, Any]]) -> None:
         self.sweeps.feed(job_id, records)
