@@ -1,0 +1,95 @@
+"""Live signals on the test bed, through the real CLI: a rank that sleeps in every step is named
+as a straggler (host and rank) by ``rigdeck status`` within 30 s; a job whose data loader sleeps
+is flagged input-bound, the same job without the sleep is not."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_jobs import Cli
+from tests.testbed import TestBed
+
+pytestmark = pytest.mark.testbed
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBE = ROOT / "tests" / "jobscripts" / "signals_probe.py"
+
+
+@pytest.fixture
+def cli(testbed: TestBed, tmp_path: Path) -> Cli:
+    return Cli(testbed, tmp_path)
+
+
+def spec_body(nodes: int, *args: str) -> str:
+    argv = ", ".join(f'"{a}"' for a in args)
+    return (f'command = ["{{python}}", "{PROBE}", {argv}]\nworkdir = "{ROOT}"\nlauncher = "direct"\n'
+            f'nodes = {nodes}\nprocesses_per_node = 1\nmax_runtime = "5m"\n')
+
+
+def poll_status(cli: Cli, job_id: str, until: Any, timeout: float) -> tuple[dict[str, Any], float]:
+    """``rigdeck status JOB --json`` until ``until(status)``; (the status, seconds it took)."""
+    start = time.monotonic()
+    while True:
+        status = cli.json("status", job_id)
+        if until(status) or time.monotonic() - start > timeout:
+            return status, time.monotonic() - start
+        time.sleep(1.0)
+
+
+def test_a_rank_that_sleeps_every_step_is_named_a_straggler_within_30s(
+        cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tui.client import InProcessClient, load_inventory
+
+    launched = cli.json("launch", str(cli.spec("straggle", spec_body(
+        3, "--work", "0.1", "--slow-rank", "1", "--slow-extra", "0.25"))))
+    job_id = launched["job_id"]
+    # The app's side: a controller in this process whose job poller reads the same job.
+    monkeypatch.setenv("RIGDECK_HOME", cli.env["RIGDECK_HOME"])
+    app_client = InProcessClient(load_inventory(str(cli.inventory))).start(telemetry=False, jobs=True)
+    try:
+        status, took = poll_status(cli, job_id, lambda s: any(x["kind"] == "straggler" for x in s["signals"]), 30)
+        stragglers = [x for x in status["signals"] if x["kind"] == "straggler"]
+        assert stragglers, f"no straggler after {took:.0f}s: {status['signals']} (last step {status['last_step']})"
+        slow_host = next(r["host"] for r in status["ranks"] if r["rank"] == 1)
+        assert [(x["rank"], x["host"]) for x in stragglers] == [(1, slow_host)]
+        assert stragglers[0]["verdict"] == "bad" and f"rank 1 on {slow_host}" in stragglers[0]["summary"]
+        print(f"straggler flagged {took:.1f}s after launch: {stragglers[0]['summary']}")
+        text = cli.run("status", job_id).stdout
+        assert f"signal   bad  straggler: rank 1 on {slow_host}" in text, text
+
+        # The Job view's data (JobDetail.signals, computed by the poller each round).
+        deadline = time.monotonic() + 30
+        detail = None
+        while time.monotonic() < deadline:
+            detail = app_client.jobs.detail(job_id)
+            if detail is not None and any(x.kind == "straggler" for x in detail.signals):
+                break
+            time.sleep(0.5)
+        assert detail is not None
+        assert [(x.kind, x.rank, x.host) for x in detail.signals] == [("straggler", 1, slow_host)]
+    finally:
+        app_client.close()
+        cli.run("stop", job_id, "--grace", "1", check=False)
+
+
+def test_a_sleeping_data_loader_is_input_bound_and_the_same_job_without_is_not(cli: Cli) -> None:
+    slow = cli.json("launch", str(cli.spec("starved", spec_body(2, "--work", "0.05", "--loader-sleep", "0.2"))))
+    fed = cli.json("launch", str(cli.spec("fed", spec_body(2, "--work", "0.05"))))
+    try:
+        status, took = poll_status(cli, slow["job_id"],
+                                   lambda s: any(x["kind"] == "input_bound" for x in s["signals"]), 30)
+        flagged = [x for x in status["signals"] if x["kind"] == "input_bound"]
+        assert flagged, f"not input-bound after {took:.0f}s: {status['signals']}"
+        assert {x["host"] for x in flagged} == {n["host"] for n in status["placement"]}
+        assert all(x["verdict"] == "bad" and "of step time waiting for data" in x["summary"] for x in flagged)
+        # The same job without the sleep, judged on as many steps or more: nothing flagged.
+        fed_status, _ = poll_status(cli, fed["job_id"], lambda s: (s["last_step"] or 0) >= 10, 30)
+        assert (fed_status["last_step"] or 0) >= 10, fed_status
+        assert fed_status["signals"] == [], fed_status["signals"]
+    finally:
+        for job in (slow, fed):
+            cli.run("stop", job["job_id"], "--grace", "1", check=False)
