@@ -30,6 +30,8 @@ def add_time(name: str, seconds: float) -> None:
 
 
 def _take_pending() -> Dict[str, float]:
+    if not _pending:  # nothing measured (the common case): no lock taken
+        return {}
     with _pending_lock:
         if not _pending:
             return {}
