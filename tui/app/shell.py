@@ -805,8 +805,9 @@ class RigdeckApp(App[None]):
         lines = []
         for sig in signals:
             lvl = {"bad": "$error", "warn": "$warning"}.get(sig.verdict, "$text-muted")
-            lines.append(f"[{lvl}]{escape(sig.verdict)}[/] {escape(sig.summary)}")
-            lines.append(f"[$text-muted]    {escape(sig.advice)}[/]")
+            pad = " " * max(1, 5 - len(sig.verdict))
+            lines.append(f"[{lvl}]{escape(sig.verdict)}[/]{pad}{escape(sig.summary)}")
+            lines.append(f"     [$text-muted]{escape(sig.advice)}[/]")
         set_text(box, "\n".join(lines))
 
     def _update_checkpoints(self, detail: JobDetail | None, now: float) -> None:

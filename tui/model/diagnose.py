@@ -159,8 +159,8 @@ def stragglers(times: StepTimes, margin: float = STRAGGLER_MARGIN) -> list[Signa
             kind="straggler", verdict="bad" if ratio >= STRAGGLER_BAD else "warn",
             summary=f"straggler: {where} takes {_secs(med)} a step, {ratio_s} the other ranks' "
                     f"median {_secs(others)}",
-            advice=f"look at {host or 'its host'}: other load on its CPUs/GPU, throttling, its data "
-                   "loader and its link (rigdeck doctor); every rank waits for it in each all-reduce",
+            advice=f"look at {host or 'its host'}: other load, throttling, its data loader, its link "
+                   "(rigdeck doctor); the other ranks wait for it at every all-reduce",
             host=host, rank=rank, value=ratio))
     return out
 
