@@ -146,3 +146,23 @@ def test_scaling_errors_name_the_field(table: str, field: str, expected: str) ->
     with pytest.raises(JobSpecError) as e:
         jobspec_from_toml(SPEC + "[scaling]\n" + table + "\n", "/tmp/x/job.toml")
     assert e.value.field == field and expected in e.value.expected and "/tmp/x/job.toml" in str(e.value)
+
+
+def test_median_without_one_matches_the_plain_median() -> None:
+    import random
+    import statistics
+
+    from tui.model.diagnose import _median_without
+
+    rng = random.Random(7)
+    for n in range(2, 40):
+        values = [rng.choice([0.1, 0.2, 0.3, rng.random()]) for _ in range(n)]
+        ordered = sorted(values)
+        for i, v in enumerate(values):
+            assert _median_without(ordered, v) == pytest.approx(statistics.median(values[:i] + values[i + 1:]))
+
+
+def test_hundreds_of_ranks_one_straggler() -> None:
+    hosts = [f"h{i // 8}" for i in range(512)]
+    (sig,) = signals_from_records(records(hosts, 6, lambda r, s: 0.4 if r == 300 else 0.2 + 0.001 * (r % 5)))
+    assert (sig.rank, sig.host) == (300, "h37")

@@ -533,8 +533,9 @@ class JobWatch:
                 if ranks or not live:
                     track.ranks = ranks or track.ranks
                 track.fold.apply(records, self.clock())
-                track.times.add(records)
-                track.diagnose(self._gpu_util(placement))
+                if records or track.signals and rec["state"] in TERMINAL:
+                    track.times.add(records)
+                    track.diagnose(self._gpu_util(placement))
                 # Read once more after the job ended, then never again.
                 track.final = rec["state"] in TERMINAL and not live
         if self.after_round is not None:

@@ -21,6 +21,7 @@ Each finding has a verdict (ok / warn / bad), a one-line summary and one line of
 
 from __future__ import annotations
 
+import bisect
 import statistics
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -139,6 +140,18 @@ def _rate(bps: float) -> str:
     return f"{bps / 1e6:.0f} MB/s"
 
 
+def _median_without(ordered: list[float], value: float) -> float:
+    """The median of ``ordered`` (sorted) less one occurrence of ``value``: O(log n), so a job of
+    hundreds of ranks is judged in one pass."""
+    i = bisect.bisect_left(ordered, value)
+    n = len(ordered) - 1
+
+    def at(j: int) -> float:  # index into the list without position i
+        return ordered[j] if j < i else ordered[j + 1]
+
+    return at(n // 2) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+
+
 def stragglers(times: StepTimes, margin: float = STRAGGLER_MARGIN) -> list[Signal]:
     judged = times.judged()
     if len(judged) < 2:
@@ -146,9 +159,10 @@ def stragglers(times: StepTimes, margin: float = STRAGGLER_MARGIN) -> list[Signa
     # All-reduce time comes off only when every rank measures it: else the times do not compare.
     less_comm = all(_share(samples, "comm_time") is not None for samples in judged.values())
     medians = {r: statistics.median(_busy(s, less_comm) for s in samples) for r, samples in judged.items()}
+    ordered = sorted(medians.values())
     out = []
     for rank, med in sorted(medians.items()):
-        others = statistics.median(m for r, m in medians.items() if r != rank)
+        others = _median_without(ordered, med)
         if med < margin * others or med - others < STRAGGLER_MIN_GAP_S:
             continue
         ratio = med / others if others > 0 else float("inf")
