@@ -13,7 +13,9 @@ trials completed, saves the Sweeps view with that sweep selected; then tears the
 ``--only sweeps`` makes the sweeps screenshot alone (no training job: a minute, not ten);
 ``--only pipelines`` the Pipelines view alone (the example pipeline run twice).
 Last, the onboarding screen (no inventory, a fixture ssh config under a fresh HOME, three of its
-hosts checked); ``--only onboarding`` makes that one alone.
+hosts checked); ``--only onboarding`` makes that one alone. ``--only signals``: the Job view of a
+3-host job whose rank 1 sleeps in every step (tests/jobscripts/signals_probe.py), once the
+straggler signal names it (``signals.svg``; not part of the full run).
 
 PNGs come from ``rsvg-convert`` (Debian: librsvg2-bin) with the Fira Code font the SVGs name
 (fonts-firacode); both are installed with apt-get when missing and this runs as root.
@@ -40,6 +42,7 @@ DDP = ROOT / "examples" / "ddp" / "job.toml"
 SWEEP = ROOT / "examples" / "sweep" / "sweep.toml"
 PIPELINE = ROOT / "examples" / "pipeline-steps"
 TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
+SIGNALS_PROBE = ROOT / "tests" / "jobscripts" / "signals_probe.py"
 SIZE = (140, 40)
 
 _TEXT = re.compile(
@@ -239,6 +242,33 @@ async def run_pipeline(app: Any, pilot: Any, tmp: Path, converter: str, shots: l
     print(f"pipeline {pid}: {state(pid)}", flush=True)
 
 
+async def run_signals(app: Any, pilot: Any, tmp: Path, converter: str, shots: list[Path],
+                      until: Any) -> None:
+    """A job with a straggler (rank 1 works 0.25 s more a step) and a [scaling] reference of 8
+    ranks, launched through the app's job source; the Job view once the signal is up."""
+    from tui.model.jobspec import load_jobspec
+
+    spec = tmp / "straggle.toml"
+    spec.write_text(
+        f'name = "straggle"\ncommand = ["{{python}}", "{SIGNALS_PROBE}", "--work", "0.1", '
+        f'"--slow-rank", "1", "--slow-extra", "0.25"]\nworkdir = "{ROOT}"\nlauncher = "direct"\n'
+        'nodes = 3\nprocesses_per_node = 1\nmax_runtime = "10m"\n'
+        "[scaling]\nreference_world_size = 8\nbase_lr = 0.1\nwarmup_steps = 500\n"
+    )
+    job_id = await asyncio.to_thread(app.jobwatch.launch, load_jobspec(spec))
+    app.select_job(job_id)
+    await pilot.press("4")
+
+    def flagged() -> bool:
+        d = app.jobwatch.detail(job_id)
+        return d is not None and any(s.kind == "straggler" for s in d.signals)
+
+    await until(flagged, "the straggler signal", 90)
+    await pilot.pause(3.0)
+    await capture(app, pilot, "signals", converter, shots)
+    await asyncio.to_thread(app.jobwatch.stop_job, job_id)
+
+
 async def capture(app: Any, pilot: Any, name: str, converter: str, shots: list[Path]) -> None:
     app.clear_notifications()
     await pilot.pause(0.3)
@@ -283,6 +313,9 @@ async def run(
             return shots
         if only == "pipelines":
             await run_pipeline(app, pilot, tmp, converter, shots, until)
+            return shots
+        if only == "signals":
+            await run_signals(app, pilot, tmp, converter, shots, until)
             return shots
         # Somebody else's process on h3's GPU 1 (a CPU burner the simulated GPU follows).
         burner = bed.popen(
@@ -402,10 +435,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument(
         "--only",
-        choices=("all", "sweeps", "pipelines", "onboarding"),
+        choices=("all", "sweeps", "pipelines", "onboarding", "signals"),
         default="all",
         help="sweeps: only the Sweeps view (a short sweep, no training job); pipelines: only the "
-        "Pipelines view (the example pipeline, twice); onboarding: only the onboarding screen",
+        "Pipelines view (the example pipeline, twice); onboarding: only the onboarding screen; "
+        "signals: the Job view of a job with a straggler",
     )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
