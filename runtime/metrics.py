@@ -69,6 +69,7 @@ class Reporter:
         self._fd: Optional[int] = None
         self._lock = threading.Lock()
         self._last_step_at: Optional[float] = None  # monotonic time of the previous step report
+        self._last_step: Any = None  # and its step
 
     @property
     def enabled(self) -> bool:
@@ -104,13 +105,14 @@ class Reporter:
             line["step"] = step
         if loss is not None:
             line["loss"] = loss
-        if step is not None:
+        if step is not None and step != self._last_step:
             # step_time: seconds since this rank's previous step report (none on the first);
-            # data_time/comm_time: what runtime.timed/comm_timer measured since then.
+            # data_time/comm_time: what runtime.timed/comm_timer measured since then. A second
+            # report of the same step (an evaluation's metrics) carries none of them.
             now = time.monotonic()
             if self._last_step_at is not None:
                 line["step_time"] = round(now - self._last_step_at, 6)
-            self._last_step_at = now
+            self._last_step_at, self._last_step = now, step
             for name, seconds in _take_pending().items():
                 line[name] = round(seconds, 6)
         if metrics:

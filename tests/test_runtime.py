@@ -377,6 +377,7 @@ def test_step_reports_carry_step_time_and_the_timed_data_wait(tmp_path: Path) ->
         got.append(item)
         time.sleep(0.02)  # the step's own work
         r.step(step, 0.1)
+    r.step(2, None, val_loss=0.2)  # a second report of step 2: no timing of its own
     r.step(None, None, note="not a step")  # a line without a step takes nothing
     r.close()
     assert got == [0, 1, 2]
@@ -386,7 +387,8 @@ def test_step_reports_carry_step_time_and_the_timed_data_wait(tmp_path: Path) ->
         assert 0.045 <= line["data_time"] < 0.5, line
     for line in lines[1:3]:
         assert 0.065 <= line["step_time"] < 1.0 and line["step_time"] > line["data_time"], line
-    assert set(lines[3]) == {"time", "rank", "note"}
+    assert set(lines[3]) == {"time", "rank", "step", "val_loss"}
+    assert set(lines[4]) == {"time", "rank", "note"}
 
 
 def test_a_value_passed_to_report_wins_over_the_measured_one(tmp_path: Path) -> None:
