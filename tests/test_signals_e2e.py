@@ -1,9 +1,12 @@
 """Live signals on the test bed, through the real CLI: a rank that sleeps in every step is named
 as a straggler (host and rank) by ``rigdeck status`` within 30 s; a job whose data loader sleeps
-is flagged input-bound, the same job without the sleep is not."""
+is flagged input-bound, the same job without the sleep is not; in real DDP (gloo,
+``runtime.comm_timer``) a sleeping rank is still named and a rate-limited link is
+communication-bound."""
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -93,3 +96,52 @@ def test_a_sleeping_data_loader_is_input_bound_and_the_same_job_without_is_not(c
     finally:
         for job in (slow, fed):
             cli.run("stop", job["job_id"], "--grace", "1", check=False)
+
+
+def rate_limit(bed: TestBed, host: str, rate: str) -> None:
+    """``tc tbf`` on ``host``'s link in both directions: its eth0 (egress) and the bridge side of
+    its veth (its ingress)."""
+    h = bed.host(host)
+    tbf = ["root", "tbf", "rate", rate, "burst", "32kbit", "latency", "400ms"]
+    subprocess.run(["ip", "netns", "exec", h.netns, "tc", "qdisc", "replace", "dev", "eth0", *tbf], check=True)
+    subprocess.run(["tc", "qdisc", "replace", "dev", h.veth, *tbf], check=True)
+
+
+def unlimit(bed: TestBed, host: str) -> None:
+    h = bed.host(host)
+    subprocess.run(["ip", "netns", "exec", h.netns, "tc", "qdisc", "del", "dev", "eth0", "root"], check=False)
+    subprocess.run(["tc", "qdisc", "del", "dev", h.veth, "root"], check=False)
+
+
+def test_synchronous_ddp_names_the_straggler_and_a_slow_link_is_comm_bound(cli: Cli) -> None:
+    """Real DDP over gloo with runtime.comm_timer. A rank that sleeps before its backward pass
+    makes every rank's step as long (the others wait in the all-reduce): the busy time still
+    names it, and it is not taken for communication. Then, with one host's link rate-limited,
+    the all-reduce dominates: communication-bound, with the bucket advice."""
+    job = cli.json("launch", str(cli.spec("ddp-straggle", spec_body(
+        3, "--ddp", "256", "--work", "0.05", "--slow-rank", "2", "--slow-extra", "0.3"))))
+    try:
+        status, took = poll_status(cli, job["job_id"],
+                                   lambda s: any(x["kind"] == "straggler" for x in s["signals"]), 60)
+        slow_host = next((r["host"] for r in status["ranks"] if r["rank"] == 2), None)
+        assert [(x["kind"], x["rank"], x["host"]) for x in status["signals"]] == [("straggler", 2, slow_host)], \
+            f"after {took:.0f}s: {status['signals']}"
+    finally:
+        cli.run("stop", job["job_id"], "--grace", "1", check=False)
+
+    rate_limit(cli.bed, "h2", "20mbit")
+    try:
+        job = cli.json("launch", str(cli.spec("ddp-slow-link", spec_body(
+            2, "--ddp", "1024", "--work", "0.05").replace("nodes = 2\n", 'hosts = ["h1", "h2"]\n'))))
+        try:
+            status, took = poll_status(cli, job["job_id"],
+                                       lambda s: any(x["kind"] == "comm_bound" for x in s["signals"]), 90)
+            comm = [x for x in status["signals"] if x["kind"] == "comm_bound"]
+            assert comm, f"after {took:.0f}s: {status['signals']} (last step {status['last_step']})"
+            assert comm[0]["verdict"] == "bad" and "bucket_cap_mb" in comm[0]["advice"]
+            assert not [x for x in status["signals"] if x["kind"] == "straggler"]
+            print(f"comm-bound after {took:.1f}s: {comm[0]['summary']}")
+        finally:
+            cli.run("stop", job["job_id"], "--grace", "1", check=False)
+    finally:
+        unlimit(cli.bed, "h2")
