@@ -834,7 +834,7 @@ def test_scaled_lr_linear_rule_with_warmup() -> None:
 
 def test_import_runtime_is_cheap_and_stdlib_only() -> None:
     code = ("import sys, runtime; runtime.cluster_info; runtime.report; runtime.Checkpointer;"
-            "runtime.shard; runtime.scaled_lr;"
+            "runtime.shard; runtime.scaled_lr; runtime.timed; runtime.comm_timer;"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'agent', 'tui')];"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
