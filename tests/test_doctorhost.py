@@ -55,7 +55,8 @@ def _by(findings: list[Finding], check: str) -> list[Finding]:
 
 @pytest.mark.testbed
 def test_every_host_is_checked_and_agrees_on_the_bed(ctl: object, testbed: TestBed) -> None:
-    findings, skipped = host_findings(ctl, HOSTS, disk_mb=16)
+    # one host at a time: the bed's hosts share one disk
+    findings, skipped = host_findings(ctl, HOSTS, disk_mb=16, disk_parallel=False)
     assert all(f.check in CHECKS and f.verdict in VERDICTS for f in findings)
 
     # disk: both dirs of every host measured, with positive figures, and the read method named
@@ -129,8 +130,10 @@ def test_a_host_without_torch_in_its_python_is_torch_drift(testbed: TestBed, tmp
     assert t.summary == f"torch differs across hosts: {torch.__version__} on h1, h3; missing on h2"
     assert "h2" in t.advice
     assert dict(t.details)["h2"] is None and dict(t.details)["h1"] == torch.__version__
-    # the venv shares the interpreter: Python itself does not drift
+    # the venv shares the interpreter: Python itself does not drift; CUDA and NCCL are compared
+    # where torch is (h2's lack of them is the torch finding's)
     assert versions["python"].verdict == "ok"
+    assert versions["cuda"].verdict == "ok" and versions["cuda"].summary.endswith("on h1, h3 (h2: no torch)")
 
 
 # -- parsing, from recorded values -------------------------------------------------------

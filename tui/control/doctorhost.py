@@ -386,16 +386,23 @@ def version_findings(probes: dict[str, dict[str, Any]]) -> list[Finding]:
     for key, label in COMPONENTS:
         seen: dict[str, list[str]] = {}
         raw: dict[str, str | None] = {}
+        # CUDA and NCCL come with torch: a host without torch is the torch finding's, not theirs
+        without = [h for h, p in probes.items() if key in ("cuda", "nccl") and not p.get("torch")]
         for host, p in probes.items():
+            if host in without:
+                continue
             v = p.get(key)
             raw[host] = None if v in (None, "") else str(v)
             seen.setdefault(raw[host] or _absent(key, p), []).append(host)
         groups = "; ".join(f"{v} on {_hosts_text(hs)}" for v, hs in seen.items())
         details = tuple((h, v) for h, v in raw.items())
+        if not seen:
+            continue
         if len(seen) == 1:
             (v,) = seen
-            findings.append(Finding(check="versions", subject="all", verdict="ok",
-                                    summary=f"{label}: {v} on every host ({_hosts_text(list(probes))})",
+            where = (f"every host ({_hosts_text(list(probes))})" if not without
+                     else f"{_hosts_text(seen[v])} ({_hosts_text(without)}: no torch)")
+            findings.append(Finding(check="versions", subject="all", verdict="ok", summary=f"{label}: {v} on {where}",
                                     details=(("component", key), *details)))
             continue
         present = {v for v in raw.values() if v is not None}
@@ -586,11 +593,12 @@ def _default_dirs(spec: Any) -> tuple[str, str]:
 
 def host_findings(ctl: Any, hosts: list[str], *, data_dirs: dict[str, str] | None = None,
                   checkpoint_dirs: dict[str, str] | None = None,
-                  disk_mb: int = DISK_MB) -> tuple[list[Finding], list[tuple[str, str]]]:
+                  disk_mb: int = DISK_MB, disk_parallel: bool = True) -> tuple[list[Finding], list[tuple[str, str]]]:
     """The per-host checks over ``hosts`` (the first is the primary): disk, versions, network,
     clock, gpu. ``ctl`` is a ``tui.control.controller.Controller``. ``data_dirs`` and
     ``checkpoint_dirs`` (host -> path) replace the defaults (``_default_dirs``); ``disk_mb`` is
-    the size of the file written and read in each. Returns (findings, skipped checks with why)."""
+    the size of the file written and read in each; ``disk_parallel=False`` measures the hosts'
+    disks one host after another (for storage they share). Returns (findings, skipped checks with why)."""
     findings: list[Finding] = []
     skipped: list[tuple[str, str]] = []
     if not hosts:
@@ -621,7 +629,12 @@ def host_findings(ctl: Any, hosts: list[str], *, data_dirs: dict[str, str] | Non
             args += ["checkpoint", ckpt]
         return args
 
-    disks = _run_script(ctl, hosts, DISK, disk_args, timeout_s=600)
+    if disk_parallel:
+        disks = _run_script(ctl, hosts, DISK, disk_args, timeout_s=600)
+    else:  # storage the hosts share (NFS, one disk): one at a time, or they measure each other
+        disks = {}
+        for h in hosts:
+            disks.update(_run_script(ctl, [h], DISK, disk_args, timeout_s=600))
 
     findings += disk_findings(disks)
     findings += version_findings(probes)
