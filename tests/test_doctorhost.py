@@ -31,12 +31,17 @@ def _controller(inventory: Path) -> object:
     return Controller(load_inventory(inventory))
 
 
-def _with_python(inventory: Path, host: str, python: str) -> None:
-    """Give ``host`` its own interpreter in the inventory (a line after its name)."""
+def _host_line(inventory: Path, host: str, line: str) -> None:
+    """Add a setting to ``host``'s entry in the inventory (a line after its name)."""
     lines = inventory.read_text().splitlines()
     i = lines.index(f'name = "{host}"')
-    lines.insert(i + 1, f'python = "{python}"')
+    lines.insert(i + 1, line)
     inventory.write_text("\n".join(lines) + "\n")
+
+
+def _with_python(inventory: Path, host: str, python: str) -> None:
+    """Give ``host`` its own interpreter in the inventory."""
+    _host_line(inventory, host, f'python = "{python}"')
 
 
 @pytest.fixture
@@ -109,7 +114,7 @@ def test_every_host_is_checked_and_agrees_on_the_bed(ctl: object, testbed: TestB
 
 
 @pytest.mark.testbed
-def test_a_host_without_torch_in_its_python_is_torch_drift(testbed: TestBed, tmp_path: Path) -> None:
+def test_torch_drift_and_network_mismatches(testbed: TestBed, tmp_path: Path) -> None:
     # No other torch wheel can be had here (no network but the registries, and a torch wheel is
     # hundreds of MB): h2's python is a venv of the same interpreter without torch.
     venv = tmp_path / "venv-no-torch"
@@ -117,11 +122,24 @@ def test_a_host_without_torch_in_its_python_is_torch_drift(testbed: TestBed, tmp
     inventory = testbed.write_inventory(tmp_path / "hosts.toml", python=sys.executable)
     _with_python(inventory, "h2", str(venv / "bin" / "python"))
     _with_python(inventory, "h3", sys.executable)
+    # The same run checks the network: h1 names its interface for NCCL, h2 names one it lacks,
+    # and h3's link towards h1 gets a smaller MTU than the others'.
+    _host_line(inventory, "h1", 'env = { NCCL_SOCKET_IFNAME = "=eth0" }')
+    _host_line(inventory, "h2", 'env = { NCCL_SOCKET_IFNAME = "ib" }')
+    netns = testbed.host(3).netns
+    subprocess.run(["ip", "-n", netns, "link", "set", "eth0", "mtu", "1400"], check=True)
     ctl = _controller(inventory)
     try:
         findings, _ = host_findings(ctl, HOSTS, disk_mb=4)
     finally:
         ctl.close()  # type: ignore[attr-defined]
+        subprocess.run(["ip", "-n", netns, "link", "set", "eth0", "mtu", "1500"], check=True)
+    net = {f.subject: f for f in _by(findings, "network")}
+    assert net["h1"].verdict == "ok" and "NCCL_SOCKET_IFNAME==eth0 takes eth0" in net["h1"].summary
+    assert net["h2"].verdict == "bad" and "NCCL_SOCKET_IFNAME=ib matches no interface" in net["h2"].summary
+    assert net["h2"].advice.startswith("set NCCL_SOCKET_IFNAME=eth0 for h2")
+    assert net["h3"].verdict == "warn" and net["h3"].value == 1400
+    assert "MTU 1400; MTU differs from the other hosts' 1500" in net["h3"].summary
     import torch
 
     versions = {dict(f.details)["component"]: f for f in _by(findings, "versions")}
@@ -220,3 +238,6 @@ def test_nccl_socket_ifname_and_mtu() -> None:
     assert got["b"].verdict == "warn" and "takes ib0, not eth0" in got["b"].summary
     assert got["c"].verdict == "bad" and "matches no interface" in got["c"].summary
     assert "MTU differs from the other hosts' 9000" in got["c"].summary
+    # two hosts, two MTUs: the primary's is the reference
+    two = {f.subject: f for f in network_findings({"a": {**probe, "mtu": 1500}, "b": dict(probe)}, "a", {})}
+    assert two["a"].verdict == "ok" and two["b"].verdict == "warn" and "other hosts' 1500" in two["b"].summary

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -446,7 +447,11 @@ def network_findings(probes: dict[str, dict[str, Any]], primary: str,
     inventory's env for the host) against that interface. Warn when MTUs differ across hosts."""
     findings: list[Finding] = []
     mtus: dict[str, int] = {h: int(p["mtu"]) for h, p in probes.items() if p.get("mtu")}
-    common = statistics.median_low(list(mtus.values())) if mtus else None
+    common: int | None = None  # the MTU most hosts have (the primary's on a tie)
+    if mtus:
+        counts = Counter(mtus.values())
+        top = [m for m, k in counts.items() if k == max(counts.values())]
+        common = mtus[primary] if mtus.get(primary) in top else max(top)
     mismatch = len(set(mtus.values())) > 1
     for host, p in probes.items():
         iface, mtu = p.get("interface"), p.get("mtu")
