@@ -12,6 +12,7 @@ import pytest
 
 from tests.testbed import TestBed
 from tui.control.doctorhost import (
+    clock_finding,
     disk_findings,
     gpu_findings,
     host_findings,
@@ -61,7 +62,8 @@ def _by(findings: list[Finding], check: str) -> list[Finding]:
 @pytest.mark.testbed
 def test_every_host_is_checked_and_agrees_on_the_bed(ctl: object, testbed: TestBed) -> None:
     # one host at a time: the bed's hosts share one disk
-    findings, skipped = host_findings(ctl, HOSTS, disk_mb=16, disk_parallel=False)
+    # h3's data dir is its own /dev/shm (a tmpfs): the figures say they are memory's
+    findings, skipped = host_findings(ctl, HOSTS, disk_mb=16, disk_parallel=False, data_dirs={"h3": "/dev/shm"})
     assert all(f.check in CHECKS and f.verdict in VERDICTS for f in findings)
 
     # disk: both dirs of every host measured, with positive figures, and the read method named
@@ -75,11 +77,17 @@ def test_every_host_is_checked_and_agrees_on_the_bed(ctl: object, testbed: TestB
         assert d["bytes"] == 16 << 20
         assert d["read_method"] in ("O_DIRECT", "fadvise DONTNEED", "page cache")
         assert d["read_method"] in f.summary or "memory-backed" in f.summary
-    # each host's checkpoint dir is its own agent state dir (/root/.rigdeck there), and the
-    # test files are gone afterwards
-    assert {dict(f.details)["dir"] for f in disk} == {"/root", "/root/.rigdeck"}
+    # by default the data dir is the state dir's parent (~) and the checkpoint dir the agent's
+    # own state dir (/root/.rigdeck on each host); the test files are gone afterwards
+    dirs = {(f.subject, dict(f.details)["role"]): f for f in disk}
+    assert {k: dict(f.details)["dir"] for k, f in dirs.items()} == {
+        ("h1", "data"): "/root", ("h2", "data"): "/root", ("h3", "data"): "/dev/shm",
+        **{(h, "checkpoint"): "/root/.rigdeck" for h in HOSTS}}
+    shm = dirs[("h3", "data")]
+    assert dict(shm.details)["fstype"] == "tmpfs" and "memory-backed filesystem" in shm.summary
+    assert "/dev/shm is in memory" in shm.advice
     for i in range(1, 4):
-        left = testbed.exec(i, ["sh", "-c", "ls -a /root /root/.rigdeck | grep rigdeck-doctor || true"]).stdout
+        left = testbed.exec(i, ["sh", "-c", "ls -a /root /root/.rigdeck /dev/shm | grep rigdeck-doctor || true"]).stdout
         assert left.strip() == "", left
 
     # versions: the same interpreter everywhere, so every component agrees
@@ -241,3 +249,24 @@ def test_nccl_socket_ifname_and_mtu() -> None:
     # two hosts, two MTUs: the primary's is the reference
     two = {f.subject: f for f in network_findings({"a": {**probe, "mtu": 1500}, "b": dict(probe)}, "a", {})}
     assert two["a"].verdict == "ok" and two["b"].verdict == "warn" and "other hosts' 1500" in two["b"].summary
+
+
+def test_clock_offsets_against_the_thresholds() -> None:
+    assert clock_finding("a", 0.004, 0.002).verdict == "ok"
+    warn = clock_finding("b", -0.2, 0.01)
+    assert warn.verdict == "warn" and warn.summary == "clock -200.0 ms from the controller's (± 5.0 ms)"
+    assert "NTP" in warn.advice and warn.value == -200.0
+    assert clock_finding("c", 3.5, 0.01).verdict == "bad"
+
+
+def test_bad_arguments_are_refused_before_any_host_is_asked() -> None:
+    class NoHosts:  # anything touching it fails the test
+        def __getattr__(self, name: str) -> object:
+            raise AssertionError(f"a host was asked ({name})")
+
+    with pytest.raises(ValueError, match=r"data_dirs: 'h9' is not one of the hosts checked \(h1, h2\)"):
+        host_findings(NoHosts(), ["h1", "h2"], data_dirs={"h9": "/data"})
+    with pytest.raises(ValueError, match=r"checkpoint_dirs: h1: expected a directory path, got ''"):
+        host_findings(NoHosts(), ["h1", "h2"], checkpoint_dirs={"h1": ""})
+    with pytest.raises(ValueError, match=r"disk_mb: expected a whole number of MB >= 1, got 0"):
+        host_findings(NoHosts(), ["h1"], disk_mb=0)

@@ -339,11 +339,11 @@ def disk_findings(results: dict[str, Any]) -> list[Finding]:
             if verdict != "ok":
                 summary += f"; {ratio:.0%} of the hosts' median"
             advice = ""
-            if verdict != "ok":
+            if memory:  # RAM against disks says nothing about either
+                advice = f"{r['dir']} is in memory: point the {role} dir at a real disk to measure it"
+            elif verdict != "ok":
                 advice = (f"{host}'s {role} dir is slow next to the others: check its disk (fio, smartctl), "
                           "that it is local and not nearly full")
-            elif memory:
-                advice = f"{r['dir']} is in memory: point the {role} dir at a real disk to measure it"
             findings.append(Finding(
                 check="disk", subject=host, verdict=verdict, summary=summary, advice=advice,
                 value=round(w, 1), unit="MB/s", baseline=round(med_w, 1),
@@ -606,6 +606,14 @@ def host_findings(ctl: Any, hosts: list[str], *, data_dirs: dict[str, str] | Non
     disks one host after another (for storage they share). Returns (findings, skipped checks with why)."""
     findings: list[Finding] = []
     skipped: list[tuple[str, str]] = []
+    for name, given in (("data_dirs", data_dirs), ("checkpoint_dirs", checkpoint_dirs)):
+        for h, path in (given or {}).items():
+            if h not in hosts:
+                raise ValueError(f"{name}: {h!r} is not one of the hosts checked ({_hosts_text(hosts)})")
+            if not isinstance(path, str) or not path.strip():
+                raise ValueError(f"{name}: {h}: expected a directory path, got {path!r}")
+    if isinstance(disk_mb, bool) or not isinstance(disk_mb, int) or disk_mb < 1:
+        raise ValueError(f"disk_mb: expected a whole number of MB >= 1, got {disk_mb!r}")
     if not hosts:
         return findings, skipped
     specs = {h: ctl.inventory.get(h) for h in hosts}
