@@ -159,7 +159,7 @@ def test_torch_drift_and_network_mismatches(testbed: TestBed, tmp_path: Path) ->
     # the venv shares the interpreter: Python itself does not drift; CUDA and NCCL are compared
     # where torch is (h2's lack of them is the torch finding's)
     assert versions["python"].verdict == "ok"
-    assert versions["cuda"].verdict == "ok" and versions["cuda"].summary.endswith("on h1, h3 (h2: no torch)")
+    assert versions["cuda"].verdict == "ok" and versions["cuda"].summary.endswith("on h1, h3 (h2: no usable torch)")
 
 
 # -- parsing, from recorded values -------------------------------------------------------
@@ -213,6 +213,14 @@ def test_versions_drift_verdicts() -> None:
     assert v["torch"].verdict == "warn" and v["torch"].summary == (
         "torch differs across hosts: 2.3.1+cu121 on a; 2.3.0+cu121 on b")
     assert v["driver"].verdict == "warn" and v["python"].verdict == "warn" and v["cuda"].verdict == "ok"
+    # torch installed but failing to import (a CUDA build without its libraries): its version counts
+    broken = version_findings({"a": dict(base), "b": {**base, "torch": "2.4.0", "torch_broken": True, "cuda": None,
+                                                         "nccl": None, "torch_error": "OSError: libcudnn.so.9"}})
+    v = {dict(f.details)["component"]: f for f in broken}
+    assert v["torch"].verdict == "bad" and v["torch"].summary == (
+        "torch differs across hosts: 2.3.1+cu121 on a; 2.4.0 (installed, does not import) on b")
+    assert "repair torch on b (OSError: libcudnn.so.9)" in v["torch"].advice
+    assert v["cuda"].verdict == "ok" and v["cuda"].summary == "CUDA: 12.1 on a (b: no usable torch)"
     minor = version_findings({"a": dict(base), "b": {**base, "cuda": "11.8", "nccl": "2.18.1"}, "c": dict(base)})
     v = {dict(f.details)["component"]: f for f in minor}
     assert v["cuda"].verdict == "bad" and v["cuda"].summary == "CUDA differs across hosts: 12.1 on a, c; 11.8 on b"

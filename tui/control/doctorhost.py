@@ -45,6 +45,12 @@ except Exception as e:
     out["torch_error"] = ("%s: %s" % (type(e).__name__, e))[:200]
     out["cuda"] = None
     out["nccl"] = None
+    try:  # installed but broken (a CUDA build without its libraries, ...): its version still counts
+        from importlib.metadata import version as _version
+        out["torch"] = _version("torch")
+        out["torch_broken"] = True
+    except Exception:
+        pass
 out["driver"] = None
 out["nvml"] = None
 try:
@@ -388,13 +394,17 @@ def version_findings(probes: dict[str, dict[str, Any]]) -> list[Finding]:
         seen: dict[str, list[str]] = {}
         raw: dict[str, str | None] = {}
         # CUDA and NCCL come with torch: a host without torch is the torch finding's, not theirs
-        without = [h for h, p in probes.items() if key in ("cuda", "nccl") and not p.get("torch")]
+        without = [h for h, p in probes.items()
+                   if key in ("cuda", "nccl") and (not p.get("torch") or p.get("torch_broken"))]
         for host, p in probes.items():
             if host in without:
                 continue
             v = p.get(key)
             raw[host] = None if v in (None, "") else str(v)
-            seen.setdefault(raw[host] or _absent(key, p), []).append(host)
+            shown = raw[host] or _absent(key, p)
+            if key == "torch" and p.get("torch_broken"):
+                shown += " (installed, does not import)"
+            seen.setdefault(shown, []).append(host)
         groups = "; ".join(f"{v} on {_hosts_text(hs)}" for v, hs in seen.items())
         details = tuple((h, v) for h, v in raw.items())
         if not seen:
@@ -402,7 +412,7 @@ def version_findings(probes: dict[str, dict[str, Any]]) -> list[Finding]:
         if len(seen) == 1:
             (v,) = seen
             where = (f"every host ({_hosts_text(list(probes))})" if not without
-                     else f"{_hosts_text(seen[v])} ({_hosts_text(without)}: no torch)")
+                     else f"{_hosts_text(seen[v])} ({_hosts_text(without)}: no usable torch)")
             findings.append(Finding(check="versions", subject="all", verdict="ok", summary=f"{label}: {v} on {where}",
                                     details=(("component", key), *details)))
             continue
@@ -410,9 +420,13 @@ def version_findings(probes: dict[str, dict[str, Any]]) -> list[Finding]:
         missing = [h for h, v in raw.items() if v is None]
         strict_diff = len({_major_minor(v) for v in present}) > 1
         verdict = "bad" if key in STRICT and (strict_diff or (key == "torch" and missing)) else "warn"
+        broken = [h for h, p in probes.items() if key == "torch" and p.get("torch_broken")]
         if key == "torch" and missing:
             advice = (f"install torch on {_hosts_text(missing)} (or point their python in the "
                       "inventory at an environment that has it), the same version as the others")
+        elif broken:
+            advice = (f"repair torch on {_hosts_text(broken)} ({probes[broken[0]].get('torch_error')}); "
+                      "use one torch version on every host")
         elif key == "driver":
             advice = "install the same NVIDIA driver on every host"
         else:
