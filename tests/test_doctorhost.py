@@ -265,6 +265,7 @@ def test_clock_offsets_against_the_thresholds() -> None:
     assert warn.verdict == "warn" and warn.summary == "clock -200.0 ms from the controller's (± 5.0 ms)"
     assert "NTP" in warn.advice and warn.value == -200.0
     assert clock_finding("c", 3.5, 0.01).verdict == "bad"
+    assert clock_finding("d", -0.00001, 0.0004).summary == "clock +0.0 ms from the controller's (± 0.2 ms)"
 
 
 def test_bad_arguments_are_refused_before_any_host_is_asked() -> None:

@@ -532,10 +532,11 @@ def measure_clock(ctl: Any, host: str, tries: int = 5) -> tuple[float, float]:
 
 def clock_finding(host: str, offset: float, rtt: float) -> Finding:
     off = abs(offset)
+    shown = round(offset * 1000, 1) or 0.0  # no "-0.0"
     verdict = "bad" if off > CLOCK_BAD_S else "warn" if off > CLOCK_WARN_S else "ok"
     advice = "" if verdict == "ok" else f"run NTP (chrony or systemd-timesyncd) on {host}: logs and timeouts across hosts disagree"
     return Finding(check="clock", subject=host, verdict=verdict,
-                   summary=f"clock {offset * 1000:+.1f} ms from the controller's (± {rtt * 500:.1f} ms)",
+                   summary=f"clock {shown:+.1f} ms from the controller's (± {rtt * 500:.1f} ms)",
                    advice=advice, value=round(offset * 1000, 3), unit="ms", baseline=0.0,
                    details=(("offset_ms", round(offset * 1000, 3)), ("rtt_ms", round(rtt * 1000, 3))))
 
