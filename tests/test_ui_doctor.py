@@ -146,6 +146,9 @@ async def test_no_doctor_in_the_client_is_an_error_line_and_the_view_recovers() 
         await ran(app, pilot)
         assert app.is_running
         assert "this controller has no doctor yet (NotImplementedError)" in static_text(app, "#doctor-status")
+        assert "D runs it again" in static_text(app, "#doctor-status")
+        assert app.query_one("#doctor-table").row_count == 0
+        assert not app.query_one("#doctor-matrix").display and not app.query_one("#doctor-detail").display
         doc = RecordedDoctor()
         app.client.doctor = doc
         await pilot.press("D")

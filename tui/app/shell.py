@@ -1304,7 +1304,7 @@ class RigdeckApp(App[None]):
             if skipped:
                 lines.append(skipped)
         elif self._doctor_since is None:
-            lines.append(NO_REPORT)
+            lines.append("[$text-muted]D runs it again[/]" if self.doctor_error else NO_REPORT)
         set_text(self.query_one("#doctor-status", Static), "\n".join(lines))
         self.query_one("#doctor-table", FindingsTable).apply(finding_rows(report))
         self._update_doctor_detail()
@@ -1318,7 +1318,10 @@ class RigdeckApp(App[None]):
     def _update_doctor_detail(self) -> None:
         key = self.query_one("#doctor-table", FindingsTable).cursor_key
         f = dict(keyed_findings(self.doctor_report)).get(key) if key else None
-        set_text(self.query_one("#doctor-detail", Static), finding_detail(f))
+        box = self.query_one("#doctor-detail", Static)
+        text = finding_detail(f)
+        box.display = bool(text)
+        set_text(box, text)
 
     # -- navigation -------------------------------------------------------------------------
 
