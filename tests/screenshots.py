@@ -9,7 +9,8 @@ saves every main view (the cluster map too) and the launch and stop dialogs as S
 into ``screenshots/``.
 Then it stops the job from the app, runs a short hyperparameter sweep through the app's client
 (examples/sweep with fewer trials and steps: every trial a real job on the bed) and, once some
-trials completed, saves the Sweeps view with that sweep selected; then tears the bed down.
+trials completed, saves the Sweeps view with that sweep selected; then the example pipeline, and
+last the Doctor view (h3's link rate-limited); then tears the bed down.
 ``--only sweeps`` makes the sweeps screenshot alone (no training job: a minute, not ten);
 ``--only pipelines`` the Pipelines view alone (the example pipeline run twice);
 ``--only doctor`` the Doctor view alone (h3's link rate-limited with ``tc ... tbf`` both ways,
@@ -382,6 +383,7 @@ async def run(
             burner = None
         await run_sweep(app, pilot, tmp, converter, shots, until)
         await run_pipeline(app, pilot, tmp, converter, shots, until)
+        await run_doctor_view(app, pilot, bed, converter, shots, until)  # last: it limits h3's link
     if burner is not None:
         burner.kill()
         burner.wait()
