@@ -130,11 +130,23 @@ async def test_the_matrix_marks_h3s_links() -> None:
         assert lines[1].split() == ["h1", "·", "1180", "MB/s", "143", "MB/s"]
         assert lines[3].split() == ["h3", "143", "MB/s", "139", "MB/s", "·"]
         assert "slowest: h2<->h3 139 MB/s, 88% below the median 1180 MB/s" in text
+        assert "every link of h3 is slow: look at that host's network" in text
     m = p2p_matrix(report())
     assert m is not None and m.hosts == ("h1", "h2", "h3")
     assert m.level("h2", "h3") == m.level("h3", "h2") == "slowest"
     assert m.level("h1", "h3") == "crit" and m.level("h1", "h2") == "ok"
-    assert "[reverse $error b]" in matrix_markup(m).splitlines()[2]  # h2's row: its h3 cell
+    assert m.suspects == ("h3",)
+    lines = matrix_markup(m).splitlines()
+    assert "[reverse $error b]" in lines[2]  # h2's row: its h3 cell
+    assert lines[3].startswith("[b $error]h3") and lines[1].startswith("[b]h1")  # h3 named red
+    # Every link slow alike: no host to blame.
+    from dataclasses import replace
+
+    r = report()
+    even = replace(r, findings=tuple(replace(f, verdict="bad", value=100.0) if f.check == "p2p" else f
+                                     for f in r.findings))
+    m2 = p2p_matrix(even)
+    assert m2 is not None and m2.suspects == () and len(m2.slowest) == 3
 
 
 async def test_no_doctor_in_the_client_is_an_error_line_and_the_view_recovers() -> None:

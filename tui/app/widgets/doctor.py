@@ -147,6 +147,9 @@ class Matrix:
     hosts: tuple[str, ...]
     cells: dict[tuple[str, str], tuple[str, str]]
     slowest: tuple[Finding, ...]
+    # Hosts every measured link of which is bad (or slowest) while some other link is not:
+    # the host to look at (its NIC, its cable, a rate limit), named red in the matrix.
+    suspects: tuple[str, ...] = ()
 
     def level(self, a: str, b: str) -> str | None:
         cell = self.cells.get((a, b))
@@ -173,7 +176,13 @@ def p2p_matrix(report: DoctorReport | None) -> Matrix | None:
     for (a, b), f in pairs:
         lvl = "slowest" if f in slowest else VERDICT_LEVEL.get(f.verdict, "muted")
         cells[(a, b)] = cells[(b, a)] = (figure(f.value, f.unit), lvl)
-    return Matrix(hosts, cells, slowest)
+    def poor(a: str, b: str) -> bool:
+        return cells[(a, b)][1] in ("crit", "slowest")
+
+    good_somewhere = any(not poor(a, b) for (a, b) in cells)
+    suspects = tuple(h for h in hosts if good_somewhere and all(
+        poor(a, b) for (a, b) in cells if a == h)) if len(hosts) > 2 else ()
+    return Matrix(hosts, cells, slowest, suspects)
 
 
 _CELL_MARKUP = {"ok": "", "warn": "$warning", "crit": "$error", "slowest": "reverse $error b",
@@ -185,9 +194,13 @@ def matrix_markup(m: Matrix) -> str:
     is below the median (the finding's baseline)."""
     width = max([len(h) for h in m.hosts] + [len(t) for t, _ in m.cells.values()] + [3])
     side = max(len(h) for h in m.hosts)
-    lines = [" " * side + " " + " ".join(f"[b]{escape(h):>{width}}[/b]" for h in m.hosts)]
+    def name(h: str, fmt: str) -> str:
+        style = "b $error" if h in m.suspects else "b"
+        return f"[{style}]{escape(h):{fmt}}[/]"
+
+    lines = [" " * side + " " + " ".join(name(h, f">{width}") for h in m.hosts)]
     for a in m.hosts:
-        row = [f"[b]{escape(a):<{side}}[/b]"]
+        row = [name(a, f"<{side}")]
         for b in m.hosts:
             cell = m.cells.get((a, b))
             if a == b or cell is None:
@@ -204,6 +217,9 @@ def matrix_markup(m: Matrix) -> str:
             below = 100.0 * (1.0 - f.value / f.baseline)
             note += f", {below:.0f}% below the median {escape(figure(f.baseline, f.unit))}"
         notes.append(note + "[/]")
+    if m.suspects:
+        notes.append("[$error]every link of [b]" + ", ".join(escape(h) for h in m.suspects)
+                     + "[/b] is slow: look at that host's network[/]")
     return "\n".join(lines + notes)
 
 
