@@ -235,6 +235,19 @@ async def test_help_lists_the_doctor_keys_and_they_can_be_rebound(tmp_path: Any)
         assert doc.calls == [(None, None)]
 
 
+async def test_the_palette_runs_the_doctor_from_any_view() -> None:
+    doc = RecordedDoctor()
+    app = doctor_app(doc)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert app.tabs.active == "hosts"
+        commands = {c.title: c for c in app.get_system_commands(app.screen)}
+        commands["Run the doctor over every host"].callback()
+        await ran(app, pilot)
+        assert app.tabs.active == "doctor" and doc.calls == [(None, None)]
+        assert app.query_one("#doctor-table").row_count == 11
+
+
 def test_rows_summary_and_figures() -> None:
     assert figure(1180.0, "MB/s") == "1180 MB/s" and figure(1.42, "GB/s") == "1.42 GB/s"
     assert figure(12.25, "ms") == "12.2 ms" and figure(None, "") == "-"

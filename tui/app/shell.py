@@ -589,6 +589,11 @@ class RigdeckApp(App[None]):
         yield SystemCommand(
             "Launch a job…", "Pick a spec file or fill the form", self.action_launch
         )
+        yield SystemCommand(
+            "Run the doctor over every host",
+            "Bandwidth, slow links, disks, version drift (measurement jobs; 0 shows it)",
+            self.doctor_from_palette,
+        )
         for h in self.hosts_snapshot:
             if h.error_kind == "unknown-host-key":
                 name = h.name
@@ -1262,6 +1267,10 @@ class RigdeckApp(App[None]):
             exit_on_error=False,
         )
         self._update_doctor(self.clock())
+
+    def doctor_from_palette(self) -> None:
+        self.tabs.active = "doctor"
+        self.run_doctor()
 
     def _doctor_done(self, run: DoctorRun | None, error: str | None = None) -> None:
         self._doctor_since = None
