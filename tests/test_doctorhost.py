@@ -279,3 +279,22 @@ def test_bad_arguments_are_refused_before_any_host_is_asked() -> None:
         host_findings(NoHosts(), ["h1", "h2"], checkpoint_dirs={"h1": ""})
     with pytest.raises(ValueError, match=r"disk_mb: expected a whole number of MB >= 1, got 0"):
         host_findings(NoHosts(), ["h1"], disk_mb=0)
+
+
+@pytest.mark.testbed
+def test_the_client_runs_the_host_checks_and_names_what_it_skipped(ctl: object) -> None:
+    """What the app's Doctor view calls: the per-host checks over every host; the network
+    measurements are named as skipped, never made up."""
+    from tui.client import InProcessClient, JobError
+
+    client = InProcessClient(controller=ctl)  # type: ignore[arg-type]
+    report = client.doctor(checks=["versions", "clock", "gpu", "p2p"])
+    assert report.hosts == ("h1", "h2", "h3") and report.ended is not None
+    assert {f.check for f in report.findings} == {"versions", "clock"}, report.findings
+    assert all(f.verdict == "ok" for f in report.findings), report.findings
+    skipped = dict(report.skipped)
+    assert "simulated" in skipped["gpu"] and "not in this build" in skipped["p2p"], skipped
+    with pytest.raises(JobError, match="no host 'h9'"):
+        client.doctor(hosts=["h9"])
+    with pytest.raises(JobError, match="no check 'speed'"):
+        client.doctor(checks=["speed"])

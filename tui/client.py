@@ -379,6 +379,9 @@ class InProcessClient(Client):
     def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
         return self.service.sweep_wait(ref, timeout=timeout)
 
+    def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> DoctorReport:
+        return self.service.doctor(hosts, checks)
+
     def pipeline(self, spec: Any) -> PipelineDetail:
         return self.service.pipeline(spec)
 
@@ -890,6 +893,10 @@ class RemoteClient(Client):
 
     def pipelines(self) -> list[PipelineRow]:
         return [wire.decode(PipelineRow, r) for r in self.call("pipelines")]
+
+    def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> DoctorReport:
+        return wire.decode(DoctorReport, self.call("doctor", timeout=900, hosts=list(hosts) if hosts else None,
+                                                   checks=list(checks) if checks else None))
 
     def pipeline_detail(self, ref: str) -> PipelineDetail:
         return wire.decode(PipelineDetail, self.call("pipeline_detail", ref=ref))

@@ -525,6 +525,7 @@ def _methods() -> dict[str, Callable[..., Any]]:
         "sweep_stop": plain("sweep_stop", lambda c, ref: c.sweep_stop(ref)),
         "sweep_stop_trial": plain("sweep_stop_trial", lambda c, ref, number: c.sweep_stop_trial(ref, int(number))),
         "sweep_wait": sweep_wait,
+        "doctor": plain("doctor", lambda c, hosts=None, checks=None: c.doctor(hosts, checks)),
         "pipeline": pipeline,
         "pipelines": plain("pipelines", lambda c: c.pipeline_rows()),
         "pipeline_detail": plain("pipeline_detail", lambda c, ref: c.pipeline_detail(ref)),

@@ -353,6 +353,33 @@ class ControllerService:
                 return
             time.sleep(poll_s)
 
+    # -- doctor ------------------------------------------------------------------------------
+
+    def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> Any:
+        """The doctor's per-host checks (tui.control.doctorhost: disks, versions, links' MTU,
+        clocks, GPU health) over ``hosts``. The network measurements (all-reduce bus bandwidth,
+        the point-to-point matrix) are listed as skipped: they are not in this build yet."""
+        from tui.control.doctorhost import host_findings
+        from tui.control.jobs import JobError
+        from tui.model.doctor import CHECKS, DoctorReport
+
+        names = list(hosts) if hosts else list(self.inventory.names)
+        unknown = [h for h in names if h not in self.inventory.names]
+        if unknown:
+            raise JobError(f"doctor: no host {', '.join(map(repr, unknown))} in the inventory "
+                           f"({', '.join(self.inventory.names)})")
+        wanted = list(checks) if checks else list(CHECKS)
+        bad = [c for c in wanted if c not in CHECKS]
+        if bad:
+            raise JobError(f"doctor: no check {', '.join(map(repr, bad))} (the checks: {', '.join(CHECKS)})")
+        started = time.time()
+        findings, skipped = host_findings(self.ctl, names)
+        skipped = [s for s in skipped if s[0] in wanted]
+        skipped += [(c, "the network measurements are not in this build yet")
+                    for c in ("allreduce", "p2p") if c in wanted]
+        return DoctorReport(hosts=tuple(names), started=started, ended=time.time(),
+                            findings=tuple(f for f in findings if f.check in wanted), skipped=tuple(skipped))
+
     # -- pipelines ---------------------------------------------------------------------------
 
     def pipeline(self, spec: Any) -> PipelineDetail:
