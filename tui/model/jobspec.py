@@ -666,17 +666,23 @@ def _checked(
 # Loading.
 
 
-def load_jobspec(path: str | os.PathLike[str]) -> JobSpec:
-    """Read and check a job spec file."""
+def read_spec_file(path: str | os.PathLike[str], what: str = "job spec") -> tuple[Path, str]:
+    """A spec file's path (``~`` expanded) and its text; a missing, non-UTF-8 or unreadable
+    file is a JobSpecError naming it (``what``: "job spec", "pipeline spec")."""
     target = Path(os.path.expanduser(os.fspath(path)))
     try:
-        text = target.read_text(encoding="utf-8")
+        return target, target.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise JobSpecError(target, None, "an existing job spec file") from None
+        raise JobSpecError(target, None, f"an existing {what} file") from None
     except UnicodeDecodeError as e:
         raise JobSpecError(target, None, f"UTF-8 text ({e})") from None
     except OSError as e:
         raise JobSpecError(target, None, f"a readable file ({e.strerror or e})") from None
+
+
+def load_jobspec(path: str | os.PathLike[str]) -> JobSpec:
+    """Read and check a job spec file."""
+    target, text = read_spec_file(path)
     return jobspec_from_toml(text, target)
 
 
