@@ -5,7 +5,9 @@
 - ``init_distributed()``, ``ddp()``, ``scaled_lr()``, ``shutdown_distributed()``,
   ``exit_process()``
   (``runtime.distributed``)
-- ``report()``: metrics lines for the agent (``runtime.metrics``)
+- ``report()``: metrics lines for the agent (``runtime.metrics``); with ``step=`` it adds
+  ``step_time``, and the ``data_time``/``comm_time`` that ``timed()`` and ``comm_timer()``
+  measured (``runtime.timing``)
 - ``Checkpointer``: checkpoint ownership and atomic saves (``runtime.checkpoint``)
 - ``shard()``: deterministic data sharding (``runtime.sharding``)
 
@@ -30,6 +32,9 @@ _EXPORTS = {
     "Reporter": "runtime.metrics",
     "report": "runtime.metrics",
     "shard": "runtime.sharding",
+    "timed": "runtime.timing",
+    "comm_timer": "runtime.timing",
+    "CommTimer": "runtime.timing",
     "shutdown_distributed": "runtime.distributed",
 }
 __all__ = [
@@ -37,8 +42,10 @@ __all__ = [
     "Checkpointer",
     "ClusterInfo",
     "ClusterInfoError",
+    "CommTimer",
     "Reporter",
     "cluster_info",
+    "comm_timer",
     "ddp",
     "exit_process",
     "init_distributed",
@@ -46,6 +53,7 @@ __all__ = [
     "scaled_lr",
     "shard",
     "shutdown_distributed",
+    "timed",
 ]
 
 if TYPE_CHECKING:
@@ -60,6 +68,7 @@ if TYPE_CHECKING:
     )
     from runtime.metrics import Reporter, report
     from runtime.sharding import shard
+    from runtime.timing import CommTimer, comm_timer, timed
 
 
 def __getattr__(name: str) -> Any:

@@ -16,6 +16,29 @@ from typing import Any, Dict, Mapping, Optional
 METRICS_DIR_ENV = "RIGDECK_METRICS_DIR"
 _RESERVED = frozenset(("time", "rank", "event"))
 
+# Seconds a rank spent on something between two step reports (``runtime.timed`` adds
+# ``data_time``, ``runtime.comm_timer`` adds ``comm_time``); the next ``report(step=...)`` writes
+# and clears them. A value the caller passes itself wins.
+_pending: Dict[str, float] = {}
+_pending_lock = threading.Lock()
+
+
+def add_time(name: str, seconds: float) -> None:
+    """Add ``seconds`` to the ``name`` field of this rank's next step report (thread-safe)."""
+    with _pending_lock:
+        _pending[name] = _pending.get(name, 0.0) + seconds
+
+
+def _take_pending() -> Dict[str, float]:
+    if not _pending:  # nothing measured (the common case): no lock taken
+        return {}
+    with _pending_lock:
+        if not _pending:
+            return {}
+        out = dict(_pending)
+        _pending.clear()
+        return out
+
 
 def _scalar(value: Any) -> Any:
     """JSON fallback: torch/numpy scalars via ``.item()``; anything else is an error."""
@@ -45,6 +68,8 @@ class Reporter:
         self.path = (os.path.join(metrics_dir, f"rank-{rank}.jsonl") if metrics_dir else None)
         self._fd: Optional[int] = None
         self._lock = threading.Lock()
+        self._last_step_at: Optional[float] = None  # monotonic time of the previous step report
+        self._last_step: Any = None  # and its step
 
     @property
     def enabled(self) -> bool:
@@ -80,6 +105,16 @@ class Reporter:
             line["step"] = step
         if loss is not None:
             line["loss"] = loss
+        if step is not None and step != self._last_step:
+            # step_time: seconds since this rank's previous step report (none on the first);
+            # data_time/comm_time: what runtime.timed/comm_timer measured since then. A second
+            # report of the same step (an evaluation's metrics) carries none of them.
+            now = time.monotonic()
+            if self._last_step_at is not None:
+                line["step_time"] = round(now - self._last_step_at, 6)
+            self._last_step_at, self._last_step = now, step
+            for name, seconds in _take_pending().items():
+                line[name] = round(seconds, 6)
         if metrics:
             line.update(metrics)
         data = (_ENCODE(line) + "\n").encode()

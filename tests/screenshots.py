@@ -9,11 +9,16 @@ saves every main view (the cluster map too) and the launch and stop dialogs as S
 into ``screenshots/``.
 Then it stops the job from the app, runs a short hyperparameter sweep through the app's client
 (examples/sweep with fewer trials and steps: every trial a real job on the bed) and, once some
-trials completed, saves the Sweeps view with that sweep selected; then tears the bed down.
+trials completed, saves the Sweeps view with that sweep selected; then the example pipeline, and
+last the Doctor view (h3's link rate-limited); then tears the bed down.
 ``--only sweeps`` makes the sweeps screenshot alone (no training job: a minute, not ten);
-``--only pipelines`` the Pipelines view alone (the example pipeline run twice).
+``--only pipelines`` the Pipelines view alone (the example pipeline run twice);
+``--only doctor`` the Doctor view alone (h3's link rate-limited with ``tc ... tbf`` both ways,
+then ``D``: the doctor's measurement jobs on the bed).
 Last, the onboarding screen (no inventory, a fixture ssh config under a fresh HOME, three of its
-hosts checked); ``--only onboarding`` makes that one alone.
+hosts checked); ``--only onboarding`` makes that one alone. ``--only signals``: the Job view of a
+3-host job whose rank 1 sleeps in every step (tests/jobscripts/signals_probe.py), once the
+straggler signal names it (``signals.svg``; not part of the full run).
 
 PNGs come from ``rsvg-convert`` (Debian: librsvg2-bin) with the Fira Code font the SVGs name
 (fonts-firacode); both are installed with apt-get when missing and this runs as root.
@@ -40,6 +45,7 @@ DDP = ROOT / "examples" / "ddp" / "job.toml"
 SWEEP = ROOT / "examples" / "sweep" / "sweep.toml"
 PIPELINE = ROOT / "examples" / "pipeline-steps"
 TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
+SIGNALS_PROBE = ROOT / "tests" / "jobscripts" / "signals_probe.py"
 SIZE = (140, 40)
 
 _TEXT = re.compile(
@@ -239,6 +245,67 @@ async def run_pipeline(app: Any, pilot: Any, tmp: Path, converter: str, shots: l
     print(f"pipeline {pid}: {state(pid)}", flush=True)
 
 
+async def run_signals(app: Any, pilot: Any, tmp: Path, converter: str, shots: list[Path],
+                      until: Any) -> None:
+    """A job with a straggler (rank 1 works 0.25 s more a step) and a [scaling] reference of 8
+    ranks, launched through the app's job source; the Job view once the signal is up."""
+    from tui.model.jobspec import load_jobspec
+
+    spec = tmp / "straggle.toml"
+    spec.write_text(
+        f'name = "straggle"\ncommand = ["{{python}}", "{SIGNALS_PROBE}", "--work", "0.1", '
+        f'"--slow-rank", "1", "--slow-extra", "0.25"]\nworkdir = "{ROOT}"\nlauncher = "direct"\n'
+        'nodes = 3\nprocesses_per_node = 1\nmax_runtime = "10m"\n'
+        "[scaling]\nreference_world_size = 8\nbase_lr = 0.1\nwarmup_steps = 500\n"
+    )
+    job_id = await asyncio.to_thread(app.jobwatch.launch, load_jobspec(spec))
+    app.select_job(job_id)
+    await pilot.press("4")
+
+    def flagged() -> bool:
+        d = app.jobwatch.detail(job_id)
+        return d is not None and any(s.kind == "straggler" for s in d.signals)
+
+    await until(flagged, "the straggler signal", 90)
+    await pilot.pause(3.0)
+    await capture(app, pilot, "signals", converter, shots)
+    await asyncio.to_thread(app.jobwatch.stop_job, job_id)
+
+
+DOCTOR_RATE = ("rate", "200mbit", "burst", "256kb", "latency", "50ms")
+
+
+def limit_link(bed: Any, i: int) -> None:
+    """Rate-limit host i's link both ways (this kernel has no netem): its eth0's egress in its
+    namespace, and the bridge-side veth's egress (what the host receives)."""
+    h = bed.host(i)
+    for argv in (["tc", "-n", h.netns, "qdisc", "replace", "dev", "eth0", "root", "tbf", *DOCTOR_RATE],
+                 ["tc", "qdisc", "replace", "dev", h.veth, "root", "tbf", *DOCTOR_RATE]):
+        subprocess.run(argv, check=True)
+
+
+async def run_doctor_view(app: Any, pilot: Any, bed: Any, converter: str, shots: list[Path],
+                          until: Any) -> None:
+    """h3's link rate-limited, then D in the Doctor view; captured once the report is in."""
+    limit_link(bed, 3)
+    await pilot.press("0")
+    await pilot.pause(0.3)
+    await pilot.press("D")
+    await until(lambda: app.doctor_runs, "the doctor's report", 600)
+    if app.doctor_error:
+        print(f"doctor: {app.doctor_error}", flush=True)
+    report = app.doctor_report
+    if report is not None:
+        print(f"doctor: {report.worst}, {len(report.findings)} findings", flush=True)
+        for f in report.findings:
+            print(f"  {f.check:9} {f.subject:10} {f.verdict:4} {f.summary}", flush=True)
+    table = app.query_one("#doctor-table")
+    if table.row_count > 1:
+        table.move_cursor(row=1)  # the first p2p finding: h3's, if it is bad
+    await pilot.pause(0.5)
+    await capture(app, pilot, "doctor", converter, shots)
+
+
 async def capture(app: Any, pilot: Any, name: str, converter: str, shots: list[Path]) -> None:
     app.clear_notifications()
     await pilot.pause(0.3)
@@ -283,6 +350,12 @@ async def run(
             return shots
         if only == "pipelines":
             await run_pipeline(app, pilot, tmp, converter, shots, until)
+            return shots
+        if only == "signals":
+            await run_signals(app, pilot, tmp, converter, shots, until)
+            return shots
+        if only == "doctor":
+            await run_doctor_view(app, pilot, bed, converter, shots, until)
             return shots
         # Somebody else's process on h3's GPU 1 (a CPU burner the simulated GPU follows).
         burner = bed.popen(
@@ -343,6 +416,7 @@ async def run(
             burner = None
         await run_sweep(app, pilot, tmp, converter, shots, until)
         await run_pipeline(app, pilot, tmp, converter, shots, until)
+        await run_doctor_view(app, pilot, bed, converter, shots, until)  # last: it limits h3's link
     if burner is not None:
         burner.kill()
         burner.wait()
@@ -402,10 +476,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument(
         "--only",
-        choices=("all", "sweeps", "pipelines", "onboarding"),
+        choices=("all", "sweeps", "pipelines", "doctor", "onboarding", "signals"),
         default="all",
         help="sweeps: only the Sweeps view (a short sweep, no training job); pipelines: only the "
-        "Pipelines view (the example pipeline, twice); onboarding: only the onboarding screen",
+        "Pipelines view (the example pipeline, twice); doctor: only the Doctor view (h3's link "
+        "rate-limited); onboarding: only the onboarding screen; signals: the Job view of a job "
+        "with a straggler (not in the full run)",
     )
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))

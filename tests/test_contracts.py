@@ -50,6 +50,8 @@ JOB: dict[str, Any] = {
     "events": list, "unreachable": list, "waiting": (str, NONE), "sweep_id": (str, NONE), "trial": (str, NONE),
     "code": (dict, NONE), "pipeline_id": (str, NONE), "step": (str, NONE),
 }
+STATUS = {**JOB, "signals": list}  # status --json: a job and its live signals
+SIGNAL = {"kind": str, "verdict": str, "host": (str, NONE), "rank": (int, NONE), "summary": str, "advice": str}
 NODE = {"host": str, "address": str, "slots": int, "gpus": list, "cpus": (int, NONE),
         "instance_type": str, "simulated": bool}
 RANK = {"rank": int, "host": str, "local_rank": int, "gpu": (int, NONE), "pid": (int, NONE),
@@ -119,7 +121,11 @@ def _rigdeck(env: dict[str, str], *args: str, ok: tuple[int, ...] = (0,)) -> str
 
 
 def _job(data: Any, where: str) -> None:
-    conforms(data, JOB, where)
+    conforms(data, STATUS if where == "status" else JOB, where)
+    for i, sig in enumerate(data.get("signals", []) if where == "status" else []):
+        conforms(sig, SIGNAL, f"{where}.signals[{i}]")
+        assert sig["kind"] in ("straggler", "input_bound", "comm_bound", "lr_scaling")
+        assert sig["verdict"] in ("ok", "warn", "bad")
     for i, n in enumerate(data["placement"]):
         conforms(n, NODE, f"{where}.placement[{i}]")
     for i, r in enumerate(data["ranks"]):
@@ -505,3 +511,16 @@ def test_sweep_json_keeps_its_keys_and_types() -> None:
     assert out["best"]["number"] == 2 and list(out)[0] == "best"
     rows = json.loads(json.dumps(wire_json([row])))
     conforms(rows[0], SWEEP_ROW, "sweeps[0]")
+
+
+def test_signal_json_is_the_documented_mapping() -> None:
+    from tui.model.diagnose import signals_from_records
+
+    recs = [{"rank": r, "host": f"h{r}", "step": s, "step_time": 0.5 if r == 1 else 0.1, "data_time": 0.09}
+            for s in range(1, 6) for r in range(3)]
+    found = signals_from_records(recs, spec={"scaling": {"reference_world_size": 8, "base_lr": 0.1}}, world=3)
+    assert {s.kind for s in found} == {"straggler", "input_bound", "lr_scaling"}
+    for i, s in enumerate(found):
+        d = s.to_json()
+        conforms(d, SIGNAL, f"signals[{i}]")
+        json.dumps(d)

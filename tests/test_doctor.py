@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import pytest
 
 from tests.testbed import TestBed
 from tui.control.doctor import choose, p2p_findings
+from tui.model import wire
 from tui.model.doctor import DoctorReport
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,8 +90,6 @@ class Cli:
                               timeout=timeout, env=self.env, cwd=ROOT)
 
     def doctor(self) -> tuple[int, DoctorReport, dict[str, Any]]:
-        from tui.model import wire
-
         proc = self.run("doctor", "--checks", "allreduce,p2p", "--json")
         assert proc.returncode in (0, 1), proc.stderr[-3000:]
         data = json.loads(proc.stdout)
@@ -117,61 +115,74 @@ def _show(report: DoctorReport) -> str:
     return "\n".join(f"  {f.check:<9} {f.subject:<8} {f.verdict:<4} {f.summary}" for f in report.findings)
 
 
-@pytest.mark.testbed
-def test_doctor_names_the_rate_limited_host_and_exits_1(testbed: TestBed, tmp_path: Path) -> None:
-    cli = Cli(testbed, tmp_path)
-    code, clean, _ = cli.doctor()
-    print(f"\nwithout a limit: exit {code}\n{_show(clean)}")
-    assert code == 0 and clean.worst == "ok", _show(clean)
-    assert len(clean.job_ids) == 2 and {f.subject for f in clean.by_check("p2p")} >= {"h1<->h2", "h1<->h3", "h2<->h3"}
-    try:
-        _limit(testbed, "h3", True)
-        code, limited, data = cli.doctor()
-        table = cli.table()
-    finally:
-        _limit(testbed, "h3", False)
-    print(f"h3 limited to {RATE} both ways: exit {code}\n{_show(limited)}\n{table.stdout}")
-    assert code == 1 and table.returncode == 1
-    p2p = {f.subject: f for f in limited.by_check("p2p")}
-    assert p2p["h1<->h3"].verdict == p2p["h2<->h3"].verdict == p2p["h3"].verdict == "bad"
-    assert p2p["h1<->h2"].verdict == p2p["h1"].verdict == p2p["h2"].verdict == "ok"
-    assert re.search(r"slowest link h[12]<->h3 [\d.]+ MB/s, \d+% below typical", p2p["all"].summary)
-    # Figures that fit the limit: 200 Mbit/s is 0.025 GB/s; the fast link is many times that.
-    for pair in ("h1<->h3", "h2<->h3"):
-        assert 0.005 < (p2p[pair].value or 0.0) < 0.03, p2p[pair]
-    assert (p2p["h1<->h2"].value or 0.0) > 4 * 0.025
-    # The table shows it too, and --json is the wire form with the documented keys.
-    assert re.search(r"p2p\s+h3\s+BAD", table.stdout) and "doctor: bad" in table.stdout
-    assert set(data) == {"hosts", "started", "ended", "findings", "skipped", "job_ids"}
-    assert set(data["findings"][0]) == {"check", "subject", "verdict", "summary", "advice", "value", "unit",
-                                        "baseline", "details"}
+def _busbw(report: DoctorReport, size_mb: int) -> float:
+    (ar,) = report.by_check("allreduce")
+    return float(dict(ar.details)[f"{size_mb}MB"]["busbw_gbps"])  # type: ignore[index]
 
 
 @pytest.mark.testbed
-def test_doctor_busbw_agrees_with_a_plain_timing_loop(testbed: TestBed, tmp_path: Path) -> None:
-    """The machine is shared (2 cores, other work beside: one run varies by +-30%): doctor and the
-    loop by hand take turns, five times each, and their medians are compared."""
-    from tui.model import wire
+def test_doctor_on_the_bed_agrees_with_a_plain_loop_and_names_the_rate_limited_host(
+        testbed: TestBed, tmp_path: Path) -> None:
+    """Acceptance 1 and 2 in one pass over the bed (each measurement is a job of 3 ranks that
+    import torch: the cost is in the jobs, so they are shared).
 
+    The all-reduce's bus bandwidth against a plain torch.distributed timing loop launched by hand
+    (``tests/jobscripts/allreduce_loop.py``, no rigdeck import), the two taking turns three times.
+    The machine is shared (2 cores for the 3 hosts and everything else), and load only ever slows
+    a run down: each side's figure is its best of three. Then h3's link is limited with tbf both
+    ways and the doctor, as people run it (the table), names h3's links and exits 1."""
     cli = Cli(testbed, tmp_path)
     size_mb = 64
     spec = tmp_path / "loop.toml"
     spec.write_text(f'name = "plain-allreduce"\ncommand = ["{{python}}", "{LOOP}", "{size_mb}", "10", "2"]\n'
                     f'workdir = "{ROOT}"\nhosts = ["h1", "h2", "h3"]\nprocesses_per_node = 1\n')
-    doctor, hand = [], []
-    for _ in range(5):
-        proc = cli.run("doctor", "--checks", "allreduce", "--json")
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        (ar,) = wire.decode(DoctorReport, json.loads(proc.stdout)).by_check("allreduce")
-        doctor.append(float(dict(ar.details)[f"{size_mb}MB"]["busbw_gbps"]))  # type: ignore[index]
+
+    def by_hand() -> float:
         view = json.loads(cli.run("launch", str(spec), "--wait", "--json").stdout)
         assert view["state"] == "succeeded", view
         logs = cli.run("logs", view["job_id"]).stdout
         m = re.search(r"plain-allreduce size_bytes=(\d+) time_s=([\d.]+) busbw_gbps=([\d.]+)", logs)
         assert m and int(m.group(1)) == size_mb << 20, logs[-2000:]
-        hand.append(float(m.group(3)))
-    d, plain = statistics.median(doctor), statistics.median(hand)
-    print(f"\nbusbw at {size_mb} MB over 3 hosts (gloo), 5 runs each taking turns: doctor median {d:.4f} GB/s "
-          f"({', '.join(f'{v:.4f}' for v in doctor)}); plain loop median {plain:.4f} GB/s "
+        return float(m.group(3))
+
+    # Without a limit: every check ok, exit 0; the first of the doctor's all-reduce figures.
+    code, clean, data = cli.doctor()
+    print(f"\nwithout a limit: exit {code}\n{_show(clean)}")
+    assert code == 0 and clean.worst == "ok", _show(clean)
+    assert len(clean.job_ids) == 2 and {f.subject for f in clean.by_check("p2p")} >= {"h1<->h2", "h1<->h3", "h2<->h3"}
+    assert set(data) == {"hosts", "started", "ended", "findings", "skipped", "job_ids"}
+    assert set(data["findings"][0]) == {"check", "subject", "verdict", "summary", "advice", "value", "unit",
+                                        "baseline", "details"}
+    doctor, hand = [_busbw(clean, size_mb)], [by_hand()]
+    for _ in range(2):
+        proc = cli.run("doctor", "--checks", "allreduce", "--json")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        doctor.append(_busbw(wire.decode(DoctorReport, json.loads(proc.stdout)), size_mb))
+        hand.append(by_hand())
+    d, plain = max(doctor), max(hand)
+    print(f"busbw at {size_mb} MB over 3 hosts (gloo), 3 runs each taking turns: doctor best {d:.4f} GB/s "
+          f"({', '.join(f'{v:.4f}' for v in doctor)}); plain loop best {plain:.4f} GB/s "
           f"({', '.join(f'{v:.4f}' for v in hand)}); doctor/plain {d / plain:.3f}")
     assert abs(d - plain) <= 0.10 * plain
+
+    # h3's link limited both ways: its two links bad with figures that fit the limit, exit 1.
+    try:
+        _limit(testbed, "h3", True)
+        table = cli.table()
+    finally:
+        _limit(testbed, "h3", False)
+    print(f"h3 limited to {RATE} both ways: exit {table.returncode}\n{table.stdout}")
+    assert table.returncode == 1, table.stderr[-3000:]
+    assert "doctor: bad" in table.stdout
+    rows = {m.group(1): (m.group(2), m.group(3)) for m in re.finditer(
+        r"^p2p\s+(\S+)\s+(ok|WARN|BAD)\s+(.*)$", table.stdout, re.M)}
+    assert rows["h3"][0] == rows["h1<->h3"][0] == rows["h2<->h3"][0] == "BAD", rows
+    assert rows["h1"][0] == rows["h2"][0] == rows["h1<->h2"][0] == "ok", rows
+    assert re.search(r"slowest link h[12]<->h3 [\d.]+ MB/s, \d+% below typical", rows["all"][1]), rows["all"]
+    assert "every link of h3 is slow" in rows["h1<->h3"][1]
+    # Figures that fit the limit: 200 Mbit/s is 25 MB/s; the fast link is many times that.
+    for pair in ("h1<->h3", "h2<->h3"):
+        ways = [float(v) for v in re.findall(r"h\d->h\d ([\d.]+) MB/s", rows[pair][1])]
+        assert len(ways) == 2 and all(5 < v < 30 for v in ways), rows[pair]
+    fast = re.search(r"h1->h2 ([\d.]+) (MB|GB)/s", rows["h1<->h2"][1])
+    assert fast and float(fast.group(1)) * (1000 if fast.group(2) == "GB" else 1) > 4 * 25, rows["h1<->h2"]

@@ -361,6 +361,81 @@ def test_report_appends_one_json_line_per_call(tmp_path: Path,
     assert abs(a["time"] - time.time()) < 60
 
 
+def test_step_reports_carry_step_time_and_the_timed_data_wait(tmp_path: Path) -> None:
+    from runtime.timing import timed
+
+    metrics._take_pending()  # nothing left over from another test
+    r = Reporter(str(tmp_path), 0)
+
+    def slow_loader():  # each item takes 0.05 s to come
+        for i in range(3):
+            time.sleep(0.05)
+            yield i
+
+    got = []
+    for step, item in enumerate(timed(slow_loader())):
+        got.append(item)
+        time.sleep(0.02)  # the step's own work
+        r.step(step, 0.1)
+    r.step(2, None, val_loss=0.2)  # a second report of step 2: no timing of its own
+    r.step(None, None, note="not a step")  # a line without a step takes nothing
+    r.close()
+    assert got == [0, 1, 2]
+    lines = read_lines(tmp_path / "rank-0.jsonl")
+    assert "step_time" not in lines[0]  # no previous step to measure from
+    for line in lines[:3]:
+        assert 0.045 <= line["data_time"] < 0.5, line
+    for line in lines[1:3]:
+        assert 0.065 <= line["step_time"] < 1.0 and line["step_time"] > line["data_time"], line
+    assert set(lines[3]) == {"time", "rank", "step", "val_loss"}
+    assert set(lines[4]) == {"time", "rank", "note"}
+
+
+def test_a_value_passed_to_report_wins_over_the_measured_one(tmp_path: Path) -> None:
+    metrics._take_pending()
+    metrics.add_time("data_time", 5.0)
+    r = Reporter(str(tmp_path), 0)
+    r.step(1, 0.1, data_time=0.25)
+    r.close()
+    (line,) = read_lines(tmp_path / "rank-0.jsonl")
+    assert line["data_time"] == 0.25
+
+
+def test_comm_timer_times_ddp_allreduce_on_gloo(tmp_path: Path) -> None:
+    """Two gloo ranks on CPU: the hook does DDP's all-reduce (gradients averaged, as without
+    it) and the time in flight reaches the step report as comm_time."""
+    code = textwrap.dedent("""
+        import os, sys, json
+        import torch, torch.distributed as dist
+        from runtime.metrics import Reporter
+        from runtime.timing import comm_timer
+        rank = int(sys.argv[1])
+        dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+        torch.manual_seed(0)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(256, 256))
+        timer = comm_timer(model)
+        rep = Reporter(sys.argv[3], rank)
+        for step in range(3):
+            model(torch.full((4, 256), float(rank + 1))).sum().backward()
+            rep.step(step, 0.0)
+        w = model.module.weight.grad
+        print(json.dumps({"grad": float(w[0, 0]), "total": timer.total}))
+        dist.barrier(); dist.destroy_process_group()
+        sys.stdout.flush(); os._exit(0)
+    """)
+    metrics_dir = tmp_path / "m"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(rank), str(tmp_path / "store"), str(metrics_dir)],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True) for rank in range(2)]
+    outs = [json.loads(p.communicate(timeout=120)[0].strip().splitlines()[-1]) for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    # Grads accumulate over 3 steps; inputs 1 and 2 on the two ranks average to 1.5 a step.
+    assert outs[0]["grad"] == pytest.approx(3 * 4 * 1.5) and outs[1]["grad"] == pytest.approx(3 * 4 * 1.5)
+    for rank in range(2):
+        lines = read_lines(metrics_dir / f"rank-{rank}.jsonl")
+        assert all(line["comm_time"] > 0 for line in lines), lines
+        assert sum(line["comm_time"] for line in lines) == pytest.approx(outs[rank]["total"], abs=1e-5)
+
+
 def test_report_is_a_noop_without_metrics_dir(tmp_path: Path,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     metrics.reset()
@@ -759,7 +834,7 @@ def test_scaled_lr_linear_rule_with_warmup() -> None:
 
 def test_import_runtime_is_cheap_and_stdlib_only() -> None:
     code = ("import sys, runtime; runtime.cluster_info; runtime.report; runtime.Checkpointer;"
-            "runtime.shard; runtime.scaled_lr;"
+            "runtime.shard; runtime.scaled_lr; runtime.timed; runtime.comm_timer;"
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'agent', 'tui')];"
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)

@@ -381,6 +381,34 @@ async def test_job_view_mouse_and_theme(kind: str) -> None:
         assert table.row_count == 8
 
 
+async def test_job_view_shows_a_straggler_signal(kind: str) -> None:
+    """Step timing where rank 3 (on h2) is slow: the Job view's signals line names it, coloured
+    as bad; a job without such timing shows no signals line."""
+    plain = recorded_app(kind=kind)
+    async with plain.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        await until(pilot, lambda: "step 240/300" in static_text(plain, "#job-head"))
+        assert not plain.query_one("#job-signals", Static).display
+    stop_servers()
+
+    jobs = RecordedJobs()
+    track = jobs._tracks[JOB]
+    track.times.add({"rank": r, "host": "h1" if r < 2 else "h2", "step": s, "step_time": 0.9 if r == 3 else 0.3}
+                    for s in range(1, 12) for r in range(4))
+    track.diagnose(None)
+    app = recorded_app(kind=kind, jobs=jobs)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        await until(pilot, lambda: "straggler" in static_text(app, "#job-signals"))
+        box = app.query_one("#job-signals", Static)
+        text = static_text(app, "#job-signals")
+        assert box.display
+        assert "straggler: rank 3 on h2 takes 900 ms a step, 3.0x the other ranks' median 300 ms" in text
+        assert "look at h2" in text
+        spans = {text[sp.start:sp.end]: str(sp.style) for sp in box.render().spans}  # type: ignore[attr-defined]
+        assert spans["bad"] == "$error"  # the verdict in the theme's error colour
+
+
 async def test_a_controller_error_is_reported_not_raised() -> None:
     class Broken(FakeController):
         def deploy(self, names: list[str] | None = None) -> list:  # type: ignore[override]

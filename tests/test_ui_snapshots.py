@@ -12,7 +12,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from tests.ui_fixtures import recorded_app
+from tests.ui_fixtures import recorded_app, signal_jobs
 
 
 def _prepare(*keys: str) -> Any:
@@ -49,6 +49,10 @@ def test_main_views(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None
 @pytest.mark.parametrize("view, keys", [("hosts", ()), ("gpus", ("2",)), ("job", ("4",))])
 def test_views_at_80x24(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
     assert snap_compare(recorded_app(), terminal_size=(80, 24), run_before=_prepare(*keys))
+
+
+def test_job_view_with_signals(snap_compare: Any) -> None:
+    assert snap_compare(recorded_app(jobs=signal_jobs()), terminal_size=(120, 36), run_before=_prepare("4"))
 
 
 def test_wide_gpu_view(snap_compare: Any) -> None:

@@ -450,6 +450,20 @@ class RecordedJobs(JobWatch):
         return "stopped"
 
 
+def signal_jobs() -> RecordedJobs:
+    """The recorded jobs, the running one with live signals: rank 3 (h2) a straggler, and a
+    world of 4 against a [scaling] reference of 8."""
+    jobs = RecordedJobs()
+    track = jobs._tracks[JOB]
+    track.rec = {**track.rec, "spec": {**track.rec["spec"],
+                                       "scaling": {"reference_world_size": 8, "base_lr": 0.1, "warmup_steps": 500}}}
+    track.times.add({"rank": r, "host": "h1" if r < 2 else "h2", "step": s,
+                     "step_time": 0.9 if r == 3 else 0.3 + 0.01 * (s % 3)}
+                    for s in range(1, 30) for r in range(4))
+    track.diagnose(None)
+    return jobs
+
+
 # ---------------------------------------------------------------------------------------------
 # Sweeps
 

@@ -42,6 +42,19 @@ from tui.app.screens.onboarding import OnboardingScreen, passphrase_prompt
 from tui.app.terminal import HangupWatch, input_fd
 from tui.app.widgets.chart import LINE_VARS, LossChart
 from tui.app.widgets.clustermap import ClusterMap, MapPane
+from tui.app.widgets.doctor import (
+    NO_REPORT,
+    DoctorRun,
+    FindingsTable,
+    finding_detail,
+    finding_rows,
+    keyed_findings,
+    matrix_markup,
+    p2p_matrix,
+    run_doctor,
+    skipped_markup,
+    summary_markup,
+)
 from tui.app.widgets.format import (
     SIM_MARK,
     duration,
@@ -99,6 +112,7 @@ from tui.app.widgets.tables import (
     rank_rows,
 )
 from tui.client import Client, HostReport, Onboarding, describe_cause, set_passphrase_prompt
+from tui.model.doctor import DoctorReport
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import JobDetail, JobSource, JobsSnapshot
 from tui.model.pipelineview import PipelineDetail, PipelineRow, StepRow
@@ -108,7 +122,7 @@ from tui.model.views import HostKey, HostView
 
 log = logging.getLogger(__name__)
 
-TABS = ("hosts", "gpus", "jobs", "job", "checkpoints", "logs", "sweeps", "map", "pipelines")
+TABS = ("hosts", "gpus", "jobs", "job", "checkpoints", "logs", "sweeps", "map", "pipelines", "doctor")
 EXIT_HANGUP = 128 + signal.SIGHUP  # the shell's status for a process ended by a hangup
 JOB_TABS = ("job", "checkpoints", "logs")
 
@@ -223,6 +237,20 @@ class PipelinesPane(Vertical):
         app.retry_step()
 
 
+class DoctorPane(Vertical):
+    """The Doctor view: the last report's findings, its p2p matrix; its run key (active while
+    its table has focus)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("D", "run_doctor", "Run doctor", id="doctor.run"),
+    ]
+
+    def action_run_doctor(self) -> None:
+        app = self.app
+        assert isinstance(app, RigdeckApp)
+        app.run_doctor()
+
+
 class RigdeckApp(App[None]):
     """rigdeck: hosts, GPUs and jobs of a bare-metal cluster."""
 
@@ -238,6 +266,7 @@ class RigdeckApp(App[None]):
         Binding("7", "show_tab('sweeps')", "Sweeps", id="view.sweeps", show=False),
         Binding("8", "show_tab('map')", "Map", id="view.map", show=False),
         Binding("9", "show_tab('pipelines')", "Pipelines", id="view.pipelines", show=False),
+        Binding("0", "show_tab('doctor')", "Doctor", id="view.doctor", show=False),
         Binding("l", "launch", "Launch", id="job.launch"),
         Binding("s", "stop_job", "Stop", id="job.stop"),
         Binding("d", "deploy", "Deploy", id="host.deploy"),
@@ -300,6 +329,11 @@ class RigdeckApp(App[None]):
         self._pipelines_inflight = False
         self._pipelines_again = False
         self._sweep_wanted: str | None = None  # a sweep step's sweep, to put the cursor on
+        # The Doctor view: the last report stays until a new one arrives; a run is one worker.
+        self.doctor_report: DoctorReport | None = None
+        self.doctor_error: str | None = None
+        self.doctor_runs = 0  # runs ended, with a report or an error (tests wait on it)
+        self._doctor_since: float | None = None  # time.monotonic() when the run under way began
         self.notices = JobNotices()  # job state changes -> a toast and the bell ([notify])
 
     # -- layout -----------------------------------------------------------------------------
@@ -330,6 +364,10 @@ class RigdeckApp(App[None]):
                     id="job-head",
                     classes="head",
                 )
+                # Live bottleneck signals (stragglers, input-bound, ...): shown only when any.
+                signals = Static("", id="job-signals", classes="head")
+                signals.display = False
+                yield signals
                 with Vertical(id="job-body"):
                     yield LossChart(id="loss")
                     yield RanksTable(id="ranks-table")
@@ -362,6 +400,12 @@ class RigdeckApp(App[None]):
                     yield Static("", id="pipeline-head", classes="head")
                     yield StepsTable(id="steps-table")
                     yield Static("", id="step-detail", classes="detail")
+            with TabPane("Doctor 0", id="doctor"):
+                with DoctorPane(id="doctor-pane"):
+                    yield Static(NO_REPORT, id="doctor-status", classes="status")
+                    yield FindingsTable(id="doctor-table")
+                    yield Static("", id="doctor-detail", classes="detail")
+                    yield Static("", id="doctor-matrix")
         yield Footer(compact=True)
 
     @property
@@ -379,6 +423,9 @@ class RigdeckApp(App[None]):
         self.query_one("#sweep-curves", LossChart).border_title = "objective by step"
         self.query_one("#trials-table").border_title = "trials, best first"
         self.query_one("#steps-table").border_title = "steps, in dependency order"
+        self.query_one("#doctor-table").border_title = "findings by check, bad first"
+        self.query_one("#doctor-matrix").border_title = "p2p bandwidth, host x host"
+        self.query_one("#doctor-matrix").display = False
         self._apply_keymap()
         self._set_widths(self.size.width)
         set_passphrase_prompt(passphrase_prompt(self))  # an encrypted key's passphrase: asked here
@@ -390,6 +437,7 @@ class RigdeckApp(App[None]):
         self.set_interval(1.0 / self.sample_hz, self.refresh_views, name="sample")
         self.set_interval(1.0, self.poll_sweeps, name="sweeps")
         self.set_interval(1.0, self.poll_pipelines, name="pipelines")
+        self.set_interval(0.5, self._doctor_tick, name="doctor")
         # Everything built so far lives as long as the app: keep it out of the collector's way,
         # so a full collection while thousands of GPU rows change costs what changed, not all.
         # Samples churn (every GPU, every second), and most of a second's objects die within
@@ -479,6 +527,7 @@ class RigdeckApp(App[None]):
             ("#trials-table", TrialsTable),
             ("#pipelines-table", PipelinesTable),
             ("#steps-table", StepsTable),
+            ("#doctor-table", FindingsTable),
         ):
             table = self.query_one(sel, cls)
             if table.set_columns(table.columns_for(w)):
@@ -507,6 +556,7 @@ class RigdeckApp(App[None]):
             ("Sweeps view", rows(SweepsPane.BINDINGS)),
             ("Map view", rows(ClusterMap.BINDINGS)),
             ("Pipelines view", rows(PipelinesPane.BINDINGS)),
+            ("Doctor view", rows(DoctorPane.BINDINGS)),
             ("Launch dialog", rows(_L.BINDINGS)),
             ("Stop dialogs (job, trial, sweep, pipeline)", rows(ConfirmStop.BINDINGS)),
             ("Host key dialog", rows(TrustHostKey.BINDINGS)),
@@ -542,6 +592,11 @@ class RigdeckApp(App[None]):
         )
         yield SystemCommand(
             "Launch a job…", "Pick a spec file or fill the form", self.action_launch
+        )
+        yield SystemCommand(
+            "Run the doctor over every host",
+            "Bandwidth, slow links, disks, version drift (measurement jobs; 0 shows it)",
+            self.doctor_from_palette,
         )
         for h in self.hosts_snapshot:
             if h.error_kind == "unknown-host-key":
@@ -624,6 +679,8 @@ class RigdeckApp(App[None]):
                     self.query_one("#map-pane", MapPane).apply(self.client.state, self.jobs_snapshot)
                 elif active == "pipelines":
                     self._update_pipelines(now)
+                elif active == "doctor":
+                    self._update_doctor(now)
             if active == "logs":
                 self.query_one("#log-view", LogView).sync()
 
@@ -740,6 +797,7 @@ class RigdeckApp(App[None]):
         head = self.query_one("#job-head", Static)
         chart = self.query_one("#loss", LossChart)
         ranks = self.query_one("#ranks-table", RanksTable)
+        self._update_signals(detail)
         if detail is None:
             set_text(head, "no job open: launch one (l), or pick one in Jobs (3) and press enter")
             chart.set_points((), None, empty="no job open")
@@ -792,6 +850,18 @@ class RigdeckApp(App[None]):
             empty="waiting for the first loss",
         )
         ranks.apply(rank_rows(detail.ranks, r.placement))
+
+    def _update_signals(self, detail: JobDetail | None) -> None:
+        box = self.query_one("#job-signals", Static)
+        signals = detail.signals if detail is not None else ()
+        box.display = bool(signals)
+        lines = []
+        for sig in signals:
+            lvl = {"bad": "$error", "warn": "$warning"}.get(sig.verdict, "$text-muted")
+            pad = " " * max(1, 5 - len(sig.verdict))
+            lines.append(f"[{lvl}]{escape(sig.verdict)}[/]{pad}{escape(sig.summary)}")
+            lines.append(f"     [$text-muted]{escape(sig.advice)}[/]")
+        set_text(box, "\n".join(lines))
 
     def _update_checkpoints(self, detail: JobDetail | None, now: float) -> None:
         head = self.query_one("#ckpt-head", Static)
@@ -1192,6 +1262,93 @@ class RigdeckApp(App[None]):
         after = d.step(step)
         return f"pipeline {pipeline_id}: step {step} {after.state if after else 'retried'}"
 
+    # -- doctor -----------------------------------------------------------------------------
+
+    @property
+    def doctor_running(self) -> bool:
+        return self._doctor_since is not None
+
+    def run_doctor(self) -> None:
+        """Run the doctor over every host on a worker thread (measurement jobs: it takes a
+        while); one run at a time. The last report stays shown until the new one arrives."""
+        if self.doctor_running:
+            self.notify("the doctor is already running", title="doctor", severity="warning")
+            return
+        self._doctor_since = time.monotonic()
+        self.doctor_error = None
+        self.run_worker(
+            lambda: run_doctor(self.client),
+            thread=True,
+            group="doctor",
+            name="doctor",
+            exit_on_error=False,
+        )
+        self._update_doctor(self.clock())
+
+    def doctor_from_palette(self) -> None:
+        self.tabs.active = "doctor"
+        self.run_doctor()
+
+    def _doctor_done(self, run: DoctorRun | None, error: str | None = None) -> None:
+        self._doctor_since = None
+        self.doctor_runs += 1
+        if run is None:
+            self.doctor_error = error or "doctor: the run failed"
+        elif run.report is not None:
+            self.doctor_report = run.report
+            self.doctor_error = None
+        else:
+            self.doctor_error = run.error
+        if self.tabs.active == "doctor":
+            self._update_doctor(self.clock())
+        else:
+            self._dirty.add("doctor")
+            report = self.doctor_report
+            if self.doctor_error:
+                self.notify(escape(self.doctor_error), title="doctor failed", severity="error")
+            elif report is not None:
+                self.notify(f"doctor: {report.worst} (0 shows it)", title="doctor")
+
+    def _doctor_tick(self) -> None:
+        """Twice a second while the view shows: the run's elapsed time, the report's age."""
+        if not self.closing and self.tabs.active == "doctor":
+            self._update_doctor(self.clock())
+
+    def _update_doctor(self, now: float) -> None:
+        report = self.doctor_report
+        lines = []
+        if self._doctor_since is not None:
+            took = int(time.monotonic() - self._doctor_since)
+            lines.append(f"[$warning]running… ({took}s)[/] [$text-muted]measurement jobs on every host"
+                         + ("; the last report below" if report is not None else "") + "[/]")
+        if self.doctor_error:
+            lines.append(f"[$error]{escape(self.doctor_error[:300])}[/]"
+                         + (" [$text-muted](showing the last report)[/]" if report is not None else ""))
+        if report is not None:
+            lines.append(summary_markup(report, now) + "  [$text-muted](D runs again)[/]")
+            skipped = skipped_markup(report)
+            if skipped:
+                lines.append(skipped)
+        elif self._doctor_since is None:
+            lines.append("[$text-muted]D runs it again[/]" if self.doctor_error else NO_REPORT)
+        set_text(self.query_one("#doctor-status", Static), "\n".join(lines))
+        self.query_one("#doctor-table", FindingsTable).apply(finding_rows(report))
+        self._update_doctor_detail()
+        matrix = p2p_matrix(report)
+        box = self.query_one("#doctor-matrix", Static)
+        box.display = matrix is not None
+        if matrix is not None:
+            set_text(box, matrix_markup(matrix))
+
+    @on(DataTable.RowHighlighted, "#doctor-table")
+    def _update_doctor_detail(self) -> None:
+        key = self.query_one("#doctor-table", FindingsTable).cursor_key
+        f = dict(keyed_findings(self.doctor_report)).get(key) if key else None
+        box = self.query_one("#doctor-detail", Static)
+        text = finding_detail(f)
+        box.display = bool(text)
+        set_text(box, text)
+
     # -- navigation -------------------------------------------------------------------------
 
     def action_show_tab(self, tab: str) -> None:
@@ -1211,6 +1368,7 @@ class RigdeckApp(App[None]):
             "sweeps": "#sweeps-table",
             "map": "#cluster-map",
             "pipelines": "#pipelines-table",
+            "doctor": "#doctor-table",
         }.get(pane or "")
         if focus:
             self.query_one(focus).focus()
@@ -1506,6 +1664,12 @@ class RigdeckApp(App[None]):
             elif event.state in (WorkerState.ERROR, WorkerState.CANCELLED):
                 self._pipelines_fetched(
                     None, f"pipelines: {describe_error(w.error or Exception('cancelled'))}")
+            return
+        if w.group == "doctor":
+            if event.state == WorkerState.SUCCESS:
+                self._doctor_done(w.result)
+            elif event.state in (WorkerState.ERROR, WorkerState.CANCELLED):
+                self._doctor_done(None, f"doctor: {describe_error(w.error or Exception('cancelled'))}")
             return
         if w.group != "action":
             return

@@ -286,7 +286,30 @@ def code_lines(code: dict[str, Any] | None, events: list[dict[str, Any]]) -> lis
     return lines
 
 
-def _print_job(v: Any) -> None:
+def job_signals(client: Any, view: Any) -> list[Any]:
+    """A live job's bottleneck signals (tui.model.diagnose) from its metrics records; none for a
+    job that ended or has not started. No telemetry here: GPU utilization counts as unknown."""
+    from tui.model.diagnose import signals_from_records
+    from tui.model.jobstate import TERMINAL
+
+    if view.state in TERMINAL or view.state == "queued":
+        return []
+    records = client.metrics(view.job_id)
+    world = sum(int(n.get("slots") or 0) for n in view.placement)
+    return list(signals_from_records(records, spec=view.spec, world=world))
+
+
+def signal_lines(signals: Sequence[Any]) -> list[str]:
+    from tui.model.termsafe import terminal_safe  # host names and numbers only, but to be sure
+
+    lines = []
+    for s in signals:
+        lines.append(f"signal   {s.verdict:<4} {terminal_safe(s.summary)}")
+        lines.append(f"           advice: {terminal_safe(s.advice)}")
+    return lines
+
+
+def _print_job(v: Any, signals: Sequence[Any] = ()) -> None:
     from tui.app.widgets.format import marked_simulated
 
     print(f"job      {v.job_id} ({v.name})")
@@ -299,6 +322,8 @@ def _print_job(v: Any) -> None:
         print(line)
     if v.last_step is not None or v.last_loss is not None:
         print(f"progress step {v.last_step} loss {v.last_loss}")
+    for line in signal_lines(signals):
+        print(line)
     if v.cause:
         print(f"cause    {_fmt_cause(v.cause)}")
         from tui.model.termsafe import terminal_safe  # rank output: no escape reaches the terminal
@@ -444,11 +469,12 @@ def _run_jobs(args: argparse.Namespace) -> int:
             return EXIT_OK
         if args.command == "status":
             view = client.view(args.job)
+            signals = job_signals(client, view)
             if args.json:
-                json.dump(view.to_json(), sys.stdout, indent=2)
+                json.dump({**view.to_json(), "signals": [s.to_json() for s in signals]}, sys.stdout, indent=2)
                 sys.stdout.write("\n")
             else:
-                _print_job(view)
+                _print_job(view, signals)
             return EXIT_HOST_FAILED if view.state == "unknown" else EXIT_OK
         if args.command == "logs":
             if args.raw and args.rank is None:

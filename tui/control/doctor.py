@@ -14,8 +14,7 @@ needed most: with one slow host among three, two links of three are slow and the
 of them.) A link below 50% of the typical one is bad, below 80% a warning; a host whose every
 link is that slow is named as the cause.
 
-The per-host checks (disk, versions, MTU, clock, GPU health) live in ``tui.control.doctorhost``
-when this build has it.
+The per-host checks (disk, versions, MTU, clock, GPU health) live in ``tui.control.doctorhost``.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from tui.control.doctorhost import host_findings
 from tui.model.doctor import CHECKS, DoctorReport, Finding
 from tui.model.jobspec import JobSpec
 
@@ -257,14 +257,9 @@ def run_doctor(service: Any, hosts: Sequence[str] | None = None, checks: Sequenc
         findings += p2p_out
     host_checks = [c for c in wanted if c in HOST_CHECKS]
     if host_checks:
-        try:
-            from tui.control.doctorhost import host_findings  # type: ignore[import-not-found,unused-ignore]
-        except ImportError:
-            skipped += [(c, "not in this build of rigdeck") for c in host_checks]
-        else:
-            got, skip = host_findings(service.ctl, chosen)
-            findings += [f for f in got if f.check in host_checks]
-            skipped += [s for s in skip if s[0] in host_checks]
+        got, skip = host_findings(service.ctl, chosen)
+        findings += [f for f in got if f.check in host_checks]
+        skipped += [s for s in skip if s[0] in host_checks]
     order = {c: i for i, c in enumerate(CHECKS)}
     findings.sort(key=lambda f: order.get(f.check, len(order)))  # stable: each check's own order kept
     return DoctorReport(hosts=tuple(chosen), started=started, ended=time.time(), findings=tuple(findings),

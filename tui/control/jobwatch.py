@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from tui.control.reader import JobReader, log_ranks
+from tui.model.diagnose import Signal, StepTimes, signals
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import (  # noqa: F401  (the views this poller builds; importers find them here too)
@@ -294,6 +295,8 @@ def rank_rows(
 class _Track:
     rec: dict[str, Any]
     fold: MetricsFold = field(default_factory=MetricsFold)
+    times: StepTimes = field(default_factory=StepTimes)  # recent step timing per rank
+    signals: tuple[Signal, ...] = ()
     reader: JobReader | None = None  # the job's offsets on its hosts; made at its first read
     logs: LogBuffer = field(default_factory=LogBuffer)
     states: dict[str, Any] = field(default_factory=dict)
@@ -345,7 +348,19 @@ class _Track:
             checkpoints=checkpoint_view(spec, self.fold, self.ranks, placement),
             events=tuple(rec.get("events") or ()),
             logs=self.logs,
+            signals=self.signals,
         )
+
+    def diagnose(self, gpu_util: Mapping[str, float | None] | None,
+                 read_bps: Mapping[str, float | None] | None = None) -> None:
+        """The job's live signals from its recent step timing (none once it ended)."""
+        if self.rec["state"] in TERMINAL:
+            self.signals = ()
+            return
+        placement = self.rec.get("placement") or []
+        world = sum(int(n.get("slots") or 0) for n in placement)
+        self.signals = signals(self.times, spec=self.rec.get("spec") or {}, world=world,
+                               gpu_util=gpu_util, read_bps=read_bps)
 
 
 
@@ -375,6 +390,11 @@ class JobWatch:
         self.after_round: Callable[[], None] | None = None  # run each round, as supervision is
         # Each live job's new metrics records as the round reads them (the sweeps' objective).
         self.on_records: Callable[[str, list[dict[str, Any]]], None] | None = None
+        # host -> mean utilization (%) of the GPUs a placement names there (telemetry), for the
+        # input-bound signal; None: not known.
+        self.gpu_util: Callable[[Sequence[Mapping[str, Any]]], Mapping[str, float | None]] | None = None
+        # host -> its disk read rate now (telemetry), likewise.
+        self.read_bps: Callable[[Sequence[Mapping[str, Any]]], Mapping[str, float | None]] | None = None
         self._snapshot = JobsSnapshot((), 0)
         self._kick = threading.Event()
         self._stop = threading.Event()
@@ -516,6 +536,10 @@ class JobWatch:
                 if ranks or not live:
                     track.ranks = ranks or track.ranks
                 track.fold.apply(records, self.clock())
+                if records or track.signals and rec["state"] in TERMINAL:
+                    track.times.add(records)
+                    track.diagnose(self._hint(self.gpu_util, placement, gpus=True),
+                                   self._hint(self.read_bps, placement))
                 # Read once more after the job ended, then never again.
                 track.final = rec["state"] in TERMINAL and not live
         if self.after_round is not None:
@@ -539,6 +563,18 @@ class JobWatch:
                 polled_at=self.clock(),
             )
             return self._snapshot
+
+    @staticmethod
+    def _hint(of: Callable[[Sequence[Mapping[str, Any]]], Mapping[str, float | None]] | None,
+              placement: Sequence[Mapping[str, Any]], gpus: bool = False) -> Mapping[str, float | None] | None:
+        """Telemetry for the signals (``gpu_util``, ``read_bps``) over the job's hosts."""
+        if of is None or (gpus and not any(n.get("gpus") for n in placement)):
+            return None
+        try:
+            return of(placement)
+        except Exception:  # telemetry is a hint here; its failure must not stop the round
+            log.exception("telemetry for signals")
+            return None
 
     def _look(self, rec: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], bool, str | None]:
         """One job's hosts, supervised when it is live: (its record now, host states, live, error)."""

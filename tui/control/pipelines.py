@@ -39,7 +39,6 @@ import logging
 import math
 import os
 import secrets
-import sqlite3
 import threading
 import time
 from collections.abc import Mapping
@@ -47,6 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from tui.control.rowstore import RowStore
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL, describe_cause
 from tui.model.pipelineview import (
@@ -60,7 +60,6 @@ from tui.model.pipelineview import (
 
 log = logging.getLogger(__name__)
 
-LEASE_S = 10.0
 PACK_TIMEOUT_S = 3600.0
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS pipelines (
@@ -229,36 +228,15 @@ def _job_key_dict(job: JobSpec) -> dict[str, Any]:
     return d
 
 
-class PipelineStore:
+class PipelineStore(RowStore):
     """The pipelines' rows in the controller's SQLite (the history file)."""
 
+    noun = "pipeline"
+    table = "pipelines"
+    error = PipelineError
+
     def __init__(self, path: Path):
-        self.path = path
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, timeout=20)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(SCHEMA)
-        self.observers: list[Any] = []  # told (pipeline id, state) of every recorded state
-
-    def close(self) -> None:
-        self._db.close()
-
-    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        with self._lock:
-            cur = self._db.execute(sql, args)
-            names = [c[0] for c in cur.description]
-            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
-
-    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> int:
-        with self._lock, self._db:
-            return self._db.execute(sql, args).rowcount
-
-    def _announce(self, pipeline_id: str, state: str) -> None:
-        for observer in list(self.observers):
-            try:
-                observer(pipeline_id, state)
-            except Exception:
-                log.exception("a pipeline state observer failed for %s -> %s", pipeline_id, state)
+        super().__init__(path, SCHEMA)
 
     def create(self, pipeline_id: str, name: str, spec: dict[str, Any],
                steps: list[tuple[str, str | None]]) -> None:
@@ -272,51 +250,6 @@ class PipelineStore:
                 "VALUES (?, ?, ?, 'pending', ?)",
                 [(pipeline_id, n, i, code_key) for i, (n, code_key) in enumerate(steps)])
         self._announce(pipeline_id, "running")
-
-    def pipelines(self, limit: int = 100) -> list[dict[str, Any]]:
-        return [self._decode(r) for r in
-                self._rows("SELECT * FROM pipelines ORDER BY created DESC LIMIT ?", (limit,))]
-
-    def get(self, pipeline_id: str) -> dict[str, Any] | None:
-        rows = self._rows("SELECT * FROM pipelines WHERE pipeline_id = ?", (pipeline_id,))
-        return self._decode(rows[0]) if rows else None
-
-    def find(self, ref: str) -> dict[str, Any]:
-        """A pipeline by id, unique id prefix or name (the newest of that name)."""
-        found = self.get(ref)
-        if found is not None:
-            return found
-        rows = self._rows("SELECT * FROM pipelines WHERE name = ? ORDER BY created DESC", (ref,))
-        if rows:
-            return self._decode(rows[0])
-        rows = self._rows("SELECT * FROM pipelines WHERE substr(pipeline_id, 1, ?) = ? ORDER BY created DESC",
-                          (len(ref), ref))
-        if len(rows) == 1:
-            return self._decode(rows[0])
-        if rows:
-            raise PipelineError(f"{ref!r} could be any of the pipelines "
-                                f"{', '.join(r['pipeline_id'] for r in rows)}")
-        raise PipelineError(f"no pipeline {ref!r} (rigdeck pipelines lists them)")
-
-    def active(self) -> list[dict[str, Any]]:
-        return [self._decode(r) for r in self._rows(
-            "SELECT * FROM pipelines WHERE state IN ('running', 'stopping') ORDER BY created")]
-
-    def update(self, pipeline_id: str, **fields: Any) -> None:
-        cols = ", ".join(f"{k} = ?" for k in fields)
-        self._exec(f"UPDATE pipelines SET {cols} WHERE pipeline_id = ?", (*fields.values(), pipeline_id))
-        if "state" in fields:
-            self._announce(pipeline_id, str(fields["state"]))
-
-    def try_lease(self, pipeline_id: str, owner: str) -> bool:
-        now = time.time()
-        return self._exec(
-            "UPDATE pipelines SET supervisor = ?, lease_until = ? WHERE pipeline_id = ? AND "
-            "(supervisor IS NULL OR supervisor = ? OR lease_until IS NULL OR lease_until < ?)",
-            (owner, now + LEASE_S, pipeline_id, owner, now)) == 1
-
-    def release(self, owner: str) -> None:
-        self._exec("UPDATE pipelines SET supervisor = NULL, lease_until = NULL WHERE supervisor = ?", (owner,))
 
     def steps(self, pipeline_id: str) -> list[dict[str, Any]]:
         rows = self._rows("SELECT * FROM pipeline_steps WHERE pipeline_id = ? ORDER BY position", (pipeline_id,))
@@ -351,11 +284,6 @@ class PipelineStore:
 
     def cache_drop(self, key: str) -> None:
         self._exec("DELETE FROM pipeline_cache WHERE cache_key = ?", (key,))
-
-    @staticmethod
-    def _decode(r: dict[str, Any]) -> dict[str, Any]:
-        r["spec"] = json.loads(r["spec"])
-        return r
 
 
 class PipelineRunner:
@@ -839,7 +767,7 @@ class PipelineRunner:
     # -- views -------------------------------------------------------------------------------
 
     def rows(self) -> list[PipelineRow]:
-        return [self._pipeline_row(p, self.store.steps(p["pipeline_id"])) for p in self.store.pipelines()]
+        return [self._pipeline_row(p, self.store.steps(p["pipeline_id"])) for p in self.store.all()]
 
     def detail(self, ref: str) -> PipelineDetail:
         p = self.store.find(ref)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,7 +174,40 @@ class ControllerService:
                 self._watch.after_round = self._after_round
             if getattr(self._watch, "on_records", "absent") is None:
                 self._watch.on_records = self._feed_sweeps
+            if getattr(self._watch, "gpu_util", "absent") is None:
+                self._watch.gpu_util = self._gpu_util
+            if getattr(self._watch, "read_bps", "absent") is None:
+                self._watch.read_bps = self._read_bps
             return self._watch
+
+    # Telemetry for the jobs' signals (input-bound): none unless the telemetry readers run.
+    def _telemetry_hosts(self, placement: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], Any]]:
+        mon = self._monitor
+        if mon is None or not self._started:
+            return []
+        hosts = mon.state.hosts
+        return [(n, hosts[n["host"]]) for n in placement if n.get("host") in hosts]
+
+    def _gpu_util(self, placement: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+        """host -> mean utilization (%) of the job's GPUs there, from their latest samples."""
+        out: dict[str, float | None] = {}
+        for node, h in self._telemetry_hosts(placement):
+            if h.stale:
+                continue
+            utils = [(g.sample or {}).get("utilization_pct") for i in node.get("gpus") or ()
+                     if (g := h.gpus.get(int(i))) is not None]
+            known = [float(u) for u in utils if u is not None]
+            out[node["host"]] = sum(known) / len(known) if known else None
+        return out
+
+    def _read_bps(self, placement: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+        """host -> the bytes per second its disks read now (its latest telemetry sample)."""
+        out: dict[str, float | None] = {}
+        for node, h in self._telemetry_hosts(placement):
+            v = (h.host_sample or {}).get("disk_read_bps")
+            if not h.stale and v is not None:
+                out[node["host"]] = float(v)
+        return out
 
     def _feed_sweeps(self, job_id: str, records: list[dict[str, Any]]) -> None:
         self.sweeps.feed(job_id, records)

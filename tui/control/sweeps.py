@@ -33,7 +33,6 @@ import json
 import logging
 import math
 import os
-import sqlite3
 import threading
 import time
 import uuid
@@ -41,6 +40,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tui.control.rowstore import RowStore
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.sweepspec import SweepSpec, grid_points
@@ -61,7 +61,6 @@ SUBMIT_WORKERS = 16
 READY = "ready"  # a trial asked ahead of its slot (random and grid sweeps); not yet a job
 INDEPENDENT = ("random", "grid")  # strategies whose proposals do not depend on any result
 ADOPT_EVERY_S = 30.0
-LEASE_S = 10.0  # renewed every poller round: a controller that died gives its sweeps up soon
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sweeps (
     sweep_id    TEXT PRIMARY KEY,
@@ -184,85 +183,20 @@ def infrastructure_failure(cause: Mapping[str, Any] | None) -> bool:
     return cause.get("exit_code") is None and any(w in text for w in ("lost", "unreachable", "job host", "vanished"))
 
 
-class SweepStore:
+class SweepStore(RowStore):
     """The sweeps' rows in the controller's SQLite (the history file)."""
 
+    noun = "sweep"
+    table = "sweeps"
+    error = SweepError
+
     def __init__(self, path: Path):
-        self.path = path
-        self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(path), check_same_thread=False, timeout=20)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(SCHEMA)
-        # Told of every recorded sweep state: (sweep id, state); the notifier, when configured.
-        self.observers: list[Any] = []
-
-    def _announce(self, sweep_id: str, state: str) -> None:
-        for observer in list(self.observers):
-            try:
-                observer(sweep_id, state)
-            except Exception:
-                log.exception("a sweep state observer failed for %s -> %s", sweep_id, state)
-
-    def close(self) -> None:
-        self._db.close()
-
-    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
-        with self._lock:
-            cur = self._db.execute(sql, args)
-            names = [c[0] for c in cur.description]
-            return [dict(zip(names, r, strict=True)) for r in cur.fetchall()]
-
-    def _exec(self, sql: str, args: tuple[Any, ...] = ()) -> int:
-        with self._lock, self._db:
-            return self._db.execute(sql, args).rowcount
+        super().__init__(path, SCHEMA)
 
     def create(self, sweep_id: str, name: str, spec: dict[str, Any]) -> None:
         self._exec("INSERT INTO sweeps (sweep_id, name, spec, state, created) VALUES (?, ?, ?, 'running', ?)",
                    (sweep_id, name, json.dumps(spec), time.time()))
         self._announce(sweep_id, "running")
-
-    def sweeps(self, limit: int = 100) -> list[dict[str, Any]]:
-        return [self._decode(r) for r in self._rows("SELECT * FROM sweeps ORDER BY created DESC LIMIT ?", (limit,))]
-
-    def get(self, sweep_id: str) -> dict[str, Any] | None:
-        rows = self._rows("SELECT * FROM sweeps WHERE sweep_id = ?", (sweep_id,))
-        return self._decode(rows[0]) if rows else None
-
-    def find(self, ref: str) -> dict[str, Any]:
-        """A sweep by id, unique id prefix or name (the newest of that name)."""
-        found = self.get(ref)
-        if found is not None:
-            return found
-        rows = self._rows("SELECT * FROM sweeps WHERE name = ? ORDER BY created DESC", (ref,))
-        if rows:
-            return self._decode(rows[0])
-        rows = self._rows("SELECT * FROM sweeps WHERE substr(sweep_id, 1, ?) = ? ORDER BY created DESC",
-                          (len(ref), ref))
-        if len(rows) == 1:
-            return self._decode(rows[0])
-        if rows:
-            raise SweepError(f"{ref!r} could be any of the sweeps {', '.join(r['sweep_id'] for r in rows)}")
-        raise SweepError(f"no sweep {ref!r} (rigdeck sweeps lists them)")
-
-    def active(self) -> list[dict[str, Any]]:
-        return [self._decode(r) for r in
-                self._rows("SELECT * FROM sweeps WHERE state IN ('running', 'stopping') ORDER BY created")]
-
-    def update(self, sweep_id: str, **fields: Any) -> None:
-        cols = ", ".join(f"{k} = ?" for k in fields)
-        self._exec(f"UPDATE sweeps SET {cols} WHERE sweep_id = ?", (*fields.values(), sweep_id))
-        if "state" in fields:
-            self._announce(sweep_id, str(fields["state"]))
-
-    def try_lease(self, sweep_id: str, owner: str) -> bool:
-        now = time.time()
-        return self._exec(
-            "UPDATE sweeps SET supervisor = ?, lease_until = ? WHERE sweep_id = ? AND "
-            "(supervisor IS NULL OR supervisor = ? OR lease_until IS NULL OR lease_until < ?)",
-            (owner, now + LEASE_S, sweep_id, owner, now)) == 1
-
-    def release(self, owner: str) -> None:
-        self._exec("UPDATE sweeps SET supervisor = NULL, lease_until = NULL WHERE supervisor = ?", (owner,))
 
     def trials(self, sweep_id: str) -> list[dict[str, Any]]:
         rows = self._rows("SELECT * FROM sweep_trials WHERE sweep_id = ? ORDER BY number", (sweep_id,))
@@ -279,11 +213,6 @@ class SweepStore:
         cols = ", ".join(f"{k} = ?" for k in fields)
         self._exec(f"UPDATE sweep_trials SET {cols} WHERE sweep_id = ? AND number = ?",
                    (*fields.values(), sweep_id, number))
-
-    @staticmethod
-    def _decode(r: dict[str, Any]) -> dict[str, Any]:
-        r["spec"] = json.loads(r["spec"])
-        return r
 
 
 class SweepRunner:
@@ -769,7 +698,7 @@ class SweepRunner:
     # -- views -------------------------------------------------------------------------------
 
     def rows(self) -> list[SweepRow]:
-        return [self._row(s, self.store.trials(s["sweep_id"])) for s in self.store.sweeps()]
+        return [self._row(s, self.store.trials(s["sweep_id"])) for s in self.store.all()]
 
     def detail(self, ref: str) -> SweepDetail:
         sweep = self.store.find(ref)

@@ -30,6 +30,7 @@ from tui.model.fields import (
     int_range,
     is_int,
     nonblank,
+    number,
     show,
     unknown_field,
 )
@@ -148,6 +149,21 @@ class RestartSpec:
 
 
 @dataclass(frozen=True)
+class ScalingSpec:
+    """``[scaling]``: the world size the learning rate was tuned at, for the linear scaling rule
+    (Goyal et al. 2017): at another world size the job view shows ``base_lr * world /
+    reference_world_size``, reached over ``warmup_steps`` (``runtime.scaled_lr``'s rule)."""
+
+    reference_world_size: int
+    base_lr: float
+    warmup_steps: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reference_world_size": self.reference_world_size, "base_lr": self.base_lr,
+                "warmup_steps": self.warmup_steps}
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """One validated job spec. ``nodes`` is None when the spec did not say (see node_count)."""
 
@@ -192,6 +208,7 @@ class JobSpec:
     seed_checkpoint: Mapping[str, Any] | None = None
     pipeline_id: str | None = None
     step: str | None = None
+    scaling: ScalingSpec | None = None
     path: Path | None = None
 
     def __hash__(self) -> int:
@@ -253,6 +270,7 @@ class JobSpec:
             "seed_checkpoint": copy.deepcopy(dict(self.seed_checkpoint)) if self.seed_checkpoint else None,
             "pipeline_id": self.pipeline_id,
             "step": self.step,
+            "scaling": self.scaling.to_dict() if self.scaling is not None else None,
             "path": str(self.path) if self.path is not None else None,
         }
 
@@ -316,6 +334,7 @@ class JobSpec:
             seed_checkpoint=dict(d["seed_checkpoint"]) if d.get("seed_checkpoint") else None,
             pipeline_id=d.get("pipeline_id"),
             step=d.get("step"),
+            scaling=ScalingSpec(**d["scaling"]) if d.get("scaling") else None,
             path=Path(path) if path is not None else None,
         )
 
@@ -620,6 +639,14 @@ _TABLES: dict[str, dict[str, Check]] = {
     "log": {"loss_pattern": Check(_LOSS_EXPECTED, _loss_pattern),
             "max_mb": Check("an integer of MB, 2..1048576 (each rank's log on its host; older output "
                              "is rotated out beyond it)", int_range(2, 1 << 20))},
+    "scaling": {
+        "reference_world_size": Check("an integer >= 1 (the world size base_lr was tuned at)",
+                                      int_range(1)),
+        "base_lr": Check("a number > 0 (the learning rate at reference_world_size)",
+                         number(positive=True)),
+        "warmup_steps": Check("an integer >= 0 (steps to reach the scaled learning rate)",
+                              int_range(0)),
+    },
 }
 _REQUIRED = ("name", "command")
 
@@ -639,17 +666,23 @@ def _checked(
 # Loading.
 
 
-def load_jobspec(path: str | os.PathLike[str]) -> JobSpec:
-    """Read and check a job spec file."""
+def read_spec_file(path: str | os.PathLike[str], what: str = "job spec") -> tuple[Path, str]:
+    """A spec file's path (``~`` expanded) and its text; a missing, non-UTF-8 or unreadable
+    file is a JobSpecError naming it (``what``: "job spec", "pipeline spec")."""
     target = Path(os.path.expanduser(os.fspath(path)))
     try:
-        text = target.read_text(encoding="utf-8")
+        return target, target.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise JobSpecError(target, None, "an existing job spec file") from None
+        raise JobSpecError(target, None, f"an existing {what} file") from None
     except UnicodeDecodeError as e:
         raise JobSpecError(target, None, f"UTF-8 text ({e})") from None
     except OSError as e:
         raise JobSpecError(target, None, f"a readable file ({e.strerror or e})") from None
+
+
+def load_jobspec(path: str | os.PathLike[str]) -> JobSpec:
+    """Read and check a job spec file."""
+    target, text = read_spec_file(path)
     return jobspec_from_toml(text, target)
 
 
@@ -724,6 +757,12 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
         raise err("code.sync", "a directory to sync (max_files and max_mb need it)")
     checkpoint = tables["checkpoint"]
     restart = tables["restart"]
+    scaling = None
+    if tables["scaling"]:
+        for key in ("reference_world_size", "base_lr"):
+            if key not in tables["scaling"]:
+                raise err(f"scaling.{key}", f"{_TABLES['scaling'][key].expected} (required in [scaling])")
+        scaling = ScalingSpec(**tables["scaling"])
     spec = JobSpec(
         name=values["name"],
         command=values["command"],
@@ -751,6 +790,7 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
         total_steps=values.get("total_steps"),
         channels=values.get("channels", ()),
         code=code,
+        scaling=scaling,
         path=where,
     )
     if "sweep" in data:

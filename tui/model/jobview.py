@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tui.model.diagnose import Signal
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.termsafe import terminal_safe
@@ -126,6 +127,7 @@ class JobDetail:
     checkpoints: CheckpointView
     events: tuple[dict[str, Any], ...]
     logs: LogBuffer
+    signals: tuple[Signal, ...] = ()  # live bottleneck signals, worst first (tui.model.diagnose)
 
 
 @dataclass(frozen=True)

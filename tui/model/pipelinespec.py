@@ -59,6 +59,7 @@ from tui.model.jobspec import (
     jobspec_from_data,
     load_jobspec,
     parse_duration,
+    read_spec_file,
 )
 from tui.model.pexpr import Expr, ExprError, Ref, kind_of_value, parse
 from tui.model.pipelineview import STEP_FINAL
@@ -276,15 +277,7 @@ class PipelineSpec:
 
 def load_pipeline(path: str | os.PathLike[str]) -> PipelineSpec:
     """Read and check a pipeline spec file (and its steps' spec files)."""
-    target = Path(os.path.expanduser(os.fspath(path)))
-    try:
-        text = target.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise JobSpecError(target, None, "an existing pipeline spec file") from None
-    except UnicodeDecodeError as e:
-        raise JobSpecError(target, None, f"UTF-8 text ({e})") from None
-    except OSError as e:
-        raise JobSpecError(target, None, f"a readable file ({e.strerror or e})") from None
+    target, text = read_spec_file(path, "pipeline spec")
     return pipeline_from_toml(text, target)
 
 
