@@ -182,8 +182,8 @@ class ControllerService:
 
     # Telemetry for the jobs' signals (input-bound): none unless the telemetry readers run.
     def _telemetry_hosts(self, placement: Sequence[Mapping[str, Any]]) -> list[tuple[Mapping[str, Any], Any]]:
-        mon = self._monitor
-        if mon is None or not self._started:
+        mon = self._monitor  # made when telemetry starts; never started here for the signals' sake
+        if mon is None:
             return []
         hosts = mon.state.hosts
         return [(n, hosts[n["host"]]) for n in placement if n.get("host") in hosts]
