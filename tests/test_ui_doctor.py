@@ -129,7 +129,7 @@ async def test_the_matrix_marks_h3s_links() -> None:
         assert lines[0].split() == ["h1", "h2", "h3"]
         assert lines[1].split() == ["h1", "·", "1180", "MB/s", "143", "MB/s"]
         assert lines[3].split() == ["h3", "143", "MB/s", "139", "MB/s", "·"]
-        assert "slowest: h2<->h3 139 MB/s, 88% below the median 1180 MB/s" in text
+        assert "slowest: h2<->h3 139 MB/s, 88% below the typical link 1180 MB/s" in text
         assert "every link of h3 is slow: look at that host's network" in text
     m = p2p_matrix(report())
     assert m is not None and m.hosts == ("h1", "h2", "h3")
@@ -255,6 +255,7 @@ async def test_the_palette_runs_the_doctor_from_any_view() -> None:
 
 def test_rows_summary_and_figures() -> None:
     assert figure(1180.0, "MB/s") == "1180 MB/s" and figure(1.42, "GB/s") == "1.42 GB/s"
+    assert figure(0.0239, "GB/s") == "23.9 MB/s" and figure(0.84, "GB/s") == "840 MB/s"
     assert figure(12.25, "ms") == "12.2 ms" and figure(None, "") == "-"
     assert pair_of("h1<->h3") == ("h1", "h3") and pair_of("h1") is None and pair_of("all") is None
     r = DoctorReport(hosts=("a", "b"), started=STARTED, ended=None, findings=(

@@ -40,9 +40,12 @@ def sorted_findings(report: DoctorReport) -> list[Finding]:
 
 
 def figure(value: float | None, unit: str) -> str:
-    """``9.84 GB/s``, ``412 MB/s``, ``0.8 ms``; "-" without a value."""
+    """``9.84 GB/s``, ``412 MB/s``, ``0.8 ms``; "-" without a value. A rate under 1 GB/s is
+    shown in MB/s (1 GB = 1000 MB, as the findings count)."""
     if value is None:
         return "-"
+    if unit == "GB/s" and abs(value) < 1:
+        value, unit = value * 1000.0, "MB/s"
     if abs(value) >= 100 or value == int(value):
         text = f"{value:.0f}"
     elif abs(value) >= 10:
@@ -191,7 +194,7 @@ _CELL_MARKUP = {"ok": "", "warn": "$warning", "crit": "$error", "slowest": "reve
 
 def matrix_markup(m: Matrix) -> str:
     """The matrix as aligned lines of markup, and a line naming the slowest link and how far it
-    is below the median (the finding's baseline)."""
+    is below the typical link (the finding's baseline: the median of each host's fastest link)."""
     width = max([len(h) for h in m.hosts] + [len(t) for t, _ in m.cells.values()] + [3])
     side = max(len(h) for h in m.hosts)
     def name(h: str, fmt: str) -> str:
@@ -215,7 +218,7 @@ def matrix_markup(m: Matrix) -> str:
         note = f"[$error]slowest: [b]{escape(f.subject)}[/b] {escape(figure(f.value, f.unit))}"
         if f.baseline and f.value is not None:
             below = 100.0 * (1.0 - f.value / f.baseline)
-            note += f", {below:.0f}% below the median {escape(figure(f.baseline, f.unit))}"
+            note += f", {below:.0f}% below the typical link {escape(figure(f.baseline, f.unit))}"
         notes.append(note + "[/]")
     if m.suspects:
         notes.append("[$error]every link of [b]" + ", ".join(escape(h) for h in m.suspects)
