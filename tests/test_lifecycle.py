@@ -20,7 +20,7 @@ from tests.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 
-ROUNDS = int(os.environ.get("RIGDECK_CLAIM_ROUNDS", "8"))
+ROUNDS = int(os.environ.get("RIGDECK_CLAIM_ROUNDS", "4"))  # more for a soak run
 
 
 @pytest.fixture

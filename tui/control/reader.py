@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 from tui.model.termsafe import log_lines
@@ -32,6 +33,7 @@ from tui.remote.agentclient import AgentClient, JobState, LogChunk
 from tui.remote.transport import TransportError
 
 log = logging.getLogger(__name__)
+METRICS_WORKERS = 16  # hosts asked at once for a job's metrics
 
 
 class Agents(Protocol):
@@ -174,39 +176,50 @@ class JobReader:
                 timeout: float = 20.0) -> list[dict[str, Any]]:
         """New metrics records of every rank on ``hosts`` since the last call, each with its
         ``rank`` and ``host``, in the order the hosts gave them. ``max_rounds``: requests per
-        host (a huge backlog then comes over several calls). A host that cannot be reached is
-        logged and left for the next call."""
+        host (a huge backlog then comes over several calls). The hosts are asked at once, so an
+        unreachable one costs its own timeout, not the others'; it is logged and left for the
+        next call."""
+        hosts = list(dict.fromkeys(hosts))
+        for host in hosts:  # made here, not on the workers
+            self.metrics_offsets.setdefault(host, {})
+        if len(hosts) <= 1:
+            return [r for h in hosts for r in self._host_metrics(h, max_rounds, timeout)]
+        with ThreadPoolExecutor(max_workers=min(METRICS_WORKERS, len(hosts)),
+                                thread_name_prefix="metrics") as pool:
+            parts = list(pool.map(lambda h: self._host_metrics(h, max_rounds, timeout), hosts))
+        return [r for part in parts for r in part]
+
+    def _host_metrics(self, host: str, max_rounds: int | None, timeout: float) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        for host in hosts:
-            offsets = self.metrics_offsets.setdefault(host, {})
-            rounds = 0
-            while max_rounds is None or rounds < max_rounds:
-                rounds += 1
-                try:
-                    parts = self.agents.agent(host).job_metrics(job_id=self.job_id, offsets=dict(offsets),
-                                                                timeout=timeout)
-                except TransportError as e:
-                    log.info("metrics from %s: %s", host, e)
-                    break
-                more = False
-                for key, part in parts.items():
-                    before = self.sources.get((host, key))
-                    self.sources[(host, key)] = part.source
-                    if before == "stdout" and part.source == "metrics" and part.offset_key is None:
-                        # An agent from before offset keys: its offset was into the rank's output
-                        # until the metrics file appeared. Read the metrics file from its start.
-                        offsets[key] = 0
-                        more = True
-                        continue
-                    for r in part.records:
-                        if "rank" not in r:
-                            r["rank"] = part_rank(key)
-                        r["host"] = host
-                        out.append(r)
-                    offsets[part.offset_key or key] = part.next_offset
-                    more = more or part.more
-                if not more:
-                    break
+        offsets = self.metrics_offsets[host]
+        rounds = 0
+        while max_rounds is None or rounds < max_rounds:
+            rounds += 1
+            try:
+                parts = self.agents.agent(host).job_metrics(job_id=self.job_id, offsets=dict(offsets),
+                                                            timeout=timeout)
+            except TransportError as e:
+                log.info("metrics from %s: %s", host, e)
+                break
+            more = False
+            for key, part in parts.items():
+                before = self.sources.get((host, key))
+                self.sources[(host, key)] = part.source
+                if before == "stdout" and part.source == "metrics" and part.offset_key is None:
+                    # An agent from before offset keys: its offset was into the rank's output
+                    # until the metrics file appeared. Read the metrics file from its start.
+                    offsets[key] = 0
+                    more = True
+                    continue
+                for r in part.records:
+                    if "rank" not in r:
+                        r["rank"] = part_rank(key)
+                    r["host"] = host
+                    out.append(r)
+                offsets[part.offset_key or key] = part.next_offset
+                more = more or part.more
+            if not more:
+                break
         return out
 
     def all_metrics(self, hosts: Sequence[str], *, timeout: float = 20.0) -> list[dict[str, Any]]:
