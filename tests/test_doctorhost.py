@@ -283,18 +283,19 @@ def test_bad_arguments_are_refused_before_any_host_is_asked() -> None:
 
 @pytest.mark.testbed
 def test_the_client_runs_the_host_checks_and_names_what_it_skipped(ctl: object) -> None:
-    """What the app's Doctor view calls: the per-host checks over every host; the network
-    measurements are named as skipped, never made up."""
-    from tui.client import InProcessClient, JobError
+    """What the app's Doctor view calls, with the host checks chosen: every host checked, what
+    cannot be checked (no NVML on simulated GPUs) named as skipped, never made up; unknown hosts
+    and checks refused before anything runs."""
+    from tui.client import DoctorError, InProcessClient
 
     client = InProcessClient(controller=ctl)  # type: ignore[arg-type]
-    report = client.doctor(checks=["versions", "clock", "gpu", "p2p"])
-    assert report.hosts == ("h1", "h2", "h3") and report.ended is not None
+    report = client.doctor(checks=["versions", "clock", "gpu"])
+    assert report.hosts == ("h1", "h2", "h3") and report.ended is not None and report.job_ids == ()
     assert {f.check for f in report.findings} == {"versions", "clock"}, report.findings
     assert all(f.verdict == "ok" for f in report.findings), report.findings
     skipped = dict(report.skipped)
-    assert "simulated" in skipped["gpu"] and "not in this build" in skipped["p2p"], skipped
-    with pytest.raises(JobError, match="no host 'h9'"):
+    assert "simulated" in skipped["gpu"] and set(skipped) == {"gpu"}, skipped
+    with pytest.raises(DoctorError, match="unknown host 'h9'"):
         client.doctor(hosts=["h9"])
-    with pytest.raises(JobError, match="no check 'speed'"):
+    with pytest.raises(DoctorError, match="unknown check 'speed'"):
         client.doctor(checks=["speed"])
