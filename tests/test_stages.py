@@ -16,7 +16,14 @@ from tui.control.jobwatch import JobWatch, _Track
 from tui.control.server import encode_detail
 from tui.model import wire
 from tui.model.jobview import JobDetail
-from tui.model.stages import StageRow, StagesFold, StagesView, clean_plan, plan_from_events, stages_from_records
+from tui.model.stages import (
+    StageRow,
+    StagesFold,
+    StagesView,
+    clean_plan,
+    plan_from_events,
+    stages_from_records,
+)
 
 
 def plan(**over: Any) -> dict[str, Any]:

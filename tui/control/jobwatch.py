@@ -23,7 +23,6 @@ from tui.control.reader import JobReader, log_ranks
 from tui.model.diagnose import Signal, StepTimes, signals
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
-from tui.model.stages import StagesFold, checkpointing_of, plan_from_events
 from tui.model.jobview import (  # noqa: F401  (the views this poller builds; importers find them here too)
     LOG_LIMIT,
     CheckpointSave,
@@ -37,6 +36,7 @@ from tui.model.jobview import (  # noqa: F401  (the views this poller builds; im
     OwnerMove,
     StopPlan,
 )
+from tui.model.stages import StagesFold, checkpointing_of, plan_from_events
 from tui.remote.transport import TransportError
 
 log = logging.getLogger(__name__)
