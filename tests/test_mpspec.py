@@ -206,3 +206,58 @@ def test_cli_launch_of_a_bad_table_exits_2_and_starts_nothing(
     assert err == (f"rigdeck: {path}: field 'model_parallel.microbatches': expected a divisor of the "
                    "batch size 32 (every microbatch the same size), got 5 (integer)\n")
     assert History().list() == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Through a real job on this machine (the local transport: a real agent and job host, no SSH)
+
+
+def test_every_rank_gets_the_table_and_status_shows_the_stages(tmp_path: Path) -> None:
+    """Two ranks of a [model_parallel] job each get RIGDECK_MODEL_PARALLEL (the parsed table,
+    defaults filled); what they report as mp_plan and mp_stage comes back in `rigdeck status`
+    (text and --json's "stages") after the job ended."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    inv = tmp_path / "hosts.toml"
+    inv.write_text("[[hosts]]\n"
+                   f'name = "here"\naddress = "localhost"\ntransport = "local"\npython = "{sys.executable}"\n'
+                   f'state_dir = "{tmp_path / "state"}"\n'
+                   f'env = {{ RIGDECK_CLAIM_DIR = "{tmp_path / "claims"}" }}\n')
+    env = {**os.environ, "RIGDECK_HOME": str(tmp_path / "home"), "RIGDECK_INVENTORY": str(inv)}
+
+    def rigdeck(*args: str) -> str:
+        res = subprocess.run([sys.executable, "-m", "tui.cli", *args], env=env, cwd=root,
+                             capture_output=True, text=True, timeout=180)
+        assert res.returncode == 0, f"rigdeck {' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
+        return res.stdout
+
+    spec = spec_file(tmp_path, HEAD.replace("train.py", str(root / "tests" / "jobscripts" / "mp_probe.py"))
+                     + f'workdir = "{root}"\nprocesses_per_node = 2\n[model_parallel]\npartitions = 2\n'
+                     'microbatches = 4\noptimize = "memory"\nprofile_batch = [8, 16]\n')
+    done = json.loads(rigdeck("launch", str(spec), "--wait", "--json"))
+    assert done["state"] == "succeeded", done
+    job_id = done["job_id"]
+
+    table = {"partitions": 2, "microbatches": 4, "pipeline": "simple", "optimize": "memory",
+             "activation_checkpointing": False, "profile_batch": [8, 16], "batch_size": 8, "plan": None}
+    seen = [json.loads(line.split("RIGDECK_MODEL_PARALLEL=", 1)[1])
+            for line in rigdeck("logs", job_id).splitlines() if "RIGDECK_MODEL_PARALLEL=" in line]
+    assert seen == [table, table]
+
+    status = json.loads(rigdeck("status", job_id, "--json"))
+    st = status["stages"]
+    assert (st["optimize"], st["schedule"], st["microbatches"], st["partitions"], st["cuts"]) == ("memory", "simple", 4, 2, [2])
+    assert st["expected_bubble"] == pytest.approx(1 / 5) and st["activation_checkpointing"] is False
+    assert [(s["stage"], s["blocks"], s["step_time_s"], s["busy_s"], s["peak_bytes"], s["rank"]) for s in st["stages"]] == [
+        (0, [0, 2], 0.01, 0.002, 1500, 0), (1, [2, 4], 0.01, 0.004, 3000, 1)]
+    assert st["measured_bubble"] == pytest.approx((0.8 + 0.6) / 2)
+    text = rigdeck("status", job_id).splitlines()
+    at = next(i for i, line in enumerate(text) if line.startswith("stages "))
+    assert text[at] == "stages   2 stages · optimize memory · schedule simple (GPipe) · 4 microbatches · " \
+                       "activation checkpointing off · plan profiled, cuts 2"
+    assert text[at + 1].strip().startswith("bubble expected 20% · measured 70%")
+    assert text[at + 2].split() == ["stage", "blocks", "rank", "exp", "busy", "busy", "step", "bubble", "exp", "mem", "peak"]
+    assert text[at + 3].split() == ["0", "0-1", "r0", "here", "4", "ms", "2", "ms", "10", "ms", "80%", "1000", "B", "1.5", "KB"]
