@@ -90,6 +90,19 @@ def test_defaults_are_filled(tmp_path: Path) -> None:
     assert spec.model_parallel is not None and spec.model_parallel.profile_batch is None
 
 
+def test_the_contract_example_loads(tmp_path: Path) -> None:
+    """The example in docs/contracts.md ("Model parallelism"), verbatim, and the env it shows."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "contracts.md").read_text()
+    block = re.search(r"## Model parallelism.*?```toml\n(.*?)```", text, re.S)
+    env = re.search(r"`RIGDECK_MODEL_PARALLEL`, every rank's: `(.*?)`", text, re.S)
+    assert block is not None and env is not None
+    spec = load_jobspec(spec_file(tmp_path, block.group(1)))
+    assert spec.model_parallel is not None and spec.world_size == spec.model_parallel.partitions == 3
+    assert json.loads(spec.model_parallel.to_env()) == json.loads(env.group(1).replace("\n", " "))
+
+
 def test_it_survives_the_history_and_a_sweep_trial(tmp_path: Path) -> None:
     spec = load_jobspec(spec_file(tmp_path, THREE + "[model_parallel]\npartitions = 3\nmicrobatches = 4\n"
                                   "profile_batch = [32, 64]\n"))
