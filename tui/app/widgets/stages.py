@@ -99,11 +99,11 @@ def stage_rows(view: StagesView) -> list[tuple[str, tuple[Any, ...]]]:
 
 COLUMNS = (
     Col("stage", "Stage", 5),
-    Col("blocks", "Blocks", 7),
+    Col("blocks", "Blocks", 6),
     Col("rank", "Rank"),
-    Col("exp_busy", "Exp busy", 9),
-    Col("busy", "Busy", 9),
-    Col("step", "Step", 9),
+    Col("exp_busy", "Exp busy", 8),
+    Col("busy", "Busy", 8),
+    Col("step", "Step", 8),
     Col("bubble", "Bubble", 6),
     Col("exp_mem", "Exp mem", 9),
     Col("peak", "Peak", 9),
