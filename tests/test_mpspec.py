@@ -274,3 +274,31 @@ def test_every_rank_gets_the_table_and_status_shows_the_stages(tmp_path: Path) -
     assert text[at + 1].strip().startswith("bubble expected 20% · measured 70%")
     assert text[at + 2].split() == ["stage", "blocks", "rank", "exp", "busy", "busy", "step", "bubble", "exp", "mem", "peak"]
     assert text[at + 3].split() == ["0", "0-1", "r0", "here", "4", "ms", "2", "ms", "10", "ms", "80%", "1000", "B", "1.5", "KB"]
+
+    # The job poller (the app's, a server's) reads the same metrics, shows the stages and keeps
+    # the plan in the job's history, where a job whose hosts are gone still has it.
+    from tui.control.controller import Controller
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+    from tui.control.jobwatch import JobWatch
+    from tui.model.stages import plan_from_events
+    from tui.remote.sshconfig import load_inventory
+
+    history = History(tmp_path / "home" / "history.sqlite")
+    ctl = Controller(load_inventory(inv))
+    try:
+        watch = JobWatch(JobManager(ctl, history))
+        watch.poll_once()
+        detail = watch.detail(job_id)
+        assert detail is not None and detail.stages is not None
+        assert json.loads(json.dumps(detail.stages.to_json())) == st
+        rec = history.get(job_id)
+        assert rec is not None
+        kept = plan_from_events(rec["events"])
+        assert kept is not None and kept["cuts"] == [2] and len(kept["stages"]) == 2
+        JobWatch(JobManager(ctl, history)).poll_once()  # a restarted app reads it all again: kept once
+        rec = history.get(job_id)
+        assert rec is not None and [e["event"] for e in rec["events"]].count("mp_plan") == 1
+    finally:
+        ctl.close()
+        history.close()
