@@ -451,6 +451,8 @@ def main() -> int:
         "checks": p.checks,
         "collective": collective,
         "values": p.values,
+        # What a [model_parallel] job's runtime reads (None for other jobs): every launcher must pass it on.
+        "model_parallel": os.environ.get("RIGDECK_MODEL_PARALLEL"),
     }
     job_dir = os.environ.get("RIGDECK_JOB_DIR")
     if job_dir:

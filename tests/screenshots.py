@@ -18,7 +18,10 @@ then ``D``: the doctor's measurement jobs on the bed).
 Last, the onboarding screen (no inventory, a fixture ssh config under a fresh HOME, three of its
 hosts checked); ``--only onboarding`` makes that one alone. ``--only signals``: the Job view of a
 3-host job whose rank 1 sleeps in every step (tests/jobscripts/signals_probe.py), once the
-straggler signal names it (``signals.svg``; not part of the full run).
+straggler signal names it (``signals.svg``; not part of the full run). ``--only stages``: the Job
+view of the pipeline example (examples/pipeline/job.toml, a ``[model_parallel]`` job: profiling,
+plan, training on 3 hosts; ``--stages-spec`` another spec) once every stage has reported its
+measurements (``stages.svg``; not part of the full run).
 
 PNGs come from ``rsvg-convert`` (Debian: librsvg2-bin) with the Fira Code font the SVGs name
 (fonts-firacode); both are installed with apt-get when missing and this runs as root.
@@ -46,6 +49,7 @@ SWEEP = ROOT / "examples" / "sweep" / "sweep.toml"
 PIPELINE = ROOT / "examples" / "pipeline-steps"
 TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
 SIGNALS_PROBE = ROOT / "tests" / "jobscripts" / "signals_probe.py"
+MP_EXAMPLE = ROOT / "examples" / "pipeline" / "job.toml"
 SIZE = (140, 40)
 
 _TEXT = re.compile(
@@ -272,6 +276,31 @@ async def run_signals(app: Any, pilot: Any, tmp: Path, converter: str, shots: li
     await asyncio.to_thread(app.jobwatch.stop_job, job_id)
 
 
+async def run_stages(app: Any, pilot: Any, converter: str, shots: list[Path], until: Any,
+                     spec_path: Path) -> None:
+    """A [model_parallel] job launched through the app's job source; the Job view once its plan
+    is known and every stage has reported a measurement (its stage panel filled)."""
+    from tui.model.jobspec import load_jobspec
+
+    spec = load_jobspec(spec_path)
+    if spec.model_parallel is None:
+        raise SystemExit(f"{spec_path}: no [model_parallel] table: no stage panel to show")
+    job_id = await asyncio.to_thread(app.jobwatch.launch, spec)
+    app.select_job(job_id)
+    await pilot.press("4")
+
+    def measured() -> bool:
+        d = app.jobwatch.detail(job_id)
+        if d is not None and d.row.state in ("failed", "stopped"):
+            raise SystemExit(f"job {job_id} {d.row.state}: {d.row.cause}")
+        return d is not None and d.stages is not None and all(s.busy_s is not None for s in d.stages.stages)
+
+    await until(measured, "every stage's measurements", 300)
+    await pilot.pause(3.0)
+    await capture(app, pilot, "stages", converter, shots)
+    await asyncio.to_thread(app.jobwatch.stop_job, job_id)
+
+
 DOCTOR_RATE = ("rate", "200mbit", "burst", "256kb", "latency", "50ms")
 
 
@@ -316,7 +345,8 @@ async def capture(app: Any, pilot: Any, name: str, converter: str, shots: list[P
 
 
 async def run(
-    bed: Any, tmp: Path, converter: str, wait_steps: int, timeout: float, only: str = "all"
+    bed: Any, tmp: Path, converter: str, wait_steps: int, timeout: float, only: str = "all",
+    stages_spec: Path = MP_EXAMPLE,
 ) -> list[Path]:
     from textual.widgets import Input
 
@@ -353,6 +383,9 @@ async def run(
             return shots
         if only == "signals":
             await run_signals(app, pilot, tmp, converter, shots, until)
+            return shots
+        if only == "stages":
+            await run_stages(app, pilot, converter, shots, until, stages_spec)
             return shots
         if only == "doctor":
             await run_doctor_view(app, pilot, bed, converter, shots, until)
@@ -476,13 +509,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument(
         "--only",
-        choices=("all", "sweeps", "pipelines", "doctor", "onboarding", "signals"),
+        choices=("all", "sweeps", "pipelines", "doctor", "onboarding", "signals", "stages"),
         default="all",
         help="sweeps: only the Sweeps view (a short sweep, no training job); pipelines: only the "
         "Pipelines view (the example pipeline, twice); doctor: only the Doctor view (h3's link "
         "rate-limited); onboarding: only the onboarding screen; signals: the Job view of a job "
-        "with a straggler (not in the full run)",
+        "with a straggler (not in the full run); stages: the Job view of a [model_parallel] "
+        "job, its stage panel filled (not in the full run)",
     )
+    ap.add_argument("--stages-spec", type=Path, default=MP_EXAMPLE,
+                    help="--only stages: the [model_parallel] job spec to run (default: the pipeline example)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from tests.testbed import TestBed, available
@@ -500,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
         bed.up()
         try:
             shots = [] if args.only == "onboarding" else asyncio.run(
-                run(bed, tmp, converter, args.steps, args.timeout, args.only))
+                run(bed, tmp, converter, args.steps, args.timeout, args.only, args.stages_spec))
             if args.only in ("all", "onboarding"):  # last: it changes HOME
                 shots += asyncio.run(run_onboarding(bed, tmp, converter))
         finally:

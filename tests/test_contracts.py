@@ -50,7 +50,13 @@ JOB: dict[str, Any] = {
     "events": list, "unreachable": list, "waiting": (str, NONE), "sweep_id": (str, NONE), "trial": (str, NONE),
     "code": (dict, NONE), "pipeline_id": (str, NONE), "step": (str, NONE),
 }
-STATUS = {**JOB, "signals": list}  # status --json: a job and its live signals
+STATUS = {**JOB, "signals": list, "stages": (dict, NONE)}  # status --json: a job, its live signals, its stages
+STAGES = {"optimize": str, "schedule": str, "microbatches": (int, NONE), "partitions": int, "blocks": (int, NONE),
+          "cuts": list, "source": str, "activation_checkpointing": (bool, NONE), "expected_bubble": (float, int, NONE),
+          "measured_bubble": (float, NONE), "equal_split": (dict, NONE), "stages": list}
+STAGE = {"stage": int, "blocks": list, "expected_time_s": (float, NONE), "expected_memory_bytes": (int, NONE),
+         "send_bytes": (int, NONE), "step": (int, NONE), "step_time_s": (float, NONE), "busy_s": (float, NONE),
+         "peak_bytes": (int, NONE), "bubble": (float, NONE), "rank": (int, NONE), "host": (str, NONE)}
 SIGNAL = {"kind": str, "verdict": str, "host": (str, NONE), "rank": (int, NONE), "summary": str, "advice": str}
 NODE = {"host": str, "address": str, "slots": int, "gpus": list, "cpus": (int, NONE),
         "instance_type": str, "simulated": bool}
@@ -524,3 +530,25 @@ def test_signal_json_is_the_documented_mapping() -> None:
         d = s.to_json()
         conforms(d, SIGNAL, f"signals[{i}]")
         json.dumps(d)
+
+
+def test_stages_json_is_the_documented_mapping() -> None:
+    """status --json's "stages", from mp_plan and mp_stage records shaped as docs/contracts.md says."""
+    from tui.model.stages import stages_from_records
+
+    plan = {"version": 1, "optimize": "speed", "schedule": "interleaved", "microbatches": 4, "partitions": 2,
+            "blocks": 5, "cuts": [3], "source": "file", "bubble": 0.2,
+            "stages": [{"stage": 0, "blocks": [0, 3], "time_s": 0.01, "memory_bytes": 100, "send_bytes": 8},
+                       {"stage": 1, "blocks": [3, 5], "time_s": 0.02, "memory_bytes": 200, "send_bytes": 0}],
+            "equal_split": {"cuts": [2], "max_time_s": 0.03, "max_memory_bytes": 300}}
+    recs = [{"rank": 0, "host": "h1", "event": "mp_plan", "plan": plan},
+            {"rank": 1, "host": "h2", "event": "mp_stage", "stage": 1, "step": 5, "step_time_s": 0.2,
+             "busy_s": 0.08, "peak_bytes": 250}]
+    view = stages_from_records(recs, spec={"model_parallel": {"activation_checkpointing": True}})
+    assert view is not None
+    d = json.loads(json.dumps(view.to_json()))
+    conforms(d, STAGES, "stages")
+    assert set(d["equal_split"]) == {"cuts", "max_time_s", "max_memory_bytes"}
+    for i, s in enumerate(d["stages"]):
+        conforms(s, STAGE, f"stages.stages[{i}]")
+    assert d["stages"][0]["step"] is None and d["stages"][1]["bubble"] == pytest.approx(0.6)

@@ -94,6 +94,10 @@ OMP_NUM_THREADS = "1"
 [hyperparameters]
 lr = 0.1
 epochs = 2
+[model_parallel]
+partitions = 6
+microbatches = 6
+profile_batch = [12, 4]
 {mpi}""")
     view = cli.json("launch", str(spec), "--wait", timeout=300)
     assert view["state"] == "succeeded", json.dumps(view, indent=1)[:3000]
@@ -106,6 +110,10 @@ epochs = 2
     bad = [r for r in reports if not r["ok"]]
     assert not bad, bad
     assert len(view["ranks"]) == 6 and all(r["state"] == "exited" for r in view["ranks"])
+    # Every rank, whoever started it, got the [model_parallel] table as the runtime reads it.
+    assert [json.loads(r["model_parallel"] or "null") for r in reports] == [{
+        "partitions": 6, "microbatches": 6, "pipeline": "simple", "optimize": "speed",
+        "activation_checkpointing": False, "profile_batch": [12, 4], "batch_size": 12, "plan": None}] * 6
 
 
 def test_two_jobs_never_share_a_gpu_and_a_third_is_told_why(cli: Cli) -> None:
@@ -282,6 +290,8 @@ processes_per_node = 2
         ('command = ["x"]\nnodes = 1\ngpus_per_node = 99\n', "99"),
         ('command = ["x"]\nhosts = ["h1", "nosuchhost"]\nprocesses_per_node = 1\n', "nosuchhost"),
         ('command = ["x"]\nnodes = 1\n[env]\nX = 5\n', "env"),
+        ('command = ["x"]\nnodes = 2\nprocesses_per_node = 1\n[model_parallel]\npartitions = 3\n'
+         'microbatches = 4\nprofile_batch = [8]\n', "model_parallel.partitions"),
     ],
 )
 def test_bad_specs_say_why_and_start_nothing(cli: Cli, body: str, needle: str) -> None:

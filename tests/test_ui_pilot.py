@@ -27,6 +27,7 @@ from tests.ui_fixtures import (
     no_room,
     recorded_app,
     recorded_sweeps,
+    stage_jobs,
     stop_servers,
 )
 from tui.app.screens.dialogs import ConfirmStop, ConfirmSweepStop, HelpScreen, TrustHostKey
@@ -34,6 +35,7 @@ from tui.app.screens.launch import LaunchScreen
 from tui.app.shell import RigdeckApp
 from tui.app.widgets.chart import LossChart
 from tui.app.widgets.logview import LogView
+from tui.app.widgets.stages import COLUMNS, StagesTable
 from tui.app.widgets.sweeps import SweepsTable, TrialsTable
 from tui.app.widgets.tables import GpusTable, HostsTable, JobsTable, SavesTable
 from tui.client import InProcessClient
@@ -407,6 +409,48 @@ async def test_job_view_shows_a_straggler_signal(kind: str) -> None:
         assert "look at h2" in text
         spans = {text[sp.start:sp.end]: str(sp.style) for sp in box.render().spans}  # type: ignore[attr-defined]
         assert spans["bad"] == "$error"  # the verdict in the theme's error colour
+
+
+async def test_job_view_shows_the_stage_panel_of_a_pipeline_parallel_job(kind: str) -> None:
+    """A [model_parallel] job: the Job view shows its plan's header and one row per stage,
+    expected vs measured, the busiest stage and a high bubble marked; a job without a plan shows
+    no panel. Embedded and through a server (the stages cross the wire)."""
+    plain = recorded_app(kind=kind)
+    async with plain.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        await until(pilot, lambda: "step 240/300" in static_text(plain, "#job-head"))
+        assert not plain.query_one("#stages-head", Static).display
+        assert not plain.query_one("#stages-table", StagesTable).display
+    stop_servers()
+
+    app = recorded_app(kind=kind, jobs=stage_jobs())
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("4")
+        await until(pilot, lambda: "pipeline" in static_text(app, "#stages-head"))
+        head = static_text(app, "#stages-head")
+        assert "4 stages · optimize speed · schedule interleaved (1F1B) · 8 microbatches" in head
+        assert "activation checkpointing off · plan profiled, cuts 3, 4, 6" in head
+        # Expected bubble (4-1)/(8+4-1) = 27%; measured: the mean of 1 - busy/step over the stages.
+        measured = sum(1 - b / st for st, b in [(0.0410, 0.0301), (0.0412, 0.0395), (0.0409, 0.0198),
+                                                 (0.0411, 0.0215)]) / 4
+        assert f"bubble expected 27% · measured {measured * 100:.0f}%" in head
+        assert "slowest stage 4.8 ms a microbatch, equal-layer split 6 ms" in head
+        table = app.query_one("#stages-table", StagesTable)
+        assert table.display and table.row_count == 4
+        cols = [c.key for c in COLUMNS]
+        rows = [[table.cell_text(str(i), c) for c in cols] for i in range(4)]
+        assert rows[0] == ["0", "0-2", "r0 h1", "28.8 ms", "30.1 ms", "41 ms", "27%", "295.6 MB", "315.7 MB"]
+        assert rows[1][:4] == ["1", "3", "r1 h1", "38.4 ms"] and rows[3][:3] == ["3", "6-7", "r3 h2"]
+
+        def style(stage: int, column: str) -> Any:
+            raw = table.current_raw(str(stage))
+            assert raw is not None
+            return table.render_cell(column, raw[cols.index(column)], table.palette).style  # type: ignore[union-attr]
+
+        warn = table.palette["warn"]
+        assert style(1, "busy") == warn and style(0, "busy") != warn  # stage 1, the heavy block, is the busiest
+        assert rows[2][6] == "52%" and style(2, "bubble") == warn  # stage 2 waits half its steps: marked
+        assert style(0, "bubble") != warn
 
 
 async def test_a_controller_error_is_reported_not_raised() -> None:

@@ -12,7 +12,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from tests.ui_fixtures import recorded_app, signal_jobs
+from tests.ui_fixtures import recorded_app, signal_jobs, stage_jobs
 
 
 def _prepare(*keys: str) -> Any:
@@ -53,6 +53,11 @@ def test_views_at_80x24(snap_compare: Any, view: str, keys: tuple[str, ...]) -> 
 
 def test_job_view_with_signals(snap_compare: Any) -> None:
     assert snap_compare(recorded_app(jobs=signal_jobs()), terminal_size=(120, 36), run_before=_prepare("4"))
+
+
+def test_job_view_with_stages(snap_compare: Any) -> None:
+    """A [model_parallel] job: its plan and stages, expected vs measured (tests/ui_fixtures.py)."""
+    assert snap_compare(recorded_app(jobs=stage_jobs()), terminal_size=(120, 40), run_before=_prepare("4"))
 
 
 def test_wide_gpu_view(snap_compare: Any) -> None:

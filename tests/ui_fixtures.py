@@ -464,6 +464,45 @@ def signal_jobs() -> RecordedJobs:
     return jobs
 
 
+# A plan as docs/contracts.md's mp_plan event carries it: 8 blocks, block 3 heavy (4x the others),
+# cut so the heavy block is a stage of its own; the equal-layer split would put it beside another.
+MP_PLAN: dict[str, Any] = {
+    "version": 1, "optimize": "speed", "schedule": "interleaved", "microbatches": 8, "partitions": 4,
+    "blocks": 8, "cuts": [3, 4, 6], "source": "profiled",
+    "stages": [
+        {"stage": 0, "blocks": [0, 3], "time_s": 0.0036, "memory_bytes": 310_000_000, "send_bytes": 2_097_152},
+        {"stage": 1, "blocks": [3, 4], "time_s": 0.0048, "memory_bytes": 402_000_000, "send_bytes": 2_097_152},
+        {"stage": 2, "blocks": [4, 6], "time_s": 0.0024, "memory_bytes": 205_000_000, "send_bytes": 2_097_152},
+        {"stage": 3, "blocks": [6, 8], "time_s": 0.0026, "memory_bytes": 221_000_000, "send_bytes": 0},
+    ],
+    "bubble": 3 / 11,
+    "equal_split": {"cuts": [2, 4, 6], "max_time_s": 0.0060, "max_memory_bytes": 505_000_000},
+}
+
+
+def mp_records(step: int = 240) -> list[dict[str, Any]]:
+    """Rank 0's mp_plan and every rank's latest mp_stage (step time, busy time, peak memory)."""
+    measured = [(0.0410, 0.0301, 331_000_000), (0.0412, 0.0395, 418_000_000),
+                (0.0409, 0.0198, 214_000_000), (0.0411, 0.0215, 236_000_000)]
+    out: list[dict[str, Any]] = [{"time": NOW - 200, "rank": 0, "host": "h1", "event": "mp_plan", "plan": MP_PLAN}]
+    for rank, (st, busy, peak) in enumerate(measured):
+        out.append({"time": NOW - 1, "rank": rank, "host": "h1" if rank < 2 else "h2", "event": "mp_stage",
+                    "stage": rank, "step": step, "step_time_s": st, "busy_s": busy, "peak_bytes": peak})
+    return out
+
+
+def stage_jobs() -> RecordedJobs:
+    """The recorded jobs, the running one a [model_parallel] job with a plan and its stages
+    measured (stage 1, the heavy block, the busiest)."""
+    jobs = RecordedJobs()
+    track = jobs._tracks[JOB]
+    track.rec = {**track.rec, "spec": {**track.rec["spec"], "model_parallel": {
+        "partitions": 4, "microbatches": 8, "pipeline": "interleaved", "optimize": "speed",
+        "activation_checkpointing": False, "profile_batch": [64, 512], "batch_size": 64, "plan": None}}}
+    track.stages.add(mp_records())
+    return jobs
+
+
 # ---------------------------------------------------------------------------------------------
 # Sweeps
 

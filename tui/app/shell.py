@@ -78,6 +78,7 @@ from tui.app.widgets.pipelines import (
     step_rows,
     stop_pipeline_text,
 )
+from tui.app.widgets.stages import StagesTable, stage_rows, stages_head_markup
 from tui.app.widgets.sweeps import (
     NO_SWEEPS,
     SweepFetch,
@@ -370,6 +371,13 @@ class RigdeckApp(App[None]):
                 yield signals
                 with Vertical(id="job-body"):
                     yield LossChart(id="loss")
+                    # A [model_parallel] job's plan and stages: shown only when it has a plan.
+                    stages_head = Static("", id="stages-head", classes="head")
+                    stages_head.display = False
+                    yield stages_head
+                    stages = StagesTable(id="stages-table")
+                    stages.display = False
+                    yield stages
                     yield RanksTable(id="ranks-table")
             with TabPane("Checkpoints 5", id="checkpoints"):
                 yield Static("no job open", id="ckpt-head", classes="head")
@@ -419,6 +427,7 @@ class RigdeckApp(App[None]):
         self.query_one("#log-search", Input).display = False
         self.query_one("#loss", LossChart).border_title = "loss by step"
         self.query_one("#ranks-table").border_title = "ranks"
+        self.query_one("#stages-table").border_title = "stages: expected vs measured, per step"
         self.query_one("#sweep-best", LossChart).border_title = "best so far, by trial"
         self.query_one("#sweep-curves", LossChart).border_title = "objective by step"
         self.query_one("#trials-table").border_title = "trials, best first"
@@ -522,6 +531,7 @@ class RigdeckApp(App[None]):
             ("#gpus-table", GpusTable),
             ("#jobs-table", JobsTable),
             ("#ranks-table", RanksTable),
+            ("#stages-table", StagesTable),
             ("#saves-table", SavesTable),
             ("#sweeps-table", SweepsTable),
             ("#trials-table", TrialsTable),
@@ -798,6 +808,7 @@ class RigdeckApp(App[None]):
         chart = self.query_one("#loss", LossChart)
         ranks = self.query_one("#ranks-table", RanksTable)
         self._update_signals(detail)
+        self._update_stages(detail)
         if detail is None:
             set_text(head, "no job open: launch one (l), or pick one in Jobs (3) and press enter")
             chart.set_points((), None, empty="no job open")
@@ -862,6 +873,17 @@ class RigdeckApp(App[None]):
             lines.append(f"[{lvl}]{escape(sig.verdict)}[/]{pad}{escape(sig.summary)}")
             lines.append(f"     [$text-muted]{escape(sig.advice)}[/]")
         set_text(box, "\n".join(lines))
+
+    def _update_stages(self, detail: JobDetail | None) -> None:
+        head = self.query_one("#stages-head", Static)
+        table = self.query_one("#stages-table", StagesTable)
+        view = detail.stages if detail is not None else None
+        head.display = table.display = view is not None
+        if view is None:
+            table.apply([])
+            return
+        set_text(head, stages_head_markup(view))
+        table.apply(stage_rows(view))
 
     def _update_checkpoints(self, detail: JobDetail | None, now: float) -> None:
         head = self.query_one("#ckpt-head", Static)

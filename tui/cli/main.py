@@ -286,17 +286,45 @@ def code_lines(code: dict[str, Any] | None, events: list[dict[str, Any]]) -> lis
     return lines
 
 
-def job_signals(client: Any, view: Any) -> list[Any]:
-    """A live job's bottleneck signals (tui.model.diagnose) from its metrics records; none for a
-    job that ended or has not started. No telemetry here: GPU utilization counts as unknown."""
+def job_signals(client: Any, view: Any, records: list[dict[str, Any]] | None = None) -> list[Any]:
+    """A live job's bottleneck signals (tui.model.diagnose) from its metrics records (read here
+    unless given); none for a job that ended or has not started. No telemetry here: GPU
+    utilization counts as unknown."""
     from tui.model.diagnose import signals_from_records
     from tui.model.jobstate import TERMINAL
 
     if view.state in TERMINAL or view.state == "queued":
         return []
-    records = client.metrics(view.job_id)
+    if records is None:
+        records = client.metrics(view.job_id)
     world = sum(int(n.get("slots") or 0) for n in view.placement)
     return list(signals_from_records(records, spec=view.spec, world=world))
+
+
+def job_stages(client: Any, view: Any, records: list[dict[str, Any]] | None = None) -> Any:
+    """A [model_parallel] job's plan and stages (tui.model.stages) from its metrics records (read
+    here unless given), the plan from its history when the hosts no longer have it; None for any
+    other job."""
+    from tui.model.stages import stages_from_records
+
+    if not view.spec.get("model_parallel") or view.state == "queued":
+        return None
+    if records is None:
+        try:
+            records = client.metrics(view.job_id)
+        except Exception as e:  # hosts gone: the history's plan, without measurements
+            print(f"rigdeck: the stages' measurements could not be read: {e}", file=sys.stderr)
+            records = []
+    return stages_from_records(records, view.events, view.spec)
+
+
+def _status_records(client: Any, view: Any) -> list[dict[str, Any]] | None:
+    """The metrics records ``status`` reads once for both signals and stages (None: neither
+    needs them)."""
+    from tui.model.jobstate import TERMINAL
+
+    live = view.state not in TERMINAL and view.state != "queued"
+    return client.metrics(view.job_id) if live else None
 
 
 def signal_lines(signals: Sequence[Any]) -> list[str]:
@@ -309,7 +337,7 @@ def signal_lines(signals: Sequence[Any]) -> list[str]:
     return lines
 
 
-def _print_job(v: Any, signals: Sequence[Any] = ()) -> None:
+def _print_job(v: Any, signals: Sequence[Any] = (), stages: Any = None) -> None:
     from tui.app.widgets.format import marked_simulated
 
     print(f"job      {v.job_id} ({v.name})")
@@ -324,6 +352,11 @@ def _print_job(v: Any, signals: Sequence[Any] = ()) -> None:
         print(f"progress step {v.last_step} loss {v.last_loss}")
     for line in signal_lines(signals):
         print(line)
+    if stages is not None:
+        from tui.app.widgets.stages import stage_lines
+
+        for line in stage_lines(stages):
+            print(line)
     if v.cause:
         print(f"cause    {_fmt_cause(v.cause)}")
         from tui.model.termsafe import terminal_safe  # rank output: no escape reaches the terminal
@@ -469,12 +502,15 @@ def _run_jobs(args: argparse.Namespace) -> int:
             return EXIT_OK
         if args.command == "status":
             view = client.view(args.job)
-            signals = job_signals(client, view)
+            records = _status_records(client, view)
+            signals = job_signals(client, view, records)
+            stages = job_stages(client, view, records)
             if args.json:
-                json.dump({**view.to_json(), "signals": [s.to_json() for s in signals]}, sys.stdout, indent=2)
+                json.dump({**view.to_json(), "signals": [s.to_json() for s in signals],
+                           "stages": stages.to_json() if stages is not None else None}, sys.stdout, indent=2)
                 sys.stdout.write("\n")
             else:
-                _print_job(view, signals)
+                _print_job(view, signals, stages)
             return EXIT_HOST_FAILED if view.state == "unknown" else EXIT_OK
         if args.command == "logs":
             if args.raw and args.rank is None:

@@ -22,6 +22,7 @@ from tui.control.history import History, JobRef, JobRefError
 from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
+from tui.model.mpspec import ENV_VAR as MP_ENV_VAR
 from tui.model.scheduler import (
     HostCapacity,
     NodeAssignment,
@@ -161,6 +162,16 @@ class JobView:
         )
 
 
+def rank_env(spec: JobSpec) -> dict[str, str]:
+    """The spec's ``[env]`` and what rigdeck adds to it for every rank from the spec itself:
+    ``RIGDECK_MODEL_PARALLEL`` (the parsed ``[model_parallel]`` table as JSON) for a
+    pipeline-parallel job. The agent adds the rest (docs/contracts.md)."""
+    env = dict(spec.env)
+    if spec.model_parallel is not None:
+        env[MP_ENV_VAR] = spec.model_parallel.to_env()
+    return env
+
+
 class _Read:
     """One capacity read that several launches wait on."""
 
@@ -286,7 +297,7 @@ class JobManager:
             "name": spec.name,
             "launcher": spec.launcher,
             "workdir": spec.workdir,
-            "env": dict(spec.env),
+            "env": rank_env(spec),
             "hyperparameters": dict(spec.hyperparameters),
             "channels": dict(spec.channels),
             "checkpoint": {

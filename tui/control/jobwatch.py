@@ -36,6 +36,7 @@ from tui.model.jobview import (  # noqa: F401  (the views this poller builds; im
     OwnerMove,
     StopPlan,
 )
+from tui.model.stages import StagesFold, checkpointing_of, plan_from_events
 from tui.remote.transport import TransportError
 
 log = logging.getLogger(__name__)
@@ -297,6 +298,7 @@ class _Track:
     fold: MetricsFold = field(default_factory=MetricsFold)
     times: StepTimes = field(default_factory=StepTimes)  # recent step timing per rank
     signals: tuple[Signal, ...] = ()
+    stages: StagesFold = field(default_factory=StagesFold)  # a [model_parallel] job's plan and stages
     reader: JobReader | None = None  # the job's offsets on its hosts; made at its first read
     logs: LogBuffer = field(default_factory=LogBuffer)
     states: dict[str, Any] = field(default_factory=dict)
@@ -349,6 +351,7 @@ class _Track:
             events=tuple(rec.get("events") or ()),
             logs=self.logs,
             signals=self.signals,
+            stages=self.stages.view(plan_from_events(rec.get("events") or ()), checkpointing_of(spec)),
         )
 
     def diagnose(self, gpu_util: Mapping[str, float | None] | None,
@@ -536,12 +539,15 @@ class JobWatch:
                 if ranks or not live:
                     track.ranks = ranks or track.ranks
                 track.fold.apply(records, self.clock())
+                plan = track.stages.add(records)
                 if records or track.signals and rec["state"] in TERMINAL:
                     track.times.add(records)
                     track.diagnose(self._hint(self.gpu_util, placement, gpus=True),
                                    self._hint(self.read_bps, placement))
                 # Read once more after the job ended, then never again.
                 track.final = rec["state"] in TERMINAL and not live
+            if plan is not None:
+                self._keep_plan(rec, plan)
         if self.after_round is not None:
             with self._jm_lock:
                 self.after_round()
@@ -563,6 +569,16 @@ class JobWatch:
                 polled_at=self.clock(),
             )
             return self._snapshot
+
+    def _keep_plan(self, rec: Mapping[str, Any], plan: dict[str, Any]) -> None:
+        """Keep a job's plan in its history (a finished job still shows it), unless the history
+        has it already (another controller, or this one reading the job's metrics again)."""
+        if plan_from_events(rec.get("events") or ()) == plan:
+            return
+        try:
+            self.jobs.history.add_event(rec["job_id"], {"event": "mp_plan", "plan": plan})
+        except Exception:  # the history is where it is kept, not how it is shown
+            log.exception("job %s: keeping its plan", rec["job_id"])
 
     @staticmethod
     def _hint(of: Callable[[Sequence[Mapping[str, Any]]], Mapping[str, float | None]] | None,

@@ -35,6 +35,7 @@ from tui.model.fields import (
     unknown_field,
 )
 from tui.model.inventory import NAME_RE as HOST_NAME_RE
+from tui.model.mpspec import ModelParallelSpec, parse_model_parallel
 from tui.model.sweepspec import SweepSpec, parse_sweep, substitute_command
 
 if sys.version_info >= (3, 11):
@@ -209,6 +210,9 @@ class JobSpec:
     pipeline_id: str | None = None
     step: str | None = None
     scaling: ScalingSpec | None = None
+    # ``[model_parallel]``: a pipeline-parallel job (tui.model.mpspec); its ranks get it as
+    # RIGDECK_MODEL_PARALLEL.
+    model_parallel: ModelParallelSpec | None = None
     path: Path | None = None
 
     def __hash__(self) -> int:
@@ -271,6 +275,7 @@ class JobSpec:
             "pipeline_id": self.pipeline_id,
             "step": self.step,
             "scaling": self.scaling.to_dict() if self.scaling is not None else None,
+            "model_parallel": self.model_parallel.to_dict() if self.model_parallel is not None else None,
             "path": str(self.path) if self.path is not None else None,
         }
 
@@ -335,6 +340,8 @@ class JobSpec:
             pipeline_id=d.get("pipeline_id"),
             step=d.get("step"),
             scaling=ScalingSpec(**d["scaling"]) if d.get("scaling") else None,
+            model_parallel=(ModelParallelSpec.from_dict(d["model_parallel"])
+                            if d.get("model_parallel") else None),
             path=Path(path) if path is not None else None,
         )
 
@@ -649,6 +656,8 @@ _TABLES: dict[str, dict[str, Check]] = {
     },
 }
 _REQUIRED = ("name", "command")
+# Tables with their own parsers (and their own cross-checks).
+_OWN_TABLES = ("sweep", "model_parallel")
 
 
 def _checked(
@@ -711,9 +720,9 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
 
     _no_nul(data, where, prefix.rstrip("."))
     for key in data:
-        if key not in _TOP_FIELDS and key not in _TABLES and key != "sweep":
-            raise err(key, unknown_field(key, [*_TOP_FIELDS, *_TABLES, "sweep"]))
-    top = {k: v for k, v in data.items() if k not in _TABLES and k != "sweep"}
+        if key not in _TOP_FIELDS and key not in _TABLES and key not in _OWN_TABLES:
+            raise err(key, unknown_field(key, [*_TOP_FIELDS, *_TABLES, *_OWN_TABLES]))
+    top = {k: v for k, v in data.items() if k not in _TABLES and k not in _OWN_TABLES}
     values = _checked(top, _TOP_FIELDS, where, prefix)
     tables: dict[str, dict[str, Any]] = {}
     for name, checks in _TABLES.items():
@@ -801,6 +810,14 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
         sweep = parse_sweep(data["sweep"], sweep_error, command=spec.command,
                             hyperparameters=dict(spec.hyperparameters), duration=_max_runtime)
         spec = dataclasses.replace(spec, sweep=sweep)
+    if "model_parallel" in data:
+
+        def mp_error(field: str, expected: str, got: Any) -> JobSpecError:
+            return err(field, expected, got)
+
+        mp = parse_model_parallel(data["model_parallel"], mp_error, world_size=spec.world_size,
+                                  world_text=_world_text(values, spec), workdir=spec.workdir)
+        spec = dataclasses.replace(spec, model_parallel=mp)
     size = len(json.dumps(spec.to_dict()).encode("utf-8"))
     if size > MAX_SPEC_JSON_BYTES:
         raise err(
@@ -809,6 +826,24 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
             f"(JSON); this one has {size}",
         )
     return spec
+
+
+def _world_text(values: Mapping[str, Any], spec: JobSpec) -> str:
+    """How the spec makes its world size, for an error that must say what to change:
+    ``nodes 3 x processes_per_node 1`` (a field the spec leaves out is named as its default)."""
+    if "nodes" in values:
+        nodes = f"nodes {spec.node_count}"
+    elif spec.hosts:
+        nodes = f"{spec.node_count} hosts listed"
+    else:
+        nodes = "nodes 1 (not set)"
+    if spec.gpus_per_node is not None:
+        slots = f"gpus_per_node {spec.gpus_per_node}"
+    elif "processes_per_node" in values:
+        slots = f"processes_per_node {spec.slots_per_node}"
+    else:
+        slots = "processes_per_node 1 (not set)"
+    return f"{nodes} x {slots}"
 
 
 def _no_nul(value: Any, where: Path | None, field: str) -> None:

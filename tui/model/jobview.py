@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from tui.model.diagnose import Signal
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
+from tui.model.stages import StagesView
 from tui.model.termsafe import terminal_safe
 
 LOG_LIMIT = 200_000  # lines kept per job; the oldest half goes when it is reached
@@ -128,6 +129,7 @@ class JobDetail:
     events: tuple[dict[str, Any], ...]
     logs: LogBuffer
     signals: tuple[Signal, ...] = ()  # live bottleneck signals, worst first (tui.model.diagnose)
+    stages: StagesView | None = None  # a [model_parallel] job's plan and stages (tui.model.stages)
 
 
 @dataclass(frozen=True)
