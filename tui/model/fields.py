@@ -111,6 +111,16 @@ def number(*, positive: bool) -> Callable[[Any], float]:
     return check
 
 
+def one_of(options: tuple[str, ...]) -> Callable[[Any], str]:
+    """One of ``options`` (names: ``"simple"``, ``"speed"``...)."""
+    def check(v: Any) -> str:
+        if v in options:
+            return str(v)
+        raise Bad()
+
+    return check
+
+
 def nonblank(v: Any) -> str:
     """A string with something other than whitespace in it."""
     if isinstance(v, str) and v.strip():

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tui.model.fields import Bad, Check, ErrorFactory, checked, int_range, is_int, show
+from tui.model.fields import Bad, Check, ErrorFactory, checked, int_range, is_int, one_of, show
 
 __all__ = [
     "ENV_VAR",
@@ -93,15 +93,6 @@ class ModelParallelSpec:
 # Field checks
 
 
-def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
-    def check(v: Any) -> str:
-        if v in options:
-            return str(v)
-        raise Bad()
-
-    return check
-
-
 def _boolean(v: Any) -> bool:
     if isinstance(v, bool):
         return v
@@ -133,8 +124,8 @@ _PROFILE_EXPECTED = ("a sample input's shape (a list of 1-8 integers >= 1, the f
 CHECKS: dict[str, Check] = {
     "partitions": Check("an integer >= 2 (pipeline stages: one rank each)", int_range(2)),
     "microbatches": Check("an integer >= 1 (each batch is split into this many)", int_range(1)),
-    "pipeline": Check(" or ".join(f'"{s}"' for s in SCHEDULES), _choice(SCHEDULES)),
-    "optimize": Check(" or ".join(f'"{s}"' for s in OPTIMIZE), _choice(OPTIMIZE)),
+    "pipeline": Check(" or ".join(f'"{s}"' for s in SCHEDULES), one_of(SCHEDULES)),
+    "optimize": Check(" or ".join(f'"{s}"' for s in OPTIMIZE), one_of(OPTIMIZE)),
     "activation_checkpointing": Check("true or false", _boolean),
     "profile_batch": Check(_PROFILE_EXPECTED, _profile_batch),
     "batch_size": Check("an integer >= 1 (the training batch, split into microbatches)", int_range(1)),

@@ -27,6 +27,7 @@ from tui.model.fields import (
     int_range,
     is_int,
     nonblank,
+    one_of,
     unknown_field,
 )
 
@@ -345,15 +346,6 @@ def _metric_definitions(raw: Any, error: ErrorFactory) -> tuple[MetricDefinition
     return tuple(out)
 
 
-def _choice(options: tuple[str, ...]) -> Callable[[Any], str]:
-    def check(v: Any) -> str:
-        if v in options:
-            return str(v)
-        raise Bad()
-
-    return check
-
-
 def _warm_start(v: Any) -> str:
     return nonblank(v).strip()
 
@@ -372,8 +364,8 @@ def parse_sweep(
     if not isinstance(raw, dict):
         raise error("sweep", "a table ([sweep])", raw)
     scalars: dict[str, Check] = {
-        "strategy": Check(" or ".join(f'"{s}"' for s in STRATEGIES), _choice(STRATEGIES)),
-        "early_stopping": Check(" or ".join(f'"{s}"' for s in EARLY_STOPPING), _choice(EARLY_STOPPING)),
+        "strategy": Check(" or ".join(f'"{s}"' for s in STRATEGIES), one_of(STRATEGIES)),
+        "early_stopping": Check(" or ".join(f'"{s}"' for s in EARLY_STOPPING), one_of(EARLY_STOPPING)),
         "max_trials": Check(f"an integer 1..{MAX_TRIALS_LIMIT}", int_range(1, MAX_TRIALS_LIMIT)),
         "max_parallel": Check("an integer >= 1 (leave it out: as many trials as fit at once)", int_range(1)),
         "max_runtime": Check('the whole sweep\'s time limit: seconds or a string like "2h", "90m"', duration),
