@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -48,7 +47,12 @@ from runtime.partition import (
 ENV = "RIGDECK_MODEL_PARALLEL"
 JOB_DIR_ENV = "RIGDECK_JOB_DIR"
 EVENT_EVERY = 5
-PROFILE_REPEATS = 3
+# Each block runs at least PROFILE_REPEATS times after a warm-up, and on until PROFILE_MIN_S of
+# runs are measured (at most PROFILE_MAX_REPEATS): small blocks take microseconds, and one
+# context switch on a busy host would otherwise be most of a figure.
+PROFILE_REPEATS = 5
+PROFILE_MIN_S = 0.05
+PROFILE_MAX_REPEATS = 50
 DEFAULTS: Dict[str, Any] = {
     "partitions": None, "microbatches": 1, "pipeline": "simple", "optimize": "speed",
     "activation_checkpointing": False, "profile_batch": None, "batch_size": None, "plan": None,
@@ -240,7 +244,8 @@ def profile_blocks(blocks: Sequence[Any], sample: Any, device: Any = None,
                    repeats: int = PROFILE_REPEATS) -> Dict[str, Any]:
     """Time and measure every block on ``sample`` (one microbatch), in order, on ``device``.
 
-    Per block: forward and backward seconds (the median of ``repeats`` after one warm-up), the
+    Per block: forward and backward seconds (the fastest of at least ``repeats`` runs after one
+    warm-up, and of enough runs to fill ``PROFILE_MIN_S``: the least disturbed one), the
     bytes of its parameters and their gradients, the bytes it saves for backward (activations,
     counted with saved_tensors_hooks), and the bytes of its output (what goes to the next block).
     Each block visits ``device`` and goes back where it was; RNG, buffers and gradients are
@@ -265,7 +270,9 @@ def profile_blocks(blocks: Sequence[Any], sample: Any, device: Any = None,
             bwd: List[float] = []
             activation = 0
             out = None
-            for rep in range(repeats + 1):
+            rep = 0
+            while rep <= repeats or (sum(fwd) + sum(bwd) < PROFILE_MIN_S
+                                     and rep <= PROFILE_MAX_REPEATS):
                 meter.reset(params)
                 _sync(device)
                 t0 = time.perf_counter()
@@ -285,11 +292,12 @@ def profile_blocks(blocks: Sequence[Any], sample: Any, device: Any = None,
                     p.grad = None
                 if x.requires_grad:
                     x.grad = None
+                rep += 1
             assert out is not None
             param_bytes = sum(_nbytes(p) for p in params)
             out_blocks.append({
                 "index": index, "name": type(block).__name__,
-                "forward_s": statistics.median(fwd), "backward_s": statistics.median(bwd),
+                "forward_s": min(fwd), "backward_s": min(bwd), "runs": len(fwd),
                 "param_bytes": param_bytes,
                 "grad_bytes": sum(_nbytes(p) for p in params if p.requires_grad),
                 "activation_bytes": int(activation),

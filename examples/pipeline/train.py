@@ -81,8 +81,8 @@ def main() -> None:
     p.add_argument("--equal-split", action="store_true",
                    help="equal-layer-count cuts instead of the partitioner's")
     p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--width", type=int, default=128)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--width", type=int, default=256)
     p.add_argument("--depth", type=int, default=9, help="blocks")
     p.add_argument("--heavy", type=int, default=4, help="how many times wider the heavy block is")
     p.add_argument("--heavy-at", type=int, default=4, help="which block is heavy")
