@@ -205,7 +205,9 @@ class _Preserved:
         self.rng = torch.get_rng_state()
         self.cuda_rng = (torch.cuda.get_rng_state_all()
                          if torch.cuda.is_available() and torch.cuda.is_initialized() else None)
-        self.buffers = [[(b, b.detach().clone()) for b in blk.buffers()] for blk in self.blocks]
+        # By name: moving a module to another device replaces its buffer tensors.
+        self.buffers = [{name: b.detach().clone() for name, b in blk.named_buffers()}
+                        for blk in self.blocks]
         self.grads = [[(p, p.grad) for p in blk.parameters()] for blk in self.blocks]
         self.training = [blk.training for blk in self.blocks]
         return self
@@ -217,11 +219,12 @@ class _Preserved:
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
         with torch.no_grad():
-            for saved in self.buffers:
-                for buf, value in saved:
-                    buf.copy_(value.to(buf.device))
-        for saved in self.grads:
-            for p, grad in saved:
+            for blk, saved in zip(self.blocks, self.buffers):  # noqa: B905 (Python 3.9)
+                for name, buf in blk.named_buffers():
+                    if name in saved:
+                        buf.copy_(saved[name].to(buf.device))
+        for grads in self.grads:
+            for p, grad in grads:
                 p.grad = grad
         for blk, mode in zip(self.blocks, self.training):  # noqa: B905 (Python 3.9)
             blk.train(mode)
@@ -596,8 +599,13 @@ def pipeline_stage(blocks: Sequence[Any], sample: Any, loss_fn: Callable[[Any, A
                                  cuts=cuts)
                 _write_json(os.path.join(directory, "plan.json"), plan)
                 payload = [plan]
-            except (PartitionError, OSError, RuntimeError, SystemExit) as e:
-                payload = [{"error": str(e)}]
+            except (Exception, SystemExit) as e:  # every rank must hear of it, not wait
+                if not isinstance(e, (PartitionError, SystemExit)):
+                    import traceback
+
+                    traceback.print_exc()
+                payload = [{"error": f"{type(e).__name__}: {e}"
+                            if not isinstance(e, (PartitionError, SystemExit)) else str(e)}]
         dist.broadcast_object_list(payload, src=0)
         got = payload[0]
         if not isinstance(got, dict) or "error" in got:

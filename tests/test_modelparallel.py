@@ -160,3 +160,67 @@ def test_more_partitions_than_blocks_stops_every_rank_before_training(tmp_path: 
                 "blocks") in proc.stderr, proc.stderr[-3000:]
     assert not (tmp_path / "too-many" / "model_parallel").exists()
     assert not list(tmp_path.glob("rank-*.json"))
+
+
+# -- in this process: profiling, and the errors found before any process group ------------------
+
+
+def test_profile_measures_blocks_and_leaves_the_model_as_it_was() -> None:
+    import torch
+    from torch import nn
+
+    from runtime.modelparallel import profile_blocks
+
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(8, 16), nn.Tanh()),
+              nn.Sequential(nn.BatchNorm1d(16), nn.Dropout(0.5), nn.Linear(16, 2))]
+    before = {k: v.clone() for k, v in blocks[1].state_dict().items()}
+    sample = torch.randn(4, 8)
+    rng = torch.get_rng_state()
+    prof = profile_blocks(blocks, sample, "cpu")
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(torch.equal(v, before[k]) for k, v in blocks[1].state_dict().items())
+    assert all(p.grad is None for b in blocks for p in b.parameters())
+    first, second = prof["blocks"]
+    assert first["param_bytes"] == first["grad_bytes"] == 4 * (8 * 16 + 16)
+    # Linear saves its input (4x8 floats), Tanh its output (4x16); the weight is a parameter.
+    assert first["activation_bytes"] == 4 * (4 * 8 + 4 * 16)
+    assert first["output_bytes"] == 4 * 4 * 16 and first["output_shape"] == [4, 16]
+    assert second["output_bytes"] == 4 * 4 * 2 and prof["input_bytes"] == 4 * 4 * 8
+    assert all(b["runs"] >= 5 and b["forward_s"] > 0 and b["backward_s"] > 0 for b in prof["blocks"])
+
+
+def stage_error(config: dict[str, Any], nblocks: int = 3, batch: int = 8, **kw: Any) -> str:
+    import torch
+    from torch import nn
+
+    with pytest.raises(SystemExit) as e:
+        runtime_blocks = [nn.Linear(4, 4) for _ in range(nblocks)]
+        import runtime
+
+        runtime.pipeline_stage(runtime_blocks, torch.randn(batch, 4), nn.functional.mse_loss,
+                               config=config, **kw)
+    return str(e.value)
+
+
+def test_bad_configurations_stop_before_anything_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RIGDECK_MODEL_PARALLEL"):
+        monkeypatch.delenv(name, raising=False)
+    base = {"partitions": 2, "microbatches": 4, "pipeline": "simple"}
+    assert "model_parallel.partitions = 4 but the model has only 3 blocks" in stage_error(
+        {**base, "partitions": 4})
+    assert "model_parallel.pipeline = 'interleaved' needs model_parallel.microbatches >= " \
+        "model_parallel.partitions (1 < 2)" in stage_error({**base, "microbatches": 1, "pipeline": "interleaved"})
+    assert "unknown model_parallel key colour" in stage_error({**base, "colour": "red"})
+    assert "model_parallel.partitions = 2 needs a world size of 2 (one stage per rank), this " \
+        "job has 1" in stage_error(base)
+    assert "$RIGDECK_MODEL_PARALLEL is not set" in stage_error(None)  # type: ignore[arg-type]
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert "model_parallel.microbatches = 4 does not divide the batch size 6" in stage_error(base, batch=6)
+    plan = partition({"blocks": [{"forward_s": 1, "backward_s": 1, "param_bytes": 1, "grad_bytes": 1,
+                                  "activation_bytes": 1, "output_bytes": 1}] * 3}, 3, "speed", 4, "simple")
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    assert "model_parallel.plan " + str(tmp_path / "plan.json") + ": has 3 stages, " \
+        "model_parallel.partitions is 2" in stage_error({**base, "plan": str(tmp_path / "plan.json")})
+    assert "cannot read" in stage_error({**base, "plan": str(tmp_path / "missing.json")})
