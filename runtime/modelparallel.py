@@ -414,8 +414,10 @@ class PipelineStageRunner:
 
     def __init__(self, *, module: Any, stage: Any, schedule: Any, plan: Dict[str, Any],
                  index: int, device: Any, meter: SavedBytes, clock: Dict[str, float],
-                 profile: Optional[Dict[str, Any]], directory: Optional[str]) -> None:
+                 profile: Optional[Dict[str, Any]], directory: Optional[str],
+                 batch_size: int) -> None:
         self.module = module
+        self.batch_size = batch_size
         self.pipeline_stage = stage
         self.schedule = schedule
         self.plan = plan
@@ -451,6 +453,12 @@ class PipelineStageRunner:
             raise ValueError("stage.step(): the first stage needs inputs")
         if self.is_last and target is None:
             raise ValueError("stage.step(): the last stage needs a target")
+        for name, value in (("inputs", inputs if self.is_first else None),
+                            ("target", target if self.is_last else None)):
+            if value is not None and int(value.shape[0]) != self.batch_size:
+                raise ValueError(f"stage.step(): {name} has {int(value.shape[0])} rows; the "
+                                 f"stages were built for batches of {self.batch_size} "
+                                 "(model_parallel.batch_size, or profile_batch's first size)")
         if self._cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         self._meter.reset(list(self.module.parameters()))
@@ -567,10 +575,15 @@ def pipeline_stage(blocks: Sequence[Any], sample: Any, loss_fn: Callable[[Any, A
         raise _fail(f"model_parallel.partitions = {p} needs a world size of {p} (one stage per "
                     f"rank), this job has {world}")
     sample_t = _sample_tensor(sample, cfg)
-    batch = cfg["batch_size"] or int(sample_t.shape[0])
+    shape = cfg["profile_batch"]
+    batch = cfg["batch_size"] or (shape[0] if isinstance(shape, list) and shape
+                                  else int(sample_t.shape[0]))
     if batch % m:
         raise _fail(f"model_parallel.microbatches = {m} does not divide the batch size {batch}")
     micro = batch // m
+    if sample_t.shape[0] < micro:
+        raise _fail(f"the sample batch has {sample_t.shape[0]} rows, fewer than one microbatch "
+                    f"(batch size {batch} / model_parallel.microbatches {m} = {micro})")
     sample_mb = sample_t[:micro]
     plan_file = cfg["plan"]
     plan_from_file = None
@@ -636,4 +649,4 @@ def pipeline_stage(blocks: Sequence[Any], sample: Any, loss_fn: Callable[[Any, A
     schedule = schedule_cls(stage, n_microbatches=m, loss_fn=loss_fn)
     return PipelineStageRunner(module=module, stage=stage, schedule=schedule, plan=plan,
                                index=index, device=device, meter=meter, clock=clock,
-                               profile=profile, directory=directory)
+                               profile=profile, directory=directory, batch_size=batch)

@@ -218,6 +218,8 @@ def test_bad_configurations_stop_before_anything_runs(tmp_path: Path, monkeypatc
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
     assert "model_parallel.microbatches = 4 does not divide the batch size 6" in stage_error(base, batch=6)
+    assert "the sample batch has 6 rows, fewer than one microbatch (batch size 32 / " \
+        "model_parallel.microbatches 4 = 8)" in stage_error({**base, "batch_size": 32}, batch=6)
     plan = partition({"blocks": [{"forward_s": 1, "backward_s": 1, "param_bytes": 1, "grad_bytes": 1,
                                   "activation_bytes": 1, "output_bytes": 1}] * 3}, 3, "speed", 4, "simple")
     (tmp_path / "plan.json").write_text(json.dumps(plan))
