@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -52,10 +53,9 @@ def run_once(equal: bool, steps: int, work: Path) -> dict[str, Any]:
         raise SystemExit(f"{' '.join(argv)} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
                          f"{proc.stderr[-3000:]}")
     stages = {}
-    for line in proc.stdout.splitlines():
-        if line.startswith("stage_summary "):
-            summary = json.loads(line.split(" ", 1)[1])
-            stages[summary["stage"]] = summary
+    for found in re.finditer(r"stage_summary (\{[^{}]*\})", proc.stdout):
+        summary = json.loads(found.group(1))
+        stages[summary["stage"]] = summary
     if sorted(stages) != list(range(STAGES)):
         raise SystemExit(f"expected {STAGES} stage summaries, got {sorted(stages)}:\n{proc.stdout[-3000:]}")
     plan = json.loads((work / "model_parallel" / "plan.json").read_text())

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -133,7 +134,9 @@ def main() -> None:
         "steps_per_s": (measured / (time.perf_counter() - t_warm) if measured
                         else args.steps / elapsed),
     }
-    print("stage_summary " + json.dumps(summary), flush=True)
+    # One write (torchrun runs ranks unbuffered, and their lines share one stream).
+    sys.stdout.write("stage_summary " + json.dumps(summary) + "\n")
+    sys.stdout.flush()
     if stage.is_last:
         print(f"done: {args.steps} steps in {elapsed:.1f}s", flush=True)
     runtime.shutdown_distributed()  # a barrier, then destroy_process_group()
