@@ -54,6 +54,39 @@ def build_blocks(seed: int, width: int, depth: int, heavy: int, heavy_at: int) -
     return blocks
 
 
+class _AcceleratorTime(torch.autograd.Function):
+    """Identity whose forward sleeps ``seconds`` and whose backward sleeps twice that."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):  # type: ignore[no-untyped-def,override]
+        ctx.seconds = seconds
+        time.sleep(seconds)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        time.sleep(2 * ctx.seconds)
+        return grad, None
+
+
+class SimulatedAccelerator(nn.Module):
+    """A block whose compute also takes the time a *simulated* accelerator of ``gflops`` would
+    spend on its matrix products (2 x parameters x rows flops forward, twice that backward),
+    slept rather than computed: this machine's ranks share 2 CPU cores, while a real pipeline
+    runs each stage on its own GPU, at once. The time is labelled simulated wherever shown."""
+
+    def __init__(self, inner: nn.Module, gflops: float) -> None:
+        super().__init__()
+        self.inner = inner
+        self.flops_per_row = 2 * sum(p.numel() for p in inner.parameters())
+        self.rate = gflops * 1e9
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.inner(x)
+        seconds = self.flops_per_row * x.shape[0] / self.rate
+        return _AcceleratorTime.apply(out, seconds)
+
+
 def make_batch(seed: int, step: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """A fixed smooth target function of the inputs; the same on every rank for a step."""
     teacher = torch.Generator().manual_seed(seed + 7919)
@@ -89,6 +122,9 @@ def main() -> None:
     p.add_argument("--heavy-at", type=int, default=4, help="which block is heavy")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--simulated-gflops", type=float, default=0.0,
+                   help="add the time a simulated accelerator of this speed would take to each "
+                        "block (slept, labelled simulated; 0: off)")
     args = p.parse_args()
 
     if os.environ.get(MODEL_PARALLEL_ENV):  # run by rigdeck from a spec: its table rules
@@ -99,6 +135,8 @@ def main() -> None:
         config = config_from_args(args, runtime.cluster_info().world_size)
         batch = args.batch
     blocks = build_blocks(args.seed, args.width, args.depth, args.heavy, args.heavy_at)
+    if args.simulated_gflops > 0:
+        blocks = [SimulatedAccelerator(b, args.simulated_gflops) for b in blocks]
     cuts = equal_cuts(len(blocks), config["partitions"]) if args.equal_split else None
     stage = runtime.pipeline_stage(blocks, lambda: make_batch(args.seed, 0, batch)[0],
                                    nn.functional.mse_loss, config=config, cuts=cuts)
@@ -107,7 +145,9 @@ def main() -> None:
         print(f"partitions={plan['partitions']} microbatches={plan['microbatches']} "
               f"pipeline={plan['schedule']} optimize={plan['optimize']} cuts={plan['cuts']} "
               f"({'equal split' if args.equal_split else plan['source']}) "
-              f"expected bubble={plan['bubble']:.2f}", flush=True)
+              f"expected bubble={plan['bubble']:.2f}"
+              + (f" simulated accelerator={args.simulated_gflops:g} GFLOP/s"
+                 if args.simulated_gflops > 0 else ""), flush=True)
 
     opt = torch.optim.SGD(stage.module.parameters(), lr=args.lr, momentum=0.9)
     t0 = time.perf_counter()
@@ -128,6 +168,7 @@ def main() -> None:
     summary = {
         "stage": stage.stage_index, "blocks": plan["stages"][stage.stage_index]["blocks"],
         "cuts": plan["cuts"], "equal_split": args.equal_split,
+        "simulated_gflops": args.simulated_gflops,
         "step_time_s": statistics.median(s["step_time_s"] for s in timed),
         "busy_s": statistics.median(s["busy_s"] for s in timed),
         "peak_bytes": max(s["peak_bytes"] for s in timed),
