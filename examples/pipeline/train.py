@@ -169,7 +169,8 @@ def main() -> None:
         opt.step()
         if loss is not None:
             runtime.report(step=step, loss=loss, stage=stage.stage_index)
-            print(f"step={step} loss={loss:.6f}", flush=True)
+            sys.stdout.write(f"step={step} loss={loss:.6f}\n")  # one write: see below
+            sys.stdout.flush()
     elapsed = time.perf_counter() - t0
     timed = stage.stats[WARMUP_STEPS:] or stage.stats
     measured = max(args.steps - WARMUP_STEPS, 0)
