@@ -10,6 +10,9 @@
   measured (``runtime.timing``)
 - ``Checkpointer``: checkpoint ownership and atomic saves (``runtime.checkpoint``)
 - ``shard()``: deterministic data sharding (``runtime.sharding``)
+- ``pipeline_stage()``: this rank's pipeline stage from a ``[model_parallel]`` spec: profiling,
+  automatic partitioning (``runtime.partition``), a torch.distributed.pipelining schedule
+  (``runtime.modelparallel``)
 
 Submodules load on first use, so ``import runtime`` costs next to nothing.
 """
@@ -32,6 +35,8 @@ _EXPORTS = {
     "Reporter": "runtime.metrics",
     "report": "runtime.metrics",
     "shard": "runtime.sharding",
+    "pipeline_stage": "runtime.modelparallel",
+    "PipelineStageRunner": "runtime.modelparallel",
     "timed": "runtime.timing",
     "comm_timer": "runtime.timing",
     "CommTimer": "runtime.timing",
@@ -43,12 +48,14 @@ __all__ = [
     "ClusterInfo",
     "ClusterInfoError",
     "CommTimer",
+    "PipelineStageRunner",
     "Reporter",
     "cluster_info",
     "comm_timer",
     "ddp",
     "exit_process",
     "init_distributed",
+    "pipeline_stage",
     "report",
     "scaled_lr",
     "shard",
@@ -67,6 +74,7 @@ if TYPE_CHECKING:
         shutdown_distributed,
     )
     from runtime.metrics import Reporter, report
+    from runtime.modelparallel import PipelineStageRunner, pipeline_stage
     from runtime.sharding import shard
     from runtime.timing import CommTimer, comm_timer, timed
 

@@ -103,10 +103,15 @@ def test_job_spec_follows_the_contract(name: str) -> None:
     assert spec["nodes"] == 3 and spec.get("processes_per_node", 1) >= 1
     assert set(spec) <= {"name", "command", "workdir", "launcher", "nodes", "hosts",
                          "processes_per_node", "gpus_per_node", "max_runtime", "env",
-                         "hyperparameters", "checkpoint", "restart", "mpi", "log"}
-    if name == "pipeline":  # one stage per rank
-        i = spec["command"].index("--partitions")
-        assert int(spec["command"][i + 1]) == spec["nodes"] * spec["processes_per_node"]
+                         "hyperparameters", "checkpoint", "restart", "mpi", "log",
+                         "model_parallel"}
+    if name == "pipeline":  # one stage per rank, the stages from the [model_parallel] table
+        mp = spec["model_parallel"]
+        assert mp["partitions"] == spec["nodes"] * spec["processes_per_node"]
+        assert mp["pipeline"] == "interleaved" and mp["microbatches"] == 4
+        assert "--partitions" not in spec["command"]
+    else:
+        assert "model_parallel" not in spec
 
 
 def test_sagemaker_script_imports_nothing_of_rigdeck() -> None:
@@ -161,7 +166,8 @@ def test_pipeline_schedules_follow_the_same_trajectory(tmp_path: Path, partition
     trajectories = {}
     for schedule in ("simple", "interleaved"):
         mdir = tmp_path / schedule
-        envs = torch_ranks(partitions, free_port(), RIGDECK_METRICS_DIR=mdir)
+        envs = torch_ranks(partitions, free_port(), RIGDECK_METRICS_DIR=mdir,
+                           RIGDECK_JOB_DIR=tmp_path / f"job-{schedule}")
         outs = run_ranks([PYTHON, str(EXAMPLES / "pipeline" / "train.py"),
                           "--partitions", str(partitions), "--microbatches", "4",
                           "--pipeline", schedule, "--steps", "30", "--seed", "3"], envs, tmp_path)
@@ -169,7 +175,23 @@ def test_pipeline_schedules_follow_the_same_trajectory(tmp_path: Path, partition
         assert f"pipeline={schedule}" in outs[last] and "step=29 loss=" in outs[last]
         lines = steps(metrics(mdir, last))
         assert [x["step"] for x in lines] == list(range(30))
-        assert all(not (mdir / f"rank-{r}.jsonl").exists() for r in range(last))
+        # The other stages report no loss, only their stage's figures.
+        for r in range(partitions):
+            events = [x for x in metrics(mdir, r) if "event" in x]
+            assert [x["step"] for x in events if x["event"] == "mp_stage"] == [4, 9, 14, 19, 24, 29]
+            if r < last:
+                assert not steps(metrics(mdir, r))
+        # Rank 0 profiled the unbalanced model and cut it: the heavy block (4) is never with
+        # as many blocks as the equal split puts with it.
+        plan = next(x["plan"] for x in metrics(mdir, 0) if x.get("event") == "mp_plan")
+        assert plan == json.loads((tmp_path / f"job-{schedule}" / "model_parallel" / "plan.json").read_text())
+        assert plan["partitions"] == partitions and plan["blocks"] == 9
+        heavy = next(s for s in plan["stages"] if s["blocks"][0] <= 4 < s["blocks"][1])
+        slowest, equal = max(s["time_s"] for s in plan["stages"]), plan["equal_split"]["max_time_s"]
+        if partitions == 3:  # the equal split puts blocks 3, 4, 5 together; the plan does better
+            assert equal > slowest and heavy["blocks"][1] - heavy["blocks"][0] < 3, plan
+        else:  # 5 + 4 blocks: the heavy one with 4 others either way, about as slow
+            assert equal >= slowest
         trajectories[schedule] = [x["loss"] for x in lines]
     simple, interleaved = trajectories["simple"], trajectories["interleaved"]
     assert simple == pytest.approx(interleaved, rel=1e-5, abs=1e-7)
@@ -184,7 +206,9 @@ def test_pipeline_refuses_a_world_that_is_not_the_partition_count(tmp_path: Path
              for e in envs]
     for p in procs:
         _out, err = p.communicate(timeout=120)
-        assert p.returncode != 0 and "needs a world size of 3" in err
+        assert p.returncode != 0 and (
+            "model_parallel.partitions = 3 needs a world size of 3 (one stage per rank), "
+            "this job has 2") in err, err[-2000:]
 
 
 # -- mpi ---------------------------------------------------------------------------------------
