@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.testbed import TestBed
-from tui.control.doctor import choose, p2p_findings
+from tui.control.doctor import allreduce_findings, choose, p2p_findings
 from tui.model import wire
 from tui.model.doctor import DoctorReport
 
@@ -53,6 +53,21 @@ def test_p2p_verdicts_warn_between_half_and_most_of_typical_and_blame_the_path()
     assert "path between them" in found["b<->c"].advice
     assert {found[h].verdict for h in "abcd"} == {"ok"}
     assert sum(f.verdict != "ok" for f in found.values()) == 2  # the link and the set's summary
+
+
+def test_allreduce_is_judged_against_the_links_with_nccl_only() -> None:
+    def rec(backend: str, busbw: float) -> list[dict[str, Any]]:
+        return [{"event": "doctor", "kind": "allreduce", "size_bytes": 64 << 20, "time_s": 0.1,
+                 "algbw_gbps": busbw * 0.75, "busbw_gbps": busbw, "world": 3, "backend": backend}]
+
+    (slow,) = allreduce_findings(rec("nccl", 4.0), HOSTS, slowest_link_gbps=12.5)
+    assert slow.verdict == "warn" and "under half the slowest link" in slow.summary and slow.advice
+    (fine,) = allreduce_findings(rec("nccl", 9.0), HOSTS, slowest_link_gbps=12.5)
+    assert fine.verdict == "ok" and fine.value == 9.0
+    # gloo reduces on the CPUs: a low figure there says nothing about the links
+    (cpu,) = allreduce_findings(rec("gloo", 0.4), HOSTS, slowest_link_gbps=0.9)
+    assert cpu.verdict == "ok" and "not judged against the links" in cpu.summary
+    assert [f.verdict for f in allreduce_findings([], HOSTS)] == ["bad"]
 
 
 def test_p2p_without_every_pair_is_bad_not_a_guess() -> None:

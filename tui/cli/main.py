@@ -293,8 +293,8 @@ def job_signals(client: Any, view: Any, records: list[dict[str, Any]] | None = N
     from tui.model.diagnose import signals_from_records
     from tui.model.jobstate import TERMINAL
 
-    if view.state in TERMINAL or view.state == "queued":
-        return []
+    if view.state in TERMINAL or view.state == "queued" or view.unreachable:
+        return []  # with hosts unreachable, the others' ranks alone would mislead
     if records is None:
         records = client.metrics(view.job_id)
     world = sum(int(n.get("slots") or 0) for n in view.placement)
@@ -320,9 +320,12 @@ def job_stages(client: Any, view: Any, records: list[dict[str, Any]] | None = No
 
 def _status_records(client: Any, view: Any) -> list[dict[str, Any]] | None:
     """The metrics records ``status`` reads once for both signals and stages (None: neither
-    needs them)."""
+    needs them). None read while hosts of the job are unreachable: the view just waited for them,
+    and signals from the other hosts' ranks alone would mislead (the stages show the plan)."""
     from tui.model.jobstate import TERMINAL
 
+    if view.unreachable:
+        return []
     live = view.state not in TERMINAL and view.state != "queued"
     return client.metrics(view.job_id) if live else None
 

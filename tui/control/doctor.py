@@ -77,8 +77,10 @@ def choose(inventory_names: Sequence[str], hosts: Sequence[str] | None,
 def allreduce_findings(records: list[dict[str, Any]], hosts: Sequence[str],
                        slowest_link_gbps: float | None = None) -> list[Finding]:
     """One finding for the set of hosts from the allreduce events: busbw at the largest size,
-    every size in ``details``. A warning when the bus bandwidth is under half of what the slowest
-    link allows (the all-reduce is held back by something else than the links)."""
+    every size in ``details``. With NCCL, a warning when the bus bandwidth is under half of what
+    the slowest link allows (the all-reduce is held back by something else than the links). With
+    gloo the reduction itself runs on the hosts' CPUs and bounds it as much as the links do, so
+    the figure is reported, not judged against them."""
     rows = sorted((r for r in records if r.get("event") == "doctor" and r.get("kind") == "allreduce"),
                   key=lambda r: r["size_bytes"])
     if not rows:
@@ -95,7 +97,9 @@ def allreduce_findings(records: list[dict[str, Any]], hosts: Sequence[str],
     summary = (f"busbw {_gbps(busbw)} (algbw {_gbps(float(top['algbw_gbps']))}) at "
                f"{top['size_bytes'] / (1 << 20):g} MB over {len(hosts)} hosts ({top.get('backend')})")
     verdict, advice = "ok", ""
-    if slowest_link_gbps is not None and busbw < 0.5 * slowest_link_gbps:
+    if top.get("backend") != "nccl":
+        summary += "; gloo reduces on the CPUs: not judged against the links"
+    elif slowest_link_gbps is not None and busbw < 0.5 * slowest_link_gbps:
         verdict = "warn"
         summary += f"; under half the slowest link ({_gbps(slowest_link_gbps)})"
         advice = ("the links are not what holds it back: check NCCL_SOCKET_IFNAME / the interface "
