@@ -102,14 +102,14 @@ def test_pipeline_example_runs_from_its_spec_with_both_schedules_and_matches_one
     and seed, on the spec's interleaved schedule (1F1B) and on the simple one (GPipe)."""
     text = (EXAMPLES / "pipeline" / "job.toml").read_text()
     assert 'pipeline = "interleaved"' in text and '"--steps", "200"' in text
-    # The example's spec as it is but for its length (60 steps of its 200: the suite's budget),
+    # The example's spec as it is but for its length (40 steps of its 200: the suite's budget),
     # and once more with the other schedule.
-    text = text.replace('"--steps", "200"', '"--steps", "60"').replace(
+    text = text.replace('"--steps", "200"', '"--steps", "40"').replace(
         'workdir = "."', f'workdir = "{EXAMPLES / "pipeline"}"')
     specs = {"interleaved": tmp_path / "interleaved.toml", "simple": tmp_path / "simple.toml"}
     specs["interleaved"].write_text(text)
     specs["simple"].write_text(text.replace('pipeline = "interleaved"', 'pipeline = "simple"'))
-    steps = 60
+    steps = 40
     reference = _single_process_losses(steps)
     for schedule, spec in specs.items():
         view = cli.json("launch", str(spec), "--wait")
