@@ -4,22 +4,16 @@ rank, and every bad table named before anything starts (issue 16, acceptance 6).
 from __future__ import annotations
 
 import json
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.test_jobspec import spec_file
 from tui.model.jobspec import JobSpec, JobSpecError, load_jobspec
 from tui.model.mpspec import ModelParallelSpec
 
 HEAD = 'name = "pipe"\ncommand = ["{python}", "train.py"]\n'
 THREE = HEAD + "nodes = 3\nprocesses_per_node = 1\n"
-
-
-def spec_file(tmp_path: Path, text: str) -> Path:
-    path = tmp_path / "job.toml"
-    path.write_text(textwrap.dedent(text).lstrip())
-    return path
 
 
 def load_error(tmp_path: Path, text: str) -> JobSpecError:
