@@ -17,12 +17,14 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tui.control import pools
 from tui.control.controller import Controller
 from tui.control.history import History, JobRef, JobRefError
 from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.mpspec import ENV_VAR as MP_ENV_VAR
+from tui.model.poolview import PoolsView, pools_json, pools_view
 from tui.model.scheduler import (
     HostCapacity,
     NodeAssignment,
@@ -66,6 +68,8 @@ def overall_state(host_states: dict[str, dict[str, Any] | TransportError]) -> st
         return "failed"
     if len(states) < len(host_states):
         return "unknown"
+    if pools.primary_succeeded(host_states):  # a pool job: the primary's success is the job's
+        return "succeeded"
     if states and all(s in TERMINAL for s in states):
         if all(s == "succeeded" for s in states):
             return "succeeded"
@@ -124,6 +128,7 @@ class JobView:
     events: list[dict[str, Any]] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)  # hosts that did not answer this look
     waiting: str | None = None  # a queued job: what it waits for
+    pools: PoolsView | None = None  # a job made of worker pools: its pools (tui.model.poolview)
 
     @property
     def state_line(self) -> str:
@@ -145,6 +150,7 @@ class JobView:
             "sweep_id": self.spec.get("sweep_id"), "trial": self.spec.get("trial"),
             "code": self.spec.get("code"), "pipeline_id": self.spec.get("pipeline_id"),
             "step": self.spec.get("step"),
+            "pools": pools_json(self.pools), "pool_sizing": self.pools.sizing if self.pools else None,
         }
 
     @classmethod
@@ -159,6 +165,7 @@ class JobView:
             hosts=d.get("hosts") or {}, ranks=d.get("ranks") or [], last_step=d.get("last_step"),
             last_loss=d.get("last_loss"), events=d.get("events") or [],
             unreachable=d.get("unreachable") or [], waiting=d.get("waiting"),
+            pools=PoolsView.from_json(d.get("pools"), d.get("pool_sizing"), d.get("events") or ()),
         )
 
 
@@ -636,7 +643,9 @@ class JobManager:
         job_id = rec["job_id"]
         states = self.host_states(rec)
         overall = overall_state(states)
-        if rec["state"] in TERMINAL or rec["state"] == "queued" or overall in (rec["state"], "unknown"):
+        news = bool(pools.replica_events(rec, states))  # a pool's replica failed, training goes on
+        if rec["state"] in TERMINAL or rec["state"] == "queued" or (
+                overall in (rec["state"], "unknown") and not news):
             return states  # what cannot be known is not written over what history knows
         # A controller that only looks (``status``, ``jobs``, a ``launch`` without ``--wait``)
         # holds the lease while it applies this change, not for LEASE_S after it has exited:
@@ -654,6 +663,9 @@ class JobManager:
         """The gang rules, applied by the lease holder to what the hosts reported."""
         rec = self.record(job_id)  # as it is now that we hold the lease
         if rec["state"] in TERMINAL:
+            return states
+        pools.record_replica_events(self, job_id, rec, states)
+        if overall in (rec["state"], "unknown"):
             return states
         if overall == "failed":
             cause = first_cause(states) or {"message": "a host reported failure"}
@@ -693,7 +705,14 @@ class JobManager:
             # A job that stopped without being asked to (max_runtime, or a stop from a host)
             # says why; a user's stop records its own.
             cause = stop_cause(states) if overall == "stopped" else None
-            extra = {"cause": cause} if cause else {}
+            extra: dict[str, Any] = {"cause": cause} if cause else {}
+            if overall == "succeeded" and pools.primary_succeeded(states):
+                # The primary's success ends a pool job: its other replicas are stopped.
+                extra = pools.stop_after_primary(self, rec, states)
+                self.history.update(job_id, state=overall, ended=time.time())
+                self.history.add_event(job_id, {"event": overall, **extra})
+                self.scheduler.release(job_id)
+                return states
             self.history.update(job_id, state=overall, ended=time.time(), **extra)
             self.history.add_event(job_id, {"event": overall, **extra})
             self.scheduler.release(job_id)
@@ -738,6 +757,7 @@ class JobManager:
             created=rec.get("created"), started=rec.get("started"), ended=rec.get("ended"),
             events=rec.get("events") or [], waiting=rec.get("waiting") if rec["state"] == "queued" else None,
         )
+        v.pools = pools_view(rec)
         if not live:
             return v
         if rec["state"] not in TERMINAL:
@@ -763,6 +783,7 @@ class JobManager:
                                     "exit_code": r.get("exit_code"), "signal": r.get("signal")})
         v.ranks.sort(key=lambda r: r["rank"] if r["rank"] is not None else -1)
         v.last_step, v.last_loss = last_loss(v.hosts)
+        v.pools = pools_view(rec, v.hosts)
         return v
 
     def list(self, refresh: bool = True) -> list[JobView]:

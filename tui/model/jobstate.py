@@ -73,10 +73,17 @@ STATES: tuple[str, ...] = ACTIVE + TERMINAL
 def describe_cause(cause: Mapping[str, Any], *, restart_error: bool = True) -> str:
     """One line for a failure cause: rank, host, signal or exit code, message."""
     parts = []
-    if cause.get("rank") is not None:
-        parts.append(f"rank {cause['rank']}")
-    if cause.get("host"):
-        parts.append(f"on {cause['host']}")
+    if cause.get("pool"):  # a worker pool's replica: "worker 1 on h2 (rank 2)"
+        parts.append(f"{cause['pool']}" + (f" {cause['replica']}" if cause.get("replica") is not None else ""))
+        if cause.get("host"):
+            parts.append(f"on {cause['host']}")
+        if cause.get("rank") is not None:
+            parts.append(f"(rank {cause['rank']})")
+    else:
+        if cause.get("rank") is not None:
+            parts.append(f"rank {cause['rank']}")
+        if cause.get("host"):
+            parts.append(f"on {cause['host']}")
     if cause.get("signal"):
         parts.append(f"killed by signal {cause['signal']}")
     elif cause.get("exit_code") is not None:
