@@ -12,7 +12,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input
 
-from tests.ui_fixtures import recorded_app, signal_jobs, stage_jobs
+from tests.ui_fixtures import pool_jobs, recorded_app, signal_jobs, stage_jobs
 
 
 def _prepare(*keys: str) -> Any:
@@ -58,6 +58,12 @@ def test_job_view_with_signals(snap_compare: Any) -> None:
 def test_job_view_with_stages(snap_compare: Any) -> None:
     """A [model_parallel] job: its plan and stages, expected vs measured (tests/ui_fixtures.py)."""
     assert snap_compare(recorded_app(jobs=stage_jobs()), terminal_size=(120, 40), run_before=_prepare("4"))
+
+
+def test_job_view_with_pools(snap_compare: Any) -> None:
+    """A job made of worker pools: its pools, the Reduction Server sizing line and an evaluator
+    killed while training went on (tests/ui_fixtures.py pool_jobs)."""
+    assert snap_compare(recorded_app(jobs=pool_jobs()), terminal_size=(120, 40), run_before=_prepare("4"))
 
 
 def test_wide_gpu_view(snap_compare: Any) -> None:

@@ -503,6 +503,61 @@ def stage_jobs() -> RecordedJobs:
     return jobs
 
 
+# A job made of worker pools (docs/contracts.md): 1 primary and 2 workers with a GPU each, 1
+# reduction server and 1 evaluator on the CPU host h3; one plan node per replica.
+POOL_NODES: list[tuple[str, int, str, list[int]]] = [
+    ("primary", 0, "h1", [0]), ("worker", 0, "h1", [1]), ("worker", 1, "h2", [0]),
+    ("reduction_server", 0, "h3", []), ("evaluator", 0, "h3", []),
+]
+POOL_SIZING: dict[str, Any] = {
+    "workers_gbps": 30.0, "reducers_gbps": 10.0, "per_reducer_gbps": 10.0, "reducers": 1, "match": 3, "ok": False,
+    "text": "reduction servers 1 x 10 Gbps = 10 Gbps < workers 3 x 10 Gbps = 30 Gbps: 3 would match",
+}
+EVAL_KILLED = 'evaluator 0 on h3 was killed by signal 9; training continues (on_failure = "continue")'
+
+
+def pool_jobs(evaluator_failed: bool = True) -> RecordedJobs:
+    """The recorded jobs, the running one a 4-pool job (primary, workers, reduction server,
+    evaluator) on h1-h3 with its Reduction Server sizing; its evaluator killed by signal 9
+    (``evaluator_failed``), which it reported as a ``replica failed`` event while training goes on."""
+    jobs = RecordedJobs()
+    track = jobs._tracks[JOB]
+    placement = []
+    for role, idx, h, gpus in POOL_NODES:
+        placement.append({"host": h, "address": f"10.213.1.{10 + int(h[1:])}", "slots": 1, "gpus": gpus,
+                          "cpus": 16, "instance_type": "rigdeck.sim-gpu-4" if gpus else "rigdeck.cpu-16",
+                          "simulated": bool(gpus), "pool": role, "replica": idx})
+    spec = {**track.rec["spec"], "launcher": "direct", "nodes": None, "gpus_per_node": None,
+            "pools": [{"role": "primary", "replicas": 1, "gpus_per_replica": 1},
+                      {"role": "worker", "replicas": 2, "gpus_per_replica": 1},
+                      {"role": "reduction_server", "replicas": 1, "processes_per_replica": 1, "labels": ["cpu"]},
+                      {"role": "evaluator", "replicas": 1, "processes_per_replica": 1, "on_failure": "continue"}]}
+    events: list[dict[str, Any]] = []
+    if evaluator_failed:
+        events.append({"time": NOW - 30, "event": "replica failed", "pool": "evaluator", "replica": 0, "host": "h3",
+                       "restart_count": 0, "exit_code": None, "signal": 9, "continues": True,
+                       "message": EVAL_KILLED})
+    track.rec = {**track.rec, "spec": spec, "placement": placement, "pool_sizing": POOL_SIZING, "events": events}
+    states: dict[str, Any] = {}
+    for i, (role, idx, h, _gpus) in enumerate(POOL_NODES):
+        failed = evaluator_failed and role == "evaluator"
+        st = states.setdefault(h, {"state": "running", "restart_count": 0, "ranks": [], "log_ranks": [],
+                                   "replicas": []})
+        st["ranks"].append({"rank": i, "local_rank": sum(1 for n in POOL_NODES[:i] if n[2] == h), "pid": 4100 + i,
+                            "state": "exited" if failed else "running", "exit_code": None,
+                            "signal": 9 if failed else None})
+        st["log_ranks"].append(i)
+        st["replicas"].append({"node_index": i, "pool": role, "replica": idx, "ranks": [i],
+                               "state": "failed" if failed else "running", "exit_code": None,
+                               "signal": 9 if failed else None, "message": None})
+    from tui.control.jobwatch import JobsSnapshot, rank_rows
+
+    track.states = states
+    track.ranks = rank_rows(states, placement)
+    jobs._snapshot = JobsSnapshot(tuple(t.row() for t in jobs._tracks.values()), 2)
+    return jobs
+
+
 # ---------------------------------------------------------------------------------------------
 # Sweeps
 

@@ -78,6 +78,7 @@ from tui.app.widgets.pipelines import (
     step_rows,
     stop_pipeline_text,
 )
+from tui.app.widgets.pools import PoolsTable, pool_rows, pools_head_markup
 from tui.app.widgets.stages import StagesTable, stage_rows, stages_head_markup
 from tui.app.widgets.sweeps import (
     NO_SWEEPS,
@@ -378,6 +379,13 @@ class RigdeckApp(App[None]):
                     stages = StagesTable(id="stages-table")
                     stages.display = False
                     yield stages
+                    # A job made of worker pools: its pools; shown only when it has them.
+                    pools_head = Static("", id="pools-head", classes="head")
+                    pools_head.display = False
+                    yield pools_head
+                    pools = PoolsTable(id="pools-table")
+                    pools.display = False
+                    yield pools
                     yield RanksTable(id="ranks-table")
             with TabPane("Checkpoints 5", id="checkpoints"):
                 yield Static("no job open", id="ckpt-head", classes="head")
@@ -428,6 +436,7 @@ class RigdeckApp(App[None]):
         self.query_one("#loss", LossChart).border_title = "loss by step"
         self.query_one("#ranks-table").border_title = "ranks"
         self.query_one("#stages-table").border_title = "stages: expected vs measured, per step"
+        self.query_one("#pools-table").border_title = "pools"
         self.query_one("#sweep-best", LossChart).border_title = "best so far, by trial"
         self.query_one("#sweep-curves", LossChart).border_title = "objective by step"
         self.query_one("#trials-table").border_title = "trials, best first"
@@ -532,6 +541,7 @@ class RigdeckApp(App[None]):
             ("#jobs-table", JobsTable),
             ("#ranks-table", RanksTable),
             ("#stages-table", StagesTable),
+            ("#pools-table", PoolsTable),
             ("#saves-table", SavesTable),
             ("#sweeps-table", SweepsTable),
             ("#trials-table", TrialsTable),
@@ -809,6 +819,7 @@ class RigdeckApp(App[None]):
         ranks = self.query_one("#ranks-table", RanksTable)
         self._update_signals(detail)
         self._update_stages(detail)
+        self._update_pools(detail)
         if detail is None:
             set_text(head, "no job open: launch one (l), or pick one in Jobs (3) and press enter")
             chart.set_points((), None, empty="no job open")
@@ -884,6 +895,17 @@ class RigdeckApp(App[None]):
             return
         set_text(head, stages_head_markup(view))
         table.apply(stage_rows(view))
+
+    def _update_pools(self, detail: JobDetail | None) -> None:
+        head = self.query_one("#pools-head", Static)
+        table = self.query_one("#pools-table", PoolsTable)
+        view = detail.pools if detail is not None else None
+        head.display = table.display = view is not None
+        if view is None:
+            table.apply([])
+            return
+        set_text(head, pools_head_markup(view))
+        table.apply(pool_rows(view))
 
     def _update_checkpoints(self, detail: JobDetail | None, now: float) -> None:
         head = self.query_one("#ckpt-head", Static)

@@ -360,6 +360,11 @@ def _print_job(v: Any, signals: Sequence[Any] = (), stages: Any = None) -> None:
 
         for line in stage_lines(stages):
             print(line)
+    if getattr(v, "pools", None) is not None:  # a job made of worker pools: its pools, sizing, failures
+        from tui.model.poolview import pool_lines
+
+        for line in pool_lines(v.pools):
+            print(line)
     if v.cause:
         print(f"cause    {_fmt_cause(v.cause)}")
         from tui.model.termsafe import terminal_safe  # rank output: no escape reaches the terminal

@@ -24,7 +24,7 @@ from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.mpspec import ENV_VAR as MP_ENV_VAR
-from tui.model.poolview import PoolsView, pools_json, pools_view
+from tui.model.poolview import PoolsView, gpu_of_rank, pools_json, pools_view
 from tui.model.scheduler import (
     HostCapacity,
     NodeAssignment,
@@ -775,7 +775,9 @@ class JobManager:
             if isinstance(st, dict):
                 for r in st.get("ranks") or []:
                     gpu = r.get("gpu")
-                    if gpu is None and r.get("local_rank") is not None and gpus_by_host.get(host):
+                    if gpu is None and v.pools is not None:  # several replicas on a host: by rank
+                        gpu = gpu_of_rank(v.placement, r.get("rank"))
+                    elif gpu is None and r.get("local_rank") is not None and gpus_by_host.get(host):
                         g = gpus_by_host[host]
                         gpu = g[r["local_rank"]] if r["local_rank"] < len(g) else None
                     v.ranks.append({"rank": r.get("rank"), "host": host, "local_rank": r.get("local_rank"),

@@ -36,6 +36,7 @@ from tui.model.jobview import (  # noqa: F401  (the views this poller builds; im
     OwnerMove,
     StopPlan,
 )
+from tui.model.poolview import gpu_of_rank, pools_view
 from tui.model.stages import StagesFold, checkpointing_of, plan_from_events
 from tui.remote.transport import TransportError
 
@@ -262,6 +263,7 @@ def rank_rows(
 ) -> list[dict[str, Any]]:
     """Every rank of every host that answered, in rank order (as ``JobManager.view`` has them)."""
     gpus_by_host = {n["host"]: n.get("gpus") or [] for n in placement}
+    pooled = any(n.get("pool") for n in placement)
     out = []
     for host, st in states.items():
         if not isinstance(st, dict):
@@ -269,7 +271,9 @@ def rank_rows(
         for r in st.get("ranks") or []:
             gpu = r.get("gpu")
             local = r.get("local_rank")
-            if gpu is None and local is not None and gpus_by_host.get(host):
+            if gpu is None and pooled:  # several replicas on a host: the rank's own node says
+                gpu = gpu_of_rank(placement, r.get("rank"))
+            elif gpu is None and local is not None and gpus_by_host.get(host):
                 g = gpus_by_host[host]
                 gpu = g[local] if local < len(g) else None
             out.append(
@@ -352,6 +356,7 @@ class _Track:
             logs=self.logs,
             signals=self.signals,
             stages=self.stages.view(plan_from_events(rec.get("events") or ()), checkpointing_of(spec)),
+            pools=pools_view(rec, self.states),
         )
 
     def diagnose(self, gpu_util: Mapping[str, float | None] | None,
@@ -466,7 +471,7 @@ class JobWatch:
             t = self._tracks.get(job_id)
             rec = t.rec if t is not None else self.jobs.record(job_id)
             ranks = list(t.ranks) if t is not None else []
-        hosts = []
+        hosts: dict[str, tuple[list[int], list[int]]] = {}  # a pool job's host may have several replicas
         rank = 0
         for node in rec.get("placement") or []:
             slots = int(node.get("slots") or 0)
@@ -478,9 +483,14 @@ class JobWatch:
             if not mine:
                 mine = list(range(rank, rank + slots))
             rank += slots
-            hosts.append((node["host"], tuple(mine), tuple(node.get("gpus") or ())))
+            have_ranks, have_gpus = hosts.setdefault(node["host"], ([], []))
+            have_ranks += [r for r in mine if r not in have_ranks]
+            have_gpus += [g for g in node.get("gpus") or () if g not in have_gpus]
         grace = float((rec.get("spec") or {}).get("grace_s") or 30.0)
-        return StopPlan(rec["job_id"], rec["state"], tuple(hosts), grace)
+        view = pools_view(rec)
+        pools = tuple((p.role, p.replicas, p.hosts) for p in view.pools) if view is not None else ()
+        return StopPlan(rec["job_id"], rec["state"],
+                        tuple((h, tuple(sorted(r)), tuple(g)) for h, (r, g) in hosts.items()), grace, pools)
 
     # -- acting -----------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from tui.model.diagnose import Signal
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
+from tui.model.poolview import PoolsView
 from tui.model.stages import StagesView
 from tui.model.termsafe import terminal_safe
 
@@ -130,6 +131,7 @@ class JobDetail:
     logs: LogBuffer
     signals: tuple[Signal, ...] = ()  # live bottleneck signals, worst first (tui.model.diagnose)
     stages: StagesView | None = None  # a [model_parallel] job's plan and stages (tui.model.stages)
+    pools: PoolsView | None = None  # a job made of worker pools: its pools (tui.model.poolview)
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,7 @@ class StopPlan:
     state: str
     hosts: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]  # (host, ranks, GPUs)
     grace_s: float
+    pools: tuple[tuple[str, int, tuple[str, ...]], ...] = ()  # a pool job's: (role, replicas, hosts)
 
     @property
     def rank_count(self) -> int:

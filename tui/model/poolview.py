@@ -45,6 +45,21 @@ def failure_how(exit_code: Any, signal: Any, message: Any = None) -> str:
     return str(message or "failed")
 
 
+def gpu_of_rank(placement: Sequence[Mapping[str, Any]], rank: Any) -> int | None:
+    """A pool job's rank's GPU: ranks are contiguous in node order (one node per replica, several
+    on a host), so the rank's node and its index there say which of the node's GPUs it has."""
+    if not isinstance(rank, int):
+        return None
+    start = 0
+    for n in placement:
+        slots = int(n.get("slots") or 0)
+        if start <= rank < start + slots:
+            gpus = list(n.get("gpus") or ())
+            return gpus[rank - start] if rank - start < len(gpus) else None
+        start += slots
+    return None
+
+
 @dataclass(frozen=True)
 class PoolRow:
     """One pool of a job: ``states`` per replica (by replica index), ``state`` the pool's."""

@@ -56,11 +56,17 @@ class ConfirmStop(_ConfirmStopBase):
             + (f"[$text-muted]{SIM_MARK}[/]" if gpus and h in self.simulated else "")
             for h, ranks, gpus in p.hosts
         )
+        pools = "".join(
+            f"\n  [b]{escape(role)}[/b]: {n} replica{'' if n == 1 else 's'} on {escape(', '.join(on))}"
+            for role, n, on in p.pools
+        )
+        if pools:  # a job made of worker pools: every pool stops
+            pools = f"\n\nIts {len(p.pools)} pool{'' if len(p.pools) == 1 else 's'} all stop:{pools}"
         with Vertical(id="dialog", classes="dialog -danger"):
             yield Label(f"Stop job [b]{escape(p.job_id)}[/b]?", id="stop-title")
             yield Static(
                 f"State: {escape(p.state)}. {p.rank_count} rank(s) on {len(p.hosts)} host(s):\n"
-                f"{hosts}\n\n"
+                f"{hosts}{pools}\n\n"
                 f"Each rank gets SIGTERM, then SIGKILL after {p.grace_s:g}s; "
                 "every process tagged with the job id is swept.",
                 id="stop-body",
