@@ -21,7 +21,9 @@ hosts checked); ``--only onboarding`` makes that one alone. ``--only signals``: 
 straggler signal names it (``signals.svg``; not part of the full run). ``--only stages``: the Job
 view of the pipeline example (examples/pipeline/job.toml, a ``[model_parallel]`` job: profiling,
 plan, training on 3 hosts; ``--stages-spec`` another spec) once every stage has reported its
-measurements (``stages.svg``; not part of the full run).
+measurements (``stages.svg``; not part of the full run). ``--only pools``: the Job view of a job
+made of worker pools (``--pools-spec``, default examples/pools/job.toml) once every pool's
+replicas run (``pools.svg``; not part of the full run).
 
 PNGs come from ``rsvg-convert`` (Debian: librsvg2-bin) with the Fira Code font the SVGs name
 (fonts-firacode); both are installed with apt-get when missing and this runs as root.
@@ -50,6 +52,7 @@ PIPELINE = ROOT / "examples" / "pipeline-steps"
 TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
 SIGNALS_PROBE = ROOT / "tests" / "jobscripts" / "signals_probe.py"
 MP_EXAMPLE = ROOT / "examples" / "pipeline" / "job.toml"
+POOLS_EXAMPLE = ROOT / "examples" / "pools" / "job.toml"  # a job made of worker pools
 SIZE = (140, 40)
 
 _TEXT = re.compile(
@@ -301,6 +304,34 @@ async def run_stages(app: Any, pilot: Any, converter: str, shots: list[Path], un
     await asyncio.to_thread(app.jobwatch.stop_job, job_id)
 
 
+async def run_pools(app: Any, pilot: Any, converter: str, shots: list[Path], until: Any,
+                    spec_path: Path) -> None:
+    """A job made of worker pools launched through the app's job source; the Job view once every
+    replica of every pool runs (its pools panel filled, the sizing line when it has reduction
+    servers)."""
+    from tui.model.jobspec import load_jobspec
+
+    if not spec_path.exists():
+        raise SystemExit(f"{spec_path}: no such job spec (--pools-spec: a spec with [[pools]])")
+    spec = load_jobspec(spec_path)
+    if not getattr(spec, "pools", ()):
+        raise SystemExit(f"{spec_path}: no [[pools]]: no pools panel to show")
+    job_id = await asyncio.to_thread(app.jobwatch.launch, spec)
+    app.select_job(job_id)
+    await pilot.press("4")
+
+    def all_running() -> bool:
+        d = app.jobwatch.detail(job_id)
+        if d is not None and d.row.state in ("failed", "stopped", "succeeded"):
+            raise SystemExit(f"job {job_id} {d.row.state}: {d.row.cause}")
+        return d is not None and d.pools is not None and all(p.state == "running" for p in d.pools.pools)
+
+    await until(all_running, "every pool running", 300)
+    await pilot.pause(3.0)
+    await capture(app, pilot, "pools", converter, shots)
+    await asyncio.to_thread(app.jobwatch.stop_job, job_id)
+
+
 DOCTOR_RATE = ("rate", "200mbit", "burst", "256kb", "latency", "50ms")
 
 
@@ -346,7 +377,7 @@ async def capture(app: Any, pilot: Any, name: str, converter: str, shots: list[P
 
 async def run(
     bed: Any, tmp: Path, converter: str, wait_steps: int, timeout: float, only: str = "all",
-    stages_spec: Path = MP_EXAMPLE,
+    stages_spec: Path = MP_EXAMPLE, pools_spec: Path | None = None,
 ) -> list[Path]:
     from textual.widgets import Input
 
@@ -389,6 +420,9 @@ async def run(
             return shots
         if only == "doctor":
             await run_doctor_view(app, pilot, bed, converter, shots, until)
+            return shots
+        if only == "pools":
+            await run_pools(app, pilot, converter, shots, until, pools_spec or POOLS_EXAMPLE)
             return shots
         # Somebody else's process on h3's GPU 1 (a CPU burner the simulated GPU follows).
         burner = bed.popen(
@@ -509,16 +543,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument(
         "--only",
-        choices=("all", "sweeps", "pipelines", "doctor", "onboarding", "signals", "stages"),
+        choices=("all", "sweeps", "pipelines", "doctor", "onboarding", "signals", "stages", "pools"),
         default="all",
         help="sweeps: only the Sweeps view (a short sweep, no training job); pipelines: only the "
         "Pipelines view (the example pipeline, twice); doctor: only the Doctor view (h3's link "
         "rate-limited); onboarding: only the onboarding screen; signals: the Job view of a job "
         "with a straggler (not in the full run); stages: the Job view of a [model_parallel] "
-        "job, its stage panel filled (not in the full run)",
+        "job, its stage panel filled (not in the full run); pools: the Job view of a job made of "
+        "worker pools once every pool runs (not in the full run)",
     )
     ap.add_argument("--stages-spec", type=Path, default=MP_EXAMPLE,
                     help="--only stages: the [model_parallel] job spec to run (default: the pipeline example)")
+    ap.add_argument("--pools-spec", type=Path, default=POOLS_EXAMPLE,
+                    help="--only pools: the job spec with [[pools]] to run (default: examples/pools/job.toml)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from tests.testbed import TestBed, available
@@ -536,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
         bed.up()
         try:
             shots = [] if args.only == "onboarding" else asyncio.run(
-                run(bed, tmp, converter, args.steps, args.timeout, args.only, args.stages_spec))
+                run(bed, tmp, converter, args.steps, args.timeout, args.only, args.stages_spec, args.pools_spec))
             if args.only in ("all", "onboarding"):  # last: it changes HOME
                 shots += asyncio.run(run_onboarding(bed, tmp, converter))
         finally:

@@ -49,6 +49,7 @@ JOB: dict[str, Any] = {
     "ranks": list, "last_step": (int, NONE), "last_loss": (float, int, NONE), "hosts": dict,
     "events": list, "unreachable": list, "waiting": (str, NONE), "sweep_id": (str, NONE), "trial": (str, NONE),
     "code": (dict, NONE), "pipeline_id": (str, NONE), "step": (str, NONE),
+    "pools": list, "pool_sizing": (dict, NONE),
 }
 STATUS = {**JOB, "signals": list, "stages": (dict, NONE)}  # status --json: a job, its live signals, its stages
 STAGES = {"optimize": str, "schedule": str, "microbatches": (int, NONE), "partitions": int, "blocks": (int, NONE),
@@ -57,6 +58,10 @@ STAGES = {"optimize": str, "schedule": str, "microbatches": (int, NONE), "partit
 STAGE = {"stage": int, "blocks": list, "expected_time_s": (float, NONE), "expected_memory_bytes": (int, NONE),
          "send_bytes": (int, NONE), "step": (int, NONE), "step_time_s": (float, NONE), "busy_s": (float, NONE),
          "peak_bytes": (int, NONE), "bubble": (float, NONE), "rank": (int, NONE), "host": (str, NONE)}
+POOL = {"role": str, "replicas": int, "hosts": list, "state": str, "replica_states": list, "on_failure": str}
+POOL_SIZING = {"workers_gbps": (float, int, NONE), "reducers_gbps": (float, int, NONE),
+               "per_reducer_gbps": (float, int, NONE), "reducers": int, "match": (int, NONE), "ok": (bool, NONE),
+               "text": str}
 SIGNAL = {"kind": str, "verdict": str, "host": (str, NONE), "rank": (int, NONE), "summary": str, "advice": str}
 NODE = {"host": str, "address": str, "slots": int, "gpus": list, "cpus": (int, NONE),
         "instance_type": str, "simulated": bool}
@@ -552,3 +557,26 @@ def test_stages_json_is_the_documented_mapping() -> None:
     for i, s in enumerate(d["stages"]):
         conforms(s, STAGE, f"stages.stages[{i}]")
     assert d["stages"][0]["step"] is None and d["stages"][1]["bubble"] == pytest.approx(0.6)
+
+
+def test_pools_json_is_the_documented_mapping(tmp_path: Path) -> None:
+    """A pool job's ``pools`` and ``pool_sizing`` in every command's job object, as
+    docs/contracts.md ("Worker pools: controller rules and what the faces show") says."""
+    history = History(tmp_path / "history.sqlite")
+    history.create("p-1", "ps", {"name": "ps", "pools": [{"role": "primary"}, {"role": "evaluator"}]},
+                   state="running")
+    sizing = {"workers_gbps": 30.0, "reducers_gbps": 10.0, "per_reducer_gbps": 10.0, "reducers": 1, "match": 3,
+              "ok": False, "text": "reduction servers 1 x 10 Gbps = 10 Gbps < workers 3 x 10 Gbps = 30 Gbps: 3 would match"}
+    history.update("p-1", pool_sizing=sizing, placement=[
+        {"host": "h1", "address": "10.0.0.1", "slots": 1, "gpus": [0], "cpus": 8, "instance_type": "x",
+         "simulated": True, "pool": "primary", "replica": 0},
+        {"host": "h2", "address": "10.0.0.2", "slots": 1, "gpus": [], "cpus": 8, "instance_type": "y",
+         "simulated": False, "pool": "evaluator", "replica": 0}])
+    d = json.loads(json.dumps(JobManager(TypedAgents(), history).view("p-1", live=False).to_json()))  # type: ignore[arg-type]
+    conforms(d, JOB, "pool job")  # (its placement nodes carry "pool" and "replica" besides NODE's keys)
+    assert [p["role"] for p in d["pools"]] == ["primary", "evaluator"]
+    for i, p in enumerate(d["pools"]):
+        conforms(p, POOL, f"pools[{i}]")
+    assert d["pools"][1]["on_failure"] == "continue" and d["pools"][0]["state"] == "unknown"
+    conforms(d["pool_sizing"], POOL_SIZING, "pool_sizing")
+
