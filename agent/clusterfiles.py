@@ -667,7 +667,10 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
         "instance_groups": groups,
         "network_interface_name": iface or DEFAULT_INTERFACE,
     }
-    encoded_hps = _encode_hyperparameters(dict(plan.get("hyperparameters") or {}))
+    raw_hps = dict(plan.get("hyperparameters") or {})
+    if pooled:  # as the SageMaker SDK passes a heterogeneous cluster's distribution groups
+        raw_hps.setdefault("sagemaker_distribution_instance_groups", list(dist_groups))
+    encoded_hps = _encode_hyperparameters(raw_hps)
     all_hps = _decode_hyperparameters(encoded_hps)
     hps = {k: v for k, v in all_hps.items() if not k.startswith("sagemaker_")}
     framework_params = {k: v for k, v in all_hps.items() if k.startswith("sagemaker_")}
