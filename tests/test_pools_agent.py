@@ -660,7 +660,7 @@ def test_a_processing_job_host_that_cannot_link_its_shard_fails_before_starting(
     finally:
         jh.close()
     assert st["state"] == "failed"
-    assert "listed file 'missing.txt' is missing under %s on h1" % src in st["cause"]["message"]
+    assert f"listed file 'missing.txt' is missing under {src} on h1" in st["cause"]["message"]
     assert not (tmp_path / "ran").exists()
 
 
