@@ -717,3 +717,112 @@ def test_facts_of_this_machine_carry_nics_and_the_controller_still_reads_them() 
         assert n["speed_mbps"] == (raw if raw > 0 else None)
     hf = HostFacts.from_wire(json.loads(json.dumps(got)))
     assert hf.raw["nics"] == got["nics"] and hf.hostname == got["hostname"]
+
+
+# -- tests/probe_rank.py's pool mode, inside real processes on this machine -----------------------
+
+
+def _run_probes(tmp_path: Path, plan: dict[str, Any]) -> tuple[dict[int, dict[str, Any]], list[subprocess.CompletedProcess[str]]]:
+    """Every rank of every replica (all on 127.0.0.1): the replica's cluster files, its rank's
+    variables, the probe; one job dir, as one host has."""
+    job = tmp_path / "job"
+    procs = []
+    for i in range(len(plan["nodes"])):
+        node = cf.node_env(plan, i, str(job), "lo")
+        for lr in range(int(plan["nodes"][i]["slots"])):
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_", "NODE_RANK", "SM_", "OMPI_"))}
+            env.update(node)
+            env.update(cf.rank_env(plan, i, lr))
+            env.update({"OMP_NUM_THREADS": "1", "PROBE_TIMEOUT_S": "60"})
+            procs.append(subprocess.Popen([sys.executable, str(ROOT / "tests" / "probe_rank.py")], env=env,
+                                          cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=180)
+            outs.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    reports = {}
+    for f in sorted((job / "probe").glob("rank-*.json")):
+        r = json.loads(f.read_text())
+        reports[r["rank"]] = r
+    return reports, outs
+
+
+def probe_pool_plan() -> dict[str, Any]:
+    """The 4-pool job on this machine: 1 primary (2 ranks), 2 workers, 1 ps, 1 evaluator."""
+    ports = _free_ports(5)
+    roles = [("primary", 0, 2), ("worker", 0, 1), ("worker", 1, 1), ("parameter_server", 0, 1), ("evaluator", 0, 1)]
+    nodes = [{"host": f"node-{k % 3}", "address": "127.0.0.1", "slots": slots, "gpus": [], "cpus": 1,
+              "instance_type": "rigdeck.cpu-1", "pool": role, "replica": rep, "port": port,
+              "command": [sys.executable, "probe_rank.py"], "env": {},
+              "on_failure": "continue" if role == "evaluator" else "stop"}
+             for k, ((role, rep, slots), port) in enumerate(zip(roles, ports, strict=True))]
+    return {"job_id": f"probe-pools-{ports[0]}", "name": "probe", "launcher": "direct",
+            "command": [sys.executable, "probe_rank.py"], "workdir": str(ROOT), "env": {},
+            "hyperparameters": {"lr": 0.1}, "checkpoint": {"dir": None, "owner": "rank0"}, "restart_count": 0,
+            "nodes": nodes, "master_addr": "127.0.0.1", "master_port": ports[0]}
+
+
+def test_the_probe_checks_every_replica_of_a_four_pool_job(tmp_path: Path) -> None:
+    from tests._require import TORCH_MISSING
+
+    require(has_module("torch"), TORCH_MISSING)
+    plan = probe_pool_plan()
+    reports, outs = _run_probes(tmp_path, plan)
+    assert sorted(reports) == list(range(6)), [o.stderr[-1500:] for o in outs]
+    for rank, r in reports.items():
+        assert r["ok"], (rank, r["failures"])
+    want = {0: ("primary", 0, True), 1: ("primary", 0, True), 2: ("worker", 0, True), 3: ("worker", 1, True),
+            4: ("parameter_server", 0, False), 5: ("evaluator", 0, False)}
+    for rank, (pool, rep, in_world) in want.items():
+        got = reports[rank]["pool"]
+        assert (got["pool"], got["replica"], got["in_world"]) == (pool, rep, in_world)
+        node = plan["nodes"][got["node_rank"]]
+        assert got["endpoint"] == f"127.0.0.1:{node['port']}"
+        # the port check ran once per replica (its local rank 0) and found the port free
+        assert got["port_free"] is (True if rank != 1 else None)
+        checks = {c["check"] for c in reports[rank]["checks"]}
+        assert {"CLUSTER_SPEC task", "SageMaker current group", "SageMaker groups match the Vertex pools",
+                "in torch's world"} <= checks
+        if in_world:  # gloo over the world: the primary's 2 ranks and the 2 workers
+            assert reports[rank]["torch_rank"] == rank
+            assert reports[rank]["collective"]["sum"] == 4 * 5 / 2
+        else:
+            assert reports[rank]["collective"] is None
+            assert "no torch variables outside the world" in checks
+    for o in outs:
+        assert o.returncode == 0, o.stderr[-2000:]
+
+
+def test_the_probe_says_when_a_replicas_port_is_taken_or_torch_leaks_out_of_the_world(tmp_path: Path) -> None:
+    require(has_module("torch"), "torch is not installed")
+    plan = probe_pool_plan()
+    plan["nodes"] = plan["nodes"][:1] + plan["nodes"][3:]  # primary, ps, evaluator: no gloo peers needed
+    plan["nodes"][0]["slots"] = 1
+    job = tmp_path / "job"
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", plan["nodes"][2]["port"]))  # someone took the evaluator's port
+    try:
+        node = cf.node_env(plan, 1, str(job), "lo")
+        node["WORLD_SIZE"] = "3"  # as if the parameter server were given torch's variables
+        results = []
+        for i, env_over in ((1, node), (2, cf.node_env(plan, 2, str(job), "lo"))):
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "SM_"))}
+            env.update(env_over)
+            env.update(cf.rank_env(plan, i, 0))
+            results.append(subprocess.run([sys.executable, str(ROOT / "tests" / "probe_rank.py")], env=env,
+                                          capture_output=True, text=True, timeout=120, check=False))
+    finally:
+        blocker.close()
+    ps, ev = results
+    assert ps.returncode == 1 and "no torch variables outside the world" in ps.stderr
+    assert ev.returncode == 1 and "own endpoint port free at launch" in ev.stderr
+    r = json.loads((job / "probe" / "rank-2.json").read_text())
+    assert [c["check"] for c in r["failures"]] == ["own endpoint port free at launch"]
+    assert "Address already in use" in r["pool"]["port_free"]
