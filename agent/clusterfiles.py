@@ -609,8 +609,8 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
                 groups.append({"instance_group_name": pool_role,
                                "instance_type": str(nodes[members[0]].get("instance_type") or "local"),
                                "hosts": [sm_hosts[i] for i in members]})
-        current_group = role  # type: str
-        group_hosts = [sm_hosts[i] for i in by_pool[role]]
+        current_group = str(role)
+        group_hosts = [sm_hosts[i] for i in by_pool[current_group]]
         dist_groups = [g["instance_group_name"] for g in groups
                        if g["instance_group_name"] in WORLD_POOLS]
         dist_hosts = [h for g in groups if g["instance_group_name"] in WORLD_POOLS

@@ -476,9 +476,10 @@ def check_pool_views(p: Probe) -> dict[str, Any]:
                                                   and isinstance(node_rank, int) and 0 <= node_rank < len(rd_addrs)
                                                   else MISSING),
     })
-    same_addr_ports = [_split_endpoint(e)[1] for e in flat if _split_endpoint(e)[0] == own_addr]
+    same_addr = [_split_endpoint(e) for e in flat if _split_endpoint(e)[0] == own_addr]
     p.agree("no other replica on this address has this port", {
-        "replicas on this address with this port": same_addr_ports.count(own_port) if flat else MISSING,
+        "replicas on this address with this port": (sum(1 for _a, port in same_addr if port == own_port)
+                                                    if flat else MISSING),
         "expected": 1})
     # ---- Vertex: TF_CONFIG ----------------------------------------------------------------------
     tf_type = TF_TASK_TYPES.get(str(pool))
@@ -586,8 +587,7 @@ def check_pool_views(p: Probe) -> dict[str, Any]:
         p.agree("own endpoint port free at launch", {f"bind {own_addr}:{own_port}": port_check,
                                                      "expected": True})
     for var in ("RIGDECK_METRICS_DIR", "RIGDECK_JOB_DIR", "SM_MODEL_DIR"):
-        d = env.get(var)
-        p.agree(var + " is a directory", {var: bool(d) and os.path.isdir(d), "expected": True})
+        p.agree(var + " is a directory", {var: os.path.isdir(env.get(var) or ""), "expected": True})
     return {"rank": rank, "world": world, "local_rank": local_rank, "node_rank": node_rank,
             "host": p.raw("RIGDECK_CURRENT_HOST"), "hosts": rd_hosts,
             "rigdeck_rank": p.int_env("RIGDECK_RANK"), "pool": pool, "replica": replica,

@@ -758,7 +758,7 @@ def probe_pool_plan() -> dict[str, Any]:
     """The 4-pool job on this machine: 1 primary (2 ranks), 2 workers, 1 ps, 1 evaluator."""
     ports = _free_ports(5)
     roles = [("primary", 0, 2), ("worker", 0, 1), ("worker", 1, 1), ("parameter_server", 0, 1), ("evaluator", 0, 1)]
-    nodes = [{"host": f"node-{k % 3}", "address": "127.0.0.1", "slots": slots, "gpus": [], "cpus": 1,
+    nodes: list[dict[str, Any]] = [{"host": f"node-{k % 3}", "address": "127.0.0.1", "slots": slots, "gpus": [], "cpus": 1,
               "instance_type": "rigdeck.cpu-1", "pool": role, "replica": rep, "port": port,
               "command": [sys.executable, "probe_rank.py"], "env": {},
               "on_failure": "continue" if role == "evaluator" else "stop"}
