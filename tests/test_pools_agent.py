@@ -573,6 +573,26 @@ def test_a_host_without_the_primary_succeeds_when_its_replicas_end_well(tmp_path
     assert st["expected_ranks"] == [1, 2]
 
 
+def test_a_stop_request_stops_every_replica_here(tmp_path: Path) -> None:
+    plan = local_pool_plan(tmp_path, "pools-stop", [
+        ("primary", 0, "stop", SLEEPER),
+        ("parameter_server", 0, "stop", SLEEPER),
+        ("evaluator", 0, "continue", SLEEPER),
+    ])
+    jh = LocalJobHost(tmp_path, plan)
+    try:
+        jh.wait_for(lambda s: s.get("state") == "running"
+                    and len(list((jh.dir / "ranks").glob("rank-?.json"))) == 3)
+        os.kill(jh.proc.pid, signal.SIGTERM)  # what the agent's job_stop does
+        st = jh.wait_for(lambda s: s.get("state") in TERMINAL)
+    finally:
+        jh.close()
+    assert st["state"] == "stopped" and st["cause"] == {"message": "stopped by request"}, st
+    assert [(r["pool"], r["state"]) for r in st["replicas"]] == [
+        ("primary", "stopped"), ("parameter_server", "stopped"), ("evaluator", "stopped")]
+    assert not processes_with_tag("pools-stop")
+
+
 def test_a_pool_job_needs_the_direct_launcher(tmp_path: Path) -> None:
     plan = local_pool_plan(tmp_path, "pools-torchrun", [("primary", 0, "stop", "pass")])
     plan["launcher"] = "torchrun"
