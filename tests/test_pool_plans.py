@@ -158,3 +158,32 @@ distribution = "ShardedByKey"
     (job,) = cli.json("jobs")
     assert job["state"] == "failed"
     assert not any((h.state_dir / "jobs" / job["job_id"] / "plan.json").exists() for h in cli.bed.hosts)
+
+
+def test_launch_prints_and_records_the_reduction_server_sizing(cli: Cli) -> None:
+    """A job with a reduction_server pool: ``rigdeck launch`` prints the sizing check and the
+    job's record keeps it (``pool_sizing``). The NIC speeds are the agents' facts ``nics``;
+    an agent that reports none, or veths without a speed, make it say the speed is unknown."""
+    spec = cli.spec("rs", f"""
+command = ["{{python}}", "-c", "pass"]
+workdir = "{ROOT}"
+max_runtime = "5m"
+[[pools]]
+role = "primary"
+[[pools]]
+role = "worker"
+[[pools]]
+role = "reduction_server"
+hosts = ["h3"]
+""")
+    proc = cli.run("launch", str(spec), "--wait", timeout=300)
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("reduction server sizing: "))
+    job_id = proc.stdout.split()[1].rstrip(":")
+    sizing = cli.json("status", job_id)["pool_sizing"]
+    assert line == f"reduction server sizing: {sizing['text']}"
+    assert sizing["reducers"] == 1
+    if sizing["ok"] is None:  # speeds unknown: said so, nothing made up
+        assert sizing["match"] is None and "NIC speed unknown on" in sizing["text"]
+    else:  # one reducer of the same speed as each of two workers: 2 would match
+        assert sizing["workers_gbps"] == 2 * sizing["per_reducer_gbps"] and sizing["match"] == 2
+        assert sizing["text"].endswith(": 2 would match")
