@@ -185,3 +185,39 @@ def test_bad_processing_specs_name_the_field(tmp_path: Path, text: str, field: s
     err = load_error(tmp_path, text)
     assert err.field == field, str(err)
     assert needle in str(err), str(err)
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_examples_specs_parse() -> None:
+    pools = load_jobspec(ROOT / "examples" / "pools" / "job.toml")
+    assert [p.role for p in pools.pools] == ["primary", "worker", "parameter_server", "evaluator"]
+    assert pools.node_count == 5 and pools.torch_world_size == 3
+    proc = load_jobspec(ROOT / "examples" / "processing" / "job.toml")
+    assert proc.kind == "processing" and proc.processing is not None
+    assert proc.processing.inputs == (ProcessingInput("data", "data", "ShardedByKey"),)
+
+
+def test_the_processing_examples_script_counts_its_shard(tmp_path: Path) -> None:
+    """count.py over a processing tree as a host has it (a shard: symlinks to some files)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    data = ROOT / "examples" / "processing" / "data"
+    tree = tmp_path / "processing"
+    shard = tree / "input" / "data"
+    shard.mkdir(parents=True)
+    mine = sorted(p.name for p in data.iterdir())[1::3]
+    for name in mine:
+        (shard / name).symlink_to(data / name)
+    (tree / "config").mkdir()
+    (tree / "config" / "resourceconfig.json").write_text(json.dumps({"current_host": "h2", "hosts": ["h1", "h2", "h3"]}))
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "processing" / "count.py")], capture_output=True,
+                         text=True, env={**os.environ, "RIGDECK_PROCESSING_DIR": str(tree)}, timeout=60, check=True)
+    assert out.stdout == "h2: counted the lines of 3 files\n"
+    rows = (tree / "output" / "counts" / "h2.tsv").read_text().splitlines()
+    assert rows == [f"data/{n}\t{len((data / n).read_text().splitlines())}" for n in mine]
+    assert [r.split("\t")[1] for r in rows] == ["2", "5", "8"]
