@@ -924,13 +924,22 @@ class JobManager:
                 v.state = "unknown"
         else:
             v.hosts = self.host_states(rec)
-        gpus_by_host = {n["host"]: n.get("gpus") or [] for n in v.placement}
+        # Rank -> its GPU from the placement: ranks are contiguous in node order, local rank l
+        # of a node on its l-th GPU (a pool job's host may hold several nodes).
+        gpu_of: dict[int, int] = {}
+        first = 0
+        for n in v.placement:
+            for local, g in enumerate(n.get("gpus") or []):
+                gpu_of[first + local] = g
+            first += int(n.get("slots") or 0)
         for host, st in v.hosts.items():
             if isinstance(st, dict):
                 for r in st.get("ranks") or []:
                     gpu = r.get("gpu")
-                    if gpu is None and r.get("local_rank") is not None and gpus_by_host.get(host):
-                        g = gpus_by_host[host]
+                    if gpu is None and r.get("rank") is not None:
+                        gpu = gpu_of.get(r["rank"])
+                    elif gpu is None and r.get("local_rank") is not None:  # no global rank: the host's first node
+                        g = next((n.get("gpus") or [] for n in v.placement if n["host"] == host), [])
                         gpu = g[r["local_rank"]] if r["local_rank"] < len(g) else None
                     v.ranks.append({"rank": r.get("rank"), "host": host, "local_rank": r.get("local_rank"),
                                     "gpu": gpu, "pid": r.get("pid"), "state": r.get("state"),
