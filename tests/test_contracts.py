@@ -48,7 +48,7 @@ JOB: dict[str, Any] = {
     "cause": (dict, NONE), "created": (float, NONE), "started": (float, NONE), "ended": (float, NONE),
     "ranks": list, "last_step": (int, NONE), "last_loss": (float, int, NONE), "hosts": dict,
     "events": list, "unreachable": list, "waiting": (str, NONE), "sweep_id": (str, NONE), "trial": (str, NONE),
-    "code": (dict, NONE), "pipeline_id": (str, NONE), "step": (str, NONE),
+    "code": (dict, NONE), "pipeline_id": (str, NONE), "step": (str, NONE), "pool_sizing": (dict, NONE),
 }
 STATUS = {**JOB, "signals": list, "stages": (dict, NONE)}  # status --json: a job, its live signals, its stages
 STAGES = {"optimize": str, "schedule": str, "microbatches": (int, NONE), "partitions": int, "blocks": (int, NONE),
