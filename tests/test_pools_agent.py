@@ -307,6 +307,28 @@ def test_torchs_world_is_the_primary_and_the_workers_only(tmp_path: Path) -> Non
         "10.213.1.11 slots=2\n10.213.1.12 slots=2\n10.213.1.13 slots=2\n")
 
 
+def test_runtime_cluster_info_gives_world_ranks_their_place_and_refuses_the_others(tmp_path: Path) -> None:
+    """runtime.cluster_info() in each replica: a world rank's view is torch's world (3 nodes, 6
+    ranks), whatever the other pools add to rigdeck's lists; outside the world it says why."""
+    from runtime.cluster import ClusterInfoError, cluster_info
+
+    plan = pool_plan()
+    envs = all_envs(tmp_path, plan)
+    for k, ((role, rep, host, _a, _p, slots, _g), env) in enumerate(zip(REPLICAS, envs, strict=True)):
+        for local in range(slots):
+            renv = {**env, **cf.rank_env(plan, k, local)}
+            if role in ("primary", "worker"):
+                info = cluster_info(renv, cuda_devices=0)
+                assert (info.world_size, info.num_nodes, info.local_world_size) == (6, 3, 2)
+                assert info.rank == cf.global_ranks(plan, k)[local] and info.local_rank == local
+                assert info.node_rank == (0 if role == "primary" else 1 + rep)
+                assert info.hosts == ("h1", "h2", "h3") and info.current_host == host
+                assert (info.master_addr, info.master_port) == ("10.213.1.11", 29500)
+            else:
+                with pytest.raises(ClusterInfoError, match=f"{role} replica {rep} of a pool job, outside"):
+                    cluster_info(renv, cuda_devices=0)
+
+
 def test_each_replica_has_its_own_files_and_the_host_keeps_one_job_dir(tmp_path: Path) -> None:
     plan = pool_plan()
     job = tmp_path / "h1" / "job"
