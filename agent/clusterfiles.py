@@ -281,22 +281,312 @@ def _channels(plan: Dict[str, Any]) -> Dict[str, Tuple[Dict[str, str], Optional[
     return out
 
 
+# -- worker pools (a pool job's plan: every node is one replica of one pool) --------------------
+
+# Vertex's pools, in order: workerpool0 the primary, 1 the workers, 2 parameter servers or
+# Reduction Server replicas, 3 the evaluators.
+POOL_ORDER = ("primary", "worker", "parameter_server", "reduction_server", "evaluator")
+VERTEX_POOLS = {"primary": "workerpool0", "worker": "workerpool1", "parameter_server": "workerpool2",
+                "reduction_server": "workerpool2", "evaluator": "workerpool3"}
+VERTEX_POOL_NAMES = ("workerpool0", "workerpool1", "workerpool2", "workerpool3")
+# TF_CONFIG's task type of each pool; reduction servers get no TF_CONFIG at all.
+TF_TASK_TYPES = {"primary": "chief", "worker": "worker", "parameter_server": "ps",
+                 "evaluator": "evaluator"}
+TF_CLUSTER_KEYS = (("chief", "primary"), ("worker", "worker"), ("ps", "parameter_server"))
+WORLD_POOLS = ("primary", "worker")  # torch's world: the primary and the workers
+REPLICAS_DIR = "replicas"
+
+
+def is_pool_plan(plan: Dict[str, Any]) -> bool:
+    """A job of ``[[pools]]``: its nodes carry ``pool`` (role) and ``replica``."""
+    return any(isinstance(n, dict) and n.get("pool") is not None for n in plan.get("nodes") or [])
+
+
+def node_indices(plan: Dict[str, Any]) -> List[int]:
+    """The nodes this host runs: ``plan["node_indices"]`` (a pool job may put several replicas on
+    one host), else ``[plan["node_index"]]``."""
+    got = plan.get("node_indices")
+    if got:
+        return sorted(int(i) for i in got)
+    return [int(plan["node_index"])]
+
+
+def check_pools(plan: Dict[str, Any]) -> None:
+    """A pool plan the agent can use, or ValueError saying what is wrong with which node."""
+    nodes = _nodes(plan)
+    seen = {}  # type: Dict[Tuple[str, int], int]
+    ports = {}  # type: Dict[Tuple[str, int], int]
+    primaries = []
+    for i, n in enumerate(nodes):
+        role = n.get("pool")
+        if role not in VERTEX_POOLS:
+            raise ValueError("plan nodes[%d].pool: expected one of %s, got %r"
+                             % (i, ", ".join(POOL_ORDER), role))
+        rep = n.get("replica")
+        if not isinstance(rep, int) or isinstance(rep, bool) or rep < 0:
+            raise ValueError("plan nodes[%d].replica: expected an integer >= 0, got %r" % (i, rep))
+        if (role, rep) in seen:
+            raise ValueError("plan nodes[%d]: %s %d is nodes[%d] already" % (i, role, rep, seen[(role, rep)]))
+        seen[(role, rep)] = i
+        port = n.get("port")
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            raise ValueError("plan nodes[%d].port: expected a port number, got %r" % (i, port))
+        key = (str(n.get("address")), port)
+        if key in ports:
+            raise ValueError("plan nodes[%d].port: %s:%d is nodes[%d]'s already"
+                             % (i, key[0], port, ports[key]))
+        ports[key] = i
+        if role == "primary":
+            primaries.append(i)
+    if len(primaries) != 1:
+        raise ValueError("plan: expected exactly one primary node, got %d" % len(primaries))
+    if "parameter_server" in (n["pool"] for n in nodes) and "reduction_server" in (n["pool"] for n in nodes):
+        raise ValueError("plan: parameter_server and reduction_server nodes both (both are workerpool2)")
+
+
+def _pool_nodes(plan: Dict[str, Any]) -> Dict[str, List[int]]:
+    """role -> indices of its nodes, by replica index."""
+    out = {}  # type: Dict[str, List[int]]
+    nodes = _nodes(plan)
+    for i, n in enumerate(nodes):
+        out.setdefault(str(n["pool"]), []).append(i)
+    for members in out.values():
+        members.sort(key=lambda i: int(nodes[i]["replica"]))
+    return out
+
+
+def replica_name(node: Dict[str, Any]) -> str:
+    return "%s-%d" % (node["pool"], int(node["replica"]))
+
+
+def replica_dir(job_dir: str, node: Dict[str, Any]) -> str:
+    """Where one replica's own files go: ``<job_dir>/replicas/<role>-<replica>``."""
+    return os.path.join(os.path.abspath(job_dir), REPLICAS_DIR, replica_name(node))
+
+
+def algo_names(plan: Dict[str, Any]) -> List[str]:
+    """SageMaker's host names: ``algo-1``... one per node in plan order."""
+    return ["algo-%d" % (k + 1) for k in range(len(_nodes(plan)))]
+
+
+def node_command(plan: Dict[str, Any], node_index: int) -> List[str]:
+    """The command of a node: its pool's (``nodes[i]["command"]``), else the job's."""
+    own = _node(plan, node_index).get("command")
+    return [str(a) for a in (own or plan.get("command") or [])]
+
+
+def _endpoint(node: Dict[str, Any], default_port: int) -> str:
+    port = node.get("port")
+    return _host_port(str(node["address"]), int(port) if port is not None else default_port)
+
+
+def vertex_cluster(plan: Dict[str, Any]) -> Dict[str, List[str]]:
+    """CLUSTER_SPEC's ``cluster`` of a pool job: workerpool0..3, each replica's own port."""
+    nodes = _nodes(plan)
+    by_pool = _pool_nodes(plan)
+    out = {name: [] for name in VERTEX_POOL_NAMES}  # type: Dict[str, List[str]]
+    for role in POOL_ORDER:
+        for i in by_pool.get(role, []):
+            out[VERTEX_POOLS[role]].append(_endpoint(nodes[i], int(plan["master_port"])))
+    return out
+
+
+def tf_cluster(plan: Dict[str, Any]) -> Dict[str, List[str]]:
+    """TF_CONFIG's ``cluster`` of a pool job: chief, worker, ps (only present ones; evaluators and
+    reduction servers are never in it)."""
+    nodes = _nodes(plan)
+    by_pool = _pool_nodes(plan)
+    out = {}  # type: Dict[str, List[str]]
+    for key, role in TF_CLUSTER_KEYS:
+        if by_pool.get(role):
+            out[key] = [_endpoint(nodes[i], int(plan["master_port"])) for i in by_pool[role]]
+    return out
+
+
+def _in_world(node: Dict[str, Any]) -> bool:
+    return node.get("pool") is None or node.get("pool") in WORLD_POOLS
+
+
+def torch_world_size(plan: Dict[str, Any]) -> int:
+    """Processes in torch's world: every node's, or a pool job's primary and workers only."""
+    return sum(int(n["slots"]) for n in _nodes(plan) if _in_world(n))
+
+
+def torch_node_rank(plan: Dict[str, Any], node_index: int) -> int:
+    """NODE_RANK: the node index, or in a pool job 0 for the primary and 1 + index for a worker."""
+    node = _node(plan, node_index)
+    if node.get("pool") is None:
+        return node_index
+    if node["pool"] == "primary":
+        return 0
+    if node["pool"] == "worker":
+        return 1 + int(node["replica"])
+    raise ValueError("%s is not in torch's world" % replica_name(node))
+
+
+def _torch_rank(plan: Dict[str, Any], node_index: int, local_rank: int) -> int:
+    """A world member's torch rank: the slots of the world's nodes before it, plus local rank."""
+    nodes = _nodes(plan)
+    return sum(int(n["slots"]) for n in nodes[:node_index] if _in_world(n)) + local_rank
+
+
+# -- processing jobs --------------------------------------------------------------------------
+
+PROCESSING_DIR = "processing"
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+
+
+def _io_name(kind: str, i: int, entry: Dict[str, Any]) -> str:
+    name = str(entry.get("name") or "")
+    if not _NAME_RE.match(name) or name in (".", ".."):
+        raise ValueError("plan processing.%s[%d].name: expected 1-64 of [A-Za-z0-9._-], got %r"
+                         % (kind, i, entry.get("name")))
+    return name
+
+
+def _safe_relpath(rel: str) -> bool:
+    parts = rel.split("/")
+    return bool(rel) and not rel.startswith("/") and all(p not in ("", ".", "..") for p in parts)
+
+
+def _clear_input(path: str) -> None:
+    """Remove an input left by an earlier attempt: a link, or a tree of links we made."""
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)  # links inside are removed, never followed
+
+
+def processing_tree(plan: Dict[str, Any], node_index: int, job_dir: str) -> str:
+    """SageMaker Processing's tree in ``<job_dir>/processing``: ``input/<name>`` (FullyReplicated:
+    a link to the source dir; ShardedByKey: a directory of links to this host's shard, each at its
+    relative path), empty ``output/<name>`` dirs, and ``config/resourceconfig.json`` with only
+    ``current_host`` and ``hosts``. Raises ValueError naming what is missing."""
+    nodes = _nodes(plan)
+    _node(plan, node_index)
+    hosts = [str(n["host"]) for n in nodes]
+    current = hosts[node_index]
+    spec = plan.get("processing") or {}
+    root = os.path.join(os.path.abspath(job_dir), PROCESSING_DIR)
+    input_root = os.path.join(root, "input")
+    output_root = os.path.join(root, "output")
+    config_dir = os.path.join(root, "config")
+    for d in (input_root, output_root, config_dir):
+        os.makedirs(d, exist_ok=True)
+    for i, entry in enumerate(spec.get("inputs") or []):
+        name = _io_name("inputs", i, entry)
+        source = os.path.expanduser(str(entry.get("source") or ""))
+        if not source:
+            raise ValueError("plan processing.inputs[%d].source: missing (input %r)" % (i, name))
+        if not os.path.isabs(source):
+            source = os.path.normpath(os.path.join(plan.get("workdir") or os.getcwd(), source))
+        if not os.path.isdir(source):
+            raise ValueError("processing input %r: source %s is not a directory on %s"
+                             % (name, source, current))
+        dist = str(entry.get("distribution") or "FullyReplicated")
+        path = os.path.join(input_root, name)
+        _clear_input(path)
+        if dist == "FullyReplicated":
+            os.symlink(source, path)
+        elif dist == "ShardedByKey":
+            os.makedirs(path)
+            for rel in entry.get("files") or []:
+                rel = str(rel)
+                if not _safe_relpath(rel):
+                    raise ValueError("processing input %r: listed file %r is not a relative path "
+                                     "inside its source" % (name, rel))
+                src = os.path.join(source, rel)
+                if not os.path.isfile(src):
+                    raise ValueError("processing input %r: listed file %r is missing under %s on %s"
+                                     % (name, rel, source, current))
+                link = os.path.join(path, rel)
+                os.makedirs(os.path.dirname(link), exist_ok=True)
+                os.symlink(src, link)
+        else:
+            raise ValueError("plan processing.inputs[%d].distribution: expected FullyReplicated or "
+                             "ShardedByKey, got %r" % (i, dist))
+    for i, entry in enumerate(spec.get("outputs") or []):
+        os.makedirs(os.path.join(output_root, _io_name("outputs", i, entry)), exist_ok=True)
+    write_json_atomic(os.path.join(config_dir, "resourceconfig.json"),
+                      {"current_host": current, "hosts": hosts})
+    return root
+
+
+def processing_env(plan: Dict[str, Any], node_index: int, job_dir: str) -> Dict[str, str]:
+    """A processing job's node: its tree (:func:`processing_tree`) and the usual RIGDECK_* (no
+    SageMaker training tree, no CLUSTER_SPEC/TF_CONFIG)."""
+    nodes = _nodes(plan)
+    node = _node(plan, node_index)
+    job_dir = os.path.abspath(job_dir)
+    job_id = str(plan["job_id"])
+    hosts = [str(n["host"]) for n in nodes]
+    if len(set(hosts)) != len(hosts):
+        raise ValueError("host names repeat in the plan: %s" % hosts)
+    gpus = _gpus(node)
+    metrics_dir = os.path.join(job_dir, "metrics")
+    os.makedirs(metrics_dir, exist_ok=True)
+    root = processing_tree(plan, node_index, job_dir)
+    env = {
+        "RIGDECK_JOB_ID": job_id,
+        "RIGDECK_JOB_NAME": str(plan.get("name") or job_id),
+        "RIGDECK_JOB_DIR": job_dir,
+        "RIGDECK_JOB_KIND": "processing",
+        "RIGDECK_PROCESSING_DIR": root,
+        "RIGDECK_HOSTS": json.dumps(hosts),
+        "RIGDECK_HOST_ADDRS": json.dumps([str(n["address"]) for n in nodes]),
+        "RIGDECK_CURRENT_HOST": hosts[node_index],
+        "RIGDECK_NODE_RANK": str(node_index),
+        "RIGDECK_NUM_NODES": str(len(nodes)),
+        "RIGDECK_WORLD_SIZE": str(world_size(plan)),
+        "RIGDECK_LOCAL_WORLD_SIZE": str(int(node["slots"])),
+        "RIGDECK_MASTER_ADDR": str(plan["master_addr"]),
+        "RIGDECK_MASTER_PORT": str(int(plan["master_port"])),
+        "RIGDECK_GPUS": ",".join(str(g) for g in gpus),
+        "RIGDECK_METRICS_DIR": metrics_dir,
+        "RIGDECK_RESTART_COUNT": str(int(plan.get("restart_count") or 0)),
+        "RIGDECK_LAUNCHER": str(plan.get("launcher") or "direct"),
+    }  # type: Dict[str, str]
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    for k, v in (plan.get("env") or {}).items():
+        if str(k) == "RIGDECK_JOB_ID":
+            continue
+        env[str(k)] = _env_str(v)
+    write_json_atomic(os.path.join(job_dir, NODE_ENV_FILE), env)
+    return env
+
+
 # -- the node's environment -------------------------------------------------------------------
 
 
 def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
              iface: Optional[str]) -> Dict[str, str]:
     """Write the cluster files for this node into ``job_dir`` and return the environment common to
-    all ranks on this node (everything except per-rank variables: see :func:`rank_env`)."""
+    all ranks on this node (everything except per-rank variables: see :func:`rank_env`).
+
+    A pool job's node is one replica: its files go to ``<job_dir>/replicas/<role>-<replica>/``
+    (:func:`replica_dir`); a processing job gets :func:`processing_env` instead."""
+    if plan.get("kind") == "processing":
+        return processing_env(plan, node_index, job_dir)
     nodes = _nodes(plan)
     node = _node(plan, node_index)
+    pooled = is_pool_plan(plan)
     job_dir = os.path.abspath(job_dir)
     job_id = str(plan["job_id"])
     hosts = [str(n["host"]) for n in nodes]
     addrs = [str(n["address"]) for n in nodes]
     current = hosts[node_index]
-    if len(set(hosts)) != len(hosts):
-        raise ValueError("host names repeat in the plan: %s" % hosts)
+    if pooled:
+        check_pools(plan)
+        files_dir = replica_dir(job_dir, node)
+        role = str(node["pool"])
+        in_world = role in WORLD_POOLS
+    else:
+        if len(set(hosts)) != len(hosts):
+            raise ValueError("host names repeat in the plan: %s" % hosts)
+        files_dir = job_dir
+        role = None
+        in_world = True
     world = world_size(plan)
     slots = int(node["slots"])
     gpus = _gpus(node)
@@ -306,11 +596,41 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
     cpus = node.get("cpus")
     num_cpus = int(cpus) if cpus is not None else (os.cpu_count() or 1)
     instance_type = str(node.get("instance_type") or "local")
-    command = [str(a) for a in (plan.get("command") or [])]
+    command = node_command(plan, node_index)
+
+    # ---- the SageMaker view of the cluster: one homogeneous group, or one group per pool ----
+    if pooled:
+        sm_hosts = algo_names(plan)
+        by_pool = _pool_nodes(plan)
+        groups = []  # type: List[Dict[str, Any]]
+        for pool_role in POOL_ORDER:
+            members = by_pool.get(pool_role)
+            if members:
+                groups.append({"instance_group_name": pool_role,
+                               "instance_type": str(nodes[members[0]].get("instance_type") or "local"),
+                               "hosts": [sm_hosts[i] for i in members]})
+        current_group = str(role)
+        group_hosts = [sm_hosts[i] for i in by_pool[current_group]]
+        dist_groups = [g["instance_group_name"] for g in groups
+                       if g["instance_group_name"] in WORLD_POOLS]
+        dist_hosts = [h for g in groups if g["instance_group_name"] in WORLD_POOLS
+                      for h in g["hosts"]]
+        is_hetero = True
+    else:
+        sm_hosts = list(hosts)
+        groups = [{"instance_group_name": SAGEMAKER_GROUP, "instance_type": instance_type,
+                   "hosts": list(hosts)}]
+        current_group = SAGEMAKER_GROUP
+        group_hosts = list(hosts)
+        dist_groups = [SAGEMAKER_GROUP]
+        dist_hosts = list(hosts)
+        is_hetero = False
+    sm_current = sm_hosts[node_index]
+    groups_dict = {str(g["instance_group_name"]): g for g in groups}
 
     # ---- directories and files --------------------------------------------------------------
     os.makedirs(job_dir, exist_ok=True)
-    base = os.path.join(job_dir, "sagemaker")
+    base = os.path.join(files_dir, "sagemaker")
     input_dir = os.path.join(base, "input")
     config_dir = os.path.join(input_dir, "config")
     data_dir = os.path.join(input_dir, "data")
@@ -339,17 +659,18 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
 
         seed_checkpoint(str(seed), checkpoint_dir)
 
-    group = {"instance_group_name": SAGEMAKER_GROUP, "instance_type": instance_type,
-             "hosts": list(hosts)}
     resource_config = {
-        "current_host": current,
+        "current_host": sm_current,
         "current_instance_type": instance_type,
-        "current_group_name": SAGEMAKER_GROUP,
-        "hosts": list(hosts),
-        "instance_groups": [group],
+        "current_group_name": current_group,
+        "hosts": list(sm_hosts),
+        "instance_groups": groups,
         "network_interface_name": iface or DEFAULT_INTERFACE,
     }
-    encoded_hps = _encode_hyperparameters(dict(plan.get("hyperparameters") or {}))
+    raw_hps = dict(plan.get("hyperparameters") or {})
+    if pooled:  # as the SageMaker SDK passes a heterogeneous cluster's distribution groups
+        raw_hps.setdefault("sagemaker_distribution_instance_groups", list(dist_groups))
+    encoded_hps = _encode_hyperparameters(raw_hps)
     all_hps = _decode_hyperparameters(encoded_hps)
     hps = {k: v for k, v in all_hps.items() if not k.startswith("sagemaker_")}
     framework_params = {k: v for k, v in all_hps.items() if k.startswith("sagemaker_")}
@@ -368,7 +689,7 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
     write_json_atomic(os.path.join(config_dir, "resourceconfig.json"), resource_config)
     write_json_atomic(os.path.join(config_dir, "hyperparameters.json"), encoded_hps)
     write_json_atomic(os.path.join(config_dir, "inputdataconfig.json"), input_data_config)
-    hostfile = os.path.join(job_dir, HOSTFILE)
+    hostfile = os.path.join(files_dir, HOSTFILE)
     _write_text_atomic(hostfile, mpi_hostfile(plan))
 
     # ---- SageMaker: SM_* as the toolkit's Environment.to_env_vars() ---------------------------
@@ -377,27 +698,27 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
     training_env = {
         "additional_framework_parameters": framework_params,
         "channel_input_dirs": channel_dirs,
-        "current_host": current,
-        "current_instance_group": SAGEMAKER_GROUP,
-        "current_instance_group_hosts": list(hosts),
+        "current_host": sm_current,
+        "current_instance_group": current_group,
+        "current_instance_group_hosts": list(group_hosts),
         "current_instance_type": instance_type,
-        "distribution_hosts": list(hosts),
-        "distribution_instance_groups": [SAGEMAKER_GROUP],
+        "distribution_hosts": list(dist_hosts),
+        "distribution_instance_groups": list(dist_groups),
         "framework_module": None,
-        "hosts": list(hosts),
+        "hosts": list(sm_hosts),
         "hyperparameters": hps,
         "input_config_dir": config_dir,
         "input_data_config": input_data_config,
         "input_dir": input_dir,
-        "instance_groups": [SAGEMAKER_GROUP],
-        "instance_groups_dict": {SAGEMAKER_GROUP: group},
-        "is_hetero": False,
+        "instance_groups": list(groups_dict),
+        "instance_groups_dict": groups_dict,
+        "is_hetero": is_hetero,
         "is_master": node_index == 0,
         "is_modelparallel_enabled": False,
         "is_smddpmprun_installed": False,
         "job_name": job_id,
         "log_level": LOG_LEVEL,
-        "master_hostname": hosts[0],
+        "master_hostname": sm_hosts[0],
         "model_dir": model_dir,
         "module_dir": module_dir,
         "module_name": module_name,
@@ -412,7 +733,7 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
         "user_entry_point": entry_point,
     }
     sm = {
-        "hosts": list(hosts),
+        "hosts": list(sm_hosts),
         "network_interface_name": iface or DEFAULT_INTERFACE,
         "hps": hps,
         "user_entry_point": entry_point,
@@ -421,14 +742,14 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
         "input_data_config": input_data_config,
         "output_data_dir": output_data_dir,
         "channels": sorted(channel_dirs),
-        "current_host": current,
+        "current_host": sm_current,
         "current_instance_type": instance_type,
-        "current_instance_group": SAGEMAKER_GROUP,
-        "current_instance_group_hosts": list(hosts),
-        "instance_groups": [SAGEMAKER_GROUP],
-        "instance_groups_dict": {SAGEMAKER_GROUP: group},
-        "distribution_instance_groups": [SAGEMAKER_GROUP],
-        "is_hetero": False,
+        "current_instance_group": current_group,
+        "current_instance_group_hosts": list(group_hosts),
+        "instance_groups": list(groups_dict),
+        "instance_groups_dict": groups_dict,
+        "distribution_instance_groups": list(dist_groups),
+        "is_hetero": is_hetero,
         "module_name": module_name,
         "log_level": LOG_LEVEL,
         "framework_module": None,
@@ -444,6 +765,9 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
         "user_args": user_args(hps),
         "output_intermediate_dir": intermediate_dir,
     }  # type: Dict[str, Any]
+    if pooled:
+        sm["distribution_hosts"] = list(dist_hosts)
+        sm["master_hostname"] = sm_hosts[0]
     for name, path in channel_dirs.items():
         sm["channel_%s" % name] = path
     for k, v in hps.items():
@@ -477,6 +801,13 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
         "RIGDECK_LAUNCHER": str(plan.get("launcher") or "direct"),
         "RIGDECK_HOSTFILE": hostfile,
     })
+    if pooled:
+        env.update({
+            "RIGDECK_POOL": str(role),
+            "RIGDECK_POOL_REPLICA": str(int(node["replica"])),
+            "RIGDECK_IN_WORLD": "1" if in_world else "0",
+            "RIGDECK_REPLICA_DIR": files_dir,
+        })
     trial = _trial(plan)
     if trial is not None:
         env["RIGDECK_TRIAL"] = trial
@@ -484,26 +815,44 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
             env["RIGDECK_SWEEP_ID"] = str(plan["sweep_id"])
 
     # ---- Vertex AI ---------------------------------------------------------------------------
-    endpoints = [_host_port(a, master_port) for a in addrs]
     job_desc = _vertex_job(plan, nodes)
-    cluster_spec = {
-        "cluster": {"workerpool0": endpoints[:1], "workerpool1": endpoints[1:],
-                    "workerpool2": [], "workerpool3": []},
-        "environment": "cloud",
-        "task": _vertex_task("workerpool0" if node_index == 0 else "workerpool1",
-                             0 if node_index == 0 else node_index - 1, trial),
-        "job": job_desc,
-    }
-    env["CLUSTER_SPEC"] = json.dumps(cluster_spec, separators=(",", ":"))
-    if len(nodes) > 1:
-        tf_config = {
-            "cluster": {"chief": endpoints[:1], "worker": endpoints[1:]},
-            "task": _vertex_task("chief" if node_index == 0 else "worker",
-                                 0 if node_index == 0 else node_index - 1, trial),
+    if pooled:
+        cluster_spec = {
+            "cluster": vertex_cluster(plan),
             "environment": "cloud",
+            "task": _vertex_task(VERTEX_POOLS[str(role)], int(node["replica"]), trial),
+            "job": job_desc,
+        }  # type: Dict[str, Any]
+        env["CLUSTER_SPEC"] = json.dumps(cluster_spec, separators=(",", ":"))
+        tf_type = TF_TASK_TYPES.get(str(role))
+        if len(nodes) > 1 and tf_type is not None:
+            tf_config = {
+                "cluster": tf_cluster(plan),
+                "task": _vertex_task(tf_type, int(node["replica"]), trial),
+                "environment": "cloud",
+                "job": job_desc,
+            }
+            env["TF_CONFIG"] = json.dumps(tf_config, separators=(",", ":"))
+    else:
+        endpoints = [_host_port(a, master_port) for a in addrs]
+        cluster_spec = {
+            "cluster": {"workerpool0": endpoints[:1], "workerpool1": endpoints[1:],
+                        "workerpool2": [], "workerpool3": []},
+            "environment": "cloud",
+            "task": _vertex_task("workerpool0" if node_index == 0 else "workerpool1",
+                                 0 if node_index == 0 else node_index - 1, trial),
             "job": job_desc,
         }
-        env["TF_CONFIG"] = json.dumps(tf_config, separators=(",", ":"))
+        env["CLUSTER_SPEC"] = json.dumps(cluster_spec, separators=(",", ":"))
+        if len(nodes) > 1:
+            tf_config = {
+                "cluster": {"chief": endpoints[:1], "worker": endpoints[1:]},
+                "task": _vertex_task("chief" if node_index == 0 else "worker",
+                                     0 if node_index == 0 else node_index - 1, trial),
+                "environment": "cloud",
+                "job": job_desc,
+            }
+            env["TF_CONFIG"] = json.dumps(tf_config, separators=(",", ":"))
     env["AIP_MODEL_DIR"] = model_dir
     env["AIP_CHECKPOINT_DIR"] = checkpoint_dir
     env["AIP_TENSORBOARD_LOG_DIR"] = tensorboard_dir
@@ -513,27 +862,32 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
     if trial is not None:
         env["CLOUD_ML_TRIAL_ID"] = trial
 
-    # ---- torch -------------------------------------------------------------------------------
-    env.update({
-        "MASTER_ADDR": master_addr,
-        "MASTER_PORT": str(master_port),
-        "WORLD_SIZE": str(world),
-        "LOCAL_WORLD_SIZE": str(slots),
-        "NODE_RANK": str(node_index),
-    })
+    # ---- torch: the world is every node, or a pool job's primary + workers only ----------------
+    if in_world:
+        env.update({
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(master_port),
+            "WORLD_SIZE": str(torch_world_size(plan)),
+            "LOCAL_WORLD_SIZE": str(slots),
+            "NODE_RANK": str(torch_node_rank(plan, node_index)),
+        })
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     if iface:
         env["NCCL_SOCKET_IFNAME"] = iface
         env["GLOO_SOCKET_IFNAME"] = iface
 
-    # ---- the user's own table on top (but the job id is the tag that finds its processes) ------
-    for k, v in (plan.get("env") or {}).items():
+    # ---- the user's own table on top (a pool's over the job's; the job id is the tag that finds
+    # its processes) ------------------------------------------------------------------------------
+    user = dict(plan.get("env") or {})
+    if pooled:
+        user.update(node.get("env") or {})
+    for k, v in user.items():
         if str(k) == "RIGDECK_JOB_ID":
             continue
         env[str(k)] = _env_str(v)
 
-    write_json_atomic(os.path.join(job_dir, NODE_ENV_FILE), env)
+    write_json_atomic(os.path.join(files_dir, NODE_ENV_FILE), env)
     return env
 
 
@@ -552,17 +906,32 @@ def _vertex_task(kind: str, index: int, trial: Optional[str]) -> Dict[str, Any]:
 
 
 def _vertex_job(plan: Dict[str, Any], nodes: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """A small CustomJobSpec-like description of the job (Vertex puts the job's spec here)."""
+    """A small CustomJobSpec-like description of the job (Vertex puts the job's spec here). A pool
+    job's ``worker_pool_specs`` has all four entries, ``{}`` for an absent pool."""
 
-    def pool(node: Dict[str, Any], count: int) -> Dict[str, Any]:
+    def pool(node: Dict[str, Any], count: int, command: List[Any]) -> Dict[str, Any]:
         return {"machine_spec": {"machine_type": str(node.get("instance_type") or "local"),
                                  "accelerator_count": len(_gpus(node))},
                 "replica_count": count,
-                "container_spec": {"command": [str(a) for a in (plan.get("command") or [])]}}
+                "container_spec": {"command": [str(a) for a in command]}}
 
-    pools = [pool(nodes[0], 1)]
-    if len(nodes) > 1:
-        pools.append(pool(nodes[1], len(nodes) - 1))
+    job_command = list(plan.get("command") or [])
+    if is_pool_plan(plan):
+        by_pool = _pool_nodes(plan)
+        specs = []  # type: List[Dict[str, Any]]
+        for name in VERTEX_POOL_NAMES:
+            members = [i for role in POOL_ORDER if VERTEX_POOLS[role] == name
+                       for i in by_pool.get(role, [])]
+            if not members:
+                specs.append({})
+                continue
+            first = nodes[members[0]]
+            specs.append(pool(first, len(members), first.get("command") or job_command))
+        pools = specs
+    else:
+        pools = [pool(nodes[0], 1, job_command)]
+        if len(nodes) > 1:
+            pools.append(pool(nodes[1], len(nodes) - 1, job_command))
     return {"job_id": str(plan["job_id"]), "display_name": str(plan.get("name") or plan["job_id"]),
             "worker_pool_specs": pools}
 
@@ -575,9 +944,12 @@ def rank_env(plan: Dict[str, Any], node_index: int, local_rank: int) -> Dict[str
     if not 0 <= local_rank < len(ranks):
         raise ValueError("local_rank %d outside 0..%d" % (local_rank, len(ranks) - 1))
     rank = ranks[local_rank]
-    env = {"RANK": str(rank), "LOCAL_RANK": str(local_rank),
-           "RIGDECK_RANK": str(rank), "RIGDECK_LOCAL_RANK": str(local_rank)}
-    gpus = _gpus(_node(plan, node_index))
+    node = _node(plan, node_index)
+    env = {"RIGDECK_RANK": str(rank), "RIGDECK_LOCAL_RANK": str(local_rank)}
+    if _in_world(node):  # a pool job's other replicas are not in torch's world: no RANK for them
+        env["RANK"] = str(_torch_rank(plan, node_index, local_rank))
+        env["LOCAL_RANK"] = str(local_rank)
+    gpus = _gpus(node)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = str(gpus[local_rank % len(gpus)])
     return env
@@ -603,8 +975,10 @@ def load_node_env(job_dir: str) -> Optional[Dict[str, str]]:
 
 
 def mpi_hostfile(plan: Dict[str, Any]) -> str:
-    """Open MPI hostfile: one ``<address> slots=<n>`` line per node, in rank order."""
-    return "".join("%s slots=%d\n" % (n["address"], int(n["slots"])) for n in _nodes(plan))
+    """Open MPI hostfile: one ``<address> slots=<n>`` line per node, in rank order (a pool job:
+    the primary and the workers, torch's world)."""
+    return "".join("%s slots=%d\n" % (n["address"], int(n["slots"])) for n in _nodes(plan)
+                   if _in_world(n))
 
 
 _MPI_MAJOR = {}  # type: Dict[str, Optional[int]]

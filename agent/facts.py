@@ -67,6 +67,77 @@ def _addresses() -> List[str]:
     return sorted(out)
 
 
+SYS_NET = "/sys/class/net"
+IFF_LOOPBACK = 0x8
+
+
+def _read_sys(path: str) -> Optional[str]:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:  # EINVAL: a virtual device without a link speed
+        return None
+
+
+def _addresses_by_interface() -> Dict[str, List[str]]:
+    """Interface name -> its IPv4 and IPv6 addresses (link-local IPv6 left out)."""
+    out = {}  # type: Dict[str, List[str]]
+    try:
+        import psutil  # type: ignore
+
+        for name, addrs in psutil.net_if_addrs().items():
+            for a in addrs:
+                if a.family in (socket.AF_INET, socket.AF_INET6) and not a.address.startswith("fe80"):
+                    out.setdefault(name, []).append(a.address.split("%")[0])
+        return out
+    except ImportError:
+        pass
+    ip = shutil.which("ip")
+    if not ip:
+        return out
+    try:
+        text = subprocess.run([ip, "-o", "addr", "show"], capture_output=True, text=True, timeout=5).stdout
+    except (OSError, subprocess.SubprocessError):
+        return out
+    for line in text.splitlines():
+        parts = line.split()
+        for fam in ("inet", "inet6"):
+            if fam in parts and len(parts) > parts.index(fam) + 1 and len(parts) > 1:
+                addr = parts[parts.index(fam) + 1].split("/")[0]
+                if not addr.startswith("fe80"):
+                    out.setdefault(parts[1].split("@")[0], []).append(addr)
+    return out
+
+
+def nics(sys_net: str = SYS_NET) -> List[Dict[str, Any]]:
+    """This host's network interfaces but loopback: name, link speed in Mb/s (``speed`` in
+    /sys/class/net; None when the kernel reports -1 or nothing, as virtual devices do) and
+    addresses. What the Reduction Server sizing adds up."""
+    try:
+        names = sorted(os.listdir(sys_net))
+    except OSError:
+        return []
+    addrs = _addresses_by_interface()
+    out = []
+    for name in names:
+        flags = _read_sys(os.path.join(sys_net, name, "flags"))
+        try:
+            loopback = bool(int(flags, 16) & IFF_LOOPBACK) if flags else name == "lo"
+        except ValueError:
+            loopback = name == "lo"
+        if loopback:
+            continue
+        raw = _read_sys(os.path.join(sys_net, name, "speed"))
+        try:
+            speed = int(raw) if raw is not None else None  # type: Optional[int]
+        except ValueError:
+            speed = None
+        if speed is not None and speed <= 0:
+            speed = None
+        out.append({"name": name, "speed_mbps": speed, "addresses": sorted(addrs.get(name, []))})
+    return out
+
+
 def _gpus_nvml() -> Optional[List[Dict[str, Any]]]:
     try:
         import pynvml  # type: ignore  # shipped by nvidia-ml-py
@@ -188,6 +259,7 @@ def collect(state_dir: Optional[str] = None) -> Dict[str, Any]:
     facts = {
         "hostname": hostname,
         "addresses": _addresses(),
+        "nics": nics(),
         "python": platform.python_version(),
         "python_executable": sys.executable,
         "platform": platform.platform(),

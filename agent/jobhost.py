@@ -141,6 +141,11 @@ class JobHost:
         self.plan = plan  # type: Dict[str, Any]
         self.node_index = int(plan["node_index"])
         self.node = plan["nodes"][self.node_index]
+        # A pool job may run several replicas (nodes) here, each with its own command.
+        self.node_indices = clusterfiles.node_indices(plan)
+        self.pooled = clusterfiles.is_pool_plan(plan)
+        self.replicas = []  # type: List[Dict[str, Any]]  # state.json "replicas" (pool jobs)
+        self.replica_procs = {}  # type: Dict[int, List[subprocess.Popen]]
         self.job_id = str(plan["job_id"])
         self.launcher = plan["launcher"]
         self.procs = []  # type: List[subprocess.Popen]
@@ -155,7 +160,8 @@ class JobHost:
             "started": time.time(),
             "ended": None,
             "cause": None,
-            "expected_ranks": clusterfiles.global_ranks(plan, self.node_index),
+            "expected_ranks": sorted(r for i in self.node_indices
+                                     for r in clusterfiles.global_ranks(plan, i)),
         }  # type: Dict[str, Any]
         self.stop_requested = False
         self.stop_reason = None  # type: Optional[str]
@@ -193,11 +199,9 @@ class JobHost:
             argv += ["--rank", str(rank), "--local-rank", str(local_rank)]
         return argv + ["--"]
 
-    def start(self) -> None:
+    def _finish_env(self, env: Dict[str, str]) -> None:
+        """What every rank's environment gets on top of the cluster's (in place)."""
         plan = self.plan
-        iface = clusterfiles.route_interface(plan["master_addr"])
-        env = dict(os.environ)
-        env.update(clusterfiles.node_env(plan, self.node_index, self.job_dir, iface))
         env["PYTHONUNBUFFERED"] = "1"
         env.pop("RIGDECK_CLAIM_FDS", None)
         if plan.get("log_max_bytes"):
@@ -209,6 +213,16 @@ class JobHost:
         me = agent_command()
         if len(me) == 2:  # ranks can `import runtime` straight from the agent's zipapp (or its copy)
             env["PYTHONPATH"] = os.pathsep.join(p for p in (me[1], env.get("PYTHONPATH", "")) if p)
+
+    def start(self) -> None:
+        plan = self.plan
+        iface = clusterfiles.route_interface(plan["master_addr"])
+        if self.pooled:
+            self._start_replicas(iface)
+            return
+        env = dict(os.environ)
+        env.update(clusterfiles.node_env(plan, self.node_index, self.job_dir, iface))
+        self._finish_env(env)
         os.makedirs(os.path.join(self.job_dir, "logs"), exist_ok=True)
         os.makedirs(os.path.join(self.job_dir, "ranks"), exist_ok=True)
         cwd = plan.get("workdir") or self.job_dir
@@ -253,6 +267,46 @@ class JobHost:
         self.save(state="running", iface=iface)
         self.log("started %s launcher, %d local process(es)" % (self.launcher, len(self.procs)))
 
+    def _start_replicas(self, iface: Optional[str]) -> None:
+        """A pool job: every replica this host runs, each rank with its pool's command and its
+        replica's cluster files (all written before anything starts)."""
+        plan = self.plan
+        if self.launcher != "direct":
+            raise ValueError("a job with worker pools needs the direct launcher (the plan says %r)"
+                             % self.launcher)
+        envs = {}  # type: Dict[int, Dict[str, str]]
+        for i in self.node_indices:
+            env = dict(os.environ)
+            env.update(clusterfiles.node_env(plan, i, self.job_dir, iface))
+            self._finish_env(env)
+            envs[i] = env
+        os.makedirs(os.path.join(self.job_dir, "logs"), exist_ok=True)
+        os.makedirs(os.path.join(self.job_dir, "ranks"), exist_ok=True)
+        cwd = plan.get("workdir") or self.job_dir
+        self.replicas = []
+        with open(os.path.join(self.job_dir, "launcher.log"), "ab") as out:
+            for i in self.node_indices:
+                node = plan["nodes"][i]
+                command = clusterfiles.node_command(plan, i)
+                ranks = clusterfiles.global_ranks(plan, i)
+                procs = []
+                for local_rank, rank in enumerate(ranks):
+                    renv = dict(envs[i])
+                    renv.update(clusterfiles.rank_env(plan, i, local_rank))
+                    p = self._popen(self._wrap(rank, local_rank) + command, cwd=cwd, env=renv,
+                                    stdout=out, stderr=out)
+                    procs.append(p)
+                    self.procs.append(p)
+                self.replica_procs[i] = procs
+                self.replicas.append({
+                    "node_index": i, "pool": node["pool"], "replica": int(node["replica"]),
+                    "ranks": ranks, "state": "running", "exit_code": None, "signal": None,
+                    "message": None, "on_failure": _on_failure(node),
+                })
+        self.save(state="running", iface=iface, replicas=self.replicas)
+        self.log("started %d replica(s): %s" % (len(self.replicas), ", ".join(
+            "%s %d" % (r["pool"], r["replica"]) for r in self.replicas)))
+
     # -- watching -----------------------------------------------------------------------------
 
     def _rank_files(self, exits: bool) -> Dict[int, Dict[str, Any]]:
@@ -273,9 +327,11 @@ class JobHost:
     def rank_exits(self) -> Dict[int, Dict[str, Any]]:
         return self._rank_files(exits=True)
 
-    def first_failure(self, exits: Dict[int, Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    def first_failure(self, exits: Dict[int, Dict[str, Any]],
+                      ranks: Optional[List[int]] = None) -> Optional[Dict[str, Any]]:
         bad = [r for r in exits.values()
-               if r.get("exit_code") not in (0, None) or r.get("signal") or r.get("error")]
+               if (r.get("exit_code") not in (0, None) or r.get("signal") or r.get("error"))
+               and (ranks is None or r.get("rank") in ranks)]
         if not bad:
             return None
         # A full disk beats what it caused; otherwise the first rank to fail.
@@ -300,11 +356,14 @@ class JobHost:
     def rank_records(self) -> Dict[int, Dict[str, Any]]:
         return self._rank_files(exits=False)
 
-    def lost_wrapper(self, exits: Dict[int, Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    def lost_wrapper(self, exits: Dict[int, Dict[str, Any]],
+                     ranks: Optional[List[int]] = None) -> Optional[Dict[str, Any]]:
         """A rank whose wrapper died without recording its end (``kill -9`` of the wrapper)."""
         codes = {p.pid: p.poll() for p in self.procs}  # our children: their signal is known
         for rank, rec in sorted(self.rank_records().items()):
             wpid = rec.get("wrapper_pid")
+            if ranks is not None and rank not in ranks:
+                continue
             if rank in exits or not wpid or pid_alive(wpid):
                 continue
             if os.path.exists(os.path.join(self.job_dir, "ranks", "rank-%d.exit.json" % rank)):
@@ -408,6 +467,8 @@ class JobHost:
             self.save(state="failed", ended=time.time(),
                       cause={"host": self.node["host"], "rank": None, "message": "start failed: %s" % e})
             return 1
+        if self.pooled:
+            return self.watch_replicas(wake, grace, deadline)
         expected = set(self.state["expected_ranks"])
         watch_only = not self.procs  # a non-primary mpirun host
         seen_start = time.monotonic()
@@ -459,6 +520,145 @@ class JobHost:
                           cause={"host": self.node["host"], "message": "mpirun never started ranks here"})
                 return 1
             self._sleep(wake)
+
+    # -- a pool job's replicas ----------------------------------------------------------------
+
+    def _replica_failure(self, rep: Dict[str, Any],
+                         exits: Dict[int, Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+        """Why one running replica failed (a rank exited non-zero, was killed, lost its wrapper,
+        or its wrappers all ended without every rank's record), or None."""
+        ranks = list(rep["ranks"])
+        failure = self.lost_wrapper(exits, ranks) or self.first_failure(exits, ranks)
+        if failure is None:
+            procs = self.replica_procs.get(rep["node_index"]) or []
+            if procs and all(p.poll() is not None for p in procs) and not set(ranks) <= set(self.rank_exits()):
+                code = next((p.returncode for p in procs if p.returncode), None)
+                failure = {"rank": None, "host": self.node["host"], "exit_code": code, "signal": None,
+                           "tail": tail(os.path.join(self.job_dir, "launcher.log")),
+                           "message": "the rank wrappers of %s %d exited (%s) without recording "
+                                      "their ranks' ends" % (rep["pool"], rep["replica"], code)}
+        if failure is not None:
+            failure.update(pool=rep["pool"], replica=rep["replica"], node_index=rep["node_index"])
+        return failure
+
+    def _replica_message(self, rep: Dict[str, Any], failure: Dict[str, Any]) -> str:
+        who = "%s %d on %s" % (rep["pool"], rep["replica"], self.node["host"])
+        if failure.get("rank") is not None:
+            who += " (rank %s)" % failure["rank"]
+        if failure.get("signal"):
+            how = "was killed by signal %s" % failure["signal"]
+        elif failure.get("exit_code") is not None:
+            how = "exited %s" % failure["exit_code"]
+        else:
+            how = "failed"
+        text = "%s %s" % (who, how)
+        if failure.get("message"):
+            text += ": %s" % failure["message"]
+        return text
+
+    def stop_replica(self, rep: Dict[str, Any], grace: float) -> None:
+        """Stop one replica's ranks here (its wrappers pass SIGTERM on), the others untouched."""
+        procs = self.replica_procs.get(rep["node_index"]) or []
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    p.send_signal(signal.SIGTERM)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.1)
+        tagged = set(processes_with_tag(self.job_id))
+        records = self.rank_records()
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    p.kill()
+                except OSError:
+                    pass
+        for r in rep["ranks"]:  # a rank that ignored SIGTERM outlives its SIGKILLed wrapper
+            pid = (records.get(r) or {}).get("pid")
+            if pid in tagged and pid_alive(pid):
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except OSError:
+                    pass
+        for p in procs:
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def _end_running(self, state: str, message: str) -> None:
+        for rep in self.replicas:
+            if rep["state"] == "running":
+                rep.update(state=state, message=message)
+
+    def watch_replicas(self, wake: Optional[int], grace: float, deadline: float) -> int:
+        """A pool job's loop. A replica with on_failure "stop" failing fails this host (the gang);
+        one with "continue" (an evaluator) failing is stopped and recorded, the rest go on. The
+        primary succeeding ends this host "succeeded" (``primary_succeeded``), its other replicas
+        stopped; so does every replica ending without a gang-stopping failure."""
+        while True:
+            if self.stop_requested:
+                self.save(state="stopping")
+                self.terminate_all(grace)
+                self._end_running("stopped", str(self.stop_reason))
+                self.save(state="stopped", ended=time.time(), cause={"message": self.stop_reason},
+                          replicas=self.replicas)
+                return 0
+            if time.time() > deadline:
+                self.stop_reason = "max_runtime of %gs exceeded" % float(self.plan.get("max_runtime_s") or 0)
+                self.stop_requested = True
+                continue
+            exits = self.rank_exits()
+            changed = False
+            for rep in self.replicas:
+                if rep["state"] != "running":
+                    continue
+                failure = self._replica_failure(rep, exits)
+                if failure is not None:
+                    message = self._replica_message(rep, failure)
+                    rep.update(state="failed", exit_code=failure.get("exit_code"),
+                               signal=failure.get("signal"), message=message)
+                    if rep["on_failure"] == "continue":
+                        self.log("%s; the other replicas go on (on_failure = \"continue\")" % message)
+                        self.save(replicas=self.replicas)
+                        self.stop_replica(rep, min(grace, 5.0))
+                        exits = self.rank_exits()
+                        changed = True
+                        continue
+                    self.log("%s: stopping this host's replicas" % message)
+                    self.save(state="stopping", cause=failure, replicas=self.replicas)
+                    self.terminate_all(min(grace, 5.0))
+                    self._end_running("stopped", "stopped: %s" % message)
+                    self.save(state="failed", ended=time.time(), replicas=self.replicas)
+                    return 1
+                if set(rep["ranks"]) <= set(exits):  # every rank recorded, none failed
+                    rep.update(state="succeeded", exit_code=0, signal=None)
+                    changed = True
+                    if rep["pool"] == "primary":
+                        self.log("the primary succeeded: stopping this host's other replicas")
+                        self.save(state="stopping", primary_succeeded=True, replicas=self.replicas)
+                        if any(r["state"] == "running" for r in self.replicas):
+                            self.terminate_all(grace)
+                        self._end_running("stopped", "stopped: the primary succeeded")
+                        self.save(state="succeeded", ended=time.time(), replicas=self.replicas)
+                        return 0
+            if not any(r["state"] == "running" for r in self.replicas):
+                self.save(state="succeeded", ended=time.time(), replicas=self.replicas)
+                return 0
+            if changed:
+                self.save(replicas=self.replicas)
+            self._sleep(wake)
+
+
+def _on_failure(node: Dict[str, Any]) -> str:
+    """What a replica's failure does: "stop" the gang, or (an evaluator's default) "continue"."""
+    value = node.get("on_failure")
+    if value in ("stop", "continue"):
+        return str(value)
+    return "continue" if node.get("pool") == "evaluator" else "stop"
 
 
 def main(job_dir: str) -> int:

@@ -189,7 +189,9 @@ class Jobs:
                 raise JobError("plan lacks %r" % key)
         job_id = plan["job_id"]
         d = self.job_dir(job_id)
-        gpus = [int(g) for g in plan["nodes"][plan["node_index"]].get("gpus") or []]
+        # every replica this host runs (a pool job may put several here): their GPUs, all or none
+        gpus = sorted({int(g) for i in (plan.get("node_indices") or [plan["node_index"]])
+                       for g in plan["nodes"][int(i)].get("gpus") or []})
         self._expire_pending()
         if job_id in self._pending:
             fds = self._pending.pop(job_id)[0]
@@ -403,8 +405,10 @@ class Jobs:
         out = []
         for job_id, st in sorted(self._states().items()):
             plan = read_json(os.path.join(self.root, job_id, "plan.json")) or {}
-            node = (plan.get("nodes") or [{}])[plan.get("node_index", 0)] if plan.get("nodes") else {}
-            out.append({**st, "name": plan.get("name"), "gpus": node.get("gpus", []),
+            nodes = plan.get("nodes") or []
+            mine = plan.get("node_indices") or [plan.get("node_index", 0)]
+            gpus = [g for i in mine if 0 <= int(i) < len(nodes) for g in nodes[int(i)].get("gpus") or []]
+            out.append({**st, "name": plan.get("name"), "gpus": gpus,
                         "nodes": plan.get("nodes"), "launcher": plan.get("launcher")})
         return out
 

@@ -294,8 +294,9 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
     # mpirun and torchrun set only their own variables: give every rank rigdeck's too.
     env["RIGDECK_RANK"] = str(rank)
     env["RIGDECK_LOCAL_RANK"] = str(local_rank)
-    env.setdefault("RANK", str(rank))
-    env.setdefault("LOCAL_RANK", str(local_rank))
+    if env.get("RIGDECK_IN_WORLD") != "0":  # a pool job's ps, reduction server or evaluator is
+        env.setdefault("RANK", str(rank))  # not in torch's world: no RANK/LOCAL_RANK for it
+        env.setdefault("LOCAL_RANK", str(local_rank))
     gpus = [g for g in env.get("RIGDECK_GPUS", "").split(",") if g]
     gpu = int(gpus[local_rank]) if local_rank < len(gpus) else None
     if gpu is not None and env.get("RIGDECK_LAUNCHER") == "mpirun":

@@ -23,6 +23,12 @@ port, and Open MPI's node rank and node count (``rank // local size``: true for 
 by-slot mapping only). ``OMPI_COMM_WORLD_NODE_RANK`` is not a node index (Open MPI documents it
 as the rank among this node's processes across all jobs), so it is not used.
 
+A pool job's replica (``RIGDECK_POOL`` set): torch's world is the primary and the workers, the
+first replicas in rigdeck's lists, so rigdeck's host lists are cut to them and its world size
+(every replica's processes) is left to torch's ``WORLD_SIZE``; the SageMaker files, which name
+every replica of the heterogeneous cluster ``algo-N``, are not read. A replica outside the world
+(parameter server, reduction server, evaluator) has no rank: ``ClusterInfoError`` says so.
+
 What no source gives comes from the others (``rank = node_rank * local_world_size + local_rank``
 and so on), else single-process defaults: world 1, rank 0, master 127.0.0.1:29500.
 """
@@ -160,7 +166,33 @@ def _from_rigdeck(env: Mapping[str, str]) -> Dict[str, _Entry]:
             raise ClusterInfoError(
                 f"RIGDECK_GPUS={raw!r} (rigdeck): expected a comma list of GPU indices") from None
         _put(out, "gpus", gpus, "RIGDECK_GPUS")
+    if env.get("RIGDECK_POOL"):
+        _world_only(env, out)
     return out
+
+
+def _world_only(env: Mapping[str, str], out: Dict[str, _Entry]) -> None:
+    """A pool job's replica (``RIGDECK_POOL``): rigdeck's host lists and sizes cover every
+    replica, torch's world only the primary and the workers, which come first. A training rank's
+    view is the world's; a replica outside it has no rank to describe."""
+    pool = env.get("RIGDECK_POOL")
+    if env.get("RIGDECK_IN_WORLD") != "1":
+        raise ClusterInfoError(
+            f"this process is {pool} replica {env.get('RIGDECK_POOL_REPLICA', '?')} of a pool job, "
+            "outside torch's world (the primary and the workers): it has no rank; read its role from "
+            "RIGDECK_POOL, CLUSTER_SPEC or TF_CONFIG")
+    spec = _json(env.get("CLUSTER_SPEC") or "{}", "CLUSTER_SPEC", "Vertex CLUSTER_SPEC")
+    cluster = spec.get("cluster") if isinstance(spec, dict) else None
+    if not isinstance(cluster, dict):
+        raise ClusterInfoError(f"RIGDECK_POOL={pool!r} but CLUSTER_SPEC has no 'cluster' object")
+    primary, workers = _pools(cluster, "workerpool0", "workerpool1", "CLUSTER_SPEC", "Vertex CLUSTER_SPEC")
+    n = len(primary) + len(workers)
+    for field in ("hosts", "host_addrs"):
+        if field in out:
+            value, var, derived = out[field]
+            out[field] = (tuple(value[:n]), f"{var}[:{n}]", derived)
+    out["num_nodes"] = (n, "CLUSTER_SPEC workerpool0+workerpool1", False)
+    out.pop("world_size", None)  # every replica's processes; torch's WORLD_SIZE is the world's
 
 
 def _from_torch(env: Mapping[str, str]) -> Dict[str, _Entry]:
@@ -396,11 +428,14 @@ def cluster_info(environ: Optional[Mapping[str, str]] = None,
     """
     env: Mapping[str, str] = os.environ if environ is None else environ
     base = sagemaker_base_dir or env.get("SAGEMAKER_BASE_DIR") or "/opt/ml"
+    # A pool job's SageMaker files describe the heterogeneous cluster (every replica, named
+    # algo-N), not torch's world: they are not a source of this rank's place in it.
+    pooled = bool(env.get("RIGDECK_POOL"))
     sources = (
         ("rigdeck", _from_rigdeck(env)),
         ("torch", _from_torch(env)),
-        ("SageMaker resourceconfig.json", _from_sagemaker_file(base)),
-        ("SageMaker SM_*", _from_sagemaker_env(env)),
+        ("SageMaker resourceconfig.json", {} if pooled else _from_sagemaker_file(base)),
+        ("SageMaker SM_*", {} if pooled else _from_sagemaker_env(env)),
         ("Vertex CLUSTER_SPEC", _from_vertex(env)),
         ("TF_CONFIG", _from_tf_config(env)),
         ("Open MPI", _from_openmpi(env)),
@@ -473,8 +508,9 @@ def cluster_info(environ: Optional[Mapping[str, str]] = None,
         raise ClusterInfoError(
             f"{origin('hosts')} lists {len(hosts_v)} hosts "
             f"but {origin('num_nodes')} is {num_nodes}")
-    if hosts_v and current in hosts_v and hosts_v.index(current) != node_rank \
-            and "current_host" in merged:
+    # (Two replicas of a pool job may share a host: then its name alone does not say which.)
+    if hosts_v and current in hosts_v and hosts_v.count(current) == 1 \
+            and hosts_v.index(current) != node_rank and "current_host" in merged:
         raise ClusterInfoError(
             f"{origin('node_rank')} is {node_rank} but {origin('current_host')} = {current!r} is "
             f"host {hosts_v.index(current)} of {origin('hosts')}")

@@ -389,6 +389,224 @@ def check_views(p: Probe) -> dict[str, Any]:
             "host": current, "hosts": hosts, "first": first, "local_world": local_world}
 
 
+# -- a pool job's replica (RIGDECK_POOL set; docs/contracts.md "Worker pools and processing jobs") --
+
+VERTEX_POOLS = {"primary": "workerpool0", "worker": "workerpool1", "parameter_server": "workerpool2",
+                "reduction_server": "workerpool2", "evaluator": "workerpool3"}
+TF_TASK_TYPES = {"primary": "chief", "worker": "worker", "parameter_server": "ps",
+                 "evaluator": "evaluator"}
+WORLD_POOLS = ("primary", "worker")
+TORCH_VARS = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "RANK",
+              "LOCAL_RANK")
+
+
+def port_free(addr: str, port: int) -> Any:
+    """True when ``addr:port`` can be bound here now (no SO_REUSEADDR: strictly free), else why."""
+    family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.bind((addr, port))
+        return True
+    except OSError as e:
+        return f"{type(e).__name__}: {e}"
+    finally:
+        s.close()
+
+
+def check_pool_views(p: Probe) -> dict[str, Any]:
+    """Inside one replica of a pool job: CLUSTER_SPEC, TF_CONFIG, resourceconfig.json and SM_*
+    agree with each other and with RIGDECK_* (its host, its pool, its index); torch's variables
+    only in the world (primary + workers); its own endpoint's port free on its own address."""
+    env = p.env
+    pool = p.raw("RIGDECK_POOL")
+    replica = p.int_env("RIGDECK_POOL_REPLICA")
+    in_world = p.raw("RIGDECK_IN_WORLD")
+    node_rank = p.int_env("RIGDECK_NODE_RANK")
+    rd_hosts = p.json_env("RIGDECK_HOSTS")
+    rd_addrs = p.json_env("RIGDECK_HOST_ADDRS")
+    cs = p.json_env("CLUSTER_SPEC")
+    tf = p.json_env("TF_CONFIG")
+    sm_rc = p.json_env("SM_RESOURCE_CONFIG")
+    base = p.raw("SAGEMAKER_BASE_DIR")
+    rc = MISSING
+    if base is not MISSING:
+        rc = p.json_file("resourceconfig.json", os.path.join(base, "input", "config", "resourceconfig.json"))
+    else:
+        p.fail("SAGEMAKER_BASE_DIR", {"SAGEMAKER_BASE_DIR": None}, "missing")
+    p.agree("pool known", {"RIGDECK_POOL in the five roles": pool in VERTEX_POOLS, "expected": True})
+    n = len(rd_hosts) if isinstance(rd_hosts, list) else MISSING
+    p.agree("number of replicas", {
+        "RIGDECK_NUM_NODES": p.int_env("RIGDECK_NUM_NODES"),
+        "len(RIGDECK_HOSTS)": n,
+        "len(RIGDECK_HOST_ADDRS)": len(rd_addrs) if isinstance(rd_addrs, list) else MISSING,
+        "CLUSTER_SPEC endpoints": (sum(len(v) for v in cs["cluster"].values())
+                                   if isinstance(_get(cs, "cluster"), dict) else MISSING),
+        "len(SM_HOSTS)": len(h) if isinstance(h := p.json_env("SM_HOSTS"), list) else MISSING,
+        "len(resourceconfig.json hosts)": len(_get(rc, "hosts")) if isinstance(_get(rc, "hosts"), list) else MISSING,
+    })
+    p.agree("current host", {
+        "RIGDECK_CURRENT_HOST": p.raw("RIGDECK_CURRENT_HOST"),
+        "RIGDECK_HOSTS[RIGDECK_NODE_RANK]": (rd_hosts[node_rank] if isinstance(rd_hosts, list)
+                                             and isinstance(node_rank, int) and 0 <= node_rank < len(rd_hosts)
+                                             else MISSING),
+    })
+    # ---- Vertex: CLUSTER_SPEC -------------------------------------------------------------------
+    cluster = _get(cs, "cluster")
+    p.agree("CLUSTER_SPEC pools in order", {
+        "CLUSTER_SPEC cluster keys": list(cluster) if isinstance(cluster, dict) else MISSING,
+        "expected": ["workerpool0", "workerpool1", "workerpool2", "workerpool3"]})
+    p.agree("CLUSTER_SPEC task", {
+        "CLUSTER_SPEC task type/index": ([_get(cs, "task", "type"), _get(cs, "task", "index")]
+                                         if cs is not MISSING else MISSING),
+        "RIGDECK_POOL/RIGDECK_POOL_REPLICA": [VERTEX_POOLS.get(str(pool)), replica],
+    })
+    flat: list[str] = []
+    if isinstance(cluster, dict):
+        for name in ("workerpool0", "workerpool1", "workerpool2", "workerpool3"):
+            flat += list(cluster.get(name) or [])
+    p.agree("replica addresses in node order", {
+        "CLUSTER_SPEC endpoints (workerpool0..3)": [_split_endpoint(e)[0] for e in flat] if flat else MISSING,
+        "RIGDECK_HOST_ADDRS": rd_addrs,
+    })
+    own = _get(cluster, VERTEX_POOLS.get(str(pool), "?"), replica) if isinstance(replica, int) else MISSING
+    own_addr, own_port = _split_endpoint(own) if isinstance(own, str) else (MISSING, MISSING)
+    p.agree("own address", {
+        "CLUSTER_SPEC own endpoint": own_addr,
+        "RIGDECK_HOST_ADDRS[RIGDECK_NODE_RANK]": (rd_addrs[node_rank] if isinstance(rd_addrs, list)
+                                                  and isinstance(node_rank, int) and 0 <= node_rank < len(rd_addrs)
+                                                  else MISSING),
+    })
+    same_addr = [_split_endpoint(e) for e in flat if _split_endpoint(e)[0] == own_addr]
+    p.agree("no other replica on this address has this port", {
+        "replicas on this address with this port": (sum(1 for _a, port in same_addr if port == own_port)
+                                                    if flat else MISSING),
+        "expected": 1})
+    # ---- Vertex: TF_CONFIG ----------------------------------------------------------------------
+    tf_type = TF_TASK_TYPES.get(str(pool))
+    if pool == "reduction_server":
+        p.agree("no TF_CONFIG for a reduction server", {"TF_CONFIG present": tf is not MISSING,
+                                                         "expected": False})
+    elif isinstance(n, int) and n > 1:
+        tfc = _get(tf, "cluster")
+        p.agree("TF_CONFIG task", {
+            "TF_CONFIG task type/index": ([_get(tf, "task", "type"), _get(tf, "task", "index")]
+                                          if tf is not MISSING else MISSING),
+            "RIGDECK_POOL/RIGDECK_POOL_REPLICA": [tf_type, replica]})
+        groups_now = p.json_env("SM_INSTANCE_GROUPS")
+        want: dict[str, Any] = {}
+        if isinstance(cluster, dict):
+            want["chief"] = cluster.get("workerpool0")
+            if cluster.get("workerpool1"):
+                want["worker"] = cluster.get("workerpool1")
+            if isinstance(groups_now, list) and "parameter_server" in groups_now:
+                want["ps"] = cluster.get("workerpool2")
+        p.agree("TF_CONFIG cluster (chief/worker/ps, no evaluator)", {
+            "TF_CONFIG cluster": tfc if isinstance(tfc, dict) else MISSING,
+            "from CLUSTER_SPEC": want if isinstance(cluster, dict) else MISSING})
+        if tf is not MISSING:
+            p.agree("TF_CONFIG own endpoint", {
+                "TF_CONFIG cluster[task]": (_get(tf, "cluster", tf_type, replica)
+                                            if tf_type != "evaluator" else own),
+                "CLUSTER_SPEC own endpoint": own})
+    # ---- SageMaker: heterogeneous cluster -------------------------------------------------------
+    algo = f"algo-{node_rank + 1}" if isinstance(node_rank, int) else MISSING
+    p.agree("SageMaker current host", {
+        "algo-(RIGDECK_NODE_RANK+1)": algo,
+        "SM_CURRENT_HOST": p.raw("SM_CURRENT_HOST"),
+        "resourceconfig.json current_host": _get(rc, "current_host"),
+        "SM_RESOURCE_CONFIG current_host": _get(sm_rc, "current_host")})
+    p.agree("SageMaker hosts", {
+        "algo-1..N": [f"algo-{k + 1}" for k in range(n)] if isinstance(n, int) else MISSING,
+        "SM_HOSTS": p.json_env("SM_HOSTS"),
+        "resourceconfig.json hosts": _get(rc, "hosts")})
+    p.agree("SageMaker current group", {
+        "RIGDECK_POOL": pool,
+        "SM_CURRENT_INSTANCE_GROUP": p.raw("SM_CURRENT_INSTANCE_GROUP"),
+        "resourceconfig.json current_group_name": _get(rc, "current_group_name")})
+    groups = _get(rc, "instance_groups")
+    p.agree("SageMaker instance groups", {
+        "resourceconfig.json instance_groups names": ([g.get("instance_group_name") for g in groups]
+                                                      if isinstance(groups, list) else MISSING),
+        "SM_INSTANCE_GROUPS": p.json_env("SM_INSTANCE_GROUPS")})
+    groups_dict = p.json_env("SM_INSTANCE_GROUPS_DICT")
+    p.agree("SageMaker instance groups dict", {  # a JSON object: its keys come sorted
+        "SM_INSTANCE_GROUPS_DICT": groups_dict,
+        "resourceconfig.json instance_groups by name": (
+            {g.get("instance_group_name"): g for g in groups} if isinstance(groups, list) else MISSING)})
+    if isinstance(groups, list) and isinstance(cluster, dict):
+        # each group's hosts are the algo names of its pool's replicas, in node order
+        k = 0
+        got, expect = [], []
+        for g in groups:
+            name = g.get("instance_group_name")
+            count = len(cluster.get(VERTEX_POOLS.get(name, "?")) or [])
+            got.append([name, g.get("hosts")])
+            expect.append([name, [f"algo-{k + j + 1}" for j in range(count)]])
+            k += count
+        p.agree("SageMaker groups match the Vertex pools", {"resourceconfig.json instance_groups": got,
+                                                             "from CLUSTER_SPEC": expect})
+        mine = next((g.get("hosts") for g in groups if g.get("instance_group_name") == pool), MISSING)
+        p.agree("SageMaker current group hosts", {
+            "SM_CURRENT_INSTANCE_GROUP_HOSTS": p.json_env("SM_CURRENT_INSTANCE_GROUP_HOSTS"),
+            "resourceconfig.json group of RIGDECK_POOL": mine})
+    p.agree("SageMaker heterogeneous", {"SM_IS_HETERO": p.raw("SM_IS_HETERO"), "expected": "true"})
+    # ---- torch: the world is the primary and the workers ----------------------------------------
+    member = pool in WORLD_POOLS
+    p.agree("in torch's world", {"RIGDECK_IN_WORLD": in_world, "pool is primary/worker": "1" if member else "0"})
+    world = rank = local_rank = MISSING
+    if member:
+        ep0 = _split_endpoint(cluster["workerpool0"][0]) if isinstance(cluster, dict) and cluster.get("workerpool0") else None
+        p.agree("master address", {"MASTER_ADDR": p.raw("MASTER_ADDR"),
+                                   "RIGDECK_MASTER_ADDR": p.raw("RIGDECK_MASTER_ADDR"),
+                                   "CLUSTER_SPEC workerpool0[0]": ep0[0] if ep0 else MISSING})
+        p.agree("master port", {"MASTER_PORT": p.int_env("MASTER_PORT"),
+                                "RIGDECK_MASTER_PORT": p.int_env("RIGDECK_MASTER_PORT"),
+                                "CLUSTER_SPEC workerpool0[0]": ep0[1] if ep0 else MISSING})
+        p.agree("node rank", {"NODE_RANK": p.int_env("NODE_RANK"),
+                              "0 for the primary, else 1 + replica": (0 if pool == "primary" else 1 + replica)
+                              if isinstance(replica, int) else MISSING})
+        world = p.agree("world size", {
+            "WORLD_SIZE": p.int_env("WORLD_SIZE"),
+            "hostfile slots (the world's)": _hostfile_slots(p)})
+        rank = p.agree("global rank", {"RANK": p.int_env("RANK"), "RIGDECK_RANK": p.int_env("RIGDECK_RANK")})
+        local_rank = p.agree("local rank", {"LOCAL_RANK": p.int_env("LOCAL_RANK"),
+                                            "RIGDECK_LOCAL_RANK": p.int_env("RIGDECK_LOCAL_RANK")})
+        p.agree("local world size", {"LOCAL_WORLD_SIZE": p.int_env("LOCAL_WORLD_SIZE"),
+                                     "RIGDECK_LOCAL_WORLD_SIZE": p.int_env("RIGDECK_LOCAL_WORLD_SIZE")})
+    else:
+        present = [v for v in TORCH_VARS if v in env]
+        p.agree("no torch variables outside the world", {"torch variables set": present, "expected": []})
+        local_rank = p.int_env("RIGDECK_LOCAL_RANK")
+    p.agree("job id", {"RIGDECK_JOB_ID": p.raw("RIGDECK_JOB_ID"),
+                       "TRAINING_JOB_NAME": p.raw("TRAINING_JOB_NAME"),
+                       "CLUSTER_SPEC job.job_id": _get(cs, "job", "job_id")})
+    # ---- its own endpoint: free on its own host at launch ----------------------------------------
+    port_check: Any = None
+    if local_rank == 0 and isinstance(own_addr, str) and isinstance(own_port, int):
+        port_check = port_free(own_addr, own_port)
+        p.agree("own endpoint port free at launch", {f"bind {own_addr}:{own_port}": port_check,
+                                                     "expected": True})
+    for var in ("RIGDECK_METRICS_DIR", "RIGDECK_JOB_DIR", "SM_MODEL_DIR"):
+        p.agree(var + " is a directory", {var: os.path.isdir(env.get(var) or ""), "expected": True})
+    return {"rank": rank, "world": world, "local_rank": local_rank, "node_rank": node_rank,
+            "host": p.raw("RIGDECK_CURRENT_HOST"), "hosts": rd_hosts,
+            "rigdeck_rank": p.int_env("RIGDECK_RANK"), "pool": pool, "replica": replica,
+            "in_world": member, "endpoint": own, "port_free": port_check}
+
+
+def _hostfile_slots(p: Probe) -> Any:
+    path = p.raw("RIGDECK_HOSTFILE")
+    if path is MISSING:
+        return MISSING
+    try:
+        with open(path) as f:
+            return sum(int(x.split("=", 1)[1]) for line in f for x in line.split()[1:]
+                       if x.startswith("slots="))
+    except (OSError, ValueError) as e:
+        p.fail("read hostfile", {"RIGDECK_HOSTFILE": path}, str(e))
+        return MISSING
+
+
 def run_collectives(p: Probe, me: dict[str, Any]) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
@@ -430,8 +648,9 @@ def run_collectives(p: Probe, me: dict[str, Any]) -> dict[str, Any]:
 
 def main() -> int:
     p = Probe()
+    pooled = bool(os.environ.get("RIGDECK_POOL"))
     try:
-        me = check_views(p)
+        me = check_pool_views(p) if pooled else check_views(p)
     except Exception:  # a bug or a wholly malformed view: report it, do not hide it
         p.fail("reading the views", {}, traceback.format_exc(limit=-3).strip())
         me = {"rank": MISSING, "world": MISSING}
@@ -442,6 +661,8 @@ def main() -> int:
         except Exception as e:
             p.fail("gloo collectives", {}, f"{type(e).__name__}: {e}")
     rank = me.get("rank")
+    if pooled:  # every replica, in the world or not, reports under its rigdeck rank
+        rank = me.get("rigdeck_rank")
     report = {
         "rank": rank if isinstance(rank, int) else None,
         "ok": p.ok,
@@ -454,6 +675,10 @@ def main() -> int:
         # What a [model_parallel] job's runtime reads (None for other jobs): every launcher must pass it on.
         "model_parallel": os.environ.get("RIGDECK_MODEL_PARALLEL"),
     }
+    if pooled:  # a pool job's replica: what it is, its endpoint, whether its port was free
+        report["pool"] = {k: (None if me.get(k) is MISSING else me.get(k))
+                          for k in ("pool", "replica", "in_world", "endpoint", "port_free", "node_rank", "host")}
+        report["torch_rank"] = me.get("rank") if isinstance(me.get("rank"), int) else None
     job_dir = os.environ.get("RIGDECK_JOB_DIR")
     if job_dir:
         out = os.path.join(job_dir, "probe")
@@ -472,7 +697,11 @@ def main() -> int:
     # one write per line, so that ranks sharing a pipe do not interleave within a line
     sys.stdout.write("step=1 loss=0.0\n")
     sys.stdout.flush()
-    sys.stdout.write(f"probe rank {rank} ok (world {me['world']}, node {me['node_rank']})\n")
+    if pooled:
+        sys.stdout.write(f"probe rank {rank} ok ({me['pool']} {me['replica']} on {me['host']}, "
+                         f"in world: {me['in_world']})\n")
+    else:
+        sys.stdout.write(f"probe rank {rank} ok (world {me['world']}, node {me['node_rank']})\n")
     sys.stdout.flush()
     return 0
 

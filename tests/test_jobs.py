@@ -292,6 +292,19 @@ processes_per_node = 2
         ('command = ["x"]\nnodes = 1\n[env]\nX = 5\n', "env"),
         ('command = ["x"]\nnodes = 2\nprocesses_per_node = 1\n[model_parallel]\npartitions = 3\n'
          'microbatches = 4\nprofile_batch = [8]\n', "model_parallel.partitions"),
+        # Worker pools (issue 15): two primaries, zero replicas, an unknown role, a pool pinned
+        # to a label no inventory host carries (only the controller knows the inventory).
+        ('command = ["x"]\n[[pools]]\nrole = "primary"\n[[pools]]\nrole = "primary"\n',
+         "field 'pools[1].role': expected at most one primary pool (pools[0] is the primary already)"),
+        ('command = ["x"]\n[[pools]]\nrole = "primary"\n[[pools]]\nrole = "worker"\nreplicas = 0\n',
+         "field 'pools[1].replicas': expected an integer >= 1 (pool 'worker'), got 0"),
+        ('command = ["x"]\n[[pools]]\nrole = "primary"\n[[pools]]\nrole = "ps"\n',
+         "field 'pools[1].role': expected \"primary\" or \"worker\""),
+        ('command = ["x"]\n[[pools]]\nrole = "primary"\n[[pools]]\nrole = "parameter_server"\n'
+         'labels = ["cpu"]\n', "field 'pools[1].labels': expected labels some inventory host carries "
+         "(known: none) (pool 'parameter_server'), got 'cpu'"),
+        ('command = ["x"]\n[[pools]]\nrole = "primary"\nhosts = ["h1", "h7"]\n',
+         "field 'pools[0].hosts': expected hosts from the inventory (h1, h2, h3) (pool 'primary'), got unknown 'h7'"),
     ],
 )
 def test_bad_specs_say_why_and_start_nothing(cli: Cli, body: str, needle: str) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tui.control.history import History
 from tui.control.jobs import JobManager, JobView, overall_state
 from tui.model.jobspec import jobspec_from_toml
@@ -57,6 +59,7 @@ class _Hosts(TypedAgents):
     def __init__(self, states: dict[str, dict[str, Any]]):
         self.states = states
         self.stops: list[tuple[tuple[str, ...], float | None]] = []
+        self.finishing: set[str] = set()  # hosts "stopping" by themselves: done at the next look
 
     def request_many(self, hosts: list[str], method: str, **kw: Any) -> dict[str, Any]:
         if method == "job_stop":
@@ -67,7 +70,10 @@ class _Hosts(TypedAgents):
                 st["replicas"] = [{**r, "state": "stopped"} if r["state"] == "running" else r for r in st["replicas"]]
             return {h: {"stopped": True} for h in hosts}
         assert method == "job_status", method
-        return {h: dict(self.states[h]) for h in dict.fromkeys(hosts)}
+        out = {h: dict(self.states[h]) for h in dict.fromkeys(hosts)}
+        for h in self.finishing & set(out):
+            self.states[h]["state"] = "succeeded"
+        return out
 
 
 def _job(tmp_path: Path, restarts: int = 0, max_restarts: int = 0) -> History:
@@ -80,13 +86,16 @@ def _job(tmp_path: Path, restarts: int = 0, max_restarts: int = 0) -> History:
     return history
 
 
-def test_the_primary_succeeding_stops_the_other_pools_and_the_job_succeeded(tmp_path: Path) -> None:
+@pytest.mark.parametrize("primary_host", ["succeeded", "stopping"])
+def test_the_primary_succeeding_stops_the_other_pools_and_the_job_succeeded(tmp_path: Path, primary_host: str) -> None:
     history = _job(tmp_path)
     states = running()
-    # The primary's ranks exited 0: its host stopped its worker and ended succeeded.
-    states["h1"] = host("succeeded", [replica(0, "primary", 0, "succeeded", exit_code=0),
-                                      replica(1, "worker", 0, "stopped")], primary_succeeded=True)
+    # The primary's ranks exited 0: its host stops its worker (still "stopping", or done) and
+    # ends succeeded; it is not asked to stop by the controller.
+    states["h1"] = host(primary_host, [replica(0, "primary", 0, "succeeded", exit_code=0),
+                                       replica(1, "worker", 0, "stopped")], primary_succeeded=True)
     hosts = _Hosts(states)
+    hosts.finishing = {"h1"} if primary_host == "stopping" else set()
     assert overall_state({h: dict(s) for h, s in states.items()}) == "succeeded"
     jm = JobManager(hosts, history)  # type: ignore[arg-type]
     jm.scheduler.adopt("j1", Placement.from_plan_nodes(PLACEMENT))

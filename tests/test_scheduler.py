@@ -632,3 +632,82 @@ def test_a_queued_job_that_does_not_fit_stays_in_line_while_the_queue_looks(tmp_
     jm.free = (0, 1, 2)
     assert q.advance() == ["big-1"]
     assert [j for j, _ in jm.launched] == ["big-1"] and jm.launched[0][1] is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker pools: one node per replica, every pool or none
+
+
+def pool_job(*pools: Any, name: str = "pj") -> JobSpec:
+    from tui.model.poolspec import PoolSpec
+
+    return JobSpec(name=name, command=("python", "train.py"), workdir="/w",
+                   pools=tuple(p if isinstance(p, PoolSpec) else PoolSpec(**p) for p in pools))
+
+
+def labelled(cap: HostCapacity, *labels: str) -> HostCapacity:
+    import dataclasses
+
+    return dataclasses.replace(cap, labels=labels)
+
+
+def test_pool_replicas_are_nodes_in_pool_order_spread_over_hosts() -> None:
+    spec = pool_job({"role": "evaluator"}, {"role": "worker", "replicas": 2, "gpus_per_replica": 2},
+                    {"role": "primary", "gpus_per_replica": 2},
+                    {"role": "parameter_server", "labels": ("cpu",)})
+    caps = [host("h1", 4), host("h2", 4), labelled(host("h3", 0), "cpu")]
+    p = Scheduler().reserve("j", spec, caps)
+    got = [(n.pool, n.replica, n.host, n.gpus, n.slots) for n in p.nodes]
+    # GPU replicas: fewest of this job first, then most free GPUs, then name; the parameter
+    # server only on the labelled host; the evaluator (CPU) on a host with fewest replicas (h2
+    # and h3 have one each), GPU-less hosts before others.
+    assert got == [("primary", 0, "h1", (0, 1), 2), ("worker", 0, "h2", (0, 1), 2),
+                   ("worker", 1, "h1", (2, 3), 2), ("parameter_server", 0, "h3", (), 1),
+                   ("evaluator", 0, "h3", (), 1)]
+    assert p.hosts == ("h1", "h2", "h3") and p.on_host("h1") == [0, 2] and p.on_host("h3") == [3, 4]
+    assert p.world_size == spec.world_size == 8
+    plan = p.to_plan_nodes()
+    assert plan[2]["pool"] == "worker" and plan[2]["replica"] == 1
+    assert Placement.from_plan_nodes(plan) == p
+
+
+def test_a_plain_jobs_plan_nodes_have_no_pool_keys() -> None:
+    p = Scheduler().reserve("j", gpu_job("g", 2, 1), [host("h1"), host("h2")])
+    assert all("pool" not in n and "replica" not in n for n in p.to_plan_nodes())
+    assert Placement.from_plan_nodes(p.to_plan_nodes()) == p
+
+
+def test_pools_are_placed_all_or_none_and_the_error_names_the_pool() -> None:
+    s = Scheduler()
+    spec = pool_job({"role": "primary", "gpus_per_replica": 2},
+                    {"role": "worker", "replicas": 3, "gpus_per_replica": 2})
+    with pytest.raises(PlacementError) as e:
+        s.reserve("j", spec, [host("h1", 4), host("h2", 2)])
+    assert str(e.value) == ("job 'pj' asks pool 'worker' 3 replicas x 2 GPUs: replica 2 has no host with "
+                            ">= 2 free GPUs (2 replicas placed); its hosts: h1 0 free GPUs, h2 0 free GPUs")
+    assert s.reservations() == {}  # nothing held
+    # Another job's GPUs are not free; the all-fit case holds every replica's GPUs.
+    s.reserve("other", gpu_job("o", 1, 2, hosts=["h1"]), [host("h1", 4), host("h2", 4)])
+    assert s.fits(spec, [host("h1", 4), host("h2", 4)]) is not None  # 8 GPUs asked, 6 free
+    two = pool_job({"role": "primary", "gpus_per_replica": 2}, {"role": "worker", "replicas": 2, "gpus_per_replica": 2})
+    p = s.reserve("j", two, [host("h1", 4), host("h2", 4)])
+    assert [(n.host, n.gpus) for n in p.nodes] == [("h2", (0, 1)), ("h1", (2, 3)), ("h2", (2, 3))]
+    assert p.gpu_keys().isdisjoint(s.reservations()["other"].gpu_keys())
+
+
+def test_pool_pins_hosts_and_labels() -> None:
+    caps = [labelled(host("h1", 0), "cpu"), labelled(host("h2", 0), "cpu"), host("h3", 2)]
+    spec = pool_job({"role": "primary", "hosts": ("h3",)}, {"role": "evaluator", "replicas": 2, "labels": ("cpu",)})
+    p = Scheduler().reserve("j", spec, caps)
+    assert [(n.pool, n.host) for n in p.nodes] == [("primary", "h3"), ("evaluator", "h1"), ("evaluator", "h2")]
+    down = [labelled(host("h1", 0, up=False, status="down"), "cpu"), *caps[1:]]
+    p = Scheduler().reserve("j", spec, down)  # the other labelled host takes both replicas
+    assert [(n.pool, n.host) for n in p.nodes] == [("primary", "h3"), ("evaluator", "h2"), ("evaluator", "h2")]
+    with pytest.raises(PlacementError, match=r"field 'pools\[1\]\.labels': expected labels some inventory "
+                       r"host carries \(known: cpu\) \(pool 'evaluator'\), got 'fast'"):
+        Scheduler().reserve("j", pool_job({"role": "primary"}, {"role": "evaluator", "labels": ("fast",)}), caps)
+    with pytest.raises(PlacementError, match=r"field 'pools\[0\]\.hosts'.*got unknown 'h9'"):
+        Scheduler().reserve("j", pool_job({"role": "primary", "hosts": ("h9",)}), caps)
+    with pytest.raises(PlacementError, match=r"^job 'pj' asks pool 'primary' 1 replica x 1 process on h1: "
+                       r"replica 0 has no host up; its hosts: h1 down$"):
+        Scheduler().reserve("j", pool_job({"role": "primary", "hosts": ("h1",)}), down)

@@ -167,7 +167,8 @@ def _pool_view() -> JobView:
     track = pool_jobs()._tracks[JOB]
     rec = track.rec
     v = JobView(job_id=rec["job_id"], name=rec["name"], state=rec["state"], spec=rec["spec"],
-                placement=rec["placement"], events=rec["events"], hosts=track.states, started=rec["started"])
+                placement=rec["placement"], events=rec["events"], hosts=track.states, started=rec["started"],
+                pool_sizing=rec["pool_sizing"])
     v.pools = pools_view(rec, track.states)
     return v
 

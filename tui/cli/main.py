@@ -471,7 +471,10 @@ def _run_jobs(args: argparse.Namespace) -> int:
                         print("  (no server: the queue advances only while rigdeck runs: the app, or "
                               "launch --wait)", flush=True)
                 else:
-                    print(f"launched {view.job_id}: {', '.join(n['host'] for n in view.placement)}", flush=True)
+                    hosts = dict.fromkeys(n["host"] for n in view.placement)  # a pool job's replicas share hosts
+                    print(f"launched {view.job_id}: {', '.join(hosts)}", flush=True)
+                    if view.pool_sizing:
+                        print(f"reduction server sizing: {view.pool_sizing.get('text')}", flush=True)
                     for line in code_lines(view.spec.get("code"), view.events):
                         print(line, flush=True)
             if args.wait:

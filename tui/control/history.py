@@ -45,7 +45,7 @@ CREATE TABLE IF NOT EXISTS notified (
 """
 # Columns added after the first release, for history files made before them.
 ADDED_COLUMNS = (("supervisor", "TEXT"), ("lease_until", "REAL"), ("priority", "INTEGER"), ("waiting", "TEXT"),
-                 ("pool_sizing", "TEXT"))  # a pool job's Reduction Server sizing (tui.control.pools)
+                 ("pool_sizing", "TEXT"))
 JSON_FIELDS = ("spec", "placement", "cause", "events", "pool_sizing")
 # Characters that are wildcards somewhere (SQL LIKE, shell globs): a reference made only of them
 # is a mistake, never a job.

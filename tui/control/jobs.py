@@ -24,7 +24,8 @@ from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.mpspec import ENV_VAR as MP_ENV_VAR
-from tui.model.poolview import PoolsView, gpu_of_rank, pools_json, pools_view
+from tui.model.poolspec import check_pins
+from tui.model.poolview import PoolsView, pools_json, pools_view
 from tui.model.scheduler import (
     HostCapacity,
     NodeAssignment,
@@ -128,6 +129,7 @@ class JobView:
     events: list[dict[str, Any]] = field(default_factory=list)
     unreachable: list[str] = field(default_factory=list)  # hosts that did not answer this look
     waiting: str | None = None  # a queued job: what it waits for
+    pool_sizing: dict[str, Any] | None = None  # a job with reduction servers: the sizing check
     pools: PoolsView | None = None  # a job made of worker pools: its pools (tui.model.poolview)
 
     @property
@@ -149,8 +151,7 @@ class JobView:
             "events": self.events, "unreachable": self.unreachable, "waiting": self.waiting,
             "sweep_id": self.spec.get("sweep_id"), "trial": self.spec.get("trial"),
             "code": self.spec.get("code"), "pipeline_id": self.spec.get("pipeline_id"),
-            "step": self.spec.get("step"),
-            "pools": pools_json(self.pools), "pool_sizing": self.pools.sizing if self.pools else None,
+            "step": self.spec.get("step"), "pool_sizing": self.pool_sizing, "pools": pools_json(self.pools),
         }
 
     @classmethod
@@ -165,6 +166,7 @@ class JobView:
             hosts=d.get("hosts") or {}, ranks=d.get("ranks") or [], last_step=d.get("last_step"),
             last_loss=d.get("last_loss"), events=d.get("events") or [],
             unreachable=d.get("unreachable") or [], waiting=d.get("waiting"),
+            pool_sizing=d.get("pool_sizing"),
             pools=PoolsView.from_json(d.get("pools"), d.get("pool_sizing"), d.get("events") or ()),
         )
 
@@ -177,6 +179,26 @@ def rank_env(spec: JobSpec) -> dict[str, str]:
     if spec.model_parallel is not None:
         env[MP_ENV_VAR] = spec.model_parallel.to_env()
     return env
+
+
+# Lists a processing input's source on a host (run with the host's Python through the agent's
+# exec, the directory as its one argument): its regular files, recursively, by relative path.
+_LIST_FILES = r"""
+import json, os, sys
+root = sys.argv[1]
+if not os.path.isdir(root):
+    sys.exit("not a directory: %s" % root)
+out = []
+def fail(e):
+    raise e
+for d, dirs, files in os.walk(root, onerror=fail):
+    dirs.sort()
+    for f in files:
+        p = os.path.join(d, f)
+        if os.path.isfile(p):
+            out.append(os.path.relpath(p, root))
+print(json.dumps({"files": sorted(out)}))
+"""
 
 
 class _Read:
@@ -295,10 +317,39 @@ class JobManager:
             raise JobError(f"host {node.host} reports no IP address to use as MASTER_ADDR")
         return own[0]
 
+    def _node_ports(self, placement: Placement, master_addr: str) -> tuple[list[int], dict[str, str]]:
+        """A port for every node, each free on its own host when probed (two nodes on one host
+        never get the same one), and the address each host's ports were probed on (the primary's
+        host: ``master_addr``; another: the address its route to the primary leaves from)."""
+        primary = placement.nodes[0]
+        addrs: dict[str, str] = {primary.host: master_addr}
+        ports: list[int] = []
+        used: dict[str, set[int]] = {}
+        for node in placement.nodes:
+            if node.host not in addrs:
+                addrs[node.host] = self._master_addr(node, [primary])
+            agent = self.ctl.agent(node.host)
+            taken = used.setdefault(node.host, set())
+            for _ in range(32):
+                port = agent.probe_port(addr=addrs[node.host])
+                if port not in taken:
+                    break
+            else:
+                raise JobError(f"host {node.host}: no distinct free port for {node.pool} {node.replica} "
+                               "after 32 probes")
+            taken.add(port)
+            ports.append(port)
+        return ports, addrs
+
     def _plans(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> dict[str, dict[str, Any]]:
         primary = placement.nodes[0]
         master_addr = self._master_addr(primary, placement.nodes[1:])
-        port = self.ctl.agent(primary.host).probe_port(addr=master_addr)
+        ports: list[int] = []
+        if spec.pools:
+            ports, _addrs = self._node_ports(placement, master_addr)
+            port = ports[0]
+        else:
+            port = self.ctl.agent(primary.host).probe_port(addr=master_addr)
         base: dict[str, Any] = {
             "job_id": job_id,
             "name": spec.name,
@@ -328,17 +379,95 @@ class JobManager:
             base["sweep_id"] = spec.sweep_id
         if spec.metric_definitions:
             base["metric_definitions"] = [{"name": n, "regex": r} for n, r in spec.metric_definitions]
+        if spec.kind != "training" or spec.pools:
+            base["kind"] = spec.kind
+
+        def resolved(command: Sequence[str], host: str) -> list[str]:
+            python = self.ctl.inventory.get(host).python
+            return [python if c == "{python}" else c.replace("{python}", python) for c in command]
+
+        if spec.pools:
+            pools = {p.role: p for p in spec.pools}
+            nodes = base["nodes"]
+            for i, node in enumerate(placement.nodes):
+                pool = pools[str(node.pool)]
+                nodes[i].update({"port": ports[i], "command": resolved(pool.command or spec.command, node.host),
+                                 "env": dict(pool.env), "on_failure": pool.on_failure})
         plans = {}
-        for i, node in enumerate(placement.nodes):
-            python = self.ctl.inventory.get(node.host).python
-            host_env = dict(self.ctl.inventory.get(node.host).env)  # the inventory's, per host
-            plans[node.host] = {
+        for host in placement.hosts:
+            indices = placement.on_host(host)
+            host_env = dict(self.ctl.inventory.get(host).env)  # the inventory's, per host
+            plans[host] = {
                 **base,
                 "env": {**host_env, **base["env"]},
-                "node_index": i,
-                "command": [python if c == "{python}" else c.replace("{python}", python) for c in spec.command],
+                "node_index": indices[0],
+                "command": (list(base["nodes"][indices[0]]["command"]) if spec.pools
+                            else resolved(spec.command, host)),
             }
+            if spec.pools:
+                plans[host]["node_indices"] = indices
         return plans
+
+    def _processing(self, job_id: str, spec: JobSpec, placement: Placement,
+                    workdirs: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+        """A processing job's ``plan["processing"]`` for each host. Each ``ShardedByKey``
+        source is listed once, on the first host (its regular files, recursively, sorted by
+        relative path), and the i-th file goes to the (i mod N)-th host in node order. A source
+        that cannot be listed is a JobError (nothing has started yet)."""
+        import hashlib
+        import json
+        import posixpath
+
+        assert spec.processing is not None
+        hosts = list(placement.hosts)
+        first = hosts[0]
+        out: dict[str, dict[str, Any]] = {h: {"inputs": [], "outputs": [{"name": n} for n in spec.processing.outputs]}
+                                          for h in hosts}
+        report: dict[str, Any] = {}
+        for inp in spec.processing.inputs:
+            def source(h: str, inp: Any = inp) -> str:
+                return posixpath.normpath(posixpath.join(workdirs.get(h, spec.workdir), inp.source))
+
+            if inp.distribution != "ShardedByKey":
+                for h in hosts:
+                    out[h]["inputs"].append({"name": inp.name, "source": source(h),
+                                             "distribution": inp.distribution})
+                report[inp.name] = {"distribution": inp.distribution}
+                continue
+            files = self._list_files(first, source(first), f"processing.inputs {inp.name!r}")
+            digest = hashlib.sha256(json.dumps(files).encode("utf-8")).hexdigest()
+            shards: dict[str, list[str]] = {h: [] for h in hosts}
+            for i, f in enumerate(files):
+                shards[hosts[i % len(hosts)]].append(f)
+            for h in hosts:
+                out[h]["inputs"].append({"name": inp.name, "source": source(h), "distribution": inp.distribution,
+                                         "files": sorted(shards[h]), "total": len(files),
+                                         "listing_sha256": digest})
+            report[inp.name] = {"distribution": inp.distribution, "total": len(files), "listed_on": first,
+                                "listing_sha256": digest, "hosts": {h: len(shards[h]) for h in hosts}}
+        self.history.add_event(job_id, {"event": "processing", "inputs": report})
+        return out
+
+    def _list_files(self, host: str, source: str, what: str) -> list[str]:
+        """The regular files under ``source`` on ``host`` (relative paths, sorted), through the
+        agent's exec (argv only, no shell) with the host's Python."""
+        import json
+
+        python = self.ctl.inventory.get(host).python
+        try:
+            res = self.ctl.agent(host).exec(argv=[python, "-c", _LIST_FILES, source], timeout_s=120, timeout=150)
+        except TransportError as e:
+            raise JobError(f"{what}: cannot list {source} on {host}: {e}") from None
+        if res.get("stdout_dropped"):
+            raise JobError(f"{what}: {source} on {host} lists more than 1 MiB of file names")
+        if res.get("exit_code") != 0:
+            err = (res.get("error") or res.get("stderr") or "").strip().splitlines()
+            raise JobError(f"{what}: cannot list {source} on {host}: {err[-1] if err else 'exit ' + str(res.get('exit_code'))}")
+        try:
+            files = json.loads((res.get("stdout") or "").strip().splitlines()[-1])["files"]
+        except (ValueError, IndexError, KeyError, TypeError):
+            raise JobError(f"{what}: {host} answered no listing of {source}") from None
+        return [str(f) for f in files]
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -354,6 +483,7 @@ class JobManager:
                 f"{spec.path or 'job spec'}: field 'hosts': expected hosts from the inventory "
                 f"({', '.join(self.ctl.inventory.names)}), got unknown {', '.join(map(repr, unknown))}"
             )
+        self.check_pins(spec)
         candidates = list(spec.hosts) if spec.hosts else self.ctl.inventory.names
         if capacity is None:  # a caller that has just read it (the queue) passes it on
             capacity = self.capacity(candidates)
@@ -373,17 +503,55 @@ class JobManager:
         except BaseException:
             self.scheduler.release(job_id)
             raise
+        if any(p.role == "reduction_server" for p in spec.pools):
+            self._size_pools(job_id, placement)
         now = time.monotonic()
-        due = [n.host for n in placement.nodes if now - self._gc_at.get(n.host, -GC_EVERY_S) >= GC_EVERY_S]
+        due = [h for h in placement.hosts if now - self._gc_at.get(h, -GC_EVERY_S) >= GC_EVERY_S]
         if due:  # retention, applied where jobs start; a controller that starts many: once a minute a host
             self._gc_at.update({h: now for h in due})
             self.collect_garbage(due)
         return self.view(job_id, live=look)
 
+    def check_pins(self, spec: JobSpec) -> None:
+        """A pool's ``hosts`` and ``labels`` the inventory cannot meet: JobError, before
+        anything is placed or started (the spec's parser cannot know the inventory)."""
+        if not spec.pools:
+            return
+        inv = {h.name: tuple(h.labels) for h in self.ctl.inventory.hosts}
+        problem = check_pins(spec.pools, inv, str(spec.path or "job spec"))
+        if problem is not None:
+            raise JobError(problem)
+
+    def _size_pools(self, job_id: str, placement: Placement) -> None:
+        """Reduction Server sizing from each host's NIC speeds (facts ``nics``; an agent that
+        reports none: unknown), stored as the record's ``pool_sizing``."""
+        from tui.model.poolsizing import host_gbps, sizing
+
+        gbps: dict[str, float | None] = {}
+        for h in placement.hosts:
+            try:
+                facts = self.ctl.agent(h).facts(timeout=20)
+            except TransportError:
+                gbps[h] = None
+                continue
+            node = placement.nodes[placement.on_host(h)[0]]
+            gbps[h] = host_gbps(facts.raw.get("nics"), node.address)
+        result = sizing([(str(n.pool), n.host) for n in placement.nodes], gbps)
+        if result is not None:
+            self.history.update(job_id, pool_sizing=result)
+
+    @staticmethod
+    def _gpus_by_host(placement: Placement) -> dict[str, list[int]]:
+        """Every GPU the job holds on each host (a pool job's replicas on one host together)."""
+        gpus: dict[str, list[int]] = {h: [] for h in placement.hosts}
+        for n in placement.nodes:
+            gpus[n.host] += [g for g in n.gpus if g not in gpus[n.host]]
+        return gpus
+
     def _preflight(self, job_id: str, placement: Placement) -> None:
         """Before anything starts: every host has room for the job's files and its GPUs free."""
-        hosts = [n.host for n in placement.nodes]
-        gpus = {n.host: list(n.gpus) for n in placement.nodes}
+        hosts = list(placement.hosts)
+        gpus = self._gpus_by_host(placement)
         from concurrent.futures import ThreadPoolExecutor
 
         def one(h: str) -> Any:
@@ -409,22 +577,23 @@ class JobManager:
         controllers racing for the same GPUs, the one that claims the first contested host wins
         them all, and the other gives back what it claimed. All hosts or none."""
         claimed: list[str] = []
+        host = ""
         try:
-            for node in sorted(placement.nodes, key=lambda n: n.host):
-                if not node.gpus:
+            for host, gpus in sorted(self._gpus_by_host(placement).items()):
+                if not gpus:
                     continue
-                self.ctl.agent(node.host).job_claim(job_id=job_id, gpus=list(node.gpus), timeout=30)
-                claimed.append(node.host)
+                self.ctl.agent(host).job_claim(job_id=job_id, gpus=gpus, timeout=30)
+                claimed.append(host)
         except TransportError as e:
             self.ctl.agents(claimed).job_release(job_id=job_id, timeout=30)
-            raise JobError(f"job not started (nothing was started): {node.host}: {e}") from None
+            raise JobError(f"job not started (nothing was started): {host}: {e}") from None
 
     def _start(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> None:
         """Start the job on every host of ``placement``, or on none: whatever goes wrong (a host,
         the network, a bug, Ctrl-C) stops what started, gives back every claim and records the
         job as failed with why. A job is never left ``starting``."""
         self.history.update(job_id, state="starting", placement=placement.to_plan_nodes(), restarts=restart_count)
-        hosts = [n.host for n in placement.nodes]
+        hosts = list(placement.hosts)
         results: dict[str, Any] = {}
         try:
             workdirs = self._push_code(job_id, spec, hosts) if spec.code is not None else {}
@@ -434,6 +603,9 @@ class JobManager:
                 raise JobError(f"could not prepare the launch: {e}") from None
             for h, path in workdirs.items():
                 plans[h]["workdir"] = path
+            if spec.kind == "processing" and spec.processing is not None:
+                for h, processing in self._processing(job_id, spec, placement, workdirs).items():
+                    plans[h]["processing"] = processing
             if spec.inputs or spec.seed_checkpoint:
                 for h, staged in self._stage_artifacts(job_id, spec, hosts).items():
                     plans[h]["channels"] = {**plans[h]["channels"], **staged.get("channels", {})}
@@ -458,7 +630,7 @@ class JobManager:
             raise
         self.history.update(job_id, state="running", started=time.time())
         self.history.add_event(job_id, {"event": "started", "restart_count": restart_count,
-                                        "hosts": [n.host for n in placement.nodes]})
+                                        "hosts": list(placement.hosts)})
 
     def snapshot_code(self, spec: JobSpec) -> JobSpec:
         """A spec with ``[code] sync`` gets its snapshot now, at submission: the job runs this
@@ -592,7 +764,7 @@ class JobManager:
     def host_states(self, rec: dict[str, Any]) -> dict[str, Any]:
         """What each host of the job's placement says of it (``job_status``), or the
         TransportError that kept it from saying."""
-        hosts = [n["host"] for n in rec.get("placement") or []]
+        hosts = list(dict.fromkeys(n["host"] for n in rec.get("placement") or []))
         return self.ctl.agents(hosts).job_status(job_id=rec["job_id"], timeout=20)
 
     def stop(
@@ -619,7 +791,7 @@ class JobManager:
         grace = grace_s if grace_s is not None else float(rec["spec"].get("grace_s", 30))
         self.history.update(job_id, state="stopping")
         self.history.add_event(job_id, {"event": "stop requested", "grace_s": grace})
-        hosts = [n["host"] for n in rec.get("placement") or []]
+        hosts = list(dict.fromkeys(n["host"] for n in rec.get("placement") or []))
         self.ctl.agents(hosts).job_stop(job_id=job_id, grace_s=grace, timeout=20)
         if not wait:
             # The hosts are stopping it: it stays "stopping" (its GPUs held) until supervision
@@ -756,6 +928,7 @@ class JobManager:
             placement=rec.get("placement") or [], restarts=rec.get("restarts") or 0, cause=rec.get("cause"),
             created=rec.get("created"), started=rec.get("started"), ended=rec.get("ended"),
             events=rec.get("events") or [], waiting=rec.get("waiting") if rec["state"] == "queued" else None,
+            pool_sizing=rec.get("pool_sizing"),
         )
         v.pools = pools_view(rec)
         if not live:
@@ -770,15 +943,22 @@ class JobManager:
                 v.state = "unknown"
         else:
             v.hosts = self.host_states(rec)
-        gpus_by_host = {n["host"]: n.get("gpus") or [] for n in v.placement}
+        # Rank -> its GPU from the placement: ranks are contiguous in node order, local rank l
+        # of a node on its l-th GPU (a pool job's host may hold several nodes).
+        gpu_of: dict[int, int] = {}
+        first = 0
+        for n in v.placement:
+            for local, g in enumerate(n.get("gpus") or []):
+                gpu_of[first + local] = g
+            first += int(n.get("slots") or 0)
         for host, st in v.hosts.items():
             if isinstance(st, dict):
                 for r in st.get("ranks") or []:
                     gpu = r.get("gpu")
-                    if gpu is None and v.pools is not None:  # several replicas on a host: by rank
-                        gpu = gpu_of_rank(v.placement, r.get("rank"))
-                    elif gpu is None and r.get("local_rank") is not None and gpus_by_host.get(host):
-                        g = gpus_by_host[host]
+                    if gpu is None and r.get("rank") is not None:
+                        gpu = gpu_of.get(r["rank"])
+                    elif gpu is None and r.get("local_rank") is not None:  # no global rank: the host's first node
+                        g = next((n.get("gpus") or [] for n in v.placement if n["host"] == host), [])
                         gpu = g[r["local_rank"]] if r["local_rank"] < len(g) else None
                     v.ranks.append({"rank": r.get("rank"), "host": host, "local_rank": r.get("local_rank"),
                                     "gpu": gpu, "pid": r.get("pid"), "state": r.get("state"),

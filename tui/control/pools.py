@@ -44,7 +44,7 @@ def stop_after_primary(jm: Any, rec: Mapping[str, Any], host_states: Mapping[str
     grace: an evaluator may be writing its last result), wait a while for them, and say what
     was done, for the ``succeeded`` event."""
     primary = primary_succeeded(host_states)
-    live = live_hosts(host_states)
+    live = [h for h in live_hosts(host_states) if h != primary]  # that host stops its own
     grace = float((rec.get("spec") or {}).get("grace_s", 30))
     if live:
         jm.ctl.agents(live).job_stop(job_id=rec["job_id"], grace_s=grace, timeout=20)
@@ -68,7 +68,7 @@ def replica_events(rec: Mapping[str, Any], host_states: Mapping[str, Any]) -> li
             if not isinstance(r, dict) or r.get("state") != "failed":
                 continue
             pool, replica = r.get("pool"), r.get("replica")
-            if on_failure_of(spec, rec.get("placement") or [], pool) != "continue":
+            if (r.get("on_failure") or on_failure_of(spec, rec.get("placement") or [], pool)) != "continue":
                 continue  # a gang-stopping failure: the host failed, the gang rules handle it
             key = (pool, replica, attempt)
             if key in have:

@@ -60,6 +60,7 @@ class JobQueue:
         with ``queue``, record it as queued. Raises PlacementError for a job that cannot ever fit
         (or, without ``queue``, does not fit now), JobError for a bad host name or a failed start."""
         job_id = job_id or new_job_id(spec.name)
+        self.jm.check_pins(spec)  # a pool pinned to hosts or labels the inventory lacks: never fits
         spec = self.jm.snapshot_code(spec)  # [code] sync: the files as they are now
         ahead = [r for r in self.history.queued() if int(r.get("priority") or 0) >= spec.priority]
         if not ahead or not queue:
@@ -108,7 +109,8 @@ class JobQueue:
         for i, rec in enumerate(self.history.queued(), start=1):
             spec = rec.get("spec") or {}
             nodes = int(spec.get("nodes") or len(spec.get("hosts") or []) or 1)
-            gpus = nodes * int(spec.get("gpus_per_node") or 0)
+            gpus = nodes * int(spec.get("gpus_per_node") or 0) + sum(
+                int(p.get("replicas") or 1) * int(p.get("gpus_per_replica") or 0) for p in spec.get("pools") or ())
             out.append(QueueEntry(
                 position=i, job_id=rec["job_id"], name=rec["name"], priority=int(rec.get("priority") or 0),
                 queued_at=float(rec["created"]), waiting=rec.get("waiting") or "",

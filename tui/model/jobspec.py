@@ -36,6 +36,14 @@ from tui.model.fields import (
 )
 from tui.model.inventory import NAME_RE as HOST_NAME_RE
 from tui.model.mpspec import ModelParallelSpec, parse_model_parallel
+from tui.model.poolspec import (
+    KINDS,
+    POOL_EXCLUDES,
+    PoolSpec,
+    ProcessingSpec,
+    parse_pools,
+    parse_processing,
+)
 from tui.model.sweepspec import SweepSpec, parse_sweep, substitute_command
 
 if sys.version_info >= (3, 11):
@@ -213,6 +221,11 @@ class JobSpec:
     # ``[model_parallel]``: a pipeline-parallel job (tui.model.mpspec); its ranks get it as
     # RIGDECK_MODEL_PARALLEL.
     model_parallel: ModelParallelSpec | None = None
+    # ``kind = "processing"``: SageMaker Processing's contract, ``[processing]`` its inputs and
+    # outputs; ``[[pools]]``: Vertex's worker pools (tui.model.poolspec), in the spec's order.
+    kind: str = "training"
+    pools: tuple[PoolSpec, ...] = ()
+    processing: ProcessingSpec | None = None
     path: Path | None = None
 
     def __hash__(self) -> int:
@@ -221,13 +234,18 @@ class JobSpec:
 
     @property
     def node_count(self) -> int:
-        """How many hosts the job runs on: ``nodes``, else the number of ``hosts``, else 1."""
+        """How many hosts the job runs on: ``nodes``, else the number of ``hosts``, else 1.
+        A pool job: its replicas, all pools together (several may share a host)."""
+        if self.pools:
+            return sum(p.replicas for p in self.pools)
         if self.nodes is not None:
             return self.nodes
         return len(self.hosts) or 1
 
     @property
     def uses_gpus(self) -> bool:
+        if self.pools:
+            return any(p.uses_gpus for p in self.pools)
         return self.gpus_per_node is not None
 
     @property
@@ -237,7 +255,17 @@ class JobSpec:
 
     @property
     def world_size(self) -> int:
+        """Every rank of the job (a pool job: of every pool; torch's world is the primary's and
+        the workers' only, ``torch_world_size``)."""
+        if self.pools:
+            return sum(p.replicas * p.slots for p in self.pools)
         return self.node_count * self.slots_per_node
+
+    @property
+    def torch_world_size(self) -> int:
+        if self.pools:
+            return sum(p.replicas * p.slots for p in self.pools if p.in_world)
+        return self.world_size
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form (job history); ``from_dict`` reads it back."""
@@ -276,6 +304,9 @@ class JobSpec:
             "step": self.step,
             "scaling": self.scaling.to_dict() if self.scaling is not None else None,
             "model_parallel": self.model_parallel.to_dict() if self.model_parallel is not None else None,
+            "kind": self.kind,
+            "pools": [p.to_dict() for p in self.pools],
+            "processing": self.processing.to_dict() if self.processing is not None else None,
             "path": str(self.path) if self.path is not None else None,
         }
 
@@ -290,6 +321,8 @@ class JobSpec:
             self,
             name=self.name[: 64 - len(suffix)] + suffix,
             command=substitute_command(self.command, hps),
+            pools=tuple(dataclasses.replace(p, command=substitute_command(p.command, hps))
+                        if p.command is not None else p for p in self.pools),
             hyperparameters=tuple(hps.items()),
             sweep=None,
             trial=str(number),
@@ -342,6 +375,9 @@ class JobSpec:
             scaling=ScalingSpec(**d["scaling"]) if d.get("scaling") else None,
             model_parallel=(ModelParallelSpec.from_dict(d["model_parallel"])
                             if d.get("model_parallel") else None),
+            kind=str(d.get("kind") or "training"),
+            pools=tuple(PoolSpec.from_dict(p) for p in d.get("pools") or ()),
+            processing=ProcessingSpec.from_dict(d["processing"]) if d.get("processing") else None,
             path=Path(path) if path is not None else None,
         )
 
@@ -443,6 +479,12 @@ def _workdir(v: Any) -> str:
     # "~" would mean a different home on every host, and the spec file's directory is local.
     if isinstance(v, str) and v.strip() and not v.startswith("~"):
         return _path_text(v)
+    raise Bad()
+
+
+def _kind(v: Any) -> str:
+    if v in KINDS:
+        return str(v)
     raise Bad()
 
 
@@ -607,6 +649,7 @@ _TOP_FIELDS: dict[str, Check] = {
         "a directory: absolute, or relative to the spec file's directory (no '~')", _workdir
     ),
     "launcher": Check(" or ".join(f'"{x}"' for x in LAUNCHERS), _launcher),
+    "kind": Check(" or ".join(f'"{x}"' for x in KINDS), _kind),
     "nodes": Check("an integer >= 1", int_range(1)),
     "hosts": Check("a non-empty list of inventory host names", _host_names),
     "gpus_per_node": Check("an integer >= 1", int_range(1)),
@@ -657,7 +700,7 @@ _TABLES: dict[str, dict[str, Check]] = {
 }
 _REQUIRED = ("name", "command")
 # Tables with their own parsers (and their own cross-checks).
-_OWN_TABLES = ("sweep", "model_parallel")
+_OWN_TABLES = ("sweep", "model_parallel", "pools", "processing")
 
 
 def _checked(
@@ -734,6 +777,41 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
     for key in _REQUIRED:
         if key not in values:
             raise err(key, f"{_TOP_FIELDS[key].expected} (required)")
+    kind: str = values.get("kind", "training")
+    pools: tuple[PoolSpec, ...] = ()
+    if "pools" in data:
+        if kind == "processing":
+            raise err("pools", 'no [[pools]] in a processing job (kind = "processing": every host '
+                      "runs the same command)", None)
+        for key in POOL_EXCLUDES:
+            if key in data:
+                raise err(key, f"no {key} with [[pools]] (each pool sets its own)",
+                          None if key == "model_parallel" else data[key])
+        if values.get("launcher", "direct") != "direct":
+            raise err("launcher", '"direct" with [[pools]] (each replica runs its own command)',
+                      values["launcher"])
+
+        def pool_error(field: str, expected: str, got: Any) -> JobSpecError:
+            return err(field, expected, got)
+
+        pools = parse_pools(data["pools"], pool_error,
+                            {k: _TOP_FIELDS[k] for k in ("command", "env", "hosts")})
+    processing = None
+    if "processing" in data and kind != "processing":
+        raise err("processing", 'kind = "processing" (a [processing] table is a processing '
+                  "job's inputs and outputs)", None)
+    if kind == "processing":
+        for key in ("model_parallel", "sweep"):
+            if key in data:
+                raise err(key, f'no [{key}] in a processing job (kind = "processing")', None)
+        if values.get("launcher", "direct") != "direct":
+            raise err("launcher", '"direct" in a processing job (every host runs the command '
+                      "itself)", values["launcher"])
+
+        def processing_error(field: str, expected: str, got: Any) -> JobSpecError:
+            return err(field, expected, got)
+
+        processing = parse_processing(data.get("processing", {}), processing_error)
 
     hosts: tuple[str, ...] = values.get("hosts", ())
     nodes: int | None = values.get("nodes")
@@ -747,7 +825,7 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
             "only one of gpus_per_node (hosts with GPUs) and processes_per_node (hosts without)",
             procs,
         )
-    if gpus is None and procs is None:
+    if gpus is None and procs is None and not pools:
         procs = 1
 
     base = where.parent if where is not None else Path.cwd()
@@ -800,6 +878,9 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
         channels=values.get("channels", ()),
         code=code,
         scaling=scaling,
+        kind=kind,
+        pools=pools,
+        processing=processing,
         path=where,
     )
     if "sweep" in data:

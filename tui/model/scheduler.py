@@ -12,6 +12,12 @@ state) and keeps its own reservations; it never talks to a host. Rules:
   GPUs first, then the hosts running the fewest CPU jobs.
 - Reservations are all-or-nothing. Ranks follow host names in sorted order, so the primary is
   the first name, as with SageMaker's sorted ``hosts``.
+- A pool job (``[[pools]]``) gets one node per replica, every pool or none, in pool order
+  (primary, worker, parameter_server, reduction_server, evaluator) then replica index, so ranks
+  stay contiguous and torch's world (primary + workers) is ranks 0..W-1. A replica goes to the
+  allowed host (its pool's ``hosts`` or ``labels``) with the fewest replicas of this job so far,
+  then (GPU pools) the most GPUs still free, (CPU pools) hosts without GPUs and with fewer CPU
+  jobs first, then by name. Several replicas may share a host; ``Placement.hosts`` is unique.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any
 
 from tui.model.inventory import Inventory
 from tui.model.jobspec import JobSpec
+from tui.model.poolspec import PoolSpec, check_pins, in_role_order
 from tui.model.views import HostView
 
 __all__ = [
@@ -67,7 +74,8 @@ class HostCapacity:
 
 @dataclass(frozen=True)
 class NodeAssignment:
-    """One host's share of a job; ``cpus`` is the host's CPU count (SM_NUM_CPUS)."""
+    """One host's share of a job; ``cpus`` is the host's CPU count (SM_NUM_CPUS). In a pool
+    job, one replica: ``pool`` its role and ``replica`` its index in the pool (None otherwise)."""
 
     host: str
     address: str
@@ -76,9 +84,11 @@ class NodeAssignment:
     cpus: int | None
     instance_type: str
     simulated: bool
+    pool: str | None = None
+    replica: int | None = None
 
     def to_plan(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "host": self.host,
             "address": self.address,
             "slots": self.slots,
@@ -87,6 +97,10 @@ class NodeAssignment:
             "instance_type": self.instance_type,
             "simulated": self.simulated,
         }
+        if self.pool is not None:
+            out["pool"] = self.pool
+            out["replica"] = self.replica
+        return out
 
     @classmethod
     def from_plan(cls, d: Mapping[str, Any]) -> NodeAssignment:
@@ -98,12 +112,15 @@ class NodeAssignment:
             cpus=None if d.get("cpus") is None else int(d["cpus"]),
             instance_type=str(d.get("instance_type", "")),
             simulated=bool(d.get("simulated", False)),
+            pool=None if d.get("pool") is None else str(d["pool"]),
+            replica=None if d.get("replica") is None else int(d["replica"]),
         )
 
 
 @dataclass(frozen=True)
 class Placement:
-    """A job's nodes in rank order; ``nodes[0]`` is the primary."""
+    """A job's nodes in rank order; ``nodes[0]`` is the primary. A pool job's nodes are its
+    replicas, and a host may hold several of them."""
 
     nodes: tuple[NodeAssignment, ...]
 
@@ -113,7 +130,12 @@ class Placement:
 
     @property
     def hosts(self) -> tuple[str, ...]:
-        return tuple(n.host for n in self.nodes)
+        """Each host once, in the order its first node comes."""
+        return tuple(dict.fromkeys(n.host for n in self.nodes))
+
+    def on_host(self, host: str) -> list[int]:
+        """The indices in ``nodes`` of the nodes on ``host`` (ascending)."""
+        return [i for i, n in enumerate(self.nodes) if n.host == host]
 
     @property
     def primary(self) -> NodeAssignment:
@@ -345,6 +367,8 @@ def _free_listing(views: Mapping[str, _HostView], gpu_job: bool) -> str:
 
 
 def _place(spec: JobSpec, views: Mapping[str, _HostView], cpu_jobs: Mapping[str, int]) -> Placement:
+    if spec.pools:
+        return _place_pools(spec, views, cpu_jobs)
     gpu_job = spec.gpus_per_node is not None
     k = spec.gpus_per_node or 0
     n = len(spec.hosts) if spec.hosts else spec.node_count
@@ -397,6 +421,54 @@ def _place(spec: JobSpec, views: Mapping[str, _HostView], cpu_jobs: Mapping[str,
         for v in chosen
     ]
     return Placement(tuple(sorted(nodes, key=lambda a: a.host)))
+
+
+def _pool_ask(pool: PoolSpec) -> str:
+    per = _plural(pool.gpus_per_replica, "GPU") if pool.gpus_per_replica else _plural(pool.slots, "process", "processes")
+    pins = f" on {', '.join(pool.hosts)}" if pool.hosts else (
+        f" on hosts labelled {', '.join(pool.labels)}" if pool.labels else "")
+    return f"pool {pool.role!r} {_plural(pool.replicas, 'replica')} x {per}{pins}"
+
+
+def _place_pools(spec: JobSpec, views: Mapping[str, _HostView], cpu_jobs: Mapping[str, int]) -> Placement:
+    """Every replica of every pool a node, or PlacementError (nothing is held then)."""
+    pinned = check_pins(spec.pools, {name: v.cap.labels for name, v in views.items()},
+                        str(spec.path or "job spec"))
+    if pinned is not None:
+        raise PlacementError(pinned)
+    taken: dict[str, set[int]] = {}  # GPUs given to earlier replicas of this job
+    count: dict[str, int] = {}  # replicas of this job on each host so far
+    nodes: list[NodeAssignment] = []
+
+    def free(v: _HostView) -> tuple[int, ...]:
+        return tuple(g for g in v.free if g not in taken.get(v.name, set()))
+
+    for pool in in_role_order(spec.pools):
+        k = pool.gpus_per_replica or 0
+        allowed = [v for v in views.values()
+                   if (not pool.hosts or v.name in pool.hosts) and set(pool.labels) <= set(v.cap.labels)]
+        for r in range(pool.replicas):
+            usable = [v for v in allowed if v.usable and (not k or len(free(v)) >= k)]
+            if not usable:
+                placed = f" ({_plural(r, 'replica')} placed)" if r else ""
+                need = f"host with >= {_plural(k, 'free GPU')}" if k else "host up"
+                hosts = ", ".join(f"{v.name} {_plural(len(free(v)), 'free GPU')}" if k and v.usable
+                                  else v.describe(False) for v in allowed) or "none allowed"
+                raise PlacementError(f"job {spec.name!r} asks {_pool_ask(pool)}: replica {r} has no "
+                                     f"{need}{placed}; its hosts: {hosts}")
+            if k:
+                usable.sort(key=lambda v: (count.get(v.name, 0), -len(free(v)), v.name))
+            else:
+                usable.sort(key=lambda v: (count.get(v.name, 0), bool(v.cap.gpus), cpu_jobs.get(v.name, 0), v.name))
+            v = usable[0]
+            gpus = free(v)[:k]
+            taken.setdefault(v.name, set()).update(gpus)
+            count[v.name] = count.get(v.name, 0) + 1
+            nodes.append(NodeAssignment(
+                host=v.name, address=v.cap.address, slots=pool.slots, gpus=gpus, cpus=v.cap.cpus,
+                instance_type=instance_type(v.cap), simulated=v.cap.simulated, pool=pool.role, replica=r,
+            ))
+    return Placement(tuple(nodes))
 
 
 def capacity_from_state(
