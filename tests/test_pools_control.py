@@ -214,6 +214,10 @@ def test_the_view_carries_the_pools_and_their_sizing_across_json(tmp_path: Path)
     assert back.pools == v.pools
     assert back.pools is not None and back.pools.pool("worker") is not None
     assert back.pools.pools[1].state_text == "1 running · 1 stopping"
+    # Hosts last seen running a job that has since ended (the look that recorded its end):
+    # those replicas were stopped with it.
+    ended = pools_view({**history.get("j1"), "state": "succeeded"}, running())  # type: ignore[dict-item]
+    assert ended is not None and {p.state for p in ended.pools} == {"stopped"}
     # A job without pools says so: no rows, no sizing.
     history.create("j2", "plain", {"name": "plain", "command": ["true"]}, state="running")
     history.update("j2", placement=[{"host": "h1", "slots": 1, "gpus": [], "ranks": [0]}])

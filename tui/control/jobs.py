@@ -938,6 +938,7 @@ class JobManager:
             rec = self.record(ref)
             v.state, v.cause, v.restarts, v.ended = rec["state"], rec.get("cause"), rec.get("restarts") or 0, rec.get("ended")
             v.placement = rec.get("placement") or []
+            v.events = rec.get("events") or []  # what this look recorded (a replica failed, the end)
             v.unreachable = unreachable(v.hosts)
             if v.unreachable and v.state not in TERMINAL and overall_state(v.hosts) == "unknown":
                 v.state = "unknown"

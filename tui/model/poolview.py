@@ -145,14 +145,15 @@ def pools_view(rec: Mapping[str, Any], host_states: Mapping[str, Any] | None = N
 
     def replica_state(node: Mapping[str, Any]) -> str:
         got = reported.get((node.get("pool"), node.get("replica")))
-        if got is not None:
-            return got
-        st = host_states.get(str(node.get("host")))
-        if isinstance(st, Mapping) and st.get("state"):
-            return str(st["state"])
-        if job_state in TERMINAL or job_state in ("queued", "pending", "starting"):
-            return job_state
-        return "unknown"
+        if got is None:
+            st = host_states.get(str(node.get("host")))
+            if isinstance(st, Mapping) and st.get("state"):
+                got = str(st["state"])
+        if got is None:
+            return job_state if job_state in TERMINAL or job_state in ("queued", "pending", "starting") else "unknown"
+        if job_state in TERMINAL and got not in TERMINAL:
+            return "stopped"  # the job ended while this replica ran: it was stopped with it
+        return got
 
     roles = [r for r in ROLES if any(n.get("pool") == r for n in placement)]
     roles += sorted({str(n["pool"]) for n in placement if n.get("pool") and n["pool"] not in ROLES})
