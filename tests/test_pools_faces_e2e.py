@@ -92,3 +92,34 @@ role = "evaluator"
         assert [p["state"] for p in st["pools"]] == ["succeeded", "stopped", "failed"]
     finally:
         cli.run("stop", job_id, "--grace", "1", check=False)
+
+
+def test_a_worker_killed_fails_the_gang_and_the_cause_names_its_pool(cli: Cli) -> None:
+    spec = cli.spec("poolfail", f"""
+command = ["{{python}}", "-c", "import time; time.sleep(600)"]
+workdir = "{ROOT}"
+max_runtime = "5m"
+grace = "2s"
+[[pools]]
+role = "primary"
+[[pools]]
+role = "worker"
+replicas = 2
+""")
+    job_id = cli.json("launch", str(spec))["job_id"]
+    try:
+        st = until(cli, job_id, lambda s: len([r for r in s["ranks"] if r["state"] == "running"]) == 3,
+                   "three ranks running", 60)
+        worker = next(r for r in st["ranks"] if r["rank"] == 2)  # worker 1: primary, worker 0, worker 1
+        killed = cli.bed.exec(worker["host"], ["kill", "-KILL", str(worker["pid"])])
+        assert killed.returncode == 0, killed.stderr
+        st = until(cli, job_id, lambda s: s["state"] in ("failed", "succeeded", "stopped"), "the gang's end")
+        assert st["state"] == "failed", st
+        assert (st["cause"]["pool"], st["cause"]["replica"], st["cause"]["rank"]) == ("worker", 1, 2)
+        text = cli.run("status", job_id).stdout
+        assert f"cause    worker 1 on {worker['host']} (rank 2) killed by signal 9" in text, text
+        assert any(line.split()[:2] == ["worker", "2"] and line.endswith("1 failed · 1 stopped") for line in text.splitlines())
+        assert [p["state"] for p in st["pools"]][1] == "failed"
+        assert not [e for e in st["events"] if e["event"] == "replica failed"]
+    finally:
+        cli.run("stop", job_id, "--grace", "1", check=False)
