@@ -22,8 +22,9 @@ straggler signal names it (``signals.svg``; not part of the full run). ``--only 
 view of the pipeline example (examples/pipeline/job.toml, a ``[model_parallel]`` job: profiling,
 plan, training on 3 hosts; ``--stages-spec`` another spec) once every stage has reported its
 measurements (``stages.svg``; not part of the full run). ``--only pools``: the Job view of a job
-made of worker pools (``--pools-spec``, default examples/pools/job.toml) once every pool's
-replicas run (``pools.svg``; not part of the full run).
+made of worker pools (``--pools-spec``, default a 4-pool ticker job with a reduction server and an
+evaluator) once every pool's replicas run and its evaluator, killed, is reported while training
+goes on (``pools.svg``; not part of the full run).
 
 PNGs come from ``rsvg-convert`` (Debian: librsvg2-bin) with the Fira Code font the SVGs name
 (fonts-firacode); both are installed with apt-get when missing and this runs as root.
@@ -52,7 +53,6 @@ PIPELINE = ROOT / "examples" / "pipeline-steps"
 TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
 SIGNALS_PROBE = ROOT / "tests" / "jobscripts" / "signals_probe.py"
 MP_EXAMPLE = ROOT / "examples" / "pipeline" / "job.toml"
-POOLS_EXAMPLE = ROOT / "examples" / "pools" / "job.toml"  # a job made of worker pools
 SIZE = (140, 40)
 
 _TEXT = re.compile(
@@ -304,30 +304,73 @@ async def run_stages(app: Any, pilot: Any, converter: str, shots: list[Path], un
     await asyncio.to_thread(app.jobwatch.stop_job, job_id)
 
 
-async def run_pools(app: Any, pilot: Any, converter: str, shots: list[Path], until: Any,
-                    spec_path: Path) -> None:
-    """A job made of worker pools launched through the app's job source; the Job view once every
-    replica of every pool runs (its pools panel filled, the sizing line when it has reduction
-    servers)."""
+def pools_spec(tmp: Path) -> Path:
+    """A 4-pool job for the pools screenshot: a primary and 2 workers training (the ticker, a
+    simulated GPU each), a reduction server (so the sizing line shows) and an evaluator, both
+    waiting on CPU."""
+    wait = '["{python}", "-c", "import time; time.sleep(3600)"]'
+    out = tmp / "pools.toml"
+    out.write_text(f"""name = "pools"
+command = ["{{python}}", "{TICKER}", "--steps", "3000", "--sleep", "0.2"]
+workdir = "{ROOT}"
+total_steps = 3000
+max_runtime = "30m"
+[[pools]]
+role = "primary"
+gpus_per_replica = 1
+[[pools]]
+role = "worker"
+replicas = 2
+gpus_per_replica = 1
+[[pools]]
+role = "reduction_server"
+command = {wait}
+[[pools]]
+role = "evaluator"
+command = {wait}
+""")
+    return out
+
+
+async def run_pools(app: Any, pilot: Any, bed: Any, tmp: Path, converter: str, shots: list[Path], until: Any,
+                    spec_path: Path | None) -> None:
+    """A job made of worker pools launched through the app's job source (``spec_path``, or
+    ``pools_spec``); once every pool runs, its evaluator (if any) is killed (SIGKILL, inside its
+    host): the Job view is captured once that shows as a replica failure training went on after."""
     from tui.model.jobspec import load_jobspec
 
+    spec_path = spec_path or pools_spec(tmp)
     if not spec_path.exists():
         raise SystemExit(f"{spec_path}: no such job spec (--pools-spec: a spec with [[pools]])")
     spec = load_jobspec(spec_path)
-    if not getattr(spec, "pools", ()):
+    if not spec.pools:
         raise SystemExit(f"{spec_path}: no [[pools]]: no pools panel to show")
     job_id = await asyncio.to_thread(app.jobwatch.launch, spec)
     app.select_job(job_id)
     await pilot.press("4")
 
-    def all_running() -> bool:
+    def detail() -> Any:
         d = app.jobwatch.detail(job_id)
         if d is not None and d.row.state in ("failed", "stopped", "succeeded"):
             raise SystemExit(f"job {job_id} {d.row.state}: {d.row.cause}")
-        return d is not None and d.pools is not None and all(p.state == "running" for p in d.pools.pools)
+        return d
+
+    def all_running() -> bool:
+        d = detail()
+        return d is not None and d.pools is not None and all(p.state == "running" for p in d.pools.pools) \
+            and d.row.step is not None and d.row.step >= 20
 
     await until(all_running, "every pool running", 300)
+    d = detail()
+    evaluator = d.pools.pool("evaluator")
+    if evaluator is not None:
+        first = sum(p.replicas for p in d.pools.pools if p.role != "evaluator")  # ranks in pool order
+        rank = next((r for r in d.ranks if r.get("rank") == first), None)
+        if rank is not None and rank.get("pid"):
+            bed.exec(rank["host"], ["kill", "-KILL", str(rank["pid"])])
+            await until(lambda: bool(detail().pools.failures), "the evaluator's failure reported", 60)
     await pilot.pause(3.0)
+    app.refresh_views(force=True)
     await capture(app, pilot, "pools", converter, shots)
     await asyncio.to_thread(app.jobwatch.stop_job, job_id)
 
@@ -422,7 +465,7 @@ async def run(
             await run_doctor_view(app, pilot, bed, converter, shots, until)
             return shots
         if only == "pools":
-            await run_pools(app, pilot, converter, shots, until, pools_spec or POOLS_EXAMPLE)
+            await run_pools(app, pilot, bed, tmp, converter, shots, until, pools_spec)
             return shots
         # Somebody else's process on h3's GPU 1 (a CPU burner the simulated GPU follows).
         burner = bed.popen(
@@ -554,8 +597,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--stages-spec", type=Path, default=MP_EXAMPLE,
                     help="--only stages: the [model_parallel] job spec to run (default: the pipeline example)")
-    ap.add_argument("--pools-spec", type=Path, default=POOLS_EXAMPLE,
-                    help="--only pools: the job spec with [[pools]] to run (default: examples/pools/job.toml)")
+    ap.add_argument("--pools-spec", type=Path, default=None,
+                    help="--only pools: a job spec with [[pools]] to run (default: a 4-pool ticker job, "
+                    "its evaluator killed once every pool runs)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from tests.testbed import TestBed, available
