@@ -21,6 +21,7 @@ from tui.model.jobstate import describe_cause
 from tui.model.poolview import pool_lines, pools_view
 from tui.model.scheduler import Placement
 from tui.remote.agentclient import TypedAgents
+from tui.remote.transport import TransportError
 
 # 1 primary (h1), 2 workers (h1, h2), 1 evaluator (h3): one plan node per replica.
 PLACEMENT = [
@@ -119,8 +120,13 @@ def test_hosts_that_stopped_after_the_primary_succeeded_still_make_the_job_succe
     assert overall_state(states) == "succeeded"
     # Without the primary's word, a host that stopped makes it stopped, as for any job.
     assert overall_state({"h1": host("succeeded", []), "h2": host("stopped", [])}) == "stopped"
-    # A failure anywhere still fails the gang.
-    assert overall_state({"h1": host("succeeded", [], primary_succeeded=True), "h2": host("failed", [])}) == "failed"
+    # The primary decides: a worker that errors once its peer is gone (a collective cut short),
+    # or a host out of reach, does not undo its success.
+    assert overall_state({"h1": host("succeeded", [], primary_succeeded=True), "h2": host("failed", [])}) == "succeeded"
+    assert overall_state({"h1": host("succeeded", [], primary_succeeded=True),
+                          "h2": TransportError("h2", "unreachable")}) == "succeeded"
+    # Before it, a failure anywhere fails the gang.
+    assert overall_state({"h1": host("running", []), "h2": host("failed", [])}) == "failed"
 
 
 def test_a_worker_failing_fails_the_gang_and_the_cause_names_the_pool(tmp_path: Path) -> None:

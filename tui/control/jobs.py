@@ -65,12 +65,15 @@ def overall_state(host_states: dict[str, dict[str, Any] | TransportError]) -> st
     """The job's state from what its hosts say. A failure anywhere is a failure; otherwise, while
     any host cannot be reached the state is ``unknown`` (never guessed, never recorded)."""
     states = [s.get("state") for s in host_states.values() if isinstance(s, dict)]
+    # A pool job: the primary's success is the job's, as Vertex's primary replica decides its
+    # job's state; a worker that errors once its peer has gone (a collective cut short), or a
+    # host out of reach, does not undo it.
+    if pools.primary_succeeded(host_states):
+        return "succeeded"
     if any(s == "failed" for s in states):
         return "failed"
     if len(states) < len(host_states):
         return "unknown"
-    if pools.primary_succeeded(host_states):  # a pool job: the primary's success is the job's
-        return "succeeded"
     if states and all(s in TERMINAL for s in states):
         if all(s == "succeeded" for s in states):
             return "succeeded"

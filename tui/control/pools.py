@@ -6,10 +6,12 @@ their replicas in ``state.json`` (``"replicas"``), and the primary's host says w
 replica succeeded (``"primary_succeeded"``). The rules, applied by ``tui.control.jobs`` with the
 gang rules every job follows:
 
-- a host ``failed`` fails the gang, as for any job (the agent names the pool in the cause);
-- a host reporting ``primary_succeeded``: the job succeeded; the hosts still running replicas
+- a host reporting ``primary_succeeded``: the job succeeded, whatever the others say from then on
+  (the primary decides, as Vertex's does); the hosts still running replicas
   (workers, parameter servers, evaluators) are stopped with the job's grace, and the job is
   recorded ``succeeded``, not ``stopped``;
+- before that, a host ``failed`` fails the gang, as for any job (the agent names the pool in the
+  cause);
 - a replica of a pool with ``on_failure = "continue"`` (an evaluator, by default) that failed:
   one ``replica failed`` event per replica per attempt; the job keeps running.
 """
