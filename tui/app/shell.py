@@ -1235,7 +1235,13 @@ class RigdeckApp(App[None]):
 
     @on(DataTable.RowHighlighted, "#steps-table")
     def _step_highlighted(self) -> None:
-        set_text(self.query_one("#step-detail", Static), step_detail(self.current_step(), self.clock()))
+        # A highlight queued while the app shuts down (a late fetch's rows) finds no panel: nothing
+        # to show then, and no reason to crash the app.
+        found = self.query("#step-detail").results(Static)
+        detail = next(found, None)
+        if detail is None:
+            return
+        set_text(detail, step_detail(self.current_step(), self.clock()))
 
     @on(DataTable.RowSelected, "#steps-table")
     def _step_chosen(self) -> None:
