@@ -508,6 +508,21 @@ def test_agent_module_runs_on_python_3_9(tmp_path: Path) -> None:
 # -- the probe, inside real ranks ------------------------------------------------------------------
 
 
+def communicate_all(procs: list[subprocess.Popen[str]], timeout: float = 180) -> list[subprocess.CompletedProcess[str]]:
+    """Wait for every process and collect its output; any still running at the end is killed."""
+    outs = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=timeout)
+            outs.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return outs
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -588,16 +603,7 @@ def test_probe_under_torchrun_two_nodes_on_this_machine(tmp_path: Path) -> None:
         node = cf.node_env(plan, i, str(dirs[i]), "lo")
         procs.append(subprocess.Popen(torchrun_cmd(2, i, port), env=run_env(node), cwd=ROOT,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=180)
-            outs.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    outs = communicate_all(procs)
     for o in outs:
         assert o.returncode == 0, o.stderr[-3000:]
     assert_all_ok(dirs, 4, outs[0])

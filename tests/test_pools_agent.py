@@ -29,6 +29,7 @@ from agent import clusterfiles as cf
 from agent import facts
 from agent.jobhost import TERMINAL, processes_with_tag
 from tests._require import has_module, require
+from tests.test_clusterfiles import communicate_all
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -779,16 +780,7 @@ def _run_probes(tmp_path: Path, plan: dict[str, Any]) -> tuple[dict[int, dict[st
             env.update({"OMP_NUM_THREADS": "1", "PROBE_TIMEOUT_S": "60"})
             procs.append(subprocess.Popen([sys.executable, str(ROOT / "tests" / "probe_rank.py")], env=env,
                                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=180)
-            outs.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    outs = communicate_all(procs)
     reports = {}
     for f in sorted((job / "probe").glob("rank-*.json")):
         r = json.loads(f.read_text())

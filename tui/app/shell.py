@@ -885,27 +885,26 @@ class RigdeckApp(App[None]):
             lines.append(f"     [$text-muted]{escape(sig.advice)}[/]")
         set_text(box, "\n".join(lines))
 
-    def _update_stages(self, detail: JobDetail | None) -> None:
-        head = self.query_one("#stages-head", Static)
-        table = self.query_one("#stages-table", StagesTable)
-        view = detail.stages if detail is not None else None
+    def _update_panel(self, name: str, view: Any, head_markup: Callable[[Any], str],
+                      rows: Callable[[Any], Any]) -> None:
+        """A Job view panel (``#NAME-head`` over ``#NAME-table``) shown only for a job that has
+        its view: a model-parallel job's stages, a worker-pool job's pools."""
+        head = self.query_one(f"#{name}-head", Static)
+        table = self.query_one(f"#{name}-table")
         head.display = table.display = view is not None
         if view is None:
-            table.apply([])
+            table.apply([])  # type: ignore[attr-defined]
             return
-        set_text(head, stages_head_markup(view))
-        table.apply(stage_rows(view))
+        set_text(head, head_markup(view))
+        table.apply(rows(view))  # type: ignore[attr-defined]
+
+    def _update_stages(self, detail: JobDetail | None) -> None:
+        self._update_panel("stages", detail.stages if detail is not None else None,
+                           stages_head_markup, stage_rows)
 
     def _update_pools(self, detail: JobDetail | None) -> None:
-        head = self.query_one("#pools-head", Static)
-        table = self.query_one("#pools-table", PoolsTable)
-        view = detail.pools if detail is not None else None
-        head.display = table.display = view is not None
-        if view is None:
-            table.apply([])
-            return
-        set_text(head, pools_head_markup(view))
-        table.apply(pool_rows(view))
+        self._update_panel("pools", detail.pools if detail is not None else None,
+                           pools_head_markup, pool_rows)
 
     def _update_checkpoints(self, detail: JobDetail | None, now: float) -> None:
         head = self.query_one("#ckpt-head", Static)
