@@ -141,7 +141,7 @@ def test_owner_host_dies_the_gang_restarts_elsewhere_and_resumes(cli: Cli, tmp_p
     spec = tmp_path / "ddp-owner.toml"
     spec.write_text(f"""
 name = "ddp-owner"
-command = ["{{python}}", "train.py", "--steps", "200", "--checkpoint-every", "20", "--seed", "1"]
+command = ["{{python}}", "train.py", "--steps", "400", "--checkpoint-every", "20", "--seed", "1"]
 workdir = "{EXAMPLES / 'ddp'}"
 launcher = "torchrun"
 nodes = 2
@@ -205,4 +205,4 @@ max_restarts = 1
     assert f"resumed from step {last_before} " in log0, log0[-2000:]
     steps_r0 = [m["step"] for m in metrics if m.get("rank") == 0 and m.get("loss") is not None
                 and m.get("event") is None]
-    assert max(steps_r0) == 199
+    assert max(steps_r0) == 399

@@ -49,12 +49,15 @@ max_runtime = "5m"
 JOB = "1"
 [[pools]]
 role = "evaluator"
+hosts = ["h1"]
 [[pools]]
 role = "primary"
+hosts = ["h1"]
 gpus_per_replica = 1
 [[pools]]
 role = "worker"
 replicas = 2
+hosts = ["h2", "h3"]
 gpus_per_replica = 1
 [[pools]]
 role = "parameter_server"
@@ -76,12 +79,16 @@ env = {{ PS = "1" }}
     assert sorted(got) == ["h1", "h2", "h3"]
     nodes = got["h1"]["nodes"]
     assert all(p["nodes"] == nodes for p in got.values())  # every host sees every replica
-    # Pool order, then replica; spread by replicas per host, the parameter server pinned to h3.
-    assert [(n["pool"], n["replica"], n["host"], len(n["gpus"])) for n in nodes] == [
-        ("primary", 0, "h1", 1), ("worker", 0, "h2", 1), ("worker", 1, "h3", 1),
-        ("parameter_server", 0, "h3", 0), ("evaluator", 0, "h1", 0)]
+    # Pool order, then replica, each where its pins allow; the two workers spread over h2 and h3
+    # (which takes worker 0 depends on the GPUs the shared bed has free: the spread rule's
+    # order is tests/test_scheduler.py's).
+    assert [(n["pool"], n["replica"], len(n["gpus"])) for n in nodes] == [
+        ("primary", 0, 1), ("worker", 0, 1), ("worker", 1, 1), ("parameter_server", 0, 0), ("evaluator", 0, 0)]
+    assert [nodes[i]["host"] for i in (0, 3, 4)] == ["h1", "h3", "h1"]
+    assert sorted(nodes[i]["host"] for i in (1, 2)) == ["h2", "h3"]
+    on_h3 = 1 if nodes[1]["host"] == "h3" else 2
     assert {h: (p["node_indices"], p["node_index"]) for h, p in got.items()} == {
-        "h1": ([0, 4], 0), "h2": ([1], 1), "h3": ([2, 3], 2)}
+        "h1": ([0, 4], 0), "h2": ([3 - on_h3], 3 - on_h3), "h3": ([on_h3, 3], on_h3)}
     for h in ("h1", "h3"):  # two replicas on one host never share a port
         a, b = (nodes[i]["port"] for i in got[h]["node_indices"])
         assert isinstance(a, int) and isinstance(b, int) and a != b and a > 0 and b > 0
@@ -90,7 +97,7 @@ env = {{ PS = "1" }}
     assert nodes[3]["command"] == [python, "-c", "print('ps')"] and nodes[3]["env"] == {"PS": "1"}
     assert all(n["command"] == [python, "-c", "print('replica')"] and n["env"] == {}
                for i, n in enumerate(nodes) if i != 3)
-    assert got["h3"]["command"] == nodes[2]["command"]  # a host's first replica's, for old readers
+    assert got["h3"]["command"] == nodes[on_h3]["command"]  # a host's first replica's, for old readers
     assert [n["on_failure"] for n in nodes] == ["stop", "stop", "stop", "stop", "continue"]
     assert all(p["kind"] == "training" and p["env"]["JOB"] == "1" for p in got.values())
     assert claims == {h: sorted(g for n in nodes if n["host"] == h for g in n["gpus"]) for h in claims}

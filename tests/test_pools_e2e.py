@@ -123,6 +123,10 @@ def check_probes(cli: Cli, view: dict[str, Any], reports: list[dict[str, Any]]) 
         in_world = n["pool"] in ("primary", "worker")
         assert (r["values"].get("WORLD_SIZE") == "3") == in_world, (n, r["values"].get("WORLD_SIZE"))
         assert r["values"].get("RIGDECK_POOL") == n["pool"]
+        print(f"{n['pool']:>16} {n['replica']} on {n['host']}: CLUSTER_SPEC task "
+              f"{view_of(r, 'CLUSTER_SPEC')['task']}, TF_CONFIG task {tf['task']}, endpoint "
+              f"{r['pool']['endpoint']} (port free on its host: {r['pool']['port_free']}), "
+              f"WORLD_SIZE {r['values'].get('WORLD_SIZE')}, checks {len(r['checks'])} all ok")
     # Ports: every endpoint distinct on its own host.
     per_host: dict[str, list[int]] = {}
     for n in nodes:
@@ -139,10 +143,11 @@ def test_four_pools_probe_their_cluster_files_and_the_primary_ends_the_job(cli: 
     # exit on their own, were stopped, and nothing of the job is left on any host.
     assert tagged(cli.bed, view["job_id"]) == {"h1": [], "h2": [], "h3": []}
     end = next(e for e in view["events"] if e["event"] == "succeeded")
-    assert end["primary_succeeded"] == "h1", end
+    assert end["primary_succeeded"] == pool_nodes(view)[0]["host"], end
     pools = {p["role"]: p for p in view["pools"]}
     assert pools["primary"]["state"] == "succeeded" and pools["worker"]["state"] == "succeeded"
     assert pools["parameter_server"]["state"] == "stopped" and pools["evaluator"]["state"] == "stopped"
+    print(f"job {view['state']}; pools: " + ", ".join(f"{p['role']} {p['state']}" for p in view["pools"]))
     out = cli.run("status", view["job_id"]).stdout
     assert "parameter_server" in out and "evaluator" in out, out
 
@@ -190,6 +195,8 @@ def test_killing_the_evaluator_leaves_training_running_and_killing_a_worker_stop
     assert len([e for e in st["events"] if e["event"] == "replica failed"]) == 1  # looking again adds none
     out = cli.run("status", job_id).stdout
     assert f"replica  {event['message']}" in out, out
+    print(f"evaluator killed: job {st['state']}; pools: "
+          + ", ".join(f"{p['role']} {p['state']}" for p in st["pools"]) + f"\n  event: {event['message']}")
 
     h, pid = victim("worker", 1)
     cli.bed.exec(h, ["kill", "-9", str(pid)])
@@ -201,6 +208,8 @@ def test_killing_the_evaluator_leaves_training_running_and_killing_a_worker_stop
     wait_until(lambda: tagged(cli.bed, job_id) == {"h1": [], "h2": [], "h3": []}, 30, "every process gone")
     out = cli.run("status", job_id).stdout
     assert f"cause    worker 1 on {worker['host']} (rank {rank}) killed by signal 9" in out, out
+    print(f"worker 1 killed: job {st['state']}; "
+          + next(line for line in out.splitlines() if line.startswith("cause")))
     assert not [e for e in st["events"] if e["event"] == "replica failed" and e["pool"] == "worker"]
 
 
@@ -244,3 +253,5 @@ name = "seen"
     together = [row for rows in sharded.values() for row in rows]
     assert sorted(together) == every
     assert all(len(rows) == 10 for rows in sharded.values()), {h: len(r) for h, r in sharded.items()}
+    print("ShardedByKey: " + ", ".join(f"{h} {len(r)} files" for h, r in sharded.items())
+          + f" = {len(set(together))} distinct of {len(every)}; FullyReplicated: every host all {len(every)}")
