@@ -35,6 +35,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
             print(f"warning: test bed cleanup failed: {e}")
 
 
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[pytest.TestReport]:
+    """Each phase's report kept on the item (``item.rep_call``): a fixture's teardown can tell
+    whether its test failed and say more about the state it leaves."""
+    report: pytest.TestReport = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # Every test marked `testbed` needs the machine, whether or not it uses a fixture.
     if item.get_closest_marker("testbed") is not None:

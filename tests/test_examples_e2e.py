@@ -4,7 +4,6 @@ checkpoint owner's host dying mid-run."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.test_jobs import Cli as JobsCli
 from tests.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -21,27 +21,26 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
-class Cli:
+class Cli(JobsCli):
+    """test_jobs' Cli with mpirun's way to the other hosts: the test bed's key, passed to Open MPI
+    through the inventory's per-host environment (the examples themselves stay as they are)."""
+
     def __init__(self, bed: TestBed, tmp: Path):
-        self.bed = bed
-        # mpirun reaches the other hosts over ssh: the test bed's key, passed to Open MPI through
-        # the inventory's per-host environment (the example itself stays as it is).
+        super().__init__(bed, tmp)
         ssh = (f"-i {bed.user_key} -o UserKnownHostsFile={bed.known_hosts} "
                "-o StrictHostKeyChecking=yes -o BatchMode=yes")
-        inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0)
-        text = inv.read_text().replace("[defaults]\n", f"[defaults]\nenv = {{ OMPI_MCA_plm_rsh_args = {json.dumps(ssh)} }}\n", 1)
-        inv.write_text(text)
-        self.env = {**os.environ, "RIGDECK_HOME": str(tmp / "home"), "RIGDECK_INVENTORY": str(inv)}
+        text = self.inventory.read_text()
+        assert "[defaults]\n" in text, text
+        self.inventory.write_text(text.replace(
+            "[defaults]\n", f"[defaults]\nenv = {{ OMPI_MCA_plm_rsh_args = {json.dumps(ssh)} }}\n", 1))
 
-    def run(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True,
-                              timeout=timeout, env=self.env, cwd=ROOT)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"rigdeck {' '.join(args)} exited {proc.returncode}:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-        return proc
+    # The examples train for a while: a launch --wait may take its time, and still says where it
+    # hung before pytest's own limit (300 s) cuts the test short.
+    def run(self, *args: str, check: bool = True, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+        return super().run(*args, check=check, timeout=timeout)
 
-    def json(self, *args: str, check: bool = True, timeout: float = 600) -> Any:
-        return json.loads(self.run(*args, "--json", check=check, timeout=timeout).stdout)
+    def json(self, *args: str, check: bool = True, timeout: float = 240) -> Any:
+        return super().json(*args, check=check, timeout=timeout)
 
 
 @pytest.fixture

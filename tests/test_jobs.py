@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -32,11 +33,49 @@ class Cli:
         self.env = {**os.environ, "RIGDECK_HOME": str(tmp / "home"), "RIGDECK_INVENTORY": str(self.inventory)}
 
     def run(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True,
-                              timeout=timeout, env=self.env, cwd=ROOT)
+        """``rigdeck ARGS`` to its end. One still running after ``timeout`` is asked where it is
+        (SIGABRT: faulthandler prints every thread's stack) and the test fails saying that, with
+        the jobs and the hosts' processes: a hang in CI says where it hung."""
+        argv = [sys.executable, "-m", "tui.cli", *args]
+        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                              env={**self.env, "PYTHONFAULTHANDLER": "1"}) as p:
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.send_signal(signal.SIGABRT)
+                try:
+                    out, err = p.communicate(timeout=20)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    out, err = p.communicate()
+                raise AssertionError(f"rigdeck {' '.join(args)} still running after {timeout:.0f}s; its "
+                                     f"stdout:\n{out[-3000:]}\nits stderr and threads:\n{err[-12000:]}\n"
+                                     f"{self.said_state()}") from None
+        proc = subprocess.CompletedProcess(argv, p.returncode, out, err)
         if check and proc.returncode != 0:
             raise AssertionError(f"rigdeck {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc
+
+    def said_state(self) -> str:
+        """What this test's jobs and the bed's hosts are doing now, as far as can be read: for a
+        failure message (never a second failure)."""
+        parts = []
+        try:
+            jobs = subprocess.run([sys.executable, "-m", "tui.cli", "jobs", "--json"], capture_output=True,
+                                  text=True, timeout=60, env=self.env, cwd=ROOT)
+            for v in json.loads(jobs.stdout or "[]"):
+                parts.append(f"job {v['job_id']} {v['state']} on {[n['host'] for n in v.get('placement') or []]} "
+                             f"waiting={v.get('waiting')!r} events={json.dumps(v.get('events', [])[-6:])[:1500]}")
+                if v["state"] not in ("succeeded", "failed", "stopped"):
+                    logs = subprocess.run([sys.executable, "-m", "tui.cli", "logs", v["job_id"]], capture_output=True,
+                                          text=True, timeout=60, env=self.env, cwd=ROOT)
+                    parts.append(f"its logs' tail:\n{logs.stdout[-3000:]}{logs.stderr[-1000:]}")
+            for i, h in enumerate(self.bed.hosts, start=1):
+                res = self.bed.exec(i, ["ps", "-ww", "-eo", "pid,ppid,etimes,stat,args"])
+                parts.append(f"{h.name} processes:\n{res.stdout[-4000:]}")
+        except Exception as e:
+            parts.append(f"(could not read more: {type(e).__name__}: {e})")
+        return "\n".join(parts)
 
     def json(self, *args: str, check: bool = True, timeout: float = 180) -> Any:
         return json.loads(self.run(*args, "--json", check=check, timeout=timeout).stdout)

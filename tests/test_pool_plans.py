@@ -188,6 +188,7 @@ hosts = ["h3"]
     job_id = proc.stdout.split()[1].rstrip(":")
     sizing = cli.json("status", job_id)["pool_sizing"]
     assert line == f"reduction server sizing: {sizing['text']}"
+    print(f"\nrigdeck launch printed: {line}")
     assert sizing["reducers"] == 1
     if sizing["ok"] is None:  # speeds unknown: said so, nothing made up
         assert sizing["match"] is None and "NIC speed unknown on" in sizing["text"]

@@ -131,6 +131,33 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestBed, 
             alice.run("server", "stop", check=False, timeout=60)
 
 
+@pytest.fixture(autouse=True)
+def said_when_failed(request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]) -> Iterator[None]:
+    """When a test here fails, what the server was doing: its log, its jobs (state, why waiting)
+    and the GPU claims each host holds, printed past pytest's capture (a CI log keeps it)."""
+    yield
+    rep = getattr(request.node, "rep_call", None)
+    if rep is None or not rep.failed or "served" not in request.fixturenames:
+        return
+    bed, alice, _ = request.getfixturevalue("served")
+    parts = [f"--- {request.node.name} failed; the server's state:"]
+    try:
+        parts.append(alice.run("server", "logs", "-n", "120", check=False, timeout=60).stdout)
+        for v in alice.json("jobs", check=False, timeout=60):
+            parts.append(f"job {v['job_id']} {v['state']} on {[n['host'] for n in v.get('placement') or []]}"
+                         f" waiting={v.get('waiting')!r}")
+        from agent.claims import DEFAULT_DIR as claims
+
+        for h in (1, 2, 3):
+            res = bed.exec(h, ["sh", "-c", f"ls -l {claims}; cat {claims}/* 2>/dev/null | head -c 2000; "
+                                           "ps -ww -eo pid,ppid,etimes,args | head -60"])
+            parts.append(f"h{h}:\n{res.stdout}{res.stderr}")
+    except Exception as e:  # what can be said, said; never a second failure
+        parts.append(f"(could not read more: {type(e).__name__}: {e})")
+    with capsys.disabled():
+        print("\n".join(parts))
+
+
 TICK = f"""
 command = ["{{python}}", "{TICKER}", "--steps", "{{steps}}", "--sleep", "0.1"]
 workdir = "{ROOT}"

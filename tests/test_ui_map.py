@@ -18,6 +18,7 @@ from tests.ui_fixtures import (
     MAP_GPUS,
     MAP_HOSTS,
     MAP_STALE,
+    job_row,
     map_app,
     map_foreign,
     map_gpu,
@@ -44,7 +45,6 @@ from tui.model.gpumap import (
     live_placements,
     move,
 )
-from tui.model.jobview import JobRow
 from tui.model.views import GpuClaim, GpuProcess, GpuView
 
 CELL_GLYPHS = set(SPARK) | {FREE_GLYPH, FOREIGN_GLYPH, JOB_GLYPH, DOWN_GLYPH, CURSOR_BLOCK, "?"}
@@ -61,17 +61,10 @@ def _gpu(host: str = "h1", index: int = 0, procs: tuple[GpuProcess, ...] = (),
                    700.0, 1000, 0, procs, claim, False, ())
 
 
-def _row(job_id: str, state: str, placement: tuple[dict[str, Any], ...]) -> JobRow:
-    return JobRow(job_id=job_id, name=job_id, state=state, placement=placement, ranks_running=0,
-                  ranks_total=0, step=None, loss=None, step_rate=None, total_steps=None,
-                  created=None, started=None, ended=None, restarts=0, checkpoint_owner="-",
-                  cause=None)
-
-
 def test_holder_prefers_processes_then_claim_then_placement() -> None:
     placed = live_placements([
-        _row("placed", "running", ({"host": "h1", "gpus": [0, 1]},)),
-        _row("ended", "failed", ({"host": "h1", "gpus": [2]},)),
+        job_row("placed", "running", ({"host": "h1", "gpus": [0, 1]},)),
+        job_row("ended", "failed", ({"host": "h1", "gpus": [2]},)),
     ])
     assert placed == {("h1", 0): "placed", ("h1", 1): "placed"}
     ranked = _gpu(procs=(GpuProcess(1, "ann", 10, "run-a", 0),), claim=GpuClaim("run-b", "bo"))

@@ -19,6 +19,7 @@ from tests.ui_fixtures import (
     RecordedJobs,
     cluster_state,
     ddp_metrics,
+    job_row,
     recorded_sweeps,
 )
 from tui.app.keys import load_keymap
@@ -35,7 +36,7 @@ from tui.app.widgets.sweeps import (
     trial_line,
     trial_rows,
 )
-from tui.app.widgets.tables import GpuFilter, GpusTable, Widths, gpu_rows, host_rows
+from tui.app.widgets.tables import GpuFilter, GpusTable, Widths, gpu_rows, host_rows, jobs_running
 from tui.control.jobwatch import (
     LogBuffer,
     MetricsFold,
@@ -561,3 +562,8 @@ def test_fetch_sweeps_picks_the_newest_and_reports_errors() -> None:
     c.fail = ConnectionError("server h1: link down")
     f = fetch_sweeps(c, OLD_SWEEP)
     assert f.rows is None and f.selected == OLD_SWEEP and f.error == "sweeps: server h1: link down"
+
+
+def test_jobs_running_counts_what_holds_hosts_not_what_waits() -> None:
+    states = ["queued", "queued", "pending", "starting", "running", "stopping", "succeeded", "failed", "stopped"]
+    assert jobs_running([job_row(f"j{i}", s) for i, s in enumerate(states)]) == 3  # the summary said "9 running · 8 queued" for 1 and 8

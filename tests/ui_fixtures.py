@@ -12,10 +12,19 @@ from tui.control.controller import HostReport
 from tui.control.jobwatch import JobWatch, _Track
 from tui.model.inventory import HostSpec, Inventory
 from tui.model.jobspec import JobSpec
+from tui.model.jobview import JobRow
 from tui.model.scheduler import PlacementError
 from tui.model.state import ClusterState, HostStatus
 
 T0 = 1_760_000_000.0  # the recorded job started here
+
+
+def job_row(job_id: str, state: str, placement: tuple[dict[str, Any], ...] = ()) -> JobRow:
+    """A jobs-table row with nothing measured yet: its id, state and placement only."""
+    return JobRow(job_id=job_id, name=job_id, state=state, placement=placement, ranks_running=0,
+                  ranks_total=0, step=None, loss=None, step_rate=None, total_steps=None,
+                  created=None, started=None, ended=None, restarts=0, checkpoint_owner="-",
+                  cause=None)
 NOW = T0 + 125.0  # the app's clock in these tests
 JOB = "ddp-1009-091320-ab12"
 OLD_JOB = "ticker-1009-084500-9f3c"
@@ -873,7 +882,7 @@ class MapJobs:
     """A job source with the map's 20 jobs running (names only; no detail)."""
 
     def __init__(self, n: int = MAP_HOSTS):
-        from tui.control.jobwatch import JobRow, JobsSnapshot
+        from tui.control.jobwatch import JobsSnapshot
 
         rows = []
         for j in range(20):

@@ -690,4 +690,6 @@ class SavesTable(DiffTable):
 
 
 def jobs_running(rows: Iterable[JobRow]) -> int:
-    return sum(1 for r in rows if r.state not in TERMINAL and r.state != "pending")
+    """Jobs that hold hosts now (starting, running, stopping): not those still waiting (pending,
+    queued), which the summary counts apart."""
+    return sum(1 for r in rows if r.state not in TERMINAL and r.state not in ("pending", "queued"))
