@@ -24,7 +24,9 @@ plan, training on 3 hosts; ``--stages-spec`` another spec) once every stage has 
 measurements (``stages.svg``; not part of the full run). ``--only pools``: the Job view of a job
 made of worker pools (``--pools-spec``, default a 4-pool ticker job with a reduction server and an
 evaluator) once every pool's replicas run and its evaluator, killed, is reported while training
-goes on (``pools.svg``; not part of the full run).
+goes on (``pools.svg``; not part of the full run). ``--only processing``: the Job view of
+examples/processing (its data split by file over the 3 hosts) once it ended, with its processing
+panel (``processing.svg``; not part of the full run).
 
 PNGs come from ``rsvg-convert`` (Debian: librsvg2-bin) with the Fira Code font the SVGs name
 (fonts-firacode); both are installed with apt-get when missing and this runs as root.
@@ -375,6 +377,33 @@ async def run_pools(app: Any, pilot: Any, bed: Any, tmp: Path, converter: str, s
     await asyncio.to_thread(app.jobwatch.stop_job, job_id)
 
 
+PROCESSING_EXAMPLE = ROOT / "examples" / "processing" / "job.toml"
+
+
+async def run_processing(app: Any, pilot: Any, converter: str, shots: list[Path], until: Any) -> None:
+    """examples/processing (its data/ split by file over the 3 hosts) launched through the app's
+    job source; the Job view is captured once the job ended with its processing panel filled."""
+    from tui.model.jobspec import load_jobspec
+
+    job_id = await asyncio.to_thread(app.jobwatch.launch, load_jobspec(PROCESSING_EXAMPLE))
+    app.select_job(job_id)
+    await pilot.press("4")
+
+    def done() -> bool:
+        d = app.jobwatch.detail(job_id)
+        if d is None or d.row.state not in ("failed", "stopped", "succeeded"):
+            return False
+        if d.row.state != "succeeded":
+            raise SystemExit(f"job {job_id} {d.row.state}: {d.row.cause}")
+        return d.processing is not None and all(i.total is not None for i in d.processing.inputs
+                                                if i.distribution == "ShardedByKey")
+
+    await until(done, "the processing job to end", 180)
+    await pilot.pause(2.0)
+    app.refresh_views(force=True)
+    await capture(app, pilot, "processing", converter, shots)
+
+
 DOCTOR_RATE = ("rate", "200mbit", "burst", "256kb", "latency", "50ms")
 
 
@@ -466,6 +495,9 @@ async def run(
             return shots
         if only == "pools":
             await run_pools(app, pilot, bed, tmp, converter, shots, until, pools_spec)
+            return shots
+        if only == "processing":
+            await run_processing(app, pilot, converter, shots, until)
             return shots
         # Somebody else's process on h3's GPU 1 (a CPU burner the simulated GPU follows).
         burner = bed.popen(
@@ -586,14 +618,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument(
         "--only",
-        choices=("all", "sweeps", "pipelines", "doctor", "onboarding", "signals", "stages", "pools"),
+        choices=("all", "sweeps", "pipelines", "doctor", "onboarding", "signals", "stages", "pools", "processing"),
         default="all",
         help="sweeps: only the Sweeps view (a short sweep, no training job); pipelines: only the "
         "Pipelines view (the example pipeline, twice); doctor: only the Doctor view (h3's link "
         "rate-limited); onboarding: only the onboarding screen; signals: the Job view of a job "
         "with a straggler (not in the full run); stages: the Job view of a [model_parallel] "
         "job, its stage panel filled (not in the full run); pools: the Job view of a job made of "
-        "worker pools once every pool runs (not in the full run)",
+        "worker pools once every pool runs (not in the full run); processing: the Job view of "
+        "examples/processing once it ended (not in the full run)",
     )
     ap.add_argument("--stages-spec", type=Path, default=MP_EXAMPLE,
                     help="--only stages: the [model_parallel] job spec to run (default: the pipeline example)")

@@ -49,7 +49,7 @@ JOB: dict[str, Any] = {
     "ranks": list, "last_step": (int, NONE), "last_loss": (float, int, NONE), "hosts": dict,
     "events": list, "unreachable": list, "waiting": (str, NONE), "sweep_id": (str, NONE), "trial": (str, NONE),
     "code": (dict, NONE), "pipeline_id": (str, NONE), "step": (str, NONE),
-    "pools": list, "pool_sizing": (dict, NONE),
+    "pools": list, "pool_sizing": (dict, NONE), "processing": (dict, NONE),
 }
 STATUS = {**JOB, "signals": list, "stages": (dict, NONE)}  # status --json: a job, its live signals, its stages
 STAGES = {"optimize": str, "schedule": str, "microbatches": (int, NONE), "partitions": int, "blocks": (int, NONE),
@@ -58,6 +58,10 @@ STAGES = {"optimize": str, "schedule": str, "microbatches": (int, NONE), "partit
 STAGE = {"stage": int, "blocks": list, "expected_time_s": (float, NONE), "expected_memory_bytes": (int, NONE),
          "send_bytes": (int, NONE), "step": (int, NONE), "step_time_s": (float, NONE), "busy_s": (float, NONE),
          "peak_bytes": (int, NONE), "bubble": (float, NONE), "rank": (int, NONE), "host": (str, NONE)}
+PROCESSING = {"inputs": list, "outputs": list, "hosts": list}
+PROCESSING_INPUT = {"name": str, "source": str, "distribution": str, "total": (int, NONE), "listed_on": (str, NONE),
+                    "hosts": dict}
+PROCESSING_OUTPUT = {"name": str, "hosts": dict}
 POOL = {"role": str, "replicas": int, "hosts": list, "state": str, "replica_states": list, "on_failure": str}
 POOL_SIZING = {"workers_gbps": (float, int, NONE), "reducers_gbps": (float, int, NONE),
                "per_reducer_gbps": (float, int, NONE), "reducers": int, "match": (int, NONE), "ok": (bool, NONE),
@@ -580,3 +584,31 @@ def test_pools_json_is_the_documented_mapping(tmp_path: Path) -> None:
     assert d["pools"][1]["on_failure"] == "continue" and d["pools"][0]["state"] == "unknown"
     conforms(d["pool_sizing"], POOL_SIZING, "pool_sizing")
 
+
+
+def test_processing_json_is_the_documented_mapping(tmp_path: Path) -> None:
+    """A processing job's ``processing`` in every command's job object, as docs/contracts.md
+    ("Processing jobs: what the faces show") says; null for every other job."""
+    history = History(tmp_path / "history.sqlite")
+    spec = {"name": "count", "kind": "processing", "processing": {
+        "inputs": [{"name": "raw", "source": "/w/raw", "distribution": "ShardedByKey"},
+                   {"name": "ref", "source": "/w/ref", "distribution": "FullyReplicated"}],
+        "outputs": [{"name": "counts"}]}}
+    history.create("c-1", "count", spec, state="running")
+    history.update("c-1", placement=[
+        {"host": h, "address": f"10.0.0.{i}", "slots": 1, "gpus": [], "cpus": 8, "instance_type": "x",
+         "simulated": False} for i, h in enumerate(("h1", "h2"), 1)])
+    history.add_event("c-1", {"event": "processing", "inputs": {
+        "raw": {"distribution": "ShardedByKey", "total": 3, "listed_on": "h1", "listing_sha256": "0" * 64,
+                "hosts": {"h1": 2, "h2": 1}}, "ref": {"distribution": "FullyReplicated"}}})
+    history.create("t-1", "train", {"name": "train"}, state="running")
+    jm = JobManager(TypedAgents(), history)  # type: ignore[arg-type]
+    d = json.loads(json.dumps(jm.view("c-1", live=False).to_json()))
+    conforms(d, JOB, "processing job")
+    conforms(d["processing"], PROCESSING, "processing")
+    for i, inp in enumerate(d["processing"]["inputs"]):
+        conforms(inp, PROCESSING_INPUT, f"processing.inputs[{i}]")
+    conforms(d["processing"]["outputs"][0], PROCESSING_OUTPUT, "processing.outputs[0]")
+    assert d["processing"]["inputs"][0]["hosts"] == {"h1": 2, "h2": 1}
+    assert d["processing"]["outputs"][0]["hosts"] == {"h1": None, "h2": None}  # no inventory: places unknown
+    assert json.loads(json.dumps(jm.view("t-1", live=False).to_json()))["processing"] is None

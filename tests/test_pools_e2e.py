@@ -255,3 +255,20 @@ name = "seen"
     assert all(len(rows) == 10 for rows in sharded.values()), {h: len(r) for h, r in sharded.items()}
     print("ShardedByKey: " + ", ".join(f"{h} {len(r)} files" for h, r in sharded.items())
           + f" = {len(set(together))} distinct of {len(every)}; FullyReplicated: every host all {len(every)}")
+    # What rigdeck status says of it: each host's share as the hosts got it, where the outputs are.
+    proc = cli.json("status", view["job_id"])["processing"]
+    assert proc["hosts"] == ["h1", "h2", "h3"]
+    assert [(i["name"], i["distribution"], i["total"], i["listed_on"], i["hosts"]) for i in proc["inputs"]] == [
+        ("sharded", "ShardedByKey", 30, "h1", {h: len(r) for h, r in sharded.items()}),
+        ("replicated", "FullyReplicated", None, None, {})]
+    for h in cli.bed.hosts:  # each output's path on each host is where the job wrote it
+        inside = proc["outputs"][0]["hosts"][h.name]  # as the host sees it: its ~/.rigdeck is h.state_dir here
+        assert inside == f"~/.rigdeck/jobs/{view['job_id']}/processing/output/seen", inside
+        where = h.state_dir / inside.removeprefix("~/.rigdeck/")
+        assert (where / "sharded.txt").read_text().splitlines() == sharded[h.name], (h.name, where)
+    text = cli.run("status", view["job_id"]).stdout
+    lines = [ln for ln in text.splitlines() if ln.startswith(("input ", "output "))]
+    assert lines[0] == f"input    sharded  ShardedByKey: 30 files of {source} over 3 hosts (h1 10, h2 10, h3 10), listed on h1"
+    assert lines[1] == f"input    replicated  FullyReplicated: every host reads all of {source}"
+    assert lines[2] == f"output   seen: ~/.rigdeck/jobs/{view['job_id']}/processing/output/seen on h1, h2, h3"
+    print("rigdeck status:\n" + "\n".join(lines))

@@ -567,6 +567,40 @@ def pool_jobs(evaluator_failed: bool = True) -> RecordedJobs:
     return jobs
 
 
+PROCESSING_INPUTS = [{"name": "raw", "source": "/data/raw", "distribution": "ShardedByKey"},
+                     {"name": "vocab", "source": "/data/vocab", "distribution": "FullyReplicated"}]
+
+
+def processing_jobs(started: bool = True) -> RecordedJobs:
+    """The recorded jobs with JOB made a processing job over h1-h3: a ShardedByKey input of 30
+    files (listed on h1, 10 a host) and a FullyReplicated one, one output (``started``: the
+    controller's ``processing`` event is there; otherwise the job has not listed its input yet)."""
+    jobs = RecordedJobs()
+    track = jobs._tracks[JOB]
+    spec = {**track.rec["spec"], "kind": "processing", "launcher": "direct", "nodes": 3,
+            "gpus_per_node": None, "processes_per_node": 1,
+            "processing": {"inputs": PROCESSING_INPUTS, "outputs": [{"name": "counts"}]}}
+    placement = [{"host": h, "address": f"10.213.1.{10 + i}", "slots": 1, "gpus": [], "cpus": 16,
+                  "instance_type": "rigdeck.cpu-16", "simulated": False} for i, h in enumerate(["h1", "h2", "h3"], 1)]
+    events: list[dict[str, Any]] = []
+    if started:
+        events.append({"time": T0 + 1.0, "event": "processing", "inputs": {
+            "raw": {"distribution": "ShardedByKey", "total": 30, "listed_on": "h1", "listing_sha256": "ab" * 32,
+                    "hosts": {"h1": 10, "h2": 10, "h3": 10}},
+            "vocab": {"distribution": "FullyReplicated"}}})
+    track.rec = {**track.rec, "spec": spec, "placement": placement, "events": events}
+    from tui.control.jobwatch import JobsSnapshot, MetricsFold, rank_rows
+
+    track.fold = MetricsFold()  # a processing job reports no loss
+    track.states = {h: {"state": "running", "restart_count": 0, "log_ranks": [i],
+                        "ranks": [{"rank": i, "local_rank": 0, "pid": 4200 + i, "state": "running",
+                                   "exit_code": None, "signal": None}]} for i, h in enumerate(["h1", "h2", "h3"])}
+    track.ranks = rank_rows(track.states, placement)
+
+    jobs._snapshot = JobsSnapshot(tuple(t.row() for t in jobs._tracks.values()), 2)
+    return jobs
+
+
 # ---------------------------------------------------------------------------------------------
 # Sweeps
 

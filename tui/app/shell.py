@@ -79,6 +79,7 @@ from tui.app.widgets.pipelines import (
     stop_pipeline_text,
 )
 from tui.app.widgets.pools import PoolsTable, pool_rows, pools_head_markup
+from tui.app.widgets.processing import ProcessingTable, processing_head_markup, processing_rows
 from tui.app.widgets.stages import StagesTable, stage_rows, stages_head_markup
 from tui.app.widgets.sweeps import (
     NO_SWEEPS,
@@ -386,6 +387,13 @@ class RigdeckApp(App[None]):
                     pools = PoolsTable(id="pools-table")
                     pools.display = False
                     yield pools
+                    # A processing job: its inputs and where its outputs are.
+                    processing_head = Static("", id="processing-head", classes="head")
+                    processing_head.display = False
+                    yield processing_head
+                    processing = ProcessingTable(id="processing-table")
+                    processing.display = False
+                    yield processing
                     yield RanksTable(id="ranks-table")
             with TabPane("Checkpoints 5", id="checkpoints"):
                 yield Static("no job open", id="ckpt-head", classes="head")
@@ -437,6 +445,7 @@ class RigdeckApp(App[None]):
         self.query_one("#ranks-table").border_title = "ranks"
         self.query_one("#stages-table").border_title = "stages: expected vs measured, per step"
         self.query_one("#pools-table").border_title = "pools"
+        self.query_one("#processing-table").border_title = "processing inputs"
         self.query_one("#sweep-best", LossChart).border_title = "best so far, by trial"
         self.query_one("#sweep-curves", LossChart).border_title = "objective by step"
         self.query_one("#trials-table").border_title = "trials, best first"
@@ -542,6 +551,7 @@ class RigdeckApp(App[None]):
             ("#ranks-table", RanksTable),
             ("#stages-table", StagesTable),
             ("#pools-table", PoolsTable),
+            ("#processing-table", ProcessingTable),
             ("#saves-table", SavesTable),
             ("#sweeps-table", SweepsTable),
             ("#trials-table", TrialsTable),
@@ -820,6 +830,10 @@ class RigdeckApp(App[None]):
         self._update_signals(detail)
         self._update_stages(detail)
         self._update_pools(detail)
+        self._update_processing(detail)
+        # A processing job reports no loss: its chart gives its room to the panels (unless a
+        # loss came after all).
+        chart.display = detail is None or detail.processing is None or bool(detail.points)
         if detail is None:
             set_text(head, "no job open: launch one (l), or pick one in Jobs (3) and press enter")
             chart.set_points((), None, empty="no job open")
@@ -842,6 +856,8 @@ class RigdeckApp(App[None]):
         eta = r.eta_s
         best = min((p[1] for p in detail.points), default=None)
         line2 = (
+            f"runtime {duration(r.runtime_s(now))} · ranks {r.ranks_running}/{r.ranks_total} running"
+        ) if detail.processing is not None and r.step is None else (
             f"step [b]{step}[/b] · loss [b]{loss_text(r.loss)}[/b]"
             + (
                 f" (min {loss_text(best)})"
@@ -888,7 +904,8 @@ class RigdeckApp(App[None]):
     def _update_panel(self, name: str, view: Any, head_markup: Callable[[Any], str],
                       rows: Callable[[Any], Any]) -> None:
         """A Job view panel (``#NAME-head`` over ``#NAME-table``) shown only for a job that has
-        its view: a model-parallel job's stages, a worker-pool job's pools."""
+        its view: a model-parallel job's stages, a worker-pool job's pools, a processing job's
+        inputs."""
         head = self.query_one(f"#{name}-head", Static)
         table = self.query_one(f"#{name}-table")
         head.display = table.display = view is not None
@@ -905,6 +922,10 @@ class RigdeckApp(App[None]):
     def _update_pools(self, detail: JobDetail | None) -> None:
         self._update_panel("pools", detail.pools if detail is not None else None,
                            pools_head_markup, pool_rows)
+
+    def _update_processing(self, detail: JobDetail | None) -> None:
+        self._update_panel("processing", detail.processing if detail is not None else None,
+                           processing_head_markup, processing_rows)
 
     def _update_checkpoints(self, detail: JobDetail | None, now: float) -> None:
         head = self.query_one("#ckpt-head", Static)

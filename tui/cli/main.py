@@ -365,6 +365,11 @@ def _print_job(v: Any, signals: Sequence[Any] = (), stages: Any = None) -> None:
 
         for line in pool_lines(v.pools):
             print(line)
+    if getattr(v, "processing", None) is not None:  # a processing job: its inputs and outputs
+        from tui.model.processingview import processing_lines
+
+        for line in processing_lines(v.processing):
+            print(line)
     if v.cause:
         print(f"cause    {_fmt_cause(v.cause)}")
         from tui.model.termsafe import terminal_safe  # rank output: no escape reaches the terminal

@@ -26,6 +26,7 @@ from tui.model.jobstate import TERMINAL
 from tui.model.mpspec import ENV_VAR as MP_ENV_VAR
 from tui.model.poolspec import check_pins
 from tui.model.poolview import PoolsView, pools_json, pools_view
+from tui.model.processingview import ProcessingView, processing_json, processing_view
 from tui.model.scheduler import (
     HostCapacity,
     NodeAssignment,
@@ -134,6 +135,7 @@ class JobView:
     waiting: str | None = None  # a queued job: what it waits for
     pool_sizing: dict[str, Any] | None = None  # a job with reduction servers: the sizing check
     pools: PoolsView | None = None  # a job made of worker pools: its pools (tui.model.poolview)
+    processing: ProcessingView | None = None  # a processing job: its inputs and outputs (tui.model.processingview)
 
     @property
     def state_line(self) -> str:
@@ -155,6 +157,7 @@ class JobView:
             "sweep_id": self.spec.get("sweep_id"), "trial": self.spec.get("trial"),
             "code": self.spec.get("code"), "pipeline_id": self.spec.get("pipeline_id"),
             "step": self.spec.get("step"), "pool_sizing": self.pool_sizing, "pools": pools_json(self.pools),
+            "processing": processing_json(self.processing),
         }
 
     @classmethod
@@ -171,6 +174,7 @@ class JobView:
             unreachable=d.get("unreachable") or [], waiting=d.get("waiting"),
             pool_sizing=d.get("pool_sizing"),
             pools=PoolsView.from_json(d.get("pools"), d.get("pool_sizing"), d.get("events") or ()),
+            processing=ProcessingView.from_json(d.get("processing")),
         )
 
 
@@ -934,6 +938,7 @@ class JobManager:
             pool_sizing=rec.get("pool_sizing"),
         )
         v.pools = pools_view(rec)
+        v.processing = processing_view(rec, self.state_dirs())
         if not live:
             return v
         if rec["state"] not in TERMINAL:
@@ -970,7 +975,13 @@ class JobManager:
         v.ranks.sort(key=lambda r: r["rank"] if r["rank"] is not None else -1)
         v.last_step, v.last_loss = last_loss(v.hosts)
         v.pools = pools_view(rec, v.hosts)
+        v.processing = processing_view(rec, self.state_dirs())
         return v
+
+    def state_dirs(self) -> dict[str, str]:
+        """Each inventory host's ``state_dir`` (where its agent keeps jobs), for the views."""
+        inventory = getattr(self.ctl, "inventory", None)  # a bare agent set (tests) has none
+        return {name: inventory.get(name).state_dir for name in inventory.names} if inventory is not None else {}
 
     def list(self, refresh: bool = True) -> list[JobView]:
         out = []

@@ -37,6 +37,7 @@ from tui.model.jobview import (  # noqa: F401  (the views this poller builds; im
     StopPlan,
 )
 from tui.model.poolview import gpu_of_rank, pools_view
+from tui.model.processingview import processing_view
 from tui.model.stages import StagesFold, checkpointing_of, plan_from_events
 from tui.remote.transport import TransportError
 
@@ -341,7 +342,7 @@ class _Track:
             unreachable=self.unreachable,
         )
 
-    def detail(self) -> JobDetail:
+    def detail(self, state_dirs: Mapping[str, str] | None = None) -> JobDetail:
         rec = self.rec
         spec = rec.get("spec") or {}
         placement = rec.get("placement") or []
@@ -357,6 +358,7 @@ class _Track:
             signals=self.signals,
             stages=self.stages.view(plan_from_events(rec.get("events") or ()), checkpointing_of(spec)),
             pools=pools_view(rec, self.states),
+            processing=processing_view(rec, state_dirs),
         )
 
     def diagnose(self, gpu_util: Mapping[str, float | None] | None,
@@ -461,7 +463,14 @@ class JobWatch:
     def detail(self, job_id: str) -> JobDetail | None:
         with self._lock:
             t = self._tracks.get(job_id)
-            return t.detail() if t is not None else None
+            return t.detail(self._state_dirs()) if t is not None else None
+
+    def _state_dirs(self) -> dict[str, str]:
+        """Each inventory host's ``state_dir`` (where its agent keeps jobs); {} when unknown."""
+        inventory = getattr(self.ctl, "inventory", None)
+        if inventory is None:
+            return {}
+        return {name: inventory.get(name).state_dir for name in inventory.names}
 
     def inventory_hosts(self) -> list[str]:
         return list(self.ctl.inventory.names)

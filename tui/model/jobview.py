@@ -16,6 +16,7 @@ from tui.model.diagnose import Signal
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.poolview import PoolsView
+from tui.model.processingview import ProcessingView
 from tui.model.stages import StagesView
 from tui.model.termsafe import terminal_safe
 
@@ -132,6 +133,7 @@ class JobDetail:
     signals: tuple[Signal, ...] = ()  # live bottleneck signals, worst first (tui.model.diagnose)
     stages: StagesView | None = None  # a [model_parallel] job's plan and stages (tui.model.stages)
     pools: PoolsView | None = None  # a job made of worker pools: its pools (tui.model.poolview)
+    processing: ProcessingView | None = None  # a processing job: inputs and outputs (tui.model.processingview)
 
 
 @dataclass(frozen=True)
