@@ -63,7 +63,7 @@ def test_ddp_runs_from_code_only_the_workstation_has_and_a_change_sends_one_file
     assert res.returncode == 1 and [r["exit_code"] for r in seen["hosts"]] == [1, 1, 1], res.stdout
     assert code_dir.joinpath("train.py").is_file()  # while the workstation has it
 
-    first = cli.json("launch", str(code_dir / "job.toml"), "--wait", timeout=900)
+    first = cli.json("launch", str(code_dir / "job.toml"), "--wait", timeout=240)
     assert first["state"] == "succeeded", json.dumps(first, indent=1)[-3000:]
     assert len({n["host"] for n in first["placement"]}) == 3
     code = first["code"]
@@ -87,7 +87,7 @@ def test_ddp_runs_from_code_only_the_workstation_has_and_a_change_sends_one_file
     # started; the run itself was shown above, so it is stopped here).
     with (code_dir / "train.py").open("a") as f:
         f.write("\n# changed after the first launch\n")
-    second = cli.json("launch", str(code_dir / "job.toml"), timeout=900)
+    second = cli.json("launch", str(code_dir / "job.toml"), timeout=240)
     cli.run("stop", second["job_id"], "--yes", "--grace", "1", check=False)
     assert second["code"]["tree"] != code["tree"]
     for host, r in _sync_event(second)["hosts"].items():

@@ -73,6 +73,11 @@ class Cli:
             for i, h in enumerate(self.bed.hosts, start=1):
                 res = self.bed.exec(i, ["ps", "-ww", "-eo", "pid,ppid,etimes,stat,args"])
                 parts.append(f"{h.name} processes:\n{res.stdout[-4000:]}")
+                # A link left rate-limited (test_doctor's tbf) makes a job slow, not hung.
+                inside = self.bed.exec(i, ["tc", "qdisc", "show", "dev", "eth0"]).stdout.strip()
+                outside = subprocess.run(["tc", "qdisc", "show", "dev", h.veth], capture_output=True,
+                                         text=True, timeout=10).stdout.strip()
+                parts.append(f"{h.name} qdiscs: eth0 {inside!r}, {h.veth} {outside!r}")
         except Exception as e:
             parts.append(f"(could not read more: {type(e).__name__}: {e})")
         return "\n".join(parts)
@@ -138,7 +143,7 @@ partitions = 6
 microbatches = 6
 profile_batch = [12, 4]
 {mpi}""")
-    view = cli.json("launch", str(spec), "--wait", timeout=300)
+    view = cli.json("launch", str(spec), "--wait", timeout=240)
     assert view["state"] == "succeeded", json.dumps(view, indent=1)[:3000]
     assert [n["host"] for n in view["placement"]] == ["h1", "h2", "h3"]
     reports = []

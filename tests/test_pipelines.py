@@ -82,7 +82,7 @@ def step(name: str, command: list[str], extra: str = "", job_extra: str = "") ->
 def test_the_example_runs_on_three_hosts_moving_artifacts_between_private_state_dirs(cli: Cli, testbed: TestBed) -> None:
     """Issue 14, acceptance 1."""
     cli.run("deploy")
-    out = cli.json("pipeline", str(EXAMPLE / "pipeline.toml"), "--wait", timeout=600)
+    out = cli.json("pipeline", str(EXAMPLE / "pipeline.toml"), "--wait", timeout=240)
     assert out["row"]["state"] == "succeeded", json.dumps(out, indent=1)[-4000:]
     steps = steps_of(out)
     assert [s["name"] for s in out["steps"]] == ["preprocess", "train", "evaluate", "register"]
@@ -138,7 +138,7 @@ def test_the_example_runs_on_three_hosts_moving_artifacts_between_private_state_
     shutil.copytree(EXAMPLE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     train_spec = copy / "train.toml"
     train_spec.write_text(train_spec.read_text().replace("steps = 60", "steps = 40"))
-    again = cli.json("pipeline", str(copy / "pipeline.toml"), "--wait", timeout=600)
+    again = cli.json("pipeline", str(copy / "pipeline.toml"), "--wait", timeout=240)
     steps2 = steps_of(again)
     assert again["row"]["state"] == "succeeded", json.dumps(again, indent=1)[-4000:]
     assert steps2["preprocess"]["state"] == "cached" and steps2["preprocess"]["job_id"] == pre["job_id"]
@@ -159,7 +159,7 @@ def test_a_step_is_retried_a_failing_one_fails_the_pipeline_and_retry_reruns_it_
                     + step("after", ["--expect", "data/a.txt=from-a"],
                            'depends_on = ["broken", "flaky"]\ninputs = { data = "steps.flaky.output" }')
                     + step("beside", [], 'depends_on = ["flaky"]'))
-    out = cli.json("pipeline", str(spec), "--wait", check=False, timeout=300)
+    out = cli.json("pipeline", str(spec), "--wait", check=False, timeout=240)
     steps = steps_of(out)
     assert out["row"]["state"] == "failed", out["row"]
     assert steps["flaky"]["state"] == "succeeded" and steps["flaky"]["attempt"] == 2, steps["flaky"]
@@ -172,7 +172,7 @@ def test_a_step_is_retried_a_failing_one_fails_the_pipeline_and_retry_reruns_it_
 
     fixed.write_text("yes")
     cli.run("pipeline", "retry", pid, "broken")
-    again = cli.json("pipeline", "status", pid, "--wait", timeout=300)
+    again = cli.json("pipeline", "status", pid, "--wait", timeout=240)
     steps2 = steps_of(again)
     assert again["row"]["state"] == "succeeded", again
     assert steps2["broken"]["state"] == "succeeded" and steps2["broken"]["job_id"] != steps["broken"]["job_id"]
@@ -204,20 +204,20 @@ def test_a_false_condition_skips_its_branch_and_a_changed_step_reruns_with_its_d
             + step("announce", [], 'depends_on = ["publish"]'))
         return path
 
-    first = cli.json("pipeline", str(spec("0.1")), "--wait", timeout=300)
+    first = cli.json("pipeline", str(spec("0.1")), "--wait", timeout=240)
     s1 = steps_of(first)
     assert first["row"]["state"] == "succeeded", first
     assert [s1[n]["state"] for n in ("prep", "train", "finetune", "publish", "announce")] == \
         ["succeeded", "succeeded", "succeeded", "skipped", "skipped"], first["steps"]
     assert "accuracy >= 0.9" in s1["publish"]["reason"] and "publish" in s1["announce"]["reason"]
 
-    same = cli.json("pipeline", str(spec("0.1")), "--wait", timeout=300)
+    same = cli.json("pipeline", str(spec("0.1")), "--wait", timeout=240)
     s2 = steps_of(same)
     assert [s2[n]["state"] for n in ("prep", "train", "finetune")] == ["cached"] * 3, same["steps"]
     assert s2["train"]["job_id"] == s1["train"]["job_id"]  # the run it reuses
     assert same["row"]["cached"] == 3
 
-    changed = cli.json("pipeline", str(spec("0.2")), "--wait", timeout=300)
+    changed = cli.json("pipeline", str(spec("0.2")), "--wait", timeout=240)
     s3 = steps_of(changed)
     assert changed["row"]["state"] == "succeeded", changed
     assert s3["prep"]["state"] == "cached" and s3["prep"]["job_id"] == s1["prep"]["job_id"]

@@ -125,7 +125,7 @@ source = "{raw}"
 [[processing.outputs]]
 name = "counts"
 """)
-    view = cli.json("launch", str(spec), "--wait", timeout=300)
+    view = cli.json("launch", str(spec), "--wait", timeout=240)
     got = plans(cli, view["job_id"])
     assert sorted(got) == ["h1", "h2", "h3"]
     shards = {}
@@ -183,7 +183,7 @@ role = "worker"
 role = "reduction_server"
 hosts = ["h3"]
 """)
-    proc = cli.run("launch", str(spec), "--wait", timeout=300)
+    proc = cli.run("launch", str(spec), "--wait", timeout=240)
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("reduction server sizing: "))
     job_id = proc.stdout.split()[1].rstrip(":")
     sizing = cli.json("status", job_id)["pool_sizing"]

@@ -136,7 +136,7 @@ def check_probes(cli: Cli, view: dict[str, Any], reports: list[dict[str, Any]]) 
 
 def test_four_pools_probe_their_cluster_files_and_the_primary_ends_the_job(cli: Cli) -> None:
     spec = four_pools(cli, "pools-probe", PROBE, HOLD)
-    view = cli.json("launch", str(spec), "--wait", timeout=300)
+    view = cli.json("launch", str(spec), "--wait", timeout=240)
     assert view["state"] == "succeeded", json.dumps(view, indent=1)[:4000]
     check_probes(cli, view, probe_reports(cli.bed, view["job_id"]))
     # The primary's success ended the job: the parameter server and the evaluator, which never
@@ -236,7 +236,7 @@ distribution = "FullyReplicated"
 [[processing.outputs]]
 name = "seen"
 """)
-    view = cli.json("launch", str(spec), "--wait", timeout=300)
+    view = cli.json("launch", str(spec), "--wait", timeout=240)
     assert view["state"] == "succeeded", json.dumps(view, indent=1)[:3000]
     every = sorted(f"{p.relative_to(source)}\t{p.read_text().strip()}" for p in source.rglob("*.txt"))
     assert len(every) == 30

@@ -64,8 +64,9 @@ async def launch_screen(app: RigdeckApp, pilot: Pilot[None]) -> LaunchScreen:
 
 
 async def until(pilot: Pilot[None], cond: Callable[[], object]) -> None:
-    """Let the app run until ``cond()`` holds, for at most three seconds; the caller asserts."""
-    for _ in range(60):
+    """Let the app run until ``cond()`` holds, for at most ten seconds (a loaded machine, a
+    detail through the server); the caller asserts."""
+    for _ in range(200):
         await pilot.pause(0.05)
         if cond():
             return
