@@ -419,6 +419,10 @@ class Jobs:
         st = self._state(job_id)  # this job's file only: hosts keep hundreds of ended jobs
         if st is None:
             raise JobError("no job %s on this host" % job_id)
+        # A rank that ended by a stop (the user's, max_runtime's, or its replica's once the primary
+        # succeeded or its evaluator failed) is "stopped", not "failed": its exit says how it ended.
+        stopped_ranks = {int(r) for rep in st.get("replicas") or [] if rep.get("state") == "stopped"
+                         for r in rep.get("ranks") or []}
         ranks = []
         for path in sorted(glob.glob(os.path.join(d, "ranks", "rank-*.json"))):
             if path.endswith(".exit.json"):
@@ -431,6 +435,8 @@ class Jobs:
                 rstate = "exited" if ex.get("exit_code") == 0 and not ex.get("error") else "failed"
             else:
                 rstate = "running" if pid_alive(rec.get("pid")) else "lost"
+            if rstate in ("failed", "lost") and (st.get("state") == "stopped" or rec.get("rank") in stopped_ranks):
+                rstate = "stopped"  # a SIGKILL after the grace leaves no exit record: "lost" otherwise
             ranks.append({**rec, "state": rstate, "exit_code": (ex or {}).get("exit_code"),
                           "signal": (ex or {}).get("signal")})
         ranks.sort(key=lambda r: r["rank"])

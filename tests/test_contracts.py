@@ -198,7 +198,7 @@ def test_every_command_json_keeps_its_keys_and_types(tmp_path: Path) -> None:
         text = _rigdeck(env, "status", job_id)
         assert "placement here[1]\n" in text
         rank_line = next(ln for ln in text.splitlines() if ln.startswith("0 "))
-        assert rank_line.split()[:4] == ["0", "here", "0", "None"], rank_line
+        assert rank_line.split()[:4] == ["0", "here", "0", "-"], rank_line
 
         # Text: what the rank wrote reaches the terminal without its escapes.
         out = _rigdeck(env, "metrics", job_id)

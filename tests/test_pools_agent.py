@@ -28,6 +28,7 @@ import pytest
 from agent import clusterfiles as cf
 from agent import facts
 from agent.jobhost import TERMINAL, processes_with_tag
+from agent.jobs import Jobs
 from tests._require import has_module, require
 from tests.test_clusterfiles import communicate_all
 
@@ -534,6 +535,11 @@ def test_an_evaluator_failing_leaves_training_running_then_the_primary_ends_the_
     assert not processes_with_tag("pools-eval")  # the worker's rank is gone
     worker_exit = json.loads((jh.dir / "ranks" / "rank-1.exit.json").read_text())
     assert worker_exit["signal"] == signal.SIGTERM
+    # As the host reports its ranks: the worker's rank was stopped (by SIGTERM), not failed; the
+    # evaluator's failed with its own exit code.
+    ranks = {r["rank"]: r for r in Jobs(str(tmp_path), []).status("pools-eval")["ranks"]}
+    assert [(ranks[k]["state"], ranks[k]["exit_code"], ranks[k]["signal"]) for k in (0, 1, 2)] == [
+        ("exited", 0, None), ("stopped", worker_exit["exit_code"], signal.SIGTERM), ("failed", 3, None)], ranks
 
 
 def test_a_worker_failing_fails_the_host_and_the_cause_names_the_pool(tmp_path: Path) -> None:
@@ -614,6 +620,8 @@ def test_a_stop_request_stops_every_replica_here(tmp_path: Path) -> None:
     assert [(r["pool"], r["state"]) for r in st["replicas"]] == [
         ("primary", "stopped"), ("parameter_server", "stopped"), ("evaluator", "stopped")]
     assert not processes_with_tag("pools-stop")
+    ranks = Jobs(str(tmp_path), []).status("pools-stop")["ranks"]
+    assert [(r["rank"], r["state"]) for r in ranks] == [(0, "stopped"), (1, "stopped"), (2, "stopped")], ranks
 
 
 def test_a_pool_job_needs_the_direct_launcher(tmp_path: Path) -> None:

@@ -94,3 +94,55 @@ def test_busy_old_daemon_keeps_its_job_and_upgrades_when_idle(local: tuple[Inven
     finally:
         if job_host.poll() is None:
             job_host.kill()
+
+
+def _daemon_pid(state: Path) -> int:
+    return int((state / "run" / "daemon.pid").read_text())
+
+
+def _runs(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def test_a_command_alone_hands_an_idle_old_daemon_over(local: tuple[Inventory, Path], tmp_path: Path) -> None:
+    """No app, no monitor: a request (any command's: launch, status, jobs) is the first contact
+    after an upgrade, and the old daemon hands over at once; the request is answered by the new."""
+    inv, state = local
+    old, new = old_bundle(tmp_path), build_agent(tmp_path / "new-cache")
+    old_pid = start_old_daemon(inv, old)
+    assert old.version in _runs(old_pid)
+    with Controller(inv, bundle_factory=lambda: new) as ctl:
+        sample = ctl.agent("here").sample(timeout=10)
+        assert sample.get("gpus"), sample  # answered (by the new daemon, its simulated GPU)
+    wait_until(lambda: not _runs(old_pid), 10, "the old daemon gone")
+    pid = _daemon_pid(state)
+    assert pid != old_pid and new.version in _runs(pid), _runs(pid)
+    assert "handing over to" in (state / "agent.log").read_text()
+
+
+def test_a_command_leaves_a_busy_old_daemon_its_jobs_and_it_hands_over_when_they_end(
+        local: tuple[Inventory, Path], tmp_path: Path) -> None:
+    inv, state = local
+    old, new = old_bundle(tmp_path), build_agent(tmp_path / "new-cache")
+    old_pid = start_old_daemon(inv, old)
+    job_host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    job_dir = state / "jobs" / "j1"
+    job_dir.mkdir(parents=True)
+    (job_dir / "state.json").write_text(json.dumps({"job_id": "j1", "state": "running", "jobhost_pid": job_host.pid}))
+    try:
+        with Controller(inv, bundle_factory=lambda: new) as ctl:
+            sample = ctl.agent("here").sample(timeout=10)  # the old daemon answers, keeps its job
+            assert sample.get("gpus"), sample
+            assert _daemon_pid(state) == old_pid and old.version in _runs(old_pid)
+            job_host.kill()  # the job ends: it hands over by itself (upgrade scheduled when idle)
+            job_host.wait()
+            wait_until(lambda: not _runs(old_pid), 30, "handover after the job")
+        with Controller(inv, bundle_factory=lambda: new) as ctl:
+            ctl.agent("here").sample(timeout=10)
+        assert new.version in _runs(_daemon_pid(state))
+    finally:
+        if job_host.poll() is None:
+            job_host.kill()

@@ -381,7 +381,7 @@ def _print_job(v: Any, signals: Sequence[Any] = (), stages: Any = None) -> None:
         print("rank  host        local  gpu    pid      state    exit")
         for r in v.ranks:
             ex = f"sig {r['signal']}" if r.get("signal") else ("-" if r.get("exit_code") is None else str(r["exit_code"]))
-            gpu = marked_simulated(str(r["gpu"]), r["gpu"] is not None and r["host"] in simulated).plain
+            gpu = "-" if r.get("gpu") is None else marked_simulated(str(r["gpu"]), r["host"] in simulated).plain
             print(f"{r['rank']:<5} {r['host']:<11} {r['local_rank']!s:<6} {gpu:<6} {r['pid']!s:<8} "
                   f"{r['state']:<8} {ex}")
 

@@ -201,9 +201,43 @@ class Controller(TypedAgents):
         t.connect()
         stream, pyz = self.open_agent_stream(spec, t)
         link = self._greeted(spec, stream, "rigdeck")
+        if pyz is not None and (link.remote_hello or {}).get("agent_version") != self.bundle.version:
+            link = self._upgraded(spec, t, link, pyz)
         self._links[spec.name] = link
         self._pyz[spec.name] = pyz
         return link
+
+    def _upgraded(self, spec: HostSpec, t: Transport, link: Any, pyz: str) -> Any:
+        """An older daemon answered: it hands over to the agent just deployed at once when idle
+        (then a link to the new one), or once its jobs end (the old link meanwhile), as the
+        monitor's connection asks it too. Without this, a user who only runs commands (never the
+        app) would keep the old agent, and every job host it starts, for good."""
+        from tui.remote.agentlink import AgentError
+
+        try:
+            when = AgentClient.over(link).upgrade(path=pyz, timeout=spec.connect_timeout)
+        except (AgentError, TransportError) as e:
+            log.info("%s: the running agent did not take the upgrade (%s): using it as it is", spec.name, e)
+            return link
+        if when != "now":
+            log.info("%s: agent %s runs jobs: it hands over to %s when they end", spec.name,
+                     (link.remote_hello or {}).get("agent_version"), self.bundle.version)
+            return link
+        link.close()
+        argv = [spec.python, pyz, "attach", "--state-dir", t.remote_path(spec.state_dir)]
+        deadline = time.monotonic() + max(10.0, 2 * spec.connect_timeout)
+        while True:  # the old daemon stops within a moment; its successor takes the socket
+            try:
+                new = self._greeted(spec, t.open_stream(argv, env=self.agent_env(spec)), "rigdeck")
+                if (new.remote_hello or {}).get("agent_version") == self.bundle.version:
+                    return new
+                if time.monotonic() > deadline:
+                    return new  # still the old one: a request to it is still answered
+                new.close()
+            except (AgentError, TransportError):
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
 
     def side_link(self, host: str) -> Any:
         """A second connection to ``host``'s agent, on the same SSH connection, for a long
