@@ -590,9 +590,17 @@ class JobHost:
                 pass
 
     def _end_running(self, state: str, message: str) -> None:
+        """The replicas still running (or being stopped) end as ``state``."""
+        for rep in self.replicas:
+            if rep["state"] in ("running", "stopping"):
+                rep.update(state=state, message=message)
+
+    def _stopping_running(self) -> None:
+        """Before this host stops its running replicas: they are "stopping", so a rank the stop
+        has already ended reads as stopped, not failed, meanwhile (agent.jobs ``status``)."""
         for rep in self.replicas:
             if rep["state"] == "running":
-                rep.update(state=state, message=message)
+                rep["state"] = "stopping"
 
     def watch_replicas(self, wake: Optional[int], grace: float, deadline: float) -> int:
         """A pool job's loop. A replica with on_failure "stop" failing fails this host (the gang);
@@ -601,7 +609,8 @@ class JobHost:
         stopped; so does every replica ending without a gang-stopping failure."""
         while True:
             if self.stop_requested:
-                self.save(state="stopping")
+                self._stopping_running()
+                self.save(state="stopping", replicas=self.replicas)
                 self.terminate_all(grace)
                 self._end_running("stopped", str(self.stop_reason))
                 self.save(state="stopped", ended=time.time(), cause={"message": self.stop_reason},
@@ -629,6 +638,7 @@ class JobHost:
                         changed = True
                         continue
                     self.log("%s: stopping this host's replicas" % message)
+                    self._stopping_running()
                     self.save(state="stopping", cause=failure, replicas=self.replicas)
                     self.terminate_all(min(grace, 5.0))
                     self._end_running("stopped", "stopped: %s" % message)
@@ -639,8 +649,9 @@ class JobHost:
                     changed = True
                     if rep["pool"] == "primary":
                         self.log("the primary succeeded: stopping this host's other replicas")
+                        self._stopping_running()
                         self.save(state="stopping", primary_succeeded=True, replicas=self.replicas)
-                        if any(r["state"] == "running" for r in self.replicas):
+                        if any(r["state"] == "stopping" for r in self.replicas):
                             self.terminate_all(grace)
                         self._end_running("stopped", "stopped: the primary succeeded")
                         self.save(state="succeeded", ended=time.time(), replicas=self.replicas)

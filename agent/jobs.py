@@ -421,7 +421,7 @@ class Jobs:
             raise JobError("no job %s on this host" % job_id)
         # A rank that ended by a stop (the user's, max_runtime's, or its replica's once the primary
         # succeeded or its evaluator failed) is "stopped", not "failed": its exit says how it ended.
-        stopped_ranks = {int(r) for rep in st.get("replicas") or [] if rep.get("state") == "stopped"
+        stopped_ranks = {int(r) for rep in st.get("replicas") or [] if rep.get("state") in ("stopping", "stopped")
                          for r in rep.get("ranks") or []}
         ranks = []
         for path in sorted(glob.glob(os.path.join(d, "ranks", "rank-*.json"))):

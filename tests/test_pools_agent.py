@@ -868,3 +868,34 @@ def test_the_probe_says_when_a_replicas_port_is_taken_or_torch_leaks_out_of_the_
     r = json.loads((job / "probe" / "rank-2.json").read_text())
     assert [c["check"] for c in r["failures"]] == ["own endpoint port free at launch"]
     assert "Address already in use" in r["pool"]["port_free"]
+
+
+def test_ranks_a_stop_is_ending_read_stopped_and_a_failed_replicas_read_failed(tmp_path: Path) -> None:
+    """What a host reports while it stops the replicas the primary's success (or a user's stop)
+    ends: their ranks are stopped even before the replica's end is recorded; the evaluator that
+    failed by itself stays failed; the primary's rank exited."""
+    d = tmp_path / "jobs" / "pools-mid"
+    (d / "ranks").mkdir(parents=True)
+    replicas = [{"node_index": 0, "pool": "primary", "replica": 0, "ranks": [0], "state": "succeeded"},
+                {"node_index": 1, "pool": "parameter_server", "replica": 0, "ranks": [1], "state": "stopping"},
+                {"node_index": 2, "pool": "evaluator", "replica": 0, "ranks": [2], "state": "failed"},
+                {"node_index": 3, "pool": "worker", "replica": 0, "ranks": [3], "state": "stopping"}]
+    (d / "state.json").write_text(json.dumps({"job_id": "pools-mid", "state": "stopping",
+                                              "primary_succeeded": True, "replicas": replicas}))
+    ends = {0: (0, None), 1: (None, signal.SIGTERM), 2: (3, None)}  # rank 3: SIGKILL took its wrapper
+    for rank in range(4):
+        (d / "ranks" / f"rank-{rank}.json").write_text(json.dumps({"rank": rank, "pid": 2 ** 22 + rank}))
+        if rank in ends:
+            code, sig = ends[rank]
+            (d / "ranks" / f"rank-{rank}.exit.json").write_text(
+                json.dumps({"rank": rank, "exit_code": code, "signal": sig}))
+    ranks = Jobs(str(tmp_path), []).status("pools-mid")["ranks"]
+    assert [(r["rank"], r["state"]) for r in ranks] == [
+        (0, "exited"), (1, "stopped"), (2, "failed"), (3, "stopped")], ranks
+    # The same host before any stop: a rank gone without a record is lost, one killed is failed.
+    for rep in replicas:
+        rep["state"] = "running" if rep["state"] == "stopping" else rep["state"]
+    (d / "state.json").write_text(json.dumps({"job_id": "pools-mid", "state": "running", "replicas": replicas}))
+    ranks = Jobs(str(tmp_path), []).status("pools-mid")["ranks"]
+    assert [(r["rank"], r["state"]) for r in ranks] == [
+        (0, "exited"), (1, "failed"), (2, "failed"), (3, "lost")], ranks
