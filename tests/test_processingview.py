@@ -21,7 +21,12 @@ from tui.control.jobs import JobView
 from tui.control.server import encode_detail
 from tui.model import wire
 from tui.model.jobview import JobDetail
-from tui.model.processingview import ProcessingView, processing_json, processing_lines, processing_view
+from tui.model.processingview import (
+    ProcessingView,
+    processing_json,
+    processing_lines,
+    processing_view,
+)
 
 main_mod = importlib.import_module("tui.cli.main")
 
