@@ -59,6 +59,15 @@ def start_old_daemon(inv: Inventory, old: AgentBundle) -> int:
     return report.agent_pid
 
 
+def running_job(state: Path) -> subprocess.Popen[bytes]:
+    """A job the daemon of ``state`` looks after: its job host process is alive until killed."""
+    job_host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    job_dir = state / "jobs" / "j1"
+    job_dir.mkdir(parents=True)
+    (job_dir / "state.json").write_text(json.dumps({"job_id": "j1", "state": "running", "jobhost_pid": job_host.pid}))
+    return job_host
+
+
 def test_idle_old_daemon_hands_over_to_the_new_agent(local: tuple[Inventory, Path], tmp_path: Path) -> None:
     inv, state = local
     old, new = old_bundle(tmp_path), build_agent(tmp_path / "new-cache")
@@ -76,11 +85,7 @@ def test_busy_old_daemon_keeps_its_job_and_upgrades_when_idle(local: tuple[Inven
     inv, state = local
     old, new = old_bundle(tmp_path), build_agent(tmp_path / "new-cache")
     old_pid = start_old_daemon(inv, old)
-    # A job the old daemon looks after: its job host process is alive.
-    job_host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    job_dir = state / "jobs" / "j1"
-    job_dir.mkdir(parents=True)
-    (job_dir / "state.json").write_text(json.dumps({"job_id": "j1", "state": "running", "jobhost_pid": job_host.pid}))
+    job_host = running_job(state)
     try:
         with Monitor(Controller(inv, bundle_factory=lambda: new)) as mon:
             wait_until(lambda: mon.state.get("here").upgrade_pending == new.version
@@ -128,10 +133,7 @@ def test_a_command_leaves_a_busy_old_daemon_its_jobs_and_it_hands_over_when_they
     inv, state = local
     old, new = old_bundle(tmp_path), build_agent(tmp_path / "new-cache")
     old_pid = start_old_daemon(inv, old)
-    job_host = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    job_dir = state / "jobs" / "j1"
-    job_dir.mkdir(parents=True)
-    (job_dir / "state.json").write_text(json.dumps({"job_id": "j1", "state": "running", "jobhost_pid": job_host.pid}))
+    job_host = running_job(state)
     try:
         with Controller(inv, bundle_factory=lambda: new) as ctl:
             sample = ctl.agent("here").sample(timeout=10)  # the old daemon answers, keeps its job

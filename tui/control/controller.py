@@ -224,11 +224,10 @@ class Controller(TypedAgents):
                      (link.remote_hello or {}).get("agent_version"), self.bundle.version)
             return link
         link.close()
-        argv = [spec.python, pyz, "attach", "--state-dir", t.remote_path(spec.state_dir)]
         deadline = time.monotonic() + max(10.0, 2 * spec.connect_timeout)
         while True:  # the old daemon stops within a moment; its successor takes the socket
             try:
-                new = self._greeted(spec, t.open_stream(argv, env=self.agent_env(spec)), "rigdeck")
+                new = self._greeted(spec, self._attach_stream(spec, t, pyz), "rigdeck")
                 if (new.remote_hello or {}).get("agent_version") == self.bundle.version:
                     return new
                 if time.monotonic() > deadline:
@@ -251,9 +250,13 @@ class Controller(TypedAgents):
         if getattr(spec, "attach_only", False) or pyz is None:
             stream = t.open_stream([spec.python, "agent.pyz", "attach"], env={})
         else:
-            stream = t.open_stream([spec.python, pyz, "attach", "--state-dir", t.remote_path(spec.state_dir)],
-                                   env=self.agent_env(spec))
+            stream = self._attach_stream(spec, t, pyz)
         return self._greeted(spec, stream, "rigdeck-sync")
+
+    def _attach_stream(self, spec: HostSpec, t: Transport, pyz: str) -> Any:
+        """One more attach to the host's daemon through the agent.pyz already checked there."""
+        return t.open_stream([spec.python, pyz, "attach", "--state-dir", t.remote_path(spec.state_dir)],
+                             env=self.agent_env(spec))
 
     @staticmethod
     def _greeted(spec: HostSpec, stream: Any, client: str) -> Any:
