@@ -10,6 +10,9 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync
 PYTEST_ARGS ?=
+# The suite runs in this many pytest-xdist workers, a test module to a worker, each worker with a
+# test bed of its own; tests marked `quiet` (they measure speed) run after them, alone.
+PYTEST_WORKERS ?= 2
 # Tools the tests find on PATH that the machine has but not on PATH (see python39).
 TOOLS := $(CURDIR)/.tools/bin
 
@@ -81,11 +84,12 @@ python39:
 	  "and fail under RIGDECK_REQUIRE_TESTBED=1"
 
 test: sysdeps python39 $(VENV)/.installed-test
-	PATH="$(TOOLS):$$PATH" $(PY) -m pytest $(PYTEST_ARGS)
+	PATH="$(TOOLS):$$PATH" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not quiet" $(PYTEST_ARGS)
+	PATH="$(TOOLS):$$PATH" $(PY) -m pytest -m quiet $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: none selected
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check tui agent runtime tests bench
-	$(VENV)/bin/mypy tui runtime
+	$(VENV)/bin/mypy tui agent runtime
 
 screenshots: sysdeps $(VENV)/.installed-test
 	$(PY) -m tests.screenshots

@@ -119,7 +119,8 @@ def _store_copied(state_dir: str, full: str) -> str:
     tmp = os.path.join(objects, ".copy%d" % os.getpid())
     h = hashlib.sha256()
     try:
-        with open(full, "rb") as src, os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444), "wb") as dst:
+        with open(full, "rb") as src, \
+                os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o444), "wb") as dst:
             for chunk in iter(lambda: src.read(_READ), b""):
                 h.update(chunk)
                 dst.write(chunk)

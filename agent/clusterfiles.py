@@ -1167,7 +1167,7 @@ def route_interface(addr: str) -> Optional[str]:
         norm = str(ipaddress.ip_address(addr.split("%")[0]))
     except ValueError:
         try:  # a name: the address it resolves to
-            norm = socket.getaddrinfo(addr, None)[0][4][0].split("%")[0]
+            norm = str(socket.getaddrinfo(addr, None)[0][4][0]).split("%")[0]
         except (OSError, IndexError):
             return None
     owned = _local_addresses().get(norm)

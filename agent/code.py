@@ -159,7 +159,8 @@ def put(state_dir: str, blobs: Any) -> Dict[str, Any]:
             except OSError:
                 have_bytes = -1
             if have_bytes != offset:
-                raise CodeError("blob %s: part at offset %d, but %d bytes are here" % (sha[:12], offset, max(have_bytes, 0)))
+                raise CodeError("blob %s: part at offset %d, but %d bytes are here"
+                                % (sha[:12], offset, max(have_bytes, 0)))
             with open(part, "ab") as f:
                 f.write(data)
         if last:

@@ -125,7 +125,8 @@ class Daemon:
             "probe_port": lambda c, p: {"port": self._probe_port(p)},
             "exec": self._m_exec,
             "route_source": lambda c, p: {"address": self._route_source(p)},
-            "code_have": lambda c, p: self._code(lambda: code.have(self.paths.state_dir, p.get("tree"), p.get("blobs"))),
+            "code_have": lambda c, p: self._code(
+                lambda: code.have(self.paths.state_dir, p.get("tree"), p.get("blobs"))),
             "code_put": lambda c, p: self._code_in_thread(lambda: code.put(self.paths.state_dir, p.get("blobs"))),
             "code_commit": lambda c, p: self._code(
                 lambda: code.commit(self.paths.state_dir, p.get("tree"), p.get("files"))),
@@ -273,7 +274,7 @@ class Daemon:
 
     async def _ticker(self) -> None:
         """Collect at the current rate while someone listens; publish the latest value only."""
-        assert self._cond is not None
+        assert self._cond is not None and self._wake is not None
         loop = asyncio.get_event_loop()
         next_tick = loop.time()
         while True:
@@ -303,10 +304,14 @@ class Daemon:
     async def _stream(self, client: _Client) -> None:
         assert self._cond is not None
         seen = 0
+
+        def fresh() -> bool:  # a sample newer than the last one sent
+            return self._latest_seq > seen
+
         try:
             while not client.closed:
                 async with self._cond:
-                    await self._cond.wait_for(lambda: self._latest_seq > seen)
+                    await self._cond.wait_for(fresh)
                     seen = self._latest_seq
                     data = self._latest
                 client.send(protocol.event("telemetry", data))
@@ -320,6 +325,7 @@ class Daemon:
         client = _Client(self, writer, self._next_cid)
         self._clients[client.cid] = client
         task = asyncio.current_task()
+        assert task is not None  # this runs as a task
         self._handlers.add(task)
         splitter = protocol.LineSplitter()
         client.send(self.hello())
@@ -434,6 +440,7 @@ class Daemon:
             self._apply_interval(interval)
         if client.stream_task is None:
             client.stream_task = asyncio.ensure_future(self._stream(client))
+            assert self._wake is not None  # set by serve()
             self._wake.set()
         return {"rate_hz": 1.0 / self.interval}
 
@@ -550,8 +557,10 @@ class Daemon:
                 or not argv[0]:
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "'argv' must be a non-empty list of strings")
         timeout = params.get("timeout_s", 600)
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (0 < timeout <= EXEC_TIMEOUT_MAX_S):
-            raise protocol.ProtocolError(protocol.BAD_PARAMS, "'timeout_s' must be a number in (0, %d]" % EXEC_TIMEOUT_MAX_S)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                or not (0 < timeout <= EXEC_TIMEOUT_MAX_S):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS,
+                                         "'timeout_s' must be a number in (0, %d]" % EXEC_TIMEOUT_MAX_S)
         return self._exec(list(argv), float(timeout))
 
     async def _exec(self, argv: List[str], timeout: float) -> Dict[str, Any]:
@@ -614,7 +623,7 @@ class Daemon:
         try:
             return self.jobs.start(plan)
         except (JobError, KeyError, IndexError, TypeError, ValueError) as e:
-            raise protocol.ProtocolError(protocol.BAD_PARAMS, "cannot start: %s" % e)
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "cannot start: %s" % e) from e
 
     def _m_job_stop(self, client: _Client, params: Dict[str, Any]) -> Any:
         grace = params.get("grace_s")
@@ -671,7 +680,7 @@ class Daemon:
         try:
             return probe_port(self._str(params, "addr"))
         except OSError as e:
-            raise protocol.ProtocolError(protocol.BAD_PARAMS, "cannot bind %s: %s" % (params.get("addr"), e))
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "cannot bind %s: %s" % (params.get("addr"), e)) from e
 
     def _route_source(self, params: Dict[str, Any]) -> Optional[str]:
         """Where this host's route to ``peer`` goes out from (the controller's MASTER_ADDR when

@@ -41,7 +41,7 @@ def _addresses() -> List[str]:
         import psutil  # type: ignore
 
         out = []
-        for name, addrs in psutil.net_if_addrs().items():
+        for addrs in psutil.net_if_addrs().values():
             for a in addrs:
                 if a.family == socket.AF_INET and not a.address.startswith("127."):
                     out.append(a.address)

@@ -85,7 +85,7 @@ def processes_with_tag(job_id: str, proc_root: str = "/proc") -> List[int]:
     """Pids (other than ours) whose environment carries RIGDECK_JOB_ID=<job_id>."""
     needle = ("RIGDECK_JOB_ID=%s" % job_id).encode()
     me = os.getpid()
-    out = []
+    out = []  # type: List[int]
     try:
         entries = os.listdir(proc_root)
     except OSError:
@@ -311,7 +311,7 @@ class JobHost:
 
     def _rank_files(self, exits: bool) -> Dict[int, Dict[str, Any]]:
         """Rank number -> its exit records (``exits``) or its start records, from ``ranks/``."""
-        out = {}
+        out = {}  # type: Dict[int, Dict[str, Any]]
         d = os.path.join(self.job_dir, "ranks")
         try:
             names = os.listdir(d)
@@ -452,6 +452,15 @@ class JobHost:
         except OSError:
             time.sleep(POLL_S)
 
+    def stop_grace(self, default: float) -> float:
+        """The grace period of a stop: the one the stop asked for (``rigdeck stop --grace``
+        writes it into the plan before it signals this host), else the job's own."""
+        plan = read_json(os.path.join(self.job_dir, "plan.json")) or {}
+        try:
+            return float(plan.get("grace_s", default))
+        except (TypeError, ValueError):
+            return default
+
     def run(self) -> int:
         reserve(self.state_path, 65536)  # room for the state (and its cause) on a full disk
         signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -475,7 +484,7 @@ class JobHost:
         while True:
             if self.stop_requested:
                 self.save(state="stopping")
-                self.terminate_all(grace)
+                self.terminate_all(self.stop_grace(grace))
                 self.save(state="stopped", ended=time.time(), cause={"message": self.stop_reason})
                 return 0
             if time.time() > deadline:
@@ -485,7 +494,8 @@ class JobHost:
             exits = self.rank_exits()
             failure = self.lost_wrapper(exits) or self.first_failure(exits)
             if failure is not None:
-                self.log("rank %s failed: exit %s signal %s" % (failure["rank"], failure["exit_code"], failure["signal"]))
+                self.log("rank %s failed: exit %s signal %s"
+                         % (failure["rank"], failure["exit_code"], failure["signal"]))
                 self.save(state="stopping", cause=failure)
                 self.terminate_all(min(grace, 5.0))
                 self.save(state="failed", ended=time.time())
@@ -611,7 +621,7 @@ class JobHost:
             if self.stop_requested:
                 self._stopping_running()
                 self.save(state="stopping", replicas=self.replicas)
-                self.terminate_all(grace)
+                self.terminate_all(self.stop_grace(grace))
                 self._end_running("stopped", str(self.stop_reason))
                 self.save(state="stopped", ended=time.time(), cause={"message": self.stop_reason},
                           replicas=self.replicas)

@@ -126,7 +126,7 @@ class Jobs:
         while pid_alive(jobhost) and time.monotonic() < deadline:
             self.reap()
             time.sleep(0.02)
-        if pid_alive(jobhost):
+        if jobhost is not None and pid_alive(jobhost):
             try:
                 os.kill(int(jobhost), signal.SIGKILL)
             except OSError:
@@ -178,7 +178,8 @@ class Jobs:
         held = gpu_claims.held(gpus=gpus) or {}
         for g, holder in sorted(held.items()):
             if holder.get("job_id") != job_id:
-                problems.append("GPU %d on %s is held by %s" % (g, socket.gethostname(), gpu_claims.describe_holder(holder)))
+                problems.append("GPU %d on %s is held by %s"
+                                % (g, socket.gethostname(), gpu_claims.describe_holder(holder)))
         return {"problems": problems, "free_mb": mb}
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -253,7 +254,7 @@ class Jobs:
         if st.get("state") in TERMINAL:
             swept = sweep(job_id)
             return {"state": st["state"], "swept": swept}
-        if pid_alive(pid):
+        if pid is not None and pid_alive(pid):
             try:
                 os.kill(pid, signal.SIGTERM)  # the job host runs the grace period and the sweep
             except OSError:
@@ -302,7 +303,8 @@ class Jobs:
         st = self._read_state(job_id)
         if st is None or st.get("state") in TERMINAL or st.get("jobhost_pid"):
             return
-        why = (read_tail(os.path.join(self.root, job_id, "jobhost.stderr"), 400) or b"").decode("utf-8", "replace").strip()
+        why = (read_tail(os.path.join(self.root, job_id, "jobhost.stderr"), 400) or b"").decode(
+            "utf-8", "replace").strip()
         how = "was killed by signal %d" % -code if code < 0 else "exited %d" % code
         st.update(state="failed", ended=time.time(), cause={
             "host": st.get("host"), "rank": None, "jobhost_pid": pid, "signal": -code if code < 0 else None,
@@ -378,7 +380,7 @@ class Jobs:
         return dict(st) if st is not None else None
 
     def _states(self, raw: bool = False) -> Dict[str, Dict[str, Any]]:
-        out = {}
+        out = {}  # type: Dict[str, Dict[str, Any]]
         try:
             names = os.listdir(self.root)
         except OSError:
@@ -446,11 +448,22 @@ class Jobs:
                 os.path.join(d, "metrics", "rank-%d.stdout.jsonl" % rank))
             if rec is not None:
                 last[str(rank)] = rec
-        # Processes left with the job's tag: counted once it has ended (a look through every
-        # process's environment, too dear for each look at a running job); None while it runs.
-        tagged = len(processes_with_tag(job_id)) if st.get("state") in TERMINAL else None
+        # What the job left once it has ended (a look through every process's environment, too
+        # dear for each look at a running job; None while it runs): its tagged processes, plus
+        # its job host while that still lives (it carries no tag, and holds the job's GPU claims
+        # until it exits), and the GPUs this host still has claimed for it (None: the claim
+        # directory was busy, ask again). A stop is done here when both are nothing.
+        tagged = None  # type: Optional[int]
+        claims_held = None  # type: Optional[List[int]]
+        if st.get("state") in TERMINAL:
+            tagged = len(processes_with_tag(job_id))
+            if _runs_jobhost(st.get("jobhost_pid"), d) and pid_alive(st.get("jobhost_pid")):
+                tagged += 1
+            held = gpu_claims.held()
+            claims_held = None if held is None else sorted(
+                g for g, h in held.items() if h.get("job_id") == job_id)
         return {**st, "ranks": ranks, "log_ranks": self.log_ranks(job_id), "last_metrics": last,
-                "tagged_processes": tagged}
+                "tagged_processes": tagged, "claims_held": claims_held}
 
     def read_chunk(self, path: str, offset: int, max_bytes: int, final: bool = False) -> Tuple[bytes, int, bool]:
         """Complete lines from logical ``offset``: (bytes, next offset, more waiting).

@@ -765,6 +765,14 @@ def _sim_gpu_of(env: Dict[str, str], count: int, uuid_index: Dict[str, int]) -> 
     return i if 0 <= i < count else None
 
 
+def _pid_ns(pid: str) -> Optional[str]:
+    """The PID namespace of a process (``self``: this one), or None where it cannot be read."""
+    try:
+        return os.readlink("/proc/%s/ns/pid" % pid)
+    except OSError:
+        return None
+
+
 class _SimulatedGpus:
     """Paper GPUs whose load is the CPU use and memory the RSS of the processes tagged for them."""
 
@@ -776,6 +784,20 @@ class _SimulatedGpus:
         self._table = table if table is not None else ProcessTable()
         self._clk = float(os.sysconf("SC_CLK_TCK"))
         self._page_mb = os.sysconf("SC_PAGE_SIZE") / MB
+        # Only where the table reads the real /proc (tests hand it a made-up one).
+        self._ns = _pid_ns("self") if getattr(self._table, "_root", "/proc") == "/proc" else None
+        self._ns_of = {}  # type: Dict[Tuple[int, int], bool]  # (pid, inode) -> in this agent's PID namespace
+
+    def _here(self, p: _Proc) -> bool:
+        """Whether a process belongs to this host: paper GPUs are this PID namespace's own (a
+        host of the test bed is one; a job on another host of it must not load these GPUs)."""
+        key = (p.pid, p.inode)
+        here = self._ns_of.get(key)
+        if here is None:
+            if len(self._ns_of) > 4096:
+                self._ns_of.clear()
+            here = self._ns_of[key] = self._ns is None or _pid_ns(str(p.pid)) in (self._ns, None)
+        return here
 
     def sample(self, mono: float) -> List[GpuSample]:
         n = len(self._gpus)
@@ -786,7 +808,7 @@ class _SimulatedGpus:
         procs = [[] for _ in range(n)]  # type: List[List[GpuProcess]]
         for p in table.tagged():
             i = _sim_gpu_of(p.env, n, self._uuid_index)
-            if i is None:
+            if i is None or not self._here(p):
                 continue
             st = table.read_stat(p)
             if st is None:

@@ -3,9 +3,9 @@
 On a 3-host test bed: ``rigdeck doctor --checks allreduce`` (1, 4, 16, 64 MB on CPU, 2 warm-up
 and 10 timed all-reduces each, one rank per host over gloo) and ``rigdeck launch`` of
 ``tests/jobscripts/allreduce_loop.py`` (the same sizes, warm-up and iterations, written without
-rigdeck), taking turns ``--rounds`` times, which goes first alternating. Both are compared at 64 MB. The bed's 3 hosts share
-this machine's cores, and other load only ever slows a run down: each side's figure is its
-best round (the median is printed too). Target: within 10%.
+rigdeck), taking turns ``--rounds`` times, which goes first alternating. Both are compared at
+64 MB. The bed's 3 hosts share this machine's cores, and other load only ever slows a run down:
+each side's figure is its best round (the median is printed too). Target: within 10%.
 
 Usage: .venv/bin/python bench/doctor_busbw.py [--rounds 7]
 Writes bench/results/doctor_busbw.json.
@@ -82,7 +82,8 @@ def main() -> int:
     print(f"  doctor / plain       {ratio:.3f} best, {dm / pm:.3f} median "
           f"(target within 10%: {'met' if abs(ratio - 1) <= 0.10 else 'missed'})")
     write_result(args.out, {"benchmark": "doctor_busbw", "size_mb": SIZE_MB, "rounds": args.rounds,
-                            "baseline": "tests/jobscripts/allreduce_loop.py launched by hand, same sizes and iterations",
+                            "baseline": "tests/jobscripts/allreduce_loop.py launched by hand, "
+                                        "same sizes and iterations",
                             "doctor_gbps": doctor, "plain_gbps": hand, "ratio_best": ratio,
                             "ratio_median": dm / pm}, meta)
     return 0

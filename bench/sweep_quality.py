@@ -87,7 +87,8 @@ def main() -> int:
             side.rigdeck("deploy")
             print(f"{args.trials} trials x {args.seeds} seeds, {args.steps} steps each, {args.parallel} at a time; "
                   f"the optimum's val_loss at step {args.steps}: {best_possible:.6f}", flush=True)
-            print(f"{'strategy':<10} {'seed':>4} {'best':>10} {'distance':>10} {'pruned':>7} {'steps run':>10}", flush=True)
+            print(f"{'strategy':<10} {'seed':>4} {'best':>10} {'distance':>10} {'pruned':>7} {'steps run':>10}",
+                  flush=True)
             for seed in range(args.seeds):
                 for strategy in CONFIGS:
                     kind, early = CONFIGS[strategy]

@@ -24,9 +24,9 @@
     daemons are started once and reused for the larger N (ascending), idle in between.
 
 The ingest figures use local pipes, not SSH: bench/scale.py measures the controller over SSH
-against real sshd hosts of the test bed. All agents and the controller share this one machine, so at large N the latency also carries the
-contention of N daemons and N attach bridges for the same cores; the machine's CPU use during
-the window is reported next to it.
+against real sshd hosts of the test bed. All agents and the controller share this one machine,
+so at large N the latency also carries the contention of N daemons and N attach bridges for the
+same cores; the machine's CPU use during the window is reported next to it.
 
 Usage: .venv/bin/python bench/telemetry.py [--agent-seconds 30] [--ingest-seconds 20]
                                             [--n 16,64,256]

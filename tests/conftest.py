@@ -6,11 +6,13 @@ import contextlib
 import os
 import shutil
 import signal
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import bedclean
 from tests._require import require
 from tests.testbed import TestBed, TestBedError, available, cleanup_stale
 
@@ -92,6 +94,50 @@ def testbed_factory() -> Iterator[Callable[..., TestBed]]:
     finally:
         for bed in reversed(beds):
             bed.down()
+
+
+# Fixtures whose bed outlives one test (a module's or the session's): every test that uses one
+# begins on a clean bed, and a test that leaves something there fails for it (tests/bedclean.py).
+SHARED_BEDS = ("testbed", "served", "bed")
+SETTLE_S = 10.0  # what a test stopped at its end may take to be gone from its hosts
+
+
+def _shared_beds(request: pytest.FixtureRequest) -> list[TestBed]:
+    beds = []
+    for name in SHARED_BEDS:
+        if name in request.fixturenames:
+            value = request.getfixturevalue(name)
+            value = value[0] if isinstance(value, tuple) else value
+            if isinstance(value, TestBed) and value.hosts:
+                beds.append(value)
+    return beds
+
+
+@pytest.fixture(autouse=True)
+def _shared_bed_is_clean(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Before the test: the shared bed holds nothing of an earlier test (anything found is taken
+    away first, and said). After it: what the test left (a job's processes, a GPU claim, a link
+    down or rate-limited, a firewall rule) is taken away and fails this test, by name."""
+    if not any(n in request.fixturenames for n in SHARED_BEDS) or os.geteuid() != 0:
+        yield
+        return
+    beds = _shared_beds(request)
+    for bed in beds:
+        found = bedclean.leftovers(bed)
+        if found:
+            still = bedclean.clean(bed)
+            print(f"\nwarning: bed {bed.k} held before {request.node.nodeid} (taken away):\n  "
+                  + "\n  ".join(found), file=sys.stderr)
+            if still:
+                pytest.fail(f"bed {bed.k} could not be cleaned: {still}", pytrace=False)
+    yield
+    for bed in beds:
+        found = bedclean.settled(bed, SETTLE_S)
+        if found:
+            still = bedclean.clean(bed)
+            pytest.fail(f"{request.node.name} left this on the shared bed {bed.k} (taken away now"
+                        + (f"; still there: {still}" if still else "") + "):\n  " + "\n  ".join(found),
+                        pytrace=False)
 
 
 @pytest.fixture(autouse=True)

@@ -555,7 +555,8 @@ def check_pool_views(p: Probe) -> dict[str, Any]:
     p.agree("in torch's world", {"RIGDECK_IN_WORLD": in_world, "pool is primary/worker": "1" if member else "0"})
     world = rank = local_rank = MISSING
     if member:
-        ep0 = _split_endpoint(cluster["workerpool0"][0]) if isinstance(cluster, dict) and cluster.get("workerpool0") else None
+        ep0 = (_split_endpoint(cluster["workerpool0"][0])
+               if isinstance(cluster, dict) and cluster.get("workerpool0") else None)
         p.agree("master address", {"MASTER_ADDR": p.raw("MASTER_ADDR"),
                                    "RIGDECK_MASTER_ADDR": p.raw("RIGDECK_MASTER_ADDR"),
                                    "CLUSTER_SPEC workerpool0[0]": ep0[0] if ep0 else MISSING})

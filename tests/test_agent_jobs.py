@@ -184,7 +184,8 @@ def test_a_flood_is_capped_rotated_and_read_back_with_a_dropped_marker(tmp_path:
     assert data.startswith(b"[... ") and b" MB dropped ...]\n" in data.split(b"\n", 1)[0] + b"\n"
     kept = data.split(b"\n", 1)[1]
     assert kept.endswith(b"the end\n") and len(kept) <= cap
-    expected = b"".join((f"step {i} loss={1/(i+1):.6f}\n" if i % 1000 == 0 else f"noise {i:08d} " + "x" * 80 + "\n").encode()
+    expected = b"".join((f"step {i} loss={1/(i+1):.6f}\n" if i % 1000 == 0
+                         else f"noise {i:08d} " + "x" * 80 + "\n").encode()
                         for i in range(80000)) + b"the end\n"
     assert expected.endswith(kept)  # the bytes kept are exactly the rank's last bytes
     assert end == len(expected)  # offsets count every byte the rank wrote
@@ -504,7 +505,8 @@ def test_a_trial_started_by_the_agent_reports_through_both_paths(tmp_path: Path,
             "workdir": str(tmp_path), "env": {}, "restart_count": 0, "max_runtime_s": 120, "grace_s": 5,
             "nodes": [{"host": "local", "address": "127.0.0.1", "slots": 2, "gpus": []}], "node_index": 0,
             "master_addr": "127.0.0.1", "master_port": port,
-            "trial": "5", "sweep_id": "sw-1", "metric_definitions": [{"name": "val_acc", "regex": r"val_acc=([0-9.]+)"}]}
+            "trial": "5", "sweep_id": "sw-1",
+            "metric_definitions": [{"name": "val_acc", "regex": r"val_acc=([0-9.]+)"}]}
     jobs.start(plan)
     deadline = time.monotonic() + 60
     while jobs.status("trial-1")["state"] not in TERMINAL:
@@ -525,7 +527,8 @@ def test_job_hosts_and_rank_wrappers_start_without_site_only_from_the_zipapp(tmp
     """They need only the standard library; a source tree may be importable only through site."""
     from agent.jobhost import no_site
 
-    assert no_site(["/usr/bin/python3", "/s/agent/ab12/agent.pyz"]) == ["/usr/bin/python3", "-S", "/s/agent/ab12/agent.pyz"]
+    assert no_site(["/usr/bin/python3", "/s/agent/ab12/agent.pyz"]) == [
+        "/usr/bin/python3", "-S", "/s/agent/ab12/agent.pyz"]
     assert no_site(["/usr/bin/python3", "-m", "agent"]) == ["/usr/bin/python3", "-m", "agent"]
     unpacked = tmp_path / "unpacked"  # the zipapp's byte-compiled copy runs without site too
     (unpacked / "agent").mkdir(parents=True)

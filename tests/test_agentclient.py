@@ -42,7 +42,8 @@ def test_the_client_has_one_documented_method_per_agent_rpc() -> None:
     for name, fn in inspect.getmembers(AgentFleet, inspect.isfunction):
         if not name.startswith("_"):
             assert name in rpcs and fn.__doc__, name
-            assert list(inspect.signature(fn).parameters) == list(inspect.signature(getattr(AgentClient, name)).parameters)
+            assert list(inspect.signature(fn).parameters) == list(
+                inspect.signature(getattr(AgentClient, name)).parameters)
 
 
 def test_rpc_names_are_written_only_in_the_client() -> None:

@@ -79,7 +79,7 @@ def test_rigdeck_opens_on_this_machine_in_tmux(tmp_path: Path) -> None:
     env.update(HOME=str(home), TERM="xterm-256color", RIGDECK_HOME=str(home / "rigdeck"))
     cmd = f"{sys.executable} -m tui.cli"
     subprocess.run(
-        ["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "30", cmd],
+        ["tmux", "-L", session, "new-session", "-d", "-s", session, "-x", "120", "-y", "30", cmd],
         check=True,
         env=env,
         cwd=Path(__file__).resolve().parent.parent,
@@ -89,23 +89,23 @@ def test_rigdeck_opens_on_this_machine_in_tmux(tmp_path: Path) -> None:
         for _ in range(60):
             time.sleep(0.5)
             screen = subprocess.run(
-                ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True
+                ["tmux", "-L", session, "capture-pane", "-p", "-t", session], capture_output=True, text=True
             ).stdout
             if "hosts 1/1 up" in screen:
                 break
         assert "hosts 1/1 up" in screen, screen
         assert "this machine (no inventory)" in screen
         assert os.uname().nodename in screen
-        subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
+        subprocess.run(["tmux", "-L", session, "send-keys", "-t", session, "q"], check=True)
         for _ in range(20):
             time.sleep(0.25)
-            alive = subprocess.run(["tmux", "has-session", "-t", session], capture_output=True)
+            alive = subprocess.run(["tmux", "-L", session, "has-session", "-t", session], capture_output=True)
             if alive.returncode != 0:
                 break
         assert alive.returncode != 0, "the app did not quit on 'q'"
         assert (home / ".rigdeck" / "agent" / "current").exists()
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+        subprocess.run(["tmux", "-L", session, "kill-server"], capture_output=True)
 
 
 # -- a terminal that goes away ---------------------------------------------------------------------

@@ -116,7 +116,8 @@ def test_the_unpacked_copy_holds_the_archive_byte_compiled_and_is_remade_when_ch
     assert not list(d.parent.glob("unpacked.*")), "no temporary or old copies left behind"
     # Not a zipapp: nothing to unpack. A zipapp that cannot be unpacked: run it as it is.
     assert unpacked_command([sys.executable, "-m", "agent"]) == [sys.executable, "-m", "agent"]
-    assert unpacked_command([sys.executable, str(tmp_path / "missing.pyz")]) == [sys.executable, str(tmp_path / "missing.pyz")]
+    missing = [sys.executable, str(tmp_path / "missing.pyz")]
+    assert unpacked_command(missing) == missing
     assert unpacked_command([sys.executable, str(bundle.path)]) == [sys.executable, str(d)]
 
 

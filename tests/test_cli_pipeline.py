@@ -177,7 +177,8 @@ def test_status_prints_the_step_tree(client: StandIn, capsys: pytest.CaptureFixt
     assert "when steps.preprocess.metrics.rows >= 1000000" in out
 
 
-def test_status_of_a_failed_pipeline_names_the_step_and_cause(client: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
+def test_status_of_a_failed_pipeline_names_the_step_and_cause(client: StandIn,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
     assert main_mod.main(["pipeline", "status", "nightly-pl0b"]) == 0  # a unique prefix
     out = capsys.readouterr().out
     assert out.splitlines()[0] == (f"pipeline {FAILED_PIPELINE} (nightly): failed "

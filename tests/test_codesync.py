@@ -126,7 +126,8 @@ def test_agent_store_takes_only_contents_that_match_and_makes_the_tree_whole(tmp
 
     assert tree_hash([list(r) for r in rows]) == tree  # the agent names trees as the controller does
     have = code.have(str(tmp_path), tree, [r[1] for r in rows])
-    assert have["path"] is None and sorted(have["missing"]) == sorted(hashlib.sha256(b).hexdigest() for b in files.values())
+    assert have["path"] is None
+    assert sorted(have["missing"]) == sorted(hashlib.sha256(b).hexdigest() for b in files.values())
     with pytest.raises(code.CodeError, match="not here"):
         code.commit(str(tmp_path), tree, rows)
     # A content whose bytes do not hash to its name is refused, and not kept.
@@ -137,7 +138,8 @@ def test_agent_store_takes_only_contents_that_match_and_makes_the_tree_whole(tmp
     # One sent whole (compressed), one in two parts, one raw.
     big = files["d/b.txt"]
     items = [[hashlib.sha256(files["a.py"]).hexdigest(), "raw", base64.b64encode(files["a.py"]).decode(), 0, True],
-             [hashlib.sha256(files["run.sh"]).hexdigest(), "zlib", base64.b64encode(zlib.compress(files["run.sh"])).decode(), 0, True],
+             [hashlib.sha256(files["run.sh"]).hexdigest(), "zlib",
+              base64.b64encode(zlib.compress(files["run.sh"])).decode(), 0, True],
              [hashlib.sha256(big).hexdigest(), "raw", base64.b64encode(big[:1000]).decode(), 0, False],
              [hashlib.sha256(big).hexdigest(), "raw", base64.b64encode(big[1000:]).decode(), 1000, True]]
     assert code.put(str(tmp_path), items)["stored"] == 3
@@ -219,7 +221,8 @@ def test_a_code_spec_is_anchored_at_the_spec_file_and_survives_the_history(tmp_p
     from tui.model.jobspec import JobSpec, jobspec_from_toml
 
     (tmp_path / "src").mkdir()
-    spec = jobspec_from_toml('name = "x"\ncommand = ["true"]\n[code]\nsync = "src"\nmax_files = 7\n', tmp_path / "job.toml")
+    spec = jobspec_from_toml('name = "x"\ncommand = ["true"]\n[code]\nsync = "src"\nmax_files = 7\n',
+                             tmp_path / "job.toml")
     assert spec.code is not None and spec.code.sync == str(tmp_path / "src") and spec.code.max_files == 7
     assert spec.workdir == str(tmp_path / "src")
     assert JobSpec.from_dict(spec.to_dict()) == spec

@@ -81,7 +81,8 @@ EXEC_HOST = {"host": str, "exit_code": (int, NONE), "signal": (int, NONE), "stdo
 def conforms(obj: Any, schema: dict[str, Any], where: str) -> None:
     """``obj`` has exactly ``schema``'s keys, each of its type (a bool is not an int here)."""
     assert isinstance(obj, dict), f"{where}: {obj!r} is not an object"
-    assert set(obj) == set(schema), f"{where}: extra {sorted(set(obj) - set(schema))}, missing {sorted(set(schema) - set(obj))}"
+    assert set(obj) == set(schema), \
+        f"{where}: extra {sorted(set(obj) - set(schema))}, missing {sorted(set(schema) - set(obj))}"
     for key, types in schema.items():
         types = types if isinstance(types, tuple) else (types,)
         value = obj[key]
@@ -224,7 +225,8 @@ def test_every_command_json_keeps_its_keys_and_types(tmp_path: Path) -> None:
     conforms(ran, EXEC, "exec")
     assert ran["argv"] == ["sh", "-c", "echo out; echo err >&2; exit 4"] and ran["failed"] == ["here"]
     conforms(ran["hosts"][0], EXEC_HOST, "exec.hosts[0]")
-    assert ran["hosts"][0]["exit_code"] == 4 and ran["hosts"][0]["stdout"] == "out\n" and ran["hosts"][0]["stderr"] == "err\n"
+    assert ran["hosts"][0]["exit_code"] == 4
+    assert ran["hosts"][0]["stdout"] == "out\n" and ran["hosts"][0]["stderr"] == "err\n"
 
 
 # -- sim markers ------------------------------------------------------------------------------
@@ -399,7 +401,8 @@ def test_master_addr_on_the_test_bed_is_the_address_the_other_hosts_reach(testbe
     spec = tmp_path / "master.toml"
     spec.write_text('name = "master"\nhosts = ["h1", "h2"]\nlauncher = "direct"\nprocesses_per_node = 1\n'
                     f'workdir = "{tmp_path}"\n'
-                    """command = ["{python}", "-c", 'import os; print("MASTER", os.environ["MASTER_ADDR"], os.environ["RIGDECK_MASTER_ADDR"])']\n""")
+                    """command = ["{python}", "-c", 'import os; print("MASTER", os.environ["MASTER_ADDR"], """
+                    """os.environ["RIGDECK_MASTER_ADDR"])']\n""")
     env = {**os.environ, "RIGDECK_HOME": str(tmp_path / "home"), "RIGDECK_INVENTORY": str(inv)}
 
     def rigdeck(*args: str) -> subprocess.CompletedProcess[str]:
@@ -570,7 +573,8 @@ def test_pools_json_is_the_documented_mapping(tmp_path: Path) -> None:
     history.create("p-1", "ps", {"name": "ps", "pools": [{"role": "primary"}, {"role": "evaluator"}]},
                    state="running")
     sizing = {"workers_gbps": 30.0, "reducers_gbps": 10.0, "per_reducer_gbps": 10.0, "reducers": 1, "match": 3,
-              "ok": False, "text": "reduction servers 1 x 10 Gbps = 10 Gbps < workers 3 x 10 Gbps = 30 Gbps: 3 would match"}
+              "ok": False,
+              "text": "reduction servers 1 x 10 Gbps = 10 Gbps < workers 3 x 10 Gbps = 30 Gbps: 3 would match"}
     history.update("p-1", pool_sizing=sizing, placement=[
         {"host": "h1", "address": "10.0.0.1", "slots": 1, "gpus": [0], "cpus": 8, "instance_type": "x",
          "simulated": True, "pool": "primary", "replica": 0},

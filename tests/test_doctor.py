@@ -86,7 +86,8 @@ def test_unknown_hosts_and_checks_are_refused_by_name() -> None:
 def test_cli_refuses_an_unknown_check_before_anything_starts(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "tui.cli", "doctor", "--checks", "p2p,speed"],
                           capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "RIGDECK_HOME": str(tmp_path), "RIGDECK_INVENTORY": str(tmp_path / "none.toml")})
+                          env={**os.environ, "RIGDECK_HOME": str(tmp_path),
+                               "RIGDECK_INVENTORY": str(tmp_path / "none.toml")})
     assert proc.returncode == 2 and "--checks: expected some of allreduce,p2p" in proc.stderr
 
 
@@ -136,6 +137,7 @@ def _busbw(report: DoctorReport, size_mb: int) -> float:
 
 
 @pytest.mark.testbed
+@pytest.mark.quiet  # it judges link speeds: another test loading the CPUs would move them
 def test_doctor_on_the_bed_agrees_with_a_plain_loop_and_names_the_rate_limited_host(
         testbed: TestBed, tmp_path: Path) -> None:
     """Acceptance 1 and 2 in one pass over the bed (each measurement is a job of 3 ranks that

@@ -38,13 +38,15 @@ def test_exec_runs_on_every_host_with_each_argument_as_given(cli: Cli) -> None:
         got = json.loads(rest)
         assert got["argv"] == [NASTY, "", "two\nlines"]  # literally, the empty one and the newline too
     assert not pwned.exists(), "nothing was run by a shell"
-    assert [ln for ln in res.stderr.splitlines() if ln.endswith("to stderr")] == [f"{h}: to stderr" for h in ("h1", "h2", "h3")]
+    assert [ln for ln in res.stderr.splitlines() if ln.endswith("to stderr")] == [
+        f"{h}: to stderr" for h in ("h1", "h2", "h3")]
     summary = res.stderr.splitlines()[-4:]
     assert [s.split()[0] for s in summary[:3]] == ["h1", "h2", "h3"] and all(" exit 0 " in s + " " for s in summary[:3])
     assert summary[-1] == "0 of 3 host(s) failed"
     # A shell run on each host sees the host's name in $HOSTNAME, as a login shell would.
     named = cli.run("exec", "--all", "--", "sh", "-c", "echo $HOSTNAME")
-    assert named.stdout.splitlines() == [f"h{i}: {h.hostname}" for i, h in enumerate(cli.bed.hosts, start=1)], named.stdout
+    assert named.stdout.splitlines() == [f"h{i}: {h.hostname}" for i, h in enumerate(cli.bed.hosts, start=1)], \
+        named.stdout
 
 
 @pytest.mark.testbed
@@ -96,7 +98,8 @@ def test_exec_chooses_hosts_by_label_and_refuses_bad_usage_before_running_anythi
     res = run("--label", "gpu-a", "--", "hostname")
     assert res.returncode == 0 and res.stdout == f"h2: {cli.bed.hosts[1].hostname}\n", (res.stdout, res.stderr)
     for args, words in [(("h1", "hostname"), "after `--`"), (("--", "hostname"), "name the hosts"),
-                        (("h9", "--", "hostname"), "unknown host(s) h9"), (("--label", "nope", "--", "x"), "no host has label"),
+                        (("h9", "--", "hostname"), "unknown host(s) h9"),
+                        (("--label", "nope", "--", "x"), "no host has label"),
                         (("h1", "--"), "no command"), (("h1", "--bogus", "--", "x"), "unknown option"),
                         (("h1", "--timeout", "0", "--", "x"), "--timeout")]:
         res = run(*args)

@@ -92,7 +92,8 @@ def test_values_reach_a_host_whose_login_shell_is_fish_exactly(testbed: TestBed,
     assert hosts[0]["reachable"] and not hosts[0]["error"], hosts
     arg = "--lr=1 'x' \\\\ $(whoami)"
     spec = cli.spec("fishy", f"""
-command = ["{{python}}", "-c", "import json, os, sys; print(json.dumps([sys.argv[1:], {{k: os.environ[k] for k in {sorted(tricky)!r}}}]))", "--", {json.dumps(arg)}]
+command = ["{{python}}", "-c", "import json, os, sys; print(json.dumps([sys.argv[1:], \
+{{k: os.environ[k] for k in {sorted(tricky)!r}}}]))", "--", {json.dumps(arg)}]
 workdir = "{ROOT}"
 launcher = "direct"
 hosts = ["h3"]

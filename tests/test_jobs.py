@@ -213,11 +213,79 @@ processes_per_node = 2
     took = time.monotonic() - start
     assert stopped["state"] == "stopped"
     assert took >= 3.0, "SIGKILL came before the grace period ended"
+    assert took < 15.0, f"the stop took {took:.1f} s: its --grace 3 was not the one applied"
     assert tagged(cli.bed, job_id) == {"h1": [], "h2": [], "h3": []}
     st = cli.json("status", job_id)
     # Each rank says it was stopped, not that it failed or was lost (SIGKILL, past its grace, took
     # its wrapper too: no exit record says how it ended).
     assert [r["state"] for r in st["ranks"]] == ["stopped"] * 6, st["ranks"]
+
+
+def test_stop_returns_when_nothing_is_left_and_a_launch_behind_a_stop_starts_on_the_release(cli: Cli) -> None:
+    """Issue 30: `rigdeck stop` returns only once no process of the job is left on any host and
+    its GPU claims are free; a job that needs the same GPUs, launched at once behind a
+    `stop --no-wait`, starts within 3 s of those claims being released, and says it waited."""
+    import threading
+
+    from tests import bedclean
+
+    body = f"""
+command = ["{{python}}", "{TICKER}", "--steps", "100000", "--ignore-term"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 3
+gpus_per_node = 4
+"""  # every GPU of every host; each rank ignores SIGTERM: a stop takes its whole grace
+    bed = cli.bed
+
+    def held(job_id: str) -> list[str]:
+        procs = [f"{h}: {pid}" for h, ps in bedclean.job_processes(bed).items() for pid, j, _ in ps if j == job_id]
+        claims = [f"{h.name} GPU {g}" for h in bed.hosts for g, j in bedclean.claims_held(h).items() if j == job_id]
+        return procs + claims
+
+    first = cli.json("launch", str(cli.spec("whole-1", body)))["job_id"]
+    wait_until(lambda: all(tagged(bed, first).values()), 60, "ranks running on every host")
+    began = time.monotonic()
+    out = cli.run("stop", first, "--grace", "2")
+    took = time.monotonic() - began
+    assert held(first) == [], held(first)  # the moment it returned: no process, no claim
+    assert 2.0 <= took < 12.0, took  # it waited for the grace (SIGKILL after it), and no longer
+    assert "waiting until no process of it is left" in out.stdout, out.stdout
+    assert f"{first}: stopped after" in out.stdout and "GPU claims released" in out.stdout, out.stdout
+    print(f"\nstop (waiting) returned after {took:.1f} s:\n{out.stdout}")
+
+    second = cli.json("launch", str(cli.spec("whole-2", body)))["job_id"]
+    wait_until(lambda: all(tagged(bed, second).values()), 60, "the second job's ranks running")
+    released: list[float] = []
+    done = threading.Event()
+
+    def watch() -> None:  # the moment the last of the second job's claims goes, read from the hosts
+        while not done.is_set():
+            if not held(second):
+                released.append(time.time())
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    stopping = cli.run("stop", second, "--grace", "3", "--no-wait")
+    assert f"{second}: stopping" in stopping.stdout, stopping.stdout
+    third = cli.run("launch", str(cli.spec("whole-3", body)))  # at once, for the same GPUs
+    try:
+        done.set()
+        watcher.join(5)
+        assert released, "the second job's claims were never seen released"
+        view = cli.json("status", "whole-3")
+        assert view["state"] in ("starting", "running"), (view["state"], view.get("waiting"), third.stdout)
+        waited = [e for e in view["events"] if e["event"] == "waited for stop"]
+        assert waited and waited[0]["jobs"] == [second], view["events"]
+        late = view["started"] - released[0]
+        print(f"third job started {late:.2f} s after the second one's claims were released;\n{third.stdout}")
+        assert late <= 3.0, late
+        assert f"until {second} had stopped" in third.stdout, third.stdout
+        assert cli.json("status", second)["state"] == "stopped"
+    finally:
+        cli.run("stop", "whole-3", "--grace", "1", check=False)
 
 
 def test_max_runtime_stops_the_job_with_the_grace_period(cli: Cli) -> None:

@@ -87,7 +87,8 @@ gpus_per_node = 4
             a, b = pool.map(launch, homes)
         winners = [(p, env) for p, env in zip((a, b), homes, strict=True) if p.returncode == 0]
         losers = [p for p in (a, b) if p.returncode != 0]
-        assert len(winners) == 1 and len(losers) == 1, f"round {round_}: {a.returncode} {b.returncode}\n{a.stderr}\n{b.stderr}"
+        assert len(winners) == 1 and len(losers) == 1, \
+            f"round {round_}: {a.returncode} {b.returncode}\n{a.stderr}\n{b.stderr}"
         job_id = json.loads(winners[0][0].stdout)["job_id"]
         loser = losers[0]
         assert loser.returncode == 2, loser.stderr
@@ -223,7 +224,8 @@ def test_a_full_disk_is_the_cause_and_a_nearly_full_host_is_refused(cli: Cli) ->
     assert cli.bed.exec(2, ["mount", "-t", "tmpfs", "-o", "size=4m", "rdk-small", jobs]).returncode == 0
     try:
         spec = cli.spec("diskfill", f"""
-command = ["{{python}}", "-c", "import time\\nfor i in range(100000):\\n    print(f'step {{i}} loss=0.5', 'x' * 2000, flush=True)\\n    time.sleep(0.001)"]
+command = ["{{python}}", "-c", "import time\\nfor i in range(100000):\\n    print(f'step {{i}} loss=0.5', \
+'x' * 2000, flush=True)\\n    time.sleep(0.001)"]
 workdir = "{ROOT}"
 launcher = "direct"
 nodes = 3

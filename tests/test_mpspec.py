@@ -136,7 +136,8 @@ BAD = [
     pytest.param(HEAD, "partitions = 3\nmicrobatches = 4\nprofile_batch = [32]", "partitions",
                  "nodes 1 (not set) x processes_per_node 1 (not set) = 1 rank; set partitions = 1, or nodes "
                  "and processes_per_node (or gpus_per_node) so that they make 3", id="world-size-not-set"),
-    pytest.param(HEAD + 'hosts = ["a", "b"]\ngpus_per_node = 2\n', "partitions = 2\nmicrobatches = 4\nprofile_batch = [32]",
+    pytest.param(HEAD + 'hosts = ["a", "b"]\ngpus_per_node = 2\n',
+                 "partitions = 2\nmicrobatches = 4\nprofile_batch = [32]",
                  "partitions", "2 hosts listed x gpus_per_node 2 = 4 ranks", id="world-size-gpus"),
     pytest.param(THREE, "partitions = 3\nmicrobatches = 4\nprofile_batch = [32]\npipline = \"simple\"",
                  "pipline", "did you mean 'pipeline'", id="unknown-key"),
@@ -180,7 +181,8 @@ def test_a_non_table_is_named(tmp_path: Path) -> None:
     ("content", "field", "expected"),
     [
         (plan_json(2, 6), "plan", "a plan for partitions = 3 stages: {path} has 2"),
-        (plan_json(3, 2, [1, 2]), "partitions", "at most the model's number of blocks (2, as the plan file {path} says)"),
+        (plan_json(3, 2, [1, 2]), "partitions",
+         "at most the model's number of blocks (2, as the plan file {path} says)"),
         (plan_json(3, 6, [4, 2]), "plan", "has cuts [4, 2], which do not split 6 blocks into 3 stages"),
         ("{not json", "plan", "a plan file of JSON"),
         ("[1, 2, 3]", "plan", "holds no object"),
@@ -256,18 +258,21 @@ def test_every_rank_gets_the_table_and_status_shows_the_stages(tmp_path: Path) -
 
     status = json.loads(rigdeck("status", job_id, "--json"))
     st = status["stages"]
-    assert (st["optimize"], st["schedule"], st["microbatches"], st["partitions"], st["cuts"]) == ("memory", "simple", 4, 2, [2])
+    assert (st["optimize"], st["schedule"], st["microbatches"], st["partitions"], st["cuts"]) == (
+        "memory", "simple", 4, 2, [2])
     assert st["expected_bubble"] == pytest.approx(1 / 5) and st["activation_checkpointing"] is False
-    assert [(s["stage"], s["blocks"], s["step_time_s"], s["busy_s"], s["peak_bytes"], s["rank"]) for s in st["stages"]] == [
-        (0, [0, 2], 0.01, 0.002, 1500, 0), (1, [2, 4], 0.01, 0.004, 3000, 1)]
+    assert [(s["stage"], s["blocks"], s["step_time_s"], s["busy_s"], s["peak_bytes"], s["rank"])
+            for s in st["stages"]] == [(0, [0, 2], 0.01, 0.002, 1500, 0), (1, [2, 4], 0.01, 0.004, 3000, 1)]
     assert st["measured_bubble"] == pytest.approx((0.8 + 0.6) / 2)
     text = rigdeck("status", job_id).splitlines()
     at = next(i for i, line in enumerate(text) if line.startswith("stages "))
     assert text[at] == "stages   2 stages · optimize memory · schedule simple (GPipe) · 4 microbatches · " \
                        "activation checkpointing off · plan profiled, cuts 2"
     assert text[at + 1].strip().startswith("bubble expected 20% · measured 70%")
-    assert text[at + 2].split() == ["stage", "blocks", "rank", "exp", "busy", "busy", "step", "bubble", "exp", "mem", "peak"]
-    assert text[at + 3].split() == ["0", "0-1", "r0", "here", "4", "ms", "2", "ms", "10", "ms", "80%", "1000", "B", "1.5", "KB"]
+    assert text[at + 2].split() == ["stage", "blocks", "rank", "exp", "busy", "busy", "step", "bubble", "exp", "mem",
+                                    "peak"]
+    assert text[at + 3].split() == ["0", "0-1", "r0", "here", "4", "ms", "2", "ms", "10", "ms", "80%", "1000", "B",
+                                    "1.5", "KB"]
 
     # The job poller (the app's, a server's) reads the same metrics, shows the stages and keeps
     # the plan in the job's history, where a job whose hosts are gone still has it.

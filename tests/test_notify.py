@@ -81,7 +81,8 @@ def test_defaults_and_a_missing_default_file(tmp_path: Path, monkeypatch: pytest
     ('command = []', "field 'notify.command'"),
     ('command = ["x", 3]', "field 'notify.command[1]': expected a string, got 3 (int)"),
     ('command = [" "]', "field 'notify.command[0]': expected a program"),
-    ('on = ["fail"]', "field 'notify.on[0]': expected one of 'queued', 'started', 'succeeded', 'failed', 'stopped', got \"fail\""),
+    ('on = ["fail"]',
+     "field 'notify.on[0]': expected one of 'queued', 'started', 'succeeded', 'failed', 'stopped', got \"fail\""),
     ('on = "failed"', "field 'notify.on': expected a list of events"),
     ('kinds = ["pipelines"]', "field 'notify.kinds[0]': expected one of 'job', 'sweep', 'pipeline'"),
     ('app = "yes"', "field 'notify.app': expected true or false"),
@@ -172,7 +173,8 @@ def test_state_to_event_mapping() -> None:
     pl = sweep_event({"pipeline_id": "blobs-pl1", "name": "blobs", "spec": {},
                       "reason": "step train failed: rank 0 on h2 exited 4"}, "failed", when=3.0, kind="pipeline")
     assert pl is not None and (pl.kind, pl.event, pl.id) == ("pipeline", "failed", "blobs-pl1")
-    assert pl.cause_text == "step train failed: rank 0 on h2 exited 4" and pl.env()["RIGDECK_PIPELINE_ID"] == "blobs-pl1"
+    assert pl.cause_text == "step train failed: rank 0 on h2 exited 4"
+    assert pl.env()["RIGDECK_PIPELINE_ID"] == "blobs-pl1"
     assert sweep_event({"pipeline_id": "p", "name": "p", "spec": {}}, "stopping", when=2.0, kind="pipeline") is None
 
 
@@ -240,7 +242,8 @@ def test_the_command_notifier_gets_each_transition_once_even_across_a_restart(tm
     assert [(ln[1], ln[2]) for ln in _lines(out)][2:] == [("j1", "started")]
 
 
-def test_a_failing_command_is_logged_and_later_events_still_go(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_failing_command_is_logged_and_later_events_still_go(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     h = History(tmp_path / "h.sqlite")
     n = Notifier(NotifyConfig(command=(sys.executable, "-c", "import sys; sys.exit(4)"), on=("failed",)), h)
     n.attach_jobs()

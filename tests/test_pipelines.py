@@ -79,7 +79,8 @@ def step(name: str, command: list[str], extra: str = "", job_extra: str = "") ->
 
 
 @pytest.mark.testbed
-def test_the_example_runs_on_three_hosts_moving_artifacts_between_private_state_dirs(cli: Cli, testbed: TestBed) -> None:
+def test_the_example_runs_on_three_hosts_moving_artifacts_between_private_state_dirs(cli: Cli,
+                                                                                     testbed: TestBed) -> None:
     """Issue 14, acceptance 1."""
     cli.run("deploy")
     out = cli.json("pipeline", str(EXAMPLE / "pipeline.toml"), "--wait", timeout=240)

@@ -382,7 +382,8 @@ def test_a_sweep_step(tmp_path: Path) -> None:
         [[steps]]
         name = "final"
         depends_on = ["search"]
-        when = "steps.search.params.optimizer == 'adamw' and steps.search.params.lr < 0.05 and steps.search.metrics.val_loss < 1"
+        when = "steps.search.params.optimizer == 'adamw' and steps.search.params.lr < 0.05 """
+        """and steps.search.metrics.val_loss < 1"
         [steps.job]
         command = ["true"]
         """)

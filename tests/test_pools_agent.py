@@ -725,7 +725,8 @@ def test_the_rank_wrapper_sets_rank_only_inside_torchs_world(tmp_path: Path, in_
     env["RIGDECK_CLAIM_DIR"] = str(tmp_path / "claims")
     if in_world is not None:
         env["RIGDECK_IN_WORLD"] = in_world
-    code = "import os; print(os.environ.get('RANK', '-'), os.environ.get('LOCAL_RANK', '-'), os.environ['RIGDECK_RANK'])"
+    code = ("import os; print(os.environ.get('RANK', '-'), os.environ.get('LOCAL_RANK', '-'), "
+            "os.environ['RIGDECK_RANK'])")
     subprocess.run([sys.executable, "-m", "agent", "rank", "--job-dir", str(tmp_path), "--rank", "7",
                     "--local-rank", "0", "--", sys.executable, "-c", code],
                    env=env, capture_output=True, timeout=60, check=True)
@@ -773,7 +774,8 @@ def test_facts_of_this_machine_carry_nics_and_the_controller_still_reads_them() 
 # -- tests/probe_rank.py's pool mode, inside real processes on this machine -----------------------
 
 
-def _run_probes(tmp_path: Path, plan: dict[str, Any]) -> tuple[dict[int, dict[str, Any]], list[subprocess.CompletedProcess[str]]]:
+def _run_probes(tmp_path: Path,
+                plan: dict[str, Any]) -> tuple[dict[int, dict[str, Any]], list[subprocess.CompletedProcess[str]]]:
     """Every rank of every replica (all on 127.0.0.1): the replica's cluster files, its rank's
     variables, the probe; one job dir, as one host has."""
     job = tmp_path / "job"
@@ -800,8 +802,8 @@ def probe_pool_plan() -> dict[str, Any]:
     """The 4-pool job on this machine: 1 primary (2 ranks), 2 workers, 1 ps, 1 evaluator."""
     ports = _free_ports(5)
     roles = [("primary", 0, 2), ("worker", 0, 1), ("worker", 1, 1), ("parameter_server", 0, 1), ("evaluator", 0, 1)]
-    nodes: list[dict[str, Any]] = [{"host": f"node-{k % 3}", "address": "127.0.0.1", "slots": slots, "gpus": [], "cpus": 1,
-              "instance_type": "rigdeck.cpu-1", "pool": role, "replica": rep, "port": port,
+    nodes: list[dict[str, Any]] = [{"host": f"node-{k % 3}", "address": "127.0.0.1", "slots": slots, "gpus": [],
+              "cpus": 1, "instance_type": "rigdeck.cpu-1", "pool": role, "replica": rep, "port": port,
               "command": [sys.executable, "probe_rank.py"], "env": {},
               "on_failure": "continue" if role == "evaluator" else "stop"}
              for k, ((role, rep, slots), port) in enumerate(zip(roles, ports, strict=True))]

@@ -82,7 +82,8 @@ def _job(tmp_path: Path, restarts: int = 0, max_restarts: int = 0) -> History:
     spec = {**SPEC, "restart": {**SPEC["restart"], "max_restarts": max_restarts}}
     history.create("j1", "ps", spec, state="running")
     history.update("j1", placement=PLACEMENT, restarts=restarts,
-                   pool_sizing={"text": "reduction servers 1 x 10 Gbps = 10 Gbps < workers 3 x 10 Gbps = 30 Gbps: 3 would match",
+                   pool_sizing={"text": "reduction servers 1 x 10 Gbps = 10 Gbps < workers 3 x 10 Gbps = 30 Gbps: "
+                                        "3 would match",
                                 "ok": False})
     return history
 

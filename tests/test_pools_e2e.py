@@ -268,7 +268,8 @@ name = "seen"
         assert (where / "sharded.txt").read_text().splitlines() == sharded[h.name], (h.name, where)
     text = cli.run("status", view["job_id"]).stdout
     lines = [ln for ln in text.splitlines() if ln.startswith(("input ", "output "))]
-    assert lines[0] == f"input    sharded  ShardedByKey: 30 files of {source} over 3 hosts (h1 10, h2 10, h3 10), listed on h1"
+    assert lines[0] == (f"input    sharded  ShardedByKey: 30 files of {source} over 3 hosts (h1 10, h2 10, h3 10), "
+                        "listed on h1")
     assert lines[1] == f"input    replicated  FullyReplicated: every host reads all of {source}"
     assert lines[2] == f"output   seen: ~/.rigdeck/jobs/{view['job_id']}/processing/output/seen on h1, h2, h3"
     print("rigdeck status:\n" + "\n".join(lines))

@@ -214,7 +214,8 @@ def test_the_processing_examples_script_counts_its_shard(tmp_path: Path) -> None
     for name in mine:
         (shard / name).symlink_to(data / name)
     (tree / "config").mkdir()
-    (tree / "config" / "resourceconfig.json").write_text(json.dumps({"current_host": "h2", "hosts": ["h1", "h2", "h3"]}))
+    (tree / "config" / "resourceconfig.json").write_text(
+        json.dumps({"current_host": "h2", "hosts": ["h1", "h2", "h3"]}))
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "processing" / "count.py")], capture_output=True,
                          text=True, env={**os.environ, "RIGDECK_PROCESSING_DIR": str(tree)}, timeout=60, check=True)
     assert out.stdout == "h2: counted the lines of 3 files\n"

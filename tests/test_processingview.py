@@ -70,7 +70,8 @@ def test_before_the_start_a_sharded_input_says_it_is_split_then_and_state_dirs_m
 def test_a_restart_shows_its_own_listing_and_other_jobs_have_no_view() -> None:
     rec = record()
     again = {"time": 2.0, "event": "processing", "inputs": {
-        "raw": {"distribution": "ShardedByKey", "total": 31, "listed_on": "h1", "hosts": {"h1": 11, "h2": 10, "h3": 10}},
+        "raw": {"distribution": "ShardedByKey", "total": 31, "listed_on": "h1",
+                "hosts": {"h1": 11, "h2": 10, "h3": 10}},
         "vocab": {"distribution": "FullyReplicated"}}}
     view = processing_view({**rec, "events": [*rec["events"], {"event": "restart"}, again]})
     assert view is not None and view.inputs[0].total == 31 and view.inputs[0].per_host[0] == ("h1", 11)

@@ -131,6 +131,55 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestBed, 
             alice.run("server", "stop", check=False, timeout=60)
 
 
+def server_leftovers(alice: Operator) -> list[tuple[str, str, str]]:
+    """What the server still runs or holds: (kind, id, state) of every job not ended (a queued
+    one too), every sweep and pipeline not ended."""
+    from tui.model.jobstate import TERMINAL
+    from tui.model.pipelineview import PIPELINE_FINAL
+    from tui.model.sweepview import SWEEP_FINAL
+
+    out = [("job", v["job_id"], v["state"]) for v in alice.json("jobs", timeout=60) if v["state"] not in TERMINAL]
+    out += [("sweep", r["sweep_id"], r["state"]) for r in alice.json("sweeps", timeout=60)
+            if r["state"] not in SWEEP_FINAL]
+    out += [("pipeline", r["pipeline_id"], r["state"]) for r in alice.json("pipelines", timeout=60)
+            if r["state"] not in PIPELINE_FINAL]
+    return out
+
+
+def take_away(alice: Operator, left: list[tuple[str, str, str]]) -> None:
+    """Stop what ``server_leftovers`` found: sweeps and pipelines first (they start jobs), then jobs."""
+    order = {"sweep": 0, "pipeline": 1, "job": 2}
+    for kind, ref, _ in sorted(left, key=lambda x: order[x[0]]):
+        args = ("stop", ref, "--grace", "1") if kind == "job" else (kind, "stop", ref)
+        alice.run(*args, check=False, timeout=120)
+    for kind, ref, _ in server_leftovers(alice):  # the jobs a sweep or pipeline had running
+        if kind == "job":
+            alice.run("stop", ref, "--grace", "1", check=False, timeout=120)
+
+
+@pytest.fixture(autouse=True)
+def server_starts_clean(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The module's tests share one server: each begins with no job, queued entry, sweep or
+    pipeline of an earlier one alive there, and one that leaves any fails for it, by name, after
+    it is stopped (conftest's bed check then sees the hosts themselves clean)."""
+    if "served" not in request.fixturenames:
+        yield
+        return
+    _, alice, _ = request.getfixturevalue("served")
+    left = server_leftovers(alice)
+    if left:
+        take_away(alice, left)
+        print(f"\nwarning: the server ran {left} before {request.node.name} (stopped)", file=sys.stderr)
+    yield
+    deadline = time.monotonic() + 10  # a stop the test made at its end may still be being recorded
+    while (left := server_leftovers(alice)) and time.monotonic() < deadline:
+        time.sleep(1)
+    if left:
+        take_away(alice, left)
+        pytest.fail(f"{request.node.name} left these running on the server (stopped now): "
+                    + ", ".join(f"{k} {ref} ({st})" for k, ref, st in left), pytrace=False)
+
+
 @pytest.fixture(autouse=True)
 def said_when_failed(request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]) -> Iterator[None]:
     """When a test here fails, what the server was doing: its log, its jobs (state, why waiting)
@@ -270,7 +319,8 @@ max_restarts = 1
 def test_two_operators_share_jobs_and_queue_and_the_queue_runs_unattended(
         served: tuple[TestBed, Operator, Operator]) -> None:
     bed, alice, bob = served
-    live = [(v["job_id"], v["state"]) for v in alice.json("jobs") if v["state"] not in ("succeeded", "failed", "stopped")]
+    live = [(v["job_id"], v["state"]) for v in alice.json("jobs")
+            if v["state"] not in ("succeeded", "failed", "stopped")]
     assert live == [], live  # what earlier tests started has ended
     body = ticker(200) + "nodes = 3\ngpus_per_node = 4\n"  # all of every host's GPUs: one at a time
     specs = [alice.spec("whole-a", body), bob.spec("whole-b", body)]
@@ -333,7 +383,8 @@ def test_a_killed_server_restarts_and_readopts_its_jobs_and_queue(served: tuple[
         started = [e for e in view["events"] if e["event"] == "started"]
         assert len(started) == 1
         alice.run("stop", running["job_id"], "--grace", "1")
-        v2 = wait_until(lambda: (lambda v: v if v["state"] == "running" else None)(bob.json("status", waiting["job_id"])),
+        v2 = wait_until(lambda: (lambda v: v if v["state"] == "running" else None)(
+                            bob.json("status", waiting["job_id"])),
                         60, "the queued job starts after the restart")
         assert len([e for e in v2["events"] if e["event"] == "started"]) == 1
     finally:
@@ -451,7 +502,8 @@ def test_doctor_runs_on_the_server(served: tuple[TestBed, Operator, Operator]) -
     assert not (alice.home / "history.sqlite").exists()
 
 
-def test_the_servers_key_runs_only_the_agent_and_no_host_listens_on_tcp(served: tuple[TestBed, Operator, Operator]) -> None:
+def test_the_servers_key_runs_only_the_agent_and_no_host_listens_on_tcp(
+        served: tuple[TestBed, Operator, Operator]) -> None:
     bed, alice, _ = served
     key = "/root/.rigdeck/server/id_ed25519"
     for target in bed.hosts[1:]:

@@ -63,11 +63,13 @@ def test_records_fold_into_the_plan_and_each_stages_latest_measurement() -> None
     assert got == clean_plan(plan())
     view = fold.view(activation_checkpointing=False)
     assert view is not None
-    assert (view.optimize, view.schedule, view.microbatches, view.partitions, view.blocks) == ("speed", "simple", 4, 3, 6)
+    assert (view.optimize, view.schedule, view.microbatches, view.partitions, view.blocks) == (
+        "speed", "simple", 4, 3, 6)
     assert view.cuts == (2, 3) and view.source == "profiled" and view.expected_bubble == pytest.approx(1 / 3)
     assert view.equal_cuts == (2, 4) and view.equal_max_time_s == 0.055
     s0, s1, s2 = view.stages
-    assert (s0.first_block, s0.end_block, s1.first_block, s1.end_block, s2.first_block, s2.end_block) == (0, 2, 2, 3, 3, 6)
+    assert (s0.first_block, s0.end_block, s1.first_block, s1.end_block, s2.first_block, s2.end_block) == (
+        0, 2, 2, 3, 3, 6)
     assert (s0.step, s0.step_time_s, s0.busy_s, s0.peak_bytes, s0.host) == (10, 0.40, 0.12, 3_600_000, "h1")
     assert s1.expected_time_s == 0.040 and s1.expected_memory_bytes == 9_000_000
     assert s0.bubble == pytest.approx(0.7) and s1.bubble == pytest.approx(0.4) and s2.bubble == pytest.approx(0.6)

@@ -71,7 +71,8 @@ class _Starts(TypedAgents):
     def __init__(self) -> None:
         from tui.model.inventory import HostSpec, Inventory
 
-        self.inventory = Inventory(hosts=(HostSpec(name="h1", address="10.9.0.1"), HostSpec(name="h2", address="10.9.0.2")),
+        self.inventory = Inventory(hosts=(HostSpec(name="h1", address="10.9.0.1"),
+                                          HostSpec(name="h2", address="10.9.0.2")),
                                    path=None, known_hosts=Path("/dev/null"))
         self.calls: list[tuple[str, tuple[str, ...]]] = []
 

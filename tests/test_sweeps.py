@@ -38,7 +38,8 @@ max_trials = 4
 
 
 def spec_error(params: str, sweep_extra: str = "", top: str = "") -> JobSpecError:
-    text = BASE.replace('name = "sw"', 'name = "sw"\n' + top).replace("max_trials = 4", "max_trials = 4\n" + sweep_extra)
+    text = BASE.replace('name = "sw"', 'name = "sw"\n' + top).replace("max_trials = 4",
+                                                                     "max_trials = 4\n" + sweep_extra)
     with pytest.raises(JobSpecError) as e:
         jobspec_from_toml(text + params, "/tmp/sw.toml")
     return e.value
@@ -61,7 +62,8 @@ def spec_error(params: str, sweep_extra: str = "", top: str = "") -> JobSpecErro
     ('lr = {type = "float", low = 0.1, high = 0.5}', 'early_stopping = "asha"', "sweep.early_stopping", '"median"'),
     ('lr = {type = "float", low = 0.1, high = 0.5}', "max_parallel = 0", "sweep.max_parallel", "an integer >= 1"),
     ('lr = {type = "float", low = 0.1, high = 0.5}', "max_triels = 3", "sweep.max_triels", "max_trials"),
-    ('lr = {type = "float", low = 0.1, high = 0.5}', "[[sweep.metric_definitions]]\nname = \"val_loss\"\nregex = \"loss=(\"",
+    ('lr = {type = "float", low = 0.1, high = 0.5}',
+     "[[sweep.metric_definitions]]\nname = \"val_loss\"\nregex = \"loss=(\"",
      "sweep.metric_definitions[0].regex", "does not compile"),
     ('width = {type = "int", low = 1, high = 4}', "", "command", "{hp.NAME} naming a sweep parameter"),
 ])
@@ -77,9 +79,11 @@ def test_objective_and_trial_count_are_required_and_a_grid_counts_its_own() -> N
     with pytest.raises(JobSpecError, match="sweep.max_trials.*required, except for a grid"):
         jobspec_from_toml(text + 'lr = {type = "float", low = 0.1, high = 0.5}')
     with pytest.raises(JobSpecError, match="sweep.objective.*required"):
-        jobspec_from_toml(BASE.replace('objective = {metric = "val_loss"}\n', "") + 'lr = {type = "float", low = 0.1, high = 0.5}')
+        jobspec_from_toml(BASE.replace('objective = {metric = "val_loss"}\n', "")
+                          + 'lr = {type = "float", low = 0.1, high = 0.5}')
     grid = text.replace("[sweep]\n", '[sweep]\nstrategy = "grid"\n') + (
-        'lr = {type = "float", low = 0.1, high = 0.5, step = 0.1}\nopt = {type = "categorical", choices = ["a", "b"]}\n')
+        'lr = {type = "float", low = 0.1, high = 0.5, step = 0.1}\n'
+        'opt = {type = "categorical", choices = ["a", "b"]}\n')
     spec = jobspec_from_toml(grid)
     assert spec.sweep is not None and spec.sweep.max_trials == 10
 
@@ -264,7 +268,8 @@ kind = {{type = "categorical", choices = ["alpha", "beta"]}}
                     assert seen["RIGDECK_SWEEP_ID"] == out["row"]["sweep_id"]
                     assert seen["argv"] == {"x": params["x"], "k": params["k"], "kind": params["kind"]}
                     assert seen["SM_HPS"] == {**params, "fixed": "yes"}
-                    assert {k: json.loads(v) for k, v in seen["hyperparameters.json"].items()} == {**params, "fixed": "yes"}
+                    assert {k: json.loads(v) for k, v in seen["hyperparameters.json"].items()} == {
+                        **params, "fixed": "yes"}
                     assert float(seen["SM_HP"]["X"]) == params["x"] and int(seen["SM_HP"]["K"]) == params["k"]
                     assert seen["SM_HP"]["KIND"] == params["kind"]
                     checked += 1

@@ -55,14 +55,18 @@ def job_spec(tmp: Path) -> tuple[Path, bool]:
 
 
 class Tmux:
+    """One app in a tmux session of its own tmux server (``-L``: a socket of its own), so a test
+    running beside it (another pytest worker) cannot change its size or end its server."""
+
     def __init__(self, session: str, env: dict[str, str]):
         self.session = session
         self.env = env
+        self.tmux = ["tmux", "-L", session]
 
     def start(self, cmd: str, width: int = 130, height: int = 38) -> None:
         subprocess.run(
             [
-                "tmux",
+                *self.tmux,
                 "new-session",
                 "-d",
                 "-s",
@@ -80,12 +84,12 @@ class Tmux:
 
     def screen(self) -> str:
         return subprocess.run(
-            ["tmux", "capture-pane", "-p", "-t", self.session], capture_output=True, text=True
+            [*self.tmux, "capture-pane", "-p", "-t", self.session], capture_output=True, text=True
         ).stdout
 
     def keys(self, *keys: str, literal: bool = False) -> None:
         subprocess.run(
-            ["tmux", "send-keys", "-t", self.session, *(["-l"] if literal else []), *keys],
+            [*self.tmux, "send-keys", "-t", self.session, *(["-l"] if literal else []), *keys],
             check=True,
         )
 
@@ -106,13 +110,13 @@ class Tmux:
     def alive(self) -> bool:
         return (
             subprocess.run(
-                ["tmux", "has-session", "-t", self.session], capture_output=True
+                [*self.tmux, "has-session", "-t", self.session], capture_output=True
             ).returncode
             == 0
         )
 
     def kill(self) -> None:
-        subprocess.run(["tmux", "kill-session", "-t", self.session], capture_output=True)
+        subprocess.run([*self.tmux, "kill-server"], capture_output=True)
 
 
 @pytest.fixture

@@ -566,4 +566,5 @@ def test_fetch_sweeps_picks_the_newest_and_reports_errors() -> None:
 
 def test_jobs_running_counts_what_holds_hosts_not_what_waits() -> None:
     states = ["queued", "queued", "pending", "starting", "running", "stopping", "succeeded", "failed", "stopped"]
-    assert jobs_running([job_row(f"j{i}", s) for i, s in enumerate(states)]) == 3  # the summary said "9 running · 8 queued" for 1 and 8
+    # the summary said "9 running · 8 queued" for 1 and 8
+    assert jobs_running([job_row(f"j{i}", s) for i, s in enumerate(states)]) == 3

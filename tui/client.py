@@ -64,7 +64,8 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "AmbiguousJobError", "Candidate", "Client", "Onboarding", "forget_passphrases",
-    "onboarding_offer", "remember_passphrase", "set_passphrase_prompt", "HostReport", "InProcessClient", "InventoryError", "JobError",
+    "onboarding_offer", "remember_passphrase", "set_passphrase_prompt", "HostReport", "InProcessClient",
+    "InventoryError", "JobError",
     "JobRefError", "JobSpecError", "JobView", "LinkStatus", "PlacementError", "QueueEntry",
     "RemoteClient", "ServerError", "TransportError", "connect", "describe_cause",
     "hostfile_to_toml", "load_hostfile", "load_inventory", "serve", "serveradmin", "wire_json",
@@ -193,7 +194,8 @@ class Client:
     def metrics(self, ref: str) -> list[dict[str, Any]]:
         raise NotImplementedError
 
-    def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
+    def log_chunks(self, ref: str, rank: int | None = None,
+                   follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
         raise NotImplementedError
 
     def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
@@ -353,7 +355,8 @@ class InProcessClient(Client):
     def metrics(self, ref: str) -> list[dict[str, Any]]:
         return self.service.metrics(ref)
 
-    def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
+    def log_chunks(self, ref: str, rank: int | None = None,
+                   follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
         return self.service.log_chunks(ref, rank=rank, follow=follow, binary=True)
 
     def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
@@ -848,7 +851,8 @@ class RemoteClient(Client):
     def metrics(self, ref: str) -> list[dict[str, Any]]:
         return list(self.call("metrics", ref=ref))
 
-    def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
+    def log_chunks(self, ref: str, rank: int | None = None,
+                   follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
         for item in self.stream("logs", ref=ref, rank=rank, follow=follow):
             yield item["host"], int(item["rank"]), base64.b64decode(item["b64"]), bool(item["partial"])
 

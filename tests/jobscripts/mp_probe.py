@@ -19,7 +19,8 @@ if rank == 0:
     plan = {"version": 1, "optimize": table["optimize"], "schedule": table["pipeline"], "microbatches": m,
             "partitions": p, "blocks": blocks, "cuts": [2 * i for i in range(1, p)], "source": "profiled",
             "stages": stages, "bubble": (p - 1) / (m + p - 1),
-            "equal_split": {"cuts": [2 * i for i in range(1, p)], "max_time_s": 0.001 * p, "max_memory_bytes": 1000 * p}}
+            "equal_split": {"cuts": [2 * i for i in range(1, p)], "max_time_s": 0.001 * p,
+                            "max_memory_bytes": 1000 * p}}
     records.append({"time": time.time(), "rank": rank, "event": "mp_plan", "plan": plan})
 records.append({"time": time.time(), "rank": rank, "step": 1, "loss": 1.0})
 records.append({"time": time.time(), "rank": rank, "event": "mp_stage", "stage": rank, "step": 1,

@@ -158,7 +158,8 @@ def summarize(snapshot: Sequence[HostView]) -> dict[str, int]:
 def placement_markup(placement: Sequence[Mapping[str, Any]]) -> str:
     """The job head's placement, each node whose GPUs are simulated marked as the tables mark
     them (``placement_parts``; markup, since the head is one Static of markup lines)."""
-    parts = [escape(label) + (f"[$text-muted]{SIM_MARK}[/]" if sim else "") for label, sim in placement_parts(placement)]
+    parts = [escape(label) + (f"[$text-muted]{SIM_MARK}[/]" if sim else "")
+             for label, sim in placement_parts(placement)]
     return " ".join(parts) or "-"
 
 
@@ -740,7 +741,8 @@ class RigdeckApp(App[None]):
             hosts += f" · {c['connecting']} connecting"
         gpus = f"GPUs [b]{c['busy']} busy[/b] · {c['free']} free · {c['gpus']} total"
         if c["simulated"]:  # only the simulated ones: "(sim)" when all are, else "(4 sim)"
-            gpus += " [$text-muted](sim)[/]" if c["simulated"] == c["gpus"] else f" [$text-muted]({c['simulated']} sim)[/]"
+            gpus += (" [$text-muted](sim)[/]" if c["simulated"] == c["gpus"]
+                     else f" [$text-muted]({c['simulated']} sim)[/]")
         rate = self.client.telemetry_hz
         rates = f"refresh {self.sample_hz:g} Hz" + (f", telemetry {rate:g} Hz" if rate else "")
         queued = sum(1 for r in jobs.rows if r.state == "queued")
@@ -1593,7 +1595,8 @@ class RigdeckApp(App[None]):
                 self.notify(f"stopping {job_id}…", title="job")
                 self._stop_job(job_id)
 
-        simulated = {n.get("host") for n in (row.placement if row else ()) if n.get("simulated")}
+        simulated = {n["host"] for n in (row.placement if row else ())
+                     if n.get("simulated") and isinstance(n.get("host"), str)}
         self.dialog(ConfirmStop(plan, simulated), confirmed)
 
     @work(thread=True, group="action", name="stop", exit_on_error=False)

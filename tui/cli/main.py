@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grace", type=float, default=None, metavar="S", help="seconds between SIGTERM and SIGKILL")
     p.add_argument("--yes", "-y", action="store_true",
                    help="when JOB is a name several jobs share, stop the newest of them")
+    p.add_argument("--no-wait", dest="wait", action="store_false",
+                   help="return once the hosts are told, not when no process of the job is left "
+                        "(it shows 'stopping' until then, its GPUs held)")
     p.add_argument("--json", action="store_true")
 
     p = sub.add_parser("gc", help="remove ended jobs' directories on the hosts past the inventory's retention")
@@ -281,7 +284,8 @@ def code_lines(code: dict[str, Any] | None, events: list[dict[str, Any]]) -> lis
         if r.get("had_tree"):
             lines.append(f"         {host}: had it, sent nothing")
         else:
-            lines.append(f"         {host}: sent {r['files_sent']} file{'' if r['files_sent'] == 1 else 's'}, {size_bytes(r['bytes_sent'])} "
+            files = f"{r['files_sent']} file{'' if r['files_sent'] == 1 else 's'}"
+            lines.append(f"         {host}: sent {files}, {size_bytes(r['bytes_sent'])} "
                          f"({size_bytes(r['wire_bytes'])} on the wire) in {r['seconds']:.1f}s")
     return lines
 
@@ -345,7 +349,11 @@ def _print_job(v: Any, signals: Sequence[Any] = (), stages: Any = None) -> None:
 
     print(f"job      {v.job_id} ({v.name})")
     print(f"state    {v.state_line}" + (f" after {v.restarts} restart(s)" if v.restarts else ""))
-    hosts = ", ".join(marked_simulated(f"{n['host']}[{n['slots']}{' gpus ' + ','.join(map(str, n['gpus'])) if n.get('gpus') else ''}]",
+
+    def gpus(n: dict[str, Any]) -> str:
+        return " gpus " + ",".join(map(str, n["gpus"])) if n.get("gpus") else ""
+
+    hosts = ", ".join(marked_simulated(f"{n['host']}[{n['slots']}{gpus(n)}]",
                                        bool(n.get("gpus") and n.get("simulated"))).plain
                       for n in v.placement)
     print(f"placement {hosts}")
@@ -380,7 +388,8 @@ def _print_job(v: Any, signals: Sequence[Any] = (), stages: Any = None) -> None:
         simulated = {n["host"] for n in v.placement if n.get("simulated")}
         print("rank  host        local  gpu    pid      state    exit")
         for r in v.ranks:
-            ex = f"sig {r['signal']}" if r.get("signal") else ("-" if r.get("exit_code") is None else str(r["exit_code"]))
+            ex = (f"sig {r['signal']}" if r.get("signal")
+                  else ("-" if r.get("exit_code") is None else str(r["exit_code"])))
             gpu = "-" if r.get("gpu") is None else marked_simulated(str(r["gpu"]), r["host"] in simulated).plain
             print(f"{r['rank']:<5} {r['host']:<11} {r['local_rank']!s:<6} {gpu:<6} {r['pid']!s:<8} "
                   f"{r['state']:<8} {ex}")
@@ -449,9 +458,8 @@ def _print_queue(entries: list[Any]) -> None:
 
 
 def _run_jobs(args: argparse.Namespace) -> int:
-    from tui.client import AmbiguousJobError, JobError, PlacementError, wire_json
+    from tui.client import JobError, PlacementError, wire_json
     from tui.model.jobspec import JobSpecError, load_jobspec
-    from tui.model.jobstate import TERMINAL
 
     client = _client(args)
     try:
@@ -478,6 +486,10 @@ def _run_jobs(args: argparse.Namespace) -> int:
                 else:
                     hosts = dict.fromkeys(n["host"] for n in view.placement)  # a pool job's replicas share hosts
                     print(f"launched {view.job_id}: {', '.join(hosts)}", flush=True)
+                    for ev in view.events:
+                        if ev.get("event") == "waited for stop":
+                            print(f"  (queued {ev.get('waited_s')} s, until {', '.join(ev.get('jobs') or [])} "
+                                  "had stopped and released its GPUs)", flush=True)
                     if view.pool_sizing:
                         print(f"reduction server sizing: {view.pool_sizing.get('text')}", flush=True)
                     for line in code_lines(view.spec.get("code"), view.events):
@@ -553,7 +565,8 @@ def _run_jobs(args: argparse.Namespace) -> int:
                         print(f"{h}: {r['error']}")
                     else:
                         print(f"{h}: removed {len(r['removed'])}, kept {r['kept']} ended and "
-                              f"{len(r['running'])} running" + (f" ({', '.join(r['removed'])})" if r["removed"] else ""))
+                              f"{len(r['running'])} running"
+                              + (f" ({', '.join(r['removed'])})" if r["removed"] else ""))
             return EXIT_OK if all("error" not in r for r in out.values()) else EXIT_HOST_FAILED
         if args.command == "metrics":
             records = client.metrics(args.job)
@@ -564,23 +577,47 @@ def _run_jobs(args: argparse.Namespace) -> int:
                 _print_metrics(records)
             return EXIT_OK
         if args.command == "stop":
-            try:
-                view = client.stop(args.job, grace_s=args.grace, yes=args.yes)
-            except AmbiguousJobError as e:
-                print(f"rigdeck: {e} (stop --yes {args.job} stops the newest)", file=sys.stderr)
-                return EXIT_USAGE
-            if args.json:
-                json.dump(view.to_json(), sys.stdout, indent=2)
-                sys.stdout.write("\n")
-            else:
-                print(f"{view.job_id}: {view.state}")
-            return EXIT_OK if view.state in TERMINAL else EXIT_HOST_FAILED
+            return _stop(client, args)
     except JobError as e:
         print(f"rigdeck: {e}", file=sys.stderr)
         return EXIT_USAGE
     finally:
         client.close()
     raise AssertionError(args.command)
+
+
+def _stop(client: Any, args: argparse.Namespace) -> int:
+    """``rigdeck stop``: by default returns once no process of the job is left on any host and
+    its GPU claims are released, saying so; ``--no-wait`` once the hosts are told."""
+    from tui.client import AmbiguousJobError
+    from tui.model.jobstate import TERMINAL
+
+    began = time.monotonic()
+    if args.wait and not args.json:
+        print(f"stopping {args.job}: waiting until no process of it is left on its hosts and its GPU claims "
+              "are released (--no-wait returns at once)", flush=True)
+    try:
+        view = client.stop(args.job, grace_s=args.grace, yes=args.yes, wait=args.wait)
+    except AmbiguousJobError as e:
+        print(f"rigdeck: {e} (stop --yes {args.job} stops the newest)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        json.dump(view.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif not args.wait:
+        print(f"{view.job_id}: {view.state} (the hosts are stopping it; its GPUs are held until they are done)")
+    elif view.state in TERMINAL:
+        hosts = ", ".join(dict.fromkeys(n["host"] for n in view.placement)) or "no host"
+        print(f"{view.job_id}: {view.state} after {time.monotonic() - began:.1f} s: no process of it left "
+              f"on {hosts}, its GPU claims released")
+    else:
+        left = next((e.get("left") for e in reversed(view.events) if e.get("event") == "stop incomplete"), None)
+        said = "; ".join(f"{h}: {w}" for h, w in (left or {}).items()) or "the hosts did not say"
+        print(f"{view.job_id}: {view.state}: not done after the grace period and 30 s more ({said}); "
+              "it is recorded stopped once the hosts are done", file=sys.stderr)
+    if not args.wait:
+        return EXIT_OK if view.state in (*TERMINAL, "stopping") else EXIT_HOST_FAILED
+    return EXIT_OK if view.state in TERMINAL else EXIT_HOST_FAILED
 
 
 def _run_app(args: argparse.Namespace) -> int:
@@ -596,7 +633,8 @@ def _run_app(args: argparse.Namespace) -> int:
 def _run_serve(args: argparse.Namespace) -> int:
     from tui.client import serve
 
-    return serve(Path(args.state_dir), inventory_path=Path(args.inventory) if getattr(args, "inventory", None) else None)
+    inventory = Path(args.inventory) if getattr(args, "inventory", None) else None
+    return serve(Path(args.state_dir), inventory_path=inventory)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

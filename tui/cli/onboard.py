@@ -32,7 +32,8 @@ def add_parser(isub: Any) -> None:
                    help="the inventory file to add to (default: $RIGDECK_INVENTORY or "
                    "~/.config/rigdeck/hosts.toml; created when missing)")
     p.add_argument("name", metavar="NAME", help="the host's name (an ssh config Host, or any name with --address)")
-    p.add_argument("--address", metavar="A", help="host name or IP address (default: the ssh config's HostName, else NAME)")
+    p.add_argument("--address", metavar="A",
+                   help="host name or IP address (default: the ssh config's HostName, else NAME)")
     p.add_argument("--user", metavar="U", help="login user (default: the ssh config's User, else yours)")
     p.add_argument("--port", metavar="P", type=int, help="SSH port (default: the ssh config's Port, else 22)")
     p.add_argument("--proxy-jump", metavar="J", help="jump host(s), as ssh's -J (default: the ssh config's ProxyJump)")

@@ -497,7 +497,8 @@ def network_findings(probes: dict[str, dict[str, Any]], primary: str,
             else:
                 verdict = "bad"
                 notes.append(f"NCCL_SOCKET_IFNAME={ifname} matches no interface on the host")
-            advice = f"set NCCL_SOCKET_IFNAME={iface} for {host} in the inventory's env (the route to the primary uses it)"
+            advice = (f"set NCCL_SOCKET_IFNAME={iface} for {host} in the inventory's env "
+                      "(the route to the primary uses it)")
         findings.append(Finding(
             check="network", subject=host, verdict=verdict,
             summary=f"towards {towards} via {iface}, MTU {mtu}; " + "; ".join(notes),
@@ -534,7 +535,8 @@ def clock_finding(host: str, offset: float, rtt: float) -> Finding:
     off = abs(offset)
     shown = round(offset * 1000, 1) or 0.0  # no "-0.0"
     verdict = "bad" if off > CLOCK_BAD_S else "warn" if off > CLOCK_WARN_S else "ok"
-    advice = "" if verdict == "ok" else f"run NTP (chrony or systemd-timesyncd) on {host}: logs and timeouts across hosts disagree"
+    advice = "" if verdict == "ok" else (f"run NTP (chrony or systemd-timesyncd) on {host}: "
+                                         "logs and timeouts across hosts disagree")
     return Finding(check="clock", subject=host, verdict=verdict,
                    summary=f"clock {shown:+.1f} ms from the controller's (± {rtt * 500:.1f} ms)",
                    advice=advice, value=round(offset * 1000, 3), unit="ms", baseline=0.0,

@@ -9,6 +9,7 @@ failure seen late is still handled.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import secrets
 import threading
@@ -84,6 +85,32 @@ def overall_state(host_states: dict[str, dict[str, Any] | TransportError]) -> st
     if any(s == "starting" for s in states) or not states:
         return "starting"
     return "running"
+
+
+def left_behind(host_states: Mapping[str, Any]) -> dict[str, str]:
+    """What each host still has of a job that is stopping or has ended: host -> what is left
+    (its processes, the GPUs it still holds claimed, or why that cannot be known yet). Empty
+    when every host is done with it: then its GPUs are free for the next job."""
+    out: dict[str, str] = {}
+    for host, st in host_states.items():
+        if not isinstance(st, dict):
+            out[host] = f"unreachable ({st})"
+            continue
+        if st.get("state") not in TERMINAL:
+            out[host] = f"still {st.get('state')}"
+            continue
+        parts = []
+        n = int(st.get("tagged_processes") or 0)
+        if n:
+            parts.append(f"{n} process{'es' if n != 1 else ''} left")
+        held = st.get("claims_held", [])  # an agent older than the key: its processes are the claim
+        if held is None:
+            parts.append("GPU claims not read yet")
+        elif held:
+            parts.append(f"GPU {','.join(map(str, held))} still claimed")
+        if parts:
+            out[host] = ", ".join(parts)
+    return out
 
 
 def unreachable(host_states: dict[str, Any]) -> list[str]:
@@ -469,7 +496,8 @@ class JobManager:
             raise JobError(f"{what}: {source} on {host} lists more than 1 MiB of file names")
         if res.get("exit_code") != 0:
             err = (res.get("error") or res.get("stderr") or "").strip().splitlines()
-            raise JobError(f"{what}: cannot list {source} on {host}: {err[-1] if err else 'exit ' + str(res.get('exit_code'))}")
+            said = err[-1] if err else f"exit {res.get('exit_code')}"
+            raise JobError(f"{what}: cannot list {source} on {host}: {said}")
         try:
             files = json.loads((res.get("stdout") or "").strip().splitlines()[-1])["files"]
         except (ValueError, IndexError, KeyError, TypeError):
@@ -805,17 +833,56 @@ class JobManager:
             # sees them done, and records "stopped" then.
             self.history.update(job_id, supervisor=None, lease_until=None)
             return self.view(job_id, live=False)
+        # Done when no process of it is left on any host and no host holds a GPU claim for it
+        # (the job host writes its end, then exits: until then it holds the claims).
         deadline = time.monotonic() + grace + 30
-        while time.monotonic() < deadline:
-            states = self.host_states(rec)
-            done = all(isinstance(s, dict) and s.get("state") in TERMINAL and not s.get("tagged_processes")
-                       for s in states.values())
-            if done:
+        while True:
+            left = left_behind(self.host_states(rec))
+            if not left or time.monotonic() >= deadline:
                 break
             time.sleep(POLL_S)
-        self.history.update(job_id, state="stopped", ended=time.time())
+        if left and any(not what.startswith("unreachable") for what in left.values()):
+            # A host that answers still has some of it: it stays "stopping" (its GPUs held)
+            # and says what is left; supervision records its end once the hosts are done.
+            self.history.update(job_id, supervisor=None, lease_until=None)
+            self.history.add_event(job_id, {"event": "stop incomplete", "left": left})
+            return self.view(job_id, live=False)
+        extra: dict[str, Any] = {"cause": {"message": "stopped; unreachable then: " + ", ".join(left)}} if left else {}
+        self.history.update(job_id, state="stopped", ended=time.time(), **extra)
         self.scheduler.release(job_id)
         return self.view(job_id)
+
+    def stopping_on(self, hosts: Sequence[str]) -> list[dict[str, Any]]:
+        """Jobs being stopped (``stopping``) that run on any of ``hosts``: what a launch on
+        those hosts may be waiting for."""
+        want = set(hosts)
+        return [r for r in self.history.list(limit=500) if r["state"] == "stopping"
+                and want & {n["host"] for n in r.get("placement") or []}]
+
+    def await_stopped(self, job_ids: Sequence[str], timeout: float) -> dict[str, dict[str, str]]:
+        """Follow stopping jobs until each is recorded ended and nothing of it is left on its
+        hosts (no process, no GPU claim), or ``timeout`` passes. Supervises them meanwhile (a
+        controller that holds their lease records the end itself). Returns what is still left,
+        by job (empty: all done)."""
+        deadline = time.monotonic() + timeout
+        pending = list(job_ids)
+        left: dict[str, dict[str, str]] = {}
+        while pending:
+            left = {}
+            for job_id in pending:
+                rec = self.record(job_id)
+                states = self.supervise_once(rec) if rec["state"] not in TERMINAL else self.host_states(rec)
+                rec = self.record(job_id)
+                what = left_behind(states)
+                if rec["state"] not in TERMINAL:
+                    what = what or {"": f"recorded {rec['state']}"}
+                if what:
+                    left[job_id] = what
+            pending = list(left)
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(POLL_S / 2)
+        return left
 
     def supervise_once(self, rec: dict[str, Any]) -> dict[str, Any]:
         """Look at every host of the job once and apply the gang rules. Returns the host states."""
@@ -883,8 +950,8 @@ class JobManager:
         elif overall in TERMINAL:
             # A job that stopped without being asked to (max_runtime, or a stop from a host)
             # says why; a user's stop records its own.
-            cause = stop_cause(states) if overall == "stopped" else None
-            extra: dict[str, Any] = {"cause": cause} if cause else {}
+            why = stop_cause(states) if overall == "stopped" else None
+            extra: dict[str, Any] = {"cause": why} if why else {}
             if overall == "succeeded" and pools.primary_succeeded(states):
                 # The primary's success ends a pool job: its other replicas are stopped.
                 extra = pools.stop_after_primary(self, rec, states)
@@ -907,7 +974,8 @@ class JobManager:
                 return
             time.sleep(POLL_S)
 
-    def wait(self, ref: str, on_change: Callable[[JobView], None] | None = None, timeout: float | None = None) -> JobView:
+    def wait(self, ref: str, on_change: Callable[[JobView], None] | None = None,
+             timeout: float | None = None) -> JobView:
         """Supervise until the job ends (the gang's supervisor while this runs)."""
         job_id = self.record(ref)["job_id"]
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -944,7 +1012,8 @@ class JobManager:
         if rec["state"] not in TERMINAL:
             v.hosts = self.supervise_once(rec)
             rec = self.record(ref)
-            v.state, v.cause, v.restarts, v.ended = rec["state"], rec.get("cause"), rec.get("restarts") or 0, rec.get("ended")
+            v.state, v.cause, v.ended = rec["state"], rec.get("cause"), rec.get("ended")
+            v.restarts = rec.get("restarts") or 0
             v.placement = rec.get("placement") or []
             v.events = rec.get("events") or []  # what this look recorded (a replica failed, the end)
             v.unreachable = unreachable(v.hosts)
@@ -994,7 +1063,7 @@ class JobManager:
             out.append(self.view(rec["job_id"], live=False))
         return out
 
-    def metrics(self, ref: str) -> list[dict[str, Any]]:
+    def metrics(self, ref: str) -> builtins.list[dict[str, Any]]:  # (``list`` here is the method)
         """Every metrics record of every rank, each once, in (step, rank) order. After a restart
         the new attempt's record of a (rank, step) replaces the earlier attempts' (events, which
         carry no step, are all kept)."""

@@ -117,14 +117,13 @@ class Monitor:
         transport = make_transport(ctl.inventory, spec, accept_new=ctl.accept_new)
         self._transports[spec.name] = transport
         transport.connect()
-        stream, pyz = ctl.open_agent_stream(spec, transport)
-        attach_only = pyz is None
+        stream, pyz = ctl.open_agent_stream(spec, transport)  # pyz None: an attach-only host
         link = AgentLink(spec.name, stream, on_event=lambda m: self._on_event(spec.name, m))
         agent = AgentClient.over(link)
         try:
             hello = link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck")
             upgrade = None
-            if hello.get("agent_version") != ctl.bundle.version and not attach_only:
+            if hello.get("agent_version") != ctl.bundle.version and pyz is not None:
                 # An older daemon is running. It hands over now if idle, else when its jobs end.
                 if agent.upgrade(path=pyz, timeout=spec.connect_timeout) == "now":
                     self.state.set_agent(spec.name, hello, upgrade_pending=ctl.bundle.version)

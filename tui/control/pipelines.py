@@ -489,8 +489,8 @@ class PipelineRunner:
                     continue
                 sizes = {f[1]: f[2] for f in art.get("files") or []}
                 try:
-                    have = self.jm.ctl.agent(host).code_have(tree=art["tree"], blobs=[[s, sizes.get(s, 0)] for s in shas],
-                                                            timeout=30)
+                    have = self.jm.ctl.agent(host).code_have(tree=art["tree"],
+                                                            blobs=[[s, sizes.get(s, 0)] for s in shas], timeout=30)
                 except Exception as e:
                     log.info("artifact check on %s: %s", host, e)
                     return False
@@ -624,7 +624,8 @@ class PipelineRunner:
             self._end_step(pid, step.name, "stopped", reason="its sweep was stopped")
         else:
             self._attempt_failed(pid, step, {"message": f"its sweep {detail.row.sweep_id} {st} with no "
-                                             f"completed trial" + (f" ({detail.row.reason})" if detail.row.reason else "")},
+                                             f"completed trial"
+                                             + (f" ({detail.row.reason})" if detail.row.reason else "")},
                                  row)
 
     def _attempt_failed(self, pid: str, step: Any, cause: Mapping[str, Any], row: dict[str, Any]) -> None:
@@ -690,7 +691,8 @@ class PipelineRunner:
         if current.get("cache_key"):
             self.store.cache_put(current["cache_key"], pid, step.name, row["job_id"], metrics, artifacts, hosts)
 
-    def _pack(self, job_id: str, hosts: list[str], kinds: list[str]) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    def _pack(self, job_id: str, hosts: list[str],
+              kinds: list[str]) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
         """Every host of the job packs each kind; the packs of one kind merge into one artifact."""
         from tui.remote.artifacts import merge
 

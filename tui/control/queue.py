@@ -91,12 +91,14 @@ class JobQueue:
         held = "claimed" in text or " is held by " in text
         return "nothing was started" in text and held and "min_free_mb" not in text
 
-    def _candidates(self, spec: JobSpec) -> list[str]:
-        return list(spec.hosts) if spec.hosts else list(self.jm.ctl.inventory.names)
+    def candidates(self, spec: JobSpec | dict[str, Any]) -> list[str]:
+        """The hosts ``spec`` may run on: its own list, or every inventory host."""
+        hosts = spec.get("hosts") if isinstance(spec, dict) else spec.hosts
+        return list(hosts) if hosts else list(self.jm.ctl.inventory.names)
 
     def _check_feasible(self, spec: JobSpec) -> None:
         """PlacementError if ``spec`` could not fit even on idle hosts: it would wait forever."""
-        capacity = self.jm.capacity(self._candidates(spec))
+        capacity = self.jm.capacity(self.candidates(spec))
         try:
             Scheduler().reserve("feasibility", spec, _free_of_others(capacity))
         except PlacementError as e:
@@ -132,7 +134,7 @@ class JobQueue:
             # not fit stays queued (and listed) throughout, instead of leaving the line for each
             # try.
             try:
-                capacity = self.jm.capacity(self._candidates(spec))
+                capacity = self.jm.capacity(self.candidates(spec))
             except TransportError as e:
                 self._wait(rec, str(e))
                 blocked_by = job_id

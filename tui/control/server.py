@@ -561,7 +561,8 @@ def serve(state_dir: Path, *, inventory_path: Path | None = None, telemetry_hz: 
         return 3
     (state_dir / "server.pid").write_text(f"{os.getpid()}\n")
     inv = load_inventory(inventory_path or state_dir / "inventory.toml")
-    host = inv.server.host if getattr(inv, "server", None) else None
+    server = getattr(inv, "server", None)
+    host = server.host if server is not None else None
     # The operator's [notify], as `rigdeck server setup` copied it (none: nothing is sent).
     config = load_config(state_dir / "config.toml") if (state_dir / "config.toml").exists() else UserConfig()
     service = ControllerService(

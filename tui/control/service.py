@@ -304,11 +304,43 @@ class ControllerService:
         spec = self.manager.snapshot_code(spec)  # reading the files holds up no supervision
         with self._exclusive():
             view = self.queue.submit(spec, queue=queue, job_id=job_id)
+        if view.state == "queued":
+            view = self._after_stops(view)
         if self._watch is not None:
             if view.state != "queued":
                 self._watch.select(view.job_id)
             self._watch.kick()
         return view
+
+    def _after_stops(self, view: JobView) -> JobView:
+        """A job queued while jobs on its hosts are being stopped (``stop --no-wait``, a stop
+        from another controller) starts as soon as they are gone: this launch follows those
+        stops to their end (no process, no GPU claim left), then advances the queue, and
+        returns the job started, or still queued saying why. Waits no longer than the stops'
+        grace periods allow (their end is forced after the grace)."""
+        stopping = [r for r in self.manager.stopping_on(self.queue.candidates(view.spec))
+                    if r["job_id"] != view.job_id]
+        if not stopping:
+            return view
+        now = time.time()
+        until = now
+        for r in stopping:
+            asked = [e for e in r.get("events") or [] if e.get("event") == "stop requested"]
+            grace = float(asked[-1].get("grace_s") or 30) if asked else float(r["spec"].get("grace_s", 30))
+            since = float(asked[-1].get("time") or now) if asked else now
+            until = max(until, since + grace + 30)
+        ids = [r["job_id"] for r in stopping]
+        self.manager.history.update(view.job_id, waiting=f"waiting for {', '.join(ids)} to stop "
+                                                         "(it starts once their GPU claims are released)")
+        began = time.monotonic()
+        left = self.manager.await_stopped(ids, timeout=min(120.0, max(5.0, until - now)))
+        if not left:
+            with self._exclusive():
+                started = self.queue.advance()
+            if view.job_id in started:
+                self.manager.history.add_event(view.job_id, {
+                    "event": "waited for stop", "jobs": ids, "waited_s": round(time.monotonic() - began, 3)})
+        return self.manager.view(view.job_id, live=False)
 
     def _exclusive(self) -> Any:
         """Held while a command starts jobs: never interleaved with the poller's supervision and

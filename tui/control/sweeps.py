@@ -163,7 +163,9 @@ def objective_values(records: Iterable[Mapping[str, Any]], metric: str) -> dict[
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not isinstance(step, int):
             continue
         attempt = int(r.get("restart") or 0)
-        rank = r.get("rank") if isinstance(r.get("rank"), int) else 1 << 30
+        rank = r.get("rank")
+        if not isinstance(rank, int):
+            rank = 1 << 30
         have = out.get(step)
         if have is None or (attempt, -rank) > (have[0], -have[1]):
             out[step] = (attempt, rank, float(v))
@@ -568,8 +570,8 @@ class SweepRunner:
                 self._finish(sweep_id, t, "failed", study=study, error=f"metric {sw.metric} never reported")
             else:
                 self._finish(sweep_id, t, "completed", study=study, value=curve[-1][1][2])
-        elif state == "failed" and infrastructure_failure(rec.get("cause")) and int(t.get("attempt") or 1) <= sw.retries \
-                and not stopping:
+        elif state == "failed" and infrastructure_failure(rec.get("cause")) \
+                and int(t.get("attempt") or 1) <= sw.retries and not stopping:
             job_id = f"{spec.name[:48]}-t{number}-{uuid.uuid4().hex[:6]}"
             attempt = int(t.get("attempt") or 1) + 1
             self.store.update_trial(sweep_id, number, job_id=job_id, attempt=attempt, state="submitting",

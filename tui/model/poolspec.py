@@ -314,7 +314,8 @@ def check_pins(pools: Iterable[PoolSpec], inventory_hosts: Mapping[str, Iterable
                 known = sorted({lb for labels in inventory_hosts.values() for lb in labels})
                 missing = [lb for lb in pool.labels if not any(lb in set(ls) for ls in inventory_hosts.values())]
                 got = missing[0] if missing else ", ".join(pool.labels)
-                what = "labels some inventory host carries" if missing else "labels that one inventory host carries together"
+                what = ("labels some inventory host carries" if missing
+                        else "labels that one inventory host carries together")
                 return (f"{where}: field 'pools[{i}].labels': expected {what} (known: "
                         f"{', '.join(known) or 'none'}) (pool {pool.role!r}), got {got!r}")
     return None

@@ -424,7 +424,8 @@ def _place(spec: JobSpec, views: Mapping[str, _HostView], cpu_jobs: Mapping[str,
 
 
 def _pool_ask(pool: PoolSpec) -> str:
-    per = _plural(pool.gpus_per_replica, "GPU") if pool.gpus_per_replica else _plural(pool.slots, "process", "processes")
+    per = (_plural(pool.gpus_per_replica, "GPU") if pool.gpus_per_replica
+           else _plural(pool.slots, "process", "processes"))
     pins = f" on {', '.join(pool.hosts)}" if pool.hosts else (
         f" on hosts labelled {', '.join(pool.labels)}" if pool.labels else "")
     return f"pool {pool.role!r} {_plural(pool.replicas, 'replica')} x {per}{pins}"

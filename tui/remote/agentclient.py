@@ -74,6 +74,7 @@ class JobState(TypedDict, total=False):
     log_ranks: list[int]
     last_metrics: dict[str, dict[str, Any]]  # rank (as a string) -> its last metrics record
     tagged_processes: int | None  # processes still tagged with the job, once it ended; None before
+    claims_held: list[int] | None  # GPUs still claimed here for the job, once it ended (None: ask again)
     # job_list only:
     name: str | None
     gpus: list[int]

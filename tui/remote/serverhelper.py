@@ -33,6 +33,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 UNIT = "rigdeck-server"  # tui.model.serverlayout.SYSTEMD_UNIT
 LOG_TAIL_LINES = 20
@@ -202,9 +203,9 @@ def keygen(key: str, comment: str) -> dict:
     created = False
     if not (os.path.exists(key) and os.path.exists(pub)):
         os.makedirs(os.path.dirname(key), mode=0o700, exist_ok=True)
-        for f in (key, pub):
+        for path in (key, pub):
             try:
-                os.unlink(f)
+                os.unlink(path)
             except FileNotFoundError:
                 pass
         try:
@@ -518,7 +519,7 @@ def logs(state_dir: str, lines: str, follow: str) -> None:
                 return
 
 
-COMMANDS = {
+COMMANDS: dict[str, Callable[..., dict]] = {
     "prepare": prepare, "install": install, "keygen": keygen, "authorize": authorize,
     "write": write, "start": start, "status": status, "stop": stop,
 }

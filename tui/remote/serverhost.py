@@ -28,6 +28,7 @@ The layout of the server's directory is ``tui.model.serverlayout.ServerLayout``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import posixpath
@@ -513,9 +514,9 @@ def _install(
     for p in ws.files:
         if there.get(p.name) != shas[p.name]:
             progress(f"{t.name}: copying {p.name}")
-            _wrap(lambda p=p: t.put_file(p, posixpath.join(layout.wheels, p.name), mode=0o600))
+            _wrap(functools.partial(t.put_file, p, posixpath.join(layout.wheels, p.name), mode=0o600))
             report.wheels_copied.append(p.name)
-    wanted = {"mode": "offline" if offline else "index", "wheels": shas}
+    wanted: dict[str, Any] = {"mode": "offline" if offline else "index", "wheels": shas}
     installed = prep.get("installed") or {}
     if installed == wanted:
         return

@@ -44,6 +44,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import cast
 
 from tui.remote.bundle import cache_dir
 
@@ -183,8 +184,8 @@ def _packaging() -> tuple[type, type]:
         from packaging.requirements import Requirement
     except ImportError:
         try:
-            from pip._vendor.packaging.markers import Marker  # type: ignore[no-redef]
-            from pip._vendor.packaging.requirements import Requirement  # type: ignore[no-redef]
+            from pip._vendor.packaging.markers import Marker  # type: ignore[assignment]
+            from pip._vendor.packaging.requirements import Requirement  # type: ignore[assignment]
         except ImportError:
             raise WheelError(
                 "reading requirements needs the 'packaging' module (or pip) on this machine"
@@ -284,7 +285,7 @@ def repack(dist: metadata.Distribution, out_dir: Path) -> Path:
             dist_info = parts[0]
             if len(parts) == 2 and parts[1] in _INSTALLER_FILES:
                 continue
-        path = Path(dist.locate_file(f))
+        path = Path(cast("os.PathLike[str]", dist.locate_file(f)))  # a PathDistribution's: a Path
         try:
             data = path.read_bytes()
             mode = path.stat().st_mode & 0o777

@@ -21,9 +21,9 @@ from typing import Any
 import paramiko
 import tomli_w
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10
     import tomli as tomllib
 
 from tui.model.fields import Bad

@@ -830,7 +830,8 @@ class LocalTransport(Transport):
                 list(argv), input=input, capture_output=True, timeout=timeout, env=full_env
             )
         except subprocess.TimeoutExpired:
-            raise CommandTimeout(self.name, f"{shlex.join(list(argv)[:3])}... still running after {timeout:g}s") from None
+            raise CommandTimeout(self.name,
+                                 f"{shlex.join(list(argv)[:3])}... still running after {timeout:g}s") from None
         except OSError as e:
             raise TransportError(self.name, f"cannot run {argv[0]}: {e}") from None
         return CommandResult(

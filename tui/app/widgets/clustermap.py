@@ -470,7 +470,8 @@ def legend(mode: str, simulated: int, gpus: int, hosts: int, fits: bool) -> str:
         sim = " [b]simulated[/b]" if simulated == gpus else f" ({simulated} simulated)"
     keys = {
         "util": f"{FREE_GLYPH} idle  {SPARK[1]}{SPARK[4]}{SPARK[7]} [$success]busy[/] [$warning]≥75%[/]",
-        "memory": f"{FREE_GLYPH} empty  {SPARK[1]}{SPARK[4]}{SPARK[7]} [$success]<10%[/] [$warning]≥10%[/] [$error]≥80%[/]",
+        "memory": f"{FREE_GLYPH} empty  {SPARK[1]}{SPARK[4]}{SPARK[7]} [$success]<10%[/] [$warning]≥10%[/] "
+                  "[$error]≥80%[/]",
         "job": f"{JOB_GLYPH} a job, one colour each  [$warning]{FOREIGN_GLYPH}[/] no job  {FREE_GLYPH} free",
     }[mode]
     return (

@@ -197,7 +197,8 @@ def placement_cell(parts: Sequence[tuple[str, bool]], palette: Palette = PLAIN) 
     """``h1[0,1] sim h2[0,1]``: the nodes of ``placement_parts``, simulated ones marked."""
     if not parts:
         return Text("-", no_wrap=True, overflow="ellipsis")
-    return Text(" ", no_wrap=True, overflow="ellipsis").join(marked_simulated(label, sim, palette) for label, sim in parts)
+    return Text(" ", no_wrap=True, overflow="ellipsis").join(
+        marked_simulated(label, sim, palette) for label, sim in parts)
 
 
 def placement_text(placement: Sequence[Mapping[str, Any]]) -> str:

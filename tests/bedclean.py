@@ -1,0 +1,175 @@
+"""What a test left on a shared test bed, and taking it away.
+
+Tests that share a bed (the session's ``testbed``, a module's ``served`` or ``bed``) must each
+begin where the first began: no process of any job alive on a host, no GPU claim held, every
+link up, no rate limit and no firewall rule left. ``leftovers`` reads that from this machine's
+side (every bed host's processes are visible from the root PID namespace, and its claims through
+``/proc/<init>/root``), so it costs a scan of ``/proc`` and a few ``ip``/``tc`` calls, not a round
+trip over SSH. ``clean`` takes away what it found: the processes killed (the kernel then frees
+their claims), links up, qdiscs and firewall rules removed.
+
+conftest.py runs both around every test that uses a shared bed: what a test leaves is taken away
+and named in that test's own failure, never in the next one's.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from tests.testbed import TestBed, TestHost
+
+CLAIMS = "dev/shm/rigdeck-gpu-claims"  # agent/claims.py DEFAULT_DIR, under the host's root
+JOB_TAG = b"RIGDECK_JOB_ID="
+
+
+def _ns(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def job_processes(bed: TestBed) -> dict[str, list[tuple[int, str, str]]]:
+    """host name -> [(pid as this machine sees it, job id, command line)] of every process on
+    that host that belongs to a job: carrying a job's tag, or a job host (which carries none)."""
+    hosts = {_ns(h.init_pid): h for h in bed.hosts if h.init_pid}
+    hosts.pop(None, None)
+    out: dict[str, list[tuple[int, str, str]]] = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        host = hosts.get(_ns(pid))
+        if host is None:
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        tag = next((v[len(JOB_TAG):].decode(errors="replace") for v in env if v.startswith(JOB_TAG)), None)
+        cmd = _cmdline(pid)
+        argv = cmd.split()
+        if tag is None and "jobhost" in argv and "--job-dir" in argv:  # the agent's job host
+            i = argv.index("--job-dir") + 1
+            tag = argv[i].rstrip("/").rsplit("/", 1)[-1] if i < len(argv) else "(a job host)"
+        if tag is not None:
+            out.setdefault(host.name, []).append((int(pid), tag, cmd[:160]))
+    return out
+
+
+def claims_held(host: TestHost) -> dict[int, str]:
+    """GPU -> its holder's job, for every GPU claim held on ``host`` right now."""
+    if not host.init_pid:
+        return {}
+    d = Path(f"/proc/{host.init_pid}/root") / CLAIMS
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return {}
+    out: dict[int, str] = {}
+    for name in names:
+        if not (name.startswith("gpu-") and name.endswith(".lock") and name[4:-5].isdigit()):
+            continue
+        try:
+            fd = os.open(d / name, os.O_RDONLY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                continue  # free
+            except OSError as e:
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    continue
+            try:
+                holder = json.loads(os.pread(fd, 4096, 0).decode(errors="replace").strip() or "{}")
+            except ValueError:
+                holder = {}
+            out[int(name[4:-5])] = str(holder.get("job_id") or "an unknown holder")
+        finally:
+            os.close(fd)
+    return out
+
+
+def _out(argv: list[str]) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10, stdin=subprocess.DEVNULL).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def _links(bed: TestBed, host: TestHost) -> list[str]:
+    """What is off about a host's link: down, a qdisc (rate limit) on either end, a firewall rule."""
+    said = []
+    if "state DOWN" in _out(["ip", "-n", host.netns, "link", "show", "eth0"]) or \
+            ",UP" not in _out(["ip", "-n", host.netns, "link", "show", "eth0"]):
+        said.append("eth0 is down")
+    for where, argv in (("eth0", ["tc", "-n", host.netns, "qdisc", "show", "dev", "eth0", "root"]),
+                        (host.veth, ["tc", "qdisc", "show", "dev", host.veth, "root"])):
+        q = _out(argv).strip()
+        if q and not q.startswith(("qdisc noqueue", "qdisc pfifo_fast", "qdisc fq_codel")):
+            said.append(f"qdisc on {where}: {q.splitlines()[0]}")
+    rules = [ln for ln in _out(["ip", "netns", "exec", host.netns, "iptables", "-S"]).splitlines()
+             if ln.startswith("-A ")]
+    if rules:
+        said.append(f"iptables: {'; '.join(rules)}")
+    return said
+
+
+def leftovers(bed: TestBed) -> list[str]:
+    """Every leftover on the bed's hosts, one line each (empty: the bed is clean)."""
+    lines = []
+    procs = job_processes(bed)
+    for host in bed.hosts:
+        for pid, job, cmd in procs.get(host.name, []):
+            lines.append(f"{host.name}: process {pid} of job {job}: {cmd}")
+        for gpu, job in sorted(claims_held(host).items()):
+            lines.append(f"{host.name}: GPU {gpu} claimed by job {job}")
+        lines += [f"{host.name}: {what}" for what in _links(bed, host)]
+    return lines
+
+
+def clean(bed: TestBed, timeout: float = 15.0) -> list[str]:
+    """Take away what ``leftovers`` finds; returns what is still there after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for host in bed.hosts:
+            _out(["ip", "-n", host.netns, "link", "set", "eth0", "up"])
+            _out(["tc", "-n", host.netns, "qdisc", "del", "dev", "eth0", "root"])
+            _out(["tc", "qdisc", "del", "dev", host.veth, "root"])
+            _out(["ip", "netns", "exec", host.netns, "iptables", "-F"])
+        for procs in job_processes(bed).values():
+            for pid, _, _ in procs:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        time.sleep(0.3)
+        left = leftovers(bed)
+        if not left or time.monotonic() >= deadline:
+            return left
+
+
+def settled(bed: TestBed, timeout: float) -> list[str]:
+    """The bed's leftovers once it has had up to ``timeout`` to settle (a job a test stopped just
+    now may still be ending on its hosts): empty as soon as it is clean."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = leftovers(bed)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.5)
