@@ -84,7 +84,7 @@ python39:
 	  "and fail under RIGDECK_REQUIRE_TESTBED=1"
 
 test: sysdeps python39 $(VENV)/.installed-test
-	PATH="$(TOOLS):$$PATH" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not quiet" $(PYTEST_ARGS)
+	PATH="$(TOOLS):$$PATH" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not quiet" --durations=30 $(PYTEST_ARGS)
 	PATH="$(TOOLS):$$PATH" $(PY) -m pytest -m quiet $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: none selected
 
 lint: $(VENV)/.installed-test

@@ -27,6 +27,7 @@ from tests.testbed import TestBed, TestHost
 
 CLAIMS = "dev/shm/rigdeck-gpu-claims"  # agent/claims.py DEFAULT_DIR, under the host's root
 JOB_TAG = b"RIGDECK_JOB_ID="
+SIM_TAG = b"RIGDECK_SIM_GPU="
 
 
 def _ns(pid: int | str) -> str | None:
@@ -45,7 +46,8 @@ def _cmdline(pid: str) -> str:
 
 def job_processes(bed: TestBed) -> dict[str, list[tuple[int, str, str]]]:
     """host name -> [(pid as this machine sees it, job id, command line)] of every process on
-    that host that belongs to a job: carrying a job's tag, or a job host (which carries none)."""
+    that host that belongs to a job (carrying a job's tag, or a job host, which carries none), or
+    that loads a simulated GPU (``RIGDECK_SIM_GPU``: a test's stand-in for a GPU process)."""
     hosts = {_ns(h.init_pid): h for h in bed.hosts if h.init_pid}
     hosts.pop(None, None)
     out: dict[str, list[tuple[int, str, str]]] = {}
@@ -60,6 +62,8 @@ def job_processes(bed: TestBed) -> dict[str, list[tuple[int, str, str]]]:
         except OSError:
             continue
         tag = next((v[len(JOB_TAG):].decode(errors="replace") for v in env if v.startswith(JOB_TAG)), None)
+        if tag is None and any(v.startswith(SIM_TAG) for v in env):
+            tag = "(a simulated GPU's load)"  # a test's CPU burner standing for a GPU process
         cmd = _cmdline(pid)
         argv = cmd.split()
         if tag is None and "jobhost" in argv and "--job-dir" in argv:  # the agent's job host

@@ -75,7 +75,9 @@ def test_rigdeck_opens_on_this_machine_in_tmux(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     session = f"rdk-{uuid.uuid4().hex[:8]}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RIGDECK_", "TMUX"))}
+    # COLUMNS and LINES (a pytest-xdist worker has COLUMNS=80) would size the app, not tmux's window.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RIGDECK_", "TMUX")) and k not in ("COLUMNS", "LINES")}
     env.update(HOME=str(home), TERM="xterm-256color", RIGDECK_HOME=str(home / "rigdeck"))
     cmd = f"{sys.executable} -m tui.cli"
     subprocess.run(
@@ -249,7 +251,9 @@ def test_the_app_exits_when_its_terminal_goes_away(tmp_path: Path, how: str) -> 
     home = tmp_path / "home"
     home.mkdir()
     socket = f"rdk-{uuid.uuid4().hex[:8]}"  # a private tmux server: kill-server kills only it
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RIGDECK_", "TMUX"))}
+    # COLUMNS and LINES (a pytest-xdist worker has COLUMNS=80) would size the app, not tmux's window.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RIGDECK_", "TMUX")) and k not in ("COLUMNS", "LINES")}
     env.update(HOME=str(home), TERM="xterm-256color", RIGDECK_HOME=str(home / "rigdeck"))
     venv = Path(sys.prefix)
     cmd = {

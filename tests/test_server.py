@@ -131,30 +131,46 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestBed, 
             alice.run("server", "stop", check=False, timeout=60)
 
 
-def server_leftovers(alice: Operator) -> list[tuple[str, str, str]]:
+def server_leftovers(client: Any) -> list[tuple[str, str, str]]:
     """What the server still runs or holds: (kind, id, state) of every job not ended (a queued
-    one too), every sweep and pipeline not ended."""
+    one too), every sweep and pipeline not ended; read over one link (``client``)."""
     from tui.model.jobstate import TERMINAL
     from tui.model.pipelineview import PIPELINE_FINAL
     from tui.model.sweepview import SWEEP_FINAL
 
-    out = [("job", v["job_id"], v["state"]) for v in alice.json("jobs", timeout=60) if v["state"] not in TERMINAL]
-    out += [("sweep", r["sweep_id"], r["state"]) for r in alice.json("sweeps", timeout=60)
-            if r["state"] not in SWEEP_FINAL]
-    out += [("pipeline", r["pipeline_id"], r["state"]) for r in alice.json("pipelines", timeout=60)
-            if r["state"] not in PIPELINE_FINAL]
+    out = [("job", v.job_id, v.state) for v in client.list_jobs() if v.state not in TERMINAL]
+    out += [("sweep", r.sweep_id, r.state) for r in client.sweeps() if r.state not in SWEEP_FINAL]
+    out += [("pipeline", r.pipeline_id, r.state) for r in client.pipelines() if r.state not in PIPELINE_FINAL]
     return out
 
 
-def take_away(alice: Operator, left: list[tuple[str, str, str]]) -> None:
+def take_away(client: Any, left: list[tuple[str, str, str]]) -> None:
     """Stop what ``server_leftovers`` found: sweeps and pipelines first (they start jobs), then jobs."""
-    order = {"sweep": 0, "pipeline": 1, "job": 2}
-    for kind, ref, _ in sorted(left, key=lambda x: order[x[0]]):
-        args = ("stop", ref, "--grace", "1") if kind == "job" else (kind, "stop", ref)
-        alice.run(*args, check=False, timeout=120)
-    for kind, ref, _ in server_leftovers(alice):  # the jobs a sweep or pipeline had running
+    for kind, ref, _ in sorted(left, key=lambda x: ("sweep", "pipeline", "job").index(x[0])):
+        try:
+            if kind == "sweep":
+                client.sweep_stop(ref)
+            elif kind == "pipeline":
+                client.pipeline_stop(ref)
+            else:
+                client.stop(ref, grace_s=1)
+        except Exception as e:  # stopped meanwhile, or ended: what is left is read again
+            print(f"stopping {kind} {ref}: {type(e).__name__}: {e}", file=sys.stderr)
+    for kind, ref, _ in server_leftovers(client):  # the jobs a sweep or pipeline had running
         if kind == "job":
-            alice.run("stop", ref, "--grace", "1", check=False, timeout=120)
+            client.stop(ref, grace_s=1)
+
+
+@pytest.fixture(scope="module")
+def server_link(served: tuple[TestBed, Operator, Operator]) -> Iterator[Any]:
+    """One link to the server for the module's checks (a CLI per look would cost seconds)."""
+    from tui.client import RemoteClient, load_inventory
+
+    client = RemoteClient(load_inventory(served[1].inventory))
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 @pytest.fixture(autouse=True)
@@ -165,17 +181,17 @@ def server_starts_clean(request: pytest.FixtureRequest) -> Iterator[None]:
     if "served" not in request.fixturenames:
         yield
         return
-    _, alice, _ = request.getfixturevalue("served")
-    left = server_leftovers(alice)
+    client = request.getfixturevalue("server_link")
+    left = server_leftovers(client)
     if left:
-        take_away(alice, left)
+        take_away(client, left)
         print(f"\nwarning: the server ran {left} before {request.node.name} (stopped)", file=sys.stderr)
     yield
     deadline = time.monotonic() + 10  # a stop the test made at its end may still be being recorded
-    while (left := server_leftovers(alice)) and time.monotonic() < deadline:
-        time.sleep(1)
+    while (left := server_leftovers(client)) and time.monotonic() < deadline:
+        time.sleep(0.5)
     if left:
-        take_away(alice, left)
+        take_away(client, left)
         pytest.fail(f"{request.node.name} left these running on the server (stopped now): "
                     + ", ".join(f"{k} {ref} ({st})" for k, ref, st in left), pytrace=False)
 

@@ -132,3 +132,24 @@ def test_metrics_keep_the_newest_attempt_of_a_step_and_survive_a_step_that_is_no
     # attempt 1's step 1 replaced attempt 0's.
     assert sorted((str(r["step"]), r.get("loss")) for r in got) == [("1", 0.4), ("None", None), ("warmup", 9.0)]
     assert got[-1]["step"] == 1
+
+
+def test_a_stop_is_done_only_when_no_host_has_a_process_or_a_claim_of_the_job_left() -> None:
+    """``left_behind``: what keeps ``rigdeck stop`` waiting (and a launch behind it queued)."""
+    from tui.control.jobs import left_behind
+    from tui.remote.transport import TransportError
+
+    done = {"state": "stopped", "tagged_processes": 0, "claims_held": []}
+    assert left_behind({"h1": done, "h2": dict(done)}) == {}
+    assert left_behind({"h1": {"state": "stopped"}}) == {}  # an older agent: no claim key, no process count
+    left = left_behind({
+        "h1": done,
+        "h2": {**done, "state": "stopping"},
+        "h3": {**done, "tagged_processes": 1},  # the job host, exiting after it wrote its end
+        "h4": {**done, "claims_held": [0, 2]},
+        "h5": {**done, "claims_held": None},  # the claim directory was busy: not known yet
+        "h6": TransportError("h6", "connection refused"),
+    })
+    assert left == {"h2": "still stopping", "h3": "1 process left", "h4": "GPU 0,2 still claimed",
+                    "h5": "GPU claims not read yet", "h6": left["h6"]}
+    assert left["h6"].startswith("unreachable (")

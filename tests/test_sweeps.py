@@ -473,3 +473,30 @@ def test_a_random_sweep_asks_its_next_trials_ahead_and_a_stop_ends_them_without_
     assert all(by_number[n]["error"] == "the sweep was stopped" for n in by_number if n in (3, 5))
     jobs = {j["trial"]: j["state"] for j in cli.json("jobs") if j["sweep_id"] == sweep_id}
     assert jobs == {"1": "stopped", "2": "stopped"}, jobs  # the ready ones never became jobs
+
+
+def test_an_orphan_asked_without_its_parameters_is_failed_not_recorded(tmp_path: Path) -> None:
+    """A controller killed inside Optuna's ask leaves a RUNNING trial with some or none of its
+    parameters (each is written apart). The next controller adopts complete orphans as trials,
+    but one without its parameters could never run (its command needs them): it is told failed
+    and left out, so the sweep asks that trial number anew instead of stalling on it for good."""
+    from types import SimpleNamespace
+
+    from tui.control.history import History
+    from tui.control.sweeps import SweepRunner, distributions
+
+    spec = jobspec_from_toml(BASE + 'lr = {type = "float", low = 0.001, high = 0.1, log = true}\n',
+                             tmp_path / "job.toml")
+    manager = SimpleNamespace(history=History(tmp_path / "history.sqlite"), owner="test")
+    runner = SweepRunner(manager, queue=None)
+    optuna = __import__("optuna")
+    study = optuna.create_study(study_name="sw-orph", storage=runner.storage)
+    runner.store.create("sw-orph", "orph", spec.to_dict())
+    assert spec.sweep is not None
+    whole = study.ask(distributions(spec.sweep))  # asked and written: its controller died after
+    cut = study.ask()  # asked, killed before its parameter was written
+    runner._adopt_orphans("sw-orph", spec, study, [])
+    rows = runner.store.trials("sw-orph")
+    assert [(r["trial_id"], r["params"]) for r in rows] == [(whole._trial_id, whole.params)]
+    states = {t.number: t.state for t in study.get_trials(deepcopy=False)}
+    assert states == {whole.number: optuna.trial.TrialState.RUNNING, cut.number: optuna.trial.TrialState.FAIL}

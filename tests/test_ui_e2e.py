@@ -124,7 +124,9 @@ def tmux_env(tmp_path: Path) -> Iterator[dict[str, str]]:
     require(shutil.which("tmux"), TMUX_MISSING)
     home = tmp_path / "home"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RIGDECK_", "TMUX"))}
+    # COLUMNS and LINES (a pytest-xdist worker has COLUMNS=80) would size the app, not tmux's window.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("RIGDECK_", "TMUX")) and k not in ("COLUMNS", "LINES")}
     env.update(HOME=str(home), TERM="xterm-256color", RIGDECK_HOME=str(home / "rigdeck"))
     yield env
 

@@ -844,8 +844,9 @@ class TestBed:
         proc = h._sshd_proc
         assert proc is not None
         _wait_port(h.address, h.port, self.start_timeout, proc, h.sshd_log)
-        # nsenter forks for the PID namespace: the sshd is its child.
-        deadline = time.monotonic() + 2.0
+        # nsenter forks for the PID namespace: the sshd is its child (on a loaded machine the
+        # fork can come late: it listens already, so it is there).
+        deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:
             kids = [p for p in _children(proc.pid) if _exe(p) == SSHD]
             if kids:
@@ -947,9 +948,11 @@ class TestBed:
         return subprocess.run([*self._ns_argv(h), *argv], **kwargs)
 
     def popen(self, i: HostRef, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
-        """Like exec(), but returns the Popen (the process runs until it ends or down())."""
+        """Like exec(), but returns the Popen: the process runs until it ends, or until the
+        Popen's own process (nsenter, which forks it into the host's PID namespace) is killed:
+        it dies with it (a parent-death signal), so ``p.kill()`` leaves nothing on the host."""
         h = self.host(i)
-        return subprocess.Popen([*self._ns_argv(h), *argv], **kwargs)
+        return subprocess.Popen([*self._ns_argv(h), "setpriv", "--pdeathsig", "KILL", "--", *argv], **kwargs)
 
     def link_down(self, i: HostRef) -> None:
         _run(["ip", "-n", self.host(i).netns, "link", "set", "eth0", "down"])

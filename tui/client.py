@@ -834,10 +834,14 @@ class RemoteClient(Client):
 
     def launch(self, spec: JobSpec, *, queue: bool = True) -> JobView:
         spec = self._with_code(spec)
-        return JobView.from_json(self.call("launch", spec=spec.to_dict(), queue=queue))
+        # A launch behind a stop follows the stop to its end first (at most 90 s more).
+        return JobView.from_json(self.call("launch", timeout=self.call_timeout + 90, spec=spec.to_dict(), queue=queue))
 
     def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False, wait: bool = True) -> JobView:
-        return JobView.from_json(self.call("stop", ref=ref, grace_s=grace_s, yes=yes, wait=wait))
+        # A waiting stop is answered after the grace period (the job's own when none is given)
+        # and the hosts' sweep: longer than an ordinary call may take.
+        timeout = None if not wait else (grace_s + 90 if grace_s is not None else 900.0)
+        return JobView.from_json(self.call("stop", timeout=timeout, ref=ref, grace_s=grace_s, yes=yes, wait=wait))
 
     def view(self, ref: str) -> JobView:
         return JobView.from_json(self.call("view", ref=ref))

@@ -333,7 +333,7 @@ class ControllerService:
         self.manager.history.update(view.job_id, waiting=f"waiting for {', '.join(ids)} to stop "
                                                          "(it starts once their GPU claims are released)")
         began = time.monotonic()
-        left = self.manager.await_stopped(ids, timeout=min(120.0, max(5.0, until - now)))
+        left = self.manager.await_stopped(ids, timeout=min(90.0, max(5.0, until - now)))
         if not left:
             with self._exclusive():
                 started = self.queue.advance()

@@ -395,8 +395,17 @@ class SweepRunner:
         """Optuna trials asked but never recorded (the controller died in between): record them."""
         known = {t["trial_id"] for t in trials}
         state = _optuna().trial.TrialState
+        assert spec.sweep is not None
+        wanted = set(distributions(spec.sweep))
         for ft in study.get_trials(deepcopy=False, states=(state.RUNNING, state.WAITING)):
             if ft._trial_id in known or ft.user_attrs.get("warm_start"):
+                continue
+            if set(ft.params) != wanted:
+                # Died inside the ask, before every parameter was written: no job can be made
+                # from it. Optuna is told it failed; the next ask makes this trial number anew.
+                log.info("sweep %s: Optuna trial %s was asked but never got its parameters (%s): "
+                         "told failed", sweep_id, ft.number, sorted(ft.params))
+                study.tell(ft.number, state=state.FAIL, skip_if_finished=True)
                 continue
             number = self._next_number(trials)
             job_id = f"{spec.name[:48]}-t{number}-{uuid.uuid4().hex[:6]}"
