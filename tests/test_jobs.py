@@ -268,7 +268,9 @@ gpus_per_node = 4
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
-    stopping = cli.run("stop", second, "--grace", "3", "--no-wait")
+    # A grace long enough that the launch below (a CLI starting up, on a loaded machine) comes
+    # while the second job is still stopping: it must queue behind the stop, not find it over.
+    stopping = cli.run("stop", second, "--grace", "8", "--no-wait")
     assert f"{second}: stopping" in stopping.stdout, stopping.stdout
     third = cli.run("launch", str(cli.spec("whole-3", body)))  # at once, for the same GPUs
     try:

@@ -338,7 +338,9 @@ def test_two_operators_share_jobs_and_queue_and_the_queue_runs_unattended(
     live = [(v["job_id"], v["state"]) for v in alice.json("jobs")
             if v["state"] not in ("succeeded", "failed", "stopped")]
     assert live == [], live  # what earlier tests started has ended
-    body = ticker(200) + "nodes = 3\ngpus_per_node = 4\n"  # all of every host's GPUs: one at a time
+    # All of every host's GPUs: one at a time. Long enough (50 s) that the first is still running
+    # while both operators read the queue, even on a loaded machine.
+    body = ticker(500) + "nodes = 3\ngpus_per_node = 4\n"
     specs = [alice.spec("whole-a", body), bob.spec("whole-b", body)]
     procs = [subprocess.Popen([sys.executable, "-m", "tui.cli", "launch", str(s), "--json", "-i", str(op.inventory)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=op.env, cwd=ROOT)
