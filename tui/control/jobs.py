@@ -837,11 +837,12 @@ class JobManager:
         # (the job host writes its end, then exits: until then it holds the claims).
         deadline = time.monotonic() + grace + 30
         while True:
-            left = left_behind(self.host_states(rec))
+            states = self.host_states(rec)
+            left = left_behind(states)
             if not left or time.monotonic() >= deadline:
                 break
             time.sleep(POLL_S)
-        if left and any(not what.startswith("unreachable") for what in left.values()):
+        if left_behind({h: s for h, s in states.items() if isinstance(s, dict)}):
             # A host that answers still has some of it: it stays "stopping" (its GPUs held)
             # and says what is left; supervision records its end once the hosts are done.
             self.history.update(job_id, supervisor=None, lease_until=None)
