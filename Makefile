@@ -11,8 +11,11 @@ TORCH_SPEC ?= torch==2.13.0
 DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync
 PYTEST_ARGS ?=
 # The suite runs in this many pytest-xdist workers, a test module to a worker, each worker with a
-# test bed of its own; tests marked `quiet` (they measure speed) run after them, alone.
-PYTEST_WORKERS ?= 2
+# test bed of its own; tests marked `quiet` (they measure speed) run after them, alone. The tests
+# mostly wait on processes and links, so three workers keep two cores busy.
+PYTEST_WORKERS ?= 3
+# The files that hold `quiet` tests: the quiet phase collects only these (or PYTEST_ARGS' own).
+QUIET_FILES = $(shell grep -l 'pytest.mark.quiet' tests/test_*.py)
 # Tools the tests find on PATH that the machine has but not on PATH (see python39).
 TOOLS := $(CURDIR)/.tools/bin
 
@@ -85,7 +88,7 @@ python39:
 
 test: sysdeps python39 $(VENV)/.installed-test
 	PATH="$(TOOLS):$$PATH" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not quiet" --durations=30 $(PYTEST_ARGS)
-	PATH="$(TOOLS):$$PATH" $(PY) -m pytest -m quiet $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: none selected
+	PATH="$(TOOLS):$$PATH" $(PY) -m pytest -m quiet $(if $(PYTEST_ARGS),,$(QUIET_FILES)) $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: none selected
 
 lint: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check tui agent runtime tests bench
