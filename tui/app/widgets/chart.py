@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from rich.segment import Segment
@@ -108,15 +109,67 @@ def render_series(
         return [Strip.blank(width)] * height
     series = [s for s in series if s]
     if not series:
-        lines_out = [Strip.blank(width)] * height
-        msg = empty[:width]
-        pad = (width - len(msg)) // 2
-        lines_out = list(lines_out)
-        lines_out[height // 2] = Strip(
-            [Segment(" " * pad), Segment(msg, axis), Segment(" " * (width - pad - len(msg)))]
-        )
-        return lines_out
+        return _empty_chart(width, height, empty, axis)
+    frame = _frame(series, width, height, x_max, x_min_step)
+    if frame is None:
+        return [Strip.blank(width)] * height
+    grids = [
+        (_step_dots if steps else _dots)(s, frame.to_dx, frame.to_dy, frame.plot_w, frame.plot_h)
+        for s in series
+    ]
+    styles = [
+        (lines[min(i, len(lines) - 1)] if lines else _PLAIN) for i in range(len(series))
+    ]
+    strips = _plot_strips(frame, grids, styles, axis, width) + _x_axis_strips(frame, axis, width)
+    return [s.adjust_cell_length(width) for s in strips]
 
+
+def _empty_chart(width: int, height: int, empty: str, axis: Style) -> list[Strip]:
+    """A chart with nothing to draw: blank, with ``empty`` centred on the middle row."""
+    lines_out = [Strip.blank(width)] * height
+    msg = empty[:width]
+    pad = (width - len(msg)) // 2
+    lines_out = list(lines_out)
+    lines_out[height // 2] = Strip(
+        [Segment(" " * pad), Segment(msg, axis), Segment(" " * (width - pad - len(msg)))]
+    )
+    return lines_out
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """Where a chart's plot sits and what its axes span: computed once from all the series,
+    then shared by the curves, the y tick rows and the x axis."""
+
+    plot_w: int  # cells of the plot area, right of the y labels and their axis column
+    plot_h: int  # rows of the plot area, above the x axis and its labels
+    label_w: int  # width of the y labels
+    x_lo: float
+    x_hi: float
+    y_lo: float
+    y_hi: float
+    x_ticks: list[float]
+    y_ticks: list[float]
+    y_labels: list[str]
+
+    def to_dx(self, x: float) -> int:
+        dots_w = self.plot_w * 2
+        return min(dots_w - 1, max(0, int(round((x - self.x_lo) / (self.x_hi - self.x_lo) * (dots_w - 1)))))
+
+    def to_dy(self, y: float) -> int:  # 0 at the top
+        dots_h = self.plot_h * 4
+        return min(dots_h - 1, max(0, int(round((self.y_hi - y) / (self.y_hi - self.y_lo) * (dots_h - 1)))))
+
+
+def _frame(
+    series: Sequence[Sequence[tuple[float, float]]],
+    width: int,
+    height: int,
+    x_max: float | None,
+    x_min_step: float,
+) -> _Frame | None:
+    """The axes' bounds and ticks for these (non-empty) series, the y labels' width fixing the
+    plot's; None when the labels leave too little room for a plot."""
     xs = [float(p[0]) for s in series for p in s]
     ys = [float(p[1]) for s in series for p in s if math.isfinite(p[1])]
     if not ys:
@@ -128,53 +181,50 @@ def render_series(
     label_w = max(len(s) for s in y_labels)
     plot_w = width - label_w - 2  # the axis column, and a margin on the right
     if plot_w < 4:
-        return [Strip.blank(width)] * height
+        return None
     x_lo = min(xs)
     x_hi = max(max(xs), x_max if x_max is not None else max(xs))
     x_lo_t, x_hi_t, x_ticks = ticks(
         x_lo, x_hi if x_hi > x_lo else x_lo + 1, max(2, plot_w // 12), x_min_step
     )
-    x_lo, x_hi = x_lo_t, x_hi_t
+    return _Frame(plot_w=plot_w, plot_h=plot_h, label_w=label_w, x_lo=x_lo_t, x_hi=x_hi_t,
+                  y_lo=y_lo, y_hi=y_hi, x_ticks=x_ticks, y_ticks=y_ticks, y_labels=y_labels)
 
-    dots_w, dots_h = plot_w * 2, plot_h * 4
 
-    def to_dx(x: float) -> int:
-        return min(dots_w - 1, max(0, int(round((x - x_lo) / (x_hi - x_lo) * (dots_w - 1)))))
-
-    def to_dy(y: float) -> int:  # 0 at the top
-        return min(dots_h - 1, max(0, int(round((y_hi - y) / (y_hi - y_lo) * (dots_h - 1)))))
-
-    grids = [
-        (_step_dots if steps else _dots)(s, to_dx, to_dy, plot_w, plot_h) for s in series
-    ]
-    styles = [
-        (lines[min(i, len(lines) - 1)] if lines else _PLAIN) for i in range(len(series))
-    ]
-
-    # y tick rows
+def _plot_strips(
+    frame: _Frame, grids: Sequence[list[list[int]]], styles: Sequence[Style], axis: Style, width: int
+) -> list[Strip]:
+    """The plot's rows: a y label where a tick falls (the first tick of a row wins), the y
+    axis, and the series' dots."""
     tick_rows: dict[int, str] = {}
-    for v, label in zip(y_ticks, y_labels, strict=True):
-        row = to_dy(v) // 4
+    for v, label in zip(frame.y_ticks, frame.y_labels, strict=True):
+        row = frame.to_dy(v) // 4
         tick_rows.setdefault(row, label)
 
     strips = []
-    for r in range(plot_h):
+    for r in range(frame.plot_h):
         tick = tick_rows.get(r)
         segs = [
-            Segment((tick or "").rjust(label_w), axis),
+            Segment((tick or "").rjust(frame.label_w), axis),
             Segment("┤" if tick is not None else "│", axis),
         ]
-        segs.extend(_row_segments([g[r] for g in grids], styles, plot_w))
+        segs.extend(_row_segments([g[r] for g in grids], styles, frame.plot_w))
         segs.append(Segment(" "))
         strips.append(Strip(segs, width))
+    return strips
 
-    # x axis and its labels
+
+def _x_axis_strips(frame: _Frame, axis: Style, width: int) -> list[Strip]:
+    """The x axis with its tick marks, and the row of its labels: a label that would overlap
+    the one before it is left out."""
+    plot_w, label_w = frame.plot_w, frame.label_w
     axis_chars = ["─"] * plot_w
     label_chars = [" "] * (plot_w + 2)
+    x_ticks = frame.x_ticks
     x_step = x_ticks[1] - x_ticks[0] if len(x_ticks) > 1 else 1.0
     last_end = -1
     for v in x_ticks:
-        col = to_dx(v) // 2
+        col = frame.to_dx(v) // 2
         if 0 <= col < plot_w:
             axis_chars[col] = "┬"
             text = fmt_tick(v, x_step) if x_step >= 1 else f"{v:g}"
@@ -182,16 +232,13 @@ def render_series(
             if start > last_end:
                 label_chars[start : start + len(text)] = list(text)
                 last_end = start + len(text)
-    strips.append(
-        Strip([Segment(" " * label_w + "└", axis), Segment("".join(axis_chars) + " ", axis)], width)
-    )
-    strips.append(
+    return [
+        Strip([Segment(" " * label_w + "└", axis), Segment("".join(axis_chars) + " ", axis)], width),
         Strip(
             [Segment(" " * (label_w + 1), axis), Segment("".join(label_chars)[: plot_w + 1], axis)],
             width,
-        )
-    )
-    return [s.adjust_cell_length(width) for s in strips]
+        ),
+    ]
 
 
 def _dots(
