@@ -31,6 +31,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
+from agent import gpuhealth
 from agent.facts import simulated_gpus
 
 MB = 1024 * 1024
@@ -109,6 +110,8 @@ class GpuSample:
     sm_clock_mhz: Optional[int]
     ecc_volatile_errors: Optional[int]  # None where the card has no ECC
     processes: List[GpuProcess] = field(default_factory=list)
+    health: str = gpuhealth.OK  # ok | warn | unhealthy, judged on the host (agent/gpuhealth.py)
+    health_reason: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -125,6 +128,8 @@ class GpuSample:
             "sm_clock_mhz": self.sm_clock_mhz,
             "ecc_volatile_errors": self.ecc_volatile_errors,
             "processes": [p.to_dict() for p in self.processes],
+            "health": self.health,
+            "health_reason": self.health_reason,
         }
 
     @classmethod
@@ -143,6 +148,9 @@ class GpuSample:
             sm_clock_mhz=d.get("sm_clock_mhz"),
             ecc_volatile_errors=d.get("ecc_volatile_errors"),
             processes=[GpuProcess.from_dict(p) for p in d.get("processes") or []],
+            # an agent older than health checks says nothing: that is "ok", as it always read
+            health=str(d.get("health") or gpuhealth.OK),
+            health_reason=d.get("health_reason"),
         )
 
 
@@ -778,8 +786,12 @@ class _SimulatedGpus:
 
     source = "simulated"
 
-    def __init__(self, count: int, hostname: str, table: Optional[ProcessTable] = None) -> None:
+    def __init__(self, count: int, hostname: str, table: Optional[ProcessTable] = None,
+                 faults_path: Optional[str] = None) -> None:
         self._gpus = simulated_gpus(count, hostname)
+        # The test bed breaks a paper GPU by writing this file; the fault lasts as long as its entry.
+        self._faults_path = faults_path
+        self._judge = gpuhealth.HealthJudge(sticky=False)
         self._uuid_index = {g["uuid"]: g["index"] for g in self._gpus}
         self._table = table if table is not None else ProcessTable()
         self._clk = float(os.sysconf("SC_CLK_TCK"))
@@ -828,11 +840,14 @@ class _SimulatedGpus:
                     rank=_int_or_none(p.env.get(ENV_RANK)),
                 )
             )
+        faults = gpuhealth.read_sim_faults(self._faults_path) if self._faults_path else {}
         out = []
         for g in self._gpus:
             i = g["index"]
             u = round(max(0.0, min(100.0, util[i])), 1)
             total = g["memory_total_mb"]
+            seen = gpuhealth.sim_observation(faults.get(i))
+            health, reason = self._judge.judge(i, seen)
             out.append(
                 GpuSample(
                     index=i,
@@ -846,17 +861,27 @@ class _SimulatedGpus:
                     power_w=round(60.0 + 6.0 * u, 1),
                     power_limit_w=SIM_POWER_LIMIT_W,
                     sm_clock_mhz=1980 if u > 0 else 345,
-                    ecc_volatile_errors=0,
+                    ecc_volatile_errors=seen.ecc_uncorrected,
                     processes=sorted(procs[i], key=lambda x: x.pid),
+                    health=health,
+                    health_reason=reason,
                 )
             )
         return out
+
+    def clear_health(self, index: Optional[int] = None) -> List[int]:
+        return self._judge.clear(index)
 
     def set_interval(self, seconds: float) -> None:
         pass
 
     def close(self) -> None:
         self._table.close()
+
+
+def _absent(*args: Any) -> Any:
+    """Stands in for an NVML call this pynvml lacks: the field reads as unknown."""
+    return None
 
 
 def _text(value: Any) -> str:
@@ -874,6 +899,7 @@ class _NvmlGpus:
         self._not_supported = getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3)
         self._unsupported = set()  # type: set  # (gpu index, query name): never asked again
         self._table = table if table is not None else ProcessTable()
+        self._events = None  # type: Any
         nvml.nvmlInit()
         self._open = True
         try:
@@ -884,6 +910,12 @@ class _NvmlGpus:
             raise
         self._names = []  # type: List[str]
         self._uuids = []  # type: List[str]
+        self._judge = gpuhealth.HealthJudge()
+        self._gpu_lost = getattr(nvml, "NVML_ERROR_GPU_IS_LOST", 15)
+        self._lost_now = set()  # type: set  # GPUs whose queries said "GPU is lost" this sample
+        self._slow_at = 0.0  # when the slow health reads (retired pages, row remapping) were last made
+        self._slow = {}  # type: Dict[int, Tuple[Optional[bool], Optional[bool], Optional[bool]]]
+        self._events = self._xid_events()
         for i, h in enumerate(self._handles):
             name = self._q(i, "name", nvml.nvmlDeviceGetName, h)
             uuid = self._q(i, "uuid", nvml.nvmlDeviceGetUUID, h)
@@ -901,9 +933,94 @@ class _NvmlGpus:
         try:
             return fn(*args)
         except self._err as e:
-            if getattr(e, "value", None) == self._not_supported:
+            value = getattr(e, "value", None)
+            if value == self._not_supported:
                 self._unsupported.add((i, what))
+            elif value == self._gpu_lost:
+                self._lost_now.add(i)
             return None
+
+    def _xid_events(self) -> Any:
+        """An NVML event set that hears every GPU's critical XID errors, or None where this NVML
+        (or every GPU) offers none: health then rests on the counters alone."""
+        nvml = self._nvml
+        create = getattr(nvml, "nvmlEventSetCreate", None)
+        kind = getattr(nvml, "nvmlEventTypeXidCriticalError", None)
+        if create is None or kind is None:
+            return None
+        try:
+            events = create()
+        except self._err:
+            return None
+        heard = 0
+        for h in self._handles:
+            try:
+                nvml.nvmlDeviceRegisterEvents(h, kind, events)
+                heard += 1
+            except self._err:
+                pass  # this GPU cannot report XIDs (NOT_SUPPORTED): its counters still count
+        if heard:
+            return events
+        self._free_events(events)
+        return None
+
+    def _free_events(self, events: Any) -> None:
+        try:
+            self._nvml.nvmlEventSetFree(events)
+        except (self._err, AttributeError):
+            pass
+
+    def _xids(self) -> Dict[int, List[int]]:
+        """The XID errors NVML queued since the last sample, per GPU index (no wait)."""
+        out = {}  # type: Dict[int, List[int]]
+        if self._events is None:
+            return out
+        nvml = self._nvml
+        for _ in range(256):  # a storm of events must not hold the sample up
+            try:
+                data = nvml.nvmlEventSetWait_v2(self._events, 0)
+            except self._err as e:
+                if getattr(e, "value", None) == self._gpu_lost:
+                    self._lost_now.update(range(len(self._handles)))
+                break  # TIMEOUT: nothing more queued
+            try:
+                i = int(nvml.nvmlDeviceGetIndex(data.device))
+            except self._err:
+                continue
+            out.setdefault(i, []).append(int(data.eventData))
+        return out
+
+    def _throttle(self, i: int, h: Any) -> List[str]:
+        nvml = self._nvml
+        fn = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        mask = self._q(i, "throttle", fn, h) if fn is not None else None
+        return gpuhealth.throttle_text(int(mask)) if mask is not None else []
+
+    def _slow_reads(self, mono: float) -> None:
+        """Retired pages and row remapping change rarely and cost more: read every 5 s."""
+        if self._slow and mono - self._slow_at < 5.0:
+            return
+        self._slow_at = mono
+        nvml = self._nvml
+        enabled = getattr(nvml, "NVML_FEATURE_ENABLED", 1)
+        for i, h in enumerate(self._handles):
+            pending = self._q(i, "retired", getattr(nvml, "nvmlDeviceGetRetiredPagesPendingStatus", _absent), h)
+            rows = self._q(i, "remap", getattr(nvml, "nvmlDeviceGetRemappedRows", _absent), h)
+            remap_pending = bool(rows[2]) if rows is not None else None
+            remap_failed = bool(rows[3]) if rows is not None else None
+            self._slow[i] = (pending == enabled if pending is not None else None, remap_pending, remap_failed)
+
+    def _health(self, i: int, h: Any, ecc: Any, xids: List[int]) -> Tuple[str, Optional[str]]:
+        retired, remap_pending, remap_failed = self._slow.get(i, (None, None, None))
+        seen = gpuhealth.Observation(
+            xids=xids, ecc_uncorrected=int(ecc) if ecc is not None else None, retired_pending=retired,
+            remap_pending=remap_pending, remap_failed=remap_failed, lost=i in self._lost_now,
+            throttle=self._throttle(i, h))
+        return self._judge.judge(i, seen)
+
+    def clear_health(self, index: Optional[int] = None) -> List[int]:
+        return self._judge.clear(index)
 
     def _processes(self, i: int, h: Any) -> Dict[int, Optional[int]]:
         nvml = self._nvml
@@ -926,6 +1043,9 @@ class _NvmlGpus:
         table = self._table
         out = []
         all_pids = set()  # type: set
+        self._lost_now = set()
+        xids = self._xids()
+        self._slow_reads(mono)
         for i, h in enumerate(self._handles):
             util = q(i, "util", nvml.nvmlDeviceGetUtilizationRates, h)
             mem = q(i, "memory", nvml.nvmlDeviceGetMemoryInfo, h)
@@ -971,6 +1091,7 @@ class _NvmlGpus:
                     processes=procs,
                 )
             )
+            out[-1].health, out[-1].health_reason = self._health(i, h, ecc, xids.get(i, []))
         table.retain(all_pids)
         return out
 
@@ -979,6 +1100,9 @@ class _NvmlGpus:
 
     def close(self) -> None:
         self._table.close()
+        if self._events is not None:
+            self._free_events(self._events)
+            self._events = None
         if self._open:
             self._open = False
             try:
@@ -1194,11 +1318,13 @@ class Collector:
         backend: Optional[str] = None,
         nvml_module: Any = None,
         use_psutil: Optional[bool] = None,
+        faults_path: Optional[str] = None,
     ) -> None:
         """``backend`` forces one GPU source ('nvml', 'nvidia-smi', 'simulated', 'none') and raises
         TelemetryError where it cannot start; None tries NVML, nvidia-smi, then simulated GPUs
         (if ``sim_gpus`` > 0), then none. ``nvml_module`` replaces pynvml; ``use_psutil``
-        False forces /proc, True requires psutil, None uses it when importable."""
+        False forces /proc, True requires psutil, None uses it when importable. ``faults_path``: the
+        simulated GPUs' faults file (agent/gpuhealth.py)."""
         if backend is not None and backend not in BACKENDS:
             raise ValueError("backend must be one of %s or None, not %r" % (BACKENDS, backend))
         self.hostname = hostname or socket.gethostname()
@@ -1208,6 +1334,7 @@ class Collector:
         self._seq = 0
         self._closed = False
         self._host = _HostSampler(use_psutil)
+        self._faults_path = faults_path
         self._gpus = self._open_gpus(backend, max(0, int(sim_gpus)), nvml_module)
         self.gpu_source = self._gpus.source  # type: str
 
@@ -1257,7 +1384,7 @@ class Collector:
             if forced:
                 raise TelemetryError("nvidia-smi requested, unavailable: " + "; ".join(self.notes))
         if backend == "simulated" or (backend is None and sim_gpus > 0):
-            return _SimulatedGpus(sim_gpus, self.hostname)
+            return _SimulatedGpus(sim_gpus, self.hostname, faults_path=self._faults_path)
         return _NoGpus()
 
     def sample(self) -> Sample:

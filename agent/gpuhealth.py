@@ -1,0 +1,209 @@
+"""Whether each GPU of this host is fit to run on: judged here, on the host, every sample.
+
+A GPU can fail while every process on it stays alive: an XID error that needs a reset, memory
+that returns uncorrectable errors, a card fallen off the bus. What NVML says about each GPU (or,
+for the simulated GPUs of the test bed, what ``<state_dir>/sim-gpu-faults.json`` says) becomes
+one ``health`` (``ok`` | ``warn`` | ``unhealthy``) and a ``health_reason`` a person can act on.
+``drained`` is the controller's word, laid over this one; the agent never says it.
+
+Stdlib only, Python 3.9+.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+OK = "ok"
+WARN = "warn"
+UNHEALTHY = "unhealthy"
+DRAINED = "drained"  # set by the controller: an operator or rigdeck took the GPU out of placement
+HEALTH_STATES = (OK, WARN, UNHEALTHY, DRAINED)
+
+SIM_FAULTS_FILE = "sim-gpu-faults.json"
+
+# The XIDs NVIDIA's "XID Errors" catalog (docs.nvidia.com/deploy/xid-errors) lists as needing an
+# operator's action (reset the GPU, drain the node or replace the board), not an application bug.
+CRITICAL_XIDS = {
+    48: "double-bit ECC error",
+    63: "ECC page retirement or row remapping recorded",
+    64: "ECC page retirement or row remapping failed",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    140: "unrecovered ECC error",
+}
+
+# Clock-event reasons (NVML bit masks) that mean the hardware is slowing the GPU down: the job
+# still runs, slower; a warning for the operator, not a reason to move the job.
+THROTTLE_BITS = {
+    0x8: "hardware slowdown",
+    0x20: "software thermal slowdown",
+    0x40: "hardware thermal slowdown",
+    0x80: "hardware power brake",
+}
+THROTTLE_NAMES = {
+    "hw_slowdown": "hardware slowdown",
+    "sw_thermal": "software thermal slowdown",
+    "hw_thermal": "hardware thermal slowdown",
+    "hw_power_brake": "hardware power brake",
+}
+
+
+def xid_text(xid: int) -> str:
+    what = CRITICAL_XIDS.get(xid)
+    return "XID %d: %s" % (xid, what) if what else "XID %d" % xid
+
+
+def throttle_text(mask: int) -> List[str]:
+    return [name for bit, name in sorted(THROTTLE_BITS.items()) if mask & bit]
+
+
+class Observation:
+    """What was read about one GPU in one sample. None: not known (unsupported, or not read)."""
+
+    __slots__ = ("xids", "ecc_uncorrected", "retired_pending", "remap_pending", "remap_failed", "lost",
+                 "throttle")
+
+    def __init__(self, xids: Optional[List[int]] = None, ecc_uncorrected: Optional[int] = None,
+                 retired_pending: Optional[bool] = None, remap_pending: Optional[bool] = None,
+                 remap_failed: Optional[bool] = None, lost: bool = False,
+                 throttle: Optional[List[str]] = None) -> None:
+        self.xids = list(xids or [])
+        self.ecc_uncorrected = ecc_uncorrected
+        self.retired_pending = retired_pending
+        self.remap_pending = remap_pending
+        self.remap_failed = remap_failed
+        self.lost = lost
+        self.throttle = list(throttle or [])
+
+
+class HealthJudge:
+    """Turns each GPU's observations into ``(health, reason)``.
+
+    A real fault is remembered (``sticky``): an XID is an event seen once, and a GPU that lost
+    memory rows stays suspect after the count stops rising, until an operator clears it
+    (``clear``, on undrain). The simulated GPUs' faults file describes the fault as it stands, so
+    a judge made with ``sticky=False`` forgets a fault when its entry is removed."""
+
+    def __init__(self, sticky: bool = True) -> None:
+        self.sticky = sticky
+        self._ecc_base = {}  # type: Dict[int, int]  # the uncorrected count first seen (volatile)
+        self._remembered = {}  # type: Dict[int, str]  # GPU -> the fault that made it unhealthy
+
+    def clear(self, index: Optional[int] = None) -> List[int]:
+        """Forget remembered faults (of one GPU, or all); the next sample judges afresh. The
+        ECC baseline moves to the count then, so errors already counted are not faults again."""
+        gone = [i for i in self._remembered if index is None or i == index]
+        for i in gone:
+            del self._remembered[i]
+        for i in list(self._ecc_base):
+            if index is None or i == index:
+                del self._ecc_base[i]
+        return sorted(gone)
+
+    def judge(self, index: int, seen: Observation) -> Tuple[str, Optional[str]]:
+        fault = self._fault(index, seen)
+        if fault is not None:
+            if self.sticky:
+                self._remembered.setdefault(index, fault)
+            return UNHEALTHY, fault
+        if index in self._remembered:
+            return UNHEALTHY, self._remembered[index]
+        warnings = ["%s (not one NVIDIA lists as needing a reset)" % xid_text(x) for x in seen.xids]
+        if seen.throttle:
+            warnings.append("throttled: " + ", ".join(seen.throttle))
+        if warnings:
+            return WARN, "; ".join(warnings)
+        return OK, None
+
+    def _fault(self, index: int, seen: Observation) -> Optional[str]:
+        if seen.lost:
+            return "GPU is lost (NVML cannot reach it)"
+        for x in seen.xids:
+            if x in CRITICAL_XIDS:
+                return xid_text(x)
+        if seen.ecc_uncorrected is not None:
+            base = self._ecc_base.setdefault(index, 0 if not self.sticky else seen.ecc_uncorrected)
+            if seen.ecc_uncorrected > base:
+                return "ECC: %d uncorrected errors (was %d)" % (seen.ecc_uncorrected, base)
+        if seen.remap_failed:
+            return "row remapping failed: replace or reset the GPU"
+        if seen.remap_pending:
+            return "rows pending remap: the GPU needs a reset"
+        if seen.retired_pending:
+            return "retired pages pending: the GPU needs a reset"
+        return None
+
+
+def read_sim_faults(path: str) -> Dict[int, Dict[str, Any]]:
+    """The simulated faults file: ``{"1": {"xid": 79}, "3": {"throttle": "hw_slowdown"}}``. A file
+    that is missing, unreadable or malformed means no fault (the test bed writes it whole)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    out = {}  # type: Dict[int, Dict[str, Any]]
+    if not isinstance(data, dict):
+        return out
+    for key, fault in data.items():
+        try:
+            i = int(key)
+        except (TypeError, ValueError):
+            continue
+        if isinstance(fault, dict):
+            out[i] = fault
+    return out
+
+
+def sim_observation(fault: Optional[Dict[str, Any]]) -> Observation:
+    """A simulated GPU's observation from its entry of the faults file (none: healthy)."""
+    if not fault:
+        return Observation(ecc_uncorrected=0)
+    xid = fault.get("xid")
+    ecc = fault.get("ecc_uncorrected")
+    throttle = fault.get("throttle")
+    names = throttle if isinstance(throttle, list) else [throttle] if throttle else []
+    return Observation(
+        xids=[int(xid)] if isinstance(xid, int) else [],
+        ecc_uncorrected=int(ecc) if isinstance(ecc, int) else 0,
+        retired_pending=bool(fault.get("retired_pending", False)),
+        remap_pending=bool(fault.get("remap_pending", False)),
+        lost=bool(fault.get("lost", False)),
+        throttle=[THROTTLE_NAMES.get(str(n), str(n)) for n in names],
+    )
+
+
+def sim_faults_path(state_dir: Optional[str]) -> Optional[str]:
+    return os.path.join(state_dir, SIM_FAULTS_FILE) if state_dir else None
+
+
+NVIDIA_VENDOR = "0x10de"
+DISPLAY_CLASSES = ("0x0300", "0x0302")  # VGA-compatible and 3D controllers
+
+
+def pci_gpu_count(sys_root: str = "/sys") -> Optional[int]:
+    """How many NVIDIA display controllers the PCI bus lists: what the host booted with. A GPU that
+    fell off the bus can drop out of NVML's count while staying here. None where /sys has no PCI."""
+    base = os.path.join(sys_root, "bus", "pci", "devices")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return None
+    n = 0
+    for name in names:
+        try:
+            with open(os.path.join(base, name, "vendor")) as f:
+                vendor = f.read().strip()
+            with open(os.path.join(base, name, "class")) as f:
+                cls = f.read().strip()
+        except OSError:
+            continue
+        if vendor == NVIDIA_VENDOR and cls[:6] in DISPLAY_CLASSES:
+            n += 1
+    return n
