@@ -417,11 +417,11 @@ def test_setup_says_what_the_server_will_send_without_secrets() -> None:
     assert _notify_line(NotifyConfig(), "h1").startswith("nothing")
 
 
-def test_the_readme_example_parses_and_the_contract_lists_every_key() -> None:
+def test_the_docs_example_parses_and_the_contract_lists_every_key() -> None:
     import re
 
-    readme = (ROOT / "README.md").read_text()
-    block = re.search(r"## Notifications\n.*?```toml\n(.*?)```", readme, re.S)
+    page = (ROOT / "docs" / "notifications.md").read_text()
+    block = re.search(r"# Notifications\n.*?```toml\n(.*?)```", page, re.S)
     assert block is not None
     n = parse_config(block.group(1)).notify
     assert n.webhook and n.command == ("notify-send", "rigdeck") and n.on == ("failed", "succeeded")
