@@ -110,7 +110,7 @@ def inventory_file(home: Path) -> Path:
 
 
 def app_as_the_cli_makes_it() -> RigdeckApp:
-    """What `rigdeck` with no arguments builds (tui/cli/main.py _run_app)."""
+    """What `rigdeck` with no arguments builds (tui/main.py open_app, from tui/cli/main.py _run_app)."""
     return RigdeckApp(InProcessClient(load_inventory()), onboarding=onboarding_offer())
 
 

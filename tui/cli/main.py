@@ -1,4 +1,5 @@
-"""``rigdeck``: the app with no arguments, headless commands otherwise. Both drive one Controller."""
+"""``rigdeck``'s headless commands. With no command the app opens, through the opener the
+command's entry point (``tui.main``) hands in. Both drive one Controller."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -256,7 +257,7 @@ def _fmt_cause(cause: dict[str, Any] | None) -> str:
 
 def _code_progress() -> Any:
     """A printer of code-sync progress: a line per host at each quarter of what it is sent."""
-    from tui.app.widgets.format import size_bytes
+    from tui.model.textformat import size_bytes
     shown: dict[tuple[str, str], int] = {}
 
     def show(job_id: str, host: str, done: int, total: int) -> None:
@@ -274,7 +275,7 @@ def _code_progress() -> Any:
 
 def code_lines(code: dict[str, Any] | None, events: list[dict[str, Any]]) -> list[str]:
     """The job's code snapshot and what each host was sent for it (the newest sync)."""
-    from tui.app.widgets.format import size_bytes
+    from tui.model.textformat import size_bytes
     if not code or not code.get("tree"):
         return []
     lines = [f"code     {short(code['tree'])}: {code.get('files')} files, {size_bytes(code.get('size') or 0)} "
@@ -345,7 +346,7 @@ def signal_lines(signals: Sequence[Any]) -> list[str]:
 
 
 def _print_job(v: Any, signals: Sequence[Any] = (), stages: Any = None) -> None:
-    from tui.app.widgets.format import marked_simulated
+    from tui.model.textformat import simulated_text
 
     print(f"job      {v.job_id} ({v.name})")
     print(f"state    {v.state_line}" + (f" after {v.restarts} restart(s)" if v.restarts else ""))
@@ -353,8 +354,8 @@ def _print_job(v: Any, signals: Sequence[Any] = (), stages: Any = None) -> None:
     def gpus(n: dict[str, Any]) -> str:
         return " gpus " + ",".join(map(str, n["gpus"])) if n.get("gpus") else ""
 
-    hosts = ", ".join(marked_simulated(f"{n['host']}[{n['slots']}{gpus(n)}]",
-                                       bool(n.get("gpus") and n.get("simulated"))).plain
+    hosts = ", ".join(simulated_text(f"{n['host']}[{n['slots']}{gpus(n)}]",
+                                     bool(n.get("gpus") and n.get("simulated")))
                       for n in v.placement)
     print(f"placement {hosts}")
     for line in code_lines(v.spec.get("code"), v.events):
@@ -364,7 +365,7 @@ def _print_job(v: Any, signals: Sequence[Any] = (), stages: Any = None) -> None:
     for line in signal_lines(signals):
         print(line)
     if stages is not None:
-        from tui.app.widgets.stages import stage_lines
+        from tui.model.stagetext import stage_lines
 
         for line in stage_lines(stages):
             print(line)
@@ -390,7 +391,7 @@ def _print_job(v: Any, signals: Sequence[Any] = (), stages: Any = None) -> None:
         for r in v.ranks:
             ex = (f"sig {r['signal']}" if r.get("signal")
                   else ("-" if r.get("exit_code") is None else str(r["exit_code"])))
-            gpu = "-" if r.get("gpu") is None else marked_simulated(str(r["gpu"]), r["host"] in simulated).plain
+            gpu = "-" if r.get("gpu") is None else simulated_text(str(r["gpu"]), r["host"] in simulated)
             print(f"{r['rank']:<5} {r['host']:<11} {r['local_rank']!s:<6} {gpu:<6} {r['pid']!s:<8} "
                   f"{r['state']:<8} {ex}")
 
@@ -620,13 +621,20 @@ def _stop(client: Any, args: argparse.Namespace) -> int:
     return EXIT_OK if view.state in TERMINAL else EXIT_HOST_FAILED
 
 
-def _run_app(args: argparse.Namespace) -> int:
-    from tui.app.shell import RigdeckApp
+# Opens the app with a client and, when there is no inventory yet, the onboarding offer. The CLI
+# never imports the app: the ``rigdeck`` command (``tui.main``) hands this in.
+AppOpener = Callable[[Any, Any], None]
+
+
+def _run_app(args: argparse.Namespace, open_app: AppOpener | None) -> int:
     from tui.client import onboarding_offer
 
-    # No inventory yet: the app offers the ssh config's hosts first (tui/app/screens/onboarding).
+    if open_app is None:
+        print("rigdeck: this entry point has no app; run `rigdeck` (or python -m tui) to open it", file=sys.stderr)
+        return EXIT_USAGE
+    # No inventory yet: the app offers the ssh config's hosts first (its onboarding screen).
     offer = onboarding_offer(getattr(args, "inventory", None))
-    RigdeckApp(_client(args), onboarding=offer).run()
+    open_app(_client(args), offer)
     return EXIT_OK
 
 
@@ -637,7 +645,8 @@ def _run_serve(args: argparse.Namespace) -> int:
     return serve(Path(args.state_dir), inventory_path=inventory)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, open_app: AppOpener | None = None) -> int:
+    """The ``rigdeck`` command's commands; with none (or ``app``), ``open_app`` opens the app."""
     args = build_parser().parse_args(argv)
     # An encrypted key's passphrase: asked on the terminal, once (none without a terminal).
     set_passphrase_prompt(onboard_cli.ask_passphrase)
@@ -645,7 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         if args.command in (None, "app"):
-            return _run_app(args)
+            return _run_app(args, open_app)
         if args.command == "hosts":
             return _run_hosts(args, deploy=False)
         if args.command == "deploy":

@@ -43,7 +43,7 @@ def add_parsers(sub: Any, common: Any) -> None:
 
 
 def _duration(s: float | None) -> str:
-    from tui.app.widgets.format import duration
+    from tui.model.textformat import duration
 
     return duration(s)
 
@@ -58,13 +58,13 @@ def _safe(text: Any) -> str:
 
 def reason_text(s: Any, now: float) -> str:
     """The app's reason text (with a retry's countdown), made safe for the terminal."""
-    from tui.app.widgets.pipelines import reason_text as text
+    from tui.model.pipelinetext import reason_text as text
 
     return _safe(text(s, now))
 
 
 def artifacts_text(s: Any) -> str:
-    from tui.app.widgets.format import size_bytes
+    from tui.model.textformat import size_bytes
 
     return ", ".join(f"{kind} {files} file{'' if files == 1 else 's'} {size_bytes(size)}"
                      for kind, files, size in s.artifacts)
@@ -86,7 +86,7 @@ def print_rows(rows: list[Any], now: float | None = None) -> None:
 def step_lines(d: Any, now: float) -> list[str]:
     """The steps as a tree in dependency order (``PipelineDetail.tree``), a line each, then an
     indented line of what else there is to know (its job, condition, metrics, artifacts)."""
-    from tui.app.widgets.pipelines import attempt_text, needs_also, step_time
+    from tui.model.pipelinetext import attempt_text, needs_also, step_time
 
     tree = d.tree()
     labels = []

@@ -1,9 +1,6 @@
 """The Job view's stage panel for a pipeline-parallel job: its plan's header and one row per stage
-(from ``StagesView``, tui.model.stages), and the same as plain lines for ``rigdeck status``.
-
-A stage's expected busy time is the plan's forward + backward time per microbatch times the
-microbatches of a step, which is what the rank measures as ``busy_s``; its step time is the wall
-time of a whole step (busy plus waiting for the other stages); the bubble is the share it waits.
+(from ``StagesView``, tui.model.stages), styled. The cells' text, and the same as plain lines for
+``rigdeck status``, come from ``tui.model.stagetext``.
 """
 
 from __future__ import annotations
@@ -15,61 +12,16 @@ from rich.text import Text
 from textual.markup import escape
 
 from tui.app.widgets.difftable import Col, DiffTable
-from tui.app.widgets.format import Palette, size_bytes
-from tui.model.stages import StageRow, StagesView
-
-SCHEDULE_NAMES = {"simple": "GPipe", "interleaved": "1F1B"}
-BUBBLE_WARN = 0.5  # a stage that waits half its steps or more
-
-
-def secs(x: float | None) -> str:
-    """Seconds as a cell shows them: 850 µs, 12.3 ms, 1.24 s."""
-    if x is None:
-        return "-"
-    if x < 1e-3:
-        return f"{x * 1e6:.0f} µs"
-    if x < 1:
-        return f"{x * 1e3:.3g} ms"
-    return f"{x:.3g} s"
-
-
-def pct(x: float | None) -> str:
-    return "-" if x is None else f"{x * 100:.0f}%"
-
-
-def blocks_text(s: StageRow) -> str:
-    """The stage's blocks, first to last: ``0-1``, ``2``."""
-    last = s.end_block - 1
-    return str(s.first_block) if last <= s.first_block else f"{s.first_block}-{last}"
-
-
-def expected_busy(view: StagesView, s: StageRow) -> float | None:
-    """The plan's forward + backward time of one step on this stage (per microbatch x microbatches)."""
-    if s.expected_time_s is None or not view.microbatches:
-        return None
-    return s.expected_time_s * view.microbatches
-
-
-def slowest(view: StagesView) -> int | None:
-    """The stage that is busiest per step as measured (the one the others wait for)."""
-    busy = [(s.busy_s, s.stage) for s in view.stages if s.busy_s is not None]
-    return max(busy)[1] if len(busy) > 1 else None
-
-
-def head_parts(view: StagesView) -> tuple[str, str]:
-    """The panel's two header lines, plain: the plan, then its bubble and balance."""
-    sched = SCHEDULE_NAMES.get(view.schedule)
-    ckpt = None if view.activation_checkpointing is None else ("on" if view.activation_checkpointing else "off")
-    first = (f"{view.partitions} stages · optimize {view.optimize} · schedule {view.schedule}"
-             + (f" ({sched})" if sched else "")
-             + f" · {view.microbatches if view.microbatches is not None else '?'} microbatches"
-             + (f" · activation checkpointing {ckpt}" if ckpt else "")
-             + f" · plan {view.source}" + (f", cuts {', '.join(map(str, view.cuts))}" if view.cuts else ""))
-    second = f"bubble expected {pct(view.expected_bubble)} · measured {pct(view.measured_bubble)}"
-    if view.equal_max_time_s and view.expected_max_time_s:
-        second += (f" · slowest stage {secs(view.expected_max_time_s)} a microbatch, "
-                   f"equal-layer split {secs(view.equal_max_time_s)}")
-    return first, second
+from tui.app.widgets.format import Palette
+from tui.model.stages import StagesView
+from tui.model.stagetext import (  # noqa: F401  (the panel's cells and the status lines: re-exported)
+    STAGE_COLUMNS,
+    head_parts,
+    secs,
+    stage_lines,
+    stage_raw,
+    stage_rows,
+)
 
 
 def stages_head_markup(view: StagesView) -> str:
@@ -77,37 +29,7 @@ def stages_head_markup(view: StagesView) -> str:
     return f"[b]pipeline[/b] {escape(first)}\n[$text-muted]{escape(second)}[/]"
 
 
-def stage_raw(view: StagesView, s: StageRow, slow: int | None) -> tuple[Any, ...]:
-    who = "-" if s.rank is None else (f"r{s.rank} {s.host}" if s.host else f"r{s.rank}")
-    return (
-        s.stage,
-        blocks_text(s),
-        who,
-        secs(expected_busy(view, s)),
-        (secs(s.busy_s), s.stage == slow),
-        secs(s.step_time_s),
-        (pct(s.bubble), s.bubble is not None and s.bubble >= BUBBLE_WARN),
-        size_bytes(s.expected_memory_bytes),
-        size_bytes(s.peak_bytes),
-    )
-
-
-def stage_rows(view: StagesView) -> list[tuple[str, tuple[Any, ...]]]:
-    slow = slowest(view)
-    return [(str(s.stage), stage_raw(view, s, slow)) for s in view.stages]
-
-
-COLUMNS = (
-    Col("stage", "Stage", 5),
-    Col("blocks", "Blocks", 6),
-    Col("rank", "Rank"),
-    Col("exp_busy", "Exp busy", 8),
-    Col("busy", "Busy", 8),
-    Col("step", "Step", 8),
-    Col("bubble", "Bubble", 6),
-    Col("exp_mem", "Exp mem", 9),
-    Col("peak", "Peak", 9),
-)
+COLUMNS = tuple(Col(key, label, width) for key, label, width in STAGE_COLUMNS)
 
 
 class StagesTable(DiffTable):
@@ -126,18 +48,3 @@ class StagesTable(DiffTable):
         if column in ("exp_busy", "exp_mem"):
             return Text(str(raw), style=palette["muted"])
         return Text(str(raw))
-
-
-def stage_lines(view: StagesView) -> list[str]:
-    """The panel as plain lines for ``rigdeck status`` (values made safe by tui.model.stages)."""
-    first, second = head_parts(view)
-    lines = [f"stages   {first}", f"         {second}"]
-    heads = [c.label.lower() for c in COLUMNS]
-    rows = []
-    for _, raw in stage_rows(view):
-        rows.append([str(v[0]) if isinstance(v, tuple) else str(v) for v in raw])
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(heads)]
-    lines.append("  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True)).rstrip())
-    for r in rows:
-        lines.append("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
-    return lines

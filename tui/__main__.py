@@ -1,0 +1,7 @@
+"""python -m tui: the rigdeck command."""
+
+import sys
+
+from tui.main import main
+
+sys.exit(main())
