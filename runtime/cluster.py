@@ -427,11 +427,38 @@ def cluster_info(environ: Optional[Mapping[str, str]] = None,
     ``/opt/ml``; ``cuda_devices`` (visible CUDA devices) is detected when None.
     """
     env: Mapping[str, str] = os.environ if environ is None else environ
-    base = sagemaker_base_dir or env.get("SAGEMAKER_BASE_DIR") or "/opt/ml"
+    merged = _merge(_sources(env, sagemaker_base_dir or env.get("SAGEMAKER_BASE_DIR") or "/opt/ml"))
+    place = _place(merged)
+    _check_place(merged, place)
+    gpu = _gpu(merged.get("gpus"), place.local_rank)
+    n_cuda = _detect_cuda_devices(env) if cuda_devices is None else cuda_devices
+    device = f"cuda:{place.local_rank % n_cuda}" if n_cuda > 0 else "cpu"
+
+    policy = merged.get("checkpoint_policy") or "rank0"
+    role = merged.get("role") or ("workerpool0" if place.node_rank == 0 else "workerpool1")
+    master_port = merged.get("master_port")
+    info = ClusterInfo(
+        world_size=place.world, rank=place.rank, local_rank=place.local_rank,
+        local_world_size=place.local_world, node_rank=place.node_rank, num_nodes=place.num_nodes,
+        hosts=place.hosts, current_host=place.current,
+        master_addr=merged.get("master_addr") or "127.0.0.1",
+        master_port=int(master_port) if master_port is not None else default_master_port,
+        device=device, role=role, checkpoint_owner=False, checkpoint_policy=policy,
+        job_id=merged.get("job_id"), source=tuple(merged.used) or ("defaults",), gpu=gpu,
+        host_addrs=merged.addrs, gpus=merged.get("gpus") or (),
+    )
+    check_policy(policy, info)
+    decision = resolve_owner(policy, info)
+    return dataclasses.replace(info, checkpoint_owner=decision.owner)
+
+
+def _sources(env: Mapping[str, str], base: str) -> Tuple[Tuple[str, Dict[str, _Entry]], ...]:
+    """Every source's fields, highest priority first, each read now (a source that cannot be
+    read raises here, before any merging)."""
     # A pool job's SageMaker files describe the heterogeneous cluster (every replica, named
     # algo-N), not torch's world: they are not a source of this rank's place in it.
     pooled = bool(env.get("RIGDECK_POOL"))
-    sources = (
+    return (
         ("rigdeck", _from_rigdeck(env)),
         ("torch", _from_torch(env)),
         ("SageMaker resourceconfig.json", {} if pooled else _from_sagemaker_file(base)),
@@ -440,7 +467,29 @@ def cluster_info(environ: Optional[Mapping[str, str]] = None,
         ("TF_CONFIG", _from_tf_config(env)),
         ("Open MPI", _from_openmpi(env)),
     )
-    merged: Dict[str, Tuple[Any, str, str]] = {}  # field -> (value, var, source)
+
+
+@dataclass
+class _Merged:
+    """The sources merged: each field's value with the variable and source that gave it (the
+    first source that gives it), the sources that gave anything, and the host addresses."""
+
+    fields: Dict[str, Tuple[Any, str, str]]  # field -> (value, var, source)
+    used: List[str]
+    addrs: Tuple[str, ...]
+
+    def get(self, field: str) -> Any:
+        return self.fields[field][0] if field in self.fields else None
+
+    def origin(self, field: str) -> str:
+        """The variable and source a field came from, as errors name it."""
+        return f"{self.fields[field][1]} ({self.fields[field][2]})"
+
+
+def _merge(sources: Tuple[Tuple[str, Dict[str, _Entry]], ...]) -> _Merged:
+    """First source wins each field; a later source that gives a checked field must agree with
+    it. Derived values fill only the fields no source gives, after every given one is in."""
+    merged: Dict[str, Tuple[Any, str, str]] = {}
     used: List[str] = []
     addrs: Tuple[str, ...] = ()
     for name, entries in sources:
@@ -464,17 +513,31 @@ def cluster_info(environ: Optional[Mapping[str, str]] = None,
         for field, (value, var, derived) in entries.items():
             if derived and field not in merged:
                 merged[field] = (value, var, name)
+    return _Merged(merged, used, addrs)
 
-    def get(field: str) -> Any:
-        return merged[field][0] if field in merged else None
 
-    def origin(field: str) -> str:
-        return f"{merged[field][1]} ({merged[field][2]})"
+@dataclass(frozen=True)
+class _Place:
+    """This rank's place in the job, every number filled in (given, or made from the others)."""
 
-    world, rank = get("world_size"), get("rank")
-    local_world, local_rank = get("local_world_size"), get("local_rank")
-    node_rank, num_nodes = get("node_rank"), get("num_nodes")
-    hosts_v: Optional[Tuple[str, ...]] = get("hosts")
+    world: int
+    rank: int
+    local_world: int
+    local_rank: int
+    node_rank: int
+    num_nodes: int
+    hosts_given: Optional[Tuple[str, ...]]  # the host list a source gave, if any
+    hosts: Tuple[str, ...]  # that list, or this host alone in a one-node job
+    current: str
+
+
+def _place(merged: _Merged) -> _Place:
+    """What no source gives comes from the others (module docstring), else the single-process
+    defaults; the current host from the host list at this node's index, else this machine."""
+    world, rank = merged.get("world_size"), merged.get("rank")
+    local_world, local_rank = merged.get("local_world_size"), merged.get("local_rank")
+    node_rank, num_nodes = merged.get("node_rank"), merged.get("num_nodes")
+    hosts_v: Optional[Tuple[str, ...]] = merged.get("hosts")
     if num_nodes is None and hosts_v:
         num_nodes = len(hosts_v)
     if local_world is None:
@@ -493,50 +556,44 @@ def cluster_info(environ: Optional[Mapping[str, str]] = None,
     if rank is None:
         rank = node_rank * local_world + local_rank
 
-    current = get("current_host")
+    current = merged.get("current_host")
     if current is None:
         current = hosts_v[node_rank] if hosts_v and node_rank < len(hosts_v) else \
             socket.gethostname()
     hosts = tuple(hosts_v) if hosts_v else ((current,) if num_nodes == 1 else ())
+    return _Place(world=world, rank=rank, local_world=local_world, local_rank=local_rank,
+                  node_rank=node_rank, num_nodes=num_nodes, hosts_given=hosts_v, hosts=hosts,
+                  current=current)
 
-    for field, value, bound in (("rank", rank, world), ("local_rank", local_rank, local_world),
-                                ("node_rank", node_rank, num_nodes)):
+
+def _check_place(merged: _Merged, place: _Place) -> None:
+    """Raise ClusterInfoError, naming the variables, when the numbers do not fit together: a
+    rank outside its world, a host list of another length than the node count, a current host
+    at another index than the node rank."""
+    for field, value, bound in (("rank", place.rank, place.world),
+                                ("local_rank", place.local_rank, place.local_world),
+                                ("node_rank", place.node_rank, place.num_nodes)):
         if not 0 <= value < bound:
-            where = origin(field) if field in merged else field
+            where = merged.origin(field) if field in merged.fields else field
             raise ClusterInfoError(f"{where} = {value} is outside 0..{bound - 1}")
-    if hosts_v and len(hosts_v) != num_nodes:
+    hosts_v, current, node_rank = place.hosts_given, place.current, place.node_rank
+    if hosts_v and len(hosts_v) != place.num_nodes:
         raise ClusterInfoError(
-            f"{origin('hosts')} lists {len(hosts_v)} hosts "
-            f"but {origin('num_nodes')} is {num_nodes}")
+            f"{merged.origin('hosts')} lists {len(hosts_v)} hosts "
+            f"but {merged.origin('num_nodes')} is {place.num_nodes}")
     # (Two replicas of a pool job may share a host: then its name alone does not say which.)
     if hosts_v and current in hosts_v and hosts_v.count(current) == 1 \
-            and hosts_v.index(current) != node_rank and "current_host" in merged:
+            and hosts_v.index(current) != node_rank and "current_host" in merged.fields:
         raise ClusterInfoError(
-            f"{origin('node_rank')} is {node_rank} but {origin('current_host')} = {current!r} is "
-            f"host {hosts_v.index(current)} of {origin('hosts')}")
+            f"{merged.origin('node_rank')} is {node_rank} but {merged.origin('current_host')} = "
+            f"{current!r} is host {hosts_v.index(current)} of {merged.origin('hosts')}")
 
-    gpus: Optional[Tuple[int, ...]] = get("gpus")
-    gpu: Optional[int] = None
-    if gpus:
-        if local_rank >= len(gpus):
-            raise ClusterInfoError(
-                f"RIGDECK_GPUS lists {len(gpus)} GPUs but the local rank is {local_rank}")
-        gpu = gpus[local_rank]
-    n_cuda = _detect_cuda_devices(env) if cuda_devices is None else cuda_devices
-    device = f"cuda:{local_rank % n_cuda}" if n_cuda > 0 else "cpu"
 
-    policy = get("checkpoint_policy") or "rank0"
-    role = get("role") or ("workerpool0" if node_rank == 0 else "workerpool1")
-    master_port = get("master_port")
-    info = ClusterInfo(
-        world_size=world, rank=rank, local_rank=local_rank, local_world_size=local_world,
-        node_rank=node_rank, num_nodes=num_nodes, hosts=hosts, current_host=current,
-        master_addr=get("master_addr") or "127.0.0.1",
-        master_port=int(master_port) if master_port is not None else default_master_port,
-        device=device, role=role, checkpoint_owner=False, checkpoint_policy=policy,
-        job_id=get("job_id"), source=tuple(used) or ("defaults",), gpu=gpu,
-        host_addrs=addrs, gpus=gpus or (),
-    )
-    check_policy(policy, info)
-    decision = resolve_owner(policy, info)
-    return dataclasses.replace(info, checkpoint_owner=decision.owner)
+def _gpu(gpus: Optional[Tuple[int, ...]], local_rank: int) -> Optional[int]:
+    """This rank's physical GPU: its local rank's entry of ``RIGDECK_GPUS`` (None without one)."""
+    if not gpus:
+        return None
+    if local_rank >= len(gpus):
+        raise ClusterInfoError(
+            f"RIGDECK_GPUS lists {len(gpus)} GPUs but the local rank is {local_rank}")
+    return gpus[local_rank]
