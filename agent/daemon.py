@@ -133,6 +133,8 @@ class Daemon:
             "code_get": lambda c, p: self._code_in_thread(
                 lambda: artifacts.get(self.paths.state_dir, p.get("sha"), p.get("offset"), p.get("size"))),
             "artifact_pack": self._m_artifact_pack,
+            "job_stacks": self._m_job_stacks,
+            "gpu_health_clear": self._m_gpu_health_clear,
         }  # type: Dict[str, Callable[[_Client, Dict[str, Any]], Any]]
 
     # -- single instance ---------------------------------------------------------------------
@@ -237,9 +239,11 @@ class Daemon:
             if self._collector_factory is not None:
                 self._collector = self._collector_factory()
             else:
+                from agent.gpuhealth import sim_faults_path
                 from agent.telemetry import Collector
 
-                self._collector = Collector(sim_gpus=self.sim_gpus, interval=self.interval)
+                self._collector = Collector(sim_gpus=self.sim_gpus, interval=self.interval,
+                                            faults_path=sim_faults_path(self.paths.state_dir))
         return self._collector
 
     def _subscribers(self) -> int:
@@ -658,6 +662,35 @@ class Daemon:
         if isinstance(mb, bool) or not isinstance(mb, (int, float)) or mb < 0:
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "min_free_mb must be a number >= 0")
         return self.jobs.check(self._str(params, "job_id"), self._gpus(params), float(mb))
+
+    async def _m_job_stacks(self, client: _Client, params: Dict[str, Any]) -> Any:
+        """The Python stacks of the job's live ranks here (agent/stacks.py); the signals and the
+        wait for the dumps (up to ``timeout_s``, at most 10) run off the loop."""
+        from agent import stacks
+
+        job_dir = self.jobs.job_dir(self._str(params, "job_id"))
+        why = params.get("why") or ""
+        wait = params.get("timeout_s", 3.0)
+        if not isinstance(why, str) or isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait < 0:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "why must be text and timeout_s a number >= 0")
+        job_id = self._str(params, "job_id")
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: stacks.collect(job_dir, job_id, why, min(float(wait), 10.0)))
+
+    def _m_gpu_health_clear(self, client: _Client, params: Dict[str, Any]) -> Any:
+        """Forget the faults remembered for these GPUs (all when ``gpus`` is absent): an operator
+        undrained them. Returns the GPUs that had one."""
+        gpus = params.get("gpus")
+        if gpus is not None and (not isinstance(gpus, list) or not all(
+                isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "gpus must be a list of GPU indices")
+        clear = getattr(self._collector, "clear_health", None)
+        if clear is None:  # no collector yet: nothing remembered
+            return {"cleared": []}
+        cleared = []  # type: List[int]
+        for g in (gpus if gpus is not None else [None]):
+            cleared.extend(clear(g))
+        return {"cleared": sorted(set(cleared))}
 
     def _m_job_gc(self, client: _Client, params: Dict[str, Any]) -> Any:
         age, keep = params.get("max_age_s"), params.get("max_jobs")

@@ -34,7 +34,7 @@ import sys
 import time
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
-from agent import claims
+from agent import claims, stacks
 from agent.jobfiles import (  # noqa: F401  (write_json and tail: imported from here by others)
     DEFAULT_LOG_CAP,
     CappedLog,
@@ -301,6 +301,12 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
     gpu = int(gpus[local_rank]) if local_rank < len(gpus) else None
     if gpu is not None and env.get("RIGDECK_LAUNCHER") == "mpirun":
         env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    # Every Python process of the rank arms faulthandler at start (agent/rankboot), so that a hung
+    # job's stacks can be taken before it is stopped (agent/stacks.py).
+    env[stacks.ENV_STACKS_DIR] = stacks.rank_stacks_dir(job_dir, rank)
+    boot = stacks.boot_dir()
+    if boot:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (boot, env.get("PYTHONPATH", "")) if p)
     logs = os.path.join(job_dir, "logs")
     ranks = os.path.join(job_dir, "ranks")
     metrics = os.path.join(job_dir, "metrics")

@@ -1411,6 +1411,12 @@ class Collector:
             cost_s=round(time.perf_counter() - t0, 6),
         )
 
+    def clear_health(self, index: Optional[int] = None) -> List[int]:
+        """Forget remembered GPU faults (one GPU's, or all): the GPUs that had one."""
+        with self._lock:
+            clear = getattr(self._gpus, "clear_health", None)
+            return clear(index) if clear is not None else []
+
     def set_interval(self, seconds: float) -> None:
         """Clamp to [0.1, 60] s; the nvidia-smi stream restarts with the new period."""
         with self._lock:

@@ -145,6 +145,32 @@ class JobStopped:
 
 
 @dataclass(frozen=True)
+class RankStack:
+    """One process's stacks (faulthandler's text), where its main thread is, and whether it waits
+    inside a collective call."""
+
+    rank: int
+    pid: int
+    text: str
+    top: str | None
+    in_collective: bool
+
+
+@dataclass(frozen=True)
+class RankStacks:
+    """What ``job_stacks`` took: each armed process's stacks, and how many were armed."""
+
+    stacks: tuple[RankStack, ...]
+    armed: int
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> RankStacks:
+        return cls(tuple(RankStack(int(s["rank"]), int(s["pid"]), str(s.get("text") or ""), s.get("top"),
+                                   bool(s.get("in_collective"))) for s in d.get("stacks") or ()),
+                   int(d.get("armed") or 0))
+
+
+@dataclass(frozen=True)
 class JobCheck:
     """Whether a start could go ahead on the host (``job_check``); it changes nothing."""
 
@@ -382,6 +408,22 @@ class AgentClient:
         """Remove ended jobs' directories past retention. A plain dict (``removed``, ``kept``,
         ``running``): passed through unchanged to ``rigdeck gc``'s output."""
         return _dict(self._call("job_gc", **_kw(timeout), max_age_s=max_age_s, max_jobs=max_jobs))
+
+    def job_stacks(self, *, job_id: str, why: str = "", timeout_s: float = 3.0,
+                   timeout: float | None = None) -> RankStacks:
+        """The Python stacks of the job's live ranks on the host, taken without stopping them; each
+        is also appended to its rank's log, headed with ``why``."""
+        return RankStacks.from_wire(_dict(self._call(
+            "job_stacks", **_kw(timeout if timeout is not None else timeout_s + 10.0), job_id=job_id, why=why,
+            timeout_s=timeout_s)))
+
+    # -- GPU health --------------------------------------------------------------------------
+
+    def gpu_health_clear(self, *, gpus: list[int] | None = None, timeout: float | None = None) -> list[int]:
+        """Forget the faults the host remembers for these GPUs (all when None), as an undrain
+        does; the GPUs that had one."""
+        params: dict[str, Any] = {} if gpus is None else {"gpus": list(gpus)}
+        return [int(g) for g in _dict(self._call("gpu_health_clear", **_kw(timeout), **params)).get("cleared") or []]
 
     # -- the network -------------------------------------------------------------------------
 

@@ -1,0 +1,64 @@
+"""Loaded by Python's ``site`` at the start of every Python process of a rank: the rank wrapper
+(agent/rankexec.py) puts this directory first on the rank's PYTHONPATH and names, in
+``RIGDECK_STACKS_DIR``, where the rank's stacks go.
+
+It arms ``faulthandler`` on SIGUSR1: when rigdeck finds a job hung it signals each armed process
+(agent/stacks.py), which writes every thread's Python stack into ``<dir>/pid-<pid>.txt`` from
+inside the interpreter, even while the main thread is blocked in a collective call. The pid file
+also tells the agent which processes are armed: a process without one is never signalled (its
+default action for SIGUSR1 would kill it).
+
+Then it hands over to the ``sitecustomize`` that would have loaded without this one (a conda or
+virtualenv's own), so nothing of the user's environment is lost. Stdlib only, Python 3.9+; it
+never raises: a rank must start whatever happens here.
+"""
+import os
+import sys
+
+_files = []  # type: list  # the dump files stay open for the life of the process: faulthandler writes to their fds
+
+
+def _arm():
+    target = os.environ.get("RIGDECK_STACKS_DIR")
+    if not target:
+        return
+    try:
+        import faulthandler
+        import signal
+
+        os.makedirs(target, exist_ok=True)
+        f = open(os.path.join(target, "pid-%d.txt" % os.getpid()), "a")
+        faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
+        _files.append(f)
+    except Exception:  # noqa: BLE001  # a rank without stacks still runs
+        pass
+
+
+def _chain():
+    """Import the next ``sitecustomize`` on sys.path, as site would have without this one."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    me = sys.modules.pop(__name__, None)
+    saved = list(sys.path)
+    try:
+        sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+        import importlib
+
+        importlib.import_module("sitecustomize")
+    except ImportError as e:
+        if getattr(e, "name", None) != "sitecustomize":  # theirs exists and failed inside
+            import traceback
+
+            traceback.print_exc()
+    except Exception:  # noqa: BLE001  # theirs failing is theirs: site would print it and go on
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.path[:] = saved
+        if me is not None and "sitecustomize" not in sys.modules:
+            sys.modules[__name__] = me
+
+
+if __name__ == "sitecustomize":
+    _arm()
+    _chain()

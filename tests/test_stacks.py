@@ -1,0 +1,136 @@
+"""agent.stacks and agent/rankboot: a live rank's Python stacks, taken without stopping it."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from agent import stacks
+
+RANK_SCRIPT = """
+import threading, time
+
+def wait_for_peers():
+    time.sleep(120)
+
+def heartbeat():
+    while True:
+        time.sleep(1)
+
+threading.Thread(target=heartbeat, daemon=True).start()
+print("ready", flush=True)
+wait_for_peers()
+"""
+
+
+def _start_rank(tmp_path: Path, job_dir: Path, rank: int, extra_path: str = "") -> subprocess.Popen[str]:
+    script = tmp_path / "train.py"
+    script.write_text(RANK_SCRIPT)
+    boot = stacks.boot_dir()
+    assert boot is not None
+    env = dict(os.environ, RIGDECK_JOB_ID="job-s1", PYTHONPATH=os.pathsep.join(p for p in (boot, extra_path) if p))
+    env[stacks.ENV_STACKS_DIR] = stacks.rank_stacks_dir(str(job_dir), rank)
+    p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+    return p
+
+
+def test_a_live_rank_writes_its_stacks_on_request_and_keeps_running(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    (job_dir / "logs").mkdir(parents=True)
+    # the user's own sitecustomize still loads after rigdeck's
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text(
+        "import os\nopen(os.path.join(%r, 'theirs-%%d' %% os.getpid()), 'w').close()\n" % str(tmp_path))
+    rank = _start_rank(tmp_path, job_dir, 3, extra_path=str(theirs))
+    # a process of the job that is not armed (not Python): never signalled, SIGUSR1 would kill it
+    sleeper = subprocess.Popen(["sleep", "60"], env=dict(os.environ, RIGDECK_JOB_ID="job-s1"))
+    try:
+        got = stacks.collect(str(job_dir), "job-s1", why="no step for 20 s")
+        assert got["armed"] == 1
+        (one,) = got["stacks"]
+        assert (one["rank"], one["pid"]) == (3, rank.pid)
+        assert "in wait_for_peers" in one["text"] and "in heartbeat" in one["text"]  # every thread
+        assert one["top"] == "train.py:5 in wait_for_peers" and one["in_collective"] is False
+        log = (job_dir / "logs" / "rank-3.log").read_text()
+        assert "--- rigdeck: Python stacks of rank 3 (pid %d), no step for 20 s ---" % rank.pid in log
+        assert "wait_for_peers" in log
+        time.sleep(0.3)
+        assert rank.poll() is None and sleeper.poll() is None  # both still run
+        assert (tmp_path / ("theirs-%d" % rank.pid)).exists()
+        # a second request returns only the new dump
+        again = stacks.collect(str(job_dir), "job-s1")["stacks"][0]["text"]
+        assert again.count("in wait_for_peers") == 1
+    finally:
+        rank.kill()
+        sleeper.kill()
+        rank.wait()
+        sleeper.wait()
+    # the process is gone: its pid file is not signalled again
+    assert stacks.collect(str(job_dir), "job-s1", timeout=0.5) == {"stacks": [], "armed": 0}
+
+
+def test_a_rank_waiting_in_a_collective_is_told_from_the_one_that_is_not() -> None:
+    waiting = (
+        "Thread 0x00007f01 (most recent call first):\n"
+        '  File "/usr/lib/python3.11/threading.py", line 324 in wait\n'
+        "\n"
+        "Current thread 0x00007f00 (most recent call first):\n"
+        '  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2501 in all_reduce\n'
+        '  File "/home/u/train.py", line 41 in step\n'
+        '  File "/home/u/train.py", line 60 in <module>\n'
+    )
+    assert stacks.summarize(waiting) == {"top": "train.py:41 in step", "in_collective": True}
+    stuck = 'Current thread 0x00007f00 (most recent call first):\n  File "/home/u/train.py", line 12 in load\n'
+    assert stacks.summarize(stuck) == {"top": "train.py:12 in load", "in_collective": False}
+    assert stacks.summarize("") == {"top": None, "in_collective": False}
+
+
+def test_a_real_agent_takes_a_running_jobs_stacks_and_reports_a_simulated_fault(tmp_path: Path) -> None:
+    """Through the daemon and its typed client (local transport): the rank wrapper arms the rank,
+    ``job_stacks`` takes its stacks into the rank's log; the faults file makes a paper GPU unhealthy."""
+    import json
+
+    from agent.gpuhealth import SIM_FAULTS_FILE
+    from tui.control.controller import Controller
+    from tui.model.inventory import HostSpec, Inventory
+    from tui.remote.bundle import build_agent
+
+    state = tmp_path / "state"
+    spec = HostSpec(name="here", address="localhost", transport="local", python=sys.executable,
+                    state_dir=str(state), sim_gpus=2)
+    bundle = build_agent(tmp_path / "cache")
+    script = tmp_path / "train.py"
+    script.write_text(RANK_SCRIPT)
+    with Controller(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
+                    bundle_factory=lambda: bundle) as ctl:
+        a = ctl.agent("here")
+        job_id = f"stacks-{int(time.time())}"
+        node = {"host": "here", "address": "127.0.0.1", "slots": 1, "gpus": []}
+        a.job_start(plan={"job_id": job_id, "launcher": "direct", "nodes": [node], "node_index": 0,
+                          "master_addr": "127.0.0.1", "master_port": a.probe_port(addr="127.0.0.1"),
+                          "workdir": str(tmp_path), "command": [sys.executable, str(script)]})
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                got = a.job_stacks(job_id=job_id, why="a test asked")
+                if got.stacks or time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
+            assert got.armed == 1 and [s.rank for s in got.stacks] == [0]
+            assert got.stacks[0].top == "train.py:5 in wait_for_peers"
+            assert a.job_status(job_id=job_id).get("state") == "running"  # taking stacks stops nothing
+            log = a.job_logs(job_id=job_id, rank=0, max_bytes=1 << 20).text  # what `rigdeck logs` reads
+            assert "Python stacks of rank 0" in log and "a test asked" in log
+        finally:
+            a.job_stop(job_id=job_id, grace_s=1.0)
+
+        (state / SIM_FAULTS_FILE).write_text(json.dumps({"1": {"xid": 79}}))
+        gpus = a.sample(timeout=30)["gpus"]
+        assert [(g["health"], g["health_reason"]) for g in gpus] == [
+            ("ok", None), ("unhealthy", "XID 79: GPU has fallen off the bus")]
+        assert a.gpu_health_clear(gpus=[1]) == []  # a simulated fault is not remembered: its entry is the fault
+        a.shutdown(force=True)
