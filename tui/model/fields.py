@@ -1,4 +1,6 @@
-"""Field checks for the model's TOML files (the inventory, job specs): one kit for both.
+"""Field checks for the model's TOML files (the inventory, job specs, the user's config): one kit
+for all of them, so that a boolean, an integer range or a number is checked (and its error worded)
+in one place.
 
 A check takes the raw TOML value and returns the converted one, or raises ``Bad``. A table of
 ``Check``s (field name -> what is expected, how to convert) goes through ``checked``, which turns
@@ -19,15 +21,19 @@ __all__ = [
     "Bad",
     "Check",
     "ErrorFactory",
+    "boolean",
     "checked",
+    "finite",
     "int_range",
     "is_int",
     "nonblank",
     "number",
+    "one_of",
     "quoted",
     "show",
     "token",
     "unknown_field",
+    "valid",
 ]
 
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -80,8 +86,17 @@ def checked(raw: Mapping[str, Any], checks: Mapping[str, Check], error: ErrorFac
     return out
 
 
+def valid(check: Callable[[Any], Any], v: Any) -> bool:
+    """Whether ``v`` passes ``check`` (for a value inside a field, whose error says more)."""
+    try:
+        check(v)
+    except Bad:
+        return False
+    return True
+
+
 # ---------------------------------------------------------------------------------------------
-# Checks that both files use.
+# The checks themselves: every file's fields use these, none keeps a copy of its own.
 
 
 def is_int(v: Any) -> bool:
@@ -99,20 +114,35 @@ def int_range(lo: int, hi: int | None = None) -> Callable[[Any], int]:
     return check
 
 
+def finite(v: Any) -> int | float:
+    """A finite number (integer or float), kept as it was written: an integer stays one."""
+    if (is_int(v) or isinstance(v, float)) and math.isfinite(v):
+        return v
+    raise Bad()
+
+
 def number(*, positive: bool) -> Callable[[Any], float]:
     """A finite number (integer or float) > 0, or >= 0 when not ``positive``; as a float."""
 
     def check(v: Any) -> float:
-        if (is_int(v) or isinstance(v, float)) and math.isfinite(v):
-            if v > 0 or (v == 0 and not positive):
-                return float(v)
+        v = finite(v)
+        if v > 0 or (v == 0 and not positive):
+            return float(v)
         raise Bad()
 
     return check
 
 
+def boolean(v: Any) -> bool:
+    """``true`` or ``false``: a TOML boolean, not 0, 1 or a string."""
+    if isinstance(v, bool):
+        return v
+    raise Bad()
+
+
 def one_of(options: tuple[str, ...]) -> Callable[[Any], str]:
     """One of ``options`` (names: ``"simple"``, ``"speed"``...)."""
+
     def check(v: Any) -> str:
         if v in options:
             return str(v)

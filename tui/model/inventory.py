@@ -8,7 +8,6 @@ Nothing here opens a connection; the result is plain frozen dataclasses.
 from __future__ import annotations
 
 import getpass
-import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -20,13 +19,14 @@ from tui.model.fields import (
     ENV_NAME_RE,
     Bad,
     Check,
+    boolean,
     checked,
     int_range,
-    is_int,
     nonblank,
     number,
     show,
     token,
+    valid,
 )
 
 __all__ = [
@@ -298,12 +298,6 @@ def _env(v: Any) -> dict[str, str]:
     return dict(v)
 
 
-def _boolean(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    raise Bad()
-
-
 def _transport(v: Any) -> str:
     if v in ("ssh", "local"):
         return str(v)
@@ -360,7 +354,7 @@ _COMMON_FIELDS: dict[str, Check] = {
     "env": Check('a table of strings (NAME = "value")', _env),
     "connect_timeout": Check("a number of seconds > 0", number(positive=True)),
     "keepalive": Check("a number of seconds >= 0 (0 = off)", number(positive=False)),
-    "attach_only": Check("true or false", _boolean),
+    "attach_only": Check("true or false", boolean),
 }
 def _retention(v: Any) -> Retention:
     """``[defaults.retention]``: max_age_days (a number > 0) and max_jobs (an integer >= 1)."""
@@ -371,9 +365,9 @@ def _retention(v: Any) -> Retention:
         raise Bad("only max_age_days (days > 0) and max_jobs (an integer >= 1)", got=unknown[0])
     age = v.get("max_age_days", Retention.max_age_days)
     jobs = v.get("max_jobs", Retention.max_jobs)
-    if not ((is_int(age) or isinstance(age, float)) and math.isfinite(age) and age > 0):
+    if not valid(number(positive=True), age):
         raise Bad("max_age_days: a number of days > 0", got=age)
-    if not (is_int(jobs) and jobs >= 1):
+    if not valid(int_range(1), jobs):
         raise Bad("max_jobs: an integer >= 1", got=jobs)
     return Retention(float(age), int(jobs))
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tui.model.fields import Bad, Check, ErrorFactory, checked, int_range, is_int, one_of, show
+from tui.model.fields import Bad, Check, ErrorFactory, boolean, checked, int_range, is_int, one_of, show
 
 __all__ = [
     "ENV_VAR",
@@ -93,12 +93,6 @@ class ModelParallelSpec:
 # Field checks
 
 
-def _boolean(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    raise Bad()
-
-
 def _profile_batch(v: Any) -> tuple[int, ...] | str:
     if isinstance(v, str):
         if _FUNCTION_RE.fullmatch(v):
@@ -126,7 +120,7 @@ CHECKS: dict[str, Check] = {
     "microbatches": Check("an integer >= 1 (each batch is split into this many)", int_range(1)),
     "pipeline": Check(" or ".join(f'"{s}"' for s in SCHEDULES), one_of(SCHEDULES)),
     "optimize": Check(" or ".join(f'"{s}"' for s in OPTIMIZE), one_of(OPTIMIZE)),
-    "activation_checkpointing": Check("true or false", _boolean),
+    "activation_checkpointing": Check("true or false", boolean),
     "profile_batch": Check(_PROFILE_EXPECTED, _profile_batch),
     "batch_size": Check("an integer >= 1 (the training batch, split into microbatches)", int_range(1)),
     "plan": Check("a plan file: a path relative to the workdir", _plan_path),

@@ -23,7 +23,9 @@ from tui.model.fields import (
     Bad,
     Check,
     ErrorFactory,
+    boolean,
     checked,
+    finite,
     int_range,
     is_int,
     nonblank,
@@ -205,18 +207,6 @@ def substitute_command(command: tuple[str, ...], values: Mapping[str, Any]) -> t
 # Checks
 
 
-def _number(v: Any) -> float | int:
-    if (is_int(v) or isinstance(v, float)) and math.isfinite(v):
-        return v
-    raise Bad()
-
-
-def _bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    raise Bad()
-
-
 def _choices(v: Any) -> tuple[Any, ...]:
     if not isinstance(v, list) or not v:
         raise Bad()
@@ -233,10 +223,10 @@ def _choices(v: Any) -> tuple[Any, ...]:
 
 _PARAM_FIELDS: dict[str, Check] = {
     "type": Check(" or ".join(f'"{t}"' for t in PARAM_TYPES), lambda v: v),
-    "low": Check("a number", _number),
-    "high": Check("a number", _number),
-    "log": Check("true or false", _bool),
-    "step": Check("a number > 0", _number),
+    "low": Check("a number", finite),
+    "high": Check("a number", finite),
+    "log": Check("true or false", boolean),
+    "step": Check("a number > 0", finite),
     "choices": Check("a non-empty list of strings, numbers or booleans", _choices),
 }
 _ALLOWED = {

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from tui.model.fields import Bad, Check, checked, number
+from tui.model.fields import Bad, Check, boolean, checked, int_range, number
 from tui.model.inventory import InventoryError
 from tui.model.jobstate import describe_cause
 
@@ -161,26 +161,14 @@ def _choices(allowed: Sequence[str]) -> Any:
     return check
 
 
-def _bool(v: Any) -> bool:
-    if isinstance(v, bool):
-        return v
-    raise Bad()
-
-
-def _retries(v: Any) -> int:
-    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 10:
-        return int(v)
-    raise Bad()
-
-
 _NOTIFY_FIELDS: dict[str, Check] = {
     "webhook": Check(_URL_EXPECTED, _webhook),
     "command": Check('a program and its arguments, a list of strings: ["notify-send", "rigdeck"]', _argv),
     "on": Check(f"a list of events from {', '.join(map(repr, EVENTS))}", _choices(EVENTS)),
     "kinds": Check(f"a list of kinds from {', '.join(map(repr, KINDS))}", _choices(KINDS)),
-    "app": Check("true or false (a toast and the terminal bell in the app)", _bool),
+    "app": Check("true or false (a toast and the terminal bell in the app)", boolean),
     "timeout_s": Check("a number of seconds > 0", number(positive=True)),
-    "retries": Check("an integer 0..10 (webhook attempts after the first)", _retries),
+    "retries": Check("an integer 0..10 (webhook attempts after the first)", int_range(0, 10)),
 }
 
 
