@@ -34,6 +34,21 @@ CREATE TABLE IF NOT EXISTS jobs (
     supervisor  TEXT,
     lease_until REAL
 );
+CREATE TABLE IF NOT EXISTS drains (
+    host        TEXT NOT NULL,
+    gpu         INTEGER NOT NULL,  -- -1: the whole host
+    reason      TEXT NOT NULL,
+    who         TEXT NOT NULL,
+    at          REAL NOT NULL,
+    source      TEXT NOT NULL,     -- operator | health
+    PRIMARY KEY (host, gpu)
+);
+CREATE TABLE IF NOT EXISTS incidents (
+    job_id      TEXT NOT NULL,
+    seq         INTEGER NOT NULL,
+    data        TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)
+);
 CREATE TABLE IF NOT EXISTS notified (
     kind        TEXT NOT NULL,
     id          TEXT NOT NULL,
@@ -270,6 +285,62 @@ class History:
         if taken:
             self.announce(job_id, "pending")
         return taken
+
+    # -- drains: GPUs and hosts kept out of placement (they outlive the controller) -------------
+
+    def drain(self, host: str, gpu: int | None, reason: str, who: str, source: str = "operator") -> bool:
+        """Keep ``host:gpu`` (``gpu`` None: the whole host) out of placement. False when it was
+        drained already (the first drain's who, when and why are kept)."""
+        with self._lock, self._db:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO drains (host, gpu, reason, who, at, source) VALUES (?, ?, ?, ?, ?, ?)",
+                (host, -1 if gpu is None else int(gpu), reason, who, time.time(), source))
+            return cur.rowcount > 0
+
+    def undrain(self, host: str, gpu: int | None) -> list[dict[str, Any]]:
+        """Put ``host:gpu`` back (``gpu`` None: the host's drain and every GPU drain of it). The
+        drains removed."""
+        with self._lock, self._db:
+            where, args = ("host = ?", (host,)) if gpu is None else ("host = ? AND gpu = ?", (host, int(gpu)))
+            rows = self._db.execute(f"SELECT host, gpu, reason, who, at, source FROM drains WHERE {where}",
+                                    args).fetchall()
+            self._db.execute(f"DELETE FROM drains WHERE {where}", args)
+        return [self._drain_row(r) for r in rows]
+
+    def drains(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT host, gpu, reason, who, at, source FROM drains ORDER BY host, gpu").fetchall()
+        return [self._drain_row(r) for r in rows]
+
+    @staticmethod
+    def _drain_row(r: tuple[Any, ...]) -> dict[str, Any]:
+        return {"host": r[0], "gpu": None if r[1] < 0 else r[1], "reason": r[2], "who": r[3], "at": r[4],
+                "source": r[5]}
+
+    # -- incidents: each failure of a job and what it cost ------------------------------------
+
+    def add_incident(self, job_id: str, incident: dict[str, Any]) -> int:
+        with self._lock, self._db:
+            (seq,) = self._db.execute("SELECT COALESCE(MAX(seq), -1) + 1 FROM incidents WHERE job_id = ?",
+                                      (job_id,)).fetchone()
+            self._db.execute("INSERT INTO incidents (job_id, seq, data) VALUES (?, ?, ?)",
+                             (job_id, seq, json.dumps(incident)))
+        return int(seq)
+
+    def update_incident(self, job_id: str, seq: int, **fields: Any) -> None:
+        with self._lock, self._db:
+            row = self._db.execute("SELECT data FROM incidents WHERE job_id = ? AND seq = ?", (job_id, seq)).fetchone()
+            if row is None:
+                return
+            data = {**json.loads(row[0]), **fields}
+            self._db.execute("UPDATE incidents SET data = ? WHERE job_id = ? AND seq = ?",
+                             (json.dumps(data), job_id, seq))
+
+    def incidents(self, job_id: str) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._db.execute("SELECT data FROM incidents WHERE job_id = ? ORDER BY seq", (job_id,)).fetchall()
+        return [json.loads(r[0]) for r in rows]
 
     def list(self, limit: int = 100) -> list[dict[str, Any]]:
         with self._lock:

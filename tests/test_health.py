@@ -1,0 +1,87 @@
+"""tui.model.health (the rules of health and healing) and the history's drains and incidents."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from tui.control.history import History
+from tui.model import health
+from tui.model.health import Drain, DrainTargetError, HealthSpec, ProgressWatch
+
+
+def test_targets_name_a_host_or_one_of_its_gpus() -> None:
+    assert health.parse_target("h1") == ("h1", None)
+    assert health.parse_target("h1:3", ["h1", "h2"]) == ("h1", 3)
+    with pytest.raises(DrainTargetError, match="no host 'h9' in the inventory"):
+        health.parse_target("h9:0", ["h1", "h2"])
+    with pytest.raises(DrainTargetError, match="must be an index"):
+        health.parse_target("h1:x")
+    with pytest.raises(DrainTargetError, match="expected HOST or HOST:GPU"):
+        health.parse_target(":1")
+    host = Drain("h1", None, "bad PSU", "ann", 1.0)
+    gpu = Drain("h2", 3, "XID 79", "rigdeck", 2.0, "health")
+    assert host.covers("h1", 0) and host.covers("h1", None) and not host.covers("h2", 0)
+    assert gpu.covers("h2", 3) and not gpu.covers("h2", 2)
+    assert health.drained([host, gpu], "h2", 3) is gpu and health.drained([host, gpu], "h2", 1) is None
+    assert Drain.from_dict(gpu.to_dict()) == gpu and gpu.target == "h2:3"
+
+
+def test_a_job_is_hung_when_no_rank_moves_for_its_timeout_and_the_clock_restarts_per_attempt() -> None:
+    spec = HealthSpec(hang_timeout=20, startup_timeout=60)
+    w = ProgressWatch()
+    w.observe("j", 0, [], now=100)
+    assert w.hang("j", spec, now=159) is None
+    hung = w.hang("j", spec, now=160)
+    assert hung is not None and hung.last_step is None and "first step" in hung.message()
+    w.observe("j", 0, [1, 3, None, 2], now=161)
+    w.observe("j", 0, [3, 3], now=170)  # the same step again is no progress
+    assert w.hang("j", spec, now=180) is None
+    hung = w.hang("j", spec, now=181)
+    assert hung is not None and hung.last_step == 3
+    assert hung.message().startswith("hung: no rank reported a step after step 3 for 20 s")
+    w.observe("j", 1, [], now=200)  # a new attempt: its start-up gets startup_timeout again
+    assert w.hang("j", spec, now=250) is None
+
+
+def test_the_loss_guard_wants_three_bad_steps_in_a_row_at_every_rank() -> None:
+    rec = lambda step, loss, rank=0: {"step": step, "loss": loss, "rank": rank}  # noqa: E731
+    ok = [rec(1, 0.5), rec(2, math.nan), rec(3, math.nan), rec(4, 0.4), rec(5, "nan"), rec(6, math.inf)]
+    assert health.first_bad_loss(ok) is None
+    # one rank still sound at step 7: not all ranks bad there
+    bad = ok + [rec(7, math.nan), rec(7, 0.3, rank=1), rec(8, math.nan), rec(9, math.nan), rec(10, float("-inf"))]
+    assert health.first_bad_loss(bad) == 8
+
+
+def test_goodput_counts_each_step_once_as_its_newest_attempt_computed_it() -> None:
+    # attempt 0: steps 1..10 one second apart from t=10; it dies; attempt 1 resumes from a
+    # checkpoint at step 6, starts at t=40 and runs 7..20 one second apart.
+    recs = [{"rank": 0, "step": s, "time": 9.0 + s, "restart": 0} for s in range(1, 11)]
+    recs += [{"rank": 0, "step": s, "time": 40.0 + (s - 7), "restart": 1} for s in range(7, 21)]
+    recs += [{"rank": 1, "step": s, "time": 9.0 + s, "restart": 0} for s in range(1, 11)]  # a second rank: same steps
+    g = health.goodput(recs, started=5.0, now=55.0)
+    assert g.steps == 20  # 1..6 from attempt 0, 7..20 from attempt 1
+    assert g.useful_s == pytest.approx(20.0) and g.wall_s == 50.0 and g.ratio == pytest.approx(0.4)
+    assert health.steps_rerun(recs, 1) == 4  # 7, 8, 9, 10 computed twice
+    assert health.goodput([], started=0.0, now=10.0).ratio == 0.0
+
+
+def test_drains_and_incidents_outlive_the_history_that_wrote_them(tmp_path: Path) -> None:
+    db = tmp_path / "history.sqlite"
+    h = History(db)
+    assert h.drain("h2", 3, "XID 79: GPU has fallen off the bus", "rigdeck", source="health") is True
+    assert h.drain("h2", 3, "again", "ann") is False  # the first drain's reason stands
+    assert h.drain("h1", None, "PSU swap", "ann") is True
+    seq = h.add_incident("j1", {"kind": "gpu", "host": "h2", "gpu": 3, "detected_at": 10.0})
+    h.update_incident("j1", seq, resumed_at=30.0, resume_s=12.5)
+    h.close()
+    h = History(db)
+    assert [(d["host"], d["gpu"], d["reason"], d["source"]) for d in h.drains()] == [
+        ("h1", None, "PSU swap", "operator"), ("h2", 3, "XID 79: GPU has fallen off the bus", "health")]
+    assert h.incidents("j1") == [{"kind": "gpu", "host": "h2", "gpu": 3, "detected_at": 10.0,
+                                  "resumed_at": 30.0, "resume_s": 12.5}]
+    assert [d["gpu"] for d in h.undrain("h2", 3)] == [3]
+    assert h.undrain("h2", 3) == []
+    assert [d["host"] for d in h.undrain("h1", None)] == ["h1"] and h.drains() == []
+    h.close()

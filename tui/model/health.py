@@ -1,0 +1,306 @@
+"""Health and healing, the rules: GPU health words, drains, when a job is hung, what a failure cost.
+
+Plain data and rules (no I/O): the controller (tui/control/healing.py) feeds them what hosts and
+metrics say, with the time, and acts on what they decide.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Each GPU's health as the agent judges it (agent/gpuhealth.py), and the controller's own word.
+OK = "ok"
+WARN = "warn"
+UNHEALTHY = "unhealthy"
+DRAINED = "drained"
+HEALTH_STATES = (OK, WARN, UNHEALTHY, DRAINED)
+
+WHOLE_HOST = -1  # a drain of every GPU of a host (and the host itself for CPU-only jobs)
+
+
+class DrainTargetError(ValueError):
+    """A drain target that is not ``HOST`` or ``HOST:GPU``."""
+
+
+@dataclass(frozen=True)
+class Drain:
+    """A GPU (or a whole host: ``gpu`` is None) kept out of placement: who, when and why.
+    ``source`` is "operator" (``rigdeck drain``) or "health" (rigdeck saw it unhealthy)."""
+
+    host: str
+    gpu: int | None
+    reason: str
+    who: str
+    at: float
+    source: str = "operator"
+
+    @property
+    def target(self) -> str:
+        return self.host if self.gpu is None else f"{self.host}:{self.gpu}"
+
+    def covers(self, host: str, gpu: int | None) -> bool:
+        return self.host == host and (self.gpu is None or gpu is None or self.gpu == gpu)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "gpu": self.gpu, "target": self.target, "reason": self.reason,
+                "who": self.who, "at": self.at, "source": self.source}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Drain:
+        gpu = d.get("gpu")
+        return cls(str(d["host"]), None if gpu is None or int(gpu) < 0 else int(gpu), str(d.get("reason") or ""),
+                   str(d.get("who") or ""), float(d.get("at") or 0.0), str(d.get("source") or "operator"))
+
+
+def parse_target(text: str, hosts: Sequence[str] | None = None) -> tuple[str, int | None]:
+    """``HOST`` or ``HOST:GPU`` (a GPU index). ``hosts``: the inventory's names, when known."""
+    host, sep, gpu = text.strip().partition(":")
+    if not host:
+        raise DrainTargetError(f"{text!r}: expected HOST or HOST:GPU")
+    if hosts is not None and host not in hosts:
+        raise DrainTargetError(f"{text!r}: no host {host!r} in the inventory (hosts: {', '.join(hosts)})")
+    if not sep:
+        return host, None
+    if not gpu.isdigit():
+        raise DrainTargetError(f"{text!r}: the GPU after ':' must be an index (0, 1, ...), not {gpu!r}")
+    return host, int(gpu)
+
+
+def drained(drains: Iterable[Drain], host: str, gpu: int | None) -> Drain | None:
+    """The drain that keeps this GPU (or host) out of placement, if any."""
+    return next((d for d in drains if d.covers(host, gpu)), None)
+
+
+# -- progress: is the job hung? ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HealthSpec:
+    """A job spec's ``[health]`` table, in seconds."""
+
+    hang_timeout: float = 15 * 60.0
+    startup_timeout: float = 30 * 60.0
+    on_hang: str = "restart"  # or "fail"
+    host_timeout: float = 60.0
+    on_nan: str = "fail"  # or "restart" | "ignore"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"hang_timeout": self.hang_timeout, "startup_timeout": self.startup_timeout, "on_hang": self.on_hang,
+                "host_timeout": self.host_timeout, "on_nan": self.on_nan}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> HealthSpec:
+        d = d or {}
+        base = cls()
+        return cls(hang_timeout=float(d.get("hang_timeout", base.hang_timeout)),
+                   startup_timeout=float(d.get("startup_timeout", base.startup_timeout)),
+                   on_hang=str(d.get("on_hang", base.on_hang)),
+                   host_timeout=float(d.get("host_timeout", base.host_timeout)),
+                   on_nan=str(d.get("on_nan", base.on_nan)))
+
+
+def step_of(record: Mapping[str, Any]) -> float | None:
+    """The step a metrics record reports (an event, or a record without a step, reports none)."""
+    if record.get("event") is not None:
+        return None
+    s = record.get("step")
+    if isinstance(s, bool) or not isinstance(s, (int, float)):
+        return None
+    return float(s)
+
+
+@dataclass
+class Progress:
+    """What the controller saw of one attempt's steps, by its own clock (hosts' clocks may differ)."""
+
+    attempt: int
+    since: float  # when this attempt was first seen running
+    last_step: float | None = None
+    last_change: float | None = None  # when last_step last moved
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A job none of whose ranks moved for ``stalled_s``: ``last_step`` None means no first step."""
+
+    last_step: float | None
+    stalled_s: float
+    timeout_s: float
+
+    def message(self) -> str:
+        if self.last_step is None:
+            return (f"hung: no rank reported a first step in {self.stalled_s:.0f} s "
+                    f"(startup_timeout {self.timeout_s:g} s)")
+        return (f"hung: no rank reported a step after step {self.last_step:g} for {self.stalled_s:.0f} s "
+                f"(hang_timeout {self.timeout_s:g} s)")
+
+
+class ProgressWatch:
+    """Per job: the newest step any rank reported, and since when it has not moved."""
+
+    def __init__(self) -> None:
+        self.jobs: dict[str, Progress] = {}
+
+    def observe(self, job_id: str, attempt: int, steps: Iterable[float | None], now: float) -> Progress:
+        p = self.jobs.get(job_id)
+        if p is None or p.attempt != attempt:
+            p = self.jobs[job_id] = Progress(attempt=attempt, since=now)
+        newest = max((s for s in steps if s is not None), default=None)
+        if newest is not None and (p.last_step is None or newest > p.last_step):
+            p.last_step, p.last_change = newest, now
+        return p
+
+    def hang(self, job_id: str, spec: HealthSpec, now: float) -> Hang | None:
+        p = self.jobs.get(job_id)
+        if p is None:
+            return None
+        if p.last_change is None:
+            stalled = now - p.since
+            return Hang(None, stalled, spec.startup_timeout) if stalled >= spec.startup_timeout else None
+        stalled = now - p.last_change
+        return Hang(p.last_step, stalled, spec.hang_timeout) if stalled >= spec.hang_timeout else None
+
+    def forget(self, job_id: str) -> None:
+        self.jobs.pop(job_id, None)
+
+
+# -- the loss guard ------------------------------------------------------------------------------
+
+
+def bad_loss(value: Any) -> bool:
+    if isinstance(value, bool):
+        return False
+    if isinstance(value, (int, float)):
+        return math.isnan(value) or math.isinf(value)
+    if isinstance(value, str):
+        return value.strip().lower() in ("nan", "inf", "-inf", "+inf", "infinity", "-infinity")
+    return False
+
+
+def first_bad_loss(records: Iterable[Mapping[str, Any]], run: int = 3) -> float | None:
+    """The first step of ``run`` reported steps in a row whose loss, at every rank that reported
+    one for that step, is NaN or inf; None while the loss is sound."""
+    by_step: dict[float, list[Any]] = {}
+    for r in records:
+        s = step_of(r)
+        if s is not None and r.get("loss") is not None:
+            by_step.setdefault(s, []).append(r["loss"])
+    streak: list[float] = []
+    for s in sorted(by_step):
+        if all(bad_loss(v) for v in by_step[s]):
+            streak.append(s)
+            if len(streak) >= run:
+                return streak[0]
+        else:
+            streak = []
+    return None
+
+
+# -- incidents and goodput -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Incident:
+    """One failure of a job and what it cost. Times are the controller's (epoch seconds)."""
+
+    kind: str  # hang | gpu | host | nan | exit
+    detected_at: float
+    message: str
+    host: str | None = None
+    gpu: int | None = None
+    rank: int | None = None
+    detect_s: float | None = None  # from the last sign of life (last step, last answer) to detection
+    last_step: float | None = None
+    resumed_at: float | None = None  # the next attempt's first step
+    resume_s: float | None = None  # from the stop to that first step
+    steps_rerun: int | None = None  # steps the next attempt computed again (after its checkpoint)
+    attempt: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Incident:
+        return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Goodput:
+    """Time in steps that count over wall time since the job started."""
+
+    useful_s: float
+    wall_s: float
+    steps: int
+
+    @property
+    def ratio(self) -> float | None:
+        return None if self.wall_s <= 0 else max(0.0, min(1.0, self.useful_s / self.wall_s))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"ratio": self.ratio, "useful_s": round(self.useful_s, 3), "wall_s": round(self.wall_s, 3),
+                "steps": self.steps}
+
+
+def goodput(records: Iterable[Mapping[str, Any]], started: float, now: float) -> Goodput:
+    """Each step counts once, as its newest attempt computed it; its time is the gap from the
+    step before it in the same attempt and rank (the first step of an attempt also carries the
+    start-up, which is not useful work: it counts as the attempt's median step). Steps an earlier
+    attempt computed and a later one redid count for nothing: that is the failure's cost."""
+    per: dict[tuple[int, Any], list[tuple[float, float]]] = {}  # (attempt, rank) -> [(step, time)]
+    for r in records:
+        s = step_of(r)
+        t = r.get("time")
+        if s is None or isinstance(t, bool) or not isinstance(t, (int, float)):
+            continue
+        per.setdefault((int(r.get("restart") or 0), r.get("rank")), []).append((s, float(t)))
+    # One rank's view is the gang's (they step together): the lowest rank that reports.
+    ranks = sorted({k[1] for k in per}, key=lambda x: (x is None, x if isinstance(x, (int, float)) else 0))
+    if not ranks:
+        return Goodput(0.0, max(0.0, now - started), 0)
+    rank = ranks[0]
+    newest: dict[float, int] = {}
+    for (attempt, rk), rows in per.items():
+        if rk == rank:
+            for s, _ in rows:
+                newest[s] = max(newest.get(s, -1), attempt)
+    useful = 0.0
+    counted = 0
+    for (attempt, rk), rows in per.items():
+        if rk != rank:
+            continue
+        rows.sort()
+        gaps = [b[1] - a[1] for a, b in zip(rows, rows[1:], strict=False) if b[1] >= a[1]]
+        typical = sorted(gaps)[len(gaps) // 2] if gaps else 0.0
+        for i, (s, t) in enumerate(rows):
+            if newest.get(s) != attempt:
+                continue
+            counted += 1
+            useful += typical if i == 0 else max(0.0, min(t - rows[i - 1][1], 10 * typical or t - rows[i - 1][1]))
+    return Goodput(useful, max(0.0, now - started), counted)
+
+
+def steps_rerun(records: Iterable[Mapping[str, Any]], attempt: int) -> int:
+    """How many steps attempt ``attempt`` computed again that an earlier attempt had computed."""
+    before: set[float] = set()
+    again: set[float] = set()
+    for r in records:
+        s = step_of(r)
+        if s is None:
+            continue
+        a = int(r.get("restart") or 0)
+        if a < attempt:
+            before.add(s)
+        elif a == attempt:
+            again.add(s)
+    return len(before & again)
+
+
+@dataclass
+class HealthView:
+    """What the faces show of a job's health: its incidents and its goodput."""
+
+    incidents: list[Incident] = field(default_factory=list)
+    goodput: Goodput | None = None
