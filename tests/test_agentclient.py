@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from tui.control.reader import JobReader, LineJoiner, newest_attempts
+from tui.control.reader import JobReader, LineJoiner
+from tui.model.metrics import newest_attempts
 from tui.remote.agentclient import AgentClient, AgentFleet, LogChunk, MetricsPart, TypedAgents
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ SCRIPTS = ROOT / "tests" / "jobscripts"
 
 
 def test_final_metrics_are_rank_0s_last_values_of_the_newest_attempt() -> None:
-    from tui.control.pipelines import final_metrics
+    from tui.model.metrics import final_metrics
 
     records = [
         {"rank": 1, "step": 5, "loss": 0.9, "time": 1.0},

@@ -19,8 +19,9 @@ import pytest
 
 from tests.test_jobs import ROOT, Cli
 from tests.testbed import TestBed
-from tui.control.sweeps import infrastructure_failure, objective_values, sampler_for
+from tui.control.sweeps import infrastructure_failure, sampler_for
 from tui.model.jobspec import JobSpecError, jobspec_from_toml
+from tui.model.metrics import objective_values
 
 EXAMPLE = ROOT / "examples" / "sweep"
 PROBE = ROOT / "tests" / "jobscripts" / "trial_probe.py"

@@ -36,7 +36,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import os
 import secrets
 import threading
@@ -49,6 +48,7 @@ from typing import Any
 from tui.control.rowstore import RowStore
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL, describe_cause
+from tui.model.metrics import final_metrics
 from tui.model.pipelineview import (
     PIPELINE_FINAL,
     STEP_DONE,
@@ -106,8 +106,6 @@ CREATE TABLE IF NOT EXISTS pipeline_cache (
 """
 RUNNING_STATES = ("staging", "submitting", "queued", "pending-job", "starting", "running", "stopping",
                   "finishing")
-# Metrics record fields that are not metrics.
-_NOT_METRICS = frozenset(("time", "rank", "step", "event", "restart", "host"))
 
 
 class PipelineError(ValueError):
@@ -116,31 +114,6 @@ class PipelineError(ValueError):
 
 def new_pipeline_id(name: str) -> str:
     return f"{name[:40]}-pl{secrets.token_hex(3)}"
-
-
-def final_metrics(records: list[Mapping[str, Any]]) -> dict[str, float]:
-    """Each numeric metric's last value: of the newest attempt, the highest step, the lowest
-    rank that reported it (rank 0's, as the sweeps read an objective)."""
-    best: dict[str, tuple[int, int, int, float]] = {}
-    for r in records:
-        attempt = int(r.get("restart") or 0)
-        step = int(r["step"]) if isinstance(r.get("step"), int) else -1
-        rank = int(r["rank"]) if isinstance(r.get("rank"), int) else 1 << 30
-        for k, v in r.items():
-            if k in _NOT_METRICS:
-                continue
-            if isinstance(v, str):
-                try:
-                    v = float(v)
-                except ValueError:
-                    continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                continue
-            key = (attempt, step, -rank)
-            have = best.get(k)
-            if have is None or key >= have[:3]:
-                best[k] = (attempt, step, -rank, float(v))
-    return {k: x[3] for k, x in sorted(best.items())}
 
 
 def cause_class(cause: Mapping[str, Any] | None) -> str:

@@ -17,17 +17,19 @@ Besides the offsets it owns:
   from its start, instead of from an offset that belonged to another file;
 - the parts of a sweep's metrics (``"0/defs"``, ``"R/hypertune"``): their records carry their
   rank; a record without one takes the rank its part's key begins with;
-- after a restart, the newest attempt's record of each (rank, step) (``newest_attempts``);
+- after a restart, the newest attempt's record of each (rank, step) (``newest_attempts``, by
+  the rule of tui.model.metrics);
 - the last loss of a job from its hosts' statuses (``last_loss``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
+from tui.model.metrics import newest_attempts
 from tui.model.termsafe import log_lines
 from tui.remote.agentclient import AgentClient, JobState, LogChunk
 from tui.remote.transport import TransportError
@@ -69,23 +71,6 @@ def last_loss(host_states: Mapping[str, Any]) -> tuple[Any, Any]:
         return None, None
     last = max(steps, key=lambda m: (_number(m.get("step"), 0), -_number(m.get("rank"), 0)))
     return last.get("step"), last.get("loss")
-
-
-def _step_key(r: Mapping[str, Any]) -> tuple[Any, Any] | None:
-    return (r.get("rank"), r["step"]) if r.get("step") is not None and r.get("event") is None else None
-
-
-def newest_attempts(records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``records`` without those a later attempt replaced: after a restart the new attempt's
-    record of a (rank, step) stands for it, the earlier attempts' go (events, which carry no
-    step, are all kept). Order is kept."""
-    records = list(records)
-    latest: dict[tuple[Any, Any], int] = {}
-    for r in records:
-        k = _step_key(r)
-        if k is not None:
-            latest[k] = max(latest.get(k, 0), int(r.get("restart") or 0))
-    return [r for r in records if (k := _step_key(r)) is None or int(r.get("restart") or 0) == latest[k]]
 
 
 def metrics_order(r: Mapping[str, Any]) -> tuple[float, float, float]:

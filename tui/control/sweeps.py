@@ -36,13 +36,14 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tui.control.rowstore import RowStore
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
+from tui.model.metrics import merge_objective_values, objective_values
 from tui.model.sweepspec import SweepSpec, grid_points
 from tui.model.sweepview import (
     SWEEP_FINAL,
@@ -147,30 +148,6 @@ def pruner_for(spec: SweepSpec, total_steps: int | None) -> Any:
     if spec.pruner == "hyperband":
         return pruners.HyperbandPruner(min_resource=1, max_resource=total_steps or "auto", reduction_factor=3)
     return pruners.NopPruner()
-
-
-def objective_values(records: Iterable[Mapping[str, Any]], metric: str) -> dict[int, tuple[int, int, float]]:
-    """step -> (attempt, rank, value) of ``metric`` in metrics records: rank 0's (the lowest rank
-    that reports it), and of a restarted job its newest attempt only."""
-    out: dict[int, tuple[int, int, float]] = {}
-    for r in records:
-        v, step = r.get(metric), r.get("step")
-        if isinstance(v, str):
-            try:
-                v = float(v)
-            except ValueError:
-                continue
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not isinstance(step, int):
-            continue
-        attempt = int(r.get("restart") or 0)
-        rank = r.get("rank")
-        if not isinstance(rank, int):
-            rank = 1 << 30
-        have = out.get(step)
-        if have is None or (attempt, -rank) > (have[0], -have[1]):
-            out[step] = (attempt, rank, float(v))
-    newest = max((a for a, _, _ in out.values()), default=0)
-    return {s: x for s, x in out.items() if x[0] == newest}
 
 
 def infrastructure_failure(cause: Mapping[str, Any] | None) -> bool:
@@ -308,14 +285,8 @@ class SweepRunner:
             metric = self._metric_of(job_id)
             if metric is None:
                 return
-            have = self._values.setdefault(job_id, {})
-            merged = {s: v for s, v in have.items()}
-            for step, x in objective_values(records, metric).items():
-                old = merged.get(step)
-                if old is None or (x[0], -x[1]) >= (old[0], -old[1]):
-                    merged[step] = x
-            newest = max((a for a, _, _ in merged.values()), default=0)
-            self._values[job_id] = {s: x for s, x in merged.items() if x[0] == newest}
+            have = self._values.get(job_id, {})
+            self._values[job_id] = merge_objective_values(have, objective_values(records, metric))
 
     def _metric_of(self, job_id: str) -> str | None:
         if job_id not in self._metric_cache:
