@@ -757,99 +757,18 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
     and anchors a relative ``workdir`` and ``[code] sync`` (its directory; without one, the
     current directory); ``prefix`` goes before every field an error names
     (``"steps.train.job."``), so one set of checks serves both."""
-    def err(field: str | None, expected: str, got: Any = None) -> JobSpecError:
-        name = prefix + field if field is not None else (prefix.rstrip(".") or None)
-        return JobSpecError(where, name, expected, got)
-
+    at = _At(where, prefix)
     _no_nul(data, where, prefix.rstrip("."))
-    for key in data:
-        if key not in _TOP_FIELDS and key not in _TABLES and key not in _OWN_TABLES:
-            raise err(key, unknown_field(key, [*_TOP_FIELDS, *_TABLES, *_OWN_TABLES]))
-    top = {k: v for k, v in data.items() if k not in _TABLES and k not in _OWN_TABLES}
-    values = _checked(top, _TOP_FIELDS, where, prefix)
-    tables: dict[str, dict[str, Any]] = {}
-    for name, checks in _TABLES.items():
-        raw = data.get(name, {})
-        if not isinstance(raw, dict):
-            raise err(name, f"a table ([{name}])", raw)
-        tables[name] = _checked(raw, checks, where, f"{prefix}{name}.")
-
-    for key in _REQUIRED:
-        if key not in values:
-            raise err(key, f"{_TOP_FIELDS[key].expected} (required)")
+    values, tables = _fields(data, at)
     kind: str = values.get("kind", "training")
-    pools: tuple[PoolSpec, ...] = ()
-    if "pools" in data:
-        if kind == "processing":
-            raise err("pools", 'no [[pools]] in a processing job (kind = "processing": every host '
-                      "runs the same command)", None)
-        for key in POOL_EXCLUDES:
-            if key in data:
-                raise err(key, f"no {key} with [[pools]] (each pool sets its own)",
-                          None if key == "model_parallel" else data[key])
-        if values.get("launcher", "direct") != "direct":
-            raise err("launcher", '"direct" with [[pools]] (each replica runs its own command)',
-                      values["launcher"])
-
-        def pool_error(field: str, expected: str, got: Any) -> JobSpecError:
-            return err(field, expected, got)
-
-        pools = parse_pools(data["pools"], pool_error,
-                            {k: _TOP_FIELDS[k] for k in ("command", "env", "hosts")})
-    processing = None
-    if "processing" in data and kind != "processing":
-        raise err("processing", 'kind = "processing" (a [processing] table is a processing '
-                  "job's inputs and outputs)", None)
-    if kind == "processing":
-        for key in ("model_parallel", "sweep"):
-            if key in data:
-                raise err(key, f'no [{key}] in a processing job (kind = "processing")', None)
-        if values.get("launcher", "direct") != "direct":
-            raise err("launcher", '"direct" in a processing job (every host runs the command '
-                      "itself)", values["launcher"])
-
-        def processing_error(field: str, expected: str, got: Any) -> JobSpecError:
-            return err(field, expected, got)
-
-        processing = parse_processing(data.get("processing", {}), processing_error)
-
+    pools = _pools(data, values, kind, at)
+    processing = _processing(data, values, kind, at)
     hosts: tuple[str, ...] = values.get("hosts", ())
     nodes: int | None = values.get("nodes")
-    if hosts and nodes is not None and nodes != len(hosts):
-        raise err("nodes", f"the number of hosts listed in 'hosts' ({len(hosts)})", nodes)
-    gpus: int | None = values.get("gpus_per_node")
-    procs: int | None = values.get("processes_per_node")
-    if gpus is not None and procs is not None:
-        raise err(
-            "processes_per_node",
-            "only one of gpus_per_node (hosts with GPUs) and processes_per_node (hosts without)",
-            procs,
-        )
-    if gpus is None and procs is None and not pools:
-        procs = 1
-
-    base = where.parent if where is not None else Path.cwd()
-    workdir = os.path.normpath(os.path.join(os.path.abspath(base), values.get("workdir", ".")))
-    code = None
-    if "sync" in tables["code"]:
-        if "workdir" in values:
-            raise err("workdir", "no workdir with [code] sync (the job runs in the "
-                      "hosts' copy of the synced directory)", values["workdir"])
-        workdir = os.path.normpath(os.path.join(os.path.abspath(base), tables["code"]["sync"]))
-        if not os.path.isdir(workdir):
-            raise err("code.sync", "an existing directory on this machine", tables["code"]["sync"])
-        code = CodeSpec(sync=workdir, max_files=tables["code"].get("max_files", DEFAULT_MAX_FILES),
-                        max_mb=tables["code"].get("max_mb", DEFAULT_MAX_MB))
-    elif tables["code"]:
-        raise err("code.sync", "a directory to sync (max_files and max_mb need it)")
+    gpus, procs = _slots(values, hosts, nodes, bool(pools), at)
+    workdir, code = _workdir_and_code(values, tables["code"], where, at)
     checkpoint = tables["checkpoint"]
     restart = tables["restart"]
-    scaling = None
-    if tables["scaling"]:
-        for key in ("reference_world_size", "base_lr"):
-            if key not in tables["scaling"]:
-                raise err(f"scaling.{key}", f"{_TABLES['scaling'][key].expected} (required in [scaling])")
-        scaling = ScalingSpec(**tables["scaling"])
     spec = JobSpec(
         name=values["name"],
         command=values["command"],
@@ -877,35 +796,155 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
         total_steps=values.get("total_steps"),
         channels=values.get("channels", ()),
         code=code,
-        scaling=scaling,
+        scaling=_scaling(tables["scaling"], at),
         kind=kind,
         pools=pools,
         processing=processing,
         path=where,
     )
-    if "sweep" in data:
-
-        def sweep_error(field: str, expected: str, got: Any) -> JobSpecError:
-            return err(field, expected, got)
-
-        sweep = parse_sweep(data["sweep"], sweep_error, command=spec.command,
-                            hyperparameters=dict(spec.hyperparameters), duration=_max_runtime)
-        spec = dataclasses.replace(spec, sweep=sweep)
-    if "model_parallel" in data:
-
-        def mp_error(field: str, expected: str, got: Any) -> JobSpecError:
-            return err(field, expected, got)
-
-        mp = parse_model_parallel(data["model_parallel"], mp_error, world_size=spec.world_size,
-                                  world_text=_world_text(values, spec), workdir=spec.workdir)
-        spec = dataclasses.replace(spec, model_parallel=mp)
+    spec = _with_sweep_and_model_parallel(spec, data, values, at)
     size = len(json.dumps(spec.to_dict()).encode("utf-8"))
     if size > MAX_SPEC_JSON_BYTES:
-        raise err(
+        raise at.error(
             None,
             f"a spec of at most {MAX_SPEC_JSON_BYTES} bytes (512 KiB) as the job plan carries it "
             f"(JSON); this one has {size}",
         )
+    return spec
+
+
+@dataclass(frozen=True)
+class _At:
+    """Where a spec's errors point: its file, and the prefix before every field they name (a
+    pipeline step's ``"steps.train.job."``); the steps below share it instead of a closure."""
+
+    path: Path | None
+    prefix: str
+
+    def error(self, field: str | None, expected: str, got: Any = None) -> JobSpecError:
+        name = self.prefix + field if field is not None else (self.prefix.rstrip(".") or None)
+        return JobSpecError(self.path, name, expected, got)
+
+
+def _fields(data: Mapping[str, Any], at: _At) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The top-level fields and the plain tables, each checked: an unknown key, a table that is
+    not one, or a missing required field is an error. The tables with their own parsers
+    (``_OWN_TABLES``) are left to them."""
+    for key in data:
+        if key not in _TOP_FIELDS and key not in _TABLES and key not in _OWN_TABLES:
+            raise at.error(key, unknown_field(key, [*_TOP_FIELDS, *_TABLES, *_OWN_TABLES]))
+    top = {k: v for k, v in data.items() if k not in _TABLES and k not in _OWN_TABLES}
+    values = _checked(top, _TOP_FIELDS, at.path, at.prefix)
+    tables: dict[str, dict[str, Any]] = {}
+    for name, checks in _TABLES.items():
+        raw = data.get(name, {})
+        if not isinstance(raw, dict):
+            raise at.error(name, f"a table ([{name}])", raw)
+        tables[name] = _checked(raw, checks, at.path, f"{at.prefix}{name}.")
+
+    for key in _REQUIRED:
+        if key not in values:
+            raise at.error(key, f"{_TOP_FIELDS[key].expected} (required)")
+    return values, tables
+
+
+def _pools(data: Mapping[str, Any], values: Mapping[str, Any], kind: str, at: _At) -> tuple[PoolSpec, ...]:
+    """``[[pools]]``, checked against what a pool job cannot have (a processing kind, the fields
+    each pool sets itself, a launcher other than direct); () without it."""
+    if "pools" not in data:
+        return ()
+    if kind == "processing":
+        raise at.error("pools", 'no [[pools]] in a processing job (kind = "processing": every host '
+                       "runs the same command)", None)
+    for key in POOL_EXCLUDES:
+        if key in data:
+            raise at.error(key, f"no {key} with [[pools]] (each pool sets its own)",
+                           None if key == "model_parallel" else data[key])
+    if values.get("launcher", "direct") != "direct":
+        raise at.error("launcher", '"direct" with [[pools]] (each replica runs its own command)',
+                       values["launcher"])
+    return parse_pools(data["pools"], at.error, {k: _TOP_FIELDS[k] for k in ("command", "env", "hosts")})
+
+
+def _processing(data: Mapping[str, Any], values: Mapping[str, Any], kind: str, at: _At) -> ProcessingSpec | None:
+    """A processing job's ``[processing]`` (its inputs and outputs; an empty one when left
+    out), checked against the tables and launchers it cannot have; None for any other kind."""
+    if "processing" in data and kind != "processing":
+        raise at.error("processing", 'kind = "processing" (a [processing] table is a processing '
+                       "job's inputs and outputs)", None)
+    if kind != "processing":
+        return None
+    for key in ("model_parallel", "sweep"):
+        if key in data:
+            raise at.error(key, f'no [{key}] in a processing job (kind = "processing")', None)
+    if values.get("launcher", "direct") != "direct":
+        raise at.error("launcher", '"direct" in a processing job (every host runs the command '
+                       "itself)", values["launcher"])
+    return parse_processing(data.get("processing", {}), at.error)
+
+
+def _slots(values: Mapping[str, Any], hosts: tuple[str, ...], nodes: int | None, pooled: bool,
+           at: _At) -> tuple[int | None, int | None]:
+    """``gpus_per_node`` and ``processes_per_node``: at most one of them, and one process per
+    node when neither is given (a pool job leaves both to its pools); ``nodes`` must match a
+    host list."""
+    if hosts and nodes is not None and nodes != len(hosts):
+        raise at.error("nodes", f"the number of hosts listed in 'hosts' ({len(hosts)})", nodes)
+    gpus: int | None = values.get("gpus_per_node")
+    procs: int | None = values.get("processes_per_node")
+    if gpus is not None and procs is not None:
+        raise at.error(
+            "processes_per_node",
+            "only one of gpus_per_node (hosts with GPUs) and processes_per_node (hosts without)",
+            procs,
+        )
+    if gpus is None and procs is None and not pooled:
+        procs = 1
+    return gpus, procs
+
+
+def _workdir_and_code(values: Mapping[str, Any], code_table: Mapping[str, Any], where: Path | None,
+                      at: _At) -> tuple[str, CodeSpec | None]:
+    """The job's working directory (``workdir`` from the spec's directory), or with ``[code]
+    sync`` the synced directory, which must exist here, and its CodeSpec."""
+    base = where.parent if where is not None else Path.cwd()
+    workdir = os.path.normpath(os.path.join(os.path.abspath(base), values.get("workdir", ".")))
+    if "sync" in code_table:
+        if "workdir" in values:
+            raise at.error("workdir", "no workdir with [code] sync (the job runs in the "
+                           "hosts' copy of the synced directory)", values["workdir"])
+        workdir = os.path.normpath(os.path.join(os.path.abspath(base), code_table["sync"]))
+        if not os.path.isdir(workdir):
+            raise at.error("code.sync", "an existing directory on this machine", code_table["sync"])
+        return workdir, CodeSpec(sync=workdir, max_files=code_table.get("max_files", DEFAULT_MAX_FILES),
+                                 max_mb=code_table.get("max_mb", DEFAULT_MAX_MB))
+    if code_table:
+        raise at.error("code.sync", "a directory to sync (max_files and max_mb need it)")
+    return workdir, None
+
+
+def _scaling(table: Mapping[str, Any], at: _At) -> ScalingSpec | None:
+    """``[scaling]`` with both of its required fields, or None when it is left out."""
+    if not table:
+        return None
+    for key in ("reference_world_size", "base_lr"):
+        if key not in table:
+            raise at.error(f"scaling.{key}", f"{_TABLES['scaling'][key].expected} (required in [scaling])")
+    return ScalingSpec(**table)
+
+
+def _with_sweep_and_model_parallel(spec: JobSpec, data: Mapping[str, Any], values: Mapping[str, Any],
+                                   at: _At) -> JobSpec:
+    """The spec with its ``[sweep]`` and ``[model_parallel]``: parsed last, since each checks
+    itself against the finished spec (its command and hyperparameters, its world size)."""
+    if "sweep" in data:
+        sweep = parse_sweep(data["sweep"], at.error, command=spec.command,
+                            hyperparameters=dict(spec.hyperparameters), duration=_max_runtime)
+        spec = dataclasses.replace(spec, sweep=sweep)
+    if "model_parallel" in data:
+        mp = parse_model_parallel(data["model_parallel"], at.error, world_size=spec.world_size,
+                                  world_text=_world_text(values, spec), workdir=spec.workdir)
+        spec = dataclasses.replace(spec, model_parallel=mp)
     return spec
 
 
