@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tui import serveradmin  # noqa: F401  (`rigdeck server ...`: set-up and start on the server host)
+from tui.control import api
 from tui.control.controller import HostReport
 from tui.control.doctor import DoctorError
 from tui.control.history import JobRefError
@@ -459,7 +460,7 @@ class _RemoteJobs:
 
     def poll_once(self) -> None:
         since = self._snapshot.version if not self._snapshot.error and self._rows else -1
-        data = self.c.call("jobs_snapshot", since=since)
+        data = self.c.call(api.jobs_snapshot, since=since)
         if data is not None:
             if data.get("full"):
                 self._rows = {}
@@ -472,12 +473,12 @@ class _RemoteJobs:
         job_id = self._selected
         if job_id:
             buf = self._logs.setdefault(job_id, LogBuffer())
-            d = self.c.call("job_detail", job_id=job_id, log_since=len(buf))
+            d = self.c.call(api.job_detail, job_id=job_id, log_since=len(buf))
             if d is not None:
                 logs = d.pop("logs")
                 if logs["start"] > len(buf) or logs["length"] < len(buf):
                     buf = self._logs[job_id] = LogBuffer()  # a new server: start over
-                    d2 = self.c.call("job_detail", job_id=job_id, log_since=0)
+                    d2 = self.c.call(api.job_detail, job_id=job_id, log_since=0)
                     if d2 is None:
                         return
                     logs = d2.pop("logs")
@@ -501,7 +502,7 @@ class _RemoteJobs:
         if job_id != self._selected:
             self._selected = job_id
             try:
-                self.c.call_async("select", job_id=job_id)
+                self.c.call_async(api.select, job_id=job_id)
             except TransportError:
                 pass
             self._kick.set()
@@ -510,16 +511,16 @@ class _RemoteJobs:
         self._kick.set()
 
     def stop_plan(self, job_id: str) -> StopPlan:
-        return wire.decode(StopPlan, self.c.call("stop_plan", job_id=job_id))
+        return self.c.call(api.stop_plan, job_id=job_id)
 
     def launch(self, spec: JobSpec) -> str:
-        job_id = str(self.c.call("source_launch", spec=spec.to_dict()))
+        job_id = self.c.call(api.source_launch, spec=spec.to_dict())
         self.select(job_id)
         self._kick.set()
         return job_id
 
     def stop_job(self, job_id: str) -> str:
-        state = str(self.c.call("source_stop", job_id=job_id))
+        state = self.c.call(api.source_stop, job_id=job_id)
         self._kick.set()
         return state
 
@@ -632,9 +633,9 @@ class RemoteClient(Client):
                 self._connected.set()
                 if self._subscribed:
                     self._mirror.reset()
-                    self.call_async("subscribe_hosts", rate_hz=self._telemetry_hz)
+                    self.call_async(api.subscribe_hosts, rate_hz=self._telemetry_hz)
                 if self._jobs._selected:
-                    self.call_async("select", job_id=self._jobs._selected)
+                    self.call_async(api.select, job_id=self._jobs._selected)
                 self._pump()
                 why = "the server closed the channel"
             except TransportError as e:
@@ -698,7 +699,7 @@ class RemoteClient(Client):
             if msg is None:
                 # Silence: a link that died without a FIN (a dropped path) is found by a ping.
                 if now - last_heard > 5.0 and not pinged:
-                    self.call_async("ping")
+                    self.call_async(api.ping)
                     pinged = True
                 elif now - last_heard > 15.0:
                     raise UnreachableError(self.server.host, "no answer from the server for 15 s")
@@ -718,7 +719,8 @@ class RemoteClient(Client):
         if call is not None:
             call.q.put(msg)
 
-    def _send(self, rid: int, method: str, params: dict[str, Any]) -> _Call:
+    def _send(self, rid: int, method: api.Method, params: dict[str, Any]) -> _Call:
+        method.bind(params)  # a call the declaration does not allow fails here, not on the server
         call = _Call()
         with self._calls_lock:
             self._calls[rid] = call
@@ -727,14 +729,14 @@ class RemoteClient(Client):
             with self._calls_lock:
                 self._calls.pop(rid, None)
             raise UnreachableError(self.server.host, f"rigdeck server: {self._detail}")
-        data = (json.dumps({"id": rid, "method": method, "params": params}, default=str) + "\n").encode()
+        data = (json.dumps({"id": rid, "method": method.name, "params": params}, default=str) + "\n").encode()
         with self._send_lock:
             stream.send(data)
         return call
 
     # -- calls ------------------------------------------------------------------------------
 
-    def call_async(self, method: str, **params: Any) -> None:
+    def call_async(self, method: api.Method, **params: Any) -> None:
         """Send and forget (the answer is dropped)."""
         rid = next(self._ids)
         self._send(rid, method, params)
@@ -747,7 +749,8 @@ class RemoteClient(Client):
         elif not self._connected.is_set():
             self._connected.wait(5.0)
 
-    def call(self, method: str, timeout: float | None = None, **params: Any) -> Any:
+    def call(self, method: api.Method, timeout: float | None = None, **params: Any) -> Any:
+        """``method``'s answer, decoded as its declaration says."""
         self._ensure_link()
         rid = next(self._ids)
         call = self._send(rid, method, params)
@@ -756,8 +759,8 @@ class RemoteClient(Client):
         except queue_mod.Empty:
             with self._calls_lock:
                 self._calls.pop(rid, None)
-            raise UnreachableError(self.server.host, f"the server did not answer {method} in time") from None
-        return self._result(msg)
+            raise UnreachableError(self.server.host, f"the server did not answer {method.name} in time") from None
+        return method.decode(self._result(msg))
 
     def _result(self, msg: dict[str, Any]) -> Any:
         if "error" in msg:
@@ -770,7 +773,8 @@ class RemoteClient(Client):
             raise _ERRORS.get(kind, ServerError)(text)
         return msg.get("result")
 
-    def stream(self, method: str, **params: Any) -> Iterator[Any]:
+    def stream(self, method: api.Method, **params: Any) -> Iterator[Any]:
+        """A streaming method's items, each decoded as its declaration says."""
         self._ensure_link()
         rid = next(self._ids)
         call = self._send(rid, method, params)
@@ -778,24 +782,24 @@ class RemoteClient(Client):
             try:
                 msg = call.q.get(timeout=3600)
             except queue_mod.Empty:
-                raise UnreachableError(self.server.host, f"{method}: nothing for an hour") from None
+                raise UnreachableError(self.server.host, f"{method.name}: nothing for an hour") from None
             if "item" in msg:
                 with self._calls_lock:  # more to come: keep the call registered
                     self._calls.setdefault(rid, call)
-                yield msg["item"]
+                yield method.decode(msg["item"])
                 continue
             if msg.get("end"):
                 return
             self._result(msg)
             return
 
-    # -- the API ----------------------------------------------------------------------------
+    # -- the API (tui.control.api declares each call: its name, params and answer) -------------
 
     def link(self) -> LinkStatus:
         return LinkStatus("server", self._up, self._detail, self._since, True)
 
     def info(self) -> ServiceInfo:
-        return wire.decode(ServiceInfo, self.call("info"))
+        return self.call(api.info)
 
     def probe(self, names: Sequence[str] | None = None) -> list[HostReport]:
         raise ServerError("probing hosts runs from the workstation: RIGDECK_SERVER=off rigdeck hosts")
@@ -805,7 +809,7 @@ class RemoteClient(Client):
                           "then rigdeck server setup")
 
     def reconnect(self, host: str) -> None:
-        self.call_async("reconnect", host=host)
+        self.call_async(api.reconnect, host=host)
 
     def trust_host_key(self, host: str, fingerprint: str) -> str:
         raise ServerError("the server trusts only host keys recorded by its operator: record the key "
@@ -827,7 +831,7 @@ class RemoteClient(Client):
         try:
             code, _done = store.snapshot(spec.code, f"{spec.path or 'job spec'}: [code] sync")
             assert code.tree is not None
-            store.upload(lambda method, **kw: self.call(method, **kw), code.tree)
+            store.upload(_ServerStore(self), code.tree)
         except CodeSyncError as e:
             raise JobError(str(e)) from None
         return dataclasses.replace(spec, code=code)
@@ -835,63 +839,63 @@ class RemoteClient(Client):
     def launch(self, spec: JobSpec, *, queue: bool = True) -> JobView:
         spec = self._with_code(spec)
         # A launch behind a stop follows the stop to its end first (at most 90 s more).
-        return JobView.from_json(self.call("launch", timeout=self.call_timeout + 90, spec=spec.to_dict(), queue=queue))
+        return self.call(api.launch, timeout=self.call_timeout + 90, spec=spec.to_dict(),
+                         queue=queue)
 
     def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False, wait: bool = True) -> JobView:
         # A waiting stop is answered after the grace period (the job's own when none is given)
         # and the hosts' sweep: longer than an ordinary call may take.
         timeout = None if not wait else (grace_s + 90 if grace_s is not None else 900.0)
-        return JobView.from_json(self.call("stop", timeout=timeout, ref=ref, grace_s=grace_s, yes=yes, wait=wait))
+        return self.call(api.stop, timeout=timeout, ref=ref, grace_s=grace_s, yes=yes,
+                         wait=wait)
 
     def view(self, ref: str) -> JobView:
-        return JobView.from_json(self.call("view", ref=ref))
+        return self.call(api.view, ref=ref)
 
     def list_jobs(self) -> list[JobView]:
-        return [JobView.from_json(v) for v in self.call("list_jobs")]
+        return self.call(api.list_jobs)
 
     def queue(self) -> list[QueueEntry]:
-        return [wire.decode(QueueEntry, e) for e in self.call("queue")]
+        return self.call(api.queue)
 
     def metrics(self, ref: str) -> list[dict[str, Any]]:
-        return list(self.call("metrics", ref=ref))
+        return self.call(api.metrics, ref=ref)
 
     def log_chunks(self, ref: str, rank: int | None = None,
                    follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
-        for item in self.stream("logs", ref=ref, rank=rank, follow=follow):
+        for item in self.stream(api.log_chunks, ref=ref, rank=rank, follow=follow):
             yield item["host"], int(item["rank"]), base64.b64decode(item["b64"]), bool(item["partial"])
 
     def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
-        return dict(self.call("gc", hosts=list(hosts) if hosts is not None else None))
+        return self.call(api.collect_garbage,
+                         hosts=list(hosts) if hosts is not None else None)
 
     def wait(self, ref: str, timeout: float | None = None) -> Iterator[JobView]:
-        for item in self.stream("wait", ref=ref, timeout=timeout):
-            yield JobView.from_json(item)
+        return self.stream(api.wait, ref=ref, timeout=timeout)
 
     def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> DoctorReport:
         # Measurement jobs run for a while: the server answers when they have ended.
-        result = self.call("doctor", timeout=1800.0, hosts=list(hosts) if hosts else None,
-                           checks=list(checks) if checks else None)
-        return wire.decode(DoctorReport, result)
+        return self.call(api.doctor, timeout=1800.0, hosts=list(hosts) if hosts else None,
+                         checks=list(checks) if checks else None)
 
     def sweep(self, spec: JobSpec) -> SweepDetail:
         spec = self._with_code(spec)
-        return wire.decode(SweepDetail, self.call("sweep", spec=spec.to_dict()))
+        return self.call(api.sweep, spec=spec.to_dict())
 
     def sweeps(self) -> list[SweepRow]:
-        return [wire.decode(SweepRow, r) for r in self.call("sweeps")]
+        return self.call(api.sweeps)
 
     def sweep_detail(self, ref: str) -> SweepDetail:
-        return wire.decode(SweepDetail, self.call("sweep_detail", ref=ref))
+        return self.call(api.sweep_detail, ref=ref)
 
     def sweep_stop(self, ref: str) -> SweepDetail:
-        return wire.decode(SweepDetail, self.call("sweep_stop", ref=ref))
+        return self.call(api.sweep_stop, ref=ref)
 
     def sweep_stop_trial(self, ref: str, number: int) -> SweepDetail:
-        return wire.decode(SweepDetail, self.call("sweep_stop_trial", ref=ref, number=number))
+        return self.call(api.sweep_stop_trial, ref=ref, number=number)
 
     def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
-        for item in self.stream("sweep_wait", ref=ref, timeout=timeout):
-            yield wire.decode(SweepDetail, item)
+        return self.stream(api.sweep_wait, ref=ref, timeout=timeout)
 
     def pipeline(self, spec: Any) -> PipelineDetail:
         import dataclasses
@@ -904,23 +908,39 @@ class RemoteClient(Client):
                                           job=dataclasses.replace(self._with_code(s.job), path=absolute(s.job.path)))
                       for s in spec.steps)
         spec = dataclasses.replace(spec, steps=steps, path=absolute(spec.path))
-        return wire.decode(PipelineDetail, self.call("pipeline", spec=spec.to_dict()))
+        return self.call(api.pipeline, spec=spec.to_dict())
 
     def pipelines(self) -> list[PipelineRow]:
-        return [wire.decode(PipelineRow, r) for r in self.call("pipelines")]
+        return self.call(api.pipelines)
 
     def pipeline_detail(self, ref: str) -> PipelineDetail:
-        return wire.decode(PipelineDetail, self.call("pipeline_detail", ref=ref))
+        return self.call(api.pipeline_detail, ref=ref)
 
     def pipeline_stop(self, ref: str) -> PipelineDetail:
-        return wire.decode(PipelineDetail, self.call("pipeline_stop", ref=ref))
+        return self.call(api.pipeline_stop, ref=ref)
 
     def pipeline_retry(self, ref: str, step: str) -> PipelineDetail:
-        return wire.decode(PipelineDetail, self.call("pipeline_retry", ref=ref, step=step))
+        return self.call(api.pipeline_retry, ref=ref, step=step)
 
     def pipeline_wait(self, ref: str, timeout: float | None = None) -> Iterator[PipelineDetail]:
-        for item in self.stream("pipeline_wait", ref=ref, timeout=timeout):
-            yield wire.decode(PipelineDetail, item)
+        return self.stream(api.pipeline_wait, ref=ref, timeout=timeout)
+
+
+class _ServerStore:
+    """The server's code store as ``CodeStore.upload`` sends to it: the three code methods of
+    the controller API."""
+
+    def __init__(self, client: RemoteClient):
+        self.c = client
+
+    def missing(self, blobs: list[Any]) -> list[Any]:
+        return self.c.call(api.code_missing, blobs=blobs)
+
+    def put(self, blobs: list[Any]) -> dict[str, Any]:
+        return self.c.call(api.code_put, blobs=blobs)
+
+    def add_manifest(self, tree: str, files: list[Any]) -> dict[str, Any]:
+        return self.c.call(api.code_manifest, tree=tree, files=files)
 
 
 def server_enabled(inventory: Inventory) -> bool:

@@ -35,9 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tui.control import api
 from tui.control.history import History
 from tui.control.service import ControllerService
 from tui.model import wire
+from tui.model.jobspec import JobSpec
 from tui.model.state import ClusterState, HostState
 from tui.model.userconfig import UserConfig, load_config
 
@@ -394,26 +396,54 @@ class Server:
 
 
 def _methods() -> dict[str, Callable[..., Any]]:
-    """The controller API as the server exposes it: one function per method."""
-    from tui.model.jobspec import JobSpec
+    """The controller API as the server exposes it (``tui.control.api``): wire name -> handler."""
+    return {m.name: _handler(m) for m in api.METHODS.values()}
 
-    def svc(s: Session) -> ControllerService:
-        return s.server.service
 
+def _handler(m: api.Method) -> Callable[..., Any]:
+    """The handler of ``m``: the server's own (``_Own``), or a call of the service method that
+    answers it, its answer (each item of a stream) encoded."""
+    if m.own:
+        own = getattr(_Own, m.attr)
+
+        def handle(s: Session, **params: Any) -> Any:
+            return own(s, **m.bind(params))
+    elif m.stream:
+        def handle(s: Session, **params: Any) -> Any:
+            for item in getattr(s.server.service, str(m.service))(**m.bind(params)):
+                yield encode_result(item)
+    else:
+        def handle(s: Session, **params: Any) -> Any:
+            return encode_result(getattr(s.server.service, str(m.service))(**m.bind(params)))
+    handle.__name__ = m.attr
+    return handle
+
+
+class _Own:
+    """The server's own handlers, each named after its stub in ``tui.control.api``: the methods
+    that need the session, decode a spec or encode bytes. Each gets the session and the params,
+    checked against the stub."""
+
+    @staticmethod
+    def ping(s: Session) -> float:
+        return time.time()
+
+    @staticmethod
     def subscribe_hosts(s: Session, rate_hz: float = DEFAULT_RATE_HZ) -> dict[str, Any]:
         start = s.rate_hz <= 0
         s.rate_hz = max(0.1, min(float(rate_hz), 10.0))
         s._sent.clear()  # everything again, for a new mirror
         if start:
             threading.Thread(target=s.telemetry_loop, daemon=True, name=f"{s.who}-hosts").start()
-        inv = svc(s).inventory
+        inv = s.server.service.inventory
         return {"hosts": [[h.name, h.address] for h in inv.hosts], "rate_hz": s.rate_hz}
 
+    @staticmethod
     def jobs_snapshot(s: Session, since: int = -1) -> Any:
         """The jobs list, or None when unchanged since ``since``. Only the rows that changed
         since this session's last answer are sent (``rows``), with the order of all (``order``);
         ``full`` says the client must drop what it kept (a new session, or ``since`` = -1)."""
-        snap = svc(s).jobs_snapshot()
+        snap = s.server.service.jobs_snapshot()
         if snap.version == since:
             return None
         full = since < 0 or not s.rows_sent
@@ -430,115 +460,67 @@ def _methods() -> dict[str, Callable[..., Any]]:
         return {"version": snap.version, "error": snap.error, "polled_at": snap.polled_at,
                 "order": order, "rows": rows, "full": full}
 
+    @staticmethod
     def job_detail(s: Session, job_id: str, log_since: int = 0) -> Any:
-        d = svc(s).job_detail(job_id)
+        d = s.server.service.job_detail(job_id)
         return None if d is None else encode_detail(d, log_since)
 
+    @staticmethod
     def select(s: Session, job_id: str | None) -> None:
-        svc(s).select(job_id, who=s.who)
+        s.server.service.select(job_id, who=s.who)
 
+    @staticmethod
+    def source_launch(s: Session, spec: dict[str, Any]) -> str:
+        return str(s.server.service.source.launch(JobSpec.from_dict(spec)))
+
+    @staticmethod
+    def source_stop(s: Session, job_id: str) -> str:
+        return str(s.server.service.source.stop_job(job_id))
+
+    @staticmethod
     def launch(s: Session, spec: dict[str, Any], queue: bool = True, job_id: str | None = None) -> Any:
-        view = svc(s).launch(JobSpec.from_dict(spec), queue=queue, job_id=job_id)
-        if view.state != "queued":
-            svc(s).select(view.job_id, who=s.who)
+        svc = s.server.service
+        view = svc.launch(JobSpec.from_dict(spec), queue=queue, job_id=job_id)
+        if view.state != "queued":  # the launching face opens the job it started
+            svc.select(view.job_id, who=s.who)
         return encode_result(view)
 
-    def source_launch(s: Session, spec: dict[str, Any]) -> str:
-        return str(svc(s).source.launch(JobSpec.from_dict(spec)))
-
-    def source_stop(s: Session, job_id: str) -> str:
-        return str(svc(s).source.stop_job(job_id))
-
-    def stop(s: Session, ref: str, grace_s: float | None = None, yes: bool = False, wait: bool = True) -> Any:
-        return encode_result(svc(s).stop(ref, grace_s, yes=yes, wait=wait))
-
-    def logs(s: Session, ref: str, rank: int | None = None, follow: bool = False) -> Any:
+    @staticmethod
+    def log_chunks(s: Session, ref: str, rank: int | None = None, follow: bool = False) -> Any:
         import base64
 
-        for host, r, data, partial in svc(s).log_chunks(ref, rank=rank, follow=follow, binary=True):
+        for host, r, data, partial in s.server.service.log_chunks(ref, rank=rank, follow=follow, binary=True):
             yield {"host": host, "rank": r, "b64": base64.b64encode(data).decode(), "partial": partial}
 
-    def wait(s: Session, ref: str, timeout: float | None = None) -> Any:
-        for view in svc(s).wait(ref, timeout=timeout):
-            yield encode_result(view)
-
+    @staticmethod
     def sweep(s: Session, spec: dict[str, Any]) -> Any:
-        return wire.encode(svc(s).sweep(JobSpec.from_dict(spec)))
+        return wire.encode(s.server.service.sweep(JobSpec.from_dict(spec)))
 
-    def doctor(s: Session, hosts: list[str] | None = None, checks: list[str] | None = None) -> Any:
-        return wire.encode(svc(s).doctor(hosts, checks))
+    @staticmethod
+    def sweep_stop_trial(s: Session, ref: str, number: int) -> Any:
+        return encode_result(s.server.service.sweep_stop_trial(ref, int(number)))
 
-    def sweep_wait(s: Session, ref: str, timeout: float | None = None) -> Any:
-        for detail in svc(s).sweep_wait(ref, timeout=timeout):
-            yield wire.encode(detail)
-
+    @staticmethod
     def pipeline(s: Session, spec: dict[str, Any]) -> Any:
         from tui.model.pipelinespec import PipelineSpec
 
-        return wire.encode(svc(s).pipeline(PipelineSpec.from_dict(spec)))
+        return wire.encode(s.server.service.pipeline(PipelineSpec.from_dict(spec)))
 
-    def pipeline_wait(s: Session, ref: str, timeout: float | None = None) -> Any:
-        for detail in svc(s).pipeline_wait(ref, timeout=timeout):
-            yield wire.encode(detail)
+    @staticmethod
+    def pipeline_retry(s: Session, ref: str, step: str) -> Any:
+        return encode_result(s.server.service.pipeline_retry(ref, str(step)))
 
+    @staticmethod
     def code_missing(s: Session, blobs: list[Any]) -> Any:
-        return svc(s).manager.code_store.missing(blobs)
+        return s.server.service.manager.code_store.missing(blobs)
 
+    @staticmethod
     def code_put(s: Session, blobs: list[Any]) -> Any:
-        return svc(s).manager.code_store.put(blobs)
+        return s.server.service.manager.code_store.put(blobs)
 
+    @staticmethod
     def code_manifest(s: Session, tree: str, files: list[Any]) -> Any:
-        return {"tree": svc(s).manager.code_store.add_manifest(tree, files).tree}
-
-    def plain(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def call(s: Session, **kw: Any) -> Any:
-            return encode_result(fn(svc(s), **kw))
-        call.__name__ = name
-        return call
-
-    def deploy(s: Session, names: list[str] | None = None) -> Any:
-        raise RemoteError("the server does not install agents: run `rigdeck deploy` with the server "
-                          "unset (RIGDECK_SERVER=off), then `rigdeck server setup` again")
-
-    return {
-        "info": plain("info", lambda c: c.info()),
-        "subscribe_hosts": subscribe_hosts,
-        "jobs_snapshot": jobs_snapshot,
-        "job_detail": job_detail,
-        "select": select,
-        "kick": plain("kick", lambda c: c.kick()),
-        "stop_plan": plain("stop_plan", lambda c, job_id: c.stop_plan(job_id)),
-        "launch": launch,
-        "stop": stop,
-        "source_launch": source_launch,
-        "source_stop": source_stop,
-        "view": plain("view", lambda c, ref: c.view(ref)),
-        "list_jobs": plain("list_jobs", lambda c, refresh=True: c.list_jobs(refresh)),
-        "queue": plain("queue", lambda c: c.queue_entries()),
-        "metrics": plain("metrics", lambda c, ref: c.metrics(ref)),
-        "gc": plain("gc", lambda c, hosts=None: c.collect_garbage(hosts)),
-        "logs": logs,
-        "wait": wait,
-        "reconnect": plain("reconnect", lambda c, host: c.reconnect(host)),
-        "deploy": deploy,
-        "ping": plain("ping", lambda c: time.time()),
-        "sweep": sweep,
-        "sweeps": plain("sweeps", lambda c: c.sweep_rows()),
-        "sweep_detail": plain("sweep_detail", lambda c, ref: c.sweep_detail(ref)),
-        "sweep_stop": plain("sweep_stop", lambda c, ref: c.sweep_stop(ref)),
-        "sweep_stop_trial": plain("sweep_stop_trial", lambda c, ref, number: c.sweep_stop_trial(ref, int(number))),
-        "sweep_wait": sweep_wait,
-        "doctor": doctor,
-        "pipeline": pipeline,
-        "pipelines": plain("pipelines", lambda c: c.pipeline_rows()),
-        "pipeline_detail": plain("pipeline_detail", lambda c, ref: c.pipeline_detail(ref)),
-        "pipeline_stop": plain("pipeline_stop", lambda c, ref: c.pipeline_stop(ref)),
-        "pipeline_retry": plain("pipeline_retry", lambda c, ref, step: c.pipeline_retry(ref, str(step))),
-        "pipeline_wait": pipeline_wait,
-        "code_missing": code_missing,
-        "code_put": code_put,
-        "code_manifest": code_manifest,
-    }
+        return {"tree": s.server.service.manager.code_store.add_manifest(tree, files).tree}
 
 
 # ---------------------------------------------------------------------------------------------

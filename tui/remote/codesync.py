@@ -203,20 +203,21 @@ class CodeStore:
         self.save_manifest(manifest)
         return manifest
 
-    def upload(self, call: Callable[..., Any], tree: str) -> dict[str, int]:
-        """Send tree ``tree`` of this store to another store (a server's) through ``call(method,
-        **params)``: only the contents it lacks, then the manifest."""
+    def upload(self, other: Any, tree: str) -> dict[str, int]:
+        """Send tree ``tree`` of this store to another store (a server's, through the controller
+        API): only the contents it lacks, then the manifest. ``other`` has this store's own
+        ``missing``, ``put`` and ``add_manifest``."""
         manifest = self.manifest(tree)
         sizes = manifest.blobs()
-        lacking = [str(s) for s in call("code_missing", blobs=[[s, n] for s, n in sorted(sizes.items())]) if s in sizes]
+        lacking = [str(s) for s in other.missing([[s, n] for s, n in sorted(sizes.items())]) if s in sizes]
         payloads = Payloads(self, sizes)
         sent = {"files": 0, "bytes": 0, "wire": 0}
         for items, files, content, wire in _pieces(payloads, lacking):
-            call("code_put", blobs=items)
+            other.put(items)
             sent["files"] += files
             sent["bytes"] += content
             sent["wire"] += wire
-        call("code_manifest", tree=tree, files=manifest.to_wire())
+        other.add_manifest(tree, manifest.to_wire())
         return sent
 
     def prune(self, keep: tuple[str, ...] = (), keep_newest: int = KEEP_SNAPSHOTS) -> int:
