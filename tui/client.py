@@ -7,6 +7,8 @@ Two kinds, one interface:
 * ``RemoteClient``: the controller is ``rigdeck serve`` on a head host (inventory ``[server]``).
   One SSH exec channel to ``rigdeck attach`` there carries everything, telemetry included, as
   JSON lines (``tui.control.server``); the link reconnects by itself and says when it is down.
+  Each call it makes is a method declared in ``tui.control.api`` (its name on the wire, params
+  and answer), never a name of its own.
 
 ``connect(inventory)`` picks: the remote kind when the inventory names a server (unless
 ``RIGDECK_SERVER=off``), else the embedded one.

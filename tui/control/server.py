@@ -7,7 +7,10 @@ head host, bridged to the socket) and speak JSON lines:
     -> {"id": 7, "method": "launch", "params": {...}}
     <- {"id": 7, "result": ...}                      or {"id": 7, "error": {"type", "message"}}
     <- {"id": 7, "item": ...} ... {"id": 7, "end": true}     (streaming methods: logs, wait)
-    <- {"event": "hosts", "data": [...]}             (after "subscribe_hosts": telemetry deltas)
+    <- {"event": "hosts", "data": [...]}             (after subscribe_hosts: telemetry deltas)
+
+The methods, their params and what they answer are declared once, in ``tui.control.api``: the
+table the server dispatches from (``_methods``) is made from it.
 
 The server's first line (``{"event": "hello", ..., "compress": "zlib"}``) is plain; what it sends
 after it is one zlib stream, flushed after each message (``Z_SYNC_FLUSH``), so each message can
