@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import zipfile
-from typing import Any, Callable, Dict, List, Optional, Set  # noqa: F401
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple  # noqa: F401
 
 from agent import artifacts, code, facts, protocol
 from agent.paths import Paths, self_command, spawn_daemon
@@ -91,6 +91,7 @@ class Daemon:
         self._next_cid = 0
         self._latest = None  # type: Optional[Dict[str, Any]]
         self._latest_seq = 0
+        self._health = (-1e9, [])  # type: Tuple[float, List[Dict[str, Any]]]  # (monotonic, GPUs not ok)
         self._cond = None  # type: Optional[asyncio.Condition]
         self._stop = None  # type: Optional[asyncio.Event]
         self._wake = None  # type: Optional[asyncio.Event]
@@ -115,7 +116,7 @@ class Daemon:
             "job_start": self._m_job_start,
             "job_stop": self._m_job_stop,
             "job_list": lambda c, p: self.jobs.list(),
-            "job_status": lambda c, p: self.jobs.status(self._str(p, "job_id")),
+            "job_status": self._m_job_status,
             "job_logs": self._m_job_logs,
             "job_metrics": self._m_job_metrics,
             "job_claim": self._m_job_claim,
@@ -419,6 +420,31 @@ class Daemon:
 
     def _m_facts(self, client: _Client, params: Dict[str, Any]) -> Any:
         return facts.collect(self.paths.state_dir)
+
+    async def _m_job_status(self, client: _Client, params: Dict[str, Any]) -> Any:
+        """The job here, with the health of this host's GPUs that are not ok (``gpu_health``): the
+        supervisor that polls the job sees a failing GPU without a telemetry stream of its own."""
+        status = self.jobs.status(self._str(params, "job_id"))
+        if isinstance(status, dict) and status.get("state") not in (None, "succeeded", "failed", "stopped"):
+            status["gpu_health"] = await self._gpu_health(max_age=2.0)
+        return status
+
+    async def _gpu_health(self, max_age: float) -> List[Dict[str, Any]]:
+        """This host's GPUs whose health is not ok, from a sample at most ``max_age`` s old (the
+        stream's, when someone subscribes; else one taken now). A failing sample reads as none."""
+        now = time.monotonic()
+        if now - self._health[0] <= max_age:
+            return self._health[1]
+        try:
+            data = self._latest if self._latest is not None and self._subscribers() > 0 else await self._collect()
+        except Exception:  # a broken sensor must not break job_status
+            log.exception("telemetry sample for GPU health failed")
+            return []
+        bad = [{"index": g.get("index"), "health": g.get("health"), "reason": g.get("health_reason"),
+                "simulated": bool(g.get("simulated"))}
+               for g in data.get("gpus") or [] if g.get("health") not in (None, "ok")]
+        self._health = (time.monotonic(), bad)
+        return bad
 
     async def _m_sample(self, client: _Client, params: Dict[str, Any]) -> Any:
         if self._latest is not None and self._subscribers() > 0:

@@ -44,7 +44,7 @@ def test_a_live_rank_writes_its_stacks_on_request_and_keeps_running(tmp_path: Pa
     theirs = tmp_path / "theirs"
     theirs.mkdir()
     (theirs / "sitecustomize.py").write_text(
-        "import os\nopen(os.path.join(%r, 'theirs-%%d' %% os.getpid()), 'w').close()\n" % str(tmp_path))
+        f"import os\nopen(os.path.join({str(tmp_path)!r}, 'theirs-' + str(os.getpid())), 'w').close()\n")
     rank = _start_rank(tmp_path, job_dir, 3, extra_path=str(theirs))
     # a process of the job that is not armed (not Python): never signalled, SIGUSR1 would kill it
     sleeper = subprocess.Popen(["sleep", "60"], env=dict(os.environ, RIGDECK_JOB_ID="job-s1"))
@@ -56,11 +56,11 @@ def test_a_live_rank_writes_its_stacks_on_request_and_keeps_running(tmp_path: Pa
         assert "in wait_for_peers" in one["text"] and "in heartbeat" in one["text"]  # every thread
         assert one["top"] == "train.py:5 in wait_for_peers" and one["in_collective"] is False
         log = (job_dir / "logs" / "rank-3.log").read_text()
-        assert "--- rigdeck: Python stacks of rank 3 (pid %d), no step for 20 s ---" % rank.pid in log
+        assert f"--- rigdeck: Python stacks of rank 3 (pid {rank.pid}), no step for 20 s ---" in log
         assert "wait_for_peers" in log
         time.sleep(0.3)
         assert rank.poll() is None and sleeper.poll() is None  # both still run
-        assert (tmp_path / ("theirs-%d" % rank.pid)).exists()
+        assert (tmp_path / f"theirs-{rank.pid}").exists()
         # a second request returns only the new dump
         again = stacks.collect(str(job_dir), "job-s1")["stacks"][0]["text"]
         assert again.count("in wait_for_peers") == 1
@@ -133,4 +133,41 @@ def test_a_real_agent_takes_a_running_jobs_stacks_and_reports_a_simulated_fault(
         assert [(g["health"], g["health_reason"]) for g in gpus] == [
             ("ok", None), ("unhealthy", "XID 79: GPU has fallen off the bus")]
         assert a.gpu_health_clear(gpus=[1]) == []  # a simulated fault is not remembered: its entry is the fault
+        a.shutdown(force=True)
+
+
+def test_job_status_carries_the_hosts_failing_gpus_while_the_job_runs(tmp_path: Path) -> None:
+    import json
+
+    from agent.gpuhealth import SIM_FAULTS_FILE
+    from tui.control.controller import Controller
+    from tui.model.inventory import HostSpec, Inventory
+    from tui.remote.bundle import build_agent
+
+    state = tmp_path / "state"
+    spec = HostSpec(name="here", address="localhost", transport="local", python=sys.executable,
+                    state_dir=str(state), sim_gpus=2)
+    bundle = build_agent(tmp_path / "cache")
+    with Controller(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
+                    bundle_factory=lambda: bundle) as ctl:
+        a = ctl.agent("here")
+        job_id = f"health-{int(time.time())}"
+        node = {"host": "here", "address": "127.0.0.1", "slots": 1, "gpus": [0]}
+        a.job_start(plan={"job_id": job_id, "launcher": "direct", "nodes": [node], "node_index": 0,
+                          "master_addr": "127.0.0.1", "master_port": a.probe_port(addr="127.0.0.1"),
+                          "workdir": str(tmp_path), "command": ["sleep", "60"]})
+        try:
+            assert a.job_status(job_id=job_id).get("gpu_health") == []
+            (state / SIM_FAULTS_FILE).write_text(json.dumps({"0": {"xid": 79}, "1": {"throttle": "hw_thermal"}}))
+            time.sleep(2.2)  # the answer is at most 2 s old
+            assert a.job_status(job_id=job_id).get("gpu_health") == [
+                {"index": 0, "health": "unhealthy", "reason": "XID 79: GPU has fallen off the bus", "simulated": True},
+                {"index": 1, "health": "warn", "reason": "throttled: hardware thermal slowdown", "simulated": True}]
+        finally:
+            a.job_stop(job_id=job_id, grace_s=1.0)
+        deadline = time.monotonic() + 20
+        while (st := a.job_status(job_id=job_id)).get("state") not in ("stopped", "failed", "succeeded"):
+            assert time.monotonic() < deadline, st
+            time.sleep(0.2)
+        assert "gpu_health" not in st  # an ended job: nothing to watch
         a.shutdown(force=True)

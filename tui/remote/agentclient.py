@@ -75,6 +75,7 @@ class JobState(TypedDict, total=False):
     last_metrics: dict[str, dict[str, Any]]  # rank (as a string) -> its last metrics record
     tagged_processes: int | None  # processes still tagged with the job, once it ended; None before
     claims_held: list[int] | None  # GPUs still claimed here for the job, once it ended (None: ask again)
+    gpu_health: list[dict[str, Any]]  # while it runs: the host's GPUs not ok ({index, health, reason, simulated})
     # job_list only:
     name: str | None
     gpus: list[int]
