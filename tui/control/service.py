@@ -291,9 +291,6 @@ class ControllerService:
         else:
             self.source.select(job_id)
 
-    def kick(self) -> None:
-        self.source.kick()
-
     def stop_plan(self, job_id: str) -> StopPlan:
         return self.source.stop_plan(job_id)
 
