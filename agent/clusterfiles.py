@@ -18,7 +18,10 @@ on each host writes, into the job directory:
   by another host's launcher (mpirun's daemons) can take this host's values (:func:`load_node_env`).
 
 Every view is computed from the same ordered list, so they agree by construction;
-``tests/probe_rank.py`` checks that from inside real ranks.
+``tests/probe_rank.py`` checks that from inside real ranks. What differs by kind of job (plain,
+worker pools, processing, a sweep's trial, a pipeline's step) lives in that kind's module under
+``agent/kinds/``: the plan's shape gives this node's :class:`~agent.kinds.base.Layout`, from which
+every view here is written, and each kind of the plan adds its own variables and files.
 
 Stdlib only, Python 3.9+. No shell anywhere.
 """
@@ -32,12 +35,18 @@ import shutil
 import socket
 import struct
 import subprocess
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-SAGEMAKER_GROUP = "homogeneousCluster"
+from agent import kinds
+from agent.kinds.base import NODE_ENV_FILE, Kind, Layout, user_env, world_size, write_json_atomic
+from agent.kinds.base import node_gpus as _gpus
+from agent.kinds.base import plan_node as _node
+from agent.kinds.base import plan_nodes as _nodes
+from agent.kinds.pools import VERTEX_POOLS as VERTEX_POOLS  # read here by the tests and the job host
+from agent.kinds.pools import is_pool_plan as is_pool_plan
+
 DEFAULT_INTERFACE = "eth0"
 LOG_LEVEL = 20  # logging.INFO, the toolkit's default
-NODE_ENV_FILE = "node_env.json"
 HOSTFILE = "hostfile"
 HYPERTUNE_FILE = "hypertune.metrics"  # in metrics/: where CLOUD_ML_HP_METRIC_FILE points
 
@@ -68,28 +77,6 @@ def _sm_value(value: Any) -> str:
     if isinstance(value, str):
         return value
     return _compact(value)
-
-
-def _env_str(value: Any) -> str:
-    """A user ``[env]`` value as an environment string (TOML may give ints, floats, bools)."""
-    if isinstance(value, str):
-        return value
-    if value is None:
-        return ""
-    return json.dumps(value)
-
-
-def write_json_atomic(path: str, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path``: temp file in the same directory, fsync, rename."""
-    d = os.path.dirname(path) or "."
-    os.makedirs(d, exist_ok=True)
-    tmp = "%s.tmp-%d" % (path, os.getpid())
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _write_text_atomic(path: str, text: str) -> None:
@@ -128,27 +115,7 @@ def _ensure_dir(path: str) -> None:
     os.makedirs(path, exist_ok=True)
 
 
-def _host_port(addr: str, port: int) -> str:
-    if ":" in addr and not addr.startswith("["):  # an IPv6 literal
-        return "[%s]:%d" % (addr, port)
-    return "%s:%d" % (addr, port)
-
-
 # -- placement --------------------------------------------------------------------------------
-
-
-def _nodes(plan: Dict[str, Any]) -> List[Dict[str, Any]]:
-    nodes = plan.get("nodes") or []
-    if not nodes:
-        raise ValueError("plan has no nodes")
-    return nodes
-
-
-def _node(plan: Dict[str, Any], node_index: int) -> Dict[str, Any]:
-    nodes = _nodes(plan)
-    if not 0 <= node_index < len(nodes):
-        raise ValueError("node_index %d outside 0..%d" % (node_index, len(nodes) - 1))
-    return nodes[node_index]
 
 
 def global_ranks(plan: Dict[str, Any], node_index: int) -> List[int]:
@@ -157,14 +124,6 @@ def global_ranks(plan: Dict[str, Any], node_index: int) -> List[int]:
     _node(plan, node_index)
     first = sum(int(n["slots"]) for n in nodes[:node_index])
     return list(range(first, first + int(nodes[node_index]["slots"])))
-
-
-def world_size(plan: Dict[str, Any]) -> int:
-    return sum(int(n["slots"]) for n in _nodes(plan))
-
-
-def _gpus(node: Dict[str, Any]) -> List[int]:
-    return [int(g) for g in (node.get("gpus") or [])]
 
 
 def _checkpoint(plan: Dict[str, Any]) -> Tuple[Optional[str], str]:
@@ -281,25 +240,7 @@ def _channels(plan: Dict[str, Any]) -> Dict[str, Tuple[Dict[str, str], Optional[
     return out
 
 
-# -- worker pools (a pool job's plan: every node is one replica of one pool) --------------------
-
-# Vertex's pools, in order: workerpool0 the primary, 1 the workers, 2 parameter servers or
-# Reduction Server replicas, 3 the evaluators.
-POOL_ORDER = ("primary", "worker", "parameter_server", "reduction_server", "evaluator")
-VERTEX_POOLS = {"primary": "workerpool0", "worker": "workerpool1", "parameter_server": "workerpool2",
-                "reduction_server": "workerpool2", "evaluator": "workerpool3"}
-VERTEX_POOL_NAMES = ("workerpool0", "workerpool1", "workerpool2", "workerpool3")
-# TF_CONFIG's task type of each pool; reduction servers get no TF_CONFIG at all.
-TF_TASK_TYPES = {"primary": "chief", "worker": "worker", "parameter_server": "ps",
-                 "evaluator": "evaluator"}
-TF_CLUSTER_KEYS = (("chief", "primary"), ("worker", "worker"), ("ps", "parameter_server"))
-WORLD_POOLS = ("primary", "worker")  # torch's world: the primary and the workers
-REPLICAS_DIR = "replicas"
-
-
-def is_pool_plan(plan: Dict[str, Any]) -> bool:
-    """A job of ``[[pools]]``: its nodes carry ``pool`` (role) and ``replica``."""
-    return any(isinstance(n, dict) and n.get("pool") is not None for n in plan.get("nodes") or [])
+# -- kinds: which nodes a host runs, and torch's world ----------------------------------------------
 
 
 def node_indices(plan: Dict[str, Any]) -> List[int]:
@@ -311,249 +252,27 @@ def node_indices(plan: Dict[str, Any]) -> List[int]:
     return [int(plan["node_index"])]
 
 
-def check_pools(plan: Dict[str, Any]) -> None:
-    """A pool plan the agent can use, or ValueError saying what is wrong with which node."""
-    nodes = _nodes(plan)
-    seen = {}  # type: Dict[Tuple[str, int], int]
-    ports = {}  # type: Dict[Tuple[str, int], int]
-    primaries = []
-    for i, n in enumerate(nodes):
-        role = n.get("pool")
-        if role not in VERTEX_POOLS:
-            raise ValueError("plan nodes[%d].pool: expected one of %s, got %r"
-                             % (i, ", ".join(POOL_ORDER), role))
-        rep = n.get("replica")
-        if not isinstance(rep, int) or isinstance(rep, bool) or rep < 0:
-            raise ValueError("plan nodes[%d].replica: expected an integer >= 0, got %r" % (i, rep))
-        if (role, rep) in seen:
-            raise ValueError("plan nodes[%d]: %s %d is nodes[%d] already" % (i, role, rep, seen[(role, rep)]))
-        seen[(role, rep)] = i
-        port = n.get("port")
-        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
-            raise ValueError("plan nodes[%d].port: expected a port number, got %r" % (i, port))
-        key = (str(n.get("address")), port)
-        if key in ports:
-            raise ValueError("plan nodes[%d].port: %s:%d is nodes[%d]'s already"
-                             % (i, key[0], port, ports[key]))
-        ports[key] = i
-        if role == "primary":
-            primaries.append(i)
-    if len(primaries) != 1:
-        raise ValueError("plan: expected exactly one primary node, got %d" % len(primaries))
-    if "parameter_server" in (n["pool"] for n in nodes) and "reduction_server" in (n["pool"] for n in nodes):
-        raise ValueError("plan: parameter_server and reduction_server nodes both (both are workerpool2)")
-
-
-def _pool_nodes(plan: Dict[str, Any]) -> Dict[str, List[int]]:
-    """role -> indices of its nodes, by replica index."""
-    out = {}  # type: Dict[str, List[int]]
-    nodes = _nodes(plan)
-    for i, n in enumerate(nodes):
-        out.setdefault(str(n["pool"]), []).append(i)
-    for members in out.values():
-        members.sort(key=lambda i: int(nodes[i]["replica"]))
-    return out
-
-
-def replica_name(node: Dict[str, Any]) -> str:
-    return "%s-%d" % (node["pool"], int(node["replica"]))
-
-
-def replica_dir(job_dir: str, node: Dict[str, Any]) -> str:
-    """Where one replica's own files go: ``<job_dir>/replicas/<role>-<replica>``."""
-    return os.path.join(os.path.abspath(job_dir), REPLICAS_DIR, replica_name(node))
-
-
-def algo_names(plan: Dict[str, Any]) -> List[str]:
-    """SageMaker's host names: ``algo-1``... one per node in plan order."""
-    return ["algo-%d" % (k + 1) for k in range(len(_nodes(plan)))]
-
-
 def node_command(plan: Dict[str, Any], node_index: int) -> List[str]:
     """The command of a node: its pool's (``nodes[i]["command"]``), else the job's."""
     own = _node(plan, node_index).get("command")
     return [str(a) for a in (own or plan.get("command") or [])]
 
 
-def _endpoint(node: Dict[str, Any], default_port: int) -> str:
-    port = node.get("port")
-    return _host_port(str(node["address"]), int(port) if port is not None else default_port)
-
-
-def vertex_cluster(plan: Dict[str, Any]) -> Dict[str, List[str]]:
-    """CLUSTER_SPEC's ``cluster`` of a pool job: workerpool0..3, each replica's own port."""
-    nodes = _nodes(plan)
-    by_pool = _pool_nodes(plan)
-    out = {name: [] for name in VERTEX_POOL_NAMES}  # type: Dict[str, List[str]]
-    for role in POOL_ORDER:
-        for i in by_pool.get(role, []):
-            out[VERTEX_POOLS[role]].append(_endpoint(nodes[i], int(plan["master_port"])))
-    return out
-
-
-def tf_cluster(plan: Dict[str, Any]) -> Dict[str, List[str]]:
-    """TF_CONFIG's ``cluster`` of a pool job: chief, worker, ps (only present ones; evaluators and
-    reduction servers are never in it)."""
-    nodes = _nodes(plan)
-    by_pool = _pool_nodes(plan)
-    out = {}  # type: Dict[str, List[str]]
-    for key, role in TF_CLUSTER_KEYS:
-        if by_pool.get(role):
-            out[key] = [_endpoint(nodes[i], int(plan["master_port"])) for i in by_pool[role]]
-    return out
-
-
-def _in_world(node: Dict[str, Any]) -> bool:
-    return node.get("pool") is None or node.get("pool") in WORLD_POOLS
-
-
 def torch_world_size(plan: Dict[str, Any]) -> int:
     """Processes in torch's world: every node's, or a pool job's primary and workers only."""
-    return sum(int(n["slots"]) for n in _nodes(plan) if _in_world(n))
+    shape = kinds.shape_of(plan)
+    return sum(int(n["slots"]) for n in _nodes(plan) if shape.in_world(n))
 
 
 def torch_node_rank(plan: Dict[str, Any], node_index: int) -> int:
     """NODE_RANK: the node index, or in a pool job 0 for the primary and 1 + index for a worker."""
-    node = _node(plan, node_index)
-    if node.get("pool") is None:
-        return node_index
-    if node["pool"] == "primary":
-        return 0
-    if node["pool"] == "worker":
-        return 1 + int(node["replica"])
-    raise ValueError("%s is not in torch's world" % replica_name(node))
+    return kinds.shape_of(plan).node_rank(plan, node_index)
 
 
 def _torch_rank(plan: Dict[str, Any], node_index: int, local_rank: int) -> int:
     """A world member's torch rank: the slots of the world's nodes before it, plus local rank."""
-    nodes = _nodes(plan)
-    return sum(int(n["slots"]) for n in nodes[:node_index] if _in_world(n)) + local_rank
-
-
-# -- processing jobs --------------------------------------------------------------------------
-
-PROCESSING_DIR = "processing"
-_NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
-
-
-def _io_name(kind: str, i: int, entry: Dict[str, Any]) -> str:
-    name = str(entry.get("name") or "")
-    if not _NAME_RE.match(name) or name in (".", ".."):
-        raise ValueError("plan processing.%s[%d].name: expected 1-64 of [A-Za-z0-9._-], got %r"
-                         % (kind, i, entry.get("name")))
-    return name
-
-
-def _safe_relpath(rel: str) -> bool:
-    parts = rel.split("/")
-    return bool(rel) and not rel.startswith("/") and all(p not in ("", ".", "..") for p in parts)
-
-
-def _clear_input(path: str) -> None:
-    """Remove an input left by an earlier attempt: a link, or a tree of links we made."""
-    if os.path.islink(path) or os.path.isfile(path):
-        os.unlink(path)
-    elif os.path.isdir(path):
-        shutil.rmtree(path)  # links inside are removed, never followed
-
-
-def processing_tree(plan: Dict[str, Any], node_index: int, job_dir: str) -> str:
-    """SageMaker Processing's tree in ``<job_dir>/processing``: ``input/<name>`` (FullyReplicated:
-    a link to the source dir; ShardedByKey: a directory of links to this host's shard, each at its
-    relative path), empty ``output/<name>`` dirs, and ``config/resourceconfig.json`` with only
-    ``current_host`` and ``hosts``. Raises ValueError naming what is missing."""
-    nodes = _nodes(plan)
-    _node(plan, node_index)
-    hosts = [str(n["host"]) for n in nodes]
-    current = hosts[node_index]
-    spec = plan.get("processing") or {}
-    root = os.path.join(os.path.abspath(job_dir), PROCESSING_DIR)
-    input_root = os.path.join(root, "input")
-    output_root = os.path.join(root, "output")
-    config_dir = os.path.join(root, "config")
-    for d in (input_root, output_root, config_dir):
-        os.makedirs(d, exist_ok=True)
-    for i, entry in enumerate(spec.get("inputs") or []):
-        name = _io_name("inputs", i, entry)
-        source = os.path.expanduser(str(entry.get("source") or ""))
-        if not source:
-            raise ValueError("plan processing.inputs[%d].source: missing (input %r)" % (i, name))
-        if not os.path.isabs(source):
-            source = os.path.normpath(os.path.join(plan.get("workdir") or os.getcwd(), source))
-        if not os.path.isdir(source):
-            raise ValueError("processing input %r: source %s is not a directory on %s"
-                             % (name, source, current))
-        dist = str(entry.get("distribution") or "FullyReplicated")
-        path = os.path.join(input_root, name)
-        _clear_input(path)
-        if dist == "FullyReplicated":
-            os.symlink(source, path)
-        elif dist == "ShardedByKey":
-            os.makedirs(path)
-            for rel in entry.get("files") or []:
-                rel = str(rel)
-                if not _safe_relpath(rel):
-                    raise ValueError("processing input %r: listed file %r is not a relative path "
-                                     "inside its source" % (name, rel))
-                src = os.path.join(source, rel)
-                if not os.path.isfile(src):
-                    raise ValueError("processing input %r: listed file %r is missing under %s on %s"
-                                     % (name, rel, source, current))
-                link = os.path.join(path, rel)
-                os.makedirs(os.path.dirname(link), exist_ok=True)
-                os.symlink(src, link)
-        else:
-            raise ValueError("plan processing.inputs[%d].distribution: expected FullyReplicated or "
-                             "ShardedByKey, got %r" % (i, dist))
-    for i, entry in enumerate(spec.get("outputs") or []):
-        os.makedirs(os.path.join(output_root, _io_name("outputs", i, entry)), exist_ok=True)
-    write_json_atomic(os.path.join(config_dir, "resourceconfig.json"),
-                      {"current_host": current, "hosts": hosts})
-    return root
-
-
-def processing_env(plan: Dict[str, Any], node_index: int, job_dir: str) -> Dict[str, str]:
-    """A processing job's node: its tree (:func:`processing_tree`) and the usual RIGDECK_* (no
-    SageMaker training tree, no CLUSTER_SPEC/TF_CONFIG)."""
-    nodes = _nodes(plan)
-    node = _node(plan, node_index)
-    job_dir = os.path.abspath(job_dir)
-    job_id = str(plan["job_id"])
-    hosts = [str(n["host"]) for n in nodes]
-    if len(set(hosts)) != len(hosts):
-        raise ValueError("host names repeat in the plan: %s" % hosts)
-    gpus = _gpus(node)
-    metrics_dir = os.path.join(job_dir, "metrics")
-    os.makedirs(metrics_dir, exist_ok=True)
-    root = processing_tree(plan, node_index, job_dir)
-    env = {
-        "RIGDECK_JOB_ID": job_id,
-        "RIGDECK_JOB_NAME": str(plan.get("name") or job_id),
-        "RIGDECK_JOB_DIR": job_dir,
-        "RIGDECK_JOB_KIND": "processing",
-        "RIGDECK_PROCESSING_DIR": root,
-        "RIGDECK_HOSTS": json.dumps(hosts),
-        "RIGDECK_HOST_ADDRS": json.dumps([str(n["address"]) for n in nodes]),
-        "RIGDECK_CURRENT_HOST": hosts[node_index],
-        "RIGDECK_NODE_RANK": str(node_index),
-        "RIGDECK_NUM_NODES": str(len(nodes)),
-        "RIGDECK_WORLD_SIZE": str(world_size(plan)),
-        "RIGDECK_LOCAL_WORLD_SIZE": str(int(node["slots"])),
-        "RIGDECK_MASTER_ADDR": str(plan["master_addr"]),
-        "RIGDECK_MASTER_PORT": str(int(plan["master_port"])),
-        "RIGDECK_GPUS": ",".join(str(g) for g in gpus),
-        "RIGDECK_METRICS_DIR": metrics_dir,
-        "RIGDECK_RESTART_COUNT": str(int(plan.get("restart_count") or 0)),
-        "RIGDECK_LAUNCHER": str(plan.get("launcher") or "direct"),
-    }  # type: Dict[str, str]
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-    for k, v in (plan.get("env") or {}).items():
-        if str(k) == "RIGDECK_JOB_ID":
-            continue
-        env[str(k)] = _env_str(v)
-    write_json_atomic(os.path.join(job_dir, NODE_ENV_FILE), env)
-    return env
+    shape = kinds.shape_of(plan)
+    return sum(int(n["slots"]) for n in _nodes(plan)[:node_index] if shape.in_world(n)) + local_rank
 
 
 # -- the node's environment -------------------------------------------------------------------
@@ -564,376 +283,283 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
     """Write the cluster files for this node into ``job_dir`` and return the environment common to
     all ranks on this node (everything except per-rank variables: see :func:`rank_env`).
 
-    A pool job's node is one replica: its files go to ``<job_dir>/replicas/<role>-<replica>/``
-    (:func:`replica_dir`); a processing job gets :func:`processing_env` instead."""
-    if plan.get("kind") == "processing":
-        return processing_env(plan, node_index, job_dir)
-    nodes = _nodes(plan)
-    node = _node(plan, node_index)
-    pooled = is_pool_plan(plan)
+    The plan's shape (``agent.kinds``) lays the node out: a pool job's node is one replica, its
+    files in ``<job_dir>/replicas/<role>-<replica>/``; a processing job writes a tree of its own.
+    Every view below is written from that layout, and each of the plan's kinds adds its part."""
+    shape = kinds.shape_of(plan)
+    own = shape.own_env(plan, node_index, job_dir)
+    if own is not None:
+        return own
+    traits = kinds.traits_of(plan)
     job_dir = os.path.abspath(job_dir)
-    job_id = str(plan["job_id"])
-    hosts = [str(n["host"]) for n in nodes]
-    addrs = [str(n["address"]) for n in nodes]
-    current = hosts[node_index]
-    if pooled:
-        check_pools(plan)
-        files_dir = replica_dir(job_dir, node)
-        role = str(node["pool"])
-        in_world = role in WORLD_POOLS
-    else:
-        if len(set(hosts)) != len(hosts):
-            raise ValueError("host names repeat in the plan: %s" % hosts)
-        files_dir = job_dir
-        role = None
-        in_world = True
-    world = world_size(plan)
-    slots = int(node["slots"])
-    gpus = _gpus(node)
-    master_addr = str(plan["master_addr"])
-    master_port = int(plan["master_port"])
-    ckpt_dir, ckpt_owner = _checkpoint(plan)
-    cpus = node.get("cpus")
-    num_cpus = int(cpus) if cpus is not None else (os.cpu_count() or 1)
-    instance_type = str(node.get("instance_type") or "local")
-    command = node_command(plan, node_index)
+    layout = shape.layout(plan, node_index, job_dir)
+    tree = _make_tree(layout.files_dir, job_dir)
+    ckpt_dir, ckpt_owner = _checkpoints(plan, tree)
+    for kind in [shape] + traits:
+        kind.prepare(plan, node_index, ckpt_dir)
+    env = _sagemaker_env(plan, node_index, iface, layout, tree)
+    env.update(_rigdeck_env(plan, node_index, job_dir, tree, ckpt_dir, ckpt_owner))
+    for kind in [shape] + traits:
+        env.update(kind.node_env(plan, node_index, layout))
+    env.update(_vertex_env(plan, layout, traits, tree, ckpt_dir))
+    env.update(_torch_env(plan, node_index, shape, iface))
+    # the user's own table on top (the job id is the tag that finds its processes: never theirs)
+    env.update(user_env(shape.user_table(plan, _node(plan, node_index))))
+    write_json_atomic(os.path.join(layout.files_dir, NODE_ENV_FILE), env)
+    return env
 
-    # ---- the SageMaker view of the cluster: one homogeneous group, or one group per pool ----
-    if pooled:
-        sm_hosts = algo_names(plan)
-        by_pool = _pool_nodes(plan)
-        groups = []  # type: List[Dict[str, Any]]
-        for pool_role in POOL_ORDER:
-            members = by_pool.get(pool_role)
-            if members:
-                groups.append({"instance_group_name": pool_role,
-                               "instance_type": str(nodes[members[0]].get("instance_type") or "local"),
-                               "hosts": [sm_hosts[i] for i in members]})
-        current_group = str(role)
-        group_hosts = [sm_hosts[i] for i in by_pool[current_group]]
-        dist_groups = [g["instance_group_name"] for g in groups
-                       if g["instance_group_name"] in WORLD_POOLS]
-        dist_hosts = [h for g in groups if g["instance_group_name"] in WORLD_POOLS
-                      for h in g["hosts"]]
-        is_hetero = True
-    else:
-        sm_hosts = list(hosts)
-        groups = [{"instance_group_name": SAGEMAKER_GROUP, "instance_type": instance_type,
-                   "hosts": list(hosts)}]
-        current_group = SAGEMAKER_GROUP
-        group_hosts = list(hosts)
-        dist_groups = [SAGEMAKER_GROUP]
-        dist_hosts = list(hosts)
-        is_hetero = False
-    sm_current = sm_hosts[node_index]
-    groups_dict = {str(g["instance_group_name"]): g for g in groups}
 
-    # ---- directories and files --------------------------------------------------------------
+class _Tree(NamedTuple):
+    """Where one node's files go: its SageMaker tree (under its files dir) and the job's own
+    metrics and tensorboard dirs."""
+
+    files_dir: str
+    base: str
+    input_dir: str
+    config_dir: str
+    data_dir: str
+    model_dir: str
+    output_dir: str
+    output_data_dir: str
+    intermediate_dir: str
+    checkpoints: str
+    metrics_dir: str
+    tensorboard_dir: str
+    hostfile: str
+
+
+def _make_tree(files_dir: str, job_dir: str) -> _Tree:
     os.makedirs(job_dir, exist_ok=True)
     base = os.path.join(files_dir, "sagemaker")
     input_dir = os.path.join(base, "input")
-    config_dir = os.path.join(input_dir, "config")
-    data_dir = os.path.join(input_dir, "data")
-    model_dir = os.path.join(base, "model")
     output_dir = os.path.join(base, "output")
-    output_data_dir = os.path.join(output_dir, "data")
-    intermediate_dir = os.path.join(output_dir, "intermediate")
-    sm_ckpt = os.path.join(base, "checkpoints")
-    metrics_dir = os.path.join(job_dir, "metrics")
-    tensorboard_dir = os.path.join(job_dir, "tensorboard")
-    for d in (config_dir, data_dir, model_dir, output_data_dir, intermediate_dir, metrics_dir,
-              tensorboard_dir):
+    tree = _Tree(files_dir=files_dir, base=base, input_dir=input_dir,
+                 config_dir=os.path.join(input_dir, "config"), data_dir=os.path.join(input_dir, "data"),
+                 model_dir=os.path.join(base, "model"), output_dir=output_dir,
+                 output_data_dir=os.path.join(output_dir, "data"),
+                 intermediate_dir=os.path.join(output_dir, "intermediate"),
+                 checkpoints=os.path.join(base, "checkpoints"),
+                 metrics_dir=os.path.join(job_dir, "metrics"), tensorboard_dir=os.path.join(job_dir, "tensorboard"),
+                 hostfile=os.path.join(files_dir, HOSTFILE))
+    for d in (tree.config_dir, tree.data_dir, tree.model_dir, tree.output_data_dir, tree.intermediate_dir,
+              tree.metrics_dir, tree.tensorboard_dir):
         os.makedirs(d, exist_ok=True)
+    return tree
+
+
+def _checkpoints(plan: Dict[str, Any], tree: _Tree) -> Tuple[str, str]:
+    """(the checkpoint dir the job writes to, its owner): the plan's ``checkpoint.dir``, linked
+    from ``sagemaker/checkpoints``, or that directory itself."""
+    ckpt_dir, owner = _checkpoint(plan)
     if ckpt_dir:
         os.makedirs(ckpt_dir, exist_ok=True)
-        _symlink_atomic(ckpt_dir, sm_ckpt)
-        checkpoint_dir = ckpt_dir
-    else:
-        _ensure_dir(sm_ckpt)
-        checkpoint_dir = sm_ckpt
-    seed = plan.get("seed_checkpoint")
-    if seed and not int(plan.get("restart_count") or 0):
-        # A pipeline's continue_from: the earlier step's checkpoints (a tree staged on this
-        # host), copied before the first attempt; a file the dir already has is kept.
-        from agent.artifacts import seed_checkpoint
+        _symlink_atomic(ckpt_dir, tree.checkpoints)
+        return ckpt_dir, owner
+    _ensure_dir(tree.checkpoints)
+    return tree.checkpoints, owner
 
-        seed_checkpoint(str(seed), checkpoint_dir)
 
+# -- SageMaker: the files under input/config and SM_* as the toolkit's Environment.to_env_vars() --
+
+# SM_<NAME> in the toolkit's order; each takes the training environment's value of the same name,
+# or of the one _SM_FROM names.
+_SM_VARS = ("hosts", "network_interface_name", "hps", "user_entry_point", "framework_params", "resource_config",
+            "input_data_config", "output_data_dir", "channels", "current_host", "current_instance_type",
+            "current_instance_group", "current_instance_group_hosts", "instance_groups", "instance_groups_dict",
+            "distribution_instance_groups", "is_hetero", "module_name", "log_level", "framework_module",
+            "input_dir", "input_config_dir", "output_dir", "num_cpus", "num_gpus", "num_neurons", "model_dir",
+            "module_dir", "training_env", "user_args", "output_intermediate_dir")
+_SM_FROM = {"hps": "hyperparameters", "framework_params": "additional_framework_parameters"}
+
+
+def _sagemaker_config(plan: Dict[str, Any], node_index: int, iface: Optional[str], layout: Layout,
+                      tree: _Tree) -> Dict[str, Any]:
+    """Write ``input/config`` (resourceconfig, hyperparameters, inputdataconfig), the channels'
+    data dirs and the hostfile; returns what the training environment takes from them."""
+    node = _node(plan, node_index)
     resource_config = {
-        "current_host": sm_current,
-        "current_instance_type": instance_type,
-        "current_group_name": current_group,
-        "hosts": list(sm_hosts),
-        "instance_groups": groups,
+        "current_host": layout.sm_hosts[node_index],
+        "current_instance_type": str(node.get("instance_type") or "local"),
+        "current_group_name": layout.current_group,
+        "hosts": list(layout.sm_hosts),
+        "instance_groups": layout.groups,
         "network_interface_name": iface or DEFAULT_INTERFACE,
     }
     raw_hps = dict(plan.get("hyperparameters") or {})
-    if pooled:  # as the SageMaker SDK passes a heterogeneous cluster's distribution groups
-        raw_hps.setdefault("sagemaker_distribution_instance_groups", list(dist_groups))
+    if layout.is_hetero:  # as the SageMaker SDK passes a heterogeneous cluster's distribution groups
+        raw_hps.setdefault("sagemaker_distribution_instance_groups", list(layout.dist_groups))
     encoded_hps = _encode_hyperparameters(raw_hps)
     all_hps = _decode_hyperparameters(encoded_hps)
-    hps = {k: v for k, v in all_hps.items() if not k.startswith("sagemaker_")}
-    framework_params = {k: v for k, v in all_hps.items() if k.startswith("sagemaker_")}
-
     channels = _channels(plan)
     input_data_config = {name: cfg for name, (cfg, _src) in channels.items()}
     channel_dirs = {}  # type: Dict[str, str]
     for name, (_cfg, src) in channels.items():
-        path = os.path.join(data_dir, name)
+        path = os.path.join(tree.data_dir, name)
         if src:
             _symlink_atomic(src, path)
         else:
             _ensure_dir(path)
         channel_dirs[name] = path
-
-    write_json_atomic(os.path.join(config_dir, "resourceconfig.json"), resource_config)
-    write_json_atomic(os.path.join(config_dir, "hyperparameters.json"), encoded_hps)
-    write_json_atomic(os.path.join(config_dir, "inputdataconfig.json"), input_data_config)
-    hostfile = os.path.join(files_dir, HOSTFILE)
-    _write_text_atomic(hostfile, mpi_hostfile(plan))
-
-    # ---- SageMaker: SM_* as the toolkit's Environment.to_env_vars() ---------------------------
-    entry_point, module_name = _script(command)
-    module_dir = str(plan.get("workdir") or "")
-    training_env = {
-        "additional_framework_parameters": framework_params,
-        "channel_input_dirs": channel_dirs,
-        "current_host": sm_current,
-        "current_instance_group": current_group,
-        "current_instance_group_hosts": list(group_hosts),
-        "current_instance_type": instance_type,
-        "distribution_hosts": list(dist_hosts),
-        "distribution_instance_groups": list(dist_groups),
-        "framework_module": None,
-        "hosts": list(sm_hosts),
-        "hyperparameters": hps,
-        "input_config_dir": config_dir,
+    write_json_atomic(os.path.join(tree.config_dir, "resourceconfig.json"), resource_config)
+    write_json_atomic(os.path.join(tree.config_dir, "hyperparameters.json"), encoded_hps)
+    write_json_atomic(os.path.join(tree.config_dir, "inputdataconfig.json"), input_data_config)
+    _write_text_atomic(tree.hostfile, mpi_hostfile(plan))
+    return {
+        "resource_config": resource_config,
+        "hyperparameters": {k: v for k, v in all_hps.items() if not k.startswith("sagemaker_")},
+        "additional_framework_parameters": {k: v for k, v in all_hps.items() if k.startswith("sagemaker_")},
         "input_data_config": input_data_config,
-        "input_dir": input_dir,
+        "channel_input_dirs": channel_dirs,
+    }
+
+
+def _training_env(plan: Dict[str, Any], node_index: int, iface: Optional[str], layout: Layout,
+                  tree: _Tree, config: Dict[str, Any]) -> Dict[str, Any]:
+    """The toolkit's ``SM_TRAINING_ENV``: the whole training environment as one object."""
+    node = _node(plan, node_index)
+    cpus = node.get("cpus")
+    entry_point, module_name = _script(node_command(plan, node_index))
+    groups_dict = {str(g["instance_group_name"]): g for g in layout.groups}
+    return {
+        "additional_framework_parameters": config["additional_framework_parameters"],
+        "channel_input_dirs": config["channel_input_dirs"],
+        "current_host": layout.sm_hosts[node_index],
+        "current_instance_group": layout.current_group,
+        "current_instance_group_hosts": list(layout.group_hosts),
+        "current_instance_type": str(node.get("instance_type") or "local"),
+        "distribution_hosts": list(layout.dist_hosts),
+        "distribution_instance_groups": list(layout.dist_groups),
+        "framework_module": None,
+        "hosts": list(layout.sm_hosts),
+        "hyperparameters": config["hyperparameters"],
+        "input_config_dir": tree.config_dir,
+        "input_data_config": config["input_data_config"],
+        "input_dir": tree.input_dir,
         "instance_groups": list(groups_dict),
         "instance_groups_dict": groups_dict,
-        "is_hetero": is_hetero,
+        "is_hetero": layout.is_hetero,
         "is_master": node_index == 0,
         "is_modelparallel_enabled": False,
         "is_smddpmprun_installed": False,
-        "job_name": job_id,
+        "job_name": str(plan["job_id"]),
         "log_level": LOG_LEVEL,
-        "master_hostname": sm_hosts[0],
-        "model_dir": model_dir,
-        "module_dir": module_dir,
+        "master_hostname": layout.sm_hosts[0],
+        "model_dir": tree.model_dir,
+        "module_dir": str(plan.get("workdir") or ""),
         "module_name": module_name,
         "network_interface_name": iface or DEFAULT_INTERFACE,
-        "num_cpus": num_cpus,
-        "num_gpus": len(gpus),
+        "num_cpus": int(cpus) if cpus is not None else (os.cpu_count() or 1),
+        "num_gpus": len(_gpus(node)),
         "num_neurons": 0,
-        "output_data_dir": output_data_dir,
-        "output_dir": output_dir,
-        "output_intermediate_dir": intermediate_dir,
-        "resource_config": resource_config,
+        "output_data_dir": tree.output_data_dir,
+        "output_dir": tree.output_dir,
+        "output_intermediate_dir": tree.intermediate_dir,
+        "resource_config": config["resource_config"],
         "user_entry_point": entry_point,
     }
-    sm = {
-        "hosts": list(sm_hosts),
-        "network_interface_name": iface or DEFAULT_INTERFACE,
-        "hps": hps,
-        "user_entry_point": entry_point,
-        "framework_params": framework_params,
-        "resource_config": resource_config,
-        "input_data_config": input_data_config,
-        "output_data_dir": output_data_dir,
-        "channels": sorted(channel_dirs),
-        "current_host": sm_current,
-        "current_instance_type": instance_type,
-        "current_instance_group": current_group,
-        "current_instance_group_hosts": list(group_hosts),
-        "instance_groups": list(groups_dict),
-        "instance_groups_dict": groups_dict,
-        "distribution_instance_groups": list(dist_groups),
-        "is_hetero": is_hetero,
-        "module_name": module_name,
-        "log_level": LOG_LEVEL,
-        "framework_module": None,
-        "input_dir": input_dir,
-        "input_config_dir": config_dir,
-        "output_dir": output_dir,
-        "num_cpus": num_cpus,
-        "num_gpus": len(gpus),
-        "num_neurons": 0,
-        "model_dir": model_dir,
-        "module_dir": module_dir,
-        "training_env": training_env,
-        "user_args": user_args(hps),
-        "output_intermediate_dir": intermediate_dir,
-    }  # type: Dict[str, Any]
-    if pooled:
-        sm["distribution_hosts"] = list(dist_hosts)
-        sm["master_hostname"] = sm_hosts[0]
-    for name, path in channel_dirs.items():
+
+
+def _sagemaker_env(plan: Dict[str, Any], node_index: int, iface: Optional[str], layout: Layout,
+                   tree: _Tree) -> Dict[str, str]:
+    """Write the SageMaker tree's files and return SM_*, SAGEMAKER_BASE_DIR and TRAINING_JOB_NAME."""
+    config = _sagemaker_config(plan, node_index, iface, layout, tree)
+    training_env = _training_env(plan, node_index, iface, layout, tree, config)
+    hps = config["hyperparameters"]
+    values = dict(training_env, training_env=training_env, user_args=user_args(hps),
+                  channels=sorted(config["channel_input_dirs"]))
+    sm = {name: values[_SM_FROM.get(name, name)] for name in _SM_VARS}  # type: Dict[str, Any]
+    if layout.is_hetero:
+        sm["distribution_hosts"] = list(layout.dist_hosts)
+        sm["master_hostname"] = layout.sm_hosts[0]
+    for name, path in config["channel_input_dirs"].items():
         sm["channel_%s" % name] = path
     for k, v in hps.items():
         sm["hp_%s" % k] = v
+    env = {"SM_%s" % k.upper(): _sm_value(v) for k, v in sm.items()}
+    env["SAGEMAKER_BASE_DIR"] = tree.base
+    env["TRAINING_JOB_NAME"] = str(plan["job_id"])
+    return env
 
-    env = {}  # type: Dict[str, str]
-    for k, v in sm.items():
-        env["SM_%s" % k.upper()] = _sm_value(v)
-    env["SAGEMAKER_BASE_DIR"] = base
-    env["TRAINING_JOB_NAME"] = job_id
 
-    # ---- rigdeck -----------------------------------------------------------------------------
-    env.update({
+# -- rigdeck, Vertex AI and torch ----------------------------------------------------------------
+
+
+def _rigdeck_env(plan: Dict[str, Any], node_index: int, job_dir: str, tree: _Tree, ckpt_dir: str,
+                 ckpt_owner: str) -> Dict[str, str]:
+    nodes = _nodes(plan)
+    node = _node(plan, node_index)
+    job_id = str(plan["job_id"])
+    hosts = [str(n["host"]) for n in nodes]
+    return {
         "RIGDECK_JOB_ID": job_id,
         "RIGDECK_JOB_NAME": str(plan.get("name") or job_id),
         "RIGDECK_JOB_DIR": job_dir,
         "RIGDECK_HOSTS": json.dumps(hosts),
-        "RIGDECK_HOST_ADDRS": json.dumps(addrs),
-        "RIGDECK_CURRENT_HOST": current,
+        "RIGDECK_HOST_ADDRS": json.dumps([str(n["address"]) for n in nodes]),
+        "RIGDECK_CURRENT_HOST": hosts[node_index],
         "RIGDECK_NODE_RANK": str(node_index),
         "RIGDECK_NUM_NODES": str(len(nodes)),
-        "RIGDECK_WORLD_SIZE": str(world),
-        "RIGDECK_LOCAL_WORLD_SIZE": str(slots),
-        "RIGDECK_MASTER_ADDR": master_addr,
-        "RIGDECK_MASTER_PORT": str(master_port),
-        "RIGDECK_GPUS": ",".join(str(g) for g in gpus),
-        "RIGDECK_METRICS_DIR": metrics_dir,
-        "RIGDECK_CHECKPOINT_DIR": checkpoint_dir,
+        "RIGDECK_WORLD_SIZE": str(world_size(plan)),
+        "RIGDECK_LOCAL_WORLD_SIZE": str(int(node["slots"])),
+        "RIGDECK_MASTER_ADDR": str(plan["master_addr"]),
+        "RIGDECK_MASTER_PORT": str(int(plan["master_port"])),
+        "RIGDECK_GPUS": ",".join(str(g) for g in _gpus(node)),
+        "RIGDECK_METRICS_DIR": tree.metrics_dir,
+        "RIGDECK_CHECKPOINT_DIR": ckpt_dir,
         "RIGDECK_CHECKPOINT_OWNER": ckpt_owner,
         "RIGDECK_RESTART_COUNT": str(int(plan.get("restart_count") or 0)),
         "RIGDECK_LAUNCHER": str(plan.get("launcher") or "direct"),
-        "RIGDECK_HOSTFILE": hostfile,
-    })
-    if pooled:
-        env.update({
-            "RIGDECK_POOL": str(role),
-            "RIGDECK_POOL_REPLICA": str(int(node["replica"])),
-            "RIGDECK_IN_WORLD": "1" if in_world else "0",
-            "RIGDECK_REPLICA_DIR": files_dir,
-        })
-    trial = _trial(plan)
-    if trial is not None:
-        env["RIGDECK_TRIAL"] = trial
-        if plan.get("sweep_id"):
-            env["RIGDECK_SWEEP_ID"] = str(plan["sweep_id"])
+        "RIGDECK_HOSTFILE": tree.hostfile,
+    }
 
-    # ---- Vertex AI ---------------------------------------------------------------------------
-    job_desc = _vertex_job(plan, nodes)
-    if pooled:
-        cluster_spec = {
-            "cluster": vertex_cluster(plan),
-            "environment": "cloud",
-            "task": _vertex_task(VERTEX_POOLS[str(role)], int(node["replica"]), trial),
-            "job": job_desc,
-        }  # type: Dict[str, Any]
-        env["CLUSTER_SPEC"] = json.dumps(cluster_spec, separators=(",", ":"))
-        tf_type = TF_TASK_TYPES.get(str(role))
-        if len(nodes) > 1 and tf_type is not None:
-            tf_config = {
-                "cluster": tf_cluster(plan),
-                "task": _vertex_task(tf_type, int(node["replica"]), trial),
-                "environment": "cloud",
-                "job": job_desc,
-            }
-            env["TF_CONFIG"] = json.dumps(tf_config, separators=(",", ":"))
-    else:
-        endpoints = [_host_port(a, master_port) for a in addrs]
-        cluster_spec = {
-            "cluster": {"workerpool0": endpoints[:1], "workerpool1": endpoints[1:],
-                        "workerpool2": [], "workerpool3": []},
-            "environment": "cloud",
-            "task": _vertex_task("workerpool0" if node_index == 0 else "workerpool1",
-                                 0 if node_index == 0 else node_index - 1, trial),
-            "job": job_desc,
-        }
-        env["CLUSTER_SPEC"] = json.dumps(cluster_spec, separators=(",", ":"))
-        if len(nodes) > 1:
-            tf_config = {
-                "cluster": {"chief": endpoints[:1], "worker": endpoints[1:]},
-                "task": _vertex_task("chief" if node_index == 0 else "worker",
-                                     0 if node_index == 0 else node_index - 1, trial),
-                "environment": "cloud",
-                "job": job_desc,
-            }
-            env["TF_CONFIG"] = json.dumps(tf_config, separators=(",", ":"))
-    env["AIP_MODEL_DIR"] = model_dir
-    env["AIP_CHECKPOINT_DIR"] = checkpoint_dir
-    env["AIP_TENSORBOARD_LOG_DIR"] = tensorboard_dir
+
+def _vertex_env(plan: Dict[str, Any], layout: Layout, traits: List[Kind], tree: _Tree,
+                ckpt_dir: str) -> Dict[str, str]:
+    """CLUSTER_SPEC, TF_CONFIG (when the layout has one), AIP_* and cloudml-hypertune's file."""
+
+    def task(kind_index: Tuple[str, int]) -> Dict[str, Any]:
+        out = {"type": kind_index[0], "index": kind_index[1]}  # type: Dict[str, Any]
+        for trait in traits:
+            out.update(trait.vertex_task(plan))
+        return out
+
+    # A small CustomJobSpec-like description of the job (Vertex puts the job's spec here).
+    job = {"job_id": str(plan["job_id"]), "display_name": str(plan.get("name") or plan["job_id"]),
+           "worker_pool_specs": layout.vertex_pools}
+    cluster_spec = {"cluster": layout.vertex_cluster, "environment": "cloud", "task": task(layout.vertex_task),
+                    "job": job}
+    env = {"CLUSTER_SPEC": json.dumps(cluster_spec, separators=(",", ":"))}
+    if layout.tf_cluster is not None:
+        tf_config = {"cluster": layout.tf_cluster, "task": task(layout.tf_task), "environment": "cloud", "job": job}
+        env["TF_CONFIG"] = json.dumps(tf_config, separators=(",", ":"))
+    env["AIP_MODEL_DIR"] = tree.model_dir
+    env["AIP_CHECKPOINT_DIR"] = ckpt_dir
+    env["AIP_TENSORBOARD_LOG_DIR"] = tree.tensorboard_dir
     # cloudml-hypertune reports here (it rewrites the whole file on each report); every job gets
     # it, so a script that reports through hypertune works in and out of a sweep alike.
-    env["CLOUD_ML_HP_METRIC_FILE"] = os.path.join(metrics_dir, HYPERTUNE_FILE)
-    if trial is not None:
-        env["CLOUD_ML_TRIAL_ID"] = trial
+    env["CLOUD_ML_HP_METRIC_FILE"] = os.path.join(tree.metrics_dir, HYPERTUNE_FILE)
+    return env
 
-    # ---- torch: the world is every node, or a pool job's primary + workers only ----------------
-    if in_world:
+
+def _torch_env(plan: Dict[str, Any], node_index: int, shape: Kind, iface: Optional[str]) -> Dict[str, str]:
+    """torch's world (every node, or the shape's members only), the node's GPUs and interface."""
+    node = _node(plan, node_index)
+    env = {}  # type: Dict[str, str]
+    if shape.in_world(node):
         env.update({
-            "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(master_port),
+            "MASTER_ADDR": str(plan["master_addr"]),
+            "MASTER_PORT": str(int(plan["master_port"])),
             "WORLD_SIZE": str(torch_world_size(plan)),
-            "LOCAL_WORLD_SIZE": str(slots),
-            "NODE_RANK": str(torch_node_rank(plan, node_index)),
+            "LOCAL_WORLD_SIZE": str(int(node["slots"])),
+            "NODE_RANK": str(shape.node_rank(plan, node_index)),
         })
+    gpus = _gpus(node)
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     if iface:
         env["NCCL_SOCKET_IFNAME"] = iface
         env["GLOO_SOCKET_IFNAME"] = iface
-
-    # ---- the user's own table on top (a pool's over the job's; the job id is the tag that finds
-    # its processes) ------------------------------------------------------------------------------
-    user = dict(plan.get("env") or {})
-    if pooled:
-        user.update(node.get("env") or {})
-    for k, v in user.items():
-        if str(k) == "RIGDECK_JOB_ID":
-            continue
-        env[str(k)] = _env_str(v)
-
-    write_json_atomic(os.path.join(files_dir, NODE_ENV_FILE), env)
     return env
-
-
-def _trial(plan: Dict[str, Any]) -> Optional[str]:
-    """The sweep trial this job is (``plan["trial"]``, a string counting from "1"), or None."""
-    trial = plan.get("trial")
-    return None if trial is None or trial == "" else str(trial)
-
-
-def _vertex_task(kind: str, index: int, trial: Optional[str]) -> Dict[str, Any]:
-    """Vertex's ``task`` object; ``trial`` is there only in hyperparameter tuning."""
-    task = {"type": kind, "index": index}  # type: Dict[str, Any]
-    if trial is not None:
-        task["trial"] = trial
-    return task
-
-
-def _vertex_job(plan: Dict[str, Any], nodes: List[Dict[str, Any]]) -> Dict[str, Any]:
-    """A small CustomJobSpec-like description of the job (Vertex puts the job's spec here). A pool
-    job's ``worker_pool_specs`` has all four entries, ``{}`` for an absent pool."""
-
-    def pool(node: Dict[str, Any], count: int, command: List[Any]) -> Dict[str, Any]:
-        return {"machine_spec": {"machine_type": str(node.get("instance_type") or "local"),
-                                 "accelerator_count": len(_gpus(node))},
-                "replica_count": count,
-                "container_spec": {"command": [str(a) for a in command]}}
-
-    job_command = list(plan.get("command") or [])
-    if is_pool_plan(plan):
-        by_pool = _pool_nodes(plan)
-        specs = []  # type: List[Dict[str, Any]]
-        for name in VERTEX_POOL_NAMES:
-            members = [i for role in POOL_ORDER if VERTEX_POOLS[role] == name
-                       for i in by_pool.get(role, [])]
-            if not members:
-                specs.append({})
-                continue
-            first = nodes[members[0]]
-            specs.append(pool(first, len(members), first.get("command") or job_command))
-        pools = specs
-    else:
-        pools = [pool(nodes[0], 1, job_command)]
-        if len(nodes) > 1:
-            pools.append(pool(nodes[1], len(nodes) - 1, job_command))
-    return {"job_id": str(plan["job_id"]), "display_name": str(plan.get("name") or plan["job_id"]),
-            "worker_pool_specs": pools}
 
 
 def rank_env(plan: Dict[str, Any], node_index: int, local_rank: int) -> Dict[str, str]:
@@ -946,7 +572,7 @@ def rank_env(plan: Dict[str, Any], node_index: int, local_rank: int) -> Dict[str
     rank = ranks[local_rank]
     node = _node(plan, node_index)
     env = {"RIGDECK_RANK": str(rank), "RIGDECK_LOCAL_RANK": str(local_rank)}
-    if _in_world(node):  # a pool job's other replicas are not in torch's world: no RANK for them
+    if kinds.shape_of(plan).in_world(node):  # a pool job's other replicas are not in torch's world
         env["RANK"] = str(_torch_rank(plan, node_index, local_rank))
         env["LOCAL_RANK"] = str(local_rank)
     gpus = _gpus(node)
@@ -977,8 +603,8 @@ def load_node_env(job_dir: str) -> Optional[Dict[str, str]]:
 def mpi_hostfile(plan: Dict[str, Any]) -> str:
     """Open MPI hostfile: one ``<address> slots=<n>`` line per node, in rank order (a pool job:
     the primary and the workers, torch's world)."""
-    return "".join("%s slots=%d\n" % (n["address"], int(n["slots"])) for n in _nodes(plan)
-                   if _in_world(n))
+    shape = kinds.shape_of(plan)
+    return "".join("%s slots=%d\n" % (n["address"], int(n["slots"])) for n in _nodes(plan) if shape.in_world(n))
 
 
 _MPI_MAJOR = {}  # type: Dict[str, Optional[int]]

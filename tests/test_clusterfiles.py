@@ -1,4 +1,5 @@
-"""Cluster files (agent/clusterfiles.py): every view of the one ordered host list agrees.
+"""Cluster files (agent/clusterfiles.py, the job kinds in agent/kinds/): every view of the one ordered
+host list agrees.
 
 Unit tests on temporary job directories, then tests/probe_rank.py run for real inside ranks
 started by torchrun and by Open MPI's mpirun, on this machine (127.0.0.1).
@@ -503,6 +504,86 @@ def test_agent_module_runs_on_python_3_9(tmp_path: Path) -> None:
     out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
     env = json.loads(out)
     assert env["RIGDECK_CURRENT_HOST"] == HOSTS[1] and env["NCCL_SOCKET_IFNAME"] == "lo"
+
+
+# -- job kinds (agent/kinds/): one module each, one registry line -------------------------------------
+
+
+def _pool_nodes_plan(**extra: Any) -> dict[str, Any]:
+    """A primary, a worker and an evaluator, each one replica on its own host."""
+    plan = make_plan(**extra)
+    for n, (role, port) in zip(plan["nodes"], (("primary", 29600), ("worker", 29601), ("evaluator", 29602)),
+                               strict=True):
+        n.update(pool=role, replica=0, port=port, env={})
+    return plan
+
+
+def test_every_kind_module_is_registered_once_and_every_plan_has_one_shape() -> None:
+    from agent import kinds
+
+    modules = sorted(p.stem for p in (ROOT / "agent" / "kinds").glob("*.py") if p.stem not in ("__init__", "base"))
+    registered = [type(k).__module__.rsplit(".", 1)[1] for k in kinds.KINDS]
+    assert sorted(registered) == modules and len(set(registered)) == len(registered)
+    # plain takes every plan: it must come after every other shape, or they would never be reached
+    shapes = [k.name for k in kinds.KINDS if k.shape]
+    assert shapes[-1] == "plain"
+    processing = dict(make_plan(), kind="processing")
+    for plan, shape, traits in ((make_plan(), "plain", []),
+                                (make_plan(trial="4", seed_checkpoint="/x"), "plain", ["trial", "pipeline step"]),
+                                (_pool_nodes_plan(trial="1"), "pools", ["trial"]),
+                                (processing, "processing", [])):
+        assert kinds.shape_of(plan).name == shape
+        assert [k.name for k in kinds.traits_of(plan)] == traits
+
+
+def test_a_new_kind_is_one_module_and_one_registry_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What a kind's hooks reach: a trait that adds a variable and a field of Vertex's task (as a
+    new kind's module would) shows up in every view, and the plain views stay what they were."""
+    from agent import kinds
+    from agent.kinds.base import Kind, Layout
+
+    class Tagged(Kind):
+        name = "tagged"
+
+        def matches(self, plan: dict[str, Any]) -> bool:
+            return bool(plan.get("tag"))
+
+        def node_env(self, plan: dict[str, Any], node_index: int, layout: Layout) -> dict[str, str]:
+            return {"RIGDECK_TAG": str(plan["tag"]), "RIGDECK_TAG_FILES": layout.files_dir}
+
+        def vertex_task(self, plan: dict[str, Any]) -> dict[str, Any]:
+            return {"tag": plan["tag"]}
+
+    before, _ = write_node(tmp_path / "plain", make_plan(), 1)
+    monkeypatch.setattr(kinds, "KINDS", (*kinds.KINDS, Tagged()))
+    env, job_dir = write_node(tmp_path, make_plan(tag="blue"), 1)
+    assert env["RIGDECK_TAG"] == "blue" and env["RIGDECK_TAG_FILES"] == str(job_dir)
+    assert json.loads(env["CLUSTER_SPEC"])["task"] == {"type": "workerpool1", "index": 0, "tag": "blue"}
+    assert json.loads(env["TF_CONFIG"])["task"] == {"type": "worker", "index": 0, "tag": "blue"}
+    assert read(job_dir / "node_env.json")["RIGDECK_TAG"] == "blue"
+    plain, _ = write_node(tmp_path / "plain", make_plan(), 1)
+    assert plain == before
+
+
+def test_every_kind_runs_on_python_3_9(tmp_path: Path) -> None:
+    py39 = python39()
+    require(py39, PY39_MISSING)
+    assert py39
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); from agent import clusterfiles as c\n"
+        "out = [c.node_env(plan, 1, sys.argv[3] + str(k), 'lo') for k, plan in enumerate(json.loads(sys.argv[2]))]\n"
+        "print(json.dumps(out))\n"
+    )
+    src = tmp_path / "raw"
+    src.mkdir()
+    processing = dict(make_plan(), kind="processing", processing={
+        "inputs": [{"name": "raw", "source": str(src)}], "outputs": [{"name": "out"}]})
+    plans = [make_plan(trial="3", sweep_id="s"), _pool_nodes_plan(), processing]
+    argv = [py39, "-c", code, str(ROOT), json.dumps(plans), str(tmp_path / "j")]
+    envs = json.loads(subprocess.run(argv, capture_output=True, text=True, check=True).stdout)
+    assert envs == [cf.node_env(plan, 1, str(tmp_path / f"j{k}"), "lo") for k, plan in enumerate(plans)]
+    assert envs[0]["CLOUD_ML_TRIAL_ID"] == "3" and envs[1]["RIGDECK_POOL"] == "worker"
+    assert envs[2]["RIGDECK_JOB_KIND"] == "processing"
 
 
 # -- the probe, inside real ranks ------------------------------------------------------------------
