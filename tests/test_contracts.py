@@ -19,7 +19,8 @@ import pytest
 from tests._require import require
 from tui.control.controller import HostReport
 from tui.control.history import History
-from tui.control.jobs import JobManager, JobView
+from tui.control.jobs import JobManager
+from tui.model.jobview import JobView
 from tui.model.scheduler import NodeAssignment
 from tui.remote.agentclient import TypedAgents
 

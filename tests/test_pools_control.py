@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 
 from tui.control.history import History
-from tui.control.jobs import JobManager, JobView, overall_state
+from tui.control.jobs import JobManager, overall_state
 from tui.model.jobspec import jobspec_from_toml
 from tui.model.jobstate import describe_cause
+from tui.model.jobview import JobView
 from tui.model.poolview import pool_lines, pools_view
 from tui.model.scheduler import Placement
 from tui.remote.agentclient import TypedAgents

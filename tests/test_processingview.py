@@ -17,10 +17,9 @@ from tests.test_ui_pilot import static_text, until
 from tests.ui_fixtures import JOB, PROCESSING_INPUTS, processing_jobs, recorded_app, stop_servers
 from tui.app.widgets.chart import LossChart
 from tui.app.widgets.processing import COLUMNS, ProcessingTable
-from tui.control.jobs import JobView
 from tui.control.server import encode_detail
 from tui.model import wire
-from tui.model.jobview import JobDetail
+from tui.model.jobview import JobDetail, JobView
 from tui.model.processingview import (
     ProcessingView,
     processing_json,
@@ -172,10 +171,9 @@ class _StatusClient:
 
 def _view() -> JobView:
     rec = record()
-    v = JobView(job_id=rec["job_id"], name=rec["name"], state="succeeded", spec=rec["spec"],
-                placement=rec["placement"], events=rec["events"], started=rec["started"])
-    v.processing = processing_view(rec, {"h1": "/s", "h2": "/s", "h3": "/s"})
-    return v
+    return JobView(job_id=rec["job_id"], name=rec["name"], state="succeeded", spec=rec["spec"],
+                   placement=rec["placement"], events=rec["events"], started=rec["started"],
+                   processing=processing_view(rec, {"h1": "/s", "h2": "/s", "h3": "/s"}))
 
 
 def test_status_prints_the_inputs_and_outputs(monkeypatch: pytest.MonkeyPatch,

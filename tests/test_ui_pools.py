@@ -20,11 +20,10 @@ from tests.ui_fixtures import EVAL_KILLED, JOB, POOL_SIZING, pool_jobs, recorded
 from tui.app.screens.dialogs import ConfirmStop
 from tui.app.widgets.pools import COLUMNS, PoolsTable
 from tui.app.widgets.tables import JobsTable, RanksTable
-from tui.control.jobs import JobView
 from tui.control.jobwatch import JobsSnapshot
 from tui.control.server import encode_detail
 from tui.model import wire
-from tui.model.jobview import JobDetail
+from tui.model.jobview import JobDetail, JobView
 from tui.model.poolview import PoolsView
 
 main_mod = importlib.import_module("tui.cli.main")
@@ -166,11 +165,9 @@ def _pool_view() -> JobView:
 
     track = pool_jobs()._tracks[JOB]
     rec = track.rec
-    v = JobView(job_id=rec["job_id"], name=rec["name"], state=rec["state"], spec=rec["spec"],
-                placement=rec["placement"], events=rec["events"], hosts=track.states, started=rec["started"],
-                pool_sizing=rec["pool_sizing"])
-    v.pools = pools_view(rec, track.states)
-    return v
+    return JobView(job_id=rec["job_id"], name=rec["name"], state=rec["state"], spec=rec["spec"],
+                   placement=rec["placement"], events=rec["events"], hosts=track.states, started=rec["started"],
+                   pool_sizing=rec["pool_sizing"], pools=pools_view(rec, track.states))
 
 
 def test_status_prints_the_pools_table_and_sizing(monkeypatch: pytest.MonkeyPatch,

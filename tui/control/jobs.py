@@ -15,7 +15,6 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from tui.control import pools
@@ -24,10 +23,9 @@ from tui.control.history import History, JobRef, JobRefError
 from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
+from tui.model.jobview import JobView, Progress, job_view
 from tui.model.mpspec import ENV_VAR as MP_ENV_VAR
 from tui.model.poolspec import check_pins
-from tui.model.poolview import PoolsView, pools_json, pools_view
-from tui.model.processingview import ProcessingView, processing_json, processing_view
 from tui.model.scheduler import (
     HostCapacity,
     NodeAssignment,
@@ -139,70 +137,6 @@ def stop_cause(host_states: dict[str, Any]) -> dict[str, Any] | None:
         if isinstance(st, dict) and st.get("state") == "stopped" and (st.get("cause") or {}).get("message"):
             return {**st["cause"], "host": st["cause"].get("host") or host}
     return None
-
-
-@dataclass
-class JobView:
-    job_id: str
-    name: str
-    state: str
-    spec: dict[str, Any]
-    placement: list[dict[str, Any]]
-    restarts: int = 0
-    cause: dict[str, Any] | None = None
-    created: float | None = None
-    started: float | None = None
-    ended: float | None = None
-    hosts: dict[str, Any] = field(default_factory=dict)
-    ranks: list[dict[str, Any]] = field(default_factory=list)
-    last_step: int | None = None
-    last_loss: float | None = None
-    events: list[dict[str, Any]] = field(default_factory=list)
-    unreachable: list[str] = field(default_factory=list)  # hosts that did not answer this look
-    waiting: str | None = None  # a queued job: what it waits for
-    pool_sizing: dict[str, Any] | None = None  # a job with reduction servers: the sizing check
-    pools: PoolsView | None = None  # a job made of worker pools: its pools (tui.model.poolview)
-    processing: ProcessingView | None = None  # a processing job: its inputs and outputs (tui.model.processingview)
-
-    @property
-    def state_line(self) -> str:
-        """The state as a person reads it: ``unknown (h1, h2 unreachable)``."""
-        if self.state == "unknown" and self.unreachable:
-            return f"unknown ({', '.join(self.unreachable)} unreachable)"
-        if self.state == "queued" and self.waiting:
-            return f"queued ({self.waiting})"
-        return self.state
-
-    def to_json(self) -> dict[str, Any]:
-        hosts = {h: (s if isinstance(s, dict) else {"error": str(s)}) for h, s in self.hosts.items()}
-        return {
-            "job_id": self.job_id, "name": self.name, "state": self.state, "restarts": self.restarts,
-            "placement": self.placement, "cause": self.cause, "created": self.created,
-            "started": self.started, "ended": self.ended, "ranks": self.ranks,
-            "last_step": self.last_step, "last_loss": self.last_loss, "hosts": hosts,
-            "events": self.events, "unreachable": self.unreachable, "waiting": self.waiting,
-            "sweep_id": self.spec.get("sweep_id"), "trial": self.spec.get("trial"),
-            "code": self.spec.get("code"), "pipeline_id": self.spec.get("pipeline_id"),
-            "step": self.spec.get("step"), "pool_sizing": self.pool_sizing, "pools": pools_json(self.pools),
-            "processing": processing_json(self.processing),
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> JobView:
-        """The inverse of ``to_json`` (a host that could not be reached stays ``{"error": ...}``)."""
-        return cls(
-            job_id=d["job_id"], name=d["name"], state=d["state"],
-            spec=d.get("spec") or {k: d[k] for k in ("sweep_id", "trial", "code", "pipeline_id", "step")
-                                   if d.get(k) is not None},
-            placement=d.get("placement") or [], restarts=d.get("restarts") or 0, cause=d.get("cause"),
-            created=d.get("created"), started=d.get("started"), ended=d.get("ended"),
-            hosts=d.get("hosts") or {}, ranks=d.get("ranks") or [], last_step=d.get("last_step"),
-            last_loss=d.get("last_loss"), events=d.get("events") or [],
-            unreachable=d.get("unreachable") or [], waiting=d.get("waiting"),
-            pool_sizing=d.get("pool_sizing"),
-            pools=PoolsView.from_json(d.get("pools"), d.get("pool_sizing"), d.get("events") or ()),
-            processing=ProcessingView.from_json(d.get("processing")),
-        )
 
 
 def rank_env(spec: JobSpec) -> dict[str, str]:
@@ -998,55 +932,23 @@ class JobManager:
     # -- reading ----------------------------------------------------------------------------
 
     def view(self, ref: str, live: bool = True) -> JobView:
+        """The job as its record has it and, ``live``, as its hosts say now (a live job's look
+        applies the gang rules first, as every look does)."""
         rec = self.record(ref)
-        v = JobView(
-            job_id=rec["job_id"], name=rec["name"], state=rec["state"], spec=rec["spec"],
-            placement=rec.get("placement") or [], restarts=rec.get("restarts") or 0, cause=rec.get("cause"),
-            created=rec.get("created"), started=rec.get("started"), ended=rec.get("ended"),
-            events=rec.get("events") or [], waiting=rec.get("waiting") if rec["state"] == "queued" else None,
-            pool_sizing=rec.get("pool_sizing"),
-        )
-        v.pools = pools_view(rec)
-        v.processing = processing_view(rec, self.state_dirs())
         if not live:
-            return v
+            return job_view(rec, {}, state_dirs=self.state_dirs())
+        state, missing = None, []
         if rec["state"] not in TERMINAL:
-            v.hosts = self.supervise_once(rec)
-            rec = self.record(ref)
-            v.state, v.cause, v.ended = rec["state"], rec.get("cause"), rec.get("ended")
-            v.restarts = rec.get("restarts") or 0
-            v.placement = rec.get("placement") or []
-            v.events = rec.get("events") or []  # what this look recorded (a replica failed, the end)
-            v.unreachable = unreachable(v.hosts)
-            if v.unreachable and v.state not in TERMINAL and overall_state(v.hosts) == "unknown":
-                v.state = "unknown"
+            hosts = self.supervise_once(rec)
+            rec = self.record(ref)  # what this look recorded (a replica failed, the end)
+            missing = unreachable(hosts)
+            if missing and rec["state"] not in TERMINAL and overall_state(hosts) == "unknown":
+                state = "unknown"
         else:
-            v.hosts = self.host_states(rec)
-        # Rank -> its GPU from the placement: ranks are contiguous in node order, local rank l
-        # of a node on its l-th GPU (a pool job's host may hold several nodes).
-        gpu_of: dict[int, int] = {}
-        first = 0
-        for n in v.placement:
-            for local, g in enumerate(n.get("gpus") or []):
-                gpu_of[first + local] = g
-            first += int(n.get("slots") or 0)
-        for host, st in v.hosts.items():
-            if isinstance(st, dict):
-                for r in st.get("ranks") or []:
-                    gpu = r.get("gpu")
-                    if gpu is None and r.get("rank") is not None:
-                        gpu = gpu_of.get(r["rank"])
-                    elif gpu is None and r.get("local_rank") is not None:  # no global rank: the host's first node
-                        g = next((n.get("gpus") or [] for n in v.placement if n["host"] == host), [])
-                        gpu = g[r["local_rank"]] if r["local_rank"] < len(g) else None
-                    v.ranks.append({"rank": r.get("rank"), "host": host, "local_rank": r.get("local_rank"),
-                                    "gpu": gpu, "pid": r.get("pid"), "state": r.get("state"),
-                                    "exit_code": r.get("exit_code"), "signal": r.get("signal")})
-        v.ranks.sort(key=lambda r: r["rank"] if r["rank"] is not None else -1)
-        v.last_step, v.last_loss = last_loss(v.hosts)
-        v.pools = pools_view(rec, v.hosts)
-        v.processing = processing_view(rec, self.state_dirs())
-        return v
+            hosts = self.host_states(rec)
+        step, loss = last_loss(hosts)
+        return job_view(rec, hosts, state=state, unreachable=missing, progress=Progress(step=step, loss=loss),
+                        state_dirs=self.state_dirs())
 
     def state_dirs(self) -> dict[str, str]:
         """Each inventory host's ``state_dir`` (where its agent keeps jobs), for the views."""

@@ -31,13 +31,17 @@ from tui.model.jobview import (  # noqa: F401  (the views this poller builds; im
     JobRow,
     JobSource,
     JobsSnapshot,
+    JobView,
     LogBuffer,
     Owner,
     OwnerMove,
+    Progress,
     StopPlan,
+    job_view,
+    owner_summary,
+    rank_rows,
 )
-from tui.model.poolview import gpu_of_rank, pools_view
-from tui.model.processingview import processing_view
+from tui.model.poolview import pools_view
 from tui.model.stages import StagesFold, checkpointing_of, plan_from_events
 from tui.remote.transport import TransportError
 
@@ -247,52 +251,6 @@ def checkpoint_view(
     )
 
 
-def owner_summary(view: CheckpointView) -> str:
-    if not view.owners:
-        return "-" if view.policy == "rank0" and not view.saves else view.policy
-    if len(view.owners) == 1:
-        text = view.owners[0].label()
-    else:
-        text = f"{view.policy}: {len(view.owners)} owners"
-    if view.moves:
-        text += " (moved)"
-    return text
-
-
-def rank_rows(
-    states: Mapping[str, Any], placement: Sequence[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
-    """Every rank of every host that answered, in rank order (as ``JobManager.view`` has them)."""
-    gpus_by_host = {n["host"]: n.get("gpus") or [] for n in placement}
-    pooled = any(n.get("pool") for n in placement)
-    out = []
-    for host, st in states.items():
-        if not isinstance(st, dict):
-            continue
-        for r in st.get("ranks") or []:
-            gpu = r.get("gpu")
-            local = r.get("local_rank")
-            if gpu is None and pooled:  # several replicas on a host: the rank's own node says
-                gpu = gpu_of_rank(placement, r.get("rank"))
-            elif gpu is None and local is not None and gpus_by_host.get(host):
-                g = gpus_by_host[host]
-                gpu = g[local] if local < len(g) else None
-            out.append(
-                {
-                    "rank": r.get("rank"),
-                    "host": host,
-                    "local_rank": local,
-                    "gpu": gpu,
-                    "pid": r.get("pid"),
-                    "state": r.get("state"),
-                    "exit_code": r.get("exit_code"),
-                    "signal": r.get("signal"),
-                }
-            )
-    out.sort(key=lambda r: r["rank"] if r["rank"] is not None else -1)
-    return out
-
-
 # ---------------------------------------------------------------------------------------------
 # One job's tracked state
 
@@ -313,53 +271,32 @@ class _Track:
     logs_complete: bool = False  # final, and every log read to its end
 
     def row(self) -> JobRow:
+        """The job's line in the jobs table: its view's head, without the per-kind panels."""
+        return self.view(panels=False).row
+
+    def detail(self, state_dirs: Mapping[str, str] | None = None) -> JobView:
+        return self.view(state_dirs)
+
+    def view(self, state_dirs: Mapping[str, str] | None = None, panels: bool = True) -> JobView:
+        """The job's view (``job_view``, as ``rigdeck status`` builds it) with what this poller
+        folded from its metrics: loss curve, step rate, checkpoints, signals, stages, logs."""
         rec = self.rec
         spec = rec.get("spec") or {}
-        placement = tuple(rec.get("placement") or ())
         step, loss = self.fold.last
-        total = sum(int(n.get("slots") or 0) for n in placement)
-        running = sum(1 for r in self.ranks if r.get("state") == "running")
-        if rec["state"] in TERMINAL:
-            running = 0
-        ck = checkpoint_view(spec, self.fold, self.ranks, placement)
-        return JobRow(
-            job_id=rec["job_id"],
-            name=rec["name"],
-            state=rec["state"],
-            placement=placement,
-            ranks_running=running,
-            ranks_total=total,
+        stages = (self.stages.view(plan_from_events(rec.get("events") or ()), checkpointing_of(spec))
+                  if panels else None)
+        progress = Progress(
             step=step,
             loss=loss,
             step_rate=self.fold.step_rate(),
-            total_steps=spec.get("total_steps"),
-            created=rec.get("created"),
-            started=rec.get("started"),
-            ended=rec.get("ended"),
-            restarts=int(rec.get("restarts") or 0),
-            checkpoint_owner=owner_summary(ck),
-            cause=rec.get("cause"),
-            unreachable=self.unreachable,
-        )
-
-    def detail(self, state_dirs: Mapping[str, str] | None = None) -> JobDetail:
-        rec = self.rec
-        spec = rec.get("spec") or {}
-        placement = rec.get("placement") or []
-        return JobDetail(
-            row=self.row(),
-            spec=spec,
-            ranks=tuple(self.ranks),
             points=self.fold.points,
             points_version=self.fold.version,
-            checkpoints=checkpoint_view(spec, self.fold, self.ranks, placement),
-            events=tuple(rec.get("events") or ()),
-            logs=self.logs,
+            checkpoints=checkpoint_view(spec, self.fold, self.ranks, rec.get("placement") or []),
             signals=self.signals,
-            stages=self.stages.view(plan_from_events(rec.get("events") or ()), checkpointing_of(spec)),
-            pools=pools_view(rec, self.states),
-            processing=processing_view(rec, state_dirs),
+            stages=stages,
         )
+        return job_view(rec, self.states, unreachable=self.unreachable, ranks=self.ranks, progress=progress,
+                        state_dirs=state_dirs, logs=self.logs, panels=panels)
 
     def diagnose(self, gpu_util: Mapping[str, float | None] | None,
                  read_bps: Mapping[str, float | None] | None = None) -> None:

@@ -1,22 +1,28 @@
 """What the faces show about jobs: plain, immutable views, and the job source they read.
 
-The controller builds these (``tui.control.jobwatch``); the app and the CLI only read them, in
-their own process or decoded from a server's answers (``tui.model.wire``). A job's log lines
-are kept in a ``LogBuffer``, made safe to draw as they arrive.
+One job is one ``JobView``, built by ``job_view`` from its history record and what its hosts
+said: ``rigdeck status`` prints it (``tui.control.jobs``), the app's Job view draws it with what
+the poller folded from the metrics (``tui.control.jobwatch``). The faces only read views, in
+their own process or decoded from a server's answers (``JobView.from_json`` for the commands'
+results, ``tui.model.wire`` for the app's); string-keyed dicts stay inside those decoders and
+the fields that carry a host's own words (spec, placement, ranks, events, hosts). The jobs table
+has one ``JobRow`` per job, a view's head. A job's log lines are kept in a ``LogBuffer``, made
+safe to draw as they arrive.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Protocol
 
 from tui.model.diagnose import Signal
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
-from tui.model.poolview import PoolsView
-from tui.model.processingview import ProcessingView
+from tui.model.poolview import PoolsView, gpu_of_rank, pools_json, pools_view
+from tui.model.processingview import ProcessingView, processing_json, processing_view
 from tui.model.stages import StagesView
 from tui.model.termsafe import terminal_safe
 
@@ -120,48 +126,6 @@ class JobRow:
         return max(0.0, (self.ended if self.ended is not None else now) - self.started)
 
 
-@dataclass(frozen=True)
-class JobDetail:
-    row: JobRow
-    spec: dict[str, Any]
-    ranks: tuple[dict[str, Any], ...]
-    points: tuple[tuple[int, float], ...]  # (step, loss), steps ascending
-    points_version: int
-    checkpoints: CheckpointView
-    events: tuple[dict[str, Any], ...]
-    logs: LogBuffer
-    signals: tuple[Signal, ...] = ()  # live bottleneck signals, worst first (tui.model.diagnose)
-    stages: StagesView | None = None  # a [model_parallel] job's plan and stages (tui.model.stages)
-    pools: PoolsView | None = None  # a job made of worker pools: its pools (tui.model.poolview)
-    processing: ProcessingView | None = None  # a processing job: inputs and outputs (tui.model.processingview)
-
-
-@dataclass(frozen=True)
-class JobsSnapshot:
-    rows: tuple[JobRow, ...]
-    version: int
-    error: str | None = None
-    polled_at: float | None = None
-
-    def row(self, job_id: str) -> JobRow | None:
-        return next((r for r in self.rows if r.job_id == job_id), None)
-
-
-@dataclass(frozen=True)
-class StopPlan:
-    """What stopping a job touches, for the confirmation dialog."""
-
-    job_id: str
-    state: str
-    hosts: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]  # (host, ranks, GPUs)
-    grace_s: float
-    pools: tuple[tuple[str, int, tuple[str, ...]], ...] = ()  # a pool job's: (role, replicas, hosts)
-
-    @property
-    def rank_count(self) -> int:
-        return sum(len(r) for _, r, _ in self.hosts)
-
-
 # ---------------------------------------------------------------------------------------------
 # Logs
 
@@ -208,13 +172,257 @@ class LogBuffer:
             start = max(index, self.base)
             return start, self._lines[start - self.base :]
 
+
+# ---------------------------------------------------------------------------------------------
+# One job
+
+
+# A view that carries no checkpoint story (``rigdeck status`` reads none): the default policy,
+# nothing saved, so the jobs table's owner cell reads "-".
+NO_CHECKPOINTS = CheckpointView(policy="rank0", directory=None, owners=(), last_done=None, saves=(), moves=(),
+                                failed=0)
+
+
+def owner_summary(view: CheckpointView) -> str:
+    """The jobs table's checkpoint cell: the one owner, or the policy and how many there are."""
+    if not view.owners:
+        return "-" if view.policy == "rank0" and not view.saves else view.policy
+    if len(view.owners) == 1:
+        text = view.owners[0].label()
+    else:
+        text = f"{view.policy}: {len(view.owners)} owners"
+    if view.moves:
+        text += " (moved)"
+    return text
+
+
+def rank_rows(states: Mapping[str, Any], placement: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Every rank of every host that answered (``states``: host -> its job status, anything else
+    for a host that did not), in rank order, each with its GPU: the one the rank reports, else
+    the placement's. Ranks are contiguous in node order and local rank ``l`` of a node has its
+    ``l``-th GPU, so a rank's number finds its node even where a host holds several (pools); a
+    rank that reports no number takes its host's first node."""
+    out = []
+    for host, st in states.items():
+        if not isinstance(st, Mapping):
+            continue
+        for r in st.get("ranks") or []:
+            gpu = r.get("gpu")
+            local = r.get("local_rank")
+            if gpu is None and r.get("rank") is not None:
+                gpu = gpu_of_rank(placement, r.get("rank"))
+            elif gpu is None and local is not None:
+                gpus = next((n.get("gpus") or [] for n in placement if n.get("host") == host), [])
+                gpu = gpus[local] if local < len(gpus) else None
+            out.append({"rank": r.get("rank"), "host": host, "local_rank": local, "gpu": gpu, "pid": r.get("pid"),
+                        "state": r.get("state"), "exit_code": r.get("exit_code"), "signal": r.get("signal")})
+    out.sort(key=lambda r: r["rank"] if r["rank"] is not None else -1)
+    return out
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a job's metrics say so far: the newest step and loss from the hosts' last records
+    (``rigdeck status``), or all of this folded as the records arrive (the app's poller)."""
+
+    step: int | None = None
+    loss: float | None = None
+    step_rate: float | None = None  # steps per second
+    points: tuple[tuple[int, float], ...] = ()  # (step, loss), steps ascending
+    points_version: int = 0
+    checkpoints: CheckpointView = NO_CHECKPOINTS
+    signals: tuple[Signal, ...] = ()  # live bottleneck signals, worst first (tui.model.diagnose)
+    stages: StagesView | None = None  # a [model_parallel] job's plan and stages (tui.model.stages)
+
+
+@dataclass(frozen=True)
+class JobView:
+    """One job, as every face shows it (built by ``job_view``)."""
+
+    job_id: str
+    name: str
+    state: str  # the record's, or ``unknown`` while hosts of a live job cannot be reached
+    spec: dict[str, Any]
+    placement: tuple[dict[str, Any], ...] = ()
+    restarts: int = 0
+    cause: dict[str, Any] | None = None
+    created: float | None = None
+    started: float | None = None
+    ended: float | None = None
+    hosts: dict[str, dict[str, Any]] = field(default_factory=dict)  # each host's status; {"error": ...}: no answer
+    ranks: tuple[dict[str, Any], ...] = ()
+    last_step: int | None = None
+    last_loss: float | None = None
+    events: tuple[dict[str, Any], ...] = ()
+    unreachable: tuple[str, ...] = ()  # hosts that did not answer this look
+    waiting: str | None = None  # a queued job: what it waits for
+    pool_sizing: dict[str, Any] | None = None  # a job with reduction servers: the sizing check
+    pools: PoolsView | None = None  # a job made of worker pools: its pools (tui.model.poolview)
+    processing: ProcessingView | None = None  # a processing job: inputs and outputs (tui.model.processingview)
+    # What the app's poller folds from the metrics as they arrive (``rigdeck status`` reads its
+    # signals and stages from the records once, and leaves these empty).
+    step_rate: float | None = None  # steps per second
+    points: tuple[tuple[int, float], ...] = ()  # (step, loss), steps ascending
+    points_version: int = 0
+    checkpoints: CheckpointView = NO_CHECKPOINTS
+    signals: tuple[Signal, ...] = ()  # live bottleneck signals, worst first (tui.model.diagnose)
+    stages: StagesView | None = None  # a [model_parallel] job's plan and stages (tui.model.stages)
+    logs: LogBuffer = field(default_factory=LogBuffer, compare=False, repr=False)  # the open job's, in the app
+
+    @property
+    def state_line(self) -> str:
+        """The state as a person reads it: ``unknown (h1, h2 unreachable)``."""
+        if self.state == "unknown" and self.unreachable:
+            return f"unknown ({', '.join(self.unreachable)} unreachable)"
+        if self.state == "queued" and self.waiting:
+            return f"queued ({self.waiting})"
+        return self.state
+
+    @cached_property
+    def row(self) -> JobRow:
+        """The job's line in the jobs table (and the head of the Job view)."""
+        running = 0 if self.state in TERMINAL else sum(1 for r in self.ranks if r.get("state") == "running")
+        return JobRow(
+            job_id=self.job_id,
+            name=self.name,
+            state=self.state,
+            placement=tuple(self.placement),
+            ranks_running=running,
+            ranks_total=sum(int(n.get("slots") or 0) for n in self.placement),
+            step=self.last_step,
+            loss=self.last_loss,
+            step_rate=self.step_rate,
+            total_steps=self.spec.get("total_steps"),
+            created=self.created,
+            started=self.started,
+            ended=self.ended,
+            restarts=self.restarts,
+            checkpoint_owner=owner_summary(self.checkpoints),
+            cause=self.cause,
+            unreachable=tuple(self.unreachable),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The commands' form (``rigdeck status --json``, a server's answer to ``view``)."""
+        hosts = {h: (s if isinstance(s, dict) else {"error": str(s)}) for h, s in self.hosts.items()}
+        return {
+            "job_id": self.job_id, "name": self.name, "state": self.state, "restarts": self.restarts,
+            "placement": list(self.placement), "cause": self.cause, "created": self.created,
+            "started": self.started, "ended": self.ended, "ranks": list(self.ranks),
+            "last_step": self.last_step, "last_loss": self.last_loss, "hosts": hosts,
+            "events": list(self.events), "unreachable": list(self.unreachable), "waiting": self.waiting,
+            "sweep_id": self.spec.get("sweep_id"), "trial": self.spec.get("trial"),
+            "code": self.spec.get("code"), "pipeline_id": self.spec.get("pipeline_id"),
+            "step": self.spec.get("step"), "pool_sizing": self.pool_sizing, "pools": pools_json(self.pools),
+            "processing": processing_json(self.processing),
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JobView:
+        """The inverse of ``to_json`` (a host that could not be reached stays ``{"error": ...}``)."""
+        events = tuple(d.get("events") or ())
+        return cls(
+            job_id=d["job_id"], name=d["name"], state=d["state"],
+            spec=d.get("spec") or {k: d[k] for k in ("sweep_id", "trial", "code", "pipeline_id", "step")
+                                   if d.get(k) is not None},
+            placement=tuple(d.get("placement") or ()), restarts=d.get("restarts") or 0, cause=d.get("cause"),
+            created=d.get("created"), started=d.get("started"), ended=d.get("ended"),
+            hosts=d.get("hosts") or {}, ranks=tuple(d.get("ranks") or ()), last_step=d.get("last_step"),
+            last_loss=d.get("last_loss"), events=events,
+            unreachable=tuple(d.get("unreachable") or ()), waiting=d.get("waiting"),
+            pool_sizing=d.get("pool_sizing"),
+            pools=PoolsView.from_json(d.get("pools"), d.get("pool_sizing"), events),
+            processing=ProcessingView.from_json(d.get("processing")),
+        )
+
+
+JobDetail = JobView  # the app's name for the view it draws: the same type
+
+
+def job_view(
+    rec: Mapping[str, Any],
+    states: Mapping[str, Any],
+    *,
+    state: str | None = None,
+    unreachable: Sequence[str] = (),
+    ranks: Sequence[dict[str, Any]] | None = None,
+    progress: Progress = Progress(),
+    state_dirs: Mapping[str, str] | None = None,
+    logs: LogBuffer | None = None,
+    panels: bool = True,
+) -> JobView:
+    """The view of the job ``rec`` (its history record) from what its hosts said (``states``:
+    host -> its job status, anything else for a host that did not answer; empty: not asked).
+
+    ``state`` overrides the record's (a look that could not reach the hosts says ``unknown``);
+    ``ranks``, when the caller keeps them, stand for ``rank_rows(states, ...)``; ``progress`` is
+    what the metrics said; ``panels`` false leaves out the per-kind panels (pools, processing),
+    which the jobs table does not need."""
+    placement = tuple(rec.get("placement") or ())
+    return JobView(
+        job_id=rec["job_id"],
+        name=rec["name"],
+        state=state or rec["state"],
+        spec=rec.get("spec") or {},
+        placement=placement,
+        restarts=int(rec.get("restarts") or 0),
+        cause=rec.get("cause"),
+        created=rec.get("created"),
+        started=rec.get("started"),
+        ended=rec.get("ended"),
+        hosts={h: (s if isinstance(s, dict) else {"error": str(s)}) for h, s in states.items()},
+        ranks=tuple(rank_rows(states, placement) if ranks is None else ranks),
+        last_step=progress.step,
+        last_loss=progress.loss,
+        events=tuple(rec.get("events") or ()),
+        unreachable=tuple(unreachable),
+        waiting=rec.get("waiting") if rec["state"] == "queued" else None,
+        pool_sizing=rec.get("pool_sizing"),
+        pools=pools_view(rec, states) if panels else None,
+        processing=processing_view(rec, state_dirs) if panels else None,
+        step_rate=progress.step_rate,
+        points=progress.points,
+        points_version=progress.points_version,
+        checkpoints=progress.checkpoints,
+        signals=progress.signals,
+        stages=progress.stages,
+        logs=LogBuffer() if logs is None else logs,
+    )
+
+
+@dataclass(frozen=True)
+class JobsSnapshot:
+    rows: tuple[JobRow, ...]
+    version: int
+    error: str | None = None
+    polled_at: float | None = None
+
+    def row(self, job_id: str) -> JobRow | None:
+        return next((r for r in self.rows if r.job_id == job_id), None)
+
+
+@dataclass(frozen=True)
+class StopPlan:
+    """What stopping a job touches, for the confirmation dialog."""
+
+    job_id: str
+    state: str
+    hosts: tuple[tuple[str, tuple[int, ...], tuple[int, ...]], ...]  # (host, ranks, GPUs)
+    grace_s: float
+    pools: tuple[tuple[str, int, tuple[str, ...]], ...] = ()  # a pool job's: (role, replicas, hosts)
+
+    @property
+    def rank_count(self) -> int:
+        return sum(len(r) for _, r, _ in self.hosts)
+
+
 class JobSource(Protocol):
     """What the app needs from a job watcher (``JobWatch``, or a recorded stand-in in tests)."""
 
     def start(self) -> Any: ...
     def stop(self) -> None: ...
     def snapshot(self) -> JobsSnapshot: ...
-    def detail(self, job_id: str) -> JobDetail | None: ...
+    def detail(self, job_id: str) -> JobView | None: ...
     def select(self, job_id: str | None) -> None: ...
     def kick(self) -> None: ...
     def stop_plan(self, job_id: str) -> StopPlan: ...
