@@ -15,8 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
+from tui.model import tomlwrite
 from tui.model.jobspec import JobSpec, JobSpecError, jobspec_from_toml
 
 if sys.version_info >= (3, 11):
@@ -125,9 +124,4 @@ def spec_from_form(
     base: Mapping[str, Any], values: Mapping[str, str], path: Path | None
 ) -> JobSpec:
     """Check the form as a spec (``path`` anchors a relative workdir and names the spec)."""
-    return jobspec_from_toml(dumps(merge_form(base, values)), path)
-
-
-def dumps(data: Mapping[str, Any]) -> str:
-    """Spec data as TOML text (tomli_w), for ``jobspec_from_toml`` or a spec file."""
-    return tomli_w.dumps(data)
+    return jobspec_from_toml(tomlwrite.dumps(merge_form(base, values)), path)

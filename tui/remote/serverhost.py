@@ -41,8 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import tomli_w
-
+from tui.model import tomlwrite
 from tui.model.inventory import HostSpec, Inventory, ServerSpec
 from tui.model.serverlayout import ServerLayout
 from tui.model.userconfig import NotifyConfig
@@ -323,7 +322,7 @@ def server_inventory(
         f"{server_host}, written by `rigdeck server setup`\n"
         "# from the operator's; setup overwrites it.\n"
     )
-    return head + tomli_w.dumps({"defaults": defaults, "hosts": hosts})
+    return head + tomlwrite.dumps({"defaults": defaults, "hosts": hosts})
 
 
 def server_config(notify: NotifyConfig | None, server_host: str) -> str:
@@ -332,7 +331,7 @@ def server_config(notify: NotifyConfig | None, server_host: str) -> str:
             "# from the operator's [notify]; setup overwrites it.\n")
     if notify is None or not notify.sends:
         return head
-    return head + tomli_w.dumps({"notify": notify.to_toml()})
+    return head + tomlwrite.dumps({"notify": notify.to_toml()})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import paramiko
-import tomli_w
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10
     import tomli as tomllib
 
+from tui.model import tomlwrite
 from tui.model.fields import Bad
 from tui.model.inventory import (  # noqa: F401  (the loader works with the model's private checks)
     _ADDRESS_EXPECTED,
@@ -499,10 +499,10 @@ def hostfile_to_toml(inv: Inventory) -> str:
         f"# rigdeck inventory, imported from {source}\n",
         "# Values the ssh config resolved are written out; delete a line to resolve it again.\n",
         "\n",
-        tomli_w.dumps({"defaults": {
+        tomlwrite.table("defaults", {
             "known_hosts": str(inv.known_hosts),
             "ssh_config": str(inv.ssh_config) if inv.ssh_config else "",
-        }}),
+        }),
     ]
     builtin = HostSpec(name="-", address="-")
     for h in inv.hosts:
@@ -533,17 +533,13 @@ def hostfile_to_toml(inv: Inventory) -> str:
             value = getattr(h, key)
             if value != getattr(builtin, key):
                 fields[key] = dict(value) if key == "env" else value
-        # One [[hosts]] table a host, one key a line (tomli_w alone would write a short host as
-        # an inline table); a table value (env) follows as [hosts.KEY].
-        tables = {k: v for k, v in fields.items() if isinstance(v, dict)}
-        keys = {k: v for k, v in fields.items() if k not in tables}
-        out += ["\n[[hosts]]\n", tomli_w.dumps(keys)]
-        out += [f"\n[hosts.{k}]\n" + tomli_w.dumps(v) for k, v in tables.items()]
+        # One [[hosts]] table a host, one key a line; a table value (env) follows as [hosts.KEY].
+        out += ["\n", tomlwrite.table("hosts", fields, array=True)]
     if inv.server is not None:
         server = {"host": inv.server.host, "state_dir": inv.server.state_dir}
         if inv.server.python is not None:
             server["python"] = inv.server.python
-        out += ["\n[server]\n", tomli_w.dumps(server)]
+        out += ["\n", tomlwrite.table("server", server)]
     return "".join(out)
 
 
@@ -650,7 +646,7 @@ def append_hosts(target: str | os.PathLike[str], hosts: Sequence[HostSpec]) -> P
         "# rigdeck inventory (written by rigdeck's onboarding; edit freely)\n")
     text = old if old.endswith("\n") else old + "\n"
     for spec in hosts:
-        text += "\n[[hosts]]\n" + tomli_w.dumps(_host_table(spec))
+        text += "\n" + tomlwrite.table("hosts", _host_table(spec), array=True)
     loaded = _toml_inventory(text, path)  # duplicates and bad values fail here, before writing
     for spec in hosts:
         got = loaded.get(spec.name)
