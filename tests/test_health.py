@@ -85,3 +85,27 @@ def test_drains_and_incidents_outlive_the_history_that_wrote_them(tmp_path: Path
     assert h.undrain("h2", 3) == []
     assert [d["host"] for d in h.undrain("h1", None)] == ["h1"] and h.drains() == []
     h.close()
+
+
+def test_placement_never_uses_an_unhealthy_or_drained_gpu_and_says_why() -> None:
+    from tests.test_scheduler import gpu, gpu_job, telemetry
+    from tui.model.scheduler import PlacementError, Scheduler, capacity_from_state
+    from tui.model.state import ClusterState
+
+    state = ClusterState([("h1", "10.0.0.1"), ("h2", "10.0.0.2")])
+    bad = {**gpu(1), "health": "unhealthy", "health_reason": "XID 79: GPU has fallen off the bus"}
+    warn = {**gpu(2), "health": "warn", "health_reason": "throttled: hardware slowdown"}
+    state.apply_sample("h1", telemetry([gpu(0), bad, warn, gpu(3)]))
+    state.apply_sample("h2", telemetry([gpu(0), gpu(1)]))
+    drains = [Drain("h1", 3, "fan noise", "ann", 1.0), Drain("h2", None, "PSU swap", "ann", 1.0)]
+    h1, h2 = capacity_from_state(state.snapshot(), drains=drains)
+    assert h1.unusable == ((1, "unhealthy (XID 79: GPU has fallen off the bus)"), (3, "drained (fan noise)"))
+    assert h2.state == "drained" and not h2.up
+    s = Scheduler()
+    placed = s.reserve("j1", gpu_job("two", 1, 2), [h1, h2])
+    assert [(n.host, n.gpus) for n in placed.nodes] == [("h1", (0, 2))]  # a warning does not keep a GPU out
+    s.release("j1")
+    with pytest.raises(PlacementError) as e:
+        s.reserve("j2", gpu_job("three", 1, 3), [h1, h2])
+    assert "GPU 1 unhealthy (XID 79: GPU has fallen off the bus)" in str(e.value)
+    assert "GPU 3 drained (fan noise)" in str(e.value) and "h2 drained" in str(e.value)

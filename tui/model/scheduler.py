@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tui.model.health import Drain
 from tui.model.inventory import Inventory
 from tui.model.jobspec import JobSpec
 from tui.model.poolspec import PoolSpec, check_pins, in_role_order
@@ -66,6 +67,9 @@ class HostCapacity:
     foreign_users: tuple[tuple[int, str], ...] = ()  # (GPU, "bob" or "bob, carol")
     job_busy: tuple[tuple[int, str], ...] = ()  # (GPU, job id) of rigdeck processes seen
     claimed: tuple[tuple[int, str, str], ...] = ()  # (GPU, job id, user) claimed on the host
+    # GPUs no job may use: unhealthy (the agent's judgement) or drained (an operator's, or
+    # rigdeck's after a fault), with why: (GPU, "unhealthy: XID 79: ...", "drained: ...").
+    unusable: tuple[tuple[int, str], ...] = ()
 
     @property
     def state(self) -> str:
@@ -228,6 +232,11 @@ def _views(
         if not cap.up:
             continue
         taken: set[int] = set()
+        # Never placed on, whoever asks: a GPU that fails or that someone took out of service.
+        for g, why in cap.unusable:
+            if g in cap.gpus and g not in taken:
+                view.busy.append(f"GPU {g} {why}")
+                taken.add(g)
         by_job: dict[str, list[int]] = {}
         for g in cap.gpus:
             holder = held.get((cap.name, g))
@@ -473,12 +482,14 @@ def _place_pools(spec: JobSpec, views: Mapping[str, _HostView], cpu_jobs: Mappin
 
 
 def capacity_from_state(
-    snapshot: Sequence[HostView], inventory: Inventory | None = None
+    snapshot: Sequence[HostView], inventory: Inventory | None = None, drains: Sequence[Drain] = ()
 ) -> list[HostCapacity]:
     """Capacities of the hosts in ``ClusterState.snapshot()``, in its order.
 
     Only hosts whose status is "up" can take work. A GPU process without a job id is foreign.
     The inventory, when given, supplies labels (and the address, should the snapshot lack one).
+    A GPU the agent calls unhealthy, or one ``drains`` names, is unusable; a drained host is
+    not up (its status says "drained").
     """
     specs = {h.name: h for h in inventory.hosts} if inventory is not None else {}
     out: list[HostCapacity] = []
@@ -491,10 +502,16 @@ def capacity_from_state(
         job_busy: list[tuple[int, str]] = []
         claimed: list[tuple[int, str, str]] = []
         names: list[str] = []
+        unusable: list[tuple[int, str]] = []
         simulated = bool(host.simulated)
         for g in host.gpus or ():
             index = int(g.index)
             gpus.append(index)
+            drain = next((d for d in drains if d.host == name and d.gpu == index), None)
+            if drain is not None:
+                unusable.append((index, f"drained ({drain.reason})" if drain.reason else "drained"))
+            elif g.health == "unhealthy":
+                unusable.append((index, f"unhealthy ({g.health_reason})" if g.health_reason else "unhealthy"))
             if g.name:
                 names.append(str(g.name))
             simulated = simulated or g.simulated
@@ -513,6 +530,8 @@ def capacity_from_state(
         sample = host.host_sample
         per_core = sample.cpu_per_core if sample is not None else None
         spec = specs.get(name)
+        if any(d.host == name and d.gpu is None for d in drains):
+            status = "drained"
         out.append(
             HostCapacity(
                 name=name,
@@ -528,6 +547,7 @@ def capacity_from_state(
                 foreign_users=tuple(users),
                 job_busy=tuple(job_busy),
                 claimed=tuple(claimed),
+                unusable=tuple(unusable),
             )
         )
     return out

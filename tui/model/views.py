@@ -160,6 +160,8 @@ class GpuView:
     claim: GpuClaim | None
     stale: bool
     history: tuple[float, ...]
+    health: str = "ok"  # ok | warn | unhealthy (the agent's judgement), drained (the controller's)
+    health_reason: str | None = None
 
     @property
     def busy(self) -> bool:
@@ -206,6 +208,8 @@ class GpuView:
             GpuClaim.from_sample(claim) if claim else None,
             stale,
             tuple(history),
+            g("health") or "ok",
+            g("health_reason"),
         )
         v.__class__ = GpuView
         return v
