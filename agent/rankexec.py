@@ -32,6 +32,7 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from agent import claims, stacks
@@ -272,6 +273,59 @@ def _resource_cause(log: CappedLog, parsers: List[LineParser], lines: Deque[byte
 
 
 def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: List[str]) -> int:
+    env = _launcher_env(job_dir)
+    if rank is None:
+        rank = _first_int(env, ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])
+    if local_rank is None:
+        local_rank = _first_int(env, ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"])
+    if rank is None:
+        sys.stderr.write("rigdeck rank: cannot tell this rank's number (no RANK or OMPI_COMM_WORLD_RANK)\n")
+        return 127
+    run = _prepare(job_dir, env, rank, local_rank if local_rank is not None else 0)
+    held = claims.join(int(g) for g in run.gpus)  # the claim lives while this rank lives
+    read_fd, write_fd = os.pipe()
+    try:
+        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, env=env,
+                                 pass_fds=held, preexec_fn=die_with_parent())
+    except OSError as e:
+        return _not_started(run, command, e)
+    finally:
+        os.close(write_fd)
+        for fd in held:
+            os.close(fd)
+
+    def forward(signum: int, frame: object) -> None:
+        try:
+            child.send_signal(signum)
+        except OSError:
+            pass
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(s, forward)
+    _write_rank_record(run, child.pid)
+    last = _pump(run, child, read_fd, forward)
+    return _finish(run, child.wait(), last)
+
+
+@dataclass
+class _RankRun:
+    """One rank's bookkeeping, passed from the step that sets it up to the ones that feed it
+    and close it."""
+
+    rank: int
+    local_rank: int
+    env: Dict[str, str]  # the rank's environment
+    gpus: List[str]  # this host's GPUs given to the job (RIGDECK_GPUS), in local-rank order
+    gpu: Optional[int]  # this rank's own
+    ranks: str  # the job's ranks/ directory
+    exit_path: str  # ranks/rank-R.exit.json, its space reserved
+    log: CappedLog
+    parsers: List[LineParser]
+
+
+def _launcher_env(job_dir: str) -> Dict[str, str]:
+    """The environment the rank starts from: this process's, with this host's own view of the
+    cluster under mpirun, without the claim fds meant for the wrapper."""
     env = dict(os.environ)
     if env.get("RIGDECK_LAUNCHER") == "mpirun":
         # mpirun exported the primary's environment to every host: put this host's own view of
@@ -282,15 +336,12 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
         if mine:
             env.update(mine)
     env.pop("RIGDECK_CLAIM_FDS", None)
-    if rank is None:
-        rank = _first_int(env, ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])
-    if local_rank is None:
-        local_rank = _first_int(env, ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"])
-    if rank is None:
-        sys.stderr.write("rigdeck rank: cannot tell this rank's number (no RANK or OMPI_COMM_WORLD_RANK)\n")
-        return 127
-    if local_rank is None:
-        local_rank = 0
+    return env
+
+
+def _prepare(job_dir: str, env: Dict[str, str], rank: int, local_rank: int) -> _RankRun:
+    """rigdeck's rank variables in ``env``, the job's directories, the exit record's space
+    (reserved before the rank can fill the disk), the capped log and the metric parsers."""
     # mpirun and torchrun set only their own variables: give every rank rigdeck's too.
     env["RIGDECK_RANK"] = str(rank)
     env["RIGDECK_LOCAL_RANK"] = str(local_rank)
@@ -328,40 +379,40 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
     definitions = metric_definitions(env.get("RIGDECK_METRIC_DEFINITIONS")) if rank == DEFS_RANK else []
     if definitions:
         parsers.append(DefinitionParser(os.path.join(metrics, "defs-rank-%d.jsonl" % rank), rank, definitions))
-    held = claims.join(int(g) for g in gpus)  # the claim lives while this rank lives
-    read_fd, write_fd = os.pipe()
-    try:
-        child = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=write_fd, stderr=write_fd, env=env,
-                                 pass_fds=held, preexec_fn=die_with_parent())
-    except OSError as e:
-        log.write(("rigdeck: cannot start %s: %s\n" % (command[0], e)).encode())
-        log.close()
-        write_json(exit_path, {"rank": rank, "exit_code": 127, "signal": None, "ended": time.time(),
+    return _RankRun(rank=rank, local_rank=local_rank, env=env, gpus=gpus, gpu=gpu, ranks=ranks,
+                    exit_path=exit_path, log=log, parsers=parsers)
+
+
+def _not_started(run: _RankRun, command: List[str], e: OSError) -> int:
+    """The command could not be started: say so in the rank's log and exit record."""
+    log = run.log
+    log.write(("rigdeck: cannot start %s: %s\n" % (command[0], e)).encode())
+    log.close()
+    write_json(run.exit_path, {"rank": run.rank, "exit_code": 127, "signal": None, "ended": time.time(),
                                "tail": tail(log.path), "error": str(e)})
-        return 127
-    finally:
-        os.close(write_fd)
-        for fd in held:
-            os.close(fd)
+    return 127
 
-    def forward(signum: int, frame: object) -> None:
-        try:
-            child.send_signal(signum)
-        except OSError:
-            pass
 
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(s, forward)
+def _write_rank_record(run: _RankRun, pid: int) -> None:
+    """``ranks/rank-R.json``: the rank's and the wrapper's pids (a full disk only loses it)."""
+    env = run.env
     try:
         write_json(
-            os.path.join(ranks, "rank-%d.json" % rank),
-            {"rank": rank, "local_rank": local_rank, "pid": child.pid, "wrapper_pid": os.getpid(),
-             "host": env.get("RIGDECK_CURRENT_HOST") or socket.gethostname(), "gpu": gpu,
+            os.path.join(run.ranks, "rank-%d.json" % run.rank),
+            {"rank": run.rank, "local_rank": run.local_rank, "pid": pid, "wrapper_pid": os.getpid(),
+             "host": env.get("RIGDECK_CURRENT_HOST") or socket.gethostname(), "gpu": run.gpu,
              "started": time.time(), "restart_count": int(env.get("RIGDECK_RESTART_COUNT", "0") or 0)},
         )
     except OSError as e:
         if not is_resource_error(e):
             raise
+
+
+def _pump(run: _RankRun, child: Any, read_fd: int, forward: Any) -> Deque[bytes]:
+    """Pass the rank's output to its log and parsers until it has ended and its pipe is drained
+    (or a second after it ended: what it left running may hold the pipe); the rank is stopped
+    when its log cannot be written for a full disk. Closes ``read_fd``; the rank's last lines."""
+    log, parsers = run.log, run.parsers
     last = collections.deque(maxlen=TAIL_LINES)  # type: Deque[bytes]
     partial = b""
     stopped_for_disk = False
@@ -391,19 +442,25 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
         if exited_at is not None and (not ready or time.monotonic() > exited_at + 1.0):
             break
     os.close(read_fd)
-    code = child.wait()
     if partial:
         last.append(partial)
+    return last
+
+
+def _finish(run: _RankRun, code: int, last: Deque[bytes]) -> int:
+    """Flush the parsers, close the log, write the exit record; the wrapper's own exit code
+    (128 + N for a rank killed by signal N)."""
+    log, parsers = run.log, run.parsers
     for parser in parsers:
         parser.flush()
     log.close()
     sig = -code if code < 0 else None
-    record = {"rank": rank, "exit_code": code if code >= 0 else None, "signal": sig,
+    record = {"rank": run.rank, "exit_code": code if code >= 0 else None, "signal": sig,
               "ended": time.time(), "tail": [ln[:TAIL_CHARS].decode("utf-8", "replace") for ln in last]}  # type: Dict[str, Any]
     cause = _resource_cause(log, parsers, last)
     if cause:
         record["error"] = cause  # a failure even if the rank exited 0: part of its output is lost
     if log.lost:
         record["lost_bytes"] = log.lost
-    write_json(exit_path, record)
+    write_json(run.exit_path, record)
     return code if code >= 0 else 128 + (sig or 0)
