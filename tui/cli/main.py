@@ -29,7 +29,10 @@ from tui.client import (
     set_passphrase_prompt,
 )
 from tui.model.codesync import short
+from tui.model.diagnose import Signal
 from tui.model.inventory import Inventory, InventoryError
+from tui.model.jobview import JobView
+from tui.model.stages import StagesView
 
 EXIT_OK = 0
 EXIT_HOST_FAILED = 1
@@ -273,7 +276,7 @@ def _code_progress() -> Any:
     return show
 
 
-def code_lines(code: dict[str, Any] | None, events: list[dict[str, Any]]) -> list[str]:
+def code_lines(code: dict[str, Any] | None, events: Sequence[dict[str, Any]]) -> list[str]:
     """The job's code snapshot and what each host was sent for it (the newest sync)."""
     from tui.model.textformat import size_bytes
     if not code or not code.get("tree"):
@@ -291,7 +294,7 @@ def code_lines(code: dict[str, Any] | None, events: list[dict[str, Any]]) -> lis
     return lines
 
 
-def job_signals(client: Any, view: Any, records: list[dict[str, Any]] | None = None) -> list[Any]:
+def job_signals(client: Any, view: JobView, records: list[dict[str, Any]] | None = None) -> list[Signal]:
     """A live job's bottleneck signals (tui.model.diagnose) from its metrics records (read here
     unless given); none for a job that ended or has not started. No telemetry here: GPU
     utilization counts as unknown."""
@@ -306,7 +309,7 @@ def job_signals(client: Any, view: Any, records: list[dict[str, Any]] | None = N
     return list(signals_from_records(records, spec=view.spec, world=world))
 
 
-def job_stages(client: Any, view: Any, records: list[dict[str, Any]] | None = None) -> Any:
+def job_stages(client: Any, view: JobView, records: list[dict[str, Any]] | None = None) -> StagesView | None:
     """A [model_parallel] job's plan and stages (tui.model.stages) from its metrics records (read
     here unless given), the plan from its history when the hosts no longer have it; None for any
     other job."""
@@ -323,7 +326,7 @@ def job_stages(client: Any, view: Any, records: list[dict[str, Any]] | None = No
     return stages_from_records(records, view.events, view.spec)
 
 
-def _status_records(client: Any, view: Any) -> list[dict[str, Any]] | None:
+def _status_records(client: Any, view: JobView) -> list[dict[str, Any]] | None:
     """The metrics records ``status`` reads once for both signals and stages (None: neither
     needs them). None read while hosts of the job are unreachable: the view just waited for them,
     and signals from the other hosts' ranks alone would mislead (the stages show the plan)."""
@@ -335,7 +338,7 @@ def _status_records(client: Any, view: Any) -> list[dict[str, Any]] | None:
     return client.metrics(view.job_id) if live else None
 
 
-def signal_lines(signals: Sequence[Any]) -> list[str]:
+def signal_lines(signals: Sequence[Signal]) -> list[str]:
     from tui.model.termsafe import terminal_safe  # host names and numbers only, but to be sure
 
     lines = []
@@ -345,7 +348,7 @@ def signal_lines(signals: Sequence[Any]) -> list[str]:
     return lines
 
 
-def _print_job(v: Any, signals: Sequence[Any] = (), stages: Any = None) -> None:
+def _print_job(v: JobView, signals: Sequence[Signal] = (), stages: StagesView | None = None) -> None:
     from tui.model.textformat import simulated_text
 
     print(f"job      {v.job_id} ({v.name})")
@@ -369,12 +372,12 @@ def _print_job(v: Any, signals: Sequence[Any] = (), stages: Any = None) -> None:
 
         for line in stage_lines(stages):
             print(line)
-    if getattr(v, "pools", None) is not None:  # a job made of worker pools: its pools, sizing, failures
+    if v.pools is not None:  # a job made of worker pools: its pools, sizing, failures
         from tui.model.poolview import pool_lines
 
         for line in pool_lines(v.pools):
             print(line)
-    if getattr(v, "processing", None) is not None:  # a processing job: its inputs and outputs
+    if v.processing is not None:  # a processing job: its inputs and outputs
         from tui.model.processingview import processing_lines
 
         for line in processing_lines(v.processing):
