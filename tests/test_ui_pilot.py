@@ -720,7 +720,7 @@ async def test_launch_dialog_shows_code_sync_progress_per_host(tmp_path: Path) -
 
 
 def test_the_job_view_line_for_synced_code() -> None:
-    from tui.app.shell import code_markup
+    from tui.app.views.job import code_markup
 
     code = {"sync": "/src", "tree": "ab" * 32, "files": 3, "size": 2048}
     assert code_markup(None, []) is None

@@ -1,0 +1,76 @@
+"""Hosts (1): every host of the inventory, and the selected one in full."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from textual import on
+from textual.app import ComposeResult
+from textual.markup import escape
+from textual.widgets import DataTable, Static
+
+from tui.app.views.base import HOSTS, View, set_text
+from tui.app.widgets.tables import HostsTable, host_rows, host_why
+from tui.model.views import HostView
+
+
+class HostsView(View):
+    ID, KEY, TITLE = "hosts", "1", "Hosts"
+    FOLLOWS = frozenset({HOSTS})
+    TABLES = ("#hosts-table",)
+    FOCUS = "#hosts-table"
+
+    def compose(self) -> ComposeResult:
+        yield HostsTable(id="hosts-table")
+        yield Static("", id="host-detail", classes="detail")
+
+    def update(self, now: float) -> None:
+        self.query_one("#hosts-table", HostsTable).apply(host_rows(self.shell.hosts_snapshot, self.shell.widths))
+        self._update_detail()
+
+    def cursor_host(self) -> str | None:
+        return self.query_one("#hosts-table", HostsTable).cursor_key
+
+    def _update_detail(self) -> None:
+        key = self.cursor_host()
+        h = self.shell.host_entry(key) if key else None
+        text = host_detail(h, self.shell.client.inventory) if h else ""
+        set_text(self.query_one("#host-detail", Static), text)
+
+    @on(DataTable.RowHighlighted, "#hosts-table")
+    def _host_highlighted(self) -> None:
+        self._update_detail()
+
+
+def host_detail(h: HostView, inventory: Any) -> str:
+    """The selected host in full: where it is, what runs there, and why it is not up."""
+    try:
+        spec = inventory.get(h.name)
+        where = "local" if spec.is_local else f"{spec.user}@{spec.address}:{spec.port}"
+    except Exception:  # UnknownHostError: a recorded snapshot without inventory entry
+        where = str(h.address or "")
+    status = str(h.status or "connecting")
+    lvl = {"up": "$success", "stale": "$warning", "down": "$error"}.get(status, "$text-muted")
+    parts = [f"[b]{escape(h.name)}[/b] {escape(where)}", f"[{lvl}]{status}[/]"]
+    if h.hostname:
+        parts.append(escape(str(h.hostname)))
+    if h.agent_version:
+        parts.append(f"agent {escape(str(h.agent_version))} (pid {h.agent_pid})")
+    s = h.host_sample
+    if s is not None and s.cpu_per_core:
+        parts.append(
+            f"{len(s.cpu_per_core)} cores, load " + " ".join(f"{x:.1f}" for x in s.load)
+        )
+    count = h.gpu_count
+    if count:
+        sim = " simulated" if h.gpus_simulated else ""
+        parts.append(f"{count}{sim} GPU(s): {escape(str(h.gpu_model or '?'))}")
+    text = " · ".join(parts)
+    why = host_why(h)
+    if why:
+        color = "$error" if status == "down" or h.error_kind else "$warning"
+        text += f"\n[{color}]{escape(why)}[/]"
+    return text
+
+
+VIEW = HostsView
