@@ -33,6 +33,7 @@ import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from runtime.partition import (
@@ -553,15 +554,42 @@ def pipeline_stage(blocks: Sequence[Any], sample: Any, loss_fn: Callable[[Any, A
     any training step.
     """
     import torch
-    import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    import torch.distributed.pipelining  # noqa: F401  (a torch without it fails here, before any check)
 
-    from runtime.cluster import cluster_info
     from runtime.distributed import init_distributed
     from runtime.metrics import reporter
 
-    cfg = _normalize(dict(config_from_env() if config is None else config))
     blocks = list(blocks)
+    req = _stage_request(blocks, sample, config)
+    info = init_distributed()
+    device = torch.device(info.device)
+    plan, profile, directory = _stage_plan(req, blocks, info.rank, device, cuts, bandwidth)
+    if info.rank == 0:
+        reporter().event("mp_plan", plan=plan)
+    return _stage_runner(req, blocks, info.rank, device, plan, loss_fn, profile, directory)
+
+
+@dataclass(frozen=True)
+class _StageRequest:
+    """What ``pipeline_stage`` was asked for, checked on every rank before torch.distributed
+    starts: the ``[model_parallel]`` table, the batch and one microbatch of the sample."""
+
+    cfg: Dict[str, Any]  # the [model_parallel] table, normalized
+    partitions: int
+    microbatches: int
+    schedule: str  # model_parallel.pipeline
+    batch: int
+    sample_mb: Any  # the sample's first microbatch (a tensor)
+    plan_from_file: Optional[Dict[str, Any]]  # model_parallel.plan's plan, read and checked
+
+
+def _stage_request(blocks: List[Any], sample: Any, config: Optional[Dict[str, Any]]) -> _StageRequest:
+    """The request checked: partitions against blocks and the world size, the schedule against
+    the microbatches, the microbatches against the batch, a plan file against the model. Any
+    misfit is SystemExit naming the ``model_parallel`` field."""
+    from runtime.cluster import cluster_info
+
+    cfg = _normalize(dict(config_from_env() if config is None else config))
     p, m, schedule_name = cfg["partitions"], cfg["microbatches"], cfg["pipeline"]
     try:
         check_request(len(blocks), p, cfg["optimize"], m, schedule_name)
@@ -584,58 +612,73 @@ def pipeline_stage(blocks: Sequence[Any], sample: Any, loss_fn: Callable[[Any, A
     if sample_t.shape[0] < micro:
         raise _fail(f"the sample batch has {sample_t.shape[0]} rows, fewer than one microbatch "
                     f"(batch size {batch} / model_parallel.microbatches {m} = {micro})")
-    sample_mb = sample_t[:micro]
     plan_file = cfg["plan"]
     plan_from_file = None
     if plan_file:
         plan_from_file = _read_plan(str(plan_file), p, len(blocks))  # every rank, before init
+    return _StageRequest(cfg=cfg, partitions=p, microbatches=m, schedule=schedule_name, batch=batch,
+                         sample_mb=sample_t[:micro], plan_from_file=plan_from_file)
 
-    info = init_distributed()
-    rank = info.rank
-    device = torch.device(info.device)
+
+def _stage_plan(req: _StageRequest, blocks: List[Any], rank: int, device: Any,
+                cuts: Optional[Sequence[int]], bandwidth: float
+                ) -> Tuple[Dict[str, Any], Optional[Dict[str, Any]], Optional[str]]:
+    """The plan every rank follows, with rank 0's profile and the job directory it wrote them
+    to (None, None with a plan file). Rank 0 profiles and partitions, then broadcasts the plan,
+    or its error: every rank must hear of a failure, not wait for a plan."""
+    import torch.distributed as dist
+
+    if req.plan_from_file is not None:
+        plan = {**req.plan_from_file, "source": "file", "schedule": req.schedule,
+                "microbatches": req.microbatches, "bubble": bubble(req.partitions, req.microbatches)}
+        return plan, None, None
+    cfg, m = req.cfg, req.microbatches
     profile = None
     directory = None
-    if plan_from_file is not None:
-        plan = {**plan_from_file, "source": "file", "schedule": schedule_name,
-                "microbatches": m, "bubble": bubble(p, m)}
-    else:
-        payload: List[Any] = [None]
-        if rank == 0:
-            try:
-                directory = _job_dir()
-                profile = profile_blocks(blocks, sample_mb, device)
-                profile["batch_size"], profile["microbatches"] = batch, m
-                _write_json(os.path.join(directory, "profile.json"), profile)
-                plan = partition(profile, p, cfg["optimize"], m, schedule_name,
-                                 bandwidth=bandwidth,
-                                 activation_checkpointing=cfg["activation_checkpointing"],
-                                 cuts=cuts)
-                _write_json(os.path.join(directory, "plan.json"), plan)
-                payload = [plan]
-            except (Exception, SystemExit) as e:  # every rank must hear of it, not wait
-                if not isinstance(e, (PartitionError, SystemExit)):
-                    import traceback
-
-                    traceback.print_exc()
-                payload = [{"error": f"{type(e).__name__}: {e}"
-                            if not isinstance(e, (PartitionError, SystemExit)) else str(e)}]
-        dist.broadcast_object_list(payload, src=0)
-        got = payload[0]
-        if not isinstance(got, dict) or "error" in got:
-            message = got.get("error") if isinstance(got, dict) else "no plan from rank 0"
-            raise SystemExit(message if str(message).startswith("rigdeck") else
-                             f"rigdeck model parallel: profiling on rank 0 failed: {message}")
-        plan = got
+    payload: List[Any] = [None]
     if rank == 0:
-        reporter().event("mp_plan", plan=plan)
+        try:
+            directory = _job_dir()
+            profile = profile_blocks(blocks, req.sample_mb, device)
+            profile["batch_size"], profile["microbatches"] = req.batch, m
+            _write_json(os.path.join(directory, "profile.json"), profile)
+            plan = partition(profile, req.partitions, cfg["optimize"], m, req.schedule,
+                             bandwidth=bandwidth,
+                             activation_checkpointing=cfg["activation_checkpointing"],
+                             cuts=cuts)
+            _write_json(os.path.join(directory, "plan.json"), plan)
+            payload = [plan]
+        except (Exception, SystemExit) as e:  # every rank must hear of it, not wait
+            if not isinstance(e, (PartitionError, SystemExit)):
+                import traceback
 
-    index = rank
+                traceback.print_exc()
+            payload = [{"error": f"{type(e).__name__}: {e}"
+                        if not isinstance(e, (PartitionError, SystemExit)) else str(e)}]
+    dist.broadcast_object_list(payload, src=0)
+    got = payload[0]
+    if not isinstance(got, dict) or "error" in got:
+        message = got.get("error") if isinstance(got, dict) else "no plan from rank 0"
+        raise SystemExit(message if str(message).startswith("rigdeck") else
+                         f"rigdeck model parallel: profiling on rank 0 failed: {message}")
+    return got, profile, directory
+
+
+def _stage_runner(req: _StageRequest, blocks: List[Any], index: int, device: Any, plan: Dict[str, Any],
+                  loss_fn: Callable[[Any, Any], Any], profile: Optional[Dict[str, Any]],
+                  directory: Optional[str]) -> PipelineStageRunner:
+    """This rank's blocks of the plan as a torch PipelineStage (its input and output shapes
+    probed on the sample microbatch) with its schedule, ready to step."""
+    import torch
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+    p, m = req.partitions, req.microbatches
     bounds = [0, *plan["cuts"], len(blocks)]
     start, stop = bounds[index], bounds[index + 1]
-    inp, out = _probe_shapes(blocks, start, stop, sample_mb)
+    inp, out = _probe_shapes(blocks, start, stop, req.sample_mb)
     meter = SavedBytes()
     clock = {"busy": 0.0}
-    module = _stage_module(blocks[start:stop], cfg["activation_checkpointing"], meter, clock,
+    module = _stage_module(blocks[start:stop], req.cfg["activation_checkpointing"], meter, clock,
                            device)
     module.to(device)
     first = index == 0
@@ -645,8 +688,8 @@ def pipeline_stage(blocks: Sequence[Any], sample: Any, loss_fn: Callable[[Any, A
     stage = PipelineStage(module, index, p, device, input_args=input_args,
                           output_args=output_args)
     _time_backward(stage, clock, device)
-    schedule_cls = ScheduleGPipe if schedule_name == "simple" else Schedule1F1B
+    schedule_cls = ScheduleGPipe if req.schedule == "simple" else Schedule1F1B
     schedule = schedule_cls(stage, n_microbatches=m, loss_fn=loss_fn)
     return PipelineStageRunner(module=module, stage=stage, schedule=schedule, plan=plan,
                                index=index, device=device, meter=meter, clock=clock,
-                               profile=profile, directory=directory, batch_size=batch)
+                               profile=profile, directory=directory, batch_size=req.batch)
