@@ -69,6 +69,40 @@ def _last_record(path: str, max_bytes: int = 65536) -> Optional[Dict[str, Any]]:
     return None
 
 
+def _last_step(path: str, marks: List[Dict[str, Any]], max_bytes: int = 65536) -> Optional[Dict[str, Any]]:
+    """The last record in a metrics file that reports a step, from its tail only, with the attempt
+    that wrote it (by where it lies against each attempt's start in ``attempts.json``): the
+    controller's watch on progress must not take the last attempt's step for the new one's."""
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return None
+    data = read_tail(path, max_bytes)
+    if not data:
+        return None
+    base = size - len(data)
+    end = len(data)
+    while end > 0:
+        start = data.rfind(b"\n", 0, end - 1) + 1
+        line = data[start:end].strip()
+        end = start
+        if not line or start == 0 and base > 0:
+            continue  # an empty line, or the tail's first line (cut in the middle)
+        try:
+            rec = json.loads(line.decode("utf-8", "replace"))
+        except ValueError:
+            continue
+        step = rec.get("step") if isinstance(rec, dict) and rec.get("event") is None else None
+        if isinstance(step, bool) or not isinstance(step, (int, float)):
+            continue
+        offset = base + start
+        name = os.path.basename(path)
+        attempt = max([int(m.get("restart_count") or 0) for m in marks
+                       if int((m.get("sizes") or {}).get(name, 0)) <= offset] or [0])
+        return {"step": step, "time": rec.get("time"), "loss": rec.get("loss"), "attempt": attempt}
+    return None
+
+
 def _runs_jobhost(pid: Any, job_dir: str) -> bool:
     """Whether ``pid`` is (still) the job host of ``job_dir``, by its command line."""
     if not isinstance(pid, int) or pid <= 0:
@@ -443,11 +477,20 @@ class Jobs:
                           "signal": (ex or {}).get("signal")})
         ranks.sort(key=lambda r: r["rank"])
         last = {}
+        progress = {}  # rank -> its newest step record: the controller's hang watch reads it
+        marks = (read_json(os.path.join(d, "attempts.json")) or {}).get("attempts") or [] if (
+            st.get("state") not in TERMINAL) else []
         for rank in sorted(set(self.log_ranks(job_id)) | set(self._metric_ranks(d))):
             rec = _last_record(os.path.join(d, "metrics", "rank-%d.jsonl" % rank)) or _last_record(
                 os.path.join(d, "metrics", "rank-%d.stdout.jsonl" % rank))
             if rec is not None:
                 last[str(rank)] = rec
+            if st.get("state") in TERMINAL:
+                continue
+            steps = [p for p in (_last_step(os.path.join(d, "metrics", name % rank), marks) for name in (
+                "rank-%d.jsonl", "rank-%d.stdout.jsonl", "defs-rank-%d.jsonl")) if p is not None]
+            if steps:
+                progress[str(rank)] = max(steps, key=lambda p: (p["attempt"], p["step"]))
         # What the job left once it has ended (a look through every process's environment, too
         # dear for each look at a running job; None while it runs): its tagged processes, plus
         # its job host while that still lives (it carries no tag, and holds the job's GPU claims
@@ -463,7 +506,7 @@ class Jobs:
             claims_held = None if held is None else sorted(
                 g for g, h in held.items() if h.get("job_id") == job_id)
         return {**st, "ranks": ranks, "log_ranks": self.log_ranks(job_id), "last_metrics": last,
-                "tagged_processes": tagged, "claims_held": claims_held}
+                "tagged_processes": tagged, "claims_held": claims_held, "progress": progress}
 
     def read_chunk(self, path: str, offset: int, max_bytes: int, final: bool = False) -> Tuple[bytes, int, bool]:
         """Complete lines from logical ``offset``: (bytes, next offset, more waiting).

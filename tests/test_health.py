@@ -109,3 +109,25 @@ def test_placement_never_uses_an_unhealthy_or_drained_gpu_and_says_why() -> None
         s.reserve("j2", gpu_job("three", 1, 3), [h1, h2])
     assert "GPU 1 unhealthy (XID 79: GPU has fallen off the bus)" in str(e.value)
     assert "GPU 3 drained (fan noise)" in str(e.value) and "h2 drained" in str(e.value)
+
+
+def test_the_agent_tells_each_ranks_newest_step_and_the_attempt_that_wrote_it(tmp_path: Path) -> None:
+    import json
+
+    from agent.jobs import _last_step
+
+    path = tmp_path / "rank-0.jsonl"
+    first = "".join(json.dumps({"time": 1.0 + s, "rank": 0, "step": s, "loss": 0.5}) + "\n" for s in range(1, 40))
+    path.write_text(first)
+    marks = [{"restart_count": 0, "sizes": {}}, {"restart_count": 1, "sizes": {"rank-0.jsonl": len(first)}}]
+    # the new attempt has written nothing yet: the newest step is attempt 0's
+    assert _last_step(str(path), marks) == {"step": 39, "time": 40.0, "loss": 0.5, "attempt": 0}
+    more = (json.dumps({"time": 50.0, "rank": 0, "step": 30, "loss": 0.6}) + "\n"
+            + json.dumps({"time": 51.0, "rank": 0, "event": "checkpoint", "path": "x"}) + "\n" + "not json\n")
+    with path.open("a") as f:
+        f.write(more)
+    assert _last_step(str(path), marks) == {"step": 30, "time": 50.0, "loss": 0.6, "attempt": 1}
+    # a tail that begins inside a record: the cut record is skipped, never misread
+    assert _last_step(str(path), marks, max_bytes=len(more) + 10)["step"] == 30  # type: ignore[index]
+    assert _last_step(str(path), marks, max_bytes=len(more) - 10) is None  # only a cut step record
+    assert _last_step(str(tmp_path / "none.jsonl"), marks) is None
