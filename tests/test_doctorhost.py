@@ -1,5 +1,6 @@
-"""The doctor's per-host checks (tui.control.doctorhost): on the test bed (real hosts, real
-agents, real disks and routes), and the parsing of what NVML says, from recorded values."""
+"""The doctor's per-host checks (tui.control.doctorhost, and agent/doctorprobe.py on the hosts): on
+the test bed (real hosts, real agents, real disks and routes), the host side on this machine, and
+the parsing of what NVML says, from recorded values."""
 
 from __future__ import annotations
 
@@ -10,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from agent import doctorprobe
+from tests._require import PY39_MISSING, python39, require
 from tests.testbed import TestBed
 from tui.control.doctorhost import (
+    HOST_SOURCE,
+    _last_json,
     clock_finding,
     disk_findings,
     gpu_findings,
@@ -165,7 +170,7 @@ def test_torch_drift_and_network_mismatches(testbed: TestBed, tmp_path: Path) ->
 # -- parsing, from recorded values -------------------------------------------------------
 
 
-# What PROBE read through NVML on an 8-GPU host (recorded; throttle reasons as NVML's bits).
+# What the probe read through NVML on an 8-GPU host (recorded; throttle reasons as NVML's bits).
 RECORDED_NVML = [
     {"index": 0, "name": "NVIDIA H100 80GB HBM3", "ecc_volatile_uncorrected": 0, "ecc_aggregate_uncorrected": 0,
      "throttle_reasons": 0x1, "pcie_gen": 1, "pcie_gen_max": 5, "pcie_width": 16, "pcie_width_max": 16},
@@ -299,3 +304,133 @@ def test_the_client_runs_the_host_checks_and_names_what_it_skipped(ctl: object) 
         client.doctor(hosts=["h9"])
     with pytest.raises(DoctorError, match="unknown check 'speed'"):
         client.doctor(checks=["speed"])
+
+
+# -- the host side (agent/doctorprobe.py), on this machine -------------------------------------
+
+
+def _run_source(python: str, *args: str) -> object:
+    """The probe as the doctor runs it on a host: its source with ``-c``, arguments apart."""
+    out = subprocess.run([python, "-c", HOST_SOURCE, *args], capture_output=True, text=True, check=True, timeout=120)
+    return _last_json(out.stdout)
+
+
+@pytest.mark.parametrize("which", ["this", "3.9"])
+def test_the_probe_runs_from_its_source_and_finds_the_route_and_versions(which: str) -> None:
+    python = sys.executable if which == "this" else python39()
+    require(python, PY39_MISSING)
+    assert python
+    got = _run_source(python, "probe", "127.0.0.1")
+    assert isinstance(got, dict)
+    assert got["executable"] == python and got["python"].startswith("3.9." if which == "3.9" else "3.")
+    # towards itself the route is lo, and lo is what holds 127.0.0.1
+    assert got["primary_address"] == "127.0.0.1" and got["interface"] == "lo" and isinstance(got["mtu"], int)
+    assert "lo" in got["interfaces"] and got["route_source"] in ("ip route get", "/proc/net/route")
+    for key in ("torch", "cuda", "nccl", "driver", "nvml"):
+        assert key in got
+    if which == "this":  # the same module in-process says the same (the versions at least)
+        here = doctorprobe.probe("127.0.0.1")
+        assert {k: here[k] for k in ("python", "torch", "cuda", "interface", "mtu")} == {
+            k: got[k] for k in ("python", "torch", "cuda", "interface", "mtu")}
+
+
+def test_the_disk_check_measures_each_dir_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    got = _run_source(sys.executable, "disk", "1", "data", str(data), "checkpoint", str(blocked / "ckpt"))
+    assert isinstance(got, list) and [r["role"] for r in got] == ["data", "checkpoint"]
+    ok, bad = got
+    assert ok["dir"] == str(data.resolve()) and ok["bytes"] == doctorprobe.CHUNK == ok["read_bytes"]
+    assert ok["write_s"] > 0 and ok["read_s"] > 0 and "error" not in ok
+    assert ok["read_method"] in ("O_DIRECT", "fadvise DONTNEED", "page cache") and ok["fstype"] != ""
+    assert list(data.iterdir()) == []  # the test file is gone
+    assert bad["error"].startswith(("NotADirectoryError", "FileExistsError")), bad
+    findings = {dict(f.details).get("role", "?") if f.value is not None else "failed": f
+                for f in disk_findings({"h1": got})}
+    assert findings["data"].verdict == "ok" and findings["failed"].verdict == "bad"
+    assert "checkpoint dir" in findings["failed"].summary
+
+
+def test_the_probe_refuses_what_it_does_not_know() -> None:
+    assert doctorprobe.main(["probe"]) == 2
+    assert doctorprobe.main(["disk", "many", "data", "/tmp"]) == 2
+    assert doctorprobe.main(["disk", "1", "data"]) == 2
+    assert doctorprobe.main(["format", "/"]) == 2
+
+
+class _FakeNvml:
+    """pynvml's calls the probe makes, for two GPUs: the second has no ECC (NVML raises)."""
+
+    def __init__(self) -> None:
+        self.shut = False
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        self.shut = True
+
+    def nvmlSystemGetDriverVersion(self) -> bytes:
+        return b"550.54.15"
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 2
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        return "NVIDIA H100 80GB HBM3" if h == 0 else "NVIDIA A10"
+
+    def nvmlDeviceGetTotalEccErrors(self, h: int, kind: int, counter: int) -> int:
+        if h == 1:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return 3 if counter == 0 else 5
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: int) -> int:
+        return 0x1
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: int) -> int:
+        return 4
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: int) -> int:
+        return 5
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: int) -> int:
+        return 16
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: int) -> int:
+        return 16
+
+
+def test_nvml_readings_reach_the_gpu_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", fake)
+    got = doctorprobe.nvml()
+    assert fake.shut and got["driver"] == "550.54.15" and "nvml_error" not in got
+    first, second = got["nvml"]
+    assert first == {"index": 0, "name": "NVIDIA H100 80GB HBM3", "ecc_volatile_uncorrected": 3,
+                     "ecc_aggregate_uncorrected": 5, "throttle_reasons": 1, "pcie_gen": 4, "pcie_gen_max": 5,
+                     "pcie_width": 16, "pcie_width_max": 16}
+    assert second["ecc_volatile_uncorrected"] is None and second["pcie_gen"] == 4
+    verdicts = {f.subject: f.verdict for f in gpu_findings("g", got["nvml"])}
+    assert verdicts == {"g gpu0": "bad", "g gpu1": "ok"}
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed
+    none = doctorprobe.nvml()
+    assert none["nvml"] is None and none["driver"] is None
+    assert none["nvml_error"].startswith(("ImportError", "ModuleNotFoundError"))
+
+
+def test_a_torch_that_does_not_import_still_reports_its_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("torch")
+    except PackageNotFoundError:
+        pytest.skip("torch is not installed here")
+    monkeypatch.setitem(sys.modules, "torch", None)  # installed, but its import fails
+    got = doctorprobe.torch_versions()
+    assert got["torch"] == installed and got["torch_broken"] is True
+    assert got["torch_error"].startswith(("ImportError", "ModuleNotFoundError"))
+    assert got["cuda"] is None and got["nccl"] is None

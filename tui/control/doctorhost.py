@@ -2,9 +2,10 @@
 the primary, clock offset and GPU health.
 
 Everything that runs on a host runs through its agent's ``exec`` with no shell: the host's own
-interpreter (``python`` in the inventory) runs ``PROBE`` or ``DISK`` below with ``-c``, and the
-paths and addresses are passed as separate arguments, so no remote shell ever parses a user's
-value. The clock is read with the agent's ``ping``. All hosts are asked at once.
+interpreter (``python`` in the inventory) runs the source of ``agent/doctorprobe.py`` with ``-c``
+(its ``probe`` or ``disk`` command), and the paths and addresses are passed as separate
+arguments, so no remote shell ever parses a user's value. The clock is read with the agent's
+``ping``. All hosts are asked at once.
 
 ``host_findings`` returns the findings and the checks it could not run, with why; the doctor's
 entry point (``tui.control.doctor``) merges them with the network measurements.
@@ -18,234 +19,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from tui.model.doctor import Finding
 
-# -- what runs on a host (stdlib, Python >= 3.9; one JSON object on stdout) -------------------
-
-PROBE = r'''
-import json, os, platform, socket, subprocess, sys
-out = {"python": platform.python_version(), "executable": sys.executable}
-try:
-    import torch
-    out["torch"] = str(torch.__version__)
-    out["cuda"] = getattr(torch.version, "cuda", None)
-    nccl = None
-    try:
-        if torch.cuda.is_available():
-            v = torch.cuda.nccl.version()
-            nccl = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-    except Exception as e:
-        nccl = None
-        out["nccl_error"] = str(e)[:200]
-    out["nccl"] = nccl
-except Exception as e:
-    out["torch"] = None
-    out["torch_error"] = ("%s: %s" % (type(e).__name__, e))[:200]
-    out["cuda"] = None
-    out["nccl"] = None
-    try:  # installed but broken (a CUDA build without its libraries, ...): its version still counts
-        from importlib.metadata import version as _version
-        out["torch"] = _version("torch")
-        out["torch_broken"] = True
-    except Exception:
-        pass
-out["driver"] = None
-out["nvml"] = None
-try:
-    import pynvml
-    pynvml.nvmlInit()
-    try:
-        def s(x):
-            return x.decode() if isinstance(x, bytes) else str(x)
-        out["driver"] = s(pynvml.nvmlSystemGetDriverVersion())
-        gpus = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            h = pynvml.nvmlDeviceGetHandleByIndex(i)
-            g = {"index": i, "name": s(pynvml.nvmlDeviceGetName(h))}
-            for key, fn, args in (
-                    ("ecc_volatile_uncorrected", "nvmlDeviceGetTotalEccErrors", (1, 0)),
-                    ("ecc_aggregate_uncorrected", "nvmlDeviceGetTotalEccErrors", (1, 1)),
-                    ("throttle_reasons", "nvmlDeviceGetCurrentClocksThrottleReasons", ()),
-                    ("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration", ()),
-                    ("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", ()),
-                    ("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", ()),
-                    ("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth", ())):
-                try:
-                    g[key] = int(getattr(pynvml, fn)(h, *args))
-                except Exception:
-                    g[key] = None  # not supported on this GPU (ECC off, no PCIe, ...)
-            gpus.append(g)
-        out["nvml"] = gpus
-    finally:
-        pynvml.nvmlShutdown()
-except Exception as e:
-    out["nvml_error"] = ("%s: %s" % (type(e).__name__, e))[:200]
-if out["driver"] is None:
-    try:
-        r = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                           stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=20)
-        lines = r.stdout.decode(errors="replace").split()
-        if r.returncode == 0 and lines:
-            out["driver"] = lines[0].strip()
-    except Exception:
-        pass
-# The interface towards the primary: what the routing table picks for its address.
-target = sys.argv[1]
-try:
-    addr = socket.getaddrinfo(target, None, socket.AF_INET)[0][4][0]
-except Exception:
-    addr = target
-out["primary_address"] = addr
-dev = None
-local = False
-try:
-    r = subprocess.run(["ip", "-o", "route", "get", addr], stdout=subprocess.PIPE,
-                       stderr=subprocess.DEVNULL, timeout=10)
-    words = r.stdout.decode(errors="replace").split()
-    if "dev" in words:
-        dev = words[words.index("dev") + 1]
-    local = bool(words) and words[0] == "local"
-    out["route_source"] = "ip route get"
-except Exception:
-    pass
-if dev is None:  # no iproute2: the kernel's table (longest prefix wins)
-    import struct
-    best = None
-    try:
-        a = struct.unpack("<I", socket.inet_aton(addr))[0]
-        with open("/proc/net/route") as f:
-            for line in f.readlines()[1:]:
-                p = line.split()
-                dest, mask = int(p[1], 16), int(p[7], 16)
-                if a & mask == dest and (best is None or bin(mask).count("1") > best[0]):
-                    best = (bin(mask).count("1"), p[0])
-        out["route_source"] = "/proc/net/route"
-    except Exception:
-        pass
-    if best is not None:
-        dev = best[1]
-if local or dev == "lo":  # this is the primary: the interface that holds the address
-    try:
-        r = subprocess.run(["ip", "-o", "-4", "addr", "show"], stdout=subprocess.PIPE,
-                           stderr=subprocess.DEVNULL, timeout=10)
-        for line in r.stdout.decode(errors="replace").splitlines():
-            w = line.split()
-            if len(w) > 3 and w[3].split("/")[0] == addr:
-                dev = w[1].rstrip(":")
-                break
-    except Exception:
-        pass
-out["interface"] = dev
-out["mtu"] = None
-if dev:
-    try:
-        with open("/sys/class/net/%s/mtu" % dev) as f:
-            out["mtu"] = int(f.read().strip())
-    except Exception:
-        pass
-try:
-    out["interfaces"] = sorted(os.listdir("/sys/class/net"))
-except Exception:
-    out["interfaces"] = []
-print(json.dumps(out))
-'''
-
-DISK = r'''
-import json, mmap, os, socket, sys, time
-size_mb = int(sys.argv[1])
-CHUNK = 4 << 20
-def fstype(path):
-    best, kind = "", "?"
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                p = line.split()
-                mnt = p[1].replace("\\040", " ")
-                if (path == mnt or path.startswith(mnt.rstrip("/") + "/")) and len(mnt) >= len(best):
-                    best, kind = mnt, p[2]
-    except Exception:
-        pass
-    return kind
-res = []
-for role, d in zip(sys.argv[2::2], sys.argv[3::2]):
-    r = {"role": role, "dir": d}
-    res.append(r)
-    path = None
-    try:
-        d = os.path.realpath(os.path.expanduser(d))
-        r["dir"] = d
-        os.makedirs(d, exist_ok=True)
-        r["fstype"] = fstype(d)
-        path = os.path.join(d, ".rigdeck-doctor-%s-%d.tmp" % (socket.gethostname(), os.getpid()))
-        buf = mmap.mmap(-1, CHUNK)  # page-aligned: O_DIRECT reads into it
-        buf.write(os.urandom(CHUNK))
-        n = max(1, (size_mb << 20) // CHUNK)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            t0 = time.perf_counter()
-            for _ in range(n):
-                os.write(fd, buf)
-            os.fsync(fd)
-            r["write_s"] = time.perf_counter() - t0
-        finally:
-            os.close(fd)
-        r["bytes"] = n * CHUNK
-        how = None
-        fd = -1
-        if hasattr(os, "O_DIRECT"):
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
-                how = "O_DIRECT"
-            except OSError:
-                fd = -1
-        if fd < 0:
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                how = "fadvise DONTNEED"
-            except (AttributeError, OSError):
-                how = "page cache"
-        try:
-            got = 0
-            t0 = time.perf_counter()
-            while True:
-                k = os.readv(fd, [buf])
-                if k <= 0:
-                    break
-                got += k
-            r["read_s"] = time.perf_counter() - t0
-            r["read_bytes"] = got
-        except OSError as e:
-            if how != "O_DIRECT":
-                raise
-            os.close(fd)  # this filesystem takes O_DIRECT at open but not at read
-            fd = os.open(path, os.O_RDONLY)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            how = "fadvise DONTNEED"
-            got = 0
-            t0 = time.perf_counter()
-            while True:
-                k = os.readv(fd, [buf])
-                if k <= 0:
-                    break
-                got += k
-            r["read_s"] = time.perf_counter() - t0
-            r["read_bytes"] = got
-        finally:
-            os.close(fd)
-        r["read_method"] = how
-    except Exception as e:
-        r["error"] = ("%s: %s" % (type(e).__name__, e))[:300]
-    finally:
-        if path:
-            try:
-                os.unlink(path)
-            except OSError:
-                pass
-print(json.dumps(res))
-'''
+# What runs on a host: agent/doctorprobe.py, whose source the host's own interpreter runs with -c
+# (as the controller runs agent/facts.py): its ``probe`` and ``disk`` commands each print one JSON line.
+HOST_SOURCE = (Path(__file__).resolve().parent.parent.parent / "agent" / "doctorprobe.py").read_text()
 
 DISK_MB = 256
 MEMORY_FS = ("tmpfs", "ramfs")
@@ -266,16 +47,16 @@ def _last_json(stdout: str) -> Any:
     raise ValueError("no JSON in its output")
 
 
-def _run_script(ctl: Any, hosts: Sequence[str], script: str, args: Callable[[str], list[str]],
-                timeout_s: float) -> dict[str, Any]:
-    """``script`` on every host at once with the host's own interpreter: host -> the parsed
-    JSON it printed, or an error string."""
+def _run_probe(ctl: Any, hosts: Sequence[str], args: Callable[[str], list[str]],
+               timeout_s: float) -> dict[str, Any]:
+    """A command of agent/doctorprobe.py (``args(host)``: its name and arguments) on every host
+    at once, with the host's own interpreter: host -> the parsed JSON it printed, or an error string."""
     out: dict[str, Any] = {}
 
     def one(h: str) -> Any:
         python = ctl.inventory.get(h).python
         try:
-            res = ctl.agent(h).exec(argv=[python, "-c", script, *args(h)], timeout_s=timeout_s,
+            res = ctl.agent(h).exec(argv=[python, "-c", HOST_SOURCE, *args(h)], timeout_s=timeout_s,
                                     timeout=timeout_s + 30)
         except Exception as e:  # an unreachable host, an agent error
             return f"{type(e).__name__}: {e}"
@@ -308,7 +89,7 @@ def _fmt_rate(mb_s: float) -> str:
 
 
 def disk_findings(results: dict[str, Any]) -> list[Finding]:
-    """Findings from each host's ``DISK`` results: per host and dir role, write (fsync) and read
+    """Findings from each host's ``disk`` results: per host and dir role, write (fsync) and read
     throughput, compared with the median of the hosts for that role (bad < 50 %, warn < 80 %)."""
     findings: list[Finding] = []
     rows: dict[str, dict[str, dict[str, Any]]] = {}  # role -> host -> row
@@ -552,7 +333,7 @@ THROTTLE_IDLE = 0x1
 
 
 def gpu_findings(host: str, gpus: list[dict[str, Any]]) -> list[Finding]:
-    """One finding per GPU from what ``PROBE`` read through NVML: uncorrected ECC errors,
+    """One finding per GPU from what ``probe`` read through NVML: uncorrected ECC errors,
     current throttle reasons, PCIe link generation and width against their maximum."""
     findings: list[Finding] = []
     for g in gpus:
@@ -646,7 +427,7 @@ def host_findings(ctl: Any, hosts: list[str], *, data_dirs: dict[str, str] | Non
     with ThreadPoolExecutor(max_workers=min(32, len(hosts)), thread_name_prefix="doctorclock") as pool:
         clocks = list(pool.map(clock, hosts))
 
-    probes_raw = _run_script(ctl, hosts, PROBE, lambda h: [specs[primary].address], timeout_s=120)
+    probes_raw = _run_probe(ctl, hosts, lambda h: ["probe", specs[primary].address], timeout_s=120)
     probes = {h: p for h, p in probes_raw.items() if isinstance(p, dict)}
     failed = {h: p for h, p in probes_raw.items() if not isinstance(p, dict)}
 
@@ -654,17 +435,17 @@ def host_findings(ctl: Any, hosts: list[str], *, data_dirs: dict[str, str] | Non
         data, ckpt = _default_dirs(specs[h])
         data = (data_dirs or {}).get(h, data)
         ckpt = (checkpoint_dirs or {}).get(h, ckpt)
-        args = [str(int(disk_mb)), "data", data]
+        args = ["disk", str(int(disk_mb)), "data", data]
         if ckpt != data:
             args += ["checkpoint", ckpt]
         return args
 
     if disk_parallel:
-        disks = _run_script(ctl, hosts, DISK, disk_args, timeout_s=600)
+        disks = _run_probe(ctl, hosts, disk_args, timeout_s=600)
     else:  # storage the hosts share (NFS, one disk): one at a time, or they measure each other
         disks = {}
         for h in hosts:
-            disks.update(_run_script(ctl, [h], DISK, disk_args, timeout_s=600))
+            disks.update(_run_probe(ctl, [h], disk_args, timeout_s=600))
 
     findings += disk_findings(disks)
     findings += version_findings(probes)
