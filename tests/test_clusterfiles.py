@@ -586,6 +586,28 @@ def test_every_kind_runs_on_python_3_9(tmp_path: Path) -> None:
     assert envs[2]["RIGDECK_JOB_KIND"] == "processing"
 
 
+def test_the_agent_bundle_carries_every_kind_and_python_3_9_imports_them_from_it(tmp_path: Path) -> None:
+    """The kinds reach the hosts inside the agent's zipapp, and a host's 3.9 without site (as the
+    job host runs it) imports the package from there."""
+    import zipfile
+
+    from tui.remote.bundle import build_agent
+
+    bundle = build_agent(tmp_path)
+    with zipfile.ZipFile(bundle.path) as zf:
+        names = set(zf.namelist())
+    want = {f"agent/kinds/{p.name}" for p in (ROOT / "agent" / "kinds").glob("*.py")} | {"agent/doctorprobe.py"}
+    assert want <= names
+    py39 = python39()
+    require(py39, PY39_MISSING)
+    assert py39
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from agent import clusterfiles, kinds\n"
+            "print(clusterfiles.__file__, ' '.join(k.name for k in kinds.KINDS))\n")
+    out = subprocess.run([py39, "-S", "-c", code, str(bundle.path)], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.startswith(str(bundle.path)) and "pools" in out and "processing" in out
+
+
 # -- the probe, inside real ranks ------------------------------------------------------------------
 
 
