@@ -47,7 +47,18 @@ from typing import Any
 
 from tui.control.rowstore import RowStore
 from tui.model.jobspec import JobSpec
-from tui.model.jobstate import TERMINAL, describe_cause
+from tui.model.jobstate import (
+    FAILED,
+    PENDING,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    STOPPED,
+    STOPPING,
+    SUCCEEDED,
+    TERMINAL,
+    describe_cause,
+)
 from tui.model.metrics import final_metrics
 from tui.model.pipelineview import (
     PIPELINE_FINAL,
@@ -57,6 +68,7 @@ from tui.model.pipelineview import (
     PipelineRow,
     StepRow,
 )
+from tui.model.sweepview import SWEEP_FINAL
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +116,7 @@ CREATE TABLE IF NOT EXISTS pipeline_cache (
     created     REAL NOT NULL
 );
 """
-RUNNING_STATES = ("staging", "submitting", "queued", "pending-job", "starting", "running", "stopping",
+RUNNING_STATES = ("staging", "submitting", QUEUED, "pending-job", STARTING, RUNNING, STOPPING,
                   "finishing")
 
 
@@ -217,12 +229,12 @@ class PipelineStore(RowStore):
         now = time.time()
         with self._lock, self._db:
             self._db.execute("INSERT INTO pipelines (pipeline_id, name, spec, state, created) "
-                             "VALUES (?, ?, ?, 'running', ?)", (pipeline_id, name, json.dumps(spec), now))
+                             "VALUES (?, ?, ?, ?, ?)", (pipeline_id, name, json.dumps(spec), RUNNING, now))
             self._db.executemany(
                 "INSERT INTO pipeline_steps (pipeline_id, name, position, state, code_key) "
-                "VALUES (?, ?, ?, 'pending', ?)",
-                [(pipeline_id, n, i, code_key) for i, (n, code_key) in enumerate(steps)])
-        self._announce(pipeline_id, "running")
+                "VALUES (?, ?, ?, ?, ?)",
+                [(pipeline_id, n, i, PENDING, code_key) for i, (n, code_key) in enumerate(steps)])
+        self._announce(pipeline_id, RUNNING)
 
     def steps(self, pipeline_id: str) -> list[dict[str, Any]]:
         rows = self._rows("SELECT * FROM pipeline_steps WHERE pipeline_id = ? ORDER BY position", (pipeline_id,))
@@ -315,7 +327,7 @@ class PipelineRunner:
     def _advance(self, p: dict[str, Any]) -> None:
         pid = p["pipeline_id"]
         spec = self._spec(p)
-        stopping = p["state"] == "stopping"
+        stopping = p["state"] == STOPPING
         rows = {r["name"]: r for r in self.store.steps(pid)}
         for step in spec.steps:
             row = rows[step.name]
@@ -326,20 +338,20 @@ class PipelineRunner:
                 self._follow(pid, spec, step, row, rows, stopping)
             except Exception as e:
                 log.exception("pipeline %s step %s", pid, step.name)
-                self._end_step(pid, step.name, "failed", reason=f"rigdeck could not run it: {type(e).__name__}: {e}")
+                self._end_step(pid, step.name, FAILED, reason=f"rigdeck could not run it: {type(e).__name__}: {e}")
             rows[step.name] = self._row(pid, step.name)
             if rows[step.name]["state"] != before:
                 self.changed += 1
         if all(r["state"] in STEP_FINAL for r in rows.values()):
-            failed = [r for r in rows.values() if r["state"] == "failed"]
+            failed = [r for r in rows.values() if r["state"] == FAILED]
             if stopping:
-                self.store.update(pid, state="stopped", ended=time.time(), reason=p.get("reason") or "stopped")
+                self.store.update(pid, state=STOPPED, ended=time.time(), reason=p.get("reason") or "stopped")
             elif failed:
                 first = failed[0]
-                self.store.update(pid, state="failed", ended=time.time(),
+                self.store.update(pid, state=FAILED, ended=time.time(),
                                   reason=f"step {first['name']} failed: {first['reason'] or 'its job failed'}")
             else:
-                self.store.update(pid, state="succeeded", ended=time.time(), reason=None)
+                self.store.update(pid, state=SUCCEEDED, ended=time.time(), reason=None)
 
     def _row(self, pid: str, name: str) -> dict[str, Any]:
         for r in self.store.steps(pid):
@@ -353,14 +365,14 @@ class PipelineRunner:
     def _follow(self, pid: str, spec: Any, step: Any, row: dict[str, Any], rows: dict[str, dict[str, Any]],
                 stopping: bool) -> None:
         state = row["state"]
-        if state == "pending":
+        if state == PENDING:
             if stopping:
-                self._end_step(pid, step.name, "stopped", reason="the pipeline was stopped")
+                self._end_step(pid, step.name, STOPPED, reason="the pipeline was stopped")
                 return
             needs = [rows[d] for d in step.depends_on]
-            bad = [n for n in needs if n["state"] in ("failed", "skipped", "stopped")]
+            bad = [n for n in needs if n["state"] in (FAILED, "skipped", STOPPED)]
             if bad:
-                what = {"failed": "failed", "skipped": "was skipped", "stopped": "was stopped"}
+                what = {FAILED: "failed", "skipped": "was skipped", STOPPED: "was stopped"}
                 self._end_step(pid, step.name, "skipped",
                                reason=f"needs {bad[0]['name']}, which {what[bad[0]['state']]}")
                 return
@@ -372,7 +384,7 @@ class PipelineRunner:
                 try:
                     go = step.when.evaluate(lambda ref: self._lookup(ref, rows))
                 except EvalError as e:
-                    self._end_step(pid, step.name, "failed", reason=f"its condition ({step.when.text}) "
+                    self._end_step(pid, step.name, FAILED, reason=f"its condition ({step.when.text}) "
                                    f"could not be evaluated: {e}")
                     return
                 if not go:
@@ -386,7 +398,7 @@ class PipelineRunner:
             self._run(pid, spec, step, rows)
         elif state == "waiting":
             if stopping:
-                self._end_step(pid, step.name, "stopped", reason="the pipeline was stopped")
+                self._end_step(pid, step.name, STOPPED, reason="the pipeline was stopped")
             elif time.time() >= float(row["retry_at"] or 0):
                 self._run(pid, spec, step, rows)
         elif state == "finishing":
@@ -401,7 +413,7 @@ class PipelineRunner:
         if row is None:
             raise EvalError(f"{ref.text}: no step {ref.step}")
         if ref.kind == "state":
-            return "succeeded" if row["state"] == "cached" else row["state"]
+            return SUCCEEDED if row["state"] == "cached" else row["state"]
         metrics = row.get("metrics") or {}
         if ref.kind == "params":
             found = metrics.get("params")
@@ -509,9 +521,9 @@ class PipelineRunner:
             try:
                 self.sweeps.create(job, sweep_id=sweep_id)
             except SweepError as e:
-                self._end_step(pid, step.name, "failed", reason=f"its sweep could not start: {e}")
+                self._end_step(pid, step.name, FAILED, reason=f"its sweep could not start: {e}")
                 return
-            self.store.update_step(pid, step.name, state="running")
+            self.store.update_step(pid, step.name, state=RUNNING)
             return
         job_id = new_job_id(job.name)
         self.store.update_step(pid, step.name, state="submitting", attempt=attempt, job_id=job_id, sweep_id=None,
@@ -529,7 +541,7 @@ class PipelineRunner:
                 self._attempt_failed(pid, step, {"message": f"could not start: {e}"}, self._row(pid, step.name))
                 return
         rec = self.jm.history.get(job_id) or {}
-        self.store.update_step(pid, step.name, state=rec.get("state") or "queued")
+        self.store.update_step(pid, step.name, state=rec.get("state") or QUEUED)
 
     def _watch(self, pid: str, spec: Any, step: Any, row: dict[str, Any], stopping: bool) -> None:
         """A step whose job or sweep was submitted: follow it to its end."""
@@ -540,7 +552,7 @@ class PipelineRunner:
         rec = self.jm.history.get(job_id) if job_id else None
         if rec is None:  # recorded, never submitted (a controller died in between)
             if stopping:
-                self._end_step(pid, step.name, "stopped", reason="the pipeline was stopped")
+                self._end_step(pid, step.name, STOPPED, reason="the pipeline was stopped")
                 return
             rows = {r["name"]: r for r in self.store.steps(pid)}
             self._submit(pid, step, self._step_job(pid, step, rows, int(row["attempt"] or 1)), job_id)
@@ -555,17 +567,17 @@ class PipelineRunner:
                 fields["hosts"] = hosts
             if fields:
                 self.store.update_step(pid, step.name, **fields)
-            if stopping and state not in ("stopping",):
+            if stopping and state != STOPPING:
                 try:
                     self.jm.stop(job_id, wait=False)
                 except Exception as e:
                     log.info("pipeline %s: stopping %s: %s", pid, job_id, e)
             return
-        if state == "succeeded":
+        if state == SUCCEEDED:
             self.store.update_step(pid, step.name, state="finishing", hosts=hosts)
             self._finish(pid, spec, step, {**row, "state": "finishing", "hosts": hosts}, stopping)
-        elif state == "stopped" or stopping:
-            self._end_step(pid, step.name, "stopped",
+        elif state == STOPPED or stopping:
+            self._end_step(pid, step.name, STOPPED,
                            reason="the pipeline was stopped" if stopping else "its job was stopped")
         else:
             self._attempt_failed(pid, step, rec.get("cause") or {"message": f"its job {state}"}, row)
@@ -577,24 +589,24 @@ class PipelineRunner:
             detail = self.sweeps.detail(row["sweep_id"])
         except SweepError:  # recorded, never made: make it now
             if stopping:
-                self._end_step(pid, step.name, "stopped", reason="the pipeline was stopped")
+                self._end_step(pid, step.name, STOPPED, reason="the pipeline was stopped")
                 return
             rows = {r["name"]: r for r in self.store.steps(pid)}
             self.sweeps.create(self._step_job(pid, step, rows, int(row["attempt"] or 1)), sweep_id=row["sweep_id"])
             return
         st = detail.row.state
-        if st not in ("completed", "stopped", "failed"):
-            if stopping and st == "running":
+        if st not in SWEEP_FINAL:
+            if stopping and st == RUNNING:
                 self.sweeps.stop(row["sweep_id"])
-            if row["state"] != "running":
-                self.store.update_step(pid, step.name, state="running")
+            if row["state"] != RUNNING:
+                self.store.update_step(pid, step.name, state=RUNNING)
             return
         best = detail.best()
         if st == "completed" and best is not None:
             self.store.update_step(pid, step.name, state="finishing", job_id=best.job_id)
             self._finish(pid, None, step, {**row, "state": "finishing", "job_id": best.job_id}, stopping)
-        elif st == "stopped" or stopping:
-            self._end_step(pid, step.name, "stopped", reason="its sweep was stopped")
+        elif st == STOPPED or stopping:
+            self._end_step(pid, step.name, STOPPED, reason="its sweep was stopped")
         else:
             self._attempt_failed(pid, step, {"message": f"its sweep {detail.row.sweep_id} {st} with no "
                                              f"completed trial"
@@ -616,7 +628,7 @@ class PipelineRunner:
             why += f" (not retried: a {kind.replace('_', ' ')} failure is not in retries.on)"
         elif step.retries.max_attempts > 1:
             why += f" (attempt {attempt} of {step.retries.max_attempts})"
-        self._end_step(pid, step.name, "failed", reason=why)
+        self._end_step(pid, step.name, FAILED, reason=why)
 
     # -- a succeeded step: artifacts and metrics ------------------------------------------------
 
@@ -652,14 +664,14 @@ class PipelineRunner:
         try:
             artifacts, metrics, hosts = fut.result()
         except Exception as e:
-            self._end_step(pid, step.name, "failed", reason=f"its artifacts could not be packed: {e}")
+            self._end_step(pid, step.name, FAILED, reason=f"its artifacts could not be packed: {e}")
             return
         if row.get("sweep_id"):
             detail = self.sweeps.detail(row["sweep_id"])
             best = detail.best()
             if best is not None:
                 metrics = {**metrics, detail.row.metric: best.value, "params": dict(best.params)}
-        self._end_step(pid, step.name, "succeeded", artifacts=artifacts, metrics=metrics, hosts=hosts, reason=None)
+        self._end_step(pid, step.name, SUCCEEDED, artifacts=artifacts, metrics=metrics, hosts=hosts, reason=None)
         current = self._row(pid, step.name)
         if current.get("cache_key"):
             self.store.cache_put(current["cache_key"], pid, step.name, row["job_id"], metrics, artifacts, hosts)
@@ -690,7 +702,7 @@ class PipelineRunner:
             p = self.store.find(ref)
             if p["state"] in PIPELINE_FINAL:
                 return self.detail(p["pipeline_id"])
-            self.store.update(p["pipeline_id"], state="stopping", reason="stopped by the user")
+            self.store.update(p["pipeline_id"], state=STOPPING, reason="stopped by the user")
             for r in self.store.steps(p["pipeline_id"]):
                 if r["state"] in STEP_FINAL:
                     continue
@@ -720,22 +732,22 @@ class PipelineRunner:
             if name not in rows:
                 raise PipelineError(f"pipeline {pid} has no step {name!r} (its steps: {', '.join(rows)})")
             row = rows[name]
-            if row["state"] not in ("failed", "stopped"):
+            if row["state"] not in (FAILED, STOPPED):
                 raise PipelineError(f"step {name} is {row['state']}: only a failed or stopped step can be retried")
-            if p["state"] == "stopping":
+            if p["state"] == STOPPING:
                 raise PipelineError(f"pipeline {pid} is stopping; retry it once it has stopped")
             again = {name}
             for s in spec.steps:  # in dependency order: a skip caused by a step run again goes too
                 r = rows[s.name]
                 if s.name in again:
                     continue
-                if r["state"] in ("skipped", "stopped") and any(d in again for d in s.depends_on) \
-                        and (r["state"] == "stopped" or (r["reason"] or "").startswith("needs ")):
+                if r["state"] in ("skipped", STOPPED) and any(d in again for d in s.depends_on) \
+                        and (r["state"] == STOPPED or (r["reason"] or "").startswith("needs ")):
                     again.add(s.name)
             for n in again:
-                self.store.update_step(pid, n, state="pending", attempt=0, job_id=None,
+                self.store.update_step(pid, n, state=PENDING, attempt=0, job_id=None,
                                        sweep_id=None, started=None, ended=None, reason=None, retry_at=None)
-            self.store.update(pid, state="running", ended=None, reason=None)
+            self.store.update(pid, state=RUNNING, ended=None, reason=None)
         self.tick()
         return self.detail(pid)
 
@@ -773,13 +785,13 @@ class PipelineRunner:
 
     @staticmethod
     def _pipeline_row(p: dict[str, Any], rows: list[dict[str, Any]]) -> PipelineRow:
-        count = {k: sum(1 for r in rows if r["state"] == k) for k in ("succeeded", "cached", "failed", "skipped")}
+        count = {k: sum(1 for r in rows if r["state"] == k) for k in (SUCCEEDED, "cached", FAILED, "skipped")}
         spec_path = (p.get("spec") or {}).get("path")
         return PipelineRow(
             pipeline_id=p["pipeline_id"], name=p["name"], state=p["state"], created=p["created"],
-            ended=p.get("ended"), reason=p.get("reason"), steps=len(rows), succeeded=count["succeeded"],
-            cached=count["cached"], failed=count["failed"], skipped=count["skipped"],
-            running=sum(1 for r in rows if r["state"] not in STEP_FINAL and r["state"] != "pending"),
+            ended=p.get("ended"), reason=p.get("reason"), steps=len(rows), succeeded=count[SUCCEEDED],
+            cached=count["cached"], failed=count[FAILED], skipped=count["skipped"],
+            running=sum(1 for r in rows if r["state"] not in STEP_FINAL and r["state"] != PENDING),
             path=spec_path)
 
     def close(self) -> None:

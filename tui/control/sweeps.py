@@ -42,7 +42,17 @@ from typing import Any
 
 from tui.control.rowstore import RowStore
 from tui.model.jobspec import JobSpec
-from tui.model.jobstate import TERMINAL
+from tui.model.jobstate import (
+    FAILED,
+    PENDING,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    STOPPED,
+    STOPPING,
+    SUCCEEDED,
+    TERMINAL,
+)
 from tui.model.metrics import merge_objective_values, objective_values
 from tui.model.sweepspec import SweepSpec, grid_points
 from tui.model.sweepview import (
@@ -173,9 +183,9 @@ class SweepStore(RowStore):
         super().__init__(path, SCHEMA)
 
     def create(self, sweep_id: str, name: str, spec: dict[str, Any]) -> None:
-        self._exec("INSERT INTO sweeps (sweep_id, name, spec, state, created) VALUES (?, ?, ?, 'running', ?)",
-                   (sweep_id, name, json.dumps(spec), time.time()))
-        self._announce(sweep_id, "running")
+        self._exec("INSERT INTO sweeps (sweep_id, name, spec, state, created) VALUES (?, ?, ?, ?, ?)",
+                   (sweep_id, name, json.dumps(spec), RUNNING, time.time()))
+        self._announce(sweep_id, RUNNING)
 
     def trials(self, sweep_id: str) -> list[dict[str, Any]]:
         rows = self._rows("SELECT * FROM sweep_trials WHERE sweep_id = ? ORDER BY number", (sweep_id,))
@@ -331,7 +341,7 @@ class SweepRunner:
             self._adopt_orphans(sweep_id, spec, study, trials)
             self._adopted[sweep_id] = time.monotonic()
             trials = self.store.trials(sweep_id)
-        stopping = sweep["state"] == "stopping"
+        stopping = sweep["state"] == STOPPING
         over_time = sw.max_runtime_s is not None and time.time() - sweep["created"] > sw.max_runtime_s
         if over_time and not stopping:
             self._stop_all(sweep_id, trials, f"max_runtime of {sw.max_runtime_s}s reached")
@@ -358,7 +368,7 @@ class SweepRunner:
         if open_trials:
             return
         if stopping:
-            self.store.update(sweep_id, state="stopped", ended=time.time())
+            self.store.update(sweep_id, state=STOPPED, ended=time.time())
         elif len(trials) >= sw.max_trials:
             self.store.update(sweep_id, state="completed", ended=time.time(), reason=None)
 
@@ -432,7 +442,7 @@ class SweepRunner:
                 if sw.max_parallel is not None and len(live) >= sw.max_parallel:
                     break
                 # The rows carry their jobs' states as this round's look found them.
-                if any(t["state"] == "queued" for t in live):
+                if any(t["state"] == QUEUED for t in live):
                     break  # one waits in the queue already: as many run as fit
                 ready = sorted((t for t in trials if t["state"] == READY), key=lambda t: int(t["number"]))
                 if ready:
@@ -479,10 +489,10 @@ class SweepRunner:
             try:
                 self.queue.submit(trial_spec, queue=True, job_id=t["job_id"], look=False)
             except (PlacementError, JobError) as e:
-                self._finish(sweep_id, t, "failed", error=f"could not start: {e}")
+                self._finish(sweep_id, t, FAILED, error=f"could not start: {e}")
                 return
         rec = self.jm.history.get(t["job_id"]) or {}
-        self.store.update_trial(sweep_id, int(t["number"]), state=rec.get("state") or "queued",
+        self.store.update_trial(sweep_id, int(t["number"]), state=rec.get("state") or QUEUED,
                                 started=rec.get("started") or rec.get("created") or time.time())
 
     def _job_state(self, t: dict[str, Any]) -> str | None:
@@ -496,13 +506,13 @@ class SweepRunner:
         assert sw is not None
         if t["state"] == READY:  # asked ahead: it waits for a free slot (``_ask``)
             if stopping:
-                self._finish(sweep_id, t, "stopped", study=study, error="the sweep was stopped")
+                self._finish(sweep_id, t, STOPPED, study=study, error="the sweep was stopped")
             return
         rec = self.jm.history.get(t["job_id"])
         number = int(t["number"])
         if rec is None:
             if stopping:
-                self._finish(sweep_id, t, "stopped", study=study, error="the sweep was stopped")
+                self._finish(sweep_id, t, STOPPED, study=study, error="the sweep was stopped")
             else:
                 self._submit(sweep_id, spec, t)
             return
@@ -520,7 +530,7 @@ class SweepRunner:
                 fields["state"] = state
             if fields:
                 self.store.update_trial(sweep_id, number, **fields)
-            if pruning and t["state"] != "pruning" and state in ("running", "starting") and curve and not stopping:
+            if pruning and t["state"] != "pruning" and state in (RUNNING, STARTING) and curve and not stopping:
                 if self._trial(study, t).should_prune():
                     step = curve[-1][0]
                     self.store.update_trial(sweep_id, number, state="pruning", pruned_step=step)
@@ -545,12 +555,12 @@ class SweepRunner:
             self.store.update_trial(sweep_id, number, **fields)
         if t["state"] == "pruning":
             self._finish(sweep_id, t, "pruned", study=study)
-        elif state == "succeeded":
+        elif state == SUCCEEDED:
             if not curve:
-                self._finish(sweep_id, t, "failed", study=study, error=f"metric {sw.metric} never reported")
+                self._finish(sweep_id, t, FAILED, study=study, error=f"metric {sw.metric} never reported")
             else:
                 self._finish(sweep_id, t, "completed", study=study, value=curve[-1][1][2])
-        elif state == "failed" and infrastructure_failure(rec.get("cause")) \
+        elif state == FAILED and infrastructure_failure(rec.get("cause")) \
                 and int(t.get("attempt") or 1) <= sw.retries and not stopping:
             job_id = f"{spec.name[:48]}-t{number}-{uuid.uuid4().hex[:6]}"
             attempt = int(t.get("attempt") or 1) + 1
@@ -563,7 +573,7 @@ class SweepRunner:
             from tui.model.jobstate import describe_cause
 
             why = describe_cause(rec["cause"]) if rec.get("cause") else f"its job {state}"
-            self._finish(sweep_id, t, "failed" if state == "failed" else "stopped", study=study, error=why)
+            self._finish(sweep_id, t, FAILED if state == FAILED else STOPPED, study=study, error=why)
 
     def _curve_fields(self, t: dict[str, Any], curve: list[tuple[int, tuple[int, int, float]]],
                       goal: str) -> dict[str, Any]:
@@ -654,7 +664,7 @@ class SweepRunner:
         return self.detail(sweep["sweep_id"])
 
     def _stop_all(self, sweep_id: str, trials: list[dict[str, Any]], reason: str) -> None:
-        self.store.update(sweep_id, state="stopping", reason=reason)
+        self.store.update(sweep_id, state=STOPPING, reason=reason)
         for t in trials:
             if t["state"] in TRIAL_FINAL:
                 continue
@@ -671,7 +681,7 @@ class SweepRunner:
             if int(t["number"]) == number:
                 if t["state"] == READY:  # asked ahead, never started: it ends here
                     with self._lock:
-                        self._finish(sweep["sweep_id"], t, "stopped", error="stopped by the user")
+                        self._finish(sweep["sweep_id"], t, STOPPED, error="stopped by the user")
                 elif t["state"] not in TRIAL_FINAL:
                     self.jm.stop(t["job_id"], wait=False)
                 return self.detail(sweep["sweep_id"])
@@ -695,16 +705,16 @@ class SweepRunner:
         sw = SweepSpec.from_dict(s["spec"]["sweep"])
         done = [t for t in trials if t["state"] == "completed" and t["value"] is not None]
         best = sorted_trials([self._trial_row(t, ()) for t in done], sw.goal)
-        count = {k: sum(1 for t in trials if t["state"] == k) for k in ("completed", "pruned", "failed")}
+        count = {k: sum(1 for t in trials if t["state"] == k) for k in ("completed", "pruned", FAILED)}
         return SweepRow(
             sweep_id=s["sweep_id"], name=s["name"], state=s["state"], strategy=sw.strategy, pruner=sw.pruner,
             metric=sw.metric, goal=sw.goal, max_trials=sw.max_trials, created=s["created"], ended=s["ended"],
             reason=s["reason"], trials=len(trials),
-            running=sum(1 for t in trials if t["state"] in ("starting", "running", "pending", "pruning",
-                                                            "stopping")),
-            queued=sum(1 for t in trials if t["state"] in ("queued", "submitting", READY)),
-            completed=count["completed"], pruned=count["pruned"], failed=count["failed"] + sum(
-                1 for t in trials if t["state"] == "stopped"),
+            running=sum(1 for t in trials if t["state"] in (STARTING, RUNNING, PENDING, "pruning",
+                                                            STOPPING)),
+            queued=sum(1 for t in trials if t["state"] in (QUEUED, "submitting", READY)),
+            completed=count["completed"], pruned=count["pruned"], failed=count[FAILED] + sum(
+                1 for t in trials if t["state"] == STOPPED),
             best_trial=best[0].number if best else None, best_value=best[0].value if best else None,
         )
 

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from tui.model.fields import Bad, Check, boolean, checked, int_range, number
 from tui.model.inventory import InventoryError
-from tui.model.jobstate import describe_cause
+from tui.model.jobstate import FAILED, QUEUED, RUNNING, STOPPED, SUCCEEDED, describe_cause
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -63,13 +63,12 @@ DEFAULT_ON = ("failed", "succeeded")
 # The things that change state.
 KINDS = ("job", "sweep", "pipeline")
 
-# A recorded state -> the event its arrival is (states not here are no event).
-_JOB_EVENTS = {"queued": "queued", "running": "started", "succeeded": "succeeded",
-               "failed": "failed", "stopped": "stopped"}
-_SWEEP_EVENTS = {"running": "started", "completed": "succeeded", "failed": "failed",
-                 "stopped": "stopped"}
-_PIPELINE_EVENTS = {"running": "started", "succeeded": "succeeded", "failed": "failed",
-                    "stopped": "stopped"}
+# A recorded state -> the event its arrival is (states not here are no event). The keys are
+# states (jobstate's; a sweep's "completed" is its own), the values events (EVENTS).
+_JOB_EVENTS = {QUEUED: "queued", RUNNING: "started", SUCCEEDED: "succeeded", FAILED: "failed",
+               STOPPED: "stopped"}
+_SWEEP_EVENTS = {RUNNING: "started", "completed": "succeeded", FAILED: "failed", STOPPED: "stopped"}
+_PIPELINE_EVENTS = {RUNNING: "started", SUCCEEDED: "succeeded", FAILED: "failed", STOPPED: "stopped"}
 
 
 class ConfigError(InventoryError):
