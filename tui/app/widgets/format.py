@@ -1,4 +1,5 @@
-"""Cell rendering shared by the panels: bars, levels, sparklines, durations and sizes.
+"""Cell rendering shared by the panels: bars, levels, sparklines, and styled durations, sizes and
+marks (their plain text is ``tui.model.textformat``'s, which the CLI prints too).
 
 Colours are never named here. A ``Palette`` maps level names to Rich styles that a widget reads
 from its component classes, which the stylesheet sets from theme variables (``$success``,
