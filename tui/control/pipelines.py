@@ -45,7 +45,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from tui.control.rowstore import RowStore
+from tui.control.rowstore import RowStore, records_table
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import (
     FAILED,
@@ -73,18 +73,7 @@ from tui.model.sweepview import SWEEP_FINAL
 log = logging.getLogger(__name__)
 
 PACK_TIMEOUT_S = 3600.0
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS pipelines (
-    pipeline_id TEXT PRIMARY KEY,
-    name        TEXT NOT NULL,
-    spec        TEXT NOT NULL,
-    state       TEXT NOT NULL,
-    created     REAL NOT NULL,
-    ended       REAL,
-    reason      TEXT,
-    supervisor  TEXT,
-    lease_until REAL
-);
+SCHEMA = records_table("pipelines", "pipeline_id") + """
 CREATE TABLE IF NOT EXISTS pipeline_steps (
     pipeline_id TEXT NOT NULL,
     name        TEXT NOT NULL,

@@ -20,6 +20,22 @@ log = logging.getLogger(__name__)
 LEASE_S = 10.0
 
 
+def records_table(table: str, key: str) -> str:
+    """The CREATE TABLE of one kind's records: the columns ``RowStore`` reads and writes."""
+    return f"""
+CREATE TABLE IF NOT EXISTS {table} (
+    {key:<11} TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    spec        TEXT NOT NULL,
+    state       TEXT NOT NULL,
+    created     REAL NOT NULL,
+    ended       REAL,
+    reason      TEXT,
+    supervisor  TEXT,
+    lease_until REAL
+);"""
+
+
 class RowStore:
     """One kind's rows. Subclasses set ``noun`` ("sweep", "pipeline"), ``table`` and ``error``
     (the exception a bad reference raises)."""

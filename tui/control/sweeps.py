@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tui.control.rowstore import RowStore
+from tui.control.rowstore import RowStore, records_table
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import (
     FAILED,
@@ -72,18 +72,7 @@ SUBMIT_WORKERS = 16
 READY = "ready"  # a trial asked ahead of its slot (random and grid sweeps); not yet a job
 INDEPENDENT = ("random", "grid")  # strategies whose proposals do not depend on any result
 ADOPT_EVERY_S = 30.0
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS sweeps (
-    sweep_id    TEXT PRIMARY KEY,
-    name        TEXT NOT NULL,
-    spec        TEXT NOT NULL,
-    state       TEXT NOT NULL,
-    created     REAL NOT NULL,
-    ended       REAL,
-    reason      TEXT,
-    supervisor  TEXT,
-    lease_until REAL
-);
+SCHEMA = records_table("sweeps", "sweep_id") + """
 CREATE TABLE IF NOT EXISTS sweep_trials (
     sweep_id    TEXT NOT NULL,
     number      INTEGER NOT NULL,
