@@ -290,18 +290,18 @@ def node_env(plan: Dict[str, Any], node_index: int, job_dir: str,
     own = shape.own_env(plan, node_index, job_dir)
     if own is not None:
         return own
-    traits = kinds.traits_of(plan)
+    every = [shape] + kinds.traits_of(plan)
     job_dir = os.path.abspath(job_dir)
     layout = shape.layout(plan, node_index, job_dir)
     tree = _make_tree(layout.files_dir, job_dir)
     ckpt_dir, ckpt_owner = _checkpoints(plan, tree)
-    for kind in [shape] + traits:
+    for kind in every:
         kind.prepare(plan, node_index, ckpt_dir)
     env = _sagemaker_env(plan, node_index, iface, layout, tree)
     env.update(_rigdeck_env(plan, node_index, job_dir, tree, ckpt_dir, ckpt_owner))
-    for kind in [shape] + traits:
+    for kind in every:
         env.update(kind.node_env(plan, node_index, layout))
-    env.update(_vertex_env(plan, layout, traits, tree, ckpt_dir))
+    env.update(_vertex_env(plan, layout, every, tree, ckpt_dir))
     env.update(_torch_env(plan, node_index, shape, iface))
     # the user's own table on top (the job id is the tag that finds its processes: never theirs)
     env.update(user_env(shape.user_table(plan, _node(plan, node_index))))
@@ -513,14 +513,14 @@ def _rigdeck_env(plan: Dict[str, Any], node_index: int, job_dir: str, tree: _Tre
     }
 
 
-def _vertex_env(plan: Dict[str, Any], layout: Layout, traits: List[Kind], tree: _Tree,
+def _vertex_env(plan: Dict[str, Any], layout: Layout, every: List[Kind], tree: _Tree,
                 ckpt_dir: str) -> Dict[str, str]:
     """CLUSTER_SPEC, TF_CONFIG (when the layout has one), AIP_* and cloudml-hypertune's file."""
 
     def task(kind_index: Tuple[str, int]) -> Dict[str, Any]:
         out = {"type": kind_index[0], "index": kind_index[1]}  # type: Dict[str, Any]
-        for trait in traits:
-            out.update(trait.vertex_task(plan))
+        for kind in every:
+            out.update(kind.vertex_task(plan))
         return out
 
     # A small CustomJobSpec-like description of the job (Vertex puts the job's spec here).
