@@ -215,6 +215,10 @@ class Inventory:
 # converted one, or raises Bad.
 
 
+# A TCP port, wherever one is written: the port field, host:port, a jump host, the ssh config's Port.
+_port = int_range(1, 65535)
+
+
 class _Address(NamedTuple):
     host: str
     port: int | None  # the port written in the address ("h5:2222"), if any
@@ -246,7 +250,7 @@ def _split_address(v: str) -> _Address:
         raise Bad(_ADDRESS_EXPECTED, got=v)
     if port_text is None:
         return _Address(host, None)
-    if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 1 <= int(port_text) <= 65535:
+    if not re.fullmatch(r"[0-9]{1,5}", port_text) or not valid(_port, int(port_text)):
         raise Bad("a port 1..65535 after the ':' of host:port", got=v)
     return _Address(host, int(port_text))
 
@@ -322,7 +326,7 @@ def _parse_jump(element: str) -> _Jump:
     port = None
     if m["port"] is not None:
         port = int(m["port"])
-        if not 1 <= port <= 65535:
+        if not valid(_port, port):
             raise Bad(f"a jump host port 1..65535 in {_JUMP_EXPECTED}", got=element)
     return _Jump(m["user"], m["v6"] or m["host"], port)
 
@@ -344,7 +348,7 @@ MAX_SLOTS = 4096
 _SLOTS_EXPECTED = f"an integer 1..{MAX_SLOTS}"
 
 _COMMON_FIELDS: dict[str, Check] = {
-    "port": Check("an integer 1..65535", int_range(1, 65535)),
+    "port": Check("an integer 1..65535", _port),
     "user": Check("a user name (a string without spaces)", token),
     "identity_file": Check("a path or a list of paths (strings)", _paths),
     "python": Check("a Python interpreter command or path (a string)", nonblank),

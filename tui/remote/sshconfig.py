@@ -26,7 +26,7 @@ else:  # Python 3.10
     import tomli as tomllib
 
 from tui.model import tomlwrite
-from tui.model.fields import Bad
+from tui.model.fields import Bad, valid
 from tui.model.inventory import (  # noqa: F401  (the loader works with the model's private checks)
     _ADDRESS_EXPECTED,
     _DEFAULT_FIELDS,
@@ -50,6 +50,7 @@ from tui.model.inventory import (  # noqa: F401  (the loader works with the mode
     _local_user,
     _looks_like_hostfile,
     _parse_jump,
+    _port,
     _proxy_jump,
     _read,
     _sanitize,
@@ -112,7 +113,7 @@ class _SshConfig:
             port = int(value)
         except ValueError:
             port = 0
-        if not 1 <= port <= 65535:
+        if not valid(_port, port):
             raise InventoryError(self.path, host, "Port", "an integer 1..65535", value)
         return port
 
