@@ -131,3 +131,60 @@ def test_the_agent_tells_each_ranks_newest_step_and_the_attempt_that_wrote_it(tm
     assert _last_step(str(path), marks, max_bytes=len(more) + 10)["step"] == 30  # type: ignore[index]
     assert _last_step(str(path), marks, max_bytes=len(more) - 10) is None  # only a cut step record
     assert _last_step(str(tmp_path / "none.jsonl"), marks) is None
+
+
+def test_the_healer_finds_each_fault_that_leaves_the_processes_alive(tmp_path: Path) -> None:
+    from tui.control.healing import Healer
+    from tui.remote.transport import TransportError
+
+    h = History(tmp_path / "h.sqlite")
+    healer = Healer(h)
+    rec = {"job_id": "j1", "restarts": 0, "placement": [{"host": "h1", "gpus": [0, 1]}, {"host": "h2", "gpus": [0]}],
+           "spec": {"health": {"hang_timeout": 20, "startup_timeout": 60, "host_timeout": 30, "on_nan": "restart"}}}
+
+    def states(step: float | None, *, loss: float = 0.5, attempt: int = 0, h1_gpus: list | None = None,
+               h2: object = None) -> dict:
+        prog = {} if step is None else {"0": {"step": step, "loss": loss, "attempt": attempt}}
+        return {"h1": {"state": "running", "progress": prog, "gpu_health": h1_gpus or []},
+                "h2": h2 if h2 is not None else {"state": "running", "progress": {}, "gpu_health": []}}
+
+    assert healer.look(rec, states(None), now=0) is None
+    assert healer.look(rec, states(5), now=10) is None
+    # a GPU the job does not use may fail: not this job's fault; one it uses is
+    other = [{"index": 3, "health": "unhealthy", "reason": "XID 79: GPU has fallen off the bus"}]
+    assert healer.look(rec, states(6, h1_gpus=other), now=11) is None
+    mine = [{"index": 1, "health": "unhealthy", "reason": "XID 79: GPU has fallen off the bus", "simulated": True}]
+    f = healer.look(rec, states(7, h1_gpus=mine), now=12)
+    assert f is not None and (f.kind, f.host, f.gpu) == ("gpu", "h1", 1)
+    assert f.message == "h1 GPU 1 (simulated): XID 79: GPU has fallen off the bus"
+    # a host out of reach: a fault only after host_timeout
+    gone = TransportError("h2", "connection refused")
+    assert healer.look(rec, states(8, h2=gone), now=20) is None
+    f = healer.look(rec, states(8, h2=gone), now=50)
+    assert f is not None and f.kind == "host" and f.host == "h2" and f.message.startswith("h2 unreachable for 30 s")
+    # no step for hang_timeout
+    assert healer.look(rec, states(9), now=60) is None
+    assert healer.look(rec, states(9), now=79) is None
+    f = healer.look(rec, states(9), now=80)
+    assert f is not None and f.kind == "hang" and f.last_step == 9 and f.restart
+    # the incident's cost is known when the next attempt takes its first step
+    seq = healer.record("j1", f, attempt=0, stopped_at=75.0)
+    assert healer.look({**rec, "restarts": 1}, states(9, attempt=0), now=80) is None  # the old attempt's step
+    healer.look({**rec, "restarts": 1}, states(7, attempt=1), now=90)
+    (inc,) = h.incidents("j1")
+    assert seq == 0 and inc["kind"] == "hang" and inc["resume_s"] == 15.0 and inc["steps_rerun"] == 3
+    # NaN at every rank three reports in a row, counted from the first bad step
+    rec1 = {**rec, "restarts": 1}
+    for now, step in ((91, 8), (92, 9), (93, 10)):
+        got = healer.look(rec1, states(step, loss=float("nan"), attempt=1), now=now)
+    assert got is not None and got.kind == "nan" and got.last_step == 8 and got.restart
+    assert "since step 8" in got.message
+    # an operator's drain --now of a GPU the job runs on moves it; a plain drain does not
+    h.drain("h2", 0, "fan", "ann")
+    healer.drains_read = 0
+    assert healer.look(rec1, states(11, attempt=1), now=94) is None
+    h.drain("h2", 0, "fan", "ann", now=True)
+    healer.drains_read = 0
+    f = healer.look(rec1, states(12, attempt=1), now=95)
+    assert f is not None and (f.kind, f.message) == ("drain", "h2:0 drained by ann (fan)")
+    h.close()

@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS drains (
     who         TEXT NOT NULL,
     at          REAL NOT NULL,
     source      TEXT NOT NULL,     -- operator | health
+    now         INTEGER NOT NULL DEFAULT 0,  -- also move the jobs running there
     PRIMARY KEY (host, gpu)
 );
 CREATE TABLE IF NOT EXISTS incidents (
@@ -288,13 +289,18 @@ class History:
 
     # -- drains: GPUs and hosts kept out of placement (they outlive the controller) -------------
 
-    def drain(self, host: str, gpu: int | None, reason: str, who: str, source: str = "operator") -> bool:
-        """Keep ``host:gpu`` (``gpu`` None: the whole host) out of placement. False when it was
-        drained already (the first drain's who, when and why are kept)."""
+    def drain(self, host: str, gpu: int | None, reason: str, who: str, source: str = "operator",
+              now: bool = False) -> bool:
+        """Keep ``host:gpu`` (``gpu`` None: the whole host) out of placement; ``now``: move the jobs
+        running there too. False when it was drained already (the first drain's who, when and why
+        are kept; a ``now`` is added to it)."""
         with self._lock, self._db:
             cur = self._db.execute(
-                "INSERT OR IGNORE INTO drains (host, gpu, reason, who, at, source) VALUES (?, ?, ?, ?, ?, ?)",
-                (host, -1 if gpu is None else int(gpu), reason, who, time.time(), source))
+                "INSERT OR IGNORE INTO drains (host, gpu, reason, who, at, source, now) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (host, -1 if gpu is None else int(gpu), reason, who, time.time(), source, int(now)))
+            if cur.rowcount == 0 and now:
+                self._db.execute("UPDATE drains SET now = 1 WHERE host = ? AND gpu = ?",
+                                 (host, -1 if gpu is None else int(gpu)))
             return cur.rowcount > 0
 
     def undrain(self, host: str, gpu: int | None) -> list[dict[str, Any]]:
@@ -302,7 +308,7 @@ class History:
         drains removed."""
         with self._lock, self._db:
             where, args = ("host = ?", (host,)) if gpu is None else ("host = ? AND gpu = ?", (host, int(gpu)))
-            rows = self._db.execute(f"SELECT host, gpu, reason, who, at, source FROM drains WHERE {where}",
+            rows = self._db.execute(f"SELECT host, gpu, reason, who, at, source, now FROM drains WHERE {where}",
                                     args).fetchall()
             self._db.execute(f"DELETE FROM drains WHERE {where}", args)
         return [self._drain_row(r) for r in rows]
@@ -310,13 +316,13 @@ class History:
     def drains(self) -> list[dict[str, Any]]:
         with self._lock:
             rows = self._db.execute(
-                "SELECT host, gpu, reason, who, at, source FROM drains ORDER BY host, gpu").fetchall()
+                "SELECT host, gpu, reason, who, at, source, now FROM drains ORDER BY host, gpu").fetchall()
         return [self._drain_row(r) for r in rows]
 
     @staticmethod
     def _drain_row(r: tuple[Any, ...]) -> dict[str, Any]:
         return {"host": r[0], "gpu": None if r[1] < 0 else r[1], "reason": r[2], "who": r[3], "at": r[4],
-                "source": r[5]}
+                "source": r[5], "now": bool(r[6])}
 
     # -- incidents: each failure of a job and what it cost ------------------------------------
 

@@ -28,7 +28,8 @@ class DrainTargetError(ValueError):
 @dataclass(frozen=True)
 class Drain:
     """A GPU (or a whole host: ``gpu`` is None) kept out of placement: who, when and why.
-    ``source`` is "operator" (``rigdeck drain``) or "health" (rigdeck saw it unhealthy)."""
+    ``source`` is "operator" (``rigdeck drain``) or "health" (rigdeck saw it unhealthy); a health
+    drain moves the job that ran there, an operator's only with ``now``."""
 
     host: str
     gpu: int | None
@@ -36,6 +37,7 @@ class Drain:
     who: str
     at: float
     source: str = "operator"
+    now: bool = False  # also move the jobs running there (``rigdeck drain --now``)
 
     @property
     def target(self) -> str:
@@ -46,13 +48,14 @@ class Drain:
 
     def to_dict(self) -> dict[str, Any]:
         return {"host": self.host, "gpu": self.gpu, "target": self.target, "reason": self.reason,
-                "who": self.who, "at": self.at, "source": self.source}
+                "who": self.who, "at": self.at, "source": self.source, "now": self.now}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Drain:
         gpu = d.get("gpu")
         return cls(str(d["host"]), None if gpu is None or int(gpu) < 0 else int(gpu), str(d.get("reason") or ""),
-                   str(d.get("who") or ""), float(d.get("at") or 0.0), str(d.get("source") or "operator"))
+                   str(d.get("who") or ""), float(d.get("at") or 0.0), str(d.get("source") or "operator"),
+                   bool(d.get("now")))
 
 
 def parse_target(text: str, hosts: Sequence[str] | None = None) -> tuple[str, int | None]:

@@ -1,0 +1,237 @@
+"""The controller's healer: finds what leaves every process of a job alive and the job going nowhere
+(a hang, a failing GPU, a host gone, a loss turned NaN), records what it cost, and hands the
+job to the gang rules to be stopped and resumed on healthy hardware.
+
+The supervisor (``JobManager.supervise_once``) calls ``look`` at each poll of a running job with
+what its hosts said (``job_status``: ``progress``, ``gpu_health``); a ``Fault`` it returns is
+acted on by ``JobManager`` through ``heal``. The rules themselves (when a job is hung, goodput)
+are in tui/model/health.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tui.model.health import (
+    UNHEALTHY,
+    Drain,
+    HealthSpec,
+    Incident,
+    ProgressWatch,
+    bad_loss,
+)
+
+if TYPE_CHECKING:
+    from tui.control.history import History
+
+log = logging.getLogger(__name__)
+
+NAN_RUN = 3  # reports in a row whose loss is NaN or inf at every reporting rank
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Why a running job must be stopped now. ``restart``: whether its spec lets a restart follow
+    (a hang with ``on_hang = "fail"`` or a NaN with ``on_nan = "fail"`` does not)."""
+
+    kind: str  # hang | gpu | host | nan | drain
+    message: str
+    host: str | None = None
+    gpu: int | None = None
+    rank: int | None = None
+    last_step: float | None = None
+    detect_s: float | None = None
+    restart: bool = True
+
+    def cause(self) -> dict[str, Any]:
+        c: dict[str, Any] = {"message": self.message, "kind": self.kind}
+        for k in ("host", "gpu", "rank", "last_step"):
+            if getattr(self, k) is not None:
+                c[k] = getattr(self, k)
+        return c
+
+
+def job_gpus(rec: Mapping[str, Any]) -> dict[str, set[int]]:
+    """Each host of the job's placement and the GPUs it holds there."""
+    out: dict[str, set[int]] = {}
+    for n in rec.get("placement") or []:
+        out.setdefault(str(n["host"]), set()).update(int(g) for g in n.get("gpus") or [])
+    return out
+
+
+@dataclass
+class _Pending:
+    """An incident whose cost is not known until the next attempt takes its first step."""
+
+    seq: int
+    stopped_at: float
+    attempt: int
+    last_step: float | None
+
+
+@dataclass
+class Healer:
+    history: History
+    watch: ProgressWatch = field(default_factory=ProgressWatch)
+    unreachable: dict[tuple[str, str], float] = field(default_factory=dict)  # (job, host) -> since
+    bad: dict[str, list[float]] = field(default_factory=dict)  # job -> steps seen with every loss bad
+    seen_steps: dict[str, float] = field(default_factory=dict)  # job -> the newest step the guard read
+    pending: dict[str, _Pending] = field(default_factory=dict)
+    drains: list[Drain] = field(default_factory=list)
+    drains_read: float = 0.0
+
+    # -- looking --------------------------------------------------------------------------------
+
+    def current_drains(self, max_age: float = 2.0) -> list[Drain]:
+        """The history's drains, read again at most every ``max_age`` s (another controller, or
+        the server, may drain too)."""
+        now = time.monotonic()
+        if now - self.drains_read > max_age:
+            self.drains = [Drain.from_dict(d) for d in self.history.drains()]
+            self.drains_read = now
+        return self.drains
+
+    def look(self, rec: Mapping[str, Any], states: Mapping[str, Any], now: float | None = None) -> Fault | None:
+        """What, if anything, says this running job must be stopped now."""
+        now = time.time() if now is None else now
+        job_id = str(rec["job_id"])
+        spec = HealthSpec.from_dict((rec.get("spec") or {}).get("health"))
+        attempt = int(rec.get("restarts") or 0)
+        progress = [p for st in states.values() if isinstance(st, dict)
+                    for p in (st.get("progress") or {}).values() if int(p.get("attempt") or 0) == attempt]
+        seen = self.watch.observe(job_id, attempt, [_num(p.get("step")) for p in progress], now)
+        self._resumed(job_id, attempt, seen.last_step, now)
+        return (self._gpu_fault(rec, states) or self._drained(rec) or self._host_fault(job_id, states, spec, now)
+                or self._nan_fault(job_id, progress, spec) or self._hang_fault(job_id, spec, now))
+
+    def _gpu_fault(self, rec: Mapping[str, Any], states: Mapping[str, Any]) -> Fault | None:
+        mine = job_gpus(rec)
+        for host, st in states.items():
+            if not isinstance(st, dict):
+                continue
+            for g in st.get("gpu_health") or []:
+                index = g.get("index")
+                if g.get("health") == UNHEALTHY and index in mine.get(host, ()):
+                    what = g.get("reason") or "unhealthy"
+                    sim = " (simulated)" if g.get("simulated") else ""
+                    return Fault("gpu", f"{host} GPU {index}{sim}: {what}", host=host, gpu=int(index))
+        return None
+
+    def _drained(self, rec: Mapping[str, Any]) -> Fault | None:
+        """An operator's ``drain --now`` of a GPU or host the job runs on."""
+        mine = job_gpus(rec)
+        for d in self.current_drains():
+            if not d.now or d.host not in mine:
+                continue
+            if d.gpu is None or d.gpu in mine[d.host]:
+                why = f" ({d.reason})" if d.reason else ""
+                return Fault("drain", f"{d.target} drained by {d.who}{why}", host=d.host, gpu=d.gpu)
+        return None
+
+    def _host_fault(self, job_id: str, states: Mapping[str, Any], spec: HealthSpec, now: float) -> Fault | None:
+        for host, st in states.items():
+            key = (job_id, host)
+            if isinstance(st, dict):
+                self.unreachable.pop(key, None)
+                continue
+            since = self.unreachable.setdefault(key, now)
+            if now - since >= spec.host_timeout:
+                return Fault("host", f"{host} unreachable for {now - since:.0f} s ({st})", host=host,
+                             detect_s=now - since)
+        return None
+
+    def _nan_fault(self, job_id: str, progress: Sequence[Mapping[str, Any]], spec: HealthSpec) -> Fault | None:
+        """A loss that every reporting rank reports as NaN or inf for NAN_RUN reports in a row (the
+        reports this watch reads: each poll's newest step)."""
+        if spec.on_nan == "ignore":
+            return None
+        with_loss = [p for p in progress if p.get("loss") is not None and _num(p.get("step")) is not None]
+        if not with_loss:
+            return None
+        step = max(_num(p.get("step")) or 0.0 for p in with_loss)
+        if step <= self.seen_steps.get(job_id, float("-inf")):
+            return None
+        self.seen_steps[job_id] = step
+        newest = [p for p in with_loss if _num(p.get("step")) == step]
+        run = self.bad.setdefault(job_id, [])
+        if all(bad_loss(p.get("loss")) for p in newest):
+            run.append(step)
+        else:
+            run.clear()
+        if len(run) < NAN_RUN:
+            return None
+        first = run[0]
+        run.clear()
+        return Fault("nan", f"loss is NaN or inf at every reporting rank since step {first:g}", last_step=first,
+                     restart=spec.on_nan == "restart")
+
+    def _hang_fault(self, job_id: str, spec: HealthSpec, now: float) -> Fault | None:
+        hang = self.watch.hang(job_id, spec, now)
+        if hang is None:
+            return None
+        return Fault("hang", hang.message(), last_step=hang.last_step, detect_s=hang.stalled_s,
+                     restart=spec.on_hang != "fail")
+
+    # -- recording ------------------------------------------------------------------------------
+
+    def record(self, job_id: str, fault: Fault, attempt: int, stopped_at: float) -> int:
+        """Keep the incident; its cost is filled in when the next attempt takes its first step."""
+        inc = Incident(kind=fault.kind, detected_at=stopped_at, message=fault.message, host=fault.host,
+                       gpu=fault.gpu, rank=fault.rank, detect_s=fault.detect_s, last_step=fault.last_step,
+                       attempt=attempt)
+        seq = self.history.add_incident(job_id, inc.to_dict())
+        self.pending[job_id] = _Pending(seq, stopped_at, attempt, fault.last_step)
+        self.watch.forget(job_id)
+        self.unreachable = {k: v for k, v in self.unreachable.items() if k[0] != job_id}
+        self.bad.pop(job_id, None)
+        self.seen_steps.pop(job_id, None)
+        return seq
+
+    def _resumed(self, job_id: str, attempt: int, first_step: float | None, now: float) -> None:
+        p = self.pending.get(job_id)
+        if p is None or attempt <= p.attempt or first_step is None:
+            return
+        del self.pending[job_id]
+        rerun = None
+        if p.last_step is not None:
+            rerun = max(0, int(p.last_step - first_step) + 1)
+        self.history.update_incident(job_id, p.seq, resumed_at=now, resume_s=round(now - p.stopped_at, 3),
+                                     steps_rerun=rerun)
+
+    def forget(self, job_id: str) -> None:
+        """The job ended: nothing more to watch (its incidents stay in the history)."""
+        self.watch.forget(job_id)
+        self.pending.pop(job_id, None)
+        self.bad.pop(job_id, None)
+        self.seen_steps.pop(job_id, None)
+        self.unreachable = {k: v for k, v in self.unreachable.items() if k[0] != job_id}
+
+
+def stack_summary(stacks: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    """From each host's ``job_stacks`` answer: a sentence for the cause (the ranks not inside a
+    collective call and where they are; when every rank is inside one, where rank 0 is) and the
+    per-rank rows kept with the incident."""
+    rows: list[dict[str, Any]] = []
+    for host, got in stacks.items():
+        for s in getattr(got, "stacks", ()) or ():
+            rows.append({"host": host, "rank": s.rank, "pid": s.pid, "top": s.top, "in_collective": s.in_collective})
+    rows.sort(key=lambda r: (r["rank"], r["pid"]))
+    if not rows:
+        return "no Python stacks could be taken", rows
+    outside = [r for r in rows if not r["in_collective"]]
+    if outside and len(outside) < len(rows):
+        where = "; ".join(f"rank {r['rank']} at {r['top']}" for r in outside[:4])
+        return f"not in a collective: {where}", rows
+    if not outside:
+        return f"every rank waits in a collective (rank {rows[0]['rank']} at {rows[0]['top']})", rows
+    return f"stacks of {len(rows)} rank(s) in the logs (rank {rows[0]['rank']} at {rows[0]['top']})", rows
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
