@@ -28,6 +28,11 @@ cannot be reached (never guessed, never written to the history).
 
 The agent keeps its own copy of the terminal states (``agent/jobhost.py``): it runs on the hosts
 and never imports ``tui``.
+
+Sweeps and their trials, pipelines and their steps go through the same lifecycle words and use
+these names for them (a trial or a step shows its job's state while the job runs); the states
+only they have (a sweep's ``completed``, a trial's ``pruned``, a step's ``cached`` and
+``skipped``) are named in ``tui.model.sweepview`` and ``tui.model.pipelineview``.
 """
 
 from __future__ import annotations
