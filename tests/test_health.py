@@ -188,3 +188,19 @@ def test_the_healer_finds_each_fault_that_leaves_the_processes_alive(tmp_path: P
     f = healer.look(rec1, states(12, attempt=1), now=95)
     assert f is not None and (f.kind, f.message) == ("drain", "h2:0 drained by ann (fan)")
     h.close()
+
+
+def test_the_health_table_of_a_job_spec_is_checked_and_kept() -> None:
+    from tui.model.jobspec import JobSpec, JobSpecError, jobspec_from_toml
+
+    base = 'name = "t"\ncommand = ["python", "train.py"]\n'
+    assert jobspec_from_toml(base).health == HealthSpec()  # 15 min, 30 min, restart, 60 s, fail
+    spec = jobspec_from_toml(base + '[health]\nhang_timeout = "20s"\nstartup_timeout = 90\non_hang = "fail"\n'
+                             'host_timeout = "2m"\non_nan = "restart"\n')
+    assert spec.health == HealthSpec(20.0, 90.0, "fail", 120.0, "restart")
+    assert JobSpec.from_dict(spec.to_dict()).health == spec.health
+    for bad, field in (('hang_timeout = "-5s"', "health.hang_timeout"), ('on_hang = "retry"', "health.on_hang"),
+                       ("host_timeout = 0", "health.host_timeout"), ("nan = 1", "health.nan")):
+        with pytest.raises(JobSpecError) as e:
+            jobspec_from_toml(base + "[health]\n" + bad + "\n")
+        assert e.value.field == field

@@ -16,7 +16,7 @@ import math
 import os
 import re
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from tui.model.fields import (
     show,
     unknown_field,
 )
+from tui.model.health import HealthSpec
 from tui.model.inventory import NAME_RE as HOST_NAME_RE
 from tui.model.mpspec import ModelParallelSpec, parse_model_parallel
 from tui.model.poolspec import (
@@ -191,6 +192,7 @@ class JobSpec:
     hyperparameters: tuple[tuple[str, Any], ...] = ()
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     restart: RestartSpec = field(default_factory=RestartSpec)
+    health: HealthSpec = field(default_factory=HealthSpec)  # ``[health]``: hangs, lost hosts, NaN
     mpi_custom_options: tuple[str, ...] = ()
     loss_pattern: str | None = None
     log_max_mb: int | None = None  # each rank's log kept on its host, rotated beyond this
@@ -287,6 +289,7 @@ class JobSpec:
                 "max_restarts": self.restart.max_restarts,
                 "on_exit_codes": list(self.restart.on_exit_codes),
             },
+            "health": self.health.to_dict(),
             "mpi": {"custom_options": list(self.mpi_custom_options)},
             "loss_pattern": self.loss_pattern,
             "log_max_mb": self.log_max_mb,
@@ -358,6 +361,7 @@ class JobSpec:
                 max_restarts=int(restart.get("max_restarts", 0)),
                 on_exit_codes=tuple(restart.get("on_exit_codes") or ()),
             ),
+            health=HealthSpec.from_dict(d.get("health")),
             mpi_custom_options=tuple(mpi.get("custom_options") or ()),
             loss_pattern=d.get("loss_pattern"),
             log_max_mb=d.get("log_max_mb"),
@@ -540,6 +544,25 @@ def _max_runtime(v: Any) -> int:
     return int(seconds)
 
 
+def _timeout(v: Any) -> float:
+    try:
+        seconds = parse_duration(v)
+    except ValueError:
+        raise Bad() from None
+    if seconds <= 0:
+        raise Bad()
+    return seconds
+
+
+def _one_of(*choices: str) -> Callable[[Any], str]:
+    def check(v: Any) -> str:
+        if v not in choices:
+            raise Bad()
+        return str(v)
+
+    return check
+
+
 def _grace(v: Any) -> float:
     try:
         return parse_duration(v)
@@ -679,6 +702,15 @@ _TABLES: dict[str, dict[str, Check]] = {
             "a list of exit codes 1..255 (a death by signal N exits with 128+N)", _exit_codes
         ),
     },
+    "health": {
+        "hang_timeout": Check('a duration > 0 without a new step before the job is hung: seconds or a string '
+                              'like "15m", "20s"', _timeout),
+        "startup_timeout": Check('a duration > 0 before the first step: seconds or a string like "30m"', _timeout),
+        "host_timeout": Check('a duration > 0 a host may be out of reach mid-job: seconds or a string like "60s"',
+                              _timeout),
+        "on_hang": Check('"restart" (counted against [restart] max_restarts) or "fail"', _one_of("restart", "fail")),
+        "on_nan": Check('"fail", "restart" or "ignore"', _one_of("fail", "restart", "ignore")),
+    },
     "mpi": {"custom_options": Check("a list of strings", _options)},
     "code": {
         "sync": Check("a directory on this machine: absolute, or relative to the spec file's "
@@ -790,6 +822,7 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
             max_restarts=restart.get("max_restarts", 0),
             on_exit_codes=restart.get("on_exit_codes", ()),
         ),
+        health=HealthSpec.from_dict(tables["health"]),
         mpi_custom_options=tables["mpi"].get("custom_options", ()),
         loss_pattern=tables["log"].get("loss_pattern"),
         log_max_mb=tables["log"].get("max_mb"),
