@@ -180,36 +180,7 @@ class _Resolver:
                 return from_ssh
             return self.defaults.get(key, builtin)
 
-        address_port: int | None = None
-        if "address" in entry:
-            address, address_port = entry["address"]
-            if address_port is not None and entry.get("port", address_port) != address_port:
-                raise InventoryError(
-                    self.path,
-                    name,
-                    "port",
-                    f"no port, or the port the address names ({address_port}), "
-                    f"as address = {raw['address']!r}",
-                    entry["port"],
-                    line=line,
-                )
-        elif transport == "ssh" and self.ssh.has_hostname(alias or name):
-            address = options["hostname"]
-        elif fallback_address is not None:
-            address = fallback_address
-        elif transport == "local":
-            address = "localhost"
-        else:
-            where = f"the ssh config {self.ssh_path}" if self.ssh_path else "an ssh config"
-            raise InventoryError(
-                self.path,
-                name,
-                "address",
-                f"a host name or IP address (required unless {where} has a "
-                f"'Host {alias or name}' block with HostName)",
-                line=line,
-            )
-
+        address, address_port = self._address(raw, entry, options, alias or name, fallback_address, line)
         if "proxy_jump" in entry:
             proxy_jump = entry["proxy_jump"]
         else:
@@ -241,6 +212,42 @@ class _Resolver:
             connect_timeout=pick("connect_timeout", None, 10.0),
             keepalive=pick("keepalive", None, 15.0),
             attach_only=pick("attach_only", None, False),
+        )
+
+    def _address(self, raw: Mapping[str, Any], entry: Mapping[str, Any], options: Mapping[str, Any], alias: str,
+                 fallback_address: str | None, line: int | None) -> tuple[str, int | None]:
+        """Where a host is reached, and the port its address names (None: none named): the
+        entry's address, else the ssh config's HostName, else the fallback (a hostfile's name),
+        else this machine for a local host."""
+        name: str = entry["name"]
+        transport: str = entry.get("transport", "ssh")
+        if "address" in entry:
+            address, address_port = entry["address"]
+            if address_port is not None and entry.get("port", address_port) != address_port:
+                raise InventoryError(
+                    self.path,
+                    name,
+                    "port",
+                    f"no port, or the port the address names ({address_port}), "
+                    f"as address = {raw['address']!r}",
+                    entry["port"],
+                    line=line,
+                )
+            return address, address_port
+        if transport == "ssh" and self.ssh.has_hostname(alias):
+            return options["hostname"], None
+        if fallback_address is not None:
+            return fallback_address, None
+        if transport == "local":
+            return "localhost", None
+        where = f"the ssh config {self.ssh_path}" if self.ssh_path else "an ssh config"
+        raise InventoryError(
+            self.path,
+            name,
+            "address",
+            f"a host name or IP address (required unless {where} has a "
+            f"'Host {alias}' block with HostName)",
+            line=line,
         )
 
     def inventory(self, hosts: list[HostSpec], lines: Sequence[int | None] = (),
