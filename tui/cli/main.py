@@ -28,9 +28,9 @@ from tui.client import (
     load_inventory,
     set_passphrase_prompt,
 )
-from tui.model.codesync import short
 from tui.model.diagnose import Signal
 from tui.model.inventory import Inventory, InventoryError
+from tui.model.jobtext import code_lines, job_lines
 from tui.model.jobview import JobView
 from tui.model.stages import StagesView
 
@@ -252,12 +252,6 @@ def _client(args: argparse.Namespace) -> Any:
     return connect(_load(args), accept_new=getattr(args, "accept_new", False))
 
 
-def _fmt_cause(cause: dict[str, Any] | None) -> str:
-    from tui.client import describe_cause
-
-    return describe_cause(cause, restart_error=False) if cause else "-"
-
-
 def _code_progress() -> Any:
     """A printer of code-sync progress: a line per host at each quarter of what it is sent."""
     from tui.model.textformat import size_bytes
@@ -274,24 +268,6 @@ def _code_progress() -> Any:
             print(f"code → {host}: {size_bytes(done)} of {size_bytes(total)}", file=sys.stderr, flush=True)
 
     return show
-
-
-def code_lines(code: dict[str, Any] | None, events: Sequence[dict[str, Any]]) -> list[str]:
-    """The job's code snapshot and what each host was sent for it (the newest sync)."""
-    from tui.model.textformat import size_bytes
-    if not code or not code.get("tree"):
-        return []
-    lines = [f"code     {short(code['tree'])}: {code.get('files')} files, {size_bytes(code.get('size') or 0)} "
-             f"from {code.get('sync')}"]
-    sync = next((e for e in reversed(events) if e.get("event") == "code"), None)
-    for host, r in sorted((sync or {}).get("hosts", {}).items()):
-        if r.get("had_tree"):
-            lines.append(f"         {host}: had it, sent nothing")
-        else:
-            files = f"{r['files_sent']} file{'' if r['files_sent'] == 1 else 's'}"
-            lines.append(f"         {host}: sent {files}, {size_bytes(r['bytes_sent'])} "
-                         f"({size_bytes(r['wire_bytes'])} on the wire) in {r['seconds']:.1f}s")
-    return lines
 
 
 def job_signals(client: Any, view: JobView, records: list[dict[str, Any]] | None = None) -> list[Signal]:
@@ -338,65 +314,9 @@ def _status_records(client: Any, view: JobView) -> list[dict[str, Any]] | None:
     return client.metrics(view.job_id) if live else None
 
 
-def signal_lines(signals: Sequence[Signal]) -> list[str]:
-    from tui.model.termsafe import terminal_safe  # host names and numbers only, but to be sure
-
-    lines = []
-    for s in signals:
-        lines.append(f"signal   {s.verdict:<4} {terminal_safe(s.summary)}")
-        lines.append(f"           advice: {terminal_safe(s.advice)}")
-    return lines
-
-
 def _print_job(v: JobView, signals: Sequence[Signal] = (), stages: StagesView | None = None) -> None:
-    from tui.model.textformat import simulated_text
-
-    print(f"job      {v.job_id} ({v.name})")
-    print(f"state    {v.state_line}" + (f" after {v.restarts} restart(s)" if v.restarts else ""))
-
-    def gpus(n: dict[str, Any]) -> str:
-        return " gpus " + ",".join(map(str, n["gpus"])) if n.get("gpus") else ""
-
-    hosts = ", ".join(simulated_text(f"{n['host']}[{n['slots']}{gpus(n)}]",
-                                     bool(n.get("gpus") and n.get("simulated")))
-                      for n in v.placement)
-    print(f"placement {hosts}")
-    for line in code_lines(v.spec.get("code"), v.events):
+    for line in job_lines(v, signals, stages):
         print(line)
-    if v.last_step is not None or v.last_loss is not None:
-        print(f"progress step {v.last_step} loss {v.last_loss}")
-    for line in signal_lines(signals):
-        print(line)
-    if stages is not None:
-        from tui.model.stagetext import stage_lines
-
-        for line in stage_lines(stages):
-            print(line)
-    if v.pools is not None:  # a job made of worker pools: its pools, sizing, failures
-        from tui.model.poolview import pool_lines
-
-        for line in pool_lines(v.pools):
-            print(line)
-    if v.processing is not None:  # a processing job: its inputs and outputs
-        from tui.model.processingview import processing_lines
-
-        for line in processing_lines(v.processing):
-            print(line)
-    if v.cause:
-        print(f"cause    {_fmt_cause(v.cause)}")
-        from tui.model.termsafe import terminal_safe  # rank output: no escape reaches the terminal
-
-        for line in (v.cause.get("tail") or [])[-5:]:
-            print(f"         | {terminal_safe(str(line))}")
-    if v.ranks:
-        simulated = {n["host"] for n in v.placement if n.get("simulated")}
-        print("rank  host        local  gpu    pid      state    exit")
-        for r in v.ranks:
-            ex = (f"sig {r['signal']}" if r.get("signal")
-                  else ("-" if r.get("exit_code") is None else str(r["exit_code"])))
-            gpu = "-" if r.get("gpu") is None else simulated_text(str(r["gpu"]), r["host"] in simulated)
-            print(f"{r['rank']:<5} {r['host']:<11} {r['local_rank']!s:<6} {gpu:<6} {r['pid']!s:<8} "
-                  f"{r['state']:<8} {ex}")
 
 
 def _print_metrics(records: list[dict[str, Any]]) -> None:

@@ -1,0 +1,96 @@
+"""One job as plain lines: what ``rigdeck status`` prints (and ``launch --wait`` at the end),
+from the one ``JobView``, with the signals and stages the CLI read from the metrics.
+
+Every value that may carry a rank's or host's own words goes through ``terminal_safe``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tui.model.codesync import short
+from tui.model.diagnose import Signal
+from tui.model.jobstate import describe_cause
+from tui.model.jobview import JobView
+from tui.model.poolview import pool_lines
+from tui.model.processingview import processing_lines
+from tui.model.stages import StagesView
+from tui.model.stagetext import stage_lines
+from tui.model.termsafe import terminal_safe
+from tui.model.textformat import simulated_text, size_bytes
+
+
+def code_lines(code: Mapping[str, Any] | None, events: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The job's code snapshot and what each host was sent for it (the newest sync)."""
+    if not code or not code.get("tree"):
+        return []
+    lines = [f"code     {short(code['tree'])}: {code.get('files')} files, {size_bytes(code.get('size') or 0)} "
+             f"from {code.get('sync')}"]
+    sync = next((e for e in reversed(events) if e.get("event") == "code"), None)
+    for host, r in sorted((sync or {}).get("hosts", {}).items()):
+        if r.get("had_tree"):
+            lines.append(f"         {host}: had it, sent nothing")
+        else:
+            files = f"{r['files_sent']} file{'' if r['files_sent'] == 1 else 's'}"
+            lines.append(f"         {host}: sent {files}, {size_bytes(r['bytes_sent'])} "
+                         f"({size_bytes(r['wire_bytes'])} on the wire) in {r['seconds']:.1f}s")
+    return lines
+
+
+def signal_lines(signals: Sequence[Signal]) -> list[str]:
+    lines = []
+    for s in signals:  # host names and numbers only, but to be sure
+        lines.append(f"signal   {s.verdict:<4} {terminal_safe(s.summary)}")
+        lines.append(f"           advice: {terminal_safe(s.advice)}")
+    return lines
+
+
+def exit_text(rank: Mapping[str, Any]) -> str:
+    """How a rank ended: ``sig 9``, its exit code, or ``-`` while it runs."""
+    if rank.get("signal"):
+        return f"sig {rank['signal']}"
+    return "-" if rank.get("exit_code") is None else str(rank["exit_code"])
+
+
+def _placement_line(v: JobView) -> str:
+    def gpus(n: Mapping[str, Any]) -> str:
+        return " gpus " + ",".join(map(str, n["gpus"])) if n.get("gpus") else ""
+
+    return ", ".join(simulated_text(f"{n['host']}[{n['slots']}{gpus(n)}]", bool(n.get("gpus") and n.get("simulated")))
+                     for n in v.placement)
+
+
+def _rank_lines(v: JobView) -> list[str]:
+    if not v.ranks:
+        return []
+    simulated = {n["host"] for n in v.placement if n.get("simulated")}
+    lines = ["rank  host        local  gpu    pid      state    exit"]
+    for r in v.ranks:
+        gpu = "-" if r.get("gpu") is None else simulated_text(str(r["gpu"]), r["host"] in simulated)
+        lines.append(f"{r['rank']:<5} {r['host']:<11} {r['local_rank']!s:<6} {gpu:<6} {r['pid']!s:<8} "
+                     f"{r['state']:<8} {exit_text(r)}")
+    return lines
+
+
+def job_lines(v: JobView, signals: Sequence[Signal] = (), stages: StagesView | None = None) -> list[str]:
+    """The job: head, placement, code, progress, signals, then its kind's panels (stages, pools,
+    processing), its failure's cause with the last lines the rank wrote, and its ranks."""
+    lines = [f"job      {v.job_id} ({v.name})",
+             f"state    {v.state_line}" + (f" after {v.restarts} restart(s)" if v.restarts else ""),
+             f"placement {_placement_line(v)}"]
+    lines += code_lines(v.spec.get("code"), v.events)
+    if v.last_step is not None or v.last_loss is not None:
+        lines.append(f"progress step {v.last_step} loss {v.last_loss}")
+    lines += signal_lines(signals)
+    if stages is not None:
+        lines += stage_lines(stages)
+    if v.pools is not None:  # a job made of worker pools: its pools, sizing, failures
+        lines += pool_lines(v.pools)
+    if v.processing is not None:  # a processing job: its inputs and outputs
+        lines += processing_lines(v.processing)
+    if v.cause:
+        lines.append(f"cause    {describe_cause(v.cause, restart_error=False)}")
+        # rank output: no escape reaches the terminal
+        lines += [f"         | {terminal_safe(str(line))}" for line in (v.cause.get("tail") or [])[-5:]]
+    return lines + _rank_lines(v)
