@@ -38,6 +38,7 @@ from tui.app.widgets.format import (
     util_level,
 )
 from tui.model.jobstate import TERMINAL
+from tui.model.jobtext import exit_text
 from tui.model.jobview import CheckpointSave, CheckpointView, JobRow, OwnerMove
 from tui.model.state import ClusterState
 from tui.model.views import GpuView, HostView
@@ -569,11 +570,7 @@ def rank_rows(
     simulated = {n.get("host") for n in placement if n.get("simulated")}
     out = []
     for r in ranks:
-        ex = (
-            f"sig {r['signal']}"
-            if r.get("signal")
-            else ("-" if r.get("exit_code") is None else str(r["exit_code"]))
-        )
+        ex = exit_text(r)  # as rigdeck status says it
         gpu = r.get("gpu")
         out.append(
             (
