@@ -46,8 +46,9 @@ from tui.control.jobwatch import (
     owner_summary,
 )
 from tui.model.jobspec import JobSpecError
-from tui.model.specform import dumps, form_values, merge_form, spec_from_form
+from tui.model.specform import form_values, merge_form, spec_from_form
 from tui.model.termsafe import log_lines, terminal_safe
+from tui.model.tomlwrite import dumps
 
 
 def test_loss_by_step_prefers_the_lowest_rank_and_rate_uses_its_times() -> None:
