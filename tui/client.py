@@ -34,8 +34,7 @@ from tui.control import api
 from tui.control.controller import HostReport
 from tui.control.doctor import DoctorError
 from tui.control.history import JobRefError
-from tui.control.jobs import AmbiguousJobError, JobError, JobView
-from tui.control.jobwatch import JobDetail, JobRow, JobsSnapshot, LogBuffer, StopPlan
+from tui.control.jobs import AmbiguousJobError, JobError
 from tui.control.onboard import Candidate, Onboarding
 from tui.control.pipelines import PipelineError
 from tui.control.queue import QueueEntry
@@ -47,6 +46,7 @@ from tui.model.doctor import DoctorReport
 from tui.model.inventory import INVENTORY_ENV, Inventory, InventoryError, default_inventory_path
 from tui.model.jobspec import JobSpec, JobSpecError
 from tui.model.jobstate import describe_cause
+from tui.model.jobview import JobDetail, JobRow, JobsSnapshot, JobView, LogBuffer, StopPlan
 from tui.model.pipelineview import PipelineDetail, PipelineRow
 from tui.model.scheduler import PlacementError
 from tui.model.state import ClusterState

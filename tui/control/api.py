@@ -29,12 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tui.control.jobs import JobView
-from tui.control.jobwatch import StopPlan
 from tui.control.queue import QueueEntry
 from tui.control.service import ServiceInfo
 from tui.model import wire
 from tui.model.doctor import DoctorReport
+from tui.model.jobview import JobView, StopPlan
 from tui.model.pipelineview import PipelineDetail, PipelineRow
 from tui.model.sweepview import SweepDetail, SweepRow
 

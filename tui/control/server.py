@@ -204,7 +204,7 @@ class StateMirror:
 
 def encode_result(value: Any) -> Any:
     from tui.control.controller import HostReport
-    from tui.control.jobs import JobView
+    from tui.model.jobview import JobView
 
     if isinstance(value, JobView):
         return {**value.to_json(), "spec": value.spec}
