@@ -19,8 +19,10 @@ from typing import Any
 
 from tui.control import pools
 from tui.control.controller import Controller
+from tui.control.healing import Fault, Healer, stack_summary
 from tui.control.history import History, JobRef, JobRefError
 from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
+from tui.model.health import Goodput, Incident, goodput
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import JobView, Progress, job_view
@@ -187,6 +189,7 @@ class JobManager:
         import socket
 
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
+        self.healer = Healer(self.history)
         self._gc_at: dict[str, float] = {}  # host -> when this controller last applied retention there
         self._reads: dict[tuple[tuple[str, ...], str | None], _Read] = {}  # capacity reads in flight
         self._reads_lock = threading.Lock()
@@ -255,7 +258,7 @@ class JobManager:
             rec = self.history.get(job_id)
             if rec is not None and rec["state"] in TERMINAL:
                 self.scheduler.release(job_id)
-        return capacity_from_state(state.snapshot(), self.ctl.inventory)
+        return capacity_from_state(state.snapshot(), self.ctl.inventory, drains=self.healer.current_drains())
 
     def _master_addr(self, node: NodeAssignment, peers: Sequence[NodeAssignment] = ()) -> str:
         """The primary's address on the route the other hosts use to reach it (not the first of
@@ -824,9 +827,14 @@ class JobManager:
         job_id = rec["job_id"]
         states = self.host_states(rec)
         overall = overall_state(states)
+        # What leaves every process alive and the job going nowhere (tui/control/healing.py).
+        fault = self.healer.look(rec, states) if rec["state"] == "running" and overall in (
+            "running", "unknown") else None
+        if rec["state"] in TERMINAL:
+            self.healer.forget(job_id)
         news = bool(pools.replica_events(rec, states))  # a pool's replica failed, training goes on
-        if rec["state"] in TERMINAL or rec["state"] == "queued" or (
-                overall in (rec["state"], "unknown") and not news):
+        if fault is None and (rec["state"] in TERMINAL or rec["state"] == "queued" or (
+                overall in (rec["state"], "unknown") and not news)):
             return states  # what cannot be known is not written over what history knows
         # A controller that only looks (``status``, ``jobs``, a ``launch`` without ``--wait``)
         # holds the lease while it applies this change, not for LEASE_S after it has exited:
@@ -835,10 +843,35 @@ class JobManager:
         if not self.history.try_lease(job_id, self.owner, LEASE_S):
             return states  # another controller is handling this job: just look
         try:
+            if fault is not None:
+                return self._heal(job_id, states, fault)
             return self._apply(job_id, states, overall)
         finally:
             if not held:
                 self.history.release_lease(job_id, self.owner)
+
+    def _heal(self, job_id: str, states: dict[str, Any], fault: Fault) -> dict[str, Any]:
+        """Stop a job that a fault leaves alive and going nowhere, keep the incident, and restart
+        it from its checkpoint away from what failed (or fail it, as its spec says)."""
+        rec = self.record(job_id)  # as it is now that we hold the lease
+        if rec["state"] != "running":
+            return states
+        cause = fault.cause()
+        live = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") not in TERMINAL]
+        if fault.kind == "gpu" and fault.host is not None:
+            # Kept out of placement until an operator undrains it, whatever the agent says next.
+            self.history.drain(fault.host, fault.gpu, fault.message, "rigdeck", source="health")
+        if fault.kind == "hang" and live:
+            got = self.ctl.agents(live).job_stacks(job_id=job_id, why=fault.message, timeout_s=3.0, timeout=20)
+            summary, rows = stack_summary({h: v for h, v in got.items() if not isinstance(v, Exception)})
+            cause["message"] = f"{fault.message}; {summary}"
+            cause["stacks"] = rows
+        self.history.add_event(job_id, {"event": "incident", "cause": cause})
+        if live:
+            self.ctl.agents(live).job_stop(job_id=job_id, grace_s=5.0, timeout=20)
+        self.healer.record(job_id, fault, int(rec.get("restarts") or 0), time.time())
+        dead = [h for h, s in states.items() if not isinstance(s, dict)]
+        return self._restart_or_fail(job_id, rec, states, cause, eligible=fault.restart, dead=dead)
 
     def _apply(self, job_id: str, states: dict[str, Any], overall: str) -> dict[str, Any]:
         """The gang rules, applied by the lease holder to what the hosts reported."""
@@ -854,34 +887,16 @@ class JobManager:
             if live:  # stop the rest of the gang now
                 self.ctl.agents(live).job_stop(job_id=job_id, grace_s=5.0, timeout=20)
             spec = JobSpec.from_dict(rec["spec"])
-            restarts = int(rec.get("restarts") or 0)
             code = cause.get("exit_code")
             sig = cause.get("signal")
             eligible = not spec.restart.on_exit_codes or code in spec.restart.on_exit_codes or (
                 sig is not None and 128 + sig in spec.restart.on_exit_codes)
-            if restarts < spec.restart.max_restarts and eligible:
-                self._wait_terminal(rec, 30)
-                self.history.add_event(job_id, {"event": "restart", "restart_count": restarts + 1, "cause": cause})
-                self.scheduler.release(job_id)
-                dead = [h for h, s in states.items() if not isinstance(s, dict)]
-                candidates = [h for h in (list(spec.hosts) or self.ctl.inventory.names) if h not in dead]
-                capacity = self.capacity(candidates, skip=job_id)
-                try:
-                    placement = self.scheduler.reserve(job_id, spec, capacity, exclude_hosts=dead)
-                    self._claim(job_id, placement)
-                    self._start(job_id, spec, placement, restart_count=restarts + 1)
-                except (PlacementError, JobError) as e:
-                    self.scheduler.release(job_id)
-                    self.history.update(job_id, state="failed", ended=time.time(),
-                                        cause={**cause, "restart_error": str(e)})
-                    return states
-            else:
-                # Decided: announced now (notifications), recorded once the gang has stopped.
-                self.history.announce(job_id, "failed", {"cause": cause})
-                self._wait_terminal(rec, 15)  # the rest of the gang is stopping: let it finish
-                self.history.update(job_id, state="failed", ended=time.time(), cause=cause)
-                self.history.add_event(job_id, {"event": "failed", "cause": cause})
-                self.scheduler.release(job_id)
+            if eligible and int(rec.get("restarts") or 0) < spec.restart.max_restarts:
+                self.healer.record(job_id, Fault("exit", str(cause.get("message") or "a rank failed"),
+                                                 host=cause.get("host"), rank=cause.get("rank")),
+                                   int(rec.get("restarts") or 0), time.time())
+            dead = [h for h, s in states.items() if not isinstance(s, dict)]
+            return self._restart_or_fail(job_id, rec, states, cause, eligible=eligible, dead=dead)
         elif overall in TERMINAL:
             # A job that stopped without being asked to (max_runtime, or a stop from a host)
             # says why; a user's stop records its own.
@@ -899,6 +914,36 @@ class JobManager:
             self.scheduler.release(job_id)
         elif overall != rec["state"] and rec["state"] != "stopping":
             self.history.update(job_id, state=overall)
+        return states
+
+    def _restart_or_fail(self, job_id: str, rec: dict[str, Any], states: dict[str, Any], cause: dict[str, Any],
+                         *, eligible: bool, dead: Sequence[str]) -> dict[str, Any]:
+        """The gang has been told to stop: start it again (its ranks resume from their newest
+        checkpoint) on what is healthy and reachable, when the spec allows another restart;
+        otherwise record the failure with its cause."""
+        spec = JobSpec.from_dict(rec["spec"])
+        restarts = int(rec.get("restarts") or 0)
+        if restarts < spec.restart.max_restarts and eligible:
+            self._wait_terminal(rec, 30)
+            self.history.add_event(job_id, {"event": "restart", "restart_count": restarts + 1, "cause": cause})
+            self.scheduler.release(job_id)
+            candidates = [h for h in (list(spec.hosts) or self.ctl.inventory.names) if h not in dead]
+            capacity = self.capacity(candidates, skip=job_id)
+            try:
+                placement = self.scheduler.reserve(job_id, spec, capacity, exclude_hosts=dead)
+                self._claim(job_id, placement)
+                self._start(job_id, spec, placement, restart_count=restarts + 1)
+            except (PlacementError, JobError) as e:
+                self.scheduler.release(job_id)
+                self.history.update(job_id, state="failed", ended=time.time(),
+                                    cause={**cause, "restart_error": str(e)})
+            return states
+        # Decided: announced now (notifications), recorded once the gang has stopped.
+        self.history.announce(job_id, "failed", {"cause": cause})
+        self._wait_terminal(rec, 15)  # the rest of the gang is stopping: let it finish
+        self.history.update(job_id, state="failed", ended=time.time(), cause=cause)
+        self.history.add_event(job_id, {"event": "failed", "cause": cause})
+        self.scheduler.release(job_id)
         return states
 
     def _wait_terminal(self, rec: dict[str, Any], timeout: float) -> None:
@@ -948,7 +993,23 @@ class JobManager:
             hosts = self.host_states(rec)
         step, loss = last_loss(hosts)
         return job_view(rec, hosts, state=state, unreachable=missing, progress=Progress(step=step, loss=loss),
-                        state_dirs=self.state_dirs())
+                        state_dirs=self.state_dirs(), incidents=self.incidents(rec["job_id"]),
+                        goodput=self.goodput(rec))
+
+    def incidents(self, job_id: str) -> builtins.list[Incident]:
+        return [Incident.from_dict(d) for d in self.history.incidents(job_id)]
+
+    def goodput(self, rec: Mapping[str, Any]) -> Goodput | None:
+        """Time in steps that count over the wall time since the job first started (to its end),
+        from its metrics (None before it starts, or when its hosts cannot be read)."""
+        first = next((e.get("time") for e in rec.get("events") or [] if e.get("event") == "started"), None)
+        if first is None:
+            return None
+        try:
+            records = self.metrics(rec["job_id"])
+        except (TransportError, JobError):
+            return None
+        return goodput(records, started=float(first), now=float(rec.get("ended") or time.time()))
 
     def state_dirs(self) -> dict[str, str]:
         """Each inventory host's ``state_dir`` (where its agent keeps jobs), for the views."""

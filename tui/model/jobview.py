@@ -19,6 +19,7 @@ from functools import cached_property
 from typing import Any, Protocol
 
 from tui.model.diagnose import Signal
+from tui.model.health import Goodput, Incident
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.poolview import PoolsView, gpu_of_rank, pools_json, pools_view
@@ -268,6 +269,10 @@ class JobView:
     signals: tuple[Signal, ...] = ()  # live bottleneck signals, worst first (tui.model.diagnose)
     stages: StagesView | None = None  # a [model_parallel] job's plan and stages (tui.model.stages)
     logs: LogBuffer = field(default_factory=LogBuffer, compare=False, repr=False)  # the open job's, in the app
+    # Health and healing (tui.model.health): each failure and what it cost, and the share of the
+    # wall time spent in steps that count (``rigdeck status`` reads the metrics for it).
+    incidents: tuple[Incident, ...] = ()
+    goodput: Goodput | None = None
 
     @property
     def state_line(self) -> str:
@@ -315,6 +320,8 @@ class JobView:
             "code": self.spec.get("code"), "pipeline_id": self.spec.get("pipeline_id"),
             "step": self.spec.get("step"), "pool_sizing": self.pool_sizing, "pools": pools_json(self.pools),
             "processing": processing_json(self.processing),
+            "incidents": [i.to_dict() for i in self.incidents],
+            "goodput": self.goodput.to_dict() if self.goodput is not None else None,
         }
 
     @classmethod
@@ -333,6 +340,9 @@ class JobView:
             pool_sizing=d.get("pool_sizing"),
             pools=PoolsView.from_json(d.get("pools"), d.get("pool_sizing"), events),
             processing=ProcessingView.from_json(d.get("processing")),
+            incidents=tuple(Incident.from_dict(i) for i in d.get("incidents") or ()),
+            goodput=Goodput(float(g.get("useful_s") or 0.0), float(g.get("wall_s") or 0.0), int(g.get("steps") or 0))
+            if (g := d.get("goodput")) else None,
         )
 
 
@@ -350,6 +360,8 @@ def job_view(
     state_dirs: Mapping[str, str] | None = None,
     logs: LogBuffer | None = None,
     panels: bool = True,
+    incidents: Sequence[Incident] = (),
+    goodput: Goodput | None = None,
 ) -> JobView:
     """The view of the job ``rec`` (its history record) from what its hosts said (``states``:
     host -> its job status, anything else for a host that did not answer; empty: not asked).
@@ -387,6 +399,8 @@ def job_view(
         signals=progress.signals,
         stages=progress.stages,
         logs=LogBuffer() if logs is None else logs,
+        incidents=tuple(incidents),
+        goodput=goodput,
     )
 
 

@@ -514,6 +514,13 @@ class AgentFleet:
         """Retention on every host (plain dicts, passed through to ``rigdeck gc``)."""
         return self._each(_dict, "job_gc", timeout, max_age_s=max_age_s, max_jobs=max_jobs)
 
+    def job_stacks(self, *, job_id: str, why: str = "", timeout_s: float = 3.0,
+                   timeout: float | None = None) -> dict[str, RankStacks | TransportError]:
+        """The Python stacks of the job's live ranks on every host, taken at once."""
+        return self._each(lambda d: RankStacks.from_wire(_dict(d)), "job_stacks",
+                          timeout if timeout is not None else timeout_s + 10.0, job_id=job_id, why=why,
+                          timeout_s=timeout_s)
+
 
 # ---------------------------------------------------------------------------------------------
 # Where the controller gets them
