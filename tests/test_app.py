@@ -308,3 +308,24 @@ def test_the_app_exits_when_its_terminal_goes_away(tmp_path: Path, how: str) -> 
         for pid in apps:  # a failed run must not leave an app that starts the agent again
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_every_view_module_is_in_the_one_list_with_its_own_id_key_and_binding_ids() -> None:
+    """A view is its module under tui/app/views/ and one line in the shell's VIEWS: every module
+    there is listed, and the tabs and the view keys come from that list, in its order."""
+    from textual.binding import Binding
+
+    from tui.app import shell
+    from tui.app.views import base
+
+    modules = {p.stem for p in Path(base.__file__).parent.glob("*.py")} - {"__init__", "base"}
+    assert {v.__module__.rsplit(".", 1)[1] for v in shell.VIEWS} == modules
+    ids = [v.ID for v in shell.VIEWS]
+    assert len(set(ids)) == len(ids) and len({v.KEY for v in shell.VIEWS}) == len(ids)
+    assert shell.TABS == tuple(ids)
+    keys = [(b.key, b.id) for b in RigdeckApp.BINDINGS if isinstance(b, Binding) and (b.id or "").startswith("view.")]
+    assert keys == [(v.KEY, f"view.{v.ID}") for v in shell.VIEWS]
+    named = [b.id for v in shell.VIEWS for b in v.help_bindings() if isinstance(b, Binding) and b.id]
+    assert len(set(named)) == len(named)  # the user keymap names bindings by id
+    for v in shell.VIEWS:  # a view with keys of its own has a group on the help screen
+        assert bool(v.HELP_GROUP) == any(isinstance(b, Binding) and b.id for b in v.help_bindings()), v.ID
