@@ -40,7 +40,7 @@ from tui.app.screens.launch import LaunchScreen
 from tui.app.screens.onboarding import OnboardingScreen, passphrase_prompt
 from tui.app.summary import summarize, summary_markup  # noqa: F401 (tests/test_contracts imports summarize here)
 from tui.app.terminal import HangupWatch, input_fd
-from tui.app.views import views
+from tui.app.views import load_views
 from tui.app.views.base import HOSTS, JOBS, OPEN_JOB, View, ViewState, set_text
 from tui.app.views.job import placement_markup  # noqa: F401 (tests/test_contracts imports it from here)
 from tui.app.widgets.tables import Widths
@@ -52,7 +52,7 @@ from tui.model.views import HostKey, HostView
 log = logging.getLogger(__name__)
 
 # The views, in tab order: each a module of tui/app/views/ (a new view: its module, one line here).
-VIEWS = views(
+VIEWS = load_views(
     "hosts",
     "gpus",
     "jobs",

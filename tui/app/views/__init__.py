@@ -11,7 +11,7 @@ from importlib import import_module
 from tui.app.views.base import View
 
 
-def views(*modules: str) -> tuple[type[View], ...]:
+def load_views(*modules: str) -> tuple[type[View], ...]:
     """The view classes of ``tui.app.views.MODULE`` for each module named, in that order."""
     out = []
     for name in modules:
