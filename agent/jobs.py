@@ -69,6 +69,20 @@ def _last_record(path: str, max_bytes: int = 65536) -> Optional[Dict[str, Any]]:
     return None
 
 
+def _wire_safe(rec: Dict[str, Any]) -> Dict[str, Any]:
+    """A metrics record the wire can carry: JSON has no NaN or infinity (a diverged loss), so such
+    a value goes as its text ("nan", "inf", "-inf") and ``nonfinite`` names the keys that hold
+    one (the workstation's client turns them back into floats)."""
+    bad = [k for k, v in rec.items() if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf")))]
+    if not bad:
+        return rec
+    out = dict(rec)
+    for k in bad:
+        out[k] = repr(rec[k])
+    out["nonfinite"] = bad
+    return out
+
+
 def _last_step(path: str, marks: List[Dict[str, Any]], max_bytes: int = 65536) -> Optional[Dict[str, Any]]:
     """The last record in a metrics file that reports a step, from its tail only, with the attempt
     that wrote it (by where it lies against each attempt's start in ``attempts.json``): the
@@ -484,13 +498,13 @@ class Jobs:
             rec = _last_record(os.path.join(d, "metrics", "rank-%d.jsonl" % rank)) or _last_record(
                 os.path.join(d, "metrics", "rank-%d.stdout.jsonl" % rank))
             if rec is not None:
-                last[str(rank)] = rec
+                last[str(rank)] = _wire_safe(rec)
             if st.get("state") in TERMINAL:
                 continue
             steps = [p for p in (_last_step(os.path.join(d, "metrics", name % rank), marks) for name in (
                 "rank-%d.jsonl", "rank-%d.stdout.jsonl", "defs-rank-%d.jsonl")) if p is not None]
             if steps:
-                progress[str(rank)] = max(steps, key=lambda p: (p["attempt"], p["step"]))
+                progress[str(rank)] = _wire_safe(max(steps, key=lambda p: (p["attempt"], p["step"])))
         # What the job left once it has ended (a look through every process's environment, too
         # dear for each look at a running job; None while it runs): its tagged processes, plus
         # its job host while that still lives (it carries no tag, and holds the job's GPU claims
@@ -598,7 +612,7 @@ class Jobs:
             rec = recs[0]
             if "restart" not in rec:
                 rec["restart"] = _attempt_at(marks, name, line_at)
-            records.append(rec)
+            records.append(_wire_safe(rec))
         return {"source": source, "records": records, "next_offset": nxt, "more": more, "offset_key": okey}
 
     def _metric_ranks(self, d: str) -> List[int]:

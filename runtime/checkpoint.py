@@ -40,6 +40,7 @@ from runtime.metrics import METRICS_DIR_ENV, Reporter
 
 MANIFEST_FORMAT = 1
 LATEST = "latest"
+RESUME_BEFORE_ENV = "RIGDECK_RESUME_BEFORE_STEP"  # set by rigdeck on a restart after a NaN loss
 _NAME = re.compile(r"^step-(\d{8,})$")
 _MANIFEST = re.compile(r"^(step-\d{8,})\.manifest\.json$")
 _DATA = re.compile(r"^(step-\d{8,})(\.pt)?$")
@@ -223,6 +224,8 @@ class Checkpointer:
                     else self.root)
         self.keep = keep
         self.barrier = barrier
+        before = env.get(RESUME_BEFORE_ENV, "")
+        self.resume_before = int(before) if before.isdigit() else None
         if reporter is None:
             # This process's own metrics file when the environment is the real one.
             reporter = metrics.reporter() if environ is None else Reporter(
@@ -458,6 +461,14 @@ class Checkpointer:
             return f"{meta} sha256 {digest} does not match the manifest's {expected.get('sha256')}"
         return None
 
+    def resumable(self) -> List[Tuple[int, str, Dict[str, Any]]]:
+        """The complete checkpoints a restart may resume from, oldest first: all of them, or, when
+        rigdeck restarted the job because its loss went NaN at step N (``RIGDECK_RESUME_BEFORE_STEP``),
+        those saved before step N (a checkpoint saved after the loss went bad holds bad weights)."""
+        if self.resume_before is None:
+            return self.complete()
+        return [c for c in self.complete() if c[0] < self.resume_before]
+
     def load_latest(self, map_location: Any = "cpu", *, weights_only: bool = True,
                     state: Optional[Dict[str, Any]] = None,
                     broadcast: Optional[bool] = None) -> Optional[Tuple[int, Any]]:
@@ -485,7 +496,7 @@ class Checkpointer:
     def _load_local(self, map_location: Any, weights_only: bool) -> Optional[Tuple[int, Any]]:
         import torch
 
-        for step, name, manifest in reversed(self.complete()):
+        for step, name, manifest in reversed(self.resumable()):
             problem = self._verify(name, manifest)
             if problem is not None:
                 _warn(f"skipping checkpoint {name}: {problem}")
@@ -505,7 +516,7 @@ class Checkpointer:
         if self.info.rank == 0:
             # Newest first; only checkpoints of this world size (each rank reloads its own part).
             candidates = [[step, name, manifest["parts"]]
-                          for step, name, manifest in reversed(self.complete())
+                          for step, name, manifest in reversed(self.resumable())
                           if isinstance(manifest.get("parts"), dict)
                           and len(manifest["parts"]) == world]
         if dist is not None:

@@ -172,7 +172,14 @@ def test_the_healer_finds_each_fault_that_leaves_the_processes_alive(tmp_path: P
     assert healer.look({**rec, "restarts": 1}, states(9, attempt=0), now=80) is None  # the old attempt's step
     healer.look({**rec, "restarts": 1}, states(7, attempt=1), now=90)
     (inc,) = h.incidents("j1")
-    assert seq == 0 and inc["kind"] == "hang" and inc["resume_s"] == 15.0 and inc["steps_rerun"] == 3
+    assert seq == 0 and inc["kind"] == "hang" and inc["resume_s"] == 15.0 and inc["last_step"] == 9
+    # the steps run twice: from the first step the next attempt reported to the last one before
+    from tui.control.healing import with_reruns
+    from tui.model.health import Incident
+
+    records = [{"rank": 0, "step": s, "restart": 0} for s in range(1, 10)]
+    records += [{"rank": 0, "step": s, "restart": 1} for s in range(6, 12)] + [{"event": "checkpoint", "restart": 1}]
+    assert with_reruns([Incident.from_dict(inc)], records)[0].steps_rerun == 4  # 6, 7, 8, 9
     # NaN at every rank three reports in a row, counted from the first bad step
     rec1 = {**rec, "restarts": 1}
     for now, step in ((91, 8), (92, 9), (93, 10)):
@@ -204,3 +211,21 @@ def test_the_health_table_of_a_job_spec_is_checked_and_kept() -> None:
         with pytest.raises(JobSpecError) as e:
             jobspec_from_toml(base + "[health]\n" + bad + "\n")
         assert e.value.field == field
+
+
+def test_a_diverged_loss_crosses_the_agents_wire_and_comes_back_a_float() -> None:
+    import json
+
+    from agent import protocol
+    from agent.jobs import _wire_safe
+    from tui.remote.agentclient import _job_state
+
+    rec = {"step": 7, "loss": math.nan, "grad_norm": math.inf, "lr": 0.1}
+    sent = protocol.decode(protocol.encode(protocol.ok(1, {"state": "running", "progress": {
+        "0": _wire_safe(rec)}, "last_metrics": {"0": _wire_safe({"step": 7, "loss": -math.inf})}})))
+    got = _job_state(sent["result"])
+    p = got["progress"]["0"]
+    assert math.isnan(p["loss"]) and p["grad_norm"] == math.inf and p["lr"] == 0.1 and "nonfinite" not in p
+    assert got["last_metrics"]["0"]["loss"] == -math.inf
+    assert _wire_safe({"loss": 0.5}) == {"loss": 0.5}
+    assert json.dumps(_wire_safe(rec), allow_nan=False)

@@ -849,3 +849,17 @@ def test_runtime_compiles_on_python_39() -> None:
     subprocess.run([py39, "-c", code, *files], check=True)
     code = "import runtime; runtime.cluster_info({}); runtime.shard([1], 0, 1)"
     subprocess.run([py39, "-c", code], check=True, cwd=ROOT)
+
+
+def test_after_a_nan_restart_the_checkpointer_resumes_from_before_the_first_bad_step(tmp_path: Path) -> None:
+    import torch
+
+    d = tmp_path / "ckpt"
+    c = Checkpointer(str(d), environ=ckpt_env(tmp_path))
+    for step in (4, 8, 12):
+        c.save(step, {"w": torch.tensor([float(step)])})
+    assert c.load_latest()[0] == 12
+    again = Checkpointer(str(d), environ=ckpt_env(tmp_path, RIGDECK_RESUME_BEFORE_STEP="12"))
+    step, state = again.load_latest()
+    assert step == 8 and state["w"].item() == 8.0  # the one saved at 12 came after the loss went bad
+    assert Checkpointer(str(d), environ=ckpt_env(tmp_path, RIGDECK_RESUME_BEFORE_STEP="4")).load_latest() is None

@@ -10,6 +10,7 @@ are in tui/model/health.py.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -180,11 +181,12 @@ class Healer:
 
     def record(self, job_id: str, fault: Fault, attempt: int, stopped_at: float) -> int:
         """Keep the incident; its cost is filled in when the next attempt takes its first step."""
+        seen = self.watch.jobs.get(job_id)
+        last = fault.last_step if fault.last_step is not None else seen.last_step if seen is not None else None
         inc = Incident(kind=fault.kind, detected_at=stopped_at, message=fault.message, host=fault.host,
-                       gpu=fault.gpu, rank=fault.rank, detect_s=fault.detect_s, last_step=fault.last_step,
-                       attempt=attempt)
+                       gpu=fault.gpu, rank=fault.rank, detect_s=fault.detect_s, last_step=last, attempt=attempt)
         seq = self.history.add_incident(job_id, inc.to_dict())
-        self.pending[job_id] = _Pending(seq, stopped_at, attempt, fault.last_step)
+        self.pending[job_id] = _Pending(seq, stopped_at, attempt, last)
         self.watch.forget(job_id)
         self.unreachable = {k: v for k, v in self.unreachable.items() if k[0] != job_id}
         self.bad.pop(job_id, None)
@@ -196,11 +198,8 @@ class Healer:
         if p is None or attempt <= p.attempt or first_step is None:
             return
         del self.pending[job_id]
-        rerun = None
-        if p.last_step is not None:
-            rerun = max(0, int(p.last_step - first_step) + 1)
-        self.history.update_incident(job_id, p.seq, resumed_at=now, resume_s=round(now - p.stopped_at, 3),
-                                     steps_rerun=rerun)
+        # (the steps run twice are read from the metrics, which have every step: see with_reruns)
+        self.history.update_incident(job_id, p.seq, resumed_at=now, resume_s=round(now - p.stopped_at, 3))
 
     def forget(self, job_id: str) -> None:
         """The job ended: nothing more to watch (its incidents stay in the history)."""
@@ -209,6 +208,25 @@ class Healer:
         self.bad.pop(job_id, None)
         self.seen_steps.pop(job_id, None)
         self.unreachable = {k: v for k, v in self.unreachable.items() if k[0] != job_id}
+
+
+def with_reruns(incidents: Sequence[Incident], records: Sequence[Mapping[str, Any]]) -> list[Incident]:
+    """Each incident with the steps its next attempt computed again: from its last step before
+    the stop to the first step the next attempt reported (it resumed from a checkpoint before)."""
+    first: dict[int, float] = {}
+    for r in records:
+        s = _num(r.get("step"))
+        if s is None or r.get("event") is not None:
+            continue
+        a = int(r.get("restart") or 0)
+        first[a] = min(first.get(a, s), s)
+    out = []
+    for inc in incidents:
+        nxt = first.get(inc.attempt + 1)
+        if inc.last_step is not None and nxt is not None:
+            inc = dataclasses.replace(inc, steps_rerun=max(0, int(inc.last_step - nxt) + 1))
+        out.append(inc)
+    return out
 
 
 def stack_summary(stacks: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:

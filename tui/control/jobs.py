@@ -10,6 +10,7 @@ failure seen late is still handled.
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import logging
 import secrets
 import threading
@@ -17,9 +18,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from runtime.checkpoint import RESUME_BEFORE_ENV  # the contract with the ranks' checkpointer
 from tui.control import pools
 from tui.control.controller import Controller
-from tui.control.healing import Fault, Healer, stack_summary
+from tui.control.healing import Fault, Healer, stack_summary, with_reruns
 from tui.control.history import History, JobRef, JobRefError
 from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
 from tui.model.health import Goodput, Incident, goodput
@@ -928,6 +930,10 @@ class JobManager:
             self.history.add_event(job_id, {"event": "restart", "restart_count": restarts + 1, "cause": cause})
             self.scheduler.release(job_id)
             candidates = [h for h in (list(spec.hosts) or self.ctl.inventory.names) if h not in dead]
+            if cause.get("kind") == "nan" and cause.get("last_step") is not None:
+                # A checkpoint saved after the loss went bad holds bad weights: resume from one before.
+                spec = dataclasses.replace(spec, env=tuple(spec.env) + (
+                    (RESUME_BEFORE_ENV, str(int(cause["last_step"]))),))
             capacity = self.capacity(candidates, skip=job_id)
             try:
                 placement = self.scheduler.reserve(job_id, spec, capacity, exclude_hosts=dead)
@@ -992,24 +998,24 @@ class JobManager:
         else:
             hosts = self.host_states(rec)
         step, loss = last_loss(hosts)
+        incidents, gp = self.health(rec)
         return job_view(rec, hosts, state=state, unreachable=missing, progress=Progress(step=step, loss=loss),
-                        state_dirs=self.state_dirs(), incidents=self.incidents(rec["job_id"]),
-                        goodput=self.goodput(rec))
+                        state_dirs=self.state_dirs(), incidents=incidents, goodput=gp)
 
-    def incidents(self, job_id: str) -> builtins.list[Incident]:
-        return [Incident.from_dict(d) for d in self.history.incidents(job_id)]
-
-    def goodput(self, rec: Mapping[str, Any]) -> Goodput | None:
-        """Time in steps that count over the wall time since the job first started (to its end),
-        from its metrics (None before it starts, or when its hosts cannot be read)."""
+    def health(self, rec: Mapping[str, Any]) -> tuple[builtins.list[Incident], Goodput | None]:
+        """The job's incidents, with the steps each made run twice, and its goodput: time in steps
+        that count over the wall time since it first started (to its end), from its metrics
+        (no goodput before it starts, or when its hosts cannot be read)."""
+        incidents = [Incident.from_dict(d) for d in self.history.incidents(rec["job_id"])]
         first = next((e.get("time") for e in rec.get("events") or [] if e.get("event") == "started"), None)
         if first is None:
-            return None
+            return incidents, None
         try:
             records = self.metrics(rec["job_id"])
         except (TransportError, JobError):
-            return None
-        return goodput(records, started=float(first), now=float(rec.get("ended") or time.time()))
+            return incidents, None
+        return (with_reruns(incidents, records),
+                goodput(records, started=float(first), now=float(rec.get("ended") or time.time())))
 
     def state_dirs(self) -> dict[str, str]:
         """Each inventory host's ``state_dir`` (where its agent keeps jobs), for the views."""

@@ -84,6 +84,27 @@ class JobState(TypedDict, total=False):
     launcher: str | None
 
 
+def _finite_back(rec: Any) -> Any:
+    """A metrics record with the values the agent had to send as text (NaN and infinity: JSON has
+    neither; ``nonfinite`` names them) made floats again."""
+    if isinstance(rec, dict) and "nonfinite" in rec:
+        for k in rec.pop("nonfinite") or ():
+            try:
+                rec[k] = float(rec[k])
+            except (TypeError, ValueError, KeyError):
+                pass
+    return rec
+
+
+def _job_state(d: Any) -> JobState:
+    """A ``job_status`` answer, its metrics records' NaN and infinity made floats again."""
+    if isinstance(d, dict):
+        for key in ("last_metrics", "progress"):
+            for rec in (d.get(key) or {}).values():
+                _finite_back(rec)
+    return d  # type: ignore[no-any-return]
+
+
 @dataclass(frozen=True)
 class AgentVersion:
     """The running daemon (``version``): what its hello says."""
@@ -231,7 +252,8 @@ class MetricsPart:
 
     @classmethod
     def from_wire(cls, d: dict[str, Any]) -> MetricsPart:
-        return cls(list(d["records"]), d["next_offset"], bool(d["more"]), d.get("source"), d.get("offset_key"))
+        return cls([_finite_back(r) for r in d["records"]], d["next_offset"], bool(d["more"]), d.get("source"),
+                   d.get("offset_key"))
 
 
 UpgradeWhen = Literal["now", "when-idle"]
@@ -339,7 +361,7 @@ class AgentClient:
     def job_status(self, *, job_id: str, timeout: float | None = None) -> JobState:
         """The job here: state, cause, ranks, ranks with logs, each rank's last metrics record
         (see ``JobState``: the agent's dict, passed through)."""
-        return self._call("job_status", **_kw(timeout), job_id=job_id)  # type: ignore[no-any-return]
+        return _job_state(self._call("job_status", **_kw(timeout), job_id=job_id))
 
     def exec(self, *, argv: list[str], timeout_s: float, timeout: float | None = None) -> dict[str, Any]:
         """Run ``argv`` on the host with no shell: its exit code, signal, stdout and stderr (see
@@ -495,7 +517,7 @@ class AgentFleet:
 
     def job_status(self, *, job_id: str, timeout: float | None = None) -> dict[str, JobState | TransportError]:
         """The job on each host (the agents' dicts, passed through: see ``JobState``)."""
-        return self._each(lambda d: d, "job_status", timeout, job_id=job_id)
+        return self._each(_job_state, "job_status", timeout, job_id=job_id)
 
     def job_stop(self, *, job_id: str, grace_s: float | None = None,
                  timeout: float | None = None) -> dict[str, JobStopped | TransportError]:

@@ -1,0 +1,80 @@
+"""A small data-parallel loop for the healing tests: gloo all-reduces each step, a checkpoint every
+few steps in a shared directory, resumed on start; faults on demand in the first attempt only.
+
+    heal_train.py --steps N --ckpt DIR [--sleep S] [--checkpoint-every K]
+                  [--hang-rank R --hang-step S]  rank R stops before step S's all-reduce, for good
+                  [--nan-from S]                 the loss is NaN from step S on
+                  [--faults-always]              the faults in every attempt, not the first only
+
+Reports each step with ``runtime.report(step, loss)``; prints ``resumed from step K`` when it starts
+from a checkpoint.
+"""
+
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import torch.distributed as dist
+
+import runtime
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, required=True)
+p.add_argument("--ckpt", required=True)
+p.add_argument("--sleep", type=float, default=0.2)
+p.add_argument("--checkpoint-every", type=int, default=5)
+p.add_argument("--hang-rank", type=int)
+p.add_argument("--hang-step", type=int)
+p.add_argument("--nan-from", type=int)
+p.add_argument("--faults-always", action="store_true")
+args = p.parse_args()
+
+dist.init_process_group("gloo", init_method="env://")
+rank, world = dist.get_rank(), dist.get_world_size()
+attempt = int(os.environ.get("RIGDECK_RESTART_COUNT", "0"))
+faults = attempt == 0 or args.faults_always
+# The newest checkpoint, or, after rigdeck restarted the job for a NaN loss at step N, the newest
+# saved before N (as runtime.Checkpointer does with RIGDECK_RESUME_BEFORE_STEP).
+before = int(os.environ.get("RIGDECK_RESUME_BEFORE_STEP") or 10**9)
+saved = sorted(int(n[5:-5]) for n in os.listdir(args.ckpt) if n.startswith("step-") and n.endswith(".json"))
+saved = [s for s in saved if s < before]
+start = 1
+if saved:
+    start = saved[-1] + 1
+    if rank == 0:
+        print(f"resumed from step {saved[-1]}", flush=True)
+weight = torch.zeros(1)
+
+
+def wait_for_peers(x: torch.Tensor) -> None:
+    dist.all_reduce(x)
+
+
+def stuck() -> None:
+    while True:  # a rank that stopped making progress, alive
+        time.sleep(1)
+
+
+for step in range(start, args.steps + 1):
+    if faults and args.hang_rank == rank and args.hang_step == step:
+        stuck()
+    x = torch.ones(1) * (step + rank)
+    wait_for_peers(x)
+    loss = 1.0 / step
+    if faults and args.nan_from is not None and step >= args.nan_from:
+        loss = math.nan
+    runtime.report(step=step, loss=loss)
+    if step % args.checkpoint_every == 0:
+        dist.barrier()
+        if rank == 0:
+            path = os.path.join(args.ckpt, f"step-{step}.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump({"step": step}, f)
+            os.replace(path + ".tmp", path)
+        dist.barrier()
+    time.sleep(args.sleep)
+dist.barrier()
+dist.destroy_process_group()

@@ -1,0 +1,142 @@
+"""Training that heals itself, on the test bed (gloo on CPU, simulated GPUs): a hang found with its
+stacks and resumed from the checkpoint, a GPU fault drained and moved away from, a NaN loss.
+Everything through the real CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_jobs import ROOT, Cli, tagged
+from tests.testbed import TestBed
+
+pytestmark = pytest.mark.testbed
+
+TRAIN = ROOT / "tests" / "jobscripts" / "heal_train.py"
+
+
+@pytest.fixture
+def cli(testbed: TestBed, tmp_path: Path) -> Cli:
+    return Cli(testbed, tmp_path)
+
+
+def _steps(metrics: list[dict[str, Any]]) -> list[tuple[int, int]]:
+    return [(m["rank"], m["step"]) for m in metrics if m.get("event") is None and m.get("step") is not None]
+
+
+def test_a_rank_that_hangs_before_its_all_reduce_is_restarted_with_its_stacks_kept(cli: Cli, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    spec = cli.spec("hangs", f"""
+command = ["{{python}}", "{TRAIN}", "--steps", "30", "--ckpt", "{ckpt}", "--sleep", "0.3",
+           "--hang-rank", "3", "--hang-step", "12"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 3
+processes_per_node = 2
+[env]
+OMP_NUM_THREADS = "1"
+[health]
+hang_timeout = "20s"
+[restart]
+max_restarts = 1
+""")
+    final = cli.json("launch", str(spec), "--wait", timeout=240)
+    job_id = final["job_id"]
+    assert final["state"] == "succeeded", json.dumps(final, indent=1)[-3000:]
+    assert final["restarts"] == 1
+    incident = next(e for e in final["events"] if e.get("event") == "incident")["cause"]
+    assert incident["kind"] == "hang" and incident["last_step"] == 11
+    # the cause names the hang and the rank that is not in the all-reduce, where it is
+    assert "hung: no rank reported a step after step 11" in incident["message"]
+    assert "not in a collective: rank 3 at heal_train.py" in incident["message"], incident["message"]
+    assert "in stuck" in incident["message"]
+    assert {s["rank"] for s in incident["stacks"]} == set(range(6))
+    restart = next(e for e in final["events"] if e.get("event") == "restart")
+    metrics = cli.json("metrics", job_id)
+    last_step_at = max(m["time"] for m in metrics if m.get("step") == 11 and m.get("event") is None)
+    assert restart["time"] - last_step_at < 30, (restart["time"], last_step_at)
+    # the stacks are in the ranks' logs, beside their output
+    logs = cli.run("logs", job_id, "--rank", "3").stdout
+    assert "rigdeck: Python stacks of rank 3" in logs and "in stuck" in logs
+    # it resumed from its checkpoint (step 10) and each (rank, step) is shown once
+    assert "resumed from step 10" in cli.run("logs", job_id, "--rank", "0").stdout
+    steps = _steps(metrics)
+    assert sorted(steps) == sorted({(r, s) for r in range(6) for s in range(1, 31)})
+    assert len(steps) == len(set(steps))
+    st = cli.json("status", job_id)
+    (inc,) = st["incidents"]
+    assert inc["kind"] == "hang" and inc["steps_rerun"] == 1 and 0 < inc["resume_s"] < 60
+    assert 20 <= inc["detect_s"] < 35
+    assert 0 < st["goodput"]["ratio"] < 1
+    assert tagged(cli.bed, job_id) == {"h1": [], "h2": [], "h3": []}
+
+
+def test_a_hang_with_on_hang_fail_fails_with_the_cause(cli: Cli, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    spec = cli.spec("hangs-fail", f"""
+command = ["{{python}}", "{TRAIN}", "--steps", "30", "--ckpt", "{ckpt}", "--sleep", "0.2",
+           "--hang-rank", "1", "--hang-step", "4"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 1
+processes_per_node = 2
+[health]
+hang_timeout = "10s"
+on_hang = "fail"
+[restart]
+max_restarts = 2
+""")
+    final = cli.json("launch", str(spec), "--wait", check=False, timeout=120)
+    assert final["state"] == "failed" and final["restarts"] == 0
+    assert final["cause"]["kind"] == "hang" and final["cause"]["message"].startswith(
+        "hung: no rank reported a step after step 3 for 1"), final["cause"]
+    assert "rank 1 at heal_train.py" in final["cause"]["message"]
+
+
+def test_a_loss_that_turns_nan_fails_the_job_naming_the_first_bad_step(cli: Cli, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    spec = cli.spec("diverges", f"""
+command = ["{{python}}", "{TRAIN}", "--steps", "200", "--ckpt", "{ckpt}", "--sleep", "0.5", "--nan-from", "6"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 1
+processes_per_node = 2
+""")
+    final = cli.json("launch", str(spec), "--wait", check=False, timeout=120)
+    assert final["state"] == "failed", final
+    assert final["cause"]["kind"] == "nan" and final["cause"]["message"].startswith(
+        "loss is NaN or inf at every reporting rank since step "), final["cause"]
+    assert 6 <= final["cause"]["last_step"] <= 8
+
+
+def test_a_loss_that_turns_nan_with_on_nan_restart_resumes_from_the_checkpoint(cli: Cli, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    spec = cli.spec("diverges-once", f"""
+command = ["{{python}}", "{TRAIN}", "--steps", "20", "--ckpt", "{ckpt}", "--sleep", "0.5", "--nan-from", "8",
+           "--checkpoint-every", "4"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 1
+processes_per_node = 2
+[health]
+on_nan = "restart"
+[restart]
+max_restarts = 1
+""")
+    final = cli.json("launch", str(spec), "--wait", timeout=150)
+    assert final["state"] == "succeeded" and final["restarts"] == 1, final
+    # from the checkpoint before the first bad step (the one at step 8 was saved after it)
+    assert "resumed from step 4" in cli.run("logs", final["job_id"], "--rank", "0").stdout
+    # the newest attempt's steps stand for the ones it redid
+    metrics = cli.json("metrics", final["job_id"])
+    losses = {m["step"]: m["loss"] for m in metrics
+              if m.get("rank") == 0 and m.get("event") is None and m.get("step") is not None}
+    assert sorted(losses) == list(range(1, 21)), metrics[:5]
+    assert all(v == v for v in losses.values())  # no NaN left
