@@ -69,6 +69,38 @@ class _Dest:
         if self.error is None:
             self.error = why
 
+    def deliver(self, item: list[Any], raw: int) -> None:
+        """Queue one piece (a ``code_put`` blob) of ``raw`` bytes for this host's sender."""
+        self.q.put((item, raw))
+
+
+@dataclass
+class _Staging:
+    """One ``stage`` call's artifact and shared bookkeeping, passed between its steps (asking
+    the hosts, planning the sources, the senders and the fetchers)."""
+
+    ctl: Any
+    tree: str
+    wire: list[list[Any]]  # the manifest code_commit takes
+    sizes: dict[str, int]  # content -> its size
+    names: dict[str, str]  # content -> the first path that holds it (for errors)
+    sources: dict[str, Any]  # host -> the contents it holds, as the artifact says
+    progress: Callable[[str, int, int], None] | None
+    timeout: float
+    t0: float
+    needers: dict[str, list[_Dest]] = field(default_factory=dict)  # content -> hosts that lack it
+    errors: dict[str, str] = field(default_factory=dict)  # content -> why its source failed it
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def source_error(self, src: str, s: str, why: str) -> None:
+        """Content ``s`` cannot come from ``src``: every host that needs it fails (the first
+        reason stays)."""
+        with self.lock:
+            self.errors.setdefault(s, f"{self.names[s]} ({s[:12]}) from {src}: {why}")
+            msg = self.errors[s]
+        for d in self.needers.get(s, []):
+            d.fail(f"{d.host}: {msg}")
+
 
 def stage(ctl: Any, artifact: dict[str, Any], hosts: list[str],
           progress: Callable[[str, int, int], None] | None = None,
@@ -79,23 +111,47 @@ def stage(ctl: Any, artifact: dict[str, Any], hosts: list[str],
     total_bytes)`` is called as contents land; ``timeout`` is the seconds any one answer may
     take."""
     entries, sources = check_artifact(artifact)
-    tree = str(artifact["tree"])
-    wire = [[e.path, e.sha256, e.size, e.executable] for e in entries]
     sizes = {e.sha256: e.size for e in entries}
     names: dict[str, str] = {}
     for e in entries:
         names.setdefault(e.sha256, e.path)
-    blobs = [[s, n] for s, n in sorted(sizes.items())]
-    t0 = time.monotonic()
+    wire = [[e.path, e.sha256, e.size, e.executable] for e in entries]
+    run = _Staging(ctl=ctl, tree=str(artifact["tree"]), wire=wire, sizes=sizes, names=names, sources=sources,
+                   progress=progress, timeout=timeout, t0=time.monotonic())
     results: dict[str, StageResult | Exception] = {}
     hosts = list(dict.fromkeys(hosts))
     if not hosts:
         return results
+    dests = _ask(run, hosts, results)
+    if not dests:
+        return results
+    by_source, empty = _plan(run, dests)
+    with ThreadPoolExecutor(max_workers=len(dests) + len(by_source), thread_name_prefix="stage") as pool:
+        sending = {h: pool.submit(_send, run, d) for h, d in dests.items()}
+        for s in empty:
+            for d in run.needers[s]:
+                d.deliver([s, "raw", "", 0, True], 0)
+        fetching = [pool.submit(_Fetch(run, src, shas).fetch) for src, shas in by_source.items()]
+        for f in fetching:
+            f.result()
+        for d in dests.values():
+            d.q.put(_END)
+        for h, sent in sending.items():
+            results[h] = sent.result()
+    return {h: results[h] for h in hosts}
+
+
+def _ask(run: _Staging, hosts: list[str], results: dict[str, StageResult | Exception]) -> dict[str, _Dest]:
+    """Ask every host, in parallel, what it lacks (``code_have``). A host that has the tree, or
+    cannot be asked, gets its result now; the others are the destinations, their side links
+    kept open for the contents."""
+    tree, sizes, progress = run.tree, run.sizes, run.progress
+    blobs = [[s, n] for s, n in sorted(sizes.items())]
 
     def ask(h: str) -> tuple[Any, dict[str, Any]]:
-        link = ctl.side_link(h)
+        link = run.ctl.side_link(h)
         try:
-            return link, AgentClient.over(link).code_have(tree=tree, blobs=blobs, timeout=timeout)
+            return link, AgentClient.over(link).code_have(tree=tree, blobs=blobs, timeout=run.timeout)
         except BaseException:
             link.close()
             raise
@@ -111,169 +167,172 @@ def stage(ctl: Any, artifact: dict[str, Any], hosts: list[str],
             continue
         if ans.get("path"):
             link.close()
-            results[h] = StageResult(h, str(ans["path"]), 0, 0, time.monotonic() - t0, True)
+            results[h] = StageResult(h, str(ans["path"]), 0, 0, time.monotonic() - run.t0, True)
             if progress:
                 progress(h, 0, 0)
             continue
         missing = sorted({str(s) for s in ans.get("missing") or [] if s in sizes})
         dests[h] = _Dest(h, link, missing, sum(sizes[s] for s in missing))
-    if not dests:
-        return results
+    return dests
 
-    # Which destinations need each content, and where each comes from (once, whoever needs it).
-    needers: dict[str, list[_Dest]] = {}
+
+def _plan(run: _Staging, dests: dict[str, _Dest]) -> tuple[dict[str, list[str]], list[str]]:
+    """Which destinations need each content (``run.needers``), and where each comes from: once,
+    from the first holder that still has it, whoever needs it. Empty contents have nothing to
+    read: they come back apart (their one, empty, piece is known)."""
     for d in dests.values():
         for s in d.missing:
-            needers.setdefault(s, []).append(d)
+            run.needers.setdefault(s, []).append(d)
     by_source: dict[str, list[str]] = {}
     empty = []
-    for s in sorted(needers):
-        if sizes[s] == 0:
-            empty.append(s)  # nothing to read: its one (empty) piece is known
+    for s in sorted(run.needers):
+        if run.sizes[s] == 0:
+            empty.append(s)
             continue
-        holders = [h for h in sources if s in set(sources[h])]
+        holders = [h for h in run.sources if s in set(run.sources[h])]
         # A holder that says it lacks the content (pruned since it was packed) is no source.
         good = [h for h in holders if h not in dests or s not in set(dests[h].missing)]
         by_source.setdefault((good or holders)[0], []).append(s)
-    errors: dict[str, str] = {}
-    lock = threading.Lock()
+    return by_source, empty
 
-    def deliver(d: _Dest, item: list[Any], raw: int) -> None:
-        d.q.put((item, raw))
 
-    def sender(d: _Dest) -> StageResult | Exception:
-        done = {"bytes": 0}
-        if progress:
-            progress(d.host, 0, d.total)
-
-        def calls() -> Iterator[tuple[str, dict[str, Any]]]:
-            held: Any = None
-            while True:
-                got = held if held is not None else d.q.get()
-                held = None
-                if got is _END:
-                    d.ended = True
-                    return
-                batch, raw = [got[0]], got[1]
-                while True:
-                    try:
-                        nxt = d.q.get_nowait()
-                    except queue.Empty:
-                        break
-                    if nxt is _END or raw + nxt[1] > MESSAGE_RAW_BYTES:
-                        held = nxt
-                        break
-                    batch.append(nxt[0])
-                    raw += nxt[1]
-                yield "code_put", {"blobs": batch}
-
-        def landed(r: Any) -> None:
-            if isinstance(r, dict):
-                d.files_sent += int(r.get("stored") or 0)
-                d.bytes_sent += int(r.get("bytes") or 0)
-                done["bytes"] = d.bytes_sent
-            if progress:
-                progress(d.host, min(done["bytes"], d.total), d.total)
-
-        try:
+def _put_calls(d: _Dest) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``code_put`` calls of the pieces queued for ``d``, as they come, the waiting ones batched
+    up to a message's worth of raw bytes; ends at the end mark."""
+    held: Any = None
+    while True:
+        got = held if held is not None else d.q.get()
+        held = None
+        if got is _END:
+            d.ended = True
+            return
+        batch, raw = [got[0]], got[1]
+        while True:
             try:
-                d.link.pipeline(calls(), window=WINDOW, timeout=timeout, on_result=landed)
-            except Exception as e:
-                d.fail(f"{d.host}: {e}")
-                while not d.ended:  # let the sources go on past this host
-                    if d.q.get() is _END:
-                        d.ended = True
-            with lock:
-                why = d.error
-                for s in d.missing:
-                    if s in errors:  # the source's fault says more than the agent's refusal
-                        why = f"{d.host}: {errors[s]}"
-                        break
-            if why is not None:
-                return ArtifactError(why)
-            made = AgentClient.over(d.link).code_commit(tree=tree, files=wire, timeout=max(timeout, 300.0))
-            return StageResult(d.host, str(made["path"]), d.files_sent, d.bytes_sent, time.monotonic() - t0, False)
+                nxt = d.q.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is _END or raw + nxt[1] > MESSAGE_RAW_BYTES:
+                held = nxt
+                break
+            batch.append(nxt[0])
+            raw += nxt[1]
+        yield "code_put", {"blobs": batch}
+
+
+def _send(run: _Staging, d: _Dest) -> StageResult | Exception:
+    """One destination's sender: pass on its pieces as they come, then make the tree
+    (``code_commit``); its StageResult, or the error that stopped it (a source's fault first:
+    it says more than the agent's refusal)."""
+    progress, tree = run.progress, run.tree
+    done = {"bytes": 0}
+    if progress:
+        progress(d.host, 0, d.total)
+
+    def landed(r: Any) -> None:
+        if isinstance(r, dict):
+            d.files_sent += int(r.get("stored") or 0)
+            d.bytes_sent += int(r.get("bytes") or 0)
+            done["bytes"] = d.bytes_sent
+        if progress:
+            progress(d.host, min(done["bytes"], d.total), d.total)
+
+    try:
+        try:
+            d.link.pipeline(_put_calls(d), window=WINDOW, timeout=run.timeout, on_result=landed)
         except Exception as e:
-            return ArtifactError(f"{d.host}: cannot stage artifact {tree[:12]}: {e}")
-        finally:
-            d.link.close()
+            d.fail(f"{d.host}: {e}")
+            while not d.ended:  # let the sources go on past this host
+                if d.q.get() is _END:
+                    d.ended = True
+        with run.lock:
+            why = d.error
+            for s in d.missing:
+                if s in run.errors:  # the source's fault says more than the agent's refusal
+                    why = f"{d.host}: {run.errors[s]}"
+                    break
+        if why is not None:
+            return ArtifactError(why)
+        made = AgentClient.over(d.link).code_commit(tree=tree, files=run.wire, timeout=max(run.timeout, 300.0))
+        return StageResult(d.host, str(made["path"]), d.files_sent, d.bytes_sent, time.monotonic() - run.t0, False)
+    except Exception as e:
+        return ArtifactError(f"{d.host}: cannot stage artifact {tree[:12]}: {e}")
+    finally:
+        d.link.close()
 
-    def source_error(src: str, s: str, why: str) -> None:
-        with lock:
-            errors.setdefault(s, f"{names[s]} ({s[:12]}) from {src}: {why}")
-            msg = errors[s]
-        for d in needers.get(s, []):
-            d.fail(f"{d.host}: {msg}")
 
-    def fetch(src: str, shas: list[str]) -> None:
-        order: deque[tuple[str, int, int]] = deque()
-        hashes: dict[str, Any] = {}
-        finished: set[str] = set()
-        passed: dict[str, int] = {}  # bytes of each content passed on so far
+class _Fetch:
+    """One source's fetcher: reads its contents once, in pieces (``code_get``, pipelined on a
+    side link), checks each content's size and SHA-256 as it comes, and passes every piece on
+    to each host that needs it."""
 
-        def calls() -> Iterator[tuple[str, dict[str, Any]]]:
-            for s in shas:
-                if all(d.error is not None for d in needers[s]):
-                    continue  # every host that wanted it has failed already
-                off = 0
-                while off < sizes[s]:
-                    n = min(PIECE_BYTES, sizes[s] - off)
-                    order.append((s, off, n))
-                    yield "code_get", {"sha": s, "offset": off, "size": n}
-                    off += n
+    def __init__(self, staging: _Staging, src: str, shas: list[str]) -> None:
+        self.staging = staging
+        self.src = src
+        self.shas = shas
+        self.order: deque[tuple[str, int, int]] = deque()  # the pieces asked for, in order
+        self.hashes: dict[str, Any] = {}
+        self.finished: set[str] = set()
+        self.passed: dict[str, int] = {}  # bytes of each content passed on so far
 
-        def got(r: Any) -> None:
-            s, off, n = order.popleft()
-            if s in errors or s in finished:
-                return
-            text = str((r or {}).get("data") or "")
-            data = base64.b64decode(text)
-            h = hashes[s] = hashlib.sha256() if off == 0 else hashes[s]
-            h.update(data)
-            last = off + n >= sizes[s]
-            bad = None
-            if len(data) != n or (r or {}).get("size") != sizes[s]:
-                bad = f"it is {(r or {}).get('size')} bytes there now, not {sizes[s]} as packed"
-                last = True
-            elif last and h.hexdigest() != s:
-                bad = "its content there no longer matches its SHA-256 (changed since it was packed)"
-            if bad is not None:
-                source_error(src, s, bad)
-            item = [s, "raw", text, off, last]
-            for d in needers[s]:
-                # A bad content's last piece goes too: the receiving agent checks it, refuses
-                # it and drops what it had of it (nothing of it is kept).
-                if d.error is None or bad is not None:
-                    deliver(d, item, len(data))
-            passed[s] = off + len(data)
-            if last:
-                finished.add(s)
+    def calls(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        """``code_get`` of every piece, content after content; a content no host still wants
+        (all that wanted it have failed) is skipped."""
+        sizes, needers = self.staging.sizes, self.staging.needers
+        for s in self.shas:
+            if all(d.error is not None for d in needers[s]):
+                continue  # every host that wanted it has failed already
+            off = 0
+            while off < sizes[s]:
+                n = min(PIECE_BYTES, sizes[s] - off)
+                self.order.append((s, off, n))
+                yield "code_get", {"sha": s, "offset": off, "size": n}
+                off += n
 
+    def got(self, r: Any) -> None:
+        """One piece's answer: hashed into its content, checked, passed on."""
+        run = self.staging
+        s, off, n = self.order.popleft()
+        if s in run.errors or s in self.finished:
+            return
+        size = run.sizes[s]
+        text = str((r or {}).get("data") or "")
+        data = base64.b64decode(text)
+        h = self.hashes[s] = hashlib.sha256() if off == 0 else self.hashes[s]
+        h.update(data)
+        last = off + n >= size
+        bad = None
+        if len(data) != n or (r or {}).get("size") != size:
+            bad = f"it is {(r or {}).get('size')} bytes there now, not {size} as packed"
+            last = True
+        elif last and h.hexdigest() != s:
+            bad = "its content there no longer matches its SHA-256 (changed since it was packed)"
+        if bad is not None:
+            run.source_error(self.src, s, bad)
+        item = [s, "raw", text, off, last]
+        for d in run.needers[s]:
+            # A bad content's last piece goes too: the receiving agent checks it, refuses
+            # it and drops what it had of it (nothing of it is kept).
+            if d.error is None or bad is not None:
+                d.deliver(item, len(data))
+        self.passed[s] = off + len(data)
+        if last:
+            self.finished.add(s)
+
+    def fetch(self) -> None:
+        """Fetch every content; a source that breaks off fails what it had not finished, and
+        the hosts that had part of one get an empty last part (they check it and drop it)."""
         link = None
         try:
-            link = ctl.side_link(src)
-            link.pipeline(calls(), window=WINDOW, timeout=timeout, on_result=got)
+            link = self.staging.ctl.side_link(self.src)
+            link.pipeline(self.calls(), window=WINDOW, timeout=self.staging.timeout, on_result=self.got)
         except Exception as e:
-            for s in shas:
-                if s not in finished:
-                    source_error(src, s, f"cannot read it: {e}")
-                    if passed.get(s):  # an empty last part: the receiver checks what it has, drops it
-                        for d in needers[s]:
-                            deliver(d, [s, "raw", "", passed[s], True], 0)
+            for s in self.shas:
+                if s not in self.finished:
+                    self.staging.source_error(self.src, s, f"cannot read it: {e}")
+                    if self.passed.get(s):  # an empty last part: the receiver checks what it has, drops it
+                        for d in self.staging.needers[s]:
+                            d.deliver([s, "raw", "", self.passed[s], True], 0)
         finally:
             if link is not None:
                 link.close()
-
-    with ThreadPoolExecutor(max_workers=len(dests) + len(by_source), thread_name_prefix="stage") as pool:
-        sending = {h: pool.submit(sender, d) for h, d in dests.items()}
-        for s in empty:
-            for d in needers[s]:
-                deliver(d, [s, "raw", "", 0, True], 0)
-        fetching = [pool.submit(fetch, src, shas) for src, shas in by_source.items()]
-        for f in fetching:
-            f.result()
-        for d in dests.values():
-            d.q.put(_END)
-        for h, sent in sending.items():
-            results[h] = sent.result()
-    return {h: results[h] for h in hosts}
