@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_jobs import ROOT, Cli, tagged
+from tests.test_jobs import ROOT, Cli, tagged, wait_until
 from tests.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
@@ -140,3 +140,104 @@ max_restarts = 1
               if m.get("rank") == 0 and m.get("event") is None and m.get("step") is not None}
     assert sorted(losses) == list(range(1, 21)), metrics[:5]
     assert all(v == v for v in losses.values())  # no NaN left
+
+
+def _host_index(cli: Cli, name: str) -> int:
+    return next(i for i, h in enumerate(cli.bed.hosts, start=1) if h.name == name)
+
+
+def _write_faults(cli: Cli, host: str, faults: dict[str, Any]) -> None:
+    path = cli.bed.hosts[_host_index(cli, host) - 1].state_dir / "sim-gpu-faults.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(faults))
+    tmp.replace(path)
+
+
+def _gpu(cli: Cli, host: str, index: int) -> dict[str, Any]:
+    (report,) = cli.json("hosts", host)
+    return next(g for g in report["gpus"] if g["index"] == index)
+
+
+@pytest.mark.parametrize("fault", [{"xid": 79}, {"ecc_uncorrected": 3}, {"lost": True}],
+                         ids=["xid79", "ecc", "lost"])
+def test_a_failing_gpu_under_a_rank_is_drained_and_the_job_resumes_elsewhere(
+        cli: Cli, tmp_path: Path, fault: dict[str, Any]) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    spec = cli.spec("gpu-fault", f"""
+command = ["{{python}}", "{TRAIN}", "--steps", "30", "--ckpt", "{ckpt}", "--sleep", "0.3"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 2
+gpus_per_node = 2
+[env]
+OMP_NUM_THREADS = "1"
+[restart]
+max_restarts = 1
+""")
+    waiter = cli.popen("launch", str(spec), "--wait", "--json")
+    host, gpu = "", -1
+    try:
+        def stepping() -> bool:
+            jobs = [j for j in cli.json("jobs") if j["name"] == "gpu-fault" and j["state"] == "running"]
+            return bool(jobs) and (cli.json("status", jobs[0]["job_id"]).get("last_step") or 0) >= 6
+
+        wait_until(stepping, 120, "the job's sixth step")
+        job_id = next(j["job_id"] for j in cli.json("jobs") if j["name"] == "gpu-fault")
+        first = cli.json("status", job_id)
+        host, gpu = first["placement"][0]["host"], first["placement"][0]["gpus"][1]
+        _write_faults(cli, host, {str(gpu): fault})
+        took = wait_until(lambda: _gpu(cli, host, gpu)["health"] == "unhealthy", 10, "the GPU unhealthy")
+        assert took < 10
+        why = _gpu(cli, host, gpu)["health_reason"]
+        out, err = waiter.communicate(timeout=180)
+        final = json.loads(out)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+        if host:
+            _write_faults(cli, host, {})
+    assert final["state"] == "succeeded" and final["restarts"] == 1, json.dumps(final, indent=1)[-3000:]
+    incident = next(e for e in final["events"] if e.get("event") == "incident")["cause"]
+    assert incident == {"message": f"{host} GPU {gpu} (simulated): {why}", "kind": "gpu", "host": host, "gpu": gpu}
+    stop = next(e for e in final["events"] if e.get("event") == "incident")["time"]
+    assert all((n["host"], g) != (host, gpu) for n in final["placement"] for g in n["gpus"])
+    assert "resumed from step" in cli.run("logs", final["job_id"], "--rank", "0").stdout
+    restarted = next(e for e in final["events"] if e.get("event") == "started" and e.get("restart_count") == 1)
+    assert restarted["time"] - stop < 30
+    # rigdeck drained it: a launch that needs it is refused, naming it, until an operator undrains it
+    (drain,) = cli.json("drains")
+    assert (drain["host"], drain["gpu"], drain["who"], drain["source"]) == (host, gpu, "rigdeck", "health")
+    whole = cli.spec("whole-host", f"""
+command = ["{{python}}", "-c", "print('ok')"]
+workdir = "{ROOT}"
+hosts = ["{host}"]
+gpus_per_node = 4
+""")
+    refused = cli.run("launch", str(whole), "--no-queue", check=False)
+    assert refused.returncode == 2 and f"GPU {gpu} drained ({host} GPU {gpu} (simulated): {why})" in refused.stderr
+    assert _gpu(cli, host, gpu)["health"] == "drained"  # the fault is gone, the drain stays
+    assert [d["target"] for d in cli.json("undrain", f"{host}:{gpu}")] == [f"{host}:{gpu}"]
+    assert cli.json("drains") == []
+    ran = cli.json("launch", str(whole), "--no-queue", "--wait")
+    assert ran["state"] == "succeeded" and gpu in ran["placement"][0]["gpus"]
+    assert _gpu(cli, host, gpu)["health"] == "ok"
+
+
+def test_throttling_only_warns(cli: Cli, tmp_path: Path) -> None:
+    host = cli.bed.hosts[0].name
+    try:
+        _write_faults(cli, host, {"3": {"throttle": "hw_slowdown"}})
+        wait_until(lambda: _gpu(cli, host, 3)["health"] == "warn", 10, "the warning")
+        assert _gpu(cli, host, 3)["health_reason"] == "throttled: hardware slowdown"
+        spec = cli.spec("on-a-slow-gpu", f"""
+command = ["{{python}}", "-c", "print('ok')"]
+workdir = "{ROOT}"
+hosts = ["{host}"]
+gpus_per_node = 4
+""")
+        ran = cli.json("launch", str(spec), "--no-queue", "--wait")
+        assert ran["state"] == "succeeded" and ran["restarts"] == 0 and 3 in ran["placement"][0]["gpus"]
+        assert cli.json("drains") == []
+    finally:
+        _write_faults(cli, host, {})

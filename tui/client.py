@@ -227,6 +227,20 @@ class Client:
         raise NotImplementedError
 
     # doctor (tui.model.doctor)
+    # drains (tui.model.health)
+    def drains(self) -> list[dict[str, Any]]:
+        """The GPUs and hosts kept out of placement, each with who drained it, when and why."""
+        raise NotImplementedError
+
+    def drain(self, targets: Sequence[str], reason: str = "", now: bool = False, who: str = "") -> list[dict[str, Any]]:
+        """Keep ``HOST`` or ``HOST:GPU`` out of placement; ``now`` also moves the jobs running
+        there. Every drain in force afterwards."""
+        raise NotImplementedError
+
+    def undrain(self, targets: Sequence[str]) -> list[dict[str, Any]]:
+        """Put ``HOST`` or ``HOST:GPU`` back into placement; the drains removed."""
+        raise NotImplementedError
+
     def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> DoctorReport:
         """Run the doctor's checks over ``hosts`` (default: every host of the inventory) and
         return what it found; ``checks``: a subset of tui.model.doctor.CHECKS."""
@@ -385,6 +399,15 @@ class InProcessClient(Client):
 
     def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
         return self.service.sweep_wait(ref, timeout=timeout)
+
+    def drains(self) -> list[dict[str, Any]]:
+        return self.service.drains()
+
+    def drain(self, targets: Sequence[str], reason: str = "", now: bool = False, who: str = "") -> list[dict[str, Any]]:
+        return self.service.drain(targets, reason, now, who)
+
+    def undrain(self, targets: Sequence[str]) -> list[dict[str, Any]]:
+        return self.service.undrain(targets)
 
     def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> DoctorReport:
         return self.service.doctor(hosts, checks)
@@ -874,6 +897,16 @@ class RemoteClient(Client):
 
     def wait(self, ref: str, timeout: float | None = None) -> Iterator[JobView]:
         return self.stream(api.wait, ref=ref, timeout=timeout)
+
+    def drains(self) -> list[dict[str, Any]]:
+        return self.call(api.drains)
+
+    def drain(self, targets: Sequence[str], reason: str = "", now: bool = False, who: str = "") -> list[dict[str, Any]]:
+        # A drain --now waits for the jobs it moves to be stopped and started again.
+        return self.call(api.drain, timeout=600.0, targets=list(targets), reason=reason, now=now, who=who)
+
+    def undrain(self, targets: Sequence[str]) -> list[dict[str, Any]]:
+        return self.call(api.undrain, targets=list(targets))
 
     def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> DoctorReport:
         # Measurement jobs run for a while: the server answers when they have ended.

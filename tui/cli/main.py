@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tui.cli import doctor as doctor_cli
+from tui.cli import drain as drain_cli
 from tui.cli import exec as exec_cli
 from tui.cli import onboard as onboard_cli
 from tui.cli import pipeline as pipeline_cli
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep_cli.add_parsers(sub, _common)
     doctor_cli.add_parser(sub, _common)
+    drain_cli.add_parsers(sub, _common)
     pipeline_cli.add_parsers(sub, _common)
     exec_cli.add_parser(sub, _common)
     web_cli.add_parser(sub, _common)
@@ -590,6 +592,8 @@ def main(argv: Sequence[str] | None = None, open_app: AppOpener | None = None) -
             return sweep_cli.run(args, _client)
         if args.command == "doctor":
             return doctor_cli.run(args, _client)
+        if args.command in ("drain", "undrain", "drains"):
+            return drain_cli.run(args, _client)
         if args.command in ("pipeline", "pipelines"):
             return pipeline_cli.run(args, _client)
         if args.command == "exec":

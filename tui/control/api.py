@@ -235,6 +235,21 @@ def sweep_wait(ref: str, timeout: float | None = None) -> SweepDetail:
     """The sweep's detail each time a trial changes state, until the sweep ends."""
 
 
+@_declare("drains")
+def drains() -> list[dict[str, Any]]:
+    """The GPUs and hosts kept out of placement: who, when, why."""
+
+
+@_declare("drain")
+def drain(targets: list[str], reason: str = "", now: bool = False, who: str = "") -> list[dict[str, Any]]:
+    """Keep ``HOST`` or ``HOST:GPU`` out of placement (``now``: move the jobs running there too)."""
+
+
+@_declare("undrain")
+def undrain(targets: list[str]) -> list[dict[str, Any]]:
+    """Put ``HOST`` or ``HOST:GPU`` back into placement; the drains removed."""
+
+
 @_declare("doctor")
 def doctor(hosts: list[str] | None = None, checks: list[str] | None = None) -> DoctorReport:
     """Run the doctor's checks over ``hosts`` (default: every host)."""

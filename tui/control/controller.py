@@ -450,6 +450,12 @@ class Controller(TypedAgents):
             report.sample = AgentClient.over(link).sample(timeout=spec.connect_timeout)
         finally:
             link.close()
+        # Each GPU's health as the agent judges it now (agent/gpuhealth.py), beside its facts.
+        judged = {g.get("index"): g for g in (report.sample or {}).get("gpus") or []}
+        for g in report.gpus:
+            seen = judged.get(g.get("index"))
+            g["health"] = (seen.get("health") or "ok") if seen is not None else None
+            g["health_reason"] = seen.get("health_reason") if seen is not None else None
 
     def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
         """Install the current agent where it is missing, verify it, and report each host."""

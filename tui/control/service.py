@@ -27,6 +27,7 @@ from tui.control.pipelines import PipelineRunner
 from tui.control.queue import JobQueue, QueueEntry
 from tui.control.sweeps import SweepRunner
 from tui.model.doctor import DoctorReport
+from tui.model.health import DRAINED, UNHEALTHY, Drain, drained, parse_target
 from tui.model.inventory import Inventory
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
@@ -36,6 +37,15 @@ from tui.model.sweepview import SweepDetail, SweepRow
 from tui.model.userconfig import NotifyConfig
 
 log = logging.getLogger(__name__)
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "?"
 
 SWEEP_ROUND_S = 0.25  # the poller's interval while a sweep has trials to follow
 
@@ -261,7 +271,57 @@ class ControllerService:
     # -- hosts -----------------------------------------------------------------------------
 
     def probe(self, names: Sequence[str] | None = None) -> list[HostReport]:
-        return self.ctl.probe(names)
+        """Each host as it answers now. A drained GPU carries its ``drain`` (who, when, why) and
+        reads ``health`` "drained", unless its agent calls it unhealthy: that stays what it reads
+        until the fault is gone."""
+        reports = self.ctl.probe(names)
+        drains = [Drain.from_dict(d) for d in self.manager.history.drains()]
+        for r in reports:
+            for g in r.gpus:
+                d = drained(drains, r.name, g.get("index"))
+                if d is None:
+                    continue
+                g["drain"] = d.to_dict()
+                if g.get("health") != UNHEALTHY:
+                    g["health"] = DRAINED
+                    g["health_reason"] = f"drained by {d.who}" + (f": {d.reason}" if d.reason else "")
+        return reports
+
+    # -- drains: GPUs and hosts kept out of placement ------------------------------------------
+
+    def drains(self) -> list[dict[str, Any]]:
+        return [Drain.from_dict(d).to_dict() for d in self.manager.history.drains()]
+
+    def drain(self, targets: Sequence[str], reason: str = "", now: bool = False, who: str = "") -> list[dict[str, Any]]:
+        """Keep ``HOST`` or ``HOST:GPU`` targets out of placement (all checked before any is
+        drained); ``now`` also stops the jobs running there and restarts them elsewhere (from
+        their checkpoints, counted against their restarts). Returns every drain in force."""
+        m = self.manager
+        parsed = [parse_target(t, self.ctl.inventory.names) for t in targets]
+        for host, gpu in parsed:
+            m.history.drain(host, gpu, reason, who or _user(), source="operator", now=now)
+        m.healer.drains_read = 0.0  # read again at the next look
+        if now:
+            hit = {h for h, _ in parsed}
+            for rec in m.history.list(limit=500):
+                if rec["state"] == "running" and hit & {n["host"] for n in rec.get("placement") or []}:
+                    m.supervise_once(rec)  # the healer sees the drain and moves the job
+        return self.drains()
+
+    def undrain(self, targets: Sequence[str]) -> list[dict[str, Any]]:
+        """Put ``HOST`` or ``HOST:GPU`` back into placement; the hosts forget the faults they
+        remembered for those GPUs (a fault still there shows again at once). The drains removed."""
+        m = self.manager
+        parsed = [parse_target(t, self.ctl.inventory.names) for t in targets]
+        removed: list[dict[str, Any]] = []
+        for host, gpu in parsed:
+            removed += m.history.undrain(host, gpu)
+            try:
+                self.ctl.agent(host).gpu_health_clear(gpus=None if gpu is None else [gpu], timeout=20)
+            except Exception as e:  # an unreachable host forgets nothing: its next sample decides
+                log.warning("%s: could not clear its remembered GPU faults: %s", host, e)
+        m.healer.drains_read = 0.0
+        return [Drain.from_dict(d).to_dict() for d in removed]
 
     def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
         return self.ctl.deploy(names)
