@@ -5,6 +5,7 @@ Everything through the real CLI."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -241,3 +242,55 @@ gpus_per_node = 4
         assert cli.json("drains") == []
     finally:
         _write_faults(cli, host, {})
+
+
+def test_a_host_lost_mid_job_is_left_out_and_the_job_resumes_on_the_spare(cli: Cli, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    spec = cli.spec("host-lost", f"""
+command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 2
+processes_per_node = 2
+[env]
+OMP_NUM_THREADS = "1"
+[health]
+host_timeout = "15s"
+[restart]
+max_restarts = 1
+""")
+    waiter = cli.popen("launch", str(spec), "--wait", "--json")
+    lost = 0
+    try:
+        def stepping() -> bool:
+            jobs = [j for j in cli.json("jobs") if j["name"] == "host-lost" and j["state"] == "running"]
+            return bool(jobs) and (cli.json("status", jobs[0]["job_id"]).get("last_step") or 0) >= 8
+
+        wait_until(stepping, 120, "the job's eighth step")
+        job_id = next(j["job_id"] for j in cli.json("jobs") if j["name"] == "host-lost")
+        hosts = [n["host"] for n in cli.json("status", job_id)["placement"]]
+        spare = next(h.name for h in cli.bed.hosts if h.name not in hosts)
+        gone = hosts[1]
+        lost = _host_index(cli, gone)
+        cli.bed.link_down(lost)  # first the link: the others hear nothing and wait in their all-reduce
+        cli.bed.exec(lost, ["sh", "-c", f"grep -l -a 'RIGDECK_JOB_ID={job_id}' /proc/[0-9]*/environ 2>/dev/null"
+                                        " | cut -d/ -f3 | xargs -r kill -9"])
+        killed_at = time.time()
+        out, err = waiter.communicate(timeout=240)
+        final = json.loads(out)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+        if lost:
+            cli.bed.link_up(lost)
+    assert final["state"] == "succeeded" and final["restarts"] == 1, json.dumps(final, indent=1)[-3000:]
+    assert sorted(n["host"] for n in final["placement"]) == sorted([hosts[0], spare])
+    incident = next(e for e in final["events"] if e.get("event") == "incident")["cause"]
+    assert incident["kind"] == "host" and incident["host"] == gone
+    assert incident["message"].startswith(f"{gone} unreachable for ")
+    started = next(e for e in final["events"] if e.get("event") == "started" and e.get("restart_count") == 1)
+    assert started["time"] - killed_at < 60
+    assert "resumed from step" in cli.run("logs", final["job_id"], "--rank", "0").stdout
+    (inc,) = cli.json("status", final["job_id"])["incidents"]
+    assert inc["kind"] == "host" and inc["resume_s"] is not None

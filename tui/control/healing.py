@@ -79,6 +79,7 @@ class Healer:
     history: History
     watch: ProgressWatch = field(default_factory=ProgressWatch)
     unreachable: dict[tuple[str, str], float] = field(default_factory=dict)  # (job, host) -> since
+    answered: dict[tuple[str, str], float] = field(default_factory=dict)  # (job, host) -> its last answer
     bad: dict[str, list[float]] = field(default_factory=dict)  # job -> steps seen with every loss bad
     seen_steps: dict[str, float] = field(default_factory=dict)  # job -> the newest step the guard read
     pending: dict[str, _Pending] = field(default_factory=dict)
@@ -106,7 +107,8 @@ class Healer:
                     for p in (st.get("progress") or {}).values() if int(p.get("attempt") or 0) == attempt]
         seen = self.watch.observe(job_id, attempt, [_num(p.get("step")) for p in progress], now)
         self._resumed(job_id, attempt, seen.last_step, now)
-        return (self._gpu_fault(rec, states) or self._drained(rec) or self._host_fault(job_id, states, spec, now)
+        host = self._host_fault(job_id, states, spec, now)  # it keeps when each host last answered: always
+        return (self._gpu_fault(rec, states) or self._drained(rec) or host
                 or self._nan_fault(job_id, progress, spec) or self._hang_fault(job_id, spec, now))
 
     def _gpu_fault(self, rec: Mapping[str, Any], states: Mapping[str, Any]) -> Fault | None:
@@ -137,9 +139,11 @@ class Healer:
         for host, st in states.items():
             key = (job_id, host)
             if isinstance(st, dict):
+                self.answered[key] = now
                 self.unreachable.pop(key, None)
                 continue
-            since = self.unreachable.setdefault(key, now)
+            # Out of reach since it last answered (a cut link makes the look that finds it wait)
+            since = self.unreachable.setdefault(key, self.answered.get(key, now))
             if now - since >= spec.host_timeout:
                 return Fault("host", f"{host} unreachable for {now - since:.0f} s ({st})", host=host,
                              detect_s=now - since)
@@ -189,6 +193,7 @@ class Healer:
         self.pending[job_id] = _Pending(seq, stopped_at, attempt, last)
         self.watch.forget(job_id)
         self.unreachable = {k: v for k, v in self.unreachable.items() if k[0] != job_id}
+        self.answered = {k: v for k, v in self.answered.items() if k[0] != job_id}
         self.bad.pop(job_id, None)
         self.seen_steps.pop(job_id, None)
         return seq
@@ -208,6 +213,7 @@ class Healer:
         self.bad.pop(job_id, None)
         self.seen_steps.pop(job_id, None)
         self.unreachable = {k: v for k, v in self.unreachable.items() if k[0] != job_id}
+        self.answered = {k: v for k, v in self.answered.items() if k[0] != job_id}
 
 
 def with_reruns(incidents: Sequence[Incident], records: Sequence[Mapping[str, Any]]) -> list[Incident]:

@@ -735,11 +735,12 @@ class JobManager:
     def record(self, ref: str) -> dict[str, Any]:
         return self.resolve(ref).rec
 
-    def host_states(self, rec: dict[str, Any]) -> dict[str, Any]:
-        """What each host of the job's placement says of it (``job_status``), or the
-        TransportError that kept it from saying."""
-        hosts = list(dict.fromkeys(n["host"] for n in rec.get("placement") or []))
-        return self.ctl.agents(hosts).job_status(job_id=rec["job_id"], timeout=20)
+    def host_states(self, rec: dict[str, Any], skip: Sequence[str] = ()) -> dict[str, Any]:
+        """What each host of the job's placement (but ``skip``) says of it (``job_status``), or the
+        TransportError that kept it from saying. A host that does not answer in 10 s is out of
+        reach for this look (a cut link answers nothing at all: each look would wait as long)."""
+        hosts = [h for h in dict.fromkeys(n["host"] for n in rec.get("placement") or []) if h not in skip]
+        return self.ctl.agents(hosts).job_status(job_id=rec["job_id"], timeout=10)
 
     def stop(
         self, ref: str, grace_s: float | None = None, wait: bool = True, *, yes: bool = False
@@ -926,7 +927,7 @@ class JobManager:
         spec = JobSpec.from_dict(rec["spec"])
         restarts = int(rec.get("restarts") or 0)
         if restarts < spec.restart.max_restarts and eligible:
-            self._wait_terminal(rec, 30)
+            self._wait_terminal(rec, 30, skip=dead)
             self.history.add_event(job_id, {"event": "restart", "restart_count": restarts + 1, "cause": cause})
             self.scheduler.release(job_id)
             candidates = [h for h in (list(spec.hosts) or self.ctl.inventory.names) if h not in dead]
@@ -946,16 +947,17 @@ class JobManager:
             return states
         # Decided: announced now (notifications), recorded once the gang has stopped.
         self.history.announce(job_id, "failed", {"cause": cause})
-        self._wait_terminal(rec, 15)  # the rest of the gang is stopping: let it finish
+        self._wait_terminal(rec, 15, skip=dead)  # the rest of the gang is stopping: let it finish
         self.history.update(job_id, state="failed", ended=time.time(), cause=cause)
         self.history.add_event(job_id, {"event": "failed", "cause": cause})
         self.scheduler.release(job_id)
         return states
 
-    def _wait_terminal(self, rec: dict[str, Any], timeout: float) -> None:
+    def _wait_terminal(self, rec: dict[str, Any], timeout: float, skip: Sequence[str] = ()) -> None:
+        """Until every host of the job but ``skip`` (out of reach) says it ended, or ``timeout``."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            states = self.host_states(rec)
+            states = self.host_states(rec, skip=skip)
             if all(not isinstance(s, dict) or s.get("state") in TERMINAL for s in states.values()):
                 return
             time.sleep(POLL_S)
