@@ -326,3 +326,57 @@ def test_pack_links_the_jobs_own_files_copies_others_and_reads_an_unchanged_job_
 
 def _sha_bytes(b: bytes) -> str:
     return hashlib.sha256(b).hexdigest()
+
+
+def test_a_destination_whose_link_fails_after_the_last_piece_does_not_hang_the_stage() -> None:
+    """A destination's link that fails once its sender has taken the last pieces, and the end
+    mark behind them, off its queue: the sender must not wait for a second end mark (it used to,
+    and ``stage`` never returned). Fake links, no bed."""
+    import base64
+    import threading
+
+    from tui.remote.artifacts import StageResult, stage
+
+    content = b"one piece\n" * 100
+    sha = _sha_bytes(content)
+    rows = [["a.txt", sha, len(content), False]]
+    art = {"tree": tree_hash([FileEntry(*r) for r in rows]), "files": rows,  # type: ignore[arg-type]
+           "bytes": len(content), "sources": {"src": [sha]}}
+    fetched = threading.Event()
+
+    class Link:
+        def __init__(self, host: str) -> None:
+            self.host = host
+
+        def request(self, method: str, timeout: float = 30.0, **params: Any) -> Any:
+            assert method == "code_have", method
+            return {"path": "/trees/t"} if self.host == "src" else {"missing": [sha]}
+
+        def pipeline(self, calls: Iterator[tuple[str, dict[str, Any]]], window: int = 4, timeout: float = 60.0,
+                     on_result: Any = None) -> int:
+            if self.host == "src":
+                for method, _params in calls:
+                    assert method == "code_get", method
+                    on_result({"data": base64.b64encode(content).decode(), "size": len(content), "eof": True})
+                return 1
+            fetched.wait(10)
+            time.sleep(0.3)  # the end mark is queued by now: the batch takes it along
+            next(calls)
+            raise ConnectionError("link dropped")
+
+        def close(self) -> None:
+            if self.host == "src":
+                fetched.set()
+
+    class Ctl:
+        def side_link(self, host: str) -> Link:
+            return Link(host)
+
+    got: dict[str, Any] = {}
+    worker = threading.Thread(target=lambda: got.update(stage(Ctl(), art, ["src", "dst"], timeout=5.0)),
+                              daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "stage hung on a destination whose link failed"
+    assert isinstance(got["src"], StageResult) and got["src"].had_tree
+    assert isinstance(got["dst"], ArtifactError) and str(got["dst"]) == "dst: link dropped", got["dst"]

@@ -213,6 +213,8 @@ def _put_calls(d: _Dest) -> Iterator[tuple[str, dict[str, Any]]]:
             except queue.Empty:
                 break
             if nxt is _END or raw + nxt[1] > MESSAGE_RAW_BYTES:
+                if nxt is _END:  # off the queue now: a link that fails before this batch is
+                    d.ended = True  # answered must not leave the sender waiting for another one
                 held = nxt
                 break
             batch.append(nxt[0])
