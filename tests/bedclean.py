@@ -144,6 +144,9 @@ def leftovers(bed: TestBed) -> list[str]:
         for gpu, job in sorted(claims_held(host).items()):
             lines.append(f"{host.name}: GPU {gpu} claimed by job {job}")
         lines += [f"{host.name}: {what}" for what in _links(bed, host)]
+        faults = host.state_dir / "sim-gpu-faults.json"
+        if faults.exists() and faults.read_text().strip() not in ("", "{}"):
+            lines.append(f"{host.name}: simulated GPU faults left: {faults.read_text().strip()[:200]}")
     return lines
 
 
@@ -156,6 +159,7 @@ def clean(bed: TestBed, timeout: float = 15.0) -> list[str]:
             _out(["tc", "-n", host.netns, "qdisc", "del", "dev", "eth0", "root"])
             _out(["tc", "qdisc", "del", "dev", host.veth, "root"])
             _out(["ip", "netns", "exec", host.netns, "iptables", "-F"])
+            (host.state_dir / "sim-gpu-faults.json").unlink(missing_ok=True)
         for procs in job_processes(bed).values():
             for pid, _, _ in procs:
                 try:

@@ -294,3 +294,59 @@ max_restarts = 1
     assert "resumed from step" in cli.run("logs", final["job_id"], "--rank", "0").stdout
     (inc,) = cli.json("status", final["job_id"])["incidents"]
     assert inc["kind"] == "host" and inc["resume_s"] is not None
+
+
+def test_an_operator_drains_by_hand_and_drain_now_moves_the_running_job(cli: Cli, tmp_path: Path) -> None:
+    import getpass
+
+    h1, h2, h3 = (h.name for h in cli.bed.hosts)
+    try:
+        (d,) = cli.json("drain", h3, "--reason", "PSU swap")
+        assert (d["target"], d["who"], d["source"], d["reason"], d["now"]) == (h3, getpass.getuser(), "operator",
+                                                                               "PSU swap", False)
+        assert "PSU swap" in cli.run("drains").stdout  # another process, the same drains: kept in the history
+        wide = cli.spec("three-hosts", f'command = ["{{python}}", "-c", "print(1)"]\nworkdir = "{ROOT}"\nnodes = 3\n'
+                                       'gpus_per_node = 1\n')
+        refused = cli.run("launch", str(wide), "--no-queue", check=False)
+        assert refused.returncode == 2 and f"{h3} drained" in refused.stderr, refused.stderr
+        ckpt = tmp_path / "ckpt"
+        ckpt.mkdir()
+        spec = cli.spec("moved", f"""
+command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 2
+gpus_per_node = 3
+[env]
+OMP_NUM_THREADS = "1"
+[restart]
+max_restarts = 1
+""")
+        waiter = cli.popen("launch", str(spec), "--wait", "--json")
+        try:
+            def stepping() -> bool:
+                jobs = [j for j in cli.json("jobs") if j["name"] == "moved" and j["state"] == "running"]
+                return bool(jobs) and (cli.json("status", jobs[0]["job_id"]).get("last_step") or 0) >= 5
+
+            wait_until(stepping, 120, "the job's fifth step")
+            job_id = next(j["job_id"] for j in cli.json("jobs") if j["name"] == "moved")
+            placement = cli.json("status", job_id)["placement"]
+            assert sorted(n["host"] for n in placement) == [h1, h2]
+            gpu = next(n for n in placement if n["host"] == h2)["gpus"][0]
+            cli.run("drain", f"{h2}:{gpu}", "--now", "--reason", "fan noise")
+            drained_at = time.time()
+            out, _ = waiter.communicate(timeout=180)
+            final = json.loads(out)
+        finally:
+            if waiter.poll() is None:
+                waiter.kill()
+        assert final["state"] == "succeeded" and final["restarts"] == 1, json.dumps(final, indent=1)[-3000:]
+        incident = next(e for e in final["events"] if e.get("event") == "incident")
+        assert incident["cause"] == {"message": f"{h2}:{gpu} drained by {getpass.getuser()} (fan noise)",
+                                     "kind": "drain", "host": h2, "gpu": gpu}
+        assert incident["time"] - drained_at < 10
+        assert all((n["host"], g) != (h2, gpu) for n in final["placement"] for g in n["gpus"])
+        assert "resumed from step" in cli.run("logs", final["job_id"], "--rank", "0").stdout
+    finally:
+        cli.run("undrain", h3, f"{h2}:0", f"{h2}:1", f"{h2}:2", f"{h2}:3")
+    assert cli.json("drains") == []
