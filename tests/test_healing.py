@@ -73,6 +73,8 @@ max_restarts = 1
     assert inc["kind"] == "hang" and inc["steps_rerun"] == 1 and 0 < inc["resume_s"] < 60
     assert 20 <= inc["detect_s"] < 35
     assert 0 < st["goodput"]["ratio"] < 1
+    text = cli.run("status", job_id).stdout
+    assert "goodput  " in text and "incident hang after step 11: detected in 2" in text, text
     assert tagged(cli.bed, job_id) == {"h1": [], "h2": [], "h3": []}
 
 

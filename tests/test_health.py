@@ -230,3 +230,22 @@ def test_a_diverged_loss_crosses_the_agents_wire_and_comes_back_a_float() -> Non
     assert got["last_metrics"]["0"]["loss"] == -math.inf
     assert _wire_safe({"loss": 0.5}) == {"loss": 0.5}
     assert json.dumps(_wire_safe(rec), allow_nan=False)
+
+
+def test_status_text_says_goodput_and_each_incident_with_its_cost() -> None:
+    from tui.model.health import Goodput, Incident
+    from tui.model.jobtext import health_lines
+    from tui.model.jobview import JobView
+
+    hang = Incident("hang", 1.0, "hung: no rank reported a step after step 11 for 21 s", detect_s=21.3, last_step=11,
+                    resume_s=13.9, steps_rerun=1)
+    gpu = Incident("gpu", 2.0, "h1 GPU 1 (simulated): XID 79: GPU has fallen off the bus", host="h1", gpu=1)
+    v = JobView(job_id="j", name="n", state="running", spec={}, incidents=(hang, gpu), goodput=Goodput(9.0, 45.0, 30))
+    assert health_lines(v) == [
+        "goodput  20% (9 s in 30 step(s) that count, of 45 s)",
+        "incident hang after step 11: detected in 21 s, next first step 14 s after the stop, 1 step(s) run twice"
+        " — hung: no rank reported a step after step 11 for 21 s",
+        "incident gpu host h1 GPU 1: not resumed — h1 GPU 1 (simulated): XID 79: GPU has fallen off the bus",
+    ]
+    assert JobView.from_json(v.to_json()).incidents == v.incidents
+    assert JobView.from_json(v.to_json()).goodput == v.goodput

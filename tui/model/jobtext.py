@@ -11,6 +11,7 @@ from typing import Any
 
 from tui.model.codesync import short
 from tui.model.diagnose import Signal
+from tui.model.health import Incident
 from tui.model.jobstate import describe_cause
 from tui.model.jobview import JobView
 from tui.model.poolview import pool_lines
@@ -73,6 +74,31 @@ def _rank_lines(v: JobView) -> list[str]:
     return lines
 
 
+def _seconds(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f} s"
+
+
+def incident_text(i: Incident) -> str:
+    """One failure and its cost: ``hang at step 11: detected in 21 s, resumed in 14 s, 1 step run twice``."""
+    where = "".join(f" {k} {v}" for k, v in (("host", i.host), ("GPU", i.gpu), ("rank", i.rank)) if v is not None)
+    at = f" after step {i.last_step:g}" if i.last_step is not None else ""
+    cost = [f"detected in {_seconds(i.detect_s)}" if i.detect_s is not None else None,
+            f"next first step {_seconds(i.resume_s)} after the stop" if i.resume_s is not None else "not resumed",
+            f"{i.steps_rerun} step(s) run twice" if i.steps_rerun is not None else None]
+    return f"{i.kind}{where}{at}: " + ", ".join(c for c in cost if c) + f" — {terminal_safe(i.message)}"
+
+
+def health_lines(v: JobView) -> list[str]:
+    """Goodput, then each incident (what failed, how long it went unnoticed, what it cost)."""
+    lines = []
+    ratio = v.goodput.ratio if v.goodput is not None else None
+    if v.goodput is not None and ratio is not None:
+        lines.append(f"goodput  {ratio:.0%} ({v.goodput.useful_s:.0f} s in {v.goodput.steps} step(s) that count, "
+                     f"of {v.goodput.wall_s:.0f} s)")
+    lines += [f"incident {incident_text(i)}" for i in v.incidents]
+    return lines
+
+
 def job_lines(v: JobView, signals: Sequence[Signal] = (), stages: StagesView | None = None) -> list[str]:
     """The job: head, placement, code, progress, signals, then its kind's panels (stages, pools,
     processing), its failure's cause with the last lines the rank wrote, and its ranks."""
@@ -82,6 +108,7 @@ def job_lines(v: JobView, signals: Sequence[Signal] = (), stages: StagesView | N
     lines += code_lines(v.spec.get("code"), v.events)
     if v.last_step is not None or v.last_loss is not None:
         lines.append(f"progress step {v.last_step} loss {v.last_loss}")
+    lines += health_lines(v)
     lines += signal_lines(signals)
     if stages is not None:
         lines += stage_lines(stages)
