@@ -249,3 +249,32 @@ def test_status_text_says_goodput_and_each_incident_with_its_cost() -> None:
     ]
     assert JobView.from_json(v.to_json()).incidents == v.incidents
     assert JobView.from_json(v.to_json()).goodput == v.goodput
+
+
+def test_an_incident_is_notified_once_per_attempt(tmp_path: Path) -> None:
+    import json
+    import sys
+    import time
+
+    from tests.test_notify import WRITER, _lines
+    from tui.control.notify import Notifier
+    from tui.model.userconfig import DEFAULT_ON, NotifyConfig
+
+    assert "incident" in DEFAULT_ON
+    out = tmp_path / "events.txt"
+    h = History(tmp_path / "history.sqlite")
+    n = Notifier(NotifyConfig(command=(sys.executable, "-c", WRITER, str(out))), h, user="ana")
+    n.attach_jobs()
+    h.create("j1", "train", {"hosts": []}, state="pending")
+    h.update("j1", state="running", started=time.time(), placement=[{"host": "h1"}, {"host": "h2"}])
+    inc = {"kind": "gpu", "host": "h2", "gpu": 1, "message": "h2 GPU 1 (simulated): XID 79: GPU has fallen off "
+           "the bus", "detected_at": 1.0, "attempt": 0}
+    h.add_incident("j1", inc)
+    h.add_incident("j1", inc)  # the same attempt's incident again (another controller): told once
+    n.close()
+    (line,) = _lines(out)
+    ev = json.loads(line[0])
+    assert (line[1], line[2]) == ("j1", "incident")
+    assert ev["cause_text"] == inc["message"] and ev["host"] == "h2" and ev["hosts"] == ["h1", "h2"]
+    assert ev["cause"] == {"kind": "gpu", "message": inc["message"], "host": "h2", "gpu": 1}
+    h.close()

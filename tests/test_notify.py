@@ -58,7 +58,7 @@ def test_defaults_and_a_missing_default_file(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "nothing-here"))
     cfg = load_config()
     assert cfg.path is None and cfg.notify == NotifyConfig()
-    assert cfg.notify.on == ("failed", "succeeded") and not cfg.notify.sends and cfg.notify.app
+    assert cfg.notify.on == ("failed", "succeeded", "incident") and not cfg.notify.sends and cfg.notify.app
     # The XDG location is where it is looked for; RIGDECK_CONFIG overrides it.
     (tmp_path / "xdg" / "rigdeck").mkdir(parents=True)
     (tmp_path / "xdg" / "rigdeck" / "config.toml").write_text('[notify]\non = ["queued"]\n')
@@ -82,7 +82,7 @@ def test_defaults_and_a_missing_default_file(tmp_path: Path, monkeypatch: pytest
     ('command = ["x", 3]', "field 'notify.command[1]': expected a string, got 3 (int)"),
     ('command = [" "]', "field 'notify.command[0]': expected a program"),
     ('on = ["fail"]',
-     "field 'notify.on[0]': expected one of 'queued', 'started', 'succeeded', 'failed', 'stopped', got \"fail\""),
+     "field 'notify.on[0]': expected one of 'queued', 'started', 'succeeded', 'failed', 'stopped', 'incident', got \"fail\""),
     ('on = "failed"', "field 'notify.on': expected a list of events"),
     ('kinds = ["pipelines"]', "field 'notify.kinds[0]': expected one of 'job', 'sweep', 'pipeline'"),
     ('app = "yes"', "field 'notify.app': expected true or false"),
@@ -384,7 +384,7 @@ def test_a_bad_config_stops_the_cli_before_anything_starts(tmp_path: Path) -> No
                           text=True, timeout=60, env=env, cwd=ROOT)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.strip() == (f"rigdeck: {cfg}: field 'notify.on[0]': expected one of 'queued', 'started', "
-                                   "'succeeded', 'failed', 'stopped', got \"done\" (str)")
+                                   "'succeeded', 'failed', 'stopped', 'incident', got \"done\" (str)")
     assert not (tmp_path / "home" / "history.sqlite").exists()  # nothing started
 
 
@@ -424,7 +424,7 @@ def test_the_docs_example_parses_and_the_contract_lists_every_key() -> None:
     block = re.search(r"# Notifications\n.*?```toml\n(.*?)```", page, re.S)
     assert block is not None
     n = parse_config(block.group(1)).notify
-    assert n.webhook and n.command == ("notify-send", "rigdeck") and n.on == ("failed", "succeeded")
+    assert n.webhook and n.command == ("notify-send", "rigdeck") and n.on == ("failed", "succeeded", "incident")
     contracts = (ROOT / "docs" / "contracts.md").read_text()
     example = re.search(r"## Notification event.*?```json\n(.*?)```", contracts, re.S)
     assert example is not None

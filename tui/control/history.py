@@ -97,6 +97,8 @@ class History:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self.observers: list[StateObserver] = []  # the notifier, when one is configured
+        # Told of every incident kept (job id, the incident): the notifier too.
+        self.incident_observers: list[Callable[[str, dict[str, Any]], None]] = []
         self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=10)
         # Several processes may open a new file at once. Turning on WAL takes the file for a
         # moment, and SQLite answers "database is locked" to the others at once, without waiting
@@ -332,6 +334,11 @@ class History:
                                       (job_id,)).fetchone()
             self._db.execute("INSERT INTO incidents (job_id, seq, data) VALUES (?, ?, ?)",
                              (job_id, seq, json.dumps(incident)))
+        for observe in list(self.incident_observers):
+            try:
+                observe(job_id, incident)
+            except Exception:  # an observer's bug must not lose the incident or stop the healing
+                log.exception("incident observer failed")
         return int(seq)
 
     def update_incident(self, job_id: str, seq: int, **fields: Any) -> None:

@@ -40,6 +40,7 @@ from tui.model.userconfig import (
     NotifyConfig,
     NotifyEvent,
     event_for_state,
+    incident_event,
     job_event,
     redact_url,
     sweep_event,
@@ -129,6 +130,8 @@ class Notifier:
     def attach_jobs(self) -> None:
         if self.job_state not in self.history.observers:
             self.history.observers.append(self.job_state)
+        if self.job_incident not in self.history.incident_observers:
+            self.history.incident_observers.append(self.job_incident)
 
     def attach_sweeps(self, store: Any) -> None:
         self._sweeps = store
@@ -139,6 +142,13 @@ class Notifier:
         self._pipelines = store
         if self.pipeline_state not in store.observers:
             store.observers.append(self.pipeline_state)
+
+    def job_incident(self, job_id: str, incident: dict[str, Any]) -> None:
+        if not self.config.wants("job", "incident"):
+            return
+        rec = self.history.get(job_id)
+        if rec is not None:
+            self._offer(incident_event(rec, incident, when=time.time(), user=self.user, controller=self.controller))
 
     def job_state(self, job_id: str, state: str, fields: dict[str, Any]) -> None:
         event = event_for_state("job", state)

@@ -58,8 +58,10 @@ __all__ = [
 CONFIG_ENV = "RIGDECK_CONFIG"
 # The changes a user can ask to hear about. ``started``: a job's ranks all run (queued -> running
 # included); a sweep was made. ``succeeded``: a job's ranks all exited 0; a sweep completed.
-EVENTS = ("queued", "started", "succeeded", "failed", "stopped")
-DEFAULT_ON = ("failed", "succeeded")
+# "incident": a job stopped by rigdeck's healing (a hang, a failing GPU, a lost host, a NaN loss),
+# whether it restarts or fails (tui.model.health).
+EVENTS = ("queued", "started", "succeeded", "failed", "stopped", "incident")
+DEFAULT_ON = ("failed", "succeeded", "incident")
 # The things that change state.
 KINDS = ("job", "sweep", "pipeline")
 
@@ -321,6 +323,23 @@ def job_event(rec: Mapping[str, Any], state: str, *, when: float, cause: Mapping
         hosts=_hosts_of(rec.get("placement")), host=why.get("host") if why else None,
         cause=why, cause_text=(describe_cause(why) or None) if why else None,
         restarts=int(rec.get("restarts") or 0), controller=controller,
+    )
+
+
+def incident_event(rec: Mapping[str, Any], incident: Mapping[str, Any], *, when: float, user: str | None = None,
+                   controller: str | None = None) -> NotifyEvent:
+    """A job stopped by rigdeck's healing (an incident: tui.model.health); its cause is the
+    incident (kind, message, host, GPU, rank)."""
+    spec = rec.get("spec") or {}
+    cause = {k: incident[k] for k in ("kind", "message", "host", "gpu", "rank", "last_step")
+             if incident.get(k) is not None}
+    return NotifyEvent(
+        event="incident", kind="job", id=str(rec["job_id"]), name=str(rec.get("name") or ""),
+        state=str(rec.get("state") or ""), time=when,
+        user=spec.get("user") if isinstance(spec.get("user"), str) else user,
+        hosts=_hosts_of(rec.get("placement")), host=cause.get("host"), cause=cause,
+        cause_text=str(incident.get("message") or incident.get("kind") or ""),
+        restarts=int(incident.get("attempt") or 0), controller=controller,
     )
 
 
