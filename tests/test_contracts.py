@@ -39,7 +39,8 @@ HOST_REPORT: dict[str, Any] = {
     "gpu_source": (str, NONE), "gpus": list, "agent_pid": (int, NONE), "sample": (dict, NONE),
     "elapsed_s": (float, int),
 }
-GPU = {"index": int, "name": str, "uuid": str, "memory_total_mb": int, "simulated": bool}
+GPU = {"index": int, "name": str, "uuid": str, "memory_total_mb": int, "simulated": bool,
+       "health": (str, NONE), "health_reason": (str, NONE), "drain": (dict, NONE)}
 INVENTORY_HOST = {
     "name": str, "address": str, "port": int, "user": str, "transport": str, "python": str,
     "state_dir": str, "labels": list, "proxy_jump": (str, NONE), "slots": (int, NONE), "sim_gpus": int,
@@ -51,6 +52,7 @@ JOB: dict[str, Any] = {
     "events": list, "unreachable": list, "waiting": (str, NONE), "sweep_id": (str, NONE), "trial": (str, NONE),
     "code": (dict, NONE), "pipeline_id": (str, NONE), "step": (str, NONE),
     "pools": list, "pool_sizing": (dict, NONE), "processing": (dict, NONE),
+    "incidents": list, "goodput": (dict, NONE),
 }
 STATUS = {**JOB, "signals": list, "stages": (dict, NONE)}  # status --json: a job, its live signals, its stages
 STAGES = {"optimize": str, "schedule": str, "microbatches": (int, NONE), "partitions": int, "blocks": (int, NONE),

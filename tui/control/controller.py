@@ -93,7 +93,8 @@ class HostReport:
             "cpus": self.cpus,
             "memory_total_mb": self.memory_total_mb,
             "gpu_source": self.gpu_source,
-            "gpus": [dict(g) for g in self.gpus],
+            # health: the agent's judgement (hosts; null for deploy), drain: the controller's
+            "gpus": [{"health": None, "health_reason": None, "drain": None, **dict(g)} for g in self.gpus],
             "agent_pid": self.agent_pid,
             "sample": self.sample,
             "elapsed_s": round(self.elapsed_s, 3),

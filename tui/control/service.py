@@ -279,9 +279,9 @@ class ControllerService:
         for r in reports:
             for g in r.gpus:
                 d = drained(drains, r.name, g.get("index"))
+                g["drain"] = d.to_dict() if d is not None else None
                 if d is None:
                     continue
-                g["drain"] = d.to_dict()
                 if g.get("health") != UNHEALTHY:
                     g["health"] = DRAINED
                     g["health_reason"] = f"drained by {d.who}" + (f": {d.reason}" if d.reason else "")
