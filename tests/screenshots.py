@@ -122,7 +122,8 @@ def to_png(svg_path: Path, converter: str) -> Path:
 
 
 def job_spec(tmp: Path) -> Path:
-    from tui.model.specform import dumps, read_spec_data
+    from tui.model.specform import read_spec_data
+    from tui.model.tomlwrite import dumps
 
     out = tmp / "ddp.toml"
     if DDP.exists():
@@ -159,7 +160,8 @@ def job_spec(tmp: Path) -> Path:
 def sweep_spec(tmp: Path) -> Path:
     """examples/sweep, short: 12 trials of 30 steps at 0.3 s a step, four at a time, median
     pruning; one (simulated) GPU per trial."""
-    from tui.model.specform import dumps, read_spec_data
+    from tui.model.specform import read_spec_data
+    from tui.model.tomlwrite import dumps
 
     data = read_spec_data(SWEEP)
     data["workdir"] = str((SWEEP.parent / str(data.get("workdir", "."))).resolve())

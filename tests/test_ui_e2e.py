@@ -24,7 +24,8 @@ import pytest
 
 from tests._require import TMUX_MISSING, require
 from tests.testbed import TestBed
-from tui.model.specform import dumps, read_spec_data
+from tui.model.specform import read_spec_data
+from tui.model.tomlwrite import dumps
 
 pytestmark = pytest.mark.testbed
 
