@@ -385,6 +385,8 @@ def test_a_killed_server_restarts_and_readopts_its_jobs_and_queue(served: tuple[
     try:
         before = {h: rank_pids(bed, h, running["job_id"]) for h in (1, 2, 3)}
         assert all(before.values()), before
+        # A drain is the server's: every operator sees it, and it outlives the server.
+        alice.run("drain", f"{bed.hosts[2].name}:3", "--reason", "fan noise")
         pid = alice.json("server", "status")["pid"]
         bed.exec(1, ["kill", "-9", str(pid)])
         wait_until(lambda: not alice.json("server", "status", check=False).get("running") or None, 30,
@@ -395,6 +397,11 @@ def test_a_killed_server_restarts_and_readopts_its_jobs_and_queue(served: tuple[
         assert view["state"] == "running" and view["restarts"] == 0, view
         after = {h: rank_pids(bed, h, running["job_id"]) for h in (1, 2, 3)}
         assert after == before  # re-adopted: the same processes, nothing started again
+        (drain,) = bob.json("drains")
+        assert (drain["target"], drain["reason"], drain["source"]) == (f"{bed.hosts[2].name}:3", "fan noise",
+                                                                       "operator")
+        bob.run("undrain", f"{bed.hosts[2].name}:3")
+        assert alice.json("drains") == []
         queued = [e["job_id"] for e in alice.json("queue")]
         assert queued == [waiting["job_id"]], (queued, bob.json("status", waiting["job_id"], check=False),
                                                alice.run("server", "logs", "-n", "60").stdout)
@@ -406,6 +413,7 @@ def test_a_killed_server_restarts_and_readopts_its_jobs_and_queue(served: tuple[
                         60, "the queued job starts after the restart")
         assert len([e for e in v2["events"] if e["event"] == "started"]) == 1
     finally:
+        alice.run("undrain", bed.hosts[2].name, check=False)
         for j in (running["job_id"], waiting["job_id"]):
             alice.run("stop", j, "--grace", "1", check=False)
 
