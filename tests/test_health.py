@@ -278,3 +278,36 @@ def test_an_incident_is_notified_once_per_attempt(tmp_path: Path) -> None:
     assert ev["cause_text"] == inc["message"] and ev["host"] == "h2" and ev["hosts"] == ["h1", "h2"]
     assert ev["cause"] == {"kind": "gpu", "message": inc["message"], "host": "h2", "gpu": 1}
     h.close()
+
+
+def test_the_faces_draw_unhealthy_and_drained_gpus_apart_with_the_reason() -> None:
+    from tests.test_scheduler import gpu, telemetry
+    from tui.app.widgets.clustermap import DRAINED_GLYPH, UNHEALTHY_GLYPH, cell_look, gpu_detail
+    from tui.app.widgets.format import PLAIN
+    from tui.app.widgets.tables import GpusTable, Widths, gpu_rows
+    from tui.model.gpumap import FREE
+    from tui.model.jobview import JobsSnapshot
+    from tui.model.state import ClusterState
+
+    state = ClusterState([("h1", "10.0.0.1")])
+    bad = {**gpu(1), "health": "unhealthy", "health_reason": "XID 79: GPU has fallen off the bus"}
+    state.apply_sample("h1", telemetry([gpu(0), bad, gpu(2)]))
+    state.set_drains({("h1", 2): "drained by ann: fan noise", ("h1", 1): "drained by rigdeck: XID 79"})
+    (host,) = state.snapshot()
+    g0, g1, g2 = host.gpus
+    assert (g0.health, g1.health, g2.health) == ("ok", "unhealthy", "drained")  # unhealthy stays what it is
+    assert g2.health_reason == "drained by ann: fan noise"
+    rows = dict(gpu_rows(state.snapshot(), Widths.for_width(160)))
+    table = GpusTable()
+    cells = {key: (table.render_cell("gpu", raw[1], PLAIN).plain, table.render_cell("job", raw[-2], PLAIN).plain)
+             for key, raw in rows.items()}
+    assert sorted(cells.values()) == [
+        ("0", "-"),
+        ("1 ✗", "unhealthy: XID 79: GPU has fallen off the bus"),
+        ("2 ⊘", "drained: drained by ann: fan noise"),
+    ]
+    assert cell_look(g1, FREE, "util", None, False) == (UNHEALTHY_GLYPH, "crit")
+    assert cell_look(g2, FREE, "job", None, False) == (DRAINED_GLYPH, "warn")
+    assert "unhealthy: XID 79: GPU has fallen off the bus" in gpu_detail(host, g1, FREE, JobsSnapshot((), 0))
+    state.set_drains({})
+    assert [g.health for g in state.snapshot()[0].gpus] == ["ok", "unhealthy", "ok"]

@@ -154,6 +154,7 @@ class ControllerService:
         then advance the pipelines (which submit their steps' jobs and sweeps) and the sweeps
         (which queue their trials)."""
         self.queue.advance()
+        self._sync_drains()
         stepping = self.pipelines.tick()
         busy = self.sweeps.tick() or stepping
         if self._watch is not None and hasattr(self._watch, "interval"):
@@ -163,6 +164,15 @@ class ControllerService:
                 # Trials ended and others started: more of the same wave may have ended while
                 # this round started them, so the next round looks at once.
                 self._watch.kick()
+
+    def _sync_drains(self) -> None:
+        """Lay the drains in force over the telemetry the faces read (when it runs)."""
+        mon = self._monitor
+        if mon is None:
+            return
+        drains = self.manager.healer.current_drains()
+        mon.state.set_drains({(d.host, d.gpu): f"drained by {d.who}" + (f": {d.reason}" if d.reason else "")
+                              for d in drains})
 
     @property
     def monitor(self) -> Any:

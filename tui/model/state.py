@@ -33,8 +33,9 @@ class GpuState:
     uuid: str
     name: str
     simulated: bool
-    sample: dict[str, Any]  # the agent's, as it came (the server sends it on as deltas)
+    sample: dict[str, Any]  # the agent's, drains laid over it (the server sends it on as deltas)
     history: deque[float] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    raw: dict[str, Any] = field(default_factory=dict)  # the agent's, as it came
     # The processes of the last view, and the sample list they were made from: a GPU's
     # processes rarely change from one sample to the next, and their views are then reused.
     _procs_from: list[Any] | None = field(default=None, repr=False)
@@ -202,6 +203,33 @@ class ClusterState:
         self.hosts: dict[str, HostState] = {n: HostState(n, a) for n, a in hosts}
         self.version = 0
         self.layout = 0
+        # (host, GPU or None for the whole host) -> why it is drained: laid over the samples, so
+        # every face (and a server's attached ones) sees the GPU "drained" (tui.model.health).
+        self.drains: dict[tuple[str, int | None], str] = {}
+
+    def _drained(self, host: str, g: dict[str, Any]) -> dict[str, Any]:
+        """The agent's GPU sample, or it as drained (an unhealthy one stays what it is)."""
+        why = self.drains.get((host, g.get("index")), self.drains.get((host, None)))
+        if why is None or g.get("health") == "unhealthy":
+            return g
+        return {**g, "health": "drained", "health_reason": why}
+
+    def set_drains(self, drains: dict[tuple[str, int | None], str]) -> None:
+        """The drains in force now; the GPUs they name read "drained" from here on."""
+        with self._lock:
+            if drains == self.drains:
+                return
+            touched = {h for h, _ in drains} | {h for h, _ in self.drains}
+            self.drains = dict(drains)
+            for name in touched:
+                h = self.hosts.get(name)
+                if h is None:
+                    continue
+                for gs in h.gpus.values():
+                    gs.sample = self._drained(name, gs.raw)
+                h.changed(gpus=True)
+                h._build_views()
+            self._changed()
 
     def _changed(self) -> None:
         self.version += 1
@@ -258,7 +286,8 @@ class ClusterState:
                     self.layout += 1
                     gs = GpuState(host, idx, g.get("uuid", ""), g.get("name", ""), bool(g.get("simulated")), g)
                     h.gpus[idx] = gs
-                gs.sample = g
+                gs.raw = g
+                gs.sample = self._drained(host, g) if self.drains else g
                 util = g.get("utilization_pct")
                 gs.history.append(float(util) if util is not None else 0.0)
             for idx in list(h.gpus):

@@ -57,6 +57,8 @@ JOB_SLOTS = 12  # distinct job colours (theme variables, see DEFAULT_CSS)
 FREE_GLYPH = "·"
 FOREIGN_GLYPH = "▒"
 JOB_GLYPH = "█"
+UNHEALTHY_GLYPH = "✗"  # a GPU its agent calls unhealthy (agent/gpuhealth.py)
+DRAINED_GLYPH = "⊘"  # a GPU kept out of placement (rigdeck drain, or after a fault)
 DOWN_GLYPH = "×"
 CURSOR_BLOCK = "▓"
 _LEVELS = ("ok", "warn", "crit", "muted", "dim", "down", "label", "stale", "cursor", "here", "foreign")
@@ -95,7 +97,12 @@ _MEM_LOOK = tuple((_spark(p / 100.0), level(p, MEM_THRESHOLDS)) for p in range(1
 
 def cell_look(g: GpuView, who: Holder, mode: str, slot: int | None, stale: bool) -> tuple[str, str]:
     """(glyph, style name) of one GPU's cell in ``mode``; style names are the component
-    classes' (``ok``, ``warn``, ``job-3``, ...). Free GPUs are a dim dot in every mode."""
+    classes' (``ok``, ``warn``, ``job-3``, ...). Free GPUs are a dim dot in every mode; a failing
+    GPU is a red cross and a drained one a barred circle in every mode (they take no work)."""
+    if g.health == "unhealthy":
+        return UNHEALTHY_GLYPH, "stale" if stale else "crit"
+    if g.health == "drained":
+        return DRAINED_GLYPH, "stale" if stale else "warn"
     if mode == "job":
         if who.job_id is not None:
             return JOB_GLYPH, "stale" if stale else f"job-{slot or 0}"
@@ -494,6 +501,10 @@ def gpu_detail(h: HostView, g: GpuView | None, who: Holder, jobs: JobsSnapshot) 
         return "\n".join(lines)
     sim = " [$text-muted](simulated)[/]" if g.simulated else ""
     lines = [f"{head} · GPU [b]{g.index}[/b]{sim}", escape(g.name or "-")]
+    if g.health != "ok":
+        look = {"unhealthy": "$error", "drained": "$warning", "warn": "$warning"}.get(g.health, "$text-muted")
+        why = f": {escape(g.health_reason)}" if g.health_reason else ""
+        lines.append(f"[{look}]{escape(g.health)}{why}[/]")
     util = "-" if g.utilization_pct is None else f"{g.utilization_pct:.0f}%"
     used, total = g.memory_used_mb, g.memory_total_mb
     mem = "-" if used is None or not total else f"{size_mb(used)}/{size_mb(total)} ({100.0 * used / total:.0f}%)"

@@ -314,7 +314,10 @@ def gpu_raw(src: GpuSource, w: Widths) -> tuple[Any, ...]:
     """One GPU's raw cells, rounded to what a cell shows (0.3% more utilization is no change)."""
     host, stale, g = src
     bw = w.bar
-    if g.processes:
+    if g.health in ("unhealthy", "drained"):
+        # A failing or drained GPU says so where its job would be: rigdeck is moving that job away.
+        job = (f"{g.health}: {g.health_reason}" if g.health_reason else g.health, g.health)
+    elif g.processes:
         job = gpu_job_label(g)
     else:
         job = ("-", "idle")
@@ -332,7 +335,7 @@ def gpu_raw(src: GpuSource, w: Widths) -> tuple[Any, ...]:
             stale,
         )
     temp, power = g.temperature_c, g.power_w
-    head: tuple[Any, ...] = (host, (g.index, g.simulated))
+    head: tuple[Any, ...] = (host, (g.index, g.simulated, g.health))
     if w.wide:
         head += (g.name or "-",)
     return head + (
@@ -355,6 +358,10 @@ def gpu_rows(
     return [(key, gpu_raw(src, w)) for key, src in gpu_entries(snapshot, flt, sort)]
 
 
+# A GPU's health beside its index: (mark, palette level); ok shows nothing.
+HEALTH_MARKS = {"warn": (" !", "warn"), "unhealthy": (" ✗", "crit"), "drained": (" ⊘", "warn")}
+
+
 class GpusTable(DiffTable):
     def columns_for(self, w: Widths) -> list[Col]:
         cols = [Col("host", "Host"), Col("gpu", "GPU", 5)]
@@ -372,8 +379,12 @@ class GpusTable(DiffTable):
 
     def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
         if column == "gpu":
-            index, sim = raw
-            return marked_simulated(str(index), sim, palette)
+            index, sim, health = raw
+            cell = marked_simulated(str(index), sim, palette)
+            mark = HEALTH_MARKS.get(health)
+            if mark is not None:
+                cell.append(mark[0], style=palette[mark[1]])
+            return cell
         if column == "util":
             return percent_bar(raw, palette)
         if column == "mem":
@@ -395,14 +406,8 @@ class GpusTable(DiffTable):
             return power_cell(p, limit, palette)
         if column == "job":
             label, kind = raw
-            return _text(
-                label,
-                palette["accent"]
-                if kind == "job"
-                else palette["warn"]
-                if kind == "foreign"
-                else palette["muted"],
-            )
+            look = {"job": "accent", "foreign": "warn", "unhealthy": "crit", "drained": "warn"}.get(kind, "muted")
+            return _text(label, palette[look])
         if column == "hist":
             levels, width, stale = raw
             chars = " " * (width - len(levels)) + "".join(SPARK[i] for i in levels)
