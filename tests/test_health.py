@@ -311,3 +311,29 @@ def test_the_faces_draw_unhealthy_and_drained_gpus_apart_with_the_reason() -> No
     assert "unhealthy: XID 79: GPU has fallen off the bus" in gpu_detail(host, g1, FREE, JobsSnapshot((), 0))
     state.set_drains({})
     assert [g.health for g in state.snapshot()[0].gpus] == ["ok", "unhealthy", "ok"]
+
+
+def test_the_job_view_head_shows_goodput_once_something_failed() -> None:
+    from tui.app.views.job import head_lines
+    from tui.model.health import Goodput, Incident
+    from tui.model.jobview import JobView
+
+    inc = Incident("hang", 1.0, "hung: no rank reported a step after step 11 for 21 s", last_step=11)
+    v = JobView(job_id="j", name="n", state="running", spec={}, restarts=1, incidents=(inc,),
+                goodput=Goodput(36.0, 40.0, 30))
+    assert "goodput [b]90%[/b]" in head_lines(v, now=100.0)[1]
+    quiet = JobView(job_id="j", name="n", state="running", spec={}, goodput=Goodput(36.0, 40.0, 30))
+    assert "goodput" not in head_lines(quiet, now=100.0)[1]  # nothing failed: no number to worry about
+
+
+def test_the_app_poller_keeps_what_goodput_needs_and_the_incidents() -> None:
+    from tui.control.jobwatch import _Track
+
+    t = _Track({"job_id": "j", "name": "n", "state": "running", "spec": {}, "restarts": 0,
+                "events": [{"event": "started", "time": 10.0}], "ended": 30.0})
+    t.keep_steps([{"rank": 0, "step": s, "time": 10.0 + s, "restart": 0, "loss": 1.0, "extra": "x" * 100}
+                  for s in range(1, 11)] + [{"rank": 0, "event": "checkpoint", "time": 15.0}])
+    assert len(t.steps) == 10 and set(t.steps[0]) == {"rank", "step", "time", "restart"}
+    g = t.goodput()
+    assert g is not None and g.steps == 10 and g.wall_s == 20.0 and g.ratio == 0.5
+    assert t.view().goodput == g and t.view(panels=False).goodput is None

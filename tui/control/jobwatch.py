@@ -21,6 +21,7 @@ from typing import Any
 
 from tui.control.reader import JobReader, log_ranks
 from tui.model.diagnose import Signal, StepTimes, signals
+from tui.model.health import Goodput, Incident, goodput
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import (  # noqa: F401  (the views this poller builds; importers find them here too)
@@ -269,6 +270,20 @@ class _Track:
     unreachable: tuple[str, ...] = ()
     final: bool = False  # terminal and read once more after it ended: nothing left to fetch
     logs_complete: bool = False  # final, and every log read to its end
+    incidents: tuple[Incident, ...] = ()  # its failures and what they cost (the history's)
+    steps: list[dict[str, Any]] = field(default_factory=list)  # (rank, step, time, restart) of each record: goodput
+
+    def keep_steps(self, records: Sequence[Mapping[str, Any]]) -> None:
+        """What goodput needs of the records, and no more (a long job reports many steps)."""
+        self.steps.extend({"rank": r.get("rank"), "step": r["step"], "time": r.get("time"),
+                           "restart": r.get("restart")}
+                          for r in records if r.get("event") is None and r.get("step") is not None)
+
+    def goodput(self) -> Goodput | None:
+        first = next((e.get("time") for e in self.rec.get("events") or [] if e.get("event") == "started"), None)
+        if first is None:
+            return None
+        return goodput(self.steps, started=float(first), now=float(self.rec.get("ended") or time.time()))
 
     def row(self) -> JobRow:
         """The job's line in the jobs table: its view's head, without the per-kind panels."""
@@ -296,7 +311,8 @@ class _Track:
             stages=stages,
         )
         return job_view(rec, self.states, unreachable=self.unreachable, ranks=self.ranks, progress=progress,
-                        state_dirs=state_dirs, logs=self.logs, panels=panels)
+                        state_dirs=state_dirs, logs=self.logs, panels=panels, incidents=self.incidents,
+                        goodput=self.goodput() if panels else None)
 
     def diagnose(self, gpu_util: Mapping[str, float | None] | None,
                  read_bps: Mapping[str, float | None] | None = None) -> None:
@@ -495,6 +511,10 @@ class JobWatch:
                 if ranks or not live:
                     track.ranks = ranks or track.ranks
                 track.fold.apply(records, self.clock())
+                track.keep_steps(records)
+                kept = getattr(self.jobs.history, "incidents", None)  # a stand-in history may keep none
+                if kept is not None and (rec.get("restarts") or track.incidents or live):
+                    track.incidents = tuple(Incident.from_dict(d) for d in kept(job_id))
                 plan = track.stages.add(records)
                 if records or track.signals and rec["state"] in TERMINAL:
                     track.times.add(records)

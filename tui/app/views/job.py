@@ -19,6 +19,7 @@ from tui.app.widgets.processing import ProcessingTable, processing_head_markup, 
 from tui.app.widgets.stages import StagesTable, stage_rows, stages_head_markup
 from tui.app.widgets.tables import RanksTable, rank_rows
 from tui.client import describe_cause
+from tui.model.jobtext import incident_text
 from tui.model.jobview import JobDetail
 from tui.model.termsafe import terminal_safe
 
@@ -37,6 +38,10 @@ class OpenJobView(View):
         signals = Static("", id="job-signals", classes="head")
         signals.display = False
         yield signals
+        # Each time rigdeck's healing stopped the job and what it cost: shown only when any.
+        incidents = Static("", id="job-incidents", classes="head")
+        incidents.display = False
+        yield incidents
         with Vertical(id="job-body"):
             yield LossChart(id="loss")
             # A [model_parallel] job's plan and stages, a job made of worker pools: its pools, a
@@ -64,6 +69,7 @@ class OpenJobView(View):
         chart = self.query_one("#loss", LossChart)
         ranks = self.query_one("#ranks-table", RanksTable)
         self._update_signals(detail)
+        self._update_incidents(detail)
         self._update_panel("stages", detail.stages if detail is not None else None,
                            stages_head_markup, stage_rows)
         self._update_panel("pools", detail.pools if detail is not None else None,
@@ -99,6 +105,15 @@ class OpenJobView(View):
             pad = " " * max(1, 5 - len(sig.verdict))
             lines.append(f"[{lvl}]{escape(sig.verdict)}[/]{pad}{escape(sig.summary)}")
             lines.append(f"     [$text-muted]{escape(sig.advice)}[/]")
+        set_text(box, "\n".join(lines))
+
+    def _update_incidents(self, detail: JobDetail | None) -> None:
+        box = self.query_one("#job-incidents", Static)
+        incidents = detail.incidents if detail is not None else ()
+        box.display = bool(incidents)
+        lines = [f"[$warning]incident[/] {escape(incident_text(i))}" for i in incidents[-4:]]
+        if len(incidents) > 4:
+            lines.insert(0, f"[$text-muted]{len(incidents) - 4} earlier: rigdeck status shows every one[/]")
         set_text(box, "\n".join(lines))
 
     def _update_panel(self, name: str, view: Any, head_markup: Callable[[Any], str],
@@ -147,6 +162,9 @@ def head_lines(detail: JobDetail, now: float) -> list[str]:
         + f" · runtime {duration(r.runtime_s(now))}"
         + f" · ranks {r.ranks_running}/{r.ranks_total} running"
     )
+    ratio = detail.goodput.ratio if detail.goodput is not None else None
+    if ratio is not None and (detail.incidents or r.restarts):
+        line2 += f" · goodput [b]{ratio:.0%}[/b]"  # worth a place once something failed
     lines = [line1, line2]
     code = code_markup(detail.spec.get("code"), detail.events)
     if code:
