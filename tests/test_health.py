@@ -337,3 +337,19 @@ def test_the_app_poller_keeps_what_goodput_needs_and_the_incidents() -> None:
     g = t.goodput()
     assert g is not None and g.steps == 10 and g.wall_s == 20.0 and g.ratio == 0.5
     assert t.view().goodput == g and t.view(panels=False).goodput is None
+
+
+def test_a_history_whose_drains_table_predates_drain_now_gets_the_column(tmp_path: Path) -> None:
+    import sqlite3
+
+    db = tmp_path / "history.sqlite"
+    old = sqlite3.connect(db)
+    old.execute("CREATE TABLE drains (host TEXT NOT NULL, gpu INTEGER NOT NULL, reason TEXT NOT NULL, "
+                "who TEXT NOT NULL, at REAL NOT NULL, source TEXT NOT NULL, PRIMARY KEY (host, gpu))")
+    old.execute("INSERT INTO drains VALUES ('h1', 2, 'fan', 'ann', 1.0, 'operator')")
+    old.commit()
+    old.close()
+    h = History(db)
+    assert [(d["target"] if "target" in d else (d["host"], d["gpu"]), d["now"]) for d in h.drains()] == [
+        (("h1", 2), False)]
+    h.close()

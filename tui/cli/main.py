@@ -384,132 +384,151 @@ def _print_queue(entries: list[Any]) -> None:
 
 
 def _run_jobs(args: argparse.Namespace) -> int:
-    from tui.client import JobError, PlacementError, wire_json
-    from tui.model.jobspec import JobSpecError, load_jobspec
+    """The job commands, each its own function over one client."""
+    from tui.client import JobError
 
     client = _client(args)
     try:
-        if args.command == "launch":
-            try:
-                spec = load_jobspec(args.spec)
-                if spec.sweep is not None:
-                    print(f"rigdeck: {args.spec}: has a [sweep] table: run it with rigdeck sweep "
-                          f"{args.spec}", file=sys.stderr)
-                    return EXIT_USAGE
-                if spec.code is not None and not args.json:
-                    client.on_code_progress(_code_progress())
-                view = client.launch(spec, queue=not args.no_queue)
-            except (JobSpecError, PlacementError, JobError) as e:
-                print(f"rigdeck: {e}", file=sys.stderr)
-                return EXIT_USAGE
-            if not args.json:
-                if view.state == "queued":
-                    pos = next((e.position for e in client.queue() if e.job_id == view.job_id), "?")
-                    print(f"queued {view.job_id} (position {pos}): waits for {view.waiting}", flush=True)
-                    if client.kind == "embedded":
-                        print("  (no server: the queue advances only while rigdeck runs: the app, or "
-                              "launch --wait)", flush=True)
-                else:
-                    hosts = dict.fromkeys(n["host"] for n in view.placement)  # a pool job's replicas share hosts
-                    print(f"launched {view.job_id}: {', '.join(hosts)}", flush=True)
-                    for ev in view.events:
-                        if ev.get("event") == "waited for stop":
-                            print(f"  (queued {ev.get('waited_s')} s, until {', '.join(ev.get('jobs') or [])} "
-                                  "had stopped and released its GPUs)", flush=True)
-                    if view.pool_sizing:
-                        print(f"reduction server sizing: {view.pool_sizing.get('text')}", flush=True)
-                    for line in code_lines(view.spec.get("code"), view.events):
-                        print(line, flush=True)
-            if args.wait:
-                for v in client.wait(view.job_id):
-                    if not args.json:
-                        print(f"{v.job_id}: {v.state}" + (f" (restart {v.restarts})" if v.restarts else ""),
-                              flush=True)
-                view = client.view(view.job_id)
-            if args.json:
-                json.dump(view.to_json(), sys.stdout, indent=2)
-                sys.stdout.write("\n")
-            elif args.wait:
-                _print_job(view)
-            if args.wait:
-                return EXIT_OK if view.state == "succeeded" else EXIT_HOST_FAILED
-            return EXIT_OK
-        if args.command == "jobs":
-            views = client.list_jobs()
-            if args.json:
-                json.dump([v.to_json() for v in views], sys.stdout, indent=2)
-                sys.stdout.write("\n")
-            else:
-                print(f"{'job':<34} {'state':<10} {'restarts':<8} hosts")
-                for v in views:
-                    print(f"{v.job_id:<34} {v.state:<10} {v.restarts:<8} {','.join(n['host'] for n in v.placement)}")
-            return EXIT_OK
-        if args.command == "queue":
-            entries = client.queue()
-            if args.json:
-                json.dump(wire_json(entries), sys.stdout, indent=2)
-                sys.stdout.write("\n")
-            else:
-                _print_queue(entries)
-                if client.kind == "embedded" and entries:
-                    print("(no server: the queue advances only while rigdeck runs: the app, or launch --wait)")
-            return EXIT_OK
-        if args.command == "status":
-            view = client.view(args.job)
-            records = _status_records(client, view)
-            signals = job_signals(client, view, records)
-            stages = job_stages(client, view, records)
-            if args.json:
-                json.dump({**view.to_json(), "signals": [s.to_json() for s in signals],
-                           "stages": stages.to_json() if stages is not None else None}, sys.stdout, indent=2)
-                sys.stdout.write("\n")
-            else:
-                _print_job(view, signals, stages)
-            return EXIT_HOST_FAILED if view.state == "unknown" else EXIT_OK
-        if args.command == "logs":
-            if args.raw and args.rank is None:
-                print("rigdeck: --raw needs --rank N (one rank's bytes)", file=sys.stderr)
-                return EXIT_USAGE
-            _print_logs(client.log_chunks(args.job, rank=args.rank, follow=args.follow),
-                        raw=args.raw, flush=args.follow)
-            return EXIT_OK
-        if args.command == "gc":
-            unknown = [n for n in args.names if n not in client.inventory.names]
-            if unknown:
-                print(f"rigdeck: unknown host(s) {', '.join(unknown)}", file=sys.stderr)
-                return EXIT_USAGE
-            results = client.collect_garbage(args.names or None)
-            out = {h: (r if isinstance(r, dict) else {"error": str(r)}) for h, r in results.items()}
-            if args.json:
-                json.dump(out, sys.stdout, indent=2)
-                sys.stdout.write("\n")
-            else:
-                ret = client.inventory.retention
-                print(f"retention: ended jobs newer than {ret.max_age_days:g} days, at most {ret.max_jobs} per host")
-                for h, r in out.items():
-                    if "error" in r:
-                        print(f"{h}: {r['error']}")
-                    else:
-                        print(f"{h}: removed {len(r['removed'])}, kept {r['kept']} ended and "
-                              f"{len(r['running'])} running"
-                              + (f" ({', '.join(r['removed'])})" if r["removed"] else ""))
-            return EXIT_OK if all("error" not in r for r in out.values()) else EXIT_HOST_FAILED
-        if args.command == "metrics":
-            records = client.metrics(args.job)
-            if args.json:
-                json.dump(records, sys.stdout, indent=2)
-                sys.stdout.write("\n")
-            else:
-                _print_metrics(records)
-            return EXIT_OK
-        if args.command == "stop":
-            return _stop(client, args)
+        return _JOB_COMMANDS[args.command](client, args)
     except JobError as e:
         print(f"rigdeck: {e}", file=sys.stderr)
         return EXIT_USAGE
     finally:
         client.close()
-    raise AssertionError(args.command)
+
+
+def _launch(client: Any, args: argparse.Namespace) -> int:
+    from tui.client import JobError, PlacementError
+    from tui.model.jobspec import JobSpecError, load_jobspec
+
+    try:
+        spec = load_jobspec(args.spec)
+        if spec.sweep is not None:
+            print(f"rigdeck: {args.spec}: has a [sweep] table: run it with rigdeck sweep "
+                  f"{args.spec}", file=sys.stderr)
+            return EXIT_USAGE
+        if spec.code is not None and not args.json:
+            client.on_code_progress(_code_progress())
+        view = client.launch(spec, queue=not args.no_queue)
+    except (JobSpecError, PlacementError, JobError) as e:
+        print(f"rigdeck: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if not args.json:
+        _print_launched(client, view)
+    if args.wait:
+        for v in client.wait(view.job_id):
+            if not args.json:
+                print(f"{v.job_id}: {v.state}" + (f" (restart {v.restarts})" if v.restarts else ""), flush=True)
+        view = client.view(view.job_id)
+    if args.json:
+        json.dump(view.to_json(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif args.wait:
+        _print_job(view)
+    if args.wait:
+        return EXIT_OK if view.state == "succeeded" else EXIT_HOST_FAILED
+    return EXIT_OK
+
+
+def _print_launched(client: Any, view: Any) -> None:
+    """What a launch did: queued (where, waiting for what) or started (where, after what)."""
+    if view.state == "queued":
+        pos = next((e.position for e in client.queue() if e.job_id == view.job_id), "?")
+        print(f"queued {view.job_id} (position {pos}): waits for {view.waiting}", flush=True)
+        if client.kind == "embedded":
+            print("  (no server: the queue advances only while rigdeck runs: the app, or "
+                  "launch --wait)", flush=True)
+        return
+    hosts = dict.fromkeys(n["host"] for n in view.placement)  # a pool job's replicas share hosts
+    print(f"launched {view.job_id}: {', '.join(hosts)}", flush=True)
+    for ev in view.events:
+        if ev.get("event") == "waited for stop":
+            print(f"  (queued {ev.get('waited_s')} s, until {', '.join(ev.get('jobs') or [])} "
+                  "had stopped and released its GPUs)", flush=True)
+    if view.pool_sizing:
+        print(f"reduction server sizing: {view.pool_sizing.get('text')}", flush=True)
+    for line in code_lines(view.spec.get("code"), view.events):
+        print(line, flush=True)
+
+
+def _jobs(client: Any, args: argparse.Namespace) -> int:
+    views = client.list_jobs()
+    if args.json:
+        json.dump([v.to_json() for v in views], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print(f"{'job':<34} {'state':<10} {'restarts':<8} hosts")
+        for v in views:
+            print(f"{v.job_id:<34} {v.state:<10} {v.restarts:<8} {','.join(n['host'] for n in v.placement)}")
+    return EXIT_OK
+
+
+def _queue(client: Any, args: argparse.Namespace) -> int:
+    from tui.client import wire_json
+
+    entries = client.queue()
+    if args.json:
+        json.dump(wire_json(entries), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_queue(entries)
+        if client.kind == "embedded" and entries:
+            print("(no server: the queue advances only while rigdeck runs: the app, or launch --wait)")
+    return EXIT_OK
+
+
+def _status(client: Any, args: argparse.Namespace) -> int:
+    view = client.view(args.job)
+    records = _status_records(client, view)
+    signals = job_signals(client, view, records)
+    stages = job_stages(client, view, records)
+    if args.json:
+        json.dump({**view.to_json(), "signals": [s.to_json() for s in signals],
+                   "stages": stages.to_json() if stages is not None else None}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_job(view, signals, stages)
+    return EXIT_HOST_FAILED if view.state == "unknown" else EXIT_OK
+
+
+def _logs(client: Any, args: argparse.Namespace) -> int:
+    if args.raw and args.rank is None:
+        print("rigdeck: --raw needs --rank N (one rank's bytes)", file=sys.stderr)
+        return EXIT_USAGE
+    _print_logs(client.log_chunks(args.job, rank=args.rank, follow=args.follow), raw=args.raw, flush=args.follow)
+    return EXIT_OK
+
+
+def _gc(client: Any, args: argparse.Namespace) -> int:
+    unknown = [n for n in args.names if n not in client.inventory.names]
+    if unknown:
+        print(f"rigdeck: unknown host(s) {', '.join(unknown)}", file=sys.stderr)
+        return EXIT_USAGE
+    results = client.collect_garbage(args.names or None)
+    out = {h: (r if isinstance(r, dict) else {"error": str(r)}) for h, r in results.items()}
+    if args.json:
+        json.dump(out, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        ret = client.inventory.retention
+        print(f"retention: ended jobs newer than {ret.max_age_days:g} days, at most {ret.max_jobs} per host")
+        for h, r in out.items():
+            if "error" in r:
+                print(f"{h}: {r['error']}")
+            else:
+                print(f"{h}: removed {len(r['removed'])}, kept {r['kept']} ended and {len(r['running'])} running"
+                      + (f" ({', '.join(r['removed'])})" if r["removed"] else ""))
+    return EXIT_OK if all("error" not in r for r in out.values()) else EXIT_HOST_FAILED
+
+
+def _metrics(client: Any, args: argparse.Namespace) -> int:
+    records = client.metrics(args.job)
+    if args.json:
+        json.dump(records, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_metrics(records)
+    return EXIT_OK
 
 
 def _stop(client: Any, args: argparse.Namespace) -> int:
@@ -549,6 +568,12 @@ def _stop(client: Any, args: argparse.Namespace) -> int:
 # Opens the app with a client and, when there is no inventory yet, the onboarding offer. The CLI
 # never imports the app: the ``rigdeck`` command (``tui.main``) hands this in.
 AppOpener = Callable[[Any, Any], None]
+
+
+_JOB_COMMANDS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
+    "launch": _launch, "jobs": _jobs, "queue": _queue, "status": _status, "logs": _logs, "gc": _gc,
+    "metrics": _metrics, "stop": _stop,
+}
 
 
 def _run_app(args: argparse.Namespace, open_app: AppOpener | None) -> int:

@@ -62,6 +62,8 @@ CREATE TABLE IF NOT EXISTS notified (
 # Columns added after the first release, for history files made before them.
 ADDED_COLUMNS = (("supervisor", "TEXT"), ("lease_until", "REAL"), ("priority", "INTEGER"), ("waiting", "TEXT"),
                  ("pool_sizing", "TEXT"))
+# (table, column, type) added to the other tables since they first shipped.
+ADDED_ELSEWHERE = (("drains", "now", "INTEGER NOT NULL DEFAULT 0"),)
 JSON_FIELDS = ("spec", "placement", "cause", "events", "pool_sizing")
 # Characters that are wildcards somewhere (SQL LIKE, shell globs): a reference made only of them
 # is a mistake, never a job.
@@ -119,13 +121,13 @@ class History:
         """Add the columns an older history file lacks. Several rigdeck processes may open one
         file at once (the app, ``launch --wait``, ``status``): whoever adds a column first wins,
         and the others find it there."""
-        for name, kind in ADDED_COLUMNS:
-            cols = {r[1] for r in self._db.execute("PRAGMA table_info(jobs)")}
+        for table, name, kind in [("jobs", n, k) for n, k in ADDED_COLUMNS] + list(ADDED_ELSEWHERE):
+            cols = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
             if name in cols:
                 continue
             try:
                 with self._db:
-                    self._db.execute(f"ALTER TABLE jobs ADD COLUMN {name} {kind}")
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
             except sqlite3.OperationalError as e:
                 if "duplicate column name" not in str(e):
                     raise
