@@ -249,7 +249,9 @@ gpus_per_node = 4
     out = cli.run("stop", first, "--grace", "2")
     took = time.monotonic() - began
     assert held(first) == [], held(first)  # the moment it returned: no process, no claim
-    assert 2.0 <= took < 12.0, took  # it waited for the grace (SIGKILL after it), and no longer
+    # It waited for the grace (SIGKILL after it), not for the spec's 30 s: a loaded 2-core machine
+    # has taken 13 s to stop and sweep 12 ranks on 3 hosts.
+    assert 2.0 <= took < 20.0, took
     assert "waiting until no process of it is left" in out.stdout, out.stdout
     assert f"{first}: stopped after" in out.stdout and "GPU claims released" in out.stdout, out.stdout
     print(f"\nstop (waiting) returned after {took:.1f} s:\n{out.stdout}")

@@ -145,7 +145,9 @@ def test_four_pools_probe_their_cluster_files_and_the_primary_ends_the_job(cli: 
     end = next(e for e in view["events"] if e["event"] == "succeeded")
     assert end["primary_succeeded"] == pool_nodes(view)[0]["host"], end
     pools = {p["role"]: p for p in view["pools"]}
-    assert pools["primary"]["state"] == "succeeded" and pools["worker"]["state"] == "succeeded"
+    # The worker ends with the primary; on a loaded machine it may still be ending when the
+    # primary's success stops the rest: then it was stopped, as the others.
+    assert pools["primary"]["state"] == "succeeded" and pools["worker"]["state"] in ("succeeded", "stopped")
     assert pools["parameter_server"]["state"] == "stopped" and pools["evaluator"]["state"] == "stopped"
     print(f"job {view['state']}; pools: " + ", ".join(f"{p['role']} {p['state']}" for p in view["pools"]))
     out = cli.run("status", view["job_id"]).stdout
