@@ -82,7 +82,8 @@ def test_defaults_and_a_missing_default_file(tmp_path: Path, monkeypatch: pytest
     ('command = ["x", 3]', "field 'notify.command[1]': expected a string, got 3 (int)"),
     ('command = [" "]', "field 'notify.command[0]': expected a program"),
     ('on = ["fail"]',
-     "field 'notify.on[0]': expected one of 'queued', 'started', 'succeeded', 'failed', 'stopped', 'incident', got \"fail\""),
+     "field 'notify.on[0]': expected one of 'queued', 'started', 'succeeded', 'failed', 'stopped', 'incident', "
+     "got \"fail\""),
     ('on = "failed"', "field 'notify.on': expected a list of events"),
     ('kinds = ["pipelines"]', "field 'notify.kinds[0]': expected one of 'job', 'sweep', 'pipeline'"),
     ('app = "yes"', "field 'notify.app': expected true or false"),
