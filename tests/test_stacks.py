@@ -49,7 +49,7 @@ def test_a_live_rank_writes_its_stacks_on_request_and_keeps_running(tmp_path: Pa
     # a process of the job that is not armed (not Python): never signalled, SIGUSR1 would kill it
     sleeper = subprocess.Popen(["sleep", "60"], env=dict(os.environ, RIGDECK_JOB_ID="job-s1"))
     try:
-        got = stacks.collect(str(job_dir), "job-s1", why="no step for 20 s")
+        got = stacks.collect(str(job_dir), "job-s1", why="no step for 20 s", timeout=10.0)
         assert got["armed"] == 1
         (one,) = got["stacks"]
         assert (one["rank"], one["pid"]) == (3, rank.pid)
@@ -62,7 +62,7 @@ def test_a_live_rank_writes_its_stacks_on_request_and_keeps_running(tmp_path: Pa
         assert rank.poll() is None and sleeper.poll() is None  # both still run
         assert (tmp_path / f"theirs-{rank.pid}").exists()
         # a second request returns only the new dump
-        again = stacks.collect(str(job_dir), "job-s1")["stacks"][0]["text"]
+        again = stacks.collect(str(job_dir), "job-s1", timeout=10.0)["stacks"][0]["text"]
         assert again.count("in wait_for_peers") == 1
     finally:
         rank.kill()

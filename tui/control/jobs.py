@@ -865,7 +865,7 @@ class JobManager:
             # Kept out of placement until an operator undrains it, whatever the agent says next.
             self.history.drain(fault.host, fault.gpu, fault.message, "rigdeck", source="health")
         if fault.kind == "hang" and live:
-            got = self.ctl.agents(live).job_stacks(job_id=job_id, why=fault.message, timeout_s=3.0, timeout=20)
+            got = self.ctl.agents(live).job_stacks(job_id=job_id, why=fault.message, timeout_s=5.0, timeout=20)
             summary, rows = stack_summary({h: v for h, v in got.items() if not isinstance(v, Exception)})
             cause["message"] = f"{fault.message}; {summary}"
             cause["stacks"] = rows
