@@ -90,7 +90,7 @@ def _sweeps(*keys: str) -> Any:
         app = pilot.app
         await pilot.pause()
         await pilot.press("7")
-        for _ in range(100):
+        for _ in range(400):  # up to 20 s: the fetch is a worker thread, slow on a loaded machine
             await pilot.pause(0.05)
             if app.sweeps_fetches and app.query_one("#trials-table").row_count:
                 break
