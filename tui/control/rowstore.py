@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tui.model.jobstate import RUNNING, STOPPING
+
 log = logging.getLogger(__name__)
 
 LEASE_S = 10.0
@@ -104,7 +106,7 @@ class RowStore:
 
     def active(self) -> list[dict[str, Any]]:
         return [self._decode(r) for r in self._rows(
-            f"SELECT * FROM {self.table} WHERE state IN ('running', 'stopping') ORDER BY created")]
+            f"SELECT * FROM {self.table} WHERE state IN (?, ?) ORDER BY created", (RUNNING, STOPPING))]
 
     def update(self, ident: str, **fields: Any) -> None:
         cols = ", ".join(f"{k} = ?" for k in fields)

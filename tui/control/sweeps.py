@@ -408,17 +408,7 @@ class SweepRunner:
             started.append(pool.submit(self._submit, sweep_id, spec, row))
 
         def new_trial(state: str) -> dict[str, Any] | None:
-            number = self._next_number(trials)
-            if grid is not None and number > len(grid):
-                return None
-            study.sampler = sampler_for(sw, number)
-            ft = study.ask(dists)
-            job_id = f"{spec.name[:48]}-t{number}-{uuid.uuid4().hex[:6]}"
-            self.store.add_trial(sweep_id, number, ft._trial_id, job_id, dict(ft.params), state=state)
-            row = {"number": number, "trial_id": ft._trial_id, "job_id": job_id, "params": dict(ft.params),
-                   "state": state, "attempt": 1}
-            trials.append(row)
-            return row
+            return self._new_trial(sweep_id, spec, study, trials, state, dists, grid)
 
         submitted = 0  # started one at a time (no max_parallel)
         try:
@@ -467,6 +457,24 @@ class SweepRunner:
             if pool is not None:
                 pool.shutdown()
         return count
+
+    def _new_trial(self, sweep_id: str, spec: JobSpec, study: Any, trials: list[dict[str, Any]], state: str,
+                   dists: dict[str, Any], grid: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+        """Ask the study for the next trial and record it, in ``state``, in the store and in
+        ``trials``; None when a grid has no point left."""
+        sw = spec.sweep
+        assert sw is not None
+        number = self._next_number(trials)
+        if grid is not None and number > len(grid):
+            return None
+        study.sampler = sampler_for(sw, number)
+        ft = study.ask(dists)
+        job_id = f"{spec.name[:48]}-t{number}-{uuid.uuid4().hex[:6]}"
+        self.store.add_trial(sweep_id, number, ft._trial_id, job_id, dict(ft.params), state=state)
+        row = {"number": number, "trial_id": ft._trial_id, "job_id": job_id, "params": dict(ft.params),
+               "state": state, "attempt": 1}
+        trials.append(row)
+        return row
 
     def _submit(self, sweep_id: str, spec: JobSpec, t: dict[str, Any]) -> None:
         """Queue (or start) the trial's job, under the id its row already names."""
