@@ -429,7 +429,8 @@ def test_a_random_sweep_asks_its_next_trials_ahead_and_a_stop_ends_them_without_
     """Random proposals do not depend on results: while its trials run, the sweep asks up to
     max_parallel more ahead (``ready``, no job yet); a stop ends those with the sweep."""
     cli.run("deploy")
-    spec = example_spec(cli, "sw-ahead", trials=6, parallel=2, steps=60, step_s=0.2)
+    # Trials 1 and 2 must outlast the test's looks and stops (each a CLI run: slow on a loaded machine).
+    spec = example_spec(cli, "sw-ahead", trials=6, parallel=2, steps=300, step_s=0.2)
     proc = cli.popen("sweep", str(spec), "--wait")
     try:
         assert proc.stdout is not None
