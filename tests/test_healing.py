@@ -167,8 +167,9 @@ def test_a_failing_gpu_under_a_rank_is_drained_and_the_job_resumes_elsewhere(
         cli: Cli, tmp_path: Path, fault: dict[str, Any]) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
+    # 80 steps: the fault, written at step 6, must find the job still running on a loaded machine
     spec = cli.spec("gpu-fault", f"""
-command = ["{{python}}", "{TRAIN}", "--steps", "30", "--ckpt", "{ckpt}", "--sleep", "0.3"]
+command = ["{{python}}", "{TRAIN}", "--steps", "80", "--ckpt", "{ckpt}", "--sleep", "0.3"]
 workdir = "{ROOT}"
 launcher = "direct"
 nodes = 2

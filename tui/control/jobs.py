@@ -737,10 +737,11 @@ class JobManager:
 
     def host_states(self, rec: dict[str, Any], skip: Sequence[str] = ()) -> dict[str, Any]:
         """What each host of the job's placement (but ``skip``) says of it (``job_status``), or the
-        TransportError that kept it from saying. A host that does not answer in 10 s is out of
-        reach for this look (a cut link answers nothing at all: each look would wait as long)."""
+        TransportError that kept it from saying. A host that does not answer in 20 s is out of
+        reach for this look: less would take a slow host (a loaded machine) for a lost one, and a
+        host out of reach is counted from its last answer anyway (tui/control/healing.py)."""
         hosts = [h for h in dict.fromkeys(n["host"] for n in rec.get("placement") or []) if h not in skip]
-        return self.ctl.agents(hosts).job_status(job_id=rec["job_id"], timeout=10)
+        return self.ctl.agents(hosts).job_status(job_id=rec["job_id"], timeout=20)
 
     def stop(
         self, ref: str, grace_s: float | None = None, wait: bool = True, *, yes: bool = False
