@@ -9,18 +9,21 @@ from pathlib import Path
 
 from agent import stacks
 
+# "ready" is printed from inside wait_for_peers: once the test reads it, the main thread is in
+# there (printed before, a loaded machine could dump it still on the line of the print).
 RANK_SCRIPT = """
 import threading, time
 
 def wait_for_peers():
-    time.sleep(120)
+    print("ready", flush=True)
+    while True:
+        time.sleep(120)
 
 def heartbeat():
     while True:
         time.sleep(1)
 
 threading.Thread(target=heartbeat, daemon=True).start()
-print("ready", flush=True)
 wait_for_peers()
 """
 
@@ -54,7 +57,8 @@ def test_a_live_rank_writes_its_stacks_on_request_and_keeps_running(tmp_path: Pa
         (one,) = got["stacks"]
         assert (one["rank"], one["pid"]) == (3, rank.pid)
         assert "in wait_for_peers" in one["text"] and "in heartbeat" in one["text"]  # every thread
-        assert one["top"] == "train.py:5 in wait_for_peers" and one["in_collective"] is False
+        assert one["top"].startswith("train.py:") and one["top"].endswith(" in wait_for_peers"), one["top"]
+        assert one["in_collective"] is False
         log = (job_dir / "logs" / "rank-3.log").read_text()
         assert f"--- rigdeck: Python stacks of rank 3 (pid {rank.pid}), no step for 20 s ---" in log
         assert "wait_for_peers" in log
@@ -121,7 +125,8 @@ def test_a_real_agent_takes_a_running_jobs_stacks_and_reports_a_simulated_fault(
                     break
                 time.sleep(0.3)
             assert got.armed == 1 and [s.rank for s in got.stacks] == [0]
-            assert got.stacks[0].top == "train.py:5 in wait_for_peers"
+            top = got.stacks[0].top or ""
+            assert top.startswith("train.py:") and top.endswith(" in wait_for_peers"), top
             assert a.job_status(job_id=job_id).get("state") == "running"  # taking stacks stops nothing
             log = a.job_logs(job_id=job_id, rank=0, max_bytes=1 << 20).text  # what `rigdeck logs` reads
             assert "Python stacks of rank 0" in log and "a test asked" in log
