@@ -4,6 +4,7 @@ checkpoint owner's host dying mid-run."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -201,7 +202,10 @@ max_restarts = 1
     last_before = max(m["step"] for m in metrics if m.get("event") == "checkpoint"
                       and m.get("status") == "done" and m["owner"]["host"] == "h2")
     log0 = cli.run("logs", job_id, "--rank", "0").stdout
-    assert f"resumed from step {last_before} " in log0, log0[-2000:]
+    resumed = [int(m.group(1)) for m in re.finditer(r"resumed from step (\d+) ", log0)]
+    # The newest checkpoint h2 completed before it died: its "done" line is the last thing the save
+    # writes, so a kill just after a save can leave a complete checkpoint with no "done" line yet.
+    assert len(resumed) == 1 and resumed[0] in (last_before, last_before + 20), (resumed, last_before)
     steps_r0 = [m["step"] for m in metrics if m.get("rank") == 0 and m.get("loss") is not None
                 and m.get("event") is None]
     assert max(steps_r0) == 399
