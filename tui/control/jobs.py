@@ -24,7 +24,7 @@ from tui.control.controller import Controller
 from tui.control.healing import Fault, Healer, stack_summary, with_reruns
 from tui.control.history import History, JobRef, JobRefError
 from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
-from tui.model.health import Goodput, Incident, goodput
+from tui.model.health import Goodput, Incident, first_started, goodput
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import JobView, Progress, job_view
@@ -1010,7 +1010,7 @@ class JobManager:
         that count over the wall time since it first started (to its end), from its metrics
         (no goodput before it starts, or when its hosts cannot be read)."""
         incidents = [Incident.from_dict(d) for d in self.history.incidents(rec["job_id"])]
-        first = next((e.get("time") for e in rec.get("events") or [] if e.get("event") == "started"), None)
+        first = first_started(rec)
         if first is None:
             return incidents, None
         try:
@@ -1018,7 +1018,7 @@ class JobManager:
         except (TransportError, JobError):
             return incidents, None
         return (with_reruns(incidents, records),
-                goodput(records, started=float(first), now=float(rec.get("ended") or time.time())))
+                goodput(records, started=first, now=float(rec.get("ended") or time.time())))
 
     def state_dirs(self) -> dict[str, str]:
         """Each inventory host's ``state_dir`` (where its agent keeps jobs), for the views."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from tui.control.reader import JobReader, log_ranks
 from tui.model.diagnose import Signal, StepTimes, signals
-from tui.model.health import Goodput, Incident, goodput
+from tui.model.health import Goodput, Incident, first_started, goodput
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import (  # noqa: F401  (the views this poller builds; importers find them here too)
@@ -280,10 +280,10 @@ class _Track:
                           for r in records if r.get("event") is None and r.get("step") is not None)
 
     def goodput(self) -> Goodput | None:
-        first = next((e.get("time") for e in self.rec.get("events") or [] if e.get("event") == "started"), None)
+        first = first_started(self.rec)
         if first is None:
             return None
-        return goodput(self.steps, started=float(first), now=float(self.rec.get("ended") or time.time()))
+        return goodput(self.steps, started=first, now=float(self.rec.get("ended") or time.time()))
 
     def row(self) -> JobRow:
         """The job's line in the jobs table: its view's head, without the per-kind panels."""

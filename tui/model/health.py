@@ -247,6 +247,13 @@ class Goodput:
                 "steps": self.steps}
 
 
+def first_started(rec: Mapping[str, Any]) -> float | None:
+    """When the job first started (its first ``started`` event): goodput's wall time counts from
+    there (the record's ``started`` moves with each attempt)."""
+    t = next((e.get("time") for e in rec.get("events") or [] if e.get("event") == "started"), None)
+    return float(t) if t is not None else None
+
+
 def goodput(records: Iterable[Mapping[str, Any]], started: float, now: float) -> Goodput:
     """Each step counts once, as its newest attempt computed it; its time is the gap from the
     step before it in the same attempt and rank (the first step of an attempt also carries the
