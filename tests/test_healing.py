@@ -145,6 +145,16 @@ max_restarts = 1
     assert all(v == v for v in losses.values())  # no NaN left
 
 
+def _running_at_step(cli: Cli, name: str, step: int) -> str:
+    """The id of the job ``name`` once it runs and has reported ``step`` (at most 120 s)."""
+    def stepping() -> bool:
+        jobs = [j for j in cli.json("jobs") if j["name"] == name and j["state"] == "running"]
+        return bool(jobs) and (cli.json("status", jobs[0]["job_id"]).get("last_step") or 0) >= step
+
+    wait_until(stepping, 120, f"the job's step {step}")
+    return next(j["job_id"] for j in cli.json("jobs") if j["name"] == name)
+
+
 def _host_index(cli: Cli, name: str) -> int:
     return next(i for i, h in enumerate(cli.bed.hosts, start=1) if h.name == name)
 
@@ -182,12 +192,7 @@ max_restarts = 1
     waiter = cli.popen("launch", str(spec), "--wait", "--json")
     host, gpu = "", -1
     try:
-        def stepping() -> bool:
-            jobs = [j for j in cli.json("jobs") if j["name"] == "gpu-fault" and j["state"] == "running"]
-            return bool(jobs) and (cli.json("status", jobs[0]["job_id"]).get("last_step") or 0) >= 6
-
-        wait_until(stepping, 120, "the job's sixth step")
-        job_id = next(j["job_id"] for j in cli.json("jobs") if j["name"] == "gpu-fault")
+        job_id = _running_at_step(cli, "gpu-fault", 6)
         first = cli.json("status", job_id)
         host, gpu = first["placement"][0]["host"], first["placement"][0]["gpus"][1]
         _write_faults(cli, host, {str(gpu): fault})
@@ -266,12 +271,7 @@ max_restarts = 1
     waiter = cli.popen("launch", str(spec), "--wait", "--json")
     lost = 0
     try:
-        def stepping() -> bool:
-            jobs = [j for j in cli.json("jobs") if j["name"] == "host-lost" and j["state"] == "running"]
-            return bool(jobs) and (cli.json("status", jobs[0]["job_id"]).get("last_step") or 0) >= 8
-
-        wait_until(stepping, 120, "the job's eighth step")
-        job_id = next(j["job_id"] for j in cli.json("jobs") if j["name"] == "host-lost")
+        job_id = _running_at_step(cli, "host-lost", 8)
         hosts = [n["host"] for n in cli.json("status", job_id)["placement"]]
         spare = next(h.name for h in cli.bed.hosts if h.name not in hosts)
         gone = hosts[1]
@@ -327,12 +327,7 @@ max_restarts = 1
 """)
         waiter = cli.popen("launch", str(spec), "--wait", "--json")
         try:
-            def stepping() -> bool:
-                jobs = [j for j in cli.json("jobs") if j["name"] == "moved" and j["state"] == "running"]
-                return bool(jobs) and (cli.json("status", jobs[0]["job_id"]).get("last_step") or 0) >= 5
-
-            wait_until(stepping, 120, "the job's fifth step")
-            job_id = next(j["job_id"] for j in cli.json("jobs") if j["name"] == "moved")
+            job_id = _running_at_step(cli, "moved", 5)
             placement = cli.json("status", job_id)["placement"]
             assert sorted(n["host"] for n in placement) == [h1, h2]
             gpu = next(n for n in placement if n["host"] == h2)["gpus"][0]
