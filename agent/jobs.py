@@ -755,12 +755,79 @@ def _hypertune_part(path: str, rank: int, okey: str, since_us: int,
     return {"source": "hypertune", "records": records, "next_offset": nxt, "more": False, "offset_key": okey}
 
 
+EPHEMERAL_DEFAULT = (32768, 60999)
+# Ports handed out lately (port -> monotonic time): two jobs launched close together never get the
+# same one, although neither has bound it yet.
+_HANDED: Dict[int, float] = {}
+_HANDED_FOR = 120.0
+
+
+def ephemeral_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> Tuple[int, int]:
+    """The kernel's range for the local ports of outgoing connections (Linux's default when
+    unreadable)."""
+    try:
+        with open(path) as f:
+            lo, hi = (int(x) for x in f.read().split()[:2])
+        if 1 <= lo <= hi <= 65535:
+            return lo, hi
+    except (OSError, ValueError):
+        pass
+    return EPHEMERAL_DEFAULT
+
+
+def port_candidates(ephemeral: Tuple[int, int], count: int = 64, rng: Any = None) -> List[int]:
+    """Random ports outside the ephemeral range, where the first probe looks for a MASTER_PORT.
+
+    A port inside it can be taken, between the probe and the rank's bind, as the local port of any
+    outgoing connection on the host (another job's gloo or NCCL mesh, an ssh session); one below
+    it is only ever bound on purpose. Below the range first (torch's own default, 29500, is
+    there), above it when the range starts too low to leave room."""
+    import random
+    r = rng or random.Random()
+    lo, hi = ephemeral
+    pools: List[Tuple[int, int]] = []
+    if lo - 1 >= 10000:
+        pools.append((max(10000, lo - 20000), lo - 1))
+    if hi + 1 <= 65535 - 1000:
+        pools.append((hi + 1, 65535))
+    if not pools:
+        return []
+    out: List[int] = []
+    for _ in range(count):
+        a, b = pools[0] if len(pools) == 1 or r.random() < 0.8 else pools[1]
+        out.append(r.randint(a, b))
+    return out
+
+
+def _bindable(family: int, addr: str, port: int) -> bool:
+    s = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        s.bind((addr, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
 def probe_port(addr: str) -> int:
-    """A TCP port free on ``addr`` right now (for MASTER_PORT); the socket is closed at once."""
+    """A TCP port free on ``addr`` right now (for MASTER_PORT), outside the kernel's ephemeral
+    range when one there is free (see ``port_candidates``) and not one handed out in the last two
+    minutes; the socket is closed at once."""
     family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+    now = time.monotonic()
+    for p, t in list(_HANDED.items()):
+        if now - t > _HANDED_FOR:
+            del _HANDED[p]
+    for port in port_candidates(ephemeral_range()):
+        if port not in _HANDED and _bindable(family, addr, port):
+            _HANDED[port] = now
+            return port
     s = socket.socket(family, socket.SOCK_STREAM)
     try:
         s.bind((addr, 0))
-        return int(s.getsockname()[1])
+        port = int(s.getsockname()[1])
     finally:
         s.close()
+    _HANDED[port] = now
+    return port

@@ -536,3 +536,33 @@ def test_job_hosts_and_rank_wrappers_start_without_site_only_from_the_zipapp(tmp
     assert no_site(["/usr/bin/python3", str(unpacked)]) == ["/usr/bin/python3", str(unpacked)]
     (unpacked / "agent" / "BUILD.json").write_text("{}")
     assert no_site(["/usr/bin/python3", str(unpacked)]) == ["/usr/bin/python3", "-S", str(unpacked)]
+
+
+def test_a_master_port_is_probed_outside_the_ephemeral_range_and_never_handed_out_twice(tmp_path) -> None:
+    """A port in the kernel's range for outgoing connections can be taken by another job's mesh
+    between the probe and the rank's bind (seen as gloo's EADDRINUSE on a busy host)."""
+    import random
+
+    from agent.jobs import ephemeral_range, port_candidates, probe_port
+
+    rng_file = tmp_path / "range"
+    rng_file.write_text("32768\t60999\n")
+    assert ephemeral_range(str(rng_file)) == (32768, 60999)
+    rng_file.write_text("garbage")
+    assert ephemeral_range(str(rng_file)) == (32768, 60999)
+    rng_file.write_text("40000 50000")
+    assert ephemeral_range(str(rng_file)) == (40000, 50000)
+
+    ports = port_candidates((32768, 60999), count=500, rng=random.Random(1))
+    assert all(not 32768 <= p <= 60999 for p in ports) and all(1024 < p <= 65535 for p in ports)
+    # a range that leaves no room below uses the ports above it
+    assert all(p > 60999 for p in port_candidates((1024, 60999), count=50, rng=random.Random(2)))
+    assert port_candidates((1024, 65535)) == []
+
+    lo, hi = ephemeral_range()
+    handed = [probe_port("127.0.0.1") for _ in range(40)]
+    assert len(set(handed)) == len(handed)
+    assert not any(lo <= p <= hi for p in handed)
+    # what it hands out is bindable
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", handed[-1]))
