@@ -304,7 +304,7 @@ def test_the_faces_draw_unhealthy_and_drained_gpus_apart_with_the_reason() -> No
     assert sorted(cells.values()) == [
         ("0", "-"),
         ("1 ✗", "unhealthy: XID 79: GPU has fallen off the bus"),
-        ("2 ⊘", "drained: drained by ann: fan noise"),
+        ("2 ⊘", "drained by ann: fan noise"),  # a drain says "drained by" itself: not twice
     ]
     assert cell_look(g1, FREE, "util", None, False) == (UNHEALTHY_GLYPH, "crit")
     assert cell_look(g2, FREE, "job", None, False) == (DRAINED_GLYPH, "warn")

@@ -16,7 +16,7 @@ from tui.model.views import GpuClaim, GpuProcess, GpuView, HostKey, HostSample, 
 HOST_JSON_KEYS = {
     "name", "address", "status", "reason", "error_kind", "host_key", "agent_version", "agent_pid",
     "hostname", "upgrade_pending", "simulated", "gpu_source", "samples", "host_sample", "gpus",
-    "gpu_count", "gpus_busy", "gpus_simulated", "gpu_model", "sample_age_s",
+    "gpu_count", "gpus_busy", "gpus_simulated", "gpu_model", "gpus_unhealthy", "gpus_drained", "sample_age_s",
 }
 
 

@@ -602,6 +602,100 @@ def processing_jobs(started: bool = True) -> RecordedJobs:
 
 
 # ---------------------------------------------------------------------------------------------
+# Training that heals itself: a GPU fault moved JOB away, and an operator drained another GPU
+
+XID_REASON = "XID 79: GPU has fallen off the bus"  # agent/gpuhealth.py's words for the fault
+FAULT_MESSAGE = f"h1 GPU 1 (simulated): {XID_REASON}"  # the incident's (tui/control/healing.py)
+HAND_DRAIN = "drained by root: fan noise"  # ControllerService._sync_drains' words for `rigdeck drain`
+FAULT_STEP = 118  # the last step before the fault stopped JOB
+RESUME_STEP = 100  # the checkpoint the restart resumed from
+STOPPED_AT = T0 + 2.0 + 0.45 * FAULT_STEP + 1.5  # when rigdeck stopped the first attempt
+RESUMED_AT = STOPPED_AT + 14.0  # the second attempt's first step
+HEALED_PLACEMENT = {"h1": [0, 2], "h2": [0, 1]}  # where JOB runs again: not on h1 GPU 1
+
+
+def healing_state(ticks: int = 30) -> ClusterState:
+    """Three hosts up after the fault: JOB's ranks on h1 GPUs 0 and 2 and h2 GPUs 0 and 1; h1
+    GPU 1 unhealthy (an XID 79, simulated; rigdeck drained it too), h2 GPU 2 drained by hand,
+    bob's process on h2 GPU 3."""
+    state = ClusterState([(f"h{i}", f"10.213.1.{10 + i}") for i in (1, 2, 3)])
+    for i in (1, 2, 3):
+        state.set_agent(f"h{i}", {"agent_version": "3f9c2a71d04b8e15", "pid": 40 + i, "hostname": f"tb1-h{i}"})
+    state.set_drains({("h1", 1): f"drained by rigdeck: {FAULT_MESSAGE}", ("h2", 2): HAND_DRAIN})
+    for tick in range(ticks):
+        for i in (1, 2, 3):
+            gpus = []
+            for idx in range(4):
+                gpus_of = HEALED_PLACEMENT.get(f"h{i}", [])
+                job = JOB if idx in gpus_of else None
+                rank = 2 * (i - 1) + gpus_of.index(idx) if job else None
+                foreign = "bob" if (i == 2 and idx == 3) else None
+                g = gpu_sample(i, idx, tick, job, rank, foreign)
+                g["health"], g["health_reason"] = "ok", None
+                if (i, idx) == (1, 1):
+                    g["health"], g["health_reason"] = "unhealthy", XID_REASON
+                gpus.append(g)
+            state.apply_sample(f"h{i}", host_sample(i, tick, gpus), received_at=float(tick))
+    return state
+
+
+def healing_metrics() -> list[dict[str, Any]]:
+    """JOB's steps: the first attempt to FAULT_STEP, the second (``restart`` 1) from RESUME_STEP + 1
+    up to the app's clock; each rank's loss as ``ddp_metrics`` has it."""
+    records: list[dict[str, Any]] = []
+    attempts = [(0, range(0, FAULT_STEP + 1), T0 + 2.0),
+                (1, range(RESUME_STEP + 1, RESUME_STEP + 1 + int((NOW - 1 - RESUMED_AT) / 0.45)), RESUMED_AT)]
+    for attempt, steps, start in attempts:
+        for n, s in enumerate(steps):
+            loss = 2.9 * math.exp(-s / 70.0) + 0.35 + 0.04 * math.sin(s * 1.7)
+            records += [{"time": start + 0.45 * n, "rank": rank, "step": s, "loss": round(loss + 0.01 * rank, 6),
+                         "restart": attempt} for rank in range(4)]
+    return records
+
+
+def healing_incident() -> Any:
+    from tui.model.health import Incident
+
+    return Incident(kind="gpu", detected_at=STOPPED_AT, message=FAULT_MESSAGE, host="h1", gpu=1,
+                    last_step=FAULT_STEP, resumed_at=RESUMED_AT, resume_s=RESUMED_AT - STOPPED_AT,
+                    steps_rerun=FAULT_STEP - RESUME_STEP, attempt=0)
+
+
+def healing_jobs(incident: bool = True) -> RecordedJobs:
+    """The recorded jobs, the running one after rigdeck moved it off h1 GPU 1 (``incident``): its
+    second attempt on HEALED_PLACEMENT, resumed from step RESUME_STEP, its incident kept, its
+    steps kept for goodput. Without ``incident``: the same job running its first attempt, never
+    stopped (no incident, no restart)."""
+    from tui.control.jobwatch import JobsSnapshot, MetricsFold, rank_rows
+
+    jobs = RecordedJobs()
+    track = jobs._tracks[JOB]
+    started = {"time": T0 + 1.0, "event": "started", "restart_count": 0}
+    if not incident:
+        track.rec = {**track.rec, "events": [started]}
+        track.keep_steps(ddp_metrics())
+        jobs._snapshot = JobsSnapshot(tuple(t.row() for t in jobs._tracks.values()), 2)
+        return jobs
+    placement = [n for h, gpus in HEALED_PLACEMENT.items() for n in _placement([h], gpus)]
+    events = [started,
+              {"time": STOPPED_AT, "event": "incident", "cause": {"message": FAULT_MESSAGE, "kind": "gpu",
+                                                                 "host": "h1", "gpu": 1}},
+              {"time": STOPPED_AT + 2.0, "event": "restart", "restart_count": 1},
+              {"time": STOPPED_AT + 4.0, "event": "started", "restart_count": 1}]
+    track.rec = {**track.rec, "placement": placement, "restarts": 1, "started": STOPPED_AT + 4.0,
+                 "events": events}
+    track.fold = MetricsFold()
+    records = healing_metrics()
+    track.fold.apply(records, NOW)
+    track.keep_steps(records)
+    track.incidents = (healing_incident(),)
+    track.states = _ranks(list(HEALED_PLACEMENT), "running")
+    track.ranks = rank_rows(track.states, placement)
+    jobs._snapshot = JobsSnapshot(tuple(t.row() for t in jobs._tracks.values()), 2)
+    return jobs
+
+
+# ---------------------------------------------------------------------------------------------
 # Sweeps
 
 SWEEP = "sweep-lr-sw3f9c2a"
@@ -761,20 +855,22 @@ def no_room() -> PlacementError:
 
 
 def recorded_app(**kw: Any) -> Any:
-    """The app over recorded data, its clock fixed at NOW."""
+    """The app over recorded data, its clock fixed at NOW (``state``: another cluster than
+    ``cluster_state()``; ``jobs``, ``sweeps``: other recorded ones)."""
     from tui.app.shell import RigdeckApp
     from tui.client import InProcessClient
 
     jobs = kw.pop("jobs", None) or RecordedJobs()
     sweeps = kw.pop("sweeps", None) or RecordedSweeps()
+    state = kw.pop("state", None) or cluster_state()
     kind = kw.pop("kind", "embedded")
     controller = kw.pop("controller", None) or FakeController()
     client = kw.pop("client", None)
     if client is None and kind == "server":
-        client = served_client(controller, FakeMonitor(cluster_state()), jobs, sweeps)
+        client = served_client(controller, FakeMonitor(state), jobs, sweeps)
     elif client is None:
         client = InProcessClient(
-            service=recorded_service(controller, FakeMonitor(cluster_state()), jobs, sweeps)
+            service=recorded_service(controller, FakeMonitor(state), jobs, sweeps)
         )
     app = RigdeckApp(
         client,

@@ -279,20 +279,23 @@ class _Track:
                            "restart": r.get("restart")}
                           for r in records if r.get("event") is None and r.get("step") is not None)
 
-    def goodput(self) -> Goodput | None:
+    def goodput(self, now: float | None = None) -> Goodput | None:
+        """Goodput until the job ended, or until ``now`` (the poller's clock) while it runs."""
         first = first_started(self.rec)
         if first is None:
             return None
-        return goodput(self.steps, started=first, now=float(self.rec.get("ended") or time.time()))
+        until = self.rec.get("ended") or (time.time() if now is None else now)
+        return goodput(self.steps, started=first, now=float(until))
 
     def row(self) -> JobRow:
         """The job's line in the jobs table: its view's head, without the per-kind panels."""
         return self.view(panels=False).row
 
-    def detail(self, state_dirs: Mapping[str, str] | None = None) -> JobView:
-        return self.view(state_dirs)
+    def detail(self, state_dirs: Mapping[str, str] | None = None, now: float | None = None) -> JobView:
+        return self.view(state_dirs, now=now)
 
-    def view(self, state_dirs: Mapping[str, str] | None = None, panels: bool = True) -> JobView:
+    def view(self, state_dirs: Mapping[str, str] | None = None, panels: bool = True,
+             now: float | None = None) -> JobView:
         """The job's view (``job_view``, as ``rigdeck status`` builds it) with what this poller
         folded from its metrics: loss curve, step rate, checkpoints, signals, stages, logs."""
         rec = self.rec
@@ -312,7 +315,7 @@ class _Track:
         )
         return job_view(rec, self.states, unreachable=self.unreachable, ranks=self.ranks, progress=progress,
                         state_dirs=state_dirs, logs=self.logs, panels=panels, incidents=self.incidents,
-                        goodput=self.goodput() if panels else None)
+                        goodput=self.goodput(now) if panels else None)
 
     def diagnose(self, gpu_util: Mapping[str, float | None] | None,
                  read_bps: Mapping[str, float | None] | None = None) -> None:
@@ -416,7 +419,7 @@ class JobWatch:
     def detail(self, job_id: str) -> JobDetail | None:
         with self._lock:
             t = self._tracks.get(job_id)
-            return t.detail(self._state_dirs()) if t is not None else None
+            return t.detail(self._state_dirs(), now=self.clock()) if t is not None else None
 
     def _state_dirs(self) -> dict[str, str]:
         """Each inventory host's ``state_dir`` (where its agent keeps jobs); {} when unknown."""

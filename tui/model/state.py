@@ -103,7 +103,7 @@ class HostState:
 
     def view(self, gpus: bool = True) -> HostView:
         """The host as the faces read it; without ``gpus`` its GPUs are only counted
-        (``gpu_count``, ``gpus_busy``, ``gpus_simulated``, ``gpu_model``), not listed."""
+        (``gpu_count``, ``gpus_busy``, ``gpus_unhealthy``, ...), not listed."""
         if self._view is None or self._hosts_view is None:
             self._build_views()
         view = self._view if gpus else self._hosts_view
@@ -130,7 +130,7 @@ class HostState:
 
     def _build_views(self) -> None:
         gpus = self._gpus_views()
-        count, busy, simulated, model = count_gpus(gpus)
+        c = count_gpus(gpus)
         fields = (
             self.name,
             self.address,
@@ -147,7 +147,7 @@ class HostState:
             self.samples,
             self._host_sample_view(),
         )
-        tail = (count, busy, simulated, model, self.last_sample_at)
+        tail = (c.count, c.busy, c.simulated, c.model, c.unhealthy, c.drained, self.last_sample_at)
         self._view = HostView.make(*fields, gpus, *tail)
         self._hosts_view = HostView.make(*fields, None, *tail)
 
@@ -157,7 +157,7 @@ class HostState:
         for whatever needs dicts, not for the app."""
         stale = self.stale
         gpu_list = [g.to_json(stale) for _, g in sorted(self.gpus.items())]
-        _, busy, simulated, _ = count_gpus(self._gpus_views())
+        c = count_gpus(self._gpus_views())
         out = {
             "name": self.name,
             "address": self.address,
@@ -175,9 +175,11 @@ class HostState:
             "host_sample": self.host_sample,
             "gpus": gpu_list,
             "gpu_count": len(gpu_list),
-            "gpus_busy": busy,
-            "gpus_simulated": simulated,
+            "gpus_busy": c.busy,
+            "gpus_simulated": c.simulated,
             "gpu_model": gpu_list[0].get("name") if gpu_list else None,
+            "gpus_unhealthy": c.unhealthy,
+            "gpus_drained": c.drained,
             "sample_age_s": None
             if self.last_sample_at is None
             else time.monotonic() - self.last_sample_at,

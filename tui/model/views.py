@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tui.model.health import DRAINED, UNHEALTHY
+
 BUSY_UTIL_PCT = 5.0  # a GPU with no processes counts as busy from this utilization up
 
 
@@ -223,7 +225,8 @@ class HostView:
     """One host: its connection, its agent, its last sample and its GPUs.
 
     ``gpus`` lists the GPUs in index order, or is None in a hosts-only snapshot; the counts
-    (``gpu_count``, ``gpus_busy``, ``gpus_simulated``, ``gpu_model``) are there either way.
+    (``gpu_count``, ``gpus_busy``, ``gpus_simulated``, ``gpu_model``, ``gpus_unhealthy``,
+    ``gpus_drained``) are there either way.
     ``status`` is a ``HostStatus`` value ("connecting", "up", "stale", "down").
     """
 
@@ -246,6 +249,8 @@ class HostView:
     gpus_busy: int
     gpus_simulated: bool
     gpu_model: str | None
+    gpus_unhealthy: int  # its agent calls them unhealthy (tui.model.health)
+    gpus_drained: int  # kept out of placement (rigdeck drain, or after a fault)
     sampled_at: float | None  # when the last sample arrived (monotonic, this process's clock)
 
     @property
@@ -273,13 +278,29 @@ class HostView:
 _HostViewFiller = _filler(HostView)
 
 
-def count_gpus(gpus: Sequence[GpuView]) -> tuple[int, int, bool, str | None]:
-    """(count, busy, any simulated, the first one's model) of a host's GPUs."""
-    busy = 0
+@dataclass(frozen=True, slots=True)
+class GpuCounts:
+    """A host's GPUs counted: what a hosts-only snapshot keeps of them."""
+
+    count: int
+    busy: int
+    simulated: bool  # any of them
+    model: str | None  # the first one's
+    unhealthy: int
+    drained: int
+
+
+def count_gpus(gpus: Sequence[GpuView]) -> GpuCounts:
+    """A host's GPUs counted: busy, simulated, unhealthy, drained, and the first one's model."""
+    busy = unhealthy = drained = 0
     simulated = False
     for g in gpus:
         if g.busy:
             busy += 1
         if g.simulated:
             simulated = True
-    return len(gpus), busy, simulated, (gpus[0].name or None) if gpus else None
+        if g.health == UNHEALTHY:
+            unhealthy += 1
+        elif g.health == DRAINED:
+            drained += 1
+    return GpuCounts(len(gpus), busy, simulated, (gpus[0].name or None) if gpus else None, unhealthy, drained)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from textual import on
@@ -11,7 +12,8 @@ from textual.widgets import DataTable, Static
 
 from tui.app.views.base import HOSTS, View, set_text
 from tui.app.widgets.tables import HostsTable, host_rows, host_why
-from tui.model.views import HostView
+from tui.model.health import OK, UNHEALTHY
+from tui.model.views import GpuView, HostView
 
 
 class HostsView(View):
@@ -34,16 +36,26 @@ class HostsView(View):
     def _update_detail(self) -> None:
         key = self.cursor_host()
         h = self.shell.host_entry(key) if key else None
-        text = host_detail(h, self.shell.client.inventory) if h else ""
+        text = host_detail(h, self.shell.client.inventory, self._unwell_gpus(h)) if h else ""
         set_text(self.query_one("#host-detail", Static), text)
+
+    def _unwell_gpus(self, h: HostView | None) -> list[GpuView]:
+        """The host's GPUs whose health is not ok, read from the state (the hosts snapshot
+        only counts them)."""
+        if h is None:
+            return []
+        state = self.shell.client.state
+        gpus = (state.gpu(h.name, pos) for pos in range(h.gpu_count))
+        return [g for g in gpus if g is not None and g.health != OK]
 
     @on(DataTable.RowHighlighted, "#hosts-table")
     def _host_highlighted(self) -> None:
         self._update_detail()
 
 
-def host_detail(h: HostView, inventory: Any) -> str:
-    """The selected host in full: where it is, what runs there, and why it is not up."""
+def host_detail(h: HostView, inventory: Any, unwell: Sequence[GpuView] = ()) -> str:
+    """The selected host in full: where it is, what runs there, why it is not up, and each of
+    its ``unwell`` GPUs (health not ok) with the reason."""
     try:
         spec = inventory.get(h.name)
         where = "local" if spec.is_local else f"{spec.user}@{spec.address}:{spec.port}"
@@ -66,10 +78,10 @@ def host_detail(h: HostView, inventory: Any) -> str:
         sim = " simulated" if h.gpus_simulated else ""
         parts.append(f"{count}{sim} GPU(s): {escape(str(h.gpu_model or '?'))}")
     text = " · ".join(parts)
-    why = host_why(h)
+    why = host_why(h, unwell)
     if why:
-        color = "$error" if status == "down" or h.error_kind else "$warning"
-        text += f"\n[{color}]{escape(why)}[/]"
+        bad = status == "down" or h.error_kind or any(g.health == UNHEALTHY for g in unwell)
+        text += f"\n[{'$error' if bad else '$warning'}]{escape(why)}[/]"
     return text
 
 

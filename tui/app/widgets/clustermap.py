@@ -470,8 +470,10 @@ def _same(a: Any, b: Any) -> bool:
 # The panels beside the map
 
 
-def legend(mode: str, simulated: int, gpus: int, hosts: int, fits: bool) -> str:
-    """The line above the map: what it shows (simulated GPUs said so), what the colours mean."""
+def legend(mode: str, simulated: int, gpus: int, hosts: int, fits: bool, unhealthy: int = 0,
+           drained: int = 0) -> str:
+    """The line above the map: what it shows (simulated GPUs said so), what the colours mean,
+    and the glyphs of unhealthy and drained GPUs, with their counts, when there are any."""
     sim = ""
     if simulated:
         sim = " [b]simulated[/b]" if simulated == gpus else f" ({simulated} simulated)"
@@ -484,6 +486,8 @@ def legend(mode: str, simulated: int, gpus: int, hosts: int, fits: bool) -> str:
     return (
         f"[b]{hosts}[/b] hosts · [b]{gpus}[/b]{sim} GPUs · [b]{MODE_LABELS[mode]}[/b]: "
         f"{keys}  [$error]{DOWN_GLYPH} down[/]"
+        + (f"  [$error]{UNHEALTHY_GLYPH} {unhealthy} unhealthy[/]" if unhealthy else "")
+        + (f"  [$warning]{DRAINED_GLYPH} {drained} drained[/]" if drained else "")
         + ("" if fits else "  [$text-muted](scrolls)[/]")
         + "  [$text-muted](m colour · enter select)[/]"
     )
@@ -604,7 +608,9 @@ class MapPane(Vertical):
         gpus = sum(len(h.gpus or ()) for h in hosts)
         sim = sum(1 for h in hosts for g in (h.gpus or ()) if g.simulated)
         fits = m.grid.lines <= m.size.height
-        self._set("#map-legend", legend(m.mode, sim, gpus, len(hosts), fits))
+        unhealthy = sum(h.gpus_unhealthy for h in hosts)
+        drained = sum(h.gpus_drained for h in hosts)
+        self._set("#map-legend", legend(m.mode, sim, gpus, len(hosts), fits, unhealthy, drained))
         cur = m.current()
         self._set("#map-detail", gpu_detail(*cur, self.jobs) if cur else "no hosts")
         self._set("#map-users", users_text(m.summary, self.jobs))

@@ -80,17 +80,42 @@ def percent_bar(raw: tuple[int | None, int, bool], palette: Palette) -> Renderab
 # Hosts
 
 
-def host_why(h: HostView) -> str:
+def host_why(h: HostView, unwell: Sequence[GpuView] = ()) -> str:
+    """Why a host is not up; for one that is, what of its GPUs takes no work (``unwell``: those
+    GPUs, to name each and its reason; else their counts) and an agent upgrade waiting."""
     if h.status == "up":
+        if unwell:
+            why = [f"GPU {g.index} {g.health}" + (f": {g.health_reason}" if g.health_reason else "") for g in unwell]
+        else:
+            why = [gpu_health_text(h)] if h.gpus_unhealthy or h.gpus_drained else []
         if h.upgrade_pending:
-            return f"agent upgrade to {h.upgrade_pending} when its jobs end"
-        return ""
+            why.append(f"agent upgrade to {h.upgrade_pending} when its jobs end")
+        return " · ".join(why)
     key = h.host_key
     if h.error_kind == "unknown-host-key" and key:
         return f"unknown host key {key.type or ''} {key.fingerprint or ''}: press t to trust"
     if h.error_kind == "host-key-changed" and key:
         return f"HOST KEY CHANGED: now {key.fingerprint}, known_hosts has {key.expected}"
     return str(h.reason or "")
+
+
+def gpu_health_text(h: HostView) -> str:
+    """``GPUs: 1 unhealthy, 1 drained``: what of a host's GPUs takes no work (the GPU view and
+    the map say which and why)."""
+    parts = [f"{n} {word}" for n, word in ((h.gpus_unhealthy, "unhealthy"), (h.gpus_drained, "drained")) if n]
+    return "GPUs: " + ", ".join(parts) if parts else ""
+
+
+def why_level(h: HostView) -> str:
+    """The palette level of a host's Why cell: a host key problem or an unhealthy GPU is
+    critical, a drained GPU a warning, anything else muted."""
+    if h.error_kind in ("unknown-host-key", "host-key-changed"):
+        return "crit"
+    if h.status == "up" and h.gpus_unhealthy:
+        return "crit"
+    if h.status == "up" and h.gpus_drained:
+        return "warn"
+    return "muted"
 
 
 def host_rows(snapshot: Sequence[HostView], w: Widths) -> list[tuple[str, tuple[Any, ...]]]:
@@ -122,7 +147,7 @@ def host_rows(snapshot: Sequence[HostView], w: Widths) -> list[tuple[str, tuple[
                         stale,
                     ),
                     (h.gpus_busy, h.gpu_count, h.any_simulated, h.gpu_source),
-                    (host_why(h), h.error_kind),
+                    (host_why(h), why_level(h)),
                 ),
             )
         )
@@ -167,13 +192,8 @@ class HostsTable(DiffTable):
                 return _text("none" if source == "none" else "-", palette["muted"])
             return marked_simulated(f"{busy}/{total}", sim, palette)
         if column == "why":
-            why, kind = raw
-            return _text(
-                why,
-                palette["crit"]
-                if kind in ("unknown-host-key", "host-key-changed")
-                else palette["muted"],
-            )
+            why, lvl = raw
+            return _text(why, palette[lvl])
         return _text(raw)
 
 
@@ -316,7 +336,14 @@ def gpu_raw(src: GpuSource, w: Widths) -> tuple[Any, ...]:
     bw = w.bar
     if g.health in ("unhealthy", "drained"):
         # A failing or drained GPU says so where its job would be: rigdeck is moving that job away.
-        job = (f"{g.health}: {g.health_reason}" if g.health_reason else g.health, g.health)
+        why = g.health_reason
+        if not why:
+            label = g.health
+        elif why.startswith(g.health):  # a drain's reason says "drained by WHO: ..." itself
+            label = why
+        else:
+            label = f"{g.health}: {why}"
+        job = (label, g.health)
     elif g.processes:
         job = gpu_job_label(g)
     else:
@@ -364,7 +391,8 @@ HEALTH_MARKS = {"warn": (" !", "warn"), "unhealthy": (" ✗", "crit"), "drained"
 
 class GpusTable(DiffTable):
     def columns_for(self, w: Widths) -> list[Col]:
-        cols = [Col("host", "Host"), Col("gpu", "GPU", 5)]
+        # As wide as its widest cell: "1 sim ✗" needs 7, a healthy simulated GPU's "1 sim" 5.
+        cols = [Col("host", "Host"), Col("gpu", "GPU")]
         if w.wide:
             cols.append(Col("name", "Model"))
         cols += [
