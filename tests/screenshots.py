@@ -26,7 +26,12 @@ made of worker pools (``--pools-spec``, default a 4-pool ticker job with a reduc
 evaluator) once every pool's replicas run and its evaluator, killed, is reported while training
 goes on (``pools.svg``; not part of the full run). ``--only processing``: the Job view of
 examples/processing (its data split by file over the 3 hosts) once it ended, with its processing
-panel (``processing.svg``; not part of the full run).
+panel (``processing.svg``; not part of the full run). ``--only healing``: the ddp example on h1
+and h2 with restarts to spend; an XID 79 written for the simulated GPU of its rank 1 once it saved
+two checkpoints, and, once rigdeck has restarted it from its checkpoint on healthy GPUs and it
+stepped on, h3 GPU 2 drained by hand: the GPU view, the map and the Job view (its incident and
+goodput) as ``healing-gpus.svg``, ``healing-map.svg`` and ``healing-job.svg`` (not part of the full
+run).
 
 PNGs come from ``rsvg-convert`` (Debian: librsvg2-bin) with the Fira Code font the SVGs name
 (fonts-firacode); both are installed with apt-get when missing and this runs as root.
@@ -406,6 +411,99 @@ async def run_processing(app: Any, pilot: Any, converter: str, shots: list[Path]
     await capture(app, pilot, "processing", converter, shots)
 
 
+def healing_spec(tmp: Path) -> Path:
+    """The ddp example as the main run has it (h1 and h2, 2 simulated GPUs each, a rank per GPU),
+    saving every 25 steps, with restarts to spend: what rigdeck needs to move it off a bad GPU."""
+    from tui.model.specform import read_spec_data
+    from tui.model.tomlwrite import dumps
+
+    data = read_spec_data(job_spec(tmp))
+    data["name"] = "ddp-heals"
+    cmd = [str(c) for c in data["command"]]
+    if "--checkpoint-every" in cmd:
+        cmd[cmd.index("--checkpoint-every") + 1] = "25"
+    data["command"] = cmd
+    data["checkpoint"] = {"dir": str(tmp / "ckpt-heal"), "owner": "rank0"}
+    data["restart"] = {"max_restarts": 2, "on_exit_codes": []}
+    out = tmp / "ddp-heals.toml"
+    out.write_text(dumps(data))
+    return out
+
+
+def write_gpu_faults(bed: Any, host: str, faults: dict[str, Any]) -> None:
+    """The simulated GPUs' faults file of a bed host (agent/gpuhealth.py reads it at each sample)."""
+    import json
+
+    path = bed.host(host).state_dir / "sim-gpu-faults.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(faults))
+    tmp.replace(path)
+
+
+async def run_healing(app: Any, pilot: Any, bed: Any, tmp: Path, converter: str, shots: list[Path],
+                      until: Any) -> None:
+    """The ddp example on h1 and h2 (``healing_spec``) launched through the app's job source; past
+    its second checkpoint, an XID 79 written for the simulated GPU of rank 1: rigdeck drains that
+    GPU and restarts the job from its checkpoint on healthy GPUs. Once the new attempt has stepped
+    on, an operator drains h3 GPU 2 by hand. Then the GPU view, the map (its cursor on the failed
+    GPU) and the Job view (its incident, goodput) are captured."""
+    from tui.app.widgets.clustermap import ClusterMap
+    from tui.model.jobspec import load_jobspec
+
+    job_id = await asyncio.to_thread(app.jobwatch.launch, load_jobspec(healing_spec(tmp)))
+    app.select_job(job_id)
+    await pilot.press("4")
+
+    def detail() -> Any:
+        d = app.jobwatch.detail(job_id)
+        if d is not None and d.row.state in ("failed", "stopped", "succeeded"):
+            raise SystemExit(f"job {job_id} {d.row.state}: {d.row.cause}")
+        return d
+
+    def step() -> int:
+        d = detail()
+        return -1 if d is None or d.row.step is None else d.row.step
+
+    await until(lambda: step() >= 60, "step 60 (two checkpoints saved)", 600)
+    rank = next(r for r in detail().ranks if r.get("rank") == 1)
+    host, gpu = str(rank["host"]), int(rank["gpu"])
+    write_gpu_faults(bed, host, {str(gpu): {"xid": 79}})
+    print(f"{job_id}: XID 79 written for {host} GPU {gpu} (rank 1) at step {step()}", flush=True)
+    try:
+        def resumed() -> bool:
+            d = detail()
+            inc = d.incidents[-1] if d is not None and d.incidents else None
+            return d is not None and d.row.restarts >= 1 and d.row.state == "running" \
+                and inc is not None and inc.resume_s is not None and step() >= (inc.last_step or 0) + 100
+
+        await until(resumed, "the restart on healthy GPUs, stepping past the fault", 600)
+        await asyncio.to_thread(app.client.drain, ["h3:2"], "fan noise")
+        state = app.client.state
+        await until(lambda: getattr(state.gpu("h3", 2), "health", "") == "drained", "h3 GPU 2 drained", 60)
+        d = detail()
+        inc = d.incidents[-1]
+        print(f"{job_id}: restarted on {[(n['host'], n['gpus']) for n in d.row.placement]}; incident: "
+              f"{inc.message}; resumed {inc.resume_s:.0f} s after the stop, {inc.steps_rerun} steps run twice; "
+              f"goodput {d.goodput.ratio if d.goodput else None}", flush=True)
+        await pilot.pause(2.0)
+        app.refresh_views(force=True)
+        await pilot.press("2")
+        await pilot.pause(0.5)
+        await capture(app, pilot, "healing-gpus", converter, shots)
+        await pilot.press("8", "m", "m")  # job colours: the job's GPUs beside the two that take none
+        await pilot.pause(0.5)
+        m = app.query_one("#cluster-map", ClusterMap)
+        m.move_to([h.name for h in m.hosts].index(host), gpu)
+        await pilot.pause(0.5)
+        await capture(app, pilot, "healing-map", converter, shots)
+        await pilot.press("4")
+        await pilot.pause(0.5)
+        await capture(app, pilot, "healing-job", converter, shots)
+    finally:
+        write_gpu_faults(bed, host, {})
+    await asyncio.to_thread(app.jobwatch.stop_job, job_id)
+
+
 DOCTOR_RATE = ("rate", "200mbit", "burst", "256kb", "latency", "50ms")
 
 
@@ -500,6 +598,9 @@ async def run(
             return shots
         if only == "processing":
             await run_processing(app, pilot, converter, shots, until)
+            return shots
+        if only == "healing":
+            await run_healing(app, pilot, bed, tmp, converter, shots, until)
             return shots
         # Somebody else's process on h3's GPU 1 (a CPU burner the simulated GPU follows).
         burner = bed.popen(
@@ -620,7 +721,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument(
         "--only",
-        choices=("all", "sweeps", "pipelines", "doctor", "onboarding", "signals", "stages", "pools", "processing"),
+        choices=("all", "sweeps", "pipelines", "doctor", "onboarding", "signals", "stages", "pools", "processing",
+                 "healing"),
         default="all",
         help="sweeps: only the Sweeps view (a short sweep, no training job); pipelines: only the "
         "Pipelines view (the example pipeline, twice); doctor: only the Doctor view (h3's link "
@@ -628,7 +730,9 @@ def main(argv: list[str] | None = None) -> int:
         "with a straggler (not in the full run); stages: the Job view of a [model_parallel] "
         "job, its stage panel filled (not in the full run); pools: the Job view of a job made of "
         "worker pools once every pool runs (not in the full run); processing: the Job view of "
-        "examples/processing once it ended (not in the full run)",
+        "examples/processing once it ended (not in the full run); healing: the GPU view, the map "
+        "and the Job view after an XID 79 moved a training job off its GPU and a GPU was drained "
+        "by hand (not in the full run)",
     )
     ap.add_argument("--stages-spec", type=Path, default=MP_EXAMPLE,
                     help="--only stages: the [model_parallel] job spec to run (default: the pipeline example)")

@@ -180,6 +180,7 @@ async def test_job_view_shows_the_incident_and_goodput_after_a_gpu_fault(kind: s
         await until(pilot, lambda: box.display)
         assert box.display
         lines = static_text(app, "#job-incidents").splitlines()
+        # The steps run twice are not in the history's incident: the app reads them from the steps.
         assert " ".join(" ".join(lines).split()) == (
             f"incident gpu host h1 GPU 1 after step {FAULT_STEP}: "
             f"next first step {RESUMED_AT - STOPPED_AT:.0f} s after the stop, "

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from tui.control.healing import with_reruns
 from tui.control.reader import JobReader, log_ranks
 from tui.model.diagnose import Signal, StepTimes, signals
 from tui.model.health import Goodput, Incident, first_started, goodput
@@ -313,8 +314,11 @@ class _Track:
             signals=self.signals,
             stages=stages,
         )
+        # The history keeps when each failure happened; what it cost in steps computed twice is
+        # read from the steps (as rigdeck status does).
+        incidents = with_reruns(self.incidents, self.steps) if panels and self.incidents else self.incidents
         return job_view(rec, self.states, unreachable=self.unreachable, ranks=self.ranks, progress=progress,
-                        state_dirs=state_dirs, logs=self.logs, panels=panels, incidents=self.incidents,
+                        state_dirs=state_dirs, logs=self.logs, panels=panels, incidents=incidents,
                         goodput=self.goodput(now) if panels else None)
 
     def diagnose(self, gpu_util: Mapping[str, float | None] | None,

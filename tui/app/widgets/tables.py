@@ -59,7 +59,9 @@ class Widths:
         if width >= 150:
             return cls(bar=12, spark=24, job=30, wide=True, why=max(24, width - 100))
         if width >= 110:
-            return cls(bar=10, spark=16, job=24, wide=False, why=max(16, width - 96))
+            # The GPU view's job column takes the room left over from 120 columns on: a rank's
+            # job id, or why its GPU takes none, is read there.
+            return cls(bar=10, spark=16, job=max(24, width - 96), wide=False, why=max(16, width - 96))
         return cls(bar=5, spark=8, job=15, wide=False, why=24)
 
 
