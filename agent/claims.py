@@ -25,7 +25,7 @@ import pwd
 import socket
 import stat
 import time
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 DEFAULT_DIR = "/dev/shm/rigdeck-gpu-claims"  # host-wide, world-writable and sticky; gone at reboot
 MUTEX_WAIT_S = 10.0
@@ -185,6 +185,31 @@ def claim(gpus: Iterable[int], job_id: str, d: Optional[str] = None) -> List[int
                 os.close(fd)
             raise
     return fds
+
+
+def lock_holders(gpu: int, d: Optional[str] = None, proc_root: str = "/proc") -> List[Tuple[int, str]]:
+    """(pid, command line) of every process with ``gpu``'s lock file open: who keeps a claim that
+    its holder record no longer explains (for an error message; empty where /proc says nothing)."""
+    path = os.path.join(d or claim_dir(), _gpu_file(gpu))
+    out = []  # type: List[Tuple[int, str]]
+    try:
+        pids = [e for e in os.listdir(proc_root) if e.isdigit()]
+    except OSError:
+        return out
+    for pid in pids:
+        fd_dir = os.path.join(proc_root, pid, "fd")
+        try:
+            links = [os.readlink(os.path.join(fd_dir, f)) for f in os.listdir(fd_dir)]
+        except OSError:
+            continue
+        if path in links:
+            try:
+                with open(os.path.join(proc_root, pid, "cmdline"), "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode("utf-8", "replace").strip()
+            except OSError:
+                cmd = "?"
+            out.append((int(pid), cmd[:200]))
+    return out
 
 
 def join(gpus: Iterable[int], d: Optional[str] = None) -> List[int]:

@@ -423,10 +423,12 @@ class Daemon:
 
     async def _m_job_status(self, client: _Client, params: Dict[str, Any]) -> Any:
         """The job here, with the health of this host's GPUs that are not ok (``gpu_health``): the
-        supervisor that polls the job sees a failing GPU without a telemetry stream of its own."""
+        supervisor that polls the job sees a failing GPU without a telemetry stream of its own;
+        for a failed job too, since a rank that died as its GPU failed died of the GPU."""
         status = self.jobs.status(self._str(params, "job_id"))
-        if isinstance(status, dict) and status.get("state") not in (None, "succeeded", "failed", "stopped"):
-            status["gpu_health"] = await self._gpu_health(max_age=2.0)
+        if isinstance(status, dict) and status.get("state") not in (None, "succeeded", "stopped"):
+            # a failure is judged on a fresh sample: the fault that killed the rank just came
+            status["gpu_health"] = await self._gpu_health(max_age=0.0 if status.get("state") == "failed" else 2.0)
         return status
 
     async def _gpu_health(self, max_age: float) -> List[Dict[str, Any]]:

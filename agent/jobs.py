@@ -200,12 +200,27 @@ class Jobs:
         self._expire_pending()
         self._drop_pending(job_id)
         self._clear_previous(job_id)
-        try:
-            fds = gpu_claims.claim(gpus, job_id)
-        except gpu_claims.ClaimError as e:
-            raise JobError(str(e)) from None
+        fds = self._claim_after_previous(job_id, gpus)
         self._pending[job_id] = (fds, time.monotonic() + ttl_s)
         return {"claimed": sorted(int(g) for g in gpus)}
+
+    def _claim_after_previous(self, job_id: str, gpus: List[int], wait_s: float = 10.0) -> List[int]:
+        """Claim ``gpus`` for ``job_id``. A claim still held by this same job's earlier attempt
+        (its last process exiting as the restart comes) is waited for, up to ``wait_s``, with its
+        stragglers stopped again; anyone else's claim is refused at once. A refusal names the
+        processes that hold the lock open."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return gpu_claims.claim(gpus, job_id)
+            except gpu_claims.ClaimError as e:
+                if e.holder.get("job_id") != job_id or time.monotonic() > deadline:
+                    who = gpu_claims.lock_holders(e.gpu) if e.gpu is not None else []
+                    held = "; held open by %s" % ", ".join("pid %d (%s)" % w for w in who) if who else ""
+                    raise JobError(str(e) + held) from None
+            self.reap()
+            sweep(job_id, signal.SIGKILL)
+            time.sleep(0.1)
 
     def release(self, job_id: str) -> Dict[str, Any]:
         """Give back a claim made ahead of a start that will not come."""
@@ -246,10 +261,7 @@ class Jobs:
             fds = self._pending.pop(job_id)[0]
         else:
             self._clear_previous(job_id)
-            try:
-                fds = gpu_claims.claim(gpus, job_id) if gpus else []
-            except gpu_claims.ClaimError as e:
-                raise JobError(str(e)) from None
+            fds = self._claim_after_previous(job_id, gpus) if gpus else []
         try:
             os.makedirs(d, mode=0o755, exist_ok=True)
             # A restart reuses the directory: logs and metrics go on; rank records start afresh.

@@ -566,3 +566,38 @@ def test_a_master_port_is_probed_outside_the_ephemeral_range_and_never_handed_ou
     # what it hands out is bindable
     with socket.socket() as s:
         s.bind(("127.0.0.1", handed[-1]))
+
+
+def test_a_restarts_claim_waits_for_its_own_earlier_attempt_and_names_who_holds_anyone_elses(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """A restart can come while the earlier attempt's last process is still exiting (seen on the
+    bed: a restart after a hang refused by the claim of its own first attempt); the claim waits
+    for it. Another job's claim is refused at once, naming the processes that hold it open."""
+    cdir = tmp_path / "claims"
+    monkeypatch.setenv("RIGDECK_CLAIM_DIR", str(cdir))
+    jobs, _ = _job(tmp_path, "j1")
+    # An untagged holder (the earlier attempt's job host, which carries no job tag) leaving in 1.5 s
+    code = ("import sys, time; from agent import claims; fds = claims.claim([0], sys.argv[1]); "
+            "print('held', flush=True); time.sleep(float(sys.argv[2]))")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    leaving = subprocess.Popen([sys.executable, "-c", code, "j1", "1.5"], stdout=subprocess.PIPE, text=True, env=env)
+    staying = None
+    try:
+        assert leaving.stdout is not None and leaving.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        assert jobs.claim("j1", [0]) == {"claimed": [0]}
+        assert 0.5 < time.monotonic() - t0 < 9
+        jobs.release("j1")
+        staying = subprocess.Popen([sys.executable, "-c", code, "other", "30"], stdout=subprocess.PIPE, text=True,
+                                   env=env)
+        assert staying.stdout is not None and staying.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        from agent.jobs import JobError
+
+        with pytest.raises(JobError, match=rf"held by job other .*; held open by pid {staying.pid} \(.*claims"):
+            jobs.claim("j1", [0])
+        assert time.monotonic() - t0 < 2
+    finally:
+        leaving.kill()
+        if staying is not None:
+            staying.kill()

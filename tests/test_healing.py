@@ -233,6 +233,50 @@ gpus_per_node = 4
     assert _gpu(cli, host, gpu)["health"] == "ok"
 
 
+def test_a_rank_that_dies_as_its_gpu_fails_is_the_gpus_incident_and_the_gpu_is_drained(
+        cli: Cli, tmp_path: Path) -> None:
+    """XID 79 on a real card: the rank's next CUDA call fails, and the process exits before (or
+    as) telemetry shows the XID. The GPU, not the rank, is the cause: drained, and the restart
+    never goes back to it."""
+    ckpt, dead = tmp_path / "ckpt", tmp_path / "dead"
+    ckpt.mkdir()
+    dead.mkdir()
+    spec = cli.spec("gpu-dies", f"""
+command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3", "--dead-gpus", "{dead}"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 2
+gpus_per_node = 1
+[env]
+OMP_NUM_THREADS = "1"
+[restart]
+max_restarts = 2
+""")
+    waiter = cli.popen("launch", str(spec), "--wait", "--json")
+    host, gpu = "", -1
+    try:
+        job_id = _running_at_step(cli, "gpu-dies", 6)
+        node = cli.json("status", job_id)["placement"][1]
+        host, gpu = node["host"], node["gpus"][0]
+        _write_faults(cli, host, {str(gpu): {"xid": 79}})
+        (dead / f"dead-{cli.bed.hosts[_host_index(cli, host) - 1].hostname}-{gpu}").write_text("")
+        out, err = waiter.communicate(timeout=180)
+        final = json.loads(out)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+        if host:
+            _write_faults(cli, host, {})
+    assert final["state"] == "succeeded" and final["restarts"] == 1, json.dumps(final, indent=1)[-3000:]
+    incident = next(e for e in final["events"] if e.get("event") == "incident")["cause"]
+    assert (incident["kind"], incident["host"], incident["gpu"]) == ("gpu", host, gpu), incident
+    assert "XID 79" in incident["message"]
+    assert all((n["host"], g) != (host, gpu) for n in final["placement"] for g in n["gpus"])
+    (drain,) = cli.json("drains")
+    assert (drain["host"], drain["gpu"], drain["source"]) == (host, gpu, "health")
+    cli.run("undrain", f"{host}:{gpu}")
+
+
 def test_throttling_only_warns(cli: Cli, tmp_path: Path) -> None:
     host = cli.bed.hosts[0].name
     try:

@@ -5,6 +5,9 @@ few steps in a shared directory, resumed on start; faults on demand in the first
                   [--hang-rank R --hang-step S]  rank R stops before step S's all-reduce, for good
                   [--nan-from S]                 the loss is NaN from step S on
                   [--faults-always]              the faults in every attempt, not the first only
+                  [--dead-gpus DIR]              a rank fails at its next step, as a CUDA call on a
+                                                 lost GPU does, while DIR/dead-<hostname>-<gpu> exists
+                                                 for its GPU (CUDA_VISIBLE_DEVICES), in any attempt
 
 Reports each step with ``runtime.report(step, loss)``; prints ``resumed from step K`` when it starts
 from a checkpoint.
@@ -14,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import socket
 import time
 
 import torch
@@ -30,6 +34,7 @@ p.add_argument("--hang-rank", type=int)
 p.add_argument("--hang-step", type=int)
 p.add_argument("--nan-from", type=int)
 p.add_argument("--faults-always", action="store_true")
+p.add_argument("--dead-gpus")
 args = p.parse_args()
 
 dist.init_process_group("gloo", init_method="env://")
@@ -58,7 +63,14 @@ def stuck() -> None:
         time.sleep(1)
 
 
+def check_gpus() -> None:
+    for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(","):
+        if args.dead_gpus and g and os.path.exists(os.path.join(args.dead_gpus, f"dead-{socket.gethostname()}-{g}")):
+            raise RuntimeError(f"CUDA error: unspecified launch failure (GPU {g}, simulated)")
+
+
 for step in range(start, args.steps + 1):
+    check_gpus()
     if faults and args.hang_rank == rank and args.hang_step == step:
         stuck()
     x = torch.ones(1) * (step + rank)

@@ -108,10 +108,11 @@ class Healer:
         seen = self.watch.observe(job_id, attempt, [_num(p.get("step")) for p in progress], now)
         self._resumed(job_id, attempt, seen.last_step, now)
         host = self._host_fault(job_id, states, spec, now)  # it keeps when each host last answered: always
-        return (self._gpu_fault(rec, states) or self._drained(rec) or host
+        return (self.gpu_fault(rec, states) or self._drained(rec) or host
                 or self._nan_fault(job_id, progress, spec) or self._hang_fault(job_id, spec, now))
 
-    def _gpu_fault(self, rec: Mapping[str, Any], states: Mapping[str, Any]) -> Fault | None:
+    def gpu_fault(self, rec: Mapping[str, Any], states: Mapping[str, Any]) -> Fault | None:
+        """A GPU of the job that its host judges unhealthy (the first found), as a fault."""
         mine = job_gpus(rec)
         for host, st in states.items():
             if not isinstance(st, dict):

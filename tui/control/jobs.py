@@ -834,6 +834,10 @@ class JobManager:
         # What leaves every process alive and the job going nowhere (tui/control/healing.py).
         fault = self.healer.look(rec, states) if rec["state"] == "running" and overall in (
             "running", "unknown") else None
+        if fault is None and rec["state"] == "running" and overall == "failed":
+            # A rank that died as its GPU failed (a CUDA error at XID 79) died of the GPU: drained,
+            # recorded as the GPU's incident, and the restart goes elsewhere.
+            fault = self.healer.gpu_fault(rec, states)
         if rec["state"] in TERMINAL:
             self.healer.forget(job_id)
         news = bool(pools.replica_events(rec, states))  # a pool's replica failed, training goes on
