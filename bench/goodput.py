@@ -1,0 +1,471 @@
+"""Goodput under failures: rigdeck against torchrun started by hand, one fault schedule, one run.
+
+A 3-host data-parallel job (``bench/scripts/goodput_train.py``: gloo on CPU, one rank per host on one
+simulated GPU, a checkpoint every ~30 s) on a 4-host test bed: one host is the spare. The same
+faults hit both, one every ``--gap`` seconds (default 120) from ``--first`` (60) after the launch:
+
+1. ``hang``: rank 1 stops before its all-reduce, alive (every process lives).
+2. ``xid``: the GPU under node 1 gets XID 79 (fell off the bus): its telemetry says so (the
+   simulated GPU's ``sim-gpu-faults.json``) and a rank on it fails at each step, as a CUDA call
+   on a lost GPU does, until the end of the run.
+3. ``kill``: node 2's rank killed (SIGKILL).
+4. ``host``: node 2's host lost: its link down, then its processes killed.
+
+- rigdeck: ``rigdeck launch --wait`` with ``[restart] max_restarts = 8`` and ``[health]
+  hang_timeout = "20s"``, ``host_timeout = "20s"``; nothing else is done by hand.
+- baseline: what a user runs without rigdeck: ``torchrun --nnodes 3 --nproc-per-node 1
+  --max-restarts 3 --rdzv-backend c10d`` over ``ssh`` on each host, ``CUDA_VISIBLE_DEVICES``
+  set by hand. torchrun restarts a gang whose worker exited; it cannot see a hang, a GPU's health
+  or a host that went silent. So the baseline also gets an **operator**, generous to it: someone
+  who watches the job and, when it has made no step for ``--give-up`` seconds (60) after a
+  fault, kills it everywhere and starts it again by hand on healthy hardware (another GPU of that
+  host after the XID, the spare host after the host loss). Those recoveries are marked
+  ``operator``; with nobody watching (a night), each would last until someone looked.
+
+Both sides' figures come from the same records by the same code: rank 0's step reports (time,
+step, attempt) from the ranks' metrics files, and a poller that lists the job's processes on every
+host each second.
+- goodput: ``tui.model.health.goodput`` over the run (launch to the end of the schedule): each
+  step counts once, as its newest attempt computed it; time lost to a fault, a restart or steps
+  computed twice counts for nothing;
+- per fault: detect (the fault until every process of the attempt it hit is gone: the launcher
+  or the operator acted), first step (the fault until the next attempt's first step), steps lost
+  (steps the next attempt computed again).
+rigdeck's own ``status`` goodput and incidents are recorded beside them.
+
+Needs root (the network-namespace test bed), about 2 x (first + 4 gap + 1 min): 20 min by default.
+Usage: python bench/goodput.py [--gap 120] [--first 60] [--give-up 60] [--out bench/results/goodput.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench._meta import run_meta, write_result  # noqa: E402
+from tests.testbed import TestBed, available  # noqa: E402
+from tui.model.health import goodput  # noqa: E402
+
+TRAIN = ROOT / "bench" / "scripts" / "goodput_train.py"  # not beside bench/runtime.py, which shadows runtime
+NODES, SIM_GPUS = 3, 2
+SLEEP, CKPT_EVERY = 0.3, 90  # ~3 steps a second on the bed: a checkpoint every ~30 s
+FAULTS = ("hang", "xid", "kill", "host")
+HANG_TIMEOUT, HOST_TIMEOUT = 20, 20
+
+
+def _cli(env: dict[str, str], *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=timeout, check=check)
+
+
+def read_records(files: list[Path]) -> list[dict[str, Any]]:
+    """Rank 0's step reports from these metrics files, oldest first, ``restart`` = the ordinal of
+    the attempt (process start) that made each."""
+    recs: list[dict[str, Any]] = []
+    for f in files:
+        try:
+            lines = f.read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if r.get("event") is None and isinstance(r.get("step"), int) and r.get("attempt"):
+                recs.append(r)
+    recs.sort(key=lambda r: r["time"])
+    order: dict[str, int] = {}
+    for r in recs:
+        order.setdefault(r["attempt"], len(order))
+        r["restart"] = order[r["attempt"]]
+    return recs
+
+
+def rank_pids(bed: TestBed, i: int, tag: str) -> list[int]:
+    """The pids of this run's rank processes on bed host ``i``: the training script's command line
+    with the run's tag, not torchrun's agent, not a shell that started it."""
+    res = bed.exec(i, ["pgrep", "-a", "-f", "--", tag], timeout=20)
+    pids = []
+    for line in res.stdout.splitlines():
+        pid, _, cmd = line.partition(" ")
+        argv = cmd.split()
+        if (pid.isdigit() and any(a.endswith("goodput_train.py") for a in argv[:3])
+                and "torch.distributed.run" not in cmd):
+            pids.append(int(pid))
+    return pids
+
+
+class Poller(threading.Thread):
+    """Each second, the pids of this run's ranks (their command lines hold ``tag``; torchrun's own
+    agent process is left out) on every host of the bed."""
+
+    def __init__(self, bed: TestBed, tag: str):
+        super().__init__(daemon=True)
+        self.bed, self.tag = bed, tag
+        self.samples: list[tuple[float, set[tuple[int, int]]]] = []
+        self.halt = threading.Event()
+        self.lock = threading.Lock()
+
+    def pids(self) -> set[tuple[int, int]]:
+        found: set[tuple[int, int]] = set()
+        for i in range(1, len(self.bed.hosts) + 1):
+            found |= {(i, pid) for pid in rank_pids(self.bed, i, self.tag)}
+        return found
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            t = time.time()
+            got = self.pids()
+            with self.lock:
+                self.samples.append((t, got))
+            self.halt.wait(max(0.0, 1.0 - (time.time() - t)))
+
+    def gone_after(self, t_fault: float, settle: float = 1.5) -> float | None:
+        """When every rank process alive ``settle`` s after the fault was gone (None: never)."""
+        with self.lock:
+            samples = list(self.samples)
+        after = [(t, s) for t, s in samples if t >= t_fault + settle]
+        if not after:
+            return None
+        alive = after[0][1]
+        for t, s in after:
+            if not (alive & s):
+                return t
+        return None
+
+
+@dataclass
+class Side:
+    name: str
+    bed: TestBed
+    tmp: Path
+    env: dict[str, str]
+    tag: str
+    ckpt: Path = field(init=False)
+    ctl: Path = field(init=False)
+    faults: list[dict[str, Any]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.ckpt = self.tmp / f"{self.name}-ckpt"
+        self.ctl = self.tmp / f"{self.name}-ctl"
+        self.ckpt.mkdir()
+        self.ctl.mkdir()
+
+    def train_args(self) -> list[str]:
+        return [str(TRAIN), "--steps", "1000000", "--ckpt", str(self.ckpt), "--ctl", str(self.ctl),
+                "--sleep", str(SLEEP), "--checkpoint-every", str(CKPT_EVERY), "--tag", self.tag]
+
+    # what each side must say: which bed host (1-based) and GPU each node uses now
+    def nodes(self) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+    def metrics_files(self) -> list[Path]:
+        raise NotImplementedError
+
+    def start(self, spec_dir: Path) -> None:
+        raise NotImplementedError
+
+    def operate(self, t_fault: float, kind: str, records: list[dict[str, Any]]) -> bool:
+        """Step in after a fault the launcher did not recover from (True: did)."""
+        raise NotImplementedError
+
+    def finish(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def kill_on(self, i: int) -> None:
+        self.bed.exec(i, ["pkill", "-9", "-f", self.tag])
+
+
+def write_faults(bed: TestBed, i: int, faults: dict[str, Any]) -> None:
+    path = bed.hosts[i - 1].state_dir / "sim-gpu-faults.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(faults))
+    tmp.replace(path)
+
+
+def inject(side: Side, kind: str) -> dict[str, Any]:
+    """The fault, now; what it hit."""
+    bed = side.bed
+    nodes = side.nodes()
+    if kind == "hang":
+        (side.ctl / "hang").write_text("1")
+        return {"rank": 1}
+    if kind == "xid":
+        i, gpu = nodes[1]
+        write_faults(bed, i, {str(gpu): {"xid": 79}})
+        (side.ctl / f"dead-{bed.hosts[i - 1].hostname}-{gpu}").write_text("")
+        return {"host": bed.hosts[i - 1].name, "gpu": gpu}
+    i, gpu = nodes[2]
+    if kind == "kill":
+        bed.exec(i, ["kill", "-9", *map(str, rank_pids(bed, i, side.tag))])
+        return {"host": bed.hosts[i - 1].name}
+    bed.link_down(i)
+    side.kill_on(i)
+    return {"host": bed.hosts[i - 1].name}
+
+
+class Rigdeck(Side):
+    def start(self, spec_dir: Path) -> None:
+        spec = spec_dir / "goodput.toml"
+        cmd = ", ".join(json.dumps(a) for a in ["{python}", *self.train_args()])
+        spec.write_text(
+            f'name = "goodput"\ncommand = [{cmd}]\nworkdir = "{ROOT}"\nlauncher = "direct"\n'
+            f'nodes = {NODES}\ngpus_per_node = 1\n[env]\nOMP_NUM_THREADS = "1"\n'
+            f'[health]\nhang_timeout = "{HANG_TIMEOUT}s"\nhost_timeout = "{HOST_TIMEOUT}s"\n'
+            '[restart]\nmax_restarts = 8\n')
+        self.waiter = subprocess.Popen([sys.executable, "-m", "tui.cli", "launch", str(spec), "--wait", "--json"],
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
+                                       cwd=ROOT)
+        deadline = time.time() + 120
+        self.job_id = ""
+        while time.time() < deadline and not self.job_id:
+            jobs = json.loads(_cli(self.env, "jobs", "--json").stdout or "[]")
+            self.job_id = next((j["job_id"] for j in jobs if j["name"] == "goodput"), "")
+            time.sleep(1)
+        if not self.job_id:
+            raise RuntimeError(f"rigdeck launch made no job: {self.waiter.communicate(timeout=30)}")
+
+    def status(self) -> dict[str, Any]:
+        return dict(json.loads(_cli(self.env, "status", self.job_id, "--json").stdout))
+
+    def nodes(self) -> list[tuple[int, int]]:
+        names = {h.name: k for k, h in enumerate(self.bed.hosts, start=1)}
+        return [(names[n["host"]], int(n["gpus"][0])) for n in self.status()["placement"]]
+
+    def metrics_files(self) -> list[Path]:
+        return [h.state_dir / "jobs" / self.job_id / "metrics" / "rank-0.jsonl" for h in self.bed.hosts]
+
+    def operate(self, t_fault: float, kind: str, records: list[dict[str, Any]]) -> bool:
+        return False  # nobody steps in
+
+    def finish(self) -> dict[str, Any]:
+        st = self.status()
+        _cli(self.env, "stop", self.job_id, timeout=180, check=False)
+        try:
+            out, err = self.waiter.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.waiter.kill()
+            out, err = self.waiter.communicate()
+        drains = json.loads(_cli(self.env, "drains", "--json").stdout or "[]")
+        if drains:
+            _cli(self.env, "undrain", *[d["target"] for d in drains], check=False)
+        return {"status_goodput": st.get("goodput"), "incidents": st.get("incidents"),
+                "restarts": st.get("restarts"), "state_at_end": st.get("state"),
+                "drains": [{k: d.get(k) for k in ("target", "who", "source", "reason")} for d in drains]}
+
+
+class ByHand(Side):
+    def start(self, spec_dir: Path) -> None:
+        self.hosts: list[tuple[int, int]] = [(1, 0), (2, 0), (3, 0)]
+        self.launches = 0
+        self.mdir = self.tmp / "by-hand-metrics"
+        self.mdir.mkdir()
+        self.procs: list[subprocess.Popen] = []
+        self.launch()
+
+    def launch(self) -> None:
+        self.launches += 1
+        master = self.bed.hosts[self.hosts[0][0] - 1].address
+        port = 29400 + self.launches
+        for node, (i, gpu) in enumerate(self.hosts):
+            # The bed's hostnames resolve nowhere (as on many clusters without DNS): the careful
+            # user says which node holds the rendezvous store and each node's own address.
+            rdzv = ["--rdzv-conf", f"is_host={int(node == 0)}", "--local-addr", self.bed.hosts[i - 1].address]
+            remote = shlex.join([
+                "env", "OMP_NUM_THREADS=1", "GLOO_SOCKET_IFNAME=eth0", f"RIGDECK_METRICS_DIR={self.mdir}",
+                f"CUDA_VISIBLE_DEVICES={gpu}", f"PYTHONPATH={ROOT}",
+                sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--nproc-per-node", "1",
+                "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master}:{port}",
+                "--rdzv-id", f"goodput-{self.launches}", *rdzv, *self.train_args()])
+            log = open(self.tmp / f"by-hand-{self.launches}-h{i}.log", "w")
+            self.procs.append(subprocess.Popen(self.bed.ssh_argv(i, remote), stdout=log, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL))
+
+    def nodes(self) -> list[tuple[int, int]]:
+        return list(self.hosts)
+
+    def metrics_files(self) -> list[Path]:
+        return [self.mdir / "rank-0.jsonl"]
+
+    def operate(self, t_fault: float, kind: str, records: list[dict[str, Any]]) -> bool:
+        """The operator: no step since ``give_up`` after the fault: kill it everywhere, start it
+        again on healthy hardware."""
+        for i in range(1, len(self.bed.hosts) + 1):
+            self.kill_on(i)
+        if kind == "xid":
+            i, gpu = self.hosts[1]
+            self.hosts[1] = (i, 1 - gpu)
+        elif kind == "host":
+            used = {i for i, _ in self.hosts}
+            spare = next(k for k in range(1, len(self.bed.hosts) + 1) if k not in used)
+            self.hosts[2] = (spare, 0)
+        self.launch()
+        return True
+
+    def finish(self) -> dict[str, Any]:
+        for i in range(1, len(self.bed.hosts) + 1):
+            self.kill_on(i)
+        for p in self.procs:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        return {"launches_by_hand": self.launches}
+
+
+def new_first_step(records: list[dict[str, Any]], t_fault: float, old_attempts: set[int]) -> dict[str, Any] | None:
+    return next((r for r in records if r["time"] > t_fault and r["restart"] not in old_attempts), None)
+
+
+def run_side(side: Side, first: float, gap: float, give_up: float) -> dict[str, Any]:
+    poller = Poller(side.bed, side.tag)
+    poller.start()
+    t0 = time.time()
+    side.start(side.tmp)
+    plan = [(t0 + first + gap * k, kind) for k, kind in enumerate(FAULTS)]
+    end = t0 + first + gap * len(FAULTS)
+    pending: list[dict[str, Any]] = []
+    try:
+        for at, kind in [*plan, (end, "")]:
+            while time.time() < at:
+                recs = read_records(side.metrics_files())
+                for f in pending:
+                    if f.get("recovered") or f.get("operator"):
+                        continue
+                    if new_first_step(recs, f["t"], f["old_attempts"]) is not None:
+                        f["recovered"] = True
+                    elif time.time() > f["t"] + give_up and side.operate(f["t"], f["kind"], recs):
+                        f["operator"] = time.time() - f["t"]
+                        print(f"  {side.name}: {f['kind']}: no step for {give_up:.0f} s: the operator restarts it "
+                              "by hand", flush=True)
+                time.sleep(0.5)
+            if not kind:
+                break
+            recs = read_records(side.metrics_files())
+            old = {r["restart"] for r in recs}
+            t_f = time.time()
+            what = inject(side, kind)
+            last = recs[-1]["step"] if recs else None
+            print(f"  {side.name}: t+{t_f - t0:.0f}s {kind} {what} at step {last}", flush=True)
+            pending.append({"kind": kind, "t": t_f, "old_attempts": old, **what})
+    finally:
+        extra = side.finish()
+        poller.halt.set()
+        poller.join(timeout=30)
+    recs = read_records(side.metrics_files())
+    faults = []
+    for f in pending:
+        hit = [r for r in recs if r["restart"] in f["old_attempts"]]
+        last_step = max((r["step"] for r in hit), default=None)
+        nxt = new_first_step(recs, f["t"], f["old_attempts"])
+        gone = poller.gone_after(f["t"])
+        faults.append({
+            "kind": f["kind"], "hit": {k: f[k] for k in ("rank", "host", "gpu") if k in f},
+            "detect_s": None if gone is None else round(gone - f["t"], 1),
+            "first_step_s": None if nxt is None else round(nxt["time"] - f["t"], 1),
+            "steps_lost": None if nxt is None or last_step is None else max(0, last_step - (nxt["step"] - 1)),
+            "operator_s": round(f["operator"], 1) if f.get("operator") else None,
+        })
+    g = goodput([r for r in recs if r["time"] <= end], t0, end)
+    return {"goodput": g.to_dict(), "faults": faults, "wall_s": round(end - t0, 1),
+            "first_step_s": round(recs[0]["time"] - t0, 1) if recs else None,
+            "last_step": max((r["step"] for r in recs if r["time"] <= end), default=None), **extra}
+
+
+def _fmt(v: Any, unit: str = " s") -> str:
+    return "never" if v is None else f"{v}{unit}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--first", type=float, default=60.0, help="seconds from the launch to the first fault")
+    ap.add_argument("--gap", type=float, default=120.0, help="seconds between faults")
+    ap.add_argument("--give-up", type=float, default=60.0,
+                    help="the baseline's operator restarts a job with no step for this long after a fault")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "goodput.json"))
+    ap.add_argument("--only", choices=("rigdeck", "torchrun"), help="one side alone (a trial: prints, writes nothing)")
+    ap.add_argument("--keep", action="store_true", help="leave the bed up at the end (a trial: to look at it)")
+    args = ap.parse_args()
+    meta = run_meta()
+    ok, why = available()
+    if not ok:
+        print(f"bench/goodput.py needs the test bed: {why}", file=sys.stderr)
+        return 2
+    results: dict[str, Any] = {}
+    with TestBed(NODES + 1, sim_gpus=SIM_GPUS) as bed, tempfile.TemporaryDirectory() as tmpd:
+        tmp = Path(tmpd)
+        inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable)
+        env = {**os.environ, "RIGDECK_INVENTORY": str(inv), "RIGDECK_HOME": str(tmp / "home")}
+        subprocess.run([sys.executable, "-m", "tui.cli", "deploy"], env=env, cwd=ROOT, check=True, capture_output=True)
+        for cls, name in ((ByHand, "torchrun by hand"), (Rigdeck, "rigdeck")):
+            if args.only and not name.startswith(args.only):
+                continue
+            side_tmp = tmp / name.replace(" ", "-")
+            side_tmp.mkdir()
+            side = cls(name, bed, side_tmp, env, f"gp-{name.split()[0]}-{os.getpid()}")
+            print(f"{name}: {len(FAULTS)} faults, one every {args.gap:.0f} s from t+{args.first:.0f}s", flush=True)
+            try:
+                results[name] = run_side(side, args.first, args.gap, args.give_up)
+            finally:
+                for i in range(1, len(bed.hosts) + 1):
+                    bed.link_up(i)
+                    write_faults(bed, i, {})
+            time.sleep(3)
+        if args.only:
+            print(json.dumps(results, indent=1))
+            if args.keep:
+                release = tmp / "release"
+                print(f"the bed stays up: RIGDECK_INVENTORY={inv} RIGDECK_HOME={tmp / 'home'}; "
+                      f"touch {release} ends it", flush=True)
+                while not release.exists():
+                    time.sleep(1)
+            return 0
+    ours, hand = results["rigdeck"], results["torchrun by hand"]
+    print(f"\n{NODES} hosts + 1 spare, 1 rank each (gloo, simulated GPUs), checkpoint every {CKPT_EVERY} steps "
+          f"(~{CKPT_EVERY * SLEEP:.0f} s); rigdeck hang_timeout {HANG_TIMEOUT}s, host_timeout {HOST_TIMEOUT}s; "
+          f"by hand: torchrun --max-restarts 3 --rdzv-backend c10d, operator after {args.give_up:.0f} s")
+    go, gh = ours["goodput"]["ratio"], hand["goodput"]["ratio"]
+    print(f"  goodput over {ours['wall_s']:.0f} s: rigdeck {go:.3f}, torchrun by hand {gh:.3f}, "
+          f"ratio {go / gh if gh else float('inf'):.2f}x (target: rigdeck >= 0.85)")
+    print(f"  {'fault':6} {'detect (rigdeck | by hand)':>30} {'first step after':>26} {'steps lost':>14}")
+    for a, b in zip(ours["faults"], hand["faults"], strict=True):
+        op = " (operator)" if b["operator_s"] else ""
+        print(f"  {a['kind']:6} {_fmt(a['detect_s']):>12} | {_fmt(b['detect_s']) + op:>20} "
+              f"{_fmt(a['first_step_s']):>10} | {_fmt(b['first_step_s']):>10} "
+              f"{_fmt(a['steps_lost'], ''):>5} | {_fmt(b['steps_lost'], ''):>5}")
+    timeouts = {"hang": HANG_TIMEOUT, "xid": 0, "kill": 0, "host": HOST_TIMEOUT}
+    checks = {
+        "goodput_at_least_0.85": go >= 0.85,
+        "each_fault_detected_within_timeout_plus_10s": all(
+            f["detect_s"] is not None and f["detect_s"] <= timeouts[f["kind"]] + 10 for f in ours["faults"]),
+        "first_step_within_30s_of_detection": all(
+            f["first_step_s"] is not None and f["detect_s"] is not None and f["first_step_s"] - f["detect_s"] <= 30
+            for f in ours["faults"]),
+    }
+    print("  targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in checks.items()))
+    write_result(args.out, {
+        "config": {"nodes": NODES, "spare_hosts": 1, "sim_gpus_per_host": SIM_GPUS, "step_sleep_s": SLEEP,
+                   "checkpoint_every_steps": CKPT_EVERY, "first_fault_s": args.first, "gap_s": args.gap,
+                   "operator_give_up_s": args.give_up, "hang_timeout_s": HANG_TIMEOUT,
+                   "host_timeout_s": HOST_TIMEOUT, "faults": list(FAULTS)},
+        "rigdeck": ours, "torchrun_by_hand": hand,
+        "ratio_goodput": go / gh if gh else None, "targets": checks}, meta)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

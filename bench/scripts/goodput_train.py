@@ -1,0 +1,87 @@
+"""The data-parallel job of ``bench/goodput.py``: gloo all-reduces each step, a checkpoint every K
+steps in a shared directory, resumed on start. The same script runs under rigdeck and under
+torchrun started by hand; the faults come from outside, through files in ``--ctl``:
+
+- ``hang``: holds a rank number; that rank removes the file and stops before its next all-reduce,
+  alive, for good (a hung collective: every other rank waits in it).
+- ``dead-<hostname>-<gpu>``: the GPU fell off the bus (XID 79). A rank placed on it fails at its
+  next step the way a CUDA call on a lost GPU does, in every attempt on it, until the file goes.
+  (The GPUs of the bed are simulated: this is what the real fault does to the process; the
+  simulated GPU's telemetry gets the XID from ``sim-gpu-faults.json``, written at the same time.)
+
+Each step is reported with ``runtime.report(step, loss, attempt=...)``: ``attempt`` names this
+process's start, so the benchmark can tell the attempts of either launcher apart.
+
+    goodput_train.py --steps N --ckpt DIR --ctl DIR [--sleep S] [--checkpoint-every K] [--tag T]
+"""
+
+import argparse
+import json
+import os
+import socket
+import time
+
+import torch
+import torch.distributed as dist
+
+import runtime
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, required=True)
+p.add_argument("--ckpt", required=True)
+p.add_argument("--ctl", required=True)
+p.add_argument("--sleep", type=float, default=0.3)
+p.add_argument("--checkpoint-every", type=int, default=90)
+p.add_argument("--tag", default="", help="only to find this run's processes by their command line")
+args = p.parse_args()
+
+attempt = f"{socket.gethostname()}-{os.getpid()}-{time.time():.3f}"
+host = socket.gethostname()
+gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
+dist.init_process_group("gloo", init_method="env://")
+rank = dist.get_rank()
+
+saved = sorted(int(n[5:-5]) for n in os.listdir(args.ckpt) if n.startswith("step-") and n.endswith(".json"))
+start = saved[-1] + 1 if saved else 1
+if rank == 0 and saved:
+    print(f"resumed from step {saved[-1]}", flush=True)
+
+
+def check_gpus() -> None:
+    for g in gpus:
+        if os.path.exists(os.path.join(args.ctl, f"dead-{host}-{g}")):
+            raise RuntimeError(f"CUDA error: unspecified launch failure on {host} GPU {g} "
+                               "(simulated: the bench's XID 79)")
+
+
+def maybe_hang() -> None:
+    path = os.path.join(args.ctl, "hang")
+    try:
+        with open(path) as f:
+            who = int(f.read().strip() or -1)
+    except (OSError, ValueError):
+        return
+    if who != rank:
+        return
+    os.remove(path)
+    print(f"rank {rank}: stopping before the all-reduce of this step, alive", flush=True)
+    while True:
+        time.sleep(1)
+
+
+for step in range(start, args.steps + 1):
+    check_gpus()
+    maybe_hang()
+    x = torch.ones(1) * step
+    dist.all_reduce(x)
+    runtime.report(step=step, loss=1.0 / step, attempt=attempt)
+    if step % args.checkpoint_every == 0:
+        dist.barrier()
+        if rank == 0:
+            path = os.path.join(args.ckpt, f"step-{step}.json")
+            with open(path + ".tmp", "w") as f:
+                json.dump({"step": step}, f)
+            os.replace(path + ".tmp", path)
+        dist.barrier()
+    time.sleep(args.sleep)
+dist.destroy_process_group()
