@@ -110,6 +110,7 @@ bench: sysdeps $(VENV)/.installed-test
 	$(PY) bench/sweep.py --rounds 3
 	$(PY) bench/sweep_quality.py
 	$(PY) bench/sync.py --rounds 3
+	$(PY) bench/goodput.py
 
 testbed-down: $(VENV)/.installed
 	$(PY) -m tests.testbed down

@@ -6,13 +6,13 @@ they outlive it, and a server's are every operator's."""
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import sys
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from tui.model.identity import local_user
 from tui.model.termsafe import terminal_safe
 
 EXIT_OK = 0
@@ -74,7 +74,4 @@ def run(args: argparse.Namespace, client_factory: Any) -> int:
 
 
 def _who() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "?"
+    return local_user() or "?"

@@ -21,7 +21,6 @@ segments) never reach a log line (``redact_url``).
 
 from __future__ import annotations
 
-import getpass
 import json
 import logging
 import os
@@ -36,6 +35,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tui.control.history import History
+from tui.model.identity import local_user
 from tui.model.userconfig import (
     NotifyConfig,
     NotifyEvent,
@@ -54,10 +54,7 @@ BACKOFF_S = 0.5  # the first pause between webhook attempts; doubled each time
 
 
 def _user() -> str | None:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return None
+    return local_user()
 
 
 def post_webhook(url: str, body: bytes, *, timeout: float, retries: int,

@@ -28,6 +28,7 @@ from tui.control.queue import JobQueue, QueueEntry
 from tui.control.sweeps import SweepRunner
 from tui.model.doctor import DoctorReport
 from tui.model.health import DRAINED, UNHEALTHY, Drain, drained, parse_target
+from tui.model.identity import local_user
 from tui.model.inventory import Inventory
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
@@ -40,12 +41,7 @@ log = logging.getLogger(__name__)
 
 
 def _user() -> str:
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "?"
+    return local_user() or "?"
 
 SWEEP_ROUND_S = 0.25  # the poller's interval while a sweep has trials to follow
 
