@@ -38,7 +38,7 @@ import subprocess
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from agent import kinds
-from agent.kinds.base import NODE_ENV_FILE, Kind, Layout, user_env, world_size, write_json_atomic
+from agent.kinds.base import NODE_ENV_FILE, Kind, Layout, rigdeck_env, user_env, world_size, write_json_atomic
 from agent.kinds.base import node_gpus as _gpus
 from agent.kinds.base import plan_node as _node
 from agent.kinds.base import plan_nodes as _nodes
@@ -486,31 +486,10 @@ def _sagemaker_env(plan: Dict[str, Any], node_index: int, iface: Optional[str], 
 
 def _rigdeck_env(plan: Dict[str, Any], node_index: int, job_dir: str, tree: _Tree, ckpt_dir: str,
                  ckpt_owner: str) -> Dict[str, str]:
-    nodes = _nodes(plan)
-    node = _node(plan, node_index)
-    job_id = str(plan["job_id"])
-    hosts = [str(n["host"]) for n in nodes]
-    return {
-        "RIGDECK_JOB_ID": job_id,
-        "RIGDECK_JOB_NAME": str(plan.get("name") or job_id),
-        "RIGDECK_JOB_DIR": job_dir,
-        "RIGDECK_HOSTS": json.dumps(hosts),
-        "RIGDECK_HOST_ADDRS": json.dumps([str(n["address"]) for n in nodes]),
-        "RIGDECK_CURRENT_HOST": hosts[node_index],
-        "RIGDECK_NODE_RANK": str(node_index),
-        "RIGDECK_NUM_NODES": str(len(nodes)),
-        "RIGDECK_WORLD_SIZE": str(world_size(plan)),
-        "RIGDECK_LOCAL_WORLD_SIZE": str(int(node["slots"])),
-        "RIGDECK_MASTER_ADDR": str(plan["master_addr"]),
-        "RIGDECK_MASTER_PORT": str(int(plan["master_port"])),
-        "RIGDECK_GPUS": ",".join(str(g) for g in _gpus(node)),
-        "RIGDECK_METRICS_DIR": tree.metrics_dir,
-        "RIGDECK_CHECKPOINT_DIR": ckpt_dir,
-        "RIGDECK_CHECKPOINT_OWNER": ckpt_owner,
-        "RIGDECK_RESTART_COUNT": str(int(plan.get("restart_count") or 0)),
-        "RIGDECK_LAUNCHER": str(plan.get("launcher") or "direct"),
-        "RIGDECK_HOSTFILE": tree.hostfile,
-    }
+    env = rigdeck_env(plan, node_index, job_dir, tree.metrics_dir, [str(n["host"]) for n in _nodes(plan)])
+    env.update({"RIGDECK_CHECKPOINT_DIR": ckpt_dir, "RIGDECK_CHECKPOINT_OWNER": ckpt_owner,
+                "RIGDECK_HOSTFILE": tree.hostfile})
+    return env
 
 
 def _vertex_env(plan: Dict[str, Any], layout: Layout, every: List[Kind], tree: _Tree,

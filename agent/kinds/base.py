@@ -44,6 +44,34 @@ def world_size(plan: Dict[str, Any]) -> int:
     return sum(int(n["slots"]) for n in plan_nodes(plan))
 
 
+def rigdeck_env(plan: Dict[str, Any], node_index: int, job_dir: str, metrics_dir: str,
+                hosts: List[str]) -> Dict[str, str]:
+    """The ``RIGDECK_*`` variables every kind's ranks get: the job, the cluster (``hosts``: the
+    nodes' host names, in node order), this node, the rendezvous, the metrics directory, the
+    attempt. A kind adds its own beside them."""
+    nodes = plan_nodes(plan)
+    node = plan_node(plan, node_index)
+    job_id = str(plan["job_id"])
+    return {
+        "RIGDECK_JOB_ID": job_id,
+        "RIGDECK_JOB_NAME": str(plan.get("name") or job_id),
+        "RIGDECK_JOB_DIR": job_dir,
+        "RIGDECK_HOSTS": json.dumps(hosts),
+        "RIGDECK_HOST_ADDRS": json.dumps([str(n["address"]) for n in nodes]),
+        "RIGDECK_CURRENT_HOST": hosts[node_index],
+        "RIGDECK_NODE_RANK": str(node_index),
+        "RIGDECK_NUM_NODES": str(len(nodes)),
+        "RIGDECK_WORLD_SIZE": str(world_size(plan)),
+        "RIGDECK_LOCAL_WORLD_SIZE": str(int(node["slots"])),
+        "RIGDECK_MASTER_ADDR": str(plan["master_addr"]),
+        "RIGDECK_MASTER_PORT": str(int(plan["master_port"])),
+        "RIGDECK_GPUS": ",".join(str(g) for g in node_gpus(node)),
+        "RIGDECK_METRICS_DIR": metrics_dir,
+        "RIGDECK_RESTART_COUNT": str(int(plan.get("restart_count") or 0)),
+        "RIGDECK_LAUNCHER": str(plan.get("launcher") or "direct"),
+    }
+
+
 def unique_hosts(plan: Dict[str, Any]) -> List[str]:
     """The plan's host names, in node order; ValueError when one repeats (only a pool job may put
     two nodes on one host: each is a replica with its own files)."""

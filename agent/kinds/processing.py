@@ -2,7 +2,6 @@
 cluster: no SageMaker training tree, no CLUSTER_SPEC or TF_CONFIG, only the usual RIGDECK_*."""
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -14,9 +13,9 @@ from agent.kinds.base import (
     node_gpus,
     plan_node,
     plan_nodes,
+    rigdeck_env,
     unique_hosts,
     user_env,
-    world_size,
     write_json_atomic,
 )
 
@@ -109,35 +108,16 @@ def processing_tree(plan: Dict[str, Any], node_index: int, job_dir: str) -> str:
 
 def processing_env(plan: Dict[str, Any], node_index: int, job_dir: str) -> Dict[str, str]:
     """A processing job's node: its tree (:func:`processing_tree`) and the usual RIGDECK_*."""
-    nodes = plan_nodes(plan)
     node = plan_node(plan, node_index)
     job_dir = os.path.abspath(job_dir)
-    job_id = str(plan["job_id"])
     hosts = unique_hosts(plan)
     gpus = node_gpus(node)
     metrics_dir = os.path.join(job_dir, "metrics")
     os.makedirs(metrics_dir, exist_ok=True)
     root = processing_tree(plan, node_index, job_dir)
-    env = {
-        "RIGDECK_JOB_ID": job_id,
-        "RIGDECK_JOB_NAME": str(plan.get("name") or job_id),
-        "RIGDECK_JOB_DIR": job_dir,
-        "RIGDECK_JOB_KIND": "processing",
-        "RIGDECK_PROCESSING_DIR": root,
-        "RIGDECK_HOSTS": json.dumps(hosts),
-        "RIGDECK_HOST_ADDRS": json.dumps([str(n["address"]) for n in nodes]),
-        "RIGDECK_CURRENT_HOST": hosts[node_index],
-        "RIGDECK_NODE_RANK": str(node_index),
-        "RIGDECK_NUM_NODES": str(len(nodes)),
-        "RIGDECK_WORLD_SIZE": str(world_size(plan)),
-        "RIGDECK_LOCAL_WORLD_SIZE": str(int(node["slots"])),
-        "RIGDECK_MASTER_ADDR": str(plan["master_addr"]),
-        "RIGDECK_MASTER_PORT": str(int(plan["master_port"])),
-        "RIGDECK_GPUS": ",".join(str(g) for g in gpus),
-        "RIGDECK_METRICS_DIR": metrics_dir,
-        "RIGDECK_RESTART_COUNT": str(int(plan.get("restart_count") or 0)),
-        "RIGDECK_LAUNCHER": str(plan.get("launcher") or "direct"),
-    }  # type: Dict[str, str]
+    env = rigdeck_env(plan, node_index, job_dir, metrics_dir, hosts)
+    env["RIGDECK_JOB_KIND"] = "processing"
+    env["RIGDECK_PROCESSING_DIR"] = root
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     env.update(user_env(dict(plan.get("env") or {})))
