@@ -7,7 +7,6 @@ Nothing here opens a connection; the result is plain frozen dataclasses.
 
 from __future__ import annotations
 
-import getpass
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -28,6 +27,7 @@ from tui.model.fields import (
     token,
     valid,
 )
+from tui.model.identity import local_user
 
 __all__ = [
     "INVENTORY_ENV",
@@ -59,11 +59,8 @@ _HOSTFILE_LINE_RE = re.compile(r"[^\s=\[\]{}\"']+(?:\s+[^\s=\[\]{}\"'][^\s\[\]{}
 
 
 def _local_user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        # No $USER/$LOGNAME and no passwd entry (some containers); those images run as root.
-        return "root"
+    # No $USER/$LOGNAME and no passwd entry (some containers): those images run as root.
+    return local_user() or "root"
 
 
 @dataclass(frozen=True)
