@@ -84,7 +84,9 @@ def test_dialogs(snap_compare: Any, dialog: str, keys: tuple[str, ...]) -> None:
 
 
 def _sweeps(*keys: str) -> Any:
-    """Switch to the Sweeps view, wait for its fetch (a worker thread), then press ``keys``."""
+    """Switch to the Sweeps view, wait for its fetch (a worker thread) and two more after it (the
+    view redrawn with the same data twice: a loaded machine once drew the snapshot between a
+    table's new rows and its new column widths), then press ``keys``."""
 
     async def run_before(pilot: Pilot[Any]) -> None:
         app = pilot.app
@@ -94,6 +96,11 @@ def _sweeps(*keys: str) -> Any:
             await pilot.pause(0.05)
             if app.sweeps_fetches and app.query_one("#trials-table").row_count:
                 break
+        seen = app.sweeps_fetches
+        for _ in range(400):  # about one a second
+            if app.sweeps_fetches >= seen + 2:
+                break
+            await pilot.pause(0.05)
         await _prepare(*keys)(pilot)
 
     return run_before
