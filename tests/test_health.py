@@ -181,6 +181,15 @@ def test_the_healer_finds_each_fault_that_leaves_the_processes_alive(tmp_path: P
     records = [{"rank": 0, "step": s, "restart": 0} for s in range(1, 10)]
     records += [{"rank": 0, "step": s, "restart": 1} for s in range(6, 12)] + [{"event": "checkpoint", "restart": 1}]
     assert with_reruns([Incident.from_dict(inc)], records)[0].steps_rerun == 4  # 6, 7, 8, 9
+    # a resumption no supervisor saw live (the next attempt ran between two looks) comes from the
+    # metrics: the next attempt's first record; one seen live keeps its own time
+    unseen = Incident(kind="host", detected_at=100.0, message="h2 unreachable", last_step=9, attempt=0)
+    timed = [{**r, "time": 90.0 + r["step"]} for r in records if r.get("restart") == 0]
+    timed += [{**r, "time": 104.5 + r["step"]} for r in records if r.get("restart") == 1 and r.get("step")]
+    got = with_reruns([unseen], timed)[0]
+    assert (got.resumed_at, got.resume_s, got.steps_rerun) == (110.5, 10.5, 4)
+    assert with_reruns([Incident.from_dict(inc)], timed)[0].resume_s == 15.0
+    assert with_reruns([unseen], records)[0].resume_s is None  # no times: nothing made up
     # NaN at every rank three reports in a row, counted from the first bad step
     rec1 = {**rec, "restarts": 1}
     for now, step in ((91, 8), (92, 9), (93, 10)):

@@ -219,19 +219,29 @@ class Healer:
 
 def with_reruns(incidents: Sequence[Incident], records: Sequence[Mapping[str, Any]]) -> list[Incident]:
     """Each incident with the steps its next attempt computed again: from its last step before
-    the stop to the first step the next attempt reported (it resumed from a checkpoint before)."""
+    the stop to the first step the next attempt reported (it resumed from a checkpoint before).
+    An incident whose resumption no supervisor saw live (the next attempt ran while none looked,
+    or ran its course between two looks on a loaded machine) gets it from the metrics: the time
+    of the next attempt's first record."""
     first: dict[int, float] = {}
+    first_at: dict[int, float] = {}
     for r in records:
         s = _num(r.get("step"))
         if s is None or r.get("event") is not None:
             continue
         a = int(r.get("restart") or 0)
         first[a] = min(first.get(a, s), s)
+        t = _num(r.get("time"))
+        if t is not None:
+            first_at[a] = min(first_at.get(a, t), t)
     out = []
     for inc in incidents:
         nxt = first.get(inc.attempt + 1)
         if inc.last_step is not None and nxt is not None:
             inc = dataclasses.replace(inc, steps_rerun=max(0, int(inc.last_step - nxt) + 1))
+        at = first_at.get(inc.attempt + 1)
+        if inc.resumed_at is None and at is not None and at >= inc.detected_at:
+            inc = dataclasses.replace(inc, resumed_at=at, resume_s=round(at - inc.detected_at, 3))
         out.append(inc)
     return out
 
