@@ -15,7 +15,7 @@ import os
 import re
 import signal
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 STACKS_DIR = "stacks"
 ENV_STACKS_DIR = "RIGDECK_STACKS_DIR"
@@ -107,7 +107,7 @@ def collect(job_dir: str, job_id: str, why: str = "", timeout: float = 3.0) -> D
             a["gone"] = True
     deadline = time.monotonic() + timeout
     pending = [a for a in armed if not a.get("gone")]
-    last = {}  # type: Dict[int, int]
+    last: Dict[int, Tuple[int, int]] = {}  # pid -> (size, polls it held)
     while pending and time.monotonic() < deadline:
         time.sleep(0.1)
         still = []
@@ -116,10 +116,13 @@ def collect(job_dir: str, job_id: str, why: str = "", timeout: float = 3.0) -> D
                 size = os.path.getsize(a["path"])
             except OSError:
                 continue
-            # faulthandler writes a dump in many small writes: done when it grew and then held
-            if size > a["offset"] and last.get(a["pid"]) == size:
+            # faulthandler writes a dump in many small writes, and a loaded machine can pause it
+            # between two: done when it grew, then held for two looks, and its current thread
+            # shows a frame (a dump cut after a thread's header has none)
+            held = last[a["pid"]][1] + 1 if a["pid"] in last and last[a["pid"]][0] == size else 0
+            last[a["pid"]] = (size, held)
+            if size > a["offset"] and held >= 2 and summarize(_read_from(a["path"], a["offset"]))["top"]:
                 continue
-            last[a["pid"]] = size
             still.append(a)
         pending = still
     out = []  # type: List[Dict[str, Any]]
