@@ -318,3 +318,27 @@ def test_a_nan_loss_and_a_job_of_unknown_state_are_written_as_such() -> None:
     assert f'rigdeck_job_loss{{job_id="{JOB}",name="ddp",user="root"}} NaN' in text
     assert r.value("rigdeck_job_state", job_id=JOB, state="unknown") == 1
     assert r.value("rigdeck_job_state", job_id=JOB, state="running") == 0
+
+
+# -- the docs ----------------------------------------------------------------------------------
+
+
+def _doc_row(f: Family) -> str:
+    """The row docs/observability.md has for ``f`` (*GPU* and *job* stand for those label sets)."""
+    from tui.model.promexport import GPU, JOB
+
+    if f.labels[:len(GPU)] == GPU:
+        labels = "*GPU*" + "".join(f", `{n}`" for n in f.labels[len(GPU):])
+    elif f.labels[:len(JOB)] == JOB:
+        labels = "*job*" + "".join(f", `{n}`" for n in f.labels[len(JOB):])
+    else:
+        labels = ", ".join(f"`{n}`" for n in f.labels) or "none"
+    return f"| `{f.name}` | {f.type} | {f.unit or '-'} | {labels} | {f.help} |"
+
+
+def test_every_metric_is_documented_as_it_is_declared() -> None:
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parent.parent / "docs" / "observability.md").read_text()
+    rows = [line for line in page.splitlines() if line.startswith("| `rigdeck_")]
+    assert rows == [_doc_row(f) for f in FAMILIES]
