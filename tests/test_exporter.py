@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from tests._require import require
+from tests._require import PROMETHEUS_MISSING, PROMTOOL_MISSING, require
 from tests.test_promexport import read
 from tests.ui_fixtures import (
     FAILED_JOB,
@@ -47,8 +47,6 @@ from tui.client import InProcessClient, MetricsServer
 from tui.model.promexport import CONTENT_TYPE
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMTOOL_MISSING = "promtool is not installed (Debian: apt-get install prometheus; make test does)"
-PROMETHEUS_MISSING = "prometheus is not installed (Debian: apt-get install prometheus; make test does)"
 WEIRD = 'we"ird\\name\nline two'  # a job name with every character the format escapes
 
 
