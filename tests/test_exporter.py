@@ -136,7 +136,8 @@ def test_a_failing_exposition_fails_that_scrape_only() -> None:
         assert status == 200 and read(body.decode()).value("rigdeck_host_up", host="h1") == 1
 
 
-def test_the_exposition_is_the_same_through_a_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_through_a_server_each_scrape_is_the_servers_controllers(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """With a [server], a face's client asks the server's controller (the API's ``exposition``)."""
     monkeypatch.setenv("RIGDECK_HOME", str(tmp_path / "home"))
     client = served_client(FakeController(), FakeMonitor(cluster_state()), RecordedJobs())
