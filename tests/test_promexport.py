@@ -233,6 +233,15 @@ def test_a_gpu_that_is_real_says_so_too() -> None:
     assert r.value("rigdeck_host_info", host="g1", simulated="false") == 1
 
 
+def test_a_gpu_between_a_jobs_attempts_is_labelled_from_its_claim() -> None:
+    state = ClusterState([("h1", "10.0.0.1")])
+    claimed = {**gpu_sample(1, 0, 0), "claim": {"job_id": "j9", "user": "ann", "since": 1.0}}
+    state.apply_sample("h1", host_sample(1, 0, [claimed, gpu_sample(1, 1, 0)]), received_at=30.0)
+    r = exposition(state)
+    owners = {s["gpu"]: (s["job_id"], s["rank"], s["user"]) for s in r.series("rigdeck_gpu_info")}
+    assert owners == {"0": ("j9", "", "ann"), "1": ("", "", "")}
+
+
 def test_gpu_health_is_a_state_set_with_its_reason() -> None:
     r = exposition(healing_state(), healing_jobs())
     health = {(s["host"], s["gpu"], s["health"]): r.value("rigdeck_gpu_health", **s)
