@@ -239,6 +239,11 @@ def _scaled(v: float | None, factor: float) -> float | None:
     return None if v is None else v * factor
 
 
+def _ratio(pct: float | None) -> float | None:
+    """A percentage as a ratio (divided, not multiplied by 0.01: 17.1 reads 0.171, not 0.17100000000000001)."""
+    return None if pct is None else pct / 100
+
+
 def gpu_owner(g: GpuView) -> tuple[str, str, str]:
     """(job_id, rank, user) of whoever holds the GPU: its first process that is a job's rank,
     else its claim (a job's, between ranks), else its first process's user (someone outside
@@ -275,7 +280,7 @@ def _add_host(e: Exposition, h: HostView, monotonic: float) -> None:
     s = h.host_sample
     if s is None or not h.up:
         return  # a stale or down host's last figures are not now's
-    e.add("rigdeck_host_cpu_utilization_ratio", one, _scaled(s.cpu_pct, 0.01))
+    e.add("rigdeck_host_cpu_utilization_ratio", one, _ratio(s.cpu_pct))
     for n, name in enumerate(("rigdeck_host_load1", "rigdeck_host_load5", "rigdeck_host_load15")):
         e.add(name, one, s.load[n] if n < len(s.load) else None)
     e.add("rigdeck_host_memory_used_bytes", one, _scaled(s.mem_used_mb, MIB))
@@ -297,13 +302,13 @@ def _add_gpu(e: Exposition, g: GpuView) -> None:
         e.add("rigdeck_gpu_health_reason", {**labels, "reason": g.health_reason}, 1)
     if g.stale:
         return  # its host is stale or down: the figures are the last good ones, not now's
-    e.add("rigdeck_gpu_utilization_ratio", labels, _scaled(g.utilization_pct, 0.01))
+    e.add("rigdeck_gpu_utilization_ratio", labels, _ratio(g.utilization_pct))
     e.add("rigdeck_gpu_memory_used_bytes", labels, _scaled(g.memory_used_mb, MIB))
     e.add("rigdeck_gpu_memory_total_bytes", labels, _scaled(g.memory_total_mb, MIB))
     e.add("rigdeck_gpu_temperature_celsius", labels, g.temperature_c)
     e.add("rigdeck_gpu_power_watts", labels, g.power_w)
     e.add("rigdeck_gpu_power_limit_watts", labels, g.power_limit_w)
-    e.add("rigdeck_gpu_sm_clock_hertz", labels, _scaled(g.sm_clock_mhz, 1e6))
+    e.add("rigdeck_gpu_sm_clock_hertz", labels, _scaled(g.sm_clock_mhz, 1_000_000))
     e.add("rigdeck_gpu_ecc_uncorrected_errors_total", labels, g.ecc_volatile_errors)
 
 
