@@ -62,3 +62,5 @@ PY39_MISSING = (
 MPIRUN_MISSING = "mpirun is not installed (Debian: apt-get install openmpi-bin; make test does)"
 TORCH_MISSING = "torch is not installed (make test installs $(TORCH_SPEC))"
 TMUX_MISSING = "tmux is not installed (Debian: apt-get install tmux; make test does)"
+PROMTOOL_MISSING = "promtool is not installed (Debian: apt-get install prometheus; make test does)"
+PROMETHEUS_MISSING = "prometheus is not installed (Debian: apt-get install prometheus; make test does)"

@@ -28,7 +28,7 @@ WIRE = {
     "source_launch", "source_stop", "launch", "stop", "view", "list_jobs", "queue", "metrics", "logs", "gc",
     "wait", "sweep", "sweeps", "sweep_detail", "sweep_stop", "sweep_stop_trial", "sweep_wait", "doctor",
     "pipeline", "pipelines", "pipeline_detail", "pipeline_stop", "pipeline_retry", "pipeline_wait",
-    "code_missing", "code_put", "code_manifest", "drains", "drain", "undrain",
+    "code_missing", "code_put", "code_manifest", "drains", "drain", "undrain", "exposition",
 }
 
 # Client methods that are no call of the controller API: the link's own, or work done on the

@@ -35,6 +35,7 @@ from tui.control.controller import HostReport
 from tui.control.doctor import DoctorError
 from tui.control.history import JobRefError
 from tui.control.jobs import AmbiguousJobError, JobError
+from tui.control.metricsserver import DEFAULT_LISTEN, MetricsServer
 from tui.control.onboard import Candidate, Onboarding
 from tui.control.pipelines import PipelineError
 from tui.control.queue import QueueEntry
@@ -66,7 +67,8 @@ from tui.remote.transport import (
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "AmbiguousJobError", "Candidate", "Client", "Onboarding", "forget_passphrases",
+    "AmbiguousJobError", "Candidate", "Client", "DEFAULT_LISTEN", "MetricsServer", "Onboarding",
+    "forget_passphrases",
     "onboarding_offer", "remember_passphrase", "set_passphrase_prompt", "HostReport", "InProcessClient",
     "InventoryError", "JobError",
     "JobRefError", "JobSpecError", "JobView", "LinkStatus", "PlacementError", "QueueEntry",
@@ -195,6 +197,11 @@ class Client:
         raise NotImplementedError
 
     def metrics(self, ref: str) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    def exposition(self) -> str:
+        """What the controller knows now (hosts, GPUs, jobs, the queue) in Prometheus' text
+        exposition format, version 0.0.4 (``tui.model.promexport``)."""
         raise NotImplementedError
 
     def log_chunks(self, ref: str, rank: int | None = None,
@@ -371,6 +378,9 @@ class InProcessClient(Client):
 
     def metrics(self, ref: str) -> list[dict[str, Any]]:
         return self.service.metrics(ref)
+
+    def exposition(self) -> str:
+        return self.service.exposition()
 
     def log_chunks(self, ref: str, rank: int | None = None,
                    follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
@@ -885,6 +895,9 @@ class RemoteClient(Client):
 
     def metrics(self, ref: str) -> list[dict[str, Any]]:
         return self.call(api.metrics, ref=ref)
+
+    def exposition(self) -> str:
+        return self.call(api.exposition)
 
     def log_chunks(self, ref: str, rank: int | None = None,
                    follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:

@@ -15,6 +15,7 @@ from typing import Any
 from tui.cli import doctor as doctor_cli
 from tui.cli import drain as drain_cli
 from tui.cli import exec as exec_cli
+from tui.cli import exporter as exporter_cli
 from tui.cli import onboard as onboard_cli
 from tui.cli import pipeline as pipeline_cli
 from tui.cli import server as server_cli
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline_cli.add_parsers(sub, _common)
     exec_cli.add_parser(sub, _common)
     web_cli.add_parser(sub, _common)
+    exporter_cli.add_parser(sub, _common)
     server_cli.add_parsers(sub)
     return parser
 
@@ -625,6 +627,8 @@ def main(argv: Sequence[str] | None = None, open_app: AppOpener | None = None) -
             return exec_cli.run(args, _load)
         if args.command == "web":
             return web_cli.run(args, _load)
+        if args.command == "exporter":
+            return exporter_cli.run(args, _client)
         if args.command == "serve":
             return _run_serve(args)
         if args.command in ("server", "attach"):

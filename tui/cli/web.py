@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import os
 import shlex
 import socket
 import sys
 from collections.abc import Callable
 from typing import Any
+
+from tui.model.fields import is_loopback
+
+__all__ = ["add_parser", "app_command", "is_loopback", "public_url", "run"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT_PORT = 8000
@@ -47,16 +50,6 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
     p.add_argument("--allow-remote", action="store_true",
                    help="bind a non-loopback --host anyway: anyone who reaches it controls the "
                    "cluster as you (no login); an ssh -L tunnel is the safe way in")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` names this machine's loopback only (127.0.0.0/8, ::1, localhost)."""
-    if host.lower() in ("localhost", "localhost.localdomain"):
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve to anything
 
 
 def app_command(args: argparse.Namespace) -> str:

@@ -186,6 +186,11 @@ def metrics(ref: str) -> list[dict[str, Any]]:
     """The job's metrics records."""
 
 
+@_declare("exposition")
+def exposition() -> str:
+    """What the controller knows now as Prometheus' text exposition (``rigdeck exporter``)."""
+
+
 @_declare("logs", stream=True, own=True, service="log_chunks")
 def log_chunks(ref: str, rank: int | None = None, follow: bool = False) -> dict[str, Any]:
     """The job's log output: items {host, rank, b64, partial}."""

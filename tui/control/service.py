@@ -33,6 +33,7 @@ from tui.model.inventory import Inventory
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.pipelineview import PIPELINE_FINAL, PipelineDetail, PipelineRow
+from tui.model.promexport import cluster_exposition
 from tui.model.state import ClusterState
 from tui.model.sweepview import SweepDetail, SweepRow
 from tui.model.userconfig import NotifyConfig
@@ -547,6 +548,18 @@ class ControllerService:
 
     def metrics(self, ref: str) -> list[dict[str, Any]]:
         return self.manager.metrics(ref)
+
+    def exposition(self) -> str:
+        """What this controller knows now in Prometheus' text format (tui.model.promexport): the
+        telemetry's hosts and GPUs, the jobs its poller follows (as their views read now), the
+        queue. Nothing is asked of the hosts here: a scrape reads what is already known."""
+        source = self.source
+        snap = source.snapshot()
+        jobs = [v for r in snap.rows if (v := source.detail(r.job_id)) is not None]
+        return cluster_exposition(
+            self.state.snapshot(), jobs, self.queue_entries(), now=time.time(), monotonic=time.monotonic(),
+            host_users={h.name: h.user for h in self.inventory.hosts}, jobs_polled_at=snap.polled_at,
+        ).text()
 
     def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False,
                    binary: bool = False) -> Iterator[tuple[str, int, Any, bool]]:

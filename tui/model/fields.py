@@ -11,6 +11,7 @@ so each file's errors name its file, host or dotted field the way that file's us
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -26,6 +27,8 @@ __all__ = [
     "finite",
     "int_range",
     "is_int",
+    "is_loopback",
+    "listen_address",
     "nonblank",
     "number",
     "one_of",
@@ -163,6 +166,52 @@ def token(v: Any) -> str:
     if isinstance(v, str) and v and not any(c.isspace() for c in v):
         return v
     raise Bad()
+
+
+LISTEN_EXPECTED = (
+    "ADDR:PORT, an address to listen on and a TCP port (0: any free one), "
+    "e.g. 127.0.0.1:9464 or [::1]:9464"
+)
+_HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
+
+
+def listen_address(v: Any) -> tuple[str, int]:
+    """``ADDR:PORT`` (an IPv6 address in brackets) as (address, port); the address is always
+    written out: an empty one (``:9464``) would mean every interface, which is never implied."""
+
+    def bad(why: str = "") -> Bad:
+        return Bad(f"{LISTEN_EXPECTED}" + (f" ({why})" if why else ""))
+
+    if not isinstance(v, str):
+        raise bad()
+    host, sep, port = v.strip().rpartition(":")
+    if not sep:
+        raise bad()
+    if not host:
+        raise bad("no address: write it out, 0.0.0.0 for every interface")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise bad(f"{host!r} is no IPv6 address") from None
+    elif ":" in host:
+        raise bad("an IPv6 address goes in brackets")
+    elif not _HOST_NAME.fullmatch(host):
+        raise bad(f"{host!r} is no address or host name")
+    if not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise bad(f"the port is {port!r}, not a number from 0 to 65535")
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback only (127.0.0.0/8, ::1, localhost)."""
+    if host.lower() in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: it may resolve to anything
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,131 @@
+"""The controller's ``/metrics``: Prometheus' text exposition (``tui.model.promexport``) over HTTP.
+
+A stdlib ``ThreadingHTTPServer`` on its own thread. ``GET /metrics`` (and ``HEAD``) answers the
+exposition made at that moment by the function it is given (the controller's, through the API:
+``Client.exposition``), gzipped when the scraper accepts it, as Prometheus does; every other
+path is a 404. It binds exactly the address it is given: the callers keep a default of
+127.0.0.1, and a non-loopback address only when the user wrote one.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import logging
+import socket
+import socketserver
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from tui.model.promexport import CONTENT_TYPE
+
+log = logging.getLogger(__name__)
+
+METRICS_PATH = "/metrics"
+DEFAULT_LISTEN = ("127.0.0.1", 9464)  # Prometheus' port for exporters of this kind (OpenTelemetry's too)
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    exposition: Callable[[], str]
+
+    def __init__(self, address: tuple[str, int], exposition: Callable[[], str]):
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
+        self.exposition = exposition
+        super().__init__(address, _Handler)
+
+    def server_bind(self) -> None:
+        # HTTPServer's own looks up the address's FQDN (a DNS query): not needed to serve.
+        socketserver.TCPServer.server_bind(self)
+        host, port = self.server_address[:2]
+        self.server_name, self.server_port = str(host), int(port)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server: _Server
+    server_version = "rigdeck"
+    protocol_version = "HTTP/1.1"  # keep-alive: Prometheus reuses its connection between scrapes
+
+    def do_GET(self) -> None:
+        self._answer(body=True)
+
+    def do_HEAD(self) -> None:
+        self._answer(body=False)
+
+    def _answer(self, body: bool) -> None:
+        if self.path.split("?", 1)[0] != METRICS_PATH:
+            self._send(404, f"rigdeck: nothing at {self.path.split('?', 1)[0]}; the metrics are at "
+                            f"{METRICS_PATH}\n".encode(), "text/plain; charset=utf-8", body)
+            return
+        try:
+            text = self.server.exposition()
+        except Exception as e:  # the scrape fails, the server goes on
+            log.exception("the exposition failed")
+            self._send(500, f"rigdeck: the exposition failed: {type(e).__name__}: {e}\n".encode(),
+                       "text/plain; charset=utf-8", body)
+            return
+        data = text.encode("utf-8", "backslashreplace")
+        self._send(200, data, CONTENT_TYPE, body, gzip_ok=self._accepts_gzip())
+
+    def _accepts_gzip(self) -> bool:
+        accept = self.headers.get("Accept-Encoding") or ""
+        return any(part.split(";", 1)[0].strip().lower() == "gzip" for part in accept.split(","))
+
+    def _send(self, code: int, data: bytes, ctype: str, body: bool, gzip_ok: bool = False) -> None:
+        if gzip_ok:
+            data = gzip.compress(data, compresslevel=1)
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        if gzip_ok:
+            self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+class MetricsServer:
+    """``/metrics`` on ``host``:``port`` (port 0: a free one, see ``address``), answering what
+    ``exposition()`` returns at each scrape. ``start`` serves from a thread; ``close`` stops."""
+
+    def __init__(self, exposition: Callable[[], str], host: str = DEFAULT_LISTEN[0],
+                 port: int = DEFAULT_LISTEN[1]):
+        self._server = _Server((host, port), exposition)  # binds now: an address in use fails here
+        self._thread: threading.Thread | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The address and port bound (the port chosen, when 0 was asked)."""
+        host, port = self._server.server_address[:2]
+        return str(host), int(port)
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}{METRICS_PATH}"
+
+    def start(self) -> MetricsServer:
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve_forever(self) -> None:
+        """Serve on this thread until ``close`` (from another) or an interrupt."""
+        self._server.serve_forever()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._server.shutdown()
+            self._thread.join(5)
+        self._server.server_close()
+
+    def __enter__(self) -> MetricsServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
