@@ -283,9 +283,12 @@ def test_promtool_accepts_the_exposition(metrics: MetricsServer) -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A port free now, outside the kernel's range for outgoing connections (as the agent picks
+    a job's MASTER_PORT): one inside it could be taken by another test's connection before
+    Prometheus binds it."""
+    from agent.jobs import probe_port
+
+    return probe_port("127.0.0.1")
 
 
 @contextlib.contextmanager
