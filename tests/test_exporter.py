@@ -221,7 +221,9 @@ class Exporter:
             time.sleep(0.1)
         raise AssertionError(f"rigdeck exporter did not start in {timeout} s:\n{self.output()}")
 
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 20.0) -> int:
+    def stop(self, sig: int = signal.SIGINT, timeout: float = 60.0) -> int:
+        """Signal it and wait for its end: the embedded controller closes its hosts first (a
+        fresh-clone run on a loaded machine took over 20 s)."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
