@@ -30,6 +30,7 @@ from tests.ui_fixtures import (
     healing_jobs,
     healing_state,
     recorded_app,
+    settle,
     stop_servers,
 )
 from tui.app.shell import RigdeckApp
@@ -212,19 +213,6 @@ async def test_job_view_shows_the_newest_four_incidents_and_counts_the_rest() ->
 # Snapshots (update with --snapshot-update after an intended change of the look; review the SVGs)
 
 
-def _prepare(*keys: str) -> Any:
-    async def run_before(pilot: Pilot[Any]) -> None:
-        await pilot.pause()
-        pilot.app.clear_notifications()
-        if keys:
-            await pilot.press(*keys)
-        await pilot.pause()
-        pilot.app.clear_notifications()
-        await pilot.pause()
-
-    return run_before
-
-
 @pytest.mark.parametrize(
     "view, keys",
     [
@@ -235,4 +223,4 @@ def _prepare(*keys: str) -> Any:
     ],
 )
 def test_views_with_an_unhealthy_and_a_drained_gpu(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
-    assert snap_compare(healing_app(), terminal_size=SIZE, run_before=_prepare(*keys))
+    assert snap_compare(healing_app(), terminal_size=SIZE, run_before=settle(*keys))

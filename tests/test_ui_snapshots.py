@@ -10,25 +10,8 @@ from typing import Any
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Input
 
-from tests.ui_fixtures import pool_jobs, recorded_app, signal_jobs, stage_jobs
-
-
-def _prepare(*keys: str) -> Any:
-    async def run_before(pilot: Pilot[Any]) -> None:
-        await pilot.pause()
-        pilot.app.clear_notifications()
-        if keys:
-            await pilot.press(*keys)
-        for screen in pilot.app.screen_stack:
-            for inp in screen.query(Input):
-                inp.cursor_blink = False
-        await pilot.pause()
-        pilot.app.clear_notifications()
-        await pilot.pause()
-
-    return run_before
+from tests.ui_fixtures import pool_jobs, recorded_app, settle, signal_jobs, stage_jobs
 
 
 @pytest.mark.parametrize(
@@ -43,31 +26,31 @@ def _prepare(*keys: str) -> Any:
     ],
 )
 def test_main_views(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
-    assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=_prepare(*keys))
+    assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=settle(*keys))
 
 
 @pytest.mark.parametrize("view, keys", [("hosts", ()), ("gpus", ("2",)), ("job", ("4",))])
 def test_views_at_80x24(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
-    assert snap_compare(recorded_app(), terminal_size=(80, 24), run_before=_prepare(*keys))
+    assert snap_compare(recorded_app(), terminal_size=(80, 24), run_before=settle(*keys))
 
 
 def test_job_view_with_signals(snap_compare: Any) -> None:
-    assert snap_compare(recorded_app(jobs=signal_jobs()), terminal_size=(120, 36), run_before=_prepare("4"))
+    assert snap_compare(recorded_app(jobs=signal_jobs()), terminal_size=(120, 36), run_before=settle("4"))
 
 
 def test_job_view_with_stages(snap_compare: Any) -> None:
     """A [model_parallel] job: its plan and stages, expected vs measured (tests/ui_fixtures.py)."""
-    assert snap_compare(recorded_app(jobs=stage_jobs()), terminal_size=(120, 40), run_before=_prepare("4"))
+    assert snap_compare(recorded_app(jobs=stage_jobs()), terminal_size=(120, 40), run_before=settle("4"))
 
 
 def test_job_view_with_pools(snap_compare: Any) -> None:
     """A job made of worker pools: its pools, the Reduction Server sizing line and an evaluator
     killed while training went on (tests/ui_fixtures.py pool_jobs)."""
-    assert snap_compare(recorded_app(jobs=pool_jobs()), terminal_size=(120, 40), run_before=_prepare("4"))
+    assert snap_compare(recorded_app(jobs=pool_jobs()), terminal_size=(120, 40), run_before=settle("4"))
 
 
 def test_wide_gpu_view(snap_compare: Any) -> None:
-    assert snap_compare(recorded_app(), terminal_size=(170, 30), run_before=_prepare("2"))
+    assert snap_compare(recorded_app(), terminal_size=(170, 30), run_before=settle("2"))
 
 
 @pytest.mark.parametrize(
@@ -80,7 +63,7 @@ def test_wide_gpu_view(snap_compare: Any) -> None:
     ],
 )
 def test_dialogs(snap_compare: Any, dialog: str, keys: tuple[str, ...]) -> None:
-    assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=_prepare(*keys))
+    assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=settle(*keys))
 
 
 def _sweeps(*keys: str) -> Any:
@@ -101,7 +84,7 @@ def _sweeps(*keys: str) -> Any:
             if app.sweeps_fetches >= seen + 2:
                 break
             await pilot.pause(0.05)
-        await _prepare(*keys)(pilot)
+        await settle(*keys)(pilot)
 
     return run_before
 
@@ -123,9 +106,9 @@ def test_cluster_map_512x8(snap_compare: Any) -> None:
     from tests.ui_fixtures import map_app
 
     assert snap_compare(map_app(), terminal_size=(200, 60),
-                        run_before=_prepare("8", "right", "right", "down"))
+                        run_before=settle("8", "right", "right", "down"))
 
 
 @pytest.mark.parametrize("mode, keys", [("util", ("8",)), ("job", ("8", "down", "m", "m"))])
 def test_cluster_map_small(snap_compare: Any, mode: str, keys: tuple[str, ...]) -> None:
-    assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=_prepare(*keys))
+    assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=settle(*keys))

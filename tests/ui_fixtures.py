@@ -1062,3 +1062,23 @@ def map_app(n: int = MAP_HOSTS, state: ClusterState | None = None) -> Any:
     st = state if state is not None else map_state(n)
     client = InProcessClient(controller=FakeController(inv), monitor=FakeMonitor(st), jobs=MapJobs(n))
     return RigdeckApp(client, clock=lambda: NOW, keymap_file=Path("/nonexistent/keys.toml"))
+
+
+def settle(*keys: str) -> Any:
+    """A snapshot's ``run_before``: let the app draw, clear its notifications, press ``keys``,
+    stop the cursors of any input from blinking, and let it draw again."""
+    from textual.widgets import Input
+
+    async def run_before(pilot: Any) -> None:
+        await pilot.pause()
+        pilot.app.clear_notifications()
+        if keys:
+            await pilot.press(*keys)
+        for screen in pilot.app.screen_stack:
+            for inp in screen.query(Input):
+                inp.cursor_blink = False
+        await pilot.pause()
+        pilot.app.clear_notifications()
+        await pilot.pause()
+
+    return run_before
