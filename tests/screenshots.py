@@ -359,10 +359,7 @@ async def run_pools(app: Any, pilot: Any, bed: Any, tmp: Path, converter: str, s
     await pilot.press("4")
 
     def detail() -> Any:
-        d = app.jobwatch.detail(job_id)
-        if d is not None and d.row.state in ("failed", "stopped", "succeeded"):
-            raise SystemExit(f"job {job_id} {d.row.state}: {d.row.cause}")
-        return d
+        return live_detail(app, job_id)
 
     def all_running() -> bool:
         d = detail()
@@ -430,6 +427,14 @@ def healing_spec(tmp: Path) -> Path:
     return out
 
 
+def live_detail(app: Any, job_id: str) -> Any:
+    """The job's detail in the app; a job that ended before its screenshot ends the run, saying why."""
+    d = app.jobwatch.detail(job_id)
+    if d is not None and d.row.state in ("failed", "stopped", "succeeded"):
+        raise SystemExit(f"job {job_id} {d.row.state}: {d.row.cause}")
+    return d
+
+
 def write_gpu_faults(bed: Any, host: str, faults: dict[str, Any]) -> None:
     """The simulated GPUs' faults file of a bed host (agent/gpuhealth.py reads it at each sample)."""
     import json
@@ -455,10 +460,7 @@ async def run_healing(app: Any, pilot: Any, bed: Any, tmp: Path, converter: str,
     await pilot.press("4")
 
     def detail() -> Any:
-        d = app.jobwatch.detail(job_id)
-        if d is not None and d.row.state in ("failed", "stopped", "succeeded"):
-            raise SystemExit(f"job {job_id} {d.row.state}: {d.row.cause}")
-        return d
+        return live_detail(app, job_id)
 
     def step() -> int:
         d = detail()
