@@ -41,7 +41,7 @@ from tests.ui_fixtures import (
     served_client,
     stop_servers,
 )
-from tests.webpage import write_local_inventory
+from tests.webpage import free_port, write_local_inventory
 from tui.cli.main import build_parser, main
 from tui.client import InProcessClient, MetricsServer
 from tui.model.promexport import CONTENT_TYPE
@@ -284,20 +284,11 @@ def test_promtool_accepts_the_exposition(metrics: MetricsServer) -> None:
     assert bad.returncode != 0 and "_total" in bad.stdout + bad.stderr
 
 
-def _free_port() -> int:
-    """A port free now, outside the kernel's range for outgoing connections (as the agent picks
-    a job's MASTER_PORT): one inside it could be taken by another test's connection before
-    Prometheus binds it."""
-    from agent.jobs import probe_port
-
-    return probe_port("127.0.0.1")
-
-
 @contextlib.contextmanager
 def prometheus(target: str, tmp: Path) -> Iterator[str]:
     """A Prometheus server on a free loopback port, scraping ``target`` (host:port) every second as
     the scrape job ``rigdeck``; yields its URL."""
-    port = _free_port()
+    port = free_port()
     config = tmp / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"

@@ -19,7 +19,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -79,9 +78,12 @@ def chromium_missing() -> str | None:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now, outside the kernel's range for outgoing connections (as the
+    agent picks a job's MASTER_PORT): one inside it could be taken by another test's connection
+    before the server binds it."""
+    from agent.jobs import probe_port
+
+    return probe_port("127.0.0.1")
 
 
 def write_local_inventory(dir: Path, name: str = "here", sim_gpus: int = 0) -> Path:
