@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import zipfile
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple  # noqa: F401
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type  # noqa: F401
 
 from agent import artifacts, code, facts, protocol
 from agent.paths import Paths, self_command, spawn_daemon
@@ -100,6 +100,13 @@ class Daemon:
         self._pending_upgrade = None  # type: Optional[str]
         self._last_claims = {}  # type: Dict[int, Dict[str, Any]]
         self._code_pool = None  # type: Any
+        # Every call that changes jobs (start, claim, stop, the watcher's reaping) runs on this
+        # one thread, in the order the requests came: the loop stays free to answer status and
+        # telemetry while a restart's claim waits for its earlier attempt (up to 10 s) or a
+        # start spawns its job host, and no two of them touch a job at once.
+        from concurrent.futures import ThreadPoolExecutor
+
+        self._jobs_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jobs")
         from agent.jobs import Jobs
 
         self.jobs = Jobs(self.paths.state_dir, self_command())
@@ -120,7 +127,7 @@ class Daemon:
             "job_logs": self._m_job_logs,
             "job_metrics": self._m_job_metrics,
             "job_claim": self._m_job_claim,
-            "job_release": lambda c, p: self.jobs.release(self._str(p, "job_id")),
+            "job_release": self._m_job_release,
             "job_check": self._m_job_check,
             "job_gc": self._m_job_gc,
             "probe_port": lambda c, p: {"port": self._probe_port(p)},
@@ -206,6 +213,7 @@ class Daemon:
                 pass
             if self._collector is not None:
                 self._collector.close()
+            self._jobs_pool.shutdown(wait=False)
 
     def _listening_socket(self) -> socket.socket:
         """Bind and listen under a private name, then rename onto the public path.
@@ -499,13 +507,13 @@ class Daemon:
         loop = asyncio.get_event_loop()
         while True:
             try:
-                await loop.run_in_executor(None, self.jobs.supervise)  # reap; stop what dead job hosts left
-                changes = await loop.run_in_executor(None, self.jobs.changes)
+                await loop.run_in_executor(self._jobs_pool, self.jobs.supervise)  # reap; stop what dead job hosts left
+                changes = await loop.run_in_executor(self._jobs_pool, self.jobs.changes)
                 for st in changes:
                     for c in list(self._clients.values()):
                         if c.greeted:
                             c.send(protocol.event("job", st))
-                if self._pending_upgrade and not await loop.run_in_executor(None, self.busy):
+                if self._pending_upgrade and not await loop.run_in_executor(self._jobs_pool, self.busy):
                     self._successor = [sys.executable, self._pending_upgrade]
                     self._stop_now()
             except Exception:
@@ -646,22 +654,30 @@ class Daemon:
         out["duration_s"] = round(time.time() - started, 3)
         return out
 
+    async def _in_jobs_thread(self, fn: Callable[[], Any], refused: str = "",
+                              errors: Tuple[Type[BaseException], ...] = ()) -> Any:
+        """``fn()`` on the jobs thread (in request order); ``errors`` come back as a bad-params
+        answer that starts with ``refused``."""
+        try:
+            return await asyncio.get_event_loop().run_in_executor(self._jobs_pool, fn)
+        except errors as e:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "%s%s" % (refused, e)) from None
+
     def _m_job_start(self, client: _Client, params: Dict[str, Any]) -> Any:
         plan = params.get("plan")
         if not isinstance(plan, dict):
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "job_start needs a 'plan' object")
         from agent.jobs import JobError
 
-        try:
-            return self.jobs.start(plan)
-        except (JobError, KeyError, IndexError, TypeError, ValueError) as e:
-            raise protocol.ProtocolError(protocol.BAD_PARAMS, "cannot start: %s" % e) from e
+        return self._in_jobs_thread(lambda: self.jobs.start(plan), "cannot start: ",
+                                    (JobError, KeyError, IndexError, TypeError, ValueError))
 
     def _m_job_stop(self, client: _Client, params: Dict[str, Any]) -> Any:
         grace = params.get("grace_s")
         if grace is not None and (isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0):
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "grace_s must be a number >= 0")
-        return self.jobs.stop(self._str(params, "job_id"), grace)
+        job_id = self._str(params, "job_id")
+        return self._in_jobs_thread(lambda: self.jobs.stop(job_id, grace))
 
     def _m_job_logs(self, client: _Client, params: Dict[str, Any]) -> Any:
         # base64 takes 4/3 of the bytes: a binary chunk stays well inside one message
@@ -680,10 +696,12 @@ class Daemon:
     def _m_job_claim(self, client: _Client, params: Dict[str, Any]) -> Any:
         from agent.jobs import JobError
 
-        try:
-            return self.jobs.claim(self._str(params, "job_id"), self._gpus(params))
-        except (JobError, OSError) as e:
-            raise protocol.ProtocolError(protocol.BAD_PARAMS, "cannot claim: %s" % e) from None
+        job_id, gpus = self._str(params, "job_id"), self._gpus(params)
+        return self._in_jobs_thread(lambda: self.jobs.claim(job_id, gpus), "cannot claim: ", (JobError, OSError))
+
+    def _m_job_release(self, client: _Client, params: Dict[str, Any]) -> Any:
+        job_id = self._str(params, "job_id")
+        return self._in_jobs_thread(lambda: self.jobs.release(job_id))
 
     def _m_job_check(self, client: _Client, params: Dict[str, Any]) -> Any:
         mb = params.get("min_free_mb", 0)
@@ -725,7 +743,8 @@ class Daemon:
         for name, v in (("max_age_s", age), ("max_jobs", keep)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
                 raise protocol.ProtocolError(protocol.BAD_PARAMS, "%s must be a number >= 0" % name)
-        return self.jobs.gc(float(age) if age is not None else None, int(keep) if keep is not None else None)
+        return self._in_jobs_thread(lambda: self.jobs.gc(float(age) if age is not None else None,
+                                                         int(keep) if keep is not None else None))
 
     def _m_job_metrics(self, client: _Client, params: Dict[str, Any]) -> Any:
         offsets = params.get("offsets") or {}

@@ -177,9 +177,8 @@ def test_a_failing_gpu_under_a_rank_is_drained_and_the_job_resumes_elsewhere(
         cli: Cli, tmp_path: Path, fault: dict[str, Any]) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    # 80 steps: the fault, written at step 6, must find the job still running on a loaded machine
     spec = cli.spec("gpu-fault", f"""
-command = ["{{python}}", "{TRAIN}", "--steps", "80", "--ckpt", "{ckpt}", "--sleep", "0.3"]
+command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3", "--first-attempt-holds"]
 workdir = "{ROOT}"
 launcher = "direct"
 nodes = 2
@@ -242,7 +241,8 @@ def test_a_rank_that_dies_as_its_gpu_fails_is_the_gpus_incident_and_the_gpu_is_d
     ckpt.mkdir()
     dead.mkdir()
     spec = cli.spec("gpu-dies", f"""
-command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3", "--dead-gpus", "{dead}"]
+command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3", "--dead-gpus", "{dead}",
+           "--first-attempt-holds"]
 workdir = "{ROOT}"
 launcher = "direct"
 nodes = 2
@@ -300,7 +300,7 @@ def test_a_host_lost_mid_job_is_left_out_and_the_job_resumes_on_the_spare(cli: C
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     spec = cli.spec("host-lost", f"""
-command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3"]
+command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3", "--first-attempt-holds"]
 workdir = "{ROOT}"
 launcher = "direct"
 nodes = 2
@@ -340,7 +340,11 @@ max_restarts = 1
     assert started["time"] - killed_at < 60
     assert "resumed from step" in cli.run("logs", final["job_id"], "--rank", "0").stdout
     (inc,) = cli.json("status", final["job_id"])["incidents"]
-    assert inc["kind"] == "host" and inc["resume_s"] is not None
+    firsts = {}
+    for m in cli.json("metrics", final["job_id"]):
+        if m.get("step") is not None and m.get("event") is None:
+            firsts.setdefault(m.get("restart"), m)
+    assert inc["kind"] == "host" and inc["resume_s"] is not None, (inc, firsts)
 
 
 def test_an_operator_drains_by_hand_and_drain_now_moves_the_running_job(cli: Cli, tmp_path: Path) -> None:
@@ -359,7 +363,7 @@ def test_an_operator_drains_by_hand_and_drain_now_moves_the_running_job(cli: Cli
         ckpt = tmp_path / "ckpt"
         ckpt.mkdir()
         spec = cli.spec("moved", f"""
-command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3"]
+command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3", "--first-attempt-holds"]
 workdir = "{ROOT}"
 launcher = "direct"
 nodes = 2

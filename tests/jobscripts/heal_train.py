@@ -8,6 +8,9 @@ few steps in a shared directory, resumed on start; faults on demand in the first
                   [--dead-gpus DIR]              a rank fails at its next step, as a CUDA call on a
                                                  lost GPU does, while DIR/dead-<hostname>-<gpu> exists
                                                  for its GPU (CUDA_VISIBLE_DEVICES), in any attempt
+                  [--first-attempt-holds]        the first attempt never ends: its ranks wait before
+                                                 the last step until rigdeck stops them, so a test's
+                                                 fault finds the job running however slow the machine
 
 Reports each step with ``runtime.report(step, loss)``; prints ``resumed from step K`` when it starts
 from a checkpoint.
@@ -35,6 +38,7 @@ p.add_argument("--hang-step", type=int)
 p.add_argument("--nan-from", type=int)
 p.add_argument("--faults-always", action="store_true")
 p.add_argument("--dead-gpus")
+p.add_argument("--first-attempt-holds", action="store_true")
 args = p.parse_args()
 
 dist.init_process_group("gloo", init_method="env://")
@@ -71,6 +75,9 @@ def check_gpus() -> None:
 
 for step in range(start, args.steps + 1):
     check_gpus()
+    while step == args.steps and attempt == 0 and args.first_attempt_holds:
+        time.sleep(0.2)  # alive, making no progress, until stopped (or its GPU dies)
+        check_gpus()
     if faults and args.hang_rank == rank and args.hang_step == step:
         stuck()
     x = torch.ones(1) * (step + rank)
