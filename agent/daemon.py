@@ -435,8 +435,10 @@ class Daemon:
         for a failed job too, since a rank that died as its GPU failed died of the GPU."""
         status = self.jobs.status(self._str(params, "job_id"))
         if isinstance(status, dict) and status.get("state") not in (None, "succeeded", "stopped"):
-            # a failure is judged on a fresh sample: the fault that killed the rank just came
-            status["gpu_health"] = await self._gpu_health(max_age=0.0 if status.get("state") == "failed" else 2.0)
+            # a failure is judged on a fresh sample: the fault that killed the rank just came (a
+            # supervisor asks for one too when a rank elsewhere failed first, as its peer died)
+            fresh = status.get("state") == "failed" or params.get("fresh_health") is True
+            status["gpu_health"] = await self._gpu_health(max_age=0.0 if fresh else 2.0)
         return status
 
     async def _gpu_health(self, max_age: float) -> List[Dict[str, Any]]:

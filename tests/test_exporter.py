@@ -229,9 +229,12 @@ class Exporter:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            self.proc.send_signal(signal.SIGUSR1)  # where it is stuck: every thread's stack
+            time.sleep(2)
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            raise
+            raise AssertionError(f"rigdeck exporter did not stop {timeout} s after signal {sig}:\n"
+                                 f"{self.output()[-12000:]}") from None
 
 
 def _env(tmp_path: Path) -> dict[str, str]:

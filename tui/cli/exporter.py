@@ -14,6 +14,7 @@ out, and said so when it starts.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import sys
 import threading
@@ -70,7 +71,9 @@ def run(args: argparse.Namespace, make_client: Callable[[argparse.Namespace], An
 
 
 def _wait_for_stop() -> None:
-    """Until Ctrl+C (SIGINT) or SIGTERM."""
+    """Until Ctrl+C (SIGINT) or SIGTERM. Meanwhile SIGUSR1 prints every thread's stack to
+    stderr (a long-running process that seems stuck can be asked where it is)."""
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:

@@ -735,13 +735,15 @@ class JobManager:
     def record(self, ref: str) -> dict[str, Any]:
         return self.resolve(ref).rec
 
-    def host_states(self, rec: dict[str, Any], skip: Sequence[str] = ()) -> dict[str, Any]:
+    def host_states(self, rec: dict[str, Any], skip: Sequence[str] = (), *,
+                    fresh_health: bool = False) -> dict[str, Any]:
         """What each host of the job's placement (but ``skip``) says of it (``job_status``), or the
         TransportError that kept it from saying. A host that does not answer in 20 s is out of
         reach for this look: less would take a slow host (a loaded machine) for a lost one, and a
-        host out of reach is counted from its last answer anyway (tui/control/healing.py)."""
+        host out of reach is counted from its last answer anyway (tui/control/healing.py).
+        ``fresh_health``: each host's ``gpu_health`` from a sample taken now."""
         hosts = [h for h in dict.fromkeys(n["host"] for n in rec.get("placement") or []) if h not in skip]
-        return self.ctl.agents(hosts).job_status(job_id=rec["job_id"], timeout=20)
+        return self.ctl.agents(hosts).job_status(job_id=rec["job_id"], fresh_health=fresh_health, timeout=20)
 
     def stop(
         self, ref: str, grace_s: float | None = None, wait: bool = True, *, yes: bool = False
@@ -836,8 +838,14 @@ class JobManager:
             "running", "unknown") else None
         if fault is None and rec["state"] == "running" and overall == "failed":
             # A rank that died as its GPU failed (a CUDA error at XID 79) died of the GPU: drained,
-            # recorded as the GPU's incident, and the restart goes elsewhere.
+            # recorded as the GPU's incident, and the restart goes elsewhere. Its host may not
+            # have seen the death yet (its peer, whose collective broke, failed first): the
+            # hosts still running are asked again on a sample taken now.
             fault = self.healer.gpu_fault(rec, states)
+            running = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") != "failed"]
+            if fault is None and running:
+                again = self.host_states(rec, skip=[h for h in states if h not in running], fresh_health=True)
+                fault = self.healer.gpu_fault(rec, again)
         if rec["state"] in TERMINAL:
             self.healer.forget(job_id)
         news = bool(pools.replica_events(rec, states))  # a pool's replica failed, training goes on

@@ -358,10 +358,12 @@ class AgentClient:
         agent's dicts; see ``JobState``)."""
         return _job_states(self._call("job_list", **_kw(timeout)))
 
-    def job_status(self, *, job_id: str, timeout: float | None = None) -> JobState:
+    def job_status(self, *, job_id: str, fresh_health: bool = False, timeout: float | None = None) -> JobState:
         """The job here: state, cause, ranks, ranks with logs, each rank's last metrics record
-        (see ``JobState``: the agent's dict, passed through)."""
-        return _job_state(self._call("job_status", **_kw(timeout), job_id=job_id))
+        (see ``JobState``: the agent's dict, passed through); ``fresh_health``: its
+        ``gpu_health`` from a sample taken now."""
+        extra: dict[str, Any] = {"fresh_health": True} if fresh_health else {}
+        return _job_state(self._call("job_status", **_kw(timeout), job_id=job_id, **extra))
 
     def exec(self, *, argv: list[str], timeout_s: float, timeout: float | None = None) -> dict[str, Any]:
         """Run ``argv`` on the host with no shell: its exit code, signal, stdout and stderr (see
@@ -515,9 +517,14 @@ class AgentFleet:
         the answers are what ``tui.model.artifacts.merge`` takes."""
         return self._each(_dict, "artifact_pack", timeout, job_id=job_id, kind=kind)
 
-    def job_status(self, *, job_id: str, timeout: float | None = None) -> dict[str, JobState | TransportError]:
-        """The job on each host (the agents' dicts, passed through: see ``JobState``)."""
-        return self._each(_job_state, "job_status", timeout, job_id=job_id)
+    def job_status(self, *, job_id: str, fresh_health: bool = False,
+                   timeout: float | None = None) -> dict[str, JobState | TransportError]:
+        """The job on each host (the agents' dicts, passed through: see ``JobState``);
+        ``fresh_health``: its ``gpu_health`` from a sample taken now."""
+        params: dict[str, Any] = {"job_id": job_id}
+        if fresh_health:
+            params["fresh_health"] = True
+        return self._each(_job_state, "job_status", timeout, **params)
 
     def job_stop(self, *, job_id: str, grace_s: float | None = None,
                  timeout: float | None = None) -> dict[str, JobStopped | TransportError]:
