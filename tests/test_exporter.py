@@ -200,11 +200,16 @@ def test_an_address_in_use_is_reported(tmp_path: Path, monkeypatch: pytest.Monke
 class Exporter:
     """A running ``rigdeck exporter`` (its own process group)."""
 
-    def __init__(self, inventory: Path, listen: str, env: dict[str, str]) -> None:
+    def __init__(self, inventory: Path, listen: str, env: dict[str, str], *, sigint_ignored: bool = False) -> None:
         self.log = tempfile.TemporaryFile()
+
+        def ignore_sigint() -> None:  # as a shell starts a background job
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tui.cli", "exporter", "--inventory", str(inventory), "--listen", listen],
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+            preexec_fn=ignore_sigint if sigint_ignored else None)
 
     def output(self) -> str:
         self.log.seek(0)
@@ -231,9 +236,11 @@ class Exporter:
         except subprocess.TimeoutExpired:
             self.proc.send_signal(signal.SIGUSR1)  # where it is stuck: every thread's stack
             time.sleep(2)
+            sigs = [ln for ln in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
+                    if ln.startswith(("SigBlk", "SigIgn", "SigPnd", "ShdPnd"))]
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            raise AssertionError(f"rigdeck exporter did not stop {timeout} s after signal {sig}:\n"
+            raise AssertionError(f"rigdeck exporter did not stop {timeout} s after signal {sig} ({sigs}):\n"
                                  f"{self.output()[-12000:]}") from None
 
 
@@ -265,6 +272,18 @@ def test_rigdeck_exporter_serves_a_local_agents_simulated_gpus_until_ctrl_c(tmp_
     assert code == 0 and "rigdeck exporter: stopped" in exporter.output()
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(url, timeout=5)  # nothing listens there any more
+
+
+def test_rigdeck_exporter_stops_on_sigint_even_when_started_with_it_ignored(tmp_path: Path) -> None:
+    """A parent that ignores SIGINT (a background job, a test runner's worker) passes that on;
+    the exporter, like ``rigdeck serve``, still stops when sent it."""
+    inv = write_local_inventory(tmp_path, name="here", sim_gpus=1)
+    exporter = Exporter(inv, "127.0.0.1:0", _env(tmp_path), sigint_ignored=True)
+    try:
+        exporter.url()
+    finally:
+        code = exporter.stop(signal.SIGINT)
+    assert code == 0 and "rigdeck exporter: stopped" in exporter.output()
 
 
 # -- promtool and Prometheus -------------------------------------------------------------------

@@ -71,15 +71,17 @@ def run(args: argparse.Namespace, make_client: Callable[[argparse.Namespace], An
 
 
 def _wait_for_stop() -> None:
-    """Until Ctrl+C (SIGINT) or SIGTERM. Meanwhile SIGUSR1 prints every thread's stack to
-    stderr (a long-running process that seems stuck can be asked where it is)."""
+    """Until Ctrl+C (SIGINT) or SIGTERM, whatever this process inherited: a parent that ignored
+    or blocked SIGINT (a background job, a test runner's worker) would otherwise leave a Ctrl+C
+    sent to it unheard, as ``rigdeck serve`` handles both itself. Meanwhile SIGUSR1 prints every
+    thread's stack to stderr (a long-running process that seems stuck can be asked where it is)."""
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, list(previous))
     try:
         while not stop.wait(1.0):
             pass
-    except KeyboardInterrupt:
-        pass
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
