@@ -25,6 +25,7 @@ from agent.clusterfiles import HYPERTUNE_FILE, global_ranks
 from agent.jobfiles import free_mb, read_log, read_tail, resource_message, write_json
 from agent.jobhost import TERMINAL, no_site, pid_alive, processes_with_tag, read_json, sweep
 from agent.rankexec import DEFS_RANK, RECORD_KEYS
+from agent.trackers import read_links
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_CHUNK = 256 * 1024
@@ -475,8 +476,9 @@ class Jobs:
         return out
 
     def status(self, job_id: str) -> Dict[str, Any]:
-        """The job here: its state, its ranks, and each rank's last loss (read from file tails:
-        as fast for a rank that printed a gigabyte as for one that printed a line)."""
+        """The job here: its state, its ranks, each rank's last loss (read from file tails: as
+        fast for a rank that printed a gigabyte as for one that printed a line) and the links to
+        experiment trackers its ranks printed (``agent.trackers``: small files of their own)."""
         d = self.job_dir(job_id)
         st = self._state(job_id)  # this job's file only: hosts keep hundreds of ended jobs
         if st is None:
@@ -532,7 +534,8 @@ class Jobs:
             claims_held = None if held is None else sorted(
                 g for g, h in held.items() if h.get("job_id") == job_id)
         return {**st, "ranks": ranks, "log_ranks": self.log_ranks(job_id), "last_metrics": last,
-                "tagged_processes": tagged, "claims_held": claims_held, "progress": progress}
+                "tagged_processes": tagged, "claims_held": claims_held, "progress": progress,
+                "links": read_links(d)}
 
     def read_chunk(self, path: str, offset: int, max_bytes: int, final: bool = False) -> Tuple[bytes, int, bool]:
         """Complete lines from logical ``offset``: (bytes, next offset, more waiting).

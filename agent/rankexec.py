@@ -11,6 +11,8 @@ bookkeeping:
   The rank is the global one under every launcher (``--rank`` from the job host for ``direct``,
   ``RANK`` from torchrun, ``OMPI_COMM_WORLD_RANK`` from mpirun), so exactly one wrapper of the
   job, on the primary, parses them: the nodes never report a metric twice;
+- links to experiment trackers (a W&B or MLflow run, TensorBoard) the rank prints are kept in
+  ``links/rank-<R>.jsonl`` (``agent.trackers`` knows them), for ``job_status``;
 - a ``ranks/rank-<R>.json`` record names the rank's and the wrapper's pids;
 - when the rank ends, ``ranks/rank-<R>.exit.json`` records its exit code or signal, the last
   lines it printed, and a resource error (a full disk) if one stopped it;
@@ -35,7 +37,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Deque, Dict, List, Optional, Tuple
 
-from agent import claims, stacks
+from agent import claims, stacks, trackers
 from agent.jobfiles import (  # noqa: F401  (write_json and tail: imported from here by others)
     DEFAULT_LOG_CAP,
     CappedLog,
@@ -164,6 +166,29 @@ class LossParser(LineParser):
         self.count += 1
         rec["time"] = time.time()
         return [rec]
+
+
+class LinkParser(LineParser):
+    """Links to experiment trackers in a rank's output (``agent.trackers``), appended to
+    ``links/rank-R.jsonl``: each URL once, at most ``trackers.MAX_PER_RANK``. A restarted rank
+    starts from what its file holds, so an attempt that prints the same run again adds nothing."""
+
+    prefilter = b"http"
+
+    def __init__(self, path: str, rank: int):
+        super().__init__(path)
+        self.rank = rank
+        self.seen = {rec["url"] for rec in trackers.read_link_file(path)}
+
+    def parse(self, line: str) -> List[Dict[str, Any]]:
+        if "\x1b" in line:
+            line = ANSI_CSI_RE.sub("", line)
+        out = []
+        for kind, url in trackers.links_in(line):
+            if url not in self.seen and len(self.seen) < trackers.MAX_PER_RANK:
+                self.seen.add(url)
+                out.append(trackers.link_record(kind, url, self.rank))
+        return out
 
 
 def metric_definitions(raw: Optional[str]) -> List[Tuple[str, Any]]:
@@ -361,7 +386,7 @@ def _prepare(job_dir: str, env: Dict[str, str], rank: int, local_rank: int) -> _
     logs = os.path.join(job_dir, "logs")
     ranks = os.path.join(job_dir, "ranks")
     metrics = os.path.join(job_dir, "metrics")
-    for d in (logs, ranks, metrics):
+    for d in (logs, ranks, metrics, os.path.join(job_dir, trackers.LINKS_DIR)):
         os.makedirs(d, exist_ok=True)
     exit_path = os.path.join(ranks, "rank-%d.exit.json" % rank)
     try:
@@ -375,7 +400,8 @@ def _prepare(job_dir: str, env: Dict[str, str], rank: int, local_rank: int) -> _
         cap = DEFAULT_LOG_CAP
     log = CappedLog(os.path.join(logs, "rank-%d.log" % rank), cap)
     parsers = [LossParser(os.path.join(metrics, "rank-%d.stdout.jsonl" % rank), rank,
-                          env.get("RIGDECK_LOSS_PATTERN") or None)]  # type: List[LineParser]
+                          env.get("RIGDECK_LOSS_PATTERN") or None),
+               LinkParser(trackers.links_path(job_dir, rank), rank)]  # type: List[LineParser]
     definitions = metric_definitions(env.get("RIGDECK_METRIC_DEFINITIONS")) if rank == DEFS_RANK else []
     if definitions:
         parsers.append(DefinitionParser(os.path.join(metrics, "defs-rank-%d.jsonl" % rank), rank, definitions))

@@ -52,7 +52,7 @@ JOB: dict[str, Any] = {
     "events": list, "unreachable": list, "waiting": (str, NONE), "sweep_id": (str, NONE), "trial": (str, NONE),
     "code": (dict, NONE), "pipeline_id": (str, NONE), "step": (str, NONE),
     "pools": list, "pool_sizing": (dict, NONE), "processing": (dict, NONE),
-    "incidents": list, "goodput": (dict, NONE),
+    "incidents": list, "goodput": (dict, NONE), "links": list,
 }
 STATUS = {**JOB, "signals": list, "stages": (dict, NONE)}  # status --json: a job, its live signals, its stages
 STAGES = {"optimize": str, "schedule": str, "microbatches": (int, NONE), "partitions": int, "blocks": (int, NONE),
@@ -69,6 +69,7 @@ POOL = {"role": str, "replicas": int, "hosts": list, "state": str, "replica_stat
 POOL_SIZING = {"workers_gbps": (float, int, NONE), "reducers_gbps": (float, int, NONE),
                "per_reducer_gbps": (float, int, NONE), "reducers": int, "match": (int, NONE), "ok": (bool, NONE),
                "text": str}
+LINK = {"kind": str, "url": str, "rank": (int, NONE), "host": str}
 SIGNAL = {"kind": str, "verdict": str, "host": (str, NONE), "rank": (int, NONE), "summary": str, "advice": str}
 NODE = {"host": str, "address": str, "slots": int, "gpus": list, "cpus": (int, NONE),
         "instance_type": str, "simulated": bool}
@@ -149,6 +150,8 @@ def _job(data: Any, where: str) -> None:
         conforms(n, NODE, f"{where}.placement[{i}]")
     for i, r in enumerate(data["ranks"]):
         conforms(r, RANK, f"{where}.ranks[{i}]")
+    for i, link in enumerate(data["links"]):
+        conforms(link, LINK, f"{where}.links[{i}]")
     for i, e in enumerate(data["events"]):
         assert isinstance(e.get("time"), float) and isinstance(e.get("event"), str), f"{where}.events[{i}]: {e}"
     for h, st in data["hosts"].items():

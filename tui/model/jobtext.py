@@ -99,8 +99,15 @@ def health_lines(v: JobView) -> list[str]:
     return lines
 
 
+def link_lines(v: JobView) -> list[str]:
+    """The links to experiment trackers its ranks printed: ``link     wandb https://... (rank 0 on h1)``."""
+    return [f"link     {link.kind} {terminal_safe(link.url)} "
+            f"({'rank ' + str(link.rank) + ' on ' if link.rank is not None else ''}{terminal_safe(link.host)})"
+            for link in v.links]
+
+
 def job_lines(v: JobView, signals: Sequence[Signal] = (), stages: StagesView | None = None) -> list[str]:
-    """The job: head, placement, code, progress, signals, then its kind's panels (stages, pools,
+    """The job: head, placement, code, progress, health, tracker links, signals, then its kind's panels (stages, pools,
     processing), its failure's cause with the last lines the rank wrote, and its ranks."""
     lines = [f"job      {v.job_id} ({v.name})",
              f"state    {v.state_line}" + (f" after {v.restarts} restart(s)" if v.restarts else ""),
@@ -109,6 +116,7 @@ def job_lines(v: JobView, signals: Sequence[Signal] = (), stages: StagesView | N
     if v.last_step is not None or v.last_loss is not None:
         lines.append(f"progress step {v.last_step} loss {v.last_loss}")
     lines += health_lines(v)
+    lines += link_lines(v)
     lines += signal_lines(signals)
     if stages is not None:
         lines += stage_lines(stages)

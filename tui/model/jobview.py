@@ -26,6 +26,7 @@ from tui.model.poolview import PoolsView, gpu_of_rank, pools_json, pools_view
 from tui.model.processingview import ProcessingView, processing_json, processing_view
 from tui.model.stages import StagesView
 from tui.model.termsafe import terminal_safe
+from tui.model.trackerlinks import TrackerLink, links_from_json, links_json, tracker_links
 
 LOG_LIMIT = 200_000  # lines kept per job; the oldest half goes when it is reached
 
@@ -273,6 +274,8 @@ class JobView:
     # wall time spent in steps that count (``rigdeck status`` reads the metrics for it).
     incidents: tuple[Incident, ...] = ()
     goodput: Goodput | None = None
+    # Links to experiment trackers its ranks printed (tui.model.trackerlinks), the first printed first.
+    links: tuple[TrackerLink, ...] = ()
 
     @property
     def state_line(self) -> str:
@@ -322,6 +325,7 @@ class JobView:
             "processing": processing_json(self.processing),
             "incidents": [i.to_dict() for i in self.incidents],
             "goodput": self.goodput.to_dict() if self.goodput is not None else None,
+            "links": links_json(self.links),
         }
 
     @classmethod
@@ -343,6 +347,7 @@ class JobView:
             incidents=tuple(Incident.from_dict(i) for i in d.get("incidents") or ()),
             goodput=Goodput(float(g.get("useful_s") or 0.0), float(g.get("wall_s") or 0.0), int(g.get("steps") or 0))
             if (g := d.get("goodput")) else None,
+            links=links_from_json(d.get("links")),
         )
 
 
@@ -368,8 +373,8 @@ def job_view(
 
     ``state`` overrides the record's (a look that could not reach the hosts says ``unknown``);
     ``ranks``, when the caller keeps them, stand for ``rank_rows(states, ...)``; ``progress`` is
-    what the metrics said; ``panels`` false leaves out the per-kind panels (pools, processing),
-    which the jobs table does not need."""
+    what the metrics said; ``panels`` false leaves out the per-kind panels (pools, processing)
+    and the trackers' links, which the jobs table does not need."""
     placement = tuple(rec.get("placement") or ())
     return JobView(
         job_id=rec["job_id"],
@@ -401,6 +406,7 @@ def job_view(
         logs=LogBuffer() if logs is None else logs,
         incidents=tuple(incidents),
         goodput=goodput,
+        links=tracker_links(states) if panels else (),
     )
 
 

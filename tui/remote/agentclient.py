@@ -77,6 +77,7 @@ class JobState(TypedDict, total=False):
     claims_held: list[int] | None  # GPUs still claimed here for the job, once it ended (None: ask again)
     gpu_health: list[dict[str, Any]]  # while it runs: the host's GPUs not ok ({index, health, reason, simulated})
     progress: dict[str, dict[str, Any]]  # while it runs: rank -> its newest step ({step, time, loss, attempt})
+    links: list[dict[str, Any]]  # links to experiment trackers its ranks here printed ({kind, url, rank, time})
     # job_list only:
     name: str | None
     gpus: list[int]
