@@ -698,6 +698,31 @@ def healing_jobs(incident: bool = True) -> RecordedJobs:
 
 
 # ---------------------------------------------------------------------------------------------
+# Links to experiment trackers
+
+WANDB_RUN = "https://wandb.ai/acme/llm-pretrain/runs/3kx9q2vb"
+MLFLOW_RUN = "http://10.213.1.5:5000/#/experiments/7/runs/0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+
+
+def tracker_jobs(extra: int = 0) -> RecordedJobs:
+    """The recorded jobs, the running one's hosts reporting the links its ranks printed (as
+    ``job_status`` has them): a W&B run on rank 0 (h1), an MLflow run on rank 2 (h2), which rank
+    3 printed too; ``extra`` more TensorBoard links on h2."""
+    from tui.control.jobwatch import JobsSnapshot
+
+    jobs = RecordedJobs()
+    track = jobs._tracks[JOB]
+    h1, h2 = track.states["h1"], track.states["h2"]
+    h1["links"] = [{"kind": "wandb", "url": WANDB_RUN, "rank": 0, "time": T0 + 3.0}]
+    h2["links"] = [{"kind": "mlflow", "url": MLFLOW_RUN, "rank": 2, "time": T0 + 4.0},
+                   {"kind": "mlflow", "url": MLFLOW_RUN, "rank": 3, "time": T0 + 4.5}]
+    h2["links"] += [{"kind": "tensorboard", "url": f"http://h2:{6006 + i}/#scalars", "rank": 2, "time": T0 + 5 + i}
+                    for i in range(extra)]
+    jobs._snapshot = JobsSnapshot(tuple(t.row() for t in jobs._tracks.values()), 2)
+    return jobs
+
+
+# ---------------------------------------------------------------------------------------------
 # Sweeps
 
 SWEEP = "sweep-lr-sw3f9c2a"

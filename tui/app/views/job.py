@@ -1,5 +1,6 @@
-"""Job (4): the open job: its head, live signals, loss chart, the panels of its kind (a
-model-parallel job's stages, a worker-pool job's pools, a processing job's inputs) and its ranks."""
+"""Job (4): the open job: its head, live signals, incidents, links to its experiment trackers,
+loss chart, the panels of its kind (a model-parallel job's stages, a worker-pool job's pools, a
+processing job's inputs) and its ranks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
+from textual.content import Content
 from textual.markup import escape
+from textual.style import Style
 from textual.widgets import Static
 
 from tui.app.views.base import JOBS, OPEN_JOB, View, set_text
@@ -22,6 +25,7 @@ from tui.client import describe_cause
 from tui.model.jobtext import incident_text
 from tui.model.jobview import JobDetail
 from tui.model.termsafe import terminal_safe
+from tui.model.trackerlinks import TrackerLink
 
 NO_JOB = "no job open: launch one (l), or pick one in Jobs (3) and press enter"
 
@@ -42,6 +46,10 @@ class OpenJobView(View):
         incidents = Static("", id="job-incidents", classes="head")
         incidents.display = False
         yield incidents
+        # Links to the job's experiment trackers (W&B, MLflow, TensorBoard): shown only when any.
+        links = Static("", id="job-links", classes="head")
+        links.display = False
+        yield links
         with Vertical(id="job-body"):
             yield LossChart(id="loss")
             # A [model_parallel] job's plan and stages, a job made of worker pools: its pools, a
@@ -70,6 +78,7 @@ class OpenJobView(View):
         ranks = self.query_one("#ranks-table", RanksTable)
         self._update_signals(detail)
         self._update_incidents(detail)
+        self._update_links(detail)
         self._update_panel("stages", detail.stages if detail is not None else None,
                            stages_head_markup, stage_rows)
         self._update_panel("pools", detail.pools if detail is not None else None,
@@ -115,6 +124,14 @@ class OpenJobView(View):
         if len(incidents) > 4:
             lines.insert(0, f"[$text-muted]{len(incidents) - 4} earlier: rigdeck status shows every one[/]")
         set_text(box, "\n".join(lines))
+
+    def _update_links(self, detail: JobDetail | None) -> None:
+        box = self.query_one("#job-links", Static)
+        links = detail.links if detail is not None else ()
+        box.display = bool(links)
+        if getattr(box, "_rd_links", None) != links:  # an update costs a layout pass
+            box.update(links_content(links))
+            box._rd_links = links  # type: ignore[attr-defined]
 
     def _update_panel(self, name: str, view: Any, head_markup: Callable[[Any], str],
                       rows: Callable[[Any], Any]) -> None:
@@ -176,6 +193,25 @@ def head_lines(detail: JobDetail, now: float) -> list[str]:
         for tail in (r.cause.get("tail") or [])[-3:]:
             lines.append(f"[$text-muted]  | {escape(terminal_safe(str(tail)))}[/]")
     return lines
+
+
+LINKS_SHOWN = 4  # rigdeck status --json has every one
+
+
+def links_content(links: Sequence[TrackerLink]) -> Content:
+    """One line a link: its tracker, the URL (a hyperlink the terminal opens), the rank and host
+    that printed it. Not markup: a URL is any text, and the agent and the model let through only
+    URLs that carry no control character (tui.model.trackerlinks)."""
+    parts: list[str | Content | tuple[str, str | Style]] = []
+    for i, link in enumerate(links[:LINKS_SHOWN]):
+        who = f"rank {link.rank} on {link.host}" if link.rank is not None else link.host
+        parts += ["\n" if i else "", Content.from_markup("[$text-muted]$kind[/] ", kind=f"{link.kind:<11}"),
+                  (terminal_safe(link.url), Style(underline=True, link=link.url)),
+                  Content.from_markup("  [$text-muted]$who[/]", who=terminal_safe(who))]
+    if len(links) > LINKS_SHOWN:
+        parts.append(Content.from_markup("\n[$text-muted]$n more: rigdeck status --json shows every one[/]",
+                                         n=str(len(links) - LINKS_SHOWN)))
+    return Content.assemble(*parts)
 
 
 def placement_markup(placement: Sequence[Mapping[str, Any]]) -> str:
