@@ -22,6 +22,7 @@ pytestmark = pytest.mark.testbed
 ROOT = Path(__file__).resolve().parent.parent
 TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
 PROBE = ROOT / "tests" / "probe_rank.py"
+TRACKERS = ROOT / "tests" / "jobscripts" / "tracker_links.py"
 
 
 class Cli:
@@ -397,6 +398,31 @@ processes_per_node = 2
     assert all(ln.startswith(("[h1 r0]", "[h1 r1]", "[h2 r2]", "[h2 r3]", "[h3 r4]", "[h3 r5]")) for ln in logs)
     only_r3 = cli.run("logs", job_id, "--rank", "3").stdout.splitlines()
     assert only_r3 and all(ln.startswith("[h2 r3]") for ln in only_r3)
+
+
+def test_tracker_links_the_ranks_print_are_in_status(cli: Cli) -> None:
+    """Rank 0 (h1) prints what W&B prints, coloured, its run twice; rank 1 (h2) what MLflow logs.
+    Both runs are in ``status --json``'s links, once each, with the rank and host that printed
+    them; the project and experiment pages are not runs."""
+    wandb_run = "https://wandb.ai/acme/llm-pretrain/runs/3kx9q2vb"
+    mlflow_run = "http://10.213.1.5:5000/#/experiments/7/runs/0f1e2d3c4b5a69788796a5b4c3d2e1f0"
+    spec = cli.spec("trackers", f"""
+command = ["{{python}}", "{TRACKERS}"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 2
+processes_per_node = 1
+""")
+    view = cli.json("launch", str(spec), "--wait", timeout=240)
+    assert view["state"] == "succeeded", json.dumps(view, indent=1)[:3000]
+    status = cli.json("status", view["job_id"])
+    assert sorted(status["links"], key=lambda link: link["kind"]) == [
+        {"kind": "mlflow", "url": mlflow_run, "rank": 1, "host": "h2"},
+        {"kind": "wandb", "url": wandb_run, "rank": 0, "host": "h1"},
+    ]
+    assert [link["url"] for link in status["hosts"]["h1"]["links"]] == [wandb_run]  # its second line adds nothing
+    text = cli.run("status", view["job_id"]).stdout
+    assert f"link     wandb {wandb_run} (rank 0 on h1)" in text, text
 
 
 @pytest.mark.parametrize(
