@@ -150,6 +150,24 @@ def test_loss_and_step_are_read_from_coloured_output(tmp_path: Path) -> None:
     assert [(r["step"], r["loss"]) for r in _read(jobs, {})] == [(7, 0.25), (8, 0.125)]
 
 
+def test_tracker_links_a_rank_prints_are_in_its_status_once_each(tmp_path: Path) -> None:
+    """The real wrapper: W&B's coloured run line twice (and again by a second attempt), its project
+    line, MLflow's lines from another rank: job_status has each run once, with its rank."""
+    jobs, d = _job(tmp_path)
+    run = "https://wandb.ai/acme/llm/runs/3kx9q2vb"
+    wandb = (r"print('\x1b[34m\x1b[1mwandb\x1b[0m: \u2b50 View project at \x1b[34m\x1b[4mhttps://wandb.ai/acme/llm"
+             r"\x1b[0m'); print('\x1b[34m\x1b[1mwandb\x1b[0m: \U0001f680 View run at \x1b[34m\x1b[4m" + run
+             + r"\x1b[0m', flush=True); print('step 1 loss=0.5'); print('wandb: View run x at: " + run + "')")
+    mlflow = "http://10.0.0.5:5000/#/experiments/7/runs/0f1e2d3c"
+    assert rank(d, wandb).returncode == 0
+    assert rank(d, f"print('\\U0001f3c3 View run y at: {mlflow}'); print('View experiment at: "
+                   f"http://10.0.0.5:5000/#/experiments/7')", rank=1).returncode == 0
+    assert rank(d, wandb).returncode == 0  # the next attempt prints the same run
+    assert [(x["kind"], x["url"], x["rank"]) for x in jobs.status("j1")["links"]] == [
+        ("wandb", run, 0), ("mlflow", mlflow, 1)]
+    assert [r["loss"] for r in _read(jobs, {})] == [0.5, 0.5]  # the loss parser still reads its lines
+
+
 def test_loss_lines_without_a_step_are_numbered_in_order_for_every_reader(tmp_path: Path) -> None:
     jobs, d = _job(tmp_path)
     rank(d, "for e in range(10): print(f'epoch={e} loss={1 / (e + 1):.4f}')\nprint('step 50 loss=0.01')\n"

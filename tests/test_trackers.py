@@ -21,6 +21,7 @@ from tui.model.trackerlinks import TrackerLink, tracker_links
 
 RUN = "https://wandb.ai/acme/llm-pretrain/runs/3kx9q2vb"
 PROJECT = "https://wandb.ai/acme/llm-pretrain"
+SELF_HOSTED = "http://wandb.corp.example:8080/acme/llm/runs/abc123"
 MLFLOW_RUN = "http://10.213.1.5:5000/#/experiments/7/runs/0f1e2d3c4b5a69788796a5b4c3d2e1f0"
 MLFLOW_EXPERIMENT = "http://10.213.1.5:5000/#/experiments/7"
 BLUE, BOLD, UNDERLINE, YELLOW, RESET = "\x1b[34m", "\x1b[1m", "\x1b[4m", "\x1b[33m", "\x1b[0m"
@@ -59,8 +60,7 @@ def plain(line: str) -> str:
     ("wandb: 🚀 View run at " + RUN, [("wandb", RUN)]),
     ("wandb: 🚀 View run gallant-sun-12 at: " + RUN, [("wandb", RUN)]),
     # a self-hosted server: W&B's by the prefix, a run by /runs/
-    ("wandb: 🚀 View run at http://wandb.corp.example:8080/acme/llm/runs/abc123",
-     [("wandb", "http://wandb.corp.example:8080/acme/llm/runs/abc123")]),
+    ("wandb: 🚀 View run at " + SELF_HOSTED, [("wandb", SELF_HOSTED)]),
     ("[rank0]:wandb: 🚀 View run at " + RUN, [("wandb", RUN)]),  # torchrun's --tee prefix
     ("run page: " + RUN + ".", [("wandb", RUN)]),  # a script printing wandb.run.url, then a full stop
     ("wandb: ⭐️ View project at " + PROJECT, []),
@@ -115,12 +115,14 @@ def test_parser_keeps_each_run_once_from_coloured_output(tmp_path: Path) -> None
     Path(path).parent.mkdir()
     p = LinkParser(path, 0)
     feed_lines(p, ["step 1 loss=2.0", *WANDB_START, "step 2 loss=1.9", f"🏃 View run x at: {MLFLOW_RUN}",
-                   WANDB_END, f"🧪 View experiment at: {MLFLOW_EXPERIMENT}"])
+                   WANDB_END, f"🧪 View experiment at: {MLFLOW_EXPERIMENT}",
+                   f"{WANDB} 🚀 View run at {url(SELF_HOSTED)}"])  # W&B's only by its coloured prefix
     recs = [json.loads(ln) for ln in Path(path).read_text().splitlines()]
-    assert [(r["kind"], r["url"], r["rank"]) for r in recs] == [("wandb", RUN, 0), ("mlflow", MLFLOW_RUN, 0)]
+    assert [(r["kind"], r["url"], r["rank"]) for r in recs] == [
+        ("wandb", RUN, 0), ("mlflow", MLFLOW_RUN, 0), ("wandb", SELF_HOSTED, 0)]
     assert all(isinstance(r["time"], float) for r in recs)
     assert [(r["kind"], r["url"]) for r in trackers.read_links(str(tmp_path))] == [
-        ("wandb", RUN), ("mlflow", MLFLOW_RUN)]
+        ("wandb", RUN), ("mlflow", MLFLOW_RUN), ("wandb", SELF_HOSTED)]
 
 
 def test_a_restarted_rank_adds_nothing_it_printed_before_and_a_chatty_one_is_capped(tmp_path: Path) -> None:
