@@ -296,7 +296,12 @@ def run(args: argparse.Namespace, make_client: Callable[[argparse.Namespace], An
     try:
         job_id = client.view(args.job).job_id
         copy = LocalCopy(Path(args.dir).expanduser() if args.dir else rigdeck_home() / "tensorboard" / job_id)
-        copy.root.mkdir(parents=True, exist_ok=True)
+        try:
+            copy.root.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            print(f"rigdeck tensorboard: --dir {copy.root}: expected a directory it can write to ({e.strerror or e})",
+                  file=sys.stderr)
+            return EXIT_USAGE
         if args.once:
             rnd = pull_once(client, job_id, copy)
             Reporter().round(rnd, follow=False)
