@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import threading
 import urllib.parse
 import urllib.request
@@ -106,7 +108,11 @@ OMP_NUM_THREADS = "1"
 
         # Following, with TensorBoard: the next 5 steps arrive while the job runs.
         port = free_port()
-        proc = cli.popen("tensorboard", job, "--dir", str(out), "--port", str(port), "--poll", "0.5")
+        # Started as a shell starts a background job (SIGINT ignored): Ctrl+C still stops it.
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tui.cli", "tensorboard", job, "--dir", str(out), "--port", str(port),
+             "--poll", "0.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli.env, cwd=ROOT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
         said, errors = Lines(proc.stdout), Lines(proc.stderr)
         wait_until(lambda: steps_served(port, runs) == {r: list(range(5)) for r in runs}, 120,
                    "TensorBoard serving both hosts' first 5 steps")

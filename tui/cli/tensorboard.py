@@ -325,14 +325,18 @@ def _follow(client: Any, job_id: str, copy: LocalCopy, command: list[str] | None
         proc = start_tensorboard(command, copy.root, port, args.poll)
         print(f"rigdeck tensorboard: TensorBoard at http://127.0.0.1:{port}/ over {copy.root} "
               "(loopback only); Ctrl+C stops", flush=True)
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    # Ctrl+C and SIGTERM stop it whatever this process inherited: a parent that ignored or
+    # blocked SIGINT (a background job, a test runner's worker) would leave a Ctrl+C unheard.
+    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, list(previous))
     try:
         return _pull_until_ended(client, job_id, copy, proc, args.poll)
     except KeyboardInterrupt:
         print("rigdeck tensorboard: stopped", flush=True)
         return EXIT_OK
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         if proc is not None:
             stop_tensorboard(proc)
 
