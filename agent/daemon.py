@@ -21,7 +21,7 @@ import time
 import zipfile
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type  # noqa: F401
 
-from agent import artifacts, code, facts, protocol
+from agent import artifacts, code, facts, protocol, tensorboard
 from agent.paths import Paths, self_command, spawn_daemon
 from agent.version import agent_version
 
@@ -142,6 +142,8 @@ class Daemon:
                 lambda: artifacts.get(self.paths.state_dir, p.get("sha"), p.get("offset"), p.get("size"))),
             "artifact_pack": self._m_artifact_pack,
             "job_stacks": self._m_job_stacks,
+            "job_tensorboard_files": self._m_job_tensorboard_files,
+            "job_tensorboard_read": self._m_job_tensorboard_read,
             "gpu_health_clear": self._m_gpu_health_clear,
         }  # type: Dict[str, Callable[[_Client, Dict[str, Any]], Any]]
 
@@ -724,6 +726,38 @@ class Daemon:
         job_id = self._str(params, "job_id")
         return await asyncio.get_running_loop().run_in_executor(
             None, lambda: stacks.collect(job_dir, job_id, why, min(float(wait), 10.0)))
+
+    def _tensorboard_job_dir(self, params: Dict[str, Any]) -> str:
+        from agent.jobs import JobError
+
+        job_id = self._str(params, "job_id")
+        try:
+            job_dir = self.jobs.job_dir(job_id)
+        except JobError as e:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, str(e)) from None
+        if not os.path.isdir(job_dir):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "no job %s on this host" % job_id)
+        return job_dir
+
+    async def _tensorboard(self, fn: Callable[[], Any]) -> Any:
+        """A walk or a read of a job's TensorBoard files (agent/tensorboard.py), off the loop."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(None, fn)
+        except tensorboard.TensorboardError as e:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, str(e)) from None
+
+    def _m_job_tensorboard_files(self, client: _Client, params: Dict[str, Any]) -> Any:
+        """The job's TensorBoard directories here and the files TensorBoard reads in them."""
+        job_dir = self._tensorboard_job_dir(params)
+        return self._tensorboard(lambda: tensorboard.files(job_dir))
+
+    def _m_job_tensorboard_read(self, client: _Client, params: Dict[str, Any]) -> Any:
+        """A piece of one of them, from ``offset`` (at most 512 KiB)."""
+        job_dir = self._tensorboard_job_dir(params)
+        offset = self._int(params, "offset", 0)
+        max_bytes = self._int(params, "max_bytes", tensorboard.MAX_READ)
+        return self._tensorboard(lambda: tensorboard.read_in_job(
+            job_dir, params.get("dir"), params.get("path"), offset, max_bytes))
 
     def _m_gpu_health_clear(self, client: _Client, params: Dict[str, Any]) -> Any:
         """Forget the faults remembered for these GPUs (all when ``gpus`` is absent): an operator

@@ -28,7 +28,7 @@ WIRE = {
     "source_launch", "source_stop", "launch", "stop", "view", "list_jobs", "queue", "metrics", "logs", "gc",
     "wait", "sweep", "sweeps", "sweep_detail", "sweep_stop", "sweep_stop_trial", "sweep_wait", "doctor",
     "pipeline", "pipelines", "pipeline_detail", "pipeline_stop", "pipeline_retry", "pipeline_wait",
-    "code_missing", "code_put", "code_manifest", "drains", "drain", "undrain", "exposition",
+    "code_missing", "code_put", "code_manifest", "drains", "drain", "undrain", "exposition", "tensorboard_pull",
 }
 
 # Client methods that are no call of the controller API: the link's own, or work done on the
@@ -115,6 +115,7 @@ SAMPLES: dict[str, Any] = {
     "ref": "j1", "host": "h1", "grace_s": 5.0, "yes": True, "wait": False, "rank": 0, "follow": True,
     "hosts": ["h1"], "checks": ["gpus"], "timeout": 3.0, "number": 2, "step": "train", "queue": False,
     "targets": ["h1:0"], "reason": "fan", "now": True, "who": "ann",
+    "have": [["h1", "/d/tensorboard", "events.out.tfevents.1", "5:7", 10, 20]],
 }
 
 

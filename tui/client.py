@@ -33,7 +33,7 @@ from tui import serveradmin  # noqa: F401  (`rigdeck server ...`: set-up and sta
 from tui.control import api
 from tui.control.controller import HostReport
 from tui.control.doctor import DoctorError
-from tui.control.history import JobRefError
+from tui.control.history import JobRefError, rigdeck_home
 from tui.control.jobs import AmbiguousJobError, JobError
 from tui.control.metricsserver import DEFAULT_LISTEN, MetricsServer
 from tui.control.onboard import Candidate, Onboarding
@@ -73,7 +73,7 @@ __all__ = [
     "InventoryError", "JobError",
     "JobRefError", "JobSpecError", "JobView", "LinkStatus", "PlacementError", "QueueEntry",
     "RemoteClient", "ServerError", "TransportError", "connect", "describe_cause",
-    "hostfile_to_toml", "load_hostfile", "load_inventory", "serve", "serveradmin", "wire_json",
+    "hostfile_to_toml", "load_hostfile", "load_inventory", "rigdeck_home", "serve", "serveradmin", "wire_json",
 ]
 
 
@@ -117,7 +117,8 @@ class ServerError(Exception):
 _ERRORS: dict[str, type[Exception]] = {
     "JobError": JobError, "PlacementError": PlacementError, "JobSpecError": JobSpecError,
     "JobRefError": JobError, "InventoryError": JobError, "SweepError": SweepError,
-    "CodeSyncError": JobError, "PipelineError": PipelineError, "DoctorError": DoctorError,
+    "CodeSyncError": JobError, "TensorboardSyncError": JobError, "PipelineError": PipelineError,
+    "DoctorError": DoctorError,
 }
 
 
@@ -206,6 +207,11 @@ class Client:
 
     def log_chunks(self, ref: str, rank: int | None = None,
                    follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
+        raise NotImplementedError
+
+    def tensorboard_pull(self, ref: str, have: list[list[Any]] | None = None) -> Iterator[dict[str, Any]]:
+        """The new bytes of the job's TensorBoard files (``tui.control.tensorboard``'s items,
+        after a ``{"kind": "job", ...}`` one), against ``have`` (``tui.model.tbsync.have_row``)."""
         raise NotImplementedError
 
     def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
@@ -385,6 +391,9 @@ class InProcessClient(Client):
     def log_chunks(self, ref: str, rank: int | None = None,
                    follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
         return self.service.log_chunks(ref, rank=rank, follow=follow, binary=True)
+
+    def tensorboard_pull(self, ref: str, have: list[list[Any]] | None = None) -> Iterator[dict[str, Any]]:
+        return self.service.tensorboard_pull(ref, have)
 
     def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
         return self.service.collect_garbage(hosts)
@@ -903,6 +912,9 @@ class RemoteClient(Client):
                    follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
         for item in self.stream(api.log_chunks, ref=ref, rank=rank, follow=follow):
             yield item["host"], int(item["rank"]), base64.b64decode(item["b64"]), bool(item["partial"])
+
+    def tensorboard_pull(self, ref: str, have: list[list[Any]] | None = None) -> Iterator[dict[str, Any]]:
+        return self.stream(api.tensorboard_pull, ref=ref, have=have)
 
     def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
         return self.call(api.collect_garbage,

@@ -20,6 +20,7 @@ from tui.cli import onboard as onboard_cli
 from tui.cli import pipeline as pipeline_cli
 from tui.cli import server as server_cli
 from tui.cli import sweep as sweep_cli
+from tui.cli import tensorboard as tensorboard_cli
 from tui.cli import web as web_cli
 from tui.client import (
     HostReport,
@@ -151,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     exec_cli.add_parser(sub, _common)
     web_cli.add_parser(sub, _common)
     exporter_cli.add_parser(sub, _common)
+    tensorboard_cli.add_parser(sub, _common)
     server_cli.add_parsers(sub)
     return parser
 
@@ -629,6 +631,8 @@ def main(argv: Sequence[str] | None = None, open_app: AppOpener | None = None) -
             return web_cli.run(args, _load)
         if args.command == "exporter":
             return exporter_cli.run(args, _client)
+        if args.command == "tensorboard":
+            return tensorboard_cli.run(args, _client)
         if args.command == "serve":
             return _run_serve(args)
         if args.command in ("server", "attach"):

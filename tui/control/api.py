@@ -196,6 +196,13 @@ def log_chunks(ref: str, rank: int | None = None, follow: bool = False) -> dict[
     """The job's log output: items {host, rank, b64, partial}."""
 
 
+@_declare("tensorboard_pull", stream=True)
+def tensorboard_pull(ref: str, have: list[list[Any]] | None = None) -> dict[str, Any]:
+    """The new bytes of the job's TensorBoard files on its hosts, against ``have`` (rows
+    ``[host, dir, path, id, size, mtime_ns]``): a job item, then each host's listing and pieces
+    (``tui.control.tensorboard``)."""
+
+
 @_declare("gc")
 def collect_garbage(hosts: list[str] | None = None) -> dict[str, Any]:
     """Remove what ended jobs left on the hosts."""

@@ -24,6 +24,7 @@ from tui.control.controller import Controller
 from tui.control.healing import Fault, Healer, stack_summary, with_reruns
 from tui.control.history import History, JobRef, JobRefError
 from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
+from tui.control.tensorboard import pull as tensorboard_pull
 from tui.model.health import Goodput, Incident, first_started, goodput
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
@@ -39,6 +40,7 @@ from tui.model.scheduler import (
     capacity_from_state,
 )
 from tui.model.state import ClusterState
+from tui.model.tbsync import parse_have
 from tui.remote.transport import TransportError
 
 log = logging.getLogger(__name__)
@@ -1103,6 +1105,23 @@ class JobManager:
                 yield host, r, line
         for (host, r), line in joiner.flush():
             yield host, r, line
+
+    def tensorboard_pull(self, ref: str, have: Sequence[Sequence[Any]] | None = None) -> Iterator[dict[str, Any]]:
+        """The new bytes of the job's TensorBoard files on every host it ran on, against what the
+        caller holds (``have``: ``[host, dir, path, id, size, mtime_ns]`` rows). First
+        ``{"kind": "job", "job_id", "state", "hosts"}`` (a live job looked at once, as a
+        followed log's is), then what ``tui.control.tensorboard.pull`` yields."""
+        held = parse_have(have)
+        rec = self.record(ref)
+        if rec["state"] not in TERMINAL:
+            try:
+                self.supervise_once(rec)
+            except TransportError as e:
+                log.info("tensorboard %s: %s", rec["job_id"], e)
+            rec = self.record(rec["job_id"])
+        hosts = self.hosts_ever(rec)
+        yield {"kind": "job", "job_id": rec["job_id"], "state": rec["state"], "hosts": hosts}
+        yield from tensorboard_pull(self.ctl, rec["job_id"], hosts, held)
 
     def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
         """Apply the inventory's retention on the hosts: remove the directories of ended jobs

@@ -565,6 +565,9 @@ class ControllerService:
                    binary: bool = False) -> Iterator[tuple[str, int, Any, bool]]:
         return self.manager.log_chunks(ref, rank=rank, follow=follow, binary=binary)
 
+    def tensorboard_pull(self, ref: str, have: list[list[Any]] | None = None) -> Iterator[dict[str, Any]]:
+        yield from self.manager.tensorboard_pull(ref, have)
+
     def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
         return self.manager.collect_garbage(hosts)
 

@@ -414,6 +414,22 @@ class AgentClient:
         ``MetricsPart``): part key (a rank as a string, ``"0/defs"``, ``"R/hypertune"``) -> part."""
         return _metrics(self._call("job_metrics", **_kw(timeout), job_id=job_id, offsets=offsets))
 
+    def job_tensorboard_files(self, *, job_id: str, timeout: float | None = None) -> dict[str, Any]:
+        """The job's TensorBoard directories here (each node's ``AIP_TENSORBOARD_LOG_DIR``) and
+        the files TensorBoard reads in them: ``{dirs: [{dir, files: [[path, size, mtime_ns, id]],
+        truncated}], problems: [text]}`` (see "TensorBoard files on a host" in docs/contracts.md)."""
+        return _dict(self._call("job_tensorboard_files", **_kw(timeout), job_id=job_id))
+
+    def job_tensorboard_read(self, *, job_id: str, dir: str, path: str, offset: int,
+                             max_bytes: int | None = None, timeout: float | None = None) -> dict[str, Any]:
+        """A piece (at most 512 KiB) of the file ``path`` under the job's TensorBoard directory
+        ``dir`` from byte ``offset``: ``{b64, offset, size, mtime_ns, id, eof}``, the file as it
+        is now (an ``offset`` past its end reads nothing)."""
+        params: dict[str, Any] = {"job_id": job_id, "dir": dir, "path": path, "offset": offset}
+        if max_bytes is not None:
+            params["max_bytes"] = max_bytes
+        return _dict(self._call("job_tensorboard_read", **_kw(timeout), **params))
+
     def job_claim(self, *, job_id: str, gpus: Sequence[int], timeout: float | None = None) -> list[int]:
         """Claim ``gpus`` here for a start that follows (all or none; lapses if none comes).
         Returns the GPUs claimed; a GPU held by another job is an ``AgentError``."""
