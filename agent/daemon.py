@@ -802,6 +802,10 @@ class Daemon:
                 if old is not None and (new is None or new["path"] != old["path"]):
                     textfile.remove(old["path"])
                 textfile.save(self.paths.state_dir, new)
+            if new is None:
+                log.info("prometheus textfile: none (was %s)", old["path"] if old else None)
+            else:
+                log.info("prometheus textfile: %s, host %s", new["path"], new["host"])
 
         await loop.run_in_executor(None, switch)
         if new is None:
