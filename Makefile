@@ -113,6 +113,7 @@ bench: sysdeps $(VENV)/.installed-test
 	$(PY) bench/sweep_quality.py
 	$(PY) bench/sync.py --rounds 3
 	$(PY) bench/goodput.py
+	$(PY) bench/exporter.py
 
 testbed-down: $(VENV)/.installed
 	$(PY) -m tests.testbed down
