@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import stat
@@ -25,7 +26,14 @@ import pytest
 from agent import protocol, textfile
 from agent.daemon import Daemon
 from agent.promtext import GPU_FAMILIES, textfile_path_problem
-from tests._require import NODE_EXPORTER, NODE_EXPORTER_MISSING, PROMTOOL_MISSING, require
+from tests._require import (
+    NODE_EXPORTER,
+    NODE_EXPORTER_MISSING,
+    PROMTOOL_MISSING,
+    PY39_MISSING,
+    python39,
+    require,
+)
 from tests.test_daemon import SocketClient
 from tests.test_jobs import TICKER, Cli
 from tests.test_promexport import Read, read
@@ -104,6 +112,18 @@ def test_each_gpu_is_labelled_with_the_host_and_whoever_holds_it() -> None:
 
 def test_a_host_without_gpus_writes_an_empty_file() -> None:
     assert textfile.render({"gpus": []}, "cpu1") == ""
+
+
+def test_the_agent_writes_the_same_file_under_python_3_9(tmp_path: Path) -> None:
+    py39 = python39()
+    require(py39, PY39_MISSING)
+    sample = tmp_path / "sample.json"
+    sample.write_text(json.dumps(a_sample()))
+    target = tmp_path / "rigdeck.prom"
+    code = ("import json, sys\nfrom agent import textfile\n"
+            "textfile.write(sys.argv[2], textfile.render(json.load(open(sys.argv[1])), 'h1'))\n")
+    subprocess.run([str(py39), "-c", code, str(sample), str(target)], check=True, cwd=ROOT)
+    assert target.read_text() == textfile.render(a_sample(), "h1")
 
 
 def test_promtool_accepts_the_textfile() -> None:
