@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 # The CPU build of torch that this machine serves locally; on a GPU workstation
 # set TORCH_SPEC to the build that fits its CUDA.
 TORCH_SPEC ?= torch==2.13.0
-DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync prometheus
+DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync prometheus prometheus-node-exporter
 PYTEST_ARGS ?=
 # The suite runs in this many pytest-xdist workers, a test module to a worker, each worker with a
 # test bed of its own; tests marked `quiet` (they measure speed) run after them, alone. The tests
@@ -54,6 +54,7 @@ sysdeps:
 	command -v chromium >/dev/null || missing="$$missing chromium"; \
 	command -v rsync >/dev/null || missing="$$missing rsync"; \
 	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="$$missing prometheus"; \
+	[ -x /usr/bin/prometheus-node-exporter ] || missing="$$missing prometheus-node-exporter"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$missing"; \
@@ -112,6 +113,7 @@ bench: sysdeps $(VENV)/.installed-test
 	$(PY) bench/sweep_quality.py
 	$(PY) bench/sync.py --rounds 3
 	$(PY) bench/goodput.py
+	$(PY) bench/exporter.py
 
 testbed-down: $(VENV)/.installed
 	$(PY) -m tests.testbed down

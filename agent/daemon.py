@@ -21,7 +21,7 @@ import time
 import zipfile
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type  # noqa: F401
 
-from agent import artifacts, code, facts, protocol, tensorboard
+from agent import artifacts, code, facts, protocol, tensorboard, textfile
 from agent.paths import Paths, self_command, spawn_daemon
 from agent.version import agent_version
 
@@ -85,6 +85,7 @@ class Daemon:
         self._collector_factory = collector_factory
         self._collector = None  # type: Any
         self._collector_lock = threading.Lock()
+        self._sample_lock = threading.Lock()  # one sample at a time: the ticker's, a request's
         self._lock_fd = None  # type: Optional[int]
         self._clients = {}  # type: Dict[int, _Client]
         self._handlers = set()  # type: Set[asyncio.Task]  # one per connection
@@ -100,6 +101,12 @@ class Daemon:
         self._pending_upgrade = None  # type: Optional[str]
         self._last_claims = {}  # type: Dict[int, Dict[str, Any]]
         self._code_pool = None  # type: Any
+        # node_exporter's textfile (agent/textfile.py): {"path", "host"} or None, as the last
+        # controller said (kept in the state dir for the daemons after this one).
+        self._textfile = textfile.load(self.paths.state_dir)  # type: Optional[Dict[str, str]]
+        self._textfile_lock = threading.Lock()
+        self._textfile_at = -1e9  # monotonic time of the last write
+        self._textfile_error = None  # type: Optional[str]
         # Every call that changes jobs (start, claim, stop, the watcher's reaping) runs on this
         # one thread, in the order the requests came: the loop stays free to answer status and
         # telemetry while a restart's claim waits for its earlier attempt (up to 10 s) or a
@@ -145,6 +152,7 @@ class Daemon:
             "job_tensorboard_files": self._m_job_tensorboard_files,
             "job_tensorboard_read": self._m_job_tensorboard_read,
             "gpu_health_clear": self._m_gpu_health_clear,
+            "prometheus_textfile": self._m_prometheus_textfile,
         }  # type: Dict[str, Callable[[_Client, Dict[str, Any]], Any]]
 
     # -- single instance ---------------------------------------------------------------------
@@ -207,8 +215,7 @@ class Daemon:
                 c.close()
             for task in list(self._handlers):
                 task.cancel()
-            if self._handlers:
-                await asyncio.gather(*self._handlers, return_exceptions=True)
+            await asyncio.gather(ticker, watcher, *self._handlers, return_exceptions=True)
             try:
                 os.unlink(self.paths.socket)
             except OSError:
@@ -216,6 +223,18 @@ class Daemon:
             if self._collector is not None:
                 self._collector.close()
             self._jobs_pool.shutdown(wait=False)
+            self._textfile_stop()
+
+    def _textfile_stop(self) -> None:
+        """Stopped for good (no successor takes over): take the textfile away, so node_exporter
+        serves no figures that stopped changing. The setting stays for the next daemon."""
+        with self._textfile_lock:
+            setting, self._textfile = self._textfile, None  # a write still under way does nothing
+        if setting is not None and not self._successor:
+            try:
+                textfile.remove(setting["path"])
+            except OSError:
+                pass
 
     def _listening_socket(self) -> socket.socket:
         """Bind and listen under a private name, then rename onto the public path.
@@ -265,7 +284,9 @@ class Daemon:
 
         loop = asyncio.get_event_loop()
         def collect() -> Dict[str, Any]:
-            sample = self._collector_instance().sample()
+            collector = self._collector_instance()
+            with self._sample_lock:
+                sample = collector.sample()
             data = sample if isinstance(sample, dict) else sample_to_dict(sample)
             self._add_claims(data)  # file locks: on the executor thread, not the event loop
             return data
@@ -287,18 +308,29 @@ class Daemon:
             h = held.get(int(g.get("index", -1)))
             g["claim"] = {"job_id": h.get("job_id"), "user": h.get("user"), "since": h.get("since")} if h else None
 
+    def _ticking(self) -> bool:
+        return self._subscribers() > 0 or self._textfile is not None
+
+    def _tick_interval(self) -> float:
+        if self._subscribers() == 0:  # sampling for the textfile alone
+            return max(self.interval, textfile.IDLE_INTERVAL_S)
+        return self.interval
+
     async def _ticker(self) -> None:
-        """Collect at the current rate while someone listens; publish the latest value only."""
+        """Collect at the current rate while someone listens, and more slowly while only the
+        textfile is written; publish the latest value only. A first subscriber (``_wake``) gets
+        a sample at once."""
         assert self._cond is not None and self._wake is not None
         loop = asyncio.get_event_loop()
         next_tick = loop.time()
         while True:
-            if self._subscribers() == 0:
+            if not self._ticking():
                 # Idle until someone subscribes: no wake-ups while nobody listens.
                 self._wake.clear()
                 await self._wake.wait()
                 next_tick = loop.time()
                 continue
+            self._wake.clear()
             try:
                 data = await self._collect()
             except Exception:  # a broken sensor must not stop the daemon
@@ -309,12 +341,18 @@ class Daemon:
                     self._latest = data
                     self._latest_seq += 1
                     self._cond.notify_all()
-            next_tick += self.interval
+                if self._textfile is not None:
+                    await loop.run_in_executor(None, self._write_textfile, data, False)
+            next_tick += self._tick_interval()
             delay = next_tick - loop.time()
             if delay < 0:  # fell behind: skip, do not burst
                 next_tick = loop.time()
                 delay = 0
-            await asyncio.sleep(delay)
+            try:
+                await asyncio.wait_for(self._wake.wait(), delay)
+                next_tick = loop.time()
+            except asyncio.TimeoutError:
+                pass
 
     async def _stream(self, client: _Client) -> None:
         assert self._cond is not None
@@ -773,6 +811,73 @@ class Daemon:
         for g in (gpus if gpus is not None else [None]):
             cleared.extend(clear(g))
         return {"cleared": sorted(set(cleared))}
+
+    def _m_prometheus_textfile(self, client: _Client, params: Dict[str, Any]) -> Any:
+        """From now on write this host's GPU series to ``path`` for node_exporter, labelled
+        ``host`` (the inventory's name for it); ``path`` None: stop, and take the file away.
+        Answers once a first file is written: ``{"path": the path on this host, "error"}``."""
+        path, host = params.get("path"), params.get("host")
+        if not isinstance(host, str) or not host:
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "'host' must be a non-empty string")
+        if path is not None:
+            try:
+                path = textfile.resolve(path)
+            except textfile.TextfileError as e:
+                raise protocol.ProtocolError(protocol.BAD_PARAMS, str(e)) from None
+        old, new = self._textfile, (None if path is None else {"path": path, "host": host})
+        if old == new and new is not None and self._textfile_error is None:
+            return {"path": path, "error": None}
+        return self._set_textfile(old, new)
+
+    async def _set_textfile(self, old: Optional[Dict[str, str]], new: Optional[Dict[str, str]]) -> Dict[str, Any]:
+        loop = asyncio.get_event_loop()
+
+        def switch() -> None:
+            with self._textfile_lock:
+                self._textfile, self._textfile_error = new, None
+                if old is not None and (new is None or new["path"] != old["path"]):
+                    textfile.remove(old["path"])
+                textfile.save(self.paths.state_dir, new)
+            if new is None:
+                log.info("prometheus textfile: none (was %s)", old["path"] if old else None)
+            else:
+                log.info("prometheus textfile: %s, host %s", new["path"], new["host"])
+
+        await loop.run_in_executor(None, switch)
+        if new is None:
+            return {"path": None, "error": None}
+        assert self._wake is not None  # set by serve()
+        self._wake.set()  # the ticker goes on writing it
+        data = self._latest if self._latest is not None and self._subscribers() > 0 else await self._collect()
+        error = await loop.run_in_executor(None, self._write_textfile, data, True)
+        return {"path": new["path"], "error": error}
+
+    def _write_textfile(self, data: Dict[str, Any], now: bool) -> Optional[str]:
+        """Write the textfile from the sample ``data`` (at most once a second unless ``now``);
+        the error that kept it from being written, or None. A new error is logged once."""
+        with self._textfile_lock:
+            setting = self._textfile
+            if setting is None:
+                return None
+            at = time.monotonic()
+            if not now and at - self._textfile_at < textfile.MIN_INTERVAL_S:
+                return self._textfile_error
+            self._textfile_at = at
+            try:
+                textfile.write(setting["path"], textfile.render(data, setting["host"]))
+                error = None
+            except OSError as e:
+                error = "cannot write %s: %s" % (setting["path"], e.strerror or e)
+            except Exception as e:  # a sample it cannot render must not stop the ticker
+                log.exception("prometheus textfile")
+                error = "cannot write %s: %s: %s" % (setting["path"], type(e).__name__, e)
+            if error != self._textfile_error:
+                if error:
+                    log.warning("prometheus textfile: %s", error)
+                else:
+                    log.info("prometheus textfile: writing %s", setting["path"])
+                self._textfile_error = error
+            return error
 
     def _m_job_gc(self, client: _Client, params: Dict[str, Any]) -> Any:
         age, keep = params.get("max_age_s"), params.get("max_jobs")

@@ -64,3 +64,6 @@ TORCH_MISSING = "torch is not installed (make test installs $(TORCH_SPEC))"
 TMUX_MISSING = "tmux is not installed (Debian: apt-get install tmux; make test does)"
 PROMTOOL_MISSING = "promtool is not installed (Debian: apt-get install prometheus; make test does)"
 PROMETHEUS_MISSING = "prometheus is not installed (Debian: apt-get install prometheus; make test does)"
+NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"  # Debian's path for node_exporter
+NODE_EXPORTER_MISSING = ("prometheus-node-exporter is not installed (Debian: apt-get install "
+                         "prometheus-node-exporter; make test does)")

@@ -44,6 +44,7 @@ GPU = {"index": int, "name": str, "uuid": str, "memory_total_mb": int, "simulate
 INVENTORY_HOST = {
     "name": str, "address": str, "port": int, "user": str, "transport": str, "python": str,
     "state_dir": str, "labels": list, "proxy_jump": (str, NONE), "slots": (int, NONE), "sim_gpus": int,
+    "prometheus_textfile": (str, NONE),
 }
 JOB: dict[str, Any] = {
     "job_id": str, "name": str, "state": str, "restarts": int, "placement": list,

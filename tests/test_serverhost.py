@@ -241,6 +241,7 @@ name = "h2"
 address = "10.0.0.2:2222"
 proxy_jump = "h1"
 sim_gpus = 2
+prometheus_textfile = "~/node-exporter/rigdeck.prom"
 
 [server]
 host = "h1"
@@ -257,8 +258,9 @@ host = "h1"
         assert after.attach_only is True
         assert after.proxy_jump is None  # the restricted key cannot forward: direct
         for f in ("name", "address", "port", "user", "python", "state_dir", "labels", "slots",
-                  "sim_gpus", "env", "connect_timeout", "keepalive"):
+                  "sim_gpus", "env", "connect_timeout", "keepalive", "prometheus_textfile"):
             assert getattr(after, f) == getattr(before, f), f
+    assert [h.prometheus_textfile for h in back.hosts] == [None, "~/node-exporter/rigdeck.prom"]
 
 
 def test_server_inventory_refuses_a_local_host_elsewhere(tmp_path: Path) -> None:

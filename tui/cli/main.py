@@ -240,7 +240,7 @@ def _run_inventory(args: argparse.Namespace) -> int:
                 "name": h.name, "address": h.address, "port": h.port, "user": h.user,
                 "transport": h.transport, "python": h.python, "state_dir": h.state_dir,
                 "labels": list(h.labels), "proxy_jump": h.proxy_jump, "slots": h.slots,
-                "sim_gpus": h.sim_gpus,
+                "sim_gpus": h.sim_gpus, "prometheus_textfile": h.prometheus_textfile,
             }
             for h in inv.hosts
         ]

@@ -204,6 +204,7 @@ class Controller(TypedAgents):
         link = self._greeted(spec, stream, "rigdeck")
         if pyz is not None and (link.remote_hello or {}).get("agent_version") != self.bundle.version:
             link = self._upgraded(spec, t, link, pyz)
+        self.configure_agent(spec, AgentClient.over(link))
         self._links[spec.name] = link
         self._pyz[spec.name] = pyz
         return link
@@ -385,6 +386,24 @@ class Controller(TypedAgents):
         return _parse_json_line(spec.name, res.stdout, "the facts probe")
 
     @staticmethod
+    def configure_agent(spec: HostSpec, agent: AgentClient) -> None:
+        """Tell a host's agent, on each new connection, what the inventory asks it to do on its own
+        (it goes on after the controller leaves): the node_exporter textfile, or none. A refusal
+        or a failed write is logged; the connection is used all the same."""
+        from agent.protocol import UNKNOWN_METHOD
+        from tui.remote.agentlink import AgentError
+
+        try:
+            got = agent.prometheus_textfile(path=spec.prometheus_textfile, host=spec.name,
+                                            timeout=spec.connect_timeout)
+        except AgentError as e:  # a path the host refuses, or an old agent waiting for its upgrade
+            level = logging.INFO if e.code == UNKNOWN_METHOD and not spec.prometheus_textfile else logging.WARNING
+            log.log(level, "%s: prometheus_textfile %r: %s", spec.name, spec.prometheus_textfile, e)
+            return
+        if got.error:
+            log.warning("%s: prometheus_textfile: %s", spec.name, got.error)
+
+    @staticmethod
     def agent_env(spec: HostSpec) -> dict[str, str]:
         env = dict(spec.env)
         if spec.sim_gpus:
@@ -448,6 +467,7 @@ class Controller(TypedAgents):
         try:
             hello = link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck-cli")
             report.agent_pid = hello.get("pid")
+            self.configure_agent(spec, AgentClient.over(link))
             report.sample = AgentClient.over(link).sample(timeout=spec.connect_timeout)
         finally:
             link.close()

@@ -131,6 +131,7 @@ class Monitor:
                     return
                 upgrade = ctl.bundle.version
             self.state.set_agent(spec.name, hello, upgrade_pending=upgrade)
+            ctl.configure_agent(spec, agent)
             agent.subscribe(rate_hz=self.rate_hz, timeout=spec.connect_timeout)
             subscribed_at = time.monotonic()
             backoff.reset()

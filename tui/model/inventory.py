@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from agent.promtext import textfile_path_problem
 from tui.model.fields import (
     ENV_NAME_RE,
     Bad,
@@ -103,6 +104,9 @@ class HostSpec:
     # Only the agent's attach stream is opened on this host: no deploy, no probe commands
     # (what a rigdeck server's key is restricted to).
     attach_only: bool = False
+    # Where the agent writes the host's GPU series for node_exporter's textfile collector (a
+    # path on the host, ~ expanded there; agent/textfile.py), or None.
+    prometheus_textfile: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -339,6 +343,21 @@ def _proxy_jump(v: Any) -> str | None:
     return v.strip()
 
 
+_TEXTFILE_EXPECTED = (
+    'a file path on the host ending in .prom (absolute, or starting with ~), or "" for none'
+)
+
+
+def _textfile(v: Any) -> str:
+    """A node_exporter textfile's path as written (checked by the agent's own rule), "" for none."""
+    if v == "":
+        return ""
+    problem = textfile_path_problem(v)
+    if problem is not None:
+        raise Bad(f'{problem}, or "" for none' if isinstance(v, str) else None)
+    return str(v)
+
+
 # Ranks per host: far above any machine's GPU count, far below what would exhaust the
 # controller or the agent when it starts that many processes.
 MAX_SLOTS = 4096
@@ -356,6 +375,7 @@ _COMMON_FIELDS: dict[str, Check] = {
     "connect_timeout": Check("a number of seconds > 0", number(positive=True)),
     "keepalive": Check("a number of seconds >= 0 (0 = off)", number(positive=False)),
     "attach_only": Check("true or false", boolean),
+    "prometheus_textfile": Check(_TEXTFILE_EXPECTED, _textfile),
 }
 def _retention(v: Any) -> Retention:
     """``[defaults.retention]``: max_age_days (a number > 0) and max_jobs (an integer >= 1)."""

@@ -1,13 +1,15 @@
 """What the controller knows, as Prometheus' text exposition format (version 0.0.4).
 
-Every metric family is declared once below (``FAMILIES``: its name, type, unit, labels and
-meaning; docs/observability.md lists the same); ``cluster_exposition`` fills them from the
-cluster's snapshot (``tui.model.views``), the jobs' views (``tui.model.jobview``) and the queue,
-and ``Exposition`` writes the text: ``# HELP`` and ``# TYPE`` once per family, every series of a
-family with the same label names (an unknown value is ``""``), label values escaped, no series
-twice. Names and units follow Prometheus' conventions as node_exporter and dcgm-exporter use them:
-base units (``_bytes``, ``_celsius``, ``_watts``, ``_hertz``, ``_seconds``, ``_ratio`` for a
-0 to 1 fraction), counters ending in ``_total``.
+Every metric family is declared once: a GPU's in ``agent/promtext.py`` (the agent writes the
+same series into its textfile for node_exporter, ``agent/textfile.py``), the others below;
+``FAMILIES`` lists them all (docs/observability.md lists the same). ``cluster_exposition`` fills
+them from the cluster's snapshot (``tui.model.views``), the jobs' views (``tui.model.jobview``)
+and the queue, and ``Exposition`` (``agent.promtext``'s, over ``FAMILIES``) writes the text:
+``# HELP`` and ``# TYPE`` once per family, every series of a family with the same label names
+(an unknown value is ``""``), label values escaped, no series twice. Names and units follow
+Prometheus' conventions as node_exporter and dcgm-exporter use them: base units (``_bytes``,
+``_celsius``, ``_watts``, ``_hertz``, ``_seconds``, ``_ratio`` for a 0 to 1 fraction), counters
+ending in ``_total``.
 
 A job is labelled ``job_id``, not ``job``: Prometheus gives every scraped series a ``job`` label
 of its own (the scrape job's name) and renames a ``job`` the target sends to ``exported_job``.
@@ -18,56 +20,44 @@ No I/O here: the controller (``tui.control.service``) gathers the inputs, and it
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
-from tui.model.health import HEALTH_STATES
+from agent import promtext
+from agent.promtext import (
+    GPU,
+    GPU_FAMILIES,
+    MIB,
+    TYPES,
+    Family,
+    add_gpu,
+    bool_label,
+    escape_help,
+    escape_label,
+    format_value,
+    gpu_labels,
+    ratio,
+    scaled,
+)
 from tui.model.jobstate import STATES, UNKNOWN
 from tui.model.jobview import JobView
 from tui.model.state import HostStatus
 from tui.model.views import GpuView, HostView
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-MIB = 1024 * 1024  # the agent's ``_mb`` figures are MiB (agent/telemetry.py)
+__all__ = [
+    "CONTENT_TYPE", "FAMILIES", "GPU", "JOB", "MIB", "TYPES", "Exposition", "Family", "cluster_exposition",
+    "escape_help", "escape_label", "family", "format_value", "gpu_owner",
+]
 
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-TYPES = ("gauge", "counter")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # A job's state set: every recorded state, and "unknown" (while hosts of a live job cannot be reached).
 JOB_STATES = (*STATES, UNKNOWN)
-
-
-@dataclass(frozen=True)
-class Family:
-    """One metric family: what ``# HELP`` and ``# TYPE`` say, and its label names (every series
-    of it has exactly these). ``unit``: the base unit, for the docs ("" for a plain number)."""
-
-    name: str
-    type: str
-    unit: str
-    labels: tuple[str, ...]
-    help: str
-
-    def __post_init__(self) -> None:
-        if not _NAME.fullmatch(self.name):
-            raise ValueError(f"{self.name!r}: not a metric name")
-        if self.type not in TYPES:
-            raise ValueError(f"{self.name}: type {self.type!r}, expected one of {', '.join(TYPES)}")
-        if (self.type == "counter") != self.name.endswith("_total"):
-            raise ValueError(f"{self.name}: a counter's name ends in _total, and only a counter's")
-        bad = [n for n in self.labels if not _LABEL.fullmatch(n) or n.startswith("__")]
-        if bad or len(set(self.labels)) != len(self.labels):
-            raise ValueError(f"{self.name}: label names {self.labels!r}")
 
 
 # ---------------------------------------------------------------------------------------------
 # The families
 
 HOST = ("host",)
-GPU = ("host", "gpu", "uuid", "job_id", "rank", "user", "simulated")
 JOB = ("job_id", "name", "user")
 HOST_STATUSES = tuple(s.value for s in HostStatus)
 
@@ -98,22 +88,8 @@ FAMILIES: tuple[Family, ...] = (
            "Bytes sent by the host's network interfaces per second over the last sample interval."),
     Family("rigdeck_jobs_poll_age_seconds", "gauge", "seconds", (),
            "Seconds since the controller's job poller last looked at every live job."),
-    # GPUs
-    Family("rigdeck_gpu_info", "gauge", "", (*GPU, "model"), "1 for every GPU, its model in the labels."),
-    Family("rigdeck_gpu_utilization_ratio", "gauge", "ratio", GPU,
-           "Share of the last sample interval the GPU was running kernels (0 to 1)."),
-    Family("rigdeck_gpu_memory_used_bytes", "gauge", "bytes", GPU, "GPU memory in use."),
-    Family("rigdeck_gpu_memory_total_bytes", "gauge", "bytes", GPU, "GPU memory in all."),
-    Family("rigdeck_gpu_temperature_celsius", "gauge", "celsius", GPU, "GPU temperature."),
-    Family("rigdeck_gpu_power_watts", "gauge", "watts", GPU, "GPU power draw."),
-    Family("rigdeck_gpu_power_limit_watts", "gauge", "watts", GPU, "GPU enforced power limit."),
-    Family("rigdeck_gpu_sm_clock_hertz", "gauge", "hertz", GPU, "GPU SM clock."),
-    Family("rigdeck_gpu_ecc_uncorrected_errors_total", "counter", "errors", GPU,
-           "Uncorrected ECC errors since the driver loaded (NVML's volatile count; absent without ECC)."),
-    Family("rigdeck_gpu_health", "gauge", "", (*GPU, "health"),
-           "The GPU's health as a state set: 1 for its state (ok, warn, unhealthy, drained), 0 for the others."),
-    Family("rigdeck_gpu_health_reason", "gauge", "", (*GPU, "reason"),
-           "1 with why the GPU is not ok (the agent's judgement or the drain), only while it has a reason."),
+    # GPUs: agent/promtext.py
+    *GPU_FAMILIES,
     # Jobs
     Family("rigdeck_job_state", "gauge", "", (*JOB, "state"),
            "The job's state as a state set: 1 for its state, 0 for every other job state."),
@@ -146,75 +122,11 @@ def family(name: str) -> Family:
     return _BY_NAME[name]
 
 
-# ---------------------------------------------------------------------------------------------
-# The text format
-
-
-def escape_label(value: str) -> str:
-    """A label value as the format writes it between quotes: ``\\``, ``"`` and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def escape_help(text: str) -> str:
-    """``# HELP`` text: ``\\`` and newline escaped (quotes stay as they are)."""
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def format_value(v: float) -> str:
-    """A sample value: integers without a point, floats as Python's shortest repr, NaN and the
-    infinities as the format spells them."""
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, int):
-        return str(v)
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
-
-
-class Exposition:
-    """The series of one scrape, family by family, written as text by ``text``."""
+class Exposition(promtext.Exposition):
+    """The series of one scrape of the controller, over ``FAMILIES``, written as text by ``text``."""
 
     def __init__(self) -> None:
-        self._series: dict[str, dict[tuple[str, ...], float]] = {}
-
-    def add(self, name: str, labels: Mapping[str, object], value: float | None) -> None:
-        """One series of the family ``name``; ``labels`` must name exactly its label names (None
-        is ""). A None value adds nothing: an unknown figure is no series, not a zero."""
-        if value is None:
-            return
-        fam = _BY_NAME[name]
-        if set(labels) != set(fam.labels):
-            raise ValueError(f"{name}: labels {sorted(labels)}, expected {sorted(fam.labels)}")
-        key = tuple("" if labels[n] is None else str(labels[n]) for n in fam.labels)
-        series = self._series.setdefault(name, {})
-        if key in series:
-            raise ValueError(f"{name}: the series {dict(zip(fam.labels, key, strict=True))} twice")
-        series[key] = value
-
-    def series(self, name: str) -> dict[tuple[str, ...], float]:
-        """The family's series so far: label values (in its label order) -> value."""
-        return dict(self._series.get(name, {}))
-
-    def text(self) -> str:
-        """The exposition: the families in declaration order, each with its HELP and TYPE, those
-        with no series left out."""
-        out: list[str] = []
-        for fam in FAMILIES:
-            series = self._series.get(fam.name)
-            if not series:
-                continue
-            out.append(f"# HELP {fam.name} {escape_help(fam.help)}")
-            out.append(f"# TYPE {fam.name} {fam.type}")
-            for key, value in series.items():
-                if fam.labels:
-                    pairs = ",".join(f'{n}="{escape_label(v)}"' for n, v in zip(fam.labels, key, strict=True))
-                    out.append(f"{fam.name}{{{pairs}}} {format_value(value)}")
-                else:
-                    out.append(f"{fam.name} {format_value(value)}")
-        return "\n".join(out) + "\n" if out else ""
+        super().__init__(FAMILIES)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,32 +143,11 @@ class Queued(Protocol):
     def queued_at(self) -> float: ...
 
 
-def _bool(v: bool) -> str:
-    return "true" if v else "false"
-
-
-def _scaled(v: float | None, factor: float) -> float | None:
-    return None if v is None else v * factor
-
-
-def _ratio(pct: float | None) -> float | None:
-    """A percentage as a ratio (divided, not multiplied by 0.01: 17.1 reads 0.171, not 0.17100000000000001)."""
-    return None if pct is None else pct / 100
-
-
 def gpu_owner(g: GpuView) -> tuple[str, str, str]:
-    """(job_id, rank, user) of whoever holds the GPU: its first process that is a job's rank,
-    else its claim (a job's, between ranks), else its first process's user (someone outside
-    rigdeck); "" for what is not known."""
-    rank_proc = next((p for p in g.processes if p.job_id), None)
-    if rank_proc is not None:
-        rank = "" if rank_proc.rank is None else str(rank_proc.rank)
-        user = rank_proc.user or (g.claim.user if g.claim else None) or ""
-        return rank_proc.job_id or "", rank, user
-    if g.claim is not None and (g.claim.job_id or g.claim.user):
-        return g.claim.job_id or "", "", g.claim.user or ""
-    foreign = next((p.user for p in g.processes if p.user), None)
-    return "", "", foreign or ""
+    """(job_id, rank, user) of whoever holds the GPU, by ``agent.promtext.gpu_owner``'s rule (the
+    one the hosts' textfiles follow too)."""
+    claim = (g.claim.job_id, g.claim.user) if g.claim is not None else None
+    return promtext.gpu_owner([(p.job_id, p.rank, p.user) for p in g.processes], claim)
 
 
 def _job_users(hosts: Sequence[HostView]) -> dict[str, str]:
@@ -276,15 +167,15 @@ def _add_host(e: Exposition, h: HostView, monotonic: float) -> None:
     if h.sampled_at is not None:
         e.add("rigdeck_host_sample_age_seconds", one, max(0.0, monotonic - h.sampled_at))
     e.add("rigdeck_host_info", {"host": h.name, "hostname": h.hostname, "agent_version": h.agent_version,
-                                "gpu_source": h.gpu_source, "simulated": _bool(h.any_simulated)}, 1)
+                                "gpu_source": h.gpu_source, "simulated": bool_label(h.any_simulated)}, 1)
     s = h.host_sample
     if s is None or not h.up:
         return  # a stale or down host's last figures are not now's
-    e.add("rigdeck_host_cpu_utilization_ratio", one, _ratio(s.cpu_pct))
+    e.add("rigdeck_host_cpu_utilization_ratio", one, ratio(s.cpu_pct))
     for n, name in enumerate(("rigdeck_host_load1", "rigdeck_host_load5", "rigdeck_host_load15")):
         e.add(name, one, s.load[n] if n < len(s.load) else None)
-    e.add("rigdeck_host_memory_used_bytes", one, _scaled(s.mem_used_mb, MIB))
-    e.add("rigdeck_host_memory_total_bytes", one, _scaled(s.mem_total_mb, MIB))
+    e.add("rigdeck_host_memory_used_bytes", one, scaled(s.mem_used_mb, MIB))
+    e.add("rigdeck_host_memory_total_bytes", one, scaled(s.mem_total_mb, MIB))
     e.add("rigdeck_host_disk_read_bytes_per_second", one, s.disk_read_bps)
     e.add("rigdeck_host_disk_written_bytes_per_second", one, s.disk_write_bps)
     e.add("rigdeck_host_network_receive_bytes_per_second", one, s.net_rx_bps)
@@ -292,24 +183,9 @@ def _add_host(e: Exposition, h: HostView, monotonic: float) -> None:
 
 
 def _add_gpu(e: Exposition, g: GpuView) -> None:
-    job, rank, user = gpu_owner(g)
-    labels = {"host": g.host, "gpu": g.index, "uuid": g.uuid, "job_id": job, "rank": rank, "user": user,
-              "simulated": _bool(g.simulated)}
-    e.add("rigdeck_gpu_info", {**labels, "model": g.name}, 1)
-    for state in HEALTH_STATES:
-        e.add("rigdeck_gpu_health", {**labels, "health": state}, 1 if g.health == state else 0)
-    if g.health_reason:
-        e.add("rigdeck_gpu_health_reason", {**labels, "reason": g.health_reason}, 1)
-    if g.stale:
-        return  # its host is stale or down: the figures are the last good ones, not now's
-    e.add("rigdeck_gpu_utilization_ratio", labels, _ratio(g.utilization_pct))
-    e.add("rigdeck_gpu_memory_used_bytes", labels, _scaled(g.memory_used_mb, MIB))
-    e.add("rigdeck_gpu_memory_total_bytes", labels, _scaled(g.memory_total_mb, MIB))
-    e.add("rigdeck_gpu_temperature_celsius", labels, g.temperature_c)
-    e.add("rigdeck_gpu_power_watts", labels, g.power_w)
-    e.add("rigdeck_gpu_power_limit_watts", labels, g.power_limit_w)
-    e.add("rigdeck_gpu_sm_clock_hertz", labels, _scaled(g.sm_clock_mhz, 1_000_000))
-    e.add("rigdeck_gpu_ecc_uncorrected_errors_total", labels, g.ecc_volatile_errors)
+    labels = gpu_labels(g.host, g.index, g.uuid, gpu_owner(g), g.simulated)
+    # A stale or down host's figures are the last good ones, not now's: no measurements.
+    add_gpu(e, labels, g.name, g.health, g.health_reason, None if g.stale else lambda key: getattr(g, key))
 
 
 def _add_job(e: Exposition, v: JobView, user: str) -> None:

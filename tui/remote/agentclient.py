@@ -207,6 +207,19 @@ class JobCheck:
 
 
 @dataclass(frozen=True)
+class TextfileState:
+    """What ``prometheus_textfile`` left the host's agent doing: the file it writes (``~``
+    expanded on the host; None: none), and why its first write failed, when it did."""
+
+    path: str | None
+    error: str | None
+
+    @classmethod
+    def from_wire(cls, d: dict[str, Any]) -> TextfileState:
+        return cls(d.get("path"), d.get("error"))
+
+
+@dataclass(frozen=True)
 class LogChunk:
     """A piece of a rank's log (``job_logs``), read from byte ``offset`` to ``next_offset``.
 
@@ -467,6 +480,15 @@ class AgentClient:
         does; the GPUs that had one."""
         params: dict[str, Any] = {} if gpus is None else {"gpus": list(gpus)}
         return [int(g) for g in _dict(self._call("gpu_health_clear", **_kw(timeout), **params)).get("cleared") or []]
+
+    # -- node_exporter's textfile ------------------------------------------------------------
+
+    def prometheus_textfile(self, *, path: str | None, host: str, timeout: float | None = None) -> TextfileState:
+        """Have the agent write the host's GPU series to ``path`` on the host for node_exporter's
+        textfile collector, labelled ``host`` (the inventory's name), and keep doing so with no
+        controller connected; None stops it and removes the file. Answers after a first write."""
+        return TextfileState.from_wire(_dict(self._call("prometheus_textfile", **_kw(timeout), path=path,
+                                                        host=host)))
 
     # -- the network -------------------------------------------------------------------------
 

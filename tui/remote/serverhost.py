@@ -314,6 +314,8 @@ def server_inventory(
         if h.sim_gpus:
             entry["sim_gpus"] = h.sim_gpus
         entry.update(connect_timeout=h.connect_timeout, keepalive=h.keepalive)
+        if h.prometheus_textfile:
+            entry["prometheus_textfile"] = h.prometheus_textfile
         if h.env:
             entry["env"] = dict(h.env)
         hosts.append(entry)

@@ -212,6 +212,7 @@ class _Resolver:
             connect_timeout=pick("connect_timeout", None, 10.0),
             keepalive=pick("keepalive", None, 15.0),
             attach_only=pick("attach_only", None, False),
+            prometheus_textfile=pick("prometheus_textfile", None, "") or None,
         )
 
     def _address(self, raw: Mapping[str, Any], entry: Mapping[str, Any], options: Mapping[str, Any], alias: str,
