@@ -197,19 +197,20 @@ def test_an_address_in_use_is_reported(tmp_path: Path, monkeypatch: pytest.Monke
     assert f"rigdeck exporter: cannot listen on 127.0.0.1:{port}: Address already in use" in err
 
 
-class Exporter:
-    """A running ``rigdeck exporter`` (its own process group)."""
+class Serving:
+    """A running ``rigdeck ARGS...`` that serves /metrics (its own process group); ``url`` is the
+    word after ``marker`` in its output, once it printed it."""
 
-    def __init__(self, inventory: Path, listen: str, env: dict[str, str], *, sigint_ignored: bool = False) -> None:
+    def __init__(self, args: list[str], env: dict[str, str], marker: str, *, sigint_ignored: bool = False) -> None:
+        self.what, self.marker = f"rigdeck {args[0]}", marker
         self.log = tempfile.TemporaryFile()
 
         def ignore_sigint() -> None:  # as a shell starts a background job
             signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tui.cli", "exporter", "--inventory", str(inventory), "--listen", listen],
-            cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-            preexec_fn=ignore_sigint if sigint_ignored else None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "tui.cli", *args], cwd=ROOT, stdout=self.log,
+                                     stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                                     preexec_fn=ignore_sigint if sigint_ignored else None)
 
     def output(self) -> str:
         self.log.seek(0)
@@ -219,12 +220,12 @@ class Exporter:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             out = self.output()
-            if "rigdeck exporter: serving " in out:
-                return out.split("rigdeck exporter: serving ", 1)[1].split()[0]
+            if self.marker in out:
+                return out.split(self.marker, 1)[1].split()[0]
             if self.proc.poll() is not None:
-                raise AssertionError(f"rigdeck exporter exited {self.proc.returncode}:\n{out}")
+                raise AssertionError(f"{self.what} exited {self.proc.returncode}:\n{out}")
             time.sleep(0.1)
-        raise AssertionError(f"rigdeck exporter did not start in {timeout} s:\n{self.output()}")
+        raise AssertionError(f"{self.what} did not start in {timeout} s:\n{self.output()}")
 
     def stop(self, sig: int = signal.SIGINT, timeout: float = 60.0) -> int:
         """Signal it and wait for its end: the embedded controller closes its hosts first (a
@@ -240,8 +241,16 @@ class Exporter:
                     if ln.startswith(("SigBlk", "SigIgn", "SigPnd", "ShdPnd"))]
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            raise AssertionError(f"rigdeck exporter did not stop {timeout} s after signal {sig} ({sigs}):\n"
+            raise AssertionError(f"{self.what} did not stop {timeout} s after signal {sig} ({sigs}):\n"
                                  f"{self.output()[-12000:]}") from None
+
+
+class Exporter(Serving):
+    """A running ``rigdeck exporter``."""
+
+    def __init__(self, inventory: Path, listen: str, env: dict[str, str], *, sigint_ignored: bool = False) -> None:
+        super().__init__(["exporter", "--inventory", str(inventory), "--listen", listen], env,
+                         "rigdeck exporter: serving ", sigint_ignored=sigint_ignored)
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -286,6 +295,69 @@ def test_rigdeck_exporter_stops_on_sigint_even_when_started_with_it_ignored(tmp_
     assert code == 0 and "rigdeck exporter: stopped" in exporter.output()
 
 
+# -- the server's /metrics ([server] metrics_listen, `rigdeck serve --metrics-listen`) --------
+
+
+@pytest.mark.parametrize("listen,why", [
+    ("9464", ""),
+    (":9464", "no address: write it out, 0.0.0.0 for every interface"),
+    ("127.0.0.1:65536", "the port is '65536', not a number from 0 to 65535"),
+])
+def test_serve_refuses_a_bad_metrics_listen_before_anything(listen: str, why: str, tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    state = tmp_path / "srv"
+    assert main(["serve", "--state-dir", str(state), "--metrics-listen", listen]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"rigdeck serve: --metrics-listen {json.dumps(listen)}: expected ADDR:PORT"), err
+    assert why in err and not state.exists()  # nothing was started, not even its directory
+
+
+def test_serve_with_its_metrics_address_in_use_stops_before_listening(tmp_path: Path) -> None:
+    inv = write_local_inventory(tmp_path)
+    state = tmp_path / "srv"
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run([sys.executable, "-m", "tui.cli", "serve", "--state-dir", str(state), "--inventory",
+                               str(inv), "--metrics-listen", f"127.0.0.1:{port}"], cwd=ROOT, env=_env(tmp_path),
+                              capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done
+    assert f"rigdeck serve: cannot listen on 127.0.0.1:{port} for /metrics: Address already in use" in done.stdout
+    assert not (state / "sock" / "server.sock").exists() and not (state / "server.pid").exists()
+
+
+def test_rigdeck_serve_answers_metrics_from_the_servers_controller(tmp_path: Path) -> None:
+    """`rigdeck serve --metrics-listen` (what `rigdeck server start` runs for [server]
+    metrics_listen): its own controller's exposition on /metrics, a local agent's simulated
+    GPUs in it, until SIGTERM stops the server."""
+    require(shutil.which("promtool"), PROMTOOL_MISSING)
+    inv = write_local_inventory(tmp_path, name="here", sim_gpus=2)
+    server = Serving(["serve", "--state-dir", str(tmp_path / "srv"), "--inventory", str(inv),
+                      "--metrics-listen", "127.0.0.1:0"], _env(tmp_path), ": metrics on ")
+    try:
+        url = server.url(60)
+        assert url.startswith("http://127.0.0.1:") and "/metrics (loopback only)" in server.output()
+        assert "listening on " + str(tmp_path / "srv" / "sock" / "server.sock") in server.output()
+        deadline = time.monotonic() + 60
+        while True:  # the agent is deployed and sends its first samples
+            text = get(url)[2].decode()
+            if read(text).series("rigdeck_gpu_utilization_ratio") or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        r = read(text)
+        gpus = sorted((s["host"], s["gpu"], s["simulated"]) for s in r.series("rigdeck_gpu_utilization_ratio"))
+        assert gpus == [("here", "0", "true"), ("here", "1", "true")], server.output()
+        assert r.value("rigdeck_host_up", host="here") == 1
+        done = promtool_check(text)
+        assert (done.returncode, done.stdout + done.stderr) == (0, "")
+    finally:
+        code = server.stop(signal.SIGTERM)
+    assert code == 0, server.output()
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(url, timeout=5)  # the listener went with the server
+
+
 # -- promtool and Prometheus -------------------------------------------------------------------
 
 
@@ -307,14 +379,14 @@ def test_promtool_accepts_the_exposition(metrics: MetricsServer) -> None:
 
 
 @contextlib.contextmanager
-def prometheus(target: str, tmp: Path) -> Iterator[str]:
-    """A Prometheus server on a free loopback port, scraping ``target`` (host:port) every second as
-    the scrape job ``rigdeck``; yields its URL."""
+def prometheus(tmp: Path, *targets: str) -> Iterator[str]:
+    """A Prometheus server on a free loopback port, scraping ``targets`` (host:port each) every
+    second as the scrape job ``rigdeck``; yields its URL."""
     port = free_port()
     config = tmp / "prometheus.yml"
     config.write_text(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
-        f"scrape_configs:\n  - job_name: rigdeck\n    static_configs:\n      - targets: ['{target}']\n")
+        f"scrape_configs:\n  - job_name: rigdeck\n    static_configs:\n      - targets: {json.dumps(targets)}\n")
     log = (tmp / "prometheus.log").open("w")
     proc = subprocess.Popen(
         [str(shutil.which("prometheus")), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
@@ -331,20 +403,21 @@ def prometheus(target: str, tmp: Path) -> Iterator[str]:
         log.close()
 
 
-def query(prom: str, expr: str, timeout: float = 60.0) -> list[dict[str, Any]]:
-    """The instant query's series, once it has any (Prometheus starts, then scrapes)."""
+def query(prom: str, expr: str, timeout: float = 60.0, count: int = 1) -> list[dict[str, Any]]:
+    """The instant query's series, once it has ``count`` or more (Prometheus starts, then scrapes)."""
     deadline = time.monotonic() + timeout
     url = f"{prom}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
+    result: list[dict[str, Any]] = []
     while True:
         try:
             with urllib.request.urlopen(url, timeout=5) as r:
                 result = json.load(r)["data"]["result"]
-            if result:
+            if len(result) >= count:
                 return list(result)
         except (urllib.error.URLError, ConnectionError):
             pass  # not up yet
         if time.monotonic() > deadline:
-            raise AssertionError(f"no series for {expr} from {prom} in {timeout} s")
+            raise AssertionError(f"{len(result)} series, not {count}, for {expr} from {prom} in {timeout} s")
         time.sleep(0.5)
 
 
@@ -352,7 +425,7 @@ def test_a_real_prometheus_scrapes_the_exporter_and_answers_with_job_and_rank_la
         metrics: MetricsServer, tmp_path: Path) -> None:
     require(shutil.which("prometheus"), PROMETHEUS_MISSING)
     host, port = metrics.address
-    with prometheus(f"{host}:{port}", tmp_path) as prom:
+    with prometheus(tmp_path, f"{host}:{port}") as prom:
         up = query(prom, 'up{job="rigdeck"} == 1')
         assert up[0]["metric"]["instance"] == f"{host}:{port}"
         gpus = query(prom, f'rigdeck_gpu_utilization_ratio{{job_id="{JOB}"}}')

@@ -1262,7 +1262,12 @@ def test_server_table_defaults_and_values(tmp_path: Path) -> None:
         tmp_path,
         TWO_HOSTS + '\n[server]\nhost = "gpu1"\npython = "python3.12"\nstate_dir = "/srv/rd"\n'))
     assert inv.server == ServerSpec(host="gpu1", python="python3.12", state_dir="/srv/rd")
+    assert inv.server.metrics_listen is None  # opt-in: no /metrics unless asked
     hash(inv)
+    for listen in ("127.0.0.1:9464", "[::1]:9100", "0.0.0.0:9464", "head.example:9464"):
+        text = TWO_HOSTS + f'\n[server]\nhost = "head"\nmetrics_listen = "{listen}"\n'
+        inv = load_inventory(inventory(tmp_path, text))
+        assert inv.server == ServerSpec(host="head", metrics_listen=listen)
     # The table may come before the hosts it names.
     inv = load_inventory(inventory(tmp_path, '[server]\nhost = "head"\n' + TWO_HOSTS))
     assert inv.server is not None and inv.server.host == "head"
@@ -1277,7 +1282,18 @@ def test_server_table_defaults_and_values(tmp_path: Path) -> None:
         ("host = 5", "field 'host'", "expected the name of a host in this inventory, got 5 (int)"),
         ('host = "head"\npython = ""', "field 'python'", "a Python interpreter command or path"),
         ('host = "head"\nstate_dir = 3', "field 'state_dir'", "a directory path on the server host"),
-        ('host = "head"\nport = 22', "field 'port'", "one of the known fields host, python, state_dir"),
+        ('host = "head"\nport = 22', "field 'port'",
+         "one of the known fields host, metrics_listen, python, state_dir"),
+        ('host = "head"\nmetrics_listen = 9464', "field 'metrics_listen'",
+         "expected ADDR:PORT on the server host where its /metrics is served, a TCP port from 1 to 65535, "
+         "e.g. 127.0.0.1:9464 or [::1]:9464, got 9464 (int)"),
+        ('host = "head"\nmetrics_listen = ":9464"', "field 'metrics_listen'",
+         "(no address: write it out, 0.0.0.0 for every interface)"),
+        ('host = "head"\nmetrics_listen = "127.0.0.1:0"', "field 'metrics_listen'",
+         '(port 0 would be any free one, which nobody could find), got "127.0.0.1:0"'),
+        ('host = "head"\nmetrics_listen = "::1:9464"', "field 'metrics_listen'", "(an IPv6 address goes in brackets)"),
+        ('host = "head"\nmetrics_listen = "localhost:http"', "field 'metrics_listen'",
+         "(the port is 'http', not a number from 0 to 65535)"),
     ],
 )
 def test_server_table_errors(tmp_path: Path, server: str, field: str, expected: str) -> None:

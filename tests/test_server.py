@@ -1,14 +1,16 @@
 """The controller as a service, on the test bed: `rigdeck server setup` and `start` put it on h1,
 the CLI and the app reach it over one SSH channel, and it manages jobs with no workstation
-process alive: gang restarts, the queue, a restart of the server itself, a lost path to it.
+process alive: gang restarts, the queue, a restart of the server itself, a lost path to it; a
+Prometheus scrapes its /metrics ([server] metrics_listen) and `rigdeck exporter` while a job trains.
 
 Everything is real: sshd on each host, the server's own key (restricted on every host to the
-agent's attach), `rigdeck serve` in a venv on h1, agents, ranks, iptables."""
+agent's attach), `rigdeck serve` in a venv on h1, agents, ranks, iptables, Prometheus."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -18,13 +20,18 @@ from typing import Any
 
 import pytest
 
+from tests._require import PROMETHEUS_MISSING, PROMTOOL_MISSING, require
 from tests.conftest import fish_bed
+from tests.test_exporter import Exporter, get, prometheus, promtool_check, query
 from tests.test_jobs import ROOT, TICKER
+from tests.test_promexport import read
 from tests.test_ui_e2e import tmux_env  # noqa: F401, F811  (a fixture)
 from tests.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 HOOK_PORT = 18089  # the notify test's webhook receiver, on h2
+METRICS_PORT = 19464  # the server's /metrics, on h1's address ([server] metrics_listen)
+TRAIN = ROOT / "tests" / "jobscripts" / "heal_train.py"
 
 
 class Operator:
@@ -113,7 +120,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestBed, 
     with fish_bed(3, sim_gpus=4) as bed:
         tmp = tmp_path_factory.mktemp("served")
         inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0, min_free_mb=1)
-        inv.write_text(inv.read_text() + '\n[server]\nhost = "h1"\n')
+        # /metrics on h1's bed address, so that a Prometheus at the workstation reaches it.
+        inv.write_text(inv.read_text() + f'\n[server]\nhost = "h1"\n'
+                       f'metrics_listen = "{bed.host(1).address}:{METRICS_PORT}"\n')
         alice, bob = Operator(inv, tmp / "alice"), Operator(inv, tmp / "bob")
         # Alice's [notify]: a webhook on h2 (a receiver there only while the notify test runs),
         # carried to the server by setup; the server sends to it from h1.
@@ -124,7 +133,8 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestBed, 
         alice.run("deploy")
         setup = alice.run("server", "setup", timeout=900).stdout
         assert "notify: webhook http://" in setup and "s3cret" not in setup, setup
-        alice.run("server", "start", timeout=120)
+        started = alice.run("server", "start", timeout=120).stdout
+        assert f"metrics on http://{bed.host(1).address}:{METRICS_PORT}/metrics" in started, started
         try:
             yield bed, alice, bob
         finally:
@@ -537,10 +547,17 @@ def test_the_servers_key_runs_only_the_agent_and_no_host_listens_on_tcp(
                            "-o", "UserKnownHostsFile=/root/.rigdeck/server/known_hosts",
                            f"root@{target.address}", "id"], timeout=30, input="")
         assert "uid=" not in res.stdout, res.stdout
+    # The GPU hosts listen on nothing but sshd; the server's host on the /metrics its [server]
+    # table asked for too, held by the server.
+    pid = alice.json("server", "status")["pid"]
     for i, h in enumerate(bed.hosts, start=1):
         listening = bed.exec(i, ["ss", "-ltnp"]).stdout.splitlines()[1:]
         others = [ln for ln in listening if "sshd" not in ln]
-        assert others == [], (h.name, others)
+        if i == 1:
+            (metrics,) = others
+            assert f"{h.address}:{METRICS_PORT} " in metrics and f"pid={pid}," in metrics, metrics
+        else:
+            assert others == [], (h.name, others)
 
 
 def test_the_app_shows_a_lost_server_link_and_reconnects(served: tuple[TestBed, Operator, Operator]) -> None:
@@ -631,3 +648,64 @@ def test_the_app_in_tmux_against_the_server(served: tuple[TestBed, Operator, Ope
         tmux.kill()
         if job_id:
             alice.run("stop", job_id, "--grace", "1", check=False)
+
+
+def test_prometheus_scrapes_the_server_and_the_exporter_while_a_job_trains(
+        served: tuple[TestBed, Operator, Operator], tmp_path: Path) -> None:
+    """Acceptance (issue 34): a real Prometheus scrapes the server's /metrics ([server]
+    metrics_listen) and `rigdeck exporter` (through the server) while a gloo job reports its
+    loss with runtime.report; its HTTP API answers the job's loss and its GPUs with job and rank
+    labels from both, and promtool accepts both expositions."""
+    require(shutil.which("prometheus"), PROMETHEUS_MISSING)
+    require(shutil.which("promtool"), PROMTOOL_MISSING)
+    bed, alice, _ = served
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    # Steps 1 to 3 (loss 1/3), then it holds before its last step until stopped.
+    spec = alice.spec("scraped", f"""
+command = ["{{python}}", "{TRAIN}", "--steps", "4", "--ckpt", "{ckpt}", "--sleep", "0.1", "--first-attempt-holds"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 2
+hosts = ["h2", "h3"]
+gpus_per_node = 1
+[env]
+OMP_NUM_THREADS = "1"
+""")
+    job_id = alice.json("launch", str(spec))["job_id"]
+    server_at = f"{bed.host(1).address}:{METRICS_PORT}"
+    exporter = Exporter(alice.inventory, "127.0.0.1:0", alice.env)
+    try:
+        exporter_url = exporter.url(60)
+        assert "from the server's controller" in exporter.output()
+        exporter_at = exporter_url.removeprefix("http://").removesuffix("/metrics")
+
+        def at_step_3() -> bool:
+            r = read(get(f"http://{server_at}/metrics")[2].decode())
+            steps = [float(v) for (n, ls), v in r.samples.items() if n == "rigdeck_job_step"
+                     and dict(ls)["job_id"] == job_id]
+            return steps == [3.0]
+
+        wait_until(at_step_3, 120, "the server's /metrics has the job at step 3")
+        for url in (f"http://{server_at}/metrics", exporter_url):
+            text = get(url)[2].decode()
+            assert read(text).value("rigdeck_job_loss", job_id=job_id, name="scraped") == pytest.approx(1 / 3)
+            done = promtool_check(text)
+            assert (done.returncode, done.stdout + done.stderr) == (0, ""), url
+        with prometheus(tmp_path, server_at, exporter_at) as prom:
+            loss = query(prom, f'rigdeck_job_loss{{job_id="{job_id}"}}', count=2)
+            assert sorted(s["metric"]["instance"] for s in loss) == sorted([server_at, exporter_at])
+            assert [(s["metric"]["name"], s["metric"]["user"]) for s in loss] == [("scraped", "root")] * 2
+            assert [float(s["value"][1]) for s in loss] == pytest.approx([1 / 3, 1 / 3])
+            gpus = query(prom, f'rigdeck_gpu_utilization_ratio{{job_id="{job_id}"}}', count=4)
+            placed = {(g["metric"]["instance"], g["metric"]["host"], g["metric"]["gpu"], g["metric"]["rank"])
+                      for g in gpus}
+            view = alice.json("status", job_id)
+            ranks = {(r["host"], str(r["gpu"]), str(r["rank"])) for r in view["ranks"]}
+            assert sorted((h, r) for h, _g, r in ranks) == [("h2", "0"), ("h3", "1")], view["ranks"]
+            assert placed == {(at, *rank) for at in (server_at, exporter_at) for rank in ranks}
+            assert {g["metric"]["job"] for g in gpus} == {"rigdeck"} and {g["metric"]["user"] for g in gpus} == {"root"}
+    finally:
+        exporter.stop()
+        alice.run("stop", job_id, "--grace", "1", check=False)
+    assert "rigdeck exporter: stopped" in exporter.output()

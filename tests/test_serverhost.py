@@ -457,6 +457,36 @@ def test_start_logs_stop_through_serverhost_locally(tmp_path: Path) -> None:
     assert was_running and not stopped.running
 
 
+def test_start_passes_the_inventorys_metrics_listen_to_serve(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`rigdeck server start` runs `<venv>/bin/rigdeck serve --state-dir DIR --metrics-listen
+    ADDR:PORT` when the [server] table has metrics_listen (here a stand-in rigdeck that records
+    its argv and listens on the socket), and says where the metrics are."""
+    from tui.cli.main import main
+
+    layout = ServerLayout(str(tmp_path / "srv"))
+    path = tmp_path / "hosts.toml"
+    path.write_text(
+        f'[[hosts]]\nname = "me"\ntransport = "local"\npython = "{sys.executable}"\n\n'
+        f'[server]\nhost = "me"\nstate_dir = "{layout.state_dir}"\nmetrics_listen = "127.0.0.1:19464"\n')
+    stand_in = Path(layout.rigdeck)
+    stand_in.parent.mkdir(parents=True)
+    stand_in.write_text(f"#!{sys.executable}\nimport json, sys\n"
+                        f"open({str(tmp_path / 'argv.json')!r}, 'w').write(json.dumps(sys.argv[1:]))\n"
+                        f"sys.argv[1:] = [{layout.socket!r}]\n" + LISTENER)
+    stand_in.chmod(0o755)
+    assert main(["server", "start", "--inventory", str(path)]) == 0
+    try:
+        out = capsys.readouterr().out
+        assert "server on me: started" in out
+        assert "  metrics on http://127.0.0.1:19464/metrics ([server] metrics_listen)" in out, out
+        assert json.loads((tmp_path / "argv.json").read_text()) == [
+            "serve", "--state-dir", layout.state_dir, "--metrics-listen", "127.0.0.1:19464"]
+    finally:
+        assert main(["server", "stop", "--inventory", str(path)]) == 0
+    assert layout.serve_argv() == [layout.rigdeck, "serve", "--state-dir", layout.state_dir]  # without: none
+
+
 def test_the_helper_fits_on_one_command_line() -> None:
     # One argv word of `sh -c` on the host: Linux takes at most 128 KiB per word.
     assert len(remote_command(["python3", "-c", HELPER_SOURCE, "status", "/x"])) < 100_000

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tui.client import DEFAULT_LISTEN, MetricsServer
-from tui.model.fields import Bad, is_loopback, listen_address, show
+from tui.model.fields import Bad, listen_address, show
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 DEFAULT = f"{DEFAULT_LISTEN[0]}:{DEFAULT_LISTEN[1]}"
@@ -59,10 +59,8 @@ def run(args: argparse.Namespace, make_client: Callable[[argparse.Namespace], An
         with server:
             client.start()
             server.start()
-            where = ("loopback only" if is_loopback(host) else
-                     "WARNING: reachable from the network, no login; the metrics name hosts, jobs and users")
             who = "the embedded controller" if client.kind == "embedded" else "the server's controller"
-            print(f"rigdeck exporter: serving {server.url} ({where}) from {who}; Ctrl+C stops", flush=True)
+            print(f"rigdeck exporter: serving {server.url} ({server.reach}) from {who}; Ctrl+C stops", flush=True)
             _wait_for_stop()
     finally:
         client.close()

@@ -32,6 +32,7 @@ from tui.client import (
     set_passphrase_prompt,
 )
 from tui.model.diagnose import Signal
+from tui.model.fields import Bad, listen_address, show
 from tui.model.inventory import Inventory, InventoryError
 from tui.model.jobtext import code_lines, job_lines
 from tui.model.jobview import JobView
@@ -96,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state-dir", default="~/.rigdeck/server", metavar="DIR")
     p.add_argument("--inventory", "-i", metavar="PATH", default=argparse.SUPPRESS,
                    help="inventory (default: DIR/inventory.toml, written by `rigdeck server setup`)")
+    p.add_argument("--metrics-listen", metavar="ADDR:PORT", default=None,
+                   help="also serve Prometheus' GET /metrics there (`rigdeck server start` passes the "
+                   "inventory's [server] metrics_listen); no login: keep it on loopback unless meant")
 
     p = sub.add_parser("jobs", help="list jobs")
     _common(p)
@@ -595,8 +599,16 @@ def _run_app(args: argparse.Namespace, open_app: AppOpener | None) -> int:
 def _run_serve(args: argparse.Namespace) -> int:
     from tui.client import serve
 
+    metrics = None
+    if args.metrics_listen is not None:
+        try:
+            metrics = listen_address(args.metrics_listen)
+        except Bad as e:
+            print(f"rigdeck serve: --metrics-listen {show(args.metrics_listen)}: expected {e.expected}",
+                  file=sys.stderr)
+            return EXIT_USAGE
     inventory = Path(args.inventory) if getattr(args, "inventory", None) else None
-    return serve(Path(args.state_dir), inventory_path=inventory)
+    return serve(Path(args.state_dir), inventory_path=inventory, metrics_listen=metrics)
 
 
 def main(argv: Sequence[str] | None = None, open_app: AppOpener | None = None) -> int:

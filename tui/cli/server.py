@@ -132,6 +132,8 @@ def _run_server(args: argparse.Namespace, inv: Any) -> int:
         elif st.started:
             print(f"server on {st.host}: started (pid {st.pid}, {st.mode}); "
                   f"listening on {st.socket}")
+            if inv.server.metrics_listen:
+                print(f"  metrics on http://{inv.server.metrics_listen}/metrics ([server] metrics_listen)")
         else:
             print(f"server on {st.host}: already running (pid {st.pid}, since {st.since})")
         return EXIT_OK

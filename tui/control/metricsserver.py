@@ -18,6 +18,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from tui.model.fields import is_loopback
 from tui.model.promexport import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,13 @@ class MetricsServer:
     def url(self) -> str:
         host, port = self.address
         return f"http://{f'[{host}]' if ':' in host else host}:{port}{METRICS_PATH}"
+
+    @property
+    def reach(self) -> str:
+        """Who can reach it, as its start line says: loopback only, or a warning."""
+        if is_loopback(self.address[0]):
+            return "loopback only"
+        return "WARNING: reachable from the network, no login; the metrics name hosts, jobs and users"
 
     def start(self) -> MetricsServer:
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)

@@ -16,7 +16,9 @@ The server's first line (``{"event": "hello", ..., "compress": "zlib"}``) is pla
 after it is one zlib stream, flushed after each message (``Z_SYNC_FLUSH``), so each message can
 be read as soon as it arrives. The client's requests are plain JSON lines.
 
-The socket lives in ``<state_dir>/sock`` (0700) and is itself 0600; there is no TCP listener.
+The socket lives in ``<state_dir>/sock`` (0700) and is itself 0600; there is no TCP listener,
+unless ``--metrics-listen ADDR:PORT`` (the inventory's ``[server] metrics_listen``) asks for
+Prometheus' ``GET /metrics`` there (``tui.control.metricsserver``, the controller's exposition).
 One server per state dir: ``server.lock`` is held (flock) for the server's lifetime, so a second
 ``serve`` refuses and a restarted one re-adopts what the first left: the running jobs (the
 hosts say what runs; the gang rules go on), the queue and the history (SQLite).
@@ -40,6 +42,7 @@ from typing import Any
 
 from tui.control import api
 from tui.control.history import History
+from tui.control.metricsserver import MetricsServer
 from tui.control.service import ControllerService
 from tui.model import wire
 from tui.model.jobspec import JobSpec
@@ -530,9 +533,11 @@ class _Own:
 # The process.
 
 
-def serve(state_dir: Path, *, inventory_path: Path | None = None, telemetry_hz: float = 1.0) -> int:
+def serve(state_dir: Path, *, inventory_path: Path | None = None, telemetry_hz: float = 1.0,
+          metrics_listen: tuple[str, int] | None = None) -> int:
     """Run the server in the foreground until SIGTERM or SIGINT. Exit 3 when another server
-    holds this state dir."""
+    holds this state dir, 1 when ``metrics_listen`` (address, port: ``GET /metrics`` there,
+    the controller's exposition) cannot be bound."""
     from tui.remote.sshconfig import load_inventory
 
     state_dir = Path(os.path.expanduser(str(state_dir)))
@@ -554,22 +559,50 @@ def serve(state_dir: Path, *, inventory_path: Path | None = None, telemetry_hz: 
         inv, history=History(state_dir / "history.sqlite"), telemetry_hz=telemetry_hz, kind="server",
         host=host, owner=f"server:{state_dir}", notify=config.notify,
     )
-    server = Server(service, socket_path(state_dir))
-    server.listen()
-    done = threading.Event()
+    try:
+        metrics = _metrics_server(service, metrics_listen)
+    except OSError:
+        service.close()
+        (state_dir / "server.pid").unlink(missing_ok=True)
+        return 1
+    return _run(service, Server(service, socket_path(state_dir)), metrics, state_dir, len(inv.hosts))
+
+
+def _metrics_server(service: ControllerService, listen: tuple[str, int] | None) -> MetricsServer | None:
+    """``/metrics`` on ``listen``, bound before anything starts (not yet serving); None without
+    one. OSError, said on stdout (the server's log), when the address cannot be bound."""
+    if listen is None:
+        return None
+    shown = f"[{listen[0]}]:{listen[1]}" if ":" in listen[0] else f"{listen[0]}:{listen[1]}"
+    try:
+        return MetricsServer(service.exposition, *listen)
+    except OSError as e:
+        print(f"rigdeck serve: cannot listen on {shown} for /metrics: {e.strerror or e}", flush=True)
+        raise
+
+
+def _run(service: ControllerService, server: Server, metrics: MetricsServer | None, state_dir: Path,
+         hosts: int) -> int:
+    """Listen on the socket (and serve ``/metrics``), start the controller, answer until a
+    signal; then stop serving, close the controller and forget the pid."""
 
     def on_signal(signum: int, frame: Any) -> None:
-        done.set()
         server.stop()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    service.start(telemetry=True, jobs=True)
-    log.info("rigdeck server %d on %s (%d hosts)", os.getpid(), server.sock_path, len(inv.hosts))
-    print(f"rigdeck server {os.getpid()} listening on {server.sock_path}", flush=True)
     try:
+        server.listen()
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        service.start(telemetry=True, jobs=True)
+        log.info("rigdeck server %d on %s (%d hosts)", os.getpid(), server.sock_path, hosts)
+        print(f"rigdeck server {os.getpid()} listening on {server.sock_path}", flush=True)
+        if metrics is not None:
+            metrics.start()
+            print(f"rigdeck server {os.getpid()}: metrics on {metrics.url} ({metrics.reach})", flush=True)
         server.serve_forever()
     finally:
+        if metrics is not None:
+            metrics.close()  # before the controller: a scrape meanwhile would find it closed
         service.close()
         try:
             (state_dir / "server.pid").unlink()

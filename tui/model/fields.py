@@ -175,12 +175,13 @@ LISTEN_EXPECTED = (
 _HOST_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?")
 
 
-def listen_address(v: Any) -> tuple[str, int]:
+def listen_address(v: Any, *, expected: str = LISTEN_EXPECTED, any_port: bool = True) -> tuple[str, int]:
     """``ADDR:PORT`` (an IPv6 address in brackets) as (address, port); the address is always
-    written out: an empty one (``:9464``) would mean every interface, which is never implied."""
+    written out: an empty one (``:9464``) would mean every interface, which is never implied.
+    ``any_port``: port 0 (any free one) is taken; ``expected``: what an error says was expected."""
 
     def bad(why: str = "") -> Bad:
-        return Bad(f"{LISTEN_EXPECTED}" + (f" ({why})" if why else ""))
+        return Bad(f"{expected}" + (f" ({why})" if why else ""))
 
     if not isinstance(v, str):
         raise bad()
@@ -201,6 +202,8 @@ def listen_address(v: Any) -> tuple[str, int]:
         raise bad(f"{host!r} is no address or host name")
     if not port.isascii() or not port.isdigit() or int(port) > 65535:
         raise bad(f"the port is {port!r}, not a number from 0 to 65535")
+    if int(port) == 0 and not any_port:
+        raise bad("port 0 would be any free one, which nobody could find")
     return host, int(port)
 
 

@@ -22,6 +22,7 @@ from tui.model.fields import (
     boolean,
     checked,
     int_range,
+    listen_address,
     nonblank,
     number,
     show,
@@ -75,11 +76,13 @@ class Retention:
 @dataclass(frozen=True)
 class ServerSpec:
     """The ``[server]`` table: the inventory host that runs ``rigdeck serve``, the Python that
-    runs it there (None: that host's own ``python``) and the server's directory on that host."""
+    runs it there (None: that host's own ``python``), the server's directory on that host, and
+    where on that host the server serves Prometheus' ``/metrics`` (``ADDR:PORT``; None: nowhere)."""
 
     host: str
     python: str | None = None
     state_dir: str = "~/.rigdeck/server"
+    metrics_listen: str | None = None
 
 
 @dataclass(frozen=True)
@@ -413,11 +416,24 @@ _HOST_FIELDS: dict[str, Check] = {
 _TOP_LEVEL = ("defaults", "hosts", "server")
 
 
+METRICS_LISTEN_EXPECTED = (
+    "ADDR:PORT on the server host where its /metrics is served, a TCP port from 1 to 65535, "
+    "e.g. 127.0.0.1:9464 or [::1]:9464"
+)
+
+
+def _metrics_listen(v: Any) -> str:
+    """``ADDR:PORT`` with a fixed port: Prometheus scrapes the address written here."""
+    listen_address(v, expected=METRICS_LISTEN_EXPECTED, any_port=False)
+    return str(v).strip()
+
+
 # The [server] table. Checked after the hosts: its host must be one of them.
 _SERVER_FIELDS: dict[str, Check] = {
     "host": Check("the name of a host in this inventory", _name),
     "python": Check("a Python interpreter command or path on the server host (a string)", nonblank),
     "state_dir": Check("a directory path on the server host (a string)", nonblank),
+    "metrics_listen": Check(METRICS_LISTEN_EXPECTED, _metrics_listen),
 }
 
 
@@ -434,7 +450,7 @@ def server_spec(raw: Any, path: Path | None, hosts: Sequence[HostSpec]) -> Serve
         raise InventoryError(path, "[server]", "host", "the name of a host in this inventory "
                              f"({', '.join(names) or 'none'})", entry["host"])
     return ServerSpec(entry["host"], entry.get("python"),
-                      entry.get("state_dir", ServerSpec.state_dir))
+                      entry.get("state_dir", ServerSpec.state_dir), entry.get("metrics_listen"))
 
 
 def _checked(

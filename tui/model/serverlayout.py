@@ -112,9 +112,11 @@ class ServerLayout:
     def log(self) -> str:
         return self._p("server.log")
 
-    def serve_argv(self) -> list[str]:
-        """The command that runs the server, on its host."""
-        return [self.rigdeck, "serve", "--state-dir", self.state_dir]
+    def serve_argv(self, metrics_listen: str | None = None) -> list[str]:
+        """The command that runs the server, on its host; with ``metrics_listen`` (the
+        ``[server]`` table's ``ADDR:PORT``), serving ``/metrics`` there too."""
+        argv = [self.rigdeck, "serve", "--state-dir", self.state_dir]
+        return argv + ["--metrics-listen", metrics_listen] if metrics_listen else argv
 
     def attach_argv(self) -> list[str]:
         """What a client runs over SSH on the server host to reach the server's socket."""

@@ -591,9 +591,10 @@ def start(
     transport: TransportFactory | None = None,
 ) -> ServerStatus:
     """Start the server on its host unless it runs (``started`` says which), and wait until
-    its socket accepts. ``command`` replaces ``<venv>/bin/rigdeck serve --state-dir DIR``."""
+    its socket accepts. ``command`` replaces ``<venv>/bin/rigdeck serve --state-dir DIR
+    [--metrics-listen ADDR:PORT]`` (the latter from the [server] table's ``metrics_listen``)."""
     with _server(inventory, transport) as server:
-        argv = list(command) if command is not None else server.layout.serve_argv()
+        argv = list(command) if command is not None else server.layout.serve_argv(server.spec.metrics_listen)
         out = _helper(server.transport, server.python, "start", server.layout.state_dir,
                       f"{timeout:g}", json.dumps(argv), timeout=timeout + COMMAND_TIMEOUT)
     st = ServerStatus._from(server.spec.host, out)
