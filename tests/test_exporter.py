@@ -41,7 +41,7 @@ from tests.ui_fixtures import (
     served_client,
     stop_servers,
 )
-from tests.webpage import free_port, write_local_inventory
+from tests.webpage import free_port, process_for_the_test, write_local_inventory
 from tui.cli.main import build_parser, main
 from tui.client import InProcessClient, MetricsServer
 from tui.model.promexport import CONTENT_TYPE
@@ -387,20 +387,10 @@ def prometheus(tmp: Path, *targets: str) -> Iterator[str]:
     config.write_text(
         "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
         f"scrape_configs:\n  - job_name: rigdeck\n    static_configs:\n      - targets: {json.dumps(targets)}\n")
-    log = (tmp / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        [str(shutil.which("prometheus")), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-         f"--web.listen-address=127.0.0.1:{port}"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    with process_for_the_test(
+            [str(shutil.which("prometheus")), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{port}"], tmp / "prometheus.log"):
         yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def query(prom: str, expr: str, timeout: float = 60.0, count: int = 1) -> list[dict[str, Any]]:

@@ -39,7 +39,7 @@ from tests.test_jobs import TICKER, Cli
 from tests.test_promexport import Read, read
 from tests.testbed import TestBed
 from tests.ui_fixtures import NOW, gpu_sample, host_sample
-from tests.webpage import free_port
+from tests.webpage import free_port, process_for_the_test
 from tui.model.inventory import InventoryError
 from tui.model.promexport import cluster_exposition
 from tui.model.state import ClusterState
@@ -405,21 +405,11 @@ def node_exporter(directory: Path, tmp: Path) -> Iterator[str]:
     """Debian's node_exporter with only its textfile collector, reading ``directory``, on a free
     loopback port (its own process, not the system service); yields its /metrics URL."""
     port = free_port()
-    log = (tmp / "node-exporter.log").open("w")
-    proc = subprocess.Popen(
-        [NODE_EXPORTER, "--collector.disable-defaults", "--collector.textfile",
-         f"--collector.textfile.directory={directory}", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
+    with process_for_the_test(
+            [NODE_EXPORTER, "--collector.disable-defaults", "--collector.textfile",
+             f"--collector.textfile.directory={directory}", f"--web.listen-address=127.0.0.1:{port}"],
+            tmp / "node-exporter.log"):
         yield f"http://127.0.0.1:{port}/metrics"
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 def scrape(url: str) -> str:

@@ -86,6 +86,23 @@ def free_port() -> int:
     return probe_port("127.0.0.1")
 
 
+@contextlib.contextmanager
+def process_for_the_test(argv: list[str], log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``argv`` in its own session, its output in ``log_path``, for the ``with`` block: then
+    SIGTERM, SIGKILL after 30 s (a loopback server a test starts: Prometheus, node_exporter)."""
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
 def write_local_inventory(dir: Path, name: str = "here", sim_gpus: int = 0) -> Path:
     """A one-host inventory: this machine, reached without SSH, its agent's state under ``dir``."""
     inv = dir / "hosts.toml"
