@@ -14,13 +14,12 @@ out, and said so when it starts.
 from __future__ import annotations
 
 import argparse
-import faulthandler
-import signal
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
+from tui.cli.signals import stop_signals
 from tui.client import DEFAULT_LISTEN, MetricsServer
 from tui.model.fields import Bad, listen_address, show
 
@@ -69,17 +68,8 @@ def run(args: argparse.Namespace, make_client: Callable[[argparse.Namespace], An
 
 
 def _wait_for_stop() -> None:
-    """Until Ctrl+C (SIGINT) or SIGTERM, whatever this process inherited: a parent that ignored
-    or blocked SIGINT (a background job, a test runner's worker) would otherwise leave a Ctrl+C
-    sent to it unheard, as ``rigdeck serve`` handles both itself. Meanwhile SIGUSR1 prints every
-    thread's stack to stderr (a long-running process that seems stuck can be asked where it is)."""
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    """Until Ctrl+C (SIGINT) or SIGTERM, whatever this process inherited (see tui.cli.signals)."""
     stop = threading.Event()
-    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, list(previous))
-    try:
+    with stop_signals(stop.set):
         while not stop.wait(1.0):
             pass
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)

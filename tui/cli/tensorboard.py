@@ -24,7 +24,6 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from tui.cli.signals import interrupt, stop_signals
 from tui.model.jobstate import QUEUED, TERMINAL
 from tui.model.tbsync import Have, TensorboardSyncError, have_row, local_parts
 from tui.model.textformat import size_bytes
@@ -325,24 +325,16 @@ def _follow(client: Any, job_id: str, copy: LocalCopy, command: list[str] | None
         proc = start_tensorboard(command, copy.root, port, args.poll)
         print(f"rigdeck tensorboard: TensorBoard at http://127.0.0.1:{port}/ over {copy.root} "
               "(loopback only); Ctrl+C stops", flush=True)
-    # Ctrl+C and SIGTERM stop it whatever this process inherited: a parent that ignored or
-    # blocked SIGINT (a background job, a test runner's worker) would leave a Ctrl+C unheard.
-    previous = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, list(previous))
+    # Ctrl+C and SIGTERM stop it whatever this process inherited (see tui.cli.signals).
     try:
-        return _pull_until_ended(client, job_id, copy, proc, args.poll)
+        with stop_signals(interrupt):
+            return _pull_until_ended(client, job_id, copy, proc, args.poll)
     except KeyboardInterrupt:
         print("rigdeck tensorboard: stopped", flush=True)
         return EXIT_OK
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         if proc is not None:
             stop_tensorboard(proc)
-
-
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
 
 
 def _pull_until_ended(client: Any, job_id: str, copy: LocalCopy, proc: subprocess.Popen[bytes] | None,
