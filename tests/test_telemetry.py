@@ -811,6 +811,8 @@ def test_host_metrics_from_proc() -> None:
     with Collector(backend="none", use_psutil=False) as c:
         assert not c.uses_psutil
         _check_host(c)
+    with Collector(backend="none") as c:  # the default where there is a /proc: psutil unused
+        assert not c.uses_psutil
 
 
 def test_host_metrics_without_psutil_installed(monkeypatch: pytest.MonkeyPatch) -> None:
