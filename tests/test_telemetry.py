@@ -241,7 +241,7 @@ def test_parse_row_tolerates_units_and_commas_in_names() -> None:
 
 # A stand-in ``nvidia-smi``: logs each start, then prints the rows of its query (the GPU rows,
 # with memory.reserved where asked; the compute-apps rows from a file the test may change) every
-# -lms milliseconds, looping over the recording, as the real one does with -lms.
+# -lms milliseconds (or -l seconds), looping over the recording, as the real one does.
 STAND_IN = '''#!{python}
 import os, sys, time
 args = sys.argv[1:]
@@ -255,7 +255,11 @@ query = next(a for a in args if a.startswith("--query-"))
 if "memory.reserved" in query and mode == "old-driver":
     print('Field "memory.reserved" is not a valid field to query.')
     sys.exit(2)
-period = int(args[args.index("-lms") + 1]) / 1000.0 if "-lms" in args else None
+period = None  # -lms N (milliseconds) or -l N (seconds): loop; neither: one query
+if "-lms" in args:
+    period = int(args[args.index("-lms") + 1]) / 1000.0
+elif "-l" in args:
+    period = float(args[args.index("-l") + 1])
 name = "apps" if query.startswith("--query-compute-apps") else (
     "gpu-reserved" if "memory.reserved" in query else "gpu")
 tick = 0
