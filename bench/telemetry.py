@@ -399,6 +399,9 @@ def bench_agent(seconds: float, idle_seconds: float, sim_gpus: int, work: Path,
         startup_cpu = proc_cpu_ns_s(p.pid) or 0.0
         m0 = machine_cpu()
         cpu0, t0 = proc_cpu_ns_s(p.pid), time.monotonic()
+        # Its children (the nvidia-smi source's two nvidia-smi processes) are its cost too.
+        kids0 = {k: proc_cpu_ns_s(k) for k in children_of(p.pid)}
+        kids_rss = 0.0
         costs: list[float] = []
         lat: list[float] = []
         seqs: list[int] = []
@@ -419,7 +422,9 @@ def bench_agent(seconds: float, idle_seconds: float, sim_gpus: int, work: Path,
             line_bytes.append(len(json.dumps(msg)))
             for k, v in proc_mem_mb(p.pid).items():
                 mem[k] = max(mem.get(k, 0.0), v)
+            kids_rss = max(kids_rss, sum(proc_mem_mb(k).get("rss", 0.0) for k in kids0))
         cpu1, t1 = proc_cpu_ns_s(p.pid), time.monotonic()
+        kids_cpu = sum((proc_cpu_ns_s(k) or c) - c for k, c in kids0.items() if c is not None)
         m1 = machine_cpu()
         assert cpu0 is not None and cpu1 is not None
         # Leave the way a controller would: ask it to shut down, and check that it does.
@@ -454,6 +459,9 @@ def bench_agent(seconds: float, idle_seconds: float, sim_gpus: int, work: Path,
         "gpus": gpu_count,
         "source_tree": str(root),
         "cpu_measured": "schedstat of every thread (ns)",
+        "children": len(kids0),
+        "children_cpu_pct_of_core": 100.0 * kids_cpu / elapsed,
+        "children_rss_mb_max": kids_rss,
         "shutdown_clean": clean_exit,
         "machine_cpu_busy_pct": busy_pct(m0, m1),
         "others_cpu_pct_of_core": others_pct(m0, m1, 100.0 * (cpu1 - cpu0) / elapsed),
@@ -817,6 +825,9 @@ def _agent_row(label: str, a: dict[str, Any]) -> None:
         mem += f" (PSS {fmt(a['pss_mb_max'])}, USS {fmt(a['uss_mb_max'])})"
     print(f"  {label:<21} {a['cpu_pct_of_core']:6.3f} % of a core   {mem}   "
           f"sample cost mean {a['cost_ms_mean']:.2f} ms p95 {a['cost_ms_p95']:.2f} ms")
+    if a.get("children"):
+        print(f"  {'  its children':<21} {a['children_cpu_pct_of_core']:6.3f} % of a core   "
+              f"RSS {a['children_rss_mb_max']:.1f} MB ({a['children']} processes: nvidia-smi)")
     if a.get("idle_cpu_pct_of_core") is not None:
         print(f"  {'  no client':<21} {a['idle_cpu_pct_of_core']:6.3f} % of a core   "
               f"(over {a['idle_seconds']:g} s before anyone subscribed)")
