@@ -65,6 +65,8 @@ def cmd_attach(args: argparse.Namespace) -> int:
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
+    # The daemon speaks over a unix socket only: asyncio would load ssl (libssl) for nothing.
+    sys.modules.setdefault("ssl", None)  # type: ignore[arg-type]
     from agent import daemon
 
     paths = daemon.Paths(args.state_dir)

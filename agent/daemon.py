@@ -21,7 +21,9 @@ import time
 import zipfile
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type  # noqa: F401
 
-from agent import artifacts, code, facts, protocol, tensorboard, textfile
+# code, artifacts and tensorboard serve rare requests: imported by the methods that use them, so
+# an agent that only streams telemetry never holds them (nor hashlib, zipfile and shutil's kin).
+from agent import facts, protocol, textfile
 from agent.paths import Paths, self_command, spawn_daemon
 from agent.version import agent_version
 
@@ -140,13 +142,10 @@ class Daemon:
             "probe_port": lambda c, p: {"port": self._probe_port(p)},
             "exec": self._m_exec,
             "route_source": lambda c, p: {"address": self._route_source(p)},
-            "code_have": lambda c, p: self._code(
-                lambda: code.have(self.paths.state_dir, p.get("tree"), p.get("blobs"))),
-            "code_put": lambda c, p: self._code_in_thread(lambda: code.put(self.paths.state_dir, p.get("blobs"))),
-            "code_commit": lambda c, p: self._code(
-                lambda: code.commit(self.paths.state_dir, p.get("tree"), p.get("files"))),
-            "code_get": lambda c, p: self._code_in_thread(
-                lambda: artifacts.get(self.paths.state_dir, p.get("sha"), p.get("offset"), p.get("size"))),
+            "code_have": self._m_code_have,
+            "code_put": self._m_code_put,
+            "code_commit": self._m_code_commit,
+            "code_get": self._m_code_get,
             "artifact_pack": self._m_artifact_pack,
             "job_stacks": self._m_job_stacks,
             "job_tensorboard_files": self._m_job_tensorboard_files,
@@ -316,6 +315,12 @@ class Daemon:
             return max(self.interval, textfile.IDLE_INTERVAL_S)
         return self.interval
 
+    def _ring(self, rung: List[bool]) -> None:
+        """The ticker's timer: note that it rang, wake the ticker."""
+        rung.append(True)
+        assert self._wake is not None
+        self._wake.set()
+
     async def _ticker(self) -> None:
         """Collect at the current rate while someone listens, and more slowly while only the
         textfile is written; publish the latest value only. A first subscriber (``_wake``) gets
@@ -348,11 +353,13 @@ class Daemon:
             if delay < 0:  # fell behind: skip, do not burst
                 next_tick = loop.time()
                 delay = 0
-            try:
-                await asyncio.wait_for(self._wake.wait(), delay)
+            # A timer that rings the wake event, not wait_for (a task and a timeout per tick).
+            rung = []  # type: List[bool]
+            timer = loop.call_later(delay, self._ring, rung)
+            await self._wake.wait()
+            timer.cancel()
+            if not rung:  # woken by a first subscriber: sample now
                 next_tick = loop.time()
-            except asyncio.TimeoutError:
-                pass
 
     async def _stream(self, client: _Client) -> None:
         assert self._cond is not None
@@ -544,13 +551,26 @@ class Daemon:
         old daemon is the one that knows their bookkeeping best)."""
         return self.jobs.busy()
 
+    def _supervise_jobs(self) -> List[Dict[str, Any]]:
+        """Reap, stop what dead job hosts left, and say which jobs changed (the jobs thread)."""
+        self.jobs.supervise()
+        return self.jobs.changes()
+
     async def _job_watcher(self) -> None:
         """Tell every client about job state changes; hand over to a newer agent once idle."""
         loop = asyncio.get_event_loop()
+        skipped = 0
         while True:
+            # A host with no live job (most of the time) is looked at every 10 s, not each second:
+            # a job can only start through this daemon, which makes it not quiet at once.
+            if self.jobs.quiet() and not self._pending_upgrade and skipped < 9:
+                skipped += 1
+                await asyncio.sleep(1.0)
+                continue
+            skipped = 0
             try:
-                await loop.run_in_executor(self._jobs_pool, self.jobs.supervise)  # reap; stop what dead job hosts left
-                changes = await loop.run_in_executor(self._jobs_pool, self.jobs.changes)
+                # One hop to the jobs thread, not two: most seconds nothing changed.
+                changes = await loop.run_in_executor(self._jobs_pool, self._supervise_jobs)
                 for st in changes:
                     for c in list(self._clients.values()):
                         if c.greeted:
@@ -576,9 +596,32 @@ class Daemon:
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "%r must be an integer >= 0" % key)
         return v
 
+    def _m_code_have(self, client: _Client, p: Dict[str, Any]) -> Any:
+        from agent import code
+
+        return self._code(lambda: code.have(self.paths.state_dir, p.get("tree"), p.get("blobs")))
+
+    def _m_code_put(self, client: _Client, p: Dict[str, Any]) -> Any:
+        from agent import code
+
+        return self._code_in_thread(lambda: code.put(self.paths.state_dir, p.get("blobs")))
+
+    def _m_code_commit(self, client: _Client, p: Dict[str, Any]) -> Any:
+        from agent import code
+
+        return self._code(lambda: code.commit(self.paths.state_dir, p.get("tree"), p.get("files")))
+
+    def _m_code_get(self, client: _Client, p: Dict[str, Any]) -> Any:
+        from agent import artifacts
+
+        return self._code_in_thread(
+            lambda: artifacts.get(self.paths.state_dir, p.get("sha"), p.get("offset"), p.get("size")))
+
     @staticmethod
     def _code(fn: Callable[[], Any]) -> Any:
         """Synced code (agent/code.py): a bad request is the caller's error, not the daemon's."""
+        from agent import code
+
         try:
             return fn()
         except code.CodeError as e:
@@ -597,6 +640,7 @@ class Daemon:
     def _m_artifact_pack(self, client: _Client, params: Dict[str, Any]) -> Any:
         """Pack ``kind`` (output, model, checkpoints) of an ended job here as a tree of the code
         store (agent/artifacts.py); hashing runs in the code thread, off the loop."""
+        from agent import artifacts, code
         from agent.jobhost import TERMINAL
         from agent.jobs import JobError
 
@@ -779,6 +823,8 @@ class Daemon:
 
     async def _tensorboard(self, fn: Callable[[], Any]) -> Any:
         """A walk or a read of a job's TensorBoard files (agent/tensorboard.py), off the loop."""
+        from agent import tensorboard
+
         try:
             return await asyncio.get_running_loop().run_in_executor(None, fn)
         except tensorboard.TensorboardError as e:
@@ -786,11 +832,15 @@ class Daemon:
 
     def _m_job_tensorboard_files(self, client: _Client, params: Dict[str, Any]) -> Any:
         """The job's TensorBoard directories here and the files TensorBoard reads in them."""
+        from agent import tensorboard
+
         job_dir = self._tensorboard_job_dir(params)
         return self._tensorboard(lambda: tensorboard.files(job_dir))
 
     def _m_job_tensorboard_read(self, client: _Client, params: Dict[str, Any]) -> Any:
         """A piece of one of them, from ``offset`` (at most 512 KiB)."""
+        from agent import tensorboard
+
         job_dir = self._tensorboard_job_dir(params)
         offset = self._int(params, "offset", 0)
         max_bytes = self._int(params, "max_bytes", tensorboard.MAX_READ)

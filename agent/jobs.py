@@ -139,6 +139,7 @@ class Jobs:
         self._exit_codes = {}  # type: Dict[int, int]  # job host pid -> its exit status, once reaped
         self._last_states = {}  # type: Dict[str, str]
         self._pending = {}  # type: Dict[str, Tuple[List[int], float]]  # claims made ahead of a start
+        self._live = -1  # jobs not ended at the last supervise (-1: none made yet)
         self._state_cache = {}  # type: Dict[str, Tuple[Tuple[int, int, int], Dict[str, Any]]]
         os.makedirs(self.root, mode=0o700, exist_ok=True)
 
@@ -396,15 +397,24 @@ class Jobs:
         return {"host": st.get("host"), "rank": None, "jobhost_pid": pid,
                 "signal": -code if code is not None and code < 0 else None, "message": msg}
 
+    def quiet(self) -> bool:
+        """Nothing here can change by itself: no job was live at the last ``supervise``, and no
+        job host of this daemon runs or is being started (a start always comes through it)."""
+        return self._live == 0 and not self._children and not self._pending
+
     def supervise(self) -> None:
         """The daemon's watch over job hosts: a job host that died leaves no process behind (its
         ranks are stopped by the job tag), and the job fails with a cause naming it."""
         self.reap()
         self._expire_pending()
         dead = []
+        live = 0
         for job_id, st in self._states(raw=True).items():
-            if st.get("state") not in TERMINAL and st.get("jobhost_pid") and not pid_alive(st["jobhost_pid"]):
-                dead.append((job_id, st))
+            if st.get("state") not in TERMINAL:
+                live += 1
+                if st.get("jobhost_pid") and not pid_alive(st["jobhost_pid"]):
+                    dead.append((job_id, st))
+        self._live = live
         for job_id, st in dead:
             if sweep(job_id, signal.SIGTERM):
                 deadline = time.monotonic() + ORPHAN_GRACE_S

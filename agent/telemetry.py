@@ -1,13 +1,15 @@
 """Live telemetry of one host: its GPUs and its CPU, memory, disks and network, once per tick.
 
-Stdlib only at import time, Python 3.9+. psutil and pynvml (nvidia-ml-py) are used where the host
-has them, imported inside the code that needs them; /proc covers everything psutil would give.
+Stdlib only at import time, Python 3.9+. pynvml (nvidia-ml-py) is used where the host has it,
+imported inside the code that needs it; host metrics come from /proc (psutil only where a host has
+no /proc, or when asked for).
 Every sample is a plain dataclass: nothing in this module knows who reads it.
 
 GPU sources, in the order ``Collector`` tries them:
 - ``nvml``: NVML through pynvml, device handles created once and cached.
-- ``nvidia-smi``: one long-running ``nvidia-smi --query-gpu=... -lms N`` child whose latest row per
-  GPU is kept by a reader thread (never one spawn per tick). It reports no processes.
+- ``nvidia-smi``: two long-running children, ``nvidia-smi --query-gpu=... -lms N`` and
+  ``nvidia-smi --query-compute-apps=... -lms N``, whose latest rows reader threads keep (never one
+  spawn per tick); the processes map to rigdeck job and rank as on the NVML path.
 - ``simulated``: ``RIGDECK_SIM_GPUS=N`` paper GPUs whose load follows the CPU use of the user's
   processes tagged for them (``RIGDECK_SIM_GPU=i``, or ``RIGDECK_JOB_ID`` plus
   ``CUDA_VISIBLE_DEVICES``: its entry at ``LOCAL_RANK``, else its first). Marked ``simulated`` everywhere.
@@ -43,6 +45,10 @@ NVIDIA_SMI_QUERY = (
     "index,name,uuid,utilization.gpu,memory.used,memory.total,temperature.gpu,"
     "power.draw,power.limit,clocks.sm,ecc.errors.uncorrected.volatile.total"
 )
+# Asked after the fields above where the driver knows it (an older nvidia-smi refuses the whole
+# query: the stream then asks without it).
+NVIDIA_SMI_RESERVED = "memory.reserved"
+NVIDIA_SMI_APPS_QUERY = "gpu_uuid,pid,used_memory"
 
 # Environment variables that tie a process to a rigdeck job or a simulated GPU.
 ENV_SIM_GPU = "RIGDECK_SIM_GPU"
@@ -112,6 +118,9 @@ class GpuSample:
     processes: List[GpuProcess] = field(default_factory=list)
     health: str = gpuhealth.OK  # ok | warn | unhealthy, judged on the host (agent/gpuhealth.py)
     health_reason: Optional[str] = None
+    # The driver's own reservation, kept apart from memory_used_mb as nvidia-smi keeps it; None
+    # where the source cannot tell (an old driver or pynvml, simulated GPUs).
+    memory_reserved_mb: Optional[int] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -130,6 +139,7 @@ class GpuSample:
             "processes": [p.to_dict() for p in self.processes],
             "health": self.health,
             "health_reason": self.health_reason,
+            "memory_reserved_mb": self.memory_reserved_mb,
         }
 
     @classmethod
@@ -151,6 +161,7 @@ class GpuSample:
             # an agent older than health checks says nothing: that is "ok", as it always read
             health=str(d.get("health") or gpuhealth.OK),
             health_reason=d.get("health_reason"),
+            memory_reserved_mb=d.get("memory_reserved_mb"),
         )
 
 
@@ -318,17 +329,24 @@ def parse_proc_stat_cpus(text: str) -> List[Tuple[float, float]]:
     return out
 
 
+_MEMINFO_KEYS = frozenset(("MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SwapTotal", "SwapFree"))
+
+
 def parse_meminfo(text: str) -> Tuple[int, int, int, int]:
     """(mem used, mem total, swap used, swap total) in MB; used means total - available."""
     kb = {}  # type: Dict[str, int]
     for line in text.split("\n"):
         key, _, rest = line.partition(":")
+        if key not in _MEMINFO_KEYS:  # some 50 other lines: not even split
+            continue
         parts = rest.split()
         if parts:
             try:
                 kb[key] = int(parts[0])
             except ValueError:
                 continue
+        if key == "SwapFree":  # the last one needed, some 15 lines in: the rest is not read
+            break
     total = kb.get("MemTotal", 0)
     avail = kb.get("MemAvailable")
     if avail is None:  # kernels before 3.14
@@ -413,7 +431,9 @@ class _HostSampler:
     def __init__(self, use_psutil: Optional[bool] = None, proc_root: str = "/proc") -> None:
         self._ps = None  # type: Any
         self._root = proc_root
-        if use_psutil is not False:
+        # /proc where the host has it: a sample costs 146 us there against 354 us through psutil
+        # (which reads /proc/meminfo twice and /proc/vmstat), and psutil is not imported at all.
+        if use_psutil or (use_psutil is None and not os.path.exists(proc_root + "/stat")):
             try:
                 import psutil  # type: ignore
 
@@ -879,6 +899,26 @@ class _SimulatedGpus:
         self._table.close()
 
 
+def _gpu_processes(table: ProcessTable, used: Dict[int, Optional[int]],
+                   all_pids: set) -> List[GpuProcess]:
+    """The processes a GPU source names (pid -> MB used), with their user, job and rank read from
+    their environment; their pids are added to ``all_pids``."""
+    procs = []
+    for pid, mb in sorted(used.items()):
+        all_pids.add(pid)
+        p = table.lookup(pid)
+        procs.append(
+            GpuProcess(
+                pid=pid,
+                user=table.user_name(p.uid) if p is not None else None,
+                used_memory_mb=mb,
+                job_id=p.env.get(ENV_JOB_ID) if p is not None else None,
+                rank=_int_or_none(p.env.get(ENV_RANK)) if p is not None else None,
+            )
+        )
+    return procs
+
+
 def _absent(*args: Any) -> Any:
     """Stands in for an NVML call this pynvml lacks: the field reads as unknown."""
     return None
@@ -897,6 +937,7 @@ class _NvmlGpus:
         self._nvml = nvml
         self._err = nvml.NVMLError
         self._not_supported = getattr(nvml, "NVML_ERROR_NOT_SUPPORTED", 3)
+        self._no_function = getattr(nvml, "NVML_ERROR_FUNCTION_NOT_FOUND", 13)
         self._unsupported = set()  # type: set  # (gpu index, query name): never asked again
         self._table = table if table is not None else ProcessTable()
         self._events = None  # type: Any
@@ -1022,6 +1063,29 @@ class _NvmlGpus:
     def clear_health(self, index: Optional[int] = None) -> List[int]:
         return self._judge.clear(index)
 
+    def _memory(self, i: int, h: Any) -> Tuple[Optional[int], Optional[int], Optional[int]]:
+        """(used, total, reserved) MB as nvidia-smi shows them: NVML's memory info v2, whose used
+        leaves out what the driver reserves (the first version counts it as used: some 480 MB of
+        an idle H100). Where v2 is missing (an old driver or pynvml), the first version, and
+        reserved unknown."""
+        nvml = self._nvml
+        v2 = getattr(nvml, "nvmlMemory_v2", None)
+        if v2 is not None and (i, "memory_v2") not in self._unsupported:
+            try:
+                m = nvml.nvmlDeviceGetMemoryInfo(h, version=v2)
+                return int(m.used // MB), int(m.total // MB), int(m.reserved // MB)
+            except TypeError:  # a pynvml whose call takes no version
+                self._unsupported.add((i, "memory_v2"))
+            except self._err as e:
+                if getattr(e, "value", None) in (self._not_supported, self._no_function):
+                    self._unsupported.add((i, "memory_v2"))
+                elif getattr(e, "value", None) == self._gpu_lost:
+                    self._lost_now.add(i)
+        m = self._q(i, "memory", nvml.nvmlDeviceGetMemoryInfo, h)
+        if m is None:
+            return None, None, None
+        return int(m.used // MB), int(m.total // MB), None
+
     def _processes(self, i: int, h: Any) -> Dict[int, Optional[int]]:
         nvml = self._nvml
         used = {}  # type: Dict[int, Optional[int]]
@@ -1048,7 +1112,6 @@ class _NvmlGpus:
         self._slow_reads(mono)
         for i, h in enumerate(self._handles):
             util = q(i, "util", nvml.nvmlDeviceGetUtilizationRates, h)
-            mem = q(i, "memory", nvml.nvmlDeviceGetMemoryInfo, h)
             temp = q(i, "temp", nvml.nvmlDeviceGetTemperature, h, nvml.NVML_TEMPERATURE_GPU)
             power = q(i, "power", nvml.nvmlDeviceGetPowerUsage, h)
             limit = q(i, "limit", nvml.nvmlDeviceGetEnforcedPowerLimit, h)
@@ -1061,19 +1124,8 @@ class _NvmlGpus:
                 nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                 nvml.NVML_VOLATILE_ECC,
             )
-            procs = []
-            for pid, mb in sorted(self._processes(i, h).items()):
-                all_pids.add(pid)
-                p = table.lookup(pid)
-                procs.append(
-                    GpuProcess(
-                        pid=pid,
-                        user=table.user_name(p.uid) if p is not None else None,
-                        used_memory_mb=mb,
-                        job_id=p.env.get(ENV_JOB_ID) if p is not None else None,
-                        rank=_int_or_none(p.env.get(ENV_RANK)) if p is not None else None,
-                    )
-                )
+            procs = _gpu_processes(table, self._processes(i, h), all_pids)
+            used, total, reserved = self._memory(i, h)
             out.append(
                 GpuSample(
                     index=i,
@@ -1081,14 +1133,15 @@ class _NvmlGpus:
                     uuid=self._uuids[i],
                     simulated=False,
                     utilization_pct=float(util.gpu) if util is not None else None,
-                    memory_used_mb=int(mem.used // MB) if mem is not None else None,
-                    memory_total_mb=int(mem.total // MB) if mem is not None else None,
+                    memory_used_mb=used,
+                    memory_total_mb=total,
                     temperature_c=float(temp) if temp is not None else None,
                     power_w=round(power / 1000.0, 2) if power is not None else None,
                     power_limit_w=round(limit / 1000.0, 2) if limit is not None else None,
                     sm_clock_mhz=int(clock) if clock is not None else None,
                     ecc_volatile_errors=int(ecc) if ecc is not None else None,
                     processes=procs,
+                    memory_reserved_mb=reserved,
                 )
             )
             out[-1].health, out[-1].health_reason = self._health(i, h, ecc, xids.get(i, []))
@@ -1130,20 +1183,22 @@ def _smi_int(text: str) -> Optional[int]:
     return int(v) if v is not None else None
 
 
-def parse_nvidia_smi_row(line: str) -> Optional[GpuSample]:
-    """One line of ``nvidia-smi --query-gpu=NVIDIA_SMI_QUERY --format=csv,noheader,nounits``.
+def parse_nvidia_smi_row(line: str, reserved: bool = False) -> Optional[GpuSample]:
+    """One line of ``nvidia-smi --query-gpu=NVIDIA_SMI_QUERY --format=csv,noheader,nounits``
+    (``reserved``: with ``,NVIDIA_SMI_RESERVED`` after it).
 
     None for anything that is not a GPU row (a header, an error message, a blank line).
     """
     parts = [p.strip() for p in line.strip().split(",")]
-    if len(parts) < 11:
+    extra = 1 if reserved else 0
+    if len(parts) < 11 + extra:
         return None
     try:
         index = int(parts[0])
     except ValueError:
         return None
-    n = len(parts)
-    nums = parts[n - 8 :]
+    n = len(parts) - extra
+    nums = parts[n - 8 : n]
     return GpuSample(
         index=index,
         name=", ".join(parts[1 : n - 9]),  # a name with a comma in it spreads over several parts
@@ -1158,45 +1213,40 @@ def parse_nvidia_smi_row(line: str) -> Optional[GpuSample]:
         sm_clock_mhz=_smi_int(nums[6]),
         ecc_volatile_errors=_smi_int(nums[7]),
         processes=[],
+        memory_reserved_mb=_smi_int(parts[n]) if reserved else None,
     )
 
 
-class _NvidiaSmiStream:
-    """One long-running ``nvidia-smi -lms N`` child; a daemon thread keeps the latest row per GPU.
+def parse_compute_app_row(line: str) -> Optional[Tuple[str, int, Optional[int]]]:
+    """(GPU uuid, pid, MB used) from one line of ``nvidia-smi --query-compute-apps=
+    NVIDIA_SMI_APPS_QUERY --format=csv,noheader,nounits``; None for anything else ('No running
+    processes found', a blank line)."""
+    parts = [p.strip() for p in line.strip().split(",")]
+    if len(parts) != 3 or not parts[0].startswith(("GPU-", "MIG-")):
+        return None
+    try:
+        pid = int(parts[1])
+    except ValueError:
+        return None
+    return parts[0], pid, _smi_int(parts[2])
 
-    Processes are not reported: listing them would take a second query, and this source is
-    the fallback for hosts where NVML cannot be loaded.
-    """
 
-    source = "nvidia-smi"
-    RESTART_MIN_S = 10.0  # a dying child is restarted at most this often
-    STARTUP_WAIT_S = 3.0
+class _SmiChild:
+    """One long-running ``nvidia-smi ... -lms N``; a daemon thread hands each line it prints to
+    ``on_line(child, text)``."""
 
-    def __init__(self, executable: str, interval: float) -> None:
-        self._exe = executable
-        self._interval = _clamp_interval(interval)
-        self._lock = threading.Lock()
-        self._rows = {}  # type: Dict[int, Tuple[float, GpuSample]]
-        self._proc = None  # type: Optional[subprocess.Popen]
+    def __init__(self, argv: Callable[[], List[str]], on_line: Callable[[Any, str], None],
+                 name: str) -> None:
+        self._argv = argv
+        self._on_line = on_line
+        self._name = name
+        self.lock = threading.Lock()
+        self.proc = None  # type: Optional[subprocess.Popen]
+        self.started = float("-inf")
         self._threads = []  # type: List[threading.Thread]
-        self._started = float("-inf")
-        self._got_row = threading.Event()
-        self._closed = False
         self.spawned = 0
-        self._start()
-        self._wait_first_rows()
 
-    def _argv(self) -> List[str]:
-        ms = int(round(self._interval * 1000))
-        return [
-            self._exe,
-            "--query-gpu=" + NVIDIA_SMI_QUERY,
-            "--format=csv,noheader,nounits",
-            "-lms",
-            str(ms),
-        ]
-
-    def _start(self) -> None:
+    def start(self) -> None:
         # Its own process group, so stopping it also stops anything it started.
         proc = subprocess.Popen(
             self._argv(),
@@ -1206,12 +1256,10 @@ class _NvidiaSmiStream:
             start_new_session=True,
         )
         self.spawned += 1
-        with self._lock:
-            self._proc = proc
-            self._started = time.monotonic()
-        t = threading.Thread(
-            target=self._reader, args=(proc,), name="rigdeck-nvidia-smi", daemon=True
-        )
+        with self.lock:
+            self.proc = proc
+            self.started = time.monotonic()
+        t = threading.Thread(target=self._reader, args=(proc,), name=self._name, daemon=True)
         t.start()
         self._threads = [x for x in self._threads if x.is_alive()] + [t]
 
@@ -1220,37 +1268,26 @@ class _NvidiaSmiStream:
         assert stdout is not None
         try:
             for raw in stdout:
-                row = parse_nvidia_smi_row(raw.decode("utf-8", "replace"))
-                if row is None:
-                    continue
-                with self._lock:
-                    if proc is not self._proc:
-                        return  # replaced by a newer child
-                    self._rows[row.index] = (time.monotonic(), row)
-                self._got_row.set()
+                if proc is not self.proc:
+                    return  # replaced by a newer child
+                self._on_line(proc, raw.decode("utf-8", "replace"))
         except (OSError, ValueError):
             return  # a broken pipe: the child is gone either way
         finally:
             stdout.close()  # only this thread touches the pipe: closing it elsewhere would block
 
-    def _wait_first_rows(self) -> None:
-        deadline = time.monotonic() + self.STARTUP_WAIT_S
-        proc = self._proc
-        while not self._got_row.wait(0.02):
-            if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
-                return
-        time.sleep(0.05)  # one query's rows arrive together: let the rest of the first batch in
+    def dead(self) -> bool:
+        proc = self.proc
+        return proc is None or proc.poll() is not None
 
-    @property
-    def produced_rows(self) -> bool:
-        return self._got_row.is_set()
-
-    def _stop(self, proc: Optional[subprocess.Popen]) -> None:
+    def stop(self) -> None:
+        with self.lock:
+            proc, self.proc = self.proc, None
         if proc is None:
             return
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
-                os.killpg(proc.pid, sig)  # the group we made for it in _start
+                os.killpg(proc.pid, sig)  # the group we made for it in start
             except (ProcessLookupError, PermissionError):
                 pass
             try:
@@ -1259,47 +1296,152 @@ class _NvidiaSmiStream:
             except subprocess.TimeoutExpired:
                 continue
 
-    def _restart(self) -> None:
+    def join(self) -> None:
+        for t in self._threads:
+            t.join(timeout=2.0)
+
+
+class _NvidiaSmiStream:
+    """Two long-running nvidia-smi children: the GPU rows (``--query-gpu``) and the processes on
+    them (``--query-compute-apps``), each read by a daemon thread that keeps the latest rows.
+
+    A tick's process rows come out together; a row arriving more than half an interval after the
+    one before starts the next tick's list. No process row for 1.5 intervals (+0.5 s) means no
+    processes: nvidia-smi prints nothing for a GPU nobody uses.
+    """
+
+    source = "nvidia-smi"
+    RESTART_MIN_S = 10.0  # a dying child is restarted at most this often
+    STARTUP_WAIT_S = 3.0
+
+    def __init__(self, executable: str, interval: float,
+                 table: Optional[ProcessTable] = None) -> None:
+        self._exe = executable
+        self._interval = _clamp_interval(interval)
+        self._lock = threading.Lock()
+        self._rows = {}  # type: Dict[int, Tuple[float, GpuSample]]
+        self._apps = []  # type: List[Tuple[str, int, Optional[int]]]
+        self._apps_at = float("-inf")  # when the last process row came
+        self._reserved = True  # ask memory.reserved until this nvidia-smi refuses it
+        self._got_row = threading.Event()
+        self._closed = False
+        self._table = table if table is not None else ProcessTable()
+        self._gpu = _SmiChild(self._gpu_argv, self._on_gpu_line, "rigdeck-nvidia-smi")
+        self._procs = _SmiChild(self._apps_argv, self._on_app_line, "rigdeck-nvidia-smi-apps")
+        self._gpu.start()
+        self._wait_first_rows()
+        if not self._got_row.is_set() and self._gpu.dead():
+            self._reserved = False  # a driver without memory.reserved: the plain query
+            self._gpu.stop()
+            self._gpu.start()
+            self._wait_first_rows()
+        self._procs.start()
+
+    @property
+    def spawned(self) -> int:
+        return self._gpu.spawned + self._procs.spawned
+
+    @property
+    def _proc(self) -> Optional[subprocess.Popen]:
+        return self._gpu.proc
+
+    def _loop_args(self) -> List[str]:
+        return ["--format=csv,noheader,nounits", "-lms", str(int(round(self._interval * 1000)))]
+
+    def _gpu_argv(self) -> List[str]:
+        query = NVIDIA_SMI_QUERY + ("," + NVIDIA_SMI_RESERVED if self._reserved else "")
+        return [self._exe, "--query-gpu=" + query] + self._loop_args()
+
+    def _apps_argv(self) -> List[str]:
+        return [self._exe, "--query-compute-apps=" + NVIDIA_SMI_APPS_QUERY] + self._loop_args()
+
+    def _on_gpu_line(self, proc: Any, text: str) -> None:
+        row = parse_nvidia_smi_row(text, self._reserved)
+        if row is None:
+            return
         with self._lock:
-            old = self._proc
-            self._proc = None
-        self._stop(old)
-        if not self._closed:
-            self._start()
+            self._rows[row.index] = (time.monotonic(), row)
+        self._got_row.set()
+
+    def _on_app_line(self, proc: Any, text: str) -> None:
+        row = parse_compute_app_row(text)
+        if row is None:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if now - self._apps_at > 0.5 * self._interval:
+                self._apps = []  # a new tick: a new list, never the one a sample holds
+            self._apps.append(row)
+            self._apps_at = now
+
+    def _wait_first_rows(self) -> None:
+        deadline = time.monotonic() + self.STARTUP_WAIT_S
+        while not self._got_row.wait(0.02):
+            if time.monotonic() > deadline or self._gpu.dead():
+                return
+        time.sleep(0.05)  # one query's rows arrive together: let the rest of the first batch in
+
+    @property
+    def produced_rows(self) -> bool:
+        return self._got_row.is_set()
 
     def _stale_after(self) -> float:
         return max(5.0 * self._interval, 10.0)
 
+    def _check(self, child: _SmiChild, newest: float, mono: float) -> None:
+        """Restart a child that died or went quiet (at most every RESTART_MIN_S)."""
+        if self._closed or mono - child.started < self.RESTART_MIN_S:
+            return
+        if child.dead() or mono - max(newest, child.started) > self._stale_after():
+            child.stop()
+            if not self._closed:
+                child.start()
+
+    def _processes_now(self, mono: float) -> Dict[str, Dict[int, Optional[int]]]:
+        with self._lock:
+            apps, at = self._apps, self._apps_at
+        by_uuid = {}  # type: Dict[str, Dict[int, Optional[int]]]
+        if mono - at <= 1.5 * self._interval + 0.5:
+            for uuid, pid, mb in apps:
+                by_uuid.setdefault(uuid, {})[pid] = mb
+        return by_uuid
+
     def sample(self, mono: float) -> List[GpuSample]:
         with self._lock:
-            proc = self._proc
-            started = self._started
             rows = list(self._rows.items())
+        newest = max((t for _, (t, _) in rows), default=float("-inf"))
+        self._check(self._gpu, newest, mono)
+        if self._procs.dead():  # a quiet apps child is normal (no processes): only a dead one
+            self._check(self._procs, mono, mono)
         stale = self._stale_after()
-        newest = max((t for _, (t, _) in rows), default=started)
-        dead = proc is None or proc.poll() is not None
-        hung = not dead and mono - max(newest, started) > stale
-        if (dead or hung) and not self._closed and mono - started >= self.RESTART_MIN_S:
-            self._restart()
-        # Copies: the reader keeps these objects, the caller may change what it gets.
-        return [replace(r, processes=[]) for _, (t, r) in sorted(rows) if mono - t <= stale]
+        by_uuid = self._processes_now(mono)
+        all_pids = set()  # type: set
+        out = []
+        for _, (t, r) in sorted(rows):
+            if mono - t <= stale:
+                # Copies: the reader keeps these objects, the caller may change what it gets.
+                procs = _gpu_processes(self._table, by_uuid.get(r.uuid, {}), all_pids)
+                out.append(replace(r, processes=procs))
+        self._table.retain(all_pids)
+        return out
 
     def set_interval(self, seconds: float) -> None:
         seconds = _clamp_interval(seconds)
         if seconds == self._interval:
             return
         self._interval = seconds
-        if not self._closed:
-            self._restart()
+        for child in (self._gpu, self._procs):
+            child.stop()
+            if not self._closed:
+                child.start()
 
     def close(self) -> None:
         self._closed = True
-        with self._lock:
-            proc = self._proc
-            self._proc = None
-        self._stop(proc)
-        for t in self._threads:
-            t.join(timeout=2.0)
+        for child in (self._gpu, self._procs):
+            child.stop()
+        for child in (self._gpu, self._procs):
+            child.join()
+        self._table.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1323,7 +1465,8 @@ class Collector:
         """``backend`` forces one GPU source ('nvml', 'nvidia-smi', 'simulated', 'none') and raises
         TelemetryError where it cannot start; None tries NVML, nvidia-smi, then simulated GPUs
         (if ``sim_gpus`` > 0), then none. ``nvml_module`` replaces pynvml; ``use_psutil``
-        False forces /proc, True requires psutil, None uses it when importable. ``faults_path``: the
+        False forces /proc, True requires psutil, None reads /proc where there is one (cheaper)
+        and psutil, when importable, where there is none. ``faults_path``: the
         simulated GPUs' faults file (agent/gpuhealth.py)."""
         if backend is not None and backend not in BACKENDS:
             raise ValueError("backend must be one of %s or None, not %r" % (BACKENDS, backend))

@@ -20,8 +20,6 @@ import json
 import os
 from typing import Any, Dict, Optional
 
-from agent.promtext import host_gpus, textfile_path_problem
-
 SETTING_FILE = "prometheus-textfile.json"
 MODE = 0o644  # node_exporter runs as a user of its own: it must be able to read the file
 # How often the file is written while no controller subscribes to telemetry (the daemon samples
@@ -37,6 +35,8 @@ class TextfileError(ValueError):
 def resolve(path: str) -> str:
     """``path`` checked (``agent.promtext.textfile_path_problem``) with ``~`` expanded for this
     host's user; TextfileError saying what was expected."""
+    from agent.promtext import textfile_path_problem  # only where a textfile is asked for
+
     problem = textfile_path_problem(path)
     if problem is not None:
         raise TextfileError("prometheus_textfile %r: expected %s" % (path, problem))
@@ -48,6 +48,8 @@ def resolve(path: str) -> str:
 
 def render(sample: Dict[str, Any], host: str) -> str:
     """The file's text: the GPU series of ``sample``, labelled ``host`` (the inventory's name)."""
+    from agent.promtext import host_gpus  # only where a textfile is asked for
+
     return host_gpus(sample, host).text()
 
 

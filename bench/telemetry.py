@@ -1,18 +1,26 @@
 """Telemetry cost: one agent daemon vs. spawning a sampler per tick; controller ingest at N hosts.
 
 (a) Agent overhead. A real daemon (``python -m agent daemon`` from this source tree) streams 1 Hz
-    telemetry to one unix-socket client for D seconds; its CPU (utime+stime from /proc) and
-    memory (RSS, PSS, USS) are measured once it is warm; before that, its CPU with no client at
-    all (the state it spends most of its life in). This machine has no NVIDIA GPU (no NVML):
-    the agent is measured on 8 *simulated* GPUs, so its figure leaves out what NVML calls cost.
-    Two baselines, each a loop that starts a new process per 1 Hz tick and reads its one JSON
-    line; their CPU is the loop's own plus every child's (``os.wait4`` rusage), over the same D:
+    telemetry to one unix-socket client for D seconds; its CPU (the nanoseconds on CPU of all its
+    threads, /proc/<pid>/task/*/schedstat; utime+stime's 10 ms ticks are too coarse for a
+    daemon that uses a few ms a second) and memory (RSS, PSS, USS) are measured once it is warm;
+    before that, its CPU with no client at all (the state it spends most of its life in). The
+    GPU source is whatever this machine has, as the agent picks it (NVML, else nvidia-smi, else
+    8 *simulated* GPUs) and every figure says which; the result file is named by it
+    (``bench/results/telemetry-<device>.json``). ``--before-tree DIR`` measures the daemon of
+    another checkout first, in the same run (a before/after of an agent change).
+    Baselines, each over the same D; a spawning one is a loop that starts a new process per 1 Hz
+    tick and reads its output, its CPU the loop's own plus every child's (``os.wait4`` rusage):
     - python poller: spawning a Python poller per tick, as gpustat-web and nvitop-cluster do
-      over SSH. The child imports rigdeck's own collector, builds a ``Collector(sim_gpus=8)``,
-      takes one sample and prints it; most of its cost is interpreter start-up and imports.
+      over SSH. The child imports rigdeck's own collector, builds a ``Collector(sim_gpus=8)``
+      (the same GPU source as the daemon), takes one sample and prints it; most of its cost is
+      interpreter start-up and imports.
     - stdlib sampler: a minimal ``python3 -c`` per tick that reads /proc/stat and /proc/meminfo
       and prints one JSON line, importing nothing of rigdeck (and sampling no GPUs at all: it
       does less work than the agent, so the ratio against it is the conservative one).
+    Where ``nvidia-smi`` is on PATH (a GPU host), also: ``nvidia-smi --query-gpu=... -l 1``
+    running all along (its CPU from schedstat, as the daemon's), one ``nvidia-smi --query-gpu``
+    per tick, and ``nvitop --once`` per tick where nvitop is installed.
 (b) Controller ingest. N daemons (each its own state dir, 8 simulated GPUs, 1 Hz) run as local
     processes; the controller reaches each through ``agent.pyz attach`` over pipes, using
     ``tui.control.monitor.Monitor`` unchanged (one reader thread per host, ``AgentLink`` +
@@ -38,12 +46,14 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +61,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from agent.telemetry import NVIDIA_SMI_QUERY, parse_nvidia_smi_row  # noqa: E402
 from bench._meta import run_meta, write_result  # noqa: E402
 from tui.control.controller import Controller, HostReport  # noqa: E402
 from tui.control.monitor import Monitor  # noqa: E402
@@ -60,8 +71,8 @@ from tui.remote.bundle import AgentBundle, build_agent  # noqa: E402
 from tui.remote.transport import Transport  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-TARGET_AGENT_CPU_PCT = 1.0
-TARGET_AGENT_RSS_MB = 60.0
+TARGET_AGENT_CPU_PCT = 0.15
+TARGET_AGENT_RSS_MB = 40.0
 TARGET_P95_MS = 100.0
 # N attach bridges start at once on this one machine (on a real cluster each starts on its own
 # host): give their handshakes time, or an overloaded machine fails them all together.
@@ -92,10 +103,21 @@ SAMPLER_SCRIPT = (
 )
 BASELINES = {
     "python_poller": "spawning a Python poller per tick (as gpustat-web and nvitop-cluster do "
-                     "over SSH): imports rigdeck's collector, simulated GPUs",
+                     "over SSH): imports rigdeck's collector, the daemon's GPU source",
     "stdlib_sampler": "spawning a minimal stdlib sampler per tick (python3 -c reading /proc/stat "
                       "and /proc/meminfo, one JSON line; no rigdeck import, no GPUs)",
+    "smi_per_tick": "spawning nvidia-smi --query-gpu=... --format=csv,noheader,nounits per tick",
+    "nvitop_once": "spawning nvitop --once per tick",
 }
+GPU_HOST_BASELINES = ("smi_per_tick", "nvitop_once")  # only where their program is on PATH
+# What the agent's collector makes of this machine, printed as one JSON line.
+PROBE_SCRIPT = (
+    "import json, sys\n"
+    "from agent.telemetry import Collector\n"
+    "with Collector(sim_gpus=int(sys.argv[1])) as c:\n"
+    "    s = c.sample()\n"
+    "print(json.dumps({'source': s.gpu_source, 'names': [g.name for g in s.gpus]}))\n"
+)
 
 
 # -------------------------------------------------------------------------------------------
@@ -111,6 +133,23 @@ def proc_cpu_s(pid: int) -> float | None:
         return None
     fields = data[data.rfind(b")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def proc_cpu_ns_s(pid: int) -> float | None:
+    """Seconds on CPU of all of a process's live threads, from schedstat (nanoseconds); utime +
+    stime (10 ms ticks) where the kernel has no schedstat. None once it is gone."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    total = 0
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/schedstat", "rb") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            return proc_cpu_s(pid)
+    return total / 1e9
 
 
 def proc_ppid(pid: int) -> int | None:
@@ -303,9 +342,9 @@ class Daemons:
         self.state_dirs.clear()
 
 
-def agent_env(sim_gpus: int) -> dict[str, str]:
+def agent_env(sim_gpus: int, root: Path = ROOT) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
     env["RIGDECK_SIM_GPUS"] = str(sim_gpus)
     return env
 
@@ -319,17 +358,18 @@ def _send(sock: socket.socket, msg: dict[str, Any]) -> None:
 
 
 def bench_agent(seconds: float, idle_seconds: float, sim_gpus: int, work: Path,
-                daemons: Daemons) -> dict[str, Any]:
-    """One daemon: ``idle_seconds`` with no client, then one subscribed client for ``seconds``."""
-    sd = work / "agent-a"
-    p = daemons.start([sys.executable, "-m", "agent"], sd, agent_env(sim_gpus))
+                daemons: Daemons, root: Path = ROOT, name: str = "agent-a") -> dict[str, Any]:
+    """One daemon (from the source tree ``root``): ``idle_seconds`` with no client, then one
+    subscribed client for ``seconds``."""
+    sd = work / name
+    p = daemons.start([sys.executable, "-m", "agent"], sd, agent_env(sim_gpus, root))
     daemons.wait_ready(30)
     idle_pct = None
     if idle_seconds > 0:
         time.sleep(0.5)  # past its start
-        i0, ti0 = proc_cpu_s(p.pid), time.monotonic()
+        i0, ti0 = proc_cpu_ns_s(p.pid), time.monotonic()
         time.sleep(idle_seconds)
-        i1, ti1 = proc_cpu_s(p.pid), time.monotonic()
+        i1, ti1 = proc_cpu_ns_s(p.pid), time.monotonic()
         if i0 is not None and i1 is not None:
             idle_pct = 100.0 * (i1 - i0) / (ti1 - ti0)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -356,13 +396,18 @@ def bench_agent(seconds: float, idle_seconds: float, sim_gpus: int, work: Path,
                 assert msg.get("ok"), msg
             elif msg.get("type") == "event":
                 warm += 1
-        startup_cpu = proc_cpu_s(p.pid) or 0.0
+        startup_cpu = proc_cpu_ns_s(p.pid) or 0.0
         m0 = machine_cpu()
-        cpu0, t0 = proc_cpu_s(p.pid), time.monotonic()
+        cpu0, t0 = proc_cpu_ns_s(p.pid), time.monotonic()
+        # Its children (the nvidia-smi source's two nvidia-smi processes) are its cost too.
+        kids0 = {k: proc_cpu_ns_s(k) for k in children_of(p.pid)}
+        kids_rss = 0.0
         costs: list[float] = []
         lat: list[float] = []
         seqs: list[int] = []
         line_bytes: list[int] = []
+        sources: set[str] = set()
+        gpu_count = 0
         mem: dict[str, float] = {}
         while time.monotonic() - t0 < seconds:
             got, msg = next_msg()
@@ -372,10 +417,14 @@ def bench_agent(seconds: float, idle_seconds: float, sim_gpus: int, work: Path,
             costs.append(float(data["cost_s"]))
             lat.append(got - float(data["time"]))
             seqs.append(int(data["seq"]))
+            sources.add(str(data.get("gpu_source")))
+            gpu_count = len(data.get("gpus") or [])
             line_bytes.append(len(json.dumps(msg)))
             for k, v in proc_mem_mb(p.pid).items():
                 mem[k] = max(mem.get(k, 0.0), v)
-        cpu1, t1 = proc_cpu_s(p.pid), time.monotonic()
+            kids_rss = max(kids_rss, sum(proc_mem_mb(k).get("rss", 0.0) for k in kids0))
+        cpu1, t1 = proc_cpu_ns_s(p.pid), time.monotonic()
+        kids_cpu = sum((proc_cpu_ns_s(k) or c) - c for k, c in kids0.items() if c is not None)
         m1 = machine_cpu()
         assert cpu0 is not None and cpu1 is not None
         # Leave the way a controller would: ask it to shut down, and check that it does.
@@ -406,19 +455,60 @@ def bench_agent(seconds: float, idle_seconds: float, sim_gpus: int, work: Path,
         "client_latency_ms_p50": 1000 * percentile(lat, 50),
         "client_latency_ms_p95": 1000 * percentile(lat, 95),
         "event_bytes_mean": mean([float(b) for b in line_bytes]),
-        "gpu_source": "simulated",
+        "gpu_source": "/".join(sorted(sources)),
+        "gpus": gpu_count,
+        "source_tree": str(root),
+        "cpu_measured": "schedstat of every thread (ns)",
+        "children": len(kids0),
+        "children_cpu_pct_of_core": 100.0 * kids_cpu / elapsed,
+        "children_rss_mb_max": kids_rss,
         "shutdown_clean": clean_exit,
         "machine_cpu_busy_pct": busy_pct(m0, m1),
         "others_cpu_pct_of_core": others_pct(m0, m1, 100.0 * (cpu1 - cpu0) / elapsed),
     }
 
 
-def bench_spawn(seconds: float, kind: str, sim_gpus: int) -> dict[str, Any]:
-    """Spawn one sampler process per 1 Hz tick (``kind``: a key of BASELINES) for ``seconds``."""
+def spawn_argv(kind: str, sim_gpus: int) -> tuple[list[str], dict[str, str]] | None:
+    """The command a spawning baseline runs each tick, and its environment; None where its
+    program is not on this machine."""
     if kind == "python_poller":
-        argv, env = [sys.executable, "-c", POLL_SCRIPT, str(sim_gpus)], agent_env(sim_gpus)
+        return [sys.executable, "-c", POLL_SCRIPT, str(sim_gpus)], agent_env(sim_gpus)
+    if kind == "stdlib_sampler":
+        return [sys.executable, "-c", SAMPLER_SCRIPT], dict(os.environ)
+    exe = shutil.which("nvidia-smi" if kind == "smi_per_tick" else "nvitop")
+    if exe is None:
+        return None
+    if kind == "smi_per_tick":
+        return [exe, "--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits"], dict(os.environ)
+    return [exe, "--once"], dict(os.environ)
+
+
+def check_output(kind: str, out: bytes, probe: dict[str, Any]) -> float | None:
+    """Raise if a baseline's child printed something else than a sample of this machine's GPUs;
+    its collection cost in seconds where it says."""
+    text = out.decode("utf-8", "replace").strip()
+    if kind == "python_poller":
+        sample = json.loads(text.splitlines()[-1])
+        # the same source and GPUs as the daemon (real GPUs on a GPU host, not sim_gpus)
+        assert sample["gpu_source"] == probe["source"], (sample["gpu_source"], probe)
+        assert len(sample["gpus"]) == len(probe["names"]), (sample["gpus"], probe)
+        return float(sample["cost_s"])
+    if kind == "stdlib_sampler":
+        sample = json.loads(text.splitlines()[-1])
+        assert sample["cpu_jiffies"] and sample["mem_total_kb"] > 0, sample
+    elif kind == "smi_per_tick":
+        rows = [r for r in text.splitlines() if parse_nvidia_smi_row(r) is not None]
+        assert len(rows) == len(probe["names"]), text[-500:]
     else:
-        argv, env = [sys.executable, "-c", SAMPLER_SCRIPT], dict(os.environ)
+        assert text, "nvitop --once printed nothing"
+    return None
+
+
+def bench_spawn(seconds: float, kind: str, sim_gpus: int, probe: dict[str, Any]) -> dict[str, Any]:
+    """Spawn one sampler process per 1 Hz tick (``kind``: a key of BASELINES) for ``seconds``."""
+    spec = spawn_argv(kind, sim_gpus)
+    assert spec is not None, kind
+    argv, env = spec
     self0 = time.process_time()
     m0 = machine_cpu()
     t0 = time.monotonic()
@@ -444,12 +534,9 @@ def bench_spawn(seconds: float, kind: str, sim_gpus: int) -> dict[str, Any]:
         walls.append(time.monotonic() - ts)
         if p.returncode != 0:
             raise RuntimeError(f"{kind} child exited {p.returncode}: {out[-500:]!r}")
-        sample = json.loads(out.strip().splitlines()[-1])
-        if kind == "python_poller":
-            assert len(sample["gpus"]) == sim_gpus, sample
-            costs.append(float(sample["cost_s"]))
-        else:
-            assert sample["cpu_jiffies"] and sample["mem_total_kb"] > 0, sample
+        cost = check_output(kind, out, probe)
+        if cost is not None:
+            costs.append(cost)
         child_cpu.append(ru.ru_utime + ru.ru_stime)
         if hwm is not None:
             child_rss.append(hwm)
@@ -463,6 +550,7 @@ def bench_spawn(seconds: float, kind: str, sim_gpus: int) -> dict[str, Any]:
     total = sum(child_cpu) + self_cpu
     return {
         "what": BASELINES[kind],
+        "argv": argv if kind in GPU_HOST_BASELINES else argv[:2],
         "seconds": elapsed,
         "ticks": len(child_cpu),
         "cpu_s": total,
@@ -479,6 +567,79 @@ def bench_spawn(seconds: float, kind: str, sim_gpus: int) -> dict[str, Any]:
         "machine_cpu_busy_pct": busy_pct(m0, m1),
         "others_cpu_pct_of_core": others_pct(m0, m1, 100.0 * total / elapsed),
     }
+
+
+def bench_smi_loop(seconds: float, probe: dict[str, Any]) -> dict[str, Any] | None:
+    """``nvidia-smi --query-gpu=... -l 1`` running all along (the cheapest way to watch a GPU
+    host's GPUs, without processes): its CPU and memory over ``seconds`` once warm. None where
+    there is no nvidia-smi."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    argv = [exe, "--query-gpu=" + NVIDIA_SMI_QUERY, "--format=csv,noheader,nounits", "-l", "1"]
+    p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.DEVNULL, start_new_session=True)
+    assert p.stdout is not None
+    rows: list[str] = []
+
+    def read() -> None:
+        assert p.stdout is not None
+        for raw in p.stdout:
+            if parse_nvidia_smi_row(raw.decode("utf-8", "replace")) is not None:
+                rows.append(raw.decode())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        time.sleep(2.0)  # past its start
+        c0, t0, n0 = proc_cpu_ns_s(p.pid), time.monotonic(), len(rows)
+        mem: dict[str, float] = {}
+        while time.monotonic() - t0 < seconds:
+            time.sleep(1.0)
+            for k, v in proc_mem_mb(p.pid).items():
+                mem[k] = max(mem.get(k, 0.0), v)
+        c1, t1, n1 = proc_cpu_ns_s(p.pid), time.monotonic(), len(rows)
+    finally:
+        p.terminate()
+        p.wait(10)
+        reader.join(5)
+    if c0 is None or c1 is None:
+        raise RuntimeError(f"nvidia-smi -l 1 exited early ({p.returncode}): {rows[-3:]}")
+    elapsed = t1 - t0
+    return {
+        "what": "nvidia-smi --query-gpu=... -l 1, one process all along (GPU rows, no processes)",
+        "argv": argv, "seconds": elapsed, "rows": n1 - n0,
+        "rows_expected": int(elapsed) * len(probe["names"]),
+        "cpu_s": c1 - c0, "cpu_pct_of_core": 100.0 * (c1 - c0) / elapsed,
+        "rss_mb_max": mem.get("rss"), "pss_mb_max": mem.get("pss"),
+        "cpu_measured": "schedstat of every thread (ns)",
+    }
+
+
+def probe_gpus(sim_gpus: int) -> dict[str, Any]:
+    """The agent's GPU source on this machine and its GPUs' names (one sample, in a child)."""
+    out = subprocess.run([sys.executable, "-c", PROBE_SCRIPT, str(sim_gpus)], capture_output=True,
+                         text=True, env=agent_env(sim_gpus), timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def device_name(probe: dict[str, Any]) -> str:
+    """A file-name word for the GPUs measured: 'simulated', 'no-gpu', or the model (a count
+    before it where there are several): 'nvidia-h100-80gb-hbm3', '8x-nvidia-a100-sxm4-80gb'."""
+    if probe["source"] in ("simulated", "none"):
+        return "simulated" if probe["source"] == "simulated" else "no-gpu"
+    names = probe["names"]
+    slug = re.sub(r"[^a-z0-9]+", "-", (names[0] if names else "gpu").lower()).strip("-")
+    return f"{len(names)}x-{slug}" if len(names) > 1 else slug
+
+
+def source_words(probe: dict[str, Any]) -> str:
+    n = len(probe["names"])
+    if probe["source"] == "simulated":
+        return f"{n} simulated GPUs (no NVML, no nvidia-smi on this machine)"
+    if probe["source"] == "none":
+        return "no GPUs (none found, none simulated)"
+    return f"{n} x {probe['names'][0] if n else 'GPU'} through {probe['source']}"
 
 
 # -------------------------------------------------------------------------------------------
@@ -653,34 +814,60 @@ def fmt(v: float | None, spec: str = ".1f") -> str:
 SPAWN_LABELS = {
     "python_poller": "spawn Python poller",
     "stdlib_sampler": "spawn stdlib sampler",
+    "smi_per_tick": "spawn nvidia-smi",
+    "nvitop_once": "spawn nvitop --once",
 }
 
 
-def print_agent(a: dict[str, Any], spawned: dict[str, dict[str, Any]], sim: int) -> None:
-    print(f"agent overhead ({sim} simulated GPUs: no NVML on this machine; 1 Hz, "
-          f"{a['seconds']:.0f} s)")
+def _agent_row(label: str, a: dict[str, Any]) -> None:
     mem = f"RSS {fmt(a['rss_mb_max'])} MB"
     if a.get("pss_mb_max") is not None:
         mem += f" (PSS {fmt(a['pss_mb_max'])}, USS {fmt(a['uss_mb_max'])})"
-    print(f"  rigdeck daemon        {a['cpu_pct_of_core']:6.2f} % of a core   {mem}   "
+    print(f"  {label:<21} {a['cpu_pct_of_core']:6.3f} % of a core   {mem}   "
           f"sample cost mean {a['cost_ms_mean']:.2f} ms p95 {a['cost_ms_p95']:.2f} ms")
+    if a.get("children"):
+        print(f"  {'  its children':<21} {a['children_cpu_pct_of_core']:6.3f} % of a core   "
+              f"RSS {a['children_rss_mb_max']:.1f} MB ({a['children']} processes: nvidia-smi)")
     if a.get("idle_cpu_pct_of_core") is not None:
-        print(f"  daemon, no client     {a['idle_cpu_pct_of_core']:6.2f} % of a core   "
+        print(f"  {'  no client':<21} {a['idle_cpu_pct_of_core']:6.3f} % of a core   "
               f"(over {a['idle_seconds']:g} s before anyone subscribed)")
+
+
+def print_agent(a: dict[str, Any], spawned: dict[str, dict[str, Any]], probe: dict[str, Any],
+                smi_loop: dict[str, Any] | None, before: dict[str, Any] | None,
+                skipped: list[str]) -> None:
+    print(f"agent overhead ({source_words(probe)}; the daemon said: {a['gpu_source']}; 1 Hz, "
+          f"{a['seconds']:.0f} s)")
+    if before is not None:
+        _agent_row("daemon, before", before)
+    _agent_row("rigdeck daemon", a)
+    if before is not None and a["cpu_pct_of_core"] > 0:
+        print(f"  {'before / after':<21} {before['cpu_pct_of_core'] / a['cpu_pct_of_core']:6.2f}x "
+              f"CPU, {before['rss_mb_max'] - a['rss_mb_max']:+.1f} MB RSS "
+              f"(before: {before['source_tree']})")
+    if smi_loop is not None:
+        print(f"  {'nvidia-smi -l 1':<21} {smi_loop['cpu_pct_of_core']:6.3f} % of a core   "
+              f"RSS {fmt(smi_loop['rss_mb_max'])} MB   {smi_loop['rows']} rows "
+              f"(GPU rows only, no processes)")
     for kind, p in spawned.items():
         print(f"  {SPAWN_LABELS[kind]:<21} {p['cpu_pct_of_core']:6.2f} % of a core   "
               f"RSS {p['child_rss_mb_max']:.1f} MB per child   "
               f"{p['cpu_ms_per_tick']:.0f} ms CPU per tick, "
               f"{p['wall_ms_per_tick_p50']:.0f} ms wall")
-    for kind, p in spawned.items():
+    others = dict(spawned, **({"smi_loop": smi_loop} if smi_loop else {}))
+    for kind, p in others.items():
         if a["cpu_pct_of_core"] > 0:
-            print(f"  ratio                 {p['cpu_pct_of_core'] / a['cpu_pct_of_core']:6.1f}x "
-                  f"less CPU with the daemon than {BASELINES[kind].split(':')[0]}")
-    ok_cpu = a["cpu_pct_of_core"] < TARGET_AGENT_CPU_PCT
-    ok_rss = a["rss_mb_max"] is not None and a["rss_mb_max"] < TARGET_AGENT_RSS_MB
-    print(f"  targets               < {TARGET_AGENT_CPU_PCT:g} % CPU: "
+            what = (BASELINES[kind] if kind in BASELINES else p["what"]).split(":")[0]
+            print(f"  ratio                 {p['cpu_pct_of_core'] / a['cpu_pct_of_core']:6.2f}x "
+                  f"the daemon's CPU: {what}")
+    for why in skipped:
+        print(f"  not measured          {why}")
+    ok_cpu = a["cpu_pct_of_core"] <= TARGET_AGENT_CPU_PCT
+    ok_rss = a["rss_mb_max"] is not None and a["rss_mb_max"] <= TARGET_AGENT_RSS_MB
+    print(f"  targets               <= {TARGET_AGENT_CPU_PCT:g} % CPU: "
           f"{'met' if ok_cpu else 'MISSED'}; "
-          f"< {TARGET_AGENT_RSS_MB:g} MB RSS: {'met' if ok_rss else 'MISSED'}; "
+          f"<= {TARGET_AGENT_RSS_MB:g} MB RSS: {'met' if ok_rss else 'MISSED'} "
+          f"(set for NVML at 1 Hz; this run: {a['gpu_source']}); "
           f"{a['samples']} samples, {a['missed_samples']} skipped, "
           f"startup {a['startup_cpu_s']:.2f} s CPU (not counted)")
     other = f"{a['others_cpu_pct_of_core']:.0f} % (daemon window)"
@@ -713,6 +900,33 @@ def print_ingest(rows: list[dict[str, Any]], seconds: float) -> None:
         print(f"  target                p95 < {TARGET_P95_MS:g} ms at N={last['n']}: {verdict}")
 
 
+def run_baselines(args: argparse.Namespace, agent: dict[str, Any], probe: dict[str, Any],
+                  result: dict[str, Any]) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None,
+                                                   list[str]]:
+    """Every baseline this machine can run, recorded in ``result``; what it could not, and why."""
+    spawned: dict[str, dict[str, Any]] = {}
+    skipped: list[str] = []
+    if args.skip_baseline:
+        return spawned, None, ["baselines (--skip-baseline)"]
+    smi_loop = bench_smi_loop(args.agent_seconds, probe)
+    if smi_loop is None:
+        skipped.append("nvidia-smi -l 1 and a nvidia-smi per tick: no nvidia-smi on PATH")
+    else:
+        result["smi_loop_baseline"] = smi_loop
+    for kind in BASELINES:
+        if spawn_argv(kind, args.sim_gpus) is None:
+            if kind == "nvitop_once":
+                skipped.append("nvitop --once per tick: nvitop is not installed")
+            continue
+        spawned[kind] = bench_spawn(args.agent_seconds, kind, args.sim_gpus, probe)
+        result[f"{kind}_baseline"] = spawned[kind]
+    for kind, p in dict(spawned, **({"smi_loop": smi_loop} if smi_loop else {})).items():
+        result[f"cpu_ratio_vs_{kind}"] = (p["cpu_pct_of_core"] / agent["cpu_pct_of_core"]
+                                          if agent["cpu_pct_of_core"] > 0 else None)
+    result["baselines_skipped"] = skipped
+    return spawned, smi_loop, skipped
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--agent-seconds", type=float, default=30.0, help="D for (a)")
@@ -726,7 +940,10 @@ def main() -> int:
     ap.add_argument("--skip-ingest", action="store_true")
     ap.add_argument("--real-deploy", action="store_true",
                     help="let every reader run the controller's deploy check (3 spawns per host)")
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "telemetry.json"))
+    ap.add_argument("--before-tree", type=Path, default=None,
+                    help="(a): also measure the daemon of this source tree, first, in the same run")
+    ap.add_argument("--out", default=None,
+                    help="default: bench/results/telemetry-<device>.json (simulated, the GPU model)")
     args = ap.parse_args()
     ns = [int(x) for x in args.n.split(",") if x.strip()]
     meta = run_meta()
@@ -746,28 +963,35 @@ def main() -> int:
     daemons = Daemons()
     work = Path(tempfile.mkdtemp(prefix="rigdeck-bench-"))
     os.chmod(work, 0o700)
+    probe = probe_gpus(args.sim_gpus)
+    device = device_name(probe)
+    print(f"GPU source: {source_words(probe)}", flush=True)
     result: dict[str, Any] = {
         "machine": {"cores": os.cpu_count(), "mem_available_mb": mem_available_mb(),
                     "loadavg_at_start": list(os.getloadavg()), "python": sys.version.split()[0]},
         "sim_gpus": args.sim_gpus,
-        "gpu_source": "simulated (no NVML on the measuring machine)",
+        "gpu_source": probe["source"],
+        "gpu_names": probe["names"],
+        "device": device,
+        "targets": {"agent_cpu_pct_of_core": TARGET_AGENT_CPU_PCT,
+                    "agent_rss_mb": TARGET_AGENT_RSS_MB},
         "ingest_transport": "local pipes (agent.pyz attach); bench/scale.py measures SSH",
     }
     result["machine"]["busy_pct_before_run"] = busy_before
     try:
         if not args.skip_agent:
+            before = None
+            if args.before_tree is not None:
+                before = bench_agent(args.agent_seconds, args.idle_seconds, args.sim_gpus, work,
+                                     daemons, root=args.before_tree.resolve(), name="agent-before")
+                daemons.stop_all()
+                result["agent_before"] = before
             agent = bench_agent(args.agent_seconds, args.idle_seconds, args.sim_gpus, work,
                                 daemons)
             daemons.stop_all()
             result["agent"] = agent
-            spawned: dict[str, dict[str, Any]] = {}
-            for kind in () if args.skip_baseline else BASELINES:
-                spawned[kind] = bench_spawn(args.agent_seconds, kind, args.sim_gpus)
-                result[f"{kind}_baseline"] = spawned[kind]
-                result[f"cpu_ratio_vs_{kind}"] = (
-                    spawned[kind]["cpu_pct_of_core"] / agent["cpu_pct_of_core"]
-                    if agent["cpu_pct_of_core"] > 0 else None)
-            print_agent(agent, spawned, args.sim_gpus)
+            spawned, smi_loop, skipped = run_baselines(args, agent, probe, result)
+            print_agent(agent, spawned, probe, smi_loop, before, skipped)
             print(flush=True)
         rows: list[dict[str, Any]] = []
         if not args.skip_ingest:
@@ -801,7 +1025,8 @@ def main() -> int:
     finally:
         daemons.stop_all()
         shutil.rmtree(work, ignore_errors=True)
-    write_result(args.out, result, meta)
+    out = args.out or ROOT / "bench" / "results" / f"telemetry-{device}.json"
+    write_result(out, result, meta)
     return 0
 
 

@@ -619,3 +619,16 @@ def test_a_restarts_claim_waits_for_its_own_earlier_attempt_and_names_who_holds_
         leaving.kill()
         if staying is not None:
             staying.kill()
+
+
+def test_the_job_watcher_may_rest_only_while_no_job_is_live(tmp_path: Path) -> None:
+    jobs, d = _job(tmp_path)  # one ended job
+    assert not jobs.quiet()  # nothing looked at yet
+    jobs.supervise()
+    assert jobs.quiet()
+    (d / "state.json").write_text(json.dumps({"job_id": "j1", "state": "running"}))
+    jobs.supervise()
+    assert not jobs.quiet()  # a live job: looked at every second
+    (d / "state.json").write_text(json.dumps({"job_id": "j1", "state": "failed"}))
+    jobs.supervise()
+    assert jobs.quiet()

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests import h100data
 from tests.ui_fixtures import (
     FAILED_JOB,
     HAND_DRAIN,
@@ -222,15 +223,20 @@ def test_gpu_series_are_in_base_units_labelled_with_their_job_rank_and_user() ->
 
 
 def test_a_gpu_that_is_real_says_so_too() -> None:
+    """The sample rigdeck's NVML collector took of a real H100 under load (tests/data/gpu-h100)."""
     state = ClusterState([("g1", "10.0.0.1")])
-    real = {**gpu_sample(1, 0, 0), "simulated": False, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-4f1c",
-            "ecc_volatile_errors": None}
-    state.apply_sample("g1", {**host_sample(1, 0, [real]), "simulated": False}, received_at=30.0)
+    recorded = h100data.samples("nvml")[0]
+    state.apply_sample("g1", recorded, received_at=30.0)
     r = exposition(state)
-    labels = {"host": "g1", "gpu": "0", "uuid": "GPU-4f1c", "simulated": "false"}
+    labels = {"host": "g1", "gpu": "0", "uuid": h100data.UUID, "simulated": "false"}
     assert r.value("rigdeck_gpu_info", **labels, model="NVIDIA H100 80GB HBM3") == 1
-    assert r.series("rigdeck_gpu_ecc_uncorrected_errors_total") == []  # no ECC: no series
+    assert r.value("rigdeck_gpu_memory_used_bytes", **labels) == 7342 * 2**20
+    assert r.value("rigdeck_gpu_ecc_uncorrected_errors_total", **labels) == 0
     assert r.value("rigdeck_host_info", host="g1", simulated="false") == 1
+    # a card without ECC (NVML: not supported) has no ECC series at all
+    no_ecc = {**recorded, "gpus": [{**recorded["gpus"][0], "ecc_volatile_errors": None}]}
+    state.apply_sample("g1", no_ecc, received_at=31.0)
+    assert exposition(state).series("rigdeck_gpu_ecc_uncorrected_errors_total") == []
 
 
 def test_a_gpu_between_a_jobs_attempts_is_labelled_from_its_claim() -> None:

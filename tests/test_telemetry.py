@@ -1,5 +1,6 @@
-"""agent.telemetry: NVML through a fake pynvml, nvidia-smi through recorded rows and a fake binary,
-simulated GPUs driven by real processes, host metrics through psutil and through /proc."""
+"""agent.telemetry: NVML through a fake pynvml that replays what a real H100 gave, nvidia-smi
+through that card's recorded rows and a stand-in binary replaying them (tests/h100data.py), simulated
+GPUs driven by real processes, host metrics through psutil and through /proc."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import textwrap
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -23,6 +25,7 @@ from agent import telemetry
 from agent.facts import simulated_gpus
 from agent.telemetry import (
     NVIDIA_SMI_QUERY,
+    NVIDIA_SMI_RESERVED,
     Collector,
     GpuProcess,
     GpuSample,
@@ -39,20 +42,14 @@ from agent.telemetry import (
     sample_to_dict,
     whole_disks,
 )
+from tests import h100data
 from tests._require import PY39_MISSING, has_module, python39, require
 
 ROOT = Path(__file__).resolve().parent.parent
 PSUTIL_MISSING = "psutil is not installed (a dependency of rigdeck: pip install -e .)"
 ME = pwd.getpwuid(os.geteuid()).pw_name
 
-H100_ROW = (
-    "0, NVIDIA H100 80GB HBM3, GPU-5f3c2a1e-8b7d-4c6e-9f01-23456789abcd, 87, 61234, 81559, 64, "
-    "512.34, 700.00, 1980, 0"
-)
-H100_ROW_1 = (
-    "1, NVIDIA H100 80GB HBM3, GPU-9a8b7c6d-5e4f-3a2b-1c0d-ef0123456789, 3, 1024, 81559, 41, "
-    "88.10, 700.00, 345, 0"
-)
+H100_ROW = h100data.smi_gpu_row(0)  # recorded on a real H100 under load
 NA_ROW = (
     "2, NVIDIA GeForce RTX 4090, GPU-0d1e2f3a-4b5c-6d7e-8f90-a1b2c3d4e5f6, [N/A], 512, 24564, "
     "38, [N/A], [Not Supported], 210, [N/A]"
@@ -168,23 +165,26 @@ def test_live_sample_round_trips(spawn: Any) -> None:
 # --- nvidia-smi rows --------------------------------------------------------------------------
 
 
-def test_parse_h100_row() -> None:
-    g = parse_nvidia_smi_row(H100_ROW + "\n")
-    assert g == GpuSample(
-        index=0,
-        name="NVIDIA H100 80GB HBM3",
-        uuid="GPU-5f3c2a1e-8b7d-4c6e-9f01-23456789abcd",
-        simulated=False,
-        utilization_pct=87.0,
-        memory_used_mb=61234,
-        memory_total_mb=81559,
-        temperature_c=64.0,
-        power_w=512.34,
-        power_limit_w=700.0,
-        sm_clock_mhz=1980,
-        ecc_volatile_errors=0,
-        processes=[],
-    )
+def test_parse_recorded_h100_rows() -> None:
+    for tick, recorded in enumerate(h100data.samples("nvidia-smi")):
+        want = GpuSample.from_dict({**recorded["gpus"][0], "processes": []})
+        assert parse_nvidia_smi_row(h100data.smi_gpu_row(tick) + "\n") == want
+        with_reserved = parse_nvidia_smi_row(h100data.smi_gpu_row(tick, reserved=True), True)
+        assert with_reserved == replace(want, memory_reserved_mb=h100data.RESERVED_MB)
+    g = parse_nvidia_smi_row(H100_ROW)
+    assert g is not None
+    assert (g.name, g.memory_used_mb, g.memory_total_mb) == ("NVIDIA H100 80GB HBM3", 6863, 81559)
+    # The plain query's row read as one with memory.reserved is one field short: not a GPU row.
+    assert parse_nvidia_smi_row("0, H100, GPU-1, 87, 1, 2, 3, 4, 5, 6, 7", reserved=True) is None
+
+
+def test_parse_compute_app_rows() -> None:
+    assert telemetry.parse_compute_app_row(h100data.smi_app_row(497) + "\n") == (
+        h100data.UUID, 497, 6854)
+    assert telemetry.parse_compute_app_row("GPU-1, 12, [N/A]") == ("GPU-1", 12, None)
+    for line in ("", "No running processes found", "gpu_uuid, pid, used_gpu_memory [MiB]",
+                 "GPU-1, x, 5", "GPU-1, 5"):
+        assert telemetry.parse_compute_app_row(line) is None
 
 
 def test_parse_row_with_missing_fields() -> None:
@@ -237,30 +237,71 @@ def test_parse_row_tolerates_units_and_commas_in_names() -> None:
     assert g.ecc_volatile_errors == 2
 
 
-# --- nvidia-smi stream with a fake binary -----------------------------------------------------
+# --- nvidia-smi stream with a stand-in binary replaying the recorded rows ---------------------
+
+# A stand-in ``nvidia-smi``: logs each start, then prints the rows of its query (the GPU rows,
+# with memory.reserved where asked; the compute-apps rows from a file the test may change) every
+# -lms milliseconds (or -l seconds), looping over the recording, as the real one does.
+STAND_IN = '''#!{python}
+import os, sys, time
+args = sys.argv[1:]
+with open({log!r}, "a") as f:
+    f.write("%d %s\\n" % (os.getpid(), " ".join(args)))
+mode = {mode!r}
+if mode == "fail":
+    print("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
+    sys.exit(9)
+query = next(a for a in args if a.startswith("--query-"))
+if "memory.reserved" in query and mode == "old-driver":
+    print('Field "memory.reserved" is not a valid field to query.')
+    sys.exit(2)
+period = None  # -lms N (milliseconds) or -l N (seconds): loop; neither: one query
+if "-lms" in args:
+    period = int(args[args.index("-lms") + 1]) / 1000.0
+elif "-l" in args:
+    period = float(args[args.index("-l") + 1])
+name = "apps" if query.startswith("--query-compute-apps") else (
+    "gpu-reserved" if "memory.reserved" in query else "gpu")
+tick = 0
+while True:
+    with open(os.path.join({rows!r}, name)) as f:
+        ticks = [t for t in f.read().split("\\n\\n") if t.strip()] or [""]
+    if ticks[tick % len(ticks)]:
+        sys.stdout.write(ticks[tick % len(ticks)].strip("\\n") + "\\n")
+        sys.stdout.flush()
+    tick += 1
+    if period is None or mode == "once":
+        break
+    time.sleep(period)
+'''
 
 
-def _fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str = "loop") -> Path:
-    """Put a fake ``nvidia-smi`` first on PATH; returns the file where it logs each start."""
+def _fake_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str = "loop",
+              apps: list[str] | None = None) -> Path:
+    """Put the stand-in ``nvidia-smi`` first on PATH, replaying the recorded H100 rows (and
+    ``apps``: compute-apps rows, one tick); returns the file where it logs each start."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
+    rows = tmp_path / "rows"
+    rows.mkdir()
+    ticks = range(len(h100data.samples("nvidia-smi")))
+    (rows / "gpu").write_text("\n\n".join(h100data.smi_gpu_row(t) for t in ticks) + "\n")
+    (rows / "gpu-reserved").write_text(
+        "\n\n".join(h100data.smi_gpu_row(t, reserved=True) for t in ticks) + "\n")
+    (rows / "apps").write_text("\n".join(apps or []) + "\n")
     log = tmp_path / "invocations.log"
-    rows = "\n".join([H100_ROW, H100_ROW_1])
-    body = {
-        "loop": f"while :; do\n  cat <<'EOF'\n{rows}\nEOF\n  sleep 0.05\ndone\n",
-        "once": f"cat <<'EOF'\n{rows}\nEOF\nexit 0\n",
-        "fail": 'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the driver."\n'
-        "exit 9\n",
-    }[mode]
     script = bindir / "nvidia-smi"
-    script.write_text(f'#!/bin/sh\necho "$$ $*" >> "{log}"\n{body}')
+    script.write_text(STAND_IN.format(python=sys.executable, log=str(log), mode=mode,
+                                      rows=str(rows)))
     script.chmod(script.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     return log
 
 
-def _invocations(log: Path) -> list[list[str]]:
-    return [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+def _invocations(log: Path, query: str = "--query-gpu=") -> list[list[str]]:
+    """The starts of the stand-in whose query begins with ``query``: [pid, args...] each."""
+    calls = [line.split() for line in log.read_text().splitlines()] if log.exists() else []
+    return [c for c in calls if any(a.startswith(query) for a in c[1:])]
 
 
 def _failing_nvml() -> Any:
@@ -269,7 +310,18 @@ def _failing_nvml() -> Any:
     return fake
 
 
-def test_nvidia_smi_stream_is_one_child_across_many_samples(
+def _until(what: Any, seconds: float = 15.0) -> Any:
+    """Poll ``what()`` until it returns something true (a wait, not a timing: the limit only stops
+    a broken run)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = what()
+        if got or time.monotonic() > deadline:
+            return got
+        time.sleep(0.05)
+
+
+def test_nvidia_smi_stream_is_one_child_per_query_across_many_samples(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     log = _fake_smi(tmp_path, monkeypatch)
@@ -282,29 +334,71 @@ def test_nvidia_smi_stream_is_one_child_across_many_samples(
             time.sleep(0.02)
         assert all(s.gpu_source == "nvidia-smi" and not s.simulated for s in samples)
         last = samples[-1]
-        assert [g.index for g in last.gpus] == [0, 1]
-        assert last.gpus[0] == parse_nvidia_smi_row(H100_ROW)
-        assert last.gpus[1].sm_clock_mhz == 345
-        assert all(g.processes == [] for g in last.gpus)  # this source reports no processes
+        assert [g.index for g in last.gpus] == [0]
+        g = last.gpus[0]
+        # As nvidia-smi showed it under the load, with the driver's reservation apart.
+        assert (g.memory_used_mb, g.memory_total_mb) == (h100data.SMI_USED_MB, h100data.TOTAL_MB)
+        assert g.memory_reserved_mb == h100data.RESERVED_MB
+        assert g.processes == []  # nobody on the GPU: the compute-apps child prints nothing
+        recorded = {parse_nvidia_smi_row(h100data.smi_gpu_row(t)).utilization_pct  # type: ignore[union-attr]
+                    for t in range(8)}
+        assert {s.gpus[0].utilization_pct for s in samples} <= recorded
         calls = _invocations(log)
         assert len(calls) == 1, calls
         argv = calls[0][1:]
-        assert f"--query-gpu={NVIDIA_SMI_QUERY}" in argv
+        assert f"--query-gpu={NVIDIA_SMI_QUERY},memory.reserved" in argv
         assert "--format=csv,noheader,nounits" in argv
         assert argv[argv.index("-lms") + 1] == "200"
+        apps = _invocations(log, "--query-compute-apps=")
+        assert len(apps) == 1, apps  # one long-running process for the processes too
+        assert "--query-compute-apps=gpu_uuid,pid,used_memory" in apps[0]
+        assert apps[0][apps[0].index("-lms") + 1] == "200"
 
         c.set_interval(0.5)
         time.sleep(0.3)
-        assert [g.index for g in c.sample().gpus] == [0, 1]
+        assert [g.index for g in c.sample().gpus] == [0]
         calls = _invocations(log)
         assert len(calls) == 2
         assert calls[1][calls[1].index("-lms") + 1] == "500"
         c.set_interval(0.5)  # unchanged: no restart
         assert len(_invocations(log)) == 2
+        assert len(_invocations(log, "--query-compute-apps=")) == 2
     finally:
         c.close()
-    for call in _invocations(log):
+    for call in _invocations(log, "--query-"):
         assert not Path(f"/proc/{call[0]}").exists(), "nvidia-smi child left running"
+
+
+def test_nvidia_smi_maps_a_tagged_process_to_its_job_and_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, spawn: Any
+) -> None:
+    """A real long-running process tagged as a rank, named by the recorded compute-apps row."""
+    child = spawn(["sleep", "60"], RIGDECK_JOB_ID="probe-job-1", RIGDECK_RANK="0")
+    log = _fake_smi(tmp_path, monkeypatch, apps=[h100data.smi_app_row(child.pid)])
+    with Collector(interval=0.2, backend="nvidia-smi") as c:
+        s = _until(lambda: (lambda x: x if x.gpus and x.gpus[0].processes else None)(c.sample()))
+        assert s, "the tagged process never showed"
+        want = GpuProcess(child.pid, ME, h100data.TAGGED["used_memory_mb"], "probe-job-1", 0)
+        assert s.gpus[0].processes == [want]
+        # as the NVML path mapped the same process on the card
+        assert (h100data.TAGGED["job_id"], h100data.TAGGED["rank"]) == ("probe-job-1", 0)
+        for _ in range(10):
+            assert c.sample().gpus[0].processes == [want]  # one row per tick: never piled up
+            time.sleep(0.05)
+        (tmp_path / "rows" / "apps").write_text("\n")  # the process left the GPU
+        assert _until(lambda: c.sample().gpus[0].processes == [])
+    assert len(_invocations(log, "--query-compute-apps=")) == 1
+
+
+def test_nvidia_smi_without_memory_reserved_asks_the_plain_query(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _fake_smi(tmp_path, monkeypatch, mode="old-driver")
+    with Collector(interval=0.2, backend="nvidia-smi") as c:
+        g = _until(lambda: c.sample().gpus)[0]
+    assert (g.memory_used_mb, g.memory_reserved_mb) == (h100data.SMI_USED_MB, None)
+    calls = _invocations(log)
+    assert [NVIDIA_SMI_RESERVED in " ".join(call) for call in calls] == [True, False]
 
 
 def test_nvidia_smi_child_that_dies_is_restarted_at_most_every_restart_interval(
@@ -316,7 +410,7 @@ def test_nvidia_smi_child_that_dies_is_restarted_at_most_every_restart_interval(
             s = c.sample()
             time.sleep(0.05)
         assert len(_invocations(log)) == 1  # the default waits 10 s before a restart
-        assert [g.index for g in s.gpus] == [0, 1]  # the last rows stay until they are stale
+        assert [g.index for g in s.gpus] == [0]  # the last rows stay until they are stale
 
     log.unlink()
     monkeypatch.setattr(telemetry._NvidiaSmiStream, "RESTART_MIN_S", 0.4)
@@ -361,7 +455,10 @@ class FakeNVMLError(Exception):
 
 
 class FakeNvml:
-    """The pynvml functions the collector uses, over made-up devices; counts every call."""
+    """The pynvml functions the collector uses; counts every call. GPU ``i`` gives what NVML gave
+    at tick ``i`` of the recording on a real H100 (tests/data/gpu-h100/): its first memory call the
+    recorded used (the driver's reservation counted in), memory info v2 nvidia-smi's used with the
+    reservation apart. GPU 0 has the card's uuid; the others' end in their index."""
 
     NVMLError = FakeNVMLError
     NVML_TEMPERATURE_GPU = 0
@@ -371,6 +468,8 @@ class FakeNvml:
     NVML_ERROR_NOT_SUPPORTED = 3
     NVML_ERROR_GPU_IS_LOST = 15
     NVML_ERROR_LIBRARY_NOT_FOUND = 12
+    NVML_ERROR_FUNCTION_NOT_FOUND = 13
+    nvmlMemory_v2 = 0x02000028  # as pynvml spells it; None: a pynvml older than v2
 
     def __init__(self, gpus: int = 2) -> None:
         self.gpus = gpus
@@ -380,6 +479,7 @@ class FakeNvml:
         self.graphics: dict[int, list[Any]] = {i: [] for i in range(gpus)}
         self.no_ecc: set[int] = set()
         self.lost_power: set[int] = set()
+        self.driver_has_v2 = True  # False: the v2 call is missing from the driver's library
 
     def _h(self, name: str, h: Any = None) -> int:
         self.calls[name] += 1
@@ -387,6 +487,9 @@ class FakeNvml:
             assert isinstance(h, tuple) and h[0] == "handle", h
             return int(h[1])
         return -1
+
+    def _rec(self, i: int) -> dict[str, Any]:
+        return h100data.gpu("nvml", i)
 
     def nvmlInit(self) -> None:
         self._h("nvmlInit")
@@ -405,47 +508,54 @@ class FakeNvml:
         return ("handle", i)
 
     def nvmlDeviceGetName(self, h: Any) -> bytes:
-        self._h("nvmlDeviceGetName", h)
-        return b"NVIDIA H100 80GB HBM3"  # older pynvml returns bytes
+        return self._rec(self._h("nvmlDeviceGetName", h))["name"].encode()  # older pynvml: bytes
 
     def nvmlDeviceGetUUID(self, h: Any) -> str:
-        return f"GPU-fake-{self._h('nvmlDeviceGetUUID', h)}"
+        i = self._h("nvmlDeviceGetUUID", h)
+        return h100data.UUID if i == 0 else f"{h100data.UUID[:-4]}{i:04x}"
 
     def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
         i = self._h("nvmlDeviceGetUtilizationRates", h)
-        return SimpleNamespace(gpu=40 + i, memory=10)
+        return SimpleNamespace(gpu=int(self._rec(i)["utilization_pct"]), memory=10)
 
-    def nvmlDeviceGetMemoryInfo(self, h: Any) -> Any:
+    def nvmlDeviceGetMemoryInfo(self, h: Any, version: int | None = None) -> Any:
         i = self._h("nvmlDeviceGetMemoryInfo", h)
-        total = 81559 * 1024 * 1024
-        used = (1000 + i) * 1024 * 1024
-        return SimpleNamespace(total=total, used=used, free=total - used)
+        mib = 1024 * 1024
+        total = self._rec(i)["memory_total_mb"] * mib
+        if version is None:  # the first version: used counts the driver's reservation
+            used = self._rec(i)["memory_used_mb"] * mib
+            return SimpleNamespace(total=total, used=used, free=total - used)
+        assert version == 0x02000028, version
+        if not self.driver_has_v2:
+            raise FakeNVMLError(self.NVML_ERROR_FUNCTION_NOT_FOUND)
+        reserved = h100data.RESERVED_MB * mib
+        used = self._rec(i)["memory_used_mb"] * mib - reserved
+        return SimpleNamespace(version=version, total=total, reserved=reserved,
+                               free=total - reserved - used, used=used)
 
     def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
         assert sensor == self.NVML_TEMPERATURE_GPU
-        return 50 + self._h("nvmlDeviceGetTemperature", h)
+        return int(self._rec(self._h("nvmlDeviceGetTemperature", h))["temperature_c"])
 
     def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
         i = self._h("nvmlDeviceGetPowerUsage", h)
         if i in self.lost_power:
             raise FakeNVMLError(self.NVML_ERROR_GPU_IS_LOST)
-        return 512340
+        return round(self._rec(i)["power_w"] * 1000)
 
     def nvmlDeviceGetEnforcedPowerLimit(self, h: Any) -> int:
-        self._h("nvmlDeviceGetEnforcedPowerLimit", h)
-        return 700000
+        return round(self._rec(self._h("nvmlDeviceGetEnforcedPowerLimit", h))["power_limit_w"] * 1000)
 
     def nvmlDeviceGetClockInfo(self, h: Any, clock: int) -> int:
         assert clock == self.NVML_CLOCK_SM
-        self._h("nvmlDeviceGetClockInfo", h)
-        return 1980
+        return int(self._rec(self._h("nvmlDeviceGetClockInfo", h))["sm_clock_mhz"])
 
     def nvmlDeviceGetTotalEccErrors(self, h: Any, error_type: int, counter: int) -> int:
         assert (error_type, counter) == (1, 0)
         i = self._h("nvmlDeviceGetTotalEccErrors", h)
         if i in self.no_ecc:
             raise FakeNVMLError(self.NVML_ERROR_NOT_SUPPORTED)
-        return 0
+        return int(self._rec(i)["ecc_volatile_errors"])
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
         return self.compute[self._h("nvmlDeviceGetComputeRunningProcesses", h)]
@@ -461,8 +571,10 @@ def _nvproc(pid: int, mb: int | None) -> Any:
 def test_nvml_reads_every_field_and_caches_handles(spawn: Any) -> None:
     fake = FakeNvml(gpus=2)
     fake.no_ecc.add(1)
-    child = spawn(["sleep", "60"], RIGDECK_JOB_ID="j1", RIGDECK_RANK="3")
-    fake.compute[0] = [_nvproc(child.pid, 2048)]
+    # The recorded load: a process tagged as rank 0 of probe-job-1 holding 6854 MB of GPU 0.
+    tagged = h100data.TAGGED
+    child = spawn(["sleep", "60"], RIGDECK_JOB_ID=tagged["job_id"], RIGDECK_RANK=str(tagged["rank"]))
+    fake.compute[0] = [_nvproc(child.pid, tagged["used_memory_mb"])]
     fake.graphics[0] = [_nvproc(child.pid, None)]  # the same pid twice: reported once
     fake.compute[1] = [_nvproc(os.getpid(), None)]
     c = Collector(nvml_module=fake, hostname="gpu-01")
@@ -478,17 +590,44 @@ def test_nvml_reads_every_field_and_caches_handles(spawn: Any) -> None:
     assert fake.calls["nvmlShutdown"] == 1
     assert s.gpu_source == "nvml" and not s.simulated and s.seq == 50
     g0, g1 = s.gpus
-    assert (g0.name, g0.uuid, g1.uuid) == ("NVIDIA H100 80GB HBM3", "GPU-fake-0", "GPU-fake-1")
-    assert (g0.utilization_pct, g1.utilization_pct) == (40.0, 41.0)
-    assert (g0.memory_used_mb, g0.memory_total_mb) == (1000, 81559)
-    assert (g0.temperature_c, g0.power_w, g0.power_limit_w) == (50.0, 512.34, 700.0)
-    assert g0.sm_clock_mhz == 1980
+    rec0, rec1 = h100data.gpu("nvml", 0), h100data.gpu("nvml", 1)
+    assert (g0.name, g0.uuid) == ("NVIDIA H100 80GB HBM3", "GPU-ed75f99d-faf1-c964-30aa-fa99a14baa78")
+    assert g1.uuid != g0.uuid
+    assert (g0.utilization_pct, g1.utilization_pct) == (rec0["utilization_pct"], rec1["utilization_pct"])
+    assert (g0.temperature_c, g0.power_w, g0.power_limit_w) == (
+        rec0["temperature_c"], rec0["power_w"], 700.0)
+    assert g0.sm_clock_mhz == rec0["sm_clock_mhz"]
     assert g0.ecc_volatile_errors == 0
     assert g1.ecc_volatile_errors is None  # NOT_SUPPORTED: no ECC on this card
     # NOT_SUPPORTED does not change: GPU 1 is asked once, GPU 0 every tick.
     assert fake.calls["nvmlDeviceGetTotalEccErrors"] == 50 + 1
-    assert g0.processes == [GpuProcess(child.pid, ME, 2048, "j1", 3)]
+    assert g0.processes == [GpuProcess(child.pid, ME, 6854, "probe-job-1", 0)]
     assert g1.processes == [GpuProcess(os.getpid(), ME, None, None, None)]
+
+
+def test_nvml_memory_used_is_what_nvidia_smi_showed_on_the_same_card() -> None:
+    smi = h100data.SMI_USED_MB  # 6863: nvidia-smi, the same load, the same seconds
+    with Collector(nvml_module=FakeNvml(gpus=1)) as c:
+        g = c.sample().gpus[0]
+    assert abs(g.memory_used_mb - smi) <= 0.01 * smi, (g.memory_used_mb, smi)
+    assert (g.memory_reserved_mb, g.memory_total_mb) == (h100data.RESERVED_MB, h100data.TOTAL_MB)
+    # The first memory call alone (what rigdeck showed before: 7342 MB) is 7% off.
+    assert abs(h100data.NVML_V1_USED_MB - smi) > 0.01 * smi
+
+
+@pytest.mark.parametrize("missing", ["pynvml", "driver"])
+def test_nvml_without_memory_info_v2_falls_back_to_the_first_version(missing: str) -> None:
+    fake = FakeNvml(gpus=1)
+    if missing == "pynvml":
+        fake.nvmlMemory_v2 = None  # type: ignore[assignment]
+    else:
+        fake.driver_has_v2 = False
+    with Collector(nvml_module=fake) as c:
+        for _ in range(5):
+            g = c.sample().gpus[0]
+    assert (g.memory_used_mb, g.memory_reserved_mb) == (h100data.NVML_V1_USED_MB, None)
+    # a driver without v2 is asked for it once, then the first version every tick
+    assert fake.calls["nvmlDeviceGetMemoryInfo"] == (5 if missing == "pynvml" else 6)
 
 
 def test_nvml_error_on_one_field_gives_none_for_that_field_only() -> None:
@@ -501,8 +640,8 @@ def test_nvml_error_on_one_field_gives_none_for_that_field_only() -> None:
         s2 = c.sample()
     assert s1.gpus[0].power_w is None
     assert s1.gpus[0].power_limit_w == 700.0
-    assert s1.gpus[1].power_w == 512.34
-    assert s2.gpus[0].power_w == 512.34  # a transient error is asked again next tick
+    assert s1.gpus[1].power_w == h100data.gpu("nvml", 1)["power_w"]
+    assert s2.gpus[0].power_w == h100data.gpu("nvml", 0)["power_w"]  # asked again next tick
     assert s1.gpus[1].processes == [GpuProcess(999_999_999, None, 10, None, None)]
 
 
@@ -676,6 +815,8 @@ def test_host_metrics_from_proc() -> None:
     with Collector(backend="none", use_psutil=False) as c:
         assert not c.uses_psutil
         _check_host(c)
+    with Collector(backend="none") as c:  # the default where there is a /proc: psutil unused
+        assert not c.uses_psutil
 
 
 def test_host_metrics_without_psutil_installed(monkeypatch: pytest.MonkeyPatch) -> None:
