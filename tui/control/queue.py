@@ -155,6 +155,15 @@ class JobQueue:
         self.history.create(job_id, spec.name, spec.to_dict(), state="queued", user=user)
         self.history.update(job_id, priority=spec.priority, waiting=waiting)
         self.history.add_event(job_id, {"event": "queued", "waiting": waiting})
+        if over is None and not ahead and queue:
+            # At the head of the line and no room: make room now if preemption can.
+            rec = self.history.get(job_id) or {}
+            try:
+                room = self._make_room(rec, spec, self.jm.capacity(self.candidates(spec)), self.line())
+            except TransportError:
+                room = None
+            if room is not None:
+                self._wait(rec, room)
         return self.jm.view(job_id, live=False)
 
     @staticmethod
@@ -300,6 +309,7 @@ class JobQueue:
                 chosen = rest
         for v_id in chosen:
             self._preempt(v_id, rec["job_id"])
+        self.history.add_event(rec["job_id"], {"event": "preempting", "jobs": chosen})
         return f"preempting job {', '.join(going + chosen)} (it starts once they have stopped)"
 
     def _preempt(self, victim: str, for_job: str) -> None:
