@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -168,3 +169,141 @@ def test_a_preemption_is_pending_until_the_job_starts_again_or_is_stopped_by_som
 def test_a_jobs_owner_is_read_from_its_record() -> None:
     assert fs.job_user({"user": "alice"}) == "alice"
     assert fs.job_user({}) == "?"
+
+
+# -- the queue's order, quotas and preemption, over a stand-in manager (no bed) ----------------
+
+
+class _Manager:
+    """What JobQueue asks of a JobManager: one host of 4 GPUs, each claimed by a job or free."""
+
+    def __init__(self, history: Any, claims: dict[int, str]):
+        from tui.model.scheduler import Scheduler
+
+        self.history = history
+        self.scheduler = Scheduler()
+        self.claims = claims  # GPU -> job id
+        self.launched: list[str] = []
+        self.stopped: list[str] = []
+        self.looked: list[str] = []
+        self.ctl = type("Ctl", (), {"inventory": type("Inv", (), {"names": ["h1"]})()})()
+
+    def check_pins(self, spec: Any) -> None:
+        pass
+
+    def snapshot_code(self, spec: Any) -> Any:
+        return spec
+
+    def capacity(self, hosts: Any) -> list[Any]:
+        from tui.model.scheduler import HostCapacity
+
+        return [HostCapacity("h1", "10.0.0.1", True, 8, (0, 1, 2, 3), (), True, "Simulated GPU",
+                             claimed=tuple((g, j, "u") for g, j in sorted(self.claims.items())))]
+
+    def launch(self, spec: Any, *, job_id: str, capacity: Any = None, **_: Any) -> None:
+        self.launched.append(job_id)
+
+    def stop(self, job_id: str, wait: bool = True) -> None:
+        self.stopped.append(job_id)
+        self.history.add_event(job_id, {"event": "stop requested"})
+        self.history.update(job_id, state="stopping")
+
+    def view(self, job_id: str, live: bool = True) -> Any:
+        return self.history.get(job_id)
+
+    def supervise_once(self, rec: Any) -> None:
+        self.looked.append(rec["job_id"])  # its hosts still stop it: it stays stopping
+
+
+def _job(history: Any, job_id: str, user: str, gpus: int, *, state: str = "queued", priority: int = 0,
+         started: float | None = None, ended: float | None = None, **spec: Any) -> None:
+    from tui.model.jobspec import JobSpec
+
+    s = JobSpec(name=job_id, command=("true",), workdir="/", nodes=1, gpus_per_node=gpus, priority=priority,
+                **spec).to_dict()
+    history.create(job_id, job_id, s, state=state, user=user)
+    history.update(job_id, priority=priority)
+    if started is not None:
+        history.update(job_id, started=started, placement=[{"host": "h1", "gpus": list(range(gpus))}])
+        history.add_event(job_id, {"event": "started"})
+        events = (history.get(job_id) or {})["events"]
+        events[-1]["time"] = started
+        history.update(job_id, events=events)
+    if ended is not None:
+        history.update(job_id, ended=ended)
+
+
+def test_the_queue_orders_one_priority_by_fair_share_and_fifo_by_arrival(tmp_path: Path) -> None:
+    import time
+
+    from tui.control.history import History
+    from tui.control.queue import JobQueue
+
+    h = History(tmp_path / "h.sqlite")
+    now = time.time()
+    _job(h, "c-old", "carol", 4, state="succeeded", started=now - 3000, ended=now - 600)  # carol used 4 GPUs
+    _job(h, "c1", "carol", 1)
+    _job(h, "a1", "alice", 1)
+    _job(h, "urgent", "carol", 1, priority=5)
+    jm = _Manager(h, {0: "x", 1: "x", 2: "x", 3: "x"})
+    fair = JobQueue(jm, fs.QueuePolicy(half_life_s=3600))  # type: ignore[arg-type]
+    entries = fair.entries()
+    assert [(e.job_id, e.user) for e in entries] == [("urgent", "carol"), ("a1", "alice"), ("c1", "carol")]
+    assert entries[1].fairshare == 1.0 and entries[2].fairshare is not None and entries[2].fairshare < 0.6
+    fifo = JobQueue(jm, fs.QueuePolicy(order="fifo"))  # type: ignore[arg-type]
+    assert [e.job_id for e in fifo.entries()] == ["urgent", "c1", "a1"]
+    assert all(e.fairshare is None for e in fifo.entries())
+
+
+def test_a_job_over_its_quota_waits_naming_it_and_does_not_hold_back_the_next(tmp_path: Path) -> None:
+    import time
+
+    from tui.control.history import History
+    from tui.control.queue import JobQueue
+
+    h = History(tmp_path / "h.sqlite")
+    _job(h, "a0", "alice", 2, state="running", started=time.time() - 60)
+    _job(h, "a1", "alice", 1)
+    _job(h, "b1", "bob", 1)
+    jm = _Manager(h, {0: "a0", 1: "a0"})
+    q = JobQueue(jm, fs.QueuePolicy(order="fifo", quotas=(fs.Quota("user", "alice", gpus=2),)))  # type: ignore[arg-type]
+    assert q.advance() == ["b1"]
+    assert (h.get("a1") or {})["waiting"].startswith("quota of user alice: 2 GPUs at once; 2 held by a0")
+    from tui.model.jobspec import JobSpec
+    from tui.model.scheduler import PlacementError
+
+    with pytest.raises(PlacementError, match="not started: quota of user alice"):
+        q.submit(JobSpec(name="a2", command=("true",), workdir="/", nodes=1, gpus_per_node=1), queue=False,
+                 user="alice")
+
+
+@pytest.mark.parametrize(("gpus", "victims"), [(1, ["v2"]), (2, ["v2", "v1"]), (3, [])])
+def test_preemption_stops_the_fewest_newest_preemptible_jobs_that_make_room(
+        tmp_path: Path, gpus: int, victims: list[str]) -> None:
+    import time
+
+    from tui.control.history import History
+    from tui.control.queue import JobQueue
+    from tui.model.jobspec import CheckpointSpec
+
+    h = History(tmp_path / "h.sqlite")
+    now = time.time()
+    ck = {"preemptible": True, "checkpoint": CheckpointSpec(dir="/ck/{job_id}")}
+    _job(h, "v1", "bob", 1, state="running", started=now - 60, **ck)
+    _job(h, "v2", "bob", 1, state="running", started=now - 30, **ck)
+    _job(h, "keep", "bob", 2, state="running", started=now - 10)  # not preemptible
+    _job(h, "urgent", "alice", gpus, priority=10)
+    jm = _Manager(h, {0: "v1", 1: "v2", 2: "keep", 3: "keep"})
+    q = JobQueue(jm, fs.QueuePolicy())  # type: ignore[arg-type]
+    assert q.advance() == []
+    assert jm.stopped == victims
+    waiting = (h.get("urgent") or {})["waiting"]
+    if victims:
+        assert waiting == f"preempting job {', '.join(victims)} (it starts once they have stopped)"
+        assert all((h.get(v) or {})["preempted"] == 1 and fs.preempt_pending(h.get(v) or {}) for v in victims)
+        jm.stopped.clear()
+        assert q.advance() == [] and jm.stopped == []  # stopping: nothing more is preempted meanwhile
+        assert sorted(jm.looked) == sorted(victims)  # the queue looks at them: their end frees the room
+    else:
+        assert "GPU" in waiting  # 3 GPUs cannot be freed: no job is stopped for nothing
+    assert not jm.launched
