@@ -20,16 +20,17 @@ started); for each job it preempted, the steps it lost (the newest step its firs
 minus the checkpoint it resumed from). Targets (rigdeck): each share within 10 % of its target
 (relative), the high-priority job starting within 15 s, no preempted job losing a checkpoint
 interval or more. The issue asks for 10 minutes per side; this machine's CPU is shared, so the
-default is ``--duration 150`` s per side with 30 s jobs (each side still runs ~5 job lengths).
+default is ``--duration 130`` s per side with 20 s jobs (each side still runs ~6 job lengths).
 Needs root (the network-namespace test bed).
 
-Usage: .venv/bin/python bench/fairshare.py [--duration 150] [--job-steps 60] [--step-seconds 0.5]
+Usage: .venv/bin/python bench/fairshare.py [--duration 130] [--job-steps 40] [--step-seconds 0.5]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -241,10 +242,10 @@ def report(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--duration", type=float, default=150.0, help="seconds per side")
+    ap.add_argument("--duration", type=float, default=130.0, help="seconds per side")
     ap.add_argument("--warmup", type=float, default=30.0, help="seconds before the shares are counted")
     ap.add_argument("--flood", type=int, default=24)
-    ap.add_argument("--job-steps", type=int, default=60)
+    ap.add_argument("--job-steps", type=int, default=40)
     ap.add_argument("--step-seconds", type=float, default=0.5)
     ap.add_argument("--checkpoint-every", type=int, default=5)
     ap.add_argument("--half-life-s", type=float, default=30.0)
@@ -255,6 +256,7 @@ def main() -> int:
         print(f"bench/fairshare.py needs the test bed: {why}", file=sys.stderr)
         return 2
     meta = run_meta()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout still takes the bed down
     bed = TestBed(HOSTS, sim_gpus=GPUS).up()
     results: dict[str, dict[str, Any]] = {}
     try:
