@@ -960,7 +960,8 @@ class JobManager:
         waiting = (f"preempted by job {', '.join(by)}: resumes from its newest checkpoint when room frees"
                    if (rec.get("spec") or {}).get("preemptible") is True
                    else f"preempted by job {', '.join(by)}: starts again when room frees")
-        self.history.update(job_id, state="queued", placement=None, waiting=waiting)
+        self.history.update(job_id, state="queued", placement=None, waiting=waiting,
+                            priority=int((rec.get("spec") or {}).get("priority") or 0))
         self.history.add_event(job_id, {"event": "requeued", "waiting": waiting})
         self.scheduler.release(job_id)
         return states

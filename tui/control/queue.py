@@ -35,6 +35,7 @@ from tui.model.fairshare import (
     Shares,
     decayed_gpu_hours,
     job_gpus,
+    job_priority,
     job_user,
     preempt_pending,
     preemptible,
@@ -111,7 +112,7 @@ class JobQueue:
 
     def _key(self, sh: Shares) -> Any:
         def key(rec: dict[str, Any]) -> tuple[Any, ...]:
-            return (-int(rec.get("priority") or 0), *sh.key(job_user(rec)), float(rec["created"]), rec["job_id"])
+            return (-job_priority(rec), *sh.key(job_user(rec)), float(rec["created"]), rec["job_id"])
 
         return key
 
@@ -294,8 +295,8 @@ class JobQueue:
         if going and self.jm.scheduler.fits(spec, capacity, without=going) is None:
             return f"preempting job {', '.join(going)} (it starts once they have stopped)"
         victims = sorted((r for r in on_hosts if r.get("state") == "running" and preemptible(r.get("spec") or {})
-                          and int(r.get("priority") or 0) < spec.priority and r["job_id"] not in going),
-                         key=lambda r: (int(r.get("priority") or 0), -float(r.get("started") or 0)))
+                          and job_priority(r) < spec.priority and r["job_id"] not in going),
+                         key=lambda r: (job_priority(r), -float(r.get("started") or 0)))
         chosen: list[str] = []
         for v in victims:
             chosen.append(v["job_id"])

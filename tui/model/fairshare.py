@@ -45,6 +45,7 @@ __all__ = [
     "Shares",
     "decayed_gpu_hours",
     "job_gpus",
+    "job_priority",
     "job_user",
     "parse_policy",
     "preempt_pending",
@@ -228,6 +229,11 @@ def job_user(rec: Mapping[str, Any]) -> str:
     """Who owns the job: its record's ``user`` ("?" for a job recorded before owners were)."""
     user = rec.get("user")
     return str(user) if user else "?"
+
+
+def job_priority(rec: Mapping[str, Any]) -> int:
+    """The job's ``priority``, as its spec says (a job started at once has no queue column)."""
+    return int((rec.get("spec") or {}).get("priority") or rec.get("priority") or 0)
 
 
 def job_gpus(spec: Mapping[str, Any]) -> int:
