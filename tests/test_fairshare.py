@@ -307,3 +307,20 @@ def test_preemption_stops_the_fewest_newest_preemptible_jobs_that_make_room(
     else:
         assert "GPU" in waiting  # 3 GPUs cannot be freed: no job is stopped for nothing
     assert not jm.launched
+
+
+def test_a_running_job_of_higher_spec_priority_is_never_preempted(tmp_path: Path) -> None:
+    import time
+
+    from tui.control.history import History
+    from tui.control.queue import JobQueue
+    from tui.model.jobspec import CheckpointSpec
+
+    h = History(tmp_path / "h.sqlite")
+    # started at once, never queued: only its spec holds its priority
+    _job(h, "high", "bob", 4, state="running", started=time.time() - 5, priority=20, preemptible=True,
+         checkpoint=CheckpointSpec(dir="/ck"))
+    h.update("high", priority=None)
+    _job(h, "urgent", "alice", 1, priority=10)
+    jm = _Manager(h, {0: "high", 1: "high", 2: "high", 3: "high"})
+    assert JobQueue(jm, fs.QueuePolicy()).advance() == [] and jm.stopped == []  # type: ignore[arg-type]
