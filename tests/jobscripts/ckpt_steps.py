@@ -1,7 +1,7 @@
 """A preemptible stand-in training rank (stdlib only, no torch): N steps, a metrics record each;
 every rank saves a checkpoint of its progress every K steps in $RIGDECK_CHECKPOINT_DIR and, on
 start, resumes after its newest one, writing a ``resumed`` event record and printing
-``rank R resumed from step K``. Stopped (SIGTERM), it just dies: what it did since its last
+``rank R resumed from step K`` (K = 0: a later attempt that found no checkpoint). Stopped (SIGTERM), it just dies: what it did since its last
 checkpoint is redone, at most K - 1 steps.
 
     ckpt_steps.py --steps N [--sleep S] [--checkpoint-every K]
@@ -31,11 +31,10 @@ def record(rec):
 
 
 saved = sorted(int(n[5:-5]) for n in os.listdir(mine) if n.startswith("step-") and n.endswith(".json"))
-start = 1
-if saved:
-    start = saved[-1] + 1
-    print(f"rank {rank} resumed from step {saved[-1]}", flush=True)
-    record({"event": "resumed", "from_step": saved[-1]})
+start = (saved[-1] if saved else 0) + 1
+if saved or int(os.environ.get("RIGDECK_RESTART_COUNT") or 0):  # stopped before its first checkpoint: step 0
+    print(f"rank {rank} resumed from step {start - 1}", flush=True)
+    record({"event": "resumed", "from_step": start - 1})
 for step in range(start, args.steps + 1):
     time.sleep(args.sleep)
     loss = 1.0 / step
