@@ -2,7 +2,8 @@
 
 Issue 33, acceptance item 3. Three users with shares 2:1:1 (alice, bob, carol) submit a stream of
 one-GPU jobs to 3 test bed hosts x 4 simulated GPUs (12), carol flooding the queue: she submits
-``--flood`` jobs at once, then keeps 12 waiting; alice and bob keep 3 waiting each. Halfway, dave
+``--flood`` jobs at once, then keeps 12 waiting; alice and bob keep 10 and 5 waiting (more than
+their shares use in a job's length, however slowly this loaded machine takes each submission). Halfway, dave
 submits one high-priority job of 4 GPUs on one host. Every job is tests/jobscripts/ckpt_steps.py
 (``--job-steps`` x ``--step-seconds``, a checkpoint every ``--checkpoint-every`` steps),
 ``preemptible = true``. Both sides run the same stream on the same bed, one after the other, each
@@ -55,7 +56,7 @@ from tui.remote.sshconfig import load_inventory  # noqa: E402
 HOSTS, GPUS = 3, 4
 SHARES = {"alice": 2, "bob": 1, "carol": 1}
 TARGET = {u: s / sum(SHARES.values()) for u, s in SHARES.items()}
-BACKLOG = {"alice": 3, "bob": 3, "carol": 12}
+BACKLOG = {"alice": 10, "bob": 5, "carol": 12}
 TARGET_SHARE_REL = 0.10
 TARGET_WAIT_S = 15.0
 STEPS = ROOT / "tests" / "jobscripts" / "ckpt_steps.py"
