@@ -1,8 +1,8 @@
 """A preemptible stand-in training rank (stdlib only, no torch): N steps, a metrics record each;
 every rank saves a checkpoint of its progress every K steps in $RIGDECK_CHECKPOINT_DIR and, on
 start, resumes after its newest one, writing a ``resumed`` event record and printing
-``rank R resumed from step K`` (K = 0: a later attempt that found no checkpoint). Stopped (SIGTERM), it just dies: what it did since its last
-checkpoint is redone, at most K - 1 steps.
+``rank R resumed from step K`` (K = 0: a later attempt that found no checkpoint). Stopped
+(SIGTERM), it just dies: what it did since its last checkpoint is redone, at most K - 1 steps.
 
     ckpt_steps.py --steps N [--sleep S] [--checkpoint-every K]
 """
