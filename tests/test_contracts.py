@@ -486,16 +486,20 @@ async def test_app_marks_simulated_gpus_in_the_job_view_the_stop_dialog_and_the_
 
 
 QUEUE_ENTRY = {"position": int, "job_id": str, "name": str, "priority": int, "queued_at": float,
-               "waiting": str, "hosts": list, "gpus": int}
+               "waiting": str, "hosts": list, "gpus": int, "user": str, "fairshare": (float, type(None)),
+               "preempted": int}
 
 
 def test_queue_json_keeps_its_keys_and_types() -> None:
     from tui.client import QueueEntry, wire_json
 
     entry = QueueEntry(position=1, job_id="j-1", name="j", priority=5, queued_at=1.5,
-                       waiting="h1 0 GPUs (GPU 0,1 busy with job 'x')", hosts=("h1",), gpus=2)
+                       waiting="h1 0 GPUs (GPU 0,1 busy with job 'x')", hosts=("h1",), gpus=2, user="alice",
+                       fairshare=0.5, preempted=1)
     out = json.loads(json.dumps(wire_json([entry])))
     conforms(out[0], QUEUE_ENTRY, "queue[0]")
+    fifo = json.loads(json.dumps(wire_json([dataclasses.replace(entry, fairshare=None)])))
+    conforms(fifo[0], QUEUE_ENTRY, "queue[0]")
 
 
 SWEEP_ROW = {"sweep_id": str, "name": str, "state": str, "strategy": str, "pruner": str, "metric": str,

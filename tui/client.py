@@ -44,6 +44,7 @@ from tui.control.service import ControllerService, ServiceInfo
 from tui.control.sweeps import SweepError
 from tui.model import wire
 from tui.model.doctor import DoctorReport
+from tui.model.fairshare import QueuePolicy
 from tui.model.inventory import INVENTORY_ENV, Inventory, InventoryError, default_inventory_path
 from tui.model.jobspec import JobSpec, JobSpecError
 from tui.model.jobstate import describe_cause
@@ -293,7 +294,7 @@ class InProcessClient(Client):
     def __init__(self, inventory: Inventory | None = None, *, accept_new: bool = False,
                  service: ControllerService | None = None, telemetry_hz: float = 1.0,
                  controller: Any = None, monitor: Any = None, jobs: Any = None,
-                 notify: NotifyConfig | None = None):
+                 notify: NotifyConfig | None = None, queue_policy: QueuePolicy | None = None):
         """``controller``, ``monitor``, ``jobs``: parts to use instead of making them (a test's
         recorded data, a benchmark's simulated cluster)."""
         if service is None:
@@ -301,7 +302,8 @@ class InProcessClient(Client):
                 assert controller is not None, "an inventory or a controller"
                 inventory = controller.inventory
             service = ControllerService(inventory, accept_new=accept_new, telemetry_hz=telemetry_hz,
-                                        monitor=monitor, controller=controller, source=jobs, notify=notify)
+                                        monitor=monitor, controller=controller, source=jobs, notify=notify,
+                                        queue_policy=queue_policy)
         self.service = service
         self.inventory = service.inventory
         if jobs is not None:  # a job source to show instead of the service's own (recorded data)
@@ -1012,9 +1014,11 @@ def connect(inventory: Inventory, *, accept_new: bool = False, telemetry_hz: flo
             config: UserConfig | None = None) -> Client:
     """The client this inventory calls for: the server it names, else the embedded controller.
     ``config``: the user's (default: ``load_config()``, checked here whichever it is, so a bad
-    value stops the command before anything starts); its ``[notify]`` goes to an embedded
-    controller, as a server has its own copy."""
+    value stops the command before anything starts); its ``[notify]`` and queue rules
+    (``[queue]``, ``[[group]]``, ``[[quota]]``) go to an embedded controller, as a server has
+    its own copy."""
     config = config if config is not None else load_config()
     if server_enabled(inventory):
         return RemoteClient(inventory, accept_new=accept_new, telemetry_hz=telemetry_hz)
-    return InProcessClient(inventory, accept_new=accept_new, telemetry_hz=telemetry_hz, notify=config.notify)
+    return InProcessClient(inventory, accept_new=accept_new, telemetry_hz=telemetry_hz, notify=config.notify,
+                           queue_policy=config.queue)

@@ -68,6 +68,7 @@ def setup(inventory: Inventory, *, progress: Callable[[str], None] | None = None
             transport=ctl.transport,
             progress=progress or (lambda _: None),
             notify=config.notify,
+            policy=config.queue,
         )
 
 

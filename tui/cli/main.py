@@ -89,7 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-queue", action="store_true",
                    help="refuse (exit 2) when the job does not fit now, instead of queueing it")
 
-    p = sub.add_parser("queue", help="the jobs waiting to start: position, priority, what each waits for")
+    p = sub.add_parser("queue", help="the jobs waiting to start: position, owner, priority, fair-share factor, "
+                                     "what each waits for")
     _common(p)
     p.add_argument("--json", action="store_true")
 
@@ -385,10 +386,12 @@ def _print_queue(entries: list[Any]) -> None:
     if not entries:
         print("no job waits")
         return
-    print(f"{'pos':<4} {'job':<34} {'prio':>4} {'gpus':>4}  {'waiting since':<19} waits for")
+    print(f"{'pos':<4} {'job':<34} {'user':<10} {'prio':>4} {'fair':>5} {'gpus':>4}  {'waiting since':<19} waits for")
     for e in entries:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.queued_at))
-        print(f"{e.position:<4} {e.job_id:<34} {e.priority:>4} {e.gpus:>4}  {since:<19} {e.waiting}")
+        fair = f"{e.fairshare:.2f}" if e.fairshare is not None else "-"
+        print(f"{e.position:<4} {e.job_id:<34} {e.user:<10} {e.priority:>4} {fair:>5} {e.gpus:>4}  {since:<19} "
+              f"{e.waiting}")
 
 
 def _run_jobs(args: argparse.Namespace) -> int:

@@ -61,7 +61,7 @@ CREATE TABLE IF NOT EXISTS notified (
 """
 # Columns added after the first release, for history files made before them.
 ADDED_COLUMNS = (("supervisor", "TEXT"), ("lease_until", "REAL"), ("priority", "INTEGER"), ("waiting", "TEXT"),
-                 ("pool_sizing", "TEXT"))
+                 ("pool_sizing", "TEXT"), ("user", "TEXT"), ("preempted", "INTEGER"))
 # (table, column, type) added to the other tables since they first shipped.
 ADDED_ELSEWHERE = (("drains", "now", "INTEGER NOT NULL DEFAULT 0"),)
 JSON_FIELDS = ("spec", "placement", "cause", "events", "pool_sizing")
@@ -135,11 +135,13 @@ class History:
     def close(self) -> None:
         self._db.close()
 
-    def create(self, job_id: str, name: str, spec: dict[str, Any], state: str = "pending") -> None:
+    def create(self, job_id: str, name: str, spec: dict[str, Any], state: str = "pending",
+               user: str | None = None) -> None:
+        """Record a new job; ``user``: who owns it (tui.model.fairshare.job_user reads it)."""
         with self._lock, self._db:
             self._db.execute(
-                "INSERT INTO jobs (job_id, name, spec, state, created) VALUES (?, ?, ?, ?, ?)",
-                (job_id, name, json.dumps(spec), state, time.time()),
+                "INSERT INTO jobs (job_id, name, spec, state, created, user) VALUES (?, ?, ?, ?, ?, ?)",
+                (job_id, name, json.dumps(spec), state, time.time(), user),
             )
         self.announce(job_id, state)
 
@@ -275,6 +277,16 @@ class History:
         with self._lock:
             cur = self._db.execute(
                 "SELECT * FROM jobs WHERE state = 'queued' ORDER BY COALESCE(priority, 0) DESC, created, job_id")
+            rows = cur.fetchall()
+            names = [c[0] for c in cur.description]
+        return [self._row(r, names) for r in rows]
+
+    def recent(self, since: float) -> list[dict[str, Any]]:
+        """Every job that has not ended, or ended at or after ``since``: what holds GPUs now and
+        what used them lately (fair share's and the quotas' usage)."""
+        with self._lock:
+            cur = self._db.execute(
+                "SELECT * FROM jobs WHERE ended IS NULL OR ended >= ? ORDER BY created", (since,))
             rows = cur.fetchall()
             names = [c[0] for c in cur.description]
         return [self._row(r, names) for r in rows]

@@ -25,7 +25,9 @@ from tui.control.healing import Fault, Healer, stack_summary, with_reruns
 from tui.control.history import History, JobRef, JobRefError
 from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
 from tui.control.tensorboard import pull as tensorboard_pull
+from tui.model.fairshare import preempt_pending
 from tui.model.health import Goodput, Incident, first_started, goodput
+from tui.model.identity import local_user
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import JobView, Progress, job_view
@@ -143,6 +145,12 @@ def stop_cause(host_states: dict[str, Any]) -> dict[str, Any] | None:
         if isinstance(st, dict) and st.get("state") == "stopped" and (st.get("cause") or {}).get("message"):
             return {**st["cause"], "host": st["cause"].get("host") or host}
     return None
+
+
+def restarts_used(rec: Mapping[str, Any]) -> int:
+    """Gang restarts counted against ``max_restarts``: every attempt after the first but those
+    that resumed a preempted job."""
+    return max(0, int(rec.get("restarts") or 0) - int(rec.get("preempted") or 0))
 
 
 def rank_env(spec: JobSpec) -> dict[str, str]:
@@ -448,11 +456,13 @@ class JobManager:
     # -- lifecycle --------------------------------------------------------------------------
 
     def launch(self, spec: JobSpec, *, job_id: str | None = None, look: bool = True,
-               capacity: list[HostCapacity] | None = None) -> JobView:
+               capacity: list[HostCapacity] | None = None, user: str | None = None) -> JobView:
         """Place the job, start it on every host, record it. Raises PlacementError or JobError.
         The view returned looks at the hosts once more, unless ``look`` is false (a caller that
         does not show it: the sweeps). ``capacity``: the hosts' capacity if the caller has just
-        read it."""
+        read it. ``user``: who owns a new job (default: this account). A job that ran before
+        (preempted, back from the queue) starts as its next attempt: its ranks resume from
+        their newest checkpoint, as after a gang restart."""
         unknown = [h for h in spec.hosts if h not in self.ctl.inventory.names]
         if unknown:
             raise JobError(
@@ -471,11 +481,18 @@ class JobManager:
         except BaseException:
             self.scheduler.release(job_id)
             raise
-        if self.history.get(job_id) is None:
-            self.history.create(job_id, spec.name, spec.to_dict(), state="pending")
+        rec = self.history.get(job_id)
+        attempt = 0
+        if rec is None:
+            self.history.create(job_id, spec.name, spec.to_dict(), state="pending",
+                                user=user if user is not None else local_user())
+        elif any(e.get("event") == "started" for e in rec.get("events") or ()):
+            attempt = int(rec.get("restarts") or 0) + 1
+            self.history.add_event(job_id, {"event": "resumed", "restart_count": attempt,
+                                            "preempted": int(rec.get("preempted") or 0)})
         self.history.update(job_id, state="pending", placement=placement.to_plan_nodes())
         try:
-            self._start(job_id, spec, placement, restart_count=0)
+            self._start(job_id, spec, placement, restart_count=attempt)
         except BaseException:
             self.scheduler.release(job_id)
             raise
@@ -897,6 +914,8 @@ class JobManager:
         if rec["state"] in TERMINAL:
             return states
         pools.record_replica_events(self, job_id, rec, states)
+        if overall in TERMINAL and preempt_pending(rec):
+            return self._requeue(job_id, rec, states)
         if overall in (rec["state"], "unknown"):
             return states
         if overall == "failed":
@@ -909,7 +928,7 @@ class JobManager:
             sig = cause.get("signal")
             eligible = not spec.restart.on_exit_codes or code in spec.restart.on_exit_codes or (
                 sig is not None and 128 + sig in spec.restart.on_exit_codes)
-            if eligible and int(rec.get("restarts") or 0) < spec.restart.max_restarts:
+            if eligible and restarts_used(rec) < spec.restart.max_restarts:
                 self.healer.record(job_id, Fault("exit", str(cause.get("message") or "a rank failed"),
                                                  host=cause.get("host"), rank=cause.get("rank")),
                                    int(rec.get("restarts") or 0), time.time())
@@ -934,6 +953,19 @@ class JobManager:
             self.history.update(job_id, state=overall)
         return states
 
+    def _requeue(self, job_id: str, rec: dict[str, Any], states: dict[str, Any]) -> dict[str, Any]:
+        """A preempted job's hosts are done with it: back to the queue, at its own priority and
+        first submission time, to resume from its newest checkpoint when room frees."""
+        by = [str(e.get("by")) for e in rec.get("events") or () if e.get("event") == "preempted"][-1:]
+        waiting = (f"preempted by job {', '.join(by)}: resumes from its newest checkpoint when room frees"
+                   if (rec.get("spec") or {}).get("preemptible") is True
+                   else f"preempted by job {', '.join(by)}: starts again when room frees")
+        self.history.update(job_id, state="queued", placement=None, waiting=waiting,
+                            priority=int((rec.get("spec") or {}).get("priority") or 0))
+        self.history.add_event(job_id, {"event": "requeued", "waiting": waiting})
+        self.scheduler.release(job_id)
+        return states
+
     def _restart_or_fail(self, job_id: str, rec: dict[str, Any], states: dict[str, Any], cause: dict[str, Any],
                          *, eligible: bool, dead: Sequence[str]) -> dict[str, Any]:
         """The gang has been told to stop: start it again (its ranks resume from their newest
@@ -941,7 +973,7 @@ class JobManager:
         otherwise record the failure with its cause."""
         spec = JobSpec.from_dict(rec["spec"])
         restarts = int(rec.get("restarts") or 0)
-        if restarts < spec.restart.max_restarts and eligible:
+        if restarts_used(rec) < spec.restart.max_restarts and eligible:
             self._wait_terminal(rec, 30, skip=dead)
             self.history.add_event(job_id, {"event": "restart", "restart_count": restarts + 1, "cause": cause})
             self.scheduler.release(job_id)

@@ -482,6 +482,13 @@ class JobWatch:
 
     def poll_once(self) -> JobsSnapshot:
         recs = self.jobs.history.list(limit=self.limit)
+        # Every job that holds GPUs is supervised, however many newer ones (a deep queue) push it
+        # out of the newest ``limit``: its end must be seen for its GPUs to be given back.
+        listed = {r["job_id"] for r in recs}
+        recent = getattr(self.jobs.history, "recent", None)  # a stand-in history may lack it
+        if recent is not None:
+            recs += [r for r in recent(time.time() + 1) if r["job_id"] not in listed
+                     and r["state"] not in TERMINAL and r["state"] != "queued"]
         errors: list[str] = []
         work: list[tuple[dict[str, Any], _Track]] = []
         for rec in recs:

@@ -553,11 +553,12 @@ def serve(state_dir: Path, *, inventory_path: Path | None = None, telemetry_hz: 
     inv = load_inventory(inventory_path or state_dir / "inventory.toml")
     server = getattr(inv, "server", None)
     host = server.host if server is not None else None
-    # The operator's [notify], as `rigdeck server setup` copied it (none: nothing is sent).
+    # The operator's [notify] and the queue's rules ([queue], [[group]], [[quota]]), as
+    # `rigdeck server setup` copied them (none: nothing is sent; fair share, no quotas).
     config = load_config(state_dir / "config.toml") if (state_dir / "config.toml").exists() else UserConfig()
     service = ControllerService(
         inv, history=History(state_dir / "history.sqlite"), telemetry_hz=telemetry_hz, kind="server",
-        host=host, owner=f"server:{state_dir}", notify=config.notify,
+        host=host, owner=f"server:{state_dir}", notify=config.notify, queue_policy=config.queue,
     )
     try:
         metrics = _metrics_server(service, metrics_listen)

@@ -27,6 +27,7 @@ from tui.control.pipelines import PipelineRunner
 from tui.control.queue import JobQueue, QueueEntry
 from tui.control.sweeps import SweepRunner
 from tui.model.doctor import DoctorReport
+from tui.model.fairshare import QueuePolicy
 from tui.model.health import DRAINED, UNHEALTHY, Drain, drained, parse_target
 from tui.model.identity import local_user
 from tui.model.inventory import Inventory
@@ -78,8 +79,10 @@ class ControllerService:
         controller: Controller | None = None,
         source: Any = None,
         notify: NotifyConfig | None = None,
+        queue_policy: QueuePolicy | None = None,
     ):
         self.kind = kind
+        self.queue_policy = queue_policy or QueuePolicy()
         self.host = host
         self.ctl = controller or Controller(inventory, accept_new=accept_new)
         self.inventory = self.ctl.inventory
@@ -120,7 +123,7 @@ class ControllerService:
         m = self.manager
         with self._lock:
             if self._queue is None:
-                self._queue = JobQueue(m)
+                self._queue = JobQueue(m, self.queue_policy)
             return self._queue
 
     @property
@@ -363,11 +366,14 @@ class ControllerService:
 
     # -- jobs: commands ----------------------------------------------------------------------
 
-    def launch(self, spec: JobSpec, *, queue: bool = True, job_id: str | None = None) -> JobView:
-        """Start ``spec`` now, or queue it when it does not fit now (``queue``)."""
+    def launch(self, spec: JobSpec, *, queue: bool = True, job_id: str | None = None,
+               user: str | None = None) -> JobView:
+        """Start ``spec`` now, or queue it when it does not fit now (``queue``). ``user``: who
+        owns it (default: this process's account); set by in-process callers only, never from
+        the wire."""
         spec = self.manager.snapshot_code(spec)  # reading the files holds up no supervision
         with self._exclusive():
-            view = self.queue.submit(spec, queue=queue, job_id=job_id)
+            view = self.queue.submit(spec, queue=queue, job_id=job_id, user=user)
         if view.state == "queued":
             view = self._after_stops(view)
         if self._watch is not None:

@@ -199,6 +199,9 @@ class JobSpec:
     total_steps: int | None = None
     channels: tuple[tuple[str, str], ...] = ()
     priority: int = 0  # the queue starts higher priorities first, FIFO within one
+    # May a higher-priority job stop this one? True: yes, and it resumes from its [checkpoint]
+    # dir; "restart": yes, and it may start over (no checkpoint to resume from); False: never.
+    preemptible: bool | str = False
     # A sweep's spec has ``sweep``; each of its trials is a spec without it, with ``trial`` (the
     # trial's number as a string from "1", as Vertex writes it), ``sweep_id`` and the sweep's
     # metric definitions (read off rank 0's output).
@@ -296,6 +299,7 @@ class JobSpec:
             "total_steps": self.total_steps,
             "channels": dict(self.channels),
             "priority": self.priority,
+            "preemptible": self.preemptible,
             "sweep": self.sweep.to_dict() if self.sweep is not None else None,
             "trial": self.trial,
             "sweep_id": self.sweep_id,
@@ -352,6 +356,7 @@ class JobSpec:
             env=tuple((d.get("env") or {}).items()),
             max_runtime_s=int(d.get("max_runtime_s", DEFAULT_MAX_RUNTIME_S)),
             priority=int(d.get("priority") or 0),
+            preemptible=d.get("preemptible") or False,
             grace_s=float(d.get("grace_s", DEFAULT_GRACE_S)),
             hyperparameters=tuple(copy.deepcopy(d.get("hyperparameters") or {}).items()),
             checkpoint=CheckpointSpec(
@@ -650,6 +655,12 @@ def _options(v: Any) -> tuple[str, ...]:
     return _arguments(_strings(v), "options")
 
 
+def _preemptible(v: Any) -> bool | str:
+    if isinstance(v, bool) or v == "restart":
+        return v
+    raise Bad()
+
+
 _LOSS_EXPECTED = "a regular expression with exactly one capture group, or a group named 'loss'"
 
 
@@ -685,6 +696,8 @@ _TOP_FIELDS: dict[str, Check] = {
     "grace": Check('a duration >= 0: seconds or a string like "30s", "2m"', _grace),
     "total_steps": Check("an integer >= 1", int_range(1)),
     "priority": Check("an integer -1000..1000 (the queue starts higher first)", int_range(-1000, 1000)),
+    "preemptible": Check('true (a higher-priority job may stop it; it resumes from its [checkpoint] dir), '
+                         '"restart" (it may be stopped and start over) or false', _preemptible),
     "env": Check('a table of strings (NAME = "value")', _env),
     "hyperparameters": Check("a table ([hyperparameters])", _hyperparameters),
     "channels": Check('a table of paths on the hosts (name = "/path")', _channels),
@@ -813,6 +826,7 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
         env=values.get("env", ()),
         max_runtime_s=values.get("max_runtime", DEFAULT_MAX_RUNTIME_S),
         priority=values.get("priority", 0),
+        preemptible=values.get("preemptible", False),
         grace_s=values.get("grace", DEFAULT_GRACE_S),
         hyperparameters=values.get("hyperparameters", ()),
         checkpoint=CheckpointSpec(
@@ -835,6 +849,9 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
         processing=processing,
         path=where,
     )
+    if spec.preemptible is True and not spec.checkpoint.dir:
+        raise at.error("preemptible", 'a [checkpoint] dir to resume from with preemptible = true (or '
+                       'preemptible = "restart": the job may be stopped and start over)', True)
     spec = _with_sweep_and_model_parallel(spec, data, values, at)
     size = len(json.dumps(spec.to_dict()).encode("utf-8"))
     if size > MAX_SPEC_JSON_BYTES:

@@ -22,6 +22,7 @@ state) and keeps its own reservations; it never talks to a host. Rules:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -321,10 +322,18 @@ class Scheduler:
             self._reservations[job_id] = placement
             return placement
 
-    def fits(self, spec: JobSpec, capacity: Sequence[HostCapacity]) -> PlacementError | None:
-        """Whether ``spec`` would fit now, holding nothing: None, or why not."""
+    def fits(self, spec: JobSpec, capacity: Sequence[HostCapacity], *,
+             without: Iterable[str] = ()) -> PlacementError | None:
+        """Whether ``spec`` would fit now, holding nothing: None, or why not. ``without``: jobs
+        whose GPUs count as free (what preempting them would give)."""
+        gone = frozenset(without)
+        if gone:
+            capacity = [dataclasses.replace(c, job_busy=tuple(x for x in c.job_busy if x[1] not in gone),
+                                            claimed=tuple(x for x in c.claimed if x[1] not in gone))
+                        for c in capacity]
         with self._lock:
-            views = _views(capacity, self._held(), "\0probe", frozenset())
+            held = {k: j for k, j in self._held().items() if j not in gone}
+            views = _views(capacity, held, "\0probe", frozenset())
             try:
                 _place(spec, views, self._cpu_jobs())
             except PlacementError as e:

@@ -1,7 +1,8 @@
 """The user's own settings: ``$XDG_CONFIG_HOME/rigdeck/config.toml`` (``$RIGDECK_CONFIG``).
 
-Today one table, ``[notify]``: where to tell the user about state changes of jobs, sweeps and
-pipelines::
+``[queue]``, ``[[group]]`` and ``[[quota]]``: the queue's rules (tui.model.fairshare; the
+server's config holds the ones in force for everyone). ``[notify]``: where to tell the user
+about state changes of jobs, sweeps and pipelines::
 
     [notify]
     webhook = "https://hooks.example.com/T000/B000?token=..."   # POST of the event JSON
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from tui.model.fairshare import QueuePolicy, parse_policy
 from tui.model.fields import Bad, Check, boolean, checked, int_range, number
 from tui.model.inventory import InventoryError
 from tui.model.jobstate import FAILED, QUEUED, RUNNING, STOPPED, SUCCEEDED, describe_cause
@@ -188,9 +190,12 @@ def notify_config(raw: Any, path: Path | None) -> NotifyConfig:
 class UserConfig:
     path: Path | None = None
     notify: NotifyConfig = field(default_factory=NotifyConfig)
+    # ``[queue]``, ``[[group]]``, ``[[quota]]``: the queue's order, shares, quotas and preemption
+    # (tui.model.fairshare); the server's config holds the ones in force for everyone.
+    queue: QueuePolicy = field(default_factory=QueuePolicy)
 
 
-_TOP_LEVEL = ("notify",)
+_TOP_LEVEL = ("notify", "queue", "group", "quota")
 
 
 def parse_config(text: str, path: Path | None = None) -> UserConfig:
@@ -202,7 +207,11 @@ def parse_config(text: str, path: Path | None = None) -> UserConfig:
         if key not in _TOP_LEVEL:
             raise ConfigError(path, key, f"one of the known tables {', '.join(_TOP_LEVEL)}")
     notify = notify_config(data["notify"], path) if "notify" in data else NotifyConfig()
-    return UserConfig(path, notify)
+
+    def error(name: str, expected: str, got: Any) -> ConfigError:
+        return ConfigError(path, name, expected, got)
+
+    return UserConfig(path, notify, parse_policy(data, error))
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> UserConfig:

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tui.model import tomlwrite
+from tui.model.fairshare import QueuePolicy, policy_to_toml
 from tui.model.inventory import HostSpec, Inventory, ServerSpec
 from tui.model.serverlayout import ServerLayout
 from tui.model.userconfig import NotifyConfig
@@ -327,13 +328,17 @@ def server_inventory(
     return head + tomlwrite.dumps({"defaults": defaults, "hosts": hosts})
 
 
-def server_config(notify: NotifyConfig | None, server_host: str) -> str:
-    """The server's config.toml: the operator's ``[notify]`` table, when there is one."""
+def server_config(notify: NotifyConfig | None, server_host: str, policy: QueuePolicy | None = None) -> str:
+    """The server's config.toml: the operator's ``[notify]`` table, when there is one, and the
+    queue's rules (``[queue]``, ``[[group]]``, ``[[quota]]``) when they are not the defaults."""
     head = (f"# The rigdeck server's config on {server_host}, written by `rigdeck server setup`\n"
-            "# from the operator's [notify]; setup overwrites it.\n")
-    if notify is None or not notify.sends:
-        return head
-    return head + tomlwrite.dumps({"notify": notify.to_toml()})
+            "# from the operator's [notify], [queue], [[group]] and [[quota]]; setup overwrites it.\n")
+    data: dict[str, Any] = {}
+    if notify is not None and notify.sends:
+        data["notify"] = notify.to_toml()
+    if policy is not None and policy != QueuePolicy():
+        data.update(policy_to_toml(policy))
+    return head + tomlwrite.dumps(data) if data else head
 
 
 # ---------------------------------------------------------------------------------------------
@@ -420,6 +425,7 @@ def setup(
     wheels: Callable[[], WheelSet] = build_wheels,
     progress: Progress = _quiet,
     notify: NotifyConfig | None = None,
+    policy: QueuePolicy | None = None,
 ) -> SetupReport:
     """Install, key and configure the server on the [server] host (see the module docstring).
 
@@ -428,7 +434,8 @@ def setup(
     ``transport(host)`` reaches a host (default: a transport of its own per host). ``notify``:
     the operator's ``[notify]`` table, written to the server's config.toml (none: an empty one,
     so a table the operator removed stops there too). Safe to run again: what is current is
-    left alone, the key lines are replaced, never duplicated.
+    left alone, the key lines are replaced, never duplicated. ``policy``: the queue's rules,
+    written there too.
     """
     t0 = time.monotonic()
     srv, server_host = server_of(inventory)
@@ -482,7 +489,7 @@ def setup(
             layout.known_hosts: known_hosts_text,
             layout.inventory: server_inventory(inventory, layout, srv.host),
             layout.setup_record: json.dumps(record, indent=1) + "\n",
-            layout.config: server_config(notify, srv.host),
+            layout.config: server_config(notify, srv.host, policy),
         })
         report.known_hosts = layout.known_hosts
         report.inventory = layout.inventory
