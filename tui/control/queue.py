@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tui.control.jobs import JobError, JobManager, JobView, new_job_id
+from tui.model.identity import local_user
 from tui.model.jobspec import JobSpec
 from tui.model.scheduler import HostCapacity, PlacementError, Scheduler
 from tui.remote.transport import TransportError
@@ -55,17 +56,20 @@ class JobQueue:
 
     # -- submitting -------------------------------------------------------------------------
 
-    def submit(self, spec: JobSpec, *, queue: bool = True, job_id: str | None = None, look: bool = True) -> JobView:
+    def submit(self, spec: JobSpec, *, queue: bool = True, job_id: str | None = None, look: bool = True,
+               user: str | None = None) -> JobView:
         """Start ``spec`` now if it fits and nothing of equal or higher priority waits; else,
         with ``queue``, record it as queued. Raises PlacementError for a job that cannot ever fit
-        (or, without ``queue``, does not fit now), JobError for a bad host name or a failed start."""
+        (or, without ``queue``, does not fit now), JobError for a bad host name or a failed start.
+        ``user``: the job's owner, stored as its record's ``user`` (default: the local account)."""
+        user = user or local_user()
         job_id = job_id or new_job_id(spec.name)
         self.jm.check_pins(spec)  # a pool pinned to hosts or labels the inventory lacks: never fits
         spec = self.jm.snapshot_code(spec)  # [code] sync: the files as they are now
         ahead = [r for r in self.history.queued() if int(r.get("priority") or 0) >= spec.priority]
         if not ahead or not queue:
             try:
-                return self.jm.launch(spec, job_id=job_id, look=look)
+                return self.jm.launch(spec, job_id=job_id, look=look, user=user)
             except (PlacementError, JobError) as e:
                 if not queue or not self._transient(e):
                     raise
@@ -74,7 +78,7 @@ class JobQueue:
             waiting = f"behind job {ahead[-1]['job_id']}"
         self._check_feasible(spec)
         self.history.create(job_id, spec.name, spec.to_dict(), state="queued")
-        self.history.update(job_id, priority=spec.priority, waiting=waiting)
+        self.history.update(job_id, priority=spec.priority, waiting=waiting, user=user)
         self.history.add_event(job_id, {"event": "queued", "waiting": waiting})
         return self.jm.view(job_id, live=False)
 
