@@ -845,11 +845,11 @@ class RecordedSweeps:
             raise SweepError(f"no sweep {ref!r} (rigdeck sweeps lists them)")
         return self.details[ref]
 
-    def stop(self, ref: str) -> Any:
+    def stop(self, ref: str, user: str | None = None) -> Any:
         self.stopped.append(ref)
         return self.detail(ref)
 
-    def stop_trial(self, ref: str, number: int) -> Any:
+    def stop_trial(self, ref: str, number: int, user: str | None = None) -> Any:
         self.stopped_trials.append((ref, number))
         return self.detail(ref)
 

@@ -505,6 +505,12 @@ def _handler(m: api.Method) -> Callable[..., Any]:
     return handle
 
 
+def _person(s: Session) -> dict[str, Any]:
+    """The ``user`` keyword for a session of a person (none for the server's own account: the
+    layers below default to the local account, which it is)."""
+    return {"user": s.user} if s.user is not None else {}
+
+
 class _Own:
     """The server's own handlers, each named after its stub in ``tui.control.api``: the methods
     that need the session, decode a spec or encode bytes. Each gets the session and the params,
@@ -557,11 +563,11 @@ class _Own:
 
     @staticmethod
     def source_launch(s: Session, spec: dict[str, Any]) -> str:
-        return str(s.server.service.launch(JobSpec.from_dict(spec), user=s.actor.name).job_id)
+        return str(s.server.service.source.launch(JobSpec.from_dict(spec), **_person(s)))
 
     @staticmethod
     def source_stop(s: Session, job_id: str) -> str:
-        return str(s.server.service.stop(job_id, user=s.actor.name).state)
+        return str(s.server.service.source.stop_job(job_id, **_person(s)))
 
     @staticmethod
     def launch(s: Session, spec: dict[str, Any], queue: bool = True, job_id: str | None = None) -> Any:

@@ -671,11 +671,11 @@ class ServiceJobSource:
     def stop_plan(self, job_id: str) -> StopPlan:
         return self.svc.watch.stop_plan(job_id)
 
-    def launch(self, spec: JobSpec) -> str:
-        return self.svc.launch(spec).job_id
+    def launch(self, spec: JobSpec, user: str | None = None) -> str:
+        return self.svc.launch(spec, user=user).job_id
 
-    def stop_job(self, job_id: str) -> str:
-        return str(self.svc.stop(job_id).state)
+    def stop_job(self, job_id: str, user: str | None = None) -> str:
+        return str(self.svc.stop(job_id, user=user).state)
 
     def inventory_hosts(self) -> list[str]:
         return list(self.svc.inventory.names)
