@@ -469,9 +469,10 @@ def _jobs(client: Any, args: argparse.Namespace) -> int:
         json.dump([v.to_json() for v in views], sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(f"{'job':<34} {'state':<10} {'restarts':<8} hosts")
+        print(f"{'job':<34} {'user':<10} {'state':<10} {'restarts':<8} hosts")
         for v in views:
-            print(f"{v.job_id:<34} {v.state:<10} {v.restarts:<8} {','.join(n['host'] for n in v.placement)}")
+            print(f"{v.job_id:<34} {v.user or '-':<10} {v.state:<10} {v.restarts:<8} "
+                  f"{','.join(n['host'] for n in v.placement)}")
     return EXIT_OK
 
 

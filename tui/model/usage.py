@@ -20,7 +20,7 @@ from typing import Any
 from tui.model.jobstate import TERMINAL
 
 __all__ = ["BY", "NO_GROUP", "UNKNOWN_USER", "Attempt", "UsageReport", "UsageRow", "attempts", "gpu_seconds",
-           "parse_since", "placement_gpus", "report_lines", "usage_report", "week_of"]
+           "parse_since", "placement_gpus", "recent_weeks", "report_lines", "usage_report", "week_of", "weekly_bars"]
 
 BY = ("user", "group", "job")
 UNKNOWN_USER = "(unknown)"  # a job recorded before owners were
@@ -202,3 +202,15 @@ def report_lines(report: UsageReport) -> list[str]:
     out.append(f"{'total':<{width}}  {report.gpu_hours:>9.3f}  {sum(r.jobs for r in report.rows):>5}  "
                f"{sum(r.preempted for r in report.rows):>9}")
     return out
+
+
+def recent_weeks(now: float, count: int) -> list[str]:
+    """The ISO weeks of the ``count`` weeks up to ``now``'s, oldest first."""
+    start = _week_start(now)
+    return [week_of(start - i * WEEK_S + 3600.0) for i in range(count - 1, -1, -1)]
+
+
+def weekly_bars(report: UsageReport, weeks: Sequence[str]) -> list[tuple[str, str, float]]:
+    """(key, week, GPU hours) for each row of ``report`` and each of ``weeks`` (0 where none):
+    the Usage view's bars, the most GPU hours first."""
+    return [(r.key, w, report.weeks.get(r.key, {}).get(w, 0.0)) for r in report.rows for w in weeks]
