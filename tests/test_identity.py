@@ -254,3 +254,13 @@ def test_add_user_installs_a_forced_command_and_refuses_a_key_already_there(tmp_
     assert (tmp_path / ".ssh" / "authorized_keys").read_text().splitlines() == [own]
     assert serverhelper.read_users(state) == {}
     assert "no user 'bob'" in serverhelper.remove_user(state, "bob")["error"]
+
+
+def test_usage_with_a_bad_since_says_what_it_expected_before_reaching_anything(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from tui.cli.main import main
+
+    assert main(["usage", "--since", "yesterday", "-i", "/nonexistent/hosts.toml"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("rigdeck usage: --since: expected a date (YYYY-MM-DD or YYYY-MM-DDTHH:MM)") and \
+        "'yesterday'" in err

@@ -568,24 +568,35 @@ class ControllerService:
                             goodputs=self._goodputs(recs, since))
 
     def _goodputs(self, recs: Sequence[Mapping[str, Any]], since: float | None) -> dict[str, float | None]:
-        """Each started job's goodput ratio, from its metrics; an ended job's is kept once read."""
+        """Each started job's goodput ratio, from its metrics (read from its hosts, several jobs at
+        once); an ended job's is kept once read."""
+        from concurrent.futures import ThreadPoolExecutor
+
         out: dict[str, float | None] = {}
+        todo = []
         for rec in recs:
             job_id = str(rec["job_id"])
             if not rec.get("started") or (since is not None and float(rec.get("ended") or time.time()) < since):
                 continue
             if job_id in self._goodput_cache:
                 out[job_id] = self._goodput_cache[job_id]
-                continue
+            else:
+                todo.append(rec)
+
+        def one(rec: Mapping[str, Any]) -> float | None:
             try:
                 gp = self.manager.health(rec)[1]
-                ratio = gp.ratio if gp is not None else None
             except Exception as e:  # hosts gone, files collected: no figure, never an error
-                log.info("goodput of %s: %s", job_id, e)
-                ratio = None
-            out[job_id] = ratio
-            if rec.get("state") in TERMINAL:
-                self._goodput_cache[job_id] = ratio
+                log.info("goodput of %s: %s", rec["job_id"], e)
+                return None
+            return gp.ratio if gp is not None else None
+
+        if todo:
+            with ThreadPoolExecutor(max_workers=min(8, len(todo)), thread_name_prefix="goodput") as pool:
+                for rec, ratio in zip(todo, pool.map(one, todo), strict=True):
+                    out[str(rec["job_id"])] = ratio
+                    if rec.get("state") in TERMINAL:
+                        self._goodput_cache[str(rec["job_id"])] = ratio
         return out
 
     def queue_entries(self) -> list[QueueEntry]:
