@@ -599,7 +599,7 @@ def test_people_attach_with_their_own_keys_and_a_member_stops_only_their_own_job
                               "-o", f"UserKnownHostsFile={bed.known_hosts}", "-o", "IdentitiesOnly=yes",
                               f"root@{bed.host(1).address}", "id"], input="", capture_output=True, text=True,
                              timeout=60)
-        assert "uid=" not in res.stdout and '"event": "hello"' in res.stdout, (res.stdout, res.stderr)
+        assert "uid=" not in res.stdout and '"event":"hello"' in res.stdout, (res.stdout, res.stderr)
         job = alice.json("launch", str(alice.spec("alices", ticker(3000) + "gpus_per_node = 2\n")))
         job_id = job["job_id"]
         assert job["user"] == "alice", job
