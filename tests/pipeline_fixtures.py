@@ -134,7 +134,7 @@ class RecordedPipelines:
             return self.details[hits[0]]
         raise UnknownPipeline(f"no pipeline {ref!r} (rigdeck pipelines lists them)")
 
-    def stop(self, ref: str) -> PipelineDetail:
+    def stop(self, ref: str, user: str | None = None) -> PipelineDetail:
         d = self.detail(ref)
         self.stopped.append(d.row.pipeline_id)
         steps = tuple(replace(s, state="stopped", reason="stopped by the operator", ended=T0 + 125)

@@ -31,6 +31,8 @@ and h2 with restarts to spend; an XID 79 written for the simulated GPU of its ra
 two checkpoints, and, once rigdeck has restarted it from its checkpoint on healthy GPUs and it
 stepped on, h3 GPU 2 drained by hand: the GPU view, the map and the Job view (its incident and
 goodput) as ``healing-gpus.svg``, ``healing-map.svg`` and ``healing-job.svg`` (not part of the full
+run). ``--only usage``: jobs of alice and bob (4, 1 and 4 simulated GPUs, at once) launched through
+the app's controller with each as owner, then the Usage view (``usage.svg``; not part of the full
 run).
 
 PNGs come from ``rsvg-convert`` (Debian: librsvg2-bin) with the Fira Code font the SVGs name
@@ -540,6 +542,35 @@ async def run_doctor_view(app: Any, pilot: Any, bed: Any, converter: str, shots:
     await capture(app, pilot, "doctor", converter, shots)
 
 
+async def run_usage(app: Any, pilot: Any, tmp: Path, converter: str, shots: list[Path], until: Any) -> None:
+    """Jobs of two people on the bed, launched through the controller the app runs with each
+    person as the owner (what a server records from each person's key): alice's 4-GPU and 1-GPU
+    jobs, bob's 4-GPU job, all at once; the Usage view once they ended."""
+    from tui.model.jobspec import load_jobspec
+    from tui.model.jobstate import TERMINAL
+
+    runs = [("alice", "alice-train", 2, 2, 300), ("alice", "alice-eval", 1, 1, 150), ("bob", "bob-train", 2, 2, 200)]
+    ids = []
+    for user, name, nodes, gpus, steps in runs:
+        spec = tmp / f"{name}.toml"
+        spec.write_text(f'name = "{name}"\ncommand = ["{{python}}", "{TICKER}", "--steps", "{steps}", "--sleep", '
+                        f'"0.1"]\nworkdir = "{ROOT}"\nlauncher = "direct"\nnodes = {nodes}\ngpus_per_node = {gpus}\n')
+        view = await asyncio.to_thread(app.client.service.launch, load_jobspec(spec), user=user)
+        ids.append(view.job_id)
+        print(f"{user}: {view.job_id} {view.state}", flush=True)
+
+    def ended() -> bool:
+        return all((r := app.jobs_snapshot.row(j)) is not None and r.state in TERMINAL for j in ids)
+
+    await until(ended, "the jobs to end", 300)
+    view = app.views["usage"]
+    await pilot.press("u")
+    await until(lambda: view.usage_reads >= 1 and view.usage_report is not None
+                and {r.key for r in view.usage_report.rows} >= {"alice", "bob"}, "the usage", 120)
+    await pilot.pause(1.0)
+    await capture(app, pilot, "usage", converter, shots)
+
+
 async def capture(app: Any, pilot: Any, name: str, converter: str, shots: list[Path]) -> None:
     app.clear_notifications()
     await pilot.pause(0.3)
@@ -603,6 +634,9 @@ async def run(
             return shots
         if only == "healing":
             await run_healing(app, pilot, bed, tmp, converter, shots, until)
+            return shots
+        if only == "usage":
+            await run_usage(app, pilot, tmp, converter, shots, until)
             return shots
         # Somebody else's process on h3's GPU 1 (a CPU burner the simulated GPU follows).
         burner = bed.popen(
@@ -724,7 +758,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--only",
         choices=("all", "sweeps", "pipelines", "doctor", "onboarding", "signals", "stages", "pools", "processing",
-                 "healing"),
+                 "healing", "usage"),
         default="all",
         help="sweeps: only the Sweeps view (a short sweep, no training job); pipelines: only the "
         "Pipelines view (the example pipeline, twice); doctor: only the Doctor view (h3's link "
@@ -734,7 +768,8 @@ def main(argv: list[str] | None = None) -> int:
         "worker pools once every pool runs (not in the full run); processing: the Job view of "
         "examples/processing once it ended (not in the full run); healing: the GPU view, the map "
         "and the Job view after an XID 79 moved a training job off its GPU and a GPU was drained "
-        "by hand (not in the full run)",
+        "by hand (not in the full run); usage: the Usage view after jobs of two people ran (not in "
+        "the full run)",
     )
     ap.add_argument("--stages-spec", type=Path, default=MP_EXAMPLE,
                     help="--only stages: the [model_parallel] job spec to run (default: the pipeline example)")

@@ -29,6 +29,7 @@ WIRE = {
     "wait", "sweep", "sweeps", "sweep_detail", "sweep_stop", "sweep_stop_trial", "sweep_wait", "doctor",
     "pipeline", "pipelines", "pipeline_detail", "pipeline_stop", "pipeline_retry", "pipeline_wait",
     "code_missing", "code_put", "code_manifest", "drains", "drain", "undrain", "exposition", "tensorboard_pull",
+    "usage",
 }
 
 # Client methods that are no call of the controller API: the link's own, or work done on the
@@ -114,7 +115,7 @@ class _Pipeline:
 SAMPLES: dict[str, Any] = {
     "ref": "j1", "host": "h1", "grace_s": 5.0, "yes": True, "wait": False, "rank": 0, "follow": True,
     "hosts": ["h1"], "checks": ["gpus"], "timeout": 3.0, "number": 2, "step": "train", "queue": False,
-    "targets": ["h1:0"], "reason": "fan", "now": True, "who": "ann",
+    "targets": ["h1:0"], "reason": "fan", "now": True, "who": "ann", "by": "user", "since": 1.0,
     "have": [["h1", "/d/tensorboard", "events.out.tfevents.1", "5:7", 10, 20]],
 }
 
@@ -262,7 +263,9 @@ def loopback(service: Any) -> RemoteClient:
                 msg = json.loads(line)
                 calls[msg["id"]].q.put(msg)
 
-    server = types.SimpleNamespace(service=service, methods=_methods())
+    from tui.control.server import Server
+
+    server = Server(service, Path("/nonexistent/server.sock"))  # nothing bound: the dispatch only
     session = Session(server, Conn(), 1)  # type: ignore[arg-type]
 
     def send(rid: int, method: api.Method, params: dict[str, Any]) -> _Call:
@@ -299,11 +302,11 @@ def test_calls_streams_and_errors_cross_the_wire_as_they_did() -> None:
     answered: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
 
     class Service:
-        def sweep_stop_trial(self, ref: str, number: int) -> Any:
+        def sweep_stop_trial(self, ref: str, number: int, user: str | None = None) -> Any:
             answered.append(("sweep_stop_trial", (ref, number), {}))
             raise SweepError(f"no trial {number} in {ref}")
 
-        def sweep_stop(self, ref: str) -> Any:
+        def sweep_stop(self, ref: str, user: str | None = None) -> Any:
             raise LookupError(ref)
 
         def log_chunks(self, ref: str, **kw: Any) -> Any:

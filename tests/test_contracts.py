@@ -53,7 +53,7 @@ JOB: dict[str, Any] = {
     "events": list, "unreachable": list, "waiting": (str, NONE), "sweep_id": (str, NONE), "trial": (str, NONE),
     "code": (dict, NONE), "pipeline_id": (str, NONE), "step": (str, NONE),
     "pools": list, "pool_sizing": (dict, NONE), "processing": (dict, NONE),
-    "incidents": list, "goodput": (dict, NONE), "links": list,
+    "incidents": list, "goodput": (dict, NONE), "links": list, "user": (str, NONE), "stopped_by": (str, NONE),
 }
 STATUS = {**JOB, "signals": list, "stages": (dict, NONE)}  # status --json: a job, its live signals, its stages
 STAGES = {"optimize": str, "schedule": str, "microbatches": (int, NONE), "partitions": int, "blocks": (int, NONE),

@@ -560,6 +560,73 @@ def test_the_servers_key_runs_only_the_agent_and_no_host_listens_on_tcp(
             assert others == [], (h.name, others)
 
 
+def person(served: tuple[TestBed, Operator, Operator], tmp: Path, name: str) -> tuple[Operator, Path]:
+    """``name`` at a workstation of their own: their own key pair (made here) and an inventory that
+    reaches the server host with it; (the person, their public key file)."""
+    _, op, _ = served
+    key = tmp / name / "id_ed25519"
+    key.parent.mkdir(parents=True)
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"{name}@laptop", "-f", str(key)],
+                   check=True)
+    text = op.inventory.read_text().replace('name = "h1"\n', f'name = "h1"\nidentity_file = "{key}"\n', 1)
+    assert str(key) in text
+    inv = tmp / name / "hosts.toml"
+    inv.write_text(text)
+    who = Operator(inv, tmp / name / "home")
+    who.env["RIGDECK_CONFIG"] = op.env["RIGDECK_CONFIG"]
+    return who, Path(f"{key}.pub")
+
+
+def test_people_attach_with_their_own_keys_and_a_member_stops_only_their_own_job(
+        served: tuple[TestBed, Operator, Operator], tmp_path: Path) -> None:
+    """Acceptance (issue 33, item 1): alice and bob (members) and carol (an admin), each with a
+    key of their own installed by `rigdeck server add-user`, see every job; bob's stop of alice's
+    job is refused naming alice, carol's succeeds; the job records its owner and who stopped it.
+    Their keys run nothing but the attach; `remove-user` revokes."""
+    bed, operator, _ = served
+    people = {n: person(served, tmp_path, n) for n in ("alice", "bob", "carol")}
+    try:
+        for name, (_, pub) in people.items():
+            operator.run("server", "add-user", name, "--key", str(pub), *(["--admin"] if name == "carol" else []))
+        listed = {u["name"]: u for u in operator.json("server", "users")}
+        for name, (_, pub) in people.items():
+            said = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True).stdout.split()[1]
+            assert (listed[name]["admin"], listed[name]["fingerprint"]) == (name == "carol", said), listed
+        alice, bob, carol = (people[n][0] for n in ("alice", "bob", "carol"))
+        # A person's key runs the attach and nothing else: no shell, whatever is asked.
+        key = people["bob"][1].with_suffix("")
+        res = subprocess.run(["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+                              "-o", f"UserKnownHostsFile={bed.known_hosts}", "-o", "IdentitiesOnly=yes",
+                              f"root@{bed.host(1).address}", "id"], input="", capture_output=True, text=True,
+                             timeout=60)
+        assert "uid=" not in res.stdout and '"event":"hello"' in res.stdout, (res.stdout, res.stderr)
+        job = alice.json("launch", str(alice.spec("alices", ticker(3000) + "gpus_per_node = 2\n")))
+        job_id = job["job_id"]
+        assert job["user"] == "alice", job
+        for who in (alice, bob, carol):  # each sees every job, with its owner
+            assert [v["user"] for v in who.json("jobs") if v["job_id"] == job_id] == ["alice"]
+        refused = bob.run("stop", job_id, "--grace", "1", check=False)
+        assert refused.returncode == 3, (refused.stdout, refused.stderr)
+        assert (f"refused: job '{job_id}' belongs to alice; members may stop only their own jobs "
+                "(bob is a member)") in refused.stderr
+        assert bob.json("status", job_id)["state"] in ("starting", "running")
+        stopped = carol.json("stop", job_id, "--grace", "1")
+        assert (stopped["state"], stopped["stopped_by"], stopped["user"]) == ("stopped", "carol", "alice"), stopped
+        seen = bob.json("status", job_id)
+        assert [e["by"] for e in seen["events"] if e["event"] == "stop requested"] == ["carol"]
+        assert "stopped by carol" in bob.run("status", job_id).stdout
+        # What usage says is the sum of the jobs' recorded GPU time: here 2 GPUs from start to end.
+        started = next(e["time"] for e in seen["events"] if e["event"] == "started")
+        usage = {r["key"]: r for r in alice.json("usage", "--by", "job")["rows"]}
+        assert usage[job_id]["gpu_hours"] == pytest.approx(2 * (seen["ended"] - started) / 3600, abs=1e-9)
+        operator.run("server", "remove-user", "bob")
+        gone = bob.run("jobs", check=False, timeout=120)
+        assert gone.returncode != 0 and "bob" not in operator.run("server", "users").stdout
+    finally:
+        for name in people:
+            operator.run("server", "remove-user", name, check=False)
+
+
 def test_the_app_shows_a_lost_server_link_and_reconnects(served: tuple[TestBed, Operator, Operator]) -> None:
     import asyncio
 

@@ -374,16 +374,31 @@ def attach(state_dir: Path, data: bytes, timeout: float = 30) -> subprocess.Comp
 
 
 def test_attach_bridges_bytes_both_ways(tmp_path: Path) -> None:
+    from tui.control.attach import identity_line
+
     server = EchoServer(tmp_path / "sock" / "server.sock")
     payload = bytes(range(256)) * 4096 + b"\n{\"id\": 1}\n"  # 1 MiB and a bit, every byte value
     proc = attach(tmp_path, payload)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == payload  # what the server sent after stdin ended still arrives
-    assert bytes(server.received) == payload
+    # The attach's own first line says whose session it is (here the account's: no --user).
+    assert identity_line(None) == b'{"identity": {"user": null}}\n'
+    assert proc.stdout == identity_line(None) + payload  # what the server sent after stdin ended still arrives
+    assert bytes(server.received) == identity_line(None) + payload
+
+
+def test_attach_with_a_user_says_so_before_any_byte_of_the_clients(tmp_path: Path) -> None:
+    server = EchoServer(tmp_path / "sock" / "server.sock")
+    claim = b'{"identity": {"user": "root"}}\n'  # a client's claim comes after, and counts for nothing
+    proc = subprocess.run([sys.executable, "-m", "tui.cli", "attach", "--state-dir", str(tmp_path), "--user", "bob"],
+                          input=claim, capture_output=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert bytes(server.received) == b'{"identity": {"user": "bob"}}\n' + claim
 
 
 def test_attach_ends_when_the_server_closes(tmp_path: Path) -> None:
-    EchoServer(tmp_path / "sock" / "server.sock", close_after=5)
+    from tui.control.attach import identity_line
+
+    EchoServer(tmp_path / "sock" / "server.sock", close_after=len(identity_line(None)) + 5)
     proc = subprocess.Popen([sys.executable, "-m", "tui.cli", "attach", "--state-dir", str(tmp_path)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
@@ -393,7 +408,7 @@ def test_attach_ends_when_the_server_closes(tmp_path: Path) -> None:
         assert proc.wait(timeout=30) == 0
     finally:
         proc.kill()
-    assert proc.stdout.read() == b"hello"
+    assert proc.stdout.read() == identity_line(None) + b"hello"
     proc.stdin.close()
 
 

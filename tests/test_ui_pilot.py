@@ -730,3 +730,38 @@ def test_the_job_view_line_for_synced_code() -> None:
     line = code_markup(code, events) or ""
     assert line.startswith("code [b]abababababab[/b] · 3 files 2.0 KB"), line
     assert "synced: h1 +1 (512 B), h2 had it" in line, line
+
+
+# -- the Usage view -------------------------------------------------------------------------------
+
+
+async def test_usage_view_shows_each_persons_gpu_hours_per_week_and_their_sums(kind: str) -> None:
+    """The bars and the table are the controller's usage (through the server, too): each
+    person's weekly figures add up to their total, which is the sum of their jobs' GPU time."""
+    from tests.ui_fixtures import NOW, usage_records
+    from tui.model.usage import gpu_seconds, recent_weeks
+
+    app = recorded_app(kind=kind)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        view = app.views["usage"]
+        assert view.usage_reads == 0  # nothing read while the view is hidden
+        await pilot.press("u")
+        await until(pilot, lambda: view.usage_reads >= 1)
+        await pilot.pause()
+        report = view.usage_report
+        assert report is not None and view.usage_error is None
+        want = {}
+        for rec in usage_records():
+            want[rec["user"]] = want.get(rec["user"], 0.0) + gpu_seconds(rec, NOW) / 3600
+        assert {r.key: round(r.gpu_hours, 6) for r in report.rows} == {k: round(v, 6) for k, v in want.items()}
+        chart = str(app.query_one("#usage-chart", Static).render())
+        lines = chart.splitlines()
+        assert len(lines) == 3 * 6 and [ln.split()[0] for ln in lines[::6]] == ["alice", "bob", "carol"]
+        for week in recent_weeks(NOW, 6):
+            assert week in chart
+        # alice's week with her big job has the longest bar; each figure is the week's GPU hours
+        big = max(lines[:6], key=lambda ln: ln.count("█"))
+        assert "48.00 GPU h" in big
+        table = str(app.query_one("#usage-table", Static).render())
+        assert "total" in table and "1" in table.split("bob")[1].split()[2]  # bob's preempted job

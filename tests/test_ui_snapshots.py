@@ -112,3 +112,21 @@ def test_cluster_map_512x8(snap_compare: Any) -> None:
 @pytest.mark.parametrize("mode, keys", [("util", ("8",)), ("job", ("8", "down", "m", "m"))])
 def test_cluster_map_small(snap_compare: Any, mode: str, keys: tuple[str, ...]) -> None:
     assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=settle(*keys))
+
+
+def test_usage_view(snap_compare: Any) -> None:
+    """Three people's GPU hours per week (tests/ui_fixtures.py usage_records), and their sums."""
+
+    async def run_before(pilot: Pilot[Any]) -> None:
+        app = pilot.app
+        await pilot.pause()
+        await pilot.press("u")
+        for _ in range(400):  # the read is a worker thread, slow on a loaded machine
+            await pilot.pause(0.05)
+            if app.views["usage"].usage_reads:
+                break
+        await pilot.pause()
+        app.clear_notifications()
+        await pilot.pause()
+
+    assert snap_compare(recorded_app(), terminal_size=(120, 36), run_before=run_before)

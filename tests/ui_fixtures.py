@@ -845,11 +845,11 @@ class RecordedSweeps:
             raise SweepError(f"no sweep {ref!r} (rigdeck sweeps lists them)")
         return self.details[ref]
 
-    def stop(self, ref: str) -> Any:
+    def stop(self, ref: str, user: str | None = None) -> Any:
         self.stopped.append(ref)
         return self.detail(ref)
 
-    def stop_trial(self, ref: str, number: int) -> Any:
+    def stop_trial(self, ref: str, number: int, user: str | None = None) -> Any:
         self.stopped_trials.append((ref, number))
         return self.detail(ref)
 
@@ -872,7 +872,43 @@ def recorded_service(controller: Any, monitor: Any, jobs: Any, sweeps: RecordedS
         def sweeps(self) -> Any:  # type: ignore[override]
             return sweeps
 
+        def usage(self, by: str = "user", since: float | None = None) -> Any:
+            from tui.model.usage import usage_report
+
+            return usage_report(usage_records(), by=by, since=since, now=NOW,
+                                goodputs={"a-big": 0.92, "b-1": 0.75, "b-2": 0.5})
+
     return RecordedService(controller.inventory, controller=controller, monitor=monitor, source=jobs, **kw)
+
+
+DAY = 86400.0
+
+
+def usage_records() -> list[dict[str, Any]]:
+    """History records of three people's jobs over the weeks up to NOW (the Usage view's data):
+    alice's big job two weeks ago and one this week, bob's two (one preempted, one restarted),
+    carol's still running."""
+    def rec(job_id: str, user: str, attempts: list[tuple[float, float, int]], state: str = "succeeded",
+            preempted: bool = False) -> dict[str, Any]:
+        events: list[dict[str, Any]] = []
+        for i, (start, end, gpus) in enumerate(attempts):
+            events.append({"event": "started", "time": start, "gpus": gpus})
+            if i < len(attempts) - 1:
+                events.append({"event": "preempted" if preempted else "restart", "time": end})
+        ended = attempts[-1][1] if state != "running" else None
+        return {"job_id": job_id, "name": job_id, "user": user, "state": state, "created": attempts[0][0],
+                "ended": ended, "events": events, "placement": []}
+
+    return [
+        rec("a-big", "alice", [(NOW - 15 * DAY, NOW - 15 * DAY + 6 * 3600, 8)]),
+        rec("a-small", "alice", [(NOW - 2 * DAY, NOW - 2 * DAY + 5 * 3600, 2)]),
+        rec("b-1", "bob", [(NOW - 9 * DAY, NOW - 9 * DAY + 6 * 3600, 4), (NOW - 9 * DAY + 7 * 3600,
+                                                                            NOW - 9 * DAY + 9 * 3600, 4)],
+            preempted=True),
+        rec("b-2", "bob", [(NOW - 1 * DAY, NOW - 1 * DAY + 3 * 3600, 2),
+                           (NOW - DAY + 4 * 3600, NOW - DAY + 5 * 3600, 1)]),
+        rec("c-run", "carol", [(NOW - 3600, NOW, 4)], state="running"),
+    ]
 
 
 def no_room() -> PlacementError:

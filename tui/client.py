@@ -49,10 +49,12 @@ from tui.model.inventory import INVENTORY_ENV, Inventory, InventoryError, defaul
 from tui.model.jobspec import JobSpec, JobSpecError
 from tui.model.jobstate import describe_cause
 from tui.model.jobview import JobDetail, JobRow, JobsSnapshot, JobView, LogBuffer, StopPlan
+from tui.model.permissions import PermissionDenied
 from tui.model.pipelineview import PipelineDetail, PipelineRow
 from tui.model.scheduler import PlacementError
 from tui.model.state import ClusterState
 from tui.model.sweepview import SweepDetail, SweepRow
+from tui.model.usage import UsageReport
 from tui.model.userconfig import NotifyConfig, UserConfig, load_config
 from tui.remote.sshconfig import hostfile_to_toml, load_hostfile, load_inventory
 from tui.remote.transport import (
@@ -71,7 +73,7 @@ __all__ = [
     "AmbiguousJobError", "Candidate", "Client", "DEFAULT_LISTEN", "MetricsServer", "Onboarding",
     "forget_passphrases",
     "onboarding_offer", "remember_passphrase", "set_passphrase_prompt", "HostReport", "InProcessClient",
-    "InventoryError", "JobError",
+    "InventoryError", "JobError", "PermissionDenied",
     "JobRefError", "JobSpecError", "JobView", "LinkStatus", "PlacementError", "QueueEntry",
     "RemoteClient", "ServerError", "TransportError", "connect", "describe_cause",
     "hostfile_to_toml", "load_hostfile", "load_inventory", "rigdeck_home", "serve", "serveradmin", "wire_json",
@@ -119,7 +121,7 @@ _ERRORS: dict[str, type[Exception]] = {
     "JobError": JobError, "PlacementError": PlacementError, "JobSpecError": JobSpecError,
     "JobRefError": JobError, "InventoryError": JobError, "SweepError": SweepError,
     "CodeSyncError": JobError, "TensorboardSyncError": JobError, "PipelineError": PipelineError,
-    "DoctorError": DoctorError,
+    "DoctorError": DoctorError, "PermissionDenied": PermissionDenied,
 }
 
 
@@ -244,6 +246,10 @@ class Client:
     # drains (tui.model.health)
     def drains(self) -> list[dict[str, Any]]:
         """The GPUs and hosts kept out of placement, each with who drained it, when and why."""
+        raise NotImplementedError
+
+    def usage(self, by: str = "user", since: float | None = None) -> UsageReport:
+        """GPU hours, jobs, preemptions and goodput by user, group or job after ``since``."""
         raise NotImplementedError
 
     def drain(self, targets: Sequence[str], reason: str = "", now: bool = False, who: str = "") -> list[dict[str, Any]]:
@@ -424,6 +430,9 @@ class InProcessClient(Client):
     def drains(self) -> list[dict[str, Any]]:
         return self.service.drains()
 
+    def usage(self, by: str = "user", since: float | None = None) -> UsageReport:
+        return self.service.usage(by, since)
+
     def drain(self, targets: Sequence[str], reason: str = "", now: bool = False, who: str = "") -> list[dict[str, Any]]:
         return self.service.drain(targets, reason, now, who)
 
@@ -574,6 +583,11 @@ class _RemoteJobs:
         return list(self.c.inventory.names)
 
 
+# The server's ``rigdeck attach`` for a state dir given as $1 (``~/...`` expanded against $HOME).
+ATTACH_SH = ('d=$1; case $d in "~") d=$HOME;; "~/"*) d=$HOME/${d#"~/"};; esac; '
+             'exec "$d/venv/bin/rigdeck" attach --state-dir "$d"')
+
+
 class RemoteClient(Client):
     """The controller API over one SSH channel to ``rigdeck attach`` on the server host."""
 
@@ -664,8 +678,9 @@ class RemoteClient(Client):
     def _open(self) -> None:
         t = self._factory()
         t.connect()
-        state_dir = t.remote_path(self.server.state_dir)
-        stream = t.open_stream([f"{state_dir}/venv/bin/rigdeck", "attach", "--state-dir", state_dir])
+        # The state dir is expanded by the host's sh from an argument, never parsed by it; and no
+        # SFTP look first: a person's key (rigdeck server add-user) runs its forced command only.
+        stream = t.open_stream(["sh", "-c", ATTACH_SH, "rigdeck-attach", self.server.state_dir])
         self._transport, self._stream = t, stream
 
     def _run(self) -> None:
@@ -927,6 +942,10 @@ class RemoteClient(Client):
 
     def drains(self) -> list[dict[str, Any]]:
         return self.call(api.drains)
+
+    def usage(self, by: str = "user", since: float | None = None) -> UsageReport:
+        # Each job's goodput is read from its hosts once: a first look over many jobs takes a while.
+        return self.call(api.usage, timeout=600.0, by=by, since=since)
 
     def drain(self, targets: Sequence[str], reason: str = "", now: bool = False, who: str = "") -> list[dict[str, Any]]:
         # A drain --now waits for the jobs it moves to be stopped and started again.

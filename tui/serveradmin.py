@@ -14,20 +14,24 @@ from tui.model.inventory import HostSpec, Inventory
 from tui.model.serverlayout import DEFAULT_SERVER_STATE_DIR
 from tui.model.userconfig import UserConfig, load_config
 from tui.remote import serverhost
-from tui.remote.serverhost import AgentPlace, ServerHostError, ServerStatus, SetupReport
+from tui.remote.serverhost import AgentPlace, ServerHostError, ServerStatus, ServerUser, SetupReport
 
 __all__ = [
     "DEFAULT_SERVER_STATE_DIR",
     "ServerHostError",
     "ServerStatus",
+    "ServerUser",
     "SetupReport",
+    "add_user",
     "attach",
     "load",
     "logs",
+    "remove_user",
     "setup",
     "start",
     "status",
     "stop",
+    "users",
 ]
 
 
@@ -92,8 +96,22 @@ def logs(
     serverhost.logs(inventory, write, lines=lines, follow=follow)
 
 
-def attach(state_dir: str = DEFAULT_SERVER_STATE_DIR) -> int:
-    """``rigdeck attach``, on the server host: stdin/stdout <-> the server's socket."""
+def add_user(inventory: Inventory, name: str, public_key: str, *, admin: bool = False) -> tuple[ServerUser, bool]:
+    return serverhost.add_user(inventory, name, public_key, admin=admin)
+
+
+def remove_user(inventory: Inventory, name: str) -> None:
+    serverhost.remove_user(inventory, name)
+
+
+def users(inventory: Inventory) -> list[ServerUser]:
+    return serverhost.users(inventory)
+
+
+def attach(state_dir: str = DEFAULT_SERVER_STATE_DIR, user: str | None = None) -> int:
+    """``rigdeck attach``, on the server host: stdin/stdout <-> the server's socket; ``user``:
+    the person a key's forced command names (the server takes them from here, never from the
+    client)."""
     from tui.control.attach import main
 
-    return main(state_dir)
+    return main(state_dir, user=user)

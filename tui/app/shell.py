@@ -63,6 +63,7 @@ VIEWS = load_views(
     "map",
     "pipelines",
     "doctor",
+    "usage",
 )
 TABS = tuple(v.ID for v in VIEWS)
 EXIT_HANGUP = 128 + signal.SIGHUP  # the shell's status for a process ended by a hangup

@@ -21,6 +21,7 @@ from tui.cli import pipeline as pipeline_cli
 from tui.cli import server as server_cli
 from tui.cli import sweep as sweep_cli
 from tui.cli import tensorboard as tensorboard_cli
+from tui.cli import usage as usage_cli
 from tui.cli import web as web_cli
 from tui.client import (
     HostReport,
@@ -36,11 +37,13 @@ from tui.model.fields import Bad, listen_address, show
 from tui.model.inventory import Inventory, InventoryError
 from tui.model.jobtext import code_lines, job_lines
 from tui.model.jobview import JobView
+from tui.model.permissions import PermissionDenied
 from tui.model.stages import StagesView
 
 EXIT_OK = 0
 EXIT_HOST_FAILED = 1
 EXIT_USAGE = 2
+EXIT_REFUSED = 3  # a server refused: the work is someone else's, or the command is for admins
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -153,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep_cli.add_parsers(sub, _common)
     doctor_cli.add_parser(sub, _common)
     drain_cli.add_parsers(sub, _common)
+    usage_cli.add_parsers(sub, _common)
     pipeline_cli.add_parsers(sub, _common)
     exec_cli.add_parser(sub, _common)
     web_cli.add_parser(sub, _common)
@@ -468,9 +472,10 @@ def _jobs(client: Any, args: argparse.Namespace) -> int:
         json.dump([v.to_json() for v in views], sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print(f"{'job':<34} {'state':<10} {'restarts':<8} hosts")
+        print(f"{'job':<34} {'user':<10} {'state':<10} {'restarts':<8} hosts")
         for v in views:
-            print(f"{v.job_id:<34} {v.state:<10} {v.restarts:<8} {','.join(n['host'] for n in v.placement)}")
+            print(f"{v.job_id:<34} {v.user or '-':<10} {v.state:<10} {v.restarts:<8} "
+                  f"{','.join(n['host'] for n in v.placement)}")
     return EXIT_OK
 
 
@@ -638,6 +643,8 @@ def main(argv: Sequence[str] | None = None, open_app: AppOpener | None = None) -
             return doctor_cli.run(args, _client)
         if args.command in ("drain", "undrain", "drains"):
             return drain_cli.run(args, _client)
+        if args.command == "usage":
+            return usage_cli.run(args, _client)
         if args.command in ("pipeline", "pipelines"):
             return pipeline_cli.run(args, _client)
         if args.command == "exec":
@@ -655,6 +662,9 @@ def main(argv: Sequence[str] | None = None, open_app: AppOpener | None = None) -
     except InventoryError as e:
         print(f"rigdeck: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except PermissionDenied as e:  # a server's rules (tui.model.permissions): the words say whose and why
+        print(f"rigdeck {args.command}: {e}", file=sys.stderr)
+        return EXIT_REFUSED
     except KeyboardInterrupt:
         return 130
     raise AssertionError(f"unhandled command {args.command}")

@@ -1,4 +1,4 @@
-"""``rigdeck server setup|start|stop|status|logs`` and ``rigdeck attach``.
+"""``rigdeck server setup|start|stop|status|logs|add-user|users|remove-user`` and ``rigdeck attach``.
 
 The server is the controller running as a long-lived process (``rigdeck serve``) on the host the
 inventory's ``[server]`` table names; these commands put it there and look after it, through
@@ -65,6 +65,7 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument("-n", "--lines", type=int, default=50, metavar="N",
                     help="the last N lines (default 50)")
     sp.add_argument("-f", "--follow", action="store_true", help="then what is appended")
+    _user_parsers(ssub)
 
     p = sub.add_parser(
         "attach",
@@ -72,13 +73,80 @@ def add_parsers(sub: Any) -> None:
     )
     p.add_argument("--state-dir", default=DEFAULT_SERVER_STATE_DIR, metavar="DIR",
                    help=f"the server's directory (default {DEFAULT_SERVER_STATE_DIR})")
+    p.add_argument("--user", default=None, metavar="NAME",
+                   help="the person this session is (a key's forced command says it: rigdeck server add-user)")
+
+
+def _user_parsers(ssub: Any) -> None:
+    sp = ssub.add_parser(
+        "add-user",
+        help="let a person attach with their own SSH key: installed on the server host with a forced "
+        "command that names them (no shell, no pty, no forwarding)",
+    )
+    _inventory_option(sp)
+    sp.add_argument("name", metavar="NAME", help="their name on the server (a-z, 0-9, _ . -)")
+    sp.add_argument("--key", required=True, metavar="PUBKEY",
+                    help="their OpenSSH public key: a .pub file, or the key line itself")
+    sp.add_argument("--admin", action="store_true",
+                    help="may stop anyone's work, drain hosts and change quotas (default: a member)")
+    sp.add_argument("--json", action="store_true")
+    sp = ssub.add_parser("users", help="the people who attach with keys of their own: name, admin, key fingerprint")
+    _inventory_option(sp)
+    sp.add_argument("--json", action="store_true")
+    sp = ssub.add_parser("remove-user", help="revoke a person's key (their name stays on the work they did)")
+    _inventory_option(sp)
+    sp.add_argument("name", metavar="NAME")
+
+
+def _read_key(value: str) -> str:
+    """The key line ``--key`` gives: the value itself when it looks like a key, else a file's."""
+    from pathlib import Path
+
+    if value.split()[:1] and value.split()[0].startswith(("ssh-", "ecdsa-", "sk-")):
+        return value
+    try:
+        return Path(value).expanduser().read_text()
+    except OSError as e:
+        raise SystemExit(f"rigdeck: --key {value}: cannot read it ({e.strerror or e}); expected an "
+                         "OpenSSH public key file or the key line itself") from None
+
+
+def _run_users(args: argparse.Namespace, inv: Any) -> int:
+    from tui.client import serveradmin
+
+    cmd = args.server_command
+    if cmd == "add-user":
+        user, replaced = serveradmin.add_user(inv, args.name, _read_key(args.key), admin=args.admin)
+        if args.json:
+            _dump(dict(user.to_json(), replaced=replaced))
+        else:
+            role = "admin" if user.admin else "member"
+            print(f"user {user.name} ({role}): key {user.fingerprint} installed on {inv.server.host}"
+                  + (", replacing their earlier key" if replaced else "")
+                  + f"; it may only run `rigdeck attach --user {user.name}`")
+        return EXIT_OK
+    if cmd == "users":
+        people = serveradmin.users(inv)
+        if args.json:
+            _dump([u.to_json() for u in people])
+        elif not people:
+            print(f"no users on {inv.server.host} (rigdeck server add-user NAME --key PUBKEY)")
+        else:
+            width = max(len(u.name) for u in people)
+            print(f"{'NAME':<{width}}  ROLE    KEY")
+            for u in people:
+                print(f"{u.name:<{width}}  {'admin' if u.admin else 'member':<6}  {u.fingerprint}")
+        return EXIT_OK
+    serveradmin.remove_user(inv, args.name)
+    print(f"user {args.name}: key removed from {inv.server.host}; they can no longer attach")
+    return EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:
     from tui.client import serveradmin
 
     if args.command == "attach":
-        return serveradmin.attach(args.state_dir)
+        return serveradmin.attach(args.state_dir, user=args.user)
     inv = serveradmin.load(getattr(args, "inventory", None))
     try:
         return _run_server(args, inv)
@@ -105,6 +173,8 @@ def _run_server(args: argparse.Namespace, inv: Any) -> int:
     from tui.client import serveradmin
 
     cmd = args.server_command
+    if cmd in ("add-user", "users", "remove-user"):
+        return _run_users(args, inv)
     if cmd == "setup":
         progress = None if args.json else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
         report = serveradmin.setup(inv, progress=progress)

@@ -13,6 +13,13 @@ the answer decodes into (of each item, for a stream). From this one table:
 * ``tests/test_api.py`` checks that the in-process service, the server's dispatch and both
   clients agree with it.
 
+Two more things are declared per method, for a server several people share: its ``guard``, the
+rule (``tui.model.permissions``) the server checks with the session's person before it runs
+(stopping a job is its owner's or an admin's, draining is an admin's), and its ``actor``, the
+service keyword that receives that person (``user``: who launched or stopped it; ``who``: who
+drained). The person always comes from the session (its SSH key's forced command), never from
+the params: an ``actor`` the client sends is replaced.
+
 The wire name is spelled here and nowhere else. It is a contract with clients and servers of
 other versions, so it is written out, not taken from the stub's Python name: renaming a stub
 (the ``Client`` method it stands for) does not rename the method on the wire.
@@ -31,11 +38,13 @@ from typing import Any
 
 from tui.control.queue import QueueEntry
 from tui.control.service import ServiceInfo
+from tui.model import permissions as perm
 from tui.model import wire
 from tui.model.doctor import DoctorReport
 from tui.model.jobview import JobView, StopPlan
 from tui.model.pipelineview import PipelineDetail, PipelineRow
 from tui.model.sweepview import SweepDetail, SweepRow
+from tui.model.usage import UsageReport
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,8 @@ class Method:
     service: str | None  # the ControllerService method that answers it (None: none does directly)
     own: bool  # the server has a handler of its own named ``attr`` (else it calls ``service``)
     doc: str
+    guard: perm.Guard | None = None  # the permission the server checks first (None: anyone)
+    actor: str | None = None  # the service keyword given the session's person ("user", "who")
 
     def bind(self, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` checked against the stub (TypeError for one it lacks or does not know),
@@ -83,7 +94,8 @@ class _Same:
 
 
 def _declare(name: str, *, stream: bool = False, client: bool = True, service: str | None | type[_Same] = _Same,
-             own: bool = False) -> Callable[[Callable[..., Any]], Method]:
+             own: bool = False, guard: perm.Guard | None = None,
+             actor: str | None = None) -> Callable[[Callable[..., Any]], Method]:
     def declare(stub: Callable[..., Any]) -> Method:
         assert name not in METHODS, f"{name} declared twice"
         hints = typing.get_type_hints(stub)
@@ -91,6 +103,7 @@ def _declare(name: str, *, stream: bool = False, client: bool = True, service: s
         method = Method(
             name=name, attr=stub.__name__, signature=inspect.signature(stub), result=hints.get("return", Any),
             stream=stream, client=client, service=answers, own=own, doc=inspect.getdoc(stub) or "",
+            guard=guard, actor=actor,
         )
         assert own or method.service, f"{name}: a server handler of its own or a service method"
         METHODS[name] = method
@@ -147,7 +160,7 @@ def source_launch(spec: dict[str, Any]) -> str:
     """The app's launch: the job's id."""
 
 
-@_declare("source_stop", client=False, service=None, own=True)
+@_declare("source_stop", client=False, service=None, own=True, guard=perm.Guard("job", "stop", "job_id"))
 def source_stop(job_id: str) -> str:
     """The app's stop: the job's state after it."""
 
@@ -156,12 +169,12 @@ def source_stop(job_id: str) -> str:
 # Jobs (the Client's commands).
 
 
-@_declare("launch", own=True)
+@_declare("launch", own=True, actor="user")
 def launch(spec: dict[str, Any], queue: bool = True, job_id: str | None = None) -> JobView:
     """Start the job, or queue it when it does not fit now."""
 
 
-@_declare("stop")
+@_declare("stop", guard=perm.STOP_JOB, actor="user")
 def stop(ref: str, grace_s: float | None = None, yes: bool = False, wait: bool = True) -> JobView:
     """Stop the job (``wait``: answer when its processes and GPU claims are gone)."""
 
@@ -217,7 +230,7 @@ def wait(ref: str, timeout: float | None = None) -> JobView:
 # Sweeps, the doctor, pipelines.
 
 
-@_declare("sweep", own=True)
+@_declare("sweep", own=True, actor="user")
 def sweep(spec: dict[str, Any]) -> SweepDetail:
     """Start a sweep."""
 
@@ -232,12 +245,12 @@ def sweep_detail(ref: str) -> SweepDetail:
     """One sweep by id, unique id prefix or name."""
 
 
-@_declare("sweep_stop")
+@_declare("sweep_stop", guard=perm.STOP_SWEEP, actor="user")
 def sweep_stop(ref: str) -> SweepDetail:
     """Stop a sweep: its running trials stop and no new one starts."""
 
 
-@_declare("sweep_stop_trial", own=True)
+@_declare("sweep_stop_trial", own=True, guard=perm.STOP_TRIAL, actor="user")
 def sweep_stop_trial(ref: str, number: int) -> SweepDetail:
     """Stop one trial of a sweep."""
 
@@ -252,12 +265,12 @@ def drains() -> list[dict[str, Any]]:
     """The GPUs and hosts kept out of placement: who, when, why."""
 
 
-@_declare("drain")
+@_declare("drain", guard=perm.DRAIN, actor="who")
 def drain(targets: list[str], reason: str = "", now: bool = False, who: str = "") -> list[dict[str, Any]]:
     """Keep ``HOST`` or ``HOST:GPU`` out of placement (``now``: move the jobs running there too)."""
 
 
-@_declare("undrain")
+@_declare("undrain", guard=perm.UNDRAIN)
 def undrain(targets: list[str]) -> list[dict[str, Any]]:
     """Put ``HOST`` or ``HOST:GPU`` back into placement; the drains removed."""
 
@@ -267,7 +280,7 @@ def doctor(hosts: list[str] | None = None, checks: list[str] | None = None) -> D
     """Run the doctor's checks over ``hosts`` (default: every host)."""
 
 
-@_declare("pipeline", own=True)
+@_declare("pipeline", own=True, actor="user")
 def pipeline(spec: dict[str, Any]) -> PipelineDetail:
     """Start a pipeline."""
 
@@ -282,12 +295,12 @@ def pipeline_detail(ref: str) -> PipelineDetail:
     """One pipeline by id, unique id prefix or name."""
 
 
-@_declare("pipeline_stop")
+@_declare("pipeline_stop", guard=perm.STOP_PIPELINE, actor="user")
 def pipeline_stop(ref: str) -> PipelineDetail:
     """Stop a pipeline: its running steps stop and no new one starts."""
 
 
-@_declare("pipeline_retry", own=True)
+@_declare("pipeline_retry", own=True, guard=perm.RETRY_PIPELINE)
 def pipeline_retry(ref: str, step: str) -> PipelineDetail:
     """Run a failed or stopped step again, then the steps skipped because of it."""
 
@@ -295,6 +308,12 @@ def pipeline_retry(ref: str, step: str) -> PipelineDetail:
 @_declare("pipeline_wait", stream=True)
 def pipeline_wait(ref: str, timeout: float | None = None) -> PipelineDetail:
     """The pipeline's detail each time a step changes state, until it ends."""
+
+
+@_declare("usage")
+def usage(by: str = "user", since: float | None = None) -> UsageReport:
+    """GPU hours, jobs, preemptions and goodput by ``by`` (user, group, job) after ``since``
+    (epoch seconds; None: all), from the jobs' recorded GPU time."""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,10 +10,17 @@ Both directions are copied until either side closes. When stdin ends (the client
 channel) the socket's write side is shut down, so the server sees the end of the client's
 requests, and what the server still sends is delivered until it closes too, for at most
 ``DRAIN_S`` seconds. When the server closes, or stdout is gone, this exits at once. Stdlib only.
+
+Before the first byte of the client's, it sends the server one line of its own,
+``{"identity": {"user": NAME}}``: the person a key's forced command names (``rigdeck attach
+--user NAME``, installed by ``rigdeck server add-user``), or ``null`` for the server account's
+own login. The server takes a session's person from this first line only, so what the client
+sends after it cannot claim to be anyone.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import socket
@@ -23,7 +30,7 @@ import time
 
 from tui.model.serverlayout import DEFAULT_SERVER_STATE_DIR, ServerLayout
 
-__all__ = ["DRAIN_S", "bridge", "connect", "main"]
+__all__ = ["DRAIN_S", "bridge", "connect", "identity_line", "main"]
 
 DRAIN_S = 5.0
 CHUNK = 65536
@@ -85,7 +92,12 @@ def bridge(sock: socket.socket, stdin_fd: int, stdout_fd: int, drain_s: float = 
         sock.close()
 
 
-def main(state_dir: str = DEFAULT_SERVER_STATE_DIR) -> int:
+def identity_line(user: str | None) -> bytes:
+    """The first line the server reads on a session: whom it is for."""
+    return (json.dumps({"identity": {"user": user}}) + "\n").encode()
+
+
+def main(state_dir: str = DEFAULT_SERVER_STATE_DIR, user: str | None = None) -> int:
     path = ServerLayout(os.path.expanduser(state_dir)).socket
     try:
         sock = connect(state_dir)
@@ -96,6 +108,12 @@ def main(state_dir: str = DEFAULT_SERVER_STATE_DIR) -> int:
             "start it with `rigdeck server start`\n"
         )
         sys.stderr.flush()
+        return 1
+    try:
+        sock.sendall(identity_line(user))
+    except OSError:
+        sock.close()
+        sys.stderr.write("rigdeck attach: the server closed the connection\n")
         return 1
     sys.stdout.flush()
     return bridge(sock, sys.stdin.fileno(), sys.stdout.fileno())

@@ -61,7 +61,7 @@ CREATE TABLE IF NOT EXISTS notified (
 """
 # Columns added after the first release, for history files made before them.
 ADDED_COLUMNS = (("supervisor", "TEXT"), ("lease_until", "REAL"), ("priority", "INTEGER"), ("waiting", "TEXT"),
-                 ("pool_sizing", "TEXT"), ("user", "TEXT"), ("preempted", "INTEGER"))
+                 ("pool_sizing", "TEXT"), ("user", "TEXT"), ("preempted", "INTEGER"))  # user: the job's owner
 # (table, column, type) added to the other tables since they first shipped.
 ADDED_ELSEWHERE = (("drains", "now", "INTEGER NOT NULL DEFAULT 0"),)
 JSON_FIELDS = ("spec", "placement", "cause", "events", "pool_sizing")

@@ -25,6 +25,7 @@ from tui.control.healing import Fault, Healer, stack_summary, with_reruns
 from tui.control.history import History, JobRef, JobRefError
 from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
 from tui.control.tensorboard import pull as tensorboard_pull
+from tui.model import usage
 from tui.model.fairshare import preempt_pending
 from tui.model.health import Goodput, Incident, first_started, goodput
 from tui.model.identity import local_user
@@ -460,7 +461,8 @@ class JobManager:
         """Place the job, start it on every host, record it. Raises PlacementError or JobError.
         The view returned looks at the hosts once more, unless ``look`` is false (a caller that
         does not show it: the sweeps). ``capacity``: the hosts' capacity if the caller has just
-        read it. ``user``: who owns a new job (default: this account). A job that ran before
+        read it. ``user``: the job's owner, recorded as its ``user`` (default: this account; a job already
+        recorded, as a queued one, keeps the owner it has unless one is given). A job that ran before
         (preempted, back from the queue) starts as its next attempt: its ranks resume from
         their newest checkpoint, as after a gang restart."""
         unknown = [h for h in spec.hosts if h not in self.ctl.inventory.names]
@@ -490,7 +492,8 @@ class JobManager:
             attempt = int(rec.get("restarts") or 0) + 1
             self.history.add_event(job_id, {"event": "resumed", "restart_count": attempt,
                                             "preempted": int(rec.get("preempted") or 0)})
-        self.history.update(job_id, state="pending", placement=placement.to_plan_nodes())
+        owner = {"user": user} if rec is not None and user else {}
+        self.history.update(job_id, state="pending", placement=placement.to_plan_nodes(), **owner)
         try:
             self._start(job_id, spec, placement, restart_count=attempt)
         except BaseException:
@@ -623,7 +626,8 @@ class JobManager:
             raise
         self.history.update(job_id, state="running", started=time.time())
         self.history.add_event(job_id, {"event": "started", "restart_count": restart_count,
-                                        "hosts": list(placement.hosts)})
+                                        "hosts": list(placement.hosts),
+                                        "gpus": usage.placement_gpus(placement.to_plan_nodes())})
 
     def snapshot_code(self, spec: JobSpec) -> JobSpec:
         """A spec with ``[code] sync`` gets its snapshot now, at submission: the job runs this
@@ -765,10 +769,12 @@ class JobManager:
         return self.ctl.agents(hosts).job_status(job_id=rec["job_id"], fresh_health=fresh_health, timeout=20)
 
     def stop(
-        self, ref: str, grace_s: float | None = None, wait: bool = True, *, yes: bool = False
+        self, ref: str, grace_s: float | None = None, wait: bool = True, *, yes: bool = False,
+        user: str | None = None,
     ) -> JobView:
         """Stop the job ``ref`` names. A name that several jobs share stops the newest only with
-        ``yes``: a stop cannot be taken back, so the caller must have seen that it was a choice."""
+        ``yes``: a stop cannot be taken back, so the caller must have seen that it was a choice.
+        ``user``: who stops it (default: the local account), recorded in its stop's event."""
         found = self.resolve(ref)
         if found.how == "name" and len(found.matches) > 1 and not yes:
             raise AmbiguousJobError(
@@ -778,16 +784,17 @@ class JobManager:
             )
         rec = found.rec
         job_id = rec["job_id"]
+        by = user or local_user() or "?"
         if rec["state"] == "queued" and self.history.take_queued(job_id):
             # Nothing runs yet: it leaves the line, and no host is touched.
             self.history.update(job_id, state="stopped", ended=time.time(),
                                 cause={"message": "cancelled while queued"})
-            self.history.add_event(job_id, {"event": "cancelled while queued"})
+            self.history.add_event(job_id, {"event": "cancelled while queued", "by": by})
             return self.view(job_id, live=False)
         self.history.update(job_id, supervisor=self.owner, lease_until=time.time() + LEASE_S)
         grace = grace_s if grace_s is not None else float(rec["spec"].get("grace_s", 30))
         self.history.update(job_id, state="stopping")
-        self.history.add_event(job_id, {"event": "stop requested", "grace_s": grace})
+        self.history.add_event(job_id, {"event": "stop requested", "grace_s": grace, "by": by})
         hosts = list(dict.fromkeys(n["host"] for n in rec.get("placement") or []))
         self.ctl.agents(hosts).job_stop(job_id=job_id, grace_s=grace, timeout=20)
         if not wait:

@@ -463,18 +463,19 @@ class JobWatch:
 
     # -- acting -----------------------------------------------------------------------------
 
-    def launch(self, spec: JobSpec) -> str:
-        """Place and start ``spec`` (raises PlacementError, JobError); returns the job id."""
+    def launch(self, spec: JobSpec, user: str | None = None) -> str:
+        """Place and start ``spec`` (raises PlacementError, JobError); returns the job id.
+        ``user``: its owner (default: the local account)."""
         with self._jm_lock:
-            view = self.jobs.launch(spec)
+            view = self.jobs.launch(spec, user=user)
         self.select(view.job_id)
         self.kick()
         return str(view.job_id)
 
-    def stop_job(self, job_id: str) -> str:
+    def stop_job(self, job_id: str, user: str | None = None) -> str:
         """Stop the job on every host and wait for it to end; returns its final state."""
         self.kick()
-        view = self.jobs.stop(job_id)
+        view = self.jobs.stop(job_id, user=user)
         self.kick()
         return str(view.state)
 

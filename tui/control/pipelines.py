@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from tui.control.rowstore import RowStore, records_table
+from tui.model.identity import local_user
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import (
     FAILED,
@@ -213,12 +214,12 @@ class PipelineStore(RowStore):
         super().__init__(path, SCHEMA)
 
     def create(self, pipeline_id: str, name: str, spec: dict[str, Any],
-               steps: list[tuple[str, str | None]]) -> None:
-        """The pipeline and its steps (name, code key), in one transaction."""
+               steps: list[tuple[str, str | None]], user: str | None = None) -> None:
+        """The pipeline and its steps (name, code key), in one transaction; ``user``: its owner."""
         now = time.time()
         with self._lock, self._db:
-            self._db.execute("INSERT INTO pipelines (pipeline_id, name, spec, state, created) "
-                             "VALUES (?, ?, ?, ?, ?)", (pipeline_id, name, json.dumps(spec), RUNNING, now))
+            self._db.execute("INSERT INTO pipelines (pipeline_id, name, spec, state, created, user) "
+                             "VALUES (?, ?, ?, ?, ?, ?)", (pipeline_id, name, json.dumps(spec), RUNNING, now, user))
             self._db.executemany(
                 "INSERT INTO pipeline_steps (pipeline_id, name, position, state, code_key) "
                 "VALUES (?, ?, ?, ?, ?)",
@@ -278,16 +279,17 @@ class PipelineRunner:
     # -- making one --------------------------------------------------------------------------
 
     def create(self, spec: Any, pipeline_id: str | None = None,
-               code_keys: Mapping[str, str | None] | None = None) -> PipelineDetail:
+               code_keys: Mapping[str, str | None] | None = None, user: str | None = None) -> PipelineDetail:
         """Record a pipeline (its steps' code as submitted: ``code_keys``, step -> ``workdir_key``,
-        computed here when not given) and start the steps that need none."""
+        computed here when not given) and start the steps that need none. ``user``: its owner
+        (default: the local account), and so its steps'."""
         pipeline_id = pipeline_id or new_pipeline_id(spec.name)
         if code_keys is None:
             skip = spec_files(spec)
             code_keys = {s.name: workdir_key(s.job, self.jm.code_store, skip) for s in spec.steps}
         keys = dict(code_keys)
         steps = [(s.name, keys.get(s.name)) for s in spec.steps]
-        self.store.create(pipeline_id, spec.name, spec.to_dict(), steps)
+        self.store.create(pipeline_id, spec.name, spec.to_dict(), steps, user=user or local_user())
         self.tick()
         return self.detail(pipeline_id)
 
@@ -508,7 +510,7 @@ class PipelineRunner:
             self.store.update_step(pid, step.name, state="submitting", attempt=attempt, sweep_id=sweep_id,
                                    job_id=None, started=time.time(), ended=None, retry_at=None, reason=None)
             try:
-                self.sweeps.create(job, sweep_id=sweep_id)
+                self.sweeps.create(job, sweep_id=sweep_id, user=(self.store.get(pid) or {}).get("user"))
             except SweepError as e:
                 self._end_step(pid, step.name, FAILED, reason=f"its sweep could not start: {e}")
                 return
@@ -525,7 +527,8 @@ class PipelineRunner:
 
         if self.jm.history.get(job_id) is None:
             try:
-                self.queue.submit(job, queue=True, job_id=job_id, look=False)
+                owner = (self.store.get(pid) or {}).get("user")
+                self.queue.submit(job, queue=True, job_id=job_id, look=False, user=owner)
             except (PlacementError, JobError) as e:
                 self._attempt_failed(pid, step, {"message": f"could not start: {e}"}, self._row(pid, step.name))
                 return
@@ -686,25 +689,27 @@ class PipelineRunner:
 
     # -- commands ----------------------------------------------------------------------------
 
-    def stop(self, ref: str) -> PipelineDetail:
+    def stop(self, ref: str, user: str | None = None) -> PipelineDetail:
+        """Stop the pipeline; ``user``: who stops it (default: the local account), in its reason."""
         with self._lock:
             p = self.store.find(ref)
             if p["state"] in PIPELINE_FINAL:
                 return self.detail(p["pipeline_id"])
-            self.store.update(p["pipeline_id"], state=STOPPING, reason="stopped by the user")
+            by = user or local_user() or "the user"
+            self.store.update(p["pipeline_id"], state=STOPPING, reason=f"stopped by {by}")
             for r in self.store.steps(p["pipeline_id"]):
                 if r["state"] in STEP_FINAL:
                     continue
                 if r.get("sweep_id"):
                     try:
-                        self.sweeps.stop(r["sweep_id"])
+                        self.sweeps.stop(r["sweep_id"], user=by)
                     except Exception as e:
                         log.info("stopping sweep %s: %s", r["sweep_id"], e)
                 elif r.get("job_id"):
                     rec = self.jm.history.get(r["job_id"])
                     if rec is not None and rec["state"] not in TERMINAL:
                         try:
-                            self.jm.stop(r["job_id"], wait=False)
+                            self.jm.stop(r["job_id"], wait=False, user=by)
                         except Exception as e:
                             log.info("stopping %s: %s", r["job_id"], e)
         self.tick()

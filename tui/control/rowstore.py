@@ -1,7 +1,7 @@
 """The controller's leased records in SQLite (the history file): sweeps and pipelines alike.
 
 Each kind is one table keyed by ``<noun>_id`` with ``name``, ``spec`` (JSON), ``state``,
-``created``, ``supervisor`` and ``lease_until``. Of several controllers on one history, the one
+``created``, ``supervisor``, ``lease_until`` and ``user`` (who made it). Of several controllers on one history, the one
 holding a record's lease advances it; a lease is renewed every poller round, so a controller
 that died gives its records up within ``LEASE_S``."""
 
@@ -34,7 +34,8 @@ CREATE TABLE IF NOT EXISTS {table} (
     ended       REAL,
     reason      TEXT,
     supervisor  TEXT,
-    lease_until REAL
+    lease_until REAL,
+    user        TEXT
 );"""
 
 
@@ -52,8 +53,21 @@ class RowStore:
         self._db = sqlite3.connect(str(path), check_same_thread=False, timeout=20)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(schema)
+        self._add_user_column()
         # Told of every recorded state: (id, state); the notifier, when configured.
         self.observers: list[Any] = []
+
+    def _add_user_column(self) -> None:
+        """``user`` (who made the record) on a table made before owners were recorded."""
+        cols = {r[1] for r in self._db.execute(f"PRAGMA table_info({self.table})")}
+        if "user" in cols:
+            return
+        try:
+            with self._db:
+                self._db.execute(f"ALTER TABLE {self.table} ADD COLUMN user TEXT")
+        except sqlite3.OperationalError as e:  # another process added it meanwhile
+            if "duplicate column name" not in str(e):
+                raise
 
     @property
     def key(self) -> str:

@@ -16,6 +16,15 @@ The server's first line (``{"event": "hello", ..., "compress": "zlib"}``) is pla
 after it is one zlib stream, flushed after each message (``Z_SYNC_FLUSH``), so each message can
 be read as soon as it arrives. The client's requests are plain JSON lines.
 
+Who a session is: ``rigdeck attach`` sends one line of its own first, ``{"identity": {"user":
+NAME}}``, NAME being what the SSH key's forced command says (``rigdeck server add-user``), or
+null for the server account's own login, which owns the server and is an admin. Only the first
+line may say it; a person must be in ``users.json`` (their role is read from there at each
+check, so ``remove-user`` and a changed role apply at once). A method's ``guard``
+(``tui.control.api``) is checked with that person by ``tui.model.permissions`` before the method
+runs, and its ``actor`` keyword gets that person's name: the client's own claims count for
+nothing.
+
 The socket lives in ``<state_dir>/sock`` (0700) and is itself 0600; there is no TCP listener,
 unless ``--metrics-listen ADDR:PORT`` (the inventory's ``[server] metrics_listen``) asks for
 Prometheus' ``GET /metrics`` there (``tui.control.metricsserver``, the controller's exposition).
@@ -45,9 +54,12 @@ from tui.control.history import History
 from tui.control.metricsserver import MetricsServer
 from tui.control.service import ControllerService
 from tui.model import wire
+from tui.model.identity import local_user
 from tui.model.jobspec import JobSpec
+from tui.model.permissions import Actor, Guard, PermissionDenied, check
 from tui.model.state import ClusterState, HostState
 from tui.model.userconfig import UserConfig, load_config
+from tui.remote.serverhelper import read_users
 
 log = logging.getLogger(__name__)
 
@@ -244,6 +256,8 @@ class Session:
         self.server = server
         self.conn = conn
         self.who = f"session-{number}"
+        self.user: str | None = None  # the person its attach named (None: the server's account)
+        self._lines_read = 0
         self._wlock = threading.Lock()
         self._closed = threading.Event()
         self.rate_hz = 0.0
@@ -295,9 +309,35 @@ class Session:
         except OSError:
             pass
 
+    @property
+    def actor(self) -> Actor:
+        """The session's person as the rules see them now (users.json read again)."""
+        return self.server.actor(self.user)
+
+    def _identify(self, identity: Any) -> None:
+        """The attach's first line: the person its forced command names. One not (or no longer)
+        in users.json is refused, and the session ends."""
+        user = identity.get("user") if isinstance(identity, dict) else None
+        if user is None:
+            return
+        self.user = str(user)
+        self.who = f"{self.user}-{self.who}"
+        if self.server.actor(self.user).name != self.user:
+            self.send({"event": "error", "data": f"{self.user} is not a user of this server "
+                                                 "(rigdeck server add-user)"})
+            self.close()
+
     def _handle_line(self, line: bytes) -> None:
+        if self._closed.is_set():
+            return
+        self._lines_read += 1
         try:
             msg = json.loads(line)
+            if isinstance(msg, dict) and "identity" in msg:
+                if self._lines_read != 1:  # only the attach's own first line says who
+                    raise ValueError("identity is said once, by rigdeck attach, in the first line")
+                self._identify(msg["identity"])
+                return
             if not isinstance(msg, dict) or not isinstance(msg.get("method"), str):
                 raise ValueError("expected {id, method, params}")
         except ValueError as e:  # a bad message never ends the server, nor this session
@@ -324,7 +364,7 @@ class Session:
             else:
                 self.send({"id": rid, "result": result})
         except Exception as e:
-            if not isinstance(e, (RemoteError, ValueError, LookupError)) and type(e).__name__ not in (
+            if not isinstance(e, (RemoteError, ValueError, LookupError, PermissionDenied)) and type(e).__name__ not in (
                     "JobError", "AmbiguousJobError", "PlacementError", "JobSpecError", "TransportError"):
                 log.exception("%s failed", method)
             extra = {"job_ids": list(e.job_ids)} if hasattr(e, "job_ids") else {}
@@ -358,6 +398,33 @@ class Server:
         self._sessions: list[Session] = []
         self._listener: socket.socket | None = None
         self.methods: dict[str, Callable[..., Any]] = _methods()
+        # The people who attach with keys of their own (None: nobody but the server's account).
+        self.users_dir: Path | None = None
+        # The server's own account: whoever logs in as it owns the state dir anyway.
+        self.account = Actor(f"{local_user() or 'server'}", admin=True)
+
+    def actor(self, user: str | None) -> Actor:
+        """The person ``user`` as the rules see them: the account (None), a member or an admin
+        of users.json, or, when not there (removed), a member of another name, refused all."""
+        if user is None:
+            return self.account
+        people = read_users(str(self.users_dir)) if self.users_dir is not None else {}
+        if user not in people:
+            return Actor(f"(removed user {user})")
+        return Actor(user, admin=bool(people[user].get("admin")))
+
+    def authorize(self, s: Session, guard: Guard, params: dict[str, Any]) -> None:
+        """PermissionDenied when the session's person may not do what ``guard`` guards to what
+        ``params`` name (each target, for a method that takes several)."""
+        actor = s.actor
+        if actor.admin:
+            return
+        if guard.admin_only:
+            check(actor, guard)
+        refs = params.get(guard.param)
+        for ref in refs if isinstance(refs, list) else [refs]:
+            ident, owner = self.service.owner(guard.kind, str(ref))
+            check(actor, guard, ref=ident, owner=owner)
 
     def listen(self) -> None:
         d = self.sock_path.parent
@@ -406,23 +473,42 @@ def _methods() -> dict[str, Callable[..., Any]]:
     return {m.name: _handler(m) for m in api.METHODS.values()}
 
 
+def _bind(s: Session, m: api.Method, params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` checked against ``m``'s stub, its guard checked with the session's person
+    (PermissionDenied), and its actor keyword given that person's name (for a service call)."""
+    bound = m.bind(params)
+    if s.user is not None and s.actor.name != s.user:
+        raise PermissionDenied(f"refused: {s.user} is no longer a user of this server")
+    if m.guard is not None:
+        s.server.authorize(s, m.guard, bound)
+    if m.actor and not m.own:
+        bound[m.actor] = s.actor.name
+    return bound
+
+
 def _handler(m: api.Method) -> Callable[..., Any]:
     """The handler of ``m``: the server's own (``_Own``), or a call of the service method that
-    answers it, its answer (each item of a stream) encoded."""
+    answers it, its answer (each item of a stream) encoded; the guard checked first."""
     if m.own:
         own = getattr(_Own, m.attr)
 
         def handle(s: Session, **params: Any) -> Any:
-            return own(s, **m.bind(params))
+            return own(s, **_bind(s, m, params))
     elif m.stream:
         def handle(s: Session, **params: Any) -> Any:
-            for item in getattr(s.server.service, str(m.service))(**m.bind(params)):
-                yield encode_result(item)
+            bound = _bind(s, m, params)  # refused at the call, not at the first item
+            return (encode_result(item) for item in getattr(s.server.service, str(m.service))(**bound))
     else:
         def handle(s: Session, **params: Any) -> Any:
-            return encode_result(getattr(s.server.service, str(m.service))(**m.bind(params)))
+            return encode_result(getattr(s.server.service, str(m.service))(**_bind(s, m, params)))
     handle.__name__ = m.attr
     return handle
+
+
+def _person(s: Session) -> dict[str, Any]:
+    """The ``user`` keyword for a session of a person (none for the server's own account: the
+    layers below default to the local account, which it is)."""
+    return {"user": s.user} if s.user is not None else {}
 
 
 class _Own:
@@ -477,16 +563,16 @@ class _Own:
 
     @staticmethod
     def source_launch(s: Session, spec: dict[str, Any]) -> str:
-        return str(s.server.service.source.launch(JobSpec.from_dict(spec)))
+        return str(s.server.service.source.launch(JobSpec.from_dict(spec), **_person(s)))
 
     @staticmethod
     def source_stop(s: Session, job_id: str) -> str:
-        return str(s.server.service.source.stop_job(job_id))
+        return str(s.server.service.source.stop_job(job_id, **_person(s)))
 
     @staticmethod
     def launch(s: Session, spec: dict[str, Any], queue: bool = True, job_id: str | None = None) -> Any:
         svc = s.server.service
-        view = svc.launch(JobSpec.from_dict(spec), queue=queue, job_id=job_id)
+        view = svc.launch(JobSpec.from_dict(spec), queue=queue, job_id=job_id, user=s.actor.name)
         if view.state != "queued":  # the launching face opens the job it started
             svc.select(view.job_id, who=s.who)
         return encode_result(view)
@@ -500,17 +586,17 @@ class _Own:
 
     @staticmethod
     def sweep(s: Session, spec: dict[str, Any]) -> Any:
-        return wire.encode(s.server.service.sweep(JobSpec.from_dict(spec)))
+        return wire.encode(s.server.service.sweep(JobSpec.from_dict(spec), user=s.actor.name))
 
     @staticmethod
     def sweep_stop_trial(s: Session, ref: str, number: int) -> Any:
-        return encode_result(s.server.service.sweep_stop_trial(ref, int(number)))
+        return encode_result(s.server.service.sweep_stop_trial(ref, int(number), user=s.actor.name))
 
     @staticmethod
     def pipeline(s: Session, spec: dict[str, Any]) -> Any:
         from tui.model.pipelinespec import PipelineSpec
 
-        return wire.encode(s.server.service.pipeline(PipelineSpec.from_dict(spec)))
+        return wire.encode(s.server.service.pipeline(PipelineSpec.from_dict(spec), user=s.actor.name))
 
     @staticmethod
     def pipeline_retry(s: Session, ref: str, step: str) -> Any:
@@ -566,7 +652,9 @@ def serve(state_dir: Path, *, inventory_path: Path | None = None, telemetry_hz: 
         service.close()
         (state_dir / "server.pid").unlink(missing_ok=True)
         return 1
-    return _run(service, Server(service, socket_path(state_dir)), metrics, state_dir, len(inv.hosts))
+    srv = Server(service, socket_path(state_dir))
+    srv.users_dir = state_dir
+    return _run(service, srv, metrics, state_dir, len(inv.hosts))
 
 
 def _metrics_server(service: ControllerService, listen: tuple[str, int] | None) -> MetricsServer | None:

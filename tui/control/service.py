@@ -37,6 +37,7 @@ from tui.model.pipelineview import PIPELINE_FINAL, PipelineDetail, PipelineRow
 from tui.model.promexport import cluster_exposition
 from tui.model.state import ClusterState
 from tui.model.sweepview import SweepDetail, SweepRow
+from tui.model.usage import UsageReport, usage_report
 from tui.model.userconfig import NotifyConfig
 
 log = logging.getLogger(__name__)
@@ -80,9 +81,15 @@ class ControllerService:
         source: Any = None,
         notify: NotifyConfig | None = None,
         queue_policy: QueuePolicy | None = None,
+        groups: Mapping[str, Sequence[str]] | None = None,
     ):
         self.kind = kind
         self.queue_policy = queue_policy or QueuePolicy()
+        if groups is None:  # the queue's [[group]] tables: user -> their groups
+            members = {u for g in self.queue_policy.groups for u in g.members}
+            groups = {u: [g.name for g in self.queue_policy.groups if u in g.members] for u in members}
+        self.groups = dict(groups)  # user -> their groups (``usage --by group``)
+        self._goodput_cache: dict[str, float | None] = {}  # an ended job's goodput, read once
         self.host = host
         self.ctl = controller or Controller(inventory, accept_new=accept_new)
         self.inventory = self.ctl.inventory
@@ -369,8 +376,8 @@ class ControllerService:
     def launch(self, spec: JobSpec, *, queue: bool = True, job_id: str | None = None,
                user: str | None = None) -> JobView:
         """Start ``spec`` now, or queue it when it does not fit now (``queue``). ``user``: who
-        owns it (default: this process's account); set by in-process callers only, never from
-        the wire."""
+        owns it (default: this process's account); on a server, the session's person (never what a client
+        claims); set by in-process callers otherwise."""
         spec = self.manager.snapshot_code(spec)  # reading the files holds up no supervision
         with self._exclusive():
             view = self.queue.submit(spec, queue=queue, job_id=job_id, user=user)
@@ -422,11 +429,11 @@ class ControllerService:
 
     # -- sweeps ------------------------------------------------------------------------------
 
-    def sweep(self, spec: JobSpec) -> SweepDetail:
-        """Start a sweep: record it and queue its first trials."""
+    def sweep(self, spec: JobSpec, user: str | None = None) -> SweepDetail:
+        """Start a sweep: record it (``user``: its owner) and queue its first trials."""
         spec = self.manager.snapshot_code(spec)  # every trial runs this version of the files
         with self._exclusive():
-            detail = self.sweeps.create(spec)
+            detail = self.sweeps.create(spec, user=user)
         if self._watch is not None:
             self._watch.kick()
         return detail
@@ -437,15 +444,15 @@ class ControllerService:
     def sweep_detail(self, ref: str) -> SweepDetail:
         return self.sweeps.detail(ref)
 
-    def sweep_stop(self, ref: str) -> SweepDetail:
+    def sweep_stop(self, ref: str, user: str | None = None) -> SweepDetail:
         with self._exclusive():
-            detail = self.sweeps.stop(ref)
+            detail = self.sweeps.stop(ref, user=user)
         if self._watch is not None:
             self._watch.kick()
         return detail
 
-    def sweep_stop_trial(self, ref: str, number: int) -> SweepDetail:
-        detail = self.sweeps.stop_trial(ref, number)
+    def sweep_stop_trial(self, ref: str, number: int, user: str | None = None) -> SweepDetail:
+        detail = self.sweeps.stop_trial(ref, number, user=user)
         if self._watch is not None:
             self._watch.kick()
         return detail
@@ -480,7 +487,7 @@ class ControllerService:
 
     # -- pipelines ---------------------------------------------------------------------------
 
-    def pipeline(self, spec: Any) -> PipelineDetail:
+    def pipeline(self, spec: Any, user: str | None = None) -> PipelineDetail:
         """Start a pipeline: every step's code is snapshotted now (each step runs the files as
         they are at submission), the pipeline recorded and its first steps submitted."""
         import dataclasses
@@ -492,7 +499,7 @@ class ControllerService:
         skip = spec_files(spec)  # reading files holds up no supervision
         keys = {s.name: workdir_key(s.job, self.manager.code_store, skip) for s in spec.steps}
         with self._exclusive():
-            detail = self.pipelines.create(spec, code_keys=keys)
+            detail = self.pipelines.create(spec, code_keys=keys, user=user)
         if self._watch is not None:
             self._watch.kick()
         return detail
@@ -503,9 +510,9 @@ class ControllerService:
     def pipeline_detail(self, ref: str) -> PipelineDetail:
         return self.pipelines.detail(ref)
 
-    def pipeline_stop(self, ref: str) -> PipelineDetail:
+    def pipeline_stop(self, ref: str, user: str | None = None) -> PipelineDetail:
         with self._exclusive():
-            detail = self.pipelines.stop(ref)
+            detail = self.pipelines.stop(ref, user=user)
         if self._watch is not None:
             self._watch.kick()
         return detail
@@ -537,8 +544,9 @@ class ControllerService:
             time.sleep(poll_s)
 
     def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False,
-             wait: bool = True) -> JobView:
-        view = self.manager.stop(ref, grace_s=grace_s, wait=wait, yes=yes)
+             wait: bool = True, user: str | None = None) -> JobView:
+        """Stop the job; ``user``: who stops it (default: the local account), recorded."""
+        view = self.manager.stop(ref, grace_s=grace_s, wait=wait, yes=yes, user=user)
         if self._watch is not None:
             self._watch.kick()
         return view
@@ -548,6 +556,55 @@ class ControllerService:
 
     def list_jobs(self, refresh: bool = True) -> list[JobView]:
         return self.manager.list(refresh=refresh)
+
+    def owner(self, kind: str, ref: str) -> tuple[str, str | None]:
+        """The id of the ``kind`` ("job", "sweep", "pipeline") ``ref`` names, and its owner (None:
+        none recorded). The server's permission checks ask; LookupError for no such one."""
+        if kind == "job":
+            rec = self.manager.resolve(ref).rec
+            return str(rec["job_id"]), rec.get("user")
+        row = (self.sweeps.store if kind == "sweep" else self.pipelines.store).find(ref)
+        return str(row[f"{kind}_id"]), row.get("user")
+
+    def usage(self, by: str = "user", since: float | None = None) -> UsageReport:
+        """GPU hours, jobs, preemptions and goodput by user, group or job (after ``since``),
+        from the jobs' recorded GPU time (``tui.model.usage``)."""
+        now = time.time()
+        recs = self.manager.history.list(limit=1_000_000)
+        return usage_report(recs, by=by, since=since, now=now, groups=self.groups,
+                            goodputs=self._goodputs(recs, since))
+
+    def _goodputs(self, recs: Sequence[Mapping[str, Any]], since: float | None) -> dict[str, float | None]:
+        """Each started job's goodput ratio, from its metrics (read from its hosts, several jobs at
+        once); an ended job's is kept once read."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        out: dict[str, float | None] = {}
+        todo = []
+        for rec in recs:
+            job_id = str(rec["job_id"])
+            if not rec.get("started") or (since is not None and float(rec.get("ended") or time.time()) < since):
+                continue
+            if job_id in self._goodput_cache:
+                out[job_id] = self._goodput_cache[job_id]
+            else:
+                todo.append(rec)
+
+        def one(rec: Mapping[str, Any]) -> float | None:
+            try:
+                gp = self.manager.health(rec)[1]
+            except Exception as e:  # hosts gone, files collected: no figure, never an error
+                log.info("goodput of %s: %s", rec["job_id"], e)
+                return None
+            return gp.ratio if gp is not None else None
+
+        if todo:
+            with ThreadPoolExecutor(max_workers=min(8, len(todo)), thread_name_prefix="goodput") as pool:
+                for rec, ratio in zip(todo, pool.map(one, todo), strict=True):
+                    out[str(rec["job_id"])] = ratio
+                    if rec.get("state") in TERMINAL:
+                        self._goodput_cache[str(rec["job_id"])] = ratio
+        return out
 
     def queue_entries(self) -> list[QueueEntry]:
         return self.queue.entries()
@@ -632,11 +689,11 @@ class ServiceJobSource:
     def stop_plan(self, job_id: str) -> StopPlan:
         return self.svc.watch.stop_plan(job_id)
 
-    def launch(self, spec: JobSpec) -> str:
-        return self.svc.launch(spec).job_id
+    def launch(self, spec: JobSpec, user: str | None = None) -> str:
+        return self.svc.launch(spec, user=user).job_id
 
-    def stop_job(self, job_id: str) -> str:
-        return str(self.svc.stop(job_id).state)
+    def stop_job(self, job_id: str, user: str | None = None) -> str:
+        return str(self.svc.stop(job_id, user=user).state)
 
     def inventory_hosts(self) -> list[str]:
         return list(self.svc.inventory.names)

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from tui.control.rowstore import RowStore, records_table
+from tui.model.identity import local_user
 from tui.model.jobspec import JobSpec
 from tui.model.jobstate import (
     FAILED,
@@ -171,9 +172,9 @@ class SweepStore(RowStore):
     def __init__(self, path: Path):
         super().__init__(path, SCHEMA)
 
-    def create(self, sweep_id: str, name: str, spec: dict[str, Any]) -> None:
-        self._exec("INSERT INTO sweeps (sweep_id, name, spec, state, created) VALUES (?, ?, ?, ?, ?)",
-                   (sweep_id, name, json.dumps(spec), RUNNING, time.time()))
+    def create(self, sweep_id: str, name: str, spec: dict[str, Any], user: str | None = None) -> None:
+        self._exec("INSERT INTO sweeps (sweep_id, name, spec, state, created, user) VALUES (?, ?, ?, ?, ?, ?)",
+                   (sweep_id, name, json.dumps(spec), RUNNING, time.time(), user))
         self._announce(sweep_id, RUNNING)
 
     def trials(self, sweep_id: str) -> list[dict[str, Any]]:
@@ -232,8 +233,9 @@ class SweepRunner:
 
     # -- making one --------------------------------------------------------------------------
 
-    def create(self, spec: JobSpec, sweep_id: str | None = None) -> SweepDetail:
-        """Record a new sweep and start its first trials (when this controller may)."""
+    def create(self, spec: JobSpec, sweep_id: str | None = None, user: str | None = None) -> SweepDetail:
+        """Record a new sweep and start its first trials (when this controller may). ``user``:
+        its owner (default: the local account), and so its trials' owner."""
         if spec.sweep is None:
             raise SweepError(f"{spec.path or 'the job spec'}: no [sweep] table: a sweep needs one "
                              "(rigdeck launch runs a single job)")
@@ -248,7 +250,7 @@ class SweepRunner:
                                     pruner=pruner_for(sw, spec.total_steps))
         for t in warm:
             study.add_trial(t)
-        self.store.create(sweep_id, spec.name, spec.to_dict())
+        self.store.create(sweep_id, spec.name, spec.to_dict(), user=user or local_user())
         self._studies[sweep_id] = study
         self.tick()
         return self.detail(sweep_id)
@@ -484,7 +486,8 @@ class SweepRunner:
         trial_spec = spec.for_trial(int(t["number"]), t["params"], sweep_id)
         if self.jm.history.get(t["job_id"]) is None:
             try:
-                self.queue.submit(trial_spec, queue=True, job_id=t["job_id"], look=False)
+                owner = (self.store.get(sweep_id) or {}).get("user")
+                self.queue.submit(trial_spec, queue=True, job_id=t["job_id"], look=False, user=owner)
             except (PlacementError, JobError) as e:
                 self._finish(sweep_id, t, FAILED, error=f"could not start: {e}")
                 return
@@ -650,17 +653,19 @@ class SweepRunner:
 
     # -- commands ----------------------------------------------------------------------------
 
-    def stop(self, ref: str) -> SweepDetail:
-        """Stop a sweep: its queued trials leave the queue, its running ones are stopped."""
+    def stop(self, ref: str, user: str | None = None) -> SweepDetail:
+        """Stop a sweep: its queued trials leave the queue, its running ones are stopped.
+        ``user``: who stops it (default: the local account), named in its reason."""
         with self._lock:
             sweep = self.store.find(ref)
             if sweep["state"] in SWEEP_FINAL:
                 return self.detail(sweep["sweep_id"])
-            self._stop_all(sweep["sweep_id"], self.store.trials(sweep["sweep_id"]), "stopped by the user")
+            by = user or local_user() or "the user"
+            self._stop_all(sweep["sweep_id"], self.store.trials(sweep["sweep_id"]), f"stopped by {by}", user=by)
         self.tick()
         return self.detail(sweep["sweep_id"])
 
-    def _stop_all(self, sweep_id: str, trials: list[dict[str, Any]], reason: str) -> None:
+    def _stop_all(self, sweep_id: str, trials: list[dict[str, Any]], reason: str, user: str | None = None) -> None:
         self.store.update(sweep_id, state=STOPPING, reason=reason)
         for t in trials:
             if t["state"] in TRIAL_FINAL:
@@ -668,11 +673,12 @@ class SweepRunner:
             rec = self.jm.history.get(t["job_id"])
             if rec is not None and rec["state"] not in TERMINAL:
                 try:
-                    self.jm.stop(t["job_id"], wait=False)
+                    self.jm.stop(t["job_id"], wait=False, user=user)
                 except Exception as e:
                     log.info("sweep %s: stopping trial %s: %s", sweep_id, t["number"], e)
 
-    def stop_trial(self, ref: str, number: int) -> SweepDetail:
+    def stop_trial(self, ref: str, number: int, user: str | None = None) -> SweepDetail:
+        """Stop one trial; ``user``: who stops it (recorded in its job's stop)."""
         sweep = self.store.find(ref)
         for t in self.store.trials(sweep["sweep_id"]):
             if int(t["number"]) == number:
@@ -680,7 +686,7 @@ class SweepRunner:
                     with self._lock:
                         self._finish(sweep["sweep_id"], t, STOPPED, error="stopped by the user")
                 elif t["state"] not in TRIAL_FINAL:
-                    self.jm.stop(t["job_id"], wait=False)
+                    self.jm.stop(t["job_id"], wait=False, user=user)
                 return self.detail(sweep["sweep_id"])
         raise SweepError(f"sweep {sweep['sweep_id']} has no trial {number}")
 

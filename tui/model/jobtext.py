@@ -109,9 +109,12 @@ def link_lines(v: JobView) -> list[str]:
 def job_lines(v: JobView, signals: Sequence[Signal] = (), stages: StagesView | None = None) -> list[str]:
     """The job: head, placement, code, progress, health, tracker links, signals, then its kind's panels (stages, pools,
     processing), its failure's cause with the last lines the rank wrote, and its ranks."""
-    lines = [f"job      {v.job_id} ({v.name})",
-             f"state    {v.state_line}" + (f" after {v.restarts} restart(s)" if v.restarts else ""),
-             f"placement {_placement_line(v)}"]
+    lines = [f"job      {v.job_id} ({v.name})"]
+    if v.user:  # its owner (a job recorded before owners were has none)
+        lines.append(f"user     {terminal_safe(v.user)}")
+    lines += [f"state    {v.state_line}" + (f" after {v.restarts} restart(s)" if v.restarts else "")
+              + (f", stopped by {terminal_safe(v.stopped_by)}" if v.stopped_by else ""),
+              f"placement {_placement_line(v)}"]
     lines += code_lines(v.spec.get("code"), v.events)
     if v.last_step is not None or v.last_loss is not None:
         lines.append(f"progress step {v.last_step} loss {v.last_loss}")

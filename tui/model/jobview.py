@@ -276,6 +276,15 @@ class JobView:
     goodput: Goodput | None = None
     # Links to experiment trackers its ranks printed (tui.model.trackerlinks), the first printed first.
     links: tuple[TrackerLink, ...] = ()
+    user: str | None = None  # its owner: who submitted it (None: recorded before owners were)
+
+    @property
+    def stopped_by(self) -> str | None:
+        """Who stopped it (its newest stop's ``by``), or None."""
+        for e in reversed(self.events):
+            if e.get("event") in ("stop requested", "cancelled while queued") and e.get("by"):
+                return str(e["by"])
+        return None
 
     @property
     def state_line(self) -> str:
@@ -325,7 +334,7 @@ class JobView:
             "processing": processing_json(self.processing),
             "incidents": [i.to_dict() for i in self.incidents],
             "goodput": self.goodput.to_dict() if self.goodput is not None else None,
-            "links": links_json(self.links),
+            "links": links_json(self.links), "user": self.user, "stopped_by": self.stopped_by,
         }
 
     @classmethod
@@ -347,7 +356,7 @@ class JobView:
             incidents=tuple(Incident.from_dict(i) for i in d.get("incidents") or ()),
             goodput=Goodput(float(g.get("useful_s") or 0.0), float(g.get("wall_s") or 0.0), int(g.get("steps") or 0))
             if (g := d.get("goodput")) else None,
-            links=links_from_json(d.get("links")),
+            links=links_from_json(d.get("links")), user=d.get("user"),
         )
 
 
@@ -407,6 +416,7 @@ def job_view(
         incidents=tuple(incidents),
         goodput=goodput,
         links=tracker_links(states) if panels else (),
+        user=rec.get("user"),
     )
 
 
@@ -446,6 +456,6 @@ class JobSource(Protocol):
     def select(self, job_id: str | None) -> None: ...
     def kick(self) -> None: ...
     def stop_plan(self, job_id: str) -> StopPlan: ...
-    def launch(self, spec: JobSpec) -> str: ...
-    def stop_job(self, job_id: str) -> str: ...
+    def launch(self, spec: JobSpec, user: str | None = None) -> str: ...  # user: the owner (a server's)
+    def stop_job(self, job_id: str, user: str | None = None) -> str: ...
     def inventory_hosts(self) -> list[str]: ...

@@ -22,6 +22,8 @@
       server.lock                held by ``rigdeck serve`` for its life (one server per dir)
       admin.lock                 held while ``rigdeck server start`` or ``stop`` works
       history.sqlite             the server's job history (``rigdeck serve``)
+      users.json                 the people who attach with keys of their own: name, admin,
+                                 key fingerprint (``rigdeck server add-user``; 0600)
 
 Plain path arithmetic (POSIX paths on the server host); nothing here touches a file.
 """
@@ -118,6 +120,12 @@ class ServerLayout:
         argv = [self.rigdeck, "serve", "--state-dir", self.state_dir]
         return argv + ["--metrics-listen", metrics_listen] if metrics_listen else argv
 
-    def attach_argv(self) -> list[str]:
-        """What a client runs over SSH on the server host to reach the server's socket."""
-        return [self.rigdeck, "attach", "--state-dir", self.state_dir]
+    @property
+    def users(self) -> str:
+        return self._p("users.json")
+
+    def attach_argv(self, user: str | None = None) -> list[str]:
+        """What a client runs over SSH on the server host to reach the server's socket; with
+        ``user``, the forced command of that person's key (``rigdeck server add-user``)."""
+        argv = [self.rigdeck, "attach", "--state-dir", self.state_dir]
+        return argv + ["--user", user] if user else argv

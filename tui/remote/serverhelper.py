@@ -12,6 +12,9 @@ prints one JSON object on its last line, except ``logs``, which prints the log's
                                   venv's cryptography); prints the public key
     authorize LINE COMMENT        put LINE in ~/.ssh/authorized_keys, replacing every line whose
                                   comment is COMMENT (never a duplicate)
+    add-user STATE_DIR PAYLOAD    a person's forced-command key line and their entry in users.json
+    remove-user STATE_DIR NAME    take both away
+    users STATE_DIR               users.json's people
     write                         stdin {path: text} -> those files, atomically, 0600
     start STATE_DIR TIMEOUT ARGV  start the server unless it runs; wait until its socket accepts
     status STATE_DIR              whether it runs (pid, since, mode), whether the socket accepts
@@ -233,26 +236,93 @@ def keygen(key: str, comment: str) -> dict:
     return {"ok": True, "created": created, "public_key": " ".join(words[:2])}
 
 
-def authorize(line: str, comment: str) -> dict:
-    """``line`` in ~/.ssh/authorized_keys, in place of every line whose comment is ``comment``."""
-    home = os.path.expanduser("~")
-    ssh_dir = os.path.join(home, ".ssh")
+def _authorized_keys() -> tuple:
+    """(the path of ~/.ssh/authorized_keys, its lines, its mode); made ~/.ssh when missing."""
+    ssh_dir = os.path.join(os.path.expanduser("~"), ".ssh")
     if not os.path.isdir(ssh_dir):
         os.makedirs(ssh_dir, mode=0o700)
     path = os.path.join(ssh_dir, "authorized_keys")
     try:
         with open(path, "rb") as f:
-            old = f.read().decode("utf-8", errors="surrogateescape").splitlines()
+            lines = f.read().decode("utf-8", errors="surrogateescape").splitlines()
         mode = os.stat(path).st_mode & 0o777
     except FileNotFoundError:
-        old, mode = [], 0o600
+        lines, mode = [], 0o600
+    return path, lines, mode
+
+
+def _rewrite_authorized(path: str, old: list, comment: str, line) -> dict:
+    """``old`` without the lines whose comment is ``comment``, plus ``line`` (None: none)."""
     kept = [ln for ln in old if ln.split()[-1:] != [comment]]
-    new = kept + [line]
+    new = kept + ([line] if line is not None else [])
     if new == old:
         return {"changed": False, "removed": 0, "path": path}
     text = "\n".join(new) + "\n"
+    mode = os.stat(path).st_mode & 0o777 if os.path.exists(path) else 0o600
     _write_atomic(path, text.encode("utf-8", errors="surrogateescape"), mode & 0o644 or 0o600)
     return {"changed": True, "removed": len(old) - len(kept), "path": path}
+
+
+def authorize(line: str, comment: str) -> dict:
+    """``line`` in ~/.ssh/authorized_keys, in place of every line whose comment is ``comment``."""
+    path, old, _mode = _authorized_keys()
+    return _rewrite_authorized(path, old, comment, line)
+
+
+# ---------------------------------------------------------------------------------------------
+# the people who attach with keys of their own (users.json: tui.model.serverlayout)
+
+
+def read_users(state_dir: str) -> dict:
+    """name -> {"admin", "key", "fingerprint", "comment", "added"}: the server's people."""
+    data = _read_json(os.path.join(Paths(state_dir).state_dir, "users.json")) or {}
+    users = data.get("users")
+    return users if isinstance(users, dict) else {}
+
+
+def _write_users(state_dir: str, users: dict) -> None:
+    p = Paths(state_dir)
+    os.makedirs(p.state_dir, mode=0o700, exist_ok=True)
+    body = json.dumps({"users": users}, indent=1, sort_keys=True) + "\n"
+    _write_atomic(os.path.join(p.state_dir, "users.json"), body.encode(), 0o600)
+
+
+def add_user(state_dir: str, payload_json: str) -> dict:
+    """payload {name, admin, key, fingerprint, line, comment}: the key's forced-command ``line``
+    in authorized_keys (replacing that person's earlier one) and the person in users.json.
+    Refused when the key is already on another line there: sshd would use the first line that
+    holds the key, and the forced command would not apply."""
+    u = json.loads(payload_json)
+    path, lines, _mode = _authorized_keys()
+    blob = u["key"].split()[1]
+    for number, ln in enumerate(lines, start=1):
+        if blob in ln.split() and ln.split()[-1:] != [u["comment"]]:
+            return {"ok": False, "error": "this key is already in {} (line {}: {}): sshd would use that "
+                    "line, not the forced command; each person needs a key of their own".format(
+                        path, number, ln.split()[-1] if len(ln.split()) > 2 else "no comment")}
+    result = _rewrite_authorized(path, lines, u["comment"], u["line"])
+    users = read_users(state_dir)
+    users[u["name"]] = {"admin": bool(u["admin"]), "key": u["key"], "fingerprint": u["fingerprint"],
+                        "comment": u["comment"], "added": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    _write_users(state_dir, users)
+    return {"ok": True, "replaced": bool(result["removed"]), "user": users[u["name"]], "path": path}
+
+
+def remove_user(state_dir: str, name: str) -> dict:
+    """The person's key line out of authorized_keys and the person out of users.json."""
+    users = read_users(state_dir)
+    if name not in users:
+        return {"ok": False, "error": "no user {!r} on this server (its users: {})".format(
+            name, ", ".join(sorted(users)) or "none")}
+    path, lines, _mode = _authorized_keys()
+    result = _rewrite_authorized(path, lines, users[name].get("comment") or "", None)
+    del users[name]
+    _write_users(state_dir, users)
+    return {"ok": True, "removed_lines": result["removed"], "path": path}
+
+
+def list_users(state_dir: str) -> dict:
+    return {"ok": True, "users": read_users(state_dir)}
 
 
 def write() -> dict:
@@ -522,6 +592,7 @@ def logs(state_dir: str, lines: str, follow: str) -> None:
 COMMANDS: dict[str, Callable[..., dict]] = {
     "prepare": prepare, "install": install, "keygen": keygen, "authorize": authorize,
     "write": write, "start": start, "status": status, "stop": stop,
+    "add-user": add_user, "remove-user": remove_user, "users": list_users,
 }
 
 

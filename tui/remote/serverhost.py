@@ -63,6 +63,8 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "AgentPlace",
+    "ServerUser",
+    "add_user",
     "attach_command",
     "ServerHostError",
     "ServerStatus",
@@ -72,12 +74,15 @@ __all__ = [
     "key_comment",
     "logs",
     "recorded_host_keys",
+    "remove_user",
     "server_config",
     "server_inventory",
     "setup",
     "start",
     "status",
     "stop",
+    "user_comment",
+    "users",
 ]
 
 HELPER_SOURCE = (Path(__file__).resolve().parent / "serverhelper.py").read_text()
@@ -661,6 +666,68 @@ def logs(
                 write(data)
         finally:
             stream.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# the people: add-user / remove-user / users
+
+
+def user_comment(name: str, server_host: str) -> str:
+    """The comment that marks a person's key line on the server host."""
+    return f"rigdeck-user:{name}@{server_host}"
+
+
+@dataclass(frozen=True)
+class ServerUser:
+    """One person ``rigdeck server users`` lists."""
+
+    name: str
+    admin: bool
+    fingerprint: str
+    added: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "admin": self.admin, "fingerprint": self.fingerprint, "added": self.added}
+
+
+def add_user(inventory: Inventory, name: str, public_key: str, *, admin: bool = False,
+             transport: TransportFactory | None = None) -> tuple[ServerUser, bool]:
+    """Install ``public_key`` on the server host as ``name``'s: a line in authorized_keys whose
+    forced command is the server's ``rigdeck attach --user NAME`` (``restrict``: no shell, no
+    pty, no forwarding), and ``name`` (an ``admin`` or a member) in the server's users.json.
+    (the person, whether an earlier key of theirs was replaced). The name and key are checked
+    before the host is reached (ServerHostError naming what was expected)."""
+    from tui.model.identity import UserError, check_public_key, check_user_name, key_fingerprint
+
+    try:
+        check_user_name(name)
+        key = check_public_key(public_key)
+    except UserError as e:
+        raise ServerHostError(str(e)) from None
+    with _server(inventory, transport) as server:
+        comment = user_comment(name, server.spec.host)
+        line = authorized_key_line(key, forced_command(server.layout.attach_argv(user=name)), comment)
+        payload = {"name": name, "admin": admin, "key": key, "fingerprint": key_fingerprint(key),
+                   "line": line, "comment": comment}
+        out = _helper(server.transport, server.python, "add-user", server.layout.state_dir,
+                      json.dumps(payload), what=f"adding user {name}")
+    u = out["user"]
+    return ServerUser(name, bool(u["admin"]), str(u["fingerprint"]), str(u.get("added") or "")), bool(out["replaced"])
+
+
+def remove_user(inventory: Inventory, name: str, *, transport: TransportFactory | None = None) -> None:
+    """Take ``name``'s key line out of authorized_keys and ``name`` out of users.json."""
+    with _server(inventory, transport) as server:
+        _helper(server.transport, server.python, "remove-user", server.layout.state_dir, name,
+                what=f"removing user {name}")
+
+
+def users(inventory: Inventory, *, transport: TransportFactory | None = None) -> list[ServerUser]:
+    """The server's people, by name."""
+    with _server(inventory, transport) as server:
+        out = _helper(server.transport, server.python, "users", server.layout.state_dir)
+    return [ServerUser(n, bool(u.get("admin")), str(u.get("fingerprint") or ""), str(u.get("added") or ""))
+            for n, u in sorted((out.get("users") or {}).items())]
 
 
 def attach_command(inventory: Inventory, t: Transport) -> list[str]:
