@@ -22,7 +22,7 @@ def rec(job_id: str, user: str, gpus: int, runs: list[tuple[float, float | None]
     """A job record that ran ``runs`` ((start, end or None while it runs), seconds before NOW)."""
     events: list[dict[str, object]] = []
     for start, end in runs:
-        events.append({"event": "started", "time": NOW - start})
+        events.append({"event": "started", "time": NOW - start, "gpus": gpus})  # as JobManager records it
         if end is not None:
             events.append({"event": "restart", "time": NOW - end})
     ended = NOW - runs[-1][1] if state in ("succeeded", "failed", "stopped") and runs[-1][1] is not None else None

@@ -70,8 +70,9 @@ def test_a_jobs_gpu_time_is_each_attempts_gpus_times_its_span_and_usage_sums_exa
         job("a2", "alice", [("started", 2000, None)], 2300),
         # still running: until now
         job("b1", "bob", [("queued", 5000, None), ("started", 9000, 1)], None, state="running"),
-        # preempted once, resumed
-        job("b2", "bob", [("started", 100, 2), ("preempted", 200, None), ("started", 400, 2)], 500),
+        # preempted once (asked at 190, its gang stopped and back in the queue at 200), resumed
+        job("b2", "bob", [("started", 100, 2), ("preempted", 190, None), ("requeued", 200, None), ("started", 400, 2)],
+            500),
         job("q", "bob", [("queued", 50, None)], None, state="queued"),  # never ran: no GPU time
     ]
     assert [(a.start, a.end, a.gpus) for a in attempts(recs[0], now)] == [(1000, 1100, 4), (1110, 1160, 2)]

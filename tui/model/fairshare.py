@@ -36,6 +36,7 @@ from typing import Any
 
 from tui.model.fields import Bad, Check, ErrorFactory, boolean, checked, int_range, number, one_of, token
 from tui.model.jobstate import TERMINAL
+from tui.model.usage import attempts
 
 __all__ = [
     "WEEK_S",
@@ -60,7 +61,6 @@ WEEK_S = 7 * 86400.0
 ORDERS = ("fairshare", "fifo")
 # Events that end one run of a job (its GPUs given back): a gang restart, a preempted job back in
 # the queue. The job's own end is its record's ``ended``.
-_RUN_ENDS = frozenset(("restart", "requeued"))
 
 
 @dataclass(frozen=True)
@@ -261,26 +261,9 @@ def preempt_pending(rec: Mapping[str, Any]) -> bool:
 
 
 def run_intervals(rec: Mapping[str, Any], now: float) -> list[tuple[float, float, int]]:
-    """(start, end, GPUs) of each run of the job: from each ``started`` event to the restart or
-    requeue that ended it, the job's end, or ``now`` while it runs."""
-    gpus = job_gpus(rec.get("spec") or {})
-    if not gpus:
-        return []
-    out: list[tuple[float, float, int]] = []
-    start: float | None = None
-    for e in rec.get("events") or ():
-        name, t = e.get("event"), float(e.get("time") or 0.0)
-        if name == "started":
-            if start is not None:
-                out.append((start, t, gpus))
-            start = t
-        elif name in _RUN_ENDS and start is not None:
-            out.append((start, t, gpus))
-            start = None
-    if start is not None:
-        end = rec.get("ended") if rec.get("state") in TERMINAL else None
-        out.append((start, max(start, float(end) if end else now), gpus))
-    return out
+    """(start, end, GPUs) of each run of the job that held GPUs: its attempts as
+    ``tui.model.usage`` (the one owner of a job's GPU time) counts them."""
+    return [(a.start, a.end, a.gpus) for a in attempts(rec, now) if a.gpus]
 
 
 def decayed_gpu_hours(intervals: Iterable[tuple[float, float, int]], now: float, half_life_s: float) -> float:

@@ -1,9 +1,10 @@
 """GPU time: what each job used, and what each person, group and job used over a span.
 
-The one owner of "a job's GPU time": each attempt of a job (each ``started`` event in its
-history record) holds its GPUs from that event until the attempt ends (the next ``restart``,
-``preempted`` or ``started`` event, else the record's ``ended``, else now for a job still
-running), and costs ``gpus x (end - start)``. The attempt's GPUs are the ``gpus`` its
+The one owner of "a job's GPU time" (the queue's fair share and quotas read it too): each
+attempt of a job (each ``started`` event in its history record) holds its GPUs from that event
+until the attempt ends (the next ``restart``, ``requeued`` (a preempted job's gang stop done,
+its GPUs given back) or ``started`` event, else the record's ``ended``, else now for a job
+still running), and costs ``gpus x (end - start)``. The attempt's GPUs are the ``gpus`` its
 ``started`` event recorded (the placement's count), or, for records from before that, the
 record's placement. ``rigdeck usage`` and the app's Usage view sum exactly these figures.
 
@@ -25,7 +26,7 @@ __all__ = ["BY", "NO_GROUP", "UNKNOWN_USER", "Attempt", "UsageReport", "UsageRow
 BY = ("user", "group", "job")
 UNKNOWN_USER = "(unknown)"  # a job recorded before owners were
 NO_GROUP = "(no group)"
-ATTEMPT_ENDS = ("restart", "preempted", "started")
+ATTEMPT_ENDS = ("restart", "requeued", "started")
 WEEK_S = 7 * 86400.0
 
 
