@@ -225,12 +225,18 @@ def job_list(n_hosts: int, n_jobs: int, t: int, rng: random.Random) -> JobsSnaps
 
 def _encode_frames(app: Any) -> None:
     """Headless, Textual renders each update but skips turning it into terminal output; do that
-    too (and discard it), so a frame costs here what it costs in a terminal."""
+    too (and discard it), so a frame costs here what it costs in a terminal. Each frame's end
+    (wall and UI-thread CPU clocks) is noted for ``timed_step``."""
     from textual._compositor import CompositorUpdate
+
+    frames = app._bench_frames = {"count": 0, "wall": 0.0, "cpu": 0.0, "event": asyncio.Event()}
 
     def display(screen: Any, renderable: Any) -> None:
         if isinstance(renderable, CompositorUpdate):
             renderable.render_segments(app.console)
+        frames["count"] += 1
+        frames["wall"], frames["cpu"] = time.perf_counter(), time.thread_time()
+        frames["event"].set()
 
     app._display = display
 
@@ -300,14 +306,27 @@ async def open_case(app: Any, pilot: Any, case: str) -> Any:
 
 async def timed_step(pilot: Any, step: Callable[[], None]) -> tuple[float, float, float]:
     """One second's sampling step (``step``) and the frame Textual draws for it: (UI-thread
-    CPU ms, wall ms, CPU ms of the sampling step alone)."""
+    CPU ms, wall ms, CPU ms of the sampling step alone), each up to the end of that frame's
+    encoding. The wall time holds Textual's frame pacing (a frame is drawn on the next tick of
+    its 60 Hz screen timer once the app is idle: 0-17 ms after the step) and whatever else the
+    machine ran meanwhile: what a user sees. Untimed after it: the app left to go idle (the
+    pilot's pause), so the next step starts from a quiet app as a second's change would."""
+    frames = pilot.app._bench_frames
+    event: asyncio.Event = frames["event"]
+    event.clear()
+    seen = frames["count"]
     w0 = time.perf_counter()
     t0 = time.thread_time()
     step()
     t1 = time.thread_time()
-    await pilot.pause()  # Textual lays out and renders the frame, and encodes it
-    t2 = time.thread_time()
-    w2 = time.perf_counter()
+    try:
+        await asyncio.wait_for(event.wait(), timeout=5.0)
+    except asyncio.TimeoutError:
+        raise RuntimeError("no frame was drawn within 5 s of a second's change") from None
+    if frames["count"] == seen:
+        raise RuntimeError("no frame counted")
+    t2, w2 = frames["cpu"], frames["wall"]
+    await pilot.pause()
     return (t2 - t0) * 1000, (w2 - w0) * 1000, (t1 - t0) * 1000
 
 
@@ -372,6 +391,8 @@ async def measure(case: str, n: int, mode: str, seconds: int, warmup: int,
         for t in range(seconds + warmup):
             if pace_s > 0:  # the app idles until the next second's samples
                 await asyncio.sleep(max(0.0, start + t * pace_s - time.perf_counter()))
+            if t == warmup:  # the app's one collection and freeze after the cluster came up
+                app.collector.settle()
             feed(state, n, t, rng)
             jobs.current = job_list(n, n_jobs, t, rng)
             now[0] = float(t)

@@ -115,8 +115,10 @@ def _plain_segments(
 ) -> list[Segment] | None:
     """``cell_segments`` of a one-style Text that fits its cell, made directly (the same
     segments at a fraction of the cost), or None for anything else."""
-    if not isinstance(cell, Text) or cell.spans:
+    if not isinstance(cell, Text):
         return None
+    if cell.spans:
+        return _spanned_segments(cell, console, pad, inner, pre, post)
     plain = cell.plain
     if "\n" in plain or "\t" in plain:
         return None
@@ -141,6 +143,42 @@ def _plain_segments(
     if inner - length + pad:
         out.append(Segment(" " * (inner - length + pad), base))
     return out
+
+
+def _spanned_segments(
+    cell: Text, console: Any, pad: int, inner: int, pre: Style, post: Style
+) -> list[Segment] | None:
+    """``cell_segments`` of a Text whose spans do not overlap (a bar: its filled part, its
+    track, its label), made directly; None for anything else (overlapping spans, a tab, a
+    newline, a text wider than its cell), which rich renders."""
+    plain = cell.plain
+    if "\n" in plain or "\t" in plain or cell.cell_len > inner:
+        return None
+    get = console.get_style
+    own = cell.style
+    base_style = (get(own) if isinstance(own, str) else own) if own else Style.null()
+    end = len(plain)
+    pieces: list[tuple[str, Style]] = []
+    pos = 0
+    for span in sorted(cell.spans, key=lambda sp: sp.start):
+        start, stop = span.start, span.end
+        if start < pos or stop > end or start >= stop:
+            return None
+        if start > pos:
+            pieces.append((plain[pos:start], base_style))
+        style = span.style
+        pieces.append((plain[start:stop], base_style + (get(style) if isinstance(style, str) else style)))
+        pos = stop
+    if pos < end:
+        pieces.append((plain[pos:], base_style))
+    blank = pre + post
+    out: list[Segment] = [Segment(" " * pad, blank)] if pad else []
+    for text, style in pieces:
+        out.append(Segment(text, pre + style + post))
+    fill = inner - cell.cell_len + pad
+    if fill:
+        out.append(Segment(" " * fill, blank))
+    return list(Segment.simplify(out))
 
 
 @dataclass(frozen=True)
