@@ -357,6 +357,44 @@ async def test_gpu_table_reads_live_gpus_from_a_hosts_only_snapshot() -> None:
         await pilot.pause()
 
 
+@pytest.mark.parametrize("sort", ["host", "util", "memory", "temp", "job"])
+@pytest.mark.parametrize("flt", [GpuFilter(), GpuFilter("busy"), GpuFilter("idle", "h1"), GpuFilter(text="job:")])
+def test_the_kept_gpu_order_is_the_order_made_afresh(sort: str, flt: GpuFilter) -> None:
+    """Tick after tick, some hosts sending new samples (a few, or every one), a host going
+    stale: the order kept from tick to tick shows the rows ``gpu_entries`` makes from scratch,
+    with the same sources."""
+    import random
+
+    from tui.app.widgets.tables import GpuOrder, gpu_entries
+    from tui.model.state import ClusterState, HostStatus
+
+    rng = random.Random(7)
+    hosts = [f"h{i}" for i in range(12)]
+    state = ClusterState([(h, f"10.0.0.{i}") for i, h in enumerate(hosts)])
+
+    def send(i: int, tick: int) -> None:
+        gpus = [{"index": g, "uuid": f"U{i}-{g}", "name": "H100", "utilization_pct": rng.choice([0, 5, 50, 99]),
+                 "memory_used_mb": rng.choice([0, 100, 4000]), "memory_total_mb": 8000,
+                 "temperature_c": rng.choice([30.0, 55.5]),
+                 "processes": [{"pid": 1, "user": "u", "job_id": f"job-{rng.randrange(3)}", "rank": g}]
+                 if rng.random() < 0.5 else []}
+                for g in range(4)]
+        state.apply_sample(hosts[i], {"gpus": gpus, "host": {}}, received_at=float(tick))
+
+    order = GpuOrder()
+    for tick in range(12):
+        which = range(12) if tick % 4 == 0 else rng.sample(range(12), 2)
+        for i in which:
+            send(i, tick)
+        if tick == 6:
+            state.set_status("h3", HostStatus.STALE, "quiet")
+        snap = state.snapshot()
+        fresh = gpu_entries(snap, flt, sort)
+        assert order.update(snap, flt, sort) == [k for k, _ in fresh]
+        for key, src in fresh:
+            assert order.source(key) == src
+
+
 def test_gpu_rows_filter_and_sort() -> None:
     snap = cluster_state().snapshot()
     w = Widths.for_width(120)

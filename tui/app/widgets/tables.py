@@ -8,6 +8,7 @@ what the screen can draw changes nothing. Each table renders a cell from its raw
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
@@ -332,6 +333,116 @@ def gpu_entries(
     return items
 
 
+class GpuOrder:
+    """Which GPUs the GPU view shows and in which order, kept from one tick to the next: a
+    host's GPUs are looked at again only when its view changed (a new sample, a new status),
+    the order is sorted again only when a GPU's sort key changed (one at a time by bisection
+    when few did), and the shown list made again only when the order or the filter's verdict
+    changed. The same rows in the same order as ``gpu_entries`` gives.
+
+    Positions are GPUs in snapshot order (host, then GPU index); ``tie`` is a position's rank by
+    (host name, index), which breaks ties in the sorted orders as ``gpu_entries`` does."""
+
+    def __init__(self) -> None:
+        self._for: tuple[Any, ...] | None = None
+        self._seen: list[tuple[Any, bool]] = []  # per host: (its GPUs, stale) last looked at
+        self._place: list[tuple[int, int]] = []  # position -> (host position, GPU position)
+        self._first: list[int] = []  # host position -> its first GPU's position
+        self._keys: list[str] = []  # position -> row key
+        self._pos: dict[str, int] = {}  # row key -> position
+        self._tie: list[int] = []
+        self._sort_key: list[tuple[Any, ...]] = []
+        self._sorted: list[tuple[Any, ...]] = []  # every position's sort key, in order
+        self._shown: list[bool] = []
+        self._wanted: list[str] = []
+        self._hosts: Sequence[HostView] = ()
+
+    def update(self, snapshot: Sequence[HostView], flt: GpuFilter, sort: str) -> list[str]:
+        """The row keys to show, in order, for ``snapshot`` (with its GPUs)."""
+        self._hosts = snapshot
+        key = (getattr(snapshot, "layout", None), tuple(h.name for h in snapshot), flt, sort)
+        if key != self._for or getattr(snapshot, "layout", None) is None:
+            self._for = key
+            self._lay_out(snapshot)
+        changed: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
+        shown_changed = False
+        sort_key, shown = self._sort_key, self._shown
+        for hi, h in enumerate(snapshot):
+            gpus = h.gpus or ()
+            stale = h.status != "up"
+            seen = self._seen[hi]
+            if seen[0] is gpus and seen[1] == stale:
+                continue
+            self._seen[hi] = (gpus, stale)
+            pos = self._first[hi]
+            for g in gpus:
+                new = self._key_of(sort, h.name, g, pos)
+                if new != sort_key[pos]:
+                    changed.append((sort_key[pos], new))
+                    sort_key[pos] = new
+                ok = flt.busy == "all" and not flt.text or flt.matches(h.name, g, g.job_ids)
+                if ok != shown[pos]:
+                    shown[pos] = ok
+                    shown_changed = True
+                pos += 1
+        if changed:
+            self._resort(changed)
+        if changed or shown_changed:
+            keys = self._keys
+            self._wanted = [keys[k[-1]] for k in self._sorted if shown[k[-1]]]
+        return self._wanted
+
+    def source(self, key: str) -> GpuSource | None:
+        """A row's source now: (host, host not up, the GPU)."""
+        pos = self._pos.get(key)
+        if pos is None:
+            return None
+        hi, gi = self._place[pos]
+        h = self._hosts[hi]
+        gpus = h.gpus or ()
+        return (h.name, h.status != "up", gpus[gi]) if gi < len(gpus) else None
+
+    def _lay_out(self, snapshot: Sequence[HostView]) -> None:
+        """A new set of GPUs (or filter, or sort): every position made again."""
+        self._place = [(hi, gi) for hi, h in enumerate(snapshot) for gi in range(len(h.gpus or ()))]
+        self._first = []
+        n = 0
+        for h in snapshot:
+            self._first.append(n)
+            n += len(h.gpus or ())
+        self._keys = [gpu_key(h.name, g) for h in snapshot for g in h.gpus or ()]
+        self._pos = {k: i for i, k in enumerate(self._keys)}
+        names = [(h.name, g.index or 0) for h in snapshot for g in h.gpus or ()]
+        self._tie = [0] * n
+        for rank, pos in enumerate(sorted(range(n), key=names.__getitem__)):
+            self._tie[pos] = rank
+        self._seen = [((), False)] * len(snapshot)  # nothing seen: every host looked at
+        self._sort_key = [(pos,) for pos in range(n)]
+        self._sorted = list(self._sort_key)
+        self._shown = [False] * n
+        self._wanted = []
+
+    def _key_of(self, sort: str, host: str, g: GpuView, pos: int) -> tuple[Any, ...]:
+        field = _SORT_FIELDS.get(sort)
+        if field is not None:  # the most first; ties by host and index
+            return (-(field(g) or 0), self._tie[pos], pos)
+        if sort == "job":
+            label = gpu_job_label(g)[0]
+            return (label == "-", label, self._tie[pos], pos)
+        return (pos,)  # "host": snapshot order, GPUs by index
+
+    def _resort(self, changed: list[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> None:
+        """Keep ``_sorted`` in order: by bisection for a few changed keys, else sorted again
+        (every key unique: each ends in its position)."""
+        order = self._sorted
+        if len(changed) * 16 > len(order):
+            self._sorted = sorted(self._sort_key)
+            return
+        for old, new in changed:
+            del order[bisect_left(order, old)]
+            insort(order, new)
+
+
 def gpu_raw(src: GpuSource, w: Widths) -> tuple[Any, ...]:
     """One GPU's raw cells, rounded to what a cell shows (0.3% more utilization is no change)."""
     host, stale, g = src
@@ -445,6 +556,10 @@ class GpusTable(DiffTable):
         return _text(raw)
 
     _layout: tuple[Any, ...] | None = None  # what the rows were laid out for (fast path)
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._gpu_order = GpuOrder()  # the sorted or filtered views' order
     _places: dict[str, tuple[int, int]] = {}  # row key -> (host, GPU) position in the snapshot
 
     def apply_snapshot(
@@ -505,7 +620,11 @@ class GpusTable(DiffTable):
 
             return self.refresh_sources(source_of, make_raw)
         snapshot = full()
-        stats = self.apply_sources(gpu_entries(snapshot, flt, sort), make_raw)
+        if fast:
+            stats = self.apply_sources(gpu_entries(snapshot, flt, sort), make_raw)
+        else:  # sorted or filtered: the order kept from tick to tick
+            order = self._gpu_order
+            stats = self.apply_keyed(order.update(snapshot, flt, sort), order.source, make_raw)
         self._layout = None
         if fast:
             self._layout = (getattr(snapshot, "layout", layout), len(snapshot), w)
