@@ -202,7 +202,7 @@ class _RowPlaces(TwoWayDict[RowKey, int]):
     ``TwoWayDict`` built from a dict costs."""
 
     def __init__(self, keys: list[RowKey]) -> None:
-        self._forward = dict(zip(keys, range(len(keys))))
+        self._forward = dict(zip(keys, range(len(keys)), strict=True))
         self._keys = keys
 
     @property

@@ -7,8 +7,8 @@ what the screen can draw changes nothing. Each table renders a cell from its raw
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
 from bisect import bisect_left, insort
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from operator import attrgetter
