@@ -766,7 +766,7 @@ class DiffTable(DataTable[RenderableType]):
             for key in wanted:
                 if key in new:
                     values = raw_of(key)
-                    self.add_row(*self._cells_for(values), key=key)
+                    self.add_row(*self._cells_for(values), key=self._row_key(key))
                     self._order.append(key)
                     self._raw[key] = values
                     self._raw_src[key] = source_of(key)
@@ -821,7 +821,11 @@ class DiffTable(DataTable[RenderableType]):
 
     def _set_order(self, order: list[str]) -> None:
         self._order = list(order)  # its own: rows added later are appended to it
-        self._row_locations = _RowPlaces([self._row_key(k) for k in order])
+        try:
+            keys = list(map(self._row_keys.__getitem__, order))
+        except KeyError:  # a row added otherwise than by ``_apply``
+            keys = [self._row_key(k) for k in order]
+        self._row_locations = _RowPlaces(keys)
         self._order_changed()
 
     def _cells_for(self, values: tuple[Any, ...]) -> list[Any]:

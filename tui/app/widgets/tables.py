@@ -366,25 +366,26 @@ class GpuOrder:
             self._lay_out(snapshot)
         changed: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
         shown_changed = False
-        sort_key, shown = self._sort_key, self._shown
+        sort_key, shown, seen, first = self._sort_key, self._shown, self._seen, self._first
+        everything = flt.busy == "all" and not flt.text
         for hi, h in enumerate(snapshot):
             gpus = h.gpus or ()
             stale = h.status != "up"
-            seen = self._seen[hi]
-            if seen[0] is gpus and seen[1] == stale:
+            if seen[hi][0] is gpus and seen[hi][1] == stale:
                 continue
-            self._seen[hi] = (gpus, stale)
-            pos = self._first[hi]
-            for g in gpus:
-                new = self._key_of(sort, h.name, g, pos)
-                if new != sort_key[pos]:
-                    changed.append((sort_key[pos], new))
-                    sort_key[pos] = new
-                ok = flt.busy == "all" and not flt.text or flt.matches(h.name, g, g.job_ids)
-                if ok != shown[pos]:
-                    shown[pos] = ok
-                    shown_changed = True
-                pos += 1
+            seen[hi] = (gpus, stale)
+            pos = first[hi]
+            end = pos + len(gpus)
+            if sort != "host":
+                new_keys = self._keys_of(sort, gpus, pos)
+                old_keys = sort_key[pos:end]
+                if new_keys != old_keys:
+                    changed += [(o, n) for o, n in zip(old_keys, new_keys, strict=True) if o != n]
+                    sort_key[pos:end] = new_keys
+            verdicts = [True] * len(gpus) if everything else [flt.matches(h.name, g, g.job_ids) for g in gpus]
+            if verdicts != shown[pos:end]:
+                shown[pos:end] = verdicts
+                shown_changed = True
         if changed:
             self._resort(changed)
         if changed or shown_changed:
@@ -422,14 +423,16 @@ class GpuOrder:
         self._shown = [False] * n
         self._wanted = []
 
-    def _key_of(self, sort: str, host: str, g: GpuView, pos: int) -> tuple[Any, ...]:
+    def _keys_of(self, sort: str, gpus: Sequence[GpuView], pos: int) -> list[tuple[Any, ...]]:
+        """The sort keys of one host's GPUs (at positions ``pos``...)."""
         field = _SORT_FIELDS.get(sort)
+        tie = self._tie
         if field is not None:  # the most first; ties by host and index
-            return (-(field(g) or 0), self._tie[pos], pos)
+            return [(-(field(g) or 0), tie[p], p) for p, g in enumerate(gpus, pos)]
         if sort == "job":
-            label = gpu_job_label(g)[0]
-            return (label == "-", label, self._tie[pos], pos)
-        return (pos,)  # "host": snapshot order, GPUs by index
+            labels = [gpu_job_label(g)[0] for g in gpus]
+            return [(lb == "-", lb, tie[p], p) for p, lb in enumerate(labels, pos)]
+        return [(p,) for p in range(pos, pos + len(gpus))]  # "host": snapshot order
 
     def _resort(self, changed: list[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> None:
         """Keep ``_sorted`` in order: by bisection for a few changed keys, else sorted again
