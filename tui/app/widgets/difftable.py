@@ -766,7 +766,8 @@ class DiffTable(DataTable[RenderableType]):
             for key in wanted:
                 if key in new:
                     values = raw_of(key)
-                    self.add_row(*self._cells_for(values), key=self._row_key(key))
+                    self.add_row(*self._cells_for(values), key=key)
+                    self._row_key(key)
                     self._order.append(key)
                     self._raw[key] = values
                     self._raw_src[key] = source_of(key)
