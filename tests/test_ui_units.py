@@ -217,6 +217,25 @@ def test_chart_has_axes_ticks_and_a_curve() -> None:
     assert "waiting" in "".join(s.text for s in render_chart([], 40, 6, empty="waiting"))
 
 
+def test_the_frame_timer_keeps_a_minute_of_stretches() -> None:
+    from tui.app.frametimer import FrameTimer
+
+    now = [100.0]
+    timer = FrameTimer(clock=lambda: now[0])
+    assert timer.longest_ms() == 0.0 and timer.slow() == 0
+    timer.note(50.0)  # a stall, 100 s in
+    now[0] = 105.0
+    timer.note(5.0, "refresh")
+    assert timer.longest_ms(10.0) == 50.0 and timer.slow() == 1 and timer.frames == 1
+    now[0] = 112.0
+    timer.note(7.0)
+    assert timer.longest_ms(10.0) == 7.0 and timer.longest_ms() == 50.0
+    now[0] = 161.0
+    timer.note(1.0)  # the stall is over a minute old: gone
+    assert timer.longest_ms() == 7.0 and timer.slow() == 0
+    assert timer.text() == "frames ≤1 ms 10s · ≤7 ms 60s · 0 slow"
+
+
 class _TableApp(App[None]):
     def compose(self) -> ComposeResult:
         t = DiffTable(id="t")
