@@ -233,7 +233,9 @@ def test_the_frame_timer_keeps_a_minute_of_stretches() -> None:
     now[0] = 161.0
     timer.note(1.0)  # the stall is over a minute old: gone
     assert timer.longest_ms() == 7.0 and timer.slow() == 0
-    assert timer.text() == "frames ≤1 ms 10s · ≤7 ms 60s · 0 slow"
+    assert timer.text() == "frames ≤1 ms 10s · ≤7 ms 60s (frame) · 0 slow"
+    timer.note(9.0, "gc")
+    assert timer.longest_kind() == "gc"
 
 
 class _TableApp(App[None]):

@@ -5,8 +5,8 @@ frame Textual draws (layout, render, the compositor's update), and the garbage c
 passes wherever they fall. A stretch longer than a frame at 30 fps (33 ms) is a frame the user
 does not get. ``FrameTimer`` keeps each stretch's length for a minute and says the longest in
 the last ten seconds and the last minute; with ``RIGDECK_FRAME_TIMER=1`` the summary line shows
-them (``frames ≤12 ms 10s · ≤15 ms 60s · 0 slow``), where a person or a test driving the app
-through tmux reads them.
+them (``frames ≤12 ms 10s · ≤15 ms 60s (frame) · 0 slow``: the longest was a frame), where a
+person or a script driving the app through tmux (``bench/ui_live.py``) reads them.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class FrameTimer:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._stretches: deque[tuple[float, float]] = deque()  # (when it ended, ms)
+        self._stretches: deque[tuple[float, float, str]] = deque()  # (when it ended, ms, kind)
         self._gc_start: float | None = None
         self.frames = 0
 
@@ -38,7 +38,7 @@ class FrameTimer:
         now = self.clock()
         if kind == "frame":
             self.frames += 1
-        self._stretches.append((now, ms))
+        self._stretches.append((now, ms, kind))
         while self._stretches and self._stretches[0][0] < now - WINDOW_S:
             self._stretches.popleft()
 
@@ -51,17 +51,24 @@ class FrameTimer:
 
     def longest_ms(self, seconds: float = WINDOW_S) -> float:
         since = self.clock() - seconds
-        return max((ms for t, ms in self._stretches if t >= since), default=0.0)
+        return max((ms for t, ms, _ in self._stretches if t >= since), default=0.0)
 
     def slow(self, seconds: float = WINDOW_S, over_ms: float = FRAME_MS) -> int:
         since = self.clock() - seconds
-        return sum(1 for t, ms in self._stretches if t >= since and ms > over_ms)
+        return sum(1 for t, ms, _ in self._stretches if t >= since and ms > over_ms)
+
+    def longest_kind(self, seconds: float = WINDOW_S) -> str:
+        """What the longest stretch was: ``frame``, ``refresh`` (a sampling step) or ``gc``."""
+        since = self.clock() - seconds
+        return max(((ms, kind) for t, ms, kind in self._stretches if t >= since), default=(0.0, ""))[1]
 
     def text(self) -> str:
-        """The summary line's words: ``frames ≤12 ms 10s · ≤15 ms 60s · 0 slow``."""
+        """The summary line's words: ``frames ≤12 ms 10s · ≤15 ms 60s (frame) · 0 slow``."""
+        kind = self.longest_kind()
         return (
-            f"frames ≤{self.longest_ms(10.0):.0f} ms 10s · ≤{self.longest_ms():.0f} ms 60s · "
-            f"{self.slow()} slow"
+            f"frames ≤{self.longest_ms(10.0):.0f} ms 10s · ≤{self.longest_ms():.0f} ms 60s"
+            + (f" ({kind})" if kind else "")
+            + f" · {self.slow()} slow"
         )
 
     # -- the collector's passes ---------------------------------------------------------------
