@@ -14,6 +14,8 @@ Cases (each view as a user leaves it on screen):
 - gpus:          the GPU view, every GPU, sorted by host (the default)
 - gpus-util:     the GPU view sorted by utilization (the order changes every second)
 - gpus-busy:     the GPU view filtered to busy GPUs (which GPUs are shown changes over time)
+- gpus-memory, gpus-temp, gpus-job: the GPU view in its other sorts
+- gpus-idle, gpus-text: filtered to idle GPUs, and by text (``job-3``: the GPUs of one job)
 - jobs:          the jobs view, ``--jobs`` jobs of which 7 are running
 - map:           the cluster map (view 8), every GPU a cell, all of them on the 200x60 screen
                  (compare it with ``gpus``, the same GPUs as table rows, in the same run)
@@ -75,6 +77,11 @@ CASES: dict[str, tuple[str, GpuFilter, str, str]] = {
     "gpus": ("gpus", GpuFilter(), "host", "GPU view, every GPU, sorted by host"),
     "gpus-util": ("gpus", GpuFilter(), "util", "GPU view sorted by utilization"),
     "gpus-busy": ("gpus", GpuFilter("busy"), "host", "GPU view filtered to busy GPUs"),
+    "gpus-memory": ("gpus", GpuFilter(), "memory", "GPU view sorted by memory used"),
+    "gpus-temp": ("gpus", GpuFilter(), "temp", "GPU view sorted by temperature"),
+    "gpus-job": ("gpus", GpuFilter(), "job", "GPU view sorted by job"),
+    "gpus-idle": ("gpus", GpuFilter("idle"), "host", "GPU view filtered to idle GPUs"),
+    "gpus-text": ("gpus", GpuFilter(text="job-3"), "host", "GPU view filtered by text (job-3)"),
     "jobs": ("jobs", GpuFilter(), "host", "jobs view"),
     "map": ("map", GpuFilter(), "host", "cluster map, every GPU a cell"),
 }
