@@ -379,7 +379,8 @@ async def test_gpu_table_reads_live_gpus_from_a_hosts_only_snapshot() -> None:
 
 
 @pytest.mark.parametrize("sort", ["host", "util", "memory", "temp", "job"])
-@pytest.mark.parametrize("flt", [GpuFilter(), GpuFilter("busy"), GpuFilter("idle", "h1"), GpuFilter(text="job:")])
+@pytest.mark.parametrize("flt", [GpuFilter(), GpuFilter("busy"), GpuFilter("idle", "h1"), GpuFilter(text="job:"),
+                                 GpuFilter(text="job-1"), GpuFilter("busy", "h2 job-2"), GpuFilter(text="idle h1")])
 def test_the_kept_gpu_order_is_the_order_made_afresh(sort: str, flt: GpuFilter) -> None:
     """Tick after tick, some hosts sending new samples (a few, or every one), a host going
     stale: the order kept from tick to tick shows the rows ``gpu_entries`` makes from scratch,

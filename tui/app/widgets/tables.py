@@ -355,6 +355,7 @@ class GpuOrder:
         self._sorted: list[tuple[Any, ...]] = []  # every position's sort key, in order
         self._shown: list[bool] = []
         self._wanted: list[str] = []
+        self._memo: list[list[Any] | None] = []  # position -> _memo_of's
         self._hosts: Sequence[HostView] = ()
 
     def update(self, snapshot: Sequence[HostView], flt: GpuFilter, sort: str) -> list[str]:
@@ -382,7 +383,7 @@ class GpuOrder:
                 if new_keys != old_keys:
                     changed += [(o, n) for o, n in zip(old_keys, new_keys, strict=True) if o != n]
                     sort_key[pos:end] = new_keys
-            verdicts = [True] * len(gpus) if everything else [flt.matches(h.name, g, g.job_ids) for g in gpus]
+            verdicts = [True] * len(gpus) if everything else self._verdicts(flt, h.name, gpus, pos)
             if verdicts != shown[pos:end]:
                 shown[pos:end] = verdicts
                 shown_changed = True
@@ -421,6 +422,7 @@ class GpuOrder:
         self._sort_key = [(pos,) for pos in range(n)]
         self._sorted = list(self._sort_key)
         self._shown = [False] * n
+        self._memo = [None] * n
         self._wanted = []
 
     def _keys_of(self, sort: str, gpus: Sequence[GpuView], pos: int) -> list[tuple[Any, ...]]:
@@ -430,9 +432,38 @@ class GpuOrder:
         if field is not None:  # the most first; ties by host and index
             return [(-(field(g) or 0), tie[p], p) for p, g in enumerate(gpus, pos)]
         if sort == "job":
-            labels = [gpu_job_label(g)[0] for g in gpus]
+            labels = [self._memo_of(p, g)[0] for p, g in enumerate(gpus, pos)]
             return [(lb == "-", lb, tie[p], p) for p, lb in enumerate(labels, pos)]
         return [(p,) for p in range(pos, pos + len(gpus))]  # "host": snapshot order
+
+    def _memo_of(self, pos: int, g: GpuView) -> list[Any]:
+        """[its job label, text verdicts by filter] of the GPU at ``pos``, kept while its
+        processes and claim are the same objects (a host's views reuse them while they do not
+        change), so a second of new numbers does not work out every GPU's job again."""
+        memo = self._memo[pos]
+        if memo is None or memo[2] is not g.processes or memo[3] is not g.claim:
+            memo = self._memo[pos] = [gpu_job_label(g)[0], {}, g.processes, g.claim]
+        return memo
+
+    def _verdicts(self, flt: GpuFilter, host: str, gpus: Sequence[GpuView], pos: int) -> list[bool]:
+        """Whether the filter shows each of a host's GPUs. Its words are matched against the
+        host and the GPU's jobs once while those stay (a "busy" or "idle" word, which reads
+        the utilization, every time)."""
+        words = flt.text.lower().split()
+        if any(w in ("busy", "idle") for w in words):
+            return [flt.matches(host, g, g.job_ids) for g in gpus]
+        text_only = GpuFilter("all", flt.text)
+        out = []
+        for p, g in enumerate(gpus, pos):
+            if flt.busy != "all" and g.busy != (flt.busy == "busy"):
+                out.append(False)
+                continue
+            memo = self._memo_of(p, g)[1]
+            ok = memo.get(text_only)
+            if ok is None:
+                ok = memo[text_only] = text_only.matches(host, g, g.job_ids)
+            out.append(ok)
+        return out
 
     def _resort(self, changed: list[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> None:
         """Keep ``_sorted`` in order: by bisection for a few changed keys, else sorted again
