@@ -21,6 +21,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -38,6 +39,7 @@ from tui.control.controller import Controller  # noqa: E402
 from tui.remote.sshconfig import load_inventory  # noqa: E402
 
 SIM_GPUS = 8
+EXITED = "rigdeck exited with status"  # the pane's last words when the app ends (it stays open)
 FRAMES = re.compile(r"frames ≤(\d+) ms 10s · ≤(\d+) ms 60s(?: \((\w+)\))? · (\d+) slow")
 UP = re.compile(r"hosts (\d+)/(\d+) up")
 # (key, what shows once it is taken): a user's round of the views
@@ -60,7 +62,9 @@ def drive(tmux: Tmux, n: int, seconds: float, settle: float) -> dict[str, Any]:
     """Once every host is up: the round of views for ``seconds``, the screen read twice a
     second. Returns what the frame timer said."""
     t0 = time.monotonic()
-    tmux.wait(lambda s: f"hosts {n}/{n} up" in s, 600, f"all {n} hosts up", step=1.0)
+    screen = tmux.wait(lambda s: f"hosts {n}/{n} up" in s or EXITED in s, 600, f"all {n} hosts up", step=1.0)
+    if EXITED in screen:
+        raise RuntimeError(f"the app ended before every host was up:\n{screen}")
     up_after = time.monotonic() - t0
     # Out of the minute measured: the start-up (connecting N hosts, the collector's first pass).
     time.sleep(settle)
@@ -82,6 +86,8 @@ def drive(tmux: Tmux, n: int, seconds: float, settle: float) -> dict[str, Any]:
                 down_seen.append(f"{time.monotonic() - start:.1f}s: hosts {up[0]}/{up[1]} up")
             if fr is not None:
                 readings.append((time.monotonic() - start, *fr))
+            if EXITED in screen:
+                raise RuntimeError(f"the app ended while driven:\n{screen}")
             if shows in screen:
                 break
             time.sleep(0.5)
@@ -112,6 +118,8 @@ def main() -> int:
                     help="seconds after every host is up before the minute starts")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "ui-live.json"))
     args = ap.parse_args()
+    # A timeout's SIGTERM ends the run through its cleanup (the bed torn down, tmux ended).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ok, why = available()
     if not ok or not shutil.which("tmux"):
         print(f"bench/ui_live.py needs the test bed and tmux: {why or 'no tmux'}", file=sys.stderr)
@@ -134,7 +142,9 @@ def main() -> int:
         env.update(HOME=str(home), TERM="xterm-256color", RIGDECK_HOME=str(home / "rigdeck"),
                    RIGDECK_INVENTORY=str(inv), RIGDECK_FRAME_TIMER="1")
         tmux = Tmux(f"rdk-live-{uuid.uuid4().hex[:8]}", env)
-        tmux.start(f"{sys.executable} -m tui.cli", width=200, height=60)
+        # The pane outlives the app, so a traceback or an early exit can be read from it.
+        tmux.start(f"sh -c '{sys.executable} -m tui.cli; echo {EXITED} $?; sleep 3600'",
+                   width=200, height=60)
         try:
             result = drive(tmux, args.hosts, args.seconds, args.settle)
         finally:

@@ -202,8 +202,16 @@ class _RowPlaces(TwoWayDict[RowKey, int]):
     ``TwoWayDict`` built from a dict costs."""
 
     def __init__(self, keys: list[RowKey]) -> None:
-        self._forward = dict(zip(keys, range(len(keys)), strict=True))
         self._keys = keys
+        self._made: dict[RowKey, int] | None = None
+
+    @property
+    def _forward(self) -> dict[RowKey, int]:  # type: ignore[override]
+        """Key -> index, made when first asked (drawing a frame reads the order by index
+        only; a key's index is asked for when the cursor or a cell is looked up by key)."""
+        if self._made is None:
+            self._made = dict(zip(self._keys, range(len(self._keys)), strict=True))
+        return self._made
 
     @property
     def _reverse(self) -> dict[int, RowKey]:  # type: ignore[override]
@@ -217,6 +225,9 @@ class _RowPlaces(TwoWayDict[RowKey, int]):
 
     def __delitem__(self, key: RowKey) -> None:
         raise ValueError("rows leave a table's order by a new order")
+
+    def __len__(self) -> int:
+        return len(self._keys)
 
     def get_key(self, value: int) -> RowKey | None:
         keys = self._keys
@@ -298,6 +309,7 @@ class DiffTable(DataTable[RenderableType]):
     _offsets: list[tuple[RowKey, int]] = []
     _offsets_for: tuple[int, int] | None = None
     _frame_values: _FrameValues | None = None
+    _drawing_row: tuple[RowKey, int] | None = None  # the row ``_render_line`` is drawing
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=True)
@@ -397,7 +409,11 @@ class DiffTable(DataTable[RenderableType]):
         """
         key = row_key.value
         raw = self.current_raw(key) if key is not None else None
-        row_index = self._row_locations.get(row_key) if row_key in self._row_locations else None
+        at = self._drawing_row
+        if at is not None and at[0] is row_key:
+            row_index: int | None = at[1]
+        else:
+            row_index = self._row_locations.get(row_key) if row_key in self._row_locations else None
         fv = self._frame_values or self._read_frame_values()
         if raw is None or key is None or row_index is None or line_no != 0 or not fv.simple:
             return super()._render_line_in_row(
@@ -495,13 +511,17 @@ class DiffTable(DataTable[RenderableType]):
         row_key = self._row_locations.get_key(row_index)
         if row_key is None:
             return super()._render_line(y, x1, x2, base_style)
-        _fixed, scrollable = self._render_line_in_row(
-            row_key,
-            0,
-            base_style,
-            cursor_location=fv.cursor,
-            hover_location=fv.hover,
-        )
+        self._drawing_row = (row_key, row_index)
+        try:
+            _fixed, scrollable = self._render_line_in_row(
+                row_key,
+                0,
+                base_style,
+                cursor_location=fv.cursor,
+                hover_location=fv.hover,
+            )
+        finally:
+            self._drawing_row = None
         if len(scrollable) != 1:  # DataTable rendered this row itself
             return super()._render_line(y, x1, x2, base_style)
         line = scrollable[0]

@@ -11,6 +11,7 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -345,7 +346,8 @@ class GpuOrder:
 
     def __init__(self) -> None:
         self._for: tuple[Any, ...] | None = None
-        self._seen: list[tuple[Any, bool]] = []  # per host: (its GPUs, stale) last looked at
+        self._seen: list[Any] = []  # per host: its GPUs' views last looked at
+        self._fresh = True
         self._place: list[tuple[int, int]] = []  # position -> (host position, GPU position)
         self._first: list[int] = []  # host position -> its first GPU's position
         self._keys: list[str] = []  # position -> row key
@@ -364,35 +366,71 @@ class GpuOrder:
         key = (getattr(snapshot, "layout", None), tuple(h.name for h in snapshot), flt, sort)
         if key != self._for or getattr(snapshot, "layout", None) is None:
             self._for = key
-            self._lay_out(snapshot)
+            self._lay_out(snapshot, flt)
+        gpu_lists = [h.gpus or () for h in snapshot]
+        # A host's GPU views are made again with each of its samples: the same tuple, the same
+        # GPUs (what the order reads of them; its status is read when a row is drawn).
+        moved = [hi for hi, (now, was) in enumerate(zip(gpu_lists, self._seen, strict=True)) if now is not was]
+        if not moved:
+            return self._wanted
+        self._seen = gpu_lists
+        if sort == "host":
+            reordered = False
+        elif len(moved) * 4 > len(snapshot):  # most hosts: every key at once
+            reordered = self._all_keys(sort, gpu_lists)
+        else:
+            reordered = self._some_keys(sort, gpu_lists, moved)
+        shown_changed = self._fresh
+        if not (flt.busy == "all" and not flt.text):
+            shown, first = self._shown, self._first
+            for hi in moved:
+                pos = first[hi]
+                gpus = gpu_lists[hi]
+                verdicts = self._verdicts(flt, snapshot[hi].name, gpus, pos)
+                if verdicts != shown[pos:pos + len(gpus)]:
+                    shown[pos:pos + len(gpus)] = verdicts
+                    shown_changed = True
+        if reordered or shown_changed:
+            keys, shown = self._keys, self._shown
+            self._wanted = [keys[k[-1]] for k in self._sorted if shown[k[-1]]]
+        self._fresh = False
+        return self._wanted
+
+    def _all_keys(self, sort: str, gpu_lists: Sequence[Sequence[GpuView]]) -> bool:
+        """Every GPU's sort key made again (most hosts sent a sample); True when any changed
+        (the order is sorted again)."""
+        flat = list(chain.from_iterable(gpu_lists))
+        field = _SORT_FIELDS.get(sort)
+        tie = self._tie
+        new: list[tuple[Any, ...]]
+        if field is not None:
+            new = [(-(field(g) or 0), t, p) for p, (g, t) in enumerate(zip(flat, tie, strict=True))]
+        else:
+            labels = [self._memo_of(p, g)[0] for p, g in enumerate(flat)]
+            new = [(lb == "-", lb, t, p) for p, (lb, t) in enumerate(zip(labels, tie, strict=True))]
+        if new == self._sort_key:
+            return False
+        self._sort_key = new
+        self._sorted = sorted(new)
+        return True
+
+    def _some_keys(self, sort: str, gpu_lists: Sequence[Sequence[GpuView]], moved: list[int]) -> bool:
+        """The sort keys of the hosts in ``moved`` made again, the order kept by bisection
+        (or sorted again when many changed); True when any changed."""
         changed: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
-        shown_changed = False
-        sort_key, shown, seen, first = self._sort_key, self._shown, self._seen, self._first
-        everything = flt.busy == "all" and not flt.text
-        for hi, h in enumerate(snapshot):
-            gpus = h.gpus or ()
-            stale = h.status != "up"
-            if seen[hi][0] is gpus and seen[hi][1] == stale:
-                continue
-            seen[hi] = (gpus, stale)
+        sort_key, first = self._sort_key, self._first
+        for hi in moved:
+            gpus = gpu_lists[hi]
             pos = first[hi]
             end = pos + len(gpus)
-            if sort != "host":
-                new_keys = self._keys_of(sort, gpus, pos)
-                old_keys = sort_key[pos:end]
-                if new_keys != old_keys:
-                    changed += [(o, n) for o, n in zip(old_keys, new_keys, strict=True) if o != n]
-                    sort_key[pos:end] = new_keys
-            verdicts = [True] * len(gpus) if everything else self._verdicts(flt, h.name, gpus, pos)
-            if verdicts != shown[pos:end]:
-                shown[pos:end] = verdicts
-                shown_changed = True
+            new_keys = self._keys_of(sort, gpus, pos)
+            old_keys = sort_key[pos:end]
+            if new_keys != old_keys:
+                changed += [(o, n) for o, n in zip(old_keys, new_keys, strict=True) if o != n]
+                sort_key[pos:end] = new_keys
         if changed:
             self._resort(changed)
-        if changed or shown_changed:
-            keys = self._keys
-            self._wanted = [keys[k[-1]] for k in self._sorted if shown[k[-1]]]
-        return self._wanted
+        return bool(changed)
 
     def source(self, key: str) -> GpuSource | None:
         """A row's source now: (host, host not up, the GPU)."""
@@ -404,7 +442,7 @@ class GpuOrder:
         gpus = h.gpus or ()
         return (h.name, h.status != "up", gpus[gi]) if gi < len(gpus) else None
 
-    def _lay_out(self, snapshot: Sequence[HostView]) -> None:
+    def _lay_out(self, snapshot: Sequence[HostView], flt: GpuFilter) -> None:
         """A new set of GPUs (or filter, or sort): every position made again."""
         self._place = [(hi, gi) for hi, h in enumerate(snapshot) for gi in range(len(h.gpus or ()))]
         self._first = []
@@ -418,12 +456,13 @@ class GpuOrder:
         self._tie = [0] * n
         for rank, pos in enumerate(sorted(range(n), key=names.__getitem__)):
             self._tie[pos] = rank
-        self._seen = [((), False)] * len(snapshot)  # nothing seen: every host looked at
+        self._seen = [None] * len(snapshot)  # nothing seen: every host looked at
         self._sort_key = [(pos,) for pos in range(n)]
         self._sorted = list(self._sort_key)
-        self._shown = [False] * n
+        self._shown = [flt.busy == "all" and not flt.text] * n
         self._memo = [None] * n
         self._wanted = []
+        self._fresh = True  # the shown list is made on the next update, whatever changed
 
     def _keys_of(self, sort: str, gpus: Sequence[GpuView], pos: int) -> list[tuple[Any, ...]]:
         """The sort keys of one host's GPUs (at positions ``pos``...)."""
