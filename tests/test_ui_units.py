@@ -238,6 +238,22 @@ def test_the_frame_timer_keeps_a_minute_of_stretches() -> None:
     assert timer.longest_kind() == "gc"
 
 
+def test_collections_wait_in_their_own_queue_until_the_ui_thread_reads() -> None:
+    """A collector's pass is timed from whatever thread it runs on, the UI thread's own
+    included while it reads the stretches: it waits in a queue of its own, taken in by the
+    next read or note on the UI thread."""
+    from tui.app.frametimer import FrameTimer
+
+    now = [10.0]
+    timer = FrameTimer(clock=lambda: now[0])
+    timer.note(2.0)
+    timer._on_gc("start", {})
+    timer._on_gc("stop", {})
+    assert len(timer._stretches) == 1 and len(timer._gc_passes) == 1  # not yet taken in
+    assert [kind for _, _, kind in timer._recent(60.0)] == ["frame", "gc"]
+    assert not timer._gc_passes
+
+
 class _TableApp(App[None]):
     def compose(self) -> ComposeResult:
         t = DiffTable(id="t")

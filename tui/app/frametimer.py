@@ -30,17 +30,34 @@ class FrameTimer:
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
-        self._stretches: deque[tuple[float, float, str]] = deque()  # (when it ended, ms, kind)
+        # (when it ended, ms, kind): read and written on the UI thread only
+        self._stretches: deque[tuple[float, float, str]] = deque()
+        # A collection's pass, from whatever thread it ran on (a reader's, or the UI thread's
+        # own in the middle of reading the stretches): moved to the stretches by the UI thread.
+        self._gc_passes: deque[tuple[float, float, str]] = deque()
         self._gc_start: float | None = None
         self.frames = 0
 
     def note(self, ms: float, kind: str = "frame") -> None:
+        """A stretch of the UI thread that just ended (on the UI thread)."""
         now = self.clock()
         if kind == "frame":
             self.frames += 1
         self._stretches.append((now, ms, kind))
-        while self._stretches and self._stretches[0][0] < now - WINDOW_S:
-            self._stretches.popleft()
+        self._settle(now)
+
+    def _settle(self, now: float) -> None:
+        """Take in the collector's passes and forget what is over a minute old."""
+        passes, stretches = self._gc_passes, self._stretches
+        while passes:
+            stretches.append(passes.popleft())
+        while stretches and stretches[0][0] < now - WINDOW_S:
+            stretches.popleft()
+
+    def _recent(self, seconds: float) -> list[tuple[float, float, str]]:
+        now = self.clock()
+        self._settle(now)
+        return [s for s in list(self._stretches) if s[0] >= now - seconds]
 
     def timed(self, fn: Callable[[], Any], kind: str = "frame") -> Any:
         t0 = time.perf_counter()
@@ -50,17 +67,14 @@ class FrameTimer:
             self.note((time.perf_counter() - t0) * 1000.0, kind)
 
     def longest_ms(self, seconds: float = WINDOW_S) -> float:
-        since = self.clock() - seconds
-        return max((ms for t, ms, _ in self._stretches if t >= since), default=0.0)
+        return max((ms for _, ms, _ in self._recent(seconds)), default=0.0)
 
     def slow(self, seconds: float = WINDOW_S, over_ms: float = FRAME_MS) -> int:
-        since = self.clock() - seconds
-        return sum(1 for t, ms, _ in self._stretches if t >= since and ms > over_ms)
+        return sum(1 for _, ms, _ in self._recent(seconds) if ms > over_ms)
 
     def longest_kind(self, seconds: float = WINDOW_S) -> str:
         """What the longest stretch was: ``frame``, ``refresh`` (a sampling step) or ``gc``."""
-        since = self.clock() - seconds
-        return max(((ms, kind) for t, ms, kind in self._stretches if t >= since), default=(0.0, ""))[1]
+        return max(((ms, kind) for _, ms, kind in self._recent(seconds)), default=(0.0, ""))[1]
 
     def text(self) -> str:
         """The summary line's words: ``frames ≤12 ms 10s · ≤15 ms 60s (frame) · 0 slow``."""
@@ -86,7 +100,8 @@ class FrameTimer:
         if phase == "start":
             self._gc_start = time.perf_counter()
         elif self._gc_start is not None:
-            self.note((time.perf_counter() - self._gc_start) * 1000.0, "gc")
+            ms = (time.perf_counter() - self._gc_start) * 1000.0
+            self._gc_passes.append((self.clock(), ms, "gc"))  # a deque's append: thread-safe
             self._gc_start = None
 
 
