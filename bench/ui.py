@@ -14,6 +14,8 @@ Cases (each view as a user leaves it on screen):
 - gpus:          the GPU view, every GPU, sorted by host (the default)
 - gpus-util:     the GPU view sorted by utilization (the order changes every second)
 - gpus-busy:     the GPU view filtered to busy GPUs (which GPUs are shown changes over time)
+- gpus-memory, gpus-temp, gpus-job: the GPU view in its other sorts
+- gpus-idle, gpus-text: filtered to idle GPUs, and by text (``job-3``: the GPUs of one job)
 - jobs:          the jobs view, ``--jobs`` jobs of which 7 are running
 - map:           the cluster map (view 8), every GPU a cell, all of them on the 200x60 screen
                  (compare it with ``gpus``, the same GPUs as table rows, in the same run)
@@ -68,12 +70,18 @@ from tui.model.inventory import HostSpec, Inventory  # noqa: E402
 from tui.model.state import ClusterState  # noqa: E402
 
 GPUS = 8
+TARGET_MS = 33.0  # a frame at 30 fps
 RUNNING_JOBS = 7  # the job-<k> that sample() puts on busy GPUs
 # case -> (tab, GPU filter, GPU sort, what it shows)
 CASES: dict[str, tuple[str, GpuFilter, str, str]] = {
     "gpus": ("gpus", GpuFilter(), "host", "GPU view, every GPU, sorted by host"),
     "gpus-util": ("gpus", GpuFilter(), "util", "GPU view sorted by utilization"),
     "gpus-busy": ("gpus", GpuFilter("busy"), "host", "GPU view filtered to busy GPUs"),
+    "gpus-memory": ("gpus", GpuFilter(), "memory", "GPU view sorted by memory used"),
+    "gpus-temp": ("gpus", GpuFilter(), "temp", "GPU view sorted by temperature"),
+    "gpus-job": ("gpus", GpuFilter(), "job", "GPU view sorted by job"),
+    "gpus-idle": ("gpus", GpuFilter("idle"), "host", "GPU view filtered to idle GPUs"),
+    "gpus-text": ("gpus", GpuFilter(text="job-3"), "host", "GPU view filtered by text (job-3)"),
     "jobs": ("jobs", GpuFilter(), "host", "jobs view"),
     "map": ("map", GpuFilter(), "host", "cluster map, every GPU a cell"),
 }
@@ -225,12 +233,18 @@ def job_list(n_hosts: int, n_jobs: int, t: int, rng: random.Random) -> JobsSnaps
 
 def _encode_frames(app: Any) -> None:
     """Headless, Textual renders each update but skips turning it into terminal output; do that
-    too (and discard it), so a frame costs here what it costs in a terminal."""
+    too (and discard it), so a frame costs here what it costs in a terminal. Each frame's end
+    (wall and UI-thread CPU clocks) is noted for ``timed_step``."""
     from textual._compositor import CompositorUpdate
+
+    frames = app._bench_frames = {"count": 0, "wall": 0.0, "cpu": 0.0, "event": asyncio.Event()}
 
     def display(screen: Any, renderable: Any) -> None:
         if isinstance(renderable, CompositorUpdate):
             renderable.render_segments(app.console)
+        frames["count"] += 1
+        frames["wall"], frames["cpu"] = time.perf_counter(), time.thread_time()
+        frames["event"].set()
 
     app._display = display
 
@@ -300,14 +314,27 @@ async def open_case(app: Any, pilot: Any, case: str) -> Any:
 
 async def timed_step(pilot: Any, step: Callable[[], None]) -> tuple[float, float, float]:
     """One second's sampling step (``step``) and the frame Textual draws for it: (UI-thread
-    CPU ms, wall ms, CPU ms of the sampling step alone)."""
+    CPU ms, wall ms, CPU ms of the sampling step alone), each up to the end of that frame's
+    encoding. The wall time holds Textual's frame pacing (a frame is drawn on the next tick of
+    its 60 Hz screen timer once the app is idle: 0-17 ms after the step) and whatever else the
+    machine ran meanwhile: what a user sees. Untimed after it: the app left to go idle (the
+    pilot's pause), so the next step starts from a quiet app as a second's change would."""
+    frames = pilot.app._bench_frames
+    event: asyncio.Event = frames["event"]
+    event.clear()
+    seen = frames["count"]
     w0 = time.perf_counter()
     t0 = time.thread_time()
     step()
     t1 = time.thread_time()
-    await pilot.pause()  # Textual lays out and renders the frame, and encodes it
-    t2 = time.thread_time()
-    w2 = time.perf_counter()
+    try:
+        await asyncio.wait_for(event.wait(), timeout=5.0)
+    except asyncio.TimeoutError:
+        raise RuntimeError("no frame was drawn within 5 s of a second's change") from None
+    if frames["count"] == seen:
+        raise RuntimeError("no frame counted")
+    t2, w2 = frames["cpu"], frames["wall"]
+    await pilot.pause()
     return (t2 - t0) * 1000, (w2 - w0) * 1000, (t1 - t0) * 1000
 
 
@@ -372,6 +399,8 @@ async def measure(case: str, n: int, mode: str, seconds: int, warmup: int,
         for t in range(seconds + warmup):
             if pace_s > 0:  # the app idles until the next second's samples
                 await asyncio.sleep(max(0.0, start + t * pace_s - time.perf_counter()))
+            if t == warmup:  # the app's one collection and freeze after the cluster came up
+                app.collector.settle()
             feed(state, n, t, rng)
             jobs.current = job_list(n, n_jobs, t, rng)
             now[0] = float(t)
@@ -478,11 +507,11 @@ def main() -> int:
     for case in cases:
         r = by.get((case, 512, "diff"))
         if r is not None:
-            targets[case] = {"cpu_p95_met": r["p95_ms"] < 50.0,
-                             "wall_p95_met": r["wall_p95_ms"] < 50.0}
-            print(f"target p95 < 50 ms at 512 x 8, {case}: "
-                  f"CPU {'met' if r['p95_ms'] < 50.0 else 'MISSED'} ({r['p95_ms']:.1f} ms), "
-                  f"wall {'met' if r['wall_p95_ms'] < 50.0 else 'MISSED'} "
+            targets[case] = {"cpu_p95_met": r["p95_ms"] <= TARGET_MS,
+                             "wall_p95_met": r["wall_p95_ms"] <= TARGET_MS}
+            print(f"target p95 <= {TARGET_MS:.0f} ms (30 fps) at 512 x 8, {case}: "
+                  f"CPU {'met' if r['p95_ms'] <= TARGET_MS else 'MISSED'} ({r['p95_ms']:.1f} ms), "
+                  f"wall {'met' if r['wall_p95_ms'] <= TARGET_MS else 'MISSED'} "
                   f"({r['wall_p95_ms']:.1f} ms)")
     out = {
         "what": "time to apply one second of changes (every GPU of every host, every running "
@@ -501,7 +530,7 @@ def main() -> int:
             "before": [round(x, 2) for x in load_before],
             "after": [round(x, 2) for x in os.getloadavg()],
         },
-        "target": "p95 < 50 ms at 512 hosts x 8 GPUs (CPU and wall)",
+        "target": f"p95 <= {TARGET_MS:.0f} ms (a frame at 30 fps) at 512 hosts x 8 GPUs (CPU and wall)",
         "target_met": targets or None,
         "results": results,
     }

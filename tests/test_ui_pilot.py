@@ -96,6 +96,30 @@ async def test_hosts_view_says_why_a_host_is_down(kind: str) -> None:
         )
 
 
+async def test_the_frame_timer_times_steps_and_frames_and_shows_them_when_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RIGDECK_FRAME_TIMER", "1")
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        await pilot.pause()
+        timer = app.frame_timer
+        frames = timer.frames
+        app.refresh_views(force=True)  # a step, and the frame it causes
+        await pilot.pause()
+        assert timer.frames > frames
+        assert 0.0 < timer.longest_ms() < 60_000
+        app.refresh_views()
+        await pilot.pause()
+        assert "frames ≤" in static_text(app, "#summary") and " slow" in static_text(app, "#summary")
+    monkeypatch.delenv("RIGDECK_FRAME_TIMER")
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.pause()
+        assert "frames" not in static_text(app, "#summary")  # only when asked
+
+
 async def test_gpu_filter_busy_idle_and_sort(kind: str) -> None:
     app = recorded_app(kind=kind)
     async with app.run_test(size=SIZE) as pilot:

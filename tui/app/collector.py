@@ -47,6 +47,13 @@ class CollectorTuning:
         gc.collect()
         gc.freeze()
 
+    def settle(self) -> None:
+        """Collect and freeze now, as ``tick`` does once the cluster has settled (a benchmark
+        puts this start-up pass behind it before it measures)."""
+        self._freeze_at = time.monotonic() + 60.0
+        gc.collect()
+        gc.freeze()
+
     def stop(self) -> None:
         # The process may go on (tests, an embedding program): leave the collector as it was.
         gc.unfreeze()

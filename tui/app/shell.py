@@ -33,6 +33,8 @@ from textual.widgets import Footer, Header, Static, TabbedContent
 from textual.worker import Worker, WorkerState
 
 from tui.app.collector import CollectorTuning
+from tui.app.frametimer import ENV as FRAME_TIMER_ENV
+from tui.app.frametimer import FrameTimer, TimedScreen
 from tui.app.keys import keymap_path, load_keymap
 from tui.app.notices import JobNotices, toast
 from tui.app.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey, describe_error
@@ -133,12 +135,17 @@ class RigdeckApp(App[None]):
         self.dirty: set[str] = set(TABS)  # views to redraw when next shown
         self._warned_keys: set[str] = set()
         self.collector = CollectorTuning()
+        self.frame_timer = FrameTimer()  # the UI thread's stretches: sampling steps, frames
+        self.show_frames = os.environ.get(FRAME_TIMER_ENV) == "1"  # in the summary line
         self.samples = 0
         self._hangup: HangupWatch | None = None
         self.notices = JobNotices()  # job state changes -> a toast and the bell ([notify])
         self.views: dict[str, View] = {v.ID: v() for v in VIEWS}
 
     # -- layout -----------------------------------------------------------------------------
+
+    def get_default_screen(self) -> Screen[Any]:
+        return TimedScreen(id="_default")
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -182,6 +189,8 @@ class RigdeckApp(App[None]):
             if v.POLL_S:
                 self.set_interval(v.POLL_S, v.poll, name=v.ID)
         self.collector.start()
+        if self.show_frames:
+            self.frame_timer.watch_collector()
         self.query_one(VIEWS[0].FOCUS).focus()
         self._watch_for_hangup()
 
@@ -239,6 +248,7 @@ class RigdeckApp(App[None]):
             self._hangup.stop()
         self.client.close()
         self.collector.stop()
+        self.frame_timer.stop()
 
     def on_resize(self) -> None:
         if self._set_widths(self.size.width):
@@ -331,9 +341,13 @@ class RigdeckApp(App[None]):
         return bool(self._exit or screen._closing or screen._closed or getattr(screen, "_pruning", False))
 
     def refresh_views(self, force: bool = False) -> None:
-        """Sample the controller's state and apply what changed to the visible panels."""
+        """Sample the controller's state and apply what changed to the visible panels (timed
+        by the frame timer)."""
         if self.closing:
             return
+        self.frame_timer.timed(lambda: self._refresh_views(force), "refresh")
+
+    def _refresh_views(self, force: bool) -> None:
         self.samples += 1
         now = self.clock()
         second = int(now)
@@ -375,7 +389,7 @@ class RigdeckApp(App[None]):
     def _update_summary(self) -> None:
         client = self.client
         text = summary_markup(self.hosts_snapshot, self.jobs_snapshot, self.sample_hz, client.telemetry_hz,
-                              client.link(), self.clock)
+                              client.link(), self.clock, self.frame_timer.text() if self.show_frames else "")
         set_text(self.query_one("#summary", Static), text)
 
     def _notice_host_keys(self) -> None:

@@ -32,8 +32,9 @@ def summarize(snapshot: Sequence[HostView]) -> dict[str, int]:
 
 
 def summary_markup(hosts_snapshot: Sequence[HostView], jobs: JobsSnapshot, sample_hz: float, telemetry_hz: float,
-                   link: LinkStatus, clock: Callable[[], float]) -> str:
-    """The summary line's markup (``clock``: read only for how long a server link has been down)."""
+                   link: LinkStatus, clock: Callable[[], float], frames: str = "") -> str:
+    """The summary line's markup (``clock``: read only for how long a server link has been down;
+    ``frames``: the frame timer's words, when it is shown)."""
     c = summarize(hosts_snapshot)
     running = jobs_running(jobs.rows)
     hosts = f"hosts [b]{c['up']}/{c['hosts']} up[/b]"  # "hosts 2/3 up · 1 stale · 0 down"
@@ -46,6 +47,8 @@ def summary_markup(hosts_snapshot: Sequence[HostView], jobs: JobsSnapshot, sampl
         gpus += (" [$text-muted](sim)[/]" if c["simulated"] == c["gpus"]
                  else f" [$text-muted]({c['simulated']} sim)[/]")
     rates = f"refresh {sample_hz:g} Hz" + (f", telemetry {telemetry_hz:g} Hz" if telemetry_hz else "")
+    if frames:
+        rates += f" · {frames}"
     queued = sum(1 for r in jobs.rows if r.state == "queued")
     text = (
         f"{hosts} [$text-muted]│[/] {gpus} [$text-muted]│[/] jobs [b]{running}[/b] running"

@@ -332,13 +332,30 @@ class ClusterMap(ScrollView, can_focus=True):
         self.virtual_size = Size(grid.per_line * grid.block, grid.lines)
 
     def _host_key(self, pos: int) -> Any:
+        """What a host's block shows: its name, status, the cursor on it and each cell's look.
+        A block is rendered again only when this changed, not on every sample: a second in
+        which a host's numbers moved but none of its cells' glyphs or colours did costs a
+        comparison."""
         h = self.hosts[pos]
-        held = self.held[pos] if pos < len(self.held) else ()
         cur = self.cursor[1] if self.cursor[0] == pos else -1
-        slots = tuple(self.slots.get(w.job_id, 0) if w.job_id else -1 for w in held) if self.mode == "job" else ()
-        return (h, held, slots, cur, self.mode)
+        return (h.name, h.status or "connecting", cur, self._looks(pos))
 
-    def _render_host(self, pos: int) -> list[Segment]:
+    def _looks(self, pos: int) -> tuple[tuple[str, str], ...]:
+        """(glyph, style name) of each of a host's cells (as many as the grid has slots)."""
+        h = self.hosts[pos]
+        gpus = (h.gpus or ())[: self.grid.slots]
+        if h.status == "down":
+            return ((DOWN_GLYPH, "down"),) * len(gpus)
+        stale = h.status != "up"
+        held = self.held[pos] if pos < len(self.held) else ()
+        mode, slots = self.mode, self.slots
+        looks = []
+        for i, g in enumerate(gpus):
+            who = held[i] if i < len(held) else FREE
+            looks.append(cell_look(g, who, mode, slots.get(who.job_id) if who.job_id else None, stale))
+        return tuple(looks)
+
+    def _render_host(self, pos: int, looks: tuple[tuple[str, str], ...]) -> list[Segment]:
         g_ = self.grid
         st = self.styles_by_name
         h = self.hosts[pos]
@@ -353,9 +370,8 @@ class ClusterMap(ScrollView, can_focus=True):
             ]
         else:
             segs = [Segment(label.ljust(g_.label + 1), label_style)]
-        gpus = h.gpus or ()
         width = g_.slots * g_.cell
-        if not gpus:
+        if not looks:
             text = {"down": "down", "connecting": "…"}.get(status, "-")
             style = st["down" if status == "down" else "muted"]
             if cur >= 0:
@@ -363,18 +379,11 @@ class ClusterMap(ScrollView, can_focus=True):
             segs.append(Segment(text[:width], style))
             segs.append(Segment(" " * (width - len(text[:width])) + " ", st[""]))
             return segs
-        stale = status != "up"
-        held = self.held[pos] if pos < len(self.held) else ()
-        mode, slots, sep = self.mode, self.slots, g_.cell > 1
+        sep = g_.cell > 1
         reps = max(1, g_.cell - 1)
         run_text: list[str] = []  # cells of one style so far: one segment each run
         run_style: Style | None = None
-        for i, g in enumerate(gpus[: g_.slots]):
-            if status == "down":
-                glyph, name = DOWN_GLYPH, "down"
-            else:
-                who = held[i] if i < len(held) else FREE
-                glyph, name = cell_look(g, who, mode, slots.get(who.job_id) if who.job_id else None, stale)
+        for i, (glyph, name) in enumerate(looks):
             style = st[name]
             body = glyph * reps if reps > 1 else glyph
             if i == cur:  # the cell's colour on a light ground (a full block would hide it)
@@ -391,7 +400,7 @@ class ClusterMap(ScrollView, can_focus=True):
             run_style = style
         if run_text:
             segs.append(Segment("".join(run_text), run_style))
-        pad = width - min(len(gpus), g_.slots) * g_.cell + (1 if sep else 0)
+        pad = width - len(looks) * g_.cell + (1 if sep else 0)
         segs.append(Segment(" " * (pad + 1), st[""]))
         return segs
 
@@ -406,10 +415,9 @@ class ClusterMap(ScrollView, can_focus=True):
         dirty_lines = set()
         for pos in positions:
             key = self._host_key(pos)
-            old = self._blocks[pos][0]
-            if old is not None and _same(old, key):
+            if self._blocks[pos][0] == key:
                 continue
-            self._blocks[pos] = (key, self._render_host(pos))
+            self._blocks[pos] = (key, self._render_host(pos, key[-1]))
             self.renders += 1
             dirty_lines.add(pos // self.grid.per_line)
         lines = self.grid.lines
@@ -459,11 +467,6 @@ class ClusterMap(ScrollView, can_focus=True):
         strip = self._lines[line]
         cut = list(strip.crop(x, x + 1))
         return (cut[0].text, cut[0].style) if cut else ("", None)
-
-
-def _same(a: Any, b: Any) -> bool:
-    """Host keys equal: the same view objects (immutable, shared) and the same holders."""
-    return a[0] is b[0] and a[1:] == b[1:]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -605,8 +608,8 @@ class MapPane(Vertical):
     def update_panels(self) -> None:
         m = self.map
         hosts = m.hosts
-        gpus = sum(len(h.gpus or ()) for h in hosts)
-        sim = sum(1 for h in hosts for g in (h.gpus or ()) if g.simulated)
+        gpus = sum(h.gpu_count for h in hosts)
+        sim = sum(sum(1 for g in h.gpus or () if g.simulated) for h in hosts if h.gpus_simulated)
         fits = m.grid.lines <= m.size.height
         unhealthy = sum(h.gpus_unhealthy for h in hosts)
         drained = sum(h.gpus_drained for h in hosts)

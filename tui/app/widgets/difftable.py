@@ -28,6 +28,7 @@ from textual import events
 from textual._segment_tools import line_crop
 from textual._two_way_dict import TwoWayDict
 from textual.coordinate import Coordinate
+from textual.geometry import Region
 from textual.strip import Strip
 from textual.widgets import DataTable
 from textual.widgets.data_table import CellKey, ColumnKey, RowKey
@@ -115,8 +116,10 @@ def _plain_segments(
 ) -> list[Segment] | None:
     """``cell_segments`` of a one-style Text that fits its cell, made directly (the same
     segments at a fraction of the cost), or None for anything else."""
-    if not isinstance(cell, Text) or cell.spans:
+    if not isinstance(cell, Text):
         return None
+    if cell.spans:
+        return _spanned_segments(cell, console, pad, inner, pre, post)
     plain = cell.plain
     if "\n" in plain or "\t" in plain:
         return None
@@ -143,6 +146,42 @@ def _plain_segments(
     return out
 
 
+def _spanned_segments(
+    cell: Text, console: Any, pad: int, inner: int, pre: Style, post: Style
+) -> list[Segment] | None:
+    """``cell_segments`` of a Text whose spans do not overlap (a bar: its filled part, its
+    track, its label), made directly; None for anything else (overlapping spans, a tab, a
+    newline, a text wider than its cell), which rich renders."""
+    plain = cell.plain
+    if "\n" in plain or "\t" in plain or cell.cell_len > inner:
+        return None
+    get = console.get_style
+    own = cell.style
+    base_style = (get(own) if isinstance(own, str) else own) if own else Style.null()
+    end = len(plain)
+    pieces: list[tuple[str, Style]] = []
+    pos = 0
+    for span in sorted(cell.spans, key=lambda sp: sp.start):
+        start, stop = span.start, span.end
+        if start < pos or stop > end or start >= stop:
+            return None
+        if start > pos:
+            pieces.append((plain[pos:start], base_style))
+        style = span.style
+        pieces.append((plain[start:stop], base_style + (get(style) if isinstance(style, str) else style)))
+        pos = stop
+    if pos < end:
+        pieces.append((plain[pos:], base_style))
+    blank = pre + post
+    out: list[Segment] = [Segment(" " * pad, blank)] if pad else []
+    for text, style in pieces:
+        out.append(Segment(text, pre + style + post))
+    fill = inner - cell.cell_len + pad
+    if fill:
+        out.append(Segment(" " * fill, blank))
+    return list(Segment.simplify(out))
+
+
 @dataclass(frozen=True)
 class _FrameValues:
     """What drawing a frame's lines reads from the table, read once for the frame."""
@@ -155,6 +194,85 @@ class _FrameValues:
     show_hover: bool
     cursor: Coordinate
     hover: Coordinate
+
+
+class _RowPlaces(TwoWayDict[RowKey, int]):
+    """DataTable's row key <-> row index map, made from the rows in order: a list for index ->
+    key (it is the order) and a dict the other way, without the per-row Python a
+    ``TwoWayDict`` built from a dict costs."""
+
+    def __init__(self, keys: list[RowKey]) -> None:
+        self._keys = keys
+        self._made: dict[RowKey, int] | None = None
+
+    @property
+    def _forward(self) -> dict[RowKey, int]:  # type: ignore[override]
+        """Key -> index, made when first asked (drawing a frame reads the order by index
+        only; a key's index is asked for when the cursor or a cell is looked up by key)."""
+        if self._made is None:
+            self._made = dict(zip(self._keys, range(len(self._keys)), strict=True))
+        return self._made
+
+    @property
+    def _reverse(self) -> dict[int, RowKey]:  # type: ignore[override]
+        return dict(enumerate(self._keys))
+
+    def __setitem__(self, key: RowKey, value: int) -> None:
+        if value != len(self._keys) or key in self._forward:  # only appends come here
+            raise ValueError("rows are only appended to a table's order")
+        self._forward[key] = value
+        self._keys.append(key)
+
+    def __delitem__(self, key: RowKey) -> None:
+        raise ValueError("rows leave a table's order by a new order")
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def get_key(self, value: int) -> RowKey | None:
+        keys = self._keys
+        return keys[value] if 0 <= value < len(keys) else None
+
+    def contains_value(self, value: int) -> bool:
+        return 0 <= value < len(self._keys)
+
+
+class _OrderedRows(Sequence[Any]):
+    """DataTable's ``ordered_rows`` as a view of the order, not a list of every row made again
+    whenever the order changes."""
+
+    def __init__(self, rows: dict[RowKey, Any], keys: list[RowKey]) -> None:
+        self._rows, self._keys = rows, keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self._rows[k] for k in self._keys[i]]
+        return self._rows[self._keys[i]]
+
+    def __iter__(self) -> Any:
+        rows = self._rows
+        return (rows[k] for k in self._keys)
+
+
+class _LineOffsets(Sequence[tuple[RowKey, int]]):
+    """``_y_offsets`` for one-line rows: line ``y`` is row ``y``'s first line."""
+
+    def __init__(self, keys: list[RowKey]) -> None:
+        self._keys = keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __getitem__(self, y: Any) -> Any:
+        if isinstance(y, slice):
+            return [(k, 0) for k in self._keys[y]]
+        return (self._keys[y], 0)
+
+    def clear(self) -> None:
+        """DataTable's ``clear`` empties its cached offsets; these are made from the order."""
 
 
 @dataclass
@@ -191,6 +309,7 @@ class DiffTable(DataTable[RenderableType]):
     _offsets: list[tuple[RowKey, int]] = []
     _offsets_for: tuple[int, int] | None = None
     _frame_values: _FrameValues | None = None
+    _drawing_row: tuple[RowKey, int] | None = None  # the row ``_render_line`` is drawing
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes, cursor_type="row", zebra_stripes=True)
@@ -218,6 +337,7 @@ class DiffTable(DataTable[RenderableType]):
         self._raw_src: dict[str, Any] = {}  # key -> the source its raw values were made from
         self._make_raw: Callable[[Any], tuple[Any, ...]] | None = None
         self._strips: dict[int, tuple[Any, Any, Strip]] = {}
+        self._row_keys: dict[str, RowKey] = {}
 
     # -- palette ----------------------------------------------------------------------------
 
@@ -289,7 +409,11 @@ class DiffTable(DataTable[RenderableType]):
         """
         key = row_key.value
         raw = self.current_raw(key) if key is not None else None
-        row_index = self._row_locations.get(row_key) if row_key in self._row_locations else None
+        at = self._drawing_row
+        if at is not None and at[0] is row_key:
+            row_index: int | None = at[1]
+        else:
+            row_index = self._row_locations.get(row_key) if row_key in self._row_locations else None
         fv = self._frame_values or self._read_frame_values()
         if raw is None or key is None or row_index is None or line_no != 0 or not fv.simple:
             return super()._render_line_in_row(
@@ -387,13 +511,17 @@ class DiffTable(DataTable[RenderableType]):
         row_key = self._row_locations.get_key(row_index)
         if row_key is None:
             return super()._render_line(y, x1, x2, base_style)
-        _fixed, scrollable = self._render_line_in_row(
-            row_key,
-            0,
-            base_style,
-            cursor_location=fv.cursor,
-            hover_location=fv.hover,
-        )
+        self._drawing_row = (row_key, row_index)
+        try:
+            _fixed, scrollable = self._render_line_in_row(
+                row_key,
+                0,
+                base_style,
+                cursor_location=fv.cursor,
+                hover_location=fv.hover,
+            )
+        finally:
+            self._drawing_row = None
         if len(scrollable) != 1:  # DataTable rendered this row itself
             return super()._render_line(y, x1, x2, base_style)
         line = scrollable[0]
@@ -467,8 +595,19 @@ class DiffTable(DataTable[RenderableType]):
         super().sort(*columns, key=key, reverse=reverse)
         return self
 
+    def _own_order(self) -> _RowPlaces | None:
+        """The row order as ``_set_order`` made it, while it still is the table's (DataTable
+        itself rebuilds ``_row_locations`` in ``sort`` and ``remove_row``)."""
+        places = self._row_locations
+        if isinstance(places, _RowPlaces) and len(places._keys) == self.row_count:
+            return places
+        return None
+
     @property
-    def ordered_rows(self) -> list[Any]:
+    def ordered_rows(self) -> Sequence[Any]:  # type: ignore[override]
+        places = self._own_order()
+        if places is not None:
+            return _OrderedRows(self.rows, places._keys)
         version = (self.row_count, self._order_version)
         if self._ordered_rows_for != version:
             rows, key_at = self.rows, self._row_locations.get_key
@@ -477,12 +616,27 @@ class DiffTable(DataTable[RenderableType]):
         return self._ordered_rows
 
     @property
-    def _y_offsets(self) -> list[tuple[RowKey, int]]:
+    def _y_offsets(self) -> Sequence[tuple[RowKey, int]]:  # type: ignore[override]
+        places = self._own_order()
+        if places is not None:  # every row is one line (DiffTable adds no other)
+            return _LineOffsets(places._keys)
         version = (self.row_count, self._order_version)
         if self._offsets_for != version:
             self._offsets = [(row.key, y) for row in self.ordered_rows for y in range(row.height)]
             self._offsets_for = version
         return self._offsets
+
+    def _get_row_region(self, row_index: int) -> Region:
+        """DataTable's, with a row's top read from its index (rows are one line each) rather
+        than summed over every row above it."""
+        if self._own_order() is None or not self.is_valid_row_index(row_index):
+            return super()._get_row_region(row_index)
+        row_width = (
+            sum(column.get_render_width(self) for column in self.columns.values())
+            + self._row_label_column_width
+        )
+        y = row_index + (self.header_height if self.show_header else 0)
+        return Region(0, y, max(self.size.width, row_width), 1)
 
     # -- columns ----------------------------------------------------------------------------
 
@@ -541,7 +695,7 @@ class DiffTable(DataTable[RenderableType]):
         self._make_raw = None
         self._source_of = None
         self._src.clear()
-        return self._apply([k for k, _ in rows], dict(rows).__getitem__, None)
+        return self._apply([k for k, _ in rows], dict(rows).__getitem__, None, self._src.get)
 
     def apply_sources(
         self,
@@ -558,7 +712,26 @@ class DiffTable(DataTable[RenderableType]):
         src.clear()
         src.update(entries)
         self._source_of = src.get
-        return self._apply([k for k, _ in entries], lambda k: make_raw(src[k]), self._window(margin))
+        return self._apply(
+            [k for k, _ in entries], lambda k: make_raw(src[k]), self._window(margin), src.get
+        )
+
+    def apply_keyed(
+        self,
+        wanted: list[str],
+        source_of: Callable[[str], Any],
+        make_raw: Callable[[Any], tuple[Any, ...]],
+        margin: int | None = None,
+    ) -> ApplyStats:
+        """Like ``apply_sources`` with the sources found by ``source_of(key)``, when they are
+        needed (rows in the window, new rows, rows scrolled into view), rather than listed:
+        with the order kept by the caller, a tick makes no per-row list."""
+        self._make_raw = make_raw
+        self._source_of = source_of
+        self._src.clear()
+        return self._apply(
+            wanted, lambda k: make_raw(source_of(k)), self._window(margin), source_of
+        )
 
     def refresh_sources(
         self,
@@ -596,48 +769,37 @@ class DiffTable(DataTable[RenderableType]):
         wanted: list[str],
         raw_of: Callable[[str], tuple[Any, ...]],
         window: tuple[int, int] | None,
+        source_of: Callable[[str], Any],
     ) -> ApplyStats:
+        # Which rows go and which come are set operations, and the order a list comparison: a
+        # tick over thousands of rows walks them in C; Python code runs per row in the window
+        # and per row added or removed.
         stats = ApplyStats()
-        cols = self.column_keys
         wanted_set = set(wanted)
         cursor_key = self.cursor_key
-        data = self._data
-
-        stale = [k for k in self._order if k not in wanted_set]
+        stale = self._raw.keys() - wanted_set
         if stale:
-            for k in stale:
-                rk = RowKey(k)
-                for ck in cols:
-                    self._updated_cells.discard(CellKey(rk, ColumnKey(ck)))
-                del self.rows[rk]
-                del data[rk]
-                del self._raw[k]
-                self._raw_src.pop(k, None)
-                self._rows_rendered.pop(k, None)
-            self._order = [k for k in self._order if k in wanted_set]
-            self._row_locations = TwoWayDict({RowKey(k): i for i, k in enumerate(self._order)})
-            self._order_changed()
-            self._require_update_dimensions = True
+            self._remove_rows(stale)
             stats.removed = len(stale)
-
+        new = wanted_set - self._raw.keys()
+        if new:
+            for key in wanted:
+                if key in new:
+                    values = raw_of(key)
+                    self.add_row(*self._cells_for(values), key=key)
+                    self._row_key(key)
+                    self._order.append(key)
+                    self._raw[key] = values
+                    self._raw_src[key] = source_of(key)
+            stats.added = len(new)
         lo, hi = window if window is not None else (0, len(wanted))
-        for i, key in enumerate(wanted):
-            if key not in self._raw:
-                values = raw_of(key)
-                self.add_row(*self._cells_for(values), key=key)
-                self._order.append(key)
-                self._raw[key] = values
-                self._raw_src[key] = self._src.get(key)
-                stats.added += 1
-            elif lo <= i < hi:
-                stats.cells += self._update_row(key, raw_of(key), self._src.get(key))
-
+        for i in range(max(0, lo), min(len(wanted), hi)):
+            key = wanted[i]
+            if key not in new:
+                stats.cells += self._update_row(key, raw_of(key), source_of(key))
         if self._order != wanted:
-            self._order = wanted
-            self._row_locations = TwoWayDict({RowKey(k): i for i, k in enumerate(wanted)})
-            self._order_changed()
+            self._set_order(wanted)
             stats.reordered = True
-
         if stats.changed:
             self._update_count += 1
             if stats.removed or stats.added:
@@ -653,6 +815,39 @@ class DiffTable(DataTable[RenderableType]):
             elif stats.removed:
                 self.cursor_coordinate = self.cursor_coordinate  # clamps to the rows left
         return stats
+
+    def _remove_rows(self, stale: set[str]) -> None:
+        cols = self.column_keys
+        data = self._data
+        for k in stale:
+            rk = self._row_key(k)
+            for ck in cols:
+                self._updated_cells.discard(CellKey(rk, ColumnKey(ck)))
+            del self.rows[rk]
+            del data[rk]
+            del self._raw[k]
+            self._raw_src.pop(k, None)
+            self._rows_rendered.pop(k, None)
+            self._row_keys.pop(k, None)
+        self._set_order([k for k in self._order if k not in stale])
+        self._require_update_dimensions = True
+
+    def _row_key(self, key: str) -> RowKey:
+        """The row's ``RowKey``, made once (the order of thousands of rows is rebuilt from
+        them)."""
+        rk = self._row_keys.get(key)
+        if rk is None:
+            rk = self._row_keys[key] = RowKey(key)
+        return rk
+
+    def _set_order(self, order: list[str]) -> None:
+        self._order = list(order)  # its own: rows added later are appended to it
+        try:
+            keys = list(map(self._row_keys.__getitem__, order))
+        except KeyError:  # a row added otherwise than by ``_apply``
+            keys = [self._row_key(k) for k in order]
+        self._row_locations = _RowPlaces(keys)
+        self._order_changed()
 
     def _cells_for(self, values: tuple[Any, ...]) -> list[Any]:
         """What DataTable stores for a row: the raw values themselves (this class draws them),

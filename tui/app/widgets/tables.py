@@ -7,9 +7,11 @@ what the screen can draw changes nothing. Each table renders a cell from its raw
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -332,6 +334,188 @@ def gpu_entries(
     return items
 
 
+class GpuOrder:
+    """Which GPUs the GPU view shows and in which order, kept from one tick to the next: a
+    host's GPUs are looked at again only when its view changed (a new sample, a new status),
+    the order is sorted again only when a GPU's sort key changed (one at a time by bisection
+    when few did), and the shown list made again only when the order or the filter's verdict
+    changed. The same rows in the same order as ``gpu_entries`` gives.
+
+    Positions are GPUs in snapshot order (host, then GPU index); ``tie`` is a position's rank by
+    (host name, index), which breaks ties in the sorted orders as ``gpu_entries`` does."""
+
+    def __init__(self) -> None:
+        self._for: tuple[Any, ...] | None = None
+        self._seen: list[Any] = []  # per host: its GPUs' views last looked at
+        self._fresh = True
+        self._place: list[tuple[int, int]] = []  # position -> (host position, GPU position)
+        self._first: list[int] = []  # host position -> its first GPU's position
+        self._keys: list[str] = []  # position -> row key
+        self._pos: dict[str, int] = {}  # row key -> position
+        self._tie: list[int] = []
+        self._sort_key: list[tuple[Any, ...]] = []
+        self._sorted: list[tuple[Any, ...]] = []  # every position's sort key, in order
+        self._shown: list[bool] = []
+        self._wanted: list[str] = []
+        self._memo: list[list[Any] | None] = []  # position -> _memo_of's
+        self._hosts: Sequence[HostView] = ()
+
+    def update(self, snapshot: Sequence[HostView], flt: GpuFilter, sort: str) -> list[str]:
+        """The row keys to show, in order, for ``snapshot`` (with its GPUs)."""
+        self._hosts = snapshot
+        key = (getattr(snapshot, "layout", None), tuple(h.name for h in snapshot), flt, sort)
+        if key != self._for or getattr(snapshot, "layout", None) is None:
+            self._for = key
+            self._lay_out(snapshot, flt)
+        gpu_lists = [h.gpus or () for h in snapshot]
+        # A host's GPU views are made again with each of its samples: the same tuple, the same
+        # GPUs (what the order reads of them; its status is read when a row is drawn).
+        moved = [hi for hi, (now, was) in enumerate(zip(gpu_lists, self._seen, strict=True)) if now is not was]
+        if not moved:
+            return self._wanted
+        self._seen = gpu_lists
+        if sort == "host":
+            reordered = False
+        elif len(moved) * 4 > len(snapshot):  # most hosts: every key at once
+            reordered = self._all_keys(sort, gpu_lists)
+        else:
+            reordered = self._some_keys(sort, gpu_lists, moved)
+        shown_changed = self._fresh
+        if not (flt.busy == "all" and not flt.text):
+            shown, first = self._shown, self._first
+            for hi in moved:
+                pos = first[hi]
+                gpus = gpu_lists[hi]
+                verdicts = self._verdicts(flt, snapshot[hi].name, gpus, pos)
+                if verdicts != shown[pos:pos + len(gpus)]:
+                    shown[pos:pos + len(gpus)] = verdicts
+                    shown_changed = True
+        if reordered or shown_changed:
+            keys, shown = self._keys, self._shown
+            self._wanted = [keys[k[-1]] for k in self._sorted if shown[k[-1]]]
+        self._fresh = False
+        return self._wanted
+
+    def _all_keys(self, sort: str, gpu_lists: Sequence[Sequence[GpuView]]) -> bool:
+        """Every GPU's sort key made again (most hosts sent a sample); True when any changed
+        (the order is sorted again)."""
+        flat = list(chain.from_iterable(gpu_lists))
+        field = _SORT_FIELDS.get(sort)
+        tie = self._tie
+        new: list[tuple[Any, ...]]
+        if field is not None:
+            new = [(-(field(g) or 0), t, p) for p, (g, t) in enumerate(zip(flat, tie, strict=True))]
+        else:
+            labels = [self._memo_of(p, g)[0] for p, g in enumerate(flat)]
+            new = [(lb == "-", lb, t, p) for p, (lb, t) in enumerate(zip(labels, tie, strict=True))]
+        if new == self._sort_key:
+            return False
+        self._sort_key = new
+        self._sorted = sorted(new)
+        return True
+
+    def _some_keys(self, sort: str, gpu_lists: Sequence[Sequence[GpuView]], moved: list[int]) -> bool:
+        """The sort keys of the hosts in ``moved`` made again, the order kept by bisection
+        (or sorted again when many changed); True when any changed."""
+        changed: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
+        sort_key, first = self._sort_key, self._first
+        for hi in moved:
+            gpus = gpu_lists[hi]
+            pos = first[hi]
+            end = pos + len(gpus)
+            new_keys = self._keys_of(sort, gpus, pos)
+            old_keys = sort_key[pos:end]
+            if new_keys != old_keys:
+                changed += [(o, n) for o, n in zip(old_keys, new_keys, strict=True) if o != n]
+                sort_key[pos:end] = new_keys
+        if changed:
+            self._resort(changed)
+        return bool(changed)
+
+    def source(self, key: str) -> GpuSource | None:
+        """A row's source now: (host, host not up, the GPU)."""
+        pos = self._pos.get(key)
+        if pos is None:
+            return None
+        hi, gi = self._place[pos]
+        h = self._hosts[hi]
+        gpus = h.gpus or ()
+        return (h.name, h.status != "up", gpus[gi]) if gi < len(gpus) else None
+
+    def _lay_out(self, snapshot: Sequence[HostView], flt: GpuFilter) -> None:
+        """A new set of GPUs (or filter, or sort): every position made again."""
+        self._place = [(hi, gi) for hi, h in enumerate(snapshot) for gi in range(len(h.gpus or ()))]
+        self._first = []
+        n = 0
+        for h in snapshot:
+            self._first.append(n)
+            n += len(h.gpus or ())
+        self._keys = [gpu_key(h.name, g) for h in snapshot for g in h.gpus or ()]
+        self._pos = {k: i for i, k in enumerate(self._keys)}
+        names = [(h.name, g.index or 0) for h in snapshot for g in h.gpus or ()]
+        self._tie = [0] * n
+        for rank, pos in enumerate(sorted(range(n), key=names.__getitem__)):
+            self._tie[pos] = rank
+        self._seen = [None] * len(snapshot)  # nothing seen: every host looked at
+        self._sort_key = [(pos,) for pos in range(n)]
+        self._sorted = list(self._sort_key)
+        self._shown = [flt.busy == "all" and not flt.text] * n
+        self._memo = [None] * n
+        self._wanted = []
+        self._fresh = True  # the shown list is made on the next update, whatever changed
+
+    def _keys_of(self, sort: str, gpus: Sequence[GpuView], pos: int) -> list[tuple[Any, ...]]:
+        """The sort keys of one host's GPUs (at positions ``pos``...)."""
+        field = _SORT_FIELDS.get(sort)
+        tie = self._tie
+        if field is not None:  # the most first; ties by host and index
+            return [(-(field(g) or 0), tie[p], p) for p, g in enumerate(gpus, pos)]
+        if sort == "job":
+            labels = [self._memo_of(p, g)[0] for p, g in enumerate(gpus, pos)]
+            return [(lb == "-", lb, tie[p], p) for p, lb in enumerate(labels, pos)]
+        return [(p,) for p in range(pos, pos + len(gpus))]  # "host": snapshot order
+
+    def _memo_of(self, pos: int, g: GpuView) -> list[Any]:
+        """[its job label, text verdicts by filter] of the GPU at ``pos``, kept while its
+        processes and claim are the same objects (a host's views reuse them while they do not
+        change), so a second of new numbers does not work out every GPU's job again."""
+        memo = self._memo[pos]
+        if memo is None or memo[2] is not g.processes or memo[3] is not g.claim:
+            memo = self._memo[pos] = [gpu_job_label(g)[0], {}, g.processes, g.claim]
+        return memo
+
+    def _verdicts(self, flt: GpuFilter, host: str, gpus: Sequence[GpuView], pos: int) -> list[bool]:
+        """Whether the filter shows each of a host's GPUs. Its words are matched against the
+        host and the GPU's jobs once while those stay (a "busy" or "idle" word, which reads
+        the utilization, every time)."""
+        words = flt.text.lower().split()
+        if any(w in ("busy", "idle") for w in words):
+            return [flt.matches(host, g, g.job_ids) for g in gpus]
+        text_only = GpuFilter("all", flt.text)
+        out = []
+        for p, g in enumerate(gpus, pos):
+            if flt.busy != "all" and g.busy != (flt.busy == "busy"):
+                out.append(False)
+                continue
+            memo = self._memo_of(p, g)[1]
+            ok = memo.get(text_only)
+            if ok is None:
+                ok = memo[text_only] = text_only.matches(host, g, g.job_ids)
+            out.append(ok)
+        return out
+
+    def _resort(self, changed: list[tuple[tuple[Any, ...], tuple[Any, ...]]]) -> None:
+        """Keep ``_sorted`` in order: by bisection for a few changed keys, else sorted again
+        (every key unique: each ends in its position)."""
+        order = self._sorted
+        if len(changed) * 16 > len(order):
+            self._sorted = sorted(self._sort_key)
+            return
+        for old, new in changed:
+            del order[bisect_left(order, old)]
+            insort(order, new)
+
+
 def gpu_raw(src: GpuSource, w: Widths) -> tuple[Any, ...]:
     """One GPU's raw cells, rounded to what a cell shows (0.3% more utilization is no change)."""
     host, stale, g = src
@@ -445,6 +629,10 @@ class GpusTable(DiffTable):
         return _text(raw)
 
     _layout: tuple[Any, ...] | None = None  # what the rows were laid out for (fast path)
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._gpu_order = GpuOrder()  # the sorted or filtered views' order
     _places: dict[str, tuple[int, int]] = {}  # row key -> (host, GPU) position in the snapshot
 
     def apply_snapshot(
@@ -505,7 +693,11 @@ class GpusTable(DiffTable):
 
             return self.refresh_sources(source_of, make_raw)
         snapshot = full()
-        stats = self.apply_sources(gpu_entries(snapshot, flt, sort), make_raw)
+        if fast:
+            stats = self.apply_sources(gpu_entries(snapshot, flt, sort), make_raw)
+        else:  # sorted or filtered: the order kept from tick to tick
+            order = self._gpu_order
+            stats = self.apply_keyed(order.update(snapshot, flt, sort), order.source, make_raw)
         self._layout = None
         if fast:
             self._layout = (getattr(snapshot, "layout", layout), len(snapshot), w)

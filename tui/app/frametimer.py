@@ -1,0 +1,117 @@
+"""The app's own frame timer: how long its UI thread is busy at a stretch.
+
+Everything the app shows is made on one thread: the sampling step (``refresh_views``), each
+frame Textual draws (layout, render, the compositor's update), and the garbage collector's
+passes wherever they fall. A stretch longer than a frame at 30 fps (33 ms) is a frame the user
+does not get. ``FrameTimer`` keeps each stretch's length for a minute and says the longest in
+the last ten seconds and the last minute; with ``RIGDECK_FRAME_TIMER=1`` the summary line shows
+them (``frames ≤12 ms 10s · ≤15 ms 60s (frame) · 0 slow``: the longest was a frame), where a
+person or a script driving the app through tmux (``bench/ui_live.py``) reads them.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from textual.screen import Screen
+
+FRAME_MS = 1000.0 / 30  # a frame at 30 fps: a longer stretch is a stall
+WINDOW_S = 60.0
+ENV = "RIGDECK_FRAME_TIMER"
+
+
+class FrameTimer:
+    """``note(ms)`` per stretch (or ``timed(fn)``); ``longest_ms(seconds)`` and ``slow(seconds)``
+    read them back. ``clock``: monotonic seconds."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        # (when it ended, ms, kind): read and written on the UI thread only
+        self._stretches: deque[tuple[float, float, str]] = deque()
+        # A collection's pass, from whatever thread it ran on (a reader's, or the UI thread's
+        # own in the middle of reading the stretches): moved to the stretches by the UI thread.
+        self._gc_passes: deque[tuple[float, float, str]] = deque()
+        self._gc_start: float | None = None
+        self.frames = 0
+
+    def note(self, ms: float, kind: str = "frame") -> None:
+        """A stretch of the UI thread that just ended (on the UI thread)."""
+        now = self.clock()
+        if kind == "frame":
+            self.frames += 1
+        self._stretches.append((now, ms, kind))
+        self._settle(now)
+
+    def _settle(self, now: float) -> None:
+        """Take in the collector's passes and forget what is over a minute old."""
+        passes, stretches = self._gc_passes, self._stretches
+        while passes:
+            stretches.append(passes.popleft())
+        while stretches and stretches[0][0] < now - WINDOW_S:
+            stretches.popleft()
+
+    def _recent(self, seconds: float) -> list[tuple[float, float, str]]:
+        now = self.clock()
+        self._settle(now)
+        return [s for s in list(self._stretches) if s[0] >= now - seconds]
+
+    def timed(self, fn: Callable[[], Any], kind: str = "frame") -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn()
+        finally:
+            self.note((time.perf_counter() - t0) * 1000.0, kind)
+
+    def longest_ms(self, seconds: float = WINDOW_S) -> float:
+        return max((ms for _, ms, _ in self._recent(seconds)), default=0.0)
+
+    def slow(self, seconds: float = WINDOW_S, over_ms: float = FRAME_MS) -> int:
+        return sum(1 for _, ms, _ in self._recent(seconds) if ms > over_ms)
+
+    def longest_kind(self, seconds: float = WINDOW_S) -> str:
+        """What the longest stretch was: ``frame``, ``refresh`` (a sampling step) or ``gc``."""
+        return max(((ms, kind) for _, ms, kind in self._recent(seconds)), default=(0.0, ""))[1]
+
+    def text(self) -> str:
+        """The summary line's words: ``frames ≤12 ms 10s · ≤15 ms 60s (frame) · 0 slow``."""
+        kind = self.longest_kind()
+        return (
+            f"frames ≤{self.longest_ms(10.0):.0f} ms 10s · ≤{self.longest_ms():.0f} ms 60s"
+            + (f" ({kind})" if kind else "")
+            + f" · {self.slow()} slow"
+        )
+
+    # -- the collector's passes ---------------------------------------------------------------
+
+    def watch_collector(self) -> None:
+        """Time every garbage collection too (a pass stalls whatever it falls in)."""
+        if self._on_gc not in gc.callbacks:
+            gc.callbacks.append(self._on_gc)
+
+    def stop(self) -> None:
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        elif self._gc_start is not None:
+            ms = (time.perf_counter() - self._gc_start) * 1000.0
+            self._gc_passes.append((self.clock(), ms, "gc"))  # a deque's append: thread-safe
+            self._gc_start = None
+
+
+class TimedScreen(Screen[None]):
+    """The app's default screen, each of its updates (a frame: layout when needed, render,
+    the compositor's output) timed by the app's ``frame_timer``."""
+
+    def _on_timer_update(self) -> None:
+        timer = getattr(self.app, "frame_timer", None)
+        if timer is None:
+            super()._on_timer_update()
+        else:
+            timer.timed(super()._on_timer_update)
