@@ -304,32 +304,19 @@ class RigdeckApp(App[None]):
 
     def get_system_commands(self, screen: Screen[Any]) -> Any:
         yield from super().get_system_commands(screen)
-        yield SystemCommand(
-            "Deploy the agent to every host",
-            "Install or upgrade the agent everywhere",
-            lambda: self.action_deploy(all_hosts=True),
-        )
-        yield SystemCommand(
-            "Reconnect every host",
-            "Drop every telemetry connection and connect again",
-            self.action_reconnect_all,
-        )
+        yield SystemCommand("Deploy the agent to every host", "Install or upgrade the agent everywhere",
+                            lambda: self.action_deploy(all_hosts=True))
+        yield SystemCommand("Reconnect every host", "Drop every telemetry connection and connect again",
+                            self.action_reconnect_all)
         yield SystemCommand("Launch a job…", "Pick a spec file or fill the form", self.action_launch)
         for v in self.views.values():
             yield from v.commands()
         for h in self.hosts_snapshot:
             if h.error_kind == "unknown-host-key":
-                name = h.name
-                yield SystemCommand(
-                    f"Trust the host key of {name}",
-                    "Check the fingerprint, then record it",
-                    lambda name=name: self.action_trust(name),
-                )
-            yield SystemCommand(
-                f"Deploy the agent to {h.name}",
-                "Install or upgrade it there",
-                lambda name=h.name: self.action_deploy(name),
-            )
+                yield SystemCommand(f"Trust the host key of {h.name}", "Check the fingerprint, then record it",
+                                    lambda name=h.name: self.action_trust(name))
+            yield SystemCommand(f"Deploy the agent to {h.name}", "Install or upgrade it there",
+                                lambda name=h.name: self.action_deploy(name))
         yield SystemCommand("Show key bindings", f"Rebind in {self.keymap_file}", self.action_help)
 
     # -- sampling ---------------------------------------------------------------------------
