@@ -143,6 +143,7 @@ class Daemon:
             "code_have": lambda c, p: self._code(
                 lambda: code.have(self.paths.state_dir, p.get("tree"), p.get("blobs"))),
             "code_put": lambda c, p: self._code_in_thread(lambda: code.put(self.paths.state_dir, p.get("blobs"))),
+            "code_unpack": lambda c, p: self._code_in_thread(lambda: code.unpack(self.paths.state_dir, p.get("pack"))),
             "code_commit": lambda c, p: self._code(
                 lambda: code.commit(self.paths.state_dir, p.get("tree"), p.get("files"))),
             "code_get": lambda c, p: self._code_in_thread(

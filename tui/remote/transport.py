@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import json
 import logging
 import os
@@ -371,6 +372,10 @@ class Transport(ABC):
     @abstractmethod
     def put_file(self, local: Path, remote: str, mode: int = 0o644) -> None:
         """Copy a local file to an absolute path on the host, creating parent directories."""
+
+    @abstractmethod
+    def put_data(self, data: bytes, remote: str) -> None:
+        """Write ``data`` to an absolute path on the host, in a directory that exists there."""
 
     @abstractmethod
     def home(self) -> str: ...
@@ -764,6 +769,14 @@ class SSHTransport(Transport):
         except (OSError, paramiko.SSHException, EOFError) as e:
             raise TransportError(self.name, f"copy to {remote} failed: {e}") from None
 
+    def put_data(self, data: bytes, remote: str) -> None:
+        # Over the connection's SFTP session: no process on the host, writes pipelined.
+        try:
+            with self._sftp_lock:
+                self._sftp().putfo(io.BytesIO(data), remote, file_size=len(data), confirm=True)
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            raise TransportError(self.name, f"copy to {remote} failed: {e}") from None
+
     def file_size(self, path: str) -> int | None:
         try:
             with self._sftp_lock:
@@ -854,6 +867,13 @@ class LocalTransport(Transport):
             os.makedirs(os.path.dirname(remote), mode=0o700, exist_ok=True)
             shutil.copyfile(local, remote)
             os.chmod(remote, mode)
+        except OSError as e:
+            raise TransportError(self.name, f"copy to {remote} failed: {e}") from None
+
+    def put_data(self, data: bytes, remote: str) -> None:
+        try:
+            with open(remote, "wb") as f:
+                f.write(data)
         except OSError as e:
             raise TransportError(self.name, f"copy to {remote} failed: {e}") from None
 
