@@ -336,6 +336,7 @@ class Payloads:
         self.sizes = sizes
         self._done: dict[str, list[tuple[list[Any], int, int]]] = {}
         self._records: dict[str, tuple[bytes, int, int]] = {}
+        self._warming = False
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -348,6 +349,23 @@ class Payloads:
             if got is None:
                 got = self._done[sha] = self._encode(sha)
             return got
+
+    def warm(self, shas: list[str]) -> None:
+        """Encode the records of ``shas`` ahead, in a thread of their own (once per sync): the
+        compression (zlib leaves the GIL) then runs beside the uploads instead of between them."""
+        with self._lock:
+            if self._warming:
+                return
+            self._warming = True
+
+        def run() -> None:
+            for sha in shas:
+                try:
+                    self.record(sha)
+                except CodeSyncError:
+                    return  # the push that needs it says so
+
+        threading.Thread(target=run, name="code-encode", daemon=True).start()
 
     def record(self, sha: str) -> tuple[bytes, int, int]:
         """``(its record in a pack, content bytes, payload bytes)``: the whole content in one."""
@@ -465,6 +483,7 @@ def push(ctl: Any, host: str, store: CodeStore, tree: str,
 
     write = ctl.file_writer(host) if missing and answer.get("incoming") else None
     if write is not None:
+        payloads.warm(missing)
         _send_packs(agent, write, str(answer["incoming"]), _packs(payloads, missing), sent, result)
     elif missing:
         _send_messages(ctl.side_link(host), payloads, missing, sent, result)
