@@ -311,7 +311,10 @@ def test_packs_keep_only_contents_that_match_and_a_bad_or_cut_pack_keeps_nothing
     have = code.have(host, snap.tree, [[s, n] for s, n in sorted(sizes.items())])
     incoming = Path(have["incoming"])
     assert incoming.is_dir() and incoming.stat().st_mode & 0o777 == 0o700
-    packs = list(_packs(Payloads(store, sizes), sorted(have["missing"])))
+    payloads = Payloads(store, sizes)
+    raw = list(_packs(payloads, sorted(have["missing"]), lambda: False))
+    assert len(raw) == 1 and raw[0][1] == 3 and raw[0][2] == raw[0][3] == sum(sizes.values())
+    packs = list(_packs(payloads, sorted(have["missing"]), lambda: True))
     assert len(packs) == 1 and packs[0][1] == 3 and packs[0][2] == sum(sizes.values())
     assert packs[0][3] < packs[0][2]  # the text went compressed, the random bytes as they were
     data = packs[0][0]
@@ -341,6 +344,9 @@ def test_packs_keep_only_contents_that_match_and_a_bad_or_cut_pack_keeps_nothing
     for bad in ("../x.pack", "a" * 32 + ".json", None):
         with pytest.raises(code.CodeError, match="'pack' must be"):
             code.unpack(host, bad)
+    assert unpack(raw[0][0]) == {"stored": 3, "bytes": sum(sizes.values())}
+    for sha in sizes:
+        os.unlink(code.object_path(host, sha))
     got = unpack(data)
     assert got == {"stored": 3, "bytes": sum(sizes.values())}
     assert code.have(host, snap.tree, [[s, n] for s, n in sizes.items()])["missing"] == []
@@ -389,3 +395,35 @@ def test_push_to_a_local_agent_sends_packs_then_only_what_changed(tmp_path: Path
             assert push(ctl, "here", store, snap2.tree).had_tree
         finally:
             ctl.agent("here").shutdown(force=True)
+
+
+def test_packs_go_compressed_only_to_a_link_slower_than_compression(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: Path) -> None:
+    """The first pack goes as it is; how fast it went decides the next ones: a slow link gets
+    compressed packs, a fast one (where zlib would be the slower part) raw ones."""
+    from tui.model.codesync import CodeSpec
+    from tui.remote import codesync
+    from tui.remote.codesync import CodeStore, Payloads, _LinkRate, _packs
+
+    rate = _LinkRate()
+    rate.saw(8 << 20, 1.0)  # 8 MB/s
+    assert rate.slow
+    rate.saw(8 << 20, 0.05)  # 160 MB/s
+    assert not rate.slow
+    rate.saw(1000, 10.0)  # a small pack's time is its round trips: no judgement
+    assert not rate.slow
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(6):
+        (src / f"f{i}.py").write_text(f"line {i}\n" * 4000)
+    store = CodeStore(tmp_path / "code")
+    snap, _ = store.snapshot(CodeSpec(sync=str(src)))
+    assert snap.tree is not None
+    sizes = store.manifest(snap.tree).blobs()
+    monkeypatch.setattr(codesync, "PACK_BYTES", 40_000)  # about one file a pack
+    slow = iter([False, True, True, True, True, True])
+    packs = list(_packs(Payloads(store, sizes), sorted(sizes), lambda: next(slow)))
+    assert sum(p[1] for p in packs) == 6 and sum(p[2] for p in packs) == sum(sizes.values())
+    assert packs[0][3] == packs[0][2]  # as it is
+    assert all(p[3] < p[2] / 10 for p in packs[1:])  # compressed from the second on

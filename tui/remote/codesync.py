@@ -51,6 +51,8 @@ WINDOW = 4  # messages in flight per host
 COMPRESS_MIN = 512  # smaller contents go as they are
 PROBE_BYTES = 64 << 10  # how much of a large content is tried first
 PACK_BYTES = 8 << 20  # a pack closes once this much is in it (a larger content is a pack alone)
+COMPRESS_BELOW_BPS = 32e6  # packs go compressed to a host whose link is slower (see _LinkRate)
+COMPRESS_JUDGE_BYTES = 1 << 20  # a smaller pack's time is mostly round trips: it says nothing
 KEEP_SNAPSHOTS = 32  # the controller's store keeps the newest snapshots (and their contents)
 
 
@@ -335,7 +337,7 @@ class Payloads:
         self.store = store
         self.sizes = sizes
         self._done: dict[str, list[tuple[list[Any], int, int]]] = {}
-        self._records: dict[str, tuple[bytes, int, int]] = {}
+        self._records: dict[tuple[str, bool], tuple[bytes, int, int]] = {}
         self._warming = False
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
@@ -361,26 +363,28 @@ class Payloads:
         def run() -> None:
             for sha in shas:
                 try:
-                    self.record(sha)
+                    self.record(sha, compress=True)
                 except CodeSyncError:
                     return  # the push that needs it says so
 
         threading.Thread(target=run, name="code-encode", daemon=True).start()
 
-    def record(self, sha: str) -> tuple[bytes, int, int]:
-        """``(its record in a pack, content bytes, payload bytes)``: the whole content in one."""
+    def record(self, sha: str, compress: bool = True) -> tuple[bytes, int, int]:
+        """``(its record in a pack, content bytes, payload bytes)``: the whole content in one,
+        compressed when ``compress`` and it compresses, else as it is."""
         with self._lock:
             lock = self._locks.setdefault(sha, threading.Lock())
         with lock:
-            got = self._records.get(sha)
+            got = self._records.get((sha, compress))
             if got is None:
                 data = self._checked(sha)
                 payload, enc = data, "raw"
-                if _compressible(data):
+                if compress and _compressible(data):
                     z = zlib.compress(data, 1)
                     if len(z) < len(data) * 0.9:
                         payload, enc = z, "zlib"
-                got = self._records[sha] = (host_code.pack_record(sha, enc, payload), len(data), len(payload))
+                got = self._records[(sha, compress)] = (
+                    host_code.pack_record(sha, enc, payload), len(data), len(payload))
             return got
 
     def _checked(self, sha: str) -> bytes:
@@ -415,21 +419,44 @@ def _compressible(data: bytes) -> bool:
         len(data) <= PROBE_BYTES or len(zlib.compress(data[:PROBE_BYTES], 1)) < PROBE_BYTES * 0.9)
 
 
-def _packs(payloads: Payloads, missing: list[str]) -> Iterator[tuple[bytes, int, int, int]]:
-    """Packs of ``missing``: (pack, files in it, content bytes, payload bytes)."""
+def _packs(payloads: Payloads, missing: list[str],
+           compress: Callable[[], bool]) -> Iterator[tuple[bytes, int, int, int]]:
+    """Packs of ``missing``: (pack, files in it, content bytes, payload bytes). ``compress()``
+    says, as each pack begins, whether its contents go compressed (see ``_LinkRate``)."""
     parts: list[bytes] = [host_code.PACK_MAGIC]
     files = content = wire = 0
-    for sha in missing:
-        rec, size, payload = payloads.record(sha)
+    zipped = compress()
+    for i, sha in enumerate(missing):
+        rec, size, payload = payloads.record(sha, zipped)
         if files and wire + payload > PACK_BYTES:
             yield b"".join(parts), files, content, wire
             parts, files, content, wire = [host_code.PACK_MAGIC], 0, 0, 0
+            if compress() != zipped:
+                zipped = not zipped
+                if zipped:
+                    payloads.warm(missing[i:])
+                rec, size, payload = payloads.record(sha, zipped)
         parts.append(rec)
         files += 1
         content += size
         wire += payload
     if files:
         yield b"".join(parts), files, content, wire
+
+
+class _LinkRate:
+    """Whether compressing pays on one host's link, from how fast its packs went: zlib at level
+    1 makes about 70 MB/s of text on one core and halves it, so below about COMPRESS_BELOW_BPS
+    the link is the slower part and compression saves time; above it (a fast LAN, the test
+    bed's links on one machine) it only costs CPU at both ends (measured: bench/sync.py). The
+    first pack goes as it is, and says."""
+
+    def __init__(self) -> None:
+        self.slow = False
+
+    def saw(self, nbytes: int, seconds: float) -> None:
+        if nbytes >= COMPRESS_JUDGE_BYTES:
+            self.slow = nbytes / max(seconds, 1e-6) < COMPRESS_BELOW_BPS
 
 
 def _pieces(payloads: Payloads, missing: list[str]) -> Iterator[tuple[list[list[Any]], int, int, int]]:
@@ -483,8 +510,9 @@ def push(ctl: Any, host: str, store: CodeStore, tree: str,
 
     write = ctl.file_writer(host) if missing and answer.get("incoming") else None
     if write is not None:
-        payloads.warm(missing)
-        _send_packs(agent, write, str(answer["incoming"]), _packs(payloads, missing), sent, result)
+        rate = _LinkRate()
+        _send_packs(agent, write, str(answer["incoming"]), _packs(payloads, missing, lambda: rate.slow),
+                    sent, result, rate)
     elif missing:
         _send_messages(ctl.side_link(host), payloads, missing, sent, result)
     made = agent.code_commit(tree=tree, files=manifest.to_wire(), timeout=300)
@@ -494,7 +522,7 @@ def push(ctl: Any, host: str, store: CodeStore, tree: str,
 
 def _send_packs(agent: Any, write: Callable[[bytes, str], None], incoming: str,
                 packs: Iterator[tuple[bytes, int, int, int]], sent: dict[str, int],
-                on_result: Callable[[Any], None]) -> None:
+                on_result: Callable[[Any], None], rate: _LinkRate) -> None:
     """Write each pack into ``incoming`` on the host while the agent takes in the one before:
     at most two packs wait there at a time."""
     ready: queue.Queue[tuple[str, int, int, int] | BaseException | None] = queue.Queue(maxsize=1)
@@ -506,7 +534,9 @@ def _send_packs(agent: Any, write: Callable[[bytes, str], None], incoming: str,
                 if stop.is_set():
                     return
                 name = secrets.token_hex(16) + ".pack"
+                began = time.monotonic()
                 write(data, f"{incoming}/{name}")
+                rate.saw(len(data), time.monotonic() - began)
                 ready.put((name, files, content, wire))
             ready.put(None)
         except BaseException as e:  # raised again by the taker below
