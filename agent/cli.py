@@ -23,14 +23,24 @@ def _install(me: str, expect_sha256: str, state_dir: str, version: str) -> str:
     os.makedirs(final_dir, mode=0o700, exist_ok=True)
     if me != final:
         os.replace(me, final)
+    _make_current(state_dir, version)
+    return final
+
+
+def _make_current(state_dir: str, version: str) -> None:
     current = os.path.join(state_dir, "agent", "current")
-    tmp = current + ".tmp"
+    try:
+        with open(current) as f:
+            if f.read().strip() == version:
+                return
+    except OSError:
+        pass
+    tmp = "%s.tmp%d" % (current, os.getpid())
     with open(tmp, "w") as f:
         f.write(version + "\n")
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, current)
-    return final
 
 
 def cmd_version(args: argparse.Namespace) -> int:
@@ -59,8 +69,18 @@ def cmd_version(args: argparse.Namespace) -> int:
 
 
 def cmd_attach(args: argparse.Namespace) -> int:
+    """Bridge to the daemon. With ``--expect-sha256`` (the controller's one command on a host
+    whose agent it believes installed) this archive's hash is checked first, and a mismatch
+    ends here (exit 3, nothing started): the controller then deploys as ``version`` would."""
     from agent import attach
 
+    if args.expect_sha256:
+        me = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+        sha = facts.sha256_file(me) if os.path.isfile(me) else None
+        if sha != args.expect_sha256:
+            sys.stderr.write("rigdeck agent: %s has sha256 %s, expected %s\n" % (me, sha, args.expect_sha256))
+            return 3
+        _make_current(os.path.expanduser(args.state_dir), agent_version())
     return attach.main(args.state_dir, start=not args.no_start)
 
 
@@ -107,6 +127,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("attach", help="bridge stdin/stdout to the daemon, starting it if needed")
     p.add_argument("--state-dir", default="~/.rigdeck")
     p.add_argument("--no-start", action="store_true", help="fail instead of starting a daemon")
+    p.add_argument("--expect-sha256", default=None,
+                   help="first check this archive's SHA-256 (and make its version the current one)")
     p.set_defaults(func=cmd_attach)
     p = sub.add_parser("daemon", help="run the daemon in the foreground (attach starts it detached)")
     p.add_argument("--state-dir", default="~/.rigdeck")

@@ -7,9 +7,13 @@ Layout under the state dir::
     code/manifests/<tree>.json    the manifest it was made from
 
 The controller asks ``have`` (is the tree here; which contents are missing), sends only the
-missing contents with ``put`` (each checked against its hash before it is kept), then ``commit``
-makes the tree (in a temporary directory, renamed into place, so a tree either exists whole or
-not at all). Stdlib only, Python 3.9+.
+missing contents, then ``commit`` makes the tree (in a temporary directory, renamed into place,
+so a tree either exists whole or not at all). The missing contents come as packs
+(``code/incoming/<name>.pack``, written by the controller over SFTP on the same SSH connection,
+then taken in by ``unpack``: binary, no JSON or base64 on either side), or in ``put`` messages on
+the agent's stream where SFTP is not there (a host reached with a key whose forced command is
+the attach). Either way each content is checked against its hash before it is kept. Stdlib
+only, Python 3.9+.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import time
 import zlib
 from typing import Any, Dict, List, Optional
@@ -28,6 +33,14 @@ KEEP_AGE_S = 7 * 86400  # ... once unused this long, so a long job's tree stays
 MAX_BLOB_BYTES = 1 << 30
 
 _SHA_RE = re.compile(r"[0-9a-f]{64}\Z")
+
+# A pack: PACK_MAGIC, then records: the content's SHA-256 (64 hex bytes), b"r" (raw) or b"z"
+# (zlib), the payload's length (8 bytes, big-endian), the payload.
+PACK_MAGIC = b"rigdeck-pack-1\n"
+_RECORD = struct.Struct(">64scQ")
+_PACK_NAME_RE = re.compile(r"[0-9a-f]{32}\.pack\Z")
+PACK_STALE_S = 3600  # a pack left by a sync that broke off goes after this long
+_CHUNK = 1 << 20
 
 
 class CodeError(ValueError):
@@ -105,7 +118,107 @@ def have(state_dir: str, tree: Any, blobs: Any) -> Dict[str, Any]:
             continue
         if size is not None and st.st_size != size:
             missing.append(sha)
-    return {"path": None, "missing": missing}
+    return {"path": None, "missing": missing, "incoming": _incoming(state_dir) if missing else None}
+
+
+def _incoming(state_dir: str) -> str:
+    """Where packs are written (made 0700 here), after removing packs left there long ago."""
+    path = os.path.join(_root(state_dir), "incoming")
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    now = time.time()
+    for name in os.listdir(path):
+        full = os.path.join(path, name)
+        try:
+            if now - os.path.getmtime(full) > PACK_STALE_S:
+                os.unlink(full)
+        except OSError:
+            pass
+    return path
+
+
+def pack_record(sha: str, enc: str, payload: bytes) -> bytes:
+    """One content's record in a pack (its header, then ``payload``): ``enc`` is ``raw`` or
+    ``zlib``. The controller writes packs with this, so the format has one owner."""
+    return _RECORD.pack(_sha(sha).encode("ascii"), b"z" if enc == "zlib" else b"r", len(payload)) + payload
+
+
+def unpack(state_dir: str, name: Any) -> Dict[str, Any]:
+    """Take in the pack ``code/incoming/<name>`` (see PACK_MAGIC): each content is kept only
+    when its bytes hash to its name (a wrong one is refused, and nothing of it is kept; the
+    contents before it in the pack are kept). The pack is removed whatever happens."""
+    if not isinstance(name, str) or not _PACK_NAME_RE.match(name):
+        raise CodeError("'pack' must be the name of a pack in code/incoming (32 hex digits, then .pack)")
+    path = os.path.join(_root(state_dir), "incoming", name)
+    stored = 0
+    raw_bytes = 0
+    try:
+        with open(path, "rb") as f:
+            if f.read(len(PACK_MAGIC)) != PACK_MAGIC:
+                raise CodeError("pack %s is not a rigdeck pack" % name)
+            while True:
+                head = f.read(_RECORD.size)
+                if not head:
+                    break
+                if len(head) != _RECORD.size:
+                    raise CodeError("pack %s ends inside a record header" % name)
+                sha_b, enc, length = _RECORD.unpack(head)
+                sha = _sha(sha_b.decode("ascii", "replace"))
+                if enc not in (b"r", b"z"):
+                    raise CodeError("pack %s: content %s has encoding %r, not r or z" % (name, sha[:12], enc))
+                raw_bytes += _unpack_record(state_dir, f, sha, enc == b"z", length, name)
+                stored += 1
+    except FileNotFoundError:
+        raise CodeError("no pack %s in code/incoming" % name) from None
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    return {"stored": stored, "bytes": raw_bytes}
+
+
+def _unpack_record(state_dir: str, f: Any, sha: str, zipped: bool, length: int, name: str) -> int:
+    """Copy one record's content (``length`` payload bytes at ``f``) to the store, hashing it
+    on the way; returns its size."""
+    dest = object_path(state_dir, sha)
+    parent = os.path.dirname(dest)
+    if not os.path.isdir(parent):
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+    part = dest + ".part"
+    h = hashlib.sha256()
+    d = zlib.decompressobj() if zipped else None
+    size = 0
+    try:
+        with os.fdopen(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
+            left = length
+            while left:
+                chunk = f.read(min(left, _CHUNK))
+                if not chunk:
+                    raise CodeError("pack %s ends inside content %s" % (name, sha[:12]))
+                left -= len(chunk)
+                if d is not None:
+                    try:
+                        chunk = d.decompress(chunk, MAX_BLOB_BYTES + 1 - size)
+                    except zlib.error as e:
+                        raise CodeError("content %s does not decompress: %s" % (sha[:12], e)) from None
+                    if d.unconsumed_tail:
+                        raise CodeError("content %s is larger than %d bytes" % (sha[:12], MAX_BLOB_BYTES))
+                size += len(chunk)
+                h.update(chunk)
+                out.write(chunk)
+            if d is not None and not d.eof:
+                raise CodeError("content %s: its compressed stream is cut short" % sha[:12])
+        if h.hexdigest() != sha:
+            raise CodeError("content %s: its bytes do not match its hash" % sha[:12])
+        os.chmod(part, 0o444)
+        os.replace(part, dest)
+    except BaseException:
+        try:
+            os.unlink(part)
+        except OSError:
+            pass
+        raise
+    return size
 
 
 def put(state_dir: str, blobs: Any) -> Dict[str, Any]:

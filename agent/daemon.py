@@ -144,6 +144,7 @@ class Daemon:
             "route_source": lambda c, p: {"address": self._route_source(p)},
             "code_have": self._m_code_have,
             "code_put": self._m_code_put,
+            "code_unpack": self._m_code_unpack,
             "code_commit": self._m_code_commit,
             "code_get": self._m_code_get,
             "artifact_pack": self._m_artifact_pack,
@@ -605,6 +606,11 @@ class Daemon:
         from agent import code
 
         return self._code_in_thread(lambda: code.put(self.paths.state_dir, p.get("blobs")))
+
+    def _m_code_unpack(self, client: _Client, p: Dict[str, Any]) -> Any:
+        from agent import code
+
+        return self._code_in_thread(lambda: code.unpack(self.paths.state_dir, p.get("pack")))
 
     def _m_code_commit(self, client: _Client, p: Dict[str, Any]) -> Any:
         from agent import code

@@ -91,11 +91,7 @@ def time_rigdeck(ctl: Controller, store: CodeStore, src: Path) -> tuple[float, l
     payloads = Payloads(store, store.manifest(code.tree).blobs())  # as JobManager._push_code does
 
     def one(h: str) -> Any:
-        link = ctl.side_link(h)
-        try:
-            return push(link, h, store, code.tree, None, payloads)
-        finally:
-            link.close()
+        return push(ctl, h, store, code.tree, None, payloads)  # as JobManager._push_code does
 
     with ThreadPoolExecutor(max_workers=len(ctl.inventory.names)) as pool:
         results = list(pool.map(one, ctl.inventory.names))

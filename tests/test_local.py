@@ -83,6 +83,34 @@ def test_deploy_replaces_a_tampered_agent(tmp_path: Path) -> None:
         assert pyz.read_bytes() == bundle.path.read_bytes()
 
 
+def test_connecting_checks_the_installed_agent_and_deploys_again_when_it_is_not_whole(tmp_path: Path) -> None:
+    """A connection starts with one command when the agent is installed: its attach, which
+    checks the archive's SHA-256 first. A damaged or cut archive is refused there, and the
+    controller deploys (hash-checked again) before attaching."""
+    state = tmp_path / "state"
+    bundle = build_agent(tmp_path / "cache")
+    pyz = state / "agent" / bundle.version / "agent.pyz"
+    with Controller(_local_inventory(state), bundle_factory=lambda: bundle) as ctl:
+        try:
+            assert ctl.deploy()[0].copied
+            for damage in (lambda b: b + b"tampered", lambda b: b[: len(b) // 2]):
+                ctl.close()
+                pyz.write_bytes(damage(bundle.path.read_bytes()))
+                (state / "agent" / "current").write_text("older\n")
+                assert ctl.agent("here").ping() is not None
+                assert pyz.read_bytes() == bundle.path.read_bytes()
+                assert (state / "agent" / "current").read_text().strip() == bundle.version
+            # Whole and installed: the attach alone, which makes its version the current one.
+            ctl.close()
+            (state / "agent" / "current").write_text("older\n")
+            before = pyz.stat().st_mtime_ns
+            assert ctl.agent("here").ping() is not None
+            assert pyz.stat().st_mtime_ns == before
+            assert (state / "agent" / "current").read_text().strip() == bundle.version
+        finally:
+            ctl.agent("here").shutdown(force=True)
+
+
 def test_missing_python_is_reported_not_raised(tmp_path: Path) -> None:
     spec = HostSpec(name="here", address="localhost", transport="local",
                     python="/nonexistent/python3", state_dir=str(tmp_path))

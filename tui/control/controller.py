@@ -200,14 +200,33 @@ class Controller(TypedAgents):
             return link
         t = self.transport(spec)
         t.connect()
-        stream, pyz = self.open_agent_stream(spec, t)
-        link = self._greeted(spec, stream, "rigdeck")
+        link, pyz = self._checked_attach(spec, t)
+        if link is None:
+            stream, pyz = self.open_agent_stream(spec, t)
+            link = self._greeted(spec, stream, "rigdeck")
         if pyz is not None and (link.remote_hello or {}).get("agent_version") != self.bundle.version:
             link = self._upgraded(spec, t, link, pyz)
         self.configure_agent(spec, AgentClient.over(link))
         self._links[spec.name] = link
         self._pyz[spec.name] = pyz
         return link
+
+    def _checked_attach(self, spec: HostSpec, t: Transport) -> tuple[Any, str | None]:
+        """One command on the host when the agent is installed there: the attach of this
+        controller's agent, which checks its own SHA-256 before anything starts. When it is not
+        there (or not whole) the attach ends at once and ``(None, None)`` says to deploy first,
+        as ``open_agent_stream`` does (a check and an install, then the attach)."""
+        if getattr(spec, "attach_only", False):
+            return None, None
+        bundle = self.bundle
+        state_dir = t.remote_path(spec.state_dir)
+        pyz = f"{state_dir}/agent/{bundle.version}/agent.pyz"
+        argv = [spec.python, pyz, "attach", "--state-dir", state_dir, "--expect-sha256", bundle.sha256]
+        try:
+            return self._greeted(spec, t.open_stream(argv, env=self.agent_env(spec)), "rigdeck"), pyz
+        except TransportError as e:
+            log.info("%s: agent %s not ready to attach (%s): deploying first", spec.name, bundle.version, e)
+            return None, None
 
     def _upgraded(self, spec: HostSpec, t: Transport, link: Any, pyz: str) -> Any:
         """An older daemon answered: it hands over to the agent just deployed at once when idle
@@ -254,6 +273,17 @@ class Controller(TypedAgents):
         else:
             stream = self._attach_stream(spec, t, pyz)
         return self._greeted(spec, stream, "rigdeck-sync")
+
+    def file_writer(self, host: str) -> Callable[[bytes, str], None] | None:
+        """Writes bytes to a path on ``host`` over SFTP on the host's SSH connection (no process
+        started there): code sync's packs. None for an ``attach_only`` host, whose key runs the
+        agent's attach whatever is asked."""
+        spec = self.inventory.get(host)
+        if getattr(spec, "attach_only", False):
+            return None
+        t = self.transport(spec)
+        t.connect()
+        return t.put_data
 
     def _attach_stream(self, spec: HostSpec, t: Transport, pyz: str) -> Any:
         """One more attach to the host's daemon through the agent.pyz already checked there."""

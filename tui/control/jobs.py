@@ -667,15 +667,9 @@ class JobManager:
 
         def one(h: str) -> Any:
             try:
-                link = self.ctl.side_link(h)
-            except TransportError as e:
-                return e
-            try:
-                return push(link, h, self.code_store, tree, progress, payloads)
+                return push(self.ctl, h, self.code_store, tree, progress, payloads)
             except (TransportError, CodeSyncError) as e:
                 return e
-            finally:
-                link.close()
 
         try:
             with ThreadPoolExecutor(max_workers=min(32, len(hosts)), thread_name_prefix="sync") as pool:

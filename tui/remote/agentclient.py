@@ -394,6 +394,12 @@ class AgentClient:
         against its hash: ``{stored, bytes}``. Code sync pipelines these on a link of its own."""
         return _dict(self._call("code_put", **_kw(timeout), blobs=blobs))
 
+    def code_unpack(self, *, pack: str, timeout: float | None = None) -> dict[str, Any]:
+        """Take in the pack ``pack`` (a name in the ``incoming`` dir ``code_have`` gave, written
+        there over SFTP), each content checked against its hash; the pack is removed:
+        ``{stored, bytes}``."""
+        return _dict(self._call("code_unpack", **_kw(timeout), pack=pack))
+
     def code_commit(self, *, tree: str, files: list[list[Any]], timeout: float | None = None) -> dict[str, Any]:
         """Make ``tree`` from its manifest ``[[path, sha256, size, executable], ...]`` out of
         stored contents: ``{path, made}``."""

@@ -6,9 +6,12 @@ spec's limits from sizes alone (before a byte is read), then reads each file onc
 keeps its content in the controller's store (``<RIGDECK_HOME>/code``), so what a job runs is what
 was there when it was submitted, even if it waits in the queue while the files change.
 
-``push`` ships a snapshot to one host over a connection of its own to the host's agent: the
-host says whether it has the tree and which contents it lacks; only those are sent (compressed
-when that pays), many per message and several messages in flight; then the host makes the tree.
+``push`` ships a snapshot to one host: the host's agent says whether it has the tree and which
+contents it lacks; only those are sent (compressed when that pays), as packs of many contents
+written over SFTP on the host's SSH connection while the agent takes in the pack before (each
+content checked against its hash there); then the host makes the tree. Where SFTP is not there
+(a host whose key only runs the agent's attach) the contents go in messages on a connection of
+their own to the agent instead, several in flight.
 The plain parts (manifest, tree hash, ignore rules, limits) are ``tui.model.codesync``.
 """
 
@@ -18,6 +21,8 @@ import base64
 import hashlib
 import json
 import os
+import queue
+import secrets
 import shutil
 import stat
 import subprocess
@@ -29,6 +34,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from agent import code as host_code
 from tui.model.codesync import (
     IGNORE_FILE,
     CodeSpec,
@@ -44,6 +50,9 @@ MESSAGE_RAW_BYTES = 560 << 10  # payload per message: base64 of it stays under t
 WINDOW = 4  # messages in flight per host
 COMPRESS_MIN = 512  # smaller contents go as they are
 PROBE_BYTES = 64 << 10  # how much of a large content is tried first
+PACK_BYTES = 8 << 20  # a pack closes once this much is in it (a larger content is a pack alone)
+COMPRESS_BELOW_BPS = 32e6  # packs go compressed to a host whose link is slower (see _LinkRate)
+COMPRESS_JUDGE_BYTES = 1 << 20  # a smaller pack's time is mostly round trips: it says nothing
 KEEP_SNAPSHOTS = 32  # the controller's store keeps the newest snapshots (and their contents)
 
 
@@ -183,8 +192,6 @@ class CodeStore:
         """Keep contents sent as a host's agent takes them (``code_put`` items), each checked
         against its hash: a server's store, filled by a workstation. The same layout and checks
         as a host's store, so the same code."""
-        from agent import code as host_code
-
         if self.root.name != "code":
             raise CodeSyncError(f"a store that takes contents lives in a directory named code, not {self.root}")
         try:
@@ -330,6 +337,8 @@ class Payloads:
         self.store = store
         self.sizes = sizes
         self._done: dict[str, list[tuple[list[Any], int, int]]] = {}
+        self._records: dict[tuple[str, bool], tuple[bytes, int, int]] = {}
+        self._warming = False
         self._locks: dict[str, threading.Lock] = {}
         self._lock = threading.Lock()
 
@@ -343,14 +352,50 @@ class Payloads:
                 got = self._done[sha] = self._encode(sha)
             return got
 
-    def _encode(self, sha: str) -> list[tuple[list[Any], int, int]]:
+    def warm(self, shas: list[str]) -> None:
+        """Encode the records of ``shas`` ahead, in a thread of their own (once per sync): the
+        compression (zlib leaves the GIL) then runs beside the uploads instead of between them."""
+        with self._lock:
+            if self._warming:
+                return
+            self._warming = True
+
+        def run() -> None:
+            for sha in shas:
+                try:
+                    self.record(sha, compress=True)
+                except CodeSyncError:
+                    return  # the push that needs it says so
+
+        threading.Thread(target=run, name="code-encode", daemon=True).start()
+
+    def record(self, sha: str, compress: bool = True) -> tuple[bytes, int, int]:
+        """``(its record in a pack, content bytes, payload bytes)``: the whole content in one,
+        compressed when ``compress`` and it compresses, else as it is."""
+        with self._lock:
+            lock = self._locks.setdefault(sha, threading.Lock())
+        with lock:
+            got = self._records.get((sha, compress))
+            if got is None:
+                data = self._checked(sha)
+                payload, enc = data, "raw"
+                if compress and _compressible(data):
+                    z = zlib.compress(data, 1)
+                    if len(z) < len(data) * 0.9:
+                        payload, enc = z, "zlib"
+                got = self._records[(sha, compress)] = (
+                    host_code.pack_record(sha, enc, payload), len(data), len(payload))
+            return got
+
+    def _checked(self, sha: str) -> bytes:
         data = self.store.read(sha)
         if len(data) != self.sizes[sha] or hashlib.sha256(data).hexdigest() != sha:
             raise CodeSyncError(f"the controller's stored content {sha[:12]} is damaged ({self.store.root})")
-        # Compress only what compresses: a sample of a large content says (random bytes,
-        # already compressed data and weights are sent as they are).
-        compress = len(data) >= COMPRESS_MIN and (
-            len(data) <= PROBE_BYTES or len(zlib.compress(data[:PROBE_BYTES], 1)) < PROBE_BYTES * 0.9)
+        return data
+
+    def _encode(self, sha: str) -> list[tuple[list[Any], int, int]]:
+        data = self._checked(sha)
+        compress = _compressible(data)
         out = []
         offset = 0
         while True:
@@ -365,6 +410,53 @@ class Payloads:
             offset += len(part)
             if last:
                 return out
+
+
+def _compressible(data: bytes) -> bool:
+    """Compress only what compresses: a sample of a large content says (random bytes, already
+    compressed data and weights are sent as they are)."""
+    return len(data) >= COMPRESS_MIN and (
+        len(data) <= PROBE_BYTES or len(zlib.compress(data[:PROBE_BYTES], 1)) < PROBE_BYTES * 0.9)
+
+
+def _packs(payloads: Payloads, missing: list[str],
+           compress: Callable[[], bool]) -> Iterator[tuple[bytes, int, int, int]]:
+    """Packs of ``missing``: (pack, files in it, content bytes, payload bytes). ``compress()``
+    says, as each pack begins, whether its contents go compressed (see ``_LinkRate``)."""
+    parts: list[bytes] = [host_code.PACK_MAGIC]
+    files = content = wire = 0
+    zipped = compress()
+    for i, sha in enumerate(missing):
+        rec, size, payload = payloads.record(sha, zipped)
+        if files and wire + payload > PACK_BYTES:
+            yield b"".join(parts), files, content, wire
+            parts, files, content, wire = [host_code.PACK_MAGIC], 0, 0, 0
+            if compress() != zipped:
+                zipped = not zipped
+                if zipped:
+                    payloads.warm(missing[i:])
+                rec, size, payload = payloads.record(sha, zipped)
+        parts.append(rec)
+        files += 1
+        content += size
+        wire += payload
+    if files:
+        yield b"".join(parts), files, content, wire
+
+
+class _LinkRate:
+    """Whether compressing pays on one host's link, from how fast its packs went: zlib at level
+    1 makes about 70 MB/s of text on one core and halves it, so below about COMPRESS_BELOW_BPS
+    the link is the slower part and compression saves time; above it (a fast LAN, the test
+    bed's links on one machine) it only costs CPU at both ends (measured: bench/sync.py). The
+    first pack goes as it is, and says."""
+
+    def __init__(self) -> None:
+        self.slow = False
+
+    def saw(self, nbytes: int, seconds: float) -> None:
+        if nbytes >= COMPRESS_JUDGE_BYTES:
+            self.slow = nbytes / max(seconds, 1e-6) < COMPRESS_BELOW_BPS
 
 
 def _pieces(payloads: Payloads, missing: list[str]) -> Iterator[tuple[list[list[Any]], int, int, int]]:
@@ -386,19 +478,18 @@ def _pieces(payloads: Payloads, missing: list[str]) -> Iterator[tuple[list[list[
         yield batch, batch_files, batch_bytes, batch_wire
 
 
-def push(link: Any, host: str, store: CodeStore, tree: str,
+def push(ctl: Any, host: str, store: CodeStore, tree: str,
          progress: Callable[[str, int, int], None] | None = None,
          payloads: Payloads | None = None) -> PushResult:
-    """Ship tree ``tree`` (from ``store``) to ``host`` over ``link`` (an AgentLink of its own:
-    requests are pipelined on it). ``progress(host, bytes_done, bytes_total)`` is called as
-    contents go. Pushes of one tree to several hosts share ``payloads``."""
+    """Ship tree ``tree`` (from ``store``) to ``host``. ``ctl`` is the controller: its
+    ``agent(host)`` asks and commits, ``file_writer(host)`` writes the packs (``side_link(host)``
+    carries the contents where there is no writer). ``progress(host, bytes_done, bytes_total)``
+    is called as contents go. Pushes of one tree to several hosts share ``payloads``."""
     t0 = time.monotonic()
     manifest = store.manifest(tree)
     sizes = manifest.blobs()
     payloads = payloads or Payloads(store, sizes)
-    from tui.remote.agentclient import AgentClient
-
-    agent = AgentClient.over(link)
+    agent = ctl.agent(host)
     answer = agent.code_have(tree=tree, blobs=[[s, n] for s, n in sorted(sizes.items())], timeout=60)
     if answer.get("path"):
         if progress:
@@ -410,13 +501,6 @@ def push(link: Any, host: str, store: CodeStore, tree: str,
     if progress:
         progress(host, 0, total)
 
-    def calls() -> Iterator[tuple[str, dict[str, Any]]]:
-        for items, files, content, wire in _pieces(payloads, missing):
-            sent["files"] += files
-            sent["bytes"] += content
-            sent["wire"] += wire
-            yield "code_put", {"blobs": items}
-
     done = {"bytes": 0}
 
     def result(r: Any) -> None:
@@ -424,7 +508,74 @@ def push(link: Any, host: str, store: CodeStore, tree: str,
         if progress:
             progress(host, min(done["bytes"], total), total)
 
-    link.pipeline(calls(), window=WINDOW, timeout=120, on_result=result)
+    write = ctl.file_writer(host) if missing and answer.get("incoming") else None
+    if write is not None:
+        rate = _LinkRate()
+        _send_packs(agent, write, str(answer["incoming"]), _packs(payloads, missing, lambda: rate.slow),
+                    sent, result, rate)
+    elif missing:
+        _send_messages(ctl.side_link(host), payloads, missing, sent, result)
     made = agent.code_commit(tree=tree, files=manifest.to_wire(), timeout=300)
     return PushResult(host, made["path"], False, sent["files"], sent["bytes"], sent["wire"],
                       time.monotonic() - t0)
+
+
+def _send_packs(agent: Any, write: Callable[[bytes, str], None], incoming: str,
+                packs: Iterator[tuple[bytes, int, int, int]], sent: dict[str, int],
+                on_result: Callable[[Any], None], rate: _LinkRate) -> None:
+    """Write each pack into ``incoming`` on the host while the agent takes in the one before:
+    at most two packs wait there at a time."""
+    ready: queue.Queue[tuple[str, int, int, int] | BaseException | None] = queue.Queue(maxsize=1)
+    stop = threading.Event()
+
+    def writer() -> None:
+        try:
+            for data, files, content, wire in packs:
+                if stop.is_set():
+                    return
+                name = secrets.token_hex(16) + ".pack"
+                began = time.monotonic()
+                write(data, f"{incoming}/{name}")
+                rate.saw(len(data), time.monotonic() - began)
+                ready.put((name, files, content, wire))
+            ready.put(None)
+        except BaseException as e:  # raised again by the taker below
+            ready.put(e)
+
+    thread = threading.Thread(target=writer, name="code-pack", daemon=True)
+    thread.start()
+    try:
+        while (item := ready.get()) is not None:
+            if isinstance(item, BaseException):
+                raise item
+            name, files, content, wire = item
+            r = agent.code_unpack(pack=name, timeout=300)
+            sent["files"] += files
+            sent["bytes"] += content
+            sent["wire"] += wire
+            on_result(r)
+    finally:
+        stop.set()
+        while thread.is_alive():  # let a writer waiting to hand over a pack see the stop
+            try:
+                ready.get(timeout=0.1)
+            except queue.Empty:
+                pass
+        thread.join()
+
+
+def _send_messages(link: Any, payloads: Payloads, missing: list[str], sent: dict[str, int],
+                   on_result: Callable[[Any], None]) -> None:
+    """The contents in ``code_put`` messages on ``link`` (closed after), several in flight."""
+
+    def calls() -> Iterator[tuple[str, dict[str, Any]]]:
+        for items, files, content, wire in _pieces(payloads, missing):
+            sent["files"] += files
+            sent["bytes"] += content
+            sent["wire"] += wire
+            yield "code_put", {"blobs": items}
+
+    try:
+        link.pipeline(calls(), window=WINDOW, timeout=120, on_result=on_result)
+    finally:
+        link.close()

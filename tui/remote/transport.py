@@ -373,6 +373,10 @@ class Transport(ABC):
         """Copy a local file to an absolute path on the host, creating parent directories."""
 
     @abstractmethod
+    def put_data(self, data: bytes, remote: str) -> None:
+        """Write ``data`` to an absolute path on the host, in a directory that exists there."""
+
+    @abstractmethod
     def home(self) -> str: ...
 
     @abstractmethod
@@ -492,6 +496,20 @@ def scan_host_key(address: str, port: int = 22, timeout: float = 5.0,
         t.close()
 
 
+SFTP_PIECE = 32000  # an SFTP write with its headers in one SSH packet (the server's max is 32 KiB)
+
+
+class _AeadFirst(paramiko.Transport):
+    """paramiko's transport preferring AES-GCM when the server offers it: one pass of AES-NI
+    per packet where AES-CTR also needs an HMAC-SHA-256 (bulk copies of code sync go twice as
+    fast on the controller's CPU). Other ciphers stay in paramiko's order after it."""
+
+    _preferred_ciphers = (
+        "aes128-gcm@openssh.com", "aes256-gcm@openssh.com",
+        *(c for c in paramiko.Transport._preferred_ciphers if "gcm" not in c),
+    )
+
+
 class SSHTransport(Transport):
     """A paramiko connection to one host, optionally through ProxyJump hops."""
 
@@ -571,6 +589,7 @@ class SSHTransport(Transport):
                 auth_timeout=timeout,
                 channel_timeout=timeout,
                 sock=sock,
+                transport_factory=_AeadFirst,
             )
         except paramiko.BadHostKeyException as e:
             client.close()
@@ -764,6 +783,23 @@ class SSHTransport(Transport):
         except (OSError, paramiko.SSHException, EOFError) as e:
             raise TransportError(self.name, f"copy to {remote} failed: {e}") from None
 
+    def put_data(self, data: bytes, remote: str) -> None:
+        # Over the connection's SFTP session: no process on the host. Writes are pipelined, in
+        # pieces that fit one SSH packet each (paramiko's 32 KiB ones take two).
+        view = memoryview(data)
+        try:
+            with self._sftp_lock:
+                sftp = self._sftp()
+                with sftp.open(remote, "wb") as f:
+                    f.set_pipelined(True)
+                    for off in range(0, len(data), SFTP_PIECE):
+                        f.write(view[off:off + SFTP_PIECE])
+                size = sftp.stat(remote).st_size
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            raise TransportError(self.name, f"copy to {remote} failed: {e}") from None
+        if size != len(data):
+            raise TransportError(self.name, f"copy to {remote} failed: {size} of {len(data)} bytes arrived")
+
     def file_size(self, path: str) -> int | None:
         try:
             with self._sftp_lock:
@@ -854,6 +890,13 @@ class LocalTransport(Transport):
             os.makedirs(os.path.dirname(remote), mode=0o700, exist_ok=True)
             shutil.copyfile(local, remote)
             os.chmod(remote, mode)
+        except OSError as e:
+            raise TransportError(self.name, f"copy to {remote} failed: {e}") from None
+
+    def put_data(self, data: bytes, remote: str) -> None:
+        try:
+            with open(remote, "wb") as f:
+                f.write(data)
         except OSError as e:
             raise TransportError(self.name, f"copy to {remote} failed: {e}") from None
 
