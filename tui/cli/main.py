@@ -467,7 +467,8 @@ def _jobs(client: Any, args: argparse.Namespace) -> int:
     else:
         print(f"{'job':<34} {'state':<10} {'restarts':<8} hosts")
         for v in views:
-            print(f"{v.job_id:<34} {v.state:<10} {v.restarts:<8} {','.join(n['host'] for n in v.placement)}")
+            away = f"  ({', '.join(v.unreachable)} unreachable)" if v.unreachable else ""
+            print(f"{v.job_id:<34} {v.state:<10} {v.restarts:<8} {','.join(n['host'] for n in v.placement)}{away}")
     return EXIT_OK
 
 

@@ -1042,12 +1042,14 @@ class JobManager:
     def list(self, refresh: bool = True) -> list[JobView]:
         out = []
         for rec in self.history.list():
+            missing: builtins.list[str] = []
             if refresh and rec["state"] not in TERMINAL:
                 try:
-                    self.supervise_once(rec)
+                    missing = unreachable(self.supervise_once(rec))
                 except TransportError as e:
                     log.info("cannot refresh %s: %s", rec["job_id"], e)
-            out.append(self.view(rec["job_id"], live=False))
+            view = self.view(rec["job_id"], live=False)
+            out.append(dataclasses.replace(view, unreachable=tuple(missing)) if missing else view)
         return out
 
     def metrics(self, ref: str) -> builtins.list[dict[str, Any]]:  # (``list`` here is the method)
@@ -1055,7 +1057,11 @@ class JobManager:
         the new attempt's record of a (rank, step) replaces the earlier attempts' (events, which
         carry no step, are all kept)."""
         rec = self.record(ref)
-        return JobReader(self.ctl, rec["job_id"]).all_metrics(self.hosts_ever(rec), timeout=30)
+        reader = JobReader(self.ctl, rec["job_id"])
+        records = reader.all_metrics(self.hosts_ever(rec), timeout=30)
+        for host, why in reader.unreachable.items():
+            log.warning("%s unreachable: its metrics are not included (%s)", host, why)
+        return records
 
     def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False, poll_s: float = 0.5,
                    binary: bool = False) -> Iterator[tuple[str, int, Any, bool]]:
@@ -1065,6 +1071,7 @@ class JobManager:
         rec = self.record(ref)
         job_id = rec["job_id"]
         reader = JobReader(self.ctl, job_id)
+        said: set[str] = set()
         while True:
             rec = self.record(job_id)
             ended = rec["state"] in TERMINAL
@@ -1073,8 +1080,11 @@ class JobManager:
                 try:
                     st = reader.status(host)
                 except TransportError as e:
-                    log.info("logs from %s: %s", host, e)
+                    if host not in said:  # once a host, however long it is followed
+                        said.add(host)
+                        log.warning("%s unreachable: its logs are not included (%s)", host, e.detail)
                     continue
+                said.discard(host)
                 for r in log_ranks(st):
                     if rank is not None and r != rank:
                         continue

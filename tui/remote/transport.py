@@ -346,6 +346,13 @@ class Transport(ABC):
     def __init__(self, spec: HostSpec):
         self.spec = spec
         self.name = spec.name
+        # Called once the host's TCP connect is answered, before the SSH handshake: whoever
+        # waits for the connection can tell a host out of reach from one slow to log in to.
+        self.on_reached: Callable[[], None] | None = None
+
+    def _reached(self) -> None:
+        if self.on_reached is not None:
+            self.on_reached()
 
     @abstractmethod
     def connect(self) -> None: ...
@@ -623,12 +630,15 @@ class SSHTransport(Transport):
                     asked.add(e.key_file)
 
     def _connect_chain(self) -> None:
-        sock = None
         hops = [*self.jumps, self.spec]
         clients: list[paramiko.SSHClient] = []
+        sock: Any = None
         try:
+            sock = self._tcp(hops[0], self.name if len(hops) == 1 else f"{self.name} (via jump {hops[0].name})")
             for i, hop in enumerate(hops):
                 label = self.name if hop is self.spec else f"{self.name} (via jump {hop.name})"
+                if hop is self.spec:
+                    self._reached()
                 client = self._open(hop, sock, label)
                 clients.append(client)
                 if i + 1 < len(hops):
@@ -637,9 +647,24 @@ class SSHTransport(Transport):
         except BaseException:
             for c in clients:
                 c.close()
+            if sock is not None:
+                sock.close()
             raise
         self._jump_clients = clients[:-1]
         self._client = clients[-1]
+
+    @staticmethod
+    def _tcp(hop: HostSpec, label: str) -> socket.socket:
+        """The TCP connection to the first hop (made here, not by paramiko, so that its answer
+        is seen apart from the SSH handshake)."""
+        timeout = hop.connect_timeout
+        try:
+            return socket.create_connection((hop.address, hop.port), timeout=timeout)
+        except TimeoutError as e:
+            raise UnreachableError(
+                label, f"{hop.address}:{hop.port} did not answer within {timeout:g}s ({e})") from None
+        except OSError as e:
+            raise UnreachableError(label, f"cannot connect to {hop.address}:{hop.port}: {e}") from None
 
     def _direct_tcpip(self, client: paramiko.SSHClient, nxt: HostSpec, label: str) -> paramiko.Channel:
         transport = client.get_transport()
@@ -808,6 +833,7 @@ class LocalTransport(Transport):
 
     def connect(self) -> None:
         self._open = True
+        self._reached()
 
     def close(self) -> None:
         self._open = False
