@@ -279,6 +279,10 @@ class Stream(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    @abstractmethod
+    def fileno(self) -> int:
+        """A descriptor that is readable while output waits to be read (for a selector)."""
+
 
 class ChannelStream(Stream):
     def __init__(self, host: str, chan: paramiko.Channel):
@@ -304,6 +308,9 @@ class ChannelStream(Stream):
     def close(self) -> None:
         self.chan.close()
 
+    def fileno(self) -> int:
+        return self.chan.fileno()  # paramiko's pipe, set while the channel holds data
+
 
 class PipeStream(Stream):
     def __init__(self, host: str, proc: subprocess.Popen[bytes]):
@@ -325,6 +332,10 @@ class PipeStream(Stream):
         if not ready:
             return None
         return os.read(fd, 65536)
+
+    def fileno(self) -> int:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.fileno()
 
     def close(self) -> None:
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
