@@ -205,6 +205,7 @@ class Controller(TypedAgents):
         self._bundle_lock = threading.Lock()
         self._reach: dict[str, _Reach] = {s.name: _Reach() for s in inventory.hosts}
         self._reach_lock = threading.Lock()
+        self._closed = False
         self.connect_wait = CONNECT_WAIT_S
         # host -> why it is believed out of reach now (its telemetry went quiet), or None: set
         # by whoever reads telemetry (the service, while its monitor runs).
@@ -231,11 +232,18 @@ class Controller(TypedAgents):
         return t
 
     def close(self) -> None:
+        """Close every link and connection. A connect attempt still running is not waited for
+        (a host out of reach would hold this up to its connect timeout): it closes what it
+        makes once it ends."""
+        with self._reach_lock:
+            self._closed = True
+            connecting = {h for h, r in self._reach.items() if r.attempt is not None and not r.attempt.done.is_set()}
         for link in self._links.values():
             link.close()
         self._links.clear()
-        for t in self._transports.values():
-            t.close()
+        for name, t in self._transports.items():
+            if name not in connecting:
+                t.close()
         self._transports.clear()
 
     # -- agent requests (the CLI's and the job manager's path to the daemons) ----------------
@@ -276,6 +284,7 @@ class Controller(TypedAgents):
 
     def _connect_link(self, spec: HostSpec, att: _Attempt) -> None:
         """One connect attempt (its own thread): the link is kept, or the failure recorded."""
+        t: Transport | None = None
         try:
             t = self.transport(spec)
             t.on_reached = att.reached.set
@@ -291,10 +300,17 @@ class Controller(TypedAgents):
                 self._pyz[spec.name] = pyz
             att.link = link
             self._reached(spec.name)
+            with self._reach_lock:
+                closed = self._closed
+            if closed:  # the controller closed meanwhile: nobody will use or close these
+                link.close()
+                t.close()
         except BaseException as e:  # handed to whoever waits for the attempt
             att.error = e
             if isinstance(e, TransportError):
                 self._unreached(spec.name, e)
+            if self._closed and t is not None:
+                t.close()
         finally:
             att.reached.set()
             att.done.set()

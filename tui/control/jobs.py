@@ -1076,13 +1076,14 @@ class JobManager:
             rec = self.record(job_id)
             ended = rec["state"] in TERMINAL
             got_any = False
-            for host in self.hosts_ever(rec):
-                try:
-                    st = reader.status(host)
-                except TransportError as e:
+            hosts = self.hosts_ever(rec)
+            states = self.ctl.agents(hosts).job_status(job_id=job_id, timeout=20)  # at once
+            for host in hosts:
+                st = states[host]
+                if isinstance(st, TransportError):
                     if host not in said:  # once a host, however long it is followed
                         said.add(host)
-                        log.warning("%s unreachable: its logs are not included (%s)", host, e.detail)
+                        log.warning("%s unreachable: its logs are not included (%s)", host, st.detail)
                     continue
                 said.discard(host)
                 for r in log_ranks(st):
