@@ -35,6 +35,8 @@ from tui.remote.sshconfig import jump_chain
 
 log = logging.getLogger(__name__)
 
+IDLE_CHECK_S = 1.0  # how often a connection's paramiko thread wakes when nothing arrives
+
 
 # ---------------------------------------------------------------------------------------------
 # Errors a user can cause or must act on. Each names the host.
@@ -619,8 +621,13 @@ class SSHTransport(Transport):
         if unlocked:
             self._worked[spec.name] = unlocked[0][0]
         transport = client.get_transport()
-        if transport is not None and spec.keepalive > 0:
-            transport.set_keepalive(max(1, int(spec.keepalive)))
+        if transport is not None:
+            # paramiko's transport thread wakes at each timeout of its socket to see whether it
+            # was closed: ten times a second by default, for every host, idle or not. Once
+            # connected, once a second does (a keepalive is sent from the same check).
+            transport.sock.settimeout(IDLE_CHECK_S)
+            if spec.keepalive > 0:
+                transport.set_keepalive(max(1, int(spec.keepalive)))
         return client
 
     def connect(self) -> None:
