@@ -103,6 +103,31 @@ def cpu_delta(a: dict[int, float | None], b: dict[int, float | None]) -> float:
 # one N, in its own process
 
 
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's threads, summed by kind: the monitor's reader, its setup
+    threads, paramiko's transport threads (one per SSH connection), the rest."""
+    import threading
+
+    kinds = {}
+    for t in threading.enumerate():
+        name = t.name
+        kind = ("paramiko" if type(t).__module__.startswith("paramiko") else
+                "monitor-setup" if name.startswith("monitor-setup") else
+                "reader" if name == "monitor" or name.startswith("reader-") else "other")
+        if t.native_id is not None:
+            kinds[t.native_id] = kind
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        kind = kinds.get(int(tid), "other")
+        out[kind] = out.get(kind, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def measure(inventory: Path, seconds: float, netns: list[str]) -> dict[str, Any]:
     """The controller side against every host of ``inventory``, measured over ``seconds``."""
     inv = load_inventory(inventory)
@@ -133,11 +158,13 @@ def measure(inventory: Path, seconds: float, netns: list[str]) -> dict[str, Any]
         hpids = netns_pids(netns)  # spawns `ip`: before the window
         h0 = cpu_of(hpids)
         m0 = machine_cpu()
+        t0s = thread_cpu()
         c0 = time.process_time()
         w0 = time.time()
         time.sleep(seconds)
         w1 = time.time()
         c1 = time.process_time()
+        t1s = thread_cpu()
         m1 = machine_cpu()
         h1 = cpu_of(hpids)
         rss1 = proc_mem_mb(me)
@@ -166,6 +193,8 @@ def measure(inventory: Path, seconds: float, netns: list[str]) -> dict[str, Any]
         "hosts_reporting": len({r[3] for r in window}),
         "status_at_end": statuses,
         "controller_threads": threads,
+        "controller_cpu_pct_by_thread_kind": {k: 100.0 * (t1s.get(k, 0.0) - t0s.get(k, 0.0)) / (w1 - w0)
+                                              for k in t1s},
         "controller_cpu_s": c1 - c0,
         "controller_cpu_pct_of_core": ctl_pct,
         "controller_cpu_pct_of_core_per_host": ctl_pct / n,
@@ -313,7 +342,7 @@ def print_models(m: dict[str, Any]) -> None:
 
 def print_comparison(rows: list[dict[str, Any]], against: list[dict[str, Any]], serve: list[dict[str, Any]],
                      tree: str | None) -> None:
-    for b, r in zip(against, rows, strict=True):
+    for b, r in zip(against, rows if against else [], strict=True):
         mine, theirs = r["controller_cpu_ms_per_sample"], b["controller_cpu_ms_per_sample"]
         print(f"  N={r['n']}: threads {r['controller_threads']} vs {b['controller_threads']} ({tree}); "
               f"CPU per host-sample {mine:.2f} ms vs {theirs:.2f} ms ({theirs / mine:.2f}x less); "
@@ -323,12 +352,37 @@ def print_comparison(rows: list[dict[str, Any]], against: list[dict[str, Any]], 
               f"host-sample, RSS {sv['rss_mb']:.0f} MB, hosts up at the end {sv['hosts_up_at_end']}")
 
 
+def combine(parts: list[Path], out: str) -> int:
+    """One result from several runs (one size each): their rows, serve and baseline rows, each
+    run's own meta kept, and the fit through every size."""
+    runs = [json.loads(p.read_text()) for p in parts]
+    rows = sorted((r for d in runs for r in d["rows"]), key=lambda r: r["n"])
+    serve = sorted((r for d in runs for r in d.get("serve") or []), key=lambda r: r["n"])
+    against = sorted((r for d in runs for r in (d.get("baseline") or {}).get("rows") or []), key=lambda r: r["n"])
+    tree = next((d["baseline"]["tree"] for d in runs if d.get("baseline")), None)
+    print_table(rows, rows[0]["seconds"] if rows else 0.0)
+    print_comparison(rows, against, serve, tree)
+    fits = models(rows, serve, against)
+    print_models(fits)
+    first = runs[0]
+    write_result(out, {
+        "what": first["what"], "sim_gpus": first["sim_gpus"], "gpu_source": first["gpu_source"],
+        "runs": [{"meta": d["meta"], "n": [r["n"] for r in d["rows"]], "testbed_up_s": d["testbed_up_s"],
+                  "deploy_s": d["deploy_s"]} for d in runs],
+        "rows": rows, "serve": serve, "baseline": {"tree": tree, "rows": against} if tree else None, "fit": fits,
+    }, run_meta())
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", default="32,64,128", help="comma-separated host counts")
     ap.add_argument("--against", default=None, metavar="TREE",
                     help="a checkout of an earlier rigdeck whose controller is measured too (the baseline)")
     ap.add_argument("--no-serve", action="store_true", help="measure no `rigdeck serve`")
+    ap.add_argument("--combine", metavar="A.json,B.json", default=None,
+                    help="join results of runs at one size each (each its own bed and locked run) into --out, "
+                    "with the fit through all their sizes")
     ap.add_argument("--seconds", type=float, default=20.0, help="measured window per N")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "scale.json"))
     ap.add_argument("--one", metavar="INVENTORY", help=argparse.SUPPRESS)  # a child's run
@@ -338,6 +392,8 @@ def main() -> int:
         netns = [x for x in args.netns.split(",") if x]
         print(json.dumps(measure(Path(args.one), args.seconds, netns)))
         return 0
+    if args.combine:
+        return combine([Path(x) for x in args.combine.split(",")], args.out)
     ns = sorted({int(x) for x in args.n.split(",") if x.strip()})
     meta = run_meta()
     ok, why = available()
