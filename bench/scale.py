@@ -327,6 +327,7 @@ def models(rows: list[dict[str, Any]], serve: list[dict[str, Any]],
                            ("serve", serve, ("threads", "cpu_pct_of_core", "rss_mb")),
                            ("baseline_controller", against, ("controller_threads", "controller_cpu_pct_of_core",
                                                              "controller_rss_mb"))):
+        rs = [r for r in rs if "error" not in r]
         if len(rs) >= 2:
             out[name] = {k: fit(rs, k) for k in keys}
     return out
@@ -343,6 +344,10 @@ def print_models(m: dict[str, Any]) -> None:
 def print_comparison(rows: list[dict[str, Any]], against: list[dict[str, Any]], serve: list[dict[str, Any]],
                      tree: str | None) -> None:
     for b, r in zip(against, rows if against else [], strict=True):
+        if "error" in b:
+            print(f"  N={r['n']}: threads {r['controller_threads']}, CPU per host-sample "
+                  f"{r['controller_cpu_ms_per_sample']:.2f} ms; baseline ({tree}) failed: {b['error'][-300:]}")
+            continue
         mine, theirs = r["controller_cpu_ms_per_sample"], b["controller_cpu_ms_per_sample"]
         print(f"  N={r['n']}: threads {r['controller_threads']} vs {b['controller_threads']} ({tree}); "
               f"CPU per host-sample {mine:.2f} ms vs {theirs:.2f} ms ({theirs / mine:.2f}x less); "
@@ -424,7 +429,11 @@ def main() -> int:
                   f"{row['controller_cpu_pct_of_core']:.1f} % of a core, {row['controller_threads']} threads, "
                   f"{row['controller_cpu_ms_per_sample']:.2f} ms CPU per sample", flush=True)
             if args.against:
-                base = run_one(n, inv, args.seconds, netns, tree=Path(args.against))
+                try:
+                    base = run_one(n, inv, args.seconds, netns, tree=Path(args.against))
+                except RuntimeError as e:  # the baseline may not reach every host: said, not fatal
+                    print(f"  ... N={n} baseline {args.against} failed: {str(e)[-600:]}", flush=True)
+                    base = {"n": n, "error": str(e)[-2000:]}
                 against.append(base)
                 print(f"  ... N={n} baseline {args.against}: {base['controller_threads']} threads, "
                       f"{base['controller_cpu_ms_per_sample']:.2f} ms CPU per sample", flush=True)
