@@ -343,7 +343,11 @@ def print_models(m: dict[str, Any]) -> None:
 
 def print_comparison(rows: list[dict[str, Any]], against: list[dict[str, Any]], serve: list[dict[str, Any]],
                      tree: str | None) -> None:
-    for b, r in zip(against, rows if against else [], strict=True):
+    by_n = {b["n"]: b for b in against}
+    for r in rows:
+        b = by_n.get(r["n"])
+        if b is None:
+            continue
         if "error" in b:
             print(f"  N={r['n']}: threads {r['controller_threads']}, CPU per host-sample "
                   f"{r['controller_cpu_ms_per_sample']:.2f} ms; baseline ({tree}) failed: {b['error'][-300:]}")
