@@ -474,8 +474,9 @@ def _jobs(client: Any, args: argparse.Namespace) -> int:
     else:
         print(f"{'job':<34} {'user':<10} {'state':<10} {'restarts':<8} hosts")
         for v in views:
+            away = f"  ({', '.join(v.unreachable)} unreachable)" if v.unreachable else ""
             print(f"{v.job_id:<34} {v.user or '-':<10} {v.state:<10} {v.restarts:<8} "
-                  f"{','.join(n['host'] for n in v.placement)}")
+                  f"{','.join(n['host'] for n in v.placement)}{away}")
     return EXIT_OK
 
 

@@ -2,6 +2,12 @@
 
 It owns one transport per host, talks to hosts in parallel (one slow host never holds up the
 others beyond its own timeout), and turns what it learns into plain report objects.
+
+A dead host costs nothing: a host's link is made by one connect attempt at a time, on a
+thread of its own (``_Attempt``). A request waits for it only while it can still succeed soon:
+a host whose TCP connect has not been answered within ``CONNECT_WAIT_S`` is reported out of
+reach at once while the attempt goes on in the background; one whose attempt failed is reported
+out of reach, without being tried again, until its backoff has passed (``_Reach``).
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ from tui.model.inventory import HostSpec, Inventory
 from tui.remote.agentclient import AgentClient, TypedAgents
 from tui.remote.bundle import AgentBundle, build_agent
 from tui.remote.transport import (
+    Backoff,
     HostKeyChangedError,
     Transport,
     TransportError,
     UnknownHostKeyError,
+    UnreachableError,
     fingerprint,
     hostkey_name,
     last_json_object,
@@ -36,6 +44,14 @@ log = logging.getLogger(__name__)
 
 FACTS_SOURCE = (Path(__file__).resolve().parent.parent.parent / "agent" / "facts.py").read_text()
 COMMAND_TIMEOUT = 60.0
+# How long a request waits for a host's TCP connect to be answered. The kernel answers a SYN
+# whatever the host's load, so a LAN host that has not answered in a second is out of reach
+# (its link down, or the machine off); the attempt goes on to its connect timeout meanwhile.
+CONNECT_WAIT_S = 1.0
+# A host whose telemetry has gone quiet is asked with this timeout at most, not its usual one.
+QUIET_TIMEOUT_S = 1.0
+RETRY_FIRST_S = 1.0  # backoff after a failed connect attempt: doubling, with jitter, up to
+RETRY_MAX_S = 10.0  # this (a host that comes back is used again within this long)
 
 T = TypeVar("T")
 
@@ -140,6 +156,30 @@ def _parse_json_line(host: str, text: str, what: str) -> dict[str, Any]:
     return value
 
 
+class _Attempt:
+    """One connect attempt to a host: connect, check the agent, attach, hello. ``reached`` is
+    set once the host's TCP connect is answered (or the attempt ended)."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.reached = threading.Event()
+        self.done = threading.Event()
+        self.link: Any = None
+        self.error: BaseException | None = None
+
+
+@dataclass
+class _Reach:
+    """What this controller knows of reaching one host: its last failed attempt and when the
+    next may start."""
+
+    attempt: _Attempt | None = None
+    error: TransportError | None = None
+    down_since: float | None = None  # wall clock, for the message
+    retry_at: float = 0.0  # monotonic
+    backoff: Backoff = field(default_factory=lambda: Backoff(initial=RETRY_FIRST_S, maximum=RETRY_MAX_S))
+
+
 class Controller(TypedAgents):
     """Headless control of an inventory of hosts. ``agent(host)`` is a host's typed agent
     client and ``agents(hosts)`` several at once (``tui.remote.agentclient``); ``request`` and
@@ -163,6 +203,13 @@ class Controller(TypedAgents):
         self._pyz: dict[str, str | None] = {}
         self._host_locks: dict[str, threading.Lock] = {s.name: threading.Lock() for s in inventory.hosts}
         self._bundle_lock = threading.Lock()
+        self._reach: dict[str, _Reach] = {s.name: _Reach() for s in inventory.hosts}
+        self._reach_lock = threading.Lock()
+        self._closed = False
+        self.connect_wait = CONNECT_WAIT_S
+        # host -> why it is believed out of reach now (its telemetry went quiet), or None: set
+        # by whoever reads telemetry (the service, while its monitor runs).
+        self.quiet: Callable[[str], str | None] = lambda host: None
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -185,31 +232,114 @@ class Controller(TypedAgents):
         return t
 
     def close(self) -> None:
+        """Close every link and connection. A connect attempt still running is not waited for
+        (a host out of reach would hold this up to its connect timeout): it closes what it
+        makes once it ends."""
+        with self._reach_lock:
+            self._closed = True
+            connecting = {h for h, r in self._reach.items() if r.attempt is not None and not r.attempt.done.is_set()}
         for link in self._links.values():
             link.close()
         self._links.clear()
-        for t in self._transports.values():
-            t.close()
+        for name, t in self._transports.items():
+            if name not in connecting:
+                t.close()
         self._transports.clear()
 
     # -- agent requests (the CLI's and the job manager's path to the daemons) ----------------
 
     def _link(self, spec: HostSpec) -> Any:
+        """The host's agent link: the one made already, or one made now by a connect attempt
+        (started here unless one runs), waited for only while it can still succeed soon.
+        Raises UnreachableError at once for a host known to be out of reach."""
         link = self._links.get(spec.name)
         if link is not None:
             return link
-        t = self.transport(spec)
-        t.connect()
-        link, pyz = self._checked_attach(spec, t)
-        if link is None:
-            stream, pyz = self.open_agent_stream(spec, t)
-            link = self._greeted(spec, stream, "rigdeck")
-        if pyz is not None and (link.remote_hello or {}).get("agent_version") != self.bundle.version:
-            link = self._upgraded(spec, t, link, pyz)
-        self.configure_agent(spec, AgentClient.over(link))
-        self._links[spec.name] = link
-        self._pyz[spec.name] = pyz
-        return link
+        att = self._attempt(spec)
+        budget = self.connect_wait if not spec.proxy_jump else spec.connect_timeout * 4
+        if not att.reached.wait(max(0.0, att.started + budget - time.monotonic())):
+            raise UnreachableError(
+                spec.name, f"{spec.address}:{spec.port} did not answer within {budget:g}s "
+                f"(still trying, connect timeout {spec.connect_timeout:g}s)")
+        att.done.wait()  # bounded by the attempt's own timeouts (connect, hello, requests)
+        if att.error is not None:
+            raise att.error
+        return att.link
+
+    def _attempt(self, spec: HostSpec) -> _Attempt:
+        """The connect attempt running for ``spec``, else a new one, unless the last failed and
+        its backoff has not passed: then its error, at once (it names when it was down since)."""
+        with self._reach_lock:
+            r = self._reach[spec.name]
+            if r.attempt is not None and not r.attempt.done.is_set():
+                return r.attempt
+            if r.error is not None and time.monotonic() < r.retry_at:
+                since = time.strftime("%H:%M:%S", time.localtime(r.down_since or time.time()))
+                raise UnreachableError(spec.name, f"out of reach since {since} ({r.error.detail}); "
+                                       f"tried again in {r.retry_at - time.monotonic():.0f}s")
+            att = r.attempt = _Attempt()
+        threading.Thread(target=self._connect_link, args=(spec, att), name=f"connect-{spec.name}",
+                         daemon=True).start()
+        return att
+
+    def _connect_link(self, spec: HostSpec, att: _Attempt) -> None:
+        """One connect attempt (its own thread): the link is kept, or the failure recorded."""
+        t: Transport | None = None
+        try:
+            t = self.transport(spec)
+            t.on_reached = att.reached.set
+            with self._host_locks[spec.name]:  # never beside a request on the old link
+                t.connect()
+                att.reached.set()
+                link, pyz = self._checked_attach(spec, t)
+                if link is None:
+                    stream, pyz = self.open_agent_stream(spec, t)
+                    link = self._greeted(spec, stream, "rigdeck")
+                if pyz is not None and (link.remote_hello or {}).get("agent_version") != self.bundle.version:
+                    link = self._upgraded(spec, t, link, pyz)
+                self.configure_agent(spec, AgentClient.over(link))
+                self._links[spec.name] = link
+                self._pyz[spec.name] = pyz
+            att.link = link
+            self._reached(spec.name)
+            with self._reach_lock:
+                closed = self._closed
+            if closed:  # the controller closed meanwhile: nobody will use or close these
+                link.close()
+                t.close()
+        except BaseException as e:  # handed to whoever waits for the attempt
+            att.error = e
+            if isinstance(e, TransportError):
+                self._unreached(spec.name, e)
+            if self._closed and t is not None:
+                t.close()
+        finally:
+            att.reached.set()
+            att.done.set()
+
+    def _reached(self, host: str) -> None:
+        with self._reach_lock:
+            r = self._reach[host]
+            r.error, r.down_since, r.retry_at = None, None, 0.0
+            r.backoff.reset()
+
+    def _unreached(self, host: str, e: TransportError) -> None:
+        """Record a failure to reach ``host``: out of reach until its backoff passes. Only what
+        time may mend (no answer, a broken connection) is held; a host key or login refused is
+        tried again at the next request (the user may have fixed it meanwhile)."""
+        if e.kind not in ("unreachable", "timeout", "error"):
+            return
+        with self._reach_lock:
+            r = self._reach[host]
+            if r.error is None:
+                r.down_since = time.time()
+            r.error = e
+            r.retry_at = time.monotonic() + r.backoff.next_delay()
+
+    def unreachable(self) -> dict[str, str]:
+        """host -> why, for the hosts this controller now holds out of reach."""
+        with self._reach_lock:
+            return {h: r.error.detail for h, r in self._reach.items() if r.error is not None}
 
     def _checked_attach(self, spec: HostSpec, t: Transport) -> tuple[Any, str | None]:
         """One command on the host when the agent is installed there: the attach of this
@@ -264,8 +394,8 @@ class Controller(TypedAgents):
         exchange (code sync) that must not hold up the host's other requests. The caller closes
         it. The agent is checked (and deployed) through the host's first connection."""
         spec = self.inventory.get(host)
+        self._link(spec)
         with self._host_locks[host]:
-            self._link(spec)
             t = self.transport(spec)
             pyz = self._pyz.get(host)
         if getattr(spec, "attach_only", False) or pyz is None:
@@ -320,23 +450,30 @@ class Controller(TypedAgents):
         it through ``agent(host)``, whose methods name the RPCs and their parameters.
 
         Serialised per host; different hosts proceed in parallel. A broken connection is
-        dropped and tried once more, so a host that came back is used again at once.
+        dropped and tried once more, so a host that came back is used again at once. A host out
+        of reach answers at once (``_link``); one whose telemetry went quiet is given
+        ``QUIET_TIMEOUT_S`` and no second try.
         """
         from tui.remote.agentlink import AgentError
 
         spec = self.inventory.get(host)
-        with self._host_locks[host]:
-            for attempt in (0, 1):
+        quiet = self.quiet(host)
+        if quiet is not None:
+            timeout = min(timeout, QUIET_TIMEOUT_S)
+        for attempt in (0, 1):
+            link = self._link(spec)
+            with self._host_locks[host]:
                 try:
-                    return self._link(spec).request(method, timeout=timeout, **params)
+                    return link.request(method, timeout=timeout, **params)
                 except AgentError:
                     raise
-                except TransportError:
-                    link = self._links.pop(host, None)
-                    if link is not None:
-                        link.close()
+                except TransportError as e:
+                    if self._links.get(host) is link:
+                        del self._links[host]
+                    link.close()
                     self.transport(spec).close()
-                    if attempt == 1:
+                    if attempt == 1 or quiet is not None:
+                        self._unreached(host, e)
                         raise
         raise AssertionError("unreachable")
 
@@ -344,10 +481,9 @@ class Controller(TypedAgents):
         """The IP address this controller's own connection to ``host`` reached (connecting
         first when needed), or None: a local host, or one behind a ProxyJump."""
         spec = self.inventory.get(host)
+        self._link(spec)
         with self._host_locks[host]:
-            t = self.transport(spec)
-            t.connect()
-            return t.peer_address()
+            return self.transport(spec).peer_address()
 
     def request_many(
         self, hosts: Sequence[str], method: str, timeout: float = 30.0, **params: Any

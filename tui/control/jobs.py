@@ -1075,12 +1075,14 @@ class JobManager:
     def list(self, refresh: bool = True) -> list[JobView]:
         out = []
         for rec in self.history.list():
+            missing: builtins.list[str] = []
             if refresh and rec["state"] not in TERMINAL:
                 try:
-                    self.supervise_once(rec)
+                    missing = unreachable(self.supervise_once(rec))
                 except TransportError as e:
                     log.info("cannot refresh %s: %s", rec["job_id"], e)
-            out.append(self.view(rec["job_id"], live=False))
+            view = self.view(rec["job_id"], live=False)
+            out.append(dataclasses.replace(view, unreachable=tuple(missing)) if missing else view)
         return out
 
     def metrics(self, ref: str) -> builtins.list[dict[str, Any]]:  # (``list`` here is the method)
@@ -1088,7 +1090,11 @@ class JobManager:
         the new attempt's record of a (rank, step) replaces the earlier attempts' (events, which
         carry no step, are all kept)."""
         rec = self.record(ref)
-        return JobReader(self.ctl, rec["job_id"]).all_metrics(self.hosts_ever(rec), timeout=30)
+        reader = JobReader(self.ctl, rec["job_id"])
+        records = reader.all_metrics(self.hosts_ever(rec), timeout=30)
+        for host, why in reader.unreachable.items():
+            log.warning("%s unreachable: its metrics are not included (%s)", host, why)
+        return records
 
     def log_chunks(self, ref: str, rank: int | None = None, follow: bool = False, poll_s: float = 0.5,
                    binary: bool = False) -> Iterator[tuple[str, int, Any, bool]]:
@@ -1098,16 +1104,21 @@ class JobManager:
         rec = self.record(ref)
         job_id = rec["job_id"]
         reader = JobReader(self.ctl, job_id)
+        said: set[str] = set()
         while True:
             rec = self.record(job_id)
             ended = rec["state"] in TERMINAL
             got_any = False
-            for host in self.hosts_ever(rec):
-                try:
-                    st = reader.status(host)
-                except TransportError as e:
-                    log.info("logs from %s: %s", host, e)
+            hosts = self.hosts_ever(rec)
+            states = self.ctl.agents(hosts).job_status(job_id=job_id, timeout=20)  # at once
+            for host in hosts:
+                st = states[host]
+                if isinstance(st, TransportError):
+                    if host not in said:  # once a host, however long it is followed
+                        said.add(host)
+                        log.warning("%s unreachable: its logs are not included (%s)", host, st.detail)
                     continue
+                said.discard(host)
                 for r in log_ranks(st):
                     if rank is not None and r != rank:
                         continue

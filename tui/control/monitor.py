@@ -1,16 +1,25 @@
-"""Live telemetry from every host: one reader thread per host feeding ``ClusterState``.
+"""Live telemetry from every host into ``ClusterState``, on a fixed number of threads.
 
-A reader connects, makes sure the current agent is deployed, attaches to the host's daemon,
-subscribes, and folds every sample into the state. A host that goes quiet is marked stale after
-``stale_after`` seconds and down after its timeout; its reader then reconnects with backoff on
-its own. Readers never wait on each other.
+A host's session is made by one of ``SETUP_WORKERS`` setup threads: connect, make sure the
+current agent is deployed, attach to the host's daemon, subscribe. From then on its stream is
+read by the monitor's one reader thread, which waits on every host's stream at once (a
+selector over the SSH channels' file descriptors), folds each sample into the state, marks a
+host that goes quiet stale after ``stale_after`` seconds and down after its timeout, and has
+it connected again with backoff. No host waits on another: a setup that hangs holds one setup
+thread, and reading never blocks.
+
+What stays per host is paramiko's: each SSH connection has its own transport thread.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import selectors
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from tui.control.controller import Controller, host_key_info
@@ -27,6 +36,20 @@ from tui.remote.transport import (
 )
 
 log = logging.getLogger(__name__)
+
+SETUP_WORKERS = 8  # sessions being made at once (connect, deploy check, hello, subscribe)
+TICK_S = 0.2  # how often the reader looks for hosts gone quiet and sessions due
+
+
+@dataclass
+class _Live:
+    """A subscribed host: its link, read by the reader thread."""
+
+    spec: HostSpec
+    link: AgentLink
+    transport: Transport
+    subscribed_at: float
+    down_after: float
 
 
 class Monitor:
@@ -45,28 +68,44 @@ class Monitor:
         self.max_backoff = max_backoff
         inv = controller.inventory
         self.state = ClusterState([(s.name, s.address) for s in inv.hosts])
+        self._specs = {s.name: s for s in inv.hosts}
         self._stop = threading.Event()
-        self._kick: dict[str, threading.Event] = {s.name: threading.Event() for s in inv.hosts}
-        self._threads: dict[str, threading.Thread] = {}
-        self._transports: dict[str, Transport] = {}
+        self._lock = threading.Lock()  # guards what the setup threads hand to the reader
+        self._backoff = {s.name: Backoff(initial=0.5, maximum=max_backoff) for s in inv.hosts}
+        self._due: dict[str, float] = {}  # host -> when its next session may start (reader's)
+        self._setting_up: set[str] = set()
+        self._ready: list[_Live] = []  # sessions made, not yet read
+        self._retry: list[tuple[str, float]] = []  # setups that failed: when to try again
+        self._closed = False
+        self._kicked: set[str] = set()
+        self._live: dict[str, _Live] = {}  # the reader's own
+        self._sel = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._pool: ThreadPoolExecutor | None = None
+        self._thread: threading.Thread | None = None
         self.events_received = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     def start(self) -> Monitor:
-        for spec in self.controller.inventory.hosts:
-            t = threading.Thread(target=self._run_host, args=(spec,), name=f"reader-{spec.name}", daemon=True)
-            self._threads[spec.name] = t
-            t.start()
+        n = len(self._specs)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(SETUP_WORKERS, n)),
+                                        thread_name_prefix="monitor-setup")
+        now = time.monotonic()
+        self._due = {name: now for name in self._specs}
+        self._sel.register(self._wake_r, selectors.EVENT_READ, None)
+        self._thread = threading.Thread(target=self._run, name="monitor", daemon=True)
+        self._thread.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
-        for ev in self._kick.values():
-            ev.set()
-        deadline = time.monotonic() + timeout
-        for t in self._threads.values():
-            t.join(max(0.0, deadline - time.monotonic()))
+        self._wake()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def __enter__(self) -> Monitor:
         return self.start()
@@ -76,74 +115,191 @@ class Monitor:
 
     def reconnect(self, host: str) -> None:
         """Drop the host's connection and connect again now (the app's 'reconnect' action)."""
-        self._kick[host].set()
+        with self._lock:
+            self._kicked.add(host)
+        self._wake()
 
     def down_after(self, spec: HostSpec) -> float:
         return max(self.stale_after + 1.0, spec.connect_timeout)
 
-    # -- one host ----------------------------------------------------------------------------
-
-    def _on_event(self, host: str, msg: dict[str, Any]) -> None:
-        self.events_received += 1
-        if msg.get("event") == "telemetry" and isinstance(msg.get("data"), dict):
-            self.state.apply_sample(host, msg["data"])
-
-    def _run_host(self, spec: HostSpec) -> None:
-        backoff = Backoff(initial=0.5, maximum=self.max_backoff)
-        kick = self._kick[spec.name]
-        while not self._stop.is_set():
-            kick.clear()
+    def _wake(self) -> None:
+        with self._lock:
+            if self._closed:  # the pipe is gone: its descriptors may be someone else's now
+                return
             try:
-                self._session(spec, kick, backoff)
-            except TransportError as e:
-                self.state.set_status(spec.name, HostStatus.DOWN, e.detail, kind=e.kind,
-                                      host_key=host_key_info(e))
-                log.info("%s: %s", spec.name, e)
-            except Exception as e:  # a bug in one reader must not end it for good
-                log.exception("%s: reader failed", spec.name)
-                self.state.set_status(spec.name, HostStatus.DOWN, f"internal error: {e}")
-            finally:
-                t = self._transports.pop(spec.name, None)
-                if t is not None:
-                    t.close()
-            if self._stop.is_set():
-                break
-            if not kick.is_set():
-                kick.wait(backoff.next_delay())
+                os.write(self._wake_w, b"x")
+            except BlockingIOError:  # full: the reader wakes anyway
+                pass
 
-    def _session(self, spec: HostSpec, kick: threading.Event, backoff: Backoff) -> None:
+    # -- the reader thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self._take_handed()
+                self._start_due()
+                for key, _ in self._sel.select(TICK_S):
+                    if key.data is None:
+                        os.read(self._wake_r, 4096)
+                    else:
+                        self._read(key.data)
+                self._look_for_quiet()
+        except Exception:  # a bug here must be seen, not end telemetry silently
+            log.exception("monitor: reader failed")
+            raise
+        finally:
+            self._close_all()
+
+    def _take_handed(self) -> None:
+        """Register the sessions the setup threads made; drop the hosts asked to reconnect."""
+        with self._lock:
+            ready, self._ready = self._ready, []
+            kicked, self._kicked = self._kicked, set()
+            retry, self._retry = self._retry, []
+        for name, when in retry:
+            self._setting_up.discard(name)
+            self._due[name] = when
+        for live in ready:
+            name = live.spec.name
+            self._setting_up.discard(name)
+            self._live[name] = live
+            self._sel.register(live.link.stream.fileno(), selectors.EVENT_READ, name)
+        for name in kicked:
+            if name in self._live:
+                self._drop(name, None)
+            self._backoff[name].reset()
+            self._due[name] = time.monotonic()
+
+    def _start_due(self) -> None:
+        now = time.monotonic()
+        for name, when in list(self._due.items()):
+            if when <= now and name not in self._live and name not in self._setting_up:
+                del self._due[name]
+                self._setting_up.add(name)
+                assert self._pool is not None
+                self._pool.submit(self._setup, self._specs[name])
+
+    def _read(self, name: str) -> None:
+        live = self._live.get(name)
+        if live is None:
+            return
+        try:
+            live.link.drain()
+        except TransportError as e:
+            self._drop(name, e)
+        except Exception as e:  # a bug in one host's reading must not end the others'
+            log.exception("%s: reading telemetry failed", name)
+            self._drop(name, TransportError(name, f"internal error: {e}"))
+
+    def _look_for_quiet(self) -> None:
+        now = time.monotonic()
+        for name, live in list(self._live.items()):
+            h = self.state.get(name)
+            last = h.last_sample_at if h.last_sample_at and h.last_sample_at > live.subscribed_at \
+                else live.subscribed_at
+            age = now - last
+            if age > self.stale_after and h.status == HostStatus.UP:
+                self.state.set_status(name, HostStatus.STALE, f"no telemetry for {age:.1f}s")
+            if age > live.down_after:
+                self._drop(name, UnreachableError(
+                    name, f"no telemetry for {age:.0f}s (timeout {live.down_after:g}s)"))
+
+    def _drop(self, name: str, e: TransportError | None) -> None:
+        """Close the host's session; connect again after its backoff (at once when kicked)."""
+        live = self._live.pop(name)
+        try:
+            self._sel.unregister(live.link.stream.fileno())
+        except (KeyError, ValueError, OSError):
+            pass
+        live.link.close()
+        live.transport.close()
+        if e is None:
+            return
+        self._down(name, e)
+        self._due[name] = time.monotonic() + self._backoff[name].next_delay()
+
+    def _down(self, name: str, e: TransportError) -> None:
+        self.state.set_status(name, HostStatus.DOWN, e.detail, kind=e.kind, host_key=host_key_info(e))
+        log.info("%s: %s", name, e)
+
+    def _close_all(self) -> None:
+        for name in list(self._live):
+            self._drop(name, None)
+        with self._lock:
+            ready, self._ready = self._ready, []
+            self._closed = True
+        for live in ready:
+            live.link.close()
+            live.transport.close()
+        self._sel.close()
+        for fd in (self._wake_r, self._wake_w):
+            os.close(fd)
+
+    # -- a setup thread ----------------------------------------------------------------------
+
+    def _setup(self, spec: HostSpec) -> None:
+        """Make the host's session and hand it to the reader; on failure mark the host down and
+        have the reader try again after its backoff."""
+        transport: Transport | None = None
+        retry: float | None = 0.0
+        try:
+            transport = make_transport(self.controller.inventory, spec, accept_new=self.controller.accept_new)
+            live = self._session(spec, transport)
+            if live is not None:
+                with self._lock:
+                    if not self._stop.is_set():
+                        self._ready.append(live)
+                        transport = None  # the reader's now
+                        retry = None
+        except TransportError as e:
+            self._down(spec.name, e)
+            retry = self._backoff[spec.name].next_delay()
+        except Exception as e:  # a bug in one host's setup must not end it for good
+            log.exception("%s: telemetry setup failed", spec.name)
+            self.state.set_status(spec.name, HostStatus.DOWN, f"internal error: {e}")
+            retry = self._backoff[spec.name].next_delay()
+        finally:
+            if transport is not None:
+                transport.close()
+            self._handed_back(spec.name, retry)
+
+    def _handed_back(self, name: str, retry: float | None) -> None:
+        """A setup ended: a session for the reader (``retry`` None), or the next try's delay."""
+        if retry is not None:
+            with self._lock:
+                self._retry.append((name, time.monotonic() + retry))
+        self._wake()
+
+    def _session(self, spec: HostSpec, transport: Transport) -> _Live | None:
+        """Connect, attach, hello, (upgrade), subscribe. None: ask again at once (the agent was
+        upgraded and hands over to the new one)."""
         ctl = self.controller
         # Its own connection: requests on the controller's never wait behind this stream.
-        transport = make_transport(ctl.inventory, spec, accept_new=ctl.accept_new)
-        self._transports[spec.name] = transport
         transport.connect()
         stream, pyz = ctl.open_agent_stream(spec, transport)  # pyz None: an attach-only host
         link = AgentLink(spec.name, stream, on_event=lambda m: self._on_event(spec.name, m))
-        agent = AgentClient.over(link)
+        ok = False
         try:
+            agent = AgentClient.over(link)
             hello = link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck")
             upgrade = None
             if hello.get("agent_version") != ctl.bundle.version and pyz is not None:
                 # An older daemon is running. It hands over now if idle, else when its jobs end.
                 if agent.upgrade(path=pyz, timeout=spec.connect_timeout) == "now":
                     self.state.set_agent(spec.name, hello, upgrade_pending=ctl.bundle.version)
-                    kick.set()  # reconnect at once, to the new daemon
-                    return
+                    return None  # connect again at once, to the new daemon
                 upgrade = ctl.bundle.version
             self.state.set_agent(spec.name, hello, upgrade_pending=upgrade)
             ctl.configure_agent(spec, agent)
             agent.subscribe(rate_hz=self.rate_hz, timeout=spec.connect_timeout)
-            subscribed_at = time.monotonic()
-            backoff.reset()
-            down_after = self.down_after(spec)
-            while not self._stop.is_set() and not kick.is_set():
-                link.pump(0.2)
-                h = self.state.get(spec.name)
-                last = h.last_sample_at if h.last_sample_at and h.last_sample_at > subscribed_at else subscribed_at
-                age = time.monotonic() - last
-                if age > self.stale_after and h.status == HostStatus.UP:
-                    self.state.set_status(spec.name, HostStatus.STALE, f"no telemetry for {age:.1f}s")
-                if age > down_after:
-                    raise UnreachableError(spec.name, f"no telemetry for {age:.0f}s (timeout {down_after:g}s)")
+            self._backoff[spec.name].reset()
+            ok = True
+            return _Live(spec, link, transport, time.monotonic(), self.down_after(spec))
         finally:
-            link.close()
+            if not ok:
+                link.close()
+
+    def _on_event(self, host: str, msg: dict[str, Any]) -> None:
+        self.events_received += 1
+        if msg.get("event") == "telemetry" and isinstance(msg.get("data"), dict):
+            self.state.apply_sample(host, msg["data"])

@@ -125,6 +125,7 @@ class JobReader:
         self.joiner = LineJoiner(keep)
         self.metrics_offsets: dict[str, dict[str, int]] = {}  # host -> offset key -> byte offset
         self.sources: dict[tuple[str, str], str | None] = {}  # (host, part key) -> its source
+        self.unreachable: dict[str, str] = {}  # host -> why its metrics were not read, last call
 
     # -- hosts -------------------------------------------------------------------------------
 
@@ -165,6 +166,7 @@ class JobReader:
         unreachable one costs its own timeout, not the others'; it is logged and left for the
         next call."""
         hosts = list(dict.fromkeys(hosts))
+        self.unreachable = {}
         for host in hosts:  # made here, not on the workers
             self.metrics_offsets.setdefault(host, {})
         if len(hosts) <= 1:
@@ -185,6 +187,7 @@ class JobReader:
                                                             timeout=timeout)
             except TransportError as e:
                 log.info("metrics from %s: %s", host, e)
+                self.unreachable[host] = e.detail
                 break
             more = False
             for key, part in parts.items():

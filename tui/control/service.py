@@ -35,7 +35,7 @@ from tui.model.jobspec import JobSpec
 from tui.model.jobstate import TERMINAL
 from tui.model.pipelineview import PIPELINE_FINAL, PipelineDetail, PipelineRow
 from tui.model.promexport import cluster_exposition
-from tui.model.state import ClusterState
+from tui.model.state import ClusterState, HostStatus
 from tui.model.sweepview import SweepDetail, SweepRow
 from tui.model.usage import UsageReport, usage_report
 from tui.model.userconfig import NotifyConfig
@@ -47,6 +47,7 @@ def _user() -> str:
     return local_user() or "?"
 
 SWEEP_ROUND_S = 0.25  # the poller's interval while a sweep has trials to follow
+QUIET_STALE_S = 2.0  # a host stale this long (no telemetry for ~4.5 s) is asked briefly
 
 
 @dataclass(frozen=True)
@@ -236,6 +237,19 @@ class ControllerService:
                 out[node["host"]] = float(v)
         return out
 
+    def _quiet(self, host: str) -> str | None:
+        """Why telemetry says ``host`` is out of reach now, or None: its reader found it
+        unreachable, or it has sent nothing for ``QUIET_STALE_S`` past being marked stale."""
+        mon = self._monitor
+        h = mon.state.hosts.get(host) if mon is not None else None
+        if h is None:
+            return None
+        if h.status == HostStatus.DOWN and h.error_kind == "unreachable":
+            return h.reason or "down"
+        if h.status == HostStatus.STALE and time.monotonic() - h.status_since > QUIET_STALE_S:
+            return h.reason or "stale"
+        return None
+
     def _feed_sweeps(self, job_id: str, records: list[dict[str, Any]]) -> None:
         self.sweeps.feed(job_id, records)
 
@@ -251,6 +265,7 @@ class ControllerService:
         self._started = True
         if telemetry:
             self.monitor.start()
+            self.ctl.quiet = self._quiet  # requests learn from telemetry which hosts went quiet
         if jobs:
             self.watch.start()
         return self

@@ -1,7 +1,8 @@
 """The controller's end of one agent connection: JSON lines over a transport stream.
 
-Single-threaded by design: the host's reader thread both issues requests and receives events;
-anything that arrives while it waits for a response goes to ``on_event``.
+Single-threaded by design: whoever holds the link both issues requests and receives events;
+anything that arrives while it waits for a response goes to ``on_event``. ``drain`` delivers
+what has arrived without waiting, for a reader that waits on many links at once (the monitor).
 """
 
 from __future__ import annotations
@@ -51,6 +52,30 @@ class AgentLink:
     def send(self, msg: dict[str, Any]) -> None:
         self.stream.send(protocol.encode(msg))
 
+    def _feed(self, data: bytes) -> None:
+        for line, err in self.splitter.feed(data):
+            if err is not None or line is None:
+                self.bad_messages += 1
+                continue
+            try:
+                self._pending.append(protocol.decode(line))
+            except protocol.ProtocolError:
+                self.bad_messages += 1  # a garbled line costs that line only
+
+    def drain(self) -> int:
+        """Deliver what has arrived, without waiting (a selector found the stream readable);
+        returns how many messages. Raises TransportError when the agent closed the stream."""
+        data = self.stream.recv(0.0)
+        if data == b"":
+            raise TransportError(self.host, "the agent closed the connection")
+        if data:
+            self._feed(data)
+        n = 0
+        while self._pending:
+            self._dispatch(self._pending.pop(0))
+            n += 1
+        return n
+
     def recv(self, timeout: float) -> dict[str, Any] | None:
         """The next decoded message, or None when none came within ``timeout``."""
         deadline = time.monotonic() + timeout
@@ -63,14 +88,7 @@ class AgentLink:
                 return None
             if data == b"":
                 raise TransportError(self.host, "the agent closed the connection")
-            for line, err in self.splitter.feed(data):
-                if err is not None or line is None:
-                    self.bad_messages += 1
-                    continue
-                try:
-                    self._pending.append(protocol.decode(line))
-                except protocol.ProtocolError:
-                    self.bad_messages += 1  # a garbled line costs that line only
+            self._feed(data)
         return self._pending.pop(0)
 
     def handshake(self, timeout: float, **fields: Any) -> dict[str, Any]:

@@ -35,6 +35,8 @@ from tui.remote.sshconfig import jump_chain
 
 log = logging.getLogger(__name__)
 
+IDLE_CHECK_S = 1.0  # how often a connection's paramiko thread wakes when nothing arrives
+
 
 # ---------------------------------------------------------------------------------------------
 # Errors a user can cause or must act on. Each names the host.
@@ -279,6 +281,10 @@ class Stream(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
+    @abstractmethod
+    def fileno(self) -> int:
+        """A descriptor that is readable while output waits to be read (for a selector)."""
+
 
 class ChannelStream(Stream):
     def __init__(self, host: str, chan: paramiko.Channel):
@@ -304,6 +310,9 @@ class ChannelStream(Stream):
     def close(self) -> None:
         self.chan.close()
 
+    def fileno(self) -> int:
+        return self.chan.fileno()  # paramiko's pipe, set while the channel holds data
+
 
 class PipeStream(Stream):
     def __init__(self, host: str, proc: subprocess.Popen[bytes]):
@@ -326,6 +335,10 @@ class PipeStream(Stream):
             return None
         return os.read(fd, 65536)
 
+    def fileno(self) -> int:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.fileno()
+
     def close(self) -> None:
         for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
             if f is not None:
@@ -346,6 +359,13 @@ class Transport(ABC):
     def __init__(self, spec: HostSpec):
         self.spec = spec
         self.name = spec.name
+        # Called once the host's TCP connect is answered, before the SSH handshake: whoever
+        # waits for the connection can tell a host out of reach from one slow to log in to.
+        self.on_reached: Callable[[], None] | None = None
+
+    def _reached(self) -> None:
+        if self.on_reached is not None:
+            self.on_reached()
 
     @abstractmethod
     def connect(self) -> None: ...
@@ -620,8 +640,13 @@ class SSHTransport(Transport):
         if unlocked:
             self._worked[spec.name] = unlocked[0][0]
         transport = client.get_transport()
-        if transport is not None and spec.keepalive > 0:
-            transport.set_keepalive(max(1, int(spec.keepalive)))
+        if transport is not None:
+            # paramiko's transport thread wakes at each timeout of its socket to see whether it
+            # was closed: ten times a second by default, for every host, idle or not. Once
+            # connected, once a second does (a keepalive is sent from the same check).
+            transport.sock.settimeout(IDLE_CHECK_S)
+            if spec.keepalive > 0:
+                transport.set_keepalive(max(1, int(spec.keepalive)))
         return client
 
     def connect(self) -> None:
@@ -642,12 +667,15 @@ class SSHTransport(Transport):
                     asked.add(e.key_file)
 
     def _connect_chain(self) -> None:
-        sock = None
         hops = [*self.jumps, self.spec]
         clients: list[paramiko.SSHClient] = []
+        sock: Any = None
         try:
+            sock = self._tcp(hops[0], self.name if len(hops) == 1 else f"{self.name} (via jump {hops[0].name})")
             for i, hop in enumerate(hops):
                 label = self.name if hop is self.spec else f"{self.name} (via jump {hop.name})"
+                if hop is self.spec:
+                    self._reached()
                 client = self._open(hop, sock, label)
                 clients.append(client)
                 if i + 1 < len(hops):
@@ -656,9 +684,24 @@ class SSHTransport(Transport):
         except BaseException:
             for c in clients:
                 c.close()
+            if sock is not None:
+                sock.close()
             raise
         self._jump_clients = clients[:-1]
         self._client = clients[-1]
+
+    @staticmethod
+    def _tcp(hop: HostSpec, label: str) -> socket.socket:
+        """The TCP connection to the first hop (made here, not by paramiko, so that its answer
+        is seen apart from the SSH handshake)."""
+        timeout = hop.connect_timeout
+        try:
+            return socket.create_connection((hop.address, hop.port), timeout=timeout)
+        except TimeoutError as e:
+            raise UnreachableError(
+                label, f"{hop.address}:{hop.port} did not answer within {timeout:g}s ({e})") from None
+        except OSError as e:
+            raise UnreachableError(label, f"cannot connect to {hop.address}:{hop.port}: {e}") from None
 
     def _direct_tcpip(self, client: paramiko.SSHClient, nxt: HostSpec, label: str) -> paramiko.Channel:
         transport = client.get_transport()
@@ -844,6 +887,7 @@ class LocalTransport(Transport):
 
     def connect(self) -> None:
         self._open = True
+        self._reached()
 
     def close(self) -> None:
         self._open = False

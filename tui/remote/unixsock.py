@@ -40,6 +40,9 @@ class SocketStream(Stream):
         except OSError:
             pass
 
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
 
 class UnixSocketTransport:
     """What ``RemoteClient`` needs of a transport, for a local socket path."""
