@@ -19,7 +19,8 @@ import pytest
 
 from tests.test_jobs import ROOT, TICKER, Cli, wait_until
 
-pytestmark = pytest.mark.testbed
+# quiet: it holds each command to 2 s, a figure another test loading both cores would move
+pytestmark = [pytest.mark.testbed, pytest.mark.quiet]
 
 N = int(os.environ.get("RIGDECK_DEADHOSTS_N", "32"))
 BUDGET_S = 2.0
