@@ -893,8 +893,10 @@ def usage_records() -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
         for i, (start, end, gpus) in enumerate(attempts):
             events.append({"event": "started", "time": start, "gpus": gpus})
-            if i < len(attempts) - 1:
-                events.append({"event": "preempted" if preempted else "restart", "time": end})
+            if i < len(attempts) - 1 and preempted:  # asked to stop, then its gang stopped and requeued
+                events += [{"event": "preempted", "time": end}, {"event": "requeued", "time": end}]
+            elif i < len(attempts) - 1:
+                events.append({"event": "restart", "time": end})
         ended = attempts[-1][1] if state != "running" else None
         return {"job_id": job_id, "name": job_id, "user": user, "state": state, "created": attempts[0][0],
                 "ended": ended, "events": events, "placement": []}
