@@ -244,10 +244,12 @@ def test_start_status_logs_stop(
         assert now.running and now.listening and now.pid == st.pid and now.since
         sid = bed.exec(1, ["ps", "-o", "sid=", "-p", str(now.pid)]).stdout.strip()
         assert sid == str(now.pid)  # setsid: the leader of its own session
-        # rigdeck attach, on h1, through the socket: byte for byte.
+        # rigdeck attach, on h1, through the socket: byte for byte, after its own first line
+        # naming the person (none: the server account's own login, not a forced command).
         echo = on_h1(bed, f"{VENV}/bin/rigdeck", "attach", "--state-dir", SERVER_DIR,
                      input='{"id": 1, "x": "\\u00e9"}\n')
-        assert echo.returncode == 0 and echo.stdout == '{"id": 1, "x": "\\u00e9"}\n', echo.stderr
+        assert echo.returncode == 0, echo.stderr
+        assert echo.stdout == '{"identity": {"user": null}}\n{"id": 1, "x": "\\u00e9"}\n', echo.stdout
         # The CLI's status, both ways.
         assert rigdeck_main(["server", "status", "--json", "-i", str(inv_path)]) == 0
         shown = json.loads(capsys.readouterr().out)

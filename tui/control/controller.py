@@ -160,7 +160,8 @@ class _Attempt:
     """One connect attempt to a host: connect, check the agent, attach, hello. ``reached`` is
     set once the host's TCP connect is answered (or the attempt ended)."""
 
-    def __init__(self) -> None:
+    def __init__(self, closes: int) -> None:
+        self.closes = closes  # the controller's close() count when it began
         self.started = time.monotonic()
         self.reached = threading.Event()
         self.done = threading.Event()
@@ -205,7 +206,7 @@ class Controller(TypedAgents):
         self._bundle_lock = threading.Lock()
         self._reach: dict[str, _Reach] = {s.name: _Reach() for s in inventory.hosts}
         self._reach_lock = threading.Lock()
-        self._closed = False
+        self._closes = 0  # close() calls: an attempt begun before the last one keeps nothing
         self.connect_wait = CONNECT_WAIT_S
         # host -> why it is believed out of reach now (its telemetry went quiet), or None: set
         # by whoever reads telemetry (the service, while its monitor runs).
@@ -236,7 +237,7 @@ class Controller(TypedAgents):
         (a host out of reach would hold this up to its connect timeout): it closes what it
         makes once it ends."""
         with self._reach_lock:
-            self._closed = True
+            self._closes += 1
             connecting = {h for h, r in self._reach.items() if r.attempt is not None and not r.attempt.done.is_set()}
         for link in self._links.values():
             link.close()
@@ -277,7 +278,7 @@ class Controller(TypedAgents):
                 since = time.strftime("%H:%M:%S", time.localtime(r.down_since or time.time()))
                 raise UnreachableError(spec.name, f"out of reach since {since} ({r.error.detail}); "
                                        f"tried again in {r.retry_at - time.monotonic():.0f}s")
-            att = r.attempt = _Attempt()
+            att = r.attempt = _Attempt(self._closes)
         threading.Thread(target=self._connect_link, args=(spec, att), name=f"connect-{spec.name}",
                          daemon=True).start()
         return att
@@ -303,15 +304,17 @@ class Controller(TypedAgents):
             att.link = link
             self._reached(spec.name)
             with self._reach_lock:
-                closed = self._closed
-            if closed:  # the controller closed meanwhile: nobody will use or close these
-                link.close()
+                closed = self._closes != att.closes
+                if closed and self._links.get(spec.name) is link:
+                    del self._links[spec.name]
+            if closed:  # the controller closed meanwhile: nobody will use or close these (a
+                link.close()  # later request, after the close, makes its own attempt)
                 t.close()
         except BaseException as e:  # handed to whoever waits for the attempt
             att.error = e
             if isinstance(e, TransportError):
                 self._unreached(spec.name, e)
-            if self._closed and t is not None:
+            if self._closes != att.closes and t is not None:
                 t.close()
         finally:
             att.reached.set()
