@@ -590,7 +590,8 @@ class ProcessTable:
 
     An environment does not change after exec, so each is read once; a process that appeared
     after the first scan is read once more on the next one, because the first read can catch a
-    child between fork and exec, still carrying its parent's environment. Environments are read
+    child between fork and exec, still carrying its parent's environment; so is one whose
+    environment read empty (caught inside its exec, before the new one is set). Environments are read
     only for processes of this agent's own user. A pid reused between two scans is told apart
     by the inode of its /proc directory.
     """
@@ -618,9 +619,13 @@ class ProcessTable:
         own = st.st_uid == self._uid
         if own:
             try:
-                env = parse_environ(_read_bytes(path + "/environ"))
+                raw = _read_bytes(path + "/environ")
             except OSError:
-                pass
+                raw = b"-"
+            env = parse_environ(raw)
+            # An empty environment is a process inside its exec (the new one is not readable
+            # yet), even at the first scan: read it once more at the next.
+            fresh = fresh or not raw
         return _Proc(pid, st.st_ino, st.st_uid, env, own and fresh)
 
     def _put(self, p: _Proc) -> None:

@@ -2,7 +2,8 @@
 
 Tests that share a bed (the session's ``testbed``, a module's ``served`` or ``bed``) must each
 begin where the first began: no process of any job alive on a host, no GPU claim held, every
-link up, no rate limit and no firewall rule left. ``leftovers`` reads that from this machine's
+link up, no rate limit and no firewall rule left, and no agent daemon without the host's
+simulated GPUs. ``leftovers`` reads that from this machine's
 side (every bed host's processes are visible from the root PID namespace, and its claims through
 ``/proc/<init>/root``), so it costs a scan of ``/proc`` and a few ``ip``/``tc`` calls, not a round
 trip over SSH. ``clean`` takes away what it found: the processes killed (the kernel then frees
@@ -28,6 +29,7 @@ from tests.testbed import TestBed, TestHost
 CLAIMS = "dev/shm/rigdeck-gpu-claims"  # agent/claims.py DEFAULT_DIR, under the host's root
 JOB_TAG = b"RIGDECK_JOB_ID="
 SIM_TAG = b"RIGDECK_SIM_GPU="
+SIM_COUNT = b"RIGDECK_SIM_GPUS="
 
 
 def _ns(pid: int | str) -> str | None:
@@ -72,6 +74,44 @@ def job_processes(bed: TestBed) -> dict[str, list[tuple[int, str, str]]]:
         if tag is not None:
             out.setdefault(host.name, []).append((int(pid), tag, cmd[:160]))
     return out
+
+
+def misconfigured_daemons(bed: TestBed) -> dict[str, list[tuple[int, str]]]:
+    """host name -> [(pid, what is wrong)] for every agent daemon on the bed that does not show
+    the host's simulated GPUs. A daemon lives on after the test that started it and serves every
+    later controller; one started without ``RIGDECK_SIM_GPUS`` (an inventory written without the
+    bed's ``sim_gpus``, as onboarding writes) leaves the host with no GPUs for the rest of the run."""
+    hosts = {_ns(h.init_pid): h for h in bed.hosts if h.init_pid and h.sim_gpus > 0}
+    hosts.pop(None, None)
+    out: dict[str, list[tuple[int, str]]] = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        host = hosts.get(_ns(pid))
+        if host is None:
+            continue
+        argv = _cmdline(pid).split()
+        if "daemon" not in argv or "--state-dir" not in argv:
+            continue
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        want = SIM_COUNT + str(host.sim_gpus).encode()
+        if want not in env:
+            got = next((v.decode(errors="replace") for v in env if v.startswith(SIM_COUNT)), "no RIGDECK_SIM_GPUS")
+            out.setdefault(host.name, []).append((int(pid), f"{got}, not {host.sim_gpus} simulated GPUs"))
+    return out
+
+
+def stop_misconfigured_daemons(bed: TestBed) -> None:
+    """Stop the daemons ``misconfigured_daemons`` names (the next controller starts a right one)."""
+    for found in misconfigured_daemons(bed).values():
+        for pid, _ in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 def claims_held(host: TestHost) -> dict[int, str]:
@@ -138,9 +178,12 @@ def leftovers(bed: TestBed) -> list[str]:
     """Every leftover on the bed's hosts, one line each (empty: the bed is clean)."""
     lines = []
     procs = job_processes(bed)
+    daemons = misconfigured_daemons(bed)
     for host in bed.hosts:
         for pid, job, cmd in procs.get(host.name, []):
             lines.append(f"{host.name}: process {pid} of job {job}: {cmd}")
+        for pid, why in daemons.get(host.name, []):
+            lines.append(f"{host.name}: agent daemon {pid} with {why}")
         for gpu, job in sorted(claims_held(host).items()):
             lines.append(f"{host.name}: GPU {gpu} claimed by job {job}")
         lines += [f"{host.name}: {what}" for what in _links(bed, host)]
@@ -166,6 +209,7 @@ def clean(bed: TestBed, timeout: float = 15.0) -> list[str]:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+        stop_misconfigured_daemons(bed)
         time.sleep(0.3)
         left = leftovers(bed)
         if not left or time.monotonic() >= deadline:

@@ -28,6 +28,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import DataTable
 
+from tests import bedclean
 from tests.testbed import TestBed
 from tui.app.screens.dialogs import TrustHostKey
 from tui.app.screens.onboarding import OnboardingScreen, PassphraseDialog
@@ -103,6 +104,9 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, testbed: TestBed) -> I
     yield h
     set_passphrase_prompt(None)
     forget_passphrases()
+    # Hosts onboarded here have no `sim_gpus` (as a user adds them): a check that started the
+    # daemon of one of the bed's hosts started it without the bed's simulated GPUs.
+    bedclean.stop_misconfigured_daemons(testbed)
 
 
 def inventory_file(home: Path) -> Path:

@@ -76,6 +76,11 @@ def spawn() -> Iterator[Any]:
         kwargs: dict[str, Any] = {"user": user} if user is not None else {}
         p = subprocess.Popen(argv, env=_clean_env(**env), **kwargs)
         children.append(p)
+        # Popen returns once the exec has begun; the child's new environment is readable a
+        # moment later. A one-shot sample must find it whole.
+        deadline = time.monotonic() + 10
+        while not Path(f"/proc/{p.pid}/environ").read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.001)
         return p
 
     yield start
@@ -960,3 +965,21 @@ def test_smoke_under_python_3_9() -> None:
     if d["gpu_source"] == "simulated":
         assert [g["simulated"] for g in d["gpus"]] == [True, True]
         assert d["simulated"] is True
+
+
+def test_a_process_caught_inside_its_exec_is_read_again_even_at_the_first_scan(tmp_path: Path) -> None:
+    """An environment read empty is a process whose exec has not yet set the new one: it is read
+    once more at the next scan. One read whole at the first scan is past its exec: read once."""
+    proc = tmp_path / "proc"
+    for pid, environ in ((101, b""), (102, b"PATH=/bin\0")):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "environ").write_bytes(environ)
+    table = telemetry.ProcessTable(str(proc))
+    assert table.rescan(0.0, force=True) and table.tagged() == []
+    (proc / "101" / "environ").write_bytes(b"PATH=/bin\0RIGDECK_JOB_ID=j1\0RIGDECK_RANK=0\0")
+    (proc / "102" / "environ").write_bytes(b"RIGDECK_JOB_ID=j2\0")  # not a real change: never read
+    table.rescan(10.0, force=True)
+    assert [(p.pid, p.env) for p in table.tagged()] == [(101, {"RIGDECK_JOB_ID": "j1", "RIGDECK_RANK": "0"})]
+    (proc / "101" / "environ").write_bytes(b"")
+    table.rescan(20.0, force=True)
+    assert [p.pid for p in table.tagged()] == [101]  # read twice at most
