@@ -101,6 +101,16 @@ def test_decayed_usage_halves_with_each_half_life() -> None:
     assert fresh == pytest.approx(1 / (2 * math.log(2)))  # the integral of 2^(-t/h) over one h
 
 
+def test_the_projected_usage_is_one_half_life_ahead_with_the_gpus_held_now() -> None:
+    h = 3600.0
+    past = fs.decayed_gpu_hours([(NOW - 7200, NOW - 3600, 1)], NOW, h)
+    assert fs.projected_gpu_hours(past, 0, h) == pytest.approx(
+        fs.decayed_gpu_hours([(NOW - 7200, NOW - 3600, 1)], NOW + h, h))  # nothing held: it decays
+    # one GPU held from now on: exactly what an hour of it adds by then
+    assert fs.projected_gpu_hours(0.0, 1, h) == pytest.approx(fs.decayed_gpu_hours([(NOW, NOW + h, 1)], NOW + h, h))
+    assert fs.projected_gpu_hours(past, 3, h) == pytest.approx(past / 2 + 3 * fs.projected_gpu_hours(0.0, 1, h))
+
+
 def test_the_factor_is_two_to_the_minus_usage_over_share() -> None:
     p = fs.QueuePolicy(share_of={"alice": 2})
     sh = fs.shares(p, ["alice", "bob", "carol"], {"alice": 50.0, "bob": 50.0, "carol": 0.0})
@@ -324,3 +334,31 @@ def test_a_running_job_of_higher_spec_priority_is_never_preempted(tmp_path: Path
     _job(h, "urgent", "alice", 1, priority=10)
     jm = _Manager(h, {0: "high", 1: "high", 2: "high", 3: "high"})
     assert JobQueue(jm, fs.QueuePolicy()).advance() == [] and jm.stopped == []  # type: ignore[arg-type]
+
+
+def test_one_round_that_frees_several_gpus_shares_them_as_it_grants_them(tmp_path: Path) -> None:
+    """Four GPUs free at once, alice's four jobs first in line, bob's two after, equal shares and
+    no past use: each GPU granted counts at once, so the round alternates between them rather
+    than giving alice all four (she was ahead only until the first was hers)."""
+    from tui.control.history import History
+    from tui.control.queue import JobQueue
+
+    h = History(tmp_path / "h.sqlite")
+    for job_id, user in (("a1", "alice"), ("a2", "alice"), ("a3", "alice"), ("a4", "alice"),
+                         ("b1", "bob"), ("b2", "bob")):
+        _job(h, job_id, user, 1)
+
+    class Claiming(_Manager):
+        def launch(self, spec: Any, *, job_id: str, capacity: Any = None, **_: Any) -> None:
+            super().launch(spec, job_id=job_id)
+            self.claims[min(set(range(4)) - set(self.claims))] = job_id
+            self.history.update(job_id, state="running")
+
+    jm = Claiming(h, {})
+    q = JobQueue(jm, fs.QueuePolicy(half_life_s=3600))  # type: ignore[arg-type]
+    assert q.advance() == ["a1", "b1", "a2", "b2"]
+    assert [e.job_id for e in q.entries()] == ["a3", "a4"]
+    fifo = Claiming(History(tmp_path / "f.sqlite"), {})
+    for job_id, user in (("a1", "alice"), ("a2", "alice"), ("a3", "alice"), ("a4", "alice"), ("b1", "bob")):
+        _job(fifo.history, job_id, user, 1)
+    assert JobQueue(fifo, fs.QueuePolicy(order="fifo")).advance() == ["a1", "a2", "a3", "a4"]  # type: ignore[arg-type]

@@ -39,12 +39,14 @@ from tui.model.fairshare import (
     job_user,
     preempt_pending,
     preemptible,
+    projected_gpu_hours,
     quota_block,
     run_intervals,
     shares,
 )
 from tui.model.identity import local_user
 from tui.model.jobspec import JobSpec
+from tui.model.jobstate import TERMINAL
 from tui.model.scheduler import HostCapacity, PlacementError, Scheduler
 from tui.remote.transport import TransportError
 
@@ -77,6 +79,8 @@ class _Line:
     recent: list[dict[str, Any]]
     shares: Shares
     now: float
+    used: dict[str, float] = dataclasses.field(default_factory=dict)  # user -> decayed GPU-hours
+    held: dict[str, int] = dataclasses.field(default_factory=dict)  # user -> GPUs held (or starting) now
 
 
 def _free_of_others(capacity: list[HostCapacity]) -> list[HostCapacity]:
@@ -101,14 +105,22 @@ class JobQueue:
         recent = self.history.recent(now - max(WEEK_S, 5 * self.policy.half_life_s))
         line = _Line(queued, recent, Shares({}, {}, {}), now)
         if self.policy.fair:
-            usage: dict[str, float] = {}
             for r in recent:
                 u = job_user(r)
-                usage[u] = usage.get(u, 0.0) + decayed_gpu_hours(run_intervals(r, now), now,
-                                                                 self.policy.half_life_s)
-            line.shares = shares(self.policy, usage.keys() | {job_user(r) for r in queued}, usage)
-            queued.sort(key=self._key(line.shares))
+                line.used[u] = line.used.get(u, 0.0) + decayed_gpu_hours(run_intervals(r, now), now,
+                                                                         self.policy.half_life_s)
+                if r.get("state") not in TERMINAL and r.get("state") != "queued":
+                    line.held[u] = line.held.get(u, 0) + job_gpus(r.get("spec") or {})
+            self._order(line)
         return line
+
+    def _order(self, line: _Line, start: int = 0) -> None:
+        """Sort ``line.queued[start:]`` by fair share, from its usage and held GPUs."""
+        half = self.policy.half_life_s
+        usage = {u: projected_gpu_hours(line.used.get(u, 0.0), line.held.get(u, 0), half)
+                 for u in line.used.keys() | line.held.keys()}
+        line.shares = shares(self.policy, usage.keys() | {job_user(r) for r in line.queued}, usage)
+        line.queued[start:] = sorted(line.queued[start:], key=self._key(line.shares))
 
     def _key(self, sh: Shares) -> Any:
         def key(rec: dict[str, Any]) -> tuple[Any, ...]:
@@ -217,7 +229,10 @@ class JobQueue:
             line = self.line()  # a preempted job is back in line, its GPUs free
         started: list[str] = []
         blocked_by: str | None = None
-        for rec in line.queued:
+        i = -1
+        while i + 1 < len(line.queued):
+            i += 1
+            rec = line.queued[i]
             job_id = rec["job_id"]
             if blocked_by is not None:
                 self._wait(rec, f"behind job {blocked_by}")
@@ -244,6 +259,10 @@ class JobQueue:
             if self._start(rec, spec, capacity):
                 started.append(job_id)
                 line.recent.append(self.history.get(job_id) or rec)  # counts for the quotas at once
+                if self.policy.fair:  # and for fair share: the rest of the line is ordered again
+                    user = job_user(rec)
+                    line.held[user] = line.held.get(user, 0) + job_gpus(rec["spec"])
+                    self._order(line, i + 1)
             elif (self.history.get(job_id) or {}).get("state") == "queued":
                 blocked_by = job_id
         return started

@@ -20,11 +20,15 @@ server's, or the user's own embedded; docs/server.md)::
     gpus = 4                 # GPUs held at once
     gpu_hours = 500          # GPU-hours per rolling week (7 days)
 
-Fair share follows Slurm's classic factor ``F = 2^(-U/S)``: ``U`` is the user's decayed usage
-as a fraction of everyone's, ``S`` the user's normalized share (a group member's: the group's
-share among the top-level accounts times the member's share within the group). Like Slurm's
-fair tree, the queue orders by the top-level account's factor first (a group, or a user in no
-group), then by the user's own.
+Fair share follows Slurm's classic factor ``F = 2^(-U/S)``: ``U`` is the user's usage as a
+fraction of everyone's, ``S`` the user's normalized share (a group member's: the group's share
+among the top-level accounts times the member's share within the group). Like Slurm's fair
+tree, the queue orders by the top-level account's factor first (a group, or a user in no group),
+then by the user's own. The usage is the decayed GPU-hours *projected one half-life ahead* with
+the GPUs each user holds now (``projected_gpu_hours``): Slurm recomputes its factors every few
+minutes for jobs of hours, but here one round may start a dozen 20-second jobs, and ordering
+them by past use alone gives every freed GPU to whoever was behind before any of them counted,
+and the shares swing round by round (bench/fairshare.py measures them).
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ __all__ = [
     "parse_policy",
     "preempt_pending",
     "preemptible",
+    "projected_gpu_hours",
     "quota_block",
     "run_intervals",
     "shares",
@@ -275,6 +280,15 @@ def decayed_gpu_hours(intervals: Iterable[tuple[float, float, int]], now: float,
         if e > s:
             total += g * (math.exp(-k * (now - e)) - math.exp(-k * (now - s))) / k
     return total / 3600.0
+
+
+def projected_gpu_hours(decayed: float, held_gpus: int, half_life_s: float) -> float:
+    """The decayed usage one half-life from now if the GPUs held now stay held: today's
+    ``decayed`` halved, plus what ``held_gpus`` add meanwhile (each ``H / (2 ln 2)`` seconds once
+    decayed). What fair share orders by: a GPU granted counts at once, not as its use accrues, so a
+    round that frees several GPUs does not hand them all to the owner who was behind a moment ago
+    (they were behind only until those GPUs were theirs)."""
+    return decayed / 2.0 + held_gpus * half_life_s / (2.0 * math.log(2)) / 3600.0
 
 
 def week_gpu_hours(intervals: Iterable[tuple[float, float, int]], now: float, at: float | None = None) -> float:
