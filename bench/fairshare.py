@@ -87,6 +87,7 @@ class Side:
         self.bed = bed
         self.n = 0
         self.lock = threading.Lock()
+        self.backlog_min: dict[str, int] = {}
 
     def spec(self, user: str, gpus: int = 1, priority: int = 0, hosts: str = "") -> Any:
         with self.lock:
@@ -126,6 +127,7 @@ class Side:
         t0 = time.time()
         threads = [threading.Thread(target=self.stream, args=("carol", stop, a.flood), daemon=True)]
         threads += [threading.Thread(target=self.stream, args=(u, stop), daemon=True) for u in ("alice", "bob")]
+        threads.append(threading.Thread(target=self.watch_backlog, args=(stop, t0 + a.warmup), daemon=True))
         for t in threads:
             t.start()
             time.sleep(0.5)  # carol's flood is first in line
@@ -138,9 +140,19 @@ class Side:
             t.join(timeout=120)
         victims = self.victims(urgent["job_id"])
         out = {"shares": self.shares(t0 + a.warmup, t_end), "urgent": urgent, "victims": victims,
-               "jobs": len(self.history.list(limit=10000)), "span_s": round(t_end - t0, 1)}
+               "jobs": len(self.history.list(limit=10000)), "span_s": round(t_end - t0, 1),
+               "backlog_min": self.backlog_min}
         self.close()
         return out
+
+    def watch_backlog(self, stop: threading.Event, lo: float) -> None:
+        """The fewest jobs each user had waiting, every 2 s from ``lo`` on: a share is only
+        judged fairly while its owner always had a job waiting."""
+        while not stop.wait(2.0):
+            if time.time() >= lo:
+                for u in SHARES:
+                    n = self.waiting(u)
+                    self.backlog_min[u] = min(self.backlog_min.get(u, n), n)
 
     def urgent(self) -> dict[str, Any]:
         """dave's 4-GPU job at priority 100 on the first host: its wait to start, and what it preempted."""
@@ -228,6 +240,7 @@ def report(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     ratio = f"{wr / wb:.2f}x" if wr is not None and wb else "n/a"
     print(f"high-priority job's wait: rigdeck {wr} s (preempted {len(r['urgent']['preempted'])} jobs), "
           f"fifo {wb} s; rigdeck/fifo {ratio}")
+    print(f"fewest jobs waiting after the warm-up: rigdeck {r['backlog_min']}, fifo {b['backlog_min']}")
     every = r.get("checkpoint_every")
     lost = [v["lost_steps"] for v in r["victims"]]
     print(f"preempted jobs' steps lost: {lost} (a checkpoint every {every} steps)")
