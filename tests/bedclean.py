@@ -225,3 +225,24 @@ def settled(bed: TestBed, timeout: float) -> list[str]:
         if not left or time.monotonic() >= deadline:
             return left
         time.sleep(0.5)
+
+
+def stop_daemons_under(root: Path) -> list[int]:
+    """Kill every agent daemon of this machine whose state dir is under ``root`` (a test's own
+    HOME or tmp dir: the app's local one-host cluster starts one there, and it outlives the
+    test). Returns their pids."""
+    killed = []
+    prefix = str(root.resolve())
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        argv = _cmdline(pid).split()
+        if "daemon" in argv and "--state-dir" in argv:
+            i = argv.index("--state-dir") + 1
+            if i < len(argv) and (argv[i] == prefix or argv[i].startswith(prefix + "/")):
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                    killed.append(int(pid))
+                except OSError:
+                    pass
+    return killed

@@ -22,14 +22,15 @@ from tui.model.inventory import HostSpec, Inventory
 ROOT = Path(__file__).resolve().parent.parent
 
 # The names on the wire, as servers and clients of other versions know them: a change here
-# breaks them (kick and deploy went in issue 31: no client ever called them).
+# breaks them (kick and deploy went in issue 31: no client ever called them; retry and
+# reprioritise came in issue 33).
 WIRE = {
     "info", "ping", "subscribe_hosts", "reconnect", "jobs_snapshot", "job_detail", "select", "stop_plan",
     "source_launch", "source_stop", "launch", "stop", "view", "list_jobs", "queue", "metrics", "logs", "gc",
     "wait", "sweep", "sweeps", "sweep_detail", "sweep_stop", "sweep_stop_trial", "sweep_wait", "doctor",
     "pipeline", "pipelines", "pipeline_detail", "pipeline_stop", "pipeline_retry", "pipeline_wait",
     "code_missing", "code_put", "code_manifest", "drains", "drain", "undrain", "exposition", "tensorboard_pull",
-    "usage",
+    "usage", "retry", "reprioritise",
 }
 
 # Client methods that are no call of the controller API: the link's own, or work done on the
@@ -116,7 +117,7 @@ SAMPLES: dict[str, Any] = {
     "ref": "j1", "host": "h1", "grace_s": 5.0, "yes": True, "wait": False, "rank": 0, "follow": True,
     "hosts": ["h1"], "checks": ["gpus"], "timeout": 3.0, "number": 2, "step": "train", "queue": False,
     "targets": ["h1:0"], "reason": "fan", "now": True, "who": "ann", "by": "user", "since": 1.0,
-    "have": [["h1", "/d/tensorboard", "events.out.tfevents.1", "5:7", 10, 20]],
+    "have": [["h1", "/d/tensorboard", "events.out.tfevents.1", "5:7", 10, 20]], "priority": 7,
 }
 
 

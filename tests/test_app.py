@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import bedclean
 from tests._require import TMUX_MISSING, require
 from tui.app.shell import RigdeckApp
 from tui.app.terminal import HangupWatch
@@ -308,6 +309,7 @@ def test_the_app_exits_when_its_terminal_goes_away(tmp_path: Path, how: str) -> 
         for pid in apps:  # a failed run must not leave an app that starts the agent again
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+        bedclean.stop_daemons_under(home)  # the local agent it started, alive as it should be
 
 
 def test_every_view_module_is_in_the_one_list_with_its_own_id_key_and_binding_ids() -> None:

@@ -141,6 +141,14 @@ class Service:
         self.calls.append(("drain", {"targets": targets, "who": who}))
         return []
 
+    def retry(self, ref: str, *, queue: bool = True, user: str | None = None) -> dict[str, Any]:
+        self.calls.append(("retry", {"ref": ref, "user": user}))
+        return {"retried": ref}
+
+    def reprioritise(self, ref: str, priority: int, *, user: str | None = None) -> dict[str, Any]:
+        self.calls.append(("reprioritise", {"ref": ref, "priority": priority, "user": user}))
+        return {"priority": priority}
+
 
 class Wire:
     """One session of a real Server over a socket pair: lines in, answers out."""
@@ -212,6 +220,24 @@ def test_the_server_takes_the_person_from_the_attachs_first_line_and_applies_the
     account = Wire(server, {"identity": {"user": None}})
     assert "result" in account.call("stop", ref="a-job")
     assert svc.calls[-1] == ("stop", {"ref": "a-job", "user": server.account.name})
+
+
+def test_retry_and_reprioritise_are_the_owners_or_an_admins(server: Server) -> None:
+    svc: Service = server.service  # type: ignore[assignment]
+    bob = Wire(server, {"identity": {"user": "bob"}})
+    assert bob.call("retry", ref="a-job")["error"]["message"] == (
+        "refused: job 'a-job' belongs to alice; members may retry only their own jobs (bob is a member)")
+    assert bob.call("reprioritise", ref="a-job", priority=9)["error"]["message"] == (
+        "refused: job 'a-job' belongs to alice; members may reprioritise only their own jobs (bob is a member)")
+    assert svc.calls == []
+    assert "error" in bob.call("retry", ref="b-job", user="carol")  # no who of its own: not a param
+    assert bob.call("retry", ref="b-job")["result"] == {"retried": "b-job"}
+    assert bob.call("reprioritise", ref="b-job", priority=3)["result"] == {"priority": 3}
+    carol = Wire(server, {"identity": {"user": "carol"}})  # an admin
+    assert carol.call("reprioritise", ref="a-job", priority=9)["result"] == {"priority": 9}
+    assert svc.calls == [("retry", {"ref": "b-job", "user": "bob"}),
+                         ("reprioritise", {"ref": "b-job", "priority": 3, "user": "bob"}),
+                         ("reprioritise", {"ref": "a-job", "priority": 9, "user": "carol"})]
 
 
 def test_a_person_not_in_users_json_is_turned_away_and_a_removed_one_can_do_nothing_more(server: Server) -> None:

@@ -107,6 +107,7 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, testbed: TestBed) -> I
     # Hosts onboarded here have no `sim_gpus` (as a user adds them): a check that started the
     # daemon of one of the bed's hosts started it without the bed's simulated GPUs.
     bedclean.stop_misconfigured_daemons(testbed)
+    bedclean.stop_daemons_under(h)  # the app's local one-host cluster's agent, under this HOME
 
 
 def inventory_file(home: Path) -> Path:

@@ -19,6 +19,7 @@ from tests.test_jobs import ROOT, TICKER, Cli, wait_until
 from tests.testbed import TestBed
 from tui.control.history import History
 from tui.control.service import ControllerService
+from tui.model.identity import local_user
 from tui.model.jobspec import JobSpec, load_jobspec
 from tui.model.jobstate import TERMINAL
 from tui.model.scheduler import PlacementError
@@ -162,3 +163,33 @@ owner = "all"
     before = log[: log.index(f"rank 0 resumed from step {k0}")]
     last = max(int(line.split("step=")[1].split()[0]) for line in before.splitlines() if "step=" in line)
     assert k0 <= last < k0 + 5, (k0, last)
+
+
+def test_a_waiting_jobs_priority_moves_it_up_the_line_and_an_ended_job_is_retried_as_its_owners(
+        shared_factory: Any) -> None:
+    s = shared_factory("")
+    fill = [s.svc.launch(s.spec(f"fill{i}", _ticker(4)), user="alice") for i in range(3)]  # every GPU
+    assert all(f.state != "queued" for f in fill), [f.waiting for f in fill]
+    q1 = s.svc.launch(s.spec("q1", _ticker(4)), user="bob")
+    q2 = s.svc.launch(s.spec("q2", _ticker(4)), user="bob")
+    assert [e["job_id"] for e in s.cli.json("queue")] == [q1.job_id, q2.job_id]
+    out = s.cli.run("priority", q2.job_id, "5").stdout
+    assert f"{q2.job_id}: priority 5 (queued, position 1 in the queue)" in out, out
+    assert [(e["job_id"], e["priority"]) for e in s.cli.json("queue")] == [(q2.job_id, 5), (q1.job_id, 0)]
+    changed = [e for e in (s.history.get(q2.job_id) or {})["events"] if e["event"] == "reprioritised"]
+    assert [(e["from"], e["to"], e["by"]) for e in changed] == [(0, 5, local_user())]
+    bad = s.cli.run("priority", q2.job_id, "high", check=False)
+    assert bad.returncode == 2 and "invalid int value: 'high'" in bad.stderr
+    running = s.cli.run("retry", fill[0].job_id, check=False)
+    assert running.returncode == 2 and "only an ended job is retried (stop it first)" in running.stderr
+    s.svc.stop(fill[0].job_id)
+    s.wait_state(q2.job_id, ("running",), 120)  # the higher priority takes the freed GPUs
+    assert s.state(q1.job_id) == "queued"
+    again = s.cli.json("retry", fill[0].job_id)
+    assert again["job_id"] != fill[0].job_id and again["state"] == "queued", again
+    new, old = s.history.get(again["job_id"]) or {}, s.history.get(fill[0].job_id) or {}
+    assert new["user"] == "alice" and new["spec"] == old["spec"]  # her work, as it was
+    assert [(e["event"], e["job"], e["by"]) for e in new["events"] if e["event"] == "retry of"] == [
+        ("retry of", fill[0].job_id, local_user())]
+    assert [e["job"] for e in old["events"] if e["event"] == "retried"] == [again["job_id"]]
+    assert [e["job_id"] for e in s.cli.json("queue")] == [q1.job_id, again["job_id"]]

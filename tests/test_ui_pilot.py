@@ -26,6 +26,7 @@ from tests.ui_fixtures import (
     cluster_state,
     no_room,
     recorded_app,
+    recorded_service,
     recorded_sweeps,
     stage_jobs,
     stop_servers,
@@ -234,6 +235,44 @@ async def test_stop_asks_first_and_shows_what_it_stops(kind: str) -> None:
         await pilot.press("s")
         await pilot.pause()
         assert not isinstance(app.screen, ConfirmStop)
+
+
+async def test_jobs_view_retries_an_ended_job_and_moves_a_jobs_priority() -> None:
+    import types
+
+    jobs = RecordedJobs()
+    svc = recorded_service(FakeController(), FakeMonitor(cluster_state()), jobs, RecordedSweeps())
+    calls: list[tuple[str, str, int | None]] = []
+
+    def retry(ref: str, *, queue: bool = True, user: str | None = None) -> Any:
+        calls.append(("retry", ref, None))
+        return types.SimpleNamespace(job_id="again-1", state="queued")
+
+    def reprioritise(ref: str, priority: int, *, user: str | None = None) -> Any:
+        calls.append(("priority", ref, priority))
+        return types.SimpleNamespace(job_id=ref, state="running")
+
+    svc.retry, svc.reprioritise = retry, reprioritise
+    svc.view = lambda ref: types.SimpleNamespace(spec={"priority": 2})
+    app = recorded_app(client=InProcessClient(service=svc), jobs=jobs)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3")
+        await pilot.pause()
+        assert app.query_one("#jobs-table", JobsTable).cursor_key == JOB  # running
+        await pilot.press("R")  # not ended: not retried
+        await pilot.press("plus")
+        await until(pilot, lambda: calls)
+        assert calls == [("priority", JOB, 3)]
+        await pilot.press("down")  # an ended job
+        ended = app.query_one("#jobs-table", JobsTable).cursor_key
+        await pilot.press("minus")  # ended: its priority no longer matters
+        await pilot.press("R")
+        await until(pilot, lambda: len(calls) == 2)
+        assert calls[1] == ("retry", ended, None)
+        await until(pilot, lambda: any("retried as again-1" in n.message for n in app._notifications))
+        said = [n.message for n in app._notifications]
+        assert any("only an ended job is retried" in m for m in said), said
+        assert any("its priority no longer matters" in m for m in said), said
 
 
 async def test_logs_rank_filter_follow_and_search(kind: str) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import bedclean
 from tui.control.controller import Controller
 from tui.control.monitor import Monitor
 from tui.model.inventory import HostSpec, Inventory
@@ -44,12 +44,8 @@ def local(tmp_path: Path) -> Iterator[tuple[Inventory, Path]]:
     spec = HostSpec(name="here", address="localhost", transport="local", python=sys.executable,
                     state_dir=str(state), sim_gpus=1)
     yield Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"), state
-    pid_file = state / "run" / "daemon.pid"
-    if pid_file.exists():
-        try:
-            os.kill(int(pid_file.read_text()), 9)
-        except (ProcessLookupError, ValueError):
-            pass
+    # The pid file names the newest daemon; one an upgrade handed over from may linger too.
+    bedclean.stop_daemons_under(state)
 
 
 def start_old_daemon(inv: Inventory, old: AgentBundle) -> int:

@@ -191,6 +191,12 @@ class Client:
     def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False, wait: bool = True) -> JobView:
         raise NotImplementedError
 
+    def retry(self, ref: str, *, queue: bool = True) -> JobView:
+        raise NotImplementedError
+
+    def reprioritise(self, ref: str, priority: int) -> JobView:
+        raise NotImplementedError
+
     def view(self, ref: str) -> JobView:
         raise NotImplementedError
 
@@ -380,6 +386,12 @@ class InProcessClient(Client):
 
     def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False, wait: bool = True) -> JobView:
         return self.service.stop(ref, grace_s, yes=yes, wait=wait)
+
+    def retry(self, ref: str, *, queue: bool = True) -> JobView:
+        return self.service.retry(ref, queue=queue)
+
+    def reprioritise(self, ref: str, priority: int) -> JobView:
+        return self.service.reprioritise(ref, priority)
 
     def view(self, ref: str) -> JobView:
         return self.service.view(ref)
@@ -909,6 +921,13 @@ class RemoteClient(Client):
         timeout = None if not wait else (grace_s + 90 if grace_s is not None else 900.0)
         return self.call(api.stop, timeout=timeout, ref=ref, grace_s=grace_s, yes=yes,
                          wait=wait)
+
+    def retry(self, ref: str, *, queue: bool = True) -> JobView:
+        # A launch behind a stop follows the stop to its end first (at most 90 s more).
+        return self.call(api.retry, timeout=self.call_timeout + 90, ref=ref, queue=queue)
+
+    def reprioritise(self, ref: str, priority: int) -> JobView:
+        return self.call(api.reprioritise, ref=ref, priority=priority)
 
     def view(self, ref: str) -> JobView:
         return self.call(api.view, ref=ref)

@@ -18,6 +18,7 @@ from tui.cli import exec as exec_cli
 from tui.cli import exporter as exporter_cli
 from tui.cli import onboard as onboard_cli
 from tui.cli import pipeline as pipeline_cli
+from tui.cli import retry as retry_cli
 from tui.cli import server as server_cli
 from tui.cli import sweep as sweep_cli
 from tui.cli import tensorboard as tensorboard_cli
@@ -157,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor_cli.add_parser(sub, _common)
     drain_cli.add_parsers(sub, _common)
     usage_cli.add_parsers(sub, _common)
+    retry_cli.add_parsers(sub, _common)
     pipeline_cli.add_parsers(sub, _common)
     exec_cli.add_parser(sub, _common)
     web_cli.add_parser(sub, _common)
@@ -646,6 +648,8 @@ def main(argv: Sequence[str] | None = None, open_app: AppOpener | None = None) -
             return drain_cli.run(args, _client)
         if args.command == "usage":
             return usage_cli.run(args, _client)
+        if args.command in ("retry", "priority"):
+            return retry_cli.run(args, _client)
         if args.command in ("pipeline", "pipelines"):
             return pipeline_cli.run(args, _client)
         if args.command == "exec":

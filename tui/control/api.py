@@ -179,6 +179,16 @@ def stop(ref: str, grace_s: float | None = None, yes: bool = False, wait: bool =
     """Stop the job (``wait``: answer when its processes and GPU claims are gone)."""
 
 
+@_declare("retry", guard=perm.RETRY_JOB, actor="user")
+def retry(ref: str, queue: bool = True) -> JobView:
+    """Launch an ended job again as a new job (same spec and code, same owner)."""
+
+
+@_declare("reprioritise", guard=perm.REPRIORITISE_JOB, actor="user")
+def reprioritise(ref: str, priority: int) -> JobView:
+    """Set the priority of a job that has not ended."""
+
+
 @_declare("view")
 def view(ref: str) -> JobView:
     """One job by id, unique id prefix or name."""

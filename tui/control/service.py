@@ -566,6 +566,44 @@ class ControllerService:
             self._watch.kick()
         return view
 
+    def retry(self, ref: str, *, queue: bool = True, user: str | None = None) -> JobView:
+        """Launch an ended job again as a new job: its recorded spec (the same code snapshot),
+        owned by the same person (their work, their share and quotas); ``user``: who asked,
+        recorded on both jobs. JobError for a job that has not ended."""
+        from tui.control.jobs import JobError
+
+        rec = self.manager.resolve(ref).rec
+        old = str(rec["job_id"])
+        if rec.get("state") not in TERMINAL:
+            raise JobError(f"job {old} is {rec.get('state')}: only an ended job is retried (stop it first)")
+        who = user or local_user()
+        view = self.launch(JobSpec.from_dict(rec["spec"]), queue=queue, user=rec.get("user") or who)
+        self.manager.history.add_event(view.job_id, {"event": "retry of", "job": old, "by": who})
+        self.manager.history.add_event(old, {"event": "retried", "job": view.job_id, "by": who})
+        return self.manager.view(view.job_id, live=False)
+
+    def reprioritise(self, ref: str, priority: int, *, user: str | None = None) -> JobView:
+        """Set the priority of a job that has not ended: a waiting one's place in line, a running
+        one's standing against preemption. ``user``: who changed it, recorded."""
+        from tui.control.jobs import JobError
+
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise JobError(f"priority: expected an integer, got {priority!r}")
+        with self._exclusive():
+            rec = self.manager.resolve(ref).rec
+            job_id = str(rec["job_id"])
+            if rec.get("state") in TERMINAL:
+                raise JobError(f"job {job_id} has ended ({rec.get('state')}): its priority no longer matters")
+            spec = dict(rec.get("spec") or {})
+            before = int(spec.get("priority") or 0)
+            spec["priority"] = priority
+            self.manager.history.update(job_id, spec=spec, priority=priority)
+            self.manager.history.add_event(job_id, {"event": "reprioritised", "from": before, "to": priority,
+                                                    "by": user or local_user()})
+        if self._watch is not None:
+            self._watch.kick()
+        return self.manager.view(job_id, live=False)
+
     def view(self, ref: str) -> JobView:
         return self.manager.view(ref)
 
