@@ -232,3 +232,20 @@ def test_the_view_carries_the_pools_and_their_sizing_across_json(tmp_path: Path)
     plain = jm.view("j2", live=False).to_json()
     assert plain["pools"] == [] and plain["pool_sizing"] is None
     assert JobView.from_json(plain).pools is None
+
+
+def test_a_host_not_yet_told_of_a_job_being_started_reads_as_starting_not_out_of_reach() -> None:
+    from tui.control.jobs import not_yet_told
+    from tui.remote.agentlink import AgentError
+    from tui.remote.transport import TransportError
+
+    told = AgentError("h2", "bad_params", "no job j1 on this host")
+    down = TransportError("h3", "connection refused")
+    hosts = {"h1": {"state": "running"}, "h2": told, "h3": down}
+    starting = not_yet_told({"job_id": "j1", "state": "starting"}, hosts)
+    assert starting == {"h1": {"state": "running"}, "h2": {"state": "starting"}, "h3": down}
+    assert overall_state({h: s for h, s in starting.items() if h != "h3"}) == "starting"
+    assert not_yet_told({"job_id": "j1", "state": "pending"}, hosts)["h2"] == {"state": "starting"}
+    # once it runs (or for another job's id), a host without it is not explained away
+    assert not_yet_told({"job_id": "j1", "state": "running"}, hosts) is hosts
+    assert not_yet_told({"job_id": "j2", "state": "starting"}, hosts)["h2"] is told

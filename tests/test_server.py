@@ -418,11 +418,14 @@ def test_a_killed_server_restarts_and_readopts_its_jobs_and_queue(served: tuple[
         started = [e for e in view["events"] if e["event"] == "started"]
         assert len(started) == 1
         alice.run("stop", running["job_id"], "--grace", "1")
-        # While the queue starts it, a host may not have it yet (its status: unknown, exit 1).
-        v2 = wait_until(lambda: (lambda v: v if v.get("state") == "running" else None)(
+        # While the queue starts it, a host may not have it yet: that reads as starting, never as
+        # a host out of reach (unknown).
+        seen: list[str] = []
+        v2 = wait_until(lambda: (lambda v: v if seen.append(v.get("state")) or v.get("state") == "running" else None)(
                             bob.json("status", waiting["job_id"], check=False)),
                         60, "the queued job starts after the restart")
         assert len([e for e in v2["events"] if e["event"] == "started"]) == 1
+        assert "unknown" not in seen, seen
     finally:
         alice.run("undrain", bed.hosts[2].name, check=False)
         for j in (running["job_id"], waiting["job_id"]):

@@ -124,6 +124,17 @@ def unreachable(host_states: dict[str, Any]) -> list[str]:
     return [h for h, s in host_states.items() if not isinstance(s, dict)]
 
 
+def not_yet_told(rec: Mapping[str, Any], host_states: dict[str, Any]) -> dict[str, Any]:
+    """``host_states`` with a host that has no such job yet read as ``starting`` while the job is
+    being started (``pending`` or ``starting``: a launch, or the queue's poller in another
+    process, is still telling its hosts), instead of as a host out of reach."""
+    if rec.get("state") not in ("pending", "starting"):
+        return host_states
+    told = f"no job {rec.get('job_id')} on this host"
+    return {h: {"state": "starting"} if not isinstance(s, dict) and told in str(s) else s
+            for h, s in host_states.items()}
+
+
 def first_cause(host_states: dict[str, Any]) -> dict[str, Any] | None:
     causes = []
     for host, st in host_states.items():
@@ -1042,6 +1053,7 @@ class JobManager:
         if rec["state"] not in TERMINAL:
             hosts = self.supervise_once(rec)
             rec = self.record(ref)  # what this look recorded (a replica failed, the end)
+            hosts = not_yet_told(rec, hosts)
             missing = unreachable(hosts)
             if missing and rec["state"] not in TERMINAL and overall_state(hosts) == "unknown":
                 state = "unknown"
