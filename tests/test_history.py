@@ -189,3 +189,17 @@ def test_cli_stop_by_a_unique_name_or_prefix_needs_no_yes(cli_history: History) 
     assert _states(cli_history)["eval-0101-000003-dddd"] == "stopped"
     assert _states(cli_history)["p-0101-000000-aaaa"] == "stopped"
     assert _states(cli_history)["train-0101-000002-cccc"] == "running"
+
+
+def test_an_event_and_the_state_it_brings_are_one_write(tmp_path: Path) -> None:
+    """Whoever sees the job ``running`` (a reader, or an observer told of the state) sees its
+    ``started`` event too."""
+    h = History(tmp_path / "h.sqlite")
+    h.create("j1", "j", {"name": "j"}, state="starting")
+    told = []
+    h.observers.append(lambda job_id, state, fields: told.append(
+        (state, [e["event"] for e in (h.get(job_id) or {})["events"]])))
+    h.add_event("j1", {"event": "started", "hosts": ["h1"]}, state="running", started=5.0)
+    rec = h.get("j1") or {}
+    assert (rec["state"], rec["started"], [e["event"] for e in rec["events"]]) == ("running", 5.0, ["started"])
+    assert told == [("running", ["started"])]

@@ -199,12 +199,14 @@ class History:
                 (job_id, owner),
             )
 
-    def add_event(self, job_id: str, event: dict[str, Any]) -> None:
+    def add_event(self, job_id: str, event: dict[str, Any], **fields: Any) -> None:
+        """Append ``event`` (stamped now) to the job's events; ``fields`` change in the same write,
+        so nobody reads the one without the other (a job ``running`` with no ``started`` event)."""
         rec = self.get(job_id)
         if rec is None:
             return
         events = rec["events"] + [{"time": time.time(), **event}]
-        self.update(job_id, events=events)
+        self.update(job_id, events=events, **fields)
 
     def _row(self, row: sqlite3.Row | tuple[Any, ...], names: list[str]) -> dict[str, Any]:
         d = dict(zip(names, row, strict=True))

@@ -635,10 +635,10 @@ class JobManager:
             why = str(e) if isinstance(e, JobError) else f"{type(e).__name__}: {e}"
             self.history.update(job_id, state="failed", ended=time.time(), cause={"message": f"start failed: {why}"})
             raise
-        self.history.update(job_id, state="running", started=time.time())
         self.history.add_event(job_id, {"event": "started", "restart_count": restart_count,
                                         "hosts": list(placement.hosts),
-                                        "gpus": usage.placement_gpus(placement.to_plan_nodes())})
+                                        "gpus": usage.placement_gpus(placement.to_plan_nodes())},
+                               state="running", started=time.time())
 
     def snapshot_code(self, spec: JobSpec) -> JobSpec:
         """A spec with ``[code] sync`` gets its snapshot now, at submission: the job runs this
