@@ -145,7 +145,10 @@ def test_a_stream_calls_back_on_output_and_at_its_end(testbed: TestBed) -> None:
     t = make_transport(inv, inv.hosts[0])
     t.connect()
     try:
-        stream = t.open_stream(["sh", "-c", "echo early; read line; echo \"got $line\"; exit 0"])
+        # What a shell's start-up files may say on stderr: logged, never a call (paramiko's own
+        # pipe was set by it for good, and the reader woke at once, forever).
+        stream = t.open_stream(["sh", "-c", "echo 'warning: a login shell says' >&2; echo early; read a; "
+                                "echo \"got $a\"; read b; exit 0"])
         calls = threading.Semaphore(0)
         deadline = time.monotonic() + 20
         while not stream.recv(0.0) and time.monotonic() < deadline:  # nothing yet: None, not b""
@@ -155,8 +158,10 @@ def test_a_stream_calls_back_on_output_and_at_its_end(testbed: TestBed) -> None:
         assert stream.notify(calls.release)
         assert calls.acquire(timeout=10), "no call for the output already waiting"
         assert stream.recv(0.0) == b"got x\n"
+        assert not calls.acquire(timeout=0.5)  # told once, for stdout; stderr tells no one
         with pytest.raises(RuntimeError):
             stream.fileno()  # paramiko's pipe would replace the hook
+        stream.send(b"y\n")
         while True:  # the command ends: told, and the stream reads its end
             assert calls.acquire(timeout=10), "no call at the stream's end"
             got = stream.recv(0.0)

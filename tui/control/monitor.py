@@ -49,7 +49,7 @@ SETUP_WORKERS = 8  # sessions being made at once (connect, deploy check, hello, 
 TICK_S = 0.2  # how often the reader looks for hosts gone quiet and sessions due
 # While samples keep arriving the reader takes them in rounds this far apart: every stream that
 # called back meanwhile in one wake-up, not one each (samples wait at most this long).
-BATCH_S = float(os.environ.get("RIGDECK_BATCH_S", "0.05"))
+BATCH_S = 0.05
 
 
 @dataclass

@@ -333,6 +333,8 @@ class ChannelStream(Stream):
 
     def recv(self, timeout: float) -> bytes | None:
         chan = self.chan
+        if chan.recv_stderr_ready():
+            self._log_stderr()
         if timeout <= 0 and not chan.recv_ready() and not chan.closed and not chan.eof_received:
             return None  # what recv would say, without the two exceptions it raises to say it
         try:
@@ -342,6 +344,17 @@ class ChannelStream(Stream):
             return None
         except (OSError, EOFError, paramiko.SSHException) as e:
             raise UnreachableError(self.host, f"agent stream broke: {e}") from None
+
+    def _log_stderr(self) -> None:
+        """Read what the command wrote to stderr (a login shell's start-up files, the agent's
+        complaints) and log it: unread, it would hold the channel's window, and with paramiko's
+        ``fileno`` pipe (set by either stream) it kept a selector waking at once, forever."""
+        try:
+            text = self.chan.recv_stderr(65536).decode(errors="replace").strip()
+        except (OSError, EOFError, paramiko.SSHException):
+            return
+        if text:
+            log.info("%s: the agent stream's stderr: %s", self.host, text[:500])
 
     def close(self) -> None:
         self.chan.close()
