@@ -47,9 +47,12 @@ log = logging.getLogger(__name__)
 
 SETUP_WORKERS = 8  # sessions being made at once (connect, deploy check, hello, subscribe)
 TICK_S = 0.2  # how often the reader looks for hosts gone quiet and sessions due
-# While samples keep arriving the reader takes them in rounds this far apart: every stream that
-# called back meanwhile in one wake-up, not one each (samples wait at most this long).
-BATCH_S = 0.05
+# While samples keep arriving the reader takes them in rounds this far apart, in sample periods
+# (at most TICK_S): every stream that called back meanwhile in one wake-up, not one each.
+# Samples wait at most this long (200 ms at 1 Hz). What a round costs is mostly fixed (a wake-up,
+# code and data gone cold since the last), so at 32 hosts a round per sample cost nearly twice
+# the CPU per sample of five rounds a second (bench/scale.py measures it).
+BATCH_PERIODS = 0.2
 
 
 @dataclass
@@ -78,6 +81,7 @@ class Monitor:
         # Two and a half missed samples (never under 2.5 s): quick, yet no flicker from jitter.
         self.stale_after = stale_after if stale_after is not None else max(2.5, 2.5 / rate_hz)
         self.max_backoff = max_backoff
+        self.batch_s = min(TICK_S, BATCH_PERIODS / rate_hz) if rate_hz > 0 else TICK_S
         inv = controller.inventory
         self.state = ClusterState([(s.name, s.address) for s in inv.hosts])
         self._specs = {s.name: s for s in inv.hosts}
@@ -173,7 +177,7 @@ class Monitor:
                         os.read(self._wake_r, 4096)
                     else:
                         self._read(key.data)
-                timeout = BATCH_S if self._read_notified() else TICK_S
+                timeout = self.batch_s if self._read_notified() else TICK_S
                 now = time.monotonic()
                 if now >= self._quiet_at:
                     self._quiet_at = now + TICK_S
@@ -222,9 +226,9 @@ class Monitor:
         with self._lock:
             names, self._readable = self._readable, []
             # The wake-up byte is read (the select came first). After a round that read hosts,
-            # the next is BATCH_S away: streams calling back until then wake no one. After an
+            # the next is ``batch_s`` away: streams calling back until then wake no one. After an
             # empty one, the next callback wakes the reader at once.
-            self._signalled = bool(names) and BATCH_S > 0
+            self._signalled = bool(names) and self.batch_s > 0
         for name in dict.fromkeys(names):
             self._read(name)
         return len(names)
