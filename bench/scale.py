@@ -4,7 +4,7 @@ One test bed of max(N) hosts is brought up once (each host a real OpenSSH sshd i
 network namespace; 8 *simulated* GPUs each, since this machine has no NVML), and the current
 agent is deployed to every host with ``Controller.deploy()``. Then, for each N (ascending), a
 fresh process runs the real controller side against hosts h1..hN: ``tui.control.controller.Controller``
-and ``tui.control.monitor.Monitor`` unchanged (one reader thread per host, paramiko SSH, the deploy
+and ``tui.control.monitor.Monitor`` unchanged (one reader thread for every host, paramiko SSH, the deploy
 check, ``agent.pyz attach`` and a 1 Hz subscription), with a ``ClusterState`` that records when
 each sample is applied (bench/telemetry.py's ``RecordingState``). Once every host has sent
 telemetry, and 2 s more, it measures over D seconds:
@@ -31,9 +31,9 @@ taken as N per second while ``/metrics`` says every host is up at the start and 
 window.
 
 ``--against TREE``: a checkout of an earlier rigdeck (e.g. a worktree of main) whose controller
-is measured the same way, on the same bed, right after this one: the baseline (there, one
-reader thread per host). The result ends with a least-squares line through the sizes of each
-figure (threads, CPU % of a core, RSS) and what it gives at 512 hosts.
+is measured the same way, on the same bed, right after this one: the baseline. The result ends
+with a least-squares line through the sizes of each figure (threads, CPU % of a core, RSS) and
+what it gives at 512 hosts.
 
 Needs root (the network-namespace test bed).
 Usage: .venv/bin/python bench/scale.py [--n 32,64,128] [--seconds 20] [--against /path/to/main]
@@ -108,10 +108,12 @@ def thread_cpu() -> dict[str, float]:
     threads, paramiko's transport threads (one per SSH connection), the rest."""
     import threading
 
+    import paramiko
+
     kinds = {}
     for t in threading.enumerate():
         name = t.name
-        kind = ("paramiko" if type(t).__module__.startswith("paramiko") else
+        kind = ("paramiko" if isinstance(t, paramiko.Transport) else
                 "monitor-setup" if name.startswith("monitor-setup") else
                 "reader" if name == "monitor" or name.startswith("reader-") else "other")
         if t.native_id is not None:

@@ -136,6 +136,43 @@ def test_dead_sshd_and_dead_link_do_not_hold_up_the_others(testbed_factory: Any,
     assert all(r["reachable"] for r in again)
 
 
+def test_a_stream_calls_back_on_output_and_at_its_end(testbed: TestBed) -> None:
+    """What the monitor's reader waits on instead of a descriptor per host: a call when output
+    arrives (once at once for output already waiting), and one when the command ends."""
+    import threading
+
+    inv = load_inventory(testbed.inventory_path)
+    t = make_transport(inv, inv.hosts[0])
+    t.connect()
+    try:
+        # What a shell's start-up files may say on stderr: logged, never a call (paramiko's own
+        # pipe was set by it for good, and the reader woke at once, forever).
+        stream = t.open_stream(["sh", "-c", "echo 'warning: a login shell says' >&2; echo early; read a; "
+                                "echo \"got $a\"; read b; exit 0"])
+        calls = threading.Semaphore(0)
+        deadline = time.monotonic() + 20
+        while not stream.recv(0.0) and time.monotonic() < deadline:  # nothing yet: None, not b""
+            time.sleep(0.05)
+        stream.send(b"x\n")
+        time.sleep(1.0)  # "got x" waits in the channel before anyone asks to be told
+        assert stream.notify(calls.release)
+        assert calls.acquire(timeout=10), "no call for the output already waiting"
+        assert stream.recv(0.0) == b"got x\n"
+        assert not calls.acquire(timeout=0.5)  # told once, for stdout; stderr tells no one
+        with pytest.raises(RuntimeError):
+            stream.fileno()  # paramiko's pipe would replace the hook
+        stream.send(b"y\n")
+        while True:  # the command ends: told, and the stream reads its end
+            assert calls.acquire(timeout=10), "no call at the stream's end"
+            got = stream.recv(0.0)
+            if got == b"":
+                break
+            assert got is None
+        stream.close()
+    finally:
+        t.close()
+
+
 def test_proxy_jump_through_another_test_bed_host(testbed_factory: Any, tmp_path: Path) -> None:
     bed: TestBed = testbed_factory(2)
     jump, target = bed.hosts

@@ -2,13 +2,20 @@
 
 A host's session is made by one of ``SETUP_WORKERS`` setup threads: connect, make sure the
 current agent is deployed, attach to the host's daemon, subscribe. From then on its stream is
-read by the monitor's one reader thread, which waits on every host's stream at once (a
-selector over the SSH channels' file descriptors), folds each sample into the state, marks a
-host that goes quiet stale after ``stale_after`` seconds and down after its timeout, and has
-it connected again with backoff. No host waits on another: a setup that hangs holds one setup
+read by the monitor's one reader thread, which folds each sample into the state, marks a host
+that goes quiet stale after ``stale_after`` seconds and down after its timeout, and has it
+connected again with backoff. No host waits on another: a setup that hangs holds one setup
 thread, and reading never blocks.
 
-What stays per host is paramiko's: each SSH connection has its own transport thread.
+The reader waits on one wake-up for every host: an SSH stream calls back when data arrives
+(``Stream.notify``), which notes the host as readable and wakes the reader unless a wake-up is
+already pending, so a reader busy with one host takes the others that arrived meanwhile in the
+same round, without a descriptor, a write and a read per packet (paramiko's ``fileno`` pipe).
+Streams without the hook (a local pipe) are waited on with a selector, as is the wake-up.
+The hosts gone quiet are looked for once per tick, not after every sample.
+
+What stays per host is paramiko's: each SSH connection has its own transport thread (it reads
+the socket, decrypts and hands the data on; bench/scale.py measures what it costs).
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import os
 import selectors
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +47,12 @@ log = logging.getLogger(__name__)
 
 SETUP_WORKERS = 8  # sessions being made at once (connect, deploy check, hello, subscribe)
 TICK_S = 0.2  # how often the reader looks for hosts gone quiet and sessions due
+# While samples keep arriving the reader takes them in rounds this far apart, in sample periods
+# (at most TICK_S): every stream that called back meanwhile in one wake-up, not one each.
+# Samples wait at most this long (200 ms at 1 Hz). What a round costs is mostly fixed (a wake-up,
+# code and data gone cold since the last), so at 32 hosts a round per sample cost nearly twice
+# the CPU per sample of five rounds a second (bench/scale.py measures it).
+BATCH_PERIODS = 0.2
 
 
 @dataclass
@@ -50,6 +64,7 @@ class _Live:
     transport: Transport
     subscribed_at: float
     down_after: float
+    fd: int | None = None  # registered with the reader's selector (a stream without ``notify``)
 
 
 class Monitor:
@@ -66,6 +81,7 @@ class Monitor:
         # Two and a half missed samples (never under 2.5 s): quick, yet no flicker from jitter.
         self.stale_after = stale_after if stale_after is not None else max(2.5, 2.5 / rate_hz)
         self.max_backoff = max_backoff
+        self.batch_s = min(TICK_S, BATCH_PERIODS / rate_hz) if rate_hz > 0 else TICK_S
         inv = controller.inventory
         self.state = ClusterState([(s.name, s.address) for s in inv.hosts])
         self._specs = {s.name: s for s in inv.hosts}
@@ -78,6 +94,9 @@ class Monitor:
         self._retry: list[tuple[str, float]] = []  # setups that failed: when to try again
         self._closed = False
         self._kicked: set[str] = set()
+        self._readable: list[str] = []  # hosts whose streams called back since the reader looked
+        self._signalled = False  # a wake-up byte is in the pipe, not yet taken by the reader
+        self._quiet_at = 0.0  # when the reader next looks for hosts gone quiet
         self._live: dict[str, _Live] = {}  # the reader's own
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = os.pipe()
@@ -124,26 +143,45 @@ class Monitor:
 
     def _wake(self) -> None:
         with self._lock:
-            if self._closed:  # the pipe is gone: its descriptors may be someone else's now
-                return
-            try:
-                os.write(self._wake_w, b"x")
-            except BlockingIOError:  # full: the reader wakes anyway
-                pass
+            self._wake_locked()
+
+    def _wake_locked(self) -> None:
+        if self._closed or self._signalled:  # closed: its descriptors may be someone else's now
+            return
+        self._signalled = True
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:  # full: the reader wakes anyway
+            pass
+
+    def _readable_cb(self, name: str) -> Callable[[], None]:
+        """What the host's stream calls when data arrives (on paramiko's thread)."""
+
+        def readable() -> None:
+            with self._lock:
+                self._readable.append(name)
+                self._wake_locked()
+
+        return readable
 
     # -- the reader thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        timeout = TICK_S
         try:
             while not self._stop.is_set():
                 self._take_handed()
                 self._start_due()
-                for key, _ in self._sel.select(TICK_S):
+                for key, _ in self._sel.select(timeout):
                     if key.data is None:
                         os.read(self._wake_r, 4096)
                     else:
                         self._read(key.data)
-                self._look_for_quiet()
+                timeout = self.batch_s if self._read_notified() else TICK_S
+                now = time.monotonic()
+                if now >= self._quiet_at:
+                    self._quiet_at = now + TICK_S
+                    self._look_for_quiet()
         except Exception:  # a bug here must be seen, not end telemetry silently
             log.exception("monitor: reader failed")
             raise
@@ -163,7 +201,10 @@ class Monitor:
             name = live.spec.name
             self._setting_up.discard(name)
             self._live[name] = live
-            self._sel.register(live.link.stream.fileno(), selectors.EVENT_READ, name)
+            # Not under the lock: the stream may call back at once (data already waiting).
+            if not live.link.stream.notify(self._readable_cb(name)):
+                live.fd = live.link.stream.fileno()
+                self._sel.register(live.fd, selectors.EVENT_READ, name)
         for name in kicked:
             if name in self._live:
                 self._drop(name, None)
@@ -178,6 +219,19 @@ class Monitor:
                 self._setting_up.add(name)
                 assert self._pool is not None
                 self._pool.submit(self._setup, self._specs[name])
+
+    def _read_notified(self) -> int:
+        """Read the hosts whose streams called back, each once however often it called;
+        returns how many."""
+        with self._lock:
+            names, self._readable = self._readable, []
+            # The wake-up byte is read (the select came first). After a round that read hosts,
+            # the next is ``batch_s`` away: streams calling back until then wake no one. After an
+            # empty one, the next callback wakes the reader at once.
+            self._signalled = bool(names) and self.batch_s > 0
+        for name in dict.fromkeys(names):
+            self._read(name)
+        return len(names)
 
     def _read(self, name: str) -> None:
         live = self._live.get(name)
@@ -207,10 +261,11 @@ class Monitor:
     def _drop(self, name: str, e: TransportError | None) -> None:
         """Close the host's session; connect again after its backoff (at once when kicked)."""
         live = self._live.pop(name)
-        try:
-            self._sel.unregister(live.link.stream.fileno())
-        except (KeyError, ValueError, OSError):
-            pass
+        if live.fd is not None:
+            try:
+                self._sel.unregister(live.fd)
+            except (KeyError, ValueError, OSError):
+                pass
         live.link.close()
         live.transport.close()
         if e is None:

@@ -62,13 +62,17 @@ class AgentLink:
             except protocol.ProtocolError:
                 self.bad_messages += 1  # a garbled line costs that line only
 
-    def drain(self) -> int:
-        """Deliver what has arrived, without waiting (a selector found the stream readable);
-        returns how many messages. Raises TransportError when the agent closed the stream."""
-        data = self.stream.recv(0.0)
-        if data == b"":
-            raise TransportError(self.host, "the agent closed the connection")
-        if data:
+    def drain(self, max_reads: int = 16) -> int:
+        """Deliver what has arrived, without waiting (the stream said it is readable); returns
+        how many messages. Reads until nothing more waits (a reader told once per arrival must
+        leave nothing behind), at most ``max_reads`` times, so one busy stream cannot hold its
+        reader. Raises TransportError when the agent closed the stream."""
+        for _ in range(max_reads):
+            data = self.stream.recv(0.0)
+            if data == b"":
+                raise TransportError(self.host, "the agent closed the connection")
+            if not data:
+                break
             self._feed(data)
         n = 0
         while self._pending:

@@ -285,11 +285,44 @@ class Stream(ABC):
     def fileno(self) -> int:
         """A descriptor that is readable while output waits to be read (for a selector)."""
 
+    def notify(self, callback: Callable[[], None]) -> bool:
+        """Have ``callback`` called, from whichever thread receives the stream's output, each
+        time output arrives (and once at once when some waits already) or the stream ends: a
+        reader of many streams then waits on one wake-up of its own instead of a descriptor per
+        stream. The callback must be quick and take no lock its reader holds while it reads or
+        closes a stream. False: this stream has no such hook; wait on ``fileno``."""
+        return False
+
+
+class _Notify:
+    """What a paramiko channel's input buffer sets when data arrives or the channel closes (its
+    ``set_event`` hook; by default ``fileno`` puts a pipe there that costs a write and a read
+    per packet): a call of the reader's ``callback``. The buffer calls ``clear`` once drained."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self, callback: Callable[[], None]):
+        self.callback = callback
+
+    def set(self) -> None:
+        self.callback()
+
+    def clear(self) -> None:
+        pass
+
 
 class ChannelStream(Stream):
     def __init__(self, host: str, chan: paramiko.Channel):
         self.host = host
         self.chan = chan
+        self._notified = False
+
+    def notify(self, callback: Callable[[], None]) -> bool:
+        if self._notified:
+            raise RuntimeError(f"{self.host}: the agent stream already notifies a reader")
+        self._notified = True
+        self.chan.in_buffer.set_event(_Notify(callback))
+        return True
 
     def send(self, data: bytes) -> None:
         try:
@@ -299,18 +332,36 @@ class ChannelStream(Stream):
             raise UnreachableError(self.host, f"send to agent failed: {e}") from None
 
     def recv(self, timeout: float) -> bytes | None:
+        chan = self.chan
+        if chan.recv_stderr_ready():
+            self._log_stderr()
+        if timeout <= 0 and not chan.recv_ready() and not chan.closed and not chan.eof_received:
+            return None  # what recv would say, without the two exceptions it raises to say it
         try:
-            self.chan.settimeout(timeout)
-            return self.chan.recv(65536)
+            chan.settimeout(timeout)
+            return chan.recv(65536)
         except TimeoutError:
             return None
         except (OSError, EOFError, paramiko.SSHException) as e:
             raise UnreachableError(self.host, f"agent stream broke: {e}") from None
 
+    def _log_stderr(self) -> None:
+        """Read what the command wrote to stderr (a login shell's start-up files, the agent's
+        complaints) and log it: unread, it would hold the channel's window, and with paramiko's
+        ``fileno`` pipe (set by either stream) it kept a selector waking at once, forever."""
+        try:
+            text = self.chan.recv_stderr(65536).decode(errors="replace").strip()
+        except (OSError, EOFError, paramiko.SSHException):
+            return
+        if text:
+            log.info("%s: the agent stream's stderr: %s", self.host, text[:500])
+
     def close(self) -> None:
         self.chan.close()
 
     def fileno(self) -> int:
+        if self._notified:  # paramiko's pipe would take the hook's place
+            raise RuntimeError(f"{self.host}: the agent stream notifies its reader; it has no descriptor")
         return self.chan.fileno()  # paramiko's pipe, set while the channel holds data
 
 
