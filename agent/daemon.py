@@ -34,6 +34,15 @@ MIN_INTERVAL = 0.1
 MAX_INTERVAL = 60.0
 EXEC_OUTPUT_MAX = 1 << 20  # bytes of a command's stdout (and of its stderr) kept; the rest counted
 EXEC_TIMEOUT_MAX_S = 86400.0
+QUIET_WATCH_S = 10.0  # how often the job watcher looks while no job is live here
+
+
+def _encode(msg: Dict[str, Any]) -> bytes:
+    """One line of the protocol; a message it cannot carry becomes the error saying why."""
+    try:
+        return protocol.encode(msg)
+    except protocol.ProtocolError as e:
+        return protocol.encode(protocol.error(msg.get("id"), e.code, e.message))
 
 
 class _Client:
@@ -48,10 +57,12 @@ class _Client:
     def send(self, msg: Dict[str, Any]) -> None:
         if self.closed:
             return
-        try:
-            data = protocol.encode(msg)
-        except protocol.ProtocolError as e:
-            data = protocol.encode(protocol.error(msg.get("id"), e.code, e.message))
+        self.send_line(_encode(msg))
+
+    def send_line(self, data: bytes) -> None:
+        """An encoded message (``_encode``): the telemetry event, encoded once for every client."""
+        if self.closed:
+            return
         transport = self.writer.transport
         if transport.is_closing():
             self.close()
@@ -93,11 +104,15 @@ class Daemon:
         self._handlers = set()  # type: Set[asyncio.Task]  # one per connection
         self._next_cid = 0
         self._latest = None  # type: Optional[Dict[str, Any]]
+        self._latest_line = b""  # self._latest as a telemetry event, encoded by the ticker thread
         self._latest_seq = 0
         self._health = (-1e9, [])  # type: Tuple[float, List[Dict[str, Any]]]  # (monotonic, GPUs not ok)
-        self._cond = None  # type: Optional[asyncio.Condition]
+        self._published = None  # type: Optional[asyncio.Event]  # set (and replaced) per sample
         self._stop = None  # type: Optional[asyncio.Event]
-        self._wake = None  # type: Optional[asyncio.Event]
+        # The ticker thread's wake-up: a first subscriber or a new textfile wants a sample now.
+        self._wake = threading.Event()
+        self._closing = False  # the ticker thread ends at its next wake-up
+        self._jobs_poked = None  # type: Optional[asyncio.Event]  # a jobs request ran: look now
         self._server = None  # type: Any
         self._successor = None  # type: Optional[List[str]]
         self._pending_upgrade = None  # type: Optional[str]
@@ -196,26 +211,32 @@ class Daemon:
         )
 
     async def serve(self) -> None:
-        self._cond = asyncio.Condition()
+        loop = asyncio.get_event_loop()
+        self._published = asyncio.Event()
         self._stop = asyncio.Event()
-        self._wake = asyncio.Event()
+        self._jobs_poked = asyncio.Event()
+        self._closing = False
         self._server = await asyncio.start_unix_server(
             self._on_client, sock=self._listening_socket(), limit=protocol.MAX_MESSAGE_BYTES
         )
         log.info("agent %s serving on %s (pid %d)", self.version, self.paths.socket, os.getpid())
-        ticker = asyncio.ensure_future(self._ticker())
+        ticker = threading.Thread(target=self._ticker, args=(loop,), name="ticker", daemon=True)
+        ticker.start()
         watcher = asyncio.ensure_future(self._job_watcher())
         try:
             await self._stop.wait()
         finally:
-            ticker.cancel()
+            self._closing = True
+            self._wake.set()
             watcher.cancel()
             self._server.close()
             for c in list(self._clients.values()):
                 c.close()
             for task in list(self._handlers):
                 task.cancel()
-            await asyncio.gather(ticker, watcher, *self._handlers, return_exceptions=True)
+            await asyncio.gather(watcher, *self._handlers, return_exceptions=True)
+            # A sample under way ends first (as the executor's did before asyncio.run returned).
+            await loop.run_in_executor(None, ticker.join)
             try:
                 os.unlink(self.paths.socket)
             except OSError:
@@ -277,21 +298,23 @@ class Daemon:
         return self._collector
 
     def _subscribers(self) -> int:
-        return sum(1 for c in self._clients.values() if c.stream_task is not None)
+        # tuple(): one copy the ticker thread can take while the loop adds or drops a client
+        return sum(1 for c in tuple(self._clients.values()) if c.stream_task is not None)
 
-    async def _collect(self) -> Dict[str, Any]:
+    def _sample_data(self) -> Dict[str, Any]:
+        """A sample as the clients get it, with the GPUs' claims (file locks: never on the loop)."""
         from agent.telemetry import sample_to_dict
 
-        loop = asyncio.get_event_loop()
-        def collect() -> Dict[str, Any]:
-            collector = self._collector_instance()
-            with self._sample_lock:
-                sample = collector.sample()
-            data = sample if isinstance(sample, dict) else sample_to_dict(sample)
-            self._add_claims(data)  # file locks: on the executor thread, not the event loop
-            return data
+        collector = self._collector_instance()
+        with self._sample_lock:
+            sample = collector.sample()
+        data = sample if isinstance(sample, dict) else sample_to_dict(sample)
+        self._add_claims(data)
+        return data
 
-        return await loop.run_in_executor(None, collect)
+    async def _collect(self) -> Dict[str, Any]:
+        """A sample taken now, off the loop (a request's, while the ticker has none to give)."""
+        return await asyncio.get_event_loop().run_in_executor(None, self._sample_data)
 
     def _add_claims(self, data: Dict[str, Any]) -> None:
         """Each GPU's claim (the job and user holding it on this host), or None."""
@@ -316,66 +339,65 @@ class Daemon:
             return max(self.interval, textfile.IDLE_INTERVAL_S)
         return self.interval
 
-    def _ring(self, rung: List[bool]) -> None:
-        """The ticker's timer: note that it rang, wake the ticker."""
-        rung.append(True)
-        assert self._wake is not None
-        self._wake.set()
+    def _ticker(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The ticker thread: collect at the current rate while someone listens, and more slowly
+        while only the textfile is written; hand the loop the latest sample, encoded once for
+        every client. A first subscriber or a new textfile (``_wake``) gets a sample at once.
 
-    async def _ticker(self) -> None:
-        """Collect at the current rate while someone listens, and more slowly while only the
-        textfile is written; publish the latest value only. A first subscriber (``_wake``) gets
-        a sample at once."""
-        assert self._cond is not None and self._wake is not None
-        loop = asyncio.get_event_loop()
-        next_tick = loop.time()
-        while True:
+        A thread of its own, not a timer on the loop and a hop to an executor: one wake-up of
+        this thread and one of the loop per tick, where those took four or five (with the GIL
+        passed back and forth), and nothing at all while nobody listens."""
+        next_tick = time.monotonic()
+        while not self._closing:
             if not self._ticking():
-                # Idle until someone subscribes: no wake-ups while nobody listens.
-                self._wake.clear()
-                await self._wake.wait()
-                next_tick = loop.time()
+                self._wake.clear()  # before looking again: a subscribe in between still wakes us
+                if not self._ticking() and not self._closing:
+                    self._wake.wait()
+                next_tick = time.monotonic()
                 continue
             self._wake.clear()
-            try:
-                data = await self._collect()
-            except Exception:  # a broken sensor must not stop the daemon
-                log.exception("telemetry sample failed")
-                data = None
-            if data is not None:
-                async with self._cond:
-                    self._latest = data
-                    self._latest_seq += 1
-                    self._cond.notify_all()
-                if self._textfile is not None:
-                    await loop.run_in_executor(None, self._write_textfile, data, False)
+            self._tick_once(loop)
             next_tick += self._tick_interval()
-            delay = next_tick - loop.time()
+            delay = next_tick - time.monotonic()
             if delay < 0:  # fell behind: skip, do not burst
-                next_tick = loop.time()
+                next_tick = time.monotonic()
                 delay = 0
-            # A timer that rings the wake event, not wait_for (a task and a timeout per tick).
-            rung = []  # type: List[bool]
-            timer = loop.call_later(delay, self._ring, rung)
-            await self._wake.wait()
-            timer.cancel()
-            if not rung:  # woken by a first subscriber: sample now
-                next_tick = loop.time()
+            if self._wake.wait(delay):  # woken by a first subscriber: sample now
+                next_tick = time.monotonic()
+
+    def _tick_once(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            data = self._sample_data()
+        except Exception:  # a broken sensor must not stop the daemon
+            if not self._closing:
+                log.exception("telemetry sample failed")
+            return
+        line = _encode(protocol.event("telemetry", data))
+        try:
+            loop.call_soon_threadsafe(self._publish, data, line)
+        except RuntimeError:  # the loop is closed: the daemon is stopping
+            return
+        if self._textfile is not None:
+            self._write_textfile(data, False)
+
+    def _publish(self, data: Dict[str, Any], line: bytes) -> None:
+        """The loop's side of a tick: the latest sample, and the streams woken to send it."""
+        self._latest, self._latest_line = data, line
+        self._latest_seq += 1
+        published, self._published = self._published, asyncio.Event()
+        if published is not None:
+            published.set()
 
     async def _stream(self, client: _Client) -> None:
-        assert self._cond is not None
         seen = 0
-
-        def fresh() -> bool:  # a sample newer than the last one sent
-            return self._latest_seq > seen
-
         try:
             while not client.closed:
-                async with self._cond:
-                    await self._cond.wait_for(fresh)
-                    seen = self._latest_seq
-                    data = self._latest
-                client.send(protocol.event("telemetry", data))
+                if self._latest_seq <= seen:  # nothing newer than the last one sent
+                    assert self._published is not None  # set by serve()
+                    await self._published.wait()
+                    continue
+                seen = self._latest_seq
+                client.send_line(self._latest_line)
                 # A slow reader parks here; samples published meanwhile are skipped, not queued.
                 await client.writer.drain()
         except (ConnectionError, asyncio.CancelledError):
@@ -530,7 +552,6 @@ class Daemon:
             self._apply_interval(interval)
         if client.stream_task is None:
             client.stream_task = asyncio.ensure_future(self._stream(client))
-            assert self._wake is not None  # set by serve()
             self._wake.set()
         return {"rate_hz": 1.0 / self.interval}
 
@@ -560,15 +581,7 @@ class Daemon:
     async def _job_watcher(self) -> None:
         """Tell every client about job state changes; hand over to a newer agent once idle."""
         loop = asyncio.get_event_loop()
-        skipped = 0
         while True:
-            # A host with no live job (most of the time) is looked at every 10 s, not each second:
-            # a job can only start through this daemon, which makes it not quiet at once.
-            if self.jobs.quiet() and not self._pending_upgrade and skipped < 9:
-                skipped += 1
-                await asyncio.sleep(1.0)
-                continue
-            skipped = 0
             try:
                 # One hop to the jobs thread, not two: most seconds nothing changed.
                 changes = await loop.run_in_executor(self._jobs_pool, self._supervise_jobs)
@@ -581,7 +594,24 @@ class Daemon:
                     self._stop_now()
             except Exception:
                 log.exception("job watcher")
+            await self._job_watch_pause(loop)
+
+    async def _job_watch_pause(self, loop: asyncio.AbstractEventLoop) -> None:
+        """A second while a job is live or an upgrade waits. A host with no live job (most of
+        the time) is looked at every 10 s, and the loop does not even wake in between: a job can
+        only start through this daemon, and every request that changes jobs (``_in_jobs_thread``)
+        ends the pause at once."""
+        poked = self._jobs_poked
+        assert poked is not None  # set by serve()
+        poked.clear()  # before looking: a request that ends after this still ends the pause
+        if not self.jobs.quiet() or self._pending_upgrade:
             await asyncio.sleep(1.0)
+            return
+        timer = loop.call_later(QUIET_WATCH_S, poked.set)  # a timer, not wait_for's task
+        try:
+            await poked.wait()
+        finally:
+            timer.cancel()
 
     @staticmethod
     def _str(params: Dict[str, Any], key: str) -> str:
@@ -754,6 +784,13 @@ class Daemon:
             return await asyncio.get_event_loop().run_in_executor(self._jobs_pool, fn)
         except errors as e:
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "%s%s" % (refused, e)) from None
+        finally:
+            self._poke_job_watcher()
+
+    def _poke_job_watcher(self) -> None:
+        """Jobs may have changed (or an upgrade waits): the job watcher looks now, not in 10 s."""
+        if self._jobs_poked is not None:
+            self._jobs_poked.set()
 
     def _m_job_start(self, client: _Client, params: Dict[str, Any]) -> Any:
         plan = params.get("plan")
@@ -902,7 +939,6 @@ class Daemon:
         await loop.run_in_executor(None, switch)
         if new is None:
             return {"path": None, "error": None}
-        assert self._wake is not None  # set by serve()
         self._wake.set()  # the ticker goes on writing it
         data = self._latest if self._latest is not None and self._subscribers() > 0 else await self._collect()
         error = await loop.run_in_executor(None, self._write_textfile, data, True)
@@ -972,6 +1008,7 @@ class Daemon:
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "upgrade needs 'path' of an agent.pyz on this host")
         if self.busy():
             self._pending_upgrade = path
+            self._poke_job_watcher()
             return {"scheduled": "when-idle"}
         self._successor = [sys.executable, path]
         asyncio.get_event_loop().call_later(0.1, self._stop_now)

@@ -603,8 +603,11 @@ class ProcessTable:
         self._root = proc_root
         self._uid = os.geteuid()
         self._procs = {}  # type: Dict[int, _Proc]
+        self._inodes = {}  # type: Dict[int, int]  # pid -> inode of every entry of _procs
+        self._fresh = set()  # type: set  # pids of _procs to read once more at the next scan
         self._tagged = {}  # type: Dict[int, _Proc]
         self._last_scan = float("-inf")
+        self._last_pid = None  # type: Optional[bytes]  # /proc/loadavg's newest pid at the last listing
         self._users = {}  # type: Dict[int, Optional[str]]
         self._open_fds = 0
         self._scanned = False
@@ -633,6 +636,11 @@ class ProcessTable:
         if old is not None and old is not p:
             self._close_fd(old)
         self._procs[p.pid] = p
+        self._inodes[p.pid] = p.inode
+        if p.fresh:
+            self._fresh.add(p.pid)
+        else:
+            self._fresh.discard(p.pid)
         if p.env:
             self._tagged[p.pid] = p
         else:
@@ -646,6 +654,8 @@ class ProcessTable:
 
     def drop(self, pid: int) -> None:
         p = self._procs.pop(pid, None)
+        self._inodes.pop(pid, None)
+        self._fresh.discard(pid)
         self._tagged.pop(pid, None)
         if p is not None:
             self._close_fd(p)
@@ -655,39 +665,61 @@ class ProcessTable:
         for pid in list(self._procs):
             self.drop(pid)
 
+    def _newest_pid(self) -> Optional[bytes]:
+        """The pid last handed out in this PID namespace (/proc/loadavg's fifth field), or None
+        where there is no such file (a made-up /proc)."""
+        try:
+            return _read_bytes(self._root + "/loadavg").split()[4]
+        except (OSError, IndexError):
+            return None
+
     def rescan(self, mono: float, force: bool = False) -> bool:
-        """List /proc (at most every RESCAN_S): forget dead pids, read the new ones."""
+        """List /proc (at most every RESCAN_S): forget dead pids, read the new ones.
+
+        Not even listed when no process was made since the last listing (the newest pid is the
+        same: a new process, or one under a reused pid, always takes a new one); those that were
+        new then are read again all the same. Returns whether /proc was listed."""
         if not force and mono - self._last_scan < self.RESCAN_S:
             return False
         self._last_scan = mono
-        seen = {}  # type: Dict[int, int]
+        newest = self._newest_pid()  # before listing: a process made while we list moves it
+        if not force and newest is not None and newest == self._last_pid:
+            self._read_fresh_again(None)
+            return False
         try:
             with os.scandir(self._root) as it:
-                for e in it:
-                    if e.name.isdigit():
-                        seen[int(e.name)] = e.inode()  # d_ino: no stat() per pid
+                # d_ino: no stat() per pid
+                seen = {int(e.name): e.inode() for e in it if e.name.isdigit()}
         except OSError:
             return False
-        for pid in [pid for pid in self._procs if pid not in seen]:
+        self._last_pid = newest
+        for pid in self._procs.keys() - seen.keys():
             self.drop(pid)
+        self._read_fresh_again(seen)
         # Processes already there at the first scan are past their exec; only later ones are
         # read a second time.
         fresh = self._scanned
         self._scanned = True
-        for pid, ino in seen.items():
-            p = self._procs.get(pid)
-            if p is None or p.inode != ino:
-                q = self._load(pid, fresh)
-                if q is not None:
-                    self._put(q)
-            elif p.fresh:
-                p.fresh = False
-                try:
-                    p.env = parse_environ(_read_bytes("%s/%d/environ" % (self._root, pid)))
-                except OSError:
-                    continue
-                self._put(p)
+        for pid, _ in sorted(seen.items() - self._inodes.items()):  # new pids, and reused ones
+            q = self._load(pid, fresh)
+            if q is not None:
+                self._put(q)
         return True
+
+    def _read_fresh_again(self, seen: Optional[Dict[int, int]]) -> None:
+        """Read once more the environment of the processes that were new at the last scan (the
+        first read can catch one between fork and exec); ``seen``: /proc's pids and inodes now."""
+        for pid in sorted(self._fresh):
+            p = self._procs[pid]
+            if seen is not None and seen.get(pid) != p.inode:
+                continue  # a new process under this pid: read as one below
+            p.fresh = False
+            self._fresh.discard(pid)
+            try:
+                p.env = parse_environ(_read_bytes("%s/%d/environ" % (self._root, pid)))
+            except OSError:
+                continue
+            self._put(p)
 
     def lookup(self, pid: int) -> Optional[_Proc]:
         """The entry of one pid (for pids NVML names), read now if unknown or reused."""

@@ -279,3 +279,139 @@ def test_a_slow_reader_gets_the_latest_sample_not_a_backlog(tmp_path: Path) -> N
         loop.call_soon_threadsafe(d._stop_now)
         t.join(5)
         d.release_lock()
+
+
+class _CountedSamples:
+    """A collector that counts its samples (the ticker thread's and the requests')."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def sample(self) -> dict:
+        self.n += 1
+        return {"seq": self.n, "time": time.time(), "gpus": []}
+
+    def set_interval(self, seconds: float) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _InProcess:
+    """A Daemon serving on a thread of this process, for tests that look inside it."""
+
+    def __init__(self, tmp_path: Path, collector: object) -> None:
+        from agent.daemon import Daemon
+
+        self.d = Daemon(str(tmp_path / "state"), collector_factory=lambda: collector)
+
+    def start(self) -> _InProcess:
+        import asyncio
+        import threading
+
+        assert self.d.acquire_lock()
+        self.loop = asyncio.new_event_loop()
+        self.t = threading.Thread(target=lambda: self.loop.run_until_complete(self.d.serve()), daemon=True)
+        self.t.start()
+        for _ in range(200):
+            if os.path.exists(self.d.paths.socket):
+                break
+            time.sleep(0.05)
+        return self
+
+    def client(self) -> SocketClient:
+        c = SocketClient(self.d.paths.socket)
+        c.send(protocol.encode(protocol.hello()))
+        return c
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.d._stop_now)
+        self.t.join(10)
+        assert not self.t.is_alive(), "the daemon did not stop"
+        self.d.release_lock()
+
+
+def _telemetry_lines(c: SocketClient, until_seq: int) -> dict[int, bytes]:
+    """The raw telemetry lines this client got, by sample seq, until one of ``until_seq``."""
+    got: dict[int, bytes] = {}
+    while True:
+        line = c.file.readline()
+        assert line, "daemon closed the connection"
+        msg = json.loads(line)
+        if msg.get("event") == "telemetry":
+            got[msg["data"]["seq"]] = line
+            if msg["data"]["seq"] >= until_seq:
+                return got
+
+
+def test_every_subscriber_gets_the_same_event_encoded_once_per_sample(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent import daemon
+
+    encoded: list[int] = []
+    real = daemon._encode
+
+    def counting(msg: dict) -> bytes:
+        if msg.get("event") == "telemetry":
+            encoded.append(msg["data"]["seq"])
+        return real(msg)
+
+    monkeypatch.setattr(daemon, "_encode", counting)
+    samples = _CountedSamples()
+    srv = _InProcess(tmp_path, samples).start()
+    try:
+        a, b = srv.client(), srv.client()
+        time.sleep(0.3)
+        assert samples.n == 0  # nobody listens: the ticker takes none
+        for rid, c in enumerate((a, b), 1):
+            c.send(protocol.encode(protocol.request(rid, "subscribe", rate_hz=10)))
+        got_a, got_b = _telemetry_lines(a, 8), _telemetry_lines(b, 8)
+        both = set(got_a) & set(got_b)
+        assert len(both) >= 5
+        assert all(got_a[s] == got_b[s] for s in both)  # the same bytes
+        # One encoding per sample, not one per client.
+        assert sorted(encoded) == sorted(set(encoded)) and len(encoded) >= 8
+        # Nobody listens again: the ticker stops (at 10 Hz it would take some 10 in a second).
+        for rid, c in enumerate((a, b), 3):
+            c.send(protocol.encode(protocol.request(rid, "unsubscribe")))
+        time.sleep(0.5)
+        stopped_at = samples.n
+        time.sleep(1.0)
+        assert samples.n == stopped_at
+    finally:
+        srv.stop()
+
+
+def test_the_idle_job_watcher_looks_again_when_a_jobs_request_comes_not_on_a_timer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent import daemon
+
+    monkeypatch.setattr(daemon, "QUIET_WATCH_S", 3600.0)  # only a request can end its pause
+    srv = _InProcess(tmp_path, _CountedSamples())
+    looks: list[float] = []
+    real = srv.d._supervise_jobs
+
+    def counting() -> list:
+        looks.append(time.monotonic())
+        return real()
+
+    srv.d._supervise_jobs = counting  # type: ignore[method-assign]
+    srv.start()
+    try:
+        c = srv.client()
+        c.send(protocol.encode(protocol.request(1, "ping")))
+        assert c.recv()["ok"]
+        deadline = time.monotonic() + 10
+        while not looks and time.monotonic() < deadline:  # its first look, at the start
+            time.sleep(0.05)
+        time.sleep(1.5)
+        # Quiet, no job: the watcher sleeps (it would look each second if a job were live).
+        assert len(looks) == 1 and srv.d.jobs.quiet()
+        c.send(protocol.encode(protocol.request(2, "job_release", job_id="none-here")))
+        deadline = time.monotonic() + 10
+        while len(looks) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(looks) == 2, "the request that may change jobs did not wake the job watcher"
+    finally:
+        srv.stop()

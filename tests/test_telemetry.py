@@ -983,3 +983,37 @@ def test_a_process_caught_inside_its_exec_is_read_again_even_at_the_first_scan(t
     (proc / "101" / "environ").write_bytes(b"")
     table.rescan(20.0, force=True)
     assert [p.pid for p in table.tagged()] == [101]  # read twice at most
+
+
+def test_proc_is_listed_again_only_once_a_new_pid_was_handed_out(tmp_path: Path) -> None:
+    """/proc/loadavg names the newest pid: while it stays, no process was made (a new one, even
+    under a reused pid, takes a new pid) and /proc is not listed again; the processes that were
+    new at the last listing are still read once more (one may have been caught before its exec)."""
+    proc = tmp_path / "proc"
+
+    def newest(pid: int) -> None:
+        (proc / "loadavg").write_text(f"0.10 0.20 0.30 1/99 {pid}\n")
+
+    def spawn(pid: int, environ: bytes) -> None:
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "environ").write_bytes(environ)
+
+    spawn(101, b"PATH=/bin\0")
+    newest(101)
+    table = telemetry.ProcessTable(str(proc))
+    assert table.rescan(0.0) and len(table) == 1
+    spawn(102, b"PATH=/bin\0")  # between fork and exec: its parent's environment
+    newest(102)
+    assert table.rescan(2.0) and len(table) == 2 and table.tagged() == []
+    (proc / "102" / "environ").write_bytes(b"RIGDECK_JOB_ID=j1\0RIGDECK_RANK=3\0")  # its exec
+    spawn(103, b"RIGDECK_JOB_ID=j9\0")  # made up: no real process appears without a new pid
+    assert not table.rescan(4.0)  # the newest pid is the same: not listed...
+    assert [(p.pid, p.env) for p in table.tagged()] == [(102, {"RIGDECK_JOB_ID": "j1", "RIGDECK_RANK": "3"})]
+    assert len(table) == 2  # ...so 103 is not seen, as no real process could be there
+    assert not table.rescan(5.0)  # and not before RESCAN_S either
+    newest(104)
+    assert table.rescan(6.0) and len(table) == 3
+    assert sorted(p.pid for p in table.tagged()) == [102, 103]
+    (proc / "loadavg").unlink()  # no newest pid to tell: listed every RESCAN_S, as before
+    spawn(105, b"RIGDECK_JOB_ID=j5\0")
+    assert table.rescan(8.0) and len(table) == 4
