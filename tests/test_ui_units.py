@@ -290,6 +290,37 @@ async def test_diff_table_changes_only_what_differs() -> None:
         await pilot.pause()
 
 
+async def test_diff_table_header_is_drawn_again_only_when_it_changes() -> None:
+    """The header line kept across cell updates is the line DataTable draws afresh, wherever
+    the cursor goes; new column labels draw it again."""
+    from textual.widgets import DataTable
+
+    app = _TableApp()
+    async with app.run_test() as pilot:
+        t = app.query_one(DiffTable)
+        t.apply([(f"r{i}", (f"r{i}", i, "x")) for i in range(5)])
+        await pilot.pause()
+
+        def header() -> tuple[Any, Any]:
+            args = (t._header_row_key, 0, t.rich_style, t.cursor_coordinate, t.hover_coordinate)
+            t._row_render_cache.clear()
+            return t._render_line_in_row(*args), DataTable._render_line_in_row(t, *args)
+
+        kept, fresh = header()
+        assert kept == fresh
+        for tick in range(3):  # cell updates and cursor moves: the same line, not drawn again
+            t.apply([(f"r{i}", (f"r{i}", i + tick, "y")) for i in range(5)])
+            t.move_cursor(row=tick + 1)
+            again, fresh = header()
+            assert again is kept and again == fresh
+        t.set_columns([Col("k", "Key"), Col("v", "Other", 8), Col("w", "W", 8)])
+        t.apply([(f"r{i}", (f"r{i}", i, "x")) for i in range(5)])
+        await pilot.pause()
+        changed, fresh = header()
+        assert changed == fresh and changed != kept
+        assert "Other" in "".join(seg.text for seg in changed[1][1])
+
+
 class _GpusApp(App[None]):
     """A GPU table 12 lines high: rows 10.. are out of view."""
 

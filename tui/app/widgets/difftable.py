@@ -182,6 +182,19 @@ def _spanned_segments(
     return list(Segment.simplify(out))
 
 
+def _header_sees(location: Coordinate, cursor_type: str) -> Any:
+    """What of a cursor's (or hover's) place the header line's look depends on, as DataTable
+    highlights cells: the header is row -1, so a row cursor matters only there, a column
+    cursor by its column, a cell cursor only on the header itself."""
+    if cursor_type == "row":
+        return location.row == -1
+    if cursor_type == "column":
+        return location.column
+    if cursor_type == "cell":
+        return location if location.row == -1 else None
+    return None
+
+
 @dataclass(frozen=True)
 class _FrameValues:
     """What drawing a frame's lines reads from the table, read once for the frame."""
@@ -328,6 +341,9 @@ class DiffTable(DataTable[RenderableType]):
             OrderedDict()
         )
         self._rows_rendered: dict[str, tuple[Any, Any, Any, Any]] = {}
+        # The header line as DataTable renders it, kept across table updates (DataTable's own
+        # cache is forgotten with every tick's update): (what it was drawn from, the line).
+        self._header_drawn: tuple[Any, Any] | None = None
         self._frame: Any = None
         self._frame_styles: dict[tuple[int, bool, bool], tuple[Style, Style]] = {}
         self._widths: tuple[int, ...] = ()
@@ -347,6 +363,7 @@ class DiffTable(DataTable[RenderableType]):
     def _theme_changed(self, _theme: object) -> None:
         self._palette = None
         self._seg_cache.clear()
+        self._header_drawn = None
         for row in self._data.values():  # every cell renders again in the new colours
             for cell in row.values():
                 if isinstance(cell, LazyCell):
@@ -407,6 +424,8 @@ class DiffTable(DataTable[RenderableType]):
         between the row style and the cursor/hover style, and the row extended to the widget's
         width; clicks find their row from the mouse position rather than segment meta.
         """
+        if row_key is self._header_row_key:
+            return self._header_line(row_key, line_no, base_style, cursor_location, hover_location)
         key = row_key.value
         raw = self.current_raw(key) if key is not None else None
         at = self._drawing_row
@@ -465,6 +484,49 @@ class DiffTable(DataTable[RenderableType]):
         pair: tuple[list[Any], list[list[Segment]]] = ([], [line])
         self._rows_rendered[key] = (look, raw, frame, pair)
         return pair
+
+    def _header_line(
+        self,
+        row_key: RowKey,
+        line_no: int,
+        base_style: Style,
+        cursor_location: Any,
+        hover_location: Any,
+    ) -> Any:
+        """The header line as DataTable draws it, drawn again only when what it is drawn from
+        changed (its columns' labels and widths, the cursors, the widget's look), not on every
+        tick's update of the table's cells."""
+        columns = tuple(
+            (c.key, c.label.plain, c.label.style, tuple(c.label.spans), c.get_render_width(self))
+            for c in self.ordered_columns
+        )
+        cursor_type = self.cursor_type
+        made_from = (
+            line_no,
+            base_style,
+            _header_sees(cursor_location, cursor_type),
+            _header_sees(hover_location, cursor_type),
+            cursor_type,
+            self.show_cursor,
+            self._show_hover_cursor,
+            self._pseudo_class_state,
+            self.fixed_columns,
+            self._labelled_row_exists and self.show_row_labels,
+            self.get_component_styles("datatable--header").rich_style,
+            self.zebra_stripes,
+            self.size.width,
+            self._row_label_column_width,
+            columns,
+        )
+        drawn = self._header_drawn
+        if drawn is not None and drawn[0] == made_from:
+            return drawn[1]
+
+        line = super()._render_line_in_row(
+            row_key, line_no, base_style, cursor_location, hover_location
+        )
+        self._header_drawn = (made_from, line)
+        return line
 
     def _read_frame_values(self) -> _FrameValues:
         return _FrameValues(
