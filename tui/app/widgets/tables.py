@@ -353,6 +353,7 @@ class GpuOrder:
         self._keys: list[str] = []  # position -> row key
         self._pos: dict[str, int] = {}  # row key -> position
         self._tie: list[int] = []
+        self._by_tie: list[int] = []
         self._sort_key: list[tuple[Any, ...]] = []
         self._sorted: list[tuple[Any, ...]] = []  # every position's sort key, in order
         self._shown: list[bool] = []
@@ -404,10 +405,18 @@ class GpuOrder:
         tie = self._tie
         new: list[tuple[Any, ...]]
         if field is not None:
-            new = [(-(field(g) or 0), t, p) for p, (g, t) in enumerate(zip(flat, tie, strict=True))]
-        else:
-            labels = [self._memo_of(p, g)[0] for p, g in enumerate(flat)]
-            new = [(lb == "-", lb, t, p) for p, (lb, t) in enumerate(zip(labels, tie, strict=True))]
+            # The keys as (-value, tie, position), and their order sorted by the value alone
+            # from the positions in tie order: a stable sort of plain numbers (its ties stay in
+            # tie order) gives the order of the tuples for much less than comparing tuples.
+            values = [-(field(g) or 0) for g in flat]
+            new = list(zip(values, tie, range(len(values)), strict=True))
+            if new == self._sort_key:
+                return False
+            self._sort_key = new
+            self._sorted = [new[p] for p in sorted(self._by_tie, key=values.__getitem__)]
+            return True
+        labels = [self._memo_of(p, g)[0] for p, g in enumerate(flat)]
+        new = [(lb == "-", lb, t, p) for p, (lb, t) in enumerate(zip(labels, tie, strict=True))]
         if new == self._sort_key:
             return False
         self._sort_key = new
@@ -454,7 +463,8 @@ class GpuOrder:
         self._pos = {k: i for i, k in enumerate(self._keys)}
         names = [(h.name, g.index or 0) for h in snapshot for g in h.gpus or ()]
         self._tie = [0] * n
-        for rank, pos in enumerate(sorted(range(n), key=names.__getitem__)):
+        self._by_tie = sorted(range(n), key=names.__getitem__)  # positions in tie order
+        for rank, pos in enumerate(self._by_tie):
             self._tie[pos] = rank
         self._seen = [None] * len(snapshot)  # nothing seen: every host looked at
         self._sort_key = [(pos,) for pos in range(n)]
