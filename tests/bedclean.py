@@ -22,6 +22,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.testbed import TestBed, TestHost
@@ -46,23 +47,30 @@ def _cmdline(pid: str) -> str:
         return ""
 
 
-def job_processes(bed: TestBed) -> dict[str, list[tuple[int, str, str]]]:
-    """host name -> [(pid as this machine sees it, job id, command line)] of every process on
-    that host that belongs to a job (carrying a job's tag, or a job host, which carries none), or
-    that loads a simulated GPU (``RIGDECK_SIM_GPU``: a test's stand-in for a GPU process)."""
-    hosts = {_ns(h.init_pid): h for h in bed.hosts if h.init_pid}
-    hosts.pop(None, None)
-    out: dict[str, list[tuple[int, str, str]]] = {}
+def _bed_processes(hosts: list[TestHost]) -> Iterator[tuple[str, TestHost, list[bytes]]]:
+    """(pid, its host, its environment's entries) of every process on ``hosts`` (found by PID
+    namespace) whose environment can be read."""
+    by_ns = {_ns(h.init_pid): h for h in hosts if h.init_pid}
+    by_ns.pop(None, None)
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
-        host = hosts.get(_ns(pid))
+        host = by_ns.get(_ns(pid))
         if host is None:
             continue
         try:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:
             continue
+        yield pid, host, env
+
+
+def job_processes(bed: TestBed) -> dict[str, list[tuple[int, str, str]]]:
+    """host name -> [(pid as this machine sees it, job id, command line)] of every process on
+    that host that belongs to a job (carrying a job's tag, or a job host, which carries none), or
+    that loads a simulated GPU (``RIGDECK_SIM_GPU``: a test's stand-in for a GPU process)."""
+    out: dict[str, list[tuple[int, str, str]]] = {}
+    for pid, host, env in _bed_processes(bed.hosts):
         tag = next((v[len(JOB_TAG):].decode(errors="replace") for v in env if v.startswith(JOB_TAG)), None)
         if tag is None and any(v.startswith(SIM_TAG) for v in env):
             tag = "(a simulated GPU's load)"  # a test's CPU burner standing for a GPU process
@@ -81,21 +89,10 @@ def misconfigured_daemons(bed: TestBed) -> dict[str, list[tuple[int, str]]]:
     the host's simulated GPUs. A daemon lives on after the test that started it and serves every
     later controller; one started without ``RIGDECK_SIM_GPUS`` (an inventory written without the
     bed's ``sim_gpus``, as onboarding writes) leaves the host with no GPUs for the rest of the run."""
-    hosts = {_ns(h.init_pid): h for h in bed.hosts if h.init_pid and h.sim_gpus > 0}
-    hosts.pop(None, None)
     out: dict[str, list[tuple[int, str]]] = {}
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        host = hosts.get(_ns(pid))
-        if host is None:
-            continue
+    for pid, host, env in _bed_processes([h for h in bed.hosts if h.sim_gpus > 0]):
         argv = _cmdline(pid).split()
         if "daemon" not in argv or "--state-dir" not in argv:
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
             continue
         want = SIM_COUNT + str(host.sim_gpus).encode()
         if want not in env:

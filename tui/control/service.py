@@ -20,7 +20,7 @@ from typing import Any
 
 from tui.control.controller import Controller, HostReport
 from tui.control.history import History
-from tui.control.jobs import JobManager, JobView
+from tui.control.jobs import JobError, JobManager, JobView
 from tui.control.jobwatch import JobDetail, JobsSnapshot, JobWatch, StopPlan
 from tui.control.notify import Notifier
 from tui.control.pipelines import PipelineRunner
@@ -570,8 +570,6 @@ class ControllerService:
         """Launch an ended job again as a new job: its recorded spec (the same code snapshot),
         owned by the same person (their work, their share and quotas); ``user``: who asked,
         recorded on both jobs. JobError for a job that has not ended."""
-        from tui.control.jobs import JobError
-
         rec = self.manager.resolve(ref).rec
         old = str(rec["job_id"])
         if rec.get("state") not in TERMINAL:
@@ -585,8 +583,6 @@ class ControllerService:
     def reprioritise(self, ref: str, priority: int, *, user: str | None = None) -> JobView:
         """Set the priority of a job that has not ended: a waiting one's place in line, a running
         one's standing against preemption. ``user``: who changed it, recorded."""
-        from tui.control.jobs import JobError
-
         if isinstance(priority, bool) or not isinstance(priority, int):
             raise JobError(f"priority: expected an integer, got {priority!r}")
         with self._exclusive():
