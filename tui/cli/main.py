@@ -36,6 +36,7 @@ from tui.client import (
 from tui.model.diagnose import Signal
 from tui.model.fields import Bad, listen_address, show
 from tui.model.inventory import Inventory, InventoryError
+from tui.model.jobstate import QUEUED, SUCCEEDED, TERMINAL, UNKNOWN
 from tui.model.jobtext import code_lines, job_lines
 from tui.model.jobview import JobView
 from tui.model.permissions import PermissionDenied
@@ -292,9 +293,8 @@ def job_signals(client: Any, view: JobView, records: list[dict[str, Any]] | None
     unless given); none for a job that ended or has not started. No telemetry here: GPU
     utilization counts as unknown."""
     from tui.model.diagnose import signals_from_records
-    from tui.model.jobstate import TERMINAL
 
-    if view.state in TERMINAL or view.state == "queued" or view.unreachable:
+    if view.state in TERMINAL or view.state == QUEUED or view.unreachable:
         return []  # with hosts unreachable, the others' ranks alone would mislead
     if records is None:
         records = client.metrics(view.job_id)
@@ -308,7 +308,7 @@ def job_stages(client: Any, view: JobView, records: list[dict[str, Any]] | None 
     other job."""
     from tui.model.stages import stages_from_records
 
-    if not view.spec.get("model_parallel") or view.state == "queued":
+    if not view.spec.get("model_parallel") or view.state == QUEUED:
         return None
     if records is None:
         try:
@@ -323,11 +323,10 @@ def _status_records(client: Any, view: JobView) -> list[dict[str, Any]] | None:
     """The metrics records ``status`` reads once for both signals and stages (None: neither
     needs them). None read while hosts of the job are unreachable: the view just waited for them,
     and signals from the other hosts' ranks alone would mislead (the stages show the plan)."""
-    from tui.model.jobstate import TERMINAL
 
     if view.unreachable:
         return []
-    live = view.state not in TERMINAL and view.state != "queued"
+    live = view.state not in TERMINAL and view.state != QUEUED
     return client.metrics(view.job_id) if live else None
 
 
@@ -443,13 +442,13 @@ def _launch(client: Any, args: argparse.Namespace) -> int:
     elif args.wait:
         _print_job(view)
     if args.wait:
-        return EXIT_OK if view.state == "succeeded" else EXIT_HOST_FAILED
+        return EXIT_OK if view.state == SUCCEEDED else EXIT_HOST_FAILED
     return EXIT_OK
 
 
 def _print_launched(client: Any, view: Any) -> None:
     """What a launch did: queued (where, waiting for what) or started (where, after what)."""
-    if view.state == "queued":
+    if view.state == QUEUED:
         pos = next((e.position for e in client.queue() if e.job_id == view.job_id), "?")
         print(f"queued {view.job_id} (position {pos}): waits for {view.waiting}", flush=True)
         if client.kind == "embedded":
@@ -507,7 +506,7 @@ def _status(client: Any, args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
     else:
         _print_job(view, signals, stages)
-    return EXIT_HOST_FAILED if view.state == "unknown" else EXIT_OK
+    return EXIT_HOST_FAILED if view.state == UNKNOWN else EXIT_OK
 
 
 def _logs(client: Any, args: argparse.Namespace) -> int:
@@ -554,7 +553,6 @@ def _stop(client: Any, args: argparse.Namespace) -> int:
     """``rigdeck stop``: by default returns once no process of the job is left on any host and
     its GPU claims are released, saying so; ``--no-wait`` once the hosts are told."""
     from tui.client import AmbiguousJobError
-    from tui.model.jobstate import TERMINAL
 
     began = time.monotonic()
     if args.wait and not args.json:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tui.model.jobstate import PENDING
+
 log = logging.getLogger(__name__)
 
 # Told of every recorded state change: (job id, new state, the other fields written with it).
@@ -135,7 +137,7 @@ class History:
     def close(self) -> None:
         self._db.close()
 
-    def create(self, job_id: str, name: str, spec: dict[str, Any], state: str = "pending",
+    def create(self, job_id: str, name: str, spec: dict[str, Any], state: str = PENDING,
                user: str | None = None) -> None:
         """Record a new job; ``user``: who owns it (tui.model.fairshare.job_user reads it)."""
         with self._lock, self._db:

@@ -30,7 +30,18 @@ from tui.model.fairshare import preempt_pending
 from tui.model.health import Goodput, Incident, first_started, goodput
 from tui.model.identity import local_user
 from tui.model.jobspec import JobSpec
-from tui.model.jobstate import TERMINAL
+from tui.model.jobstate import (
+    FAILED,
+    PENDING,
+    QUEUED,
+    RUNNING,
+    STARTING,
+    STOPPED,
+    STOPPING,
+    SUCCEEDED,
+    TERMINAL,
+    UNKNOWN,
+)
 from tui.model.jobview import JobView, Progress, job_view
 from tui.model.mpspec import ENV_VAR as MP_ENV_VAR
 from tui.model.poolspec import check_pins
@@ -78,20 +89,20 @@ def overall_state(host_states: dict[str, dict[str, Any] | TransportError]) -> st
     # job's state; a worker that errors once its peer has gone (a collective cut short), or a
     # host out of reach, does not undo it.
     if pools.primary_succeeded(host_states):
-        return "succeeded"
-    if any(s == "failed" for s in states):
-        return "failed"
+        return SUCCEEDED
+    if any(s == FAILED for s in states):
+        return FAILED
     if len(states) < len(host_states):
-        return "unknown"
+        return UNKNOWN
     if states and all(s in TERMINAL for s in states):
-        if all(s == "succeeded" for s in states):
-            return "succeeded"
-        return "stopped"
-    if any(s == "stopping" for s in states):
-        return "stopping"
-    if any(s == "starting" for s in states) or not states:
-        return "starting"
-    return "running"
+        if all(s == SUCCEEDED for s in states):
+            return SUCCEEDED
+        return STOPPED
+    if any(s == STOPPING for s in states):
+        return STOPPING
+    if any(s == STARTING for s in states) or not states:
+        return STARTING
+    return RUNNING
 
 
 def left_behind(host_states: Mapping[str, Any]) -> dict[str, str]:
@@ -128,17 +139,17 @@ def not_yet_told(rec: Mapping[str, Any], host_states: dict[str, Any]) -> dict[st
     """``host_states`` with a host that has no such job yet read as ``starting`` while the job is
     being started (``pending`` or ``starting``: a launch, or the queue's poller in another
     process, is still telling its hosts), instead of as a host out of reach."""
-    if rec.get("state") not in ("pending", "starting"):
+    if rec.get("state") not in (PENDING, STARTING):
         return host_states
     told = f"no job {rec.get('job_id')} on this host"
-    return {h: {"state": "starting"} if not isinstance(s, dict) and told in str(s) else s
+    return {h: {"state": STARTING} if not isinstance(s, dict) and told in str(s) else s
             for h, s in host_states.items()}
 
 
 def first_cause(host_states: dict[str, Any]) -> dict[str, Any] | None:
     causes = []
     for host, st in host_states.items():
-        if isinstance(st, dict) and st.get("state") == "failed" and st.get("cause"):
+        if isinstance(st, dict) and st.get("state") == FAILED and st.get("cause"):
             c = dict(st["cause"])
             c.setdefault("host", host)
             causes.append((st.get("ended") or 0, c))
@@ -154,7 +165,7 @@ def stop_cause(host_states: dict[str, Any]) -> dict[str, Any] | None:
     """Why a job's hosts stopped it (``max_runtime of 7200s exceeded``, ...), from the first
     host that says so."""
     for host, st in host_states.items():
-        if isinstance(st, dict) and st.get("state") == "stopped" and (st.get("cause") or {}).get("message"):
+        if isinstance(st, dict) and st.get("state") == STOPPED and (st.get("cause") or {}).get("message"):
             return {**st["cause"], "host": st["cause"].get("host") or host}
     return None
 
@@ -497,14 +508,14 @@ class JobManager:
         rec = self.history.get(job_id)
         attempt = 0
         if rec is None:
-            self.history.create(job_id, spec.name, spec.to_dict(), state="pending",
+            self.history.create(job_id, spec.name, spec.to_dict(), state=PENDING,
                                 user=user if user is not None else local_user())
         elif any(e.get("event") == "started" for e in rec.get("events") or ()):
             attempt = int(rec.get("restarts") or 0) + 1
             self.history.add_event(job_id, {"event": "resumed", "restart_count": attempt,
                                             "preempted": int(rec.get("preempted") or 0)})
         owner = {"user": user} if rec is not None and user else {}
-        self.history.update(job_id, state="pending", placement=placement.to_plan_nodes(), **owner)
+        self.history.update(job_id, state=PENDING, placement=placement.to_plan_nodes(), **owner)
         try:
             self._start(job_id, spec, placement, restart_count=attempt)
         except BaseException:
@@ -599,7 +610,7 @@ class JobManager:
         """Start the job on every host of ``placement``, or on none: whatever goes wrong (a host,
         the network, a bug, Ctrl-C) stops what started, gives back every claim and records the
         job as failed with why. A job is never left ``starting``."""
-        self.history.update(job_id, state="starting", placement=placement.to_plan_nodes(), restarts=restart_count)
+        self.history.update(job_id, state=STARTING, placement=placement.to_plan_nodes(), restarts=restart_count)
         hosts = list(placement.hosts)
         results: dict[str, Any] = {}
         try:
@@ -633,12 +644,12 @@ class JobManager:
             self.ctl.agents(started).job_stop(job_id=job_id, grace_s=1.0, timeout=30)
             self.ctl.agents([h for h in hosts if h not in started]).job_release(job_id=job_id, timeout=30)
             why = str(e) if isinstance(e, JobError) else f"{type(e).__name__}: {e}"
-            self.history.update(job_id, state="failed", ended=time.time(), cause={"message": f"start failed: {why}"})
+            self.history.update(job_id, state=FAILED, ended=time.time(), cause={"message": f"start failed: {why}"})
             raise
         self.history.add_event(job_id, {"event": "started", "restart_count": restart_count,
                                         "hosts": list(placement.hosts),
                                         "gpus": usage.placement_gpus(placement.to_plan_nodes())},
-                               state="running", started=time.time())
+                               state=RUNNING, started=time.time())
 
     def snapshot_code(self, spec: JobSpec) -> JobSpec:
         """A spec with ``[code] sync`` gets its snapshot now, at submission: the job runs this
@@ -790,15 +801,15 @@ class JobManager:
         rec = found.rec
         job_id = rec["job_id"]
         by = user or local_user() or "?"
-        if rec["state"] == "queued" and self.history.take_queued(job_id):
+        if rec["state"] == QUEUED and self.history.take_queued(job_id):
             # Nothing runs yet: it leaves the line, and no host is touched.
-            self.history.update(job_id, state="stopped", ended=time.time(),
+            self.history.update(job_id, state=STOPPED, ended=time.time(),
                                 cause={"message": "cancelled while queued"})
             self.history.add_event(job_id, {"event": "cancelled while queued", "by": by})
             return self.view(job_id, live=False)
         self.history.update(job_id, supervisor=self.owner, lease_until=time.time() + LEASE_S)
         grace = grace_s if grace_s is not None else float(rec["spec"].get("grace_s", 30))
-        self.history.update(job_id, state="stopping")
+        self.history.update(job_id, state=STOPPING)
         self.history.add_event(job_id, {"event": "stop requested", "grace_s": grace, "by": by})
         hosts = list(dict.fromkeys(n["host"] for n in rec.get("placement") or []))
         self.ctl.agents(hosts).job_stop(job_id=job_id, grace_s=grace, timeout=20)
@@ -823,7 +834,7 @@ class JobManager:
             self.history.add_event(job_id, {"event": "stop incomplete", "left": left})
             return self.view(job_id, live=False)
         extra: dict[str, Any] = {"cause": {"message": "stopped; unreachable then: " + ", ".join(left)}} if left else {}
-        self.history.update(job_id, state="stopped", ended=time.time(), **extra)
+        self.history.update(job_id, state=STOPPED, ended=time.time(), **extra)
         self.scheduler.release(job_id)
         return self.view(job_id)
 
@@ -831,7 +842,7 @@ class JobManager:
         """Jobs being stopped (``stopping``) that run on any of ``hosts``: what a launch on
         those hosts may be waiting for."""
         want = set(hosts)
-        return [r for r in self.history.list(limit=500) if r["state"] == "stopping"
+        return [r for r in self.history.list(limit=500) if r["state"] == STOPPING
                 and want & {n["host"] for n in r.get("placement") or []}]
 
     def await_stopped(self, job_ids: Sequence[str], timeout: float) -> dict[str, dict[str, str]]:
@@ -865,22 +876,22 @@ class JobManager:
         states = self.host_states(rec)
         overall = overall_state(states)
         # What leaves every process alive and the job going nowhere (tui/control/healing.py).
-        fault = self.healer.look(rec, states) if rec["state"] == "running" and overall in (
-            "running", "unknown") else None
-        if fault is None and rec["state"] == "running" and overall == "failed":
+        fault = self.healer.look(rec, states) if rec["state"] == RUNNING and overall in (
+            RUNNING, UNKNOWN) else None
+        if fault is None and rec["state"] == RUNNING and overall == FAILED:
             # A rank that died as its GPU failed (a CUDA error at XID 79) died of the GPU: drained,
             # recorded as the GPU's incident, and the restart goes elsewhere. Its host may not
             # have seen the death yet (its peer, whose collective broke, failed first): the
             # hosts still running are asked again on a sample taken now.
             fault = self.healer.gpu_fault(rec, states)
-            running = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") != "failed"]
+            running = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") != FAILED]
             if fault is None and running:
                 again = self.host_states(rec, skip=[h for h in states if h not in running], fresh_health=True)
                 fault = self.healer.gpu_fault(rec, again)
         if rec["state"] in TERMINAL:
             self.healer.forget(job_id)
         news = bool(pools.replica_events(rec, states))  # a pool's replica failed, training goes on
-        if fault is None and (rec["state"] in TERMINAL or rec["state"] == "queued" or (
+        if fault is None and (rec["state"] in TERMINAL or rec["state"] == QUEUED or (
                 overall in (rec["state"], "unknown") and not news)):
             return states  # what cannot be known is not written over what history knows
         # A controller that only looks (``status``, ``jobs``, a ``launch`` without ``--wait``)
@@ -901,7 +912,7 @@ class JobManager:
         """Stop a job that a fault leaves alive and going nowhere, keep the incident, and restart
         it from its checkpoint away from what failed (or fail it, as its spec says)."""
         rec = self.record(job_id)  # as it is now that we hold the lease
-        if rec["state"] != "running":
+        if rec["state"] != RUNNING:
             return states
         cause = fault.cause()
         live = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") not in TERMINAL]
@@ -930,7 +941,7 @@ class JobManager:
             return self._requeue(job_id, rec, states)
         if overall in (rec["state"], "unknown"):
             return states
-        if overall == "failed":
+        if overall == FAILED:
             cause = first_cause(states) or {"message": "a host reported failure"}
             live = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") not in TERMINAL]
             if live:  # stop the rest of the gang now
@@ -949,9 +960,9 @@ class JobManager:
         elif overall in TERMINAL:
             # A job that stopped without being asked to (max_runtime, or a stop from a host)
             # says why; a user's stop records its own.
-            why = stop_cause(states) if overall == "stopped" else None
+            why = stop_cause(states) if overall == STOPPED else None
             extra: dict[str, Any] = {"cause": why} if why else {}
-            if overall == "succeeded" and pools.primary_succeeded(states):
+            if overall == SUCCEEDED and pools.primary_succeeded(states):
                 # The primary's success ends a pool job: its other replicas are stopped.
                 extra = pools.stop_after_primary(self, rec, states)
                 self.history.update(job_id, state=overall, ended=time.time())
@@ -961,7 +972,7 @@ class JobManager:
             self.history.update(job_id, state=overall, ended=time.time(), **extra)
             self.history.add_event(job_id, {"event": overall, **extra})
             self.scheduler.release(job_id)
-        elif overall != rec["state"] and rec["state"] != "stopping":
+        elif overall != rec["state"] and rec["state"] != STOPPING:
             self.history.update(job_id, state=overall)
         return states
 
@@ -972,7 +983,7 @@ class JobManager:
         waiting = (f"preempted by job {', '.join(by)}: resumes from its newest checkpoint when room frees"
                    if (rec.get("spec") or {}).get("preemptible") is True
                    else f"preempted by job {', '.join(by)}: starts again when room frees")
-        self.history.update(job_id, state="queued", placement=None, waiting=waiting,
+        self.history.update(job_id, state=QUEUED, placement=None, waiting=waiting,
                             priority=int((rec.get("spec") or {}).get("priority") or 0))
         self.history.add_event(job_id, {"event": "requeued", "waiting": waiting})
         self.scheduler.release(job_id)
@@ -1001,13 +1012,13 @@ class JobManager:
                 self._start(job_id, spec, placement, restart_count=restarts + 1)
             except (PlacementError, JobError) as e:
                 self.scheduler.release(job_id)
-                self.history.update(job_id, state="failed", ended=time.time(),
+                self.history.update(job_id, state=FAILED, ended=time.time(),
                                     cause={**cause, "restart_error": str(e)})
             return states
         # Decided: announced now (notifications), recorded once the gang has stopped.
         self.history.announce(job_id, "failed", {"cause": cause})
         self._wait_terminal(rec, 15, skip=dead)  # the rest of the gang is stopping: let it finish
-        self.history.update(job_id, state="failed", ended=time.time(), cause=cause)
+        self.history.update(job_id, state=FAILED, ended=time.time(), cause=cause)
         self.history.add_event(job_id, {"event": "failed", "cause": cause})
         self.scheduler.release(job_id)
         return states
@@ -1055,7 +1066,7 @@ class JobManager:
             rec = self.record(ref)  # what this look recorded (a replica failed, the end)
             hosts = not_yet_told(rec, hosts)
             missing = unreachable(hosts)
-            if missing and rec["state"] not in TERMINAL and overall_state(hosts) == "unknown":
+            if missing and rec["state"] not in TERMINAL and overall_state(hosts) == UNKNOWN:
                 state = "unknown"
         else:
             hosts = self.host_states(rec)

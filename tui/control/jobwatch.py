@@ -24,7 +24,7 @@ from tui.control.reader import JobReader, log_ranks
 from tui.model.diagnose import Signal, StepTimes, signals
 from tui.model.health import Goodput, Incident, first_started, goodput
 from tui.model.jobspec import JobSpec
-from tui.model.jobstate import TERMINAL
+from tui.model.jobstate import QUEUED, TERMINAL
 from tui.model.jobview import (  # noqa: F401  (the views this poller builds; importers find them here too)
     LOG_LIMIT,
     CheckpointSave,
@@ -489,7 +489,7 @@ class JobWatch:
         recent = getattr(self.jobs.history, "recent", None)  # a stand-in history may lack it
         if recent is not None:
             recs += [r for r in recent(time.time() + 1) if r["job_id"] not in listed
-                     and r["state"] not in TERMINAL and r["state"] != "queued"]
+                     and r["state"] not in TERMINAL and r["state"] != QUEUED]
         errors: list[str] = []
         work: list[tuple[dict[str, Any], _Track]] = []
         for rec in recs:

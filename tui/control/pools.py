@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tui.model.jobstate import TERMINAL
+from tui.model.jobstate import FAILED, TERMINAL
 from tui.model.poolview import REPLICA_FAILED, failure_how, on_failure_of
 
 
@@ -67,7 +67,7 @@ def replica_events(rec: Mapping[str, Any], host_states: Mapping[str, Any]) -> li
             continue
         attempt = st.get("restart_count", rec.get("restarts") or 0)
         for r in st.get("replicas") or ():
-            if not isinstance(r, dict) or r.get("state") != "failed":
+            if not isinstance(r, dict) or r.get("state") != FAILED:
                 continue
             pool, replica = r.get("pool"), r.get("replica")
             if (r.get("on_failure") or on_failure_of(spec, rec.get("placement") or [], pool)) != "continue":

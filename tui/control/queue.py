@@ -46,7 +46,7 @@ from tui.model.fairshare import (
 )
 from tui.model.identity import local_user
 from tui.model.jobspec import JobSpec
-from tui.model.jobstate import TERMINAL
+from tui.model.jobstate import FAILED, PENDING, QUEUED, RUNNING, STOPPING, TERMINAL
 from tui.model.scheduler import HostCapacity, PlacementError, Scheduler
 from tui.remote.transport import TransportError
 
@@ -109,7 +109,7 @@ class JobQueue:
                 u = job_user(r)
                 line.used[u] = line.used.get(u, 0.0) + decayed_gpu_hours(run_intervals(r, now), now,
                                                                          self.policy.half_life_s)
-                if r.get("state") not in TERMINAL and r.get("state") != "queued":
+                if r.get("state") not in TERMINAL and r.get("state") != QUEUED:
                     line.held[u] = line.held.get(u, 0) + job_gpus(r.get("spec") or {})
             self._order(line)
         return line
@@ -165,7 +165,7 @@ class JobQueue:
         else:
             waiting = f"behind job {ahead[-1]['job_id']}"
         self._check_feasible(spec)
-        self.history.create(job_id, spec.name, spec.to_dict(), state="queued", user=user)
+        self.history.create(job_id, spec.name, spec.to_dict(), state=QUEUED, user=user)
         self.history.update(job_id, priority=spec.priority, waiting=waiting)
         self.history.add_event(job_id, {"event": "queued", "waiting": waiting})
         if over is None and not ahead and queue:
@@ -263,7 +263,7 @@ class JobQueue:
                     user = job_user(rec)
                     line.held[user] = line.held.get(user, 0) + job_gpus(rec["spec"])
                     self._order(line, i + 1)
-            elif (self.history.get(job_id) or {}).get("state") == "queued":
+            elif (self.history.get(job_id) or {}).get("state") == QUEUED:
                 blocked_by = job_id
         return started
 
@@ -277,18 +277,18 @@ class JobQueue:
             self.jm.launch(spec, job_id=job_id, capacity=capacity)
         except (PlacementError, JobError) as e:
             rec_now = self.history.get(job_id) or {}
-            if rec_now.get("state") == "pending" and self._transient(e):
-                self.history.update(job_id, state="queued")
+            if rec_now.get("state") == PENDING and self._transient(e):
+                self.history.update(job_id, state=QUEUED)
                 self._wait(rec, str(e))
                 return False
             log.info("queued job %s failed to start: %s", job_id, e)
-            if rec_now.get("state") == "pending":  # refused before anything started
-                self.history.update(job_id, state="failed", ended=time.time(),
+            if rec_now.get("state") == PENDING:  # refused before anything started
+                self.history.update(job_id, state=FAILED, ended=time.time(),
                                     cause={"message": f"start failed: {e}"})
             return False
         except Exception:
             log.exception("queued job %s: start raised", job_id)
-            self.history.update(job_id, state="failed", ended=time.time(),
+            self.history.update(job_id, state=FAILED, ended=time.time(),
                                 cause={"message": "start failed: internal error (see the log)"})
             return False
         self.history.add_event(job_id, {"event": "dequeued", "waited_s": round(time.time() - rec["created"], 3)})
@@ -310,10 +310,10 @@ class JobQueue:
             return None
         hosts = set(self.candidates(spec))
         on_hosts = [r for r in line.recent if hosts & {n["host"] for n in r.get("placement") or ()}]
-        going = [r["job_id"] for r in on_hosts if r.get("state") == "stopping" and preempt_pending(r)]
+        going = [r["job_id"] for r in on_hosts if r.get("state") == STOPPING and preempt_pending(r)]
         if going and self.jm.scheduler.fits(spec, capacity, without=going) is None:
             return f"preempting job {', '.join(going)} (it starts once they have stopped)"
-        victims = sorted((r for r in on_hosts if r.get("state") == "running" and preemptible(r.get("spec") or {})
+        victims = sorted((r for r in on_hosts if r.get("state") == RUNNING and preemptible(r.get("spec") or {})
                           and job_priority(r) < spec.priority and r["job_id"] not in going),
                          key=lambda r: (job_priority(r), -float(r.get("started") or 0)))
         chosen: list[str] = []
@@ -347,11 +347,11 @@ class JobQueue:
         any did."""
         back = False
         for rec in line.recent:
-            if rec.get("state") != "stopping" or not preempt_pending(rec):
+            if rec.get("state") != STOPPING or not preempt_pending(rec):
                 continue
             try:
                 self.jm.supervise_once(rec)
             except TransportError as e:
                 log.info("preempted job %s: %s", rec["job_id"], e)
-            back = back or (self.history.get(rec["job_id"]) or {}).get("state") == "queued"
+            back = back or (self.history.get(rec["job_id"]) or {}).get("state") == QUEUED
         return back

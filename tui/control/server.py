@@ -56,6 +56,7 @@ from tui.control.service import ControllerService
 from tui.model import wire
 from tui.model.identity import local_user
 from tui.model.jobspec import JobSpec
+from tui.model.jobstate import QUEUED
 from tui.model.permissions import Actor, Guard, PermissionDenied, check
 from tui.model.state import ClusterState, HostState
 from tui.model.userconfig import UserConfig, load_config
@@ -573,7 +574,7 @@ class _Own:
     def launch(s: Session, spec: dict[str, Any], queue: bool = True, job_id: str | None = None) -> Any:
         svc = s.server.service
         view = svc.launch(JobSpec.from_dict(spec), queue=queue, job_id=job_id, user=s.actor.name)
-        if view.state != "queued":  # the launching face opens the job it started
+        if view.state != QUEUED:  # the launching face opens the job it started
             svc.select(view.job_id, who=s.who)
         return encode_result(view)
 

@@ -32,7 +32,7 @@ from tui.model.health import DRAINED, UNHEALTHY, Drain, drained, parse_target
 from tui.model.identity import local_user
 from tui.model.inventory import Inventory
 from tui.model.jobspec import JobSpec
-from tui.model.jobstate import TERMINAL
+from tui.model.jobstate import QUEUED, RUNNING, TERMINAL
 from tui.model.pipelineview import PIPELINE_FINAL, PipelineDetail, PipelineRow
 from tui.model.promexport import cluster_exposition
 from tui.model.state import ClusterState, HostStatus
@@ -336,7 +336,7 @@ class ControllerService:
         if now:
             hit = {h for h, _ in parsed}
             for rec in m.history.list(limit=500):
-                if rec["state"] == "running" and hit & {n["host"] for n in rec.get("placement") or []}:
+                if rec["state"] == RUNNING and hit & {n["host"] for n in rec.get("placement") or []}:
                     m.supervise_once(rec)  # the healer sees the drain and moves the job
         return self.drains()
 
@@ -396,10 +396,10 @@ class ControllerService:
         spec = self.manager.snapshot_code(spec)  # reading the files holds up no supervision
         with self._exclusive():
             view = self.queue.submit(spec, queue=queue, job_id=job_id, user=user)
-        if view.state == "queued":
+        if view.state == QUEUED:
             view = self._after_stops(view)
         if self._watch is not None:
-            if view.state != "queued":
+            if view.state != QUEUED:
                 self._watch.select(view.job_id)
             self._watch.kick()
         return view
@@ -693,7 +693,7 @@ class ControllerService:
         last = None
         while True:
             rec = jm.record(job_id)
-            if rec["state"] == "queued" and self.kind == "embedded":
+            if rec["state"] == QUEUED and self.kind == "embedded":
                 self.queue.advance()
             elif rec["state"] not in TERMINAL and self.kind == "embedded":
                 jm.history.try_lease(job_id, jm.owner, 60.0)

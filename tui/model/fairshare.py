@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tui.model.fields import Bad, Check, ErrorFactory, boolean, checked, int_range, number, one_of, token
-from tui.model.jobstate import TERMINAL
+from tui.model.jobstate import QUEUED, TERMINAL
 from tui.model.usage import attempts
 
 __all__ = [
@@ -377,7 +377,7 @@ def quota_block(policy: QueuePolicy, user: str, gpus: int, recs: Sequence[Mappin
         members = set(policy.members(q))
         mine = [r for r in recs if job_user(r) in members]
         if q.gpus is not None:
-            holding = [r for r in mine if r.get("state") not in TERMINAL and r.get("state") != "queued"]
+            holding = [r for r in mine if r.get("state") not in TERMINAL and r.get("state") != QUEUED]
             held = sum(job_gpus(r.get("spec") or {}) for r in holding)
             if held + gpus > q.gpus:
                 jobs = ", ".join(str(r["job_id"]) for r in holding) or "none"

@@ -21,7 +21,7 @@ from typing import Any, Protocol
 from tui.model.diagnose import Signal
 from tui.model.health import Goodput, Incident
 from tui.model.jobspec import JobSpec
-from tui.model.jobstate import TERMINAL
+from tui.model.jobstate import QUEUED, RUNNING, TERMINAL, UNKNOWN
 from tui.model.poolview import PoolsView, gpu_of_rank, pools_json, pools_view
 from tui.model.processingview import ProcessingView, processing_json, processing_view
 from tui.model.stages import StagesView
@@ -289,16 +289,16 @@ class JobView:
     @property
     def state_line(self) -> str:
         """The state as a person reads it: ``unknown (h1, h2 unreachable)``."""
-        if self.state == "unknown" and self.unreachable:
+        if self.state == UNKNOWN and self.unreachable:
             return f"unknown ({', '.join(self.unreachable)} unreachable)"
-        if self.state == "queued" and self.waiting:
+        if self.state == QUEUED and self.waiting:
             return f"queued ({self.waiting})"
         return self.state
 
     @cached_property
     def row(self) -> JobRow:
         """The job's line in the jobs table (and the head of the Job view)."""
-        running = 0 if self.state in TERMINAL else sum(1 for r in self.ranks if r.get("state") == "running")
+        running = 0 if self.state in TERMINAL else sum(1 for r in self.ranks if r.get("state") == RUNNING)
         return JobRow(
             job_id=self.job_id,
             name=self.name,
@@ -402,7 +402,7 @@ def job_view(
         last_loss=progress.loss,
         events=tuple(rec.get("events") or ()),
         unreachable=tuple(unreachable),
-        waiting=rec.get("waiting") if rec["state"] == "queued" else None,
+        waiting=rec.get("waiting") if rec["state"] == QUEUED else None,
         pool_sizing=rec.get("pool_sizing"),
         pools=pools_view(rec, states) if panels else None,
         processing=processing_view(rec, state_dirs) if panels else None,
