@@ -43,10 +43,43 @@ def clean_env(**extra: Any) -> dict[str, str]:
 
 
 def run(argv: list[str], env: dict[str, str], cwd: Path, timeout: float = 150) -> str:
-    r = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
-    assert r.returncode == 0, (
-        f"{argv} exited {r.returncode}\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
-    return r.stdout
+    proc = subprocess.Popen(argv, env={**env, "PYTHONFAULTHANDLER": "1"}, cwd=cwd, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out, err = _stacks_then_kill(proc)
+        raise AssertionError(f"{argv} still running after {timeout:g}s; the stacks of its processes "
+                             f"(faulthandler, on SIGABRT):\n{out[-3000:]}\n{err[-12000:]}") from None
+    assert proc.returncode == 0, f"{argv} exited {proc.returncode}\n{out[-4000:]}\n{err[-4000:]}"
+    return out
+
+
+def _stacks_then_kill(proc: subprocess.Popen[str]) -> tuple[str, str]:
+    """A hung run made readable: every Python process under ``proc`` (the launcher's ranks, then
+    the launcher) prints its threads' stacks on SIGABRT (PYTHONFAULTHANDLER), then all are killed."""
+    import signal
+
+    import psutil
+
+    try:
+        tree = psutil.Process(proc.pid).children(recursive=True) + [psutil.Process(proc.pid)]
+    except psutil.NoSuchProcess:
+        tree = []
+    for p in tree:
+        try:
+            p.send_signal(signal.SIGABRT)
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        return proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        for p in tree:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        return proc.communicate()
 
 
 def run_ranks(argv: list[str], envs: list[dict[str, str]], cwd: Path,
