@@ -31,6 +31,7 @@ from typing import Any
 import paramiko
 
 from tui.model.inventory import HostSpec, Inventory
+from tui.remote.hub import HubTransport
 from tui.remote.sshconfig import jump_chain
 
 log = logging.getLogger(__name__)
@@ -570,10 +571,11 @@ def scan_host_key(address: str, port: int = 22, timeout: float = 5.0,
 SFTP_PIECE = 32000  # an SFTP write with its headers in one SSH packet (the server's max is 32 KiB)
 
 
-class _AeadFirst(paramiko.Transport):
+class _AeadFirst(HubTransport):
     """paramiko's transport preferring AES-GCM when the server offers it: one pass of AES-NI
     per packet where AES-CTR also needs an HMAC-SHA-256 (bulk copies of code sync go twice as
-    fast on the controller's CPU). Other ciphers stay in paramiko's order after it."""
+    fast on the controller's CPU). Other ciphers stay in paramiko's order after it. Served by
+    the hub's threads, not a thread of its own (``tui/remote/hub.py``)."""
 
     _preferred_ciphers = (
         "aes128-gcm@openssh.com", "aes256-gcm@openssh.com",
