@@ -36,7 +36,7 @@ from tui.remote.sshconfig import jump_chain
 
 log = logging.getLogger(__name__)
 
-IDLE_CHECK_S = 1.0  # how often a connection's paramiko thread wakes when nothing arrives
+IDLE_CHECK_S = 1.0  # how often a read waiting on a socket looks whether the connection was closed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -694,9 +694,10 @@ class SSHTransport(Transport):
             self._worked[spec.name] = unlocked[0][0]
         transport = client.get_transport()
         if transport is not None:
-            # paramiko's transport thread wakes at each timeout of its socket to see whether it
-            # was closed: ten times a second by default, for every host, idle or not. Once
-            # connected, once a second does (a keepalive is sent from the same check).
+            # A read of the socket wakes at each of its timeouts to see whether the connection
+            # was closed: ten times a second by default. Once connected, once a second does:
+            # on a hub only in the middle of a message; paramiko's own thread (behind a
+            # ProxyJump) also when idle, for every host (a keepalive is sent from that check).
             transport.sock.settimeout(IDLE_CHECK_S)
             if spec.keepalive > 0:
                 transport.set_keepalive(max(1, int(spec.keepalive)))
