@@ -4,7 +4,8 @@ One test bed of max(N) hosts is brought up once (each host a real OpenSSH sshd i
 network namespace; 8 *simulated* GPUs each, since this machine has no NVML), and the current
 agent is deployed to every host with ``Controller.deploy()``. Then, for each N (ascending), a
 fresh process runs the real controller side against hosts h1..hN: ``tui.control.controller.Controller``
-and ``tui.control.monitor.Monitor`` unchanged (one reader thread for every host, paramiko SSH, the deploy
+and ``tui.control.monitor.Monitor`` unchanged (one reader thread for every host, paramiko SSH served
+by the fixed hub threads of ``tui/remote/hub.py``, the deploy
 check, ``agent.pyz attach`` and a 1 Hz subscription), with a ``ClusterState`` that records when
 each sample is applied (bench/telemetry.py's ``RecordingState``). Once every host has sent
 telemetry, and 2 s more, it measures over D seconds:
@@ -105,7 +106,9 @@ def cpu_delta(a: dict[int, float | None], b: dict[int, float | None]) -> float:
 
 def thread_cpu() -> dict[str, float]:
     """CPU seconds of this process's threads, summed by kind: the monitor's reader, its setup
-    threads, paramiko's transport threads (one per SSH connection), the rest."""
+    threads, the SSH hub's threads (a fixed pool serving every connection), paramiko's own
+    transport threads (one per connection where the hub does not serve it, or in a baseline
+    without the hub), the rest."""
     import threading
 
     import paramiko
@@ -114,6 +117,7 @@ def thread_cpu() -> dict[str, float]:
     for t in threading.enumerate():
         name = t.name
         kind = ("paramiko" if isinstance(t, paramiko.Transport) else
+                "ssh-hub" if name.startswith("ssh-hub-") else
                 "monitor-setup" if name.startswith("monitor-setup") else
                 "reader" if name == "monitor" or name.startswith("reader-") else "other")
         if t.native_id is not None:

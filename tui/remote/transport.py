@@ -31,11 +31,12 @@ from typing import Any
 import paramiko
 
 from tui.model.inventory import HostSpec, Inventory
+from tui.remote.hub import HubTransport
 from tui.remote.sshconfig import jump_chain
 
 log = logging.getLogger(__name__)
 
-IDLE_CHECK_S = 1.0  # how often a connection's paramiko thread wakes when nothing arrives
+IDLE_CHECK_S = 1.0  # how often a read waiting on a socket looks whether the connection was closed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -570,10 +571,11 @@ def scan_host_key(address: str, port: int = 22, timeout: float = 5.0,
 SFTP_PIECE = 32000  # an SFTP write with its headers in one SSH packet (the server's max is 32 KiB)
 
 
-class _AeadFirst(paramiko.Transport):
+class _AeadFirst(HubTransport):
     """paramiko's transport preferring AES-GCM when the server offers it: one pass of AES-NI
     per packet where AES-CTR also needs an HMAC-SHA-256 (bulk copies of code sync go twice as
-    fast on the controller's CPU). Other ciphers stay in paramiko's order after it."""
+    fast on the controller's CPU). Other ciphers stay in paramiko's order after it. Served by
+    the hub's threads, not a thread of its own (``tui/remote/hub.py``)."""
 
     _preferred_ciphers = (
         "aes128-gcm@openssh.com", "aes256-gcm@openssh.com",
@@ -692,9 +694,10 @@ class SSHTransport(Transport):
             self._worked[spec.name] = unlocked[0][0]
         transport = client.get_transport()
         if transport is not None:
-            # paramiko's transport thread wakes at each timeout of its socket to see whether it
-            # was closed: ten times a second by default, for every host, idle or not. Once
-            # connected, once a second does (a keepalive is sent from the same check).
+            # A read of the socket wakes at each of its timeouts to see whether the connection
+            # was closed: ten times a second by default. Once connected, once a second does:
+            # on a hub only in the middle of a message; paramiko's own thread (behind a
+            # ProxyJump) also when idle, for every host (a keepalive is sent from that check).
             transport.sock.settimeout(IDLE_CHECK_S)
             if spec.keepalive > 0:
                 transport.set_keepalive(max(1, int(spec.keepalive)))

@@ -1,0 +1,195 @@
+"""SSH connections served by the hub's fixed threads (tui/remote/hub.py), against real sshd hosts:
+exec, SFTP, long-lived streams, a host killed or cut off mid-stream, reconnecting, and a peer
+that stops in the middle of a message, with no paramiko thread per connection anywhere."""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+import threading
+from typing import Any
+
+import paramiko
+import pytest
+
+from tests.testbed import TestBed
+from tui.remote import hub
+from tui.remote.sshconfig import load_inventory
+from tui.remote.transport import SSHTransport, Stream, TransportError, make_transport
+
+
+def _paramiko_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if isinstance(t, paramiko.Transport)]
+
+
+def _links(bed: TestBed, count: int) -> list[SSHTransport]:
+    inv = load_inventory(bed.inventory_path)
+    links = []
+    for i in range(count):
+        t = make_transport(inv, inv.hosts[i % len(inv.hosts)])
+        assert isinstance(t, SSHTransport)
+        t.connect()
+        links.append(t)
+    return links
+
+
+def _hub_of(t: SSHTransport) -> Any:
+    transport = t._transport()
+    assert isinstance(transport, hub.HubTransport) and transport.served
+    return transport._hub
+
+
+def _echo(stream: Stream, line: bytes) -> bytes:
+    """Send a line to ``cat`` and read until it is back whole; what came, up to it."""
+    stream.send(line)
+    got = b""
+    while not got.endswith(line):
+        part = stream.recv(30.0)
+        assert part, f"the stream ended or said nothing after {got!r}"
+        got += part
+    return got
+
+
+@pytest.mark.testbed
+def test_exec_sftp_streams_and_a_dead_host_on_the_hub_threads(testbed_factory: Any) -> None:
+    bed: TestBed = testbed_factory(3)
+    links = _links(bed, 3)
+    try:
+        assert _paramiko_threads() == [], "a connection started a paramiko thread of its own"
+        assert 0 < len(hub.hub_threads()) <= hub.HUB_THREADS
+        for i, t in enumerate(links):
+            assert t.run(["echo", f"hello {i}"]).check(t.name).stdout == f"hello {i}\n"
+        data = bytes(range(256)) * 1200  # 300 KiB: several SFTP writes and window adjusts
+        for t in links:
+            t.put_data(data, "/tmp/hub-copy.bin")
+            assert t.file_size("/tmp/hub-copy.bin") == len(data)
+            out = t.run(["sha256sum", "/tmp/hub-copy.bin"]).check(t.name).stdout
+            assert out.split()[0] == hashlib.sha256(data).hexdigest()
+        streams = [t.open_stream(["cat"]) for t in links]
+        for n in range(50):  # interleaved round trips: one hub reads for all of them
+            for k, s in enumerate(streams):
+                line = f"{k}:{n}:".encode() + b"x" * 2000 + b"\n"
+                assert _echo(s, line) == line
+        # h3 dies mid-stream (every process in it killed: its kernel closes the connection);
+        # its stream ends, the others go on.
+        bed.exec(3, ["sh", "-c", "kill -KILL -1 || true"])
+        ended = b"pending"
+        while ended:
+            try:
+                ended = streams[2].recv(30.0) or b""
+            except TransportError:
+                ended = b""
+        for s in streams[:2]:
+            assert _echo(s, b"still here\n") == b"still here\n"
+        # h2's link goes silent mid-stream: nothing arrives from it, the others go on.
+        bed.link_down(2)
+        streams[1].send(b"lost\n")
+        assert _echo(streams[0], b"h1 unaffected\n") == b"h1 unaffected\n"
+        bed.link_up(2)
+        assert _echo(streams[1], b"back\n") == b"lost\nback\n"
+        # h3 comes back: the link reconnects, served by the hubs again.
+        bed.start_sshd(3)
+        links[2].reconnect()
+        assert links[2].run(["echo", "again"]).check("h3").stdout == "again\n"
+        _hub_of(links[2])
+        assert _paramiko_threads() == []
+    finally:
+        for t in links:
+            t.close()
+
+
+class _StallingPeer:
+    """A TCP peer that answers with an SSH banner, then sends three bytes of a packet and
+    nothing more until told to hang up."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.stalled = threading.Event()
+        self.hang_up = threading.Event()
+        self.raised: list[BaseException] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        conn, _ = self.listener.accept()
+        with conn:
+            conn.sendall(b"SSH-2.0-Stalling_1.0\r\n")
+            conn.recv(4096)  # the client's banner (and perhaps its key-exchange offer)
+            conn.sendall(b"\x00\x00\x01")
+            self.stalled.set()
+            self.hang_up.wait(120)
+        self.listener.close()
+
+
+def _stalled_transport(peer: _StallingPeer) -> tuple[hub.HubTransport, threading.Thread]:
+    """A connection to the peer whose handshake (``start_client``, as ``SSHClient.connect``
+    calls it) runs in a thread of the test; what it raised goes to ``peer.raised``."""
+    t = hub.HubTransport(socket.create_connection(("127.0.0.1", peer.port)))
+    starting = threading.Thread(target=lambda: _handshake(t, peer.raised), daemon=True)
+    starting.start()
+    assert peer.stalled.wait(30)
+    return t, starting
+
+
+def _handshake(t: hub.HubTransport, raised: list[BaseException]) -> None:
+    try:
+        t.start_client(timeout=120)
+    except (paramiko.SSHException, OSError, EOFError) as e:
+        raised.append(e)
+
+
+@pytest.mark.testbed
+def test_a_peer_stopping_mid_message_holds_only_its_own_hub(testbed_factory: Any,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    bed: TestBed = testbed_factory(1)
+    links = _links(bed, hub.HUB_THREADS + 1)  # a link on every hub
+    peer = _StallingPeer()
+    try:
+        monkeypatch.setattr(hub, "STALL_S", 600.0)
+        t, starting = _stalled_transport(peer)
+        while t._hub is None and starting.is_alive():
+            starting.join(0.1)
+        stuck = t._hub
+        assert stuck is not None and t.active
+        others = [link for link in links if _hub_of(link) is not stuck]
+        assert others, "every link on the stalled peer's hub"
+        for link in others:  # answered while that hub still waits on the rest of the message
+            assert link.run(["echo", "free"]).check("h1").stdout == "free\n"
+        assert t.active and starting.is_alive()
+        peer.hang_up.set()  # the peer hangs up: that connection ends, and its hub is free again
+        starting.join(60)
+        assert not t.active and not starting.is_alive()
+        for link in links:
+            assert link.run(["echo", "all"]).check("h1").stdout == "all\n"
+    finally:
+        peer.hang_up.set()
+        for link in links:
+            link.close()
+
+
+@pytest.mark.testbed
+def test_a_peer_stalled_past_the_limit_loses_its_connection(testbed_factory: Any,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    bed: TestBed = testbed_factory(1)
+    links = _links(bed, hub.HUB_THREADS)
+    peer = _StallingPeer()
+    try:
+        monkeypatch.setattr(hub, "STALL_S", 2.0)
+        t, starting = _stalled_transport(peer)
+        starting.join(60)
+        assert not t.active
+        # what SSHClient.connect raises, and SSHTransport reports as the host unreachable
+        assert len(peer.raised) == 1 and isinstance(peer.raised[0], ConnectionError), peer.raised
+        assert "nothing more of a message for 2s" in str(peer.raised[0])
+        for link in links:  # its hub serves the others again
+            assert link.run(["echo", "on"]).check("h1").stdout == "on\n"
+    finally:
+        peer.hang_up.set()
+        for link in links:
+            link.close()
+
+
+def test_a_missing_paramiko_internal_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(paramiko.Transport, "_check_banner")
+    with pytest.raises(ImportError, match=r"lacks .*Transport\._check_banner.*pyproject\.toml"):
+        hub._check_paramiko()
