@@ -46,29 +46,85 @@ def test_deploy_to_three_hosts_then_nothing_to_copy(testbed: TestBed) -> None:
     for h in testbed.hosts:
         shutil.rmtree(h.state_dir / "agent", ignore_errors=True)
     inv = str(testbed.inventory_path)
-    version = build_agent().version
+    bundle = build_agent()
+    version = bundle.version
 
     first = hosts_json("deploy", "--inventory", inv)
     assert [r["name"] for r in first] == ["h1", "h2", "h3"]
     for r, h in zip(first, testbed.hosts, strict=True):
         assert r["reachable"] and r["error"] is None, r["error"]
-        assert r["copied"] is True
+        assert r["copied"] is True and r["bytes_copied"] == bundle.size
         assert r["agent_version"] == version
-        # Each host speaks for itself: its own UTS hostname and its own address.
-        assert r["hostname"] == h.hostname
-        assert h.address in r["addresses"]
-        assert r["cpus"] == os.cpu_count() and r["memory_total_mb"] > 0
-        assert len(r["gpus"]) == 4 and all(g["simulated"] for g in r["gpus"])
-        # The file landed in that host's private state dir and nowhere else.
-        assert (h.state_dir / "agent" / version / "agent.pyz").exists()
+        # What it checked: the file on the host's disk (read back, hashed). Nothing ran there
+        # (no daemon linked from this CLI), so no facts are claimed.
+        assert r["checked"] == ["sha256"] and r["python"] is None and r["hostname"] is None
+        # The file landed in that host's private state dir and nowhere else, whole.
+        assert (h.state_dir / "agent" / version / "agent.pyz").read_bytes() == bundle.path.read_bytes()
+        assert (h.state_dir / "agent" / "current").read_text() == f"{version}\n"
+        assert not list((h.state_dir / "agent" / version).glob("*.part-*"))
 
+    # A damaged copy (same size, one byte changed) is found by its hash and replaced.
+    damaged = testbed.hosts[1].state_dir / "agent" / version / "agent.pyz"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
     second = hosts_json("deploy", "--inventory", inv)
-    assert all(r["copied"] is False and r["bytes_copied"] == 0 for r in second)
-    assert all(r["agent_version"] == version for r in second)
+    assert [r["copied"] for r in second] == [False, True, False]
+    assert [r["bytes_copied"] for r in second] == [0, bundle.size, 0]
+    assert all(r["agent_version"] == version and r["checked"] == ["sha256"] for r in second)
+    assert damaged.read_bytes() == bundle.path.read_bytes()
 
     probe = hosts_json("hosts", "--inventory", inv)
-    assert all(r["agent_version"] == version and r["agent_current"] for r in probe)
-    assert sorted(r["hostname"] for r in probe) == sorted(h.hostname for h in testbed.hosts)
+    for r, h in zip(probe, testbed.hosts, strict=True):
+        assert r["agent_version"] == version and r["agent_current"] and "python" in r["checked"]
+        # Each host speaks for itself: its own UTS hostname and its own address.
+        assert r["hostname"] == h.hostname and h.address in r["addresses"]
+        assert r["cpus"] == os.cpu_count() and r["memory_total_mb"] > 0
+        assert len(r["gpus"]) == 4 and all(g["simulated"] for g in r["gpus"])
+
+
+OLD_PYTHON = "/root/.pyenv/versions/3.6.15/bin/python3"
+
+
+def test_a_host_python_that_cannot_run_the_agent_is_named_before_a_job_starts(
+        testbed: TestBed, tmp_path: Path) -> None:
+    """Deploy runs nothing on the hosts; the agent's first start does, and says clearly when
+    the inventory's Python is missing (h2) or too old (h1, a real Python 3.6), before any job
+    process starts there. h3's Python is fine and its host unaffected."""
+    require(os.access(OLD_PYTHON, os.X_OK), f"no Python 3.6 at {OLD_PYTHON} (pyenv install 3.6.15)")
+    inv_path = testbed.write_inventory(tmp_path / "hosts.toml")
+    text = inv_path.read_text()
+    for h, python in ((testbed.hosts[0], OLD_PYTHON), (testbed.hosts[1], "/nonexistent/python3")):
+        line = f'name = "{h.name}"\naddress = "{h.address}"'
+        assert line in text
+        text = text.replace(line, f'{line}\npython = "{python}"')
+    inv_path.write_text(text)
+    inv = str(inv_path)
+    env = {**os.environ, "RIGDECK_INVENTORY": inv}
+
+    deployed = hosts_json("deploy", "--inventory", inv)
+    assert [(r["error"], r["checked"]) for r in deployed] == [(None, ["sha256"])] * 3
+
+    spec = tmp_path / "old.toml"
+    spec.write_text('name = "old"\ncommand = ["sleep", "61.5"]\nworkdir = "/"\nlauncher = "direct"\n'
+                    'nodes = 1\nprocesses_per_node = 1\nhosts = ["h1"]\n')
+    for host, needle in (("h1", f"needs Python 3.9 or newer; {OLD_PYTHON} is Python 3.6.15"),
+                         ("h2", "/nonexistent/python3")):
+        spec.write_text(spec.read_text().replace('hosts = ["h1"]', f'hosts = ["{host}"]'))
+        launch = subprocess.run([sys.executable, "-m", "tui.cli", "launch", str(spec)], capture_output=True,
+                                text=True, timeout=120, env={**env, "RIGDECK_HOME": str(tmp_path / host)})
+        said = launch.stdout + launch.stderr
+        # Not started: it waits, and says for what (the queue's line names the host and why).
+        assert "queued" in said and f"host '{host}' is down" in said and needle in said, said
+        assert "the agent cannot start" in said or host == "h2", said
+        spec.write_text(spec.read_text().replace(f'hosts = ["{host}"]', 'hosts = ["h1"]'))
+    # Nothing of a job started on either host: no rank process, no job directory of this one.
+    for i in (1, 2):
+        ps = testbed.exec(i, ["ps", "-eo", "args"])
+        assert "sleep 61.5" not in ps.stdout, ps.stdout
+    probe = hosts_json("hosts", "--inventory", inv, check=False)
+    assert "3.9" in (probe[0]["error"] or "") and "/nonexistent/python3" in (probe[1]["error"] or "")
+    assert probe[2]["error"] is None and "python" in probe[2]["checked"]
 
 
 def test_unknown_key_refused_then_accepted_then_changed_key_refused(

@@ -10,6 +10,7 @@ is ever parsed by a login shell, and sh sees every argument as the single word i
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -453,6 +454,13 @@ class Transport(ABC):
     @abstractmethod
     def file_size(self, path: str) -> int | None:
         """Size of a file on the host, or None when there is none."""
+
+    @abstractmethod
+    def install_checked(self, data: bytes, path: str, sha256: str, mode: int = 0o600) -> bool:
+        """Make the file at ``path`` hold ``data``, whose SHA-256 is ``sha256``, with no process
+        started on the host. When the file there already hashes so, nothing is written (False).
+        Otherwise ``data`` goes to a temporary name beside it, is read back from the host's disk
+        and hashed here, and only then renamed into place (True); a mismatch leaves nothing."""
 
     @abstractmethod
     def open_stream(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Stream:
@@ -903,6 +911,35 @@ class SSHTransport(Transport):
         except (OSError, paramiko.SSHException, EOFError) as e:
             raise TransportError(self.name, f"cannot stat {path}: {e}") from None
 
+    def install_checked(self, data: bytes, path: str, sha256: str, mode: int = 0o600) -> bool:
+        # Over the connection's one SFTP session: a read back, and on a difference a pipelined
+        # write, a read back of what landed, a chmod and a rename; a few round trips in all.
+        part = f"{path}.part-{os.urandom(4).hex()}"
+        try:
+            with self._sftp_lock:
+                sftp = self._sftp()
+                if _sftp_sha256(sftp, path) == sha256:
+                    return False
+                _sftp_ensure_dir(sftp, os.path.dirname(path))
+                with sftp.open(part, "wb") as f:
+                    f.set_pipelined(True)
+                    view = memoryview(data)
+                    for off in range(0, len(data), SFTP_PIECE):
+                        f.write(view[off:off + SFTP_PIECE])
+                try:
+                    got = _sftp_sha256(sftp, part)
+                    if got != sha256:
+                        raise TransportError(self.name, f"copy to {path} failed: it reads back with "
+                                             f"sha256 {got}, not {sha256}; nothing installed")
+                    sftp.chmod(part, mode)
+                    sftp.posix_rename(part, path)
+                except BaseException:
+                    _sftp_remove_quietly(sftp, part)
+                    raise
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            raise TransportError(self.name, f"copy to {path} failed: {e}") from None
+        return True
+
     def home(self) -> str:
         if self._home is None:
             try:
@@ -924,6 +961,45 @@ def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
             sftp.stat(d)
         except OSError:
             sftp.mkdir(d, mode=0o700)
+
+
+def _sftp_sha256(sftp: paramiko.SFTPClient, path: str) -> str | None:
+    """The SHA-256 of the file at ``path`` as the host's disk holds it (read back with
+    prefetch: the reads are pipelined), or None when there is none."""
+    try:
+        f = sftp.open(path, "rb")
+    except FileNotFoundError:
+        return None
+    h = hashlib.sha256()
+    with f:
+        f.prefetch()
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sftp_ensure_dir(sftp: paramiko.SFTPClient, path: str) -> None:
+    """Make ``path`` (0700) and what it lacks above it: the deepest directory is looked at
+    first, so an existing one costs one round trip, not one per level."""
+    try:
+        sftp.stat(path)
+        return
+    except FileNotFoundError:
+        pass
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        _sftp_ensure_dir(sftp, parent)
+    try:
+        sftp.mkdir(path, mode=0o700)
+    except OSError:
+        sftp.stat(path)  # made meanwhile by another connection: fine; else this raises
+
+
+def _sftp_remove_quietly(sftp: paramiko.SFTPClient, path: str) -> None:
+    try:
+        sftp.remove(path)
+    except (OSError, paramiko.SSHException, EOFError):
+        pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -995,6 +1071,29 @@ class LocalTransport(Transport):
         except OSError as e:
             raise TransportError(self.name, f"copy to {remote} failed: {e}") from None
 
+    def install_checked(self, data: bytes, path: str, sha256: str, mode: int = 0o600) -> bool:
+        try:
+            if _file_sha256(path) == sha256:
+                return False
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            part = f"{path}.part-{os.urandom(4).hex()}"
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                got = _file_sha256(part)
+                if got != sha256:
+                    raise TransportError(self.name, f"copy to {path} failed: it reads back with "
+                                         f"sha256 {got}, not {sha256}; nothing installed")
+                os.replace(part, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(part)
+                raise
+        except OSError as e:
+            raise TransportError(self.name, f"copy to {path} failed: {e}") from None
+        return True
+
     def home(self) -> str:
         return os.path.expanduser("~")
 
@@ -1003,6 +1102,17 @@ class LocalTransport(Transport):
             return os.stat(path).st_size
         except FileNotFoundError:
             return None
+
+
+def _file_sha256(path: str) -> str | None:
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+    except FileNotFoundError:
+        return None
 
 
 def last_json_object(text: str) -> dict[str, Any] | None:
