@@ -276,6 +276,19 @@ class Controller(TypedAgents):
             raise att.error
         return att.link
 
+    def reach(self, hosts: Sequence[str]) -> None:
+        """Begin connecting to ``hosts`` now, in the background, returning at once: work that
+        will need them (a launch reading its code snapshot) goes on meanwhile, and a request
+        then finds the link made or being made. A host linked, being tried, or in its backoff
+        is left as it is; an unknown name is ignored (the request that needs it says so)."""
+        known = set(self.inventory.names)
+        for host in hosts:
+            if host in known and host not in self._links:
+                try:
+                    self._attempt(self.inventory.get(host))
+                except TransportError:
+                    pass  # in its backoff: the request that needs it says why
+
     def _attempt(self, spec: HostSpec) -> _Attempt:
         """The connect attempt running for ``spec``, else a new one, unless the last failed and
         its backoff has not passed: then its error, at once (it names when it was down since)."""
@@ -301,7 +314,9 @@ class Controller(TypedAgents):
             with self._host_locks[spec.name]:  # never beside a request on the old link
                 t.connect()
                 att.reached.set()
-                link, pyz = self._checked_attach(spec, t)
+                link, pyz = self._socket_link(spec, t)
+                if link is None:
+                    link, pyz = self._checked_attach(spec, t)
                 if link is None:
                     stream, pyz = self.open_agent_stream(spec, t)
                     try:
@@ -355,6 +370,25 @@ class Controller(TypedAgents):
         """host -> why, for the hosts this controller now holds out of reach."""
         with self._reach_lock:
             return {h: r.error.detail for h, r in self._reach.items() if r.error is not None}
+
+    def _socket_link(self, spec: HostSpec, t: Transport) -> tuple[Any, str | None]:
+        """No process on the host when its daemon runs (the common case): the agent archive is
+        checked over SFTP (and put back when missing or not whole: ``_deploy_one``), then the
+        link goes straight to the daemon's unix socket through the SSH connection (an older
+        daemon is then asked to hand over, as after the attach). ``(None, None)`` when no
+        daemon answers there, or the host's sshd does not forward to unix sockets: the attach
+        (``_checked_attach``) starts one."""
+        if getattr(spec, "attach_only", False):
+            return None, None
+        state_dir, pyz = self._deploy_one(_report_for(spec), t, self.bundle)
+        stream = t.open_socket_stream(f"{state_dir}/run/agent.sock")
+        if stream is None:
+            return None, None
+        try:
+            return self._greeted(spec, stream, "rigdeck"), pyz
+        except TransportError as e:  # a socket left by a daemon that died: the attach mends it
+            log.info("%s: the daemon's socket did not answer (%s): attaching", spec.name, e)
+            return None, None
 
     def _checked_attach(self, spec: HostSpec, t: Transport) -> tuple[Any, str | None]:
         """One command on the host when the agent is installed there: the attach of this

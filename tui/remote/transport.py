@@ -39,6 +39,18 @@ log = logging.getLogger(__name__)
 IDLE_CHECK_S = 1.0  # how often a connection's paramiko thread wakes when nothing arrives
 
 
+class _QuietOpenFailures(logging.Filter):
+    """paramiko logs each channel the server refuses at ERROR; here every refusal raises (or,
+    for a daemon's socket nobody listens on yet, is expected), so that line would only alarm."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg
+        return not (isinstance(msg, str) and msg.startswith("Secsh channel") and "open FAILED" in msg)
+
+
+logging.getLogger("paramiko.transport").addFilter(_QuietOpenFailures())
+
+
 # ---------------------------------------------------------------------------------------------
 # Errors a user can cause or must act on. Each names the host.
 
@@ -471,6 +483,12 @@ class Transport(ABC):
         says nothing about the host's own addresses (no network, or a jump host in between)."""
         return None
 
+    def open_socket_stream(self, path: str) -> Stream | None:
+        """A stream to the unix socket at absolute ``path`` on the host, with no process
+        started there; None where this transport cannot, or the host refuses (nobody listens
+        there, or its sshd does not forward to unix sockets)."""
+        return None
+
     def remote_path(self, path: str) -> str:
         """Expand a leading ``~`` against the host's home directory."""
         if path == "~":
@@ -578,15 +596,49 @@ def scan_host_key(address: str, port: int = 22, timeout: float = 5.0,
 SFTP_PIECE = 32000  # an SFTP write with its headers in one SSH packet (the server's max is 32 KiB)
 
 
+STREAMLOCAL = "direct-streamlocal@openssh.com"  # OpenSSH's channel to a unix socket (ssh -L x:/path)
+_streamlocal = threading.local()  # the socket path of the channel this thread is opening
+
+
 class _AeadFirst(paramiko.Transport):
     """paramiko's transport preferring AES-GCM when the server offers it: one pass of AES-NI
     per packet where AES-CTR also needs an HMAC-SHA-256 (bulk copies of code sync go twice as
-    fast on the controller's CPU). Other ciphers stay in paramiko's order after it."""
+    fast on the controller's CPU). Other ciphers stay in paramiko's order after it.
+
+    It also opens channels to a unix socket on the server (``open_unix_socket``), which
+    paramiko's ``open_channel`` can ask for but not address: the socket's path is added to that
+    one channel-open message as it is sent."""
 
     _preferred_ciphers = (
         "aes128-gcm@openssh.com", "aes256-gcm@openssh.com",
         *(c for c in paramiko.Transport._preferred_ciphers if "gcm" not in c),
     )
+
+    def open_unix_socket(self, path: str, timeout: float) -> paramiko.Channel:
+        """A channel to the unix socket at ``path`` on the server, connected by sshd as the
+        logged-in user: no shell, no process started there. paramiko.ChannelException when
+        sshd refuses (no one listens there, or its AllowStreamLocalForwarding is off)."""
+        _streamlocal.path = path
+        try:
+            return self.open_channel(STREAMLOCAL, timeout=timeout)
+        finally:
+            _streamlocal.path = None
+
+    def _send_user_message(self, data: Any) -> None:
+        path = getattr(_streamlocal, "path", None)
+        if path is not None and isinstance(data, paramiko.Message) and _opens(data, STREAMLOCAL):
+            _streamlocal.path = None  # once: this thread's one channel-open message
+            data.add_string(path)  # then what the protocol reserves: a string and a uint32
+            data.add_string("")
+            data.add_int(0)
+        super()._send_user_message(data)
+
+
+def _opens(message: paramiko.Message, kind: str) -> bool:
+    """Whether ``message`` is a channel-open request of ``kind`` (RFC 4254 5.1)."""
+    name = kind.encode()
+    head = bytes([paramiko.common.MSG_CHANNEL_OPEN]) + len(name).to_bytes(4, "big") + name
+    return message.asbytes().startswith(head)
 
 
 class SSHTransport(Transport):
@@ -828,6 +880,19 @@ class SSHTransport(Transport):
 
     def open_stream(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Stream:
         return ChannelStream(self.name, self.open_channel(argv, env))
+
+    def open_socket_stream(self, path: str) -> Stream | None:
+        t = self._transport()
+        if not isinstance(t, _AeadFirst):
+            return None
+        try:
+            chan = t.open_unix_socket(path, timeout=self.spec.connect_timeout)
+        except paramiko.ChannelException as e:
+            log.debug("%s: no stream to %s: %s", self.name, path, e)
+            return None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise UnreachableError(self.name, f"cannot open a channel: {e}") from None
+        return ChannelStream(self.name, chan)
 
     def run(
         self,
