@@ -92,6 +92,17 @@ def test_a_host_python_that_cannot_run_the_agent_is_named_before_a_job_starts(
     the inventory's Python is missing (h2) or too old (h1, a real Python 3.6), before any job
     process starts there. h3's Python is fine and its host unaffected."""
     require(os.access(OLD_PYTHON, os.X_OK), f"no Python 3.6 at {OLD_PYTHON} (pyenv install 3.6.15)")
+    # No daemon runs on h1 and h2 (an earlier test's would answer on its socket, started by a
+    # good Python): the agent's first start there is the one this test is about.
+    with Controller(load_inventory(testbed.inventory_path)) as ctl:
+        for h in testbed.hosts[:2]:
+            ctl.agent(h.name).shutdown(force=True)
+    for h in testbed.hosts[:2]:
+        sock = h.state_dir / "run" / "agent.sock"
+        deadline = time.monotonic() + 30
+        while sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not sock.exists(), f"{h.name}: the daemon did not stop"
     inv_path = testbed.write_inventory(tmp_path / "hosts.toml")
     text = inv_path.read_text()
     for h, python in ((testbed.hosts[0], OLD_PYTHON), (testbed.hosts[1], "/nonexistent/python3")):
@@ -120,7 +131,7 @@ def test_a_host_python_that_cannot_run_the_agent_is_named_before_a_job_starts(
         spec.write_text(spec.read_text().replace(f'hosts = ["{host}"]', 'hosts = ["h1"]'))
     # Nothing of a job started on either host: no rank process, no job directory of this one.
     for i in (1, 2):
-        ps = testbed.exec(i, ["ps", "-eo", "args"])
+        ps = testbed.exec(i, ["ps", "-ww", "-eo", "args"])
         assert "sleep 61.5" not in ps.stdout, ps.stdout
     probe = hosts_json("hosts", "--inventory", inv, check=False)
     assert "3.9" in (probe[0]["error"] or "") and "/nonexistent/python3" in (probe[1]["error"] or "")
@@ -259,8 +270,9 @@ def test_proxy_jump_through_another_test_bed_host(testbed_factory: Any, tmp_path
 
     with Controller(inv) as ctl:
         reports = ctl.deploy(["h2"])
-    assert reports[0].error is None and reports[0].hostname == target.hostname
-    assert reports[0].copied is True
+    assert reports[0].error is None and reports[0].copied is True
+    with Controller(inv) as ctl:  # the daemon, reached through the jump, is the target's
+        assert ctl.agent("h2").facts().hostname == target.hostname
 
 
 def test_malformed_inventory_from_the_cli(tmp_path: Path) -> None:
@@ -270,3 +282,42 @@ def test_malformed_inventory_from_the_cli(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert str(bad) in proc.stderr and "gpu1" in proc.stderr and "port" in proc.stderr
     assert proc.stdout == ""
+
+
+def _attaches(bed: TestBed, i: int) -> list[str]:
+    """The agent attach processes on host i (each bridges one link to the daemon)."""
+    ps = bed.exec(i, ["ps", "-ww", "-eo", "args"])
+    return [ln for ln in ps.stdout.splitlines() if "agent.pyz attach" in ln]
+
+
+def test_a_running_daemon_is_linked_through_its_socket_and_an_sshd_that_refuses_gets_the_attach(
+        testbed_factory: Any) -> None:
+    """A link to a host whose daemon runs goes to the daemon's unix socket through the SSH
+    connection: no login shell and no attach process on the host. Where sshd does not forward
+    to unix sockets (AllowStreamLocalForwarding no), the link is the attach, as before."""
+    bed: TestBed = testbed_factory(1, sim_gpus=2)
+    inv = load_inventory(bed.inventory_path)
+    with Controller(inv) as first:  # the first start: the attach starts the daemon
+        assert first.agent("h1").ping() is not None
+        assert len(_attaches(bed, 1)) == 1
+    with Controller(inv) as ctl:
+        assert ctl.agent("h1").facts().hostname == bed.hosts[0].hostname
+        assert _attaches(bed, 1) == [], "linked through the socket: no process on the host"
+        # The archive was checked on the way (over SFTP): a damaged one is put back.
+    h = bed.hosts[0]
+    pyz = h.state_dir / "agent" / build_agent().version / "agent.pyz"
+    good = pyz.read_bytes()
+    pyz.write_bytes(good[:-10] + b"x" * 10)
+    with Controller(inv) as ctl:
+        assert ctl.agent("h1").ping() is not None
+        assert pyz.read_bytes() == good
+    config = h.sshd_config.read_text().replace("AllowStreamLocalForwarding yes", "AllowStreamLocalForwarding no")
+    h.sshd_config.write_text(config)
+    bed.stop_sshd(1)
+    bed.start_sshd(1)
+    with Controller(inv) as ctl:
+        try:
+            assert ctl.agent("h1").facts().hostname == h.hostname
+            assert len(_attaches(bed, 1)) == 1, "refused the socket: the attach bridges the link"
+        finally:
+            ctl.agent("h1").shutdown(force=True)
