@@ -119,8 +119,8 @@ def main() -> int:
           f"{versus(med['fresh'], med['scp_parallel'])}")
     print(f"  rigdeck deploy, already current        {med['again']:.3f} s   "
           f"{versus(med['again'], med['scp_parallel'])}")
-    print(f"  {args.hosts} parallel scp, then ssh sha256sum (the same work)".ljust(41)
-          + f"{med['scp_then_sha256sum']:.3f} s   rigdeck fresh: "
+    print(f"  {args.hosts} parallel scp, then ssh sha256sum (the same work)   "
+          f"{med['scp_then_sha256sum']:.3f} s   rigdeck fresh: "
           f"{versus(med['fresh'], med['scp_then_sha256sum'])}")
     result = {
         "hosts": args.hosts, "rounds": args.rounds, "agent_bytes": bundle.size,
