@@ -37,7 +37,7 @@ HOST_REPORT: dict[str, Any] = {
     "agent_current": bool, "copied": (bool, NONE), "bytes_copied": int, "python": (str, NONE),
     "python_executable": (str, NONE), "cpus": (int, NONE), "memory_total_mb": (int, NONE),
     "gpu_source": (str, NONE), "gpus": list, "agent_pid": (int, NONE), "sample": (dict, NONE),
-    "elapsed_s": (float, int),
+    "elapsed_s": (float, int), "checked": list,
 }
 GPU = {"index": int, "name": str, "uuid": str, "memory_total_mb": int, "simulated": bool,
        "health": (str, NONE), "health_reason": (str, NONE), "drain": (dict, NONE)}
@@ -172,6 +172,10 @@ def test_every_command_json_keeps_its_keys_and_types(tmp_path: Path) -> None:
         r = reports[0]
         conforms(r, HOST_REPORT, command)
         assert r["port"] == 22 and r["transport"] == "local" and r["reachable"] and r["error"] is None
+        if command == "deploy":  # nothing ran on the host: the archive's hash checked, no facts
+            assert r["checked"] == ["sha256"] and r["gpu_source"] is None and r["gpus"] == []
+            continue
+        assert r["checked"] == ["python"]
         assert r["gpu_source"] == "simulated" and len(r["gpus"]) == 2
         for g in r["gpus"]:
             conforms(g, GPU, f"{command}.gpus")

@@ -13,7 +13,7 @@ import pytest
 from tui.control.controller import Controller
 from tui.model.inventory import HostSpec, Inventory
 from tui.remote.bundle import build_agent
-from tui.remote.transport import Backoff, CommandTimeout, LocalTransport
+from tui.remote.transport import Backoff, CommandTimeout, LocalTransport, TransportError
 
 
 def _local_inventory(state_dir: Path, **kw: object) -> Inventory:
@@ -63,12 +63,23 @@ def test_local_deploy_installs_once_then_copies_nothing(tmp_path: Path) -> None:
         assert first.bytes_copied == bundle.size
         assert (state / "agent" / bundle.version / "agent.pyz").read_bytes() == bundle.path.read_bytes()
         assert (state / "agent" / "current").read_text().strip() == bundle.version
-        assert len(first.gpus) == 2 and first.gpu_source == "simulated"
+        # What it verified: the file on the host's disk. No agent ran: Python is not checked,
+        # and no facts are claimed.
+        assert first.checked == ["sha256"] and first.python is None and first.gpus == []
         second = ctl.deploy()[0]
         assert second.copied is False and second.bytes_copied == 0
         assert second.agent_version == bundle.version
         probe = ctl.probe()[0]
         assert probe.agent_version == bundle.version and probe.agent_current
+        assert "python" in probe.checked and len(probe.gpus) == 2 and probe.gpu_source == "simulated"
+        # With a daemon linked (the app, a server), deploy asks it: Python checked, facts told.
+        assert ctl.agent("here").ping() is not None
+        try:
+            third = ctl.deploy()[0]
+            assert third.checked == ["sha256", "python"] and third.copied is False
+            assert len(third.gpus) == 2 and third.python
+        finally:
+            ctl.agent("here").shutdown(force=True)
 
 
 def test_deploy_replaces_a_tampered_agent(tmp_path: Path) -> None:
@@ -139,3 +150,26 @@ def test_cli_hosts_json_on_the_local_machine(tmp_path: Path) -> None:
         assert key in h
     assert h["name"] == "here" and h["reachable"] is True and h["error"] is None
     assert h["cpus"] == os.cpu_count()
+
+
+OLD_PYTHON = "/root/.pyenv/versions/3.6.15/bin/python3"
+
+
+def test_a_python_too_old_for_the_agent_is_a_clear_error_at_its_first_start(tmp_path: Path) -> None:
+    """Deploy copies and hash-checks the archive without running it; the first start (any
+    request) runs it, and a host Python older than the agent's is named, with its version."""
+    if not os.access(OLD_PYTHON, os.X_OK):
+        pytest.skip(f"no Python 3.6 at {OLD_PYTHON} (pyenv install 3.6.15)")
+    state = tmp_path / "state"
+    spec = HostSpec(name="here", address="localhost", transport="local", python=OLD_PYTHON,
+                    state_dir=str(state))
+    inv = Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh")
+    bundle = build_agent(tmp_path / "cache")
+    with Controller(inv, bundle_factory=lambda: bundle) as ctl:
+        report = ctl.deploy()[0]
+        assert report.error is None and report.copied and report.checked == ["sha256"]
+        with pytest.raises(TransportError) as e:
+            ctl.agent("here").ping()
+    msg = str(e.value)
+    assert "needs Python 3.9 or newer" in msg and "3.6.15" in msg and OLD_PYTHON in msg, msg
+    assert not (state / "run").exists() or not any((state / "run").iterdir())  # nothing started

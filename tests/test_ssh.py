@@ -46,29 +46,96 @@ def test_deploy_to_three_hosts_then_nothing_to_copy(testbed: TestBed) -> None:
     for h in testbed.hosts:
         shutil.rmtree(h.state_dir / "agent", ignore_errors=True)
     inv = str(testbed.inventory_path)
-    version = build_agent().version
+    bundle = build_agent()
+    version = bundle.version
 
     first = hosts_json("deploy", "--inventory", inv)
     assert [r["name"] for r in first] == ["h1", "h2", "h3"]
     for r, h in zip(first, testbed.hosts, strict=True):
         assert r["reachable"] and r["error"] is None, r["error"]
-        assert r["copied"] is True
+        assert r["copied"] is True and r["bytes_copied"] == bundle.size
         assert r["agent_version"] == version
-        # Each host speaks for itself: its own UTS hostname and its own address.
-        assert r["hostname"] == h.hostname
-        assert h.address in r["addresses"]
-        assert r["cpus"] == os.cpu_count() and r["memory_total_mb"] > 0
-        assert len(r["gpus"]) == 4 and all(g["simulated"] for g in r["gpus"])
-        # The file landed in that host's private state dir and nowhere else.
-        assert (h.state_dir / "agent" / version / "agent.pyz").exists()
+        # What it checked: the file on the host's disk (read back, hashed). Nothing ran there
+        # (no daemon linked from this CLI), so no facts are claimed.
+        assert r["checked"] == ["sha256"] and r["python"] is None and r["hostname"] is None
+        # The file landed in that host's private state dir and nowhere else, whole.
+        assert (h.state_dir / "agent" / version / "agent.pyz").read_bytes() == bundle.path.read_bytes()
+        assert (h.state_dir / "agent" / "current").read_text() == f"{version}\n"
+        assert not list((h.state_dir / "agent" / version).glob("*.part-*"))
 
+    # A damaged copy (same size, one byte changed) is found by its hash and replaced.
+    damaged = testbed.hosts[1].state_dir / "agent" / version / "agent.pyz"
+    data = bytearray(damaged.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    damaged.write_bytes(bytes(data))
     second = hosts_json("deploy", "--inventory", inv)
-    assert all(r["copied"] is False and r["bytes_copied"] == 0 for r in second)
-    assert all(r["agent_version"] == version for r in second)
+    assert [r["copied"] for r in second] == [False, True, False]
+    assert [r["bytes_copied"] for r in second] == [0, bundle.size, 0]
+    assert all(r["agent_version"] == version and r["checked"] == ["sha256"] for r in second)
+    assert damaged.read_bytes() == bundle.path.read_bytes()
 
     probe = hosts_json("hosts", "--inventory", inv)
-    assert all(r["agent_version"] == version and r["agent_current"] for r in probe)
-    assert sorted(r["hostname"] for r in probe) == sorted(h.hostname for h in testbed.hosts)
+    for r, h in zip(probe, testbed.hosts, strict=True):
+        assert r["agent_version"] == version and r["agent_current"] and "python" in r["checked"]
+        # Each host speaks for itself: its own UTS hostname and its own address.
+        assert r["hostname"] == h.hostname and h.address in r["addresses"]
+        assert r["cpus"] == os.cpu_count() and r["memory_total_mb"] > 0
+        assert len(r["gpus"]) == 4 and all(g["simulated"] for g in r["gpus"])
+
+
+OLD_PYTHON = "/root/.pyenv/versions/3.6.15/bin/python3"
+
+
+def test_a_host_python_that_cannot_run_the_agent_is_named_before_a_job_starts(
+        testbed: TestBed, tmp_path: Path) -> None:
+    """Deploy runs nothing on the hosts; the agent's first start does, and says clearly when
+    the inventory's Python is missing (h2) or too old (h1, a real Python 3.6), before any job
+    process starts there. h3's Python is fine and its host unaffected."""
+    require(os.access(OLD_PYTHON, os.X_OK), f"no Python 3.6 at {OLD_PYTHON} (pyenv install 3.6.15)")
+    # No daemon runs on h1 and h2 (an earlier test's would answer on its socket, started by a
+    # good Python): the agent's first start there is the one this test is about.
+    with Controller(load_inventory(testbed.inventory_path)) as ctl:
+        for h in testbed.hosts[:2]:
+            ctl.agent(h.name).shutdown(force=True)
+    for h in testbed.hosts[:2]:
+        sock = h.state_dir / "run" / "agent.sock"
+        deadline = time.monotonic() + 30
+        while sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not sock.exists(), f"{h.name}: the daemon did not stop"
+    inv_path = testbed.write_inventory(tmp_path / "hosts.toml")
+    text = inv_path.read_text()
+    for h, python in ((testbed.hosts[0], OLD_PYTHON), (testbed.hosts[1], "/nonexistent/python3")):
+        line = f'name = "{h.name}"\naddress = "{h.address}"'
+        assert line in text
+        text = text.replace(line, f'{line}\npython = "{python}"')
+    inv_path.write_text(text)
+    inv = str(inv_path)
+    env = {**os.environ, "RIGDECK_INVENTORY": inv}
+
+    deployed = hosts_json("deploy", "--inventory", inv)
+    assert [(r["error"], r["checked"]) for r in deployed] == [(None, ["sha256"])] * 3
+
+    spec = tmp_path / "old.toml"
+    spec.write_text('name = "old"\ncommand = ["sleep", "61.5"]\nworkdir = "/"\nlauncher = "direct"\n'
+                    'nodes = 1\nprocesses_per_node = 1\nhosts = ["h1"]\n')
+    for host, needle in (("h1", f"needs Python 3.9 or newer; {OLD_PYTHON} is Python 3.6.15"),
+                         ("h2", "/nonexistent/python3")):
+        spec.write_text(spec.read_text().replace('hosts = ["h1"]', f'hosts = ["{host}"]'))
+        launch = subprocess.run([sys.executable, "-m", "tui.cli", "launch", str(spec)], capture_output=True,
+                                text=True, timeout=120, env={**env, "RIGDECK_HOME": str(tmp_path / host)})
+        said = launch.stdout + launch.stderr
+        # Not started: it waits, and says for what (the queue's line names the host and why).
+        assert "queued" in said and f"host '{host}' is down" in said and needle in said, said
+        assert "the agent cannot start" in said or host == "h2", said
+        spec.write_text(spec.read_text().replace(f'hosts = ["{host}"]', 'hosts = ["h1"]'))
+    # Nothing of a job started on either host: no rank process, no job directory of this one.
+    for i in (1, 2):
+        ps = testbed.exec(i, ["ps", "-ww", "-eo", "args"])
+        assert "sleep 61.5" not in ps.stdout, ps.stdout
+    probe = hosts_json("hosts", "--inventory", inv, check=False)
+    assert "3.9" in (probe[0]["error"] or "") and "/nonexistent/python3" in (probe[1]["error"] or "")
+    assert probe[2]["error"] is None and "python" in probe[2]["checked"]
 
 
 def test_unknown_key_refused_then_accepted_then_changed_key_refused(
@@ -203,8 +270,9 @@ def test_proxy_jump_through_another_test_bed_host(testbed_factory: Any, tmp_path
 
     with Controller(inv) as ctl:
         reports = ctl.deploy(["h2"])
-    assert reports[0].error is None and reports[0].hostname == target.hostname
-    assert reports[0].copied is True
+    assert reports[0].error is None and reports[0].copied is True
+    with Controller(inv) as ctl:  # the daemon, reached through the jump, is the target's
+        assert ctl.agent("h2").facts().hostname == target.hostname
 
 
 def test_malformed_inventory_from_the_cli(tmp_path: Path) -> None:
@@ -214,3 +282,42 @@ def test_malformed_inventory_from_the_cli(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert str(bad) in proc.stderr and "gpu1" in proc.stderr and "port" in proc.stderr
     assert proc.stdout == ""
+
+
+def _attaches(bed: TestBed, i: int) -> list[str]:
+    """The agent attach processes on host i (each bridges one link to the daemon)."""
+    ps = bed.exec(i, ["ps", "-ww", "-eo", "args"])
+    return [ln for ln in ps.stdout.splitlines() if "agent.pyz attach" in ln]
+
+
+def test_a_running_daemon_is_linked_through_its_socket_and_an_sshd_that_refuses_gets_the_attach(
+        testbed_factory: Any) -> None:
+    """A link to a host whose daemon runs goes to the daemon's unix socket through the SSH
+    connection: no login shell and no attach process on the host. Where sshd does not forward
+    to unix sockets (AllowStreamLocalForwarding no), the link is the attach, as before."""
+    bed: TestBed = testbed_factory(1, sim_gpus=2)
+    inv = load_inventory(bed.inventory_path)
+    with Controller(inv) as first:  # the first start: the attach starts the daemon
+        assert first.agent("h1").ping() is not None
+        assert len(_attaches(bed, 1)) == 1
+    with Controller(inv) as ctl:
+        assert ctl.agent("h1").facts().hostname == bed.hosts[0].hostname
+        assert _attaches(bed, 1) == [], "linked through the socket: no process on the host"
+        # The archive was checked on the way (over SFTP): a damaged one is put back.
+    h = bed.hosts[0]
+    pyz = h.state_dir / "agent" / build_agent().version / "agent.pyz"
+    good = pyz.read_bytes()
+    pyz.write_bytes(good[:-10] + b"x" * 10)
+    with Controller(inv) as ctl:
+        assert ctl.agent("h1").ping() is not None
+        assert pyz.read_bytes() == good
+    config = h.sshd_config.read_text().replace("AllowStreamLocalForwarding yes", "AllowStreamLocalForwarding no")
+    h.sshd_config.write_text(config)
+    bed.stop_sshd(1)
+    bed.start_sshd(1)
+    with Controller(inv) as ctl:
+        try:
+            assert ctl.agent("h1").facts().hostname == h.hostname
+            assert len(_attaches(bed, 1)) == 1, "refused the socket: the attach bridges the link"
+        finally:
+            ctl.agent("h1").shutdown(force=True)

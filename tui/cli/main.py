@@ -209,6 +209,11 @@ def _print_reports(reports: list[HostReport], *, deploy: bool) -> None:
     for r in reports:
         if r.error:
             err.print(f"[bold red]{r.name}[/]: {r.error}", highlight=False, markup=True)
+    unrun = [r.name for r in reports if deploy and not r.error and "python" not in r.checked]
+    if unrun:  # say what deploy checked, and what it did not
+        err.print(f"checked: the agent's SHA-256 as each host's disk holds it. Not run yet on "
+                  f"{', '.join(unrun)}: the agent's first start there checks its Python "
+                  "(`rigdeck hosts` starts it now)", highlight=False, markup=False)
 
 
 def _load(args: argparse.Namespace) -> Inventory:

@@ -12,8 +12,8 @@ out of reach, without being tried again, until its backoff has passed (``_Reach`
 
 from __future__ import annotations
 
+import hashlib
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 
 FACTS_SOURCE = (Path(__file__).resolve().parent.parent.parent / "agent" / "facts.py").read_text()
 COMMAND_TIMEOUT = 60.0
+AGENT_MIN_PYTHON = "3.9"  # what agent/__main__.py checks first on a host
 # How long a request waits for a host's TCP connect to be answered. The kernel answers a SYN
 # whatever the host's load, so a LAN host that has not answered in a second is out of reach
 # (its link down, or the machine off); the attempt goes on to its connect timeout meanwhile.
@@ -84,6 +85,8 @@ class HostReport:
     agent_pid: int | None = None
     sample: dict[str, Any] | None = None
     elapsed_s: float = 0.0
+    # What was verified on the host this time (CHECKS): an answer is only as good as its check.
+    checked: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The documented keys (docs/contracts.md), each named here: a new or renamed field
@@ -114,7 +117,13 @@ class HostReport:
             "agent_pid": self.agent_pid,
             "sample": self.sample,
             "elapsed_s": round(self.elapsed_s, 3),
+            "checked": list(self.checked),
         }
+
+
+# What a host report can say was verified on the host (its ``checked``).
+CHECK_SHA256 = "sha256"  # the agent archive on the host's disk, read back and hashed here
+CHECK_PYTHON = "python"  # the host's Python ran the agent's code and told its facts
 
 
 def host_key_info(e: TransportError) -> dict[str, str] | None:
@@ -267,6 +276,19 @@ class Controller(TypedAgents):
             raise att.error
         return att.link
 
+    def reach(self, hosts: Sequence[str]) -> None:
+        """Begin connecting to ``hosts`` now, in the background, returning at once: work that
+        will need them (a launch reading its code snapshot) goes on meanwhile, and a request
+        then finds the link made or being made. A host linked, being tried, or in its backoff
+        is left as it is; an unknown name is ignored (the request that needs it says so)."""
+        known = set(self.inventory.names)
+        for host in hosts:
+            if host in known and host not in self._links:
+                try:
+                    self._attempt(self.inventory.get(host))
+                except TransportError:
+                    pass  # in its backoff: the request that needs it says why
+
     def _attempt(self, spec: HostSpec) -> _Attempt:
         """The connect attempt running for ``spec``, else a new one, unless the last failed and
         its backoff has not passed: then its error, at once (it names when it was down since)."""
@@ -292,10 +314,15 @@ class Controller(TypedAgents):
             with self._host_locks[spec.name]:  # never beside a request on the old link
                 t.connect()
                 att.reached.set()
-                link, pyz = self._checked_attach(spec, t)
+                link, pyz = self._socket_link(spec, t)
+                if link is None:
+                    link, pyz = self._checked_attach(spec, t)
                 if link is None:
                     stream, pyz = self.open_agent_stream(spec, t)
-                    link = self._greeted(spec, stream, "rigdeck")
+                    try:
+                        link = self._greeted(spec, stream, "rigdeck")
+                    except TransportError as e:
+                        raise (e if pyz is None else self.start_failure(spec, t, pyz, e)) from None
                 if pyz is not None and (link.remote_hello or {}).get("agent_version") != self.bundle.version:
                     link = self._upgraded(spec, t, link, pyz)
                 self.configure_agent(spec, AgentClient.over(link))
@@ -343,6 +370,25 @@ class Controller(TypedAgents):
         """host -> why, for the hosts this controller now holds out of reach."""
         with self._reach_lock:
             return {h: r.error.detail for h, r in self._reach.items() if r.error is not None}
+
+    def _socket_link(self, spec: HostSpec, t: Transport) -> tuple[Any, str | None]:
+        """No process on the host when its daemon runs (the common case): the agent archive is
+        checked over SFTP (and put back when missing or not whole: ``_deploy_one``), then the
+        link goes straight to the daemon's unix socket through the SSH connection (an older
+        daemon is then asked to hand over, as after the attach). ``(None, None)`` when no
+        daemon answers there, or the host's sshd does not forward to unix sockets: the attach
+        (``_checked_attach``) starts one."""
+        if getattr(spec, "attach_only", False):
+            return None, None
+        state_dir, pyz = self._deploy_one(_report_for(spec), t, self.bundle)
+        stream = t.open_socket_stream(f"{state_dir}/run/agent.sock")
+        if stream is None:
+            return None, None
+        try:
+            return self._greeted(spec, stream, "rigdeck"), pyz
+        except TransportError as e:  # a socket left by a daemon that died: the attach mends it
+            log.info("%s: the daemon's socket did not answer (%s): attaching", spec.name, e)
+            return None, None
 
     def _checked_attach(self, spec: HostSpec, t: Transport) -> tuple[Any, str | None]:
         """One command on the host when the agent is installed there: the attach of this
@@ -549,8 +595,8 @@ class Controller(TypedAgents):
         if res.exit_code != 0:
             raise TransportError(
                 spec.name,
-                f"python {spec.python!r} is not usable on the host "
-                f"(exit {res.exit_code}): {res.stderr.strip()[-300:]}",
+                f"python {spec.python!r} is not usable on the host (exit {res.exit_code}; "
+                f"the agent needs Python {AGENT_MIN_PYTHON}+): {res.stderr.strip()[-300:]}",
             )
         return _parse_json_line(spec.name, res.stdout, "the facts probe")
 
@@ -616,6 +662,7 @@ class Controller(TypedAgents):
         def body(report: HostReport, t: Transport) -> None:
             facts = self._facts(t.spec, t)
             _apply_facts(report, facts)
+            report.checked.append(CHECK_PYTHON)
             report.agent_version = facts.get("deployed_version")
             report.agent_current = report.agent_version == version
             if report.agent_version:
@@ -648,64 +695,60 @@ class Controller(TypedAgents):
             g["health_reason"] = seen.get("health_reason") if seen is not None else None
 
     def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
-        """Install the current agent where it is missing, verify it, and report each host."""
+        """Install the current agent where it is missing or not whole, and report each host.
+
+        Over SFTP alone (no process started on the host, as scp): see ``_deploy_one``. The
+        host's Python is checked where this controller holds a link to a daemon (it is asked
+        for its facts), else at the agent's first start, which any command reaching the host
+        makes; ``checked`` says which."""
         bundle = self.bundle
 
         def body(report: HostReport, t: Transport) -> None:
             self._deploy_one(report, t, bundle)
+            link = self._links.get(t.spec.name)
+            if link is not None:
+                try:
+                    facts = AgentClient.over(link).facts(timeout=t.spec.connect_timeout)
+                except TransportError as e:  # the link broke: Python stays unchecked
+                    log.info("%s: no facts from the running agent: %s", t.spec.name, e)
+                    return
+                _apply_facts(report, facts.raw)
+                report.checked.append(CHECK_PYTHON)
 
         return self._parallel(self.specs(names), lambda s: self._guarded(s, body))
 
-    def _agent_version(self, t: Transport, pyz: str, state_dir: str, install: bool = False) -> dict[str, Any]:
-        """Run ``python agent.pyz version`` on the host (``--install``: verify and move into place)."""
-        spec = t.spec
-        argv = [spec.python, pyz, "version", "--state-dir", state_dir]
-        if install:
-            argv += ["--install", "--expect-sha256", self.bundle.sha256]
-        res = t.run(argv, timeout=COMMAND_TIMEOUT, env=self.agent_env(spec))
-        info = _parse_json_line(spec.name, res.stdout, "agent.pyz version") if "{" in res.stdout else {}
-        if res.exit_code != 0 or not info.get("ok"):
-            why = info.get("error") or res.stderr.strip()[-300:]
-            raise TransportError(spec.name, f"agent.pyz version failed (exit {res.exit_code}): {why}")
-        return info
+    def start_failure(self, spec: HostSpec, t: Transport, pyz: str, cause: TransportError) -> TransportError:
+        """Why the agent at ``pyz`` (hash-checked on the host's disk) did not start: its
+        ``version`` command run once more by the host's Python, whose failure says it (no such
+        interpreter, or one too old: the archive's ``__main__`` checks before anything else).
+        ``cause`` when that runs fine."""
+        state_dir = t.remote_path(spec.state_dir)
+        try:
+            res = t.run([spec.python, pyz, "version", "--state-dir", state_dir], timeout=COMMAND_TIMEOUT,
+                        env=self.agent_env(spec))
+        except TransportError:
+            return cause
+        if res.exit_code == 0 and "{" in res.stdout:
+            return cause
+        why = (res.stderr.strip() or res.stdout.strip()).splitlines()[-3:]
+        return TransportError(
+            spec.name, f"the agent cannot start: python {spec.python!r} (the inventory's `python`) "
+            f"exited {res.exit_code} on the host: {' | '.join(why) or 'no output'}")
 
     def _deploy_one(self, report: HostReport, t: Transport, bundle: AgentBundle) -> tuple[str, str]:
-        """Make sure ``bundle`` is installed and runs; returns (state_dir, agent.pyz path) there.
-
-        One SFTP stat, then one command on the host: ``agent.pyz version``, which reports the
-        file's own SHA-256 and the host's facts. When the file is missing, damaged or not yet
-        current, an SFTP upload first and ``version --install`` from the upload, which verifies
-        the hash on the host before moving the file into place.
-        """
+        """Make sure ``bundle`` is installed and current; returns (state_dir, agent.pyz path)
+        there. Over the connection's SFTP session, no process started on the host: the
+        installed file is read back and hashed here (a match: nothing copied); when it is
+        missing or differs, the archive goes to a temporary name, is read back and hashed, and
+        is renamed into place. Then ``agent/current`` names its version, the same way."""
         spec = t.spec
         state_dir = t.remote_path(spec.state_dir)
         final = f"{state_dir}/agent/{bundle.version}/agent.pyz"
-        info: dict[str, Any] | None = None
-        if t.file_size(final) == bundle.size:
-            info = self._agent_version(t, final, state_dir)
-            if info.get("sha256") != bundle.sha256 or info.get("version") != bundle.version:
-                info = None  # damaged or foreign: replace it
-            elif info.get("deployed_version") != bundle.version:
-                info = self._agent_version(t, final, state_dir, install=True)  # present, not current
-        if info is None:
-            part = f"{final}.part-{secrets.token_hex(4)}"
-            t.put_file(bundle.path, part, mode=0o600)
-            try:
-                info = self._agent_version(t, part, state_dir, install=True)
-            except TransportError:
-                t.run(["rm", "-f", part], timeout=COMMAND_TIMEOUT)
-                raise
-            report.copied = True
-            report.bytes_copied = bundle.size
-        else:
-            report.copied = False
-        _apply_facts(report, info)
-        report.agent_version = info.get("version")
-        if report.agent_version != bundle.version or info.get("sha256") != bundle.sha256:
-            raise TransportError(
-                spec.name,
-                f"agent reports version {report.agent_version} (sha256 {info.get('sha256')}), "
-                f"expected {bundle.version} ({bundle.sha256})",
-            )
+        report.copied = t.install_checked(bundle.path.read_bytes(), final, bundle.sha256, mode=0o700)
+        report.bytes_copied = bundle.size if report.copied else 0
+        current = f"{bundle.version}\n".encode()
+        t.install_checked(current, f"{state_dir}/agent/current", hashlib.sha256(current).hexdigest())
+        report.checked.append(CHECK_SHA256)
+        report.agent_version = bundle.version
         report.agent_current = True
         return state_dir, final

@@ -53,7 +53,7 @@ from tui.model.scheduler import (
     Scheduler,
     capacity_from_state,
 )
-from tui.model.state import ClusterState
+from tui.model.state import ClusterState, HostStatus
 from tui.model.tbsync import parse_have
 from tui.remote.transport import TransportError
 
@@ -274,6 +274,8 @@ class JobManager:
         for h, sample in samples.items():
             if isinstance(sample, dict):
                 state.apply_sample(h, sample)
+            elif isinstance(sample, TransportError):  # its reason goes into "waits for" and errors
+                state.set_status(h, HostStatus.DOWN, sample.detail, kind=sample.kind)
         live: set[str] = set()
         for jobs in job_lists.values():
             if not isinstance(jobs, list):

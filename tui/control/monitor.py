@@ -336,7 +336,10 @@ class Monitor:
         ok = False
         try:
             agent = AgentClient.over(link)
-            hello = link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck")
+            try:
+                hello = link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck")
+            except TransportError as e:  # say why when the host's Python cannot run the agent
+                raise (e if pyz is None else ctl.start_failure(spec, transport, pyz, e)) from None
             upgrade = None
             if hello.get("agent_version") != ctl.bundle.version and pyz is not None:
                 # An older daemon is running. It hands over now if idle, else when its jobs end.

@@ -393,6 +393,9 @@ class ControllerService:
         """Start ``spec`` now, or queue it when it does not fit now (``queue``). ``user``: who
         owns it (default: this process's account); on a server, the session's person (never what a client
         claims); set by in-process callers otherwise."""
+        if spec.code is not None and spec.code.tree is None:
+            # The hosts are connected to while the files are read: placement asks them next.
+            self.manager.ctl.reach(self.queue.candidates(spec))
         spec = self.manager.snapshot_code(spec)  # reading the files holds up no supervision
         with self._exclusive():
             view = self.queue.submit(spec, queue=queue, job_id=job_id, user=user)

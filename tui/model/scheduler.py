@@ -71,6 +71,7 @@ class HostCapacity:
     # GPUs no job may use: unhealthy (the agent's judgement) or drained (an operator's, or
     # rigdeck's after a fault), with why: (GPU, "unhealthy: XID 79: ...", "drained: ...").
     unusable: tuple[tuple[int, str], ...] = ()
+    why: str | None = None  # why a host that is not up is not (its last error), when known
 
     @property
     def state(self) -> str:
@@ -404,7 +405,8 @@ def _place(spec: JobSpec, views: Mapping[str, _HostView], cpu_jobs: Mapping[str,
                 known = ", ".join(sorted(views)) or "none"
                 problems.append(f"unknown host {name!r} (known: {known})")
             elif not view.cap.up:
-                problems.append(f"host {name!r} is {view.cap.state}")
+                why = f" ({view.cap.why})" if view.cap.why else ""
+                problems.append(f"host {name!r} is {view.cap.state}{why}")
             elif view.excluded:
                 problems.append(f"host {name!r} is excluded")
             elif gpu_job and len(view.free) < k:
@@ -557,6 +559,7 @@ def capacity_from_state(
                 job_busy=tuple(job_busy),
                 claimed=tuple(claimed),
                 unusable=tuple(unusable),
+                why=str(host.reason) if status not in ("up", "drained") and host.reason else None,
             )
         )
     return out

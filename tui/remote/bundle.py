@@ -18,7 +18,6 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 PACKAGES = ("agent", "runtime")
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)
-_MAIN = b"import sys\nfrom agent.cli import main\nsys.exit(main())\n"
 
 
 @dataclass(frozen=True)
@@ -57,7 +56,8 @@ def build_bytes(root: Path = REPO_ROOT) -> tuple[str, bytes]:
     version = source_version(root)
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
-        _entry(zf, "__main__.py", _MAIN)
+        # The archive's entry point is the agent's own (it checks the Python version first).
+        _entry(zf, "__main__.py", (root / "agent" / "__main__.py").read_bytes())
         for rel, path in _source_files(root):
             _entry(zf, rel, path.read_bytes())
         _entry(zf, "agent/BUILD.json", json.dumps({"version": version}).encode())

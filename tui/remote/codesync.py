@@ -154,11 +154,16 @@ class CodeStore:
     def read(self, sha: str) -> bytes:
         return self.object_path(sha).read_bytes()
 
-    def _keep(self, sha: str, data: bytes) -> bool:
+    def _keep(self, sha: str, data: bytes, made: set[Path] | None = None) -> bool:
+        """Store ``data`` as content ``sha`` unless it is there; ``made``: directories known to
+        exist (a snapshot's thousands of contents share 256 of them: one mkdir each)."""
         dest = self.object_path(sha)
         if dest.is_file():
             return False
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        if made is None or dest.parent not in made:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            if made is not None:
+                made.add(dest.parent)
         tmp = dest.with_name(f"{sha}.tmp{os.getpid()}.{threading.get_ident()}")
         tmp.write_bytes(data)
         os.replace(tmp, dest)
@@ -298,6 +303,7 @@ class CodeStore:
         cache = self._stat_cache()
         started = time.time()
         seen: dict[str, list[Any]] = {}
+        made: set[Path] = set()
         for rel, full, _size, exe, st in files:
             key = str(full)
             stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
@@ -310,7 +316,7 @@ class CodeStore:
                 except OSError as e:
                     raise CodeSyncError(f"{where}: cannot read {full}: {e.strerror or e}") from None
                 sha, size = hashlib.sha256(data).hexdigest(), len(data)
-                new += self._keep(sha, data)
+                new += self._keep(sha, data, made)
                 read += 1
                 if size != st.st_size:
                     stamp = []  # changed while read: not to be trusted next time

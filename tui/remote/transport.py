@@ -10,6 +10,7 @@ is ever parsed by a login shell, and sh sees every argument as the single word i
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import logging
@@ -37,6 +38,18 @@ from tui.remote.sshconfig import jump_chain
 log = logging.getLogger(__name__)
 
 IDLE_CHECK_S = 1.0  # how often a read waiting on a socket looks whether the connection was closed
+
+
+class _QuietOpenFailures(logging.Filter):
+    """paramiko logs each channel the server refuses at ERROR; here every refusal raises (or,
+    for a daemon's socket nobody listens on yet, is expected), so that line would only alarm."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.msg
+        return not (isinstance(msg, str) and msg.startswith("Secsh channel") and "open FAILED" in msg)
+
+
+logging.getLogger("paramiko.transport").addFilter(_QuietOpenFailures())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,12 +469,25 @@ class Transport(ABC):
         """Size of a file on the host, or None when there is none."""
 
     @abstractmethod
+    def install_checked(self, data: bytes, path: str, sha256: str, mode: int = 0o600) -> bool:
+        """Make the file at ``path`` hold ``data``, whose SHA-256 is ``sha256``, with no process
+        started on the host. When the file there already hashes so, nothing is written (False).
+        Otherwise ``data`` goes to a temporary name beside it, is read back from the host's disk
+        and hashed here, and only then renamed into place (True); a mismatch leaves nothing."""
+
+    @abstractmethod
     def open_stream(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Stream:
         """Start ``argv`` and keep talking to it over its stdin/stdout."""
 
     def peer_address(self) -> str | None:
         """The IP address this connection reached on the host, or None where the connection
         says nothing about the host's own addresses (no network, or a jump host in between)."""
+        return None
+
+    def open_socket_stream(self, path: str) -> Stream | None:
+        """A stream to the unix socket at absolute ``path`` on the host, with no process
+        started there; None where this transport cannot, or the host refuses (nobody listens
+        there, or its sshd does not forward to unix sockets)."""
         return None
 
     def remote_path(self, path: str) -> str:
@@ -571,16 +597,50 @@ def scan_host_key(address: str, port: int = 22, timeout: float = 5.0,
 SFTP_PIECE = 32000  # an SFTP write with its headers in one SSH packet (the server's max is 32 KiB)
 
 
+STREAMLOCAL = "direct-streamlocal@openssh.com"  # OpenSSH's channel to a unix socket (ssh -L x:/path)
+_streamlocal = threading.local()  # the socket path of the channel this thread is opening
+
+
 class _AeadFirst(HubTransport):
     """paramiko's transport preferring AES-GCM when the server offers it: one pass of AES-NI
     per packet where AES-CTR also needs an HMAC-SHA-256 (bulk copies of code sync go twice as
     fast on the controller's CPU). Other ciphers stay in paramiko's order after it. Served by
-    the hub's threads, not a thread of its own (``tui/remote/hub.py``)."""
+    the hub's threads, not a thread of its own (``tui/remote/hub.py``).
+
+    It also opens channels to a unix socket on the server (``open_unix_socket``), which
+    paramiko's ``open_channel`` can ask for but not address: the socket's path is added to that
+    one channel-open message as it is sent."""
 
     _preferred_ciphers = (
         "aes128-gcm@openssh.com", "aes256-gcm@openssh.com",
         *(c for c in paramiko.Transport._preferred_ciphers if "gcm" not in c),
     )
+
+    def open_unix_socket(self, path: str, timeout: float) -> paramiko.Channel:
+        """A channel to the unix socket at ``path`` on the server, connected by sshd as the
+        logged-in user: no shell, no process started there. paramiko.ChannelException when
+        sshd refuses (no one listens there, or its AllowStreamLocalForwarding is off)."""
+        _streamlocal.path = path
+        try:
+            return self.open_channel(STREAMLOCAL, timeout=timeout)
+        finally:
+            _streamlocal.path = None
+
+    def _send_user_message(self, data: Any) -> None:
+        path = getattr(_streamlocal, "path", None)
+        if path is not None and isinstance(data, paramiko.Message) and _opens(data, STREAMLOCAL):
+            _streamlocal.path = None  # once: this thread's one channel-open message
+            data.add_string(path)  # then what the protocol reserves: a string and a uint32
+            data.add_string("")
+            data.add_int(0)
+        super()._send_user_message(data)
+
+
+def _opens(message: paramiko.Message, kind: str) -> bool:
+    """Whether ``message`` is a channel-open request of ``kind`` (RFC 4254 5.1)."""
+    name = kind.encode()
+    head = bytes([paramiko.common.MSG_CHANNEL_OPEN]) + len(name).to_bytes(4, "big") + name
+    return message.asbytes().startswith(head)
 
 
 class SSHTransport(Transport):
@@ -824,6 +884,19 @@ class SSHTransport(Transport):
     def open_stream(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Stream:
         return ChannelStream(self.name, self.open_channel(argv, env))
 
+    def open_socket_stream(self, path: str) -> Stream | None:
+        t = self._transport()
+        if not isinstance(t, _AeadFirst):
+            return None
+        try:
+            chan = t.open_unix_socket(path, timeout=self.spec.connect_timeout)
+        except paramiko.ChannelException as e:
+            log.debug("%s: no stream to %s: %s", self.name, path, e)
+            return None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise UnreachableError(self.name, f"cannot open a channel: {e}") from None
+        return ChannelStream(self.name, chan)
+
     def run(
         self,
         argv: Sequence[str],
@@ -906,6 +979,35 @@ class SSHTransport(Transport):
         except (OSError, paramiko.SSHException, EOFError) as e:
             raise TransportError(self.name, f"cannot stat {path}: {e}") from None
 
+    def install_checked(self, data: bytes, path: str, sha256: str, mode: int = 0o600) -> bool:
+        # Over the connection's one SFTP session: a read back, and on a difference a pipelined
+        # write, a read back of what landed, a chmod and a rename; a few round trips in all.
+        part = f"{path}.part-{os.urandom(4).hex()}"
+        try:
+            with self._sftp_lock:
+                sftp = self._sftp()
+                if _sftp_sha256(sftp, path) == sha256:
+                    return False
+                _sftp_ensure_dir(sftp, os.path.dirname(path))
+                with sftp.open(part, "wb") as f:
+                    f.set_pipelined(True)
+                    view = memoryview(data)
+                    for off in range(0, len(data), SFTP_PIECE):
+                        f.write(view[off:off + SFTP_PIECE])
+                try:
+                    got = _sftp_sha256(sftp, part)
+                    if got != sha256:
+                        raise TransportError(self.name, f"copy to {path} failed: it reads back with "
+                                             f"sha256 {got}, not {sha256}; nothing installed")
+                    sftp.chmod(part, mode)
+                    sftp.posix_rename(part, path)
+                except BaseException:
+                    _sftp_remove_quietly(sftp, part)
+                    raise
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            raise TransportError(self.name, f"copy to {path} failed: {e}") from None
+        return True
+
     def home(self) -> str:
         if self._home is None:
             try:
@@ -927,6 +1029,45 @@ def _sftp_makedirs(sftp: paramiko.SFTPClient, path: str) -> None:
             sftp.stat(d)
         except OSError:
             sftp.mkdir(d, mode=0o700)
+
+
+def _sftp_sha256(sftp: paramiko.SFTPClient, path: str) -> str | None:
+    """The SHA-256 of the file at ``path`` as the host's disk holds it (read back with
+    prefetch: the reads are pipelined), or None when there is none."""
+    try:
+        f = sftp.open(path, "rb")
+    except FileNotFoundError:
+        return None
+    h = hashlib.sha256()
+    with f:
+        f.prefetch()
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sftp_ensure_dir(sftp: paramiko.SFTPClient, path: str) -> None:
+    """Make ``path`` (0700) and what it lacks above it: the deepest directory is looked at
+    first, so an existing one costs one round trip, not one per level."""
+    try:
+        sftp.stat(path)
+        return
+    except FileNotFoundError:
+        pass
+    parent = os.path.dirname(path)
+    if parent and parent != path:
+        _sftp_ensure_dir(sftp, parent)
+    try:
+        sftp.mkdir(path, mode=0o700)
+    except OSError:
+        sftp.stat(path)  # made meanwhile by another connection: fine; else this raises
+
+
+def _sftp_remove_quietly(sftp: paramiko.SFTPClient, path: str) -> None:
+    try:
+        sftp.remove(path)
+    except (OSError, paramiko.SSHException, EOFError):
+        pass
 
 
 # ---------------------------------------------------------------------------------------------
@@ -998,6 +1139,29 @@ class LocalTransport(Transport):
         except OSError as e:
             raise TransportError(self.name, f"copy to {remote} failed: {e}") from None
 
+    def install_checked(self, data: bytes, path: str, sha256: str, mode: int = 0o600) -> bool:
+        try:
+            if _file_sha256(path) == sha256:
+                return False
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            part = f"{path}.part-{os.urandom(4).hex()}"
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data)
+                got = _file_sha256(part)
+                if got != sha256:
+                    raise TransportError(self.name, f"copy to {path} failed: it reads back with "
+                                         f"sha256 {got}, not {sha256}; nothing installed")
+                os.replace(part, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(part)
+                raise
+        except OSError as e:
+            raise TransportError(self.name, f"copy to {path} failed: {e}") from None
+        return True
+
     def home(self) -> str:
         return os.path.expanduser("~")
 
@@ -1006,6 +1170,17 @@ class LocalTransport(Transport):
             return os.stat(path).st_size
         except FileNotFoundError:
             return None
+
+
+def _file_sha256(path: str) -> str | None:
+    try:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 20):
+                h.update(chunk)
+        return h.hexdigest()
+    except FileNotFoundError:
+        return None
 
 
 def last_json_object(text: str) -> dict[str, Any] | None:
