@@ -428,10 +428,12 @@ async def test_gpu_table_reads_live_gpus_from_a_hosts_only_snapshot() -> None:
 @pytest.mark.parametrize("sort", ["host", "util", "memory", "temp", "job"])
 @pytest.mark.parametrize("flt", [GpuFilter(), GpuFilter("busy"), GpuFilter("idle", "h1"), GpuFilter(text="job:"),
                                  GpuFilter(text="job-1"), GpuFilter("busy", "h2 job-2"), GpuFilter(text="idle h1")])
-def test_the_kept_gpu_order_is_the_order_made_afresh(sort: str, flt: GpuFilter) -> None:
+@pytest.mark.parametrize("hosts_only", [False, True])
+def test_the_kept_gpu_order_is_the_order_made_afresh(sort: str, flt: GpuFilter, hosts_only: bool) -> None:
     """Tick after tick, some hosts sending new samples (a few, or every one), a host going
     stale: the order kept from tick to tick shows the rows ``gpu_entries`` makes from scratch,
-    with the same sources."""
+    with the same sources; also when it is given the hosts-only snapshot and reads the GPUs
+    from the state (as the app does, keeping no second of samples)."""
     import random
 
     from tui.app.widgets.tables import GpuOrder, gpu_entries
@@ -457,9 +459,14 @@ def test_the_kept_gpu_order_is_the_order_made_afresh(sort: str, flt: GpuFilter) 
             send(i, tick)
         if tick == 6:
             state.set_status("h3", HostStatus.STALE, "quiet")
+        only = state.snapshot(gpus=False)
         snap = state.snapshot()
         fresh = gpu_entries(snap, flt, sort)
-        assert order.update(snap, flt, sort) == [k for k, _ in fresh]
+        if hosts_only:
+            got = order.update(snap, flt, sort, only, lambda hi, gi: state.gpu(hosts[hi], gi))
+        else:
+            got = order.update(snap, flt, sort)
+        assert got == [k for k, _ in fresh]
         for key, src in fresh:
             assert order.source(key) == src
 

@@ -35,6 +35,7 @@ from tui.app.widgets.format import (
     size_mb,
     util_level,
 )
+from tui.app.widgets.release import release_after_frame
 from tui.app.widgets.statictext import update_static
 from tui.model.gpumap import (
     FREE,
@@ -209,6 +210,8 @@ class ClusterMap(ScrollView, can_focus=True):
         """The cluster as ``snapshot`` (hosts with their GPUs) and ``jobs`` have it."""
         placed = live_placements(jobs.rows)
         held = holders(snapshot, placed, self._before if self._placed == placed else None)
+        # The last second's snapshot goes once this frame is drawn, not in it.
+        release_after_frame(self, self.hosts)
         self._before, self._placed = (snapshot, held), placed
         self.hosts = snapshot
         # The colours and the users' counts follow the holders (and which hosts are up): a
