@@ -428,10 +428,12 @@ async def test_gpu_table_reads_live_gpus_from_a_hosts_only_snapshot() -> None:
 @pytest.mark.parametrize("sort", ["host", "util", "memory", "temp", "job"])
 @pytest.mark.parametrize("flt", [GpuFilter(), GpuFilter("busy"), GpuFilter("idle", "h1"), GpuFilter(text="job:"),
                                  GpuFilter(text="job-1"), GpuFilter("busy", "h2 job-2"), GpuFilter(text="idle h1")])
-def test_the_kept_gpu_order_is_the_order_made_afresh(sort: str, flt: GpuFilter) -> None:
+@pytest.mark.parametrize("hosts_only", [False, True])
+def test_the_kept_gpu_order_is_the_order_made_afresh(sort: str, flt: GpuFilter, hosts_only: bool) -> None:
     """Tick after tick, some hosts sending new samples (a few, or every one), a host going
     stale: the order kept from tick to tick shows the rows ``gpu_entries`` makes from scratch,
-    with the same sources."""
+    with the same sources; also when it is given the hosts-only snapshot and reads the GPUs
+    from the state (as the app does, keeping no second of samples)."""
     import random
 
     from tui.app.widgets.tables import GpuOrder, gpu_entries
@@ -457,9 +459,14 @@ def test_the_kept_gpu_order_is_the_order_made_afresh(sort: str, flt: GpuFilter) 
             send(i, tick)
         if tick == 6:
             state.set_status("h3", HostStatus.STALE, "quiet")
+        only = state.snapshot(gpus=False)
         snap = state.snapshot()
         fresh = gpu_entries(snap, flt, sort)
-        assert order.update(snap, flt, sort) == [k for k, _ in fresh]
+        if hosts_only:
+            got = order.update(snap, flt, sort, only, lambda hi, gi: state.gpu(hosts[hi], gi))
+        else:
+            got = order.update(snap, flt, sort)
+        assert got == [k for k, _ in fresh]
         for key, src in fresh:
             assert order.source(key) == src
 
@@ -720,3 +727,49 @@ def test_jobs_running_counts_what_holds_hosts_not_what_waits() -> None:
     states = ["queued", "queued", "pending", "starting", "running", "stopping", "succeeded", "failed", "stopped"]
     # the summary said "9 running · 8 queued" for 1 and 8
     assert jobs_running([job_row(f"j{i}", s) for i, s in enumerate(states)]) == 3
+
+
+def test_a_strip_divided_whole_is_not_kept_in_itself() -> None:
+    """The app's ``Strip.divide`` gives a strip cut at its own length as itself without
+    caching that list in the strip (a cycle only the garbage collector could free); other cuts
+    divide as Textual's does."""
+    import gc
+
+    from rich.segment import Segment
+    from textual.strip import Strip
+
+    from tui.app import stripcycle
+
+    stripcycle.install()
+    strip = Strip([Segment("abc"), Segment("defg", Style(bold=True))])
+    assert strip.divide([7]) == [strip] and strip.divide([7, 9]) == [strip]
+    assert not gc.get_referrers(strip)  # nothing of its own holds it
+    parts = strip.divide([2, 5, 7])
+    assert [p.text for p in parts] == ["ab", "cde", "fg"]
+    assert stripcycle._divide(Strip(list(strip)), [2, 5, 7]) == parts
+
+
+async def test_a_static_keeps_its_size_right_without_a_layout_per_update() -> None:
+    """``update_static``: a new text of the same height is shown; one of another height lays
+    the widget out again at its new height."""
+    from textual.widgets import Static
+
+    from tui.app.widgets.statictext import update_static
+
+    class One(App[None]):
+        def compose(self) -> ComposeResult:
+            yield Static("one line", id="s")
+
+    app = One()
+    async with app.run_test(size=(40, 10)) as pilot:
+        s = app.query_one("#s", Static)
+        await pilot.pause()
+        assert update_static(s, "another") and not update_static(s, "another")
+        await pilot.pause()
+        assert s.size.height == 1 and "another" in str(s.render())
+        update_static(s, "three\nlines\nnow")
+        await pilot.pause()
+        assert s.size.height == 3
+        update_static(s, "back to one")
+        await pilot.pause()
+        assert s.size.height == 1 and "back to one" in str(s.render())

@@ -32,6 +32,7 @@ from textual.widget import Widget
 from textual.widgets import Footer, Header, Static, TabbedContent
 from textual.worker import Worker, WorkerState
 
+from tui.app import stripcycle
 from tui.app.collector import CollectorTuning
 from tui.app.frametimer import ENV as FRAME_TIMER_ENV
 from tui.app.frametimer import FrameTimer, TimedScreen
@@ -188,6 +189,7 @@ class RigdeckApp(App[None]):
         for v in self.views.values():
             if v.POLL_S:
                 self.set_interval(v.POLL_S, v.poll, name=v.ID)
+        stripcycle.install()  # lines drawn are freed when dropped, not by the collector
         self.collector.start()
         if self.show_frames:
             self.frame_timer.watch_collector()

@@ -20,6 +20,7 @@ from textual.widget import Widget
 from textual.widgets import Static, TabbedContent, TabPane
 
 from tui.app.widgets.difftable import DiffTable
+from tui.app.widgets.statictext import update_static
 from tui.app.widgets.tables import Widths
 from tui.client import Client
 from tui.model.jobview import JobSource, JobsSnapshot
@@ -35,10 +36,9 @@ T = TypeVar("T")
 
 
 def set_text(widget: Static, text: str) -> None:
-    """Update a Static only when its text changes: an update costs a layout pass."""
-    if getattr(widget, "_rd_text", None) != text:
-        widget.update(text)
-        widget._rd_text = text  # type: ignore[attr-defined]
+    """Update a Static only when its text changes, and lay the screen out again only when its
+    height did (``update_static``)."""
+    update_static(widget, text)
 
 
 class Shell(Protocol):

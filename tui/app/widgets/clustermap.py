@@ -35,6 +35,8 @@ from tui.app.widgets.format import (
     size_mb,
     util_level,
 )
+from tui.app.widgets.release import release_after_frame
+from tui.app.widgets.statictext import update_static
 from tui.model.gpumap import (
     FREE,
     MODE_LABELS,
@@ -191,6 +193,8 @@ class ClusterMap(ScrollView, can_focus=True):
         self._line_width = 0
         self._before: tuple[Sequence[HostView], list[tuple[Holder, ...]]] | None = None
         self._placed: dict[tuple[str, int], str] = {}
+        self._up: tuple[bool, ...] = ()
+        self._ascii_names = False  # every host name one cell a character (lines not measured)
 
     # -- data -------------------------------------------------------------------------------
 
@@ -206,13 +210,19 @@ class ClusterMap(ScrollView, can_focus=True):
         """The cluster as ``snapshot`` (hosts with their GPUs) and ``jobs`` have it."""
         placed = live_placements(jobs.rows)
         held = holders(snapshot, placed, self._before if self._placed == placed else None)
+        # The last second's snapshot goes once this frame is drawn, not in it.
+        release_after_frame(self, self.hosts)
         self._before, self._placed = (snapshot, held), placed
         self.hosts = snapshot
-        self.held = held
-        self.slots = assign_slots(
-            self.slots, (w.job_id for hs in held for w in hs if w.job_id is not None), JOB_SLOTS
-        )
-        self.summary = user_summary(snapshot, held)
+        # The colours and the users' counts follow the holders (and which hosts are up): a
+        # second in which no GPU changed hands costs a comparison, not a walk over every GPU.
+        up = tuple(h.status == "up" for h in snapshot)
+        if held != self.held or up != self._up:
+            self.slots = assign_slots(
+                self.slots, (w.job_id for hs in held for w in hs if w.job_id is not None), JOB_SLOTS
+            )
+            self.summary = user_summary(snapshot, held)
+        self.held, self._up = held, up
         self._build()
 
     def cycle_mode(self) -> None:
@@ -326,6 +336,7 @@ class ClusterMap(ScrollView, can_focus=True):
         if grid != self.grid or names != self._names:
             self.grid = grid
             self._names = names
+            self._ascii_names = all(n.isascii() and n.isprintable() for n in names)
             self._blocks = []
         self.builds += 1
         self._rebuild_hosts(None)
@@ -426,17 +437,26 @@ class ClusterMap(ScrollView, can_focus=True):
             self._line_width = width
             self._lines = [Strip.blank(0)] * lines
             dirty_lines = set(range(lines))
-        per = self.grid.per_line
         for line in dirty_lines:
-            segs: list[Segment] = []
-            for _, block in self._blocks[line * per : (line + 1) * per]:
-                segs.extend(block)
-            strip = Strip(Segment.simplify(segs))
-            if strip.cell_length < width:
-                strip = strip.adjust_cell_length(width, self.styles_by_name[""])
-            self._lines[line] = strip
+            self._lines[line] = self._join_line(line, width)
         if dirty_lines:
             self.refresh()
+
+    def _join_line(self, line: int, width: int) -> Strip:
+        """A map line from its hosts' blocks, at least ``width`` wide."""
+        grid = self.grid
+        per = grid.per_line
+        blocks = self._blocks[line * per : (line + 1) * per]
+        segs: list[Segment] = []
+        for _, block in blocks:
+            segs.extend(block)
+        # Every block is ``grid.block`` cells (its label cut to fit, one cell a glyph): the
+        # line's length is known without measuring each segment again.
+        length = len(blocks) * grid.block if self._ascii_names else None
+        strip = Strip(list(Segment.simplify(segs)), length)
+        if strip.cell_length < width:
+            strip = strip.adjust_cell_length(width, self.styles_by_name[""])
+        return strip
 
     def render_line(self, y: int) -> Strip:
         scroll_x, scroll_y = self.scroll_offset
@@ -603,7 +623,7 @@ class MapPane(Vertical):
     def _set(self, sel: str, text: str) -> None:
         if self._texts.get(sel) != text:
             self._texts[sel] = text
-            self.query_one(sel, Static).update(text)
+            update_static(self.query_one(sel, Static), text)
 
     def update_panels(self) -> None:
         m = self.map

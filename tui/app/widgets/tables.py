@@ -356,25 +356,51 @@ class GpuOrder:
         self._by_tie: list[int] = []
         self._sort_key: list[tuple[Any, ...]] = []
         self._sorted: list[tuple[Any, ...]] = []  # every position's sort key, in order
+        # After a sort of every key by a number: the values (-value by position) and the
+        # positions in order stand for ``_sort_key`` and ``_sorted`` until a few keys change.
+        self._values: list[Any] | None = None
+        self._positions: list[int] | None = None  # the positions in order (``_sorted``'s)
+        self._gpu_of: Callable[[int, int], GpuView | None] | None = None
         self._shown: list[bool] = []
         self._wanted: list[str] = []
         self._memo: list[list[Any] | None] = []  # position -> _memo_of's
         self._hosts: Sequence[HostView] = ()
 
-    def update(self, snapshot: Sequence[HostView], flt: GpuFilter, sort: str) -> list[str]:
-        """The row keys to show, in order, for ``snapshot`` (with its GPUs)."""
-        self._hosts = snapshot
-        key = (getattr(snapshot, "layout", None), tuple(h.name for h in snapshot), flt, sort)
+    def update(
+        self,
+        snapshot: Sequence[HostView],
+        flt: GpuFilter,
+        sort: str,
+        hosts: Sequence[HostView] | None = None,
+        gpu_of: Callable[[int, int], GpuView | None] | None = None,
+    ) -> list[str]:
+        """The row keys to show, in order, for ``snapshot`` (with its GPUs).
+
+        ``hosts``: the same hosts without their GPU lists (a hosts-only snapshot: its views are
+        made again whenever the full ones are), and ``gpu_of(host position, GPU position)``,
+        which reads a GPU as it is now. Given both, the order keeps nothing of ``snapshot``
+        after this call: the second of samples it holds is freed by whoever replaces it (the
+        monitor's readers), not on this thread when the next second comes."""
+        names = tuple(h.name for h in snapshot)
+        if hosts is None or gpu_of is None or tuple(h.name for h in hosts) != names:
+            hosts = snapshot
+
+            def gpu_of(hi: int, gi: int) -> GpuView | None:
+                gpus = snapshot[hi].gpus or ()
+                return gpus[gi] if gi < len(gpus) else None
+
+        self._hosts, self._gpu_of = hosts, gpu_of
+        key = (getattr(snapshot, "layout", None), names, flt, sort)
         if key != self._for or getattr(snapshot, "layout", None) is None:
             self._for = key
             self._lay_out(snapshot, flt)
-        gpu_lists = [h.gpus or () for h in snapshot]
-        # A host's GPU views are made again with each of its samples: the same tuple, the same
-        # GPUs (what the order reads of them; its status is read when a row is drawn).
-        moved = [hi for hi, (now, was) in enumerate(zip(gpu_lists, self._seen, strict=True)) if now is not was]
+        # A host's views are made again with each of its samples (and its status): a host whose
+        # view is the one seen last time has the same GPUs (what the order reads of them).
+        moved = [hi for hi, (now, was) in enumerate(zip(hosts, self._seen, strict=True)) if now is not was]
         if not moved:
             return self._wanted
-        self._seen = gpu_lists
+        self._seen = list(hosts)
+        gpu_lists = [h.gpus or () for h in snapshot]
         if sort == "host":
             reordered = False
         elif len(moved) * 4 > len(snapshot):  # most hosts: every key at once
@@ -393,9 +419,30 @@ class GpuOrder:
                     shown_changed = True
         if reordered or shown_changed:
             keys, shown = self._keys, self._shown
-            self._wanted = [keys[k[-1]] for k in self._sorted if shown[k[-1]]]
+            order = self._order_positions()
+            if all(shown):
+                self._wanted = list(map(keys.__getitem__, order))
+            else:
+                self._wanted = [keys[p] for p in order if shown[p]]
         self._fresh = False
         return self._wanted
+
+    def _order_positions(self) -> list[int]:
+        """The positions in the order shown (filtered or not)."""
+        if self._positions is None:
+            self._positions = [k[-1] for k in self._sorted]
+        return self._positions
+
+    def _tuple_keys(self) -> None:
+        """Every position's key tuple and their sorted list, from the plain values the last
+        sort of every key left (``_some_keys`` and ``_resort`` work on the tuples)."""
+        values = self._values
+        if values is None:
+            return
+        self._values = None
+        self._sort_key = list(zip(values, self._tie, range(len(values)), strict=True))
+        key = self._sort_key
+        self._sorted = [key[p] for p in self._order_positions()]
 
     def _all_keys(self, sort: str, gpu_lists: Sequence[Sequence[GpuView]]) -> bool:
         """Every GPU's sort key made again (most hosts sent a sample); True when any changed
@@ -403,29 +450,34 @@ class GpuOrder:
         flat = list(chain.from_iterable(gpu_lists))
         field = _SORT_FIELDS.get(sort)
         tie = self._tie
-        new: list[tuple[Any, ...]]
         if field is not None:
-            # The keys as (-value, tie, position), and their order sorted by the value alone
-            # from the positions in tie order: a stable sort of plain numbers (its ties stay in
-            # tie order) gives the order of the tuples for much less than comparing tuples.
+            # The keys are (-value, tie, position): sorting the positions in tie order by the
+            # value alone (a stable sort of plain numbers keeps ties in tie order) gives their
+            # order without making or comparing 4,096 tuples; the tuples are made only if a
+            # later second changes a few hosts (``_tuple_keys``).
             values = [-(field(g) or 0) for g in flat]
-            new = list(zip(values, tie, range(len(values)), strict=True))
-            if new == self._sort_key:
+            old = self._values
+            if old is None and self._sort_key and len(self._sort_key[0]) == 3:
+                old = [k[0] for k in self._sort_key]  # the keys as tuples: this sort's
+            if values == old:
                 return False
-            self._sort_key = new
-            self._sorted = [new[p] for p in sorted(self._by_tie, key=values.__getitem__)]
+            self._values = values
+            self._positions = sorted(self._by_tie, key=values.__getitem__)
             return True
+        self._tuple_keys()
         labels = [self._memo_of(p, g)[0] for p, g in enumerate(flat)]
         new = [(lb == "-", lb, t, p) for p, (lb, t) in enumerate(zip(labels, tie, strict=True))]
         if new == self._sort_key:
             return False
         self._sort_key = new
         self._sorted = sorted(new)
+        self._positions = None
         return True
 
     def _some_keys(self, sort: str, gpu_lists: Sequence[Sequence[GpuView]], moved: list[int]) -> bool:
         """The sort keys of the hosts in ``moved`` made again, the order kept by bisection
         (or sorted again when many changed); True when any changed."""
+        self._tuple_keys()
         changed: list[tuple[tuple[Any, ...], tuple[Any, ...]]] = []
         sort_key, first = self._sort_key, self._first
         for hi in moved:
@@ -439,17 +491,20 @@ class GpuOrder:
                 sort_key[pos:end] = new_keys
         if changed:
             self._resort(changed)
+            self._positions = None
         return bool(changed)
 
     def source(self, key: str) -> GpuSource | None:
         """A row's source now: (host, host not up, the GPU)."""
         pos = self._pos.get(key)
-        if pos is None:
+        if pos is None or self._gpu_of is None:
             return None
         hi, gi = self._place[pos]
+        g = self._gpu_of(hi, gi)
+        if g is None:
+            return None
         h = self._hosts[hi]
-        gpus = h.gpus or ()
-        return (h.name, h.status != "up", gpus[gi]) if gi < len(gpus) else None
+        return (h.name, h.status != "up", g)
 
     def _lay_out(self, snapshot: Sequence[HostView], flt: GpuFilter) -> None:
         """A new set of GPUs (or filter, or sort): every position made again."""
@@ -469,6 +524,8 @@ class GpuOrder:
         self._seen = [None] * len(snapshot)  # nothing seen: every host looked at
         self._sort_key = [(pos,) for pos in range(n)]
         self._sorted = list(self._sort_key)
+        self._values = None
+        self._positions = None
         self._shown = [flt.busy == "all" and not flt.text] * n
         self._memo = [None] * n
         self._wanted = []
@@ -707,7 +764,8 @@ class GpusTable(DiffTable):
             stats = self.apply_sources(gpu_entries(snapshot, flt, sort), make_raw)
         else:  # sorted or filtered: the order kept from tick to tick
             order = self._gpu_order
-            stats = self.apply_keyed(order.update(snapshot, flt, sort), order.source, make_raw)
+            wanted = order.update(snapshot, flt, sort, hosts, gpu_of)
+            stats = self.apply_keyed(wanted, order.source, make_raw)
         self._layout = None
         if fast:
             self._layout = (getattr(snapshot, "layout", layout), len(snapshot), w)
