@@ -95,6 +95,7 @@ def _util_look(pct: int) -> tuple[str, str]:
 # (glyph, style name) by whole percent: a cell costs a lookup, not a computation.
 _UTIL_LOOK = tuple(_util_look(p) for p in range(101))
 _MEM_LOOK = tuple((_spark(p / 100.0), level(p, MEM_THRESHOLDS)) for p in range(101))
+_FREE_LOOK = (FREE_GLYPH, "dim")
 
 
 def cell_look(g: GpuView, who: Holder, mode: str, slot: int | None, stale: bool) -> tuple[str, str]:
@@ -360,11 +361,28 @@ class ClusterMap(ScrollView, can_focus=True):
         stale = h.status != "up"
         held = self.held[pos] if pos < len(self.held) else ()
         mode, slots = self.mode, self.slots
+        if mode == "util" and not stale and len(held) >= len(gpus):
+            return tuple(self._util_looks(gpus, held))
         looks = []
         for i, g in enumerate(gpus):
             who = held[i] if i < len(held) else FREE
             looks.append(cell_look(g, who, mode, slots.get(who.job_id) if who.job_id else None, stale))
         return tuple(looks)
+
+    @staticmethod
+    def _util_looks(gpus: Sequence[GpuView], held: Sequence[Holder]) -> list[tuple[str, str]]:
+        """``cell_look`` in util mode for a host that is up, one GPU after another without a
+        call each (4,096 cells a second at 512 x 8)."""
+        looks = []
+        for g, who in zip(gpus, held, strict=False):
+            util = g.utilization_pct
+            if g.health in ("unhealthy", "drained") or util is None:
+                looks.append(cell_look(g, who, "util", None, False))
+            elif util < BUSY_UTIL_PCT and who.job_id is None and not who.foreign:
+                looks.append(_FREE_LOOK)
+            else:
+                looks.append(_UTIL_LOOK[min(100, max(0, int(util + 0.5)))])
+        return looks
 
     def _render_host(self, pos: int, looks: tuple[tuple[str, str], ...]) -> list[Segment]:
         g_ = self.grid
