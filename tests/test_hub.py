@@ -5,8 +5,10 @@ that stops in the middle of a message, with no paramiko thread per connection an
 from __future__ import annotations
 
 import hashlib
+import os
 import socket
 import threading
+import time
 from typing import Any
 
 import paramiko
@@ -96,6 +98,43 @@ def test_exec_sftp_streams_and_a_dead_host_on_the_hub_threads(testbed_factory: A
     finally:
         for t in links:
             t.close()
+
+
+@pytest.mark.testbed
+def test_rekeys_asked_by_either_side_of_the_traffic(testbed_factory: Any) -> None:
+    """A new key exchange in the middle of a connection, read and answered by the hub: once
+    after our writes passed the packetizer's limit, once after our reads did, while the command
+    ends (its channel's close, answered during the exchange, waits for the new keys)."""
+    bed: TestBed = testbed_factory(1)
+    [link] = _links(bed, 1)
+    try:
+        transport = link._transport()
+        transport.packetizer.REKEY_BYTES = 64 * 1024  # paramiko's is 512 MiB
+        first = transport.H
+        data = os.urandom(300_000)
+        link.put_data(data, "/tmp/hub-rekey.bin")  # writes: past the limit, several times
+        out = link.run(["sha256sum", "/tmp/hub-rekey.bin"]).check("h1").stdout
+        assert out.split()[0] == hashlib.sha256(data).hexdigest()
+        after_writes = transport.H
+        _await_new_key(transport, first, "after the writes")
+        stream = link.open_stream(["head", "-c", "300000", "/dev/zero"])
+        got = 0
+        while (part := stream.recv(30.0)) != b"":
+            assert part is not None, "the stream stalled"
+            got += len(part)
+        assert got == 300_000
+        _await_new_key(transport, after_writes, "after the reads")
+        assert link.run(["echo", "keyed"]).check("h1").stdout == "keyed\n"
+    finally:
+        link.close()
+
+
+def _await_new_key(transport: paramiko.Transport, old: bytes, when: str) -> None:
+    """Wait (a generous bound, not a timing) for the exchange hash to change: a new key."""
+    deadline = time.monotonic() + 30
+    while transport.H == old:
+        assert time.monotonic() < deadline, f"no new key exchange {when}"
+        time.sleep(0.05)
 
 
 class _StallingPeer:

@@ -57,7 +57,7 @@ STALL_S = 10.0  # how long one message may take to arrive once it has begun
 TICK_S = 1.0  # keepalives, rekeys and handshake deadlines are looked at this often
 VERIFIED = ((5, 1),)  # paramiko (major, minor) versions this was checked against
 
-_TRANSPORT_METHODS = ("_check_banner", "_send_kex_init", "_expect_packet", "_enforce_strict_kex",
+_TRANSPORT_METHODS = ("_send_user_message", "_check_banner", "_send_kex_init", "_expect_packet", "_enforce_strict_kex",
                       "_parse_disconnect", "_parse_debug", "_ensure_authed", "_send_message", "_log",
                       "start_client", "stop_thread")
 _TRANSPORT_FIELDS = ("packetizer", "sock", "active", "lock", "in_kex", "kex_engine", "local_version",
@@ -153,6 +153,7 @@ class HubTransport(paramiko.Transport):
         self.served = isinstance(sock, socket.socket)
         self._hub: _Hub | None = None
         self._hub_fd = -1
+        self._deferred: deque[Any] = deque()  # answers held while a key exchange runs
         super().__init__(_HubSocket(sock) if self.served else sock, *args, **kwargs)
         if self.served:
             # A handler that answers during a key exchange waits for it to end; on a hub, for
@@ -197,7 +198,32 @@ class HubTransport(paramiko.Transport):
 
     def hub_step(self) -> bool:
         """Read one message and act on it as paramiko's thread would; False: the peer ended the
-        connection (or spoke of a channel it never had), and it is to be closed."""
+        connection (or spoke of a channel it never had), and it is to be closed. A rekey that
+        the message's bytes asked for starts at once, as paramiko's loop starts it before its
+        next read: the next message may be long in coming."""
+        going = self._read_one()
+        if going and self.packetizer.need_rekey() and not self.in_kex:
+            self._send_kex_init()
+        self.hub_flush()
+        return going
+
+    def _send_user_message(self, data: Any) -> None:
+        """paramiko's handlers answer some messages (a channel's close, a global request) with
+        this, which waits while a key exchange is under way; on a hub that wait would hold the
+        very thread that must read the exchange's next message (paramiko's own thread has the
+        same knot, undone only by its 30 s timeout). There the answer waits in a queue instead,
+        sent once the new keys are in use."""
+        if getattr(_step, "deadline", None) is not None and not self.clear_to_send.is_set():
+            self._deferred.append(data)
+            return
+        super()._send_user_message(data)
+
+    def hub_flush(self) -> None:
+        """Send what the hub's handlers answered during a key exchange, once it is over."""
+        while self._deferred and self.clear_to_send.is_set() and self.active:
+            super()._send_user_message(self._deferred.popleft())
+
+    def _read_one(self) -> bool:
         packetizer = self.packetizer
         if packetizer.need_rekey() and not self.in_kex:
             self._send_kex_init()
@@ -269,6 +295,7 @@ class HubTransport(paramiko.Transport):
             return  # a key exchange, or a writer, is under way: a keepalive would wait for it
         if packetizer.need_rekey() and not self.in_kex:
             self._send_kex_init()
+        self.hub_flush()
         packetizer._check_keepalive()
 
     def hub_end(self, error: BaseException | None) -> None:
@@ -331,17 +358,25 @@ class _Hub:
     def _run(self) -> None:
         next_tick = time.monotonic() + TICK_S
         while True:
-            ready = self._selector.select(max(0.0, next_tick - time.monotonic()))
-            for key, _mask in ready:
-                if key.data is None:
-                    self._drain_wake()
-                elif (link := self._links.get(key.fd)) is key.data and link is not None:
-                    self._serve(link)
-            self._apply()
-            if time.monotonic() >= next_tick:
-                next_tick = time.monotonic() + TICK_S
-                for t in list(self._links.values()):
-                    self._guarded(t, t.hub_tick)
+            try:
+                next_tick = self._turn(next_tick)
+            except Exception:  # a bug here must not silence every host of this hub for good
+                log.exception("SSH hub %s: a turn failed; going on", threading.current_thread().name)
+                time.sleep(0.1)  # a failure that repeats does not spin
+
+    def _turn(self, next_tick: float) -> float:
+        ready = self._selector.select(max(0.0, next_tick - time.monotonic()))
+        for key, _mask in ready:
+            if key.data is None:
+                self._drain_wake()
+            elif (link := self._links.get(key.fd)) is key.data and link is not None:
+                self._serve(link)
+        self._apply()
+        if time.monotonic() < next_tick:
+            return next_tick
+        for t in list(self._links.values()):
+            self._guarded(t, t.hub_tick)
+        return time.monotonic() + TICK_S
 
     def _drain_wake(self) -> None:
         try:
@@ -354,15 +389,22 @@ class _Hub:
         while self._todo:
             add, t = self._todo.popleft()
             if add and t.active:
-                stale = self._links.pop(t._hub_fd, None)
-                if stale is not None:  # closed elsewhere, its descriptor already reused
-                    self._drop(stale)
-                self._links[t._hub_fd] = t
-                self._selector.register(t._hub_fd, selectors.EVENT_READ, t)
-                if t.hub_buffered():  # bytes read with the banner: no readiness will say so
-                    self._serve(t)
+                self._take(t)
             else:
                 self._drop(t)
+
+    def _take(self, t: HubTransport) -> None:
+        stale = self._links.pop(t._hub_fd, None)
+        if stale is not None:  # closed elsewhere, its descriptor already reused
+            self._drop(stale)
+        try:
+            self._selector.register(t._hub_fd, selectors.EVENT_READ, t)
+        except (OSError, ValueError, KeyError) as e:  # its socket closed meanwhile
+            t.hub_end(e)
+            return
+        self._links[t._hub_fd] = t
+        if t.hub_buffered():  # bytes read with the banner: no readiness will say so
+            self._serve(t)
 
     def _serve(self, t: HubTransport) -> None:
         def turn() -> None:
