@@ -321,6 +321,29 @@ async def test_diff_table_header_is_drawn_again_only_when_it_changes() -> None:
         assert "Other" in "".join(seg.text for seg in changed[1][1])
 
 
+async def test_diff_table_header_follows_widths_its_columns_gain_when_idle() -> None:
+    """DataTable widens a column in its idle pass without counting an update; the header drawn
+    before that pass is not the one kept after it (a loaded machine drew the sweeps list's
+    header narrow for good, its rows wide)."""
+    from textual.widgets import DataTable
+
+    app = _TableApp()
+    async with app.run_test() as pilot:
+        t = app.query_one(DiffTable)
+        t.apply([(f"r{i}", (f"r{i}", i, "x")) for i in range(5)])
+        await pilot.pause()
+        args = (t._header_row_key, 0, t.rich_style, t.cursor_coordinate, t.hover_coordinate)
+        t._header_drawn = None  # drawn now, by DataTable, into its caches too
+        before = t._render_line_in_row(*args)
+        t.ordered_columns[0].content_width += 12  # as DataTable's _update_dimensions does
+        after = t._render_line_in_row(*args)
+        t._row_render_cache.clear()
+        t._cell_render_cache.clear()
+        fresh = DataTable._render_line_in_row(t, *args)
+        assert after == fresh and after != before
+        assert t._render_line_in_row(*args) is after  # kept again from here on
+
+
 class _GpusApp(App[None]):
     """A GPU table 12 lines high: rows 10.. are out of view."""
 

@@ -525,6 +525,11 @@ class DiffTable(DataTable[RenderableType]):
         if drawn is not None and drawn[0] == made_from:
             return drawn[1]
 
+        # DataTable's own caches are keyed by its update count, not by the columns' widths, and
+        # its idle pass widens columns without counting an update: drawn now from them, a line
+        # of the old widths would be kept here under the new ones for good. Counting one makes
+        # DataTable draw the header afresh.
+        self._update_count += 1
         line = super()._render_line_in_row(
             row_key, line_no, base_style, cursor_location, hover_location
         )
