@@ -290,6 +290,35 @@ async def test_diff_table_changes_only_what_differs() -> None:
         await pilot.pause()
 
 
+async def test_diff_table_diffs_the_rows_in_view_once_the_cursor_followed_its_row() -> None:
+    """A new order that takes the cursor's row far down scrolls the table there (DataTable
+    keeps the cursor in view): the rows made and diffed are those the frame shows then, not
+    those in view before the move."""
+    app = _TableApp()
+    async with app.run_test() as pilot:
+        t = app.query_one(DiffTable)
+        made: list[str] = []
+
+        def make_raw(src: tuple[str, int]) -> tuple[Any, ...]:
+            made.append(src[0])
+            return (src[0], src[1], "x")
+
+        keys = [f"r{i}" for i in range(300)]
+        t.apply_sources([(k, (k, 0)) for k in keys], make_raw, margin=0)
+        await pilot.pause()
+        assert t.cursor_key == "r0" and t.scroll_y == 0
+        made.clear()
+        order = keys[1:200] + ["r0"] + keys[200:]  # the cursor's row goes to row 199
+        t.apply_sources([(k, (k, 1)) for k in order], make_raw, margin=0)
+        assert t.cursor_key == "r0" and t.cursor_row == 199
+        top = int(t.scroll_y)
+        assert top > 150  # scrolled to the cursor
+        in_view = order[top:top + t.size.height - 1]
+        assert set(in_view) <= set(made)  # made now, before the frame draws them
+        assert len(made) <= t.size.height + 1  # and nothing else
+        await pilot.pause()
+
+
 async def test_diff_table_header_is_drawn_again_only_when_it_changes() -> None:
     """The header line kept across cell updates is the line DataTable draws afresh, wherever
     the cursor goes; new column labels draw it again."""

@@ -765,7 +765,7 @@ class DiffTable(DataTable[RenderableType]):
         self._make_raw = None
         self._source_of = None
         self._src.clear()
-        return self._apply([k for k, _ in rows], dict(rows).__getitem__, None, self._src.get)
+        return self._apply([k for k, _ in rows], dict(rows).__getitem__, self._src.get, whole=True)
 
     def apply_sources(
         self,
@@ -782,9 +782,7 @@ class DiffTable(DataTable[RenderableType]):
         src.clear()
         src.update(entries)
         self._source_of = src.get
-        return self._apply(
-            [k for k, _ in entries], lambda k: make_raw(src[k]), self._window(margin), src.get
-        )
+        return self._apply([k for k, _ in entries], lambda k: make_raw(src[k]), src.get, margin)
 
     def apply_keyed(
         self,
@@ -799,9 +797,7 @@ class DiffTable(DataTable[RenderableType]):
         self._make_raw = make_raw
         self._source_of = source_of
         self._src.clear()
-        return self._apply(
-            wanted, lambda k: make_raw(source_of(k)), self._window(margin), source_of
-        )
+        return self._apply(wanted, lambda k: make_raw(source_of(k)), source_of, margin)
 
     def refresh_sources(
         self,
@@ -838,9 +834,12 @@ class DiffTable(DataTable[RenderableType]):
         self,
         wanted: list[str],
         raw_of: Callable[[str], tuple[Any, ...]],
-        window: tuple[int, int] | None,
         source_of: Callable[[str], Any],
+        margin: int | None = None,
+        whole: bool = False,
     ) -> ApplyStats:
+        """Show ``wanted``: every row diffed (``whole``) or those in view and ``margin`` more
+        either side (``_window``), once the cursor has followed its row."""
         # Which rows go and which come are set operations, and the order a list comparison: a
         # tick over thousands of rows walks them in C; Python code runs per row in the window
         # and per row added or removed.
@@ -855,28 +854,26 @@ class DiffTable(DataTable[RenderableType]):
         if new:
             self._add_rows([key for key in wanted if key in new], raw_of, source_of)
             stats.added = len(new)
-        lo, hi = window if window is not None else (0, len(wanted))
+        if self._order != wanted:
+            self._set_order(wanted)
+            stats.reordered = True
+        # The cursor follows its row first (DataTable scrolls it into view), so that the rows
+        # diffed now are the ones the next frame shows, not those shown before the move.
+        if cursor_key is not None and (stats.removed or stats.reordered) and cursor_key in wanted_set:
+            self.move_cursor(row=wanted.index(cursor_key), animate=False, scroll=False)
+        elif stats.removed:
+            self.cursor_coordinate = self.cursor_coordinate  # clamps to the rows left
+        lo, hi = (0, len(wanted)) if whole else self._window(margin)
         for i in range(max(0, lo), min(len(wanted), hi)):
             key = wanted[i]
             if key not in new:
                 stats.cells += self._update_row(key, raw_of(key), source_of(key))
-        if self._order != wanted:
-            self._set_order(wanted)
-            stats.reordered = True
         if stats.changed:
             self._update_count += 1
             if stats.removed or stats.added:
                 self.refresh(layout=True)
             else:
                 self.refresh()
-            if (
-                cursor_key is not None
-                and (stats.removed or stats.reordered)
-                and cursor_key in wanted_set
-            ):
-                self.move_cursor(row=wanted.index(cursor_key), animate=False, scroll=False)
-            elif stats.removed:
-                self.cursor_coordinate = self.cursor_coordinate  # clamps to the rows left
         return stats
 
     def _add_rows(
