@@ -198,6 +198,12 @@ def _header_sees(location: Coordinate, cursor_type: str) -> Any:
     return None
 
 
+class _Line(list[Segment]):
+    """A body row's segments and their width in cells (known as it is made, not measured)."""
+
+    cells = 0
+
+
 @dataclass(frozen=True)
 class _FrameValues:
     """What drawing a frame's lines reads from the table, read once for the frame."""
@@ -340,15 +346,16 @@ class DiffTable(DataTable[RenderableType]):
         # GPU's "0%", common temperatures) stay; one-off ones (a sparkline) leave a few at a time
         # as new ones come, rather than piling up for the garbage collector to walk again and
         # again and then all going in one stall.
-        self._seg_cache: OrderedDict[tuple[str, Any, int, Style, Style], list[Segment]] = (
-            OrderedDict()
-        )
+        self._seg_cache: OrderedDict[tuple[str, Any, int, int], list[Segment]] = OrderedDict()
+        # A row's (style, cursor style) pair as a small number: the cell cache's keys hold it
+        # rather than the two Styles (hashing them was most of a cache lookup's cost).
+        self._looks: dict[tuple[Style, Style], int] = {}
         self._rows_rendered: dict[str, tuple[Any, Any, Any, Any]] = {}
         # The header line as DataTable renders it, kept across table updates (DataTable's own
         # cache is forgotten with every tick's update): (what it was drawn from, the line).
         self._header_drawn: tuple[Any, Any] | None = None
         self._frame: Any = None
-        self._frame_styles: dict[tuple[int, bool, bool], tuple[Style, Style]] = {}
+        self._frame_styles: dict[tuple[int, bool, bool], tuple[Style, Style, int]] = {}
         self._widths: tuple[int, ...] = ()
         self._line_style: Style | None = None
         self._src: dict[str, Any] = {}  # key -> the source its row comes from (apply_sources)
@@ -366,6 +373,7 @@ class DiffTable(DataTable[RenderableType]):
     def _theme_changed(self, _theme: object) -> None:
         self._palette = None
         self._seg_cache.clear()
+        self._looks.clear()
         self._header_drawn = None
         for row in self._data.values():  # every cell renders again in the new colours
             for cell in row.values():
@@ -388,11 +396,12 @@ class DiffTable(DataTable[RenderableType]):
     # -- rendering --------------------------------------------------------------------------
 
     def _segments(
-        self, column: str, raw: Any, width: int, pre: Style, post: Style
+        self, column: str, raw: Any, width: int, pre: Style, post: Style, look: int
     ) -> list[Segment]:
-        """A cell as padded segments exactly ``width`` wide, styled for its row, cached by value
-        and look: equal values in different rows (every idle GPU's "0%") render once."""
-        key = (column, raw, width, pre, post)
+        """A cell as padded segments exactly ``width`` wide, styled for its row (``look``
+        numbers its ``pre`` and ``post`` styles), cached by value and look: equal values in
+        different rows (every idle GPU's "0%") render once."""
+        key = (column, raw, width, look)
         cache = self._seg_cache
         hit = cache.get(key)
         if hit is not None:
@@ -472,16 +481,25 @@ class DiffTable(DataTable[RenderableType]):
                 self.cursor_background_priority == "css",
             )
             row_style = self._get_row_style(row_index, base_style)
-            styles = (row_style + component_style, post_style)
+            pre = row_style + component_style
+            if len(self._looks) > 64:  # looks come and go (focus, theme): start afresh
+                self._looks.clear()
+                self._seg_cache.clear()
+            look = self._looks.setdefault((pre, post_style), len(self._looks))
+            styles = (pre, post_style, look)
             self._frame_styles[(row_index % 2, cursor, hover)] = styles
-        pre, post_style = styles
-        line: list[Segment] = []
+        pre, post_style, look = styles
+        cells: list[Segment] = []
         widths = self._widths
         segments_of = self._segments
         for column, value, width in zip(self._column_keys, raw, widths, strict=True):
-            line += segments_of(column, value, width, pre, post_style)
+            cells += segments_of(column, value, width, pre, post_style, look)
         remaining = max(0, fv.width - sum(widths) - self._row_label_column_width)
-        line.append(Segment(" " * remaining, pre))
+        cells.append(Segment(" " * remaining, pre))
+        # Neighbouring cells' padding shares a style: one segment each, a third fewer for every
+        # later step of the frame (the screen's filters, the compositor's cuts, the encoding).
+        line = _Line(Segment.simplify(cells))
+        line.cells = sum(widths) + remaining
         # No row/column meta on body segments (a new Style per segment and row, the biggest cost
         # of drawing a row): clicks and hovers find their row from the mouse position instead.
         pair: tuple[list[Any], list[list[Segment]]] = ([], [line])
@@ -599,9 +617,12 @@ class DiffTable(DataTable[RenderableType]):
         hit = self._strips.get(row_index)
         if hit is not None and hit[0] is line and hit[1] == (x1, x2, width, base_style):
             return hit[2]
+        cells = line.cells if isinstance(line, _Line) else Segment.get_line_length(line)
         if x1 or x2 < width:
-            line = line_crop(line, x1, x2, Segment.get_line_length(line))
-        strip = Strip(line).adjust_cell_length(width, base_style)
+            strip = Strip(line_crop(line, x1, x2, cells))
+        else:
+            strip = Strip(line, cells)
+        strip = strip.adjust_cell_length(width, base_style)
         self._strips[row_index] = (scrollable[0], (x1, x2, width, base_style), strip)
         return strip
 
@@ -720,6 +741,7 @@ class DiffTable(DataTable[RenderableType]):
         self._src.clear()
         self._source_of = None
         self._seg_cache.clear()
+        self._looks.clear()
         self._rows_rendered.clear()
         self._frame = None
         self._raw.clear()
