@@ -485,15 +485,16 @@ class DiffTable(DataTable[RenderableType]):
             if len(self._looks) > 64:  # looks come and go (focus, theme): start afresh
                 self._looks.clear()
                 self._seg_cache.clear()
-            look = self._looks.setdefault((pre, post_style), len(self._looks))
-            styles = (pre, post_style, look)
+                self._frame_styles.clear()
+            styles_id = self._looks.setdefault((pre, post_style), len(self._looks))
+            styles = (pre, post_style, styles_id)
             self._frame_styles[(row_index % 2, cursor, hover)] = styles
-        pre, post_style, look = styles
+        pre, post_style, styles_id = styles
         cells: list[Segment] = []
         widths = self._widths
         segments_of = self._segments
         for column, value, width in zip(self._column_keys, raw, widths, strict=True):
-            cells += segments_of(column, value, width, pre, post_style, look)
+            cells += segments_of(column, value, width, pre, post_style, styles_id)
         remaining = max(0, fv.width - sum(widths) - self._row_label_column_width)
         cells.append(Segment(" " * remaining, pre))
         # Neighbouring cells' padding shares a style: one segment each, a third fewer for every
