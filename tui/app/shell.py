@@ -383,8 +383,10 @@ class RigdeckApp(App[None]):
 
     def _notice_host_keys(self) -> None:
         for h in self.hosts_snapshot:
+            if h.error_kind != "unknown-host-key":  # nearly every host: nothing to make
+                continue
             key = h.host_key or HostKey()
-            if h.error_kind == "unknown-host-key" and key.fingerprint not in self._warned_keys:
+            if key.fingerprint not in self._warned_keys:
                 self._warned_keys.add(key.fingerprint or "")
                 self.notify(
                     f"{h.name} presents an unknown host key ({key.type} "

@@ -40,6 +40,10 @@ from tui.app.widgets.format import LEVELS, Palette
 
 _palette_serial = 0
 SEG_CACHE = 1024  # rendered cells kept (a 200x60 screen of GPUs shows about 500)
+# Rows diffed beyond those in view on each update, either side. Any other row is brought up to
+# date when it is drawn (scrolled into view), so more would be work for rows nobody sees: in a
+# sorted view the cursor's row, and so the view, moves every second.
+MARGIN = 2
 
 
 @dataclass(frozen=True)
@@ -849,7 +853,7 @@ class DiffTable(DataTable[RenderableType]):
     def _window(self, margin: int | None) -> tuple[int, int]:
         """The rows diffed at once: those in view and ``margin`` more either side."""
         page = max(1, self.size.height)
-        margin = max(8, page // 4) if margin is None else margin
+        margin = MARGIN if margin is None else margin
         top = int(self.scroll_y)
         return (top - margin, top + page + margin)
 
@@ -1018,7 +1022,7 @@ class DiffTable(DataTable[RenderableType]):
         self._raw_src[key] = src
         if old == values:
             return 0
-        row = self._data[key]  # type: ignore[index]
+        row = self._data[self._row_key(key)]
         if len(old) != len(values):
             old = (object(),) * len(values)
         changed = 0
