@@ -11,8 +11,8 @@ from bisect import bisect_left, insort
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from itertools import chain
-from operator import attrgetter
+from itertools import chain, compress
+from operator import and_, attrgetter, not_
 from typing import Any
 
 from rich.console import RenderableType
@@ -291,6 +291,9 @@ def spark_levels(history: Sequence[float], width: int) -> tuple[int, ...]:
 GpuSource = tuple[str, bool, GpuView]  # (host, host not up, the GPU)
 
 
+_IS_BUSY = attrgetter("busy")
+_PROCESSES = attrgetter("processes")
+
 _SORT_FIELDS = {
     "util": attrgetter("utilization_pct"),
     "memory": attrgetter("memory_used_mb"),
@@ -364,6 +367,10 @@ class GpuOrder:
         self._shown: list[bool] = []
         self._wanted: list[str] = []
         self._memo: list[list[Any] | None] = []  # position -> _memo_of's
+        self._names: list[str] = []  # position -> its host's name
+        # The text filter's verdicts (position -> bool) and the processes they were made from.
+        self._text_for: list[tuple[Any, ...]] | None = None
+        self._text_ok: list[bool] = []
         self._hosts: Sequence[HostView] = ()
 
     def update(
@@ -409,23 +416,66 @@ class GpuOrder:
             reordered = self._some_keys(sort, gpu_lists, moved)
         shown_changed = self._fresh
         if not (flt.busy == "all" and not flt.text):
-            shown, first = self._shown, self._first
-            for hi in moved:
-                pos = first[hi]
-                gpus = gpu_lists[hi]
-                verdicts = self._verdicts(flt, snapshot[hi].name, gpus, pos)
-                if verdicts != shown[pos:pos + len(gpus)]:
-                    shown[pos:pos + len(gpus)] = verdicts
-                    shown_changed = True
+            if len(moved) * 4 > len(snapshot):  # most hosts: every GPU's verdict at once
+                shown_changed = self._filter_all(flt, list(chain.from_iterable(gpu_lists))) or shown_changed
+            else:
+                shown, first = self._shown, self._first
+                for hi in moved:
+                    pos = first[hi]
+                    gpus = gpu_lists[hi]
+                    verdicts = self._verdicts(flt, snapshot[hi].name, gpus, pos)
+                    if verdicts != shown[pos:pos + len(gpus)]:
+                        shown[pos:pos + len(gpus)] = verdicts
+                        shown_changed = True
         if reordered or shown_changed:
             keys, shown = self._keys, self._shown
             order = self._order_positions()
             if all(shown):
                 self._wanted = list(map(keys.__getitem__, order))
             else:
-                self._wanted = [keys[p] for p in order if shown[p]]
+                self._wanted = list(compress(map(keys.__getitem__, order), map(shown.__getitem__, order)))
         self._fresh = False
         return self._wanted
+
+    def _filter_all(self, flt: GpuFilter, flat: list[GpuView]) -> bool:
+        """Every GPU's verdict made again (most hosts sent a sample); True when any changed.
+        Loops run in C where they can: a text verdict is made again only for a GPU whose
+        processes changed (what its jobs are read from), a busy one read for every GPU."""
+        names = self._names
+        words = flt.text.lower().split()
+        if any(w in ("busy", "idle") for w in words):  # the words read the utilization too
+            verdicts = [flt.matches(h, g, g.job_ids) for h, g in zip(names, flat, strict=True)]
+        else:
+            verdicts = self._text_verdicts(flt, flat) if words else [True] * len(flat)
+            if flt.busy != "all":
+                busy = map(_IS_BUSY, flat)
+                ok = busy if flt.busy == "busy" else map(not_, busy)
+                verdicts = list(map(and_, ok, verdicts)) if words else list(ok)
+        if verdicts == self._shown:
+            return False
+        # Its own list: a few hosts' samples change it in place, and the text verdicts it may
+        # be made of stand for the processes they were made from.
+        self._shown = verdicts if verdicts is not self._text_ok else list(verdicts)
+        return True
+
+    def _text_verdicts(self, flt: GpuFilter, flat: list[GpuView]) -> list[bool]:
+        """Whether the filter's words match each GPU's host or jobs: kept while the GPU's
+        processes are equal to those they were made from."""
+        procs = list(map(_PROCESSES, flat))
+        kept, ok = self._text_for, self._text_ok
+        if kept is not None and procs == kept:
+            return ok
+        text_only = GpuFilter("all", flt.text)
+        names = self._names
+        if kept is None or len(kept) != len(procs):
+            ok = [text_only.matches(h, g, g.job_ids) for h, g in zip(names, flat, strict=True)]
+        else:
+            ok = list(ok)
+            for p in [p for p, (a, b) in enumerate(zip(procs, kept, strict=True)) if a != b]:
+                g = flat[p]
+                ok[p] = text_only.matches(names[p], g, g.job_ids)
+        self._text_for, self._text_ok = procs, ok
+        return ok
 
     def _order_positions(self) -> list[int]:
         """The positions in the order shown (filtered or not)."""
@@ -515,6 +565,9 @@ class GpuOrder:
             self._first.append(n)
             n += len(h.gpus or ())
         self._keys = [gpu_key(h.name, g) for h in snapshot for g in h.gpus or ()]
+        self._names = [h.name for h in snapshot for _ in h.gpus or ()]
+        self._text_for = None
+        self._text_ok = []
         self._pos = {k: i for i, k in enumerate(self._keys)}
         names = [(h.name, g.index or 0) for h in snapshot for g in h.gpus or ()]
         self._tie = [0] * n
