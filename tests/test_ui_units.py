@@ -825,3 +825,17 @@ async def test_a_static_keeps_its_size_right_without_a_layout_per_update() -> No
         update_static(s, "back to one")
         await pilot.pause()
         assert s.size.height == 1 and "back to one" in str(s.render())
+
+
+def test_merge_runs_joins_neighbours_of_one_style_and_keeps_the_text() -> None:
+    from rich.segment import Segment
+    from rich.style import Style
+
+    from tui.app.widgets.format import merge_runs
+
+    a, b = Style(bold=True), Style(italic=True)
+    segs = [Segment(" x ", a), Segment("y", a), Segment("z", b), Segment(" ", a), Segment("w", a)]
+    out = merge_runs(segs)
+    assert [(s.text, s.style) for s in out] == [(" x y", a), ("z", b), (" w", a)]
+    assert "".join(s.text for s in out) == "".join(s.text for s in segs)
+    assert merge_runs([]) == []

@@ -31,6 +31,7 @@ from tui.app.widgets.format import (
     PLAIN,
     SPARK,
     level,
+    merge_runs,
     power_cell,
     size_mb,
     util_level,
@@ -471,7 +472,7 @@ class ClusterMap(ScrollView, can_focus=True):
         # Every block is ``grid.block`` cells (its label cut to fit, one cell a glyph): the
         # line's length is known without measuring each segment again.
         length = len(blocks) * grid.block if self._ascii_names else None
-        strip = Strip(list(Segment.simplify(segs)), length)
+        strip = Strip(merge_runs(segs), length)
         if strip.cell_length < width:
             strip = strip.adjust_cell_length(width, self.styles_by_name[""])
         return strip

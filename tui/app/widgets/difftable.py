@@ -36,7 +36,7 @@ from textual.widgets import DataTable
 from textual.widgets._data_table import default_cell_formatter
 from textual.widgets.data_table import CellKey, ColumnKey, DuplicateKey, Row, RowKey
 
-from tui.app.widgets.format import LEVELS, Palette
+from tui.app.widgets.format import LEVELS, Palette, merge_runs
 
 _palette_serial = 0
 SEG_CACHE = 1024  # rendered cells kept (a 200x60 screen of GPUs shows about 500)
@@ -503,7 +503,7 @@ class DiffTable(DataTable[RenderableType]):
         cells.append(Segment(" " * remaining, pre))
         # Neighbouring cells' padding shares a style: one segment each, a third fewer for every
         # later step of the frame (the screen's filters, the compositor's cuts, the encoding).
-        line = _Line(Segment.simplify(cells))
+        line = _Line(merge_runs(cells))
         line.cells = sum(widths) + remaining
         # No row/column meta on body segments (a new Style per segment and row, the biggest cost
         # of drawing a row): clicks and hovers find their row from the mouse position instead.

@@ -10,10 +10,11 @@ thousand GPUs whose values repeat cost a dictionary lookup each.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
+from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 
@@ -41,6 +42,30 @@ POWER_THRESHOLDS = (80.0, 95.0)  # percent of the limit
 
 SPARK = "▁▂▃▄▅▆▇█"
 EIGHTHS = " ▏▎▍▌▋▊▉"
+
+
+def merge_runs(segments: Iterable[Segment]) -> list[Segment]:
+    """Neighbouring segments of the same style object as one: rich's ``Segment.simplify``
+    without comparing styles by value (two Python calls a pair). A row's or a map line's
+    styles come from one palette, so equal styles are the same objects; two equal ones that
+    are not stay two segments, which draw the same."""
+    out: list[Segment] = []
+    text: list[str] = []
+    style: Style | None = None
+    for seg in segments:
+        if seg.style is not style or seg.control:
+            if text:
+                out.append(Segment("".join(text), style))
+            if seg.control:
+                out.append(seg)
+                text, style = [], None
+                continue
+            text, style = [seg.text], seg.style
+        else:
+            text.append(seg.text)
+    if text:
+        out.append(Segment("".join(text), style))
+    return out
 
 
 @dataclass(frozen=True)
