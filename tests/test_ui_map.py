@@ -305,3 +305,15 @@ async def test_small_cluster_map_at_80x24() -> None:
         assert "h1 up · GPU 0 (simulated)" in detail and JOB in detail
         users = " ".join(static_text(app, "#map-users").split())
         assert "root 4 GPUs" in users and "bob 1 GPU" in users
+
+
+def test_a_gap_is_drawn_in_a_runs_style_only_where_a_space_looks_plain_in_it() -> None:
+    from rich.style import Style
+
+    from tui.app.widgets.clustermap import _plain_space
+
+    ground = Style(color="white", bgcolor="black")
+    assert _plain_space(Style(color="green", bgcolor="black", bold=True), ground)  # colour, bold: no mark
+    assert not _plain_space(Style(color="green", bgcolor="blue"), ground)  # another background shows
+    assert not _plain_space(Style(color="green", bgcolor="black", reverse=True), ground)
+    assert not _plain_space(Style(bgcolor="black", underline=True), ground)

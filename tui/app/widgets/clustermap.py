@@ -131,6 +131,15 @@ def cell_look(g: GpuView, who: Holder, mode: str, slot: int | None, stale: bool)
     return glyph, "stale" if stale else name
 
 
+def _plain_space(style: Style, ground: Style) -> bool:
+    """Whether a space drawn in ``style`` looks as one drawn in ``ground``: the same background,
+    nothing that marks a blank cell (a colour, boldness or italics of its own do not)."""
+    return style.bgcolor == ground.bgcolor and not (
+        style.reverse or style.underline or style.underline2 or style.strike or style.overline
+        or style.frame or style.encircle or style.link
+    )
+
+
 class ClusterMap(ScrollView, can_focus=True):
     """Every GPU as a cell; arrows move the cursor, enter selects, ``m`` changes the colours."""
 
@@ -191,6 +200,9 @@ class ClusterMap(ScrollView, can_focus=True):
         self._blocks: list[tuple[Any, list[Segment]]] = []  # per host: (its key, segments)
         self._lines: list[Strip] = []
         self._styles: dict[str, Style] | None = None
+        # (glyph, style name) -> (a cell's text, its style, whether a space in it looks plain)
+        self._bodies: dict[tuple[str, str], tuple[str, Style, bool]] = {}
+        self._bodies_for: tuple[int, int] | None = None  # for (the styles, glyphs a cell)
         self._names: tuple[str, ...] = ()
         self._line_width = 0
         self._before: tuple[Sequence[HostView], list[tuple[Holder, ...]]] | None = None
@@ -409,29 +421,54 @@ class ClusterMap(ScrollView, can_focus=True):
             segs.append(Segment(text[:width], style))
             segs.append(Segment(" " * (width - len(text[:width])) + " ", st[""]))
             return segs
-        sep = g_.cell > 1
-        reps = max(1, g_.cell - 1)
-        run_text: list[str] = []  # cells of one style so far: one segment each run
+        pad = width - len(looks) * g_.cell + (1 if g_.cell > 1 else 0)
+        segs += self._cell_segments(looks, cur, pad + 1)
+        return segs
+
+    def _cell_segments(self, looks: tuple[tuple[str, str], ...], cur: int, tail: int) -> list[Segment]:
+        """A host's cells (``cur``: the one under the cursor, or -1) and ``tail`` spaces after
+        them, one segment a run of one style. Cells are a space apart (wider than one
+        character); a space after a run is drawn in its style when a space looks the same in it
+        as on the map's ground (a colour or boldness of its own is no change for a space): a
+        segment fewer each for every later step of the frame."""
+        st = self.styles_by_name
+        reps = max(1, self.grid.cell - 1)
+        sep = self.grid.cell > 1
+        if self._bodies_for != (id(st), reps):
+            self._bodies_for, self._bodies = (id(st), reps), {}
+        bodies = self._bodies
+        segs: list[Segment] = []
+        run_text: list[str] = []
         run_style: Style | None = None
-        for i, (glyph, name) in enumerate(looks):
-            style = st[name]
-            body = glyph * reps if reps > 1 else glyph
+        run_plain = False  # a space in the run's style draws as one in the ground's
+        for i, look in enumerate(looks):
+            hit = bodies.get(look)
+            if hit is None:
+                glyph, name = look
+                style = st[name]
+                hit = bodies[look] = (glyph * reps if reps > 1 else glyph, style, _plain_space(style, st[""]))
+            body, style, plain = hit
             if i == cur:  # the cell's colour on a light ground (a full block would hide it)
                 style = style + st["cursor"]
                 body = body.replace(JOB_GLYPH, CURSOR_BLOCK)
-            if style is not run_style and run_text:
+                plain = False
+            if run_text and style is not run_style:
+                if sep and run_plain:
+                    run_text.append(" ")
                 segs.append(Segment("".join(run_text), run_style))
+                if sep and not run_plain:
+                    segs.append(Segment(" ", st[""]))
                 run_text = []
-            if sep and run_text:
+            elif sep and run_text:
                 run_text.append(" ")
-            elif sep and i:
-                segs.append(Segment(" ", st[""]))
             run_text.append(body)
-            run_style = style
+            run_style, run_plain = style, plain
+        if run_plain:
+            run_text.append(" " * tail)
         if run_text:
             segs.append(Segment("".join(run_text), run_style))
-        pad = width - len(looks) * g_.cell + (1 if sep else 0)
-        segs.append(Segment(" " * (pad + 1), st[""]))
+        if not run_plain:
+            segs.append(Segment(" " * tail, st[""]))
         return segs
 
     def _rebuild_hosts(self, which: set[int] | None) -> None:
