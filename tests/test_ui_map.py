@@ -317,3 +317,25 @@ def test_a_gap_is_drawn_in_a_runs_style_only_where_a_space_looks_plain_in_it() -
     assert not _plain_space(Style(color="green", bgcolor="blue"), ground)  # another background shows
     assert not _plain_space(Style(color="green", bgcolor="black", reverse=True), ground)
     assert not _plain_space(Style(bgcolor="black", underline=True), ground)
+
+
+def test_holders_kept_from_the_last_second_are_those_made_afresh() -> None:
+    """A second of new numbers keeps every host's holders; a host whose GPU changed hands gets
+    the holder made afresh, the others keep theirs (the same objects)."""
+    from tests.ui_fixtures import host_sample, map_gpu, map_host, map_state
+    from tui.model.gpumap import holders
+
+    state = map_state(16)
+    first = state.snapshot()
+    held = holders(first, {})
+    for i in range(16):  # new numbers, the same processes
+        gpus = [map_gpu(i, idx, 1) for idx in range(8)]
+        state.apply_sample(map_host(i), host_sample(i, 1, gpus), received_at=1.0)
+    gpus = [map_gpu(3, idx, 1) for idx in range(8)]
+    gpus[2]["processes"] = [{"pid": 1, "user": "zed", "job_id": "other-job", "rank": 0}]
+    state.apply_sample(map_host(3), host_sample(3, 1, gpus), received_at=1.0)
+    second = state.snapshot()
+    kept = holders(second, {}, (first, held))
+    assert kept == holders(second, {})
+    assert kept[3][2].job_id == "other-job" and kept[3][2] != held[3][2]
+    assert all(kept[i] is held[i] for i in range(16) if i != 3 and second[i].status == "up")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import JobRow
@@ -76,6 +77,9 @@ def holder_of(g: GpuView, placed: Mapping[tuple[str, int], str]) -> Holder:
     return FREE
 
 
+_PROCESSES, _CLAIM, _INDEX = attrgetter("processes"), attrgetter("claim"), attrgetter("index")
+
+
 def holders(
     snapshot: Sequence[HostView],
     placed: Mapping[tuple[str, int], str],
@@ -98,6 +102,11 @@ def holders(
             out.append(tuple(holder_of(g, placed) for g in gpus))
             continue
         pgpus, phs = prev[0].gpus, prev[1]
+        if (list(map(_PROCESSES, gpus)) == list(map(_PROCESSES, pgpus))
+                and list(map(_CLAIM, gpus)) == list(map(_CLAIM, pgpus))
+                and list(map(_INDEX, gpus)) == list(map(_INDEX, pgpus))):
+            out.append(phs)  # the whole host as it was: compared in C, not GPU by GPU
+            continue
         out.append(tuple(
             phs[i] if (p.processes is g.processes and p.claim == g.claim and p.index == g.index)
             else holder_of(g, placed)

@@ -31,7 +31,6 @@ from tui.app.widgets.format import (
     PLAIN,
     SPARK,
     level,
-    merge_runs,
     power_cell,
     size_mb,
     util_level,
@@ -507,9 +506,11 @@ class ClusterMap(ScrollView, can_focus=True):
         for _, block in blocks:
             segs.extend(block)
         # Every block is ``grid.block`` cells (its label cut to fit, one cell a glyph): the
-        # line's length is known without measuring each segment again.
+        # line's length is known without measuring each segment again. A block's runs are
+        # joined already, and one block's last run and the next one's label never share a
+        # style: the line is its blocks' segments as they are.
         length = len(blocks) * grid.block if self._ascii_names else None
-        strip = Strip(merge_runs(segs), length)
+        strip = Strip(segs, length)
         if strip.cell_length < width:
             strip = strip.adjust_cell_length(width, self.styles_by_name[""])
         return strip
