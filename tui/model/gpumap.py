@@ -8,6 +8,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from operator import attrgetter
 
 from tui.model.jobstate import TERMINAL
@@ -71,10 +72,17 @@ def holder_of(g: GpuView, placed: Mapping[tuple[str, int], str]) -> Holder:
     if job is None:
         job = placed.get((g.host, g.index))
     if job is not None:
-        return Holder(job, user)
+        return _holder(job, user, False)
     if foreign_user is not None:
-        return Holder(None, foreign_user, True)
+        return _holder(None, foreign_user, True)
     return FREE
+
+
+@lru_cache(maxsize=4096)
+def _holder(job: str | None, user: str | None, foreign: bool) -> Holder:
+    """One shared Holder for each (job, user, foreign): a frozen dataclass costs microseconds to
+    make, and a second in which the GPUs change hands (a wave of jobs starting) makes thousands."""
+    return Holder(job, user, foreign)
 
 
 _PROCESSES, _CLAIM, _INDEX = attrgetter("processes"), attrgetter("claim"), attrgetter("index")
