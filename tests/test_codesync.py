@@ -400,17 +400,24 @@ def test_push_to_a_local_agent_sends_packs_then_only_what_changed(tmp_path: Path
 def test_packs_go_compressed_only_to_a_link_slower_than_compression(monkeypatch: pytest.MonkeyPatch,
                                                                     tmp_path: Path) -> None:
     """The first pack goes as it is; how fast it went decides the next ones: a slow link gets
-    compressed packs, a fast one (where zlib would be the slower part) raw ones."""
+    compressed packs, a fast one (where zlib would be the slower part) raw ones, and so does a
+    slow one while this process was busy (short of CPU, not of link)."""
     from tui.model.codesync import CodeSpec
     from tui.remote import codesync
     from tui.remote.codesync import CodeStore, Payloads, _LinkRate, _packs
 
     rate = _LinkRate()
-    rate.saw(8 << 20, 1.0)  # 8 MB/s
+    rate.saw(8 << 20, 1.0, 0.05)  # 8 MB/s, this process mostly waiting
     assert rate.slow
-    rate.saw(8 << 20, 0.05)  # 160 MB/s
+    rate.saw(8 << 20, 0.05, 0.02)  # 160 MB/s
     assert not rate.slow
     rate.saw(1000, 10.0)  # a small pack's time is its round trips: no judgement
+    assert not rate.slow
+    rate.saw(8 << 20, 0.4, 0.2)  # 20 MB/s, but this process at half a core: its CPU is the limit
+    assert not rate.slow
+    rate.saw(8 << 20, 0.4, 0.04)
+    assert rate.slow
+    rate.saw(8 << 20, 0.4, 0.2)
     assert not rate.slow
 
     src = tmp_path / "src"

@@ -53,7 +53,9 @@ PROBE_BYTES = 64 << 10  # how much of a large content is tried first
 PACK_BYTES = 8 << 20  # a pack closes once this much is in it (a larger content is a pack alone)
 COMPRESS_BELOW_BPS = 32e6  # packs go compressed to a host whose link is slower (see _LinkRate)
 COMPRESS_JUDGE_BYTES = 1 << 20  # a smaller pack's time is mostly round trips: it says nothing
+COMPRESS_IDLE_SHARE = 0.2  # ... and only while this process used less of a core than this (see _LinkRate)
 KEEP_SNAPSHOTS = 32  # the controller's store keeps the newest snapshots (and their contents)
+FRESH_BYTES = 128 << 20  # contents a snapshot just read stay in memory up to this much, for its push
 
 
 @dataclass(frozen=True)
@@ -144,9 +146,18 @@ class CodeStore:
     def __init__(self, root: Path):
         self.root = Path(root)
         self._lock = threading.Lock()
+        self._fresh: dict[str, bytes] = {}  # see fresh()
 
     def object_path(self, sha: str) -> Path:
         return self.root / "objects" / sha[:2] / sha
+
+    def fresh(self, sha: str) -> bytes | None:
+        """Content ``sha`` as the latest snapshot read it, if it is still in memory (up to
+        FRESH_BYTES of them, each given once): those bytes were hashed to ``sha`` as they were
+        read, so the push that follows sends them without reading and hashing its stored copy
+        again. None: read the store (``read``, checked by the caller)."""
+        with self._lock:
+            return self._fresh.pop(sha, None)
 
     def has(self, sha: str) -> bool:
         return self.object_path(sha).is_file()
@@ -154,18 +165,26 @@ class CodeStore:
     def read(self, sha: str) -> bytes:
         return self.object_path(sha).read_bytes()
 
-    def _keep(self, sha: str, data: bytes, made: set[Path] | None = None) -> bool:
-        """Store ``data`` as content ``sha`` unless it is there; ``made``: directories known to
-        exist (a snapshot's thousands of contents share 256 of them: one mkdir each)."""
-        dest = self.object_path(sha)
-        if dest.is_file():
+    def _keep(self, sha: str, data: bytes, made: set[str] | None = None) -> bool:
+        """Store ``data`` as content ``sha`` unless it is there (written whole under a name of
+        its own, then renamed: never seen half-written); ``made``: directories known to exist (a
+        snapshot's thousands of contents share 256 of them: one mkdir each)."""
+        parent = os.path.join(self.root, "objects", sha[:2])
+        dest = os.path.join(parent, sha)
+        if os.path.isfile(dest):
             return False
-        if made is None or dest.parent not in made:
-            dest.parent.mkdir(parents=True, exist_ok=True)
+        if made is None or parent not in made:
+            os.makedirs(parent, exist_ok=True)
             if made is not None:
-                made.add(dest.parent)
-        tmp = dest.with_name(f"{sha}.tmp{os.getpid()}.{threading.get_ident()}")
-        tmp.write_bytes(data)
+                made.add(parent)
+        tmp = f"{dest}.tmp{os.getpid()}.{threading.get_ident()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            with open(fd, "wb", closefd=True) as f:
+                f.write(data)
+        except BaseException:
+            os.unlink(tmp)
+            raise
         os.replace(tmp, dest)
         return True
 
@@ -303,7 +322,9 @@ class CodeStore:
         cache = self._stat_cache()
         started = time.time()
         seen: dict[str, list[Any]] = {}
-        made: set[Path] = set()
+        made: set[str] = set()
+        fresh: dict[str, bytes] = {}
+        fresh_bytes = 0
         for rel, full, _size, exe, st in files:
             key = str(full)
             stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
@@ -312,16 +333,22 @@ class CodeStore:
                 sha, size = hit[4], st.st_size  # unchanged since it was last read (see _stat_cache)
             else:
                 try:
-                    data = full.read_bytes()
+                    with open(key, "rb") as f:
+                        data = f.read()
                 except OSError as e:
                     raise CodeSyncError(f"{where}: cannot read {full}: {e.strerror or e}") from None
                 sha, size = hashlib.sha256(data).hexdigest(), len(data)
                 new += self._keep(sha, data, made)
                 read += 1
+                if fresh_bytes + size <= FRESH_BYTES:
+                    fresh[sha] = data
+                    fresh_bytes += size
                 if size != st.st_size:
                     stamp = []  # changed while read: not to be trusted next time
             seen[key] = [*stamp, sha] if stamp else []
             entries.append(FileEntry(rel, sha, size, exe))
+        with self._lock:
+            self._fresh = fresh  # the previous snapshot's are dropped: memory stays bounded
         self._save_stat_cache(cache, seen, started)
         manifest = Manifest(tuple(sorted(entries, key=lambda e: e.path)))
         check_limits(len(entries), manifest.size, code, f"{where} ({root})")  # grown while read
@@ -394,6 +421,9 @@ class Payloads:
             return got
 
     def _checked(self, sha: str) -> bytes:
+        data = self.store.fresh(sha)
+        if data is not None and len(data) == self.sizes[sha]:
+            return data  # hashed as the snapshot read it (CodeStore.fresh)
         data = self.store.read(sha)
         if len(data) != self.sizes[sha] or hashlib.sha256(data).hexdigest() != sha:
             raise CodeSyncError(f"the controller's stored content {sha[:12]} is damaged ({self.store.root})")
@@ -455,14 +485,25 @@ class _LinkRate:
     1 makes about 70 MB/s of text on one core and halves it, so below about COMPRESS_BELOW_BPS
     the link is the slower part and compression saves time; above it (a fast LAN, the test
     bed's links on one machine) it only costs CPU at both ends (measured: bench/sync.py). The
-    first pack goes as it is, and says."""
+    first pack goes as it is, and says.
+
+    A slow pack counts only when this process was mostly waiting meanwhile (its CPU under
+    COMPRESS_IDLE_SHARE of a core): a link that is the limit leaves the sender idle (a few ms
+    of CPU per MB sent, about a tenth of a core at 32 MB/s), while a sender short of CPU (the
+    other hosts' packs, the snapshot, a machine shared with the hosts as the test bed's is)
+    writes slowly on any link, and zlib would only add to its work and the hosts'. Measured
+    on the bed: packs at 12-33 MB/s with this process at 0.28-0.79 of a core, and compression
+    then cost the whole sync time."""
 
     def __init__(self) -> None:
         self.slow = False
 
-    def saw(self, nbytes: int, seconds: float) -> None:
+    def saw(self, nbytes: int, seconds: float, cpu_seconds: float = 0.0) -> None:
+        """One pack of ``nbytes`` written in ``seconds``, this process using ``cpu_seconds``
+        of CPU (all its threads) meanwhile."""
         if nbytes >= COMPRESS_JUDGE_BYTES:
-            self.slow = nbytes / max(seconds, 1e-6) < COMPRESS_BELOW_BPS
+            seconds = max(seconds, 1e-6)
+            self.slow = nbytes / seconds < COMPRESS_BELOW_BPS and cpu_seconds / seconds < COMPRESS_IDLE_SHARE
 
 
 def _pieces(payloads: Payloads, missing: list[str]) -> Iterator[tuple[list[list[Any]], int, int, int]]:
@@ -540,9 +581,9 @@ def _send_packs(agent: Any, write: Callable[[bytes, str], None], incoming: str,
                 if stop.is_set():
                     return
                 name = secrets.token_hex(16) + ".pack"
-                began = time.monotonic()
+                began, cpu = time.monotonic(), time.process_time()
                 write(data, f"{incoming}/{name}")
-                rate.saw(len(data), time.monotonic() - began)
+                rate.saw(len(data), time.monotonic() - began, time.process_time() - cpu)
                 ready.put((name, files, content, wire))
             ready.put(None)
         except BaseException as e:  # raised again by the taker below
