@@ -51,6 +51,7 @@ WINDOW = 4  # messages in flight per host
 COMPRESS_MIN = 512  # smaller contents go as they are
 PROBE_BYTES = 64 << 10  # how much of a large content is tried first
 PACK_BYTES = 8 << 20  # a pack closes once this much is in it (a larger content is a pack alone)
+PACK_FIRST_BYTES = 1 << 20  # ... the first one at this much, each next one twice the last, up to PACK_BYTES
 COMPRESS_BELOW_BPS = 32e6  # packs go compressed to a host whose link is slower (see _LinkRate)
 COMPRESS_JUDGE_BYTES = 1 << 20  # a smaller pack's time is mostly round trips: it says nothing
 COMPRESS_IDLE_SHARE = 0.2  # ... and only while this process used less of a core than this (see _LinkRate)
@@ -601,11 +602,13 @@ def _packs(payloads: Payloads, missing: list[str],
     parts: list[bytes] = [host_code.PACK_MAGIC]
     files = content = wire = 0
     zipped = compress()
+    limit = min(PACK_FIRST_BYTES, PACK_BYTES)  # small first: the host starts taking in sooner
     for i, sha in enumerate(missing):
         rec, size, payload = payloads.record(sha, zipped)
-        if files and wire + payload > PACK_BYTES:
+        if files and wire + payload > limit:
             yield b"".join(parts), files, content, wire
             parts, files, content, wire = [host_code.PACK_MAGIC], 0, 0, 0
+            limit = min(limit * 2, PACK_BYTES)
             if compress() != zipped:
                 zipped = not zipped
                 if zipped:
