@@ -288,10 +288,14 @@ def test_a_large_snapshot_keeps_its_new_contents_in_one_pack_pruned_when_none_is
     assert again.missing([[next(iter(sizes)), 1]]) == [next(iter(sizes))]  # another size: missing
     assert Payloads(again, sizes).record(next(iter(sizes)), False)[1] == sizes[next(iter(sizes))]
     # A change of one file: its content kept on its own; the pack stays (still used).
+    # A file whose content the pack holds is not kept again.
     (src / "sub" / "f5.py").write_text("changed\n")
-    os.utime(src / "sub" / "f5.py", (old, old))
+    (src / "copy.py").write_text("content 3\n" * 4)  # sub/f3.py's content
+    for p in (src / "sub" / "f5.py", src / "copy.py"):
+        os.utime(p, (old, old))
     second, done = store.snapshot(CodeSpec(sync=str(src)))
-    assert done["files_read"] == 1 and len(list((store.root / "objects").glob("*/*"))) == 1
+    assert done["files_read"] == 2 and done["new_contents"] == 1
+    assert len(list((store.root / "objects").glob("*/*"))) == 1
     os.utime(store.root / "manifests" / f"{first.tree}.json", (1000, 1000))
     assert store.prune(keep_newest=1) == 0  # f5's old content lies in a pack still used: it stays
     assert all(store.has(e.sha256) for e in store.manifest(second.tree).entries)
@@ -299,6 +303,7 @@ def test_a_large_snapshot_keeps_its_new_contents_in_one_pack_pruned_when_none_is
     for p in (src / "sub").iterdir():
         p.write_text(f"other {p.name}\n")
     (src / "twin.py").write_text("other twin\n")
+    (src / "copy.py").write_text("other copy\n")
     third, _ = store.snapshot(CodeSpec(sync=str(src)))
     os.utime(store.root / "manifests" / f"{second.tree}.json", (1001, 1001))
     store.prune(keep_newest=1)

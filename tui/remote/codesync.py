@@ -454,9 +454,11 @@ class CodeStore:
                     except OSError as e:
                         raise CodeSyncError(f"{where}: cannot read {full}: {e.strerror or e}") from None
                     sha, size = hashlib.sha256(data).hexdigest(), len(data)
-                    if pack is None:
+                    if (sha in self._packed and self.has(sha)) or (pack is not None and sha in pack.index):
+                        pass  # kept already (has(): its pack is still there)
+                    elif pack is None:
                         new += self._keep(sha, data, made)
-                    elif sha not in self._packed and sha not in pack.index and not self.object_path(sha).is_file():
+                    elif not self.object_path(sha).is_file():
                         pack.add(sha, data)
                         new += 1
                     if fresh_bytes + size <= FRESH_BYTES:
