@@ -519,9 +519,9 @@ class Daemon:
         now = time.monotonic()
         if max_age > 0 and now - self._health[0] <= max_age:
             return self._health[1]
-        streamed = max_age > 0 and self._latest is not None and self._subscribers() > 0
+        latest = self._latest if max_age > 0 and self._subscribers() > 0 else None
         try:
-            data = self._latest if streamed else await self._collect()
+            data = latest if latest is not None else await self._collect()
         except Exception:  # a broken sensor must not break job_status
             log.exception("telemetry sample for GPU health failed")
             return []
