@@ -117,6 +117,9 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=62.0,
                     help="seconds after every host is up before the minute starts")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "ui-live.json"))
+    ap.add_argument("--frame-log", metavar="FILE",
+                    help="the app writes each collector pass and each stretch over 20 ms (with its "
+                    "view) to FILE (RIGDECK_FRAME_LOG)")
     args = ap.parse_args()
     # A timeout's SIGTERM ends the run through its cleanup (the bed torn down, tmux ended).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -141,6 +144,8 @@ def main() -> int:
                if not k.startswith(("RIGDECK_", "TMUX")) and k not in ("COLUMNS", "LINES")}
         env.update(HOME=str(home), TERM="xterm-256color", RIGDECK_HOME=str(home / "rigdeck"),
                    RIGDECK_INVENTORY=str(inv), RIGDECK_FRAME_TIMER="1")
+        if args.frame_log:
+            env["RIGDECK_FRAME_LOG"] = str(Path(args.frame_log).resolve())
         tmux = Tmux(f"rdk-live-{uuid.uuid4().hex[:8]}", env)
         # The pane outlives the app, so a traceback or an early exit can be read from it.
         tmux.start(f"sh -c '{sys.executable} -m tui.cli; echo {EXITED} $?; sleep 3600'",

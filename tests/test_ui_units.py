@@ -796,3 +796,107 @@ async def test_a_static_keeps_its_size_right_without_a_layout_per_update() -> No
         update_static(s, "back to one")
         await pilot.pause()
         assert s.size.height == 1 and "back to one" in str(s.render())
+
+
+def _passes() -> tuple[list[int], Any]:
+    """The generations of the collector's passes from now on, and the callback to remove."""
+    import gc
+
+    seen: list[int] = []
+
+    def cb(phase: str, info: dict[str, Any]) -> None:
+        if phase == "stop":
+            seen.append(info["generation"])
+
+    gc.callbacks.append(cb)
+    return seen, cb
+
+
+def test_the_collector_runs_young_passes_between_frames_and_never_a_full_one_by_itself() -> None:
+    """``between_frames`` runs a young pass once ``YOUNG`` objects were made since the last,
+    one over the middle generation after ``MIDDLE`` of them, nothing before; the collector
+    itself never starts a full pass while the app runs, and is left as it was after."""
+    import gc
+
+    from tui.app import collector as col
+
+    before = gc.get_threshold()
+    tuning = col.CollectorTuning(memory=lambda: 100.0)
+    tuning.start()
+    seen, cb = _passes()
+    try:
+        assert gc.get_threshold() == (col.NET, col.MIDDLE, col.NEVER)
+        gc.collect(1)
+        seen.clear()
+        tuning.between_frames()
+        assert seen == []  # nothing made yet
+        kept = [[i] for i in range(col.YOUNG + 100)]
+        tuning.between_frames()
+        assert seen == [0]
+        for _ in range(col.MIDDLE):
+            gc.collect(0)
+        seen.clear()
+        tuning.between_frames()
+        assert seen == [1]
+        assert len(kept) == col.YOUNG + 100
+    finally:
+        gc.callbacks.remove(cb)
+        tuning.stop()
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_the_collector_frees_frozen_garbage_once_memory_has_grown() -> None:
+    """Garbage frozen with the app (a cycle that died after the freeze) stays until memory
+    has grown by ``GROWTH_MB`` since the last full pass; then one pass over everything frees
+    it, and the next growth is counted from there."""
+    import gc
+    import weakref
+
+    from tui.app import collector as col
+
+    class Node:
+        other: Any = None
+
+    memory = [100.0]
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    tuning = col.CollectorTuning(memory=lambda: memory[0])
+    tuning.start()  # freezes the cycle with everything else
+    try:
+        del a, b
+        gc.collect()
+        assert gone() is not None  # frozen: no pass walks it
+        memory[0] += col.GROWTH_MB - 1
+        tuning.check_memory()
+        assert gone() is not None and tuning.full_passes == 0
+        memory[0] += 2
+        tuning.check_memory()
+        assert gone() is None and tuning.full_passes == 1
+        tuning.check_memory()
+        assert tuning.full_passes == 1  # counted from the last full pass
+    finally:
+        tuning.stop()
+
+
+def test_the_frame_log_names_each_collector_pass_and_each_slow_stretch(tmp_path: Path) -> None:
+    """``RIGDECK_FRAME_LOG``: each collector pass with its generation and what it freed, each
+    stretch over ``LOG_OVER_MS`` with its kind and where it fell; short ones are left out."""
+    import gc
+
+    from tui.app.frametimer import LOG_OVER_MS, FrameTimer
+
+    log = tmp_path / "frames.log"
+    timer = FrameTimer()
+    timer.log_to(str(log), lambda: "gpus sort=util")
+    timer.watch_collector()
+    try:
+        timer.note(LOG_OVER_MS + 5, "refresh")
+        timer.note(LOG_OVER_MS - 5, "frame")
+        gc.collect(0)
+    finally:
+        timer.stop()
+    lines = log.read_text().splitlines()
+    assert any(line.endswith(f"refresh {LOG_OVER_MS + 5:.1f} ms in gpus sort=util") for line in lines)
+    assert not any(" frame " in line for line in lines)
+    assert any(" gc0 " in line and " collected " in line for line in lines)
