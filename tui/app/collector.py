@@ -9,12 +9,15 @@ it holds the interpreter) for as long as it walks what it looks at.
   of a view switch crosses the threshold (a view switch with a pass inside was the app's most
   common stall at 128 hosts). The automatic threshold stays as a net for a burst the timer
   cannot keep up with.
-- No full passes: with Textual's cycles broken (``tui/app/stripcycle.py``, ``tui/app/cycles.py``)
-  what outlives the young passes is not garbage later (at 128 hosts and a view switch every
-  2 s, none in a minute, counted with ``gc.DEBUG_SAVEALL``), and a full pass over what the app
-  has built (~100k objects since the last) was its longest stall, ~80 ms. Should memory still
-  grow (something new made cycles), a full pass over everything, frozen included, runs once
-  the process has grown by ``GROWTH_MB`` since the last: a stall, but bounded memory.
+- What outlives a young pass is frozen right after it: the app's objects live on (tables, their
+  caches, the samples shown) or die by reference count, so walking them again in an older
+  generation's pass finds nothing, and such a pass was the next longest stall (30-40 ms over the
+  rows a view switch had built). No full passes either: with Textual's cycles broken
+  (``tui/app/stripcycle.py``, ``tui/app/cycles.py``) what the app keeps is not garbage later,
+  and a full pass over what it built (~100k objects) was its longest stall, ~80 ms.
+- Should memory grow all the same (something new that makes cycles), one pass over everything,
+  frozen included, runs once the process has grown by ``GROWTH_MB`` since the last: a stall,
+  but bounded memory.
 """
 
 from __future__ import annotations
@@ -26,9 +29,8 @@ from collections.abc import Callable
 
 COLLECT_S = 0.1  # how often the UI thread looks whether a young pass is due
 YOUNG = 5_000  # objects made since the last young pass: time for the next one
-MIDDLE = 10  # young passes: then one over the middle generation too
 NET = 100_000  # the collector's own threshold, for a burst between two timer ticks
-NEVER = 2**31 - 1  # the oldest generation is only ever collected here, never automatically
+NEVER = 2**31 - 1  # the older generations are only ever collected here, never automatically
 GROWTH_MB = 256.0  # resident memory grown since the last full pass: collect everything
 
 
@@ -59,17 +61,15 @@ class CollectorTuning:
         # Everything built so far lives as long as the app: out of the collector's way.
         self._thresholds = gc.get_threshold()
         gc.freeze()
-        gc.set_threshold(NET, MIDDLE, NEVER)
+        gc.set_threshold(NET, NEVER, NEVER)
         self._memory_at_full = self._memory()
 
     def between_frames(self) -> None:
         """A young pass, if enough has been made since the last (on the UI thread, between
-        two of its messages: never inside a frame or a view switch)."""
-        young, middle, _ = gc.get_count()
-        if middle >= MIDDLE:
-            gc.collect(1)
-        elif young >= YOUNG:
+        two of its messages: never inside a frame or a view switch); what it leaves is frozen."""
+        if gc.get_count()[0] >= YOUNG:
             gc.collect(0)
+            gc.freeze()
 
     def cluster(self, gpus: int) -> None:
         """The cluster now has ``gpus`` GPUs: when it grew (hosts connected), collect and freeze
