@@ -54,15 +54,18 @@ class FrameTimer:
         if self._log is not None:
             self._log.write(f"{time.monotonic():.3f} {line}\n")
 
-    def note(self, ms: float, kind: str = "frame") -> None:
-        """A stretch of the UI thread that just ended (on the UI thread)."""
+    def note(self, ms: float, kind: str = "frame", cpu_ms: float | None = None) -> None:
+        """A stretch of the UI thread that just ended (on the UI thread); ``cpu_ms``: the
+        thread's own CPU time in it (the rest it waited: for the interpreter, held by another
+        thread, or for a core)."""
         now = self.clock()
         if kind == "frame":
             self.frames += 1
         self._stretches.append((now, ms, kind))
         self._settle(now)
         if ms > LOG_OVER_MS and self._log is not None:
-            self._write(f"{kind} {ms:.1f} ms in {self._where()}")
+            cpu = f" (cpu {cpu_ms:.1f} ms)" if cpu_ms is not None else ""
+            self._write(f"{kind} {ms:.1f} ms{cpu} in {self._where()}")
 
     def _settle(self, now: float) -> None:
         """Take in the collector's passes and forget what is over a minute old."""
@@ -78,11 +81,11 @@ class FrameTimer:
         return [s for s in list(self._stretches) if s[0] >= now - seconds]
 
     def timed(self, fn: Callable[[], Any], kind: str = "frame") -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return fn()
         finally:
-            self.note((time.perf_counter() - t0) * 1000.0, kind)
+            self.note((time.perf_counter() - t0) * 1000.0, kind, (time.thread_time() - c0) * 1000.0)
 
     def longest_ms(self, seconds: float = WINDOW_S) -> float:
         return max((ms for _, ms, _ in self._recent(seconds)), default=0.0)
