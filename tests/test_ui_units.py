@@ -290,6 +290,40 @@ async def test_diff_table_changes_only_what_differs() -> None:
         await pilot.pause()
 
 
+async def test_diff_table_adds_many_new_rows_those_in_view_first_then_the_rest_frame_by_frame() -> None:
+    """A filter letting many rows back in: the rows in view (and more, up to ``ADD_AT_ONCE``)
+    are there, in place, when ``apply`` returns; the others come over the next frames, in the
+    order asked for. An apply in the meantime takes over: what it asks for is what stays."""
+    from tui.app.widgets.difftable import ADD_AT_ONCE
+
+    def keys(t: DiffTable) -> list[str]:
+        return [t.coordinate_to_cell_key((i, 0)).row_key.value for i in range(t.row_count)]
+
+    app = _TableApp()
+    async with app.run_test() as pilot:
+        t = app.query_one(DiffTable)
+        n = 3 * ADD_AT_ONCE + 17
+        rows: list[tuple[str, tuple[Any, ...]]] = [(f"r{i}", (f"r{i}", i, "x")) for i in range(n)]
+        s = t.apply(rows[:5])
+        t.move_cursor(row=2)
+        s = t.apply(rows)
+        assert s.added == ADD_AT_ONCE and t.row_count == ADD_AT_ONCE + 5
+        assert keys(t) == [k for k, _ in rows[: ADD_AT_ONCE + 5]]  # the first rows: all, in place
+        assert t.cursor_key == "r2"
+        for _ in range(20):
+            await pilot.pause()
+            if t.row_count == n:
+                break
+        assert keys(t) == [k for k, _ in rows] and t.cell_text(f"r{n - 1}", "v") == str(n - 1)
+        t.apply(rows[:1])
+        t.apply(rows[::-1])  # many new rows again, in another order: a part now, the rest later
+        assert 0 < t.row_count < n
+        t.apply(rows[:3])  # taken over before the rest came
+        for _ in range(5):
+            await pilot.pause()
+        assert keys(t) == ["r0", "r1", "r2"]
+
+
 async def test_diff_table_header_is_drawn_again_only_when_it_changes() -> None:
     """The header line kept across cell updates is the line DataTable draws afresh, wherever
     the cursor goes; new column labels draw it again."""
