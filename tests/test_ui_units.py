@@ -846,30 +846,49 @@ def _passes() -> tuple[list[int], Any]:
     return seen, cb
 
 
-def test_the_collector_runs_young_passes_between_frames_and_never_an_older_one_by_itself() -> None:
+def test_the_collector_runs_its_passes_between_frames(monkeypatch: pytest.MonkeyPatch) -> None:
     """``between_frames`` runs a young pass once ``YOUNG`` objects were made since the last
-    (nothing before) and freezes what it leaves; the collector itself never starts a pass over
-    an older generation while the app runs, and is left as it was after."""
+    (nothing before), one over the middle generation after ``MIDDLE`` of them, and a full one
+    (then a freeze) soon after the cluster grew and once a minute after that; the collector
+    itself never starts a full pass, and is left as it was after."""
     import gc
 
     from tui.app import collector as col
 
+    clock = [1000.0]
+    monkeypatch.setattr(col.time, "monotonic", lambda: clock[0])
     before = gc.get_threshold()
     tuning = col.CollectorTuning(memory=lambda: 100.0)
     tuning.start()
     seen, cb = _passes()
     try:
-        assert gc.get_threshold() == (col.NET, col.NEVER, col.NEVER)
-        gc.collect(0)
+        assert gc.get_threshold() == (col.NET, col.MIDDLE, col.NEVER)
+        gc.collect(1)
         seen.clear()
         tuning.between_frames()
         assert seen == []  # nothing made yet
-        frozen = gc.get_freeze_count()
         kept = [[i] for i in range(col.YOUNG + 100)]
         tuning.between_frames()
         assert seen == [0]
-        assert gc.get_freeze_count() >= frozen + len(kept)  # walked once, not again
-        assert gc.get_count()[1] == 0  # nothing left in the middle generation
+        for _ in range(col.MIDDLE - 1):
+            gc.collect(0)
+        seen.clear()
+        tuning.between_frames()
+        assert seen == [1]
+        tuning.cluster(8)  # hosts came up: a full pass in a moment, not at once
+        seen.clear()
+        tuning.between_frames()
+        assert 2 not in seen
+        clock[0] += 2.5
+        tuning.between_frames()
+        assert seen[-1] == 2 and gc.get_freeze_count() >= len(kept)
+        seen.clear()
+        clock[0] += col.FULL_S - 1
+        tuning.between_frames()
+        assert 2 not in seen
+        clock[0] += 2
+        tuning.between_frames()
+        assert seen[-1] == 2  # a minute after the last
     finally:
         gc.callbacks.remove(cb)
         tuning.stop()

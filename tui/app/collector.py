@@ -7,17 +7,16 @@ it holds the interpreter) for as long as it walks what it looks at.
 - Young passes run between frames, from a timer on the UI thread, whenever a few thousand
   objects have been made since the last (a few ms each), not when an allocation in the middle
   of a view switch crosses the threshold (a view switch with a pass inside was the app's most
-  common stall at 128 hosts). The automatic threshold stays as a net for a burst the timer
-  cannot keep up with.
-- What outlives a young pass is frozen right after it: the app's objects live on (tables, their
-  caches, the samples shown) or die by reference count, so walking them again in an older
-  generation's pass finds nothing, and such a pass was the next longest stall (30-40 ms over the
-  rows a view switch had built). No full passes either: with Textual's cycles broken
-  (``tui/app/stripcycle.py``, ``tui/app/cycles.py``) what the app keeps is not garbage later,
-  and a full pass over what it built (~100k objects) was its longest stall, ~80 ms.
-- Should memory grow all the same (something new that makes cycles), one pass over everything,
-  frozen included, runs once the process has grown by ``GROWTH_MB`` since the last: a stall,
-  but bounded memory.
+  common stall at 128 hosts); one over the middle generation after ``MIDDLE`` of them. The
+  automatic threshold stays as a net for a burst the timer cannot keep up with.
+- Once a minute, between frames too, a full pass over what is not frozen, then ``gc.freeze()``
+  of what is left. It is still needed: a widget Textual removes (the footer's keys, each time
+  the bindings change) is a web of cycles, and so is each of its component styles; freezing
+  after every young pass instead (tried) leaked ~500 objects a view switch, 24 MB a minute at a
+  switch every 0.3 s. Textual's cycles that can be broken are (``tui/app/stripcycle.py``,
+  ``tui/app/cycles.py``), so there is less for this pass to find.
+- Should memory grow all the same, one pass over everything, frozen included, runs once the
+  process has grown by ``GROWTH_MB`` since the last: a stall, but bounded memory.
 """
 
 from __future__ import annotations
@@ -29,8 +28,10 @@ from collections.abc import Callable
 
 COLLECT_S = 0.1  # how often the UI thread looks whether a young pass is due
 YOUNG = 5_000  # objects made since the last young pass: time for the next one
+MIDDLE = 10  # young passes: then one over the middle generation too
+FULL_S = 60.0  # between two full passes over what is not frozen
 NET = 100_000  # the collector's own threshold, for a burst between two timer ticks
-NEVER = 2**31 - 1  # the older generations are only ever collected here, never automatically
+NEVER = 2**31 - 1  # the oldest generation is only ever collected here, never automatically
 GROWTH_MB = 256.0  # resident memory grown since the last full pass: collect everything
 
 
@@ -61,15 +62,22 @@ class CollectorTuning:
         # Everything built so far lives as long as the app: out of the collector's way.
         self._thresholds = gc.get_threshold()
         gc.freeze()
-        gc.set_threshold(NET, NEVER, NEVER)
+        gc.set_threshold(NET, MIDDLE, NEVER)
         self._memory_at_full = self._memory()
 
     def between_frames(self) -> None:
         """A young pass, if enough has been made since the last (on the UI thread, between
-        two of its messages: never inside a frame or a view switch); what it leaves is frozen."""
-        if gc.get_count()[0] >= YOUNG:
+        two of its messages: never inside a frame or a view switch); once a minute (and soon
+        after the cluster grew) a full one over what is not frozen, then a freeze."""
+        now = time.monotonic()
+        if now >= self._freeze_at and self._frozen_for_gpus:
+            self.settle()
+            return
+        young, middle, _ = gc.get_count()
+        if middle >= MIDDLE:
+            gc.collect(1)
+        elif young >= YOUNG:
             gc.collect(0)
-            gc.freeze()
 
     def cluster(self, gpus: int) -> None:
         """The cluster now has ``gpus`` GPUs: when it grew (hosts connected), collect and freeze
@@ -79,11 +87,8 @@ class CollectorTuning:
             self._freeze_at = min(self._freeze_at, time.monotonic() + 2.0)
 
     def tick(self) -> None:
-        """Soon after the cluster grew, collect, then ``gc.freeze()`` what is left (it lives
-        on); once a minute, look at memory."""
+        """Once a minute, look at memory (on each refresh)."""
         now = time.monotonic()
-        if now >= self._freeze_at:
-            self.settle()
         if now >= self._check_memory_at:
             self._check_memory_at = now + 60.0
             self.check_memory()
@@ -91,7 +96,7 @@ class CollectorTuning:
     def settle(self) -> None:
         """Collect and freeze now, as ``tick`` does once the cluster has settled (a benchmark
         puts this start-up pass behind it before it measures)."""
-        self._freeze_at = float("inf")
+        self._freeze_at = time.monotonic() + FULL_S
         gc.collect()
         gc.freeze()
         self._memory_at_full = self._memory()
