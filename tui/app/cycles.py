@@ -1,10 +1,8 @@
 """Two more of Textual's reference cycles, made to die young or not at all.
 
-The app keeps the garbage collector's full passes off its UI thread's path (see
-``tui/app/collector.py``): what the app builds is frozen out of the collector's way, and only
-young objects are ever walked. That holds only if what outlives a young pass is not left as
-cyclic garbage later (frozen garbage is never freed). At 128 hosts two of Textual's habits did
-exactly that, a few thousand objects a view switch (counted with ``gc.DEBUG_SAVEALL``):
+Cyclic garbage waits for a pass of the garbage collector, and the longer it lives the older
+the (costlier) pass that finds it (``tui/app/collector.py``). At 128 hosts two of Textual's
+habits made a few thousand such objects a view switch (counted with ``gc.DEBUG_SAVEALL``):
 
 - The compositor places widgets with a nested function that calls itself, so each arrangement
   is a cycle (the function, its closure) holding the map and widget set it returns. The
