@@ -151,6 +151,7 @@ def unpack(state_dir: str, name: Any) -> Dict[str, Any]:
     path = os.path.join(_root(state_dir), "incoming", name)
     stored = 0
     raw_bytes = 0
+    made = set()  # type: set
     try:
         with open(path, "rb") as f:
             if f.read(len(PACK_MAGIC)) != PACK_MAGIC:
@@ -165,7 +166,7 @@ def unpack(state_dir: str, name: Any) -> Dict[str, Any]:
                 sha = _sha(sha_b.decode("ascii", "replace"))
                 if enc not in (b"r", b"z"):
                     raise CodeError("pack %s: content %s has encoding %r, not r or z" % (name, sha[:12], enc))
-                raw_bytes += _unpack_record(state_dir, f, sha, enc == b"z", length, name)
+                raw_bytes += _unpack_record(state_dir, f, sha, enc == b"z", length, name, made)
                 stored += 1
     except FileNotFoundError:
         raise CodeError("no pack %s in code/incoming" % name) from None
@@ -177,19 +178,35 @@ def unpack(state_dir: str, name: Any) -> Dict[str, Any]:
     return {"stored": stored, "bytes": raw_bytes}
 
 
-def _unpack_record(state_dir: str, f: Any, sha: str, zipped: bool, length: int, name: str) -> int:
+def _create_part(part: str) -> int:
+    """A new file ``part``, read-only from the start (its open descriptor still writes), so it
+    needs no chmod once whole; one left by a sync that broke off is replaced."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+    try:
+        return os.open(part, flags, 0o444)
+    except FileExistsError:
+        os.unlink(part)
+        return os.open(part, flags, 0o444)
+
+
+def _unpack_record(state_dir: str, f: Any, sha: str, zipped: bool, length: int, name: str,
+                   made: Optional[set] = None) -> int:
     """Copy one record's content (``length`` payload bytes at ``f``) to the store, hashing it
-    on the way; returns its size."""
+    on the way; returns its size. ``made``: store directories known to exist (a pack's
+    contents share 256 of them)."""
     dest = object_path(state_dir, sha)
     parent = os.path.dirname(dest)
-    if not os.path.isdir(parent):
-        os.makedirs(parent, mode=0o700, exist_ok=True)
+    if made is None or parent not in made:
+        if not os.path.isdir(parent):
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+        if made is not None:
+            made.add(parent)
     part = dest + ".part"
     h = hashlib.sha256()
     d = zlib.decompressobj() if zipped else None
     size = 0
     try:
-        with os.fdopen(os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as out:
+        with os.fdopen(_create_part(part), "wb") as out:
             left = length
             while left:
                 chunk = f.read(min(left, _CHUNK))
@@ -210,7 +227,6 @@ def _unpack_record(state_dir: str, f: Any, sha: str, zipped: bool, length: int, 
                 raise CodeError("content %s: its compressed stream is cut short" % sha[:12])
         if h.hexdigest() != sha:
             raise CodeError("content %s: its bytes do not match its hash" % sha[:12])
-        os.chmod(part, 0o444)
         os.replace(part, dest)
     except BaseException:
         try:
@@ -312,12 +328,14 @@ def commit(state_dir: str, tree: Any, files: Any) -> Dict[str, Any]:
     tmp = "%s.tmp%d" % (path, os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp, mode=0o755)
+    made = {tmp}
     try:
         for rel, sha, _size, exe in rows:
             dest = os.path.join(tmp, rel)
             parent = os.path.dirname(dest)
-            if parent != tmp:
+            if parent not in made:
                 os.makedirs(parent, mode=0o755, exist_ok=True)
+                made.add(parent)
             if exe:  # its own copy: the stored content keeps its mode
                 shutil.copyfile(object_path(state_dir, sha), dest)
                 os.chmod(dest, 0o555)

@@ -513,12 +513,15 @@ class Daemon:
 
     async def _gpu_health(self, max_age: float) -> List[Dict[str, Any]]:
         """This host's GPUs whose health is not ok, from a sample at most ``max_age`` s old (the
-        stream's, when someone subscribes; else one taken now). A failing sample reads as none."""
+        stream's, when someone subscribes; else one taken now). ``max_age`` 0 is a sample taken
+        now, even while a stream runs: the stream's last one may be up to a tick older than the
+        fault that killed a rank. A failing sample reads as none."""
         now = time.monotonic()
-        if now - self._health[0] <= max_age:
+        if max_age > 0 and now - self._health[0] <= max_age:
             return self._health[1]
+        latest = self._latest if max_age > 0 and self._subscribers() > 0 else None
         try:
-            data = self._latest if self._latest is not None and self._subscribers() > 0 else await self._collect()
+            data = latest if latest is not None else await self._collect()
         except Exception:  # a broken sensor must not break job_status
             log.exception("telemetry sample for GPU health failed")
             return []

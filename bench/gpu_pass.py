@@ -13,6 +13,7 @@ finds something wrong says so and exits 1; the script goes on with the next.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -232,6 +233,81 @@ def step_pipeline() -> None:
         fail(f"the pipeline example failed (rc {res.returncode}): {res.stderr[-300:]}")
 
 
+async def _screens(sim_gpus: int) -> list[Path]:
+    """The app on this machine while the ddp example trains on GPU 0 (launched from the app's
+    launch dialog, as a user would): its GPU view and the job's view as SVGs."""
+    import dataclasses
+
+    from textual.widgets import Input
+
+    from tui.app.shell import RigdeckApp
+    from tui.client import InProcessClient
+    from tui.control.controller import Controller
+    from tui.remote.sshconfig import local_inventory
+
+    inv = local_inventory()  # what rigdeck uses with no inventory: this machine, no SSH
+    if sim_gpus:  # a dry run of this step on a machine without a GPU (simulated, and says so)
+        inv = dataclasses.replace(inv, hosts=(dataclasses.replace(inv.hosts[0], sim_gpus=sim_gpus),))
+    work = Path(tempfile.mkdtemp(prefix="rigdeck-gpu-pass-app-"))
+    spec = work / "ddp.toml"
+    spec.write_text(
+        'name = "ddp-on-the-card"\n'
+        'command = ["{python}", "train.py", "--steps", "20000", "--checkpoint-every", "250", "--seed", "0"]\n'
+        f'workdir = "{ROOT / "examples" / "ddp"}"\nlauncher = "direct"\nnodes = 1\ngpus_per_node = 1\n'
+        'total_steps = 20000\n\n[env]\nOMP_NUM_THREADS = "1"\n\n'
+        f'[checkpoint]\ndir = "{work}/ckpt/{{job_id}}"\nowner = "rank0"\n')
+    app = RigdeckApp(InProcessClient(controller=Controller(inv)), keymap_file=work / "keys.toml")
+    shots: list[Path] = []
+    async with app.run_test(size=(140, 40)) as pilot:
+
+        async def until(cond: Any, what: str, limit: float) -> None:
+            deadline = time.monotonic() + limit
+            while not cond():
+                if time.monotonic() > deadline:
+                    fail(f"screens: timed out waiting for {what}")
+                await pilot.pause(0.25)
+
+        await until(lambda: any(h.status == "up" for h in app.hosts_snapshot), "this host up", 120)
+        await pilot.press("l")
+        await pilot.pause(0.3)
+        app.screen.query_one("#spec-path", Input).value = str(spec)
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        await pilot.press("ctrl+s")
+        await until(lambda: app.job_id is not None, "the launch", 120)
+        job_id = app.job_id or ""
+
+        def step() -> int:
+            row = app.jobs_snapshot.row(job_id)
+            return -1 if row is None or row.step is None else row.step
+
+        await until(lambda: step() >= 1500, "step 1500", 240)
+        await pilot.pause(2.0)  # the GPU's utilization sampled while it trains
+        app.refresh_views(force=True)
+        for key, name in (("1", "gpu-hosts"), ("2", "gpu"), ("4", "gpu-job")):
+            await pilot.press(key)
+            await pilot.pause(0.6)
+            app.clear_notifications()
+            await pilot.pause(0.3)
+            out = ROOT / "screenshots" / f"{name}.svg"
+            app.save_screenshot(str(out))
+            shots.append(out)
+            print(f"  {out.relative_to(ROOT)} at step {step()}", flush=True)
+        await asyncio.to_thread(app.client.service.stop, job_id, 2.0, yes=True, wait=True)
+    shutil.rmtree(work, ignore_errors=True)
+    return shots
+
+
+def step_screens(sim_gpus: int = 0) -> None:
+    """screenshots/gpu-hosts.svg, gpu.svg and gpu-job.svg: the app's Hosts, GPU and Job views
+    on this machine's card while the ddp example trains on it."""
+    meta = run_meta()
+    shots = asyncio.run(_screens(sim_gpus))
+    if sim_gpus:
+        return  # a dry run: no card to name
+    save("screens", {"files": [str(p.relative_to(ROOT)) for p in shots], "sim_gpus": sim_gpus}, meta)
+
+
 def step_wrap(name: str, path: str) -> None:
     """A benchmark's own result file again as gpu-<name>.json, with the GPU's meta."""
     data = json.loads(Path(path).read_text())
@@ -243,10 +319,13 @@ def main() -> int:
     if len(sys.argv) < 2:
         fail(__doc__ or "", 2)
     step = sys.argv[1]
+    if step == "screens-simulated":  # the screens step's dry run, without a GPU
+        step_screens(sim_gpus=1)
+        return 0
     if step != "check":
         step_check()
     steps = {"check": step_check, "collector": step_collector, "ddp": step_ddp,
-             "pipeline": step_pipeline}
+             "pipeline": step_pipeline, "screens": step_screens}
     if step == "wrap":
         step_wrap(sys.argv[2], sys.argv[3])
     elif step in steps:

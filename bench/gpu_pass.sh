@@ -6,6 +6,7 @@
 #      tagged process mapped to its job and rank
 #   3. the ddp example under both launchers against the same script by hand (NCCL, GPU 0)
 #   4. the model-parallel example's profiling on CUDA (peak memory: max_memory_allocated)
+#   5. the app's Hosts, GPU and Job views on the card while the ddp example trains (screenshots/gpu*.svg)
 # Each writes bench/results/gpu-*.json with the device, driver, torch, CUDA and the commit.
 # Without a usable GPU it stops at once, saying why (exit 2), and runs nothing.
 #
@@ -17,7 +18,7 @@ PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=$(command -v python3)
 "$PY" bench/gpu_pass.py check || exit 2
 
-steps=${*:-telemetry collector ddp pipeline}
+steps=${*:-telemetry collector ddp pipeline screens}
 failed=()
 for step in $steps; do
   echo "== $step ($(date -u +%H:%M:%S))"
@@ -29,9 +30,9 @@ for step in $steps; do
       else
         failed+=(telemetry)
       fi ;;
-    collector|ddp|pipeline)
+    collector|ddp|pipeline|screens)
       timeout 400 "$PY" bench/gpu_pass.py "$step" || failed+=("$step") ;;
-    *) echo "gpu_pass: unknown step $step (telemetry collector ddp pipeline)" >&2; exit 2 ;;
+    *) echo "gpu_pass: unknown step $step (telemetry collector ddp pipeline screens)" >&2; exit 2 ;;
   esac
 done
 ls -l bench/results/gpu-*.json 2>/dev/null

@@ -58,6 +58,22 @@ def read(screen: str) -> tuple[tuple[int, int] | None, tuple[int, int, int, str]
     )
 
 
+def app_rss_mb(tmux: Tmux) -> float | None:
+    """The app's resident memory (the ``tui.cli`` process under the pane's shell), in MB."""
+    import subprocess
+
+    pane = subprocess.run([*tmux.tmux, "display", "-p", "-t", tmux.session, "#{pane_pid}"],
+                          capture_output=True, text=True).stdout.strip()
+    for proc in Path("/proc").iterdir():
+        try:
+            status = (proc / "status").read_text()
+            if f"\nPPid:\t{pane}\n" in status and b"tui.cli" in (proc / "cmdline").read_bytes():
+                return int(status.split("VmRSS:")[1].split()[0]) / 1024
+        except (OSError, IndexError, ValueError):
+            continue
+    return None
+
+
 def drive(tmux: Tmux, n: int, seconds: float, settle: float) -> dict[str, Any]:
     """Once every host is up: the round of views for ``seconds``, the screen read twice a
     second. Returns what the frame timer said."""
@@ -69,6 +85,7 @@ def drive(tmux: Tmux, n: int, seconds: float, settle: float) -> dict[str, Any]:
     # Out of the minute measured: the start-up (connecting N hosts, the collector's first pass).
     time.sleep(settle)
     start = time.monotonic()
+    rss = [(0.0, app_rss_mb(tmux))]
     readings: list[tuple[float, int, int, int, str]] = []
     down_seen: list[str] = []
     keys = 0
@@ -92,7 +109,10 @@ def drive(tmux: Tmux, n: int, seconds: float, settle: float) -> dict[str, Any]:
                 break
             time.sleep(0.5)
         time.sleep(max(0.0, 2.0 - (time.monotonic() - deadline + 5.0)))
+        if time.monotonic() - start - rss[-1][0] >= 30.0:
+            rss.append((round(time.monotonic() - start), app_rss_mb(tmux)))
     time.sleep(1.0)
+    rss.append((round(time.monotonic() - start), app_rss_mb(tmux)))
     up, fr = read(tmux.screen())
     if fr is None:
         raise RuntimeError(f"no frame timer on the screen:\n{tmux.screen()}")
@@ -106,6 +126,7 @@ def drive(tmux: Tmux, n: int, seconds: float, settle: float) -> dict[str, Any]:
         "slow_in_60s_at_end": fr[2],
         "longest_was": fr[3],
         "readings": len(readings),
+        "rss_mb": [(t, round(mb, 1) if mb is not None else None) for t, mb in rss],
         "screen_at_end": tmux.screen(),
     }
 
@@ -117,6 +138,9 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=62.0,
                     help="seconds after every host is up before the minute starts")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "ui-live.json"))
+    ap.add_argument("--frame-log", metavar="FILE",
+                    help="the app writes each collector pass and each stretch over 20 ms (with its "
+                    "view) to FILE (RIGDECK_FRAME_LOG)")
     args = ap.parse_args()
     # A timeout's SIGTERM ends the run through its cleanup (the bed torn down, tmux ended).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -141,6 +165,8 @@ def main() -> int:
                if not k.startswith(("RIGDECK_", "TMUX")) and k not in ("COLUMNS", "LINES")}
         env.update(HOME=str(home), TERM="xterm-256color", RIGDECK_HOME=str(home / "rigdeck"),
                    RIGDECK_INVENTORY=str(inv), RIGDECK_FRAME_TIMER="1")
+        if args.frame_log:
+            env["RIGDECK_FRAME_LOG"] = str(Path(args.frame_log).resolve())
         tmux = Tmux(f"rdk-live-{uuid.uuid4().hex[:8]}", env)
         # The pane outlives the app, so a traceback or an early exit can be read from it.
         tmux.start(f"sh -c '{sys.executable} -m tui.cli; echo {EXITED} $?; sleep 3600'",
@@ -157,7 +183,8 @@ def main() -> int:
           f"({result['keys']} keys): longest UI stretch {result['longest_60s_ms_at_end']} ms in the "
           f"last 60 s, a {result['longest_was']} (budget 33 ms: {result['longest_60s_ms_at_end'] / 33.3:.2f}x), "
           f"{result['slow_in_60s_at_end']} over 33 ms; every host up throughout: "
-          f"{not result['hosts_not_all_up']} -> {'met' if ok else 'MISSED'}", flush=True)
+          f"{not result['hosts_not_all_up']} -> {'met' if ok else 'MISSED'}; the app's RSS "
+          f"{result['rss_mb'][0][1]} MB at the start, {result['rss_mb'][-1][1]} MB at the end", flush=True)
     write_result(args.out, {
         "what": "the app (rigdeck in tmux, 200x60, RIGDECK_FRAME_TIMER=1) on N test bed hosts for "
         "a minute of view changes: its own frame timer's longest UI-thread stretch and the count "

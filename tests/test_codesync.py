@@ -251,6 +251,68 @@ def test_the_controllers_store_keeps_the_newest_snapshots_and_their_contents_onl
         assert all(store.has(e.sha256) for e in store.manifest(tree).entries)
 
 
+def test_a_large_snapshot_keeps_its_new_contents_in_one_pack_pruned_when_none_is_used(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """A snapshot reading many files keeps its new contents in one pack file with an index (not
+    a file each); they read back as they were, through a fresh store too, and are pushed from
+    there; a pack goes only when no kept snapshot uses any of its contents."""
+    import hashlib
+    import os
+
+    from tui.model.codesync import CodeSpec
+    from tui.remote import codesync
+    from tui.remote.codesync import CodeStore, Payloads
+
+    monkeypatch.setattr(codesync, "PACK_MIN", 4)
+    src = tmp_path / "src"
+    (src / "sub").mkdir(parents=True)
+    for i in range(6):
+        (src / "sub" / f"f{i}.py").write_text(f"content {i}\n" * (i + 1))
+    (src / "twin.py").write_text("content 0\n")  # the same content as sub/f0.py: kept once
+    old = 1_000_000_000
+    for p in [*src.iterdir(), *(src / "sub").iterdir()]:
+        os.utime(p, (old, old))  # long before the snapshot: a trusted stat
+    store = CodeStore(tmp_path / "code")
+    first, done = store.snapshot(CodeSpec(sync=str(src)))
+    assert first.tree is not None and done["new_contents"] == 6 and done["files_read"] == 7
+    assert not (store.root / "objects").exists()
+    packs = sorted(p.name for p in (store.root / "packs").iterdir())
+    assert len(packs) == 2 and packs[0].endswith(".json") and packs[1].endswith(".pack")
+    again = CodeStore(tmp_path / "code")  # another process: finds them through the index
+    for e in again.manifest(first.tree).entries:
+        data = again.read(e.sha256)
+        assert hashlib.sha256(data).hexdigest() == e.sha256 and len(data) == e.size
+        assert (src / e.path).read_bytes() == data
+    sizes = again.manifest(first.tree).blobs()
+    assert again.missing([[s, n] for s, n in sizes.items()]) == []
+    assert again.missing([[next(iter(sizes)), 1]]) == [next(iter(sizes))]  # another size: missing
+    assert Payloads(again, sizes).record(next(iter(sizes)), False)[1] == sizes[next(iter(sizes))]
+    # A change of one file: its content kept on its own; the pack stays (still used).
+    # A file whose content the pack holds is not kept again.
+    (src / "sub" / "f5.py").write_text("changed\n")
+    (src / "copy.py").write_text("content 3\n" * 4)  # sub/f3.py's content
+    for p in (src / "sub" / "f5.py", src / "copy.py"):
+        os.utime(p, (old, old))
+    second, done = store.snapshot(CodeSpec(sync=str(src)))
+    assert done["files_read"] == 2 and done["new_contents"] == 1
+    assert len(list((store.root / "objects").glob("*/*"))) == 1
+    os.utime(store.root / "manifests" / f"{first.tree}.json", (1000, 1000))
+    assert store.prune(keep_newest=1) == 0  # f5's old content lies in a pack still used: it stays
+    assert all(store.has(e.sha256) for e in store.manifest(second.tree).entries)
+    # Nothing of the pack used any more: it goes whole.
+    for p in (src / "sub").iterdir():
+        p.write_text(f"other {p.name}\n")
+    (src / "twin.py").write_text("other twin\n")
+    (src / "copy.py").write_text("other copy\n")
+    third, _ = store.snapshot(CodeSpec(sync=str(src)))
+    os.utime(store.root / "manifests" / f"{second.tree}.json", (1001, 1001))
+    store.prune(keep_newest=1)
+    assert all(store.has(e.sha256) for e in store.manifest(third.tree).entries)
+    assert len(list((store.root / "packs").glob("*.pack"))) == 1  # the third's own
+    assert not store.has(hashlib.sha256(b"content 1\ncontent 1\n").hexdigest())
+    assert not CodeStore(tmp_path / "code").has(hashlib.sha256(b"content 1\ncontent 1\n").hexdigest())
+
+
 def test_a_snapshot_reads_again_only_files_whose_stat_changed(tmp_path: Path) -> None:
     import os
 
@@ -400,17 +462,24 @@ def test_push_to_a_local_agent_sends_packs_then_only_what_changed(tmp_path: Path
 def test_packs_go_compressed_only_to_a_link_slower_than_compression(monkeypatch: pytest.MonkeyPatch,
                                                                     tmp_path: Path) -> None:
     """The first pack goes as it is; how fast it went decides the next ones: a slow link gets
-    compressed packs, a fast one (where zlib would be the slower part) raw ones."""
+    compressed packs, a fast one (where zlib would be the slower part) raw ones, and so does a
+    slow one while this process was busy (short of CPU, not of link)."""
     from tui.model.codesync import CodeSpec
     from tui.remote import codesync
     from tui.remote.codesync import CodeStore, Payloads, _LinkRate, _packs
 
     rate = _LinkRate()
-    rate.saw(8 << 20, 1.0)  # 8 MB/s
+    rate.saw(8 << 20, 1.0, 0.05)  # 8 MB/s, this process mostly waiting
     assert rate.slow
-    rate.saw(8 << 20, 0.05)  # 160 MB/s
+    rate.saw(8 << 20, 0.05, 0.02)  # 160 MB/s
     assert not rate.slow
     rate.saw(1000, 10.0)  # a small pack's time is its round trips: no judgement
+    assert not rate.slow
+    rate.saw(8 << 20, 0.4, 0.2)  # 20 MB/s, but this process at half a core: its CPU is the limit
+    assert not rate.slow
+    rate.saw(8 << 20, 0.4, 0.04)
+    assert rate.slow
+    rate.saw(8 << 20, 0.4, 0.2)
     assert not rate.slow
 
     src = tmp_path / "src"

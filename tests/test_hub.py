@@ -232,3 +232,56 @@ def test_a_missing_paramiko_internal_is_named(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.delattr(paramiko.Transport, "_check_banner")
     with pytest.raises(ImportError, match=r"lacks .*Transport\._check_banner.*pyproject\.toml"):
         hub._check_paramiko()
+
+
+@pytest.mark.testbed
+def test_keepalives_go_out_from_the_hub_and_wait_for_no_writer(testbed_factory: Any) -> None:
+    """The hub sends a connection's keepalives holding its write lock, taken only when free: a
+    writer that holds it (one blocked on a host that stopped reading) holds up neither the hub
+    nor the other connections it serves, and the keepalives go out again once it lets go."""
+    bed: TestBed = testbed_factory(1)
+    links = _links(bed, 2)
+    while _hub_of(links[-1]) is not _hub_of(links[0]):  # two connections on one hub thread
+        links += _links(bed, 1)
+    first, other = links[0], links[-1]
+    try:
+        t = first._transport()
+        packetizer = t.packetizer
+        t.set_keepalive(1)
+
+        def last() -> float:
+            return float(packetizer._Packetizer__keepalive_last)
+
+        sent = last()
+        deadline = time.monotonic() + 10
+        while last() == sent:
+            assert time.monotonic() < deadline, "no keepalive went out from the hub"
+            time.sleep(0.1)
+        lock = packetizer._Packetizer__write_lock
+        held, release = threading.Event(), threading.Event()
+
+        def writer() -> None:
+            with lock:
+                held.set()
+                release.wait(30)
+
+        th = threading.Thread(target=writer)
+        th.start()
+        try:
+            held.wait(5)
+            before = last()
+            for i in range(3):  # the hub serves the other connection meanwhile, past its ticks
+                assert other.run(["echo", f"served {i}"]).check("h1").stdout == f"served {i}\n"
+                time.sleep(0.8)
+            assert last() == before, "a keepalive was sent while a writer held the connection"
+        finally:
+            release.set()
+            th.join()
+        deadline = time.monotonic() + 10
+        while last() == before:
+            assert time.monotonic() < deadline, "keepalives did not come back after the writer"
+            time.sleep(0.1)
+        assert first.run(["echo", "alive"]).check("h1").stdout == "alive\n"
+    finally:
+        for link in links:
+            link.close()

@@ -16,6 +16,7 @@ import pytest
 from tests._require import require
 from tests.testbed import TestBed
 from tui.control.controller import Controller
+from tui.control.monitor import Monitor
 from tui.remote.bundle import build_agent
 from tui.remote.sshconfig import load_inventory
 from tui.remote.transport import make_transport
@@ -303,6 +304,16 @@ def test_a_running_daemon_is_linked_through_its_socket_and_an_sshd_that_refuses_
     with Controller(inv) as ctl:
         assert ctl.agent("h1").facts().hostname == bed.hosts[0].hostname
         assert _attaches(bed, 1) == [], "linked through the socket: no process on the host"
+        mon = Monitor(ctl, rate_hz=2.0)  # the app's telemetry stream: its own connection, same way
+        mon.start()
+        try:
+            deadline = time.monotonic() + 60
+            while not any(h.samples > 1 for h in mon.state.hosts.values()):
+                assert time.monotonic() < deadline, "no telemetry came through the daemon's socket"
+                time.sleep(0.1)
+            assert _attaches(bed, 1) == [], "streaming through the socket: no process on the host"
+        finally:
+            mon.stop()
         # The archive was checked on the way (over SFTP): a damaged one is put back.
     h = bed.hosts[0]
     pyz = h.state_dir / "agent" / build_agent().version / "agent.pyz"

@@ -176,3 +176,36 @@ def test_job_status_carries_the_hosts_failing_gpus_while_the_job_runs(tmp_path: 
             time.sleep(0.2)
         assert "gpu_health" not in st  # an ended job: nothing to watch
         a.shutdown(force=True)
+
+
+def test_a_fresh_health_answer_is_taken_now_even_while_a_stream_runs(tmp_path: Path) -> None:
+    """A supervisor that asks for fresh health (a rank died: was it its GPU?) gets a sample taken
+    now, not the stream's last one, which can be up to a tick older than the fault."""
+    import json
+
+    from agent.gpuhealth import SIM_FAULTS_FILE
+    from tui.control.controller import Controller
+    from tui.model.inventory import HostSpec, Inventory
+    from tui.remote.bundle import build_agent
+
+    state = tmp_path / "state"
+    spec = HostSpec(name="here", address="localhost", transport="local", python=sys.executable,
+                    state_dir=str(state), sim_gpus=2)
+    bundle = build_agent(tmp_path / "cache")
+    with Controller(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
+                    bundle_factory=lambda: bundle) as ctl:
+        a = ctl.agent("here")
+        a.subscribe(rate_hz=1 / 60)  # a stream whose samples stay a minute old
+        job_id = f"fresh-{int(time.time())}"
+        node = {"host": "here", "address": "127.0.0.1", "slots": 1, "gpus": [0]}
+        a.job_start(plan={"job_id": job_id, "launcher": "direct", "nodes": [node], "node_index": 0,
+                          "master_addr": "127.0.0.1", "master_port": a.probe_port(addr="127.0.0.1"),
+                          "workdir": str(tmp_path), "command": ["sleep", "60"]})
+        try:
+            assert a.job_status(job_id=job_id, fresh_health=True).get("gpu_health") == []
+            (state / SIM_FAULTS_FILE).write_text(json.dumps({"0": {"xid": 79}}))
+            assert a.job_status(job_id=job_id, fresh_health=True).get("gpu_health") == [
+                {"index": 0, "health": "unhealthy", "reason": "XID 79: GPU has fallen off the bus", "simulated": True}]
+        finally:
+            a.job_stop(job_id=job_id, grace_s=1.0)
+            a.shutdown(force=True)

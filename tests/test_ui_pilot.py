@@ -828,3 +828,32 @@ async def test_usage_view_shows_each_persons_gpu_hours_per_week_and_their_sums(k
         assert "48.00 GPU h" in big
         table = str(app.query_one("#usage-table", Static).render())
         assert "total" in table and "1" in table.split("bob")[1].split()[2]  # bob's preempted job
+
+
+async def test_layouts_and_replaced_component_styles_are_freed_without_the_collector() -> None:
+    """The app frees what Textual left to the garbage collector (tui/app/cycles.py): a
+    table's old component styles (a "virtual" node each) go as soon as new ones replace them,
+    and the compositor's map is held by nothing of the function that made it."""
+    import gc
+    import weakref
+
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        await pilot.pause()
+        table = app.query_one("#gpus-table", GpusTable)
+        old = [weakref.ref(s.node) for s in table._component_styles.values() if s.node is not None]
+        assert old
+        gc.disable()
+        try:
+            app.update_styles(table)
+            await pilot.pause()
+            assert all(ref() is None for ref in old)  # by reference count alone
+            table.refresh(layout=True)
+            await pilot.pause()
+            compositor = app.screen._compositor
+            placed = compositor._visible_map or compositor._full_map
+            assert placed is not None
+            assert not [r for r in gc.get_referrers(placed) if type(r).__name__ == "cell"]
+        finally:
+            gc.enable()

@@ -319,6 +319,40 @@ async def test_diff_table_diffs_the_rows_in_view_once_the_cursor_followed_its_ro
         await pilot.pause()
 
 
+async def test_diff_table_adds_many_new_rows_those_in_view_first_then_the_rest_frame_by_frame() -> None:
+    """A filter letting many rows back in: the rows in view (and more, up to ``ADD_AT_ONCE``)
+    are there, in place, when ``apply`` returns; the others come over the next frames, in the
+    order asked for. An apply in the meantime takes over: what it asks for is what stays."""
+    from tui.app.widgets.difftable import ADD_AT_ONCE
+
+    def keys(t: DiffTable) -> list[str]:
+        return [t.coordinate_to_cell_key((i, 0)).row_key.value for i in range(t.row_count)]
+
+    app = _TableApp()
+    async with app.run_test() as pilot:
+        t = app.query_one(DiffTable)
+        n = 3 * ADD_AT_ONCE + 17
+        rows: list[tuple[str, tuple[Any, ...]]] = [(f"r{i}", (f"r{i}", i, "x")) for i in range(n)]
+        s = t.apply(rows[:5])
+        t.move_cursor(row=2)
+        s = t.apply(rows)
+        assert s.added == ADD_AT_ONCE and t.row_count == ADD_AT_ONCE + 5
+        assert keys(t) == [k for k, _ in rows[: ADD_AT_ONCE + 5]]  # the first rows: all, in place
+        assert t.cursor_key == "r2"
+        for _ in range(20):
+            await pilot.pause()
+            if t.row_count == n:
+                break
+        assert keys(t) == [k for k, _ in rows] and t.cell_text(f"r{n - 1}", "v") == str(n - 1)
+        t.apply(rows[:1])
+        t.apply(rows[::-1])  # many new rows again, in another order: a part now, the rest later
+        assert 0 < t.row_count < n
+        t.apply(rows[:3])  # taken over before the rest came
+        for _ in range(5):
+            await pilot.pause()
+        assert keys(t) == ["r0", "r1", "r2"]
+
+
 async def test_diff_table_header_is_drawn_again_only_when_it_changes() -> None:
     """The header line kept across cell updates is the line DataTable draws afresh, wherever
     the cursor goes; new column labels draw it again."""
@@ -839,3 +873,123 @@ def test_merge_runs_joins_neighbours_of_one_style_and_keeps_the_text() -> None:
     assert [(s.text, s.style) for s in out] == [(" x y", a), ("z", b), (" w", a)]
     assert "".join(s.text for s in out) == "".join(s.text for s in segs)
     assert merge_runs([]) == []
+
+
+def _passes() -> tuple[list[int], Any]:
+    """The generations of the collector's passes from now on, and the callback to remove."""
+    import gc
+
+    seen: list[int] = []
+
+    def cb(phase: str, info: dict[str, Any]) -> None:
+        if phase == "stop":
+            seen.append(info["generation"])
+
+    gc.callbacks.append(cb)
+    return seen, cb
+
+
+def test_the_collector_runs_its_passes_between_frames(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``between_frames`` runs a young pass once ``YOUNG`` objects were made since the last
+    (nothing before), one over the middle generation after ``MIDDLE`` of them, and a full one
+    (then a freeze) soon after the cluster grew and once a minute after that; the collector
+    itself never starts a full pass, and is left as it was after."""
+    import gc
+
+    from tui.app import collector as col
+
+    clock = [1000.0]
+    monkeypatch.setattr(col.time, "monotonic", lambda: clock[0])
+    before = gc.get_threshold()
+    tuning = col.CollectorTuning(memory=lambda: 100.0)
+    tuning.start()
+    seen, cb = _passes()
+    try:
+        assert gc.get_threshold() == (col.NET, col.MIDDLE, col.NEVER)
+        gc.collect(1)
+        seen.clear()
+        tuning.between_frames()
+        assert seen == []  # nothing made yet
+        kept = [[i] for i in range(col.YOUNG + 100)]
+        tuning.between_frames()
+        assert seen == [0]
+        for _ in range(col.MIDDLE - 1):
+            gc.collect(0)
+        seen.clear()
+        tuning.between_frames()
+        assert seen == [1]
+        tuning.cluster(8)  # hosts came up: a full pass in a moment, not at once
+        seen.clear()
+        tuning.between_frames()
+        assert 2 not in seen
+        clock[0] += 2.5
+        tuning.between_frames()
+        assert seen[-1] == 2 and gc.get_freeze_count() >= len(kept)
+        seen.clear()
+        clock[0] += col.FULL_S - 1
+        tuning.between_frames()
+        assert 2 not in seen
+        clock[0] += 2
+        tuning.between_frames()
+        assert seen[-1] == 2  # a minute after the last
+    finally:
+        gc.callbacks.remove(cb)
+        tuning.stop()
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def test_the_collector_frees_frozen_garbage_once_memory_has_grown() -> None:
+    """Garbage frozen with the app (a cycle that died after the freeze) stays until memory
+    has grown by ``GROWTH_MB`` since the last full pass; then one pass over everything frees
+    it, and the next growth is counted from there."""
+    import gc
+    import weakref
+
+    from tui.app import collector as col
+
+    class Node:
+        other: Any = None
+
+    memory = [100.0]
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    gone = weakref.ref(a)
+    tuning = col.CollectorTuning(memory=lambda: memory[0])
+    tuning.start()  # freezes the cycle with everything else
+    try:
+        del a, b
+        gc.collect()
+        assert gone() is not None  # frozen: no pass walks it
+        memory[0] += col.GROWTH_MB - 1
+        tuning.check_memory()
+        assert gone() is not None and tuning.full_passes == 0
+        memory[0] += 2
+        tuning.check_memory()
+        assert gone() is None and tuning.full_passes == 1
+        tuning.check_memory()
+        assert tuning.full_passes == 1  # counted from the last full pass
+    finally:
+        tuning.stop()
+
+
+def test_the_frame_log_names_each_collector_pass_and_each_slow_stretch(tmp_path: Path) -> None:
+    """``RIGDECK_FRAME_LOG``: each collector pass with its generation and what it freed, each
+    stretch over ``LOG_OVER_MS`` with its kind and where it fell; short ones are left out."""
+    import gc
+
+    from tui.app.frametimer import LOG_OVER_MS, FrameTimer
+
+    log = tmp_path / "frames.log"
+    timer = FrameTimer()
+    timer.log_to(str(log), lambda: "gpus sort=util")
+    timer.watch_collector()
+    try:
+        timer.note(LOG_OVER_MS + 5, "refresh")
+        timer.note(LOG_OVER_MS - 5, "frame")
+        gc.collect(0)
+    finally:
+        timer.stop()
+    lines = log.read_text().splitlines()
+    assert any(line.endswith(f"refresh {LOG_OVER_MS + 5:.1f} ms in gpus sort=util") for line in lines)
+    assert not any(" frame " in line for line in lines)
+    assert any(" gc0 " in line and " collected " in line for line in lines)

@@ -12,16 +12,19 @@ person or a script driving the app through tmux (``bench/ui_live.py``) reads the
 from __future__ import annotations
 
 import gc
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TextIO
 
 from textual.screen import Screen
 
 FRAME_MS = 1000.0 / 30  # a frame at 30 fps: a longer stretch is a stall
 WINDOW_S = 60.0
 ENV = "RIGDECK_FRAME_TIMER"
+LOG_ENV = "RIGDECK_FRAME_LOG"  # a file: every collector pass and every stretch over LOG_OVER_MS
+LOG_OVER_MS = 20.0
 
 
 class FrameTimer:
@@ -37,14 +40,32 @@ class FrameTimer:
         self._gc_passes: deque[tuple[float, float, str]] = deque()
         self._gc_start: float | None = None
         self.frames = 0
+        self._log: TextIO | None = None
+        self._where: Callable[[], str] = str
 
-    def note(self, ms: float, kind: str = "frame") -> None:
-        """A stretch of the UI thread that just ended (on the UI thread)."""
+    def log_to(self, path: str, where: Callable[[], str]) -> None:
+        """Write each collector pass (generation, ms, objects freed) and each stretch over
+        ``LOG_OVER_MS`` (with ``where()``: the view it fell in) to ``path``, a line each: what a
+        slow stretch was, for whoever tunes the app (``RIGDECK_FRAME_LOG``)."""
+        self._log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 (closed in stop)
+        self._where = where
+
+    def _write(self, line: str) -> None:
+        if self._log is not None:
+            self._log.write(f"{time.monotonic():.3f} {line}\n")
+
+    def note(self, ms: float, kind: str = "frame", cpu_ms: float | None = None) -> None:
+        """A stretch of the UI thread that just ended (on the UI thread); ``cpu_ms``: the
+        thread's own CPU time in it (the rest it waited: for the interpreter, held by another
+        thread, or for a core)."""
         now = self.clock()
         if kind == "frame":
             self.frames += 1
         self._stretches.append((now, ms, kind))
         self._settle(now)
+        if ms > LOG_OVER_MS and self._log is not None:
+            cpu = f" (cpu {cpu_ms:.1f} ms)" if cpu_ms is not None else ""
+            self._write(f"{kind} {ms:.1f} ms{cpu} in {self._where()}")
 
     def _settle(self, now: float) -> None:
         """Take in the collector's passes and forget what is over a minute old."""
@@ -60,11 +81,11 @@ class FrameTimer:
         return [s for s in list(self._stretches) if s[0] >= now - seconds]
 
     def timed(self, fn: Callable[[], Any], kind: str = "frame") -> Any:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             return fn()
         finally:
-            self.note((time.perf_counter() - t0) * 1000.0, kind)
+            self.note((time.perf_counter() - t0) * 1000.0, kind, (time.thread_time() - c0) * 1000.0)
 
     def longest_ms(self, seconds: float = WINDOW_S) -> float:
         return max((ms for _, ms, _ in self._recent(seconds)), default=0.0)
@@ -95,6 +116,9 @@ class FrameTimer:
     def stop(self) -> None:
         if self._on_gc in gc.callbacks:
             gc.callbacks.remove(self._on_gc)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":
@@ -103,6 +127,9 @@ class FrameTimer:
             ms = (time.perf_counter() - self._gc_start) * 1000.0
             self._gc_passes.append((self.clock(), ms, "gc"))  # a deque's append: thread-safe
             self._gc_start = None
+            if self._log is not None:
+                self._write(f"gc{info['generation']} {ms:.1f} ms collected {info['collected']} "
+                            f"counts {gc.get_count()} {threading.current_thread().name}")
 
 
 class TimedScreen(Screen[None]):

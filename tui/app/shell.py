@@ -32,9 +32,10 @@ from textual.widget import Widget
 from textual.widgets import Footer, Header, Static, TabbedContent
 from textual.worker import Worker, WorkerState
 
-from tui.app import stripcycle
-from tui.app.collector import CollectorTuning
+from tui.app import cycles, stripcycle
+from tui.app.collector import COLLECT_S, CollectorTuning
 from tui.app.frametimer import ENV as FRAME_TIMER_ENV
+from tui.app.frametimer import LOG_ENV as FRAME_LOG_ENV
 from tui.app.frametimer import FrameTimer, TimedScreen
 from tui.app.keys import keymap_path, load_keymap
 from tui.app.notices import JobNotices, toast
@@ -190,11 +191,21 @@ class RigdeckApp(App[None]):
             if v.POLL_S:
                 self.set_interval(v.POLL_S, v.poll, name=v.ID)
         stripcycle.install()  # lines drawn are freed when dropped, not by the collector
+        cycles.install()  # so are layouts and replaced component styles
         self.collector.start()
+        self.set_interval(COLLECT_S, self.collector.between_frames, name="collector")
         if self.show_frames:
+            self.frame_timer.watch_collector()
+        if os.environ.get(FRAME_LOG_ENV):
+            self.frame_timer.log_to(os.environ[FRAME_LOG_ENV], self._where)
             self.frame_timer.watch_collector()
         self.query_one(VIEWS[0].FOCUS).focus()
         self._watch_for_hangup()
+
+    def _where(self) -> str:
+        """The view on screen, for the frame log: its tab and, in the GPU view, sort and filter."""
+        tab = self.tabs.active
+        return f"{tab} sort={self.gpu_sort} filter={self.gpu_filter}" if tab == "gpus" else tab
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """While the onboarding screen shows, the app's own keys (launch, stop, deploy, views)

@@ -314,15 +314,7 @@ class Controller(TypedAgents):
             with self._host_locks[spec.name]:  # never beside a request on the old link
                 t.connect()
                 att.reached.set()
-                link, pyz = self._socket_link(spec, t)
-                if link is None:
-                    link, pyz = self._checked_attach(spec, t)
-                if link is None:
-                    stream, pyz = self.open_agent_stream(spec, t)
-                    try:
-                        link = self._greeted(spec, stream, "rigdeck")
-                    except TransportError as e:
-                        raise (e if pyz is None else self.start_failure(spec, t, pyz, e)) from None
+                link, pyz = self.agent_link(spec, t)
                 if pyz is not None and (link.remote_hello or {}).get("agent_version") != self.bundle.version:
                     link = self._upgraded(spec, t, link, pyz)
                 self.configure_agent(spec, AgentClient.over(link))
@@ -370,6 +362,23 @@ class Controller(TypedAgents):
         """host -> why, for the hosts this controller now holds out of reach."""
         with self._reach_lock:
             return {h: r.error.detail for h, r in self._reach.items() if r.error is not None}
+
+    def agent_link(self, spec: HostSpec, t: Transport) -> tuple[Any, str | None]:
+        """A link to the host's daemon on the connected transport ``t``, its hello received:
+        straight to the daemon's socket when one runs (no process started on the host), else
+        the attach of the agent checked there, else the attach after a check and an install
+        (which starts the daemon). Returns the link and the agent.pyz path (None for an
+        ``attach_only`` host). Raises the reason the agent cannot start, when it cannot."""
+        link, pyz = self._socket_link(spec, t)
+        if link is None:
+            link, pyz = self._checked_attach(spec, t)
+        if link is None:
+            stream, pyz = self.open_agent_stream(spec, t)
+            try:
+                link = self._greeted(spec, stream, "rigdeck")
+            except TransportError as e:
+                raise (e if pyz is None else self.start_failure(spec, t, pyz, e)) from None
+        return link, pyz
 
     def _socket_link(self, spec: HostSpec, t: Transport) -> tuple[Any, str | None]:
         """No process on the host when its daemon runs (the common case): the agent archive is

@@ -34,7 +34,7 @@ from tui.control.controller import Controller, host_key_info
 from tui.model.inventory import HostSpec
 from tui.model.state import ClusterState, HostStatus
 from tui.remote.agentclient import AgentClient
-from tui.remote.agentlink import AgentLink, hello_timeout
+from tui.remote.agentlink import AgentLink
 from tui.remote.transport import (
     Backoff,
     Transport,
@@ -331,15 +331,14 @@ class Monitor:
         ctl = self.controller
         # Its own connection: requests on the controller's never wait behind this stream.
         transport.connect()
-        stream, pyz = ctl.open_agent_stream(spec, transport)  # pyz None: an attach-only host
-        link = AgentLink(spec.name, stream, on_event=lambda m: self._on_event(spec.name, m))
+        # Straight to the daemon's socket when it runs (no Python started on the host for a
+        # stream), else the attach, which starts it. pyz None: an attach-only host.
+        link, pyz = ctl.agent_link(spec, transport)
+        link.on_event = lambda m: self._on_event(spec.name, m)
         ok = False
         try:
             agent = AgentClient.over(link)
-            try:
-                hello = link.handshake(hello_timeout(spec.connect_timeout), client="rigdeck")
-            except TransportError as e:  # say why when the host's Python cannot run the agent
-                raise (e if pyz is None else ctl.start_failure(spec, transport, pyz, e)) from None
+            hello = link.remote_hello or {}
             upgrade = None
             if hello.get("agent_version") != ctl.bundle.version and pyz is not None:
                 # An older daemon is running. It hands over now if idle, else when its jobs end.

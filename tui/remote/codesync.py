@@ -51,9 +51,14 @@ WINDOW = 4  # messages in flight per host
 COMPRESS_MIN = 512  # smaller contents go as they are
 PROBE_BYTES = 64 << 10  # how much of a large content is tried first
 PACK_BYTES = 8 << 20  # a pack closes once this much is in it (a larger content is a pack alone)
+PACK_FIRST_BYTES = 1 << 20  # ... the first one at this much, each next one twice the last, up to PACK_BYTES
 COMPRESS_BELOW_BPS = 32e6  # packs go compressed to a host whose link is slower (see _LinkRate)
 COMPRESS_JUDGE_BYTES = 1 << 20  # a smaller pack's time is mostly round trips: it says nothing
+COMPRESS_IDLE_SHARE = 0.2  # ... and only while this process used less of a core than this (see _LinkRate)
 KEEP_SNAPSHOTS = 32  # the controller's store keeps the newest snapshots (and their contents)
+FRESH_BYTES = 128 << 20  # contents a snapshot just read stay in memory up to this much, for its push
+PACK_MIN = 64  # a snapshot reading this many files or more keeps its new contents in one pack
+PACK_STALE_S = 3600  # a pack without its index (a snapshot that broke off) goes after this long
 
 
 @dataclass(frozen=True)
@@ -138,34 +143,138 @@ def list_files(root: Path) -> tuple[list[tuple[str, Path, int, bool, os.stat_res
 # -- the controller's store -------------------------------------------------------------------
 
 
+class _StorePack:
+    """A snapshot's new contents kept as one file of the store, ``packs/<name>.pack`` (the
+    contents one after the other), with its index ``packs/<name>.json`` (``{sha256: [offset,
+    size]}``): one file made instead of one per content, which on the controller's disk costs
+    more than reading and hashing them (bench/sync.py). The pack is renamed into place whole,
+    then its index: a content is found only once all of it is there."""
+
+    def __init__(self, root: Path):
+        self.dir = root / "packs"
+        self.name = f"{time.time_ns():x}-{secrets.token_hex(4)}"
+        self.index: dict[str, list[int]] = {}
+        self._tmp = self.dir / f"{self.name}.pack.tmp"
+        self._f: Any = None
+        self._pos = 0
+
+    def add(self, sha: str, data: bytes) -> None:
+        if self._f is None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            self._f = open(self._tmp, "wb")
+        self._f.write(data)
+        self.index[sha] = [self._pos, len(data)]
+        self._pos += len(data)
+
+    def close(self) -> Path | None:
+        """Put the pack and its index in place; the pack's path (None when nothing was added)."""
+        if self._f is None:
+            return None
+        self._f.close()
+        pack = self.dir / f"{self.name}.pack"
+        os.replace(self._tmp, pack)
+        tmp = self.dir / f"{self.name}.json.tmp"
+        tmp.write_text(json.dumps(self.index))
+        os.replace(tmp, self.dir / f"{self.name}.json")
+        return pack
+
+    def abort(self) -> None:
+        if self._f is not None:
+            self._f.close()
+            self._tmp.unlink(missing_ok=True)
+
+
 class CodeStore:
-    """Contents by hash and manifests by tree, on the controller's machine."""
+    """Contents by hash and manifests by tree, on the controller's machine. A content is a file
+    of its own (``objects/ab/abcd...``) or lies in a pack with others (``_StorePack``)."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
+        self._fresh: dict[str, bytes] = {}  # see fresh()
+        self._packed: dict[str, tuple[Path, int, int]] = {}  # sha -> (pack, offset, size)
+        self._indexes: set[str] = set()  # the pack indexes read into _packed
 
     def object_path(self, sha: str) -> Path:
         return self.root / "objects" / sha[:2] / sha
 
+    def fresh(self, sha: str) -> bytes | None:
+        """Content ``sha`` as the latest snapshot read it, if it is still in memory (up to
+        FRESH_BYTES of them, each given once): those bytes were hashed to ``sha`` as they were
+        read, so the push that follows sends them without reading and hashing its stored copy
+        again. None: read the store (``read``, checked by the caller)."""
+        with self._lock:
+            return self._fresh.pop(sha, None)
+
+    def _load_packs(self) -> None:
+        """Read the indexes of packs made since the last look (by this or another process)."""
+        try:
+            names = [n for n in os.listdir(self.root / "packs") if n.endswith(".json")]
+        except FileNotFoundError:
+            return
+        for name in names:
+            if name in self._indexes:
+                continue
+            pack = self.root / "packs" / (name[:-5] + ".pack")
+            try:
+                index = json.loads((self.root / "packs" / name).read_text())
+            except (OSError, ValueError):
+                continue  # pruned meanwhile, or unreadable: its contents count as missing
+            with self._lock:
+                for sha, (offset, size) in index.items():
+                    self._packed.setdefault(sha, (pack, int(offset), int(size)))
+                self._indexes.add(name)
+
+    def _where(self, sha: str) -> tuple[Path, int, int] | None:
+        """The pack holding ``sha`` (its path, offset, size), None if none does."""
+        got = self._packed.get(sha)
+        if got is None:
+            self._load_packs()
+            got = self._packed.get(sha)
+        return got
+
+    def _size(self, sha: str) -> int | None:
+        try:
+            return self.object_path(sha).stat().st_size
+        except FileNotFoundError:
+            got = self._where(sha)
+            return None if got is None or not got[0].is_file() else got[2]
+
     def has(self, sha: str) -> bool:
-        return self.object_path(sha).is_file()
+        return self._size(sha) is not None
 
     def read(self, sha: str) -> bytes:
-        return self.object_path(sha).read_bytes()
+        try:
+            return self.object_path(sha).read_bytes()
+        except FileNotFoundError:
+            got = self._where(sha)
+            if got is None:
+                raise
+        pack, offset, size = got
+        with open(pack, "rb") as f:
+            f.seek(offset)
+            return f.read(size)
 
-    def _keep(self, sha: str, data: bytes, made: set[Path] | None = None) -> bool:
-        """Store ``data`` as content ``sha`` unless it is there; ``made``: directories known to
-        exist (a snapshot's thousands of contents share 256 of them: one mkdir each)."""
-        dest = self.object_path(sha)
-        if dest.is_file():
+    def _keep(self, sha: str, data: bytes, made: set[str] | None = None) -> bool:
+        """Store ``data`` as content ``sha`` unless it is there (written whole under a name of
+        its own, then renamed: never seen half-written); ``made``: directories known to exist (a
+        snapshot's thousands of contents share 256 of them: one mkdir each)."""
+        parent = os.path.join(self.root, "objects", sha[:2])
+        dest = os.path.join(parent, sha)
+        if os.path.isfile(dest):
             return False
-        if made is None or dest.parent not in made:
-            dest.parent.mkdir(parents=True, exist_ok=True)
+        if made is None or parent not in made:
+            os.makedirs(parent, exist_ok=True)
             if made is not None:
-                made.add(dest.parent)
-        tmp = dest.with_name(f"{sha}.tmp{os.getpid()}.{threading.get_ident()}")
-        tmp.write_bytes(data)
+                made.add(parent)
+        tmp = f"{dest}.tmp{os.getpid()}.{threading.get_ident()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
+        try:
+            with open(fd, "wb", closefd=True) as f:
+                f.write(data)
+        except BaseException:
+            os.unlink(tmp)
+            raise
         os.replace(tmp, dest)
         return True
 
@@ -186,12 +295,8 @@ class CodeStore:
 
     def missing(self, blobs: list[Any]) -> list[str]:
         """Which of ``blobs`` (``[sha256, size]``) this store lacks (or holds at another size)."""
-        out = []
-        for sha, size in blobs:
-            p = self.object_path(str(sha))
-            if not p.is_file() or p.stat().st_size != size:
-                out.append(str(sha))
-        return out
+        self._load_packs()
+        return [str(sha) for sha, size in blobs if self._size(str(sha)) != size]
 
     def put(self, items: list[Any]) -> dict[str, int]:
         """Keep contents sent as a host's agent takes them (``code_put`` items), each checked
@@ -259,7 +364,38 @@ class CodeStore:
                 if len(obj.name) == 64 and obj.name not in used:
                     obj.unlink(missing_ok=True)
                     gone += 1
-            return gone
+            return gone + self._prune_packs(used)
+
+    def _prune_packs(self, used: set[str]) -> int:
+        """Remove the packs none of whose contents ``used`` names (a pack some snapshot still
+        uses stays whole), and packs a snapshot that broke off left without an index."""
+        pdir = self.root / "packs"
+        gone = 0
+        try:
+            names = os.listdir(pdir)
+        except FileNotFoundError:
+            return 0
+        for name in names:
+            path = pdir / name
+            if name.endswith(".json"):
+                try:
+                    index = json.loads(path.read_text())
+                except (OSError, ValueError):
+                    continue
+                if any(sha in used for sha in index):
+                    continue
+                path.unlink(missing_ok=True)
+                (pdir / (name[:-5] + ".pack")).unlink(missing_ok=True)
+                self._packed.clear()  # read again when next asked: a content may lie in two packs
+                self._indexes.clear()
+                gone += len(index)
+            elif not (pdir / f"{name.split('.')[0]}.json").exists():
+                try:
+                    if time.time() - path.stat().st_mtime > PACK_STALE_S:
+                        path.unlink()
+                except OSError:
+                    pass
+        return gone
 
     def _stat_cache(self) -> dict[str, list[Any]]:
         """What each file's stat was when it was last read, and its hash, as git's index keeps
@@ -289,6 +425,61 @@ class CodeStore:
         except OSError:
             pass  # only a cache
 
+    def _take(self, files: list[tuple[str, Path, int, bool, os.stat_result]], cache: dict[str, list[Any]],
+              where: str) -> tuple[list[FileEntry], dict[str, list[Any]], int, int]:
+        """Each file's entry, with what the stat cache will say of it, how many contents were
+        new and how many files were read: an unchanged file from the cache, the others read,
+        hashed and kept (in one pack when there are PACK_MIN or more to read)."""
+        hits: dict[str, str] = {}
+        for _rel, full, _size, _exe, st in files:
+            hit = cache.get(str(full))
+            if hit is not None and hit[:4] == [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev] and self.has(hit[4]):
+                hits[str(full)] = hit[4]  # unchanged since it was last read (see _stat_cache)
+        self._load_packs()
+        pack = _StorePack(self.root) if len(files) - len(hits) >= PACK_MIN else None
+        entries, seen, fresh = [], {}, {}
+        new = fresh_bytes = 0
+        made: set[str] = set()
+        try:
+            for rel, full, _size, exe, st in files:
+                key = str(full)
+                stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
+                sha = hits.get(key, "")
+                if sha:
+                    size = st.st_size
+                else:
+                    try:
+                        with open(key, "rb") as f:
+                            data = f.read()
+                    except OSError as e:
+                        raise CodeSyncError(f"{where}: cannot read {full}: {e.strerror or e}") from None
+                    sha, size = hashlib.sha256(data).hexdigest(), len(data)
+                    if (sha in self._packed and self.has(sha)) or (pack is not None and sha in pack.index):
+                        pass  # kept already (has(): its pack is still there)
+                    elif pack is None:
+                        new += self._keep(sha, data, made)
+                    elif not self.object_path(sha).is_file():
+                        pack.add(sha, data)
+                        new += 1
+                    if fresh_bytes + size <= FRESH_BYTES:
+                        fresh[sha] = data
+                        fresh_bytes += size
+                    if size != st.st_size:
+                        stamp = []  # changed while read: not to be trusted next time
+                seen[key] = [*stamp, sha] if stamp else []
+                entries.append(FileEntry(rel, sha, size, exe))
+            where_packed = pack.close() if pack is not None else None
+        except BaseException:
+            if pack is not None:
+                pack.abort()
+            raise
+        with self._lock:
+            self._fresh = fresh  # the previous snapshot's are dropped: memory stays bounded
+            if pack is not None and where_packed is not None:
+                self._packed.update({sha: (where_packed, at[0], at[1]) for sha, at in pack.index.items()})
+                self._indexes.add(pack.name + ".json")
+        return entries, seen, new, len(files) - len(hits)
+
     def snapshot(self, code: CodeSpec, where: str = "[code] sync") -> tuple[CodeSpec, dict[str, Any]]:
         """Take the snapshot of ``code.sync``: returns the spec with ``tree``/``files``/``size``
         set, and what was done (files, bytes, new contents, how the list was made)."""
@@ -297,31 +488,9 @@ class CodeStore:
             raise CodeSyncError(f"{where}: {root} is not a directory")
         files, how = list_files(root)
         check_limits(len(files), sum(f[2] for f in files), code, f"{where} ({root})")
-        entries = []
-        new = 0
-        read = 0
         cache = self._stat_cache()
         started = time.time()
-        seen: dict[str, list[Any]] = {}
-        made: set[Path] = set()
-        for rel, full, _size, exe, st in files:
-            key = str(full)
-            stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
-            hit = cache.get(key)
-            if hit is not None and hit[:4] == stamp and self.has(hit[4]):
-                sha, size = hit[4], st.st_size  # unchanged since it was last read (see _stat_cache)
-            else:
-                try:
-                    data = full.read_bytes()
-                except OSError as e:
-                    raise CodeSyncError(f"{where}: cannot read {full}: {e.strerror or e}") from None
-                sha, size = hashlib.sha256(data).hexdigest(), len(data)
-                new += self._keep(sha, data, made)
-                read += 1
-                if size != st.st_size:
-                    stamp = []  # changed while read: not to be trusted next time
-            seen[key] = [*stamp, sha] if stamp else []
-            entries.append(FileEntry(rel, sha, size, exe))
+        entries, seen, new, read = self._take(files, cache, where)
         self._save_stat_cache(cache, seen, started)
         manifest = Manifest(tuple(sorted(entries, key=lambda e: e.path)))
         check_limits(len(entries), manifest.size, code, f"{where} ({root})")  # grown while read
@@ -394,6 +563,9 @@ class Payloads:
             return got
 
     def _checked(self, sha: str) -> bytes:
+        data = self.store.fresh(sha)
+        if data is not None and len(data) == self.sizes[sha]:
+            return data  # hashed as the snapshot read it (CodeStore.fresh)
         data = self.store.read(sha)
         if len(data) != self.sizes[sha] or hashlib.sha256(data).hexdigest() != sha:
             raise CodeSyncError(f"the controller's stored content {sha[:12]} is damaged ({self.store.root})")
@@ -432,11 +604,13 @@ def _packs(payloads: Payloads, missing: list[str],
     parts: list[bytes] = [host_code.PACK_MAGIC]
     files = content = wire = 0
     zipped = compress()
+    limit = min(PACK_FIRST_BYTES, PACK_BYTES)  # small first: the host starts taking in sooner
     for i, sha in enumerate(missing):
         rec, size, payload = payloads.record(sha, zipped)
-        if files and wire + payload > PACK_BYTES:
+        if files and wire + payload > limit:
             yield b"".join(parts), files, content, wire
             parts, files, content, wire = [host_code.PACK_MAGIC], 0, 0, 0
+            limit = min(limit * 2, PACK_BYTES)
             if compress() != zipped:
                 zipped = not zipped
                 if zipped:
@@ -455,14 +629,25 @@ class _LinkRate:
     1 makes about 70 MB/s of text on one core and halves it, so below about COMPRESS_BELOW_BPS
     the link is the slower part and compression saves time; above it (a fast LAN, the test
     bed's links on one machine) it only costs CPU at both ends (measured: bench/sync.py). The
-    first pack goes as it is, and says."""
+    first pack goes as it is, and says.
+
+    A slow pack counts only when this process was mostly waiting meanwhile (its CPU under
+    COMPRESS_IDLE_SHARE of a core): a link that is the limit leaves the sender idle (a few ms
+    of CPU per MB sent, about a tenth of a core at 32 MB/s), while a sender short of CPU (the
+    other hosts' packs, the snapshot, a machine shared with the hosts as the test bed's is)
+    writes slowly on any link, and zlib would only add to its work and the hosts'. Measured
+    on the bed: packs at 12-33 MB/s with this process at 0.28-0.79 of a core, and compression
+    then cost the whole sync time."""
 
     def __init__(self) -> None:
         self.slow = False
 
-    def saw(self, nbytes: int, seconds: float) -> None:
+    def saw(self, nbytes: int, seconds: float, cpu_seconds: float = 0.0) -> None:
+        """One pack of ``nbytes`` written in ``seconds``, this process using ``cpu_seconds``
+        of CPU (all its threads) meanwhile."""
         if nbytes >= COMPRESS_JUDGE_BYTES:
-            self.slow = nbytes / max(seconds, 1e-6) < COMPRESS_BELOW_BPS
+            seconds = max(seconds, 1e-6)
+            self.slow = nbytes / seconds < COMPRESS_BELOW_BPS and cpu_seconds / seconds < COMPRESS_IDLE_SHARE
 
 
 def _pieces(payloads: Payloads, missing: list[str]) -> Iterator[tuple[list[list[Any]], int, int, int]]:
@@ -540,9 +725,9 @@ def _send_packs(agent: Any, write: Callable[[bytes, str], None], incoming: str,
                 if stop.is_set():
                     return
                 name = secrets.token_hex(16) + ".pack"
-                began = time.monotonic()
+                began, cpu = time.monotonic(), time.process_time()
                 write(data, f"{incoming}/{name}")
-                rate.saw(len(data), time.monotonic() - began)
+                rate.saw(len(data), time.monotonic() - began, time.process_time() - cpu)
                 ready.put((name, files, content, wire))
             ready.put(None)
         except BaseException as e:  # raised again by the taker below

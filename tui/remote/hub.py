@@ -216,6 +216,13 @@ class HubTransport(paramiko.Transport):
         if getattr(_step, "deadline", None) is not None and not self.clear_to_send.is_set():
             self._deferred.append(data)
             return
+        if getattr(_step, "holds_writer", None) is self:
+            # The hub's keepalive, sent while the hub holds the write lock with no key exchange
+            # under way (only a hub thread starts one): no writer can be mid-message, and
+            # taking the clear-to-send lock here would take the locks in the writers' opposite
+            # order.
+            self._send_message(data)
+            return
         super()._send_user_message(data)
 
     def hub_flush(self) -> None:
@@ -287,16 +294,25 @@ class HubTransport(paramiko.Transport):
     def hub_tick(self) -> None:
         """What paramiko's thread did when a second passed with nothing to read. Skipped while
         another thread is writing (it holds the packetizer's write lock), so that a host that
-        stopped reading holds that writer only, never the hub."""
+        stopped reading holds that writer only, never the hub: the keepalive is sent holding
+        that lock, taken only if free, so no writer can take it between a look and the send."""
         packetizer = self.packetizer
         if packetizer.handshake_timed_out():
             raise EOFError("the SSH handshake did not finish in time")
-        if not self.clear_to_send.is_set() or not _free(packetizer._Packetizer__write_lock):  # type: ignore[attr-defined]
+        lock = packetizer._Packetizer__write_lock  # type: ignore[attr-defined]
+        if not self.clear_to_send.is_set() or not _free(lock):
             return  # a key exchange, or a writer, is under way: a keepalive would wait for it
         if packetizer.need_rekey() and not self.in_kex:
             self._send_kex_init()
         self.hub_flush()
-        packetizer._check_keepalive()
+        if not self.clear_to_send.is_set() or not lock.acquire(blocking=False):
+            return  # the key exchange just started, or a writer came in: the next tick
+        _step.holds_writer = self
+        try:
+            packetizer._check_keepalive()
+        finally:
+            _step.holds_writer = None
+            lock.release()
 
     def hub_end(self, error: BaseException | None) -> None:
         """What paramiko's thread does when its loop ends: record why, wake every waiter (the

@@ -313,6 +313,9 @@ class ApplyStats:
         return bool(self.added or self.removed or self.cells or self.reordered)
 
 
+ADD_AT_ONCE = 200  # new rows added in one frame (beyond those in view); more in the next ones
+
+
 class DiffTable(DataTable[RenderableType]):
     """Subclasses give ``render_cell(column_key, raw, palette)``."""
 
@@ -365,6 +368,7 @@ class DiffTable(DataTable[RenderableType]):
         self._src: dict[str, Any] = {}  # key -> the source its row comes from (apply_sources)
         self._source_of: Callable[[str], Any] | None = None  # key -> its row's source now
         self._raw_src: dict[str, Any] = {}  # key -> the source its raw values were made from
+        self._applied = 0  # applies so far: rows left for later are added only if none came since
         self._make_raw: Callable[[Any], tuple[Any, ...]] | None = None
         self._strips: dict[int, tuple[Any, Any, Strip]] = {}
         self._row_keys: dict[str, RowKey] = {}
@@ -683,6 +687,7 @@ class DiffTable(DataTable[RenderableType]):
 
     def clear(self, columns: bool = False) -> DiffTable:
         self._order_changed()
+        self._applied += 1  # rows left for later: not any more
         super().clear(columns)
         return self
 
@@ -870,6 +875,7 @@ class DiffTable(DataTable[RenderableType]):
         # Which rows go and which come are set operations, and the order a list comparison: a
         # tick over thousands of rows walks them in C; Python code runs per row in the window
         # and per row added or removed.
+        self._applied += 1
         stats = ApplyStats()
         wanted_set = set(wanted)
         cursor_key = self.cursor_key
@@ -878,21 +884,21 @@ class DiffTable(DataTable[RenderableType]):
             self._remove_rows(stale)
             stats.removed = len(stale)
         new = wanted_set - self._raw.keys()
+        later: set[str] = set()
         if new:
-            self._add_rows([key for key in wanted if key in new], raw_of, source_of)
-            stats.added = len(new)
-        if self._order != wanted:
-            self._set_order(wanted)
+            adding = [key for key in wanted if key in new]
+            if len(adding) > ADD_AT_ONCE:
+                adding, later = self._rows_now(wanted, new, self._window(margin))
+            self._add_rows(adding, raw_of, source_of)
+            stats.added = len(adding)
+        shown = [k for k in wanted if k not in later] if later else wanted
+        if self._order != shown:
+            self._set_order(shown)
             stats.reordered = True
-        # The cursor follows its row first (DataTable scrolls it into view), so that the rows
-        # diffed now are the ones the next frame shows, not those shown before the move.
-        if cursor_key is not None and (stats.removed or stats.reordered) and cursor_key in wanted_set:
-            self.move_cursor(row=wanted.index(cursor_key), animate=False, scroll=False)
-        elif stats.removed:
-            self.cursor_coordinate = self.cursor_coordinate  # clamps to the rows left
-        lo, hi = (0, len(wanted)) if whole else self._window(margin)
-        for i in range(max(0, lo), min(len(wanted), hi)):
-            key = wanted[i]
+        self._follow_cursor(stats, cursor_key, shown)
+        lo, hi = (0, len(shown)) if whole else self._window(margin)
+        for i in range(max(0, lo), min(len(shown), hi)):
+            key = shown[i]
             if key not in new:
                 stats.cells += self._update_row(key, raw_of(key), source_of(key))
         if stats.changed:
@@ -901,7 +907,45 @@ class DiffTable(DataTable[RenderableType]):
                 self.refresh(layout=True)
             else:
                 self.refresh()
+        if later:
+            self.call_after_refresh(self._add_later, self._applied, wanted, raw_of, source_of)
         return stats
+
+    def _rows_now(
+        self, wanted: list[str], new: set[str], window: tuple[int, int] | None
+    ) -> tuple[list[str], set[str]]:
+        """Of many new rows (a filter letting hundreds back in), those to add now: every one
+        down to the bottom of the window (so the rows in view are all there, in place) and
+        others up to ``ADD_AT_ONCE``; the rest are added over the next frames."""
+        bottom = (window or self._window(None))[1]
+        now = [key for key in wanted[: max(0, bottom)] if key in new]
+        for key in wanted[max(0, bottom):]:
+            if len(now) >= ADD_AT_ONCE:
+                break
+            if key in new:
+                now.append(key)
+        return now, new.difference(now)
+
+    def _add_later(
+        self,
+        applied: int,
+        wanted: list[str],
+        raw_of: Callable[[str], tuple[Any, ...]],
+        source_of: Callable[[str], Any],
+    ) -> None:
+        """The rows ``_apply`` left for later (the next ``ADD_AT_ONCE``), unless the table
+        was applied (or cleared) since: that apply saw them missing and took them on."""
+        if applied == self._applied and self.is_attached:
+            self._apply(wanted, raw_of, source_of)
+
+    def _follow_cursor(self, stats: ApplyStats, cursor_key: str | None, shown: list[str]) -> None:
+        """The cursor follows its row to where the new order put it, before the rows in view are
+        diffed (DataTable scrolls it into view): the rows diffed are those the next frame shows,
+        not those shown before the move."""
+        if cursor_key is not None and (stats.removed or stats.reordered) and cursor_key in self._raw:
+            self.move_cursor(row=shown.index(cursor_key), animate=False, scroll=False)
+        elif stats.removed:
+            self.cursor_coordinate = self.cursor_coordinate  # clamps to the rows left
 
     def _add_rows(
         self,
