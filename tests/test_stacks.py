@@ -1,11 +1,14 @@
 """agent.stacks and agent/rankboot: a live rank's Python stacks, taken without stopping it."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from agent import stacks
 
@@ -141,10 +144,12 @@ def test_a_real_agent_takes_a_running_jobs_stacks_and_reports_a_simulated_fault(
         a.shutdown(force=True)
 
 
-def test_job_status_carries_the_hosts_failing_gpus_while_the_job_runs(tmp_path: Path) -> None:
-    import json
-
-    from agent.gpuhealth import SIM_FAULTS_FILE
+@contextlib.contextmanager
+def _job_on_a_local_host(tmp_path: Path, prefix: str,
+                         stream_hz: float | None = None) -> Iterator[tuple[Any, str, Path]]:
+    """A ``sleep 60`` job on GPU 0 of a local host with 2 simulated GPUs (the daemon's state
+    under ``tmp_path``): its agent, job id and state directory; ``stream_hz``: a telemetry stream
+    subscribed first. The job is stopped and the daemon shut down after."""
     from tui.control.controller import Controller
     from tui.model.inventory import HostSpec, Inventory
     from tui.remote.bundle import build_agent
@@ -156,26 +161,38 @@ def test_job_status_carries_the_hosts_failing_gpus_while_the_job_runs(tmp_path: 
     with Controller(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
                     bundle_factory=lambda: bundle) as ctl:
         a = ctl.agent("here")
-        job_id = f"health-{int(time.time())}"
+        if stream_hz is not None:
+            a.subscribe(rate_hz=stream_hz)
+        job_id = f"{prefix}-{int(time.time())}"
         node = {"host": "here", "address": "127.0.0.1", "slots": 1, "gpus": [0]}
         a.job_start(plan={"job_id": job_id, "launcher": "direct", "nodes": [node], "node_index": 0,
                           "master_addr": "127.0.0.1", "master_port": a.probe_port(addr="127.0.0.1"),
                           "workdir": str(tmp_path), "command": ["sleep", "60"]})
         try:
-            assert a.job_status(job_id=job_id).get("gpu_health") == []
-            (state / SIM_FAULTS_FILE).write_text(json.dumps({"0": {"xid": 79}, "1": {"throttle": "hw_thermal"}}))
-            time.sleep(2.2)  # the answer is at most 2 s old
-            assert a.job_status(job_id=job_id).get("gpu_health") == [
-                {"index": 0, "health": "unhealthy", "reason": "XID 79: GPU has fallen off the bus", "simulated": True},
-                {"index": 1, "health": "warn", "reason": "throttled: hardware thermal slowdown", "simulated": True}]
+            yield a, job_id, state
         finally:
             a.job_stop(job_id=job_id, grace_s=1.0)
+            a.shutdown(force=True)
+
+
+def test_job_status_carries_the_hosts_failing_gpus_while_the_job_runs(tmp_path: Path) -> None:
+    import json
+
+    from agent.gpuhealth import SIM_FAULTS_FILE
+
+    with _job_on_a_local_host(tmp_path, "health") as (a, job_id, state):
+        assert a.job_status(job_id=job_id).get("gpu_health") == []
+        (state / SIM_FAULTS_FILE).write_text(json.dumps({"0": {"xid": 79}, "1": {"throttle": "hw_thermal"}}))
+        time.sleep(2.2)  # the answer is at most 2 s old
+        assert a.job_status(job_id=job_id).get("gpu_health") == [
+            {"index": 0, "health": "unhealthy", "reason": "XID 79: GPU has fallen off the bus", "simulated": True},
+            {"index": 1, "health": "warn", "reason": "throttled: hardware thermal slowdown", "simulated": True}]
+        a.job_stop(job_id=job_id, grace_s=1.0)
         deadline = time.monotonic() + 20
         while (st := a.job_status(job_id=job_id)).get("state") not in ("stopped", "failed", "succeeded"):
             assert time.monotonic() < deadline, st
             time.sleep(0.2)
         assert "gpu_health" not in st  # an ended job: nothing to watch
-        a.shutdown(force=True)
 
 
 def test_a_fresh_health_answer_is_taken_now_even_while_a_stream_runs(tmp_path: Path) -> None:
@@ -184,28 +201,10 @@ def test_a_fresh_health_answer_is_taken_now_even_while_a_stream_runs(tmp_path: P
     import json
 
     from agent.gpuhealth import SIM_FAULTS_FILE
-    from tui.control.controller import Controller
-    from tui.model.inventory import HostSpec, Inventory
-    from tui.remote.bundle import build_agent
 
-    state = tmp_path / "state"
-    spec = HostSpec(name="here", address="localhost", transport="local", python=sys.executable,
-                    state_dir=str(state), sim_gpus=2)
-    bundle = build_agent(tmp_path / "cache")
-    with Controller(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
-                    bundle_factory=lambda: bundle) as ctl:
-        a = ctl.agent("here")
-        a.subscribe(rate_hz=1 / 60)  # a stream whose samples stay a minute old
-        job_id = f"fresh-{int(time.time())}"
-        node = {"host": "here", "address": "127.0.0.1", "slots": 1, "gpus": [0]}
-        a.job_start(plan={"job_id": job_id, "launcher": "direct", "nodes": [node], "node_index": 0,
-                          "master_addr": "127.0.0.1", "master_port": a.probe_port(addr="127.0.0.1"),
-                          "workdir": str(tmp_path), "command": ["sleep", "60"]})
-        try:
-            assert a.job_status(job_id=job_id, fresh_health=True).get("gpu_health") == []
-            (state / SIM_FAULTS_FILE).write_text(json.dumps({"0": {"xid": 79}}))
-            assert a.job_status(job_id=job_id, fresh_health=True).get("gpu_health") == [
-                {"index": 0, "health": "unhealthy", "reason": "XID 79: GPU has fallen off the bus", "simulated": True}]
-        finally:
-            a.job_stop(job_id=job_id, grace_s=1.0)
-            a.shutdown(force=True)
+    # a stream whose samples stay a minute old
+    with _job_on_a_local_host(tmp_path, "fresh", stream_hz=1 / 60) as (a, job_id, state):
+        assert a.job_status(job_id=job_id, fresh_health=True).get("gpu_health") == []
+        (state / SIM_FAULTS_FILE).write_text(json.dumps({"0": {"xid": 79}}))
+        assert a.job_status(job_id=job_id, fresh_health=True).get("gpu_health") == [
+            {"index": 0, "health": "unhealthy", "reason": "XID 79: GPU has fallen off the bus", "simulated": True}]
