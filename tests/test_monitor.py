@@ -133,10 +133,12 @@ def test_daemon_survives_killed_ssh_sessions_and_controller(monitored: tuple[Tes
     def daemon_alive() -> bool:
         return bed.exec(1, ["kill", "-0", str(pid)]).returncode == 0
 
-    attaches = netns_pids(bed, 1, " attach ")
-    assert attaches, "the controller's attach process should be running on h1"
-    for p in attaches:
-        os.kill(p, signal.SIGKILL)  # the SSH session's process dies hard
+    # Every SSH session to h1 (sshd's process for each connection, not its listener) dies hard:
+    # the telemetry stream's, which goes to the daemon's socket, and any attach with them.
+    sessions = [p for p in netns_pids(bed, 1, "sshd: ") if p != bed.hosts[0].sshd_pid]
+    assert sessions, "the controller's SSH sessions should be open on h1"
+    for p in sessions:
+        os.kill(p, signal.SIGKILL)
     time.sleep(0.5)
     assert daemon_alive()
     wait_until(lambda: mon.state.get("h1").samples > 0 and mon.state.get("h1").status == HostStatus.UP, 30,
