@@ -82,6 +82,7 @@ class Healer:
     answered: dict[tuple[str, str], float] = field(default_factory=dict)  # (job, host) -> its last answer
     bad: dict[str, list[float]] = field(default_factory=dict)  # job -> steps seen with every loss bad
     seen_steps: dict[str, float] = field(default_factory=dict)  # job -> the newest step the guard read
+    good_steps: dict[str, float] = field(default_factory=dict)  # job -> the newest step read with a good loss
     pending: dict[str, _Pending] = field(default_factory=dict)
     drains: list[Drain] = field(default_factory=list)
     drains_read: float = 0.0
@@ -168,9 +169,14 @@ class Healer:
             run.append(step)
         else:
             run.clear()
+            self.good_steps[job_id] = step
         if len(run) < NAN_RUN:
             return None
-        first = run[0]
+        # The first bad step is after the last good one this guard read, and at or before the
+        # first bad one it read: a slow look can miss steps between them, and a checkpoint
+        # saved there may hold the NaN. The restart resumes before the step after the last good.
+        good = self.good_steps.get(job_id)
+        first = run[0] if good is None else min(run[0], good + 1)
         run.clear()
         return Fault("nan", f"loss is NaN or inf at every reporting rank since step {first:g}", last_step=first,
                      restart=spec.on_nan == "restart")
@@ -197,6 +203,7 @@ class Healer:
         self.answered = {k: v for k, v in self.answered.items() if k[0] != job_id}
         self.bad.pop(job_id, None)
         self.seen_steps.pop(job_id, None)
+        self.good_steps.pop(job_id, None)
         return seq
 
     def _resumed(self, job_id: str, attempt: int, first_step: float | None, now: float) -> None:
@@ -213,6 +220,7 @@ class Healer:
         self.pending.pop(job_id, None)
         self.bad.pop(job_id, None)
         self.seen_steps.pop(job_id, None)
+        self.good_steps.pop(job_id, None)
         self.unreachable = {k: v for k, v in self.unreachable.items() if k[0] != job_id}
         self.answered = {k: v for k, v in self.answered.items() if k[0] != job_id}
 
