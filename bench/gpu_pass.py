@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +35,8 @@ RESULTS = ROOT / "bench" / "results"
 PY = sys.executable
 LOAD_MB = 6000  # what the tagged stand-in for a rank holds on GPU 0
 DDP_STEPS = 2000
+# Rounds of the ddp step (each: both launchers, by hand and by rigdeck, taking turns).
+DDP_ROUNDS = int(os.environ.get("RIGDECK_GPU_PASS_ROUNDS", "2"))
 
 
 def fail(msg: str, code: int = 1) -> None:
@@ -187,11 +190,15 @@ def _by_hand(launcher: str, work: Path) -> dict[str, Any]:
 
 def step_ddp() -> None:
     """The ddp example, NCCL on GPU 0, 2000 steps: rigdeck with each launcher and the same
-    script by hand (python, torchrun), taking turns, twice."""
+    script by hand (python, torchrun), taking turns, ``DDP_ROUNDS`` times (after one untimed
+    run by hand: the first CUDA and NCCL start on a fresh machine is slower). Each cell's median
+    and rigdeck's ratio to by hand are printed and kept."""
     meta = run_meta()
     work = Path(tempfile.mkdtemp(prefix="rigdeck-gpu-pass-"))
+    warm = _by_hand("direct", work)
+    print(f"  warm-up  direct    rc {warm['rc']} train {warm['train_s']} s (not counted)", flush=True)
     runs = []
-    for _ in range(2):
+    for _ in range(DDP_ROUNDS):
         for launcher in ("direct", "torchrun"):
             for how, fn in (("by hand", _by_hand), ("rigdeck", _rigdeck_run)):
                 r = {"how": how, **fn(launcher, work)}
@@ -201,7 +208,21 @@ def step_ddp() -> None:
     shutil.rmtree(work, ignore_errors=True)
     problems = [f"{r['how']} {r['launcher']}: rc {r['rc']}" for r in runs
                 if r["rc"] != 0 or r["train_s"] is None]
-    save("ddp", {"steps": DDP_STEPS, "runs": runs, "problems": problems}, meta)
+    medians: dict[str, dict[str, float]] = {}
+    for launcher in ("direct", "torchrun"):
+        cell = {}
+        for how in ("by hand", "rigdeck"):
+            times = sorted(r["train_s"] for r in runs
+                           if r["how"] == how and r["launcher"] == launcher and r["train_s"] is not None)
+            if times:
+                cell[how] = statistics.median(times)
+        if len(cell) == 2:
+            cell["ratio"] = cell["rigdeck"] / cell["by hand"]
+            print(f"  {launcher:<9} median training s: by hand {cell['by hand']:.2f}, rigdeck "
+                  f"{cell['rigdeck']:.2f}: {cell['ratio']:.3f}x ({DDP_ROUNDS} rounds)", flush=True)
+        medians[launcher] = cell
+    save("ddp", {"steps": DDP_STEPS, "rounds": DDP_ROUNDS, "warm_up": warm, "runs": runs,
+                 "medians": medians, "problems": problems}, meta)
     if problems:
         fail("; ".join(problems))
 

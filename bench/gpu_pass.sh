@@ -30,7 +30,10 @@ for step in $steps; do
       else
         failed+=(telemetry)
       fi ;;
-    collector|ddp|pipeline|screens)
+    ddp)
+      # about 100 s a round (RIGDECK_GPU_PASS_ROUNDS, 2 by default) and one warm-up run
+      timeout $(( 60 + 110 * ${RIGDECK_GPU_PASS_ROUNDS:-2} )) "$PY" bench/gpu_pass.py ddp || failed+=(ddp) ;;
+    collector|pipeline|screens)
       timeout 400 "$PY" bench/gpu_pass.py "$step" || failed+=("$step") ;;
     *) echo "gpu_pass: unknown step $step (telemetry collector ddp pipeline screens)" >&2; exit 2 ;;
   esac
