@@ -319,6 +319,29 @@ async def test_diff_table_diffs_the_rows_in_view_once_the_cursor_followed_its_ro
         await pilot.pause()
 
 
+async def test_diff_table_keeps_drawn_lines_only_for_rows_near_the_view() -> None:
+    """Scrolled through 600 rows, the table keeps its drawn lines and rows for about three
+    screens around the view, not one for every row ever drawn (long-lived objects the
+    collector's full passes would walk); rows scrolled back into view are drawn as before."""
+    app = _TableApp()
+    async with app.run_test(size=(60, 20)) as pilot:
+        t = app.query_one(DiffTable)
+        t.apply([(f"r{i}", (f"r{i}", i, "x")) for i in range(600)])
+        await pilot.pause()
+        height = t.size.height
+        for row in range(0, 600, height // 2):
+            t.move_cursor(row=row)
+            await pilot.pause()
+        assert t.scroll_y > 500
+        assert 0 < len(t._strips) <= 3 * height + 4
+        assert 0 < len(t._rows_rendered) <= 3 * height + 4
+        assert min(t._strips) > 400 and "r0" not in t._rows_rendered  # the first screens forgotten
+        t.move_cursor(row=0)
+        await pilot.pause()
+        assert t.scroll_y == 0 and t.cell_text("r3", "v") == "3"
+        assert "r3" in app.export_screenshot()  # drawn again when back in view
+
+
 async def test_diff_table_adds_many_new_rows_those_in_view_first_then_the_rest_frame_by_frame() -> None:
     """A filter letting many rows back in: the rows in view (and more, up to ``ADD_AT_ONCE``)
     are there, in place, when ``apply`` returns; the others come over the next frames, in the
@@ -835,6 +858,66 @@ def test_a_strip_divided_whole_is_not_kept_in_itself() -> None:
     assert stripcycle._divide(Strip(list(strip)), [2, 5, 7]) == parts
 
 
+def test_an_lru_cache_cleared_or_discarded_frees_its_entries_without_the_collector() -> None:
+    """Textual's ``LRUCache`` keeps entries in a ring; the app's ``clear`` and ``discard`` cut
+    it (tui/app/cycles.py), so what was cached goes by reference count, not a collector pass;
+    the cache works as before."""
+    import gc
+    import weakref
+
+    from textual.cache import LRUCache
+
+    from tui.app import cycles
+
+    class Value:
+        pass
+
+    cycles.install()
+    gc.disable()
+    try:
+        cache: LRUCache[int, Value] = LRUCache(3)
+        values = [Value() for _ in range(5)]
+        for i, v in enumerate(values):
+            cache[i] = v
+        assert cache.get(1) is None and cache.get(4) is values[4] and cache.get(2) is values[2]
+        refs = [weakref.ref(v) for v in values]
+        del values, v
+        cache.clear()
+        assert not cache and all(r() is None for r in refs)  # freed by reference count alone
+        one = Value()
+        ref = weakref.ref(one)
+        cache[7] = one
+        del one
+        cache.discard(7)  # the ring's only entry linked to itself
+        assert ref() is None and 7 not in cache
+        cache[8] = Value()
+        cache[9] = Value()
+        cache.discard(8)
+        assert cache.get(9) is not None and cache.get(8) is None
+    finally:
+        gc.enable()
+
+
+def test_a_strip_crop_extended_whole_is_not_kept_in_itself() -> None:
+    """``Strip.crop_extend`` over the whole strip gives the strip itself without keeping it in
+    its own cache; a crop or an extension is Textual's, cached as before."""
+    import gc
+
+    from rich.segment import Segment
+    from textual.strip import Strip
+
+    from tui.app import stripcycle
+
+    stripcycle.install()
+    strip = Strip([Segment("abc"), Segment("defg", Style(bold=True))])
+    assert strip.crop_extend(0, 7, None) is strip
+    assert not gc.get_referrers(strip)  # nothing of its own holds it
+    assert strip.crop_extend(1, 5, None).text == "bcde"
+    assert strip.crop_extend(0, 9, None).text == "abcdefg  "
+    assert strip.crop_extend(1, 5, None) is strip.crop_extend(1, 5, None)  # still cached
+    assert stripcycle._crop_extend(Strip(list(strip)), 0, 7, None).text == "abcdefg"
+
+
 async def test_a_static_keeps_its_size_right_without_a_layout_per_update() -> None:
     """``update_static``: a new text of the same height is shown; one of another height lays
     the widget out again at its new height."""
@@ -891,7 +974,8 @@ def _passes() -> tuple[list[int], Any]:
 
 def test_the_collector_runs_its_passes_between_frames(monkeypatch: pytest.MonkeyPatch) -> None:
     """``between_frames`` runs a young pass once ``YOUNG`` objects were made since the last
-    (nothing before), one over the middle generation after ``MIDDLE`` of them, and a full one
+    (nothing before), one over the middle generation after ``MIDDLE`` of them (then a freeze of
+    what outlived it), and a full one
     (then a freeze) soon after the cluster grew and once a minute after that; the collector
     itself never starts a full pass, and is left as it was after."""
     import gc
@@ -916,8 +1000,11 @@ def test_the_collector_runs_its_passes_between_frames(monkeypatch: pytest.Monkey
         for _ in range(col.MIDDLE - 1):
             gc.collect(0)
         seen.clear()
+        frozen = gc.get_freeze_count()
         tuning.between_frames()
         assert seen == [1]
+        # what outlived the middle pass is frozen with it: no later pass walks it
+        assert gc.get_freeze_count() >= frozen + len(kept) and not gc.get_objects(2)
         tuning.cluster(8)  # hosts came up: a full pass in a moment, not at once
         seen.clear()
         tuning.between_frames()

@@ -129,7 +129,8 @@ class FrameTimer:
             self._gc_start = None
             if self._log is not None:
                 self._write(f"gc{info['generation']} {ms:.1f} ms collected {info['collected']} "
-                            f"counts {gc.get_count()} {threading.current_thread().name}")
+                            f"counts {gc.get_count()} frozen {gc.get_freeze_count()} "
+                            f"{threading.current_thread().name}")
 
 
 class TimedScreen(Screen[None]):

@@ -584,11 +584,32 @@ class DiffTable(DataTable[RenderableType]):
         # DataTable asks for its (costly) rich_style, and the widget's size, scroll position and
         # cursors (reactive attributes, each read costs) for every line; once a frame is enough.
         self._line_style = self.rich_style
-        self._frame_values = self._read_frame_values()
+        self._frame_values = fv = self._read_frame_values()
         try:
             return super().render_lines(crop)
         finally:
             self._frame_values = None
+            self._forget_far_rows(fv.scroll[1], self.size.height)
+
+    def _forget_far_rows(self, top: int, height: int) -> None:
+        """Drop the drawn rows and lines kept for rows more than a screen away from the view.
+
+        They would be drawn again only when scrolled back into view, and by then their values
+        or positions have mostly changed (a sorted view moves every second); kept, a table of
+        thousands of rows ends up holding a line for each, and those long-lived objects are
+        what the collector's full passes walk (``tui/app/collector.py``)."""
+        keep = 3 * height + 2 * MARGIN
+        if len(self._strips) <= keep and len(self._rows_rendered) <= keep:
+            return
+        lo, hi = max(0, top - height), top + 2 * height
+        self._strips = {i: v for i, v in self._strips.items() if lo <= i < hi}
+        near = set()
+        get_key = self._row_locations.get_key
+        for i in range(lo, min(hi, len(self._row_locations))):
+            row_key = get_key(i)
+            if row_key is not None:
+                near.add(row_key.value)
+        self._rows_rendered = {k: v for k, v in self._rows_rendered.items() if k in near}
 
     def render_line(self, y: int) -> Strip:
         fv = self._frame_values
