@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 COLLECT_S = 0.1  # how often the UI thread looks whether a young pass is due
 YOUNG = 5_000  # objects made since the last young pass: time for the next one
-MIDDLE = 10  # young passes: then one over the middle generation too
+MIDDLE = 3  # young passes: then one over the middle generation too (and a freeze)
 FULL_S = 60.0  # between two full passes over what is not frozen
 NET = 100_000  # the collector's own threshold, for a burst between two timer ticks
 NEVER = 2**31 - 1  # the oldest generation is only ever collected here, never automatically
