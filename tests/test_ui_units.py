@@ -858,51 +858,6 @@ def test_a_strip_divided_whole_is_not_kept_in_itself() -> None:
     assert stripcycle._divide(Strip(list(strip)), [2, 5, 7]) == parts
 
 
-def test_strips_make_their_caches_when_first_used_and_do_what_textuals_do() -> None:
-    """With ``stripcache`` installed a new strip holds no cache of its own; each method that
-    caches gives its strip one when first called (a second call gets the cached result), and
-    every method returns what Textual's own strips return."""
-    from rich.segment import Segment
-    from textual.cache import FIFOCache
-    from textual.color import Color
-    from textual.filter import DimFilter
-    from textual.strip import Strip
-
-    from tui.app import stripcache, stripcycle
-
-    segs = [Segment("abc"), Segment("defg", Style(bold=True)), Segment("hi", Style(italic=True))]
-
-    def results(strip: Strip) -> list[Any]:
-        return [
-            [p.text for p in strip.divide([2, 6, 9])],
-            strip.crop(1, 5).text,
-            list(strip.apply_style(Style(underline=True))),
-            list(strip.apply_filter(DimFilter(), Color(0, 0, 0))),
-            strip.adjust_cell_length(12, Style(dim=True)).text,
-            strip.crop_extend(2, 11, None).text,
-            list(strip.apply_offsets(3, 4)),
-        ]
-
-    stripcache.uninstall()
-    textuals = results(Strip(list(segs)))
-    stripcycle.install()  # the app's order: stripcache wraps what stripcycle put there
-    assert stripcache.install()
-    stripcycle.install()  # and a second install keeps the wrapping
-    try:
-        strip = Strip(list(segs))
-        slots = [slot for _, slot, _ in stripcache.CACHED]
-        assert all(getattr(strip, slot) is stripcache.NO_CACHE for slot in slots)
-        cropped = strip.crop(1, 5)
-        assert isinstance(strip._crop_cache, FIFOCache) and strip.crop(1, 5) is cropped
-        assert strip._divide_cache is stripcache.NO_CACHE  # only what was used
-        assert results(strip) == textuals
-        assert all(isinstance(getattr(strip, slot), FIFOCache) for slot in slots)
-        assert results(Strip(list(segs))) == textuals
-    finally:
-        stripcache.uninstall()
-    assert isinstance(Strip([])._crop_cache, FIFOCache)  # Textual's own again
-
-
 def test_an_lru_cache_cleared_or_discarded_frees_its_entries_without_the_collector() -> None:
     """Textual's ``LRUCache`` keeps entries in a ring; the app's ``clear`` and ``discard`` cut
     it (tui/app/cycles.py), so what was cached goes by reference count, not a collector pass;

@@ -32,7 +32,7 @@ from textual.widget import Widget
 from textual.widgets import Footer, Header, Static, TabbedContent
 from textual.worker import Worker, WorkerState
 
-from tui.app import cycles, stripcache, stripcycle
+from tui.app import cycles, stripcycle
 from tui.app.collector import COLLECT_S, CollectorTuning
 from tui.app.frametimer import ENV as FRAME_TIMER_ENV
 from tui.app.frametimer import LOG_ENV as FRAME_LOG_ENV
@@ -192,7 +192,6 @@ class RigdeckApp(App[None]):
                 self.set_interval(v.POLL_S, v.poll, name=v.ID)
         stripcycle.install()  # lines drawn are freed when dropped, not by the collector
         cycles.install()  # so are layouts and replaced component styles
-        stripcache.install()  # a strip's caches made when it first needs them (after stripcycle)
         self.collector.start()
         self.set_interval(COLLECT_S, self.collector.between_frames, name="collector")
         if self.show_frames:

@@ -44,12 +44,7 @@ def _crop_extend_uncycled(self: Strip, start: int, end: int, style: Style | None
 def install() -> None:
     """Replace ``Strip.divide`` and ``Strip.crop_extend`` (once; the app does it when it
     starts)."""
-    if not _installed(Strip.divide, _divide_uncycled):
+    if Strip.divide is not _divide_uncycled:
         Strip.divide = _divide_uncycled  # type: ignore[method-assign]
-    if not _installed(Strip.crop_extend, _crop_extend_uncycled):
+    if Strip.crop_extend is not _crop_extend_uncycled:
         Strip.crop_extend = _crop_extend_uncycled  # type: ignore[method-assign]
-
-
-def _installed(method: object, ours: object) -> bool:
-    """``ours`` is the method, or what wraps it (``tui/app/stripcache.py``) calls it."""
-    return method is ours or getattr(method, "__wrapped__", None) is ours
