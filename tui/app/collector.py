@@ -10,11 +10,13 @@ it holds the interpreter) for as long as it walks what it looks at.
   common stall at 128 hosts); one over the middle generation after ``MIDDLE`` of them. The
   automatic threshold stays as a net for a burst the timer cannot keep up with.
 - Once a minute, between frames too, a full pass over what is not frozen, then ``gc.freeze()``
-  of what is left. It is still needed: a widget Textual removes (the footer's keys, each time
-  the bindings change) is a web of cycles, and so is each of its component styles; freezing
-  after every young pass instead (tried) leaked ~500 objects a view switch, 24 MB a minute at a
-  switch every 0.3 s. Textual's cycles that can be broken are (``tui/app/stripcycle.py``,
-  ``tui/app/cycles.py``), so there is less for this pass to find.
+  of what is left. It is still needed: a widget Textual removes is a web of cycles, and so is
+  each of its component styles; freezing after every young pass instead (tried, when Textual's
+  footer still removed and mounted its ~15 keys each time the bindings changed) leaked ~500
+  objects a view switch, 24 MB a minute at a switch every 0.3 s. The footer's keys are now one
+  widget that is drawn again, never remounted (``tui/app/widgets/keybar.py``), and Textual's
+  cycles that can be broken are (``tui/app/stripcycle.py``, ``tui/app/cycles.py``), so there
+  is less for this pass to find.
 - Should memory grow all the same, one pass over everything, frozen included, runs once the
   process has grown by ``GROWTH_MB`` since the last: a stall, but bounded memory.
 """
