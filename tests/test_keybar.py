@@ -180,3 +180,35 @@ async def test_a_view_key_in_the_app_changes_the_bar() -> None:
         await settle(pilot, lambda: "Colour" in bar.text)
         assert "m Colour" in bar.text and "Filter" not in bar.text
         assert app.query_one(KeyBar) is bar and not bar.children
+
+
+async def test_the_key_under_the_mouse_is_highlighted_and_shows_its_tooltip() -> None:
+    app = BarApp()
+    async with app.run_test(size=(80, 8)) as pilot:
+        bar = app.query_one(KeyBar)
+        app.query_one(Left).focus()
+        await settle(pilot, lambda: "Alpha" in bar.text)
+
+        def background(word: str) -> object:
+            content = bar.render()
+            for span in content.spans:
+                if content.plain[span.start:span.end] == word and isinstance(span.style, Style):
+                    return span.style.background
+            raise AssertionError(word)
+
+        plain = background(" Alpha")
+        start, _ = span_of(bar, "a")
+        await pilot.hover(KeyBar, offset=(start + 3, 0))
+        await settle(pilot, lambda: bar.hovered == "a")
+        assert bar.hovered == "a"
+        assert background(" Alpha") != plain and background(" Off") == plain
+
+        start, _ = span_of(bar, "ctrl+p")
+        await pilot.hover(KeyBar, offset=(start, 0))  # the rule left of the palette's key is its own
+        await settle(pilot, lambda: bar.hovered == "ctrl+p")
+        assert bar.tooltip == "Open the command palette"
+        assert background(" Alpha") == plain
+
+        await pilot.hover(KeyBar, offset=(50, 0))  # no key there
+        await settle(pilot, lambda: bar.hovered is None)
+        assert bar.hovered is None and bar.tooltip is None

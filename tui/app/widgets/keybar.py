@@ -11,8 +11,9 @@ when that differs from what it shows, draws it again. Nothing is ever mounted or
 It shows what the compact ``Footer`` shows: each shown binding of the screen's active bindings,
 the first one of each action, as its key and its description (one space between, one space
 after each), a disabled one dimmed, and the command palette's key on the right behind a thin
-rule. Keys that do not fit the width are left off from the last one that fits whole. Binding
-groups (``Binding.Group``) are not drawn as groups: rigdeck has none.
+rule; the key under the mouse is highlighted and shows its tooltip, and a click on it presses it
+(a disabled one rings the bell). Keys that do not fit the width are left off from the last one
+that fits whole. Binding groups (``Binding.Group``) are not drawn as groups: rigdeck has none.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ EDGE = "▏"  # the rule left of the palette's key (a ``vkey`` left border in Te
 
 @dataclass(frozen=True)
 class KeyItem:
-    """One key on the bar: the key to simulate, how it is shown, what it does, whether it works."""
+    """One key on the bar: the key to simulate, how it is shown, what it does, whether it works,
+    and the tooltip shown while the mouse rests on it."""
 
     key: str
     display: str
     description: str
     enabled: bool
+    tooltip: str = ""
 
     @property
     def width(self) -> int:
@@ -68,6 +71,7 @@ class KeyBar(Widget, can_focus=False):
         "keybar--item",
         "keybar--disabled",
         "keybar--edge",
+        "keybar--hover",
     }
     DEFAULT_CSS = """
     KeyBar {
@@ -95,6 +99,9 @@ class KeyBar(Widget, can_focus=False):
         .keybar--edge {
             color: $foreground 20%;
         }
+        .keybar--hover {
+            background: $block-hover-background;
+        }
     }
     """
 
@@ -103,6 +110,7 @@ class KeyBar(Widget, can_focus=False):
         self.items = KeyItems()
         # x ranges drawn last, [start, end) in cells of this widget, with the key each one is
         self.spans: list[tuple[int, int, KeyItem]] = []
+        self.hovered: str | None = None  # the key of the item under the mouse
         self._signal: Signal[Screen] | None = None
 
     # -- bindings -----------------------------------------------------------------------------
@@ -130,15 +138,17 @@ class KeyBar(Widget, can_focus=False):
         app = self.app
         keys: list[KeyItem] = []
         actions: set[str] = set()
-        for _node, binding, enabled, _tooltip in active.values():
+        for _node, binding, enabled, tooltip in active.values():
             if not binding.show or binding.action in actions:
                 continue
             actions.add(binding.action)
-            keys.append(KeyItem(binding.key, app.get_key_display(binding), binding.description, enabled))
+            keys.append(KeyItem(binding.key, app.get_key_display(binding), binding.description, enabled,
+                                tooltip))
         palette = None
         if app.ENABLE_COMMAND_PALETTE and (found := active.get(app.COMMAND_PALETTE_BINDING)):
             _node, binding, enabled, _tooltip = found
-            palette = KeyItem(binding.key, app.get_key_display(binding), binding.description, enabled)
+            palette = KeyItem(binding.key, app.get_key_display(binding), binding.description, enabled,
+                              binding.tooltip or binding.description)
         return KeyItems(tuple(keys), palette)
 
     def update_items(self) -> bool:
@@ -152,10 +162,16 @@ class KeyBar(Widget, can_focus=False):
 
     # -- drawing ------------------------------------------------------------------------------
 
-    def _item_parts(self, item: KeyItem) -> list[tuple[str, Style]]:
+    def _item_look(self, item: KeyItem) -> Style:
         look = self.get_visual_style("keybar--item", partial=True)
+        if item.key == self.hovered:
+            look += self.get_visual_style("keybar--hover", partial=True)
         if not item.enabled:
             look += self.get_visual_style("keybar--disabled", partial=True)
+        return look
+
+    def _item_parts(self, item: KeyItem) -> list[tuple[str, Style]]:
+        look = self._item_look(item)
         key = look + self.get_visual_style("keybar--key", partial=True)
         if not item.description:
             return [(item.display, key)]
@@ -183,10 +199,8 @@ class KeyBar(Widget, can_focus=False):
         if palette is not None:
             start = room
             parts.append(" " * max(0, start - x))
-            edge = self.get_visual_style("keybar--item", partial=True)
-            if not palette.enabled:
-                edge += self.get_visual_style("keybar--disabled", partial=True)
-            parts.append((EDGE, edge + self.get_visual_style("keybar--edge", partial=True)))
+            edge = self._item_look(palette) + self.get_visual_style("keybar--edge", partial=True)
+            parts.append((EDGE, edge))
             parts.extend(self._item_parts(palette))
             spans.append((start, start + 1 + palette.width, palette))
         self.spans = spans
@@ -205,6 +219,21 @@ class KeyBar(Widget, can_focus=False):
         return self.render().plain
 
     # -- mouse --------------------------------------------------------------------------------
+
+    def _hover(self, item: KeyItem | None) -> None:
+        key = None if item is None else item.key
+        if key == self.hovered:
+            return
+        self.hovered = key
+        self.styles.pointer = "default" if item is None else "pointer"
+        self.tooltip = (item.tooltip or None) if item is not None else None
+        self.refresh()
+
+    def on_mouse_move(self, event: events.MouseMove) -> None:
+        self._hover(self.item_at(event.x))
+
+    def on_leave(self, event: events.Leave) -> None:
+        self._hover(None)
 
     def on_mouse_down(self, event: events.MouseDown) -> None:
         item = self.item_at(event.x)
