@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
+from textual.color import Color
 from textual.pilot import Pilot
 from textual.style import Style
 from textual.widget import Widget
@@ -212,3 +213,26 @@ async def test_the_key_under_the_mouse_is_highlighted_and_shows_its_tooltip() ->
         await pilot.hover(KeyBar, offset=(50, 0))  # no key there
         await settle(pilot, lambda: bar.hovered is None)
         assert bar.hovered is None and bar.tooltip is None
+
+
+async def test_a_new_theme_recolours_the_keys() -> None:
+    app = BarApp()
+    async with app.run_test(size=(80, 8)) as pilot:
+        bar = app.query_one(KeyBar)
+        app.query_one(Left).focus()
+        await settle(pilot, lambda: "Alpha" in bar.text)
+
+        def key_colour() -> object:
+            content = bar.render()
+            for span in content.spans:
+                if content.plain[span.start:span.end] == "a" and isinstance(span.style, Style):
+                    return span.style.foreground
+            raise AssertionError("a")
+
+        app.theme = "textual-dark"
+        await pilot.pause(0.1)
+        dark = key_colour()
+        app.theme = "textual-light"
+        await pilot.pause(0.1)
+        assert key_colour() != dark
+        assert key_colour() == Color.parse(app.get_css_variables()["footer-key-foreground"])
