@@ -33,6 +33,7 @@ from tests.testbed import TestBed
 from tui.app.screens.dialogs import TrustHostKey
 from tui.app.screens.onboarding import OnboardingScreen, PassphraseDialog
 from tui.app.shell import RigdeckApp
+from tui.app.widgets.keybar import KeyBar
 from tui.client import (
     InProcessClient,
     forget_passphrases,
@@ -200,9 +201,14 @@ async def test_skipping_onboarding_writes_nothing_and_goes_on_with_this_machine(
         await pilot.press("l", "3")  # the app's keys (launch, views) are off: no cluster yet
         await pilot.pause(0.2)
         assert app.screen is screen
+        bar = screen.query_one(KeyBar).text  # and out of the key bar: the screen's keys are in
+        assert "w Write inventory" in bar and "esc Skip" in bar and "q Quit" in bar
+        assert "Launch" not in bar
         await pilot.press("escape")
         await until(pilot, lambda: not isinstance(app.screen, OnboardingScreen))
         assert not isinstance(app.screen, OnboardingScreen)
+        await until(pilot, lambda: "Launch" in app.screen.query_one(KeyBar).text)
+        assert "l Launch" in app.screen.query_one(KeyBar).text  # the app's keys are back
         assert app.client.inventory.path is None  # this machine alone, as without onboarding
         assert [h.transport for h in app.client.inventory.hosts] == ["local"]
     assert not inventory_file(home).exists()

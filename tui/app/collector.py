@@ -14,11 +14,12 @@ it holds the interpreter) for as long as it walks what it looks at.
   objects there (a filter's new table rows, the lines the tables keep), and the pass took
   40-100 ms. Frozen, an object is never looked at again: when it dies by reference count it
   goes as any other, but if it dies in a cycle nothing finds it. That is safe because the app
-  makes few such cycles: Textual's strips and LRU caches made cycles of what they held
-  (``tui/app/stripcycle.py`` and ``tui/app/cycles.py`` end those). Measured with
-  ``gc.DEBUG_SAVEALL`` over 90 view switches at 128 hosts: 8,200 objects left to the
-  collector, against 14,300 before, nearly all of them the footer's keys, which Textual
-  remounts (a web of cycles each) whenever the bindings change.
+  makes next to no such cycles any more: Textual's footer removed and mounted its ~15 keys (a
+  web of cycles each) whenever the bindings changed, and its strips and LRU caches made cycles
+  of what they held; the keys are now one widget drawn again, never remounted
+  (``tui/app/widgets/keybar.py``), and ``tui/app/stripcycle.py`` and ``tui/app/cycles.py``
+  end the others. Measured with ``gc.DEBUG_SAVEALL`` over 90 view switches at 128 hosts:
+  160 objects left to the collector, against 14,300 before.
 - Once a minute, between frames too, a full pass over what is not frozen (what an automatic
   pass promoted, from any thread), then ``gc.freeze()``: a few ms.
 - Should memory grow all the same, one pass over everything, frozen included, runs once the

@@ -29,7 +29,7 @@ from textual.binding import Binding, BindingType
 from textual.markup import escape
 from textual.screen import Screen
 from textual.widget import Widget
-from textual.widgets import Footer, Header, Static, TabbedContent
+from textual.widgets import Header, Static, TabbedContent
 from textual.worker import Worker, WorkerState
 
 from tui.app import cycles, stripcycle
@@ -47,6 +47,7 @@ from tui.app.terminal import HangupWatch, input_fd
 from tui.app.views import load_views
 from tui.app.views.base import HOSTS, JOBS, OPEN_JOB, View, ViewState, set_text
 from tui.app.views.job import placement_markup  # noqa: F401 (tests/test_contracts imports it from here)
+from tui.app.widgets.keybar import KeyBar
 from tui.app.widgets.tables import Widths
 from tui.client import Client, HostReport, Onboarding, set_passphrase_prompt
 from tui.model.jobstate import TERMINAL
@@ -154,7 +155,7 @@ class RigdeckApp(App[None]):
         yield Static("connecting…", id="summary")
         with TabbedContent(initial=TABS[0], id="tabs"):
             yield from self.views.values()
-        yield Footer(compact=True)
+        yield KeyBar()
 
     @property
     def tabs(self) -> TabbedContent:

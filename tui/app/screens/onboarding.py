@@ -23,10 +23,11 @@ from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical
 from textual.markup import escape
 from textual.screen import ModalScreen, Screen
-from textual.widgets import Button, DataTable, Footer, Input, Label, Static
+from textual.widgets import Button, DataTable, Input, Label, Static
 from textual.worker import Worker, WorkerState
 
 from tui.app.screens.dialogs import TrustHostKey, describe_error
+from tui.app.widgets.keybar import KeyBar
 from tui.client import HostReport, Onboarding
 from tui.model.views import HostKey
 
@@ -158,7 +159,7 @@ class OnboardingScreen(Screen["Path | None"]):
         table: DataTable[Any] = DataTable(id="onboard-table", cursor_type="row", zebra_stripes=True)
         yield table
         yield Static("", id="onboard-status")
-        yield Footer(compact=True)
+        yield KeyBar()
 
     def on_mount(self) -> None:
         table = self.query_one("#onboard-table", DataTable)
