@@ -464,7 +464,7 @@ async def test_job_view_mouse_and_theme(kind: str) -> None:
     app = recorded_app(kind=kind)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("4")
-        await pilot.pause()
+        await until(pilot, lambda: "step 240/300" in static_text(app, "#job-head"))  # from a server: later
         head = static_text(app, "#job-head")
         assert "step 240/300" in head and "ETA 27s" in head and "ranks 4/4 running" in head
         assert len(app.query_one("#loss").points) == 241
