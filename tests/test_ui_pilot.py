@@ -6,6 +6,7 @@ the Sweeps view (its trials, charts, stop keys, errors)."""
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from tests.ui_fixtures import (
     FINGERPRINT,
     JOB,
     OLD_SWEEP,
+    SERVERS,
     SWEEP,
     FakeController,
     FakeMonitor,
@@ -280,7 +282,9 @@ async def test_logs_rank_filter_follow_and_search(kind: str) -> None:
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("6")
         view = app.query_one("#log-view", LogView)
-        await until(pilot, lambda: view.line_count == 105)  # from a server: after its first answers
+        # From a server: after its first answers. Following, the end comes into view after the
+        # refresh that lays out the lines (LogView.sync), not at once.
+        await until(pilot, lambda: view.line_count == 105 and view.scroll_y == view.max_scroll_y > 0)
         assert view.line_count == 105 and view.follow
         assert view.scroll_y == view.max_scroll_y > 0  # following: the end is in view
         await pilot.press("r")
@@ -305,6 +309,36 @@ async def test_logs_rank_filter_follow_and_search(kind: str) -> None:
         # The match is in view (render the line it is on).
         pos = view._matches[0]
         assert int(view.scroll_y) <= pos < int(view.scroll_y) + view.size.height
+
+
+async def test_open_job_views_are_drawn_again_when_a_served_detail_arrives_after_them() -> None:
+    """Through a server the open job's detail comes on the client's poller, after the selection:
+    the Logs view, drawn while it is still on its way, is drawn again when it arrives (the app's
+    clock is fixed here, so no turning second redraws it). The server holds the detail back
+    until the view has drawn without it: the order that made the [server] tests flaky."""
+    held = threading.Event()
+    app = recorded_app(kind="server")
+    service = SERVERS[-1].service
+    answer = service.job_detail
+
+    def job_detail(job_id: str) -> Any:
+        held.wait(20)
+        return answer(job_id)
+
+    service.job_detail = job_detail
+    try:
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.press("6")
+            view = app.query_one("#log-view", LogView)
+            await until(pilot, lambda: app.job_id == JOB)
+            await pilot.pause(0.2)
+            assert app.jobwatch.detail(JOB) is None and view.buffer is None  # drawn without it
+            held.set()
+            await until(pilot, lambda: view.line_count == 105)
+            assert view.line_count == 105 and JOB in static_text(app, "#logs-status")
+    finally:
+        held.set()
+        stop_servers()
 
 
 async def test_rank_output_cannot_drive_the_terminal(kind: str) -> None:
@@ -430,7 +464,7 @@ async def test_job_view_mouse_and_theme(kind: str) -> None:
     app = recorded_app(kind=kind)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("4")
-        await pilot.pause()
+        await until(pilot, lambda: "step 240/300" in static_text(app, "#job-head"))  # from a server: later
         head = static_text(app, "#job-head")
         assert "step 240/300" in head and "ETA 27s" in head and "ranks 4/4 running" in head
         assert len(app.query_one("#loss").points) == 241

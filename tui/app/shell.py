@@ -136,6 +136,9 @@ class RigdeckApp(App[None]):
         self.jobs_snapshot = JobsSnapshot((), -1)
         self._state_seen = self._jobs_seen = self._second = -1
         self.dirty: set[str] = set(TABS)  # views to redraw when next shown
+        # The open job's detail has yet to be seen: a job source may get it after the selection
+        # (a server's, on its poller), and the views that drew without it are drawn again then.
+        self._detail_pending = False
         self._warned_keys: set[str] = set()
         self.collector = CollectorTuning()
         self.frame_timer = FrameTimer()  # the UI thread's stretches: sampling steps, frames
@@ -377,6 +380,9 @@ class RigdeckApp(App[None]):
                 live = [r for r in jobs.rows if r.state not in TERMINAL]
                 if live:
                     self.select_job(live[0].job_id)
+        if self._detail_pending and (self.job_id is None or self.jobwatch.detail(self.job_id) is not None):
+            self._detail_pending = False
+            self.dirty |= self._following(OPEN_JOB)
         view = self.active_view
         with self.batch_update():
             self._update_summary()
@@ -428,6 +434,7 @@ class RigdeckApp(App[None]):
             self.job_id = job_id
             self.jobwatch.select(job_id)
             self.dirty |= self._following(OPEN_JOB)
+            self._detail_pending = job_id is not None
 
     def on_key(self, event: Any) -> None:
         """Escape in a view's box (the GPU filter, the log search): the view closes it."""
