@@ -354,10 +354,13 @@ class Jobs:
             code = p.poll()
             if code is not None:
                 self._exit_codes[p.pid] = code
-                del self._children[job_id]
-                self._never_started(job_id, p.pid, code)
+                if self._children.pop(job_id, None) is p:  # a request's thread may reap too
+                    self._never_started(job_id, p.pid, code)
         while len(self._exit_codes) > 1024:
-            del self._exit_codes[next(iter(self._exit_codes))]
+            try:
+                del self._exit_codes[next(iter(self._exit_codes))]
+            except (KeyError, RuntimeError, StopIteration):
+                break
 
     def _never_started(self, job_id: str, pid: int, code: int) -> None:
         """A job host that exited before it recorded itself (its interpreter could not start it):
@@ -382,6 +385,10 @@ class Jobs:
 
     def _death_cause(self, st: Dict[str, Any]) -> Dict[str, Any]:
         pid = st["jobhost_pid"]
+        if pid not in self._exit_codes:
+            # It died after the last reap (supervise reaps, then looks which job hosts are
+            # gone): collect it now, or its signal would be unknown ("died").
+            self.reap()
         code = self._exit_codes.get(pid)
         if code is not None and code < 0:
             how = "was killed by signal %d" % -code

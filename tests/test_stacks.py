@@ -122,6 +122,11 @@ def test_a_real_agent_takes_a_running_jobs_stacks_and_reports_a_simulated_fault(
                           "workdir": str(tmp_path), "command": [sys.executable, str(script)]})
         try:
             deadline = time.monotonic() + 30
+            # The stacks wanted are those of a rank waiting for its peers: after it said so
+            # (taken earlier, its top can be the module's line that starts a thread).
+            while "ready" not in a.job_logs(job_id=job_id, rank=0, max_bytes=1 << 16).text:
+                assert time.monotonic() < deadline, "the rank never said it was ready"
+                time.sleep(0.2)
             while True:
                 got = a.job_stacks(job_id=job_id, why="a test asked")
                 if got.stacks or time.monotonic() > deadline:
@@ -145,9 +150,9 @@ def test_a_real_agent_takes_a_running_jobs_stacks_and_reports_a_simulated_fault(
 
 
 @contextlib.contextmanager
-def _job_on_a_local_host(tmp_path: Path, prefix: str,
-                         stream_hz: float | None = None) -> Iterator[tuple[Any, str, Path]]:
-    """A ``sleep 60`` job on GPU 0 of a local host with 2 simulated GPUs (the daemon's state
+def _job_on_a_local_host(tmp_path: Path, prefix: str, stream_hz: float | None = None,
+                         gpu: int = 0) -> Iterator[tuple[Any, str, Path]]:
+    """A ``sleep 60`` job on GPU ``gpu`` of a local host with 2 simulated GPUs (the daemon's state
     under ``tmp_path``): its agent, job id and state directory; ``stream_hz``: a telemetry stream
     subscribed first. The job is stopped and the daemon shut down after."""
     from tui.control.controller import Controller
@@ -164,7 +169,7 @@ def _job_on_a_local_host(tmp_path: Path, prefix: str,
         if stream_hz is not None:
             a.subscribe(rate_hz=stream_hz)
         job_id = f"{prefix}-{int(time.time())}"
-        node = {"host": "here", "address": "127.0.0.1", "slots": 1, "gpus": [0]}
+        node = {"host": "here", "address": "127.0.0.1", "slots": 1, "gpus": [gpu]}
         a.job_start(plan={"job_id": job_id, "launcher": "direct", "nodes": [node], "node_index": 0,
                           "master_addr": "127.0.0.1", "master_port": a.probe_port(addr="127.0.0.1"),
                           "workdir": str(tmp_path), "command": ["sleep", "60"]})
@@ -203,7 +208,9 @@ def test_a_fresh_health_answer_is_taken_now_even_while_a_stream_runs(tmp_path: P
     from agent.gpuhealth import SIM_FAULTS_FILE
 
     # a stream whose samples stay a minute old
-    with _job_on_a_local_host(tmp_path, "fresh", stream_hz=1 / 60) as (a, job_id, state):
+    # GPU 1: a claim is this machine's, and the other local-host tests' jobs hold GPU 0 (the host's
+    # failing GPUs are reported whichever the job holds)
+    with _job_on_a_local_host(tmp_path, "fresh", stream_hz=1 / 60, gpu=1) as (a, job_id, state):
         assert a.job_status(job_id=job_id, fresh_health=True).get("gpu_health") == []
         (state / SIM_FAULTS_FILE).write_text(json.dumps({"0": {"xid": 79}}))
         assert a.job_status(job_id=job_id, fresh_health=True).get("gpu_health") == [
