@@ -72,7 +72,31 @@ def shutdown_distributed() -> None:
     # test_examples: one rank's last frame at the exit_process() line, a gloo thread with no
     # Python frame). What is left is freed when the process exits.
     gc.disable()
+    _watchdog(TEARDOWN_WATCHDOG_S)
     dist.destroy_process_group()
+    _watchdog(None)
+
+
+# The group's end and the process's: each takes well under a second. Should either hang all the
+# same (a rank of the ddp example, once in a few fresh-clone runs, stayed alive for minutes after
+# its peers had gone, cause not yet known), faulthandler's own thread, which needs no GIL, writes
+# every thread's stack to the rank's log and ends the rank (exit 1): a failed rank that says
+# where it hung, not a job that never ends.
+TEARDOWN_WATCHDOG_S = 60.0
+
+
+def _watchdog(seconds: Optional[float]) -> None:
+    """Arm (or, with None, disarm) the hang watchdog; nothing where stderr is not a file."""
+    import faulthandler
+    import sys
+
+    try:
+        if seconds is None:
+            faulthandler.cancel_dump_traceback_later()
+        else:
+            faulthandler.dump_traceback_later(seconds, exit=True, file=sys.stderr)
+    except (AttributeError, OSError, ValueError, RuntimeError):
+        pass
 
 
 def exit_process(code: int = 0) -> None:
@@ -86,6 +110,7 @@ def exit_process(code: int = 0) -> None:
     import os
     import sys
 
+    _watchdog(TEARDOWN_WATCHDOG_S)
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()

@@ -865,3 +865,25 @@ def test_after_a_nan_restart_the_checkpointer_resumes_from_before_the_first_bad_
     step, state = again.load_latest()
     assert step == 8 and state["w"].item() == 8.0  # the one saved at 12 came after the loss went bad
     assert Checkpointer(str(d), environ=ckpt_env(tmp_path, RIGDECK_RESUME_BEFORE_STEP="4")).load_latest() is None
+
+
+def test_a_rank_hanging_in_its_teardown_ends_saying_where() -> None:
+    """The teardown watchdog (``runtime.distributed._watchdog``, armed around the group's end
+    and in ``exit_process``): a rank stuck past it writes every thread's stack to its stderr
+    and exits 1 instead of hanging; disarmed, nothing happens."""
+    code = textwrap.dedent("""
+        import time
+        from runtime.distributed import _watchdog
+        _watchdog(5.0)
+        _watchdog(None)  # disarmed: this sleep ends normally
+        time.sleep(0.3)
+        _watchdog(0.5)
+        def stuck_in_teardown():
+            time.sleep(30)
+        stuck_in_teardown()
+    """)
+    t0 = time.monotonic()
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
+                         timeout=60)
+    assert res.returncode == 1 and time.monotonic() - t0 < 20
+    assert "stuck_in_teardown" in res.stderr, res.stderr
