@@ -86,7 +86,12 @@ TEARDOWN_WATCHDOG_S = 60.0
 
 
 def _watchdog(seconds: Optional[float]) -> None:
-    """Arm (or, with None, disarm) the hang watchdog; nothing where stderr is not a file."""
+    """Arm (or, with None, disarm) the hang watchdog; nothing where stderr is not a file.
+
+    faulthandler keeps one such timer per process: arming this one replaces a timer the
+    training script armed with ``faulthandler.dump_traceback_later``, and disarming cancels it.
+    Both happen only at the very end of a rank, where no script's timer has anything left to
+    watch."""
     import faulthandler
     import sys
 

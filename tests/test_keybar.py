@@ -71,6 +71,14 @@ async def until_shown(pilot: Pilot[Any], bar: KeyBar, word: str) -> None:
     await settle(pilot, lambda: word in bar.text)
 
 
+async def left_focused(app: BarApp, pilot: Pilot[Any]) -> KeyBar:
+    """The app's key bar once the left pane has the focus and the bar shows its keys."""
+    bar = app.query_one(KeyBar)
+    app.query_one(Left).focus()
+    await until_shown(pilot, bar, "Alpha")
+    return bar
+
+
 def span_of(bar: KeyBar, key: str) -> tuple[int, int]:
     for start, end, item in bar.spans:
         if item.key == key:
@@ -81,9 +89,7 @@ def span_of(bar: KeyBar, key: str) -> tuple[int, int]:
 async def test_the_bar_shows_the_focused_widgets_keys_and_follows_the_focus() -> None:
     app = BarApp()
     async with app.run_test(size=(80, 8)) as pilot:
-        bar = app.query_one(KeyBar)
-        app.query_one(Left).focus()
-        await settle(pilot, lambda: "Alpha" in bar.text)
+        bar = await left_focused(app, pilot)
         text = bar.text
         assert text.startswith("a Alpha x Off q Quit ")
         assert "Beta" not in text and "Hidden" not in text
@@ -106,9 +112,7 @@ async def test_the_bar_shows_the_focused_widgets_keys_and_follows_the_focus() ->
 async def test_focus_changes_redraw_the_same_widget_and_mount_nothing() -> None:
     app = BarApp()
     async with app.run_test(size=(80, 8)) as pilot:
-        bar = app.query_one(KeyBar)
-        app.query_one(Left).focus()
-        await settle(pilot, lambda: "Alpha" in bar.text)
+        bar = await left_focused(app, pilot)
         nodes = list(app.screen.query("*"))
         for i in range(6):
             pane, word = (Right, "Beta") if i % 2 == 0 else (Left, "Alpha")
@@ -125,9 +129,7 @@ async def test_focus_changes_redraw_the_same_widget_and_mount_nothing() -> None:
 async def test_clicking_a_key_runs_it_and_a_disabled_one_rings_the_bell() -> None:
     app = BarApp()
     async with app.run_test(size=(80, 8)) as pilot:
-        bar = app.query_one(KeyBar)
-        app.query_one(Left).focus()
-        await settle(pilot, lambda: "Alpha" in bar.text)
+        bar = await left_focused(app, pilot)
 
         start, end = span_of(bar, "a")
         await pilot.click(KeyBar, offset=(end - 1, 0))  # on its description
@@ -153,9 +155,7 @@ async def test_clicking_a_key_runs_it_and_a_disabled_one_rings_the_bell() -> Non
 async def test_keys_that_do_not_fit_are_cut_at_a_whole_key() -> None:
     app = BarApp()
     async with app.run_test(size=(30, 8)) as pilot:
-        bar = app.query_one(KeyBar)
-        app.query_one(Left).focus()
-        await settle(pilot, lambda: "Alpha" in bar.text)
+        bar = await left_focused(app, pilot)
         text = bar.text
         # 30 cells: 12 for the palette's key, 18 left: "a Alpha x Off " and not "q Quit" (20)
         assert text.startswith("a Alpha x Off ")
@@ -186,9 +186,7 @@ async def test_a_view_key_in_the_app_changes_the_bar() -> None:
 async def test_the_key_under_the_mouse_is_highlighted_and_shows_its_tooltip() -> None:
     app = BarApp()
     async with app.run_test(size=(80, 8)) as pilot:
-        bar = app.query_one(KeyBar)
-        app.query_one(Left).focus()
-        await settle(pilot, lambda: "Alpha" in bar.text)
+        bar = await left_focused(app, pilot)
 
         def background(word: str) -> object:
             content = bar.render()
@@ -218,9 +216,7 @@ async def test_the_key_under_the_mouse_is_highlighted_and_shows_its_tooltip() ->
 async def test_a_new_theme_recolours_the_keys() -> None:
     app = BarApp()
     async with app.run_test(size=(80, 8)) as pilot:
-        bar = app.query_one(KeyBar)
-        app.query_one(Left).focus()
-        await settle(pilot, lambda: "Alpha" in bar.text)
+        bar = await left_focused(app, pilot)
 
         def key_colour() -> object:
             content = bar.render()

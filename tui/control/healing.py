@@ -197,13 +197,8 @@ class Healer:
         inc = Incident(kind=fault.kind, detected_at=stopped_at, message=fault.message, host=fault.host,
                        gpu=fault.gpu, rank=fault.rank, detect_s=fault.detect_s, last_step=last, attempt=attempt)
         seq = self.history.add_incident(job_id, inc.to_dict())
+        self._clear(job_id)  # the next attempt is watched afresh
         self.pending[job_id] = _Pending(seq, stopped_at, attempt, last)
-        self.watch.forget(job_id)
-        self.unreachable = {k: v for k, v in self.unreachable.items() if k[0] != job_id}
-        self.answered = {k: v for k, v in self.answered.items() if k[0] != job_id}
-        self.bad.pop(job_id, None)
-        self.seen_steps.pop(job_id, None)
-        self.good_steps.pop(job_id, None)
         return seq
 
     def _resumed(self, job_id: str, attempt: int, first_step: float | None, now: float) -> None:
@@ -216,6 +211,10 @@ class Healer:
 
     def forget(self, job_id: str) -> None:
         """The job ended: nothing more to watch (its incidents stay in the history)."""
+        self._clear(job_id)
+
+    def _clear(self, job_id: str) -> None:
+        """Forget what was watched of the job's current attempt, and its pending incident."""
         self.watch.forget(job_id)
         self.pending.pop(job_id, None)
         self.bad.pop(job_id, None)
