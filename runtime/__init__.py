@@ -2,8 +2,8 @@
 
 - ``cluster_info()``: this rank's place in the job, from rigdeck, torch, SageMaker, Vertex or
   Open MPI variables (``runtime.cluster``)
-- ``init_distributed()``, ``ddp()``, ``scaled_lr()``, ``shutdown_distributed()``,
-  ``exit_process()``
+- ``init_distributed()``, ``ddp()``, ``scaled_lr()``, ``finish()`` (a rank's end),
+  ``shutdown_distributed()``, ``exit_process()``
   (``runtime.distributed``)
 - ``report()``: metrics lines for the agent (``runtime.metrics``); with ``step=`` it adds
   ``step_time``, and the ``data_time``/``comm_time`` that ``timed()`` and ``comm_timer()``
@@ -30,6 +30,7 @@ _EXPORTS = {
     "cluster_info": "runtime.cluster",
     "ddp": "runtime.distributed",
     "exit_process": "runtime.distributed",
+    "finish": "runtime.distributed",
     "init_distributed": "runtime.distributed",
     "scaled_lr": "runtime.distributed",
     "Reporter": "runtime.metrics",
@@ -54,6 +55,7 @@ __all__ = [
     "comm_timer",
     "ddp",
     "exit_process",
+    "finish",
     "init_distributed",
     "pipeline_stage",
     "report",
@@ -69,6 +71,7 @@ if TYPE_CHECKING:
     from runtime.distributed import (
         ddp,
         exit_process,
+        finish,
         init_distributed,
         scaled_lr,
         shutdown_distributed,

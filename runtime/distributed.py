@@ -55,8 +55,9 @@ def shutdown_distributed() -> None:
     The barrier is there for gloo: its worker threads release a finished collective's tensors a
     moment after the caller moved on, and that needs the GIL; a process that tears the group
     down or exits in that moment can hang or abort. While the ranks wait in the barrier those
-    releases happen. For the end of a training script: the cyclic garbage collector stays off
-    in this process after it (see below), as ``exit_process()`` follows.
+    releases happen. The cyclic garbage collector stays off in this process after it (see
+    below). At the end of a training script, ``finish()`` is the safer call: it tears nothing
+    down at all.
     """
     import gc
 
@@ -107,8 +108,8 @@ def _watchdog(seconds: Optional[float]) -> None:
 def exit_process(code: int = 0) -> None:
     """End this rank now, once stdout and stderr are flushed, skipping the interpreter's teardown.
 
-    For the very end of a training script, after ``shutdown_distributed()`` (and after any file
-    it wrote is closed). torch's gloo worker threads can still be finishing a collective's
+    For the very end of a training script (after any file it wrote is closed); ``finish()``
+    calls it once every rank is there. torch's gloo worker threads can still be finishing a collective's
     cleanup while Python tears down, and torch then aborts the process ("terminate called
     without an active exception", exit 134), which torchrun or mpirun reports as a failed rank.
     """
@@ -122,6 +123,39 @@ def exit_process(code: int = 0) -> None:
         except (OSError, ValueError, AttributeError):
             pass
     os._exit(code)
+
+
+def finish(code: int = 0) -> None:
+    """End a training script's rank: wait for every rank, then ``exit_process(code)``.
+
+    Call it where the script's work ends, inside the function that holds the model (not after
+    that function returned): nothing is torn down on the way out. Returning from that function
+    frees the model, its optimizer and their tensors while gloo's worker threads can still be
+    finishing the last collective, and tearing the group down joins those threads; either,
+    once in a few fresh-clone runs of the ddp example, left one rank alive for good after its
+    peers had exited (its last frame the line after ``main()`` returned, a gloo thread with no
+    Python frame). Here the ranks meet in a barrier (with a process group up; a peer still
+    writing its checkpoint is waited for), and the process ends at once, its output flushed.
+    ``shutdown_distributed()`` is for a rank that goes on without the group.
+    """
+    import gc
+
+    dist = _initialized_dist()
+    gc.disable()  # no pass from here on can free what a gloo thread still uses (see above)
+    if dist is not None and dist.get_world_size() > 1:
+        dist.barrier()
+    exit_process(code)
+
+
+def _initialized_dist() -> Any:
+    """torch.distributed when a process group is up in this process; else None."""
+    import sys
+
+    if "torch" not in sys.modules:  # never imported here: no group (and no torch to load)
+        return None
+    import torch.distributed as dist
+
+    return dist if dist.is_available() and dist.is_initialized() else None
 
 
 def ddp(model: Any, bucket_cap_mb: int = DEFAULT_BUCKET_CAP_MB, **kw: Any) -> Any:

@@ -887,3 +887,56 @@ def test_a_rank_hanging_in_its_teardown_ends_saying_where() -> None:
                          timeout=60)
     assert res.returncode == 1 and time.monotonic() - t0 < 20
     assert "stuck_in_teardown" in res.stderr, res.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_finish_waits_for_every_rank_then_ends_the_rank_with_nothing_torn_down(tmp_path: Path) -> None:
+    """``runtime.finish()``, the end of the examples' ranks: two real gloo ranks (a TCP store);
+    the fast one leaves only once the slow one arrived, each with its unflushed output out and
+    exit 0, and nothing of the function that called it is freed on the way (an object whose
+    ``__del__`` would say so stays silent); ``finish(3)`` with no group exits 3."""
+    code = textwrap.dedent("""
+        import datetime, os, sys, time
+        import runtime
+        rank = int(sys.argv[1])
+        import torch.distributed as dist
+        dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=2,
+                                timeout=datetime.timedelta(seconds=60))
+        class Model:
+            def __del__(self):
+                print("torn down", flush=True)
+        def main():
+            model = Model()
+            if rank == 1:
+                time.sleep(2.0)  # a peer still writing its checkpoint
+            print(f"rank {rank} arrives at {time.time():.3f}")  # not flushed: finish() does
+            runtime.finish()
+            print("after finish")
+        main()
+        print("after main")
+    """)
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "PYTHONPATH": str(ROOT)}
+    ranks = [subprocess.Popen([sys.executable, "-c", code, str(r)], cwd=tmp_path, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in (0, 1)]
+    ranks[0].wait(timeout=120)  # (a few short lines: no pipe fills)
+    fast_left = time.time()
+    outs = [p.communicate(timeout=120) for p in ranks]
+    for p, (out, err) in zip(ranks, outs, strict=True):
+        assert p.returncode == 0, err
+        assert out.startswith("rank ") and "torn down" not in out and "after" not in out, out
+    arrived = [float(out.split()[-1]) for out, _ in outs]
+    assert arrived[1] - arrived[0] > 1.5  # rank 0 came first ...
+    assert fast_left >= arrived[1]  # ... and left only once rank 1 was there too
+
+    alone = subprocess.run([sys.executable, "-c", "import runtime\nprint('bye')\nruntime.finish(3)"],
+                           capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert alone.returncode == 3 and alone.stdout == "bye\n", alone

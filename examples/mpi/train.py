@@ -66,9 +66,8 @@ def main() -> None:
             print(f"step={step} loss={loss.item():.5f}", flush=True)
     if info.rank == 0:
         print(f"done: {args.steps} steps in {time.perf_counter() - t0:.1f}s", flush=True)
-    runtime.shutdown_distributed()  # a barrier, then destroy_process_group()
+    runtime.finish()  # every rank meets, then this process ends here: nothing torn down
 
 
 if __name__ == "__main__":
     main()
-    runtime.exit_process()  # skip the interpreter teardown gloo can abort

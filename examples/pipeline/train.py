@@ -189,9 +189,8 @@ def main() -> None:
     sys.stdout.flush()
     if stage.is_last:
         print(f"done: {args.steps} steps in {elapsed:.1f}s", flush=True)
-    runtime.shutdown_distributed()  # a barrier, then destroy_process_group()
+    runtime.finish()  # every rank meets, then this process ends here: nothing torn down
 
 
 if __name__ == "__main__":
     main()
-    runtime.exit_process()  # skip the interpreter teardown gloo can abort

@@ -109,9 +109,8 @@ def main() -> None:
                         "profiled": stage.profile is not None, "stage": stage.stage_index}
     metrics.reset()
     (out / f"rank-{rank}.json").write_text(json.dumps(result))
-    runtime.shutdown_distributed()
+    runtime.finish()  # every rank meets, then this process ends here: nothing torn down
 
 
 if __name__ == "__main__":
     main()
-    runtime.exit_process()
