@@ -153,3 +153,81 @@ def test_a_stop_is_done_only_when_no_host_has_a_process_or_a_claim_of_the_job_le
     assert left == {"h2": "still stopping", "h3": "1 process left", "h4": "GPU 0,2 still claimed",
                     "h5": "GPU claims not read yet", "h6": left["h6"]}
     assert left["h6"].startswith("unreachable (")
+
+
+class _Relaunch(TypedAgents):
+    """Stands in for the controller at a preempted job's relaunch: h1 still keeps the end of the
+    attempt that was preempted (its ``state.json``) until this attempt's ``job_start`` reaches it."""
+
+    def __init__(self) -> None:
+        from tui.model.inventory import HostSpec, Inventory
+
+        self.inventory = Inventory(hosts=(HostSpec(name="h1", address="10.9.0.1"),), path=None,
+                                   known_hosts=Path("/dev/null"))
+        self.job: dict[str, Any] = {"state": "stopped", "restart_count": 0, "tagged_processes": 0, "claims_held": []}
+
+    def request(self, host: str, method: str, timeout: float = 30.0, **params: Any) -> Any:
+        if method == "job_check":
+            return {"problems": [], "free_mb": 1000.0}
+        if method == "job_claim":
+            return {"claimed": params["gpus"]}
+        if method == "probe_port":
+            return {"port": 29500}
+        if method == "job_start":
+            self.job = {"state": "starting", "restart_count": params["plan"]["restart_count"]}
+            return {"job_dir": "/x", "jobhost_pid": 1}
+        raise AssertionError(method)
+
+    def request_many(self, hosts: list[str], method: str, **kw: Any) -> dict[str, Any]:
+        if method == "job_status":
+            return {h: dict(self.job) for h in hosts}
+        return {h: {} for h in hosts}
+
+
+def test_a_look_while_a_preempted_job_restarts_does_not_take_the_preempted_attempts_end_for_this_ones(
+        tmp_path: Path) -> None:
+    """A preempted job back from the queue keeps its id, and its host says ``stopped`` (how the
+    preempted attempt ended) until the new start reaches it. A look at the job meanwhile (another
+    controller, or a launch following the stop in another thread) must not requeue it again: that
+    cleared its placement under the running start, and the job, started, read ``starting``
+    forever (fresh-clone run 29)."""
+    from tui.model.jobspec import jobspec_from_toml
+    from tui.model.scheduler import HostCapacity
+
+    history = History(tmp_path / "history.sqlite")
+    ctl = _Relaunch()
+    spec = jobspec_from_toml('name = "victim"\ncommand = ["true"]\nworkdir = "/tmp"\nhosts = ["h1"]\n'
+                             'gpus_per_node = 1\npreemptible = "restart"\n')
+    history.create("v-1", "victim", spec.to_dict(), state="queued", user="bob")
+    history.update("v-1", preempted=1, events=[
+        {"time": 1.0, "event": "started", "restart_count": 0, "hosts": ["h1"], "gpus": 1},
+        {"time": 2.0, "event": "stop requested", "grace_s": 2.0, "by": "bob"},
+        {"time": 2.0, "event": "preempted", "by": "u-1"},
+        {"time": 3.0, "event": "requeued", "waiting": "preempted by job u-1"}])
+    assert history.take_queued("v-1")  # the queue takes it from the line, as JobQueue._start does
+    other = JobManager(ctl, history)  # type: ignore[arg-type]  # another controller, looking
+    looks: list[str] = []
+
+    def look(job_id: str, state: str, fields: dict[str, Any]) -> None:
+        if job_id == "v-1" and state in ("pending", "starting") and not looks:
+            looks.append(state)  # one look at a time (its own writes announce too)
+            other.supervise_once(history.get("v-1"))  # type: ignore[arg-type]
+            looks.remove(state)
+
+    history.observers.append(look)
+    jm = JobManager(ctl, history)  # type: ignore[arg-type]
+    capacity = [HostCapacity("h1", "10.9.0.1", True, 8, (0,), (), True, "Simulated GPU")]
+    jm.launch(spec, job_id="v-1", look=False, capacity=capacity)
+    history.observers.remove(look)
+    rec = history.get("v-1")
+    assert rec is not None and rec["state"] == "running", rec["state"]
+    assert [n["host"] for n in rec["placement"] or ()] == ["h1"] and rec["restarts"] == 1
+    names = [e["event"] for e in rec["events"]]
+    assert names.count("requeued") == 1 and names[-2:] == ["resumed", "started"], names
+    # The hosts are told: what they say from now on is this attempt's, and is read.
+    ctl.job = {"state": "running", "restart_count": 1}
+    jm.supervise_once(history.get("v-1"))  # type: ignore[arg-type]
+    assert (history.get("v-1") or {})["state"] == "running"
+    ctl.job = {"state": "succeeded", "restart_count": 1, "tagged_processes": 0, "claims_held": []}
+    jm.supervise_once(history.get("v-1"))  # type: ignore[arg-type]
+    assert (history.get("v-1") or {})["state"] == "succeeded"

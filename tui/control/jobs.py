@@ -146,6 +146,20 @@ def not_yet_told(rec: Mapping[str, Any], host_states: dict[str, Any]) -> dict[st
             for h, s in host_states.items()}
 
 
+def this_attempt(rec: Mapping[str, Any], host_states: dict[str, Any]) -> dict[str, Any]:
+    """``host_states`` with a host that still reports an earlier attempt of the job read as
+    ``starting`` while the job is being started (``pending`` or ``starting``). A job restarted
+    or resumed (a preempted job back from the queue) keeps its id: until this attempt's start
+    reaches a host, that host still says how the attempt before ended (``stopped``, ``failed``),
+    and that end is not this attempt's. Taken for it, a look during the start (another thread's,
+    another controller's) would requeue, restart or end the job again while it starts."""
+    if rec.get("state") not in (PENDING, STARTING):
+        return host_states
+    attempt = int(rec.get("restarts") or 0)
+    return {h: {"state": STARTING} if isinstance(s, dict) and s.get("restart_count") is not None
+            and int(s["restart_count"]) < attempt else s for h, s in host_states.items()}
+
+
 def first_cause(host_states: dict[str, Any]) -> dict[str, Any] | None:
     causes = []
     for host, st in host_states.items():
@@ -517,7 +531,9 @@ class JobManager:
             self.history.add_event(job_id, {"event": "resumed", "restart_count": attempt,
                                             "preempted": int(rec.get("preempted") or 0)})
         owner = {"user": user} if rec is not None and user else {}
-        self.history.update(job_id, state=PENDING, placement=placement.to_plan_nodes(), **owner)
+        # The attempt is recorded with the placement: a look before the start reaches the hosts
+        # knows their answers of the attempt before are not this one's (this_attempt).
+        self.history.update(job_id, state=PENDING, placement=placement.to_plan_nodes(), restarts=attempt, **owner)
         try:
             self._start(job_id, spec, placement, restart_count=attempt)
         except BaseException:
@@ -875,7 +891,7 @@ class JobManager:
     def supervise_once(self, rec: dict[str, Any]) -> dict[str, Any]:
         """Look at every host of the job once and apply the gang rules. Returns the host states."""
         job_id = rec["job_id"]
-        states = self.host_states(rec)
+        states = this_attempt(rec, self.host_states(rec))
         overall = overall_state(states)
         # What leaves every process alive and the job going nowhere (tui/control/healing.py).
         fault = self.healer.look(rec, states) if rec["state"] == RUNNING and overall in (
@@ -938,6 +954,9 @@ class JobManager:
         rec = self.record(job_id)  # as it is now that we hold the lease
         if rec["state"] in TERMINAL:
             return states
+        if rec["state"] in (PENDING, STARTING):  # a start began since the hosts were asked
+            states = this_attempt(rec, states)
+            overall = overall_state(states)
         pools.record_replica_events(self, job_id, rec, states)
         if overall in TERMINAL and preempt_pending(rec):
             return self._requeue(job_id, rec, states)
