@@ -6,6 +6,7 @@ from __future__ import annotations
 import sqlite3
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,49 @@ def test_an_event_and_the_state_it_brings_are_one_write(tmp_path: Path) -> None:
     rec = h.get("j1") or {}
     assert (rec["state"], rec["started"], [e["event"] for e in rec["events"]]) == ("running", 5.0, ["started"])
     assert told == [("running", ["started"])]
+
+
+# Each child adds its events to one job, as fast as it can, once the start file is there.
+ADDER = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, {root!r})
+from tui.control.history import History
+go = Path(sys.argv[2])
+while not go.exists():
+    time.sleep(0.001)
+h = History(Path(sys.argv[1]))
+for n in range(int(sys.argv[4])):
+    h.add_event("j1", {{"event": "probe", "who": sys.argv[3], "n": n}})
+h.close()
+"""
+
+
+def test_events_added_at_once_by_threads_and_processes_are_all_kept(tmp_path: Path) -> None:
+    """Controllers in several processes (the app, ``launch --wait``, a server), and threads in
+    one, add events to the same job at once: none is lost to another's write."""
+    path = tmp_path / "h.sqlite"
+    h = History(path)
+    h.create("j1", "j", {"name": "j"})
+    go, per = tmp_path / "go", 40
+    procs = [subprocess.Popen([sys.executable, "-c", ADDER.format(root=str(ROOT)), str(path), str(go),
+                               f"p{i}", str(per)], stderr=subprocess.PIPE, text=True) for i in range(3)]
+    def add(who: str) -> None:
+        for n in range(per):
+            h.add_event("j1", {"event": "probe", "who": who, "n": n}, state="running")
+
+    threads = [threading.Thread(target=add, args=(f"t{i}",)) for i in range(2)]
+    go.touch()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for p in procs:
+        assert p.wait(timeout=120) == 0, p.stderr.read() if p.stderr else ""
+    rec = h.get("j1") or {}
+    got = sorted((e["who"], e["n"]) for e in rec["events"])
+    assert got == sorted((w, n) for w in ("p0", "p1", "p2", "t0", "t1") for n in range(per))
+    assert rec["state"] == "running"
+    h.add_event("nobody", {"event": "probe"})  # no such job: nothing written, no error
+    assert h.get("nobody") is None
+    h.close()

@@ -95,6 +95,12 @@ def rigdeck_home() -> Path:
     return Path(os.environ.get("RIGDECK_HOME") or os.path.expanduser("~/.local/share/rigdeck"))
 
 
+def _assignments(fields: dict[str, Any]) -> tuple[str, list[Any]]:
+    """``col = ?, ...`` and the values for an UPDATE of ``fields`` (JSON fields encoded)."""
+    cols = ", ".join(f"{k} = ?" for k in fields)
+    return cols, [json.dumps(v) if k in JSON_FIELDS else v for k, v in fields.items()]
+
+
 class History:
     def __init__(self, path: Path | None = None):
         self.path = Path(path) if path else rigdeck_home() / "history.sqlite"
@@ -150,12 +156,9 @@ class History:
     def update(self, job_id: str, **fields: Any) -> None:
         if not fields:
             return
-        cols, values = [], []
-        for k, v in fields.items():
-            cols.append(f"{k} = ?")
-            values.append(json.dumps(v) if k in JSON_FIELDS else v)
+        cols, values = _assignments(fields)
         with self._lock, self._db:
-            self._db.execute(f"UPDATE jobs SET {', '.join(cols)} WHERE job_id = ?", (*values, job_id))
+            self._db.execute(f"UPDATE jobs SET {cols} WHERE job_id = ?", (*values, job_id))
         if "state" in fields:
             self.announce(job_id, str(fields["state"]), {k: v for k, v in fields.items() if k != "state"})
 
@@ -203,12 +206,28 @@ class History:
 
     def add_event(self, job_id: str, event: dict[str, Any], **fields: Any) -> None:
         """Append ``event`` (stamped now) to the job's events; ``fields`` change in the same write,
-        so nobody reads the one without the other (a job ``running`` with no ``started`` event)."""
-        rec = self.get(job_id)
-        if rec is None:
-            return
-        events = rec["events"] + [{"time": time.time(), **event}]
-        self.update(job_id, events=events, **fields)
+        so nobody reads the one without the other (a job ``running`` with no ``started`` event).
+        The events are read and written back in one write transaction: two threads or processes
+        adding events at once both keep theirs (SQLite lets one writer in at a time; the other
+        waits its busy timeout)."""
+        entry = {"time": time.time(), **event}
+        cols, values = _assignments(fields) if fields else ("", [])
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")  # the write lock before the read
+                row = self._db.execute("SELECT events FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
+                if row is None:
+                    self._db.rollback()
+                    return
+                events = (json.loads(row[0]) if row[0] else []) + [entry]
+                self._db.execute(f"UPDATE jobs SET events = ?{', ' + cols if cols else ''} WHERE job_id = ?",
+                                 (json.dumps(events), *values, job_id))
+                self._db.commit()
+            except BaseException:
+                self._db.rollback()
+                raise
+        if "state" in fields:
+            self.announce(job_id, str(fields["state"]), {k: v for k, v in fields.items() if k != "state"})
 
     def _row(self, row: sqlite3.Row | tuple[Any, ...], names: list[str]) -> dict[str, Any]:
         d = dict(zip(names, row, strict=True))
