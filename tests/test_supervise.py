@@ -231,3 +231,24 @@ def test_a_look_while_a_preempted_job_restarts_does_not_take_the_preempted_attem
     ctl.job = {"state": "succeeded", "restart_count": 1, "tagged_processes": 0, "claims_held": []}
     jm.supervise_once(history.get("v-1"))  # type: ignore[arg-type]
     assert (history.get("v-1") or {})["state"] == "succeeded"
+
+
+def test_a_preempted_job_back_in_the_queue_is_stopped_once_its_last_hosts_hold_nothing_of_it(
+        tmp_path: Path) -> None:
+    """The launch that preempted a job follows that job's stop (``await_stopped``). Once the
+    preempted job is back in the queue (no placement any more) it is done as soon as the hosts
+    it ran on hold no process and no GPU claim of it: not a job "recorded queued" waited on
+    until the timeout, while the launch that made room stays blocked."""
+    history = History(tmp_path / "history.sqlite")
+    ctl = _Relaunch()
+    history.create("v-1", "victim", {"name": "victim"}, state="queued", user="bob")
+    history.update("v-1", preempted=1, restarts=0, placement=None, events=[
+        {"time": 1.0, "event": "started", "restart_count": 0, "hosts": ["h1"], "gpus": 1},
+        {"time": 2.0, "event": "preempted", "by": "u-1"},
+        {"time": 3.0, "event": "requeued", "waiting": "preempted by job u-1"}])
+    jm = JobManager(ctl, history)  # type: ignore[arg-type]
+    ctl.job = {"state": "stopped", "restart_count": 0, "tagged_processes": 0, "claims_held": [0]}
+    assert jm.await_stopped(["v-1"], timeout=0.0) == {"v-1": {"h1": "GPU 0 still claimed"}}
+    ctl.job = {"state": "stopped", "restart_count": 0, "tagged_processes": 0, "claims_held": []}
+    assert jm.await_stopped(["v-1"], timeout=0.0) == {}
+    assert (history.get("v-1") or {})["state"] == "queued"  # looked at, not changed

@@ -160,6 +160,12 @@ def this_attempt(rec: Mapping[str, Any], host_states: dict[str, Any]) -> dict[st
             and int(s["restart_count"]) < attempt else s for h, s in host_states.items()}
 
 
+def last_hosts(rec: Mapping[str, Any]) -> list[str]:
+    """The hosts the job's newest attempt was started on (its last ``started`` event)."""
+    started = [e for e in rec.get("events") or () if e.get("event") == "started"]
+    return [str(h) for h in started[-1].get("hosts") or ()] if started else []
+
+
 def first_cause(host_states: dict[str, Any]) -> dict[str, Any] | None:
     causes = []
     for host, st in host_states.items():
@@ -866,8 +872,9 @@ class JobManager:
     def await_stopped(self, job_ids: Sequence[str], timeout: float) -> dict[str, dict[str, str]]:
         """Follow stopping jobs until each is recorded ended and nothing of it is left on its
         hosts (no process, no GPU claim), or ``timeout`` passes. Supervises them meanwhile (a
-        controller that holds their lease records the end itself). Returns what is still left,
-        by job (empty: all done)."""
+        controller that holds their lease records the end itself). A preempted job back in the
+        queue is done once the hosts it last ran on hold nothing of it (no process, no claim).
+        Returns what is still left, by job (empty: all done)."""
         deadline = time.monotonic() + timeout
         pending = list(job_ids)
         left: dict[str, dict[str, str]] = {}
@@ -875,10 +882,13 @@ class JobManager:
             left = {}
             for job_id in pending:
                 rec = self.record(job_id)
-                states = self.supervise_once(rec) if rec["state"] not in TERMINAL else self.host_states(rec)
-                rec = self.record(job_id)
+                if rec["state"] == QUEUED:  # preempted and back in the queue: its placement is gone
+                    states = self.host_states({**rec, "placement": [{"host": h} for h in last_hosts(rec)]})
+                else:
+                    states = self.supervise_once(rec) if rec["state"] not in TERMINAL else self.host_states(rec)
+                    rec = self.record(job_id)
                 what = left_behind(states)
-                if rec["state"] not in TERMINAL:
+                if rec["state"] not in TERMINAL and rec["state"] != QUEUED:
                     what = what or {"": f"recorded {rec['state']}"}
                 if what:
                     left[job_id] = what
