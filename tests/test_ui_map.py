@@ -122,6 +122,7 @@ async def open_map(app: RigdeckApp, pilot: Pilot[None]) -> ClusterMap:
         if app.tabs.active == "map" and m.hosts and app.focused is m:
             break
     assert app.tabs.active == "map" and app.focused is m
+    await pilot.pause()  # what the last layout posted (the legend's fit) is handled
     return m
 
 
@@ -156,6 +157,25 @@ async def test_map_shows_all_4096_gpus_in_200x60_without_scrolling() -> None:
         legend = static_text(app, "#map-legend")
         assert f"{MAP_HOSTS} hosts" in legend and "4096 simulated GPUs" in legend
         assert "scrolls" not in legend
+
+
+async def test_the_legend_follows_the_maps_own_size() -> None:
+    """Whether the map all fits is said in the legend, and follows the map's size when only the
+    map is laid out again (its side panel widened: the pane keeps its size). A legend drawn
+    from the layout before said "(scrolls)" over a map that fitted (a fresh-clone run)."""
+    app = map_app()
+    async with app.run_test(size=BIG) as pilot:
+        m = await open_map(app, pilot)
+        assert m.max_scroll_y == 0 and "scrolls" not in static_text(app, "#map-legend")
+        side = app.query_one("#map-side")
+        side.styles.width = 150  # the map gets 50 columns: 512 hosts no longer fit
+        await pilot.pause()
+        await pilot.pause()
+        assert m.grid.lines > m.size.height and "(scrolls)" in static_text(app, "#map-legend")
+        side.styles.width = 38
+        await pilot.pause()
+        await pilot.pause()
+        assert m.grid.lines <= m.size.height and "scrolls" not in static_text(app, "#map-legend")
 
 
 async def test_cursor_and_selection_show_the_gpu_and_its_job() -> None:

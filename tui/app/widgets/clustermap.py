@@ -185,6 +185,9 @@ class ClusterMap(ScrollView, can_focus=True):
     class Moved(Message):
         """The cursor moved (the detail panel follows it)."""
 
+    class LaidOut(Message):
+        """The map was laid out for a new size (the legend follows: whether it all fits)."""
+
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self.mode = "util"
@@ -306,6 +309,8 @@ class ClusterMap(ScrollView, can_focus=True):
 
     def on_resize(self) -> None:
         self._build()
+        # The pane's own resize may have drawn the legend before this one: it says again.
+        self.post_message(self.LaidOut())
 
     @property
     def styles_by_name(self) -> dict[str, Style]:
@@ -696,6 +701,9 @@ class MapPane(Vertical):
         self._set("#map-users", users_text(m.summary, self.jobs))
 
     def on_cluster_map_moved(self, event: ClusterMap.Moved) -> None:
+        self.update_panels()
+
+    def on_cluster_map_laid_out(self, event: ClusterMap.LaidOut) -> None:
         self.update_panels()
 
     def on_resize(self) -> None:
