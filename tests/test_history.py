@@ -16,17 +16,20 @@ from tui.control.history import History, JobRefError
 ROOT = Path(__file__).resolve().parent.parent
 OPENERS = 8
 
-# Each child waits for a start file, then opens the history and writes a job.
-CHILD = """
-import os, sys, time
+# A child process: it waits for the start file (argv[2]), opens the history (argv[1]) and
+# does what follows, all children at once.
+AT_ONCE = """
+import sys, time
 from pathlib import Path
 sys.path.insert(0, {root!r})
-from tui.control.history import History, JobRefError
+from tui.control.history import History
 go = Path(sys.argv[2])
 while not go.exists():
     time.sleep(0.001)
 h = History(Path(sys.argv[1]))
-h.create("job-" + sys.argv[3], "n", {{}})
+"""
+# Each child writes a job.
+CHILD = AT_ONCE + """h.create("job-" + sys.argv[3], "n", {{}})
 h.close()
 """
 
@@ -206,17 +209,8 @@ def test_an_event_and_the_state_it_brings_are_one_write(tmp_path: Path) -> None:
     assert told == [("running", ["started"])]
 
 
-# Each child adds its events to one job, as fast as it can, once the start file is there.
-ADDER = """
-import sys, time
-from pathlib import Path
-sys.path.insert(0, {root!r})
-from tui.control.history import History
-go = Path(sys.argv[2])
-while not go.exists():
-    time.sleep(0.001)
-h = History(Path(sys.argv[1]))
-for n in range(int(sys.argv[4])):
+# Each child adds its events to one job, as fast as it can.
+ADDER = AT_ONCE + """for n in range(int(sys.argv[4])):
     h.add_event("j1", {{"event": "probe", "who": sys.argv[3], "n": n}})
 h.close()
 """
