@@ -48,5 +48,4 @@ for step, _batch in enumerate(runtime.timed(loader())):
     runtime.report(step=step, loss=1.0 / (step + 1))
 print(f"rank {rank} done", flush=True)
 if model is not None:
-    runtime.shutdown_distributed()
-    runtime.exit_process(0)
+    runtime.finish()  # every rank meets, then this process ends here: nothing torn down
