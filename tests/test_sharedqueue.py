@@ -104,8 +104,13 @@ def test_a_gpu_quota_holds_alices_third_job_naming_the_quota_until_one_of_hers_e
     assert "quota of user alice" in s.cli.run("queue").stdout
     s.svc.stop(a1.job_id)
     s.wait_state(a3.job_id, ("running",), 120)  # the poller starts it once alice holds 2
-    events = [e["event"] for e in (s.history.get(a3.job_id) or {})["events"]]
-    assert events[:1] == ["queued"] and "dequeued" in events, events
+
+    def events() -> list[str]:
+        return [e["event"] for e in (s.history.get(a3.job_id) or {})["events"]]
+
+    # The queue records "dequeued" once the launch it made returned, a moment after "started".
+    wait_until(lambda: "dequeued" in events(), 30, f"{a3.job_id}'s dequeued event")
+    assert events()[:1] == ["queued"], events()
     assert (s.history.get(a3.job_id) or {})["user"] == "alice"
 
 
