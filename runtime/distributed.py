@@ -61,9 +61,8 @@ def shutdown_distributed() -> None:
     """
     import gc
 
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
+    dist = _initialized_dist()
+    if dist is None:
         return
     if dist.get_world_size() > 1:
         dist.barrier()

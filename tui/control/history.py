@@ -159,6 +159,10 @@ class History:
         cols, values = _assignments(fields)
         with self._lock, self._db:
             self._db.execute(f"UPDATE jobs SET {cols} WHERE job_id = ?", (*values, job_id))
+        self._announce_change(job_id, fields)
+
+    def _announce_change(self, job_id: str, fields: dict[str, Any]) -> None:
+        """A write that set ``state`` is announced, with the other fields it set."""
         if "state" in fields:
             self.announce(job_id, str(fields["state"]), {k: v for k, v in fields.items() if k != "state"})
 
@@ -226,8 +230,7 @@ class History:
             except BaseException:
                 self._db.rollback()
                 raise
-        if "state" in fields:
-            self.announce(job_id, str(fields["state"]), {k: v for k, v in fields.items() if k != "state"})
+        self._announce_change(job_id, fields)
 
     def _row(self, row: sqlite3.Row | tuple[Any, ...], names: list[str]) -> dict[str, Any]:
         d = dict(zip(names, row, strict=True))
