@@ -532,7 +532,9 @@ class Daemon:
         return bad
 
     async def _m_sample(self, client: _Client, params: Dict[str, Any]) -> Any:
-        if self._latest is not None and self._subscribers() > 0:
+        # ``fresh``: a sample taken after this request came, not the stream's latest (up to a
+        # tick old): placement right after a stop must not read the stopped job's claims.
+        if params.get("fresh") is not True and self._latest is not None and self._subscribers() > 0:
             return self._latest
         return await self._collect()
 

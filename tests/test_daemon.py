@@ -415,3 +415,33 @@ def test_the_idle_job_watcher_looks_again_when_a_jobs_request_comes_not_on_a_tim
         assert len(looks) == 2, "the request that may change jobs did not wake the job watcher"
     finally:
         srv.stop()
+
+
+def _answer(c: SocketClient, rid: int) -> dict:
+    """The answer to request ``rid`` (telemetry events on the way skipped)."""
+    while True:
+        msg = c.recv()
+        if msg.get("id") == rid:
+            return msg
+
+
+def test_a_fresh_sample_is_taken_after_the_request_not_the_streams_last(tmp_path: Path) -> None:
+    """Placement asks ``sample`` with ``fresh``: while a stream runs, the plain answer is the
+    stream's last sample (up to a tick old: it can still show a stopped job's claims), the fresh
+    one a sample taken after the request came."""
+    samples = _CountedSamples()
+    srv = _InProcess(tmp_path, samples).start()
+    try:
+        c = srv.client()
+        c.send(protocol.encode(protocol.request(1, "subscribe", rate_hz=1 / 60)))  # one tick a minute
+        _telemetry_lines(c, 1)  # the first subscriber's sample, at once
+        c.send(protocol.encode(protocol.request(2, "sample")))
+        assert _answer(c, 2)["result"]["seq"] == 1  # the stream's last
+        before = samples.n
+        c.send(protocol.encode(protocol.request(3, "sample", fresh=True)))
+        got = _answer(c, 3)["result"]["seq"]
+        assert got > before and samples.n > before  # taken for this request
+        c.send(protocol.encode(protocol.request(4, "sample", fresh="yes")))  # only true asks it
+        assert _answer(c, 4)["result"]["seq"] == 1
+    finally:
+        srv.stop()

@@ -123,7 +123,10 @@ class Service:
     _watch = None  # no poller: nothing selected
 
     def __init__(self) -> None:
+        from tui.model.fairshare import QueuePolicy
+
         self.owners = {"a-job": "alice", "b-job": "bob"}
+        self.queue_policy = QueuePolicy(member_max_priority=5)
         self.calls: list[tuple[str, dict[str, Any]]] = []
 
     def info(self) -> dict[str, Any]:
@@ -233,6 +236,9 @@ def test_retry_and_reprioritise_are_the_owners_or_an_admins(server: Server) -> N
     assert "error" in bob.call("retry", ref="b-job", user="carol")  # no who of its own: not a param
     assert bob.call("retry", ref="b-job")["result"] == {"retried": "b-job"}
     assert bob.call("reprioritise", ref="b-job", priority=3)["result"] == {"priority": 3}
+    assert bob.call("reprioritise", ref="b-job", priority=6)["error"]["message"] == (
+        "refused: priority 6 is above 5, the highest a member may give (bob is a member; an admin may set it "
+        "higher)")
     carol = Wire(server, {"identity": {"user": "carol"}})  # an admin
     assert carol.call("reprioritise", ref="a-job", priority=9)["result"] == {"priority": 9}
     assert svc.calls == [("retry", {"ref": "b-job", "user": "bob"}),
@@ -291,3 +297,20 @@ def test_usage_with_a_bad_since_says_what_it_expected_before_reaching_anything(
     err = capsys.readouterr().err
     assert err.startswith("rigdeck usage: --since: expected a date (YYYY-MM-DD or YYYY-MM-DDTHH:MM)") and \
         "'yesterday'" in err
+
+
+def test_env_values_are_the_owners_and_admins_and_a_members_priority_is_capped() -> None:
+    from tui.model.permissions import HIDDEN, Actor, env_for, priority_refusal
+
+    spec = {"name": "j", "env": {"WANDB_API_KEY": "s3cret"},
+            "pools": [{"name": "w", "env": {"TOKEN": "t0k"}}, {"name": "e", "env": {}}]}
+    bob, alice, carol = Actor("bob"), Actor("alice"), Actor("carol", admin=True)
+    seen = env_for(bob, "alice", spec)
+    assert seen["env"] == {"WANDB_API_KEY": HIDDEN} and seen["pools"][0]["env"] == {"TOKEN": HIDDEN}
+    assert "s3cret" not in str(seen) and "t0k" not in str(seen)
+    assert spec["env"] == {"WANDB_API_KEY": "s3cret"}  # the record itself is untouched
+    for who in (alice, carol, None):  # the owner, an admin, the person at their own controller
+        assert env_for(who, "alice", spec) == spec
+    assert "s3cret" not in str(env_for(bob, None, spec))  # no recorded owner: only admins see it
+    assert priority_refusal(bob, 0, 0) is None and priority_refusal(carol, 1000, 0) is None
+    assert "the highest a member may give" in (priority_refusal(bob, 1, 0) or "")

@@ -670,3 +670,44 @@ def test_cli_launch_of_a_too_big_spec_exits_2_and_records_no_job(
     err = capsys.readouterr().err
     assert err.startswith(f"rigdeck: {path}: field 'command[1]': expected ") and len(err) < 400
     assert History().list() == []
+
+
+# -- a spec as a client sends it to a server ------------------------------------------------------
+
+
+EXAMPLE_SPECS = sorted(str(p) for p in (Path(__file__).resolve().parent.parent / "examples").glob("*/*.toml")
+                       if p.name != "pipeline.toml")
+
+
+@pytest.mark.parametrize("path", EXAMPLE_SPECS)
+def test_every_example_spec_crosses_the_wire_checked_and_unchanged(path: str) -> None:
+    import dataclasses
+
+    from tui.model.jobspec import jobspec_from_wire
+
+    spec = load_jobspec(path)
+    assert jobspec_from_wire(spec.to_dict()) == dataclasses.replace(spec, path=None)
+
+
+def test_a_wire_spec_goes_through_the_spec_files_checks_and_takes_no_server_field() -> None:
+    from tui.model.jobspec import jobspec_from_wire
+
+    good = JobSpec(name="ok", command=("python", "x.py"), workdir="/tmp", processes_per_node=1).to_dict()
+    assert jobspec_from_wire(good).name == "ok"
+    bad = {
+        "priority": ({**good, "priority": 10**12}, "field 'priority'"),
+        "name": ({**good, "name": "a\x1b[31mb"}, "field 'name'"),
+        "env": ({**good, "env": {"RIGDECK_JOB_ID": "x"}}, "field 'env'"),
+        "unknown": ({**good, "owner": "alice"}, "field 'owner'"),
+        "trial": ({**good, "trial": "3", "sweep_id": "s"}, "the server sets it"),
+        "inputs": ({**good, "inputs": {"train": {"tree": "0" * 64}}}, "the server sets it"),
+        "hosts": ({**good, "hosts": ["h1", "h1"]}, "field 'hosts'"),
+        "code tree": ({**good, "code": {"sync": "/src", "tree": "../../x"}}, "field 'code.tree'"),
+        "code sync": ({**good, "code": {"sync": "relative/dir"}}, "field 'code.sync'"),
+        "not a dict": ([good], "a job spec"),
+        "types": ({**good, "command": "rm -rf /"}, "field 'command'"),
+    }
+    for what, (d, said) in bad.items():
+        with pytest.raises(JobSpecError, match=re.escape(said)):
+            jobspec_from_wire(d)
+            pytest.fail(what)

@@ -631,6 +631,134 @@ def test_people_attach_with_their_own_keys_and_a_member_stops_only_their_own_job
             operator.run("server", "remove-user", name, check=False)
 
 
+class Wire:
+    """A person speaking the server's wire directly over their forced attach (``ssh`` with their
+    key): JSON lines out, the hello in plain text, then one zlib stream in (as the server sends)."""
+
+    def __init__(self, bed: TestBed, key: Path):
+        import zlib
+
+        self.proc = subprocess.Popen(
+            ["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o",
+             f"UserKnownHostsFile={bed.known_hosts}", "-o", "IdentitiesOnly=yes", f"root@{bed.host(1).address}"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        assert self.proc.stdout is not None
+        self.hello = json.loads(self.proc.stdout.readline())
+        assert self.hello.get("event") == "hello", self.hello
+        self.z = zlib.decompressobj()
+        self.buf = b""
+        self.rid = 0
+
+    def _line(self) -> dict[str, Any]:
+        import select
+
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buf:
+            ready, _, _ = select.select([fd], [], [], 120)
+            chunk = os.read(fd, 65536) if ready else b""
+            assert chunk, "the server closed the link or said nothing for 120 s"
+            self.buf += self.z.decompress(chunk)
+        line, self.buf = self.buf.split(b"\n", 1)
+        return dict(json.loads(line))
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        """The answer: ``{"result": ...}`` or ``{"error": {"type", "message"}}``."""
+        assert self.proc.stdin is not None
+        self.rid += 1
+        self.proc.stdin.write((json.dumps({"id": self.rid, "method": method, "params": params}) + "\n").encode())
+        self.proc.stdin.flush()
+        while True:
+            msg = self._line()
+            if msg.get("id") == self.rid:
+                return msg
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+def test_a_member_speaking_the_wire_directly_gets_nothing_the_rules_refuse(
+        served: tuple[TestBed, Operator, Operator], tmp_path: Path) -> None:
+    """Acceptance (issue 46, item 1, the server's part): bob, a member, speaks the wire directly
+    over his forced attach and tries each attack on the server's checks; each is refused or sees
+    nothing, and alice's jobs and the server's users file are unchanged. Each attempt and what it
+    got is printed."""
+    from tui.model.jobspec import load_jobspec
+
+    bed, operator, _ = served
+    people = {n: person(served, tmp_path, n) for n in ("alice", "bob")}
+    users_file = ["cat", "/root/.rigdeck/server/users.json"]
+    wires: list[Wire] = []
+    try:
+        for name, (_, pub) in people.items():
+            operator.run("server", "add-user", name, "--key", str(pub))
+        users_before = bed.exec(1, users_file).stdout
+        alice, bob = people["alice"][0], people["bob"][0]
+        secret = "alice-wandb-key-0123456789"
+        running = alice.json("launch", str(alice.spec("alices-run", ticker(3000) + 'gpus_per_node = 1\n'
+                                                      f'[env]\nWANDB_API_KEY = "{secret}"\n')))
+        queued = alice.json("launch", str(alice.spec("alices-big", ticker(50) + "nodes = 3\ngpus_per_node = 4\n")))
+        assert queued["state"] == "queued", queued
+        bobs = bob.json("launch", str(bob.spec("bobs", ticker(3000) + "gpus_per_node = 1\n")))
+        w = Wire(bed, people["bob"][1].with_suffix(""))
+        wires.append(w)
+        good = load_jobspec(bob.spec("bobs-wire", ticker(5) + "gpus_per_node = 1\n")).to_dict()
+        attempts: list[tuple[str, dict[str, Any]]] = [
+            ("view alice's job", w.call("view", ref=running["job_id"])),
+            ("list_jobs", w.call("list_jobs")),
+            ("launch with alice's queued job's id", w.call("launch", spec=good, job_id=queued["job_id"])),
+            ("launch at priority 10^12", w.call("launch", spec={**good, "priority": 10**12})),
+            ("launch named with an escape sequence", w.call("launch", spec={**good, "name": "x\x1b[2Jgone"})),
+            ("launch at priority 5 (above a member's 0)", w.call("launch", spec={**good, "priority": 5})),
+            ("launch a trial of someone's sweep", w.call("launch", spec={**good, "sweep_id": "s-1", "trial": "1"})),
+            ("reprioritise his own job to 5000", w.call("reprioritise", ref=bobs["job_id"], priority=5000)),
+            ("reprioritise his own job to 5", w.call("reprioritise", ref=bobs["job_id"], priority=5)),
+            ("reprioritise alice's job", w.call("reprioritise", ref=queued["job_id"], priority=-5)),
+            ("doctor", w.call("doctor", hosts=["h2", "h3"], checks=["p2p"])),
+            ("gc", w.call("gc")),
+            ("reconnect", w.call("reconnect", host="h2")),
+            ("code_missing with ../", w.call("code_missing", blobs=[["../../../etc/passwd", 1]])),
+            ("code_manifest with a path for a hash", w.call("code_manifest", tree="../x", files=[])),
+        ]
+        for what, got in attempts:
+            print(f"bob: {what}: {json.dumps(got)[:300]}")
+        said = dict(attempts)
+        for what in ("view alice's job", "list_jobs"):
+            assert "result" in said[what] and secret not in json.dumps(said[what]), said[what]
+        (seen,) = [v for v in said["list_jobs"]["result"] if v["job_id"] == running["job_id"]]
+        assert set(seen["spec"]["env"]) == {"WANDB_API_KEY"}  # the name, not the value
+        for what, _ in attempts[2:]:
+            assert "error" in said[what] and "result" not in said[what], (what, said[what])
+        assert "unexpected keyword argument 'job_id'" in said["launch with alice's queued job's id"]["error"]["message"]
+        assert "priority" in said["launch at priority 10^12"]["error"]["message"]
+        assert "name" in said["launch named with an escape sequence"]["error"]["message"]
+        assert "the highest a member may give" in said["launch at priority 5 (above a member's 0)"]["error"]["message"]
+        assert "the server sets it" in said["launch a trial of someone's sweep"]["error"]["message"]
+        assert "-1000..1000" in said["reprioritise his own job to 5000"]["error"]["message"]
+        for what in ("doctor", "gc", "reconnect"):
+            assert "for admins only (bob is a member)" in said[what]["error"]["message"], said[what]
+        # Nothing changed: alice's jobs as they were (her own view shows her secret), bob started
+        # nothing, the users file is the same.
+        mine = Wire(bed, people["alice"][1].with_suffix(""))
+        wires.append(mine)
+        hers = mine.call("view", ref=running["job_id"])["result"]
+        assert hers["spec"]["env"] == {"WANDB_API_KEY": secret} and hers["state"] in ("starting", "running")
+        big = mine.call("view", ref=queued["job_id"])["result"]
+        assert (big["state"], big["user"], big["spec"]["priority"]) == ("queued", "alice", 0), big
+        assert [v["name"] for v in bob.json("jobs") if v.get("user") == "bob"] == ["bobs"]
+        assert bed.exec(1, users_file).stdout == users_before
+    finally:
+        for w in wires:
+            w.close()
+        for v in operator.json("jobs"):
+            if v.get("user") in people and v["state"] not in ("succeeded", "failed", "stopped"):
+                operator.run("stop", v["job_id"], "--grace", "1", check=False)
+        for name in people:
+            operator.run("server", "remove-user", name, check=False)
+
+
 def test_the_app_shows_a_lost_server_link_and_reconnects(served: tuple[TestBed, Operator, Operator]) -> None:
     import asyncio
 

@@ -9,7 +9,7 @@ import json
 import sys
 from typing import Any
 
-from tui.model.doctor import CHECKS, DoctorReport
+from tui.model.doctor import CHECKS, DoctorReport, combine, stages
 
 EXIT_OK = 0
 EXIT_BAD = 1
@@ -32,19 +32,30 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def print_report(report: DoctorReport) -> None:
-    from tui.model.termsafe import terminal_safe as safe_line
+class _Table:
+    """The findings as rows, printed as each stage of the doctor ends (a slow link's check takes
+    longest: the per-host checks are on screen by then)."""
 
-    rows = [(f.check, f.subject, f.verdict, safe_line(f.summary), safe_line(f.advice) or "-")
-            for f in report.findings]
-    if rows:
-        wc = max(5, *(len(r[0]) for r in rows))
-        ws = max(7, *(len(r[1]) for r in rows))
-        print(f"{'check':<{wc}}  {'subject':<{ws}}  {'verdict':<7}  summary  |  advice")
-        for check, subject, verdict, summary, advice in rows:
-            print(f"{check:<{wc}}  {subject:<{ws}}  {verdict.upper() if verdict != 'ok' else 'ok':<7}  "
-                  f"{summary}  |  {advice}")
-    else:
+    def __init__(self) -> None:
+        self.widths: tuple[int, int] | None = None
+
+    def rows(self, report: DoctorReport) -> None:
+        from tui.model.termsafe import terminal_safe as safe_line
+
+        if self.widths is None:
+            pairs = [len(a) + len(b) + 3 for i, a in enumerate(report.hosts) for b in report.hosts[i + 1:]]
+            self.widths = (max(5, *(len(c) for c in CHECKS)), max(7, *(len(h) for h in report.hosts), *pairs))
+            wc, ws = self.widths
+            print(f"{'check':<{wc}}  {'subject':<{ws}}  {'verdict':<7}  summary  |  advice", flush=True)
+        wc, ws = self.widths
+        for f in report.findings:
+            verdict = f.verdict.upper() if f.verdict != "ok" else "ok"
+            print(f"{f.check:<{wc}}  {safe_line(f.subject):<{ws}}  {verdict:<7}  {safe_line(f.summary)}  |  "
+                  f"{safe_line(f.advice) or '-'}", flush=True)
+
+
+def print_end(report: DoctorReport) -> None:
+    if not report.findings:
         print("no findings")
     for check, why in report.skipped:
         print(f"skipped {check}: {why}")
@@ -64,8 +75,14 @@ def run(args: argparse.Namespace, client_factory: Any) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     client = client_factory(args)
+    table = _Table()
+    parts: list[DoctorReport] = []
     try:
-        report = client.doctor(args.hosts or None, checks)
+        # One stage at a time, each shown as it ends: the per-host checks, the links, the all-reduce.
+        for stage in stages(checks or list(CHECKS)):
+            parts.append(client.doctor(args.hosts or None, stage))
+            if not args.json:
+                table.rows(parts[-1])
     except DoctorError as e:
         print(f"rigdeck: {e}", file=sys.stderr)
         return EXIT_USAGE
@@ -74,9 +91,10 @@ def run(args: argparse.Namespace, client_factory: Any) -> int:
         return EXIT_BAD
     finally:
         client.close()
+    report = combine(parts)
     if args.json:
         json.dump(wire_json(report), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        print_report(report)
+        print_end(report)
     return EXIT_BAD if report.worst == "bad" else EXIT_OK

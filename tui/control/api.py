@@ -130,7 +130,7 @@ def subscribe_hosts(rate_hz: float = 1.0) -> dict[str, Any]:
     """Start (or restart, from scratch) this session's telemetry deltas at ``rate_hz``."""
 
 
-@_declare("reconnect")
+@_declare("reconnect", guard=perm.RECONNECT)
 def reconnect(host: str) -> None:
     """Reconnect the server's telemetry reader of ``host`` now."""
 
@@ -170,8 +170,9 @@ def source_stop(job_id: str) -> str:
 
 
 @_declare("launch", own=True, actor="user")
-def launch(spec: dict[str, Any], queue: bool = True, job_id: str | None = None) -> JobView:
-    """Start the job, or queue it when it does not fit now."""
+def launch(spec: dict[str, Any], queue: bool = True) -> JobView:
+    """Start the job, or queue it when it does not fit now. The server checks the spec as a
+    spec file is checked, and picks the id."""
 
 
 @_declare("stop", guard=perm.STOP_JOB, actor="user")
@@ -184,7 +185,7 @@ def retry(ref: str, queue: bool = True) -> JobView:
     """Launch an ended job again as a new job (same spec and code, same owner)."""
 
 
-@_declare("reprioritise", guard=perm.REPRIORITISE_JOB, actor="user")
+@_declare("reprioritise", own=True, guard=perm.REPRIORITISE_JOB, actor="user")
 def reprioritise(ref: str, priority: int) -> JobView:
     """Set the priority of a job that has not ended."""
 
@@ -226,7 +227,7 @@ def tensorboard_pull(ref: str, have: list[list[Any]] | None = None) -> dict[str,
     (``tui.control.tensorboard``)."""
 
 
-@_declare("gc")
+@_declare("gc", guard=perm.GC)
 def collect_garbage(hosts: list[str] | None = None) -> dict[str, Any]:
     """Remove what ended jobs left on the hosts."""
 
@@ -285,7 +286,7 @@ def undrain(targets: list[str]) -> list[dict[str, Any]]:
     """Put ``HOST`` or ``HOST:GPU`` back into placement; the drains removed."""
 
 
-@_declare("doctor")
+@_declare("doctor", guard=perm.DOCTOR)
 def doctor(hosts: list[str] | None = None, checks: list[str] | None = None) -> DoctorReport:
     """Run the doctor's checks over ``hosts`` (default: every host)."""
 

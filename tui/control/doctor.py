@@ -11,8 +11,15 @@ figures as metrics events (``{"event": "doctor", "kind": ...}``), read back here
 Verdicts of the point-to-point matrix compare every link with the *typical* link: the median,
 over the hosts, of each host's fastest link. (The plain median of the links fails where it is
 needed most: with one slow host among three, two links of three are slow and the median is one
-of them.) A link below 50% of the typical one is bad, below 80% a warning; a host whose every
-link is that slow is named as the cause.
+of them; the rule is ``runtime.netcheck.link_figures``.) A link below 50% of the typical one is
+bad, below 80% a warning; a host whose every link is that slow is named as the cause. A link is
+flagged only if it stays slow: the p2p job measures the links below 80% again (up to 6 more
+rounds) and each way keeps its best, so an idle link that lost a round to a busy moment on a
+shared machine is not flagged.
+
+Every measurement is sized by time, not bytes (``P2P_BUDGET_S``, ``ALLREDUCE_BUDGET_S``, and a
+start-up allowance after which the job is stopped): a link of 40 Mbit/s costs the doctor
+seconds, and a pair that did not report before its job was stopped is named too slow to finish.
 
 The per-host checks (disk, versions, MTU, clock, GPU health) live in ``tui.control.doctorhost``.
 """
@@ -20,26 +27,32 @@ The per-host checks (disk, versions, MTU, clock, GPU health) live in ``tui.contr
 from __future__ import annotations
 
 import logging
-import statistics
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from runtime.netcheck import link_figures
 from tui.control.doctorhost import host_findings
-from tui.model.doctor import CHECKS, DoctorReport, Finding
+from tui.model.doctor import CHECKS, NETWORK_CHECKS, DoctorReport, Finding
 from tui.model.jobspec import JobSpec
 
 log = logging.getLogger(__name__)
 
-NETWORK_CHECKS = ("allreduce", "p2p")
 HOST_CHECKS = tuple(c for c in CHECKS if c not in NETWORK_CHECKS)
 BAD_RATIO = 0.5  # a link below half the typical one is bad
 WARN_RATIO = 0.8  # below 80% a warning
 # All-reduce sizes (MB). On CPU (gloo) the largest is 64 MB: the rest of the doctor's time.
 SIZES_MB_GPU = (1, 4, 16, 64, 256)
 SIZES_MB_CPU = (1, 4, 16, 64)
-JOB_TIMEOUT_S = 600.0
 ALLREDUCE_ITERS, ALLREDUCE_WARMUP = 10, 2
+# Each measurement is sized by time (runtime/netcheck.py): it measures for at most its budget,
+# and its job is stopped once the budget and a start-up allowance (launch, torch's import, the
+# process group) have passed, so a slow link costs the doctor seconds, not minutes.
+P2P_BUDGET_S = 20.0
+ALLREDUCE_BUDGET_S = 20.0
+JOB_START_S = 45.0
+LINKS_KEPT_S = 900.0  # the last links measured judge a later all-reduce of the same hosts
 
 
 class DoctorError(ValueError):
@@ -97,9 +110,16 @@ def allreduce_findings(records: list[dict[str, Any]], hosts: Sequence[str],
     summary = (f"busbw {_gbps(busbw)} (algbw {_gbps(float(top['algbw_gbps']))}) at "
                f"{top['size_bytes'] / (1 << 20):g} MB over {len(hosts)} hosts ({top.get('backend')})")
     verdict, advice = "ok", ""
+    cut = [r for r in records if r.get("event") == "doctor" and r.get("kind") == "allreduce_cut"]
+    if cut:  # the sizes that did not fit the time budget: the all-reduce is slow
+        sizes = ", ".join(f"{float(s):g}" for s in cut[-1].get("sizes_mb") or ())
+        verdict = "warn"
+        summary += f"; {sizes} MB not measured: they would not fit the {float(cut[-1].get('budget_s') or 0):g} s budget"
+        advice = "the all-reduce is slow: see the p2p links for the slowest host"
+        details.append(("not_measured_mb", sizes))
     if top.get("backend") != "nccl":
         summary += "; gloo reduces on the CPUs: not judged against the links"
-    elif slowest_link_gbps is not None and busbw < 0.5 * slowest_link_gbps:
+    elif slowest_link_gbps is not None and busbw < 0.5 * slowest_link_gbps and not cut:
         verdict = "warn"
         summary += f"; under half the slowest link ({_gbps(slowest_link_gbps)})"
         advice = ("the links are not what holds it back: check NCCL_SOCKET_IFNAME / the interface "
@@ -108,53 +128,71 @@ def allreduce_findings(records: list[dict[str, Any]], hosts: Sequence[str],
                     baseline=slowest_link_gbps, details=tuple(details))]
 
 
-def p2p_findings(records: list[dict[str, Any]], hosts: Sequence[str]) -> list[Finding]:
-    """Per pair, per host and one for the set, from the p2p events (rank i = hosts[i])."""
+def p2p_findings(records: list[dict[str, Any]], hosts: Sequence[str],
+                 unfinished: str | None = None) -> list[Finding]:
+    """Per pair, per host and one for the set, from the p2p events (rank i = hosts[i]); a way's
+    figure is its best event (a round, or a re-measure of a link that looked slow).
+    ``unfinished``: why the job ended before every pair reported (it ran out of time): the pairs
+    without figures are named too slow to finish, and a host all of whose links are is named."""
     rows = [r for r in records if r.get("event") == "doctor" and r.get("kind") == "p2p"]
     bw: dict[tuple[str, str], float] = {}
+    ranks: dict[tuple[int, int], float] = {}
     lat: dict[tuple[str, str], float] = {}
+    measured: dict[tuple[str, str], int] = {}
     for r in rows:
         src, dst = int(r["src"]), int(r["dst"])
-        if src >= len(hosts) or dst >= len(hosts):
+        if src >= len(hosts) or dst >= len(hosts) or src == dst:
             continue
-        bw[(hosts[src], hosts[dst])] = float(r["gbps"])
-        lat[(hosts[min(src, dst)], hosts[max(src, dst)])] = float(r["latency_ms"])
+        way = (hosts[src], hosts[dst])
+        bw[way] = max(bw.get(way, 0.0), float(r["gbps"]))
+        ranks[(src, dst)] = bw[way]
+        measured[way] = measured.get(way, 0) + 1
+        pair = (hosts[min(src, dst)], hosts[max(src, dst)])
+        lat[pair] = min(lat.get(pair, float("inf")), float(r["latency_ms"]))
     pairs = [(a, b) for i, a in enumerate(hosts) for b in hosts[i + 1:]]
     missing = [p for p in pairs if (p[0], p[1]) not in bw or (p[1], p[0]) not in bw]
-    if not rows or missing:
-        return [Finding("p2p", "all", "bad",
-                        f"the point-to-point job reported no figures for {', '.join(_pair(*p) for p in missing)}",
-                        "look at its log: rigdeck logs JOB")]
-    link = {p: min(bw[p], bw[(p[1], p[0])]) for p in pairs}  # a link is as fast as its slower way
-    best = {h: max(v for p, v in link.items() if h in p) for h in hosts}
-    typical = statistics.median(best.values())
+    if not rows or (missing and unfinished is None) or len(missing) == len(pairs):
+        what = f"for {', '.join(_pair(*p) for p in missing)}" if rows else "at all"
+        return [Finding("p2p", "all", "bad", f"the point-to-point job reported no figures {what}"
+                        + (f" ({unfinished})" if unfinished else ""), "look at its log: rigdeck logs JOB")]
+    by_rank, best_r, typical = link_figures(ranks, len(hosts))
+    link = {(hosts[i], hosts[j]): v for (i, j), v in by_rank.items()}
+    best = {hosts[i]: v for i, v in best_r.items()}
     findings: list[Finding] = []
 
     def verdict(v: float) -> str:
         return "bad" if v < BAD_RATIO * typical else "warn" if v < WARN_RATIO * typical else "ok"
 
-    host_verdict = {h: verdict(best[h]) for h in hosts}
+    host_verdict = {h: verdict(best[h]) if h in best else "bad" for h in hosts}
     for a, b in pairs:
+        if (a, b) not in link:
+            findings.append(Finding("p2p", _pair(a, b), "bad", f"too slow to finish: {unfinished}",
+                                    _slow_advice([h for h in (a, b) if host_verdict[h] != "ok"], a, b)))
+            continue
         v = link[(a, b)]
         ver = verdict(v)
         pct = 100.0 * v / typical if typical > 0 else 0.0
+        times = min(measured[(a, b)], measured[(b, a)])
         summary = (f"{a}->{b} {_gbps(bw[(a, b)])}, {b}->{a} {_gbps(bw[(b, a)])}, "
-                   f"latency {lat[(a, b)]:.3f} ms; {pct:.0f}% of typical {_gbps(typical)}")
+                   f"latency {lat[(a, b)]:.3f} ms; {pct:.0f}% of typical {_gbps(typical)}"
+                   + (f", best of {times} measures" if ver != "ok" else ""))
         advice = ""
         if ver != "ok":
-            culprits = [h for h in (a, b) if host_verdict[h] != "ok"]
-            advice = (f"every link of {' and '.join(culprits)} is slow: check its NIC, cable, switch port, "
-                      "MTU and any rate limit (tc)" if culprits else
-                      f"{a} and {b} are fast to others: check the path between them (switch, routing)")
+            advice = _slow_advice([h for h in (a, b) if host_verdict[h] != "ok"], a, b)
         findings.append(Finding("p2p", _pair(a, b), ver, summary, advice, value=v, unit="GB/s",
                                 baseline=typical,
                                 details=((f"{a}->{b}_gbps", round(bw[(a, b)], 4)),
                                          (f"{b}->{a}_gbps", round(bw[(b, a)], 4)),
-                                         ("latency_ms", round(lat[(a, b)], 4)))))
+                                         ("latency_ms", round(lat[(a, b)], 4)), ("measures", times))))
     for h in hosts:
         mine = sorted((v, p) for p, v in link.items() if h in p)
-        slow_v, slow_p = mine[0]
         ver = host_verdict[h]
+        if not mine:
+            findings.append(Finding("p2p", h, "bad", f"none of its links finished: {unfinished}",
+                                    "all its links are slow: check its NIC, cable, switch port, MTU and "
+                                    "any rate limit (tc)"))
+            continue
+        slow_v, slow_p = mine[0]
         summary = (f"links {_gbps(mine[0][0])}..{_gbps(mine[-1][0])}, slowest {_pair(*slow_p)}; "
                    f"best {100.0 * best[h] / typical:.0f}% of typical {_gbps(typical)}")
         advice = ("all its links are slow: check its NIC, cable, switch port, MTU and any rate limit (tc)"
@@ -163,13 +201,21 @@ def p2p_findings(records: list[dict[str, Any]], hosts: Sequence[str]) -> list[Fi
                                 details=tuple((_pair(*p), round(v, 4)) for v, p in mine)))
     slow_v, slow_p = min((v, p) for p, v in link.items())
     below = 100.0 * (1 - slow_v / typical) if typical > 0 else 0.0
-    ver = verdict(slow_v)
+    ver = "bad" if missing else verdict(slow_v)
     summary = (f"slowest link {_pair(*slow_p)} {_gbps(slow_v)}, {below:.0f}% below typical {_gbps(typical)} "
                f"(median of each host's fastest link; {len(pairs)} links)")
-    advice = f"see {_pair(*slow_p)}" if ver != "ok" else ""
+    if missing:
+        summary = f"{len(missing)} of {len(pairs)} links did not finish ({unfinished}); " + summary
+    advice = f"see {_pair(*missing[0])}" if missing else f"see {_pair(*slow_p)}" if ver != "ok" else ""
     findings.insert(0, Finding("p2p", "all", ver, summary, advice, value=slow_v, unit="GB/s", baseline=typical,
                                details=tuple((_pair(*p), round(v, 4)) for p, v in link.items())))
     return findings
+
+
+def _slow_advice(culprits: list[str], a: str, b: str) -> str:
+    return (f"every link of {' and '.join(culprits)} is slow: check its NIC, cable, switch port, "
+            "MTU and any rate limit (tc)" if culprits else
+            f"{a} and {b} are fast to others: check the path between them (switch, routing)")
 
 
 # -- running the jobs ---------------------------------------------------------------------------
@@ -186,12 +232,12 @@ def _uses_gpus(service: Any, hosts: list[str]) -> bool:
     return bool(caps) and all(c.gpus and not c.simulated for c in caps)
 
 
-def measurement_spec(kind: str, hosts: list[str], args: Sequence[str], gpus: bool) -> JobSpec:
+def measurement_spec(kind: str, hosts: list[str], args: Sequence[str], gpus: bool, timeout_s: float) -> JobSpec:
     return JobSpec(
         name=f"doctor-{kind}", command=("{python}", "-m", "runtime.netcheck", kind, *args), workdir="",
         hosts=tuple(hosts), nodes=len(hosts),
         gpus_per_node=1 if gpus else None, processes_per_node=None if gpus else 1,
-        max_runtime_s=int(JOB_TIMEOUT_S), grace_s=5.0, priority=100,
+        max_runtime_s=max(1, math.ceil(timeout_s)), grace_s=5.0, priority=100,
     )
 
 
@@ -217,11 +263,61 @@ def _run_job(service: Any, spec: JobSpec, timeout_s: float) -> tuple[str, str, s
     return job_id, state, why, records
 
 
+def _links_memory(service: Any) -> dict[tuple[str, ...], tuple[float, float]]:
+    """The slowest link each set of hosts had when last measured: (monotonic time, GB/s)."""
+    memory = getattr(service, "doctor_links", None)
+    if memory is None:
+        memory = {}
+        service.doctor_links = memory
+    return memory  # type: ignore[no-any-return]
+
+
+def _p2p(service: Any, chosen: list[str], gpus: bool, size_mb: float, min_s: float,
+         budget_s: float) -> tuple[str, list[Finding]]:
+    timeout = budget_s + JOB_START_S
+    spec = measurement_spec("p2p", chosen, ["--size-mb", f"{size_mb:g}", "--min-s", f"{min_s:g}",
+                                            "--recheck-below", f"{WARN_RATIO:g}", "--budget-s", f"{budget_s:g}"],
+                            gpus, timeout)
+    job_id, state, why, records = _run_job(service, spec, timeout)
+    if state == "succeeded":
+        found = p2p_findings(records, chosen)
+    elif any(r.get("kind") == "p2p" for r in records):  # cut short: what it measured, and what not
+        found = p2p_findings(records, chosen, unfinished=f"the job {job_id} {state}: {why}")
+    else:
+        found = [Finding("p2p", "all", "bad", f"the point-to-point job {job_id} {state}: {why}",
+                         f"rigdeck logs {job_id}")]
+    links = [f.value for f in found if f.subject not in chosen and f.subject != "all" and f.value is not None]
+    if links:
+        _links_memory(service)[tuple(sorted(chosen))] = (time.monotonic(), min(links))
+    return job_id, found
+
+
+def _allreduce(service: Any, chosen: list[str], gpus: bool, sizes_mb: Sequence[float] | None,
+               budget_s: float) -> tuple[str, list[Finding]]:
+    sizes = list(sizes_mb) if sizes_mb else list(SIZES_MB_GPU if gpus else SIZES_MB_CPU)
+    timeout = budget_s + JOB_START_S
+    spec = measurement_spec("allreduce", chosen, ["--sizes-mb", ",".join(f"{s:g}" for s in sizes),
+                                                  "--iters", str(ALLREDUCE_ITERS),
+                                                  "--warmup", str(ALLREDUCE_WARMUP),
+                                                  "--budget-s", f"{budget_s:g}"], gpus, timeout)
+    job_id, state, why, records = _run_job(service, spec, timeout)
+    if state != "succeeded":
+        return job_id, [Finding("allreduce", "all", "bad", f"the all-reduce job {job_id} {state}: {why}",
+                                f"rigdeck logs {job_id}")]
+    at, slowest = _links_memory(service).get(tuple(sorted(chosen)), (0.0, None))
+    if slowest is not None and time.monotonic() - at > LINKS_KEPT_S:
+        slowest = None
+    return job_id, allreduce_findings(records, chosen, slowest)
+
+
 def run_doctor(service: Any, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None,
                *, sizes_mb: Sequence[float] | None = None, p2p_size_mb: float = 8.0,
-               p2p_min_s: float = 0.3, timeout_s: float = JOB_TIMEOUT_S) -> DoctorReport:
+               p2p_min_s: float = 0.3, p2p_budget_s: float = P2P_BUDGET_S,
+               allreduce_budget_s: float = ALLREDUCE_BUDGET_S) -> DoctorReport:
     """Run the chosen checks over ``hosts`` (default: the inventory) with ``service`` (a
-    ControllerService) and return the report."""
+    ControllerService) and return the report. The links are measured before the all-reduce,
+    which is judged against the slowest of them (this run's, or the same hosts' last within
+    ``LINKS_KEPT_S``: a face that runs the checks one at a time gets the same judgement)."""
     chosen, wanted = choose(service.inventory.names, hosts, checks)
     started = time.time()
     findings: list[Finding] = []
@@ -231,34 +327,16 @@ def run_doctor(service: Any, hosts: Sequence[str] | None = None, checks: Sequenc
     if net and len(chosen) < 2:
         skipped += [(c, "needs at least 2 hosts") for c in net]
         net = []
-    p2p_out: list[Finding] = []
-    slowest: float | None = None
     if net:
         gpus = _uses_gpus(service, chosen)
         if "p2p" in net:
-            spec = measurement_spec("p2p", chosen, ["--size-mb", f"{p2p_size_mb:g}", "--min-s", f"{p2p_min_s:g}"], gpus)
-            job_id, state, why, records = _run_job(service, spec, timeout_s)
+            job_id, found = _p2p(service, chosen, gpus, p2p_size_mb, p2p_min_s, p2p_budget_s)
             job_ids.append(job_id)
-            if state == "succeeded":
-                p2p_out = p2p_findings(records, chosen)
-                links = [f.value for f in p2p_out if f.subject not in chosen and f.subject != "all"]
-                slowest = min((v for v in links if v is not None), default=None)
-            else:
-                p2p_out = [Finding("p2p", "all", "bad", f"the point-to-point job {job_id} {state}: {why}",
-                                   f"rigdeck logs {job_id}")]
+            findings += found
         if "allreduce" in net:
-            sizes = list(sizes_mb) if sizes_mb else list(SIZES_MB_GPU if gpus else SIZES_MB_CPU)
-            spec = measurement_spec("allreduce", chosen, ["--sizes-mb", ",".join(f"{s:g}" for s in sizes),
-                                                          "--iters", str(ALLREDUCE_ITERS),
-                                                          "--warmup", str(ALLREDUCE_WARMUP)], gpus)
-            job_id, state, why, records = _run_job(service, spec, timeout_s)
+            job_id, found = _allreduce(service, chosen, gpus, sizes_mb, allreduce_budget_s)
             job_ids.append(job_id)
-            if state == "succeeded":
-                findings += allreduce_findings(records, chosen, slowest)
-            else:
-                findings.append(Finding("allreduce", "all", "bad", f"the all-reduce job {job_id} {state}: {why}",
-                                        f"rigdeck logs {job_id}"))
-        findings += p2p_out
+            findings += found
     host_checks = [c for c in wanted if c in HOST_CHECKS]
     if host_checks:
         got, skip = host_findings(service.ctl, chosen)

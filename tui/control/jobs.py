@@ -288,7 +288,9 @@ class JobManager:
             read.done.set()
 
     def _capacity(self, hosts: Sequence[str], skip: str | None = None) -> list[HostCapacity]:
-        samples = self.ctl.agents(hosts).sample(timeout=30)
+        # Taken now: the stream's last sample can be a tick older than a stop that just ended,
+        # and would show the stopped job's claims (a launch right after it queued for nothing).
+        samples = self.ctl.agents(hosts).sample(fresh=True, timeout=30)
         job_lists = self.ctl.agents([h for h in hosts if not isinstance(samples[h], Exception)]).job_list(timeout=30)
         state = ClusterState([(s.name, s.address) for s in self.ctl.inventory.select(hosts)])
         for h, sample in samples.items():

@@ -55,9 +55,9 @@ from tui.control.metricsserver import MetricsServer
 from tui.control.service import ControllerService
 from tui.model import wire
 from tui.model.identity import local_user
-from tui.model.jobspec import JobSpec
+from tui.model.jobspec import HEX64_RE, PRIORITY_MAX, PRIORITY_MIN, JobSpec, jobspec_from_wire
 from tui.model.jobstate import QUEUED
-from tui.model.permissions import Actor, Guard, PermissionDenied, check
+from tui.model.permissions import Actor, Guard, PermissionDenied, check, env_for, priority_refusal
 from tui.model.state import ClusterState, HostState
 from tui.model.userconfig import UserConfig, load_config
 from tui.remote.serverhelper import read_users
@@ -218,29 +218,38 @@ class StateMirror:
 # Encoding what methods return.
 
 
-def encode_result(value: Any) -> Any:
+def encode_result(value: Any, s: Session | None = None) -> Any:
+    """An answer as it crosses the wire to session ``s`` (None: the server's own use): a job's
+    ``[env]`` values only to its owner and admins (``tui.model.permissions.env_for``)."""
     from tui.control.controller import HostReport
     from tui.model.jobview import JobView
 
     if isinstance(value, JobView):
-        return {**value.to_json(), "spec": value.spec}
+        return {**value.to_json(), "spec": env_for(_viewer(s), value.user, value.spec)}
     if isinstance(value, HostReport):
         return value.to_json()
     if isinstance(value, list):
-        return [encode_result(v) for v in value]
+        return [encode_result(v, s) for v in value]
     if isinstance(value, dict):
         return {k: (v.to_json() if hasattr(v, "to_json") and not isinstance(v, dict) else
-                    (str(v) if isinstance(v, BaseException) else encode_result(v))) for k, v in value.items()}
+                    (str(v) if isinstance(v, BaseException) else encode_result(v, s))) for k, v in value.items()}
     if isinstance(value, BaseException):
         return {"error": str(value)}
     return wire.encode(value)
 
 
-def encode_detail(detail: Any, log_since: int) -> dict[str, Any]:
-    """A JobDetail without its log buffer, plus the log lines after ``log_since``."""
+def _viewer(s: Session | None) -> Actor | None:
+    """Who an answer is for: the session's person; None (sees all) for the server itself."""
+    return None if s is None else s.actor
+
+
+def encode_detail(detail: Any, log_since: int, s: Session | None = None) -> dict[str, Any]:
+    """A JobDetail without its log buffer, plus the log lines after ``log_since``; its spec as
+    ``s``'s person may see it."""
     import dataclasses
 
     out = {f.name: wire.encode(getattr(detail, f.name)) for f in dataclasses.fields(detail) if f.name != "logs"}
+    out["spec"] = env_for(_viewer(s), detail.user, out.get("spec") or {})
     start, lines = detail.logs.since(log_since)
     out["logs"] = {"start": start, "lines": [list(x) for x in lines], "length": len(detail.logs)}
     return out
@@ -248,6 +257,11 @@ def encode_detail(detail: Any, log_since: int) -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------------------------
 # The server.
+
+
+# A session's requests answered at once (the app keeps a few streams open and polls; a client
+# past this is refused until one ends).
+MAX_IN_FLIGHT = 32
 
 
 class Session:
@@ -259,6 +273,8 @@ class Session:
         self.who = f"session-{number}"
         self.user: str | None = None  # the person its attach named (None: the server's account)
         self._lines_read = 0
+        self._in_flight = 0  # requests being answered (each on a thread of its own)
+        self._flight_lock = threading.Lock()
         self._wlock = threading.Lock()
         self._closed = threading.Event()
         self.rate_hz = 0.0
@@ -344,8 +360,24 @@ class Session:
         except ValueError as e:  # a bad message never ends the server, nor this session
             self.send({"event": "error", "data": f"bad message: {e}"})
             return
-        threading.Thread(target=self._call, args=(msg,), daemon=True,
+        with self._flight_lock:
+            busy = self._in_flight >= MAX_IN_FLIGHT
+            if not busy:
+                self._in_flight += 1
+        if busy:  # a client that floods the server gets errors, not a thread each
+            self.send({"id": msg.get("id"), "error": {
+                "type": "RemoteError", "message": f"refused: {MAX_IN_FLIGHT} requests of this session are "
+                                                  "still being answered; wait for one"}})
+            return
+        threading.Thread(target=self._call_counted, args=(msg,), daemon=True,
                          name=f"{self.who}-{msg.get('method')}").start()
+
+    def _call_counted(self, msg: dict[str, Any]) -> None:
+        try:
+            self._call(msg)
+        finally:
+            with self._flight_lock:
+                self._in_flight -= 1
 
     def _call(self, msg: dict[str, Any]) -> None:
         rid = msg.get("id")
@@ -416,16 +448,21 @@ class Server:
 
     def authorize(self, s: Session, guard: Guard, params: dict[str, Any]) -> None:
         """PermissionDenied when the session's person may not do what ``guard`` guards to what
-        ``params`` name (each target, for a method that takes several)."""
+        ``params`` name (each target, for a method that takes several). A reference checked is
+        replaced in ``params`` by the id it resolved to, so the action hits what was checked,
+        not a same-named job launched in between."""
         actor = s.actor
         if actor.admin:
             return
         if guard.admin_only:
             check(actor, guard)
         refs = params.get(guard.param)
+        idents = []
         for ref in refs if isinstance(refs, list) else [refs]:
             ident, owner = self.service.owner(guard.kind, str(ref))
             check(actor, guard, ref=ident, owner=owner)
+            idents.append(ident)
+        params[guard.param] = idents if isinstance(refs, list) else idents[0]
 
     def listen(self) -> None:
         d = self.sock_path.parent
@@ -498,10 +535,10 @@ def _handler(m: api.Method) -> Callable[..., Any]:
     elif m.stream:
         def handle(s: Session, **params: Any) -> Any:
             bound = _bind(s, m, params)  # refused at the call, not at the first item
-            return (encode_result(item) for item in getattr(s.server.service, str(m.service))(**bound))
+            return (encode_result(item, s) for item in getattr(s.server.service, str(m.service))(**bound))
     else:
         def handle(s: Session, **params: Any) -> Any:
-            return encode_result(getattr(s.server.service, str(m.service))(**_bind(s, m, params)))
+            return encode_result(getattr(s.server.service, str(m.service))(**_bind(s, m, params)), s)
     handle.__name__ = m.attr
     return handle
 
@@ -556,7 +593,7 @@ class _Own:
     @staticmethod
     def job_detail(s: Session, job_id: str, log_since: int = 0) -> Any:
         d = s.server.service.job_detail(job_id)
-        return None if d is None else encode_detail(d, log_since)
+        return None if d is None else encode_detail(d, log_since, s)
 
     @staticmethod
     def select(s: Session, job_id: str | None) -> None:
@@ -564,19 +601,19 @@ class _Own:
 
     @staticmethod
     def source_launch(s: Session, spec: dict[str, Any]) -> str:
-        return str(s.server.service.source.launch(JobSpec.from_dict(spec), **_person(s)))
+        return str(s.server.service.source.launch(_client_spec(s, spec), **_person(s)))
 
     @staticmethod
     def source_stop(s: Session, job_id: str) -> str:
         return str(s.server.service.source.stop_job(job_id, **_person(s)))
 
     @staticmethod
-    def launch(s: Session, spec: dict[str, Any], queue: bool = True, job_id: str | None = None) -> Any:
+    def launch(s: Session, spec: dict[str, Any], queue: bool = True) -> Any:
         svc = s.server.service
-        view = svc.launch(JobSpec.from_dict(spec), queue=queue, job_id=job_id, user=s.actor.name)
+        view = svc.launch(_client_spec(s, spec), queue=queue is not False, user=s.actor.name)
         if view.state != QUEUED:  # the launching face opens the job it started
             svc.select(view.job_id, who=s.who)
-        return encode_result(view)
+        return encode_result(view, s)
 
     @staticmethod
     def log_chunks(s: Session, ref: str, rank: int | None = None, follow: bool = False) -> Any:
@@ -587,11 +624,11 @@ class _Own:
 
     @staticmethod
     def sweep(s: Session, spec: dict[str, Any]) -> Any:
-        return wire.encode(s.server.service.sweep(JobSpec.from_dict(spec), user=s.actor.name))
+        return wire.encode(s.server.service.sweep(_client_spec(s, spec), user=s.actor.name))
 
     @staticmethod
     def sweep_stop_trial(s: Session, ref: str, number: int) -> Any:
-        return encode_result(s.server.service.sweep_stop_trial(ref, int(number), user=s.actor.name))
+        return encode_result(s.server.service.sweep_stop_trial(ref, int(number), user=s.actor.name), s)
 
     @staticmethod
     def pipeline(s: Session, spec: dict[str, Any]) -> Any:
@@ -601,19 +638,58 @@ class _Own:
 
     @staticmethod
     def pipeline_retry(s: Session, ref: str, step: str) -> Any:
-        return encode_result(s.server.service.pipeline_retry(ref, str(step)))
+        return encode_result(s.server.service.pipeline_retry(ref, str(step)), s)
+
+    @staticmethod
+    def reprioritise(s: Session, ref: str, priority: int) -> Any:
+        # Out of the spec's range or not an integer: the service's own error says so.
+        in_range = isinstance(priority, int) and PRIORITY_MIN <= priority <= PRIORITY_MAX
+        why = priority_refusal(s.actor, priority, s.server.service.queue_policy.member_max_priority) \
+            if in_range else None
+        if why is not None:
+            raise PermissionDenied(why)
+        return encode_result(s.server.service.reprioritise(ref, priority, user=s.actor.name), s)
 
     @staticmethod
     def code_missing(s: Session, blobs: list[Any]) -> Any:
-        return s.server.service.manager.code_store.missing(blobs)
+        return s.server.service.manager.code_store.missing(_blob_sizes(blobs))
 
     @staticmethod
     def code_put(s: Session, blobs: list[Any]) -> Any:
+        if not isinstance(blobs, list) or not all(isinstance(b, list) and b and _is_hash(b[0]) for b in blobs):
+            raise ValueError("code_put: expected a list of contents, each [sha256 (64 hex digits), ...]")
         return s.server.service.manager.code_store.put(blobs)
 
     @staticmethod
     def code_manifest(s: Session, tree: str, files: list[Any]) -> Any:
+        if not _is_hash(tree) or not isinstance(files, list) or not all(
+                isinstance(f, list) and len(f) >= 2 and _is_hash(f[1]) for f in files):
+            raise ValueError("code_manifest: expected a tree hash and rows [path, sha256, ...] of 64 hex digits")
         return {"tree": s.server.service.manager.code_store.add_manifest(tree, files).tree}
+
+
+def _is_hash(v: Any) -> bool:
+    return isinstance(v, str) and HEX64_RE.fullmatch(v) is not None
+
+
+def _blob_sizes(blobs: Any) -> list[list[Any]]:
+    """``[[sha256, size], ...]`` as a client must send it: a content's hash (never a path: the
+    store would answer whether ``../x`` exists on the server's host) and a size."""
+    if not isinstance(blobs, list) or not all(
+            isinstance(b, list) and len(b) == 2 and _is_hash(b[0]) and isinstance(b[1], int)
+            and not isinstance(b[1], bool) and b[1] >= 0 for b in blobs):
+        raise ValueError("code_missing: expected [[sha256 (64 hex digits), size (an integer >= 0)], ...]")
+    return blobs
+
+
+def _client_spec(s: Session, spec: Any) -> JobSpec:
+    """A spec a client sent, checked as a spec file is (``jobspec_from_wire``: JobSpecError
+    names the field), and its priority within what the session's person may give."""
+    checked = jobspec_from_wire(spec)
+    why = priority_refusal(s.actor, checked.priority, s.server.service.queue_policy.member_max_priority)
+    if why is not None:
+        raise PermissionDenied(why)
+    return checked
 
 
 # ---------------------------------------------------------------------------------------------

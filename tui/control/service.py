@@ -31,7 +31,7 @@ from tui.model.fairshare import QueuePolicy
 from tui.model.health import DRAINED, UNHEALTHY, Drain, drained, parse_target
 from tui.model.identity import local_user
 from tui.model.inventory import Inventory
-from tui.model.jobspec import JobSpec
+from tui.model.jobspec import PRIORITY_MAX, PRIORITY_MIN, JobSpec
 from tui.model.jobstate import QUEUED, RUNNING, TERMINAL
 from tui.model.pipelineview import PIPELINE_FINAL, PipelineDetail, PipelineRow
 from tui.model.promexport import cluster_exposition
@@ -586,8 +586,8 @@ class ControllerService:
     def reprioritise(self, ref: str, priority: int, *, user: str | None = None) -> JobView:
         """Set the priority of a job that has not ended: a waiting one's place in line, a running
         one's standing against preemption. ``user``: who changed it, recorded."""
-        if isinstance(priority, bool) or not isinstance(priority, int):
-            raise JobError(f"priority: expected an integer, got {priority!r}")
+        if isinstance(priority, bool) or not isinstance(priority, int) or not PRIORITY_MIN <= priority <= PRIORITY_MAX:
+            raise JobError(f"priority: expected an integer {PRIORITY_MIN}..{PRIORITY_MAX}, got {priority!r}")
         with self._exclusive():
             rec = self.manager.resolve(ref).rec
             job_id = str(rec["job_id"])

@@ -12,6 +12,15 @@ from dataclasses import dataclass
 VERDICTS = ("ok", "warn", "bad")
 # The checks, in the order a report lists them.
 CHECKS = ("allreduce", "p2p", "disk", "versions", "network", "clock", "gpu")
+NETWORK_CHECKS = ("allreduce", "p2p")  # measurement jobs; the rest ask the agents
+
+
+def stages(checks: tuple[str, ...] | list[str]) -> list[list[str]]:
+    """``checks`` in the order a person wants answers: the per-host checks first (seconds), then
+    the point-to-point links, then the all-reduce (which is judged against the links). A face
+    runs one stage after another and shows each as it ends."""
+    host = [c for c in checks if c not in NETWORK_CHECKS]
+    return [s for s in (host, [c for c in checks if c == "p2p"], [c for c in checks if c == "allreduce"]) if s]
 
 
 @dataclass(frozen=True)
@@ -51,3 +60,14 @@ class DoctorReport:
 
     def by_check(self, check: str) -> tuple[Finding, ...]:
         return tuple(f for f in self.findings if f.check == check)
+
+
+def combine(parts: list[DoctorReport]) -> DoctorReport:
+    """One report of the stages' reports (``stages``), each check in CHECKS' order."""
+    order = {c: i for i, c in enumerate(CHECKS)}
+    findings = sorted((f for p in parts for f in p.findings), key=lambda f: order.get(f.check, len(order)))
+    ends = [p.ended for p in parts]
+    return DoctorReport(hosts=parts[0].hosts, started=min(p.started for p in parts),
+                        ended=None if None in ends else max(e for e in ends if e is not None),
+                        findings=tuple(findings), skipped=tuple(s for p in parts for s in p.skipped),
+                        job_ids=tuple(j for p in parts for j in p.job_ids))

@@ -96,6 +96,9 @@ class QueuePolicy:
     share_of: Mapping[str, float] = field(default_factory=dict)  # user or group -> share
     groups: tuple[Group, ...] = ()
     quotas: tuple[Quota, ...] = ()
+    # The highest priority a member may give a job on a server (higher needs an admin): a
+    # priority jumps the queue and may preempt others, so it is not the client's to choose.
+    member_max_priority: int = 0
 
     @property
     def fair(self) -> bool:
@@ -145,6 +148,8 @@ _QUEUE_FIELDS: dict[str, Check] = {
     "half_life_hours": Check("a number of hours > 0 (past GPU time counts half after it)", number(positive=True)),
     "preemption": Check("true or false (a higher-priority job may stop preemptible ones)", boolean),
     "shares": Check("a table of shares, user or group name = a number > 0: { alice = 2, vision = 1 }", _shares),
+    "member_max_priority": Check("an integer -1000..1000 (the highest priority a member may give a job; "
+                                 "higher needs an admin)", int_range(-1000, 1000)),
 }
 _GROUP_FIELDS: dict[str, Check] = {
     "name": Check("a group name (a string without whitespace)", token),
@@ -198,7 +203,8 @@ def parse_policy(data: Mapping[str, Any], error: ErrorFactory) -> QueuePolicy:
     return QueuePolicy(order=q.get("order", "fairshare"),
                        half_life_s=q.get("half_life_hours", WEEK_S / 3600) * 3600.0,
                        preemption=q.get("preemption", True), share_of=q.get("shares", {}),
-                       groups=tuple(groups), quotas=tuple(quotas))
+                       groups=tuple(groups), quotas=tuple(quotas),
+                       member_max_priority=q.get("member_max_priority", 0))
 
 
 def _quota(i: int, t: Mapping[str, Any], groups: Sequence[Group], error: ErrorFactory) -> Quota:
@@ -217,7 +223,8 @@ def _quota(i: int, t: Mapping[str, Any], groups: Sequence[Group], error: ErrorFa
 def policy_to_toml(p: QueuePolicy) -> dict[str, Any]:
     """The tables as TOML data (what ``rigdeck server setup`` copies to the server)."""
     out: dict[str, Any] = {"queue": {"order": p.order, "half_life_hours": p.half_life_s / 3600.0,
-                                     "preemption": p.preemption, "shares": dict(p.share_of)}}
+                                     "preemption": p.preemption, "shares": dict(p.share_of),
+                                     "member_max_priority": p.member_max_priority}}
     if p.groups:
         out["group"] = [{"name": g.name, "members": list(g.members)} for g in p.groups]
     if p.quotas:

@@ -110,6 +110,9 @@ DEFAULT_LOSS_PATTERN = (
 )
 
 
+PRIORITY_MIN, PRIORITY_MAX = -1000, 1000  # a job's priority; a server caps a member's lower
+
+
 class JobSpecError(ValueError):
     """A problem in a job spec that the user can fix.
 
@@ -695,7 +698,8 @@ _TOP_FIELDS: dict[str, Check] = {
     ),
     "grace": Check('a duration >= 0: seconds or a string like "30s", "2m"', _grace),
     "total_steps": Check("an integer >= 1", int_range(1)),
-    "priority": Check("an integer -1000..1000 (the queue starts higher first)", int_range(-1000, 1000)),
+    "priority": Check(f"an integer {PRIORITY_MIN}..{PRIORITY_MAX} (the queue starts higher first)",
+                      int_range(PRIORITY_MIN, PRIORITY_MAX)),
     "preemptible": Check('true (a higher-priority job may stop it; it resumes from its [checkpoint] dir), '
                          '"restart" (it may be stopped and start over) or false', _preemptible),
     "env": Check('a table of strings (NAME = "value")', _env),
@@ -861,6 +865,99 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
             f"(JSON); this one has {size}",
         )
     return spec
+
+
+# A spec's wire form (``to_dict``) as a client sends it to a server. The fields only the server
+# fills in (a sweep's trial, a pipeline step's inputs, ...) are never taken from a client; the rest
+# go through the checks a spec file's do.
+_SERVER_ONLY = ("trial", "sweep_id", "metric_definitions", "inputs", "seed_checkpoint", "pipeline_id", "step")
+_WIRE_TOP = {"name": "name", "command": "command", "launcher": "launcher", "kind": "kind", "nodes": "nodes",
+             "hosts": "hosts", "gpus_per_node": "gpus_per_node", "processes_per_node": "processes_per_node",
+             "max_runtime_s": "max_runtime", "grace_s": "grace", "total_steps": "total_steps",
+             "priority": "priority", "preemptible": "preemptible", "env": "env",
+             "hyperparameters": "hyperparameters", "channels": "channels"}
+_WIRE_TABLES = ("checkpoint", "restart", "health", "mpi", "scaling")
+_WIRE_OWN = ("sweep", "model_parallel", "pools", "processing", "code", "workdir", "path", "loss_pattern",
+             "log_max_mb")
+HEX64_RE = re.compile(r"[0-9a-f]{64}")
+
+
+def jobspec_from_wire(d: Any) -> JobSpec:
+    """A job spec a client sent (``to_dict``'s form), checked as a spec file is: every plain field
+    and table by the same ``Check`` (a name of job-name characters, a priority in -1000..1000,
+    environment names), the cross-checks of ``jobspec_from_data``; the tables with parsers of
+    their own decoded by them; and no field that only the server fills in. A server decodes
+    what a client sends with this, never with the trusting ``from_dict``. JobSpecError names
+    the field."""
+    at = _At(None, "")
+    if not isinstance(d, dict):
+        raise at.error(None, "a job spec (a JSON object)", type(d).__name__)
+    known = {*_WIRE_TOP, *_WIRE_TABLES, *_WIRE_OWN, *_SERVER_ONLY}
+    for key in d:
+        if key not in known:
+            raise at.error(str(key), unknown_field(str(key), sorted(known)))
+    for key in _SERVER_ONLY:
+        if d.get(key):
+            raise at.error(key, "nothing: the server sets it", d[key])
+    table: dict[str, Any] = {_WIRE_TOP[k]: v for k, v in d.items() if k in _WIRE_TOP and v is not None}
+    for k in ("env", "hyperparameters", "channels"):
+        if table.get(k) == {}:
+            del table[k]
+    if table.get("hosts") == []:
+        del table["hosts"]
+    for k in _WIRE_TABLES:
+        raw = d.get(k)
+        if isinstance(raw, dict):
+            raw = {n: v for n, v in raw.items() if v is not None and v != []}
+        if raw:
+            table[k] = raw
+    log = {n: v for n, v in (("loss_pattern", d.get("loss_pattern")), ("max_mb", d.get("log_max_mb")))
+           if v is not None}
+    if log:
+        table["log"] = log
+    if d.get("code") is None:
+        table["workdir"] = d.get("workdir")
+    checked = jobspec_from_data(table, None)
+    try:
+        trusted = JobSpec.from_dict({k: v for k, v in d.items() if k not in _SERVER_ONLY and k != "path"})
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise at.error(None, f"a job spec in the form the client writes ({type(e).__name__}: {e})") from None
+    code = _wire_code(d.get("code"), at)
+    kept = {f.name: getattr(checked, f.name) for f in dataclasses.fields(JobSpec)
+            if f.name not in ("sweep", "model_parallel", "pools", "processing", "code", "workdir", "path",
+                              "gpus_per_node", "processes_per_node", *_SERVER_ONLY)}
+    return dataclasses.replace(trusted, **kept, code=code, workdir=code.sync if code else checked.workdir,
+                               path=None)
+
+
+def _wire_code(raw: Any, at: _At) -> CodeSpec | None:
+    """``[code]`` as a client sends it: the synced directory on its machine, its limits, and the
+    snapshot's tree hash the server's store must hold."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise at.error("code", "a table ([code])", raw)
+    unknown = [k for k in raw if k not in ("sync", "max_files", "max_mb", "tree", "files", "size")]
+    if unknown:
+        raise at.error(f"code.{unknown[0]}", "sync, max_files, max_mb, tree, files or size", raw[unknown[0]])
+    sync = raw.get("sync")
+    if not isinstance(sync, str) or not os.path.isabs(sync):
+        raise at.error("code.sync", "an absolute directory on the client's machine", sync)
+    limits = _checked({k: raw[k] for k in ("max_files", "max_mb") if raw.get(k) is not None},
+                      _TABLES["code"], None, "code.")
+    tree = raw.get("tree")
+    if tree is not None and not (isinstance(tree, str) and HEX64_RE.fullmatch(tree)):
+        raise at.error("code.tree", "a snapshot's hash (64 hex digits)", tree)
+    counts = {}
+    for k in ("files", "size"):
+        v = raw.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+            raise at.error(f"code.{k}", "an integer >= 0", v)
+        counts[k] = v
+    if _utf8_len(sync) > MAX_PATH_BYTES:
+        raise at.error("code.sync", f"a path of at most {MAX_PATH_BYTES} bytes", sync)
+    return CodeSpec(sync=sync, max_files=limits.get("max_files", DEFAULT_MAX_FILES),
+                    max_mb=limits.get("max_mb", DEFAULT_MAX_MB), tree=tree, **counts)
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,12 @@ jobs (bob is a member)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 __all__ = [
-    "ADMIN", "DRAIN", "MEMBER", "QUOTA", "REPRIORITISE_JOB", "RETRY_JOB", "RETRY_PIPELINE", "STOP_JOB",
-    "STOP_PIPELINE", "STOP_SWEEP", "STOP_TRIAL", "UNDRAIN", "Actor", "Guard", "PermissionDenied", "check",
-    "refusal",
+    "ADMIN", "DOCTOR", "DRAIN", "GC", "HIDDEN", "MEMBER", "QUOTA", "RECONNECT", "REPRIORITISE_JOB",
+    "RETRY_JOB", "RETRY_PIPELINE", "STOP_JOB", "STOP_PIPELINE", "STOP_SWEEP", "STOP_TRIAL", "UNDRAIN",
+    "Actor", "Guard", "PermissionDenied", "check", "env_for", "priority_refusal", "refusal",
 ]
 
 ADMIN = "admin"
@@ -62,6 +63,11 @@ RETRY_PIPELINE = Guard("pipeline", "retry steps of")
 DRAIN = Guard(ADMIN, "draining hosts", param="targets")
 UNDRAIN = Guard(ADMIN, "undraining hosts", param="targets")
 QUOTA = Guard(ADMIN, "changing quotas", param="")
+# Work that runs as the server's account on every host, outside anyone's quota, or that reaches
+# every host: an admin's.
+DOCTOR = Guard(ADMIN, "running the doctor", param="")
+GC = Guard(ADMIN, "removing what ended jobs left on the hosts", param="")
+RECONNECT = Guard(ADMIN, "reconnecting the server's links", param="")
 
 
 class PermissionDenied(Exception):
@@ -80,6 +86,33 @@ def refusal(actor: Actor, guard: Guard, *, ref: str = "", owner: str | None = No
     whose = f"belongs to {owner}" if owner else "has no recorded owner"
     return (f"refused: {guard.kind} {ref!r} {whose}; {MEMBER}s may {guard.verb} only their own "
             f"{guard.kind}s ({actor.name} is a {MEMBER})")
+
+
+def priority_refusal(actor: Actor, priority: int, member_max: int) -> str | None:
+    """Why ``actor`` may not give a job ``priority`` (a member above ``member_max``: a priority
+    jumps the queue and may preempt others' jobs), or None when they may."""
+    if actor.admin or priority <= member_max:
+        return None
+    return (f"refused: priority {priority} is above {member_max}, the highest a {MEMBER} may give "
+            f"({actor.name} is a {MEMBER}; an admin may set it higher)")
+
+
+def env_for(actor: Actor | None, owner: str | None, spec: dict[str, Any]) -> dict[str, Any]:
+    """``spec`` as ``actor`` may see it: a job's ``[env]`` values (and each pool's) are its
+    owner's and admins'; anyone else sees the names with the values hidden. ``actor`` None: the
+    person at the keyboard of their own controller, who sees everything."""
+    if actor is None or actor.admin or (owner is not None and owner == actor.name):
+        return spec
+    out = dict(spec)
+    if out.get("env"):
+        out["env"] = {k: HIDDEN for k in out["env"]}
+    if out.get("pools"):
+        out["pools"] = [{**p, "env": {k: HIDDEN for k in p["env"]}} if isinstance(p, dict) and p.get("env") else p
+                        for p in out["pools"]]
+    return out
+
+
+HIDDEN = "(hidden: the owner's)"
 
 
 def check(actor: Actor, guard: Guard, *, ref: str = "", owner: str | None = None) -> None:

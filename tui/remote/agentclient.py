@@ -324,10 +324,11 @@ class AgentClient:
         """The host's facts (addresses, Python, CPUs, memory, GPUs, what is deployed)."""
         return HostFacts.from_wire(_dict(self._call("facts", **_kw(timeout))))
 
-    def sample(self, *, timeout: float | None = None) -> dict[str, Any]:
+    def sample(self, *, fresh: bool = False, timeout: float | None = None) -> dict[str, Any]:
         """The latest telemetry sample (GPUs with their claims, host CPU and memory). A plain
-        dict: passed through unchanged to ``ClusterState.apply_sample`` and ``HostReport.sample``."""
-        return _dict(self._call("sample", **_kw(timeout)))
+        dict: passed through unchanged to ``ClusterState.apply_sample`` and ``HostReport.sample``.
+        ``fresh``: one taken after this request, never the stream's last."""
+        return _dict(self._call("sample", **_kw(timeout), **({"fresh": True} if fresh else {})))
 
     def subscribe(self, *, rate_hz: float | None = None, timeout: float | None = None) -> float:
         """Stream ``telemetry`` events on this connection (at ``rate_hz``, 1/60..10, when given);
@@ -548,9 +549,11 @@ class AgentFleet:
         """Each host's facts."""
         return self._each(lambda d: HostFacts.from_wire(_dict(d)), "facts", timeout)
 
-    def sample(self, *, timeout: float | None = None) -> dict[str, dict[str, Any] | TransportError]:
-        """Each host's latest telemetry sample (plain dicts, passed through to ``ClusterState``)."""
-        return self._each(_dict, "sample", timeout)
+    def sample(self, *, fresh: bool = False,
+               timeout: float | None = None) -> dict[str, dict[str, Any] | TransportError]:
+        """Each host's latest telemetry sample (plain dicts, passed through to ``ClusterState``);
+        ``fresh``: each taken after this request (``AgentClient.sample``)."""
+        return self._each(_dict, "sample", timeout, **({"fresh": True} if fresh else {}))
 
     def job_list(self, *, timeout: float | None = None) -> dict[str, list[JobState] | TransportError]:
         """Each host's jobs."""
