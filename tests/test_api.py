@@ -335,3 +335,20 @@ def _raw(client: RemoteClient, name: str) -> dict[str, Any]:
     probe = api.Method(name=name, attr=name, signature=inspect.Signature(), result=Any, stream=False,
                        client=False, service=None, own=False, doc="")
     return client._send(99, probe, {}).q.get(timeout=5)
+
+
+def test_every_method_declares_its_guard_or_why_it_needs_none_and_the_docs_table_is_the_declaration() -> None:
+    """docs/server.md's table of methods is what the server enforces: each declared method has
+    a guard, or is read-only or acts as its caller only by declaration, and the table's rows are
+    the declarations' rules, one per method."""
+    import re
+
+    for m in api.METHODS.values():
+        assert (m.guard is None) == (m.access in ("read", "self")), m.name
+    text = (ROOT / "docs" / "server.md").read_text()
+    block = text.split("<!-- methods: made from tui/control/api.py's declarations -->", 1)[1].split(
+        "<!-- /methods -->", 1)[0]
+    table = dict(re.findall(r"^\| `(\w+)` \| (.+?) \|$", block, re.M))
+    assert table == {m.name: m.rule for m in api.METHODS.values()}
+    # What each rule means is what the server's dispatch does (the guard checked before the call).
+    assert {m.name for m in api.METHODS.values() if m.rule == "admins"} >= {"doctor", "gc", "reconnect", "drain"}

@@ -89,8 +89,8 @@ def test_defaults_and_a_missing_default_file(tmp_path: Path, monkeypatch: pytest
     ('app = "yes"', "field 'notify.app': expected true or false"),
     ('retries = 99', "field 'notify.retries': expected an integer 0..10"),
     ('timeout_s = 0', "field 'notify.timeout_s': expected a number of seconds > 0"),
-    ('webhok = "https://h/"', "field 'notify.webhok': expected one of the known fields app, command, kinds, "
-                              "on, retries, timeout_s, webhook (did you mean 'webhook'?)"),
+    ('webhok = "https://h/"', "field 'notify.webhok': expected one of the known fields app, command, "
+                              "include_output, kinds, on, retries, timeout_s, webhook (did you mean 'webhook'?)"),
 ])
 def test_a_bad_value_names_the_file_the_field_and_what_was_expected(tmp_path: Path, body: str, needle: str) -> None:
     p = tmp_path / "config.toml"
@@ -431,3 +431,20 @@ def test_the_docs_example_parses_and_the_contract_lists_every_key() -> None:
     assert example is not None
     ev = job_event(_rec(), "failed", when=1.0, cause={"rank": 1, "host": "h3", "signal": 9})
     assert ev is not None and set(json.loads(example.group(1))) == set(ev.to_json())
+
+
+def test_a_failed_ranks_output_goes_out_only_when_the_config_asks() -> None:
+    """The rank's last lines can hold anything the job printed (a token): a webhook's body
+    carries them only with ``[notify] include_output = true``."""
+    cause = {"rank": 0, "host": "h2", "exit_code": 1, "tail": ["export TOKEN=hunter2", "Traceback ..."]}
+    plain = job_event(_rec(), "failed", when=1.0, cause=cause)
+    assert plain is not None and "tail" not in plain.to_json()["cause"] and "hunter2" not in json.dumps(plain.to_json())
+    assert cause["tail"]  # the record's cause is not changed
+    told = job_event(_rec(), "failed", when=1.0, cause=cause, include_output=True)
+    assert told is not None and told.to_json()["cause"]["tail"] == cause["tail"]
+    from tui.model.userconfig import parse_config
+
+    assert parse_config("[notify]\ninclude_output = true\n").notify.include_output is True
+    assert parse_config("[notify]\n").notify.include_output is False
+    with pytest.raises(ValueError, match="notify.include_output"):
+        parse_config('[notify]\ninclude_output = "yes"\n')

@@ -13,9 +13,11 @@ the answer decodes into (of each item, for a stream). From this one table:
 * ``tests/test_api.py`` checks that the in-process service, the server's dispatch and both
   clients agree with it.
 
-Two more things are declared per method, for a server several people share: its ``guard``, the
+Three more things are declared per method, for a server several people share: its ``guard``, the
 rule (``tui.model.permissions``) the server checks with the session's person before it runs
-(stopping a job is its owner's or an admin's, draining is an admin's), and its ``actor``, the
+(stopping a job is its owner's or an admin's, draining is an admin's), or, unguarded, its
+``access``: ``read`` (it changes nothing anyone shares) or ``self`` (it acts as the caller only);
+docs/server.md's table of methods is made from them (checked by tests/test_api.py); and its ``actor``, the
 service keyword that receives that person (``user``: who launched or stopped it; ``who``: who
 drained). The person always comes from the session (its SSH key's forced command), never from
 the params: an ``actor`` the client sends is replaced.
@@ -62,6 +64,18 @@ class Method:
     doc: str
     guard: perm.Guard | None = None  # the permission the server checks first (None: anyone)
     actor: str | None = None  # the service keyword given the session's person ("user", "who")
+    # Unguarded methods say why they need no guard: "read" (changes nothing anyone shares) or
+    # "self" (acts as the caller only: their own new work, their own session).
+    access: str | None = None
+
+    @property
+    def rule(self) -> str:
+        """Who may call it, in the words of docs/server.md's table of methods."""
+        if self.guard is None:
+            return "everyone (reads)" if self.access == "read" else "everyone, as themselves"
+        if self.guard.admin_only:
+            return "admins"
+        return f"the {self.guard.kind}'s owner, or an admin"
 
     def bind(self, params: dict[str, Any]) -> dict[str, Any]:
         """``params`` checked against the stub (TypeError for one it lacks or does not know),
@@ -94,8 +108,8 @@ class _Same:
 
 
 def _declare(name: str, *, stream: bool = False, client: bool = True, service: str | None | type[_Same] = _Same,
-             own: bool = False, guard: perm.Guard | None = None,
-             actor: str | None = None) -> Callable[[Callable[..., Any]], Method]:
+             own: bool = False, guard: perm.Guard | None = None, actor: str | None = None,
+             access: str | None = None) -> Callable[[Callable[..., Any]], Method]:
     def declare(stub: Callable[..., Any]) -> Method:
         assert name not in METHODS, f"{name} declared twice"
         hints = typing.get_type_hints(stub)
@@ -103,9 +117,11 @@ def _declare(name: str, *, stream: bool = False, client: bool = True, service: s
         method = Method(
             name=name, attr=stub.__name__, signature=inspect.signature(stub), result=hints.get("return", Any),
             stream=stream, client=client, service=answers, own=own, doc=inspect.getdoc(stub) or "",
-            guard=guard, actor=actor,
+            guard=guard, actor=actor, access=access,
         )
         assert own or method.service, f"{name}: a server handler of its own or a service method"
+        # Every method says what it asks of its caller: a guard, or why it needs none.
+        assert (guard is None) == (access in ("read", "self")), f"{name}: a guard, or access read or self"
         METHODS[name] = method
         return method
     return declare
@@ -115,17 +131,17 @@ def _declare(name: str, *, stream: bool = False, client: bool = True, service: s
 # The link and the app's job source (tui.client's RemoteClient and its _RemoteJobs).
 
 
-@_declare("info")
+@_declare("info", access="read")
 def info() -> ServiceInfo:
     """Where the controller runs (the hello carries the same)."""
 
 
-@_declare("ping", client=False, service=None, own=True)
+@_declare("ping", access="read", client=False, service=None, own=True)
 def ping() -> float:
     """The server's clock: a link that went quiet asks, to find out whether it is still there."""
 
 
-@_declare("subscribe_hosts", client=False, service=None, own=True)
+@_declare("subscribe_hosts", access="self", client=False, service=None, own=True)
 def subscribe_hosts(rate_hz: float = 1.0) -> dict[str, Any]:
     """Start (or restart, from scratch) this session's telemetry deltas at ``rate_hz``."""
 
@@ -135,27 +151,27 @@ def reconnect(host: str) -> None:
     """Reconnect the server's telemetry reader of ``host`` now."""
 
 
-@_declare("jobs_snapshot", client=False, own=True)
+@_declare("jobs_snapshot", access="read", client=False, own=True)
 def jobs_snapshot(since: int = -1) -> Any:
     """The jobs list's rows that changed since this session's last answer, or None."""
 
 
-@_declare("job_detail", client=False, own=True)
+@_declare("job_detail", access="read", client=False, own=True)
 def job_detail(job_id: str, log_since: int = 0) -> Any:
     """The open job's detail, and its log lines after ``log_since``."""
 
 
-@_declare("select", client=False, own=True)
+@_declare("select", access="self", client=False, own=True)
 def select(job_id: str | None) -> None:
     """The job this session has open (its logs are read more often)."""
 
 
-@_declare("stop_plan", client=False)
+@_declare("stop_plan", access="read", client=False)
 def stop_plan(job_id: str) -> StopPlan:
     """What stopping the job would do (the app's confirmation)."""
 
 
-@_declare("source_launch", client=False, service=None, own=True)
+@_declare("source_launch", access="self", client=False, service=None, own=True)
 def source_launch(spec: dict[str, Any]) -> str:
     """The app's launch: the job's id."""
 
@@ -169,7 +185,7 @@ def source_stop(job_id: str) -> str:
 # Jobs (the Client's commands).
 
 
-@_declare("launch", own=True, actor="user")
+@_declare("launch", access="self", own=True, actor="user")
 def launch(spec: dict[str, Any], queue: bool = True) -> JobView:
     """Start the job, or queue it when it does not fit now. The server checks the spec as a
     spec file is checked, and picks the id."""
@@ -190,37 +206,37 @@ def reprioritise(ref: str, priority: int) -> JobView:
     """Set the priority of a job that has not ended."""
 
 
-@_declare("view")
+@_declare("view", access="read")
 def view(ref: str) -> JobView:
     """One job by id, unique id prefix or name."""
 
 
-@_declare("list_jobs")
+@_declare("list_jobs", access="read")
 def list_jobs(refresh: bool = True) -> list[JobView]:
     """Every job of the history."""
 
 
-@_declare("queue", service="queue_entries")
+@_declare("queue", access="read", service="queue_entries")
 def queue() -> list[QueueEntry]:
     """The queued jobs, in the order they start."""
 
 
-@_declare("metrics")
+@_declare("metrics", access="read")
 def metrics(ref: str) -> list[dict[str, Any]]:
     """The job's metrics records."""
 
 
-@_declare("exposition")
+@_declare("exposition", access="read")
 def exposition() -> str:
     """What the controller knows now as Prometheus' text exposition (``rigdeck exporter``)."""
 
 
-@_declare("logs", stream=True, own=True, service="log_chunks")
+@_declare("logs", access="read", stream=True, own=True, service="log_chunks")
 def log_chunks(ref: str, rank: int | None = None, follow: bool = False) -> dict[str, Any]:
     """The job's log output: items {host, rank, b64, partial}."""
 
 
-@_declare("tensorboard_pull", stream=True)
+@_declare("tensorboard_pull", access="read", stream=True)
 def tensorboard_pull(ref: str, have: list[list[Any]] | None = None) -> dict[str, Any]:
     """The new bytes of the job's TensorBoard files on its hosts, against ``have`` (rows
     ``[host, dir, path, id, size, mtime_ns]``): a job item, then each host's listing and pieces
@@ -232,7 +248,7 @@ def collect_garbage(hosts: list[str] | None = None) -> dict[str, Any]:
     """Remove what ended jobs left on the hosts."""
 
 
-@_declare("wait", stream=True)
+@_declare("wait", access="read", stream=True)
 def wait(ref: str, timeout: float | None = None) -> JobView:
     """The job's view each time its state or restart count changes, until it ends."""
 
@@ -241,17 +257,17 @@ def wait(ref: str, timeout: float | None = None) -> JobView:
 # Sweeps, the doctor, pipelines.
 
 
-@_declare("sweep", own=True, actor="user")
+@_declare("sweep", access="self", own=True, actor="user")
 def sweep(spec: dict[str, Any]) -> SweepDetail:
     """Start a sweep."""
 
 
-@_declare("sweeps", service="sweep_rows")
+@_declare("sweeps", access="read", service="sweep_rows")
 def sweeps() -> list[SweepRow]:
     """Every sweep."""
 
 
-@_declare("sweep_detail")
+@_declare("sweep_detail", access="read")
 def sweep_detail(ref: str) -> SweepDetail:
     """One sweep by id, unique id prefix or name."""
 
@@ -266,12 +282,12 @@ def sweep_stop_trial(ref: str, number: int) -> SweepDetail:
     """Stop one trial of a sweep."""
 
 
-@_declare("sweep_wait", stream=True)
+@_declare("sweep_wait", access="read", stream=True)
 def sweep_wait(ref: str, timeout: float | None = None) -> SweepDetail:
     """The sweep's detail each time a trial changes state, until the sweep ends."""
 
 
-@_declare("drains")
+@_declare("drains", access="read")
 def drains() -> list[dict[str, Any]]:
     """The GPUs and hosts kept out of placement: who, when, why."""
 
@@ -291,17 +307,17 @@ def doctor(hosts: list[str] | None = None, checks: list[str] | None = None) -> D
     """Run the doctor's checks over ``hosts`` (default: every host)."""
 
 
-@_declare("pipeline", own=True, actor="user")
+@_declare("pipeline", access="self", own=True, actor="user")
 def pipeline(spec: dict[str, Any]) -> PipelineDetail:
     """Start a pipeline."""
 
 
-@_declare("pipelines", service="pipeline_rows")
+@_declare("pipelines", access="read", service="pipeline_rows")
 def pipelines() -> list[PipelineRow]:
     """Every pipeline."""
 
 
-@_declare("pipeline_detail")
+@_declare("pipeline_detail", access="read")
 def pipeline_detail(ref: str) -> PipelineDetail:
     """One pipeline by id, unique id prefix or name."""
 
@@ -316,12 +332,12 @@ def pipeline_retry(ref: str, step: str) -> PipelineDetail:
     """Run a failed or stopped step again, then the steps skipped because of it."""
 
 
-@_declare("pipeline_wait", stream=True)
+@_declare("pipeline_wait", access="read", stream=True)
 def pipeline_wait(ref: str, timeout: float | None = None) -> PipelineDetail:
     """The pipeline's detail each time a step changes state, until it ends."""
 
 
-@_declare("usage")
+@_declare("usage", access="read")
 def usage(by: str = "user", since: float | None = None) -> UsageReport:
     """GPU hours, jobs, preemptions and goodput by ``by`` (user, group, job) after ``since``
     (epoch seconds; None: all), from the jobs' recorded GPU time."""
@@ -331,16 +347,16 @@ def usage(by: str = "user", since: float | None = None) -> UsageReport:
 # Code: a ``[code] sync`` snapshot sent to the server's store (tui.remote.codesync's upload).
 
 
-@_declare("code_missing", client=False, service=None, own=True)
+@_declare("code_missing", access="read", client=False, service=None, own=True)
 def code_missing(blobs: list[Any]) -> list[Any]:
     """Which of these contents ([sha256, size]) the server's store lacks."""
 
 
-@_declare("code_put", client=False, service=None, own=True)
+@_declare("code_put", access="self", client=False, service=None, own=True)
 def code_put(blobs: list[Any]) -> dict[str, Any]:
     """Store these contents (code_put items, as an agent takes them)."""
 
 
-@_declare("code_manifest", client=False, service=None, own=True)
+@_declare("code_manifest", access="self", client=False, service=None, own=True)
 def code_manifest(tree: str, files: list[Any]) -> dict[str, Any]:
     """Record a tree whose every content the server's store holds."""

@@ -155,7 +155,7 @@ class Notifier:
         if rec is None:
             return
         ev = job_event(rec, state, when=time.time(), cause=fields.get("cause"), user=self.user,
-                       controller=self.controller)
+                       controller=self.controller, include_output=self.config.include_output)
         if ev is not None:
             self._offer(ev)
 

@@ -104,6 +104,9 @@ class NotifyConfig:
     app: bool = True  # a toast and the terminal bell in the app
     timeout_s: float = 10.0  # one webhook POST, one command run
     retries: int = 3  # webhook attempts after the first, with growing pauses
+    # A failed rank's last lines of output go out in the body only when asked: they can hold
+    # anything the job printed (a token, a path, data), and a webhook is someone else's server.
+    include_output: bool = False
 
     @property
     def sends(self) -> bool:
@@ -116,7 +119,8 @@ class NotifyConfig:
     def to_toml(self) -> dict[str, Any]:
         """The table as TOML data (what ``rigdeck server setup`` writes for the server)."""
         out: dict[str, Any] = {"on": list(self.on), "kinds": list(self.kinds), "app": self.app,
-                               "timeout_s": self.timeout_s, "retries": self.retries}
+                               "timeout_s": self.timeout_s, "retries": self.retries,
+                               "include_output": self.include_output}
         if self.webhook:
             out["webhook"] = self.webhook
         if self.command:
@@ -172,6 +176,8 @@ _NOTIFY_FIELDS: dict[str, Check] = {
     "app": Check("true or false (a toast and the terminal bell in the app)", boolean),
     "timeout_s": Check("a number of seconds > 0", number(positive=True)),
     "retries": Check("an integer 0..10 (webhook attempts after the first)", int_range(0, 10)),
+    "include_output": Check("true or false (a failed rank's last lines of output in the body; default false)",
+                            boolean),
 }
 
 
@@ -316,13 +322,17 @@ def _hosts_of(placement: Iterable[Mapping[str, Any]] | None) -> tuple[str, ...]:
 
 
 def job_event(rec: Mapping[str, Any], state: str, *, when: float, cause: Mapping[str, Any] | None = None,
-              user: str | None = None, controller: str | None = None) -> NotifyEvent | None:
+              user: str | None = None, controller: str | None = None,
+              include_output: bool = False) -> NotifyEvent | None:
     """The event of a job record reaching ``state`` (None when that state is no event).
-    ``cause``: the failure's cause when the record does not hold it yet."""
+    ``cause``: the failure's cause when the record does not hold it yet; its ``tail`` (the rank's
+    last lines of output) only with ``include_output``."""
     event = event_for_state("job", state)
     if event is None:
         return None
     why = dict(cause) if cause is not None else (dict(rec["cause"]) if rec.get("cause") else None)
+    if why is not None and not include_output:
+        why.pop("tail", None)
     if event not in ("failed", "stopped"):
         why = None  # a started or succeeded job carries no earlier attempt's cause
     spec = rec.get("spec") or {}
