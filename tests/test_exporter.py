@@ -43,7 +43,7 @@ from tests.ui_fixtures import (
 )
 from tests.webpage import free_port, process_for_the_test, write_local_inventory
 from tui.cli.main import build_parser, main
-from tui.client import InProcessClient, MetricsServer
+from tui.client import InProcessClient, MetricsServer, http_listener
 from tui.model.promexport import CONTENT_TYPE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -118,6 +118,32 @@ def test_anything_but_metrics_is_a_404_and_head_has_no_body(metrics: MetricsServ
     resp = conn.getresponse()
     assert resp.status == 200 and int(resp.headers["Content-Length"]) > 1000 and resp.read() == b""
     conn.close()
+
+
+def test_metrics_refuses_a_host_header_that_does_not_name_it(metrics: MetricsServer) -> None:
+    """DNS rebinding: a page whose own name now resolves to 127.0.0.1 sends that name as Host."""
+    host, port = metrics.address
+
+    def ask(method: str, host_header: str) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection(host, port, timeout=10)
+        try:
+            conn.request(method, "/metrics", headers={"Host": host_header})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    for bad in (f"evil.example:{port}", f"127.0.0.1:{port + 1}", "127.0.0.1", f"127.0.0.1.evil.example:{port}"):
+        status, body = ask("GET", bad)
+        assert status == 403 and b"Host header does not name this server" in body, bad
+        assert b"rigdeck_" not in body, bad  # not a line of the metrics
+    assert ask("HEAD", f"evil.example:{port}") == (403, b"")
+    for good in (f"127.0.0.1:{port}", f"localhost:{port}"):
+        status, body = ask("GET", good)
+        assert status == 200 and b"rigdeck_host_up" in body, good
+    # Bound beyond loopback, the machine's own name is one a Prometheus target may use.
+    assert http_listener("0.0.0.0", port).allows_host(f"{socket.gethostname()}:{port}")
+    assert not http_listener("0.0.0.0", port).allows_host(f"evil.example:{port}")
 
 
 def test_a_failing_exposition_fails_that_scrape_only() -> None:

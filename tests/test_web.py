@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import http.client
 import os
 import socket
 import time
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from tests._require import require
@@ -17,6 +20,7 @@ from tests.webpage import (
     free_port,
     open_page,
     screen_text,
+    stop_agents,
     wait_for_text,
     write_local_inventory,
 )
@@ -55,9 +59,17 @@ def test_web_serves_the_app_to_headless_chromium(tmp_path: Path) -> None:
     server = WebServer(inv, free_port())
     try:
         out = server.wait_listening()
-        assert f"serving the app on http://127.0.0.1:{server.port}" in out
+        assert server.url == f"http://127.0.0.1:{server.port}/?token={server.token}"
+        assert len(server.token) >= 40  # secrets.token_urlsafe(32): 43 characters
         assert "localhost only" in out and "ssh -L" in out
         with browser() as ctx:
+            # Without the token the browser gets a 403, and no app starts for it.
+            tokenless = ctx.new_page()
+            assert tokenless.goto(server.base + "/").status == 403
+            assert "open the URL that `rigdeck web` printed" in tokenless.content()
+            tokenless.close()
+            assert server.app_pids() == []
+            # The printed URL: the page opens its websocket with the token (in its path).
             first = open_page(ctx, server.url)
             # The hosts view, drawn by the app in the page's terminal, the local host up.
             screen = wait_for_text(first, "Hosts 1", "GPUs 2", "webhost", "hosts 1/1 up")
@@ -86,17 +98,88 @@ def test_web_serves_the_app_to_headless_chromium(tmp_path: Path) -> None:
             out = server.output()
             assert rc == 0, out
             assert "rigdeck web: stopped" in out
+            # The token was printed once, in the URL; every request that held it (the page's
+            # and its websockets', in the access log) is logged with it taken out.
+            assert out.count(server.token) == 1, out
+            assert '"GET /?token=<token> HTTP/1.1" 200' in out and '"GET /ws/<token>?width=' in out
             assert _wait_gone([second_app]) == []
             assert "Session ended" in second.content()
     finally:
         if server.proc.poll() is None:
             server.stop()
-        for pid_file in tmp_path.glob("**/run/daemon.pid"):  # the agent the app started
-            try:
-                os.kill(int(pid_file.read_text().strip()), 15)
-            except (ValueError, OSError):
-                pass
+        stop_agents(tmp_path)  # the agent the app started
     assert server.app_pids() == []
+
+
+async def _websocket(url: str, origin: str | None = None, host: str | None = None,
+                     until: bytes = b"webhost") -> tuple[int, bytes]:
+    """A websocket to ``url`` from aiohttp's client (its own handshake), sending ``Origin`` and
+    ``Host`` as told: the handshake's status, and what the app's screen sent until ``until``
+    showed in it (nothing when the handshake is refused)."""
+    async with aiohttp.ClientSession() as session:
+        try:
+            ws = await session.ws_connect(url, origin=origin, headers={"Host": host} if host else None)
+        except aiohttp.WSServerHandshakeError as e:
+            return e.status, b""
+        screen = b""
+        async with ws:
+            while until not in screen:
+                msg = await ws.receive(timeout=60)
+                if msg.type in (aiohttp.WSMsgType.CLOSE, aiohttp.WSMsgType.CLOSED, aiohttp.WSMsgType.ERROR):
+                    break
+                if msg.type == aiohttp.WSMsgType.BINARY:
+                    screen += msg.data
+        return 101, screen
+
+
+def _get(port: int, path: str, host: str) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path, headers={"Host": host})
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def test_web_refuses_a_websocket_without_the_token_from_another_origin_or_host(tmp_path: Path) -> None:
+    inv = write_local_inventory(tmp_path, name="webhost")
+    server = WebServer(inv, free_port())
+    try:
+        server.wait_listening()
+        port, token = server.port, server.token
+        ws = f"ws://127.0.0.1:{port}/ws"
+        ours = f"http://127.0.0.1:{port}"
+        refused = {
+            "no token": asyncio.run(_websocket(ws, origin=ours)),
+            "a wrong token in the path": asyncio.run(_websocket(f"{ws}/{token[:-1]}x", origin=ours)),
+            "a wrong token in the query": asyncio.run(_websocket(f"{ws}?token={token[:-1]}x", origin=ours)),
+            "another site's page": asyncio.run(_websocket(f"{ws}/{token}", origin="http://evil.example")),
+            "https, not what is served": asyncio.run(_websocket(f"{ws}/{token}", origin=f"https://127.0.0.1:{port}")),
+            # DNS rebinding: the page's own name resolved to 127.0.0.1, in Host and Origin both.
+            "a rebound name": asyncio.run(_websocket(f"{ws}/{token}", origin=f"http://evil.example:{port}",
+                                                     host=f"evil.example:{port}")),
+        }
+        assert refused == {why: (403, b"") for why in refused}
+        assert server.app_pids() == []  # no app started for any of them
+        out = server.output()
+        assert "no valid token" in out and "'http://evil.example'" in out and "DNS rebinding" in out
+
+        # The page, asked with the token by another name, is refused too; by localhost it is
+        # served, its websocket going back to localhost.
+        status, body = _get(port, f"/?token={token}", host=f"evil.example:{port}")
+        assert status == 403 and b"does not name this server" in body and token.encode() not in body
+        status, body = _get(port, f"/?token={token}", host=f"localhost:{port}")
+        assert status == 200 and f'"ws://localhost:{port}/ws/{token}"'.encode() in body
+
+        # With the token and from the server's own origin, the app's screen comes.
+        status, screen = asyncio.run(_websocket(f"{ws}?token={token}&width=120&height=40", origin=ours))
+        assert status == 101 and b"webhost" in screen
+        [app] = _wait_children(server, 1)
+        assert _wait_gone([app]) == []  # the websocket closed, its app ends
+    finally:
+        server.stop()
+        stop_agents(tmp_path)
 
 
 def test_web_refuses_a_public_bind_without_allow_remote(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -116,7 +117,8 @@ def write_local_inventory(dir: Path, name: str = "here", sim_gpus: int = 0) -> P
 
 
 class WebServer:
-    """A running ``rigdeck web`` (its own process group), its URL once it printed it."""
+    """A running ``rigdeck web`` (its own process group), its URL and token once it printed
+    them."""
 
     def __init__(self, inventory: Path, port: int, extra: list[str] | None = None) -> None:
         self.port = port
@@ -126,18 +128,23 @@ class WebServer:
              "--port", str(port), *(extra or [])],
             cwd=ROOT, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        self.url = f"http://127.0.0.1:{port}"
+        self.base = f"http://127.0.0.1:{port}"  # the server, no token
+        self.url = ""  # the URL it printed, its token included (wait_listening reads it)
+        self.token = ""
 
     def output(self) -> str:
         self.log.seek(0)
         return self.log.read().decode(errors="replace")
 
     def wait_listening(self, timeout: float = 30.0) -> str:
-        """Waits for the line that says where it serves; returns the output so far."""
+        """Waits for the line that says where it serves, and takes its URL (``url``, ``token``)
+        from there; returns the output so far."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             out = self.output()
-            if "serving the app on" in out:
+            served = re.search(r"serving the app on (\S+/\?token=(\S+)) ", out)
+            if served:
+                self.url, self.token = served.group(1), served.group(2)
                 return out
             if self.proc.poll() is not None:
                 raise RuntimeError(f"rigdeck web exited {self.proc.returncode}:\n{out}")
@@ -222,11 +229,11 @@ def screenshot(out: Path) -> None:
                 page.screenshot(path=str(out))
         finally:
             server.stop()
-            _stop_agents(Path(tmp))
+            stop_agents(Path(tmp))
     print(f"wrote {out}")
 
 
-def _stop_agents(state_root: Path) -> None:
+def stop_agents(state_root: Path) -> None:
     """The agent daemon the app started for the local host (it outlives apps by design)."""
     for pid_file in state_root.glob("**/run/daemon.pid"):
         with contextlib.suppress(ValueError, OSError):

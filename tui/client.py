@@ -35,7 +35,7 @@ from tui.control.controller import HostReport
 from tui.control.doctor import DoctorError
 from tui.control.history import JobRefError, rigdeck_home
 from tui.control.jobs import AmbiguousJobError, JobError
-from tui.control.metricsserver import DEFAULT_LISTEN, MetricsServer
+from tui.control.metricsserver import DEFAULT_LISTEN, MetricsServer, http_listener
 from tui.control.onboard import Candidate, Onboarding
 from tui.control.pipelines import PipelineError
 from tui.control.queue import QueueEntry
@@ -71,7 +71,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "AmbiguousJobError", "Candidate", "Client", "DEFAULT_LISTEN", "MetricsServer", "Onboarding",
-    "forget_passphrases",
+    "forget_passphrases", "http_listener",
     "onboarding_offer", "remember_passphrase", "set_passphrase_prompt", "HostReport", "InProcessClient",
     "InventoryError", "JobError", "PermissionDenied",
     "JobRefError", "JobSpecError", "JobView", "LinkStatus", "PlacementError", "QueueEntry",

@@ -2,25 +2,28 @@
 
 No new UI: every browser tab that opens the page gets its own run of ``rigdeck app``, with the
 inventory and options given here, whose screen textual-serve carries over a websocket to a
-terminal drawn in the page. Meant for this machine's own browser: it binds 127.0.0.1 by default
-and refuses any address that is not loopback unless ``--allow-remote`` says so, because
-textual-serve has no login: whoever reaches the port drives the cluster as the user running
-this. From another machine, an ssh tunnel reaches it (``ssh -L P:127.0.0.1:P THIS-HOST``, then
-http://127.0.0.1:P there, the same port on both ends). Ctrl+C (or SIGTERM) ends every session's
-app and then the server.
+terminal drawn in the page. Whoever has the page drives the cluster as the user running this, so
+only the URL printed at the start opens it: it holds a token made for this run, and a request
+without it, from another site's page, or naming another host (DNS rebinding) gets a 403
+(``tui.cli.webserver``). Meant for this machine's own browser: it binds 127.0.0.1 by default
+and refuses any address that is not loopback unless ``--allow-remote`` says so, because it
+speaks plain HTTP, the token and the screen readable on the way. From another machine, an ssh
+tunnel reaches it (``ssh -L P:127.0.0.1:P THIS-HOST``, then the printed URL there, the same
+port on both ends). Ctrl+C (or SIGTERM) ends every session's app and then the server.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
+import secrets
 import shlex
 import socket
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from tui.client import http_listener
 from tui.model.fields import is_loopback
 
 __all__ = ["add_parser", "app_command", "is_loopback", "public_url", "run"]
@@ -37,10 +40,11 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
         "web",
         help="serve the app to a browser on this machine (localhost only; from elsewhere: ssh -L)",
         description="Serve the app to a browser on this machine with textual-serve: each tab runs "
-        "its own `rigdeck app` with these options. Binds 127.0.0.1: there is no login, so "
-        "anyone who reaches the port drives the cluster as you. From another machine, tunnel: "
-        f"ssh -L {DEFAULT_PORT}:127.0.0.1:{DEFAULT_PORT} THIS-HOST, then open "
-        f"http://127.0.0.1:{DEFAULT_PORT} there (the same port on both ends).",
+        "its own `rigdeck app` with these options. Open the URL it prints: it holds a token made "
+        "for this run, and whoever has it drives the cluster as you. Binds 127.0.0.1 (plain "
+        "HTTP). From another machine, tunnel: "
+        f"ssh -L {DEFAULT_PORT}:127.0.0.1:{DEFAULT_PORT} THIS-HOST, then open the printed URL "
+        "there (the same port on both ends).",
     )
     common(p)
     p.add_argument("--port", "-p", type=int, default=DEFAULT_PORT, metavar="P",
@@ -48,8 +52,9 @@ def add_parser(sub: Any, common: Callable[[argparse.ArgumentParser], None]) -> N
     p.add_argument("--host", default=DEFAULT_HOST, metavar="ADDR",
                    help=f"address to bind (default {DEFAULT_HOST}; loopback only unless --allow-remote)")
     p.add_argument("--allow-remote", action="store_true",
-                   help="bind a non-loopback --host anyway: anyone who reaches it controls the "
-                   "cluster as you (no login); an ssh -L tunnel is the safe way in")
+                   help="bind a non-loopback --host anyway: plain HTTP, so anyone who can watch the "
+                   "traffic sees the token and can control the cluster as you; an ssh -L tunnel "
+                   "is the safe way in")
 
 
 def app_command(args: argparse.Namespace) -> str:
@@ -66,8 +71,8 @@ def app_command(args: argparse.Namespace) -> str:
 
 
 def public_url(host: str, port: int) -> str:
-    """The address the page's websocket goes back to: the bound one, or this machine's name when
-    bound to every interface (0.0.0.0 or ::), which no browser can open."""
+    """The address the printed URL names: the bound one, or this machine's name when bound to
+    every interface (0.0.0.0 or ::), which no browser can open (a name the Host check takes)."""
     if host in ("0.0.0.0", "::", ""):
         host = socket.getfqdn()
     if ":" in host and not host.startswith("["):
@@ -81,56 +86,29 @@ def run(args: argparse.Namespace, load_inventory: Callable[[argparse.Namespace],
         return EXIT_USAGE
     if not is_loopback(args.host) and not args.allow_remote:
         print(
-            f"rigdeck web: --host {args.host} is not a loopback address. The browser app has no "
-            "login: anyone who can reach that port would drive the cluster as you. To use it from "
-            f"another machine, keep the default and tunnel: ssh -L {args.port}:127.0.0.1:{args.port} "
-            f"THIS-HOST, then open http://127.0.0.1:{args.port} there. (--allow-remote binds "
-            f"{args.host} anyway.)",
+            f"rigdeck web: --host {args.host} is not a loopback address. The browser app speaks "
+            "plain HTTP: whoever can watch the network would see its token and could drive the "
+            "cluster as you. To use it from another machine, keep the default and tunnel: ssh -L "
+            f"{args.port}:127.0.0.1:{args.port} THIS-HOST, then open the URL it prints there. "
+            f"(--allow-remote binds {args.host} anyway.)",
             file=sys.stderr,
         )
         return EXIT_USAGE
     load_inventory(args)  # a bad inventory is reported now, not in every browser tab
     try:
-        from textual_serve.server import Server
+        from tui.cli.webserver import WebServer
     except ImportError:
         print("rigdeck web: needs the textual-serve package (pip install textual-serve)",
               file=sys.stderr)
         return EXIT_FAILED
 
-    url = public_url(args.host, args.port)
-    local = is_loopback(args.host)
-
-    class WebServer(Server):  # type: ignore[misc]
-        """textual-serve's server, saying where it is in rigdeck's words, and ending every
-        session's app on the way out instead of leaving them to the handlers' timeout."""
-
-        sessions: set[asyncio.Task[Any]] = set()
-
-        async def on_startup(self, app: Any) -> None:
-            how = (f"localhost only; from another machine: ssh -L {args.port}:127.0.0.1:{args.port} "
-                   "THIS-HOST" if local else "WARNING: no login, reachable from the network")
-            print(f"rigdeck web: serving the app on {url} ({how}); Ctrl+C stops", flush=True)
-
-        async def handle_websocket(self, request: Any) -> Any:
-            task = asyncio.current_task()
-            assert task is not None
-            self.sessions.add(task)
-            try:
-                return await super().handle_websocket(request)
-            finally:
-                self.sessions.discard(task)
-
-        async def on_shutdown(self, app: Any) -> None:
-            # Cancelling a session's handler makes textual-serve tell its app to quit and wait
-            # for it; a stuck app is killed below, once the server has stopped.
-            tasks = list(self.sessions)
-            for t in tasks:
-                t.cancel()
-            if tasks:
-                await asyncio.wait(tasks, timeout=QUIT_GRACE_S)
-
-    server = WebServer(app_command(args), host=args.host, port=args.port, title="rigdeck",
-                       public_url=url)
+    token = secrets.token_urlsafe(32)  # per run: the URL printed below is the way in
+    url = f"{public_url(args.host, args.port)}/?token={token}"
+    how = (f"localhost only; from another machine: ssh -L {args.port}:127.0.0.1:{args.port} THIS-HOST"
+           if is_loopback(args.host) else "WARNING: reachable from the network, over plain HTTP")
+    server = WebServer(app_command(args), host=args.host, port=args.port, token=token,
+                       listener=http_listener(args.host, args.port),
+                       banner=f"rigdeck web: serving the app on {url} ({how}); Ctrl+C stops")
     try:
         server.serve()
     except OSError as e:

@@ -4,7 +4,9 @@ A stdlib ``ThreadingHTTPServer`` on its own thread. ``GET /metrics`` (and ``HEAD
 exposition made at that moment by the function it is given (the controller's, through the API:
 ``Client.exposition``), gzipped when the scraper accepts it, as Prometheus does; every other
 path is a 404. It binds exactly the address it is given: the callers keep a default of
-127.0.0.1, and a non-loopback address only when the user wrote one.
+127.0.0.1, and a non-loopback address only when the user wrote one. A request whose ``Host``
+header does not name it (``tui.model.httpguard``) is a 403: a page in the browser of someone on
+this machine could otherwise read the metrics through DNS rebinding.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tui.model.fields import is_loopback
+from tui.model.httpguard import Listener
 from tui.model.promexport import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
@@ -27,15 +30,26 @@ METRICS_PATH = "/metrics"
 DEFAULT_LISTEN = ("127.0.0.1", 9464)  # Prometheus' port for exporters of this kind (OpenTelemetry's too)
 
 
+def http_listener(host: str, port: int) -> Listener:
+    """The Host rules of a listener bound to ``host``:``port``. Bound beyond loopback, it also
+    answers to this machine's host name and FQDN (what a Prometheus target or a browser there
+    would use); those are looked up only then, as the FQDN can be a DNS query."""
+    if is_loopback(host):
+        return Listener(host, port)
+    return Listener(host, port, (socket.gethostname(), socket.getfqdn()))
+
+
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
     exposition: Callable[[], str]
+    listener: Listener
 
     def __init__(self, address: tuple[str, int], exposition: Callable[[], str]):
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         self.exposition = exposition
         super().__init__(address, _Handler)
+        self.listener = http_listener(address[0], self.server_port)
 
     def server_bind(self) -> None:
         # HTTPServer's own looks up the address's FQDN (a DNS query): not needed to serve.
@@ -56,6 +70,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._answer(body=False)
 
     def _answer(self, body: bool) -> None:
+        if not self.server.listener.allows_host(self.headers.get("Host")):
+            log.warning("refused a request from %s naming Host %r: not this server's address",
+                        self.address_string(), self.headers.get("Host"))
+            self._send(403, b"rigdeck: the Host header does not name this server (a guard against DNS "
+                            b"rebinding): scrape it by the address it listens on\n",
+                       "text/plain; charset=utf-8", body)
+            return
         if self.path.split("?", 1)[0] != METRICS_PATH:
             self._send(404, f"rigdeck: nothing at {self.path.split('?', 1)[0]}; the metrics are at "
                             f"{METRICS_PATH}\n".encode(), "text/plain; charset=utf-8", body)
