@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import code as host_code
+from agent import filemodes
 from tui.model.codesync import (
     IGNORE_FILE,
     CodeSpec,
@@ -160,8 +161,8 @@ class _StorePack:
 
     def add(self, sha: str, data: bytes) -> None:
         if self._f is None:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self._f = open(self._tmp, "wb")
+            filemodes.private_dir(self.dir, "code store")
+            self._f = filemodes.open_private(self._tmp)
         self._f.write(data)
         self.index[sha] = [self._pos, len(data)]
         self._pos += len(data)
@@ -174,7 +175,7 @@ class _StorePack:
         pack = self.dir / f"{self.name}.pack"
         os.replace(self._tmp, pack)
         tmp = self.dir / f"{self.name}.json.tmp"
-        tmp.write_text(json.dumps(self.index))
+        filemodes.write_private(tmp, json.dumps(self.index).encode())
         os.replace(tmp, self.dir / f"{self.name}.json")
         return pack
 
@@ -186,7 +187,8 @@ class _StorePack:
 
 class CodeStore:
     """Contents by hash and manifests by tree, on the controller's machine. A content is a file
-    of its own (``objects/ab/abcd...``) or lies in a pack with others (``_StorePack``)."""
+    of its own (``objects/ab/abcd...``) or lies in a pack with others (``_StorePack``). It holds
+    the code of every job: its directories are 0700 and its files 0600 (``_make_private``)."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -194,6 +196,26 @@ class CodeStore:
         self._fresh: dict[str, bytes] = {}  # see fresh()
         self._packed: dict[str, tuple[Path, int, int]] = {}  # sha -> (pack, offset, size)
         self._indexes: set[str] = set()  # the pack indexes read into _packed
+        self._make_private()
+
+    def _make_private(self) -> None:
+        """Make the store and its directories private (agent.filemodes). A store there before
+        with a looser mode was made by an older rigdeck, with the umask's modes: all it holds is
+        tightened first, then its root, whose mode says from then on that this was done."""
+        try:
+            st = os.stat(self.root)
+            # someone else's store is left as it is: private_dir below refuses it
+            older = st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != filemodes.PRIVATE_DIR
+        except FileNotFoundError:
+            older = False
+        if older:
+            for dirpath, dirnames, filenames in os.walk(self.root):
+                for name in dirnames:
+                    filemodes.private_dir(os.path.join(dirpath, name), "code store")
+                for name in filenames:
+                    if not os.path.islink(os.path.join(dirpath, name)):
+                        filemodes.private_file(os.path.join(dirpath, name))
+        filemodes.private_dir(self.root, "code store")
 
     def object_path(self, sha: str) -> Path:
         return self.root / "objects" / sha[:2] / sha
@@ -264,14 +286,14 @@ class CodeStore:
         if os.path.isfile(dest):
             return False
         if made is None or parent not in made:
-            os.makedirs(parent, exist_ok=True)
+            # objects/ first: made as a parent of objects/ab, it would get the umask's mode
+            filemodes.private_dir(os.path.dirname(parent), "code store")
+            filemodes.private_dir(parent, "code store")
             if made is not None:
                 made.add(parent)
         tmp = f"{dest}.tmp{os.getpid()}.{threading.get_ident()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
-            with open(fd, "wb", closefd=True) as f:
-                f.write(data)
+            filemodes.write_private(tmp, data)
         except BaseException:
             os.unlink(tmp)
             raise
@@ -280,9 +302,9 @@ class CodeStore:
 
     def save_manifest(self, manifest: Manifest) -> None:
         path = self.root / "manifests" / f"{manifest.tree}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        filemodes.private_dir(path.parent, "code store")
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(manifest.to_wire()))
+        filemodes.write_private(tmp, json.dumps(manifest.to_wire()).encode())
         os.replace(tmp, path)
 
     def manifest(self, tree: str) -> Manifest:
@@ -304,10 +326,15 @@ class CodeStore:
         as a host's store, so the same code."""
         if self.root.name != "code":
             raise CodeSyncError(f"a store that takes contents lives in a directory named code, not {self.root}")
+        filemodes.private_dir(self.root / "objects", "code store")  # else made with the umask's mode
         try:
-            return host_code.put(str(self.root.parent), items)
+            done = host_code.put(str(self.root.parent), items)
         except host_code.CodeError as e:
             raise CodeSyncError(str(e)) from None
+        for item in items:  # a host keeps its contents 0444; this store keeps them its owner's
+            if item[4]:
+                filemodes.private_file(self.object_path(str(item[0])))
+        return done
 
     def add_manifest(self, tree: str, files: list[Any]) -> Manifest:
         """Record a tree whose every content is here, after checking it hashes to ``tree``."""
@@ -418,9 +445,9 @@ class CodeStore:
             merged = {k: merged[k] for k in seen if k in merged}
         path = self.root / "statcache.json"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            filemodes.private_dir(path.parent, "code store")
             tmp = path.with_name(f"statcache.json.tmp{os.getpid()}.{threading.get_ident()}")
-            tmp.write_text(json.dumps({"files": merged}))
+            filemodes.write_private(tmp, json.dumps({"files": merged}).encode())
             os.replace(tmp, path)
         except OSError:
             pass  # only a cache
