@@ -21,6 +21,7 @@ import base64
 import hashlib
 import json
 import os
+import posixpath
 import queue
 import secrets
 import shutil
@@ -117,28 +118,69 @@ def _walk_files(root: Path) -> list[str]:
     return sorted(out)
 
 
-def list_files(root: Path) -> tuple[list[tuple[str, Path, int, bool, os.stat_result]], str]:
-    """``(relative path, absolute path, size, executable, stat)`` for each regular file to ship
-    (a symlink to a file ships the file's content), and how the list was made."""
+def list_files(root: Path, follow_links: bool = False,
+               where: str | None = None) -> tuple[list[tuple[str, Path, int, bool, os.stat_result]], str]:
+    """``(relative path, absolute path, size, executable, stat)`` for each regular file to ship,
+    and how the list was made. A symbolic link to a file ships the file's content; one whose
+    file lies outside ``root`` (the link itself, or a linked directory on its way) is refused
+    before anything is read, unless ``follow_links``: a link to ~/.ssh/id_ed25519 in a project
+    would ship the key to every host. ``where`` names the spec field in errors."""
     names = _git_files(root)
     how = "git" if names is not None else IGNORE_FILE
     if names is None:
         names = _walk_files(root)
+    where = where or str(root)
     files = []
+    outside: list[tuple[str, str]] = []  # (relative path, where it really is)
+    real_dirs: dict[str, str] = {}  # a directory of the listing -> its real path
+    real_root = os.path.realpath(root)
     for rel in names:
         full = root / rel
         try:
-            st = full.stat()
+            st = os.lstat(full)
+            linked = stat.S_ISLNK(st.st_mode)
+            if linked:
+                st = full.stat()
         except OSError:
             continue  # tracked but deleted here, or a dangling link: nothing to ship
         if not stat.S_ISREG(st.st_mode):
-            continue  # a submodule or another non-file
+            continue  # a submodule, a linked directory (never followed) or another non-file
         try:
             check_path(rel)
         except CodeSyncError as e:
-            raise CodeSyncError(f"{root}: {e}") from None
+            raise CodeSyncError(f"{where}: {e}") from None
+        if not follow_links:
+            out = _outside(real_root, rel, linked, real_dirs)
+            if out is not None:
+                outside.append((rel, out))
         files.append((rel, full, st.st_size, bool(st.st_mode & 0o111), st))
+    if outside:
+        raise CodeSyncError(_links_out_message(where, root, outside))
     return files, how
+
+
+def _outside(real_root: str, rel: str, linked: bool, real_dirs: dict[str, str]) -> str | None:
+    """Where file ``rel`` (under the directory whose real path is ``real_root``) really is, when
+    that is outside it; None when inside. Only a link, or a directory on its way whose real path
+    is not where the listing says (a link among its directories), needs the file resolved: one
+    realpath per directory, so a large tree costs no more than a stat per file."""
+    rel_dir = posixpath.dirname(rel)
+    real_dir = real_dirs.get(rel_dir)
+    if real_dir is None:
+        real_dir = real_dirs[rel_dir] = os.path.realpath(os.path.join(real_root, rel_dir))
+    if not linked and real_dir == os.path.normpath(os.path.join(real_root, rel_dir)):
+        return None
+    real = os.path.realpath(os.path.join(real_root, rel))
+    return None if real.startswith(real_root.rstrip(os.sep) + os.sep) else real
+
+
+def _links_out_message(where: str, root: Path, outside: list[tuple[str, str]]) -> str:
+    shown = "; ".join(f"{rel} -> {real}" for rel, real in outside[:5])
+    more = f" (and {len(outside) - 5} more)" if len(outside) > 5 else ""
+    return (f"{where} ({root}): {len(outside)} symbolic link{'s' if len(outside) > 1 else ''} "
+            f"lead{'' if len(outside) > 1 else 's'} out of the directory: {shown}{more}. What a link points to "
+            f"would be shipped to every host: remove the link, list it in .gitignore (a git work tree) or "
+            f"{IGNORE_FILE}, or set [code] follow_links = true to ship it")
 
 
 # -- the controller's store -------------------------------------------------------------------
@@ -513,7 +555,7 @@ class CodeStore:
         root = Path(code.sync)
         if not root.is_dir():
             raise CodeSyncError(f"{where}: {root} is not a directory")
-        files, how = list_files(root)
+        files, how = list_files(root, code.follow_links, where)
         check_limits(len(files), sum(f[2] for f in files), code, f"{where} ({root})")
         cache = self._stat_cache()
         started = time.time()
