@@ -18,7 +18,12 @@ CONNECT_WAIT_S = 15.0
 
 
 def connect(paths: Paths, start: bool = True, wait: float = CONNECT_WAIT_S) -> socket.socket:
-    """Connect to the daemon's socket; start a daemon (once) when none answers."""
+    """Connect to the daemon's socket; start a daemon (once) when none answers. A state
+    directory not to trust is refused first (``Paths.check``): its socket may not be ours."""
+    try:
+        paths.check()
+    except FileNotFoundError:
+        pass  # none yet: the daemon started below makes it
     deadline = time.monotonic() + wait
     spawned = False
     delay = 0.02

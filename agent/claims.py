@@ -23,9 +23,10 @@ import json
 import os
 import pwd
 import socket
-import stat
 import time
 from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+from agent import filemodes
 
 DEFAULT_DIR = "/dev/shm/rigdeck-gpu-claims"  # host-wide, world-writable and sticky; gone at reboot
 MUTEX_WAIT_S = 10.0
@@ -53,8 +54,7 @@ def _user() -> str:
 
 
 def _ensure_dir(d: str) -> str:
-    """The claim directory, made world-writable and sticky if new; refused if it is not a real
-    directory or is world-writable without the sticky bit (anyone could delete the locks)."""
+    """The claim directory, made world-writable and sticky if new; refused unless trusted."""
     try:
         old = os.umask(0)
         try:
@@ -63,11 +63,18 @@ def _ensure_dir(d: str) -> str:
             os.umask(old)
     except FileExistsError:
         pass
-    st = os.lstat(d)
-    if not stat.S_ISDIR(st.st_mode):
-        raise ClaimError("GPU claim directory %s is not a directory" % d)
-    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        raise ClaimError("GPU claim directory %s is world-writable without the sticky bit" % d)
+    return _trusted(d)
+
+
+def _trusted(d: str) -> str:
+    """``d`` if the daemon may keep claims there (filemodes: root's or ours, and nobody else
+    may remove our locks), else ClaimError saying why: whoever else owns it, or may write to it
+    without the sticky bit, could delete a claimed GPU's lock and take the GPU from under a job."""
+    try:
+        filemodes.trusted_dir(d, "GPU claim directory", follow=False)
+    except filemodes.UnsafeDirError as e:
+        raise ClaimError("%s; have root make it (install -d -m 1777 -o root %s) or set "
+                         "RIGDECK_CLAIM_DIR for the agent" % (e, d)) from None
     return d
 
 
@@ -215,9 +222,15 @@ def lock_holders(gpu: int, d: Optional[str] = None, proc_root: str = "/proc") ->
 def join(gpus: Iterable[int], d: Optional[str] = None) -> List[int]:
     """Take this process's own shared lock on ``gpus`` (a rank wrapper joining its job's claim),
     so the claim outlives the job host and the launcher. Never blocks for long; a GPU whose lock
-    cannot be taken is skipped (its claim is held exclusively by a claimant testing it)."""
+    cannot be taken is skipped (its claim is held exclusively by a claimant testing it), and
+    so is every GPU when the directory is no longer one to trust (the claim made for the start
+    checked it; nothing of ours goes into one that changed hands since)."""
     d = d or claim_dir()
-    fds = []
+    fds = []  # type: List[int]
+    try:
+        _trusted(d)
+    except (OSError, ClaimError):
+        return fds
     for g in sorted({int(x) for x in gpus}):
         try:
             fd = _open(d, _gpu_file(g))
@@ -239,10 +252,11 @@ def join(gpus: Iterable[int], d: Optional[str] = None) -> List[int]:
 
 def held(d: Optional[str] = None, gpus: Optional[Iterable[int]] = None) -> Optional[Dict[int, Dict[str, Any]]]:
     """``{gpu: holder}`` for every claimed GPU (all lock files, or ``gpus``); None when the
-    directory's mutex is busy right now (a claim is being made: ask again later)."""
+    directory's mutex is busy right now (a claim is being made: ask again later). ClaimError
+    when the directory is there but not one to trust (``_trusted``): what it holds says nothing."""
     d = d or claim_dir()
     try:
-        names = os.listdir(d)
+        names = os.listdir(_trusted(d))
     except OSError:
         return {}
     indices = sorted(int(n[4:-5]) for n in names if n.startswith("gpu-") and n.endswith(".lock") and n[4:-5].isdigit())

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import List, Optional
 
-from agent import facts
+from agent import facts, filemodes
 from agent.version import agent_version
 
 
@@ -90,7 +90,11 @@ def cmd_daemon(args: argparse.Namespace) -> int:
     from agent import daemon
 
     paths = daemon.Paths(args.state_dir)
-    daemon.setup_logging(paths)
+    try:
+        daemon.setup_logging(paths)
+    except filemodes.UnsafeDirError as e:
+        sys.stderr.write("rigdeck agent: %s\n" % e)
+        return 1
     try:
         sim = int(os.environ.get("RIGDECK_SIM_GPUS", "0") or 0)
     except ValueError:

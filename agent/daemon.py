@@ -322,7 +322,7 @@ class Daemon:
 
         try:
             held = claims.held()
-        except OSError:
+        except (OSError, claims.ClaimError):  # no directory to trust: no claim to show
             held = {}
         if held is None:  # a claim is being made right now: keep the last answer
             held = self._last_claims

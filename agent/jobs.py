@@ -240,7 +240,11 @@ class Jobs:
         if mb is not None and mb < min_free_mb:
             problems.append("only %.1f MB free in %s:%s (at least %g MB needed: min_free_mb)"
                             % (mb, socket.gethostname(), self.root, min_free_mb))
-        held = gpu_claims.held(gpus=gpus) or {}
+        try:
+            held = gpu_claims.held(gpus=gpus) or {}
+        except gpu_claims.ClaimError as e:  # a claim directory not to trust: the claim would fail
+            problems.append("%s: %s" % (socket.gethostname(), e))
+            held = {}
         for g, holder in sorted(held.items()):
             if holder.get("job_id") != job_id:
                 problems.append("GPU %d on %s is held by %s"
@@ -547,7 +551,10 @@ class Jobs:
             tagged = len(processes_with_tag(job_id))
             if _runs_jobhost(st.get("jobhost_pid"), d) and pid_alive(st.get("jobhost_pid")):
                 tagged += 1
-            held = gpu_claims.held()
+            try:
+                held = gpu_claims.held()
+            except gpu_claims.ClaimError:
+                held = {}  # a claim directory not to trust holds no claim of this job's
             claims_held = None if held is None else sorted(
                 g for g, h in held.items() if h.get("job_id") == job_id)
         return {**st, "ranks": ranks, "log_ranks": self.log_ranks(job_id), "last_metrics": last,

@@ -11,6 +11,8 @@ import sys
 import zipfile
 from typing import List, Optional
 
+from agent import filemodes
+
 
 class Paths:
     def __init__(self, state_dir: str):
@@ -23,14 +25,21 @@ class Paths:
         self.stderr = os.path.join(self.state_dir, "agent.stderr")  # crashes before logging is up
 
     def ensure(self) -> None:
-        """Create the state and run directories owner-only, and refuse someone else's."""
+        """Create the state and run directories owner-only, and refuse ones not to trust."""
         os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+        self.check()
         os.makedirs(self.run_dir, mode=0o700, exist_ok=True)
         st = os.stat(self.run_dir)
         if st.st_uid != os.getuid():
             raise PermissionError("%s belongs to uid %d, not us" % (self.run_dir, st.st_uid))
         if st.st_mode & 0o077:
             os.chmod(self.run_dir, 0o700)
+
+    def check(self) -> None:
+        """Refuse (UnsafeDirError, an OSError) a state directory that another user owns, or that
+        others may write to without the sticky bit: they could put their own agent, socket or
+        job files in place of ours. FileNotFoundError when there is none yet."""
+        filemodes.trusted_dir(self.state_dir, "agent state directory")
 
 
 UNPACKED = "unpacked"  # beside agent.pyz: the same files, byte-compiled for this host's Python

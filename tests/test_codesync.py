@@ -201,12 +201,72 @@ def test_snapshot_lists_git_files_or_follows_rigdeckignore_and_checks_limits(tmp
         store.snapshot(CodeSpec(sync=str(plain), max_mb=1))
 
 
+def _project_with_links(tmp_path: Path, git: bool) -> tuple[Path, Path]:
+    """A project (a git work tree or not) with a link to a file in it, a link to a secret
+    outside it, and a directory linked from outside; the secret's path."""
+    import subprocess
+
+    outside = tmp_path / "home"
+    (outside / ".ssh").mkdir(parents=True)
+    secret = outside / ".ssh" / "id_ed25519"
+    secret.write_text("PRIVATE KEY\n")
+    (outside / "lib").mkdir()
+    (outside / "lib" / "util.py").write_text("outside = True\n")
+    proj = tmp_path / "proj"
+    (proj / "conf").mkdir(parents=True)
+    (proj / "train.py").write_text("x = 1\n")
+    (proj / "conf" / "alias.py").symlink_to("../train.py")  # stays inside: shipped as today
+    if git:
+        cmd = ["git", "-C", str(proj), "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run([*cmd, "init", "-q"], check=True)
+        (proj / "lib").mkdir()
+        (proj / "lib" / "util.py").write_text("inside = True\n")
+        subprocess.run([*cmd, "add", "."], check=True)
+        subprocess.run([*cmd, "commit", "-qm", "x"], check=True)
+        # git still lists lib/util.py, now read through a link to a directory outside
+        shutil.rmtree(proj / "lib")
+        (proj / "lib").symlink_to(outside / "lib")
+    (proj / "deploy_key").symlink_to(secret)
+    return proj, secret
+
+
+@pytest.mark.parametrize("git", [False, True], ids=["rigdeckignore", "git"])
+def test_a_link_out_of_the_synced_directory_is_refused_before_anything_is_read_unless_followed(
+        tmp_path: Path, git: bool) -> None:
+    from tui.model.codesync import CodeSpec, CodeSyncError
+    from tui.remote.codesync import CodeStore
+
+    proj, secret = _project_with_links(tmp_path, git)
+    store = CodeStore(tmp_path / "code")
+    with pytest.raises(CodeSyncError) as e:
+        store.snapshot(CodeSpec(sync=str(proj)), "job.toml: [code] sync")
+    msg = str(e.value)
+    assert msg.startswith(f"job.toml: [code] sync ({proj}): ") and f"deploy_key -> {secret}" in msg, msg
+    assert "[code] follow_links = true" in msg and "alias.py" not in msg
+    if git:
+        assert f"lib/util.py -> {tmp_path / 'home' / 'lib' / 'util.py'}" in msg and "2 symbolic links" in msg
+    assert not (store.root / "objects").exists() and not (store.root / "manifests").exists()
+
+    (proj / "deploy_key").unlink()  # without the links out, the link inside ships its file's content
+    if git:
+        (proj / "lib").unlink()
+    spec, _ = store.snapshot(CodeSpec(sync=str(proj)))
+    entries = {en.path: en for en in store.manifest(spec.tree).entries}
+    assert entries["conf/alias.py"].sha256 == entries["train.py"].sha256
+
+    (proj / "deploy_key").symlink_to(secret)
+    spec, _ = store.snapshot(CodeSpec(sync=str(proj), follow_links=True))
+    key = next(en for en in store.manifest(spec.tree).entries if en.path == "deploy_key")
+    assert store.read(key.sha256) == secret.read_bytes()
+
+
 @pytest.mark.parametrize(("extra", "field", "expected"), [
     ('[code]\nsync = "missing-dir"\n', "code.sync", "an existing directory on this machine"),
     ('[code]\nmax_files = 3\n', "code.sync", "a directory to sync"),
     ('workdir = "."\n[code]\nsync = "."\n', "workdir", "no workdir with [code] sync"),
     ('[code]\nsync = "."\nmax_mb = 0\n', "code.max_mb", "an integer of MB"),
     ('[code]\nsync = "."\ncompress = true\n', "code.compress", "one of"),
+    ('[code]\nsync = "."\nfollow_links = "yes"\n', "code.follow_links", "true (ship what a symbolic link"),
 ])
 def test_a_bad_code_table_names_the_file_and_field(tmp_path: Path, extra: str, field: str, expected: str) -> None:
     from tui.model.jobspec import JobSpecError, jobspec_from_toml
@@ -221,9 +281,11 @@ def test_a_code_spec_is_anchored_at_the_spec_file_and_survives_the_history(tmp_p
     from tui.model.jobspec import JobSpec, jobspec_from_toml
 
     (tmp_path / "src").mkdir()
-    spec = jobspec_from_toml('name = "x"\ncommand = ["true"]\n[code]\nsync = "src"\nmax_files = 7\n',
-                             tmp_path / "job.toml")
+    spec = jobspec_from_toml('name = "x"\ncommand = ["true"]\n[code]\nsync = "src"\nmax_files = 7\n'
+                             'follow_links = true\n', tmp_path / "job.toml")
     assert spec.code is not None and spec.code.sync == str(tmp_path / "src") and spec.code.max_files == 7
+    assert spec.code.follow_links and not jobspec_from_toml(
+        'name = "x"\ncommand = ["true"]\n[code]\nsync = "src"\n', tmp_path / "job.toml").code.follow_links  # type: ignore[union-attr]
     assert spec.workdir == str(tmp_path / "src")
     assert JobSpec.from_dict(spec.to_dict()) == spec
 

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from agent.filemodes import UnsafeDirError
 from tui import serveradmin  # noqa: F401  (`rigdeck server ...`: set-up and start on the server host)
 from tui.control import api
 from tui.control.controller import HostReport
@@ -73,7 +74,7 @@ __all__ = [
     "AmbiguousJobError", "Candidate", "Client", "DEFAULT_LISTEN", "MetricsServer", "Onboarding",
     "forget_passphrases", "http_listener",
     "onboarding_offer", "remember_passphrase", "set_passphrase_prompt", "HostReport", "InProcessClient",
-    "InventoryError", "JobError", "PermissionDenied",
+    "InventoryError", "JobError", "PermissionDenied", "UnsafeDirError",
     "JobRefError", "JobSpecError", "JobView", "LinkStatus", "PlacementError", "QueueEntry",
     "RemoteClient", "ServerError", "TransportError", "connect", "describe_cause",
     "hostfile_to_toml", "load_hostfile", "load_inventory", "rigdeck_home", "serve", "serveradmin", "wire_json",

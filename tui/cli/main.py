@@ -27,6 +27,7 @@ from tui.cli import web as web_cli
 from tui.client import (
     HostReport,
     InProcessClient,
+    UnsafeDirError,
     connect,
     hostfile_to_toml,
     load_hostfile,
@@ -673,6 +674,9 @@ def main(argv: Sequence[str] | None = None, open_app: AppOpener | None = None) -
     except PermissionDenied as e:  # a server's rules (tui.model.permissions): the words say whose and why
         print(f"rigdeck {args.command}: {e}", file=sys.stderr)
         return EXIT_REFUSED
+    except UnsafeDirError as e:  # RIGDECK_HOME (or a server's directory) someone else may reach
+        print(f"rigdeck: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except KeyboardInterrupt:
         return 130
     raise AssertionError(f"unhandled command {args.command}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent import filemodes
 from tui.model.jobstate import PENDING
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,11 @@ class JobRef:
 
 
 def rigdeck_home() -> Path:
-    return Path(os.environ.get("RIGDECK_HOME") or os.path.expanduser("~/.local/share/rigdeck"))
+    """This machine's rigdeck directory, made (or tightened to) 0700: the history and the code
+    store in it hold every job's spec, environment and code (``agent.filemodes``)."""
+    home = Path(os.environ.get("RIGDECK_HOME") or os.path.expanduser("~/.local/share/rigdeck"))
+    filemodes.private_dir(home, "RIGDECK_HOME")
+    return home
 
 
 def _assignments(fields: dict[str, Any]) -> tuple[str, list[Any]]:
@@ -101,10 +106,18 @@ def _assignments(fields: dict[str, Any]) -> tuple[str, list[Any]]:
     return cols, [json.dumps(v) if k in JSON_FIELDS else v for k, v in fields.items()]
 
 
+def _private_database(path: Path) -> None:
+    """The history file made 0600 before SQLite opens it (or tightened): SQLite would make it
+    with the umask's mode, and makes its -wal and -shm files with the database file's."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, filemodes.PRIVATE_FILE))
+    filemodes.private_file(path)
+
+
 class History:
     def __init__(self, path: Path | None = None):
         self.path = Path(path) if path else rigdeck_home() / "history.sqlite"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _private_database(self.path)
         self._lock = threading.Lock()
         self.observers: list[StateObserver] = []  # the notifier, when one is configured
         # Told of every incident kept (job id, the incident): the notifier too.
@@ -124,6 +137,8 @@ class History:
                     raise
                 time.sleep(0.05)
         self._migrate()
+        for side in ("-wal", "-shm"):  # made with the file's mode, but older ones may be looser
+            filemodes.private_file(f"{self.path}{side}")
 
     def _migrate(self) -> None:
         """Add the columns an older history file lacks. Several rigdeck processes may open one

@@ -170,7 +170,7 @@ def workdir_key(job: JobSpec, store: Any = None, skip: set[str] | frozenset[str]
     from tui.remote.codesync import list_files
 
     try:
-        files, _how = list_files(root_dir)
+        files, _how = list_files(root_dir, follow_links=True)  # hashed here, sent nowhere
     except Exception as e:  # not readable here: no caching for it
         log.info("workdir %s: %s", root_dir, e)
         return None

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import filemodes
 from tui.control import api
 from tui.control.history import History
 from tui.control.metricsserver import MetricsServer
@@ -465,9 +466,7 @@ class Server:
         params[guard.param] = idents if isinstance(refs, list) else idents[0]
 
     def listen(self) -> None:
-        d = self.sock_path.parent
-        d.mkdir(parents=True, exist_ok=True)
-        os.chmod(d, 0o700)
+        filemodes.private_dir(self.sock_path.parent, "the server's socket directory")
         if self.sock_path.exists() or self.sock_path.is_symlink():
             self.sock_path.unlink()  # ours (the lock says no other server runs)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -704,8 +703,7 @@ def serve(state_dir: Path, *, inventory_path: Path | None = None, telemetry_hz: 
     from tui.remote.sshconfig import load_inventory
 
     state_dir = Path(os.path.expanduser(str(state_dir)))
-    state_dir.mkdir(parents=True, exist_ok=True)
-    os.chmod(state_dir, 0o700)
+    filemodes.private_dir(state_dir, "the server's state directory")
     lock = open(state_dir / "server.lock", "a+")  # noqa: SIM115 - held for the process's life
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)

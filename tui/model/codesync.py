@@ -32,23 +32,26 @@ class CodeSyncError(ValueError):
 @dataclass(frozen=True)
 class CodeSpec:
     """``[code]`` of a job spec. ``sync`` is an absolute directory on the operator's machine.
+    ``follow_links``: ship what a symbolic link out of it points to (refused otherwise).
     ``tree`` is filled in when the controller has taken its snapshot (the manifest's hash)."""
 
     sync: str
     max_files: int = DEFAULT_MAX_FILES
     max_mb: int = DEFAULT_MAX_MB
+    follow_links: bool = False
     tree: str | None = None
     files: int | None = None
     size: int | None = None
 
     def to_dict(self) -> dict[str, object]:
         return {"sync": self.sync, "max_files": self.max_files, "max_mb": self.max_mb,
-                "tree": self.tree, "files": self.files, "size": self.size}
+                "follow_links": self.follow_links, "tree": self.tree, "files": self.files, "size": self.size}
 
     @classmethod
     def from_dict(cls, d: dict[str, object]) -> CodeSpec:
         return cls(sync=str(d["sync"]), max_files=int(d.get("max_files") or DEFAULT_MAX_FILES),  # type: ignore[call-overload]
                    max_mb=int(d.get("max_mb") or DEFAULT_MAX_MB),  # type: ignore[call-overload]
+                   follow_links=bool(d.get("follow_links", False)),
                    tree=d.get("tree") or None,  # type: ignore[arg-type]
                    files=d.get("files"), size=d.get("size"))  # type: ignore[arg-type]
 

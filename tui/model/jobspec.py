@@ -26,6 +26,7 @@ from tui.model.fields import (
     ENV_NAME_RE,
     Bad,
     Check,
+    boolean,
     checked,
     int_range,
     is_int,
@@ -734,6 +735,8 @@ _TABLES: dict[str, dict[str, Check]] = {
                       "directory (no '~')", _workdir),
         "max_files": Check("an integer 1..1000000 (files shipped at most)", int_range(1, 1_000_000)),
         "max_mb": Check("an integer of MB, 1..1048576 (the tree's size at most)", int_range(1, 1 << 20)),
+        "follow_links": Check("true (ship what a symbolic link out of the directory points to) or false",
+                              boolean),
     },
     "log": {"loss_pattern": Check(_LOSS_EXPECTED, _loss_pattern),
             "max_mb": Check("an integer of MB, 2..1048576 (each rank's log on its host; older output "
@@ -1064,9 +1067,10 @@ def _workdir_and_code(values: Mapping[str, Any], code_table: Mapping[str, Any], 
         if not os.path.isdir(workdir):
             raise at.error("code.sync", "an existing directory on this machine", code_table["sync"])
         return workdir, CodeSpec(sync=workdir, max_files=code_table.get("max_files", DEFAULT_MAX_FILES),
-                                 max_mb=code_table.get("max_mb", DEFAULT_MAX_MB))
+                                 max_mb=code_table.get("max_mb", DEFAULT_MAX_MB),
+                                 follow_links=code_table.get("follow_links", False))
     if code_table:
-        raise at.error("code.sync", "a directory to sync (max_files and max_mb need it)")
+        raise at.error("code.sync", "a directory to sync (max_files, max_mb and follow_links need it)")
     return workdir, None
 
 

@@ -21,6 +21,7 @@ import base64
 import hashlib
 import json
 import os
+import posixpath
 import queue
 import secrets
 import shutil
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import code as host_code
+from agent import filemodes
 from tui.model.codesync import (
     IGNORE_FILE,
     CodeSpec,
@@ -116,28 +118,69 @@ def _walk_files(root: Path) -> list[str]:
     return sorted(out)
 
 
-def list_files(root: Path) -> tuple[list[tuple[str, Path, int, bool, os.stat_result]], str]:
-    """``(relative path, absolute path, size, executable, stat)`` for each regular file to ship
-    (a symlink to a file ships the file's content), and how the list was made."""
+def list_files(root: Path, follow_links: bool = False,
+               where: str | None = None) -> tuple[list[tuple[str, Path, int, bool, os.stat_result]], str]:
+    """``(relative path, absolute path, size, executable, stat)`` for each regular file to ship,
+    and how the list was made. A symbolic link to a file ships the file's content; one whose
+    file lies outside ``root`` (the link itself, or a linked directory on its way) is refused
+    before anything is read, unless ``follow_links``: a link to ~/.ssh/id_ed25519 in a project
+    would ship the key to every host. ``where`` names the spec field in errors."""
     names = _git_files(root)
     how = "git" if names is not None else IGNORE_FILE
     if names is None:
         names = _walk_files(root)
+    where = where or str(root)
     files = []
+    outside: list[tuple[str, str]] = []  # (relative path, where it really is)
+    real_dirs: dict[str, str] = {}  # a directory of the listing -> its real path
+    real_root = os.path.realpath(root)
     for rel in names:
         full = root / rel
         try:
-            st = full.stat()
+            st = os.lstat(full)
+            linked = stat.S_ISLNK(st.st_mode)
+            if linked:
+                st = full.stat()
         except OSError:
             continue  # tracked but deleted here, or a dangling link: nothing to ship
         if not stat.S_ISREG(st.st_mode):
-            continue  # a submodule or another non-file
+            continue  # a submodule, a linked directory (never followed) or another non-file
         try:
             check_path(rel)
         except CodeSyncError as e:
-            raise CodeSyncError(f"{root}: {e}") from None
+            raise CodeSyncError(f"{where}: {e}") from None
+        if not follow_links:
+            out = _outside(real_root, rel, linked, real_dirs)
+            if out is not None:
+                outside.append((rel, out))
         files.append((rel, full, st.st_size, bool(st.st_mode & 0o111), st))
+    if outside:
+        raise CodeSyncError(_links_out_message(where, root, outside))
     return files, how
+
+
+def _outside(real_root: str, rel: str, linked: bool, real_dirs: dict[str, str]) -> str | None:
+    """Where file ``rel`` (under the directory whose real path is ``real_root``) really is, when
+    that is outside it; None when inside. Only a link, or a directory on its way whose real path
+    is not where the listing says (a link among its directories), needs the file resolved: one
+    realpath per directory, so a large tree costs no more than a stat per file."""
+    rel_dir = posixpath.dirname(rel)
+    real_dir = real_dirs.get(rel_dir)
+    if real_dir is None:
+        real_dir = real_dirs[rel_dir] = os.path.realpath(os.path.join(real_root, rel_dir))
+    if not linked and real_dir == os.path.normpath(os.path.join(real_root, rel_dir)):
+        return None
+    real = os.path.realpath(os.path.join(real_root, rel))
+    return None if real.startswith(real_root.rstrip(os.sep) + os.sep) else real
+
+
+def _links_out_message(where: str, root: Path, outside: list[tuple[str, str]]) -> str:
+    shown = "; ".join(f"{rel} -> {real}" for rel, real in outside[:5])
+    more = f" (and {len(outside) - 5} more)" if len(outside) > 5 else ""
+    return (f"{where} ({root}): {len(outside)} symbolic link{'s' if len(outside) > 1 else ''} "
+            f"lead{'' if len(outside) > 1 else 's'} out of the directory: {shown}{more}. What a link points to "
+            f"would be shipped to every host: remove the link, list it in .gitignore (a git work tree) or "
+            f"{IGNORE_FILE}, or set [code] follow_links = true to ship it")
 
 
 # -- the controller's store -------------------------------------------------------------------
@@ -160,8 +203,8 @@ class _StorePack:
 
     def add(self, sha: str, data: bytes) -> None:
         if self._f is None:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            self._f = open(self._tmp, "wb")
+            filemodes.private_dir(self.dir, "code store")
+            self._f = filemodes.open_private(self._tmp)
         self._f.write(data)
         self.index[sha] = [self._pos, len(data)]
         self._pos += len(data)
@@ -174,7 +217,7 @@ class _StorePack:
         pack = self.dir / f"{self.name}.pack"
         os.replace(self._tmp, pack)
         tmp = self.dir / f"{self.name}.json.tmp"
-        tmp.write_text(json.dumps(self.index))
+        filemodes.write_private(tmp, json.dumps(self.index).encode())
         os.replace(tmp, self.dir / f"{self.name}.json")
         return pack
 
@@ -186,7 +229,8 @@ class _StorePack:
 
 class CodeStore:
     """Contents by hash and manifests by tree, on the controller's machine. A content is a file
-    of its own (``objects/ab/abcd...``) or lies in a pack with others (``_StorePack``)."""
+    of its own (``objects/ab/abcd...``) or lies in a pack with others (``_StorePack``). It holds
+    the code of every job: its directories are 0700 and its files 0600 (``_make_private``)."""
 
     def __init__(self, root: Path):
         self.root = Path(root)
@@ -194,6 +238,26 @@ class CodeStore:
         self._fresh: dict[str, bytes] = {}  # see fresh()
         self._packed: dict[str, tuple[Path, int, int]] = {}  # sha -> (pack, offset, size)
         self._indexes: set[str] = set()  # the pack indexes read into _packed
+        self._make_private()
+
+    def _make_private(self) -> None:
+        """Make the store and its directories private (agent.filemodes). A store there before
+        with a looser mode was made by an older rigdeck, with the umask's modes: all it holds is
+        tightened first, then its root, whose mode says from then on that this was done."""
+        try:
+            st = os.stat(self.root)
+            # someone else's store is left as it is: private_dir below refuses it
+            older = st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != filemodes.PRIVATE_DIR
+        except FileNotFoundError:
+            older = False
+        if older:
+            for dirpath, dirnames, filenames in os.walk(self.root):
+                for name in dirnames:
+                    filemodes.private_dir(os.path.join(dirpath, name), "code store")
+                for name in filenames:
+                    if not os.path.islink(os.path.join(dirpath, name)):
+                        filemodes.private_file(os.path.join(dirpath, name))
+        filemodes.private_dir(self.root, "code store")
 
     def object_path(self, sha: str) -> Path:
         return self.root / "objects" / sha[:2] / sha
@@ -264,14 +328,14 @@ class CodeStore:
         if os.path.isfile(dest):
             return False
         if made is None or parent not in made:
-            os.makedirs(parent, exist_ok=True)
+            # objects/ first: made as a parent of objects/ab, it would get the umask's mode
+            filemodes.private_dir(os.path.dirname(parent), "code store")
+            filemodes.private_dir(parent, "code store")
             if made is not None:
                 made.add(parent)
         tmp = f"{dest}.tmp{os.getpid()}.{threading.get_ident()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666)
         try:
-            with open(fd, "wb", closefd=True) as f:
-                f.write(data)
+            filemodes.write_private(tmp, data)
         except BaseException:
             os.unlink(tmp)
             raise
@@ -280,9 +344,9 @@ class CodeStore:
 
     def save_manifest(self, manifest: Manifest) -> None:
         path = self.root / "manifests" / f"{manifest.tree}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
+        filemodes.private_dir(path.parent, "code store")
         tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(manifest.to_wire()))
+        filemodes.write_private(tmp, json.dumps(manifest.to_wire()).encode())
         os.replace(tmp, path)
 
     def manifest(self, tree: str) -> Manifest:
@@ -304,10 +368,15 @@ class CodeStore:
         as a host's store, so the same code."""
         if self.root.name != "code":
             raise CodeSyncError(f"a store that takes contents lives in a directory named code, not {self.root}")
+        filemodes.private_dir(self.root / "objects", "code store")  # else made with the umask's mode
         try:
-            return host_code.put(str(self.root.parent), items)
+            done = host_code.put(str(self.root.parent), items)
         except host_code.CodeError as e:
             raise CodeSyncError(str(e)) from None
+        for item in items:  # a host keeps its contents 0444; this store keeps them its owner's
+            if item[4]:
+                filemodes.private_file(self.object_path(str(item[0])))
+        return done
 
     def add_manifest(self, tree: str, files: list[Any]) -> Manifest:
         """Record a tree whose every content is here, after checking it hashes to ``tree``."""
@@ -418,9 +487,9 @@ class CodeStore:
             merged = {k: merged[k] for k in seen if k in merged}
         path = self.root / "statcache.json"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            filemodes.private_dir(path.parent, "code store")
             tmp = path.with_name(f"statcache.json.tmp{os.getpid()}.{threading.get_ident()}")
-            tmp.write_text(json.dumps({"files": merged}))
+            filemodes.write_private(tmp, json.dumps({"files": merged}).encode())
             os.replace(tmp, path)
         except OSError:
             pass  # only a cache
@@ -486,7 +555,7 @@ class CodeStore:
         root = Path(code.sync)
         if not root.is_dir():
             raise CodeSyncError(f"{where}: {root} is not a directory")
-        files, how = list_files(root)
+        files, how = list_files(root, code.follow_links, where)
         check_limits(len(files), sum(f[2] for f in files), code, f"{where} ({root})")
         cache = self._stat_cache()
         started = time.time()
