@@ -694,6 +694,10 @@ def test_a_wire_spec_goes_through_the_spec_files_checks_and_takes_no_server_fiel
 
     good = JobSpec(name="ok", command=("python", "x.py"), workdir="/tmp", processes_per_node=1).to_dict()
     assert jobspec_from_wire(good).name == "ok"
+    code = {"sync": "/src", "max_files": 10, "max_mb": 5, "follow_links": True, "tree": "a" * 64, "files": 3,
+            "size": 9}
+    synced = jobspec_from_wire({**good, "workdir": "/src", "code": code})
+    assert synced.code is not None and synced.code.to_dict() == code and synced.workdir == "/src"
     bad = {
         "priority": ({**good, "priority": 10**12}, "field 'priority'"),
         "name": ({**good, "name": "a\x1b[31mb"}, "field 'name'"),

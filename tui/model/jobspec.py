@@ -940,27 +940,27 @@ def _wire_code(raw: Any, at: _At) -> CodeSpec | None:
         return None
     if not isinstance(raw, dict):
         raise at.error("code", "a table ([code])", raw)
-    unknown = [k for k in raw if k not in ("sync", "max_files", "max_mb", "tree", "files", "size")]
+    unknown = [k for k in raw if k not in ("sync", "max_files", "max_mb", "follow_links", "tree", "files", "size")]
     if unknown:
-        raise at.error(f"code.{unknown[0]}", "sync, max_files, max_mb, tree, files or size", raw[unknown[0]])
+        raise at.error(f"code.{unknown[0]}", "sync, max_files, max_mb, follow_links, tree, files or size",
+                       raw[unknown[0]])
     sync = raw.get("sync")
     if not isinstance(sync, str) or not os.path.isabs(sync):
         raise at.error("code.sync", "an absolute directory on the client's machine", sync)
-    limits = _checked({k: raw[k] for k in ("max_files", "max_mb") if raw.get(k) is not None},
+    limits = _checked({k: raw[k] for k in ("max_files", "max_mb", "follow_links") if raw.get(k) is not None},
                       _TABLES["code"], None, "code.")
     tree = raw.get("tree")
     if tree is not None and not (isinstance(tree, str) and HEX64_RE.fullmatch(tree)):
         raise at.error("code.tree", "a snapshot's hash (64 hex digits)", tree)
-    counts = {}
     for k in ("files", "size"):
         v = raw.get(k)
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
             raise at.error(f"code.{k}", "an integer >= 0", v)
-        counts[k] = v
     if _utf8_len(sync) > MAX_PATH_BYTES:
         raise at.error("code.sync", f"a path of at most {MAX_PATH_BYTES} bytes", sync)
     return CodeSpec(sync=sync, max_files=limits.get("max_files", DEFAULT_MAX_FILES),
-                    max_mb=limits.get("max_mb", DEFAULT_MAX_MB), tree=tree, **counts)
+                    max_mb=limits.get("max_mb", DEFAULT_MAX_MB), follow_links=limits.get("follow_links", False),
+                    tree=tree, files=raw.get("files"), size=raw.get("size"))
 
 
 @dataclass(frozen=True)
