@@ -260,6 +260,25 @@ def test_a_person_not_in_users_json_is_turned_away_and_a_removed_one_can_do_noth
     assert bob.call("stop", ref="b-job")["error"]["message"] == "refused: bob is no longer a user of this server"
 
 
+def test_a_removed_persons_open_sessions_are_closed_streams_and_all(server: Server) -> None:
+    """remove-user ends the person's open sessions at once (the server looks as users.json
+    changes), so an app left open stops receiving; others' sessions go on."""
+    bob, alice = Wire(server, {"identity": {"user": "bob"}}), Wire(server, {"identity": {"user": "alice"}})
+    server._sessions += [bob.session, alice.session]
+    assert "result" in bob.call("stop", ref="b-job")
+    server.close_removed()  # nothing changed: nobody is closed
+    assert not bob.session._closed.is_set() and not alice.session._closed.is_set()
+    users = serverhelper.read_users(str(server.users_dir))
+    del users["bob"]
+    serverhelper._write_users(str(server.users_dir), users)
+    server.close_removed()
+    assert bob.next() == {"event": "error", "data": "bob is no longer a user of this server"}
+    with pytest.raises(EOFError):
+        bob.next()
+    assert bob.session._closed.is_set() and not alice.session._closed.is_set()
+    assert "result" in alice.call("stop", ref="a-job")
+
+
 # -- the server host's files, as add-user leaves them ---------------------------------------------
 
 

@@ -173,3 +173,30 @@ def test_a_python_too_old_for_the_agent_is_a_clear_error_at_its_first_start(tmp_
     msg = str(e.value)
     assert "needs Python 3.9 or newer" in msg and "3.6.15" in msg and OLD_PYTHON in msg, msg
     assert not (state / "run").exists() or not any((state / "run").iterdir())  # nothing started
+
+
+def test_the_readmes_first_job_is_in_the_repo_and_runs_as_shown_on_the_one_host_cluster(tmp_path: Path) -> None:
+    """The README's first spec is examples/ddp/first.toml, word for word, and `rigdeck launch
+    examples/ddp/first.toml --wait`, with no inventory (the one-host cluster `make run` opens),
+    trains it to its 60th step."""
+    import re
+
+    from tests.bedclean import stop_daemons_under
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text()
+    section = readme.split("## The first job", 1)[1]
+    shown = re.search(r"```toml\n(.*?)```", section, re.S)
+    assert shown and "examples/ddp/first.toml" in section.split("```toml", 1)[0]
+    assert shown.group(1) == (root / "examples" / "ddp" / "first.toml").read_text()
+    env = {k: v for k, v in os.environ.items() if k not in ("RIGDECK_INVENTORY", "RIGDECK_HOME", "RIGDECK_SERVER")}
+    env.update(HOME=str(tmp_path), XDG_CONFIG_HOME=str(tmp_path / "config"), XDG_DATA_HOME=str(tmp_path / "data"))
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tui.cli", "launch", "examples/ddp/first.toml", "--wait",
+                               "--json"], capture_output=True, text=True, cwd=root, env=env, timeout=300)
+    finally:
+        stop_daemons_under(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    view = json.loads(proc.stdout)
+    assert view["state"] == "succeeded" and view["name"] == "first", view
+    assert view["last_step"] == 59 and view["goodput"]["steps"] == 60, view  # steps 0..59

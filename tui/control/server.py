@@ -323,6 +323,12 @@ class Session:
         if self.server.service._watch is not None:
             self.server.service.select(None, who=self.who)
         try:
+            # shutdown first: it ends the session's own recv (a close alone leaves it blocked)
+            # and tells the attach at the other end, which exits.
+            self.conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        try:
             self.conn.close()
         except OSError:
             pass
@@ -434,6 +440,7 @@ class Server:
         self.methods: dict[str, Callable[..., Any]] = _methods()
         # The people who attach with keys of their own (None: nobody but the server's account).
         self.users_dir: Path | None = None
+        self._users_stamp: int | None = None  # users.json's mtime when sessions were last checked
         # The server's own account: whoever logs in as it owns the state dir anyway.
         self.account = Actor(f"{local_user() or 'server'}", admin=True)
 
@@ -484,6 +491,7 @@ class Server:
         self._listener.settimeout(0.5)
         n = 0
         while not self._stop.is_set():
+            self.close_removed()
             try:
                 conn, _ = self._listener.accept()
             except TimeoutError:
@@ -496,6 +504,27 @@ class Server:
             sess = Session(self, conn, n)
             self._sessions = [s for s in self._sessions if not s._closed.is_set()] + [sess]
             threading.Thread(target=sess.run, daemon=True, name=sess.who).start()
+
+    def close_removed(self) -> None:
+        """End the sessions of people no longer in users.json (``remove-user``, checked at most
+        every half second as the users file changes): their streams too, not only their next
+        request. A removed person's open app stops getting telemetry and jobs at once."""
+        if self.users_dir is None:
+            return
+        try:
+            stamp = (self.users_dir / "users.json").stat().st_mtime_ns
+        except OSError:
+            stamp = None
+        if stamp == self._users_stamp:
+            return
+        self._users_stamp = stamp
+        for s in list(self._sessions):
+            if s.user is not None and not s._closed.is_set() and self.actor(s.user).name != s.user:
+                try:
+                    s.send({"event": "error", "data": f"{s.user} is no longer a user of this server"})
+                except OSError:
+                    pass
+                s.close()
 
     def stop(self) -> None:
         self._stop.set()
