@@ -1080,3 +1080,23 @@ def test_the_frame_log_names_each_collector_pass_and_each_slow_stretch(tmp_path:
     assert any(line.endswith(f"refresh {LOG_OVER_MS + 5:.1f} ms in gpus sort=util") for line in lines)
     assert not any(" frame " in line for line in lines)
     assert any(" gc0 " in line and " collected " in line for line in lines)
+
+
+def test_one_table_gives_every_state_its_colour_in_tables_and_heads() -> None:
+    """A state looks the same wherever the app shows it: the tables' level and the heads' markup
+    both come from format.state_level, and no view or widget keeps a table of its own."""
+    import re
+    from pathlib import Path
+
+    from tui.app.widgets.format import LEVEL_MARKUP, state_level, state_markup
+
+    for state, lvl in {"running": "ok", "succeeded": "ok", "completed": "ok", "failed": "crit",
+                       "stopped": "muted", "queued": "muted", "starting": "warn", "unknown": "warn",
+                       "up": "ok", "stale": "warn", "down": "crit", "cached": "accent"}.items():
+        assert state_level(state) == lvl, state
+        assert state_markup(state) == LEVEL_MARKUP[lvl], state
+    app = Path(__file__).resolve().parent.parent / "tui" / "app"
+    own = [f"{p.relative_to(app)}: {m.group(0)}" for p in app.rglob("*.py") if p.name != "format.py"
+           for m in re.finditer(r'"(running|failed|stopped|up|down)": *"(\$[a-z-]+|ok|warn|crit|muted)"',
+                                p.read_text())]
+    assert own == [], own

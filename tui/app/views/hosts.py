@@ -11,6 +11,7 @@ from textual.markup import escape
 from textual.widgets import DataTable, Static
 
 from tui.app.views.base import HOSTS, View, set_text
+from tui.app.widgets.format import state_markup
 from tui.app.widgets.tables import HostsTable, host_rows, host_why
 from tui.model.health import OK, UNHEALTHY
 from tui.model.views import GpuView, HostView
@@ -62,7 +63,7 @@ def host_detail(h: HostView, inventory: Any, unwell: Sequence[GpuView] = ()) -> 
     except Exception:  # UnknownHostError: a recorded snapshot without inventory entry
         where = str(h.address or "")
     status = str(h.status or "connecting")
-    lvl = {"up": "$success", "stale": "$warning", "down": "$error"}.get(status, "$text-muted")
+    lvl = state_markup(status)
     parts = [f"[b]{escape(h.name)}[/b] {escape(where)}", f"[{lvl}]{status}[/]"]
     if h.hostname:
         parts.append(escape(str(h.hostname)))

@@ -16,7 +16,15 @@ from textual.widgets import Static
 
 from tui.app.views.base import JOBS, OPEN_JOB, View, set_text
 from tui.app.widgets.chart import LossChart
-from tui.app.widgets.format import SIM_MARK, duration, loss_text, placement_parts, size_bytes, step_rate_text
+from tui.app.widgets.format import (
+    SIM_MARK,
+    duration,
+    loss_text,
+    placement_parts,
+    size_bytes,
+    state_markup,
+    step_rate_text,
+)
 from tui.app.widgets.pools import PoolsTable, pool_rows, pools_head_markup
 from tui.app.widgets.processing import ProcessingTable, processing_head_markup, processing_rows
 from tui.app.widgets.stages import StagesTable, stage_rows, stages_head_markup
@@ -150,9 +158,7 @@ class OpenJobView(View):
 def head_lines(detail: JobDetail, now: float) -> list[str]:
     """The job head: id, state and placement; progress; its code; who does not answer; the cause."""
     r = detail.row
-    lvl = {"running": "$success", "succeeded": "$success", "failed": "$error"}.get(
-        r.state, "$warning"
-    )
+    lvl = state_markup(r.state)
     line1 = (
         f"[b]{escape(r.job_id)}[/b]  [{lvl}]{escape(r.state)}[/]"
         + (f" after {r.restarts} restart(s)" if r.restarts else "")

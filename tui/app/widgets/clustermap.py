@@ -33,6 +33,7 @@ from tui.app.widgets.format import (
     level,
     power_cell,
     size_mb,
+    state_markup,
     util_level,
 )
 from tui.app.widgets.release import release_after_frame
@@ -581,7 +582,7 @@ def legend(mode: str, simulated: int, gpus: int, hosts: int, fits: bool, unhealt
 def gpu_detail(h: HostView, g: GpuView | None, who: Holder, jobs: JobsSnapshot) -> str:
     """The GPU under the cursor in full, and its job."""
     status = h.status or "connecting"
-    lvl = {"up": "$success", "stale": "$warning", "down": "$error"}.get(status, "$text-muted")
+    lvl = state_markup(status)
     head = f"[b]{escape(h.name)}[/b] [{lvl}]{status}[/]"
     if g is None:
         lines = [head, "no GPU known"]

@@ -166,6 +166,9 @@ def placement_cell(parts: Sequence[tuple[str, bool]], palette: Palette = PLAIN) 
         marked_simulated(label, sim, palette) for label, sim in parts)
 
 
+# The one table of a state's look, for every thing the app shows a state of (a host, a job, a
+# rank, a trial, a sweep, a pipeline and its steps, a pool): its palette level in tables, and,
+# through LEVEL_MARKUP, its colour in the views' heads.
 def state_level(state: str) -> str:
     return {
         "up": "ok",
@@ -184,6 +187,7 @@ def state_level(state: str) -> str:
         "failed": "crit",
         "lost": "crit",
         "error": "crit",
+        "unknown": "warn",  # a live job whose hosts do not answer
         "completed": "ok",  # a sweep's trial, or the sweep
         "pruning": "warn",
         "cached": "accent",  # a pipeline step reused from an earlier run: not "succeeded" green
@@ -191,6 +195,16 @@ def state_level(state: str) -> str:
         "waiting": "warn",  # a pipeline step's retry backoff
         "staging": "warn",  # a pipeline step's inputs being moved
     }.get(state, "muted")
+
+
+# A palette level as the views' markup spells it (Textual's theme variables).
+LEVEL_MARKUP = {"ok": "$success", "warn": "$warning", "crit": "$error", "muted": "$text-muted",
+                "accent": "$accent", "dim": "$text-disabled", "strong": "$text"}
+
+
+def state_markup(state: str) -> str:
+    """The markup colour of ``state`` (``[$success]running[/]``): the tables' level for it."""
+    return LEVEL_MARKUP.get(state_level(state), "$text-muted")
 
 
 @lru_cache(maxsize=1024)

@@ -17,7 +17,7 @@ from rich.text import Text
 from textual.markup import escape
 
 from tui.app.widgets.difftable import Col, DiffTable
-from tui.app.widgets.format import Palette, duration, size_bytes, state_cell
+from tui.app.widgets.format import Palette, duration, size_bytes, state_cell, state_markup
 from tui.model.pipelinetext import (  # noqa: F401  (the steps' plain text, re-exported for the view)
     age_text,
     attempt_text,
@@ -82,7 +82,7 @@ def pipeline_head(detail: PipelineDetail | None, now: float) -> str:
     if detail is None:
         return "no pipeline selected"
     r = detail.row
-    lvl = {"running": "$success", "succeeded": "$success", "failed": "$error"}.get(r.state, "$warning")
+    lvl = state_markup(r.state)
     line1 = (
         f"[b]{escape(r.pipeline_id)}[/b]  [{lvl}]{escape(r.state)}[/]"
         + (f" ([$error]{escape(r.reason)}[/])" if r.reason and r.state == "failed" else

@@ -13,12 +13,9 @@ from rich.text import Text
 from textual.markup import escape
 
 from tui.app.widgets.difftable import Col, DiffTable
-from tui.app.widgets.format import Palette
+from tui.app.widgets.format import Palette, state_level
 from tui.model.poolview import PoolsView
 
-# A pool's state as its cell draws it: the palette level.
-STATE_LEVELS = {"running": "ok", "succeeded": "ok", "failed": "crit", "stopped": "muted",
-                "stopping": "warn", "starting": "warn", "unknown": "warn"}
 ON_FAILURE = {"stop": "stops the gang", "continue": "training continues"}
 
 
@@ -62,7 +59,7 @@ class PoolsTable(DiffTable):
     def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
         if column == "state":
             text, state = raw
-            return Text(text, style=palette[STATE_LEVELS.get(state, "muted")])
+            return Text(text, style=palette[state_level(state)])
         if column == "on_failure":
             return Text(str(raw), style=palette["muted"])
         return Text(str(raw))

@@ -17,7 +17,7 @@ from rich.text import Text
 from textual.markup import escape
 
 from tui.app.widgets.difftable import Col, DiffTable
-from tui.app.widgets.format import Palette, duration, state_cell
+from tui.app.widgets.format import Palette, duration, state_cell, state_markup
 from tui.model.sweepview import SWEEP_FINAL, TRIAL_FINAL, SweepDetail, SweepRow, TrialRow
 
 TOP_CURVES = 3  # the objective curves drawn: the best few trials'
@@ -142,7 +142,7 @@ def sweep_head(detail: SweepDetail | None) -> str:
     if detail is None:
         return "no sweep selected"
     r = detail.row
-    lvl = {"running": "$success", "completed": "$success", "failed": "$error"}.get(r.state, "$warning")
+    lvl = state_markup(r.state)
     pruning = "no pruning" if r.pruner == "off" else f"{r.pruner} pruning"
     parallel = f" · at most {detail.max_parallel} at once" if detail.max_parallel else ""
     line1 = (

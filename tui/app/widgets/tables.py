@@ -35,6 +35,7 @@ from tui.app.widgets.format import (
     size_bytes,
     size_mb,
     state_cell,
+    state_level,
     step_rate_text,
     temp_cell,
     util_level,
@@ -882,7 +883,7 @@ class JobsTable(DiffTable):
         if column == "state":
             state, label, unreachable = raw
             t = state_cell(label, palette).copy()
-            t.stylize(palette[_job_level(state)])
+            t.stylize(palette[state_level(state)])
             if unreachable:
                 t.append(" !", style=palette["warn"])
             return t
@@ -893,18 +894,6 @@ class JobsTable(DiffTable):
         if column == "placement":
             return placement_cell(raw, palette)
         return _text(raw)
-
-
-def _job_level(state: str) -> str:
-    return {
-        "running": "ok",
-        "succeeded": "ok",
-        "failed": "crit",
-        "stopping": "warn",
-        "starting": "warn",
-        "stopped": "muted",
-        "pending": "muted",
-    }.get(state, "muted")
 
 
 # ---------------------------------------------------------------------------------------------
