@@ -1268,6 +1268,9 @@ def test_server_table_defaults_and_values(tmp_path: Path) -> None:
         text = TWO_HOSTS + f'\n[server]\nhost = "head"\nmetrics_listen = "{listen}"\n'
         inv = load_inventory(inventory(tmp_path, text))
         assert inv.server == ServerSpec(host="head", metrics_listen=listen)
+    assert inv.server.allow_jobs is False  # no jobs on the server's host unless the inventory says so
+    inv = load_inventory(inventory(tmp_path, TWO_HOSTS + '\n[server]\nhost = "head"\nallow_jobs = true\n'))
+    assert inv.server == ServerSpec(host="head", allow_jobs=True)
     # The table may come before the hosts it names.
     inv = load_inventory(inventory(tmp_path, '[server]\nhost = "head"\n' + TWO_HOSTS))
     assert inv.server is not None and inv.server.host == "head"
@@ -1283,7 +1286,8 @@ def test_server_table_defaults_and_values(tmp_path: Path) -> None:
         ('host = "head"\npython = ""', "field 'python'", "a Python interpreter command or path"),
         ('host = "head"\nstate_dir = 3', "field 'state_dir'", "a directory path on the server host"),
         ('host = "head"\nport = 22', "field 'port'",
-         "one of the known fields host, metrics_listen, python, state_dir"),
+         "one of the known fields allow_jobs, host, metrics_listen, python, state_dir"),
+        ('host = "head"\nallow_jobs = "yes"', "field 'allow_jobs'", "expected true or false (may jobs be placed"),
         ('host = "head"\nmetrics_listen = 9464', "field 'metrics_listen'",
          "expected ADDR:PORT on the server host where its /metrics is served, a TCP port from 1 to 65535, "
          "e.g. 127.0.0.1:9464 or [::1]:9464, got 9464 (int)"),
@@ -1327,7 +1331,8 @@ def test_attach_only_per_host_and_in_defaults(tmp_path: Path) -> None:
 
 def test_server_and_attach_only_round_trip(tmp_path: Path) -> None:
     body = (TWO_HOSTS + "attach_only = true\n"
-            + '\n[server]\nhost = "head"\npython = "python3.12"\nstate_dir = "/srv/rd"\n')
+            + '\n[server]\nhost = "head"\npython = "python3.12"\nstate_dir = "/srv/rd"\n'
+            + 'metrics_listen = "127.0.0.1:9464"\nallow_jobs = true\n')
     inv = load_inventory(inventory(tmp_path, body))
     again = load_inventory(write(tmp_path / "again.toml", hostfile_to_toml(inv)))
     assert again.hosts == inv.hosts

@@ -711,3 +711,25 @@ def test_pool_pins_hosts_and_labels() -> None:
     with pytest.raises(PlacementError, match=r"^job 'pj' asks pool 'primary' 1 replica x 1 process on h1: "
                        r"replica 0 has no host up; its hosts: h1 down$"):
         Scheduler().reserve("j", pool_job({"role": "primary", "hosts": ("h1",)}), down)
+
+
+def test_the_server_host_takes_no_job_unless_the_inventory_allows_it(tmp_path: Path) -> None:
+    """A job on the [server] host runs as an account that can change the server's files: it is
+    not placed there (named, with the rule, when a spec asks for it) unless allow_jobs."""
+    from tui.model.inventory import ServerSpec
+
+    state = ClusterState([("h1", "10.0.0.1"), ("h2", "10.0.0.2")])
+    for h in ("h1", "h2"):
+        state.apply_sample(h, telemetry([gpu(0), gpu(1)]))
+    hosts = (HostSpec("h1", "10.0.0.1"), HostSpec("h2", "10.0.0.2"))
+    guarded = Inventory(hosts=hosts, path=None, known_hosts=tmp_path / "kh", server=ServerSpec("h1"))
+    h1, h2 = capacity_from_state(state.snapshot(), guarded)
+    assert (h1.up, h1.status, h2.up) == (False, "server", True)
+    s = Scheduler()
+    placed = s.reserve("a", gpu_job("a", 1, 2), [h1, h2])
+    assert [n.host for n in placed.nodes] == ["h2"]
+    with pytest.raises(PlacementError, match=r"host 'h1' is server \(the \[server\] host takes no jobs"):
+        Scheduler().reserve("b", JobSpec(name="b", command=("x",), workdir="/", hosts=("h1",), gpus_per_node=1),
+                            [h1, h2])
+    allowed = Inventory(hosts=hosts, path=None, known_hosts=tmp_path / "kh", server=ServerSpec("h1", allow_jobs=True))
+    assert [c.up for c in capacity_from_state(state.snapshot(), allowed)] == [True, True]

@@ -227,6 +227,12 @@ def _inventory(tmp_path: Path, body: str) -> Inventory:
     return load_inventory(path)
 
 
+def _with_allow_jobs(src: Path, dst: Path) -> Path:
+    dst.write_text(src.read_text().replace('[server]\nhost = "h1"\n', '[server]\nhost = "h1"\nallow_jobs = true\n'))
+    assert "allow_jobs" in dst.read_text()
+    return dst
+
+
 def test_server_inventory_reads_back_with_the_servers_key(tmp_path: Path) -> None:
     inv = _inventory(tmp_path, """
 [[hosts]]
@@ -252,7 +258,12 @@ host = "h1"
     path.write_text(text)
     back = load_inventory(path)
     assert back.known_hosts == Path(layout.known_hosts)
-    assert back.server is None
+    # The server knows its own host, and that no job goes there unless the operator's inventory said so.
+    assert back.server is not None and (back.server.host, back.server.allow_jobs) == ("h1", False)
+    assert inv.path is not None
+    allowed = load_inventory(_with_allow_jobs(inv.path, tmp_path / "allowed.toml"))
+    (tmp_path / "allowed-server.toml").write_text(server_inventory(allowed, layout, "h1"))
+    assert load_inventory(tmp_path / "allowed-server.toml").server.allow_jobs is True  # type: ignore[union-attr]
     for before, after in zip(inv.hosts, back.hosts, strict=True):
         assert after.identity_files == (layout.key,)
         assert after.attach_only is True

@@ -36,6 +36,7 @@ from runtime.netcheck import link_figures
 from tui.control.doctorhost import host_findings
 from tui.model.doctor import CHECKS, NETWORK_CHECKS, DoctorReport, Finding
 from tui.model.jobspec import JobSpec
+from tui.model.scheduler import NO_JOBS_ON_SERVER
 
 log = logging.getLogger(__name__)
 
@@ -324,17 +325,21 @@ def run_doctor(service: Any, hosts: Sequence[str] | None = None, checks: Sequenc
     skipped: list[tuple[str, str]] = []
     job_ids: list[str] = []
     net = [c for c in wanted if c in NETWORK_CHECKS]
-    if net and len(chosen) < 2:
-        skipped += [(c, "needs at least 2 hosts") for c in net]
+    server = getattr(service.inventory, "server", None)
+    measured = [h for h in chosen if server is None or server.allow_jobs or h != server.host]
+    if net and len(measured) < len(chosen):
+        skipped += [(c, f"{server.host}: {NO_JOBS_ON_SERVER}") for c in net]  # type: ignore[union-attr]
+    if net and len(measured) < 2:
+        skipped += [(c, "needs at least 2 hosts that take jobs") for c in net]
         net = []
     if net:
-        gpus = _uses_gpus(service, chosen)
+        gpus = _uses_gpus(service, measured)
         if "p2p" in net:
-            job_id, found = _p2p(service, chosen, gpus, p2p_size_mb, p2p_min_s, p2p_budget_s)
+            job_id, found = _p2p(service, measured, gpus, p2p_size_mb, p2p_min_s, p2p_budget_s)
             job_ids.append(job_id)
             findings += found
         if "allreduce" in net:
-            job_id, found = _allreduce(service, chosen, gpus, sizes_mb, allreduce_budget_s)
+            job_id, found = _allreduce(service, measured, gpus, sizes_mb, allreduce_budget_s)
             job_ids.append(job_id)
             findings += found
     host_checks = [c for c in wanted if c in HOST_CHECKS]

@@ -83,6 +83,9 @@ class ServerSpec:
     python: str | None = None
     state_dir: str = "~/.rigdeck/server"
     metrics_listen: str | None = None
+    # Jobs on the server's host run as an account that can read and change the server's files
+    # (its users, its key): none are placed there unless the inventory says so.
+    allow_jobs: bool = False
 
 
 @dataclass(frozen=True)
@@ -434,6 +437,7 @@ _SERVER_FIELDS: dict[str, Check] = {
     "python": Check("a Python interpreter command or path on the server host (a string)", nonblank),
     "state_dir": Check("a directory path on the server host (a string)", nonblank),
     "metrics_listen": Check(METRICS_LISTEN_EXPECTED, _metrics_listen),
+    "allow_jobs": Check("true or false (may jobs be placed on the server's host; default false)", boolean),
 }
 
 
@@ -450,7 +454,8 @@ def server_spec(raw: Any, path: Path | None, hosts: Sequence[HostSpec]) -> Serve
         raise InventoryError(path, "[server]", "host", "the name of a host in this inventory "
                              f"({', '.join(names) or 'none'})", entry["host"])
     return ServerSpec(entry["host"], entry.get("python"),
-                      entry.get("state_dir", ServerSpec.state_dir), entry.get("metrics_listen"))
+                      entry.get("state_dir", ServerSpec.state_dir), entry.get("metrics_listen"),
+                      entry.get("allow_jobs", False))
 
 
 def _checked(

@@ -492,6 +492,9 @@ def _place_pools(spec: JobSpec, views: Mapping[str, _HostView], cpu_jobs: Mappin
     return Placement(tuple(nodes))
 
 
+NO_JOBS_ON_SERVER = "the [server] host takes no jobs (allow_jobs = true in [server] lets it)"
+
+
 def capacity_from_state(
     snapshot: Sequence[HostView], inventory: Inventory | None = None, drains: Sequence[Drain] = ()
 ) -> list[HostCapacity]:
@@ -500,9 +503,12 @@ def capacity_from_state(
     Only hosts whose status is "up" can take work. A GPU process without a job id is foreign.
     The inventory, when given, supplies labels (and the address, should the snapshot lack one).
     A GPU the agent calls unhealthy, or one ``drains`` names, is unusable; a drained host is
-    not up (its status says "drained").
+    not up (its status says "drained"), nor is the inventory's ``[server]`` host unless its
+    ``allow_jobs`` (status "server").
     """
     specs = {h.name: h for h in inventory.hosts} if inventory is not None else {}
+    server = getattr(inventory, "server", None)
+    no_jobs = {server.host} if server is not None and not server.allow_jobs else set()
     out: list[HostCapacity] = []
     for host in snapshot:
         name = str(host.name)
@@ -541,8 +547,11 @@ def capacity_from_state(
         sample = host.host_sample
         per_core = sample.cpu_per_core if sample is not None else None
         spec = specs.get(name)
+        why = str(host.reason) if status not in ("up", "drained") and host.reason else None
         if any(d.host == name and d.gpu is None for d in drains):
             status = "drained"
+        elif status == "up" and name in no_jobs:
+            status, why = "server", NO_JOBS_ON_SERVER
         out.append(
             HostCapacity(
                 name=name,
@@ -559,7 +568,7 @@ def capacity_from_state(
                 job_busy=tuple(job_busy),
                 claimed=tuple(claimed),
                 unusable=tuple(unusable),
-                why=str(host.reason) if status not in ("up", "drained") and host.reason else None,
+                why=why,
             )
         )
     return out

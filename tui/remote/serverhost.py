@@ -330,7 +330,11 @@ def server_inventory(
         f"{server_host}, written by `rigdeck server setup`\n"
         "# from the operator's; setup overwrites it.\n"
     )
-    return head + tomlwrite.dumps({"defaults": defaults, "hosts": hosts})
+    data: dict[str, Any] = {"defaults": defaults, "hosts": hosts}
+    # The server places jobs: it must know which host is its own and whether jobs may go there.
+    allow = bool(inventory.server.allow_jobs) if inventory.server is not None else False
+    data["server"] = {"host": server_host, "state_dir": layout.state_dir, "allow_jobs": allow}
+    return head + tomlwrite.dumps(data)
 
 
 def server_config(notify: NotifyConfig | None, server_host: str, policy: QueuePolicy | None = None) -> str:

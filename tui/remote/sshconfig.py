@@ -545,9 +545,13 @@ def hostfile_to_toml(inv: Inventory) -> str:
         # One [[hosts]] table a host, one key a line; a table value (env) follows as [hosts.KEY].
         out += ["\n", tomlwrite.table("hosts", fields, array=True)]
     if inv.server is not None:
-        server = {"host": inv.server.host, "state_dir": inv.server.state_dir}
+        server: dict[str, Any] = {"host": inv.server.host, "state_dir": inv.server.state_dir}
         if inv.server.python is not None:
             server["python"] = inv.server.python
+        if inv.server.metrics_listen is not None:
+            server["metrics_listen"] = inv.server.metrics_listen
+        if inv.server.allow_jobs:
+            server["allow_jobs"] = True
         out += ["\n", tomlwrite.table("server", server)]
     return "".join(out)
 
