@@ -12,9 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from tests import bedclean
-from tests._require import require
-from tests.testbed import TestBed, TestBedError, available, cleanup_stale
+# The kit's helpers assert (a spec's error, an exposition's shape): their failures say what was
+# compared, as a test's own asserts do. Registered before anything imports the kit.
+pytest.register_assert_rewrite("tests.kit")
+
+from tests import bedclean  # noqa: E402
+from tests._require import require  # noqa: E402
+from tests.kit.bedcli import Cli  # noqa: E402
+from tests.testbed import TestBed, TestBedError, available, cleanup_stale  # noqa: E402
 
 _AVAILABLE: tuple[bool, str] | None = None
 
@@ -76,6 +81,15 @@ def testbed() -> Iterator[TestBed]:
     login shell on h3 is fish."""
     with fish_bed(3, sim_gpus=4) as bed:
         yield bed
+
+
+@pytest.fixture
+def cli(testbed: TestBed, tmp_path: Path, request: pytest.FixtureRequest) -> Cli:
+    """rigdeck's command line against the session's bed, in this test's own home and inventory
+    (tests/kit/bedcli.py). A test or module that needs more says so with a marker, whose keywords
+    are Cli's options: ``pytestmark = pytest.mark.cli_options(min_free_mb=1)``."""
+    options = request.node.get_closest_marker("cli_options")
+    return Cli(testbed, tmp_path, **(options.kwargs if options else {}))
 
 
 @pytest.fixture

@@ -337,7 +337,7 @@ STEP = {"name": str, "state": str, "kind": str, "depends_on": list, "depth": int
 def test_pipeline_json_keeps_the_documented_keys(client: StandIn, capsys: pytest.CaptureFixture[str]) -> None:
     """The keys docs/contracts.md lists are exactly what `rigdeck pipeline status --json` and
     `rigdeck pipelines --json` write."""
-    from tests.test_contracts import conforms
+    from tests.kit import conforms
 
     for ref in (PIPELINE, FAILED_PIPELINE):
         assert main_mod.main(["pipeline", "status", ref, "--json"]) == 0

@@ -27,6 +27,7 @@ from tests._require import (
     python39,
     require,
 )
+from tests.kit import communicate_all
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "probe_rank.py"
@@ -609,21 +610,6 @@ def test_the_agent_bundle_carries_every_kind_and_python_3_9_imports_them_from_it
 
 
 # -- the probe, inside real ranks ------------------------------------------------------------------
-
-
-def communicate_all(procs: list[subprocess.Popen[str]], timeout: float = 180) -> list[subprocess.CompletedProcess[str]]:
-    """Wait for every process and collect its output; any still running at the end is killed."""
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            outs.append(subprocess.CompletedProcess(p.args, p.returncode, out, err))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return outs
 
 
 def free_port() -> int:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_examples_e2e import EXAMPLES, Cli
+from tests.kit import EXAMPLES
+from tests.kit.bedcli import Cli
 from tests.testbed import WORKSTATION_ONLY, TestBed
 
 pytestmark = pytest.mark.testbed
@@ -56,7 +57,8 @@ def _sync_event(view: dict) -> dict:
 
 def test_ddp_runs_from_code_only_the_workstation_has_and_a_change_sends_one_file(
         testbed: TestBed, tmp_path: Path, code_dir: Path) -> None:
-    cli = Cli(testbed, tmp_path)
+    # As tests/test_examples_e2e.py runs the examples (this job is the ddp example's training).
+    cli = Cli(testbed, tmp_path, mpi_ssh=True, timeout=240)
     # The hosts cannot see the directory: the job can only run from what was shipped.
     res = cli.run("exec", "--all", "--json", "--", "test", "-e", str(code_dir / "train.py"), check=False)
     seen = json.loads(res.stdout)
@@ -487,7 +489,7 @@ def test_packs_keep_only_contents_that_match_and_a_bad_or_cut_pack_keeps_nothing
 
 def test_push_to_a_local_agent_sends_packs_then_only_what_changed(tmp_path: Path) -> None:
     """The whole path on this machine's own agent (local transport: packs written as files)."""
-    from tests.test_local import _local_inventory
+    from tests.kit.local import local_inventory
     from tui.control.controller import Controller
     from tui.model.codesync import CodeSpec
     from tui.remote.bundle import build_agent
@@ -500,7 +502,7 @@ def test_push_to_a_local_agent_sends_packs_then_only_what_changed(tmp_path: Path
     store = CodeStore(tmp_path / "ctl" / "code")
     bundle = build_agent(tmp_path / "cache")
     state = tmp_path / "state"
-    with Controller(_local_inventory(state), bundle_factory=lambda: bundle) as ctl:
+    with Controller(local_inventory(state), bundle_factory=lambda: bundle) as ctl:
         try:
             snap, _ = store.snapshot(CodeSpec(sync=str(src)))
             assert snap.tree is not None

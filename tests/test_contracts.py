@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 
 from tests._require import require
+from tests.kit import conforms
+from tests.kit.local import local_cluster, rigdeck_out
 from tui.control.controller import HostReport
 from tui.control.history import History
 from tui.control.jobs import JobManager
@@ -83,18 +85,6 @@ EXEC_HOST = {"host": str, "exit_code": (int, NONE), "signal": (int, NONE), "stdo
              "duration_s": (float, int, NONE)}
 
 
-def conforms(obj: Any, schema: dict[str, Any], where: str) -> None:
-    """``obj`` has exactly ``schema``'s keys, each of its type (a bool is not an int here)."""
-    assert isinstance(obj, dict), f"{where}: {obj!r} is not an object"
-    assert set(obj) == set(schema), \
-        f"{where}: extra {sorted(set(obj) - set(schema))}, missing {sorted(set(schema) - set(obj))}"
-    for key, types in schema.items():
-        types = types if isinstance(types, tuple) else (types,)
-        value = obj[key]
-        ok = isinstance(value, types) and (bool in types or not isinstance(value, bool))
-        assert ok, f"{where}.{key}: {value!r} is not {' or '.join(t.__name__ for t in types)}"
-
-
 # -- host reports -----------------------------------------------------------------------------
 
 
@@ -122,25 +112,6 @@ def test_host_report_json_is_the_documented_mapping_not_the_dataclass() -> None:
 # -- every command on this machine, as a one-host cluster without SSH -------------------------
 
 
-def _local_cluster(tmp_path: Path) -> dict[str, str]:
-    inv = tmp_path / "hosts.toml"
-    inv.write_text(
-        "[[hosts]]\n"
-        f'name = "here"\naddress = "localhost"\ntransport = "local"\npython = "{sys.executable}"\n'
-        f'state_dir = "{tmp_path / "state"}"\nsim_gpus = 2\n'
-        # GPU claims in this test's own directory: the simulated GPUs are this test's alone.
-        f'env = {{ RIGDECK_CLAIM_DIR = "{tmp_path / "claims"}" }}\n'
-    )
-    return {**os.environ, "RIGDECK_HOME": str(tmp_path / "home"), "RIGDECK_INVENTORY": str(inv)}
-
-
-def _rigdeck(env: dict[str, str], *args: str, ok: tuple[int, ...] = (0,)) -> str:
-    res = subprocess.run([sys.executable, "-m", "tui.cli", *args], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=180)
-    assert res.returncode in ok, f"rigdeck {' '.join(args)} exited {res.returncode}:\n{res.stdout}\n{res.stderr}"
-    return res.stdout
-
-
 def _job(data: Any, where: str) -> None:
     conforms(data, STATUS if where == "status" else JOB, where)
     for i, sig in enumerate(data.get("signals", []) if where == "status" else []):
@@ -160,14 +131,14 @@ def _job(data: Any, where: str) -> None:
 
 
 def test_every_command_json_keeps_its_keys_and_types(tmp_path: Path) -> None:
-    env = _local_cluster(tmp_path)
+    env = local_cluster(tmp_path)
 
-    inv = json.loads(_rigdeck(env, "inventory", "show", "--json"))
+    inv = json.loads(rigdeck_out(env, "inventory", "show", "--json"))
     assert set(inv) == {"path", "hosts"} and inv["path"] == env["RIGDECK_INVENTORY"]
     conforms(inv["hosts"][0], INVENTORY_HOST, "inventory.hosts[0]")
 
     for command in ("deploy", "hosts"):
-        reports = json.loads(_rigdeck(env, command, "--json"))
+        reports = json.loads(rigdeck_out(env, command, "--json"))
         assert isinstance(reports, list) and len(reports) == 1
         r = reports[0]
         conforms(r, HOST_REPORT, command)
@@ -187,13 +158,13 @@ def test_every_command_json_keeps_its_keys_and_types(tmp_path: Path) -> None:
     # so a test running beside this one could hold them. The unit tests below mark GPUs.
     spec.write_text(f'name = "hostile"\ncommand = ["{{python}}", "{HOSTILE}"]\nworkdir = "{tmp_path}"\n'
                     'launcher = "direct"\nnodes = 1\nprocesses_per_node = 1\n')
-    launched = json.loads(_rigdeck(env, "launch", str(spec), "--json"))
+    launched = json.loads(rigdeck_out(env, "launch", str(spec), "--json"))
     _job(launched, "launch")
     job_id = launched["job_id"]
     try:
         deadline = time.monotonic() + 60
         while True:
-            records = json.loads(_rigdeck(env, "metrics", job_id, "--json"))
+            records = json.loads(rigdeck_out(env, "metrics", job_id, "--json"))
             if len(records) == 4 or time.monotonic() > deadline:
                 break
             time.sleep(0.3)
@@ -201,38 +172,38 @@ def test_every_command_json_keeps_its_keys_and_types(tmp_path: Path) -> None:
         for r in records:
             assert isinstance(r["host"], str) and isinstance(r["rank"], int) and not isinstance(r["rank"], bool)
 
-        status = json.loads(_rigdeck(env, "status", job_id, "--json"))
+        status = json.loads(rigdeck_out(env, "status", job_id, "--json"))
         _job(status, "status")
         assert status["state"] == "running" and len(status["ranks"]) == 1
         assert status["placement"][0]["gpus"] == [] and status["ranks"][0]["gpu"] is None
 
         # Text: ranks without a GPU are not marked, though the host's GPUs are simulated.
-        text = _rigdeck(env, "status", job_id)
+        text = rigdeck_out(env, "status", job_id)
         assert "placement here[1]\n" in text
         rank_line = next(ln for ln in text.splitlines() if ln.startswith("0 "))
         assert rank_line.split()[:4] == ["0", "here", "0", "-"], rank_line
 
         # Text: what the rank wrote reaches the terminal without its escapes.
-        out = _rigdeck(env, "metrics", job_id)
+        out = rigdeck_out(env, "metrics", job_id)
         assert not CONTROL.search(out), repr(out)
         assert "ckpt" in out and "done" in out and "pwned" not in out  # the OSC title is gone whole
     finally:
-        stopped = json.loads(_rigdeck(env, "stop", job_id, "--grace", "1", "--json", ok=(0, 1)))
+        stopped = json.loads(rigdeck_out(env, "stop", job_id, "--grace", "1", "--json", ok=(0, 1)))
     _job(stopped, "stop")
     assert stopped["state"] == "stopped"
 
-    jobs = json.loads(_rigdeck(env, "jobs", "--json"))
+    jobs = json.loads(rigdeck_out(env, "jobs", "--json"))
     assert isinstance(jobs, list) and [j["job_id"] for j in jobs] == [job_id]
-    assert json.loads(_rigdeck(env, "queue", "--json")) == []  # nothing waits (tests/test_jobs.py queues one)
+    assert json.loads(rigdeck_out(env, "queue", "--json")) == []  # nothing waits (tests/test_jobs.py queues one)
     _job(jobs[0], "jobs[0]")
     assert jobs[0]["ranks"] == [] and jobs[0]["hosts"] == {}  # from history, no look at the hosts
 
-    gc = json.loads(_rigdeck(env, "gc", "--json"))
+    gc = json.loads(rigdeck_out(env, "gc", "--json"))
     assert list(gc) == ["here"]
     conforms(gc["here"], GC, "gc.here")
 
-    ran = json.loads(_rigdeck(env, "exec", "--all", "--json", "--", "sh", "-c", "echo out; echo err >&2; exit 4",
-                              ok=(1,)))
+    ran = json.loads(rigdeck_out(env, "exec", "--all", "--json", "--", "sh", "-c", "echo out; echo err >&2; exit 4",
+                                  ok=(1,)))
     conforms(ran, EXEC, "exec")
     assert ran["argv"] == ["sh", "-c", "echo out; echo err >&2; exit 4"] and ran["failed"] == ["here"]
     conforms(ran["hosts"][0], EXEC_HOST, "exec.hosts[0]")

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from agent import protocol
 from agent.daemon import Paths
+from tests.kit.local import SocketClient
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,23 +105,6 @@ def test_daemon_outlives_a_killed_attach(state_dir: Path) -> None:
     assert q.stdin is not None
     q.stdin.close()
     q.wait(5)
-
-
-class SocketClient:
-    def __init__(self, path: str):
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(10)
-        self.sock.connect(path)
-        self.file = self.sock.makefile("rb")
-        self.hello = json.loads(self.file.readline())
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def recv(self) -> dict:
-        line = self.file.readline()
-        assert line, "daemon closed the connection"
-        return json.loads(line)
 
 
 @pytest.fixture

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from tests.test_jobs import ROOT, TICKER, Cli, wait_until
+from tests.kit import ROOT, TICKER, wait_until
+from tests.kit.bedcli import Cli
 
 # quiet: it holds each command to 2 s, a figure another test loading both cores would move
 pytestmark = [pytest.mark.testbed, pytest.mark.quiet]

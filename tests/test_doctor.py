@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.kit.bedcli import Cli
 from tests.testbed import TestBed
 from tui.control.doctor import allreduce_findings, choose, p2p_findings
 from tui.model import wire
@@ -163,24 +164,6 @@ def test_cli_refuses_an_unknown_check_before_anything_starts(tmp_path: Path) -> 
 # -- on the test bed ---------------------------------------------------------------------------
 
 
-class Cli:
-    def __init__(self, bed: TestBed, tmp: Path):
-        self.bed = bed
-        self.tmp = tmp
-        inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0)
-        self.env = {**os.environ, "RIGDECK_HOME": str(tmp / "home"), "RIGDECK_INVENTORY": str(inv)}
-
-    def run(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tui.cli", *args], capture_output=True, text=True,
-                              timeout=timeout, env=self.env, cwd=ROOT)
-
-    def doctor(self) -> tuple[int, DoctorReport, dict[str, Any]]:
-        proc = self.run("doctor", "--checks", "allreduce,p2p", "--json")
-        assert proc.returncode in (0, 1), proc.stderr[-3000:]
-        data = json.loads(proc.stdout)
-        return proc.returncode, wire.decode(DoctorReport, data), data
-
-
 def _limit(bed: TestBed, host: str, on: bool) -> None:
     """tbf on both ends of the host's veth: its egress (to the bridge) inside its namespace, and
     the bridge side's egress (to the host) here: the one link, slow both ways."""
@@ -191,6 +174,13 @@ def _limit(bed: TestBed, host: str, on: bool) -> None:
                             "burst", "64kb", "latency", "200ms"], check=True, capture_output=True)
         else:
             subprocess.run([*prefix, "tc", "qdisc", "del", "dev", dev, "root"], capture_output=True)
+
+
+def _doctor(cli: Cli) -> tuple[int, DoctorReport, dict[str, Any]]:
+    proc = cli.run("doctor", "--checks", "allreduce,p2p", "--json", check=False)
+    assert proc.returncode in (0, 1), proc.stderr[-3000:]
+    data = json.loads(proc.stdout)
+    return proc.returncode, wire.decode(DoctorReport, data), data
 
 
 def _show(report: DoctorReport) -> str:
@@ -215,7 +205,7 @@ def test_doctor_on_the_bed_agrees_with_a_plain_loop_and_names_the_rate_limited_h
     load only ever slows a run down: each side's figure is its best of three. Then h3's link is limited with tbf both
     ways to 40 Mbit/s and the doctor, as people run it (the table), names h3's links and exits 1
     within 2 minutes."""
-    cli = Cli(testbed, tmp_path)
+    cli = Cli(testbed, tmp_path, timeout=600)  # a doctor's run on the loaded bed may take minutes
     size_mb = 64
     spec = tmp_path / "loop.toml"
     # The doctor's sizes on CPU, in its order, each with its warm-up and iterations: the same
@@ -224,16 +214,16 @@ def test_doctor_on_the_bed_agrees_with_a_plain_loop_and_names_the_rate_limited_h
                     f'workdir = "{ROOT}"\nhosts = ["h1", "h2", "h3"]\nprocesses_per_node = 1\n')
 
     def by_hand() -> float:
-        view = json.loads(cli.run("launch", str(spec), "--wait", "--json").stdout)
+        view = json.loads(cli.run("launch", str(spec), "--wait", "--json", check=False).stdout)
         assert view["state"] == "succeeded", view
-        logs = cli.run("logs", view["job_id"]).stdout
+        logs = cli.run("logs", view["job_id"], check=False).stdout
         found = {int(m.group(1)): float(m.group(3)) for m in re.finditer(
             r"plain-allreduce size_bytes=(\d+) time_s=([\d.]+) busbw_gbps=([\d.]+)", logs)}
         assert size_mb << 20 in found, logs[-2000:]
         return found[size_mb << 20]
 
     # Without a limit: every check ok, exit 0; the first of the doctor's all-reduce figures.
-    code, clean, data = cli.doctor()
+    code, clean, data = _doctor(cli)
     print(f"\nwithout a limit: exit {code}\n{_show(clean)}")
     assert code == 0 and clean.worst == "ok", _show(clean)
     assert len(clean.job_ids) == 2 and {f.subject for f in clean.by_check("p2p")} >= {"h1<->h2", "h1<->h3", "h2<->h3"}
@@ -242,7 +232,7 @@ def test_doctor_on_the_bed_agrees_with_a_plain_loop_and_names_the_rate_limited_h
                                         "baseline", "details"}
     doctor, hand = [_busbw(clean, size_mb)], [by_hand()]
     for _ in range(2):
-        proc = cli.run("doctor", "--checks", "allreduce", "--json")
+        proc = cli.run("doctor", "--checks", "allreduce", "--json", check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]
         doctor.append(_busbw(wire.decode(DoctorReport, json.loads(proc.stdout)), size_mb))
         hand.append(by_hand())

@@ -13,40 +13,14 @@ from typing import Any
 
 import pytest
 
-from tests.test_jobs import Cli as JobsCli
-from tests.testbed import TestBed
+from tests.kit import EXAMPLES, ROOT
+from tests.kit.bedcli import Cli
 
-pytestmark = pytest.mark.testbed
-
-ROOT = Path(__file__).resolve().parent.parent
-EXAMPLES = ROOT / "examples"
-
-
-class Cli(JobsCli):
-    """test_jobs' Cli with mpirun's way to the other hosts: the test bed's key, passed to Open MPI
-    through the inventory's per-host environment (the examples themselves stay as they are)."""
-
-    def __init__(self, bed: TestBed, tmp: Path):
-        super().__init__(bed, tmp)
-        ssh = (f"-i {bed.user_key} -o UserKnownHostsFile={bed.known_hosts} "
-               "-o StrictHostKeyChecking=yes -o BatchMode=yes")
-        text = self.inventory.read_text()
-        assert "[defaults]\n" in text, text
-        self.inventory.write_text(text.replace(
-            "[defaults]\n", f"[defaults]\nenv = {{ OMPI_MCA_plm_rsh_args = {json.dumps(ssh)} }}\n", 1))
-
-    # The examples train for a while: a launch --wait may take its time, and still says where it
-    # hung before pytest's own limit (300 s) cuts the test short.
-    def run(self, *args: str, check: bool = True, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-        return super().run(*args, check=check, timeout=timeout)
-
-    def json(self, *args: str, check: bool = True, timeout: float = 240) -> Any:
-        return super().json(*args, check=check, timeout=timeout)
-
-
-@pytest.fixture
-def cli(testbed: TestBed, tmp_path: Path) -> Cli:
-    return Cli(testbed, tmp_path)
+# The examples stay as they are: mpirun reaches the other hosts with the bed's key through the
+# inventory's per-host environment; and they train for a while, so a launch --wait may take its
+# time (240 s), and still says where it hung before pytest's own limit (300 s) cuts the test short.
+CLI_OPTIONS = {"mpi_ssh": True, "timeout": 240}
+pytestmark = [pytest.mark.testbed, pytest.mark.cli_options(**CLI_OPTIONS)]
 
 
 def losses(metrics: list[dict[str, Any]], rank: int = 0) -> list[tuple[int, float]]:

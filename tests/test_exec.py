@@ -9,16 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_jobs import ROOT, Cli
+from tests.kit import ROOT
+from tests.kit.bedcli import Cli
 from tests.testbed import TestBed
 
 # Every character a shell would act on: none of it may be parsed, split or expanded on the way.
 NASTY = "a b;  $(touch /tmp/rigdeck-exec-pwned) `id` 'q' \"d\" * ~ $HOME \\ | > x & é"
-
-
-@pytest.fixture
-def cli(testbed: TestBed, tmp_path: Path) -> Cli:
-    return Cli(testbed, tmp_path)
 
 
 @pytest.mark.testbed

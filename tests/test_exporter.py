@@ -4,7 +4,6 @@ that scrapes it; and the command, with a local agent's simulated GPUs."""
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import http.client
 import json
@@ -14,7 +13,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -26,7 +24,8 @@ from typing import Any
 import pytest
 
 from tests._require import PROMETHEUS_MISSING, PROMTOOL_MISSING, require
-from tests.test_promexport import read
+from tests.kit import ROOT
+from tests.kit.prom import Exporter, Serving, get, prometheus, promtool_check, query, read
 from tests.ui_fixtures import (
     FAILED_JOB,
     JOB,
@@ -41,12 +40,11 @@ from tests.ui_fixtures import (
     served_client,
     stop_servers,
 )
-from tests.webpage import free_port, process_for_the_test, write_local_inventory
+from tests.webpage import write_local_inventory
 from tui.cli.main import build_parser, main
 from tui.client import InProcessClient, MetricsServer, http_listener
 from tui.model.promexport import CONTENT_TYPE
 
-ROOT = Path(__file__).resolve().parent.parent
 WEIRD = 'we"ird\\name\nline two'  # a job name with every character the format escapes
 
 
@@ -69,15 +67,6 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 def metrics(service: Any) -> Iterator[MetricsServer]:
     with MetricsServer(InProcessClient(service=service).exposition, "127.0.0.1", 0).start() as server:
         yield server
-
-
-def get(url: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-    req = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, dict(r.headers), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, dict(e.headers), e.read()
 
 
 # -- the endpoint ------------------------------------------------------------------------------
@@ -223,62 +212,6 @@ def test_an_address_in_use_is_reported(tmp_path: Path, monkeypatch: pytest.Monke
     assert f"rigdeck exporter: cannot listen on 127.0.0.1:{port}: Address already in use" in err
 
 
-class Serving:
-    """A running ``rigdeck ARGS...`` that serves /metrics (its own process group); ``url`` is the
-    word after ``marker`` in its output, once it printed it."""
-
-    def __init__(self, args: list[str], env: dict[str, str], marker: str, *, sigint_ignored: bool = False) -> None:
-        self.what, self.marker = f"rigdeck {args[0]}", marker
-        self.log = tempfile.TemporaryFile()
-
-        def ignore_sigint() -> None:  # as a shell starts a background job
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-        self.proc = subprocess.Popen([sys.executable, "-m", "tui.cli", *args], cwd=ROOT, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                                     preexec_fn=ignore_sigint if sigint_ignored else None)
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read().decode(errors="replace")
-
-    def url(self, timeout: float = 30.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            out = self.output()
-            if self.marker in out:
-                return out.split(self.marker, 1)[1].split()[0]
-            if self.proc.poll() is not None:
-                raise AssertionError(f"{self.what} exited {self.proc.returncode}:\n{out}")
-            time.sleep(0.1)
-        raise AssertionError(f"{self.what} did not start in {timeout} s:\n{self.output()}")
-
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 60.0) -> int:
-        """Signal it and wait for its end: the embedded controller closes its hosts first (a
-        fresh-clone run on a loaded machine took over 20 s)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.send_signal(signal.SIGUSR1)  # where it is stuck: every thread's stack
-            time.sleep(2)
-            sigs = [ln for ln in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
-                    if ln.startswith(("SigBlk", "SigIgn", "SigPnd", "ShdPnd"))]
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            raise AssertionError(f"{self.what} did not stop {timeout} s after signal {sig} ({sigs}):\n"
-                                 f"{self.output()[-12000:]}") from None
-
-
-class Exporter(Serving):
-    """A running ``rigdeck exporter``."""
-
-    def __init__(self, inventory: Path, listen: str, env: dict[str, str], *, sigint_ignored: bool = False) -> None:
-        super().__init__(["exporter", "--inventory", str(inventory), "--listen", listen], env,
-                         "rigdeck exporter: serving ", sigint_ignored=sigint_ignored)
-
-
 def _env(tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RIGDECK_INVENTORY", "RIGDECK_CONFIG")}
     return {**env, "HOME": str(tmp_path / "home"), "XDG_CONFIG_HOME": str(tmp_path / "config"),
@@ -387,12 +320,6 @@ def test_rigdeck_serve_answers_metrics_from_the_servers_controller(tmp_path: Pat
 # -- promtool and Prometheus -------------------------------------------------------------------
 
 
-def promtool_check(text: str) -> subprocess.CompletedProcess[str]:
-    promtool = shutil.which("promtool")
-    assert promtool is not None
-    return subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=60)
-
-
 def test_promtool_accepts_the_exposition(metrics: MetricsServer) -> None:
     require(shutil.which("promtool"), PROMTOOL_MISSING)
     text = get(metrics.url)[2].decode()
@@ -402,39 +329,6 @@ def test_promtool_accepts_the_exposition(metrics: MetricsServer) -> None:
     # The judge judges: a counter without _total and a percentage are refused.
     bad = promtool_check("# HELP gpu_util_percent x\n# TYPE gpu_util_percent counter\ngpu_util_percent 3\n")
     assert bad.returncode != 0 and "_total" in bad.stdout + bad.stderr
-
-
-@contextlib.contextmanager
-def prometheus(tmp: Path, *targets: str) -> Iterator[str]:
-    """A Prometheus server on a free loopback port, scraping ``targets`` (host:port each) every
-    second as the scrape job ``rigdeck``; yields its URL."""
-    port = free_port()
-    config = tmp / "prometheus.yml"
-    config.write_text(
-        "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n"
-        f"scrape_configs:\n  - job_name: rigdeck\n    static_configs:\n      - targets: {json.dumps(targets)}\n")
-    with process_for_the_test(
-            [str(shutil.which("prometheus")), f"--config.file={config}", f"--storage.tsdb.path={tmp / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{port}"], tmp / "prometheus.log"):
-        yield f"http://127.0.0.1:{port}"
-
-
-def query(prom: str, expr: str, timeout: float = 60.0, count: int = 1) -> list[dict[str, Any]]:
-    """The instant query's series, once it has ``count`` or more (Prometheus starts, then scrapes)."""
-    deadline = time.monotonic() + timeout
-    url = f"{prom}/api/v1/query?{urllib.parse.urlencode({'query': expr})}"
-    result: list[dict[str, Any]] = []
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                result = json.load(r)["data"]["result"]
-            if len(result) >= count:
-                return list(result)
-        except (urllib.error.URLError, ConnectionError):
-            pass  # not up yet
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{len(result)} series, not {count}, for {expr} from {prom} in {timeout} s")
-        time.sleep(0.5)
 
 
 def test_a_real_prometheus_scrapes_the_exporter_and_answers_with_job_and_rank_labels(

@@ -20,7 +20,7 @@ import pytest
 from agent import claims, filemodes
 from agent.jobs import JobError, Jobs
 from agent.paths import Paths
-from tests.test_contracts import _local_cluster, _rigdeck
+from tests.kit.local import local_cluster, rigdeck_out
 
 OTHER_UID = 12345  # a user that is neither root nor us (the tests run as root)
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +61,7 @@ def _stop_daemon(state: Path) -> None:
 def test_a_launch_on_this_machine_leaves_everything_in_rigdeck_home_its_owners_alone(tmp_path: Path) -> None:
     """The embedded controller (no server): a job with synced code, launched and waited for,
     in a home an older version left 0755."""
-    env = _local_cluster(tmp_path)
+    env = local_cluster(tmp_path)
     home = Path(env["RIGDECK_HOME"])
     home.mkdir(mode=0o755)
     os.chmod(home, 0o755)
@@ -73,7 +73,7 @@ def test_a_launch_on_this_machine_leaves_everything_in_rigdeck_home_its_owners_a
     spec.write_text('name = "private"\ncommand = ["{python}", "main.py"]\nlauncher = "direct"\n'
                     'nodes = 1\nprocesses_per_node = 1\n[code]\nsync = "src"\n')
     try:
-        out = _rigdeck(env, "launch", str(spec), "--wait")
+        out = rigdeck_out(env, "launch", str(spec), "--wait")
     finally:
         _stop_daemon(tmp_path / "state")
     assert "succeeded" in out, out

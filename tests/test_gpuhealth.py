@@ -10,7 +10,7 @@ from typing import Any
 from agent import gpuhealth
 from agent.gpuhealth import HealthJudge, Observation
 from agent.telemetry import Collector, GpuSample
-from tests.test_telemetry import FakeNvml, FakeNVMLError
+from tests.kit.fakes import FakeNvml, FakeNVMLError
 
 
 def test_a_critical_xid_makes_a_gpu_unhealthy_until_an_operator_clears_it() -> None:

@@ -88,7 +88,8 @@ def test_drains_and_incidents_outlive_the_history_that_wrote_them(tmp_path: Path
 
 
 def test_placement_never_uses_an_unhealthy_or_drained_gpu_and_says_why() -> None:
-    from tests.test_scheduler import gpu, gpu_job, telemetry
+    from tests.kit.fakes import gpu, telemetry
+    from tests.kit.specs import gpu_job
     from tui.model.scheduler import PlacementError, Scheduler, capacity_from_state
     from tui.model.state import ClusterState
 
@@ -265,7 +266,7 @@ def test_an_incident_is_notified_once_per_attempt(tmp_path: Path) -> None:
     import sys
     import time
 
-    from tests.test_notify import WRITER, _lines
+    from tests.kit.fakes import WRITER, written_lines
     from tui.control.notify import Notifier
     from tui.model.userconfig import DEFAULT_ON, NotifyConfig
 
@@ -281,7 +282,7 @@ def test_an_incident_is_notified_once_per_attempt(tmp_path: Path) -> None:
     h.add_incident("j1", inc)
     h.add_incident("j1", inc)  # the same attempt's incident again (another controller): told once
     n.close()
-    (line,) = _lines(out)
+    (line,) = written_lines(out)
     ev = json.loads(line[0])
     assert (line[1], line[2]) == ("j1", "incident")
     assert ev["cause_text"] == inc["message"] and ev["host"] == "h2" and ev["hosts"] == ["h1", "h2"]
@@ -290,7 +291,7 @@ def test_an_incident_is_notified_once_per_attempt(tmp_path: Path) -> None:
 
 
 def test_the_faces_draw_unhealthy_and_drained_gpus_apart_with_the_reason() -> None:
-    from tests.test_scheduler import gpu, telemetry
+    from tests.kit.fakes import gpu, telemetry
     from tui.app.widgets.clustermap import DRAINED_GLYPH, UNHEALTHY_GLYPH, cell_look, gpu_detail
     from tui.app.widgets.format import PLAIN
     from tui.app.widgets.tables import GpusTable, Widths, gpu_rows

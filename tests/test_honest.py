@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_jobs import ROOT, TICKER, Cli, wait_until
+from tests.kit import ROOT, TICKER, wait_until
+from tests.kit.bedcli import Cli
 from tests.testbed import TestBed
 from tui.control.history import History
 
@@ -20,11 +21,6 @@ pytestmark = pytest.mark.testbed
 # Status calls at once: every one is a CLI process that connects to the 3 hosts, on 2 cores.
 # RIGDECK_STATUS_CALLS=20 makes it the heavier burst the defect was first seen with.
 CALLS = int(os.environ.get("RIGDECK_STATUS_CALLS", "8"))
-
-
-@pytest.fixture
-def cli(testbed: TestBed, tmp_path: Path) -> Cli:
-    return Cli(testbed, tmp_path)
 
 
 def _history_state(cli: Cli, job_id: str) -> str:

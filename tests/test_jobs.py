@@ -4,120 +4,15 @@ restart, disconnect, bad specs. Everything goes through the real CLI."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests._require import require
-from tests.testbed import TestBed
+from tests.kit import PROBE, ROOT, TICKER, TRACKERS, wait_until
+from tests.kit.bedcli import Cli, tagged  # tests/test_ui_e2e.py imports tagged from here too
 
 pytestmark = pytest.mark.testbed
-
-ROOT = Path(__file__).resolve().parent.parent
-TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
-PROBE = ROOT / "tests" / "probe_rank.py"
-TRACKERS = ROOT / "tests" / "jobscripts" / "tracker_links.py"
-
-
-class Cli:
-    def __init__(self, bed: TestBed, tmp: Path):
-        self.bed = bed
-        self.tmp = tmp
-        # The hosts run ranks with this interpreter (it has torch), not the system python3.
-        self.inventory = bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0)
-        self.env = {**os.environ, "RIGDECK_HOME": str(tmp / "home"), "RIGDECK_INVENTORY": str(self.inventory)}
-
-    def run(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        """``rigdeck ARGS`` to its end. One still running after ``timeout`` is asked where it is
-        (SIGABRT: faulthandler prints every thread's stack) and the test fails saying that, with
-        the jobs and the hosts' processes: a hang in CI says where it hung."""
-        argv = [sys.executable, "-m", "tui.cli", *args]
-        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                              env={**self.env, "PYTHONFAULTHANDLER": "1"}) as p:
-            try:
-                out, err = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.send_signal(signal.SIGABRT)
-                try:
-                    out, err = p.communicate(timeout=20)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    out, err = p.communicate()
-                raise AssertionError(f"rigdeck {' '.join(args)} still running after {timeout:.0f}s; its "
-                                     f"stdout:\n{out[-3000:]}\nits stderr and threads:\n{err[-12000:]}\n"
-                                     f"{self.said_state()}") from None
-        proc = subprocess.CompletedProcess(argv, p.returncode, out, err)
-        if check and proc.returncode != 0:
-            raise AssertionError(f"rigdeck {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
-        return proc
-
-    def said_state(self) -> str:
-        """What this test's jobs and the bed's hosts are doing now, as far as can be read: for a
-        failure message (never a second failure)."""
-        parts = []
-        try:
-            jobs = subprocess.run([sys.executable, "-m", "tui.cli", "jobs", "--json"], capture_output=True,
-                                  text=True, timeout=60, env=self.env, cwd=ROOT)
-            for v in json.loads(jobs.stdout or "[]"):
-                parts.append(f"job {v['job_id']} {v['state']} on {[n['host'] for n in v.get('placement') or []]} "
-                             f"waiting={v.get('waiting')!r} events={json.dumps(v.get('events', [])[-6:])[:1500]}")
-                if v["state"] not in ("succeeded", "failed", "stopped"):
-                    logs = subprocess.run([sys.executable, "-m", "tui.cli", "logs", v["job_id"]], capture_output=True,
-                                          text=True, timeout=60, env=self.env, cwd=ROOT)
-                    parts.append(f"its logs' tail:\n{logs.stdout[-3000:]}{logs.stderr[-1000:]}")
-            for i, h in enumerate(self.bed.hosts, start=1):
-                res = self.bed.exec(i, ["ps", "-ww", "-eo", "pid,ppid,etimes,stat,args"])
-                parts.append(f"{h.name} processes:\n{res.stdout[-4000:]}")
-                # A link left rate-limited (test_doctor's tbf) makes a job slow, not hung.
-                inside = self.bed.exec(i, ["tc", "qdisc", "show", "dev", "eth0"]).stdout.strip()
-                outside = subprocess.run(["tc", "qdisc", "show", "dev", h.veth], capture_output=True,
-                                         text=True, timeout=10).stdout.strip()
-                parts.append(f"{h.name} qdiscs: eth0 {inside!r}, {h.veth} {outside!r}")
-        except Exception as e:
-            parts.append(f"(could not read more: {type(e).__name__}: {e})")
-        return "\n".join(parts)
-
-    def json(self, *args: str, check: bool = True, timeout: float = 180) -> Any:
-        return json.loads(self.run(*args, "--json", check=check, timeout=timeout).stdout)
-
-    def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([sys.executable, "-m", "tui.cli", *args], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=self.env, cwd=ROOT)
-
-    def spec(self, name: str, body: str) -> Path:
-        path = self.tmp / f"{name}.toml"
-        path.write_text(f'name = "{name}"\n' + body)
-        return path
-
-
-@pytest.fixture
-def cli(testbed: TestBed, tmp_path: Path) -> Cli:
-    return Cli(testbed, tmp_path)
-
-
-def tagged(bed: TestBed, job_id: str) -> dict[str, list[str]]:
-    """Processes carrying the job id, per host, seen from inside each host."""
-    out = {}
-    for i, h in enumerate(bed.hosts, start=1):
-        res = bed.exec(i, ["sh", "-c", f"grep -l -a 'RIGDECK_JOB_ID={job_id}' /proc/[0-9]*/environ 2>/dev/null "
-                                       "| grep -v self || true"])
-        out[h.name] = [ln for ln in res.stdout.split() if "/self/" not in ln and "/thread-self/" not in ln]
-    return out
-
-
-def wait_until(cond: Any, timeout: float, what: str) -> float:
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if cond():
-            return time.monotonic() - start
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.mark.parametrize("launcher", ["direct", "torchrun", "mpirun"])

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.kit.specs import load_error, spec_file
 from tui.model.jobspec import (
     DEFAULT_LOSS_PATTERN,
     MAX_RUNTIME_LIMIT_S,
@@ -64,21 +64,6 @@ loss_pattern = 'step \d+ loss[=:]\s*(?P<loss>[0-9.eE+-]+)'
 train = "/data/train"
 test = "/data/test"
 """
-
-
-def spec_file(tmp_path: Path, text: str, name: str = "job.toml") -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text).lstrip())
-    return path
-
-
-def load_error(tmp_path: Path, text: str) -> JobSpecError:
-    path = spec_file(tmp_path, text)
-    with pytest.raises(JobSpecError) as info:
-        load_jobspec(path)
-    assert info.value.path == path
-    assert str(path) in str(info.value)
-    return info.value
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,20 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_jobs import ROOT, TICKER, Cli, tagged, wait_until
+from tests.kit import ROOT, TICKER, wait_until
+from tests.kit.bedcli import Cli, tagged
 from tests.testbed import TestBed
 
-pytestmark = pytest.mark.testbed
+# min_free_mb=1: the full-disk test fills a 4 MB state dir, which the default (256 MB) would
+# refuse before its job could start.
+pytestmark = [pytest.mark.testbed, pytest.mark.cli_options(min_free_mb=1)]
 
 ROUNDS = int(os.environ.get("RIGDECK_CLAIM_ROUNDS", "4"))  # more for a soak run
-
-
-@pytest.fixture
-def cli(testbed: TestBed, tmp_path: Path) -> Cli:
-    c = Cli(testbed, tmp_path)
-    c.inventory = testbed.write_inventory(tmp_path / "hosts.toml", python=sys.executable, connect_timeout=5.0,
-                                          min_free_mb=1)
-    return c
 
 
 def host_claims(bed: TestBed) -> dict[str, dict[int, str]]:

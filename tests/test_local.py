@@ -10,20 +10,15 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit.local import local_inventory
 from tui.control.controller import Controller
 from tui.model.inventory import HostSpec, Inventory
 from tui.remote.bundle import build_agent
 from tui.remote.transport import Backoff, CommandTimeout, LocalTransport, TransportError
 
 
-def _local_inventory(state_dir: Path, **kw: object) -> Inventory:
-    spec = HostSpec(name="here", address="localhost", transport="local", python=sys.executable,
-                    state_dir=str(state_dir), **kw)  # type: ignore[arg-type]
-    return Inventory(hosts=(spec,), path=None, known_hosts=state_dir / "known_hosts")
-
-
 def test_local_transport_runs_argument_lists_without_a_shell(tmp_path: Path) -> None:
-    t = LocalTransport(_local_inventory(tmp_path).hosts[0])
+    t = LocalTransport(local_inventory(tmp_path).hosts[0])
     with t:
         # A value full of shell syntax arrives as one literal argument.
         res = t.run([sys.executable, "-c", "import sys; print(sys.argv[1])", "$(rm -rf x); `id` *"])
@@ -54,7 +49,7 @@ def test_backoff_grows_and_is_capped() -> None:
 
 def test_local_deploy_installs_once_then_copies_nothing(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    inv = _local_inventory(state, sim_gpus=2)
+    inv = local_inventory(state, sim_gpus=2)
     bundle = build_agent(tmp_path / "cache")
     with Controller(inv, bundle_factory=lambda: bundle) as ctl:
         first = ctl.deploy()[0]
@@ -85,7 +80,7 @@ def test_local_deploy_installs_once_then_copies_nothing(tmp_path: Path) -> None:
 def test_deploy_replaces_a_tampered_agent(tmp_path: Path) -> None:
     state = tmp_path / "state"
     bundle = build_agent(tmp_path / "cache")
-    with Controller(_local_inventory(state), bundle_factory=lambda: bundle) as ctl:
+    with Controller(local_inventory(state), bundle_factory=lambda: bundle) as ctl:
         assert ctl.deploy()[0].copied
         pyz = state / "agent" / bundle.version / "agent.pyz"
         pyz.write_bytes(pyz.read_bytes() + b"tampered")
@@ -101,7 +96,7 @@ def test_connecting_checks_the_installed_agent_and_deploys_again_when_it_is_not_
     state = tmp_path / "state"
     bundle = build_agent(tmp_path / "cache")
     pyz = state / "agent" / bundle.version / "agent.pyz"
-    with Controller(_local_inventory(state), bundle_factory=lambda: bundle) as ctl:
+    with Controller(local_inventory(state), bundle_factory=lambda: bundle) as ctl:
         try:
             assert ctl.deploy()[0].copied
             for damage in (lambda b: b + b"tampered", lambda b: b[: len(b) // 2]):

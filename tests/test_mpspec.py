@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_jobspec import spec_file
+from tests.kit.specs import spec_file
 from tui.model.jobspec import JobSpec, JobSpecError, load_jobspec
 from tui.model.mpspec import ModelParallelSpec
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from tests.kit.fakes import WRITER, written_lines
 from tui.control.history import History
 from tui.control.notify import Notifier, post_webhook
 from tui.model.userconfig import (
@@ -200,15 +201,6 @@ def test_the_tracker_tells_changes_after_the_first_look() -> None:
 # Sending
 
 
-WRITER = ("import os, sys; data = sys.stdin.read(); "
-          "open(sys.argv[1], 'a').write(data + '\\t' + os.environ['RIGDECK_JOB_ID'] + '\\t' "
-          "+ os.environ['RIGDECK_EVENT_NAME'] + '\\t' + str(os.environ['RIGDECK_EVENT'] == data) + '\\n')")
-
-
-def _lines(p: Path) -> list[list[str]]:
-    return [ln.split("\t") for ln in p.read_text().splitlines()] if p.exists() else []
-
-
 def test_the_command_notifier_gets_each_transition_once_even_across_a_restart(tmp_path: Path) -> None:
     out = tmp_path / "events.txt"
     cfg = NotifyConfig(command=(sys.executable, "-c", WRITER, str(out)), on=("started", "failed"))
@@ -223,7 +215,7 @@ def test_the_command_notifier_gets_each_transition_once_even_across_a_restart(tm
     h.announce("j1", "failed", {"cause": cause})  # decided; the record follows
     h.update("j1", state="failed", ended=time.time(), cause=cause)
     n.close()
-    lines = _lines(out)
+    lines = written_lines(out)
     assert [(ln[1], ln[2], ln[3]) for ln in lines] == [("j1", "started", "True"), ("j1", "failed", "True")]
     failed = json.loads(lines[1][0])
     assert failed["cause"] == cause and failed["host"] == "h2" and failed["user"] == "ana"
@@ -236,11 +228,11 @@ def test_the_command_notifier_gets_each_transition_once_even_across_a_restart(tm
     n2.attach_jobs()
     h2.update("j1", state="failed", ended=time.time(), cause=cause)
     n2.close()
-    assert len(_lines(out)) == 2
+    assert len(written_lines(out)) == 2
     # A restart's new attempt is a new transition.
     h2.update("j1", state="running", restarts=1)
     n2.close()
-    assert [(ln[1], ln[2]) for ln in _lines(out)][2:] == [("j1", "started")]
+    assert [(ln[1], ln[2]) for ln in written_lines(out)][2:] == [("j1", "started")]
 
 
 def test_a_failing_command_is_logged_and_later_events_still_go(tmp_path: Path,
@@ -331,7 +323,7 @@ def test_an_unreachable_webhook_is_logged_without_its_secrets(tmp_path: Path, ca
 @pytest.mark.testbed
 def test_a_short_job_sends_started_and_succeeded_from_the_embedded_controller(
         testbed: Any, tmp_path: Path, receiver: tuple[str, Path, Any]) -> None:
-    from tests.test_jobs import TICKER
+    from tests.kit import TICKER
 
     url, out, _ = receiver
     inv = testbed.write_inventory(tmp_path / "hosts.toml", python=sys.executable, connect_timeout=5.0)
@@ -391,7 +383,8 @@ def test_a_bad_config_stops_the_cli_before_anything_starts(tmp_path: Path) -> No
 
 @pytest.mark.testbed
 def test_a_sweep_sends_started_and_succeeded_to_the_command(testbed: Any, tmp_path: Path) -> None:
-    from tests.test_sweeps import Cli, example_spec
+    from tests.kit.bedcli import Cli
+    from tests.kit.specs import sweep_spec
 
     cli = Cli(testbed, tmp_path)
     out = tmp_path / "events.txt"
@@ -399,7 +392,7 @@ def test_a_sweep_sends_started_and_succeeded_to_the_command(testbed: Any, tmp_pa
     writer = [sys.executable, "-c", "import sys; open(sys.argv[1], 'a').write(sys.stdin.read() + '\\n')", str(out)]
     cfg.write_text(f'[notify]\ncommand = {json.dumps(writer)}\non = ["started", "succeeded"]\nkinds = ["sweep"]\n')
     cli.env["RIGDECK_CONFIG"] = str(cfg)
-    done = cli.json("sweep", str(example_spec(cli, "sw-notify", trials=2, parallel=2, steps=3)), "--wait",
+    done = cli.json("sweep", str(sweep_spec(cli, "sw-notify", trials=2, parallel=2, steps=3)), "--wait",
                     timeout=300)
     assert done["row"]["state"] == "completed"
     events = [json.loads(ln) for ln in out.read_text().splitlines()]

@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from tests.test_jobs import ROOT, Cli
+from tests.kit import ROOT
+from tests.kit.bedcli import Cli
+from tests.kit.specs import pipeline_step, steps_of
 from tests.testbed import TestBed
 
 EXAMPLE = ROOT / "examples" / "pipeline-steps"
-SCRIPTS = ROOT / "tests" / "jobscripts"
 
 
 def test_final_metrics_are_rank_0s_last_values_of_the_newest_attempt() -> None:
@@ -48,15 +49,6 @@ def test_the_step_tree_hangs_each_step_under_the_last_step_it_needs() -> None:
         ("", "prep"), ("├─ ", "train"), ("│  └─ ", "eval"), ("│     └─ ", "report"), ("└─ ", "side"), ("", "lint")]
 
 
-@pytest.fixture
-def cli(testbed: TestBed, tmp_path: Path) -> Cli:
-    return Cli(testbed, tmp_path)
-
-
-def steps_of(out: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {s["name"]: s for s in out["steps"]}
-
-
 def job_dir(job_id: str) -> str:
     return f"/root/.rigdeck/jobs/{job_id}"  # inside each test bed host: its own private state dir
 
@@ -69,13 +61,6 @@ def sha256_on(bed: TestBed, host: str, path: str) -> str:
 
 def jobs_by_id(cli: Cli) -> dict[str, dict[str, Any]]:
     return {j["job_id"]: j for j in cli.json("jobs")}
-
-
-def step(name: str, command: list[str], extra: str = "", job_extra: str = "") -> str:
-    """A [[steps]] table whose job runs tests/jobscripts/pipeline_step.py."""
-    argv = json.dumps(["{python}", "pipeline_step.py", *command])
-    return (f'\n[[steps]]\nname = "{name}"\n{extra}\n[steps.job]\ncommand = {argv}\n'
-            f'workdir = "{SCRIPTS}"\nmax_runtime = "3m"\n{job_extra}\n')
 
 
 @pytest.mark.testbed
@@ -154,12 +139,12 @@ def test_a_step_is_retried_a_failing_one_fails_the_pipeline_and_retry_reruns_it_
     retry = 'retries = { max_attempts = 2, backoff = "1s", on = ["failed"] }'
     spec = cli.tmp / "retrying.toml"
     spec.write_text('name = "pl-retry"\n'
-                    + step("flaky", ["--fail-attempts", "1", "--write", "a.txt=from-a"], retry)
-                    + step("broken", ["--fail-unless", str(fixed), "--expect", "data/a.txt=from-a"],
-                           f'depends_on = ["flaky"]\ninputs = {{ data = "steps.flaky.output" }}\n{retry}')
-                    + step("after", ["--expect", "data/a.txt=from-a"],
-                           'depends_on = ["broken", "flaky"]\ninputs = { data = "steps.flaky.output" }')
-                    + step("beside", [], 'depends_on = ["flaky"]'))
+                    + pipeline_step("flaky", ["--fail-attempts", "1", "--write", "a.txt=from-a"], retry)
+                    + pipeline_step("broken", ["--fail-unless", str(fixed), "--expect", "data/a.txt=from-a"],
+                                    f'depends_on = ["flaky"]\ninputs = {{ data = "steps.flaky.output" }}\n{retry}')
+                    + pipeline_step("after", ["--expect", "data/a.txt=from-a"],
+                                    'depends_on = ["broken", "flaky"]\ninputs = { data = "steps.flaky.output" }')
+                    + pipeline_step("beside", [], 'depends_on = ["flaky"]'))
     out = cli.json("pipeline", str(spec), "--wait", check=False, timeout=240)
     steps = steps_of(out)
     assert out["row"]["state"] == "failed", out["row"]
@@ -192,17 +177,17 @@ def test_a_false_condition_skips_its_branch_and_a_changed_step_reruns_with_its_d
         path = cli.tmp / f"cond-{train_lr}.toml"
         path.write_text(
             'name = "pl-cache"\n'
-            + step("prep", ["--write", "rows.csv=1,2,3"])
-            + step("train", ["--expect", "rows/rows.csv=1,2,3", "--checkpoint", "ck.txt=state",
-                             "--model", "m.txt=model", "--metric", "accuracy=0.5"],
-                   'depends_on = ["prep"]\ninputs = { rows = "steps.prep.output" }',
-                   f"[steps.job.hyperparameters]\nlr = {train_lr}\n")  # the only change between runs
-            + step("finetune", ["--expect-checkpoint", "ck.txt=state"],
-                   'depends_on = ["train"]\ncontinue_from = "steps.train"')
-            + step("publish", ["--expect", "m/m.txt=model"],
-                   'depends_on = ["train"]\nwhen = "steps.train.metrics.accuracy >= 0.9"\n'
-                   'inputs = { m = "steps.train.model" }')
-            + step("announce", [], 'depends_on = ["publish"]'))
+            + pipeline_step("prep", ["--write", "rows.csv=1,2,3"])
+            + pipeline_step("train", ["--expect", "rows/rows.csv=1,2,3", "--checkpoint", "ck.txt=state",
+                                      "--model", "m.txt=model", "--metric", "accuracy=0.5"],
+                            'depends_on = ["prep"]\ninputs = { rows = "steps.prep.output" }',
+                            f"[steps.job.hyperparameters]\nlr = {train_lr}\n")  # the only change between runs
+            + pipeline_step("finetune", ["--expect-checkpoint", "ck.txt=state"],
+                            'depends_on = ["train"]\ncontinue_from = "steps.train"')
+            + pipeline_step("publish", ["--expect", "m/m.txt=model"],
+                            'depends_on = ["train"]\nwhen = "steps.train.metrics.accuracy >= 0.9"\n'
+                            'inputs = { m = "steps.train.model" }')
+            + pipeline_step("announce", [], 'depends_on = ["publish"]'))
         return path
 
     first = cli.json("pipeline", str(spec("0.1")), "--wait", timeout=240)

@@ -6,20 +6,14 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.test_jobs import ROOT, Cli
-from tests.testbed import TestBed
+from tests.kit import ROOT
+from tests.kit.bedcli import Cli
 
 pytestmark = pytest.mark.testbed
-
-
-@pytest.fixture
-def cli(testbed: TestBed, tmp_path: Path) -> Cli:
-    return Cli(testbed, tmp_path)
 
 
 def plans(cli: Cli, job_id: str) -> dict[str, dict[str, Any]]:

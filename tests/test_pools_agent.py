@@ -30,7 +30,7 @@ from agent import facts
 from agent.jobhost import TERMINAL, processes_with_tag
 from agent.jobs import Jobs
 from tests._require import has_module, require
-from tests.test_clusterfiles import communicate_all
+from tests.kit import communicate_all
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -12,29 +12,19 @@ from typing import Any
 
 import pytest
 
-from tests.test_jobs import ROOT, Cli, tagged, wait_until
+from tests.kit import PROBE, ROOT, wait_until
+from tests.kit.bedcli import Cli, tagged
 from tests.testbed import TestBed
 
-pytestmark = pytest.mark.testbed
+# h3 is the CPU host the parameter servers are pinned to by label.
+pytestmark = [pytest.mark.testbed, pytest.mark.cli_options(labels={"h3": ["cpu"]})]
 
-PROBE = ROOT / "tests" / "probe_rank.py"
 HOLD = ROOT / "tests" / "jobscripts" / "probe_then_wait.py"
 LIST_INPUTS = ROOT / "tests" / "jobscripts" / "list_inputs.py"
 
 VERTEX_POOL = {"primary": "workerpool0", "worker": "workerpool1", "parameter_server": "workerpool2",
                "evaluator": "workerpool3"}
 TF_TASK = {"primary": "chief", "worker": "worker", "parameter_server": "ps", "evaluator": "evaluator"}
-
-
-@pytest.fixture
-def cli(testbed: TestBed, tmp_path: Path) -> Cli:
-    c = Cli(testbed, tmp_path)
-    # h3 is the CPU host the parameter servers are pinned to by label.
-    text = c.inventory.read_text()
-    marker = 'name = "h3"\n'
-    assert marker in text, text
-    c.inventory.write_text(text.replace(marker, marker + 'labels = ["cpu"]\n'))
-    return c
 
 
 def four_pools(cli: Cli, name: str, world_command: Path, other_command: Path) -> Path:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_jobspec import load_error, spec_file
+from tests.kit.specs import load_error, spec_file
 from tui.model.jobspec import JobSpec, load_jobspec
 from tui.model.poolspec import PoolSpec, ProcessingInput, check_pins, in_role_order
 

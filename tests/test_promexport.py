@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from tests import h100data
+from tests.kit.prom import Read, read
 from tests.ui_fixtures import (
     FAILED_JOB,
     HAND_DRAIN,
@@ -41,77 +42,6 @@ from tui.model.promexport import (
     format_value,
 )
 from tui.model.state import ClusterState
-
-Labels = tuple[tuple[str, str], ...]
-
-_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)")
-_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(,|$)')
-
-
-def _unescape(v: str) -> str:
-    out, i = [], 0
-    while i < len(v):
-        if v[i] == "\\":
-            nxt = v[i + 1]
-            assert nxt in '\\"n', f"an escape the format does not have: \\{nxt}"
-            out.append("\n" if nxt == "n" else nxt)
-            i += 2
-        else:
-            out.append(v[i])
-            i += 1
-    return "".join(out)
-
-
-@dataclass
-class Read:
-    types: dict[str, str]
-    helps: dict[str, str]
-    samples: dict[tuple[str, Labels], str]  # (name, labels in order) -> the value as written
-
-    def value(self, metric: str, /, **labels: str) -> float:
-        """The one sample of ``metric`` whose labels include ``labels``."""
-        found = [v for (n, ls), v in self.samples.items() if n == metric and labels.items() <= dict(ls).items()]
-        assert len(found) == 1, (metric, labels, found)
-        return float(found[0])
-
-    def series(self, metric: str) -> list[dict[str, str]]:
-        return [dict(ls) for (n, ls) in self.samples if n == metric]
-
-
-def read(text: str) -> Read:
-    """The exposition, read strictly: a family's HELP and TYPE once, before its samples; every
-    sample's family the current one; no series twice; the text ends in a newline."""
-    assert text.endswith("\n")
-    r = Read({}, {}, {})
-    current = None
-    for line in text[:-1].split("\n"):
-        if line.startswith("# HELP "):
-            name, _, help_text = line[7:].partition(" ")
-            assert name not in r.helps, f"HELP twice: {name}"
-            r.helps[name] = help_text
-            current = name
-        elif line.startswith("# TYPE "):
-            name, _, kind = line[7:].partition(" ")
-            assert name == current and name not in r.types, line
-            assert kind in ("gauge", "counter"), line
-            r.types[name] = kind
-        else:
-            m = _SAMPLE.fullmatch(line)
-            assert m, f"not a sample line: {line!r}"
-            name, body, value = m.groups()
-            assert name == current and name in r.types, f"a sample outside its family: {line!r}"
-            labels: list[tuple[str, str]] = []
-            rest = body or ""
-            while rest:
-                p = _PAIR.match(rest)
-                assert p, f"bad labels in {line!r}"
-                labels.append((p.group(1), _unescape(p.group(2))))
-                rest = rest[p.end():]
-            key = (name, tuple(labels))
-            assert key not in r.samples, f"a series twice: {line!r}"
-            float(value)  # NaN, +Inf, -Inf and numbers all parse
-            r.samples[key] = value
-    return r
 
 
 @dataclass(frozen=True)

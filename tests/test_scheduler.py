@@ -13,6 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.kit.fakes import gpu, telemetry
+from tests.kit.specs import gpu_job
 from tui.model import scheduler
 from tui.model.inventory import HostSpec, Inventory
 from tui.model.jobspec import JobSpec
@@ -26,17 +28,6 @@ from tui.model.scheduler import (
     instance_type,
 )
 from tui.model.state import ClusterState, HostStatus
-
-
-def gpu_job(name: str, nodes: int | None, gpus: int, hosts: Sequence[str] = ()) -> JobSpec:
-    return JobSpec(
-        name=name,
-        command=("python", "train.py"),
-        workdir="/w",
-        nodes=nodes,
-        hosts=tuple(hosts),
-        gpus_per_node=gpus,
-    )
 
 
 def cpu_job(name: str, nodes: int | None, procs: int, hosts: Sequence[str] = ()) -> JobSpec:
@@ -435,35 +426,6 @@ def test_concurrent_reserves_never_overlap(monkeypatch: pytest.MonkeyPatch) -> N
 
 # ---------------------------------------------------------------------------------------------
 # From the live cluster state
-
-
-def telemetry(gpus: list[dict[str, object]], cores: int = 8) -> dict[str, object]:
-    return {
-        "time": 1.0,
-        "simulated": False,
-        "gpu_source": "nvml",
-        "host": {
-            "cpu_pct": 1.0,
-            "cpu_per_core": [0.0] * cores,
-            "mem_used_mb": 1,
-            "mem_total_mb": 2,
-        },
-        "gpus": gpus,
-    }
-
-
-def gpu(index: int, *procs: tuple[str | None, str | None]) -> dict[str, object]:
-    return {
-        "index": index,
-        "name": "NVIDIA A100-SXM4-80GB",
-        "uuid": f"GPU-{index}",
-        "simulated": False,
-        "utilization_pct": 0.0,
-        "processes": [
-            {"pid": 100 + i, "user": user, "used_memory_mb": 1, "job_id": job, "rank": None}
-            for i, (user, job) in enumerate(procs)
-        ],
-    }
 
 
 def test_capacity_from_state(tmp_path: Path) -> None:

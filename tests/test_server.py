@@ -22,9 +22,9 @@ import pytest
 
 from tests._require import PROMETHEUS_MISSING, PROMTOOL_MISSING, require
 from tests.conftest import fish_bed
-from tests.test_exporter import Exporter, get, prometheus, promtool_check, query
-from tests.test_jobs import ROOT, TICKER
-from tests.test_promexport import read
+from tests.kit import ROOT, TICKER, wait_until
+from tests.kit.prom import Exporter, get, prometheus, promtool_check, query, read
+from tests.kit.specs import expected_objective, pipeline_step, steps_of, sweep_spec
 from tests.test_ui_e2e import tmux_env  # noqa: F401, F811  (a fixture)
 from tests.testbed import TestBed
 
@@ -58,17 +58,6 @@ class Operator:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f'name = "{name}"\n' + body)
         return path
-
-
-def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    """The first true value of ``cond()``, polled until ``timeout``."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        value = cond()
-        if value:
-            return value
-        time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def workstation_rigdeck(homes: list[Path]) -> list[int]:
@@ -468,10 +457,8 @@ def test_code_only_the_workstation_has_runs_through_the_server(served: tuple[Tes
 def test_a_sweep_runs_unattended_and_survives_a_killed_server(served: tuple[TestBed, Operator, Operator]) -> None:
     """Issue 13, acceptance 5 (server): the sweep is started and left; the server is killed -9
     mid-sweep and started again; the sweep completes with exactly max_trials trials, each once."""
-    from tests.test_sweeps import example_spec, expected
-
     bed, alice, bob = served
-    started = alice.json("sweep", str(example_spec(alice, "sw-served", trials=8, parallel=3, steps=10, step_s=0.2)))
+    started = alice.json("sweep", str(sweep_spec(alice, "sw-served", trials=8, parallel=3, steps=10, step_s=0.2)))
     sweep_id = started["row"]["sweep_id"]
     assert workstation_rigdeck([alice.home]) == []  # nobody at the workstation runs it
     wait_until(lambda: bob.json("sweep", "status", sweep_id)["row"]["completed"] >= 2, 120, "two trials completed")
@@ -484,7 +471,7 @@ def test_a_sweep_runs_unattended_and_survives_a_killed_server(served: tuple[Test
     assert out["row"]["state"] == "completed", out["row"]
     assert sorted(t["number"] for t in out["trials"]) == list(range(1, 9))
     for t in out["trials"]:
-        assert t["state"] == "completed" and t["value"] == pytest.approx(expected(t, 10), rel=1e-9), t
+        assert t["state"] == "completed" and t["value"] == pytest.approx(expected_objective(t, 10), rel=1e-9), t
     jobs = [j for j in alice.json("jobs") if j["sweep_id"] == sweep_id]
     assert sorted(int(j["trial"]) for j in jobs) == list(range(1, 9))  # one job per trial: none ran twice
     twice = [(j["job_id"], j["events"]) for j in jobs if len([e for e in j["events"] if e["event"] == "started"]) != 1]
@@ -496,18 +483,16 @@ def test_a_pipeline_advances_unattended_and_a_killed_server_neither_reruns_nor_l
     """Issue 14, acceptance 4: the pipeline is started and left; the server is killed -9 while a
     step runs and started again; the pipeline ends with every step run once, the running one
     followed to its end (not started again), the finished one not run again."""
-    from tests.test_pipelines import step, steps_of
-
     bed, alice, bob = served
     spec = alice.home / "served-pipeline.toml"
     spec.parent.mkdir(parents=True, exist_ok=True)
     spec.write_text('name = "pl-served"\n'
-                    + step("first", ["--write", "part-{node}.txt=from-first"], "", "nodes = 2\n")
-                    + step("long", ["--sleep", "12", "--expect", "parts/part-1.txt=from-first",
-                                    "--write", "long.txt=done"],
-                           'depends_on = ["first"]\ninputs = { parts = "steps.first.output" }')
-                    + step("last", ["--expect", "long/long.txt=done"],
-                           'depends_on = ["long"]\ninputs = { long = "steps.long.output" }'))
+                    + pipeline_step("first", ["--write", "part-{node}.txt=from-first"], "", "nodes = 2\n")
+                    + pipeline_step("long", ["--sleep", "12", "--expect", "parts/part-1.txt=from-first",
+                                             "--write", "long.txt=done"],
+                                    'depends_on = ["first"]\ninputs = { parts = "steps.first.output" }')
+                    + pipeline_step("last", ["--expect", "long/long.txt=done"],
+                                    'depends_on = ["long"]\ninputs = { long = "steps.long.output" }'))
     started = alice.json("pipeline", str(spec))
     pid = started["row"]["pipeline_id"]
     assert workstation_rigdeck([alice.home]) == []  # nobody at the workstation runs it

@@ -18,7 +18,7 @@ import pytest
 
 from tests._require import require
 from tests.conftest import fish_bed
-from tests.test_serverhost import LISTENER
+from tests.kit.fakes import LISTENER
 from tests.testbed import TestBed
 from tui import serveradmin
 from tui.cli.main import main as rigdeck_main

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.kit.fakes import LISTENER
 from tui.model.inventory import HostSpec, Inventory, InventoryError, ServerSpec
 from tui.model.serverlayout import ServerLayout
 from tui.remote import serverhelper
@@ -194,27 +195,6 @@ def test_start_reports_a_server_that_dies_or_never_listens(tmp_path: Path) -> No
     assert "stuck" in out["log_tail"] and not out["running"]
     missing = helper("start", str(sd), "5", json.dumps([str(sd / "venv/bin/rigdeck"), "serve"]))
     assert "rigdeck server setup" in missing["error"]
-
-
-LISTENER = r"""
-import os, socket, sys
-path = sys.argv[1]
-os.makedirs(os.path.dirname(path), exist_ok=True)
-if os.path.exists(path):
-    os.unlink(path)
-s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-s.bind(path)
-s.listen(8)
-print("stand-in listening on", path, flush=True)
-while True:
-    c, _ = s.accept()
-    while True:
-        d = c.recv(65536)
-        if not d:
-            break
-        c.sendall(d)
-    c.close()
-"""
 
 
 # ---------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.test_jobs import ROOT, TICKER, Cli, wait_until
+from tests.kit import ROOT, TICKER, wait_until
+from tests.kit.bedcli import Cli
 from tests.testbed import TestBed
 from tui.control.history import History
 from tui.control.service import ControllerService

@@ -13,18 +13,13 @@ from typing import Any
 
 import pytest
 
-from tests.test_jobs import Cli
+from tests.kit.bedcli import Cli
 from tests.testbed import TestBed
 
 pytestmark = pytest.mark.testbed
 
 ROOT = Path(__file__).resolve().parent.parent
 PROBE = ROOT / "tests" / "jobscripts" / "signals_probe.py"
-
-
-@pytest.fixture
-def cli(testbed: TestBed, tmp_path: Path) -> Cli:
-    return Cli(testbed, tmp_path)
 
 
 def spec_body(nodes: int, *args: str) -> str:

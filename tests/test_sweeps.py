@@ -17,16 +17,15 @@ from typing import Any
 
 import pytest
 
-from tests.test_jobs import ROOT, Cli
+from tests.kit import ROOT, wait_until
+from tests.kit.bedcli import Cli
+from tests.kit.specs import expected_objective, sweep_spec
 from tests.testbed import TestBed
 from tui.control.sweeps import infrastructure_failure, sampler_for
 from tui.model.jobspec import JobSpecError, jobspec_from_toml
 from tui.model.metrics import objective_values
 
-EXAMPLE = ROOT / "examples" / "sweep"
 PROBE = ROOT / "tests" / "jobscripts" / "trial_probe.py"
-sys.path.insert(0, str(EXAMPLE))
-from objective import val_loss  # noqa: E402
 
 BASE = """
 name = "sw"
@@ -159,44 +158,10 @@ def test_proposals_depend_on_the_seed_and_the_trial_number_only() -> None:
 # ---------------------------------------------------------------------------------------------
 # On the test bed
 
-@pytest.fixture
-def cli(testbed: TestBed, tmp_path: Path) -> Cli:
-    return Cli(testbed, tmp_path)
-
-
-def example_spec(cli: Cli, name: str, *, trials: int, parallel: int | None = 3, strategy: str = "random",
-                 steps: int = 8, step_s: float = 0.1, report: str = "runtime", extra: str = "",
-                 metric: str = "val_loss", seed: int = 3) -> Path:
-    par = f"max_parallel = {parallel}\n" if parallel else ""
-    return cli.spec(name, f"""
-command = ["{{python}}", "objective.py", "--lr", "{{hp.lr}}", "--width", "{{hp.width}}",
-           "--optimizer", "{{hp.optimizer}}", "--steps", "{steps}", "--step-seconds", "{step_s}",
-           "--report", "{report}"]
-workdir = "{EXAMPLE}"
-gpus_per_node = 1
-total_steps = {steps}
-[sweep]
-strategy = "{strategy}"
-max_trials = {trials}
-{par}seed = {seed}
-objective = {{metric = "{metric}", goal = "minimize"}}
-{extra}
-[sweep.parameters]
-lr = {{type = "float", low = 1e-4, high = 1.0, log = true}}
-width = {{type = "int", low = 16, high = 256, step = 16}}
-optimizer = {{type = "categorical", choices = ["sgd", "adam", "adamw"]}}
-""")
-
-
-def expected(t: dict[str, Any], steps: int) -> float:
-    p = dict(t["params"])
-    return val_loss(float(p["lr"]), int(p["width"]), str(p["optimizer"]), steps)
-
-
 @pytest.mark.testbed
 def test_a_sweep_runs_every_trial_as_a_job_and_records_its_objective(cli: Cli) -> None:
     cli.run("deploy")
-    out = cli.json("sweep", str(example_spec(cli, "sw-basic", trials=5, parallel=3)), "--wait", timeout=300)
+    out = cli.json("sweep", str(sweep_spec(cli, "sw-basic", trials=5, parallel=3)), "--wait", timeout=300)
     row = out["row"]
     assert row["state"] == "completed" and row["trials"] == 5 and row["completed"] == 5, row
     trials = out["trials"]
@@ -204,7 +169,7 @@ def test_a_sweep_runs_every_trial_as_a_job_and_records_its_objective(cli: Cli) -
     assert len({t["job_id"] for t in trials}) == 5
     for t in trials:
         assert t["state"] == "completed"
-        assert t["value"] == pytest.approx(expected(t, 8), rel=1e-9), t
+        assert t["value"] == pytest.approx(expected_objective(t, 8), rel=1e-9), t
         assert t["last_step"] == 8
         job = cli.json("status", t["job_id"])
         assert job["state"] == "succeeded" and job["trial"] == str(t["number"])
@@ -285,19 +250,19 @@ def test_the_objective_comes_from_metric_definitions_or_hypertune(cli: Cli, repo
     extra = ""
     if report == "print":
         extra = '[[sweep.metric_definitions]]\nname = "val_loss"\nregex = "val_loss=([0-9.]+)"\n'
-    out = cli.json("sweep", str(example_spec(cli, f"sw-{report}", trials=2, parallel=2, report=report, extra=extra)),
+    out = cli.json("sweep", str(sweep_spec(cli, f"sw-{report}", trials=2, parallel=2, report=report, extra=extra)),
                    "--wait", timeout=300)
     assert out["row"]["state"] == "completed", out
     for t in out["trials"]:
         # print writes 6 decimals
-        assert t["value"] == pytest.approx(expected(t, 8), abs=2e-6), t
+        assert t["value"] == pytest.approx(expected_objective(t, 8), abs=2e-6), t
         assert t["last_step"] == 8
 
 
 @pytest.mark.testbed
 def test_a_metric_no_trial_reports_fails_the_trial_saying_so(cli: Cli) -> None:
     cli.run("deploy")
-    out = cli.json("sweep", str(example_spec(cli, "sw-nometric", trials=1, metric="val_acc", steps=3)), "--wait",
+    out = cli.json("sweep", str(sweep_spec(cli, "sw-nometric", trials=1, metric="val_acc", steps=3)), "--wait",
                    timeout=300, check=False)
     (t,) = out["trials"]
     assert t["state"] == "failed" and t["error"] == "metric val_acc never reported", t
@@ -307,7 +272,7 @@ def test_a_metric_no_trial_reports_fails_the_trial_saying_so(cli: Cli) -> None:
 @pytest.mark.testbed
 def test_a_median_pruned_trial_is_stopped_and_recorded_at_its_step(cli: Cli) -> None:
     cli.run("deploy")
-    out = cli.json("sweep", str(example_spec(cli, "sw-prune", trials=9, parallel=3, steps=20, step_s=0.15,
+    out = cli.json("sweep", str(sweep_spec(cli, "sw-prune", trials=9, parallel=3, steps=20, step_s=0.15,
                                              extra='early_stopping = "median"', seed=11)), "--wait", timeout=400)
     assert out["row"]["state"] == "completed" and out["row"]["trials"] == 9
     pruned = [t for t in out["trials"] if t["state"] == "pruned"]
@@ -323,7 +288,7 @@ def test_a_median_pruned_trial_is_stopped_and_recorded_at_its_step(cli: Cli) -> 
 def test_an_embedded_controller_killed_mid_sweep_resumes_it_without_losing_or_repeating_a_trial(cli: Cli) -> None:
     """Issue 13, acceptance 5 (embedded): kill -9 the process running the sweep, start another."""
     cli.run("deploy")
-    spec = example_spec(cli, "sw-resume", trials=8, parallel=2, steps=10, step_s=0.2)
+    spec = sweep_spec(cli, "sw-resume", trials=8, parallel=2, steps=10, step_s=0.2)
     proc = cli.popen("sweep", str(spec), "--wait")
     try:
         assert proc.stdout is not None
@@ -347,7 +312,7 @@ def test_an_embedded_controller_killed_mid_sweep_resumes_it_without_losing_or_re
     numbers = [t["number"] for t in out["trials"]]
     assert sorted(numbers) == list(range(1, 9))  # exactly max_trials, none twice
     for t in out["trials"]:
-        assert t["state"] == "completed" and t["value"] == pytest.approx(expected(t, 10), rel=1e-9)
+        assert t["state"] == "completed" and t["value"] == pytest.approx(expected_objective(t, 10), rel=1e-9)
     jobs = [j for j in cli.json("jobs") if j["sweep_id"] == sweep_id]
     assert sorted(j["trial"] for j in jobs) == sorted(str(n) for n in numbers)  # one job per trial
     assert all(j["state"] == "succeeded" for j in jobs)
@@ -368,16 +333,11 @@ async def test_an_embedded_sweep_goes_on_when_the_app_is_quit_and_reopened(
     cli.run("deploy")
     monkeypatch.setenv("RIGDECK_HOME", cli.env["RIGDECK_HOME"])
     inv = load_inventory(cli.inventory)
-    spec = load_jobspec(example_spec(cli, "sw-app", trials=6, parallel=2, steps=10, step_s=0.2))
+    spec = load_jobspec(sweep_spec(cli, "sw-app", trials=6, parallel=2, steps=10, step_s=0.2))
 
     async def until(cond: Any, what: str, timeout: float = 120) -> Any:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            value = await asyncio.to_thread(cond)
-            if value:
-                return value
-            await asyncio.sleep(0.3)
-        raise AssertionError(f"timed out waiting for {what}")
+        # The wait (cond reads the controller) in a thread of its own: the app runs on meanwhile.
+        return await asyncio.to_thread(wait_until, cond, timeout, what, 0.3)
 
     app = RigdeckApp(InProcessClient(inv), keymap_file=tmp_path / "keys.toml")
     async with app.run_test(size=(140, 40)) as pilot:
@@ -397,7 +357,7 @@ async def test_an_embedded_sweep_goes_on_when_the_app_is_quit_and_reopened(
     out = cli.json("sweep", "status", sweep_id)
     assert sorted(t["number"] for t in out["trials"]) == list(range(1, 7))
     for t in out["trials"]:
-        assert t["state"] == "completed" and t["value"] == pytest.approx(expected(t, 10), rel=1e-9)
+        assert t["state"] == "completed" and t["value"] == pytest.approx(expected_objective(t, 10), rel=1e-9)
     jobs = [j for j in cli.json("jobs") if j["sweep_id"] == sweep_id]
     assert sorted(int(j["trial"]) for j in jobs) == list(range(1, 7))
 
@@ -430,7 +390,7 @@ def test_a_random_sweep_asks_its_next_trials_ahead_and_a_stop_ends_them_without_
     max_parallel more ahead (``ready``, no job yet); a stop ends those with the sweep."""
     cli.run("deploy")
     # Trials 1 and 2 must outlast the test's looks and stops (each a CLI run: slow on a loaded machine).
-    spec = example_spec(cli, "sw-ahead", trials=6, parallel=2, steps=300, step_s=0.2)
+    spec = sweep_spec(cli, "sw-ahead", trials=6, parallel=2, steps=300, step_s=0.2)
     proc = cli.popen("sweep", str(spec), "--wait")
     try:
         assert proc.stdout is not None

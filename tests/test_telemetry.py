@@ -12,7 +12,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -44,6 +43,8 @@ from agent.telemetry import (
 )
 from tests import h100data
 from tests._require import PY39_MISSING, has_module, python39, require
+from tests.kit import wait_until
+from tests.kit.fakes import FakeNvml
 
 ROOT = Path(__file__).resolve().parent.parent
 PSUTIL_MISSING = "psutil is not installed (a dependency of rigdeck: pip install -e .)"
@@ -315,17 +316,6 @@ def _failing_nvml() -> Any:
     return fake
 
 
-def _until(what: Any, seconds: float = 15.0) -> Any:
-    """Poll ``what()`` until it returns something true (a wait, not a timing: the limit only stops
-    a broken run)."""
-    deadline = time.monotonic() + seconds
-    while True:
-        got = what()
-        if got or time.monotonic() > deadline:
-            return got
-        time.sleep(0.05)
-
-
 def test_nvidia_smi_stream_is_one_child_per_query_across_many_samples(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -381,8 +371,8 @@ def test_nvidia_smi_maps_a_tagged_process_to_its_job_and_rank(
     child = spawn(["sleep", "60"], RIGDECK_JOB_ID="probe-job-1", RIGDECK_RANK="0")
     log = _fake_smi(tmp_path, monkeypatch, apps=[h100data.smi_app_row(child.pid)])
     with Collector(interval=0.2, backend="nvidia-smi") as c:
-        s = _until(lambda: (lambda x: x if x.gpus and x.gpus[0].processes else None)(c.sample()))
-        assert s, "the tagged process never showed"
+        s = wait_until(lambda: (lambda x: x if x.gpus and x.gpus[0].processes else None)(c.sample()), 15,
+                       "the tagged process in a sample", step=0.05)
         want = GpuProcess(child.pid, ME, h100data.TAGGED["used_memory_mb"], "probe-job-1", 0)
         assert s.gpus[0].processes == [want]
         # as the NVML path mapped the same process on the card
@@ -391,7 +381,7 @@ def test_nvidia_smi_maps_a_tagged_process_to_its_job_and_rank(
             assert c.sample().gpus[0].processes == [want]  # one row per tick: never piled up
             time.sleep(0.05)
         (tmp_path / "rows" / "apps").write_text("\n")  # the process left the GPU
-        assert _until(lambda: c.sample().gpus[0].processes == [])
+        wait_until(lambda: c.sample().gpus[0].processes == [], 15, "the process gone from the samples", step=0.05)
     assert len(_invocations(log, "--query-compute-apps=")) == 1
 
 
@@ -400,7 +390,7 @@ def test_nvidia_smi_without_memory_reserved_asks_the_plain_query(
 ) -> None:
     log = _fake_smi(tmp_path, monkeypatch, mode="old-driver")
     with Collector(interval=0.2, backend="nvidia-smi") as c:
-        g = _until(lambda: c.sample().gpus)[0]
+        g = wait_until(lambda: c.sample().gpus, 15, "a GPU in a sample", step=0.05)[0]
     assert (g.memory_used_mb, g.memory_reserved_mb) == (h100data.SMI_USED_MB, None)
     calls = _invocations(log)
     assert [NVIDIA_SMI_RESERVED in " ".join(call) for call in calls] == [True, False]
@@ -451,122 +441,6 @@ def test_forced_backends_that_cannot_start_raise(monkeypatch: pytest.MonkeyPatch
 
 
 # --- NVML through a fake pynvml ---------------------------------------------------------------
-
-
-class FakeNVMLError(Exception):
-    def __init__(self, value: int) -> None:
-        super().__init__(f"NVML error {value}")
-        self.value = value
-
-
-class FakeNvml:
-    """The pynvml functions the collector uses; counts every call. GPU ``i`` gives what NVML gave
-    at tick ``i`` of the recording on a real H100 (tests/data/gpu-h100/): its first memory call the
-    recorded used (the driver's reservation counted in), memory info v2 nvidia-smi's used with the
-    reservation apart. GPU 0 has the card's uuid; the others' end in their index."""
-
-    NVMLError = FakeNVMLError
-    NVML_TEMPERATURE_GPU = 0
-    NVML_CLOCK_SM = 1
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
-    NVML_VOLATILE_ECC = 0
-    NVML_ERROR_NOT_SUPPORTED = 3
-    NVML_ERROR_GPU_IS_LOST = 15
-    NVML_ERROR_LIBRARY_NOT_FOUND = 12
-    NVML_ERROR_FUNCTION_NOT_FOUND = 13
-    nvmlMemory_v2 = 0x02000028  # as pynvml spells it; None: a pynvml older than v2
-
-    def __init__(self, gpus: int = 2) -> None:
-        self.gpus = gpus
-        self.fail_init = False
-        self.calls: Counter[str] = Counter()
-        self.compute: dict[int, list[Any]] = {i: [] for i in range(gpus)}
-        self.graphics: dict[int, list[Any]] = {i: [] for i in range(gpus)}
-        self.no_ecc: set[int] = set()
-        self.lost_power: set[int] = set()
-        self.driver_has_v2 = True  # False: the v2 call is missing from the driver's library
-
-    def _h(self, name: str, h: Any = None) -> int:
-        self.calls[name] += 1
-        if h is not None:
-            assert isinstance(h, tuple) and h[0] == "handle", h
-            return int(h[1])
-        return -1
-
-    def _rec(self, i: int) -> dict[str, Any]:
-        return h100data.gpu("nvml", i)
-
-    def nvmlInit(self) -> None:
-        self._h("nvmlInit")
-        if self.fail_init:
-            raise FakeNVMLError(self.NVML_ERROR_LIBRARY_NOT_FOUND)
-
-    def nvmlShutdown(self) -> None:
-        self._h("nvmlShutdown")
-
-    def nvmlDeviceGetCount(self) -> int:
-        self._h("nvmlDeviceGetCount")
-        return self.gpus
-
-    def nvmlDeviceGetHandleByIndex(self, i: int) -> Any:
-        self._h("nvmlDeviceGetHandleByIndex")
-        return ("handle", i)
-
-    def nvmlDeviceGetName(self, h: Any) -> bytes:
-        return self._rec(self._h("nvmlDeviceGetName", h))["name"].encode()  # older pynvml: bytes
-
-    def nvmlDeviceGetUUID(self, h: Any) -> str:
-        i = self._h("nvmlDeviceGetUUID", h)
-        return h100data.UUID if i == 0 else f"{h100data.UUID[:-4]}{i:04x}"
-
-    def nvmlDeviceGetUtilizationRates(self, h: Any) -> Any:
-        i = self._h("nvmlDeviceGetUtilizationRates", h)
-        return SimpleNamespace(gpu=int(self._rec(i)["utilization_pct"]), memory=10)
-
-    def nvmlDeviceGetMemoryInfo(self, h: Any, version: int | None = None) -> Any:
-        i = self._h("nvmlDeviceGetMemoryInfo", h)
-        mib = 1024 * 1024
-        total = self._rec(i)["memory_total_mb"] * mib
-        if version is None:  # the first version: used counts the driver's reservation
-            used = self._rec(i)["memory_used_mb"] * mib
-            return SimpleNamespace(total=total, used=used, free=total - used)
-        assert version == 0x02000028, version
-        if not self.driver_has_v2:
-            raise FakeNVMLError(self.NVML_ERROR_FUNCTION_NOT_FOUND)
-        reserved = h100data.RESERVED_MB * mib
-        used = self._rec(i)["memory_used_mb"] * mib - reserved
-        return SimpleNamespace(version=version, total=total, reserved=reserved,
-                               free=total - reserved - used, used=used)
-
-    def nvmlDeviceGetTemperature(self, h: Any, sensor: int) -> int:
-        assert sensor == self.NVML_TEMPERATURE_GPU
-        return int(self._rec(self._h("nvmlDeviceGetTemperature", h))["temperature_c"])
-
-    def nvmlDeviceGetPowerUsage(self, h: Any) -> int:
-        i = self._h("nvmlDeviceGetPowerUsage", h)
-        if i in self.lost_power:
-            raise FakeNVMLError(self.NVML_ERROR_GPU_IS_LOST)
-        return round(self._rec(i)["power_w"] * 1000)
-
-    def nvmlDeviceGetEnforcedPowerLimit(self, h: Any) -> int:
-        return round(self._rec(self._h("nvmlDeviceGetEnforcedPowerLimit", h))["power_limit_w"] * 1000)
-
-    def nvmlDeviceGetClockInfo(self, h: Any, clock: int) -> int:
-        assert clock == self.NVML_CLOCK_SM
-        return int(self._rec(self._h("nvmlDeviceGetClockInfo", h))["sm_clock_mhz"])
-
-    def nvmlDeviceGetTotalEccErrors(self, h: Any, error_type: int, counter: int) -> int:
-        assert (error_type, counter) == (1, 0)
-        i = self._h("nvmlDeviceGetTotalEccErrors", h)
-        if i in self.no_ecc:
-            raise FakeNVMLError(self.NVML_ERROR_NOT_SUPPORTED)
-        return int(self._rec(i)["ecc_volatile_errors"])
-
-    def nvmlDeviceGetComputeRunningProcesses(self, h: Any) -> list[Any]:
-        return self.compute[self._h("nvmlDeviceGetComputeRunningProcesses", h)]
-
-    def nvmlDeviceGetGraphicsRunningProcesses(self, h: Any) -> list[Any]:
-        return self.graphics[self._h("nvmlDeviceGetGraphicsRunningProcesses", h)]
 
 
 def _nvproc(pid: int, mb: int | None) -> Any:

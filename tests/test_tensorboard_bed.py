@@ -22,19 +22,14 @@ from typing import Any
 import pytest
 
 from tests._require import TORCH_MISSING, has_module, require
-from tests.test_jobs import ROOT, Cli, wait_until
-from tests.testbed import TestBed
+from tests.kit import ROOT, wait_until
+from tests.kit.bedcli import Cli
 from tests.webpage import free_port
 
 pytestmark = pytest.mark.testbed
 
 WRITER = ROOT / "tests" / "jobscripts" / "tb_writer.py"
 TENSORBOARD_MISSING = "tensorboard is not installed (pip install -e '.[test]' installs it)"
-
-
-@pytest.fixture
-def cli(testbed: TestBed, tmp_path: Path) -> Cli:
-    return Cli(testbed, tmp_path)
 
 
 def steps_read(logdir: Path) -> dict[str, list[int]]:

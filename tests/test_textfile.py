@@ -14,10 +14,9 @@ import stat
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +33,10 @@ from tests._require import (
     python39,
     require,
 )
-from tests.test_daemon import SocketClient
-from tests.test_jobs import TICKER, Cli
-from tests.test_promexport import Read, read
+from tests.kit import ROOT, TICKER, wait_until
+from tests.kit.bedcli import Cli
+from tests.kit.local import SocketClient
+from tests.kit.prom import Read, read
 from tests.testbed import TestBed
 from tests.ui_fixtures import NOW, gpu_sample, host_sample
 from tests.webpage import free_port, process_for_the_test
@@ -46,21 +46,9 @@ from tui.model.state import ClusterState
 from tui.remote.agentclient import AgentClient
 from tui.remote.sshconfig import load_inventory
 
-ROOT = Path(__file__).resolve().parent.parent
 GPU_NAMES = {f.name for f in GPU_FAMILIES}
 JOB = "ddp-1009-091320-ab12"
 XID = "XID 79: GPU has fallen off the bus"
-
-
-def wait_until(cond: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.1)
 
 
 def a_sample(tick: int = 7) -> dict[str, Any]:

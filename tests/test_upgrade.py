@@ -6,13 +6,13 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import bedclean
+from tests.kit import wait_until
 from tui.control.controller import Controller
 from tui.control.monitor import Monitor
 from tui.model.inventory import HostSpec, Inventory
@@ -27,15 +27,6 @@ def old_bundle(tmp: Path) -> AgentBundle:
     with open(src / "agent" / "__init__.py", "a") as f:
         f.write("# an older build\n")
     return build_agent(tmp / "old-cache", root=src)
-
-
-def wait_until(cond, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if cond():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
