@@ -338,6 +338,7 @@ def test_a_paramiko_the_hub_was_not_checked_against_gets_its_own_threads(
             except TransportError:
                 break
         assert _echo(streams[0], b"on\n") == b"on\n"
+        bed.stop_sshd(2)  # reaps the killed sshd: start_sshd does nothing while it looks alive
         bed.start_sshd(2)
         links[1].reconnect()
         again = links[1]._transport()
