@@ -5,6 +5,8 @@ that stops in the middle of a message, with no paramiko thread per connection an
 from __future__ import annotations
 
 import hashlib
+import inspect
+import logging
 import os
 import socket
 import threading
@@ -17,7 +19,7 @@ import pytest
 from tests.testbed import TestBed
 from tui.remote import hub
 from tui.remote.sshconfig import load_inventory
-from tui.remote.transport import SSHTransport, Stream, TransportError, make_transport
+from tui.remote.transport import SSHTransport, Stream, TransportError, _AeadFirst, make_transport
 
 
 def _paramiko_threads() -> list[threading.Thread]:
@@ -59,6 +61,7 @@ def test_exec_sftp_streams_and_a_dead_host_on_the_hub_threads(testbed_factory: A
     try:
         assert _paramiko_threads() == [], "a connection started a paramiko thread of its own"
         assert 0 < len(hub.hub_threads()) <= hub.HUB_THREADS
+        assert {t._transport().local_cipher for t in links} == {_first_cipher()}
         for i, t in enumerate(links):
             assert t.run(["echo", f"hello {i}"]).check(t.name).stdout == f"hello {i}\n"
         data = bytes(range(256)) * 1200  # 300 KiB: several SFTP writes and window adjusts
@@ -228,10 +231,127 @@ def test_a_peer_stalled_past_the_limit_loses_its_connection(testbed_factory: Any
             link.close()
 
 
-def test_a_missing_paramiko_internal_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delattr(paramiko.Transport, "_check_banner")
-    with pytest.raises(ImportError, match=r"lacks .*Transport\._check_banner.*pyproject\.toml"):
-        hub._check_paramiko()
+def _mode_now(monkeypatch: pytest.MonkeyPatch) -> hub.HubMode:
+    monkeypatch.delenv(hub.MODE_ENV, raising=False)
+    return hub.choose_mode()
+
+
+def test_the_installed_paramiko_is_one_the_hub_was_checked_against(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pinned paramiko's loop and the functions the hub stands in for read as the source the
+    hub's copy was checked against: the hub serves. When this fails after a paramiko update, read
+    its functions (hub.MIRRORED) against the hub's copy before adding their fingerprints."""
+    found = hub.installed_fingerprints()
+    assert None not in found.values(), f"no source for {found}"
+    assert any(c.fingerprints == found for c in hub.VERIFIED), (
+        f"paramiko {paramiko.__version__}: {found}, not among the sources checked: {hub.VERIFIED}")
+    assert hub.missing_internals() == []
+    mode = _mode_now(monkeypatch)
+    assert mode.served and not mode.warn and paramiko.__version__ in mode.why
+
+
+def test_the_fingerprint_keeps_comments_and_layout_out_and_code_in() -> None:
+    base = hub.fingerprint('def f(x):\n    """Doc."""\n    if x:\n        y(x,\n          1)  # why\n    z(f"{x!r}")\n')
+    assert hub.fingerprint("def f(x):\n  # reworded\n  if x:\n    y(x, 1)\n  z(f\"{x!r}\")\n") == base
+    assert hub.fingerprint('def f(x):\n    if x:\n        y(x, 2)\n    z(f"{x!r}")\n') != base
+    assert hub.fingerprint('def f(x):\n    if x:\n        y(x, 1)\n        z(f"{x!r}")\n') != base
+    assert hub.fingerprint('def f(x):\n    if x:\n        y(x, 1)\n    z(f"{x!s}")\n') != base
+    # paramiko's own loop: a comment added keeps its fingerprint; without the strict key
+    # exchange's check (what 3.4 added against Terrapin, CVE-2023-48795) it is another loop.
+    run = inspect.getsource(paramiko.Transport.run)
+    check = "self._enforce_strict_kex(ptype)"
+    assert run.count(check) == 2
+    assert hub.fingerprint(run.replace("while self.active:", "while self.active:  # the loop")) == \
+        hub.fingerprint(run)
+    assert hub.fingerprint(run.replace(check, "pass", 1)) != hub.fingerprint(run)
+
+
+def test_a_missing_internal_or_a_changed_loop_turns_the_hub_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    with monkeypatch.context() as m:
+        m.delattr(paramiko.Transport, "_check_banner")
+        mode = _mode_now(m)
+        assert not mode.served and mode.warn and "lacks internals" in mode.why
+        assert "Transport._check_banner" in mode.why
+    assert _mode_now(monkeypatch).served
+    known = hub.VERIFIED[0].fingerprints
+    monkeypatch.setattr(hub, "VERIFIED", (hub.Checked(("9.9.9",), {**known, "Transport.run": "0" * 16}),))
+    mode = _mode_now(monkeypatch)
+    assert not mode.served and mode.warn
+    assert "Transport.run differ" in mode.why and "9.9.9" in mode.why and "read_all" not in mode.why
+    monkeypatch.setattr(hub, "VERIFIED", (hub.Checked(("9.9.9",), known),))
+    monkeypatch.setenv(hub.MODE_ENV, "threads")
+    assert hub.choose_mode() == hub.HubMode(False, "RIGDECK_HUB=threads", False)
+    monkeypatch.setenv(hub.MODE_ENV, "thread")  # a typo: said, and the check decides
+    mode = hub.choose_mode()
+    assert mode.served and mode.warn and "RIGDECK_HUB='thread' is not" in mode.why
+
+
+def _first_cipher() -> str:
+    """What our side should pick against sshd: AES-GCM where paramiko has it, else its first."""
+    a, b = socket.socketpair()
+    try:
+        offered = paramiko.Transport(a).get_security_options().ciphers
+    finally:
+        a.close()
+        b.close()
+    return next((c for c in _AeadFirst.AEAD if c in offered), offered[0])
+
+
+@pytest.mark.testbed
+def test_a_paramiko_the_hub_was_not_checked_against_gets_its_own_threads(
+        testbed_factory: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A paramiko whose loop reads otherwise than the one the hub copied: every connection runs
+    on paramiko's own thread, said once, and works as on the hub (exec, SFTP, streams, a host
+    lost and reconnected); closed, its threads end."""
+    bed: TestBed = testbed_factory(2)
+    known = hub.VERIFIED[0].fingerprints
+    monkeypatch.setattr(hub, "VERIFIED", (hub.Checked(("9.9.9",), {**known, "Transport.run": "0" * 16}),))
+    monkeypatch.delenv(hub.MODE_ENV, raising=False)
+    monkeypatch.setattr(hub, "_mode", None)  # decided again, at the next connection
+    caplog.set_level(logging.INFO, logger=hub.__name__)
+    before = set(_paramiko_threads())
+    links = _links(bed, 3)
+    transports = [link._transport() for link in links]
+    try:
+        said = [r for r in caplog.records if r.name == hub.__name__]
+        assert len(said) == 1 and said[0].levelno == logging.WARNING, [r.getMessage() for r in said]
+        assert "paramiko's own thread" in said[0].getMessage() and "Transport.run" in said[0].getMessage()
+        for t in transports:
+            assert isinstance(t, hub.HubTransport) and not t.served and t._hub is None and t.is_alive()
+            assert t.local_cipher == _first_cipher()
+        assert set(_paramiko_threads()) - before == set(transports)
+        data = os.urandom(200_000)
+        for i, link in enumerate(links):
+            assert link.run(["echo", f"own {i}"]).check(link.name).stdout == f"own {i}\n"
+            link.put_data(data, f"/tmp/own-{i}.bin")
+            out = link.run(["sha256sum", f"/tmp/own-{i}.bin"]).check(link.name).stdout
+            assert out.split()[0] == hashlib.sha256(data).hexdigest()
+        streams = [link.open_stream(["cat"]) for link in links]
+        for n in range(20):
+            for k, s in enumerate(streams):
+                line = f"{k}:{n}:".encode() + b"y" * 1000 + b"\n"
+                assert _echo(s, line) == line
+        bed.exec(2, ["sh", "-c", "kill -KILL -1 || true"])  # links[1]'s host: its stream ends
+        while True:
+            try:
+                if not streams[1].recv(30.0):
+                    break
+            except TransportError:
+                break
+        assert _echo(streams[0], b"on\n") == b"on\n"
+        bed.stop_sshd(2)  # reaps the killed sshd: start_sshd does nothing while it looks alive
+        bed.start_sshd(2)
+        links[1].reconnect()
+        again = links[1]._transport()
+        assert not again.served and again.is_alive() and again is not transports[1]
+        assert links[1].run(["echo", "back"]).check("h2").stdout == "back\n"
+        transports.append(again)
+        assert len([r for r in caplog.records if r.name == hub.__name__]) == 1, "the mode said again"
+    finally:
+        for link in links:
+            link.close()
+    for t in transports:
+        t.join(30)
+        assert not t.is_alive(), "a closed connection's paramiko thread runs on"
 
 
 @pytest.mark.testbed

@@ -18,20 +18,32 @@ the other hubs go on meanwhile. A connection through ProxyJump hops rides a chan
 not a socket: it keeps paramiko's own thread (``served`` False).
 
 This leans on paramiko internals (private methods and fields of ``Transport`` and
-``Packetizer``): ``_check_paramiko`` verifies them when this module is imported, with an error
-saying what is missing, and ``pyproject.toml`` pins the paramiko versions it was verified with.
+``Packetizer``) and on its loop staying what was copied. ``hub_mode`` decides once, at the first
+connection, whether the hub may serve: every internal it uses is there, and the source of each
+paramiko function it re-enacts or stands in for (``MIRRORED``) has the fingerprint recorded in
+``VERIFIED`` for the paramiko releases the copy was checked against. Otherwise, or with
+``RIGDECK_HUB=threads``, every connection keeps paramiko's own thread, as a ProxyJump one does,
+and a paramiko the copy was never checked against (a security release) still works, at a
+thread per host. The choice and its reason are logged once.
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
+import inspect
+import io
 import itertools
 import logging
+import os
 import selectors
 import socket
+import textwrap
 import threading
 import time
+import tokenize
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
 import paramiko
 import paramiko.transport as _ptransport
@@ -47,15 +59,58 @@ from paramiko.common import (
     WARNING,
     cMSG_UNIMPLEMENTED,
 )
-from paramiko.packet import NeedRekeyException
-from paramiko.ssh_exception import MessageOrderError
+from paramiko.packet import Packetizer
+
+try:  # internals: a paramiko without them gets its own threads (hub_mode), not an import error
+    from paramiko.packet import NeedRekeyException
+    from paramiko.ssh_exception import MessageOrderError
+except ImportError as e:
+    _UNIMPORTABLE = [str(e)]
+else:
+    _UNIMPORTABLE = []
 
 log = logging.getLogger(__name__)
 
 HUB_THREADS = 4  # fixed, whatever the number of hosts
 STALL_S = 10.0  # how long one message may take to arrive once it has begun
 TICK_S = 1.0  # keepalives, rekeys and handshake deadlines are looked at this often
-VERIFIED = ((5, 1),)  # paramiko (major, minor) versions this was checked against
+MODE_ENV = "RIGDECK_HUB"  # "threads": paramiko's own thread for every connection, whatever the check says
+
+# The paramiko functions the hub re-enacts or takes the place of. A new paramiko can change what
+# one of them does without a name going missing; then the hub's copy is no longer paramiko's.
+MIRRORED: tuple[tuple[type, str], ...] = (
+    (paramiko.Transport, "run"),  # the loop that start, _read_one, _dispatch and hub_end copy
+    (paramiko.Transport, "start_client"),  # calls start() once, active already set, then waits
+    (paramiko.Transport, "stop_thread"),  # close() returns once is_alive() says False
+    (paramiko.Transport, "_send_user_message"),  # replaced on a hub during a key exchange
+    (Packetizer, "read_all"),  # what it does when the socket is idle, hub_tick does
+    (Packetizer, "_check_keepalive"),  # called by hub_tick, holding the write lock
+)
+
+
+class Checked(NamedTuple):
+    """paramiko releases whose source of every ``MIRRORED`` function was read against the hub's
+    copy, and those functions' fingerprints there (``fingerprint``)."""
+
+    versions: tuple[str, ...]
+    fingerprints: dict[str, str]
+
+
+# Each entry is a set of sources the hub was checked against (issue 50): these eight releases'
+# MIRRORED functions differ only in a comment of run's (3.4 to 3.5: "Re-use", later "Reuse");
+# tests/test_hub.py, test_ssh.py and test_monitor.py passed with the hub serving on 3.4.0 and
+# 5.1.0. A paramiko whose functions differ gets its own threads until its source is read and
+# added here (3.3.1's run, without the strict key exchange, is one).
+VERIFIED: tuple[Checked, ...] = (
+    Checked(("3.4.0", "3.4.1", "3.5.0", "3.5.1", "4.0.0", "5.0.0", "5.0.1", "5.1.0"), {
+        "Transport.run": "3dd2231bb37bf98c",
+        "Transport.start_client": "a6fba83b8788f6de",
+        "Transport.stop_thread": "1e71ad6c3353c9da",
+        "Transport._send_user_message": "d28ab99bc770b753",
+        "Packetizer.read_all": "6f8b4559a13935c8",
+        "Packetizer._check_keepalive": "296db951dcf04ce4",
+    }),
+)
 
 _TRANSPORT_METHODS = ("_send_user_message", "_check_banner", "_send_kex_init", "_expect_packet", "_enforce_strict_kex",
                       "_parse_disconnect", "_parse_debug", "_ensure_authed", "_send_message", "_log",
@@ -70,10 +125,10 @@ _PACKETIZER_FIELDS = ("_Packetizer__remainder", "_Packetizer__write_lock", "read
                       "handshake_timed_out", "_check_keepalive", "close")
 
 
-def _check_paramiko() -> None:
-    """Raise, naming what is missing, unless paramiko has every internal the hub uses."""
-    version = tuple(int(x) for x in paramiko.__version__.split(".")[:2])
-    missing = [f"Transport.{n}" for n in _TRANSPORT_METHODS if not hasattr(paramiko.Transport, n)]
+def missing_internals() -> list[str]:
+    """The paramiko internals the hub uses that the installed paramiko lacks, by name."""
+    missing = list(_UNIMPORTABLE)
+    missing += [f"Transport.{n}" for n in _TRANSPORT_METHODS if not hasattr(paramiko.Transport, n)]
     missing += [] if hasattr(_ptransport, "_active_threads") else ["paramiko.transport._active_threads"]
     missing += [] if hasattr(paramiko.Channel, "_unlink") else ["Channel._unlink"]
     a, b = socket.socketpair()
@@ -84,18 +139,110 @@ def _check_paramiko() -> None:
     finally:
         a.close()
         b.close()
-    verified = ", ".join(f"{major}.{minor}" for major, minor in VERIFIED)
+    return missing
+
+
+# Tokens whose text is layout (their names are kept instead: an indent's width is not code) and
+# those that are not code at all.
+_LAYOUT = {tokenize.INDENT, tokenize.DEDENT, tokenize.NEWLINE}
+_NOT_CODE = {tokenize.COMMENT, tokenize.NL, tokenize.ENDMARKER}
+# Python 3.12 splits an f-string into tokens (3.14 a t-string too), older ones keep it one
+# string: it is taken whole from the source, so that every Python gives the same fingerprint.
+_STRING_STARTS = {getattr(tokenize, n) for n in ("FSTRING_START", "TSTRING_START") if hasattr(tokenize, n)}
+_STRING_ENDS = {getattr(tokenize, n) for n in ("FSTRING_END", "TSTRING_END") if hasattr(tokenize, n)}
+
+
+def fingerprint(source: str) -> str:
+    """A function's code, as a short hash of its tokens: comments, its docstring, line breaks
+    inside brackets and indent widths left out, so that a reworded comment or a reflowed line
+    keeps it and a change to what the code does (a statement moved out of a block) does not."""
+    source = textwrap.dedent(source)
+    body = ast.parse(source).body[0]
+    doc = None
+    if isinstance(body, (ast.FunctionDef, ast.AsyncFunctionDef)) and ast.get_docstring(body) is not None:
+        doc = (body.body[0].lineno, body.body[0].end_lineno or body.body[0].lineno)
+    lines = source.splitlines(keepends=True)
+    words: list[str] = []
+    depth, start = 0, (0, 0)
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type in _STRING_STARTS:
+            depth, start = depth + 1, (start if depth else tok.start)
+        elif tok.type in _STRING_ENDS:
+            depth -= 1
+            if not depth:
+                words.append(_span(lines, start, tok.end))
+        elif depth or tok.type in _NOT_CODE:
+            continue
+        elif doc and doc[0] <= tok.start[0] <= doc[1] and tok.type in (tokenize.STRING, tokenize.NEWLINE):
+            continue
+        else:
+            words.append(tokenize.tok_name[tok.type] if tok.type in _LAYOUT else tok.string)
+    return hashlib.sha256("\0".join(words).encode()).hexdigest()[:16]
+
+
+def _span(lines: list[str], start: tuple[int, int], end: tuple[int, int]) -> str:
+    """The source text from ``start`` to ``end`` (tokenize's (line, column), lines from 1)."""
+    if start[0] == end[0]:
+        return lines[start[0] - 1][start[1]:end[1]]
+    return "".join([lines[start[0] - 1][start[1]:], *lines[start[0]:end[0] - 1], lines[end[0] - 1][:end[1]]])
+
+
+def installed_fingerprints() -> dict[str, str | None]:
+    """``fingerprint`` of each ``MIRRORED`` function of the installed paramiko (None: no source to read)."""
+    out: dict[str, str | None] = {}
+    for cls, name in MIRRORED:
+        try:
+            out[f"{cls.__name__}.{name}"] = fingerprint(inspect.getsource(getattr(cls, name)))
+        except (AttributeError, OSError, TypeError, SyntaxError):
+            out[f"{cls.__name__}.{name}"] = None
+    return out
+
+
+class HubMode(NamedTuple):
+    served: bool  # True: the hub's threads serve connections; False: paramiko's own thread each
+    why: str
+    warn: bool = False  # a warning: the hub is off unasked, or RIGDECK_HUB holds a value it ignores
+
+
+def choose_mode() -> HubMode:
+    """Whether the hub may serve connections with the installed paramiko, and why (no log)."""
+    asked = os.environ.get(MODE_ENV, "").strip().lower()
+    if asked == "threads":
+        return HubMode(False, f"{MODE_ENV}=threads")
+    ignored = f"{MODE_ENV}={asked!r} is not 'threads' or 'hub', so ignored; " if asked not in ("", "hub") else ""
+    version = f"paramiko {paramiko.__version__}"
+    missing = missing_internals()
     if missing:
-        raise ImportError(
-            f"paramiko {paramiko.__version__} lacks what tui/remote/hub.py drives its connections "
-            f"with: {', '.join(missing)}; install a paramiko it was verified with "
-            f"({verified}, as pyproject.toml pins)")
-    if version not in VERIFIED:
-        log.warning("paramiko %s is not among the versions tui/remote/hub.py was verified with (%s)",
-                    paramiko.__version__, verified)
+        return HubMode(False, f"{ignored}{version} lacks internals the hub uses: {', '.join(missing)}", True)
+    found = installed_fingerprints()
+    checked = ", ".join(v for c in VERIFIED for v in c.versions)
+    for c in VERIFIED:
+        if c.fingerprints == found:
+            return HubMode(True, f"{ignored}{version}: its loop and the functions the hub stands in "
+                           f"for match the copy checked against paramiko {', '.join(c.versions)}", bool(ignored))
+    changed = [name for name, fp in found.items()
+               if fp is None or all(c.fingerprints.get(name) != fp for c in VERIFIED)]
+    what = ", ".join(f"{n}{'' if found[n] else ' (no source)'}" for n in changed) or "these functions together"
+    return HubMode(False, f"{ignored}{version}: {what} differ from the source the hub's copy was "
+                   f"checked against (paramiko {checked})", True)
 
 
-_check_paramiko()
+_mode: HubMode | None = None
+_mode_lock = threading.Lock()
+
+
+def hub_mode() -> HubMode:
+    """``choose_mode``, decided once (at the first connection) and logged then."""
+    global _mode
+    with _mode_lock:
+        if _mode is None:
+            _mode = choose_mode()
+            level = logging.WARNING if _mode.warn else logging.INFO
+            if _mode.served:
+                log.log(level, "SSH connections served by %d hub threads: %s", HUB_THREADS, _mode.why)
+            else:
+                log.log(level, "SSH connections each on paramiko's own thread (the hub is off): %s", _mode.why)
+        return _mode
 
 
 class _Stalled(ConnectionError):
@@ -150,7 +297,8 @@ class HubTransport(paramiko.Transport):
     """A paramiko transport that one of the hub's threads serves (see the module's doc)."""
 
     def __init__(self, sock: Any, *args: Any, **kwargs: Any):
-        self.served = isinstance(sock, socket.socket)
+        # A socket, on a paramiko the hub was checked against: served by the hub (see hub_mode).
+        self.served = isinstance(sock, socket.socket) and hub_mode().served
         self._hub: _Hub | None = None
         self._hub_fd = -1
         self._deferred: deque[Any] = deque()  # answers held while a key exchange runs

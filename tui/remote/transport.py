@@ -605,16 +605,22 @@ class _AeadFirst(HubTransport):
     """paramiko's transport preferring AES-GCM when the server offers it: one pass of AES-NI
     per packet where AES-CTR also needs an HMAC-SHA-256 (bulk copies of code sync go twice as
     fast on the controller's CPU). Other ciphers stay in paramiko's order after it. Served by
-    the hub's threads, not a thread of its own (``tui/remote/hub.py``).
+    the hub's threads, not a thread of its own, where the hub may (``tui/remote/hub.py``).
 
     It also opens channels to a unix socket on the server (``open_unix_socket``), which
     paramiko's ``open_channel`` can ask for but not address: the socket's path is added to that
     one channel-open message as it is sent."""
 
-    _preferred_ciphers = (
-        "aes128-gcm@openssh.com", "aes256-gcm@openssh.com",
-        *(c for c in paramiko.Transport._preferred_ciphers if "gcm" not in c),
-    )
+    AEAD = ("aes128-gcm@openssh.com", "aes256-gcm@openssh.com")  # paramiko has them from 3.5
+
+    def __init__(self, sock: Any, *args: Any, **kwargs: Any):
+        super().__init__(sock, *args, **kwargs)
+        # paramiko's public options (its own list, disabled_algorithms still applied after), the
+        # GCM ciphers it has moved first: a paramiko without them keeps its order.
+        options = self.get_security_options()
+        offered = tuple(options.ciphers)
+        first = tuple(c for c in self.AEAD if c in offered)
+        options.ciphers = first + tuple(c for c in offered if c not in first)
 
     def open_unix_socket(self, path: str, timeout: float) -> paramiko.Channel:
         """A channel to the unix socket at ``path`` on the server, connected by sshd as the
