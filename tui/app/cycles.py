@@ -31,10 +31,12 @@ What to propose upstream (Textual), one change each, so these replacements can g
   itself through its own closure, a cycle holding ``map`` and ``widgets``. Passing the function
   (or a small object with the two collections) as an argument instead of closing over itself,
   or ``del add_widget`` before returning, leaves no cycle.
-- ``Stylesheet._process_component_classes`` (``src/textual/css/stylesheet.py``): the virtual
-  ``DOMNode`` made for each component class stays attached (``_attach``) to its node and its
-  styles point back at it. Detaching the virtual nodes whose styles are replaced (or reusing
-  one per component class) would free them by reference count.
+- ``Stylesheet._process_component_classes`` (``src/textual/css/stylesheet.py``): it makes a new
+  virtual ``DOMNode`` per component class on every call, each a web of cycles (its styles'
+  ``node`` is the virtual node, so are its node list's and signals' owners), and the one whose
+  styles are replaced is garbage only the collector frees. Keeping one virtual node per node
+  and component class and applying the stylesheet to it again, or emptying the replaced one
+  as this replacement does, would leave the collector nothing.
 - ``LRUCache.clear`` and ``LRUCache.discard`` (``src/textual/cache.py``): clear each link
   (``link.clear()``, or set ``link[0] = link[1] = None``) before forgetting ``_cache`` and
   ``_head``, and clear the discarded link, so that no entry stays a ring of its own.
