@@ -20,6 +20,7 @@ from textual.widgets import DataTable
 
 from tui.app import cycles, frametimer, stripcycle, textualpatch
 from tui.app.frametimer import TimedScreen, default_screen
+from tui.app.shell import SEES_CLOSING
 from tui.app.textualpatch import REPLACED, Need, Probe, patch, usable
 from tui.app.widgets.difftable import FAST, Col, DiffTable
 
@@ -347,3 +348,4 @@ async def test_the_app_runs_on_textuals_own_where_every_target_changed(
         assert getattr(getattr(owner, name), REPLACED, None) is None
     for feature in EVERY_FEATURE:
         assert len(said(caplog, feature)) == 1, feature
+    assert said(caplog, SEES_CLOSING) == []  # the screen's private flags are all there
