@@ -21,6 +21,7 @@ import pytest
 import tomllib
 
 from tests._require import MPIRUN_MISSING, require
+from tests.kit import communicate_all
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -87,18 +88,10 @@ def run_ranks(argv: list[str], envs: list[dict[str, str]], cwd: Path,
     """Start one process per env at once (like rigdeck's `direct` launcher); all must succeed."""
     procs = [subprocess.Popen(argv, env=e, cwd=cwd, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for e in envs]
-    outs = []
-    try:
-        for p in procs:
-            out, err = p.communicate(timeout=timeout)
-            assert p.returncode == 0, f"{argv} exited {p.returncode}\n{out[-3000:]}\n{err[-3000:]}"
-            outs.append(out)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return outs
+    done = communicate_all(procs, timeout)
+    for d in done:
+        assert d.returncode == 0, f"{argv} exited {d.returncode}\n{d.stdout[-3000:]}\n{d.stderr[-3000:]}"
+    return [d.stdout for d in done]
 
 
 def free_port() -> int:

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from runtime.partition import partition
+from tests.kit import communicate_all
 
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = ROOT / "tests" / "jobscripts" / "mp_stage_worker.py"
@@ -43,17 +44,7 @@ def launch(out: Path, *scenarios: str, timeout: float = 180) -> list[subprocess.
                "LOCAL_WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         procs.append(subprocess.Popen([sys.executable, str(WORKER), str(out), *scenarios], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    done = []
-    try:
-        for p in procs:
-            stdout, stderr = p.communicate(timeout=timeout)
-            done.append(subprocess.CompletedProcess(p.args, p.returncode, stdout, stderr))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    return done
+    return communicate_all(procs, timeout)
 
 
 @pytest.fixture(scope="module")
