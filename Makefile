@@ -24,7 +24,7 @@ QUIET_FILES = $(shell grep -l 'pytest.mark.quiet' tests/test_*.py)
 # Tools the tests find on PATH that the machine has but not on PATH (see python39).
 TOOLS := $(CURDIR)/.tools/bin
 
-.PHONY: run test sysdeps python39 install install-test lint screenshots bench clean testbed-down
+.PHONY: run test sysdeps python39 install install-test lint bytecode screenshots bench clean testbed-down
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -42,7 +42,7 @@ $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
-run: $(VENV)/.installed
+run: $(VENV)/.installed bytecode
 	$(VENV)/bin/rigdeck
 
 # Debian packages the test bed and launchers need; installed only when missing and root.
@@ -93,7 +93,12 @@ python39:
 	echo "no Python 3.9 here (Debian has none; pyenv install 3.9 gives one): its tests skip," \
 	  "and fail under RIGDECK_REQUIRE_TESTBED=1"
 
-test: sysdeps python39 $(VENV)/.installed-test
+# Bytecode for rigdeck's own modules, as a wheel install has (an editable one writes it only on
+# first import, and never under PYTHONDONTWRITEBYTECODE): each command then starts as a user's does.
+bytecode: $(VENV)/.installed
+	$(PY) -m compileall -q tui agent runtime >/dev/null
+
+test: sysdeps python39 $(VENV)/.installed-test bytecode
 	PATH="$(TOOLS):$$PATH" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not quiet" --durations=30 $(PYTEST_ARGS)
 	PATH="$(TOOLS):$$PATH" $(PY) -m pytest -m quiet $(if $(PYTEST_ARGS),,$(QUIET_FILES)) $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: none selected
 

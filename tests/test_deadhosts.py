@@ -75,5 +75,7 @@ gpus_per_node = {{gpus}}
     for k in ("logs", "metrics"):
         said = out[k].stderr
         assert out[k].returncode == 0 and "h2" in said and "h3" in said and "unreachable" in said, (k, said)
+        # what the first command found, the later ones knew (the history's unreached table)
+        assert said.count("out of reach since") == 2, (k, said)
     assert "rank 0 step=" in out["logs"].stdout  # h1's rank still read
     assert queued["job_id"] in out["queue"].stdout

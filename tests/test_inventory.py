@@ -1337,3 +1337,31 @@ def test_server_and_attach_only_round_trip(tmp_path: Path) -> None:
     again = load_inventory(write(tmp_path / "again.toml", hostfile_to_toml(inv)))
     assert again.hosts == inv.hosts
     assert again.server == inv.server
+
+
+def test_match_exec_lines_run_though_invoke_is_imported_late(tmp_path: Path) -> None:
+    """paramiko's ``Match exec`` runs through ``invoke``, which rigdeck imports only on first use
+    (tui/remote/__init__.py): in a fresh process importing the SSH room leaves invoke unloaded,
+    and a config whose ``Match exec`` lines pass or fail still resolves as OpenSSH would."""
+    cfg = ssh_config(
+        tmp_path,
+        """
+        Match exec "test -e {flag}"
+            User flagged
+        Host gpu1
+            HostName 10.1.2.3
+        """.format(flag=tmp_path / "flag"),
+    )
+    path = inventory(tmp_path, '[[hosts]]\nname = "gpu1"\n', ssh_config=cfg)
+    code = textwrap.dedent(f"""
+        import sys
+        from pathlib import Path
+        from tui.remote.sshconfig import load_inventory
+        print("invoke ran before the lookup:", "invoke.tasks" in sys.modules)
+        print("user:", load_inventory(Path({str(path)!r})).hosts[0].user)
+        Path({str(tmp_path / "flag")!r}).touch()
+        print("user:", load_inventory(Path({str(path)!r})).hosts[0].user)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["invoke ran before the lookup: False", "user: tester", "user: flagged"]

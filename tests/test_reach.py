@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tui.control.controller import Controller
+from tui.control.controller import KNOWN_DOWN_FOR_S, Controller
+from tui.control.history import History
 from tui.remote.sshconfig import load_inventory
 from tui.remote.transport import UnreachableError
 
@@ -46,7 +47,7 @@ def _free_port() -> int:
     return port
 
 
-def _controller(tmp_path: Path, port: int, connect_timeout: float = 2.0) -> Controller:
+def _controller(tmp_path: Path, port: int, connect_timeout: float = 2.0, memory: History | None = None) -> Controller:
     key = tmp_path / "id"
     key.write_text("not used: nothing gets past TCP\n")
     inv = tmp_path / "hosts.toml"
@@ -61,7 +62,9 @@ name = "gone"
 address = "127.0.0.1"
 port = {port}
 """)
-    return Controller(load_inventory(inv))
+    ctl = Controller(load_inventory(inv))
+    ctl.memory = memory
+    return ctl
 
 
 def _connecting() -> list[threading.Thread]:
@@ -70,7 +73,7 @@ def _connecting() -> list[threading.Thread]:
 
 def test_a_silent_host_is_reported_at_once_while_one_attempt_goes_on(tmp_path: Path, silent_port: int) -> None:
     ctl = _controller(tmp_path, silent_port)
-    with pytest.raises(UnreachableError, match=r"did not answer within 1s \(still trying, connect timeout 2s\)"):
+    with pytest.raises(UnreachableError, match=r"did not answer within 0.7s \(still trying, connect timeout 2s\)"):
         ctl.agent("gone").ping()
     assert len(_connecting()) == 1  # the attempt goes on, in the background
     attempt = ctl._reach["gone"].attempt
@@ -130,3 +133,55 @@ def test_many_requests_to_a_silent_host_make_one_attempt(tmp_path: Path, silent_
         t.join(10)
     assert len(errors) == 8 and len(_connecting()) <= 1
     ctl.close()
+
+
+def test_what_one_command_found_out_of_reach_the_next_knows(tmp_path: Path, silent_port: int) -> None:
+    """Each CLI command is a process of its own with a controller of its own: the history tells
+    the next one which hosts the last found silent, and it waits for those a short while only,
+    saying since when. A short wait renews nothing: after KNOWN_DOWN_FOR_S the full wait again."""
+    history = History(tmp_path / "history.sqlite")
+    endpoint = f"127.0.0.1:{silent_port}"
+    first = _controller(tmp_path, silent_port, memory=history)
+    with pytest.raises(UnreachableError, match=r"^gone: 127.0.0.1:\d+ did not answer within 0.7s"):
+        first.agent("gone").ping()
+    first.close()
+    found = history.unreached(endpoint)
+    assert found is not None and found[0] == found[1]  # found now, after the full wait
+    second = _controller(tmp_path, silent_port, memory=History(tmp_path / "history.sqlite"))
+    with pytest.raises(UnreachableError,
+                       match=r"out of reach since \d\d:\d\d:\d\d; 127.0.0.1:\d+ did not answer within 0.3s"):
+        second.agent("gone").ping()
+    second.close()
+    now = history.unreached(endpoint)
+    assert now is not None and now[:2] == found[:2]  # the short wait left since and checked as they were
+    with history._db:  # the last full wait was longer ago than the record is trusted
+        history._db.execute("UPDATE unreached SET checked = checked - ?", (KNOWN_DOWN_FOR_S + 1,))
+    third = _controller(tmp_path, silent_port, memory=history)
+    with pytest.raises(UnreachableError, match=r"^gone: 127.0.0.1:\d+ did not answer within 0.7s"):
+        third.agent("gone").ping()
+    third.close()
+    again = history.unreached(endpoint)
+    assert again is not None and again[0] == found[0] and again[1] > found[1]  # since kept, checked renewed
+
+
+def test_a_host_that_answers_is_struck_off(tmp_path: Path) -> None:
+    """A host recorded out of reach whose SYN is answered now is no longer held so, whatever
+    happens after the TCP connect (here nothing speaks SSH on the port)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    port = listener.getsockname()[1]
+    history = History(tmp_path / "history.sqlite")
+    history.set_unreached(f"127.0.0.1:{port}", "did not answer", checked=True)
+    other = "127.0.0.1:1"
+    history.set_unreached(other, "did not answer", checked=True)
+    ctl = _controller(tmp_path, port, connect_timeout=1.0, memory=history)
+    try:
+        with pytest.raises(UnreachableError) as e:
+            ctl.agent("gone").ping()
+        assert "out of reach since" not in str(e.value) and "did not answer within 0.3s" not in str(e.value)
+        assert history.unreached(f"127.0.0.1:{port}") is None
+        assert history.unreached(other) is not None  # only that host
+    finally:
+        ctl.close()
+        listener.close()

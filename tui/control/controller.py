@@ -7,7 +7,10 @@ A dead host costs nothing: a host's link is made by one connect attempt at a tim
 thread of its own (``_Attempt``). A request waits for it only while it can still succeed soon:
 a host whose TCP connect has not been answered within ``CONNECT_WAIT_S`` is reported out of
 reach at once while the attempt goes on in the background; one whose attempt failed is reported
-out of reach, without being tried again, until its backoff has passed (``_Reach``).
+out of reach, without being tried again, until its backoff has passed (``_Reach``). What one
+process learnt, the next knows (``memory``, the history's table of hosts out of reach): a host
+found out of reach after the full wait is waited for only ``KNOWN_DOWN_WAIT_S`` by the commands
+of the next ``KNOWN_DOWN_FOR_S``, so a second command does not pay the wait again.
 """
 
 from __future__ import annotations
@@ -46,9 +49,18 @@ FACTS_SOURCE = (Path(__file__).resolve().parent.parent.parent / "agent" / "facts
 COMMAND_TIMEOUT = 60.0
 AGENT_MIN_PYTHON = "3.9"  # what agent/__main__.py checks first on a host
 # How long a request waits for a host's TCP connect to be answered. The kernel answers a SYN
-# whatever the host's load, so a LAN host that has not answered in a second is out of reach
-# (its link down, or the machine off); the attempt goes on to its connect timeout meanwhile.
-CONNECT_WAIT_S = 1.0
+# whatever the host's load, within one round trip: under 0.35 s by fiber anywhere on Earth,
+# about 0.6 s over a geostationary satellite. A SYN lost on the way is sent again only after the
+# initial retransmission timeout (1 s, RFC 6298), so no wait short of 1 s plus a round trip
+# would see that answer: 0.7 s misses nothing a full second would catch. A host silent that
+# long is out of reach (its link down, or the machine off); the attempt goes on to its connect
+# timeout meanwhile, and is used if it succeeds.
+CONNECT_WAIT_S = 0.7
+# A host found out of reach after that full wait, within this long, is waited for this long only
+# (a host that is back answers its SYN in a round trip, well within it); after this long it is
+# given the full wait again, so a far host once too slow for the short wait is never held down.
+KNOWN_DOWN_WAIT_S = 0.3
+KNOWN_DOWN_FOR_S = 30.0
 # A host whose telemetry has gone quiet is asked with this timeout at most, not its usual one.
 QUIET_TIMEOUT_S = 1.0
 RETRY_FIRST_S = 1.0  # backoff after a failed connect attempt: doubling, with jitter, up to
@@ -217,6 +229,9 @@ class Controller(TypedAgents):
         self._reach_lock = threading.Lock()
         self._closes = 0  # close() calls: an attempt begun before the last one keeps nothing
         self.connect_wait = CONNECT_WAIT_S
+        # Hosts found out of reach by earlier commands (``History``: unreached, set_unreached,
+        # set_reached), or None: set by the service that owns the history.
+        self.memory: Any = None
         # host -> why it is believed out of reach now (its telemetry went quiet), or None: set
         # by whoever reads telemetry (the service, while its monitor runs).
         self.quiet: Callable[[str], str | None] = lambda host: None
@@ -267,14 +282,51 @@ class Controller(TypedAgents):
             return link
         att = self._attempt(spec)
         budget = self.connect_wait if not spec.proxy_jump else spec.connect_timeout * 4
+        known = self._known_down(spec) if not spec.proxy_jump else None
+        if known is not None:
+            budget = min(budget, KNOWN_DOWN_WAIT_S)
         if not att.reached.wait(max(0.0, att.started + budget - time.monotonic())):
-            raise UnreachableError(
-                spec.name, f"{spec.address}:{spec.port} did not answer within {budget:g}s "
-                f"(still trying, connect timeout {spec.connect_timeout:g}s)")
+            detail = (f"{spec.address}:{spec.port} did not answer within {budget:g}s "
+                      f"(still trying, connect timeout {spec.connect_timeout:g}s)")
+            self._remember(spec, detail, checked=known is None)
+            if known is not None:
+                detail = f"out of reach since {time.strftime('%H:%M:%S', time.localtime(known))}; {detail}"
+            raise UnreachableError(spec.name, detail)
         att.done.wait()  # bounded by the attempt's own timeouts (connect, hello, requests)
         if att.error is not None:
             raise att.error
         return att.link
+
+    def _known_down(self, spec: HostSpec) -> float | None:
+        """When ``spec``'s host was first found out of reach, if an earlier command found it so
+        after the full wait within ``KNOWN_DOWN_FOR_S``; else None."""
+        if self.memory is None:
+            return None
+        try:
+            found = self.memory.unreached(f"{spec.address}:{spec.port}")
+        except Exception as e:  # a hint only: never a reason for a request to fail
+            log.debug("reading what is known of %s failed: %s", spec.name, e)
+            return None
+        if found is None or time.time() - found[1] > KNOWN_DOWN_FOR_S:
+            return None
+        return found[0]
+
+    def _remember(self, spec: HostSpec, detail: str, checked: bool) -> None:
+        if self.memory is not None:
+            try:
+                self.memory.set_unreached(f"{spec.address}:{spec.port}", detail, checked)
+            except Exception as e:
+                log.debug("recording %s out of reach failed: %s", spec.name, e)
+
+    def _forget(self, spec: HostSpec) -> None:
+        """``spec``'s host answered: no longer held out of reach (a write only when it was)."""
+        if self.memory is not None:
+            try:
+                endpoint = f"{spec.address}:{spec.port}"
+                if self.memory.unreached(endpoint) is not None:
+                    self.memory.set_reached(endpoint)
+            except Exception as e:
+                log.debug("recording %s reached failed: %s", spec.name, e)
 
     def reach(self, hosts: Sequence[str]) -> None:
         """Begin connecting to ``hosts`` now, in the background, returning at once: work that
@@ -310,7 +362,12 @@ class Controller(TypedAgents):
         t: Transport | None = None
         try:
             t = self.transport(spec)
-            t.on_reached = att.reached.set
+
+            def reached() -> None:  # the TCP connect answered: no longer out of reach
+                att.reached.set()
+                self._forget(spec)
+
+            t.on_reached = reached
             with self._host_locks[spec.name]:  # never beside a request on the old link
                 t.connect()
                 att.reached.set()
@@ -333,6 +390,8 @@ class Controller(TypedAgents):
             att.error = e
             if isinstance(e, TransportError):
                 self._unreached(spec.name, e)
+                if e.kind in ("unreachable", "timeout") and not att.reached.is_set():
+                    self._remember(spec, e.detail, checked=True)
             if self._closes != att.closes and t is not None:
                 t.close()
         finally:

@@ -53,6 +53,12 @@ CREATE TABLE IF NOT EXISTS incidents (
     data        TEXT NOT NULL,
     PRIMARY KEY (job_id, seq)
 );
+CREATE TABLE IF NOT EXISTS unreached (
+    endpoint    TEXT PRIMARY KEY,  -- address:port
+    since       REAL NOT NULL,     -- first found out of reach (wall clock)
+    checked     REAL NOT NULL,     -- last found so after a full wait (wall clock)
+    detail      TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS notified (
     kind        TEXT NOT NULL,
     id          TEXT NOT NULL,
@@ -343,6 +349,30 @@ class History:
         if taken:
             self.announce(job_id, "pending")
         return taken
+
+    # -- hosts found out of reach: what the next command (another process) knows of them -----
+
+    def unreached(self, endpoint: str) -> tuple[float, float, str] | None:
+        """(since, checked, detail) of ``endpoint`` (address:port) last found out of reach."""
+        with self._lock:
+            row = self._db.execute("SELECT since, checked, detail FROM unreached WHERE endpoint = ?",
+                                   (endpoint,)).fetchone()
+        return None if row is None else (float(row[0]), float(row[1]), str(row[2]))
+
+    def set_unreached(self, endpoint: str, detail: str, checked: bool) -> None:
+        """``endpoint`` did not answer; ``checked``: after the full wait (a short wait of a host
+        known down confirms nothing new, so it leaves ``checked`` as it was)."""
+        now = time.time()
+        with self._lock, self._db:
+            self._db.execute(
+                "INSERT INTO unreached (endpoint, since, checked, detail) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(endpoint) DO UPDATE SET detail = excluded.detail"
+                + (", checked = excluded.checked" if checked else ""),
+                (endpoint, now, now if checked else 0.0, detail))
+
+    def set_reached(self, endpoint: str) -> None:
+        with self._lock, self._db:
+            self._db.execute("DELETE FROM unreached WHERE endpoint = ?", (endpoint,))
 
     # -- drains: GPUs and hosts kept out of placement (they outlive the controller) -------------
 
