@@ -178,12 +178,15 @@ def _parse_json_line(host: str, text: str, what: str) -> dict[str, Any]:
 
 
 class _Attempt:
-    """One connect attempt to a host: connect, check the agent, attach, hello. ``reached`` is
-    set once the host's TCP connect is answered (or the attempt ended)."""
+    """One connect attempt to a host: connect, check the agent, attach, hello. ``dialed`` is set
+    as its TCP connect is sent (``dialed_at``), ``reached`` once that is answered (each also when
+    the attempt ended)."""
 
     def __init__(self, closes: int) -> None:
         self.closes = closes  # the controller's close() count when it began
         self.started = time.monotonic()
+        self.dialed = threading.Event()  # the TCP connect is sent (or the attempt got past it)
+        self.dialed_at = self.started
         self.reached = threading.Event()
         self.done = threading.Event()
         self.link: Any = None
@@ -285,7 +288,13 @@ class Controller(TypedAgents):
         known = self._known_down(spec) if not spec.proxy_jump else None
         if known is not None:
             budget = min(budget, KNOWN_DOWN_WAIT_S)
-        if not att.reached.wait(max(0.0, att.started + budget - time.monotonic())):
+        # The wait is for the host's answer: it starts as the connect is sent, after this
+        # process's own work to get there (key files, the host's lock), which a busy machine
+        # makes slow and which is bounded by the connect timeout.
+        if not att.dialed.wait(max(0.0, att.started + spec.connect_timeout - time.monotonic())):
+            raise UnreachableError(spec.name, f"not yet connecting to {spec.address}:{spec.port} after "
+                                   f"{spec.connect_timeout:g}s (still trying)")
+        if not att.reached.wait(max(0.0, att.dialed_at + budget - time.monotonic())):
             detail = (f"{spec.address}:{spec.port} did not answer within {budget:g}s "
                       f"(still trying, connect timeout {spec.connect_timeout:g}s)")
             self._remember(spec, detail, checked=known is None)
@@ -363,13 +372,20 @@ class Controller(TypedAgents):
         try:
             t = self.transport(spec)
 
+            def dialing() -> None:
+                att.dialed_at = time.monotonic()
+                att.dialed.set()
+
             def reached() -> None:  # the TCP connect answered: no longer out of reach
+                att.dialed.set()
                 att.reached.set()
                 self._forget(spec)
 
+            t.on_dialing = dialing
             t.on_reached = reached
             with self._host_locks[spec.name]:  # never beside a request on the old link
                 t.connect()
+                att.dialed.set()
                 att.reached.set()
                 link, pyz = self.agent_link(spec, t)
                 if pyz is not None and (link.remote_hello or {}).get("agent_version") != self.bundle.version:
@@ -395,6 +411,7 @@ class Controller(TypedAgents):
             if self._closes != att.closes and t is not None:
                 t.close()
         finally:
+            att.dialed.set()
             att.reached.set()
             att.done.set()
 

@@ -119,8 +119,8 @@ class ControllerService:
         with self._lock:
             if self._manager is None:
                 self._manager = JobManager(self.ctl, self._history)
-                if self.ctl.memory is None:  # hosts found out of reach, for the next command
-                    self.ctl.memory = self._manager.history
+                if getattr(self.ctl, "memory", False) is None:  # hosts found out of reach, for
+                    self.ctl.memory = self._manager.history  # the next command (a Controller's)
                 if self._owner:
                     self._manager.owner = self._owner
                 if self.notify_config is not None and self.notify_config.sends:

@@ -427,10 +427,17 @@ class Transport(ABC):
         # Called once the host's TCP connect is answered, before the SSH handshake: whoever
         # waits for the connection can tell a host out of reach from one slow to log in to.
         self.on_reached: Callable[[], None] | None = None
+        # Called as the TCP connect is sent: the wait for its answer starts there, not before
+        # this process's own work to get there (on a busy machine, no fault of the host's).
+        self.on_dialing: Callable[[], None] | None = None
 
     def _reached(self) -> None:
         if self.on_reached is not None:
             self.on_reached()
+
+    def _dialing(self) -> None:
+        if self.on_dialing is not None:
+            self.on_dialing()
 
     @abstractmethod
     def connect(self) -> None: ...
@@ -791,6 +798,7 @@ class SSHTransport(Transport):
         clients: list[paramiko.SSHClient] = []
         sock: Any = None
         try:
+            self._dialing()
             sock = self._tcp(hops[0], self.name if len(hops) == 1 else f"{self.name} (via jump {hops[0].name})")
             for i, hop in enumerate(hops):
                 label = self.name if hop is self.spec else f"{self.name} (via jump {hop.name})"
