@@ -430,6 +430,32 @@ async def test_diff_table_header_follows_widths_its_columns_gain_when_idle() -> 
         assert t._render_line_in_row(*args) is after  # kept again from here on
 
 
+async def test_diff_table_rows_follow_widths_their_columns_gain_when_idle() -> None:
+    """The same for the rows: a frame drawn between new rows and the idle pass that measures
+    them draws the auto-width column at its label's width; the next frame draws it at the width
+    measured (a loaded machine drew the sweeps' trials with their parameters cut at the width
+    of "Parameters", for good, in fresh-clone run 2)."""
+    app = _TableApp()
+    async with app.run_test() as pilot:
+        t = app.query_one(DiffTable)
+        t.apply([(f"r{i}", (f"r{i}", i, "x")) for i in range(5)])
+        await pilot.pause()
+
+        def row0() -> str:
+            t._frame_values = t._read_frame_values()  # as render_lines reads it, once a frame
+            try:
+                strip = t._render_line_in_row(t._row_key("r0"), 0, t.rich_style, t.cursor_coordinate,
+                                              t.hover_coordinate)
+            finally:
+                t._frame_values = None
+            return "".join(seg.text for seg in strip[1][0])
+
+        before = row0()
+        t.ordered_columns[0].content_width += 12  # as the idle pass does for a wider cell
+        after = row0()
+        assert len(after.rstrip()) == len(before.rstrip()) + 12, (before, after)  # the cells after it moved
+
+
 class _GpusApp(App[None]):
     """A GPU table 12 lines high: rows 10.. are out of view."""
 

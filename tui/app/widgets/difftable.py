@@ -220,6 +220,9 @@ class _FrameValues:
     show_hover: bool
     cursor: Coordinate
     hover: Coordinate
+    # Each column's drawn width: measured when the table is idle, after rows came, so a frame
+    # drawn between new rows and their measure has other widths than the next one.
+    widths: tuple[int, ...] = ()
 
 
 class _RowPlaces(TwoWayDict[RowKey, int]):
@@ -466,11 +469,12 @@ class DiffTable(DataTable[RenderableType]):
             fv.width,
             fv.show_cursor,
             self._palette,
+            fv.widths,
         )
         if frame != self._frame:
             self._frame = frame
             self._frame_styles.clear()
-            self._widths = tuple(c.get_render_width(self) for c in self.ordered_columns)
+            self._widths = fv.widths
         look = (row_index, cursor, hover)
         hit = self._rows_rendered.get(key)
         if hit is not None and hit[0] == look and hit[1] is raw and hit[2] is frame:
@@ -578,6 +582,7 @@ class DiffTable(DataTable[RenderableType]):
             show_hover=self._show_hover_cursor,
             cursor=self.cursor_coordinate,
             hover=self.hover_coordinate,
+            widths=tuple(c.get_render_width(self) for c in self.ordered_columns),
         )
 
     def render_lines(self, crop: Any) -> list[Strip]:
