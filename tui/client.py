@@ -41,21 +41,20 @@ from tui.control.onboard import Candidate, Onboarding
 from tui.control.pipelines import PipelineError
 from tui.control.queue import QueueEntry
 from tui.control.server import StateMirror, serve
-from tui.control.service import ControllerService, ServiceInfo
+from tui.control.service import ControllerService
 from tui.control.sweeps import SweepError
 from tui.model import wire
-from tui.model.doctor import DoctorReport
 from tui.model.fairshare import QueuePolicy
 from tui.model.inventory import INVENTORY_ENV, Inventory, InventoryError, default_inventory_path
 from tui.model.jobspec import JobSpec, JobSpecError
 from tui.model.jobstate import describe_cause
 from tui.model.jobview import JobDetail, JobRow, JobsSnapshot, JobView, LogBuffer, StopPlan
 from tui.model.permissions import PermissionDenied
-from tui.model.pipelineview import PipelineDetail, PipelineRow
+from tui.model.pipelinespec import PipelineSpec
+from tui.model.pipelineview import PipelineDetail
 from tui.model.scheduler import PlacementError
 from tui.model.state import ClusterState
-from tui.model.sweepview import SweepDetail, SweepRow
-from tui.model.usage import UsageReport
+from tui.model.sweepview import SweepDetail
 from tui.model.userconfig import NotifyConfig, UserConfig, load_config
 from tui.remote.sshconfig import hostfile_to_toml, load_hostfile, load_inventory
 from tui.remote.transport import (
@@ -126,8 +125,13 @@ _ERRORS: dict[str, type[Exception]] = {
 }
 
 
-class Client:
-    """What the faces can see and do. Subclasses: InProcessClient, RemoteClient."""
+class Client(api.ControllerAPI):
+    """What the faces can see and do. Subclasses: InProcessClient, RemoteClient.
+
+    The calls of the controller are its ``api.ControllerAPI`` methods, declared once in
+    tui/control/api.py: a subclass makes them all in ``_call_declared`` and writes out only those
+    it makes its own way. The methods here are the face's own: its link, and work done on the
+    workstation whichever controller runs."""
 
     kind = "embedded"
     inventory: Inventory
@@ -149,9 +153,6 @@ class Client:
     def link(self) -> LinkStatus:
         raise NotImplementedError
 
-    def info(self) -> ServiceInfo:
-        raise NotImplementedError
-
     # hosts
     def probe(self, names: Sequence[str] | None = None) -> list[HostReport]:
         raise NotImplementedError
@@ -162,9 +163,6 @@ class Client:
     def exec(self, hosts: Sequence[str], argv: list[str], timeout_s: float) -> dict[str, Any]:
         """``argv`` run on ``hosts`` at once with no shell: host -> the agent's answer, or the
         TransportError that kept the host from answering."""
-        raise NotImplementedError
-
-    def reconnect(self, host: str) -> None:
         raise NotImplementedError
 
     def trust_host_key(self, host: str, fingerprint: str) -> str:
@@ -181,120 +179,9 @@ class Client:
         stop_job(), inventory_hosts(), start(), stop()."""
         raise NotImplementedError
 
-    # jobs (commands)
     def on_code_progress(self, fn: Callable[[str, str, int, int], None]) -> None:
         """``fn(job_id, host, bytes_done, bytes_total)`` as a job's code goes to its hosts (the
         embedded controller; a server reports the outcome in the job's events only)."""
-
-    def launch(self, spec: JobSpec, *, queue: bool = True) -> JobView:
-        raise NotImplementedError
-
-    def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False, wait: bool = True) -> JobView:
-        raise NotImplementedError
-
-    def retry(self, ref: str, *, queue: bool = True) -> JobView:
-        raise NotImplementedError
-
-    def reprioritise(self, ref: str, priority: int) -> JobView:
-        raise NotImplementedError
-
-    def view(self, ref: str) -> JobView:
-        raise NotImplementedError
-
-    def list_jobs(self) -> list[JobView]:
-        raise NotImplementedError
-
-    def queue(self) -> list[QueueEntry]:
-        raise NotImplementedError
-
-    def metrics(self, ref: str) -> list[dict[str, Any]]:
-        raise NotImplementedError
-
-    def exposition(self) -> str:
-        """What the controller knows now (hosts, GPUs, jobs, the queue) in Prometheus' text
-        exposition format, version 0.0.4 (``tui.model.promexport``)."""
-        raise NotImplementedError
-
-    def log_chunks(self, ref: str, rank: int | None = None,
-                   follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
-        raise NotImplementedError
-
-    def tensorboard_pull(self, ref: str, have: list[list[Any]] | None = None) -> Iterator[dict[str, Any]]:
-        """The new bytes of the job's TensorBoard files (``tui.control.tensorboard``'s items,
-        after a ``{"kind": "job", ...}`` one), against ``have`` (``tui.model.tbsync.have_row``)."""
-        raise NotImplementedError
-
-    def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def wait(self, ref: str, timeout: float | None = None) -> Iterator[JobView]:
-        raise NotImplementedError
-
-    # sweeps
-    def sweep(self, spec: JobSpec) -> SweepDetail:
-        raise NotImplementedError
-
-    def sweeps(self) -> list[SweepRow]:
-        raise NotImplementedError
-
-    def sweep_detail(self, ref: str) -> SweepDetail:
-        raise NotImplementedError
-
-    def sweep_stop(self, ref: str) -> SweepDetail:
-        raise NotImplementedError
-
-    def sweep_stop_trial(self, ref: str, number: int) -> SweepDetail:
-        raise NotImplementedError
-
-    def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
-        raise NotImplementedError
-
-    # doctor (tui.model.doctor)
-    # drains (tui.model.health)
-    def drains(self) -> list[dict[str, Any]]:
-        """The GPUs and hosts kept out of placement, each with who drained it, when and why."""
-        raise NotImplementedError
-
-    def usage(self, by: str = "user", since: float | None = None) -> UsageReport:
-        """GPU hours, jobs, preemptions and goodput by user, group or job after ``since``."""
-        raise NotImplementedError
-
-    def drain(self, targets: Sequence[str], reason: str = "", now: bool = False, who: str = "") -> list[dict[str, Any]]:
-        """Keep ``HOST`` or ``HOST:GPU`` out of placement; ``now`` also moves the jobs running
-        there. Every drain in force afterwards."""
-        raise NotImplementedError
-
-    def undrain(self, targets: Sequence[str]) -> list[dict[str, Any]]:
-        """Put ``HOST`` or ``HOST:GPU`` back into placement; the drains removed."""
-        raise NotImplementedError
-
-    def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> DoctorReport:
-        """Run the doctor's checks over ``hosts`` (default: every host of the inventory) and
-        return what it found; ``checks``: a subset of tui.model.doctor.CHECKS."""
-        raise NotImplementedError
-
-    # pipelines (tui.model.pipelinespec, tui.model.pipelineview)
-    def pipeline(self, spec: Any) -> PipelineDetail:
-        """Start a pipeline (a PipelineSpec): record it and start the steps that need none."""
-        raise NotImplementedError
-
-    def pipelines(self) -> list[PipelineRow]:
-        raise NotImplementedError
-
-    def pipeline_detail(self, ref: str) -> PipelineDetail:
-        """A pipeline by id, unique id prefix or name (the newest of that name)."""
-        raise NotImplementedError
-
-    def pipeline_stop(self, ref: str) -> PipelineDetail:
-        raise NotImplementedError
-
-    def pipeline_retry(self, ref: str, step: str) -> PipelineDetail:
-        """Run a failed (or stopped) step again, and then the steps skipped because of it."""
-        raise NotImplementedError
-
-    def pipeline_wait(self, ref: str, timeout: float | None = None) -> Iterator[PipelineDetail]:
-        """The pipeline's detail each time a step changes state, until it ends."""
-        raise NotImplementedError
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,8 +248,13 @@ class InProcessClient(Client):
     def link(self) -> LinkStatus:
         return LinkStatus("embedded", True, "embedded controller", self._since, False)
 
-    def info(self) -> ServiceInfo:
-        return self.service.info()
+    def _call_declared(self, method: api.Method, args: dict[str, Any]) -> Any:
+        """Every call of the controller: its service method, with the call's arguments."""
+        return getattr(self.service, str(method.service))(**args)
+
+    def log_chunks(self, ref: str, rank: int | None = None,
+                   follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
+        return self.service.log_chunks(ref, rank=rank, follow=follow, binary=True)
 
     def probe(self, names: Sequence[str] | None = None) -> list[HostReport]:
         return self.service.probe(names)
@@ -373,105 +265,11 @@ class InProcessClient(Client):
     def exec(self, hosts: Sequence[str], argv: list[str], timeout_s: float) -> dict[str, Any]:
         return self.service.exec(hosts, argv, timeout_s)
 
-    def reconnect(self, host: str) -> None:
-        self.service.reconnect(host)
-
     def trust_host_key(self, host: str, fingerprint: str) -> str:
         return self.service.trust_host_key(host, fingerprint)
 
     def on_code_progress(self, fn: Callable[[str, str, int, int], None]) -> None:
         self.service.manager.code_listeners.append(fn)
-
-    def launch(self, spec: JobSpec, *, queue: bool = True) -> JobView:
-        return self.service.launch(spec, queue=queue)
-
-    def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False, wait: bool = True) -> JobView:
-        return self.service.stop(ref, grace_s, yes=yes, wait=wait)
-
-    def retry(self, ref: str, *, queue: bool = True) -> JobView:
-        return self.service.retry(ref, queue=queue)
-
-    def reprioritise(self, ref: str, priority: int) -> JobView:
-        return self.service.reprioritise(ref, priority)
-
-    def view(self, ref: str) -> JobView:
-        return self.service.view(ref)
-
-    def list_jobs(self) -> list[JobView]:
-        return self.service.list_jobs()
-
-    def queue(self) -> list[QueueEntry]:
-        return self.service.queue_entries()
-
-    def metrics(self, ref: str) -> list[dict[str, Any]]:
-        return self.service.metrics(ref)
-
-    def exposition(self) -> str:
-        return self.service.exposition()
-
-    def log_chunks(self, ref: str, rank: int | None = None,
-                   follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
-        return self.service.log_chunks(ref, rank=rank, follow=follow, binary=True)
-
-    def tensorboard_pull(self, ref: str, have: list[list[Any]] | None = None) -> Iterator[dict[str, Any]]:
-        return self.service.tensorboard_pull(ref, have)
-
-    def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
-        return self.service.collect_garbage(hosts)
-
-    def wait(self, ref: str, timeout: float | None = None) -> Iterator[JobView]:
-        return self.service.wait(ref, timeout=timeout)
-
-    def sweep(self, spec: JobSpec) -> SweepDetail:
-        return self.service.sweep(spec)
-
-    def sweeps(self) -> list[SweepRow]:
-        return self.service.sweep_rows()
-
-    def sweep_detail(self, ref: str) -> SweepDetail:
-        return self.service.sweep_detail(ref)
-
-    def sweep_stop(self, ref: str) -> SweepDetail:
-        return self.service.sweep_stop(ref)
-
-    def sweep_stop_trial(self, ref: str, number: int) -> SweepDetail:
-        return self.service.sweep_stop_trial(ref, number)
-
-    def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
-        return self.service.sweep_wait(ref, timeout=timeout)
-
-    def drains(self) -> list[dict[str, Any]]:
-        return self.service.drains()
-
-    def usage(self, by: str = "user", since: float | None = None) -> UsageReport:
-        return self.service.usage(by, since)
-
-    def drain(self, targets: Sequence[str], reason: str = "", now: bool = False, who: str = "") -> list[dict[str, Any]]:
-        return self.service.drain(targets, reason, now, who)
-
-    def undrain(self, targets: Sequence[str]) -> list[dict[str, Any]]:
-        return self.service.undrain(targets)
-
-    def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> DoctorReport:
-        return self.service.doctor(hosts, checks)
-
-    def pipeline(self, spec: Any) -> PipelineDetail:
-        return self.service.pipeline(spec)
-
-    def pipelines(self) -> list[PipelineRow]:
-        return self.service.pipeline_rows()
-
-    def pipeline_detail(self, ref: str) -> PipelineDetail:
-        return self.service.pipeline_detail(ref)
-
-    def pipeline_stop(self, ref: str) -> PipelineDetail:
-        return self.service.pipeline_stop(ref)
-
-    def pipeline_retry(self, ref: str, step: str) -> PipelineDetail:
-        return self.service.pipeline_retry(ref, step)
-
-    def pipeline_wait(self, ref: str, timeout: float | None = None) -> Iterator[PipelineDetail]:
-        return self.service.pipeline_wait(ref, timeout=timeout)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -869,11 +667,17 @@ class RemoteClient(Client):
 
     # -- the API (tui.control.api declares each call: its name, params and answer) -------------
 
+    def _call_declared(self, method: api.Method, args: dict[str, Any]) -> Any:
+        """Every call of the controller: sent as declared, a spec as its dict; a stream's items
+        decoded as they come."""
+        params = {k: v.to_dict() if hasattr(v, "to_dict") else v for k, v in args.items()}
+        if method.stream:
+            return self.stream(method, **params)
+        timeout = max(self.call_timeout, method.timeout_s) if method.timeout_s else None
+        return self.call(method, timeout=timeout, **params)
+
     def link(self) -> LinkStatus:
         return LinkStatus("server", self._up, self._detail, self._since, True)
-
-    def info(self) -> ServiceInfo:
-        return self.call(api.info)
 
     def probe(self, names: Sequence[str] | None = None) -> list[HostReport]:
         raise ServerError("probing hosts runs from the workstation: RIGDECK_SERVER=off rigdeck hosts")
@@ -883,7 +687,7 @@ class RemoteClient(Client):
                           "then rigdeck server setup")
 
     def reconnect(self, host: str) -> None:
-        self.call_async(api.reconnect, host=host)
+        self.call_async(api.reconnect, host=host)  # the app's key: never waits on the server
 
     def trust_host_key(self, host: str, fingerprint: str) -> str:
         raise ServerError("the server trusts only host keys recorded by its operator: record the key "
@@ -910,95 +714,24 @@ class RemoteClient(Client):
             raise JobError(str(e)) from None
         return dataclasses.replace(spec, code=code)
 
-    def launch(self, spec: JobSpec, *, queue: bool = True) -> JobView:
-        spec = self._with_code(spec)
-        # A launch behind a stop follows the stop to its end first (at most 90 s more).
-        return self.call(api.launch, timeout=self.call_timeout + 90, spec=spec.to_dict(),
-                         queue=queue)
+    def launch(self, spec: JobSpec, queue: bool = True) -> JobView:
+        return self._call_declared(api.launch, {"spec": self._with_code(spec), "queue": queue})
 
-    def stop(self, ref: str, grace_s: float | None = None, *, yes: bool = False, wait: bool = True) -> JobView:
+    def sweep(self, spec: JobSpec) -> SweepDetail:
+        return self._call_declared(api.sweep, {"spec": self._with_code(spec)})
+
+    def stop(self, ref: str, grace_s: float | None = None, yes: bool = False, wait: bool = True) -> JobView:
         # A waiting stop is answered after the grace period (the job's own when none is given)
         # and the hosts' sweep: longer than an ordinary call may take.
         timeout = None if not wait else (grace_s + 90 if grace_s is not None else 900.0)
-        return self.call(api.stop, timeout=timeout, ref=ref, grace_s=grace_s, yes=yes,
-                         wait=wait)
-
-    def retry(self, ref: str, *, queue: bool = True) -> JobView:
-        # A launch behind a stop follows the stop to its end first (at most 90 s more).
-        return self.call(api.retry, timeout=self.call_timeout + 90, ref=ref, queue=queue)
-
-    def reprioritise(self, ref: str, priority: int) -> JobView:
-        return self.call(api.reprioritise, ref=ref, priority=priority)
-
-    def view(self, ref: str) -> JobView:
-        return self.call(api.view, ref=ref)
-
-    def list_jobs(self) -> list[JobView]:
-        return self.call(api.list_jobs)
-
-    def queue(self) -> list[QueueEntry]:
-        return self.call(api.queue)
-
-    def metrics(self, ref: str) -> list[dict[str, Any]]:
-        return self.call(api.metrics, ref=ref)
-
-    def exposition(self) -> str:
-        return self.call(api.exposition)
+        return self.call(api.stop, timeout=timeout, ref=ref, grace_s=grace_s, yes=yes, wait=wait)
 
     def log_chunks(self, ref: str, rank: int | None = None,
                    follow: bool = False) -> Iterator[tuple[str, int, bytes, bool]]:
         for item in self.stream(api.log_chunks, ref=ref, rank=rank, follow=follow):
             yield item["host"], int(item["rank"]), base64.b64decode(item["b64"]), bool(item["partial"])
 
-    def tensorboard_pull(self, ref: str, have: list[list[Any]] | None = None) -> Iterator[dict[str, Any]]:
-        return self.stream(api.tensorboard_pull, ref=ref, have=have)
-
-    def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
-        return self.call(api.collect_garbage,
-                         hosts=list(hosts) if hosts is not None else None)
-
-    def wait(self, ref: str, timeout: float | None = None) -> Iterator[JobView]:
-        return self.stream(api.wait, ref=ref, timeout=timeout)
-
-    def drains(self) -> list[dict[str, Any]]:
-        return self.call(api.drains)
-
-    def usage(self, by: str = "user", since: float | None = None) -> UsageReport:
-        # Each job's goodput is read from its hosts once: a first look over many jobs takes a while.
-        return self.call(api.usage, timeout=600.0, by=by, since=since)
-
-    def drain(self, targets: Sequence[str], reason: str = "", now: bool = False, who: str = "") -> list[dict[str, Any]]:
-        # A drain --now waits for the jobs it moves to be stopped and started again.
-        return self.call(api.drain, timeout=600.0, targets=list(targets), reason=reason, now=now, who=who)
-
-    def undrain(self, targets: Sequence[str]) -> list[dict[str, Any]]:
-        return self.call(api.undrain, targets=list(targets))
-
-    def doctor(self, hosts: Sequence[str] | None = None, checks: Sequence[str] | None = None) -> DoctorReport:
-        # Measurement jobs run for a while: the server answers when they have ended.
-        return self.call(api.doctor, timeout=1800.0, hosts=list(hosts) if hosts else None,
-                         checks=list(checks) if checks else None)
-
-    def sweep(self, spec: JobSpec) -> SweepDetail:
-        spec = self._with_code(spec)
-        return self.call(api.sweep, spec=spec.to_dict())
-
-    def sweeps(self) -> list[SweepRow]:
-        return self.call(api.sweeps)
-
-    def sweep_detail(self, ref: str) -> SweepDetail:
-        return self.call(api.sweep_detail, ref=ref)
-
-    def sweep_stop(self, ref: str) -> SweepDetail:
-        return self.call(api.sweep_stop, ref=ref)
-
-    def sweep_stop_trial(self, ref: str, number: int) -> SweepDetail:
-        return self.call(api.sweep_stop_trial, ref=ref, number=number)
-
-    def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
-        return self.stream(api.sweep_wait, ref=ref, timeout=timeout)
-
-    def pipeline(self, spec: Any) -> PipelineDetail:
+    def pipeline(self, spec: PipelineSpec) -> PipelineDetail:
         import dataclasses
         import os
 
@@ -1009,22 +742,7 @@ class RemoteClient(Client):
                                           job=dataclasses.replace(self._with_code(s.job), path=absolute(s.job.path)))
                       for s in spec.steps)
         spec = dataclasses.replace(spec, steps=steps, path=absolute(spec.path))
-        return self.call(api.pipeline, spec=spec.to_dict())
-
-    def pipelines(self) -> list[PipelineRow]:
-        return self.call(api.pipelines)
-
-    def pipeline_detail(self, ref: str) -> PipelineDetail:
-        return self.call(api.pipeline_detail, ref=ref)
-
-    def pipeline_stop(self, ref: str) -> PipelineDetail:
-        return self.call(api.pipeline_stop, ref=ref)
-
-    def pipeline_retry(self, ref: str, step: str) -> PipelineDetail:
-        return self.call(api.pipeline_retry, ref=ref, step=step)
-
-    def pipeline_wait(self, ref: str, timeout: float | None = None) -> Iterator[PipelineDetail]:
-        return self.stream(api.pipeline_wait, ref=ref, timeout=timeout)
+        return self._call_declared(api.pipeline, {"spec": spec})
 
 
 class _ServerStore:
