@@ -75,7 +75,7 @@ def running_ranks(cli: Cli, job_id: str, n: int) -> list[int]:
 
 
 def owners(bed: TestBed, pids: list[int]) -> list[str]:
-    res = bed.exec(1, ["ps", "-o", "user:32=", "-p", ",".join(map(str, pids))])
+    res = bed.exec(1, ["ps", "-o", "user=", "-p", ",".join(map(str, pids))])
     return res.stdout.split()
 
 
