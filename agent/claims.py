@@ -13,6 +13,14 @@ claimant writes who holds the GPU into the lock file (job, user, pid, since), so
 name the holder and telemetry can show it. Locks are advisory: they keep rigdeck users from
 double-booking, not a hostile user from ignoring them.
 
+Every account's agent on a host uses the one directory, so each sees the others' claims. The
+directory is trusted (``filemodes.trusted_dir``) when root owns it, or this agent's own account,
+or the account named as its owner (``RIGDECK_CLAIM_DIR_OWNER``, from the inventory's
+``claim_dir_owner``: the hosts' admin); and nobody else may remove what is in it (sticky). With
+an owner named, an agent of another account never makes the directory itself (then it would be
+that account's, and refused by everyone else's agent): the owner's agent or root makes it.
+A refusal says the command that makes the directory right.
+
 Stdlib only, Python 3.9+.
 """
 from __future__ import annotations
@@ -42,8 +50,30 @@ class ClaimError(Exception):
         self.holder = holder or {}
 
 
+OWNER_ENV = "RIGDECK_CLAIM_DIR_OWNER"
+
+
 def claim_dir() -> str:
     return os.environ.get("RIGDECK_CLAIM_DIR") or DEFAULT_DIR
+
+
+def claim_dir_owner() -> Optional[Tuple[str, int]]:
+    """(name, uid) of the account trusted to own the claim directory beside root and this agent's
+    own (``RIGDECK_CLAIM_DIR_OWNER``), or None when none is named. ClaimError when the name is
+    no account on this host."""
+    name = (os.environ.get(OWNER_ENV) or "").strip()
+    if not name:
+        return None
+    try:
+        return name, pwd.getpwnam(name).pw_uid
+    except KeyError:
+        raise ClaimError("claim_dir_owner %r (the inventory's, in the agent's %s) is no account on %s"
+                         % (name, OWNER_ENV, socket.gethostname())) from None
+
+
+def _make_it_right(d: str) -> str:
+    """The command that makes ``d`` a claim directory every account's agent trusts."""
+    return "as root: install -d -m 1777 -o root -g root %s" % d
 
 
 def _user() -> str:
@@ -54,7 +84,14 @@ def _user() -> str:
 
 
 def _ensure_dir(d: str) -> str:
-    """The claim directory, made world-writable and sticky if new; refused unless trusted."""
+    """The claim directory, made world-writable and sticky if new; refused unless trusted. With
+    an owner named (``claim_dir_owner``), only that account or root makes it."""
+    owner = claim_dir_owner()
+    if owner is not None and os.geteuid() not in (0, owner[1]) and not os.path.lexists(d):
+        raise ClaimError("GPU claim directory %s does not exist; it is shared by every account, and "
+                         "its owner is to be %s (claim_dir_owner) or root: make it %s, or as %s: "
+                         "install -d -m 1777 %s (a job of %s's makes it too)"
+                         % (d, owner[0], _make_it_right(d), owner[0], d, owner[0]))
     try:
         old = os.umask(0)
         try:
@@ -67,28 +104,57 @@ def _ensure_dir(d: str) -> str:
 
 
 def _trusted(d: str) -> str:
-    """``d`` if the daemon may keep claims there (filemodes: root's or ours, and nobody else
-    may remove our locks), else ClaimError saying why: whoever else owns it, or may write to it
+    """``d`` if the daemon may keep claims there (filemodes: root's, ours or the named owner's,
+    and nobody else may remove our locks), else ClaimError saying why: whoever else owns it, or may write to it
     without the sticky bit, could delete a claimed GPU's lock and take the GPU from under a job."""
+    owner = claim_dir_owner()
     try:
-        filemodes.trusted_dir(d, "GPU claim directory", follow=False)
+        filemodes.trusted_dir(d, "GPU claim directory", follow=False,
+                              owners=[owner[1]] if owner is not None else [])
     except filemodes.UnsafeDirError as e:
-        raise ClaimError("%s; have root make it (install -d -m 1777 -o root %s) or set "
-                         "RIGDECK_CLAIM_DIR for the agent" % (e, d)) from None
+        raise ClaimError("%s; make it right %s%s" % (e, _make_it_right(d), _owner_hint(d, owner))) from None
     return d
 
 
-def _open(d: str, name: str) -> int:
-    """Open (creating, readable and writable by every user) a lock file; never through a link."""
-    path = os.path.join(d, name)
-    old = os.umask(0)
+def _owner_hint(d: str, owner: Optional[Tuple[str, int]]) -> str:
+    """Another account's agent made ``d`` (no owner named): naming that account as the owner
+    is the other way to make it right, when it administers the host."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-    except PermissionError:  # another user's file created without write permission for us
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    finally:
-        os.umask(old)
-    return fd
+        uid = os.lstat(d).st_uid
+    except OSError:
+        return ""
+    if owner is not None or uid in (0, os.geteuid()):
+        return ""
+    try:
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return ""
+    return (' (or, when %s administers the GPUs of this host, claim_dir_owner = "%s" in the '
+            "[defaults] of every person's inventory)" % (name, name))
+
+
+def _open(d: str, name: str) -> int:
+    """Open (creating, readable and writable by every user) a lock file; never through a link.
+
+    An existing file is opened without O_CREAT: in a sticky directory that others may write to,
+    ``fs.protected_regular`` refuses O_CREAT on another account's file (whose owner is not the
+    directory's), though the file's mode lets us open it."""
+    path = os.path.join(d, name)
+    for _ in range(3):
+        try:
+            return os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            pass
+        except PermissionError:  # another user's file created without write permission for us
+            return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        old = os.umask(0)
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+        except FileExistsError:  # another agent made it just now: open theirs
+            continue
+        finally:
+            os.umask(old)
+    return os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
 
 
 def _gpu_file(gpu: int) -> str:

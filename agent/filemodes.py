@@ -10,7 +10,9 @@ host's GPU claims, shared by every user): nobody but its owner and root can remo
 what is in it. That holds when root or we own it and nobody else may write to it, or anybody
 may write to it but the sticky bit keeps each entry its owner's (as /tmp). Someone else's, or
 one others may write to without the sticky bit, is refused: its owner, or any writer, could
-swap our locks or sockets for their own.
+swap our locks or sockets for their own. A directory every account of a host shares (the GPU
+claims) may also be trusted when an account the caller names owns it (the hosts' admin: the
+inventory's ``claim_dir_owner``).
 
 Stdlib only, Python 3.9+: the agent uses it on the hosts, the controller (tui/) on the
 workstation and the server host.
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import IO, Any
+from typing import IO, Any, Iterable
 
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
@@ -90,13 +92,19 @@ def write_private(path: Any, data: bytes) -> None:
         f.write(data)
 
 
-def untrusted_reason(st: os.stat_result) -> str:
-    """Why a directory with this stat may not be trusted ("" when it may: see the module)."""
+def untrusted_reason(st: os.stat_result, owners: Iterable[int] = ()) -> str:
+    """Why a directory with this stat may not be trusted ("" when it may: see the module).
+    ``owners``: uids trusted as its owner beside root and us (a shared directory's admin)."""
     if not stat.S_ISDIR(st.st_mode):
         return "it is not a directory"
     me = os.geteuid()
-    if st.st_uid not in (0, me):
-        expected = "root" if me == 0 else "root or %s" % _owner_name(me)
+    allowed = [0]
+    for uid in [me, *owners]:
+        if uid not in allowed:
+            allowed.append(uid)
+    if st.st_uid not in allowed:
+        names = ["root"] + [_owner_name(u) for u in allowed[1:]]
+        expected = names[0] if len(names) == 1 else "%s or %s" % (", ".join(names[:-1]), names[-1])
         return "it belongs to %s, another user (%s expected)" % (_owner_name(st.st_uid), expected)
     writable = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
     if writable and not st.st_mode & stat.S_ISVTX:
@@ -106,11 +114,12 @@ def untrusted_reason(st: os.stat_result) -> str:
     return ""
 
 
-def trusted_dir(path: Any, what: str, follow: bool = True) -> os.stat_result:
+def trusted_dir(path: Any, what: str, follow: bool = True, owners: Iterable[int] = ()) -> os.stat_result:
     """``path``'s stat when it is a directory rigdeck may keep things in; else UnsafeDirError
-    naming ``what`` and ``path`` and why. ``follow=False``: a symbolic link is refused too."""
+    naming ``what`` and ``path`` and why. ``follow=False``: a symbolic link is refused too.
+    ``owners``: uids trusted as its owner beside root and us."""
     st = os.stat(path) if follow else os.lstat(path)
-    why = untrusted_reason(st)
+    why = untrusted_reason(st, owners)
     if why:
         raise UnsafeDirError("%s %s is not safe to use: %s" % (what, os.fspath(path), why))
     return st

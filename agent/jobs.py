@@ -21,6 +21,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent import claims as gpu_claims
+from agent import filemodes
 from agent.clusterfiles import HYPERTUNE_FILE, global_ranks
 from agent.jobfiles import free_mb, read_log, read_tail, resource_message, write_json
 from agent.jobhost import TERMINAL, no_site, pid_alive, processes_with_tag, read_json, sweep
@@ -141,7 +142,9 @@ class Jobs:
         self._pending = {}  # type: Dict[str, Tuple[List[int], float]]  # claims made ahead of a start
         self._live = -1  # jobs not ended at the last supervise (-1: none made yet)
         self._state_cache = {}  # type: Dict[str, Tuple[Tuple[int, int, int], Dict[str, Any]]]
-        os.makedirs(self.root, mode=0o700, exist_ok=True)
+        # Every job's directory (its spec, environment, logs, checkpoints) is below this one, which
+        # nobody but this account may enter: another person's jobs on the host cannot read them.
+        filemodes.private_dir(self.root, "job directory root")
 
     def job_dir(self, job_id: str) -> str:
         if not isinstance(job_id, str) or not JOB_ID_RE.match(job_id):

@@ -94,12 +94,13 @@ def cli(testbed: TestBed, tmp_path: Path, request: pytest.FixtureRequest) -> Cli
 
 @pytest.fixture
 def testbed_factory() -> Iterator[Callable[..., TestBed]]:
-    """make(n, sim_gpus=0) -> a started TestBed of its own; all are torn down after the test."""
+    """make(n, sim_gpus=0, people=()) -> a started TestBed of its own (``people``: accounts with
+    keys of their own, tests/testbed.py); all are torn down after the test."""
     _require_testbed()
     beds: list[TestBed] = []
 
-    def make(n: int, sim_gpus: int = 0) -> TestBed:
-        bed = TestBed(n, sim_gpus=sim_gpus)
+    def make(n: int, sim_gpus: int = 0, people: tuple[str, ...] = ()) -> TestBed:
+        bed = TestBed(n, sim_gpus=sim_gpus, people=people)
         beds.append(bed)
         return bed.up()
 

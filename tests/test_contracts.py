@@ -42,11 +42,11 @@ HOST_REPORT: dict[str, Any] = {
     "elapsed_s": (float, int), "checked": list,
 }
 GPU = {"index": int, "name": str, "uuid": str, "memory_total_mb": int, "simulated": bool,
-       "health": (str, NONE), "health_reason": (str, NONE), "drain": (dict, NONE)}
+       "health": (str, NONE), "health_reason": (str, NONE), "drain": (dict, NONE), "claim": (dict, NONE)}
 INVENTORY_HOST = {
     "name": str, "address": str, "port": int, "user": str, "transport": str, "python": str,
     "state_dir": str, "labels": list, "proxy_jump": (str, NONE), "slots": (int, NONE), "sim_gpus": int,
-    "prometheus_textfile": (str, NONE),
+    "prometheus_textfile": (str, NONE), "claim_dir_owner": (str, NONE),
 }
 JOB: dict[str, Any] = {
     "job_id": str, "name": str, "state": str, "restarts": int, "placement": list,

@@ -225,6 +225,91 @@ def test_a_claim_directory_root_or_we_own_sticky_or_private_is_used(tmp_path: Pa
     assert _mode(made) == 0o1777
 
 
+NOBODY = "nobody"  # Debian's unprivileged account: another person's agent in these tests
+_AS_NOBODY_CLAIM = """
+import sys
+from agent import claims
+try:
+    fds = claims.claim([int(g) for g in sys.argv[2].split(",")], sys.argv[1])
+except claims.ClaimError as e:
+    print("refused:", e, flush=True)
+    sys.exit(3)
+print("claimed", flush=True)
+sys.stdin.read()  # holds the claim until the test closes stdin
+"""
+
+
+def _as_nobody(job_id: str, gpus: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    """An agent's claim made as another account (``nobody``, the system's Python: it cannot enter
+    /root), held until its stdin closes."""
+    require_nobody = subprocess.run(["id", "-u", NOBODY], capture_output=True, text=True)
+    assert require_nobody.returncode == 0, f"no {NOBODY} account: {require_nobody.stderr}"
+    return subprocess.Popen(["setpriv", "--reuid", NOBODY, "--regid", "nogroup", "--clear-groups", "--",
+                             "/usr/bin/python3", "-I", "-c", "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+                             "exec(sys.argv.pop(1))", str(ROOT), _AS_NOBODY_CLAIM, job_id, gpus],
+                            env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd="/")
+
+
+def test_one_claim_directory_across_accounts_its_named_owner_makes_and_all_trust(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two accounts' agents on a host share one claim directory: with an owner named
+    (claim_dir_owner), only that account or root makes it; every agent trusts it; a GPU one
+    account claims is refused to the other, naming the job and the user."""
+    import pwd
+    import shutil
+    import tempfile
+
+    monkeypatch.delenv("RIGDECK_CLAIM_DIR_OWNER", raising=False)
+    base = Path(tempfile.mkdtemp(prefix="rdk-claims-", dir="/dev/shm"))  # outside /root's 0700 tmp
+    os.chmod(base, 0o1777)  # as /dev/shm: any account may make the claim directory in it
+    d = base / "claims"
+    env = {"PATH": "/usr/bin:/bin", "RIGDECK_CLAIM_DIR": str(d), "RIGDECK_CLAIM_DIR_OWNER": "root"}
+    try:
+        # nobody's agent, root named as the owner: it makes no directory of its own, and says how.
+        p = _as_nobody("theirs", "0", env)
+        out, err = p.communicate("", timeout=30)
+        assert p.returncode == 3, (out, err)
+        assert f"GPU claim directory {d} does not exist" in out and "its owner is to be root" in out, out
+        assert f"install -d -m 1777 -o root -g root {d}" in out, out
+        assert not d.exists()
+        # Named as the owner itself, nobody's agent makes it (1777, its own) and claims GPU 1.
+        p = _as_nobody("theirs", "1", {**env, "RIGDECK_CLAIM_DIR_OWNER": NOBODY})
+        try:
+            assert p.stdout is not None and p.stdout.readline().strip() == "claimed", p.communicate("", timeout=30)
+            assert d.stat().st_uid == pwd.getpwnam(NOBODY).pw_uid and _mode(d) == 0o1777
+            # An agent of another account (root here) that names no owner refuses it, saying both fixes.
+            with pytest.raises(claims.ClaimError) as e:
+                claims.claim([0], "mine", str(d))
+            said = str(e.value)
+            assert f"it belongs to {NOBODY} (uid " in said and "another user (root expected)" in said, said
+            assert f"install -d -m 1777 -o root -g root {d}" in said, said
+            assert f'claim_dir_owner = "{NOBODY}"' in said, said
+            # Naming the owner, it trusts the directory: sees nobody's claim, and is refused that GPU.
+            monkeypatch.setenv("RIGDECK_CLAIM_DIR_OWNER", NOBODY)
+            held = claims.held(str(d))
+            assert held is not None and held[1]["job_id"] == "theirs" and held[1]["user"] == NOBODY, held
+            with pytest.raises(claims.ClaimError, match=rf"GPU 1 on .* is held by job theirs \(user {NOBODY}, pid"):
+                claims.claim([0, 1], "mine", str(d))
+            fds = claims.claim([0, 2], "mine", str(d))
+        finally:
+            p.communicate("", timeout=30)
+        try:
+            # ... and nobody's agent, in turn, sees root's GPUs as taken and is refused them.
+            p = _as_nobody("theirs-2", "2", {**env, "RIGDECK_CLAIM_DIR_OWNER": NOBODY})
+            out, err = p.communicate("", timeout=30)
+            assert p.returncode == 3 and "GPU 2 on" in out and "held by job mine (user root" in out, (out, err)
+            assert sorted(claims.held(str(d)) or {}) == [0, 2]  # nobody's GPU 1 went with its process
+        finally:
+            for fd in fds:
+                os.close(fd)
+        monkeypatch.setenv("RIGDECK_CLAIM_DIR_OWNER", "no-such-account-rdk")
+        with pytest.raises(claims.ClaimError, match="claim_dir_owner 'no-such-account-rdk' .* is no account on"):
+            claims.claim([0], "mine", str(d))
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.mark.parametrize(("how", "why"), UNTRUSTED)
 def test_an_agent_state_dir_not_to_trust_is_refused_before_a_daemon_uses_it(
         tmp_path: Path, how: str, why: str) -> None:

@@ -230,6 +230,46 @@ def test_stop_start_sshd_and_regenerate_host_key(testbed_factory: Factory) -> No
     assert ssh(bed, 1, "hostname").stdout.strip() == h.hostname
 
 
+PEOPLE = ("rdk-alice", "rdk-bob")
+
+
+def test_people_log_in_as_themselves_only_to_homes_of_their_own(testbed_factory: Factory) -> None:
+    bed = testbed_factory(2, people=PEOPLE)
+    alice, bob = (bed.person(p) for p in PEOPLE)
+
+    def login(i: int, user: str, key: Path, command: str = "id -un; echo $HOME") -> subprocess.CompletedProcess:
+        return subprocess.run(bed.ssh_argv(i, command, user=user, key=key), capture_output=True, text=True,
+                              timeout=20, stdin=subprocess.DEVNULL)
+
+    r = login(1, alice.name, alice.key)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [alice.name, str(alice.home)]
+    assert login(2, bob.name, bob.key).stdout.split() == [bob.name, str(bob.home)]
+    # Each key logs in as its own account and no other; the bed's root key is root's only.
+    for user, key in (("root", alice.key), (bob.name, alice.key),
+                      (alice.name, bob.key), (alice.name, bed.user_key)):
+        r = login(1, user, key)
+        assert r.returncode == 255 and "Permission denied" in r.stderr, (user, key, r.stdout, r.stderr)
+    assert ssh(bed, 1, "id -un").stdout.strip() == "root"
+
+    # Her ~/.rigdeck and ~/.ssh are hers (0700) and each host's own: h1's is not h2's.
+    r = login(1, alice.name, alice.key, "stat -c '%U %a' ~/.rigdeck ~/.ssh; echo mine > ~/.rigdeck/marker")
+    assert r.returncode == 0 and r.stdout.splitlines() == [f"{alice.name} 700"] * 2, (r.stdout, r.stderr)
+    h1, h2 = bed.hosts
+    marker = h1.person_state_dir(alice.name) / "marker"
+    assert marker.read_text() == "mine\n" and marker.stat().st_uid == alice.uid
+    assert not (h2.person_state_dir(alice.name) / "marker").exists()
+    assert login(2, alice.name, alice.key, "test ! -e ~/.rigdeck/marker").returncode == 0
+    assert not (alice.home / ".rigdeck" / "marker").exists()  # nothing reaches this machine's home
+    # bob cannot read it; both can run the interpreter and the scripts people's jobs use.
+    r = login(1, bob.name, bob.key, f"cat {alice.home}/.rigdeck/marker")
+    assert r.returncode != 0 and "Permission denied" in r.stderr, r
+    (bed.share_dir / "hello.py").write_text("import getpass; print('hello', getpass.getuser())\n")
+    r = login(1, bob.name, bob.key, f"{tb.PERSON_PYTHON} {bed.share_dir / 'hello.py'}")
+    assert r.returncode == 0 and r.stdout.strip() == f"hello {bob.name}", r
+    assert bed.exec_as(2, alice.name, ["id", "-un"]).stdout.strip() == alice.name
+
+
 def test_down_leaves_nothing_behind(testbed: TestBed) -> None:
     bed = TestBed(2).up()
     try:

@@ -12,17 +12,30 @@ Each test host gets
   processes, and killing the init takes every process of the host with it);
 * a real OpenSSH ``sshd`` with its own ed25519 host key, listening on ``<address>:22`` only.
 
-One user key pair (``<root>/id_ed25519``) is authorised on every host (``<root>/authorized_keys``,
-which every sshd reads), and ``<root>/known_hosts`` lists every host key. Each host's sshd also
-reads that host's own ``~/.ssh/authorized_keys`` (empty at first), so a key installed on one host
-is authorised there only; this machine's own ``/root/.ssh`` is never read or written (it is only
-created, empty, as a mount point when it does not exist). ``<root>`` is ``/run/rigdeck-testbed/<K>``; the
+One user key pair (``<root>/id_ed25519``) is authorised for root on every host
+(``<root>/authorized_keys.d/root``: every sshd reads ``authorized_keys.d/<the account>``, so a
+key there logs in as that account only), and ``<root>/known_hosts`` lists every host key. Each
+host's sshd also reads that host's own ``~/.ssh/authorized_keys`` (empty at first), so a key
+installed on one host is authorised there only; this machine's own ``/root/.ssh`` is never read
+or written (it is only created, empty, as a mount point when it does not exist).
+
+**People** (``TestBed(n, people=("rdk-alice", "rdk-bob"))``, ``up N --people rdk-alice,rdk-bob``)
+are real Unix accounts of this machine, made with ``useradd`` when missing (a home under /home,
+a shell, no password: key logins only). The bed never removes them: the names are fixed, other
+beds (parallel test sessions) use the same accounts, and an account costs nothing idle; remove
+one by hand with ``userdel -r NAME`` when no bed is up. Each person gets a key pair of the bed's
+(``<root>/people/<name>/id_ed25519``, ``TestBed.person_key``) authorised for their account only,
+and on every host a private ``~/.rigdeck`` and ``~/.ssh`` of their own (``<root>/hosts/h<i>/people/
+<name>/{state,dotssh}``, theirs, 0700, bind-mounted as root's are). Their agents and jobs cannot
+run root's interpreters (``/root`` is 0700): they use the system's ``/usr/bin/python3``
+(``PERSON_PYTHON``), and scripts for them go under ``<root>/share`` (``TestBed.share_dir``,
+readable by all). ``<root>`` is ``/run/rigdeck-testbed/<K>``; the
 instance number K (1..200) is allocated with an atomic ``mkdir`` so that several test beds
 can exist at once. The test bed only ever contacts addresses inside namespaces it made.
 
 Command line::
 
-    python -m tests.testbed up N [--sim-gpus K]   # a bed that outlives the command
+    python -m tests.testbed up N [--sim-gpus K] [--people A,B]   # a bed that outlives the command
     python -m tests.testbed status
     python -m tests.testbed down [--all] [K ...]
 
@@ -37,6 +50,7 @@ import ipaddress
 import json
 import logging
 import os
+import pwd
 import re
 import select
 import shutil
@@ -65,6 +79,10 @@ MOUNTPOINT = "/root/.rigdeck"
 # tmpfs of its own over it. Code that exists only on the workstation lives here in tests.
 WORKSTATION_ONLY = "/run/rigdeck-workstation"
 SSH_MOUNTPOINT = "/root/.ssh"
+# What people's agents and jobs run: root's interpreters (pyenv's, the venv's) are under /root,
+# which other accounts cannot enter.
+PERSON_PYTHON = "/usr/bin/python3"
+_PERSON_RE = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
 START_TIMEOUT = 10.0
 _CREATING_GRACE_S = 60.0  # a bed dir without owner.pid younger than this is still being made
 
@@ -100,7 +118,9 @@ _HOLDER_SH = (
     'mount -t tmpfs -o size=256m,mode=1777 rdk-shm /dev/shm && '  # each host's own (GPU claims live there)
     'mount -t tmpfs -o size=1m,mode=0755 rdk-ws ' + WORKSTATION_ONLY + ' && '  # the workstation's files, hidden
     '{ [ -z "$6" ] || mount --bind "$6" /etc/passwd; } && '  # a host whose root logs in to another shell
-    'exec "$4" -I -S "$5" "$1"'
+    'py="$4" init="$5" name="$1" && shift 8 && '
+    'while [ "$#" -ge 2 ]; do mount --bind "$1" "$2" || exit 1; shift 2; done && '  # people's dirs
+    'exec "$py" -I -S "$init" "$name"'
 )
 
 
@@ -148,6 +168,27 @@ class TestHost:
         """The host's public key, "ssh-ed25519 AAAA..." (no comment)."""
         parts = Path(str(self.host_key) + ".pub").read_text().split()
         return f"{parts[0]} {parts[1]}"
+
+    def person_dir(self, person: str) -> Path:
+        """Real path of a person's own dirs on this host: ``state`` (their ``~/.rigdeck`` inside)
+        and ``dotssh`` (their ``~/.ssh``)."""
+        return self.host_dir / "people" / person
+
+    def person_state_dir(self, person: str) -> Path:
+        return self.person_dir(person) / "state"
+
+
+@dataclass(frozen=True)
+class Person:
+    """A real Unix account of this machine that the bed's hosts know (see the module)."""
+
+    __test__ = False
+
+    name: str
+    uid: int
+    gid: int
+    home: Path
+    key: Path  # private key, authorised for this account only
 
 
 HostRef = int | str | TestHost  # a host: 1-based index, name/hostname/address, or itself
@@ -351,6 +392,42 @@ def _keygen(path: Path, comment: str) -> None:
         except FileNotFoundError:
             pass
     _run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)])
+
+
+def _chown_tree(path: Path, uid: int, gid: int) -> None:
+    os.chown(path, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(path):
+        for name in dirnames + filenames:
+            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+
+
+def ensure_account(name: str) -> pwd.struct_passwd:
+    """The Unix account ``name`` of this machine, made when missing (idempotent, and safe when
+    another bed makes it at the same moment): a home under /home, ``/bin/sh``, and ``*`` as its
+    password (no password logs in; a ``!`` would mark it locked, which sshd refuses even for a
+    key). Its ``~/.rigdeck`` and ``~/.ssh`` exist (the hosts' mount points), its own, 0700."""
+    if not _PERSON_RE.match(name):
+        raise TestBedError(f"person {name!r}: expected a lowercase account name (letters, digits, '-', '_')")
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        cp = _run(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name], check=False)
+        try:
+            pw = pwd.getpwnam(name)
+        except KeyError:
+            raise TestBedError(f"useradd {name} failed ({cp.returncode}): {(cp.stderr or '').strip()}") from None
+    shadow = _run(["getent", "shadow", name], check=False).stdout or ""
+    if shadow.split(":")[1:2] != ["*"]:
+        _run(["usermod", "-p", "*", name])
+    home = Path(pw.pw_dir)
+    if not home.is_dir():
+        raise TestBedError(f"account {name} has no home directory {home}")
+    for sub in (".rigdeck", ".ssh"):
+        d = home / sub
+        d.mkdir(mode=0o700, exist_ok=True)
+        os.chown(d, pw.pw_uid, pw.pw_gid)
+        os.chmod(d, 0o700)
+    return pw
 
 
 def _bed_dir(k: int) -> Path:
@@ -579,10 +656,16 @@ class TestBed:
     __test__ = False
 
     def __init__(self, n: int, sim_gpus: int = 0, *, manual: bool = False,
-                 start_timeout: float = START_TIMEOUT, login_shells: dict[int, str] | None = None) -> None:
+                 start_timeout: float = START_TIMEOUT, login_shells: dict[int, str] | None = None,
+                 people: Sequence[str] = ()) -> None:
         if not 1 <= n <= MAX_HOSTS:
             raise ValueError(f"n must be in 1..{MAX_HOSTS}")
+        bad = [p for p in people if not _PERSON_RE.match(p) or p == "root"]
+        if bad or len(set(people)) != len(people):
+            raise ValueError(f"people: distinct account names other than root expected, got {list(people)}")
         self.n = n
+        self.people_names = tuple(people)
+        self.people: dict[str, Person] = {}
         # host index -> root's login shell there (e.g. {3: "/usr/bin/fish"}): what sshd runs
         # the commands it is sent through, as on a host whose users chose fish.
         self.login_shells = dict(login_shells or {})
@@ -597,6 +680,9 @@ class TestBed:
         self.user_key: Path = Path()
         self.known_hosts: Path = Path()
         self.inventory_path: Path = Path()
+        self.authorized_keys_dir: Path = Path()
+        self.authorized_keys: Path = Path()
+        self.share_dir: Path = Path()  # readable by every account (people's job scripts)
         self.iptables_rule: list[str] | None = None
         self._is_up = False
         self._owner_pid = os.getpid()
@@ -652,6 +738,7 @@ class TestBed:
                 raise TestBedError(f"test bed unavailable: {reason}")
             self._owner_pid = os.getpid()
             self.hosts = []
+            self.people = {}
             self.iptables_rule = None
             with _LIVE_LOCK:
                 _LIVE.add(self)
@@ -675,7 +762,10 @@ class TestBed:
         self.user_key = root / "id_ed25519"
         self.known_hosts = root / "known_hosts"
         self.inventory_path = root / "hosts.toml"
-        self.authorized_keys = root / "authorized_keys"
+        # One file per account, named as sshd's %u expands: root's key logs in as root only.
+        self.authorized_keys_dir = root / "authorized_keys.d"
+        self.authorized_keys = self.authorized_keys_dir / "root"
+        self.share_dir = root / "share"
         (root / "hosts").mkdir()
         for i in range(1, self.n + 1):
             hd = root / "hosts" / f"h{i}"
@@ -688,11 +778,20 @@ class TestBed:
 
         # keys and files
         _keygen(self.user_key, f"rigdeck-testbed-{k}")
+        self.authorized_keys_dir.mkdir(mode=0o755)
         self.authorized_keys.write_text(Path(str(self.user_key) + ".pub").read_text())
+        self.share_dir.mkdir(mode=0o755)
+        if self.people_names:  # people reach their authorized_keys file and the shared scripts
+            for d in (BASE_DIR, root, self.authorized_keys_dir, self.share_dir):
+                os.chmod(d, os.stat(d).st_mode & 0o7777 | 0o055)
+        for name in self.people_names:
+            self._add_person(name)
         for h in self.hosts:
             h.state_dir.mkdir(parents=True)
             h.dot_ssh.mkdir(mode=0o700)
             (h.dot_ssh / "authorized_keys").touch(mode=0o600)
+            for person in self.people.values():
+                self._person_host_dirs(h, person)
             _keygen(h.host_key, h.hostname)
             self._write_sshd_config(h)
         self._write_known_hosts()
@@ -728,6 +827,37 @@ class TestBed:
             self._await_sshd(h)
         self._save_state()
 
+    def _add_person(self, name: str) -> None:
+        """The account (made when missing) and its key of this bed, authorised for it only."""
+        pw = ensure_account(name)
+        d = self.root / "people" / name
+        d.mkdir(parents=True, mode=0o700)
+        key = d / "id_ed25519"
+        _keygen(key, f"rigdeck-testbed-{self.k}-{name}")
+        authorized = self.authorized_keys_dir / name
+        authorized.write_text(Path(str(key) + ".pub").read_text())
+        os.chmod(authorized, 0o644)
+        self.people[name] = Person(name=name, uid=pw.pw_uid, gid=pw.pw_gid, home=Path(pw.pw_dir), key=key)
+
+    @staticmethod
+    def _person_host_dirs(h: TestHost, person: Person) -> None:
+        d = h.person_dir(person.name)
+        (d / "state").mkdir(parents=True, mode=0o700)
+        (d / "dotssh").mkdir(mode=0o700)
+        (d / "dotssh" / "authorized_keys").touch(mode=0o600)
+        os.chmod(d.parent, 0o755)
+        _chown_tree(d, person.uid, person.gid)
+        os.chmod(d, 0o700)
+
+    def person(self, name: str) -> Person:
+        try:
+            return self.people[name]
+        except KeyError:
+            raise KeyError(f"no person {name!r} on this bed (people: {sorted(self.people)})") from None
+
+    def person_key(self, name: str) -> Path:
+        return self.person(name).key
+
     def _open_forwarding(self) -> None:
         """Bridged host-to-host traffic passes the FORWARD chain when br_netfilter is loaded;
         open it for this bridge only when the policy would drop it."""
@@ -746,8 +876,9 @@ class TestBed:
             f"ListenAddress {h.address}:{h.port}",
             f"HostKey {h.host_key}",
             f"PidFile {h.host_dir / 'sshd.pid'}",
-            # The bed-wide key, then the host's own ~/.ssh (relative to the user's home).
-            f"AuthorizedKeysFile {self.authorized_keys} .ssh/authorized_keys",
+            # The bed's key for this account (%u: the account logging in), then the host's
+            # own ~/.ssh (relative to the account's home).
+            f"AuthorizedKeysFile {self.authorized_keys_dir}/%u .ssh/authorized_keys",
             "PermitRootLogin prohibit-password",
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
@@ -802,6 +933,10 @@ class TestBed:
                 "sh", "-c", _HOLDER_SH, "sh", h.hostname, str(h.state_dir), MOUNTPOINT,
                 sys.executable, str(self.root / "nsinit.py"), self._passwd_for(h),
                 str(h.dot_ssh), SSH_MOUNTPOINT]
+        for person in self.people.values():  # each person's own ~/.rigdeck and ~/.ssh here
+            d = h.person_dir(person.name)
+            argv += [str(d / "state"), str(person.home / ".rigdeck"),
+                     str(d / "dotssh"), str(person.home / ".ssh")]
         errlog = open(h.host_dir / "init.log", "wb")
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -861,6 +996,7 @@ class TestBed:
             "bridge": self.bridge, "gateway": self.gateway, "root": str(self.root),
             "user_key": str(self.user_key), "known_hosts": str(self.known_hosts),
             "inventory": str(self.inventory_path), "iptables_rule": self.iptables_rule,
+            "people": {p.name: str(p.key) for p in self.people.values()},
             "hosts": [{"index": h.index, "name": h.name, "hostname": h.hostname,
                        "address": h.address, "netns": h.netns, "veth": h.veth,
                        "init_pid": h.init_pid, "sshd_pid": h.sshd_pid} for h in self.hosts],
@@ -960,10 +1096,17 @@ class TestBed:
     def link_up(self, i: HostRef) -> None:
         _run(["ip", "-n", self.host(i).netns, "link", "set", "eth0", "up"])
 
-    def ssh_argv(self, i: HostRef, *command: str, user: str = "root") -> list[str]:
-        """An ssh command line that logs in to host i with the test bed key (no user config)."""
+    def exec_as(self, i: HostRef, person: str, argv: Sequence[str], **kwargs: Any) -> subprocess.CompletedProcess:
+        """Like exec(), as ``person`` (their uid, gid and groups; HOME theirs)."""
+        p = self.person(person)
+        return self.exec(i, ["setpriv", f"--reuid={p.uid}", f"--regid={p.gid}", "--init-groups", "--",
+                             "env", f"HOME={p.home}", f"USER={p.name}", f"LOGNAME={p.name}", *argv], **kwargs)
+
+    def ssh_argv(self, i: HostRef, *command: str, user: str = "root", key: Path | None = None) -> list[str]:
+        """An ssh command line that logs in to host i as ``user`` with ``key`` (default: the
+        test bed's root key; no user config)."""
         h = self.host(i)
-        return ["ssh", "-F", "/dev/null", "-i", str(self.user_key), "-o", "IdentitiesOnly=yes",
+        return ["ssh", "-F", "/dev/null", "-i", str(key or self.user_key), "-o", "IdentitiesOnly=yes",
                 "-o", f"UserKnownHostsFile={self.known_hosts}", "-o", "StrictHostKeyChecking=yes",
                 "-o", "BatchMode=yes", "-o", "ConnectTimeout=5", "-p", str(h.port),
                 f"{user}@{h.address}", *command]
@@ -1009,7 +1152,12 @@ def _beds() -> list[tuple[int, Path, str, dict]]:
 
 
 def _cmd_up(args: argparse.Namespace) -> int:
-    bed = TestBed(args.n, sim_gpus=args.sim_gpus, manual=True)
+    people = [p for p in (args.people or "").split(",") if p]
+    try:
+        bed = TestBed(args.n, sim_gpus=args.sim_gpus, manual=True, people=people)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     try:
         bed.up()
     except TestBedError as e:
@@ -1026,6 +1174,8 @@ def _cmd_up(args: argparse.Namespace) -> int:
     h = bed.hosts[0]
     print("log in with:")
     print(f"  ssh -i {bed.user_key} -o UserKnownHostsFile={bed.known_hosts} root@{h.address}")
+    for p in bed.people.values():
+        print(f"  ssh -i {p.key} -o UserKnownHostsFile={bed.known_hosts} {p.name}@{h.address}")
     print(f"tear down with: {Path(sys.executable).name} -m tests.testbed down")
     return 0
 
@@ -1078,6 +1228,7 @@ def main(argv: list[str] | None = None) -> int:
     up = sub.add_parser("up", help="create a test bed that outlives this command")
     up.add_argument("n", type=int)
     up.add_argument("--sim-gpus", type=int, default=0)
+    up.add_argument("--people", default="", help="accounts to make (when missing) and key, comma-separated")
     down = sub.add_parser("down", help="tear down manual test beds")
     down.add_argument("--all", action="store_true", help="every rdk test bed, stale ones too")
     down.add_argument("k", type=int, nargs="*", help="only these bed numbers")

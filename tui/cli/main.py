@@ -259,6 +259,7 @@ def _run_inventory(args: argparse.Namespace) -> int:
                 "transport": h.transport, "python": h.python, "state_dir": h.state_dir,
                 "labels": list(h.labels), "proxy_jump": h.proxy_jump, "slots": h.slots,
                 "sim_gpus": h.sim_gpus, "prometheus_textfile": h.prometheus_textfile,
+                "claim_dir_owner": h.claim_dir_owner,
             }
             for h in inv.hosts
         ]

@@ -125,7 +125,9 @@ class HostReport:
             "memory_total_mb": self.memory_total_mb,
             "gpu_source": self.gpu_source,
             # health: the agent's judgement (hosts; null for deploy), drain: the controller's
-            "gpus": [{"health": None, "health_reason": None, "drain": None, **dict(g)} for g in self.gpus],
+            # claim: the job and user holding it on the host (hosts; null for deploy)
+            "gpus": [{"health": None, "health_reason": None, "drain": None, "claim": None, **dict(g)}
+                     for g in self.gpus],
             "agent_pid": self.agent_pid,
             "sample": self.sample,
             "elapsed_s": round(self.elapsed_s, 3),
@@ -708,6 +710,8 @@ class Controller(TypedAgents):
         env = dict(spec.env)
         if spec.sim_gpus:
             env["RIGDECK_SIM_GPUS"] = str(spec.sim_gpus)
+        if spec.claim_dir_owner:  # agent/claims.py OWNER_ENV
+            env["RIGDECK_CLAIM_DIR_OWNER"] = spec.claim_dir_owner
         return env
 
     # -- what the CLI and app call ---------------------------------------------------------
@@ -772,12 +776,14 @@ class Controller(TypedAgents):
             report.sample = AgentClient.over(link).sample(timeout=spec.connect_timeout)
         finally:
             link.close()
-        # Each GPU's health as the agent judges it now (agent/gpuhealth.py), beside its facts.
+        # Each GPU's health as the agent judges it now (agent/gpuhealth.py), and who claims it
+        # (any account's job on the host: agent/claims.py), beside its facts.
         judged = {g.get("index"): g for g in (report.sample or {}).get("gpus") or []}
         for g in report.gpus:
             seen = judged.get(g.get("index"))
             g["health"] = (seen.get("health") or "ok") if seen is not None else None
             g["health_reason"] = seen.get("health_reason") if seen is not None else None
+            g["claim"] = seen.get("claim") if seen is not None else None
 
     def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
         """Install the current agent where it is missing or not whole, and report each host.

@@ -113,6 +113,9 @@ class HostSpec:
     # Where the agent writes the host's GPU series for node_exporter's textfile collector (a
     # path on the host, ~ expanded there; agent/textfile.py), or None.
     prometheus_textfile: str | None = None
+    # The account trusted to own the host's GPU claim directory beside root (the hosts' admin),
+    # so that every person's agent there shares one (agent/claims.py); None: root or our own.
+    claim_dir_owner: str | None = None
 
     @property
     def is_local(self) -> bool:
@@ -364,6 +367,11 @@ def _textfile(v: Any) -> str:
     return str(v)
 
 
+def _optional_token(v: Any) -> str:
+    """A user name, or "" (none: a host's own entry turning a default off)."""
+    return "" if v == "" else token(v)
+
+
 # Ranks per host: far above any machine's GPU count, far below what would exhaust the
 # controller or the agent when it starts that many processes.
 MAX_SLOTS = 4096
@@ -382,6 +390,8 @@ _COMMON_FIELDS: dict[str, Check] = {
     "keepalive": Check("a number of seconds >= 0 (0 = off)", number(positive=False)),
     "attach_only": Check("true or false", boolean),
     "prometheus_textfile": Check(_TEXTFILE_EXPECTED, _textfile),
+    "claim_dir_owner": Check('a user name on the hosts (a string without spaces), or "" for none',
+                             _optional_token),
 }
 def _retention(v: Any) -> Retention:
     """``[defaults.retention]``: max_age_days (a number > 0) and max_jobs (an integer >= 1)."""

@@ -322,6 +322,8 @@ def server_inventory(
         entry.update(connect_timeout=h.connect_timeout, keepalive=h.keepalive)
         if h.prometheus_textfile:
             entry["prometheus_textfile"] = h.prometheus_textfile
+        if h.claim_dir_owner:
+            entry["claim_dir_owner"] = h.claim_dir_owner
         if h.env:
             entry["env"] = dict(h.env)
         hosts.append(entry)

@@ -213,6 +213,7 @@ class _Resolver:
             keepalive=pick("keepalive", None, 15.0),
             attach_only=pick("attach_only", None, False),
             prometheus_textfile=pick("prometheus_textfile", None, "") or None,
+            claim_dir_owner=pick("claim_dir_owner", None, "") or None,
         )
 
     def _address(self, raw: Mapping[str, Any], entry: Mapping[str, Any], options: Mapping[str, Any], alias: str,
