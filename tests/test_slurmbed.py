@@ -1,0 +1,102 @@
+"""A real Slurm on the test bed (tests/slurmbed.py): GRES jobs see their GPUs, drains show.
+
+The GPUs are simulated (dummy device files): Slurm allocates them and sets the job's
+environment as on a real node."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.slurmbed import OTHER_USER, SlurmBed
+
+pytestmark = pytest.mark.testbed
+
+
+def submit(slurm: SlurmBed, *args: str, user: str | None = None) -> str:
+    """``sbatch ARGS`` on h1; the job's id."""
+    cp = slurm.run(["sbatch", "--parsable", f"--output={slurm.out}/%j.out", "--chdir=/tmp", *args],
+                   user=user)
+    return cp.stdout.strip().split(";")[0]
+
+
+def wait_gone(slurm: SlurmBed, job_id: str, timeout: float = 60.0) -> None:
+    """Until Slurm runs or holds the job no more."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(line.split()[0] == job_id for line in slurm.jobs()):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"Slurm job {job_id} still there after {timeout}s: {slurm.jobs()}")
+
+
+def wait_running(slurm: SlurmBed, job_id: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if f"{job_id} RUNNING" in " ".join(slurm.jobs()):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"Slurm job {job_id} not running after {timeout}s: {slurm.jobs()}")
+
+
+def test_every_node_is_idle_with_its_gpus(slurm: SlurmBed) -> None:
+    cp = slurm.run(["sinfo", "-h", "-N", "-o", "%N %t %G"])
+    rows = sorted(line.split() for line in cp.stdout.splitlines())
+    assert rows == [[n, "idle", "gpu:4"] for n in sorted(slurm.nodes)], cp.stdout
+
+
+def test_three_node_gres_job_sees_two_gpus_on_each(slurm: SlurmBed) -> None:
+    job = submit(slurm, "-N", "3", "--gres=gpu:2", "--wrap",
+                 "srun sh -c 'echo $(hostname) $SLURM_NODEID CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES'")
+    wait_gone(slurm, job)
+    out = (slurm.out / f"{job}.out").read_text()
+    lines = sorted(line.split() for line in out.splitlines() if "CUDA_VISIBLE_DEVICES" in line)
+    assert [(words[0], words[2]) for words in lines] == [
+        (n, "CUDA_VISIBLE_DEVICES=0,1") for n in sorted(slurm.nodes)], out
+
+
+@pytest.mark.parametrize("request_args", [
+    ("--gres=gpu:2",),
+    ("--gres=gpu:4",),
+    ("--gpus-per-node=2",),
+    ("--gpus=2",),
+    ("-n", "2", "--gpus-per-task=1"),
+    ("--gres=gpu:1", "--cpus-per-gpu=2"),
+], ids=lambda a: " ".join(a))
+def test_gres_request_is_allocated(slurm: SlurmBed, request_args: tuple[str, ...]) -> None:
+    """The GRES requests rigdeck may make, each allocated by this Slurm (22.05.8, which Slurm's
+    bug 15857 names: docs/slurm.md says which requests it hits and which it spares)."""
+    job = submit(slurm, "-N", "1", *request_args, "--wrap", "echo GPUS=$CUDA_VISIBLE_DEVICES")
+    wait_gone(slurm, job)
+    out = (slurm.out / f"{job}.out").read_text()
+    assert "GPUS=" in out and "not available" not in out, out
+
+
+def test_drain_shows_in_sinfo_reasons(slurm: SlurmBed) -> None:
+    node = slurm.node(2)
+    reason = "rigdeck test: GPU 1 XID 79"
+    slurm.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+    try:
+        cp = slurm.run(["sinfo", "-R", "-h", "-o", "%N|%E|%u"])
+        assert cp.stdout.split("\n")[0].split("|") == [node, reason, "root"], cp.stdout
+        assert slurm.node_states()[node] == "drain"
+    finally:
+        slurm.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+
+
+def test_other_users_job_holds_gpus(slurm: SlurmBed) -> None:
+    """A second Unix user's job holds 2 GPUs of a node: Slurm says so in the node's GresUsed."""
+    node = slurm.node(2)
+    job = submit(slurm, "-w", node, "--gres=gpu:2", "--wrap", "sleep 60", user=OTHER_USER)
+    try:
+        wait_running(slurm, job)
+        # 22.05 says how many of a node's GPUs are used, and the job which ones it holds
+        cp = slurm.run(["scontrol", "-d", "show", "node", node])
+        assert "GresUsed=gpu:2\n" in cp.stdout, cp.stdout
+        cp = slurm.run(["scontrol", "-d", "show", "job", job])
+        assert f"Nodes={node} CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:0-1)" in cp.stdout, cp.stdout
+        assert f"{job} RUNNING {OTHER_USER}" in slurm.jobs()
+    finally:
+        slurm.run(["scancel", job])
+
