@@ -5,10 +5,13 @@ environment as on a real node."""
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import pytest
 
+from tests.kit.bedcli import Cli
 from tests.slurmbed import OTHER_USER, SlurmBed
 
 pytestmark = pytest.mark.testbed
@@ -100,3 +103,30 @@ def test_other_users_job_holds_gpus(slurm: SlurmBed) -> None:
     finally:
         slurm.run(["scancel", job])
 
+
+def test_rigdeck_beside_slurm_never_takes_the_gpus_slurm_gave(slurm: SlurmBed, tmp_path: Path) -> None:
+    """No [slurm] in the inventory: another user's Slurm job holds GPUs 0-1 of h2, so rigdeck
+    places a 2-GPU job on 2-3, and one that needs all 4 is refused naming the Slurm job."""
+    cli = Cli(slurm.bed, tmp_path)
+    node = slurm.node(2)
+    job = submit(slurm, "-w", node, "--gres=gpu:2", "--wrap", "sleep 300", user=OTHER_USER)
+    try:
+        wait_running(slurm, job)
+        body = '''command = ["sh", "-c", "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"]
+workdir = "/"
+launcher = "direct"
+hosts = ["h2"]
+nodes = 1
+gpus_per_node = {n}
+'''
+        view = cli.json("launch", str(cli.spec("beside", body.format(n=2))), "--wait", timeout=120)
+        assert view["state"] == "succeeded", json.dumps(view, indent=1)[:3000]
+        assert [(n["host"], n["gpus"]) for n in view["placement"]] == [("h2", [2, 3])]
+        logs = cli.run("logs", view["job_id"]).stdout
+        # a rank a GPU, each seeing its own
+        assert sorted(logs.splitlines()) == ["[h2 r0] CUDA_VISIBLE_DEVICES=2", "[h2 r1] CUDA_VISIBLE_DEVICES=3"], logs
+        refused = cli.run("launch", str(cli.spec("all-four", body.format(n=4))), "--no-queue", check=False)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"GPU 0,1 allocated by Slurm to job {job} of user {OTHER_USER}" in refused.stderr, refused.stderr
+    finally:
+        slurm.run(["scancel", job])
