@@ -18,6 +18,8 @@ from tui.model.slurm import (
     SlurmJob,
     SlurmParseError,
     by_name,
+    drain_text,
+    node_of,
     parse_jobs,
     parse_jobs_json,
     parse_nodes,
@@ -196,3 +198,16 @@ def test_a_reason_holds_spaces_and_equals_signs(after: str) -> None:
 def test_gres_it_cannot_read() -> None:
     with pytest.raises(SlurmTextError, match="expected GPU indices like 0-1,3"):
         slurmtext.gres("gpu:2(IDX:a-b)")
+
+
+def test_a_host_finds_its_node_by_name_hostname_or_address() -> None:
+    nodes = parse_nodes(read("nodes-22.05.8.txt"))
+    assert node_of(nodes, "h1", "tb1-h1", "10.213.1.11") is nodes[0]  # by hostname
+    assert node_of(nodes, "h2", None, "10.213.1.12") is nodes[1]  # by address
+    assert node_of(nodes, "tb1-h3") is nodes[2]  # by name
+    assert node_of(nodes, "h9", "elsewhere") is None
+    assert drain_text(nodes[0]) is None
+    assert drain_text(nodes[2]) == ("drained in Slurm: rigdeck: h3 GPU 1 XID 79 (simulated) "
+                                    "(by root at 2026-11-29T06:41:15)")
+    (down,) = [n for n in parse_nodes(read("nodes-17.11.txt")) if n.down]
+    assert drain_text(down) == "down in Slurm: Not responding (by slurm at 2018-03-02T08:00:41)"

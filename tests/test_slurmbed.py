@@ -130,3 +130,21 @@ gpus_per_node = {n}
         assert f"GPU 0,1 allocated by Slurm to job {job} of user {OTHER_USER}" in refused.stderr, refused.stderr
     finally:
         slurm.run(["scancel", job])
+
+
+def test_rigdeck_hosts_shows_each_nodes_slurm_state_and_drain_reason(slurm: SlurmBed, tmp_path: Path) -> None:
+    cli = Cli(slurm.bed, tmp_path)
+    cli.inventory.write_text(cli.inventory.read_text() + '\n[slurm]\nlogin = "h1"\npartition = "bed"\n')
+    node = slurm.node(3)
+    reason = "rigdeck test: GPU 1 XID 79"
+    slurm.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+    try:
+        hosts = {h["name"]: h["slurm"] for h in cli.json("hosts")}
+        assert {h: (s["node"], s["state"]) for h, s in hosts.items()} == {
+            "h1": (slurm.node(1), "idle"), "h2": (slurm.node(2), "idle"), "h3": (node, "drain")}
+        assert (hosts["h3"]["reason"], hosts["h3"]["reason_user"], hosts["h3"]["flags"]) == (reason, "root", ["DRAIN"])
+        text = cli.run("hosts").stdout
+        assert f"h3\tslurm: {node} drain\tdrained in Slurm: {reason} (by root at " in text, text
+        assert f"h1\tslurm: {slurm.node(1)} idle\n" in text, text
+    finally:
+        slurm.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])

@@ -27,6 +27,8 @@ __all__ = [
     "SlurmJob",
     "SlurmNode",
     "SlurmParseError",
+    "drain_text",
+    "node_of",
     "parse_jobs",
     "parse_jobs_json",
     "parse_nodes",
@@ -328,3 +330,25 @@ def parse_jobs_json(text: str, command: str = "squeue") -> list[SlurmJob]:
 
 def by_name(nodes: Sequence[SlurmNode]) -> dict[str, SlurmNode]:
     return {n.name: n for n in nodes}
+
+
+def node_of(nodes: Sequence[SlurmNode], *names: str | None) -> SlurmNode | None:
+    """The node a host is in Slurm: the one whose name, hostname or address is one of ``names``
+    (an inventory host's name, address, the hostname it reports), by name first."""
+    wanted = [n for n in names if n]
+    for key in ("name", "hostname", "address"):
+        for node in nodes:
+            if getattr(node, key) in wanted:
+                return node
+    return None
+
+
+def drain_text(node: SlurmNode) -> str | None:
+    """Why a drained or down node is, as a line: its reason, who set it and when; None for a
+    node that is neither."""
+    if not (node.drained or node.down):
+        return None
+    what = "drained" if node.drained else "down"
+    who = " ".join(p for p in (f"by {node.reason_user}" if node.reason_user else "",
+                               f"at {node.reason_time}" if node.reason_time else "") if p)
+    return f"{what} in Slurm: {node.reason or 'no reason given'}" + (f" ({who})" if who else "")
