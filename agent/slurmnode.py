@@ -81,9 +81,15 @@ class SlurmNode:
         now = self._clock()
         if now - self._at <= max_age or now < self._next_try:
             return self._held
-        if not self._lock.acquire(blocking=False):  # another sample is asking Slurm right now
+        # Another sample may be asking Slurm right now: the stream's takes its answer; a fresh
+        # one (a placement's) waits for it a little, then asks again itself.
+        fresh = max_age <= 0
+        if not (self._lock.acquire(True, COMMAND_TIMEOUT_S) if fresh else self._lock.acquire(False)):
             return self._held
         try:
+            now = self._clock()
+            if now < self._next_try:  # the one before failed just now: no second wait on Slurm
+                return self._held
             self._refresh(now)
         except Exception as e:  # never let Slurm's text break a sample
             self._failed(f"reading Slurm's allocation of {self.node} failed: {e}", now)

@@ -7,6 +7,7 @@ answer, a failure or a hang."""
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -144,3 +145,27 @@ def test_placement_takes_the_gpus_slurm_left_and_refuses_naming_the_slurm_job() 
     four = JobSpec(name="four", command=("true",), workdir="/", nodes=1, gpus_per_node=4)
     with pytest.raises(PlacementError, match=r"GPU 0,1 allocated by Slurm to job 12 of user nobody"):
         Scheduler().reserve("b", four, cap)
+
+
+def test_a_streams_sample_never_waits_for_slurm_being_asked_elsewhere() -> None:
+    """One thread's scontrol hangs: another sample (the stream's) answers with what is known
+    without waiting, and asks nothing more of Slurm."""
+    gate, asking = threading.Event(), threading.Event()
+    calls: list[list[str]] = []
+
+    def hung(argv: Sequence[str], timeout: float) -> tuple[int, str, str]:
+        calls.append(list(argv))
+        asking.set()
+        gate.wait(30)
+        return 0, NODE_IDLE, ""
+
+    node = SlurmNode(NODE, run=hung, configured=lambda: True)
+    placement = threading.Thread(target=node.allocated, args=(0.0,))
+    placement.start()
+    try:
+        assert asking.wait(30)
+        assert node.allocated(5.0) == {}
+        assert not gate.is_set() and len(calls) == 1  # answered while the other still waits
+    finally:
+        gate.set()
+        placement.join(30)
