@@ -182,9 +182,9 @@ def slurm_cluster() -> Iterator[SlurmBed]:
     try:
         bed.up()
         cluster = SlurmBed(bed).up()
-    except TestBedError as e:
+    except Exception as e:  # a Slurm command that failed as much as the bed: say it, leave nothing
         bed.down()
-        pytest.fail(f"Slurm on the test bed did not come up: {e}", pytrace=False)
+        pytest.fail(f"Slurm on the test bed did not come up: {type(e).__name__}: {e}", pytrace=False)
     try:
         yield cluster
     finally:
