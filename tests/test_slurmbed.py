@@ -128,6 +128,13 @@ gpus_per_node = {n}
         refused = cli.run("launch", str(cli.spec("all-four", body.format(n=4))), "--no-queue", check=False)
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert f"GPU 0,1 allocated by Slurm to job {job} of user {OTHER_USER}" in refused.stderr, refused.stderr
+        # without --no-queue it waits, saying for what
+        queued = cli.json("launch", str(cli.spec("all-four-later", body.format(n=4))))
+        try:
+            assert queued["state"] == "queued" and queued["placement"] == [], queued
+            assert f"allocated by Slurm to job {job} of user {OTHER_USER}" in queued["waiting"], queued["waiting"]
+        finally:
+            cli.run("stop", queued["job_id"])
     finally:
         slurm.run(["scancel", job])
 
