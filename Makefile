@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 # gets paramiko's own threads), but the hub's tests need the hub. `make test
 # PARAMIKO_SPEC=paramiko` tries the newest; test_hub names what to check when it differs.
 PARAMIKO_SPEC ?= paramiko==5.1.0
-DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync prometheus prometheus-node-exporter
+DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync prometheus prometheus-node-exporter slurm-wlm munge
 PYTEST_ARGS ?=
 # The suite runs in this many pytest-xdist workers, a test module to a worker, each worker with a
 # test bed of its own; tests marked `quiet` (they measure speed) run after them, alone. The tests
@@ -60,6 +60,8 @@ sysdeps:
 	command -v rsync >/dev/null || missing="$$missing rsync"; \
 	command -v promtool >/dev/null && command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	[ -x /usr/bin/prometheus-node-exporter ] || missing="$$missing prometheus-node-exporter"; \
+	[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null || missing="$$missing slurm-wlm"; \
+	[ -x /usr/sbin/munged ] || missing="$$missing munge"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$missing"; \

@@ -117,6 +117,10 @@ class Daemon:
         self._successor = None  # type: Optional[List[str]]
         self._pending_upgrade = None  # type: Optional[str]
         self._last_claims = {}  # type: Dict[int, Dict[str, Any]]
+        # The GPUs Slurm allocated here, when this host is a Slurm node (agent/slurmnode.py).
+        from agent.slurmnode import SlurmNode
+
+        self._slurm = SlurmNode()
         self._code_pool = None  # type: Any
         # node_exporter's textfile (agent/textfile.py): {"path", "host"} or None, as the last
         # controller said (kept in the state dir for the daemons after this one).
@@ -301,8 +305,9 @@ class Daemon:
         # tuple(): one copy the ticker thread can take while the loop adds or drops a client
         return sum(1 for c in tuple(self._clients.values()) if c.stream_task is not None)
 
-    def _sample_data(self) -> Dict[str, Any]:
-        """A sample as the clients get it, with the GPUs' claims (file locks: never on the loop)."""
+    def _sample_data(self, slurm_max_age: float = 5.0) -> Dict[str, Any]:
+        """A sample as the clients get it, with the GPUs' claims (file locks: never on the loop)
+        and Slurm's allocation read at most ``slurm_max_age`` s ago (when Slurm answers)."""
         from agent.telemetry import sample_to_dict
 
         collector = self._collector_instance()
@@ -310,11 +315,13 @@ class Daemon:
             sample = collector.sample()
         data = sample if isinstance(sample, dict) else sample_to_dict(sample)
         self._add_claims(data)
+        self._add_slurm(data, slurm_max_age)
         return data
 
     async def _collect(self) -> Dict[str, Any]:
-        """A sample taken now, off the loop (a request's, while the ticker has none to give)."""
-        return await asyncio.get_event_loop().run_in_executor(None, self._sample_data)
+        """A sample taken now, off the loop (a request's, while the ticker has none to give):
+        Slurm is asked now too, as a placement reads it."""
+        return await asyncio.get_event_loop().run_in_executor(None, self._sample_data, 0.0)
 
     def _add_claims(self, data: Dict[str, Any]) -> None:
         """Each GPU's claim (the job and user holding it on this host), or None."""
@@ -330,6 +337,18 @@ class Daemon:
         for g in data.get("gpus") or []:
             h = held.get(int(g.get("index", -1)))
             g["claim"] = {"job_id": h.get("job_id"), "user": h.get("user"), "since": h.get("since")} if h else None
+
+    def _add_slurm(self, data: Dict[str, Any], max_age: float) -> None:
+        """A GPU Slurm allocated (to anyone's job) is claimed by that Slurm job: the claim names
+        it, with ``"scheduler": "slurm"``, where rigdeck holds no claim of its own there."""
+        held = self._slurm.allocated(max_age)
+        if not held:
+            return
+        for g in data.get("gpus") or []:
+            job = held.get(int(g.get("index", -1)))
+            if job is not None and not g.get("claim"):
+                g["claim"] = {"job_id": job.get("job_id"), "user": job.get("user"), "since": None,
+                              "scheduler": "slurm"}
 
     def _ticking(self) -> bool:
         return self._subscribers() > 0 or self._textfile is not None

@@ -16,9 +16,10 @@ import pytest
 # compared, as a test's own asserts do. Registered before anything imports the kit.
 pytest.register_assert_rewrite("tests.kit")
 
-from tests import bedclean  # noqa: E402
+from tests import bedclean, slurmbed  # noqa: E402
 from tests._require import require  # noqa: E402
 from tests.kit.bedcli import Cli  # noqa: E402
+from tests.slurmbed import SlurmBed  # noqa: E402
 from tests.testbed import TestBed, TestBedError, available, cleanup_stale  # noqa: E402
 
 _AVAILABLE: tuple[bool, str] | None = None
@@ -168,3 +169,45 @@ def _no_daemon_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[Non
             os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
         except (ValueError, OSError):
             pass
+
+
+# A real Slurm on a bed of its own (tests/slurmbed.py): one per test file that asks for it.
+@pytest.fixture(scope="module")
+def slurm_cluster() -> Iterator[SlurmBed]:
+    """A started 3-host bed (4 simulated GPUs each) with Slurm up on it: slurmctld on h1, a
+    slurmd on every host, the GPUs as GRES; torn down (and checked gone) after the file's tests."""
+    _require_testbed()
+    ok, why = slurmbed.available()
+    require(ok, f"Slurm unavailable: {why}")
+    bed = TestBed(3, sim_gpus=4)
+    try:
+        bed.up()
+        cluster = SlurmBed(bed).up()
+    except Exception as e:  # a Slurm command that failed as much as the bed: say it, leave nothing
+        bed.down()
+        pytest.fail(f"Slurm on the test bed did not come up: {type(e).__name__}: {e}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.down()
+        left = slurmbed.processes(bed)
+        bed.down()
+        assert not left, f"Slurm's processes outlived its teardown: {left}"
+
+
+@pytest.fixture
+def slurm(slurm_cluster: SlurmBed) -> Iterator[SlurmBed]:
+    """The file's Slurm, checked clean (every node idle, no job) before and after the test: what
+    a test left is taken away and fails that test."""
+    bed = slurm_cluster.bed
+    found = slurm_cluster.leftovers() + bedclean.leftovers(bed)
+    if found:
+        slurm_cluster.clean()
+        bedclean.clean(bed)
+        print(f"\nwarning: Slurm's bed held before this test (taken away): {found}", file=sys.stderr)
+    yield slurm_cluster
+    found = slurm_cluster.settled() + bedclean.settled(bed, SETTLE_S)
+    if found:
+        slurm_cluster.clean()
+        bedclean.clean(bed)
+        pytest.fail(f"the test left this on Slurm's bed (taken away now): {found}", pytrace=False)

@@ -18,6 +18,7 @@ from tui.model.inventory import (
     Inventory,
     InventoryError,
     ServerSpec,
+    SlurmSpec,
     UnknownHostError,
     default_inventory_path,
 )
@@ -238,7 +239,7 @@ MALFORMED = [
         "extra = 1\n",
         "hosts.toml",
         "field 'extra'",
-        "only a [defaults] table, [[hosts]] entries and a [server] table",
+        "only a [defaults] table, [[hosts]] entries, a [server] table and a [slurm] table",
         id="unknown-top-level",
     ),
     pytest.param(
@@ -1337,6 +1338,54 @@ def test_server_and_attach_only_round_trip(tmp_path: Path) -> None:
     again = load_inventory(write(tmp_path / "again.toml", hostfile_to_toml(inv)))
     assert again.hosts == inv.hosts
     assert again.server == inv.server
+
+
+# ---------------------------------------------------------------------------------------------
+# [slurm]: the hosts are a Slurm cluster's
+
+
+def test_slurm_table_defaults_values_and_round_trip(tmp_path: Path) -> None:
+    assert load_inventory(inventory(tmp_path, TWO_HOSTS)).slurm is None
+    inv = load_inventory(inventory(tmp_path, TWO_HOSTS + "\n[slurm]\n"))
+    assert inv.slurm == SlurmSpec() and inv.slurm.login_host(inv.hosts) == "head"  # the first host
+    body = (TWO_HOSTS + '\n[slurm]\nlogin = "hpc-login"\npartition = "gpu"\naccount = "proj-17"\n'
+            'qos = "normal"\nconstraint = "a100&ib"\n')
+    inv = load_inventory(inventory(tmp_path, body))
+    assert inv.slurm == SlurmSpec("hpc-login", "gpu", "proj-17", "normal", "a100&ib")
+    assert inv.slurm.login_host(inv.hosts) == "hpc-login"  # an ~/.ssh/config alias is allowed
+    hash(inv)
+    again = load_inventory(write(tmp_path / "again.toml", hostfile_to_toml(inv)))
+    assert again.slurm == inv.slurm
+
+
+@pytest.mark.parametrize(
+    ("slurm", "field", "expected"),
+    [
+        ('partition = "gpu; rm -rf /"', "field 'partition'",
+         "expected a Slurm partition name (letters, digits, '.', '_', '-'), got \"gpu; rm -rf /\" (str)"),
+        ("account = 17", "field 'account'", "expected a Slurm account name (letters, digits, '.', '_', '-'), got 17"),
+        ('qos = ""', "field 'qos'", "expected a Slurm QOS name"),
+        ('constraint = "a100 & ib"', "field 'constraint'",
+         'expected a Slurm --constraint expression: feature names joined by &, | or \',\' (no spaces), e.g. "a100&ib"'),
+        ('login = "user@host"', "field 'login'", "expected the name of an inventory host or ~/.ssh/config alias"),
+        ('partitions = "gpu"', "field 'partitions'",
+         "one of the known fields account, constraint, login, partition, qos"),
+    ],
+)
+def test_slurm_table_errors(tmp_path: Path, slurm: str, field: str, expected: str) -> None:
+    path = inventory(tmp_path, TWO_HOSTS + "\n[slurm]\n" + slurm + "\n")
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: [slurm]: {field}: "), message
+    assert expected in message, message
+
+
+def test_slurm_must_be_a_table(tmp_path: Path) -> None:
+    path = write(tmp_path / "hosts.toml", 'slurm = "gpu"\n' + TWO_HOSTS)
+    with pytest.raises(InventoryError) as info:
+        load_inventory(path)
+    assert str(info.value) == f"{path}: field 'slurm': expected a table ([slurm]), got \"gpu\" (str)"
 
 
 def test_match_exec_lines_run_though_invoke_is_imported_late(tmp_path: Path) -> None:

@@ -221,17 +221,78 @@ def _load(args: argparse.Namespace) -> Inventory:
     return load_inventory(getattr(args, "inventory", None))
 
 
+SLURM_TIMEOUT_S = 15.0
+
+
+def _slurm_nodes(client: Any, inv: Inventory, reports: list[HostReport]) -> tuple[dict[str, Any], str | None]:
+    """With ``[slurm]``: each reported host's Slurm node (host name -> SlurmNode or None), read by
+    ``scontrol -o show nodes`` on the login host through its agent (no shell); and what went
+    wrong, if anything (the hosts are shown all the same)."""
+    from tui.model.slurm import SlurmParseError, node_of, parse_nodes
+
+    assert inv.slurm is not None
+    login = inv.slurm.login_host(inv.hosts)
+    if login not in inv.names:
+        return {}, (f"[slurm] login {login!r}: Slurm's state is read through an inventory host's agent; "
+                    f"{login!r} is none ({', '.join(inv.names)})")
+    argv = ["scontrol", "-o", "show", "nodes"]
+    result = client.exec([login], argv, SLURM_TIMEOUT_S)[login]
+    if not isinstance(result, dict):
+        return {}, f"Slurm's nodes not read on {login}: {result}"
+    if result.get("exit_code") != 0:
+        said = (result.get("stderr") or result.get("error") or "").strip() or f"exit {result.get('exit_code')}"
+        return {}, f"Slurm's nodes not read on {login}: {' '.join(argv)}: {said}"
+    try:
+        nodes = parse_nodes(str(result.get("stdout") or ""), " ".join(argv))
+    except SlurmParseError as e:
+        return {}, f"Slurm's nodes not read on {login}: {e}"
+    return {r.name: node_of(nodes, r.name, r.hostname, r.address) for r in reports}, None
+
+
+def _slurm_json(node: Any) -> dict[str, Any] | None:
+    if node is None:
+        return None
+    return {"node": node.name, "state": node.short_state, "flags": list(node.flags), "reason": node.reason,
+            "reason_user": node.reason_user, "reason_time": node.reason_time}
+
+
+def _print_slurm(slurm: dict[str, Any], error: str | None) -> None:
+    from tui.model.slurm import drain_text
+
+    if error:
+        print(f"rigdeck: {error}", file=sys.stderr)
+        return
+    for host, node in slurm.items():
+        if node is None:
+            print(f"{host}\tslurm: no node of this host")
+            continue
+        why = drain_text(node)
+        print(f"{host}\tslurm: {node.name} {node.short_state}" + (f"\t{why}" if why else ""))
+
+
 def _run_hosts(args: argparse.Namespace, deploy: bool) -> int:
     inv = _load(args)
     # Always from this workstation: inspecting and installing agents takes commands on the hosts,
     # which a server's key (restricted to the agent's attach) cannot run.
+    slurm: dict[str, Any] = {}
+    slurm_error: str | None = None
     with InProcessClient(inv, accept_new=getattr(args, "accept_new", False)) as client:
         reports = client.deploy(args.names) if deploy else client.probe(args.names)
+        if inv.slurm is not None and not deploy:
+            slurm, slurm_error = _slurm_nodes(client, inv, reports)
     if args.json:
-        json.dump([r.to_json() for r in reports], sys.stdout, indent=2)
+        out = [r.to_json() for r in reports]
+        if inv.slurm is not None and not deploy:
+            for r in out:
+                r["slurm"] = _slurm_json(slurm.get(r["name"]))
+        json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
+        if slurm_error:
+            print(f"rigdeck: {slurm_error}", file=sys.stderr)
     else:
         _print_reports(reports, deploy=deploy)
+        if inv.slurm is not None and not deploy:
+            _print_slurm(slurm, slurm_error)
     return EXIT_OK if all(r.reachable and not r.error for r in reports) else EXIT_HOST_FAILED
 
 

@@ -84,9 +84,10 @@ class _Line:
 
 
 def _free_of_others(capacity: list[HostCapacity]) -> list[HostCapacity]:
-    """The hosts as they would be with nothing else running: every host up, every GPU free."""
+    """The hosts as they would be with nothing else running: every host up, every GPU free (a
+    Slurm job's GPUs too: it ends)."""
     return [dataclasses.replace(c, up=True, status="up", foreign_busy=(), foreign_users=(), job_busy=(),
-                                claimed=()) for c in capacity]
+                                claimed=(), slurm=()) for c in capacity]
 
 
 class JobQueue:

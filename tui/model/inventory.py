@@ -37,6 +37,7 @@ __all__ = [
     "Inventory",
     "InventoryError",
     "ServerSpec",
+    "SlurmSpec",
     "UnknownHostError",
     "default_inventory_path",
 ]
@@ -86,6 +87,24 @@ class ServerSpec:
     # Jobs on the server's host run as an account that can read and change the server's files
     # (its users, its key): none are placed there unless the inventory says so.
     allow_jobs: bool = False
+
+
+@dataclass(frozen=True)
+class SlurmSpec:
+    """The ``[slurm]`` table: the cluster's Slurm, as later launches through ``sbatch`` will use
+    it (docs/slurm.md). ``login``: the inventory host or ``~/.ssh/config`` alias where Slurm's
+    commands run (None: the inventory's first host); the rest, what every job is submitted with
+    unless its spec says otherwise (None: Slurm's default)."""
+
+    login: str | None = None
+    partition: str | None = None
+    account: str | None = None
+    qos: str | None = None
+    constraint: str | None = None
+
+    def login_host(self, hosts: Sequence[HostSpec]) -> str | None:
+        """Where Slurm's commands run: ``login``, else the first host (None: no host at all)."""
+        return self.login or (hosts[0].name if hosts else None)
 
 
 @dataclass(frozen=True)
@@ -193,6 +212,7 @@ class Inventory:
     min_free_mb: float = 256.0  # a launch refuses a host with less free in its state dir
     retention: Retention = field(default_factory=Retention)
     server: ServerSpec | None = None  # the [server] table: where `rigdeck serve` runs
+    slurm: SlurmSpec | None = None  # the [slurm] table: the hosts are a Slurm cluster's
 
     @property
     def names(self) -> list[str]:
@@ -426,7 +446,7 @@ _HOST_FIELDS: dict[str, Check] = {
     "slots": Check(_SLOTS_EXPECTED, int_range(1, MAX_SLOTS)),
     "transport": Check('"ssh" or "local"', _transport),
 }
-_TOP_LEVEL = ("defaults", "hosts", "server")
+_TOP_LEVEL = ("defaults", "hosts", "server", "slurm")
 
 
 METRICS_LISTEN_EXPECTED = (
@@ -466,6 +486,43 @@ def server_spec(raw: Any, path: Path | None, hosts: Sequence[HostSpec]) -> Serve
     return ServerSpec(entry["host"], entry.get("python"),
                       entry.get("state_dir", ServerSpec.state_dir), entry.get("metrics_listen"),
                       entry.get("allow_jobs", False))
+
+
+# Slurm's names of a partition, account or QoS: what sbatch takes, never parsed by a shell.
+_SLURM_NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+# A --constraint expression: feature names joined by & | , with [ ] ( ) and *N counts.
+_SLURM_CONSTRAINT_RE = re.compile(r"[A-Za-z0-9_.\-&|,\[\]()*:!]+")
+
+
+def _slurm_name(v: Any) -> str:
+    if isinstance(v, str) and _SLURM_NAME_RE.fullmatch(v):
+        return v
+    raise Bad()
+
+
+def _slurm_constraint(v: Any) -> str:
+    if isinstance(v, str) and _SLURM_CONSTRAINT_RE.fullmatch(v) and re.search(r"[A-Za-z0-9_]", v):
+        return v
+    raise Bad()
+
+
+_SLURM_FIELDS: dict[str, Check] = {
+    "login": Check("the name of an inventory host or ~/.ssh/config alias where sbatch, squeue and scontrol "
+                   "run (letters, digits, '.', '_', '-'; default: the first host)", _name),
+    "partition": Check("a Slurm partition name (letters, digits, '.', '_', '-')", _slurm_name),
+    "account": Check("a Slurm account name (letters, digits, '.', '_', '-')", _slurm_name),
+    "qos": Check("a Slurm QOS name (letters, digits, '.', '_', '-')", _slurm_name),
+    "constraint": Check("a Slurm --constraint expression: feature names joined by &, | or ',' "
+                        '(no spaces), e.g. "a100&ib"', _slurm_constraint),
+}
+
+
+def slurm_spec(raw: Any, path: Path | None) -> SlurmSpec:
+    """The checked ``[slurm]`` table."""
+    if not isinstance(raw, dict):
+        raise InventoryError(path, None, "slurm", "a table ([slurm])", raw)
+    entry = _checked(raw, _SLURM_FIELDS, path, "[slurm]")
+    return SlurmSpec(**entry)
 
 
 def _checked(

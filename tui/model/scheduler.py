@@ -72,6 +72,9 @@ class HostCapacity:
     # rigdeck's after a fault), with why: (GPU, "unhealthy: XID 79: ...", "drained: ...").
     unusable: tuple[tuple[int, str], ...] = ()
     why: str | None = None  # why a host that is not up is not (its last error), when known
+    # GPUs Slurm allocated to a job of its own on this host (a slurmd beside rigdeck):
+    # (GPU, Slurm job id or "", user or ""). Never placed on.
+    slurm: tuple[tuple[int, str, str], ...] = ()
 
     @property
     def state(self) -> str:
@@ -266,6 +269,14 @@ def _views(
                 taken.add(g)
         for jid, gpus in unheld.items():
             view.busy.append(f"GPU {_indices(gpus)} running job {jid!r} (not reserved)")
+        by_slurm: dict[tuple[str, str], list[int]] = {}
+        for g, jid, user in cap.slurm:
+            if g in cap.gpus and g not in taken:
+                by_slurm.setdefault((jid, user), []).append(g)
+                taken.add(g)
+        for (jid, user), gpus in by_slurm.items():
+            view.busy.append(f"GPU {_indices(gpus)} allocated by Slurm"
+                             + (f" to job {jid}" if jid else "") + (f" of user {user}" if user else ""))
         claims: dict[tuple[str, str], list[int]] = {}
         for g, jid, user in cap.claimed:
             # The host's claim is the truth, whichever controller placed the job holding it.
@@ -518,6 +529,7 @@ def capacity_from_state(
         users: list[tuple[int, str]] = []
         job_busy: list[tuple[int, str]] = []
         claimed: list[tuple[int, str, str]] = []
+        slurm: list[tuple[int, str, str]] = []
         names: list[str] = []
         unusable: list[tuple[int, str]] = []
         simulated = bool(host.simulated)
@@ -542,7 +554,9 @@ def capacity_from_state(
             for jid in sorted({str(p.job_id) for p in procs if p.job_id is not None}):
                 job_busy.append((index, jid))
             claim = g.claim
-            if claim is not None:
+            if claim is not None and claim.scheduler == "slurm":
+                slurm.append((index, str(claim.job_id or ""), str(claim.user or "")))
+            elif claim is not None:
                 claimed.append((index, str(claim.job_id or "?"), str(claim.user or "")))
         sample = host.host_sample
         per_core = sample.cpu_per_core if sample is not None else None
@@ -569,6 +583,7 @@ def capacity_from_state(
                 claimed=tuple(claimed),
                 unusable=tuple(unusable),
                 why=why,
+                slurm=tuple(slurm),
             )
         )
     return out

@@ -66,12 +66,17 @@ class GpuClaim:
     job_id: str | None = None
     user: str | None = None
     since: float | None = None
+    # Who granted it: None for rigdeck's own claim (agent/claims.py), "slurm" for a GPU Slurm
+    # allocated to a job of its own (agent/slurmnode.py; job_id is then Slurm's job id).
+    scheduler: str | None = None
 
     @classmethod
     def from_sample(cls, c: Any) -> GpuClaim | None:
         if not isinstance(c, Mapping) or not c:
             return None
-        return cls(c.get("job_id"), c.get("user"), c.get("since"))
+        scheduler = c.get("scheduler")
+        return cls(c.get("job_id"), c.get("user"), c.get("since"),
+                   str(scheduler) if scheduler else None)
 
 
 @dataclass(frozen=True, slots=True)

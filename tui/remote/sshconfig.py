@@ -45,6 +45,7 @@ from tui.model.inventory import (  # noqa: F401  (the loader works with the mode
     InventoryError,
     Retention,
     ServerSpec,
+    SlurmSpec,
     _checked,
     _Jump,
     _local_user,
@@ -57,6 +58,7 @@ from tui.model.inventory import (  # noqa: F401  (the loader works with the mode
     _split_address,
     default_inventory_path,
     server_spec,
+    slurm_spec,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -253,7 +255,7 @@ class _Resolver:
         )
 
     def inventory(self, hosts: list[HostSpec], lines: Sequence[int | None] = (),
-                  server: ServerSpec | None = None) -> Inventory:
+                  server: ServerSpec | None = None, slurm: SlurmSpec | None = None) -> Inventory:
         seen: dict[str, int] = {}
         for i, host in enumerate(hosts):
             if host.name in seen:
@@ -270,7 +272,8 @@ class _Resolver:
             seen[host.name] = i
         inv = Inventory(tuple(hosts), self.path, self.known_hosts, self.ssh_path,
                         min_free_mb=self.defaults.get("min_free_mb", Inventory.min_free_mb),
-                        retention=self.defaults.get("retention") or Retention(), server=server)
+                        retention=self.defaults.get("retention") or Retention(), server=server,
+                        slurm=slurm)
         # Loops in proxy_jump are the file's fault: report them when it is loaded.
         for host in hosts:
             _jump_chain(inv, host, self.ssh)
@@ -312,7 +315,8 @@ def _toml_inventory(text: str, path: Path) -> Inventory:
         raise InventoryError(path, None, None, f"valid TOML ({e})") from None
     for key in data:
         if key not in _TOP_LEVEL:
-            expected = "only a [defaults] table, [[hosts]] entries and a [server] table at the top level"
+            expected = ("only a [defaults] table, [[hosts]] entries, a [server] table and a [slurm] table "
+                        "at the top level")
             raise InventoryError(path, None, key, expected, data[key])
     defaults_raw = data.get("defaults", {})
     if not isinstance(defaults_raw, dict):
@@ -327,7 +331,8 @@ def _toml_inventory(text: str, path: Path) -> Inventory:
         label = name if isinstance(name, str) and NAME_RE.fullmatch(name) else f"hosts[{i}]"
         hosts.append(resolver.resolve(raw, label))
     server = server_spec(data["server"], path, hosts) if "server" in data else None
-    return resolver.inventory(hosts, server=server)
+    slurm = slurm_spec(data["slurm"], path) if "slurm" in data else None
+    return resolver.inventory(hosts, server=server, slurm=slurm)
 
 
 def local_inventory() -> Inventory:
@@ -554,6 +559,9 @@ def hostfile_to_toml(inv: Inventory) -> str:
         if inv.server.allow_jobs:
             server["allow_jobs"] = True
         out += ["\n", tomlwrite.table("server", server)]
+    if inv.slurm is not None:
+        slurm = {k: v for k, v in dataclasses.asdict(inv.slurm).items() if v is not None}
+        out += ["\n", tomlwrite.table("slurm", slurm)]
     return "".join(out)
 
 

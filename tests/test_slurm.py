@@ -1,0 +1,213 @@
+"""tui/model/slurm.py and agent/slurmtext.py: Slurm's nodes and jobs read from its own output.
+
+The files in tests/data/slurm/ are what Slurm printed (README.md there says which version and
+command wrote each, and which were written by hand after an older version's format)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+
+from agent import slurmtext
+from agent.slurmtext import SlurmTextError
+from tui.model.slurm import (
+    SQUEUE_ARGS,
+    SlurmJob,
+    SlurmParseError,
+    by_name,
+    drain_text,
+    node_of,
+    parse_jobs,
+    parse_jobs_json,
+    parse_nodes,
+    parse_nodes_json,
+)
+
+DATA = Path(__file__).parent / "data" / "slurm"
+
+
+def read(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+# --------------------------------------------------------------------------------------------
+# Slurm 22.05.8 on the bed: job 1 (root) holds 2 GPUs of every node, job 2 (nobody) 2 more of
+# tb1-h2, job 3 (root, 3 nodes x 4 GPUs) pends for Resources, job 4 (nobody) for Priority;
+# tb1-h3 is drained.
+
+
+@pytest.mark.parametrize("name", ["nodes-22.05.8.txt", "nodes-22.05.8-d.txt", "nodes-22.05.8-do.txt"])
+def test_nodes_of_slurm_22_05_text(name: str) -> None:
+    nodes = parse_nodes(read(name))
+    said = "-d" in name  # GresUsed comes with -d only
+    assert [(n.name, n.short_state, n.gpus, n.gpus_used) for n in nodes] == [
+        ("tb1-h1", "mix", 4, 2 if said else None), ("tb1-h2", "mix", 4, 4 if said else None),
+        ("tb1-h3", "drng", 4, 2 if said else None)]
+    h1, _, h3 = nodes
+    assert (h1.hostname, h1.address, h1.partitions, h1.cpus, h1.cpus_alloc) == ("tb1-h1", "10.213.1.11", ("bed",), 8, 1)
+    assert h1.usable and h1.reason is None and h1.gpus_used_idx is None  # 22.05 names no node's IDX
+    assert (h3.state, h3.flags, h3.drained, h3.usable) == ("mixed", ("DRAIN",), True, False)
+    assert (h3.reason, h3.reason_user, h3.reason_time) == (
+        "rigdeck: h3 GPU 1 XID 79 (simulated)", "root", "2026-11-29T06:41:15")
+
+
+def test_nodes_of_slurm_22_05_json() -> None:
+    nodes = parse_nodes_json(read("sinfo-22.05.8.json"))
+    assert [(n.name, n.short_state, n.gpus, n.gpus_used) for n in nodes] == [
+        ("tb1-h1", "mix", 4, 2), ("tb1-h2", "mix", 4, 4), ("tb1-h3", "drng", 4, 2)]
+    h3 = nodes[2]
+    assert (h3.reason, h3.reason_user, h3.partitions) == ("rigdeck: h3 GPU 1 XID 79 (simulated)", "root", ("bed",))
+    assert h3.reason_time is not None and h3.reason_time.startswith("2026-11-29T")
+    text = by_name(parse_nodes(read("nodes-22.05.8-d.txt")))
+    assert [dataclasses.replace(n, reason_time=None) for n in nodes] == [
+        dataclasses.replace(text[n.name], reason_time=None) for n in nodes]
+
+
+def test_jobs_of_slurm_22_05_text_and_json() -> None:
+    jobs = parse_jobs(read("squeue-22.05.8.txt"))
+    assert jobs == [
+        SlurmJob("3", "root", "PENDING", "Resources", 3, (), 4),
+        SlurmJob("4", "nobody", "PENDING", "Priority", 1, (), 2),
+        SlurmJob("1", "root", "RUNNING", None, 3, ("tb1-h1", "tb1-h2", "tb1-h3"), 2),
+        SlurmJob("2", "nobody", "RUNNING", None, 1, ("tb1-h2",), 2),
+    ]
+    assert sorted(parse_jobs_json(read("squeue-22.05.8.json")), key=lambda j: int(j.job_id)) == sorted(
+        jobs, key=lambda j: int(j.job_id))
+
+
+def test_a_jobs_gpus_on_each_node_of_slurm_22_05() -> None:
+    assert slurmtext.job_node_gpus(read("job-22.05.8-d.txt")) == {"tb1-h2": [2, 3]}
+
+
+# --------------------------------------------------------------------------------------------
+# older text formats (written after those versions' output)
+
+
+def test_nodes_of_slurm_20_11_with_typed_gres_and_a_drain() -> None:
+    nodes = by_name(parse_nodes(read("nodes-20.11-d.txt")))
+    busy, drained = nodes["gpu01"], nodes["gpu02"]
+    assert (busy.state, busy.flags, busy.gpus, busy.gpus_used, busy.gpus_used_idx) == ("mixed", (), 4, 2, (0, 2))
+    assert busy.reason is None and busy.usable and busy.short_state == "mix"
+    assert busy.partitions == ("gpu", "debug") and (busy.cpus, busy.cpus_alloc) == (32, 8)
+    assert (drained.state, drained.flags, drained.short_state, drained.usable) == ("idle", ("DRAIN",), "drain", False)
+    assert drained.reason == "GPU 3 ECC errors, see ticket 4411"
+    assert (drained.reason_user, drained.reason_time) == ("admin", "2021-07-12T16:40:03")
+    assert (drained.gpus_used, drained.gpus_used_idx) == (0, ())
+
+
+def test_nodes_of_slurm_17_11_down_and_draining() -> None:
+    nodes = by_name(parse_nodes(read("nodes-17.11.txt")))
+    down, draining = nodes["node001"], nodes["node002"]
+    assert (down.state, down.down, down.short_state, down.reason, down.reason_user) == (
+        "down", True, "down", "Not responding", "slurm")
+    assert (draining.state, draining.flags, draining.short_state) == ("allocated", ("DRAIN",), "drng")
+    assert draining.gpus == 4 and draining.gpus_used_idx is None  # no -d: which GPUs is not said
+
+
+def test_jobs_of_slurm_20_11() -> None:
+    jobs = parse_jobs(read("squeue-20.11.txt"))
+    assert jobs[0] == SlurmJob("4410", "alice", "RUNNING", None, 2, ("gpu01", "gpu02"), 4)
+    assert (jobs[1].pending, jobs[1].reason, jobs[1].nodes, jobs[1].gpus_per_node) == (True, "Resources", (), 2)
+    assert (jobs[2].job_id, jobs[2].reason) == ("4412_3", "QOSMaxGRESPerUser")
+    assert jobs[3].gpus_per_node == 0
+
+
+# --------------------------------------------------------------------------------------------
+# bad output: an error naming what was expected
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("slurm_load_node error: Unable to contact slurm controller", "expected a record starting with NodeName="),
+    ("NodeName=a CPUTot=4", "node a: expected a State= field"),
+    ("NodeName=a State=IDLE Gres=gpu:a:b:c", "node a: expected a GRES like gpu:2"),
+    ("NodeName=a State=+ Gres=gpu:1", "node a: expected State= like IDLE or MIXED+DRAIN"),
+])
+def test_node_text_it_cannot_read_says_what_it_expected(text: str, expected: str) -> None:
+    with pytest.raises(SlurmParseError, match="^scontrol show nodes: .*" + re.escape(expected)):
+        parse_nodes(text)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("JOBID PARTITION NAME USER ST TIME NODES NODELIST(REASON)", "expected 7 columns"),
+    ("12|bob|RUNNING|None|1|gpu:2", "expected 7 columns"),
+    ("abc|bob|RUNNING|None|1|gpu:2|n1", "expected a job id"),
+    ("12|bob|running now|None|1|gpu:2|n1", "expected a job state like RUNNING"),
+    ("12|bob|RUNNING|None|1|gpu:2|n[1-", "expected a host list like node[1-3]"),
+])
+def test_squeue_text_it_cannot_read_says_what_it_expected(text: str, expected: str) -> None:
+    with pytest.raises(SlurmParseError, match=f"^{SQUEUE_ARGS[0]} .*line 1: {re.escape(expected)}"):
+        parse_jobs(text)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("not json", "expected JSON"),
+    ('{"meta": {}}', "expected an object with a 'nodes' list"),
+    ('{"nodes": [{"state": "idle"}]}', "expected every node to have a name"),
+    ('{"nodes": [], "errors": [{"error": "Unable to contact slurm controller"}]}', "Slurm said"),
+    ('{"nodes": [{"name": "a", "state": 3}]}', "node a: expected state to be a word"),
+])
+def test_node_json_it_cannot_read_says_what_it_expected(text: str, expected: str) -> None:
+    with pytest.raises(SlurmParseError, match=f"^sinfo --json: .*{re.escape(expected)}"):
+        parse_nodes_json(text)
+
+
+def test_squeue_json_it_cannot_read_says_what_it_expected() -> None:
+    with pytest.raises(SlurmParseError, match="^squeue --json: expected every job to have a numeric job_id"):
+        parse_jobs_json('{"jobs": [{"job_id": "x"}]}')
+
+
+# --------------------------------------------------------------------------------------------
+# the pieces
+
+
+@pytest.mark.parametrize(("text", "hosts"), [
+    ("tb1-h[1-3]", ["tb1-h1", "tb1-h2", "tb1-h3"]),
+    ("gpu[01-02,10],cpu7", ["gpu01", "gpu02", "gpu10", "cpu7"]),
+    ("(null)", []),
+    ("a[1]-ib", ["a1-ib"]),
+])
+def test_hostlists(text: str, hosts: list[str]) -> None:
+    assert slurmtext.hostlist(text) == hosts
+
+
+@pytest.mark.parametrize(("text", "count", "idx"), [
+    ("gpu:4", 4, None),
+    ("gpu:4(S:0)", 4, None),
+    ("gpu:2(IDX:0-1)", 2, [0, 1]),
+    ("gpu:a100:1(IDX:3),gpu:v100:1(IDX:0)", 2, [0, 3]),
+    ("gpu:0(IDX:N/A)", 0, []),
+    ("gres:gpu:2", 2, None),
+    ("(null)", 0, None),
+    ("shard:8,gpu:1(IDX:2)", 1, [2]),
+])
+def test_gres_strings(text: str, count: int, idx: list[int] | None) -> None:
+    assert slurmtext.gres(text) == (count, idx)
+
+
+@pytest.mark.parametrize("after", ["", " Comment=(null)"])
+def test_a_reason_holds_spaces_and_equals_signs(after: str) -> None:
+    (node,) = parse_nodes("NodeName=n1 State=IDLE+DRAIN "
+                          f"Reason=rigdeck: h2 GPU 1 XID 79 (a=b) x=y [root@2026-01-02T03:04:05]{after}")
+    assert (node.reason, node.reason_user, node.reason_time) == ("rigdeck: h2 GPU 1 XID 79 (a=b) x=y", "root",
+                                                                 "2026-01-02T03:04:05")
+
+
+def test_gres_it_cannot_read() -> None:
+    with pytest.raises(SlurmTextError, match="expected GPU indices like 0-1,3"):
+        slurmtext.gres("gpu:2(IDX:a-b)")
+
+
+def test_a_host_finds_its_node_by_name_hostname_or_address() -> None:
+    nodes = parse_nodes(read("nodes-22.05.8.txt"))
+    assert node_of(nodes, "h1", "tb1-h1", "10.213.1.11") is nodes[0]  # by hostname
+    assert node_of(nodes, "h2", None, "10.213.1.12") is nodes[1]  # by address
+    assert node_of(nodes, "tb1-h3") is nodes[2]  # by name
+    assert node_of(nodes, "h9", "elsewhere") is None
+    assert drain_text(nodes[0]) is None
+    assert drain_text(nodes[2]) == ("drained in Slurm: rigdeck: h3 GPU 1 XID 79 (simulated) "
+                                    "(by root at 2026-11-29T06:41:15)")
+    (down,) = [n for n in parse_nodes(read("nodes-17.11.txt")) if n.down]
+    assert drain_text(down) == "down in Slurm: Not responding (by slurm at 2018-03-02T08:00:41)"

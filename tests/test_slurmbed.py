@@ -1,0 +1,157 @@
+"""A real Slurm on the test bed (tests/slurmbed.py): GRES jobs see their GPUs, drains show.
+
+The GPUs are simulated (dummy device files): Slurm allocates them and sets the job's
+environment as on a real node."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.kit.bedcli import Cli
+from tests.slurmbed import OTHER_USER, SlurmBed
+
+pytestmark = pytest.mark.testbed
+
+
+def submit(slurm: SlurmBed, *args: str, user: str | None = None) -> str:
+    """``sbatch ARGS`` on h1; the job's id."""
+    cp = slurm.run(["sbatch", "--parsable", f"--output={slurm.out}/%j.out", "--chdir=/tmp", *args],
+                   user=user)
+    return cp.stdout.strip().split(";")[0]
+
+
+def wait_gone(slurm: SlurmBed, job_id: str, timeout: float = 60.0) -> None:
+    """Until Slurm runs or holds the job no more."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(line.split()[0] == job_id for line in slurm.jobs()):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"Slurm job {job_id} still there after {timeout}s: {slurm.jobs()}")
+
+
+def wait_running(slurm: SlurmBed, job_id: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if f"{job_id} RUNNING" in " ".join(slurm.jobs()):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"Slurm job {job_id} not running after {timeout}s: {slurm.jobs()}")
+
+
+def test_every_node_is_idle_with_its_gpus(slurm: SlurmBed) -> None:
+    cp = slurm.run(["sinfo", "-h", "-N", "-o", "%N %t %G"])
+    rows = sorted(line.split() for line in cp.stdout.splitlines())
+    assert rows == [[n, "idle", "gpu:4"] for n in sorted(slurm.nodes)], cp.stdout
+
+
+def test_three_node_gres_job_sees_two_gpus_on_each(slurm: SlurmBed) -> None:
+    job = submit(slurm, "-N", "3", "--gres=gpu:2", "--wrap",
+                 "srun sh -c 'echo $(hostname) $SLURM_NODEID CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES'")
+    wait_gone(slurm, job)
+    out = (slurm.out / f"{job}.out").read_text()
+    lines = sorted(line.split() for line in out.splitlines() if "CUDA_VISIBLE_DEVICES" in line)
+    assert [(words[0], words[2]) for words in lines] == [
+        (n, "CUDA_VISIBLE_DEVICES=0,1") for n in sorted(slurm.nodes)], out
+
+
+@pytest.mark.parametrize("request_args", [
+    ("--gres=gpu:2",),
+    ("--gres=gpu:4",),
+    ("--gpus-per-node=2",),
+    ("--gpus=2",),
+    ("-n", "2", "--gpus-per-task=1"),
+    ("--gres=gpu:1", "--cpus-per-gpu=2"),
+], ids=lambda a: " ".join(a))
+def test_gres_request_is_allocated(slurm: SlurmBed, request_args: tuple[str, ...]) -> None:
+    """The GRES requests rigdeck may make, each allocated by this Slurm (22.05.8, which Slurm's
+    bug 15857 names: docs/slurm.md says which requests it hits and which it spares)."""
+    job = submit(slurm, "-N", "1", *request_args, "--wrap", "echo GPUS=$CUDA_VISIBLE_DEVICES")
+    wait_gone(slurm, job)
+    out = (slurm.out / f"{job}.out").read_text()
+    assert "GPUS=" in out and "not available" not in out, out
+
+
+def test_drain_shows_in_sinfo_reasons(slurm: SlurmBed) -> None:
+    node = slurm.node(2)
+    reason = "rigdeck test: GPU 1 XID 79"
+    slurm.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+    try:
+        cp = slurm.run(["sinfo", "-R", "-h", "-o", "%N|%E|%u"])
+        assert cp.stdout.split("\n")[0].split("|") == [node, reason, "root"], cp.stdout
+        assert slurm.node_states()[node] == "drain"
+    finally:
+        slurm.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+
+
+def test_other_users_job_holds_gpus(slurm: SlurmBed) -> None:
+    """A second Unix user's job holds 2 GPUs of a node: Slurm says so in the node's GresUsed."""
+    node = slurm.node(2)
+    job = submit(slurm, "-w", node, "--gres=gpu:2", "--wrap", "sleep 60", user=OTHER_USER)
+    try:
+        wait_running(slurm, job)
+        # 22.05 says how many of a node's GPUs are used, and the job which ones it holds
+        cp = slurm.run(["scontrol", "-d", "show", "node", node])
+        assert "GresUsed=gpu:2\n" in cp.stdout, cp.stdout
+        cp = slurm.run(["scontrol", "-d", "show", "job", job])
+        assert f"Nodes={node} CPU_IDs=0 Mem=0 GRES=gpu:2(IDX:0-1)" in cp.stdout, cp.stdout
+        assert f"{job} RUNNING {OTHER_USER}" in slurm.jobs()
+    finally:
+        slurm.run(["scancel", job])
+
+
+def test_rigdeck_beside_slurm_never_takes_the_gpus_slurm_gave(slurm: SlurmBed, tmp_path: Path) -> None:
+    """No [slurm] in the inventory: another user's Slurm job holds GPUs 0-1 of h2, so rigdeck
+    places a 2-GPU job on 2-3, and one that needs all 4 is refused naming the Slurm job."""
+    cli = Cli(slurm.bed, tmp_path)
+    node = slurm.node(2)
+    job = submit(slurm, "-w", node, "--gres=gpu:2", "--wrap", "sleep 300", user=OTHER_USER)
+    try:
+        wait_running(slurm, job)
+        body = '''command = ["sh", "-c", "echo CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"]
+workdir = "/"
+launcher = "direct"
+hosts = ["h2"]
+nodes = 1
+gpus_per_node = {n}
+'''
+        view = cli.json("launch", str(cli.spec("beside", body.format(n=2))), "--wait", timeout=120)
+        assert view["state"] == "succeeded", json.dumps(view, indent=1)[:3000]
+        assert [(n["host"], n["gpus"]) for n in view["placement"]] == [("h2", [2, 3])]
+        logs = cli.run("logs", view["job_id"]).stdout
+        # a rank a GPU, each seeing its own
+        assert sorted(logs.splitlines()) == ["[h2 r0] CUDA_VISIBLE_DEVICES=2", "[h2 r1] CUDA_VISIBLE_DEVICES=3"], logs
+        refused = cli.run("launch", str(cli.spec("all-four", body.format(n=4))), "--no-queue", check=False)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"GPU 0,1 allocated by Slurm to job {job} of user {OTHER_USER}" in refused.stderr, refused.stderr
+        # without --no-queue it waits, saying for what
+        queued = cli.json("launch", str(cli.spec("all-four-later", body.format(n=4))))
+        try:
+            assert queued["state"] == "queued" and queued["placement"] == [], queued
+            assert f"allocated by Slurm to job {job} of user {OTHER_USER}" in queued["waiting"], queued["waiting"]
+        finally:
+            cli.run("stop", queued["job_id"])
+    finally:
+        slurm.run(["scancel", job])
+
+
+def test_rigdeck_hosts_shows_each_nodes_slurm_state_and_drain_reason(slurm: SlurmBed, tmp_path: Path) -> None:
+    cli = Cli(slurm.bed, tmp_path)
+    cli.inventory.write_text(cli.inventory.read_text() + '\n[slurm]\nlogin = "h1"\npartition = "bed"\n')
+    node = slurm.node(3)
+    reason = "rigdeck test: GPU 1 XID 79"
+    slurm.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+    try:
+        hosts = {h["name"]: h["slurm"] for h in cli.json("hosts")}
+        assert {h: (s["node"], s["state"]) for h, s in hosts.items()} == {
+            "h1": (slurm.node(1), "idle"), "h2": (slurm.node(2), "idle"), "h3": (node, "drain")}
+        assert (hosts["h3"]["reason"], hosts["h3"]["reason_user"], hosts["h3"]["flags"]) == (reason, "root", ["DRAIN"])
+        text = cli.run("hosts").stdout
+        assert f"h3\tslurm: {node} drain\tdrained in Slurm: {reason} (by root at " in text, text
+        assert f"h1\tslurm: {slurm.node(1)} idle\n" in text, text
+    finally:
+        slurm.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
