@@ -874,6 +874,7 @@ def test_a_strip_divided_whole_is_not_kept_in_itself() -> None:
     from textual.strip import Strip
 
     from tui.app import stripcycle
+    from tui.app.textualpatch import REPLACED
 
     stripcycle.install()
     strip = Strip([Segment("abc"), Segment("defg", Style(bold=True))])
@@ -881,7 +882,8 @@ def test_a_strip_divided_whole_is_not_kept_in_itself() -> None:
     assert not gc.get_referrers(strip)  # nothing of its own holds it
     parts = strip.divide([2, 5, 7])
     assert [p.text for p in parts] == ["ab", "cde", "fg"]
-    assert stripcycle._divide(Strip(list(strip)), [2, 5, 7]) == parts
+    textuals = getattr(Strip.divide, REPLACED)  # what the app's divide replaced
+    assert textuals(Strip(list(strip)), [2, 5, 7]) == parts
 
 
 def test_an_lru_cache_cleared_or_discarded_frees_its_entries_without_the_collector() -> None:
@@ -933,6 +935,7 @@ def test_a_strip_crop_extended_whole_is_not_kept_in_itself() -> None:
     from textual.strip import Strip
 
     from tui.app import stripcycle
+    from tui.app.textualpatch import REPLACED
 
     stripcycle.install()
     strip = Strip([Segment("abc"), Segment("defg", Style(bold=True))])
@@ -941,7 +944,8 @@ def test_a_strip_crop_extended_whole_is_not_kept_in_itself() -> None:
     assert strip.crop_extend(1, 5, None).text == "bcde"
     assert strip.crop_extend(0, 9, None).text == "abcdefg  "
     assert strip.crop_extend(1, 5, None) is strip.crop_extend(1, 5, None)  # still cached
-    assert stripcycle._crop_extend(Strip(list(strip)), 0, 7, None).text == "abcdefg"
+    textuals = getattr(Strip.crop_extend, REPLACED)  # what the app's crop_extend replaced
+    assert textuals(Strip(list(strip)), 0, 7, None).text == "abcdefg"
 
 
 async def test_a_static_keeps_its_size_right_without_a_layout_per_update() -> None:

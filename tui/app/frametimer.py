@@ -20,11 +20,14 @@ from typing import Any, TextIO
 
 from textual.screen import Screen
 
+from tui.app.textualpatch import Need, usable
+
 FRAME_MS = 1000.0 / 30  # a frame at 30 fps: a longer stretch is a stall
 WINDOW_S = 60.0
 ENV = "RIGDECK_FRAME_TIMER"
 LOG_ENV = "RIGDECK_FRAME_LOG"  # a file: every collector pass and every stretch over LOG_OVER_MS
 LOG_OVER_MS = 20.0
+TIMED = "the frame timer's frames (tui/app/frametimer.py)"
 
 
 class FrameTimer:
@@ -135,7 +138,8 @@ class FrameTimer:
 
 class TimedScreen(Screen[None]):
     """The app's default screen, each of its updates (a frame: layout when needed, render,
-    the compositor's output) timed by the app's ``frame_timer``."""
+    the compositor's output) timed by the app's ``frame_timer``. It overrides Screen's private
+    ``_on_timer_update``: ``default_screen`` uses it only where that is as expected."""
 
     def _on_timer_update(self) -> None:
         timer = getattr(self.app, "frame_timer", None)
@@ -143,3 +147,12 @@ class TimedScreen(Screen[None]):
             super()._on_timer_update()
         else:
             timer.timed(super()._on_timer_update)
+
+
+def default_screen() -> Screen[None]:
+    """The app's default screen: a ``TimedScreen`` where Screen's update step is the method it
+    overrides, else Textual's own (the frames untimed: the frame timer sees only the sampling
+    steps and the collector's passes, and the log says so once)."""
+    if usable(TIMED, [Need(Screen, "_on_timer_update", ("self",))]):
+        return TimedScreen(id="_default")
+    return Screen(id="_default")

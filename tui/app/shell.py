@@ -36,7 +36,7 @@ from tui.app import cycles, stripcycle
 from tui.app.collector import COLLECT_S, CollectorTuning
 from tui.app.frametimer import ENV as FRAME_TIMER_ENV
 from tui.app.frametimer import LOG_ENV as FRAME_LOG_ENV
-from tui.app.frametimer import FrameTimer, TimedScreen
+from tui.app.frametimer import FrameTimer, default_screen
 from tui.app.keys import keymap_path, load_keymap
 from tui.app.notices import JobNotices, toast
 from tui.app.screens.dialogs import ConfirmStop, HelpScreen, TrustHostKey, describe_error
@@ -44,6 +44,7 @@ from tui.app.screens.launch import LaunchScreen
 from tui.app.screens.onboarding import OnboardingScreen, passphrase_prompt
 from tui.app.summary import summarize, summary_markup  # noqa: F401 (tests/test_contracts imports summarize here)
 from tui.app.terminal import HangupWatch, input_fd
+from tui.app.textualpatch import Need, usable
 from tui.app.views import load_views
 from tui.app.views.base import HOSTS, JOBS, OPEN_JOB, View, ViewState, set_text
 from tui.app.views.job import placement_markup  # noqa: F401 (tests/test_contracts imports it from here)
@@ -73,6 +74,10 @@ VIEWS = load_views(
 TABS = tuple(v.ID for v in VIEWS)
 EXIT_HANGUP = 128 + signal.SIGHUP  # the shell's status for a process ended by a hangup
 V = TypeVar("V", bound=View)
+# Textual's signs that a screen is going (MessagePump's and Widget's: nothing public says it
+# before the screen stops). One that is gone reads as False: ``closing`` then sees only exit().
+_SCREEN_GOING = ("_closing", "_closed", "_pruning")
+SEES_CLOSING = "seeing the screen go at shutdown (RigdeckApp.closing)"
 
 
 class RigdeckApp(App[None]):
@@ -129,6 +134,7 @@ class RigdeckApp(App[None]):
         self.clock = clock
         self.keymap_file = keymap_file or keymap_path()
         self.keymap_problems: list[str] = []
+        self.applied_keymap: dict[str, str] = {}  # binding id -> keys, as keys.toml set them
         self.spec_path = spec_path
         self.widths = Widths.for_width(120)
         self.job_id: str | None = None
@@ -151,7 +157,7 @@ class RigdeckApp(App[None]):
     # -- layout -----------------------------------------------------------------------------
 
     def get_default_screen(self) -> Screen[Any]:
-        return TimedScreen(id="_default")
+        return default_screen()
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -196,6 +202,7 @@ class RigdeckApp(App[None]):
                 self.set_interval(v.POLL_S, v.poll, name=v.ID)
         stripcycle.install()  # lines drawn are freed when dropped, not by the collector
         cycles.install()  # so are layouts and replaced component styles
+        usable(SEES_CLOSING, [Need(self.default_screen, name) for name in _SCREEN_GOING])
         self.collector.start()
         self.set_interval(COLLECT_S, self.collector.between_frames, name="collector")
         if self.show_frames:
@@ -291,7 +298,7 @@ class RigdeckApp(App[None]):
             out = []
             for b in bindings:
                 if isinstance(b, Binding) and b.id:
-                    key = self._keymap.get(b.id, b.key)
+                    key = self.applied_keymap.get(b.id, b.key)
                     out.append((self._key_label(key), b.description or b.action, b.id))
             return out
 
@@ -316,6 +323,7 @@ class RigdeckApp(App[None]):
         self.keymap_problems = problems
         if keymap:
             self.set_keymap(keymap)
+        self.applied_keymap = keymap  # Textual keeps it, but only in a private attribute
         for p in problems:
             self.notify(p, title="keys.toml", severity="warning", timeout=10)
 
@@ -341,8 +349,10 @@ class RigdeckApp(App[None]):
     @property
     def closing(self) -> bool:
         """Shutting down: a timer may fire, or a worker end, once more while the widgets go."""
+        if self.return_code is not None:  # App.exit was called (or the app failed)
+            return True
         screen = self.default_screen
-        return bool(self._exit or screen._closing or screen._closed or getattr(screen, "_pruning", False))
+        return any(getattr(screen, name, False) for name in _SCREEN_GOING)
 
     def refresh_views(self, force: bool = False) -> None:
         """Sample the controller's state and apply what changed to the visible panels (timed
