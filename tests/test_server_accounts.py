@@ -250,6 +250,10 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
         print(f"$ ps -o user= -p {','.join(map(str, pa + pb))}  (on h2)\n"
               f"alice's ranks {pa} -> {owners(bed, pa)}, bob's ranks {pb} -> {owners(bed, pb)}")
         assert owners(bed, pa) == [ALICE, ALICE] and owners(bed, pb) == [BOB]
+        again = alice.run("server", "join", "h2", check=False)  # a job keeps the account it started as
+        print(f"alice joins h2 again while her job runs: exit {again.returncode}: {again.stderr.strip()[-300:]}")
+        assert again.returncode == 1 and f"alice's jobs {a} run on h2" in again.stderr, again.stderr
+        assert "Traceback" not in again.stderr
         for job, who in ((a, ALICE), (b, BOB)):  # every process of the job, not only its ranks
             procs = [int(p.split("/")[2]) for p in tagged(bed, job)["h2"]]
             assert procs and set(owners(bed, procs)) == {who}, (job, procs, owners(bed, procs))

@@ -101,7 +101,7 @@ def join(inventory: Inventory, hosts: Sequence[str] | None = None, *,
     public key installed in their own ``authorized_keys`` on each host restricted to that agent's
     attach, then the server told (over their own forced attach) which account it is on which
     host; it checks each before recording it. ``hosts``: default every host but the server's."""
-    from tui.client import Membership, RemoteClient
+    from tui.client import Membership, RemoteClient, ServerError, TransportError
     from tui.control.controller import Controller
 
     say = progress or (lambda _: None)
@@ -136,6 +136,8 @@ def join(inventory: Inventory, hosts: Sequence[str] | None = None, *,
                 places, ctl.agent_env, transport=ctl.transport)
         say("asking the server to check and record " + ", ".join(f"{h} as {a}" for h, a in accounts.items()))
         got = server.join(accounts)
+    except (ServerError, TransportError) as e:  # the server's refusal, or no way to it: said plainly
+        raise ServerHostError(str(e)) from None
     finally:
         client.close()
     return JoinReport(str(said["server_host"]), str(got["user"]), dict(got["accounts"]))
@@ -146,13 +148,15 @@ def leave(inventory: Inventory, hosts: Sequence[str] | None = None) -> tuple[Joi
     every one it records) and closes its links to them (refused while a job of theirs runs
     there), then the server's key line comes out of the caller's own ``authorized_keys`` on each
     of those hosts their inventory reaches. (what is still joined, the hosts left)."""
-    from tui.client import Membership, RemoteClient
+    from tui.client import Membership, RemoteClient, ServerError, TransportError
 
     client = RemoteClient(inventory)
     server = Membership(client)
     try:
         said = server.key()
         got = server.leave(list(hosts) if hosts else None)
+    except (ServerError, TransportError) as e:
+        raise ServerHostError(str(e)) from None
     finally:
         client.close()
     left = [str(h) for h in got["left"]]
