@@ -252,6 +252,15 @@ def sha256_file(path: str) -> Optional[str]:
         return None
 
 
+def _account() -> Optional[str]:
+    import pwd
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid with no passwd entry (a container's)
+        return None
+
+
 def collect(state_dir: Optional[str] = None) -> Dict[str, Any]:
     """All facts as one JSON-able dict. ``state_dir`` ('~' allowed) adds what is deployed there."""
     hostname = socket.gethostname()
@@ -268,6 +277,7 @@ def collect(state_dir: Optional[str] = None) -> Dict[str, Any]:
         "gpu_source": source,
         "gpus": gpus,
         "home": os.path.expanduser("~"),
+        "user": _account(),  # the account the agent runs as (a shared server checks a join by it)
     }  # type: Dict[str, Any]
     if state_dir is not None:
         sd = os.path.expanduser(state_dir)

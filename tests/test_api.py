@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tui.client import Client, InProcessClient, RemoteClient, _RemoteJobs, _ServerStore
+from tui.client import Client, InProcessClient, Membership, RemoteClient, _RemoteJobs, _ServerStore
 from tui.control import api
 from tui.control.server import _methods, _Own, encode_result
 from tui.control.service import ControllerService, ServiceInfo
@@ -23,14 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The names on the wire, as servers and clients of other versions know them: a change here
 # breaks them (kick and deploy went in issue 31: no client ever called them; retry and
-# reprioritise came in issue 33).
+# reprioritise came in issue 33; join_key, join and leave in issue 46).
 WIRE = {
     "info", "ping", "subscribe_hosts", "reconnect", "jobs_snapshot", "job_detail", "select", "stop_plan",
     "source_launch", "source_stop", "launch", "stop", "view", "list_jobs", "queue", "metrics", "logs", "gc",
     "wait", "sweep", "sweeps", "sweep_detail", "sweep_stop", "sweep_stop_trial", "sweep_wait", "doctor",
     "pipeline", "pipelines", "pipeline_detail", "pipeline_stop", "pipeline_retry", "pipeline_wait",
     "code_missing", "code_put", "code_manifest", "drains", "drain", "undrain", "exposition", "tensorboard_pull",
-    "usage", "retry", "reprioritise",
+    "usage", "retry", "reprioritise", "join_key", "join", "leave",
 }
 
 # Client methods that are no call of the controller API: the link's own, or work done on the
@@ -183,10 +183,12 @@ def test_the_remote_client_sends_each_declared_method_with_its_params() -> None:
     jobs = _RemoteJobs(client)
     jobs._selected = "j1"
     store = _ServerStore(client)
+    member = Membership(client)  # rigdeck server join and leave
     spec = types.SimpleNamespace(to_dict=lambda: {"name": "x"})
     for fn in (jobs.poll_once, lambda: jobs.stop_plan("j1"), lambda: jobs.launch(spec),  # type: ignore[arg-type]
                lambda: jobs.stop_job("j1"), lambda: store.missing([["a", 1]]), lambda: store.put([]),
-               lambda: store.add_manifest("t", [])):
+               lambda: store.add_manifest("t", []), member.key, lambda: member.join({"h2": "rdk-bob"}),
+               lambda: member.leave(None)):
         drive(fn)
     jobs._selected = None
     drive(lambda: jobs.select("j2"))

@@ -74,7 +74,7 @@ __all__ = [
     "forget_passphrases", "http_listener",
     "onboarding_offer", "remember_passphrase", "set_passphrase_prompt", "HostReport", "InProcessClient",
     "InventoryError", "JobError", "PermissionDenied", "UnsafeDirError",
-    "JobRefError", "JobSpecError", "JobView", "LinkStatus", "PlacementError", "QueueEntry",
+    "JobRefError", "JobSpecError", "JobView", "LinkStatus", "Membership", "PlacementError", "QueueEntry",
     "RemoteClient", "ServerError", "TransportError", "connect", "describe_cause",
     "hostfile_to_toml", "load_hostfile", "load_inventory", "rigdeck_home", "serve", "serveradmin", "wire_json",
 ]
@@ -760,6 +760,24 @@ class _ServerStore:
 
     def add_manifest(self, tree: str, files: list[Any]) -> dict[str, Any]:
         return self.c.call(api.code_manifest, tree=tree, files=files)
+
+
+class Membership:
+    """A person's own accounts on the hosts, as the server records them: ``rigdeck server join``
+    and ``leave`` (``tui.serveradmin``) call these over the person's own forced attach."""
+
+    def __init__(self, client: RemoteClient):
+        self.c = client
+
+    def key(self) -> dict[str, Any]:
+        """The server's public key, its host and who the server knows the caller as."""
+        return self.c.call(api.join_key)
+
+    def join(self, accounts: dict[str, str]) -> dict[str, Any]:
+        return self.c.call(api.join, accounts=accounts)
+
+    def leave(self, hosts: list[str] | None) -> dict[str, Any]:
+        return self.c.call(api.leave, hosts=hosts)
 
 
 def server_enabled(inventory: Inventory) -> bool:

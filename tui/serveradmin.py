@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from tui.model.inventory import HostSpec, Inventory
 from tui.model.serverlayout import DEFAULT_SERVER_STATE_DIR
@@ -24,6 +26,8 @@ __all__ = [
     "SetupReport",
     "add_user",
     "attach",
+    "join",
+    "leave",
     "load",
     "logs",
     "remove_user",
@@ -74,6 +78,92 @@ def setup(inventory: Inventory, *, progress: Callable[[str], None] | None = None
             notify=config.notify,
             policy=config.queue,
         )
+
+
+@dataclass(frozen=True)
+class JoinReport:
+    """What ``rigdeck server join`` did: who the server knows the caller as, the key line's
+    state on each host (added, replaced, current), and every account the server records for them
+    now (host -> {"account", "python", "state_dir"}, as each agent said them)."""
+
+    server_host: str
+    user: str
+    accounts: dict[str, dict[str, str]]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"server_host": self.server_host, "user": self.user, "accounts": dict(self.accounts)}
+
+
+def join(inventory: Inventory, hosts: Sequence[str] | None = None, *,
+         progress: Callable[[str], None] | None = None) -> JoinReport:
+    """``rigdeck server join``, run by a person with their own access to the hosts (their
+    inventory: their account, their key): their agent deployed where missing, the server's
+    public key installed in their own ``authorized_keys`` on each host restricted to that agent's
+    attach, then the server told (over their own forced attach) which account it is on which
+    host; it checks each before recording it. ``hosts``: default every host but the server's."""
+    from tui.client import Membership, RemoteClient, ServerError, TransportError
+    from tui.control.controller import Controller
+
+    say = progress or (lambda _: None)
+    srv = inventory.server
+    if srv is None:
+        raise ServerHostError(f"{inventory.path or 'the inventory'} has no [server] table: join needs the server")
+    names = list(hosts) if hosts else [h for h in inventory.names if h != srv.host]
+    try:
+        specs = inventory.select(names)
+    except ValueError as e:  # InventoryError: a host the inventory does not have
+        raise ServerHostError(f"join: {e}") from None
+    if not specs:
+        raise ServerHostError("join: no host to join (name the hosts: rigdeck server join HOST ...)")
+    client = RemoteClient(inventory)
+    server = Membership(client)
+    try:
+        said = server.key()
+        key, person = str(said["public_key"]), str(said["user"])
+        with Controller(inventory) as ctl:
+            say(f"deploying your agent to {', '.join(s.name for s in specs)}")
+            places: dict[str, AgentPlace] = {}
+
+            def body(report, t) -> None:  # type: ignore[no-untyped-def]
+                places[t.spec.name] = AgentPlace(*ctl._deploy_one(report, t, ctl.bundle))
+
+            errors = [r.error for r in ctl._parallel(list(specs), lambda s: ctl._guarded(s, body)) if r.error]
+            if errors:
+                raise ServerHostError("deploying your agent failed: " + "; ".join(errors))
+            say(f"installing {said['server_host']}'s key for your agent only")
+            accounts = serverhost.authorize_member(
+                inventory, specs, key, serverhost.member_comment(str(said["server_host"]), person),
+                places, ctl.agent_env, transport=ctl.transport)
+        say("asking the server to check and record " + ", ".join(f"{h} as {a}" for h, a in accounts.items()))
+        got = server.join(accounts)
+    except (ServerError, TransportError) as e:  # the server's refusal, or no way to it: said plainly
+        raise ServerHostError(str(e)) from None
+    finally:
+        client.close()
+    return JoinReport(str(said["server_host"]), str(got["user"]), dict(got["accounts"]))
+
+
+def leave(inventory: Inventory, hosts: Sequence[str] | None = None) -> tuple[JoinReport, list[str]]:
+    """``rigdeck server leave``: the server forgets the caller's accounts on ``hosts`` (None:
+    every one it records) and closes its links to them (refused while a job of theirs runs
+    there), then the server's key line comes out of the caller's own ``authorized_keys`` on each
+    of those hosts their inventory reaches. (what is still joined, the hosts left)."""
+    from tui.client import Membership, RemoteClient, ServerError, TransportError
+
+    client = RemoteClient(inventory)
+    server = Membership(client)
+    try:
+        said = server.key()
+        got = server.leave(list(hosts) if hosts else None)
+    except (ServerError, TransportError) as e:
+        raise ServerHostError(str(e)) from None
+    finally:
+        client.close()
+    left = [str(h) for h in got["left"]]
+    comment = serverhost.member_comment(str(said["server_host"]), str(said["user"]))
+    reach = [h for h in left if h in inventory.names]
+    serverhost.deauthorize_member(inventory, inventory.select(reach), comment)
+    return JoinReport(str(said["server_host"]), str(got["user"]), dict(got["accounts"])), left
 
 
 def start(inventory: Inventory, *, timeout: float = serverhost.START_TIMEOUT) -> ServerStatus:

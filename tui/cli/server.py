@@ -1,4 +1,4 @@
-"""``rigdeck server setup|start|stop|status|logs|add-user|users|remove-user`` and ``rigdeck attach``.
+"""``rigdeck server setup|start|stop|status|logs|add-user|users|remove-user|join|leave`` and ``rigdeck attach``.
 
 The server is the controller running as a long-lived process (``rigdeck serve``) on the host the
 inventory's ``[server]`` table names; these commands put it there and look after it, through
@@ -96,6 +96,19 @@ def _user_parsers(ssub: Any) -> None:
     sp = ssub.add_parser("remove-user", help="revoke a person's key (their name stays on the work they did)")
     _inventory_option(sp)
     sp.add_argument("name", metavar="NAME")
+    sp = ssub.add_parser(
+        "join",
+        help="(a person, with their own access to the hosts) let the server run your jobs as your own "
+        "account: its key goes into your authorized_keys there, for your own agent only",
+    )
+    _inventory_option(sp)
+    sp.add_argument("hosts", nargs="*", metavar="HOST",
+                    help="the hosts to join (default: every host of your inventory but the server's)")
+    sp.add_argument("--json", action="store_true")
+    sp = ssub.add_parser("leave", help="(a person) undo join: the server forgets your accounts and its key "
+                                       "leaves your authorized_keys (refused while a job of yours runs there)")
+    _inventory_option(sp)
+    sp.add_argument("hosts", nargs="*", metavar="HOST", help="the hosts to leave (default: every one joined)")
 
 
 def _read_key(value: str) -> str:
@@ -115,6 +128,22 @@ def _run_users(args: argparse.Namespace, inv: Any) -> int:
     from tui.client import serveradmin
 
     cmd = args.server_command
+    if cmd == "join":
+        progress = None if args.json else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+        report = serveradmin.join(inv, args.hosts, progress=progress)
+        if args.json:
+            _dump(report.to_json())
+        else:
+            print(f"joined {report.server_host} as {report.user}: your jobs run as "
+                  + ", ".join(f"{a['account']} on {h}" for h, a in sorted(report.accounts.items())))
+        return EXIT_OK
+    if cmd == "leave":
+        report, left = serveradmin.leave(inv, args.hosts)
+        rest = ", ".join(f"{a['account']} on {h}" for h, a in sorted(report.accounts.items()))
+        print(f"left {', '.join(left) or 'nothing'} on {report.server_host}: its key is out of your "
+              f"authorized_keys there; " + (f"your jobs still run as {rest}" if rest else
+                                            "your jobs run as the server's account again"))
+        return EXIT_OK
     if cmd == "add-user":
         user, replaced = serveradmin.add_user(inv, args.name, _read_key(args.key), admin=args.admin)
         if args.json:
@@ -173,7 +202,7 @@ def _run_server(args: argparse.Namespace, inv: Any) -> int:
     from tui.client import serveradmin
 
     cmd = args.server_command
-    if cmd in ("add-user", "users", "remove-user"):
+    if cmd in ("add-user", "users", "remove-user", "join", "leave"):
         return _run_users(args, inv)
     if cmd == "setup":
         progress = None if args.json else (lambda m: print(f"  {m}", file=sys.stderr, flush=True))

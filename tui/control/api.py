@@ -268,6 +268,25 @@ def code_manifest(tree: str, files: list[Any]) -> dict[str, Any]:
     """Record a tree whose every content the server's store holds."""
 
 
+@_declare("join_key", access="self", service=None, own=True)
+def join_key() -> dict[str, Any]:
+    """What ``rigdeck server join`` installs on the caller's hosts: the server's public key, its
+    host and the caller's name on the server (a person's session only)."""
+
+
+@_declare("join", access="self", service=None, own=True)
+def join(accounts: dict[str, str]) -> dict[str, Any]:
+    """Record the caller's own accounts ({host: account}) after checking each: the server
+    attaches through the key line the caller installed there and asks the agent which account
+    it runs as. From then on the caller's jobs run as those accounts, on those hosts only."""
+
+
+@_declare("leave", access="self", service=None, own=True)
+def leave(hosts: list[str] | None = None) -> dict[str, Any]:
+    """Forget the caller's own accounts on ``hosts`` (None: all) and close the server's links to
+    them; refused while a job of theirs runs there. What is left recorded, and what was dropped."""
+
+
 # ---------------------------------------------------------------------------------------------
 # What the faces call: ``tui.client.Client`` is this class.
 

@@ -10,6 +10,7 @@ failure seen late is still handled.
 from __future__ import annotations
 
 import builtins
+import copy
 import dataclasses
 import logging
 import secrets
@@ -255,6 +256,54 @@ class JobManager:
         self.code_store = CodeStore(self.history.path.parent / "code")
         self.code_progress: dict[str, dict[str, tuple[int, int]]] = {}
         self.code_listeners: list[Callable[[str, str, int, int], None]] = []
+        # A shared server's people who joined with accounts of their own (``rigdeck server
+        # join``): person -> the controller that reaches their own agents (None: the person
+        # has none, and their jobs go through ``ctl`` as before). None: nobody has.
+        self.accounts: Callable[[str], Controller | None] | None = None
+        self._base: JobManager | None = None  # the manager this one is a person's view of
+        self._owner: str | None = None  # whose jobs this view handles (None: the server's ctl)
+        self._views: dict[str, JobManager] = {}
+
+    # -- whose account a job runs as ------------------------------------------------------------
+
+    def for_owner(self, user: str | None) -> JobManager:
+        """The manager that handles ``user``'s jobs: this one, or (a person who joined a shared
+        server with accounts of their own) the same manager (one history, scheduler, queue
+        and store) whose ``ctl`` reaches that person's own agents, so that their jobs are
+        placed, claimed, started, asked after and stopped as them."""
+        base = self._base or self
+        if base.accounts is None or not user or user == "?":
+            return base
+        if self._owner == user:
+            return self
+        ctl = base.accounts(user)
+        if ctl is None:
+            return base
+        view = base._views.get(user)
+        if view is None or view.ctl is not ctl:
+            view = copy.copy(base)  # everything shared but the controller
+            view.ctl, view._base, view._owner = ctl, base, user
+            base._views[user] = view
+        return view
+
+    def ctl_for(self, user: str | None) -> Controller:
+        """The controller through which ``user``'s jobs are reached (``for_owner``)."""
+        return self.for_owner(user).ctl
+
+    def _person_hosts(self, spec: JobSpec) -> None:
+        """On a person's view: a spec naming a host where they have no account recorded is
+        refused, naming them and the host."""
+        base = self._base
+        if base is None:
+            return
+        mine = set(self.ctl.inventory.names)
+        missing = [h for h in spec.hosts if h not in mine and h in base.ctl.inventory.names]
+        if missing:
+            raise JobError(
+                f"{spec.path or 'job spec'}: field 'hosts': {self._owner} has no account recorded on "
+                f"{', '.join(missing)} (their jobs run as their own account: run `rigdeck server join "
+                f"{' '.join(missing)}` with access of their own there); they may use "
+                f"{', '.join(self.ctl.inventory.names) or 'no host'}")
 
     # -- placement --------------------------------------------------------------------------
 
@@ -510,7 +559,14 @@ class JobManager:
         read it. ``user``: the job's owner, recorded as its ``user`` (default: this account; a job already
         recorded, as a queued one, keeps the owner it has unless one is given). A job that ran before
         (preempted, back from the queue) starts as its next attempt: its ranks resume from
-        their newest checkpoint, as after a gang restart."""
+        their newest checkpoint, as after a gang restart. A job of a person who joined with
+        accounts of their own starts through their own agents (``for_owner``)."""
+        if self.accounts is not None or self._base is not None:
+            owner = user if user is not None else (self.history.get(job_id) or {}).get("user") if job_id else None
+            view = self.for_owner(owner)
+            if view is not self:
+                return view.launch(spec, job_id=job_id, look=look, capacity=capacity, user=user)
+            self._person_hosts(spec)
         unknown = [h for h in spec.hosts if h not in self.ctl.inventory.names]
         if unknown:
             raise JobError(
@@ -521,6 +577,8 @@ class JobManager:
         candidates = list(spec.hosts) if spec.hosts else self.ctl.inventory.names
         if capacity is None:  # a caller that has just read it (the queue) passes it on
             capacity = self.capacity(candidates)
+        elif self._base is not None:  # a person's jobs go only where they have an account
+            capacity = [c for c in capacity if c.name in set(self.ctl.inventory.names)]
         job_id = job_id or new_job_id(spec.name)
         placement = self.scheduler.reserve(job_id, spec, capacity)
         try:
@@ -808,7 +866,8 @@ class JobManager:
         host out of reach is counted from its last answer anyway (tui/control/healing.py).
         ``fresh_health``: each host's ``gpu_health`` from a sample taken now."""
         hosts = [h for h in dict.fromkeys(n["host"] for n in rec.get("placement") or []) if h not in skip]
-        return self.ctl.agents(hosts).job_status(job_id=rec["job_id"], fresh_health=fresh_health, timeout=20)
+        return self.ctl_for(rec.get("user")).agents(hosts).job_status(
+            job_id=rec["job_id"], fresh_health=fresh_health, timeout=20)
 
     def stop(
         self, ref: str, grace_s: float | None = None, wait: bool = True, *, yes: bool = False,
@@ -838,7 +897,7 @@ class JobManager:
         self.history.update(job_id, state=STOPPING)
         self.history.add_event(job_id, {"event": "stop requested", "grace_s": grace, "by": by})
         hosts = list(dict.fromkeys(n["host"] for n in rec.get("placement") or []))
-        self.ctl.agents(hosts).job_stop(job_id=job_id, grace_s=grace, timeout=20)
+        self.ctl_for(rec.get("user")).agents(hosts).job_stop(job_id=job_id, grace_s=grace, timeout=20)
         if not wait:
             # The hosts are stopping it: it stays "stopping" (its GPUs held) until supervision
             # sees them done, and records "stopped" then.
@@ -902,6 +961,9 @@ class JobManager:
 
     def supervise_once(self, rec: dict[str, Any]) -> dict[str, Any]:
         """Look at every host of the job once and apply the gang rules. Returns the host states."""
+        view = self.for_owner(rec.get("user"))
+        if view is not self:  # the gang rules act through the owner's own agents
+            return view.supervise_once(rec)
         job_id = rec["job_id"]
         states = this_attempt(rec, self.host_states(rec))
         overall = overall_state(states)
@@ -1146,7 +1208,7 @@ class JobManager:
         the new attempt's record of a (rank, step) replaces the earlier attempts' (events, which
         carry no step, are all kept)."""
         rec = self.record(ref)
-        reader = JobReader(self.ctl, rec["job_id"])
+        reader = JobReader(self.ctl_for(rec.get("user")), rec["job_id"])
         records = reader.all_metrics(self.hosts_ever(rec), timeout=30)
         for host, why in reader.unreachable.items():
             log.warning("%s unreachable: its metrics are not included (%s)", host, why)
@@ -1159,14 +1221,15 @@ class JobManager:
         ``partial``: the piece ends inside a line. ``binary``: bytes as the rank wrote them."""
         rec = self.record(ref)
         job_id = rec["job_id"]
-        reader = JobReader(self.ctl, job_id)
+        ctl = self.ctl_for(rec.get("user"))
+        reader = JobReader(ctl, job_id)
         said: set[str] = set()
         while True:
             rec = self.record(job_id)
             ended = rec["state"] in TERMINAL
             got_any = False
             hosts = self.hosts_ever(rec)
-            states = self.ctl.agents(hosts).job_status(job_id=job_id, timeout=20)  # at once
+            states = ctl.agents(hosts).job_status(job_id=job_id, timeout=20)  # at once
             for host in hosts:
                 st = states[host]
                 if isinstance(st, TransportError):
@@ -1221,7 +1284,7 @@ class JobManager:
             rec = self.record(rec["job_id"])
         hosts = self.hosts_ever(rec)
         yield {"kind": "job", "job_id": rec["job_id"], "state": rec["state"], "hosts": hosts}
-        yield from tensorboard_pull(self.ctl, rec["job_id"], hosts, held)
+        yield from tensorboard_pull(self.ctl_for(rec.get("user")), rec["job_id"], hosts, held)
 
     def collect_garbage(self, hosts: Sequence[str] | None = None) -> dict[str, Any]:
         """Apply the inventory's retention on the hosts: remove the directories of ended jobs

@@ -611,7 +611,10 @@ class JobWatch:
     def _reader(self, track: _Track) -> JobReader:
         if track.reader is None:
             # Lines that came in pieces are kept to LINE_SHOWN characters for the log view.
-            track.reader = JobReader(self.ctl, track.rec["job_id"], keep=LINE_SHOWN)
+            # Through the job's owner's own agents where they joined with accounts of their own.
+            ctl_for = getattr(self.jobs, "ctl_for", None)
+            ctl = ctl_for(track.rec.get("user")) if ctl_for is not None else self.ctl
+            track.reader = JobReader(ctl, track.rec["job_id"], keep=LINE_SHOWN)
         return track.reader
 
     def _read_metrics(

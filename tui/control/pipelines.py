@@ -673,8 +673,11 @@ class PipelineRunner:
         """Every host of the job packs each kind; the packs of one kind merge into one artifact."""
         from tui.remote.artifacts import merge
 
+        # Through the agents of the account the step's job ran as (its owner's, where they joined).
+        ctl = self.jm.ctl_for((self.jm.history.get(job_id) or {}).get("user"))
+
         def one(h: str, kind: str) -> Any:
-            return self.jm.ctl.agent(h).artifact_pack(job_id=job_id, kind=kind, timeout=PACK_TIMEOUT_S)
+            return ctl.agent(h).artifact_pack(job_id=job_id, kind=kind, timeout=PACK_TIMEOUT_S)
 
         with ThreadPoolExecutor(max_workers=max(1, len(hosts) * len(kinds))) as pool:
             futs = {(h, k): pool.submit(one, h, k) for h in hosts for k in kinds}

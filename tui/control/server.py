@@ -25,6 +25,10 @@ check, so ``remove-user`` and a changed role apply at once). A method's ``guard`
 runs, and its ``actor`` keyword gets that person's name: the client's own claims count for
 nothing.
 
+A person who joined (``join_key``, then ``join``: ``rigdeck server join``) has their jobs reached
+through links to their own account on each host joined (``tui.control.accounts``), so their ranks
+run as them; ``remove-user`` closes those links at once (``close_removed``).
+
 The socket lives in ``<state_dir>/sock`` (0700) and is itself 0600; there is no TCP listener,
 unless ``--metrics-listen ADDR:PORT`` (the inventory's ``[server] metrics_listen``) asks for
 Prometheus' ``GET /metrics`` there (``tui.control.metricsserver``, the controller's exposition).
@@ -51,6 +55,7 @@ from typing import Any
 
 from agent import filemodes
 from tui.control import api
+from tui.control.accounts import Accounts, JoinError
 from tui.control.history import History
 from tui.control.metricsserver import MetricsServer
 from tui.control.service import ControllerService
@@ -443,6 +448,8 @@ class Server:
         self._users_stamp: int | None = None  # users.json's mtime when sessions were last checked
         # The server's own account: whoever logs in as it owns the state dir anyway.
         self.account = Actor(f"{local_user() or 'server'}", admin=True)
+        # The links to people's own accounts on the hosts (``rigdeck server join``), or None.
+        self.accounts: Accounts | None = None
 
     def actor(self, user: str | None) -> Actor:
         """The person ``user`` as the rules see them: the account (None), a member or an admin
@@ -518,6 +525,8 @@ class Server:
         if stamp == self._users_stamp:
             return
         self._users_stamp = stamp
+        if self.accounts is not None:
+            self.accounts.prune()  # a removed person's links to their accounts close now
         for s in list(self._sessions):
             if s.user is not None and not s._closed.is_set() and self.actor(s.user).name != s.user:
                 try:
@@ -695,6 +704,54 @@ class _Own:
             raise ValueError("code_manifest: expected a tree hash and rows [path, sha256, ...] of 64 hex digits")
         return {"tree": s.server.service.manager.code_store.add_manifest(tree, files).tree}
 
+    @staticmethod
+    def join_key(s: Session) -> Any:
+        accounts = _joinable(s)
+        setup = json.loads((accounts.state_dir / "setup.json").read_text())
+        return {"public_key": str(setup["public_key"]), "server_host": str(setup["server_host"]),
+                "user": s.user}
+
+    @staticmethod
+    def join(s: Session, accounts: Any) -> Any:
+        user, joinable = s.actor.name, _joinable(s)
+        if isinstance(accounts, dict):
+            _refuse_running(s, user, [str(h) for h in accounts], "join")
+        return {"user": user, "accounts": joinable.join(user, accounts)}
+
+    @staticmethod
+    def leave(s: Session, hosts: Any = None) -> Any:
+        user, joinable = s.actor.name, _joinable(s)
+        if isinstance(hosts, list):
+            _refuse_running(s, user, [str(h) for h in hosts], "leave")
+        elif hosts is None:
+            _refuse_running(s, user, list(joinable.recorded(user)), "leave")
+        dropped, left = joinable.leave(user, hosts)
+        return {"user": user, "left": dropped, "accounts": left}
+
+
+def _refuse_running(s: Session, user: str, hosts: list[str], what: str) -> None:
+    """JoinError naming ``user``'s jobs that run (or are being started or stopped) on ``hosts``:
+    a job keeps the account it started as, and after a join or a leave the server would ask
+    after it through another one, which does not know it."""
+    from tui.model.jobstate import TERMINAL
+
+    busy = [r["job_id"] for r in s.server.service.manager.history.list(limit=5000)
+            if r.get("user") == user and r["state"] not in TERMINAL and r["state"] != QUEUED
+            and set(hosts) & {n.get("host") for n in r.get("placement") or []}]
+    if busy:
+        raise JoinError(f"{what}: {user}'s jobs {', '.join(busy)} run on {', '.join(sorted(hosts))}: a job keeps "
+                        f"the account it started as; stop them first (rigdeck stop)")
+
+
+def _joinable(s: Session) -> Accounts:
+    """The server's accounts, for a session of a person (the server's own account joins nothing)."""
+    if s.user is None:
+        raise JoinError("join: the server's own account runs its links as itself; a person joins "
+                        "over their own key (rigdeck server add-user)")
+    if s.server.accounts is None:
+        raise JoinError("join: this server keeps no accounts of people (it has no state dir)")
+    return s.server.accounts
+
 
 def _is_hash(v: Any) -> bool:
     return isinstance(v, str) and HEX64_RE.fullmatch(v) is not None
@@ -758,6 +815,9 @@ def serve(state_dir: Path, *, inventory_path: Path | None = None, telemetry_hz: 
         return 1
     srv = Server(service, socket_path(state_dir))
     srv.users_dir = state_dir
+    # Each person who joined reaches the hosts as themselves: their jobs go through their links.
+    srv.accounts = Accounts(inv, state_dir)
+    service.manager.accounts = srv.accounts.controller
     return _run(service, srv, metrics, state_dir, len(inv.hosts))
 
 
@@ -797,6 +857,8 @@ def _run(service: ControllerService, server: Server, metrics: MetricsServer | No
         if metrics is not None:
             metrics.close()  # before the controller: a scrape meanwhile would find it closed
         service.close()
+        if server.accounts is not None:
+            server.accounts.close()
         try:
             (state_dir / "server.pid").unlink()
         except OSError:

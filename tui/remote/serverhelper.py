@@ -11,7 +11,8 @@ prints one JSON object on its last line, except ``logs``, which prints the log's
     keygen KEY COMMENT            the server's ed25519 key pair (made once; ssh-keygen, else the
                                   venv's cryptography); prints the public key
     authorize LINE COMMENT        put LINE in ~/.ssh/authorized_keys, replacing every line whose
-                                  comment is COMMENT (never a duplicate)
+                                  comment is COMMENT (never a duplicate); says the account it is
+    deauthorize COMMENT           take every line whose comment is COMMENT out of it
     add-user STATE_DIR PAYLOAD    a person's forced-command key line and their entry in users.json
     remove-user STATE_DIR NAME    take both away
     users STATE_DIR               users.json's people
@@ -265,8 +266,10 @@ def _rewrite_authorized(path: str, old: list, comment: str, line) -> dict:
 
 def authorize(line: str, comment: str) -> dict:
     """``line`` in ~/.ssh/authorized_keys, in place of every line whose comment is ``comment``."""
+    import pwd
+
     path, old, _mode = _authorized_keys()
-    return _rewrite_authorized(path, old, comment, line)
+    return dict(_rewrite_authorized(path, old, comment, line), user=pwd.getpwuid(os.getuid()).pw_name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,6 +290,60 @@ def _write_users(state_dir: str, users: dict) -> None:
     _write_atomic(os.path.join(p.state_dir, "users.json"), body.encode(), 0o600)
 
 
+class _UsersLocked:
+    """users.json's writers take turns (add-user and remove-user here, the server recording
+    a person's accounts): each reads, changes and writes it whole."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.path = os.path.join(Paths(state_dir).state_dir, "users.lock")
+        self.fd = -1
+
+    def __enter__(self) -> None:
+        import fcntl
+
+        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)  # the lock goes with it
+
+
+def record_accounts(state_dir: str, name: str, accounts: dict) -> dict:
+    """``accounts`` ({host: {"account", "python", "state_dir"}}, checked by the server) as
+    ``name``'s, beside those recorded before (a host named again is replaced). The server calls
+    this itself; no command of this script does. KeyError when ``name`` is not a user."""
+    with _UsersLocked(state_dir):
+        users = read_users(state_dir)
+        if name not in users:
+            raise KeyError(name)
+        users[name]["accounts"] = {**(users[name].get("accounts") or {}), **accounts}
+        _write_users(state_dir, users)
+        return dict(users[name]["accounts"])
+
+
+def forget_accounts(state_dir: str, name: str, hosts: list) -> dict:
+    """``name``'s accounts on ``hosts`` out of users.json (``rigdeck server leave``); the server
+    calls this itself. Returns those left."""
+    with _UsersLocked(state_dir):
+        users = read_users(state_dir)
+        if name not in users:
+            raise KeyError(name)
+        left = {h: a for h, a in (users[name].get("accounts") or {}).items() if h not in hosts}
+        if left:
+            users[name]["accounts"] = left
+        else:
+            users[name].pop("accounts", None)
+        _write_users(state_dir, users)
+        return left
+
+
+def deauthorize(comment: str) -> dict:
+    """Every line whose comment is ``comment`` out of ~/.ssh/authorized_keys (``leave``)."""
+    path, old, _mode = _authorized_keys()
+    return _rewrite_authorized(path, old, comment, None)
+
+
 def add_user(state_dir: str, payload_json: str) -> dict:
     """payload {name, admin, key, fingerprint, line, comment}: the key's forced-command ``line``
     in authorized_keys (replacing that person's earlier one) and the person in users.json.
@@ -301,23 +358,27 @@ def add_user(state_dir: str, payload_json: str) -> dict:
                     "line, not the forced command; each person needs a key of their own".format(
                         path, number, ln.split()[-1] if len(ln.split()) > 2 else "no comment")}
     result = _rewrite_authorized(path, lines, u["comment"], u["line"])
-    users = read_users(state_dir)
-    users[u["name"]] = {"admin": bool(u["admin"]), "key": u["key"], "fingerprint": u["fingerprint"],
-                        "comment": u["comment"], "added": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    _write_users(state_dir, users)
+    with _UsersLocked(state_dir):
+        users = read_users(state_dir)
+        kept = {"accounts": users[u["name"]]["accounts"]} if "accounts" in users.get(u["name"], {}) else {}
+        users[u["name"]] = {"admin": bool(u["admin"]), "key": u["key"], "fingerprint": u["fingerprint"],
+                            "comment": u["comment"], "added": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **kept}
+        _write_users(state_dir, users)
     return {"ok": True, "replaced": bool(result["removed"]), "user": users[u["name"]], "path": path}
 
 
 def remove_user(state_dir: str, name: str) -> dict:
-    """The person's key line out of authorized_keys and the person out of users.json."""
-    users = read_users(state_dir)
-    if name not in users:
-        return {"ok": False, "error": "no user {!r} on this server (its users: {})".format(
-            name, ", ".join(sorted(users)) or "none")}
-    path, lines, _mode = _authorized_keys()
-    result = _rewrite_authorized(path, lines, users[name].get("comment") or "", None)
-    del users[name]
-    _write_users(state_dir, users)
+    """The person's key line out of authorized_keys and the person (their accounts on the
+    hosts too: the server drops its links to them) out of users.json."""
+    with _UsersLocked(state_dir):
+        users = read_users(state_dir)
+        if name not in users:
+            return {"ok": False, "error": "no user {!r} on this server (its users: {})".format(
+                name, ", ".join(sorted(users)) or "none")}
+        path, lines, _mode = _authorized_keys()
+        result = _rewrite_authorized(path, lines, users[name].get("comment") or "", None)
+        del users[name]
+        _write_users(state_dir, users)
     return {"ok": True, "removed_lines": result["removed"], "path": path}
 
 
@@ -590,7 +651,7 @@ def logs(state_dir: str, lines: str, follow: str) -> None:
 
 
 COMMANDS: dict[str, Callable[..., dict]] = {
-    "prepare": prepare, "install": install, "keygen": keygen, "authorize": authorize,
+    "prepare": prepare, "install": install, "keygen": keygen, "authorize": authorize, "deauthorize": deauthorize,
     "write": write, "start": start, "status": status, "stop": stop,
     "add-user": add_user, "remove-user": remove_user, "users": list_users,
 }

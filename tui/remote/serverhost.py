@@ -66,6 +66,9 @@ __all__ = [
     "ServerUser",
     "add_user",
     "attach_command",
+    "authorize_member",
+    "deauthorize_member",
+    "member_comment",
     "ServerHostError",
     "ServerStatus",
     "SetupReport",
@@ -570,22 +573,75 @@ def _authorize_all(
     places: Mapping[str, AgentPlace],
     agent_env: Callable[[HostSpec], Mapping[str, str]],
 ) -> dict[str, str]:
-    def one(spec: HostSpec) -> str:
+    said = _authorize_each(inventory, hosts, transport, public_key, comment, places, agent_env)
+    return {h: "current" if not out.get("changed") else "replaced" if out.get("removed") else "added"
+            for h, out in said.items()}
+
+
+def member_comment(server_host: str, person: str) -> str:
+    """The comment that marks the server's key line in a person's own authorized_keys on a host
+    (``rigdeck server join``): one line per server and person."""
+    return f"rigdeck-server:{server_host}:{person}"
+
+
+def authorize_member(
+    inventory: Inventory,
+    hosts: Sequence[HostSpec],
+    public_key: str,
+    comment: str,
+    places: Mapping[str, AgentPlace],
+    agent_env: Callable[[HostSpec], Mapping[str, str]],
+    transport: TransportFactory | None = None,
+) -> dict[str, str]:
+    """``rigdeck server join``'s part on the hosts, run with the person's own access: the server's
+    ``public_key`` in the person's own ``~/.ssh/authorized_keys`` on each of ``hosts``, restricted
+    to their own agent's attach (``places``: where their agent is). Returns host -> the account
+    the line went to (as the host says it)."""
+    said = _authorize_each(inventory, hosts, transport, public_key, comment, places, agent_env)
+    missing = [h for h, out in said.items() if not isinstance(out.get("user"), str)]
+    if missing:
+        raise ServerHostError(f"{', '.join(missing)}: the host did not say which account the key went to")
+    return {h: str(out["user"]) for h, out in said.items()}
+
+
+def deauthorize_member(inventory: Inventory, hosts: Sequence[HostSpec], comment: str,
+                       transport: TransportFactory | None = None) -> None:
+    """``rigdeck server leave``'s part on the hosts, with the person's own access: the server's
+    key line (``comment``) out of their own ``authorized_keys`` on each of ``hosts``."""
+    errors = []
+    for spec in hosts:
+        try:
+            with _host(inventory, spec, transport) as t:
+                _helper(t, spec.python, "deauthorize", comment, what="removing the server's key")
+        except (ServerHostError, TransportError) as e:
+            errors.append(str(e))
+    if errors:
+        raise ServerHostError("removing the server's key failed: " + "; ".join(errors))
+
+
+def _authorize_each(
+    inventory: Inventory,
+    hosts: Sequence[HostSpec],
+    transport: TransportFactory | None,
+    public_key: str,
+    comment: str,
+    places: Mapping[str, AgentPlace],
+    agent_env: Callable[[HostSpec], Mapping[str, str]],
+) -> dict[str, dict[str, Any]]:
+    """The key line on each host (in parallel): host -> what the helper's ``authorize`` said."""
+    def one(spec: HostSpec) -> dict[str, Any]:
         place = places[spec.name]
         argv = [spec.python, place.pyz, "attach", "--state-dir", place.state_dir]
         line = authorized_key_line(public_key, forced_command(argv, agent_env(spec)), comment)
         with _host(inventory, spec, transport) as t:
-            out = _helper(t, spec.python, "authorize", line, comment,
-                          what="installing the server's key")
-        if not out.get("changed"):
-            return "current"
-        return "replaced" if out.get("removed") else "added"
+            return dict(_helper(t, spec.python, "authorize", line, comment,
+                                what="installing the server's key"))
 
     if not hosts:
         return {}
     with ThreadPoolExecutor(max_workers=min(32, len(hosts)), thread_name_prefix="authz") as pool:
         futures = {h.name: pool.submit(one, h) for h in hosts}
-        results: dict[str, str] = {}
+        results: dict[str, dict[str, Any]] = {}
         errors: list[str] = []
         for name, fut in futures.items():
             try:

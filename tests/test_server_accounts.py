@@ -1,0 +1,310 @@
+"""A shared server runs each person's jobs as that person's own Unix account (issue 46, items 1
+and 2, the server's part; docs/security.md).
+
+On the bed: a real server on h1 (`rigdeck server setup`/`start` by root, the operator), and two
+people of the bed, real accounts of this machine (``rdk-alice``, ``rdk-bob``), each added to the
+server (``alice``, ``bob``) with their own key, each with an inventory of their own: their own
+account and key on the GPU hosts, the server reached with their key. Each runs ``rigdeck server
+join h2``; the server checks each account through the key line it installed and records it. Then
+each one's job on h2 runs as them (``ps -o user``), a job of bob's cannot read alice's job
+directory nor signal her rank, bob's stop of alice's job is refused, a host bob did not join is
+refused naming him and it, and ``remove-user bob`` closes the server's links to his account at
+once and refuses his next call.
+
+The fast checks (no bed) of what the server takes from a join and of the routing by owner come
+first."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests.kit import TICKER, wait_until
+from tests.kit.bedcli import Cli, tagged
+from tests.testbed import PERSON_PYTHON, TestBed, TestBedError
+from tui.control.accounts import Accounts, JoinError
+from tui.model.inventory import HostSpec, Inventory
+
+ALICE, BOB = "rdk-alice", "rdk-bob"
+CLAIMS = "/dev/shm/rigdeck-gpu-claims"  # agent/claims.py DEFAULT_DIR
+SPY = """import os, sys
+for what, act in (("read", lambda: os.listdir(sys.argv[1])), ("signal", lambda: os.kill(int(sys.argv[2]), 15))):
+    try:
+        act()
+        print(what, "allowed", flush=True)
+    except PermissionError as e:
+        print(what, "denied:", e, flush=True)
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# No bed: what a join may claim, and which controller a job's owner gets.
+
+
+def _inventory() -> Inventory:
+    hosts = tuple(HostSpec(name=n, address=f"10.0.0.{i}", user="srv", attach_only=True)
+                  for i, n in enumerate(("h1", "h2"), start=1))
+    return Inventory(hosts=hosts, path=None, known_hosts=Path("/nonexistent"))
+
+
+def _users(d: Path, users: dict[str, Any]) -> None:
+    (d / "users.json").write_text(json.dumps({"users": users}))
+
+
+def test_a_join_claiming_what_is_not_the_persons_is_refused_before_any_host_is_reached(tmp_path: Path) -> None:
+    _users(tmp_path, {"alice": {"accounts": {"h2": {"account": "al", "python": "/p", "state_dir": "/s"}}},
+                      "bob": {}})
+    acc = Accounts(_inventory(), tmp_path, controller=lambda inv: pytest.fail("no host may be reached"))
+    cases = {
+        "an unknown host": ({"h9": "bob"}, "host 'h9': expected a host of the server's inventory (h1, h2)"),
+        "a name a shell would read": ({"h2": "bob;id"}, "h2: account 'bob;id': expected a Unix account name"),
+        "the server's own account": ({"h2": "srv"}, "h2: srv is the server's own account there"),
+        "another person's account": ({"h2": "al"}, "h2: al is recorded for alice"),
+        "nothing": ({}, "expected {host: account} with at least one host"),
+        "not a table": (["h2"], "expected {host: account}"),
+    }
+    for what, (claim, said) in cases.items():
+        with pytest.raises(JoinError) as e:
+            acc.join("bob", claim)
+        print(f"{what}: {e.value}")
+        assert said in str(e.value), (what, str(e.value))
+    with pytest.raises(JoinError, match="carol is not a user of this server"):
+        acc.join("carol", {"h2": "carol"})
+    with pytest.raises(JoinError, match=r"leave: bob has no account recorded on h2 \(recorded: none\)"):
+        acc.leave("bob", ["h2"])
+
+
+def test_a_persons_controller_reaches_their_hosts_as_their_account_and_goes_when_they_do(tmp_path: Path) -> None:
+    made: list[Any] = []
+
+    class Ctl(SimpleNamespace):
+        closed = False
+
+        def close(self) -> None:
+            self.closed = True
+
+    def make(inv: Inventory) -> Any:
+        made.append(Ctl(inventory=inv))
+        return made[-1]
+
+    _users(tmp_path, {"alice": {"accounts": {"h2": {"account": "al", "python": "/usr/bin/python3",
+                                                    "state_dir": "/home/al/.rigdeck"}}}, "bob": {}})
+    acc = Accounts(_inventory(), tmp_path, controller=make)
+    assert acc.controller("bob") is None and acc.controller("nobody") is None  # as without a join
+    ctl = acc.controller("alice")
+    assert ctl is not None and acc.controller("alice") is ctl  # one link per (host, account)
+    (spec,) = ctl.inventory.hosts
+    assert (spec.name, spec.user, spec.python, spec.state_dir, spec.attach_only) == (
+        "h2", "al", "/usr/bin/python3", "/home/al/.rigdeck", True)
+
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+
+    jm = JobManager(SimpleNamespace(inventory=_inventory()), History(tmp_path / "history.sqlite"))  # type: ignore[arg-type]
+    assert jm.for_owner("alice") is jm  # nobody's accounts consulted: as before
+    jm.accounts = acc.controller
+    view = jm.for_owner("alice")
+    assert view is not jm and view.ctl is ctl and view.history is jm.history and view.scheduler is jm.scheduler
+    assert jm.for_owner("bob") is jm and jm.ctl_for(None) is jm.ctl and view.for_owner("alice") is view
+
+    _users(tmp_path, {"bob": {}})  # remove-user alice
+    assert acc.prune() == ["alice"] and ctl.closed and acc.controller("alice") is None
+    assert jm.for_owner("alice") is jm
+
+
+def test_users_json_keeps_a_persons_accounts_through_a_new_key_and_drops_them_with_the_person(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tui.remote import serverhelper
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir(mode=0o700)
+    state = str(tmp_path / "server")
+
+    def add(key: str) -> None:
+        payload = {"name": "bob", "admin": False, "key": f"ssh-ed25519 {key}", "fingerprint": "SHA256:b",
+                   "line": f'restrict,command="/s/venv/bin/rigdeck attach --user bob" ssh-ed25519 {key} '
+                           'rigdeck-user:bob@h1', "comment": "rigdeck-user:bob@h1"}
+        assert serverhelper.add_user(state, json.dumps(payload))["ok"]
+
+    add("AAAAbob")
+    mine = {"account": "rdk-bob", "python": "/usr/bin/python3", "state_dir": "/home/rdk-bob/.rigdeck"}
+    assert serverhelper.record_accounts(state, "bob", {"h2": mine}) == {"h2": mine}
+    assert serverhelper.record_accounts(state, "bob", {"h3": mine}) == {"h2": mine, "h3": mine}
+    add("AAAAbob2")  # a new key: the same person, the same accounts
+    assert serverhelper.read_users(state)["bob"]["accounts"] == {"h2": mine, "h3": mine}
+    assert oct(os.stat(Path(state) / "users.json").st_mode & 0o777) == "0o600"
+    assert serverhelper.forget_accounts(state, "bob", ["h3"]) == {"h2": mine}  # leave h3
+    assert serverhelper.forget_accounts(state, "bob", ["h2"]) == {}
+    assert "accounts" not in serverhelper.read_users(state)["bob"]
+    serverhelper.remove_user(state, "bob")
+    assert serverhelper.read_users(state) == {}
+    with pytest.raises(KeyError):
+        serverhelper.record_accounts(state, "bob", {"h2": mine})
+
+
+# ---------------------------------------------------------------------------------------------
+# On the bed: a real server, real sshd, real accounts.
+
+
+class People:
+    def __init__(self, bed: TestBed, operator: Cli, alice: Cli, bob: Cli) -> None:
+        self.bed, self.operator, self.alice, self.bob = bed, operator, alice, bob
+
+
+def _with_server(cli: Cli, h1_as_root: bool) -> None:
+    """``cli``'s inventory with the [server] on h1 (reached as root: the operator's own login, or
+    a person's key whose forced command names them)."""
+    text = cli.inventory.read_text()
+    if h1_as_root:
+        text = text.replace('name = "h1"\n', 'name = "h1"\nuser = "root"\n', 1)
+    cli.inventory.write_text(text + '\n[server]\nhost = "h1"\n')
+    cli.env.pop("RIGDECK_SERVER", None)
+    config = cli.tmp / "config.toml"
+    config.write_text("")
+    cli.env["RIGDECK_CONFIG"] = str(config)
+
+
+@pytest.fixture(scope="module")
+def people(tmp_path_factory: pytest.TempPathFactory) -> Iterator[People]:
+    """A 3-host bed (4 simulated GPUs each) with two people; the server on h1, set up and started
+    by root; alice and bob added with their own keys. The GPU claim directory on h2 is root's and
+    sticky, as a host's admin makes it: every account's agent shares it."""
+    bed = TestBed(3, sim_gpus=4, people=(ALICE, BOB))
+    try:
+        bed.up()
+    except TestBedError as e:
+        pytest.fail(f"test bed did not come up: {e}", pytrace=False)
+    tmp = tmp_path_factory.mktemp("people")
+    operator = Cli(bed, tmp / "operator", min_free_mb=1, timeout=900)
+    try:
+        for name, text in (("ticker.py", TICKER.read_text()), ("spy.py", SPY)):
+            (bed.share_dir / name).write_text(text)
+            os.chmod(bed.share_dir / name, 0o644)
+        bed.exec(2, ["install", "-d", "-m", "1777", "-o", "root", "-g", "root", CLAIMS])
+        _with_server(operator, h1_as_root=False)
+        operator.run("deploy")
+        operator.run("server", "setup")
+        operator.run("server", "start")
+        clis = []
+        for name, account in (("alice", ALICE), ("bob", BOB)):
+            cli = Cli(bed, tmp / name, user=account, identity_file=str(bed.person_key(account)),
+                      python=PERSON_PYTHON, min_free_mb=1)
+            _with_server(cli, h1_as_root=True)
+            operator.run("server", "add-user", name, "--key", f"{bed.person_key(account)}.pub")
+            clis.append(cli)
+        yield People(bed, operator, *clis)
+    finally:
+        operator.run("server", "stop", check=False, timeout=60)
+        bed.down()
+
+
+def ticker(bed: TestBed, gpus: int, host: str = "h2") -> str:
+    return (f'command = ["{{python}}", "{bed.share_dir / "ticker.py"}", "--steps", "3000", "--sleep", "0.1"]\n'
+            f'workdir = "{bed.share_dir}"\nlauncher = "direct"\nnodes = 1\ngpus_per_node = {gpus}\n'
+            f'hosts = ["{host}"]\n')
+
+
+def running_ranks(cli: Cli, job_id: str, n: int) -> list[int]:
+    def pids() -> list[int]:
+        ranks = cli.json("status", job_id)["ranks"]
+        got = [r["pid"] for r in ranks if r.get("pid") and r.get("state") == "running"]
+        return got if len(got) == n else []
+    return wait_until(pids, 60, f"{n} running ranks of {job_id}", step=0.5)
+
+
+def owners(bed: TestBed, pids: list[int]) -> list[str]:
+    return bed.exec(2, ["ps", "-o", "user=", "-p", ",".join(map(str, pids))]).stdout.split()
+
+
+def links_of(bed: TestBed, account: str) -> list[str]:
+    """The SSH sessions on h2 logged in as ``account`` (the server's links to their agent)."""
+    procs = bed.exec(2, ["ps", "-u", account, "-o", "args="]).stdout.splitlines()
+    return [p for p in procs if p.startswith("sshd")]
+
+
+@pytest.mark.testbed
+def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: People) -> None:
+    bed, op, alice, bob = people.bed, people.operator, people.alice, people.bob
+    for cli, name, account in ((alice, "alice", ALICE), (bob, "bob", BOB)):
+        joined = cli.run("server", "join", "h2")
+        print(f"$ rigdeck server join h2  ({name})\n{joined.stderr}{joined.stdout}")
+        assert f"joined h1 as {name}: your jobs run as {account} on h2" in joined.stdout, joined.stdout
+    users = json.loads(bed.exec(1, ["cat", "/root/.rigdeck/server/users.json"]).stdout)["users"]
+    assert {n: users[n]["accounts"]["h2"]["account"] for n in ("alice", "bob")} == {"alice": ALICE, "bob": BOB}
+    line = bed.exec(2, ["cat", f"{bed.person(BOB).home}/.ssh/authorized_keys"]).stdout
+    print(f"bob's authorized_keys on h2: {line}")
+    assert line.startswith('restrict,command="') and "agent.pyz attach --state-dir" in line
+    assert line.rstrip().endswith("rigdeck-server:h1:bob")
+
+    a = alice.json("launch", str(alice.spec("alice-job", ticker(bed, 2))))["job_id"]
+    b: str | None = None
+    try:
+        b = bob.json("launch", str(bob.spec("bob-job", ticker(bed, 1))))["job_id"]
+        pa, pb = running_ranks(alice, a, 2), running_ranks(bob, b, 1)
+        print(f"$ ps -o user= -p {','.join(map(str, pa + pb))}  (on h2)\n"
+              f"alice's ranks {pa} -> {owners(bed, pa)}, bob's ranks {pb} -> {owners(bed, pb)}")
+        assert owners(bed, pa) == [ALICE, ALICE] and owners(bed, pb) == [BOB]
+        again = alice.run("server", "join", "h2", check=False)  # a job keeps the account it started as
+        print(f"alice joins h2 again while her job runs: exit {again.returncode}: {again.stderr.strip()[-300:]}")
+        assert again.returncode == 1 and f"alice's jobs {a} run on h2" in again.stderr, again.stderr
+        assert "Traceback" not in again.stderr
+        for job, who in ((a, ALICE), (b, BOB)):  # every process of the job, not only its ranks
+            procs = [int(p.split("/")[2]) for p in tagged(bed, job)["h2"]]
+            assert procs and set(owners(bed, procs)) == {who}, (job, procs, owners(bed, procs))
+
+        # bob's job can neither read alice's job directory nor signal her rank.
+        spy = bob.spec("spy", f'command = ["{{python}}", "{bed.share_dir / "spy.py"}", '
+                              f'"{bed.person(ALICE).home}/.rigdeck/jobs/{a}", "{pa[0]}"]\n'
+                              f'workdir = "{bed.share_dir}"\nlauncher = "direct"\nnodes = 1\nhosts = ["h2"]\n')
+        view = bob.json("launch", str(spy), "--wait", timeout=120)
+        logs = bob.run("logs", view["job_id"]).stdout
+        print(f"bob's spy job: {view['state']}\n{logs}")
+        assert view["state"] == "succeeded", view
+        assert "read denied: [Errno 13] Permission denied" in logs and "signal denied: [Errno 1]" in logs, logs
+        assert "allowed" not in logs
+
+        # bob's stop of alice's job is refused; her job runs on as her.
+        refused = bob.run("stop", a, "--grace", "1", check=False)
+        print(f"$ rigdeck stop {a}  (bob): exit {refused.returncode}: {refused.stderr.strip()}")
+        assert refused.returncode == 3 and f"job '{a}' belongs to alice" in refused.stderr, refused.stderr
+        assert alice.json("status", a)["state"] == "running" and owners(bed, pa) == [ALICE, ALICE]
+
+        # A host bob has no account recorded on: refused, naming him and the host.
+        elsewhere = bob.run("launch", str(bob.spec("bob-h3", ticker(bed, 1, host="h3"))), "--no-queue", check=False)
+        print(f"bob on h3: exit {elsewhere.returncode}: {elsewhere.stderr.strip()}")
+        assert elsewhere.returncode != 0 and "bob has no account recorded on h3" in elsewhere.stderr
+
+        assert bob.json("stop", b, "--grace", "1")["state"] == "stopped"
+        b = None
+        assert alice.json("stop", a, "--grace", "1")["state"] == "stopped"
+    finally:
+        if b is not None:
+            bob.run("stop", b, "--grace", "1", check=False)
+        alice.run("stop", a, "--grace", "1", check=False)
+
+    # remove-user: the server's links to bob's account close at once, and his next call is refused.
+    assert links_of(bed, BOB), "the server holds a link to bob's agent"
+    op.run("server", "remove-user", "bob")
+    wait_until(lambda: not links_of(bed, BOB), 30, "the server's links to rdk-bob on h2 to close")
+    gone = bob.run("jobs", check=False, timeout=120)
+    print(f"bob after remove-user: exit {gone.returncode}: {gone.stderr.strip()[-300:]}")
+    assert gone.returncode != 0
+    assert links_of(bed, ALICE), "alice's link stays"
+
+    # alice leaves h2: the server forgets her account and closes its link, and its key line is out
+    # of her authorized_keys there.
+    left = alice.run("server", "leave")
+    print(f"$ rigdeck server leave  (alice)\n{left.stdout}")
+    assert "left h2 on h1" in left.stdout, left.stdout
+    wait_until(lambda: not links_of(bed, ALICE), 30, "the server's links to rdk-alice on h2 to close")
+    keys = bed.exec(2, ["cat", f"{bed.person(ALICE).home}/.ssh/authorized_keys"]).stdout
+    assert "rigdeck-server:h1:alice" not in keys, keys
+    users = json.loads(bed.exec(1, ["cat", "/root/.rigdeck/server/users.json"]).stdout)["users"]
+    assert "accounts" not in users["alice"], users["alice"]
+    op.run("server", "remove-user", "alice")
