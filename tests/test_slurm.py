@@ -13,17 +13,24 @@ import pytest
 
 from agent import slurmtext
 from agent.slurmtext import SlurmTextError
+from tui.model.inventory import HostSpec, Inventory, SlurmSpec
 from tui.model.slurm import (
+    NODES_ARGS,
     SQUEUE_ARGS,
     SlurmJob,
     SlurmParseError,
+    SlurmReadError,
     by_name,
+    check_spec,
     drain_text,
+    node_index,
     node_of,
     parse_jobs,
     parse_jobs_json,
     parse_nodes,
     parse_nodes_json,
+    read_jobs,
+    read_nodes,
 )
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -211,3 +218,135 @@ def test_a_host_finds_its_node_by_name_hostname_or_address() -> None:
                                     "(by root at 2026-11-29T06:41:15)")
     (down,) = [n for n in parse_nodes(read("nodes-17.11.txt")) if n.down]
     assert drain_text(down) == "down in Slurm: Not responding (by slurm at 2018-03-02T08:00:41)"
+
+
+def test_node_index_finds_what_node_of_finds() -> None:
+    nodes = parse_nodes(read("nodes-22.05.8.txt"))
+    find = node_index(nodes)
+    for names in (("h1", "tb1-h1", "10.213.1.11"), ("h2", None, "10.213.1.12"), ("tb1-h3",), ("h9", "elsewhere"),
+                  ("h1", "elsewhere", "10.213.1.13")):
+        assert find(*names) is node_of(nodes, *names), names
+
+
+# --------------------------------------------------------------------------------------------
+# Reading Slurm on the login host through a client's exec, and the [slurm] table checked
+
+
+def slurm_inventory(**slurm: str) -> Inventory:
+    hosts = tuple(HostSpec(name=f"h{i}", address=f"10.213.1.{10 + i}", user="root", python="python3")
+                  for i in (1, 2))
+    return Inventory(hosts=hosts, path=Path("/inv/hosts.toml"), known_hosts=Path("/inv/known_hosts"),
+                     slurm=SlurmSpec(**slurm))
+
+
+class Answers:
+    """An agent pool's ``exec`` answering each argv as given (what the agent returns: exit code,
+    stdout, stderr, error); every call kept."""
+
+    def __init__(self, answers: dict[tuple[str, ...], dict[str, object]]) -> None:
+        self.answers, self.calls = answers, []  # type: ignore[var-annotated]
+
+    def __call__(self, hosts: list[str], argv: list[str], timeout_s: float) -> dict[str, object]:
+        self.calls.append((list(hosts), list(argv)))
+        missing = {"exit_code": 127, "stdout": "", "stderr": "", "error": f"{argv[0]}: No such file or directory"}
+        return {h: self.answers.get(tuple(argv), missing) for h in hosts}
+
+
+def ok(stdout: str) -> dict[str, object]:
+    return {"exit_code": 0, "stdout": stdout, "stderr": ""}
+
+
+def failed(stderr: str, code: int = 1) -> dict[str, object]:
+    return {"exit_code": code, "stdout": "", "stderr": stderr + "\n"}
+
+
+def test_nodes_and_queue_are_read_on_the_login_host() -> None:
+    ex = Answers({NODES_ARGS: ok(read("nodes-22.05.8-do.txt")), SQUEUE_ARGS: ok(read("squeue-22.05.8.txt"))})
+    inv = slurm_inventory(login="h2")
+    assert [n.name for n in read_nodes(ex, inv)] == ["tb1-h1", "tb1-h2", "tb1-h3"]
+    jobs = read_jobs(ex, inv)
+    assert [(j.job_id, j.state, j.reason) for j in jobs if j.pending] == [("3", "PENDING", "Resources"),
+                                                                         ("4", "PENDING", "Priority")]
+    assert ex.calls == [(["h2"], list(NODES_ARGS)), (["h2"], list(SQUEUE_ARGS))]
+    # no login: the first host
+    read_nodes(ex, slurm_inventory())
+    assert ex.calls[-1][0] == ["h1"]
+
+
+@pytest.mark.parametrize("answer, said", [
+    ({"exit_code": 127, "stdout": "", "stderr": "", "error": "scontrol: No such file or directory"},
+     "Slurm's nodes not read on h1: scontrol -o show nodes: scontrol: No such file or directory"),
+    (failed("slurm_load_node error: Unable to contact slurm controller (connect failure)"),
+     "Slurm's nodes not read on h1: scontrol -o show nodes: slurm_load_node error: Unable to contact slurm "
+     "controller (connect failure)"),
+    (ok("no records here"), "Slurm's nodes not read on h1: scontrol -o show nodes: expected a record starting with "
+                             "NodeName=, got 'no records here'"),
+])
+def test_a_failed_read_says_where_which_command_and_what_it_said(answer: dict[str, object], said: str) -> None:
+    with pytest.raises(SlurmReadError) as e:
+        read_nodes(Answers({NODES_ARGS: answer}), slurm_inventory())
+    assert str(e.value).startswith(said), str(e.value)
+
+
+def test_a_login_that_is_no_inventory_host_is_said() -> None:
+    with pytest.raises(SlurmReadError, match=r"\[slurm\] login 'hpc-login': .* 'hpc-login' is none \(h1, h2\)"):
+        read_nodes(Answers({}), slurm_inventory(login="hpc-login"))
+
+
+def test_a_client_that_runs_nothing_on_hosts_is_said() -> None:
+    def exec_(hosts: list[str], argv: list[str], timeout_s: float) -> dict[str, object]:
+        raise NotImplementedError
+
+    with pytest.raises(SlurmReadError, match="this client runs no command on a host"):
+        read_nodes(exec_, slurm_inventory())
+
+
+PARTITIONS = ("PartitionName=bed AllowGroups=ALL AllowAccounts=ALL Default=YES State=UP TotalNodes=3\n"
+              "PartitionName=debug AllowGroups=ALL State=UP TotalNodes=1\n")
+SLURM_UP = {("scontrol", "-o", "show", "partition"): ok(PARTITIONS)}
+NO_DBD = failed("sacctmgr: error: Problem talking to the database: Connection refused")
+
+
+def test_a_known_partition_passes_and_account_and_qos_are_not_checked_without_slurmdbd() -> None:
+    answers = dict(SLURM_UP)
+    answers[("sacctmgr", "--noheader", "--parsable2", "show", "account", "proj-17", "format=Account")] = NO_DBD
+    checked = check_spec(Answers(answers), slurm_inventory(partition="debug", account="proj-17"))
+    assert checked.errors == ()
+    assert checked.notes == ("/inv/hosts.toml: [slurm] account 'proj-17' not checked: Slurm has no accounting "
+                             "database here (sacctmgr: sacctmgr: error: Problem talking to the database: "
+                             "Connection refused); sbatch checks it when a job is submitted",)
+
+
+def test_an_unknown_partition_names_the_field_and_what_slurm_said() -> None:
+    answers = dict(SLURM_UP)
+    answers[("scontrol", "-o", "show", "partition", "gpu")] = failed("Partition gpu not found")
+    checked = check_spec(Answers(answers), slurm_inventory(partition="gpu"))
+    assert checked.errors == ("/inv/hosts.toml: [slurm] partition 'gpu': Slurm has no such partition: "
+                              "Partition gpu not found (its partitions: bed, debug)",)
+
+
+def test_an_unknown_account_or_qos_in_slurms_database_is_named() -> None:
+    answers = dict(SLURM_UP)
+    answers[("sacctmgr", "--noheader", "--parsable2", "show", "account", "proj-17", "format=Account")] = ok("")
+    answers[("sacctmgr", "--noheader", "--parsable2", "show", "qos", "High", "format=Name")] = ok("high\n")
+    checked = check_spec(Answers(answers), slurm_inventory(account="proj-17", qos="High"))
+    assert checked.errors == ("/inv/hosts.toml: [slurm] account 'proj-17': Slurm's accounting database has no "
+                              "such account (sacctmgr show account proj-17 lists none)",)  # QoS names: any case
+    assert checked.notes == ()
+
+
+@pytest.mark.parametrize("answers, error", [
+    ({}, "/inv/hosts.toml: [slurm] login 'h1': no Slurm commands there: scontrol: No such file or directory"),
+    ({("scontrol", "-o", "show", "partition"): failed("scontrol: error: resolve_ctls_from_dns_srv: res_nsearch "
+                                                      "error: Unknown host\nscontrol: error: fetch_config: "
+                                                      "DNS SRV lookup failed")},
+     "/inv/hosts.toml: [slurm] login 'h1': Slurm's commands there reach no Slurm cluster: scontrol -o show "
+     "partition: scontrol: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host scontrol: error: "
+     "fetch_config: DNS SRV lookup failed"),
+])
+def test_a_login_without_slurm_is_named_before_anything_else(answers: dict[tuple[str, ...], dict[str, object]],
+                                                             error: str) -> None:
+    ex = Answers(answers)
+    checked = check_spec(ex, slurm_inventory(partition="gpu"))
+    assert checked.errors == (error,)
+    assert all(argv[0] == "scontrol" and "gpu" not in argv for _, argv in ex.calls)  # nothing more asked

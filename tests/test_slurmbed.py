@@ -155,3 +155,86 @@ def test_rigdeck_hosts_shows_each_nodes_slurm_state_and_drain_reason(slurm: Slur
         assert f"h1\tslurm: {slurm.node(1)} idle\n" in text, text
     finally:
         slurm.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+
+
+def with_slurm_table(cli: Cli, table: str) -> None:
+    cli.inventory.write_text(cli.inventory.read_text() + "\n[slurm]\n" + table)
+
+
+def wait_reason(slurm: SlurmBed, job_id: str, reason: str, timeout: float = 60.0) -> None:
+    """Until Slurm gives the pending job ``reason`` (its scheduler sets it on its next pass)."""
+    deadline = time.monotonic() + timeout
+    said = ""
+    while time.monotonic() < deadline:
+        said = slurm.run(["squeue", "--noheader", f"--jobs={job_id}", "--format=%T %r"]).stdout.strip()
+        if said == f"PENDING {reason}":
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"Slurm job {job_id}: {said!r}, not pending for {reason} after {timeout}s")
+
+
+def test_rigdeck_queue_lists_slurms_jobs_with_their_pending_reasons(slurm: SlurmBed, tmp_path: Path) -> None:
+    """Another user's job holds every GPU of the cluster: a root job asking for 2 more pends for
+    Resources, a held one for JobHeldUser; `rigdeck queue` lists all three beside rigdeck's own
+    (empty) queue and says whose scheduling it is."""
+    cli = Cli(slurm.bed, tmp_path)
+    with_slurm_table(cli, 'login = "h1"\npartition = "bed"\n')
+    big = submit(slurm, "-N", "3", "--gres=gpu:4", "--wrap", "sleep 120", user=OTHER_USER)
+    jobs = [big]
+    try:
+        wait_running(slurm, big)
+        waiting = submit(slurm, "-N", "1", "--gres=gpu:2", "--wrap", "true")
+        jobs.append(waiting)
+        held = submit(slurm, "--hold", "-N", "1", "--gres=gpu:1", "--wrap", "true")
+        jobs.append(held)
+        wait_reason(slurm, waiting, "Resources")
+        wait_reason(slurm, held, "JobHeldUser")
+        out = cli.json("queue")
+        assert out["rigdeck"] == [] and out["slurm_error"] is None, out
+        got = {j["job_id"]: (j["user"], j["state"], j["reason"], j["node_count"], j["gpus_per_node"], j["nodes"])
+               for j in out["slurm"]}
+        assert got == {big: (OTHER_USER, "RUNNING", None, 3, 4, list(slurm.nodes)),
+                       waiting: ("root", "PENDING", "Resources", 1, 2, []),
+                       held: ("root", "PENDING", "JobHeldUser", 1, 1, [])}, got
+        assert "rigdeck's own queue schedules no Slurm job" in out["note"]
+        text = cli.run("queue").stdout
+        lines = text.splitlines()
+        assert "no job waits" in lines and "Slurm's queue on h1: every user's jobs, pending first" in lines, text
+        rows = [line.split() for line in lines if line.split()[:1] in ([big], [waiting], [held])]
+        assert rows == [[waiting, "root", "PENDING", "1", "2", "Resources"],
+                        [held, "root", "PENDING", "1", "1", "JobHeldUser"],
+                        [big, OTHER_USER, "RUNNING", "3", "4", ",".join(list(slurm.nodes))]], text
+        assert "Slurm schedules this cluster" in text
+    finally:
+        slurm.run(["scancel", *jobs])
+        for job in jobs:
+            wait_gone(slurm, job)
+
+
+def test_an_unknown_partition_is_refused_naming_it_before_anything_runs(slurm: SlurmBed, tmp_path: Path) -> None:
+    cli = Cli(slurm.bed, tmp_path)
+    with_slurm_table(cli, 'login = "h1"\npartition = "gpu"\naccount = "proj-17"\n')
+    body = 'command = ["true"]\nworkdir = "/"\nlauncher = "direct"\nnodes = 1\ngpus_per_node = 1\n'
+    refused = cli.run("launch", str(cli.spec("p", body)), check=False)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert (f"{cli.inventory}: [slurm] partition 'gpu': Slurm has no such partition: "
+            "Partition gpu not found (its partitions: bed)") in refused.stderr, refused.stderr
+    # no slurmdbd on the bed: the account is said to be unchecked, with what sacctmgr said
+    assert f"{cli.inventory}: [slurm] account 'proj-17' not checked: Slurm has no accounting database" \
+        in refused.stderr, refused.stderr
+    assert cli.json("jobs") == [], "nothing was launched"
+    hosts = cli.run("hosts", check=False)
+    assert hosts.returncode == 2 and "[slurm] partition 'gpu'" in hosts.stderr, hosts.stderr
+
+
+def test_a_login_where_slurm_reaches_no_cluster_is_refused(cli: Cli) -> None:
+    """The session's bed runs no Slurm (Slurm's commands are there, no configuration, no
+    controller): `[slurm]` naming one of its hosts is refused naming the login and what scontrol
+    said."""
+    with_slurm_table(cli, 'login = "h2"\n')
+    body = 'command = ["true"]\nworkdir = "/"\nlauncher = "direct"\nnodes = 1\ngpus_per_node = 1\n'
+    refused = cli.run("launch", str(cli.spec("p", body)), check=False)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert (f"{cli.inventory}: [slurm] login 'h2': Slurm's commands there reach no Slurm cluster: "
+            "scontrol -o show partition: ") in refused.stderr, refused.stderr
+    assert cli.json("jobs") == []

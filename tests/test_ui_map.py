@@ -75,6 +75,25 @@ def test_holder_prefers_processes_then_claim_then_placement() -> None:
     assert holder_of(_gpu(index=3, procs=(GpuProcess(7, "zed"),)), placed) == Holder(None, "zed", True)
 
 
+def test_a_gpu_slurm_allocated_is_its_jobs_over_foreign_processes_and_placements() -> None:
+    from tui.app.widgets.clustermap import SLURM_GLYPH, cell_look
+
+    slurm = GpuClaim("12", "nobody", None, "slurm")
+    placed = {("h1", 0): "placed"}
+    held = Holder("slurm job 12", "nobody", False, True)
+    assert holder_of(_gpu(claim=slurm), placed) == held  # not the placement's
+    assert holder_of(_gpu(procs=(GpuProcess(7, "nobody"),), claim=slurm), {}) == held  # not foreign
+    ours = _gpu(procs=(GpuProcess(1, "ann", 10, "run-a", 0),), claim=slurm)
+    assert holder_of(ours, {}) == Holder("run-a", "nobody")  # rigdeck's own job on it comes first
+    idle = GpuView("h1", 0, "u0", "Simulated GPU", True, 0.0, 0, 1000, 40.0, 100.0, 700.0, 1000, 0, (), slurm,
+                   False, ())
+    assert not held.free
+    for mode in ("util", "memory", "job"):
+        assert cell_look(idle, held, mode, 3, False)[0] == SLURM_GLYPH, mode
+    assert cell_look(idle, held, "job", 3, False) == (SLURM_GLYPH, "job-3")
+    assert cell_look(idle, held, "util", None, True) == (SLURM_GLYPH, "stale")
+
+
 def test_job_colour_slots_are_stable_and_distinct() -> None:
     first = assign_slots({}, ["b", "a", "c", "a"], 4)
     assert sorted(first.values()) == [0, 1, 2] and first["a"] == 0  # new ones by id, lowest free

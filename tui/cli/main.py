@@ -221,32 +221,17 @@ def _load(args: argparse.Namespace) -> Inventory:
     return load_inventory(getattr(args, "inventory", None))
 
 
-SLURM_TIMEOUT_S = 15.0
-
-
 def _slurm_nodes(client: Any, inv: Inventory, reports: list[HostReport]) -> tuple[dict[str, Any], str | None]:
     """With ``[slurm]``: each reported host's Slurm node (host name -> SlurmNode or None), read by
     ``scontrol -o show nodes`` on the login host through its agent (no shell); and what went
     wrong, if anything (the hosts are shown all the same)."""
-    from tui.model.slurm import SlurmParseError, node_of, parse_nodes
+    from tui.model.slurm import SlurmReadError, node_index, read_nodes
 
-    assert inv.slurm is not None
-    login = inv.slurm.login_host(inv.hosts)
-    if login not in inv.names:
-        return {}, (f"[slurm] login {login!r}: Slurm's state is read through an inventory host's agent; "
-                    f"{login!r} is none ({', '.join(inv.names)})")
-    argv = ["scontrol", "-o", "show", "nodes"]
-    result = client.exec([login], argv, SLURM_TIMEOUT_S)[login]
-    if not isinstance(result, dict):
-        return {}, f"Slurm's nodes not read on {login}: {result}"
-    if result.get("exit_code") != 0:
-        said = (result.get("stderr") or result.get("error") or "").strip() or f"exit {result.get('exit_code')}"
-        return {}, f"Slurm's nodes not read on {login}: {' '.join(argv)}: {said}"
     try:
-        nodes = parse_nodes(str(result.get("stdout") or ""), " ".join(argv))
-    except SlurmParseError as e:
-        return {}, f"Slurm's nodes not read on {login}: {e}"
-    return {r.name: node_of(nodes, r.name, r.hostname, r.address) for r in reports}, None
+        find = node_index(read_nodes(client.exec, inv))
+    except SlurmReadError as e:
+        return {}, str(e)
+    return {r.name: find(r.name, r.hostname, r.address) for r in reports}, None
 
 
 def _slurm_json(node: Any) -> dict[str, Any] | None:
@@ -276,9 +261,11 @@ def _run_hosts(args: argparse.Namespace, deploy: bool) -> int:
     # which a server's key (restricted to the agent's attach) cannot run.
     slurm: dict[str, Any] = {}
     slurm_error: str | None = None
+    slurm_ok = True
     with InProcessClient(inv, accept_new=getattr(args, "accept_new", False)) as client:
         reports = client.deploy(args.names) if deploy else client.probe(args.names)
         if inv.slurm is not None and not deploy:
+            slurm_ok = _slurm_checked(client)
             slurm, slurm_error = _slurm_nodes(client, inv, reports)
     if args.json:
         out = [r.to_json() for r in reports]
@@ -293,6 +280,8 @@ def _run_hosts(args: argparse.Namespace, deploy: bool) -> int:
         _print_reports(reports, deploy=deploy)
         if inv.slurm is not None and not deploy:
             _print_slurm(slurm, slurm_error)
+    if not slurm_ok:
+        return EXIT_USAGE
     return EXIT_OK if all(r.reachable and not r.error for r in reports) else EXIT_HOST_FAILED
 
 
@@ -487,6 +476,8 @@ def _launch(client: Any, args: argparse.Namespace) -> int:
 
     try:
         spec = load_jobspec(args.spec)
+        if not _slurm_checked(client):  # a [slurm] table Slurm does not know: nothing runs
+            return EXIT_USAGE
         if spec.sweep is not None:
             print(f"rigdeck: {args.spec}: has a [sweep] table: run it with rigdeck sweep "
                   f"{args.spec}", file=sys.stderr)
@@ -549,17 +540,95 @@ def _jobs(client: Any, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+SLURM_QUEUE_NOTE = ("Slurm schedules this cluster: its queue, priorities and fair share are Slurm's. rigdeck's "
+                    "own queue schedules no Slurm job (and Slurm does not see it): it holds only launches "
+                    "made through rigdeck.")
+
+
+def _slurm_queue(client: Any) -> tuple[list[Any], str | None]:
+    """With ``[slurm]``: every user's jobs in Slurm's queue (squeue on the login host, through its
+    agent, no shell), and what kept them from being read. A client attached to a server runs no
+    command on a host: Slurm is then read from here."""
+    from tui.client import InProcessClient
+    from tui.model.slurm import SlurmReadError, read_jobs
+
+    inv = client.inventory
+    try:
+        if client.kind == "embedded":
+            return read_jobs(client.exec, inv), None
+        with InProcessClient(inv, accept_new=False) as local:
+            return read_jobs(local.exec, inv), None
+    except SlurmReadError as e:
+        return [], str(e)
+
+
+def _slurm_checked(client: Any) -> bool:
+    """With ``[slurm]``: its values checked against Slurm on the login host (tui.model.slurm
+    ``check_spec``); each error and note said on stderr. False when anything is wrong: then
+    nothing runs."""
+    from tui.client import InProcessClient
+    from tui.model.slurm import check_spec
+
+    inv = client.inventory
+    if inv.slurm is None:
+        return True
+    if client.kind == "embedded":
+        checked = check_spec(client.exec, inv)
+    else:
+        with InProcessClient(inv, accept_new=False) as local:
+            checked = check_spec(local.exec, inv)
+    for note in checked.notes:
+        print(f"rigdeck: note: {note}", file=sys.stderr)
+    for error in checked.errors:
+        print(f"rigdeck: {error}", file=sys.stderr)
+    return not checked.errors
+
+
+def _slurm_job_json(j: Any) -> dict[str, Any]:
+    return {"job_id": j.job_id, "user": j.user, "state": j.state, "reason": j.reason,
+            "node_count": j.node_count, "nodes": list(j.nodes), "gpus_per_node": j.gpus_per_node}
+
+
+def _print_slurm_queue(jobs: list[Any], login: str) -> None:
+    print(f"\nSlurm's queue on {login}: every user's jobs, pending first")
+    if not jobs:
+        print("no Slurm job")
+        return
+    print(f"{'job':<10} {'user':<10} {'state':<11} {'nodes':>5} {'gpus/node':>9}  why pending / where")
+    for j in sorted(jobs, key=lambda j: (not j.pending, j.state, int(j.job_id) if j.job_id.isdigit() else 0)):
+        where = (j.reason or "-") if j.pending else (",".join(j.nodes) or "-")
+        count = "-" if j.node_count is None else str(j.node_count)
+        print(f"{j.job_id:<10} {j.user:<10} {j.state:<11} {count:>5} {j.gpus_per_node:>9}  {where}")
+
+
 def _queue(client: Any, args: argparse.Namespace) -> int:
     from tui.client import wire_json
 
     entries = client.queue()
+    inv = client.inventory
+    slurm_jobs: list[Any] = []
+    slurm_error: str | None = None
+    if inv.slurm is not None:
+        slurm_jobs, slurm_error = _slurm_queue(client)
     if args.json:
-        json.dump(wire_json(entries), sys.stdout, indent=2)
+        out: Any = wire_json(entries)
+        if inv.slurm is not None:
+            out = {"rigdeck": out, "slurm": [_slurm_job_json(j) for j in slurm_jobs],
+                   "slurm_error": slurm_error, "note": SLURM_QUEUE_NOTE}
+        json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
+        if inv.slurm is not None:
+            print("rigdeck's queue")
         _print_queue(entries)
         if client.kind == "embedded" and entries:
             print("(no server: the queue advances only while rigdeck runs: the app, or launch --wait)")
+        if inv.slurm is not None:
+            if slurm_error is None:
+                _print_slurm_queue(slurm_jobs, inv.slurm.login_host(inv.hosts) or "?")
+            print(f"\n({SLURM_QUEUE_NOTE})")
+    if slurm_error:
+        print(f"rigdeck: {slurm_error}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -20,14 +20,26 @@ MODE_LABELS = {"util": "utilization", "memory": "memory fill", "job": "job"}
 UNKNOWN_USER = "?"
 
 
+def slurm_job_text(job_id: str | None, user: str | None) -> str:
+    """How the app names a GPU's Slurm job: ``slurm job 12, user alice``."""
+    return f"slurm job {job_id or '?'}, user {user or UNKNOWN_USER}"
+
+
+def slurm_holder_id(job_id: str | None) -> str:
+    """A Slurm job's id as a holder's ``job_id``: ``slurm job 12``, never one of rigdeck's."""
+    return f"slurm job {job_id or '?'}"
+
+
 @dataclass(frozen=True, slots=True)
 class Holder:
     """What holds a GPU: a job (``job_id``, with its ``user`` when known), processes that
-    belong to no job (``foreign``, ``user`` the first one's), or nothing."""
+    belong to no job (``foreign``, ``user`` the first one's), or nothing. ``slurm``: the job is
+    one Slurm allocated the GPU to (``job_id`` is then ``slurm job <Slurm's id>``)."""
 
     job_id: str | None = None
     user: str | None = None
     foreign: bool = False
+    slurm: bool = False
 
     @property
     def free(self) -> bool:
@@ -54,7 +66,8 @@ def live_placements(rows: Iterable[JobRow]) -> dict[tuple[str, int], str]:
 def holder_of(g: GpuView, placed: Mapping[tuple[str, int], str]) -> Holder:
     """The GPU's holder: its processes' job first, then its host's claim, then the placement of
     a live job; the user from the claim, else from the job's process. Processes of no job make
-    it held by their user (``foreign``)."""
+    it held by their user (``foreign``). A GPU Slurm allocated to a job (its claim's
+    ``scheduler``) is that Slurm job's, unless one of rigdeck's jobs runs on it."""
     claim = g.claim
     job = None
     user = claim.user if claim is not None else None
@@ -67,6 +80,8 @@ def holder_of(g: GpuView, placed: Mapping[tuple[str, int], str]) -> Holder:
                 user = p.user
         elif foreign_user is None:
             foreign_user = p.user or UNKNOWN_USER
+    if job is None and claim is not None and claim.scheduler == "slurm":  # someone's Slurm job
+        return _holder(slurm_holder_id(claim.job_id), claim.user or UNKNOWN_USER, False, True)
     if job is None and claim is not None and claim.job_id:
         job = claim.job_id
     if job is None:
@@ -79,10 +94,10 @@ def holder_of(g: GpuView, placed: Mapping[tuple[str, int], str]) -> Holder:
 
 
 @lru_cache(maxsize=4096)
-def _holder(job: str | None, user: str | None, foreign: bool) -> Holder:
+def _holder(job: str | None, user: str | None, foreign: bool, slurm: bool = False) -> Holder:
     """One shared Holder for each (job, user, foreign): a frozen dataclass costs microseconds to
     make, and a second in which the GPUs change hands (a wave of jobs starting) makes thousands."""
-    return Holder(job, user, foreign)
+    return Holder(job, user, foreign, slurm)
 
 
 _PROCESSES, _CLAIM, _INDEX = attrgetter("processes"), attrgetter("claim"), attrgetter("index")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -27,7 +27,13 @@ __all__ = [
     "SlurmJob",
     "SlurmNode",
     "SlurmParseError",
+    "SlurmReadError",
+    "SpecCheck",
+    "check_spec",
     "drain_text",
+    "node_index",
+    "read_jobs",
+    "read_nodes",
     "node_of",
     "parse_jobs",
     "parse_jobs_json",
@@ -40,6 +46,8 @@ __all__ = [
 # one column that can be long; none holds a '|'.
 SQUEUE_FIELDS = ("%A", "%u", "%T", "%r", "%D", "%b", "%N")
 SQUEUE_ARGS = ("squeue", "--noheader", "--format=" + "|".join(SQUEUE_FIELDS))
+NODES_ARGS = ("scontrol", "-o", "show", "nodes")
+READ_TIMEOUT_S = 15.0  # one Slurm command on the login host, through its agent
 
 # scontrol's node states (the base state, then '+'-joined flags); sinfo's short words for them.
 _BASE_STATES = ("IDLE", "MIXED", "ALLOCATED", "DOWN", "ERROR", "FUTURE", "UNKNOWN", "COMPLETING")
@@ -352,3 +360,170 @@ def drain_text(node: SlurmNode) -> str | None:
     who = " ".join(p for p in (f"by {node.reason_user}" if node.reason_user else "",
                                f"at {node.reason_time}" if node.reason_time else "") if p)
     return f"{what} in Slurm: {node.reason or 'no reason given'}" + (f" ({who})" if who else "")
+
+
+# --------------------------------------------------------------------------------------------
+# reading Slurm on the login host (through a client's ``exec``: the faces share this)
+
+
+class SlurmReadError(Exception):
+    """Slurm's state could not be read: the message says where, which command and what it said."""
+
+
+# ``exec(hosts, argv, timeout_s)`` -> host -> the agent's answer (a dict) or what kept it from one.
+Exec = Callable[[list[str], list[str], float], Mapping[str, Any]]
+
+
+def login_of(inventory: Any) -> str:
+    """The inventory host whose agent runs Slurm's commands (``[slurm]`` login, else the first
+    host); a SlurmReadError when it is no inventory host (an ``~/.ssh/config`` alias is not read
+    yet) or there is no ``[slurm]``."""
+    spec = getattr(inventory, "slurm", None)
+    if spec is None:
+        raise SlurmReadError("the inventory has no [slurm] table")
+    login = spec.login_host(inventory.hosts)
+    names = list(inventory.names)
+    if login not in names:
+        raise SlurmReadError(f"[slurm] login {login!r}: Slurm's state is read through an inventory "
+                             f"host's agent; {login!r} is none ({', '.join(names) or 'no hosts'})")
+    return str(login)
+
+
+def run_on_login(exec_: Exec, inventory: Any, argv: Sequence[str], what: str) -> tuple[str, str]:
+    """(login host, what ``argv`` printed there); a SlurmReadError naming ``what``, the host, the
+    command and what it said when it could not run or failed."""
+    login = login_of(inventory)
+    try:
+        result = exec_([login], list(argv), READ_TIMEOUT_S)[login]
+    except NotImplementedError:
+        raise SlurmReadError(f"{what} not read: this client runs no command on a host (the app attached "
+                             "to a server reads Slurm only on the server's side: not yet)") from None
+    except Exception as e:  # the client could not ask (a lost link)
+        raise SlurmReadError(f"{what} not read on {login}: {type(e).__name__}: {e}") from None
+    if not isinstance(result, Mapping):
+        raise SlurmReadError(f"{what} not read on {login}: {result}")
+    if result.get("exit_code") != 0:
+        said = str(result.get("stderr") or result.get("error") or "").strip() or f"exit {result.get('exit_code')}"
+        raise SlurmReadError(f"{what} not read on {login}: {' '.join(argv)}: {said}")
+    return login, str(result.get("stdout") or "")
+
+
+def read_nodes(exec_: Exec, inventory: Any) -> list[SlurmNode]:
+    """Slurm's nodes, read with ``scontrol -o show nodes`` on the login host."""
+    login, out = run_on_login(exec_, inventory, NODES_ARGS, "Slurm's nodes")
+    try:
+        return parse_nodes(out, " ".join(NODES_ARGS))
+    except SlurmParseError as e:
+        raise SlurmReadError(f"Slurm's nodes not read on {login}: {e}") from None
+
+
+def read_jobs(exec_: Exec, inventory: Any) -> list[SlurmJob]:
+    """Slurm's queue (every user's pending and running jobs), read with squeue on the login host."""
+    login, out = run_on_login(exec_, inventory, SQUEUE_ARGS, "Slurm's queue")
+    try:
+        return parse_jobs(out)
+    except SlurmParseError as e:
+        raise SlurmReadError(f"Slurm's queue not read on {login}: {e}") from None
+
+
+def node_index(nodes: Sequence[SlurmNode]) -> Callable[..., SlurmNode | None]:
+    """``node_of`` for many hosts: a function of a host's names (its inventory name, the hostname
+    it reports, its address) giving its node, by name first, then hostname, then address; a
+    lookup costs a few dict reads, not a pass over every node."""
+    keyed = [{getattr(n, key): n for n in reversed(nodes) if getattr(n, key)}
+             for key in ("name", "hostname", "address")]
+
+    def find(*names: str | None) -> SlurmNode | None:
+        for index in keyed:
+            for name in names:
+                if name and name in index:
+                    return index[name]
+        return None
+    return find
+
+
+# --------------------------------------------------------------------------------------------
+# the [slurm] table checked against Slurm
+
+
+@dataclass(frozen=True)
+class SpecCheck:
+    """What Slurm said of the inventory's ``[slurm]`` table: ``errors`` (each naming the field,
+    its value and what Slurm said: nothing may run with them) and ``notes`` (what could not be
+    checked, and why)."""
+
+    errors: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+
+def _ask(exec_: Exec, login: str, argv: Sequence[str]) -> tuple[bool, str, str, bool]:
+    """(whether it exited 0, its stdout, what it said: its stderr or why it did not run, whether
+    the agent could not start it at all: not found or not runnable, exit 127 or 126)."""
+    try:
+        result = exec_([login], list(argv), READ_TIMEOUT_S)[login]
+    except NotImplementedError:
+        return False, "", "this client runs no command on a host", False
+    except Exception as e:  # the client could not ask (a lost link)
+        return False, "", f"{type(e).__name__}: {e}", False
+    if not isinstance(result, Mapping):
+        return False, "", str(result), False
+    # what it said: stderr, else why it did not run, else (a failure scontrol prints on stdout,
+    # "Partition gpu not found") its stdout
+    said = " ".join(str(result.get("stderr") or result.get("error")
+                        or (result.get("stdout") if result.get("exit_code") != 0 else "") or "").split())
+    if result.get("timed_out"):
+        said = f"no answer in {READ_TIMEOUT_S:.0f} s"
+    ok = result.get("exit_code") == 0
+    unstarted = result.get("exit_code") in (126, 127) and bool(result.get("error"))
+    return ok, str(result.get("stdout") or ""), said or ("" if ok else f"exit {result.get('exit_code')}"), unstarted
+
+
+def _partition_names(text: str) -> list[str]:
+    try:
+        return [r.get("PartitionName", "").strip() for r in slurmtext.records(text, "PartitionName")]
+    except SlurmTextError:
+        return []
+
+
+def check_spec(exec_: Exec, inventory: Any) -> SpecCheck:
+    """The ``[slurm]`` table checked against the Slurm its login host reaches, before anything
+    runs there: ``login`` has Slurm's commands and they reach a cluster (``scontrol -o show
+    partition``); ``partition`` is one of its partitions; ``account`` and
+    ``qos`` are in its accounting database (``sacctmgr``), where it has one: without slurmdbd
+    they are not checked (a note says so and what sacctmgr said; sbatch checks them then).
+    ``constraint`` is not checked (Slurm matches features per node at submission)."""
+    spec = inventory.slurm
+    where = f"{inventory.path}: [slurm]" if getattr(inventory, "path", None) else "[slurm]"
+    try:
+        login = login_of(inventory)
+    except SlurmReadError as e:
+        return SpecCheck((f"{inventory.path}: {e}" if getattr(inventory, "path", None) else str(e),))
+    argv = ("scontrol", "-o", "show", "partition")
+    ok, out, said, unstarted = _ask(exec_, login, argv)
+    if unstarted:
+        return SpecCheck((f"{where} login {login!r}: no Slurm commands there: {said}",))
+    if not ok:
+        return SpecCheck((f"{where} login {login!r}: Slurm's commands there reach no Slurm cluster: "
+                          f"scontrol -o show partition: {said}",))
+    errors: list[str] = []
+    notes: list[str] = []
+    partitions = _partition_names(out)
+    if spec.partition is not None and spec.partition not in partitions:
+        known, _, said, _ = _ask(exec_, login, ("scontrol", "-o", "show", "partition", spec.partition))
+    if spec.partition is not None and spec.partition not in partitions and not known:  # (a hidden one is known)
+        errors.append(f"{where} partition {spec.partition!r}: Slurm has no such partition: "
+                      f"{said or 'scontrol show partition does not list it'} (its partitions: "
+                      f"{', '.join(partitions) or 'none'})")
+    for field, entity, column in (("account", "account", "Account"), ("qos", "qos", "Name")):
+        value = getattr(spec, field)
+        if value is None:
+            continue
+        ok, out, said, _ = _ask(exec_, login, ("sacctmgr", "--noheader", "--parsable2", "show", entity, value,
+                                            f"format={column}"))
+        if not ok:
+            notes.append(f"{where} {field} {value!r} not checked: Slurm has no accounting database here "
+                         f"(sacctmgr: {said}); sbatch checks it when a job is submitted")
+        elif value.lower() not in [line.strip().lower() for line in out.splitlines()]:  # Slurm lowers them
+            errors.append(f"{where} {field} {value!r}: Slurm's accounting database has no such {field} "
+                          f"(sacctmgr show {entity} {value} lists none)")
+    return SpecCheck(tuple(errors), tuple(notes))

@@ -59,12 +59,14 @@ from tui.model.views import BUSY_UTIL_PCT, GpuView, HostView
 JOB_SLOTS = 12  # distinct job colours (theme variables, see DEFAULT_CSS)
 FREE_GLYPH = "·"
 FOREIGN_GLYPH = "▒"
+SLURM_GLYPH = "▚"  # a GPU Slurm allocated to a job (someone else's, not rigdeck's)
 JOB_GLYPH = "█"
 UNHEALTHY_GLYPH = "✗"  # a GPU its agent calls unhealthy (agent/gpuhealth.py)
 DRAINED_GLYPH = "⊘"  # a GPU kept out of placement (rigdeck drain, or after a fault)
 DOWN_GLYPH = "×"
 CURSOR_BLOCK = "▓"
-_LEVELS = ("ok", "warn", "crit", "muted", "dim", "down", "label", "stale", "cursor", "here", "foreign")
+_LEVELS = ("ok", "warn", "crit", "muted", "dim", "down", "label", "stale", "cursor", "here", "foreign",
+           "slurm")
 # A theme has about six colours and a map of many jobs needs a dozen it can tell apart: these
 # (Okabe and Ito's colour-blind-safe set, then more of the same lightness) read on dark and
 # light backgrounds alike. Everything else on the map takes the theme's variables.
@@ -97,16 +99,23 @@ def _util_look(pct: int) -> tuple[str, str]:
 _UTIL_LOOK = tuple(_util_look(p) for p in range(101))
 _MEM_LOOK = tuple((_spark(p / 100.0), level(p, MEM_THRESHOLDS)) for p in range(101))
 _FREE_LOOK = (FREE_GLYPH, "dim")
+_SLURM_LOOK = (SLURM_GLYPH, "slurm")
 
 
 def cell_look(g: GpuView, who: Holder, mode: str, slot: int | None, stale: bool) -> tuple[str, str]:
     """(glyph, style name) of one GPU's cell in ``mode``; style names are the component
     classes' (``ok``, ``warn``, ``job-3``, ...). Free GPUs are a dim dot in every mode; a failing
-    GPU is a red cross and a drained one a barred circle in every mode (they take no work)."""
+    GPU is a red cross and a drained one a barred circle in every mode (they take no work). A GPU
+    Slurm allocated to a job is its own glyph in every mode: in the job colours its job's colour,
+    in the others Slurm's (it is that job's, however busy)."""
     if g.health == "unhealthy":
         return UNHEALTHY_GLYPH, "stale" if stale else "crit"
     if g.health == "drained":
         return DRAINED_GLYPH, "stale" if stale else "warn"
+    if who.slurm:
+        if stale:
+            return SLURM_GLYPH, "stale"
+        return (SLURM_GLYPH, f"job-{slot or 0}") if mode == "job" else _SLURM_LOOK
     if mode == "job":
         if who.job_id is not None:
             return JOB_GLYPH, "stale" if stale else f"job-{slot or 0}"
@@ -168,6 +177,7 @@ class ClusterMap(ScrollView, can_focus=True):
     ClusterMap > .map--down { color: $error; }
     ClusterMap > .map--label { color: $text-muted; }
     ClusterMap > .map--foreign { color: $warning; }
+    ClusterMap > .map--slurm { color: $secondary; text-style: bold; }
     ClusterMap > .map--cursor { background: $foreground; text-style: bold; }
     ClusterMap > .map--here { text-style: bold underline; }
     """
@@ -194,6 +204,7 @@ class ClusterMap(ScrollView, can_focus=True):
         self.mode = "util"
         self.hosts: Sequence[HostView] = ()
         self.held: list[tuple[Holder, ...]] = []
+        self.slurm_gpus = 0  # GPUs Slurm allocated to its jobs (the legend counts them)
         self.slots: dict[str, int] = {}
         self.summary = Summary((), 0, 0, 0, 0)
         self.cursor = (0, 0)
@@ -239,6 +250,7 @@ class ClusterMap(ScrollView, can_focus=True):
                 self.slots, (w.job_id for hs in held for w in hs if w.job_id is not None), JOB_SLOTS
             )
             self.summary = user_summary(snapshot, held)
+            self.slurm_gpus = sum(w.slurm for hs in held for w in hs)
         self.held, self._up = held, up
         self._build()
 
@@ -396,6 +408,8 @@ class ClusterMap(ScrollView, can_focus=True):
             util = g.utilization_pct
             if g.health in ("unhealthy", "drained") or util is None:
                 looks.append(cell_look(g, who, "util", None, False))
+            elif who.slurm:
+                looks.append(_SLURM_LOOK)
             elif util < BUSY_UTIL_PCT and who.job_id is None and not who.foreign:
                 looks.append(_FREE_LOOK)
             else:
@@ -557,9 +571,10 @@ class ClusterMap(ScrollView, can_focus=True):
 
 
 def legend(mode: str, simulated: int, gpus: int, hosts: int, fits: bool, unhealthy: int = 0,
-           drained: int = 0) -> str:
+           drained: int = 0, slurm: int = 0) -> str:
     """The line above the map: what it shows (simulated GPUs said so), what the colours mean,
-    and the glyphs of unhealthy and drained GPUs, with their counts, when there are any."""
+    and the glyphs of unhealthy and drained GPUs and of those Slurm gave to its jobs, with
+    their counts, when there are any."""
     sim = ""
     if simulated:
         sim = " [b]simulated[/b]" if simulated == gpus else f" ({simulated} simulated)"
@@ -574,6 +589,7 @@ def legend(mode: str, simulated: int, gpus: int, hosts: int, fits: bool, unhealt
         f"{keys}  [$error]{DOWN_GLYPH} down[/]"
         + (f"  [$error]{UNHEALTHY_GLYPH} {unhealthy} unhealthy[/]" if unhealthy else "")
         + (f"  [$warning]{DRAINED_GLYPH} {drained} drained[/]" if drained else "")
+        + (f"  [$secondary]{SLURM_GLYPH} {slurm} Slurm's jobs[/]" if slurm else "")
         + ("" if fits else "  [$text-muted](scrolls)[/]")
         + "  [$text-muted](m colour · enter select)[/]"
     )
@@ -603,7 +619,10 @@ def gpu_detail(h: HostView, g: GpuView | None, who: Holder, jobs: JobsSnapshot) 
     lines.append(f"temp {temp} · power {escape(power_cell(g.power_w, g.power_limit_w, PLAIN).plain)}")
     if status != "up":
         lines.append("[$warning]last known values: the host is not up[/]")
-    if who.job_id is not None:
+    if who.slurm:
+        lines.append(f"[$secondary]{escape(who.job_id or 'slurm job ?')}, user {escape(who.user or '?')}[/]")
+        lines.append("[$text-muted]allocated by Slurm: rigdeck never places on it[/]")
+    elif who.job_id is not None:
         row = jobs.row(who.job_id)
         name = f" ({escape(row.name)}, {escape(row.state)})" if row is not None else ""
         lines.append(f"job [b]{escape(who.job_id)}[/b]{name}")
@@ -696,7 +715,7 @@ class MapPane(Vertical):
         fits = m.grid.lines <= m.size.height
         unhealthy = sum(h.gpus_unhealthy for h in hosts)
         drained = sum(h.gpus_drained for h in hosts)
-        self._set("#map-legend", legend(m.mode, sim, gpus, len(hosts), fits, unhealthy, drained))
+        self._set("#map-legend", legend(m.mode, sim, gpus, len(hosts), fits, unhealthy, drained, m.slurm_gpus))
         cur = m.current()
         self._set("#map-detail", gpu_detail(*cur, self.jobs) if cur else "no hosts")
         self._set("#map-users", users_text(m.summary, self.jobs))

@@ -40,9 +40,11 @@ from tui.app.widgets.format import (
     temp_cell,
     util_level,
 )
+from tui.model.gpumap import slurm_job_text
 from tui.model.jobstate import TERMINAL
 from tui.model.jobtext import exit_text
 from tui.model.jobview import CheckpointSave, CheckpointView, JobRow, OwnerMove
+from tui.model.slurm import SlurmNode, drain_text
 from tui.model.state import ClusterState
 from tui.model.views import GpuView, HostView
 
@@ -123,8 +125,41 @@ def why_level(h: HostView) -> str:
     return "muted"
 
 
-def host_rows(snapshot: Sequence[HostView], w: Widths) -> list[tuple[str, tuple[Any, ...]]]:
-    rows = []
+@dataclass(frozen=True)
+class SlurmNodes:
+    """Slurm's nodes as the hosts view last read them (``[slurm]`` inventories only): ``find``
+    gives a host's node from its names (``tui.model.slurm.node_index``; None before the first
+    read), ``error`` what kept the last read from answering."""
+
+    find: Callable[..., SlurmNode | None] | None = None
+    error: str | None = None
+
+    def node(self, h: HostView) -> SlurmNode | None:
+        return self.find(h.name, h.hostname, h.address) if self.find is not None else None
+
+    def cell(self, node: SlurmNode | None) -> tuple[str, str]:
+        """(Slurm's word for the node's state, as sinfo has it, its palette level)."""
+        if self.find is None:
+            return ("?", "warn") if self.error else ("…", "muted")
+        if node is None:
+            return "no node", "muted"
+        if node.down:
+            return node.short_state, "crit"
+        if not node.usable:
+            return node.short_state, "warn"
+        return node.short_state, "ok"
+
+
+def slurm_why(node: SlurmNode | None) -> str:
+    """Why Slurm keeps a node from new jobs (its reason, who set it and when), or ""."""
+    return (drain_text(node) or "") if node is not None else ""
+
+
+def host_rows(snapshot: Sequence[HostView], w: Widths,
+              slurm: SlurmNodes | None = None) -> list[tuple[str, tuple[Any, ...]]]:
+    """The hosts table's rows; with ``slurm`` (an inventory with ``[slurm]``) a Slurm column and
+    Slurm's drain or down reason first in the Why column."""
+    rows: list[tuple[str, tuple[Any, ...]]] = []
     for h in snapshot:
         s = h.host_sample
         stale = h.status != "up"
@@ -156,10 +191,20 @@ def host_rows(snapshot: Sequence[HostView], w: Widths) -> list[tuple[str, tuple[
                 ),
             )
         )
+        if slurm is not None:
+            node = slurm.node(h)
+            cell = slurm.cell(node)
+            why, lvl = rows[-1][1][-1]
+            said = slurm_why(node)
+            if said:
+                why, lvl = " · ".join(p for p in (said, why) if p), "crit" if cell[1] == "crit" else "warn"
+            rows[-1] = (h.name, (*rows[-1][1][:-1], cell, (why, lvl)))
     return rows
 
 
 class HostsTable(DiffTable):
+    slurm = False  # a Slurm column (the inventory has [slurm]): set before the columns are
+
     def columns_for(self, w: Widths) -> list[Col]:
         return [
             Col("host", "Host"),
@@ -169,6 +214,7 @@ class HostsTable(DiffTable):
             Col("cpu", "CPU", w.bar + 5),
             Col("mem", "Memory", w.bar + 12),
             Col("gpus", "GPUs", 9),
+            *([Col("slurm", "Slurm", 7)] if self.slurm else []),
             Col("why", "Why", w.why),
         ]
 
@@ -196,9 +242,9 @@ class HostsTable(DiffTable):
             if not total:
                 return _text("none" if source == "none" else "-", palette["muted"])
             return marked_simulated(f"{busy}/{total}", sim, palette)
-        if column == "why":
-            why, lvl = raw
-            return _text(why, palette[lvl])
+        if column in ("why", "slurm"):
+            text, lvl = raw
+            return _text(text, palette[lvl])
         return _text(raw)
 
 
@@ -250,7 +296,9 @@ class GpuFilter:
 
 
 def gpu_job_label(g: GpuView) -> tuple[str, str]:
-    """(what runs on the GPU, its kind: job | foreign | idle)."""
+    """(what runs on the GPU, its kind: job | slurm | foreign | idle). A GPU Slurm allocated to
+    a job (its claim's ``scheduler``) is that job's, whoever's processes show on it, unless
+    rigdeck's own job runs there."""
     jobs: dict[str, list[int]] = {}
     foreign = []
     for p in g.processes:
@@ -266,11 +314,13 @@ def gpu_job_label(g: GpuView) -> tuple[str, str]:
             rs = ",".join(f"r{r}" for r in sorted(set(ranks)))
             parts.append(f"{job_id} {rs}".strip())
         return " + ".join(parts), "job"
+    claim = g.claim
+    if claim is not None and claim.scheduler == "slurm":  # someone's Slurm job: theirs, whatever runs
+        return slurm_job_text(claim.job_id, claim.user), "slurm"
     if foreign:
         p = foreign[0]
         more = f" +{len(foreign) - 1}" if len(foreign) > 1 else ""
         return f"{p.user or '?'} pid {p.pid}{more}", "foreign"
-    claim = g.claim
     if claim is not None and claim.job_id:  # claimed on the host, nothing on it yet
         who = f" ({claim.user})" if claim.user else ""
         return f"{claim.job_id} claimed{who}", "job"
@@ -651,7 +701,7 @@ def gpu_raw(src: GpuSource, w: Widths) -> tuple[Any, ...]:
         else:
             label = f"{g.health}: {why}"
         job = (label, g.health)
-    elif g.processes:
+    elif g.processes or (g.claim is not None and g.claim.scheduler == "slurm"):  # Slurm's, even idle
         job = gpu_job_label(g)
     else:
         job = ("-", "idle")
@@ -741,7 +791,8 @@ class GpusTable(DiffTable):
             return power_cell(p, limit, palette)
         if column == "job":
             label, kind = raw
-            look = {"job": "accent", "foreign": "warn", "unhealthy": "crit", "drained": "warn"}.get(kind, "muted")
+            look = {"job": "accent", "foreign": "warn", "slurm": "warn", "unhealthy": "crit",
+                    "drained": "warn"}.get(kind, "muted")
             return _text(label, palette[look])
         if column == "hist":
             levels, width, stale = raw
