@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.kit import TICKER, wait_until
-from tests.kit.bedcli import Cli, tagged
+from tests.kit.bedcli import Cli, owners, person_ticker, running_ranks, tagged
 from tests.testbed import PERSON_PYTHON, TestBed, TestBedError
 
 pytestmark = pytest.mark.testbed
@@ -60,25 +60,6 @@ def person(bed: TestBed, tmp: Path, name: str) -> Cli:
                claim_dir_owner=ALICE)
 
 
-def ticker(bed: TestBed, gpus: int) -> str:
-    return (f'command = ["{{python}}", "{bed.share_dir / "ticker.py"}", "--steps", "3000", "--sleep", "0.1"]\n'
-            f'workdir = "{bed.share_dir}"\nlauncher = "direct"\nnodes = 1\ngpus_per_node = {gpus}\n')
-
-
-def running_ranks(cli: Cli, job_id: str, n: int) -> list[int]:
-    """The host-side pids of a job's ``n`` ranks, once all run."""
-    def pids() -> list[int]:
-        ranks = cli.json("status", job_id)["ranks"]
-        got = [r["pid"] for r in ranks if r.get("pid") and r.get("state") == "running"]
-        return got if len(got) == n else []
-    return wait_until(pids, 60, f"{n} running ranks of {job_id}", step=0.5)
-
-
-def owners(bed: TestBed, pids: list[int]) -> list[str]:
-    res = bed.exec(1, ["ps", "-o", "user=", "-p", ",".join(map(str, pids))])
-    return res.stdout.split()
-
-
 def stop_agents(bed: TestBed) -> None:
     """End every person's agent daemon on the host (the next command starts one with the
     environment its inventory gives: a daemon keeps the one it started with)."""
@@ -105,19 +86,19 @@ def test_two_peoples_jobs_run_as_themselves_share_no_gpu_and_see_each_others(bed
     h = bed.hosts[0]
     # bob first, before any claim directory exists: his agent makes none (it would be his, and
     # refused by alice's), and says who makes it and how.
-    early = bob.run("launch", str(bob.spec("too-early", ticker(bed, 2))), "--no-queue", check=False)
+    early = bob.run("launch", str(bob.spec("too-early", person_ticker(bed, 2))), "--no-queue", check=False)
     print(f"bob before any claim directory: exit {early.returncode}: {early.stderr.strip()}")
     assert early.returncode != 0, early.stdout
     assert f"GPU claim directory {CLAIMS} does not exist" in early.stderr, early.stderr
     assert f"install -d -m 1777 -o root -g root {CLAIMS}" in early.stderr, early.stderr
     bob.run("stop", "too-early", check=False)  # whatever the failed launch left in bob's history
 
-    a = alice.json("launch", str(alice.spec("alice-job", ticker(bed, 2))))["job_id"]
+    a = alice.json("launch", str(alice.spec("alice-job", person_ticker(bed, 2))))["job_id"]
     b = None
     try:
         st = bed.exec(1, ["stat", "-c", "%U %a", CLAIMS]).stdout.split()
         assert st == [ALICE, "1777"], st  # made by the owner's agent, sticky
-        b = bob.json("launch", str(bob.spec("bob-job", ticker(bed, 2))))["job_id"]
+        b = bob.json("launch", str(bob.spec("bob-job", person_ticker(bed, 2))))["job_id"]
         ga = alice.json("status", a)["placement"][0]["gpus"]
         gb = bob.json("status", b)["placement"][0]["gpus"]
         print(f"alice's {a} on GPUs {ga}, bob's {b} on GPUs {gb}")
@@ -125,11 +106,11 @@ def test_two_peoples_jobs_run_as_themselves_share_no_gpu_and_see_each_others(bed
 
         # Each one's ranks, and every process of their job, run as that person.
         pa, pb = running_ranks(alice, a, 2), running_ranks(bob, b, 2)
-        print(f"ps -o user: alice's ranks {pa} -> {owners(bed, pa)}, bob's ranks {pb} -> {owners(bed, pb)}")
-        assert owners(bed, pa) == [ALICE, ALICE] and owners(bed, pb) == [BOB, BOB]
+        print(f"ps -o user: alice's ranks {pa} -> {owners(bed, 1, pa)}, bob's ranks {pb} -> {owners(bed, 1, pb)}")
+        assert owners(bed, 1, pa) == [ALICE, ALICE] and owners(bed, 1, pb) == [BOB, BOB]
         for job, who in ((a, ALICE), (b, BOB)):
             procs = [int(p.split("/")[2]) for p in tagged(bed, job)["h1"]]
-            assert procs and set(owners(bed, procs)) == {who}, (job, procs, owners(bed, procs))
+            assert procs and set(owners(bed, 1, procs)) == {who}, (job, procs, owners(bed, 1, procs))
 
         # Each sees the other's GPUs as taken, and by whom.
         for cli in (alice, bob):
@@ -140,7 +121,7 @@ def test_two_peoples_jobs_run_as_themselves_share_no_gpu_and_see_each_others(bed
             assert all(seen[g]["job_id"] == a for g in ga) and all(seen[g]["job_id"] == b for g in gb)
 
         # bob's job needing the whole host is refused now, or waits, naming alice's claim.
-        big = bob.spec("whole-host", ticker(bed, 4))
+        big = bob.spec("whole-host", person_ticker(bed, 4))
         refused = bob.run("launch", str(big), "--no-queue", check=False)
         print(f"--no-queue: exit {refused.returncode}: {refused.stderr.strip()}")
         assert refused.returncode == 2, refused
@@ -171,7 +152,7 @@ def test_two_peoples_jobs_run_as_themselves_share_no_gpu_and_see_each_others(bed
         bob.run("stop", b, "--grace", "2")
         b = None
         assert alice.json("status", a)["state"] == "running"
-        assert owners(bed, pa) == [ALICE, ALICE]  # her ranks live on
+        assert owners(bed, 1, pa) == [ALICE, ALICE]  # her ranks live on
         assert set(claims_seen(alice)) == set(range(4)) and \
             {g for g, c in claims_seen(alice).items() if c} == set(ga)
     finally:
@@ -189,9 +170,9 @@ def test_a_claim_directory_made_by_another_person_is_refused_saying_how_to_make_
     bed.exec(1, ["rm", "-rf", CLAIMS])
     alice = person(bed, tmp_path, ALICE)
     bob = Cli(bed, tmp_path / "bob-alone", user=BOB, identity_file=str(bed.person_key(BOB)), python=PERSON_PYTHON)
-    a = alice.json("launch", str(alice.spec("alice-first", ticker(bed, 1))))["job_id"]
+    a = alice.json("launch", str(alice.spec("alice-first", person_ticker(bed, 1))))["job_id"]
     try:
-        got = bob.run("launch", str(bob.spec("bob-second", ticker(bed, 1))), "--no-queue", check=False)
+        got = bob.run("launch", str(bob.spec("bob-second", person_ticker(bed, 1))), "--no-queue", check=False)
         print(f"exit {got.returncode}: {got.stderr.strip()}")
         assert got.returncode != 0
         assert f"GPU claim directory {CLAIMS} is not safe to use: it belongs to {ALICE}" in got.stderr, got.stderr
@@ -202,7 +183,7 @@ def test_a_claim_directory_made_by_another_person_is_refused_saying_how_to_make_
         bob.run("stop", "bob-second", check=False)
     # Made right by root, as the refusal says: both trust it.
     bed.exec(1, ["install", "-d", "-m", "1777", "-o", "root", "-g", "root", CLAIMS])
-    b = bob.json("launch", str(bob.spec("bob-third", ticker(bed, 1))))["job_id"]
+    b = bob.json("launch", str(bob.spec("bob-third", person_ticker(bed, 1))))["job_id"]
     bob.run("stop", b, "--grace", "2")
     stop_agents(bed)  # the next test's agents start with their own inventories' settings
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.kit import TICKER, wait_until
-from tests.kit.bedcli import Cli, tagged
+from tests.kit.bedcli import Cli, owners, person_ticker, running_ranks, tagged
 from tests.testbed import PERSON_PYTHON, TestBed, TestBedError
 from tui.control.accounts import Accounts, JoinError
 from tui.model.inventory import HostSpec, Inventory
@@ -204,24 +204,6 @@ def people(tmp_path_factory: pytest.TempPathFactory) -> Iterator[People]:
         bed.down()
 
 
-def ticker(bed: TestBed, gpus: int, host: str = "h2") -> str:
-    return (f'command = ["{{python}}", "{bed.share_dir / "ticker.py"}", "--steps", "3000", "--sleep", "0.1"]\n'
-            f'workdir = "{bed.share_dir}"\nlauncher = "direct"\nnodes = 1\ngpus_per_node = {gpus}\n'
-            f'hosts = ["{host}"]\n')
-
-
-def running_ranks(cli: Cli, job_id: str, n: int) -> list[int]:
-    def pids() -> list[int]:
-        ranks = cli.json("status", job_id)["ranks"]
-        got = [r["pid"] for r in ranks if r.get("pid") and r.get("state") == "running"]
-        return got if len(got) == n else []
-    return wait_until(pids, 60, f"{n} running ranks of {job_id}", step=0.5)
-
-
-def owners(bed: TestBed, pids: list[int]) -> list[str]:
-    return bed.exec(2, ["ps", "-o", "user=", "-p", ",".join(map(str, pids))]).stdout.split()
-
-
 def links_of(bed: TestBed, account: str) -> list[str]:
     """The SSH sessions on h2 logged in as ``account`` (the server's links to their agent)."""
     procs = bed.exec(2, ["ps", "-u", account, "-o", "args="]).stdout.splitlines()
@@ -242,21 +224,21 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
     assert line.startswith('restrict,command="') and "agent.pyz attach --state-dir" in line
     assert line.rstrip().endswith("rigdeck-server:h1:bob")
 
-    a = alice.json("launch", str(alice.spec("alice-job", ticker(bed, 2))))["job_id"]
+    a = alice.json("launch", str(alice.spec("alice-job", person_ticker(bed, 2, host="h2"))))["job_id"]
     b: str | None = None
     try:
-        b = bob.json("launch", str(bob.spec("bob-job", ticker(bed, 1))))["job_id"]
+        b = bob.json("launch", str(bob.spec("bob-job", person_ticker(bed, 1, host="h2"))))["job_id"]
         pa, pb = running_ranks(alice, a, 2), running_ranks(bob, b, 1)
         print(f"$ ps -o user= -p {','.join(map(str, pa + pb))}  (on h2)\n"
-              f"alice's ranks {pa} -> {owners(bed, pa)}, bob's ranks {pb} -> {owners(bed, pb)}")
-        assert owners(bed, pa) == [ALICE, ALICE] and owners(bed, pb) == [BOB]
+              f"alice's ranks {pa} -> {owners(bed, 2, pa)}, bob's ranks {pb} -> {owners(bed, 2, pb)}")
+        assert owners(bed, 2, pa) == [ALICE, ALICE] and owners(bed, 2, pb) == [BOB]
         again = alice.run("server", "join", "h2", check=False)  # a job keeps the account it started as
         print(f"alice joins h2 again while her job runs: exit {again.returncode}: {again.stderr.strip()[-300:]}")
         assert again.returncode == 1 and f"alice's jobs {a} run on h2" in again.stderr, again.stderr
         assert "Traceback" not in again.stderr
         for job, who in ((a, ALICE), (b, BOB)):  # every process of the job, not only its ranks
             procs = [int(p.split("/")[2]) for p in tagged(bed, job)["h2"]]
-            assert procs and set(owners(bed, procs)) == {who}, (job, procs, owners(bed, procs))
+            assert procs and set(owners(bed, 2, procs)) == {who}, (job, procs, owners(bed, 2, procs))
 
         # bob's job can neither read alice's job directory nor signal her rank.
         spy = bob.spec("spy", f'command = ["{{python}}", "{bed.share_dir / "spy.py"}", '
@@ -273,10 +255,11 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
         refused = bob.run("stop", a, "--grace", "1", check=False)
         print(f"$ rigdeck stop {a}  (bob): exit {refused.returncode}: {refused.stderr.strip()}")
         assert refused.returncode == 3 and f"job '{a}' belongs to alice" in refused.stderr, refused.stderr
-        assert alice.json("status", a)["state"] == "running" and owners(bed, pa) == [ALICE, ALICE]
+        assert alice.json("status", a)["state"] == "running" and owners(bed, 2, pa) == [ALICE, ALICE]
 
         # A host bob has no account recorded on: refused, naming him and the host.
-        elsewhere = bob.run("launch", str(bob.spec("bob-h3", ticker(bed, 1, host="h3"))), "--no-queue", check=False)
+        elsewhere = bob.run("launch", str(bob.spec("bob-h3", person_ticker(bed, 1, host="h3"))), "--no-queue",
+                            check=False)
         print(f"bob on h3: exit {elsewhere.returncode}: {elsewhere.stderr.strip()}")
         assert elsewhere.returncode != 0 and "bob has no account recorded on h3" in elsewhere.stderr
 

@@ -121,3 +121,27 @@ def tagged(bed: TestBed, job_id: str) -> dict[str, list[str]]:
                                        "| grep -v self || true"])
         out[h.name] = [ln for ln in res.stdout.split() if "/self/" not in ln and "/thread-self/" not in ln]
     return out
+
+
+def person_ticker(bed: TestBed, gpus: int, host: str | None = None) -> str:
+    """A job spec's body: the stdlib ticker from the bed's shared directory (a person's account
+    can read it, and run it with the bed's PERSON_PYTHON), ``gpus`` GPUs on one node."""
+    return (f'command = ["{{python}}", "{bed.share_dir / "ticker.py"}", "--steps", "3000", "--sleep", "0.1"]\n'
+            f'workdir = "{bed.share_dir}"\nlauncher = "direct"\nnodes = 1\ngpus_per_node = {gpus}\n'
+            + (f'hosts = ["{host}"]\n' if host else ""))
+
+
+def running_ranks(cli: Cli, job_id: str, n: int) -> list[int]:
+    """The host-side pids of a job's ``n`` ranks, once all run."""
+    from tests.kit import wait_until
+
+    def pids() -> list[int]:
+        ranks = cli.json("status", job_id)["ranks"]
+        got = [r["pid"] for r in ranks if r.get("pid") and r.get("state") == "running"]
+        return got if len(got) == n else []
+    return wait_until(pids, 60, f"{n} running ranks of {job_id}", step=0.5)
+
+
+def owners(bed: TestBed, host: int, pids: list[int]) -> list[str]:
+    """The account each of ``pids`` runs as on bed host ``host`` (``ps -o user=``)."""
+    return bed.exec(host, ["ps", "-o", "user=", "-p", ",".join(map(str, pids))]).stdout.split()
