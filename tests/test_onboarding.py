@@ -29,6 +29,7 @@ from textual.pilot import Pilot
 from textual.widgets import DataTable
 
 from tests import bedclean
+from tests.kit.pilot import until
 from tests.testbed import TestBed
 from tui.app.screens.dialogs import TrustHostKey
 from tui.app.screens.onboarding import OnboardingScreen, PassphraseDialog
@@ -43,6 +44,12 @@ from tui.client import (
 )
 
 pytestmark = pytest.mark.testbed
+
+
+async def settled(pilot: Pilot[None], cond: Callable[[], object]) -> None:
+    """The kit's wait with this file's bound: a host's key and an SSH check can take 30 s."""
+    await until(pilot, cond, 30.0)
+
 
 ROOT = Path(__file__).resolve().parent.parent
 SIZE = (140, 36)
@@ -120,14 +127,6 @@ def app_as_the_cli_makes_it() -> RigdeckApp:
     return RigdeckApp(InProcessClient(load_inventory()), onboarding=onboarding_offer())
 
 
-async def until(pilot: Pilot[None], cond: Callable[[], object], seconds: float = 30.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        await pilot.pause(0.05)
-        if cond():
-            return
-
-
 def rows(screen: OnboardingScreen) -> dict[str, list[str]]:
     table = screen.query_one("#onboard-table", DataTable)
     return {str(key.value): [str(c) for c in table.get_row(key)] for key in table.rows}
@@ -144,7 +143,7 @@ async def test_onboarding_lists_the_concrete_hosts_checks_them_and_writes_the_in
         home: Path, testbed: TestBed) -> None:
     app = app_as_the_cli_makes_it()
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, OnboardingScreen))
+        await settled(pilot, lambda: isinstance(app.screen, OnboardingScreen))
         screen = app.screen
         assert isinstance(screen, OnboardingScreen)
         # Exactly the concrete names, in file order: no "*", "*.corp" or "!gpu-c".
@@ -156,7 +155,7 @@ async def test_onboarding_lists_the_concrete_hosts_checks_them_and_writes_the_in
         # gpu-a, gpu-b and gpu-c present keys that the (empty) known_hosts lacks: a dialog each.
         asked: dict[str, str] = {}
         for _ in range(3):
-            await until(pilot, lambda: isinstance(app.screen, TrustHostKey))
+            await settled(pilot, lambda: isinstance(app.screen, TrustHostKey))
             dialog = app.screen
             assert isinstance(dialog, TrustHostKey), rows(screen)
             asked[dialog.host] = dialog.key.fingerprint or ""
@@ -165,7 +164,7 @@ async def test_onboarding_lists_the_concrete_hosts_checks_them_and_writes_the_in
         h1, h2, h3 = testbed.hosts[:3]
         assert asked == {"gpu-a": fingerprint_of(h1.public_key), "gpu-b": fingerprint_of(h2.public_key),
                          "gpu-c": fingerprint_of(h3.public_key)}
-        await until(pilot, lambda: rows(screen)["gpu-a"][3].startswith("ok")
+        await settled(pilot, lambda: rows(screen)["gpu-a"][3].startswith("ok")
                     and rows(screen)["gpu-b"][3].startswith("ok")
                     and not rows(screen)["gone"][3].startswith(("not", "checking")))
         result = {n: r[3] for n, r in rows(screen).items()}
@@ -179,7 +178,7 @@ async def test_onboarding_lists_the_concrete_hosts_checks_them_and_writes_the_in
         assert h1.address in known and h2.address in known and h3.address not in known
 
         await pilot.press("w")
-        await until(pilot, lambda: not isinstance(app.screen, OnboardingScreen))
+        await settled(pilot, lambda: not isinstance(app.screen, OnboardingScreen))
         written = inventory_file(home)
         assert app.client.inventory.path == written  # the app goes on with it
         assert app.sub_title == str(written)
@@ -194,7 +193,7 @@ async def test_skipping_onboarding_writes_nothing_and_goes_on_with_this_machine(
         home: Path) -> None:
     app = app_as_the_cli_makes_it()
     async with app.run_test(size=SIZE) as pilot:
-        await until(pilot, lambda: isinstance(app.screen, OnboardingScreen))
+        await settled(pilot, lambda: isinstance(app.screen, OnboardingScreen))
         screen = app.screen
         assert isinstance(screen, OnboardingScreen)
         await pick(pilot, screen, ["gpu-a"])
@@ -205,9 +204,9 @@ async def test_skipping_onboarding_writes_nothing_and_goes_on_with_this_machine(
         assert "w Write inventory" in bar and "esc Skip" in bar and "q Quit" in bar
         assert "Launch" not in bar
         await pilot.press("escape")
-        await until(pilot, lambda: not isinstance(app.screen, OnboardingScreen))
+        await settled(pilot, lambda: not isinstance(app.screen, OnboardingScreen))
         assert not isinstance(app.screen, OnboardingScreen)
-        await until(pilot, lambda: "Launch" in app.screen.query_one(KeyBar).text)
+        await settled(pilot, lambda: "Launch" in app.screen.query_one(KeyBar).text)
         assert "l Launch" in app.screen.query_one(KeyBar).text  # the app's keys are back
         assert app.client.inventory.path is None  # this machine alone, as without onboarding
         assert [h.transport for h in app.client.inventory.hosts] == ["local"]
@@ -229,23 +228,23 @@ async def test_onboarding_asks_a_keys_passphrase_in_a_password_dialog(home: Path
     try:
         app = app_as_the_cli_makes_it()
         async with app.run_test(size=SIZE) as pilot:
-            await until(pilot, lambda: isinstance(app.screen, OnboardingScreen))
+            await settled(pilot, lambda: isinstance(app.screen, OnboardingScreen))
             screen = app.screen
             assert isinstance(screen, OnboardingScreen) and screen.names == ["locked"]
             await pilot.press("space", "enter")
-            await until(pilot, lambda: isinstance(app.screen, TrustHostKey))
+            await settled(pilot, lambda: isinstance(app.screen, TrustHostKey))
             await pilot.press("y")
-            await until(pilot, lambda: isinstance(app.screen, PassphraseDialog))
+            await settled(pilot, lambda: isinstance(app.screen, PassphraseDialog))
             dialog = app.screen
             assert isinstance(dialog, PassphraseDialog) and dialog.key_file == str(key)
             await pilot.press(*secret)
             # A password field: what is shown is not what was typed.
             assert secret not in str(dialog.query_one("#passphrase-input").render())
             await pilot.press("enter")
-            await until(pilot, lambda: rows(screen)["locked"][3].startswith("ok"))
+            await settled(pilot, lambda: rows(screen)["locked"][3].startswith("ok"))
             assert rows(screen)["locked"][3].startswith(f"ok: {h3.hostname}"), rows(screen)
             await pilot.press("w")
-            await until(pilot, lambda: not isinstance(app.screen, OnboardingScreen))
+            await settled(pilot, lambda: not isinstance(app.screen, OnboardingScreen))
     finally:
         authorized.write_text(before)
     assert load_inventory(inventory_file(home)).get("locked").identity_files == (str(key),)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from textual.widgets import Static
 
-from tests.test_ui_pilot import static_text, until
+from tests.kit.pilot import static_text, until
 from tests.ui_fixtures import JOB, PROCESSING_INPUTS, processing_jobs, recorded_app, stop_servers
 from tui.app.widgets.chart import LossChart
 from tui.app.widgets.processing import COLUMNS, ProcessingTable

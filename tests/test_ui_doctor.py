@@ -7,13 +7,13 @@ the view recovers; a hung doctor never freezes the app; and a snapshot."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from textual.pilot import Pilot
 from textual.widgets import Static
 
 from tests.doctor_fixtures import JOBS, STARTED, RecordedDoctor, doctor_app, report
+from tests.kit.pilot import static_text, until
 from tests.ui_fixtures import NOW
 from tui.app.widgets.doctor import (
     FindingsTable,
@@ -27,17 +27,6 @@ from tui.app.widgets.doctor import (
 from tui.model.doctor import DoctorReport, Finding
 
 SIZE = (120, 36)
-
-
-async def until(pilot: Pilot[None], cond: Callable[[], object], tries: int = 60) -> None:
-    for _ in range(tries):
-        await pilot.pause(0.05)
-        if cond():
-            return
-
-
-def static_text(app: Any, selector: str) -> str:
-    return str(app.query_one(selector, Static).render())
 
 
 def messages(app: Any) -> list[str]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from textual.pilot import Pilot
 from textual.widgets import Static
 
+from tests.kit.pilot import static_text, until
 from tests.ui_fixtures import (
     FAULT_MESSAGE,
     FAULT_STEP,
@@ -53,22 +53,10 @@ def healing_app(kind: str = "embedded", incident: bool = True) -> RigdeckApp:
     return app
 
 
-def static_text(app: RigdeckApp, selector: str) -> str:
-    return str(app.query_one(selector, Static).render())
-
-
 def gpu_row(app: RigdeckApp, host: str, index: int) -> str:
     g = app.client.state.gpu(host, index)
     assert g is not None
     return f"{host}/{g.uuid}"
-
-
-async def until(pilot: Pilot[None], cond: Any) -> None:
-    """Let the app run until ``cond()`` holds, for at most ten seconds; the caller asserts."""
-    for _ in range(200):
-        await pilot.pause(0.05)
-        if cond():
-            return
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ from collections import Counter
 from typing import Any
 
 from textual.pilot import Pilot
-from textual.widgets import Static
 
+from tests.kit.pilot import static_text
 from tests.ui_fixtures import (
     JOB,
     MAP_DOWN,
@@ -148,10 +148,6 @@ async def open_map(app: RigdeckApp, pilot: Pilot[None]) -> ClusterMap:
 def visible_lines(m: ClusterMap) -> list[str]:
     """The map's lines as drawn in its region on screen now."""
     return [m.render_line(y).text for y in range(m.size.height)]
-
-
-def static_text(app: RigdeckApp, sel: str) -> str:
-    return str(app.query_one(sel, Static).render())
 
 
 async def test_map_shows_all_4096_gpus_in_200x60_without_scrolling() -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 from textual.pilot import Pilot
 from textual.widgets import Input, Static
 
+from tests.kit.pilot import static_text, until
 from tests.ui_fixtures import (
     FINGERPRINT,
     JOB,
@@ -64,19 +64,6 @@ async def launch_screen(app: RigdeckApp, pilot: Pilot[None]) -> LaunchScreen:
         if isinstance(screen, LaunchScreen) and screen.query("#f-name") and app.focused is not None:
             return screen
     raise AssertionError(f"no launch dialog: {app.screen}")
-
-
-async def until(pilot: Pilot[None], cond: Callable[[], object]) -> None:
-    """Let the app run until ``cond()`` holds, for at most ten seconds (a loaded machine, a
-    detail through the server); the caller asserts."""
-    for _ in range(200):
-        await pilot.pause(0.05)
-        if cond():
-            return
-
-
-def static_text(app: RigdeckApp | LaunchScreen, selector: str) -> str:
-    return str(app.query_one(selector, Static).render())
 
 
 async def test_hosts_view_says_why_a_host_is_down(kind: str) -> None:

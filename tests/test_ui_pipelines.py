@@ -6,12 +6,11 @@ controller that fails or hangs; and a snapshot."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from textual.pilot import Pilot
-from textual.widgets import Static
 
+from tests.kit.pilot import static_text, until
 from tests.pipeline_fixtures import (
     FAILED_PIPELINE,
     PIPELINE,
@@ -33,17 +32,6 @@ from tui.app.widgets.sweeps import SweepsTable
 from tui.model.pipelineview import StepRow
 
 SIZE = (120, 36)
-
-
-async def until(pilot: Pilot[None], cond: Callable[[], object], tries: int = 60) -> None:
-    for _ in range(tries):
-        await pilot.pause(0.05)
-        if cond():
-            return
-
-
-def static_text(app: Any, selector: str) -> str:
-    return str(app.query_one(selector, Static).render())
 
 
 async def pipelines_shown(app: RigdeckApp, pilot: Pilot[None], rows: int = 2) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from textual.widgets import Static
 
-from tests.test_ui_pilot import SIZE, static_text, until
+from tests.kit.pilot import static_text, until
+from tests.test_ui_pilot import SIZE
 from tests.ui_fixtures import EVAL_KILLED, JOB, POOL_SIZING, pool_jobs, recorded_app, stop_servers
 from tui.app.screens.dialogs import ConfirmStop
 from tui.app.widgets.pools import COLUMNS, PoolsTable

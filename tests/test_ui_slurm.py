@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.pilot import Pilot
-from textual.widgets import Static
 
+from tests.kit.pilot import static_words, until
 from tests.ui_fixtures import (
     JOB,
     FakeController,
@@ -100,18 +99,6 @@ def slurm_app(controller: SlurmController | None = None, kind: str = "embedded")
     return app
 
 
-def static_text(app: RigdeckApp, selector: str) -> str:
-    return " ".join(str(app.query_one(selector, Static).render()).split())
-
-
-async def until(pilot: Pilot[None], cond: Any) -> None:
-    """Let the app run until ``cond()`` holds, for at most ten seconds; the caller asserts."""
-    for _ in range(200):
-        await pilot.pause(0.05)
-        if cond():
-            return
-
-
 def gpu_row(app: RigdeckApp, host: str, index: int) -> str:
     g = app.client.state.gpu(host, index)
     assert g is not None
@@ -137,11 +124,11 @@ async def test_hosts_view_shows_each_nodes_slurm_state_and_why_it_is_drained() -
         # read on the login host, off the UI's thread, with no shell
         assert ctl.calls[0] == (["h1"], ["scontrol", "-o", "show", "nodes"])
         assert ctl.threads and all(t != threading.main_thread().name for t in ctl.threads)
-        detail = static_text(app, "#host-detail")
+        detail = static_words(app, "#host-detail")
         assert "Slurm node tb1-h1 mix (mixed) · partition bed" in detail, detail
         await pilot.press("down", "down")
-        await until(pilot, lambda: "tb1-h3" in static_text(app, "#host-detail"))
-        detail = static_text(app, "#host-detail")
+        await until(pilot, lambda: "tb1-h3" in static_words(app, "#host-detail"))
+        detail = static_words(app, "#host-detail")
         assert detail.endswith(f"Slurm node tb1-h3 drng (mixed+drain): {DRAIN_REASON} {DRAIN_BY}"), detail
 
 
@@ -152,7 +139,7 @@ async def test_hosts_view_without_slurm_has_no_slurm_column_and_asks_nothing() -
         await until(pilot, lambda: table.row_count == 3)
         assert "slurm" not in table.column_keys
         assert not table.slurm and app.views["hosts"].slurm is None
-        assert "Slurm" not in static_text(app, "#host-detail")
+        assert "Slurm" not in static_words(app, "#host-detail")
 
 
 async def test_a_slurm_that_cannot_be_read_is_said_not_raised() -> None:
@@ -166,7 +153,7 @@ async def test_a_slurm_that_cannot_be_read_is_said_not_raised() -> None:
         await pilot.pause()
         assert [table.cell_text(h, "slurm") for h in ("h1", "h2", "h3")] == ["?", "?", "?"]
         assert [table.cell_text(h, "state") for h in ("h1", "h2", "h3")] == ["up", "up", "up"]
-        detail = static_text(app, "#host-detail")
+        detail = static_words(app, "#host-detail")
         assert ("Slurm's nodes not read on h1: scontrol -o show nodes: scontrol: No such file or directory"
                 in detail), detail
 
@@ -179,7 +166,7 @@ async def test_an_app_attached_to_a_server_says_it_does_not_read_slurm_yet() -> 
             await until(pilot, lambda: app.views["hosts"].slurm_reads >= 1 and table.row_count == 3)
             await pilot.pause()
             assert table.cell_text("h1", "slurm") == "?"
-            assert "this client runs no command on a host" in static_text(app, "#host-detail")
+            assert "this client runs no command on a host" in static_words(app, "#host-detail")
     finally:
         stop_servers()
 
@@ -216,15 +203,15 @@ async def test_map_draws_slurms_gpus_as_its_jobs_in_every_colour_mode() -> None:
             assert m.cell_at(1, 1)[0] == SLURM_GLYPH, mode  # h2 GPU 1: idle, and still not free
             assert m.cell_at(1, 2)[0] == FREE_GLYPH, mode  # h2 GPU 2: free
             assert m.cell_at(0, 0)[0] not in (SLURM_GLYPH, FREE_GLYPH), mode  # rigdeck's JOB
-            assert f"{SLURM_GLYPH} 2 Slurm's jobs" in static_text(app, "#map-legend"), mode
+            assert f"{SLURM_GLYPH} 2 Slurm's jobs" in static_words(app, "#map-legend"), mode
             await pilot.press("m")
             await pilot.pause()
         m.move_to(1, 1)
         await pilot.pause()
-        detail = static_text(app, "#map-detail")
+        detail = static_words(app, "#map-detail")
         assert f"slurm job {SLURM_JOB}, user {SLURM_USER}" in detail, detail
         assert "allocated by Slurm" in detail and not detail.endswith("free")
-        users = static_text(app, "#map-users")
+        users = static_words(app, "#map-users")
         assert f"{SLURM_USER} 2 GPUs 2 slurm job {SLURM_JOB}" in users, users
         assert "5 held · 7 free" in users  # JOB's 2, Slurm's 2, bob's 1: Slurm's not counted as free
         assert m.summary.free == 12 - m.summary.held
