@@ -16,11 +16,11 @@ from typing import Any
 
 import pytest
 
+from agent import serverhelper
 from tui.control.server import Server, Session
 from tui.model.identity import UserError, check_public_key, check_user_name, key_fingerprint
 from tui.model.permissions import DRAIN, STOP_JOB, Actor, PermissionDenied, check, refusal
 from tui.model.usage import attempts, gpu_seconds, parse_since, report_lines, usage_report
-from tui.remote import serverhelper
 
 ALICE, BOB, ROOT = Actor("alice"), Actor("bob"), Actor("root", admin=True)
 

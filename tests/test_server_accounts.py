@@ -120,7 +120,7 @@ def test_a_persons_controller_reaches_their_hosts_as_their_account_and_goes_when
 
 def test_users_json_keeps_a_persons_accounts_through_a_new_key_and_drops_them_with_the_person(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tui.remote import serverhelper
+    from agent import serverhelper
 
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / ".ssh").mkdir(mode=0o700)

@@ -20,8 +20,8 @@ from tests._require import require
 from tests.conftest import fish_bed
 from tests.kit.fakes import LISTENER
 from tests.testbed import TestBed
-from tui import serveradmin
 from tui.cli.main import main as rigdeck_main
+from tui.control import serveradmin
 from tui.model.inventory import Inventory
 from tui.remote.serverhost import key_comment
 from tui.remote.sshconfig import load_inventory

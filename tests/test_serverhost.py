@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from agent import serverhelper
 from tests.kit.fakes import LISTENER
 from tui.model.inventory import HostSpec, Inventory, InventoryError, ServerSpec
 from tui.model.serverlayout import ServerLayout
-from tui.remote import serverhelper
 from tui.remote.serverhost import (
     HELPER_SOURCE,
     ServerHostError,

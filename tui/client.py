@@ -30,8 +30,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from agent.filemodes import UnsafeDirError
-from tui import serveradmin  # noqa: F401  (`rigdeck server ...`: set-up and start on the server host)
-from tui.control import api
+from tui.control import (
+    api,
+    serveradmin,  # noqa: F401  (`rigdeck server ...`: set-up and start on the server host)
+)
 from tui.control.controller import HostReport
 from tui.control.doctor import DoctorError
 from tui.control.history import JobRefError, rigdeck_home
@@ -764,7 +766,7 @@ class _ServerStore:
 
 class Membership:
     """A person's own accounts on the hosts, as the server records them: ``rigdeck server join``
-    and ``leave`` (``tui.serveradmin``) call these over the person's own forced attach."""
+    and ``leave`` (``tui.control.serveradmin``) call these over the person's own forced attach."""
 
     def __init__(self, client: RemoteClient):
         self.c = client

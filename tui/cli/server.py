@@ -2,7 +2,7 @@
 
 The server is the controller running as a long-lived process (``rigdeck serve``) on the host the
 inventory's ``[server]`` table names; these commands put it there and look after it, through
-``tui.serveradmin`` (through ``tui.client``). ``rigdeck attach`` runs on the server host itself:
+``tui.control.serveradmin`` (through ``tui.client``). ``rigdeck attach`` runs on the server host itself:
 it is what a client's SSH session runs to speak to the server.
 """
 

@@ -26,9 +26,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from agent.serverhelper import forget_accounts, read_users, record_accounts
 from tui.control.controller import Controller
 from tui.model.inventory import Inventory
-from tui.remote.serverhelper import forget_accounts, read_users, record_accounts
 from tui.remote.transport import TransportError
 
 log = logging.getLogger(__name__)

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import filemodes
+from agent.serverhelper import read_users
 from tui.control import api
 from tui.control.accounts import Accounts, JoinError
 from tui.control.history import History
@@ -66,7 +67,6 @@ from tui.model.jobstate import QUEUED
 from tui.model.permissions import Actor, Guard, PermissionDenied, check, env_for, priority_refusal
 from tui.model.state import ClusterState, HostState
 from tui.model.userconfig import UserConfig, load_config
-from tui.remote.serverhelper import read_users
 
 log = logging.getLogger(__name__)
 

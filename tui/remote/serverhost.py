@@ -21,7 +21,7 @@ table) with the operator's own transport. Nothing needs root, Docker or an open 
 * ``stop``, ``status`` and ``logs`` do what they say.
 
 Every command on a host is one ``python -c`` run of ``serverhost``'s helper script
-(``tui/remote/serverhelper.py``) with its arguments as argv words, sent through the transport's
+(``agent/serverhelper.py``) with its arguments as argv words, sent through the transport's
 base64 ``/bin/sh`` wrapper (``transport.remote_command``): no login shell parses a user value.
 The layout of the server's directory is ``tui.model.serverlayout.ServerLayout``.
 """
@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from agent import serverhelper
 from tui.model import tomlwrite
 from tui.model.fairshare import QueuePolicy, policy_to_toml
 from tui.model.inventory import HostSpec, Inventory, ServerSpec
@@ -88,7 +89,7 @@ __all__ = [
     "users",
 ]
 
-HELPER_SOURCE = (Path(__file__).resolve().parent / "serverhelper.py").read_text()
+HELPER_SOURCE = Path(serverhelper.__file__).read_text()  # stdlib, 3.9: host-side code lives in agent/
 COMMAND_TIMEOUT = 60.0
 INSTALL_TIMEOUT = 600.0
 START_TIMEOUT = 30.0
