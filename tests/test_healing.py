@@ -93,7 +93,8 @@ max_restarts = 1
     last_step_at = max(m["time"] for m in metrics if m.get("step") == 10 and m.get("event") is None)
     found_in = next(e for e in final["events"] if e.get("event") == "incident")["time"] - last_step_at
     print(f"the hung rank was found {found_in:.1f} s after step 10 (learned step timeout "
-          f"{incident['timeout_s']:g} s); restarted {restart['time'] - last_step_at:.1f} s after it")
+          f"{incident['timeout_s']:g} s); restarted {restart['time'] - last_step_at:.1f} s after it\n"
+          f"{incident['message'][:400]}")
     assert found_in < 60 and restart["time"] - last_step_at < 60, (found_in, restart["time"], last_step_at)
     # the stacks are in the ranks' logs, beside their output
     logs = cli.run("logs", job_id, "--rank", "3").stdout
@@ -112,6 +113,7 @@ max_restarts = 1
     text = cli.run("status", job_id).stdout
     assert "goodput  " in text and "incident hang after step 11: detected in " in text, text
     assert "step timeout 15 s, learned" in text, text
+    print("rigdeck status:", *(line for line in text.splitlines() if "incident" in line), sep="\n")
     assert tagged(cli.bed, job_id) == {"h1": [], "h2": [], "h3": []}
     # the control run: no incident, no restart, though its save and its slow step really were slow
     done = json.loads(out)
