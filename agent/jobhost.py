@@ -164,14 +164,19 @@ class RankProgress:
             path = os.path.join(self.dir, name)
             offset = self.offsets.get(name, 0)
             try:
-                if os.path.getsize(path) <= offset:
+                size = os.path.getsize(path)
+                if size < offset:  # made again (smaller): read it from its start
+                    offset = 0
+                if size <= offset:
                     continue
                 with open(path, "rb") as f:
                     f.seek(offset)
                     data = f.read(1 << 20)
             except OSError:
                 continue
-            whole = data.rfind(b"\n") + 1  # a line still being written waits for the next look
+            whole = data.rfind(b"\n") + 1  # a line still being written waits for the next look...
+            if whole == 0 and len(data) == 1 << 20:
+                whole = len(data)  # ...unless it is longer than a look reads: no step record, skipped
             self.offsets[name] = offset + whole
             for line in data[:whole].split(b"\n"):
                 if b'"step"' in line or b'"section"' in line:

@@ -120,6 +120,9 @@ def test_a_job_host_reads_its_ranks_steps_and_sections_as_the_files_grow(tmp_pat
     _lines(m / "rank-0.jsonl", {"event": "section", "section": "checkpoint", "phase": "end", "seconds": 31.5})
     p.read()
     assert p.steps["rank-1.jsonl"] == 2.0 and p.sections() == [] and p.ended == {"checkpoint": 31.5}
+    (m / "rank-1.jsonl").write_text('{"step": 7, "rank": 1}\n')  # made again, smaller
+    p.read()
+    assert p.steps["rank-1.jsonl"] == 7.0
 
 
 def test_the_agent_tells_the_controller_each_ranks_sections_in_this_attempt(tmp_path) -> None:  # type: ignore[no-untyped-def]
