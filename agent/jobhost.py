@@ -16,7 +16,7 @@ import subprocess
 import time
 from typing import Any, Dict, List, Optional
 
-from agent import clusterfiles
+from agent import clusterfiles, hangrule
 from agent.jobfiles import free_mb, is_resource_error, reserve, resource_message, tail, write_json
 from agent.rankexec import die_with_parent
 
@@ -132,6 +132,82 @@ def sweep(job_id: str, sig: int = signal.SIGKILL) -> List[int]:
     return hit
 
 
+class RankProgress:
+    """What this host's ranks wrote to their metrics files since this job host started (an earlier
+    attempt's lines are not this one's): each file's newest step, the sections (``runtime.section``)
+    its rank is inside, and the longest run of each section it ended. Read as the files grow, a
+    few bytes per look."""
+
+    NAMES = ("rank-", "defs-rank-")
+
+    def __init__(self, metrics_dir: str) -> None:
+        self.dir = metrics_dir
+        self.offsets = {}  # type: Dict[str, int]
+        self.steps = {}  # type: Dict[str, float]
+        self.inside = {}  # type: Dict[str, List[str]]
+        self.ended = {}  # type: Dict[str, float]
+        for name in self._files():
+            try:
+                self.offsets[name] = os.path.getsize(os.path.join(self.dir, name))
+            except OSError:
+                pass
+
+    def _files(self) -> List[str]:
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return []
+        return [n for n in names if n.endswith(".jsonl") and n.startswith(self.NAMES)]
+
+    def read(self) -> None:
+        for name in self._files():
+            path = os.path.join(self.dir, name)
+            offset = self.offsets.get(name, 0)
+            try:
+                size = os.path.getsize(path)
+                if size < offset:  # made again (smaller): read it from its start
+                    offset = 0
+                if size <= offset:
+                    continue
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    data = f.read(1 << 20)
+            except OSError:
+                continue
+            whole = data.rfind(b"\n") + 1  # a line still being written waits for the next look...
+            if whole == 0 and len(data) == 1 << 20:
+                whole = len(data)  # ...unless it is longer than a look reads: no step record, skipped
+            self.offsets[name] = offset + whole
+            for line in data[:whole].split(b"\n"):
+                if b'"step"' in line or b'"section"' in line:
+                    self._take(name, line)
+
+    def _take(self, name: str, line: bytes) -> None:
+        try:
+            rec = json.loads(line.decode("utf-8", "replace"))
+        except ValueError:
+            return
+        if not isinstance(rec, dict):
+            return
+        event = rec.get("event")
+        if event is None:
+            step = rec.get("step")
+            if isinstance(step, (int, float)) and not isinstance(step, bool):
+                self.steps[name] = max(self.steps.get(name, float("-inf")), float(step))
+        elif event == "section" and isinstance(rec.get("section"), str):
+            inside = self.inside.setdefault(name, [])
+            if rec.get("phase") == "begin":
+                inside.append(rec["section"])
+            elif rec.get("phase") == "end" and rec["section"] in inside:
+                inside.remove(rec["section"])
+                seconds = rec.get("seconds")
+                if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+                    self.ended[rec["section"]] = max(self.ended.get(rec["section"], 0.0), float(seconds))
+
+    def sections(self) -> List[str]:
+        return sorted({n for names in self.inside.values() for n in names})
+
+
 class JobHost:
     def __init__(self, job_dir: str):
         self.job_dir = os.path.abspath(job_dir)
@@ -167,6 +243,11 @@ class JobHost:
         self.stop_reason = None  # type: Optional[str]
         self.claim_fds = claim_fds(dict(os.environ))  # kept open: passed to every launcher
         self._preexec = die_with_parent()
+        health = plan.get("health") or {}
+        self.on_hang = str(health.get("on_hang") or "restart")
+        self.progress = RankProgress(os.path.join(self.job_dir, "metrics"))
+        self.hang_watch = hangrule.Watch(time.monotonic(), _seconds(health.get("hang_timeout")),
+                                         _seconds(health.get("startup_timeout")))
 
     # -- state --------------------------------------------------------------------------------
 
@@ -529,7 +610,36 @@ class JobHost:
                 self.save(state="failed", ended=time.time(),
                           cause={"host": self.node["host"], "message": "mpirun never started ranks here"})
                 return 1
+            self.watch_progress()
             self._sleep(wake)
+
+    def watch_progress(self) -> Optional[Dict[str, Any]]:
+        """The hang rule (agent/hangrule.py) on this host's ranks, at every turn of the loop: a hang
+        is recorded once, with the ranks' stacks taken while they live, in ``state.json``'s
+        ``hang``; the controller acts on it at its next look (stops the gang, restarts it from its
+        checkpoint or fails it, as ``on_hang`` says). The ranks are left running for that."""
+        if self.state.get("hang") is not None:
+            return None
+        self.progress.read()
+        now = time.monotonic()
+        self.hang_watch.observe(now, self.progress.steps.values(), self.progress.sections(), self.progress.ended)
+        verdict = self.hang_watch.judge(now)
+        if verdict is None:
+            return None
+        hang = verdict.to_dict()
+        self.log(str(hang["message"]))
+        from agent import stacks
+
+        try:
+            got = stacks.collect(self.job_dir, self.job_id, why=str(hang["message"]), timeout=3.0)
+        except OSError as e:
+            self.log("stacks not taken: %s" % e)
+            got = {"stacks": []}
+        hang.update(at=time.time(), host=self.node["host"], on_hang=self.on_hang,
+                    stacks=[{k: s.get(k) for k in ("rank", "pid", "top", "in_collective")}
+                            for s in got.get("stacks") or []])
+        self.save(hang=hang)
+        return hang
 
     # -- a pool job's replicas ----------------------------------------------------------------
 
@@ -672,6 +782,13 @@ class JobHost:
             if changed:
                 self.save(replicas=self.replicas)
             self._sleep(wake)
+
+
+def _seconds(value: Any) -> Optional[float]:
+    """A ``[health]`` duration from the plan (seconds), or None: not set, learned."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
 
 
 def _on_failure(node: Dict[str, Any]) -> str:

@@ -119,6 +119,56 @@ def _last_step(path: str, marks: List[Dict[str, Any]], max_bytes: int = 65536) -
     return None
 
 
+def _sections(path: str, marks: List[Dict[str, Any]], max_bytes: int = 65536) -> Optional[Dict[str, Any]]:
+    """The sections (``runtime.section``: a checkpoint save, an evaluation) the rank of a metrics
+    file is inside now, and the longest run of each it ended, in the current attempt and the
+    file's tail: the controller's hang rule (agent/hangrule.py) judges each against its own.
+    None when the tail holds no section of this attempt."""
+    data = read_tail(path, max_bytes)
+    if not data or b'"section"' not in data:
+        return None
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return None
+    current = max([int(m.get("restart_count") or 0) for m in marks] or [0])
+    begins = [int((m.get("sizes") or {}).get(os.path.basename(path), 0)) for m in marks
+              if int(m.get("restart_count") or 0) == current]
+    first = max(begins or [0]) - (size - len(data))  # where this attempt's lines begin in the tail
+    opened = []  # type: List[str]
+    ended = {}  # type: Dict[str, float]
+    at = 0
+    for line in data.split(b"\n"):
+        here, at = at, at + len(line) + 1
+        if here < first or b'"section"' not in line:
+            continue
+        rec = _section_event(line)
+        if rec is None:
+            continue
+        name = rec["section"]
+        if rec.get("phase") == "begin":
+            opened.append(name)
+        elif rec.get("phase") == "end":
+            if name in opened:
+                opened.remove(name)
+            seconds = rec.get("seconds")
+            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+                ended[name] = max(ended.get(name, 0.0), float(seconds))
+    if not opened and not ended:
+        return None
+    return {"attempt": current, "sections": sorted(set(opened)), "ended": ended}
+
+
+def _section_event(line: bytes) -> Optional[Dict[str, Any]]:
+    try:
+        rec = json.loads(line.decode("utf-8", "replace"))
+    except ValueError:
+        return None
+    if not isinstance(rec, dict) or rec.get("event") != "section" or not isinstance(rec.get("section"), str):
+        return None
+    return rec
+
+
 def _runs_jobhost(pid: Any, job_dir: str) -> bool:
     """Whether ``pid`` is (still) the job host of ``job_dir``, by its command line."""
     if not isinstance(pid, int) or pid <= 0:
@@ -541,8 +591,14 @@ class Jobs:
                 continue
             steps = [p for p in (_last_step(os.path.join(d, "metrics", name % rank), marks) for name in (
                 "rank-%d.jsonl", "rank-%d.stdout.jsonl", "defs-rank-%d.jsonl")) if p is not None]
-            if steps:
-                progress[str(rank)] = _wire_safe(max(steps, key=lambda p: (p["attempt"], p["step"])))
+            sections = _sections(os.path.join(d, "metrics", "rank-%d.jsonl" % rank), marks)
+            newest = max(steps, key=lambda p: (p["attempt"], p["step"])) if steps else None
+            if sections is not None and (newest is None or newest["attempt"] < sections["attempt"]):
+                newest = {"step": None, "attempt": sections["attempt"]}  # in a section before its first step
+            if newest is not None and sections is not None and newest["attempt"] == sections["attempt"]:
+                newest = {**newest, "sections": sections["sections"], "ended": sections["ended"]}
+            if newest is not None:
+                progress[str(rank)] = _wire_safe(newest)
         # What the job left once it has ended (a look through every process's environment, too
         # dear for each look at a running job; None while it runs): its tagged processes, plus
         # its job host while that still lives (it carries no tag, and holds the job's GPU claims

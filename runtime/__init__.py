@@ -8,7 +8,10 @@
 - ``report()``: metrics lines for the agent (``runtime.metrics``); with ``step=`` it adds
   ``step_time``, and the ``data_time``/``comm_time`` that ``timed()`` and ``comm_timer()``
   measured (``runtime.timing``)
-- ``Checkpointer``: checkpoint ownership and atomic saves (``runtime.checkpoint``)
+- ``section()``: ``with runtime.section("eval"):`` marks a section of a rank's work, so rigdeck
+  judges a hang there against that section's own pace (``runtime.metrics``)
+- ``Checkpointer``: checkpoint ownership and atomic saves, each save a ``checkpoint`` section on
+  every rank (``runtime.checkpoint``)
 - ``shard()``: deterministic data sharding (``runtime.sharding``)
 - ``pipeline_stage()``: this rank's pipeline stage from a ``[model_parallel]`` spec: profiling,
   automatic partitioning (``runtime.partition``), a torch.distributed.pipelining schedule
@@ -35,6 +38,7 @@ _EXPORTS = {
     "scaled_lr": "runtime.distributed",
     "Reporter": "runtime.metrics",
     "report": "runtime.metrics",
+    "section": "runtime.metrics",
     "shard": "runtime.sharding",
     "pipeline_stage": "runtime.modelparallel",
     "PipelineStageRunner": "runtime.modelparallel",
@@ -60,6 +64,7 @@ __all__ = [
     "pipeline_stage",
     "report",
     "scaled_lr",
+    "section",
     "shard",
     "shutdown_distributed",
     "timed",
@@ -76,7 +81,7 @@ if TYPE_CHECKING:
         scaled_lr,
         shutdown_distributed,
     )
-    from runtime.metrics import Reporter, report
+    from runtime.metrics import Reporter, report, section
     from runtime.modelparallel import PipelineStageRunner, pipeline_stage
     from runtime.sharding import shard
     from runtime.timing import CommTimer, comm_timer, timed

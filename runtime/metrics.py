@@ -7,11 +7,12 @@ the agent reads the page cache, and a host crash loses the last lines only.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
 import time
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Iterator, Mapping, Optional
 
 METRICS_DIR_ENV = "RIGDECK_METRICS_DIR"
 _RESERVED = frozenset(("time", "rank", "event"))
@@ -125,6 +126,22 @@ class Reporter:
         """A non-step line (``{"event": ..., ...}``), e.g. checkpoint progress."""
         self.write(dict(event=event, **fields))
 
+    @contextlib.contextmanager
+    def section(self, name: str) -> Iterator[None]:
+        """Mark a section of this rank's work (``checkpoint``, ``eval``): a ``section`` event as it
+        begins and one as it ends, with its seconds. rigdeck's hang rule (agent/hangrule.py) gives
+        each section a timeout learned from its own runs, so a slow save is judged against saves,
+        not against steps."""
+        if self.path is None:
+            yield
+            return
+        self.event("section", section=name, phase="begin")
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            self.event("section", section=name, phase="end", seconds=round(time.monotonic() - t0, 6))
+
     def close(self) -> None:
         with self._lock:
             if self._fd is not None:
@@ -164,6 +181,13 @@ def reset() -> None:
     if _current is not None:
         _current.close()
     _current = None
+
+
+def section(name: str) -> "contextlib.AbstractContextManager[None]":
+    """``with runtime.section("eval"): ...``: this rank is in section ``name`` meanwhile (see
+    ``Reporter.section``). A no-op without ``$RIGDECK_METRICS_DIR``."""
+    rep = _current if _current is not None else reporter()
+    return rep.section(name)
 
 
 def report(step: Optional[int] = None, loss: Any = None, **metrics: Any) -> None:

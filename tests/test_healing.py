@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from agent import hangrule
 from tests.kit import ROOT, wait_until
 from tests.kit.bedcli import Cli, tagged
 
@@ -23,9 +24,34 @@ def _steps(metrics: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return [(m["rank"], m["step"]) for m in metrics if m.get("event") is None and m.get("step") is not None]
 
 
+def _control_run(cli: Cli, ckpt: Path) -> Any:
+    """Issue 48's control run, started in the background: no [health] table, one step five times
+    slower than the rest and a checkpoint save of SAVE_S, through runtime.Checkpointer. Its
+    ``launch --wait``."""
+    spec = cli.spec("control", f"""
+command = ["{{python}}", "{TRAIN}", "--steps", "14", "--ckpt", "{ckpt}", "--sleep", "0.3", "--slow-step", "4",
+           "--slow-factor", "5", "--checkpoint-every", "10", "--save-seconds", "{SAVE_S}"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 1
+processes_per_node = 2
+[env]
+OMP_NUM_THREADS = "1"
+""")
+    return cli.popen("launch", str(spec), "--wait", "--json")
+
+
+SAVE_S = 30  # issue 48's number: twice the learned floor (hangrule.FLOOR_S), so a rule blind to the save would fire
+
+
 def test_a_rank_that_hangs_before_its_all_reduce_is_restarted_with_its_stacks_kept(cli: Cli, tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt"
+    """With no [health] table (issue 48, acceptance 4): the hang is found by the timeout learned
+    from the job's own steps, in under a minute, by the job hosts, which take the stacks. Beside
+    it, the control run (acceptance 2): a slow step and a 30 s save raise no incident."""
+    ckpt, control_ckpt = tmp_path / "ckpt", tmp_path / "control"
     ckpt.mkdir()
+    control_ckpt.mkdir()
+    control = _control_run(cli, control_ckpt)
     spec = cli.spec("hangs", f"""
 command = ["{{python}}", "{TRAIN}", "--steps", "30", "--ckpt", "{ckpt}", "--sleep", "0.3",
            "--hang-rank", "3", "--hang-step", "12"]
@@ -35,26 +61,41 @@ nodes = 3
 processes_per_node = 2
 [env]
 OMP_NUM_THREADS = "1"
-[health]
-hang_timeout = "20s"
 [restart]
 max_restarts = 1
 """)
-    final = cli.json("launch", str(spec), "--wait", timeout=240)
+    try:
+        t0 = time.monotonic()
+        final = cli.json("launch", str(spec), "--wait", timeout=240)
+        t1 = time.monotonic()
+        out, _ = control.communicate(timeout=240)
+        print(f"the hung job ran {t1 - t0:.0f} s; the control run ended {time.monotonic() - t1:.0f} s after it")
+    finally:
+        if control.poll() is None:
+            control.kill()
     job_id = final["job_id"]
     assert final["state"] == "succeeded", json.dumps(final, indent=1)[-3000:]
     assert final["restarts"] == 1
     incident = next(e for e in final["events"] if e.get("event") == "incident")["cause"]
     assert incident["kind"] == "hang" and incident["last_step"] == 11
-    # the cause names the hang and the rank that is not in the all-reduce, where it is
+    # the cause names the hang, the learned timeout and its section, who judged it, and the rank
+    # that is not in the all-reduce, where it is
     assert "hung: no rank reported a step after step 11" in incident["message"]
-    assert "not in a collective: rank 3 at heal_train.py" in incident["message"], incident["message"]
+    assert "(step timeout 15 s, learned: 10 x the longest step seen (" in incident["message"], incident["message"]
+    assert "job host; not in a collective: rank 3 at heal_train.py" in incident["message"], incident["message"]
     assert "in stuck" in incident["message"]
+    assert (incident["section"], incident["timeout_s"]) == ("step", hangrule.FLOOR_S)
     assert {s["rank"] for s in incident["stacks"]} == set(range(6))
     restart = next(e for e in final["events"] if e.get("event") == "restart")
     metrics = cli.json("metrics", job_id)
-    last_step_at = max(m["time"] for m in metrics if m.get("step") == 11 and m.get("event") is None)
-    assert restart["time"] - last_step_at < 30, (restart["time"], last_step_at)
+    # step 10 is the first attempt's newest step the metrics keep (the second ran step 11 again):
+    # the hang began one step after it at the latest
+    last_step_at = max(m["time"] for m in metrics if m.get("step") == 10 and m.get("event") is None)
+    found_in = next(e for e in final["events"] if e.get("event") == "incident")["time"] - last_step_at
+    print(f"the hung rank was found {found_in:.1f} s after step 10 (learned step timeout "
+          f"{incident['timeout_s']:g} s); restarted {restart['time'] - last_step_at:.1f} s after it\n"
+          f"{incident['message'][:400]}")
+    assert found_in < 60 and restart["time"] - last_step_at < 60, (found_in, restart["time"], last_step_at)
     # the stacks are in the ranks' logs, beside their output
     logs = cli.run("logs", job_id, "--rank", "3").stdout
     assert "rigdeck: Python stacks of rank 3" in logs and "in stuck" in logs
@@ -66,11 +107,23 @@ max_restarts = 1
     st = cli.json("status", job_id)
     (inc,) = st["incidents"]
     assert inc["kind"] == "hang" and inc["steps_rerun"] == 1 and 0 < inc["resume_s"] < 60
-    assert 20 <= inc["detect_s"] < 35
+    assert hangrule.FLOOR_S <= inc["detect_s"] < 60
+    assert (inc["section"], inc["timeout_s"]) == ("step", hangrule.FLOOR_S)
     assert 0 < st["goodput"]["ratio"] < 1
     text = cli.run("status", job_id).stdout
-    assert "goodput  " in text and "incident hang after step 11: detected in 2" in text, text
+    assert "goodput  " in text and "incident hang after step 11: detected in " in text, text
+    assert "step timeout 15 s, learned" in text, text
+    print("rigdeck status:", *(line for line in text.splitlines() if "incident" in line), sep="\n")
     assert tagged(cli.bed, job_id) == {"h1": [], "h2": [], "h3": []}
+    # the control run: no incident, no restart, though its save and its slow step really were slow
+    done = json.loads(out)
+    assert (done["state"], done["restarts"]) == ("succeeded", 0), json.dumps(done, indent=1)[-3000:]
+    assert cli.json("status", done["job_id"])["incidents"] == []
+    control_metrics = cli.json("metrics", done["job_id"])
+    saves = [m for m in control_metrics if m.get("event") == "section" and m.get("phase") == "end"]
+    assert {m["section"] for m in saves} == {"checkpoint"} and min(m["seconds"] for m in saves) >= SAVE_S
+    slow = [m["step_time"] for m in control_metrics if m.get("step") == 5 and m.get("event") is None]
+    assert slow and min(slow) >= 5 * 0.3, slow
 
 
 def test_a_hang_with_on_hang_fail_fails_with_the_cause(cli: Cli, tmp_path: Path) -> None:

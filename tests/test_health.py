@@ -164,11 +164,13 @@ def test_the_healer_finds_each_fault_that_leaves_the_processes_alive(tmp_path: P
     f = healer.look(rec, states(8, h2=gone), now=50)
     assert f is not None and f.kind == "host" and f.host == "h2"
     assert f.message.startswith("h2 unreachable for 38 s")  # since its last answer, at 12
-    # no step for hang_timeout
+    # no step for hang_timeout: the job hosts judge first; this watch, the backstop, BACKSTOP_S later
     assert healer.look(rec, states(9), now=60) is None
-    assert healer.look(rec, states(9), now=79) is None
-    f = healer.look(rec, states(9), now=80)
+    assert healer.look(rec, states(9), now=89) is None
+    f = healer.look(rec, states(9), now=90)
     assert f is not None and f.kind == "hang" and f.last_step == 9 and f.restart
+    assert (f.section, f.timeout_s, f.cause()["section"]) == ("step", 20.0, "step")
+    assert f.message == "hung: no rank reported a step after step 9 for 30 s (hang_timeout 20 s)"
     # the incident's cost is known when the next attempt takes its first step
     seq = healer.record("j1", f, attempt=0, stopped_at=75.0)
     assert healer.look({**rec, "restarts": 1}, states(9, attempt=0), now=80) is None  # the old attempt's step
@@ -208,11 +210,42 @@ def test_the_healer_finds_each_fault_that_leaves_the_processes_alive(tmp_path: P
     h.close()
 
 
+def test_a_hang_a_job_host_judged_is_acted_on_at_the_next_look_with_its_stacks(tmp_path: Path) -> None:
+    from tui.control.healing import Healer, stack_summary
+    from tui.remote.transport import TransportError
+
+    h = History(tmp_path / "h.sqlite")
+    healer = Healer(h)
+    rec = {"job_id": "j2", "restarts": 1, "placement": [{"host": "h1", "gpus": []}, {"host": "h2", "gpus": []}],
+           "spec": {}}
+    judged = {"section": "step", "stalled_s": 15.2, "timeout_s": 15.0, "basis": "learned", "last_step": 11,
+              "message": "hung: no rank reported a step after step 11 for 15 s (step timeout 15 s, learned: ...)",
+              "at": 1000.0, "host": "h2", "on_hang": "restart",
+              "stacks": [{"rank": 3, "pid": 9, "top": "train.py:60 in stuck", "in_collective": False},
+                         {"rank": 2, "pid": 8, "top": "distributed_c10d.py:1 in all_reduce", "in_collective": True}]}
+    prog = {"0": {"step": 11, "attempt": 1}}
+    old = {"h1": {"state": "running", "restart_count": 1, "progress": prog},
+           "h2": {"state": "running", "restart_count": 0, "progress": {}, "hang": judged}}
+    assert healer.look(rec, old, now=10) is None  # the last attempt's verdict is not this one's
+    now = {"h1": {"state": "running", "restart_count": 1, "progress": prog},
+           "h2": {"state": "running", "restart_count": 1, "progress": {}, "hang": judged}}
+    # while a host is out of reach, the others' stall is its doing: host_timeout judges it, not the hang
+    assert healer.look(rec, {**now, "h1": TransportError("h1", "timed out")}, now=11) is None
+    f = healer.look(rec, now, now=12)  # at once: this watch's own timer has not run out
+    assert f is not None and (f.kind, f.last_step, f.detect_s, f.section, f.timeout_s) == ("hang", 11, 15.2, "step",
+                                                                                           15.0)
+    assert f.message.endswith("(step timeout 15 s, learned: ...), judged by h2's job host") and f.restart
+    summary, rows = stack_summary({**(f.stacks or {}), "h1": []})
+    assert summary == "not in a collective: rank 3 at train.py:60 in stuck" and [r["rank"] for r in rows] == [2, 3]
+    h.close()
+
+
 def test_the_health_table_of_a_job_spec_is_checked_and_kept() -> None:
     from tui.model.jobspec import JobSpec, JobSpecError, jobspec_from_toml
 
     base = 'name = "t"\ncommand = ["python", "train.py"]\n'
-    assert jobspec_from_toml(base).health == HealthSpec()  # 15 min, 30 min, restart, 60 s, fail
+    assert jobspec_from_toml(base).health == HealthSpec()  # hangs learned, restart, 60 s, fail
+    assert HealthSpec().hang_timeout is None and HealthSpec().startup_timeout is None
     spec = jobspec_from_toml(base + '[health]\nhang_timeout = "20s"\nstartup_timeout = 90\non_hang = "fail"\n'
                              'host_timeout = "2m"\non_nan = "restart"\n')
     assert spec.health == HealthSpec(20.0, 90.0, "fail", 120.0, "restart")

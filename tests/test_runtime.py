@@ -485,9 +485,12 @@ def ckpt_env(tmp_path: Path, node: int = 0, local_rank: int = 0, **extra: str) -
     return env
 
 
-def rank_lines(tmp_path: Path, rank: int) -> list[dict[str, Any]]:
+def rank_lines(tmp_path: Path, rank: int, sections: bool = False) -> list[dict[str, Any]]:
+    """A rank's metrics lines; the ``section`` events every rank writes around a save only with
+    ``sections``."""
     path = tmp_path / "metrics" / f"rank-{rank}.jsonl"
-    return read_lines(path) if path.exists() else []
+    lines = read_lines(path) if path.exists() else []
+    return lines if sections else [x for x in lines if x.get("event") != "section"]
 
 
 def test_rank0_saves_loads_and_reports(tmp_path: Path) -> None:
@@ -507,7 +510,11 @@ def test_rank0_saves_loads_and_reports(tmp_path: Path) -> None:
     assert manifest["sha256"] == hashlib.sha256((d / "step-00000007.pt").read_bytes()).hexdigest()
     step, state = c.load_latest()
     assert step == 7 and torch.equal(state["w"], torch.arange(4.0))
-    writing, done = rank_lines(tmp_path, 0)
+    begin, writing, done, end = rank_lines(tmp_path, 0, sections=True)
+    # the save is a checkpoint section (the hang rule judges it against saves, not steps)
+    assert (begin["event"], begin["section"], begin["phase"]) == ("section", "checkpoint", "begin")
+    assert (end["event"], end["section"], end["phase"]) == ("section", "checkpoint", "end")
+    assert end["seconds"] >= done["seconds"]
     assert (writing["event"], writing["status"], writing["step"]) == ("checkpoint", "writing", 7)
     assert (done["status"], done["bytes"], done["error"]) == ("done", manifest["bytes"], None)
     assert done["seconds"] >= 0 and done["path"] == path and done["owner"]["host"] == "h1"
@@ -519,7 +526,28 @@ def test_non_owners_never_write(tmp_path: Path) -> None:
     c = Checkpointer(str(d), environ=ckpt_env(tmp_path, node=1, local_rank=1))
     assert not c.is_owner
     assert c.save(1, {"x": 1}) is None
-    assert not d.exists() and rank_lines(tmp_path, 3) == []
+    # it writes nothing but the section it spent waiting for the owner's save
+    lines = rank_lines(tmp_path, 3, sections=True)
+    assert not d.exists() and [(x["event"], x["section"], x["phase"]) for x in lines] == [
+        ("section", "checkpoint", "begin"), ("section", "checkpoint", "end")]
+
+
+def test_a_section_is_marked_as_it_begins_and_ends_even_when_it_fails(tmp_path: Path) -> None:
+    import runtime
+    from runtime.metrics import Reporter
+
+    rep = Reporter(str(tmp_path / "metrics"), 2)
+    with rep.section("eval"):
+        rep.step(5, loss=1.0)
+    with pytest.raises(ZeroDivisionError), rep.section("eval"):
+        raise ZeroDivisionError
+    lines = rank_lines(tmp_path, 2, sections=True)
+    assert [(x.get("event"), x.get("phase")) for x in lines] == [
+        ("section", "begin"), (None, None), ("section", "end"), ("section", "begin"), ("section", "end")]
+    assert all(x["section"] == "eval" and x["seconds"] >= 0 for x in lines if x.get("phase") == "end")
+    with Reporter(None, 0).section("eval"):  # no metrics directory: nothing, no error
+        pass
+    assert runtime.section is runtime.metrics.section
 
 
 def test_keeps_the_last_n(tmp_path: Path) -> None:

@@ -11,6 +11,10 @@ few steps in a shared directory, resumed on start; faults on demand in the first
                   [--first-attempt-holds]        the first attempt never ends: its ranks wait before
                                                  the last step until rigdeck stops them, so a test's
                                                  fault finds the job running however slow the machine
+                  [--slow-step S --slow-factor F] step S takes F times as long as the others
+                  [--save-seconds X]             checkpoints go through runtime.Checkpointer (and are
+                                                 resumed from it), each save lasting X s more: it
+                                                 sleeps inside the save, after the data is written
 
 Reports each step with ``runtime.report(step, loss)``; prints ``resumed from step K`` when it starts
 from a checkpoint.
@@ -39,6 +43,9 @@ p.add_argument("--nan-from", type=int)
 p.add_argument("--faults-always", action="store_true")
 p.add_argument("--dead-gpus")
 p.add_argument("--first-attempt-holds", action="store_true")
+p.add_argument("--slow-step", type=int)
+p.add_argument("--slow-factor", type=float, default=5.0)
+p.add_argument("--save-seconds", type=float)
 args = p.parse_args()
 
 dist.init_process_group("gloo", init_method="env://")
@@ -50,6 +57,15 @@ faults = attempt == 0 or args.faults_always
 before = int(os.environ.get("RIGDECK_RESUME_BEFORE_STEP") or 10**9)
 saved = sorted(int(n[5:-5]) for n in os.listdir(args.ckpt) if n.startswith("step-") and n.endswith(".json"))
 saved = [s for s in saved if s < before]
+checkpointer = None
+if args.save_seconds is not None:
+    from runtime import checkpoint
+
+    checkpointer = runtime.Checkpointer(args.ckpt)
+    # runtime.checkpoint's named point inside a save (what tests replace): a slow disk, simulated
+    checkpoint._stage = lambda name: time.sleep(args.save_seconds) if name == "data-written" else None
+    got = checkpointer.load_latest()
+    saved = [got[0]] if got is not None else []
 start = 1
 if saved:
     start = saved[-1] + 1
@@ -75,9 +91,13 @@ def check_gpus() -> None:
 
 for step in range(start, args.steps + 1):
     check_gpus()
-    while step == args.steps and attempt == 0 and args.first_attempt_holds:
-        time.sleep(0.2)  # alive, making no progress, until stopped (or its GPU dies)
-        check_gpus()
+    if step == args.steps and attempt == 0 and args.first_attempt_holds:
+        # alive, making no progress, until stopped (or its GPU dies): a section of its own, so
+        # rigdeck's hang rule gives it the default timeout, not one learned from the steps
+        with runtime.section("hold"):
+            while True:
+                time.sleep(0.2)
+                check_gpus()
     if faults and args.hang_rank == rank and args.hang_step == step:
         stuck()
     x = torch.ones(1) * (step + rank)
@@ -86,7 +106,9 @@ for step in range(start, args.steps + 1):
     if faults and args.nan_from is not None and step >= args.nan_from:
         loss = math.nan
     runtime.report(step=step, loss=loss)
-    if step % args.checkpoint_every == 0:
+    if step % args.checkpoint_every == 0 and checkpointer is not None:
+        checkpointer.save(step, {"step": step})  # every rank: the owner writes, the others wait
+    elif step % args.checkpoint_every == 0:
         dist.barrier()
         if rank == 0:
             path = os.path.join(args.ckpt, f"step-{step}.json")
@@ -94,6 +116,6 @@ for step in range(start, args.steps + 1):
                 json.dump({"step": step}, f)
             os.replace(path + ".tmp", path)
         dist.barrier()
-    time.sleep(args.sleep)
+    time.sleep(args.sleep * (args.slow_factor if step == args.slow_step else 1.0))
 dist.barrier()
 dist.destroy_process_group()

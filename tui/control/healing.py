@@ -24,6 +24,7 @@ from tui.model.health import (
     Incident,
     ProgressWatch,
     bad_loss,
+    sections_of,
 )
 
 if TYPE_CHECKING:
@@ -32,6 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 NAN_RUN = 3  # reports in a row whose loss is NaN or inf at every reporting rank
+# The job hosts judge hangs on their own ranks by the same rule, sooner and with the stacks taken
+# on the spot (agent/jobhost.py); this watch is the backstop (an agent without the rule, a job
+# host that cannot judge) and waits this much longer than the timeout before it judges itself.
+BACKSTOP_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -47,10 +52,13 @@ class Fault:
     last_step: float | None = None
     detect_s: float | None = None
     restart: bool = True
+    section: str | None = None  # a hang: the section it is stuck in (agent/hangrule.py)
+    timeout_s: float | None = None  # a hang: the timeout that judged it
+    stacks: Mapping[str, Sequence[Mapping[str, Any]]] | None = None  # host -> the stacks its job host took
 
     def cause(self) -> dict[str, Any]:
         c: dict[str, Any] = {"message": self.message, "kind": self.kind}
-        for k in ("host", "gpu", "rank", "last_step"):
+        for k in ("host", "gpu", "rank", "last_step", "section", "timeout_s"):
             if getattr(self, k) is not None:
                 c[k] = getattr(self, k)
         return c
@@ -106,11 +114,16 @@ class Healer:
         attempt = int(rec.get("restarts") or 0)
         progress = [p for st in states.values() if isinstance(st, dict)
                     for p in (st.get("progress") or {}).values() if int(p.get("attempt") or 0) == attempt]
-        seen = self.watch.observe(job_id, attempt, [_num(p.get("step")) for p in progress], now)
+        inside, ended = sections_of(progress)
+        seen = self.watch.observe(job_id, attempt, [_num(p.get("step")) for p in progress], now, spec,
+                                  inside, ended)
         self._resumed(job_id, attempt, seen.last_step, now)
         host = self._host_fault(job_id, states, spec, now)  # it keeps when each host last answered: always
+        # While a host is out of reach, the others' stall is its doing: host_timeout judges it.
+        away = any(not isinstance(st, dict) for st in states.values())
         return (self.gpu_fault(rec, states) or self._drained(rec) or host
-                or self._nan_fault(job_id, progress, spec) or self._hang_fault(job_id, spec, now))
+                or self._nan_fault(job_id, progress, spec)
+                or (None if away else self._host_hang(states, attempt, spec) or self._hang_fault(job_id, spec, now)))
 
     def gpu_fault(self, rec: Mapping[str, Any], states: Mapping[str, Any]) -> Fault | None:
         """A GPU of the job that its host judges unhealthy (the first found), as a fault."""
@@ -182,11 +195,26 @@ class Healer:
                      restart=spec.on_nan == "restart")
 
     def _hang_fault(self, job_id: str, spec: HealthSpec, now: float) -> Fault | None:
-        hang = self.watch.hang(job_id, spec, now)
+        hang = self.watch.hang(job_id, spec, now, margin=BACKSTOP_S)
         if hang is None:
             return None
         return Fault("hang", hang.message(), last_step=hang.last_step, detect_s=hang.stalled_s,
-                     restart=spec.on_hang != "fail")
+                     restart=spec.on_hang != "fail", section=hang.section, timeout_s=hang.timeout_s)
+
+    def _host_hang(self, states: Mapping[str, Any], attempt: int, spec: HealthSpec) -> Fault | None:
+        """A hang a job host judged on its own ranks (agent/jobhost.py, by the same rule), with the
+        stacks it took: acted on at this look, without waiting out this watch's own timer. The
+        stacks of every host that recorded one go with it (the controller asks the others)."""
+        hangs = {h: st["hang"] for h, st in states.items() if isinstance(st, dict) and isinstance(st.get("hang"), dict)
+                 and int(st.get("restart_count") or 0) == attempt}
+        if not hangs:
+            return None
+        host, first = min(hangs.items(), key=lambda kv: float(kv[1].get("at") or 0))
+        stacks = {h: list(v.get("stacks") or []) for h, v in hangs.items()}
+        return Fault("hang", f"{first.get('message')}, judged by {host}'s job host",
+                     last_step=_num(first.get("last_step")), detect_s=_num(first.get("stalled_s")),
+                     restart=spec.on_hang != "fail",
+                     section=first.get("section"), timeout_s=_num(first.get("timeout_s")), stacks=stacks)
 
     # -- recording ------------------------------------------------------------------------------
 
@@ -195,7 +223,8 @@ class Healer:
         seen = self.watch.jobs.get(job_id)
         last = fault.last_step if fault.last_step is not None else seen.last_step if seen is not None else None
         inc = Incident(kind=fault.kind, detected_at=stopped_at, message=fault.message, host=fault.host,
-                       gpu=fault.gpu, rank=fault.rank, detect_s=fault.detect_s, last_step=last, attempt=attempt)
+                       gpu=fault.gpu, rank=fault.rank, detect_s=fault.detect_s, last_step=last, attempt=attempt,
+                       section=fault.section, timeout_s=fault.timeout_s)
         seq = self.history.add_incident(job_id, inc.to_dict())
         self._clear(job_id)  # the next attempt is watched afresh
         self.pending[job_id] = _Pending(seq, stopped_at, attempt, last)
@@ -261,6 +290,9 @@ def stack_summary(stacks: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]
     for host, got in stacks.items():
         for s in getattr(got, "stacks", ()) or ():
             rows.append({"host": host, "rank": s.rank, "pid": s.pid, "top": s.top, "in_collective": s.in_collective})
+        if isinstance(got, (list, tuple)):  # the rows a job host recorded with its hang
+            rows += [{"host": host, "rank": r.get("rank"), "pid": r.get("pid"), "top": r.get("top"),
+                      "in_collective": bool(r.get("in_collective"))} for r in got if isinstance(r, Mapping)]
     rows.sort(key=lambda r: (r["rank"], r["pid"]))
     if not rows:
         return "no Python stacks could be taken", rows

@@ -446,6 +446,9 @@ class JobManager:
             "restart_count": restart_count,
             "max_runtime_s": spec.max_runtime_s,
             "grace_s": spec.grace_s,
+            # the job host judges its ranks' hangs by the same rule (agent/hangrule.py)
+            "health": {"hang_timeout": spec.health.hang_timeout, "startup_timeout": spec.health.startup_timeout,
+                       "on_hang": spec.health.on_hang},
             "mpi": {"custom_options": list(spec.mpi_custom_options)},
             "loss_pattern": spec.loss_pattern,
             "log_max_bytes": spec.log_max_mb * (1 << 20) if spec.log_max_mb else None,
@@ -1012,8 +1015,13 @@ class JobManager:
             # Kept out of placement until an operator undrains it, whatever the agent says next.
             self.history.drain(fault.host, fault.gpu, fault.message, "rigdeck", source="health")
         if fault.kind == "hang" and live:
-            got = self.ctl.agents(live).job_stacks(job_id=job_id, why=fault.message, timeout_s=5.0, timeout=20)
-            summary, rows = stack_summary({h: v for h, v in got.items() if not isinstance(v, Exception)})
+            # A job host that judged the hang took its ranks' stacks then; the others are asked now.
+            taken: dict[str, Any] = dict(fault.stacks or {})
+            ask = [h for h in live if h not in taken]
+            got = self.ctl.agents(ask).job_stacks(job_id=job_id, why=fault.message, timeout_s=5.0,
+                                                  timeout=20) if ask else {}
+            taken.update({h: v for h, v in got.items() if not isinstance(v, Exception)})
+            summary, rows = stack_summary(taken)
             cause["message"] = f"{fault.message}; {summary}"
             cause["stacks"] = rows
         self.history.add_event(job_id, {"event": "incident", "cause": cause})

@@ -11,6 +11,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent import hangrule
+
 # Each GPU's health as the agent judges it (agent/gpuhealth.py), and the controller's own word.
 OK = "ok"
 WARN = "warn"
@@ -82,10 +84,12 @@ def drained(drains: Iterable[Drain], host: str, gpu: int | None) -> Drain | None
 
 @dataclass(frozen=True)
 class HealthSpec:
-    """A job spec's ``[health]`` table, in seconds."""
+    """A job spec's ``[health]`` table, in seconds. ``hang_timeout`` and ``startup_timeout`` None
+    (no value in the spec): learned from the job, section by section (agent/hangrule.py); a value
+    wins over anything learned."""
 
-    hang_timeout: float = 15 * 60.0
-    startup_timeout: float = 30 * 60.0
+    hang_timeout: float | None = None
+    startup_timeout: float | None = None
     on_hang: str = "restart"  # or "fail"
     host_timeout: float = 60.0
     on_nan: str = "fail"  # or "restart" | "ignore"
@@ -98,11 +102,15 @@ class HealthSpec:
     def from_dict(cls, d: Mapping[str, Any] | None) -> HealthSpec:
         d = d or {}
         base = cls()
-        return cls(hang_timeout=float(d.get("hang_timeout", base.hang_timeout)),
-                   startup_timeout=float(d.get("startup_timeout", base.startup_timeout)),
+        return cls(hang_timeout=_seconds_or_none(d.get("hang_timeout")),
+                   startup_timeout=_seconds_or_none(d.get("startup_timeout")),
                    on_hang=str(d.get("on_hang", base.on_hang)),
                    host_timeout=float(d.get("host_timeout", base.host_timeout)),
                    on_nan=str(d.get("on_nan", base.on_nan)))
+
+
+def _seconds_or_none(v: Any) -> float | None:
+    return None if v is None else float(v)
 
 
 def step_of(record: Mapping[str, Any]) -> float | None:
@@ -117,54 +125,62 @@ def step_of(record: Mapping[str, Any]) -> float | None:
 
 @dataclass
 class Progress:
-    """What the controller saw of one attempt's steps, by its own clock (hosts' clocks may differ)."""
+    """What the controller saw of one attempt, by its own clock (hosts' clocks may differ): the
+    hang rule's watch (agent/hangrule.py), fed at each look."""
 
     attempt: int
     since: float  # when this attempt was first seen running
-    last_step: float | None = None
-    last_change: float | None = None  # when last_step last moved
+    watch: hangrule.Watch
+
+    @property
+    def last_step(self) -> float | None:
+        return self.watch.last_step
+
+    @property
+    def last_change(self) -> float | None:
+        return self.watch.last_change
 
 
-@dataclass(frozen=True)
-class Hang:
-    """A job none of whose ranks moved for ``stalled_s``: ``last_step`` None means no first step."""
+Hang = hangrule.Verdict  # a hang: its section, how long, the timeout that judged it and why
 
-    last_step: float | None
-    stalled_s: float
-    timeout_s: float
 
-    def message(self) -> str:
-        if self.last_step is None:
-            return (f"hung: no rank reported a first step in {self.stalled_s:.0f} s "
-                    f"(startup_timeout {self.timeout_s:g} s)")
-        return (f"hung: no rank reported a step after step {self.last_step:g} for {self.stalled_s:.0f} s "
-                f"(hang_timeout {self.timeout_s:g} s)")
+def sections_of(progress: Iterable[Mapping[str, Any]]) -> tuple[set[str], dict[str, float]]:
+    """From each rank's ``progress`` record (agent ``job_status``): the sections some rank is in
+    now, and the longest run of each section the ranks reported ended."""
+    inside: set[str] = set()
+    ended: dict[str, float] = {}
+    for p in progress:
+        inside.update(str(n) for n in p.get("sections") or ())
+        for name, seconds in (p.get("ended") or {}).items():
+            if isinstance(seconds, (int, float)) and not isinstance(seconds, bool):
+                ended[str(name)] = max(ended.get(str(name), 0.0), float(seconds))
+    return inside, ended
 
 
 class ProgressWatch:
-    """Per job: the newest step any rank reported, and since when it has not moved."""
+    """Per job: the hang rule's watch on its current attempt (agent/hangrule.py owns the rule)."""
 
     def __init__(self) -> None:
         self.jobs: dict[str, Progress] = {}
 
-    def observe(self, job_id: str, attempt: int, steps: Iterable[float | None], now: float) -> Progress:
+    def observe(self, job_id: str, attempt: int, steps: Iterable[float | None], now: float,
+                spec: HealthSpec | None = None, inside: Iterable[str] = (),
+                ended: Mapping[str, float] | None = None) -> Progress:
         p = self.jobs.get(job_id)
         if p is None or p.attempt != attempt:
-            p = self.jobs[job_id] = Progress(attempt=attempt, since=now)
-        newest = max((s for s in steps if s is not None), default=None)
-        if newest is not None and (p.last_step is None or newest > p.last_step):
-            p.last_step, p.last_change = newest, now
+            spec = spec or HealthSpec()
+            p = self.jobs[job_id] = Progress(attempt, now, hangrule.Watch(now, spec.hang_timeout,
+                                                                          spec.startup_timeout))
+        p.watch.observe(now, steps, inside, ended or {})
         return p
 
-    def hang(self, job_id: str, spec: HealthSpec, now: float) -> Hang | None:
+    def hang(self, job_id: str, spec: HealthSpec, now: float, margin: float = 0.0) -> Hang | None:
+        """The job's hang, once its section outlasted its timeout by ``margin`` more."""
         p = self.jobs.get(job_id)
         if p is None:
             return None
-        if p.last_change is None:
-            stalled = now - p.since
-            return Hang(None, stalled, spec.startup_timeout) if stalled >= spec.startup_timeout else None
-        stalled = now - p.last_change
-        return Hang(p.last_step, stalled, spec.hang_timeout) if stalled >= spec.hang_timeout else None
+        p.watch.hang_timeout, p.watch.startup_timeout = spec.hang_timeout, spec.startup_timeout
+        return p.watch.judge(now, margin)
 
     def forget(self, job_id: str) -> None:
         self.jobs.pop(job_id, None)
@@ -221,6 +237,8 @@ class Incident:
     resume_s: float | None = None  # from the stop to that first step
     steps_rerun: int | None = None  # steps the next attempt computed again (after its checkpoint)
     attempt: int = 0
+    section: str | None = None  # a hang: the section it was stuck in (agent/hangrule.py)
+    timeout_s: float | None = None  # a hang: the timeout that judged it (its message says why)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -76,7 +76,9 @@ class JobState(TypedDict, total=False):
     tagged_processes: int | None  # processes still tagged with the job, once it ended; None before
     claims_held: list[int] | None  # GPUs still claimed here for the job, once it ended (None: ask again)
     gpu_health: list[dict[str, Any]]  # while it runs: the host's GPUs not ok ({index, health, reason, simulated})
-    progress: dict[str, dict[str, Any]]  # while it runs: rank -> its newest step ({step, time, loss, attempt})
+    progress: dict[str, dict[str, Any]]  # while it runs: rank -> its newest step ({step, time, loss, attempt,
+    #   and sections, ended: the runtime.section it is inside, the longest run of each it ended})
+    hang: dict[str, Any] | None  # a hang the job host judged on its ranks (agent/hangrule.py), with their stacks
     links: list[dict[str, Any]]  # links to experiment trackers its ranks here printed ({kind, url, rank, time})
     # job_list only:
     name: str | None

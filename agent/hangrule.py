@@ -1,0 +1,160 @@
+"""When a job is hung: the one rule, learned from the job itself, section by section.
+
+A job's life is made of sections: its start-up (until the first step of an attempt), its steps,
+and the sections its ranks say they are in (``runtime.section``: a checkpoint save, which
+``runtime.Checkpointer`` marks on every rank, an evaluation). Each has its own pace, so each has
+its own timeout: ``MULTIPLE`` times the longest interval the job itself took in that section,
+at least ``FLOOR_S``. A section not seen often enough to learn from keeps the old defaults
+(``DEFAULT_HANG_S``, and ``DEFAULT_STARTUP_S`` for the start-up), so a first slow save or a long
+first step is never a hang. An explicit ``[health] hang_timeout`` (or ``startup_timeout``) wins
+over anything learned.
+
+The job host applies it to its own ranks (agent/jobhost.py) and the controller to what its
+looks see (tui/model/health.py's ``ProgressWatch``): each feeds ``Watch`` what it observed, with
+its own clock, and gets the same verdict and the same words. No I/O. Stdlib only, Python 3.9+.
+"""
+from __future__ import annotations
+
+from typing import Dict, Iterable, Mapping, Optional
+
+STARTUP = "startup"
+STEP = "step"
+CHECKPOINT = "checkpoint"
+EVAL = "eval"
+SECTIONS = (STARTUP, STEP, CHECKPOINT, EVAL)
+# When a rank is inside several (an evaluation that saves), the first named here is the one judged.
+_PRECEDENCE = (CHECKPOINT, EVAL)
+
+DEFAULT_HANG_S = 15 * 60.0  # a section not learned yet, with no hang_timeout
+DEFAULT_STARTUP_S = 30 * 60.0  # the start-up, with no startup_timeout
+MULTIPLE = 10.0  # a section's timeout: this many times the longest interval seen in it...
+FLOOR_S = 15.0  # ...and at least this (a loaded machine pauses a process for seconds)
+MIN_STEP_INTERVALS = 3  # step intervals seen before the steps' timeout is learned
+
+
+def learned_timeout(longest: float) -> float:
+    return max(FLOOR_S, MULTIPLE * longest)
+
+
+class Verdict:
+    """A hang: the section it is stuck in, for how long, and the timeout that judged it."""
+
+    __slots__ = ("section", "stalled_s", "timeout_s", "last_step", "basis", "learned_from")
+
+    def __init__(self, section: str, stalled_s: float, timeout_s: float, last_step: Optional[float],
+                 basis: str, learned_from: Optional[float] = None) -> None:
+        self.section = section
+        self.stalled_s = stalled_s
+        self.timeout_s = timeout_s
+        self.last_step = last_step
+        self.basis = basis  # "explicit" | "learned" | "default"
+        self.learned_from = learned_from  # the longest interval the timeout was learned from
+
+    def why(self) -> str:
+        """The timeout and where it came from, e.g. ``step timeout 15 s, learned: 10 x the
+        longest step seen (0.9 s), at least 15 s``."""
+        if self.basis == "explicit":
+            name = "startup_timeout" if self.section == STARTUP else "hang_timeout"
+            return "%s %g s" % (name, self.timeout_s)
+        what = {STARTUP: "first step", STEP: "step", CHECKPOINT: "checkpoint save", EVAL: "evaluation"}.get(
+            self.section, self.section)
+        if self.basis == "learned":
+            return ("%s timeout %.0f s, learned: %g x the longest %s seen (%.1f s), at least %g s"
+                    % (self.section, self.timeout_s, MULTIPLE, what, self.learned_from or 0.0, FLOOR_S))
+        if self.section == STARTUP:
+            return "startup timeout %.0f s, the default" % self.timeout_s
+        return "%s timeout %.0f s, the default: no %s seen yet to learn from" % (self.section, self.timeout_s, what)
+
+    def message(self) -> str:
+        if self.section == STARTUP:
+            return "hung: no rank reported a first step in %.0f s (%s)" % (self.stalled_s, self.why())
+        after = " after step %g" % self.last_step if self.last_step is not None else ""
+        if self.section == STEP:
+            return "hung: no rank reported a step%s for %.0f s (%s)" % (after, self.stalled_s, self.why())
+        what = {CHECKPOINT: "a checkpoint save", EVAL: "an evaluation"}.get(self.section, "section %r" % self.section)
+        return "hung: %s%s has not ended in %.0f s (%s)" % (what, after, self.stalled_s, self.why())
+
+    def to_dict(self) -> Dict[str, object]:
+        return {"section": self.section, "stalled_s": round(self.stalled_s, 3), "timeout_s": self.timeout_s,
+                "last_step": self.last_step, "basis": self.basis, "learned_from": self.learned_from,
+                "message": self.message()}
+
+
+class Watch:
+    """One attempt of a job as one observer sees it, in that observer's clock: the newest step,
+    the sections some rank is inside, and what each section has taken so far."""
+
+    def __init__(self, since: float, hang_timeout: Optional[float] = None,
+                 startup_timeout: Optional[float] = None) -> None:
+        self.since = since
+        self.hang_timeout = hang_timeout  # explicit: wins over anything learned
+        self.startup_timeout = startup_timeout
+        self.last_step = None  # type: Optional[float]
+        self.last_change = None  # type: Optional[float]  # a step moved or a section ended
+        self.step_longest = 0.0
+        self.step_intervals = 0
+        self.open = {}  # type: Dict[str, float]  # section -> when it was first seen open
+        self.longest = {}  # type: Dict[str, float]  # section -> its longest run seen (one is enough)
+
+    def observe(self, now: float, steps: Iterable[Optional[float]], inside: Iterable[str] = (),
+                ended: Mapping[str, float] = {}) -> None:
+        """What a look saw: each rank's newest step, the sections a rank is inside now, and the
+        seconds the ranks said completed sections took (the longest of each, per name)."""
+        for name, seconds in ended.items():
+            self._learn(name, float(seconds))
+        now_inside = set(inside)
+        for name in list(self.open):
+            if name not in now_inside:  # it ended since the last look
+                self._learn(name, now - self.open.pop(name))
+                self.last_change = now
+        for name in now_inside:
+            self.open.setdefault(name, now)
+        newest = max((s for s in steps if s is not None), default=None)
+        if newest is not None and (self.last_step is None or newest > self.last_step):
+            if self.last_step is not None and self.last_change is not None:
+                self.step_longest = max(self.step_longest, now - self.last_change)
+                self.step_intervals += 1
+            self.last_step, self.last_change = newest, now
+
+    def _learn(self, name: str, seconds: float) -> None:
+        self.longest[name] = max(self.longest.get(name, 0.0), seconds)
+
+    def section(self) -> str:
+        for name in _PRECEDENCE:
+            if name in self.open:
+                return name
+        if self.open:
+            return sorted(self.open)[0]
+        return STARTUP if self.last_step is None else STEP
+
+    def timeout(self, section: str) -> "tuple[float, str, Optional[float]]":
+        """(seconds, basis, the interval learned from) for ``section`` now."""
+        if section == STARTUP:
+            if self.startup_timeout is not None:
+                return self.startup_timeout, "explicit", None
+            return DEFAULT_STARTUP_S, "default", None
+        if self.hang_timeout is not None:
+            return self.hang_timeout, "explicit", None
+        if section == STEP:
+            if self.step_intervals >= MIN_STEP_INTERVALS:
+                return learned_timeout(self.step_longest), "learned", self.step_longest
+            return DEFAULT_HANG_S, "default", None
+        if section in self.longest:
+            return learned_timeout(self.longest[section]), "learned", self.longest[section]
+        return DEFAULT_HANG_S, "default", None
+
+    def judge(self, now: float, margin: float = 0.0) -> Optional[Verdict]:
+        """The hang, if the section the job is in has outlasted its timeout (by ``margin`` more:
+        the controller's backstop leaves the first word to the job hosts)."""
+        section = self.section()
+        if section == STARTUP:
+            began = self.since
+        elif section == STEP:
+            began = self.last_change if self.last_change is not None else self.since
+        else:
+            began = self.open[section]
+        timeout, basis, learned_from = self.timeout(section)
+        stalled = now - began
+        if stalled < timeout + margin:
+            return None
+        return Verdict(section, stalled, timeout, self.last_step, basis, learned_from)

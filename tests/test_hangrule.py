@@ -1,0 +1,150 @@
+"""The hang rule (agent/hangrule.py): each section's timeout learned from the job itself, the
+defaults where nothing is learned yet, an explicit timeout winning, and the words that say why."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent import hangrule
+from agent.hangrule import CHECKPOINT, EVAL, STARTUP, STEP, Watch
+
+
+def steps(w: Watch, start: float, first: int, n: int, every: float) -> float:
+    """``n`` steps from ``first``, one every ``every`` seconds after ``start``; the time of the last."""
+    t = start
+    for i in range(n):
+        t = start + i * every
+        w.observe(t, [first + i])
+    return t
+
+
+def test_the_default_learns_the_steps_and_finds_a_hang_at_the_floor() -> None:
+    w = Watch(since=0.0)
+    assert w.section() == STARTUP and w.timeout(STARTUP) == (hangrule.DEFAULT_STARTUP_S, "default", None)
+    t = steps(w, 40.0, 1, 3, 0.5)  # a long first step (40 s) is the start-up's, not a step's
+    # two intervals seen: not yet learned, the old default holds
+    assert w.timeout(STEP) == (hangrule.DEFAULT_HANG_S, "default", None) and w.judge(t + 600) is None
+    t = steps(w, t + 0.5, 4, 8, 0.5)
+    assert w.timeout(STEP) == (hangrule.FLOOR_S, "learned", 0.5)
+    assert w.judge(t + hangrule.FLOOR_S - 0.1) is None
+    hung = w.judge(t + hangrule.FLOOR_S)
+    assert hung is not None and (hung.section, hung.last_step, hung.basis) == (STEP, 11, "learned")
+    assert hung.message() == ("hung: no rank reported a step after step 11 for 15 s (step timeout 15 s, "
+                              "learned: 10 x the longest step seen (0.5 s), at least 15 s)")
+
+
+def test_a_step_five_times_slower_than_the_rest_is_not_a_hang() -> None:
+    w = Watch(since=0.0)
+    t = steps(w, 5.0, 1, 10, 4.0)  # 4 s steps: learned 40 s
+    assert w.timeout(STEP)[0] == 40.0
+    w.observe(t + 20.0, [11])  # a step of 20 s: 5 x
+    assert w.judge(t + 20.0 + 39.0) is None and w.timeout(STEP)[0] == 200.0  # it is learned from, too
+    assert w.judge(t + 20.0 + 199.0) is None and w.judge(t + 20.0 + 200.0) is not None
+
+
+def test_a_checkpoint_save_is_judged_against_saves_not_steps() -> None:
+    w = Watch(since=0.0)
+    t = steps(w, 5.0, 1, 10, 0.5)
+    w.observe(t + 0.1, [10], inside=[CHECKPOINT])
+    # the first save: nothing learned of saves, the default; a 30 s save is no hang
+    assert w.section() == CHECKPOINT and w.judge(t + 0.1 + 31.0) is None
+    w.observe(t + 31.0, [10], inside=[], ended={CHECKPOINT: 30.5})
+    # learned from the longest run: as this watch saw it (30.9 s) or as the ranks said (30.5 s)
+    timeout, basis, learned_from = w.timeout(CHECKPOINT)
+    assert w.section() == STEP and basis == "learned" and timeout == pytest.approx(309.0)
+    assert learned_from == pytest.approx(30.9)
+    # the step after the save is counted from the save's end, not from the last step
+    assert w.judge(t + 31.0 + 14.0) is None and w.timeout(STEP)[0] == hangrule.FLOOR_S
+    w.observe(t + 31.5, [11])
+    assert w.step_longest == 0.5
+    # a second save that never ends: found at 10 x the first
+    w.observe(t + 40.0, [11], inside=[CHECKPOINT])
+    assert w.judge(t + 40.0 + 300.0) is None
+    hung = w.judge(t + 40.0 + 309.0)
+    assert hung is not None and hung.section == CHECKPOINT
+    assert hung.message().startswith("hung: a checkpoint save after step 11 has not ended in 309 s "
+                                     "(checkpoint timeout 309 s, learned: 10 x the longest checkpoint save seen")
+
+
+def test_an_evaluation_has_its_own_timeout_and_a_save_inside_it_is_the_save() -> None:
+    w = Watch(since=0.0)
+    steps(w, 1.0, 1, 5, 1.0)
+    w.observe(10.0, [5], inside=[EVAL])
+    w.observe(12.0, [5], inside=[EVAL, CHECKPOINT])
+    assert w.section() == CHECKPOINT
+    w.observe(14.0, [5], inside=[EVAL])
+    assert w.section() == EVAL and w.judge(10.0 + 899.0) is None
+    hung = w.judge(10.0 + 900.0)
+    assert hung is not None and "an evaluation after step 5 has not ended" in hung.message()
+    assert "no evaluation seen yet to learn from" in hung.message()
+
+
+def test_an_explicit_hang_timeout_wins_over_anything_learned() -> None:
+    w = Watch(since=0.0, hang_timeout=20.0, startup_timeout=60.0)
+    assert w.judge(59.0) is None
+    hung = w.judge(60.0)
+    assert hung is not None and hung.message() == "hung: no rank reported a first step in 60 s (startup_timeout 60 s)"
+    t = steps(w, 61.0, 1, 10, 0.5)
+    w.observe(t, [10], inside=[CHECKPOINT])
+    hung = w.judge(t + 20.0)  # a save too: the user's number
+    assert hung is not None and hung.basis == "explicit" and hung.message().endswith("(hang_timeout 20 s)")
+    d = hung.to_dict()
+    assert (d["section"], d["timeout_s"], d["basis"], d["message"]) == (CHECKPOINT, 20.0, "explicit", hung.message())
+
+
+def _lines(path, *recs: dict) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    with open(path, "a") as f:
+        for r in recs:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_a_job_host_reads_its_ranks_steps_and_sections_as_the_files_grow(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from agent.jobhost import RankProgress
+
+    m = tmp_path / "metrics"
+    m.mkdir()
+    _lines(m / "rank-0.jsonl", {"step": 99, "rank": 0})  # an earlier attempt's: not this one's
+    p = RankProgress(str(m))
+    p.read()
+    assert p.steps == {} and p.sections() == []
+    _lines(m / "rank-0.jsonl", {"step": 1, "rank": 0}, {"event": "section", "section": "checkpoint", "phase": "begin"})
+    _lines(m / "rank-1.jsonl", {"step": 1, "rank": 1}, {"event": "checkpoint", "status": "writing", "step": 1})
+    with open(m / "rank-1.jsonl", "a") as f:
+        f.write('{"step": 2, "ra')  # a line still being written
+    p.read()
+    assert p.steps == {"rank-0.jsonl": 1.0, "rank-1.jsonl": 1.0} and p.sections() == ["checkpoint"]
+    with open(m / "rank-1.jsonl", "a") as f:
+        f.write('nk": 1}\n')
+    _lines(m / "rank-0.jsonl", {"event": "section", "section": "checkpoint", "phase": "end", "seconds": 31.5})
+    p.read()
+    assert p.steps["rank-1.jsonl"] == 2.0 and p.sections() == [] and p.ended == {"checkpoint": 31.5}
+    (m / "rank-1.jsonl").write_text('{"step": 7, "rank": 1}\n')  # made again, smaller
+    p.read()
+    assert p.steps["rank-1.jsonl"] == 7.0
+
+
+def test_the_agent_tells_the_controller_each_ranks_sections_in_this_attempt(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from agent.jobs import _sections
+
+    path = tmp_path / "rank-0.jsonl"
+    _lines(path, {"step": 5}, {"event": "section", "section": "checkpoint", "phase": "begin"})  # killed in a save
+    first = os.path.getsize(path)
+    marks = [{"restart_count": 0, "sizes": {}}, {"restart_count": 1, "sizes": {"rank-0.jsonl": first}}]
+    assert _sections(str(path), marks) is None  # the last attempt's open save is not this one's
+    _lines(path, {"step": 1}, {"event": "section", "section": "checkpoint", "phase": "begin"},
+           {"event": "section", "section": "checkpoint", "phase": "end", "seconds": 2.5},
+           {"event": "section", "section": "eval", "phase": "begin"})
+    assert _sections(str(path), marks) == {"attempt": 1, "sections": ["eval"], "ended": {"checkpoint": 2.5}}
+
+
+def test_a_section_the_rule_does_not_know_gets_the_default_until_it_has_run_once() -> None:
+    w = Watch(since=0.0)
+    t = steps(w, 1.0, 1, 10, 0.5)
+    w.observe(t, [10], inside=["hold"])
+    assert w.judge(t + 899.0) is None
+    hung = w.judge(t + 900.0)
+    assert hung is not None and hung.message().startswith("hung: section 'hold' after step 10 has not ended in 900 s")
