@@ -34,13 +34,27 @@ from tui.model.inventory import HostSpec, Inventory
 ALICE, BOB = "rdk-alice", "rdk-bob"
 CLAIMS = "/dev/shm/rigdeck-gpu-claims"  # agent/claims.py DEFAULT_DIR
 SPY = """import os, sys
-for what, act in (("read", lambda: os.listdir(sys.argv[1])), ("signal", lambda: os.kill(int(sys.argv[2]), 15))):
+def write():
+    with open(os.path.join(sys.argv[1], "spy-was-here"), "w") as f:
+        f.write("bob")
+for what, act in (("read", lambda: os.listdir(sys.argv[1])), ("write", write),
+                  ("signal", lambda: os.kill(int(sys.argv[2]), 15))):
     try:
         act()
         print(what, "allowed", flush=True)
     except PermissionError as e:
         print(what, "denied:", e, flush=True)
 """
+# A job that would give its owner the server: a key line in the server account's authorized_keys,
+# an admin in its users.json.
+EDIT = """import sys
+for path in sys.argv[1:]:
+    with open(path, "a") as f:
+        f.write("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBob bob-owns-the-server\\n")
+    print("edited", path, flush=True)
+"""
+SERVER_KEY = "/root/.rigdeck/server/id_ed25519"  # the bed's server runs as root (the operator)
+SERVER_FILES = ["/root/.rigdeck/server/users.json", "/root/.ssh/authorized_keys"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,7 +197,7 @@ def people(tmp_path_factory: pytest.TempPathFactory) -> Iterator[People]:
     tmp = tmp_path_factory.mktemp("people")
     operator = Cli(bed, tmp / "operator", min_free_mb=1, timeout=900)
     try:
-        for name, text in (("ticker.py", TICKER.read_text()), ("spy.py", SPY)):
+        for name, text in (("ticker.py", TICKER.read_text()), ("spy.py", SPY), ("edit.py", EDIT)):
             (bed.share_dir / name).write_text(text)
             os.chmod(bed.share_dir / name, 0o644)
         bed.exec(2, ["install", "-d", "-m", "1777", "-o", "root", "-g", "root", CLAIMS])
@@ -210,9 +224,76 @@ def links_of(bed: TestBed, account: str) -> list[str]:
     return [p for p in procs if p.startswith("sshd")]
 
 
+def server_key_attempts(bed: TestBed, host: int, account: str, python: str) -> dict[str, Any]:
+    """The server's own key speaking to ``account``'s agent on bed host ``host`` directly (``ssh``
+    on the server's host with the key from the server's directory, as a thief of it would): the
+    daemon's hello, then what each request outside the server's allow-list got, and one it may
+    ask (``python``: the interpreter the server's inventory names there)."""
+    import subprocess
+
+    from agent import protocol
+    from agent.roles import program_source
+
+    proc = bed.popen(1, [
+        "ssh", "-i", SERVER_KEY, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o",
+         "UserKnownHostsFile=/root/.rigdeck/server/known_hosts", "-o", "IdentitiesOnly=yes",
+         f"{account}@{bed.host(host).address}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL)
+    assert proc.stdin is not None and proc.stdout is not None
+    got: dict[str, Any] = {"hello": json.loads(proc.stdout.readline())}
+    asks = {
+        "upgrade to an agent of its own": ("upgrade", {"path": "/tmp/evil.pyz"}),
+        "shutdown": ("shutdown", {"force": True}),
+        "exec cat users.json": ("exec", {"argv": ["cat", SERVER_FILES[0]], "timeout_s": 10}),
+        "exec the listing with sh": ("exec", {"argv": ["sh", "-c", program_source("listfiles.py"), "/"],
+                                              "timeout_s": 10}),
+        "exec the listing (a program it may run)": ("exec", {"argv": [python, "-c", program_source("listfiles.py"),
+                                                                     str(bed.share_dir)], "timeout_s": 30}),
+    }
+    proc.stdin.write(protocol.encode(protocol.hello()))
+    try:
+        for rid, (what, (method, params)) in enumerate(asks.items(), start=1):
+            proc.stdin.write(protocol.encode(protocol.request(rid, method, **params)))
+            proc.stdin.flush()
+            while (msg := json.loads(proc.stdout.readline())).get("id") != rid:
+                pass
+            got[what] = msg
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+    return got
+
+
 @pytest.mark.testbed
 def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: People) -> None:
     bed, op, alice, bob = people.bed, people.operator, people.alice, people.bob
+    # Before anyone joins, bob's jobs would run as the server's own account: one on the server's
+    # host could make him its admin. No job goes there (no allow_jobs here).
+    before = [bed.exec(1, ["cat", f]).stdout for f in SERVER_FILES]
+    argv = ", ".join(f'"{f}"' for f in ("{python}", bed.share_dir / "edit.py", *SERVER_FILES))
+    edit = bob.spec("edit-server", f'command = [{argv}]\nworkdir = "{bed.share_dir}"\nlauncher = "direct"\n'
+                                   'nodes = 1\nhosts = ["h1"]\n')
+    onto = bob.run("launch", str(edit), "--no-queue", check=False)
+    print(f"bob: a job on the server host that edits users.json and authorized_keys: exit {onto.returncode}: "
+          f"{onto.stderr.strip()[-300:]}")
+    assert onto.returncode != 0 and "the [server] host takes no jobs" in onto.stderr, onto.stderr
+    assert [bed.exec(1, ["cat", f]).stdout for f in SERVER_FILES] == before
+    assert "bob-owns-the-server" not in "".join(before)
+    assert not [v for v in bob.json("jobs") if v.get("user") == "bob"]  # nothing recorded, nothing started
+
+    # The server's key reaches an agent only for what the server asks (agent/roles.py).
+    from tui.remote.sshconfig import load_inventory
+
+    said = server_key_attempts(bed, 2, "root", load_inventory(op.inventory).get("h2").python)
+    for what, got in said.items():
+        print(f"the server's key on h2: {what}: {json.dumps(got)[:260]}")
+    assert said["hello"]["roles"] == ["server"]
+    for what in ("upgrade to an agent of its own", "shutdown", "exec cat users.json", "exec the listing with sh"):
+        err = said[what]["error"]
+        assert err["code"] == "refused" and "the server's key may" in err["message"], (what, err)
+    listed = said["exec the listing (a program it may run)"]["result"]
+    assert listed["exit_code"] == 0 and "spy.py" in json.loads(listed["stdout"])["files"], listed
+
     for cli, name, account in ((alice, "alice", ALICE), (bob, "bob", BOB)):
         joined = cli.run("server", "join", "h2")
         print(f"$ rigdeck server join h2  ({name})\n{joined.stderr}{joined.stdout}")
@@ -222,6 +303,7 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
     line = bed.exec(2, ["cat", f"{bed.person(BOB).home}/.ssh/authorized_keys"]).stdout
     print(f"bob's authorized_keys on h2: {line}")
     assert line.startswith('restrict,command="') and "agent.pyz attach --state-dir" in line
+    assert "--role server" in line  # the server reaches bob's agent with the server's allow-list only
     assert line.rstrip().endswith("rigdeck-server:h1:bob")
 
     a = alice.json("launch", str(alice.spec("alice-job", person_ticker(bed, 2, host="h2"))))["job_id"]
@@ -246,10 +328,12 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
                               f'workdir = "{bed.share_dir}"\nlauncher = "direct"\nnodes = 1\nhosts = ["h2"]\n')
         view = bob.json("launch", str(spy), "--wait", timeout=120)
         logs = bob.run("logs", view["job_id"]).stdout
-        print(f"bob's spy job: {view['state']}\n{logs}")
+        print(f"bob: a job that reads alice's job directory: {view['state']}\n{logs}")
         assert view["state"] == "succeeded", view
         assert "read denied: [Errno 13] Permission denied" in logs and "signal denied: [Errno 1]" in logs, logs
-        assert "allowed" not in logs
+        assert "write denied: [Errno 13] Permission denied" in logs and "allowed" not in logs, logs
+        hers = f"{bed.person(ALICE).home}/.rigdeck/jobs/{a}"
+        assert bed.exec(2, ["test", "-e", f"{hers}/spy-was-here"], check=False).returncode == 1
 
         # bob's stop of alice's job is refused; her job runs on as her.
         refused = bob.run("stop", a, "--grace", "1", check=False)
@@ -263,7 +347,18 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
         print(f"bob on h3: exit {elsewhere.returncode}: {elsewhere.stderr.strip()}")
         assert elsewhere.returncode != 0 and "bob has no account recorded on h3" in elsewhere.stderr
 
-        assert bob.json("stop", b, "--grace", "1")["state"] == "stopped"
+        # remove-user while bob's job runs: refused, naming it; with --stop the server stops it
+        # through bob's own link first, then removes him.
+        assert links_of(bed, BOB), "the server holds a link to bob's agent"
+        kept = op.run("server", "remove-user", "bob", check=False)
+        print(f"$ rigdeck server remove-user bob  (his job runs): exit {kept.returncode}: {kept.stderr.strip()}")
+        assert kept.returncode == 1 and f"their jobs {b} (running) have not ended" in kept.stderr, kept.stderr
+        assert "bob" in json.loads(bed.exec(1, ["cat", SERVER_FILES[0]]).stdout)["users"]
+        assert owners(bed, 2, pb) == [BOB]
+        removed = op.run("server", "remove-user", "bob", "--stop")
+        print(f"$ rigdeck server remove-user bob --stop\n{removed.stderr}{removed.stdout}")
+        assert f"stopped bob's jobs {b}" in removed.stdout, removed.stdout
+        assert op.json("status", b)["state"] == "stopped" and owners(bed, 2, pb) == []
         b = None
         assert alice.json("stop", a, "--grace", "1")["state"] == "stopped"
     finally:
@@ -271,13 +366,15 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
             bob.run("stop", b, "--grace", "1", check=False)
         alice.run("stop", a, "--grace", "1", check=False)
 
-    # remove-user: the server's links to bob's account close at once, and his next call is refused.
-    assert links_of(bed, BOB), "the server holds a link to bob's agent"
-    op.run("server", "remove-user", "bob")
+    # remove-user: the server's links to bob's account close at once, and his next call is refused
+    # in one line saying why and what to do.
     wait_until(lambda: not links_of(bed, BOB), 30, "the server's links to rdk-bob on h2 to close")
     gone = bob.run("jobs", check=False, timeout=120)
-    print(f"bob after remove-user: exit {gone.returncode}: {gone.stderr.strip()[-300:]}")
-    assert gone.returncode != 0
+    print(f"bob after remove-user: exit {gone.returncode}: {gone.stderr.strip()[-400:]}")
+    assert gone.returncode == 1 and "Traceback" not in gone.stderr
+    assert len(gone.stderr.strip().splitlines()) == 1, gone.stderr
+    assert f"rigdeck jobs: h1: the server host refused {bed.person_key(BOB)} for root@{bed.host(1).address}" \
+        in gone.stderr and "ask its operator" in gone.stderr, gone.stderr
     assert links_of(bed, ALICE), "alice's link stays"
 
     # alice leaves h2: the server forgets her account and closes its link, and its key line is out

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from agent.roles import program_source
 from runtime.checkpoint import RESUME_BEFORE_ENV  # the contract with the ranks' checkpointer
 from tui.control import pools
 from tui.control.controller import Controller
@@ -207,24 +208,9 @@ def rank_env(spec: JobSpec) -> dict[str, str]:
     return env
 
 
-# Lists a processing input's source on a host (run with the host's Python through the agent's
-# exec, the directory as its one argument): its regular files, recursively, by relative path.
-_LIST_FILES = r"""
-import json, os, sys
-root = sys.argv[1]
-if not os.path.isdir(root):
-    sys.exit("not a directory: %s" % root)
-out = []
-def fail(e):
-    raise e
-for d, dirs, files in os.walk(root, onerror=fail):
-    dirs.sort()
-    for f in files:
-        p = os.path.join(d, f)
-        if os.path.isfile(p):
-            out.append(os.path.relpath(p, root))
-print(json.dumps({"files": sorted(out)}))
-"""
+# Lists a processing input's source on a host (agent/listfiles.py, run with the host's Python
+# through the agent's exec, the directory as its one argument): one of the server key's programs.
+_LIST_FILES = program_source("listfiles.py")
 
 
 class _Read:
