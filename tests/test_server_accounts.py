@@ -279,6 +279,14 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
     assert onto.returncode != 0 and "the [server] host takes no jobs" in onto.stderr, onto.stderr
     assert [bed.exec(1, ["cat", f]).stdout for f in SERVER_FILES] == before
     assert "bob-owns-the-server" not in "".join(before)
+    # A spec whose env_from_file the server would not carry: refused in one line, nothing started.
+    (bob.tmp / "bob.env").write_text("BOB_TOKEN=bob-secret-1\n")
+    with_file = bob.spec("with-env-file", person_ticker(bed, 1, host="h2") + 'env_from_file = "bob.env"\n')
+    carried = bob.run("launch", str(with_file), check=False)
+    print(f"bob: a spec with env_from_file through the server: exit {carried.returncode}: {carried.stderr.strip()}")
+    assert carried.returncode == 2 and f"{with_file}: field 'env_from_file': expected nothing through a server" \
+        in carried.stderr, carried.stderr
+    assert "Traceback" not in carried.stderr and "bob-secret-1" not in carried.stderr
     assert not [v for v in bob.json("jobs") if v.get("user") == "bob"]  # nothing recorded, nothing started
 
     # The server's key reaches an agent only for what the server asks (agent/roles.py).

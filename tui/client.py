@@ -48,7 +48,7 @@ from tui.control.sweeps import SweepError
 from tui.model import wire
 from tui.model.fairshare import QueuePolicy
 from tui.model.inventory import INVENTORY_ENV, HostSpec, Inventory, InventoryError, default_inventory_path
-from tui.model.jobspec import JobSpec, JobSpecError
+from tui.model.jobspec import SERVER_ENV_FILE, JobSpec, JobSpecError
 from tui.model.jobstate import describe_cause
 from tui.model.jobview import JobDetail, JobRow, JobsSnapshot, JobView, LogBuffer, StopPlan
 from tui.model.permissions import PermissionDenied
@@ -120,8 +120,16 @@ class ServerError(Exception):
     """An error the server reported that has no local type."""
 
 
+class _ServerSpecError(JobSpecError):
+    """A JobSpecError the server raised, in its words (file and field are in them already)."""
+
+    def __init__(self, text: str) -> None:
+        ValueError.__init__(self, text)
+        self.path, self.field, self.expected, self.got = None, None, text, None
+
+
 _ERRORS: dict[str, type[Exception]] = {
-    "JobError": JobError, "PlacementError": PlacementError, "JobSpecError": JobSpecError,
+    "JobError": JobError, "PlacementError": PlacementError, "JobSpecError": _ServerSpecError,
     "JobRefError": JobError, "InventoryError": JobError, "SweepError": SweepError,
     "CodeSyncError": JobError, "TensorboardSyncError": JobError, "PipelineError": PipelineError,
     "DoctorError": DoctorError, "PermissionDenied": PermissionDenied,
@@ -718,7 +726,10 @@ class RemoteClient(Client):
     def _with_code(self, spec: JobSpec) -> JobSpec:
         """``[code] sync`` through a server: the snapshot is taken here (the directory is on this
         machine) and what the server's store lacks of it is sent there; the server ships it to
-        the hosts from its store."""
+        the hosts from its store. A spec with ``env_from_file`` is refused here, naming its file,
+        before anything is sent (the server would refuse it too: it does not carry the values)."""
+        if spec.env_from_file:
+            raise JobSpecError(spec.path, "env_from_file", SERVER_ENV_FILE)
         if spec.code is None or spec.code.tree is not None:
             return spec
         import dataclasses

@@ -31,7 +31,7 @@ from tui.model import usage
 from tui.model.fairshare import preempt_pending
 from tui.model.health import Goodput, Incident, first_started, goodput
 from tui.model.identity import local_user
-from tui.model.jobspec import JobSpec
+from tui.model.jobspec import EnvFileError, JobSpec, read_env_file
 from tui.model.jobstate import (
     FAILED,
     PENDING,
@@ -205,6 +205,12 @@ def rank_env(spec: JobSpec) -> dict[str, str]:
     env = dict(spec.env)
     if spec.model_parallel is not None:
         env[MP_ENV_VAR] = spec.model_parallel.to_env()
+    if spec.env_from_file:
+        # Read at every start (a restart too), here where the job was launched: never kept.
+        try:
+            env.update(read_env_file(spec.env_from_file))
+        except EnvFileError as e:
+            raise JobError(f"env_from_file: {e}") from None
     return env
 
 
