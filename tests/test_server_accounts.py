@@ -132,6 +132,76 @@ def test_a_persons_controller_reaches_their_hosts_as_their_account_and_goes_when
     assert jm.for_owner("alice") is jm
 
 
+def test_a_job_that_fits_only_where_its_owner_has_no_account_is_refused_not_queued(tmp_path: Path) -> None:
+    """The queue's check that a job could ever fit reads only its owner's hosts: bob (an account
+    on h2 only, 1 GPU there) asking for 4 GPUs is refused at once, though h3 has 4; the server's
+    own view (nobody's accounts) still sees both and would queue it."""
+    from tui.control.history import History
+    from tui.control.queue import JobQueue
+    from tui.model.jobspec import JobSpec
+    from tui.model.scheduler import HostCapacity, PlacementError
+
+    gpus = {"h2": (0,), "h3": (0, 1, 2, 3)}
+
+    class View(SimpleNamespace):
+        def capacity(self, hosts: list[str]) -> list[HostCapacity]:
+            self.asked.append(list(hosts))
+            return [HostCapacity(h, f"10.0.0.{i}", True, 8, gpus[h], (), True, "Simulated GPU")
+                    for i, h in enumerate(hosts, start=2)]
+
+    def names(*hosts: str) -> Any:
+        return SimpleNamespace(inventory=SimpleNamespace(names=list(hosts)))
+
+    bobs = View(ctl=names("h2"), asked=[])
+    server = View(ctl=names("h2", "h3"), asked=[], history=History(tmp_path / "h.sqlite"),
+                  for_owner=lambda user: bobs if user == "bob" else server)
+    q = JobQueue(server)  # type: ignore[arg-type]
+    spec = JobSpec(name="big", command=("true",), workdir="/", nodes=1, gpus_per_node=4)
+    with pytest.raises(PlacementError, match="it would not fit even on idle hosts") as e:
+        q._check_feasible(spec, "bob")
+    print(f"bob's 4-GPU job: {e.value}")
+    assert bobs.asked == [["h2"]] and server.asked == []
+    q._check_feasible(spec, "alice")  # not joined: the server's hosts, h3 included
+    assert server.asked == [["h2", "h3"]]
+
+
+def test_a_cached_pipeline_step_is_looked_for_through_its_owners_links() -> None:
+    """A pipeline step's cache hit is used only when its artifacts are still there, asked through
+    the links to the account the cached job ran as (a joined person's own agent, whose store
+    holds them), and only by a pipeline whose steps run as that same account."""
+    from tui.control.pipelines import PipelineRunner
+
+    asked: list[tuple[str, str]] = []
+
+    def links(who: str) -> Any:
+        def agent(host: str) -> Any:
+            def code_have(**_: Any) -> dict[str, Any]:
+                asked.append((who, host))
+                return {"missing": []}
+            return SimpleNamespace(code_have=code_have)
+        return SimpleNamespace(agent=agent)
+
+    ctls = {"alice": links("alice"), "bob": links("bob")}
+    server = links("server")
+    owners = {"job-a": "alice", "p-alice": "alice", "p-bob": "bob", "p-carol": "carol"}
+    hit = {"job_id": "job-a", "pipeline_id": "p-old", "metrics": {}, "hosts": ["h2"],
+           "artifacts": {"model": {"tree": "t" * 64, "sources": {"h2": ["s" * 64]}, "files": []}}}
+    updated: list[str] = []
+    fake = SimpleNamespace(
+        store=SimpleNamespace(cache_get=lambda key: hit, get=lambda pid: {"user": owners[pid]},
+                              update_step=lambda pid, step, **kw: updated.append(pid),
+                              cache_drop=lambda key: None),
+        jm=SimpleNamespace(ctl_for=lambda user: ctls.get(user, server),
+                           history=SimpleNamespace(get=lambda job_id: {"user": owners[job_id]})))
+    fake._artifacts_present = lambda arts, ctl: PipelineRunner._artifacts_present(fake, arts, ctl)  # type: ignore[arg-type]
+    step = SimpleNamespace(name="train")
+    assert PipelineRunner._from_cache(fake, "p-alice", step, "k") is True  # type: ignore[arg-type]
+    assert asked == [("alice", "h2")] and updated == ["p-alice"]  # through her links, not the server's
+    for other in ("p-bob", "p-carol"):  # bob's own account; carol's: the server's
+        assert PipelineRunner._from_cache(fake, other, step, "k") is False  # type: ignore[arg-type]
+    assert asked == [("alice", "h2")] and updated == ["p-alice"]
+
+
 def test_users_json_keeps_a_persons_accounts_through_a_new_key_and_drops_them_with_the_person(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from agent import serverhelper
