@@ -448,7 +448,7 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
     # in one line saying why and what to do.
     wait_until(lambda: not links_of(bed, BOB), 30, "the server's links to rdk-bob on h2 to close")
     gone = bob.run("jobs", check=False, timeout=120)
-    print(f"bob after remove-user: exit {gone.returncode}: {gone.stderr.strip()[-400:]}")
+    print(f"bob after remove-user: exit {gone.returncode}: {gone.stderr.strip()}")
     assert gone.returncode == 1 and "Traceback" not in gone.stderr
     assert len(gone.stderr.strip().splitlines()) == 1, gone.stderr
     assert f"rigdeck jobs: h1: the server host refused {bed.person_key(BOB)} for root@{bed.host(1).address}" \
