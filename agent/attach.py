@@ -1,7 +1,10 @@
 """``agent.pyz attach``: bridge stdin/stdout to the user's daemon, starting it first if needed.
 
 This process is what an SSH session runs. When the session drops, stdin closes and this process
-exits; the daemon, in its own session, carries on. Stdlib only, Python 3.9+.
+exits; the daemon, in its own session, carries on. With ``--role`` (a key's forced command: the
+server's, ``agent/roles.py``) it first tells the daemon the role, in the connection's first line,
+before any byte of the client's; a daemon that does not enforce roles (an older agent) is not
+bridged to at all. Stdlib only, Python 3.9+.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import threading
 import time
 from typing import Optional
 
+from agent import protocol
 from agent.paths import Paths, spawn_daemon
 
 CONNECT_WAIT_S = 15.0
@@ -76,11 +80,46 @@ def bridge(sock: socket.socket) -> int:
         return 0
 
 
-def main(state_dir: str, start: Optional[bool] = True) -> int:
+def _daemon_hello(sock: socket.socket) -> bytes:
+    """The daemon's hello line (it sends it first), and whatever came after it, unparsed."""
+    buf = b""
+    sock.settimeout(CONNECT_WAIT_S)
+    while b"\n" not in buf:
+        data = sock.recv(65536)
+        if not data:
+            raise ConnectionError("the agent daemon closed the connection before its hello")
+        buf += data
+        if len(buf) > protocol.MAX_MESSAGE_BYTES:
+            raise ConnectionError("the agent daemon's hello is too long")
+    sock.settimeout(None)
+    return buf
+
+
+def take_role(sock: socket.socket, role: str) -> bytes:
+    """Tell the daemon ``role`` before the client says anything; refuse a daemon that would not
+    enforce it. Returns the daemon's bytes read meanwhile (its hello first), for the client."""
+    got = _daemon_hello(sock)
+    try:
+        hello = protocol.decode(got.split(b"\n", 1)[0])
+    except protocol.ProtocolError as e:
+        raise ConnectionError("the agent daemon's hello: %s" % e.message) from None
+    if role not in (hello.get("roles") or []):
+        raise ConnectionError(
+            "the agent daemon here (version %s) does not enforce the role %r: refused. Stop it and "
+            "attach again with the agent this key names (rigdeck deploy)" % (hello.get("agent_version"), role))
+    sock.sendall(protocol.encode({"type": "role", "role": role}))
+    return got
+
+
+def main(state_dir: str, start: Optional[bool] = True, role: Optional[str] = None) -> int:
     paths = Paths(state_dir)
     try:
         sock = connect(paths, start=bool(start))
+        pending = take_role(sock, role) if role else b""
     except (OSError, TimeoutError) as e:
         sys.stderr.write("rigdeck agent: %s\n" % e)
         return 1
+    view = memoryview(pending)
+    while view:
+        view = view[os.write(sys.stdout.fileno(), view):]
     return bridge(sock)

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import List, Optional
 
-from agent import facts, filemodes
+from agent import facts, filemodes, roles
 from agent.version import agent_version
 
 
@@ -81,7 +81,7 @@ def cmd_attach(args: argparse.Namespace) -> int:
             sys.stderr.write("rigdeck agent: %s has sha256 %s, expected %s\n" % (me, sha, args.expect_sha256))
             return 3
         _make_current(os.path.expanduser(args.state_dir), agent_version())
-    return attach.main(args.state_dir, start=not args.no_start)
+    return attach.main(args.state_dir, start=not args.no_start, role=args.role)
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
@@ -131,6 +131,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("attach", help="bridge stdin/stdout to the daemon, starting it if needed")
     p.add_argument("--state-dir", default="~/.rigdeck")
     p.add_argument("--no-start", action="store_true", help="fail instead of starting a daemon")
+    p.add_argument("--role", default=None, choices=roles.ROLES,
+                   help="the key's role (its forced command): requests outside its allow-list are refused")
     p.add_argument("--expect-sha256", default=None,
                    help="first check this archive's SHA-256 (and make its version the current one)")
     p.set_defaults(func=cmd_attach)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type  # noqa
 
 # code, artifacts and tensorboard serve rare requests: imported by the methods that use them, so
 # an agent that only streams telemetry never holds them (nor hashlib, zipfile and shutil's kin).
-from agent import facts, protocol, textfile
+from agent import facts, protocol, roles, textfile
 from agent.paths import Paths, self_command, spawn_daemon
 from agent.version import agent_version
 
@@ -51,6 +51,8 @@ class _Client:
         self.writer = writer
         self.cid = cid
         self.greeted = False
+        self.first = True  # the next line is the connection's first (the attach's role line)
+        self.role = None  # type: Optional[roles.Role]
         self.stream_task = None  # type: Optional[asyncio.Task]
         self.closed = False
 
@@ -212,6 +214,7 @@ class Daemon:
             pid=os.getpid(),
             started=self.started,
             python=sys.version.split()[0],
+            roles=list(roles.ROLES),
         )
 
     async def serve(self) -> None:
@@ -451,6 +454,7 @@ class Daemon:
             self._handlers.discard(task)
 
     def _handle_line(self, client: _Client, line: bytes) -> None:
+        first, client.first = client.first, False
         try:
             msg = protocol.decode(line)
         except protocol.ProtocolError as e:
@@ -458,6 +462,9 @@ class Daemon:
             return
         mtype = msg["type"]
         rid = msg.get("id")
+        if mtype == "role":
+            self._take_role(client, msg, first)
+            return
         if mtype == "hello":
             if msg["protocol"] != protocol.PROTOCOL_VERSION:
                 client.send(
@@ -479,6 +486,12 @@ class Daemon:
         if method is None:
             client.send(protocol.error(rid, protocol.UNKNOWN_METHOD, "unknown method %r" % msg["method"]))
             return
+        role = client.role
+        why = role.refusal(msg["method"], msg["params"]) if role is not None else None
+        if why is not None and role is not None:
+            log.warning("client %d (role %s): refused %s", client.cid, role.name, msg["method"])
+            client.send(protocol.error(rid, protocol.REFUSED, why))
+            return
         try:
             result = method(client, msg["params"])
         except protocol.ProtocolError as e:
@@ -492,6 +505,18 @@ class Daemon:
             asyncio.ensure_future(self._finish(client, rid, result))
         else:
             client.send(protocol.ok(rid, result))
+
+    def _take_role(self, client: _Client, msg: Dict[str, Any], first: bool) -> None:
+        """The attach's role line (``attach --role``): only the connection's first line, once.
+        A role this agent does not know closes the connection: nothing unchecked gets through."""
+        if not first:
+            client.send(protocol.error(None, protocol.BAD_MESSAGE, "a role is the connection's first line only"))
+            return
+        try:
+            client.role = roles.Role(msg["role"])
+        except ValueError as e:
+            client.send(protocol.error(None, protocol.REFUSED, str(e)))
+            client.close()
 
     async def _finish(self, client: _Client, rid: Any, coro: Any) -> None:
         try:

@@ -9,6 +9,11 @@ Every message is one JSON object on one line (UTF-8, ``\\n``-terminated), at mos
 - ``response`` daemon -> controller: ``{"type": "response", "id": 7, "ok": true, "result": ...}`` or
   ``{"type": "response", "id": 7, "ok": false, "error": {"code": "...", "message": "..."}}``.
   A message too broken to carry an id is answered with ``"id": null``.
+- ``role``     the attach -> daemon, the connection's first line when the attach has a role
+  (``agent.pyz attach --role server``, a key's forced command): ``{"type": "role", "role":
+  "server"}``. Requests outside the role's allow-list (``agent/roles.py``) are then answered with
+  a ``refused`` error. Accepted only as the first line: a client behind the attach cannot send it
+  first, nor change it later.
 - ``event``    daemon -> controller, unrequested: ``{"type": "event", "event": "telemetry",
   "data": {...}}``. Telemetry events are latest-value: a slow reader gets fewer, never a backlog.
 
@@ -22,7 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 PROTOCOL_VERSION = 1
 MAX_MESSAGE_BYTES = 1 << 20
 
-MESSAGE_TYPES = ("hello", "request", "response", "event")
+MESSAGE_TYPES = ("hello", "request", "response", "event", "role")
 
 # Error codes carried in error responses.
 BAD_JSON = "bad_json"
@@ -33,6 +38,7 @@ BAD_PARAMS = "bad_params"
 NOT_HELLO = "hello_required"
 VERSION_MISMATCH = "protocol_version"
 INTERNAL = "internal"
+REFUSED = "refused"
 
 
 class ProtocolError(Exception):
@@ -96,6 +102,9 @@ def decode(line: bytes) -> Dict[str, Any]:
     elif mtype == "response":
         if not isinstance(obj.get("ok"), bool):
             raise ProtocolError(BAD_MESSAGE, "response needs a boolean 'ok'", rid)
+    elif mtype == "role":
+        if not isinstance(obj.get("role"), str):
+            raise ProtocolError(BAD_MESSAGE, "role needs a string 'role'", rid)
     elif mtype == "event":
         if not isinstance(obj.get("event"), str):
             raise ProtocolError(BAD_MESSAGE, "event needs a string 'event'", rid)

@@ -127,7 +127,8 @@ SAMPLES: dict[str, Any] = {
 
 
 def sample_args(m: api.Method) -> dict[str, Any]:
-    spec = _Pipeline() if m.attr == "pipeline" else types.SimpleNamespace(code=None, to_dict=lambda: {"name": "x"})
+    spec = _Pipeline() if m.attr == "pipeline" else types.SimpleNamespace(code=None, env_from_file=None,
+                                                                                to_dict=lambda: {"name": "x"})
     return {p.name: spec if p.name == "spec" else SAMPLES[p.name] for p in m.signature.parameters.values()}
 
 

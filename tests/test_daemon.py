@@ -429,3 +429,100 @@ def test_a_fresh_sample_is_taken_after_the_request_not_the_streams_last(tmp_path
         assert _answer(c, 4)["result"]["seq"] == 1
     finally:
         srv.stop()
+
+
+def _ask(p: subprocess.Popen[bytes], rid: int, method: str, **params: object) -> dict:
+    """Request ``method`` through the attach ``p``; its answer (telemetry skipped)."""
+    assert p.stdin is not None
+    p.stdin.write(protocol.encode(protocol.request(rid, method, **params)))
+    p.stdin.flush()
+    while True:
+        msg = read_msg(p)
+        if msg.get("id") == rid:
+            return msg
+
+
+def test_the_server_roles_attach_reaches_only_its_allow_list(state_dir: Path, tmp_path: Path) -> None:
+    """``attach --role server`` (the server key's forced command, issue 46): the daemon refuses
+    ``upgrade``, ``shutdown`` and any ``exec`` but the agent's own programs run by its interpreter,
+    naming the role; the rest the server uses answers; a client can neither send a role line of
+    its own to change it nor lose it. An attach without a role (a person's own) keeps everything."""
+    from agent.daemon import Daemon
+    from agent.roles import SERVER_METHODS, program_source
+
+    # Every RPC is in the server's allow-list or refused to it on purpose: a new one is a choice.
+    assert set(Daemon(str(tmp_path / "d")).methods) - SERVER_METHODS == {"upgrade", "shutdown", "unsubscribe",
+                                                                         "set_rate"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RIGDECK_SIM_GPUS": "2"}
+    p = subprocess.Popen([sys.executable, "-m", "agent", "attach", "--state-dir", str(state_dir), "--role", "server"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    assert read_msg(p)["roles"] == ["server"]
+    assert p.stdin is not None
+    p.stdin.write(protocol.encode(protocol.hello()) + protocol.encode({"type": "role", "role": "nobody"}))
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "a.bin").write_text("x")
+    listing = [sys.executable, "-c", program_source("listfiles.py"), str(tmp_path / "in")]
+    attempts = {
+        "upgrade": _ask(p, 1, "upgrade", path=str(tmp_path / "evil.pyz")),
+        "shutdown": _ask(p, 2, "shutdown", force=True),
+        "exec id": _ask(p, 3, "exec", argv=["id"], timeout_s=5),
+        "exec the listing with sh": _ask(p, 4, "exec", argv=["/bin/sh", *listing[1:]], timeout_s=5),
+        "set_rate": _ask(p, 5, "set_rate", rate_hz=50),
+        "ping": _ask(p, 6, "ping"),
+        "exec the listing": _ask(p, 7, "exec", argv=listing, timeout_s=30),
+    }
+    for what, got in attempts.items():
+        print(f"server role: {what}: {json.dumps(got)[:240]}")
+    for what in ("upgrade", "shutdown", "exec id", "exec the listing with sh", "set_rate"):
+        err = attempts[what]["error"]
+        assert err["code"] == protocol.REFUSED and "the server's key may" in err["message"], (what, err)
+    assert "may not call 'upgrade'" in attempts["upgrade"]["error"]["message"]
+    assert "agent/listfiles.py" in attempts["exec id"]["error"]["message"]
+    assert attempts["ping"]["ok"] is True
+    assert attempts["exec the listing"]["result"]["exit_code"] == 0
+    assert json.loads(attempts["exec the listing"]["result"]["stdout"]) == {"files": ["a.bin"]}
+    assert len(daemon_pids(state_dir)) == 1  # shutdown did not take it down
+    p.stdin.close()
+    p.wait(5)
+
+    # A person's own attach: everything (exec of any argv here).
+    mine = attach(state_dir)
+    read_msg(mine)
+    assert mine.stdin is not None
+    mine.stdin.write(protocol.encode(protocol.hello()))
+    assert _ask(mine, 1, "exec", argv=["id", "-u"], timeout_s=5)["result"]["stdout"].strip() == str(os.getuid())
+    mine.stdin.close()
+    mine.wait(5)
+
+
+def test_an_attach_with_a_role_refuses_a_daemon_that_would_not_enforce_it(tmp_path: Path) -> None:
+    """An older daemon (its hello names no roles) would take every request: the attach says so
+    and bridges nothing."""
+    import threading
+
+    paths = Paths(str(tmp_path / "state"))
+    paths.ensure()
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(paths.socket)
+    srv.listen(1)
+    got: list[bytes] = []
+
+    def old_daemon() -> None:
+        conn, _ = srv.accept()
+        conn.sendall(protocol.encode(protocol.hello(agent_version="0.old")))
+        conn.settimeout(10)
+        got.append(conn.recv(65536))
+        conn.close()
+
+    t = threading.Thread(target=old_daemon, daemon=True)
+    t.start()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-m", "agent", "attach", "--state-dir", paths.state_dir, "--no-start",
+                          "--role", "server"], input=protocol.encode(protocol.hello()), capture_output=True,
+                         env=env, timeout=60)
+    t.join(15)
+    srv.close()
+    print(out.stderr.decode())
+    assert out.returncode == 1 and out.stdout == b""
+    assert "(version 0.old) does not enforce the role 'server': refused" in out.stderr.decode()
+    assert got == [b""]  # not one byte of the client's reached it

@@ -4,6 +4,7 @@ restart, disconnect, bad specs. Everything goes through the real CLI."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import pytest
@@ -212,13 +213,25 @@ grace = "2s"
     assert "max_runtime of 4s exceeded" in out, out
 
 
+def environ(cli: Cli, host: int, pid: int) -> str:
+    """A process's environment on a bed host, as the kernel holds it."""
+    return cli.bed.exec(host, ["cat", f"/proc/{pid}/environ"]).stdout
+
+
 def test_kill9_of_one_rank_fails_the_gang_then_restart_once(cli: Cli) -> None:
+    """A gang restart after a rank's SIGKILL, once. The job's ``env_from_file`` (a secret on the
+    workstation) reaches the ranks of each attempt, read again at the restart, and its value is
+    nowhere in the history (its database files), ``jobs --json`` or ``status --json``: the names only."""
+    secret = f"tok-{os.urandom(8).hex()}"
+    env_file = cli.tmp / "fragile.env"
+    env_file.write_text(f"# a secret the spec does not hold\nFRAGILE_TOKEN={secret}\n")
     spec = cli.spec("fragile", f"""
 command = ["{{python}}", "{TICKER}", "--steps", "100000"]
 workdir = "{ROOT}"
 launcher = "direct"
 nodes = 3
 processes_per_node = 2
+env_from_file = "{env_file.name}"
 [restart]
 max_restarts = 1
 """)
@@ -228,6 +241,7 @@ max_restarts = 1
         wait_until(lambda: home_jobs() and (home_jobs()[-1] / "ranks" / "rank-3.json").exists(), 60, "rank 3")
         job_id = home_jobs()[-1].name
         victim = json.loads((home_jobs()[-1] / "ranks" / "rank-3.json").read_text())["pid"]
+        assert f"FRAGILE_TOKEN={secret}\0" in environ(cli, 2, victim)
         cli.bed.exec(2, ["kill", "-9", str(victim)])  # rank 3 is h2's second rank
         killed_at = time.monotonic()
 
@@ -246,7 +260,9 @@ max_restarts = 1
                    and len(cli.json("status", job_id)["ranks"]) == 6, 60, "the restarted gang running")
         # A second failure exhausts max_restarts: the job fails with that rank as the cause.
         rank_file = cli.bed.hosts[0].state_dir / "jobs" / job_id / "ranks" / "rank-0.json"
-        cli.bed.exec(1, ["kill", "-9", str(json.loads(rank_file.read_text())["pid"])])
+        restarted = json.loads(rank_file.read_text())["pid"]
+        assert f"FRAGILE_TOKEN={secret}\0" in environ(cli, 1, restarted)  # read again for the restart
+        cli.bed.exec(1, ["kill", "-9", str(restarted)])
         killed_at = time.monotonic()
         out, _ = waiter.communicate(timeout=60)
         final = json.loads(out)
@@ -256,6 +272,13 @@ max_restarts = 1
         assert all(e is not None for e in ended.values())
         assert max(ended.values()) - min(ended.values()) < 5.0, ended
         assert tagged(cli.bed, job_id) == {"h1": [], "h2": [], "h3": []}
+        # The value is the ranks' alone: not in what the controller keeps or shows.
+        shown = {"jobs --json": cli.run("jobs", "--json").stdout, "launch --wait --json": out,
+                 "status --json": cli.run("status", job_id, "--json").stdout}
+        shown.update({f.name: f.read_bytes().decode("latin-1") for f in (cli.tmp / "home").glob("history.sqlite*")})
+        print({k: (len(v), secret in v) for k, v in shown.items()})
+        assert "history.sqlite" in shown and not [k for k, v in shown.items() if secret in v]
+        assert any("FRAGILE_TOKEN" in v for k, v in shown.items() if k.startswith("history"))  # the name is kept
     finally:
         if waiter.poll() is None:
             waiter.kill()

@@ -700,3 +700,42 @@ def test_a_wire_spec_goes_through_the_spec_files_checks_and_takes_no_server_fiel
         with pytest.raises(JobSpecError, match=re.escape(said)):
             jobspec_from_wire(d)
             pytest.fail(what)
+
+
+def test_env_from_file_is_checked_at_load_and_keeps_only_its_names(tmp_path: Path) -> None:
+    """``env_from_file``: a file of NAME=value lines here, checked when the spec is (the spec
+    file, the field, the env file and its line, what was expected; never a value); the spec keeps
+    the file and the names, not the values; a server refuses it (it would not carry them)."""
+    from tui.model.jobspec import jobspec_from_wire, read_env_file
+
+    (tmp_path / "s.env").write_text("# secrets\nWANDB_API_KEY=abc=def\n\nHF_TOKEN=hf-secret\n")
+    spec = load_jobspec(spec_file(tmp_path, MINIMAL + 'env_from_file = "s.env"\n[env]\nA = "1"\n'))
+    assert (spec.env_from_file, spec.env_file_names) == (str(tmp_path / "s.env"), ("WANDB_API_KEY", "HF_TOKEN"))
+    assert read_env_file(str(tmp_path / "s.env")) == (("WANDB_API_KEY", "abc=def"), ("HF_TOKEN", "hf-secret"))
+    stored = json.dumps(spec.to_dict())
+    assert "hf-secret" not in stored and "abc=def" not in stored and JobSpec.from_dict(spec.to_dict()) == spec
+    cases = {
+        "no file": ("nope.env", None, "expected an existing file of NAME=value lines"),
+        "no '='": ("b.env", "WANDB\n", "expected NAME=value lines"),
+        "a bad name": ("b.env", "A B=secret-1\n", 'in {d}/b.env line 1, got "A B"'),
+        "rigdeck's own": ("b.env", "OK=1\nRIGDECK_RANK=secret-2\n", "no RIGDECK_* name (rigdeck sets those for "
+                          'every rank) in {d}/b.env line 2, got "RIGDECK_RANK"'),
+        "twice": ("b.env", "X=secret-3\nX=secret-4\n", 'a name used once in {d}/b.env line 2, got "X"'),
+        "also in [env]": ("b.env", "A=secret-5\n", "names not also in [env] ({d}/b.env and [env] both set A)"),
+    }
+    for what, (name, text, said) in cases.items():
+        if text is not None:
+            (tmp_path / name).write_text(text)
+        e = load_error(tmp_path, MINIMAL + f'env_from_file = "{name}"\n[env]\nA = "1"\n')
+        print(f"{what}: {e}")
+        assert e.field == "env_from_file" and said.format(d=tmp_path) in str(e), (what, str(e))
+        assert "secret" not in str(e)
+    with pytest.raises(JobSpecError, match="field 'env_from_file': expected nothing through a server"):
+        jobspec_from_wire(spec.to_dict())
+    # A server's spec error reaches a client's caller as a JobSpecError in the server's words.
+    from tui.client import RemoteClient
+
+    said = "<job spec>: field 'env_from_file': expected nothing through a server (yet)"
+    with pytest.raises(JobSpecError) as e:
+        RemoteClient._result(None, {"error": {"type": "JobSpecError", "message": said}})  # type: ignore[arg-type]
+    assert str(e.value) == said

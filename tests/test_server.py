@@ -670,7 +670,15 @@ def test_a_member_speaking_the_wire_directly_gets_nothing_the_rules_refuse(
     """Acceptance (issue 46, item 1, the server's part): bob, a member, speaks the wire directly
     over his forced attach and tries each attack on the server's checks; each is refused or sees
     nothing, and alice's jobs and the server's users file are unchanged. Each attempt and what it
-    got is printed."""
+    got is printed.
+
+    Three more attempts of the acceptance list need what this bed does not have (a server
+    without ``allow_jobs``, people with accounts of their own), and are made and printed the
+    same way in tests/test_server_accounts.py's bed test: "a job on the server host that edits
+    users.json and authorized_keys" (refused, the files unchanged), "a job that reads alice's job
+    directory" (bob's, as his own account, on her host: permission denied, nothing of his in
+    it), and the server's own key asking an agent for ``upgrade``, ``shutdown`` or an ``exec``
+    not on its list (refused)."""
     from tui.model.jobspec import load_jobspec
 
     bed, operator, _ = served

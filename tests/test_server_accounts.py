@@ -34,13 +34,27 @@ from tui.model.inventory import HostSpec, Inventory
 ALICE, BOB = "rdk-alice", "rdk-bob"
 CLAIMS = "/dev/shm/rigdeck-gpu-claims"  # agent/claims.py DEFAULT_DIR
 SPY = """import os, sys
-for what, act in (("read", lambda: os.listdir(sys.argv[1])), ("signal", lambda: os.kill(int(sys.argv[2]), 15))):
+def write():
+    with open(os.path.join(sys.argv[1], "spy-was-here"), "w") as f:
+        f.write("bob")
+for what, act in (("read", lambda: os.listdir(sys.argv[1])), ("write", write),
+                  ("signal", lambda: os.kill(int(sys.argv[2]), 15))):
     try:
         act()
         print(what, "allowed", flush=True)
     except PermissionError as e:
         print(what, "denied:", e, flush=True)
 """
+# A job that would give its owner the server: a key line in the server account's authorized_keys,
+# an admin in its users.json.
+EDIT = """import sys
+for path in sys.argv[1:]:
+    with open(path, "a") as f:
+        f.write("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBob bob-owns-the-server\\n")
+    print("edited", path, flush=True)
+"""
+SERVER_KEY = "/root/.rigdeck/server/id_ed25519"  # the bed's server runs as root (the operator)
+SERVER_FILES = ["/root/.rigdeck/server/users.json", "/root/.ssh/authorized_keys"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,6 +132,76 @@ def test_a_persons_controller_reaches_their_hosts_as_their_account_and_goes_when
     assert jm.for_owner("alice") is jm
 
 
+def test_a_job_that_fits_only_where_its_owner_has_no_account_is_refused_not_queued(tmp_path: Path) -> None:
+    """The queue's check that a job could ever fit reads only its owner's hosts: bob (an account
+    on h2 only, 1 GPU there) asking for 4 GPUs is refused at once, though h3 has 4; the server's
+    own view (nobody's accounts) still sees both and would queue it."""
+    from tui.control.history import History
+    from tui.control.queue import JobQueue
+    from tui.model.jobspec import JobSpec
+    from tui.model.scheduler import HostCapacity, PlacementError
+
+    gpus = {"h2": (0,), "h3": (0, 1, 2, 3)}
+
+    class View(SimpleNamespace):
+        def capacity(self, hosts: list[str]) -> list[HostCapacity]:
+            self.asked.append(list(hosts))
+            return [HostCapacity(h, f"10.0.0.{i}", True, 8, gpus[h], (), True, "Simulated GPU")
+                    for i, h in enumerate(hosts, start=2)]
+
+    def names(*hosts: str) -> Any:
+        return SimpleNamespace(inventory=SimpleNamespace(names=list(hosts)))
+
+    bobs = View(ctl=names("h2"), asked=[])
+    server = View(ctl=names("h2", "h3"), asked=[], history=History(tmp_path / "h.sqlite"),
+                  for_owner=lambda user: bobs if user == "bob" else server)
+    q = JobQueue(server)  # type: ignore[arg-type]
+    spec = JobSpec(name="big", command=("true",), workdir="/", nodes=1, gpus_per_node=4)
+    with pytest.raises(PlacementError, match="it would not fit even on idle hosts") as e:
+        q._check_feasible(spec, "bob")
+    print(f"bob's 4-GPU job: {e.value}")
+    assert bobs.asked == [["h2"]] and server.asked == []
+    q._check_feasible(spec, "alice")  # not joined: the server's hosts, h3 included
+    assert server.asked == [["h2", "h3"]]
+
+
+def test_a_cached_pipeline_step_is_looked_for_through_its_owners_links() -> None:
+    """A pipeline step's cache hit is used only when its artifacts are still there, asked through
+    the links to the account the cached job ran as (a joined person's own agent, whose store
+    holds them), and only by a pipeline whose steps run as that same account."""
+    from tui.control.pipelines import PipelineRunner
+
+    asked: list[tuple[str, str]] = []
+
+    def links(who: str) -> Any:
+        def agent(host: str) -> Any:
+            def code_have(**_: Any) -> dict[str, Any]:
+                asked.append((who, host))
+                return {"missing": []}
+            return SimpleNamespace(code_have=code_have)
+        return SimpleNamespace(agent=agent)
+
+    ctls = {"alice": links("alice"), "bob": links("bob")}
+    server = links("server")
+    owners = {"job-a": "alice", "p-alice": "alice", "p-bob": "bob", "p-carol": "carol"}
+    hit = {"job_id": "job-a", "pipeline_id": "p-old", "metrics": {}, "hosts": ["h2"],
+           "artifacts": {"model": {"tree": "t" * 64, "sources": {"h2": ["s" * 64]}, "files": []}}}
+    updated: list[str] = []
+    fake = SimpleNamespace(
+        store=SimpleNamespace(cache_get=lambda key: hit, get=lambda pid: {"user": owners[pid]},
+                              update_step=lambda pid, step, **kw: updated.append(pid),
+                              cache_drop=lambda key: None),
+        jm=SimpleNamespace(ctl_for=lambda user: ctls.get(user, server),
+                           history=SimpleNamespace(get=lambda job_id: {"user": owners[job_id]})))
+    fake._artifacts_present = lambda arts, ctl: PipelineRunner._artifacts_present(fake, arts, ctl)  # type: ignore[arg-type]
+    step = SimpleNamespace(name="train")
+    assert PipelineRunner._from_cache(fake, "p-alice", step, "k") is True  # type: ignore[arg-type]
+    assert asked == [("alice", "h2")] and updated == ["p-alice"]  # through her links, not the server's
+    for other in ("p-bob", "p-carol"):  # bob's own account; carol's: the server's
+        assert PipelineRunner._from_cache(fake, other, step, "k") is False  # type: ignore[arg-type]
+    assert asked == [("alice", "h2")] and updated == ["p-alice"]
+
+
 def test_users_json_keeps_a_persons_accounts_through_a_new_key_and_drops_them_with_the_person(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from agent import serverhelper
@@ -183,7 +267,7 @@ def people(tmp_path_factory: pytest.TempPathFactory) -> Iterator[People]:
     tmp = tmp_path_factory.mktemp("people")
     operator = Cli(bed, tmp / "operator", min_free_mb=1, timeout=900)
     try:
-        for name, text in (("ticker.py", TICKER.read_text()), ("spy.py", SPY)):
+        for name, text in (("ticker.py", TICKER.read_text()), ("spy.py", SPY), ("edit.py", EDIT)):
             (bed.share_dir / name).write_text(text)
             os.chmod(bed.share_dir / name, 0o644)
         bed.exec(2, ["install", "-d", "-m", "1777", "-o", "root", "-g", "root", CLAIMS])
@@ -210,9 +294,84 @@ def links_of(bed: TestBed, account: str) -> list[str]:
     return [p for p in procs if p.startswith("sshd")]
 
 
+def server_key_attempts(bed: TestBed, host: int, account: str, python: str) -> dict[str, Any]:
+    """The server's own key speaking to ``account``'s agent on bed host ``host`` directly (``ssh``
+    on the server's host with the key from the server's directory, as a thief of it would): the
+    daemon's hello, then what each request outside the server's allow-list got, and one it may
+    ask (``python``: the interpreter the server's inventory names there)."""
+    import subprocess
+
+    from agent import protocol
+    from agent.roles import program_source
+
+    proc = bed.popen(1, [
+        "ssh", "-i", SERVER_KEY, "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-o",
+         "UserKnownHostsFile=/root/.rigdeck/server/known_hosts", "-o", "IdentitiesOnly=yes",
+         f"{account}@{bed.host(host).address}"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL)
+    assert proc.stdin is not None and proc.stdout is not None
+    got: dict[str, Any] = {"hello": json.loads(proc.stdout.readline())}
+    asks = {
+        "upgrade to an agent of its own": ("upgrade", {"path": "/tmp/evil.pyz"}),
+        "shutdown": ("shutdown", {"force": True}),
+        "exec cat users.json": ("exec", {"argv": ["cat", SERVER_FILES[0]], "timeout_s": 10}),
+        "exec the listing with sh": ("exec", {"argv": ["sh", "-c", program_source("listfiles.py"), "/"],
+                                              "timeout_s": 10}),
+        "exec the listing (a program it may run)": ("exec", {"argv": [python, "-c", program_source("listfiles.py"),
+                                                                     str(bed.share_dir)], "timeout_s": 30}),
+    }
+    proc.stdin.write(protocol.encode(protocol.hello()))
+    try:
+        for rid, (what, (method, params)) in enumerate(asks.items(), start=1):
+            proc.stdin.write(protocol.encode(protocol.request(rid, method, **params)))
+            proc.stdin.flush()
+            while (msg := json.loads(proc.stdout.readline())).get("id") != rid:
+                pass
+            got[what] = msg
+    finally:
+        proc.stdin.close()
+        proc.wait(30)
+    return got
+
+
 @pytest.mark.testbed
 def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: People) -> None:
     bed, op, alice, bob = people.bed, people.operator, people.alice, people.bob
+    # Before anyone joins, bob's jobs would run as the server's own account: one on the server's
+    # host could make him its admin. No job goes there (no allow_jobs here).
+    before = [bed.exec(1, ["cat", f]).stdout for f in SERVER_FILES]
+    argv = ", ".join(f'"{f}"' for f in ("{python}", bed.share_dir / "edit.py", *SERVER_FILES))
+    edit = bob.spec("edit-server", f'command = [{argv}]\nworkdir = "{bed.share_dir}"\nlauncher = "direct"\n'
+                                   'nodes = 1\nhosts = ["h1"]\n')
+    onto = bob.run("launch", str(edit), "--no-queue", check=False)
+    print(f"bob: a job on the server host that edits users.json and authorized_keys: exit {onto.returncode}: "
+          f"{onto.stderr.strip()[-300:]}")
+    assert onto.returncode != 0 and "the [server] host takes no jobs" in onto.stderr, onto.stderr
+    assert [bed.exec(1, ["cat", f]).stdout for f in SERVER_FILES] == before
+    assert "bob-owns-the-server" not in "".join(before)
+    # A spec whose env_from_file the server would not carry: refused in one line, nothing started.
+    (bob.tmp / "bob.env").write_text("BOB_TOKEN=bob-secret-1\n")
+    with_file = bob.spec("with-env-file", person_ticker(bed, 1, host="h2") + 'env_from_file = "bob.env"\n')
+    carried = bob.run("launch", str(with_file), check=False)
+    print(f"bob: a spec with env_from_file through the server: exit {carried.returncode}: {carried.stderr.strip()}")
+    assert carried.returncode == 2 and f"{with_file}: field 'env_from_file': expected nothing through a server" \
+        in carried.stderr, carried.stderr
+    assert "Traceback" not in carried.stderr and "bob-secret-1" not in carried.stderr
+    assert not [v for v in bob.json("jobs") if v.get("user") == "bob"]  # nothing recorded, nothing started
+
+    # The server's key reaches an agent only for what the server asks (agent/roles.py).
+    from tui.remote.sshconfig import load_inventory
+
+    said = server_key_attempts(bed, 2, "root", load_inventory(op.inventory).get("h2").python)
+    for what, got in said.items():
+        print(f"the server's key on h2: {what}: {json.dumps(got)[:260]}")
+    assert said["hello"]["roles"] == ["server"]
+    for what in ("upgrade to an agent of its own", "shutdown", "exec cat users.json", "exec the listing with sh"):
+        err = said[what]["error"]
+        assert err["code"] == "refused" and "the server's key may" in err["message"], (what, err)
+    listed = said["exec the listing (a program it may run)"]["result"]
+    assert listed["exit_code"] == 0 and "spy.py" in json.loads(listed["stdout"])["files"], listed
+
     for cli, name, account in ((alice, "alice", ALICE), (bob, "bob", BOB)):
         joined = cli.run("server", "join", "h2")
         print(f"$ rigdeck server join h2  ({name})\n{joined.stderr}{joined.stdout}")
@@ -222,6 +381,7 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
     line = bed.exec(2, ["cat", f"{bed.person(BOB).home}/.ssh/authorized_keys"]).stdout
     print(f"bob's authorized_keys on h2: {line}")
     assert line.startswith('restrict,command="') and "agent.pyz attach --state-dir" in line
+    assert "--role server" in line  # the server reaches bob's agent with the server's allow-list only
     assert line.rstrip().endswith("rigdeck-server:h1:bob")
 
     a = alice.json("launch", str(alice.spec("alice-job", person_ticker(bed, 2, host="h2"))))["job_id"]
@@ -246,10 +406,12 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
                               f'workdir = "{bed.share_dir}"\nlauncher = "direct"\nnodes = 1\nhosts = ["h2"]\n')
         view = bob.json("launch", str(spy), "--wait", timeout=120)
         logs = bob.run("logs", view["job_id"]).stdout
-        print(f"bob's spy job: {view['state']}\n{logs}")
+        print(f"bob: a job that reads alice's job directory: {view['state']}\n{logs}")
         assert view["state"] == "succeeded", view
         assert "read denied: [Errno 13] Permission denied" in logs and "signal denied: [Errno 1]" in logs, logs
-        assert "allowed" not in logs
+        assert "write denied: [Errno 13] Permission denied" in logs and "allowed" not in logs, logs
+        hers = f"{bed.person(ALICE).home}/.rigdeck/jobs/{a}"
+        assert bed.exec(2, ["test", "-e", f"{hers}/spy-was-here"], check=False).returncode == 1
 
         # bob's stop of alice's job is refused; her job runs on as her.
         refused = bob.run("stop", a, "--grace", "1", check=False)
@@ -263,7 +425,18 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
         print(f"bob on h3: exit {elsewhere.returncode}: {elsewhere.stderr.strip()}")
         assert elsewhere.returncode != 0 and "bob has no account recorded on h3" in elsewhere.stderr
 
-        assert bob.json("stop", b, "--grace", "1")["state"] == "stopped"
+        # remove-user while bob's job runs: refused, naming it; with --stop the server stops it
+        # through bob's own link first, then removes him.
+        assert links_of(bed, BOB), "the server holds a link to bob's agent"
+        kept = op.run("server", "remove-user", "bob", check=False)
+        print(f"$ rigdeck server remove-user bob  (his job runs): exit {kept.returncode}: {kept.stderr.strip()}")
+        assert kept.returncode == 1 and f"their jobs {b} (running) have not ended" in kept.stderr, kept.stderr
+        assert "bob" in json.loads(bed.exec(1, ["cat", SERVER_FILES[0]]).stdout)["users"]
+        assert owners(bed, 2, pb) == [BOB]
+        removed = op.run("server", "remove-user", "bob", "--stop")
+        print(f"$ rigdeck server remove-user bob --stop\n{removed.stderr}{removed.stdout}")
+        assert f"stopped bob's jobs {b}" in removed.stdout, removed.stdout
+        assert op.json("status", b)["state"] == "stopped" and owners(bed, 2, pb) == []
         b = None
         assert alice.json("stop", a, "--grace", "1")["state"] == "stopped"
     finally:
@@ -271,13 +444,15 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
             bob.run("stop", b, "--grace", "1", check=False)
         alice.run("stop", a, "--grace", "1", check=False)
 
-    # remove-user: the server's links to bob's account close at once, and his next call is refused.
-    assert links_of(bed, BOB), "the server holds a link to bob's agent"
-    op.run("server", "remove-user", "bob")
+    # remove-user: the server's links to bob's account close at once, and his next call is refused
+    # in one line saying why and what to do.
     wait_until(lambda: not links_of(bed, BOB), 30, "the server's links to rdk-bob on h2 to close")
     gone = bob.run("jobs", check=False, timeout=120)
-    print(f"bob after remove-user: exit {gone.returncode}: {gone.stderr.strip()[-300:]}")
-    assert gone.returncode != 0
+    print(f"bob after remove-user: exit {gone.returncode}: {gone.stderr.strip()}")
+    assert gone.returncode == 1 and "Traceback" not in gone.stderr
+    assert len(gone.stderr.strip().splitlines()) == 1, gone.stderr
+    assert f"rigdeck jobs: h1: the server host refused {bed.person_key(BOB)} for root@{bed.host(1).address}" \
+        in gone.stderr and "ask its operator" in gone.stderr, gone.stderr
     assert links_of(bed, ALICE), "alice's link stays"
 
     # alice leaves h2: the server forgets her account and closes its link, and its key line is out

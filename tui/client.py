@@ -47,8 +47,8 @@ from tui.control.service import ControllerService
 from tui.control.sweeps import SweepError
 from tui.model import wire
 from tui.model.fairshare import QueuePolicy
-from tui.model.inventory import INVENTORY_ENV, Inventory, InventoryError, default_inventory_path
-from tui.model.jobspec import JobSpec, JobSpecError
+from tui.model.inventory import INVENTORY_ENV, HostSpec, Inventory, InventoryError, default_inventory_path
+from tui.model.jobspec import SERVER_ENV_FILE, JobSpec, JobSpecError
 from tui.model.jobstate import describe_cause
 from tui.model.jobview import JobDetail, JobRow, JobsSnapshot, JobView, LogBuffer, StopPlan
 from tui.model.permissions import PermissionDenied
@@ -60,6 +60,7 @@ from tui.model.sweepview import SweepDetail
 from tui.model.userconfig import NotifyConfig, UserConfig, load_config
 from tui.remote.sshconfig import hostfile_to_toml, load_hostfile, load_inventory
 from tui.remote.transport import (
+    AuthenticationError,
     Backoff,
     TransportError,
     UnreachableError,
@@ -77,7 +78,7 @@ __all__ = [
     "onboarding_offer", "remember_passphrase", "set_passphrase_prompt", "HostReport", "InProcessClient",
     "InventoryError", "JobError", "PermissionDenied", "UnsafeDirError",
     "JobRefError", "JobSpecError", "JobView", "LinkStatus", "Membership", "PlacementError", "QueueEntry",
-    "RemoteClient", "ServerError", "TransportError", "connect", "describe_cause",
+    "RemoteClient", "ServerError", "ServerKeyRefused", "TransportError", "connect", "describe_cause",
     "hostfile_to_toml", "load_hostfile", "load_inventory", "rigdeck_home", "serve", "serveradmin", "wire_json",
 ]
 
@@ -119,8 +120,16 @@ class ServerError(Exception):
     """An error the server reported that has no local type."""
 
 
+class _ServerSpecError(JobSpecError):
+    """A JobSpecError the server raised, in its words (file and field are in them already)."""
+
+    def __init__(self, text: str) -> None:
+        ValueError.__init__(self, text)
+        self.path, self.field, self.expected, self.got = None, None, text, None
+
+
 _ERRORS: dict[str, type[Exception]] = {
-    "JobError": JobError, "PlacementError": PlacementError, "JobSpecError": JobSpecError,
+    "JobError": JobError, "PlacementError": PlacementError, "JobSpecError": _ServerSpecError,
     "JobRefError": JobError, "InventoryError": JobError, "SweepError": SweepError,
     "CodeSyncError": JobError, "TensorboardSyncError": JobError, "PipelineError": PipelineError,
     "DoctorError": DoctorError, "PermissionDenied": PermissionDenied,
@@ -401,6 +410,17 @@ ATTACH_SH = ('d=$1; case $d in "~") d=$HOME;; "~/"*) d=$HOME/${d#"~/"};; esac; '
              'exec "$d/venv/bin/rigdeck" attach --state-dir "$d"')
 
 
+class ServerKeyRefused(AuthenticationError):
+    """The server host refused the key this inventory reaches it with."""
+
+    def __init__(self, host: HostSpec, cause: TransportError):
+        key = ", ".join(host.identity_files) or "your SSH key"
+        super().__init__(host.name, (
+            f"the server host refused {key} for {host.user}@{host.address} ({cause.detail}): you are not "
+            f"(or no longer) a user of this server, or this is not the key it knows you by; ask its operator "
+            f"(rigdeck server add-user NAME --key YOUR_KEY.pub)"))
+
+
 class RemoteClient(Client):
     """The controller API over one SSH channel to ``rigdeck attach`` on the server host."""
 
@@ -430,6 +450,7 @@ class RemoteClient(Client):
         self._stream: Any = None
         self._transport: Any = None
         self._connected = threading.Event()
+        self._refused: AuthenticationError | None = None  # the server host refused our key
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._subscribed = False
@@ -512,6 +533,9 @@ class RemoteClient(Client):
                     self.call_async(api.select, job_id=self._jobs._selected)
                 self._pump()
                 why = "the server closed the channel"
+            except AuthenticationError as e:  # a CLI command's call says so at once (_ensure_link)
+                self._refused = e
+                why = e.detail
             except TransportError as e:
                 why = e.detail
             except Exception as e:  # never let the link thread die
@@ -616,12 +640,16 @@ class RemoteClient(Client):
         self._send(rid, method, params)
 
     def _ensure_link(self) -> None:
-        """A CLI command's first call starts the link (without telemetry) and waits for it."""
-        if self._thread is None:
+        """A CLI command's first call starts the link (without telemetry) and waits for it; a
+        key the server host refuses (a person removed, a wrong key) ends the wait at once, said
+        in a line that names who, where and what to do (ServerKeyRefused)."""
+        first = self._thread is None
+        if first:
             self.start(telemetry=False, jobs=False)
-            self._connected.wait(max(30.0, self.host.connect_timeout * 3))
-        elif not self._connected.is_set():
-            self._connected.wait(5.0)
+        deadline = time.monotonic() + (max(30.0, self.host.connect_timeout * 3) if first else 5.0)
+        while not self._connected.wait(0.1) and time.monotonic() < deadline:
+            if self._refused is not None:
+                raise ServerKeyRefused(self.host, self._refused)
 
     def call(self, method: api.Method, timeout: float | None = None, **params: Any) -> Any:
         """``method``'s answer, decoded as its declaration says."""
@@ -698,7 +726,10 @@ class RemoteClient(Client):
     def _with_code(self, spec: JobSpec) -> JobSpec:
         """``[code] sync`` through a server: the snapshot is taken here (the directory is on this
         machine) and what the server's store lacks of it is sent there; the server ships it to
-        the hosts from its store."""
+        the hosts from its store. A spec with ``env_from_file`` is refused here, naming its file,
+        before anything is sent (the server would refuse it too: it does not carry the values)."""
+        if spec.env_from_file:
+            raise JobSpecError(spec.path, "env_from_file", SERVER_ENV_FILE)
         if spec.code is None or spec.code.tree is not None:
             return spec
         import dataclasses

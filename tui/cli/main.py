@@ -27,6 +27,7 @@ from tui.cli import web as web_cli
 from tui.client import (
     HostReport,
     InProcessClient,
+    TransportError,
     UnsafeDirError,
     connect,
     hostfile_to_toml,
@@ -808,6 +809,9 @@ def main(argv: Sequence[str] | None = None, open_app: AppOpener | None = None) -
     except UnsafeDirError as e:  # RIGDECK_HOME (or a server's directory) someone else may reach
         print(f"rigdeck: {e}", file=sys.stderr)
         return EXIT_USAGE
+    except TransportError as e:  # the server (or a host) out of reach, or refusing the key: one line
+        print(f"rigdeck {args.command}: {e}", file=sys.stderr)
+        return EXIT_HOST_FAILED
     except KeyboardInterrupt:
         return 130
     raise AssertionError(f"unhandled command {args.command}")

@@ -93,9 +93,12 @@ def _user_parsers(ssub: Any) -> None:
     sp = ssub.add_parser("users", help="the people who attach with keys of their own: name, admin, key fingerprint")
     _inventory_option(sp)
     sp.add_argument("--json", action="store_true")
-    sp = ssub.add_parser("remove-user", help="revoke a person's key (their name stays on the work they did)")
+    sp = ssub.add_parser("remove-user", help="revoke a person's key (their name stays on the work they did); "
+                                             "refused while a job of theirs runs or waits, unless --stop")
     _inventory_option(sp)
     sp.add_argument("name", metavar="NAME")
+    sp.add_argument("--stop", action="store_true",
+                    help="stop their running and queued jobs first (through their own accounts), then remove them")
     sp = ssub.add_parser(
         "join",
         help="(a person, with their own access to the hosts) let the server run your jobs as your own "
@@ -166,7 +169,10 @@ def _run_users(args: argparse.Namespace, inv: Any) -> int:
             for u in people:
                 print(f"{u.name:<{width}}  {'admin' if u.admin else 'member':<6}  {u.fingerprint}")
         return EXIT_OK
-    serveradmin.remove_user(inv, args.name)
+    stopped = serveradmin.remove_user(inv, args.name, stop=args.stop,
+                                      progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    if stopped:
+        print(f"stopped {args.name}'s jobs {', '.join(stopped)}")
     print(f"user {args.name}: key removed from {inv.server.host}; they can no longer attach")
     return EXIT_OK
 

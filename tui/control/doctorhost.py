@@ -19,14 +19,14 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
+from agent.roles import program_source
 from tui.model.doctor import Finding
 
 # What runs on a host: agent/doctorprobe.py, whose source the host's own interpreter runs with -c
 # (as the controller runs agent/facts.py): its ``probe`` and ``disk`` commands each print one JSON line.
-HOST_SOURCE = (Path(__file__).resolve().parent.parent.parent / "agent" / "doctorprobe.py").read_text()
+HOST_SOURCE = program_source("doctorprobe.py")  # one of the server key's programs (agent/roles.py)
 
 DISK_MB = 256
 MEMORY_FS = ("tmpfs", "ramfs")

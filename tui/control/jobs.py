@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from agent.roles import program_source
 from runtime.checkpoint import RESUME_BEFORE_ENV  # the contract with the ranks' checkpointer
 from tui.control import pools
 from tui.control.controller import Controller
@@ -30,7 +31,7 @@ from tui.model import usage
 from tui.model.fairshare import preempt_pending
 from tui.model.health import Goodput, Incident, first_started, goodput
 from tui.model.identity import local_user
-from tui.model.jobspec import JobSpec
+from tui.model.jobspec import EnvFileError, JobSpec, read_env_file
 from tui.model.jobstate import (
     FAILED,
     PENDING,
@@ -204,27 +205,18 @@ def rank_env(spec: JobSpec) -> dict[str, str]:
     env = dict(spec.env)
     if spec.model_parallel is not None:
         env[MP_ENV_VAR] = spec.model_parallel.to_env()
+    if spec.env_from_file:
+        # Read at every start (a restart too), here where the job was launched: never kept.
+        try:
+            env.update(read_env_file(spec.env_from_file))
+        except EnvFileError as e:
+            raise JobError(f"env_from_file: {e}") from None
     return env
 
 
-# Lists a processing input's source on a host (run with the host's Python through the agent's
-# exec, the directory as its one argument): its regular files, recursively, by relative path.
-_LIST_FILES = r"""
-import json, os, sys
-root = sys.argv[1]
-if not os.path.isdir(root):
-    sys.exit("not a directory: %s" % root)
-out = []
-def fail(e):
-    raise e
-for d, dirs, files in os.walk(root, onerror=fail):
-    dirs.sort()
-    for f in files:
-        p = os.path.join(d, f)
-        if os.path.isfile(p):
-            out.append(os.path.relpath(p, root))
-print(json.dumps({"files": sorted(out)}))
-"""
+# Lists a processing input's source on a host (agent/listfiles.py, run with the host's Python
+# through the agent's exec, the directory as its one argument): one of the server key's programs.
+_LIST_FILES = program_source("listfiles.py")
 
 
 class _Read:

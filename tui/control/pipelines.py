@@ -447,7 +447,13 @@ class PipelineRunner:
         hit = self.store.cache_get(key)
         if hit is None:
             return False
-        if not self._artifacts_present(hit["artifacts"]):
+        # The cached run's artifacts are in the code store of the account its job ran as: asked
+        # through that owner's links, and used only by a pipeline whose steps run as the same
+        # account (a joined person's store is not another's: their steps would not find them).
+        ran_as = self.jm.ctl_for((self.jm.history.get(hit["job_id"]) or {}).get("user"))
+        if ran_as is not self.jm.ctl_for((self.store.get(pid) or {}).get("user")):
+            return False
+        if not self._artifacts_present(hit["artifacts"], ran_as):
             log.info("pipeline %s step %s: cached run's artifacts are gone; running it", pid, step.name)
             self.store.cache_drop(key)
             return False
@@ -457,16 +463,17 @@ class PipelineRunner:
                                cached_from=hit["pipeline_id"], reason=None)
         return True
 
-    def _artifacts_present(self, artifacts: Mapping[str, Any]) -> bool:
-        """Whether every content of every artifact is still on a host that had it."""
+    def _artifacts_present(self, artifacts: Mapping[str, Any], ctl: Any) -> bool:
+        """Whether every content of every artifact is still on a host that had it (asked through
+        ``ctl``: the links to the account that made them)."""
         for art in artifacts.values():
             for host, shas in (art.get("sources") or {}).items():
                 if not shas:
                     continue
                 sizes = {f[1]: f[2] for f in art.get("files") or []}
                 try:
-                    have = self.jm.ctl.agent(host).code_have(tree=art["tree"],
-                                                            blobs=[[s, sizes.get(s, 0)] for s in shas], timeout=30)
+                    have = ctl.agent(host).code_have(tree=art["tree"], blobs=[[s, sizes.get(s, 0)] for s in shas],
+                                                     timeout=30)
                 except Exception as e:
                     log.info("artifact check on %s: %s", host, e)
                     return False

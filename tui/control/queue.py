@@ -165,7 +165,7 @@ class JobQueue:
                 waiting = str(e)
         else:
             waiting = f"behind job {ahead[-1]['job_id']}"
-        self._check_feasible(spec)
+        self._check_feasible(spec, user)
         self.history.create(job_id, spec.name, spec.to_dict(), state=QUEUED, user=user)
         self.history.update(job_id, priority=spec.priority, waiting=waiting)
         self.history.add_event(job_id, {"event": "queued", "waiting": waiting})
@@ -198,9 +198,13 @@ class JobQueue:
         hosts = spec.get("hosts") if isinstance(spec, dict) else spec.hosts
         return list(hosts) if hosts else list(self.jm.ctl.inventory.names)
 
-    def _check_feasible(self, spec: JobSpec) -> None:
-        """PlacementError if ``spec`` could not fit even on idle hosts: it would wait forever."""
-        capacity = self.jm.capacity(self.candidates(spec))
+    def _check_feasible(self, spec: JobSpec, user: str | None = None) -> None:
+        """PlacementError if ``spec`` could not fit even on idle hosts: it would wait forever.
+        Only the hosts its owner's jobs may run on count: on a shared server, a person with
+        accounts of their own has their hosts (``JobManager.for_owner``), so a job that fits only
+        where they have none is refused now rather than left waiting."""
+        jm = self.jm.for_owner(user)
+        capacity = jm.capacity(list(spec.hosts) if spec.hosts else list(jm.ctl.inventory.names))
         try:
             Scheduler().reserve("feasibility", spec, _free_of_others(capacity))
         except PlacementError as e:

@@ -190,8 +190,37 @@ def add_user(inventory: Inventory, name: str, public_key: str, *, admin: bool = 
     return serverhost.add_user(inventory, name, public_key, admin=admin)
 
 
-def remove_user(inventory: Inventory, name: str) -> None:
+def remove_user(inventory: Inventory, name: str, *, stop: bool = False,
+                progress: Callable[[str], None] | None = None) -> list[str]:
+    """``rigdeck server remove-user NAME``: refused while a job of theirs runs or waits, naming
+    the jobs (once their accounts' links are gone the server could reach none of them), unless
+    ``stop``: then each is stopped first, by the server through their own links, and waited for.
+    The operator's own connection to the server asks. Returns the jobs stopped."""
+    from tui.client import RemoteClient, ServerError, TransportError
+    from tui.model.jobstate import TERMINAL
+
+    say = progress or (lambda _: None)
+    client = RemoteClient(inventory)
+    stopped: list[str] = []
+    try:
+        live = [v for v in client.list_jobs() if v.user == name and v.state not in TERMINAL]
+        if live and not stop:
+            jobs = ", ".join(f"{v.job_id} ({v.state})" for v in live)
+            raise ServerHostError(
+                f"remove-user {name}: refused: their jobs {jobs} have not ended; stop them first, or "
+                f"run `rigdeck server remove-user {name} --stop` (the server stops them through their own "
+                f"links, then removes them)")
+        for v in live:
+            say(f"stopping {name}'s job {v.job_id} ({v.state})")
+            client.stop(v.job_id, yes=True)
+            stopped.append(v.job_id)
+    except (ServerError, TransportError) as e:
+        raise ServerHostError(f"remove-user {name}: cannot ask the server which of their jobs run "
+                              f"(start it first: rigdeck server start): {e}") from None
+    finally:
+        client.close()
     serverhost.remove_user(inventory, name)
+    return stopped
 
 
 def users(inventory: Inventory) -> list[ServerUser]:

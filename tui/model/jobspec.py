@@ -236,6 +236,11 @@ class JobSpec:
     pools: tuple[PoolSpec, ...] = ()
     processing: ProcessingSpec | None = None
     path: Path | None = None
+    # ``env_from_file``: a file of NAME=value lines on the workstation (absolute). Its values are
+    # read again at every start (``read_env_file``), sent to the hosts for the ranks only, and
+    # never kept in the spec: only the file and the names it held when checked.
+    env_from_file: str | None = None
+    env_file_names: tuple[str, ...] = ()
 
     def __hash__(self) -> int:
         # Hyperparameters may hold lists and tables, so hash the canonical JSON form instead.
@@ -319,6 +324,9 @@ class JobSpec:
             "pools": [p.to_dict() for p in self.pools],
             "processing": self.processing.to_dict() if self.processing is not None else None,
             "path": str(self.path) if self.path is not None else None,
+            # Only when set: the wire and the history of a spec without one stay as they were.
+            **({"env_from_file": self.env_from_file, "env_file_names": list(self.env_file_names)}
+               if self.env_from_file else {}),
         }
 
     def for_trial(self, number: int, values: Mapping[str, Any], sweep_id: str) -> JobSpec:
@@ -392,6 +400,8 @@ class JobSpec:
             pools=tuple(PoolSpec.from_dict(p) for p in d.get("pools") or ()),
             processing=ProcessingSpec.from_dict(d["processing"]) if d.get("processing") else None,
             path=Path(path) if path is not None else None,
+            env_from_file=d.get("env_from_file"),
+            env_file_names=tuple(d.get("env_file_names") or ()),
         )
 
 
@@ -704,6 +714,8 @@ _TOP_FIELDS: dict[str, Check] = {
     "preemptible": Check('true (a higher-priority job may stop it; it resumes from its [checkpoint] dir), '
                          '"restart" (it may be stopped and start over) or false', _preemptible),
     "env": Check('a table of strings (NAME = "value")', _env),
+    "env_from_file": Check("a file of NAME=value lines on this machine (absolute, ~/..., or relative to the "
+                           "spec file's directory)", _path_text),
     "hyperparameters": Check("a table ([hyperparameters])", _hyperparameters),
     "channels": Check('a table of paths on the hosts (name = "/path")', _channels),
 }
@@ -856,6 +868,8 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
         processing=processing,
         path=where,
     )
+    if "env_from_file" in values:
+        spec = _with_env_file(spec, values["env_from_file"], where, at)
     if spec.preemptible is True and not spec.checkpoint.dir:
         raise at.error("preemptible", 'a [checkpoint] dir to resume from with preemptible = true (or '
                        'preemptible = "restart": the job may be stopped and start over)', True)
@@ -881,8 +895,13 @@ _WIRE_TOP = {"name": "name", "command": "command", "launcher": "launcher", "kind
              "hyperparameters": "hyperparameters", "channels": "channels"}
 _WIRE_TABLES = ("checkpoint", "restart", "health", "mpi", "scaling")
 _WIRE_OWN = ("sweep", "model_parallel", "pools", "processing", "code", "workdir", "path", "loss_pattern",
-             "log_max_mb")
+             "log_max_mb", "env_from_file", "env_file_names")
 HEX64_RE = re.compile(r"[0-9a-f]{64}")
+
+
+SERVER_ENV_FILE = ("nothing through a server (yet): its values are read where the job is launched and a server "
+                   "does not carry them; launch it without the server (RIGDECK_SERVER=off), or put the values "
+                   "in [env] (others then see the names only)")
 
 
 def jobspec_from_wire(d: Any) -> JobSpec:
@@ -902,6 +921,8 @@ def jobspec_from_wire(d: Any) -> JobSpec:
     for key in _SERVER_ONLY:
         if d.get(key):
             raise at.error(key, "nothing: the server sets it", d[key])
+    if d.get("env_from_file") or d.get("env_file_names"):
+        raise at.error("env_from_file", SERVER_ENV_FILE)
     table: dict[str, Any] = {_WIRE_TOP[k]: v for k, v in d.items() if k in _WIRE_TOP and v is not None}
     for k in ("env", "hyperparameters", "channels"):
         if table.get(k) == {}:
@@ -928,6 +949,7 @@ def jobspec_from_wire(d: Any) -> JobSpec:
     code = _wire_code(d.get("code"), at)
     kept = {f.name: getattr(checked, f.name) for f in dataclasses.fields(JobSpec)
             if f.name not in ("sweep", "model_parallel", "pools", "processing", "code", "workdir", "path",
+                              "env_from_file", "env_file_names",
                               "gpus_per_node", "processes_per_node", *_SERVER_ONLY)}
     return dataclasses.replace(trusted, **kept, code=code, workdir=code.sync if code else checked.workdir,
                                path=None)
@@ -1097,6 +1119,67 @@ def _with_sweep_and_model_parallel(spec: JobSpec, data: Mapping[str, Any], value
                                   world_text=_world_text(values, spec), workdir=spec.workdir)
         spec = dataclasses.replace(spec, model_parallel=mp)
     return spec
+
+
+ENV_FILE_LINES = ("NAME=value lines (NAME of [A-Za-z_][A-Za-z0-9_]*, not RIGDECK_*, each once; the value "
+                  "is the rest of the line, as it is; blank lines and # comments are skipped)")
+
+
+class EnvFileError(ValueError):
+    """An ``env_from_file`` that cannot be used: ``where`` (the file, and the line), what was
+    expected there and the offending name (never a value: they are secrets)."""
+
+    def __init__(self, where: str, expected: str, got: str | None = None):
+        self.where, self.expected, self.got = where, expected, got
+        super().__init__(f"{where}: expected {expected}" + (f", got {show(got)}" if got is not None else ""))
+
+
+def read_env_file(path: str) -> tuple[tuple[str, str], ...]:
+    """The NAME=value pairs of an ``env_from_file`` (EnvFileError: missing, unreadable, or a line
+    that is not one)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise EnvFileError(path, f"an existing file of {ENV_FILE_LINES}") from None
+    except UnicodeDecodeError:
+        raise EnvFileError(path, "UTF-8 text") from None
+    except OSError as e:
+        raise EnvFileError(path, f"a readable file ({e.strerror or e})") from None
+    out: dict[str, str] = {}
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, eq, value = line.partition("=")
+        got = name if eq and len(name) <= 64 else None
+        if not eq or not ENV_NAME_RE.fullmatch(name):
+            raise EnvFileError(f"{path} line {n}", ENV_FILE_LINES, got)
+        if name.startswith("RIGDECK_") or name in out:
+            raise EnvFileError(f"{path} line {n}", "a name used once" if name in out else
+                               "no RIGDECK_* name (rigdeck sets those for every rank)", got)
+        if "\0" in value:
+            raise EnvFileError(f"{path} line {n}", "a value without NUL characters (\\0)")
+        out[name] = value
+    try:
+        _env(out)
+    except Bad as e:
+        raise EnvFileError(f"{path}{' ' + e.sub if e.sub else ''}", e.expected or ENV_FILE_LINES) from None
+    return tuple(out.items())
+
+
+def _with_env_file(spec: JobSpec, given: str, where: Path | None, at: _At) -> JobSpec:
+    """The spec with its ``env_from_file`` checked now (the file, every line; no name also in
+    ``[env]``): its absolute path and the names, never the values."""
+    base = where.parent if where is not None else Path.cwd()
+    path = os.path.normpath(os.path.join(os.path.abspath(base), os.path.expanduser(given)))
+    try:
+        pairs = read_env_file(path)
+    except EnvFileError as e:
+        raise at.error("env_from_file", f"{e.expected} in {e.where}", e.got) from None
+    names = tuple(n for n, _ in pairs)
+    both = sorted(set(names) & {n for n, _ in spec.env})
+    if both:
+        raise at.error("env_from_file", f"names not also in [env] ({path} and [env] both set {', '.join(both)})")
+    return dataclasses.replace(spec, env_from_file=path, env_file_names=names)
 
 
 def _world_text(values: Mapping[str, Any], spec: JobSpec) -> str:

@@ -632,7 +632,7 @@ def _authorize_each(
     """The key line on each host (in parallel): host -> what the helper's ``authorize`` said."""
     def one(spec: HostSpec) -> dict[str, Any]:
         place = places[spec.name]
-        argv = [spec.python, place.pyz, "attach", "--state-dir", place.state_dir]
+        argv = [spec.python, place.pyz, "attach", "--state-dir", place.state_dir, "--role", "server"]
         line = authorized_key_line(public_key, forced_command(argv, agent_env(spec)), comment)
         with _host(inventory, spec, transport) as t:
             return dict(_helper(t, spec.python, "authorize", line, comment,
