@@ -252,3 +252,29 @@ def test_a_partition_slurm_does_not_know_is_refused_before_sbatch(slurm: SlurmBe
             "Requested node configuration is not available)") in too_many.stderr, too_many.stderr
     assert squeue(slurm) == {}, "nothing was submitted"
     assert cli.json("jobs") == [], "nothing was launched"
+
+
+@pytest.mark.testbed
+def test_rigdecks_drain_drains_the_node_in_slurm_and_undrain_resumes_it(slurm: SlurmBed, tmp_path: Path) -> None:
+    """On a Slurm cluster a drain of rigdeck's (an operator's, or healing's after a GPU fault: the
+    same call) drains the host's node in Slurm, naming rigdeck, the host and GPU; undrain resumes
+    it once rigdeck keeps no drain of the host. A node someone else drained keeps their drain."""
+    cli = slurm_cli(slurm, tmp_path)
+    node = slurm.node(2)
+
+    def reason() -> str:
+        return slurm.run(["sinfo", "-h", "-N", "-n", node, "-o", "%E"]).stdout.strip()
+    try:
+        cli.run("drain", "h2:1", "h2:3", "--reason", "XID 79")
+        assert slurm.node_states()[node] == "drain" and reason() == "rigdeck: h2 GPU 3 XID 79", reason()
+        cli.run("undrain", "h2:1")
+        assert slurm.node_states()[node] == "drain", "rigdeck still drains GPU 3 of h2"
+        cli.run("undrain", "h2:3")
+        assert slurm.node_states()[node] == "idle"
+        slurm.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=admin: fan"])
+        cli.run("drain", "h2", "--reason", "maintenance")
+        assert reason() == "admin: fan", "another's drain and reason are kept"
+        cli.run("undrain", "h2")
+        assert slurm.node_states()[node] == "drain" and reason() == "admin: fan", "and not resumed by rigdeck"
+    finally:
+        slurm.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)

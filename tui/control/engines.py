@@ -464,6 +464,47 @@ class SlurmEngine:
                 f"rigdeck's job host (Slurm's output: .slurm-{sid}.out in the login host's job directory)"}}
         return out
 
+    # -- drains: rigdeck's kept in Slurm too ---------------------------------------------------
+
+    def _node(self, host: str) -> Any:
+        """The Slurm node of inventory host ``host`` (a SlurmNode), or an EngineError."""
+        inv = self.jm.ctl.inventory
+        try:
+            nodes = read_nodes(self._exec, inv)
+        except SlurmReadError as e:
+            raise EngineError(str(e)) from None
+        spec = inv.get(host)
+        node = node_index(nodes)(spec.name, spec.address)
+        if node is None:
+            raise EngineError(f"{host}: Slurm has no node of this host")
+        return node
+
+    def drain(self, host: str, gpu: int | None, reason: str) -> str:
+        """Drain ``host``'s node in Slurm (Slurm drains whole nodes: a GPU's drain drains its
+        node), its reason ``rigdeck: HOST GPU N REASON``: Slurm places no job there either. A node
+        someone else drained keeps their drain and reason. The reason in force."""
+        node = self._node(host)
+        if node.drained and not (node.reason or "").startswith("rigdeck:"):
+            return str(node.reason or "")  # drained already by someone else: theirs is kept
+        text = " ".join(p for p in ("rigdeck:", host, f"GPU {gpu}" if gpu is not None else "", reason) if p)
+        out = self._run(["scontrol", "update", f"NodeName={node.name}", "State=DRAIN", f"Reason={text}"])
+        if out.get("exit_code") != 0:
+            said = " ".join(str(out.get("stderr") or out.get("error") or "").split())
+            raise EngineError(f"{host}: Slurm did not drain node {node.name}: {said}")
+        return text
+
+    def resume(self, host: str) -> bool:
+        """Resume ``host``'s node in Slurm when rigdeck drained it (its reason starts ``rigdeck:``;
+        another's drain is left as it is). True when resumed."""
+        node = self._node(host)
+        if not (node.drained and (node.reason or "").startswith("rigdeck:")):
+            return False
+        out = self._run(["scontrol", "update", f"NodeName={node.name}", "State=RESUME"])
+        if out.get("exit_code") != 0:
+            said = " ".join(str(out.get("stderr") or out.get("error") or "").split())
+            raise EngineError(f"{host}: Slurm did not resume node {node.name}: {said}")
+        return True
+
     def about(self, rec: Mapping[str, Any], live: bool) -> dict[str, Any] | None:
         slurm = dict(rec.get("slurm") or {})
         if not slurm.get("job_id"):

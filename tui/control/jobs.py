@@ -614,6 +614,35 @@ class JobManager:
             return self._slurm
         return OwnHosts(self)
 
+    def slurm_drain(self, host: str, gpu: int | None, reason: str) -> str | None:
+        """On a Slurm cluster, a drain of rigdeck's kept in Slurm too (its node drained, the
+        reason naming rigdeck, the host and GPU). What went wrong, or None (logged, never raised:
+        rigdeck's own drain holds all the same)."""
+        if self.ctl.inventory.slurm is None:
+            return None
+        try:
+            engine = self.engine()
+            assert isinstance(engine, SlurmEngine)
+            engine.drain(host, gpu, reason)
+        except (EngineError, TransportError) as e:
+            log.warning("drain of %s not kept in Slurm: %s", host, e)
+            return str(e)
+        return None
+
+    def slurm_resume(self, host: str) -> str | None:
+        """On a Slurm cluster, the host's node resumed in Slurm once rigdeck keeps no drain of it
+        (and only a drain rigdeck set). What went wrong, or None."""
+        if self.ctl.inventory.slurm is None or any(d["host"] == host for d in self.history.drains()):
+            return None
+        try:
+            engine = self.engine()
+            assert isinstance(engine, SlurmEngine)
+            engine.resume(host)
+        except (EngineError, TransportError) as e:
+            log.warning("%s not resumed in Slurm: %s", host, e)
+            return str(e)
+        return None
+
     def _begin_attempt(self, job_id: str, spec: JobSpec, placement: Placement, user: str | None,
                        extra: Mapping[str, Any]) -> int:
         """The job recorded (created, or its next attempt: a job that ran before, preempted or
@@ -992,6 +1021,7 @@ class JobManager:
         if fault.kind == "gpu" and fault.host is not None:
             # Kept out of placement until an operator undrains it, whatever the agent says next.
             self.history.drain(fault.host, fault.gpu, fault.message, "rigdeck", source="health")
+            self.slurm_drain(fault.host, fault.gpu, fault.message)
         if fault.kind == "hang" and live:
             got = self.ctl.agents(live).job_stacks(job_id=job_id, why=fault.message, timeout_s=5.0, timeout=20)
             summary, rows = stack_summary({h: v for h, v in got.items() if not isinstance(v, Exception)})
