@@ -607,7 +607,7 @@ class JobManager:
     def engine(self, rec: Mapping[str, Any] | None = None) -> Engine:
         """The engine of a new attempt (Slurm's where the inventory has ``[slurm]``), or of the
         job ``rec`` (the one that ran it)."""
-        slurm = bool(rec.get("slurm")) if rec is not None else self.ctl.inventory.slurm is not None
+        slurm = bool(rec.get("slurm")) if rec is not None else getattr(self.ctl.inventory, "slurm", None) is not None
         if slurm:
             if self._slurm is None:
                 self._slurm = SlurmEngine(self)
@@ -618,7 +618,7 @@ class JobManager:
         """On a Slurm cluster, a drain of rigdeck's kept in Slurm too (its node drained, the
         reason naming rigdeck, the host and GPU). What went wrong, or None (logged, never raised:
         rigdeck's own drain holds all the same)."""
-        if self.ctl.inventory.slurm is None:
+        if getattr(self.ctl.inventory, "slurm", None) is None:
             return None
         try:
             engine = self.engine()
@@ -632,7 +632,8 @@ class JobManager:
     def slurm_resume(self, host: str) -> str | None:
         """On a Slurm cluster, the host's node resumed in Slurm once rigdeck keeps no drain of it
         (and only a drain rigdeck set). What went wrong, or None."""
-        if self.ctl.inventory.slurm is None or any(d["host"] == host for d in self.history.drains()):
+        if getattr(self.ctl.inventory, "slurm", None) is None or any(
+                d["host"] == host for d in self.history.drains()):
             return None
         try:
             engine = self.engine()
