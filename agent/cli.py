@@ -119,6 +119,12 @@ def cmd_jobhost(args: argparse.Namespace) -> int:
     return jobhost.main(args.job_dir)
 
 
+def cmd_slurmhost(args: argparse.Namespace) -> int:
+    from agent import slurmstep
+
+    return slurmstep.host_main(args.jobs_root, args.job_id)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="agent.pyz", description="rigdeck host agent")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -149,6 +155,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("jobhost", help="supervise one job's ranks on this host (started by the daemon)")
     p.add_argument("--job-dir", required=True)
     p.set_defaults(func=cmd_jobhost)
+    p = sub.add_parser("slurmhost", help="one node's task of a job Slurm runs: its job host, once its plan is in")
+    p.add_argument("--jobs-root", required=True)
+    p.add_argument("--job-id", required=True)
+    p.set_defaults(func=cmd_slurmhost)
     args = parser.parse_args(argv)
     if getattr(args, "install", False) and not (args.expect_sha256 and args.state_dir):
         parser.error("--install needs --expect-sha256 and --state-dir")

@@ -157,6 +157,7 @@ class Daemon:
             "job_logs": self._m_job_logs,
             "job_metrics": self._m_job_metrics,
             "job_claim": self._m_job_claim,
+            "slurm_submit": self._m_slurm_submit,
             "job_release": self._m_job_release,
             "job_check": self._m_job_check,
             "job_gc": self._m_job_gc,
@@ -876,6 +877,23 @@ class Daemon:
 
         job_id, gpus = self._str(params, "job_id"), self._gpus(params)
         return self._in_jobs_thread(lambda: self.jobs.claim(job_id, gpus), "cannot claim: ", (JobError, OSError))
+
+    def _m_slurm_submit(self, client: _Client, params: Dict[str, Any]) -> Any:
+        """Submit a job to Slurm from here (agent/slurmstep.py): ``sbatch`` with the controller's
+        ``options`` (each ``--name=value`` of a known name) and the constant batch script, whose
+        step runs this agent's ``slurmhost`` for ``job_id`` on every node. Slurm's job id, or
+        Slurm's own words when it refuses."""
+        from agent import slurmstep
+        from agent.jobs import JobError
+
+        job_id = self._str(params, "job_id")
+        options = params.get("options")
+
+        def submit() -> Dict[str, Any]:
+            self.jobs.job_dir(job_id)  # a job id the job dirs take
+            command = self.jobs.zipapp_command or self.jobs.agent_command
+            return slurmstep.submit(self.paths.state_dir, self.jobs.root, command, job_id, options)
+        return self._in_jobs_thread(submit, "cannot submit: ", (JobError, slurmstep.SlurmStepError, OSError))
 
     def _m_job_release(self, client: _Client, params: Dict[str, Any]) -> Any:
         job_id = self._str(params, "job_id")

@@ -312,6 +312,8 @@ class Jobs:
                 raise JobError("plan lacks %r" % key)
         job_id = plan["job_id"]
         d = self.job_dir(job_id)
+        if plan.get("slurm"):
+            return self._start_in_slurm(d, plan)
         # every replica this host runs (a pool job may put several here): their GPUs, all or none
         gpus = sorted({int(g) for i in (plan.get("node_indices") or [plan["node_index"]])
                        for g in plan["nodes"][int(i)].get("gpus") or []})
@@ -345,6 +347,25 @@ class Jobs:
                 os.close(fd)
         self._children[job_id] = proc
         return {"job_dir": d, "jobhost_pid": proc.pid}
+
+    def _start_in_slurm(self, d: str, plan: Dict[str, Any]) -> Dict[str, Any]:
+        """A job Slurm runs: its job host is this host's task of the Slurm step (agent/slurmstep.py),
+        which waits for this plan; it starts nothing and claims no GPU here (Slurm allocated
+        them: agent/slurmnode.py counts them taken). The state goes first: the job host's own
+        states follow the plan and are never written over."""
+        job_id = plan["job_id"]
+        self._clear_previous(job_id)
+        os.makedirs(d, mode=0o755, exist_ok=True)
+        for f in glob.glob(os.path.join(d, "ranks", "*")):
+            os.unlink(f)
+        self._mark_attempt(d, int(plan.get("restart_count") or 0))
+        write_json(os.path.join(d, "state.json"), {
+            "job_id": job_id, "state": "starting", "host": plan["nodes"][plan["node_index"]]["host"],
+            "restart_count": plan.get("restart_count", 0), "started": time.time(), "ended": None,
+            "cause": None, "jobhost_pid": None, "slurm": plan["slurm"],
+        })
+        write_json(os.path.join(d, "plan.json"), plan)
+        return {"job_dir": d, "jobhost_pid": None, "slurm": plan["slurm"]}
 
     @staticmethod
     def _mark_attempt(d: str, restart_count: int) -> None:

@@ -5,12 +5,15 @@ On a started ``TestBed`` of N hosts, ``SlurmBed(bed).up()`` starts
 * one ``munged`` (its own key, socket, log and seed under ``<root>/slurm/munge``), which serves
   every host: a Unix socket path is reached from any network namespace; ``AuthInfo=socket=``
   in slurm.conf points every Slurm daemon and command at it;
-* ``slurmctld`` in h1's network and UTS namespaces, and one ``slurmd`` in each host's (node
-  name: the host's hostname, ``tb<K>-h<i>``). The daemons keep this machine's mount and PID
-  namespaces: inside a bed host's mount namespace ``/sys`` is the network namespace's sysfs,
-  without the cgroup mounts slurmd's cgroup plugin reads at start. So their spool, pid and log
-  paths carry ``%n`` (one file per node), and their processes (and the Slurm jobs they start)
-  are found by network namespace, as the bed's own teardown finds every process of a host;
+* ``slurmctld`` in h1's network and UTS namespaces, and one ``slurmd`` in each host's network,
+  UTS, mount and PID namespaces (node name: the host's hostname, ``tb<K>-h<i>``), as on a real
+  node: the processes of a Slurm job live beside the host's sshd and rigdeck agent, see its
+  ``~/.rigdeck`` and its processes (a job launched through Slurm is supervised by the host's
+  agent). A bed host's mount namespace comes from ``ip netns exec``, whose ``/sys`` is the
+  network namespace's sysfs without cgroup mounts, which slurmd reads at start: this machine's
+  cgroup mounts are made again there first (``_mount_cgroups``). Spool, pid and log paths carry
+  ``%n`` (one file per node); Slurm's processes are found by network namespace, as the bed's
+  own teardown finds every process of a host;
 * each host's simulated GPUs as GRES ``gpu``, backed by dummy character devices the bed creates
   (``<root>/slurm/dev/nvidia<i>``), so that Slurm sets ``CUDA_VISIBLE_DEVICES`` and
   ``SLURM_JOB_GPUS`` as on a real node. The GPUs are simulated (no driver is behind the files).
@@ -44,6 +47,7 @@ SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
 MUNGED = "/usr/sbin/munged"
 ETC_SLURM = "/etc/slurm"
+CGROUP_ROOT = "/sys/fs/cgroup"
 CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scontrol", "scancel")
 NODE_CPUS = 8  # what each node claims (config_overrides): jobs of a few tasks fit on 2 cores
 START_TIMEOUT = 30.0
@@ -108,7 +112,8 @@ class SlurmBed:
             ctld = self.bed.hosts[0]
             self._spawn(ctld, "slurmctld", [SLURMCTLD, "-D", "-i"])
             for h in self.bed.hosts:
-                self._spawn(h, f"slurmd-{h.hostname}", [SLURMD, "-D", "-N", h.hostname])
+                self._mount_cgroups(h)
+                self._spawn(h, f"slurmd-{h.hostname}", [SLURMD, "-D", "-N", h.hostname], whole=True)
             self.wait_idle(self.start_timeout)
         except BaseException:
             self.down()
@@ -214,6 +219,35 @@ class SlurmBed:
             if cp.returncode != 0:
                 raise TestBedError(f"mount of {ETC_SLURM} on {h.name}: {cp.stderr.strip()}")
 
+    @staticmethod
+    def _cgroup_mounts() -> list[tuple[str, str, str]]:
+        """This machine's cgroup mounts under /sys/fs/cgroup, in mount order: (mount point,
+        type, options), the tmpfs that holds v1 hierarchies first."""
+        out: list[tuple[str, str, str]] = []
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                point = left.split()[4]
+                fstype, _source, opts = (right.split() + ["", "", ""])[:3]
+                if point == CGROUP_ROOT or point.startswith(CGROUP_ROOT + "/"):
+                    if fstype in ("tmpfs", "cgroup", "cgroup2"):
+                        keep = [o for o in opts.split(",") if o not in ("rw", "ro") and not o.startswith("size=")
+                                and not o.startswith("nr_inodes=") and not o.startswith("inode")]
+                        out.append((point, fstype, ",".join(keep)))
+        return out
+
+    def _mount_cgroups(self, h: TestHost) -> None:
+        """This machine's cgroup mounts made again in host h's mount namespace (slurmd refuses
+        to start without them, and refuses a mix of v1 and v2 it does not expect)."""
+        for point, fstype, opts in self._cgroup_mounts():
+            argv = ["mount", "-t", fstype] + (["-o", opts] if opts else []) + [fstype, point]
+            cp = subprocess.run(["nsenter", "--target", str(h.init_pid), "--mount", "--", "sh", "-c",
+                                 'mountpoint -q "$1" && exit 0; mkdir -p "$1" && shift && exec "$@"',
+                                 "sh", point, *argv],
+                                capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
+            if cp.returncode != 0:
+                raise TestBedError(f"mount of {point} ({fstype}) on {h.name}: {cp.stderr.strip()}")
+
     def _env(self) -> dict[str, str]:
         return {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "SLURM_CONF": str(self.conf), "LANG": "C.UTF-8"}
 
@@ -224,11 +258,13 @@ class SlurmBed:
         self._procs.append(proc)
         return proc
 
-    def _spawn(self, h: TestHost, name: str, argv: Sequence[str]) -> None:
-        """A daemon in host h's network and UTS namespaces (this machine's mount and PID ones)."""
+    def _spawn(self, h: TestHost, name: str, argv: Sequence[str], whole: bool = False) -> None:
+        """A daemon in host h's network and UTS namespaces (``whole``: its mount and PID ones
+        too; else this machine's)."""
         if h.init_pid is None:
             raise TestBedError(f"host {h.name} is not running")
-        self._popen(["nsenter", "--target", str(h.init_pid), "--net", "--uts", "--", *argv],
+        spaces = ["--net", "--uts"] + (["--mount", "--pid"] if whole else [])
+        self._popen(["nsenter", "--target", str(h.init_pid), *spaces, "--", *argv],
                     self.dir / "log" / f"{name}.out")
 
     @staticmethod
@@ -357,7 +393,8 @@ def _is_slurm(pid: int) -> bool:
 
 def processes(bed: TestBed) -> list[str]:
     """``host: comm (pid)`` of every Slurm daemon, slurmstepd, munged or Slurm job's process in
-    the bed's hosts (found by network namespace: they are in this machine's PID namespace)."""
+    the bed's hosts (found by network namespace: slurmd and its jobs are in the hosts' PID
+    namespaces, slurmctld and munged in this machine's)."""
     return [f"{h.name}: {_comm(p)} ({p})" for h in bed.hosts for p in _netns_pids(h.netns) if _is_slurm(p)]
 
 

@@ -56,8 +56,10 @@ JOB: dict[str, Any] = {
     "code": (dict, NONE), "pipeline_id": (str, NONE), "step": (str, NONE),
     "pools": list, "pool_sizing": (dict, NONE), "processing": (dict, NONE),
     "incidents": list, "goodput": (dict, NONE), "links": list, "user": (str, NONE), "stopped_by": (str, NONE),
+    "slurm": (dict, NONE),
 }
-STATUS = {**JOB, "signals": list, "stages": (dict, NONE)}  # status --json: a job, its live signals, its stages
+# status --json: a job, its live signals, its stages, its newest checkpoint save
+STATUS = {**JOB, "signals": list, "stages": (dict, NONE), "checkpoint": (dict, NONE)}
 STAGES = {"optimize": str, "schedule": str, "microbatches": (int, NONE), "partitions": int, "blocks": (int, NONE),
           "cuts": list, "source": str, "activation_checkpointing": (bool, NONE), "expected_bubble": (float, int, NONE),
           "measured_bubble": (float, NONE), "equal_split": (dict, NONE), "stages": list}

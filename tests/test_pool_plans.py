@@ -30,6 +30,7 @@ def test_a_four_pool_job_gets_a_node_per_replica_with_its_own_port_command_and_e
     probed on each node's own host) but not started: running them is the agent's part, shown
     by its own tests. The hosts' GPUs are claimed once per host, for all its replicas."""
     from tui.control.controller import Controller
+    from tui.control.engines import OwnHosts
     from tui.control.history import History
     from tui.control.jobs import JobManager
     from tui.model.jobspec import load_jobspec
@@ -63,8 +64,9 @@ env = {{ PS = "1" }}
         jm = JobManager(ctl, History(cli.tmp / "history.sqlite"))
         placement = jm.scheduler.reserve("pools4-1", spec, jm.capacity(ctl.inventory.names))
         got = jm._plans("pools4-1", spec, placement, 0)
-        jm._preflight("pools4-1", placement)
-        jm._claim("pools4-1", placement)
+        own = OwnHosts(jm)
+        own._preflight("pools4-1", placement)
+        own._claim("pools4-1", placement)
         try:
             claims = {h: sorted(g["index"] for g in s["gpus"] if (g.get("claim") or {}).get("job_id") == "pools4-1")
                       for h, s in ctl.agents(["h1", "h2", "h3"]).sample(timeout=30).items()}

@@ -350,3 +350,38 @@ def test_a_login_without_slurm_is_named_before_anything_else(answers: dict[tuple
     checked = check_spec(ex, slurm_inventory(partition="gpu"))
     assert checked.errors == (error,)
     assert all(argv[0] == "scontrol" and "gpu" not in argv for _, argv in ex.calls)  # nothing more asked
+
+
+# -- a job rigdeck submits: sbatch's options, the allocation read back -----------------------------
+
+
+def test_job_detail_reads_state_nodes_and_gpus_of_a_recorded_job() -> None:
+    from tui.model.slurm import parse_job_detail
+
+    d = parse_job_detail(read("job-22.05.8-d.txt"))
+    assert (d.job_id, d.state, d.reason, d.nodes, dict(d.gpus), d.ended) == (
+        "2", "RUNNING", None, ("tb1-h2",), {"tb1-h2": (2, 3)}, False)
+
+
+def test_job_detail_of_a_pending_and_an_ended_job() -> None:
+    from tui.model.slurm import parse_job_detail
+
+    text = read("job-22.05.8-d.txt")
+    pending = text.replace("JobState=RUNNING Reason=None", "JobState=PENDING Reason=Resources").replace(
+        "NodeList=tb1-h2", "NodeList=(null)").replace("     Nodes=tb1-h2 CPU_IDs=1 Mem=0 GRES=gpu:2(IDX:2-3)\n", "")
+    d = parse_job_detail(pending)
+    assert (d.state, d.reason, d.nodes, dict(d.gpus)) == ("PENDING", "Resources", (), {})
+    assert parse_job_detail(text.replace("JobState=RUNNING", "JobState=CANCELLED")).ended
+    with pytest.raises(SlurmParseError, match="scontrol -d show job: expected a record starting with JobId="):
+        parse_job_detail("slurm_load_jobs error: Invalid job id specified\n")
+
+
+def test_sbatch_options_name_each_value_once_and_round_the_time_up() -> None:
+    from tui.model.slurm import sbatch_options, slurm_time
+
+    assert slurm_time(1) == "0-00:01:00" and slurm_time(3600) == "0-01:00:00" and slurm_time(90061) == "1-01:02:00"
+    assert sbatch_options("j-1", nodes=3, gpus_per_node=2, runtime_s=900, partition="bed", qos="hi") == [
+        "--nodes=3", "--ntasks-per-node=1", "--job-name=rigdeck:j-1", "--time=0-00:15:00", "--gres=gpu:2",
+        "--partition=bed", "--qos=hi"]
+    assert sbatch_options("j", nodes=1, gpus_per_node=None, runtime_s=61) == [
+        "--nodes=1", "--ntasks-per-node=1", "--job-name=rigdeck:j", "--time=0-00:02:00"]

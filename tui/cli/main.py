@@ -8,7 +8,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from tui.model.diagnose import Signal
 from tui.model.fields import Bad, listen_address, show
 from tui.model.inventory import Inventory, InventoryError
 from tui.model.jobstate import QUEUED, SUCCEEDED, TERMINAL, UNKNOWN
-from tui.model.jobtext import code_lines, job_lines
+from tui.model.jobtext import code_lines, job_lines, last_checkpoint
 from tui.model.jobview import JobView
 from tui.model.permissions import PermissionDenied
 from tui.model.stages import StagesView
@@ -388,8 +388,9 @@ def _status_records(client: Any, view: JobView) -> list[dict[str, Any]] | None:
     return client.metrics(view.job_id) if live else None
 
 
-def _print_job(v: JobView, signals: Sequence[Signal] = (), stages: StagesView | None = None) -> None:
-    for line in job_lines(v, signals, stages):
+def _print_job(v: JobView, signals: Sequence[Signal] = (), stages: StagesView | None = None,
+               checkpoint: Mapping[str, Any] | None = None) -> None:
+    for line in job_lines(v, signals, stages, checkpoint):
         print(line)
 
 
@@ -542,8 +543,8 @@ def _jobs(client: Any, args: argparse.Namespace) -> int:
 
 
 SLURM_QUEUE_NOTE = ("Slurm schedules this cluster: its queue, priorities and fair share are Slurm's. rigdeck's "
-                    "own queue schedules no Slurm job (and Slurm does not see it): it holds only launches "
-                    "made through rigdeck.")
+                    "launches here go to Slurm (sbatch, job name rigdeck:<job id>) and wait in its queue: "
+                    "rigdeck's own queue schedules no Slurm job and holds none of them.")
 
 
 def _slurm_queue(client: Any) -> tuple[list[Any], str | None]:
@@ -638,12 +639,16 @@ def _status(client: Any, args: argparse.Namespace) -> int:
     records = _status_records(client, view)
     signals = job_signals(client, view, records)
     stages = job_stages(client, view, records)
+    checkpoint = None
+    if (view.spec.get("checkpoint") or {}).get("dir") and view.state != QUEUED and not view.unreachable:
+        checkpoint = last_checkpoint(records if records is not None else client.metrics(view.job_id))
     if args.json:
         json.dump({**view.to_json(), "signals": [s.to_json() for s in signals],
-                   "stages": stages.to_json() if stages is not None else None}, sys.stdout, indent=2)
+                   "stages": stages.to_json() if stages is not None else None,
+                   "checkpoint": checkpoint}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
-        _print_job(view, signals, stages)
+        _print_job(view, signals, stages, checkpoint)
     return EXIT_HOST_FAILED if view.state == UNKNOWN else EXIT_OK
 
 

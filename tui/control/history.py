@@ -70,10 +70,11 @@ CREATE TABLE IF NOT EXISTS notified (
 """
 # Columns added after the first release, for history files made before them.
 ADDED_COLUMNS = (("supervisor", "TEXT"), ("lease_until", "REAL"), ("priority", "INTEGER"), ("waiting", "TEXT"),
-                 ("pool_sizing", "TEXT"), ("user", "TEXT"), ("preempted", "INTEGER"))  # user: the job's owner
+                 ("pool_sizing", "TEXT"), ("user", "TEXT"), ("preempted", "INTEGER"),  # user: the job's owner
+                 ("slurm", "TEXT"))  # slurm: the Slurm job that runs it (tui/control/engines.py)
 # (table, column, type) added to the other tables since they first shipped.
 ADDED_ELSEWHERE = (("drains", "now", "INTEGER NOT NULL DEFAULT 0"),)
-JSON_FIELDS = ("spec", "placement", "cause", "events", "pool_sizing")
+JSON_FIELDS = ("spec", "placement", "cause", "events", "pool_sizing", "slurm")
 # Characters that are wildcards somewhere (SQL LIKE, shell globs): a reference made only of them
 # is a mistake, never a job.
 WILDCARDS = frozenset("%_*?")

@@ -23,6 +23,7 @@ from agent.roles import program_source
 from runtime.checkpoint import RESUME_BEFORE_ENV  # the contract with the ranks' checkpointer
 from tui.control import pools
 from tui.control.controller import Controller
+from tui.control.engines import Engine, EngineError, OwnHosts, SlurmEngine
 from tui.control.healing import Fault, Healer, stack_summary, with_reruns
 from tui.control.history import History, JobRef, JobRefError
 from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
@@ -255,6 +256,7 @@ class JobManager:
         self._base: JobManager | None = None  # the manager this one is a person's view of
         self._owner: str | None = None  # whose jobs this view handles (None: the server's ctl)
         self._views: dict[str, JobManager] = {}
+        self._slurm: SlurmEngine | None = None  # made when a job goes through Slurm
 
     # -- whose account a job runs as ------------------------------------------------------------
 
@@ -569,19 +571,78 @@ class JobManager:
                 f"({', '.join(self.ctl.inventory.names)}), got unknown {', '.join(map(repr, unknown))}"
             )
         self.check_pins(spec)
-        candidates = list(spec.hosts) if spec.hosts else self.ctl.inventory.names
-        if capacity is None:  # a caller that has just read it (the queue) passes it on
-            capacity = self.capacity(candidates)
-        elif self._base is not None:  # a person's jobs go only where they have an account
+        if capacity is not None and self._base is not None:  # a person's jobs go only where they have an account
             capacity = [c for c in capacity if c.name in set(self.ctl.inventory.names)]
         job_id = job_id or new_job_id(spec.name)
-        placement = self.scheduler.reserve(job_id, spec, capacity)
+        engine = self.engine()
         try:
-            self._preflight(job_id, placement)
-            self._claim(job_id, placement)
+            placement = engine.place(job_id, spec, capacity=capacity)
+        except EngineError as e:
+            raise JobError(str(e)) from None
+        try:
+            attempt = self._begin_attempt(job_id, spec, placement, user, engine.record(job_id))
         except BaseException:
-            self.scheduler.release(job_id)
+            engine.release(job_id)
             raise
+        try:
+            engine.start(job_id, spec, placement, restart_count=attempt)
+        except EngineError as e:
+            raise JobError(str(e)) from None
+        if any(p.role == "reduction_server" for p in spec.pools):
+            self._size_pools(job_id, placement)
+        now = time.monotonic()
+        due = [h for h in placement.hosts if now - self._gc_at.get(h, -GC_EVERY_S) >= GC_EVERY_S]
+        if due:  # retention, applied where jobs start; a controller that starts many: once a minute a host
+            self._gc_at.update({h: now for h in due})
+            self.collect_garbage(due)
+        return self.view(job_id, live=look)
+
+    # -- the engines: where an attempt runs and who starts it (tui/control/engines.py) -------------
+
+    def engine(self, rec: Mapping[str, Any] | None = None) -> Engine:
+        """The engine of a new attempt (Slurm's where the inventory has ``[slurm]``), or of the
+        job ``rec`` (the one that ran it)."""
+        slurm = bool(rec.get("slurm")) if rec is not None else getattr(self.ctl.inventory, "slurm", None) is not None
+        if slurm:
+            if self._slurm is None:
+                self._slurm = SlurmEngine(self)
+            return self._slurm
+        return OwnHosts(self)
+
+    def slurm_drain(self, host: str, gpu: int | None, reason: str) -> str | None:
+        """On a Slurm cluster, a drain of rigdeck's kept in Slurm too (its node drained, the
+        reason naming rigdeck, the host and GPU). What went wrong, or None (logged, never raised:
+        rigdeck's own drain holds all the same)."""
+        if getattr(self.ctl.inventory, "slurm", None) is None:
+            return None
+        try:
+            engine = self.engine()
+            assert isinstance(engine, SlurmEngine)
+            engine.drain(host, gpu, reason)
+        except (EngineError, TransportError) as e:
+            log.warning("drain of %s not kept in Slurm: %s", host, e)
+            return str(e)
+        return None
+
+    def slurm_resume(self, host: str) -> str | None:
+        """On a Slurm cluster, the host's node resumed in Slurm once rigdeck keeps no drain of it
+        (and only a drain rigdeck set). What went wrong, or None."""
+        if getattr(self.ctl.inventory, "slurm", None) is None or any(
+                d["host"] == host for d in self.history.drains()):
+            return None
+        try:
+            engine = self.engine()
+            assert isinstance(engine, SlurmEngine)
+            engine.resume(host)
+        except (EngineError, TransportError) as e:
+            log.warning("%s not resumed in Slurm: %s", host, e)
+            return str(e)
+        return None
+
+    def _begin_attempt(self, job_id: str, spec: JobSpec, placement: Placement, user: str | None,
+                       extra: Mapping[str, Any]) -> int:
+        """The job recorded (created, or its next attempt: a job that ran before, preempted or
+        back from the queue, resumes from its newest checkpoint) with the placement; its attempt."""
         rec = self.history.get(job_id)
         attempt = 0
         if rec is None:
@@ -594,20 +655,9 @@ class JobManager:
         owner = {"user": user} if rec is not None and user else {}
         # The attempt is recorded with the placement: a look before the start reaches the hosts
         # knows their answers of the attempt before are not this one's (this_attempt).
-        self.history.update(job_id, state=PENDING, placement=placement.to_plan_nodes(), restarts=attempt, **owner)
-        try:
-            self._start(job_id, spec, placement, restart_count=attempt)
-        except BaseException:
-            self.scheduler.release(job_id)
-            raise
-        if any(p.role == "reduction_server" for p in spec.pools):
-            self._size_pools(job_id, placement)
-        now = time.monotonic()
-        due = [h for h in placement.hosts if now - self._gc_at.get(h, -GC_EVERY_S) >= GC_EVERY_S]
-        if due:  # retention, applied where jobs start; a controller that starts many: once a minute a host
-            self._gc_at.update({h: now for h in due})
-            self.collect_garbage(due)
-        return self.view(job_id, live=look)
+        self.history.update(job_id, state=PENDING, placement=placement.to_plan_nodes(), restarts=attempt,
+                            **owner, **extra)
+        return attempt
 
     def check_pins(self, spec: JobSpec) -> None:
         """A pool's ``hosts`` and ``labels`` the inventory cannot meet: JobError, before
@@ -637,55 +687,8 @@ class JobManager:
         if result is not None:
             self.history.update(job_id, pool_sizing=result)
 
-    @staticmethod
-    def _gpus_by_host(placement: Placement) -> dict[str, list[int]]:
-        """Every GPU the job holds on each host (a pool job's replicas on one host together)."""
-        gpus: dict[str, list[int]] = {h: [] for h in placement.hosts}
-        for n in placement.nodes:
-            gpus[n.host] += [g for g in n.gpus if g not in gpus[n.host]]
-        return gpus
-
-    def _preflight(self, job_id: str, placement: Placement) -> None:
-        """Before anything starts: every host has room for the job's files and its GPUs free."""
-        hosts = list(placement.hosts)
-        gpus = self._gpus_by_host(placement)
-        from concurrent.futures import ThreadPoolExecutor
-
-        def one(h: str) -> Any:
-            try:
-                return self.ctl.agent(h).job_check(job_id=job_id, gpus=gpus[h],
-                                                   min_free_mb=self.ctl.inventory.min_free_mb, timeout=30)
-            except TransportError as e:
-                return e
-
-        with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
-            results = dict(zip(hosts, pool.map(one, hosts), strict=True))
-        problems = []
-        for h, r in results.items():
-            if isinstance(r, Exception):
-                problems.append(f"{h}: {r}")
-            else:
-                problems += [f"{h}: {p}" for p in r.problems]
-        if problems:
-            raise JobError("job not started (nothing was started): " + "; ".join(problems))
-
-    def _claim(self, job_id: str, placement: Placement) -> None:
-        """Claim the job's GPUs on every host, one host after another in name order: of two
-        controllers racing for the same GPUs, the one that claims the first contested host wins
-        them all, and the other gives back what it claimed. All hosts or none."""
-        claimed: list[str] = []
-        host = ""
-        try:
-            for host, gpus in sorted(self._gpus_by_host(placement).items()):
-                if not gpus:
-                    continue
-                self.ctl.agent(host).job_claim(job_id=job_id, gpus=gpus, timeout=30)
-                claimed.append(host)
-        except TransportError as e:
-            self.ctl.agents(claimed).job_release(job_id=job_id, timeout=30)
-            raise JobError(f"job not started (nothing was started): {host}: {e}") from None
-
-    def _start(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> None:
+    def _start(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int,
+               plan_extra: Mapping[str, Any] | None = None) -> None:
         """Start the job on every host of ``placement``, or on none: whatever goes wrong (a host,
         the network, a bug, Ctrl-C) stops what started, gives back every claim and records the
         job as failed with why. A job is never left ``starting``."""
@@ -700,6 +703,8 @@ class JobManager:
                 raise JobError(f"could not prepare the launch: {e}") from None
             for h, path in workdirs.items():
                 plans[h]["workdir"] = path
+            for plan in plans.values():
+                plan.update(plan_extra or {})
             if spec.kind == "processing" and spec.processing is not None:
                 for h, processing in self._processing(job_id, spec, placement, workdirs).items():
                     plans[h]["processing"] = processing
@@ -893,6 +898,10 @@ class JobManager:
         self.history.add_event(job_id, {"event": "stop requested", "grace_s": grace, "by": by})
         hosts = list(dict.fromkeys(n["host"] for n in rec.get("placement") or []))
         self.ctl_for(rec.get("user")).agents(hosts).job_stop(job_id=job_id, grace_s=grace, timeout=20)
+        try:
+            self.engine(rec).stop(rec)  # Slurm's job cancelled (scancel): its step ends with the hosts'
+        except EngineError as e:
+            self.history.add_event(job_id, {"event": "engine stop failed", "error": str(e)})
         if not wait:
             # The hosts are stopping it: it stays "stopping" (its GPUs held) until supervision
             # sees them done, and records "stopped" then.
@@ -961,6 +970,8 @@ class JobManager:
             return view.supervise_once(rec)
         job_id = rec["job_id"]
         states = this_attempt(rec, self.host_states(rec))
+        if rec.get("slurm") and rec["state"] not in TERMINAL:
+            states = self.engine(rec).checked(rec, states)
         overall = overall_state(states)
         # What leaves every process alive and the job going nowhere (tui/control/healing.py).
         fault = self.healer.look(rec, states) if rec["state"] == RUNNING and overall in (
@@ -1006,6 +1017,7 @@ class JobManager:
         if fault.kind == "gpu" and fault.host is not None:
             # Kept out of placement until an operator undrains it, whatever the agent says next.
             self.history.drain(fault.host, fault.gpu, fault.message, "rigdeck", source="health")
+            self.slurm_drain(fault.host, fault.gpu, fault.message)
         if fault.kind == "hang" and live:
             # A job host that judged the hang took its ranks' stacks then; the others are asked now.
             taken: dict[str, Any] = dict(fault.stacks or {})
@@ -1067,6 +1079,7 @@ class JobManager:
             self.history.update(job_id, state=overall, ended=time.time(), **extra)
             self.history.add_event(job_id, {"event": overall, **extra})
             self.scheduler.release(job_id)
+            self._finish(rec)
         elif overall != rec["state"] and rec["state"] != STOPPING:
             self.history.update(job_id, state=overall)
         return states
@@ -1100,13 +1113,16 @@ class JobManager:
                 # A checkpoint saved after the loss went bad holds bad weights: resume from one before.
                 spec = dataclasses.replace(spec, env=tuple(spec.env) + (
                     (RESUME_BEFORE_ENV, str(int(cause["last_step"]))),))
-            capacity = self.capacity(candidates, skip=job_id)
+            engine = self.engine(rec)
             try:
-                placement = self.scheduler.reserve(job_id, spec, capacity, exclude_hosts=dead)
-                self._claim(job_id, placement)
-                self._start(job_id, spec, placement, restart_count=restarts + 1)
-            except (PlacementError, JobError) as e:
-                self.scheduler.release(job_id)
+                capacity = None if engine.name == "slurm" else self.capacity(candidates, skip=job_id)
+                placement = engine.place(job_id, spec, capacity=capacity, exclude=dead)
+                extra = engine.record(job_id)
+                if extra:
+                    self.history.update(job_id, **extra)
+                engine.start(job_id, spec, placement, restart_count=restarts + 1)
+            except (PlacementError, JobError, EngineError) as e:
+                engine.release(job_id)
                 self.history.update(job_id, state=FAILED, ended=time.time(),
                                     cause={**cause, "restart_error": str(e)})
             return states
@@ -1116,7 +1132,15 @@ class JobManager:
         self.history.update(job_id, state=FAILED, ended=time.time(), cause=cause)
         self.history.add_event(job_id, {"event": "failed", "cause": cause})
         self.scheduler.release(job_id)
+        self._finish(rec)
         return states
+
+    def _finish(self, rec: Mapping[str, Any]) -> None:
+        """The engine that ran an ended job keeps its own word on the end (Slurm's state)."""
+        try:
+            self.engine(rec).finish(self.record(rec["job_id"]))
+        except (EngineError, TransportError) as e:
+            log.warning("%s: its engine's end not recorded: %s", rec["job_id"], e)
 
     def _wait_terminal(self, rec: dict[str, Any], timeout: float, skip: Sequence[str] = ()) -> None:
         """Until every host of the job but ``skip`` (out of reach) says it ended, or ``timeout``."""
@@ -1165,6 +1189,13 @@ class JobManager:
                 state = "unknown"
         else:
             hosts = self.host_states(rec)
+        if rec.get("slurm"):  # Slurm's word on its job now (recorded when it changed)
+            try:
+                about = self.engine(rec).about(rec, live=True)
+            except EngineError:
+                about = None
+            if about is not None:
+                rec = {**rec, "slurm": about}
         step, loss = last_loss(hosts)
         incidents, gp = self.health(rec)
         return job_view(rec, hosts, state=state, unreachable=missing, progress=Progress(step=step, loss=loss),

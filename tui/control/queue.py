@@ -144,6 +144,10 @@ class JobQueue:
         for a bad host name or a failed start. ``user``: who owns it (default: this account)."""
         job_id = job_id or new_job_id(spec.name)
         user = user if user is not None else local_user()
+        if getattr(self.jm.ctl.inventory, "slurm", None) is not None:
+            # A Slurm cluster: Slurm's queue, priorities and fair share decide when it runs
+            # (tui/control/engines.py); rigdeck's own queue holds none of its jobs.
+            return self.jm.launch(spec, job_id=job_id, look=look, user=user)
         self.jm.check_pins(spec)  # a pool pinned to hosts or labels the inventory lacks: never fits
         spec = self.jm.snapshot_code(spec)  # [code] sync: the files as they are now
         line = self.line()

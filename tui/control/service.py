@@ -334,6 +334,7 @@ class ControllerService:
         parsed = [parse_target(t, self.ctl.inventory.names) for t in targets]
         for host, gpu in parsed:
             m.history.drain(host, gpu, reason, who or _user(), source="operator", now=now)
+            m.slurm_drain(host, gpu, reason)  # on a Slurm cluster, Slurm's node drained too
         m.healer.drains_read = 0.0  # read again at the next look
         if now:
             hit = {h for h, _ in parsed}
@@ -354,6 +355,7 @@ class ControllerService:
                 self.ctl.agent(host).gpu_health_clear(gpus=None if gpu is None else [gpu], timeout=20)
             except Exception as e:  # an unreachable host forgets nothing: its next sample decides
                 log.warning("%s: could not clear its remembered GPU faults: %s", host, e)
+            m.slurm_resume(host)  # on a Slurm cluster: its node resumed once rigdeck drains none of it
         m.healer.drains_read = 0.0
         return [Drain.from_dict(d).to_dict() for d in removed]
 

@@ -517,6 +517,10 @@ _SLURM_FIELDS: dict[str, Check] = {
 }
 
 
+# What a job spec's own [slurm] table may say (tui/model/jobspec.py): sbatch's choices, not the login.
+SLURM_JOB_FIELDS: dict[str, Check] = {k: v for k, v in _SLURM_FIELDS.items() if k != "login"}
+
+
 def slurm_spec(raw: Any, path: Path | None) -> SlurmSpec:
     """The checked ``[slurm]`` table."""
     if not isinstance(raw, dict):

@@ -37,6 +37,7 @@ from tui.model.fields import (
 )
 from tui.model.health import HealthSpec
 from tui.model.inventory import NAME_RE as HOST_NAME_RE
+from tui.model.inventory import SLURM_JOB_FIELDS
 from tui.model.mpspec import ModelParallelSpec, parse_model_parallel
 from tui.model.poolspec import (
     KINDS,
@@ -235,6 +236,9 @@ class JobSpec:
     kind: str = "training"
     pools: tuple[PoolSpec, ...] = ()
     processing: ProcessingSpec | None = None
+    # ``[slurm]``: on a Slurm cluster, sbatch's partition, account, qos, constraint for this job
+    # (over the inventory's [slurm]); (name, value) pairs.
+    slurm: tuple[tuple[str, str], ...] = ()
     path: Path | None = None
     # ``env_from_file``: a file of NAME=value lines on the workstation (absolute). Its values are
     # read again at every start (``read_env_file``), sent to the hosts for the ranks only, and
@@ -323,6 +327,7 @@ class JobSpec:
             "kind": self.kind,
             "pools": [p.to_dict() for p in self.pools],
             "processing": self.processing.to_dict() if self.processing is not None else None,
+            "slurm": dict(self.slurm),
             "path": str(self.path) if self.path is not None else None,
             # Only when set: the wire and the history of a spec without one stay as they were.
             **({"env_from_file": self.env_from_file, "env_file_names": list(self.env_file_names)}
@@ -382,6 +387,7 @@ class JobSpec:
             mpi_custom_options=tuple(mpi.get("custom_options") or ()),
             loss_pattern=d.get("loss_pattern"),
             log_max_mb=d.get("log_max_mb"),
+            slurm=tuple((d.get("slurm") or {}).items()),
             total_steps=d.get("total_steps"),
             channels=tuple((d.get("channels") or {}).items()),
             sweep=SweepSpec.from_dict(d["sweep"]) if d.get("sweep") else None,
@@ -753,6 +759,7 @@ _TABLES: dict[str, dict[str, Check]] = {
     "log": {"loss_pattern": Check(_LOSS_EXPECTED, _loss_pattern),
             "max_mb": Check("an integer of MB, 2..1048576 (each rank's log on its host; older output "
                              "is rotated out beyond it)", int_range(2, 1 << 20))},
+    "slurm": SLURM_JOB_FIELDS,
     "scaling": {
         "reference_world_size": Check("an integer >= 1 (the world size base_lr was tuned at)",
                                       int_range(1)),
@@ -859,6 +866,7 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
         mpi_custom_options=tables["mpi"].get("custom_options", ()),
         loss_pattern=tables["log"].get("loss_pattern"),
         log_max_mb=tables["log"].get("max_mb"),
+        slurm=tuple(tables["slurm"].items()),
         total_steps=values.get("total_steps"),
         channels=values.get("channels", ()),
         code=code,
@@ -893,7 +901,7 @@ _WIRE_TOP = {"name": "name", "command": "command", "launcher": "launcher", "kind
              "max_runtime_s": "max_runtime", "grace_s": "grace", "total_steps": "total_steps",
              "priority": "priority", "preemptible": "preemptible", "env": "env",
              "hyperparameters": "hyperparameters", "channels": "channels"}
-_WIRE_TABLES = ("checkpoint", "restart", "health", "mpi", "scaling")
+_WIRE_TABLES = ("checkpoint", "restart", "health", "mpi", "scaling", "slurm")
 _WIRE_OWN = ("sweep", "model_parallel", "pools", "processing", "code", "workdir", "path", "loss_pattern",
              "log_max_mb", "env_from_file", "env_file_names")
 HEX64_RE = re.compile(r"[0-9a-f]{64}")

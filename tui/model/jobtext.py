@@ -106,7 +106,32 @@ def link_lines(v: JobView) -> list[str]:
             for link in v.links]
 
 
-def job_lines(v: JobView, signals: Sequence[Signal] = (), stages: StagesView | None = None) -> list[str]:
+def slurm_line(slurm: Mapping[str, Any]) -> str:
+    """``slurm    job 12 RUNNING (submitted on h1)``: the Slurm job that runs a rigdeck job."""
+    state = terminal_safe(str(slurm.get("state") or "?"))
+    if slurm.get("gone"):  # ended past Slurm's MinJobAge: Slurm says no more how
+        state = f"(last seen {state}; Slurm lists it no more)"
+    why = f" ({terminal_safe(str(slurm['reason']))})" if slurm.get("reason") else ""
+    login = f" (submitted on {terminal_safe(str(slurm['login']))})" if slurm.get("login") else ""
+    return f"slurm    job {terminal_safe(str(slurm.get('job_id')))} {state}{why}{login}"
+
+
+def last_checkpoint(records: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The newest completed checkpoint save among a job's metrics records (its owner, step), or None."""
+    done = [r for r in records if r.get("event") == "checkpoint" and r.get("status") == "done"
+            and isinstance(r.get("step"), int)]
+    return max(done, key=lambda r: (r["step"], r.get("time") or 0.0)) if done else None
+
+
+def checkpoint_line(save: Mapping[str, Any]) -> str:
+    """``checkpoint owner h1 rank 0, step 20 saved``: who saved the newest checkpoint."""
+    owner = save.get("owner") or {}
+    return (f"checkpoint owner {terminal_safe(str(owner.get('host') or save.get('host') or '?'))} rank "
+            f"{terminal_safe(str(owner.get('rank', save.get('rank'))))}, step {save.get('step')} saved")
+
+
+def job_lines(v: JobView, signals: Sequence[Signal] = (), stages: StagesView | None = None,
+              checkpoint: Mapping[str, Any] | None = None) -> list[str]:
     """The job: head, placement, code, progress, health, tracker links, signals, then its kind's panels (stages, pools,
     processing), its failure's cause with the last lines the rank wrote, and its ranks."""
     lines = [f"job      {v.job_id} ({v.name})"]
@@ -115,9 +140,13 @@ def job_lines(v: JobView, signals: Sequence[Signal] = (), stages: StagesView | N
     lines += [f"state    {v.state_line}" + (f" after {v.restarts} restart(s)" if v.restarts else "")
               + (f", stopped by {terminal_safe(v.stopped_by)}" if v.stopped_by else ""),
               f"placement {_placement_line(v)}"]
+    if v.slurm:  # run through Slurm: its job beside rigdeck's
+        lines.append(slurm_line(v.slurm))
     lines += code_lines(v.spec.get("code"), v.events)
     if v.last_step is not None or v.last_loss is not None:
         lines.append(f"progress step {v.last_step} loss {v.last_loss}")
+    if checkpoint is not None:
+        lines.append(checkpoint_line(checkpoint))
     lines += health_lines(v)
     lines += link_lines(v)
     lines += signal_lines(signals)

@@ -277,6 +277,8 @@ class JobView:
     # Links to experiment trackers its ranks printed (tui.model.trackerlinks), the first printed first.
     links: tuple[TrackerLink, ...] = ()
     user: str | None = None  # its owner: who submitted it (None: recorded before owners were)
+    # Run through Slurm (tui/control/engines.py): Slurm's job id, its state as last read, the login host.
+    slurm: dict[str, Any] | None = None
 
     @property
     def stopped_by(self) -> str | None:
@@ -335,6 +337,7 @@ class JobView:
             "incidents": [i.to_dict() for i in self.incidents],
             "goodput": self.goodput.to_dict() if self.goodput is not None else None,
             "links": links_json(self.links), "user": self.user, "stopped_by": self.stopped_by,
+            "slurm": self.slurm,
         }
 
     @classmethod
@@ -356,7 +359,7 @@ class JobView:
             incidents=tuple(Incident.from_dict(i) for i in d.get("incidents") or ()),
             goodput=Goodput(float(g.get("useful_s") or 0.0), float(g.get("wall_s") or 0.0), int(g.get("steps") or 0))
             if (g := d.get("goodput")) else None,
-            links=links_from_json(d.get("links")), user=d.get("user"),
+            links=links_from_json(d.get("links")), user=d.get("user"), slurm=d.get("slurm"),
         )
 
 
@@ -417,6 +420,7 @@ def job_view(
         goodput=goodput,
         links=tracker_links(states) if panels else (),
         user=rec.get("user"),
+        slurm=dict(rec["slurm"]) if rec.get("slurm") else None,
     )
 
 

@@ -527,3 +527,80 @@ def check_spec(exec_: Exec, inventory: Any) -> SpecCheck:
             errors.append(f"{where} {field} {value!r}: Slurm's accounting database has no such {field} "
                           f"(sacctmgr show {entity} {value} lists none)")
     return SpecCheck(tuple(errors), tuple(notes))
+
+
+# --------------------------------------------------------------------------------------------
+# a job rigdeck submits (tui/control/engines.py): what sbatch is asked for, what Slurm allocated
+
+# Slurm's job states after which it runs nothing more (squeue and scontrol's words).
+ENDED_STATES = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL",
+                "OUT_OF_MEMORY", "PREEMPTED", "TIMEOUT", "SPECIAL_EXIT", "REVOKED")
+
+
+def job_name(job_id: str) -> str:
+    """The Slurm job name of a rigdeck job (squeue's NAME column)."""
+    return f"rigdeck:{job_id}"
+
+
+def slurm_time(seconds: float) -> str:
+    """``--time`` for a limit of ``seconds`` (rounded up to whole minutes): ``D-HH:MM:00``."""
+    minutes = max(1, -(-int(seconds) // 60))
+    days, rest = divmod(minutes, 24 * 60)
+    return f"{days}-{rest // 60:02d}:{rest % 60:02d}:00"
+
+
+def sbatch_options(job_id: str, *, nodes: int, gpus_per_node: int | None, runtime_s: float,
+                   partition: str | None = None, account: str | None = None, qos: str | None = None,
+                   constraint: str | None = None) -> list[str]:
+    """sbatch's options for a rigdeck job: ``nodes`` nodes, one task each (its job host), GPUs per
+    node as ``--gres=gpu:N``, a time limit of ``runtime_s`` (the job's max_runtime and its stop's
+    grace: rigdeck's own limit comes first), the partition, account, QOS and constraint given.
+    Each is one ``--name=value`` argument:
+    no value is read by a shell (agent/slurmstep.py checks the names)."""
+    opts = [f"--nodes={int(nodes)}", "--ntasks-per-node=1", f"--job-name={job_name(job_id)}",
+            f"--time={slurm_time(runtime_s)}"]
+    if gpus_per_node:
+        opts.append(f"--gres=gpu:{int(gpus_per_node)}")
+    for name, value in (("partition", partition), ("account", account), ("qos", qos),
+                        ("constraint", constraint)):
+        if value:
+            opts.append(f"--{name}={value}")
+    return opts
+
+
+@dataclass(frozen=True)
+class SlurmJobDetail:
+    """One job as ``scontrol -d show job <id>`` tells it: its state, why it waits, and (once it
+    runs) its nodes in Slurm's order with the GPU indices it holds on each."""
+
+    job_id: str
+    state: str  # "PENDING", "RUNNING", "CANCELLED", ...
+    reason: str | None
+    nodes: tuple[str, ...]
+    gpus: Mapping[str, tuple[int, ...]]  # node -> GPU indices (none asked: absent)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ENDED_STATES
+
+
+def parse_job_detail(text: str, command: str = "scontrol -d show job") -> SlurmJobDetail:
+    try:
+        recs = slurmtext.records(text, "JobId")
+    except SlurmTextError as e:
+        raise SlurmParseError(f"{command}: {e}") from None
+    if not recs:
+        raise SlurmParseError(f"{command}: expected a JobId= record, got {text[:80]!r}")
+    r = recs[0]
+    state = (r.get("JobState") or "").split()[0].upper() if r.get("JobState") else ""
+    if not state:
+        raise SlurmParseError(f"{command}: the job has no JobState=")
+    try:
+        nodes = tuple(slurmtext.hostlist(r["NodeList"])) if _none(r.get("NodeList")) else ()
+        gpus = {n: tuple(g) for n, g in slurmtext.job_node_gpus(text).items()}
+    except SlurmTextError as e:
+        raise SlurmParseError(f"{command}: {e}") from None
+    # Reason runs to the end of its line in scontrol's free-text rule: the keys after it go
+    reason = _none(re.split(r"\s+[A-Za-z][A-Za-z0-9_:]*=", r.get("Reason") or "")[0])
+    return SlurmJobDetail(job_id=r["JobId"].strip(), state=state, reason=None if reason == "None" else reason,
+                          nodes=nodes, gpus=gpus)

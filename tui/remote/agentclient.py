@@ -458,6 +458,13 @@ class AgentClient:
         got = _dict(self._call("job_claim", **_kw(timeout), job_id=job_id, gpus=list(gpus)))
         return [int(g) for g in got.get("claimed") or ()]
 
+    def slurm_submit(self, *, job_id: str, options: Sequence[str], timeout: float | None = None) -> dict[str, Any]:
+        """Submit ``job_id`` to Slurm from this (the login) host: ``sbatch`` with ``options``
+        (``--name=value`` each) and rigdeck's batch script, whose step starts this agent's job
+        host for it on every node. ``slurm_job_id`` (None when Slurm refused), ``exit_code``,
+        ``stdout``, ``stderr`` (Slurm's own words), ``argv``."""
+        return _dict(self._call("slurm_submit", **_kw(timeout), job_id=job_id, options=list(options)))
+
     def job_release(self, *, job_id: str, timeout: float | None = None) -> bool:
         """Give back a claim made for a start that will not come; True when there was one."""
         return bool(_dict(self._call("job_release", **_kw(timeout), job_id=job_id)).get("released"))

@@ -1,0 +1,281 @@
+"""rigdeck launching through Slurm (tui/control/engines.py's SlurmEngine) on a real Slurm on the
+test bed (tests/slurmbed.py): sbatch places the job, srun starts rigdeck's job host on every
+node of the allocation, and everything rigdeck does goes on as on its own placement. One Slurm
+bed for the file (the ``slurm`` fixture); the GPUs are simulated (Slurm's GRES on dummy device
+files), the ranks train on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from tests._require import has_module, require
+from tests.kit import ROOT
+from tests.kit.bedcli import Cli, running_ranks
+from tests.slurmbed import SlurmBed
+
+EXAMPLES = ROOT / "examples"
+PROBE = ROOT / "tests" / "jobscripts" / "slurm_probe.py"
+TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
+
+
+# -- the seam, without a bed -------------------------------------------------------------------
+
+
+def test_a_launch_goes_to_slurm_where_the_inventory_has_slurm_and_a_job_to_the_engine_that_ran_it(
+        tmp_path: Path) -> None:
+    from tui.control.engines import OwnHosts, SlurmEngine
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+    from tui.model.inventory import HostSpec, Inventory, SlurmSpec
+
+    hosts = (HostSpec(name="h1", address="10.0.0.1"),)
+    where = {"path": tmp_path / "hosts.toml", "known_hosts": tmp_path / "known_hosts"}
+    plain = JobManager(SimpleNamespace(inventory=Inventory(hosts=hosts, **where)), History(tmp_path / "a.sqlite"))
+    on_slurm = JobManager(SimpleNamespace(inventory=Inventory(hosts=hosts, slurm=SlurmSpec(partition="bed"), **where)),
+                          History(tmp_path / "b.sqlite"))
+    assert isinstance(plain.engine(), OwnHosts) and isinstance(on_slurm.engine(), SlurmEngine)
+    # a job is stopped, restarted and read by the engine that ran it, whatever the inventory says now
+    assert isinstance(plain.engine({"slurm": {"job_id": "7"}}), SlurmEngine)
+    assert isinstance(on_slurm.engine({"slurm": None}), OwnHosts)
+
+
+def test_sbatch_is_asked_for_the_specs_shape_with_its_slurm_table_over_the_inventorys(tmp_path: Path) -> None:
+    from tui.control.engines import SlurmEngine
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+    from tui.model.inventory import HostSpec, Inventory, SlurmSpec
+    from tui.model.jobspec import jobspec_from_toml
+
+    inv = Inventory(hosts=(HostSpec(name="h1", address="10.0.0.1"),), path=tmp_path / "hosts.toml",
+                    known_hosts=tmp_path / "known_hosts",
+                    slurm=SlurmSpec(partition="bed", account="proj", qos="normal"))
+    jm = JobManager(SimpleNamespace(inventory=inv), History(tmp_path / "h.sqlite"))
+    spec = jobspec_from_toml('''name = "t"
+command = ["true"]
+workdir = "/"
+nodes = 3
+gpus_per_node = 2
+max_runtime = "15m"
+grace = 30
+[slurm]
+partition = "gpu"
+constraint = "a100&ib"
+''')
+    assert SlurmEngine(jm).options("t-1", spec) == [
+        "--nodes=3", "--ntasks-per-node=1", "--job-name=rigdeck:t-1", "--time=0-00:17:00", "--gres=gpu:2",
+        "--partition=gpu", "--account=proj", "--qos=normal", "--constraint=a100&ib"]
+
+
+# -- through a real Slurm ------------------------------------------------------------------------
+
+
+def slurm_cli(slurm: SlurmBed, tmp_path: Path, **kw: Any) -> Cli:
+    cli = Cli(slurm.bed, tmp_path, **kw)
+    cli.inventory.write_text(cli.inventory.read_text() + '\n[slurm]\nlogin = "h1"\npartition = "bed"\n')
+    return cli
+
+
+def squeue(slurm: SlurmBed) -> dict[str, tuple[str, str, str]]:
+    """Slurm job id -> (name, state, nodes)."""
+    out = slurm.run(["squeue", "--noheader", "--format=%i|%j|%T|%N"], check=False).stdout
+    return {p[0]: (p[1], p[2], p[3]) for p in (line.split("|") for line in out.splitlines() if line.strip())}
+
+
+def job_processes(slurm: SlurmBed, job_id: str, slurm_job: str) -> list[str]:
+    """Every process on the bed's hosts of the rigdeck job (its tag) or its Slurm job (Slurm's
+    environment, or a slurmstepd of the job)."""
+    from tests.testbed import _netns_pids
+
+    found = []
+    for h in slurm.bed.hosts:
+        for pid in _netns_pids(h.netns):
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if (f"SLURM_JOB_ID={slurm_job}".encode() in env or f"RIGDECK_JOB_ID={job_id}".encode() in env
+                    or (cmd.startswith("slurmstepd") and f"[{slurm_job}." in cmd)):
+                found.append(f"{h.name}: {pid} {cmd[:100]}")
+    return found
+
+
+def sagemaker_reads(seen: dict[str, Any]) -> dict[str, Any]:
+    """What the sagemaker-training toolkit's Environment reads from a rank's SageMaker tree and
+    SM_* (in a fresh interpreter, given only those)."""
+    require(has_module("sagemaker_training"), "the sagemaker-training toolkit is not installed "
+            "(pip install -e '.[test]' brings it)")
+    code = ("import json\nfrom sagemaker_training import environment\ne = environment.Environment()\n"
+            "print(json.dumps({'current_host': e.current_host, 'hosts': e.hosts, 'master': e.master_hostname}))\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SM_")}
+    env.update(seen["SM"], SAGEMAKER_BASE_DIR=seen["SAGEMAKER_BASE_DIR"])
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return dict(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+@pytest.mark.testbed
+def test_ddp_example_through_slurm_with_cluster_files_from_the_allocation(slurm: SlurmBed, tmp_path: Path) -> None:
+    """The ddp example through sbatch/srun on 3 nodes, 2 GPUs each: Slurm runs it (squeue shows
+    it while it runs), the ranks see Slurm's GPUs and cluster files made of Slurm's allocation,
+    and rigdeck's status shows its loss, steps, checkpoint owner and Slurm's job."""
+    cli = slurm_cli(slurm, tmp_path, timeout=300)
+    seen_dir = tmp_path / "seen"
+    seen_dir.mkdir()
+    ckpt = tmp_path / "ckpt"
+    spec = cli.spec("ddp-slurm", f'''
+command = ["{{python}}", "{PROBE}", "{seen_dir}", "--", "{{python}}", "train.py", "--steps", "30",
+           "--checkpoint-every", "10", "--seed", "0"]
+workdir = "{EXAMPLES / 'ddp'}"
+launcher = "torchrun"
+nodes = 3
+gpus_per_node = 2
+max_runtime = "10m"
+[env]
+OMP_NUM_THREADS = "1"
+[checkpoint]
+dir = "{ckpt}"
+owner = "rank0"
+[log]
+loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
+''')
+    waiter = subprocess.Popen([sys.executable, "-m", "tui.cli", "launch", str(spec), "--wait", "--json"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli.env, cwd=ROOT)
+    running: dict[str, tuple[str, str, str]] = {}
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and waiter.poll() is None and not running:
+            running = {j: v for j, v in squeue(slurm).items() if v[0].startswith("rigdeck:ddp-slurm")
+                       and v[1] == "RUNNING"}
+            time.sleep(0.2)
+        out, err = waiter.communicate(timeout=300)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+    assert waiter.returncode == 0, out[-3000:] + err[-3000:]
+    view = json.loads(out)
+    assert view["state"] == "succeeded", json.dumps(view, indent=1)[-3000:]
+    slurm_job = view["slurm"]["job_id"]
+    # squeue showed it running, under rigdeck's job name, on all three nodes
+    assert running == {slurm_job: (f"rigdeck:{view['job_id']}", "RUNNING",
+                                   f"{slurm.node(1)[:-1]}[1-3]")}, running
+    assert view["slurm"]["state"] == "COMPLETED", view["slurm"]
+    assert sorted(n["host"] for n in view["placement"]) == ["h1", "h2", "h3"]
+    # the ranks: Slurm's GPUs, rigdeck's cluster files of Slurm's allocation
+    seen = {p.stem: json.loads(p.read_text()) for p in seen_dir.glob("*.json")}
+    assert len(seen) == 6, sorted(seen)
+    by_host = {n["host"]: n for n in view["placement"]}
+    primary = view["placement"][0]
+    for name, s in seen.items():
+        host = next(h for h in by_host if slurm.node(h) == s["SLURMD_NODENAME"])
+        assert s["SLURM_JOB_ID"] == slurm_job, (name, s)
+        gpus = [int(g) for g in s["SLURM_JOB_GPUS"].split(",")]
+        assert gpus == by_host[host]["gpus"] and len(gpus) == 2, (name, s, by_host[host])
+        assert s["CUDA_VISIBLE_DEVICES"] == s["SLURM_JOB_GPUS"], (name, s)  # torchrun's ranks share the node's
+        assert s["SM_CURRENT_HOST"] == host and json.loads(s["SM_HOSTS"]) == ["h1", "h2", "h3"], (name, s)
+        tf = json.loads(s["TF_CONFIG"])["cluster"]
+        assert tf["chief"] == [f"{primary['address']}:{tf['chief'][0].split(':')[1]}"], tf
+        assert sorted(a.split(":")[0] for a in tf["chief"] + tf["worker"]) == sorted(
+            n["address"] for n in view["placement"]), tf
+        assert s["MASTER_ADDR"] == primary["address"] and s["WORLD_SIZE"] == "6", (name, s)
+        if s["LOCAL_RANK"] != "0":
+            continue
+        # the real sagemaker-training reader, on the tree the host's ranks saw (its state dir)
+        s["SAGEMAKER_BASE_DIR"] = s["SAGEMAKER_BASE_DIR"].replace(
+            "/root/.rigdeck", str(slurm.bed.host(host).state_dir), 1)
+        reads = sagemaker_reads(s)
+        assert (reads["current_host"], reads["hosts"], reads["master"]) == (
+            host, ["h1", "h2", "h3"], primary["host"]), (name, reads)
+        assert s["SM"]["SM_NUM_GPUS"] == "2", (name, s["SM"])
+    # rigdeck's status: loss, steps, checkpoint owner, Slurm's job
+    status = cli.run("status", view["job_id"]).stdout
+    assert f"slurm    job {slurm_job} COMPLETED (submitted on h1)" in status, status
+    assert "progress step 29 loss " in status, status
+    assert f"checkpoint owner {view['placement'][0]['host']} rank 0" in status, status
+    metrics = cli.json("metrics", view["job_id"])
+    steps = {(m["rank"], m["step"]) for m in metrics if m.get("loss") is not None and m.get("event") is None}
+    assert {r for r, _ in steps} == set(range(6)) and max(s for _, s in steps) == 29
+    assert any(m.get("event") == "checkpoint" and m.get("status") == "done" for m in metrics)
+
+
+@pytest.mark.testbed
+def test_stop_cancels_the_slurm_job_and_leaves_no_process(slurm: SlurmBed, tmp_path: Path) -> None:
+    """`rigdeck stop` of a running job Slurm runs: its job hosts stop their ranks, scancel ends
+    Slurm's job (Slurm says CANCELLED), and no process of it is left on any node."""
+    cli = slurm_cli(slurm, tmp_path)
+    spec = cli.spec("tick-slurm", f'''command = ["{{python}}", "{TICKER}", "--steps", "100000", "--sleep", "0.2"]
+workdir = "/"
+launcher = "direct"
+nodes = 3
+gpus_per_node = 1
+''')
+    view = cli.json("launch", str(spec))
+    job_id, slurm_job = view["job_id"], view["slurm"]["job_id"]
+    try:
+        running_ranks(cli, job_id, 3)
+        assert squeue(slurm)[slurm_job][:2] == (f"rigdeck:{job_id}", "RUNNING"), squeue(slurm)
+        assert job_processes(slurm, job_id, slurm_job), "the job runs inside Slurm's step"
+        stopped = cli.json("stop", job_id)
+        assert stopped["state"] == "stopped", json.dumps(stopped, indent=1)[-2000:]
+        assert stopped["slurm"]["state"] == "CANCELLED", stopped["slurm"]
+        assert job_processes(slurm, job_id, slurm_job) == []
+        assert slurm_job not in squeue(slurm)
+        status = cli.run("status", job_id).stdout
+        assert f"slurm    job {slurm_job} CANCELLED" in status, status
+    finally:
+        slurm.run(["scancel", slurm_job], check=False)
+
+
+@pytest.mark.testbed
+def test_a_partition_slurm_does_not_know_is_refused_before_sbatch(slurm: SlurmBed, tmp_path: Path) -> None:
+    """A spec's [slurm] partition Slurm has not: refused naming it, with Slurm's word, and nothing
+    submitted; a request Slurm itself refuses (more GPUs than a node has) shows sbatch's words."""
+    cli = slurm_cli(slurm, tmp_path)
+    body = 'command = ["true"]\nworkdir = "/"\nlauncher = "direct"\nnodes = 1\ngpus_per_node = {n}\n'
+    spec = cli.spec("bad-partition", body.format(n=1) + '[slurm]\npartition = "gpu"\n')
+    refused = cli.run("launch", str(spec), check=False)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert (f"{spec}: [slurm] partition 'gpu': Slurm has no such partition: Partition gpu not found"
+            in refused.stderr), refused.stderr
+    too_many = cli.run("launch", str(cli.spec("eight-gpus", body.format(n=8))), check=False)
+    assert too_many.returncode == 2, too_many.stdout + too_many.stderr
+    assert ("Slurm refused the job (sbatch on h1: sbatch: error: Batch job submission failed: "
+            "Requested node configuration is not available)") in too_many.stderr, too_many.stderr
+    assert squeue(slurm) == {}, "nothing was submitted"
+    assert cli.json("jobs") == [], "nothing was launched"
+
+
+@pytest.mark.testbed
+def test_rigdecks_drain_drains_the_node_in_slurm_and_undrain_resumes_it(slurm: SlurmBed, tmp_path: Path) -> None:
+    """On a Slurm cluster a drain of rigdeck's (an operator's, or healing's after a GPU fault: the
+    same call) drains the host's node in Slurm, naming rigdeck, the host and GPU; undrain resumes
+    it once rigdeck keeps no drain of the host. A node someone else drained keeps their drain."""
+    cli = slurm_cli(slurm, tmp_path)
+    node = slurm.node(2)
+
+    def reason() -> str:
+        return slurm.run(["sinfo", "-h", "-N", "-n", node, "-o", "%E"]).stdout.strip()
+    try:
+        cli.run("drain", "h2:1", "h2:3", "--reason", "XID 79")
+        assert slurm.node_states()[node] == "drain" and reason() == "rigdeck: h2 GPU 3 XID 79", reason()
+        cli.run("undrain", "h2:1")
+        assert slurm.node_states()[node] == "drain", "rigdeck still drains GPU 3 of h2"
+        cli.run("undrain", "h2:3")
+        # resumed: idle (a '*' is Slurm's "not responding yet" mark, which its next ping clears)
+        assert slurm.node_states()[node].rstrip("*") == "idle", slurm.node_states()
+        slurm.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=admin: fan"])
+        cli.run("drain", "h2", "--reason", "maintenance")
+        assert reason() == "admin: fan", "another's drain and reason are kept"
+        cli.run("undrain", "h2")
+        assert slurm.node_states()[node] == "drain" and reason() == "admin: fan", "and not resumed by rigdeck"
+    finally:
+        slurm.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)

@@ -1,0 +1,525 @@
+"""Where a job's attempt runs and who starts it: one seam, two engines.
+
+``JobManager`` (tui/control/jobs.py) asks an ``Engine`` for each attempt of a job (its launch,
+a gang restart) and for its end (a stop); supervision, history, metrics and the faces never
+ask which engine ran it: both put rigdeck's job host on every host of the placement, and the
+job hosts report to the agents as always.
+
+- ``OwnHosts``: rigdeck's own placement. The scheduler reserves GPUs from telemetry, every host
+  is checked (room, GPUs free) and claimed (a flock per GPU, host by host), then the agents
+  start the job hosts.
+- ``SlurmEngine`` (an inventory with ``[slurm]``): Slurm places. ``sbatch`` is run on the login
+  host through its agent (``slurm_submit``: agent/slurmstep.py's batch script, whose ``srun
+  --ntasks-per-node=1`` step starts the agent's ``slurmhost`` on every node); the engine reads
+  the allocation (``scontrol -d show job``: nodes and GPU indices), makes the placement of it,
+  and the agents write each node's plan, which that node's task in the step is waiting for: the
+  job host runs inside the Slurm step, on the GPUs Slurm gave. ``scancel`` ends it. Slurm's
+  queue decides when it runs; rigdeck's own queue never holds it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tui.model.jobspec import JobSpec
+from tui.model.scheduler import NodeAssignment, Placement, PlacementError, instance_type
+from tui.model.slurm import (
+    ENDED_STATES,
+    SlurmJobDetail,
+    SlurmParseError,
+    SlurmReadError,
+    check_spec,
+    login_of,
+    node_index,
+    parse_job_detail,
+    read_nodes,
+    sbatch_options,
+)
+from tui.remote.transport import TransportError
+
+if TYPE_CHECKING:
+    from tui.control.jobs import JobManager
+
+ALLOCATION_WAIT_S = 600.0  # how long a launch waits for Slurm to run the job it submitted
+POLL_S = 0.25
+STEP_START_S = 5.0  # a node's task of the step has had this long to start its job host
+STEP_LOST_S = 120.0  # ... and is lost after this long, whatever Slurm says of the job
+FINISH_WAIT_S = 10.0  # for Slurm to say how its job ended, once the job hosts have
+SLURM_MARGIN_S = 60.0  # Slurm's time limit past max_runtime and the grace: rigdeck's own stop first
+
+
+class EngineError(Exception):
+    """A start the engine could not make; the message says what was asked and what was said."""
+
+
+class Engine(Protocol):
+    name: str
+
+    def place(self, job_id: str, spec: JobSpec, *, capacity: Any = None,
+              exclude: Sequence[str] | None = None) -> Placement:
+        """Where the job's next attempt runs, held for it: rigdeck's reserved and claimed GPUs,
+        or the nodes and GPUs Slurm allocated. ``capacity``: the hosts' as a caller has just read
+        it; ``exclude``: a restart's hosts out of reach (None: a first start). Raises
+        PlacementError or EngineError."""
+        ...
+
+    def start(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> None:
+        """Start the attempt on ``placement`` (everywhere or nowhere: what it held given back)."""
+        ...
+
+    def release(self, job_id: str) -> None:
+        """Give back what ``place`` held for a start that will not come."""
+        ...
+
+    def record(self, job_id: str) -> dict[str, Any]:
+        """What the job's record keeps of this engine (``{"slurm": {...}}``, or nothing)."""
+        ...
+
+    def stop(self, rec: Mapping[str, Any]) -> None:
+        """The engine's own end of a job whose hosts were told to stop (``scancel``)."""
+        ...
+
+    def finish(self, rec: Mapping[str, Any]) -> None:
+        """The job ended (recorded so): the engine's own word on its end kept (Slurm's state)."""
+        ...
+
+    def checked(self, rec: Mapping[str, Any], states: dict[str, Any]) -> dict[str, Any]:
+        """The hosts' states, with what the engine knows that they cannot: a host whose job host
+        never started since Slurm's job ended is failed, saying so."""
+        ...
+
+    def about(self, rec: Mapping[str, Any], live: bool) -> dict[str, Any] | None:
+        """The engine's word on the job for the faces (Slurm's job id and state), or None."""
+        ...
+
+
+class OwnHosts:
+    """rigdeck's own placement and start (see the module's docstring)."""
+
+    name = "rigdeck"
+
+    def __init__(self, jm: JobManager) -> None:
+        self.jm = jm
+
+    def place(self, job_id: str, spec: JobSpec, *, capacity: Any = None,
+              exclude: Sequence[str] | None = None) -> Placement:
+        jm = self.jm
+        if capacity is None:
+            candidates = [h for h in (list(spec.hosts) or jm.ctl.inventory.names) if h not in (exclude or ())]
+            capacity = jm.capacity(candidates, skip=job_id if exclude is not None else None)
+        placement = jm.scheduler.reserve(job_id, spec, capacity, exclude_hosts=list(exclude or ()))
+        try:
+            if exclude is None:  # a first start checks room and GPUs first; a restart claims at once
+                self._preflight(job_id, placement)
+            self._claim(job_id, placement)
+        except BaseException:
+            jm.scheduler.release(job_id)
+            raise
+        return placement
+
+    @staticmethod
+    def _gpus_by_host(placement: Placement) -> dict[str, list[int]]:
+        """Every GPU the job holds on each host (a pool job's replicas on one host together)."""
+        gpus: dict[str, list[int]] = {h: [] for h in placement.hosts}
+        for n in placement.nodes:
+            gpus[n.host] += [g for g in n.gpus if g not in gpus[n.host]]
+        return gpus
+
+    def _preflight(self, job_id: str, placement: Placement) -> None:
+        """Before anything starts: every host has room for the job's files and its GPUs free."""
+        hosts = list(placement.hosts)
+        gpus = self._gpus_by_host(placement)
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(h: str) -> Any:
+            try:
+                return self.jm.ctl.agent(h).job_check(job_id=job_id, gpus=gpus[h],
+                                                   min_free_mb=self.jm.ctl.inventory.min_free_mb, timeout=30)
+            except TransportError as e:
+                return e
+
+        with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
+            results = dict(zip(hosts, pool.map(one, hosts), strict=True))
+        problems = []
+        for h, r in results.items():
+            if isinstance(r, Exception):
+                problems.append(f"{h}: {r}")
+            else:
+                problems += [f"{h}: {p}" for p in r.problems]
+        if problems:
+            raise EngineError("job not started (nothing was started): " + "; ".join(problems))
+
+    def _claim(self, job_id: str, placement: Placement) -> None:
+        """Claim the job's GPUs on every host, one host after another in name order: of two
+        controllers racing for the same GPUs, the one that claims the first contested host wins
+        them all, and the other gives back what it claimed. All hosts or none."""
+        claimed: list[str] = []
+        host = ""
+        try:
+            for host, gpus in sorted(self._gpus_by_host(placement).items()):
+                if not gpus:
+                    continue
+                self.jm.ctl.agent(host).job_claim(job_id=job_id, gpus=gpus, timeout=30)
+                claimed.append(host)
+        except TransportError as e:
+            self.jm.ctl.agents(claimed).job_release(job_id=job_id, timeout=30)
+            raise EngineError(f"job not started (nothing was started): {host}: {e}") from None
+
+    def start(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> None:
+        try:
+            self.jm._start(job_id, spec, placement, restart_count=restart_count)
+        except BaseException:
+            self.jm.scheduler.release(job_id)
+            raise
+
+    def release(self, job_id: str) -> None:
+        self.jm.scheduler.release(job_id)
+
+    def record(self, job_id: str) -> dict[str, Any]:
+        return {}
+
+    def stop(self, rec: Mapping[str, Any]) -> None:
+        return None
+
+    def finish(self, rec: Mapping[str, Any]) -> None:
+        return None
+
+    def checked(self, rec: Mapping[str, Any], states: dict[str, Any]) -> dict[str, Any]:
+        return states
+
+    def about(self, rec: Mapping[str, Any], live: bool) -> dict[str, Any] | None:
+        return None
+
+
+class SlurmEngine:
+    """Slurm's placement and start (see the module's docstring)."""
+
+    name = "slurm"
+
+    def __init__(self, jm: JobManager) -> None:
+        self.jm = jm
+        self._submitted: dict[str, dict[str, Any]] = {}  # job id -> its Slurm job, until recorded
+
+    # -- Slurm's commands on the login host, through its agent (no shell) ----------------------
+
+    @property
+    def login(self) -> str:
+        try:
+            return login_of(self.jm.ctl.inventory)
+        except SlurmReadError as e:
+            raise EngineError(str(e)) from None
+
+    def _exec(self, hosts: list[str], argv: list[str], timeout_s: float) -> Mapping[str, Any]:
+        return dict(self.jm.ctl.agents(hosts).exec(argv=list(argv), timeout_s=timeout_s, timeout=timeout_s + 30))
+
+    def _run(self, argv: Sequence[str], timeout_s: float = 15.0) -> dict[str, Any]:
+        login = self.login
+        try:
+            answer = self._exec([login], list(argv), timeout_s)[login]
+        except TransportError as e:
+            raise EngineError(f"{' '.join(argv)} on {login}: {e}") from None
+        if not isinstance(answer, Mapping):
+            raise EngineError(f"{' '.join(argv)} on {login}: {answer}")
+        return dict(answer)
+
+    def detail(self, slurm_job_id: str) -> SlurmJobDetail | None:
+        """``scontrol -d show job``'s word on a job (None: Slurm no longer knows it)."""
+        argv = ["scontrol", "-d", "show", "job", slurm_job_id]
+        out = self._run(argv)
+        if out.get("exit_code") != 0:
+            said = " ".join(str(out.get("stderr") or out.get("error") or "").split())
+            if "Invalid job id" in said:
+                return None
+            raise EngineError(f"{' '.join(argv)} on {self.login}: {said or 'exit ' + str(out.get('exit_code'))}")
+        try:
+            return parse_job_detail(str(out.get("stdout") or ""), " ".join(argv))
+        except SlurmParseError as e:
+            raise EngineError(str(e)) from None
+
+    # -- the seam ---------------------------------------------------------------------------
+
+    def _checked(self, spec: JobSpec) -> None:
+        """Before anything is submitted: what Slurm will not take, said in its own words."""
+        inv = self.jm.ctl.inventory
+        where = str(spec.path or "job spec")
+        if spec.pools or spec.kind != "training":
+            raise EngineError(f"{where}: a {'pool' if spec.pools else spec.kind} job on a Slurm cluster: "
+                              "not yet (docs/slurm.md); only training jobs launch through sbatch")
+        if spec.hosts:
+            raise EngineError(f"{where}: field 'hosts': Slurm chooses the nodes on a Slurm cluster "
+                              f"(the inventory has [slurm]); remove 'hosts' ({', '.join(spec.hosts)})")
+        checked = check_spec(self._exec, inv)  # login, partition (account, qos where Slurm can say)
+        if checked.errors:
+            raise EngineError("; ".join(checked.errors))
+        partition = dict(spec.slurm).get("partition")
+        if partition and partition != (inv.slurm.partition if inv.slurm else None):
+            out = self._run(["scontrol", "-o", "show", "partition", partition])
+            said = " ".join(str(out.get("stderr") or out.get("error") or out.get("stdout") or "").split())
+            if out.get("exit_code") != 0 or not str(out.get("stdout") or "").startswith("PartitionName="):
+                raise EngineError(f"{where}: [slurm] partition {partition!r}: Slurm has no such partition: "
+                                  f"{said or 'scontrol show partition does not list it'}")
+
+    def options(self, job_id: str, spec: JobSpec) -> list[str]:
+        """sbatch's options: the spec's ``[slurm]`` values over the inventory's. (A restart's lost
+        hosts are not excluded: Slurm takes a node it lost out of its own placement.)"""
+        base = self.jm.ctl.inventory.slurm
+        mine = dict(spec.slurm)
+
+        def pick(name: str) -> str | None:
+            return mine.get(name) or (getattr(base, name, None) if base is not None else None)
+        return sbatch_options(
+            job_id, nodes=spec.node_count, gpus_per_node=spec.gpus_per_node,
+            runtime_s=spec.max_runtime_s + spec.grace_s + SLURM_MARGIN_S, partition=pick("partition"),
+            account=pick("account"), qos=pick("qos"), constraint=pick("constraint"))
+
+    def place(self, job_id: str, spec: JobSpec, *, capacity: Any = None,
+              exclude: Sequence[str] | None = None) -> Placement:
+        self._checked(spec)
+        options = self.options(job_id, spec)
+        login = self.login
+        # Every host Slurm may choose has its agent (deployed, connected) before the job can run
+        # there: a node's task of the step starts the agent's zipapp, which must be in place.
+        if capacity is None:
+            capacity = self.jm.capacity(list(self.jm.ctl.inventory.names))
+        try:
+            got = self.jm.ctl.agent(login).slurm_submit(job_id=job_id, options=options, timeout=90)
+        except TransportError as e:
+            raise EngineError(f"job not submitted to Slurm: {login}: {e}") from None
+        sid = got.get("slurm_job_id")
+        if not sid:
+            said = " ".join(str(got.get("stderr") or got.get("stdout") or "").split())
+            said = said or f"exit {got.get('exit_code')}"
+            raise EngineError(f"Slurm refused the job (sbatch on {login}: {said})")
+        self._submitted[job_id] = {"job_id": str(sid), "login": login, "state": "PENDING",
+                                   "options": options, "submitted": time.time()}
+        try:
+            detail = self._allocation(str(sid))
+            placement = self._placement(spec, detail, capacity)
+        except BaseException:
+            self._cancel(str(sid))
+            self._submitted.pop(job_id, None)
+            raise
+        self._submitted[job_id].update(state=detail.state, nodes=list(detail.nodes))
+        return placement
+
+    def _allocation(self, sid: str) -> SlurmJobDetail:
+        """Until Slurm runs job ``sid`` (its nodes and GPUs known), or it ends, or the wait is over."""
+        deadline = time.monotonic() + ALLOCATION_WAIT_S
+        while True:
+            detail = self.detail(sid)
+            if detail is None or detail.ended:
+                why = f"{detail.state}" + (f" ({detail.reason})" if detail.reason else "") if detail else "gone"
+                raise EngineError(f"Slurm job {sid} ended before it ran: {why}")
+            if detail.state == "RUNNING" and detail.nodes:
+                return detail
+            if time.monotonic() > deadline:
+                raise EngineError(f"Slurm job {sid} still {detail.state} after {ALLOCATION_WAIT_S:.0f} s"
+                                  + (f" ({detail.reason})" if detail.reason else "") + ": cancelled")
+            time.sleep(POLL_S)
+
+    def _hosts_of(self, nodes: Sequence[str]) -> dict[str, str]:
+        """Slurm node -> inventory host (by the node's name, hostname or address)."""
+        inv = self.jm.ctl.inventory
+        try:
+            find = node_index(read_nodes(self._exec, inv))
+        except SlurmReadError as e:
+            raise EngineError(str(e)) from None
+        out: dict[str, str] = {}
+        for h in inv.hosts:
+            node = find(h.name, h.address)
+            if node is not None:
+                out[node.name] = h.name
+        missing = [n for n in nodes if n not in out]
+        if missing:
+            raise EngineError(f"Slurm allocated node(s) {', '.join(missing)}, which are no inventory host "
+                              f"({', '.join(inv.names)}): add them to the inventory")
+        return out
+
+    def _placement(self, spec: JobSpec, detail: SlurmJobDetail, capacity: Any) -> Placement:
+        """The placement of Slurm's allocation: its nodes in Slurm's order (the first is the
+        primary), each with the GPUs Slurm gave; the rest (address, CPUs, simulated) as read of
+        the hosts before the job was submitted."""
+        hosts = self._hosts_of(detail.nodes)
+        caps = {c.name: c for c in capacity}
+        nodes = []
+        for n in detail.nodes:
+            cap = caps.get(hosts[n])
+            if cap is None:
+                raise PlacementError(f"{hosts[n]} (Slurm node {n}): no capacity read")
+            gpus = tuple(detail.gpus.get(n, ()))
+            if spec.gpus_per_node and len(gpus) != spec.gpus_per_node:
+                raise EngineError(f"Slurm job {detail.job_id} holds GPUs {list(gpus)} on {n}, "
+                                  f"not the {spec.gpus_per_node} asked for")
+            nodes.append(NodeAssignment(host=hosts[n], address=cap.address, slots=spec.slots_per_node,
+                                        gpus=gpus, cpus=cap.cpus, instance_type=instance_type(cap),
+                                        simulated=cap.simulated))
+        return Placement(tuple(nodes))
+
+    def start(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> None:
+        slurm = self._submitted.get(job_id) or dict((self.jm.history.get(job_id) or {}).get("slurm") or {})
+        sid = str(slurm.get("job_id") or "")
+        try:
+            self.jm._start(job_id, spec, placement, restart_count=restart_count,
+                           plan_extra={"slurm": {"job_id": sid}})
+        except BaseException:
+            self._cancel(sid)
+            raise
+        finally:
+            self._submitted.pop(job_id, None)
+
+    def release(self, job_id: str) -> None:
+        got = self._submitted.pop(job_id, None)
+        if got:
+            self._cancel(got["job_id"])
+
+    def record(self, job_id: str) -> dict[str, Any]:
+        got = self._submitted.get(job_id)
+        return {"slurm": {k: v for k, v in got.items() if k != "options"}} if got else {}
+
+    def _cancel(self, sid: str) -> dict[str, Any]:
+        if not sid:
+            return {}
+        try:
+            return self._run(["scancel", sid])
+        except EngineError as e:
+            return {"exit_code": None, "stderr": str(e)}
+
+    def stop(self, rec: Mapping[str, Any]) -> None:
+        """``scancel`` the job's Slurm job (its step's processes get Slurm's SIGTERM, then SIGKILL
+        after KillWait), and record what Slurm then says of it."""
+        slurm = dict(rec.get("slurm") or {})
+        sid = str(slurm.get("job_id") or "")
+        if not sid:
+            return
+        said = self._cancel(sid)
+        slurm["cancelled"] = time.time()
+        if said.get("exit_code") not in (0, None) or said.get("stderr"):
+            slurm["scancel"] = " ".join(str(said.get("stderr") or "").split())
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                detail = self.detail(sid)
+            except EngineError:
+                break
+            if detail is None:
+                slurm["gone"] = True
+                break
+            slurm["state"] = detail.state
+            if detail.ended:
+                break
+            time.sleep(POLL_S)
+        self.jm.history.update(str(rec["job_id"]), slurm=slurm)
+
+    def finish(self, rec: Mapping[str, Any]) -> None:
+        """Slurm's end of the job kept in its record: its step ends as the job hosts exit, then
+        its batch script; what Slurm says within FINISH_WAIT_S (a job Slurm has already
+        forgotten, past its MinJobAge, keeps the last state read)."""
+        slurm = dict(rec.get("slurm") or {})
+        sid = str(slurm.get("job_id") or "")
+        if not sid or slurm.get("state") in ENDED_STATES:
+            return
+        deadline = time.monotonic() + FINISH_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                detail = self.detail(sid)
+            except EngineError:
+                return
+            if detail is None:
+                slurm["gone"] = True
+                break
+            slurm.update(state=detail.state, reason=detail.reason)
+            if detail.ended:
+                break
+            time.sleep(POLL_S)
+        self.jm.history.update(str(rec["job_id"]), slurm=slurm)
+
+    def checked(self, rec: Mapping[str, Any], states: dict[str, Any]) -> dict[str, Any]:
+        """A node whose job host has not started (``starting``, no pid) while Slurm's job has
+        ended, or runs no more: its task in the step is gone (it could not start the agent, the
+        job was cancelled in Slurm), and the job failed there with what Slurm's output says."""
+        waiting = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") == "starting"
+                   and not s.get("jobhost_pid") and s.get("slurm")]
+        sid = str((rec.get("slurm") or {}).get("job_id") or "")
+        if not waiting or not sid:
+            return states
+        started = max((float(s.get("started") or 0) for h, s in states.items() if h in waiting), default=0.0)
+        if time.time() - started < STEP_START_S:
+            return states
+        try:
+            detail = self.detail(sid)
+        except EngineError:
+            return states
+        late = time.time() - started > STEP_LOST_S
+        if detail is not None and not detail.ended and not late:
+            return states
+        said = "gone from Slurm" if detail is None else detail.state + (f" ({detail.reason})" if detail.reason else "")
+        if detail is not None and not detail.ended:
+            said += f" for {STEP_LOST_S:.0f} s"
+        out = dict(states)
+        for h in waiting:
+            out[h] = {**states[h], "state": "failed", "cause": {
+                "host": h, "rank": None, "message": f"Slurm job {sid} {said}: its task on {h} never started "
+                f"rigdeck's job host (Slurm's output: .slurm-{sid}.out in the login host's job directory)"}}
+        return out
+
+    # -- drains: rigdeck's kept in Slurm too ---------------------------------------------------
+
+    def _node(self, host: str) -> Any:
+        """The Slurm node of inventory host ``host`` (a SlurmNode), or an EngineError."""
+        inv = self.jm.ctl.inventory
+        try:
+            nodes = read_nodes(self._exec, inv)
+        except SlurmReadError as e:
+            raise EngineError(str(e)) from None
+        spec = inv.get(host)
+        node = node_index(nodes)(spec.name, spec.address)
+        if node is None:
+            raise EngineError(f"{host}: Slurm has no node of this host")
+        return node
+
+    def drain(self, host: str, gpu: int | None, reason: str) -> str:
+        """Drain ``host``'s node in Slurm (Slurm drains whole nodes: a GPU's drain drains its
+        node), its reason ``rigdeck: HOST GPU N REASON``: Slurm places no job there either. A node
+        someone else drained keeps their drain and reason. The reason in force."""
+        node = self._node(host)
+        if node.drained and not (node.reason or "").startswith("rigdeck:"):
+            return str(node.reason or "")  # drained already by someone else: theirs is kept
+        text = " ".join(p for p in ("rigdeck:", host, f"GPU {gpu}" if gpu is not None else "", reason) if p)
+        out = self._run(["scontrol", "update", f"NodeName={node.name}", "State=DRAIN", f"Reason={text}"])
+        if out.get("exit_code") != 0:
+            said = " ".join(str(out.get("stderr") or out.get("error") or "").split())
+            raise EngineError(f"{host}: Slurm did not drain node {node.name}: {said}")
+        return text
+
+    def resume(self, host: str) -> bool:
+        """Resume ``host``'s node in Slurm when rigdeck drained it (its reason starts ``rigdeck:``;
+        another's drain is left as it is). True when resumed."""
+        node = self._node(host)
+        if not (node.drained and (node.reason or "").startswith("rigdeck:")):
+            return False
+        out = self._run(["scontrol", "update", f"NodeName={node.name}", "State=RESUME"])
+        if out.get("exit_code") != 0:
+            said = " ".join(str(out.get("stderr") or out.get("error") or "").split())
+            raise EngineError(f"{host}: Slurm did not resume node {node.name}: {said}")
+        return True
+
+    def about(self, rec: Mapping[str, Any], live: bool) -> dict[str, Any] | None:
+        slurm = dict(rec.get("slurm") or {})
+        if not slurm.get("job_id"):
+            return None
+        if live:
+            try:
+                detail = self.detail(str(slurm["job_id"]))
+            except (EngineError, SlurmReadError):
+                detail = None
+            if detail is not None:
+                slurm.update(state=detail.state, reason=detail.reason)
+                if detail.state != (rec.get("slurm") or {}).get("state"):
+                    self.jm.history.update(str(rec["job_id"]), slurm={**(rec.get("slurm") or {}),
+                                                                       "state": detail.state})
+            elif slurm.get("state") not in ENDED_STATES and not slurm.get("gone"):
+                slurm["gone"] = True  # ended, and past Slurm's MinJobAge: how, Slurm no longer says
+                self.jm.history.update(str(rec["job_id"]), slurm=slurm)
+        return slurm
