@@ -119,6 +119,12 @@ def cmd_jobhost(args: argparse.Namespace) -> int:
     return jobhost.main(args.job_dir)
 
 
+def cmd_hold(args: argparse.Namespace) -> int:
+    from agent import container
+
+    return container.hold(args.pid)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="agent.pyz", description="rigdeck host agent")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -147,6 +153,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("jobhost", help="supervise one job's ranks on this host (started by the daemon)")
     p.add_argument("--job-dir", required=True)
     p.set_defaults(func=cmd_jobhost)
+    p = sub.add_parser("hold", help="a [container] job's container process: lives while the job host does")
+    p.add_argument("--pid", type=int, required=True)
+    p.set_defaults(func=cmd_hold)
     args = parser.parse_args(argv)
     if getattr(args, "install", False) and not (args.expect_sha256 and args.state_dir):
         parser.error("--install needs --expect-sha256 and --state-dir")

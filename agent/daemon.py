@@ -856,11 +856,18 @@ class Daemon:
         job_id = self._str(params, "job_id")
         return self._in_jobs_thread(lambda: self.jobs.release(job_id))
 
-    def _m_job_check(self, client: _Client, params: Dict[str, Any]) -> Any:
+    async def _m_job_check(self, client: _Client, params: Dict[str, Any]) -> Any:
         mb = params.get("min_free_mb", 0)
         if isinstance(mb, bool) or not isinstance(mb, (int, float)) or mb < 0:
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "min_free_mb must be a number >= 0")
-        return self.jobs.check(self._str(params, "job_id"), self._gpus(params), float(mb))
+        container = params.get("container")
+        if container is not None and not (isinstance(container, dict) and isinstance(container.get("image"), str)):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "container must be an object with an 'image'")
+        job_id, gpus = self._str(params, "job_id"), self._gpus(params)
+        if container is None:
+            return self.jobs.check(job_id, gpus, float(mb))
+        # podman answers in a fraction of a second, but not on the loop's time
+        return await self._in_jobs_thread(lambda: self.jobs.check(job_id, gpus, float(mb), container))
 
     async def _m_job_stacks(self, client: _Client, params: Dict[str, Any]) -> Any:
         """The Python stacks of the job's live ranks here (agent/stacks.py); the signals and the

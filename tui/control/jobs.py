@@ -460,9 +460,12 @@ class JobManager:
             base["metric_definitions"] = [{"name": n, "regex": r} for n, r in spec.metric_definitions]
         if spec.kind != "training" or spec.pools:
             base["kind"] = spec.kind
+        if spec.container is not None:
+            base["container"] = spec.container.to_dict()
 
         def resolved(command: Sequence[str], host: str) -> list[str]:
-            python = self.ctl.inventory.get(host).python
+            # In a container, {python} is the image's python3 (on its PATH), not the host's.
+            python = "python3" if spec.container is not None else self.ctl.inventory.get(host).python
             return [python if c == "{python}" else c.replace("{python}", python) for c in command]
 
         if spec.pools:
@@ -582,7 +585,7 @@ class JobManager:
         job_id = job_id or new_job_id(spec.name)
         placement = self.scheduler.reserve(job_id, spec, capacity)
         try:
-            self._preflight(job_id, placement)
+            self._preflight(job_id, placement, spec)
             self._claim(job_id, placement)
         except BaseException:
             self.scheduler.release(job_id)
@@ -650,8 +653,10 @@ class JobManager:
             gpus[n.host] += [g for g in n.gpus if g not in gpus[n.host]]
         return gpus
 
-    def _preflight(self, job_id: str, placement: Placement) -> None:
-        """Before anything starts: every host has room for the job's files and its GPUs free."""
+    def _preflight(self, job_id: str, placement: Placement, spec: JobSpec | None = None) -> None:
+        """Before anything starts: every host has room for the job's files and its GPUs free,
+        and a ``[container]`` job's runtime and image are there."""
+        container = spec.container.to_dict() if spec is not None and spec.container is not None else None
         hosts = list(placement.hosts)
         gpus = self._gpus_by_host(placement)
         from concurrent.futures import ThreadPoolExecutor
@@ -659,7 +664,8 @@ class JobManager:
         def one(h: str) -> Any:
             try:
                 return self.ctl.agent(h).job_check(job_id=job_id, gpus=gpus[h],
-                                                   min_free_mb=self.ctl.inventory.min_free_mb, timeout=30)
+                                                   min_free_mb=self.ctl.inventory.min_free_mb,
+                                                   container=container, timeout=30)
             except TransportError as e:
                 return e
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import base64
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypedDict, TypeVar
 
@@ -461,10 +461,12 @@ class AgentClient:
         return bool(_dict(self._call("job_release", **_kw(timeout), job_id=job_id)).get("released"))
 
     def job_check(self, *, job_id: str, gpus: Sequence[int], min_free_mb: float = 0.0,
-                  timeout: float | None = None) -> JobCheck:
-        """Whether a start could go ahead here (free space, the GPUs unclaimed), changing nothing."""
+                  container: Mapping[str, Any] | None = None, timeout: float | None = None) -> JobCheck:
+        """Whether a start could go ahead here (free space, the GPUs unclaimed, a ``[container]``
+        job's runtime and image present), changing nothing."""
+        extra = {"container": dict(container)} if container else {}
         return JobCheck.from_wire(_dict(self._call("job_check", **_kw(timeout), job_id=job_id,
-                                                   gpus=list(gpus), min_free_mb=min_free_mb)))
+                                                   gpus=list(gpus), min_free_mb=min_free_mb, **extra)))
 
     def job_gc(self, *, max_age_s: float | None = None, max_jobs: int | None = None,
                timeout: float | None = None) -> dict[str, Any]:
