@@ -23,6 +23,7 @@ import re
 import resource
 import shutil
 import subprocess
+import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
@@ -304,3 +305,58 @@ def hold(pid: int) -> int:
         except PermissionError:
             pass
         time.sleep(1.0)
+
+
+def image_id(image: str, env: Optional[Dict[str, str]] = None) -> Optional[str]:
+    """The image's id (``sha256:...`` less the prefix) in the store ``env`` names (the host's own
+    without), or None when it has no such image."""
+    try:
+        r = _run(["podman", "image", "inspect", "--format", "{{.Id}}", image], env or {})
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = r.stdout.decode(errors="replace").strip()
+    return text.split(":")[-1] if r.returncode == 0 and text else None
+
+
+def image_have(image: str, wanted_id: str, state_dir: str) -> Dict[str, Any]:
+    """Whether a job here would run ``image`` with the id ``wanted_id`` (``rigdeck image
+    push`` skips a host that has it), and which runtimes the host has."""
+    have = present()
+    got = image_id(image, store_env(state_dir)) if "podman" in have else None
+    return {"have": bool(got) and got == wanted_id.split(":")[-1], "id": got, "runtimes": have}
+
+
+def image_load(path: str, image: str, wanted_id: str, state_dir: str) -> Dict[str, Any]:
+    """Load the OCI directory at ``path`` (a tree of the agent's code store: sent content by
+    content, as code is) into the host's own image store, named ``image``; checked to be the
+    image ``wanted_id``."""
+    code_root = os.path.realpath(os.path.join(state_dir, "code"))
+    real = os.path.realpath(path)
+    if not real.startswith(code_root + os.sep) or not os.path.isfile(os.path.join(real, "index.json")):
+        raise ContainerError("%s is not an image directory of the agent's code store" % path)
+    if "podman" not in present():
+        raise ContainerError("no podman here (container runtimes found: %s)" % (", ".join(present()) or "none"))
+    want = wanted_id.split(":")[-1]
+    # podman names an OCI directory's image after its path, which must then be a valid image
+    # name: the state dir's ".rigdeck" is not. Loaded through a link of a plain name instead.
+    link_dir = tempfile.mkdtemp(prefix="rigdeck-image-")
+    link = os.path.join(link_dir, "load-%s" % re.sub(r"[^a-z0-9]", "", want.lower())[:12])
+    try:
+        os.symlink(real, link)
+        r = _run(["podman", "load", "--quiet", "-i", link], {}, timeout=1800)
+    finally:
+        shutil.rmtree(link_dir, ignore_errors=True)
+    if r.returncode != 0:
+        raise ContainerError("podman load -i %s failed: %s" % (real, _last(r.stderr)))
+    loaded = ""
+    for line in r.stdout.decode(errors="replace").splitlines():
+        if line.startswith("Loaded image"):
+            loaded = line.split(":", 1)[1].strip()
+    if image_id(want) is None:
+        raise ContainerError("podman load -i %s did not give image %s" % (real, want[:12]))
+    t = _run(["podman", "tag", want, image], {})
+    if t.returncode != 0:
+        raise ContainerError("podman tag %s %s failed: %s" % (want[:12], image, _last(t.stderr)))
+    if loaded and loaded != image:  # the directory's own name, which nobody asked for
+        _run(["podman", "untag", want, loaded], {})
+    return {"image": image, "id": want}

@@ -157,6 +157,8 @@ class Daemon:
             "job_claim": self._m_job_claim,
             "job_release": self._m_job_release,
             "job_check": self._m_job_check,
+            "image_have": self._m_image_have,
+            "image_load": self._m_image_load,
             "job_gc": self._m_job_gc,
             "probe_port": lambda c, p: {"port": self._probe_port(p)},
             "exec": self._m_exec,
@@ -670,6 +672,31 @@ class Daemon:
         from agent import code
 
         return self._code(lambda: code.commit(self.paths.state_dir, p.get("tree"), p.get("files")))
+
+    def _image_params(self, p: Dict[str, Any]) -> Tuple[str, str]:
+        image, wanted = p.get("image"), p.get("id")
+        if not isinstance(image, str) or not image or image.startswith("-") or not isinstance(wanted, str):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "image and id must be strings (an image name, its id)")
+        return image, wanted
+
+    async def _m_image_have(self, client: _Client, p: Dict[str, Any]) -> Any:
+        from agent import container
+
+        image, wanted = self._image_params(p)
+        return await self._code_in_thread(lambda: container.image_have(image, wanted, self.paths.state_dir))
+
+    async def _m_image_load(self, client: _Client, p: Dict[str, Any]) -> Any:
+        from agent import container
+
+        image, wanted = self._image_params(p)
+        path = self._str(p, "path")
+
+        def load() -> Any:
+            try:
+                return container.image_load(path, image, wanted, self.paths.state_dir)
+            except container.ContainerError as e:
+                raise protocol.ProtocolError(protocol.BAD_PARAMS, str(e)) from None
+        return await self._code_in_thread(load)
 
     def _m_code_get(self, client: _Client, p: Dict[str, Any]) -> Any:
         from agent import artifacts

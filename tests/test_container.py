@@ -8,6 +8,7 @@ as its read-only image store)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -20,6 +21,7 @@ from tests import containerimage
 from tests._require import require
 from tests.kit import EXAMPLES, JOBSCRIPTS, wait_until
 from tests.kit.bedcli import Cli, running_ranks, tagged
+from tui.control.images import ImagePush
 from tui.model.jobspec import JobSpecError, jobspec_from_toml, jobspec_from_wire
 
 HOSTS = ("h1", "h2", "h3")
@@ -274,3 +276,43 @@ def test_a_missing_image_or_runtime_is_refused_before_anything_starts(cli: Cli, 
         jobs = cli.bed.exec(i, ["sh", "-c", "ls /root/.rigdeck/jobs 2>/dev/null | "
                                             "grep -E '^no(image|archive|runtime)' || true"])
         assert jobs.stdout.strip() == "", jobs.stdout
+
+
+@pytest.mark.testbed
+def test_image_push_ships_layers_by_content_and_skips_hosts_that_have_it(cli: Cli, tmp_path: Path) -> None:
+    """`rigdeck image push` (tui.control.images) from a workstation store of its own (the bed's hosts share this
+    machine's store, which the workstation must not be): each host is sent the image's layers
+    once; an image that shares its layer with one pushed before costs only its config; a host
+    whose agent has the image is skipped."""
+    require(shutil.which("podman") is not None, "podman is not installed (make test installs it)")
+    conf = tmp_path / "storage.conf"
+    conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{tmp_path}/storage"\nrunroot = "{tmp_path}/run"\n')
+    ws = {**cli.env, "CONTAINERS_STORAGE_CONF": str(conf)}
+    cli.env = ws
+    root = tmp_path / "rootfs"
+    root.mkdir()
+    (root / "payload").write_bytes(os.urandom(2 << 20))  # 2 MB that no compression makes smaller
+    subprocess.run(["tar", "-C", str(root), "-cf", str(tmp_path / "rootfs.tar"), "."], check=True)
+    tag = f"localhost/rigdeck-push-{tmp_path.name.lower().replace('_', '-')}"
+    first, second = f"{tag}:1", f"{tag}:2"
+    subprocess.run(["podman", "import", "-q", str(tmp_path / "rootfs.tar"), first], env=ws, check=True,
+                   capture_output=True)
+    subprocess.run(["podman", "import", "-q", "--change", "CMD=/payload", str(tmp_path / "rootfs.tar"), second],
+                   env=ws, check=True, capture_output=True)
+    try:
+        got = {r["host"]: r for r in cli.json("image", "push", first, "h1", "h2")}
+        assert set(got) == {"h1", "h2"} and not any(r["error"] or r["skipped"] for r in got.values()), got
+        assert all(set(r) == set(ImagePush("h").to_json()) for r in got.values())
+        assert all(r["bytes_sent"] > 2_000_000 for r in got.values()), got  # the layer, to each host
+        for i in (1, 2):
+            assert podman(cli, i, "image", "exists", first).returncode == 0
+        again = {r["host"]: r for r in cli.json("image", "push", first)}
+        # h3 shares the bed's one image store with h1 and h2: its agent has the image too
+        assert all(r["skipped"] and not r["error"] for r in again.values()), again
+        layered = {r["host"]: r for r in cli.json("image", "push", second, "h1")}
+        assert 0 < layered["h1"]["bytes_sent"] < 100_000, layered  # the config, not the layer again
+        assert podman(cli, 1, "image", "exists", second).returncode == 0
+    finally:
+        for name in (first, second):
+            subprocess.run(["podman", "rmi", "--force", "--ignore", name], capture_output=True)
+            subprocess.run(["podman", "rmi", "--force", "--ignore", name], env=ws, capture_output=True)

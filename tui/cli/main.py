@@ -26,6 +26,7 @@ from tui.cli import usage as usage_cli
 from tui.cli import web as web_cli
 from tui.client import (
     HostReport,
+    ImageError,
     InProcessClient,
     UnsafeDirError,
     connect,
@@ -145,6 +146,15 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("names", nargs="*", metavar="HOST")
     p.add_argument("--json", action="store_true")
+
+    p = sub.add_parser("image", help="container images on the hosts ([container] jobs)")
+    _common(p)
+    isub = p.add_subparsers(dest="image_command", required=True)
+    ip = isub.add_parser("push", help="put an image of this machine's Podman store into each host's "
+                                      "(content-addressed, as code sync; hosts that have it are skipped)")
+    ip.add_argument("image", metavar="IMAGE")
+    ip.add_argument("names", nargs="*", metavar="HOST", help="default: every host of the inventory")
+    ip.add_argument("--json", action="store_true")
 
     p = sub.add_parser("inventory", help="inspect or import inventories")
     _common(p)
@@ -283,6 +293,40 @@ def _run_hosts(args: argparse.Namespace, deploy: bool) -> int:
     if not slurm_ok:
         return EXIT_USAGE
     return EXIT_OK if all(r.reachable and not r.error for r in reports) else EXIT_HOST_FAILED
+
+
+def _run_image(args: argparse.Namespace) -> int:
+    """``rigdeck image push``: always from this workstation, whose Podman store holds the image."""
+    from tui.model.textformat import size_bytes as fmt_bytes
+
+    inv = _load(args)
+    last: dict[str, int] = {}
+
+    def progress(host: str, done: int, total: int) -> None:
+        if args.json or not total:
+            return
+        if done - last.get(host, -(1 << 40)) >= 64 << 20 or done == total:
+            last[host] = done
+            print(f"image -> {host}: {fmt_bytes(done)} of {fmt_bytes(total)}", file=sys.stderr)
+
+    with InProcessClient(inv, accept_new=getattr(args, "accept_new", False)) as client:
+        try:
+            results = client.image_push(args.image, args.names or None, progress)
+        except ImageError as e:
+            print(f"rigdeck: {e}", file=sys.stderr)
+            return EXIT_USAGE
+    if args.json:
+        json.dump([r.to_json() for r in results], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for r in results:
+            if r.error:
+                print(f"{r.host}\tfailed: {r.error}")
+            elif r.skipped:
+                print(f"{r.host}\thas {args.image}: skipped")
+            else:
+                print(f"{r.host}\tloaded {args.image} ({fmt_bytes(r.bytes_sent)} sent, {r.seconds:.1f} s)")
+    return EXIT_OK if all(not r.error for r in results) else EXIT_HOST_FAILED
 
 
 def _run_inventory(args: argparse.Namespace) -> int:
@@ -773,6 +817,8 @@ def main(argv: Sequence[str] | None = None, open_app: AppOpener | None = None) -
             return _run_hosts(args, deploy=True)
         if args.command == "inventory":
             return _run_inventory(args)
+        if args.command == "image":
+            return _run_image(args)
         if args.command in ("launch", "jobs", "status", "logs", "metrics", "stop", "gc", "queue"):
             return _run_jobs(args)
         if args.command in ("sweep", "sweeps"):

@@ -406,6 +406,16 @@ class AgentClient:
         stored contents: ``{path, made}``."""
         return _dict(self._call("code_commit", **_kw(timeout), tree=tree, files=files))
 
+    def image_have(self, *, image: str, id: str, timeout: float | None = None) -> dict[str, Any]:
+        """Whether a job on the host would run ``image`` with this id: ``{have, id, runtimes}``
+        (``id``: the one the host has under that name, or null)."""
+        return _dict(self._call("image_have", **_kw(timeout), image=image, id=id))
+
+    def image_load(self, *, path: str, image: str, id: str, timeout: float | None = None) -> dict[str, Any]:
+        """Load the image directory ``path`` (a tree ``code_commit`` made) into the host's own
+        image store as ``image``, checked to be ``id``: ``{image, id}``."""
+        return _dict(self._call("image_load", **_kw(timeout), path=path, image=image, id=id))
+
     def code_get(self, *, sha: str, offset: int, size: int, timeout: float | None = None) -> dict[str, Any]:
         """A piece of a stored content (at most 512 KiB of it): ``{data: base64, size: the
         whole content's size, eof}`` (artifacts move host -> controller -> host this way)."""
