@@ -306,6 +306,9 @@ def test_image_push_ships_layers_by_content_and_skips_hosts_that_have_it(cli: Cl
         assert all(r["bytes_sent"] > 2_000_000 for r in got.values()), got  # the layer, to each host
         for i in (1, 2):
             assert podman(cli, i, "image", "exists", first).returncode == 0
+        (h1,) = cli.json("hosts", "h1")
+        assert "podman" in h1["containers"]["runtimes"] and first in h1["containers"]["images"], h1["containers"]
+        assert "h1 images: " in cli.run("hosts", "h1").stdout
         again = {r["host"]: r for r in cli.json("image", "push", first)}
         # h3 shares the bed's one image store with h1 and h2: its agent has the image too
         assert all(r["skipped"] and not r["error"] for r in again.values()), again

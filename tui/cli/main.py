@@ -188,12 +188,22 @@ def _gpu_summary(r: HostReport) -> str:
     return f"{len(r.gpus)}x {'/'.join(names)}{sim}"
 
 
+def _container_summary(r: HostReport) -> str:
+    """``podman:3,docker``: the container runtimes, podman with its number of images."""
+    c = r.containers or {}
+    parts = []
+    for name in c.get("runtimes") or ():
+        images = c.get("images")
+        parts.append(f"{name}:{len(images)}" if name == "podman" and images is not None else name)
+    return ",".join(parts) or "-"
+
+
 def _print_reports(reports: list[HostReport], *, deploy: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for col in ("host", "address", "state", "hostname", "agent", "python", "cpus", "mem", "gpus"):
+    for col in ("host", "address", "state", "hostname", "agent", "python", "cpus", "mem", "gpus", "containers"):
         table.add_column(col)
     if deploy:
         table.add_column("copied")
@@ -210,12 +220,17 @@ def _print_reports(reports: list[HostReport], *, deploy: bool) -> None:
             str(r.cpus or "-"),
             f"{r.memory_total_mb / 1024:.1f}G" if r.memory_total_mb else "-",
             _gpu_summary(r),
+            _container_summary(r),
         ]
         if deploy:
             row.append("-" if r.copied is None else ("yes" if r.copied else "no (current)"))
         table.add_row(*row)
     console = Console()
     console.print(table)
+    for r in reports:  # podman's images, a line per host (names are long: not in the table)
+        images = (r.containers or {}).get("images")
+        if images:
+            console.print(f"{r.name} images: {', '.join(images)}", highlight=False, soft_wrap=True)
     err = Console(stderr=True)
     for r in reports:
         if r.error:
