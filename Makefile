@@ -128,11 +128,12 @@ screenshots: sysdeps $(VENV)/.installed-test
 	$(PY) -m tests.webpage
 
 # Every benchmark in sequence (the test bed ones need root); each writes bench/results/<name>.json.
-bench: sysdeps $(VENV)/.installed-test
+bench: sysdeps $(VENV)/.installed-test image
 	$(PY) bench/deploy.py
 	$(PY) bench/telemetry.py
 	$(PY) bench/scale.py
 	$(PY) bench/launch.py --rounds 5 --steps 300
+	$(PY) bench/container.py --rounds 3 --steps 150
 	$(PY) bench/runtime.py
 	$(PY) bench/ui.py
 	$(PY) bench/attach.py
