@@ -27,6 +27,8 @@ import tempfile
 import time
 from typing import Any, Dict, List, Optional
 
+from agent import filemodes
+
 RUNTIMES = ("podman", "docker", "apptainer")
 SUPPORTED = ("podman",)
 LABEL = "rigdeck.job"
@@ -74,8 +76,7 @@ def store_env(state_dir: str) -> Dict[str, str]:
     share a file system but not a PID namespace (the test bed's) must not share podman's
     container state: a podman of one would find the others' containers' pids missing and
     take them for exited. Writes the two files when they differ."""
-    d = os.path.join(state_dir, "podman")
-    os.makedirs(d, mode=0o700, exist_ok=True)
+    d = filemodes.private_dir(os.path.join(state_dir, "podman"), "the agent's podman store")
     extra = [host_store()] if os.path.isdir(host_store()) else []
     files = {
         "storage.conf": "[storage]\ndriver = \"overlay\"\ngraphroot = %s\nrunroot = %s\n"
@@ -92,8 +93,7 @@ def store_env(state_dir: str) -> Dict[str, str]:
         except OSError:
             same = False
         if not same:
-            with open(path + ".tmp", "w") as f:
-                f.write(text)
+            filemodes.write_private(path + ".tmp", text.encode())
             os.replace(path + ".tmp", path)
     return {"CONTAINERS_STORAGE_CONF": os.path.join(d, "storage.conf"),
             "CONTAINERS_CONF": os.path.join(d, "containers.conf")}
