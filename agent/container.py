@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -339,7 +340,11 @@ def image_load(path: str, image: str, wanted_id: str, state_dir: str) -> Dict[st
     want = wanted_id.split(":")[-1]
     # podman names an OCI directory's image after its path, which must then be a valid image
     # name: the state dir's ".rigdeck" is not. Loaded through a link of a plain name instead.
-    link_dir = tempfile.mkdtemp(prefix="rigdeck-image-")
+    # Every component lower-case letters and digits joined by single '-' (mkdtemp's names may
+    # hold '_' next to '-', which a name may not).
+    link_dir = os.path.join("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir(),
+                            "rigdeck-image-%d-%s" % (os.getpid(), secrets.token_hex(6)))
+    os.mkdir(link_dir, 0o700)
     link = os.path.join(link_dir, "load-%s" % re.sub(r"[^a-z0-9]", "", want.lower())[:12])
     try:
         os.symlink(real, link)

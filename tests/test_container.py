@@ -20,7 +20,7 @@ from agent import container as agent_container
 from tests import containerimage
 from tests._require import require
 from tests.kit import EXAMPLES, JOBSCRIPTS, wait_until
-from tests.kit.bedcli import Cli, running_ranks, tagged
+from tests.kit.bedcli import Cli, tagged
 from tui.control.images import ImagePush
 from tui.model.jobspec import JobSpecError, jobspec_from_toml, jobspec_from_wire
 
@@ -138,6 +138,15 @@ loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
 [container]
 image = "{image}"
 """)
+
+
+def running_ranks(cli: Cli, job_id: str, n: int) -> list[int]:
+    """The host pids of the job's ``n`` ranks once all run, asked every 2 s (each look is a
+    rigdeck process: on 2 cores, asking more often slows the ranks' start it waits for)."""
+    def pids() -> list[int]:
+        got = [r["pid"] for r in cli.json("status", job_id)["ranks"] if r.get("pid") and r.get("state") == "running"]
+        return got if len(got) == n else []
+    return wait_until(pids, 180, f"{n} running ranks of {job_id}", step=2.0)
 
 
 def ended(cli: Cli, job_id: str, timeout: float = 240) -> dict[str, Any]:
