@@ -289,10 +289,15 @@ class Container:
         return out + [self.name] + argv
 
     def remove(self) -> None:
-        try:
-            _run(["podman", "rm", "--force", "--time", "0", "--ignore", self.name], self.env, timeout=120)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+        remove(self.name, self.env)
+
+
+def remove(name: str, env: Dict[str, str]) -> None:
+    """The container ``name`` gone, running or not (none: nothing to do)."""
+    try:
+        _run(["podman", "rm", "--force", "--time", "0", "--ignore", name], env, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        pass
 
 
 def hold(pid: int) -> int:

@@ -224,7 +224,8 @@ def test_ddp_example_runs_in_one_container_per_host(cli: Cli, image: str) -> Non
 @pytest.mark.cli_options(timeout=240)
 def test_stop_and_a_killed_rank_leave_no_container_and_no_process(cli: Cli, image: str) -> None:
     """`rigdeck stop` mid-run removes every host's container; a rank killed inside its container
-    stops the gang as it does without one, naming the rank. (The stdlib ticker, direct launcher:
+    stops the gang as it does without one, naming the rank; a job host killed outright leaves no
+    container either. (The stdlib ticker, direct launcher:
     what is shown here needs no torch.)"""
     spec = cli.spec("tickc", f'command = ["{{python}}", "ticker.py", "--steps", "100000", "--sleep", "0.2"]\n'
                     f'workdir = "{JOBSCRIPTS}"\nlauncher = "direct"\nnodes = 3\nprocesses_per_node = 2\n'
@@ -248,6 +249,16 @@ def test_stop_and_a_killed_rank_leave_no_container_and_no_process(cli: Cli, imag
     st = ended(cli, job_id)
     assert st["state"] == "failed", json.dumps(st, indent=1)[-3000:]
     assert st["cause"]["rank"] == 3 and st["cause"]["host"] == "h2", st["cause"]
+    wait_until(lambda: containers(cli, job_id) == {h: [] for h in HOSTS}, 30, "no container left")
+    wait_until(lambda: tagged(cli.bed, job_id) == {h: [] for h in HOSTS}, 30, "no process left")
+
+    # The job host itself killed outright: its agent stops what it left, the container too.
+    job_id = cli.json("launch", str(spec))["job_id"]
+    running_ranks(cli, job_id, 6)
+    state = json.loads((cli.bed.hosts[1].state_dir / "jobs" / job_id / "state.json").read_text())
+    cli.bed.exec(2, ["kill", "-9", str(state["jobhost_pid"])])
+    st = ended(cli, job_id)
+    assert st["state"] == "failed" and st["cause"]["host"] == "h2" and st["cause"]["signal"] == 9, st["cause"]
     wait_until(lambda: containers(cli, job_id) == {h: [] for h in HOSTS}, 30, "no container left")
     wait_until(lambda: tagged(cli.bed, job_id) == {h: [] for h in HOSTS}, 30, "no process left")
 
