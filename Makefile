@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 # gets paramiko's own threads), but the hub's tests need the hub. `make test
 # PARAMIKO_SPEC=paramiko` tries the newest; test_hub names what to check when it differs.
 PARAMIKO_SPEC ?= paramiko==5.1.0
-DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync prometheus prometheus-node-exporter slurm-wlm munge
+DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync prometheus prometheus-node-exporter slurm-wlm munge podman runc mmdebstrap uidmap
 PYTEST_ARGS ?=
 # The suite runs in this many pytest-xdist workers, a test module to a worker, each worker with a
 # test bed of its own; tests marked `quiet` (they measure speed) run after them, alone. The tests
@@ -24,7 +24,7 @@ QUIET_FILES = $(shell grep -l 'pytest.mark.quiet' tests/test_*.py)
 # Tools the tests find on PATH that the machine has but not on PATH (see python39).
 TOOLS := $(CURDIR)/.tools/bin
 
-.PHONY: run test sysdeps python39 install install-test lint bytecode screenshots bench clean testbed-down
+.PHONY: run test sysdeps python39 image install install-test lint bytecode screenshots bench clean testbed-down
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +62,10 @@ sysdeps:
 	[ -x /usr/bin/prometheus-node-exporter ] || missing="$$missing prometheus-node-exporter"; \
 	[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null || missing="$$missing slurm-wlm"; \
 	[ -x /usr/sbin/munged ] || missing="$$missing munge"; \
+	command -v podman >/dev/null || missing="$$missing podman"; \
+	command -v runc >/dev/null || [ -x /usr/sbin/runc ] || missing="$$missing runc"; \
+	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
+	command -v newuidmap >/dev/null || missing="$$missing uidmap"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$missing"; \
@@ -95,6 +99,18 @@ python39:
 	echo "no Python 3.9 here (Debian has none; pyenv install 3.9 gives one): its tests skip," \
 	  "and fail under RIGDECK_REQUIRE_TESTBED=1"
 
+# The image [container] jobs' tests run (tests/containerimage.py; their fixture builds it when
+# the cache has none, so `make test` needs no step of its own): built once per recipe into
+# /var/cache/rigdeck/images/<hash>.tar (Debian bookworm minbase by mmdebstrap, and the suite's CPU
+# torch by pip; about 3 minutes and 1 GB the first time), then loaded into podman's store.
+# Nothing comes from a container registry. As root only (not root: the container tests skip).
+image: sysdeps $(VENV)/.installed-test
+	@if [ "$$(id -u)" = 0 ] && command -v podman >/dev/null && command -v mmdebstrap >/dev/null; then \
+	  $(PY) -m tests.containerimage; \
+	else \
+	  echo "no test image (needs root, podman and mmdebstrap): the container tests skip"; \
+	fi
+
 # Bytecode for rigdeck's own modules, as a wheel install has (an editable one writes it only on
 # first import, and never under PYTHONDONTWRITEBYTECODE): each command then starts as a user's does.
 bytecode: $(VENV)/.installed
@@ -113,11 +129,12 @@ screenshots: sysdeps $(VENV)/.installed-test
 	$(PY) -m tests.webpage
 
 # Every benchmark in sequence (the test bed ones need root); each writes bench/results/<name>.json.
-bench: sysdeps $(VENV)/.installed-test
+bench: sysdeps $(VENV)/.installed-test image
 	$(PY) bench/deploy.py
 	$(PY) bench/telemetry.py
 	$(PY) bench/scale.py
 	$(PY) bench/launch.py --rounds 5 --steps 300
+	$(PY) bench/container.py --rounds 3 --steps 150
 	$(PY) bench/runtime.py
 	$(PY) bench/ui.py
 	$(PY) bench/attach.py

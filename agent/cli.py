@@ -125,6 +125,12 @@ def cmd_slurmhost(args: argparse.Namespace) -> int:
     return slurmstep.host_main(args.jobs_root, args.job_id)
 
 
+def cmd_hold(args: argparse.Namespace) -> int:
+    from agent import container
+
+    return container.hold(args.pid)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="agent.pyz", description="rigdeck host agent")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -159,6 +165,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--jobs-root", required=True)
     p.add_argument("--job-id", required=True)
     p.set_defaults(func=cmd_slurmhost)
+    p = sub.add_parser("hold", help="a [container] job's container process: lives while the job host does")
+    p.add_argument("--pid", type=int, required=True)
+    p.set_defaults(func=cmd_hold)
     args = parser.parse_args(argv)
     if getattr(args, "install", False) and not (args.expect_sha256 and args.state_dir):
         parser.error("--install needs --expect-sha256 and --state-dir")

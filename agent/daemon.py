@@ -160,6 +160,8 @@ class Daemon:
             "slurm_submit": self._m_slurm_submit,
             "job_release": self._m_job_release,
             "job_check": self._m_job_check,
+            "image_have": self._m_image_have,
+            "image_load": self._m_image_load,
             "job_gc": self._m_job_gc,
             "probe_port": lambda c, p: {"port": self._probe_port(p)},
             "exec": self._m_exec,
@@ -697,6 +699,31 @@ class Daemon:
 
         return self._code(lambda: code.commit(self.paths.state_dir, p.get("tree"), p.get("files")))
 
+    def _image_params(self, p: Dict[str, Any]) -> Tuple[str, str]:
+        image, wanted = p.get("image"), p.get("id")
+        if not isinstance(image, str) or not image or image.startswith("-") or not isinstance(wanted, str):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "image and id must be strings (an image name, its id)")
+        return image, wanted
+
+    async def _m_image_have(self, client: _Client, p: Dict[str, Any]) -> Any:
+        from agent import container
+
+        image, wanted = self._image_params(p)
+        return await self._code_in_thread(lambda: container.image_have(image, wanted, self.paths.state_dir))
+
+    async def _m_image_load(self, client: _Client, p: Dict[str, Any]) -> Any:
+        from agent import container
+
+        image, wanted = self._image_params(p)
+        path = self._str(p, "path")
+
+        def load() -> Any:
+            try:
+                return container.image_load(path, image, wanted, self.paths.state_dir)
+            except container.ContainerError as e:
+                raise protocol.ProtocolError(protocol.BAD_PARAMS, str(e)) from None
+        return await self._code_in_thread(load)
+
     def _m_code_get(self, client: _Client, p: Dict[str, Any]) -> Any:
         from agent import artifacts
 
@@ -899,11 +926,18 @@ class Daemon:
         job_id = self._str(params, "job_id")
         return self._in_jobs_thread(lambda: self.jobs.release(job_id))
 
-    def _m_job_check(self, client: _Client, params: Dict[str, Any]) -> Any:
+    async def _m_job_check(self, client: _Client, params: Dict[str, Any]) -> Any:
         mb = params.get("min_free_mb", 0)
         if isinstance(mb, bool) or not isinstance(mb, (int, float)) or mb < 0:
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "min_free_mb must be a number >= 0")
-        return self.jobs.check(self._str(params, "job_id"), self._gpus(params), float(mb))
+        container = params.get("container")
+        if container is not None and not (isinstance(container, dict) and isinstance(container.get("image"), str)):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "container must be an object with an 'image'")
+        job_id, gpus = self._str(params, "job_id"), self._gpus(params)
+        if container is None:
+            return self.jobs.check(job_id, gpus, float(mb))
+        # podman answers in a fraction of a second, but not on the loop's time
+        return await self._in_jobs_thread(lambda: self.jobs.check(job_id, gpus, float(mb), container))
 
     async def _m_job_stacks(self, client: _Client, params: Dict[str, Any]) -> Any:
         """The Python stacks of the job's live ranks here (agent/stacks.py); the signals and the

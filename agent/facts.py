@@ -1,4 +1,5 @@
-"""What a host is: hostname, addresses, Python, CPUs, memory and the GPUs the agent can see.
+"""What a host is: hostname, addresses, Python, CPUs, memory, the GPUs the agent can see, and its
+container runtimes and images.
 
 Stdlib only, Python 3.9+. The controller also runs this file's source with ``python -c`` on hosts
 where no agent is deployed yet, so it must stay a self-contained module with no package imports.
@@ -261,6 +262,27 @@ def _account() -> Optional[str]:
         return None
 
 
+CONTAINER_RUNTIMES = ("podman", "docker", "apptainer")  # agent/container.py's RUNTIMES (no imports here)
+
+
+def containers() -> Dict[str, Any]:
+    """The container runtimes on PATH and, with podman, the images of the host's own store (the
+    one ``rigdeck image push`` loads into and ``[container]`` jobs read); images is None when
+    podman did not answer."""
+    runtimes = [r for r in CONTAINER_RUNTIMES if shutil.which(r)]
+    images = None  # type: Optional[List[str]]
+    if "podman" in runtimes:
+        try:
+            r = subprocess.run(["podman", "images", "--format", "{{.Repository}}:{{.Tag}}"],
+                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                               timeout=10, check=False)
+            if r.returncode == 0:
+                images = sorted({ln for ln in r.stdout.decode(errors="replace").split() if "<none>" not in ln})
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return {"runtimes": runtimes, "images": images}
+
+
 def collect(state_dir: Optional[str] = None) -> Dict[str, Any]:
     """All facts as one JSON-able dict. ``state_dir`` ('~' allowed) adds what is deployed there."""
     hostname = socket.gethostname()
@@ -278,6 +300,7 @@ def collect(state_dir: Optional[str] = None) -> Dict[str, Any]:
         "gpus": gpus,
         "home": os.path.expanduser("~"),
         "user": _account(),  # the account the agent runs as (a shared server checks a join by it)
+        "containers": containers(),
     }  # type: Dict[str, Any]
     if state_dir is not None:
         sd = os.path.expanduser(state_dir)

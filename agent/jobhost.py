@@ -17,6 +17,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from agent import clusterfiles, hangrule
+from agent import container as containers
 from agent.jobfiles import free_mb, is_resource_error, reserve, resource_message, tail, write_json
 from agent.rankexec import die_with_parent
 
@@ -248,6 +249,9 @@ class JobHost:
         self.progress = RankProgress(os.path.join(self.job_dir, "metrics"))
         self.hang_watch = hangrule.Watch(time.monotonic(), _seconds(health.get("hang_timeout")),
                                          _seconds(health.get("startup_timeout")))
+        spec = plan.get("container")
+        self.container = (containers.Container(spec, self.job_id, self.node["host"], self.job_dir)
+                          if isinstance(spec, dict) and spec.get("image") else None)
 
     # -- state --------------------------------------------------------------------------------
 
@@ -268,14 +272,40 @@ class JobHost:
             pass  # a full disk: state.json says what matters
 
     def _popen(self, argv: List[str], **kw: Any) -> subprocess.Popen:
-        """A launcher or wrapper: holds the job's GPU claims and dies with this job host."""
+        """A launcher or wrapper: holds the job's GPU claims and dies with this job host. In a
+        ``[container]`` job, it runs in this host's container (``podman exec``)."""
+        if self.container is not None:
+            argv = self.container.exec_argv(kw["env"], kw["cwd"], argv, self._gpus())
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=self.claim_fds,
                                 preexec_fn=self._preexec, **kw)
+
+    def _gpus(self) -> List[int]:
+        return sorted({int(g) for i in self.node_indices for g in self.plan["nodes"][i].get("gpus") or []})
+
+    def _agent(self) -> List[str]:
+        """How a wrapper starts the agent: in a container, the image's python3 runs it (mounted
+        at its own path)."""
+        me = agent_command()
+        if self.container is not None and len(me) == 2:
+            return no_site(["python3", me[1]])
+        return no_site(me)
+
+    def _start_container(self) -> None:
+        if self.container is None:
+            return
+        if self.launcher == "mpirun":
+            raise containers.ContainerError("a [container] job runs with the direct or torchrun "
+                                            "launcher, not mpirun")
+        if len(agent_command()) != 2:
+            raise containers.ContainerError("a [container] job needs the agent's zipapp (this agent "
+                                            "runs from a source tree)")
+        self.container.start(self.plan, self._agent(), self._gpus(), self.log)
+        self.save(container={"name": self.container.name, "pid": self.container.pid()})
 
     # -- start --------------------------------------------------------------------------------
 
     def _wrap(self, rank: Optional[int], local_rank: Optional[int]) -> List[str]:
-        argv = no_site(agent_command()) + ["rank", "--job-dir", self.job_dir]
+        argv = self._agent() + ["rank", "--job-dir", self.job_dir]
         if rank is not None:
             argv += ["--rank", str(rank), "--local-rank", str(local_rank)]
         return argv + ["--"]
@@ -308,6 +338,7 @@ class JobHost:
         os.makedirs(os.path.join(self.job_dir, "ranks"), exist_ok=True)
         cwd = plan.get("workdir") or self.job_dir
         command = list(plan["command"])
+        self._start_container()
         out = open(os.path.join(self.job_dir, "launcher.log"), "ab")
         if self.launcher == "direct":
             for local_rank, rank in enumerate(clusterfiles.global_ranks(plan, self.node_index)):
@@ -364,6 +395,7 @@ class JobHost:
         os.makedirs(os.path.join(self.job_dir, "logs"), exist_ok=True)
         os.makedirs(os.path.join(self.job_dir, "ranks"), exist_ok=True)
         cwd = plan.get("workdir") or self.job_dir
+        self._start_container()
         self.replicas = []
         with open(os.path.join(self.job_dir, "launcher.log"), "ab") as out:
             for i in self.node_indices:
@@ -543,6 +575,13 @@ class JobHost:
             return default
 
     def run(self) -> int:
+        try:
+            return self._run()
+        finally:
+            if self.container is not None:  # a stop, a failure or the end: no container stays
+                self.container.remove()
+
+    def _run(self) -> int:
         reserve(self.state_path, 65536)  # room for the state (and its cause) on a full disk
         signal.signal(signal.SIGTERM, self._on_sigterm)
         signal.signal(signal.SIGINT, self._on_sigterm)

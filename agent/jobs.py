@@ -21,6 +21,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from agent import claims as gpu_claims
+from agent import container as containers
 from agent import filemodes
 from agent.clusterfiles import HYPERTUNE_FILE, global_ranks
 from agent.jobfiles import free_mb, read_log, read_tail, resource_message, write_json
@@ -284,11 +285,13 @@ class Jobs:
         self._drop_pending(job_id)
         return {"released": had}
 
-    def check(self, job_id: str, gpus: List[int], min_free_mb: float) -> Dict[str, Any]:
+    def check(self, job_id: str, gpus: List[int], min_free_mb: float,
+              container: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
         """Whether a start could go ahead here, changing nothing: free space for the job's files,
-        and the GPUs unclaimed. Returns the problems (empty when none)."""
+        the GPUs unclaimed, and a ``[container]`` job's runtime and image here. Returns the
+        problems (empty when none)."""
         self.job_dir(job_id)
-        problems = []
+        problems = containers.check(container, os.path.dirname(self.root)) if container else []
         mb = free_mb(self.root)
         if mb is not None and mb < min_free_mb:
             problems.append("only %.1f MB free in %s:%s (at least %g MB needed: min_free_mb)"
@@ -509,6 +512,10 @@ class Jobs:
                     if not sweep(job_id, signal.SIGKILL):
                         break
                     time.sleep(0.1)
+            box = st.get("container")
+            if isinstance(box, dict) and box.get("name"):  # its process ended with the sweep; podman's
+                # own cleanup of a --rm container needs the store's settings, which it is not given
+                containers.remove(str(box["name"]), containers.store_env(os.path.dirname(self.root)))
             st.update(state="failed", ended=time.time(), cause=self._death_cause(st))
             try:
                 write_json(os.path.join(self.root, job_id, "state.json"), st)

@@ -35,8 +35,8 @@ WIRE = {
 
 # Client methods that are no call of the controller API: the link's own, or work done on the
 # workstation whichever controller runs (a server refuses them with a message).
-NOT_CALLS = {"kind", "start", "close", "link", "probe", "deploy", "exec", "trust_host_key", "on_code_progress",
-             "telemetry_hz", "jobs"}
+NOT_CALLS = {"kind", "start", "close", "link", "probe", "deploy", "image_push", "exec", "trust_host_key",
+             "on_code_progress", "telemetry_hz", "jobs"}
 
 
 def params(fn: Callable[..., Any], skip: int = 0) -> list[inspect.Parameter]:

@@ -38,7 +38,8 @@ HOST_REPORT: dict[str, Any] = {
     "hostname": (str, NONE), "addresses": list, "agent_version": (str, NONE),
     "agent_current": bool, "copied": (bool, NONE), "bytes_copied": int, "python": (str, NONE),
     "python_executable": (str, NONE), "cpus": (int, NONE), "memory_total_mb": (int, NONE),
-    "gpu_source": (str, NONE), "gpus": list, "agent_pid": (int, NONE), "sample": (dict, NONE),
+    "gpu_source": (str, NONE), "gpus": list, "containers": (dict, NONE), "agent_pid": (int, NONE),
+    "sample": (dict, NONE),
     "elapsed_s": (float, int), "checked": list,
 }
 GPU = {"index": int, "name": str, "uuid": str, "memory_total_mb": int, "simulated": bool,

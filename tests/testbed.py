@@ -118,6 +118,10 @@ _HOLDER_SH = (
     'mount -t tmpfs -o size=256m,mode=1777 rdk-shm /dev/shm && '  # each host's own (GPU claims live there)
     'mount -t tmpfs -o size=1m,mode=0755 rdk-ws ' + WORKSTATION_ONLY + ' && '  # the workstation's files, hidden
     '{ [ -z "$6" ] || mount --bind "$6" /etc/passwd; } && '  # a host whose root logs in to another shell
+    # The machine's cgroup hierarchies, as a real host has them (`ip netns exec` mounted a sysfs
+    # of the netns over /sys, without them): a container runtime needs them. Best effort.
+    '{ [ -z "$RDK_CGROUPS" ] || printf "%s\\n" "$RDK_CGROUPS" | while read -r t o d; do '
+    'mkdir -p "$d" && mount -t "$t" -o "$o" "rdk-$t" "$d" || exit 1; done || echo "cgroups not mounted" >&2; } && '
     'py="$4" init="$5" name="$1" && shift 8 && '
     'while [ "$#" -ge 2 ]; do mount --bind "$1" "$2" || exit 1; shift 2; done && '  # people's dirs
     'exec "$py" -I -S "$init" "$name"'
@@ -195,6 +199,26 @@ HostRef = int | str | TestHost  # a host: 1-based index, name/hostname/address, 
 
 # --------------------------------------------------------------------------------------------
 # small helpers
+
+
+def _cgroup_mounts(mountinfo: str = "/proc/self/mountinfo") -> str:
+    """This machine's mounts at and under /sys/fs/cgroup (tmpfs, cgroup, cgroup2) as lines of
+    ``fstype options mountpoint``, in mount order: a bed host mounts the same hierarchies."""
+    lines = []
+    try:
+        text = Path(mountinfo).read_text()
+    except OSError:
+        return ""
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, tail = left.split(), right.split()
+        if len(fields) < 5 or len(tail) < 3:
+            continue
+        point, fstype, options = fields[4], tail[0], tail[2]
+        under = point == "/sys/fs/cgroup" or point.startswith("/sys/fs/cgroup/")
+        if fstype in ("tmpfs", "cgroup", "cgroup2") and under:
+            lines.append(f"{fstype} {options} {point}")
+    return "\n".join(lines)
 
 
 def _run(argv: Sequence[str], check: bool = True, timeout: float = 30.0, **kw: Any):
@@ -940,7 +964,8 @@ class TestBed:
         errlog = open(h.host_dir / "init.log", "wb")
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=errlog, start_new_session=True, close_fds=True)
+                                    stderr=errlog, start_new_session=True, close_fds=True,
+                                    env={**os.environ, "RDK_CGROUPS": _cgroup_mounts()})
         finally:
             errlog.close()
         h._holder = proc

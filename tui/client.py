@@ -37,6 +37,7 @@ from tui.control import (
 from tui.control.controller import HostReport
 from tui.control.doctor import DoctorError
 from tui.control.history import JobRefError, rigdeck_home
+from tui.control.images import ImageError, ImagePush
 from tui.control.jobs import AmbiguousJobError, JobError
 from tui.control.metricsserver import DEFAULT_LISTEN, MetricsServer, http_listener
 from tui.control.onboard import Candidate, Onboarding
@@ -76,7 +77,7 @@ __all__ = [
     "AmbiguousJobError", "Candidate", "Client", "DEFAULT_LISTEN", "MetricsServer", "Onboarding",
     "forget_passphrases", "http_listener",
     "onboarding_offer", "remember_passphrase", "set_passphrase_prompt", "HostReport", "InProcessClient",
-    "InventoryError", "JobError", "PermissionDenied", "UnsafeDirError",
+    "ImageError", "ImagePush", "InventoryError", "JobError", "PermissionDenied", "UnsafeDirError",
     "JobRefError", "JobSpecError", "JobView", "LinkStatus", "Membership", "PlacementError", "QueueEntry",
     "RemoteClient", "ServerError", "ServerKeyRefused", "TransportError", "connect", "describe_cause",
     "hostfile_to_toml", "load_hostfile", "load_inventory", "rigdeck_home", "serve", "serveradmin", "wire_json",
@@ -169,6 +170,12 @@ class Client(api.ControllerAPI):
         raise NotImplementedError
 
     def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
+        raise NotImplementedError
+
+    def image_push(self, image: str, names: Sequence[str] | None = None,
+                   progress: Callable[[str, int, int], None] | None = None) -> list[ImagePush]:
+        """A container image of this machine's Podman store into each host's (skipping hosts
+        that have it): one result per host."""
         raise NotImplementedError
 
     def exec(self, hosts: Sequence[str], argv: list[str], timeout_s: float) -> dict[str, Any]:
@@ -272,6 +279,10 @@ class InProcessClient(Client):
 
     def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
         return self.service.deploy(names)
+
+    def image_push(self, image: str, names: Sequence[str] | None = None,
+                   progress: Callable[[str, int, int], None] | None = None) -> list[ImagePush]:
+        return self.service.image_push(image, names, progress)
 
     def exec(self, hosts: Sequence[str], argv: list[str], timeout_s: float) -> dict[str, Any]:
         return self.service.exec(hosts, argv, timeout_s)
@@ -715,6 +726,11 @@ class RemoteClient(Client):
     def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
         raise ServerError("agents are installed from the workstation: RIGDECK_SERVER=off rigdeck deploy, "
                           "then rigdeck server setup")
+
+    def image_push(self, image: str, names: Sequence[str] | None = None,
+                   progress: Callable[[str, int, int], None] | None = None) -> list[ImagePush]:
+        raise ServerError("images are pushed from the workstation's Podman store: RIGDECK_SERVER=off "
+                          "rigdeck image push")
 
     def reconnect(self, host: str) -> None:
         self.call_async(api.reconnect, host=host)  # the app's key: never waits on the server

@@ -26,6 +26,7 @@ from tui.cli import usage as usage_cli
 from tui.cli import web as web_cli
 from tui.client import (
     HostReport,
+    ImageError,
     InProcessClient,
     TransportError,
     UnsafeDirError,
@@ -147,6 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("names", nargs="*", metavar="HOST")
     p.add_argument("--json", action="store_true")
 
+    p = sub.add_parser("image", help="container images on the hosts ([container] jobs)")
+    _common(p)
+    isub = p.add_subparsers(dest="image_command", required=True)
+    ip = isub.add_parser("push", help="put an image of this machine's Podman store into each host's "
+                                      "(content-addressed, as code sync; hosts that have it are skipped)")
+    ip.add_argument("image", metavar="IMAGE")
+    ip.add_argument("names", nargs="*", metavar="HOST", help="default: every host of the inventory")
+    ip.add_argument("--json", action="store_true")
+
     p = sub.add_parser("inventory", help="inspect or import inventories")
     _common(p)
     isub = p.add_subparsers(dest="inventory_command", required=True)
@@ -179,12 +189,22 @@ def _gpu_summary(r: HostReport) -> str:
     return f"{len(r.gpus)}x {'/'.join(names)}{sim}"
 
 
+def _container_summary(r: HostReport) -> str:
+    """``podman:3,docker``: the container runtimes, podman with its number of images."""
+    c = r.containers or {}
+    parts = []
+    for name in c.get("runtimes") or ():
+        images = c.get("images")
+        parts.append(f"{name}:{len(images)}" if name == "podman" and images is not None else name)
+    return ",".join(parts) or "-"
+
+
 def _print_reports(reports: list[HostReport], *, deploy: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False)
-    for col in ("host", "address", "state", "hostname", "agent", "python", "cpus", "mem", "gpus"):
+    for col in ("host", "address", "state", "hostname", "agent", "python", "cpus", "mem", "gpus", "containers"):
         table.add_column(col)
     if deploy:
         table.add_column("copied")
@@ -201,12 +221,17 @@ def _print_reports(reports: list[HostReport], *, deploy: bool) -> None:
             str(r.cpus or "-"),
             f"{r.memory_total_mb / 1024:.1f}G" if r.memory_total_mb else "-",
             _gpu_summary(r),
+            _container_summary(r),
         ]
         if deploy:
             row.append("-" if r.copied is None else ("yes" if r.copied else "no (current)"))
         table.add_row(*row)
     console = Console()
     console.print(table)
+    for r in reports:  # podman's images, a line per host (names are long: not in the table)
+        images = (r.containers or {}).get("images")
+        if images:
+            console.print(f"{r.name} images: {', '.join(images)}", highlight=False, soft_wrap=True)
     err = Console(stderr=True)
     for r in reports:
         if r.error:
@@ -284,6 +309,40 @@ def _run_hosts(args: argparse.Namespace, deploy: bool) -> int:
     if not slurm_ok:
         return EXIT_USAGE
     return EXIT_OK if all(r.reachable and not r.error for r in reports) else EXIT_HOST_FAILED
+
+
+def _run_image(args: argparse.Namespace) -> int:
+    """``rigdeck image push``: always from this workstation, whose Podman store holds the image."""
+    from tui.model.textformat import size_bytes as fmt_bytes
+
+    inv = _load(args)
+    last: dict[str, int] = {}
+
+    def progress(host: str, done: int, total: int) -> None:
+        if args.json or not total:
+            return
+        if done - last.get(host, -(1 << 40)) >= 64 << 20 or done == total:
+            last[host] = done
+            print(f"image -> {host}: {fmt_bytes(done)} of {fmt_bytes(total)}", file=sys.stderr)
+
+    with InProcessClient(inv, accept_new=getattr(args, "accept_new", False)) as client:
+        try:
+            results = client.image_push(args.image, args.names or None, progress)
+        except ImageError as e:
+            print(f"rigdeck: {e}", file=sys.stderr)
+            return EXIT_USAGE
+    if args.json:
+        json.dump([r.to_json() for r in results], sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        for r in results:
+            if r.error:
+                print(f"{r.host}\tfailed: {r.error}")
+            elif r.skipped:
+                print(f"{r.host}\thas {args.image}: skipped")
+            else:
+                print(f"{r.host}\tloaded {args.image} ({fmt_bytes(r.bytes_sent)} sent, {r.seconds:.1f} s)")
+    return EXIT_OK if all(not r.error for r in results) else EXIT_HOST_FAILED
 
 
 def _run_inventory(args: argparse.Namespace) -> int:
@@ -779,6 +838,8 @@ def main(argv: Sequence[str] | None = None, open_app: AppOpener | None = None) -
             return _run_hosts(args, deploy=True)
         if args.command == "inventory":
             return _run_inventory(args)
+        if args.command == "image":
+            return _run_image(args)
         if args.command in ("launch", "jobs", "status", "logs", "metrics", "stop", "gc", "queue"):
             return _run_jobs(args)
         if args.command in ("sweep", "sweeps"):

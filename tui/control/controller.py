@@ -94,6 +94,8 @@ class HostReport:
     memory_total_mb: int | None = None
     gpu_source: str | None = None
     gpus: list[dict[str, Any]] = field(default_factory=list)
+    # {"runtimes": [...], "images": [...] or None}: the container runtimes on PATH, podman's images
+    containers: dict[str, Any] | None = None
     agent_pid: int | None = None
     sample: dict[str, Any] | None = None
     elapsed_s: float = 0.0
@@ -128,6 +130,7 @@ class HostReport:
             # claim: the job and user holding it on the host (hosts; null for deploy)
             "gpus": [{"health": None, "health_reason": None, "drain": None, "claim": None, **dict(g)}
                      for g in self.gpus],
+            "containers": self.containers,
             "agent_pid": self.agent_pid,
             "sample": self.sample,
             "elapsed_s": round(self.elapsed_s, 3),
@@ -170,6 +173,7 @@ def _apply_facts(report: HostReport, facts: dict[str, Any]) -> None:
     report.memory_total_mb = facts.get("memory_total_mb")
     report.gpu_source = facts.get("gpu_source")
     report.gpus = list(facts.get("gpus") or [])
+    report.containers = facts.get("containers") if isinstance(facts.get("containers"), dict) else None
 
 
 def _parse_json_line(host: str, text: str, what: str) -> dict[str, Any]:

@@ -112,7 +112,7 @@ class OwnHosts:
         placement = jm.scheduler.reserve(job_id, spec, capacity, exclude_hosts=list(exclude or ()))
         try:
             if exclude is None:  # a first start checks room and GPUs first; a restart claims at once
-                self._preflight(job_id, placement)
+                self._preflight(job_id, placement, spec)
             self._claim(job_id, placement)
         except BaseException:
             jm.scheduler.release(job_id)
@@ -127,8 +127,10 @@ class OwnHosts:
             gpus[n.host] += [g for g in n.gpus if g not in gpus[n.host]]
         return gpus
 
-    def _preflight(self, job_id: str, placement: Placement) -> None:
-        """Before anything starts: every host has room for the job's files and its GPUs free."""
+    def _preflight(self, job_id: str, placement: Placement, spec: JobSpec) -> None:
+        """Before anything starts: every host has room for the job's files and its GPUs free,
+        and a ``[container]`` job's runtime and image are there."""
+        container = spec.container.to_dict() if spec.container is not None else None
         hosts = list(placement.hosts)
         gpus = self._gpus_by_host(placement)
         from concurrent.futures import ThreadPoolExecutor
@@ -136,7 +138,8 @@ class OwnHosts:
         def one(h: str) -> Any:
             try:
                 return self.jm.ctl.agent(h).job_check(job_id=job_id, gpus=gpus[h],
-                                                   min_free_mb=self.jm.ctl.inventory.min_free_mb, timeout=30)
+                                                   min_free_mb=self.jm.ctl.inventory.min_free_mb,
+                                                      container=container, timeout=30)
             except TransportError as e:
                 return e
 

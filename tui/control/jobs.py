@@ -457,9 +457,12 @@ class JobManager:
             base["metric_definitions"] = [{"name": n, "regex": r} for n, r in spec.metric_definitions]
         if spec.kind != "training" or spec.pools:
             base["kind"] = spec.kind
+        if spec.container is not None:
+            base["container"] = spec.container.to_dict()
 
         def resolved(command: Sequence[str], host: str) -> list[str]:
-            python = self.ctl.inventory.get(host).python
+            # In a container, {python} is the image's python3 (on its PATH), not the host's.
+            python = "python3" if spec.container is not None else self.ctl.inventory.get(host).python
             return [python if c == "{python}" else c.replace("{python}", python) for c in command]
 
         if spec.pools:

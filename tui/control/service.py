@@ -14,12 +14,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tui.control import images
 from tui.control.controller import Controller, HostReport
 from tui.control.history import History
+from tui.control.images import ImageError, ImagePush
 from tui.control.jobs import JobError, JobManager, JobView
 from tui.control.jobwatch import JobDetail, JobsSnapshot, JobWatch, StopPlan
 from tui.control.notify import Notifier
@@ -361,6 +363,17 @@ class ControllerService:
 
     def deploy(self, names: Sequence[str] | None = None) -> list[HostReport]:
         return self.ctl.deploy(names)
+
+    def image_push(self, image: str, names: Sequence[str] | None = None,
+                   progress: Callable[[str, int, int], None] | None = None) -> list[ImagePush]:
+        """A container image of this machine's Podman store into each host's (tui/control/images.py);
+        hosts that have it are skipped."""
+        hosts = list(names) if names else list(self.ctl.inventory.names)
+        unknown = [h for h in hosts if h not in self.ctl.inventory.names]
+        if unknown:
+            raise ImageError(f"unknown hosts {', '.join(unknown)} (the inventory has "
+                             f"{', '.join(self.ctl.inventory.names)})")
+        return images.push(self.ctl, self.manager.code_store, image, hosts, progress)
 
     def exec(self, hosts: Sequence[str], argv: list[str], timeout_s: float) -> dict[str, Any]:
         """``argv`` on every host at once, through each agent, with no shell."""

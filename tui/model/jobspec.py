@@ -178,6 +178,34 @@ class ScalingSpec:
                 "warmup_steps": self.warmup_steps}
 
 
+CONTAINER_RUNTIMES = ("podman", "docker", "apptainer")
+
+
+@dataclass(frozen=True)
+class ContainerSpec:
+    """``[container]``: every host runs its ranks in one container of ``image`` (a name in the
+    host's image store, or an archive path on the host: ``podman save``'s), with ``runtime``.
+    ``mounts``: ``"SRC:DST"`` or ``"SRC:DST:ro"`` (absolute paths on the host and inside);
+    ``workdir``: where ranks start inside (default: the job's workdir, mounted at its own path);
+    ``options``: more options for the runtime's ``run``, as they are (an argv, no shell)."""
+
+    image: str
+    runtime: str = "podman"
+    mounts: tuple[str, ...] = ()
+    workdir: str | None = None
+    options: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"image": self.image, "runtime": self.runtime, "mounts": list(self.mounts),
+                "workdir": self.workdir, "options": list(self.options)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ContainerSpec:
+        return cls(image=str(d["image"]), runtime=str(d.get("runtime") or "podman"),
+                   mounts=tuple(d.get("mounts") or ()), workdir=d.get("workdir"),
+                   options=tuple(d.get("options") or ()))
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One validated job spec. ``nodes`` is None when the spec did not say (see node_count)."""
@@ -239,6 +267,8 @@ class JobSpec:
     # ``[slurm]``: on a Slurm cluster, sbatch's partition, account, qos, constraint for this job
     # (over the inventory's [slurm]); (name, value) pairs.
     slurm: tuple[tuple[str, str], ...] = ()
+    # ``[container]``: the ranks of each host run in one container (agent/container.py).
+    container: ContainerSpec | None = None
     path: Path | None = None
     # ``env_from_file``: a file of NAME=value lines on the workstation (absolute). Its values are
     # read again at every start (``read_env_file``), sent to the hosts for the ranks only, and
@@ -328,6 +358,7 @@ class JobSpec:
             "pools": [p.to_dict() for p in self.pools],
             "processing": self.processing.to_dict() if self.processing is not None else None,
             "slurm": dict(self.slurm),
+            "container": self.container.to_dict() if self.container is not None else None,
             "path": str(self.path) if self.path is not None else None,
             # Only when set: the wire and the history of a spec without one stay as they were.
             **({"env_from_file": self.env_from_file, "env_file_names": list(self.env_file_names)}
@@ -405,6 +436,7 @@ class JobSpec:
             kind=str(d.get("kind") or "training"),
             pools=tuple(PoolSpec.from_dict(p) for p in d.get("pools") or ()),
             processing=ProcessingSpec.from_dict(d["processing"]) if d.get("processing") else None,
+            container=ContainerSpec.from_dict(d["container"]) if d.get("container") else None,
             path=Path(path) if path is not None else None,
             env_from_file=d.get("env_from_file"),
             env_file_names=tuple(d.get("env_file_names") or ()),
@@ -681,6 +713,33 @@ def _preemptible(v: Any) -> bool | str:
     raise Bad()
 
 
+def _image(v: Any) -> str:
+    text = _path_text(v)
+    if text != text.strip() or text.startswith("-") or any(c.isspace() for c in text):
+        raise Bad()
+    return text
+
+
+def _abs_path(v: Any) -> str:
+    text = _path_text(v)
+    if not text.startswith("/") or ":" in text:
+        raise Bad()
+    return text
+
+
+def _mounts(v: Any) -> tuple[str, ...]:
+    out = []
+    for m in _strings(v):
+        parts = m.split(":")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+            raise Bad(got=m)
+        for p in parts[:2]:
+            if not p.startswith("/") or _utf8_len(p) > MAX_PATH_BYTES or "," in p:
+                raise Bad(got=m)
+        out.append(m)
+    return tuple(out)
+
+
 _LOSS_EXPECTED = "a regular expression with exactly one capture group, or a group named 'loss'"
 
 
@@ -748,6 +807,15 @@ _TABLES: dict[str, dict[str, Check]] = {
         "on_nan": Check('"fail", "restart" or "ignore"', _one_of("fail", "restart", "ignore")),
     },
     "mpi": {"custom_options": Check("a list of strings", _options)},
+    "container": {
+        "image": Check("an image: a name in the hosts' image store (\"localhost/train:1\") or an "
+                       "archive path on the hosts (podman save's), without spaces or a leading '-'",
+                       _image),
+        "runtime": Check(" or ".join(f'"{x}"' for x in CONTAINER_RUNTIMES), _one_of(*CONTAINER_RUNTIMES)),
+        "mounts": Check('a list of "SRC:DST" or "SRC:DST:ro", absolute paths without \',\'', _mounts),
+        "workdir": Check("an absolute directory inside the container (no ':')", _abs_path),
+        "options": Check("a list of strings (options for the runtime's run, as they are)", _options),
+    },
     "code": {
         "sync": Check("a directory on this machine: absolute, or relative to the spec file's "
                       "directory (no '~')", _workdir),
@@ -874,6 +942,7 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
         kind=kind,
         pools=pools,
         processing=processing,
+        container=_container(tables["container"], values.get("launcher", "direct"), at),
         path=where,
     )
     if "env_from_file" in values:
@@ -901,7 +970,7 @@ _WIRE_TOP = {"name": "name", "command": "command", "launcher": "launcher", "kind
              "max_runtime_s": "max_runtime", "grace_s": "grace", "total_steps": "total_steps",
              "priority": "priority", "preemptible": "preemptible", "env": "env",
              "hyperparameters": "hyperparameters", "channels": "channels"}
-_WIRE_TABLES = ("checkpoint", "restart", "health", "mpi", "scaling", "slurm")
+_WIRE_TABLES = ("checkpoint", "restart", "health", "mpi", "scaling", "slurm", "container")
 _WIRE_OWN = ("sweep", "model_parallel", "pools", "processing", "code", "workdir", "path", "loss_pattern",
              "log_max_mb", "env_from_file", "env_file_names")
 HEX64_RE = re.compile(r"[0-9a-f]{64}")
@@ -1102,6 +1171,19 @@ def _workdir_and_code(values: Mapping[str, Any], code_table: Mapping[str, Any], 
     if code_table:
         raise at.error("code.sync", "a directory to sync (max_files, max_mb and follow_links need it)")
     return workdir, None
+
+
+def _container(table: Mapping[str, Any], launcher: str, at: _At) -> ContainerSpec | None:
+    if not table:
+        return None
+    if "image" not in table:
+        raise at.error("container.image", f"{_TABLES['container']['image'].expected} (required in [container])")
+    if launcher == "mpirun":
+        raise at.error("launcher", '"direct" or "torchrun" with [container] (mpirun would start ranks '
+                       "outside the other hosts' containers)", launcher)
+    return ContainerSpec(image=table["image"], runtime=table.get("runtime", "podman"),
+                         mounts=table.get("mounts", ()), workdir=table.get("workdir"),
+                         options=table.get("options", ()))
 
 
 def _scaling(table: Mapping[str, Any], at: _At) -> ScalingSpec | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import base64
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, TypedDict, TypeVar
 
@@ -408,6 +408,16 @@ class AgentClient:
         stored contents: ``{path, made}``."""
         return _dict(self._call("code_commit", **_kw(timeout), tree=tree, files=files))
 
+    def image_have(self, *, image: str, id: str, timeout: float | None = None) -> dict[str, Any]:
+        """Whether a job on the host would run ``image`` with this id: ``{have, id, runtimes}``
+        (``id``: the one the host has under that name, or null)."""
+        return _dict(self._call("image_have", **_kw(timeout), image=image, id=id))
+
+    def image_load(self, *, path: str, image: str, id: str, timeout: float | None = None) -> dict[str, Any]:
+        """Load the image directory ``path`` (a tree ``code_commit`` made) into the host's own
+        image store as ``image``, checked to be ``id``: ``{image, id}``."""
+        return _dict(self._call("image_load", **_kw(timeout), path=path, image=image, id=id))
+
     def code_get(self, *, sha: str, offset: int, size: int, timeout: float | None = None) -> dict[str, Any]:
         """A piece of a stored content (at most 512 KiB of it): ``{data: base64, size: the
         whole content's size, eof}`` (artifacts move host -> controller -> host this way)."""
@@ -470,10 +480,12 @@ class AgentClient:
         return bool(_dict(self._call("job_release", **_kw(timeout), job_id=job_id)).get("released"))
 
     def job_check(self, *, job_id: str, gpus: Sequence[int], min_free_mb: float = 0.0,
-                  timeout: float | None = None) -> JobCheck:
-        """Whether a start could go ahead here (free space, the GPUs unclaimed), changing nothing."""
+                  container: Mapping[str, Any] | None = None, timeout: float | None = None) -> JobCheck:
+        """Whether a start could go ahead here (free space, the GPUs unclaimed, a ``[container]``
+        job's runtime and image present), changing nothing."""
+        extra = {"container": dict(container)} if container else {}
         return JobCheck.from_wire(_dict(self._call("job_check", **_kw(timeout), job_id=job_id,
-                                                   gpus=list(gpus), min_free_mb=min_free_mb)))
+                                                   gpus=list(gpus), min_free_mb=min_free_mb, **extra)))
 
     def job_gc(self, *, max_age_s: float | None = None, max_jobs: int | None = None,
                timeout: float | None = None) -> dict[str, Any]:

@@ -1,0 +1,347 @@
+"""``[container]`` jobs (agent/container.py): the spec's checks, and on the session's test bed
+(3 hosts, real sshd, a real Podman with runc) the ddp example in one container per host, a stop
+and a killed rank leaving no container and no process, and a missing image or runtime refused
+before anything starts. The image is tests/containerimage.py's (``make image`` builds it once
+per recipe and loads it into this machine's podman store, which every bed host's agent reads
+as its read-only image store)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent import container as agent_container
+from tests import containerimage
+from tests._require import require
+from tests.kit import EXAMPLES, JOBSCRIPTS, wait_until
+from tests.kit.bedcli import Cli, tagged
+from tui.control.images import ImagePush
+from tui.model.jobspec import JobSpecError, jobspec_from_toml, jobspec_from_wire
+
+# The first test on the bed builds the image when this machine has none cached (about 3 minutes,
+# more with the other workers running): its setup needs more than the suite's 300 s.
+pytestmark = pytest.mark.timeout(900)
+
+HOSTS = ("h1", "h2", "h3")
+# Inside a bed host, the agent's state dir is /root/.rigdeck (tests/testbed.py).
+STORE_ENV = ["env", "CONTAINERS_CONF=/root/.rigdeck/podman/containers.conf",
+             "CONTAINERS_STORAGE_CONF=/root/.rigdeck/podman/storage.conf"]
+BASE = 'name = "c"\ncommand = ["{python}", "x.py"]\nworkdir = "/tmp"\n'
+
+
+# -- the spec --------------------------------------------------------------------------------
+
+def spec_error(body: str) -> str:
+    with pytest.raises(JobSpecError) as e:
+        jobspec_from_toml(BASE + body, "/tmp/c.toml")
+    return str(e.value)
+
+
+def test_container_table_is_read_and_survives_the_wire() -> None:
+    spec = jobspec_from_toml(BASE + '[container]\nimage = "localhost/train:1"\nmounts = ["/data:/data:ro"]\n'
+                             'workdir = "/work"\noptions = ["--cap-add", "SYS_PTRACE"]\n', "/tmp/c.toml")
+    assert spec.container is not None
+    assert (spec.container.image, spec.container.runtime, spec.container.mounts, spec.container.workdir,
+            spec.container.options) == ("localhost/train:1", "podman", ("/data:/data:ro",), "/work",
+                                        ("--cap-add", "SYS_PTRACE"))
+    assert jobspec_from_wire(spec.to_dict()).container == spec.container
+    assert jobspec_from_toml(BASE, "/tmp/c.toml").container is None
+
+
+@pytest.mark.parametrize(("body", "field", "expected"), [
+    ('[container]\nruntime = "podman"\n', "container.image", "(required in [container])"),
+    ('[container]\nimage = "-v:/x"\n', "container.image", "without spaces or a leading '-'"),
+    ('[container]\nimage = "x"\nruntime = "lxc"\n', "container.runtime", '"podman" or "docker" or "apptainer"'),
+    ('[container]\nimage = "x"\nmounts = ["data:/d"]\n', "container.mounts", '"SRC:DST" or "SRC:DST:ro"'),
+    ('[container]\nimage = "x"\nmounts = ["/a:/b:rx"]\n', "container.mounts", '"SRC:DST" or "SRC:DST:ro"'),
+    ('[container]\nimage = "x"\nworkdir = "rel"\n', "container.workdir", "an absolute directory"),
+    ('[container]\nimage = "x"\noptions = "--privileged"\n', "container.options", "a list of strings"),
+    ('[container]\nimage = "x"\nshm = 1\n', "container.shm", "image, mounts, options, runtime, workdir"),
+    ('launcher = "mpirun"\n[container]\nimage = "x"\n', "launcher", '"direct" or "torchrun" with [container]'),
+])
+def test_a_bad_container_field_is_named_with_what_was_expected(body: str, field: str, expected: str) -> None:
+    text = spec_error(body)
+    assert text.startswith("/tmp/c.toml: ") and f"field '{field}'" in text and expected in text, text
+
+
+# -- the agent's side, on this machine -------------------------------------------------------
+
+def test_an_absent_runtime_is_named_with_what_the_host_has(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    assert agent_container.check({"image": "x", "runtime": "podman"}, str(tmp_path)) == [
+        "no podman here (container runtimes found: none of podman, docker, apptainer)"]
+    podman = shutil.which("podman", path="/usr/bin:/usr/local/bin")
+    require(podman is not None, "podman is not installed (make test installs it)")
+    (bin_dir / "podman").symlink_to(podman or "")
+    assert agent_container.check({"image": "x", "runtime": "apptainer"}, str(tmp_path)) == [
+        "no apptainer here (container runtimes found: podman)"]
+    assert agent_container.check({"image": "x", "runtime": "docker"}, str(tmp_path)) == [
+        "no docker here (container runtimes found: podman)"]
+
+
+def test_limits_come_from_the_host_and_never_exceed_it() -> None:
+    import resource
+
+    argv = agent_container.ulimits()
+    got = dict(argv[i + 1].split("=", 1) for i in range(0, len(argv), 2))
+    assert set(got) == {"nofile", "nproc", "memlock"}
+    soft, hard = (-1 if v == resource.RLIM_INFINITY else v for v in resource.getrlimit(resource.RLIMIT_NOFILE))
+    assert got["nofile"] == f"{soft}:{hard}"
+    nproc = [int(v) for v in got["nproc"].split(":")]
+    assert all(0 < v <= agent_container.PODMAN_NPROC for v in nproc)
+
+
+# -- on the test bed ---------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    """The test image (tests/containerimage.py): taken from the cache, or built there the first
+    time on this machine (about 3 minutes), in this worker while the others run their files,
+    rather than before the whole suite. ``make image`` does the same by hand."""
+    require(shutil.which("podman") is not None, "podman is not installed (make test installs it)")
+    require(shutil.which("mmdebstrap") is not None or containerimage.archive().is_file(),
+            "mmdebstrap is not installed (make test installs it)")
+    return containerimage.ensure()
+
+
+def podman(cli: Cli, host: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """podman on bed host ``host`` with the agent's store there."""
+    return cli.bed.exec(host, [*STORE_ENV, "podman", *args])
+
+
+def containers(cli: Cli, job_id: str) -> dict[str, list[str]]:
+    """Every container of the job, running or not, on each host (``podman ps -a`` there)."""
+    out = {}
+    for i, h in enumerate(HOSTS, start=1):
+        r = podman(cli, i, "ps", "-a", "--filter", f"label=rigdeck.job={job_id}", "--format", "{{.Names}}")
+        assert r.returncode == 0, r.stderr
+        out[h] = r.stdout.split()
+    return out
+
+
+def ddp_spec(cli: Cli, image: str, steps: int) -> Path:
+    return cli.spec("ddpc", f"""
+command = ["{{python}}", "train.py", "--steps", "{steps}", "--checkpoint-every", "10", "--seed", "0"]
+workdir = "{EXAMPLES / 'ddp'}"
+launcher = "torchrun"
+nodes = 3
+processes_per_node = 2
+[env]
+OMP_NUM_THREADS = "1"
+[checkpoint]
+dir = "/tmp/rigdeck-checkpoints/{{job_id}}"
+owner = "rank0"
+[log]
+loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
+[container]
+image = "{image}"
+""")
+
+
+def running_ranks(cli: Cli, job_id: str, n: int) -> list[int]:
+    """The host pids of the job's ``n`` ranks once all run, asked every 2 s (each look is a
+    rigdeck process: on 2 cores, asking more often slows the ranks' start it waits for)."""
+    def pids() -> list[int]:
+        got = [r["pid"] for r in cli.json("status", job_id)["ranks"] if r.get("pid") and r.get("state") == "running"]
+        return got if len(got) == n else []
+    return wait_until(pids, 180, f"{n} running ranks of {job_id}", step=2.0)
+
+
+def ended(cli: Cli, job_id: str, timeout: float = 240) -> dict[str, Any]:
+    """The job's status once it ended (each look through ``status`` supervises it too)."""
+    def done() -> dict[str, Any] | None:
+        st = cli.json("status", job_id)
+        return st if st["state"] in ("succeeded", "failed", "stopped") else None
+    return wait_until(done, timeout, f"{job_id} to end", step=2.0)
+
+
+def inside_view(cli: Cli, host: int, job_id: str, pids: list[int]) -> dict[str, Any]:
+    """What host ``host`` shows of the job's container and of its ranks ``pids``: the
+    container's id and pid, each rank's cgroup line and ancestry (names up to the host's init)."""
+    (name,) = containers(cli, job_id)[HOSTS[host - 1]]
+    info = json.loads(podman(cli, host, "inspect", name).stdout)[0]
+    ps = cli.bed.exec(host, ["ps", "-e", "-o", "pid=,ppid=,comm="]).stdout.split("\n")
+    parent = {int(p[0]): (int(p[1]), p[2]) for p in (ln.split(None, 2) for ln in ps) if len(p) == 3}
+    ranks = {}
+    for pid in pids:
+        chain, p = [], pid
+        while p in parent and p > 1:
+            p, comm = parent[p][0], parent.get(parent[p][0], (0, "?"))[1]
+            chain.append(comm)
+        cgroup = cli.bed.exec(host, ["cat", f"/proc/{pid}/cgroup"]).stdout
+        env = cli.bed.exec(host, ["cat", f"/proc/{pid}/environ"]).stdout.split("\0")
+        ranks[pid] = {"ancestors": chain, "in_container": info["Id"] in cgroup,
+                      "env": dict(e.split("=", 1) for e in env if "=" in e)}
+    return {"name": name, "id": info["Id"], "pid": info["State"]["Pid"], "ranks": ranks}
+
+
+@pytest.mark.testbed
+@pytest.mark.cli_options(timeout=240)
+def test_ddp_example_runs_in_one_container_per_host(cli: Cli, image: str) -> None:
+    """The ddp example (torchrun) across 3 hosts in containers: each host's ranks in its one
+    container, seeing the job's cluster files and the host's /dev/shm; loss, steps and the
+    checkpoint owner come back as without a container; nothing is left after."""
+    job_id = cli.json("launch", str(ddp_spec(cli, image, 30)))["job_id"]
+    pids = running_ranks(cli, job_id, 6)
+    by_host = {h: [r["pid"] for r in cli.json("status", job_id)["ranks"] if r["host"] == h] for h in HOSTS}
+    assert sorted(len(v) for v in by_host.values()) == [2, 2, 2], by_host
+    marker = f"/dev/shm/rdk-container-{job_id}"
+    for i, h in enumerate(HOSTS, start=1):
+        view = inside_view(cli, i, job_id, by_host[h])
+        for pid, rank in view["ranks"].items():
+            # in the container's cgroup, under conmon (podman's monitor), not under sshd
+            assert rank["in_container"] and "conmon" in rank["ancestors"], (h, pid, rank["ancestors"])
+            # the cluster files, as the rank itself sees them (its root is the container's)
+            base = rank["env"]["SAGEMAKER_BASE_DIR"]
+            seen = cli.bed.exec(i, ["cat", f"/proc/{pid}/root{base}/input/config/resourceconfig.json"])
+            assert json.loads(seen.stdout)["current_host"] == h, seen
+            assert rank["env"]["RIGDECK_JOB_ID"] == job_id and rank["env"]["WORLD_SIZE"] == "6"
+        # /dev/shm inside is the host's own: a file written on the host is there
+        cli.bed.exec(i, ["sh", "-c", f"echo {h} > {marker}"])
+        try:
+            got = podman(cli, i, "exec", view["name"], "cat", marker)
+            assert got.stdout.strip() == h, got
+        finally:
+            cli.bed.exec(i, ["rm", "-f", marker])
+    assert len(pids) == 6
+    st = ended(cli, job_id)
+    assert st["state"] == "succeeded", json.dumps(st, indent=1)[-3000:]
+    assert st["last_step"] == 29 and st["last_loss"] is not None
+    text = cli.run("status", job_id).stdout
+    assert "progress step 29 loss" in text, text
+    metrics = cli.json("metrics", job_id)
+    assert {m["rank"] for m in metrics if m.get("loss") is not None and m.get("event") is None} == set(range(6))
+    owners = {(m["owner"]["rank"], m["owner"]["host"]) for m in metrics
+              if m.get("event") == "checkpoint" and m.get("status") == "done"}
+    assert owners == {(0, "h1")}, owners
+    assert containers(cli, job_id) == {h: [] for h in HOSTS}
+    assert tagged(cli.bed, job_id) == {h: [] for h in HOSTS}
+
+
+@pytest.mark.testbed
+@pytest.mark.cli_options(timeout=240)
+def test_stop_and_a_killed_rank_leave_no_container_and_no_process(cli: Cli, image: str) -> None:
+    """`rigdeck stop` mid-run removes every host's container; a rank killed inside its container
+    stops the gang as it does without one, naming the rank; a job host killed outright leaves no
+    container either. (The stdlib ticker, direct launcher:
+    what is shown here needs no torch.)"""
+    spec = cli.spec("tickc", f'command = ["{{python}}", "ticker.py", "--steps", "100000", "--sleep", "0.2"]\n'
+                    f'workdir = "{JOBSCRIPTS}"\nlauncher = "direct"\nnodes = 3\nprocesses_per_node = 2\n'
+                    f'[container]\nimage = "{image}"\n')
+    job_id = cli.json("launch", str(spec))["job_id"]
+    running_ranks(cli, job_id, 6)
+    assert all(len(v) == 1 for v in containers(cli, job_id).values())
+    stopped = cli.json("stop", job_id, "--grace", "2")
+    assert stopped["state"] == "stopped", stopped
+    wait_until(lambda: containers(cli, job_id) == {h: [] for h in HOSTS}, 30, "no container left")
+    assert tagged(cli.bed, job_id) == {h: [] for h in HOSTS}
+
+    job_id = cli.json("launch", str(spec))["job_id"]
+    running_ranks(cli, job_id, 6)
+    (rank3,) = [r for r in cli.json("status", job_id)["ranks"] if r["rank"] == 3]
+    # the training process itself (the wrapper's child), killed from the host: it runs in the
+    # container, in the host's PID namespace
+    child = cli.bed.exec(2, ["pgrep", "-P", str(rank3["pid"])]).stdout.split()
+    target = int(child[0]) if child else rank3["pid"]
+    cli.bed.exec(2, ["kill", "-9", str(target)])
+    st = ended(cli, job_id)
+    assert st["state"] == "failed", json.dumps(st, indent=1)[-3000:]
+    assert st["cause"]["rank"] == 3 and st["cause"]["host"] == "h2", st["cause"]
+    wait_until(lambda: containers(cli, job_id) == {h: [] for h in HOSTS}, 30, "no container left")
+    wait_until(lambda: tagged(cli.bed, job_id) == {h: [] for h in HOSTS}, 30, "no process left")
+
+    # The job host itself killed outright: its agent stops what it left, the container too.
+    job_id = cli.json("launch", str(spec))["job_id"]
+    running_ranks(cli, job_id, 6)
+    state = json.loads((cli.bed.hosts[1].state_dir / "jobs" / job_id / "state.json").read_text())
+    cli.bed.exec(2, ["kill", "-9", str(state["jobhost_pid"])])
+    st = ended(cli, job_id)
+    assert st["state"] == "failed" and st["cause"]["host"] == "h2" and st["cause"]["signal"] == 9, st["cause"]
+    wait_until(lambda: containers(cli, job_id) == {h: [] for h in HOSTS}, 30, "no container left")
+    wait_until(lambda: tagged(cli.bed, job_id) == {h: [] for h in HOSTS}, 30, "no process left")
+
+
+@pytest.mark.testbed
+def test_a_missing_image_or_runtime_is_refused_before_anything_starts(cli: Cli, image: str) -> None:
+    """Refused by every host's check, naming the host and what it lacks; no job directory, no
+    process, no container anywhere."""
+    missing = cli.spec("noimage", f'command = ["{{python}}", "x.py"]\nworkdir = "{EXAMPLES / "ddp"}"\n'
+                       'nodes = 3\nprocesses_per_node = 1\n[container]\nimage = "localhost/rigdeck-nope:0"\n')
+    r = cli.run("launch", str(missing), check=False)
+    assert r.returncode != 0
+    for h in HOSTS:
+        assert f"{h}: image localhost/rigdeck-nope:0 is not in podman's image store here" in r.stderr, r.stderr
+    assert "nothing was started" in r.stderr
+    # An archive only one host has (each bed host has its own /root/.rigdeck): the others are named.
+    h1_only = cli.bed.hosts[0].state_dir / "image.tar"
+    h1_only.write_bytes(b"not an image")
+    try:
+        arch = cli.spec("noarchive", f'command = ["{{python}}", "x.py"]\nworkdir = "{EXAMPLES / "ddp"}"\n'
+                        'nodes = 3\nprocesses_per_node = 1\n[container]\nimage = "/root/.rigdeck/image.tar"\n')
+        r = cli.run("launch", str(arch), check=False)
+    finally:
+        h1_only.unlink()
+    assert r.returncode != 0
+    assert "h2: no image archive /root/.rigdeck/image.tar here" in r.stderr, r.stderr
+    assert "h3: no image archive" in r.stderr and "h1: no image archive" not in r.stderr, r.stderr
+    absent = cli.spec("noruntime", f'command = ["{{python}}", "x.py"]\nworkdir = "{EXAMPLES / "ddp"}"\n'
+                      f'nodes = 3\nprocesses_per_node = 1\n[container]\nimage = "{image}"\nruntime = "apptainer"\n')
+    r = cli.run("launch", str(absent), check=False)
+    assert r.returncode != 0
+    for h in HOSTS:
+        assert f"{h}: no apptainer here (container runtimes found: podman" in r.stderr, r.stderr
+    for i in range(1, 4):
+        jobs = cli.bed.exec(i, ["sh", "-c", "ls /root/.rigdeck/jobs 2>/dev/null | "
+                                            "grep -E '^no(image|archive|runtime)' || true"])
+        assert jobs.stdout.strip() == "", jobs.stdout
+
+
+@pytest.mark.testbed
+def test_image_push_ships_layers_by_content_and_skips_hosts_that_have_it(cli: Cli, tmp_path: Path) -> None:
+    """`rigdeck image push` (tui.control.images) from a workstation store of its own (the bed's hosts share this
+    machine's store, which the workstation must not be): each host is sent the image's layers
+    once; an image that shares its layer with one pushed before costs only its config; a host
+    whose agent has the image is skipped."""
+    require(shutil.which("podman") is not None, "podman is not installed (make test installs it)")
+    conf = tmp_path / "storage.conf"
+    conf.write_text(f'[storage]\ndriver = "overlay"\ngraphroot = "{tmp_path}/storage"\nrunroot = "{tmp_path}/run"\n')
+    ws = {**cli.env, "CONTAINERS_STORAGE_CONF": str(conf)}
+    cli.env = ws
+    root = tmp_path / "rootfs"
+    root.mkdir()
+    (root / "payload").write_bytes(os.urandom(2 << 20))  # 2 MB that no compression makes smaller
+    subprocess.run(["tar", "-C", str(root), "-cf", str(tmp_path / "rootfs.tar"), "."], check=True)
+    tag = f"localhost/rigdeck-push-{tmp_path.name.lower().replace('_', '-')}"
+    first, second = f"{tag}:1", f"{tag}:2"
+    subprocess.run(["podman", "import", "-q", str(tmp_path / "rootfs.tar"), first], env=ws, check=True,
+                   capture_output=True)
+    subprocess.run(["podman", "import", "-q", "--change", "CMD=/payload", str(tmp_path / "rootfs.tar"), second],
+                   env=ws, check=True, capture_output=True)
+    try:
+        got = {r["host"]: r for r in cli.json("image", "push", first, "h1", "h2")}
+        assert set(got) == {"h1", "h2"} and not any(r["error"] or r["skipped"] for r in got.values()), got
+        assert all(set(r) == set(ImagePush("h").to_json()) for r in got.values())
+        assert all(r["bytes_sent"] > 2_000_000 for r in got.values()), got  # the layer, to each host
+        for i in (1, 2):
+            assert podman(cli, i, "image", "exists", first).returncode == 0
+        (h1,) = cli.json("hosts", "h1")
+        assert "podman" in h1["containers"]["runtimes"] and first in h1["containers"]["images"], h1["containers"]
+        assert "h1 images: " in cli.run("hosts", "h1").stdout
+        again = {r["host"]: r for r in cli.json("image", "push", first)}
+        # h3 shares the bed's one image store with h1 and h2: its agent has the image too
+        assert all(r["skipped"] and not r["error"] for r in again.values()), again
+        layered = {r["host"]: r for r in cli.json("image", "push", second, "h1")}
+        assert 0 < layered["h1"]["bytes_sent"] < 100_000, layered  # the config, not the layer again
+        assert podman(cli, 1, "image", "exists", second).returncode == 0
+    finally:
+        for name in (first, second):
+            subprocess.run(["podman", "rmi", "--force", "--ignore", name], capture_output=True)
+            subprocess.run(["podman", "rmi", "--force", "--ignore", name], env=ws, capture_output=True)
