@@ -33,7 +33,10 @@ SERVER_METHODS = frozenset((
     "probe_port", "route_source", "exec",
     "code_have", "code_put", "code_unpack", "code_commit", "code_get", "artifact_pack",
     "gpu_health_clear", "prometheus_textfile",
+    "slurm_submit",  # a job launched on a Slurm cluster: sbatch on the login host (agent/slurmstep.py)
 ))
+# Not the server's: image_have and image_load (`rigdeck image push` is the workstation's, as
+# deploy is), upgrade, shutdown, set_rate, unsubscribe.
 
 # The programs the server runs through ``exec`` (``python -c SOURCE ARG...``): the doctor's
 # probes (tui/control/doctorhost.py) and a processing input's listing (tui/control/jobs.py).

@@ -452,7 +452,7 @@ def test_the_server_roles_attach_reaches_only_its_allow_list(state_dir: Path, tm
 
     # Every RPC is in the server's allow-list or refused to it on purpose: a new one is a choice.
     assert set(Daemon(str(tmp_path / "d")).methods) - SERVER_METHODS == {"upgrade", "shutdown", "unsubscribe",
-                                                                         "set_rate"}
+                                                                         "set_rate", "image_have", "image_load"}
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RIGDECK_SIM_GPUS": "2"}
     p = subprocess.Popen([sys.executable, "-m", "agent", "attach", "--state-dir", str(state_dir), "--role", "server"],
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
