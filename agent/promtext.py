@@ -91,7 +91,7 @@ def bool_label(v: bool) -> str:
 
 
 # Each measured figure of a GPU: (its family, its key in a telemetry sample's GPU, the conversion
-# to the family's base unit). A GpuView (tui/model/views.py) has the same names as attributes.
+# to the family's base unit). A GpuView (tui/model/hostviews.py) has the same names as attributes.
 GPU_FIGURES = (
     ("rigdeck_gpu_utilization_ratio", "utilization_pct", ratio),
     ("rigdeck_gpu_memory_used_bytes", "memory_used_mb", lambda v: scaled(v, MIB)),

@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench._meta import run_meta, write_result  # noqa: E402
 from tests.testbed import TestBed, available  # noqa: E402
-from tui.control.controller import Controller  # noqa: E402
+from tui.control.hostlinks import HostLinks  # noqa: E402
 from tui.remote.artifacts import merge, stage  # noqa: E402
-from tui.remote.sshconfig import load_inventory  # noqa: E402
+from tui.remote.inventoryfile import load_inventory  # noqa: E402
 
 
 def make_job(bed: TestBed, host: str, job_id: str, seed: int = 0) -> dict[str, int]:
@@ -96,7 +96,7 @@ def main() -> int:
     src, dests = "h1", ["h2", "h3"]
     with TestBed(3) as bed:
         inv = load_inventory(bed.inventory_path)
-        with Controller(inv) as ctl:
+        with HostLinks(inv) as ctl:
             for h in inv.names:
                 ctl.agent(h).ping()  # deploy once, outside any timing
             for r in range(args.rounds):

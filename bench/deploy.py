@@ -28,9 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench._meta import run_meta, write_result  # noqa: E402
 from tests.testbed import TestBed, available  # noqa: E402
-from tui.control.controller import Controller  # noqa: E402
+from tui.control.hostlinks import HostLinks  # noqa: E402
 from tui.remote.bundle import build_agent  # noqa: E402
-from tui.remote.sshconfig import load_inventory  # noqa: E402
+from tui.remote.inventoryfile import load_inventory  # noqa: E402
 
 
 def time_rigdeck(bed: TestBed, fresh: bool) -> float:
@@ -39,7 +39,7 @@ def time_rigdeck(bed: TestBed, fresh: bool) -> float:
             shutil.rmtree(h.state_dir / "agent", ignore_errors=True)
     inv = load_inventory(bed.inventory_path)
     start = time.perf_counter()
-    with Controller(inv) as ctl:
+    with HostLinks(inv) as ctl:
         reports = ctl.deploy()
     elapsed = time.perf_counter() - start
     bad = [r.error for r in reports if r.error]

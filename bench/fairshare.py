@@ -51,7 +51,7 @@ from tui.model.fairshare import run_intervals  # noqa: E402
 from tui.model.jobspec import jobspec_from_toml  # noqa: E402
 from tui.model.jobstate import TERMINAL  # noqa: E402
 from tui.model.userconfig import parse_config  # noqa: E402
-from tui.remote.sshconfig import load_inventory  # noqa: E402
+from tui.remote.inventoryfile import load_inventory  # noqa: E402
 
 HOSTS, GPUS = 3, 4
 SHARES = {"alice": 2, "bob": 1, "carol": 1}

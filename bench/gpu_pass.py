@@ -263,8 +263,8 @@ async def _screens(sim_gpus: int) -> list[Path]:
 
     from tui.app.shell import RigdeckApp
     from tui.client import InProcessClient
-    from tui.control.controller import Controller
-    from tui.remote.sshconfig import local_inventory
+    from tui.control.hostlinks import HostLinks
+    from tui.remote.inventoryfile import local_inventory
 
     inv = local_inventory()  # what rigdeck uses with no inventory: this machine, no SSH
     if sim_gpus:  # a dry run of this step on a machine without a GPU (simulated, and says so)
@@ -277,7 +277,7 @@ async def _screens(sim_gpus: int) -> list[Path]:
         f'workdir = "{ROOT / "examples" / "ddp"}"\nlauncher = "direct"\nnodes = 1\ngpus_per_node = 1\n'
         'total_steps = 20000\n\n[env]\nOMP_NUM_THREADS = "1"\n\n'
         f'[checkpoint]\ndir = "{work}/ckpt/{{job_id}}"\nowner = "rank0"\n')
-    app = RigdeckApp(InProcessClient(controller=Controller(inv)), keymap_file=work / "keys.toml")
+    app = RigdeckApp(InProcessClient(controller=HostLinks(inv)), keymap_file=work / "keys.toml")
     shots: list[Path] = []
     async with app.run_test(size=(140, 40)) as pilot:
 

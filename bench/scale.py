@@ -2,8 +2,8 @@
 
 One test bed of max(N) hosts is brought up once (each host a real OpenSSH sshd in its own
 network namespace; 8 *simulated* GPUs each, since this machine has no NVML), and the current
-agent is deployed to every host with ``Controller.deploy()``. Then, for each N (ascending), a
-fresh process runs the real controller side against hosts h1..hN: ``tui.control.controller.Controller``
+agent is deployed to every host with ``HostLinks.deploy()``. Then, for each N (ascending), a
+fresh process runs the real controller side against hosts h1..hN: ``tui.control.hostlinks.HostLinks``
 and ``tui.control.monitor.Monitor`` unchanged (one reader thread for every host, paramiko SSH served
 by the fixed hub threads of ``tui/remote/hub.py``, the deploy
 check, ``agent.pyz attach`` and a 1 Hz subscription), with a ``ClusterState`` that records when
@@ -70,9 +70,9 @@ from bench.telemetry import (  # noqa: E402
     proc_mem_mb,
 )
 from tests.testbed import TestBed, available  # noqa: E402
-from tui.control.controller import Controller  # noqa: E402
+from tui.control.hostlinks import HostLinks  # noqa: E402
 from tui.control.monitor import Monitor  # noqa: E402
-from tui.remote.sshconfig import load_inventory  # noqa: E402
+from tui.remote.inventoryfile import load_inventory  # noqa: E402
 
 SIM_GPUS = 8
 SETTLE_S = 2.0  # after every host's first sample: every collector past its first, costly one
@@ -138,7 +138,7 @@ def measure(inventory: Path, seconds: float, netns: list[str]) -> dict[str, Any]
     """The controller side against every host of ``inventory``, measured over ``seconds``."""
     inv = load_inventory(inventory)
     n = len(inv.hosts)
-    ctl = Controller(inv)
+    ctl = HostLinks(inv)
     ctl.bundle  # noqa: B018  (built before the baseline memory reading, as the app has it)
     me = os.getpid()
     rss0 = proc_mem_mb(me)
@@ -423,7 +423,7 @@ def main() -> int:
         up_s = time.monotonic() - t0
         print(f"test bed of {max(ns)} hosts up in {up_s:.1f} s", flush=True)
         t1 = time.monotonic()
-        with Controller(load_inventory(bed.inventory_path)) as ctl:
+        with HostLinks(load_inventory(bed.inventory_path)) as ctl:
             reports = ctl.deploy()
         bad = {r.name: r.error for r in reports if r.error}
         if bad:
@@ -458,7 +458,7 @@ def main() -> int:
     if fits:
         print_models(fits)
     result = {
-        "what": "the real controller (Controller + Monitor, paramiko SSH) against N test bed "
+        "what": "the real controller (HostLinks + Monitor, paramiko SSH) against N test bed "
         "hosts (real sshd, real agent, simulated GPUs), telemetry at 1 Hz",
         "sim_gpus": SIM_GPUS,
         "gpu_source": "simulated (no NVML on the measuring machine)",

@@ -15,7 +15,7 @@ rigdeck is timed twice: with a controller made for the run (its SSH connections,
 agent's check on each host, inside the time, as rsync's ssh start is inside its time), and with
 a connected controller (the app or a server: connections already open). Each does what
 ``rigdeck launch`` does: the snapshot (read, hash and keep every file in the controller's store),
-with the hosts connected to meanwhile (``Controller.reach``), then a push to each host at once.
+with the hosts connected to meanwhile (``HostLinks.reach``), then a push to each host at once.
 The headline ratio is the first one (connections included): rsync's time includes its own.
 
 The tree (made with a fixed seed): 1,600 source-like text files (~34 MB, compressible) and 16
@@ -42,10 +42,10 @@ sys.path.insert(0, str(ROOT))
 
 from bench._meta import run_meta, write_result  # noqa: E402
 from tests.testbed import WORKSTATION_ONLY, TestBed, available  # noqa: E402
-from tui.control.controller import Controller  # noqa: E402
+from tui.control.hostlinks import HostLinks  # noqa: E402
 from tui.model.codesync import CodeSpec  # noqa: E402
 from tui.remote.codesync import CodeStore, Payloads, push  # noqa: E402
-from tui.remote.sshconfig import load_inventory  # noqa: E402
+from tui.remote.inventoryfile import load_inventory  # noqa: E402
 
 WORDS = ("loss", "grad", "step", "batch", "model", "layer", "optim", "tensor", "rank", "world",
          "config", "params", "shard", "token", "embed", "attn", "norm", "scale", "warmup", "decay")
@@ -88,7 +88,7 @@ def time_rsync(bed: TestBed, src: Path) -> float:
     return elapsed
 
 
-def time_rigdeck(ctl: Controller, store: CodeStore, src: Path) -> tuple[float, list[dict[str, Any]]]:
+def time_rigdeck(ctl: HostLinks, store: CodeStore, src: Path) -> tuple[float, list[dict[str, Any]]]:
     start = time.perf_counter()
     ctl.reach(ctl.inventory.names)  # as ControllerService.launch does: connect while reading the files
     code, _ = store.snapshot(CodeSpec(sync=str(src)))
@@ -109,7 +109,7 @@ def clear_hosts(bed: TestBed) -> None:
         shutil.rmtree(h.state_dir / "rsync-bench", ignore_errors=True)
 
 
-def warm_up(bed: TestBed, ctl: Controller, src: Path, work: Path) -> None:
+def warm_up(bed: TestBed, ctl: HostLinks, src: Path, work: Path) -> None:
     """One untimed first sync each way, so that every timed case follows the removal of an
     earlier copy on the hosts: ext4 passes over inodes freed in the last minutes when it makes
     files, so without this the first round's rsync alone ran on hosts that had removed nothing
@@ -151,7 +151,7 @@ def main() -> int:
         original = edit.read_text()
         with TestBed(3) as bed:
             inv = load_inventory(bed.inventory_path)
-            with Controller(inv) as warm:
+            with HostLinks(inv) as warm:
                 for h in inv.names:
                     warm.agent(h).ping()  # deploy once, outside any timing
                 warm_up(bed, warm, src, work)
@@ -165,7 +165,7 @@ def main() -> int:
                         shutil.rmtree(work, ignore_errors=True)
                         store = CodeStore(work / "code")
                         if ctl_new:
-                            with Controller(inv) as ctl:
+                            with HostLinks(inv) as ctl:
                                 t, res = time_rigdeck(ctl, store, src)
                         else:
                             t, res = time_rigdeck(warm, store, src)
@@ -175,7 +175,7 @@ def main() -> int:
                     edit.write_text(original + f"# round {r}: one line more\n")
                     cases["rsync_change"].append(time_rsync(bed, src))
                     edit.write_text(original + f"# round {r}: one line more, again\n")
-                    with Controller(inv) as ctl:
+                    with HostLinks(inv) as ctl:
                         t, res = time_rigdeck(ctl, store, src)
                     cases["rigdeck_change_new"].append(t)
                     sent["rigdeck_change_new"] = res

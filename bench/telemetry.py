@@ -21,7 +21,7 @@
     Where ``nvidia-smi`` is on PATH (a GPU host), also: ``nvidia-smi --query-gpu=... -l 1``
     running all along (its CPU from schedstat, as the daemon's), one ``nvidia-smi --query-gpu``
     per tick, and ``nvitop --once`` per tick where nvitop is installed.
-(b) Controller ingest. N daemons (each its own state dir, 8 simulated GPUs, 1 Hz) run as local
+(b) HostLinks ingest. N daemons (each its own state dir, 8 simulated GPUs, 1 Hz) run as local
     processes; the controller reaches each through ``agent.pyz attach`` over pipes, using
     ``tui.control.monitor.Monitor`` unchanged (one reader thread per host, ``AgentLink`` +
     ``PipeStream``). Its ``ClusterState`` is a subclass that records when each sample is applied.
@@ -63,7 +63,7 @@ sys.path.insert(0, str(ROOT))
 
 from agent.telemetry import NVIDIA_SMI_QUERY, parse_nvidia_smi_row  # noqa: E402
 from bench._meta import run_meta, write_result  # noqa: E402
-from tui.control.controller import Controller, HostReport  # noqa: E402
+from tui.control.hostlinks import HostLinks, HostReport  # noqa: E402
 from tui.control.monitor import Monitor  # noqa: E402
 from tui.model.inventory import HostSpec, Inventory  # noqa: E402
 from tui.model.state import ClusterState  # noqa: E402
@@ -678,7 +678,7 @@ class RecordingState(ClusterState):
         return window, [r[0] - r[1] for r in window], [r[2] for r in window], missed
 
 
-class PredeployedController(Controller):
+class PredeployedController(HostLinks):
     """The agent is already where the daemons run it from: skip the per-connect deploy checks."""
 
     def __init__(self, inventory: Inventory, bundle: AgentBundle):
@@ -706,7 +706,7 @@ def bench_ingest(n: int, seconds: float, sim_gpus: int, work: Path, bundle: Agen
         for i in range(n)
     ]
     inv = Inventory(hosts=tuple(specs), path=None, known_hosts=work / "known_hosts")
-    ctl = (Controller(inv, bundle_factory=lambda: bundle) if real_deploy
+    ctl = (HostLinks(inv, bundle_factory=lambda: bundle) if real_deploy
            else PredeployedController(inv, bundle))
     mon = Monitor(ctl, rate_hz=1.0)
     state = RecordingState([(s.name, s.address) for s in inv.hosts])

@@ -1,7 +1,7 @@
 """The app live on N test bed hosts, driven through tmux for a minute: does any frame stall?
 
 A test bed of N real sshd hosts (8 simulated GPUs each, labelled simulated) gets the agent
-(``Controller.deploy``); then ``rigdeck`` runs in a 200x60 tmux window with
+(``HostLinks.deploy``); then ``rigdeck`` runs in a 200x60 tmux window with
 ``RIGDECK_FRAME_TIMER=1``, so its summary line shows its own frame timer: the longest stretch
 of its UI thread (a sampling step, a frame, a collector pass) in the last 10 s and 60 s, and how
 many were over 33 ms (a frame at 30 fps). Once every host is up, a user's minute: the GPU view
@@ -35,8 +35,8 @@ sys.path.insert(0, str(ROOT))
 from bench._meta import run_meta, write_result  # noqa: E402
 from tests.test_ui_e2e import Tmux  # noqa: E402
 from tests.testbed import TestBed, available  # noqa: E402
-from tui.control.controller import Controller  # noqa: E402
-from tui.remote.sshconfig import load_inventory  # noqa: E402
+from tui.control.hostlinks import HostLinks  # noqa: E402
+from tui.remote.inventoryfile import load_inventory  # noqa: E402
 
 SIM_GPUS = 8
 EXITED = "rigdeck exited with status"  # the pane's last words when the app ends (it stays open)
@@ -154,7 +154,7 @@ def main() -> int:
         up_s = time.monotonic() - t0
         print(f"test bed of {args.hosts} hosts up in {up_s:.1f} s", flush=True)
         inv = bed.write_inventory(Path(tmp) / "hosts.toml", python=sys.executable, connect_timeout=5.0)
-        with Controller(load_inventory(inv)) as ctl:
+        with HostLinks(load_inventory(inv)) as ctl:
             bad = {r.name: r.error for r in ctl.deploy() if r.error}
         if bad:
             raise RuntimeError(f"deploy failed: {bad}")

@@ -588,14 +588,14 @@ async def run(
 
     from tui.app.shell import RigdeckApp
     from tui.client import InProcessClient
-    from tui.control.controller import Controller
-    from tui.remote.sshconfig import load_inventory
+    from tui.control.hostlinks import HostLinks
+    from tui.remote.inventoryfile import load_inventory
 
     inv = load_inventory(
         bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0)
     )
     spec = job_spec(tmp)
-    app = RigdeckApp(InProcessClient(controller=Controller(inv)), keymap_file=tmp / "keys.toml")
+    app = RigdeckApp(InProcessClient(controller=HostLinks(inv)), keymap_file=tmp / "keys.toml")
     shots: list[Path] = []
     burner = None
     async with app.run_test(size=SIZE) as pilot:

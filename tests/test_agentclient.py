@@ -206,7 +206,7 @@ def test_a_sweeps_metrics_parts_keep_their_rank_and_their_own_offsets() -> None:
 def test_every_rpc_reaches_a_real_agent(tmp_path: Path) -> None:
     """Each typed method against the daemon (local transport): the names and parameters are the
     ones its handlers read, and the answers parse."""
-    from tui.control.controller import Controller
+    from tui.control.hostlinks import HostLinks
     from tui.model.inventory import HostSpec, Inventory
     from tui.remote.agentlink import AgentError
     from tui.remote.bundle import build_agent
@@ -214,7 +214,7 @@ def test_every_rpc_reaches_a_real_agent(tmp_path: Path) -> None:
     spec = HostSpec(name="here", address="localhost", transport="local", python=sys.executable,
                     state_dir=str(tmp_path / "state"), sim_gpus=2)
     bundle = build_agent(tmp_path / "cache")
-    with Controller(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
+    with HostLinks(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
                     bundle_factory=lambda: bundle) as ctl:
         a = ctl.agent("here")
         assert abs(a.ping() - time.time()) < 60

@@ -22,7 +22,7 @@ from tui.app.shell import RigdeckApp
 from tui.app.terminal import HangupWatch
 from tui.app.widgets.tables import GpusTable, HostsTable
 from tui.client import InProcessClient
-from tui.control.controller import Controller
+from tui.control.hostlinks import HostLinks
 from tui.model.inventory import HostSpec, Inventory
 from tui.remote.bundle import build_agent
 
@@ -42,7 +42,7 @@ async def test_app_shows_the_local_host_up(tmp_path: Path, monkeypatch: pytest.M
     inv = Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh")
     bundle = build_agent(tmp_path / "cache")
     app = RigdeckApp(
-        InProcessClient(controller=Controller(inv, bundle_factory=lambda: bundle)),
+        InProcessClient(controller=HostLinks(inv, bundle_factory=lambda: bundle)),
         keymap_file=tmp_path / "keys.toml",
     )
     async with app.run_test(size=(120, 30)) as pilot:

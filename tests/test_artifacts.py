@@ -71,12 +71,12 @@ def _sha(p: Path) -> str:
 @pytest.fixture(scope="module")
 def ran(testbed: TestBed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, TestBed, str]]:
     """A controller on the bed and a finished 2-host job (h1, h2) that wrote shards."""
-    from tui.control.controller import Controller
-    from tui.remote.sshconfig import load_inventory
+    from tui.control.hostlinks import HostLinks
+    from tui.remote.inventoryfile import load_inventory
 
     inv = testbed.write_inventory(tmp_path_factory.mktemp("art") / "hosts.toml", python=sys.executable,
                                   connect_timeout=5.0)
-    ctl = Controller(load_inventory(inv))
+    ctl = HostLinks(load_inventory(inv))
     job_id = f"art-{uuid.uuid4().hex[:8]}"
     try:
         for h, plan in _plans(testbed, ["h1", "h2"], job_id, [sys.executable, "-c", SCRIPT]).items():

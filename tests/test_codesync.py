@@ -490,7 +490,7 @@ def test_packs_keep_only_contents_that_match_and_a_bad_or_cut_pack_keeps_nothing
 def test_push_to_a_local_agent_sends_packs_then_only_what_changed(tmp_path: Path) -> None:
     """The whole path on this machine's own agent (local transport: packs written as files)."""
     from tests.kit.local import local_inventory
-    from tui.control.controller import Controller
+    from tui.control.hostlinks import HostLinks
     from tui.model.codesync import CodeSpec
     from tui.remote.bundle import build_agent
     from tui.remote.codesync import CodeStore, push
@@ -502,7 +502,7 @@ def test_push_to_a_local_agent_sends_packs_then_only_what_changed(tmp_path: Path
     store = CodeStore(tmp_path / "ctl" / "code")
     bundle = build_agent(tmp_path / "cache")
     state = tmp_path / "state"
-    with Controller(local_inventory(state), bundle_factory=lambda: bundle) as ctl:
+    with HostLinks(local_inventory(state), bundle_factory=lambda: bundle) as ctl:
         try:
             snap, _ = store.snapshot(CodeSpec(sync=str(src)))
             assert snap.tree is not None

@@ -19,8 +19,8 @@ import pytest
 from tests._require import require
 from tests.kit import conforms
 from tests.kit.local import local_cluster, rigdeck_out
-from tui.control.controller import HostReport
 from tui.control.history import History
+from tui.control.hostlinks import HostReport
 from tui.control.jobs import JobManager
 from tui.model.jobview import JobView
 from tui.model.scheduler import NodeAssignment
@@ -334,7 +334,7 @@ def test_master_addr_is_the_routed_address_not_the_first_sorted(
 def test_master_addr_on_the_local_transport_is_the_source_of_the_route_to_the_peer(tmp_path: Path) -> None:
     """The real agent's answer, checked against ``ip route get``: with a second interface on this
     machine (a test bed's bridge, docker0) the route's address is not necessarily the first."""
-    from tui.control.controller import Controller
+    from tui.control.hostlinks import HostLinks
     from tui.model.inventory import HostSpec, Inventory
     from tui.remote.bundle import build_agent
 
@@ -353,7 +353,7 @@ def test_master_addr_on_the_local_transport_is_the_source_of_the_route_to_the_pe
     spec = HostSpec(name="here", address="localhost", transport="local", python=sys.executable,
                     state_dir=str(tmp_path / "state"))
     bundle = build_agent(tmp_path / "cache")
-    with Controller(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
+    with HostLinks(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
                     bundle_factory=lambda: bundle) as ctl:
         jm = JobManager(ctl, History(tmp_path / "history.sqlite"))
         got = jm._master_addr(_node("here", "localhost"), [_node("other", peer)])

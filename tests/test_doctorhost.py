@@ -31,10 +31,10 @@ HOSTS = ["h1", "h2", "h3"]
 
 
 def _controller(inventory: Path) -> object:
-    from tui.control.controller import Controller
-    from tui.remote.sshconfig import load_inventory
+    from tui.control.hostlinks import HostLinks
+    from tui.remote.inventoryfile import load_inventory
 
-    return Controller(load_inventory(inventory))
+    return HostLinks(load_inventory(inventory))
 
 
 def _host_line(inventory: Path, host: str, line: str) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from tests.testbed import TestBed
 from tui.remote import hub
-from tui.remote.sshconfig import load_inventory
+from tui.remote.inventoryfile import load_inventory
 from tui.remote.transport import SSHTransport, Stream, TransportError, _AeadFirst, make_transport
 
 

@@ -22,7 +22,7 @@ from tui.model.inventory import (
     UnknownHostError,
     default_inventory_path,
 )
-from tui.remote.sshconfig import (
+from tui.remote.inventoryfile import (
     hostfile_to_toml,
     jump_chain,
     load_hostfile,
@@ -1405,7 +1405,7 @@ def test_match_exec_lines_run_though_invoke_is_imported_late(tmp_path: Path) -> 
     code = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from tui.remote.sshconfig import load_inventory
+        from tui.remote.inventoryfile import load_inventory
         print("invoke ran before the lookup:", "invoke.tasks" in sys.modules)
         print("user:", load_inventory(Path({str(path)!r})).hosts[0].user)
         Path({str(tmp_path / "flag")!r}).touch()

@@ -359,10 +359,10 @@ print(z, n)
 
 
 def test_a_hundred_short_jobs_leave_no_zombie_and_gc_keeps_running_jobs(cli: Cli) -> None:
-    from tui.control.controller import Controller
-    from tui.remote.sshconfig import load_inventory
+    from tui.control.hostlinks import HostLinks
+    from tui.remote.inventoryfile import load_inventory
 
-    ctl = Controller(load_inventory(cli.inventory))
+    ctl = HostLinks(load_inventory(cli.inventory))
     try:
         host = "h3"
         node = {"host": host, "address": cli.bed.hosts[2].address, "slots": 1, "gpus": []}
@@ -397,7 +397,7 @@ def test_a_hundred_short_jobs_leave_no_zombie_and_gc_keeps_running_jobs(cli: Cli
     left = set(os.listdir(cli.bed.hosts[2].state_dir / "jobs"))
     assert keeper in left and not (set(ids) & left)
     print(f"rigdeck gc h3: removed {len(res['removed'])}, running kept: {res['running']}")
-    ctl = Controller(load_inventory(cli.inventory))
+    ctl = HostLinks(load_inventory(cli.inventory))
     try:
         ctl.agent(host).job_stop(job_id=keeper, grace_s=0.5)
     finally:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.kit.local import local_inventory
-from tui.control.controller import Controller
+from tui.control.hostlinks import HostLinks
 from tui.model.inventory import HostSpec, Inventory
 from tui.remote.bundle import build_agent
 from tui.remote.transport import Backoff, CommandTimeout, LocalTransport, TransportError
@@ -51,7 +51,7 @@ def test_local_deploy_installs_once_then_copies_nothing(tmp_path: Path) -> None:
     state = tmp_path / "state"
     inv = local_inventory(state, sim_gpus=2)
     bundle = build_agent(tmp_path / "cache")
-    with Controller(inv, bundle_factory=lambda: bundle) as ctl:
+    with HostLinks(inv, bundle_factory=lambda: bundle) as ctl:
         first = ctl.deploy()[0]
         assert first.error is None, first.error
         assert first.reachable and first.copied is True and first.agent_version == bundle.version
@@ -80,7 +80,7 @@ def test_local_deploy_installs_once_then_copies_nothing(tmp_path: Path) -> None:
 def test_deploy_replaces_a_tampered_agent(tmp_path: Path) -> None:
     state = tmp_path / "state"
     bundle = build_agent(tmp_path / "cache")
-    with Controller(local_inventory(state), bundle_factory=lambda: bundle) as ctl:
+    with HostLinks(local_inventory(state), bundle_factory=lambda: bundle) as ctl:
         assert ctl.deploy()[0].copied
         pyz = state / "agent" / bundle.version / "agent.pyz"
         pyz.write_bytes(pyz.read_bytes() + b"tampered")
@@ -96,7 +96,7 @@ def test_connecting_checks_the_installed_agent_and_deploys_again_when_it_is_not_
     state = tmp_path / "state"
     bundle = build_agent(tmp_path / "cache")
     pyz = state / "agent" / bundle.version / "agent.pyz"
-    with Controller(local_inventory(state), bundle_factory=lambda: bundle) as ctl:
+    with HostLinks(local_inventory(state), bundle_factory=lambda: bundle) as ctl:
         try:
             assert ctl.deploy()[0].copied
             for damage in (lambda b: b + b"tampered", lambda b: b[: len(b) // 2]):
@@ -121,7 +121,7 @@ def test_missing_python_is_reported_not_raised(tmp_path: Path) -> None:
     spec = HostSpec(name="here", address="localhost", transport="local",
                     python="/nonexistent/python3", state_dir=str(tmp_path))
     inv = Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh")
-    with Controller(inv) as ctl:
+    with HostLinks(inv) as ctl:
         r = ctl.probe()[0]
     assert r.error and "/nonexistent/python3" in r.error
 
@@ -160,7 +160,7 @@ def test_a_python_too_old_for_the_agent_is_a_clear_error_at_its_first_start(tmp_
                     state_dir=str(state))
     inv = Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh")
     bundle = build_agent(tmp_path / "cache")
-    with Controller(inv, bundle_factory=lambda: bundle) as ctl:
+    with HostLinks(inv, bundle_factory=lambda: bundle) as ctl:
         report = ctl.deploy()[0]
         assert report.error is None and report.copied and report.checked == ["sha256"]
         with pytest.raises(TransportError) as e:

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from tests.testbed import TestBed
-from tui.control.controller import Controller
+from tui.control.hostlinks import HostLinks
 from tui.control.monitor import Monitor
+from tui.model.hostviews import GpuView
 from tui.model.state import HostStatus
-from tui.model.views import GpuView
-from tui.remote.sshconfig import load_inventory
+from tui.remote.inventoryfile import load_inventory
 
 pytestmark = pytest.mark.testbed
 
@@ -56,7 +56,7 @@ def netns_pids(bed: TestBed, index: int, needle: str) -> list[int]:
 @pytest.fixture
 def monitored(testbed: TestBed, tmp_path: Path) -> Iterator[tuple[TestBed, Monitor]]:
     inv = load_inventory(testbed.write_inventory(tmp_path / "hosts.toml", connect_timeout=5.0))
-    mon = Monitor(Controller(inv), rate_hz=1.0)
+    mon = Monitor(HostLinks(inv), rate_hz=1.0)
     mon.start()
     try:
         wait_until(lambda: all(h.status == "up" for h in mon.state.snapshot()), 60, "all hosts up")
@@ -151,7 +151,7 @@ def test_daemon_survives_killed_ssh_sessions_and_controller(monitored: tuple[Tes
     mon.controller.close()
     assert daemon_alive()
     inv = load_inventory(bed.inventory_path)
-    with Controller(inv) as ctl:
+    with HostLinks(inv) as ctl:
         reports = ctl.probe(["h1"])
     assert reports[0].agent_pid == pid
     assert reports[0].sample is not None and len(reports[0].sample["gpus"]) == 4

@@ -276,15 +276,15 @@ def test_every_rank_gets_the_table_and_status_shows_the_stages(tmp_path: Path) -
 
     # The job poller (the app's, a server's) reads the same metrics, shows the stages and keeps
     # the plan in the job's history, where a job whose hosts are gone still has it.
-    from tui.control.controller import Controller
     from tui.control.history import History
+    from tui.control.hostlinks import HostLinks
     from tui.control.jobs import JobManager
     from tui.control.jobwatch import JobWatch
     from tui.model.stages import plan_from_events
-    from tui.remote.sshconfig import load_inventory
+    from tui.remote.inventoryfile import load_inventory
 
     history = History(tmp_path / "home" / "history.sqlite")
-    ctl = Controller(load_inventory(inv))
+    ctl = HostLinks(load_inventory(inv))
     try:
         watch = JobWatch(JobManager(ctl, history))
         watch.poll_once()

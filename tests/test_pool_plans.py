@@ -29,12 +29,12 @@ def test_a_four_pool_job_gets_a_node_per_replica_with_its_own_port_command_and_e
     """The plans a 4-pool job's hosts get, made by the controller against the bed's agents (ports
     probed on each node's own host) but not started: running them is the agent's part, shown
     by its own tests. The hosts' GPUs are claimed once per host, for all its replicas."""
-    from tui.control.controller import Controller
     from tui.control.engines import OwnHosts
     from tui.control.history import History
+    from tui.control.hostlinks import HostLinks
     from tui.control.jobs import JobManager
     from tui.model.jobspec import load_jobspec
-    from tui.remote.sshconfig import load_inventory
+    from tui.remote.inventoryfile import load_inventory
 
     spec = load_jobspec(cli.spec("pools4", f"""
 command = ["{{python}}", "-c", "print('replica')"]
@@ -60,7 +60,7 @@ hosts = ["h3"]
 command = ["{{python}}", "-c", "print('ps')"]
 env = {{ PS = "1" }}
 """))
-    with Controller(load_inventory(cli.inventory)) as ctl:
+    with HostLinks(load_inventory(cli.inventory)) as ctl:
         jm = JobManager(ctl, History(cli.tmp / "history.sqlite"))
         placement = jm.scheduler.reserve("pools4-1", spec, jm.capacity(ctl.inventory.names))
         got = jm._plans("pools4-1", spec, placement, 0)

@@ -1,5 +1,5 @@
 """A host out of reach is answered for at once: one connect attempt per host at a time, in the
-background, with backoff (tui/control/controller.py). Real sockets on this machine: a port
+background, with backoff (tui/control/hostlinks.py). Real sockets on this machine: a port
 nobody listens on (refused), and a listener whose backlog is full (the kernel drops the SYNs,
 as for a host whose link is down). No sshd is needed: nothing gets past TCP."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tui.control.controller import KNOWN_DOWN_FOR_S, Controller
 from tui.control.history import History
-from tui.remote.sshconfig import load_inventory
+from tui.control.hostlinks import KNOWN_DOWN_FOR_S, HostLinks
+from tui.remote.inventoryfile import load_inventory
 from tui.remote.transport import UnreachableError
 
 
@@ -47,7 +47,7 @@ def _free_port() -> int:
     return port
 
 
-def _controller(tmp_path: Path, port: int, connect_timeout: float = 2.0, memory: History | None = None) -> Controller:
+def _controller(tmp_path: Path, port: int, connect_timeout: float = 2.0, memory: History | None = None) -> HostLinks:
     key = tmp_path / "id"
     key.write_text("not used: nothing gets past TCP\n")
     inv = tmp_path / "hosts.toml"
@@ -62,7 +62,7 @@ name = "gone"
 address = "127.0.0.1"
 port = {port}
 """)
-    ctl = Controller(load_inventory(inv))
+    ctl = HostLinks(load_inventory(inv))
     ctl.memory = memory
     return ctl
 

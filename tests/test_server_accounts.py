@@ -360,7 +360,7 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
     assert not [v for v in bob.json("jobs") if v.get("user") == "bob"]  # nothing recorded, nothing started
 
     # The server's key reaches an agent only for what the server asks (agent/roles.py).
-    from tui.remote.sshconfig import load_inventory
+    from tui.remote.inventoryfile import load_inventory
 
     said = server_key_attempts(bed, 2, "root", load_inventory(op.inventory).get("h2").python)
     for what, got in said.items():

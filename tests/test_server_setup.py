@@ -23,8 +23,8 @@ from tests.testbed import TestBed
 from tui.cli.main import main as rigdeck_main
 from tui.control import serveradmin
 from tui.model.inventory import Inventory
+from tui.remote.inventoryfile import load_inventory
 from tui.remote.serverhost import key_comment
-from tui.remote.sshconfig import load_inventory
 
 pytestmark = pytest.mark.testbed
 
@@ -171,7 +171,7 @@ def test_the_server_reaches_every_agent_with_its_own_credentials(
     stream to every host (whatever command is asked for, the key's forced attach runs)."""
     script = (
         "import json\n"
-        "from tui.remote.sshconfig import load_inventory\n"
+        "from tui.remote.inventoryfile import load_inventory\n"
         "from tui.remote.transport import make_transport\n"
         "from tui.remote.agentlink import AgentLink\n"
         f"inv = load_inventory('{SERVER_DIR}/inventory.toml')\n"

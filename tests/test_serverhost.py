@@ -22,6 +22,7 @@ from agent import serverhelper
 from tests.kit.fakes import LISTENER
 from tui.model.inventory import HostSpec, Inventory, InventoryError, ServerSpec
 from tui.model.serverlayout import ServerLayout
+from tui.remote.inventoryfile import load_inventory
 from tui.remote.serverhost import (
     HELPER_SOURCE,
     ServerHostError,
@@ -31,7 +32,6 @@ from tui.remote.serverhost import (
     server_inventory,
 )
 from tui.remote.serverwheels import Platform, build_wheels, local_platform, repack
-from tui.remote.sshconfig import load_inventory
 from tui.remote.transport import remote_command
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIJgqwaJL9f7Wf6MlQdHRjA1M4ehYIzFzfsiEo996/eK3"

@@ -25,7 +25,7 @@ from tui.model.jobspec import JobSpec, load_jobspec
 from tui.model.jobstate import TERMINAL
 from tui.model.scheduler import PlacementError
 from tui.model.userconfig import load_config
-from tui.remote.sshconfig import load_inventory
+from tui.remote.inventoryfile import load_inventory
 
 pytestmark = pytest.mark.testbed
 

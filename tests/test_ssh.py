@@ -15,10 +15,10 @@ import pytest
 
 from tests._require import require
 from tests.testbed import TestBed
-from tui.control.controller import Controller
+from tui.control.hostlinks import HostLinks
 from tui.control.monitor import Monitor
 from tui.remote.bundle import build_agent
-from tui.remote.sshconfig import load_inventory
+from tui.remote.inventoryfile import load_inventory
 from tui.remote.transport import make_transport
 
 pytestmark = pytest.mark.testbed
@@ -95,7 +95,7 @@ def test_a_host_python_that_cannot_run_the_agent_is_named_before_a_job_starts(
     require(os.access(OLD_PYTHON, os.X_OK), f"no Python 3.6 at {OLD_PYTHON} (pyenv install 3.6.15)")
     # No daemon runs on h1 and h2 (an earlier test's would answer on its socket, started by a
     # good Python): the agent's first start there is the one this test is about.
-    with Controller(load_inventory(testbed.inventory_path)) as ctl:
+    with HostLinks(load_inventory(testbed.inventory_path)) as ctl:
         for h in testbed.hosts[:2]:
             ctl.agent(h.name).shutdown(force=True)
     for h in testbed.hosts[:2]:
@@ -269,10 +269,10 @@ def test_proxy_jump_through_another_test_bed_host(testbed_factory: Any, tmp_path
     assert client_ip == jump.address and server_ip == target.address
     assert res.stdout.split("\n")[1] == target.hostname
 
-    with Controller(inv) as ctl:
+    with HostLinks(inv) as ctl:
         reports = ctl.deploy(["h2"])
     assert reports[0].error is None and reports[0].copied is True
-    with Controller(inv) as ctl:  # the daemon, reached through the jump, is the target's
+    with HostLinks(inv) as ctl:  # the daemon, reached through the jump, is the target's
         assert ctl.agent("h2").facts().hostname == target.hostname
 
 
@@ -298,10 +298,10 @@ def test_a_running_daemon_is_linked_through_its_socket_and_an_sshd_that_refuses_
     to unix sockets (AllowStreamLocalForwarding no), the link is the attach, as before."""
     bed: TestBed = testbed_factory(1, sim_gpus=2)
     inv = load_inventory(bed.inventory_path)
-    with Controller(inv) as first:  # the first start: the attach starts the daemon
+    with HostLinks(inv) as first:  # the first start: the attach starts the daemon
         assert first.agent("h1").ping() is not None
         assert len(_attaches(bed, 1)) == 1
-    with Controller(inv) as ctl:
+    with HostLinks(inv) as ctl:
         assert ctl.agent("h1").facts().hostname == bed.hosts[0].hostname
         assert _attaches(bed, 1) == [], "linked through the socket: no process on the host"
         mon = Monitor(ctl, rate_hz=2.0)  # the app's telemetry stream: its own connection, same way
@@ -319,14 +319,14 @@ def test_a_running_daemon_is_linked_through_its_socket_and_an_sshd_that_refuses_
     pyz = h.state_dir / "agent" / build_agent().version / "agent.pyz"
     good = pyz.read_bytes()
     pyz.write_bytes(good[:-10] + b"x" * 10)
-    with Controller(inv) as ctl:
+    with HostLinks(inv) as ctl:
         assert ctl.agent("h1").ping() is not None
         assert pyz.read_bytes() == good
     config = h.sshd_config.read_text().replace("AllowStreamLocalForwarding yes", "AllowStreamLocalForwarding no")
     h.sshd_config.write_text(config)
     bed.stop_sshd(1)
     bed.start_sshd(1)
-    with Controller(inv) as ctl:
+    with HostLinks(inv) as ctl:
         try:
             assert ctl.agent("h1").facts().hostname == h.hostname
             assert len(_attaches(bed, 1)) == 1, "refused the socket: the attach bridges the link"

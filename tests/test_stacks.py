@@ -102,7 +102,7 @@ def test_a_real_agent_takes_a_running_jobs_stacks_and_reports_a_simulated_fault(
     import json
 
     from agent.gpuhealth import SIM_FAULTS_FILE
-    from tui.control.controller import Controller
+    from tui.control.hostlinks import HostLinks
     from tui.model.inventory import HostSpec, Inventory
     from tui.remote.bundle import build_agent
 
@@ -112,7 +112,7 @@ def test_a_real_agent_takes_a_running_jobs_stacks_and_reports_a_simulated_fault(
     bundle = build_agent(tmp_path / "cache")
     script = tmp_path / "train.py"
     script.write_text(RANK_SCRIPT)
-    with Controller(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
+    with HostLinks(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
                     bundle_factory=lambda: bundle) as ctl:
         a = ctl.agent("here")
         job_id = f"stacks-{int(time.time())}"
@@ -155,7 +155,7 @@ def _job_on_a_local_host(tmp_path: Path, prefix: str, stream_hz: float | None = 
     """A ``sleep 60`` job on GPU ``gpu`` of a local host with 2 simulated GPUs (the daemon's state
     under ``tmp_path``): its agent, job id and state directory; ``stream_hz``: a telemetry stream
     subscribed first. The job is stopped and the daemon shut down after."""
-    from tui.control.controller import Controller
+    from tui.control.hostlinks import HostLinks
     from tui.model.inventory import HostSpec, Inventory
     from tui.remote.bundle import build_agent
 
@@ -163,7 +163,7 @@ def _job_on_a_local_host(tmp_path: Path, prefix: str, stream_hz: float | None = 
     spec = HostSpec(name="here", address="localhost", transport="local", python=sys.executable,
                     state_dir=str(state), sim_gpus=2)
     bundle = build_agent(tmp_path / "cache")
-    with Controller(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
+    with HostLinks(Inventory(hosts=(spec,), path=None, known_hosts=tmp_path / "kh"),
                     bundle_factory=lambda: bundle) as ctl:
         a = ctl.agent("here")
         if stream_hz is not None:

@@ -328,7 +328,7 @@ async def test_an_embedded_sweep_goes_on_when_the_app_is_quit_and_reopened(
     from tui.app.shell import RigdeckApp
     from tui.client import InProcessClient
     from tui.model.jobspec import load_jobspec
-    from tui.remote.sshconfig import load_inventory
+    from tui.remote.inventoryfile import load_inventory
 
     cli.run("deploy")
     monkeypatch.setenv("RIGDECK_HOME", cli.env["RIGDECK_HOME"])

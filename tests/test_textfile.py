@@ -44,7 +44,7 @@ from tui.model.inventory import InventoryError
 from tui.model.promexport import cluster_exposition
 from tui.model.state import ClusterState
 from tui.remote.agentclient import AgentClient
-from tui.remote.sshconfig import load_inventory
+from tui.remote.inventoryfile import load_inventory
 
 GPU_NAMES = {f.name for f in GPU_FAMILIES}
 JOB = "ddp-1009-091320-ab12"
@@ -362,7 +362,7 @@ def test_a_daemon_that_starts_later_goes_on_writing_and_a_stopped_one_takes_the_
 
 
 def test_the_controller_tells_each_agent_its_hosts_setting_on_connecting() -> None:
-    from tui.control.controller import Controller
+    from tui.control.hostlinks import HostLinks
     from tui.model.inventory import HostSpec
 
     sent: list[tuple[str, dict[str, Any]]] = []
@@ -372,8 +372,8 @@ def test_the_controller_tells_each_agent_its_hosts_setting_on_connecting() -> No
         return {"path": "/home/ml/p/rigdeck.prom", "error": None}
 
     spec = HostSpec(name="gpu7", address="10.0.0.7", prometheus_textfile="~/p/rigdeck.prom", connect_timeout=4.0)
-    Controller.configure_agent(spec, AgentClient("gpu7", call))
-    Controller.configure_agent(HostSpec(name="gpu8", address="10.0.0.8"), AgentClient("gpu8", call))
+    HostLinks.configure_agent(spec, AgentClient("gpu7", call))
+    HostLinks.configure_agent(HostSpec(name="gpu8", address="10.0.0.8"), AgentClient("gpu8", call))
     assert sent == [("prometheus_textfile", {"timeout": 4.0, "path": "~/p/rigdeck.prom", "host": "gpu7"}),
                     ("prometheus_textfile", {"timeout": 10.0, "path": None, "host": "gpu8"})]
 

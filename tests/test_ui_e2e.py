@@ -284,8 +284,8 @@ async def test_trust_an_unknown_host_key_from_the_app(
     from tui.app.shell import RigdeckApp
     from tui.app.widgets.tables import HostsTable
     from tui.client import InProcessClient
-    from tui.control.controller import Controller
-    from tui.remote.sshconfig import load_inventory
+    from tui.control.hostlinks import HostLinks
+    from tui.remote.inventoryfile import load_inventory
     from tui.remote.transport import TransportError
 
     monkeypatch.setenv("RIGDECK_HOME", str(tmp_path / "home"))
@@ -301,7 +301,7 @@ async def test_trust_an_unknown_host_key_from_the_app(
         text=True,
         check=True,
     ).stdout.split()[1]
-    app = RigdeckApp(InProcessClient(controller=Controller(inv)), keymap_file=tmp_path / "keys.toml")
+    app = RigdeckApp(InProcessClient(controller=HostLinks(inv)), keymap_file=tmp_path / "keys.toml")
     async with app.run_test(size=(120, 36)) as pilot:
         table = app.query_one("#hosts-table", HostsTable)
 

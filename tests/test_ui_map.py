@@ -45,7 +45,7 @@ from tui.model.gpumap import (
     live_placements,
     move,
 )
-from tui.model.views import GpuClaim, GpuProcess, GpuView
+from tui.model.hostviews import GpuClaim, GpuProcess, GpuView
 
 CELL_GLYPHS = set(SPARK) | {FREE_GLYPH, FOREIGN_GLYPH, JOB_GLYPH, DOWN_GLYPH, CURSOR_BLOCK, "?"}
 BIG = (200, 60)

@@ -739,7 +739,7 @@ def test_the_pieces_of_a_long_log_line_are_one_line_in_the_log_view() -> None:
 
 def test_a_gpu_claimed_on_its_host_shows_the_claiming_job_until_its_ranks_run() -> None:
     from tui.app.widgets.tables import gpu_job_label
-    from tui.model.views import GpuView
+    from tui.model.hostviews import GpuView
 
     def gpu(sample: dict[str, Any]) -> GpuView:
         return GpuView.from_sample("h1", 0, "GPU-0", "H100", sample, False, ())

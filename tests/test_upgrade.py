@@ -13,7 +13,7 @@ import pytest
 
 from tests import bedclean
 from tests.kit import wait_until
-from tui.control.controller import Controller
+from tui.control.hostlinks import HostLinks
 from tui.control.monitor import Monitor
 from tui.model.inventory import HostSpec, Inventory
 from tui.remote.bundle import REPO_ROOT, AgentBundle, build_agent
@@ -40,7 +40,7 @@ def local(tmp_path: Path) -> Iterator[tuple[Inventory, Path]]:
 
 
 def start_old_daemon(inv: Inventory, old: AgentBundle) -> int:
-    with Controller(inv, bundle_factory=lambda: old) as ctl:
+    with HostLinks(inv, bundle_factory=lambda: old) as ctl:
         report = ctl.probe()[0] if ctl.deploy()[0].error is None else None
     assert report is not None and report.agent_version == old.version and report.agent_pid
     return report.agent_pid
@@ -60,7 +60,7 @@ def test_idle_old_daemon_hands_over_to_the_new_agent(local: tuple[Inventory, Pat
     old, new = old_bundle(tmp_path), build_agent(tmp_path / "new-cache")
     assert old.version != new.version
     old_pid = start_old_daemon(inv, old)
-    with Monitor(Controller(inv, bundle_factory=lambda: new)) as mon:
+    with Monitor(HostLinks(inv, bundle_factory=lambda: new)) as mon:
         wait_until(lambda: mon.state.get("here").agent_version == new.version
                    and mon.state.get("here").samples > 0, 30, "the new daemon streaming")
         h = mon.state.get("here")
@@ -74,7 +74,7 @@ def test_busy_old_daemon_keeps_its_job_and_upgrades_when_idle(local: tuple[Inven
     old_pid = start_old_daemon(inv, old)
     job_host = running_job(state)
     try:
-        with Monitor(Controller(inv, bundle_factory=lambda: new)) as mon:
+        with Monitor(HostLinks(inv, bundle_factory=lambda: new)) as mon:
             wait_until(lambda: mon.state.get("here").upgrade_pending == new.version
                        and mon.state.get("here").samples > 0, 30, "upgrade pending, old daemon streaming")
             h = mon.state.get("here")
@@ -106,7 +106,7 @@ def test_a_command_alone_hands_an_idle_old_daemon_over(local: tuple[Inventory, P
     old, new = old_bundle(tmp_path), build_agent(tmp_path / "new-cache")
     old_pid = start_old_daemon(inv, old)
     assert old.version in _runs(old_pid)
-    with Controller(inv, bundle_factory=lambda: new) as ctl:
+    with HostLinks(inv, bundle_factory=lambda: new) as ctl:
         sample = ctl.agent("here").sample(timeout=10)
         assert sample.get("gpus"), sample  # answered (by the new daemon, its simulated GPU)
     wait_until(lambda: not _runs(old_pid), 10, "the old daemon gone")
@@ -122,14 +122,14 @@ def test_a_command_leaves_a_busy_old_daemon_its_jobs_and_it_hands_over_when_they
     old_pid = start_old_daemon(inv, old)
     job_host = running_job(state)
     try:
-        with Controller(inv, bundle_factory=lambda: new) as ctl:
+        with HostLinks(inv, bundle_factory=lambda: new) as ctl:
             sample = ctl.agent("here").sample(timeout=10)  # the old daemon answers, keeps its job
             assert sample.get("gpus"), sample
             assert _daemon_pid(state) == old_pid and old.version in _runs(old_pid)
             job_host.kill()  # the job ends: it hands over by itself (upgrade scheduled when idle)
             job_host.wait()
             wait_until(lambda: not _runs(old_pid), 30, "handover after the job")
-        with Controller(inv, bundle_factory=lambda: new) as ctl:
+        with HostLinks(inv, bundle_factory=lambda: new) as ctl:
             ctl.agent("here").sample(timeout=10)
         assert new.version in _runs(_daemon_pid(state))
     finally:

@@ -1,4 +1,4 @@
-"""The typed host and GPU views the app reads (tui/model/views.py): what ClusterState builds
+"""The typed host and GPU views the app reads (tui/model/hostviews.py): what ClusterState builds
 from the agent's sample dicts, that they are immutable and shared, that the plain dicts
 (``to_json``) keep their shape, and that a face's mirror of a server's state sees the same."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from tests.ui_fixtures import FINGERPRINT, JOB, cluster_state, gpu_sample, host_sample
+from tui.model.hostviews import GpuClaim, GpuProcess, GpuView, HostKey, HostSample, HostView
 from tui.model.state import ClusterState, HostStatus
-from tui.model.views import GpuClaim, GpuProcess, GpuView, HostKey, HostSample, HostView
 
 HOST_JSON_KEYS = {
     "name", "address", "status", "reason", "error_kind", "host_key", "agent_version", "agent_pid",

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from tui.control.controller import HostReport
+from tui.control.hostlinks import HostReport
 from tui.control.jobwatch import JobWatch, _Track
 from tui.model.inventory import HostSpec, Inventory
 from tui.model.jobspec import JobSpec

@@ -34,9 +34,9 @@ from tui.control import (
     api,
     serveradmin,  # noqa: F401  (`rigdeck server ...`: set-up and start on the server host)
 )
-from tui.control.controller import HostReport
 from tui.control.doctor import DoctorError
 from tui.control.history import JobRefError, rigdeck_home
+from tui.control.hostlinks import HostReport
 from tui.control.images import ImageError, ImagePush
 from tui.control.jobs import AmbiguousJobError, JobError
 from tui.control.metricsserver import DEFAULT_LISTEN, MetricsServer, http_listener
@@ -59,7 +59,7 @@ from tui.model.scheduler import PlacementError
 from tui.model.state import ClusterState
 from tui.model.sweepview import SweepDetail
 from tui.model.userconfig import NotifyConfig, UserConfig, load_config
-from tui.remote.sshconfig import hostfile_to_toml, load_hostfile, load_inventory
+from tui.remote.inventoryfile import hostfile_to_toml, load_hostfile, load_inventory
 from tui.remote.transport import (
     AuthenticationError,
     Backoff,

@@ -51,9 +51,9 @@ from tui.app.views.job import placement_markup  # noqa: F401 (tests/test_contrac
 from tui.app.widgets.keybar import KeyBar
 from tui.app.widgets.tables import Widths
 from tui.client import Client, HostReport, Onboarding, set_passphrase_prompt
+from tui.model.hostviews import HostKey, HostView
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import JobSource, JobsSnapshot
-from tui.model.views import HostKey, HostView
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from textual.markup import escape
 
 from tui.app.widgets.tables import jobs_running
 from tui.client import LinkStatus
+from tui.model.hostviews import HostView
 from tui.model.jobview import JobsSnapshot
-from tui.model.views import HostView
 
 
 def summarize(snapshot: Sequence[HostView]) -> dict[str, int]:

@@ -1,5 +1,5 @@
 """``rigdeck``'s headless commands. With no command the app opens, through the opener the
-command's entry point (``tui.main``) hands in. Both drive one Controller."""
+command's entry point (``tui.main``) hands in. Both drive one HostLinks."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.serverhelper import forget_accounts, read_users, record_accounts
-from tui.control.controller import Controller
+from tui.control.hostlinks import HostLinks
 from tui.model.inventory import Inventory
 from tui.remote.transport import TransportError
 
@@ -47,12 +47,12 @@ class Accounts:
     the same; ``close`` ends every link."""
 
     def __init__(self, inventory: Inventory, state_dir: Path,
-                 controller: Callable[[Inventory], Controller] = Controller) -> None:
+                 controller: Callable[[Inventory], HostLinks] = HostLinks) -> None:
         self.inventory = inventory
         self.state_dir = Path(state_dir)
         self._make = controller
         self._lock = threading.Lock()
-        self._ctls: dict[str, tuple[Any, Controller]] = {}  # person -> (their record, controller)
+        self._ctls: dict[str, tuple[Any, HostLinks]] = {}  # person -> (their record, controller)
         self._users: tuple[Any, dict[str, Any]] = (None, {})  # users.json: (its stamp, people)
 
     # -- what is recorded ---------------------------------------------------------------------
@@ -94,7 +94,7 @@ class Accounts:
 
     # -- the links ----------------------------------------------------------------------------
 
-    def controller(self, user: str) -> Controller | None:
+    def controller(self, user: str) -> HostLinks | None:
         """The controller that reaches ``user``'s own agents; None when they recorded no
         account (their jobs go through the server's own links, as without a join)."""
         accounts = self.recorded(user)

@@ -398,7 +398,7 @@ def host_findings(ctl: Any, hosts: list[str], *, data_dirs: dict[str, str] | Non
                   checkpoint_dirs: dict[str, str] | None = None,
                   disk_mb: int = DISK_MB, disk_parallel: bool = True) -> tuple[list[Finding], list[tuple[str, str]]]:
     """The per-host checks over ``hosts`` (the first is the primary): disk, versions, network,
-    clock, gpu. ``ctl`` is a ``tui.control.controller.Controller``. ``data_dirs`` and
+    clock, gpu. ``ctl`` is a ``tui.control.hostlinks.HostLinks``. ``data_dirs`` and
     ``checkpoint_dirs`` (host -> path) replace the defaults (``_default_dirs``); ``disk_mb`` is
     the size of the file written and read in each; ``disk_parallel=False`` measures the hosts'
     disks one host after another (for storage they share). Returns (findings, skipped checks with why)."""

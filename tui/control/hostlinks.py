@@ -211,7 +211,7 @@ class _Reach:
     backoff: Backoff = field(default_factory=lambda: Backoff(initial=RETRY_FIRST_S, maximum=RETRY_MAX_S))
 
 
-class Controller(TypedAgents):
+class HostLinks(TypedAgents):
     """Headless control of an inventory of hosts. ``agent(host)`` is a host's typed agent
     client and ``agents(hosts)`` several at once (``tui.remote.agentclient``); ``request`` and
     ``request_many`` are the untyped path beneath them."""
@@ -642,7 +642,7 @@ class Controller(TypedAgents):
         with ThreadPoolExecutor(max_workers=min(64, len(hosts)), thread_name_prefix="req") as pool:
             return dict(zip(hosts, pool.map(one, hosts), strict=True))
 
-    def __enter__(self) -> Controller:
+    def __enter__(self) -> HostLinks:
         return self
 
     def __exit__(self, *exc: object) -> None:

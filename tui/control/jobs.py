@@ -22,10 +22,10 @@ from typing import Any
 from agent.roles import program_source
 from runtime.checkpoint import RESUME_BEFORE_ENV  # the contract with the ranks' checkpointer
 from tui.control import pools
-from tui.control.controller import Controller
 from tui.control.engines import Engine, EngineError, OwnHosts, SlurmEngine
 from tui.control.healing import Fault, Healer, stack_summary, with_reruns
 from tui.control.history import History, JobRef, JobRefError
+from tui.control.hostlinks import HostLinks
 from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
 from tui.control.tensorboard import pull as tensorboard_pull
 from tui.model import usage
@@ -230,7 +230,7 @@ class _Read:
 
 
 class JobManager:
-    def __init__(self, controller: Controller, history: History | None = None):
+    def __init__(self, controller: HostLinks, history: History | None = None):
         self.ctl = controller
         self.history = history or History()
         self.scheduler = Scheduler()
@@ -252,7 +252,7 @@ class JobManager:
         # A shared server's people who joined with accounts of their own (``rigdeck server
         # join``): person -> the controller that reaches their own agents (None: the person
         # has none, and their jobs go through ``ctl`` as before). None: nobody has.
-        self.accounts: Callable[[str], Controller | None] | None = None
+        self.accounts: Callable[[str], HostLinks | None] | None = None
         self._base: JobManager | None = None  # the manager this one is a person's view of
         self._owner: str | None = None  # whose jobs this view handles (None: the server's ctl)
         self._views: dict[str, JobManager] = {}
@@ -280,7 +280,7 @@ class JobManager:
             base._views[user] = view
         return view
 
-    def ctl_for(self, user: str | None) -> Controller:
+    def ctl_for(self, user: str | None) -> HostLinks:
         """The controller through which ``user``'s jobs are reached (``for_owner``)."""
         return self.for_owner(user).ctl
 

@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from tui.control.controller import Controller, host_key_info
+from tui.control.hostlinks import HostLinks, host_key_info
 from tui.model.inventory import HostSpec
 from tui.model.state import ClusterState, HostStatus
 from tui.remote.agentclient import AgentClient
@@ -70,7 +70,7 @@ class _Live:
 class Monitor:
     def __init__(
         self,
-        controller: Controller,
+        controller: HostLinks,
         *,
         rate_hz: float = 1.0,
         stale_after: float | None = None,

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tui.control.controller import Controller, HostReport, _apply_facts
+from tui.control.hostlinks import HostLinks, HostReport, _apply_facts
 from tui.model.inventory import HostSpec
-from tui.remote.sshconfig import append_hosts, new_hosts_inventory
+from tui.remote.inventoryfile import append_hosts, new_hosts_inventory
 from tui.remote.transport import Transport, TransportError
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ class Onboarding:
         accepted it: it is recorded in known_hosts only then), ``host-key-changed``,
         ``unreachable``, ``auth``, ``passphrase`` (the user gave none), ``python``."""
         spec = self.candidate(name).spec
-        ctl = Controller(self.inventory, accept_fingerprints=accept_fingerprints)
+        ctl = HostLinks(self.inventory, accept_fingerprints=accept_fingerprints)
 
         def body(report: HostReport, t: Transport) -> None:
             facts = ctl._facts(spec, t)

@@ -227,7 +227,7 @@ class StateMirror:
 def encode_result(value: Any, s: Session | None = None) -> Any:
     """An answer as it crosses the wire to session ``s`` (None: the server's own use): a job's
     ``[env]`` values only to its owner and admins (``tui.model.permissions.env_for``)."""
-    from tui.control.controller import HostReport
+    from tui.control.hostlinks import HostReport
     from tui.model.jobview import JobView
 
     if isinstance(value, JobView):
@@ -786,7 +786,7 @@ def serve(state_dir: Path, *, inventory_path: Path | None = None, telemetry_hz: 
     """Run the server in the foreground until SIGTERM or SIGINT. Exit 3 when another server
     holds this state dir, 1 when ``metrics_listen`` (address, port: ``GET /metrics`` there,
     the controller's exposition) cannot be bound."""
-    from tui.remote.sshconfig import load_inventory
+    from tui.remote.inventoryfile import load_inventory
 
     state_dir = Path(os.path.expanduser(str(state_dir)))
     filemodes.private_dir(state_dir, "the server's state directory")

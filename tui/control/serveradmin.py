@@ -41,7 +41,7 @@ __all__ = [
 
 def load(path: str | os.PathLike[str] | None) -> Inventory:
     """The inventory at ``path`` (None: the default one); InventoryError when it is wrong."""
-    from tui.remote.sshconfig import load_inventory
+    from tui.remote.inventoryfile import load_inventory
 
     return load_inventory(path)
 
@@ -51,11 +51,11 @@ def setup(inventory: Inventory, *, progress: Callable[[str], None] | None = None
     """``rigdeck server setup``: deploy the agent everywhere, then install, key and configure
     the server on the [server] host (``serverhost.setup``), with the user's ``[notify]``
     (``config``, default: ``load_config()``; checked before anything is touched)."""
-    from tui.control.controller import Controller
+    from tui.control.hostlinks import HostLinks
 
     config = config if config is not None else load_config()
 
-    with Controller(inventory) as ctl:
+    with HostLinks(inventory) as ctl:
 
         def deploy(hosts: Sequence[HostSpec]) -> Mapping[str, AgentPlace]:
             places: dict[str, AgentPlace] = {}
@@ -102,7 +102,7 @@ def join(inventory: Inventory, hosts: Sequence[str] | None = None, *,
     attach, then the server told (over their own forced attach) which account it is on which
     host; it checks each before recording it. ``hosts``: default every host but the server's."""
     from tui.client import Membership, RemoteClient, ServerError, TransportError
-    from tui.control.controller import Controller
+    from tui.control.hostlinks import HostLinks
 
     say = progress or (lambda _: None)
     srv = inventory.server
@@ -120,7 +120,7 @@ def join(inventory: Inventory, hosts: Sequence[str] | None = None, *,
     try:
         said = server.key()
         key, person = str(said["public_key"]), str(said["user"])
-        with Controller(inventory) as ctl:
+        with HostLinks(inventory) as ctl:
             say(f"deploying your agent to {', '.join(s.name for s in specs)}")
             places: dict[str, AgentPlace] = {}
 

@@ -5,7 +5,7 @@ Embedded (the default), the app and the CLI call it in their own process through
 ``tui.client.InProcessClient``. With a server, ``rigdeck serve`` holds one on a head host and
 ``tui.control.server`` exposes the same methods over a unix socket; ``tui.client.RemoteClient``
 calls them from the workstation. Same code in both places: the agent connections
-(``Controller``), telemetry (``Monitor``), the job history and the gang rules (``JobManager``),
+(``HostLinks``), telemetry (``Monitor``), the job history and the gang rules (``JobManager``),
 the poller that supervises live jobs and folds their metrics (``JobWatch``) and the queue.
 """
 
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tui.control import images
-from tui.control.controller import Controller, HostReport
 from tui.control.history import History
+from tui.control.hostlinks import HostLinks, HostReport
 from tui.control.images import ImageError, ImagePush
 from tui.control.jobs import JobError, JobManager, JobView
 from tui.control.jobwatch import JobDetail, JobsSnapshot, JobWatch, StopPlan
@@ -80,7 +80,7 @@ class ControllerService:
         owner: str | None = None,
         monitor: Any = None,
         watch: Any = None,
-        controller: Controller | None = None,
+        controller: HostLinks | None = None,
         source: Any = None,
         notify: NotifyConfig | None = None,
         queue_policy: QueuePolicy | None = None,
@@ -94,7 +94,7 @@ class ControllerService:
         self.groups = dict(groups)  # user -> their groups (``usage --by group``)
         self._goodput_cache: dict[str, float | None] = {}  # an ended job's goodput, read once
         self.host = host
-        self.ctl = controller or Controller(inventory, accept_new=accept_new)
+        self.ctl = controller or HostLinks(inventory, accept_new=accept_new)
         self.inventory = self.ctl.inventory
         self._history = history
         self._manager: JobManager | None = None
@@ -122,7 +122,7 @@ class ControllerService:
             if self._manager is None:
                 self._manager = JobManager(self.ctl, self._history)
                 if getattr(self.ctl, "memory", False) is None:  # hosts found out of reach, for
-                    self.ctl.memory = self._manager.history  # the next command (a Controller's)
+                    self.ctl.memory = self._manager.history  # the next command (a HostLinks's)
                 if self._owner:
                     self._manager.owner = self._owner
                 if self.notify_config is not None and self.notify_config.sends:

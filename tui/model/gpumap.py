@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from operator import attrgetter
 
+from tui.model.hostviews import GpuView, HostView
 from tui.model.jobstate import TERMINAL
 from tui.model.jobview import JobRow
-from tui.model.views import GpuView, HostView
 
 MODES = ("util", "memory", "job")
 MODE_LABELS = {"util": "utilization", "memory": "memory fill", "job": "job"}

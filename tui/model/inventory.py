@@ -61,7 +61,7 @@ _JUMP_RE = re.compile(
 _HOSTFILE_LINE_RE = re.compile(r"[^\s=\[\]{}\"']+(?:\s+[^\s=\[\]{}\"'][^\s\[\]{}\"']*)*")
 
 
-def _local_user() -> str:
+def login_user() -> str:
     # No $USER/$LOGNAME and no passwd entry (some containers): those images run as root.
     return local_user() or "root"
 
@@ -114,7 +114,7 @@ class HostSpec:
     name: str
     address: str
     port: int = 22
-    user: str = field(default_factory=_local_user)
+    user: str = field(default_factory=login_user)
     identity_files: tuple[str, ...] = ()
     python: str = "python3"
     state_dir: str = "~/.rigdeck"
@@ -246,7 +246,7 @@ class Inventory:
 
 
 # A TCP port, wherever one is written: the port field, host:port, a jump host, the ssh config's Port.
-_port = int_range(1, 65535)
+checked_port = int_range(1, 65535)
 
 
 class _Address(NamedTuple):
@@ -254,33 +254,33 @@ class _Address(NamedTuple):
     port: int | None  # the port written in the address ("h5:2222"), if any
 
 
-_ADDRESS_EXPECTED = (
+ADDRESS_EXPECTED = (
     "a host name or IP address, optionally with a port: host, host:port, an IPv6 address, "
     "or [IPv6]:port (a string without spaces)"
 )
 _ADDRESS_V6_RE = re.compile(r"\[(?P<v6>[^\]\s]+)\](?::(?P<port>[^:]*))?")
 
 
-def _split_address(v: str) -> _Address:
+def split_address(v: str) -> _Address:
     """``host``, ``host:port``, a bare IPv6 address (two or more colons, no port) or
     ``[v6]`` / ``[v6]:port``. A port written here is what the user meant, never part of the
     host name: ssh would otherwise look up a host called "h5:2222"."""
     if not v or any(c.isspace() for c in v):
-        raise Bad(_ADDRESS_EXPECTED, got=v)
+        raise Bad(ADDRESS_EXPECTED, got=v)
     if v.startswith("["):
         m = _ADDRESS_V6_RE.fullmatch(v)
         if m is None:
-            raise Bad(_ADDRESS_EXPECTED, got=v)
+            raise Bad(ADDRESS_EXPECTED, got=v)
         host, port_text = m["v6"], m["port"]
     elif v.count(":") == 1:
         host, port_text = v.split(":")
     else:
         host, port_text = v, None
     if not host:
-        raise Bad(_ADDRESS_EXPECTED, got=v)
+        raise Bad(ADDRESS_EXPECTED, got=v)
     if port_text is None:
         return _Address(host, None)
-    if not re.fullmatch(r"[0-9]{1,5}", port_text) or not valid(_port, int(port_text)):
+    if not re.fullmatch(r"[0-9]{1,5}", port_text) or not valid(checked_port, int(port_text)):
         raise Bad("a port 1..65535 after the ':' of host:port", got=v)
     return _Address(host, int(port_text))
 
@@ -288,7 +288,7 @@ def _split_address(v: str) -> _Address:
 def _address(v: Any) -> _Address:
     if not isinstance(v, str):
         raise Bad()
-    return _split_address(v)
+    return split_address(v)
 
 
 def _name(v: Any) -> str:
@@ -338,37 +338,37 @@ def _transport(v: Any) -> str:
     raise Bad()
 
 
-class _Jump(NamedTuple):
+class JumpHop(NamedTuple):
     user: str | None
     host: str
     port: int | None
 
 
-_JUMP_EXPECTED = (
+JUMP_EXPECTED = (
     'inventory host names or [user@]host[:port], comma-separated, or "none" for no jump'
 )
 
 
-def _parse_jump(element: str) -> _Jump:
+def parse_jump(element: str) -> JumpHop:
     m = _JUMP_RE.fullmatch(element)
     if m is None:
         raise Bad(got=element)
     port = None
     if m["port"] is not None:
         port = int(m["port"])
-        if not valid(_port, port):
-            raise Bad(f"a jump host port 1..65535 in {_JUMP_EXPECTED}", got=element)
-    return _Jump(m["user"], m["v6"] or m["host"], port)
+        if not valid(checked_port, port):
+            raise Bad(f"a jump host port 1..65535 in {JUMP_EXPECTED}", got=element)
+    return JumpHop(m["user"], m["v6"] or m["host"], port)
 
 
-def _proxy_jump(v: Any) -> str | None:
+def parse_proxy_jump(v: Any) -> str | None:
     """The raw jump spec, checked for syntax; "none" (as in OpenSSH) means no jump."""
     if not isinstance(v, str) or not v.strip():
         raise Bad()
     if v.strip().lower() == "none":
         return None
     for element in v.split(","):
-        _parse_jump(element.strip())
+        parse_jump(element.strip())
     return v.strip()
 
 
@@ -395,10 +395,10 @@ def _optional_token(v: Any) -> str:
 # Ranks per host: far above any machine's GPU count, far below what would exhaust the
 # controller or the agent when it starts that many processes.
 MAX_SLOTS = 4096
-_SLOTS_EXPECTED = f"an integer 1..{MAX_SLOTS}"
+SLOTS_EXPECTED = f"an integer 1..{MAX_SLOTS}"
 
 _COMMON_FIELDS: dict[str, Check] = {
-    "port": Check("an integer 1..65535", _port),
+    "port": Check("an integer 1..65535", checked_port),
     "user": Check("a user name (a string without spaces)", token),
     "identity_file": Check("a path or a list of paths (strings)", _paths),
     "python": Check("a Python interpreter command or path (a string)", nonblank),
@@ -429,7 +429,7 @@ def _retention(v: Any) -> Retention:
     return Retention(float(age), int(jobs))
 
 
-_DEFAULT_FIELDS: dict[str, Check] = {
+DEFAULT_FIELDS: dict[str, Check] = {
     **_COMMON_FIELDS,
     "min_free_mb": Check("a number of MB >= 0 (launch refuses a host with less free for its job files)",
                          number(positive=False)),
@@ -438,15 +438,15 @@ _DEFAULT_FIELDS: dict[str, Check] = {
     "known_hosts": Check("a path (a string)", _local_path),
     "ssh_config": Check('a path (a string; "" disables it)', _optional_local_path),
 }
-_HOST_FIELDS: dict[str, Check] = {
+HOST_FIELDS: dict[str, Check] = {
     **_COMMON_FIELDS,
     "name": Check("a name of letters, digits, '.', '_' and '-'", _name),
-    "address": Check(_ADDRESS_EXPECTED, _address),
-    "proxy_jump": Check(_JUMP_EXPECTED, _proxy_jump),
-    "slots": Check(_SLOTS_EXPECTED, int_range(1, MAX_SLOTS)),
+    "address": Check(ADDRESS_EXPECTED, _address),
+    "proxy_jump": Check(JUMP_EXPECTED, parse_proxy_jump),
+    "slots": Check(SLOTS_EXPECTED, int_range(1, MAX_SLOTS)),
     "transport": Check('"ssh" or "local"', _transport),
 }
-_TOP_LEVEL = ("defaults", "hosts", "server", "slurm")
+INVENTORY_TABLES = ("defaults", "hosts", "server", "slurm")
 
 
 METRICS_LISTEN_EXPECTED = (
@@ -475,7 +475,7 @@ def server_spec(raw: Any, path: Path | None, hosts: Sequence[HostSpec]) -> Serve
     """The checked ``[server]`` table; its ``host`` must name one of ``hosts``."""
     if not isinstance(raw, dict):
         raise InventoryError(path, None, "server", "a table ([server])", raw)
-    entry = _checked(raw, _SERVER_FIELDS, path, "[server]")
+    entry = checked_fields(raw, _SERVER_FIELDS, path, "[server]")
     names = [h.name for h in hosts]
     if "host" not in entry:
         raise InventoryError(path, "[server]", "host", "the name of a host in this inventory "
@@ -525,11 +525,11 @@ def slurm_spec(raw: Any, path: Path | None) -> SlurmSpec:
     """The checked ``[slurm]`` table."""
     if not isinstance(raw, dict):
         raise InventoryError(path, None, "slurm", "a table ([slurm])", raw)
-    entry = _checked(raw, _SLURM_FIELDS, path, "[slurm]")
+    entry = checked_fields(raw, _SLURM_FIELDS, path, "[slurm]")
     return SlurmSpec(**entry)
 
 
-def _checked(
+def checked_fields(
     raw: Mapping[str, Any],
     checks: Mapping[str, Check],
     path: Path | None,
@@ -547,7 +547,7 @@ def _checked(
 # ---------------------------------------------------------------------------------------------
 # Files.
 
-_HOSTFILE_EXPECTED = "a line 'HOSTNAME [slots=N] [max_slots=M]'"
+HOSTFILE_EXPECTED = "a line 'HOSTNAME [slots=N] [max_slots=M]'"
 
 
 def default_inventory_path() -> Path:
@@ -556,7 +556,7 @@ def default_inventory_path() -> Path:
     return Path(os.path.expanduser(env or DEFAULT_INVENTORY))
 
 
-def _read(path: Path) -> str:
+def read_inventory_text(path: Path) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -567,13 +567,13 @@ def _read(path: Path) -> str:
         raise InventoryError(path, None, None, f"a readable file ({e.strerror or e})") from None
 
 
-def _looks_like_hostfile(text: str) -> bool:
+def looks_like_hostfile(text: str) -> bool:
     lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
     lines = [ln for ln in lines if ln]
     return bool(lines) and all(_HOSTFILE_LINE_RE.fullmatch(ln) for ln in lines)
 
 
-def _sanitize(hostname: str) -> str:
+def inventory_name(hostname: str) -> str:
     """An inventory name for a host name that may hold other characters (IPv6, brackets)."""
     return re.sub(r"[^A-Za-z0-9._-]+", "-", hostname).strip("-") or "host"
 

@@ -3,7 +3,7 @@
 Every metric family is declared once: a GPU's in ``agent/promtext.py`` (the agent writes the
 same series into its textfile for node_exporter, ``agent/textfile.py``), the others below;
 ``FAMILIES`` lists them all (docs/observability.md lists the same). ``cluster_exposition`` fills
-them from the cluster's snapshot (``tui.model.views``), the jobs' views (``tui.model.jobview``)
+them from the cluster's snapshot (``tui.model.hostviews``), the jobs' views (``tui.model.jobview``)
 and the queue, and ``Exposition`` (``agent.promtext``'s, over ``FAMILIES``) writes the text:
 ``# HELP`` and ``# TYPE`` once per family, every series of a family with the same label names
 (an unknown value is ``""``), label values escaped, no series twice. Names and units follow
@@ -39,10 +39,10 @@ from agent.promtext import (
     ratio,
     scaled,
 )
+from tui.model.hostviews import GpuView, HostView
 from tui.model.jobstate import STATES, UNKNOWN
 from tui.model.jobview import JobView
 from tui.model.state import HostStatus
-from tui.model.views import GpuView, HostView
 
 __all__ = [
     "CONTENT_TYPE", "FAMILIES", "GPU", "JOB", "MIB", "TYPES", "Exposition", "Family", "cluster_exposition",

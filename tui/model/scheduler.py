@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tui.model.health import Drain
+from tui.model.hostviews import HostView
 from tui.model.inventory import Inventory
 from tui.model.jobspec import JobSpec
 from tui.model.poolspec import PoolSpec, check_pins, in_role_order
-from tui.model.views import HostView
 
 __all__ = [
     "HostCapacity",

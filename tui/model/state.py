@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from tui.model.views import GpuProcess, GpuView, HostKey, HostSample, HostView, count_gpus
+from tui.model.hostviews import GpuProcess, GpuView, HostKey, HostSample, HostView, count_gpus
 
 HISTORY = 60  # samples kept per GPU for sparklines
 

@@ -2,7 +2,7 @@
 quoting, escapes and key syntax have one owner. (Reading is tomllib's, in each file's parser.)
 
 Written this way: a job spec from the launch form (``tui.model.specform``), the inventory an
-import or the onboarding writes (``tui.remote.sshconfig``), the server's inventory and config
+import or the onboarding writes (``tui.remote.inventoryfile``), the server's inventory and config
 (``tui.remote.serverhost``).
 """
 

@@ -11,8 +11,8 @@ Two ways to reach an agent:
 
 - ``AgentClient``: one host. It sits on a ``call(method, timeout=..., **params)`` function, which
   is a bound ``AgentLink.request`` (``AgentClient.over(link)``) or the controller's per-host
-  ``request`` (``Controller.agent(host)``, which connects, deploys and reconnects as needed).
-- ``AgentFleet``: the same request to several hosts at once (``Controller.agents(hosts)``), each
+  ``request`` (``HostLinks.agent(host)``, which connects, deploys and reconnects as needed).
+- ``AgentFleet``: the same request to several hosts at once (``HostLinks.agents(hosts)``), each
   host's answer or the ``TransportError`` that kept it from answering.
 
 Any object with the controller's ``request``/``request_many`` gains ``agent()`` and ``agents()``
@@ -535,7 +535,7 @@ class AgentClient:
 
 
 class AgentFleet:
-    """The same request to several hosts in parallel (``Controller.request_many``): each method
+    """The same request to several hosts in parallel (``HostLinks.request_many``): each method
     returns host -> its answer (typed as ``AgentClient``'s), or the ``TransportError`` that kept
     that host from answering. One slow host holds up the others only to its own timeout."""
 

@@ -27,38 +27,38 @@ else:  # Python 3.10
 
 from tui.model import tomlwrite
 from tui.model.fields import Bad, valid
-from tui.model.inventory import (  # noqa: F401  (the loader works with the model's private checks)
-    _ADDRESS_EXPECTED,
-    _DEFAULT_FIELDS,
-    _HOST_FIELDS,
-    _HOSTFILE_EXPECTED,
-    _JUMP_EXPECTED,
-    _SLOTS_EXPECTED,
-    _TOP_LEVEL,
+from tui.model.inventory import (  # noqa: F401  (the loader works with the model's checks)
+    ADDRESS_EXPECTED,
+    DEFAULT_FIELDS,
     DEFAULT_KNOWN_HOSTS,
     DEFAULT_SSH_CONFIG,
+    HOST_FIELDS,
+    HOSTFILE_EXPECTED,
     INVENTORY_ENV,
+    INVENTORY_TABLES,
+    JUMP_EXPECTED,
     MAX_SLOTS,
     NAME_RE,
+    SLOTS_EXPECTED,
     HostSpec,
     Inventory,
     InventoryError,
+    JumpHop,
     Retention,
     ServerSpec,
     SlurmSpec,
-    _checked,
-    _Jump,
-    _local_user,
-    _looks_like_hostfile,
-    _parse_jump,
-    _port,
-    _proxy_jump,
-    _read,
-    _sanitize,
-    _split_address,
+    checked_fields,
+    checked_port,
     default_inventory_path,
+    inventory_name,
+    login_user,
+    looks_like_hostfile,
+    parse_jump,
+    parse_proxy_jump,
+    read_inventory_text,
     server_spec,
     slurm_spec,
+    split_address,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -115,7 +115,7 @@ class _SshConfig:
             port = int(value)
         except ValueError:
             port = 0
-        if not valid(_port, port):
+        if not valid(checked_port, port):
             raise InventoryError(self.path, host, "Port", "an integer 1..65535", value)
         return port
 
@@ -124,10 +124,10 @@ class _SshConfig:
             return None
         value = options["proxyjump"]
         try:
-            return _proxy_jump(value)
+            return parse_proxy_jump(value)
         except Bad as bad:
             raise InventoryError(
-                self.path, host, "ProxyJump", bad.expected or _JUMP_EXPECTED, value
+                self.path, host, "ProxyJump", bad.expected or JUMP_EXPECTED, value
             ) from None
 
 
@@ -167,7 +167,7 @@ class _Resolver:
         """One host. ``alias`` is the name looked up in the ssh config (default: the name)."""
         if not isinstance(raw, dict):
             raise InventoryError(self.path, label, None, "a table ([[hosts]])", raw, line=line)
-        entry = _checked(raw, _HOST_FIELDS, self.path, label, line)
+        entry = checked_fields(raw, HOST_FIELDS, self.path, label, line)
         if "name" not in entry:
             raise InventoryError(self.path, label, "name", "a host name (required)", line=line)
         name: str = entry["name"]
@@ -201,7 +201,7 @@ class _Resolver:
             name=name,
             address=address,
             port=address_port or pick("port", self.ssh.port(options, name), 22),
-            user=pick("user", options.get("user"), None) or _local_user(),
+            user=pick("user", options.get("user"), None) or login_user(),
             identity_files=pick("identity_file", _identity_files(options), ()),
             python=pick("python", None, "python3"),
             state_dir=pick("state_dir", None, "~/.rigdeck"),
@@ -302,8 +302,8 @@ def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
             return local_inventory()
     else:
         target = Path(os.path.expanduser(os.fspath(path)))
-    text = _read(target)
-    if target.suffix.lower() != ".toml" and _looks_like_hostfile(text):
+    text = read_inventory_text(target)
+    if target.suffix.lower() != ".toml" and looks_like_hostfile(text):
         return _hostfile_inventory(text, target, None)
     return _toml_inventory(text, target)
 
@@ -314,7 +314,7 @@ def _toml_inventory(text: str, path: Path) -> Inventory:
     except tomllib.TOMLDecodeError as e:
         raise InventoryError(path, None, None, f"valid TOML ({e})") from None
     for key in data:
-        if key not in _TOP_LEVEL:
+        if key not in INVENTORY_TABLES:
             expected = ("only a [defaults] table, [[hosts]] entries, a [server] table and a [slurm] table "
                         "at the top level")
             raise InventoryError(path, None, key, expected, data[key])
@@ -324,7 +324,7 @@ def _toml_inventory(text: str, path: Path) -> Inventory:
     hosts_raw = data.get("hosts", [])
     if not isinstance(hosts_raw, list):
         raise InventoryError(path, None, "hosts", "an array of tables ([[hosts]])", hosts_raw)
-    resolver = _Resolver(path, _checked(defaults_raw, _DEFAULT_FIELDS, path, "[defaults]"))
+    resolver = _Resolver(path, checked_fields(defaults_raw, DEFAULT_FIELDS, path, "[defaults]"))
     hosts = []
     for i, raw in enumerate(hosts_raw):
         name = raw.get("name") if isinstance(raw, dict) else None
@@ -338,7 +338,7 @@ def _toml_inventory(text: str, path: Path) -> Inventory:
 def local_inventory() -> Inventory:
     """This machine alone, run without SSH: what rigdeck uses when there is no inventory."""
     host = HostSpec(
-        name=_sanitize(socket.gethostname()),
+        name=inventory_name(socket.gethostname()),
         address="localhost",
         transport="local",
         python=sys.executable or "python3",
@@ -364,11 +364,11 @@ def load_hostfile(
 ) -> Inventory:
     """An inventory from a DeepSpeed/MPI hostfile; ``defaults`` is a [defaults] table."""
     target = Path(os.path.expanduser(os.fspath(path)))
-    return _hostfile_inventory(_read(target), target, defaults)
+    return _hostfile_inventory(read_inventory_text(target), target, defaults)
 
 
 def _hostfile_inventory(text: str, path: Path, defaults: Mapping[str, Any] | None) -> Inventory:
-    resolver = _Resolver(path, _checked(defaults or {}, _DEFAULT_FIELDS, path, "[defaults]"))
+    resolver = _Resolver(path, checked_fields(defaults or {}, DEFAULT_FIELDS, path, "[defaults]"))
     hosts: list[HostSpec] = []
     lines: list[int | None] = []
     for lineno, raw_line in enumerate(text.splitlines(), start=1):
@@ -378,13 +378,13 @@ def _hostfile_inventory(text: str, path: Path, defaults: Mapping[str, Any] | Non
         first, *rest = content.split()
         user, at, hostname = first.rpartition("@")
         if not hostname or "=" in first or (at and not user):
-            raise InventoryError(path, None, None, _HOSTFILE_EXPECTED, content, line=lineno)
-        name = _sanitize(hostname)
+            raise InventoryError(path, None, None, HOSTFILE_EXPECTED, content, line=lineno)
+        name = inventory_name(hostname)
         try:  # "h5:2222" is host h5 on port 2222, as in an inventory's address
-            host, port = _split_address(hostname)
+            host, port = split_address(hostname)
         except Bad as bad:
             raise InventoryError(
-                path, name, "address", bad.expected or _ADDRESS_EXPECTED, hostname, line=lineno
+                path, name, "address", bad.expected or ADDRESS_EXPECTED, hostname, line=lineno
             ) from None
         entry: dict[str, Any] = {"name": name, "slots": 1}
         if user:
@@ -404,7 +404,7 @@ def _hostfile_inventory(text: str, path: Path, defaults: Mapping[str, Any] | Non
                 )
             # [0-9] and not isdigit(): "²" is a digit to Python but not to int().
             if not re.fullmatch(r"[0-9]+", value) or not 1 <= int(value) <= MAX_SLOTS:
-                raise InventoryError(path, name, key, _SLOTS_EXPECTED, value, line=lineno)
+                raise InventoryError(path, name, key, SLOTS_EXPECTED, value, line=lineno)
             if key == "slots":
                 entry["slots"] = int(value)
             # max_slots only caps oversubscription in Open MPI; rigdeck does not oversubscribe.
@@ -413,7 +413,7 @@ def _hostfile_inventory(text: str, path: Path, defaults: Mapping[str, Any] | Non
         )
         lines.append(lineno)
     if not hosts:
-        raise InventoryError(path, None, None, f"at least one host: {_HOSTFILE_EXPECTED}")
+        raise InventoryError(path, None, None, f"at least one host: {HOSTFILE_EXPECTED}")
     return resolver.inventory(hosts, lines)
 
 
@@ -461,10 +461,10 @@ def _hops(
     out: list[tuple[str, HostSpec]] = []
     for position, element in enumerate(e.strip() for e in spec.split(",")):
         try:
-            jump = _parse_jump(element)
+            jump = parse_jump(element)
         except Bad as bad:
             raise InventoryError(
-                inv.path, root.name, "proxy_jump", bad.expected or _JUMP_EXPECTED, element
+                inv.path, root.name, "proxy_jump", bad.expected or JUMP_EXPECTED, element
             ) from None
         key, hop = _hop(inv, root, element, jump, ssh)
         if key in trail:
@@ -479,7 +479,7 @@ def _hops(
 
 
 def _hop(
-    inv: Inventory, target: HostSpec, element: str, jump: _Jump, ssh: _SshConfig
+    inv: Inventory, target: HostSpec, element: str, jump: JumpHop, ssh: _SshConfig
 ) -> tuple[str, HostSpec]:
     if jump.host in inv.names:
         base = inv.get(jump.host)
@@ -591,10 +591,10 @@ def _defaults_of(target: Path) -> tuple[dict[str, Any], Inventory | None]:
     hosts are only ever added to one."""
     if not target.exists():
         return {}, None
-    text = _read(target)
+    text = read_inventory_text(target)
     existing = _toml_inventory(text, target)
     raw = tomllib.loads(text).get("defaults", {})
-    return _checked(raw, _DEFAULT_FIELDS, target, "[defaults]"), existing
+    return checked_fields(raw, DEFAULT_FIELDS, target, "[defaults]"), existing
 
 
 def new_hosts_inventory(
@@ -617,7 +617,7 @@ def new_hosts_inventory(
     defaults, existing = _defaults_of(path)
     resolver = _Resolver(path, defaults)
     if entries is None:
-        entries = [{"name": _sanitize(alias), "_alias": alias}
+        entries = [{"name": inventory_name(alias), "_alias": alias}
                    for alias in ssh_config_aliases(resolver.ssh_path)]
     have = list(existing.hosts) if existing is not None else []
     new: list[HostSpec] = []
@@ -664,7 +664,7 @@ def append_hosts(target: str | os.PathLike[str], hosts: Sequence[HostSpec]) -> P
     the file (a temporary file in the same directory, then a rename): a name it has already,
     or a result that does not load back to the same hosts, writes nothing."""
     path = Path(os.path.expanduser(os.fspath(target)))
-    old = _read(path) if path.exists() else (
+    old = read_inventory_text(path) if path.exists() else (
         "# rigdeck inventory (written by rigdeck's onboarding; edit freely)\n")
     text = old if old.endswith("\n") else old + "\n"
     for spec in hosts:

@@ -103,7 +103,7 @@ class ServerHostError(Exception):
 
 
 class AgentPlace(NamedTuple):
-    """Where the controller's deploy put the agent on a host (``Controller._deploy_one``)."""
+    """Where the controller's deploy put the agent on a host (``HostLinks._deploy_one``)."""
 
     state_dir: str
     pyz: str

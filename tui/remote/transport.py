@@ -33,7 +33,7 @@ import paramiko
 
 from tui.model.inventory import HostSpec, Inventory
 from tui.remote.hub import HubTransport
-from tui.remote.sshconfig import jump_chain
+from tui.remote.inventoryfile import jump_chain
 
 log = logging.getLogger(__name__)
 

@@ -15,8 +15,8 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Label, Static
 
 from tui.app.widgets.format import SIM_MARK
+from tui.model.hostviews import HostKey
 from tui.model.jobview import StopPlan
-from tui.model.views import HostKey
 
 
 class _ConfirmStopBase(ModalScreen[bool]):

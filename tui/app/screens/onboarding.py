@@ -29,7 +29,7 @@ from textual.worker import Worker, WorkerState
 from tui.app.screens.dialogs import TrustHostKey, describe_error
 from tui.app.widgets.keybar import KeyBar
 from tui.client import HostReport, Onboarding
-from tui.model.views import HostKey
+from tui.model.hostviews import HostKey
 
 # What a row shows, by state.
 PENDING, CHECKING = "not checked", "checking…"

@@ -23,8 +23,8 @@ from tui.app.widgets.difftable import DiffTable
 from tui.app.widgets.statictext import update_static
 from tui.app.widgets.tables import Widths
 from tui.client import Client
+from tui.model.hostviews import HostView
 from tui.model.jobview import JobSource, JobsSnapshot
-from tui.model.views import HostView
 
 # What a view follows (``FOLLOWS``): when it changes, the view is redrawn the next time it shows.
 HOSTS = "hosts"  # the controller's host and GPU state

@@ -16,8 +16,8 @@ from tui.app.views.base import HOSTS, View, set_text
 from tui.app.widgets.format import state_markup
 from tui.app.widgets.tables import HostsTable, SlurmNodes, host_rows, host_why, slurm_why
 from tui.model.health import OK, UNHEALTHY
+from tui.model.hostviews import GpuView, HostView
 from tui.model.slurm import NODES_ARGS, SlurmNode, SlurmReadError, node_index, read_nodes
-from tui.model.views import GpuView, HostView
 
 
 class HostsView(View):

@@ -53,8 +53,8 @@ from tui.model.gpumap import (
     move,
     user_summary,
 )
+from tui.model.hostviews import BUSY_UTIL_PCT, GpuView, HostView
 from tui.model.jobview import JobsSnapshot
-from tui.model.views import BUSY_UTIL_PCT, GpuView, HostView
 
 JOB_SLOTS = 12  # distinct job colours (theme variables, see DEFAULT_CSS)
 FREE_GLYPH = "·"

@@ -41,12 +41,12 @@ from tui.app.widgets.format import (
     util_level,
 )
 from tui.model.gpumap import slurm_job_text
+from tui.model.hostviews import GpuView, HostView
 from tui.model.jobstate import TERMINAL
 from tui.model.jobtext import exit_text
 from tui.model.jobview import CheckpointSave, CheckpointView, JobRow, OwnerMove
 from tui.model.slurm import SlurmNode, drain_text
 from tui.model.state import ClusterState
-from tui.model.views import GpuView, HostView
 
 
 @dataclass(frozen=True)
