@@ -127,10 +127,10 @@ class OwnHosts:
             gpus[n.host] += [g for g in n.gpus if g not in gpus[n.host]]
         return gpus
 
-    def _preflight(self, job_id: str, placement: Placement, spec: JobSpec) -> None:
+    def _preflight(self, job_id: str, placement: Placement, spec: JobSpec | None = None) -> None:
         """Before anything starts: every host has room for the job's files and its GPUs free,
         and a ``[container]`` job's runtime and image are there."""
-        container = spec.container.to_dict() if spec.container is not None else None
+        container = spec.container.to_dict() if spec is not None and spec.container is not None else None
         hosts = list(placement.hosts)
         gpus = self._gpus_by_host(placement)
         from concurrent.futures import ThreadPoolExecutor
