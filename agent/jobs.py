@@ -25,7 +25,7 @@ from agent import container as containers
 from agent import filemodes
 from agent.clusterfiles import HYPERTUNE_FILE, global_ranks
 from agent.jobfiles import free_mb, read_log, read_tail, resource_message, write_json
-from agent.jobhost import TERMINAL, no_site, pid_alive, processes_with_tag, read_json, sweep
+from agent.jobhost import STOP_FILE, TERMINAL, mark_attempt, no_site, pid_alive, processes_with_tag, read_json, sweep
 from agent.rankexec import DEFS_RANK, RECORD_KEYS
 from agent.trackers import read_links
 
@@ -328,9 +328,11 @@ class Jobs:
             fds = self._claim_after_previous(job_id, gpus) if gpus else []
         try:
             os.makedirs(d, mode=0o755, exist_ok=True)
-            # A restart reuses the directory: logs and metrics go on; rank records start afresh.
+            # A restart reuses the directory: logs and metrics go on; rank records start afresh,
+            # and a stop asked of the attempt before is not this one's.
             for f in glob.glob(os.path.join(d, "ranks", "*")):
                 os.unlink(f)
+            _unlink(os.path.join(d, STOP_FILE))
             self._mark_attempt(d, int(plan.get("restart_count") or 0))
             write_json(os.path.join(d, "plan.json"), plan)
             write_json(os.path.join(d, "state.json"), {
@@ -361,6 +363,7 @@ class Jobs:
         os.makedirs(d, mode=0o755, exist_ok=True)
         for f in glob.glob(os.path.join(d, "ranks", "*")):
             os.unlink(f)
+        _unlink(os.path.join(d, STOP_FILE))
         self._mark_attempt(d, int(plan.get("restart_count") or 0))
         write_json(os.path.join(d, "state.json"), {
             "job_id": job_id, "state": "starting", "host": plan["nodes"][plan["node_index"]]["host"],
@@ -372,16 +375,7 @@ class Jobs:
 
     @staticmethod
     def _mark_attempt(d: str, restart_count: int) -> None:
-        """Record where this attempt's metrics begin in every rank's metrics files (and when it
-        began), so each record can be told apart by attempt (a restarted gang repeats its steps)."""
-        marks = (read_json(os.path.join(d, "attempts.json")) or {}).get("attempts") or []
-        sizes = {}
-        for p in glob.glob(os.path.join(d, "metrics", "*.jsonl")):
-            sizes[os.path.basename(p)] = os.path.getsize(p)
-        marks = [m for m in marks if int(m.get("restart_count", -1)) < restart_count]
-        # hypertune's file is rewritten, not appended to: its entries are told apart by time
-        marks.append({"restart_count": restart_count, "sizes": sizes, "started": time.time()})
-        write_json(os.path.join(d, "attempts.json"), {"attempts": marks})
+        mark_attempt(d, restart_count)
 
     def stop(self, job_id: str, grace_s: Optional[float] = None) -> Dict[str, Any]:
         d = self.job_dir(job_id)
@@ -397,6 +391,12 @@ class Jobs:
         if st.get("state") in TERMINAL:
             swept = sweep(job_id)
             return {"state": st["state"], "swept": swept}
+        # Kept on disk as well as signalled: a job host healing in place ignores SIGTERM while it
+        # stops its own ranks, and must not start them again after this stop.
+        try:
+            write_json(os.path.join(d, STOP_FILE), {"at": time.time()})
+        except OSError:
+            pass  # a full disk: the signal still stops it (a restart in place could follow)
         if pid is not None and pid_alive(pid):
             try:
                 os.kill(pid, signal.SIGTERM)  # the job host runs the grace period and the sweep
@@ -784,6 +784,13 @@ class Jobs:
                 self._last_states[job_id] = key
                 out.append(st)
         return out
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _attempt_at(marks: List[Dict[str, Any]], name: str, offset: int) -> int:
