@@ -25,6 +25,7 @@ from agent.rankexec import die_with_parent
 POLL_S = 0.5  # at the latest: a rank's exit wakes the loop at once (SIGCHLD), a poll finds the rest
 DISK_FULL_MB = 1.0  # a failure with less than this free under the job dir is put down to it
 TERMINAL = ("succeeded", "failed", "stopped")
+GPU_HEALTH_FILE = "gpu-health.json"  # the job's GPUs that are not ok, as the daemon judged them
 STOP_FILE = "stop.json"  # the agent's stop, on disk: a job host healing in place reads it before it starts again
 
 
@@ -685,6 +686,9 @@ class JobHost:
                 self.save(state="failed", ended=time.time(),
                           cause={"host": self.node["host"], "message": "mpirun never started ranks here"})
                 return 1
+            gpu = self.gpu_fault()
+            if gpu is not None:
+                return self.stop_for_gpu(gpu, grace)
             self.watch_progress()
             hang = self.state.get("hang")
             if hang is not None and self.may_heal("hang"):
@@ -755,6 +759,10 @@ class JobHost:
             self.stop_reason = self.stop_reason or "stopped by request"
             self.save(healing=None)
             return None
+        gpu = self.gpu_fault()
+        if gpu is not None:  # the rank died of its GPU (XID 79 ends the process): not here again
+            self.save(healing=None)
+            return self.stop_for_gpu(gpu, grace)
         heals = list(self.state.get("heals") or []) + [incident]
         try:
             self._next_attempt(attempt + 1)
@@ -769,6 +777,32 @@ class JobHost:
                       cause={"host": self.node["host"], "rank": None, "message": "restart in place failed: %s" % e})
             return 1
         return None
+
+    def gpu_fault(self) -> Optional[Dict[str, Any]]:
+        """One of this job's GPUs here that the daemon judges unhealthy (``gpu-health.json``,
+        written only for a job its host heals in place), or None."""
+        if not self.heals_here:
+            return None
+        mine = self._gpus()
+        for g in (read_json(os.path.join(self.job_dir, GPU_HEALTH_FILE)) or {}).get("gpus") or []:
+            if isinstance(g, dict) and g.get("health") == "unhealthy" and g.get("index") in mine:
+                return g
+        return None
+
+    def stop_for_gpu(self, gpu: Dict[str, Any], grace: float) -> int:
+        """A GPU of the job failed: a restart in place would land on it again, and moving away
+        needs the inventory (placement, drains), the controller's. The ranks stop and the job
+        fails here naming the GPU; the next controller that looks drains it and restarts the job
+        elsewhere (restarts left), as for any rank that died of its GPU."""
+        sim = " (simulated)" if gpu.get("simulated") else ""
+        message = "%s GPU %s%s: %s; stopped here, left to a controller to move" % (
+            self.node["host"], gpu.get("index"), sim, gpu.get("reason") or "unhealthy")
+        self.log(message)
+        cause = {"kind": "gpu", "host": self.node["host"], "gpu": gpu.get("index"), "rank": None, "message": message}
+        self.save(state="stopping", cause=cause)
+        self.terminate_all(min(grace, 5.0))
+        self.save(state="failed", ended=time.time())
+        return 1
 
     def _incident(self, kind: str, what: Dict[str, Any], attempt: int) -> Dict[str, Any]:
         """What failed, when it was seen, and the newest step this host's ranks reported."""

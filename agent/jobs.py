@@ -25,7 +25,17 @@ from agent import container as containers
 from agent import filemodes
 from agent.clusterfiles import HYPERTUNE_FILE, global_ranks
 from agent.jobfiles import free_mb, read_log, read_tail, resource_message, write_json
-from agent.jobhost import STOP_FILE, TERMINAL, mark_attempt, no_site, pid_alive, processes_with_tag, read_json, sweep
+from agent.jobhost import (
+    GPU_HEALTH_FILE,
+    STOP_FILE,
+    TERMINAL,
+    mark_attempt,
+    no_site,
+    pid_alive,
+    processes_with_tag,
+    read_json,
+    sweep,
+)
 from agent.rankexec import DEFS_RANK, RECORD_KEYS
 from agent.trackers import read_links
 
@@ -774,6 +784,36 @@ class Jobs:
             removed.append(job_id)
         return {"removed": sorted(removed), "running": sorted(kept_running),
                 "kept": len(ended) - len(removed)}
+
+    def healing_here(self) -> Dict[str, List[int]]:
+        """The live jobs whose job host heals them in place (their plan's ``heal``), each with
+        its GPUs here: the daemon tells them of their GPUs' health (``tell_gpu_health``)."""
+        out = {}  # type: Dict[str, List[int]]
+        for job_id, st in self._states().items():
+            if st.get("state") in TERMINAL:
+                continue
+            plan = read_json(os.path.join(self.root, job_id, "plan.json")) or {}
+            if (plan.get("heal") or {}).get("by") != "host":
+                continue
+            nodes = plan.get("nodes") or []
+            i = int(plan.get("node_index") or 0)
+            gpus = [int(g) for g in (nodes[i].get("gpus") or [] if 0 <= i < len(nodes) else [])]
+            if gpus:
+                out[job_id] = gpus
+        return out
+
+    def tell_gpu_health(self, jobs: Dict[str, List[int]], bad: List[Dict[str, Any]]) -> None:
+        """Write each job's GPUs that are not ok into its ``gpu-health.json`` when that changed:
+        GPU health is judged in the daemon's memory, and a job host healing in place must not
+        restart its ranks on a card that failed (agent/jobhost.py reads it)."""
+        for job_id, gpus in jobs.items():
+            mine = [g for g in bad if g.get("index") in gpus]
+            path = os.path.join(self.root, job_id, GPU_HEALTH_FILE)
+            if (read_json(path) or {}).get("gpus", []) != mine:
+                try:
+                    write_json(path, {"gpus": mine, "at": time.time()})
+                except OSError:
+                    pass  # a full disk: the controller's look still sees the GPU
 
     def changes(self) -> List[Dict[str, Any]]:
         """Jobs whose state changed since the last call (for the daemon's job events)."""

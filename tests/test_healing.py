@@ -503,7 +503,8 @@ max_restarts = 2
     t0 = time.monotonic()
     # attempt 1 holds before its last step (the hang at step 8 was healed): now a rank is killed
     holding = d / "metrics" / "rank-1.jsonl"
-    wait_until(lambda: alone("the hang is healed") and b'"hold"' in holding.read_bytes(), 150, "attempt 1 holding")
+    wait_until(lambda: alone("the hang is healed") and holding.exists() and b'"hold"' in holding.read_bytes(), 150,
+               "attempt 1 holding")
     t1 = time.monotonic()
     assert state()["restart_count"] == 1
     pid = json.loads((d / "ranks" / "rank-1.json").read_text())["pid"]
@@ -539,3 +540,57 @@ max_restarts = 2
     logs = cli.run("logs", job_id, "--rank", "0").stdout
     assert "resumed from step 5" in logs and "resumed from step 15" in logs
     assert tagged(cli.bed, job_id) == {"h1": [], "h2": [], "h3": []}
+
+
+def test_a_gpu_fault_with_no_controller_running_stops_the_job_for_the_next_controller_to_move(
+        cli: Cli, tmp_path: Path) -> None:
+    """Issue 48, acceptance 0 (c): the agent judges an XID 79 on the GPU of a job its host heals;
+    with no controller running, the job host is told (gpu-health.json) and stops the job rather
+    than restart it on that card. The next controller that looks (``rigdeck status``) drains the
+    GPU and restarts the job away from it; the restarted job then ends on its own."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    spec = cli.spec("alone-gpu", f"""
+command = ["{{python}}", "{TRAIN}", "--steps", "12", "--ckpt", "{ckpt}", "--sleep", "0.3", "--first-attempt-holds"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 1
+gpus_per_node = 1
+[env]
+OMP_NUM_THREADS = "1"
+[restart]
+max_restarts = 1
+""")
+    launched = cli.json("launch", str(spec))
+    job_id, host, gpu = launched["job_id"], launched["placement"][0]["host"], launched["placement"][0]["gpus"][0]
+    index = _host_index(cli, host)
+    d = cli.bed.hosts[index - 1].state_dir / "jobs" / job_id
+    home = Path(cli.env["RIGDECK_HOME"])
+    metrics = d / "metrics" / "rank-0.jsonl"
+    try:
+        wait_until(lambda: _controllers(home) == [] and metrics.exists() and b'"hold"' in metrics.read_bytes(), 120,
+                   "the job holding")
+        _write_faults(cli, host, {str(gpu): {"xid": 79}})
+
+        def ended() -> dict[str, Any] | None:
+            assert _controllers(home) == [], "a controller runs while the GPU fault is handled"
+            st = json.loads((d / "state.json").read_text())
+            return st if st["state"] in ("failed", "succeeded", "stopped") else None
+
+        st = wait_until(ended, 60, "the job host to stop the job")
+        assert (st["state"], st["cause"]["kind"], st["cause"]["gpu"], st["restart_count"]) == ("failed", "gpu", gpu, 0)
+        assert "XID 79" in st["cause"]["message"] and not st.get("heals"), st
+        # the next controller: drains the GPU, restarts the job away from it
+        view = cli.json("status", job_id)
+        assert view["restarts"] == 1, json.dumps(view, indent=1)[-3000:]
+        (inc,) = view["incidents"]
+        assert (inc["kind"], inc["host"], inc["gpu"], inc["healed_by"]) == ("gpu", host, gpu, None), inc
+        assert all((n["host"], g) != (host, gpu) for n in view["placement"] for g in n["gpus"])
+        final = wait_until(lambda: (v := cli.json("status", job_id))["state"] in ("succeeded", "failed") and v, 120,
+                           "the restarted job's end")
+        assert (final["state"], final["restarts"]) == ("succeeded", 1), json.dumps(final, indent=1)[-3000:]
+        (drain,) = cli.json("drains")
+        assert (drain["host"], drain["gpu"], drain["source"]) == (host, gpu, "health")
+    finally:
+        _write_faults(cli, host, {})
+        cli.run("undrain", f"{host}:{gpu}", check=False)
