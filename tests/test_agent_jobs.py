@@ -637,7 +637,7 @@ def test_the_job_watcher_may_rest_only_while_no_job_is_live(tmp_path: Path) -> N
 HEALING_RANK = """
 import os, sys, time
 import runtime
-attempt, rank = int(os.environ["RIGDECK_RESTART_COUNT"]), int(os.environ["RANK"])
+attempt, rank = int(os.environ["RIGDECK_RESTART_COUNT"]), int(os.environ["RIGDECK_RANK"])
 saved = os.path.join(os.environ["RIGDECK_JOB_DIR"], "saved")
 start = int(open(saved).read()) + 1 if os.path.exists(saved) else 1
 if rank == 0 and start > 1:

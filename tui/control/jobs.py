@@ -199,6 +199,17 @@ def restarts_used(rec: Mapping[str, Any]) -> int:
     return max(0, int(rec.get("restarts") or 0) - int(rec.get("preempted") or 0))
 
 
+def hangs_on_host(rec: Mapping[str, Any]) -> bool:
+    """Whether the job's host restarts it after a hang it judged (``heals_on_host``, a restart
+    left, ``on_hang = "restart"``): then the hang is none of the controller's to act on."""
+    spec = rec.get("spec") or {}
+    if not heals_on_host(spec, len({n["host"] for n in rec.get("placement") or []}), bool(rec.get("slurm"))):
+        return False
+    health = spec.get("health") or {}
+    restart = spec.get("restart") or {}
+    return health.get("on_hang", "restart") == "restart" and restarts_used(rec) < int(restart.get("max_restarts") or 0)
+
+
 def rank_env(spec: JobSpec) -> dict[str, str]:
     """The spec's ``[env]`` and what rigdeck adds to it for every rank from the spec itself:
     ``RIGDECK_MODEL_PARALLEL`` (the parsed ``[model_parallel]`` table as JSON) for a
@@ -991,12 +1002,8 @@ class JobManager:
             rec = self._adopt(rec, states)
         overall = overall_state(states)
         # What leaves every process alive and the job going nowhere (tui/control/healing.py).
-        own = heals_on_host(rec.get("spec") or {}, len({n["host"] for n in rec.get("placement") or []}),
-                            bool(rec.get("slurm")))
-        spec = JobSpec.from_dict(rec["spec"])
-        hangs_on_host = own and spec.health.on_hang == "restart" and restarts_used(rec) < spec.restart.max_restarts
-        fault = self.healer.look(rec, states, hangs_on_host=hangs_on_host) if rec["state"] == RUNNING and overall in (
-            RUNNING, UNKNOWN) else None
+        fault = self.healer.look(rec, states, hangs_on_host=hangs_on_host(rec)) if rec["state"] == RUNNING and (
+            overall in (RUNNING, UNKNOWN)) else None
         if fault is None and rec["state"] == RUNNING and overall == FAILED:
             # A rank that died as its GPU failed (a CUDA error at XID 79) died of the GPU: drained,
             # recorded as the GPU's incident, and the restart goes elsewhere. Its host may not
