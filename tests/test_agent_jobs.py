@@ -639,7 +639,7 @@ import os, sys, time
 import runtime
 attempt, rank = int(os.environ["RIGDECK_RESTART_COUNT"]), int(os.environ["RIGDECK_RANK"])
 saved = os.path.join(os.environ["RIGDECK_JOB_DIR"], "saved")
-start = int(open(saved).read()) + 1 if os.path.exists(saved) else 1
+start = int(open(saved).read()) + 1 if attempt and os.path.exists(saved) else 1
 if rank == 0 and start > 1:
     print("resumed from step", start - 1, flush=True)
 for step in range(start, 7):
