@@ -998,13 +998,14 @@ class JobManager:
         states = this_attempt(rec, self.host_states(rec))
         if rec.get("slurm") and rec["state"] not in TERMINAL:
             states = self.engine(rec).checked(rec, states)
-        if rec["state"] in (RUNNING, STOPPING) and host_heals(states, int(rec.get("restarts") or 0)):
+        # (a job launched without --wait stays "starting" in the history until a look sees it run)
+        if rec["state"] in (STARTING, RUNNING, STOPPING) and host_heals(states, int(rec.get("restarts") or 0)):
             rec = self._adopt(rec, states)
         overall = overall_state(states)
         # What leaves every process alive and the job going nowhere (tui/control/healing.py).
         fault = self.healer.look(rec, states, hangs_on_host=hangs_on_host(rec)) if rec["state"] == RUNNING and (
             overall in (RUNNING, UNKNOWN)) else None
-        if fault is None and rec["state"] == RUNNING and overall == FAILED:
+        if fault is None and rec["state"] in (STARTING, RUNNING) and overall == FAILED:
             # A rank that died as its GPU failed (a CUDA error at XID 79) died of the GPU: drained,
             # recorded as the GPU's incident, and the restart goes elsewhere. Its host may not
             # have seen the death yet (its peer, whose collective broke, failed first): the
@@ -1068,7 +1069,7 @@ class JobManager:
         """Stop a job that a fault leaves alive and going nowhere, keep the incident, and restart
         it from its checkpoint away from what failed (or fail it, as its spec says)."""
         rec = self.record(job_id)  # as it is now that we hold the lease
-        if rec["state"] != RUNNING:
+        if rec["state"] not in (STARTING, RUNNING):  # (starting: a launch without --wait, never looked at since)
             return states
         cause = fault.cause()
         live = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") not in TERMINAL]
