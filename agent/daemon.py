@@ -637,6 +637,7 @@ class Daemon:
             try:
                 # One hop to the jobs thread, not two: most seconds nothing changed.
                 changes = await loop.run_in_executor(self._jobs_pool, self._supervise_jobs)
+                await self._tell_gpu_health(loop)
                 for st in changes:
                     for c in list(self._clients.values()):
                         if c.greeted:
@@ -647,6 +648,16 @@ class Daemon:
             except Exception:
                 log.exception("job watcher")
             await self._job_watch_pause(loop)
+
+    async def _tell_gpu_health(self, loop: asyncio.AbstractEventLoop) -> None:
+        """While a job its host heals in place runs here, its GPUs' health, judged here each
+        second (a sample at most 2 s old), goes into its directory for its job host to read: with
+        nobody watching, nobody else would ask for a sample."""
+        jobs = await loop.run_in_executor(self._jobs_pool, self.jobs.healing_here)
+        if not jobs:
+            return
+        bad = await self._gpu_health(max_age=2.0)
+        await loop.run_in_executor(self._jobs_pool, self.jobs.tell_gpu_health, jobs, bad)
 
     async def _job_watch_pause(self, loop: asyncio.AbstractEventLoop) -> None:
         """A second while a job is live or an upgrade waits. A host with no live job (most of

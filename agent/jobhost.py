@@ -8,6 +8,7 @@ dropped SSH session touches it. Stdlib only, Python 3.9+.
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import select
@@ -24,6 +25,8 @@ from agent.rankexec import die_with_parent
 POLL_S = 0.5  # at the latest: a rank's exit wakes the loop at once (SIGCHLD), a poll finds the rest
 DISK_FULL_MB = 1.0  # a failure with less than this free under the job dir is put down to it
 TERMINAL = ("succeeded", "failed", "stopped")
+GPU_HEALTH_FILE = "gpu-health.json"  # the job's GPUs that are not ok, as the daemon judged them
+STOP_FILE = "stop.json"  # the agent's stop, on disk: a job host healing in place reads it before it starts again
 
 
 def agent_command() -> List[str]:
@@ -80,6 +83,19 @@ def read_json(path: str) -> Optional[Dict[str, Any]]:
     except (OSError, ValueError):
         return None
     return value if isinstance(value, dict) else None
+
+
+def mark_attempt(d: str, restart_count: int) -> None:
+    """Record where attempt ``restart_count``'s metrics begin in every rank's metrics files (and
+    when it began) in ``attempts.json``, so each record can be told apart by attempt (a restarted
+    gang repeats its steps). The agent marks each start it makes; a job host healing in place
+    marks its own."""
+    marks = (read_json(os.path.join(d, "attempts.json")) or {}).get("attempts") or []
+    sizes = {os.path.basename(p): os.path.getsize(p) for p in glob.glob(os.path.join(d, "metrics", "*.jsonl"))}
+    marks = [m for m in marks if int(m.get("restart_count", -1)) < restart_count]
+    # hypertune's file is rewritten, not appended to: its entries are told apart by time
+    marks.append({"restart_count": restart_count, "sizes": sizes, "started": time.time()})
+    write_json(os.path.join(d, "attempts.json"), {"attempts": marks})
 
 
 def processes_with_tag(job_id: str, proc_root: str = "/proc") -> List[int]:
@@ -147,6 +163,7 @@ class RankProgress:
         self.steps = {}  # type: Dict[str, float]
         self.inside = {}  # type: Dict[str, List[str]]
         self.ended = {}  # type: Dict[str, float]
+        self.first_step_at = None  # type: Optional[float]  # the earliest step record's own time
         for name in self._files():
             try:
                 self.offsets[name] = os.path.getsize(os.path.join(self.dir, name))
@@ -195,6 +212,9 @@ class RankProgress:
             step = rec.get("step")
             if isinstance(step, (int, float)) and not isinstance(step, bool):
                 self.steps[name] = max(self.steps.get(name, float("-inf")), float(step))
+                when = rec.get("time")
+                if isinstance(when, (int, float)) and not isinstance(when, bool):
+                    self.first_step_at = min(self.first_step_at or float(when), float(when))
         elif event == "section" and isinstance(rec.get("section"), str):
             inside = self.inside.setdefault(name, [])
             if rec.get("phase") == "begin":
@@ -247,11 +267,22 @@ class JobHost:
         health = plan.get("health") or {}
         self.on_hang = str(health.get("on_hang") or "restart")
         self.progress = RankProgress(os.path.join(self.job_dir, "metrics"))
-        self.hang_watch = hangrule.Watch(time.monotonic(), _seconds(health.get("hang_timeout")),
-                                         _seconds(health.get("startup_timeout")))
+        self.hang_watch = self._new_watch()
         spec = plan.get("container")
         self.container = (containers.Container(spec, self.job_id, self.node["host"], self.job_dir)
                           if isinstance(spec, dict) and spec.get("image") else None)
+        # Who heals this job (the controller's plan says, docs/jobs.md "With nobody watching"): a
+        # job of one host heals in place here, this many times at most, with nobody watching.
+        heal = plan.get("heal") or {}  # type: Dict[str, Any]
+        self.heals_here = (heal.get("by") == "host" and not self.pooled and self.container is None
+                           and self.launcher in ("direct", "torchrun") and len(plan["nodes"]) == 1)
+        self.heals_left = int(heal.get("restarts_left") or 0)
+        self.on_exit_codes = [int(c) for c in heal.get("on_exit_codes") or []]
+
+    def _new_watch(self) -> hangrule.Watch:
+        health = self.plan.get("health") or {}
+        return hangrule.Watch(time.monotonic(), _seconds(health.get("hang_timeout")),
+                              _seconds(health.get("startup_timeout")))
 
     # -- state --------------------------------------------------------------------------------
 
@@ -602,6 +633,7 @@ class JobHost:
         watch_only = not self.procs  # a non-primary mpirun host
         seen_start = time.monotonic()
         while True:
+            self._resumed()
             if self.stop_requested:
                 self.save(state="stopping")
                 self.terminate_all(self.stop_grace(grace))
@@ -613,6 +645,11 @@ class JobHost:
                 continue
             exits = self.rank_exits()
             failure = self.lost_wrapper(exits) or self.first_failure(exits)
+            if failure is not None and self.may_heal("exit", failure):
+                code = self.heal_in_place("exit", failure, grace)
+                if code is not None:
+                    return code
+                continue
             if failure is not None:
                 self.log("rank %s failed: exit %s signal %s"
                          % (failure["rank"], failure["exit_code"], failure["signal"]))
@@ -649,14 +686,24 @@ class JobHost:
                 self.save(state="failed", ended=time.time(),
                           cause={"host": self.node["host"], "message": "mpirun never started ranks here"})
                 return 1
+            gpu = self.gpu_fault()
+            if gpu is not None:
+                return self.stop_for_gpu(gpu, grace)
             self.watch_progress()
+            hang = self.state.get("hang")
+            if hang is not None and self.may_heal("hang"):
+                code = self.heal_in_place("hang", hang, grace)
+                if code is not None:
+                    return code
+                continue
             self._sleep(wake)
 
     def watch_progress(self) -> Optional[Dict[str, Any]]:
         """The hang rule (agent/hangrule.py) on this host's ranks, at every turn of the loop: a hang
         is recorded once, with the ranks' stacks taken while they live, in ``state.json``'s
-        ``hang``; the controller acts on it at its next look (stops the gang, restarts it from its
-        checkpoint or fails it, as ``on_hang`` says). The ranks are left running for that."""
+        ``hang``. A job this host heals (``heal_in_place``) is restarted here; otherwise the
+        controller acts on it at its next look (stops the gang, restarts it from its checkpoint or
+        fails it, as ``on_hang`` says), and the ranks are left running for that."""
         if self.state.get("hang") is not None:
             return None
         self.progress.read()
@@ -679,6 +726,130 @@ class JobHost:
                             for s in got.get("stacks") or []])
         self.save(hang=hang)
         return hang
+
+    # -- healing in place: a job of one host, with nobody watching ------------------------------
+
+    def may_heal(self, kind: str, failure: Optional[Dict[str, Any]] = None) -> bool:
+        """Whether this host restarts the job itself: the plan says it heals here, restarts are
+        left, no stop was asked, and the fault is one a restart in place may cure (a hang with
+        ``on_hang = "restart"``, a rank's failure that ``[restart] on_exit_codes`` allows)."""
+        if not self.heals_here or self.heals_left <= 0 or self.stop_requested:
+            return False
+        if kind == "hang":
+            return self.on_hang == "restart"
+        if self.on_exit_codes and failure is not None:
+            code, sig = failure.get("exit_code"), failure.get("signal")
+            return code in self.on_exit_codes or (isinstance(sig, int) and 128 + sig in self.on_exit_codes)
+        return True
+
+    def heal_in_place(self, kind: str, what: Dict[str, Any], grace: float) -> Optional[int]:
+        """Stop this attempt's ranks and start the next attempt here (its ranks resume from their
+        newest checkpoint), keeping the incident in ``state.json``'s ``heals`` for the controller
+        that looks next: it adopts each as the job's restart and incident, once. None: the loop
+        goes on (a stop asked meanwhile is the loop's to carry out); else this job host's exit."""
+        attempt = int(self.state.get("restart_count") or 0)
+        incident = self._incident(kind, what, attempt)
+        self.log("%s: healing in place, attempt %d stops, attempt %d starts (%d restart(s) left here)"
+                 % (incident["message"], attempt, attempt + 1, self.heals_left - 1))
+        self.save(healing=incident)
+        self.terminate_all(min(grace, 5.0))
+        incident["stopped_at"] = time.time()
+        if self.stop_requested or os.path.exists(os.path.join(self.job_dir, STOP_FILE)):
+            self.stop_requested = True  # the stop wins: this attempt ends stopped, nothing starts
+            self.stop_reason = self.stop_reason or "stopped by request"
+            self.save(healing=None)
+            return None
+        gpu = self.gpu_fault()
+        if gpu is not None:  # the rank died of its GPU (XID 79 ends the process): not here again
+            self.save(healing=None)
+            return self.stop_for_gpu(gpu, grace)
+        heals = list(self.state.get("heals") or []) + [incident]
+        try:
+            self._next_attempt(attempt + 1)
+            self.heals_left -= 1
+            incident["started_at"] = time.time()
+            self.save(heals=heals, healing=None, hang=None, cause=None, restart_count=attempt + 1)
+            self.start()
+        except Exception as e:  # the next attempt cannot start: the job fails here, saying why
+            self.log("restart in place failed: %s" % e)
+            self.terminate_all(1.0)
+            self.save(state="failed", ended=time.time(), heals=heals,
+                      cause={"host": self.node["host"], "rank": None, "message": "restart in place failed: %s" % e})
+            return 1
+        return None
+
+    def gpu_fault(self) -> Optional[Dict[str, Any]]:
+        """One of this job's GPUs here that the daemon judges unhealthy (``gpu-health.json``,
+        written only for a job its host heals in place), or None."""
+        if not self.heals_here:
+            return None
+        mine = self._gpus()
+        for g in (read_json(os.path.join(self.job_dir, GPU_HEALTH_FILE)) or {}).get("gpus") or []:
+            if isinstance(g, dict) and g.get("health") == "unhealthy" and g.get("index") in mine:
+                return g
+        return None
+
+    def stop_for_gpu(self, gpu: Dict[str, Any], grace: float) -> int:
+        """A GPU of the job failed: a restart in place would land on it again, and moving away
+        needs the inventory (placement, drains), the controller's. The ranks stop and the job
+        fails here naming the GPU; the next controller that looks drains it and restarts the job
+        elsewhere (restarts left), as for any rank that died of its GPU."""
+        sim = " (simulated)" if gpu.get("simulated") else ""
+        message = "%s GPU %s%s: %s; stopped here, left to a controller to move" % (
+            self.node["host"], gpu.get("index"), sim, gpu.get("reason") or "unhealthy")
+        self.log(message)
+        cause = {"kind": "gpu", "host": self.node["host"], "gpu": gpu.get("index"), "rank": None, "message": message}
+        self.save(state="stopping", cause=cause)
+        self.terminate_all(min(grace, 5.0))
+        self.save(state="failed", ended=time.time())
+        return 1
+
+    def _incident(self, kind: str, what: Dict[str, Any], attempt: int) -> Dict[str, Any]:
+        """What failed, when it was seen, and the newest step this host's ranks reported."""
+        now = time.time()
+        steps = list(self.progress.steps.values())
+        incident = {"attempt": attempt, "kind": kind, "host": self.node["host"], "detected_at": now,
+                    "last_step": max(steps) if steps else None}  # type: Dict[str, Any]
+        if kind == "hang":
+            incident.update({k: what.get(k) for k in ("message", "last_step", "section", "timeout_s")})
+            incident.update(detected_at=what.get("at") or now, detect_s=what.get("stalled_s"),
+                            stacks=what.get("stacks") or [])
+            return incident
+        rank = what.get("rank")
+        ended = (self.rank_exits().get(int(rank)) or {}).get("ended") if rank is not None else None
+        incident.update(rank=what.get("rank"), exit_code=what.get("exit_code"), signal=what.get("signal"),
+                        message=_failure_text(what),
+                        detect_s=round(max(0.0, now - float(ended)), 3) if isinstance(ended, (int, float)) else None)
+        return incident
+
+    def _next_attempt(self, restart_count: int) -> None:
+        """Ready the job directory and the plan for the next attempt, as the agent does before a
+        start: rank records afresh, the attempt's mark in ``attempts.json``, the plan's
+        ``restart_count`` (the ranks' ``RIGDECK_RESTART_COUNT``) and a new rendezvous port."""
+        from agent.jobs import probe_port  # (agent.jobs imports this module)
+
+        for f in glob.glob(os.path.join(self.job_dir, "ranks", "*")):
+            os.unlink(f)
+        mark_attempt(self.job_dir, restart_count)
+        plan = read_json(os.path.join(self.job_dir, "plan.json")) or dict(self.plan)
+        plan["restart_count"] = restart_count
+        plan["master_port"] = probe_port(str(plan["master_addr"]))
+        write_json(os.path.join(self.job_dir, "plan.json"), plan)
+        self.plan = plan
+        self.procs = []
+        self.progress = RankProgress(os.path.join(self.job_dir, "metrics"))
+        self.hang_watch = self._new_watch()
+
+    def _resumed(self) -> None:
+        """The first step of an attempt this host started: when its ranks reported it, for the
+        incident's cost (read at every turn of the loop until it has come)."""
+        heals = self.state.get("heals")
+        if not heals or heals[-1].get("resumed_at") is not None:
+            return
+        self.progress.read()
+        if self.progress.first_step_at is not None:
+            heals[-1]["resumed_at"] = self.progress.first_step_at
+            self.save(heals=heals)
 
     # -- a pool job's replicas ----------------------------------------------------------------
 
@@ -828,6 +999,16 @@ def _seconds(value: Any) -> Optional[float]:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value)
+
+
+def _failure_text(failure: Dict[str, Any]) -> str:
+    """A rank's failure in words: ``rank 3 was killed by signal 9``, ``rank 1 exited 2``."""
+    if failure.get("message"):
+        return str(failure["message"])
+    who = "rank %s" % failure.get("rank") if failure.get("rank") is not None else "a rank"
+    if failure.get("signal"):
+        return "%s was killed by signal %s" % (who, failure["signal"])
+    return "%s exited %s" % (who, failure.get("exit_code"))
 
 
 def _on_failure(node: Dict[str, Any]) -> str:

@@ -25,7 +25,17 @@ from agent import container as containers
 from agent import filemodes
 from agent.clusterfiles import HYPERTUNE_FILE, global_ranks
 from agent.jobfiles import free_mb, read_log, read_tail, resource_message, write_json
-from agent.jobhost import TERMINAL, no_site, pid_alive, processes_with_tag, read_json, sweep
+from agent.jobhost import (
+    GPU_HEALTH_FILE,
+    STOP_FILE,
+    TERMINAL,
+    mark_attempt,
+    no_site,
+    pid_alive,
+    processes_with_tag,
+    read_json,
+    sweep,
+)
 from agent.rankexec import DEFS_RANK, RECORD_KEYS
 from agent.trackers import read_links
 
@@ -328,9 +338,11 @@ class Jobs:
             fds = self._claim_after_previous(job_id, gpus) if gpus else []
         try:
             os.makedirs(d, mode=0o755, exist_ok=True)
-            # A restart reuses the directory: logs and metrics go on; rank records start afresh.
+            # A restart reuses the directory: logs and metrics go on; rank records start afresh,
+            # and a stop asked of the attempt before is not this one's.
             for f in glob.glob(os.path.join(d, "ranks", "*")):
                 os.unlink(f)
+            _unlink(os.path.join(d, STOP_FILE))
             self._mark_attempt(d, int(plan.get("restart_count") or 0))
             write_json(os.path.join(d, "plan.json"), plan)
             write_json(os.path.join(d, "state.json"), {
@@ -361,6 +373,7 @@ class Jobs:
         os.makedirs(d, mode=0o755, exist_ok=True)
         for f in glob.glob(os.path.join(d, "ranks", "*")):
             os.unlink(f)
+        _unlink(os.path.join(d, STOP_FILE))
         self._mark_attempt(d, int(plan.get("restart_count") or 0))
         write_json(os.path.join(d, "state.json"), {
             "job_id": job_id, "state": "starting", "host": plan["nodes"][plan["node_index"]]["host"],
@@ -372,16 +385,7 @@ class Jobs:
 
     @staticmethod
     def _mark_attempt(d: str, restart_count: int) -> None:
-        """Record where this attempt's metrics begin in every rank's metrics files (and when it
-        began), so each record can be told apart by attempt (a restarted gang repeats its steps)."""
-        marks = (read_json(os.path.join(d, "attempts.json")) or {}).get("attempts") or []
-        sizes = {}
-        for p in glob.glob(os.path.join(d, "metrics", "*.jsonl")):
-            sizes[os.path.basename(p)] = os.path.getsize(p)
-        marks = [m for m in marks if int(m.get("restart_count", -1)) < restart_count]
-        # hypertune's file is rewritten, not appended to: its entries are told apart by time
-        marks.append({"restart_count": restart_count, "sizes": sizes, "started": time.time()})
-        write_json(os.path.join(d, "attempts.json"), {"attempts": marks})
+        mark_attempt(d, restart_count)
 
     def stop(self, job_id: str, grace_s: Optional[float] = None) -> Dict[str, Any]:
         d = self.job_dir(job_id)
@@ -397,6 +401,12 @@ class Jobs:
         if st.get("state") in TERMINAL:
             swept = sweep(job_id)
             return {"state": st["state"], "swept": swept}
+        # Kept on disk as well as signalled: a job host healing in place ignores SIGTERM while it
+        # stops its own ranks, and must not start them again after this stop.
+        try:
+            write_json(os.path.join(d, STOP_FILE), {"at": time.time()})
+        except OSError:
+            pass  # a full disk: the signal still stops it (a restart in place could follow)
         if pid is not None and pid_alive(pid):
             try:
                 os.kill(pid, signal.SIGTERM)  # the job host runs the grace period and the sweep
@@ -775,6 +785,36 @@ class Jobs:
         return {"removed": sorted(removed), "running": sorted(kept_running),
                 "kept": len(ended) - len(removed)}
 
+    def healing_here(self) -> Dict[str, List[int]]:
+        """The live jobs whose job host heals them in place (their plan's ``heal``), each with
+        its GPUs here: the daemon tells them of their GPUs' health (``tell_gpu_health``)."""
+        out = {}  # type: Dict[str, List[int]]
+        for job_id, st in self._states().items():
+            if st.get("state") in TERMINAL:
+                continue
+            plan = read_json(os.path.join(self.root, job_id, "plan.json")) or {}
+            if (plan.get("heal") or {}).get("by") != "host":
+                continue
+            nodes = plan.get("nodes") or []
+            i = int(plan.get("node_index") or 0)
+            gpus = [int(g) for g in (nodes[i].get("gpus") or [] if 0 <= i < len(nodes) else [])]
+            if gpus:
+                out[job_id] = gpus
+        return out
+
+    def tell_gpu_health(self, jobs: Dict[str, List[int]], bad: List[Dict[str, Any]]) -> None:
+        """Write each job's GPUs that are not ok into its ``gpu-health.json`` when that changed:
+        GPU health is judged in the daemon's memory, and a job host healing in place must not
+        restart its ranks on a card that failed (agent/jobhost.py reads it)."""
+        for job_id, gpus in jobs.items():
+            mine = [g for g in bad if g.get("index") in gpus]
+            path = os.path.join(self.root, job_id, GPU_HEALTH_FILE)
+            if (read_json(path) or {}).get("gpus", []) != mine:
+                try:
+                    write_json(path, {"gpus": mine, "at": time.time()})
+                except OSError:
+                    pass  # a full disk: the controller's look still sees the GPU
+
     def changes(self) -> List[Dict[str, Any]]:
         """Jobs whose state changed since the last call (for the daemon's job events)."""
         out = []
@@ -784,6 +824,13 @@ class Jobs:
                 self._last_states[job_id] = key
                 out.append(st)
         return out
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _attempt_at(marks: List[Dict[str, Any]], name: str, offset: int) -> int:

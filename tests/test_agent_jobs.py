@@ -632,3 +632,73 @@ def test_the_job_watcher_may_rest_only_while_no_job_is_live(tmp_path: Path) -> N
     (d / "state.json").write_text(json.dumps({"job_id": "j1", "state": "failed"}))
     jobs.supervise()
     assert jobs.quiet()
+
+
+HEALING_RANK = """
+import os, sys, time
+import runtime
+attempt, rank = int(os.environ["RIGDECK_RESTART_COUNT"]), int(os.environ["RIGDECK_RANK"])
+saved = os.path.join(os.environ["RIGDECK_JOB_DIR"], "saved")
+start = int(open(saved).read()) + 1 if attempt and os.path.exists(saved) else 1
+if rank == 0 and start > 1:
+    print("resumed from step", start - 1, flush=True)
+for step in range(start, 7):
+    if attempt == 0 and step == 4:
+        if rank == 1 and sys.argv[1] == "exit":
+            os._exit(3)
+        while True:  # its peer waits for it, as in a collective; or (a hang) no rank goes on
+            time.sleep(0.1)
+    runtime.report(step=step, loss=1.0 / step)
+    if rank == 0 and step == 2:
+        with open(saved + ".tmp", "w") as f:
+            f.write("2")
+        os.replace(saved + ".tmp", saved)
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("fault,restarts_left", [("exit", 1), ("hang", 1), ("exit", 0)],
+                         ids=["exit", "hang", "no-restart-left"])
+def test_a_job_of_one_host_heals_in_place_with_nobody_watching(
+        tmp_path: Path, monkeypatch: Any, fault: str, restarts_left: int) -> None:
+    """The plan says its host heals it (``heal``): a rank's failure or a hang, judged by the job
+    host, is followed by the next attempt started there, from the rank's checkpoint, with no
+    controller at all; the incident is kept in state.json's ``heals`` for the controller that
+    looks next. With no restart left it fails as before."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("RIGDECK_CLAIM_DIR", str(tmp_path / "claims"))
+    jobs = Jobs(str(tmp_path / "state"), [sys.executable, "-m", "agent"])
+    plan = {"job_id": "heal-1", "name": "h", "launcher": "direct",
+            "command": [sys.executable, "-c", HEALING_RANK, fault], "workdir": str(tmp_path), "env": {},
+            "restart_count": 0, "max_runtime_s": 120, "grace_s": 5,
+            "nodes": [{"host": "local", "address": "127.0.0.1", "slots": 2, "gpus": []}], "node_index": 0,
+            "master_addr": "127.0.0.1", "master_port": 29400,
+            "health": {"hang_timeout": 2.0, "startup_timeout": None, "on_hang": "restart"},
+            "heal": {"by": "host", "restarts_left": restarts_left, "on_exit_codes": []}}
+    jobs.start(plan)
+    deadline = time.monotonic() + 90
+    while jobs.status("heal-1")["state"] not in TERMINAL:
+        assert time.monotonic() < deadline, "the job did not end"
+        time.sleep(0.2)
+    jobs.reap()
+    d = Path(jobs.job_dir("heal-1"))
+    st = jobs.status("heal-1")
+    if not restarts_left:
+        assert (st["state"], st["restart_count"], st.get("heals")) == ("failed", 0, None), st
+        assert (st["cause"]["rank"], st["cause"]["exit_code"]) == (1, 3)
+        return
+    assert (st["state"], st["restart_count"]) == ("succeeded", 1), (st, (d / "jobhost.log").read_text())
+    (heal,) = st["heals"]
+    assert (heal["attempt"], heal["kind"], heal["host"]) == (0, fault, "local")
+    if fault == "exit":
+        assert (heal["rank"], heal["exit_code"], heal["message"]) == (1, 3, "rank 1 exited 3")
+    else:
+        assert heal["message"].startswith("hung: no rank reported a step after step 3 for ")
+        assert heal["message"].endswith(" s (hang_timeout 2 s)"), heal["message"]
+        assert {s["rank"] for s in heal["stacks"]} == {0, 1}
+    assert heal["detected_at"] <= heal["stopped_at"] <= heal["started_at"] <= heal["resumed_at"]
+    assert json.loads((d / "plan.json").read_text())["restart_count"] == 1
+    assert "resumed from step 2" in (d / "logs" / "rank-0.log").read_text()
+    records = _read(jobs, {}, "heal-1")
+    newest = {(r["rank"], r["step"]): r["restart"] for r in records if r.get("step") is not None}
+    assert newest == {(r, s): 0 if s < 3 else 1 for r in (0, 1) for s in range(1, 7)}

@@ -240,6 +240,50 @@ def test_a_hang_a_job_host_judged_is_acted_on_at_the_next_look_with_its_stacks(t
     h.close()
 
 
+def test_a_restart_a_job_host_made_in_place_is_adopted_once_with_its_cost(tmp_path: Path) -> None:
+    """Who heals (``heals_on_host``), and what a controller makes of a job host's restarts:
+    each one after the history's newest attempt, once, as an incident with its cost and the
+    hang's stacks summed up; a hang such a host restarts is none of the controller's look."""
+    from tui.control.healing import Healer, adopted, host_heals
+    from tui.model.jobtext import incident_text
+
+    one = {"launcher": "direct", "pools": [], "container": None}
+    assert health.heals_on_host(one, 1) and health.heals_on_host({**one, "launcher": "torchrun"}, 1)
+    assert not health.heals_on_host(one, 2) and not health.heals_on_host(one, 1, slurm=True)
+    assert not health.heals_on_host({**one, "launcher": "mpirun"}, 1)
+    assert not health.heals_on_host({**one, "container": {"image": "x"}}, 1)
+    assert not health.heals_on_host({**one, "pools": [{"role": "primary"}]}, 1)
+    hang = {"attempt": 0, "kind": "hang", "host": "h1", "detected_at": 100.0, "detect_s": 15.2, "last_step": 7,
+            "message": "hung: no rank reported a step after step 7 for 15 s (step timeout 15 s, learned: ...)",
+            "section": "step", "timeout_s": 15.0, "stopped_at": 101.0, "started_at": 101.5, "resumed_at": 106.0,
+            "stacks": [{"rank": 1, "pid": 6, "top": "train.py:60 in stuck", "in_collective": False},
+                       {"rank": 0, "pid": 5, "top": "distributed_c10d.py:1 in all_reduce", "in_collective": True}]}
+    killed = {"attempt": 1, "kind": "exit", "host": "h1", "detected_at": 200.0, "detect_s": 0.1, "last_step": 15,
+              "message": "rank 1 was killed by signal 9", "rank": 1, "exit_code": None, "signal": 9,
+              "stopped_at": 200.5, "started_at": 201.0}
+    states = {"h1": {"state": "running", "restart_count": 2, "heals": [hang, killed]}}
+    assert [x["attempt"] for _, x in host_heals(states, 0)] == [0, 1]
+    assert [x["attempt"] for _, x in host_heals(states, 1)] == [1]
+    assert host_heals(states, 2) == [] and host_heals({"h1": {"state": "running"}}, 0) == []
+    cause, inc = adopted("h1", hang)
+    assert cause["message"] == (hang["message"] + ", judged by h1's job host; not in a collective: rank 1 at "
+                                "train.py:60 in stuck")
+    assert [r["rank"] for r in cause["stacks"]] == [0, 1] and cause["healed_by"] == "h1's job host"
+    assert (inc.kind, inc.attempt, inc.last_step, inc.detect_s, inc.resume_s, inc.section) == (
+        "hang", 0, 7, 15.2, 5.0, "step")
+    cause, inc = adopted("h1", killed)
+    assert (cause["kind"], cause["rank"], inc.resumed_at, inc.resume_s) == ("exit", 1, None, None)
+    assert "(restarted in place by h1's job host) — rank 1 was killed by signal 9" in incident_text(inc)
+    # the host restarts the job after its own hang verdict: the controller's look leaves it
+    h = History(tmp_path / "h.sqlite")
+    rec = {"job_id": "j3", "restarts": 0, "placement": [{"host": "h1", "gpus": []}], "spec": {}}
+    judged = {"h1": {"state": "running", "restart_count": 0, "progress": {}, "hang": {**hang, "at": 100.0}}}
+    assert Healer(h).look(rec, judged, now=12, hangs_on_host=True) is None
+    found = Healer(h).look(rec, judged, now=12)
+    assert found is not None and found.kind == "hang"
+    h.close()
+
+
 def test_the_health_table_of_a_job_spec_is_checked_and_kept() -> None:
     from tui.model.jobspec import JobSpec, JobSpecError, jobspec_from_toml
 

@@ -11,6 +11,7 @@ few steps in a shared directory, resumed on start; faults on demand in the first
                   [--first-attempt-holds]        the first attempt never ends: its ranks wait before
                                                  the last step until rigdeck stops them, so a test's
                                                  fault finds the job running however slow the machine
+                  [--hold-attempts K]            so do the first K attempts
                   [--slow-step S --slow-factor F] step S takes F times as long as the others
                   [--save-seconds X]             checkpoints go through runtime.Checkpointer (and are
                                                  resumed from it), each save lasting X s more: it
@@ -43,6 +44,7 @@ p.add_argument("--nan-from", type=int)
 p.add_argument("--faults-always", action="store_true")
 p.add_argument("--dead-gpus")
 p.add_argument("--first-attempt-holds", action="store_true")
+p.add_argument("--hold-attempts", type=int, default=0)
 p.add_argument("--slow-step", type=int)
 p.add_argument("--slow-factor", type=float, default=5.0)
 p.add_argument("--save-seconds", type=float)
@@ -91,7 +93,7 @@ def check_gpus() -> None:
 
 for step in range(start, args.steps + 1):
     check_gpus()
-    if step == args.steps and attempt == 0 and args.first_attempt_holds:
+    if step == args.steps and attempt < max(args.hold_attempts, 1 if args.first_attempt_holds else 0):
         # alive, making no progress, until stopped (or its GPU dies): a section of its own, so
         # rigdeck's hang rule gives it the default timeout, not one learned from the steps
         with runtime.section("hold"):

@@ -106,8 +106,10 @@ class Healer:
             self.drains_read = now
         return self.drains
 
-    def look(self, rec: Mapping[str, Any], states: Mapping[str, Any], now: float | None = None) -> Fault | None:
-        """What, if anything, says this running job must be stopped now."""
+    def look(self, rec: Mapping[str, Any], states: Mapping[str, Any], now: float | None = None,
+             hangs_on_host: bool = False) -> Fault | None:
+        """What, if anything, says this running job must be stopped now. ``hangs_on_host``: the
+        job's host restarts it itself after a hang (``heals_on_host``): no hang is this look's."""
         now = time.time() if now is None else now
         job_id = str(rec["job_id"])
         spec = HealthSpec.from_dict((rec.get("spec") or {}).get("health"))
@@ -123,7 +125,8 @@ class Healer:
         away = any(not isinstance(st, dict) for st in states.values())
         return (self.gpu_fault(rec, states) or self._drained(rec) or host
                 or self._nan_fault(job_id, progress, spec)
-                or (None if away else self._host_hang(states, attempt, spec) or self._hang_fault(job_id, spec, now)))
+                or (None if away or hangs_on_host else self._host_hang(states, attempt, spec)
+                    or self._hang_fault(job_id, spec, now)))
 
     def gpu_fault(self, rec: Mapping[str, Any], states: Mapping[str, Any]) -> Fault | None:
         """A GPU of the job that its host judges unhealthy (the first found), as a fault."""
@@ -280,6 +283,38 @@ def with_reruns(incidents: Sequence[Incident], records: Sequence[Mapping[str, An
             inc = dataclasses.replace(inc, resumed_at=at, resume_s=round(at - inc.detected_at, 3))
         out.append(inc)
     return out
+
+
+def host_heals(states: Mapping[str, Any], attempt: int) -> list[tuple[str, Mapping[str, Any]]]:
+    """The restarts the job's hosts made in place (``state.json``'s ``heals``, agent/jobhost.py)
+    that the history does not have yet: each ended an attempt at or after ``attempt`` (the
+    history's newest), oldest first, with its host."""
+    found = [(str(h), x) for h, st in states.items() if isinstance(st, dict)
+             for x in st.get("heals") or () if isinstance(x, Mapping) and int(x.get("attempt", -1)) >= attempt]
+    return sorted(found, key=lambda hx: int(hx[1]["attempt"]))
+
+
+def adopted(host: str, heal: Mapping[str, Any]) -> tuple[dict[str, Any], Incident]:
+    """A restart a job host made in place, as the history keeps a controller's own: the incident
+    event's cause (with the stacks of a hang, summed up) and the incident with its cost."""
+    by = f"{host}'s job host"
+    message = str(heal.get("message") or f"{heal.get('kind')} on {host}")
+    cause: dict[str, Any] = {"message": message, "kind": str(heal.get("kind") or "exit"), "host": host,
+                             "healed_by": by}
+    if heal.get("kind") == "hang":
+        summary, rows = stack_summary({host: list(heal.get("stacks") or [])})
+        cause["message"] = f"{message}, judged by {by}; {summary}"
+        cause["stacks"] = rows
+    for k in ("rank", "last_step", "section", "timeout_s"):
+        if heal.get(k) is not None:
+            cause[k] = heal[k]
+    stopped, resumed = _num(heal.get("stopped_at")), _num(heal.get("resumed_at"))
+    inc = Incident(kind=cause["kind"], detected_at=float(heal.get("detected_at") or stopped or time.time()),
+                   message=cause["message"], host=host, rank=heal.get("rank"), detect_s=_num(heal.get("detect_s")),
+                   last_step=_num(heal.get("last_step")), attempt=int(heal["attempt"]), section=heal.get("section"),
+                   timeout_s=_num(heal.get("timeout_s")), resumed_at=resumed, healed_by=by,
+                   resume_s=round(resumed - stopped, 3) if resumed is not None and stopped is not None else None)
+    return cause, inc
 
 
 def stack_summary(stacks: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:

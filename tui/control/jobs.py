@@ -23,14 +23,14 @@ from agent.roles import program_source
 from runtime.checkpoint import RESUME_BEFORE_ENV  # the contract with the ranks' checkpointer
 from tui.control import pools
 from tui.control.engines import Engine, EngineError, OwnHosts, SlurmEngine
-from tui.control.healing import Fault, Healer, stack_summary, with_reruns
+from tui.control.healing import Fault, Healer, adopted, host_heals, stack_summary, with_reruns
 from tui.control.history import History, JobRef, JobRefError
 from tui.control.hostlinks import HostLinks
 from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
 from tui.control.tensorboard import pull as tensorboard_pull
 from tui.model import usage
 from tui.model.fairshare import preempt_pending
-from tui.model.health import Goodput, Incident, first_started, goodput
+from tui.model.health import Goodput, Incident, first_started, goodput, heals_on_host
 from tui.model.identity import local_user
 from tui.model.jobspec import EnvFileError, JobSpec, read_env_file
 from tui.model.jobstate import (
@@ -197,6 +197,17 @@ def restarts_used(rec: Mapping[str, Any]) -> int:
     """Gang restarts counted against ``max_restarts``: every attempt after the first but those
     that resumed a preempted job."""
     return max(0, int(rec.get("restarts") or 0) - int(rec.get("preempted") or 0))
+
+
+def hangs_on_host(rec: Mapping[str, Any]) -> bool:
+    """Whether the job's host restarts it after a hang it judged (``heals_on_host``, a restart
+    left, ``on_hang = "restart"``): then the hang is none of the controller's to act on."""
+    spec = rec.get("spec") or {}
+    if not heals_on_host(spec, len({n["host"] for n in rec.get("placement") or []}), bool(rec.get("slurm"))):
+        return False
+    health = spec.get("health") or {}
+    restart = spec.get("restart") or {}
+    return health.get("on_hang", "restart") == "restart" and restarts_used(rec) < int(restart.get("max_restarts") or 0)
 
 
 def rank_env(spec: JobSpec) -> dict[str, str]:
@@ -706,8 +717,11 @@ class JobManager:
                 raise JobError(f"could not prepare the launch: {e}") from None
             for h, path in workdirs.items():
                 plans[h]["workdir"] = path
+            heal = self._heal_plan(job_id, spec, placement)
             for plan in plans.values():
                 plan.update(plan_extra or {})
+                if heal is not None and not plan.get("slurm"):
+                    plan["heal"] = heal
             if spec.kind == "processing" and spec.processing is not None:
                 for h, processing in self._processing(job_id, spec, placement, workdirs).items():
                     plans[h]["processing"] = processing
@@ -737,6 +751,15 @@ class JobManager:
                                         "hosts": list(placement.hosts),
                                         "gpus": usage.placement_gpus(placement.to_plan_nodes())},
                                state=RUNNING, started=time.time())
+
+    def _heal_plan(self, job_id: str, spec: JobSpec, placement: Placement) -> dict[str, Any] | None:
+        """The plan's ``heal`` for a job its host restarts itself (``heals_on_host``): the restarts
+        the spec leaves it and which exits they are for. None: the controller heals it."""
+        rec = self.history.get(job_id) or {}
+        if not heals_on_host(spec.to_dict(), len(placement.hosts), bool(rec.get("slurm"))):
+            return None
+        return {"by": "host", "restarts_left": max(0, spec.restart.max_restarts - restarts_used(rec)),
+                "on_exit_codes": list(spec.restart.on_exit_codes)}
 
     def snapshot_code(self, spec: JobSpec) -> JobSpec:
         """A spec with ``[code] sync`` gets its snapshot now, at submission: the job runs this
@@ -975,11 +998,14 @@ class JobManager:
         states = this_attempt(rec, self.host_states(rec))
         if rec.get("slurm") and rec["state"] not in TERMINAL:
             states = self.engine(rec).checked(rec, states)
+        # (a job launched without --wait stays "starting" in the history until a look sees it run)
+        if rec["state"] in (STARTING, RUNNING, STOPPING) and host_heals(states, int(rec.get("restarts") or 0)):
+            rec = self._adopt(rec, states)
         overall = overall_state(states)
         # What leaves every process alive and the job going nowhere (tui/control/healing.py).
-        fault = self.healer.look(rec, states) if rec["state"] == RUNNING and overall in (
-            RUNNING, UNKNOWN) else None
-        if fault is None and rec["state"] == RUNNING and overall == FAILED:
+        fault = self.healer.look(rec, states, hangs_on_host=hangs_on_host(rec)) if rec["state"] == RUNNING and (
+            overall in (RUNNING, UNKNOWN)) else None
+        if fault is None and rec["state"] in (STARTING, RUNNING) and overall == FAILED:
             # A rank that died as its GPU failed (a CUDA error at XID 79) died of the GPU: drained,
             # recorded as the GPU's incident, and the restart goes elsewhere. Its host may not
             # have seen the death yet (its peer, whose collective broke, failed first): the
@@ -1009,11 +1035,41 @@ class JobManager:
             if not held:
                 self.history.release_lease(job_id, self.owner)
 
+    def _adopt(self, rec: dict[str, Any], states: dict[str, Any]) -> dict[str, Any]:
+        """The restarts the job's host made in place with nobody watching (agent/jobhost.py), into
+        the history as if this controller had made them: each one's incident, ``restart`` and
+        ``started`` events at the host's times, the record's ``restarts``. Under the lease, and
+        only those after the history's newest attempt: two controllers never adopt one twice."""
+        job_id = rec["job_id"]
+        held = rec.get("supervisor") == self.owner and (rec.get("lease_until") or 0) > time.time()
+        if not self.history.try_lease(job_id, self.owner, LEASE_S):
+            return rec  # another controller is at it: it adopts them
+        try:
+            rec = self.record(job_id)
+            for host, heal in host_heals(states, int(rec.get("restarts") or 0)):
+                cause, incident = adopted(host, heal)
+                attempt = incident.attempt + 1
+                self.history.add_event(job_id, {"event": "incident", "cause": cause, "time": incident.detected_at})
+                self.history.add_event(job_id, {"event": "restart", "restart_count": attempt, "cause": cause,
+                                                "by": cause["healed_by"],
+                                                "time": heal.get("stopped_at") or incident.detected_at})
+                self.history.add_event(job_id, {"event": "started", "restart_count": attempt, "hosts": [host],
+                                                "gpus": usage.placement_gpus(rec.get("placement")),
+                                                "by": cause["healed_by"],
+                                                "time": heal.get("started_at") or time.time()},
+                                       restarts=attempt)
+                self.history.add_incident(job_id, incident.to_dict())
+                self.healer.forget(job_id)  # the next attempt is watched afresh
+            return self.record(job_id)
+        finally:
+            if not held:
+                self.history.release_lease(job_id, self.owner)
+
     def _heal(self, job_id: str, states: dict[str, Any], fault: Fault) -> dict[str, Any]:
         """Stop a job that a fault leaves alive and going nowhere, keep the incident, and restart
         it from its checkpoint away from what failed (or fail it, as its spec says)."""
         rec = self.record(job_id)  # as it is now that we hold the lease
-        if rec["state"] != RUNNING:
+        if rec["state"] not in (STARTING, RUNNING):  # (starting: a launch without --wait, never looked at since)
             return states
         cause = fault.cause()
         live = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") not in TERMINAL]

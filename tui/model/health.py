@@ -109,6 +109,19 @@ class HealthSpec:
                    on_nan=str(d.get("on_nan", base.on_nan)))
 
 
+HOST_HEALS_LAUNCHERS = ("direct", "torchrun")
+
+
+def heals_on_host(spec: Mapping[str, Any], hosts: int, slurm: bool = False) -> bool:
+    """Who restarts a job after a rank's failure or a hang its job host judged: for a job on one
+    host that rigdeck runs itself (``direct`` or ``torchrun``, no worker pools, no container), its
+    job host, in place, with nobody watching; otherwise the controller. The plan tells the job
+    host (``heal``), and a controller adopts the host's restarts instead of making its own: one
+    owner of each restart (docs/jobs.md, "With nobody watching")."""
+    return (hosts == 1 and not slurm and spec.get("launcher") in HOST_HEALS_LAUNCHERS
+            and not spec.get("pools") and not spec.get("container"))
+
+
 def _seconds_or_none(v: Any) -> float | None:
     return None if v is None else float(v)
 
@@ -239,6 +252,7 @@ class Incident:
     attempt: int = 0
     section: str | None = None  # a hang: the section it was stuck in (agent/hangrule.py)
     timeout_s: float | None = None  # a hang: the timeout that judged it (its message says why)
+    healed_by: str | None = None  # a restart a job host made in place ("h1's job host"); None: a controller's
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -85,7 +85,8 @@ def incident_text(i: Incident) -> str:
     cost = [f"detected in {_seconds(i.detect_s)}" if i.detect_s is not None else None,
             f"next first step {_seconds(i.resume_s)} after the stop" if i.resume_s is not None else "not resumed",
             f"{i.steps_rerun} step(s) run twice" if i.steps_rerun is not None else None]
-    return f"{i.kind}{where}{at}: " + ", ".join(c for c in cost if c) + f" — {terminal_safe(i.message)}"
+    by = f" (restarted in place by {terminal_safe(i.healed_by)})" if i.healed_by else ""
+    return f"{i.kind}{where}{at}: " + ", ".join(c for c in cost if c) + f"{by} — {terminal_safe(i.message)}"
 
 
 def health_lines(v: JobView) -> list[str]:
