@@ -9,6 +9,7 @@ bridged to at all. Stdlib only, Python 3.9+.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 import threading
@@ -19,6 +20,7 @@ from agent import protocol
 from agent.paths import Paths, spawn_daemon
 
 CONNECT_WAIT_S = 15.0
+JOIN_TAG_RE = re.compile(r"[0-9a-f]{32}")
 
 
 def connect(paths: Paths, start: bool = True, wait: float = CONNECT_WAIT_S) -> socket.socket:
@@ -95,12 +97,16 @@ def _daemon_hello(sock: socket.socket) -> bytes:
     return buf
 
 
-def take_role(sock: socket.socket, role: str) -> bytes:
+def take_role(sock: socket.socket, role: str, join_tag: Optional[str] = None) -> bytes:
     """Tell the daemon ``role`` before the client says anything; refuse a daemon that would not
-    enforce it. Returns the daemon's bytes read meanwhile (its hello first), for the client."""
+    enforce it. Returns the daemon's bytes read meanwhile (its hello first), for the client.
+    ``join_tag`` (the key line's, ``rigdeck server join``: the tag the server issued to the
+    person who installed it) goes into that hello: the server accepts a join only through the
+    line carrying the tag it issued to that same person."""
     got = _daemon_hello(sock)
+    first, rest = got.split(b"\n", 1)
     try:
-        hello = protocol.decode(got.split(b"\n", 1)[0])
+        hello = protocol.decode(first)
     except protocol.ProtocolError as e:
         raise ConnectionError("the agent daemon's hello: %s" % e.message) from None
     if role not in (hello.get("roles") or []):
@@ -108,14 +114,18 @@ def take_role(sock: socket.socket, role: str) -> bytes:
             "the agent daemon here (version %s) does not enforce the role %r: refused. Stop it and "
             "attach again with the agent this key names (rigdeck deploy)" % (hello.get("agent_version"), role))
     sock.sendall(protocol.encode({"type": "role", "role": role}))
-    return got
+    if join_tag is None:
+        return got
+    hello["join_tag"] = join_tag
+    return protocol.encode(hello) + rest
 
 
-def main(state_dir: str, start: Optional[bool] = True, role: Optional[str] = None) -> int:
+def main(state_dir: str, start: Optional[bool] = True, role: Optional[str] = None,
+         join_tag: Optional[str] = None) -> int:
     paths = Paths(state_dir)
     try:
         sock = connect(paths, start=bool(start))
-        pending = take_role(sock, role) if role else b""
+        pending = take_role(sock, role, join_tag) if role else b""
     except (OSError, TimeoutError) as e:
         sys.stderr.write("rigdeck agent: %s\n" % e)
         return 1

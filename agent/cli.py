@@ -81,7 +81,10 @@ def cmd_attach(args: argparse.Namespace) -> int:
             sys.stderr.write("rigdeck agent: %s has sha256 %s, expected %s\n" % (me, sha, args.expect_sha256))
             return 3
         _make_current(os.path.expanduser(args.state_dir), agent_version())
-    return attach.main(args.state_dir, start=not args.no_start, role=args.role)
+    if args.join_tag is not None and (not args.role or not attach.JOIN_TAG_RE.fullmatch(args.join_tag)):
+        sys.stderr.write("rigdeck agent: --join-tag: expected 32 hex digits, with --role\n")
+        return 2
+    return attach.main(args.state_dir, start=not args.no_start, role=args.role, join_tag=args.join_tag)
 
 
 def cmd_daemon(args: argparse.Namespace) -> int:
@@ -147,6 +150,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                    help="the key's role (its forced command): requests outside its allow-list are refused")
     p.add_argument("--expect-sha256", default=None,
                    help="first check this archive's SHA-256 (and make its version the current one)")
+    p.add_argument("--join-tag", default=None,
+                   help="the tag a server issued to the person whose key line this is (said in the hello)")
     p.set_defaults(func=cmd_attach)
     p = sub.add_parser("daemon", help="run the daemon in the foreground (attach starts it detached)")
     p.add_argument("--state-dir", default="~/.rigdeck")

@@ -318,3 +318,68 @@ def log_size(path: str) -> int:
         return base + os.path.getsize(path)
     except OSError:
         return base
+
+
+# ---------------------------------------------------------------------------------------------
+# A job's ``env_from_file`` values on a host.
+
+ENV_FILE = "env_file.json"  # in the job's directory: {"values": {NAME: value}}, 0600
+_ENV_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+class EnvFileMissing(ValueError):
+    """A start that names ``env_from_file`` values this host does not hold."""
+
+
+def _env_names(given: object) -> List[str]:
+    if not isinstance(given, list) or not all(
+            isinstance(n, str) and n and n[0] not in "0123456789" and set(n) <= _ENV_NAME_CHARS
+            and not n.startswith("RIGDECK_") for n in given):
+        raise ValueError("plan field env_file.names: expected a list of environment variable names")
+    return list(given)
+
+
+def keep_env_file(job_dir: str, plan: dict) -> None:
+    """The plan's ``env_file`` (``{"names": [...], "values": {...}}``, the values of the job's
+    ``env_from_file``) kept in the job's directory only, in a 0600 file, and the plan left with
+    the names alone (``plan.json`` never holds a value). A start that brings no values (a
+    restart through a server, which keeps none) uses the ones kept here by an earlier start:
+    EnvFileMissing when there are none, naming the names (never a value)."""
+    given = plan.pop("env_file", None)
+    if given is None:
+        return
+    if not isinstance(given, dict):
+        raise ValueError("plan field env_file: expected {names, values}")
+    names = _env_names(given.get("names"))
+    values = given.get("values")
+    path = os.path.join(job_dir, ENV_FILE)
+    if values is not None:
+        if not isinstance(values, dict) or sorted(values) != sorted(names) or not all(
+                isinstance(v, str) and "\0" not in v for v in values.values()):
+            raise ValueError("plan field env_file.values: expected a string without NUL for each of %s"
+                             % ", ".join(names))
+        from agent.filemodes import write_private
+
+        tmp = "%s.tmp-%d" % (path, os.getpid())
+        write_private(tmp, json.dumps({"values": values}).encode("utf-8"))
+        os.replace(tmp, path)
+    else:
+        held = read_env_file(job_dir)
+        lacking = [n for n in names if n not in held]
+        if lacking:
+            raise EnvFileMissing(
+                "the values of its env_from_file (%s) are not on this host: they reach a host with the "
+                "job's first start there, and a server keeps them nowhere; launch the job again"
+                % ", ".join(lacking))
+    plan["env_file"] = {"names": names}
+
+
+def read_env_file(job_dir: str) -> dict:
+    """The ``env_from_file`` values kept in the job's directory ({} when none)."""
+    try:
+        with open(os.path.join(job_dir, ENV_FILE), "rb") as f:
+            data = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return {}
+    values = data.get("values") if isinstance(data, dict) else None
+    return {str(k): str(v) for k, v in values.items()} if isinstance(values, dict) else {}

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional
 
 from agent import clusterfiles, hangrule
 from agent import container as containers
-from agent.jobfiles import free_mb, is_resource_error, reserve, resource_message, tail, write_json
+from agent.jobfiles import free_mb, is_resource_error, read_env_file, reserve, resource_message, tail, write_json
 from agent.rankexec import die_with_parent
 
 POLL_S = 0.5  # at the latest: a rank's exit wakes the loop at once (SIGCHLD), a poll finds the rest
@@ -235,6 +235,11 @@ class JobHost:
         plan = read_json(os.path.join(self.job_dir, "plan.json"))
         if plan is None:
             raise SystemExit("rigdeck jobhost: no plan.json in %s" % self.job_dir)
+        if plan.get("env_file"):
+            # The job's env_from_file values: kept in the job's directory (0600) by the agent's
+            # start, never in plan.json; read again by every attempt's job host (a restart
+            # through a server brings none).
+            plan["env"] = dict(plan.get("env") or {}, **read_env_file(self.job_dir))
         self.plan = plan  # type: Dict[str, Any]
         self.node_index = int(plan["node_index"])
         self.node = plan["nodes"][self.node_index]

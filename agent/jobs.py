@@ -24,7 +24,7 @@ from agent import claims as gpu_claims
 from agent import container as containers
 from agent import filemodes
 from agent.clusterfiles import HYPERTUNE_FILE, global_ranks
-from agent.jobfiles import free_mb, read_log, read_tail, resource_message, write_json
+from agent.jobfiles import free_mb, keep_env_file, read_log, read_tail, resource_message, write_json
 from agent.jobhost import (
     GPU_HEALTH_FILE,
     STOP_FILE,
@@ -192,6 +192,15 @@ def _runs_jobhost(pid: Any, job_dir: str) -> bool:
     return b"jobhost" in argv and os.fsencode(job_dir) in argv
 
 
+def _keep_env_file(job_dir: str, plan: Dict[str, Any]) -> None:
+    """The start's ``env_from_file`` values into the job's directory (0600), out of the plan
+    (``agent.jobfiles.keep_env_file``); JobError naming the job when they are not to be had."""
+    try:
+        keep_env_file(job_dir, plan)
+    except ValueError as e:
+        raise JobError("job %s: %s" % (plan.get("job_id"), e)) from None
+
+
 class Jobs:
     def __init__(self, state_dir: str, agent_command: List[str]):
         self.root = os.path.join(state_dir, "jobs")
@@ -343,6 +352,7 @@ class Jobs:
             for f in glob.glob(os.path.join(d, "ranks", "*")):
                 os.unlink(f)
             _unlink(os.path.join(d, STOP_FILE))
+            _keep_env_file(d, plan)
             self._mark_attempt(d, int(plan.get("restart_count") or 0))
             write_json(os.path.join(d, "plan.json"), plan)
             write_json(os.path.join(d, "state.json"), {
@@ -371,6 +381,7 @@ class Jobs:
         job_id = plan["job_id"]
         self._clear_previous(job_id)
         os.makedirs(d, mode=0o755, exist_ok=True)
+        _keep_env_file(d, plan)
         for f in glob.glob(os.path.join(d, "ranks", "*")):
             os.unlink(f)
         _unlink(os.path.join(d, STOP_FILE))

@@ -322,6 +322,24 @@ def record_accounts(state_dir: str, name: str, accounts: dict) -> dict:
         return dict(users[name]["accounts"])
 
 
+def join_tag(state_dir: str, name: str) -> str:
+    """The tag this server issued to ``name`` for their key lines (``rigdeck server join``):
+    made once, kept with them in users.json (a new key keeps it), gone with them (a person
+    added again under the name gets another). The server calls this itself. KeyError when
+    ``name`` is not a user."""
+    import secrets
+
+    with _UsersLocked(state_dir):
+        users = read_users(state_dir)
+        if name not in users:
+            raise KeyError(name)
+        tag = users[name].get("join_tag")
+        if not isinstance(tag, str) or len(tag) != 32:
+            tag = users[name]["join_tag"] = secrets.token_hex(16)
+            _write_users(state_dir, users)
+        return tag
+
+
 def forget_accounts(state_dir: str, name: str, hosts: list) -> dict:
     """``name``'s accounts on ``hosts`` out of users.json (``rigdeck server leave``); the server
     calls this itself. Returns those left."""
@@ -360,7 +378,7 @@ def add_user(state_dir: str, payload_json: str) -> dict:
     result = _rewrite_authorized(path, lines, u["comment"], u["line"])
     with _UsersLocked(state_dir):
         users = read_users(state_dir)
-        kept = {"accounts": users[u["name"]]["accounts"]} if "accounts" in users.get(u["name"], {}) else {}
+        kept = {k: users[u["name"]][k] for k in ("accounts", "join_tag") if k in users.get(u["name"], {})}
         users[u["name"]] = {"admin": bool(u["admin"]), "key": u["key"], "fingerprint": u["fingerprint"],
                             "comment": u["comment"], "added": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **kept}
         _write_users(state_dir, users)

@@ -122,7 +122,7 @@ SAMPLES: dict[str, Any] = {
     "hosts": ["h1"], "checks": ["gpus"], "timeout": 3.0, "number": 2, "step": "train", "queue": False,
     "targets": ["h1:0"], "reason": "fan", "now": True, "who": "ann", "by": "user", "since": 1.0,
     "have": [["h1", "/d/tensorboard", "events.out.tfevents.1", "5:7", 10, 20]], "priority": 7,
-    "refresh": False,
+    "refresh": False, "env_values": None,
 }
 
 
@@ -185,7 +185,7 @@ def test_the_remote_client_sends_each_declared_method_with_its_params() -> None:
     jobs._selected = "j1"
     store = _ServerStore(client)
     member = Membership(client)  # rigdeck server join and leave
-    spec = types.SimpleNamespace(to_dict=lambda: {"name": "x"})
+    spec = types.SimpleNamespace(to_dict=lambda: {"name": "x"}, env_from_file=None)
     for fn in (jobs.poll_once, lambda: jobs.stop_plan("j1"), lambda: jobs.launch(spec),  # type: ignore[arg-type]
                lambda: jobs.stop_job("j1"), lambda: store.missing([["a", 1]]), lambda: store.put([]),
                lambda: store.add_manifest("t", []), member.key, lambda: member.join({"h2": "rdk-bob"}),

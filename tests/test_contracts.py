@@ -483,7 +483,7 @@ def test_queue_json_keeps_its_keys_and_types() -> None:
 SWEEP_ROW = {"sweep_id": str, "name": str, "state": str, "strategy": str, "pruner": str, "metric": str,
              "goal": str, "max_trials": int, "created": float, "ended": (float, NONE), "reason": (str, NONE),
              "trials": int, "running": int, "queued": int, "completed": int, "pruned": int, "failed": int,
-             "best_trial": (int, NONE), "best_value": (float, NONE)}
+             "best_trial": (int, NONE), "best_value": (float, NONE), "user": (str, NONE)}
 TRIAL = {"number": int, "job_id": str, "state": str, "params": list, "value": (float, NONE),
          "best_step": (int, NONE), "best_value": (float, NONE), "last_step": (int, NONE),
          "pruned_step": (int, NONE), "started": (float, NONE), "ended": (float, NONE), "attempt": int,

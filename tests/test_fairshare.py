@@ -201,6 +201,9 @@ class _Manager:
     def check_pins(self, spec: Any) -> None:
         pass
 
+    def check_joined(self, user: Any) -> None:
+        pass
+
     def snapshot_code(self, spec: Any) -> Any:
         return spec
 

@@ -1272,6 +1272,11 @@ def test_server_table_defaults_and_values(tmp_path: Path) -> None:
     assert inv.server.allow_jobs is False  # no jobs on the server's host unless the inventory says so
     inv = load_inventory(inventory(tmp_path, TWO_HOSTS + '\n[server]\nhost = "head"\nallow_jobs = true\n'))
     assert inv.server == ServerSpec(host="head", allow_jobs=True)
+    assert inv.server.members_need_join is None  # the default: the server works it out (security.md)
+    for said in (True, False):
+        inv = load_inventory(inventory(tmp_path, TWO_HOSTS + f'\n[server]\nhost = "head"\nmembers_need_join = '
+                                                          f'{str(said).lower()}\n'))
+        assert inv.server == ServerSpec(host="head", members_need_join=said)
     # The table may come before the hosts it names.
     inv = load_inventory(inventory(tmp_path, '[server]\nhost = "head"\n' + TWO_HOSTS))
     assert inv.server is not None and inv.server.host == "head"
@@ -1287,8 +1292,10 @@ def test_server_table_defaults_and_values(tmp_path: Path) -> None:
         ('host = "head"\npython = ""', "field 'python'", "a Python interpreter command or path"),
         ('host = "head"\nstate_dir = 3', "field 'state_dir'", "a directory path on the server host"),
         ('host = "head"\nport = 22', "field 'port'",
-         "one of the known fields allow_jobs, host, metrics_listen, python, state_dir"),
+         "one of the known fields allow_jobs, host, members_need_join, metrics_listen, python, state_dir"),
         ('host = "head"\nallow_jobs = "yes"', "field 'allow_jobs'", "expected true or false (may jobs be placed"),
+        ('host = "head"\nmembers_need_join = 1', "field 'members_need_join'",
+         "expected true or false (must a member join before their jobs run"),
         ('host = "head"\nmetrics_listen = 9464', "field 'metrics_listen'",
          "expected ADDR:PORT on the server host where its /metrics is served, a TCP port from 1 to 65535, "
          "e.g. 127.0.0.1:9464 or [::1]:9464, got 9464 (int)"),

@@ -705,7 +705,7 @@ def test_a_wire_spec_goes_through_the_spec_files_checks_and_takes_no_server_fiel
 def test_env_from_file_is_checked_at_load_and_keeps_only_its_names(tmp_path: Path) -> None:
     """``env_from_file``: a file of NAME=value lines here, checked when the spec is (the spec
     file, the field, the env file and its line, what was expected; never a value); the spec keeps
-    the file and the names, not the values; a server refuses it (it would not carry them)."""
+    the file and the names, not the values; a server takes the path and the names."""
     from tui.model.jobspec import jobspec_from_wire, read_env_file
 
     (tmp_path / "s.env").write_text("# secrets\nWANDB_API_KEY=abc=def\n\nHF_TOKEN=hf-secret\n")
@@ -730,12 +730,13 @@ def test_env_from_file_is_checked_at_load_and_keeps_only_its_names(tmp_path: Pat
         print(f"{what}: {e}")
         assert e.field == "env_from_file" and said.format(d=tmp_path) in str(e), (what, str(e))
         assert "secret" not in str(e)
-    with pytest.raises(JobSpecError, match="field 'env_from_file': expected nothing through a server"):
-        jobspec_from_wire(spec.to_dict())
+    # A server takes the file's path and names (the values go apart: tests/test_server_accounts.py).
+    carried = jobspec_from_wire(spec.to_dict())
+    assert (carried.env_from_file, carried.env_file_names) == (spec.env_from_file, spec.env_file_names)
     # A server's spec error reaches a client's caller as a JobSpecError in the server's words.
     from tui.client import RemoteClient
 
-    said = "<job spec>: field 'env_from_file': expected nothing through a server (yet)"
+    said = "<job spec>: field 'env_from_file': expected nothing in a sweep or a pipeline through a server (yet)"
     with pytest.raises(JobSpecError) as e:
         RemoteClient._result(None, {"error": {"type": "JobSpecError", "message": said}})  # type: ignore[arg-type]
     assert str(e.value) == said

@@ -110,8 +110,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[TestBed, 
         tmp = tmp_path_factory.mktemp("served")
         inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0, min_free_mb=1)
         # /metrics on h1's bed address, so that a Prometheus at the workstation reaches it.
-        # allow_jobs: the bed has three hosts and the queue tests fill them all.
-        inv.write_text(inv.read_text() + f'\n[server]\nhost = "h1"\nallow_jobs = true\n'
+        # allow_jobs: the bed has three hosts and the queue tests fill them all. members_need_join
+        # = false: its people (add-user) have no accounts of their own, and their jobs run as the
+        # hosts' account, root, which the server runs as too (refused by default: security.md).
+        inv.write_text(inv.read_text() + f'\n[server]\nhost = "h1"\nallow_jobs = true\nmembers_need_join = false\n'
                        f'metrics_listen = "{bed.host(1).address}:{METRICS_PORT}"\n')
         alice, bob = Operator(inv, tmp / "alice"), Operator(inv, tmp / "bob")
         # Alice's [notify]: a webhook on h2 (a receiver there only while the notify test runs),

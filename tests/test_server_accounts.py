@@ -232,6 +232,238 @@ def test_users_json_keeps_a_persons_accounts_through_a_new_key_and_drops_them_wi
         serverhelper.record_accounts(state, "bob", {"h2": mine})
 
 
+def test_env_from_file_values_go_with_the_launch_and_are_kept_only_in_the_job_directory(tmp_path: Path) -> None:
+    """``env_from_file`` through a server (issue 46): the server takes a spec with the file's path
+    and names (never reads it) and the values apart, checked against those names (an error names
+    the field and a name, never a value); the start's plan carries them to the hosts, where the
+    agent keeps them in the job's directory (0600) and leaves plan.json the names alone; a
+    restart's plan brings none and uses those; a host that never had them refuses, naming them."""
+    import stat
+
+    from agent.jobfiles import EnvFileMissing, keep_env_file, read_env_file
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+    from tui.model.jobspec import JobSpec, JobSpecError, env_values_from_wire, jobspec_from_wire
+
+    secret = "tok-0123456789abcdef"
+    base = JobSpec(name="j", command=("true",), workdir="/", nodes=1, env=(("A", "1"),))
+    sent = {**base.to_dict(), "env_from_file": "/home/bob/bob.env", "env_file_names": ["BOB_TOKEN", "HF"]}
+    spec = jobspec_from_wire(sent)
+    assert (spec.env_from_file, spec.env_file_names) == ("/home/bob/bob.env", ("BOB_TOKEN", "HF"))
+    assert env_values_from_wire(spec, {"BOB_TOKEN": secret, "HF": "h"}) == {"BOB_TOKEN": secret, "HF": "h"}
+    assert env_values_from_wire(base, None) is None
+    bad = {
+        "no values": (spec, None, "field 'env_from_file': expected the values of the spec's env_from_file"),
+        "a name missing": (spec, {"BOB_TOKEN": secret}, "field 'env_values': expected the values"),
+        "a name more": (spec, {"BOB_TOKEN": secret, "HF": "h", "X": secret}, 'got "X"'),
+        "a number": (spec, {"BOB_TOKEN": 12345678, "HF": "h"}, "env_values.BOB_TOKEN"),
+        "a NUL": (spec, {"BOB_TOKEN": secret + "\0", "HF": "h"}, "values without NUL characters"),
+        "values without a file": (base, {"BOB_TOKEN": secret}, "expected nothing: the spec has no env_from_file"),
+    }
+    for what, (sp, given, said) in bad.items():
+        with pytest.raises(JobSpecError) as e:
+            env_values_from_wire(sp, given)
+        print(f"{what}: {e.value}")
+        assert said in str(e.value) and secret not in str(e.value) and "12345678" not in str(e.value), what
+    for what, names in (("a RIGDECK_ name", ["RIGDECK_RANK"]), ("also in [env]", ["A"]), ("none", [])):
+        with pytest.raises(JobSpecError, match="env_file_names"):
+            jobspec_from_wire({**sent, "env_file_names": names})
+        print(f"names: {what}: refused")
+
+    # The server's start: the values it holds for the job, then (held no more) the names alone.
+    jm = JobManager(SimpleNamespace(inventory=_inventory()), History(tmp_path / "history.sqlite"))  # type: ignore[arg-type]
+    jm.reads_env_files = False
+    jm.env_values["j-1"] = {"BOB_TOKEN": secret, "HF": "h"}
+    first = jm.env_file("j-1", spec)
+    assert first == {"names": ["BOB_TOKEN", "HF"], "values": {"BOB_TOKEN": secret, "HF": "h"}}
+    del jm.env_values["j-1"]
+    assert jm.env_file("j-1", spec) == {"names": ["BOB_TOKEN", "HF"]}  # never the workstation's path read
+    rec = {"job_id": "j-1", "spec": spec.to_dict(), "events": [{"event": "started", "hosts": ["h2"]}]}
+    assert jm.env_file_hosts(rec) == ["h2"]  # a restart goes only where they are kept
+
+    # The agent's side: kept 0600 in the job's directory, plan.json's part the names alone.
+    d = tmp_path / "jobs" / "j-1"
+    d.mkdir(parents=True)
+    plan = {"job_id": "j-1", "env_file": first}
+    keep_env_file(str(d), plan)
+    assert plan["env_file"] == {"names": ["BOB_TOKEN", "HF"]} and secret not in json.dumps(plan)
+    kept = d / "env_file.json"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and read_env_file(str(d)) == first["values"]
+    restart = {"job_id": "j-1", "env_file": {"names": ["BOB_TOKEN", "HF"]}}
+    keep_env_file(str(d), restart)  # no values: those kept here
+    assert read_env_file(str(d)) == first["values"]
+    elsewhere = tmp_path / "jobs" / "j-2"
+    elsewhere.mkdir()
+    with pytest.raises(EnvFileMissing, match=r"the values of its env_from_file \(BOB_TOKEN, HF\) are not on this host"):
+        keep_env_file(str(elsewhere), {"job_id": "j-1", "env_file": {"names": ["BOB_TOKEN", "HF"]}})
+
+
+def test_a_join_goes_through_only_the_key_line_installed_for_that_person(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race for one account (issue 46): alice installed the server's key line for her account
+    but her join has not reached the server; bob claims that account first. The line carries the
+    tag the server issued to alice (its attach says it in the hello), so bob's join is refused,
+    naming the host, the account and him; alice's goes through. A line without a tag (an older
+    rigdeck's) is refused too. The tag is kept with the person through a new key and goes with
+    them."""
+    import socket
+
+    from agent import attach, protocol, serverhelper
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir(mode=0o700)
+    state = tmp_path / "server"
+    for name in ("alice", "bob"):
+        payload = {"name": name, "admin": False, "key": f"ssh-ed25519 AAAA{name}", "fingerprint": "SHA256:x",
+                   "line": f'restrict,command="x --user {name}" ssh-ed25519 AAAA{name} rigdeck-user:{name}@h1',
+                   "comment": f"rigdeck-user:{name}@h1"}
+        assert serverhelper.add_user(str(state), json.dumps(payload))["ok"]
+    tags = {n: serverhelper.join_tag(str(state), n) for n in ("alice", "bob")}
+    assert tags["alice"] != tags["bob"] and serverhelper.join_tag(str(state), "alice") == tags["alice"]
+
+    # The attach of a line with a tag puts it in the daemon's hello, as the server reads it.
+    ours, daemon = socket.socketpair()
+    daemon.sendall(protocol.encode(protocol.hello(role="agent", roles=["server"])))
+    said = json.loads(attach.take_role(ours, "server", tags["alice"]).split(b"\n", 1)[0])
+    assert said["join_tag"] == tags["alice"] and said["roles"] == ["server"]
+    ours.close()
+    daemon.close()
+
+    line_tag: dict[str, str | None] = {"rdk-alice": tags["alice"], "rdk-old": None}
+
+    class Ctl(SimpleNamespace):
+        def agent(self, host: str) -> Any:
+            account = self.inventory.get(host).user
+            raw = {"user": account, "python_executable": "/usr/bin/python3", "state_dir": f"/home/{account}/.rigdeck"}
+            return SimpleNamespace(facts=lambda timeout=None: SimpleNamespace(raw=raw))
+
+        def hello(self, host: str) -> dict[str, Any]:
+            tag = line_tag[self.inventory.get(host).user]
+            return {"agent_version": "x", **({"join_tag": tag} if tag else {})}
+
+        def close(self) -> None:
+            pass
+
+    acc = Accounts(_inventory(), state, controller=lambda inv: Ctl(inventory=inv))
+    with pytest.raises(JoinError) as e:
+        acc.join("bob", {"h2": "rdk-alice"})
+    print(f"bob claims alice's line first: {e.value}")
+    assert "h2: the server's key line in rdk-alice's ~/.ssh/authorized_keys there was not installed for bob" \
+        in str(e.value) and "its tag is not theirs" in str(e.value)
+    assert "accounts" not in serverhelper.read_users(str(state))["bob"]
+    with pytest.raises(JoinError, match="it carries no tag: an older rigdeck installed it"):
+        acc.join("bob", {"h2": "rdk-old"})
+    assert acc.join("alice", {"h2": "rdk-alice"})["h2"]["account"] == "rdk-alice"
+    payload = {"name": "alice", "admin": False, "key": "ssh-ed25519 AAAAnew", "fingerprint": "SHA256:y",
+               "line": 'restrict,command="x" ssh-ed25519 AAAAnew rigdeck-user:alice@h1',
+               "comment": "rigdeck-user:alice@h1"}
+    assert serverhelper.add_user(str(state), json.dumps(payload))["ok"]  # a new key: the same tag
+    assert serverhelper.read_users(str(state))["alice"]["join_tag"] == tags["alice"]
+    serverhelper.remove_user(str(state), "alice")
+    with pytest.raises(KeyError):
+        serverhelper.join_tag(str(state), "alice")
+
+
+def test_a_member_who_has_not_joined_runs_no_job_as_the_servers_own_account(tmp_path: Path) -> None:
+    """``[server] members_need_join`` (issue 46): by default a member who has not joined is
+    refused where their job would run as the account the server itself runs as, naming them and
+    what to run; an admin's job and a joined member's run; ``false`` lets members' jobs run as
+    it, ``true`` refuses them whatever the account. The queue asks the same rule (nothing is
+    recorded for a refused job)."""
+    from tui.control.history import History
+    from tui.control.jobs import JobError, JobManager
+    from tui.control.queue import JobQueue
+    from tui.control.server import Server, own_account_on_hosts
+    from tui.model.identity import local_user
+    from tui.model.inventory import ServerSpec
+    from tui.model.jobspec import JobSpec
+
+    me = local_user()
+    hosts = (HostSpec(name="h1", address="10.0.0.1"), HostSpec(name="h2", address="10.0.0.2", user="ops"))
+    inv = Inventory(hosts=hosts, path=None, known_hosts=Path("/nonexistent"), server=ServerSpec("h1"))
+    assert own_account_on_hosts(inv) is None  # the server's own host takes no jobs; h2 is another account
+    inv = Inventory(hosts=hosts, path=None, known_hosts=Path("/nonexistent"), server=ServerSpec("h1", allow_jobs=True))
+    assert own_account_on_hosts(inv) == me
+
+    _users(tmp_path, {"bob": {}, "carol": {"admin": True},
+                      "alice": {"accounts": {"h2": {"account": "al", "python": "/p", "state_dir": "/s"}}}})
+    srv = Server(None, tmp_path / "sock")  # type: ignore[arg-type]
+    srv.users_dir = tmp_path
+    srv.accounts = Accounts(_inventory(), tmp_path, controller=lambda inv: SimpleNamespace(close=lambda: None))
+    srv.own_account_on_hosts = me
+    said = srv.join_refusal("bob")
+    print(f"bob, not joined: {said}")
+    assert said == (f"refused: bob has not joined: a member's job would run as {me}, the account the server itself "
+                    "runs as (it holds the server's key and users.json); run `rigdeck server join` (with access "
+                    "of your own to the hosts) so that your jobs run as your own account, or ask an admin "
+                    "(bob is a member)")
+    assert [srv.join_refusal(u) for u in ("carol", "alice", None, srv.account.name)] == [None] * 4
+    srv.members_need_join = False
+    assert srv.join_refusal("bob") is None
+    srv.members_need_join, srv.own_account_on_hosts = True, None
+    assert "([server] members_need_join = true)" in (srv.join_refusal("bob") or "")
+    srv.members_need_join = None
+    assert srv.join_refusal("bob") is None  # a dedicated server account: members' jobs run as the hosts'
+
+    srv.own_account_on_hosts = me
+    jm = JobManager(SimpleNamespace(inventory=_inventory()), History(tmp_path / "history.sqlite"))  # type: ignore[arg-type]
+    jm.join_rule = srv.join_refusal
+    with pytest.raises(JobError, match="refused: bob has not joined"):
+        JobQueue(jm).submit(JobSpec(name="j", command=("true",), workdir="/", nodes=1), user="bob")
+    assert jm.history.list() == []
+
+
+def test_remove_user_stop_stops_their_sweeps_and_pipelines_before_their_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``remove-user NAME`` is refused while a sweep or pipeline of theirs runs, naming it;
+    ``--stop`` stops their sweeps and pipelines first (they would start more jobs), then their
+    jobs as they are then, and only then removes them. Others' work is left alone."""
+    import tui.client
+    from tui.control import serveradmin
+    from tui.remote import serverhost
+
+    did: list[str] = []
+    jobs = {"b-1": ("bob", "running"), "b-2": ("bob", "running"), "a-1": ("alice", "running")}
+
+    class Client:
+        def __init__(self, inventory: Any) -> None:
+            pass
+
+        def sweeps(self) -> list[Any]:
+            return [SimpleNamespace(sweep_id="s-b", user="bob", state="running"),
+                    SimpleNamespace(sweep_id="s-a", user="alice", state="running")]
+
+        def pipelines(self) -> list[Any]:
+            return [SimpleNamespace(pipeline_id="p-b", user="bob", state="running"),
+                    SimpleNamespace(pipeline_id="p-old", user="bob", state="succeeded")]
+
+        def list_jobs(self) -> list[Any]:
+            return [SimpleNamespace(job_id=j, user=u, state=st) for j, (u, st) in jobs.items()]
+
+        def sweep_stop(self, ref: str) -> None:
+            did.append(f"sweep {ref}")
+            jobs["b-1"] = ("bob", "stopped")  # its trial, stopped with it
+
+        def pipeline_stop(self, ref: str) -> None:
+            did.append(f"pipeline {ref}")
+
+        def stop(self, ref: str, yes: bool = False) -> None:
+            did.append(f"job {ref}")
+
+        def close(self) -> None:
+            pass
+
+    monkeypatch.setattr(tui.client, "RemoteClient", Client)
+    monkeypatch.setattr(serverhost, "remove_user", lambda inv, name: did.append(f"removed {name}"))
+    with pytest.raises(serveradmin.ServerHostError) as e:
+        serveradmin.remove_user(_inventory(), "bob")
+    print(e.value)
+    assert "refused: their sweeps s-b (running); their pipelines p-b (running); their jobs b-1 (running), " \
+           "b-2 (running) have not ended" in str(e.value) and did == []
+    stopped = serveradmin.remove_user(_inventory(), "bob", stop=True)
+    assert did == ["sweep s-b", "pipeline p-b", "job b-2", "removed bob"], did
+    assert stopped == {"sweeps": ["s-b"], "pipelines": ["p-b"], "jobs": ["b-2"]}
+
+
 # ---------------------------------------------------------------------------------------------
 # On the bed: a real server, real sshd, real accounts.
 
@@ -337,26 +569,21 @@ def server_key_attempts(bed: TestBed, host: int, account: str, python: str) -> d
 @pytest.mark.testbed
 def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: People) -> None:
     bed, op, alice, bob = people.bed, people.operator, people.alice, people.bob
-    # Before anyone joins, bob's jobs would run as the server's own account: one on the server's
-    # host could make him its admin. No job goes there (no allow_jobs here).
+    # Before anyone joins, bob's jobs would run as the server's own account (root, as the server
+    # runs here): one on the server's host could make him its admin. Refused before anything is
+    # placed ([server] members_need_join, by default where the hosts' account is the server's),
+    # naming him and what to run; the files unchanged.
     before = [bed.exec(1, ["cat", f]).stdout for f in SERVER_FILES]
     argv = ", ".join(f'"{f}"' for f in ("{python}", bed.share_dir / "edit.py", *SERVER_FILES))
     edit = bob.spec("edit-server", f'command = [{argv}]\nworkdir = "{bed.share_dir}"\nlauncher = "direct"\n'
                                    'nodes = 1\nhosts = ["h1"]\n')
     onto = bob.run("launch", str(edit), "--no-queue", check=False)
-    print(f"bob: a job on the server host that edits users.json and authorized_keys: exit {onto.returncode}: "
-          f"{onto.stderr.strip()[-300:]}")
-    assert onto.returncode != 0 and "the [server] host takes no jobs" in onto.stderr, onto.stderr
+    print(f"bob (not joined): a job on the server host that edits users.json and authorized_keys: exit "
+          f"{onto.returncode}: {onto.stderr.strip()[-400:]}")
+    assert onto.returncode == 3 and "refused: bob has not joined: a member's job would run as root, the account " \
+        "the server itself runs as" in onto.stderr and "run `rigdeck server join`" in onto.stderr, onto.stderr
     assert [bed.exec(1, ["cat", f]).stdout for f in SERVER_FILES] == before
     assert "bob-owns-the-server" not in "".join(before)
-    # A spec whose env_from_file the server would not carry: refused in one line, nothing started.
-    (bob.tmp / "bob.env").write_text("BOB_TOKEN=bob-secret-1\n")
-    with_file = bob.spec("with-env-file", person_ticker(bed, 1, host="h2") + 'env_from_file = "bob.env"\n')
-    carried = bob.run("launch", str(with_file), check=False)
-    print(f"bob: a spec with env_from_file through the server: exit {carried.returncode}: {carried.stderr.strip()}")
-    assert carried.returncode == 2 and f"{with_file}: field 'env_from_file': expected nothing through a server" \
-        in carried.stderr, carried.stderr
-    assert "Traceback" not in carried.stderr and "bob-secret-1" not in carried.stderr
     assert not [v for v in bob.json("jobs") if v.get("user") == "bob"]  # nothing recorded, nothing started
 
     # The server's key reaches an agent only for what the server asks (agent/roles.py).
@@ -382,6 +609,10 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
     print(f"bob's authorized_keys on h2: {line}")
     assert line.startswith('restrict,command="') and "agent.pyz attach --state-dir" in line
     assert "--role server" in line  # the server reaches bob's agent with the server's allow-list only
+    # ...and says the tag issued to bob: the joins above went through only because each line's
+    # attach said its owner's own tag in the hello (a line installed for another is refused).
+    tag = json.loads(bed.exec(1, ["cat", "/root/.rigdeck/server/users.json"]).stdout)["users"]["bob"]["join_tag"]
+    assert f"--join-tag {tag}" in line, line
     assert line.rstrip().endswith("rigdeck-server:h1:bob")
 
     a = alice.json("launch", str(alice.spec("alice-job", person_ticker(bed, 2, host="h2"))))["job_id"]
@@ -418,6 +649,46 @@ def test_each_persons_jobs_run_through_the_server_as_their_own_account(people: P
         print(f"$ rigdeck stop {a}  (bob): exit {refused.returncode}: {refused.stderr.strip()}")
         assert refused.returncode == 3 and f"job '{a}' belongs to alice" in refused.stderr, refused.stderr
         assert alice.json("status", a)["state"] == "running" and owners(bed, 2, pa) == [ALICE, ALICE]
+
+        # bob's env_from_file through the server: the value reaches his rank, and again after a
+        # restart (the server no longer holds it: his agent kept it in the job's directory), and
+        # is nowhere in the server's history or log, nor in what bob or alice see.
+        secret = f"bob-secret-{os.urandom(6).hex()}"
+        (bob.tmp / "bob.env").write_text(f"# bob's token\nBOB_TOKEN={secret}\n")
+        with_file = bob.spec("bob-env", person_ticker(bed, 1, host="h2") + 'env_from_file = "bob.env"\n'
+                                                                             '[restart]\nmax_restarts = 1\n')
+        e = bob.json("launch", str(with_file))["job_id"]
+        (pe,) = running_ranks(bob, e, 1)
+        environ = lambda pid: bed.exec(2, ["cat", f"/proc/{pid}/environ"]).stdout  # noqa: E731
+        assert f"BOB_TOKEN={secret}\0" in environ(pe) and owners(bed, 2, [pe]) == [BOB]
+        job_dir = f"{bed.person(BOB).home}/.rigdeck/jobs/{e}"
+        kept = bed.exec(2, ["stat", "-c", "%a %U", f"{job_dir}/env_file.json"]).stdout.split()
+        print(f"bob's env_from_file job {e}: rank {pe} has BOB_TOKEN; {job_dir}/env_file.json: {kept}")
+        assert kept == ["600", BOB] and secret not in bed.exec(2, ["cat", f"{job_dir}/plan.json"]).stdout
+        bed.exec(2, ["kill", "-9", str(pe)])
+
+        def restarted() -> list[int]:
+            st = bob.json("status", e)
+            pids = [r["pid"] for r in st["ranks"] if r.get("state") == "running" and r.get("pid") not in (None, pe)]
+            return pids if st["restarts"] == 1 else []
+        (pe2,) = wait_until(restarted, 90, f"{e} restarted by the server", step=0.5)
+        assert f"BOB_TOKEN={secret}\0" in environ(pe2), "the restart's rank has the value"
+        shown = {"bob: jobs --json": bob.run("jobs", "--json").stdout,
+                 "bob: status --json": bob.run("status", e, "--json").stdout,
+                 "alice: jobs --json": alice.run("jobs", "--json").stdout,
+                 "alice: status --json": alice.run("status", e, "--json").stdout}
+        server_dir = "/root/.rigdeck/server"
+        files = bed.exec(1, ["sh", "-c", f"ls -d {server_dir}/history.sqlite* {server_dir}/server.log 2>/dev/null; "
+                                        "true"]).stdout.split()
+        for f in files:  # lines of the file holding the value, counted on the server's host
+            shown[f] = bed.exec(1, ["sh", "-c", f"grep -a -c {secret} {f} || true"]).stdout.strip()
+        holding = [k for k, v in shown.items() if secret in v or (v.isdigit() and int(v) > 0)]
+        print(f"where bob's value is, of {sorted(shown)}: {holding or 'nowhere'}")
+        assert not holding and any(f.endswith("history.sqlite") for f in files), (holding, files)
+        names = bed.exec(1, ["sh", "-c", f"cat {server_dir}/history.sqlite* | grep -a -c BOB_TOKEN || true"]).stdout
+        assert int(names.strip() or 0) > 0, "the history keeps the name"  # the check above looked in those files
+        assert any("history.sqlite" in k for k in shown)
+        assert bob.json("stop", e, "--grace", "1")["state"] == "stopped"
 
         # A host bob has no account recorded on: refused, naming him and the host.
         elsewhere = bob.run("launch", str(bob.spec("bob-h3", person_ticker(bed, 1, host="h3"))), "--no-queue",

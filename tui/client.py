@@ -402,7 +402,8 @@ class _RemoteJobs:
         return self.c.call(api.stop_plan, job_id=job_id)
 
     def launch(self, spec: JobSpec) -> str:
-        job_id = self.c.call(api.source_launch, spec=spec.to_dict())
+        spec, values = env_file_values(spec)
+        job_id = self.c.call(api.source_launch, spec=spec.to_dict(), env_values=values)
         self.select(job_id)
         self._kick.set()
         return job_id
@@ -419,6 +420,23 @@ class _RemoteJobs:
 # The server's ``rigdeck attach`` for a state dir given as $1 (``~/...`` expanded against $HOME).
 ATTACH_SH = ('d=$1; case $d in "~") d=$HOME;; "~/"*) d=$HOME/${d#"~/"};; esac; '
              'exec "$d/venv/bin/rigdeck" attach --state-dir "$d"')
+
+
+def env_file_values(spec: JobSpec) -> tuple[JobSpec, dict[str, str] | None]:
+    """A launch through a server: the values of the spec's ``env_from_file``, read here (the
+    file is on this machine) to go with the launch, and the spec with the names read now. A
+    file that cannot be read is a JobSpecError naming it (never a value)."""
+    if not spec.env_from_file:
+        return spec, None
+    import dataclasses
+
+    from tui.model.jobspec import EnvFileError, read_env_file
+
+    try:
+        pairs = read_env_file(spec.env_from_file)
+    except EnvFileError as e:
+        raise JobSpecError(spec.path, "env_from_file", f"{e.expected} in {e.where}", e.got) from None
+    return dataclasses.replace(spec, env_file_names=tuple(n for n, _ in pairs)), dict(pairs)
 
 
 class ServerKeyRefused(AuthenticationError):
@@ -739,12 +757,13 @@ class RemoteClient(Client):
         raise ServerError("the server trusts only host keys recorded by its operator: record the key "
                           "on the workstation, then run rigdeck server setup")
 
-    def _with_code(self, spec: JobSpec) -> JobSpec:
+    def _with_code(self, spec: JobSpec, *, env_file: bool = False) -> JobSpec:
         """``[code] sync`` through a server: the snapshot is taken here (the directory is on this
         machine) and what the server's store lacks of it is sent there; the server ships it to
-        the hosts from its store. A spec with ``env_from_file`` is refused here, naming its file,
-        before anything is sent (the server would refuse it too: it does not carry the values)."""
-        if spec.env_from_file:
+        the hosts from its store. A sweep's or a pipeline's spec with ``env_from_file``
+        (``env_file`` False) is refused here, naming its file, before anything is sent (the
+        server carries a job's values to its first start only)."""
+        if spec.env_from_file and not env_file:
             raise JobSpecError(spec.path, "env_from_file", SERVER_ENV_FILE)
         if spec.code is None or spec.code.tree is not None:
             return spec
@@ -763,8 +782,10 @@ class RemoteClient(Client):
             raise JobError(str(e)) from None
         return dataclasses.replace(spec, code=code)
 
-    def launch(self, spec: JobSpec, queue: bool = True) -> JobView:
-        return self._call_declared(api.launch, {"spec": self._with_code(spec), "queue": queue})
+    def launch(self, spec: JobSpec, queue: bool = True, env_values: dict[str, str] | None = None) -> JobView:
+        spec, read = env_file_values(spec)
+        return self._call_declared(api.launch, {"spec": self._with_code(spec, env_file=True), "queue": queue,
+                                                "env_values": read if env_values is None else env_values})
 
     def sweep(self, spec: JobSpec) -> SweepDetail:
         return self._call_declared(api.sweep, {"spec": self._with_code(spec)})

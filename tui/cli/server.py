@@ -171,8 +171,9 @@ def _run_users(args: argparse.Namespace, inv: Any) -> int:
         return EXIT_OK
     stopped = serveradmin.remove_user(inv, args.name, stop=args.stop,
                                       progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
-    if stopped:
-        print(f"stopped {args.name}'s jobs {', '.join(stopped)}")
+    done = [f"{kind} {', '.join(ids)}" for kind, ids in stopped.items() if ids]
+    if done:
+        print(f"stopped {args.name}'s {'; '.join(done)}")
     print(f"user {args.name}: key removed from {inv.server.host}; they can no longer attach")
     return EXIT_OK
 

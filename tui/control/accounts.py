@@ -18,6 +18,7 @@ and the agent reached through it must say it runs as that account.
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import logging
 import os
 import re
@@ -144,10 +145,13 @@ class Accounts:
         people = read_users(str(self.state_dir))
         if user not in people:
             raise JoinError(f"join: {user} is not a user of this server")
-        checked: dict[str, dict[str, str]] = {}
         for host, account in accounts.items():
             self._allowed(user, people, host, account)
-            checked[host] = self.verify(host, account)
+        tag = people[user].get("join_tag") if isinstance(people[user], dict) else None
+        if not isinstance(tag, str):
+            raise JoinError(f"join: {user} has no key line tag from this server yet (rigdeck server join asks "
+                            "for it first: run it again)")
+        checked = {host: self.verify(host, account, tag, user) for host, account in accounts.items()}
         got = record_accounts(str(self.state_dir), user, checked)
         self.controller(user)  # the new record's links, the old ones closed
         return {h: dict(a) for h, a in got.items()}
@@ -188,19 +192,28 @@ class Accounts:
                 raise JoinError(f"join: {host}: {account} is recorded for {other}; each person joins "
                                 "with an account of their own")
 
-    def verify(self, host: str, account: str) -> dict[str, str]:
+    def verify(self, host: str, account: str, tag: str, user: str = "the person joining") -> dict[str, str]:
         """Attach to ``host`` as ``account`` with the server's key (the line the person
-        installed: their own agent's attach) and ask that agent which account it runs as.
-        {"account", "python", "state_dir"} as the agent says them; JoinError otherwise."""
+        installed: their own agent's attach) and ask that agent which account it runs as. The
+        line must carry ``tag``, the one issued to the person joining (its attach says it in the
+        hello): a line another person installed for themselves is not theirs to claim, even
+        before that person's own join reached the server. {"account", "python", "state_dir"}
+        as the agent says them; JoinError otherwise."""
         inv = self.inventory_of({host: {"account": account}})
         ctl = self._make(inv)
         try:
             facts = ctl.agent(host).facts(timeout=VERIFY_TIMEOUT_S).raw
+            said_tag = ctl.hello(host).get("join_tag")
         except TransportError as e:
             raise JoinError(f"join: {host}: the server could not reach {account}'s agent with its key "
                             f"(is the key line in {account}'s ~/.ssh/authorized_keys there?): {e}") from None
         finally:
             ctl.close()
+        if not isinstance(said_tag, str) or not hmac.compare_digest(said_tag, tag):
+            why = "it carries no tag: an older rigdeck installed it" if said_tag is None else "its tag is not theirs"
+            raise JoinError(f"join: {host}: the server's key line in {account}'s ~/.ssh/authorized_keys there was "
+                            f"not installed for {user} ({why}); each person joins with an account of their own, "
+                            "through the line `rigdeck server join` installs for them")
         said = facts.get("user")
         if said != account:
             raise JoinError(f"join: {host}: the agent reached as {account} runs as {said or 'an unknown account'} "

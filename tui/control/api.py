@@ -244,8 +244,8 @@ def stop_plan(job_id: str) -> StopPlan:
 
 
 @_declare("source_launch", access="self", service=None, own=True)
-def source_launch(spec: dict[str, Any]) -> str:
-    """The app's launch: the job's id."""
+def source_launch(spec: dict[str, Any], env_values: dict[str, str] | None = None) -> str:
+    """The app's launch: the job's id. ``env_values``: as ``launch``'s."""
 
 
 @_declare("source_stop", service=None, own=True, guard=perm.Guard("job", "stop", "job_id"))
@@ -310,10 +310,13 @@ class ControllerAPI:
     # -- jobs --------------------------------------------------------------------------------
 
     @_call("launch", access="self", own=True, actor="user", timeout_s=210.0)
-    def launch(self, spec: JobSpec, queue: bool = True) -> JobView:
+    def launch(self, spec: JobSpec, queue: bool = True, env_values: dict[str, str] | None = None) -> JobView:
         """Start the job, or queue it when it does not fit now. The server checks the spec as a
         spec file is checked, and picks the id. (A launch behind a stop follows the stop to its
-        end first: a remote client waits longer for it.)"""
+        end first: a remote client waits longer for it.) ``env_values``: the values of the
+        spec's ``env_from_file``, read where the client runs (the remote client fills them in):
+        the server checks them against the spec's names and holds them in memory only, until
+        the job's first start has taken them to its hosts; never recorded, shown or logged."""
 
     @_call("stop", guard=perm.STOP_JOB, actor="user")
     def stop(self, ref: str, grace_s: float | None = None, yes: bool = False, wait: bool = True) -> JobView:

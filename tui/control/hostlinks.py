@@ -585,6 +585,11 @@ class HostLinks(TypedAgents):
         stream = t.open_stream([spec.python, pyz, "attach", "--state-dir", state_dir], env=self.agent_env(spec))
         return stream, pyz
 
+    def hello(self, host: str) -> dict[str, Any]:
+        """What ``host``'s agent said in its hello on this controller's link (connecting first
+        when needed): its version, and for a key line of ``rigdeck server join``, its tag."""
+        return dict(self._link(self.inventory.get(host)).remote_hello or {})
+
     def request(self, host: str, method: str, timeout: float = 30.0, **params: Any) -> Any:
         """One request to a host's daemon, connecting (and deploying) first when needed. Call
         it through ``agent(host)``, whose methods name the RPCs and their parameters.

@@ -213,16 +213,11 @@ def hangs_on_host(rec: Mapping[str, Any]) -> bool:
 def rank_env(spec: JobSpec) -> dict[str, str]:
     """The spec's ``[env]`` and what rigdeck adds to it for every rank from the spec itself:
     ``RIGDECK_MODEL_PARALLEL`` (the parsed ``[model_parallel]`` table as JSON) for a
-    pipeline-parallel job. The agent adds the rest (docs/contracts.md)."""
+    pipeline-parallel job. The agent adds the rest (docs/contracts.md); ``env_from_file``'s
+    values go apart (``JobManager.env_file``)."""
     env = dict(spec.env)
     if spec.model_parallel is not None:
         env[MP_ENV_VAR] = spec.model_parallel.to_env()
-    if spec.env_from_file:
-        # Read at every start (a restart too), here where the job was launched: never kept.
-        try:
-            env.update(read_env_file(spec.env_from_file))
-        except EnvFileError as e:
-            raise JobError(f"env_from_file: {e}") from None
     return env
 
 
@@ -268,6 +263,15 @@ class JobManager:
         self._owner: str | None = None  # whose jobs this view handles (None: the server's ctl)
         self._views: dict[str, JobManager] = {}
         self._slurm: SlurmEngine | None = None  # made when a job goes through Slurm
+        # ``env_from_file``: embedded, the values are read from the file at every start; a
+        # server (``reads_env_files`` False) has them only as they came with the launch, held
+        # here in memory (job id -> values) until the job's first start has taken them to its
+        # hosts, which keep them in the job's directory (agent/jobfiles.py) for its restarts.
+        self.reads_env_files = True
+        # A shared server's rule for whose jobs may run before their owner joined with accounts
+        # of their own (``Server.join_refusal``: why not, or None); None: everyone's may.
+        self.join_rule: Callable[[str | None], str | None] | None = None
+        self.env_values: dict[str, dict[str, str]] = {}
 
     # -- whose account a job runs as ------------------------------------------------------------
 
@@ -290,6 +294,13 @@ class JobManager:
             view.ctl, view._base, view._owner = ctl, base, user
             base._views[user] = view
         return view
+
+    def check_joined(self, user: str | None) -> None:
+        """JobError when ``user``'s job may not run before they join (``join_rule``)."""
+        rule = (self._base or self).join_rule
+        why = rule(user) if rule is not None else None
+        if why is not None:
+            raise JobError(why)
 
     def ctl_for(self, user: str | None) -> HostLinks:
         """The controller through which ``user``'s jobs are reached (``for_owner``)."""
@@ -440,6 +451,7 @@ class JobManager:
             "launcher": spec.launcher,
             "workdir": spec.workdir,
             "env": rank_env(spec),
+            **({"env_file": self.env_file(job_id, spec)} if spec.env_from_file else {}),
             "hyperparameters": dict(spec.hyperparameters),
             "channels": dict(spec.channels),
             "checkpoint": {
@@ -574,6 +586,7 @@ class JobManager:
         accounts of their own starts through their own agents (``for_owner``)."""
         if self.accounts is not None or self._base is not None:
             owner = user if user is not None else (self.history.get(job_id) or {}).get("user") if job_id else None
+            self.check_joined(owner)
             view = self.for_owner(owner)
             if view is not self:
                 return view.launch(spec, job_id=job_id, look=look, capacity=capacity, user=user)
@@ -701,11 +714,45 @@ class JobManager:
         if result is not None:
             self.history.update(job_id, pool_sizing=result)
 
+    def env_file(self, job_id: str, spec: JobSpec) -> dict[str, Any]:
+        """The plan's ``env_file``: the names of the job's ``env_from_file`` and, for a start
+        that brings them, its values: embedded, read from the file now (every start); on a
+        server, those that came with the launch (its first start only: a restart's hosts use
+        the ones they kept). Never recorded, never logged."""
+        names = list(spec.env_file_names)
+        if job_id in self.env_values:
+            return {"names": names, "values": dict(self.env_values[job_id])}
+        if not (self._base or self).reads_env_files:
+            return {"names": names}
+        assert spec.env_from_file is not None
+        try:
+            values = dict(read_env_file(spec.env_from_file))
+        except EnvFileError as e:
+            raise JobError(f"env_from_file: {e}") from None
+        return {"names": sorted(values), "values": values}
+
+    def env_file_hosts(self, rec: Mapping[str, Any]) -> list[str] | None:
+        """The hosts a restart of ``rec`` may use for its ``env_from_file`` values: on a server
+        that no longer holds them, those where the job started before (each keeps them in the
+        job's directory); None: any host."""
+        if (self._base or self).reads_env_files or not (rec.get("spec") or {}).get("env_from_file") \
+                or rec["job_id"] in self.env_values:
+            return None
+        return [h for e in rec.get("events") or () if e.get("event") == "started" for h in e.get("hosts") or ()]
+
     def _start(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int,
                plan_extra: Mapping[str, Any] | None = None) -> None:
         """Start the job on every host of ``placement``, or on none: whatever goes wrong (a host,
         the network, a bug, Ctrl-C) stops what started, gives back every claim and records the
-        job as failed with why. A job is never left ``starting``."""
+        job as failed with why. A job is never left ``starting``. The ``env_from_file`` values
+        a server held for the job are dropped either way: its hosts keep them now, or it failed."""
+        try:
+            self._start_on(job_id, spec, placement, restart_count, plan_extra)
+        finally:
+            self.env_values.pop(job_id, None)
+
+    def _start_on(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int,
+                  plan_extra: Mapping[str, Any] | None) -> None:
         self.history.update(job_id, state=STARTING, placement=placement.to_plan_nodes(), restarts=restart_count)
         hosts = list(placement.hosts)
         results: dict[str, Any] = {}
@@ -914,6 +961,7 @@ class JobManager:
         by = user or local_user() or "?"
         if rec["state"] == QUEUED and self.history.take_queued(job_id):
             # Nothing runs yet: it leaves the line, and no host is touched.
+            self.env_values.pop(job_id, None)
             self.history.update(job_id, state=STOPPED, ended=time.time(),
                                 cause={"message": "cancelled while queued"})
             self.history.add_event(job_id, {"event": "cancelled while queued", "by": by})
@@ -1168,6 +1216,9 @@ class JobManager:
             self.history.add_event(job_id, {"event": "restart", "restart_count": restarts + 1, "cause": cause})
             self.scheduler.release(job_id)
             candidates = [h for h in (list(spec.hosts) or self.ctl.inventory.names) if h not in dead]
+            holding = self.env_file_hosts(rec)
+            if holding is not None:  # its env_from_file values are only where it ran
+                candidates = [h for h in candidates if h in holding]
             if cause.get("kind") == "nan" and cause.get("last_step") is not None:
                 # A checkpoint saved after the loss went bad holds bad weights: resume from one before.
                 spec = dataclasses.replace(spec, env=tuple(spec.env) + (

@@ -796,7 +796,7 @@ class PipelineRunner:
             ended=p.get("ended"), reason=p.get("reason"), steps=len(rows), succeeded=count[SUCCEEDED],
             cached=count["cached"], failed=count[FAILED], skipped=count["skipped"],
             running=sum(1 for r in rows if r["state"] not in STEP_FINAL and r["state"] != PENDING),
-            path=spec_path)
+            path=spec_path, user=p.get("user"))
 
     def close(self) -> None:
         if self._pool is not None:

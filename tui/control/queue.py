@@ -143,6 +143,7 @@ class JobQueue:
         cannot ever fit (or, without ``queue``, cannot start now: no room, or a quota), JobError
         for a bad host name or a failed start. ``user``: who owns it (default: this account)."""
         job_id = job_id or new_job_id(spec.name)
+        self.jm.check_joined(user)  # a server's member who must join first: nothing recorded
         user = user if user is not None else local_user()
         if getattr(self.jm.ctl.inventory, "slurm", None) is not None:
             # A Slurm cluster: Slurm's queue, priorities and fair share decide when it runs

@@ -54,7 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from agent import filemodes
-from agent.serverhelper import read_users
+from agent.serverhelper import join_tag, read_users
 from tui.control import api
 from tui.control.accounts import Accounts, JoinError
 from tui.control.history import History
@@ -62,9 +62,18 @@ from tui.control.metricsserver import MetricsServer
 from tui.control.service import ControllerService
 from tui.model import wire
 from tui.model.identity import local_user
-from tui.model.jobspec import HEX64_RE, PRIORITY_MAX, PRIORITY_MIN, JobSpec, jobspec_from_wire
+from tui.model.jobspec import (
+    HEX64_RE,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    SERVER_ENV_FILE,
+    JobSpec,
+    JobSpecError,
+    env_values_from_wire,
+    jobspec_from_wire,
+)
 from tui.model.jobstate import QUEUED
-from tui.model.permissions import Actor, Guard, PermissionDenied, check, env_for, priority_refusal
+from tui.model.permissions import Actor, Guard, PermissionDenied, check, env_for, join_refusal, priority_refusal
 from tui.model.state import ClusterState, HostState
 from tui.model.userconfig import UserConfig, load_config
 
@@ -450,6 +459,20 @@ class Server:
         self.account = Actor(f"{local_user() or 'server'}", admin=True)
         # The links to people's own accounts on the hosts (``rigdeck server join``), or None.
         self.accounts: Accounts | None = None
+        # [server] members_need_join (None: where the hosts' account is the server's own), and
+        # that account when a host that takes jobs is reached as it (None: none is).
+        self.members_need_join: bool | None = None
+        self.own_account_on_hosts: str | None = None
+
+    def join_refusal(self, user: str | None) -> str | None:
+        """Why a job of ``user``'s may not run (a member who has not joined, where the server
+        runs no member's job as the hosts' account: ``[server] members_need_join``), or None."""
+        if user is None or user == self.account.name or self.accounts is None or self.members_need_join is False:
+            return None
+        as_account = None if self.members_need_join else self.own_account_on_hosts
+        if self.members_need_join is None and as_account is None:
+            return None
+        return join_refusal(self.actor(user), bool(self.accounts.recorded(user)), as_account)
 
     def actor(self, user: str | None) -> Actor:
         """The person ``user`` as the rules see them: the account (None), a member or an admin
@@ -580,6 +603,13 @@ def _handler(m: api.Method) -> Callable[..., Any]:
     return handle
 
 
+def _may_run(s: Session) -> None:
+    """PermissionDenied for new work of a member who must join first (``Server.join_refusal``)."""
+    why = s.server.join_refusal(s.user)
+    if why is not None:
+        raise PermissionDenied(why)
+
+
 def _person(s: Session) -> dict[str, Any]:
     """The ``user`` keyword for a session of a person (none for the server's own account: the
     layers below default to the local account, which it is)."""
@@ -637,17 +667,25 @@ class _Own:
         s.server.service.select(job_id, who=s.who)
 
     @staticmethod
-    def source_launch(s: Session, spec: dict[str, Any]) -> str:
-        return str(s.server.service.source.launch(_client_spec(s, spec), **_person(s)))
+    def source_launch(s: Session, spec: dict[str, Any], env_values: dict[str, str] | None = None) -> str:
+        checked = _client_spec(s, spec)
+        values = env_values_from_wire(checked, env_values)
+        _may_run(s)
+        return str(s.server.service.source.launch(checked, **_person(s), env_values=values))
 
     @staticmethod
     def source_stop(s: Session, job_id: str) -> str:
         return str(s.server.service.source.stop_job(job_id, **_person(s)))
 
     @staticmethod
-    def launch(s: Session, spec: dict[str, Any], queue: bool = True) -> Any:
+    def launch(s: Session, spec: dict[str, Any], queue: bool = True, env_values: dict[str, str] | None = None) -> Any:
         svc = s.server.service
-        view = svc.launch(_client_spec(s, spec), queue=queue is not False, user=s.actor.name)
+        checked = _client_spec(s, spec)
+        # The env_from_file's values: checked against the spec's names, then held in memory
+        # only, until the job's first start takes them to its hosts (never recorded or shown).
+        values = env_values_from_wire(checked, env_values)
+        _may_run(s)
+        view = svc.launch(checked, queue=queue is not False, user=s.actor.name, env_values=values)
         if view.state != QUEUED:  # the launching face opens the job it started
             svc.select(view.job_id, who=s.who)
         return encode_result(view, s)
@@ -661,7 +699,11 @@ class _Own:
 
     @staticmethod
     def sweep(s: Session, spec: dict[str, Any]) -> Any:
-        return wire.encode(s.server.service.sweep(_client_spec(s, spec), user=s.actor.name))
+        checked = _client_spec(s, spec)
+        if checked.env_from_file:  # its trials are launched by the server, with no values
+            raise JobSpecError(checked.path, "env_from_file", SERVER_ENV_FILE)
+        _may_run(s)
+        return wire.encode(s.server.service.sweep(checked, user=s.actor.name))
 
     @staticmethod
     def sweep_stop_trial(s: Session, ref: str, number: int) -> Any:
@@ -671,7 +713,11 @@ class _Own:
     def pipeline(s: Session, spec: dict[str, Any]) -> Any:
         from tui.model.pipelinespec import PipelineSpec
 
-        return wire.encode(s.server.service.pipeline(PipelineSpec.from_dict(spec), user=s.actor.name))
+        pipeline = PipelineSpec.from_dict(spec)
+        if any(step.job.env_from_file for step in pipeline.steps):  # its steps' launches carry no values
+            raise JobSpecError(None, "env_from_file", SERVER_ENV_FILE)
+        _may_run(s)
+        return wire.encode(s.server.service.pipeline(pipeline, user=s.actor.name))
 
     @staticmethod
     def pipeline_retry(s: Session, ref: str, step: str) -> Any:
@@ -708,8 +754,14 @@ class _Own:
     def join_key(s: Session) -> Any:
         accounts = _joinable(s)
         setup = json.loads((accounts.state_dir / "setup.json").read_text())
+        # The tag the key line carries (its forced command's --join-tag): a join is accepted only
+        # through a line with the tag issued to the person joining (Accounts.verify).
+        try:
+            tag = join_tag(str(accounts.state_dir), str(s.user))
+        except KeyError:
+            raise JoinError(f"join: {s.user} is not a user of this server") from None
         return {"public_key": str(setup["public_key"]), "server_host": str(setup["server_host"]),
-                "user": s.user}
+                "user": s.user, "join_tag": tag}
 
     @staticmethod
     def join(s: Session, accounts: Any) -> Any:
@@ -818,7 +870,28 @@ def serve(state_dir: Path, *, inventory_path: Path | None = None, telemetry_hz: 
     # Each person who joined reaches the hosts as themselves: their jobs go through their links.
     srv.accounts = Accounts(inv, state_dir)
     service.manager.accounts = srv.accounts.controller
+    # env_from_file: the values come with each launch (the file is on the client's machine);
+    # the server never reads a file of that name on its own host.
+    service.manager.reads_env_files = False
+    # A member who has not joined runs no job as the hosts' account where it is the server's own
+    # ([server] members_need_join: docs/security.md); the queue and retries ask it too.
+    srv.members_need_join = server.members_need_join if server is not None else None
+    srv.own_account_on_hosts = own_account_on_hosts(inv)
+    service.manager.join_rule = srv.join_refusal
     return _run(service, srv, metrics, state_dir, len(inv.hosts))
+
+
+def own_account_on_hosts(inv: Any) -> str | None:
+    """The account this server runs as, when a host that takes jobs is reached as it (the
+    inventory's ``user``, or, naming none, ssh's default: this account); None when none is."""
+    me = local_user()
+    server = getattr(inv, "server", None)
+    for h in inv.hosts:
+        if server is not None and h.name == server.host and not server.allow_jobs:
+            continue  # no job goes there
+        if me and (h.user or me) == me:
+            return me
+    return None
 
 
 def _metrics_server(service: ControllerService, listen: tuple[str, int] | None) -> MetricsServer | None:

@@ -133,7 +133,7 @@ def join(inventory: Inventory, hosts: Sequence[str] | None = None, *,
             say(f"installing {said['server_host']}'s key for your agent only")
             accounts = serverhost.authorize_member(
                 inventory, specs, key, serverhost.member_comment(str(said["server_host"]), person),
-                places, ctl.agent_env, transport=ctl.transport)
+                places, ctl.agent_env, transport=ctl.transport, join_tag=said.get("join_tag"))
         say("asking the server to check and record " + ", ".join(f"{h} as {a}" for h, a in accounts.items()))
         got = server.join(accounts)
     except (ServerError, TransportError) as e:  # the server's refusal, or no way to it: said plainly
@@ -191,29 +191,48 @@ def add_user(inventory: Inventory, name: str, public_key: str, *, admin: bool = 
 
 
 def remove_user(inventory: Inventory, name: str, *, stop: bool = False,
-                progress: Callable[[str], None] | None = None) -> list[str]:
-    """``rigdeck server remove-user NAME``: refused while a job of theirs runs or waits, naming
-    the jobs (once their accounts' links are gone the server could reach none of them), unless
-    ``stop``: then each is stopped first, by the server through their own links, and waited for.
-    The operator's own connection to the server asks. Returns the jobs stopped."""
+                progress: Callable[[str], None] | None = None) -> dict[str, list[str]]:
+    """``rigdeck server remove-user NAME``: refused while a job, sweep or pipeline of theirs runs
+    or waits, naming them (once their accounts' links are gone the server could reach none of
+    their jobs, and a sweep or pipeline would go on starting more), unless ``stop``: then their
+    sweeps and pipelines are stopped first (no new job of theirs starts), then each job, by the
+    server through their own links, and waited for. The operator's own connection to the server
+    asks. Returns what was stopped: {"sweeps", "pipelines", "jobs"} -> ids."""
     from tui.client import RemoteClient, ServerError, TransportError
     from tui.model.jobstate import TERMINAL
+    from tui.model.pipelineview import PIPELINE_FINAL
+    from tui.model.sweepview import SWEEP_FINAL
 
     say = progress or (lambda _: None)
     client = RemoteClient(inventory)
-    stopped: list[str] = []
+    stopped: dict[str, list[str]] = {"sweeps": [], "pipelines": [], "jobs": []}
     try:
+        sweeps = [r for r in client.sweeps() if r.user == name and r.state not in SWEEP_FINAL]
+        pipelines = [r for r in client.pipelines() if r.user == name and r.state not in PIPELINE_FINAL]
         live = [v for v in client.list_jobs() if v.user == name and v.state not in TERMINAL]
-        if live and not stop:
-            jobs = ", ".join(f"{v.job_id} ({v.state})" for v in live)
+        if (live or sweeps or pipelines) and not stop:
+            what = [f"their {kind} {', '.join(items)}" for kind, items in (
+                ("sweeps", [f"{r.sweep_id} ({r.state})" for r in sweeps]),
+                ("pipelines", [f"{r.pipeline_id} ({r.state})" for r in pipelines]),
+                ("jobs", [f"{v.job_id} ({v.state})" for v in live])) if items]
             raise ServerHostError(
-                f"remove-user {name}: refused: their jobs {jobs} have not ended; stop them first, or "
+                f"remove-user {name}: refused: {'; '.join(what)} have not ended; stop them first, or "
                 f"run `rigdeck server remove-user {name} --stop` (the server stops them through their own "
                 f"links, then removes them)")
+        for r in sweeps:  # first: a running sweep or pipeline would start more jobs of theirs
+            say(f"stopping {name}'s sweep {r.sweep_id} ({r.state})")
+            client.sweep_stop(r.sweep_id)
+            stopped["sweeps"].append(r.sweep_id)
+        for p in pipelines:
+            say(f"stopping {name}'s pipeline {p.pipeline_id} ({p.state})")
+            client.pipeline_stop(p.pipeline_id)
+            stopped["pipelines"].append(p.pipeline_id)
+        if sweeps or pipelines:  # the jobs they had running, as they are now
+            live = [v for v in client.list_jobs() if v.user == name and v.state not in TERMINAL]
         for v in live:
             say(f"stopping {name}'s job {v.job_id} ({v.state})")
             client.stop(v.job_id, yes=True)
-            stopped.append(v.job_id)
+            stopped["jobs"].append(v.job_id)
     except (ServerError, TransportError) as e:
         raise ServerHostError(f"remove-user {name}: cannot ask the server which of their jobs run "
                               f"(start it first: rigdeck server start): {e}") from None

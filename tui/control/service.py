@@ -22,7 +22,7 @@ from tui.control import images
 from tui.control.history import History
 from tui.control.hostlinks import HostLinks, HostReport
 from tui.control.images import ImageError, ImagePush
-from tui.control.jobs import JobError, JobManager, JobView
+from tui.control.jobs import JobError, JobManager, JobView, new_job_id
 from tui.control.jobwatch import JobDetail, JobsSnapshot, JobWatch, StopPlan
 from tui.control.notify import Notifier
 from tui.control.pipelines import PipelineRunner
@@ -406,16 +406,27 @@ class ControllerService:
     # -- jobs: commands ----------------------------------------------------------------------
 
     def launch(self, spec: JobSpec, *, queue: bool = True, job_id: str | None = None,
-               user: str | None = None) -> JobView:
+               user: str | None = None, env_values: Mapping[str, str] | None = None) -> JobView:
         """Start ``spec`` now, or queue it when it does not fit now (``queue``). ``user``: who
         owns it (default: this process's account); on a server, the session's person (never what a client
-        claims); set by in-process callers otherwise."""
+        claims); set by in-process callers otherwise. ``env_values``: its ``env_from_file``'s
+        values as they came with the launch (a server's), held in memory until its first start."""
         if spec.code is not None and spec.code.tree is None:
             # The hosts are connected to while the files are read: placement asks them next.
             self.manager.ctl.reach(self.queue.candidates(spec))
         spec = self.manager.snapshot_code(spec)  # reading the files holds up no supervision
-        with self._exclusive():
-            view = self.queue.submit(spec, queue=queue, job_id=job_id, user=user)
+        if env_values is not None:
+            job_id = job_id or new_job_id(spec.name)
+            self.manager.env_values[job_id] = dict(env_values)
+        try:
+            with self._exclusive():
+                view = self.queue.submit(spec, queue=queue, job_id=job_id, user=user)
+        except BaseException:
+            if job_id is not None:
+                self.manager.env_values.pop(job_id, None)
+            raise
+        if view.state != QUEUED:
+            self.manager.env_values.pop(view.job_id, None)  # started (its hosts keep them) or ended
         if view.state == QUEUED:
             view = self._after_stops(view)
         if self._watch is not None:
@@ -758,8 +769,8 @@ class ServiceJobSource:
     def stop_plan(self, job_id: str) -> StopPlan:
         return self.svc.watch.stop_plan(job_id)
 
-    def launch(self, spec: JobSpec, user: str | None = None) -> str:
-        return self.svc.launch(spec, user=user).job_id
+    def launch(self, spec: JobSpec, user: str | None = None, env_values: Mapping[str, str] | None = None) -> str:
+        return self.svc.launch(spec, user=user, env_values=env_values).job_id
 
     def stop_job(self, job_id: str, user: str | None = None) -> str:
         return str(self.svc.stop(job_id, user=user).state)

@@ -719,6 +719,7 @@ class SweepRunner:
             completed=count["completed"], pruned=count["pruned"], failed=count[FAILED] + sum(
                 1 for t in trials if t["state"] == STOPPED),
             best_trial=best[0].number if best else None, best_value=best[0].value if best else None,
+            user=s.get("user"),
         )
 
     @staticmethod

@@ -87,6 +87,10 @@ class ServerSpec:
     # Jobs on the server's host run as an account that can read and change the server's files
     # (its users, its key): none are placed there unless the inventory says so.
     allow_jobs: bool = False
+    # Whether a member's job may run as the hosts' account before they join with accounts of
+    # their own (docs/security.md): None (default) refuses it where that account is the one the
+    # server itself runs as; True refuses it always; False never.
+    members_need_join: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -468,6 +472,8 @@ _SERVER_FIELDS: dict[str, Check] = {
     "state_dir": Check("a directory path on the server host (a string)", nonblank),
     "metrics_listen": Check(METRICS_LISTEN_EXPECTED, _metrics_listen),
     "allow_jobs": Check("true or false (may jobs be placed on the server's host; default false)", boolean),
+    "members_need_join": Check("true or false (must a member join before their jobs run; default: where the "
+                               "hosts' account is the server's own)", boolean),
 }
 
 
@@ -485,7 +491,7 @@ def server_spec(raw: Any, path: Path | None, hosts: Sequence[HostSpec]) -> Serve
                              f"({', '.join(names) or 'none'})", entry["host"])
     return ServerSpec(entry["host"], entry.get("python"),
                       entry.get("state_dir", ServerSpec.state_dir), entry.get("metrics_listen"),
-                      entry.get("allow_jobs", False))
+                      entry.get("allow_jobs", False), entry.get("members_need_join"))
 
 
 # Slurm's names of a partition, account or QoS: what sbatch takes, never parsed by a shell.

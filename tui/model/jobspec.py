@@ -976,9 +976,57 @@ _WIRE_OWN = ("sweep", "model_parallel", "pools", "processing", "code", "workdir"
 HEX64_RE = re.compile(r"[0-9a-f]{64}")
 
 
-SERVER_ENV_FILE = ("nothing through a server (yet): its values are read where the job is launched and a server "
-                   "does not carry them; launch it without the server (RIGDECK_SERVER=off), or put the values "
-                   "in [env] (others then see the names only)")
+SERVER_ENV_FILE = ("nothing in a sweep or a pipeline through a server (yet): a server carries the values of a "
+                   "job's env_from_file to that job's first start only; launch the job itself, or without the "
+                   "server (RIGDECK_SERVER=off)")
+ENV_VALUES_EXPECTED = "the values of the spec's env_from_file, one string without NUL for each of its names"
+
+
+def _wire_env_file(d: Mapping[str, Any], at: _At) -> None:
+    """A client's ``env_from_file`` (the file on its machine: shown, never read here) and its
+    ``env_file_names``: names as ``[env]``'s are, none also in ``[env]``."""
+    path, names = d.get("env_from_file"), d.get("env_file_names")
+    if not path and not names:
+        return
+    try:
+        _path_text(path)
+    except Bad:
+        raise at.error("env_from_file", "the path of the file on the client's machine (a string)", path) from None
+    if not isinstance(names, list) or not names:
+        raise at.error("env_file_names", "the names of the env_from_file's variables (a list)", names)
+    try:
+        _env({n: "" for n in names} if all(isinstance(n, str) for n in names) else None)
+    except Bad as e:
+        raise at.error("env_file_names", e.expected or "environment variable names", e.got) from None
+    env = d.get("env") or {}
+    both = sorted(set(names) & set(env if isinstance(env, dict) else ()))
+    if len(set(names)) != len(names) or both:
+        raise at.error("env_file_names", "names used once and not also in [env]", (both or names)[0])
+
+
+def env_values_from_wire(spec: JobSpec, given: Any) -> dict[str, str] | None:
+    """The values of ``spec``'s ``env_from_file`` as a client sent them with a launch: exactly
+    its names, each a string of ``[env]``'s limits. JobSpecError naming the field and, where
+    one is wrong, the name (never a value)."""
+    at = _At(spec.path, "")
+    if not spec.env_from_file:
+        if given is not None:
+            raise at.error("env_values", "nothing: the spec has no env_from_file")
+        return None
+    if not isinstance(given, dict):
+        raise at.error("env_from_file", f"{ENV_VALUES_EXPECTED} with the launch (this client sent none: "
+                       "a rigdeck older than the server?)")
+    if sorted(given) != sorted(spec.env_file_names):
+        odd = sorted(set(given) ^ set(spec.env_file_names))
+        raise at.error("env_values", f"{ENV_VALUES_EXPECTED} ({', '.join(spec.env_file_names)})",
+                       str(odd[0])[:64] if odd else None)
+    try:
+        _env(given)
+        if any("\0" in v for v in given.values()):
+            raise Bad("values without NUL characters (\\0)")
+    except Bad as e:
+        raise at.error("env_values" + (f".{e.sub}" if e.sub else ""), e.expected or ENV_VALUES_EXPECTED) from None
+    return {str(k): str(v) for k, v in given.items()}
 
 
 def jobspec_from_wire(d: Any) -> JobSpec:
@@ -998,8 +1046,7 @@ def jobspec_from_wire(d: Any) -> JobSpec:
     for key in _SERVER_ONLY:
         if d.get(key):
             raise at.error(key, "nothing: the server sets it", d[key])
-    if d.get("env_from_file") or d.get("env_file_names"):
-        raise at.error("env_from_file", SERVER_ENV_FILE)
+    _wire_env_file(d, at)
     table: dict[str, Any] = {_WIRE_TOP[k]: v for k, v in d.items() if k in _WIRE_TOP and v is not None}
     for k in ("env", "hyperparameters", "channels"):
         if table.get(k) == {}:

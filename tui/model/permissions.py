@@ -88,6 +88,22 @@ def refusal(actor: Actor, guard: Guard, *, ref: str = "", owner: str | None = No
             f"{guard.kind}s ({actor.name} is a {MEMBER})")
 
 
+def join_refusal(actor: Actor, joined: bool, as_account: str | None) -> str | None:
+    """Why ``actor``'s job may not run (they have not joined with accounts of their own, and
+    the server runs no member's job as the hosts' account: ``[server] members_need_join``), or
+    None when it may: an admin's (trusted with that account, as the doctor and the links run as
+    it), a joined person's (their own accounts). ``as_account``: the account a job of theirs would
+    run as, when it is the server's own (None: the operator said members must join)."""
+    if actor.admin or joined:
+        return None
+    why = (f"a {MEMBER}'s job would run as {as_account}, the account the server itself runs as (it holds "
+           "the server's key and users.json)" if as_account else
+           "this server runs no member's job as its hosts' account ([server] members_need_join = true)")
+    return (f"refused: {actor.name} has not joined: {why}; run `rigdeck server join` (with access of your "
+            f"own to the hosts) so that your jobs run as your own account, or ask an admin "
+            f"({actor.name} is a {MEMBER})")
+
+
 def priority_refusal(actor: Actor, priority: int, member_max: int) -> str | None:
     """Why ``actor`` may not give a job ``priority`` (a member above ``member_max``: a priority
     jumps the queue and may preempt others' jobs), or None when they may."""

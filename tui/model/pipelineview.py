@@ -68,6 +68,7 @@ class PipelineRow:
     skipped: int = 0
     running: int = 0  # staging, queued or running
     path: str | None = None  # the spec file it came from
+    user: str | None = None  # its owner (who started it)
 
     @property
     def done(self) -> int:

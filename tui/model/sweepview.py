@@ -64,6 +64,7 @@ class SweepRow:
     failed: int = 0
     best_trial: int | None = None
     best_value: float | None = None
+    user: str | None = None  # its owner (who started it)
 
     @property
     def done(self) -> int:

@@ -558,6 +558,8 @@ def hostfile_to_toml(inv: Inventory) -> str:
             server["metrics_listen"] = inv.server.metrics_listen
         if inv.server.allow_jobs:
             server["allow_jobs"] = True
+        if inv.server.members_need_join is not None:
+            server["members_need_join"] = inv.server.members_need_join
         out += ["\n", tomlwrite.table("server", server)]
     if inv.slurm is not None:
         slurm = {k: v for k, v in dataclasses.asdict(inv.slurm).items() if v is not None}

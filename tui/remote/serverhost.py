@@ -340,6 +340,9 @@ def server_inventory(
     # The server places jobs: it must know which host is its own and whether jobs may go there.
     allow = bool(inventory.server.allow_jobs) if inventory.server is not None else False
     data["server"] = {"host": server_host, "state_dir": layout.state_dir, "allow_jobs": allow}
+    need = inventory.server.members_need_join if inventory.server is not None else None
+    if need is not None:  # absent: the default, which the server works out itself
+        data["server"]["members_need_join"] = need
     return head + tomlwrite.dumps(data)
 
 
@@ -593,12 +596,18 @@ def authorize_member(
     places: Mapping[str, AgentPlace],
     agent_env: Callable[[HostSpec], Mapping[str, str]],
     transport: TransportFactory | None = None,
+    join_tag: Any = None,
 ) -> dict[str, str]:
     """``rigdeck server join``'s part on the hosts, run with the person's own access: the server's
     ``public_key`` in the person's own ``~/.ssh/authorized_keys`` on each of ``hosts``, restricted
-    to their own agent's attach (``places``: where their agent is). Returns host -> the account
-    the line went to (as the host says it)."""
-    said = _authorize_each(inventory, hosts, transport, public_key, comment, places, agent_env)
+    to their own agent's attach (``places``: where their agent is) with the tag the server issued
+    to them (``join_tag``: its attach says it to the server, which accepts the join only through a
+    line carrying the person's own tag). Returns host -> the account the line went to (as the
+    host says it)."""
+    if not isinstance(join_tag, str) or not re.fullmatch(r"[0-9a-f]{32}", join_tag):
+        raise ServerHostError("join: the server gave no key line tag (32 hex digits): a server older than "
+                              "this rigdeck? (rigdeck server setup, then start it again)")
+    said = _authorize_each(inventory, hosts, transport, public_key, comment, places, agent_env, join_tag)
     missing = [h for h, out in said.items() if not isinstance(out.get("user"), str)]
     if missing:
         raise ServerHostError(f"{', '.join(missing)}: the host did not say which account the key went to")
@@ -628,11 +637,14 @@ def _authorize_each(
     comment: str,
     places: Mapping[str, AgentPlace],
     agent_env: Callable[[HostSpec], Mapping[str, str]],
+    join_tag: str | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """The key line on each host (in parallel): host -> what the helper's ``authorize`` said."""
+    """The key line on each host (in parallel): host -> what the helper's ``authorize`` said.
+    ``join_tag``: a person's line (``rigdeck server join``) carries the tag issued to them."""
     def one(spec: HostSpec) -> dict[str, Any]:
         place = places[spec.name]
-        argv = [spec.python, place.pyz, "attach", "--state-dir", place.state_dir, "--role", "server"]
+        argv = [spec.python, place.pyz, "attach", "--state-dir", place.state_dir, "--role", "server",
+                *(["--join-tag", join_tag] if join_tag else [])]
         line = authorized_key_line(public_key, forced_command(argv, agent_env(spec)), comment)
         with _host(inventory, spec, transport) as t:
             return dict(_helper(t, spec.python, "authorize", line, comment,
