@@ -568,6 +568,15 @@ class JobHost:
         finally:
             signal.signal(signal.SIGTERM, old)
 
+    def stop_asked(self) -> bool:
+        """A stop by signal, or one the agent left on disk (it writes the file before it
+        signals, and when it found no pid of this host's to signal yet)."""
+        if not self.stop_requested and os.path.exists(os.path.join(self.job_dir, STOP_FILE)):
+            self.stop_requested = True
+        if self.stop_requested and self.stop_reason is None:
+            self.stop_reason = "stopped by request"
+        return self.stop_requested
+
     def _on_sigterm(self, signum: int, frame: object) -> None:
         self.stop_requested = True
         if self.stop_reason is None:
@@ -624,6 +633,9 @@ class JobHost:
         wake = self._wakeups()
         grace = float(self.plan.get("grace_s", 30))
         deadline = self.state["started"] + float(self.plan.get("max_runtime_s", 86400))
+        if self.stop_asked():  # stopped before this host began (the stop saw no pid to signal)
+            self.save(state="stopped", ended=time.time(), cause={"message": self.stop_reason})
+            return 0
         try:
             self.start()
         except Exception as e:  # a launch that cannot start is a failed job, not a crash
@@ -639,7 +651,7 @@ class JobHost:
         seen_start = time.monotonic()
         while True:
             self._resumed()
-            if self.stop_requested:
+            if self.stop_asked():
                 self.save(state="stopping")
                 self.terminate_all(self.stop_grace(grace))
                 self.save(state="stopped", ended=time.time(), cause={"message": self.stop_reason})
@@ -759,9 +771,7 @@ class JobHost:
         self.save(healing=incident)
         self.terminate_all(min(grace, 5.0))
         incident["stopped_at"] = time.time()
-        if self.stop_requested or os.path.exists(os.path.join(self.job_dir, STOP_FILE)):
-            self.stop_requested = True  # the stop wins: this attempt ends stopped, nothing starts
-            self.stop_reason = self.stop_reason or "stopped by request"
+        if self.stop_asked():  # the stop wins: this attempt ends stopped, nothing starts
             self.save(healing=None)
             return None
         gpu = self.gpu_fault()
@@ -943,7 +953,7 @@ class JobHost:
         primary succeeding ends this host "succeeded" (``primary_succeeded``), its other replicas
         stopped; so does every replica ending without a gang-stopping failure."""
         while True:
-            if self.stop_requested:
+            if self.stop_asked():
                 self._stopping_running()
                 self.save(state="stopping", replicas=self.replicas)
                 self.terminate_all(self.stop_grace(grace))

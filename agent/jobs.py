@@ -408,7 +408,7 @@ class Jobs:
             plan = read_json(os.path.join(d, "plan.json")) or {}
             plan["grace_s"] = float(grace_s)
             write_json(os.path.join(d, "plan.json"), plan)  # the job host reads it when stopping
-        pid = st.get("jobhost_pid")
+        pid = st.get("jobhost_pid") or self._child_pid(job_id)
         if st.get("state") in TERMINAL:
             swept = sweep(job_id)
             return {"state": st["state"], "swept": swept}
@@ -428,9 +428,18 @@ class Jobs:
         swept = sweep(job_id, signal.SIGTERM)
         time.sleep(0.5)
         swept += sweep(job_id)
+        now = read_json(os.path.join(d, "state.json")) or st
+        if now.get("jobhost_pid"):  # it was only starting: it read the stop file and ends itself
+            return {"state": now.get("state", "stopping"), "swept": swept}
         st.update(state="stopped", ended=time.time(), cause={"message": "stopped; job host was gone"})
         write_json(os.path.join(d, "state.json"), st)
         return {"state": "stopped", "swept": swept}
+
+    def _child_pid(self, job_id: str) -> Optional[int]:
+        """The job host this agent started for ``job_id`` and that still runs, when it has not
+        recorded its own pid yet (a stop that comes within a moment of the start)."""
+        p = self._children.get(job_id)
+        return p.pid if p is not None and p.poll() is None else None
 
     def use_unpacked(self) -> None:
         """Start job hosts and rank wrappers from the zipapp's byte-compiled copy (made now)."""
@@ -473,9 +482,13 @@ class Jobs:
         why = (read_tail(os.path.join(self.root, job_id, "jobhost.stderr"), 400) or b"").decode(
             "utf-8", "replace").strip()
         how = "was killed by signal %d" % -code if code < 0 else "exited %d" % code
-        st.update(state="failed", ended=time.time(), cause={
-            "host": st.get("host"), "rank": None, "jobhost_pid": pid, "signal": -code if code < 0 else None,
-            "message": "the job host (pid %d) %s before it started%s" % (pid, how, ": " + why if why else "")})
+        if os.path.exists(os.path.join(self.root, job_id, STOP_FILE)):  # stopped before it began
+            st.update(state="stopped", ended=time.time(), cause={
+                "message": "stopped by request before the job host (pid %d) started" % pid})
+        else:
+            st.update(state="failed", ended=time.time(), cause={
+                "host": st.get("host"), "rank": None, "jobhost_pid": pid, "signal": -code if code < 0 else None,
+                "message": "the job host (pid %d) %s before it started%s" % (pid, how, ": " + why if why else "")})
         try:
             write_json(os.path.join(self.root, job_id, "state.json"), st)
         except OSError:

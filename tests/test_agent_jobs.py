@@ -702,3 +702,35 @@ def test_a_job_of_one_host_heals_in_place_with_nobody_watching(
     records = _read(jobs, {}, "heal-1")
     newest = {(r["rank"], r["step"]): r["restart"] for r in records if r.get("step") is not None}
     assert newest == {(r, s): 0 if s < 3 else 1 for r in (0, 1) for s in range(1, 7)}
+
+
+@pytest.mark.parametrize("agent", ["same", "restarted"])
+def test_a_stop_at_the_moment_of_the_start_stops_the_job_before_any_rank_runs(
+        tmp_path: Path, monkeypatch: Any, agent: str) -> None:
+    """A stop that reaches the agent before the new job host has recorded its pid (the CI saw a
+    job left running by a stop sent right after its start): the agent signals the job host it
+    started, and the stop it keeps on disk holds a host it cannot signal (an agent started
+    again knows no child), so no rank runs and the job ends stopped, not failed."""
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    marker = tmp_path / "ran"
+    jobs = Jobs(str(tmp_path / "state"), [sys.executable, "-m", "agent"])
+    plan = {"job_id": "quick", "name": "q", "launcher": "direct",
+            "command": [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').close()", str(marker)],
+            "workdir": str(tmp_path), "env": {}, "restart_count": 0, "max_runtime_s": 60, "grace_s": 1,
+            "nodes": [{"host": "local", "address": "127.0.0.1", "slots": 1, "gpus": []}], "node_index": 0,
+            "master_addr": "127.0.0.1", "master_port": 29400}
+    jobs.start(plan)
+    assert json.loads(Path(jobs.job_dir("quick"), "state.json").read_text())["jobhost_pid"] is None
+    stopper = jobs if agent == "same" else Jobs(str(tmp_path / "state"), [sys.executable, "-m", "agent"])
+    stopper.stop("quick", grace_s=0.5)
+    deadline = time.monotonic() + 30
+    while True:
+        jobs.reap()
+        st = json.loads(Path(jobs.job_dir("quick"), "state.json").read_text())
+        if st["state"] in TERMINAL and all(p.poll() is not None for p in jobs._children.values()):
+            break
+        assert time.monotonic() < deadline, st
+        time.sleep(0.1)
+    assert st["state"] == "stopped", st
+    assert "stopped by request" in st["cause"]["message"]
+    assert not marker.exists(), "a rank ran after the stop"
