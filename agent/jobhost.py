@@ -235,12 +235,7 @@ class JobHost:
         plan = read_json(os.path.join(self.job_dir, "plan.json"))
         if plan is None:
             raise SystemExit("rigdeck jobhost: no plan.json in %s" % self.job_dir)
-        if plan.get("env_file"):
-            # The job's env_from_file values: kept in the job's directory (0600) by the agent's
-            # start, never in plan.json; read again by every attempt's job host (a restart
-            # through a server brings none).
-            plan["env"] = dict(plan.get("env") or {}, **read_env_file(self.job_dir))
-        self.plan = plan  # type: Dict[str, Any]
+        self.plan = self._with_env_file(plan)  # type: Dict[str, Any]
         self.node_index = int(plan["node_index"])
         self.node = plan["nodes"][self.node_index]
         # A pool job may run several replicas (nodes) here, each with its own command.
@@ -837,6 +832,14 @@ class JobHost:
                         detect_s=round(max(0.0, now - float(ended)), 3) if isinstance(ended, (int, float)) else None)
         return incident
 
+    def _with_env_file(self, plan: Dict[str, Any]) -> Dict[str, Any]:
+        """``plan`` with the job's env_from_file values in its ``env``: kept in the job's
+        directory (0600) by the agent's start, never in plan.json; read again for every attempt,
+        this host's own restarts in place included (a restart through a server brings none)."""
+        if plan.get("env_file"):
+            plan["env"] = dict(plan.get("env") or {}, **read_env_file(self.job_dir))
+        return plan
+
     def _next_attempt(self, restart_count: int) -> None:
         """Ready the job directory and the plan for the next attempt, as the agent does before a
         start: rank records afresh, the attempt's mark in ``attempts.json``, the plan's
@@ -850,7 +853,7 @@ class JobHost:
         plan["restart_count"] = restart_count
         plan["master_port"] = probe_port(str(plan["master_addr"]))
         write_json(os.path.join(self.job_dir, "plan.json"), plan)
-        self.plan = plan
+        self.plan = self._with_env_file(plan)
         self.procs = []
         self.progress = RankProgress(os.path.join(self.job_dir, "metrics"))
         self.hang_watch = self._new_watch()

@@ -638,6 +638,8 @@ HEALING_RANK = """
 import os, sys, time
 import runtime
 attempt, rank = int(os.environ["RIGDECK_RESTART_COUNT"]), int(os.environ["RIGDECK_RANK"])
+if os.environ.get("HEAL_TOKEN") != "s3cret":  # its env_from_file value, in every attempt
+    sys.exit(7)
 saved = os.path.join(os.environ["RIGDECK_JOB_DIR"], "saved")
 start = int(open(saved).read()) + 1 if attempt and os.path.exists(saved) else 1
 if rank == 0 and start > 1:
@@ -674,7 +676,8 @@ def test_a_job_of_one_host_heals_in_place_with_nobody_watching(
             "nodes": [{"host": "local", "address": "127.0.0.1", "slots": 2, "gpus": []}], "node_index": 0,
             "master_addr": "127.0.0.1", "master_port": 29400,
             "health": {"hang_timeout": 2.0, "startup_timeout": None, "on_hang": "restart"},
-            "heal": {"by": "host", "restarts_left": restarts_left, "on_exit_codes": []}}
+            "heal": {"by": "host", "restarts_left": restarts_left, "on_exit_codes": []},
+            "env_file": {"names": ["HEAL_TOKEN"], "values": {"HEAL_TOKEN": "s3cret"}}}
     jobs.start(plan)
     deadline = time.monotonic() + 90
     while jobs.status("heal-1")["state"] not in TERMINAL:

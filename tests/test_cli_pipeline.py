@@ -324,7 +324,7 @@ def test_retry_and_wait(client: StandIn, pipes: RecordedPipelines, capsys: pytes
 
 PIPELINE_ROW = {"pipeline_id": str, "name": str, "state": str, "created": float, "ended": (float, type(None)),
                 "reason": (str, type(None)), "steps": int, "succeeded": int, "cached": int, "failed": int,
-                "skipped": int, "running": int, "path": (str, type(None))}
+                "skipped": int, "running": int, "path": (str, type(None)), "user": (str, type(None))}
 OPT_STR = (str, type(None))
 OPT_FLOAT = (float, type(None))
 STEP = {"name": str, "state": str, "kind": str, "depends_on": list, "depth": int, "job_id": OPT_STR,

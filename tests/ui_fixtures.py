@@ -448,7 +448,7 @@ class RecordedJobs(JobWatch):
     def inventory_hosts(self) -> list[str]:
         return list(self.hosts)
 
-    def launch(self, spec: JobSpec) -> str:
+    def launch(self, spec: JobSpec, user: str | None = None) -> str:
         if self.launch_error is not None:
             raise self.launch_error
         self.launched.append(spec)

@@ -671,7 +671,8 @@ class _Own:
         checked = _client_spec(s, spec)
         values = env_values_from_wire(checked, env_values)
         _may_run(s)
-        return str(s.server.service.source.launch(checked, **_person(s), env_values=values))
+        given = {"env_values": values} if values is not None else {}  # only a spec with env_from_file has them
+        return str(s.server.service.source.launch(checked, **_person(s), **given))
 
     @staticmethod
     def source_stop(s: Session, job_id: str) -> str:
