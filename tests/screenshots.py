@@ -487,7 +487,7 @@ async def run_healing(app: Any, pilot: Any, bed: Any, tmp: Path, converter: str,
         d = detail()
         inc = d.incidents[-1]
         print(f"{job_id}: restarted on {[(n['host'], n['gpus']) for n in d.row.placement]}; incident: "
-              f"{inc.message}; resumed {inc.resume_s:.0f} s after the stop, {inc.steps_rerun} steps run twice; "
+              f"{inc.message}; restart parts {inc.parts()}, {inc.steps_rerun} steps lost; "
               f"goodput {d.goodput.ratio if d.goodput else None}", flush=True)
         await pilot.pause(2.0)
         app.refresh_views(force=True)

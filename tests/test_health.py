@@ -327,13 +327,25 @@ def test_status_text_says_goodput_and_each_incident_with_its_cost() -> None:
     hang = Incident("hang", 1.0, "hung: no rank reported a step after step 11 for 21 s", detect_s=21.3, last_step=11,
                     resume_s=13.9, steps_rerun=1)
     gpu = Incident("gpu", 2.0, "h1 GPU 1 (simulated): XID 79: GPU has fallen off the bus", host="h1", gpu=1)
-    v = JobView(job_id="j", name="n", state="running", spec={}, incidents=(hang, gpu), goodput=Goodput(9.0, 45.0, 30))
+    # A restart with each of its moments kept: detected at 100, stopped at 102.25, started at
+    # 103.5, first step at 117.5 (14 s: a slow start-up, told apart from a slow stop).
+    killed = Incident("exit", 100.0, "rank 1 exited -9", host="h2", rank=1, detect_s=0.4, last_step=30,
+                      stopped_at=102.25, started_at=103.5, resumed_at=117.5, resume_s=15.25, steps_rerun=2)
+    assert killed.parts() == {"detect": 0.4, "stop": 2.25, "start": 1.25, "first_step": 14.0}
+    v = JobView(job_id="j", name="n", state="running", spec={}, incidents=(hang, gpu, killed),
+                goodput=Goodput(9.0, 45.0, 30))
     assert health_lines(v) == [
         "goodput  20% (9 s in 30 step(s) that count, of 45 s)",
-        "incident hang after step 11: detected in 21 s, next first step 14 s after the stop, 1 step(s) run twice"
+        "incident hang after step 11: detected in 21 s, next first step 14 s after the stop, 1 step(s) lost"
         " — hung: no rank reported a step after step 11 for 21 s",
         "incident gpu host h1 GPU 1: not resumed — h1 GPU 1 (simulated): XID 79: GPU has fallen off the bus",
+        "incident exit host h2 rank 1 after step 30: detected in 0 s, stop 2.2 s + start 1.2 s + first step 14 s"
+        " = next first step 18 s after detection, 2 step(s) lost — rank 1 exited -9",
     ]
+    # One moment missing (a controller that stopped the attempt but could not start the next):
+    # the part reads "?", nothing made up.
+    assert Incident("exit", 1.0, "m", stopped_at=3.0, resumed_at=9.0).parts() == {
+        "detect": None, "stop": 2.0, "start": None, "first_step": None}
     assert JobView.from_json(v.to_json()).incidents == v.incidents
     assert JobView.from_json(v.to_json()).goodput == v.goodput
 

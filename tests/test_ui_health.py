@@ -169,11 +169,12 @@ async def test_job_view_shows_the_incident_and_goodput_after_a_gpu_fault(kind: s
         await until(pilot, lambda: box.display)
         assert box.display
         lines = static_text(app, "#job-incidents").splitlines()
-        # The steps run twice are not in the history's incident: the app reads them from the steps.
+        # The restart in its parts (detection, stop, start, first step); the steps lost are not in
+        # the history's incident: the app reads them from the steps.
         assert " ".join(" ".join(lines).split()) == (
-            f"incident gpu host h1 GPU 1 after step {FAULT_STEP}: "
-            f"next first step {RESUMED_AT - STOPPED_AT:.0f} s after the stop, "
-            f"{FAULT_STEP - RESUME_STEP} step(s) run twice — {FAULT_MESSAGE}")
+            f"incident gpu host h1 GPU 1 after step {FAULT_STEP}: detected in 3 s, "
+            f"stop 2.0 s + start 2.0 s + first step 10 s = next first step {RESUMED_AT - STOPPED_AT:.0f} s after "
+            f"detection, {FAULT_STEP - RESUME_STEP} step(s) lost — {FAULT_MESSAGE}")
         head = " ".join(static_text(app, "#job-head").split())
         assert "running after 1 restart(s) on h1[0,2] sim h2[0,1] sim" in head
         assert f"goodput {expected_goodput()}%" in head

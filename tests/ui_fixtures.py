@@ -654,13 +654,14 @@ def healing_metrics() -> list[dict[str, Any]]:
 
 
 def healing_incident() -> Any:
-    """JOB's incident as the history keeps it (tui/control/healing.py): when it was stopped, its
-    last step, when the next attempt took its first step; the steps run twice are not kept (they
-    are read from the metrics)."""
+    """JOB's incident as the history keeps it (tui/control/healing.py): when it was found, when
+    the attempt had stopped, when the next one started and took its first step, its last step;
+    the steps lost are not kept (they are read from the metrics)."""
     from tui.model.health import Incident
 
     return Incident(kind="gpu", detected_at=STOPPED_AT, message=FAULT_MESSAGE, host="h1", gpu=1,
-                    last_step=FAULT_STEP, resumed_at=RESUMED_AT, resume_s=RESUMED_AT - STOPPED_AT, attempt=0)
+                    last_step=FAULT_STEP, resumed_at=RESUMED_AT, resume_s=RESUMED_AT - STOPPED_AT - 2.0, attempt=0,
+                    detect_s=2.8, stopped_at=STOPPED_AT + 2.0, started_at=STOPPED_AT + 4.0)
 
 
 def healing_jobs(incident: bool = True) -> RecordedJobs:

@@ -221,17 +221,33 @@ class Healer:
 
     # -- recording ------------------------------------------------------------------------------
 
-    def record(self, job_id: str, fault: Fault, attempt: int, stopped_at: float) -> int:
-        """Keep the incident; its cost is filled in when the next attempt takes its first step."""
+    def record(self, job_id: str, fault: Fault, attempt: int, stopped_at: float,
+               detected_at: float | None = None) -> int:
+        """Keep the incident (``detected_at``: when the fault was found, default ``stopped_at``:
+        when the attempt was told to stop); the restart's moments are added as they come
+        (``restart_began``, ``_resumed``), its cost when the next attempt takes its first step."""
         seen = self.watch.jobs.get(job_id)
         last = fault.last_step if fault.last_step is not None else seen.last_step if seen is not None else None
-        inc = Incident(kind=fault.kind, detected_at=stopped_at, message=fault.message, host=fault.host,
-                       gpu=fault.gpu, rank=fault.rank, detect_s=fault.detect_s, last_step=last, attempt=attempt,
-                       section=fault.section, timeout_s=fault.timeout_s)
+        inc = Incident(kind=fault.kind, detected_at=stopped_at if detected_at is None else detected_at,
+                       message=fault.message, host=fault.host, gpu=fault.gpu, rank=fault.rank,
+                       detect_s=fault.detect_s, last_step=last, attempt=attempt, section=fault.section,
+                       timeout_s=fault.timeout_s, stopped_at=stopped_at)
         seq = self.history.add_incident(job_id, inc.to_dict())
         self._clear(job_id)  # the next attempt is watched afresh
         self.pending[job_id] = _Pending(seq, stopped_at, attempt, last)
         return seq
+
+    def restart_began(self, job_id: str, stopped_at: float, started_at: float | None = None) -> None:
+        """The failed attempt is gone from every host (``stopped_at``), and, once the engine has
+        started the next one, ``started_at``: kept with the pending incident."""
+        p = self.pending.get(job_id)
+        if p is None:
+            return
+        p.stopped_at = stopped_at
+        changes: dict[str, Any] = {"stopped_at": stopped_at}
+        if started_at is not None:
+            changes["started_at"] = started_at
+        self.history.update_incident(job_id, p.seq, **changes)
 
     def _resumed(self, job_id: str, attempt: int, first_step: float | None, now: float) -> None:
         p = self.pending.get(job_id)
@@ -309,7 +325,8 @@ def adopted(host: str, heal: Mapping[str, Any]) -> tuple[dict[str, Any], Inciden
         if heal.get(k) is not None:
             cause[k] = heal[k]
     stopped, resumed = _num(heal.get("stopped_at")), _num(heal.get("resumed_at"))
-    inc = Incident(kind=cause["kind"], detected_at=float(heal.get("detected_at") or stopped or time.time()),
+    inc = Incident(stopped_at=stopped, started_at=_num(heal.get("started_at")),
+                   kind=cause["kind"], detected_at=float(heal.get("detected_at") or stopped or time.time()),
                    message=cause["message"], host=host, rank=heal.get("rank"), detect_s=_num(heal.get("detect_s")),
                    last_step=_num(heal.get("last_step")), attempt=int(heal["attempt"]), section=heal.get("section"),
                    timeout_s=_num(heal.get("timeout_s")), resumed_at=resumed, healed_by=by,

@@ -1116,6 +1116,7 @@ class JobManager:
     def _heal(self, job_id: str, states: dict[str, Any], fault: Fault) -> dict[str, Any]:
         """Stop a job that a fault leaves alive and going nowhere, keep the incident, and restart
         it from its checkpoint away from what failed (or fail it, as its spec says)."""
+        found = time.time()
         rec = self.record(job_id)  # as it is now that we hold the lease
         if rec["state"] not in (STARTING, RUNNING):  # (starting: a launch without --wait, never looked at since)
             return states
@@ -1138,7 +1139,7 @@ class JobManager:
         self.history.add_event(job_id, {"event": "incident", "cause": cause})
         if live:
             self.ctl.agents(live).job_stop(job_id=job_id, grace_s=5.0, timeout=20)
-        self.healer.record(job_id, fault, int(rec.get("restarts") or 0), time.time())
+        self.healer.record(job_id, fault, int(rec.get("restarts") or 0), time.time(), detected_at=found)
         dead = [h for h, s in states.items() if not isinstance(s, dict)]
         return self._restart_or_fail(job_id, rec, states, cause, eligible=fault.restart, dead=dead)
 
@@ -1157,6 +1158,7 @@ class JobManager:
             return states
         if overall == FAILED:
             cause = first_cause(states) or {"message": "a host reported failure"}
+            found = time.time()
             live = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") not in TERMINAL]
             if live:  # stop the rest of the gang now
                 self.ctl.agents(live).job_stop(job_id=job_id, grace_s=5.0, timeout=20)
@@ -1168,7 +1170,7 @@ class JobManager:
             if eligible and restarts_used(rec) < spec.restart.max_restarts:
                 self.healer.record(job_id, Fault("exit", str(cause.get("message") or "a rank failed"),
                                                  host=cause.get("host"), rank=cause.get("rank")),
-                                   int(rec.get("restarts") or 0), time.time())
+                                   int(rec.get("restarts") or 0), time.time(), detected_at=found)
             dead = [h for h, s in states.items() if not isinstance(s, dict)]
             return self._restart_or_fail(job_id, rec, states, cause, eligible=eligible, dead=dead)
         elif overall in TERMINAL:
@@ -1213,6 +1215,7 @@ class JobManager:
         restarts = int(rec.get("restarts") or 0)
         if restarts_used(rec) < spec.restart.max_restarts and eligible:
             self._wait_terminal(rec, 30, skip=dead)
+            stopped = time.time()
             self.history.add_event(job_id, {"event": "restart", "restart_count": restarts + 1, "cause": cause})
             self.scheduler.release(job_id)
             candidates = [h for h in (list(spec.hosts) or self.ctl.inventory.names) if h not in dead]
@@ -1231,7 +1234,9 @@ class JobManager:
                 if extra:
                     self.history.update(job_id, **extra)
                 engine.start(job_id, spec, placement, restart_count=restarts + 1)
+                self.healer.restart_began(job_id, stopped, time.time())
             except (PlacementError, JobError, EngineError) as e:
+                self.healer.restart_began(job_id, stopped)
                 engine.release(job_id)
                 self.history.update(job_id, state=FAILED, ended=time.time(),
                                     cause={**cause, "restart_error": str(e)})

@@ -253,6 +253,18 @@ class Incident:
     section: str | None = None  # a hang: the section it was stuck in (agent/hangrule.py)
     timeout_s: float | None = None  # a hang: the timeout that judged it (its message says why)
     healed_by: str | None = None  # a restart a job host made in place ("h1's job host"); None: a controller's
+    stopped_at: float | None = None  # the failed attempt's processes all gone (or, at worst, told to go)
+    started_at: float | None = None  # the next attempt started on its hosts
+
+    def parts(self) -> dict[str, float | None]:
+        """The restart's parts in seconds: ``detect`` (from the last sign of life to detection),
+        ``stop`` (detection to the attempt stopped), ``start`` (stopped to the next attempt
+        started), ``first_step`` (started to its first step). None where a moment is unknown."""
+        def gap(a: float | None, b: float | None) -> float | None:
+            return None if a is None or b is None else round(max(0.0, b - a), 3)
+
+        return {"detect": self.detect_s, "stop": gap(self.detected_at, self.stopped_at),
+                "start": gap(self.stopped_at, self.started_at), "first_step": gap(self.started_at, self.resumed_at)}
 
     def to_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in self.__dataclass_fields__}

@@ -78,13 +78,27 @@ def _seconds(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f} s"
 
 
+def _part(x: float | None) -> str:
+    return "?" if x is None else f"{x:.1f} s" if x < 10 else f"{x:.0f} s"
+
+
 def incident_text(i: Incident) -> str:
-    """One failure and its cost: ``hang at step 11: detected in 21 s, resumed in 14 s, 1 step run twice``."""
+    """One failure and its cost, the restart in its parts: ``hang after step 11: detected in 21 s,
+    stop 2.1 s + start 1.4 s + first step 3.0 s = next first step 6.5 s after detection, 1 step(s)
+    lost``. A moment not known reads ``?``; an incident from before the parts were kept says only
+    the stop to the first step."""
     where = "".join(f" {k} {v}" for k, v in (("host", i.host), ("GPU", i.gpu), ("rank", i.rank)) if v is not None)
     at = f" after step {i.last_step:g}" if i.last_step is not None else ""
-    cost = [f"detected in {_seconds(i.detect_s)}" if i.detect_s is not None else None,
-            f"next first step {_seconds(i.resume_s)} after the stop" if i.resume_s is not None else "not resumed",
-            f"{i.steps_rerun} step(s) run twice" if i.steps_rerun is not None else None]
+    p = i.parts()
+    if i.resumed_at is not None and (i.started_at is not None or i.stopped_at is not None):
+        restart = (f"stop {_part(p['stop'])} + start {_part(p['start'])} + first step {_part(p['first_step'])}"
+                   f" = next first step {_part(max(0.0, i.resumed_at - i.detected_at))} after detection")
+    elif i.resume_s is not None:
+        restart = f"next first step {_seconds(i.resume_s)} after the stop"
+    else:
+        restart = "not resumed"
+    cost = [f"detected in {_seconds(i.detect_s)}" if i.detect_s is not None else None, restart,
+            f"{i.steps_rerun} step(s) lost" if i.steps_rerun is not None else None]
     by = f" (restarted in place by {terminal_safe(i.healed_by)})" if i.healed_by else ""
     return f"{i.kind}{where}{at}: " + ", ".join(c for c in cost if c) + f"{by} — {terminal_safe(i.message)}"
 
