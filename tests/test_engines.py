@@ -76,6 +76,35 @@ constraint = "a100&ib"
         "--partition=gpu", "--account=proj", "--qos=normal", "--constraint=a100&ib"]
 
 
+def test_a_restart_excludes_the_nodes_rigdeck_drains_or_lost_and_asks_slurm_through_argv(tmp_path: Path) -> None:
+    """--exclude names the Slurm nodes of hosts rigdeck drains (a GPU's drain too: Slurm gives
+    whole nodes) and of the restart's lost hosts, read from Slurm's own node list (by address
+    here: the inventory names are not Slurm's); nothing to exclude asks Slurm nothing."""
+    from tui.control.engines import SlurmEngine
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+    from tui.model.inventory import HostSpec, Inventory, SlurmSpec
+
+    nodes = (ROOT / "tests" / "data" / "slurm" / "nodes-22.05.8-do.txt").read_text()
+    asked: list[list[str]] = []
+
+    class Agents:
+        def exec(self, argv: list[str], timeout_s: float, timeout: float) -> dict[str, Any]:
+            asked.append(argv)
+            return {"a": {"exit_code": 0, "stdout": nodes, "stderr": ""}}
+
+    hosts = tuple(HostSpec(name=n, address=f"10.213.1.1{i}") for i, n in enumerate("abc", start=1))
+    inv = Inventory(hosts=hosts, path=tmp_path / "hosts.toml", known_hosts=tmp_path / "known_hosts",
+                    slurm=SlurmSpec(partition="bed", login="a"))
+    history = History(tmp_path / "h.sqlite")
+    engine = SlurmEngine(JobManager(SimpleNamespace(inventory=inv, agents=lambda hosts: Agents()), history))
+    assert engine.excluded() == [] and asked == []
+    history.drain("b", 3, "XID 79", "rigdeck", source="health")
+    assert engine.excluded(["c"]) == ["tb1-h2", "tb1-h3"]
+    assert engine.excluded(["nowhere"]) == ["tb1-h2"]
+    assert asked[0] == ["scontrol", "-o", "show", "nodes"]
+
+
 # -- through a real Slurm ------------------------------------------------------------------------
 
 

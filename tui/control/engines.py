@@ -14,7 +14,9 @@ job hosts report to the agents as always.
   the allocation (``scontrol -d show job``: nodes and GPU indices), makes the placement of it,
   and the agents write each node's plan, which that node's task in the step is waiting for: the
   job host runs inside the Slurm step, on the GPUs Slurm gave. ``scancel`` ends it. Slurm's
-  queue decides when it runs; rigdeck's own queue never holds it.
+  queue decides when it runs; rigdeck's own queue never holds it. A restart (healing's, the
+  gang rules') ends the previous Slurm job and submits a new one with ``--exclude`` of the nodes
+  rigdeck drains or lost; rigdeck's drains are Slurm's too (``drain``/``resume``).
 """
 
 from __future__ import annotations
