@@ -105,6 +105,45 @@ def test_a_restart_excludes_the_nodes_rigdeck_drains_or_lost_and_asks_slurm_thro
     assert asked[0] == ["scontrol", "-o", "show", "nodes"]
 
 
+def test_a_restart_ends_the_previous_slurm_job_first_and_keeps_what_slurm_said(tmp_path: Path) -> None:
+    """The previous attempt's Slurm job: scancel while Slurm runs it (not while it completes),
+    until Slurm says it ended; a ``slurm job ended`` event keeps its id, state and nodes."""
+    from tui.control.engines import SlurmEngine
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+    from tui.model.inventory import HostSpec, Inventory, SlurmSpec
+
+    job = (ROOT / "tests" / "data" / "slurm" / "job-22.05.8-d.txt").read_text()
+    states = {"running": ["RUNNING", "COMPLETED"], "completing": ["COMPLETING", "COMPLETING", "COMPLETED"]}
+    asked: list[list[str]] = []
+    said: list[str] = []
+
+    class Agents:
+        def exec(self, argv: list[str], timeout_s: float, timeout: float) -> dict[str, Any]:
+            asked.append(argv)
+            if argv[0] == "scancel":
+                return {"h1": {"exit_code": 0, "stdout": "", "stderr": ""}}
+            state = said.pop(0)
+            return {"h1": {"exit_code": 0, "stdout": job.replace("JobState=RUNNING", f"JobState={state}"),
+                           "stderr": ""}}
+
+    inv = Inventory(hosts=(HostSpec(name="h1", address="10.0.0.1"),), path=tmp_path / "hosts.toml",
+                    known_hosts=tmp_path / "known_hosts", slurm=SlurmSpec(partition="bed"))
+    history = History(tmp_path / "h.sqlite")
+    engine = SlurmEngine(JobManager(SimpleNamespace(inventory=inv, agents=lambda hosts: Agents()), history))
+    for name, seq in states.items():
+        asked.clear()
+        said[:] = seq
+        history.create(name, name, {})
+        history.update(name, slurm={"job_id": "2", "nodes": ["tb1-h3"], "state": "RUNNING"})
+        engine._retire(name)
+        cancels = [a for a in asked if a[0] == "scancel"]
+        assert cancels == ([["scancel", "2"]] if name == "running" else []), asked
+        (ended,) = [e for e in history.get(name)["events"] if e["event"] == "slurm job ended"]
+        assert {k: ended[k] for k in ("slurm_job_id", "state", "cancelled", "nodes")} == {
+            "slurm_job_id": "2", "state": "COMPLETED", "cancelled": name == "running", "nodes": ["tb1-h3"]}
+
+
 # -- through a real Slurm ------------------------------------------------------------------------
 
 
@@ -386,6 +425,8 @@ max_restarts = 1
         assert slurm.node_states()[node] == "drain", slurm.node_states()
         # the first Slurm job ended, a new one ran on the third node, excluding the drained one
         ended = next(e for e in final["events"] if e.get("event") == "slurm job ended")
+        print(f"first Slurm job {first_slurm} on {host}: {ended}; then Slurm job {final['slurm']['job_id']} "
+              f"on {final['slurm'].get('nodes')} (excluded {final['slurm'].get('excluded')})")
         assert ended["slurm_job_id"] == first_slurm, ended
         assert final["slurm"]["job_id"] != first_slurm and final["slurm"]["state"] == "COMPLETED", final["slurm"]
         assert final["slurm"]["excluded"] == [node], final["slurm"]

@@ -304,8 +304,10 @@ class SlurmEngine:
 
     def _retire(self, job_id: str) -> None:
         """Before a restart's sbatch: the previous attempt's Slurm job ended (its job hosts were
-        stopped, so its step ends by itself; ``scancel`` where Slurm still runs it), and what
-        Slurm said of it kept in the job's events (the record's ``slurm`` becomes the new job's)."""
+        stopped, so its step ends by itself; ``scancel`` where Slurm still runs it, not when it
+        is completing), and what Slurm said of it kept in the job's events (the record's
+        ``slurm`` becomes the new job's). At most FINISH_WAIT_S: Slurm's own end of it may
+        take longer (KillWait), and the new job is Slurm's to place meanwhile."""
         rec = self.jm.history.get(job_id) or {}
         old = dict(rec.get("slurm") or {})
         sid = str(old.get("job_id") or "")
@@ -324,7 +326,7 @@ class SlurmEngine:
             state = detail.state
             if detail.ended:
                 break
-            if not cancelled:
+            if not cancelled and state != "COMPLETING":  # (completing: its processes are ending)
                 self._cancel(sid)
                 cancelled = True
             if time.monotonic() > deadline:
