@@ -18,13 +18,14 @@ from typing import Any
 import pytest
 
 from tests._require import has_module, require
-from tests.kit import ROOT
+from tests.kit import ROOT, wait_until
 from tests.kit.bedcli import Cli, running_ranks
 from tests.slurmbed import SlurmBed
 
 EXAMPLES = ROOT / "examples"
 PROBE = ROOT / "tests" / "jobscripts" / "slurm_probe.py"
 TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
+HEAL_TRAIN = ROOT / "tests" / "jobscripts" / "heal_train.py"
 
 
 # -- the seam, without a bed -------------------------------------------------------------------
@@ -73,6 +74,74 @@ constraint = "a100&ib"
     assert SlurmEngine(jm).options("t-1", spec) == [
         "--nodes=3", "--ntasks-per-node=1", "--job-name=rigdeck:t-1", "--time=0-00:17:00", "--gres=gpu:2",
         "--partition=gpu", "--account=proj", "--qos=normal", "--constraint=a100&ib"]
+
+
+def test_a_restart_excludes_the_nodes_rigdeck_drains_or_lost_and_asks_slurm_through_argv(tmp_path: Path) -> None:
+    """--exclude names the Slurm nodes of hosts rigdeck drains (a GPU's drain too: Slurm gives
+    whole nodes) and of the restart's lost hosts, read from Slurm's own node list (by address
+    here: the inventory names are not Slurm's); nothing to exclude asks Slurm nothing."""
+    from tui.control.engines import SlurmEngine
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+    from tui.model.inventory import HostSpec, Inventory, SlurmSpec
+
+    nodes = (ROOT / "tests" / "data" / "slurm" / "nodes-22.05.8-do.txt").read_text()
+    asked: list[list[str]] = []
+
+    class Agents:
+        def exec(self, argv: list[str], timeout_s: float, timeout: float) -> dict[str, Any]:
+            asked.append(argv)
+            return {"a": {"exit_code": 0, "stdout": nodes, "stderr": ""}}
+
+    hosts = tuple(HostSpec(name=n, address=f"10.213.1.1{i}") for i, n in enumerate("abc", start=1))
+    inv = Inventory(hosts=hosts, path=tmp_path / "hosts.toml", known_hosts=tmp_path / "known_hosts",
+                    slurm=SlurmSpec(partition="bed", login="a"))
+    history = History(tmp_path / "h.sqlite")
+    engine = SlurmEngine(JobManager(SimpleNamespace(inventory=inv, agents=lambda hosts: Agents()), history))
+    assert engine.excluded() == [] and asked == []
+    history.drain("b", 3, "XID 79", "rigdeck", source="health")
+    assert engine.excluded(["c"]) == ["tb1-h2", "tb1-h3"]
+    assert engine.excluded(["nowhere"]) == ["tb1-h2"]
+    assert asked[0] == ["scontrol", "-o", "show", "nodes"]
+
+
+def test_a_restart_ends_the_previous_slurm_job_first_and_keeps_what_slurm_said(tmp_path: Path) -> None:
+    """The previous attempt's Slurm job: scancel while Slurm runs it (not while it completes),
+    until Slurm says it ended; a ``slurm job ended`` event keeps its id, state and nodes."""
+    from tui.control.engines import SlurmEngine
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+    from tui.model.inventory import HostSpec, Inventory, SlurmSpec
+
+    job = (ROOT / "tests" / "data" / "slurm" / "job-22.05.8-d.txt").read_text()
+    states = {"running": ["RUNNING", "COMPLETED"], "completing": ["COMPLETING", "COMPLETING", "COMPLETED"]}
+    asked: list[list[str]] = []
+    said: list[str] = []
+
+    class Agents:
+        def exec(self, argv: list[str], timeout_s: float, timeout: float) -> dict[str, Any]:
+            asked.append(argv)
+            if argv[0] == "scancel":
+                return {"h1": {"exit_code": 0, "stdout": "", "stderr": ""}}
+            state = said.pop(0)
+            return {"h1": {"exit_code": 0, "stdout": job.replace("JobState=RUNNING", f"JobState={state}"),
+                           "stderr": ""}}
+
+    inv = Inventory(hosts=(HostSpec(name="h1", address="10.0.0.1"),), path=tmp_path / "hosts.toml",
+                    known_hosts=tmp_path / "known_hosts", slurm=SlurmSpec(partition="bed"))
+    history = History(tmp_path / "h.sqlite")
+    engine = SlurmEngine(JobManager(SimpleNamespace(inventory=inv, agents=lambda hosts: Agents()), history))
+    for name, seq in states.items():
+        asked.clear()
+        said[:] = seq
+        history.create(name, name, {})
+        history.update(name, slurm={"job_id": "2", "nodes": ["tb1-h3"], "state": "RUNNING"})
+        engine._retire(name)
+        cancels = [a for a in asked if a[0] == "scancel"]
+        assert cancels == ([["scancel", "2"]] if name == "running" else []), asked
+        (ended,) = [e for e in history.get(name)["events"] if e["event"] == "slurm job ended"]
+        assert {k: ended[k] for k in ("slurm_job_id", "state", "cancelled", "nodes")} == {
+            "slurm_job_id": "2", "state": "COMPLETED", "cancelled": name == "running", "nodes": ["tb1-h3"]}
 
 
 # -- through a real Slurm ------------------------------------------------------------------------
@@ -279,3 +348,102 @@ def test_rigdecks_drain_drains_the_node_in_slurm_and_undrain_resumes_it(slurm: S
         assert slurm.node_states()[node] == "drain" and reason() == "admin: fan", "and not resumed by rigdeck"
     finally:
         slurm.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
+
+
+def write_faults(slurm: SlurmBed, host: str, faults: dict[str, Any]) -> None:
+    """The simulated GPU faults of ``host`` (its agent reads them at its next sample)."""
+    path = slurm.bed.host(host).state_dir / "sim-gpu-faults.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(faults))
+    tmp.replace(path)
+
+
+def sinfo_reasons(slurm: SlurmBed) -> dict[str, str]:
+    """``sinfo -R``: Slurm node -> why it is drained (or down), in full."""
+    out = slurm.run(["sinfo", "-R", "--noheader", "--format=%n|%E"]).stdout
+    return {p[0].strip(): p[1].strip() for p in (line.split("|", 1) for line in out.splitlines() if "|" in line)}
+
+
+@pytest.mark.testbed
+def test_an_xid_79_under_a_slurm_job_drains_its_node_in_slurm_and_the_job_resumes_elsewhere(
+        slurm: SlurmBed, tmp_path: Path) -> None:
+    """Issue 47, acceptance 3. h1's node is drained by hand in Slurm: Slurm would otherwise place
+    first there, and never does. The job runs on another node; an XID 79 on one of its GPUs
+    drains that node in Slurm (sinfo -R: rigdeck, the host, the GPU, the XID), Slurm's job is
+    ended and a new one submitted (with --exclude of the node), and the job resumes from its
+    checkpoint on the third node and succeeds with each step once. `rigdeck undrain` resumes
+    the node in Slurm; the drain by hand stays."""
+    cli = slurm_cli(slurm, tmp_path, timeout=120)
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    by_hand = slurm.node(1)
+    slurm.run(["scontrol", "update", f"NodeName={by_hand}", "State=DRAIN", "Reason=admin: fan"])
+    spec = cli.spec("xid-slurm", f'''
+command = ["{{python}}", "{HEAL_TRAIN}", "--steps", "16", "--ckpt", "{ckpt}", "--sleep", "0.3",
+           "--checkpoint-every", "4", "--first-attempt-holds"]
+workdir = "{ROOT}"
+launcher = "direct"
+nodes = 1
+gpus_per_node = 2
+[env]
+OMP_NUM_THREADS = "1"
+[restart]
+max_restarts = 1
+''')
+    host, gpu, node = "", -1, ""
+    try:
+        waiter = cli.popen("launch", str(spec), "--wait", "--json")
+        try:
+            def stepping() -> str:
+                jobs = [j["job_id"] for j in cli.json("jobs") if j["name"] == "xid-slurm" and j["state"] == "running"]
+                return jobs[0] if jobs and (cli.json("status", jobs[0]).get("last_step") or 0) >= 6 else ""
+            job_id = wait_until(stepping, 180, "the job's step 6", step=0.5)
+            first = cli.json("status", job_id)
+            (where,) = first["placement"]
+            host, gpu, first_slurm = where["host"], where["gpus"][1], first["slurm"]["job_id"]
+            node = slurm.node(host)
+            assert host != "h1", "Slurm placed on a node drained by hand"
+            write_faults(slurm, host, {str(gpu): {"xid": 79}})
+            out, err = waiter.communicate(timeout=240)
+        finally:
+            if waiter.poll() is None:
+                waiter.kill()
+                waiter.communicate()
+            if host:
+                write_faults(slurm, host, {})
+        assert waiter.returncode == 0, out[-3000:] + err[-3000:]
+        final = json.loads(out)
+        assert final["state"] == "succeeded" and final["restarts"] == 1, json.dumps(final, indent=1)[-3000:]
+        incident = next(e for e in final["events"] if e.get("event") == "incident")["cause"]
+        assert (incident["kind"], incident["host"], incident["gpu"]) == ("gpu", host, gpu), incident
+        assert "XID 79" in incident["message"], incident
+        # drained in Slurm, naming rigdeck, the host, the GPU and the XID
+        reasons = sinfo_reasons(slurm)
+        print("sinfo -R:", *(f"{n}: {r}" for n, r in sorted(reasons.items())), sep="\n  ")
+        assert reasons[node].startswith(f"rigdeck: {host} GPU {gpu} XID 79"), reasons
+        assert reasons[by_hand] == "admin: fan", reasons
+        assert slurm.node_states()[node] == "drain", slurm.node_states()
+        # the first Slurm job ended, a new one ran on the third node, excluding the drained one
+        ended = next(e for e in final["events"] if e.get("event") == "slurm job ended")
+        print(f"first Slurm job {first_slurm} on {host}: {ended}; then Slurm job {final['slurm']['job_id']} "
+              f"on {final['slurm'].get('nodes')} (excluded {final['slurm'].get('excluded')})")
+        assert ended["slurm_job_id"] == first_slurm, ended
+        assert final["slurm"]["job_id"] != first_slurm and final["slurm"]["state"] == "COMPLETED", final["slurm"]
+        assert final["slurm"]["excluded"] == [node], final["slurm"]
+        assert [n["host"] for n in final["placement"]] == ["h3" if host == "h2" else "h2"], final["placement"]
+        assert first_slurm not in squeue(slurm)
+        # resumed from its checkpoint; each (rank, step) once
+        assert "resumed from step" in cli.run("logs", job_id, "--rank", "0").stdout
+        metrics = cli.json("metrics", job_id)
+        steps = [(m["rank"], m["step"]) for m in metrics if m.get("event") is None and m.get("step") is not None]
+        assert sorted(steps) == [(r, s) for r in range(2) for s in range(1, 17)], steps
+        (drain,) = cli.json("drains")
+        assert (drain["host"], drain["gpu"], drain["source"]) == (host, gpu, "health"), drain
+        # rigdeck's undrain resumes the node in Slurm; the drain by hand is another's: kept
+        cli.run("undrain", f"{host}:{gpu}")
+        assert slurm.node_states()[node].rstrip("*") == "idle", slurm.node_states()
+        assert slurm.node_states()[by_hand] == "drain" and sinfo_reasons(slurm) == {by_hand: "admin: fan"}
+    finally:
+        for n in (by_hand, node):
+            if n:
+                slurm.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"], check=False)

@@ -385,3 +385,5 @@ def test_sbatch_options_name_each_value_once_and_round_the_time_up() -> None:
         "--partition=bed", "--qos=hi"]
     assert sbatch_options("j", nodes=1, gpus_per_node=None, runtime_s=61) == [
         "--nodes=1", "--ntasks-per-node=1", "--job-name=rigdeck:j", "--time=0-00:02:00"]
+    assert sbatch_options("j", nodes=1, gpus_per_node=None, runtime_s=61, exclude=["n3", "n2", "n3"])[-1] == (
+        "--exclude=n2,n3")

@@ -17,7 +17,8 @@ from agent import slurmstep
 
 
 def test_only_the_options_rigdeck_passes_reach_sbatch() -> None:
-    ok = ["--nodes=3", "--gres=gpu:2", "--partition=bed", "--job-name=rigdeck:j", "--time=0-00:15:00"]
+    ok = ["--nodes=3", "--gres=gpu:2", "--partition=bed", "--job-name=rigdeck:j", "--time=0-00:15:00",
+          "--exclude=tb1-h2,tb1-h3"]
     assert slurmstep.check_options(ok) == ok
     for bad, why in ((["--wrap=rm -rf ~"], "not one rigdeck passes"), (["-N3"], "expected --name=value"),
                      (["--nodes=3\n#SBATCH --x"], "expected --name=value"), ("--nodes=3", "must be a list")):

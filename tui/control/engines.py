@@ -14,7 +14,9 @@ job hosts report to the agents as always.
   the allocation (``scontrol -d show job``: nodes and GPU indices), makes the placement of it,
   and the agents write each node's plan, which that node's task in the step is waiting for: the
   job host runs inside the Slurm step, on the GPUs Slurm gave. ``scancel`` ends it. Slurm's
-  queue decides when it runs; rigdeck's own queue never holds it.
+  queue decides when it runs; rigdeck's own queue never holds it. A restart (healing's, the
+  gang rules') ends the previous Slurm job and submits a new one with ``--exclude`` of the nodes
+  rigdeck drains or lost; rigdeck's drains are Slurm's too (``drain``/``resume``).
 """
 
 from __future__ import annotations
@@ -264,9 +266,9 @@ class SlurmEngine:
                 raise EngineError(f"{where}: [slurm] partition {partition!r}: Slurm has no such partition: "
                                   f"{said or 'scontrol show partition does not list it'}")
 
-    def options(self, job_id: str, spec: JobSpec) -> list[str]:
-        """sbatch's options: the spec's ``[slurm]`` values over the inventory's. (A restart's lost
-        hosts are not excluded: Slurm takes a node it lost out of its own placement.)"""
+    def options(self, job_id: str, spec: JobSpec, exclude: Sequence[str] = ()) -> list[str]:
+        """sbatch's options: the spec's ``[slurm]`` values over the inventory's, and the Slurm
+        nodes to ``exclude`` (``--exclude``)."""
         base = self.jm.ctl.inventory.slurm
         mine = dict(spec.slurm)
 
@@ -275,12 +277,71 @@ class SlurmEngine:
         return sbatch_options(
             job_id, nodes=spec.node_count, gpus_per_node=spec.gpus_per_node,
             runtime_s=spec.max_runtime_s + spec.grace_s + SLURM_MARGIN_S, partition=pick("partition"),
-            account=pick("account"), qos=pick("qos"), constraint=pick("constraint"))
+            account=pick("account"), qos=pick("qos"), constraint=pick("constraint"), exclude=exclude)
+
+    def excluded(self, lost: Sequence[str] = ()) -> list[str]:
+        """The Slurm nodes an attempt must not run on: those of hosts rigdeck drains (a GPU's drain
+        or the host's: Slurm gives whole nodes; where Slurm could not be told of the drain, this
+        keeps the job off the node all the same) and of ``lost`` hosts (out of rigdeck's reach,
+        which Slurm may not have noticed yet). A node drained in Slurm needs no ``--exclude``:
+        Slurm places no job there."""
+        hosts = set(lost) | {str(d["host"]) for d in self.jm.history.drains()}
+        inv = self.jm.ctl.inventory
+        hosts &= set(inv.names)
+        if not hosts:
+            return []
+        try:
+            find = node_index(read_nodes(self._exec, inv))
+        except SlurmReadError as e:
+            raise EngineError(str(e)) from None
+        out = []
+        for h in sorted(hosts):
+            spec = inv.get(h)
+            node = find(spec.name, spec.address)
+            if node is not None:
+                out.append(node.name)
+        return out
+
+    def _retire(self, job_id: str) -> None:
+        """Before a restart's sbatch: the previous attempt's Slurm job ended (its job hosts were
+        stopped, so its step ends by itself; ``scancel`` where Slurm still runs it, not when it
+        is completing), and what Slurm said of it kept in the job's events (the record's
+        ``slurm`` becomes the new job's). At most FINISH_WAIT_S: Slurm's own end of it may
+        take longer (KillWait), and the new job is Slurm's to place meanwhile."""
+        rec = self.jm.history.get(job_id) or {}
+        old = dict(rec.get("slurm") or {})
+        sid = str(old.get("job_id") or "")
+        if not sid:
+            return
+        state, cancelled = str(old.get("state") or ""), False
+        deadline = time.monotonic() + FINISH_WAIT_S
+        while True:
+            try:
+                detail = self.detail(sid)
+            except EngineError:
+                break
+            if detail is None:
+                state = state if state in ENDED_STATES else "gone"
+                break
+            state = detail.state
+            if detail.ended:
+                break
+            if not cancelled and state != "COMPLETING":  # (completing: its processes are ending)
+                self._cancel(sid)
+                cancelled = True
+            if time.monotonic() > deadline:
+                break
+            time.sleep(POLL_S)
+        self.jm.history.add_event(job_id, {"event": "slurm job ended", "slurm_job_id": sid, "state": state,
+                                           "cancelled": cancelled, "nodes": list(old.get("nodes") or [])})
 
     def place(self, job_id: str, spec: JobSpec, *, capacity: Any = None,
               exclude: Sequence[str] | None = None) -> Placement:
         self._checked(spec)
-        options = self.options(job_id, spec)
+        if exclude is not None:  # a restart: the previous attempt's Slurm job is done first
+            self._retire(job_id)
+        excluded = self.excluded(exclude or ())
+        options = self.options(job_id, spec, excluded)
         login = self.login
         # Every host Slurm may choose has its agent (deployed, connected) before the job can run
         # there: a node's task of the step starts the agent's zipapp, which must be in place.
@@ -296,7 +357,7 @@ class SlurmEngine:
             said = said or f"exit {got.get('exit_code')}"
             raise EngineError(f"Slurm refused the job (sbatch on {login}: {said})")
         self._submitted[job_id] = {"job_id": str(sid), "login": login, "state": "PENDING",
-                                   "options": options, "submitted": time.time()}
+                                   "options": options, "excluded": excluded, "submitted": time.time()}
         try:
             detail = self._allocation(str(sid))
             placement = self._placement(spec, detail, capacity)

@@ -55,6 +55,7 @@ class Fault:
     section: str | None = None  # a hang: the section it is stuck in (agent/hangrule.py)
     timeout_s: float | None = None  # a hang: the timeout that judged it
     stacks: Mapping[str, Sequence[Mapping[str, Any]]] | None = None  # host -> the stacks its job host took
+    what: str | None = None  # a GPU's fault: what its host says of it, without the host and GPU (a drain's reason)
 
     def cause(self) -> dict[str, Any]:
         c: dict[str, Any] = {"message": self.message, "kind": self.kind}
@@ -139,7 +140,8 @@ class Healer:
                 if g.get("health") == UNHEALTHY and index in mine.get(host, ()):
                     what = g.get("reason") or "unhealthy"
                     sim = " (simulated)" if g.get("simulated") else ""
-                    return Fault("gpu", f"{host} GPU {index}{sim}: {what}", host=host, gpu=int(index))
+                    return Fault("gpu", f"{host} GPU {index}{sim}: {what}", host=host, gpu=int(index),
+                                 what=f"{what}{sim}")
         return None
 
     def _drained(self, rec: Mapping[str, Any]) -> Fault | None:

@@ -1125,7 +1125,11 @@ class JobManager:
         if fault.kind == "gpu" and fault.host is not None:
             # Kept out of placement until an operator undrains it, whatever the agent says next.
             self.history.drain(fault.host, fault.gpu, fault.message, "rigdeck", source="health")
-            self.slurm_drain(fault.host, fault.gpu, fault.message)
+            # In Slurm too: its node drained, the reason "rigdeck: HOST GPU N XID 79: ..." (where
+            # Slurm refuses, the restart's --exclude keeps the job off the node all the same)
+            refused = self.slurm_drain(fault.host, fault.gpu, fault.what or fault.message)
+            if refused:
+                cause["slurm_drain"] = f"not drained in Slurm: {refused}"
         if fault.kind == "hang" and live:
             # A job host that judged the hang took its ranks' stacks then; the others are asked now.
             taken: dict[str, Any] = dict(fault.stacks or {})

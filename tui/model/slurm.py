@@ -551,10 +551,11 @@ def slurm_time(seconds: float) -> str:
 
 def sbatch_options(job_id: str, *, nodes: int, gpus_per_node: int | None, runtime_s: float,
                    partition: str | None = None, account: str | None = None, qos: str | None = None,
-                   constraint: str | None = None) -> list[str]:
+                   constraint: str | None = None, exclude: Sequence[str] = ()) -> list[str]:
     """sbatch's options for a rigdeck job: ``nodes`` nodes, one task each (its job host), GPUs per
     node as ``--gres=gpu:N``, a time limit of ``runtime_s`` (the job's max_runtime and its stop's
-    grace: rigdeck's own limit comes first), the partition, account, QOS and constraint given.
+    grace: rigdeck's own limit comes first), the partition, account, QOS and constraint given,
+    and the Slurm nodes to ``exclude`` (``--exclude=a,b``: nodes rigdeck drains or lost).
     Each is one ``--name=value`` argument:
     no value is read by a shell (agent/slurmstep.py checks the names)."""
     opts = [f"--nodes={int(nodes)}", "--ntasks-per-node=1", f"--job-name={job_name(job_id)}",
@@ -565,6 +566,8 @@ def sbatch_options(job_id: str, *, nodes: int, gpus_per_node: int | None, runtim
                         ("constraint", constraint)):
         if value:
             opts.append(f"--{name}={value}")
+    if exclude:
+        opts.append("--exclude=" + ",".join(sorted(set(exclude))))
     return opts
 
 
