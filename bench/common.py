@@ -1,9 +1,14 @@
-"""What the benchmarks that run the ddp example on a test bed share (launch, container, slurm).
+"""What the benchmarks share.
+
+The ones that run the ddp example on a test bed (launch, container, slurm):
 
 The command line (``--rounds``, ``--steps``, ``--out``), the run's metadata (``bench/_meta.py``)
 and the bed check (``bed_args``); the job spec they launch (``write_ddp_spec``); a job launched
 through ``rigdeck launch`` (``launch``); and the ranks' per-step records (``read_metrics``, from
 the example's ``runtime.report()`` lines) and the waits on them.
+
+The ones that drive the controller's service or the app over made-up hosts, with no links
+(exporter, ui, attach): ``StubController`` and ``StubMonitor``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench._meta import run_meta  # noqa: E402
+from tui.model.inventory import HostSpec, Inventory  # noqa: E402
+from tui.model.state import ClusterState  # noqa: E402
 
 SCRIPT = ROOT / "examples" / "ddp" / "train.py"
 NODES, PER_NODE = 3, 2
@@ -138,3 +145,37 @@ def summarize(m: Metrics, t0: float) -> tuple[float, float]:
     r0 = m[0][len(m[0]) // 5:]  # steady state: skip the first fifth (warm-up, stragglers)
     rate = (len(r0) - 1) / (r0[-1]["time"] - r0[0]["time"])
     return first - t0, rate
+
+
+class StubController:
+    """A controller of N made-up hosts (gpu000, gpu001, ...; ``host``: more of each HostSpec) that
+    reaches none of them."""
+
+    def __init__(self, n: int, **host: Any):
+        hosts = tuple(
+            HostSpec(name=f"gpu{i:03d}", address=f"10.0.{i // 250}.{i % 250 + 1}", **host) for i in range(n)
+        )
+        self.inventory = Inventory(
+            hosts=hosts, path=Path(f"/bench/{n}-hosts.toml"), known_hosts=Path("/dev/null")
+        )
+
+    def close(self) -> None:
+        pass
+
+
+class StubMonitor:
+    """A monitor that samples nothing: the bench fills ``state`` itself."""
+
+    rate_hz = 1.0
+
+    def __init__(self, state: ClusterState):
+        self.state = state
+
+    def start(self) -> StubMonitor:
+        return self
+
+    def stop(self, timeout: float = 0.0) -> None:
+        pass
+
+    def reconnect(self, host: str) -> None:
+        pass
