@@ -21,6 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Static, TabbedContent, TabPane
 
 from tui.app.widgets.difftable import DiffTable
+from tui.app.widgets.listfetch import ListFetch
 from tui.app.widgets.statictext import update_static
 from tui.app.widgets.tables import Widths
 from tui.client import Client
@@ -185,8 +186,8 @@ class FetchedView(View, Generic[R, D]):
 
     Fetched on a worker thread (the group named after the view) about every ``POLL_S`` while the
     view shows, one fetch at a time: a slow or dead controller leaves the last fetched on screen
-    and never holds the UI. A fetch (``fetch_items``) brings ``rows`` (None: not fetched),
-    ``detail``, ``selected`` (which one the detail is of) and ``error``."""
+    and never holds the UI. A fetch (``fetch_items``, a ``ListFetch``) brings the list, the
+    selected one's detail, which one that is, and its error."""
 
     NOUN: ClassVar[str]  # one of the list ("sweep"): the status line and the head say it
     DETAIL_TABLE: ClassVar[str]  # the selected one's table: its cursor goes to the top on a new selection
@@ -205,7 +206,7 @@ class FetchedView(View, Generic[R, D]):
         """The id of a row of the list."""
         raise NotImplementedError
 
-    def fetch_items(self, client: Client, selected: str | None) -> Any:
+    def fetch_items(self, client: Client, selected: str | None) -> ListFetch[R, D]:
         """On the worker thread: the list and the detail of ``selected``; never raises."""
         raise NotImplementedError
 
@@ -240,7 +241,7 @@ class FetchedView(View, Generic[R, D]):
         )
 
     def worker_done(self, result: Any, error: str | None = None) -> None:
-        fetch = result
+        fetch: ListFetch[R, D] | None = result
         self.inflight = False
         self.fetch_count += 1
         if self.shell.closing:
