@@ -310,6 +310,17 @@ class FetchedView(View, Generic[R, D]):
             return f"[b]{escape(self.item_id)}[/b]  [$text-muted]loading…[/]"
         return head()
 
+    def ask_then_act(self, dialog: Screen[Any], notice: str, name: str, fn: Callable[[], str]) -> None:
+        """Ask (``dialog``, a yes or no); on yes, say ``notice`` and run ``fn`` as the action
+        ``name`` (``Shell.act``)."""
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.notify(notice, title=self.NOUN)
+                self.shell.act(name, fn)
+
+        self.shell.dialog(dialog, confirmed)
+
     def select_item(self, key: str | None) -> None:
         """A row of the list was highlighted: select it, and fetch its detail soon."""
         if key and key != self.item_id:

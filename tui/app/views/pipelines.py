@@ -136,13 +136,9 @@ class PipelinesView(FetchedView[PipelineRow, PipelineDetail]):
         def stop() -> str:
             return f"pipeline {pipeline_id}: {shell.client.pipeline_stop(pipeline_id).row.state}"
 
-        def confirmed(yes: bool | None) -> None:
-            if yes:
-                self.notify(f"stopping pipeline {pipeline_id}…", title="pipeline")
-                shell.act("stop pipeline", stop)
-
         title = f"Stop pipeline [b]{escape(pipeline_id)}[/b]?"
-        shell.dialog(ConfirmSweepStop(title, stop_pipeline_text(d, row), "Stop pipeline"), confirmed)
+        self.ask_then_act(ConfirmSweepStop(title, stop_pipeline_text(d, row), "Stop pipeline"),
+                          f"stopping pipeline {pipeline_id}…", "stop pipeline", stop)
 
     def action_retry_step(self) -> None:
         """Run the failed or stopped step under the cursor again (and what was skipped for it)."""

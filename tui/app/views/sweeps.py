@@ -194,13 +194,9 @@ class SweepsView(FetchedView[SweepRow, SweepDetail]):
             shell.client.sweep_stop_trial(sweep_id, number)
             return f"{sweep_id}: trial {number} stopping"
 
-        def confirmed(yes: bool | None) -> None:
-            if yes:
-                self.notify(f"stopping trial {number} of {sweep_id}…", title="sweep")
-                shell.act("stop trial", stop)
-
         title = f"Stop trial [b]{number}[/b] of sweep [b]{escape(sweep_id)}[/b]?"
-        self.shell.dialog(ConfirmSweepStop(title, stop_trial_text(d.row, t), "Stop trial"), confirmed)
+        self.ask_then_act(ConfirmSweepStop(title, stop_trial_text(d.row, t), "Stop trial"),
+                          f"stopping trial {number} of {sweep_id}…", "stop trial", stop)
 
     def action_stop_sweep(self) -> None:
         """Stop the selected sweep (its queued and running trials), after a confirmation."""
@@ -217,13 +213,9 @@ class SweepsView(FetchedView[SweepRow, SweepDetail]):
         def stop() -> str:
             return f"sweep {sweep_id}: {shell.client.sweep_stop(sweep_id).row.state}"
 
-        def confirmed(yes: bool | None) -> None:
-            if yes:
-                self.notify(f"stopping sweep {sweep_id}…", title="sweep")
-                shell.act("stop sweep", stop)
-
         title = f"Stop sweep [b]{escape(sweep_id)}[/b]?"
-        self.shell.dialog(ConfirmSweepStop(title, stop_sweep_text(row), "Stop sweep"), confirmed)
+        self.ask_then_act(ConfirmSweepStop(title, stop_sweep_text(row), "Stop sweep"),
+                          f"stopping sweep {sweep_id}…", "stop sweep", stop)
 
 
 VIEW = SweepsView
