@@ -14,9 +14,7 @@ Usage: python bench/container.py [--rounds 3] [--steps 150]
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -27,26 +25,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._meta import run_meta, write_result  # noqa: E402
-from bench.launch import NODES, PER_NODE, SCRIPT, summarize, wait_steps  # noqa: E402
+from bench._meta import write_result  # noqa: E402
+from bench.common import (  # noqa: E402
+    NODES,
+    PER_NODE,
+    bed_args,
+    bed_env,
+    job_metrics,
+    launch,
+    summarize,
+    wait_steps,
+    write_ddp_spec,
+)
 from tests import containerimage  # noqa: E402
 from tests.testbed import TestBed, available  # noqa: E402
 
 
 def run(bed: TestBed, tmp: Path, steps: int, env: dict[str, str], image: str | None) -> tuple[float, float]:
-    spec = tmp / "job.toml"
-    spec.write_text(
-        'name = "bench-container"\n'
-        f'command = ["{{python}}", "{SCRIPT}", "--steps", "{steps}", "--checkpoint-every", "100000"]\n'
-        f'workdir = "{ROOT}"\nlauncher = "torchrun"\nnodes = {NODES}\nprocesses_per_node = {PER_NODE}\n'
-        '[env]\nOMP_NUM_THREADS = "1"\n'
-        + (f'[container]\nimage = "{image}"\n' if image else "")
-    )
-    t0 = time.time()
-    out = subprocess.run([sys.executable, "-m", "tui.cli", "launch", str(spec), "--json"],
-                         capture_output=True, text=True, env=env, cwd=ROOT, check=True)
-    job_id = json.loads(out.stdout)["job_id"]
-    dirs = lambda: [h.state_dir / "jobs" / job_id / "metrics" for h in bed.hosts]  # noqa: E731
+    extra = f'[container]\nimage = "{image}"\n' if image else ""
+    t0, job_id = launch(write_ddp_spec(tmp / "job.toml", "bench-container", steps, extra=extra), env)
+    dirs = job_metrics(bed, job_id)
     m = wait_steps(dirs, steps, 900)
     for _ in range(300):  # the job's end (its containers removed) before the next round starts
         st = subprocess.run([sys.executable, "-m", "tui.cli", "status", job_id, "--json"], capture_output=True,
@@ -58,23 +56,14 @@ def run(bed: TestBed, tmp: Path, steps: int, env: dict[str, str], image: str | N
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "container.json"))
-    args = ap.parse_args()
-    meta = run_meta()
-    ok, why = available()
-    if not ok:
-        print(f"bench/container.py needs the test bed: {why}", file=sys.stderr)
+    parsed = bed_args(__doc__, "container", 150, "the test bed", available)
+    if parsed is None:
         return 2
+    args, meta = parsed
     image = containerimage.ensure()
     with TestBed(NODES, sim_gpus=0) as bed, tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
-        inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable)
-        env = {**os.environ, "RIGDECK_INVENTORY": str(inv), "RIGDECK_HOME": str(tmp / "home")}
-        subprocess.run([sys.executable, "-m", "tui.cli", "deploy"], env=env, cwd=ROOT, check=True,
-                       capture_output=True)
+        env = bed_env(bed.write_inventory(tmp / "hosts.toml", python=sys.executable), tmp / "home")
         host, boxed = [], []
         for r in range(args.rounds):
             host.append(run(bed, tmp, args.steps, env, None))

@@ -50,11 +50,11 @@ sys.path.insert(0, str(ROOT))
 
 from agent import textfile  # noqa: E402
 from bench._meta import run_meta, write_result  # noqa: E402
+from bench.common import StubController, StubMonitor  # noqa: E402
 from tui.client import InProcessClient, MetricsServer  # noqa: E402
 from tui.control.history import History  # noqa: E402
 from tui.control.jobwatch import JobsSnapshot, JobWatch, _Track, rank_rows  # noqa: E402
 from tui.control.service import ControllerService  # noqa: E402
-from tui.model.inventory import HostSpec, Inventory  # noqa: E402
 from tui.model.state import ClusterState  # noqa: E402
 
 GPUS = 8
@@ -114,29 +114,6 @@ def feed(state: ClusterState, n: int, t: int, rng: random.Random) -> None:
         state.apply_sample(host_name(i), sample(i, t, rng), received_at=time.monotonic())
 
 
-class _Controller:
-    def __init__(self, n: int):
-        hosts = tuple(HostSpec(name=host_name(i), address=f"10.0.{i // 250}.{i % 250 + 1}", user="ml")
-                      for i in range(n))
-        self.inventory = Inventory(hosts=hosts, path=Path(f"/bench/{n}-hosts.toml"), known_hosts=Path("/dev/null"))
-
-    def close(self) -> None:
-        pass
-
-
-class _Monitor:
-    rate_hz = 1.0
-
-    def __init__(self, state: ClusterState):
-        self.state = state
-
-    def start(self) -> _Monitor:
-        return self
-
-    def stop(self, timeout: float = 0.0) -> None:
-        pass
-
-
 def _record(k: int, n_hosts: int) -> dict[str, Any]:
     running = k < n_hosts // HOSTS_PER_JOB
     hosts = [host_name((k * HOSTS_PER_JOB + h) % n_hosts) for h in range(HOSTS_PER_JOB)]
@@ -151,7 +128,7 @@ def _record(k: int, n_hosts: int) -> dict[str, Any]:
     }
 
 
-def jobs(ctl: _Controller, n_hosts: int) -> JobWatch:
+def jobs(ctl: StubController, n_hosts: int) -> JobWatch:
     """A real JobWatch following ``JOBS_FOLLOWED`` jobs (not started: nothing is polled)."""
 
     class _Jobs:
@@ -280,14 +257,14 @@ def main() -> int:
     meta = run_meta()
     rng = random.Random(34)
     n = args.hosts
-    ctl = _Controller(n)
+    ctl = StubController(n, user="ml")
     state = ClusterState([(h.name, h.address) for h in ctl.inventory.hosts])
     with tempfile.TemporaryDirectory() as d:
         history = History(Path(d) / "history.sqlite")
         for q in range(QUEUED):
             history.create(f"wait-{q}", f"wait-{q}", {"nodes": 4, "gpus_per_node": GPUS}, state="queued")
             history.update(f"wait-{q}", priority=q % 2)
-        service = ControllerService(ctl.inventory, controller=ctl, monitor=_Monitor(state),  # type: ignore[arg-type]
+        service = ControllerService(ctl.inventory, controller=ctl, monitor=StubMonitor(state),  # type: ignore[arg-type]
                                     source=jobs(ctl, n), history=history)
         print(f"{n} hosts x {GPUS} GPUs, {JOBS_FOLLOWED} jobs followed ({n // HOSTS_PER_JOB} running), "
               f"{QUEUED} queued; {args.scrapes} scrapes, {args.writes} textfile writes", flush=True)

@@ -13,9 +13,6 @@ Needs root (the network-namespace test bed). Usage: python bench/launch.py [--ro
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import shlex
 import statistics
 import subprocess
@@ -27,65 +24,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._meta import run_meta, write_result  # noqa: E402
+from bench._meta import write_result  # noqa: E402
+from bench.common import (  # noqa: E402
+    NODES,
+    PER_NODE,
+    SCRIPT,
+    bed_args,
+    bed_env,
+    job_metrics,
+    launch,
+    summarize,
+    wait_steps,
+    write_ddp_spec,
+)
 from tests.testbed import TestBed, available  # noqa: E402
-
-SCRIPT = ROOT / "examples" / "ddp" / "train.py"
-NODES, PER_NODE = 3, 2
-
-
-def read_metrics(dirs: list[Path]) -> dict[int, list[dict]]:
-    out: dict[int, list[dict]] = {}
-    for d in dirs:
-        for f in d.glob("rank-*.jsonl"):
-            # runtime.report()'s rank-<N>.jsonl only: the agent keeps losses it parsed from a
-            # rank's output in rank-<N>.stdout.jsonl beside it.
-            rank_s = f.name[len("rank-"):-len(".jsonl")]
-            if not rank_s.isdigit():
-                continue
-            rank = int(rank_s)
-            recs = []
-            for line in f.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if "loss" in rec and rec.get("event") is None:
-                    recs.append(rec)
-            out[rank] = recs
-    return out
-
-
-def wait_steps(dirs_fn, steps: int, timeout: float) -> dict[int, list[dict]]:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = read_metrics(dirs_fn())
-        if len(m) == NODES * PER_NODE and all(len(v) >= steps for v in m.values()):
-            return m
-        time.sleep(0.1)
-    raise TimeoutError(f"ranks did not reach {steps} steps in {timeout}s")
-
-
-def summarize(m: dict[int, list[dict]], t0: float) -> tuple[float, float]:
-    first = max(recs[0]["time"] for recs in m.values())
-    r0 = m[0][len(m[0]) // 5:]  # steady state: skip the first fifth (warm-up, stragglers)
-    rate = (len(r0) - 1) / (r0[-1]["time"] - r0[0]["time"])
-    return first - t0, rate
 
 
 def run_rigdeck(bed: TestBed, tmp: Path, steps: int, env: dict[str, str]) -> tuple[float, float]:
-    spec = tmp / "job.toml"
-    spec.write_text(
-        'name = "bench-ddp"\n'
-        f'command = ["{{python}}", "{SCRIPT}", "--steps", "{steps}", "--checkpoint-every", "100000"]\n'
-        f'workdir = "{ROOT}"\nlauncher = "torchrun"\nnodes = {NODES}\nprocesses_per_node = {PER_NODE}\n'
-        '[env]\nOMP_NUM_THREADS = "1"\n'
-    )
-    t0 = time.time()
-    out = subprocess.run([sys.executable, "-m", "tui.cli", "launch", str(spec), "--json"],
-                         capture_output=True, text=True, env=env, cwd=ROOT, check=True)
-    job_id = json.loads(out.stdout)["job_id"]
-    dirs = lambda: [h.state_dir / "jobs" / job_id / "metrics" for h in bed.hosts]  # noqa: E731
+    t0, job_id = launch(write_ddp_spec(tmp / "job.toml", "bench-ddp", steps), env)
+    dirs = job_metrics(bed, job_id)
     m = wait_steps(dirs, steps, 600)
     subprocess.run([sys.executable, "-m", "tui.cli", "status", job_id], capture_output=True, env=env, cwd=ROOT)
     return summarize(m, t0)
@@ -126,23 +83,13 @@ def run_by_hand(bed: TestBed, tmp: Path, steps: int, port: int) -> tuple[float, 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "launch.json"))
-    args = ap.parse_args()
-    meta = run_meta()
-    ok, why = available()
-    if not ok:
-        print(f"bench/launch.py needs the test bed: {why}", file=sys.stderr)
+    parsed = bed_args(__doc__, "launch", 150, "the test bed", available)
+    if parsed is None:
         return 2
+    args, meta = parsed
     with TestBed(NODES, sim_gpus=0) as bed, tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(tmpd)
-        inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable)
-        env = {**os.environ, "RIGDECK_INVENTORY": str(inv), "RIGDECK_HOME": str(tmp / "home")}
-        # Deploy first, as a user would have: launch latency is about starting jobs, not installs.
-        subprocess.run([sys.executable, "-m", "tui.cli", "deploy"], env=env, cwd=ROOT, check=True,
-                       capture_output=True)
+        env = bed_env(bed.write_inventory(tmp / "hosts.toml", python=sys.executable), tmp / "home")
         ours, hand = [], []
         for r in range(args.rounds):
             hand.append(run_by_hand(bed, tmp, args.steps, 29400 + r))

@@ -63,9 +63,9 @@ from bench._meta import run_meta, write_result  # noqa: E402
 from bench.telemetry import (  # noqa: E402
     RecordingState,
     busy_pct,
+    cpu_delta,
+    latency_fields,
     machine_cpu,
-    mean,
-    percentile,
     proc_cpu_s,
     proc_mem_mb,
 )
@@ -89,15 +89,6 @@ def netns_pids(names: list[str]) -> list[int]:
 
 def cpu_of(pids: list[int]) -> dict[int, float | None]:
     return {pid: proc_cpu_s(pid) for pid in pids}
-
-
-def cpu_delta(a: dict[int, float | None], b: dict[int, float | None]) -> float:
-    total = 0.0
-    for pid, x in a.items():
-        y = b.get(pid)
-        if x is not None and y is not None:
-            total += y - x
-    return total
 
 
 # -------------------------------------------------------------------------------------------
@@ -148,16 +139,7 @@ def measure(inventory: Path, seconds: float, netns: list[str]) -> dict[str, Any]
     t_setup = time.monotonic()
     mon.start()
     try:
-        deadline = time.monotonic() + max(60.0, 2.0 * n)
-        while True:
-            up = sum(1 for h in state.hosts.values() if h.samples > 0)
-            if up == n:
-                break
-            if time.monotonic() > deadline:
-                down = {h.name: h.reason for h in state.hosts.values() if h.samples == 0}
-                raise RuntimeError(f"N={n}: only {up} hosts sent telemetry; "
-                                   f"e.g. {list(down.items())[:3]}")
-            time.sleep(0.1)
+        state.wait_all_up(max(60.0, 2.0 * n))
         setup_s = time.monotonic() - t_setup
         time.sleep(SETTLE_S)
 
@@ -174,9 +156,7 @@ def measure(inventory: Path, seconds: float, netns: list[str]) -> dict[str, Any]
         m1 = machine_cpu()
         h1 = cpu_of(hpids)
         rss1 = proc_mem_mb(me)
-        statuses: dict[str, int] = {}
-        for h in state.hosts.values():
-            statuses[h.status.value] = statuses.get(h.status.value, 0) + 1
+        statuses = state.status_counts()
         threads = len(os.listdir(f"/proc/{me}/task"))
     finally:
         mon.stop(timeout=15)
@@ -209,12 +189,7 @@ def measure(inventory: Path, seconds: float, netns: list[str]) -> dict[str, Any]
         "controller_pss_mb": rss1.get("pss"),
         "controller_rss_mb_before_monitor": rss0.get("rss"),
         "controller_rss_mb_per_host": rss_growth / n,
-        "latency_ms_p50": 1000 * percentile(lat, 50),
-        "latency_ms_p95": 1000 * percentile(lat, 95),
-        "latency_ms_p99": 1000 * percentile(lat, 99),
-        "latency_ms_max": 1000 * max(lat, default=float("nan")),
-        "cost_ms_mean": 1000 * mean(costs),
-        "cost_ms_p95": 1000 * percentile(costs, 95),
+        **latency_fields(lat, costs),
         "hosts_cpu_pct_of_core": hosts_pct,
         "hosts_processes": len(hpids),
         "machine_cpu_pct_of_core": machine_pct,

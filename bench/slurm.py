@@ -18,9 +18,6 @@ Usage: python bench/slurm.py [--rounds 3] [--steps 40]
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import statistics
 import subprocess
 import sys
@@ -31,13 +28,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench._meta import run_meta, write_result  # noqa: E402
+from bench._meta import write_result  # noqa: E402
+from bench.common import (  # noqa: E402
+    NODES,
+    PER_NODE,
+    SCRIPT,
+    bed_args,
+    bed_env,
+    job_metrics,
+    launch,
+    wait_first_steps,
+    write_ddp_spec,
+)
 from tests import slurmbed  # noqa: E402
 from tests.slurmbed import SlurmBed  # noqa: E402
 from tests.testbed import TestBed, available  # noqa: E402
 
-SCRIPT = ROOT / "examples" / "ddp" / "train.py"
-NODES, PER_NODE = 3, 2
 # The hand-written batch script: every value it needs comes in its environment (sbatch --export).
 BY_HAND = """#!/bin/sh
 first=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
@@ -48,36 +54,6 @@ exec srun --ntasks-per-node=1 sh -c 'exec "$PY" -m torch.distributed.run --nnode
 """
 
 
-def read_metrics(dirs: list[Path]) -> dict[int, list[dict]]:
-    out: dict[int, list[dict]] = {}
-    for d in dirs:
-        for f in d.glob("rank-*.jsonl"):
-            rank_s = f.name[len("rank-"):-len(".jsonl")]
-            if not rank_s.isdigit():
-                continue
-            recs = []
-            for line in f.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    continue
-                if "loss" in rec and rec.get("event") is None:
-                    recs.append(rec)
-            out[int(rank_s)] = recs
-    return out
-
-
-def wait_first_steps(dirs_fn, timeout: float) -> float:  # type: ignore[no-untyped-def]
-    """When the last of the ranks reported its first step (Unix time)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = read_metrics(dirs_fn())
-        if len(m) == NODES * PER_NODE and all(m.values()):
-            return max(recs[0]["time"] for recs in m.values())
-        time.sleep(0.1)
-    raise TimeoutError(f"the ranks did not all report a step in {timeout}s")
-
-
 def wait_gone(slurm: SlurmBed, timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while slurm.jobs() and time.monotonic() < deadline:
@@ -85,18 +61,8 @@ def wait_gone(slurm: SlurmBed, timeout: float = 300) -> None:
 
 
 def run_rigdeck(bed: TestBed, slurm: SlurmBed, tmp: Path, steps: int, env: dict[str, str]) -> float:
-    spec = tmp / "job.toml"
-    spec.write_text(
-        'name = "bench-slurm"\n'
-        f'command = ["{{python}}", "{SCRIPT}", "--steps", "{steps}", "--checkpoint-every", "100000"]\n'
-        f'workdir = "{ROOT}"\nlauncher = "torchrun"\nnodes = {NODES}\ngpus_per_node = {PER_NODE}\n'
-        '[env]\nOMP_NUM_THREADS = "1"\n'
-    )
-    t0 = time.time()
-    out = subprocess.run([sys.executable, "-m", "tui.cli", "launch", str(spec), "--json"],
-                         capture_output=True, text=True, env=env, cwd=ROOT, check=True)
-    job_id = json.loads(out.stdout)["job_id"]
-    dirs = lambda: [h.state_dir / "jobs" / job_id / "metrics" for h in bed.hosts]  # noqa: E731
+    t0, job_id = launch(write_ddp_spec(tmp / "job.toml", "bench-slurm", steps, "gpus_per_node"), env)
+    dirs = job_metrics(bed, job_id)
     first = wait_first_steps(dirs, 600)
     wait_gone(slurm)  # the job ran to its end (then rigdeck records it, at the next look)
     subprocess.run([sys.executable, "-m", "tui.cli", "status", job_id], capture_output=True, env=env, cwd=ROOT)
@@ -127,17 +93,10 @@ def run_by_hand(slurm: SlurmBed, tmp: Path, steps: int, port: int) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "slurm.json"))
-    args = ap.parse_args()
-    meta = run_meta()
-    ok, why = available()
-    ok2, why2 = slurmbed.available()
-    if not (ok and ok2):
-        print(f"bench/slurm.py needs the test bed and Slurm: {why or why2}", file=sys.stderr)
+    parsed = bed_args(__doc__, "slurm", 40, "the test bed and Slurm", available, slurmbed.available)
+    if parsed is None:
         return 2
+    args, meta = parsed
     with TestBed(NODES, sim_gpus=4) as bed, tempfile.TemporaryDirectory(dir="/tmp") as tmpd:
         tmp = Path(tmpd)
         tmp.chmod(0o755)
@@ -145,10 +104,7 @@ def main() -> int:
         try:
             inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable)
             inv.write_text(inv.read_text() + '\n[slurm]\nlogin = "h1"\npartition = "bed"\n')
-            env = {**os.environ, "RIGDECK_INVENTORY": str(inv), "RIGDECK_HOME": str(tmp / "home")}
-            # Deployed first, as a user would have: this is about starting jobs, not installs.
-            subprocess.run([sys.executable, "-m", "tui.cli", "deploy"], env=env, cwd=ROOT, check=True,
-                           capture_output=True)
+            env = bed_env(inv, tmp / "home")
             ours, hand = [], []
             for r in range(args.rounds):
                 hand.append(run_by_hand(slurm, tmp, args.steps, 29400 + r))

@@ -233,6 +233,17 @@ def mem_available_mb() -> float:
     return 0.0
 
 
+def cpu_delta(a: dict[int, float | None], b: dict[int, float | None]) -> float:
+    """The CPU seconds the processes used between two readings (``proc_cpu_s`` by pid); one
+    gone at either reading counts nothing."""
+    total = 0.0
+    for pid, x in a.items():
+        y = b.get(pid)
+        if x is not None and y is not None:
+            total += y - x
+    return total
+
+
 def percentile(values: list[float], q: float) -> float:
     """Linear interpolation between closest ranks; q in 0..100."""
     if not values:
@@ -677,6 +688,41 @@ class RecordingState(ClusterState):
         )
         return window, [r[0] - r[1] for r in window], [r[2] for r in window], missed
 
+    def wait_all_up(self, timeout: float) -> None:
+        """Until every host has sent a sample; RuntimeError (naming a few that have not, and
+        why) after ``timeout`` s."""
+        n = len(self.hosts)
+        deadline = time.monotonic() + timeout
+        while True:
+            up = sum(1 for h in self.hosts.values() if h.samples > 0)
+            if up == n:
+                return
+            if time.monotonic() > deadline:
+                down = {h.name: h.reason for h in self.hosts.values() if h.samples == 0}
+                raise RuntimeError(
+                    f"N={n}: only {up} hosts sent telemetry; e.g. {list(down.items())[:3]}"
+                )
+            time.sleep(0.1)
+
+    def status_counts(self) -> dict[str, int]:
+        """How many hosts are in each status."""
+        statuses: dict[str, int] = {}
+        for h in self.hosts.values():
+            statuses[h.status.value] = statuses.get(h.status.value, 0) + 1
+        return statuses
+
+
+def latency_fields(lat: list[float], costs: list[float]) -> dict[str, float]:
+    """A window's sample-to-state latencies and collection costs, in ms (a result's fields)."""
+    return {
+        "latency_ms_p50": 1000 * percentile(lat, 50),
+        "latency_ms_p95": 1000 * percentile(lat, 95),
+        "latency_ms_p99": 1000 * percentile(lat, 99),
+        "latency_ms_max": 1000 * max(lat, default=float("nan")),
+        "cost_ms_mean": 1000 * mean(costs),
+        "cost_ms_p95": 1000 * percentile(costs, 95),
+    }
+
 
 class PredeployedController(HostLinks):
     """The agent is already where the daemons run it from: skip the per-connect deploy checks."""
@@ -713,17 +759,7 @@ def bench_ingest(n: int, seconds: float, sim_gpus: int, work: Path, bundle: Agen
     mon.state = state
     mon.start()
     try:
-        deadline = time.monotonic() + max(CONNECT_TIMEOUT_S, float(n))
-        while True:
-            up = sum(1 for h in state.hosts.values() if h.samples > 0)
-            if up == n:
-                break
-            if time.monotonic() > deadline:
-                down = {h.name: h.reason for h in state.hosts.values() if h.samples == 0}
-                raise RuntimeError(
-                    f"N={n}: only {up} hosts sent telemetry; e.g. {list(down.items())[:3]}"
-                )
-            time.sleep(0.1)
+        state.wait_all_up(max(CONNECT_TIMEOUT_S, float(n)))
         setup_s = time.monotonic() - t_setup
         time.sleep(2.0)  # every collector past its first sample
 
@@ -743,9 +779,7 @@ def bench_ingest(n: int, seconds: float, sim_gpus: int, work: Path, bundle: Agen
         events1 = mon.events_received
         d1 = {pid: proc_cpu_s(pid) for pid in dpids}
         a1 = {pid: proc_cpu_s(pid) for pid in apids}
-        statuses: dict[str, int] = {}
-        for h in state.hosts.values():
-            statuses[h.status.value] = statuses.get(h.status.value, 0) + 1
+        statuses = state.status_counts()
         mem = {"controller": proc_mem_mb(me)}
         for key, pids in (("daemons", dpids), ("attach", apids)):
             per = [proc_mem_mb(pid) for pid in pids]
@@ -754,14 +788,6 @@ def bench_ingest(n: int, seconds: float, sim_gpus: int, work: Path, bundle: Agen
     finally:
         mon.stop(timeout=15)
         ctl.close()
-
-    def delta(a: dict[int, float | None], b: dict[int, float | None]) -> float:
-        total = 0.0
-        for k, x in a.items():
-            y = b.get(k)
-            if x is not None and y is not None:
-                total += y - x
-        return total
 
     window, lat, costs, missed = state.window(w0, w1)
     elapsed = w1 - w0
@@ -781,20 +807,15 @@ def bench_ingest(n: int, seconds: float, sim_gpus: int, work: Path, bundle: Agen
         "controller_cpu_s": ctl_cpu,
         "controller_cpu_pct_of_core": 100.0 * ctl_cpu / elapsed,
         "controller_cpu_ms_per_sample": 1000 * ctl_cpu / max(1, count),
-        "latency_ms_p50": 1000 * percentile(lat, 50),
-        "latency_ms_p95": 1000 * percentile(lat, 95),
-        "latency_ms_p99": 1000 * percentile(lat, 99),
-        "latency_ms_max": 1000 * max(lat, default=float("nan")),
-        "cost_ms_mean": 1000 * mean(costs),
-        "cost_ms_p95": 1000 * percentile(costs, 95),
+        **latency_fields(lat, costs),
         "latency_minus_cost_ms_p95": 1000 * percentile(
             [a - b for a, b in zip(lat, costs, strict=True)], 95
         ),
-        "daemons_cpu_pct_of_core": 100.0 * delta(d0, d1) / elapsed,
-        "attach_cpu_pct_of_core": 100.0 * delta(a0, a1) / elapsed,
+        "daemons_cpu_pct_of_core": 100.0 * cpu_delta(d0, d1) / elapsed,
+        "attach_cpu_pct_of_core": 100.0 * cpu_delta(a0, a1) / elapsed,
         "machine_cpu_busy_pct": busy_pct(m0, m1),
         "others_cpu_pct_of_core": others_pct(
-            m0, m1, 100.0 * (ctl_cpu + delta(d0, d1) + delta(a0, a1)) / elapsed
+            m0, m1, 100.0 * (ctl_cpu + cpu_delta(d0, d1) + cpu_delta(a0, a1)) / elapsed
         ),
         "cores": os.cpu_count(),
         "mem_mb": mem,

@@ -64,9 +64,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._meta import run_meta, write_result  # noqa: E402
+from bench.common import StubController as _Controller  # noqa: E402
+from bench.common import StubMonitor as _Monitor  # noqa: E402
 from tui.app.widgets.tables import GpuFilter  # noqa: E402
 from tui.control.jobwatch import JobRow, JobsSnapshot  # noqa: E402
-from tui.model.inventory import HostSpec, Inventory  # noqa: E402
 from tui.model.state import ClusterState  # noqa: E402
 
 GPUS = 8
@@ -85,35 +86,6 @@ CASES: dict[str, tuple[str, GpuFilter, str, str]] = {
     "jobs": ("jobs", GpuFilter(), "host", "jobs view"),
     "map": ("map", GpuFilter(), "host", "cluster map, every GPU a cell"),
 }
-
-
-class _Controller:
-    def __init__(self, n: int):
-        hosts = tuple(
-            HostSpec(name=f"gpu{i:03d}", address=f"10.0.{i // 250}.{i % 250 + 1}") for i in range(n)
-        )
-        self.inventory = Inventory(
-            hosts=hosts, path=Path(f"/bench/{n}-hosts.toml"), known_hosts=Path("/dev/null")
-        )
-
-    def close(self) -> None:
-        pass
-
-
-class _Monitor:
-    rate_hz = 1.0
-
-    def __init__(self, state: ClusterState):
-        self.state = state
-
-    def start(self) -> _Monitor:
-        return self
-
-    def stop(self, timeout: float = 0.0) -> None:
-        pass
-
-    def reconnect(self, host: str) -> None:
-        pass
 
 
 class _Jobs:

@@ -15,11 +15,13 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from textual.app import SystemCommand
 from textual.binding import BindingType
+from textual.markup import escape
 from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Static, TabbedContent, TabPane
 
 from tui.app.widgets.difftable import DiffTable
+from tui.app.widgets.listfetch import ListFetch
 from tui.app.widgets.statictext import update_static
 from tui.app.widgets.tables import Widths
 from tui.client import Client
@@ -159,3 +161,171 @@ class ViewState(Generic[T]):
 
     def __set__(self, app: Any, value: T) -> None:
         setattr(app.views[self.view], self.attr, value)
+
+
+R = TypeVar("R", bound="Listed")
+D = TypeVar("D", bound="Detailed")
+
+
+class Listed(Protocol):
+    """A row of a fetched list: it has a state (``running``, ``stopping``, ...)."""
+
+    @property
+    def state(self) -> str: ...
+
+
+class Detailed(Protocol):
+    """The selected one's detail: it has its row."""
+
+    @property
+    def row(self) -> Any: ...
+
+
+class FetchedView(View, Generic[R, D]):
+    """A view of a list from the controller and the selected one's detail (Sweeps, Pipelines).
+
+    Fetched on a worker thread (the group named after the view) about every ``POLL_S`` while the
+    view shows, one fetch at a time: a slow or dead controller leaves the last fetched on screen
+    and never holds the UI. A fetch (``fetch_items``, a ``ListFetch``) brings the list, the
+    selected one's detail, which one that is, and its error."""
+
+    NOUN: ClassVar[str]  # one of the list ("sweep"): the status line and the head say it
+    DETAIL_TABLE: ClassVar[str]  # the selected one's table: its cursor goes to the top on a new selection
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.item_id: str | None = None
+        self.item_list: tuple[R, ...] = ()
+        self.item_detail: D | None = None
+        self.fetch_error: str | None = None
+        self.fetch_count = 0  # fetches done (tests wait on it)
+        self.inflight = False
+        self._again = False
+
+    def key_of(self, row: R) -> str:
+        """The id of a row of the list."""
+        raise NotImplementedError
+
+    def fetch_items(self, client: Client, selected: str | None) -> ListFetch[R, D]:
+        """On the worker thread: the list and the detail of ``selected``; never raises."""
+        raise NotImplementedError
+
+    def rows_fetched(self, ids: set[str]) -> None:
+        """A fetch brought the list, of these ids (before the selection follows it)."""
+
+    def shown(self) -> None:
+        self.poll(soon=True)
+
+    def acted(self) -> None:
+        self.poll(soon=True)
+
+    # -- fetching ---------------------------------------------------------------------------
+
+    def poll(self, soon: bool = False) -> None:
+        """Fetch the list (and the selected one's detail) on a worker thread, while the view
+        shows and no fetch is under way; ``soon``: one more right after the current one (the
+        selection changed, a stop was sent)."""
+        shell = self.shell
+        if shell.closing or shell.tabs.active != self.ID:
+            return
+        if self.inflight:
+            self._again = self._again or soon
+            return
+        self.inflight = True
+        self.app.run_worker(
+            lambda sel=self.item_id: self.fetch_items(shell.client, sel),
+            thread=True,
+            group=self.ID,
+            name=self.ID,
+            exit_on_error=False,
+        )
+
+    def worker_done(self, result: Any, error: str | None = None) -> None:
+        fetch: ListFetch[R, D] | None = result
+        self.inflight = False
+        self.fetch_count += 1
+        if self.shell.closing:
+            return
+        if fetch is None:
+            self.fetch_error = error or f"{self.ID}: the fetch failed"
+        else:
+            self.fetch_error = fetch.error
+            if fetch.rows is not None:
+                self.item_list = fetch.rows
+                ids = {self.key_of(r) for r in fetch.rows}
+                self.rows_fetched(ids)
+                if self.item_id not in ids:
+                    self.item_id = fetch.selected
+                    self.item_detail = None
+            if fetch.selected == self.item_id:
+                if fetch.detail is not None:
+                    self.item_detail = fetch.detail
+                elif fetch.error is None:
+                    self.item_detail = None
+            else:
+                self._again = True  # the selection moved while this one was fetched
+        if self.shell.tabs.active == self.ID:
+            self.update(self.shell.clock())
+            self.shell.dirty.discard(self.ID)
+        if self._again:
+            self._again = False
+            self.poll()
+
+    # -- what the subclasses draw and act on -------------------------------------------------
+
+    def shown_detail(self) -> D | None:
+        """The detail fetched, when it is of the selected one."""
+        d = self.item_detail
+        return d if d is not None and self.key_of(d.row) == self.item_id else None
+
+    def selected_row(self) -> R | None:
+        """The selected one's row: its detail's, else the list's."""
+        d = self.shown_detail()
+        if d is not None:
+            return cast(R, d.row)
+        return next((r for r in self.item_list if self.key_of(r) == self.item_id), None)
+
+    def status_text(self, empty: str, hint: str) -> str:
+        """The status line: loading, ``empty`` (none yet), or how many and how many run (and the
+        keys, ``hint``); the fetch's error over it."""
+        rows = self.item_list
+        if not self.fetch_count:
+            text = f"loading {self.ID}…"
+        elif not rows:
+            text = empty
+        else:
+            running = sum(1 for r in rows if r.state in ("running", "stopping"))
+            text = f"{len(rows)} {self.NOUN}(s) · {running} running  [$text-muted]({hint})[/]"
+        if self.fetch_error:
+            text = f"[$error]{escape(self.fetch_error[:300])}[/]" + (
+                "  [$text-muted](showing the last fetched)[/]" if rows else ""
+            )
+        return text
+
+    def head_text(self, detail: D | None, head: Callable[[], str]) -> str:
+        """The selected one's head: none selected, loading, or ``head()``."""
+        if not self.item_list:
+            return f"no {self.NOUN} selected" if self.fetch_count else ""
+        if detail is None and self.item_id is not None:
+            return f"[b]{escape(self.item_id)}[/b]  [$text-muted]loading…[/]"
+        return head()
+
+    def ask_then_act(self, dialog: Screen[Any], notice: str, name: str, fn: Callable[[], str]) -> None:
+        """Ask (``dialog``, a yes or no); on yes, say ``notice`` and run ``fn`` as the action
+        ``name`` (``Shell.act``)."""
+
+        def confirmed(yes: bool | None) -> None:
+            if yes:
+                self.notify(notice, title=self.NOUN)
+                self.shell.act(name, fn)
+
+        self.shell.dialog(dialog, confirmed)
+
+    def select_item(self, key: str | None) -> None:
+        """A row of the list was highlighted: select it, and fetch its detail soon."""
+        if key and key != self.item_id:
+            self.item_id = key
+            self.item_detail = None
+            self.update(self.shell.clock())
+            self.query_one(self.DETAIL_TABLE, DiffTable).move_cursor(row=0)
+            self.poll(soon=True)

@@ -1,10 +1,10 @@
 """Pipelines (9): pipelines, the selected one's steps as a tree; stop a pipeline, retry a step.
 
-Fetched the way Sweeps fetches (the group ``pipelines``), while the view shows."""
+Fetched the way Sweeps fetches (the group ``pipelines``, ``FetchedView``), while the view shows."""
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from textual import on
 from textual.app import ComposeResult
@@ -14,7 +14,7 @@ from textual.markup import escape
 from textual.widgets import DataTable, Static
 
 from tui.app.screens.dialogs import ConfirmSweepStop
-from tui.app.views.base import View, set_text
+from tui.app.views.base import FetchedView, set_text
 from tui.app.views.sweeps import SweepsView
 from tui.app.widgets.pipelines import (
     NO_PIPELINES,
@@ -30,10 +30,11 @@ from tui.app.widgets.pipelines import (
     step_rows,
     stop_pipeline_text,
 )
+from tui.client import Client
 from tui.model.pipelineview import PipelineDetail, PipelineRow, StepRow
 
 
-class PipelinesView(View):
+class PipelinesView(FetchedView[PipelineRow, PipelineDetail]):
     """The Pipelines view; its stop and retry keys are active while a table of it has focus."""
 
     ID, KEY, TITLE = "pipelines", "9", "Pipelines"
@@ -41,20 +42,11 @@ class PipelinesView(View):
     TABLES = ("#pipelines-table", "#steps-table")
     FOCUS = "#pipelines-table"
     POLL_S = 1.0
+    NOUN, DETAIL_TABLE = "pipeline", "#steps-table"
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("S", "stop_pipeline", "Stop pipeline", id="pipelines.stop"),
         Binding("r", "retry_step", "Retry step", id="pipelines.retry"),
     ]
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.pipeline_id: str | None = None
-        self.pipeline_list: tuple[PipelineRow, ...] = ()
-        self.pipeline_detail: PipelineDetail | None = None
-        self.pipelines_error: str | None = None
-        self.pipelines_fetches = 0  # fetches done (tests wait on it)
-        self.inflight = False
-        self._again = False
 
     def compose(self) -> ComposeResult:
         with Vertical(id="pipelines-pane"):
@@ -67,114 +59,35 @@ class PipelinesView(View):
     def setup(self) -> None:
         self.query_one("#steps-table").border_title = "steps, in dependency order"
 
-    def shown(self) -> None:
-        self.poll(soon=True)
+    def key_of(self, row: PipelineRow) -> str:
+        return row.pipeline_id
 
-    def acted(self) -> None:
-        self.poll(soon=True)
-
-    # -- fetching ---------------------------------------------------------------------------
-
-    def poll(self, soon: bool = False) -> None:
-        """Fetch the pipelines (and the selected one's detail) on a worker thread, while the
-        view shows and no fetch is under way (as Sweeps does)."""
-        shell = self.shell
-        if shell.closing or shell.tabs.active != self.ID:
-            return
-        if self.inflight:
-            self._again = self._again or soon
-            return
-        self.inflight = True
-        self.app.run_worker(
-            lambda sel=self.pipeline_id: fetch_pipelines(shell.client, sel),
-            thread=True,
-            group=self.ID,
-            name=self.ID,
-            exit_on_error=False,
-        )
-
-    def worker_done(self, result: Any, error: str | None = None) -> None:
-        fetch: PipelineFetch | None = result
-        self.inflight = False
-        self.pipelines_fetches += 1
-        if self.shell.closing:
-            return
-        if fetch is None:
-            self.pipelines_error = error or "pipelines: the fetch failed"
-        else:
-            self.pipelines_error = fetch.error
-            if fetch.rows is not None:
-                self.pipeline_list = fetch.rows
-                if self.pipeline_id not in {r.pipeline_id for r in fetch.rows}:
-                    self.pipeline_id = fetch.selected
-                    self.pipeline_detail = None
-            if fetch.selected == self.pipeline_id:
-                if fetch.detail is not None:
-                    self.pipeline_detail = fetch.detail
-                elif fetch.error is None:
-                    self.pipeline_detail = None
-            else:
-                self._again = True  # the selection moved while this one was fetched
-        if self.shell.tabs.active == self.ID:
-            self.update(self.shell.clock())
-            self.shell.dirty.discard(self.ID)
-        if self._again:
-            self._again = False
-            self.poll()
+    def fetch_items(self, client: Client, selected: str | None) -> PipelineFetch:
+        return fetch_pipelines(client, selected)
 
     # -- drawing ----------------------------------------------------------------------------
 
-    def _shown_pipeline(self) -> PipelineDetail | None:
-        d = self.pipeline_detail
-        return d if d is not None and d.row.pipeline_id == self.pipeline_id else None
-
     def current_step(self) -> StepRow | None:
-        d = self._shown_pipeline()
+        d = self.shown_detail()
         if d is None:
             return None
         key = self.query_one("#steps-table", StepsTable).cursor_key
         return d.step(key) if key else None
 
     def update(self, now: float) -> None:
-        status = self.query_one("#pipelines-status", Static)
-        rows = self.pipeline_list
-        detail = self._shown_pipeline()
-        if not self.pipelines_fetches:
-            text = "loading pipelines…"
-        elif not rows:
-            text = NO_PIPELINES
-        else:
-            running = sum(1 for r in rows if r.state in ("running", "stopping"))
-            text = (
-                f"{len(rows)} pipeline(s) · {running} running  "
-                "[$text-muted](enter: its steps · enter on a step: its job · S stop · r retry step)[/]"
-            )
-        if self.pipelines_error:
-            text = f"[$error]{escape(self.pipelines_error[:300])}[/]" + (
-                "  [$text-muted](showing the last fetched)[/]" if rows else ""
-            )
-        set_text(status, text)
-        self.query_one("#pipelines-table", PipelinesTable).apply(pipeline_rows(rows, now))
-        head = self.query_one("#pipeline-head", Static)
-        if not rows:
-            set_text(head, "no pipeline selected" if self.pipelines_fetches else "")
-        elif detail is None and self.pipeline_id is not None:
-            set_text(head, f"[b]{escape(self.pipeline_id)}[/b]  [$text-muted]loading…[/]")
-        else:
-            set_text(head, pipeline_head(detail, now))
+        hint = "enter: its steps · enter on a step: its job · S stop · r retry step"
+        set_text(self.query_one("#pipelines-status", Static), self.status_text(NO_PIPELINES, hint))
+        detail = self.shown_detail()
+        self.query_one("#pipelines-table", PipelinesTable).apply(pipeline_rows(self.item_list, now))
+        head = self.head_text(detail, lambda: pipeline_head(detail, now))
+        set_text(self.query_one("#pipeline-head", Static), head)
         steps = self.query_one("#steps-table", StepsTable)
         steps.apply(step_rows(detail, now) if detail is not None else [])
         set_text(self.query_one("#step-detail", Static), step_detail(self.current_step(), now))
 
     @on(DataTable.RowHighlighted, "#pipelines-table")
     def _pipeline_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        key = event.row_key.value
-        if key and key != self.pipeline_id:
-            self.pipeline_id = key
-            self.pipeline_detail = None
-            self.update(self.shell.clock())
-            self.query_one("#steps-table", StepsTable).move_cursor(row=0)
-            self.poll(soon=True)
+        self.select_item(event.row_key.value)
 
     @on(DataTable.RowSelected, "#pipelines-table")
     def _pipeline_chosen(self) -> None:
@@ -209,10 +122,8 @@ class PipelinesView(View):
     def action_stop_pipeline(self) -> None:
         """Stop the selected pipeline (its running steps; no further step starts), after a
         confirmation."""
-        d = self._shown_pipeline()
-        row = d.row if d is not None else None
-        if row is None:
-            row = next((r for r in self.pipeline_list if r.pipeline_id == self.pipeline_id), None)
+        d = self.shown_detail()
+        row = self.selected_row()
         if row is None:
             self.notify("no pipeline selected: pick one in Pipelines (9)", severity="warning")
             return
@@ -225,17 +136,13 @@ class PipelinesView(View):
         def stop() -> str:
             return f"pipeline {pipeline_id}: {shell.client.pipeline_stop(pipeline_id).row.state}"
 
-        def confirmed(yes: bool | None) -> None:
-            if yes:
-                self.notify(f"stopping pipeline {pipeline_id}…", title="pipeline")
-                shell.act("stop pipeline", stop)
-
         title = f"Stop pipeline [b]{escape(pipeline_id)}[/b]?"
-        shell.dialog(ConfirmSweepStop(title, stop_pipeline_text(d, row), "Stop pipeline"), confirmed)
+        self.ask_then_act(ConfirmSweepStop(title, stop_pipeline_text(d, row), "Stop pipeline"),
+                          f"stopping pipeline {pipeline_id}…", "stop pipeline", stop)
 
     def action_retry_step(self) -> None:
         """Run the failed or stopped step under the cursor again (and what was skipped for it)."""
-        d = self._shown_pipeline()
+        d = self.shown_detail()
         if d is None:
             self.notify("no pipeline selected: pick one in Pipelines (9)", severity="warning")
             return

@@ -9,7 +9,6 @@ the views off the UI thread (``fetch_pipelines``) and hands them here.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from rich.console import RenderableType
@@ -18,6 +17,7 @@ from textual.markup import escape
 
 from tui.app.widgets.difftable import Col, DiffTable
 from tui.app.widgets.format import Palette, duration, size_bytes, state_cell, state_markup
+from tui.app.widgets.listfetch import ListFetch, fetch_list
 from tui.model.pipelinetext import (  # noqa: F401  (the steps' plain text, re-exported for the view)
     age_text,
     attempt_text,
@@ -250,31 +250,11 @@ class StepsTable(DiffTable):
 # Fetching (on a worker thread: the client's calls may wait on the network)
 
 
-@dataclass(frozen=True)
-class PipelineFetch:
-    """What one fetch brought: the pipelines (None: not fetched), the selected one's detail,
-    which one that is, and the error that cut the fetch short (what came before it is good)."""
-
-    rows: tuple[PipelineRow, ...] | None
-    detail: PipelineDetail | None
-    selected: str | None
-    error: str | None = None
+PipelineFetch = ListFetch[PipelineRow, PipelineDetail]  # what one fetch brought (tui/app/widgets/listfetch.py)
 
 
 def fetch_pipelines(client: Any, selected: str | None) -> PipelineFetch:
     """The pipelines and the detail of ``selected`` (the newest when it is none or gone), from
     a ``tui.client.Client``; never raises: a failed call is the fetch's error."""
-    try:
-        rows = tuple(client.pipelines())
-    except Exception as e:
-        return PipelineFetch(None, None, selected, f"pipelines: {str(e) or type(e).__name__}")
-    ids = [r.pipeline_id for r in rows]
-    if selected not in ids:
-        selected = ids[0] if ids else None
-    if selected is None:
-        return PipelineFetch(rows, None, None)
-    try:
-        detail = client.pipeline_detail(selected)
-    except Exception as e:
-        return PipelineFetch(rows, None, selected, f"pipeline {selected}: {str(e) or type(e).__name__}")
-    return PipelineFetch(rows, detail, selected)
+    return fetch_list(lambda: client.pipelines(), lambda ref: client.pipeline_detail(ref), lambda r: r.pipeline_id,
+                      "pipeline", selected)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from rich.console import RenderableType
@@ -18,6 +17,7 @@ from textual.markup import escape
 
 from tui.app.widgets.difftable import Col, DiffTable
 from tui.app.widgets.format import Palette, duration, state_cell, state_markup
+from tui.app.widgets.listfetch import ListFetch, fetch_list
 from tui.model.sweepview import SWEEP_FINAL, TRIAL_FINAL, SweepDetail, SweepRow, TrialRow
 
 TOP_CURVES = 3  # the objective curves drawn: the best few trials'
@@ -286,31 +286,11 @@ class TrialsTable(DiffTable):
 # Fetching (on a worker thread: the client's calls may wait on the network)
 
 
-@dataclass(frozen=True)
-class SweepFetch:
-    """What one fetch brought: the sweeps (None: not fetched), the selected one's detail, which
-    one that is, and the error that cut the fetch short (what came before it is good)."""
-
-    rows: tuple[SweepRow, ...] | None
-    detail: SweepDetail | None
-    selected: str | None
-    error: str | None = None
+SweepFetch = ListFetch[SweepRow, SweepDetail]  # what one fetch brought (tui/app/widgets/listfetch.py)
 
 
 def fetch_sweeps(client: Any, selected: str | None) -> SweepFetch:
     """The sweeps and the detail of ``selected`` (the newest when it is none or gone), from a
     ``tui.client.Client``; never raises: a failed call is the fetch's error."""
-    try:
-        rows = tuple(client.sweeps())
-    except Exception as e:
-        return SweepFetch(None, None, selected, f"sweeps: {str(e) or type(e).__name__}")
-    ids = [r.sweep_id for r in rows]
-    if selected not in ids:
-        selected = ids[0] if ids else None
-    if selected is None:
-        return SweepFetch(rows, None, None)
-    try:
-        detail = client.sweep_detail(selected)
-    except Exception as e:
-        return SweepFetch(rows, None, selected, f"sweep {selected}: {str(e) or type(e).__name__}")
-    return SweepFetch(rows, detail, selected)
+    return fetch_list(lambda: client.sweeps(), lambda ref: client.sweep_detail(ref), lambda r: r.sweep_id,
+                      "sweep", selected)
