@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench._meta import run_meta, write_result  # noqa: E402
+from bench.common import bed_env  # noqa: E402
 from tests import containerimage  # noqa: E402
 from tests.testbed import TestBed, available  # noqa: E402
 
@@ -98,9 +99,7 @@ def main() -> int:
         subprocess.run(["podman", "load", "--quiet", "-i", str(archive)], env=ws, check=True,
                        stdout=subprocess.DEVNULL)
         inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable)
-        env = {**ws, "RIGDECK_INVENTORY": str(inv), "RIGDECK_HOME": str(tmp / "home")}
-        subprocess.run([sys.executable, "-m", "tui.cli", "deploy"], env=env, cwd=ROOT, check=True,
-                       capture_output=True)
+        env = {**bed_env(inv, tmp / "home"), "CONTAINERS_STORAGE_CONF": str(conf)}
         size = archive.stat().st_size
         rig: list[float] = []
         again: list[float] = []
