@@ -26,7 +26,7 @@ def running_at_step(cli: Cli, name: str, step: int) -> str:
         return bool(jobs) and (cli.json("status", jobs[0]["job_id"]).get("last_step") or 0) >= step
 
     wait_until(stepping, 120, f"the job's step {step}")
-    return next(j["job_id"] for j in cli.json("jobs") if j["name"] == name)
+    return str(next(j["job_id"] for j in cli.json("jobs") if j["name"] == name))
 
 
 def host_index(cli: Cli, name: str) -> int:
