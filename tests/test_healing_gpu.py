@@ -24,10 +24,8 @@ def test_a_failing_gpu_under_a_rank_is_drained_and_the_job_resumes_elsewhere(
         cli: Cli, tmp_path: Path, fault: dict[str, Any]) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    # Few steps: the first attempt holds before its last one until the fault stops it, and the restart
-    # resumes from the checkpoint at step 5; more steps would only make the restart longer.
     spec = cli.spec("gpu-fault", f"""
-command = ["{{python}}", "{TRAIN}", "--steps", "10", "--ckpt", "{ckpt}", "--sleep", "0.3", "--first-attempt-holds"]
+command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3", "--first-attempt-holds"]
 workdir = "{ROOT}"
 launcher = "direct"
 nodes = 2
@@ -92,10 +90,8 @@ def test_a_rank_that_dies_as_its_gpu_fails_is_the_gpus_incident_and_the_gpu_is_d
     ckpt, dead = tmp_path / "ckpt", tmp_path / "dead"
     ckpt.mkdir()
     dead.mkdir()
-    # Few steps: the first attempt holds before its last one until the fault stops it, and the restart
-    # resumes from the checkpoint at step 5; more steps would only make the restart longer.
     spec = cli.spec("gpu-dies", f"""
-command = ["{{python}}", "{TRAIN}", "--steps", "10", "--ckpt", "{ckpt}", "--sleep", "0.3", "--dead-gpus", "{dead}",
+command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3", "--dead-gpus", "{dead}",
            "--first-attempt-holds"]
 workdir = "{ROOT}"
 launcher = "direct"

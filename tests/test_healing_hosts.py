@@ -20,10 +20,8 @@ pytestmark = pytest.mark.testbed
 def test_a_host_lost_mid_job_is_left_out_and_the_job_resumes_on_the_spare(cli: Cli, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    # Few steps: the first attempt holds before its last one until the fault stops it, and the restart
-    # resumes from its newest checkpoint (step 5 or 10); more steps would only make the restart longer.
     spec = cli.spec("host-lost", f"""
-command = ["{{python}}", "{TRAIN}", "--steps", "12", "--ckpt", "{ckpt}", "--sleep", "0.3", "--first-attempt-holds"]
+command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3", "--first-attempt-holds"]
 workdir = "{ROOT}"
 launcher = "direct"
 nodes = 2
@@ -85,10 +83,8 @@ def test_an_operator_drains_by_hand_and_drain_now_moves_the_running_job(cli: Cli
         assert refused.returncode == 2 and f"{h3} drained" in refused.stderr, refused.stderr
         ckpt = tmp_path / "ckpt"
         ckpt.mkdir()
-    # Few steps: the first attempt holds before its last one until the fault stops it, and the restart
-    # resumes from the checkpoint at step 5; more steps would only make the restart longer.
         spec = cli.spec("moved", f"""
-command = ["{{python}}", "{TRAIN}", "--steps", "10", "--ckpt", "{ckpt}", "--sleep", "0.3", "--first-attempt-holds"]
+command = ["{{python}}", "{TRAIN}", "--steps", "40", "--ckpt", "{ckpt}", "--sleep", "0.3", "--first-attempt-holds"]
 workdir = "{ROOT}"
 launcher = "direct"
 nodes = 2
