@@ -52,6 +52,27 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return report
 
 
+# Seconds per test file (setup, call and teardown summed), printed at the end: under
+# `--dist loadfile` a file runs on one worker, so the longest file bounds the run. Reports reach
+# the controller's hook under xdist too.
+_FILE_SECONDS: dict[str, float] = {}
+FILES_SHOWN = 15
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _FILE_SECONDS or hasattr(terminalreporter.config, "workerinput"):
+        return
+    slowest = sorted(_FILE_SECONDS.items(), key=lambda kv: kv[1], reverse=True)[:FILES_SHOWN]
+    terminalreporter.write_sep("=", f"slowest {len(slowest)} test files (setup + call + teardown)")
+    for path, seconds in slowest:
+        terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     # Every test marked `testbed` needs the machine, whether or not it uses a fixture.
     if item.get_closest_marker("testbed") is not None:

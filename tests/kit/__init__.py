@@ -14,6 +14,8 @@ test module runs its module-level set-up and ties the two files' edits together)
 - ``tests.kit.prom``: the Prometheus text format read strictly, ``rigdeck exporter`` running,
   promtool and a Prometheus server.
 - ``tests.kit.fakes``: stand-ins: pynvml, a host's telemetry, a notify command, a listener.
+- ``tests.kit.healing``: the healing tests' training loop, a simulated GPU's faults, a running job
+  found by its step, the controllers of a test's home.
 
 The bed itself is tests/testbed.py and its fixtures are in tests/conftest.py.
 """
