@@ -109,6 +109,11 @@ max_restarts = 1
     assert 0 < st["goodput"]["ratio"] < 1
     text = cli.run("status", job_id).stdout
     assert "goodput  " in text and "incident hang after step 11: detected in " in text, text
+    # the controller's restart in its parts: found, the gang gone, the next attempt started, its
+    # first step, in that order, and status prints each
+    parts = (inc["detected_at"], inc["stopped_at"], inc["started_at"], inc["resumed_at"])
+    assert None not in parts and list(parts) == sorted(parts), inc
+    assert " + start " in text and " + first step " in text and " after detection, 1 step(s) lost" in text, text
     assert "step timeout 15 s, learned" in text, text
     print("rigdeck status:", *(line for line in text.splitlines() if "incident" in line), sep="\n")
     assert tagged(cli.bed, job_id) == {"h1": [], "h2": [], "h3": []}

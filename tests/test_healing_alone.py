@@ -80,7 +80,12 @@ max_restarts = 2
     assert "judged by " + f"{host}'s job host; not in a collective: rank 1 at heal_train.py" in incidents[0]["message"]
     restarts = [e for e in view["events"] if e.get("event") == "restart"]
     assert [(e["restart_count"], e["by"]) for e in restarts] == [(1, f"{host}'s job host"), (2, f"{host}'s job host")]
+    # each restart the job host made, in its parts (its own moments, adopted), as status prints it
+    for i in incidents:
+        parts = (i["detected_at"], i["stopped_at"], i["started_at"], i["resumed_at"])
+        assert None not in parts and list(parts) == sorted(parts), i
     text = cli.run("status", job_id).stdout
+    assert text.count(" after detection, ") == 2, text
     print("rigdeck status:", *(ln for ln in text.splitlines() if "incident" in ln), sep="\n")
     again = cli.json("status", job_id)
     assert len(again["incidents"]) == 2 and again["restarts"] == 2
