@@ -117,7 +117,7 @@ bytecode: $(VENV)/.installed
 	$(PY) -m compileall -q tui agent runtime >/dev/null
 
 test: sysdeps python39 $(VENV)/.installed-test bytecode
-	PATH="$(TOOLS):$$PATH" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not quiet" --durations=30 $(PYTEST_ARGS)
+	PATH="$(TOOLS):$$PATH" $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not quiet" --durations=30 $(PYTEST_ARGS)
 	PATH="$(TOOLS):$$PATH" $(PY) -m pytest -m quiet $(if $(PYTEST_ARGS),,$(QUIET_FILES)) $(PYTEST_ARGS) || [ $$? -eq 5 ]  # 5: none selected
 
 lint: $(VENV)/.installed-test

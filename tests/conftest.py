@@ -59,6 +59,27 @@ _FILE_SECONDS: dict[str, float] = {}
 FILES_SHOWN = 15
 
 
+# The files handed to the xdist workers first (the Makefile runs `--dist loadfile
+# --no-loadscope-reorder`), longest first, from the summary below: a long file that starts last
+# runs alone at the end while the other workers idle. xdist's own order (most tests first) put
+# these bed files, which have few tests each, at the end. The rest follow in collection order.
+LONG_FIRST = (
+    "tests/test_server.py", "tests/test_healing_gpu.py", "tests/test_container.py",
+    "tests/test_healing.py", "tests/test_server_accounts.py", "tests/test_engines.py",
+    "tests/test_examples_e2e.py", "tests/test_healing_hosts.py", "tests/test_examples_owner_e2e.py",
+    "tests/test_ui_pilot.py", "tests/test_sweeps.py", "tests/test_pipelines.py",
+    "tests/test_examples_pipeline_e2e.py", "tests/test_accounts.py", "tests/test_healing_alone.py",
+    "tests/test_examples.py", "tests/test_codesync.py", "tests/test_lifecycle.py",
+    "tests/test_signals_e2e.py", "tests/test_jobs.py", "tests/test_ui_snapshots.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    first = {path: i for i, path in enumerate(LONG_FIRST)}
+    # (a stable sort: the rest keep their order)
+    items.sort(key=lambda item: first.get(item.nodeid.split("::", 1)[0], len(first)))
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = report.nodeid.split("::", 1)[0]
     _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
