@@ -7,8 +7,10 @@ as its read-only image store)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -185,10 +187,31 @@ def inside_view(cli: Cli, host: int, job_id: str, pids: list[int]) -> dict[str, 
 
 @pytest.mark.testbed
 @pytest.mark.cli_options(timeout=240)
-def test_ddp_example_runs_in_one_container_per_host(cli: Cli, image: str) -> None:
+async def app_shows(cli: Cli, job_id: str, keymap: Path) -> tuple[str, str]:
+    """The app on the bed's inventory (in process, as `make run` opens it), the job opened: what
+    the Job view's head and the Checkpoints view's head say."""
+    from tests.kit.pilot import static_words, until
+    from tui.app.shell import RigdeckApp
+    from tui.client import InProcessClient
+    from tui.remote.inventoryfile import load_inventory
+
+    app = RigdeckApp(InProcessClient(load_inventory(cli.inventory)), keymap_file=keymap)
+    async with app.run_test(size=(160, 48)) as pilot:
+        app.select_job(job_id)
+        await pilot.press("4")
+        await until(pilot, lambda: "step 29" in static_words(app, "#job-head"), 60)
+        job = static_words(app, "#job-head")
+        await pilot.press("5")
+        await until(pilot, lambda: "last complete" in static_words(app, "#ckpt-head"), 30)
+        return job, static_words(app, "#ckpt-head")
+
+
+def test_ddp_example_runs_in_one_container_per_host(cli: Cli, image: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The ddp example (torchrun) across 3 hosts in containers: each host's ranks in its one
     container, seeing the job's cluster files and the host's /dev/shm; loss, steps and the
-    checkpoint owner come back as without a container; nothing is left after."""
+    checkpoint owner come back as without a container, in `rigdeck status` and in the app;
+    nothing is left after."""
     job_id = cli.json("launch", str(ddp_spec(cli, image, 30)))["job_id"]
     pids = running_ranks(cli, job_id, 6)
     by_host = {h: [r["pid"] for r in cli.json("status", job_id)["ranks"] if r["host"] == h] for h in HOSTS}
@@ -216,7 +239,12 @@ def test_ddp_example_runs_in_one_container_per_host(cli: Cli, image: str) -> Non
     assert st["state"] == "succeeded", json.dumps(st, indent=1)[-3000:]
     assert st["last_step"] == 29 and st["last_loss"] is not None
     text = cli.run("status", job_id).stdout
-    assert "progress step 29 loss" in text, text
+    assert "progress step 29 loss" in text and "checkpoint owner h1 rank 0, step " in text, text
+    monkeypatch.setenv("RIGDECK_HOME", cli.env["RIGDECK_HOME"])
+    job, ckpt = asyncio.run(app_shows(cli, job_id, tmp_path / "keys.toml"))
+    assert "succeeded" in job and "step 29 · loss " in job, job
+    assert re.search(r"last complete: step \d+ by h1(/gpu\d+)? r0 ", ckpt), ckpt
+    print("app, Job view:", job, "\napp, Checkpoints view:", ckpt, sep="\n")
     metrics = cli.json("metrics", job_id)
     assert {m["rank"] for m in metrics if m.get("loss") is not None and m.get("event") is None} == set(range(6))
     owners = {(m["owner"]["rank"], m["owner"]["host"]) for m in metrics
