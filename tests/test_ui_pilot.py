@@ -437,9 +437,10 @@ async def test_checkpoint_view_highlights_failed_saves_and_owner_moves(kind: str
         await pilot.press("5")
         await until(pilot, lambda: "policy" in static_text(app, "#ckpt-head"))
         head = static_text(app, "#ckpt-head")
-        assert "policy host:h3/gpu:0" in head and "owner h1/gpu0 r0" in head
+        # h1's GPUs are simulated (the placement says so): the owner is labelled as such
+        assert "policy host:h3/gpu:0" in head and "owner h1/gpu0 sim r0" in head
         assert "last complete: step 200" in head and "33s ago" in head and "1 failed save" in head
-        assert "owner moved: h3/gpu0 → h1/gpu0 r0" in head
+        assert "owner moved: h3/gpu0 → h1/gpu0 sim r0" in head
         saves = app.query_one("#saves-table", SavesTable)
         failed = [k for k in saves._order if saves.cell_text(k, "status") == "failed"]
         assert failed == ["save:150:0:h1"]

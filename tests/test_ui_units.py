@@ -156,7 +156,7 @@ def test_recorded_jobs_give_rows_with_rate_eta_and_owner() -> None:
     assert (row.step, row.ranks_running, row.ranks_total, row.total_steps) == (240, 4, 4, 300)
     assert row.step_rate == pytest.approx(1 / 0.45)
     assert row.eta_s == pytest.approx(59 * 0.45)
-    assert row.checkpoint_owner == "h1/gpu0 r0 (moved)"
+    assert row.checkpoint_owner == "h1/gpu0 sim r0 (moved)"  # the placement's GPUs are simulated
     failed = next(r for r in rows if r.state == "failed")
     assert failed.cause and failed.cause["signal"] == 9 and failed.ranks_running == 0
 

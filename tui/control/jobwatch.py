@@ -242,13 +242,19 @@ def checkpoint_view(
     done = [s for s in saves if s.status == "done"]
     last_done = max(done, key=lambda s: (s.step, s.time or 0.0)) if done else None
     moves = tuple(fold.moves) or ((predicted_move,) if predicted_move else ())
+    # An owner on a GPU of a host whose GPUs the placement says are simulated is labelled so.
+    sim = {str(n.get("host")) for n in placement if n.get("simulated")}
+
+    def marked(o: Owner) -> Owner:
+        return replace(o, simulated=True) if o.gpu is not None and o.host in sim and not o.simulated else o
+
     return CheckpointView(
         policy=policy,
         directory=ck.get("dir"),
-        owners=owners,
-        last_done=last_done,
-        saves=tuple(saves),
-        moves=moves,
+        owners=tuple(marked(o) for o in owners),
+        last_done=replace(last_done, owner=marked(last_done.owner)) if last_done is not None else None,
+        saves=tuple(replace(x, owner=marked(x.owner)) for x in saves),
+        moves=tuple(replace(m, from_=marked(m.from_), to=marked(m.to)) for m in moves),
         failed=sum(1 for s in saves if s.status == "failed"),
     )
 

@@ -26,6 +26,7 @@ from tui.model.poolview import PoolsView, gpu_of_rank, pools_json, pools_view
 from tui.model.processingview import ProcessingView, processing_json, processing_view
 from tui.model.stages import StagesView
 from tui.model.termsafe import terminal_safe
+from tui.model.textformat import simulated_text
 from tui.model.trackerlinks import TrackerLink, links_from_json, links_json, tracker_links
 
 LOG_LIMIT = 200_000  # lines kept per job; the oldest half goes when it is reached
@@ -41,6 +42,7 @@ class Owner:
     rank: int | None
     host: str | None
     gpu: int | None
+    simulated: bool = False  # the GPU is a simulated one (the job's placement says so): labelled
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any] | None) -> Owner:
@@ -48,7 +50,8 @@ class Owner:
         return cls(d.get("rank"), d.get("host"), d.get("gpu"))
 
     def label(self) -> str:
-        where = f"{self.host or '?'}/gpu{self.gpu}" if self.gpu is not None else (self.host or "?")
+        where = (simulated_text(f"{self.host or '?'}/gpu{self.gpu}", self.simulated) if self.gpu is not None
+                 else (self.host or "?"))
         return where if self.rank is None else f"{where} r{self.rank}"
 
 
