@@ -331,6 +331,19 @@ def test_master_addr_is_the_routed_address_not_the_first_sorted(
     assert jm._master_addr(_node("h1", "10.9.8.7"), [_node("h2", "gpu-b")]) == "10.9.8.7"
 
 
+def test_a_job_on_one_local_host_rendezvouses_on_loopback_not_on_another_interface(tmp_path: Path) -> None:
+    """No other host needs a route to it: not the first of the host's addresses (a bridge or a
+    VPN that can go away under the job, or serve another program's port), loopback; the same
+    with several nodes (worker pools) on that one host. An SSH-reached address stays the host's."""
+    jm = JobManager(_Ctl(None, None), History(tmp_path / "history.sqlite"))  # type: ignore[arg-type]
+    assert jm._master_addr(_node("h1", "gpu-a")) == "127.0.0.1"
+    assert jm._master_addr(_node("h1", "gpu-a"), [_node("h1", "gpu-a")]) == "127.0.0.1"
+    # With another host and no route to it, the host's first address is all there is.
+    assert jm._master_addr(_node("h1", "gpu-a"), [_node("h2", "gpu-b")]) == "172.17.0.1"
+    remote = JobManager(_Ctl("192.168.1.20", None), History(tmp_path / "history2.sqlite"))  # type: ignore[arg-type]
+    assert remote._master_addr(_node("h1", "gpu-a")) == "192.168.1.20"
+
+
 def test_master_addr_on_the_local_transport_is_the_source_of_the_route_to_the_peer(tmp_path: Path) -> None:
     """The real agent's answer, checked against ``ip route get``: with a second interface on this
     machine (a test bed's bridge, docker0) the route's address is not necessarily the first."""

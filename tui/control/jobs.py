@@ -390,8 +390,11 @@ class JobManager:
 
         An IP in the inventory is that address. For a name: the address this controller's SSH
         session reached, when it is one of the host's own (not a jump host's, not a NAT's);
-        else the address the primary's own route to the first other host leaves from; only
-        with neither (a one-host job on the local transport) the first of its addresses.
+        else the address the primary's own route to the first other host leaves from. A job
+        with no other host (one host on the local transport) rendezvouses on loopback: no peer
+        needs a route to it, and the machine's other addresses can belong to interfaces that
+        come and go under it (a bridge, a VPN); only a multi-host job with no route falls back
+        to the first of the host's addresses.
         """
         import ipaddress
 
@@ -408,6 +411,8 @@ class JobManager:
             routed = self.ctl.agent(node.host).route_source(peer=other.address)
             if routed and not ipaddress.ip_address(routed).is_loopback:
                 return str(routed)
+        if all(p.host == node.host for p in peers):
+            return "127.0.0.1"
         if not own:
             raise JobError(f"host {node.host} reports no IP address to use as MASTER_ADDR")
         return own[0]
