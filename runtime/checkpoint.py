@@ -18,6 +18,15 @@ those pickle objects through numpy, which a training host's torch may lack.)
 Every file is written to a temporary name in the same directory, flushed, fsynced and renamed;
 the directory is fsynced after each rename. A checkpoint without its manifest is incomplete and
 ignored, so a save killed at any moment leaves the previous good checkpoint in charge.
+
+**Memory snapshots** (``Checkpointer.snapshot``, called every step): the state, torch.save'd to
+bytes, goes into a tmpfs directory of the host (``/dev/shm/rigdeck-mem-<uid>/<job id>/``: it
+outlives the rank's process, not the host), as ``step-00000121.snap`` (a tmp name, renamed; the
+newest ``memory_keep`` kept). One rank per host writes it (local rank 0): under the replicated
+policies every rank holds the same state, so each host of the job keeps its own copy and a host
+lost with its memory leaves the copies of the others, with nothing sent over the network.
+``load_latest`` agrees with every rank on the newest step anyone holds, in memory or on disk, and
+the holder broadcasts it: a rank on a spare host resumes from a peer host's memory.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
@@ -45,8 +55,18 @@ _NAME = re.compile(r"^step-(\d{8,})$")
 _MANIFEST = re.compile(r"^(step-\d{8,})\.manifest\.json$")
 _DATA = re.compile(r"^(step-\d{8,})(\.pt)?$")
 _TMP = re.compile(r"^\.(step-\d{8,}|latest).*\.tmp-(\d+)$")
+_SNAP = re.compile(r"^step-(\d{8,})\.snap$")
 _CHUNK = 32 << 20
 _moves_reported: set = set()
+MEMORY_DIR_ENV = "RIGDECK_MEMORY_DIR"  # where memory snapshots go (default under /dev/shm)
+MEMORY_ROOT = "/dev/shm"
+SNAPSHOT_BUDGET = 0.02  # memory snapshots may cost at most this share of the step time
+
+
+def memory_job_dir(job_id: str, uid: Optional[int] = None, root: str = MEMORY_ROOT) -> str:
+    """The tmpfs directory of one rigdeck job's memory snapshots on a host (the agent removes it
+    when the job ends there)."""
+    return os.path.join(root, f"rigdeck-mem-{os.getuid() if uid is None else uid}", job_id)
 
 
 def _stage(name: str) -> None:
@@ -203,13 +223,21 @@ class Checkpointer:
     ``$RIGDECK_CHECKPOINT_OWNER``. ``dir`` defaults to ``$RIGDECK_CHECKPOINT_DIR``. ``keep``: how
     many complete checkpoints to keep (None or 0: all). ``barrier``: after a save, every rank waits
     for the others when a process group is up, so non-owners never run ahead of a save.
+
+    ``memory_dir``: where ``snapshot`` keeps this host's memory snapshots (default
+    ``$RIGDECK_MEMORY_DIR``, else ``/dev/shm/rigdeck-mem-<uid>/<job id>``, or ``.../dir-<hash of
+    dir>`` outside a rigdeck job); ``memory_keep``: how many it keeps (default 2);
+    ``snapshot_budget``: the share of the step time snapshots may cost (default 0.02): a snapshot
+    slower than that is taken every N steps instead of every step.
     """
 
     def __init__(self, dir: Optional[str] = None, owner: Optional[str] = None, *,
                  keep: Optional[int] = 3, barrier: bool = True,
                  info: Optional[ClusterInfo] = None,
                  environ: Optional[Mapping[str, str]] = None,
-                 reporter: Optional[Reporter] = None) -> None:
+                 reporter: Optional[Reporter] = None,
+                 memory_dir: Optional[str] = None, memory_keep: int = 2,
+                 snapshot_budget: float = SNAPSHOT_BUDGET) -> None:
         env = os.environ if environ is None else environ
         self.info = info if info is not None else cluster_info(environ)
         root = dir or env.get("RIGDECK_CHECKPOINT_DIR")
@@ -232,6 +260,26 @@ class Checkpointer:
                 env.get(METRICS_DIR_ENV), self.info.rank)
         self.reporter = reporter
         self.moved_from = decision.moved_from
+        if memory_keep < 1:
+            raise ValueError(f"Checkpointer: memory_keep must be at least 1, got {memory_keep}")
+        if not 0 < snapshot_budget <= 1:
+            raise ValueError(f"Checkpointer: snapshot_budget must be in (0, 1], got {snapshot_budget}")
+        mem = memory_dir or env.get(MEMORY_DIR_ENV)
+        if not mem:
+            mem = memory_job_dir(self.info.job_id
+                                 or "dir-" + hashlib.sha256(self.root.encode()).hexdigest()[:16])
+        self.memory_dir = os.path.abspath(os.fspath(mem))
+        self.memory_keep = memory_keep
+        self.snapshot_budget = snapshot_budget
+        self.snapshot_every = 1  # steps between snapshots, from the snapshot's cost and the step time
+        self._snap_last_call: Optional[float] = None  # the last call: when, and its step
+        self._snap_call_step: Optional[int] = None
+        self._snap_last_step: Optional[int] = None  # the last snapshot written
+        self._snap_cost: Optional[float] = None  # seconds a snapshot takes (smoothed)
+        self._snap_wrote_cost = 0.0  # what the last call spent writing one
+        self._step_time: Optional[float] = None  # seconds a step takes (smoothed)
+        self._snap_off: Optional[str] = None  # why snapshots stopped (a full tmpfs), once warned
+        self.restored_from: Optional[Dict[str, Any]] = None  # what load_latest resumed from
         if decision.moved_from is not None and self.is_owner:
             key = (self.root, self.policy)
             if key not in _moves_reported:
@@ -405,6 +453,121 @@ class Checkpointer:
         if dist is not None and dist.get_world_size() > 1:
             dist.barrier()
 
+
+    # -- memory snapshots --------------------------------------------------------------------
+
+    def snapshot(self, step: int, state: Any, *, every: Optional[int] = None) -> bool:
+        """Keep ``state`` as the memory snapshot of ``step`` (completed: call it after the
+        optimizer's step), cheaply enough to call every step. Returns True where this call wrote
+        one.
+
+        Local rank 0 of each host writes it into the host's tmpfs (``memory_dir``); the other ranks
+        return at once. A snapshot costing more than ``snapshot_budget`` of the step time is taken
+        every N steps (``snapshot_every``, from the two measured) instead; ``every`` fixes N. No
+        collective: ranks never wait for each other here. A tmpfs that refuses it (full) turns
+        snapshots off with one warning; disk checkpoints go on.
+        """
+        if every is not None and (not isinstance(every, int) or every < 1):
+            raise ValueError(f"Checkpointer.snapshot: every must be a positive int, got {every!r}")
+        name = _checkpoint_name(step)
+        if self.policy == "all":
+            raise CheckpointError(
+                "Checkpointer.snapshot: not available under owner='all' (each rank's state differs, "
+                "and a host lost with its memory would take its ranks' parts along); use save(), or "
+                "a policy whose ranks hold the same state (rank0, per-node, host:NAME/gpu:I)")
+        now = time.perf_counter()
+        last_call, call_step = self._snap_last_call, self._snap_call_step
+        wrote_cost, self._snap_wrote_cost = self._snap_wrote_cost, 0.0
+        self._snap_last_call, self._snap_call_step = now, step
+        if self.info.local_rank != 0 or self._snap_off is not None:
+            return False
+        if last_call is not None and call_step is not None and self._snap_cost is not None:
+            # the time of a step since the last call, that call's own snapshot left out
+            per_step = max(1e-6, (now - last_call - wrote_cost) / max(1, step - call_step))
+            self._step_time = per_step if self._step_time is None else (
+                0.7 * self._step_time + 0.3 * per_step)
+            self.snapshot_every = every or max(1, math.ceil(
+                self._snap_cost / (self.snapshot_budget * self._step_time)))
+            last = self._snap_last_step
+            if last is not None and 0 <= step - last < self.snapshot_every:
+                return False
+        t0 = time.perf_counter()
+        path = os.path.join(self.memory_dir, name + ".snap")
+        tmp = _tmp_name(path)
+        try:
+            data = _dumps((step, state))
+            os.makedirs(os.path.dirname(self.memory_dir), mode=0o700, exist_ok=True)
+            os.makedirs(self.memory_dir, mode=0o700, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, memoryview(data))
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)  # tmpfs: no fsync; the rename makes it whole or absent
+        except OSError as e:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+            free = ""
+            try:
+                st = os.statvfs(os.path.dirname(self.memory_dir))
+                free = f", {st.f_bavail * st.f_frsize / 1e6:.1f} MB free"
+            except OSError:
+                pass
+            self._snap_off = f"{self.memory_dir}: {e}{free}"
+            _warn(f"memory snapshots off: {self._snap_off}; a restart resumes from disk checkpoints")
+            return False
+        self._prune_snapshots(keep_from=step)
+        cost = time.perf_counter() - t0
+        self._snap_cost = cost if self._snap_cost is None else 0.7 * self._snap_cost + 0.3 * cost
+        self._snap_wrote_cost = time.perf_counter() - now
+        self._snap_last_step = step
+        return True
+
+    def snapshots(self) -> List[Tuple[int, str]]:
+        """This host's memory snapshots, oldest first: (step, path)."""
+        try:
+            entries = os.listdir(self.memory_dir)
+        except OSError:
+            return []
+        out = []
+        for entry in entries:
+            m = _SNAP.match(entry)
+            if m:
+                out.append((int(m.group(1)), os.path.join(self.memory_dir, entry)))
+        out.sort()
+        return out
+
+    def _prune_snapshots(self, keep_from: Optional[int] = None, after: Optional[int] = None) -> None:
+        """Keep the newest ``memory_keep`` snapshots. ``keep_from``: the step just written, newer
+        than any kept (those at or after it are another timeline's, e.g. before a NaN restart);
+        ``after``: remove those after this step (the step a restart resumed from)."""
+        try:
+            snaps = self.snapshots()
+            doomed = [p for s, p in snaps if (keep_from is not None and s > keep_from)
+                      or (after is not None and s > after)]
+            live = [p for s, p in snaps if p not in doomed]
+            doomed += live[:-self.memory_keep]
+            for entry in os.listdir(self.memory_dir):
+                t = _TMP.match(entry)
+                if t and int(t.group(2)) != os.getpid():
+                    doomed.append(os.path.join(self.memory_dir, entry))
+            for path in doomed:
+                _remove(path)
+        except OSError as e:
+            _warn(f"could not prune memory snapshots in {self.memory_dir}: {e}")
+
+    def _memory_newest(self) -> Optional[Tuple[int, str]]:
+        for step, path in reversed(self.snapshots()):
+            if self.resume_before is None or step < self.resume_before:
+                return step, path
+        return None
+
+    def _disk_newest(self) -> Optional[int]:
+        resumable = self.resumable()
+        return resumable[-1][0] if resumable else None
+
     # -- reading -----------------------------------------------------------------------------
 
     def latest_name(self) -> Optional[str]:
@@ -475,26 +638,97 @@ class Checkpointer:
     def load_latest(self, map_location: Any = "cpu", *, weights_only: bool = True,
                     state: Optional[Dict[str, Any]] = None,
                     broadcast: Optional[bool] = None) -> Optional[Tuple[int, Any]]:
-        """(step, state) of the newest complete checkpoint whose bytes match its manifest, or None.
+        """(step, state) of the newest step held: a memory snapshot (``snapshot``) of any host of
+        the job, or the newest complete checkpoint whose bytes match its manifest; None if neither.
+        A memory snapshot wins a tie. After a NaN restart (``RIGDECK_RESUME_BEFORE_STEP``) both
+        only count before the first bad step.
 
-        With a process group up (and ``broadcast`` not False) one owner reads and every rank gets
-        its copy, so ranks on hosts without the checkpoint resume from the same step. Under
-        ``all``, ``state`` is the state_dict to load into (dcp loads in place); every rank reads.
+        With a process group up (and ``broadcast`` not False) the ranks agree on the newest step
+        any of them holds, and its holder (the lowest rank) sends it to every rank, so ranks on
+        hosts without it (a spare replacing a lost host) resume from the same step. Without one,
+        this host's memory snapshot and the checkpoint directory are read here.
+        ``restored_from`` then says what it was: ``{"step", "source": "memory"|"disk", "rank",
+        "host"}``. Under ``all``, ``state`` is the state_dict to load into (dcp loads in place);
+        every rank reads its disk part (memory snapshots are not kept under ``all``).
         """
         if self.policy == "all":
             return self._load_dcp(state)
         dist = _dist()
         if broadcast is None:
             broadcast = dist is not None and dist.get_world_size() > 1
+        mem = self._memory_newest()
         if not broadcast or dist is None:
-            return self._load_local(map_location, weights_only)
-        src = _min_rank(dist, self.info.rank if self.is_owner else None)
-        payload = None
-        if self.info.rank == src:
-            result = self._load_local("cpu", weights_only)
-            payload = b"" if result is None else _dumps(result)
+            return self._restored(self._load_here(map_location, weights_only, mem))
+        # Every rank offers what it holds: its host's newest memory snapshot, and an owner its
+        # newest disk checkpoint. The newest step wins, memory before disk, then the lowest rank.
+        me, world = dist.get_rank(), dist.get_world_size()
+        disk = self._disk_newest() if self.is_owner else None
+        best = _reduce_int(dist, max(-1, -1 if mem is None else mem[0], -1 if disk is None else disk),
+                           "max")
+        if best < 0:
+            return self._restored(None)
+        offer = me if mem is not None and mem[0] == best else (
+            world + me if disk == best else 2 * world)
+        chosen = _reduce_int(dist, offer, "min")
+        src = chosen % world
+        payload: Optional[bytes] = None
+        header: Optional[bytes] = None
+        if me == src:
+            source = "memory" if chosen < world else "disk"
+            data: Optional[bytes] = None
+            if mem is not None and source == "memory":
+                data = self._read_snapshot(mem[1])
+            if data is None:
+                source = "disk"
+                result = self._load_local("cpu", weights_only)
+                data = b"" if result is None else _dumps(result)
+            payload = data
+            header = json.dumps({"source": source, "rank": me,
+                                 "host": self.info.current_host}).encode()
+        where = json.loads(_broadcast_bytes(dist, header, src).decode())
         data = _broadcast_bytes(dist, payload, src)
-        return None if not data else _loads(data, map_location, weights_only)
+        if not data:
+            return self._restored(None)
+        return self._restored(_loads(data, map_location, weights_only), where)
+
+    def _read_snapshot(self, path: str) -> Optional[bytes]:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            _warn(f"could not read memory snapshot {path}: {e}")
+            return None
+
+    def _load_here(self, map_location: Any, weights_only: bool,
+                   mem: Optional[Tuple[int, str]]) -> Optional[Tuple[Tuple[int, Any], Dict[str, Any]]]:
+        """The newest of this host's memory snapshot and the disk checkpoints, read here."""
+        here = {"rank": self.info.rank, "host": self.info.current_host}
+        disk = self._disk_newest()
+        if mem is not None and (disk is None or mem[0] >= disk):
+            data = self._read_snapshot(mem[1])
+            if data is not None:
+                return _loads(data, map_location, weights_only), {"source": "memory", **here}
+        result = self._load_local(map_location, weights_only)
+        if result is None:
+            return None
+        return result, {"source": "disk", **here}
+
+    def _restored(self, got: Any, where: Optional[Dict[str, Any]] = None) -> Optional[Tuple[int, Any]]:
+        """Note what a restore resumed from (``restored_from``), drop this host's snapshots of
+        steps after it (another timeline's), and return (step, state) or None."""
+        if got is not None and where is None:
+            got, where = got
+        if got is None:
+            self.restored_from = None
+            return None
+        step = int(got[0])
+        self.restored_from = {"step": step, **(where or {})}
+        if self.info.local_rank == 0:
+            self._prune_snapshots(after=step)
+        if self.info.rank == 0 and where is not None:
+            _warn(f"resuming from step {step}: {where.get('source')} of rank {where.get('rank')} "
+                  f"on {where.get('host')}")
+        return step, got[1]
 
     def _load_local(self, map_location: Any, weights_only: bool) -> Optional[Tuple[int, Any]]:
         import torch
@@ -615,15 +849,14 @@ def _wait(work: Any) -> None:
     _RETAINED.append(work)
 
 
-def _min_rank(dist: Any, mine: Optional[int]) -> int:
-    """The lowest rank that offered itself (``mine`` not None), else 0."""
+def _reduce_int(dist: Any, value: int, op: str) -> int:
+    """``value`` reduced over every rank ("max" or "min"), through a tensor."""
     import torch
 
-    world = dist.get_world_size()
-    t = torch.tensor([world if mine is None else mine], dtype=torch.long, device=_device(dist))
-    _wait(dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True))
-    found = int(t.item())
-    return found if found < world else 0
+    t = torch.tensor([value], dtype=torch.long, device=_device(dist))
+    _wait(dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN,
+                          async_op=True))
+    return int(t.item())
 
 
 def _device(dist: Any) -> Any:
@@ -693,4 +926,4 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
-__all__ = ["Checkpointer", "CheckpointError", "ClusterInfoError"]
+__all__ = ["Checkpointer", "CheckpointError", "ClusterInfoError", "memory_job_dir"]
