@@ -63,6 +63,17 @@ MEMORY_ROOT = "/dev/shm"
 SNAPSHOT_BUDGET = 0.02  # memory snapshots may cost at most this share of the step time
 
 
+_WROTE_SNAPSHOTS: set = set()  # the memory directories this process wrote snapshots into
+
+
+def drop_memory_snapshots() -> None:
+    """Remove the memory snapshot directories this process wrote into (``runtime.finish()`` does,
+    once every rank reached the end: nothing will resume from them; the disk checkpoints stay)."""
+    for path in sorted(_WROTE_SNAPSHOTS):
+        shutil.rmtree(path, ignore_errors=True)
+    _WROTE_SNAPSHOTS.clear()
+
+
 def memory_job_dir(job_id: str, uid: Optional[int] = None, root: str = MEMORY_ROOT) -> str:
     """The tmpfs directory of one rigdeck job's memory snapshots on a host (the agent removes it
     when the job ends there)."""
@@ -504,6 +515,7 @@ class Checkpointer:
             finally:
                 os.close(fd)
             os.replace(tmp, path)  # tmpfs: no fsync; the rename makes it whole or absent
+            _WROTE_SNAPSHOTS.add(self.memory_dir)
         except OSError as e:
             try:
                 os.remove(tmp)

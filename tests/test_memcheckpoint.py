@@ -99,6 +99,25 @@ def test_the_default_directory_is_the_jobs_own_on_the_hosts_tmpfs(tmp_path: Path
     assert memory_job_dir("job-mem") == c.memory_dir  # what the agent removes at the job's end
 
 
+def test_finish_removes_the_snapshots_a_rank_wrote(tmp_path: Path) -> None:
+    """``runtime.finish()`` (exit 0, one process): every rank reached the end, so the memory
+    snapshots go; the disk checkpoint stays."""
+    code = textwrap.dedent("""
+        import sys, torch, runtime
+        c = runtime.Checkpointer(sys.argv[1], memory_dir=sys.argv[2])
+        c.snapshot(1, {"w": torch.zeros(1)}, every=1)
+        c.save(2, {"w": torch.zeros(1)})
+        assert [s for s, _p in c.snapshots()] == [1]
+        runtime.finish()
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RIGDECK_", "RANK", "WORLD_SIZE"))}
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path / "ckpt"), str(tmp_path / "shm" / "job")],
+                         cwd=tmp_path, env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert not (tmp_path / "shm" / "job").exists() and (tmp_path / "ckpt" / "latest").exists()
+
+
 def test_a_snapshot_dearer_than_its_budget_is_taken_every_n_steps(tmp_path: Path) -> None:
     import torch
 
