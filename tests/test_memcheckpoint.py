@@ -211,15 +211,15 @@ def _running_at_step(cli: Cli, name: str, step: int) -> str:
     return next(j["job_id"] for j in cli.json("jobs") if j["name"] == name)
 
 
-def _spec(cli: Cli, name: str, ckpt: Path, extra: str = "") -> Path:
+def _spec(cli: Cli, name: str, ckpt: Path, extra: str = "", args: str = '"--first-attempt-holds"',
+          shape: str = "nodes = 2\nprocesses_per_node = 2") -> Path:
     # disk checkpoints every 1000 steps: none in these jobs, so only memory explains a resume
     return cli.spec(name, f"""
 command = ["{{python}}", "{TRAIN}", "--steps", "{STEPS}", "--ckpt", "{ckpt}", "--sleep", "0.25", "--memory",
-           "--checkpoint-every", "1000", "--first-attempt-holds"]
+           "--checkpoint-every", "1000", {args}]
 workdir = "{ROOT}"
 launcher = "direct"
-nodes = 2
-processes_per_node = 2
+{shape}
 [env]
 OMP_NUM_THREADS = "1"
 [restart]
@@ -227,7 +227,8 @@ max_restarts = 1
 {extra}""")
 
 
-def _check_resumed_from_memory(cli: Cli, final: dict[str, Any], holder: str | None = None) -> int:
+def _check_resumed_from_memory(cli: Cli, final: dict[str, Any], holder: str | None = None,
+                               world: int = 4) -> int:
     """The job succeeded after one restart that resumed from a memory snapshot (of ``holder``'s
     host when given) with at most one step lost, each (rank, step) once and the state right.
     Returns the steps lost."""
@@ -243,7 +244,7 @@ def _check_resumed_from_memory(cli: Cli, final: dict[str, Any], holder: str | No
     weight = re.findall(r"weight (\S+), expected (\S+)", logs)
     assert len(weight) == 1 and weight[0][0] == weight[0][1], weight
     steps = _steps(cli.json("metrics", job_id))
-    assert sorted(steps) == [(r, s) for r in range(4) for s in range(1, STEPS + 1)]
+    assert sorted(steps) == [(r, s) for r in range(world) for s in range(1, STEPS + 1)]
     (inc,) = cli.json("status", job_id)["incidents"]
     lost = inc["steps_rerun"]
     print(f"{inc['kind']}: resumed from step {step}, the memory snapshot of rank {rank} on {host}; the "
@@ -317,3 +318,58 @@ def test_a_host_lost_with_its_memory_resumes_on_the_spare_from_the_peers_copy(cl
     _check_resumed_from_memory(cli, final, holder=survivor)
     assert list(ckpt.iterdir()) == []
     assert _memory_left(cli, final["job_id"]) == {h.name: "" for h in cli.bed.hosts}
+
+
+@pytest.mark.testbed
+def test_a_hung_rank_resumes_from_the_memory_snapshot_of_the_last_step(cli: Cli, tmp_path: Path) -> None:
+    """Rank 1 stops before step 10's all-reduce: found by the learned step timeout, stopped, and
+    every rank resumes from the snapshot of step 9, the last one completed: nothing lost."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    spec = _spec(cli, "mem-hang", ckpt, args='"--hang-rank", "1", "--hang-step", "10"',
+                 shape="nodes = 1\nprocesses_per_node = 2")
+    final = cli.json("launch", str(spec), "--wait", timeout=240)
+    assert _check_resumed_from_memory(cli, final, world=2) == 0
+    assert "resumed from step 9 (memory of rank 0 on " in cli.run("logs", final["job_id"], "--rank", "0").stdout
+    assert list(ckpt.iterdir()) == []
+
+
+def _write_faults(cli: Cli, host: str, faults: dict[str, Any]) -> None:
+    path = cli.bed.hosts[_host_index(cli, host) - 1].state_dir / "sim-gpu-faults.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(faults))
+    tmp.replace(path)
+
+
+@pytest.mark.testbed
+def test_an_xid_on_a_ranks_gpu_resumes_away_from_it_from_the_memory_snapshot(cli: Cli, tmp_path: Path) -> None:
+    """XID 79 under rank 1: its next step fails as a CUDA call on a lost GPU does; the GPU is
+    drained and the job restarts away from it, from the last completed step in memory."""
+    ckpt, dead = tmp_path / "ckpt", tmp_path / "dead"
+    ckpt.mkdir()
+    dead.mkdir()
+    spec = _spec(cli, "mem-xid", ckpt, args=f'"--dead-gpus", "{dead}", "--first-attempt-holds"',
+                 shape="nodes = 2\ngpus_per_node = 1")
+    waiter = cli.popen("launch", str(spec), "--wait", "--json")
+    host, gpu = "", -1
+    try:
+        job_id = _running_at_step(cli, "mem-xid", 6)
+        node = cli.json("status", job_id)["placement"][1]
+        host, gpu = node["host"], node["gpus"][0]
+        _write_faults(cli, host, {str(gpu): {"xid": 79}})
+        (dead / f"dead-{cli.bed.hosts[_host_index(cli, host) - 1].hostname}-{gpu}").write_text("")
+        out, _err = waiter.communicate(timeout=180)
+        final = json.loads(out)
+    finally:
+        if waiter.poll() is None:
+            waiter.kill()
+        if host:
+            _write_faults(cli, host, {})
+    try:
+        (inc,) = cli.json("status", final["job_id"])["incidents"]
+        assert (inc["kind"], inc["host"], inc["gpu"]) == ("gpu", host, gpu), inc
+        assert all((n["host"], g) != (host, gpu) for n in final["placement"] for g in n["gpus"])
+        _check_resumed_from_memory(cli, final, world=2)
+        assert list(ckpt.iterdir()) == []
+    finally:
+        cli.run("undrain", f"{host}:{gpu}", check=False)
