@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import io
 import json
 import math
 import os
@@ -42,6 +43,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from runtime import metrics
@@ -64,6 +66,17 @@ SNAPSHOT_BUDGET = 0.02  # memory snapshots may cost at most this share of the st
 
 
 _WROTE_SNAPSHOTS: set = set()  # the memory directories this process wrote snapshots into
+_WRITERS: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()  # those that saved asynchronously
+
+
+def wait_for_saves() -> None:
+    """Wait for every asynchronous save of this process to be on disk (``runtime.finish()``
+    does, before the ranks meet); a failed one is warned about here, not raised."""
+    for ckpt in list(_WRITERS):
+        try:
+            ckpt.wait()
+        except Exception as e:
+            _warn(str(e))
 
 
 def drop_memory_snapshots() -> None:
@@ -161,7 +174,7 @@ def _writeback_starter() -> Any:
     return _WRITEBACK[0]
 
 
-def _torch_save(state: Any, out: _HashingFile) -> None:
+def _torch_save(state: Any, out: Any) -> None:
     import torch
 
     target: Any = out  # a file-like object with write() and flush() is all torch.save needs
@@ -240,6 +253,11 @@ class Checkpointer:
     dir>`` outside a rigdeck job); ``memory_keep``: how many it keeps (default 2);
     ``snapshot_budget``: the share of the step time snapshots may cost (default 0.02): a snapshot
     slower than that is taken every N steps instead of every step.
+
+    ``async_save``: a save by a file owner (not under ``all``) serialises the state and returns;
+    a thread writes it (fsync, manifest, ``latest``, its ``checkpoint`` events) while training goes
+    on. The next save, ``load_latest``, ``wait()`` and ``runtime.finish()`` wait for it; a failed
+    write raises its ``CheckpointError`` there.
     """
 
     def __init__(self, dir: Optional[str] = None, owner: Optional[str] = None, *,
@@ -248,7 +266,7 @@ class Checkpointer:
                  environ: Optional[Mapping[str, str]] = None,
                  reporter: Optional[Reporter] = None,
                  memory_dir: Optional[str] = None, memory_keep: int = 2,
-                 snapshot_budget: float = SNAPSHOT_BUDGET) -> None:
+                 snapshot_budget: float = SNAPSHOT_BUDGET, async_save: bool = False) -> None:
         env = os.environ if environ is None else environ
         self.info = info if info is not None else cluster_info(environ)
         root = dir or env.get("RIGDECK_CHECKPOINT_DIR")
@@ -291,6 +309,9 @@ class Checkpointer:
         self._step_time: Optional[float] = None  # seconds a step takes (smoothed)
         self._snap_off: Optional[str] = None  # why snapshots stopped (a full tmpfs), once warned
         self.restored_from: Optional[Dict[str, Any]] = None  # what load_latest resumed from
+        self.async_save = async_save
+        self._writer: Optional[threading.Thread] = None  # an asynchronous save still writing
+        self._writer_error: Optional[BaseException] = None
         if decision.moved_from is not None and self.is_owner:
             key = (self.root, self.policy)
             if key not in _moves_reported:
@@ -318,6 +339,8 @@ class Checkpointer:
         with self.reporter.section("checkpoint"):
             if self.policy == "all":
                 path: Optional[str] = self._save_dcp(step, state)
+            elif self.is_owner and self.async_save:
+                path = self._save_file_async(step, state)
             elif self.is_owner:
                 path = self._save_file(step, state)
             else:
@@ -325,13 +348,51 @@ class Checkpointer:
             self._barrier()
         return path
 
+    def _save_file_async(self, step: int, state: Any) -> str:
+        """Serialise ``state`` here (its copy: training may change the tensors from now on), then
+        write it on a thread of its own; the previous asynchronous save is waited for first."""
+        self.wait()
+        buf = io.BytesIO()
+        try:
+            _torch_save(state, buf)
+        except Exception as e:
+            raise CheckpointError(f"serialising the checkpoint of step {step} failed: {e}") from e
+        data = buf.getvalue()
+        path = os.path.join(self.dir, _checkpoint_name(step) + ".pt")
+        writer = threading.Thread(target=self._write_behind, args=(step, data),
+                                  name=f"rigdeck-checkpoint-{step}")
+        self._writer = writer
+        _WRITERS.add(self)
+        writer.start()  # not a daemon: an interpreter's normal exit waits for it
+        return path
+
+    def _write_behind(self, step: int, data: bytes) -> None:
+        try:
+            self._save_file(step, None, data=data)
+        except BaseException as e:  # reported by _save_file; raised by the next save or wait()
+            self._writer_error = e
+
+    def wait(self) -> None:
+        """Wait until an asynchronous save (``async_save``) is on disk; raises the
+        ``CheckpointError`` of one that failed. The next save, ``load_latest`` and
+        ``runtime.finish()`` wait too."""
+        writer = self._writer
+        if writer is not None:
+            writer.join()
+            self._writer = None
+        error, self._writer_error = self._writer_error, None
+        if error is not None:
+            raise error
+
     def _report(self, status: str, step: int, nbytes: int, seconds: float, path: str,
                 error: Optional[str] = None) -> None:
         self.reporter.event("checkpoint", status=status, step=step, bytes=nbytes,
                             seconds=round(seconds, 6), path=path, owner=self.owner_id,
                             error=error)
 
-    def _save_file(self, step: int, state: Any) -> str:
+    def _save_file(self, step: int, state: Any, data: Optional[bytes] = None) -> str:
+        """Write the checkpoint of ``step``: ``state`` serialised here, or ``data``, its bytes
+        already serialised (an asynchronous save's)."""
         name = _checkpoint_name(step)
         path = os.path.join(self.dir, name + ".pt")
         self._report("writing", step, 0, 0.0, path)
@@ -344,7 +405,10 @@ class Checkpointer:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 out = _HashingFile(fd)
-                _torch_save(state, out)
+                if data is not None:
+                    out.write(data)
+                else:
+                    _torch_save(state, out)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -663,6 +727,7 @@ class Checkpointer:
         "host"}``. Under ``all``, ``state`` is the state_dict to load into (dcp loads in place);
         every rank reads its disk part (memory snapshots are not kept under ``all``).
         """
+        self.wait()
         if self.policy == "all":
             return self._load_dcp(state)
         dist = _dist()

@@ -118,6 +118,36 @@ def test_finish_removes_the_snapshots_a_rank_wrote(tmp_path: Path) -> None:
     assert not (tmp_path / "shm" / "job").exists() and (tmp_path / "ckpt" / "latest").exists()
 
 
+def test_an_asynchronous_save_returns_before_its_write_and_the_next_save_waits(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    import torch
+
+    from runtime import checkpoint
+
+    release = threading.Event()
+    monkeypatch.setattr(checkpoint, "_stage", lambda name: release.wait(30) if name == "data-written" else None)
+    d = tmp_path / "ckpt"
+    c = Checkpointer(str(d), environ=_env(tmp_path), async_save=True)
+    w = torch.zeros(3)
+    assert c.save(5, {"w": w}) == str(d / "step-00000005.pt")
+    w += 1  # training goes on: the checkpoint keeps the state as it was at the save
+    time.sleep(0.2)
+    assert not (d / "latest").exists()  # still writing
+    release.set()
+    c.wait()
+    assert (d / "latest").read_text().strip() == "step-00000005"
+    step, state = Checkpointer(str(d), environ=_env(tmp_path)).load_latest()
+    assert step == 5 and state["w"].tolist() == [0.0, 0.0, 0.0]
+    # a write that fails is raised by the next save (or wait), naming it
+    bad = Checkpointer(str(tmp_path / "file" / "ckpt"), environ=_env(tmp_path), async_save=True)
+    (tmp_path / "file").write_text("")
+    bad.save(1, {"w": w})
+    with pytest.raises(CheckpointError, match="saving checkpoint .*step-00000001.pt failed"):
+        bad.save(2, {"w": w})
+
+
 def test_a_snapshot_dearer_than_its_budget_is_taken_every_n_steps(tmp_path: Path) -> None:
     import torch
 

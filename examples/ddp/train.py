@@ -86,6 +86,8 @@ def main() -> None:
                    or "checkpoints")
     p.add_argument("--no-memory-snapshots", action="store_true",
                    help="no memory snapshots: a restart resumes from the disk checkpoints only")
+    p.add_argument("--async-save", action="store_true",
+                   help="disk checkpoints written by a thread while training goes on")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=16, help="sequences per rank and step")
     p.add_argument("--context", type=int, default=32)
@@ -101,7 +103,7 @@ def main() -> None:
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts rank 0's too)
     model = CharTransformer(len(chars), args.context).to(info.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    ckpt = runtime.Checkpointer(args.checkpoint_dir)
+    ckpt = runtime.Checkpointer(args.checkpoint_dir, async_save=args.async_save)
 
     start = 0
     if ckpt.policy == "all":  # dcp loads in place, into a state of the same shape
