@@ -233,12 +233,44 @@ def _host_index(cli: Cli, name: str) -> int:
 
 
 def _running_at_step(cli: Cli, name: str, step: int) -> str:
-    def stepping() -> bool:
-        jobs = [j for j in cli.json("jobs") if j["name"] == name and j["state"] == "running"]
-        return bool(jobs) and (cli.json("status", jobs[0]["job_id"]).get("last_step") or 0) >= step
+    """The id of the job ``name`` once its rank 0 has reported ``step`` (read from its metrics
+    file on its host: a CLI call per look takes seconds on a loaded machine, and these jobs last
+    about ten)."""
+    job_id = wait_until(lambda: next((j["job_id"] for j in cli.json("jobs") if j["name"] == name), None), 120,
+                        f"the job {name}")
 
-    wait_until(stepping, 120, f"the job's step {step}")
-    return next(j["job_id"] for j in cli.json("jobs") if j["name"] == name)
+    def reached() -> bool:
+        for h in cli.bed.hosts:
+            path = h.state_dir / "jobs" / job_id / "metrics" / "rank-0.jsonl"
+            try:
+                lines = path.read_text().splitlines()
+            except OSError:
+                continue
+            for line in reversed(lines):
+                try:
+                    m = json.loads(line)
+                except ValueError:
+                    continue
+                if m.get("event") is None and isinstance(m.get("step"), int):
+                    return bool(m["step"] >= step)
+        return False
+
+    wait_until(reached, 120, f"the job's step {step}", step=0.05)
+    return str(job_id)
+
+
+def _rank_host(cli: Cli, job_id: str, rank: int) -> tuple[str, int]:
+    """(host name, pid) of ``rank``, from its rank file on its host (no CLI call: fast)."""
+    def find() -> tuple[str, int] | None:
+        for h in cli.bed.hosts:
+            try:
+                return h.name, int(json.loads((h.state_dir / "jobs" / job_id / "ranks" / f"rank-{rank}.json")
+                                              .read_text())["pid"])
+            except (OSError, ValueError, KeyError):
+                continue
+        return None
+
+    return wait_until(find, 30, f"rank {rank}'s file")
 
 
 def _spec(cli: Cli, name: str, ckpt: Path, extra: str = "", args: str = '"--first-attempt-holds"',
@@ -300,11 +332,8 @@ def test_a_killed_rank_resumes_from_the_memory_snapshot_of_the_last_step(cli: Cl
     waiter = cli.popen("launch", str(_spec(cli, "mem-rank", ckpt)), "--wait", "--json")
     try:
         job_id = _running_at_step(cli, "mem-rank", 6)
-        host = cli.json("status", job_id)["placement"][1]["host"]
-        index = _host_index(cli, host)
-        rank_file = cli.bed.hosts[index - 1].state_dir / "jobs" / job_id / "ranks" / "rank-2.json"
-        pid = json.loads(rank_file.read_text())["pid"]  # local rank 0 of the second host: its writer
-        cli.bed.exec(index, ["kill", "-9", str(pid)])
+        host, pid = _rank_host(cli, job_id, 2)  # local rank 0 of the second host: its writer
+        cli.bed.exec(_host_index(cli, host), ["kill", "-9", str(pid)])
         out, _err = waiter.communicate(timeout=180)
         final = json.loads(out)
     finally:
@@ -328,7 +357,7 @@ def test_a_host_lost_with_its_memory_resumes_on_the_spare_from_the_peers_copy(cl
     lost = 0
     try:
         job_id = _running_at_step(cli, "mem-host", 6)
-        hosts = [n["host"] for n in cli.json("status", job_id)["placement"]]
+        hosts = [_rank_host(cli, job_id, 0)[0], _rank_host(cli, job_id, 2)[0]]
         spare = next(h.name for h in cli.bed.hosts if h.name not in hosts)
         gone, survivor = hosts
         lost = _host_index(cli, gone)
