@@ -528,7 +528,6 @@ class Checkpointer:
         if dist is not None and dist.get_world_size() > 1:
             dist.barrier()
 
-
     # -- memory snapshots --------------------------------------------------------------------
 
     def snapshot(self, step: int, state: Any, *, every: Optional[int] = None) -> bool:
@@ -570,7 +569,9 @@ class Checkpointer:
         path = os.path.join(self.memory_dir, name + ".snap")
         tmp = _tmp_name(path)
         try:
-            data = _dumps((step, state))
+            buf = io.BytesIO()
+            _torch_save((step, state), buf)  # (no CRC32: a second pass over the bytes)
+            data = buf.getvalue()
             os.makedirs(os.path.dirname(self.memory_dir), mode=0o700, exist_ok=True)
             os.makedirs(self.memory_dir, mode=0o700, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -617,7 +618,7 @@ class Checkpointer:
 
     def _prune_snapshots(self, keep_from: Optional[int] = None, after: Optional[int] = None) -> None:
         """Keep the newest ``memory_keep`` snapshots. ``keep_from``: the step just written, newer
-        than any kept (those at or after it are another timeline's, e.g. before a NaN restart);
+        than any kept (those after it are another timeline's, e.g. from before a NaN restart);
         ``after``: remove those after this step (the step a restart resumed from)."""
         try:
             snaps = self.snapshots()
@@ -737,16 +738,27 @@ class Checkpointer:
         if not broadcast or dist is None:
             return self._restored(self._load_here(map_location, weights_only, mem))
         # Every rank offers what it holds: its host's newest memory snapshot, and an owner its
-        # newest disk checkpoint. The newest step wins, memory before disk, then the lowest rank.
+        # newest disk checkpoint. The newest step wins, memory before disk, then the lowest rank,
+        # which reads it and broadcasts the bytes.
         me, world = dist.get_rank(), dist.get_world_size()
-        disk = self._disk_newest() if self.is_owner else None
-        best = _reduce_int(dist, max(-1, -1 if mem is None else mem[0], -1 if disk is None else disk),
-                           "max")
+        disk = self._disk_newest() if self.is_owner or me == 0 else None
+        mine = max(-1, -1 if mem is None else mem[0],
+                   -1 if disk is None or not self.is_owner else disk)
+        # [newest offered, whether any rank owns checkpoints, rank 0's own disk step]: with no
+        # owner in the group, rank 0 reads the directory (as before memory snapshots)
+        best, owned, first = _reduce_ints(dist, [mine, int(self.is_owner),
+                                                 -1 if disk is None or me != 0 else disk], "max")
+        if not owned:
+            best = max(best, first)
+        elif not self.is_owner:
+            disk = None
         if best < 0:
             return self._restored(None)
         offer = me if mem is not None and mem[0] == best else (
             world + me if disk == best else 2 * world)
         chosen = _reduce_int(dist, offer, "min")
+        if chosen >= 2 * world:  # (cannot happen: the newest step is someone's offer)
+            return self._restored(None)
         src = chosen % world
         payload: Optional[bytes] = None
         header: Optional[bytes] = None
@@ -926,14 +938,19 @@ def _wait(work: Any) -> None:
     _RETAINED.append(work)
 
 
-def _reduce_int(dist: Any, value: int, op: str) -> int:
-    """``value`` reduced over every rank ("max" or "min"), through a tensor."""
+def _reduce_ints(dist: Any, values: List[int], op: str) -> List[int]:
+    """``values`` reduced element by element over every rank ("max" or "min"), in one tensor."""
     import torch
 
-    t = torch.tensor([value], dtype=torch.long, device=_device(dist))
+    t = torch.tensor(values, dtype=torch.long, device=_device(dist))
     _wait(dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN,
                           async_op=True))
-    return int(t.item())
+    return [int(v) for v in t.cpu().tolist()]
+
+
+def _reduce_int(dist: Any, value: int, op: str) -> int:
+    """``value`` reduced over every rank ("max" or "min"), through a tensor."""
+    return _reduce_ints(dist, [value], op)[0]
 
 
 def _device(dist: Any) -> Any:
