@@ -26,7 +26,11 @@ newest ``memory_keep`` kept). One rank per host writes it (local rank 0): under 
 policies every rank holds the same state, so each host of the job keeps its own copy and a host
 lost with its memory leaves the copies of the others, with nothing sent over the network.
 ``load_latest`` agrees with every rank on the newest step anyone holds, in memory or on disk, and
-the holder broadcasts it: a rank on a spare host resumes from a peer host's memory.
+the holder broadcasts it: a rank on a spare host resumes from a peer host's memory. Under ``all``
+each rank's state is its own: every rank writes its snapshot (``rank-<R>/step-*.snap``) and sends a
+copy to the same local rank on the next host (point to point), which keeps it in its host's tmpfs;
+a restore takes the newest step every rank's snapshot is held for, and each rank gets its own
+from its holder.
 """
 
 from __future__ import annotations
@@ -312,6 +316,7 @@ class Checkpointer:
         self.async_save = async_save
         self._writer: Optional[threading.Thread] = None  # an asynchronous save still writing
         self._writer_error: Optional[BaseException] = None
+        self._snap_failed: Optional[BaseException] = None  # a peer copy refused (under all)
         if decision.moved_from is not None and self.is_owner:
             key = (self.root, self.policy)
             if key not in _moves_reported:
@@ -535,105 +540,171 @@ class Checkpointer:
         optimizer's step), cheaply enough to call every step. Returns True where this call wrote
         one.
 
-        Local rank 0 of each host writes it into the host's tmpfs (``memory_dir``); the other ranks
-        return at once. A snapshot costing more than ``snapshot_budget`` of the step time is taken
-        every N steps (``snapshot_every``, from the two measured) instead; ``every`` fixes N. No
-        collective: ranks never wait for each other here. A tmpfs that refuses it (full) turns
-        snapshots off with one warning; disk checkpoints go on.
+        Under the replicated policies (``rank0``, ``host:NAME/gpu:I``, ``per-node``) local rank 0
+        of each host writes it into the host's tmpfs (``memory_dir``) and the other ranks return at
+        once: no collective, ranks never wait for each other here. Under ``all`` (each rank's state
+        its own) every rank writes its own, in ``memory_dir/rank-<R>/``, and sends a copy to the
+        same local rank on the next host, which keeps it in its host's tmpfs: every rank calls it
+        at the same steps (it is a collective there). A snapshot costing more than
+        ``snapshot_budget`` of the step time is taken every N steps (``snapshot_every``, from the
+        two measured; agreed by every rank under ``all``) instead; ``every`` fixes N. A tmpfs that
+        refuses it (full) turns snapshots off with one warning (every rank's under ``all``); disk
+        checkpoints go on.
         """
         if every is not None and (not isinstance(every, int) or every < 1):
             raise ValueError(f"Checkpointer.snapshot: every must be a positive int, got {every!r}")
-        name = _checkpoint_name(step)
-        if self.policy == "all":
-            raise CheckpointError(
-                "Checkpointer.snapshot: not available under owner='all' (each rank's state differs, "
-                "and a host lost with its memory would take its ranks' parts along); use save(), or "
-                "a policy whose ranks hold the same state (rank0, per-node, host:NAME/gpu:I)")
+        _checkpoint_name(step)
+        sharded = self.policy == "all"
         now = time.perf_counter()
         last_call, call_step = self._snap_last_call, self._snap_call_step
         wrote_cost, self._snap_wrote_cost = self._snap_wrote_cost, 0.0
         self._snap_last_call, self._snap_call_step = now, step
-        if self.info.local_rank != 0 or self._snap_off is not None:
+        if self._snap_off is not None or (not sharded and self.info.local_rank != 0):
             return False
+        proposed = every or 1
         if last_call is not None and call_step is not None and self._snap_cost is not None:
             # the time of a step since the last call, that call's own snapshot left out
             per_step = max(1e-6, (now - last_call - wrote_cost) / max(1, step - call_step))
             self._step_time = per_step if self._step_time is None else (
                 0.7 * self._step_time + 0.3 * per_step)
-            self.snapshot_every = every or max(1, math.ceil(
+            proposed = every or max(1, math.ceil(
                 self._snap_cost / (self.snapshot_budget * self._step_time)))
+            if not sharded:
+                self.snapshot_every = proposed
             last = self._snap_last_step
             if last is not None and 0 <= step - last < self.snapshot_every:
                 return False
         t0 = time.perf_counter()
-        path = os.path.join(self.memory_dir, name + ".snap")
-        tmp = _tmp_name(path)
-        try:
-            buf = io.BytesIO()
-            _torch_save((step, state), buf)  # (no CRC32: a second pass over the bytes)
-            data = buf.getvalue()
-            os.makedirs(os.path.dirname(self.memory_dir), mode=0o700, exist_ok=True)
-            os.makedirs(self.memory_dir, mode=0o700, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        buf = io.BytesIO()
+        _torch_save((step, state), buf)  # (no CRC32: a second pass over the bytes)
+        data = buf.getvalue()
+        if sharded:
+            if not self._snapshot_sharded(step, data, proposed):
+                return False
+        else:
             try:
-                _write_all(fd, memoryview(data))
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)  # tmpfs: no fsync; the rename makes it whole or absent
-            _WROTE_SNAPSHOTS.add(self.memory_dir)
-        except OSError as e:
-            try:
-                os.remove(tmp)
-            except OSError:
-                pass
-            free = ""
-            try:
-                st = os.statvfs(os.path.dirname(self.memory_dir))
-                free = f", {st.f_bavail * st.f_frsize / 1e6:.1f} MB free"
-            except OSError:
-                pass
-            self._snap_off = f"{self.memory_dir}: {e}{free}"
-            _warn(f"memory snapshots off: {self._snap_off}; a restart resumes from disk checkpoints")
-            return False
-        self._prune_snapshots(keep_from=step)
+                self._write_snapshot(self.memory_dir, step, data)
+            except OSError as e:
+                self._snapshots_off(e)
+                return False
         cost = time.perf_counter() - t0
         self._snap_cost = cost if self._snap_cost is None else 0.7 * self._snap_cost + 0.3 * cost
         self._snap_wrote_cost = time.perf_counter() - now
         self._snap_last_step = step
         return True
 
-    def snapshots(self) -> List[Tuple[int, str]]:
-        """This host's memory snapshots, oldest first: (step, path)."""
+    def _write_snapshot(self, directory: str, step: int, data: bytes) -> None:
+        path = os.path.join(directory, _checkpoint_name(step) + ".snap")
+        tmp = _tmp_name(path)
         try:
-            entries = os.listdir(self.memory_dir)
+            os.makedirs(os.path.dirname(self.memory_dir), mode=0o700, exist_ok=True)
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, memoryview(data))
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)  # tmpfs: no fsync; the rename makes it whole or absent
+        except OSError:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+            raise
+        _WROTE_SNAPSHOTS.add(self.memory_dir)
+        self._prune_snapshots(directory, keep_from=step)
+
+    def _snapshots_off(self, e: BaseException) -> None:
+        free = ""
+        try:
+            st = os.statvfs(os.path.dirname(self.memory_dir))
+            free = f", {st.f_bavail * st.f_frsize / 1e6:.1f} MB free"
+        except OSError:
+            pass
+        self._snap_off = f"{self.memory_dir}: {e}{free}"
+        _warn(f"memory snapshots off: {self._snap_off}; a restart resumes from disk checkpoints")
+
+    def _peers(self) -> Optional[Tuple[int, int]]:
+        """(the rank this one sends its snapshots to, the rank whose copies it keeps): the same
+        local rank on the next host and on the one before; None on one host."""
+        world, per_host = self.info.world_size, max(1, self.info.local_world_size)
+        if world <= per_host or world % per_host:
+            return None
+        return (self.info.rank + per_host) % world, (self.info.rank - per_host) % world
+
+    def _snapshot_sharded(self, step: int, data: bytes, proposed: int) -> bool:
+        """Under ``all``: this rank's own snapshot, then the exchange with its peers; every rank
+        agrees first on the next interval and on whether anyone's tmpfs refused one."""
+        me = self.info.rank
+        problem: Optional[BaseException] = self._snap_failed
+        if problem is None:
+            try:
+                self._write_snapshot(self._rank_dir(me), step, data)
+            except OSError as e:
+                problem = e
+        dist = _dist()
+        if dist is not None and dist.get_world_size() > 1:
+            anyone, agreed = _reduce_ints(dist, [int(problem is not None), proposed], "max")
+        else:
+            anyone, agreed = int(problem is not None), proposed
+        if anyone:
+            self._snapshots_off(problem or OSError("another rank's tmpfs refused its snapshot"))
+            return False
+        self.snapshot_every = agreed
+        peers = self._peers()
+        if dist is not None and peers is not None:
+            got = _exchange_bytes(dist, data, *peers)
+            try:
+                self._write_snapshot(self._rank_dir(peers[1]), step, got)
+            except OSError as e:
+                self._snap_failed = e  # every rank turns them off at the next snapshot
+        return True
+
+    def _rank_dir(self, rank: int) -> str:
+        return os.path.join(self.memory_dir, f"rank-{rank}")
+
+    def snapshots(self, directory: Optional[str] = None) -> List[Tuple[int, str]]:
+        """This host's memory snapshots, oldest first: (step, path); under ``all``, pass
+        ``directory`` (``memory_dir/rank-<R>``, rank R's)."""
+        directory = directory or (self._rank_dir(self.info.rank) if self.policy == "all"
+                                  else self.memory_dir)
+        try:
+            entries = os.listdir(directory)
         except OSError:
             return []
         out = []
         for entry in entries:
             m = _SNAP.match(entry)
             if m:
-                out.append((int(m.group(1)), os.path.join(self.memory_dir, entry)))
+                out.append((int(m.group(1)), os.path.join(directory, entry)))
         out.sort()
         return out
 
-    def _prune_snapshots(self, keep_from: Optional[int] = None, after: Optional[int] = None) -> None:
-        """Keep the newest ``memory_keep`` snapshots. ``keep_from``: the step just written, newer
-        than any kept (those after it are another timeline's, e.g. from before a NaN restart);
-        ``after``: remove those after this step (the step a restart resumed from)."""
+    def _prune_snapshots(self, directory: str, keep_from: Optional[int] = None,
+                         after: Optional[int] = None) -> None:
+        """Keep the newest ``memory_keep`` snapshots in ``directory``. ``keep_from``: the step
+        just written, newer than any kept (those after it are another timeline's, e.g. from before
+        a NaN restart); ``after``: remove those after this step (the step a restart resumed
+        from)."""
         try:
-            snaps = self.snapshots()
+            snaps = self.snapshots(directory)
             doomed = [p for s, p in snaps if (keep_from is not None and s > keep_from)
                       or (after is not None and s > after)]
             live = [p for s, p in snaps if p not in doomed]
             doomed += live[:-self.memory_keep]
-            for entry in os.listdir(self.memory_dir):
+            for entry in os.listdir(directory):
                 t = _TMP.match(entry)
                 if t and int(t.group(2)) != os.getpid():
-                    doomed.append(os.path.join(self.memory_dir, entry))
+                    doomed.append(os.path.join(directory, entry))
             for path in doomed:
-                _remove(path)
+                try:
+                    _remove(path)
+                except FileNotFoundError:
+                    pass
+        except FileNotFoundError:
+            pass
         except OSError as e:
-            _warn(f"could not prune memory snapshots in {self.memory_dir}: {e}")
+            _warn(f"could not prune memory snapshots in {directory}: {e}")
 
     def _memory_newest(self) -> Optional[Tuple[int, str]]:
         for step, path in reversed(self.snapshots()):
@@ -725,8 +796,9 @@ class Checkpointer:
         hosts without it (a spare replacing a lost host) resume from the same step. Without one,
         this host's memory snapshot and the checkpoint directory are read here.
         ``restored_from`` then says what it was: ``{"step", "source": "memory"|"disk", "rank",
-        "host"}``. Under ``all``, ``state`` is the state_dict to load into (dcp loads in place);
-        every rank reads its disk part (memory snapshots are not kept under ``all``).
+        "host"}``. Under ``all``, ``state`` is the state_dict to load into (in place); every rank
+        reads its disk part, or, where every rank's snapshot of a step at least as new is held on
+        some host, each gets its own from its holder.
         """
         self.wait()
         if self.policy == "all":
@@ -813,11 +885,74 @@ class Checkpointer:
         step = int(got[0])
         self.restored_from = {"step": step, **(where or {})}
         if self.info.local_rank == 0:
-            self._prune_snapshots(after=step)
+            self._prune_after(step)
         if self.info.rank == 0 and where is not None:
             _warn(f"resuming from step {step}: {where.get('source')} of rank {where.get('rank')} "
                   f"on {where.get('host')}")
         return step, got[1]
+
+    def _prune_after(self, step: int) -> None:
+        """This host's snapshots of steps after ``step`` go (every rank's, under ``all``)."""
+        dirs = [self.memory_dir]
+        if self.policy == "all":
+            try:
+                dirs = [os.path.join(self.memory_dir, e) for e in os.listdir(self.memory_dir)
+                        if e.startswith("rank-")]
+            except OSError:
+                dirs = []
+        for d in dirs:
+            self._prune_snapshots(d, after=step)
+
+    def _sharded_memory(self, dist: Any) -> Optional[Tuple[int, List[int]]]:
+        """Under ``all``: the newest step for which every rank's snapshot is held on some host,
+        and for each rank the rank that holds it (itself first, else the lowest); None if there is
+        none. Every rank says what its host holds (an all_gather)."""
+        world = dist.get_world_size() if dist is not None else 1
+        depth = 4  # the newest snapshots of each rank a host offers
+        held = [-1] * (world * depth)
+        for t in range(world):
+            steps = [s for s, _p in self.snapshots(self._rank_dir(t))
+                     if self.resume_before is None or s < self.resume_before][-depth:]
+            held[t * depth:t * depth + len(steps)] = steps
+        every = _gather_ints(dist, held) if dist is not None else [held]
+        common: Optional[set] = None
+        for t in range(world):
+            found = {s for h in range(world) for s in every[h][t * depth:(t + 1) * depth] if s >= 0}
+            common = found if common is None else common & found
+        if not common:
+            return None
+        best = max(common)
+        holders = []
+        for t in range(world):
+            have = [h for h in range(world) if best in every[h][t * depth:(t + 1) * depth]]
+            holders.append(t if t in have else min(have))
+        return best, holders
+
+    def _load_sharded_memory(self, dist: Any, step: int, holders: List[int],
+                             state: Dict[str, Any]) -> Tuple[int, Any]:
+        """Every rank's snapshot of ``step`` to its rank (sent by its holder where that is another
+        rank), loaded into ``state`` in place; a snapshot received is kept on this host too."""
+        me = self.info.rank if dist is None else dist.get_rank()
+        name = _checkpoint_name(step) + ".snap"
+        sends = {t: self._read_snapshot(os.path.join(self._rank_dir(t), name)) or b""
+                 for t, h in enumerate(holders) if h == me and t != me}
+        data: Optional[bytes] = None
+        if holders[me] == me:
+            data = self._read_snapshot(os.path.join(self._rank_dir(me), name))
+        if dist is not None:
+            got = _transfer_bytes(dist, holders, sends)
+            if got is not None:
+                data = got
+                try:
+                    self._write_snapshot(self._rank_dir(me), step, got)
+                except OSError as e:
+                    _warn(f"could not keep the snapshot received in {self._rank_dir(me)}: {e}")
+        if not data:
+            raise CheckpointError(f"the memory snapshot of step {step} for rank {me} could not be read "
+                                  f"(from rank {holders[me]})")
+        loaded_step, loaded = _loads(data, "cpu", True)
+        _copy_into(state, loaded)
+        return int(loaded_step), state
 
     def _load_local(self, map_location: Any, weights_only: bool) -> Optional[Tuple[int, Any]]:
         import torch
@@ -849,6 +984,13 @@ class Checkpointer:
             candidates = json.loads(_broadcast_bytes(
                 dist, json.dumps(candidates).encode() if self.info.rank == 0 else None,
                 0).decode())
+        mem = self._sharded_memory(dist)
+        if mem is not None and (not candidates or mem[0] >= candidates[0][0]):
+            step, loaded = self._load_sharded_memory(dist, mem[0], mem[1], state)
+            me = self.info.rank if dist is None else dist.get_rank()
+            return self._restored((step, loaded), {"source": "memory", "rank": mem[1][me],
+                                                   "host": self.info.current_host
+                                                   if mem[1][me] == me else None})
         for step, name, parts in candidates:
             problem = self._verify_part(name, parts.get(str(self.info.rank), {}))
             if problem is not None:
@@ -858,8 +1000,9 @@ class Checkpointer:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled")
                 dcp.load(state, checkpoint_id=self._part_dir(name), no_dist=True)
-            return step, state
-        return None
+            return self._restored((step, state), {"source": "disk", "rank": self.info.rank,
+                                                  "host": self.info.current_host})
+        return self._restored(None)
 
     # -- retention ---------------------------------------------------------------------------
 
@@ -936,6 +1079,83 @@ _RETAINED: "collections.deque[Any]" = collections.deque(maxlen=32)
 def _wait(work: Any) -> None:
     work.wait()
     _RETAINED.append(work)
+
+
+def _gather_ints(dist: Any, values: List[int]) -> List[List[int]]:
+    """Every rank's ``values`` (the same length everywhere), in rank order."""
+    import torch
+
+    mine = torch.tensor(values, dtype=torch.long, device=_device(dist))
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    _wait(dist.all_gather(every, mine, async_op=True))
+    return [[int(v) for v in t.cpu().tolist()] for t in every]
+
+
+def _bytes_of(t: Any, n: int) -> bytes:
+    import ctypes
+
+    host = t.cpu().contiguous()
+    return ctypes.string_at(host.data_ptr(), n)
+
+
+def _exchange_bytes(dist: Any, data: bytes, to: int, frm: int) -> bytes:
+    """Send ``data`` to rank ``to`` while receiving what rank ``frm`` sends (point to point)."""
+    import torch
+
+    device = _device(dist)
+    size_out = torch.tensor([len(data)], dtype=torch.long, device=device)
+    size_in = torch.empty(1, dtype=torch.long, device=device)
+    for work in [dist.isend(size_out, to), dist.irecv(size_in, frm)]:
+        _wait(work)
+    n = int(size_in.item())
+    out = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    inp = torch.empty(max(n, 1), dtype=torch.uint8, device=device)
+    for work in [dist.isend(out, to), dist.irecv(inp, frm)]:
+        _wait(work)
+    return _bytes_of(inp, n)
+
+
+def _transfer_bytes(dist: Any, holders: List[int], sends: Dict[int, bytes]) -> Optional[bytes]:
+    """Each rank t whose holder h is another rank receives from h what h has in ``sends[t]``;
+    returns what this rank received (None if it holds its own)."""
+    import torch
+
+    device = _device(dist)
+    me = dist.get_rank()
+    pairs = [(t, h) for t, h in enumerate(holders) if h != t]
+    sizes_out = {t: torch.tensor([len(sends.get(t, b""))], dtype=torch.long, device=device)
+                 for t, h in pairs if h == me}
+    size_in = torch.zeros(1, dtype=torch.long, device=device)
+    works = [dist.isend(sizes_out[t], t) for t, h in pairs if h == me]
+    if holders[me] != me:
+        works.append(dist.irecv(size_in, holders[me]))
+    for work in works:
+        _wait(work)
+    n = int(size_in.item())
+    outs = {t: torch.frombuffer(bytearray(sends[t]), dtype=torch.uint8).to(device)
+            for t, h in pairs if h == me and sends.get(t)}
+    inp = torch.empty(max(n, 1), dtype=torch.uint8, device=device)
+    works = [dist.isend(outs[t], t) for t in outs]
+    if holders[me] != me and n:
+        works.append(dist.irecv(inp, holders[me]))
+    for work in works:
+        _wait(work)
+    return None if holders[me] == me else _bytes_of(inp, n)
+
+
+def _copy_into(dst: Any, src: Any) -> Any:
+    """``src``'s values in ``dst``, in place where both are tensors of one shape (or dicts)."""
+    import torch
+
+    if isinstance(dst, dict) and isinstance(src, dict):
+        for key, value in src.items():
+            dst[key] = _copy_into(dst[key], value) if key in dst else value
+        return dst
+    if isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and dst.shape == src.shape:
+        with torch.no_grad():
+            dst.copy_(src)
+        return dst
+    return src
 
 
 def _reduce_ints(dist: Any, values: List[int], op: str) -> List[int]:

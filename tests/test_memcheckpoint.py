@@ -79,14 +79,14 @@ def test_snapshots_keep_the_newest_two_and_a_restore_takes_the_newest_step_in_me
     assert _snaps(c) == [5]
 
 
-def test_only_local_rank_0_writes_and_all_is_refused(tmp_path: Path) -> None:
+def test_only_local_rank_0_writes_under_a_replicated_policy_and_every_rank_under_all(tmp_path: Path) -> None:
     import torch
 
     other = Checkpointer(str(tmp_path / "ckpt"), environ=_env(tmp_path, local_rank=1))
     assert other.snapshot(1, {"w": torch.zeros(1)}) is False and not (tmp_path / "shm").exists()
-    every = Checkpointer(str(tmp_path / "ckpt"), owner="all", environ=_env(tmp_path))
-    with pytest.raises(CheckpointError, match="not available under owner='all'"):
-        every.snapshot(1, {"w": torch.zeros(1)})
+    every = Checkpointer(str(tmp_path / "ckpt"), owner="all", environ=_env(tmp_path, local_rank=1))
+    assert every.snapshot(1, {"w": torch.zeros(1)}) is True
+    assert os.listdir(tmp_path / "shm" / "rank-1") == ["step-00000001.snap"]
 
 
 def test_the_default_directory_is_the_jobs_own_on_the_hosts_tmpfs(tmp_path: Path) -> None:
@@ -220,6 +220,56 @@ def test_two_ranks_agree_on_the_newest_step_and_the_spare_gets_the_peers_memory(
     assert json.loads(outs[1][0].strip().splitlines()[-1])["left"] == [11]
     # rank 0 says where the state came from
     assert "resuming from step 12: memory of rank 1" in outs[0][1], outs[0][1]
+
+
+def test_under_all_each_rank_s_snapshot_has_a_copy_on_the_next_host_and_a_spare_gets_it(tmp_path: Path) -> None:
+    """owner='all', two gloo ranks each standing for a host: each snapshot goes to the rank's own
+    memory and to the other's. Rank 1's host is then lost with its memory: on the restore rank 1
+    (on a spare, nothing in memory) gets its own state, not rank 0's, from rank 0's host; the
+    memory's step 3 beats the disk checkpoint of step 2."""
+    code = textwrap.dedent("""
+        import json, os, shutil, sys
+        import torch, torch.distributed as dist
+        from runtime.checkpoint import Checkpointer
+        rank = int(sys.argv[1])
+        dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
+        mem = sys.argv[3] + f"/host-{rank}"
+        env = dict(os.environ, RIGDECK_MEMORY_DIR=mem)
+        c = Checkpointer(sys.argv[4], owner="all", environ=env)
+        for step in (1, 2, 3):
+            state = {"w": torch.tensor([100.0 * rank + step])}
+            c.snapshot(step, state, every=1)
+            if step == 2:
+                c.save(step, state)
+        held = {d: sorted(os.listdir(os.path.join(mem, d))) for d in sorted(os.listdir(mem))}
+        dist.barrier()
+        if rank == 1:
+            shutil.rmtree(mem)  # its host is lost with its memory; it comes back as a spare
+        dist.barrier()
+        again = Checkpointer(sys.argv[4], owner="all", environ=env)
+        step, state = again.load_latest(state={"w": torch.zeros(1)})
+        print(json.dumps({"held": held, "step": step, "w": state["w"].item(),
+                          "from": again.restored_from, "kept": sorted(os.listdir(mem + f"/rank-{rank}"))}),
+              flush=True)
+        dist.barrier(); dist.destroy_process_group()
+    """)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RIGDECK_METRICS_DIR": str(tmp_path / "metrics"),
+           "SAGEMAKER_BASE_DIR": str(tmp_path / "no-sm")}
+    for name in ("RIGDECK_JOB_ID", "RIGDECK_RESUME_BEFORE_STEP", "RIGDECK_MEMORY_DIR"):
+        env.pop(name, None)
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(r), str(tmp_path / "store"), str(tmp_path / "shm"),
+                               str(tmp_path / "ckpt")], cwd=tmp_path,
+                              env={**env, "RANK": str(r), "WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                                   "LOCAL_WORLD_SIZE": "1", "NODE_RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    got = [json.loads(out.strip().splitlines()[-1]) for out, _err in outs]
+    both = ["step-00000002.snap", "step-00000003.snap"]
+    assert got[0]["held"] == got[1]["held"] == {"rank-0": both, "rank-1": both}
+    assert (got[0]["step"], got[0]["w"], got[0]["from"]["source"], got[0]["from"]["rank"]) == (3, 3.0, "memory", 0)
+    assert (got[1]["step"], got[1]["w"], got[1]["from"]["source"], got[1]["from"]["rank"]) == (3, 103.0, "memory", 0)
+    assert got[1]["kept"] == ["step-00000003.snap"]  # the spare keeps what it received
 
 
 # -- on the bed ---------------------------------------------------------------------------------

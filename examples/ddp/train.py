@@ -131,7 +131,7 @@ def main() -> None:
         print(f"world={info.world_size} hosts={list(info.hosts)} device={info.device} "
               f"source={'+'.join(info.source)} global_batch={global_batch} "
               f"checkpoints={ckpt.dir} owner={ckpt.policy}", flush=True)
-    snapshots = not args.no_memory_snapshots and ckpt.policy != "all"  # (not kept under "all")
+    snapshots = not args.no_memory_snapshots
     t0 = time.perf_counter()
     for step in range(start, args.steps):
         lr = runtime.scaled_lr(args.lr, args.batch, global_batch, step, args.warmup)
@@ -150,8 +150,9 @@ def main() -> None:
         if (step + 1) % args.checkpoint_every == 0 or step == args.steps - 1:
             ckpt.save(step, sharded_state(model, opt, step) if ckpt.policy == "all" else
                       {"model": model.state_dict(), "optim": opt.state_dict(), "step": step})
-        elif snapshots:
-            ckpt.snapshot(step, {"model": model.state_dict(), "optim": opt.state_dict(), "step": step})
+        elif snapshots:  # (under "all" every rank calls it at the same steps: a collective there)
+            ckpt.snapshot(step, sharded_state(model, opt, step) if ckpt.policy == "all" else
+                          {"model": model.state_dict(), "optim": opt.state_dict(), "step": step})
     if info.rank == 0:
         print(f"done: {args.steps - start} steps in {time.perf_counter() - t0:.1f}s", flush=True)
     runtime.finish()  # every rank meets, then this process ends here: nothing torn down
