@@ -681,7 +681,7 @@ class Checkpointer:
         return out
 
     def _prune_snapshots(self, directory: str, keep_from: Optional[int] = None,
-                         after: Optional[int] = None) -> None:
+                         after: Optional[int] = None, leftovers: bool = True) -> None:
         """Keep the newest ``memory_keep`` snapshots in ``directory``. ``keep_from``: the step
         just written, newer than any kept (those after it are another timeline's, e.g. from before
         a NaN restart); ``after``: remove those after this step (the step a restart resumed
@@ -692,9 +692,9 @@ class Checkpointer:
                       or (after is not None and s > after)]
             live = [p for s, p in snaps if p not in doomed]
             doomed += live[:-self.memory_keep]
-            for entry in os.listdir(directory):
+            for entry in os.listdir(directory) if leftovers else ():
                 t = _TMP.match(entry)
-                if t and int(t.group(2)) != os.getpid():
+                if t and int(t.group(2)) != os.getpid():  # its one writer's, dead
                     doomed.append(os.path.join(directory, entry))
             for path in doomed:
                 try:
@@ -900,8 +900,8 @@ class Checkpointer:
                         if e.startswith("rank-")]
             except OSError:
                 dirs = []
-        for d in dirs:
-            self._prune_snapshots(d, after=step)
+        for d in dirs:  # (another local rank may be writing what it received: its tmp stays)
+            self._prune_snapshots(d, after=step, leftovers=False)
 
     def _sharded_memory(self, dist: Any) -> Optional[Tuple[int, List[int]]]:
         """Under ``all``: the newest step for which every rank's snapshot is held on some host,

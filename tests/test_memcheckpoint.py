@@ -453,12 +453,14 @@ def _write_faults(cli: Cli, host: str, faults: dict[str, Any]) -> None:
 @pytest.mark.testbed
 def test_an_xid_on_a_ranks_gpu_resumes_away_from_it_from_the_memory_snapshot(cli: Cli, tmp_path: Path) -> None:
     """XID 79 under rank 1: its next step fails as a CUDA call on a lost GPU does; the GPU is
-    drained and the job restarts away from it, from the last completed step in memory."""
+    drained and the job restarts away from it, from the last completed step in memory. Under
+    ``owner = "all"``: each rank's state is its own, and each gets its own back (the script
+    checks), from its host or from the copy on the other."""
     ckpt, dead = tmp_path / "ckpt", tmp_path / "dead"
     ckpt.mkdir()
     dead.mkdir()
     spec = _spec(cli, "mem-xid", ckpt, args=f'"--dead-gpus", "{dead}", "--first-attempt-holds"',
-                 shape="nodes = 2\ngpus_per_node = 1")
+                 shape="nodes = 2\ngpus_per_node = 1", extra=f'[checkpoint]\ndir = "{ckpt}"\nowner = "all"\n')
     waiter = cli.popen("launch", str(spec), "--wait", "--json")
     host, gpu = "", -1
     try:

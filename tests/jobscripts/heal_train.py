@@ -18,7 +18,8 @@ few steps in a shared directory, resumed on start; faults on demand in the first
                                                  sleeps inside the save, after the data is written
                   [--memory]                     checkpoints go through runtime.Checkpointer, with a
                                                  memory snapshot (Checkpointer.snapshot) every step
-                                                 (every=1);
+                                                 (every=1); under [checkpoint] owner = "all" each
+                                                 rank's state holds its own "mine" (checked on resume);
                                                  prints where it resumed from (memory or disk, whose)
 
 Reports each step with ``runtime.report(step, loss)``; prints ``resumed from step K`` when it starts
@@ -74,10 +75,15 @@ if args.save_seconds is not None or args.memory:
     if args.save_seconds is not None:
         # runtime.checkpoint's named point inside a save (what tests replace): a slow disk, simulated
         checkpoint._stage = lambda name: time.sleep(args.save_seconds) if name == "data-written" else None
-    got = checkpointer.load_latest()
+    if checkpointer.policy == "all":  # (each rank's state its own: "mine" is weight + rank)
+        got = checkpointer.load_latest(state={"step": 0, "weight": torch.zeros(1), "mine": torch.zeros(1)})
+    else:
+        got = checkpointer.load_latest()
     saved = [got[0]] if got is not None else []
     if got is not None:
         weight = got[1].get("weight", weight)
+        if "mine" in got[1] and got[1]["mine"].item() != weight.item() + rank:
+            raise SystemExit(f"rank {rank} restored another rank's state: {got[1]}")
         if checkpointer.restored_from is not None:
             r = checkpointer.restored_from
             where = f" ({r['source']} of rank {r['rank']} on {r['host']})"
@@ -122,7 +128,7 @@ for step in range(start, args.steps + 1):
     weight += x  # the state each step changes: the same on every rank (the all-reduced sum)
     runtime.report(step=step, loss=loss)
     if args.memory and checkpointer is not None:
-        checkpointer.snapshot(step, {"step": step, "weight": weight}, every=1)
+        checkpointer.snapshot(step, {"step": step, "weight": weight, "mine": weight + rank}, every=1)
     if step % args.checkpoint_every == 0 and checkpointer is not None:
         checkpointer.save(step, {"step": step, "weight": weight})  # every rank: the owner writes, the others wait
     elif step % args.checkpoint_every == 0:
