@@ -887,8 +887,8 @@ class Checkpointer:
         if self.info.local_rank == 0:
             self._prune_after(step)
         if self.info.rank == 0 and where is not None:
-            _warn(f"resuming from step {step}: {where.get('source')} of rank {where.get('rank')} "
-                  f"on {where.get('host')}")
+            on = f" on {where['host']}" if where.get("host") else ""
+            _warn(f"resuming from step {step}: {where.get('source')} of rank {where.get('rank')}{on}")
         return step, got[1]
 
     def _prune_after(self, step: int) -> None:

@@ -347,7 +347,7 @@ def _check_resumed_from_memory(cli: Cli, final: dict[str, Any], holder: str | No
     assert final["state"] == "succeeded" and final["restarts"] == 1, json.dumps(final, indent=1)[-3000:]
     job_id = final["job_id"]
     logs = cli.run("logs", job_id, "--rank", "0").stdout
-    resumed = re.findall(r"resumed from step (\d+) \((\w+) of rank (\d+) on (\S+)\)", logs)
+    resumed = re.findall(r"resumed from step (\d+) \((\w+) of rank (\d+)(?: on (\S+))?\)", logs)
     assert len(resumed) == 1 and resumed[0][1] == "memory", logs[-3000:]
     step, _source, rank, host = resumed[0]
     if holder is not None:

@@ -121,7 +121,7 @@ def main() -> None:
         start = step + 1
         if info.rank == 0:
             src = ckpt.restored_from or {}
-            where = (f"memory of rank {src.get('rank')} on {src.get('host')}"
+            where = (f"memory of rank {src.get('rank')}" + (f" on {src['host']}" if src.get("host") else "")
                      if src.get("source") == "memory" else ckpt.dir)
             print(f"resumed from step {step} ({where})", flush=True)
     net = runtime.ddp(model)

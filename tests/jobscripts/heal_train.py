@@ -86,7 +86,7 @@ if args.save_seconds is not None or args.memory:
             raise SystemExit(f"rank {rank} restored another rank's state: {got[1]}")
         if checkpointer.restored_from is not None:
             r = checkpointer.restored_from
-            where = f" ({r['source']} of rank {r['rank']} on {r['host']})"
+            where = f" ({r['source']} of rank {r['rank']}" + (f" on {r['host']})" if r.get("host") else ")")
 start = 1
 if saved:
     start = saved[-1] + 1
