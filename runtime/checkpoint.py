@@ -1049,7 +1049,7 @@ def _gather_parts(dist: Any, nbytes: int, digest: str) -> List[Tuple[int, str]]:
     device = _device(dist)
     mine = torch.tensor([nbytes] + list(bytes.fromhex(digest)), dtype=torch.long, device=device)
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    _wait(dist.all_gather(every, mine, async_op=True))
+    _wait_collective(dist.all_gather(every, mine, async_op=True))
     out = []
     for t in every:
         values = t.cpu().tolist()
@@ -1063,7 +1063,7 @@ def _all_ranks_agree(dist: Any, ok: bool) -> bool:
     import torch
 
     t = torch.tensor([1 if ok else 0], dtype=torch.long, device=_device(dist))
-    _wait(dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True))
+    _wait_collective(dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True))
     return bool(t.item())
 
 
@@ -1076,7 +1076,7 @@ def _all_ranks_agree(dist: Any, ok: bool) -> bool:
 _RETAINED: "collections.deque[Any]" = collections.deque(maxlen=32)
 
 
-def _wait(work: Any) -> None:
+def _wait_collective(work: Any) -> None:
     work.wait()
     _RETAINED.append(work)
 
@@ -1087,7 +1087,7 @@ def _gather_ints(dist: Any, values: List[int]) -> List[List[int]]:
 
     mine = torch.tensor(values, dtype=torch.long, device=_device(dist))
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    _wait(dist.all_gather(every, mine, async_op=True))
+    _wait_collective(dist.all_gather(every, mine, async_op=True))
     return [[int(v) for v in t.cpu().tolist()] for t in every]
 
 
@@ -1106,12 +1106,12 @@ def _exchange_bytes(dist: Any, data: bytes, to: int, frm: int) -> bytes:
     size_out = torch.tensor([len(data)], dtype=torch.long, device=device)
     size_in = torch.empty(1, dtype=torch.long, device=device)
     for work in [dist.isend(size_out, to), dist.irecv(size_in, frm)]:
-        _wait(work)
+        _wait_collective(work)
     n = int(size_in.item())
     out = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
     inp = torch.empty(max(n, 1), dtype=torch.uint8, device=device)
     for work in [dist.isend(out, to), dist.irecv(inp, frm)]:
-        _wait(work)
+        _wait_collective(work)
     return _bytes_of(inp, n)
 
 
@@ -1130,7 +1130,7 @@ def _transfer_bytes(dist: Any, holders: List[int], sends: Dict[int, bytes]) -> O
     if holders[me] != me:
         works.append(dist.irecv(size_in, holders[me]))
     for work in works:
-        _wait(work)
+        _wait_collective(work)
     n = int(size_in.item())
     outs = {t: torch.frombuffer(bytearray(sends[t]), dtype=torch.uint8).to(device)
             for t, h in pairs if h == me and sends.get(t)}
@@ -1139,7 +1139,7 @@ def _transfer_bytes(dist: Any, holders: List[int], sends: Dict[int, bytes]) -> O
     if holders[me] != me and n:
         works.append(dist.irecv(inp, holders[me]))
     for work in works:
-        _wait(work)
+        _wait_collective(work)
     return None if holders[me] == me else _bytes_of(inp, n)
 
 
@@ -1163,7 +1163,7 @@ def _reduce_ints(dist: Any, values: List[int], op: str) -> List[int]:
     import torch
 
     t = torch.tensor(values, dtype=torch.long, device=_device(dist))
-    _wait(dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN,
+    _wait_collective(dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN,
                           async_op=True))
     return [int(v) for v in t.cpu().tolist()]
 
@@ -1190,7 +1190,7 @@ def _broadcast_bytes(dist: Any, payload: Optional[bytes], src: int) -> bytes:
 
     device = _device(dist)
     size = torch.tensor([len(payload or b"")], dtype=torch.long, device=device)
-    _wait(dist.broadcast(size, src=src, async_op=True))
+    _wait_collective(dist.broadcast(size, src=src, async_op=True))
     n = int(size.item())
     if n == 0:
         return b""
@@ -1198,7 +1198,7 @@ def _broadcast_bytes(dist: Any, payload: Optional[bytes], src: int) -> bytes:
         buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
     else:
         buf = torch.empty(n, dtype=torch.uint8, device=device)
-    _wait(dist.broadcast(buf, src=src, async_op=True))
+    _wait_collective(dist.broadcast(buf, src=src, async_op=True))
     host = buf.cpu().contiguous()
     data = ctypes.string_at(host.data_ptr(), n)
     buf.set_(torch.UntypedStorage(0, device=device))  # the kept handle need not keep the bytes
