@@ -128,7 +128,10 @@ for step in range(start, args.steps + 1):
     weight += x  # the state each step changes: the same on every rank (the all-reduced sum)
     runtime.report(step=step, loss=loss)
     if args.memory and checkpointer is not None:
-        checkpointer.snapshot(step, {"step": step, "weight": weight, "mine": weight + rank}, every=1)
+        state = {"step": step, "weight": weight}
+        if checkpointer.policy == "all":  # each rank's own: every rank writes its snapshot
+            state["mine"] = weight + rank
+        checkpointer.snapshot(step, state, every=1)
     if step % args.checkpoint_every == 0 and checkpointer is not None:
         checkpointer.save(step, {"step": step, "weight": weight})  # every rank: the owner writes, the others wait
     elif step % args.checkpoint_every == 0:
