@@ -12,6 +12,7 @@ import glob
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import time
@@ -21,6 +22,14 @@ from agent import clusterfiles, hangrule
 from agent import container as containers
 from agent.jobfiles import free_mb, is_resource_error, read_env_file, reserve, resource_message, tail, write_json
 from agent.rankexec import die_with_parent
+
+MEMORY_ROOT = "/dev/shm"  # runtime.checkpoint.memory_job_dir's: the ranks' memory snapshots
+
+
+def memory_job_dir(job_id: str, root: str = MEMORY_ROOT) -> str:
+    """Where a job's ranks of this account keep their memory snapshots on this host (the same
+    path as runtime.checkpoint.memory_job_dir; the agent does not import the runtime)."""
+    return os.path.join(root, "rigdeck-mem-%d" % os.getuid(), job_id)
 
 POLL_S = 0.5  # at the latest: a rank's exit wakes the loop at once (SIGCHLD), a poll finds the rest
 DISK_FULL_MB = 1.0  # a failure with less than this free under the job dir is put down to it
@@ -620,6 +629,17 @@ class JobHost:
         finally:
             if self.container is not None:  # a stop, a failure or the end: no container stays
                 self.container.remove()
+            if self.state.get("state") == "succeeded":
+                self.drop_memory_snapshots()
+
+    def drop_memory_snapshots(self) -> None:
+        """The job's memory snapshots on this host (runtime.Checkpointer.snapshot), once it
+        succeeded here: nothing will resume from them. After a failure or a stop they stay (the
+        next attempt, here or moved, resumes from them) until the job succeeds or the host
+        reboots (a tmpfs)."""
+        path = memory_job_dir(self.job_id)
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
 
     def _run(self) -> int:
         reserve(self.state_path, 65536)  # room for the state (and its cause) on a full disk

@@ -24,7 +24,8 @@ ENV_STACKS_DIR = "RIGDECK_STACKS_DIR"
 _COLLECTIVE_FILES = ("torch/distributed/", "torch/cuda/nccl", "mpi4py/", "horovod/")
 _COLLECTIVE_FUNCS = {"all_reduce", "allreduce", "barrier", "broadcast", "all_gather", "all_gather_into_tensor",
                      "reduce_scatter", "reduce_scatter_tensor", "all_to_all", "gather", "scatter", "reduce",
-                     "send", "recv", "wait", "monitored_barrier", "Allreduce", "Barrier", "Bcast"}
+                     "send", "recv", "wait", "monitored_barrier", "Allreduce", "Barrier", "Bcast",
+                     "_wait_collective"}  # runtime.checkpoint's wait for its own collectives
 _FRAME = re.compile(r'^\s+File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>\S+)')
 _THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<id>0x[0-9a-f]+)")
 

@@ -18,13 +18,28 @@ those pickle objects through numpy, which a training host's torch may lack.)
 Every file is written to a temporary name in the same directory, flushed, fsynced and renamed;
 the directory is fsynced after each rename. A checkpoint without its manifest is incomplete and
 ignored, so a save killed at any moment leaves the previous good checkpoint in charge.
+
+**Memory snapshots** (``Checkpointer.snapshot``, called every step): the state, torch.save'd to
+bytes, goes into a tmpfs directory of the host (``/dev/shm/rigdeck-mem-<uid>/<job id>/``: it
+outlives the rank's process, not the host), as ``step-00000121.snap`` (a tmp name, renamed; the
+newest ``memory_keep`` kept). One rank per host writes it (local rank 0): under the replicated
+policies every rank holds the same state, so each host of the job keeps its own copy and a host
+lost with its memory leaves the copies of the others, with nothing sent over the network.
+``load_latest`` agrees with every rank on the newest step anyone holds, in memory or on disk, and
+the holder broadcasts it: a rank on a spare host resumes from a peer host's memory. Under ``all``
+each rank's state is its own: every rank writes its snapshot (``rank-<R>/step-*.snap``) and sends a
+copy to the same local rank on the next host (point to point), which keeps it in its host's tmpfs;
+a restore takes the newest step every rank's snapshot is held for, and each rank gets its own
+from its holder.
 """
 
 from __future__ import annotations
 
 import collections
 import hashlib
+import io
 import json
+import math
 import os
 import re
 import shutil
@@ -32,6 +47,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from runtime import metrics
@@ -45,8 +61,40 @@ _NAME = re.compile(r"^step-(\d{8,})$")
 _MANIFEST = re.compile(r"^(step-\d{8,})\.manifest\.json$")
 _DATA = re.compile(r"^(step-\d{8,})(\.pt)?$")
 _TMP = re.compile(r"^\.(step-\d{8,}|latest).*\.tmp-(\d+)$")
+_SNAP = re.compile(r"^step-(\d{8,})\.snap$")
 _CHUNK = 32 << 20
 _moves_reported: set = set()
+MEMORY_DIR_ENV = "RIGDECK_MEMORY_DIR"  # where memory snapshots go (default under /dev/shm)
+MEMORY_ROOT = "/dev/shm"
+SNAPSHOT_BUDGET = 0.02  # memory snapshots may cost at most this share of the step time
+
+
+_WROTE_SNAPSHOTS: set = set()  # the memory directories this process wrote snapshots into
+_WRITERS: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()  # those that saved asynchronously
+
+
+def wait_for_saves() -> None:
+    """Wait for every asynchronous save of this process to be on disk (``runtime.finish()``
+    does, before the ranks meet); a failed one is warned about here, not raised."""
+    for ckpt in list(_WRITERS):
+        try:
+            ckpt.wait()
+        except Exception as e:
+            _warn(str(e))
+
+
+def drop_memory_snapshots() -> None:
+    """Remove the memory snapshot directories this process wrote into (``runtime.finish()`` does,
+    once every rank reached the end: nothing will resume from them; the disk checkpoints stay)."""
+    for path in sorted(_WROTE_SNAPSHOTS):
+        shutil.rmtree(path, ignore_errors=True)
+    _WROTE_SNAPSHOTS.clear()
+
+
+def memory_job_dir(job_id: str, uid: Optional[int] = None, root: str = MEMORY_ROOT) -> str:
+    """The tmpfs directory of one rigdeck job's memory snapshots on a host (the agent removes it
+    when the job ends there)."""
+    return os.path.join(root, f"rigdeck-mem-{os.getuid() if uid is None else uid}", job_id)
 
 
 def _stage(name: str) -> None:
@@ -130,7 +178,7 @@ def _writeback_starter() -> Any:
     return _WRITEBACK[0]
 
 
-def _torch_save(state: Any, out: _HashingFile) -> None:
+def _torch_save(state: Any, out: Any) -> None:
     import torch
 
     target: Any = out  # a file-like object with write() and flush() is all torch.save needs
@@ -203,13 +251,26 @@ class Checkpointer:
     ``$RIGDECK_CHECKPOINT_OWNER``. ``dir`` defaults to ``$RIGDECK_CHECKPOINT_DIR``. ``keep``: how
     many complete checkpoints to keep (None or 0: all). ``barrier``: after a save, every rank waits
     for the others when a process group is up, so non-owners never run ahead of a save.
+
+    ``memory_dir``: where ``snapshot`` keeps this host's memory snapshots (default
+    ``$RIGDECK_MEMORY_DIR``, else ``/dev/shm/rigdeck-mem-<uid>/<job id>``, or ``.../dir-<hash of
+    dir>`` outside a rigdeck job); ``memory_keep``: how many it keeps (default 2);
+    ``snapshot_budget``: the share of the step time snapshots may cost (default 0.02): a snapshot
+    slower than that is taken every N steps instead of every step.
+
+    ``async_save``: a save by a file owner (not under ``all``) serialises the state and returns;
+    a thread writes it (fsync, manifest, ``latest``, its ``checkpoint`` events) while training goes
+    on. The next save, ``load_latest``, ``wait()`` and ``runtime.finish()`` wait for it; a failed
+    write raises its ``CheckpointError`` there.
     """
 
     def __init__(self, dir: Optional[str] = None, owner: Optional[str] = None, *,
                  keep: Optional[int] = 3, barrier: bool = True,
                  info: Optional[ClusterInfo] = None,
                  environ: Optional[Mapping[str, str]] = None,
-                 reporter: Optional[Reporter] = None) -> None:
+                 reporter: Optional[Reporter] = None,
+                 memory_dir: Optional[str] = None, memory_keep: int = 2,
+                 snapshot_budget: float = SNAPSHOT_BUDGET, async_save: bool = False) -> None:
         env = os.environ if environ is None else environ
         self.info = info if info is not None else cluster_info(environ)
         root = dir or env.get("RIGDECK_CHECKPOINT_DIR")
@@ -232,6 +293,30 @@ class Checkpointer:
                 env.get(METRICS_DIR_ENV), self.info.rank)
         self.reporter = reporter
         self.moved_from = decision.moved_from
+        if memory_keep < 1:
+            raise ValueError(f"Checkpointer: memory_keep must be at least 1, got {memory_keep}")
+        if not 0 < snapshot_budget <= 1:
+            raise ValueError(f"Checkpointer: snapshot_budget must be in (0, 1], got {snapshot_budget}")
+        mem = memory_dir or env.get(MEMORY_DIR_ENV)
+        if not mem:
+            mem = memory_job_dir(self.info.job_id
+                                 or "dir-" + hashlib.sha256(self.root.encode()).hexdigest()[:16])
+        self.memory_dir = os.path.abspath(os.fspath(mem))
+        self.memory_keep = memory_keep
+        self.snapshot_budget = snapshot_budget
+        self.snapshot_every = 1  # steps between snapshots, from the snapshot's cost and the step time
+        self._snap_last_call: Optional[float] = None  # the last call: when, and its step
+        self._snap_call_step: Optional[int] = None
+        self._snap_last_step: Optional[int] = None  # the last snapshot written
+        self._snap_cost: Optional[float] = None  # seconds a snapshot takes (smoothed)
+        self._snap_wrote_cost = 0.0  # what the last call spent writing one
+        self._step_time: Optional[float] = None  # seconds a step takes (smoothed)
+        self._snap_off: Optional[str] = None  # why snapshots stopped (a full tmpfs), once warned
+        self.restored_from: Optional[Dict[str, Any]] = None  # what load_latest resumed from
+        self.async_save = async_save
+        self._writer: Optional[threading.Thread] = None  # an asynchronous save still writing
+        self._writer_error: Optional[BaseException] = None
+        self._snap_failed: Optional[BaseException] = None  # a peer copy refused (under all)
         if decision.moved_from is not None and self.is_owner:
             key = (self.root, self.policy)
             if key not in _moves_reported:
@@ -259,6 +344,8 @@ class Checkpointer:
         with self.reporter.section("checkpoint"):
             if self.policy == "all":
                 path: Optional[str] = self._save_dcp(step, state)
+            elif self.is_owner and self.async_save:
+                path = self._save_file_async(step, state)
             elif self.is_owner:
                 path = self._save_file(step, state)
             else:
@@ -266,13 +353,51 @@ class Checkpointer:
             self._barrier()
         return path
 
+    def _save_file_async(self, step: int, state: Any) -> str:
+        """Serialise ``state`` here (its copy: training may change the tensors from now on), then
+        write it on a thread of its own; the previous asynchronous save is waited for first."""
+        self.wait()
+        buf = io.BytesIO()
+        try:
+            _torch_save(state, buf)
+        except Exception as e:
+            raise CheckpointError(f"serialising the checkpoint of step {step} failed: {e}") from e
+        data = buf.getvalue()
+        path = os.path.join(self.dir, _checkpoint_name(step) + ".pt")
+        writer = threading.Thread(target=self._write_behind, args=(step, data),
+                                  name=f"rigdeck-checkpoint-{step}")
+        self._writer = writer
+        _WRITERS.add(self)
+        writer.start()  # not a daemon: an interpreter's normal exit waits for it
+        return path
+
+    def _write_behind(self, step: int, data: bytes) -> None:
+        try:
+            self._save_file(step, None, data=data)
+        except BaseException as e:  # reported by _save_file; raised by the next save or wait()
+            self._writer_error = e
+
+    def wait(self) -> None:
+        """Wait until an asynchronous save (``async_save``) is on disk; raises the
+        ``CheckpointError`` of one that failed. The next save, ``load_latest`` and
+        ``runtime.finish()`` wait too."""
+        writer = self._writer
+        if writer is not None:
+            writer.join()
+            self._writer = None
+        error, self._writer_error = self._writer_error, None
+        if error is not None:
+            raise error
+
     def _report(self, status: str, step: int, nbytes: int, seconds: float, path: str,
                 error: Optional[str] = None) -> None:
         self.reporter.event("checkpoint", status=status, step=step, bytes=nbytes,
                             seconds=round(seconds, 6), path=path, owner=self.owner_id,
                             error=error)
 
-    def _save_file(self, step: int, state: Any) -> str:
+    def _save_file(self, step: int, state: Any, data: Optional[bytes] = None) -> str:
+        """Write the checkpoint of ``step``: ``state`` serialised here, or ``data``, its bytes
+        already serialised (an asynchronous save's)."""
         name = _checkpoint_name(step)
         path = os.path.join(self.dir, name + ".pt")
         self._report("writing", step, 0, 0.0, path)
@@ -285,7 +410,10 @@ class Checkpointer:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 out = _HashingFile(fd)
-                _torch_save(state, out)
+                if data is not None:
+                    out.write(data)
+                else:
+                    _torch_save(state, out)
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -405,6 +533,189 @@ class Checkpointer:
         if dist is not None and dist.get_world_size() > 1:
             dist.barrier()
 
+    # -- memory snapshots --------------------------------------------------------------------
+
+    def snapshot(self, step: int, state: Any, *, every: Optional[int] = None) -> bool:
+        """Keep ``state`` as the memory snapshot of ``step`` (completed: call it after the
+        optimizer's step), cheaply enough to call every step. Returns True where this call wrote
+        one.
+
+        Under the replicated policies (``rank0``, ``host:NAME/gpu:I``, ``per-node``) local rank 0
+        of each host writes it into the host's tmpfs (``memory_dir``) and the other ranks return at
+        once: no collective, ranks never wait for each other here. Under ``all`` (each rank's state
+        its own) every rank writes its own, in ``memory_dir/rank-<R>/``, and sends a copy to the
+        same local rank on the next host, which keeps it in its host's tmpfs: every rank calls it
+        at the same steps (it is a collective there). A snapshot costing more than
+        ``snapshot_budget`` of the step time is taken every N steps (``snapshot_every``, from the
+        two measured; agreed by every rank under ``all``) instead; ``every`` fixes N. A tmpfs that
+        refuses it (full) turns snapshots off with one warning (every rank's under ``all``); disk
+        checkpoints go on.
+        """
+        if every is not None and (not isinstance(every, int) or every < 1):
+            raise ValueError(f"Checkpointer.snapshot: every must be a positive int, got {every!r}")
+        _checkpoint_name(step)
+        sharded = self.policy == "all"
+        now = time.perf_counter()
+        last_call, call_step = self._snap_last_call, self._snap_call_step
+        wrote_cost, self._snap_wrote_cost = self._snap_wrote_cost, 0.0
+        self._snap_last_call, self._snap_call_step = now, step
+        if self._snap_off is not None or (not sharded and self.info.local_rank != 0):
+            return False
+        proposed = every or 1
+        if last_call is not None and call_step is not None and self._snap_cost is not None:
+            # the time of a step since the last call, that call's own snapshot left out
+            per_step = max(1e-6, (now - last_call - wrote_cost) / max(1, step - call_step))
+            self._step_time = per_step if self._step_time is None else (
+                0.7 * self._step_time + 0.3 * per_step)
+            proposed = every or max(1, math.ceil(
+                self._snap_cost / (self.snapshot_budget * self._step_time)))
+            if not sharded:
+                self.snapshot_every = proposed
+            last = self._snap_last_step
+            if last is not None and 0 <= step - last < self.snapshot_every:
+                return False
+        t0 = time.perf_counter()
+        buf = io.BytesIO()
+        _torch_save((step, state), buf)  # (no CRC32: a second pass over the bytes)
+        data = buf.getvalue()
+        if sharded:
+            if not self._snapshot_sharded(step, data, proposed):
+                return False
+        else:
+            try:
+                self._write_snapshot(self.memory_dir, step, data)
+            except OSError as e:
+                self._snapshots_off(e)
+                return False
+        cost = time.perf_counter() - t0
+        self._snap_cost = cost if self._snap_cost is None else 0.7 * self._snap_cost + 0.3 * cost
+        self._snap_wrote_cost = time.perf_counter() - now
+        self._snap_last_step = step
+        return True
+
+    def _write_snapshot(self, directory: str, step: int, data: bytes) -> None:
+        path = os.path.join(directory, _checkpoint_name(step) + ".snap")
+        tmp = _tmp_name(path)
+        try:
+            os.makedirs(os.path.dirname(self.memory_dir), mode=0o700, exist_ok=True)
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                _write_all(fd, memoryview(data))
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)  # tmpfs: no fsync; the rename makes it whole or absent
+        except OSError:
+            try:
+                os.remove(tmp)
+            except OSError:
+                pass
+            raise
+        _WROTE_SNAPSHOTS.add(self.memory_dir)
+        self._prune_snapshots(directory, keep_from=step)
+
+    def _snapshots_off(self, e: BaseException) -> None:
+        free = ""
+        try:
+            st = os.statvfs(os.path.dirname(self.memory_dir))
+            free = f", {st.f_bavail * st.f_frsize / 1e6:.1f} MB free"
+        except OSError:
+            pass
+        self._snap_off = f"{self.memory_dir}: {e}{free}"
+        _warn(f"memory snapshots off: {self._snap_off}; a restart resumes from disk checkpoints")
+
+    def _peers(self) -> Optional[Tuple[int, int]]:
+        """(the rank this one sends its snapshots to, the rank whose copies it keeps): the same
+        local rank on the next host and on the one before; None on one host."""
+        world, per_host = self.info.world_size, max(1, self.info.local_world_size)
+        if world <= per_host or world % per_host:
+            return None
+        return (self.info.rank + per_host) % world, (self.info.rank - per_host) % world
+
+    def _snapshot_sharded(self, step: int, data: bytes, proposed: int) -> bool:
+        """Under ``all``: this rank's own snapshot, then the exchange with its peers; every rank
+        agrees first on the next interval and on whether anyone's tmpfs refused one."""
+        me = self.info.rank
+        problem: Optional[BaseException] = self._snap_failed
+        if problem is None:
+            try:
+                self._write_snapshot(self._rank_dir(me), step, data)
+            except OSError as e:
+                problem = e
+        dist = _dist()
+        if dist is not None and dist.get_world_size() > 1:
+            anyone, agreed = _reduce_ints(dist, [int(problem is not None), proposed], "max")
+        else:
+            anyone, agreed = int(problem is not None), proposed
+        if anyone:
+            self._snapshots_off(problem or OSError("another rank's tmpfs refused its snapshot"))
+            return False
+        self.snapshot_every = agreed
+        peers = self._peers()
+        if dist is not None and peers is not None:
+            got = _exchange_bytes(dist, data, *peers)
+            try:
+                self._write_snapshot(self._rank_dir(peers[1]), step, got)
+            except OSError as e:
+                self._snap_failed = e  # every rank turns them off at the next snapshot
+        return True
+
+    def _rank_dir(self, rank: int) -> str:
+        return os.path.join(self.memory_dir, f"rank-{rank}")
+
+    def snapshots(self, directory: Optional[str] = None) -> List[Tuple[int, str]]:
+        """This host's memory snapshots, oldest first: (step, path); under ``all``, pass
+        ``directory`` (``memory_dir/rank-<R>``, rank R's)."""
+        directory = directory or (self._rank_dir(self.info.rank) if self.policy == "all"
+                                  else self.memory_dir)
+        try:
+            entries = os.listdir(directory)
+        except OSError:
+            return []
+        out = []
+        for entry in entries:
+            m = _SNAP.match(entry)
+            if m:
+                out.append((int(m.group(1)), os.path.join(directory, entry)))
+        out.sort()
+        return out
+
+    def _prune_snapshots(self, directory: str, keep_from: Optional[int] = None,
+                         after: Optional[int] = None, leftovers: bool = True) -> None:
+        """Keep the newest ``memory_keep`` snapshots in ``directory``. ``keep_from``: the step
+        just written, newer than any kept (those after it are another timeline's, e.g. from before
+        a NaN restart); ``after``: remove those after this step (the step a restart resumed
+        from)."""
+        try:
+            snaps = self.snapshots(directory)
+            doomed = [p for s, p in snaps if (keep_from is not None and s > keep_from)
+                      or (after is not None and s > after)]
+            live = [p for s, p in snaps if p not in doomed]
+            doomed += live[:-self.memory_keep]
+            for entry in os.listdir(directory) if leftovers else ():
+                t = _TMP.match(entry)
+                if t and int(t.group(2)) != os.getpid():  # its one writer's, dead
+                    doomed.append(os.path.join(directory, entry))
+            for path in doomed:
+                try:
+                    _remove(path)
+                except FileNotFoundError:
+                    pass
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            _warn(f"could not prune memory snapshots in {directory}: {e}")
+
+    def _memory_newest(self) -> Optional[Tuple[int, str]]:
+        for step, path in reversed(self.snapshots()):
+            if self.resume_before is None or step < self.resume_before:
+                return step, path
+        return None
+
+    def _disk_newest(self) -> Optional[int]:
+        resumable = self.resumable()
+        return resumable[-1][0] if resumable else None
+
     # -- reading -----------------------------------------------------------------------------
 
     def latest_name(self) -> Optional[str]:
@@ -475,26 +786,173 @@ class Checkpointer:
     def load_latest(self, map_location: Any = "cpu", *, weights_only: bool = True,
                     state: Optional[Dict[str, Any]] = None,
                     broadcast: Optional[bool] = None) -> Optional[Tuple[int, Any]]:
-        """(step, state) of the newest complete checkpoint whose bytes match its manifest, or None.
+        """(step, state) of the newest step held: a memory snapshot (``snapshot``) of any host of
+        the job, or the newest complete checkpoint whose bytes match its manifest; None if neither.
+        A memory snapshot wins a tie. After a NaN restart (``RIGDECK_RESUME_BEFORE_STEP``) both
+        only count before the first bad step.
 
-        With a process group up (and ``broadcast`` not False) one owner reads and every rank gets
-        its copy, so ranks on hosts without the checkpoint resume from the same step. Under
-        ``all``, ``state`` is the state_dict to load into (dcp loads in place); every rank reads.
+        With a process group up (and ``broadcast`` not False) the ranks agree on the newest step
+        any of them holds, and its holder (the lowest rank) sends it to every rank, so ranks on
+        hosts without it (a spare replacing a lost host) resume from the same step. Without one,
+        this host's memory snapshot and the checkpoint directory are read here.
+        ``restored_from`` then says what it was: ``{"step", "source": "memory"|"disk", "rank",
+        "host"}``. Under ``all``, ``state`` is the state_dict to load into (in place); every rank
+        reads its disk part, or, where every rank's snapshot of a step at least as new is held on
+        some host, each gets its own from its holder.
         """
+        self.wait()
         if self.policy == "all":
             return self._load_dcp(state)
         dist = _dist()
         if broadcast is None:
             broadcast = dist is not None and dist.get_world_size() > 1
+        mem = self._memory_newest()
         if not broadcast or dist is None:
-            return self._load_local(map_location, weights_only)
-        src = _min_rank(dist, self.info.rank if self.is_owner else None)
-        payload = None
-        if self.info.rank == src:
-            result = self._load_local("cpu", weights_only)
-            payload = b"" if result is None else _dumps(result)
+            return self._restored(self._load_here(map_location, weights_only, mem))
+        # Every rank offers what it holds: its host's newest memory snapshot, and an owner its
+        # newest disk checkpoint. The newest step wins, memory before disk, then the lowest rank,
+        # which reads it and broadcasts the bytes.
+        me, world = dist.get_rank(), dist.get_world_size()
+        disk = self._disk_newest() if self.is_owner or me == 0 else None
+        mine = max(-1, -1 if mem is None else mem[0],
+                   -1 if disk is None or not self.is_owner else disk)
+        # [newest offered, whether any rank owns checkpoints, rank 0's own disk step]: with no
+        # owner in the group, rank 0 reads the directory (as before memory snapshots)
+        best, owned, first = _reduce_ints(dist, [mine, int(self.is_owner),
+                                                 -1 if disk is None or me != 0 else disk], "max")
+        if not owned:
+            best = max(best, first)
+        elif not self.is_owner:
+            disk = None
+        if best < 0:
+            return self._restored(None)
+        offer = me if mem is not None and mem[0] == best else (
+            world + me if disk == best else 2 * world)
+        chosen = _reduce_int(dist, offer, "min")
+        if chosen >= 2 * world:  # (cannot happen: the newest step is someone's offer)
+            return self._restored(None)
+        src = chosen % world
+        payload: Optional[bytes] = None
+        header: Optional[bytes] = None
+        if me == src:
+            source = "memory" if chosen < world else "disk"
+            data: Optional[bytes] = None
+            if mem is not None and source == "memory":
+                data = self._read_snapshot(mem[1])
+            if data is None:
+                source = "disk"
+                result = self._load_local("cpu", weights_only)
+                data = b"" if result is None else _dumps(result)
+            payload = data
+            header = json.dumps({"source": source, "rank": me,
+                                 "host": self.info.current_host}).encode()
+        where = json.loads(_broadcast_bytes(dist, header, src).decode())
         data = _broadcast_bytes(dist, payload, src)
-        return None if not data else _loads(data, map_location, weights_only)
+        if not data:
+            return self._restored(None)
+        return self._restored(_loads(data, map_location, weights_only), where)
+
+    def _read_snapshot(self, path: str) -> Optional[bytes]:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as e:
+            _warn(f"could not read memory snapshot {path}: {e}")
+            return None
+
+    def _load_here(self, map_location: Any, weights_only: bool,
+                   mem: Optional[Tuple[int, str]]) -> Optional[Tuple[Tuple[int, Any], Dict[str, Any]]]:
+        """The newest of this host's memory snapshot and the disk checkpoints, read here."""
+        here = {"rank": self.info.rank, "host": self.info.current_host}
+        disk = self._disk_newest()
+        if mem is not None and (disk is None or mem[0] >= disk):
+            data = self._read_snapshot(mem[1])
+            if data is not None:
+                return _loads(data, map_location, weights_only), {"source": "memory", **here}
+        result = self._load_local(map_location, weights_only)
+        if result is None:
+            return None
+        return result, {"source": "disk", **here}
+
+    def _restored(self, got: Any, where: Optional[Dict[str, Any]] = None) -> Optional[Tuple[int, Any]]:
+        """Note what a restore resumed from (``restored_from``), drop this host's snapshots of
+        steps after it (another timeline's), and return (step, state) or None."""
+        if got is not None and where is None:
+            got, where = got
+        if got is None:
+            self.restored_from = None
+            return None
+        step = int(got[0])
+        self.restored_from = {"step": step, **(where or {})}
+        if self.info.local_rank == 0:
+            self._prune_after(step)
+        if self.info.rank == 0 and where is not None:
+            on = f" on {where['host']}" if where.get("host") else ""
+            _warn(f"resuming from step {step}: {where.get('source')} of rank {where.get('rank')}{on}")
+        return step, got[1]
+
+    def _prune_after(self, step: int) -> None:
+        """This host's snapshots of steps after ``step`` go (every rank's, under ``all``)."""
+        dirs = [self.memory_dir]
+        if self.policy == "all":
+            try:
+                dirs = [os.path.join(self.memory_dir, e) for e in os.listdir(self.memory_dir)
+                        if e.startswith("rank-")]
+            except OSError:
+                dirs = []
+        for d in dirs:  # (another local rank may be writing what it received: its tmp stays)
+            self._prune_snapshots(d, after=step, leftovers=False)
+
+    def _sharded_memory(self, dist: Any) -> Optional[Tuple[int, List[int]]]:
+        """Under ``all``: the newest step for which every rank's snapshot is held on some host,
+        and for each rank the rank that holds it (itself first, else the lowest); None if there is
+        none. Every rank says what its host holds (an all_gather)."""
+        world = dist.get_world_size() if dist is not None else 1
+        depth = 4  # the newest snapshots of each rank a host offers
+        held = [-1] * (world * depth)
+        for t in range(world):
+            steps = [s for s, _p in self.snapshots(self._rank_dir(t))
+                     if self.resume_before is None or s < self.resume_before][-depth:]
+            held[t * depth:t * depth + len(steps)] = steps
+        every = _gather_ints(dist, held) if dist is not None else [held]
+        common: Optional[set] = None
+        for t in range(world):
+            found = {s for h in range(world) for s in every[h][t * depth:(t + 1) * depth] if s >= 0}
+            common = found if common is None else common & found
+        if not common:
+            return None
+        best = max(common)
+        holders = []
+        for t in range(world):
+            have = [h for h in range(world) if best in every[h][t * depth:(t + 1) * depth]]
+            holders.append(t if t in have else min(have))
+        return best, holders
+
+    def _load_sharded_memory(self, dist: Any, step: int, holders: List[int],
+                             state: Dict[str, Any]) -> Tuple[int, Any]:
+        """Every rank's snapshot of ``step`` to its rank (sent by its holder where that is another
+        rank), loaded into ``state`` in place; a snapshot received is kept on this host too."""
+        me = self.info.rank if dist is None else dist.get_rank()
+        name = _checkpoint_name(step) + ".snap"
+        sends = {t: self._read_snapshot(os.path.join(self._rank_dir(t), name)) or b""
+                 for t, h in enumerate(holders) if h == me and t != me}
+        data: Optional[bytes] = None
+        if holders[me] == me:
+            data = self._read_snapshot(os.path.join(self._rank_dir(me), name))
+        if dist is not None:
+            got = _transfer_bytes(dist, holders, sends)
+            if got is not None:
+                data = got
+                try:
+                    self._write_snapshot(self._rank_dir(me), step, got)
+                except OSError as e:
+                    _warn(f"could not keep the snapshot received in {self._rank_dir(me)}: {e}")
+        if not data:
+            raise CheckpointError(f"the memory snapshot of step {step} for rank {me} could not be read "
+                                  f"(from rank {holders[me]})")
+        loaded_step, loaded = _loads(data, "cpu", True)
+        _copy_into(state, loaded)
+        return int(loaded_step), state
 
     def _load_local(self, map_location: Any, weights_only: bool) -> Optional[Tuple[int, Any]]:
         import torch
@@ -526,6 +984,13 @@ class Checkpointer:
             candidates = json.loads(_broadcast_bytes(
                 dist, json.dumps(candidates).encode() if self.info.rank == 0 else None,
                 0).decode())
+        mem = self._sharded_memory(dist)
+        if mem is not None and (not candidates or mem[0] >= candidates[0][0]):
+            step, loaded = self._load_sharded_memory(dist, mem[0], mem[1], state)
+            me = self.info.rank if dist is None else dist.get_rank()
+            return self._restored((step, loaded), {"source": "memory", "rank": mem[1][me],
+                                                   "host": self.info.current_host
+                                                   if mem[1][me] == me else None})
         for step, name, parts in candidates:
             problem = self._verify_part(name, parts.get(str(self.info.rank), {}))
             if problem is not None:
@@ -535,8 +1000,9 @@ class Checkpointer:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message=".*torch.distributed is disabled")
                 dcp.load(state, checkpoint_id=self._part_dir(name), no_dist=True)
-            return step, state
-        return None
+            return self._restored((step, state), {"source": "disk", "rank": self.info.rank,
+                                                  "host": self.info.current_host})
+        return self._restored(None)
 
     # -- retention ---------------------------------------------------------------------------
 
@@ -583,7 +1049,7 @@ def _gather_parts(dist: Any, nbytes: int, digest: str) -> List[Tuple[int, str]]:
     device = _device(dist)
     mine = torch.tensor([nbytes] + list(bytes.fromhex(digest)), dtype=torch.long, device=device)
     every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    _wait(dist.all_gather(every, mine, async_op=True))
+    _wait_collective(dist.all_gather(every, mine, async_op=True))
     out = []
     for t in every:
         values = t.cpu().tolist()
@@ -597,7 +1063,7 @@ def _all_ranks_agree(dist: Any, ok: bool) -> bool:
     import torch
 
     t = torch.tensor([1 if ok else 0], dtype=torch.long, device=_device(dist))
-    _wait(dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True))
+    _wait_collective(dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True))
     return bool(t.item())
 
 
@@ -610,20 +1076,101 @@ def _all_ranks_agree(dist: Any, ok: bool) -> bool:
 _RETAINED: "collections.deque[Any]" = collections.deque(maxlen=32)
 
 
-def _wait(work: Any) -> None:
+def _wait_collective(work: Any) -> None:
     work.wait()
     _RETAINED.append(work)
 
 
-def _min_rank(dist: Any, mine: Optional[int]) -> int:
-    """The lowest rank that offered itself (``mine`` not None), else 0."""
+def _gather_ints(dist: Any, values: List[int]) -> List[List[int]]:
+    """Every rank's ``values`` (the same length everywhere), in rank order."""
     import torch
 
-    world = dist.get_world_size()
-    t = torch.tensor([world if mine is None else mine], dtype=torch.long, device=_device(dist))
-    _wait(dist.all_reduce(t, op=dist.ReduceOp.MIN, async_op=True))
-    found = int(t.item())
-    return found if found < world else 0
+    mine = torch.tensor(values, dtype=torch.long, device=_device(dist))
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    _wait_collective(dist.all_gather(every, mine, async_op=True))
+    return [[int(v) for v in t.cpu().tolist()] for t in every]
+
+
+def _bytes_of(t: Any, n: int) -> bytes:
+    import ctypes
+
+    host = t.cpu().contiguous()
+    return ctypes.string_at(host.data_ptr(), n)
+
+
+def _exchange_bytes(dist: Any, data: bytes, to: int, frm: int) -> bytes:
+    """Send ``data`` to rank ``to`` while receiving what rank ``frm`` sends (point to point)."""
+    import torch
+
+    device = _device(dist)
+    size_out = torch.tensor([len(data)], dtype=torch.long, device=device)
+    size_in = torch.empty(1, dtype=torch.long, device=device)
+    for work in [dist.isend(size_out, to), dist.irecv(size_in, frm)]:
+        _wait_collective(work)
+    n = int(size_in.item())
+    out = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)
+    inp = torch.empty(max(n, 1), dtype=torch.uint8, device=device)
+    for work in [dist.isend(out, to), dist.irecv(inp, frm)]:
+        _wait_collective(work)
+    return _bytes_of(inp, n)
+
+
+def _transfer_bytes(dist: Any, holders: List[int], sends: Dict[int, bytes]) -> Optional[bytes]:
+    """Each rank t whose holder h is another rank receives from h what h has in ``sends[t]``;
+    returns what this rank received (None if it holds its own)."""
+    import torch
+
+    device = _device(dist)
+    me = dist.get_rank()
+    pairs = [(t, h) for t, h in enumerate(holders) if h != t]
+    sizes_out = {t: torch.tensor([len(sends.get(t, b""))], dtype=torch.long, device=device)
+                 for t, h in pairs if h == me}
+    size_in = torch.zeros(1, dtype=torch.long, device=device)
+    works = [dist.isend(sizes_out[t], t) for t, h in pairs if h == me]
+    if holders[me] != me:
+        works.append(dist.irecv(size_in, holders[me]))
+    for work in works:
+        _wait_collective(work)
+    n = int(size_in.item())
+    outs = {t: torch.frombuffer(bytearray(sends[t]), dtype=torch.uint8).to(device)
+            for t, h in pairs if h == me and sends.get(t)}
+    inp = torch.empty(max(n, 1), dtype=torch.uint8, device=device)
+    works = [dist.isend(outs[t], t) for t in outs]
+    if holders[me] != me and n:
+        works.append(dist.irecv(inp, holders[me]))
+    for work in works:
+        _wait_collective(work)
+    return None if holders[me] == me else _bytes_of(inp, n)
+
+
+def _copy_into(dst: Any, src: Any) -> Any:
+    """``src``'s values in ``dst``, in place where both are tensors of one shape (or dicts)."""
+    import torch
+
+    if isinstance(dst, dict) and isinstance(src, dict):
+        for key, value in src.items():
+            dst[key] = _copy_into(dst[key], value) if key in dst else value
+        return dst
+    if isinstance(dst, torch.Tensor) and isinstance(src, torch.Tensor) and dst.shape == src.shape:
+        with torch.no_grad():
+            dst.copy_(src)
+        return dst
+    return src
+
+
+def _reduce_ints(dist: Any, values: List[int], op: str) -> List[int]:
+    """``values`` reduced element by element over every rank ("max" or "min"), in one tensor."""
+    import torch
+
+    t = torch.tensor(values, dtype=torch.long, device=_device(dist))
+    _wait_collective(dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.MIN,
+                          async_op=True))
+    return [int(v) for v in t.cpu().tolist()]
+
+
+def _reduce_int(dist: Any, value: int, op: str) -> int:
+    """``value`` reduced over every rank ("max" or "min"), through a tensor."""
+    return _reduce_ints(dist, [value], op)[0]
 
 
 def _device(dist: Any) -> Any:
@@ -643,7 +1190,7 @@ def _broadcast_bytes(dist: Any, payload: Optional[bytes], src: int) -> bytes:
 
     device = _device(dist)
     size = torch.tensor([len(payload or b"")], dtype=torch.long, device=device)
-    _wait(dist.broadcast(size, src=src, async_op=True))
+    _wait_collective(dist.broadcast(size, src=src, async_op=True))
     n = int(size.item())
     if n == 0:
         return b""
@@ -651,7 +1198,7 @@ def _broadcast_bytes(dist: Any, payload: Optional[bytes], src: int) -> bytes:
         buf = torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(device)
     else:
         buf = torch.empty(n, dtype=torch.uint8, device=device)
-    _wait(dist.broadcast(buf, src=src, async_op=True))
+    _wait_collective(dist.broadcast(buf, src=src, async_op=True))
     host = buf.cpu().contiguous()
     data = ctypes.string_at(host.data_ptr(), n)
     buf.set_(torch.UntypedStorage(0, device=device))  # the kept handle need not keep the bytes
@@ -693,4 +1240,4 @@ def _remove(path: str) -> None:
         os.remove(path)
 
 
-__all__ = ["Checkpointer", "CheckpointError", "ClusterInfoError"]
+__all__ = ["Checkpointer", "CheckpointError", "ClusterInfoError", "memory_job_dir"]

@@ -134,15 +134,23 @@ def finish(code: int = 0) -> None:
     once in a few fresh-clone runs of the ddp example, left one rank alive for good after its
     peers had exited (its last frame the line after ``main()`` returned, a gloo thread with no
     Python frame). Here the ranks meet in a barrier (with a process group up; a peer still
-    writing its checkpoint is waited for), and the process ends at once, its output flushed.
+    writing its checkpoint, asynchronous saves included, is waited for), and the process ends at
+    once, its output flushed. With ``code`` 0 the memory snapshots this rank wrote
+    (``Checkpointer.snapshot``) are removed first: every rank reached the end, nothing will
+    resume from them.
     ``shutdown_distributed()`` is for a rank that goes on without the group.
     """
     import gc
+    import sys
 
     dist = _initialized_dist()
     gc.disable()  # no pass from here on can free what a gloo thread still uses (see above)
+    if "runtime.checkpoint" in sys.modules:  # an asynchronous save on disk before anyone leaves
+        sys.modules["runtime.checkpoint"].wait_for_saves()
     if dist is not None and dist.get_world_size() > 1:
         dist.barrier()
+    if code == 0 and "runtime.checkpoint" in sys.modules:
+        sys.modules["runtime.checkpoint"].drop_memory_snapshots()
     exit_process(code)
 
 

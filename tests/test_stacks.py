@@ -94,6 +94,13 @@ def test_a_rank_waiting_in_a_collective_is_told_from_the_one_that_is_not() -> No
     stuck = 'Current thread 0x00007f00 (most recent call first):\n  File "/home/u/train.py", line 12 in load\n'
     assert stacks.summarize(stuck) == {"top": "train.py:12 in load", "in_collective": False}
     assert stacks.summarize("") == {"top": None, "in_collective": False}
+    # a rank waiting in runtime.Checkpointer's own collectives (a snapshot's exchange under
+    # owner = "all", a restore's): waiting for the others too
+    snapshot = ('Current thread 0x00007f00 (most recent call first):\n'
+                '  File "/srv/agent/runtime/checkpoint.py", line 1080 in _wait_collective\n'
+                '  File "/srv/agent/runtime/checkpoint.py", line 990 in _exchange_bytes\n'
+                '  File "/home/u/train.py", line 77 in main\n')
+    assert stacks.summarize(snapshot)["in_collective"] is True
 
 
 def test_a_real_agent_takes_a_running_jobs_stacks_and_reports_a_simulated_fault(tmp_path: Path) -> None:

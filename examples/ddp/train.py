@@ -3,7 +3,9 @@
 Uses the rigdeck runtime end to end: ``init_distributed`` (torchrun, rigdeck or mpirun variables),
 ``ddp`` (bucket_cap_mb=64), ``scaled_lr`` (linear scaling rule with warmup), ``report`` every step,
 and a ``Checkpointer`` that saves every ``--checkpoint-every`` steps under the job's ownership
-policy and resumes from the newest complete checkpoint on start.
+policy, keeps a memory snapshot of the last steps on each host (``snapshot``: every step, or every
+N where that would cost more than 2% of the step time; ``--no-memory-snapshots`` turns it off) and
+resumes from the newest step held, in memory or on disk, on start.
 
     .venv/bin/torchrun --standalone --nproc-per-node 2 examples/ddp/train.py --steps 60
     .venv/bin/python examples/ddp/train.py --steps 60          # world size 1
@@ -82,6 +84,10 @@ def main() -> None:
     p.add_argument("--checkpoint-every", type=int, default=50)
     p.add_argument("--checkpoint-dir", default=os.environ.get("RIGDECK_CHECKPOINT_DIR")
                    or "checkpoints")
+    p.add_argument("--no-memory-snapshots", action="store_true",
+                   help="no memory snapshots: a restart resumes from the disk checkpoints only")
+    p.add_argument("--async-save", action="store_true",
+                   help="disk checkpoints written by a thread while training goes on")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batch", type=int, default=16, help="sequences per rank and step")
     p.add_argument("--context", type=int, default=32)
@@ -97,7 +103,7 @@ def main() -> None:
     torch.manual_seed(args.seed)  # same initial weights everywhere (DDP broadcasts rank 0's too)
     model = CharTransformer(len(chars), args.context).to(info.device)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    ckpt = runtime.Checkpointer(args.checkpoint_dir)
+    ckpt = runtime.Checkpointer(args.checkpoint_dir, async_save=args.async_save)
 
     start = 0
     if ckpt.policy == "all":  # dcp loads in place, into a state of the same shape
@@ -114,7 +120,10 @@ def main() -> None:
             opt.load_state_dict(state["optim"])
         start = step + 1
         if info.rank == 0:
-            print(f"resumed from step {step} ({ckpt.dir})", flush=True)
+            src = ckpt.restored_from or {}
+            where = (f"memory of rank {src.get('rank')}" + (f" on {src['host']}" if src.get("host") else "")
+                     if src.get("source") == "memory" else ckpt.dir)
+            print(f"resumed from step {step} ({where})", flush=True)
     net = runtime.ddp(model)
 
     global_batch = args.batch * info.world_size
@@ -122,6 +131,7 @@ def main() -> None:
         print(f"world={info.world_size} hosts={list(info.hosts)} device={info.device} "
               f"source={'+'.join(info.source)} global_batch={global_batch} "
               f"checkpoints={ckpt.dir} owner={ckpt.policy}", flush=True)
+    snapshots = not args.no_memory_snapshots
     t0 = time.perf_counter()
     for step in range(start, args.steps):
         lr = runtime.scaled_lr(args.lr, args.batch, global_batch, step, args.warmup)
@@ -140,6 +150,9 @@ def main() -> None:
         if (step + 1) % args.checkpoint_every == 0 or step == args.steps - 1:
             ckpt.save(step, sharded_state(model, opt, step) if ckpt.policy == "all" else
                       {"model": model.state_dict(), "optim": opt.state_dict(), "step": step})
+        elif snapshots:  # (under "all" every rank calls it at the same steps: a collective there)
+            ckpt.snapshot(step, sharded_state(model, opt, step) if ckpt.policy == "all" else
+                          {"model": model.state_dict(), "optim": opt.state_dict(), "step": step})
     if info.rank == 0:
         print(f"done: {args.steps - start} steps in {time.perf_counter() - t0:.1f}s", flush=True)
     runtime.finish()  # every rank meets, then this process ends here: nothing torn down

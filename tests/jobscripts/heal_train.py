@@ -16,6 +16,11 @@ few steps in a shared directory, resumed on start; faults on demand in the first
                   [--save-seconds X]             checkpoints go through runtime.Checkpointer (and are
                                                  resumed from it), each save lasting X s more: it
                                                  sleeps inside the save, after the data is written
+                  [--memory]                     checkpoints go through runtime.Checkpointer, with a
+                                                 memory snapshot (Checkpointer.snapshot) every step
+                                                 (every=1); under [checkpoint] owner = "all" each
+                                                 rank's state holds its own "mine" (checked on resume);
+                                                 prints where it resumed from (memory or disk, whose)
 
 Reports each step with ``runtime.report(step, loss)``; prints ``resumed from step K`` when it starts
 from a checkpoint.
@@ -48,6 +53,7 @@ p.add_argument("--hold-attempts", type=int, default=0)
 p.add_argument("--slow-step", type=int)
 p.add_argument("--slow-factor", type=float, default=5.0)
 p.add_argument("--save-seconds", type=float)
+p.add_argument("--memory", action="store_true")
 args = p.parse_args()
 
 dist.init_process_group("gloo", init_method="env://")
@@ -60,20 +66,32 @@ before = int(os.environ.get("RIGDECK_RESUME_BEFORE_STEP") or 10**9)
 saved = sorted(int(n[5:-5]) for n in os.listdir(args.ckpt) if n.startswith("step-") and n.endswith(".json"))
 saved = [s for s in saved if s < before]
 checkpointer = None
-if args.save_seconds is not None:
+weight = torch.zeros(1)
+where = ""
+if args.save_seconds is not None or args.memory:
     from runtime import checkpoint
 
     checkpointer = runtime.Checkpointer(args.ckpt)
-    # runtime.checkpoint's named point inside a save (what tests replace): a slow disk, simulated
-    checkpoint._stage = lambda name: time.sleep(args.save_seconds) if name == "data-written" else None
-    got = checkpointer.load_latest()
+    if args.save_seconds is not None:
+        # runtime.checkpoint's named point inside a save (what tests replace): a slow disk, simulated
+        checkpoint._stage = lambda name: time.sleep(args.save_seconds) if name == "data-written" else None
+    if checkpointer.policy == "all":  # (each rank's state its own: "mine" is weight + rank)
+        got = checkpointer.load_latest(state={"step": 0, "weight": torch.zeros(1), "mine": torch.zeros(1)})
+    else:
+        got = checkpointer.load_latest()
     saved = [got[0]] if got is not None else []
+    if got is not None:
+        weight = got[1].get("weight", weight)
+        if "mine" in got[1] and got[1]["mine"].item() != weight.item() + rank:
+            raise SystemExit(f"rank {rank} restored another rank's state: {got[1]}")
+        if checkpointer.restored_from is not None:
+            r = checkpointer.restored_from
+            where = f" ({r['source']} of rank {r['rank']}" + (f" on {r['host']})" if r.get("host") else ")")
 start = 1
 if saved:
     start = saved[-1] + 1
     if rank == 0:
-        print(f"resumed from step {saved[-1]}", flush=True)
-weight = torch.zeros(1)
+        print(f"resumed from step {saved[-1]}{where}", flush=True)
 
 
 def wait_for_peers(x: torch.Tensor) -> None:
@@ -107,9 +125,15 @@ for step in range(start, args.steps + 1):
     loss = 1.0 / step
     if faults and args.nan_from is not None and step >= args.nan_from:
         loss = math.nan
+    weight += x  # the state each step changes: the same on every rank (the all-reduced sum)
     runtime.report(step=step, loss=loss)
+    if args.memory and checkpointer is not None:
+        state = {"step": step, "weight": weight}
+        if checkpointer.policy == "all":  # each rank's own: every rank writes its snapshot
+            state["mine"] = weight + rank
+        checkpointer.snapshot(step, state, every=1)
     if step % args.checkpoint_every == 0 and checkpointer is not None:
-        checkpointer.save(step, {"step": step})  # every rank: the owner writes, the others wait
+        checkpointer.save(step, {"step": step, "weight": weight})  # every rank: the owner writes, the others wait
     elif step % args.checkpoint_every == 0:
         dist.barrier()
         if rank == 0:
@@ -119,5 +143,8 @@ for step in range(start, args.steps + 1):
             os.replace(path + ".tmp", path)
         dist.barrier()
     time.sleep(args.sleep * (args.slow_factor if step == args.slow_step else 1.0))
+if rank == 0 and checkpointer is not None:  # the state carried over every restart, checked
+    expected = sum(world * s + world * (world - 1) // 2 for s in range(1, args.steps + 1))
+    print(f"weight {weight.item():g}, expected {expected:g}", flush=True)
 dist.barrier()
 dist.destroy_process_group()
