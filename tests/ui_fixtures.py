@@ -5,6 +5,7 @@ the app shows."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -448,7 +449,7 @@ class RecordedJobs(JobWatch):
     def inventory_hosts(self) -> list[str]:
         return list(self.hosts)
 
-    def launch(self, spec: JobSpec, user: str | None = None) -> str:
+    def launch(self, spec: JobSpec, user: str | None = None, env_values: Mapping[str, str] | None = None) -> str:
         if self.launch_error is not None:
             raise self.launch_error
         self.launched.append(spec)

@@ -469,11 +469,22 @@ class JobWatch:
 
     # -- acting -----------------------------------------------------------------------------
 
-    def launch(self, spec: JobSpec, user: str | None = None) -> str:
+    def launch(self, spec: JobSpec, user: str | None = None, env_values: Mapping[str, str] | None = None) -> str:
         """Place and start ``spec`` (raises PlacementError, JobError); returns the job id.
-        ``user``: its owner (default: the local account)."""
+        ``user``: its owner (default: the local account). ``env_values``: the spec's
+        ``env_from_file`` values as a client read them (None: read from the file here), held
+        only until the start has taken them to the hosts."""
+        from tui.control.jobs import new_job_id
+
         with self._jm_lock:
-            view = self.jobs.launch(spec, user=user)
+            job_id = new_job_id(spec.name) if env_values is not None else None
+            if job_id is not None and env_values is not None:
+                self.jobs.env_values[job_id] = dict(env_values)
+            try:
+                view = self.jobs.launch(spec, job_id=job_id, user=user)
+            finally:
+                if job_id is not None:
+                    self.jobs.env_values.pop(job_id, None)
         self.select(view.job_id)
         self.kick()
         return str(view.job_id)

@@ -671,8 +671,7 @@ class _Own:
         checked = _client_spec(s, spec)
         values = env_values_from_wire(checked, env_values)
         _may_run(s)
-        given = {"env_values": values} if values is not None else {}  # only a spec with env_from_file has them
-        return str(s.server.service.source.launch(checked, **_person(s), **given))
+        return str(s.server.service.source.launch(checked, **_person(s), env_values=values))
 
     @staticmethod
     def source_stop(s: Session, job_id: str) -> str:
