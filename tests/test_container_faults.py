@@ -26,9 +26,9 @@ from agent import gpuhealth
 from agent.jobhost import JobHost
 from tests import containerimage
 from tests._require import require
-from tests.kit import ROOT
+from tests.kit import ROOT, wait_until
 from tests.kit.bedcli import Cli
-from tests.kit.healing import TRAIN, gpu_report, running_at_step, write_faults
+from tests.kit.healing import TRAIN, gpu_report, host_index, write_faults
 from tui.control.jobs import first_cause
 from tui.model.health import Incident, failure_kind
 from tui.model.jobtext import incident_text
@@ -127,6 +127,30 @@ def test_the_controller_takes_a_container_fault_for_the_cause_and_its_incident_k
     assert incident_text(inc).startswith("container host h2 GPU 1 rank 1: not resumed — h2: container lost its GPUs")
 
 
+async def test_the_job_view_shows_a_container_incident_as_the_containers() -> None:
+    """The Job view's incidents panel (recorded data, tests/ui_fixtures.py's healing job) with the
+    incident a container that lost its GPU leaves: its kind, where, and the host's word on the GPU."""
+    from dataclasses import replace
+
+    from textual.widgets import Static
+
+    from tests.kit.pilot import static_text, until
+    from tests.ui_fixtures import JOB, healing_incident, healing_jobs, healing_state, recorded_app
+
+    message = ("h1: container lost its GPUs: NVML unknown error inside (rank 1 exited 1), "
+               "GPU 1 (simulated) healthy on the host")
+    jobs = healing_jobs()
+    jobs._tracks[JOB].incidents = (replace(healing_incident(), kind="container", rank=1, message=message),)
+    app = recorded_app(state=healing_state(), jobs=jobs)
+    async with app.run_test(size=(160, 36)) as pilot:
+        await pilot.press("4")
+        box = app.query_one("#job-incidents", Static)
+        await until(pilot, lambda: box.display)
+        text = " ".join(static_text(app, "#job-incidents").split())
+    assert text.startswith("incident container host h1 GPU 1 rank 1 after step "), text
+    assert text.endswith(f"— {message}"), text
+
+
 # -- on the test bed -------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -172,6 +196,34 @@ mounts = ["{tmp_path}:{tmp_path}", "{devices}:{DEVICES_INSIDE}:ro"]
 """)
 
 
+def _stepping(cli: Cli, name: str, step: int) -> tuple[str, int]:
+    """The host and rank 1's GPU once the job ``name`` runs and its rank 1 reported ``step``: its
+    metrics file read where its host keeps it (the bed's hosts share this machine's files), not
+    through a rigdeck process at every look (two cores start the container meanwhile)."""
+    def running() -> str | None:
+        return next((j["job_id"] for j in cli.json("jobs") if j["name"] == name and j["state"] == "running"), None)
+
+    job_id = wait_until(running, 120, f"{name} running", step=2.0)
+    node = cli.json("status", job_id)["placement"][0]
+    metrics = cli.bed.hosts[host_index(cli, node["host"]) - 1].state_dir / "jobs" / job_id / "metrics"
+
+    def stepped() -> bool:
+        try:
+            lines = (metrics / "rank-1.jsonl").read_text().splitlines()
+        except OSError:
+            return False
+        for ln in lines:
+            try:
+                if (json.loads(ln).get("step") or 0) >= step:
+                    return True
+            except (ValueError, AttributeError):
+                continue  # a line still being written
+        return False
+
+    wait_until(stepped, 120, f"rank 1 of {name} at step {step}")
+    return str(node["host"]), int(node["gpus"][1])
+
+
 def _lose_a_gpu(cli: Cli, image: str, tmp_path: Path, name: str,
                 host_fault: dict[str, Any] | None) -> tuple[dict[str, Any], str, int]:
     """Launch the job, and once it steps, take rank 1's GPU from its container (and, with
@@ -180,9 +232,7 @@ def _lose_a_gpu(cli: Cli, image: str, tmp_path: Path, name: str,
     waiter = cli.popen("launch", str(_spec(cli, image, tmp_path, name)), "--wait", "--json")
     host, gpu = "", -1
     try:
-        job_id = running_at_step(cli, name, 2)
-        node = cli.json("status", job_id)["placement"][0]
-        host, gpu = node["host"], node["gpus"][1]
+        host, gpu = _stepping(cli, name, 2)
         if host_fault is not None:
             write_faults(cli, host, {str(gpu): host_fault})
         (tmp_path / "devices" / "attempt-0" / f"nvidia{gpu}").unlink()
