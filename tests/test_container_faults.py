@@ -86,6 +86,38 @@ def test_a_malformed_cause_is_no_container_fault_and_no_error(cause: Any) -> Non
     assert gpuhealth.container_fault(cause, "not a list", {1: True}, "h1") is None
 
 
+@pytest.mark.parametrize(("health", "kind"), [("ok", "container"), ("unhealthy", None)])
+def test_the_agents_job_status_judges_a_lost_device_by_its_own_sample(
+        tmp_path: Path, health: str, kind: str | None) -> None:
+    """The daemon's ``job_status`` of a failed container job whose cause its job host marked: the
+    GPU read healthy in the agent's own sample makes it the container's; read unhealthy (an
+    XID 79), the cause is left as the job host wrote it, for the controller's GPU fault."""
+    import asyncio
+
+    from agent.daemon import Daemon
+
+    state = tmp_path / "state"
+    (state / "jobs" / "j1").mkdir(parents=True)
+    cause = _cause(host="h1")
+    (state / "jobs" / "j1" / "state.json").write_text(json.dumps(
+        {"job_id": "j1", "host": "h1", "state": "failed", "cause": cause, "restart_count": 0}))
+    d = Daemon(str(state))
+    gpus = [{"index": 0, "health": "ok", "simulated": True},
+            {"index": 1, "health": health, "health_reason": "XID 79: GPU has fallen off the bus" if health != "ok"
+             else None, "simulated": True}]
+
+    async def sample() -> dict[str, Any]:
+        return {"gpus": gpus}
+
+    d._collect = sample  # type: ignore[method-assign]
+    got = asyncio.run(d._m_job_status(None, {"job_id": "j1"}))  # type: ignore[arg-type]
+    assert got["cause"].get("kind") == kind, got["cause"]
+    if kind is None:
+        assert got["cause"] == cause and got["gpu_health"][0]["index"] == 1
+    else:
+        assert got["cause"]["message"].endswith("GPU 1 (simulated) healthy on the host")
+
+
 def _job_dir(tmp_path: Path, container: bool) -> Path:
     d = tmp_path / "state" / "jobs" / "j1"
     (d / "ranks").mkdir(parents=True)
