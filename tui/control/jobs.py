@@ -1184,9 +1184,10 @@ class JobManager:
             if eligible and restarts_used(rec) < spec.restart.max_restarts:
                 # (a container that lost its GPUs is no GPU's fault: nothing is drained, and the
                 # restart makes a new container, which usually has them again)
-                self.healer.record(job_id, Fault(failure_kind(cause), str(cause.get("message") or "a rank failed"),
+                kind = failure_kind(cause)
+                self.healer.record(job_id, Fault(kind, str(cause.get("message") or "a rank failed"),
                                                  host=cause.get("host"), rank=cause.get("rank"),
-                                                 gpu=_int_or_none(cause.get("gpu"))),
+                                                 gpu=_int_or_none(cause.get("gpu")) if kind == CONTAINER else None),
                                    int(rec.get("restarts") or 0), time.time(), detected_at=found)
             dead = [h for h, s in states.items() if not isinstance(s, dict)]
             return self._restart_or_fail(job_id, rec, states, cause, eligible=eligible, dead=dead)
