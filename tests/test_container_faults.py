@@ -264,7 +264,7 @@ def _lose_a_gpu(cli: Cli, image: str, tmp_path: Path, name: str,
     waiter = cli.popen("launch", str(_spec(cli, image, tmp_path, name)), "--wait", "--json")
     host, gpu = "", -1
     try:
-        host, gpu = _stepping(cli, name, 2)
+        host, gpu = _stepping(cli, name, 6)  # after the checkpoint at step 5: the restart resumes from it
         if host_fault is not None:
             write_faults(cli, host, {str(gpu): host_fault})
         (tmp_path / "devices" / "attempt-0" / f"nvidia{gpu}").unlink()
