@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, Type  # noqa
 
 # code, artifacts and tensorboard serve rare requests: imported by the methods that use them, so
 # an agent that only streams telemetry never holds them (nor hashlib, zipfile and shutil's kin).
-from agent import facts, protocol, roles, textfile
+from agent import facts, gpuhealth, protocol, roles, textfile
 from agent.paths import Paths, self_command, spawn_daemon
 from agent.version import agent_version
 
@@ -109,6 +109,7 @@ class Daemon:
         self._latest_line = b""  # self._latest as a telemetry event, encoded by the ticker thread
         self._latest_seq = 0
         self._health = (-1e9, [])  # type: Tuple[float, List[Dict[str, Any]]]  # (monotonic, GPUs not ok)
+        self._health_read = {}  # type: Dict[int, bool]  # that sample's GPUs: index -> simulated
         self._published = None  # type: Optional[asyncio.Event]  # set (and replaced) per sample
         self._stop = None  # type: Optional[asyncio.Event]
         # The ticker thread's wake-up: a first subscriber or a new textfile wants a sample now.
@@ -556,6 +557,12 @@ class Daemon:
             # supervisor asks for one too when a rank elsewhere failed first, as its peer died)
             fresh = status.get("state") == "failed" or params.get("fresh_health") is True
             status["gpu_health"] = await self._gpu_health(max_age=0.0 if fresh else 2.0)
+            # A rank of a container that could not reach its GPUs, which this host sees healthy:
+            # the container's fault (agent/gpuhealth.py), not a GPU to drain.
+            lost = gpuhealth.container_fault(status.get("cause"), status["gpu_health"], self._health_read,
+                                             str(status.get("host") or ""))
+            if lost is not None:
+                status["cause"] = lost
         return status
 
     async def _gpu_health(self, max_age: float) -> List[Dict[str, Any]]:
@@ -571,10 +578,13 @@ class Daemon:
             data = latest if latest is not None else await self._collect()
         except Exception:  # a broken sensor must not break job_status
             log.exception("telemetry sample for GPU health failed")
+            self._health_read = {}  # nothing known of any GPU: none is "healthy on the host"
             return []
         bad = [{"index": g.get("index"), "health": g.get("health"), "reason": g.get("health_reason"),
                 "simulated": bool(g.get("simulated"))}
                for g in data.get("gpus") or [] if g.get("health") not in (None, "ok")]
+        self._health_read = {int(g["index"]): bool(g.get("simulated")) for g in data.get("gpus") or []
+                             if isinstance(g.get("index"), int)}
         self._health = (time.monotonic(), bad)
         return bad
 

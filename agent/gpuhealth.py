@@ -207,3 +207,79 @@ def pci_gpu_count(sys_root: str = "/sys") -> Optional[int]:
         if vendor == NVIDIA_VENDOR and cls[:6] in DISPLAY_CLASSES:
             n += 1
     return n
+
+
+# -- a container that lost its GPUs --------------------------------------------------------------
+#
+# After a reload of the container runtime (or of systemd, which rewrites the devices cgroup), a
+# running container can lose access to its GPU devices: inside, NVML and CUDA fail ("Failed to
+# initialize NVML: Unknown Error", NVIDIA/nvidia-container-toolkit#48) while the host reaches the
+# same GPUs as before. That is the container's fault, not the GPU's: draining the GPU would take
+# a good card out of placement, and a restart, which makes a new container, cures it.
+
+# What a rank prints when it cannot reach its GPU's device at all (lower-case needle, its name).
+# Not the errors of a GPU that faulted under a running kernel ("unspecified launch failure",
+# "an illegal memory access"): those are the GPU's, and the host's telemetry sees them too.
+DEVICE_ERRORS = (
+    ("failed to initialize nvml: unknown error", "NVML unknown error"),
+    ("nvml: unknown error", "NVML unknown error"),
+    ("nvmlerror_unknown", "NVML unknown error"),
+    ("failed to initialize nvml", "NVML could not be initialized"),
+    ("no cuda-capable device is detected", "no CUDA-capable device"),
+    ("cudaerrornodevice", "no CUDA-capable device"),
+    ("cuda_error_no_device", "no CUDA-capable device"),
+    ("no cuda gpus are available", "no CUDA GPUs available"),
+    ("cuda driver initialization failed", "CUDA driver initialization failed"),
+    ("cuda error: unknown error", "CUDA unknown error"),
+)
+CONTAINER = "container"  # a cause's (and an incident's) kind: the container, not its GPUs, failed
+
+
+def device_error(lines: Any) -> Optional[str]:
+    """The device-access error (its short name) that ``lines`` (a rank's last lines and the
+    failure's message: strings, other items ignored) show, or None."""
+    if isinstance(lines, str):
+        lines = [lines]
+    if not isinstance(lines, (list, tuple)):
+        return None
+    for line in lines:
+        if not isinstance(line, str):
+            continue
+        low = line.lower()
+        for needle, name in DEVICE_ERRORS:
+            if needle in low:
+                return name
+    return None
+
+
+def container_fault(cause: Any, not_ok: Any, read: Dict[int, bool], host: str) -> Optional[Dict[str, Any]]:
+    """A failed container job's ``cause`` (its job host marked ``device_error`` and ``gpus``, the
+    GPUs of the failed rank here) judged against this host's own view of those GPUs: ``read``,
+    the GPUs its telemetry read (index -> simulated), and ``not_ok``, those whose health is not
+    ok (``{index, health, ...}``). When the host read every one of them and sees none unhealthy,
+    the container lost its GPUs: the cause again, ``kind`` "container", ``gpu`` the first of them
+    and a message that says so. None when the cause is no device error, when the host did not
+    read one of the GPUs, or sees one failing too (then it is the GPU's fault, as any failing
+    GPU's). A malformed cause is None, never an error."""
+    if not isinstance(cause, dict) or not cause.get("device_error") or cause.get("kind") not in (None, CONTAINER):
+        return None
+    listed = cause.get("gpus")
+    gpus = [g for g in listed if isinstance(g, int) and not isinstance(g, bool)] if isinstance(listed, list) else []
+    bad = {g.get("index") for g in not_ok if isinstance(g, dict) and g.get("health") == UNHEALTHY
+           and isinstance(g.get("index"), int)} if isinstance(not_ok, list) else set()
+    if not gpus or bad & set(gpus) or any(g not in read for g in gpus):
+        return None
+    sim = " (simulated)" if any(read[g] for g in gpus) else ""
+    which = "GPU%s %s%s" % ("s" if len(gpus) > 1 else "", ", ".join(str(g) for g in gpus), sim)
+    rank = cause.get("rank")
+    who = ""
+    if rank is not None:
+        how = ("killed by signal %s" % cause["signal"] if cause.get("signal")
+               else "exited %s" % cause.get("exit_code"))
+        who = " (rank %s %s)" % (rank, how)
+    message = "%s: container lost its GPUs: %s inside%s, %s healthy on the host" % (
+        host, cause["device_error"], who, which)
+    out = dict(cause, kind=CONTAINER, message=message, gpu=gpus[0])
+    if cause.get("message") and cause.get("kind") != CONTAINER:
+        out["rank_message"] = cause["message"]
+    return out

@@ -18,7 +18,7 @@ import subprocess
 import time
 from typing import Any, Dict, List, Optional
 
-from agent import clusterfiles, hangrule
+from agent import clusterfiles, gpuhealth, hangrule
 from agent import container as containers
 from agent.jobfiles import free_mb, is_resource_error, read_env_file, reserve, resource_message, tail, write_json
 from agent.rankexec import die_with_parent
@@ -487,13 +487,29 @@ class JobHost:
                and (ranks is None or r.get("rank") in ranks)]
         if not bad:
             return None
-        # A full disk beats what it caused; otherwise the first rank to fail.
-        first = min(bad, key=lambda r: (not r.get("error"), r.get("ended") or 0))
+        # A full disk beats what it caused; then a rank that could not reach its GPU (its peers'
+        # collectives broke as it died); otherwise the first rank to fail.
+        first = min(bad, key=lambda r: (not r.get("error"), self.device_error(r) is None, r.get("ended") or 0))
         cause = {"rank": first["rank"], "host": self.node["host"], "exit_code": first.get("exit_code"),
                  "signal": first.get("signal"), "tail": first.get("tail") or []}
         if first.get("error"):
             cause["message"] = first["error"]
+        err = self.device_error(first)
+        if err is not None:  # the agent judges it against its own view of the GPUs (job_status)
+            cause.update(device_error=err, gpus=self._rank_gpus(int(first["rank"])))
         return self._with_disk(cause)
+
+    def device_error(self, exit_record: Dict[str, Any]) -> Optional[str]:
+        """In a ``[container]`` job, the GPU device-access error a rank's last lines show (NVML's
+        "Unknown Error" in a container that lost its devices), or None."""
+        if self.container is None:
+            return None
+        return gpuhealth.device_error(list(exit_record.get("tail") or []) + [exit_record.get("error")])
+
+    def _rank_gpus(self, rank: int) -> List[int]:
+        """The GPUs here of ``rank`` (its record's ``gpu``), else all of the job's here."""
+        gpu = (self.rank_records().get(rank) or {}).get("gpu")
+        return [int(gpu)] if isinstance(gpu, int) and not isinstance(gpu, bool) else self._gpus()
 
     def _with_disk(self, cause: Dict[str, Any]) -> Dict[str, Any]:
         """A failure on a full job dir says so, whatever the rank died of."""

@@ -8,6 +8,14 @@ few steps in a shared directory, resumed on start; faults on demand in the first
                   [--dead-gpus DIR]              a rank fails at its next step, as a CUDA call on a
                                                  lost GPU does, while DIR/dead-<hostname>-<gpu> exists
                                                  for its GPU (CUDA_VISIBLE_DEVICES), in any attempt
+                  [--container-devices DIR]      a simulated test device: the device nodes of the
+                                                 job's containers, where DIR exists (a [container]
+                                                 mount: inside the container only). The container of
+                                                 attempt N has GPU g while DIR/attempt-N/nvidia<g>
+                                                 exists; without it the rank fails as NVML does in a
+                                                 container that lost its devices ("Failed to
+                                                 initialize NVML: Unknown Error") while the host
+                                                 still has the GPU
                   [--first-attempt-holds]        the first attempt never ends: its ranks wait before
                                                  the last step until rigdeck stops them, so a test's
                                                  fault finds the job running however slow the machine
@@ -48,6 +56,7 @@ p.add_argument("--hang-step", type=int)
 p.add_argument("--nan-from", type=int)
 p.add_argument("--faults-always", action="store_true")
 p.add_argument("--dead-gpus")
+p.add_argument("--container-devices")
 p.add_argument("--first-attempt-holds", action="store_true")
 p.add_argument("--hold-attempts", type=int, default=0)
 p.add_argument("--slow-step", type=int)
@@ -104,9 +113,14 @@ def stuck() -> None:
 
 
 def check_gpus() -> None:
+    devices = args.container_devices
     for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(","):
         if args.dead_gpus and g and os.path.exists(os.path.join(args.dead_gpus, f"dead-{socket.gethostname()}-{g}")):
             raise RuntimeError(f"CUDA error: unspecified launch failure (GPU {g}, simulated)")
+        if devices and g and os.path.isdir(devices) and not os.path.exists(
+                os.path.join(devices, f"attempt-{attempt}", f"nvidia{g}")):
+            raise RuntimeError(f"Failed to initialize NVML: Unknown Error (GPU {g}, simulated: its device node "
+                               f"is gone from this container)")
 
 
 for step in range(start, args.steps + 1):

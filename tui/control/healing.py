@@ -44,7 +44,7 @@ class Fault:
     """Why a running job must be stopped now. ``restart``: whether its spec lets a restart follow
     (a hang with ``on_hang = "fail"`` or a NaN with ``on_nan = "fail"`` does not)."""
 
-    kind: str  # hang | gpu | host | nan | drain
+    kind: str  # hang | gpu | host | nan | drain | exit | container (only a gpu drains what failed)
     message: str
     host: str | None = None
     gpu: int | None = None

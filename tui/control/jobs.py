@@ -30,7 +30,7 @@ from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
 from tui.control.tensorboard import pull as tensorboard_pull
 from tui.model import usage
 from tui.model.fairshare import preempt_pending
-from tui.model.health import Goodput, Incident, first_started, goodput, heals_on_host
+from tui.model.health import CONTAINER, Goodput, Incident, failure_kind, first_started, goodput, heals_on_host
 from tui.model.identity import local_user
 from tui.model.jobspec import EnvFileError, JobSpec, read_env_file
 from tui.model.jobstate import (
@@ -179,9 +179,14 @@ def first_cause(host_states: dict[str, Any]) -> dict[str, Any] | None:
     if not causes:
         return None
     # A rank that failed by itself beats ranks that died because of it: prefer causes naming a
-    # rank with an exit code or signal, then the earliest.
-    causes.sort(key=lambda ec: (ec[1].get("rank") is None, ec[0]))
+    # rank with an exit code or signal, then a rank whose container lost its GPUs (its peers'
+    # collectives broke as it died), then the earliest.
+    causes.sort(key=lambda ec: (ec[1].get("rank") is None, failure_kind(ec[1]) != CONTAINER, ec[0]))
     return causes[0][1]
+
+
+def _int_or_none(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
 def stop_cause(host_states: dict[str, Any]) -> dict[str, Any] | None:
@@ -1177,8 +1182,12 @@ class JobManager:
             eligible = not spec.restart.on_exit_codes or code in spec.restart.on_exit_codes or (
                 sig is not None and 128 + sig in spec.restart.on_exit_codes)
             if eligible and restarts_used(rec) < spec.restart.max_restarts:
-                self.healer.record(job_id, Fault("exit", str(cause.get("message") or "a rank failed"),
-                                                 host=cause.get("host"), rank=cause.get("rank")),
+                # (a container that lost its GPUs is no GPU's fault: nothing is drained, and the
+                # restart makes a new container, which usually has them again)
+                kind = failure_kind(cause)
+                self.healer.record(job_id, Fault(kind, str(cause.get("message") or "a rank failed"),
+                                                 host=cause.get("host"), rank=cause.get("rank"),
+                                                 gpu=_int_or_none(cause.get("gpu")) if kind == CONTAINER else None),
                                    int(rec.get("restarts") or 0), time.time(), detected_at=found)
             dead = [h for h, s in states.items() if not isinstance(s, dict)]
             return self._restart_or_fail(job_id, rec, states, cause, eligible=eligible, dead=dead)

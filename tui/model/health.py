@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent import hangrule
+from agent.gpuhealth import CONTAINER
 
 # Each GPU's health as the agent judges it (agent/gpuhealth.py), and the controller's own word.
 OK = "ok"
@@ -21,6 +22,13 @@ DRAINED = "drained"
 HEALTH_STATES = (OK, WARN, UNHEALTHY, DRAINED)
 
 WHOLE_HOST = -1  # a drain of every GPU of a host (and the host itself for CPU-only jobs)
+
+
+def failure_kind(cause: Mapping[str, Any]) -> str:
+    """The incident kind of a rank's failure its host reported: ``container`` when the host judged
+    that the rank's container lost its GPUs while the host sees them healthy (agent/gpuhealth.py
+    ``container_fault``: nothing to drain, a restart makes a new container), else ``exit``."""
+    return CONTAINER if cause.get("kind") == CONTAINER else "exit"
 
 
 class DrainTargetError(ValueError):
@@ -238,7 +246,7 @@ def first_bad_loss(records: Iterable[Mapping[str, Any]], run: int = 3) -> float 
 class Incident:
     """One failure of a job and what it cost. Times are the controller's (epoch seconds)."""
 
-    kind: str  # hang | gpu | host | nan | exit
+    kind: str  # hang | gpu | host | nan | drain | exit | container (lost its GPUs, the host sees them healthy)
     detected_at: float
     message: str
     host: str | None = None
