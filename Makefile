@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 # gets paramiko's own threads), but the hub's tests need the hub. `make test
 # PARAMIKO_SPEC=paramiko` tries the newest; test_hub names what to check when it differs.
 PARAMIKO_SPEC ?= paramiko==5.1.0
-DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync prometheus prometheus-node-exporter slurm-wlm munge podman runc mmdebstrap uidmap
+DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync prometheus prometheus-node-exporter slurm-wlm munge podman runc mmdebstrap uidmap docker.io
 PYTEST_ARGS ?=
 # The suite runs in this many pytest-xdist workers, a test module to a worker, each worker with a
 # test bed of its own; tests marked `quiet` (they measure speed) run after them, alone. The tests
@@ -66,6 +66,7 @@ sysdeps:
 	command -v runc >/dev/null || [ -x /usr/sbin/runc ] || missing="$$missing runc"; \
 	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \
 	command -v newuidmap >/dev/null || missing="$$missing uidmap"; \
+	command -v dockerd >/dev/null || [ -x /usr/sbin/dockerd ] || missing="$$missing docker.io"; \
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing:$$missing"; \

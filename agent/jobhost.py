@@ -313,7 +313,7 @@ class JobHost:
 
     def _popen(self, argv: List[str], **kw: Any) -> subprocess.Popen:
         """A launcher or wrapper: holds the job's GPU claims and dies with this job host. In a
-        ``[container]`` job, it runs in this host's container (``podman exec``)."""
+        ``[container]`` job, it runs in this host's container (the runtime's exec)."""
         if self.container is not None:
             argv = self.container.exec_argv(kw["env"], kw["cwd"], argv, self._gpus())
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=self.claim_fds,
@@ -340,7 +340,8 @@ class JobHost:
             raise containers.ContainerError("a [container] job needs the agent's zipapp (this agent "
                                             "runs from a source tree)")
         self.container.start(self.plan, self._agent(), self._gpus(), self.log)
-        self.save(container={"name": self.container.name, "pid": self.container.pid()})
+        self.save(container={"name": self.container.name, "runtime": self.container.runtime,
+                             "pid": self.container.pid()})
 
     # -- start --------------------------------------------------------------------------------
 

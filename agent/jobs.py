@@ -549,7 +549,11 @@ class Jobs:
             box = st.get("container")
             if isinstance(box, dict) and box.get("name"):  # its process ended with the sweep; podman's
                 # own cleanup of a --rm container needs the store's settings, which it is not given
-                containers.remove(str(box["name"]), containers.store_env(os.path.dirname(self.root)))
+                # (docker's daemon removes its own; an apptainer instance holds no process of the job's)
+                state_dir = os.path.dirname(self.root)
+                runtime = str(box.get("runtime") or "podman")
+                env = containers.store_env(state_dir) if runtime == "podman" else {}
+                containers.remove(str(box["name"]), env, runtime, state_dir)
             st.update(state="failed", ended=time.time(), cause=self._death_cause(st))
             try:
                 write_json(os.path.join(self.root, job_id, "state.json"), st)

@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from tests import containerimage
 from tests._require import require
 from tests.kit import EXAMPLES, JOBSCRIPTS, wait_until
 from tests.kit.bedcli import Cli, tagged
+from tests.testbed import PERSON_PYTHON, TestBed, TestBedError
 from tui.control.images import ImagePush
 from tui.model.jobspec import JobSpecError, jobspec_from_toml, jobspec_from_wire
 
@@ -34,6 +36,11 @@ HOSTS = ("h1", "h2", "h3")
 # Inside a bed host, the agent's state dir is /root/.rigdeck (tests/testbed.py).
 STORE_ENV = ["env", "CONTAINERS_CONF=/root/.rigdeck/podman/containers.conf",
              "CONTAINERS_STORAGE_CONF=/root/.rigdeck/podman/storage.conf"]
+# The bed of the Docker tests runs a Docker daemon of its own on each host (docker_bed), its
+# state under the agent's state dir there, found by the agent through DOCKER_HOST (the inventory's env).
+DOCKER_DIR = "/root/.rigdeck/docker"
+DOCKER_HOST = f"unix://{DOCKER_DIR}/docker.sock"
+ALICE = "rdk-alice"
 BASE = 'name = "c"\ncommand = ["{python}", "x.py"]\nworkdir = "/tmp"\n'
 
 
@@ -66,6 +73,8 @@ def test_container_table_is_read_and_survives_the_wire() -> None:
     ('[container]\nimage = "x"\noptions = "--privileged"\n', "container.options", "a list of strings"),
     ('[container]\nimage = "x"\nshm = 1\n', "container.shm", "image, mounts, options, runtime, workdir"),
     ('launcher = "mpirun"\n[container]\nimage = "x"\n', "launcher", '"direct" or "torchrun" with [container]'),
+    ('[container]\nimage = "localhost/x:1"\nruntime = "apptainer"\n', "container.image",
+     "an image file's absolute path on the hosts (a SIF file or sandbox directory)"),
 ])
 def test_a_bad_container_field_is_named_with_what_was_expected(body: str, field: str, expected: str) -> None:
     text = spec_error(body)
@@ -101,6 +110,140 @@ def test_limits_come_from_the_host_and_never_exceed_it() -> None:
     assert all(0 < v <= agent_container.PODMAN_NPROC for v in nproc)
 
 
+# -- each runtime's commands, on this machine --------------------------------------------------
+
+PLAN = {"workdir": "/srv/code", "checkpoint": None}
+AGENT = ["python3", "/opt/rigdeck/agent.pyz"]
+
+
+def box(tmp_path: Path, runtime: str, monkeypatch: pytest.MonkeyPatch, simulated: bool = False,
+        **spec: Any) -> agent_container.Container:
+    """A Container of job j1 on host h2, its job dir under ``tmp_path``'s state dir."""
+    if simulated:
+        monkeypatch.setenv("RIGDECK_SIM_GPUS", "4")
+    else:
+        monkeypatch.delenv("RIGDECK_SIM_GPUS", raising=False)
+    job_dir = tmp_path / "state" / "jobs" / "j1"
+    job_dir.mkdir(parents=True)
+    return agent_container.Container({"image": "localhost/train:1", "runtime": runtime, **spec}, "j1", "h2",
+                                     str(job_dir))
+
+
+def options_of(argv: list[str], flag: str) -> list[str]:
+    return [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == flag]
+
+
+def test_docker_runs_one_container_with_the_hosts_namespaces_limits_gpus_and_paths(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    c = box(tmp_path, "docker", monkeypatch, mounts=["/data:/data:ro"], options=["--cap-add", "SYS_PTRACE"])
+    argv = c.run_argv(PLAN, AGENT, [2, 0], 4242)
+    assert argv[:6] == ["docker", "run", "--detach", "--rm", "--name", "rigdeck-j1-h2"], argv
+    for flag in ("--network=host", "--ipc=host", "--pid=host", "--uts=host"):
+        assert flag in argv
+    assert options_of(argv, "--label") == ["rigdeck.job=j1"]
+    assert options_of(argv, "--gpus") == ['"device=0,2"']  # Docker's form: the quotes keep the comma in
+    assert "--device" not in argv or options_of(argv, "--device") == ["/dev/infiniband"]
+    limits = dict(v.split("=", 1) for v in options_of(argv, "--ulimit"))
+    soft, hard = (-1 if v == resource.RLIM_INFINITY else v for v in resource.getrlimit(resource.RLIMIT_NPROC))
+    assert limits["nproc"] == f"{soft}:{hard}"  # the host's own: Podman's cap is Podman's
+    assert set(limits) == {"nofile", "nproc", "memlock"}
+    job_dir = str(tmp_path / "state" / "jobs" / "j1")
+    assert options_of(argv, "--volume") == [f"{job_dir}:{job_dir}", "/srv/code:/srv/code",
+                                            "/opt/rigdeck/agent.pyz:/opt/rigdeck/agent.pyz:ro", "/data:/data:ro"]
+    assert argv[-9:] == ["--cap-add", "SYS_PTRACE", "--entrypoint", "python3", "localhost/train:1",
+                         "/opt/rigdeck/agent.pyz", "hold", "--pid", "4242"], argv
+    assert "--user" not in argv  # root here: the daemon's root is the job's
+    # simulated GPUs: no device to pass
+    sim = box(tmp_path / "sim", "docker", monkeypatch, simulated=True).run_argv(PLAN, AGENT, [0, 2], 1)
+    assert "--gpus" not in sim
+
+
+def test_docker_exec_passes_values_only_through_the_clients_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = box(tmp_path, "docker", monkeypatch)
+    env = {"PATH": "/usr/bin", "DOCKER_HOST": "unix:///x.sock", "RANK": "3", "SECRET": "a b; $(rm -rf /)",
+           "CUDA_VISIBLE_DEVICES": "2,5"}
+    argv = c.exec_argv(env, "/srv/code", ["python3", "w.py"], [5, 2])
+    assert argv[:4] == ["docker", "exec", "--workdir", "/srv/code"]
+    assert options_of(argv, "--env") == ["CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "RANK", "SECRET"]
+    assert argv[-3:] == ["rigdeck-j1-h2", "python3", "w.py"]
+    assert not any("a b;" in a or a.startswith("unix:") for a in argv), argv
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"  # renumbered: only the job's GPUs are inside
+    assert env["DOCKER_HOST"] == "unix:///x.sock"  # the client's own, kept for it, not passed in
+
+
+def test_a_docker_daemon_that_does_not_answer_is_named_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    require(shutil.which("docker") is not None, "no docker client (make test installs docker.io)")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
+    (problem,) = agent_container.check({"image": "localhost/train:1", "runtime": "docker"}, str(tmp_path))
+    assert problem.startswith(f"the Docker daemon does not answer account root at unix://{tmp_path}/none.sock: "), \
+        problem
+    assert "usermod -aG docker root" in problem
+
+
+def test_apptainer_runs_one_instance_of_an_image_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c = box(tmp_path, "apptainer", monkeypatch, image="/images/train.sif", mounts=["/data:/data:ro"])
+    argv = c.run_argv(PLAN, AGENT, [1, 3], 77)
+    assert argv[:4] == ["apptainer", "instance", "start", "--cleanenv"]
+    assert "--nv" in argv and argv[-2:] == ["/images/train.sif", "rigdeck-j1-h2"]
+    job_dir = str(tmp_path / "state" / "jobs" / "j1")
+    assert options_of(argv, "--bind") == [f"{job_dir}:{job_dir}", "/srv/code:/srv/code",
+                                          "/opt/rigdeck/agent.pyz:/opt/rigdeck/agent.pyz:ro", "/data:/data:ro"]
+    env = {"PATH": "/usr/bin", "RANK": "1", "CUDA_VISIBLE_DEVICES": "3"}
+    ex = c.exec_argv(env, "/srv/code", ["python3", "w.py"], [1, 3])
+    assert ex == ["apptainer", "exec", "--cleanenv", "--pwd", "/srv/code", "instance://rigdeck-j1-h2", "python3",
+                  "w.py"]
+    # --nv shows every GPU of the host: CUDA keeps the host's numbers
+    assert env["APPTAINERENV_RANK"] == "1" and env["APPTAINERENV_CUDA_VISIBLE_DEVICES"] == "3"
+    assert "APPTAINERENV_PATH" not in env
+    sim = box(tmp_path / "sim", "apptainer", monkeypatch, simulated=True, image="/i.sif").run_argv(PLAN, AGENT, [0], 1)
+    assert "--nv" not in sim
+
+
+def test_apptainer_needs_an_image_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    apptainer = tmp_path / "bin" / "apptainer"
+    apptainer.parent.mkdir()
+    apptainer.write_text("#!/bin/sh\nexit 0\n")  # on PATH only: nothing here runs it
+    apptainer.chmod(0o755)
+    monkeypatch.setenv("PATH", str(apptainer.parent))
+    assert agent_container.check({"image": "localhost/train:1", "runtime": "apptainer"}, str(tmp_path)) == [
+        "image localhost/train:1: apptainer runs an image file (a SIF file or a sandbox directory at an absolute "
+        "path on the host), not a name"]
+    assert agent_container.check({"image": "/nope/train.sif", "runtime": "apptainer"}, str(tmp_path)) == [
+        "no image file /nope/train.sif here"]
+
+
+def test_rootless_podman_needs_subordinate_ids_and_a_runtime_dir(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """As an account other than root (its uid, as the agent of a person's account runs)."""
+    import pwd
+
+    me = pwd.getpwnam("nobody")
+    monkeypatch.setattr(agent_container.os, "geteuid", lambda: me.pw_uid)
+    subuid, subgid = tmp_path / "subuid", tmp_path / "subgid"
+    subuid.write_text("someone:100000:65536\nother:165536:65536\n")
+    subgid.write_text(f"someone:100000:65536\n{me.pw_uid}:300000:65536\n")
+    files = (str(subuid), str(subgid))
+    got = agent_container.rootless_problems("podman", {}, files)
+    assert got == [
+        f"account nobody has no subordinate id range in {subuid}: rootless podman needs one for its user "
+        "namespace (as root: `usermod --add-subuids 365536-431071 nobody`)",
+        "account nobody: XDG_RUNTIME_DIR is not set: rootless podman keeps its runtime state there (a login "
+        f"through systemd-logind makes /run/user/{me.pw_uid}; as root: `loginctl enable-linger nobody`, or give "
+        "the agent XDG_RUNTIME_DIR, a directory of nobody's with mode 0700, in the inventory's env)"], got
+    # a runtime dir that is not the account's own (root's, here) is named as such
+    (xdg,) = agent_container.rootless_problems("podman", {"XDG_RUNTIME_DIR": str(tmp_path)},
+                                               (str(subgid), str(subgid)))
+    assert f"XDG_RUNTIME_DIR {tmp_path} is not a directory of its own (owner uid 0" in xdg, xdg
+    # docker's and apptainer's accounts need nothing of this (a daemon that answers, or nothing)
+    assert agent_container.rootless_problems("docker", {}, files) == []
+    monkeypatch.setattr(agent_container.os, "geteuid", lambda: 0)
+    assert agent_container.rootless_problems("podman", {}, files) == []
+
+
 # -- on the test bed ---------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -119,22 +262,30 @@ def podman(cli: Cli, host: int, *args: str) -> subprocess.CompletedProcess[str]:
     return cli.bed.exec(host, [*STORE_ENV, "podman", *args])
 
 
-def containers(cli: Cli, job_id: str) -> dict[str, list[str]]:
-    """Every container of the job, running or not, on each host (``podman ps -a`` there)."""
+def engine(cli: Cli, host: int, runtime: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The runtime's client on bed host ``host`` as the agent there runs it: podman with the
+    agent's store, docker with the host's own daemon (``docker_bed``)."""
+    if runtime == "docker":
+        return cli.bed.exec(host, ["env", f"DOCKER_HOST={DOCKER_HOST}", "docker", *args])
+    return podman(cli, host, *args)
+
+
+def containers(cli: Cli, job_id: str, runtime: str = "podman") -> dict[str, list[str]]:
+    """Every container of the job, running or not, on each host (``ps -a`` there)."""
     out = {}
-    for i, h in enumerate(HOSTS, start=1):
-        r = podman(cli, i, "ps", "-a", "--filter", f"label=rigdeck.job={job_id}", "--format", "{{.Names}}")
+    for i, h in enumerate(cli.bed.hosts, start=1):
+        r = engine(cli, i, runtime, "ps", "-a", "--filter", f"label=rigdeck.job={job_id}", "--format", "{{.Names}}")
         assert r.returncode == 0, r.stderr
-        out[h] = r.stdout.split()
+        out[h.name] = r.stdout.split()
     return out
 
 
-def ddp_spec(cli: Cli, image: str, steps: int) -> Path:
+def ddp_spec(cli: Cli, image: str, steps: int, nodes: int = 3, runtime: str = "podman") -> Path:
     return cli.spec("ddpc", f"""
 command = ["{{python}}", "train.py", "--steps", "{steps}", "--checkpoint-every", "10", "--seed", "0"]
 workdir = "{EXAMPLES / 'ddp'}"
 launcher = "torchrun"
-nodes = 3
+nodes = {nodes}
 processes_per_node = 2
 [env]
 OMP_NUM_THREADS = "1"
@@ -145,6 +296,7 @@ owner = "rank0"
 loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
 [container]
 image = "{image}"
+runtime = "{runtime}"
 """)
 
 
@@ -165,11 +317,11 @@ def ended(cli: Cli, job_id: str, timeout: float = 240) -> dict[str, Any]:
     return wait_until(done, timeout, f"{job_id} to end", step=2.0)
 
 
-def inside_view(cli: Cli, host: int, job_id: str, pids: list[int]) -> dict[str, Any]:
+def inside_view(cli: Cli, host: int, job_id: str, pids: list[int], runtime: str = "podman") -> dict[str, Any]:
     """What host ``host`` shows of the job's container and of its ranks ``pids``: the
     container's id and pid, each rank's cgroup line and ancestry (names up to the host's init)."""
-    (name,) = containers(cli, job_id)[HOSTS[host - 1]]
-    info = json.loads(podman(cli, host, "inspect", name).stdout)[0]
+    (name,) = containers(cli, job_id, runtime)[cli.bed.hosts[host - 1].name]
+    info = json.loads(engine(cli, host, runtime, "inspect", name).stdout)[0]
     ps = cli.bed.exec(host, ["ps", "-e", "-o", "pid=,ppid=,comm="]).stdout.split("\n")
     parent = {int(p[0]): (int(p[1]), p[2]) for p in (ln.split(None, 2) for ln in ps) if len(p) == 3}
     ranks = {}
@@ -321,7 +473,8 @@ def test_a_missing_image_or_runtime_is_refused_before_anything_starts(cli: Cli, 
     assert "h2: no image archive /root/.rigdeck/image.tar here" in r.stderr, r.stderr
     assert "h3: no image archive" in r.stderr and "h1: no image archive" not in r.stderr, r.stderr
     absent = cli.spec("noruntime", f'command = ["{{python}}", "x.py"]\nworkdir = "{EXAMPLES / "ddp"}"\n'
-                      f'nodes = 3\nprocesses_per_node = 1\n[container]\nimage = "{image}"\nruntime = "apptainer"\n')
+                      'nodes = 3\nprocesses_per_node = 1\n[container]\nimage = "/images/train.sif"\n'
+                      'runtime = "apptainer"\n')
     r = cli.run("launch", str(absent), check=False)
     assert r.returncode != 0
     for h in HOSTS:
@@ -373,3 +526,158 @@ def test_image_push_ships_layers_by_content_and_skips_hosts_that_have_it(cli: Cl
         for name in (first, second):
             subprocess.run(["podman", "rmi", "--force", "--ignore", name], capture_output=True)
             subprocess.run(["podman", "rmi", "--force", "--ignore", name], env=ws, capture_output=True)
+
+
+# -- Docker, and a person's account, on a bed of their own -------------------------------------
+
+def _dockerd(bed: TestBed, i: int) -> subprocess.Popen[bytes]:
+    """A Docker daemon of host ``i``'s own, in its namespaces (so ``--network=host`` and
+    ``--pid=host`` are that host's), its data, run state and socket under the agent's state dir
+    there: hosts that share this machine's file system never share a daemon."""
+    h = bed.hosts[i - 1]
+    (h.state_dir / "docker").mkdir(mode=0o700, exist_ok=True)
+    log = open(h.host_dir / "dockerd.log", "ab")
+    try:
+        return bed.popen(i, ["dockerd", "--data-root", f"{DOCKER_DIR}/data", "--exec-root", f"{DOCKER_DIR}/run",
+                             "--host", DOCKER_HOST, "--pidfile", f"{DOCKER_DIR}/dockerd.pid",
+                             "--iptables=false", "--ip6tables=false", "--bridge=none"],
+                         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+    finally:
+        log.close()
+
+
+def _stop_dockerd(bed: TestBed, i: int, proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the daemon (it stops its containerd and unmounts its layers), else SIGKILL."""
+    pid = (bed.hosts[i - 1].state_dir / "docker" / "dockerd.pid").read_text().strip() \
+        if (bed.hosts[i - 1].state_dir / "docker" / "dockerd.pid").exists() else ""
+    if pid:
+        bed.exec(i, ["kill", pid])
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def bed(image: str) -> Iterator[TestBed]:
+    """Two hosts (2 simulated GPUs each) and a person, rdk-alice. Each host runs a Docker daemon
+    of its own (``_dockerd``) with the test image loaded (``docker load`` of the archive
+    tests/containerimage.py built); the agents find it through DOCKER_HOST."""
+    require(shutil.which("dockerd") is not None, "dockerd is not installed (make test installs docker.io)")
+    b = TestBed(2, sim_gpus=2, people=(ALICE,))
+    try:
+        b.up()
+    except TestBedError as e:
+        pytest.fail(f"test bed did not come up: {e}", pytrace=False)
+    daemons: dict[int, subprocess.Popen[bytes]] = {}
+    try:
+        for i in (1, 2):
+            daemons[i] = _dockerd(b, i)
+        def answer(i: int) -> bool:
+            return b.exec(i, ["env", f"DOCKER_HOST={DOCKER_HOST}", "docker", "info"]).returncode == 0
+
+        wait_until(lambda: answer(1) and answer(2), 60, "each host's dockerd to answer")
+        loads = [b.popen(i, ["env", f"DOCKER_HOST={DOCKER_HOST}", "docker", "load", "-q", "-i",
+                             str(containerimage.archive())], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                 for i in (1, 2)]
+        for p in loads:
+            out, _ = p.communicate(timeout=600)
+            assert p.returncode == 0 and image in out.decode(), out
+        yield b
+    finally:
+        for i, proc in daemons.items():
+            _stop_dockerd(b, i, proc)
+        b.down()
+
+
+@pytest.mark.cli_options(timeout=240)
+def test_ddp_example_runs_in_one_docker_container_per_host(bed: TestBed, image: str, tmp_path: Path) -> None:
+    """The ddp example (torchrun) across 2 hosts in Docker containers, each host's daemon its
+    own: each host's ranks in its one container (its cgroup, under containerd's shim), seeing the
+    job's cluster files and the host's /dev/shm; loss, steps and the checkpoint owner as without
+    a container; nothing left after. Then a job host killed outright: no container anywhere."""
+    cli = Cli(bed, tmp_path, timeout=240, env={"DOCKER_HOST": DOCKER_HOST})
+    job_id = cli.json("launch", str(ddp_spec(cli, image, 20, nodes=2, runtime="docker")))["job_id"]
+    running_ranks(cli, job_id, 4)
+    hosts = ("h1", "h2")
+    by_host = {h: [r["pid"] for r in cli.json("status", job_id)["ranks"] if r["host"] == h] for h in hosts}
+    marker = f"/dev/shm/rdk-docker-{job_id}"
+    for i, h in enumerate(hosts, start=1):
+        view = inside_view(cli, i, job_id, by_host[h], runtime="docker")
+        assert view["name"] == f"rigdeck-{job_id}-{h}"
+        for pid, rank in view["ranks"].items():
+            assert rank["in_container"] and "containerd-shim" in rank["ancestors"], (h, pid, rank["ancestors"])
+            base = rank["env"]["SAGEMAKER_BASE_DIR"]
+            seen = cli.bed.exec(i, ["cat", f"/proc/{pid}/root{base}/input/config/resourceconfig.json"])
+            assert json.loads(seen.stdout)["current_host"] == h, seen
+            assert rank["env"]["RIGDECK_JOB_ID"] == job_id and rank["env"]["WORLD_SIZE"] == "4"
+            assert "DOCKER_HOST" not in rank["env"]  # the client's setting, not the job's
+        cli.bed.exec(i, ["sh", "-c", f"echo {h} > {marker}"])
+        try:
+            got = engine(cli, i, "docker", "exec", view["name"], "cat", marker)
+            assert got.stdout.strip() == h, got
+        finally:
+            cli.bed.exec(i, ["rm", "-f", marker])
+    st = ended(cli, job_id)
+    assert st["state"] == "succeeded", json.dumps(st, indent=1)[-3000:]
+    assert st["last_step"] == 19 and st["last_loss"] is not None
+    metrics = cli.json("metrics", job_id)
+    assert {m["rank"] for m in metrics if m.get("loss") is not None and m.get("event") is None} == set(range(4))
+    assert {(m["owner"]["rank"], m["owner"]["host"]) for m in metrics
+            if m.get("event") == "checkpoint" and m.get("status") == "done"} == {(0, "h1")}
+    assert containers(cli, job_id, "docker") == {h: [] for h in hosts}
+    assert tagged(cli.bed, job_id) == {h: [] for h in hosts}
+
+    # h2's job host killed outright: its container's `agent hold` ends with it (docker's --rm
+    # removes it), h2's agent sweeps the rest, and h1's job host removes its own at the stop.
+    spec = cli.spec("tickd", f'command = ["{{python}}", "ticker.py", "--steps", "100000", "--sleep", "0.2"]\n'
+                    f'workdir = "{JOBSCRIPTS}"\nlauncher = "direct"\nnodes = 2\nprocesses_per_node = 1\n'
+                    f'[container]\nimage = "{image}"\nruntime = "docker"\n')
+    job_id = cli.json("launch", str(spec))["job_id"]
+    running_ranks(cli, job_id, 2)
+    assert all(len(v) == 1 for v in containers(cli, job_id, "docker").values())
+    state = json.loads((bed.hosts[1].state_dir / "jobs" / job_id / "state.json").read_text())
+    assert state["container"]["runtime"] == "docker", state["container"]
+    cli.bed.exec(2, ["kill", "-9", str(state["jobhost_pid"])])
+    st = ended(cli, job_id)
+    assert st["state"] == "failed" and st["cause"]["host"] == "h2", st["cause"]
+    wait_until(lambda: containers(cli, job_id, "docker") == {h: [] for h in hosts}, 30, "no container left")
+    wait_until(lambda: tagged(cli.bed, job_id) == {h: [] for h in hosts}, 30, "no process left")
+
+
+def test_a_person_without_what_rootless_podman_needs_is_refused_before_anything_starts(
+        bed: TestBed, tmp_path: Path) -> None:
+    """rdk-alice's agent runs as her own account, whose SSH login (no PAM, no logind) has no
+    XDG_RUNTIME_DIR; on h2 /etc/subuid and /etc/subgid give her no range (a copy without her,
+    mounted there only). Her [container] job is refused by both hosts' checks, each naming her
+    account, what it lacks and the command that gives it; nothing starts."""
+    alice = Cli(bed, tmp_path / ALICE, user=ALICE, identity_file=str(bed.person_key(ALICE)), python=PERSON_PYTHON)
+    spec = alice.spec("rootless", 'command = ["{python}", "x.py"]\nworkdir = "/tmp"\nnodes = 2\n'
+                      'processes_per_node = 1\n[container]\nimage = "localhost/train:1"\n')
+    copies = []
+    for name in ("subuid", "subgid"):
+        copy = bed.share_dir / f"{name}-without-alice"
+        copy.write_text("".join(ln for ln in Path(f"/etc/{name}").read_text().splitlines(keepends=True)
+                                if not ln.startswith(f"{ALICE}:")))
+        copy.chmod(0o644)
+        copies.append((copy, f"/etc/{name}"))
+    for copy, target in copies:
+        assert bed.exec(2, ["mount", "--bind", str(copy), target]).returncode == 0
+    try:
+        r = alice.run("launch", str(spec), check=False)
+    finally:
+        for _, target in copies:
+            bed.exec(2, ["umount", target])
+    assert r.returncode != 0 and "nothing was started" in r.stderr, r.stderr
+    for h in ("h1", "h2"):
+        assert (f"{h}: account {ALICE}: XDG_RUNTIME_DIR is not set: rootless podman keeps its runtime state there"
+                in r.stderr), r.stderr
+        assert f"`loginctl enable-linger {ALICE}`" in r.stderr
+    assert re.search(rf"h2: account {ALICE} has no subordinate id range in /etc/subuid and /etc/subgid: rootless "
+                     rf"podman needs one for its user namespace \(as root: `usermod --add-subuids (\d+)-\d+ "
+                     rf"--add-subgids \1-\d+ {ALICE}`\)", r.stderr), r.stderr
+    assert f"h1: account {ALICE} has no subordinate" not in r.stderr  # h1's files give her a range
+    for host in bed.hosts:
+        jobs = host.person_state_dir(ALICE) / "jobs"
+        assert not (jobs.is_dir() and [d for d in os.listdir(jobs) if d.startswith("rootless")]), os.listdir(jobs)

@@ -184,7 +184,8 @@ CONTAINER_RUNTIMES = ("podman", "docker", "apptainer")
 @dataclass(frozen=True)
 class ContainerSpec:
     """``[container]``: every host runs its ranks in one container of ``image`` (a name in the
-    host's image store, or an archive path on the host: ``podman save``'s), with ``runtime``.
+    host's image store, or an archive path on the host: ``podman save``'s, ``docker save``'s;
+    for Apptainer a SIF file or sandbox directory), with ``runtime``.
     ``mounts``: ``"SRC:DST"`` or ``"SRC:DST:ro"`` (absolute paths on the host and inside);
     ``workdir``: where ranks start inside (default: the job's workdir, mounted at its own path);
     ``options``: more options for the runtime's ``run``, as they are (an argv, no shell)."""
@@ -809,7 +810,8 @@ _TABLES: dict[str, dict[str, Check]] = {
     "mpi": {"custom_options": Check("a list of strings", _options)},
     "container": {
         "image": Check("an image: a name in the hosts' image store (\"localhost/train:1\") or an "
-                       "archive path on the hosts (podman save's), without spaces or a leading '-'",
+                       "archive path on the hosts (podman save's, docker save's; Apptainer's SIF file), "
+                       "without spaces or a leading '-'",
                        _image),
         "runtime": Check(" or ".join(f'"{x}"' for x in CONTAINER_RUNTIMES), _one_of(*CONTAINER_RUNTIMES)),
         "mounts": Check('a list of "SRC:DST" or "SRC:DST:ro", absolute paths without \',\'', _mounts),
@@ -1228,6 +1230,9 @@ def _container(table: Mapping[str, Any], launcher: str, at: _At) -> ContainerSpe
     if launcher == "mpirun":
         raise at.error("launcher", '"direct" or "torchrun" with [container] (mpirun would start ranks '
                        "outside the other hosts' containers)", launcher)
+    if table.get("runtime") == "apptainer" and not str(table["image"]).startswith("/"):
+        raise at.error("container.image", 'an image file\'s absolute path on the hosts (a SIF file or sandbox '
+                       'directory) with runtime = "apptainer": it has no image store', table["image"])
     return ContainerSpec(image=table["image"], runtime=table.get("runtime", "podman"),
                          mounts=table.get("mounts", ()), workdir=table.get("workdir"),
                          options=table.get("options", ()))
