@@ -64,12 +64,14 @@ FILES_SHOWN = 15
 # runs alone at the end while the other workers idle. xdist's own order (most tests first) put
 # these bed files, which have few tests each, at the end. The rest follow in collection order.
 LONG_FIRST = (
-    "tests/test_server.py", "tests/test_lifecycle.py", "tests/test_healing_gpu.py", "tests/test_jobs.py",
-    "tests/test_examples.py", "tests/test_sweeps.py", "tests/test_engines.py", "tests/test_ui_pilot.py",
-    "tests/test_healing.py", "tests/test_container.py", "tests/test_server_accounts.py",
-    "tests/test_healing_hosts.py", "tests/test_examples_e2e.py", "tests/test_healing_alone.py",
-    "tests/test_pipelines.py", "tests/test_examples_owner_e2e.py", "tests/test_examples_pipeline_e2e.py",
-    "tests/test_accounts.py", "tests/test_codesync.py", "tests/test_signals_e2e.py", "tests/test_ui_snapshots.py",
+    "tests/test_server.py", "tests/test_healing_gpu.py", "tests/test_jobs.py", "tests/test_lifecycle.py",
+    "tests/test_container_docker.py", "tests/test_sweeps.py", "tests/test_memcheckpoint.py",
+    "tests/test_ui_pilot.py", "tests/test_examples.py", "tests/test_container.py",
+    "tests/test_healing_hosts.py", "tests/test_healing.py", "tests/test_examples_e2e.py",
+    "tests/test_engines.py", "tests/test_server_accounts.py", "tests/test_healing_alone.py",
+    "tests/test_examples_pipeline_e2e.py", "tests/test_pipelines.py", "tests/test_container_faults.py",
+    "tests/test_container_grains.py", "tests/test_examples_owner_e2e.py", "tests/test_accounts.py",
+    "tests/test_codesync.py", "tests/test_signals_e2e.py", "tests/test_ui_snapshots.py",
 )
 
 
