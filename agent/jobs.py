@@ -546,10 +546,11 @@ class Jobs:
                     if not sweep(job_id, signal.SIGKILL):
                         break
                     time.sleep(0.1)
-            box = st.get("container")
-            if isinstance(box, dict) and box.get("name"):  # its process ended with the sweep; podman's
-                # own cleanup of a --rm container needs the store's settings, which it is not given
-                containers.remove(str(box["name"]), containers.store_env(os.path.dirname(self.root)))
+            boxes = [st.get("container")] + list(st.get("containers") or [])  # a pool job may have several
+            names = sorted({str(b["name"]) for b in boxes if isinstance(b, dict) and b.get("name")})
+            for name in names:  # its process ended with the sweep; podman's own cleanup of a
+                # --rm container needs the store's settings, which it is not given
+                containers.remove(name, containers.store_env(os.path.dirname(self.root)))
             st.update(state="failed", ended=time.time(), cause=self._death_cause(st))
             try:
                 write_json(os.path.join(self.root, job_id, "state.json"), st)
