@@ -240,6 +240,12 @@ def _channels(plan: Dict[str, Any]) -> Dict[str, Tuple[Dict[str, str], Optional[
     return out
 
 
+def channel_sources(plan: Dict[str, Any]) -> List[str]:
+    """The host paths the job's channels link to (``input/data/<ch>``): a ``[container]`` job
+    mounts them (ValueError: a bad channel name, as the start itself would find)."""
+    return [src for _cfg, src in _channels(plan).values() if src]
+
+
 # -- kinds: which nodes a host runs, and torch's world ----------------------------------------------
 
 

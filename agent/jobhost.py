@@ -16,13 +16,14 @@ import shutil
 import signal
 import subprocess
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from agent import clusterfiles, gpuhealth, hangrule
 from agent import container as containers
 from agent.jobfiles import free_mb, is_resource_error, read_env_file, reserve, resource_message, tail, write_json
 from agent.rankexec import die_with_parent
 
+Box = Optional[containers.Container]  # the container a rank runs in; None: on the host
 MEMORY_ROOT = "/dev/shm"  # runtime.checkpoint.memory_job_dir's: the ranks' memory snapshots
 
 
@@ -277,9 +278,11 @@ class JobHost:
         self.on_hang = str(health.get("on_hang") or "restart")
         self.progress = RankProgress(os.path.join(self.job_dir, "metrics"))
         self.hang_watch = self._new_watch()
-        spec = plan.get("container")
-        self.container = (containers.Container(spec, self.job_id, self.node["host"], self.job_dir)
-                          if isinstance(spec, dict) and spec.get("image") else None)
+        # The containers this host runs: a job's one (``plan["container"]``), or a pool job's,
+        # one per distinct container of its replicas here (each node's ``container``: its pool's).
+        self.box_nodes = {}  # type: Dict[str, List[int]]  # a container's name -> the nodes in it
+        self.boxes, self.node_box = self._containers(plan)
+        self.container = None if self.pooled else self.node_box.get(self.node_index)
         # Who heals this job (the controller's plan says, docs/jobs.md "With nobody watching"): a
         # job of one host heals in place here, this many times at most, with nobody watching.
         heal = plan.get("heal") or {}  # type: Dict[str, Any]
@@ -311,27 +314,85 @@ class JobHost:
         except OSError:
             pass  # a full disk: state.json says what matters
 
-    def _popen(self, argv: List[str], **kw: Any) -> subprocess.Popen:
-        """A launcher or wrapper: holds the job's GPU claims and dies with this job host. In a
-        ``[container]`` job, it runs in this host's container (the runtime's exec)."""
-        if self.container is not None:
-            argv = self.container.exec_argv(kw["env"], kw["cwd"], argv, self._gpus())
+    def _containers(self, plan: Dict[str, Any]) -> "Tuple[List[containers.Container], Dict[int, Box]]":
+        """This host's containers, and which of them each of its nodes runs in (None: on the
+        host). A pool job's node names its own (``container``: its pool's, null for none); a
+        plan without that key on its nodes, the job's. Several distinct ones here: each named
+        after the pools it holds (``rigdeck-JOB-HOST-worker``), else the job's one name."""
+        def spec_of(i: int) -> Optional[Dict[str, Any]]:
+            node = plan["nodes"][i]
+            spec = node.get("container") if self.pooled and "container" in node else plan.get("container")
+            return self._with_channels(spec) if isinstance(spec, dict) and spec.get("image") else None
+
+        groups = []  # type: List[List[Any]]  # [spec, [node indices]]
+        for i in self.node_indices:
+            spec = spec_of(i)
+            if spec is None:
+                continue
+            for g in groups:
+                if g[0] == spec:
+                    g[1].append(i)
+                    break
+            else:
+                groups.append([spec, [i]])
+        boxes = []  # type: List[containers.Container]
+        by_node = {}  # type: Dict[int, Box]
+        host = str(self.node["host"])
+        for spec, nodes in groups:
+            who = host if len(groups) == 1 else "%s-%s" % (host, "-".join(
+                sorted({str(plan["nodes"][i].get("pool")) for i in nodes})))
+            box = containers.Container(spec, self.job_id, who, self.job_dir)
+            self.box_nodes[box.name] = nodes
+            boxes.append(box)
+            for i in nodes:
+                by_node[i] = box
+        return boxes, by_node
+
+    def _with_channels(self, spec: Dict[str, Any]) -> Dict[str, Any]:
+        """A container's spec with each of the job's channel sources (a pipeline step's staged
+        inputs, a spec's ``channels``) mounted read-only at its own path, so that the channel
+        links in the job dir resolve inside: those that exist here, outside the paths the
+        container mounts anyway (the job dir, the workdir)."""
+        mounted = [self.job_dir, os.path.abspath(self.plan.get("workdir") or self.job_dir)]
+        extra = list(spec.get("mounts") or ())
+        try:
+            channels = clusterfiles.channel_sources(self.plan)
+        except ValueError:
+            return spec
+        for src in channels:
+            src = os.path.abspath(src)
+            inside = any(src == m or src.startswith(m.rstrip("/") + "/") for m in mounted)
+            if inside or src == "/" or ":" in src or "," in src or not os.path.exists(src):
+                continue
+            extra.append("%s:%s:ro" % (src, src))
+        return dict(spec, mounts=extra) if extra != list(spec.get("mounts") or ()) else spec
+
+    def _popen(self, argv: List[str], box: "Box", **kw: Any) -> subprocess.Popen:
+        """A launcher or wrapper: holds the job's GPU claims and dies with this job host. With a
+        container (``box``), it runs in it (the runtime's exec)."""
+        if box is not None:
+            argv = box.exec_argv(kw["env"], kw["cwd"], argv, self._gpus(box))
         return subprocess.Popen(argv, stdin=subprocess.DEVNULL, pass_fds=self.claim_fds,
                                 preexec_fn=self._preexec, **kw)
 
-    def _gpus(self) -> List[int]:
-        return sorted({int(g) for i in self.node_indices for g in self.plan["nodes"][i].get("gpus") or []})
+    def _gpus(self, box: "Box" = None) -> List[int]:
+        """The job's GPUs here (with ``box``: those of the nodes that run in it)."""
+        nodes = self.box_nodes.get(box.name, self.node_indices) if box is not None else self.node_indices
+        return sorted({int(g) for i in nodes for g in self.plan["nodes"][i].get("gpus") or []})
 
-    def _agent(self) -> List[str]:
+    def _agent(self, box: "Box" = None) -> List[str]:
         """How a wrapper starts the agent: in a container, the image's python3 runs it (mounted
         at its own path)."""
         me = agent_command()
-        if self.container is not None and len(me) == 2:
+        if box is not None and len(me) == 2:
             return no_site(["python3", me[1]])
         return no_site(me)
 
-    def _start_container(self) -> None:
-        if self.container is None:
+    def _start_containers(self) -> None:
+        """Every container this host runs for the job, before any rank; state.json names them
+        (``container``: the first, ``containers``: all) for the agent to remove should this job
+        host be killed outright."""
+        if not self.boxes:
             return
         if self.launcher == "mpirun":
             raise containers.ContainerError("a [container] job runs with the direct or torchrun "
@@ -339,14 +400,24 @@ class JobHost:
         if len(agent_command()) != 2:
             raise containers.ContainerError("a [container] job needs the agent's zipapp (this agent "
                                             "runs from a source tree)")
-        self.container.start(self.plan, self._agent(), self._gpus(), self.log)
-        self.save(container={"name": self.container.name, "runtime": self.container.runtime,
-                             "pid": self.container.pid()})
+        started = []  # type: List[Dict[str, Any]]
+        for box in self.boxes:
+            # named in state.json before it starts: a job host killed halfway leaves none behind
+            named = {"name": box.name, "runtime": box.runtime, "pid": None}
+            self.save(container=started[0] if started else named, containers=started + [named])
+            box.start(self.plan, self._agent(box), self._gpus(box), self.log)
+            started.append(dict(named, pid=box.pid()))
+        self.save(container=started[0], containers=started)
+
+    def remove_containers(self) -> None:
+        for box in self.boxes:
+            box.remove()
 
     # -- start --------------------------------------------------------------------------------
 
-    def _wrap(self, rank: Optional[int], local_rank: Optional[int]) -> List[str]:
-        argv = self._agent() + ["rank", "--job-dir", self.job_dir]
+    def _wrap(self, rank: Optional[int], local_rank: Optional[int],
+              box: "Box" = None) -> List[str]:
+        argv = self._agent(box) + ["rank", "--job-dir", self.job_dir]
         if rank is not None:
             argv += ["--rank", str(rank), "--local-rank", str(local_rank)]
         return argv + ["--"]
@@ -379,14 +450,15 @@ class JobHost:
         os.makedirs(os.path.join(self.job_dir, "ranks"), exist_ok=True)
         cwd = plan.get("workdir") or self.job_dir
         command = list(plan["command"])
-        self._start_container()
+        self._start_containers()
+        box = self.container
         out = open(os.path.join(self.job_dir, "launcher.log"), "ab")
         if self.launcher == "direct":
             for local_rank, rank in enumerate(clusterfiles.global_ranks(plan, self.node_index)):
                 renv = dict(env)
                 renv.update(clusterfiles.rank_env(plan, self.node_index, local_rank))
-                self.procs.append(self._popen(self._wrap(rank, local_rank) + command, cwd=cwd, env=renv,
-                                              stdout=out, stderr=out))
+                self.procs.append(self._popen(self._wrap(rank, local_rank, box) + command, box, cwd=cwd,
+                                              env=renv, stdout=out, stderr=out))
         elif self.launcher == "torchrun":
             nodes = plan["nodes"]
             argv = [
@@ -398,8 +470,8 @@ class JobHost:
                 "--master-port", str(plan["master_port"]),
                 "--max-restarts", "0",  # rigdeck restarts the whole gang across hosts itself
                 "--no-python",
-            ] + self._wrap(None, None) + command
-            self.procs.append(self._popen(argv, cwd=cwd, env=env, stdout=out, stderr=out))
+            ] + self._wrap(None, None, box) + command
+            self.procs.append(self._popen(argv, box, cwd=cwd, env=env, stdout=out, stderr=out))
         elif self.launcher == "mpirun":
             if self.node_index == 0:
                 hostfile = env["RIGDECK_HOSTFILE"]
@@ -412,7 +484,7 @@ class JobHost:
                 # mpirun runs the command on every host: put the rank wrapper in front of it there.
                 cmd_at = len(argv) - len(command)
                 argv = argv[:cmd_at] + self._wrap(None, None) + argv[cmd_at:]
-                self.procs.append(self._popen(argv, cwd=cwd, env=env, stdout=out, stderr=out))
+                self.procs.append(self._popen(argv, None, cwd=cwd, env=env, stdout=out, stderr=out))
             # Other hosts: mpirun's daemons start our ranks; this process only watches them.
         else:
             raise SystemExit("unknown launcher %r" % self.launcher)
@@ -436,7 +508,7 @@ class JobHost:
         os.makedirs(os.path.join(self.job_dir, "logs"), exist_ok=True)
         os.makedirs(os.path.join(self.job_dir, "ranks"), exist_ok=True)
         cwd = plan.get("workdir") or self.job_dir
-        self._start_container()
+        self._start_containers()
         self.replicas = []
         with open(os.path.join(self.job_dir, "launcher.log"), "ab") as out:
             for i in self.node_indices:
@@ -447,7 +519,8 @@ class JobHost:
                 for local_rank, rank in enumerate(ranks):
                     renv = dict(envs[i])
                     renv.update(clusterfiles.rank_env(plan, i, local_rank))
-                    p = self._popen(self._wrap(rank, local_rank) + command, cwd=cwd, env=renv,
+                    box = self.node_box.get(i)
+                    p = self._popen(self._wrap(rank, local_rank, box) + command, box, cwd=cwd, env=renv,
                                     stdout=out, stderr=out)
                     procs.append(p)
                     self.procs.append(p)
@@ -503,7 +576,7 @@ class JobHost:
     def device_error(self, exit_record: Dict[str, Any]) -> Optional[str]:
         """In a ``[container]`` job, the GPU device-access error a rank's last lines show (NVML's
         "Unknown Error" in a container that lost its devices), or None."""
-        if self.container is None:
+        if not self.boxes:
             return None
         return gpuhealth.device_error(list(exit_record.get("tail") or []) + [exit_record.get("error")])
 
@@ -644,8 +717,7 @@ class JobHost:
         try:
             return self._run()
         finally:
-            if self.container is not None:  # a stop, a failure or the end: no container stays
-                self.container.remove()
+            self.remove_containers()  # a stop, a failure or the end: no container stays
             if self.state.get("state") == "succeeded":
                 self.drop_memory_snapshots()
 

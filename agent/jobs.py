@@ -546,14 +546,17 @@ class Jobs:
                     if not sweep(job_id, signal.SIGKILL):
                         break
                     time.sleep(0.1)
-            box = st.get("container")
-            if isinstance(box, dict) and box.get("name"):  # its process ended with the sweep; podman's
-                # own cleanup of a --rm container needs the store's settings, which it is not given
-                # (docker's daemon removes its own; an apptainer instance holds no process of the job's)
-                state_dir = os.path.dirname(self.root)
-                runtime = str(box.get("runtime") or "podman")
+            boxes = [st.get("container")] + list(st.get("containers") or [])  # a pool job may have several
+            names = sorted({str(b["name"]) for b in boxes if isinstance(b, dict) and b.get("name")})
+            runtimes = {str(b["name"]): str(b.get("runtime") or "podman") for b in boxes
+                        if isinstance(b, dict) and b.get("name")}
+            state_dir = os.path.dirname(self.root)
+            for name in names:  # its process ended with the sweep; podman's own cleanup of a --rm
+                # container needs the store's settings, which it is not given (docker's daemon
+                # removes its own; an apptainer instance holds no process of the job's)
+                runtime = runtimes[name]
                 env = containers.store_env(state_dir) if runtime == "podman" else {}
-                containers.remove(str(box["name"]), env, runtime, state_dir)
+                containers.remove(name, env, runtime, state_dir)
             st.update(state="failed", ended=time.time(), cause=self._death_cause(st))
             try:
                 write_json(os.path.join(self.root, job_id, "state.json"), st)

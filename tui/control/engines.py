@@ -129,21 +129,39 @@ class OwnHosts:
             gpus[n.host] += [g for g in n.gpus if g not in gpus[n.host]]
         return gpus
 
+    @staticmethod
+    def _containers_by_host(placement: Placement, spec: JobSpec | None) -> dict[str, list[dict[str, Any]]]:
+        """The containers each host will run for the job: the job's ``[container]``, or in a
+        pool job those of the pools it has replicas of (each distinct one once)."""
+        out: dict[str, list[dict[str, Any]]] = {h: [] for h in placement.hosts}
+        if spec is None:
+            return out
+        pools = {p.role: p for p in spec.pools}
+        for n in placement.nodes:
+            box = spec.container_of(pools.get(str(n.pool))) if spec.pools else spec.container
+            if box is not None and box.to_dict() not in out[n.host]:
+                out[n.host].append(box.to_dict())
+        return out
+
     def _preflight(self, job_id: str, placement: Placement, spec: JobSpec | None = None) -> None:
         """Before anything starts: every host has room for the job's files and its GPUs free,
-        and a ``[container]`` job's runtime and image are there."""
-        container = spec.container.to_dict() if spec is not None and spec.container is not None else None
+        and the runtime and image of each container it will run are there (a pool job may run
+        several: one check each, the space and the GPUs with the first)."""
+        boxes = self._containers_by_host(placement, spec)
         hosts = list(placement.hosts)
         gpus = self._gpus_by_host(placement)
         from concurrent.futures import ThreadPoolExecutor
 
         def one(h: str) -> Any:
+            agent = self.jm.ctl.agent(h)
             try:
-                return self.jm.ctl.agent(h).job_check(job_id=job_id, gpus=gpus[h],
-                                                   min_free_mb=self.jm.ctl.inventory.min_free_mb,
-                                                      container=container, timeout=30)
+                first = agent.job_check(job_id=job_id, gpus=gpus[h], min_free_mb=self.jm.ctl.inventory.min_free_mb,
+                                        container=boxes[h][0] if boxes[h] else None, timeout=30)
+                more = [agent.job_check(job_id=job_id, gpus=[], min_free_mb=0, container=box, timeout=30).problems
+                        for box in boxes[h][1:]]
             except TransportError as e:
                 return e
+            return [*first.problems, *(p for ps in more for p in ps if p not in first.problems)]
 
         with ThreadPoolExecutor(max_workers=len(hosts)) as pool:
             results = dict(zip(hosts, pool.map(one, hosts), strict=True))
@@ -152,7 +170,7 @@ class OwnHosts:
             if isinstance(r, Exception):
                 problems.append(f"{h}: {r}")
             else:
-                problems += [f"{h}: {p}" for p in r.problems]
+                problems += [f"{h}: {p}" for p in r]
         if problems:
             raise EngineError("job not started (nothing was started): " + "; ".join(problems))
 

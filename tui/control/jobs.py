@@ -490,12 +490,12 @@ class JobManager:
             base["metric_definitions"] = [{"name": n, "regex": r} for n, r in spec.metric_definitions]
         if spec.kind != "training" or spec.pools:
             base["kind"] = spec.kind
-        if spec.container is not None:
+        if spec.container is not None and not spec.pools:
             base["container"] = spec.container.to_dict()
 
-        def resolved(command: Sequence[str], host: str) -> list[str]:
+        def resolved(command: Sequence[str], host: str, inside: bool) -> list[str]:
             # In a container, {python} is the image's python3 (on its PATH), not the host's.
-            python = "python3" if spec.container is not None else self.ctl.inventory.get(host).python
+            python = "python3" if inside else self.ctl.inventory.get(host).python
             return [python if c == "{python}" else c.replace("{python}", python) for c in command]
 
         if spec.pools:
@@ -503,8 +503,12 @@ class JobManager:
             nodes = base["nodes"]
             for i, node in enumerate(placement.nodes):
                 pool = pools[str(node.pool)]
-                nodes[i].update({"port": ports[i], "command": resolved(pool.command or spec.command, node.host),
-                                 "env": dict(pool.env), "on_failure": pool.on_failure})
+                # Each replica's container: its pool's own, else the job's; null: on the host.
+                box = spec.container_of(pool)
+                nodes[i].update({"port": ports[i],
+                                 "command": resolved(pool.command or spec.command, node.host, box is not None),
+                                 "env": dict(pool.env), "on_failure": pool.on_failure,
+                                 "container": box.to_dict() if box is not None else None})
         plans = {}
         for host in placement.hosts:
             indices = placement.on_host(host)
@@ -514,7 +518,7 @@ class JobManager:
                 "env": {**host_env, **base["env"]},
                 "node_index": indices[0],
                 "command": (list(base["nodes"][indices[0]]["command"]) if spec.pools
-                            else resolved(spec.command, host)),
+                            else resolved(spec.command, host, spec.container is not None)),
             }
             if spec.pools:
                 plans[host]["node_indices"] = indices

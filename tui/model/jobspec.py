@@ -19,9 +19,10 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tui.model.codesync import DEFAULT_MAX_FILES, DEFAULT_MAX_MB, CodeSpec
+from tui.model.containerspec import CONTAINER_RUNTIMES, ContainerSpec
 from tui.model.fields import (
     ENV_NAME_RE,
     Bad,
@@ -41,13 +42,20 @@ from tui.model.inventory import SLURM_JOB_FIELDS
 from tui.model.mpspec import ModelParallelSpec, parse_model_parallel
 from tui.model.poolspec import (
     KINDS,
+    POOL_CONTAINER_EXPECTED,
     POOL_EXCLUDES,
     PoolSpec,
     ProcessingSpec,
     parse_pools,
     parse_processing,
 )
-from tui.model.sweepspec import SweepSpec, parse_sweep, substitute_command
+from tui.model.sweepspec import (
+    HP_PLACEHOLDER_RE,
+    SweepSpec,
+    format_hp,
+    parse_sweep,
+    substitute_command,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -61,6 +69,7 @@ __all__ = [
     "LAUNCHERS",
     "MAX_RUNTIME_LIMIT_S",
     "CheckpointSpec",
+    "ContainerSpec",
     "JobSpec",
     "JobSpecError",
     "RestartSpec",
@@ -178,35 +187,6 @@ class ScalingSpec:
                 "warmup_steps": self.warmup_steps}
 
 
-CONTAINER_RUNTIMES = ("podman", "docker", "apptainer")
-
-
-@dataclass(frozen=True)
-class ContainerSpec:
-    """``[container]``: every host runs its ranks in one container of ``image`` (a name in the
-    host's image store, or an archive path on the host: ``podman save``'s, ``docker save``'s;
-    for Apptainer a SIF file or sandbox directory), with ``runtime``.
-    ``mounts``: ``"SRC:DST"`` or ``"SRC:DST:ro"`` (absolute paths on the host and inside);
-    ``workdir``: where ranks start inside (default: the job's workdir, mounted at its own path);
-    ``options``: more options for the runtime's ``run``, as they are (an argv, no shell)."""
-
-    image: str
-    runtime: str = "podman"
-    mounts: tuple[str, ...] = ()
-    workdir: str | None = None
-    options: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"image": self.image, "runtime": self.runtime, "mounts": list(self.mounts),
-                "workdir": self.workdir, "options": list(self.options)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ContainerSpec:
-        return cls(image=str(d["image"]), runtime=str(d.get("runtime") or "podman"),
-                   mounts=tuple(d.get("mounts") or ()), workdir=d.get("workdir"),
-                   options=tuple(d.get("options") or ()))
-
-
 @dataclass(frozen=True)
 class JobSpec:
     """One validated job spec. ``nodes`` is None when the spec did not say (see node_count)."""
@@ -316,6 +296,13 @@ class JobSpec:
             return sum(p.replicas * p.slots for p in self.pools if p.in_world)
         return self.world_size
 
+    def container_of(self, pool: PoolSpec | None = None) -> ContainerSpec | None:
+        """The container the ranks run in: the job's ``[container]``; a pool's own ``container``
+        over it (``false``: that pool on the hosts themselves). None: on the hosts."""
+        if pool is not None and pool.container is not None:
+            return pool.container or None
+        return self.container
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form (job history); ``from_dict`` reads it back."""
         return {
@@ -373,12 +360,17 @@ class JobSpec:
         assert self.sweep is not None
         hps = {**dict(self.hyperparameters), **dict(values)}
         suffix = f"-t{number}"
+
+        def pool(p: PoolSpec) -> PoolSpec:
+            command = substitute_command(p.command, hps) if p.command is not None else None
+            return dataclasses.replace(p, command=command, container=_trial_container(p.container, hps))
+
         return dataclasses.replace(
             self,
             name=self.name[: 64 - len(suffix)] + suffix,
             command=substitute_command(self.command, hps),
-            pools=tuple(dataclasses.replace(p, command=substitute_command(p.command, hps))
-                        if p.command is not None else p for p in self.pools),
+            pools=tuple(pool(p) for p in self.pools),
+            container=_trial_container(self.container, hps),
             hyperparameters=tuple(hps.items()),
             sweep=None,
             trial=str(number),
@@ -892,12 +884,14 @@ def jobspec_from_toml(text: str, path: str | os.PathLike[str] | None = None) -> 
     return jobspec_from_data(data, where)
 
 
-def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str = "") -> JobSpec:
+def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str = "", *,
+                      wire: bool = False) -> JobSpec:
     """Check a job spec given as its decoded TOML table: a job spec file's, or a pipeline
     step's inline ``[steps.job]`` (tui.model.pipelinespec). ``where`` names the file in errors
     and anchors a relative ``workdir`` and ``[code] sync`` (its directory; without one, the
     current directory); ``prefix`` goes before every field an error names
-    (``"steps.train.job."``), so one set of checks serves both."""
+    (``"steps.train.job."``), so one set of checks serves both. ``wire``: the tables with
+    parsers of their own come apart (``jobspec_from_wire``), which checks what needs them."""
     at = _At(where, prefix)
     _no_nul(data, where, prefix.rstrip("."))
     values, tables = _fields(data, at)
@@ -953,6 +947,8 @@ def jobspec_from_data(data: Mapping[str, Any], where: Path | None, prefix: str =
         raise at.error("preemptible", 'a [checkpoint] dir to resume from with preemptible = true (or '
                        'preemptible = "restart": the job may be stopped and start over)', True)
     spec = _with_sweep_and_model_parallel(spec, data, values, at)
+    if not wire:
+        check_container_images(spec, at.error)
     size = len(json.dumps(spec.to_dict()).encode("utf-8"))
     if size > MAX_SPEC_JSON_BYTES:
         raise at.error(
@@ -1067,7 +1063,8 @@ def jobspec_from_wire(d: Any) -> JobSpec:
         table["log"] = log
     if d.get("code") is None:
         table["workdir"] = d.get("workdir")
-    checked = jobspec_from_data(table, None)
+    checked = jobspec_from_data(table, None, wire=True)
+    _wire_pool_containers(d.get("pools"), at)
     try:
         trusted = JobSpec.from_dict({k: v for k, v in d.items() if k not in _SERVER_ONLY and k != "path"})
     except (KeyError, TypeError, ValueError, AttributeError) as e:
@@ -1077,8 +1074,29 @@ def jobspec_from_wire(d: Any) -> JobSpec:
             if f.name not in ("sweep", "model_parallel", "pools", "processing", "code", "workdir", "path",
                               "env_from_file", "env_file_names",
                               "gpus_per_node", "processes_per_node", *_SERVER_ONLY)}
-    return dataclasses.replace(trusted, **kept, code=code, workdir=code.sync if code else checked.workdir,
+    spec = dataclasses.replace(trusted, **kept, code=code, workdir=code.sync if code else checked.workdir,
                                path=None)
+    check_container_images(spec, at.error)
+    return spec
+
+
+def _prefixed(at: _At, prefix: str) -> Callable[[str, str, Any], Exception]:
+    def error(field: str, expected: str, got: Any) -> Exception:
+        return at.error(prefix + field, expected, got)
+    return error
+
+
+def _wire_pool_containers(pools: Any, at: _At) -> None:
+    """Each pool's ``container`` as a client sent it: absent or null (the job's), false (on the
+    hosts), or a table checked as ``[container]`` is."""
+    for i, pool in enumerate(pools if isinstance(pools, list) else ()):
+        box = pool.get("container") if isinstance(pool, dict) else None
+        if box is None or box is False:
+            continue
+        if not isinstance(box, dict):
+            raise at.error(f"pools[{i}].container", POOL_CONTAINER_EXPECTED, box)
+        raw = {n: v for n, v in box.items() if v is not None and v != []}
+        parse_container(raw, _prefixed(at, f"pools[{i}].container."))
 
 
 def _wire_code(raw: Any, at: _At) -> CodeSpec | None:
@@ -1161,7 +1179,8 @@ def _pools(data: Mapping[str, Any], values: Mapping[str, Any], kind: str, at: _A
     if values.get("launcher", "direct") != "direct":
         raise at.error("launcher", '"direct" with [[pools]] (each replica runs its own command)',
                        values["launcher"])
-    return parse_pools(data["pools"], at.error, {k: _TOP_FIELDS[k] for k in ("command", "env", "hosts")})
+    return parse_pools(data["pools"], at.error, {k: _TOP_FIELDS[k] for k in ("command", "env", "hosts")},
+                       container=parse_container)
 
 
 def _processing(data: Mapping[str, Any], values: Mapping[str, Any], kind: str, at: _At) -> ProcessingSpec | None:
@@ -1227,15 +1246,89 @@ def _container(table: Mapping[str, Any], launcher: str, at: _At) -> ContainerSpe
         return None
     if "image" not in table:
         raise at.error("container.image", f"{_TABLES['container']['image'].expected} (required in [container])")
-    if launcher == "mpirun":
-        raise at.error("launcher", '"direct" or "torchrun" with [container] (mpirun would start ranks '
-                       "outside the other hosts' containers)", launcher)
-    if table.get("runtime") == "apptainer" and not str(table["image"]).startswith("/"):
-        raise at.error("container.image", 'an image file\'s absolute path on the hosts (a SIF file or sandbox '
-                       'directory) with runtime = "apptainer": it has no image store', table["image"])
+    check_container_launcher(launcher, _prefixed(at, ""))
+    if _needs_image_file(table):
+        raise at.error("container.image", APPTAINER_IMAGE, table["image"])
     return ContainerSpec(image=table["image"], runtime=table.get("runtime", "podman"),
                          mounts=table.get("mounts", ()), workdir=table.get("workdir"),
                          options=table.get("options", ()))
+
+
+def parse_container(raw: Mapping[str, Any], error: Callable[[str, str, Any], Exception]) -> ContainerSpec:
+    """A ``[container]`` table given somewhere else than at the top of a job spec (a worker
+    pool's ``container``, a pipeline step's), checked as ``[container]`` is: ``error(FIELD,
+    expected, got)`` names FIELD as in that table (``image``, ``mounts``), its caller puts
+    where the table is in front."""
+    values = checked(raw, _TABLES["container"], error)
+    if "image" not in values:
+        raise error("image", f"{_TABLES['container']['image'].expected} (required in a container table)", None)
+    if _needs_image_file(values):
+        raise error("image", APPTAINER_IMAGE, values["image"])
+    return ContainerSpec(image=values["image"], runtime=values.get("runtime", "podman"),
+                         mounts=values.get("mounts", ()), workdir=values.get("workdir"),
+                         options=values.get("options", ()))
+
+
+APPTAINER_IMAGE = ('an image file\'s absolute path on the hosts (a SIF file or sandbox directory) '
+                   'with runtime = "apptainer": it has no image store')
+
+
+def _needs_image_file(table: Mapping[str, Any]) -> bool:
+    return table.get("runtime") == "apptainer" and not str(table["image"]).startswith("/")
+
+
+def check_container_launcher(launcher: str, error: Callable[[str, str, Any], Exception]) -> None:
+    if launcher == "mpirun":
+        raise error("launcher", '"direct" or "torchrun" with [container] (mpirun would start ranks '
+                    "outside the other hosts' containers)", launcher)
+
+
+_Box = TypeVar("_Box")
+
+
+def _trial_container(box: _Box, hps: Mapping[str, Any]) -> _Box:
+    """A container whose image names ``{hp.NAME}``, that parameter's value in it (a sweep's
+    trial); anything else as it is."""
+    if isinstance(box, ContainerSpec) and HP_PLACEHOLDER_RE.search(box.image):
+        image = HP_PLACEHOLDER_RE.sub(lambda m: format_hp(hps[m.group(1)]), box.image)
+        return dataclasses.replace(box, image=image)  # type: ignore[return-value]
+    return box
+
+
+def check_container_images(spec: JobSpec, error: Callable[[str, str, Any], Exception]) -> None:
+    """Every ``{hp.NAME}`` in a container's image (the job's, a pool's) names a categorical
+    parameter of the spec's sweep, and each of its choices makes an image: a sweep whose trials
+    run in different images (a categorical parameter lists them), refused before anything
+    starts when one of them could not be run."""
+    boxes: list[tuple[str, ContainerSpec | bool | None]] = [("container.image", spec.container)]
+    boxes += [(f"pools[{i}].container.image", p.container) for i, p in enumerate(spec.pools)]
+    params = {p.name: p for p in spec.sweep.parameters} if spec.sweep is not None else {}
+    for where, box in boxes:
+        if not isinstance(box, ContainerSpec):
+            continue
+        for name in HP_PLACEHOLDER_RE.findall(box.image):
+            param = params.get(name)
+            if param is None or param.type != "categorical":
+                what = ("a categorical parameter of [sweep] (its choices: the images the trials run in)"
+                        if spec.sweep is not None else
+                        "no {hp.NAME} outside a sweep (a sweep's categorical parameter may choose each trial's image)")
+                raise error(where, f"{what}; {{hp.{name}}} names "
+                            + ("no such parameter" if param is None else f"a {param.type} parameter"), box.image)
+            for choice in param.choices:
+                # the other placeholders as a plain word: each is checked in its turn
+                image = HP_PLACEHOLDER_RE.sub(_one_value(name, choice), box.image)
+                try:
+                    _image(image)
+                except Bad:
+                    raise error(where, f"with each choice of sweep.parameters.{name}, "
+                                + _TABLES["container"]["image"].expected, image) from None
+
+
+def _one_value(name: str, value: Any) -> Callable[[re.Match[str]], str]:
+    """A substitution of ``{hp.NAME}`` by ``value``, and of every other placeholder by a word."""
+    def sub(m: re.Match[str]) -> str:
+        return format_hp(value) if m.group(1) == name else "x"
+    return sub
 
 
 def _scaling(table: Mapping[str, Any], at: _At) -> ScalingSpec | None:

@@ -56,8 +56,11 @@ from tui.model.jobspec import (
     JobSpecError,
     _hyperparameters,
     _no_nul,
+    check_container_images,
+    check_container_launcher,
     jobspec_from_data,
     load_jobspec,
+    parse_container,
     parse_duration,
     read_spec_file,
 )
@@ -99,7 +102,9 @@ _INPUT_RE = re.compile(r"steps\.(?P<step>[^.]+)\.(?P<artifact>.+)")
 _CONTINUE_RE = re.compile(r"steps\.(?P<step>.+)")
 _TOP_KEYS = ("name", "steps")
 _STEP_KEYS = ("name", "spec", "job", "depends_on", "inputs", "retries", "hyperparameters", "when",
-              "continue_from")
+              "continue_from", "container")
+_STEP_CONTAINER_EXPECTED = ("a table (this step's container: image, and runtime, mounts, workdir, options as in "
+                            "[container]) or false (this step on the hosts themselves, whatever its job spec says)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -427,6 +432,8 @@ class _Loader:
         job, spec_path = self.job(raw, name, label)
         if "hyperparameters" in raw:
             job = self.overlay(job, raw["hyperparameters"], label)
+        if "container" in raw:
+            job = self.container(job, raw["container"], label)
 
         depends_on: tuple[str, ...] = ()
         if "depends_on" in raw:
@@ -528,6 +535,27 @@ class _Loader:
         if size > MAX_SPEC_JSON_BYTES:
             raise self.error(field, f"a job of at most {MAX_SPEC_JSON_BYTES} bytes (512 KiB) as "
                              f"the job plan carries it (JSON); with these it has {size}")
+        return job
+
+    def container(self, job: JobSpec, raw: Any, label: str) -> JobSpec:
+        """The step's ``container`` over its job's ``[container]``: its own table, or false (on
+        the hosts). A worker pool's own ``container`` still wins for that pool."""
+        field = f"{label}.container"
+
+        def error(sub: str, expected: str, got: Any) -> JobSpecError:
+            return self.error(f"{field}.{sub}" if sub != "launcher" else f"{field}",
+                              expected + (f" (the job's launcher is {got!r})" if sub == "launcher" else ""),
+                              None if sub == "launcher" else got)
+
+        if raw is False:
+            return dataclasses.replace(job, container=None)
+        if not isinstance(raw, dict):
+            raise self.error(field, _STEP_CONTAINER_EXPECTED, raw)
+        box = parse_container(raw, error)
+        check_container_launcher(job.launcher, error)
+        job = dataclasses.replace(job, container=box)
+        check_container_images(job, lambda sub, expected, got: self.error(
+            f"{field}.image" if sub == "container.image" else f"{label}.job.{sub}", expected, got))
         return job
 
     def retries(self, raw: Any, label: str) -> RetrySpec:

@@ -16,10 +16,11 @@ launch and submit, before anything starts. Pure: no I/O.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
+from tui.model.containerspec import ContainerSpec
 from tui.model.fields import (
     Bad,
     Check,
@@ -72,7 +73,9 @@ def in_role_order(pools: Iterable[PoolSpec]) -> list[PoolSpec]:
 @dataclass(frozen=True)
 class PoolSpec:
     """One ``[[pools]]`` entry as checked, defaults filled. ``command`` None: the job's;
-    ``gpus_per_replica`` None: a CPU pool of ``processes_per_replica`` processes a replica."""
+    ``gpus_per_replica`` None: a CPU pool of ``processes_per_replica`` processes a replica;
+    ``container`` None: the job's ``[container]`` (if it has one), False: on the hosts
+    themselves, a ContainerSpec: this pool's own (``JobSpec.container_of`` says which)."""
 
     role: str
     replicas: int = 1
@@ -83,6 +86,7 @@ class PoolSpec:
     hosts: tuple[str, ...] = ()
     labels: tuple[str, ...] = ()
     on_failure: str = "stop"
+    container: ContainerSpec | Literal[False] | None = None
 
     @property
     def slots(self) -> int:
@@ -105,18 +109,23 @@ class PoolSpec:
             "command": list(self.command) if self.command is not None else None,
             "env": dict(self.env), "hosts": list(self.hosts), "labels": list(self.labels),
             "on_failure": self.on_failure,
+            # Only when the pool says: the wire and the history of a pool without one stay as they were.
+            **({"container": self.container.to_dict() if self.container else False}
+               if self.container is not None else {}),
         }
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> PoolSpec:
         """The inverse of ``to_dict`` (trusted input: the job history's copy of the spec)."""
         command = d.get("command")
+        box = d.get("container")
         return cls(
             role=str(d["role"]), replicas=int(d.get("replicas") or 1),
             gpus_per_replica=d.get("gpus_per_replica"), processes_per_replica=d.get("processes_per_replica"),
             command=tuple(command) if command is not None else None,
             env=tuple((d.get("env") or {}).items()), hosts=tuple(d.get("hosts") or ()),
             labels=tuple(d.get("labels") or ()), on_failure=str(d.get("on_failure") or "stop"),
+            container=ContainerSpec.from_dict(box) if isinstance(box, dict) else (False if box is False else None),
         )
 
 
@@ -177,6 +186,9 @@ def _source(v: Any) -> str:
     return text
 
 
+POOL_CONTAINER_EXPECTED = ("a table (this pool's own container: image, and runtime, mounts, workdir, options "
+                           "as in [container]) or false (this pool on the hosts themselves, not in the job's "
+                           "[container])")
 _IO_NAME = "a name of 1-64 letters, digits, '.', '_' and '-' (not '.' or '..')"
 
 
@@ -191,6 +203,7 @@ def _pool_checks(shared: Mapping[str, Check]) -> dict[str, Check]:
         "hosts": shared["hosts"],
         "labels": Check("a non-empty list of inventory labels (strings)", _labels),
         "on_failure": Check(" or ".join(f'"{x}"' for x in ON_FAILURE), one_of(ON_FAILURE)),
+        "container": Check(POOL_CONTAINER_EXPECTED, lambda v: v),  # checked by parse_pools itself
     }
 
 
@@ -198,10 +211,17 @@ def _pool_checks(shared: Mapping[str, Check]) -> dict[str, Check]:
 # The tables as a whole
 
 
-def parse_pools(raw: Any, error: ErrorFactory, shared: Mapping[str, Check]) -> tuple[PoolSpec, ...]:
+# Checks a pool's ``container`` table (the job spec's checks of ``[container]``): (the raw table,
+# the error factory for its fields, which it names as in ``[container]``: "image") -> the spec.
+ContainerParser = Callable[[Mapping[str, Any], ErrorFactory], ContainerSpec]
+
+
+def parse_pools(raw: Any, error: ErrorFactory, shared: Mapping[str, Check],
+                container: ContainerParser | None = None) -> tuple[PoolSpec, ...]:
     """Check ``[[pools]]``. ``error(field, expected, got)`` makes the spec's own error; fields
     are named ``pools[I].FIELD``. ``shared``: the spec's own checks of ``command``, ``env`` and
-    ``hosts`` (a pool's are the same as the job's)."""
+    ``hosts`` (a pool's are the same as the job's); ``container``: the spec's check of a
+    ``[container]`` table, for a pool's own (without it a pool may not have one)."""
     if not isinstance(raw, list) or not raw or not all(isinstance(p, dict) for p in raw):
         raise error("pools", "an array of tables ([[pools]]), at least the primary's", raw)
     checks = _pool_checks(shared)
@@ -215,6 +235,17 @@ def parse_pools(raw: Any, error: ErrorFactory, shared: Mapping[str, Check]) -> t
             return error(f"pools[{i}].{field}", expected + (f" (pool {role!r})" if role else ""), got)
 
         values = checked(table, checks, pool_error)
+        box: ContainerSpec | Literal[False] | None = None
+        if "container" in table:
+            if table["container"] is False:
+                box = False
+            elif isinstance(table["container"], dict) and container is not None:
+                def box_error(field: str, expected: str, got: Any, pool_error: ErrorFactory = pool_error) -> Exception:
+                    return pool_error(f"container.{field}", expected, got)
+
+                box = container(table["container"], box_error)
+            else:
+                raise pool_error("container", POOL_CONTAINER_EXPECTED, table["container"])
         if "role" not in values:
             raise pool_error("role", f"{checks['role'].expected} (required)", None)
         role: str = values["role"]
@@ -249,6 +280,7 @@ def parse_pools(raw: Any, error: ErrorFactory, shared: Mapping[str, Check]) -> t
             command=values.get("command"), env=values.get("env", ()),
             hosts=values.get("hosts", ()), labels=values.get("labels", ()),
             on_failure=values.get("on_failure", "continue" if role == "evaluator" else "stop"),
+            container=box,
         ))
     if "primary" not in seen:
         raise error("pools", 'exactly one pool with role = "primary" (there is none; roles given: '
