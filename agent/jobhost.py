@@ -35,6 +35,8 @@ POLL_S = 0.5  # at the latest: a rank's exit wakes the loop at once (SIGCHLD), a
 DISK_FULL_MB = 1.0  # a failure with less than this free under the job dir is put down to it
 TERMINAL = ("succeeded", "failed", "stopped")
 GPU_HEALTH_FILE = "gpu-health.json"  # the job's GPUs that are not ok, as the daemon judged them
+# The daemon writes gpu-health.json from a sample at most 2 s old, in a loop that turns each second
+GPU_HEALTH_LAG_S = 3.0
 STOP_FILE = "stop.json"  # the agent's stop, on disk: a job host healing in place reads it before it starts again
 
 
@@ -791,11 +793,11 @@ class JobHost:
         self.save(healing=incident)
         self.terminate_all(min(grace, 5.0))
         incident["stopped_at"] = time.time()
+        bad = self.gpu_faults_after(kind, incident["detected_at"]) if moves is None else []
         if self.stop_asked():  # the stop wins: this attempt ends stopped, nothing starts
             self._give_back(moves)
             self.save(healing=None)
             return None
-        bad = self.gpu_faults() if moves is None else []
         if bad:  # the rank died of its GPU (XID 79 ends the process): not on that card again
             moves = self.claim_spares(bad)
             if moves is None:  # no spare here: the controller moves it
@@ -832,6 +834,19 @@ class JobHost:
                     and index in mine:
                 found.setdefault(index, g)
         return [found[i] for i in sorted(found)]
+
+    def gpu_faults_after(self, kind: str, failed_at: float) -> List[Dict[str, Any]]:
+        """``gpu_faults`` once the daemon has judged the GPUs after a rank's failure at
+        ``failed_at``: a rank killed by its GPU (a CUDA error at XID 79) can die before the daemon's
+        next look says so (``GPU_HEALTH_LAG_S``), and a restart on that card would die again. Only
+        a job with GPUs waits, and only as long as no fault has come."""
+        bad = self.gpu_faults()
+        if kind != "exit" or bad or not self._gpus():
+            return bad
+        while not bad and time.time() < failed_at + GPU_HEALTH_LAG_S and not self.stop_asked():
+            time.sleep(0.2)
+            bad = self.gpu_faults()
+        return bad
 
     def heal_gpu(self, bad: List[Dict[str, Any]], grace: float) -> Optional[int]:
         """GPUs of the job failed while its ranks live: with a restart left and a spare GPU for
