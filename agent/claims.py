@@ -344,3 +344,18 @@ def held(d: Optional[str] = None, gpus: Optional[Iterable[int]] = None) -> Optio
             finally:
                 os.close(fd)
     return out
+
+
+def claimed_gpu(fd: int, d: Optional[str] = None, proc_root: str = "/proc") -> Optional[int]:
+    """The GPU whose lock file descriptor ``fd`` of this process holds open (a job host telling
+    its claims apart, to give one back), or None when it is no GPU lock of ``d``."""
+    try:
+        path = os.readlink(os.path.join(proc_root, "self", "fd", str(int(fd))))
+    except (OSError, ValueError):
+        return None
+    if os.path.dirname(path) != os.path.realpath(d or claim_dir()):
+        return None
+    name = os.path.basename(path)
+    if name.startswith("gpu-") and name.endswith(".lock") and name[4:-5].isdigit():
+        return int(name[4:-5])
+    return None

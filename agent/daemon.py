@@ -110,6 +110,7 @@ class Daemon:
         self._latest_seq = 0
         self._health = (-1e9, [])  # type: Tuple[float, List[Dict[str, Any]]]  # (monotonic, GPUs not ok)
         self._health_read = {}  # type: Dict[int, bool]  # that sample's GPUs: index -> simulated
+        self._spare = []  # type: List[int]  # GPUs a job host may move ranks to, from that same sample
         self._published = None  # type: Optional[asyncio.Event]  # set (and replaced) per sample
         self._stop = None  # type: Optional[asyncio.Event]
         # The ticker thread's wake-up: a first subscriber or a new textfile wants a sample now.
@@ -323,7 +324,16 @@ class Daemon:
         data = sample if isinstance(sample, dict) else sample_to_dict(sample)
         self._add_claims(data)
         self._add_slurm(data, slurm_max_age)
+        self._add_held_out(data)
         return data
+
+    def _add_held_out(self, data: Dict[str, Any]) -> None:
+        """The GPUs a job host of this account took its ranks off (agent/gpuhealth.py's held-out
+        record) read as unhealthy, whatever the sensor says now: kept out of placement until an
+        undrain clears them (``gpu_health_clear``)."""
+        held = gpuhealth.read_held_out(self.paths.state_dir)
+        if held:
+            gpuhealth.lay_held_out(data.get("gpus") or [], held)
 
     async def _collect(self) -> Dict[str, Any]:
         """A sample taken now, off the loop (a request's, while the ticker has none to give):
@@ -585,6 +595,7 @@ class Daemon:
                for g in data.get("gpus") or [] if g.get("health") not in (None, "ok")]
         self._health_read = {int(g["index"]): bool(g.get("simulated")) for g in data.get("gpus") or []
                              if isinstance(g.get("index"), int)}
+        self._spare = gpuhealth.spare_gpus(data.get("gpus") or [])
         self._health = (time.monotonic(), bad)
         return bad
 
@@ -667,7 +678,7 @@ class Daemon:
         if not jobs:
             return
         bad = await self._gpu_health(max_age=2.0)
-        await loop.run_in_executor(self._jobs_pool, self.jobs.tell_gpu_health, jobs, bad)
+        await loop.run_in_executor(self._jobs_pool, self.jobs.tell_gpu_health, jobs, bad, list(self._spare))
 
     async def _job_watch_pause(self, loop: asyncio.AbstractEventLoop) -> None:
         """A second while a job is live or an upgrade waits. A host with no live job (most of
@@ -1019,12 +1030,15 @@ class Daemon:
         if gpus is not None and (not isinstance(gpus, list) or not all(
                 isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpus)):
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "gpus must be a list of GPU indices")
-        clear = getattr(self._collector, "clear_health", None)
-        if clear is None:  # no collector yet: nothing remembered
-            return {"cleared": []}
         cleared = []  # type: List[int]
-        for g in (gpus if gpus is not None else [None]):
-            cleared.extend(clear(g))
+        try:  # the GPUs a job host held out here are put back too
+            cleared.extend(gpuhealth.release_held_out(self.paths.state_dir, gpus))
+        except OSError as e:
+            log.warning("held-out GPUs not cleared: %s", e)
+        clear = getattr(self._collector, "clear_health", None)
+        if clear is not None:  # (no collector yet: nothing remembered)
+            for g in (gpus if gpus is not None else [None]):
+                cleared.extend(clear(g))
         return {"cleared": sorted(set(cleared))}
 
     def _m_prometheus_textfile(self, client: _Client, params: Dict[str, Any]) -> Any:

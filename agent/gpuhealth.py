@@ -283,3 +283,114 @@ def container_fault(cause: Any, not_ok: Any, read: Dict[int, bool], host: str) -
     if cause.get("message") and cause.get("kind") != CONTAINER:
         out["rank_message"] = cause["message"]
     return out
+
+
+# -- GPUs held out on this host: a job host moved its ranks off them (agent/jobhost.py) --------
+
+HELD_OUT_FILE = "gpu-held-out.json"  # in the agent's state dir: {"<index>": {reason, job_id, by, at}}
+
+
+def read_held_out(state_dir: Optional[str]) -> Dict[int, Dict[str, Any]]:
+    """The GPUs of this host that a job host took its ranks off after a fault with nobody
+    watching, each with why (``{"reason", "job_id", "by", "at"}``). Anything unreadable or
+    malformed is no record (nothing here may stop the daemon or a job host)."""
+    if not state_dir:
+        return {}
+    try:
+        with open(os.path.join(state_dir, HELD_OUT_FILE), encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    out = {}  # type: Dict[int, Dict[str, Any]]
+    if not isinstance(data, dict):
+        return out
+    for key, rec in data.items():
+        try:
+            i = int(key)
+        except (TypeError, ValueError):
+            continue
+        if i >= 0 and isinstance(rec, dict):
+            out[i] = rec
+    return out
+
+
+def _change_held_out(state_dir: str, change: Any) -> List[int]:
+    """Apply ``change(records)`` (in place; returns the GPUs it changed) to the record file under
+    its lock, written whole (a reader never sees half of it)."""
+    import fcntl
+
+    path = os.path.join(state_dir, HELD_OUT_FILE)
+    fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        records = read_held_out(state_dir)
+        changed = change(records)
+        if changed:
+            tmp = "%s.tmp-%d" % (path, os.getpid())
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({str(k): v for k, v in sorted(records.items())}, f, sort_keys=True)
+            os.replace(tmp, path)
+        return sorted(changed)
+    finally:
+        os.close(fd)  # closing drops the lock
+
+
+def hold_out(state_dir: str, gpu: int, reason: str, job_id: str, by: str, now: float) -> bool:
+    """Keep ``gpu`` out of every rigdeck job on this host until it is cleared (``release_held_out``,
+    the daemon's ``gpu_health_clear`` on an undrain): the daemon's samples call it unhealthy with
+    ``reason``, so no placement takes it and the next controller drains it. False when it was
+    held out already (the first record stays)."""
+    def add(records: Dict[int, Dict[str, Any]]) -> List[int]:
+        if int(gpu) in records:
+            return []
+        records[int(gpu)] = {"reason": reason, "job_id": job_id, "by": by, "at": now}
+        return [int(gpu)]
+
+    return bool(_change_held_out(state_dir, add))
+
+
+def release_held_out(state_dir: str, gpus: Optional[List[int]] = None) -> List[int]:
+    """Forget the held-out records of ``gpus`` (all when None). Returns the GPUs that had one."""
+    def drop(records: Dict[int, Dict[str, Any]]) -> List[int]:
+        gone = [i for i in records if gpus is None or i in gpus]
+        for i in gone:
+            del records[i]
+        return gone
+
+    if not read_held_out(state_dir):
+        return []
+    return _change_held_out(state_dir, drop)
+
+
+def held_out_reason(rec: Dict[str, Any]) -> str:
+    """A held-out GPU's health reason in a sample: its fault, and who took the ranks off it."""
+    why = str(rec.get("reason") or "a fault")
+    who = str(rec.get("by") or "a job host")
+    job = " (job %s)" % rec["job_id"] if rec.get("job_id") else ""
+    return "%s; held out by %s%s until undrained" % (why, who, job)
+
+
+def lay_held_out(gpus: List[Dict[str, Any]], held: Dict[int, Dict[str, Any]]) -> None:
+    """A sample's GPUs (in place): each held-out one is unhealthy, whatever it reads as now (a
+    simulated fault removed, a daemon restarted and its judge's memory gone)."""
+    for g in gpus:
+        try:
+            rec = held.get(int(g.get("index", -1)))
+        except (TypeError, ValueError):
+            continue
+        if rec is not None and g.get("health") != UNHEALTHY:
+            g["health"], g["health_reason"] = UNHEALTHY, held_out_reason(rec)
+
+
+def spare_gpus(gpus: List[Dict[str, Any]]) -> List[int]:
+    """The GPUs of a sample (held-out ones laid over, claims added) that a job host may move its
+    ranks to: health ok, no process on it (another person's or another job's), nobody's claim.
+    Only a hint: the claim (agent/claims.py) decides who gets one."""
+    out = []
+    for g in gpus:
+        index = g.get("index")
+        if isinstance(index, bool) or not isinstance(index, int):
+            continue
+        if g.get("health", OK) == OK and not g.get("processes") and not g.get("claim"):
+            out.append(index)
+    return sorted(out)

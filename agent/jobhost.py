@@ -36,6 +36,8 @@ POLL_S = 0.5  # at the latest: a rank's exit wakes the loop at once (SIGCHLD), a
 DISK_FULL_MB = 1.0  # a failure with less than this free under the job dir is put down to it
 TERMINAL = ("succeeded", "failed", "stopped")
 GPU_HEALTH_FILE = "gpu-health.json"  # the job's GPUs that are not ok, as the daemon judged them
+# The daemon writes gpu-health.json from a sample at most 2 s old, in a loop that turns each second
+GPU_HEALTH_LAG_S = 3.0
 STOP_FILE = "stop.json"  # the agent's stop, on disk: a job host healing in place reads it before it starts again
 
 
@@ -807,9 +809,12 @@ class JobHost:
                 self.save(state="failed", ended=time.time(),
                           cause={"host": self.node["host"], "message": "mpirun never started ranks here"})
                 return 1
-            gpu = self.gpu_fault()
-            if gpu is not None:
-                return self.stop_for_gpu(gpu, grace)
+            bad = self.gpu_faults()
+            if bad:  # a GPU of the job failed while its ranks live: move them off it, or stop
+                code = self.heal_gpu(bad, grace)
+                if code is not None:
+                    return code
+                continue
             self.watch_progress()
             hang = self.state.get("hang")
             if hang is not None and self.may_heal("hang"):
@@ -863,28 +868,36 @@ class JobHost:
             return code in self.on_exit_codes or (isinstance(sig, int) and 128 + sig in self.on_exit_codes)
         return True
 
-    def heal_in_place(self, kind: str, what: Dict[str, Any], grace: float) -> Optional[int]:
+    def heal_in_place(self, kind: str, what: Dict[str, Any], grace: float,
+                      moves: Optional[Dict[int, Tuple[int, int]]] = None) -> Optional[int]:
         """Stop this attempt's ranks and start the next attempt here (its ranks resume from their
         newest checkpoint), keeping the incident in ``state.json``'s ``heals`` for the controller
-        that looks next: it adopts each as the job's restart and incident, once. None: the loop
-        goes on (a stop asked meanwhile is the loop's to carry out); else this job host's exit."""
+        that looks next: it adopts each as the job's restart and incident, once. ``moves``: a
+        failed GPU's ranks go to the spare claimed for it (``claim_spares``). None: the loop goes
+        on (a stop asked meanwhile is the loop's to carry out); else this job host's exit."""
         attempt = int(self.state.get("restart_count") or 0)
-        incident = self._incident(kind, what, attempt)
+        incident = self._incident(kind, what, attempt, moves)
         self.log("%s: healing in place, attempt %d stops, attempt %d starts (%d restart(s) left here)"
                  % (incident["message"], attempt, attempt + 1, self.heals_left - 1))
         self.save(healing=incident)
         self.terminate_all(min(grace, 5.0))
         incident["stopped_at"] = time.time()
+        bad = self.gpu_faults_after(kind, incident["detected_at"]) if moves is None else []
         if self.stop_asked():  # the stop wins: this attempt ends stopped, nothing starts
+            self._give_back(moves)
             self.save(healing=None)
             return None
-        gpu = self.gpu_fault()
-        if gpu is not None:  # the rank died of its GPU (XID 79 ends the process): not here again
-            self.save(healing=None)
-            return self.stop_for_gpu(gpu, grace)
+        if bad:  # the rank died of its GPU (XID 79 ends the process): not on that card again
+            moves = self.claim_spares(bad)
+            if moves is None:  # no spare here: the controller moves it
+                self.save(healing=None)
+                return self.stop_for_gpu(bad[0], grace)
+            incident = dict(incident, kind="gpu", **self._gpu_incident(bad, moves))
+        if moves:
+            self._move(moves, incident)
         heals = list(self.state.get("heals") or []) + [incident]
         try:
-            self._next_attempt(attempt + 1)
+            self._next_attempt(attempt + 1, moves)
             self.heals_left -= 1
             incident["started_at"] = time.time()
             self.save(heals=heals, healing=None, hang=None, cause=None, restart_count=attempt + 1)
@@ -897,16 +910,121 @@ class JobHost:
             return 1
         return None
 
-    def gpu_fault(self) -> Optional[Dict[str, Any]]:
-        """One of this job's GPUs here that the daemon judges unhealthy (``gpu-health.json``,
-        written only for a job its host heals in place), or None."""
+    def gpu_faults(self) -> List[Dict[str, Any]]:
+        """This job's GPUs here that the daemon judges unhealthy (``gpu-health.json``, written
+        only for a job its host heals in place), each once, lowest first."""
         if not self.heals_here:
-            return None
+            return []
         mine = self._gpus()
+        found = {}  # type: Dict[int, Dict[str, Any]]
         for g in (read_json(os.path.join(self.job_dir, GPU_HEALTH_FILE)) or {}).get("gpus") or []:
-            if isinstance(g, dict) and g.get("health") == "unhealthy" and g.get("index") in mine:
-                return g
-        return None
+            index = g.get("index") if isinstance(g, dict) else None
+            if isinstance(index, int) and not isinstance(index, bool) and g.get("health") == "unhealthy" \
+                    and index in mine:
+                found.setdefault(index, g)
+        return [found[i] for i in sorted(found)]
+
+    def gpu_faults_after(self, kind: str, failed_at: float) -> List[Dict[str, Any]]:
+        """``gpu_faults`` once the daemon has judged the GPUs after a rank's failure at
+        ``failed_at``: a rank killed by its GPU (a CUDA error at XID 79) can die before the daemon's
+        next look says so (``GPU_HEALTH_LAG_S``), and a restart on that card would die again. Only
+        a job with GPUs waits, and only as long as no fault has come."""
+        bad = self.gpu_faults()
+        if kind != "exit" or bad or not self._gpus():
+            return bad
+        while not bad and time.time() < failed_at + GPU_HEALTH_LAG_S and not self.stop_asked():
+            time.sleep(0.2)
+            bad = self.gpu_faults()
+        return bad
+
+    def heal_gpu(self, bad: List[Dict[str, Any]], grace: float) -> Optional[int]:
+        """GPUs of the job failed while its ranks live: with a restart left and a spare GPU for
+        each one here (claimed now, before anything stops), the ranks move to the spares and
+        restart in place from their checkpoint; else the job stops here for a controller to
+        move it (``stop_for_gpu``)."""
+        moves = self.claim_spares(bad) if self.may_heal("gpu") else None
+        if moves is None:
+            return self.stop_for_gpu(bad[0], grace)
+        return self.heal_in_place("gpu", {"gpus": bad}, grace, moves)
+
+    def _avoid(self) -> List[int]:
+        """GPUs of this host no move may go to: the job's own, those held out here (the
+        held-out record), and those the controller had drained when it started the job
+        (the plan's ``heal.drained``)."""
+        avoid = set(self._gpus())
+        avoid.update(gpuhealth.read_held_out(os.path.dirname(os.path.dirname(self.job_dir))))
+        for g in (self.plan.get("heal") or {}).get("drained") or []:
+            if isinstance(g, int) and not isinstance(g, bool):
+                avoid.add(g)
+        return sorted(avoid)
+
+    def claim_spares(self, bad: List[Dict[str, Any]]) -> Optional[Dict[int, Tuple[int, int]]]:
+        """A spare GPU of this host for each failed one, claimed for this job: ``{failed: (spare,
+        its claim's descriptor)}``, or None (nothing claimed) when there are not enough. The
+        daemon's ``spare`` list (healthy, no process on it, nobody's claim) says which to try;
+        the claim itself decides (agent/claims.py: under the directory's mutex, refused if held),
+        so a GPU another job or person takes meanwhile is never taken twice: it is skipped."""
+        from agent import claims
+
+        health = read_json(os.path.join(self.job_dir, GPU_HEALTH_FILE)) or {}
+        offered = health.get("spare")
+        if not isinstance(offered, list):
+            offered = []
+        avoid = set(self._avoid())
+        candidates = sorted({g for g in offered if isinstance(g, int) and not isinstance(g, bool)
+                             and g >= 0 and g not in avoid})
+        moves = {}  # type: Dict[int, Tuple[int, int]]
+        for g in bad:
+            while candidates and int(g["index"]) not in moves:
+                spare = candidates.pop(0)
+                try:
+                    (fd,) = claims.claim([spare], self.job_id)
+                except claims.ClaimError as e:
+                    self.log("spare GPU %d not taken: %s" % (spare, e))
+                    continue
+                except Exception as e:  # a claim directory gone wrong: no move, the controller's
+                    self.log("spare GPU %d not taken: %s" % (spare, e))
+                    break
+                moves[int(g["index"])] = (spare, fd)
+        if len(moves) < len(bad):
+            self._give_back(moves)
+            self.log("no spare GPU free here for GPU %s" % ", ".join(str(g["index"]) for g in bad))
+            return None
+        return moves
+
+    def _give_back(self, moves: Optional[Dict[int, Tuple[int, int]]]) -> None:
+        """Release the spares claimed for moves that will not happen."""
+        for _spare, fd in (moves or {}).values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _move(self, moves: Dict[int, Tuple[int, int]], incident: Dict[str, Any]) -> None:
+        """The ranks are stopped: each failed GPU is held out on this host (no rigdeck job is
+        placed on it until an undrain clears it; the next controller adopts it as a drain), its
+        claim given back, and the spare's claim passed to the next attempt's processes."""
+        from agent import claims
+
+        state_dir = os.path.dirname(os.path.dirname(self.job_dir))
+        by = "%s's job host" % self.node["host"]
+        reasons = incident.get("reasons") or {}
+        for old in moves:
+            try:
+                gpuhealth.hold_out(state_dir, old, str(reasons.get(str(old)) or "unhealthy"),
+                                   self.job_id, by, time.time())
+            except OSError as e:  # the daemon's sample still calls it unhealthy while the fault lasts
+                self.log("GPU %d not recorded as held out: %s" % (old, e))
+        keep = []
+        for fd in self.claim_fds:
+            if claims.claimed_gpu(fd) in moves:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            else:
+                keep.append(fd)
+        self.claim_fds = keep + [fd for _spare, fd in moves.values()]
 
     def stop_for_gpu(self, gpu: Dict[str, Any], grace: float) -> int:
         """A GPU of the job failed: a restart in place would land on it again, and moving away
@@ -923,12 +1041,16 @@ class JobHost:
         self.save(state="failed", ended=time.time())
         return 1
 
-    def _incident(self, kind: str, what: Dict[str, Any], attempt: int) -> Dict[str, Any]:
+    def _incident(self, kind: str, what: Dict[str, Any], attempt: int,
+                  moves: Optional[Dict[int, Tuple[int, int]]] = None) -> Dict[str, Any]:
         """What failed, when it was seen, and the newest step this host's ranks reported."""
         now = time.time()
         steps = list(self.progress.steps.values())
         incident = {"attempt": attempt, "kind": kind, "host": self.node["host"], "detected_at": now,
                     "last_step": max(steps) if steps else None}  # type: Dict[str, Any]
+        if kind == "gpu":
+            incident.update(self._gpu_incident(list(what.get("gpus") or []), moves or {}))
+            return incident
         if kind == "hang":
             incident.update({k: what.get(k) for k in ("message", "last_step", "section", "timeout_s")})
             incident.update(detected_at=what.get("at") or now, detect_s=what.get("stalled_s"),
@@ -941,6 +1063,12 @@ class JobHost:
                         detect_s=round(max(0.0, now - float(ended)), 3) if isinstance(ended, (int, float)) else None)
         return incident
 
+    def _gpu_incident(self, bad: List[Dict[str, Any]], moves: Dict[int, Tuple[int, int]]) -> Dict[str, Any]:
+        """A GPU incident's own fields: the failed GPU (the first), each one's reason, where its
+        ranks went (``moved``) and this host's GPUs for the job from now on (``gpus``)."""
+        return gpu_move_fields(self.node["host"], bad, {old: new for old, (new, _fd) in moves.items()},
+                               self._gpus())
+
     def _with_env_file(self, plan: Dict[str, Any]) -> Dict[str, Any]:
         """``plan`` with the job's env_from_file values in its ``env``: kept in the job's
         directory (0600) by the agent's start, never in plan.json; read again for every attempt,
@@ -949,10 +1077,11 @@ class JobHost:
             plan["env"] = dict(plan.get("env") or {}, **read_env_file(self.job_dir))
         return plan
 
-    def _next_attempt(self, restart_count: int) -> None:
+    def _next_attempt(self, restart_count: int, moves: Optional[Dict[int, Tuple[int, int]]] = None) -> None:
         """Ready the job directory and the plan for the next attempt, as the agent does before a
         start: rank records afresh, the attempt's mark in ``attempts.json``, the plan's
-        ``restart_count`` (the ranks' ``RIGDECK_RESTART_COUNT``) and a new rendezvous port."""
+        ``restart_count`` (the ranks' ``RIGDECK_RESTART_COUNT``), a new rendezvous port, and,
+        after a GPU moved, this host's ``gpus`` (the ranks' ``CUDA_VISIBLE_DEVICES``)."""
         from agent.jobs import probe_port  # (agent.jobs imports this module)
 
         for f in glob.glob(os.path.join(self.job_dir, "ranks", "*")):
@@ -960,9 +1089,12 @@ class JobHost:
         mark_attempt(self.job_dir, restart_count)
         plan = read_json(os.path.join(self.job_dir, "plan.json")) or dict(self.plan)
         plan["restart_count"] = restart_count
+        if moves:
+            plan = moved_plan(plan, self.node_index, {old: new for old, (new, _fd) in moves.items()})
         plan["master_port"] = probe_port(str(plan["master_addr"]))
         write_json(os.path.join(self.job_dir, "plan.json"), plan)
         self.plan = self._with_env_file(plan)
+        self.node = self.plan["nodes"][self.node_index]
         self.procs = []
         self.progress = RankProgress(os.path.join(self.job_dir, "metrics"))
         self.hang_watch = self._new_watch()
@@ -1119,6 +1251,37 @@ class JobHost:
             if changed:
                 self.save(replicas=self.replicas)
             self._sleep(wake)
+
+
+def moved_plan(plan: Dict[str, Any], node_index: int, moves: Dict[int, int]) -> Dict[str, Any]:
+    """``plan`` with node ``node_index``'s GPUs moved as ``moves`` says (``{failed: spare}``), in
+    place, each rank keeping its place in the list (local rank ``l`` runs on ``gpus[l]``)."""
+    nodes = [dict(n) for n in plan.get("nodes") or []]
+    node = nodes[node_index]
+    node["gpus"] = [moves.get(int(g), int(g)) for g in node.get("gpus") or []]
+    return dict(plan, nodes=nodes)
+
+
+def gpu_move_fields(host: str, bad: List[Dict[str, Any]], moves: Dict[int, int],
+                    gpus: List[int]) -> Dict[str, Any]:
+    """The fields of a GPU incident a job host healed in place (``heals``): ``gpu`` (the first
+    failed), ``reasons`` (each failed GPU's, with "(simulated)" for a bed's), ``moved`` (failed
+    -> spare), ``gpus`` (the host's GPUs for the job after the move) and the ``message``:
+    ``h2 GPU 1 (simulated): XID 79: GPU has fallen off the bus; ranks moved to GPU 3 on h2,
+    restart in place``."""
+    reasons = {}  # type: Dict[str, str]
+    said = []
+    for g in bad:
+        sim = " (simulated)" if g.get("simulated") else ""
+        what = str(g.get("reason") or "unhealthy")
+        reasons[str(g["index"])] = what + sim
+        said.append("%s GPU %s%s: %s" % (host, g["index"], sim, what))
+    to = [moves[int(g["index"])] for g in bad if int(g["index"]) in moves]
+    where = "GPU %s" % to[0] if len(to) == 1 else "GPUs %s" % ", ".join(str(t) for t in to)
+    return {"gpu": int(bad[0]["index"]) if bad else None, "reasons": reasons,
+            "moved": {str(k): v for k, v in sorted(moves.items())},
+            "gpus": [moves.get(int(g), int(g)) for g in gpus],
+            "message": "%s; ranks moved to %s on %s, restart in place" % ("; ".join(said), where, host)}
 
 
 def _seconds(value: Any) -> Optional[float]:

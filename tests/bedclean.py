@@ -187,6 +187,9 @@ def leftovers(bed: TestBed) -> list[str]:
         faults = host.state_dir / "sim-gpu-faults.json"
         if faults.exists() and faults.read_text().strip() not in ("", "{}"):
             lines.append(f"{host.name}: simulated GPU faults left: {faults.read_text().strip()[:200]}")
+        held = host.state_dir / "gpu-held-out.json"  # agent/gpuhealth.py: GPUs a job host moved ranks off
+        if held.exists() and held.read_text().strip() not in ("", "{}"):
+            lines.append(f"{host.name}: GPUs held out by a job host: {held.read_text().strip()[:200]}")
     return lines
 
 
@@ -200,6 +203,7 @@ def clean(bed: TestBed, timeout: float = 15.0) -> list[str]:
             _out(["tc", "qdisc", "del", "dev", host.veth, "root"])
             _out(["ip", "netns", "exec", host.netns, "iptables", "-F"])
             (host.state_dir / "sim-gpu-faults.json").unlink(missing_ok=True)
+            (host.state_dir / "gpu-held-out.json").unlink(missing_ok=True)
         for procs in job_processes(bed).values():
             for pid, _, _ in procs:
                 try:

@@ -707,6 +707,117 @@ def test_a_job_of_one_host_heals_in_place_with_nobody_watching(
     assert newest == {(r, s): 0 if s < 3 else 1 for r in (0, 1) for s in range(1, 7)}
 
 
+def test_a_job_its_host_heals_is_told_its_bad_gpus_and_the_hosts_spares_when_they_change(tmp_path: Path) -> None:
+    """gpu-health.json (agent/jobs.py ``tell_gpu_health``): the job's GPUs that are not ok, and
+    the host's spare GPUs its job host may move ranks to; written first, then only on a change."""
+    jobs = Jobs(str(tmp_path / "state"), [sys.executable, "-m", "agent"])
+    path = Path(jobs.job_dir("j1")) / "gpu-health.json"
+    path.parent.mkdir(parents=True)
+    bad = [{"index": 1, "health": "unhealthy", "reason": "XID 79", "simulated": True},
+           {"index": 2, "health": "unhealthy", "reason": "ECC", "simulated": True}]
+    jobs.tell_gpu_health({"j1": [0, 1]}, [], [2, 3])
+    assert json.loads(path.read_text())["spare"] == [2, 3] and json.loads(path.read_text())["gpus"] == []
+    path.write_text(json.dumps({**json.loads(path.read_text()), "mark": 1}))
+    jobs.tell_gpu_health({"j1": [0, 1]}, [], [2, 3])
+    assert json.loads(path.read_text())["mark"] == 1  # nothing changed: not written
+    jobs.tell_gpu_health({"j1": [0, 1]}, bad, [3])
+    told = json.loads(path.read_text())
+    assert (told["gpus"], told["spare"], "mark" in told) == ([bad[0]], [3], False)
+
+
+MOVING_RANK = """
+import os, sys, time
+import runtime
+attempt, d = int(os.environ["RIGDECK_RESTART_COUNT"]), os.environ["RIGDECK_JOB_DIR"]
+print("attempt", attempt, "on GPU", os.environ.get("CUDA_VISIBLE_DEVICES"), flush=True)
+saved = os.path.join(d, "saved")
+start = int(open(saved).read()) + 1 if attempt and os.path.exists(saved) else 1
+if start > 1:
+    print("resumed from step", start - 1, flush=True)
+for step in range(start, 6):
+    if step == 3 and attempt == 0 or step == 5 and not os.path.exists(os.path.join(d, "go")):
+        while not os.path.exists(os.path.join(d, "go" if attempt else "never")):
+            time.sleep(0.1)  # attempt 0: until its GPU fails under it; attempt 1: until the test has looked
+    runtime.report(step=step, loss=1.0 / step)
+    if step == 2:
+        with open(saved + ".tmp", "w") as f:
+            f.write("2")
+        os.replace(saved + ".tmp", saved)
+"""
+
+
+@pytest.mark.parametrize("spare", [True, False], ids=["spare", "no-spare"])
+def test_a_gpu_that_fails_under_a_job_its_host_heals_is_swapped_for_a_free_one_in_place(
+        tmp_path: Path, monkeypatch: Any, spare: bool) -> None:
+    """The daemon says the job's GPU 1 failed (gpu-health.json) and which of the host's GPUs are
+    spare. The job host claims one, skipping a GPU another job took meanwhile (its claim is
+    refused), one held out here before and one the controller had drained; its ranks restart
+    on it from their checkpoint, the failed GPU's claim is given back and the GPU held out; the
+    heal says where the ranks went. With no spare it can claim, it stops the job, claiming and
+    holding out nothing, for a controller to move."""
+    from agent import gpuhealth
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("RIGDECK_CLAIM_DIR", str(tmp_path / "claims"))
+    state = tmp_path / "state"
+    jobs = Jobs(str(state), [sys.executable, "-m", "agent"])
+    gpuhealth.hold_out(str(state), 0, "ECC", "earlier", "local's job host", 1.0)
+    other = claims.claim([2], "other")  # another job, racing for the spare: it has it
+    plan = {"job_id": "moving", "name": "m", "launcher": "direct", "command": [sys.executable, "-c", MOVING_RANK],
+            "workdir": str(tmp_path), "env": {}, "restart_count": 0, "max_runtime_s": 120, "grace_s": 5,
+            "nodes": [{"host": "local", "address": "127.0.0.1", "slots": 1, "gpus": [1]}], "node_index": 0,
+            "master_addr": "127.0.0.1", "master_port": 29400,
+            "health": {"hang_timeout": 60.0, "startup_timeout": None, "on_hang": "restart"},
+            "heal": {"by": "host", "restarts_left": 1, "on_exit_codes": [], "drained": [4]}}
+    try:
+        jobs.start(plan)
+        d = Path(jobs.job_dir("moving"))
+        log = d / "logs" / "rank-0.log"
+
+        def wait_for(what: str, ok: Any) -> None:
+            deadline = time.monotonic() + 60
+            while not ok():
+                assert time.monotonic() < deadline, (what, (d / "jobhost.log").read_text())
+                time.sleep(0.1)
+
+        wait_for("step 2 saved", lambda: (d / "saved").exists())
+        (d / "gpu-health.json").write_text(json.dumps({
+            "gpus": [{"index": 1, "health": "unhealthy", "reason": "XID 79: GPU has fallen off the bus",
+                      "simulated": True}],
+            "spare": [0, 2, 3, 4] if spare else [0, 2, 4], "at": time.time()}))
+        if spare:
+            wait_for("attempt 1 on GPU 3", lambda: log.exists() and "attempt 1 on GPU 3" in log.read_text())
+            held = claims.held()
+            assert held is not None and {g: h["job_id"] for g, h in held.items()} == {2: "other", 3: "moving"}
+            (d / "go").touch()
+        wait_for("the end", lambda: jobs.status("moving")["state"] in TERMINAL)
+        jobs.reap()
+        st = jobs.status("moving")
+        out = (d / "jobhost.log").read_text()
+        assert "spare GPU 2 not taken: GPU 2 on" in out and "held by job other" in out
+        if not spare:
+            assert (st["state"], st["restart_count"], st.get("heals")) == ("failed", 0, None), st
+            assert (st["cause"]["kind"], st["cause"]["gpu"]) == ("gpu", 1)
+            assert st["cause"]["message"].endswith("stopped here, left to a controller to move")
+            assert sorted(gpuhealth.read_held_out(str(state))) == [0]
+            assert json.loads((d / "plan.json").read_text())["nodes"][0]["gpus"] == [1]
+            return
+        assert (st["state"], st["restart_count"]) == ("succeeded", 1), (st, out)
+        (heal,) = st["heals"]
+        assert (heal["kind"], heal["gpu"], heal["moved"], heal["gpus"]) == ("gpu", 1, {"1": 3}, [3])
+        assert heal["message"] == ("local GPU 1 (simulated): XID 79: GPU has fallen off the bus; ranks moved to "
+                                   "GPU 3 on local, restart in place")
+        assert heal["detected_at"] <= heal["stopped_at"] <= heal["started_at"] <= heal["resumed_at"]
+        assert json.loads((d / "plan.json").read_text())["nodes"][0]["gpus"] == [3]
+        assert "resumed from step 2" in log.read_text()
+        rec = gpuhealth.read_held_out(str(state))[1]
+        assert (rec["job_id"], rec["by"], rec["reason"]) == (
+            "moving", "local's job host", "XID 79: GPU has fallen off the bus (simulated)")
+    finally:
+        for fd in other:
+            os.close(fd)
+
+
 @pytest.mark.parametrize("agent", ["same", "restarted"])
 def test_a_stop_at_the_moment_of_the_start_stops_the_job_before_any_rank_runs(
         tmp_path: Path, monkeypatch: Any, agent: str) -> None:

@@ -173,3 +173,33 @@ def test_the_pci_bus_tells_how_many_gpus_the_host_booted_with(tmp_path: Path) ->
         (devices / name / "class").write_text(cls + "\n")
     assert gpuhealth.pci_gpu_count(str(tmp_path)) == 2  # the NVIDIA audio function is not a GPU
     assert gpuhealth.pci_gpu_count(str(tmp_path / "none")) is None
+
+
+def test_a_gpu_a_job_host_held_out_reads_unhealthy_until_cleared_and_is_no_spare(tmp_path: Path) -> None:
+    """agent/gpuhealth.py's held-out record (a job host moved its ranks off the GPU with nobody
+    watching): the daemon's samples call the GPU unhealthy with the fault and who held it out,
+    even once the sensor reads it ok again; the first record stays; clearing forgets it. The
+    spares a job host may move to are the ok GPUs with no process and no claim."""
+    d = str(tmp_path)
+    assert gpuhealth.read_held_out(d) == {} and gpuhealth.release_held_out(d) == []
+    assert gpuhealth.hold_out(d, 1, "XID 79: GPU has fallen off the bus (simulated)", "j1", "h2's job host", 5.0)
+    assert not gpuhealth.hold_out(d, 1, "another", "j2", "h2's job host", 6.0)  # the first record stays
+    assert gpuhealth.hold_out(d, 2, "ECC", "j2", "h2's job host", 7.0)
+    held = gpuhealth.read_held_out(d)
+    assert sorted(held) == [1, 2] and held[1]["job_id"] == "j1"
+    gpus: list[dict[str, Any]] = [
+        {"index": i, "health": "ok", "processes": [], "claim": None} for i in range(5)]
+    gpus[3]["processes"] = [{"pid": 9, "user": "bob", "job_id": None}]  # another person's process
+    gpus[4]["claim"] = {"job_id": "j7", "user": "ann"}
+    gpuhealth.lay_held_out(gpus, held)
+    assert (gpus[1]["health"], gpus[1]["health_reason"]) == (
+        "unhealthy", "XID 79: GPU has fallen off the bus (simulated); held out by h2's job host (job j1) "
+                     "until undrained")
+    assert gpuhealth.spare_gpus(gpus) == [0]
+    assert gpuhealth.release_held_out(d, [1]) == [1] and sorted(gpuhealth.read_held_out(d)) == [2]
+    assert gpuhealth.release_held_out(d) == [2] and gpuhealth.read_held_out(d) == {}
+    # a record that is not one is none (the daemon and the job hosts read it at every sample)
+    for junk in ("not json", "[1, 2]", '{"x": {}, "-1": {}, "3": "no"}'):
+        (tmp_path / gpuhealth.HELD_OUT_FILE).write_text(junk)
+        assert gpuhealth.read_held_out(d) == {}
+    assert gpuhealth.spare_gpus([{"index": True}, {"index": "1"}, {"health": "ok"}]) == []

@@ -452,3 +452,47 @@ def test_a_history_whose_drains_table_predates_drain_now_gets_the_column(tmp_pat
     assert [(d["target"] if "target" in d else (d["host"], d["gpu"]), d["now"]) for d in h.drains()] == [
         (("h1", 2), False)]
     h.close()
+
+
+def test_a_gpu_a_job_host_moved_its_ranks_off_is_adopted_with_the_new_gpus_and_a_look_leaves_it_to_the_host(
+        tmp_path: Path) -> None:
+    """A job host's GPU heal (its ranks moved to a spare GPU on its host, agent/jobhost.py):
+    the controller adopts it as the GPU's incident, with where the ranks went and the job's
+    GPUs there from then on; a record not to trust is no move. A GPU fault of a job whose host
+    acts on it first is left to the host while it heals and for the backstop's time after the
+    look first saw it; past that, or for a job the controller heals, the look acts."""
+    from tui.control.healing import BACKSTOP_S, Healer, adopted, gpu_moved, moved_placement
+
+    heal = {"attempt": 0, "kind": "gpu", "host": "h2", "gpu": 1, "gpus": [3, 2], "moved": {"1": 3},
+            "reasons": {"1": "XID 79: GPU has fallen off the bus (simulated)"}, "detected_at": 10.0,
+            "last_step": 12, "stopped_at": 11.0, "started_at": 11.5, "resumed_at": 14.0,
+            "message": "h2 GPU 1 (simulated): XID 79: GPU has fallen off the bus; ranks moved to GPU 3 on h2, "
+                       "restart in place"}
+    assert gpu_moved(heal) == (1, [3, 2], {1: 3})
+    cause, inc = adopted("h2", heal)
+    assert (cause["kind"], cause["gpu"], cause["moved_to"], cause["healed_by"]) == ("gpu", 1, [3, 2], "h2's job host")
+    assert (inc.kind, inc.host, inc.gpu, inc.resume_s, inc.healed_by) == ("gpu", "h2", 1, 3.0, "h2's job host")
+    assert inc.message.endswith("ranks moved to GPU 3 on h2, restart in place")
+    for bad in ({"gpu": True}, {"gpus": []}, {"gpus": [3, 1]}, {"moved": {"1": "x"}}, {"moved": {"2": 3}},
+                {"moved": None}, {"kind": "exit"}, {"gpus": [-1]}):
+        assert gpu_moved({**heal, **bad}) is None, bad
+    placement = [{"host": "h2", "gpus": [1, 2], "slots": 2}, {"host": "h3", "gpus": [1]}]
+    assert moved_placement(placement, "h2", [3, 2]) == [{"host": "h2", "gpus": [3, 2], "slots": 2},
+                                                        {"host": "h3", "gpus": [1]}]
+    assert placement[0]["gpus"] == [1, 2]  # (a copy)
+    # the look: the host acts first
+    h = History(tmp_path / "h.sqlite")
+    rec = {"job_id": "j4", "restarts": 0, "placement": [{"host": "h2", "gpus": [1]}], "spec": {}}
+    bad_gpu = [{"index": 1, "health": "unhealthy", "reason": "XID 79: GPU has fallen off the bus"}]
+    running = {"h2": {"state": "running", "restart_count": 0, "progress": {}, "gpu_health": bad_gpu}}
+    healing = {"h2": {**running["h2"], "healing": {"kind": "gpu"}}}
+    healer = Healer(h)
+    assert healer.look(rec, running, now=100, gpus_on_host=True) is None
+    assert healer.look(rec, healing, now=100 + BACKSTOP_S + 1, gpus_on_host=True) is None  # the host is at it
+    late = healer.look(rec, running, now=100 + BACKSTOP_S, gpus_on_host=True)  # the host did nothing
+    assert late is not None and (late.kind, late.gpu) == ("gpu", 1)
+    now = Healer(h).look(rec, running, now=100)
+    assert now is not None and now.kind == "gpu"
+    healer.forget("j4")
+    assert healer.gpu_seen == {}
+    h.close()

@@ -108,6 +108,7 @@ def test_a_real_agent_takes_a_running_jobs_stacks_and_reports_a_simulated_fault(
     ``job_stacks`` takes its stacks into the rank's log; the faults file makes a paper GPU unhealthy."""
     import json
 
+    from agent import gpuhealth
     from agent.gpuhealth import SIM_FAULTS_FILE
     from tui.control.hostlinks import HostLinks
     from tui.model.inventory import HostSpec, Inventory
@@ -153,6 +154,16 @@ def test_a_real_agent_takes_a_running_jobs_stacks_and_reports_a_simulated_fault(
         assert [(g["health"], g["health_reason"]) for g in gpus] == [
             ("ok", None), ("unhealthy", "XID 79: GPU has fallen off the bus")]
         assert a.gpu_health_clear(gpus=[1]) == []  # a simulated fault is not remembered: its entry is the fault
+        # a GPU a job host held out (it moved its ranks off it): unhealthy until an undrain clears it
+        (state / SIM_FAULTS_FILE).write_text("{}")
+        gpuhealth.hold_out(str(state), 0, "XID 79: GPU has fallen off the bus (simulated)", "j9", "here's job host",
+                           time.time())
+        gpus = a.sample(timeout=30, fresh=True)["gpus"]
+        assert [(g["health"], g["health_reason"]) for g in gpus] == [
+            ("unhealthy", "XID 79: GPU has fallen off the bus (simulated); held out by here's job host (job j9) "
+                          "until undrained"), ("ok", None)]
+        assert a.gpu_health_clear(gpus=[0]) == [0]
+        assert [g["health"] for g in a.sample(timeout=30, fresh=True)["gpus"]] == ["ok", "ok"]
         a.shutdown(force=True)
 
 

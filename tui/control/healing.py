@@ -93,6 +93,7 @@ class Healer:
     seen_steps: dict[str, float] = field(default_factory=dict)  # job -> the newest step the guard read
     good_steps: dict[str, float] = field(default_factory=dict)  # job -> the newest step read with a good loss
     pending: dict[str, _Pending] = field(default_factory=dict)
+    gpu_seen: dict[tuple[str, str, int], float] = field(default_factory=dict)  # (job, host, GPU) -> first seen bad
     drains: list[Drain] = field(default_factory=list)
     drains_read: float = 0.0
 
@@ -108,9 +109,10 @@ class Healer:
         return self.drains
 
     def look(self, rec: Mapping[str, Any], states: Mapping[str, Any], now: float | None = None,
-             hangs_on_host: bool = False) -> Fault | None:
+             hangs_on_host: bool = False, gpus_on_host: bool = False) -> Fault | None:
         """What, if anything, says this running job must be stopped now. ``hangs_on_host``: the
-        job's host restarts it itself after a hang (``heals_on_host``): no hang is this look's."""
+        job's host restarts it itself after a hang (``heals_on_host``): no hang is this look's.
+        ``gpus_on_host``: its host moves it off a failed GPU itself, or stops it (``gpu_fault``)."""
         now = time.time() if now is None else now
         job_id = str(rec["job_id"])
         spec = HealthSpec.from_dict((rec.get("spec") or {}).get("health"))
@@ -124,13 +126,21 @@ class Healer:
         host = self._host_fault(job_id, states, spec, now)  # it keeps when each host last answered: always
         # While a host is out of reach, the others' stall is its doing: host_timeout judges it.
         away = any(not isinstance(st, dict) for st in states.values())
-        return (self.gpu_fault(rec, states) or self._drained(rec) or host
+        return (self.gpu_fault(rec, states, now, on_host=gpus_on_host) or self._drained(rec) or host
                 or self._nan_fault(job_id, progress, spec)
                 or (None if away or hangs_on_host else self._host_hang(states, attempt, spec)
                     or self._hang_fault(job_id, spec, now)))
 
-    def gpu_fault(self, rec: Mapping[str, Any], states: Mapping[str, Any]) -> Fault | None:
-        """A GPU of the job that its host judges unhealthy (the first found), as a fault."""
+    def gpu_fault(self, rec: Mapping[str, Any], states: Mapping[str, Any], now: float | None = None,
+                  on_host: bool = False) -> Fault | None:
+        """A GPU of the job that its host judges unhealthy (the first found), as a fault.
+
+        ``on_host``: the job's host acts on it first (agent/jobhost.py: it moves the ranks to a
+        spare GPU there and restarts them in place, or stops the job, which the gang rules then
+        move as a failed one), so this look leaves it alone while the host is healing and for
+        ``BACKSTOP_S`` after it first saw it: one owner of each restart. Past that, a host that
+        did nothing (an agent without the rule) leaves it to this look."""
+        now = time.time() if now is None else now
         mine = job_gpus(rec)
         for host, st in states.items():
             if not isinstance(st, dict):
@@ -140,8 +150,13 @@ class Healer:
                 if g.get("health") == UNHEALTHY and index in mine.get(host, ()):
                     what = g.get("reason") or "unhealthy"
                     sim = " (simulated)" if g.get("simulated") else ""
-                    return Fault("gpu", f"{host} GPU {index}{sim}: {what}", host=host, gpu=int(index),
-                                 what=f"{what}{sim}")
+                    fault = Fault("gpu", f"{host} GPU {index}{sim}: {what}", host=host, gpu=int(index),
+                                  what=f"{what}{sim}")
+                    if not on_host:
+                        return fault
+                    first = self.gpu_seen.setdefault((str(rec["job_id"]), host, int(index)), now)
+                    if not st.get("healing") and now - first >= BACKSTOP_S:
+                        return fault
         return None
 
     def _drained(self, rec: Mapping[str, Any]) -> Fault | None:
@@ -270,6 +285,7 @@ class Healer:
         self.bad.pop(job_id, None)
         self.seen_steps.pop(job_id, None)
         self.good_steps.pop(job_id, None)
+        self.gpu_seen = {k: v for k, v in self.gpu_seen.items() if k[0] != job_id}
         self.unreachable = {k: v for k, v in self.unreachable.items() if k[0] != job_id}
         self.answered = {k: v for k, v in self.answered.items() if k[0] != job_id}
 
@@ -326,14 +342,48 @@ def adopted(host: str, heal: Mapping[str, Any]) -> tuple[dict[str, Any], Inciden
     for k in ("rank", "last_step", "section", "timeout_s"):
         if heal.get(k) is not None:
             cause[k] = heal[k]
+    gpu = gpu_moved(heal)
+    if gpu is not None:
+        cause.update(gpu=gpu[0], moved_to=gpu[1])
     stopped, resumed = _num(heal.get("stopped_at")), _num(heal.get("resumed_at"))
     inc = Incident(stopped_at=stopped, started_at=_num(heal.get("started_at")),
                    kind=cause["kind"], detected_at=float(heal.get("detected_at") or stopped or time.time()),
-                   message=cause["message"], host=host, rank=heal.get("rank"), detect_s=_num(heal.get("detect_s")),
+                   message=cause["message"], host=host, gpu=gpu[0] if gpu is not None else None,
+                   rank=heal.get("rank"), detect_s=_num(heal.get("detect_s")),
                    last_step=_num(heal.get("last_step")), attempt=int(heal["attempt"]), section=heal.get("section"),
                    timeout_s=_num(heal.get("timeout_s")), resumed_at=resumed, healed_by=by,
                    resume_s=round(resumed - stopped, 3) if resumed is not None and stopped is not None else None)
     return cause, inc
+
+
+def gpu_moved(heal: Mapping[str, Any]) -> tuple[int, list[int], dict[int, int]] | None:
+    """A GPU incident a job host healed in place by moving its ranks off the failed GPU
+    (agent/jobhost.py ``gpu_move_fields``): (the failed GPU, the host's GPUs for the job after the
+    move, each failed GPU -> its spare), or None (another kind of heal, or a record not to trust)."""
+    if heal.get("kind") != "gpu":
+        return None
+    gpu, gpus, moved = heal.get("gpu"), heal.get("gpus"), heal.get("moved")
+    if not isinstance(gpu, int) or not _index(gpu) or not isinstance(gpus, list) or not gpus:
+        return None
+    if not all(_index(g) for g in gpus) or not isinstance(moved, Mapping):
+        return None
+    moves: dict[int, int] = {}
+    for k, v in moved.items():
+        if not str(k).isdigit() or not _index(v):
+            return None
+        moves[int(k)] = int(v)
+    if gpu not in moves or any(m in moves for m in gpus):
+        return None
+    return gpu, [int(g) for g in gpus], moves
+
+
+def moved_placement(placement: Sequence[Mapping[str, Any]], host: str, gpus: Sequence[int]) -> list[dict[str, Any]]:
+    """The job's placement with ``host``'s GPUs replaced by ``gpus`` (a job host moved its ranks)."""
+    return [dict(n, gpus=list(gpus)) if n.get("host") == host else dict(n) for n in placement]
+
+
+def _index(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
 def stack_summary(stacks: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:

@@ -23,7 +23,16 @@ from agent.roles import program_source
 from runtime.checkpoint import RESUME_BEFORE_ENV  # the contract with the ranks' checkpointer
 from tui.control import pools
 from tui.control.engines import Engine, EngineError, OwnHosts, SlurmEngine
-from tui.control.healing import Fault, Healer, adopted, host_heals, stack_summary, with_reruns
+from tui.control.healing import (
+    Fault,
+    Healer,
+    adopted,
+    gpu_moved,
+    host_heals,
+    moved_placement,
+    stack_summary,
+    with_reruns,
+)
 from tui.control.history import History, JobRef, JobRefError
 from tui.control.hostlinks import HostLinks
 from tui.control.reader import JobReader, LineJoiner, last_loss, log_ranks
@@ -213,6 +222,15 @@ def hangs_on_host(rec: Mapping[str, Any]) -> bool:
     health = spec.get("health") or {}
     restart = spec.get("restart") or {}
     return health.get("on_hang", "restart") == "restart" and restarts_used(rec) < int(restart.get("max_restarts") or 0)
+
+
+def gpus_on_host(rec: Mapping[str, Any]) -> bool:
+    """Whether the job's host acts first on a failed GPU of the job (``heals_on_host``, a restart
+    left): it moves the ranks to a spare GPU there, or stops the job for the gang rules to move."""
+    spec = rec.get("spec") or {}
+    if not heals_on_host(spec, len({n["host"] for n in rec.get("placement") or []}), bool(rec.get("slurm"))):
+        return False
+    return restarts_used(rec) < int((spec.get("restart") or {}).get("max_restarts") or 0)
 
 
 def rank_env(spec: JobSpec) -> dict[str, str]:
@@ -815,12 +833,15 @@ class JobManager:
 
     def _heal_plan(self, job_id: str, spec: JobSpec, placement: Placement) -> dict[str, Any] | None:
         """The plan's ``heal`` for a job its host restarts itself (``heals_on_host``): the restarts
-        the spec leaves it and which exits they are for. None: the controller heals it."""
+        the spec leaves it, which exits they are for, and the host's GPUs drained now (a spare it
+        moves ranks to after a GPU fault is never one of them). None: the controller heals it."""
         rec = self.history.get(job_id) or {}
         if not heals_on_host(spec.to_dict(), len(placement.hosts), bool(rec.get("slurm"))):
             return None
+        hosts = set(placement.hosts)
+        drained = sorted({d.gpu for d in self.healer.current_drains() if d.host in hosts and d.gpu is not None})
         return {"by": "host", "restarts_left": max(0, spec.restart.max_restarts - restarts_used(rec)),
-                "on_exit_codes": list(spec.restart.on_exit_codes)}
+                "on_exit_codes": list(spec.restart.on_exit_codes), "drained": drained}
 
     def snapshot_code(self, spec: JobSpec) -> JobSpec:
         """A spec with ``[code] sync`` gets its snapshot now, at submission: the job runs this
@@ -1065,7 +1086,8 @@ class JobManager:
             rec = self._adopt(rec, states)
         overall = overall_state(states)
         # What leaves every process alive and the job going nowhere (tui/control/healing.py).
-        fault = self.healer.look(rec, states, hangs_on_host=hangs_on_host(rec)) if rec["state"] == RUNNING and (
+        fault = self.healer.look(rec, states, hangs_on_host=hangs_on_host(rec),
+                                 gpus_on_host=gpus_on_host(rec)) if rec["state"] == RUNNING and (
             overall in (RUNNING, UNKNOWN)) else None
         if fault is None and rec["state"] in (STARTING, RUNNING) and overall == FAILED:
             # A rank that died as its GPU failed (a CUDA error at XID 79) died of the GPU: drained,
@@ -1111,6 +1133,20 @@ class JobManager:
             for host, heal in host_heals(states, int(rec.get("restarts") or 0)):
                 cause, incident = adopted(host, heal)
                 attempt = incident.attempt + 1
+                moved = gpu_moved(heal)
+                if moved is not None:
+                    # The ranks left a failed GPU for a spare on their host: the job holds the
+                    # spare now, and the failed GPU stays out of placement (the host already
+                    # keeps it out; the history's drain says so to every placement and face).
+                    reasons = heal.get("reasons")
+                    if not isinstance(reasons, Mapping):
+                        reasons = {}
+                    for old in moved[2]:
+                        why = f"{host} GPU {old}: {reasons.get(str(old)) or 'unhealthy'}"
+                        self.history.drain(host, old, why, cause["healed_by"], source="health")
+                    rec = {**rec, "placement": moved_placement(rec.get("placement") or [], host, moved[1])}
+                    self.history.update(job_id, placement=rec["placement"])
+                    self.healer.drains_read = 0.0  # read again at the next look
                 self.history.add_event(job_id, {"event": "incident", "cause": cause, "time": incident.detected_at})
                 self.history.add_event(job_id, {"event": "restart", "restart_count": attempt, "cause": cause,
                                                 "by": cause["healed_by"],
