@@ -266,7 +266,12 @@ def _lose_a_gpu(cli: Cli, image: str, tmp_path: Path, name: str,
     try:
         host, gpu = _stepping(cli, name, 6)  # after the checkpoint at step 5: the restart resumes from it
         if host_fault is not None:
+            # The GPU fails on the host first (the driver logs its XID; telemetry samples at
+            # 1 Hz), then its device is gone from the container: the order of a real fall off
+            # the bus, and of what the agent's judgement of the failed rank reads.
             write_faults(cli, host, {str(gpu): host_fault})
+            wait_until(lambda: gpu_report(cli, host, gpu)["health"] == "unhealthy", 30,
+                       "the host's telemetry to see the GPU fail")
         (tmp_path / "devices" / "attempt-0" / f"nvidia{gpu}").unlink()
         out, _ = waiter.communicate(timeout=150)
     finally:
