@@ -143,6 +143,12 @@ class HealthJudge:
 def read_sim_faults(path: str) -> Dict[int, Dict[str, Any]]:
     """The simulated faults file: ``{"1": {"xid": 79}, "3": {"throttle": "hw_slowdown"}}``. A file
     that is missing, unreadable or malformed means no fault (the test bed writes it whole)."""
+    return read_gpu_map(path)
+
+
+def read_gpu_map(path: str) -> Dict[int, Dict[str, Any]]:
+    """A JSON file of ``{"<GPU index>": {...}}``: each GPU index >= 0 with its table. Missing,
+    unreadable or malformed (the file, a key, an entry) is nothing: never an error."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -151,13 +157,13 @@ def read_sim_faults(path: str) -> Dict[int, Dict[str, Any]]:
     out = {}  # type: Dict[int, Dict[str, Any]]
     if not isinstance(data, dict):
         return out
-    for key, fault in data.items():
+    for key, rec in data.items():
         try:
             i = int(key)
         except (TypeError, ValueError):
             continue
-        if isinstance(fault, dict):
-            out[i] = fault
+        if i >= 0 and isinstance(rec, dict):
+            out[i] = rec
     return out
 
 
@@ -296,22 +302,7 @@ def read_held_out(state_dir: Optional[str]) -> Dict[int, Dict[str, Any]]:
     malformed is no record (nothing here may stop the daemon or a job host)."""
     if not state_dir:
         return {}
-    try:
-        with open(os.path.join(state_dir, HELD_OUT_FILE), encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    out = {}  # type: Dict[int, Dict[str, Any]]
-    if not isinstance(data, dict):
-        return out
-    for key, rec in data.items():
-        try:
-            i = int(key)
-        except (TypeError, ValueError):
-            continue
-        if i >= 0 and isinstance(rec, dict):
-            out[i] = rec
-    return out
+    return read_gpu_map(os.path.join(state_dir, HELD_OUT_FILE))
 
 
 def _change_held_out(state_dir: str, change: Any) -> List[int]:
