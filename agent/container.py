@@ -359,11 +359,14 @@ class Engine:
         raise NotImplementedError
 
     def pid(self, name: str) -> Optional[int]:
-        raise NotImplementedError
+        """The container's main process (Podman's and Docker's ``inspect``)."""
+        return self._inspect_pid(name)
 
     def exec_argv(self, name: str, env: Dict[str, str], workdir: str, argv: List[str],
                   gpus: List[int], simulated: bool) -> List[str]:
-        raise NotImplementedError
+        """A wrapper started in the container (Podman's and Docker's ``exec``)."""
+        gpu_env(env, gpus, simulated)
+        return self._exec_with_names(name, env, workdir, argv)
 
     def remove(self, name: str) -> None:
         raise NotImplementedError
@@ -405,14 +408,6 @@ class Podman(Engine):
             "--network=host", "--ipc=host", "--pid=host", "--uts=host", "--env", "RIGDECK_JOB_ID=%s" % job_id,
         ] + ulimits() + devices(gpus, simulated) + _volumes(mounts) + options
             + ["--entrypoint", agent[0], image] + agent[1:] + ["hold", "--pid", str(jobhost_pid)])
-
-    def pid(self, name: str) -> Optional[int]:
-        return self._inspect_pid(name)
-
-    def exec_argv(self, name: str, env: Dict[str, str], workdir: str, argv: List[str],
-                  gpus: List[int], simulated: bool) -> List[str]:
-        gpu_env(env, gpus, simulated)
-        return self._exec_with_names(name, env, workdir, argv)
 
     def remove(self, name: str) -> None:
         try:
@@ -482,14 +477,6 @@ class Docker(Engine):
                  "--env", "RIGDECK_JOB_ID=%s" % job_id] + self.user()
                 + ulimits(nproc_cap=None) + docker_devices(gpus, simulated) + _volumes(mounts) + options
                 + ["--entrypoint", agent[0], image] + agent[1:] + ["hold", "--pid", str(jobhost_pid)])
-
-    def pid(self, name: str) -> Optional[int]:
-        return self._inspect_pid(name)
-
-    def exec_argv(self, name: str, env: Dict[str, str], workdir: str, argv: List[str],
-                  gpus: List[int], simulated: bool) -> List[str]:
-        gpu_env(env, gpus, simulated)
-        return self._exec_with_names(name, env, workdir, argv)
 
     def remove(self, name: str) -> None:
         try:  # a container already gone is said on stderr, nothing more
