@@ -37,14 +37,18 @@ Metrics = dict[int, list[dict]]
 
 
 def bed_args(doc: str, name: str, steps: int, needs: str = "the test bed",
-             *checks: Callable[[], tuple[bool, str]]) -> tuple[argparse.Namespace, dict[str, Any]] | None:
+             *checks: Callable[[], tuple[bool, str]],
+             options: Callable[[argparse.ArgumentParser], None] | None = None,
+             ) -> tuple[argparse.Namespace, dict[str, Any]] | None:
     """Parse ``--rounds``, ``--steps`` (default ``steps``) and ``--out`` (bench/results/NAME.json),
-    take the run's metadata, then check the bed (``checks``): None, and why on stderr, when it
-    is not there."""
+    and what ``options`` adds; take the run's metadata, then check the bed (``checks``): None,
+    and why on stderr, when it is not there."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / f"{name}.json"))
+    if options is not None:
+        options(ap)
     args = ap.parse_args()
     meta = run_meta()
     found = [check() for check in checks]

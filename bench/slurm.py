@@ -12,18 +12,36 @@ A Slurm bed (tests/slurmbed.py: a real slurmctld and slurmd per host, simulated 
 Both sides time their steps the same way: the example's `runtime.report()` lines (the baseline
 gets RIGDECK_METRICS_DIR, so its ranks write the same per-step timestamps). Launch latency = time
 from the command to the last rank's first step. Rounds alternate the two sides; medians are
-reported with their ratio (rigdeck / by hand). Needs root (the test bed).
-Usage: python bench/slurm.py [--rounds 3] [--steps 40]
+reported with their ratio (rigdeck / by hand).
+
+Then what Slurm's state costs the app, on a second bed of ``--refresh-nodes`` hosts (64), each a
+Slurm node (its own slurmd): the app (in process, headless, as `make run` opens it on an
+inventory with ``[slurm]``) on the Hosts view, with every host's agent streaming telemetry. Per
+read of Slurm's nodes (the view's timer does one every POLL_S = 10 s; here ``--refreshes`` more
+are asked for in a row): the CPU of the worker thread that asks the login host's agent for
+``scontrol -o show nodes`` and parses the answer (``time.thread_time``), and the UI thread's CPU
+to fold it into the hosts table and the detail (index, rows, cells). Beside it, the whole app's
+CPU per second on that bed over ``--window`` seconds (telemetry of every host, the views'
+refreshes; ``time.process_time``), which Slurm's share is compared with, and what the commands
+cost on the hosts: ``scontrol -o show nodes`` on the login host per read, and each agent's own
+``scontrol -d -o show node <itself>`` (agent/slurmnode.py, at most once per 5 s per host).
+CPU, not wall time: the figures hold on a loaded machine. Needs root (the test bed).
+Usage: python bench/slurm.py [--rounds 3] [--steps 40] [--refresh-nodes 64] [--refreshes 20]
+       [--window 20]  (``--rounds 0``: the refresh part only; ``--refresh-nodes 0``: no refresh part)
 """
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -92,11 +110,140 @@ def run_by_hand(slurm: SlurmBed, tmp: Path, steps: int, port: int) -> float:
     return first - t0
 
 
+# The CPU seconds (user + system) of a command on a bed host, by its own rusage.
+_RUSAGE = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], capture_output=True, check=True); "
+           "r = resource.getrusage(resource.RUSAGE_CHILDREN); print(r.ru_utime + r.ru_stime)")
+
+
+def command_cpu(slurm: SlurmBed, host: int, argv: list[str], times: int = 10) -> float:
+    """Median CPU seconds of ``argv`` run on bed host ``host`` (``times`` runs)."""
+    return statistics.median(float(slurm.run(["python3", "-c", _RUSAGE, *argv], host).stdout)
+                             for _ in range(times))
+
+
+async def app_refreshes(inv: Path, keymap: Path, n: int, refreshes: int, window: float) -> dict[str, Any]:
+    """The app on ``inv`` (``n`` hosts, ``[slurm]``), Hosts view: CPU per read of Slurm's nodes
+    (worker thread) and per fold into the view (UI thread), and the app's CPU per second."""
+    from tests.kit.pilot import until
+    from tui.app.shell import RigdeckApp
+    from tui.app.views import hosts as hosts_view
+    from tui.app.widgets.tables import HostsTable
+    from tui.client import InProcessClient
+    from tui.remote.inventoryfile import load_inventory
+
+    reads: list[float] = []
+    folds: list[float] = []
+    real_read = hosts_view.read_nodes
+
+    def timed_read(exec_: Any, inventory: Any) -> Any:
+        t0 = time.thread_time()
+        try:
+            return real_read(exec_, inventory)
+        finally:
+            reads.append(time.thread_time() - t0)
+
+    hosts_view.read_nodes = timed_read  # type: ignore[assignment]
+    app = RigdeckApp(InProcessClient(load_inventory(inv)), keymap_file=keymap)
+    async with app.run_test(size=(200, 80)) as pilot:
+        view = app.views["hosts"]
+        assert isinstance(view, hosts_view.HostsView)
+        real_done = view.worker_done
+
+        def timed_done(result: Any, error: str | None = None) -> None:
+            t0 = time.thread_time()
+            real_done(result, error)
+            folds.append(time.thread_time() - t0)
+
+        view.worker_done = timed_done  # type: ignore[method-assign]
+        await pilot.press("1")
+        table = app.query_one("#hosts-table", HostsTable)
+
+        def every_node_shown() -> bool:
+            shown = app.hosts_snapshot
+            return (len(shown) == n and all(h.status == "up" for h in shown)
+                    and all(table.cell_text(h.name, "slurm") not in ("", "?") for h in shown))
+        await until(pilot, every_node_shown, 300)
+        if not every_node_shown():
+            raise SystemExit(f"the app did not show {n} hosts up with their Slurm state within 300 s")
+        await pilot.pause(3)
+        c0, w0 = time.process_time(), time.monotonic()
+        await pilot.pause(window)
+        app_cpu_per_s = (time.process_time() - c0) / (time.monotonic() - w0)
+        reads.clear()
+        folds.clear()
+        first = view.slurm_reads
+        for i in range(1, refreshes + 1):
+            view.poll()
+            await until(pilot, lambda k=first + i: view.slurm_reads >= k, 30)  # type: ignore[misc]
+            await pilot.pause(0.2)
+        states = sorted({table.cell_text(h.name, "slurm") for h in app.hosts_snapshot})
+    hosts_view.read_nodes = real_read  # type: ignore[assignment]
+    return {"hosts": n, "reads": len(reads), "read_cpu_s": reads, "fold_cpu_s": folds,
+            "app_cpu_per_s": app_cpu_per_s, "window_s": window, "slurm_states_shown": states}
+
+
+def refresh_cost(n: int, refreshes: int, window: float) -> dict[str, Any]:
+    """The refresh part, on a bed of ``n`` hosts that are each a Slurm node."""
+    with TestBed(n, sim_gpus=2) as bed, tempfile.TemporaryDirectory(dir="/tmp") as tmpd:
+        tmp = Path(tmpd)
+        tmp.chmod(0o755)
+        slurm = SlurmBed(bed, start_timeout=max(60.0, 3.0 * n)).up()
+        try:
+            inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable)
+            inv.write_text(inv.read_text() + '\n[slurm]\nlogin = "h1"\npartition = "bed"\n')
+            env = bed_env(inv, tmp / "home")
+            os.environ.update(RIGDECK_INVENTORY=env["RIGDECK_INVENTORY"], RIGDECK_HOME=env["RIGDECK_HOME"])
+            app = asyncio.run(app_refreshes(inv, tmp / "keys.toml", n, refreshes, window))
+            app["login_scontrol_cpu_s"] = command_cpu(slurm, 1, ["scontrol", "-o", "show", "nodes"])
+            app["agent_scontrol_cpu_s"] = command_cpu(slurm, n, ["scontrol", "-d", "-o", "show", "node",
+                                                                  slurm.node(n)])
+        finally:
+            slurm.down()
+    return app
+
+
+def print_refresh(r: dict[str, Any]) -> None:
+    from tui.app.views.hosts import HostsView
+
+    read, fold = statistics.median(r["read_cpu_s"]), statistics.median(r["fold_cpu_s"])
+    per_s = (read + fold) / HostsView.POLL_S
+    agents = r["hosts"] * r["agent_scontrol_cpu_s"] / 5.0
+    print(f"\nthe app's refresh with Slurm's state, {r['hosts']} Slurm nodes (bed hosts), median of {r['reads']} reads")
+    print(f"  worker thread (ask the login agent, parse {r['hosts']} nodes): {read * 1e3:.1f} ms CPU per read")
+    print(f"  UI thread (index, hosts table, detail):             {fold * 1e3:.1f} ms CPU per read")
+    print(f"  every {HostsView.POLL_S:g} s: {per_s * 1e3:.2f} ms CPU per second, against the app's whole "
+          f"{r['app_cpu_per_s'] * 1e3:.0f} ms per second on this bed ({per_s / r['app_cpu_per_s']:.1%})")
+    print(f"  on the hosts: scontrol -o show nodes {r['login_scontrol_cpu_s'] * 1e3:.1f} ms CPU per read (login host); "
+          f"each agent's own node read {r['agent_scontrol_cpu_s'] * 1e3:.1f} ms per 5 s "
+          f"({agents * 1e3:.1f} ms per second for all {r['hosts']})")
+    print(f"  Slurm states shown: {', '.join(r['slurm_states_shown'])}")
+
+
+def refresh_options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--refresh-nodes", type=int, default=64)
+    ap.add_argument("--refreshes", type=int, default=20)
+    ap.add_argument("--window", type=float, default=20.0)
+
+
 def main() -> int:
-    parsed = bed_args(__doc__, "slurm", 40, "the test bed and Slurm", available, slurmbed.available)
+    parsed = bed_args(__doc__, "slurm", 40, "the test bed and Slurm", available, slurmbed.available,
+                      options=refresh_options)
     if parsed is None:
         return 2
     args, meta = parsed
+    result: dict[str, Any] = {}
+    if args.rounds > 0:
+        result.update(launch_rounds(args))
+    if args.refresh_nodes > 0:
+        refresh = refresh_cost(args.refresh_nodes, args.refreshes, args.window)
+        print_refresh(refresh)
+        result["refresh"] = refresh
+    write_result(args.out, result, meta)
+    return 0
+
+
+def launch_rounds(args: argparse.Namespace) -> dict[str, Any]:
+    """The launch part: alternating rounds, by hand then rigdeck."""
     with TestBed(NODES, sim_gpus=4) as bed, tempfile.TemporaryDirectory(dir="/tmp") as tmpd:
         tmp = Path(tmpd)
         tmp.chmod(0o755)
@@ -116,10 +263,8 @@ def main() -> int:
     print(f"\n{NODES} Slurm nodes x {PER_NODE} GPUs (simulated), ddp example, median of {args.rounds}")
     print(f"  launch to every rank's first step: sbatch + srun torchrun by hand {lat_h:.2f} s, "
           f"rigdeck on Slurm {lat_o:.2f} s, ratio {lat_o / lat_h:.2f}x")
-    result = {"rounds": args.rounds, "steps": args.steps, "by_hand_s": hand, "rigdeck_s": ours,
-              "median": {"launch_by_hand_s": lat_h, "launch_rigdeck_s": lat_o}, "ratio_launch": lat_o / lat_h}
-    write_result(args.out, result, meta)
-    return 0
+    return {"rounds": args.rounds, "steps": args.steps, "by_hand_s": hand, "rigdeck_s": ours,
+            "median": {"launch_by_hand_s": lat_h, "launch_rigdeck_s": lat_o}, "ratio_launch": lat_o / lat_h}
 
 
 if __name__ == "__main__":
