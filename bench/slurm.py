@@ -160,8 +160,11 @@ async def app_refreshes(inv: Path, keymap: Path, n: int, refreshes: int, window:
 
         def every_node_shown() -> bool:
             shown = app.hosts_snapshot
-            return (len(shown) == n and all(h.status == "up" for h in shown)
-                    and all(table.cell_text(h.name, "slurm") not in ("", "?") for h in shown))
+            try:
+                return (len(shown) == n and all(h.status == "up" for h in shown)
+                        and all(table.cell_text(h.name, "slurm") not in ("", "?") for h in shown))
+            except KeyError:  # a row not in the table yet
+                return False
         await until(pilot, every_node_shown, 300)
         if not every_node_shown():
             raise SystemExit(f"the app did not show {n} hosts up with their Slurm state within 300 s")

@@ -56,7 +56,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 # `--dist loadfile` a file runs on one worker, so the longest file bounds the run. Reports reach
 # the controller's hook under xdist too.
 _FILE_SECONDS: dict[str, float] = {}
-FILES_SHOWN = 15
+FILES_SHOWN = 40
 
 
 # The files handed to the xdist workers first (the Makefile runs `--dist loadfile
@@ -90,7 +90,9 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _FILE_SECONDS or hasattr(terminalreporter.config, "workerinput"):
         return
     slowest = sorted(_FILE_SECONDS.items(), key=lambda kv: kv[1], reverse=True)[:FILES_SHOWN]
-    terminalreporter.write_sep("=", f"slowest {len(slowest)} test files (setup + call + teardown)")
+    total = sum(_FILE_SECONDS.values())
+    terminalreporter.write_sep("=", f"slowest {len(slowest)} test files (setup + call + teardown); "
+                                    f"all {len(_FILE_SECONDS)} files: {total:.0f} s")
     for path, seconds in slowest:
         terminalreporter.write_line(f"{seconds:8.1f}s {path}")
 

@@ -1421,3 +1421,27 @@ def test_match_exec_lines_run_though_invoke_is_imported_late(tmp_path: Path) -> 
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["invoke ran before the lookup: False", "user: tester", "user: flagged"]
+
+
+def test_paramikos_moved_cipher_warnings_are_not_shown_and_other_warnings_are() -> None:
+    """paramiko 3.4 (the oldest the pin allows) reads TripleDES and Blowfish where newer
+    ``cryptography`` warns that they moved: the SSH room hides those warnings from paramiko's own
+    modules (each rigdeck command's stderr began with them: ``rigdeck: ...`` was no longer its
+    first line), not the same words from elsewhere, nor paramiko's other warnings."""
+    code = textwrap.dedent("""
+        import warnings
+        import tui.remote.transport
+        from cryptography.utils import CryptographyDeprecationWarning as W
+        moved = "TripleDES has been moved to cryptography.hazmat.decrepit.ciphers.algorithms.TripleDES"
+        warnings.warn_explicit(moved, W, "paramiko/pkey.py", 100, module="paramiko.pkey")
+        warnings.warn_explicit("Blowfish has been deprecated", W, "paramiko/transport.py", 259,
+                               module="paramiko.transport")
+        warnings.warn_explicit(moved, W, "mine.py", 1, module="mine")
+        warnings.warn_explicit("something else", UserWarning, "paramiko/client.py", 7, module="paramiko.client")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    shown = [line for line in out.stderr.splitlines() if "Warning" in line]
+    assert len(shown) == 2, out.stderr
+    assert shown[0].startswith("mine.py:1: CryptographyDeprecationWarning: TripleDES has been moved"), shown
+    assert shown[1].startswith("paramiko/client.py:7: UserWarning: something else"), shown

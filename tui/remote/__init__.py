@@ -6,7 +6,13 @@ import costs every rigdeck command about 80 ms before it can reach a host, so ``
 deferred: until something asks it for a name (``invoke.Context``), ``sys.modules`` holds a stand-in
 module whose ``__getattr__`` (PEP 562) imports the real one then and answers from it. A plain
 ``importlib.util.LazyLoader`` would not do: ``import invoke`` reads the module's ``__spec__``,
-which runs it at once."""
+which runs it at once.
+
+paramiko before 3.5 reads ciphers that newer ``cryptography`` releases moved to their
+``decrepit`` module (TripleDES, Blowfish), and each read warns on stderr at import: every rigdeck
+command on such a paramiko (the oldest the pin allows is 3.4.0) would start with two lines of
+``CryptographyDeprecationWarning`` before its own output. Those warnings, raised from paramiko's
+modules, are not shown; any other warning is."""
 
 from __future__ import annotations
 
@@ -14,7 +20,12 @@ import importlib
 import importlib.util
 import sys
 import types
+import warnings
 from typing import Any
+
+# Only those ciphers' moves, and only where paramiko's own code reads them.
+PARAMIKO_CIPHER_WARNINGS = r"(TripleDES|Blowfish|CAST5|IDEA|SEED) has been (moved|deprecated)"
+warnings.filterwarnings("ignore", message=PARAMIKO_CIPHER_WARNINGS, module=r"paramiko(\.|$)")
 
 
 def _deferred(name: str) -> None:
