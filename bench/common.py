@@ -151,6 +151,12 @@ def summarize(m: Metrics, t0: float) -> tuple[float, float]:
     return first - t0, rate
 
 
+def training_s(m: Metrics) -> float:
+    """Rank 0's training time: from its first step's report to its last's (every step, warm-up
+    included; the launch before it is ``summarize``'s)."""
+    return float(m[0][-1]["time"] - m[0][0]["time"])
+
+
 class StubController:
     """A controller of N made-up hosts (gpu000, gpu001, ...; ``host``: more of each HostSpec) that
     reaches none of them."""

@@ -7,7 +7,12 @@
 Both sides time their steps the same way: the example's `runtime.report()` lines (the baseline
 gets RIGDECK_METRICS_DIR too, so its ranks write the same per-step timestamps).
 Launch latency = time from the command to the last rank's first step; speed = steps/s of rank 0
-over its last four fifths of steps. Rounds alternate the two sides; medians are reported.
+over its last four fifths of steps; training time = rank 0's first step to its last. Under
+rigdeck the job runs as users get it: the job host's hang watch on, and the example's memory
+snapshot of every step (``runtime.Checkpointer.snapshot`` into the host's tmpfs); by hand the
+same script runs with ``--no-memory-snapshots`` (no healing to feed): the training time's ratio
+is what healing costs when nothing fails, the snapshots' copies included.
+Rounds alternate the two sides; medians are reported.
 Needs root (the network-namespace test bed). Usage: python bench/launch.py [--rounds 3] [--steps 150]
 """
 
@@ -34,21 +39,22 @@ from bench.common import (  # noqa: E402
     job_metrics,
     launch,
     summarize,
+    training_s,
     wait_steps,
     write_ddp_spec,
 )
 from tests.testbed import TestBed, available  # noqa: E402
 
 
-def run_rigdeck(bed: TestBed, tmp: Path, steps: int, env: dict[str, str]) -> tuple[float, float]:
+def run_rigdeck(bed: TestBed, tmp: Path, steps: int, env: dict[str, str]) -> tuple[float, float, float]:
     t0, job_id = launch(write_ddp_spec(tmp / "job.toml", "bench-ddp", steps), env)
     dirs = job_metrics(bed, job_id)
     m = wait_steps(dirs, steps, 600)
     subprocess.run([sys.executable, "-m", "tui.cli", "status", job_id], capture_output=True, env=env, cwd=ROOT)
-    return summarize(m, t0)
+    return (*summarize(m, t0), training_s(m))
 
 
-def run_by_hand(bed: TestBed, tmp: Path, steps: int, port: int) -> tuple[float, float]:
+def run_by_hand(bed: TestBed, tmp: Path, steps: int, port: int) -> tuple[float, float, float]:
     mdir = Path(tempfile.mkdtemp(dir=tmp))
     ckpt = Path(tempfile.mkdtemp(dir=tmp))
     master = bed.hosts[0].address
@@ -63,7 +69,7 @@ def run_by_hand(bed: TestBed, tmp: Path, steps: int, port: int) -> tuple[float, 
             sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES),
             "--nproc-per-node", str(PER_NODE), "--node-rank", str(i), "--master-addr", master,
             "--master-port", str(port), str(SCRIPT), "--steps", str(steps),
-            "--checkpoint-every", "100000", "--checkpoint-dir", str(ckpt),
+            "--checkpoint-every", "100000", "--checkpoint-dir", str(ckpt), "--no-memory-snapshots",
         ])
         procs.append(subprocess.Popen(
             ["ssh", "-i", str(bed.user_key), "-o", f"UserKnownHostsFile={bed.known_hosts}",
@@ -79,7 +85,7 @@ def run_by_hand(bed: TestBed, tmp: Path, steps: int, port: int) -> tuple[float, 
         raise
     for p in procs:
         p.wait(60)
-    return summarize(m, t0)
+    return (*summarize(m, t0), training_s(m))
 
 
 def main() -> int:
@@ -94,21 +100,28 @@ def main() -> int:
         for r in range(args.rounds):
             hand.append(run_by_hand(bed, tmp, args.steps, 29400 + r))
             ours.append(run_rigdeck(bed, tmp, args.steps, env))
-            print(f"round {r + 1}: by hand launch {hand[-1][0]:.2f}s {hand[-1][1]:.2f} steps/s | "
-                  f"rigdeck launch {ours[-1][0]:.2f}s {ours[-1][1]:.2f} steps/s", flush=True)
+            print(f"round {r + 1}: by hand launch {hand[-1][0]:.2f}s {hand[-1][1]:.2f} steps/s "
+                  f"training {hand[-1][2]:.2f}s | rigdeck launch {ours[-1][0]:.2f}s {ours[-1][1]:.2f} steps/s "
+                  f"training {ours[-1][2]:.2f}s", flush=True)
     lat_h = statistics.median(x[0] for x in hand)
     lat_o = statistics.median(x[0] for x in ours)
     sps_h = statistics.median(x[1] for x in hand)
     sps_o = statistics.median(x[1] for x in ours)
+    train_h = statistics.median(x[2] for x in hand)
+    train_o = statistics.median(x[2] for x in ours)
     print(f"\n{NODES} hosts x {PER_NODE} ranks, ddp example, {args.steps} steps, median of {args.rounds}")
     print(f"  launch to every rank's first step: by hand {lat_h:.2f} s, rigdeck {lat_o:.2f} s, "
           f"ratio {lat_o / lat_h:.2f}x (target <= 1.3x)")
     print(f"  training speed (rank 0):            by hand {sps_h:.2f} steps/s, rigdeck {sps_o:.2f} steps/s, "
           f"ratio {sps_o / sps_h:.3f} (target >= 0.98)")
+    print(f"  training time (rank 0, every step): by hand {train_h:.2f} s, rigdeck {train_o:.2f} s, "
+          f"ratio {train_o / train_h:.3f} (target <= 1.02)")
     result = {"rounds": args.rounds, "steps": args.steps, "by_hand": hand, "rigdeck": ours,
               "median": {"launch_by_hand_s": lat_h, "launch_rigdeck_s": lat_o,
-                         "steps_per_s_by_hand": sps_h, "steps_per_s_rigdeck": sps_o},
-              "ratio_launch": lat_o / lat_h, "ratio_steps_per_s": sps_o / sps_h}
+                         "steps_per_s_by_hand": sps_h, "steps_per_s_rigdeck": sps_o,
+                         "training_by_hand_s": train_h, "training_rigdeck_s": train_o},
+              "ratio_launch": lat_o / lat_h, "ratio_steps_per_s": sps_o / sps_h,
+              "ratio_training": train_o / train_h}
     write_result(args.out, result, meta)
     return 0
 
