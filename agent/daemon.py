@@ -335,10 +335,11 @@ class Daemon:
         if held:
             gpuhealth.lay_held_out(data.get("gpus") or [], held)
 
-    async def _collect(self) -> Dict[str, Any]:
+    async def _collect(self, slurm_max_age: float = 0.0) -> Dict[str, Any]:
         """A sample taken now, off the loop (a request's, while the ticker has none to give):
-        Slurm is asked now too, as a placement reads it."""
-        return await asyncio.get_event_loop().run_in_executor(None, self._sample_data, 0.0)
+        Slurm is asked now too, as a placement reads it (unless ``slurm_max_age`` says its last
+        answer will do)."""
+        return await asyncio.get_event_loop().run_in_executor(None, self._sample_data, slurm_max_age)
 
     def _add_claims(self, data: Dict[str, Any]) -> None:
         """Each GPU's claim (the job and user holding it on this host), or None."""
@@ -602,9 +603,12 @@ class Daemon:
     async def _m_sample(self, client: _Client, params: Dict[str, Any]) -> Any:
         # ``fresh``: a sample taken after this request came, not the stream's latest (up to a
         # tick old): placement right after a stop must not read the stopped job's claims.
+        # ``slurm`` false: Slurm is not asked now (its last answer stands): a launch through
+        # Slurm, which places the job itself, needs the host's GPUs and facts, not Slurm's claims
+        # (``scontrol`` takes seconds while Slurm is busy ending a job).
         if params.get("fresh") is not True and self._latest is not None and self._subscribers() > 0:
             return self._latest
-        return await self._collect()
+        return await self._collect(0.0 if params.get("slurm") is not False else float("inf"))
 
     def _rate_param(self, params: Dict[str, Any]) -> Optional[float]:
         hz = params.get("rate_hz")

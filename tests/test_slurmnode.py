@@ -126,6 +126,35 @@ def test_a_sample_shows_slurms_gpus_as_claimed_by_the_slurm_job(tmp_path: Path) 
                       {"job_id": "mine", "user": "me", "since": 1.0}, None, None]
 
 
+class _Samples:
+    """A collector of 4 idle GPUs."""
+
+    def sample(self) -> dict[str, object]:
+        return telemetry([gpu(i) for i in range(4)])
+
+
+def test_a_fresh_sample_asks_slurm_and_one_for_a_slurm_launch_keeps_its_last_answer(tmp_path: Path) -> None:
+    """``sample`` with ``fresh`` asks Slurm now (a placement beside Slurm must see what Slurm just
+    allocated); with ``slurm: false`` too (a launch through Slurm, which places the job itself,
+    needs the host's GPUs and facts) it asks nothing and the last answer stands."""
+    import asyncio
+
+    slurm = Slurm(busy())
+    clock = Clock()
+    daemon = Daemon(str(tmp_path / "state"), collector_factory=_Samples)
+    daemon._slurm = SlurmNode(NODE, run=slurm, configured=lambda: True, clock=clock)
+
+    def sample(**params: object) -> list[object]:
+        data = asyncio.run(daemon._m_sample(None, params))  # type: ignore[arg-type]
+        return [(g.get("claim") or {}).get("job_id") for g in data["gpus"]]
+
+    assert sample(fresh=True) == ["12", "12", None, None] and len(slurm.calls) == 3
+    slurm.answers["scontrol node"] = (0, NODE_IDLE, "")  # Slurm ended job 12 since
+    clock.t += 60
+    assert sample(fresh=True, slurm=False) == ["12", "12", None, None] and len(slurm.calls) == 3
+    assert sample(fresh=True) == [None, None, None, None] and len(slurm.calls) == 4
+
+
 def _capacity(claims: dict[int, dict[str, object]]):
     state = ClusterState([("h2", "10.0.0.2")])
     gpus = [gpu(i) for i in range(4)]

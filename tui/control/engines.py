@@ -363,8 +363,8 @@ class SlurmEngine:
         login = self.login
         # Every host Slurm may choose has its agent (deployed, connected) before the job can run
         # there: a node's task of the step starts the agent's zipapp, which must be in place.
-        if capacity is None:
-            capacity = self.jm.capacity(list(self.jm.ctl.inventory.names))
+        if capacity is None:  # (Slurm places the job: its claims on the hosts are not asked for again)
+            capacity = self.jm.capacity(list(self.jm.ctl.inventory.names), slurm=False)
         try:
             got = self.jm.ctl.agent(login).slurm_submit(job_id=job_id, options=options, timeout=90)
         except TransportError as e:

@@ -269,7 +269,7 @@ class JobManager:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
         self.healer = Healer(self.history)
         self._gc_at: dict[str, float] = {}  # host -> when this controller last applied retention there
-        self._reads: dict[tuple[tuple[str, ...], str | None], _Read] = {}  # capacity reads in flight
+        self._reads: dict[tuple[tuple[str, ...], str | None, bool], _Read] = {}  # capacity reads in flight
         self._reads_lock = threading.Lock()
         # Code sync: the controller's store of snapshots, and each syncing job's progress
         # ({job_id: {host: (bytes done, bytes to send)}}) while its start waits for it.
@@ -346,14 +346,16 @@ class JobManager:
 
     # -- placement --------------------------------------------------------------------------
 
-    def capacity(self, hosts: Sequence[str], skip: str | None = None) -> list[HostCapacity]:
-        """What every host has and has free: its latest sample plus the jobs its agent runs.
+    def capacity(self, hosts: Sequence[str], skip: str | None = None, slurm: bool = True) -> list[HostCapacity]:
+        """What every host has and has free: its latest sample plus the jobs its agent runs
+        (``slurm`` false: the GPUs Slurm allocated as last read, Slurm not asked again: for a
+        launch Slurm places itself).
 
         Launches that ask at the same time share one read (a wave of sweep trials starting at once
         asks every host once, not once per trial). Sharing is safe: a placement subtracts what this
         controller's jobs hold at the moment it is made, and the claim on each host is what settles
         a race with another controller."""
-        key = (tuple(hosts), skip)
+        key = (tuple(hosts), skip, slurm)
         with self._reads_lock:
             read = self._reads.get(key)
             leader = read is None
@@ -365,7 +367,7 @@ class JobManager:
                 raise read.error
             return list(read.result)
         try:
-            read.result = self._capacity(hosts, skip)
+            read.result = self._capacity(hosts, skip, slurm)
             return list(read.result)
         except BaseException as e:
             read.error = e
@@ -375,10 +377,10 @@ class JobManager:
                 self._reads.pop(key, None)
             read.done.set()
 
-    def _capacity(self, hosts: Sequence[str], skip: str | None = None) -> list[HostCapacity]:
+    def _capacity(self, hosts: Sequence[str], skip: str | None = None, slurm: bool = True) -> list[HostCapacity]:
         # Taken now: the stream's last sample can be a tick older than a stop that just ended,
         # and would show the stopped job's claims (a launch right after it queued for nothing).
-        samples = self.ctl.agents(hosts).sample(fresh=True, timeout=30)
+        samples = self.ctl.agents(hosts).sample(fresh=True, slurm=slurm, timeout=30)
         job_lists = self.ctl.agents([h for h in hosts if not isinstance(samples[h], Exception)]).job_list(timeout=30)
         state = ClusterState([(s.name, s.address) for s in self.ctl.inventory.select(hosts)])
         for h, sample in samples.items():

@@ -291,6 +291,10 @@ def _kw(timeout: float | None) -> dict[str, float]:
     return {} if timeout is None else {"timeout": timeout}
 
 
+def _sample_params(fresh: bool, slurm: bool) -> dict[str, bool]:
+    return {**({"fresh": True} if fresh else {}), **({} if slurm else {"slurm": False})}
+
+
 # ---------------------------------------------------------------------------------------------
 # One host
 
@@ -326,11 +330,12 @@ class AgentClient:
         """The host's facts (addresses, Python, CPUs, memory, GPUs, what is deployed)."""
         return HostFacts.from_wire(_dict(self._call("facts", **_kw(timeout))))
 
-    def sample(self, *, fresh: bool = False, timeout: float | None = None) -> dict[str, Any]:
+    def sample(self, *, fresh: bool = False, slurm: bool = True, timeout: float | None = None) -> dict[str, Any]:
         """The latest telemetry sample (GPUs with their claims, host CPU and memory). A plain
         dict: passed through unchanged to ``ClusterState.apply_sample`` and ``HostReport.sample``.
-        ``fresh``: one taken after this request, never the stream's last."""
-        return _dict(self._call("sample", **_kw(timeout), **({"fresh": True} if fresh else {})))
+        ``fresh``: one taken after this request, never the stream's last; ``slurm`` false: on a
+        Slurm node, Slurm is not asked for its claims now (its last answer stands)."""
+        return _dict(self._call("sample", **_kw(timeout), **_sample_params(fresh, slurm)))
 
     def subscribe(self, *, rate_hz: float | None = None, timeout: float | None = None) -> float:
         """Stream ``telemetry`` events on this connection (at ``rate_hz``, 1/60..10, when given);
@@ -570,11 +575,11 @@ class AgentFleet:
         """Each host's facts."""
         return self._each(lambda d: HostFacts.from_wire(_dict(d)), "facts", timeout)
 
-    def sample(self, *, fresh: bool = False,
+    def sample(self, *, fresh: bool = False, slurm: bool = True,
                timeout: float | None = None) -> dict[str, dict[str, Any] | TransportError]:
         """Each host's latest telemetry sample (plain dicts, passed through to ``ClusterState``);
-        ``fresh``: each taken after this request (``AgentClient.sample``)."""
-        return self._each(_dict, "sample", timeout, **({"fresh": True} if fresh else {}))
+        ``fresh``, ``slurm``: as ``AgentClient.sample``'s."""
+        return self._each(_dict, "sample", timeout, **_sample_params(fresh, slurm))
 
     def job_list(self, *, timeout: float | None = None) -> dict[str, list[JobState] | TransportError]:
         """Each host's jobs."""
