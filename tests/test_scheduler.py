@@ -508,7 +508,7 @@ def test_launches_asking_for_capacity_at_once_share_one_read_and_its_error() -> 
     gate = threading.Event()
     outcome: dict[str, Any] = {"value": ["h1 has 4"]}
 
-    def read(hosts: Any, skip: Any = None) -> Any:
+    def read(hosts: Any, skip: Any = None, slurm: bool = True) -> Any:
         calls.append((tuple(hosts), skip))
         gate.wait(10)
         if isinstance(outcome["value"], Exception):
