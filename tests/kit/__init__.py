@@ -41,22 +41,17 @@ T = TypeVar("T")
 def wait_until(cond: Callable[[], T], timeout: float, what: str, step: float = 0.2) -> T:
     """The first true value of ``cond()``, asked every ``step`` seconds; an AssertionError naming
     ``what`` when none came within ``timeout``. ``cond`` is asked once more at the deadline, so a
-    slow ``cond`` (a CLI call) still gets its last look. A slow ``cond`` is asked again only after
-    a pause as long as it took: a CLI call (a Python start, its imports, SSH handshakes: about a
-    CPU-second) asked back to back would keep a core busy for the whole wait, and the suite's
-    workers share two. A wait, not a timing: the limit only ends a broken run (AGENTS.md: no
-    timed tests)."""
+    slow ``cond`` (a CLI call) still gets its last look. A wait, not a timing: the limit only
+    ends a broken run (AGENTS.md: no timed tests)."""
     deadline = time.monotonic() + timeout
     while True:
-        asked = time.monotonic()
         value = cond()
         if value:
             return value
-        now = time.monotonic()
-        left = deadline - now
+        left = deadline - time.monotonic()
         if left <= 0:
             raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {value!r:.300})")
-        time.sleep(min(max(step, now - asked), left))
+        time.sleep(min(step, left))
 
 
 def conforms(obj: Any, schema: dict[str, Any], where: str) -> None:
