@@ -252,3 +252,109 @@ def test_a_preempted_job_back_in_the_queue_is_stopped_once_its_last_hosts_hold_n
     ctl.job = {"state": "stopped", "restart_count": 0, "tagged_processes": 0, "claims_held": []}
     assert jm.await_stopped(["v-1"], timeout=0.0) == {}
     assert (history.get("v-1") or {})["state"] == "queued"  # looked at, not changed
+
+
+class _TwoHosts(_Relaunch):
+    """Two hosts that start the job when told; ``on_start`` runs as the start reaches the last."""
+
+    def __init__(self) -> None:
+        from tui.model.inventory import HostSpec, Inventory
+
+        self.inventory = Inventory(hosts=(HostSpec(name="h1", address="10.9.0.1"),
+                                          HostSpec(name="h2", address="10.9.0.2")),
+                                   path=None, known_hosts=Path("/dev/null"))
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.on_start: Any = None
+
+    def request(self, host: str, method: str, timeout: float = 30.0, **params: Any) -> Any:
+        if method == "job_start":
+            self.jobs[host] = {"state": "running", "restart_count": params["plan"]["restart_count"]}
+            if len(self.jobs) == 2 and self.on_start is not None:
+                self.on_start()
+            return {"job_dir": "/x", "jobhost_pid": 1}
+        return super().request(host, method, timeout, **params)
+
+    def request_many(self, hosts: list[str], method: str, **kw: Any) -> dict[str, Any]:
+        if method == "job_status":
+            return {h: dict(self.jobs[h]) if h in self.jobs else RuntimeError(f"no job j on {h}") for h in hosts}
+        return {h: {} for h in hosts}
+
+
+def _two_host_spec() -> Any:
+    from tui.model.jobspec import jobspec_from_toml
+
+    return jobspec_from_toml('name = "t"\ncommand = ["true"]\nworkdir = "/tmp"\nhosts = ["h1", "h2"]\n')
+
+
+def _capacity() -> Any:
+    from tui.model.scheduler import HostCapacity
+
+    return [HostCapacity("h1", "10.9.0.1", True, 8, (0,), (), True, "Simulated GPU"),
+            HostCapacity("h2", "10.9.0.2", True, 8, (0,), (), True, "Simulated GPU")]
+
+
+def test_a_start_whose_starter_died_before_recording_it_is_recorded_by_the_next_look(tmp_path: Path) -> None:
+    """The server killed after telling every host to start a job and before writing its start
+    down (fresh-clone run 17): the job runs with its record still ``starting``. The next
+    controller's look records the start (once, from the placement) before anything else, so the
+    job never runs or ends without its ``started`` event."""
+    from tui.model.scheduler import Placement
+
+    history = History(tmp_path / "history.sqlite")
+    ctl = _TwoHosts()
+    spec = _two_host_spec()
+    placement = Placement.from_plan_nodes([{"host": "h1", "address": "10.9.0.1", "slots": 1, "gpus": [0]},
+                                           {"host": "h2", "address": "10.9.0.2", "slots": 1, "gpus": [0]}])
+    # What the kill -9 leaves: the record as _start_on wrote it before telling the hosts, and
+    # both hosts running the attempt.
+    history.create("j", "t", spec.to_dict(), state="pending")
+    history.update("j", state="starting", placement=placement.to_plan_nodes(), restarts=0)
+    ctl.jobs = {"h1": {"state": "running", "restart_count": 0}, "h2": {"state": "running", "restart_count": 0}}
+    nxt = JobManager(ctl, history)  # type: ignore[arg-type]  # the next server
+    nxt.supervise_once(history.get("j"))  # type: ignore[arg-type]
+    rec = history.get("j")
+    assert rec is not None and rec["state"] == "running"
+    started = [e for e in rec["events"] if e["event"] == "started"]
+    assert len(started) == 1 and started[0]["hosts"] == ["h1", "h2"] and started[0]["gpus"] == 2
+    assert started[0]["restart_count"] == 0 and rec["started"] is not None
+    ctl.jobs = {h: {"state": "succeeded", "restart_count": 0, "tagged_processes": 0, "claims_held": []}
+                for h in ("h1", "h2")}
+    nxt.supervise_once(history.get("j"))  # type: ignore[arg-type]
+    rec = history.get("j")
+    assert rec is not None and rec["state"] == "succeeded"
+    assert [e["event"] for e in rec["events"]] == ["started", "succeeded"]
+
+
+def test_a_look_that_records_a_start_first_is_not_doubled_or_undone_by_the_starter(tmp_path: Path) -> None:
+    """Another controller looks as the start reaches the last host, sees every host run it and
+    end, and records the start and the end; the starter, back from its hosts, writes neither
+    its ``started`` again nor ``running`` over the end."""
+    history = History(tmp_path / "history.sqlite")
+    ctl = _TwoHosts()
+    other = JobManager(ctl, history)  # type: ignore[arg-type]
+
+    def look() -> None:
+        for h in ctl.jobs:
+            ctl.jobs[h] = {"state": "succeeded", "restart_count": 0, "tagged_processes": 0, "claims_held": []}
+        other.supervise_once(history.get("j"))  # type: ignore[arg-type]
+
+    ctl.on_start = look
+    jm = JobManager(ctl, history)  # type: ignore[arg-type]
+    jm.launch(_two_host_spec(), job_id="j", look=False, capacity=_capacity())
+    rec = history.get("j")
+    assert rec is not None and rec["state"] == "succeeded", rec["state"]
+    assert [e["event"] for e in rec["events"]] == ["started", "succeeded"], rec["events"]
+    assert rec["events"][0]["seen"] is True  # the look's, not the starter's
+
+
+def test_a_look_during_a_start_records_nothing_until_every_host_runs_it(tmp_path: Path) -> None:
+    """Halfway through a start (one host told, the other not yet) a look leaves the record as
+    it is: the start is the starter's to record."""
+    history = History(tmp_path / "history.sqlite")
+    ctl = _TwoHosts()
+    history.create("j", "t", _two_host_spec().to_dict(), state="starting")
+    history.update("j", placement=[{"host": "h1", "gpus": [0]}, {"host": "h2", "gpus": [0]}], restarts=0)
+    ctl.jobs = {"h1": {"state": "running", "restart_count": 0}}
+    JobManager(ctl, history).supervise_once(history.get("j"))  # type: ignore[arg-type]
+    rec = history.get("j")
+    assert rec is not None and rec["state"] == "starting" and rec["events"] in ([], None)

@@ -230,12 +230,15 @@ class History:
                 (job_id, owner),
             )
 
-    def add_event(self, job_id: str, event: dict[str, Any], **fields: Any) -> None:
+    def add_event(self, job_id: str, event: dict[str, Any], *, once: tuple[str, ...] = (),
+                  **fields: Any) -> bool:
         """Append ``event`` (stamped now) to the job's events; ``fields`` change in the same write,
         so nobody reads the one without the other (a job ``running`` with no ``started`` event).
         The events are read and written back in one write transaction: two threads or processes
         adding events at once both keep theirs (SQLite lets one writer in at a time; the other
-        waits its busy timeout)."""
+        waits its busy timeout). ``once``: keys of ``event`` that make it the same event; when
+        the job already has one with those values, nothing is written (neither the event nor
+        ``fields``: whoever wrote it first decided). Whether it was written."""
         entry = {"time": time.time(), **event}
         cols, values = _assignments(fields) if fields else ("", [])
         with self._lock:
@@ -244,8 +247,12 @@ class History:
                 row = self._db.execute("SELECT events FROM jobs WHERE job_id = ?", (job_id,)).fetchone()
                 if row is None:
                     self._db.rollback()
-                    return
-                events = (json.loads(row[0]) if row[0] else []) + [entry]
+                    return False
+                events = json.loads(row[0]) if row[0] else []
+                if once and any(all(e.get(k) == event.get(k) for k in once) for e in events):
+                    self._db.rollback()
+                    return False
+                events.append(entry)
                 self._db.execute(f"UPDATE jobs SET events = ?{', ' + cols if cols else ''} WHERE job_id = ?",
                                  (json.dumps(events), *values, job_id))
                 self._db.commit()
@@ -253,6 +260,7 @@ class History:
                 self._db.rollback()
                 raise
         self._announce_change(job_id, fields)
+        return True
 
     def _row(self, row: sqlite3.Row | tuple[Any, ...], names: list[str]) -> dict[str, Any]:
         d = dict(zip(names, row, strict=True))

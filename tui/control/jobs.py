@@ -828,10 +828,31 @@ class JobManager:
             why = str(e) if isinstance(e, JobError) else f"{type(e).__name__}: {e}"
             self.history.update(job_id, state=FAILED, ended=time.time(), cause={"message": f"start failed: {why}"})
             raise
+        # Once per attempt: a look that saw every host run it while this start was still on its
+        # way here (another thread, or the next controller after this one was killed) has
+        # recorded the start already, and what it wrote since (an end) is not undone.
         self.history.add_event(job_id, {"event": "started", "restart_count": restart_count,
                                         "hosts": list(placement.hosts),
                                         "gpus": usage.placement_gpus(placement.to_plan_nodes())},
-                               state=RUNNING, started=time.time())
+                               once=("event", "restart_count"), state=RUNNING, started=time.time())
+
+    def _record_seen_start(self, rec: Mapping[str, Any], states: dict[str, Any]) -> None:
+        """A job still recorded ``starting`` whose every host reports this attempt (running, or
+        already ended): its start reached them all, and whoever started it has not recorded that
+        (killed between telling the hosts and writing it down, or about to). The start is
+        recorded now, from its placement, before its state moves on: no job runs or ends
+        without its ``started`` event. Once per attempt, whoever comes first."""
+        attempt = int(rec.get("restarts") or 0)
+        if rec.get("state") != STARTING or not states or not all(
+                isinstance(s, dict) and s.get("state") not in (None, STARTING) and (
+                    s.get("restart_count") is None or int(s["restart_count"]) == attempt)
+                for s in states.values()):
+            return
+        nodes = rec.get("placement") or []
+        hosts = list(dict.fromkeys(str(n.get("host")) for n in nodes if isinstance(n, Mapping))) or list(states)
+        self.history.add_event(rec["job_id"], {"event": "started", "restart_count": attempt, "hosts": hosts,
+                                               "gpus": usage.placement_gpus(nodes), "seen": True},
+                               once=("event", "restart_count"), started=time.time())
 
     def _heal_plan(self, job_id: str, spec: JobSpec, placement: Placement) -> dict[str, Any] | None:
         """The plan's ``heal`` for a job its host restarts itself (``heals_on_host``): the restarts
@@ -1207,6 +1228,7 @@ class JobManager:
         if rec["state"] in (PENDING, STARTING):  # a start began since the hosts were asked
             states = this_attempt(rec, states)
             overall = overall_state(states)
+            self._record_seen_start(rec, states)
         pools.record_replica_events(self, job_id, rec, states)
         if overall in TERMINAL and preempt_pending(rec):
             return self._requeue(job_id, rec, states)
