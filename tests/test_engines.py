@@ -144,6 +144,52 @@ def test_a_restart_ends_the_previous_slurm_job_first_and_keeps_what_slurm_said(t
             "slurm_job_id": "2", "state": "COMPLETED", "cancelled": name == "running", "nodes": ["tb1-h3"]}
 
 
+def test_the_hosts_are_read_while_slurm_checks_the_spec_and_a_refused_spec_submits_nothing(tmp_path: Path) -> None:
+    """A launch's two waits before sbatch, the hosts' read (links made, agents deployed, a sample)
+    and Slurm's check of the spec on the login, run side by side: here the check answers only
+    once the read has begun, so one after the other would never end. A check Slurm refuses
+    (no such partition) submits nothing, whatever the read found."""
+    import threading
+
+    from tui.control.engines import EngineError, SlurmEngine
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+    from tui.model.inventory import HostSpec, Inventory, SlurmSpec
+    from tui.model.jobspec import jobspec_from_toml
+
+    reading = threading.Event()
+    asked: list[list[str]] = []
+
+    class Agents:
+        def exec(self, argv: list[str], timeout_s: float, timeout: float) -> dict[str, Any]:
+            asked.append(argv)
+            assert reading.wait(10), "the spec was checked before the hosts' read began"
+            if argv[-1] == "bed":
+                return {"h1": {"exit_code": 1, "stdout": "", "stderr": "Partition bed not found"}}
+            return {"h1": {"exit_code": 0, "stdout": "PartitionName=other Nodes=h1\n", "stderr": ""}}
+
+        def slurm_submit(self, **kw: Any) -> dict[str, Any]:
+            raise AssertionError("submitted")
+
+    inv = Inventory(hosts=(HostSpec(name="h1", address="10.0.0.1"),), path=tmp_path / "hosts.toml",
+                    known_hosts=tmp_path / "known_hosts", slurm=SlurmSpec(partition="bed", login="h1"))
+    jm = JobManager(SimpleNamespace(inventory=inv, agents=lambda hosts: Agents(), agent=lambda h: Agents()),
+                    History(tmp_path / "h.sqlite"))
+    read: list[tuple[list[str], bool]] = []
+
+    def capacity(hosts: list[str], skip: str | None = None, slurm: bool = True) -> list[Any]:
+        read.append((list(hosts), slurm))
+        reading.set()
+        return []
+
+    jm.capacity = capacity  # type: ignore[method-assign]
+    spec = jobspec_from_toml('name = "t"\ncommand = ["true"]\nworkdir = "/tmp"\n')
+    with pytest.raises(EngineError, match="partition 'bed': Slurm has no such partition"):
+        SlurmEngine(jm).place("t-1", spec)
+    assert read == [(["h1"], False)]  # every host Slurm may choose, and Slurm not asked per host
+    assert asked and all(a[:2] == ["scontrol", "-o"] for a in asked)
+
+
 # -- through a real Slurm ------------------------------------------------------------------------
 
 

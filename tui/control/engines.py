@@ -21,8 +21,10 @@ job hosts report to the agents as always.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tui.model.jobspec import JobSpec
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
 
 ALLOCATION_WAIT_S = 600.0  # how long a launch waits for Slurm to run the job it submitted
 POLL_S = 0.25
+ALLOCATION_POLL_S, ALLOCATION_QUICK_S = 0.1, 10.0  # the allocation's first 10 s read every 0.1 s
 STEP_START_S = 5.0  # a node's task of the step has had this long to start its job host
 STEP_LOST_S = 120.0  # ... and is lost after this long, whatever Slurm says of the job
 FINISH_WAIT_S = 10.0  # for Slurm to say how its job ended, once the job hosts have
@@ -355,16 +358,20 @@ class SlurmEngine:
 
     def place(self, job_id: str, spec: JobSpec, *, capacity: Any = None,
               exclude: Sequence[str] | None = None) -> Placement:
+        # Every host Slurm may choose has its agent (deployed, connected) before the job can run
+        # there: a node's task of the step starts the agent's zipapp, which must be in place. The
+        # hosts are read (linked, sampled) while the spec is checked with Slurm and the previous
+        # attempt retired: one wait for both, not one after the other.
+        # (Slurm places the job: its claims on the hosts are not asked for again.)
+        read = self._read_soon(list(self.jm.ctl.inventory.names)) if capacity is None else None
         self._checked(spec)
         if exclude is not None:  # a restart: the previous attempt's Slurm job is done first
             self._retire(job_id)
         excluded = self.excluded(exclude or ())
         options = self.options(job_id, spec, excluded)
         login = self.login
-        # Every host Slurm may choose has its agent (deployed, connected) before the job can run
-        # there: a node's task of the step starts the agent's zipapp, which must be in place.
-        if capacity is None:  # (Slurm places the job: its claims on the hosts are not asked for again)
-            capacity = self.jm.capacity(list(self.jm.ctl.inventory.names), slurm=False)
+        if read is not None:
+            capacity = read.result()
         try:
             got = self.jm.ctl.agent(login).slurm_submit(job_id=job_id, options=options, timeout=90)
         except TransportError as e:
@@ -386,6 +393,18 @@ class SlurmEngine:
         self._submitted[job_id].update(state=detail.state, nodes=list(detail.nodes))
         return placement
 
+    def _read_soon(self, hosts: list[str]) -> Future[Any]:
+        """The hosts' capacity (Slurm not asked: it places the job), read on a thread of its own."""
+        read: Future[Any] = Future()
+
+        def run() -> None:
+            try:
+                read.set_result(self.jm.capacity(hosts, slurm=False))
+            except BaseException as e:
+                read.set_exception(e)
+        threading.Thread(target=run, name="slurm-capacity", daemon=True).start()
+        return read
+
     def _allocation(self, sid: str) -> SlurmJobDetail:
         """Until Slurm runs job ``sid`` (its nodes and GPUs known), or it ends, or the wait is over."""
         deadline = time.monotonic() + ALLOCATION_WAIT_S
@@ -399,7 +418,10 @@ class SlurmEngine:
             if time.monotonic() > deadline:
                 raise EngineError(f"Slurm job {sid} still {detail.state} after {ALLOCATION_WAIT_S:.0f} s"
                                   + (f" ({detail.reason})" if detail.reason else "") + ": cancelled")
-            time.sleep(POLL_S)
+            # Quickly while Slurm is likely to start it at once (the ranks wait for the plan
+            # this read leads to), then at the usual pace for a job that queues.
+            waited = time.monotonic() - (deadline - ALLOCATION_WAIT_S)
+            time.sleep(ALLOCATION_POLL_S if waited < ALLOCATION_QUICK_S else POLL_S)
 
     def _hosts_of(self, nodes: Sequence[str]) -> dict[str, str]:
         """Slurm node -> inventory host (by the node's name, hostname or address)."""
