@@ -540,7 +540,7 @@ def _launch(client: Any, args: argparse.Namespace) -> int:
         if client.kind == "embedded" and client.inventory.slurm is not None:
             # Every host Slurm may choose is linked to while the login checks the spec: the
             # launch reads them all next.
-            client.ctl.reach(list(client.inventory.names))
+            client.controller.reach(list(client.inventory.names))
         if not _slurm_checked(client):  # a [slurm] table Slurm does not know: nothing runs
             return EXIT_USAGE
         if spec.sweep is not None:
