@@ -6,8 +6,10 @@ environment as on a real node."""
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -205,10 +207,53 @@ def test_rigdeck_queue_lists_slurms_jobs_with_their_pending_reasons(slurm: Slurm
                         [held, "root", "PENDING", "1", "1", "JobHeldUser"],
                         [big, OTHER_USER, "RUNNING", "3", "4", ",".join(list(slurm.nodes))]], text
         assert "Slurm schedules this cluster" in text
+        # The app's Jobs view lists the same queue below rigdeck's jobs, read on the login host.
+        shown = app_slurm_queue(cli)
+        assert shown["rows"] == [[waiting, "root", "PENDING", "1", "2", "Resources"],
+                                 [held, "root", "PENDING", "1", "1", "JobHeldUser"],
+                                 [big, OTHER_USER, "RUNNING", "3", "4", ",".join(list(slurm.nodes))]], shown
+        assert "Slurm: 3 job(s) · 2 pending · on h1" in shown["head"], shown
+        assert "Slurm schedules this cluster" in shown["head"], shown
     finally:
         slurm.run(["scancel", *jobs])
         for job in jobs:
             wait_gone(slurm, job)
+
+
+def app_slurm_queue(cli: Cli) -> dict[str, Any]:
+    """The app on ``cli``'s inventory (embedded, the bed's real hosts), its Jobs view once it has
+    read Slurm's queue: the Slurm table's rows (as shown) and the line over it."""
+    import asyncio
+
+    from tests.kit.pilot import static_words, until
+    from tui.app.shell import RigdeckApp
+    from tui.app.widgets.tables import SlurmQueueTable
+    from tui.client import InProcessClient
+    from tui.control.hostlinks import HostLinks
+    from tui.remote.inventoryfile import load_inventory
+
+    async def look() -> dict[str, Any]:
+        app = RigdeckApp(InProcessClient(controller=HostLinks(load_inventory(cli.inventory))),
+                         keymap_file=cli.tmp / "keys.toml")
+        async with app.run_test(size=(120, 36)) as pilot:
+            await pilot.press("3")
+            view = app.views["jobs"]
+            table = app.query_one("#slurm-queue", SlurmQueueTable)
+            await until(pilot, lambda: view.slurm_reads >= 1 and table.row_count > 0, 60)
+            cols = ("job", "user", "state", "nodes", "gpus", "where")
+            keys = [str(r.key.value) for r in table.ordered_rows]
+            return {"rows": [[table.cell_text(k, c) for c in cols] for k in keys],
+                    "head": static_words(app, "#slurm-queue-head")}
+
+    old = os.environ.get("RIGDECK_HOME")
+    os.environ["RIGDECK_HOME"] = cli.env["RIGDECK_HOME"]
+    try:
+        return asyncio.run(look())
+    finally:
+        if old is None:
+            os.environ.pop("RIGDECK_HOME", None)
+        else:
+            os.environ["RIGDECK_HOME"] = old
 
 
 def test_an_unknown_partition_is_refused_naming_it_before_anything_runs(slurm: SlurmBed, tmp_path: Path) -> None:

@@ -27,12 +27,14 @@ from tests.ui_fixtures import (
 )
 from tui.app.shell import RigdeckApp
 from tui.app.widgets.clustermap import FREE_GLYPH, SLURM_GLYPH, ClusterMap
-from tui.app.widgets.tables import GpusTable, HostsTable
+from tui.app.widgets.tables import GpusTable, HostsTable, SlurmQueueTable
 from tui.model.inventory import SlurmSpec
+from tui.model.slurm import SQUEUE_ARGS
 from tui.model.state import ClusterState
 
 SIZE = (120, 36)
 NODES = (Path(__file__).parent / "data" / "slurm" / "nodes-22.05.8-do.txt").read_text()
+QUEUE = (Path(__file__).parent / "data" / "slurm" / "squeue-22.05.8.txt").read_text()
 DRAIN_REASON = "rigdeck: h3 GPU 1 XID 79 (simulated)"  # as recorded
 DRAIN_BY = "(by root at 2026-11-29T06:41:15)"
 SLURM_JOB, SLURM_USER = "2", "nobody"  # holds GPUs 0-1 of tb1-h2 in the recording
@@ -85,7 +87,8 @@ class SlurmController(FakeController):
     def __init__(self, answers: dict[tuple[str, ...], dict[str, Any]] | None = None) -> None:
         super().__init__(dataclasses.replace(inventory(), slurm=SlurmSpec(login="h1", partition="bed")))
         self.answers = answers if answers is not None else {
-            ("scontrol", "-o", "show", "nodes"): {"exit_code": 0, "stdout": NODES, "stderr": ""}}
+            ("scontrol", "-o", "show", "nodes"): {"exit_code": 0, "stdout": NODES, "stderr": ""},
+            SQUEUE_ARGS: {"exit_code": 0, "stdout": QUEUE, "stderr": ""}}
         self.calls: list[tuple[list[str], list[str]]] = []
         self.threads: list[str] = []
 
@@ -122,7 +125,7 @@ async def test_hosts_view_shows_each_nodes_slurm_state_and_why_it_is_drained() -
         assert table.cell_text("h3", "why") == f"drained in Slurm: {DRAIN_REASON} {DRAIN_BY}"
         assert table.cell_text("h1", "why") == ""
         # read on the login host, off the UI's thread, with no shell
-        assert ctl.calls[0] == (["h1"], ["scontrol", "-o", "show", "nodes"])
+        assert (["h1"], ["scontrol", "-o", "show", "nodes"]) in ctl.calls
         assert ctl.threads and all(t != threading.main_thread().name for t in ctl.threads)
         detail = static_words(app, "#host-detail")
         assert "Slurm node tb1-h1 mix (mixed) · partition bed" in detail, detail
@@ -140,6 +143,10 @@ async def test_hosts_view_without_slurm_has_no_slurm_column_and_asks_nothing() -
         assert "slurm" not in table.column_keys
         assert not table.slurm and app.views["hosts"].slurm is None
         assert "Slurm" not in static_words(app, "#host-detail")
+        await pilot.press("3")
+        await pilot.pause()
+        assert not app.query_one("#slurm-queue").display and not app.query_one("#slurm-queue-head").display
+        assert app.views["jobs"].slurm_reads == 0
 
 
 async def test_a_slurm_that_cannot_be_read_is_said_not_raised() -> None:
@@ -169,6 +176,55 @@ async def test_an_app_attached_to_a_server_says_it_does_not_read_slurm_yet() -> 
             assert "this client runs no command on a host" in static_words(app, "#host-detail")
     finally:
         stop_servers()
+
+
+# ---------------------------------------------------------------------------------------------
+# The Jobs view: Slurm's queue
+
+
+def queue_rows(app: RigdeckApp) -> list[list[str]]:
+    table = app.query_one("#slurm-queue", SlurmQueueTable)
+    cols = ("job", "user", "state", "nodes", "gpus", "where")
+    return [[table.cell_text(str(r.key.value), c) for c in cols] for r in table.ordered_rows]
+
+
+async def test_jobs_view_lists_slurms_queue_of_every_user_pending_first_with_slurms_reasons() -> None:
+    """The queue a real Slurm 22.05.8 printed on the bed (tests/data/slurm/squeue-22.05.8.txt):
+    two jobs pending (Resources, Priority), two running, root's and nobody's; below rigdeck's own
+    jobs, pending first, read on the login host off the UI's thread, saying whose scheduling it is."""
+    ctl = SlurmController()
+    app = slurm_app(ctl)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3")
+        view = app.views["jobs"]
+        await until(pilot, lambda: view.slurm_reads >= 1 and len(queue_rows(app)) == 4)
+        assert queue_rows(app) == [["3", "root", "PENDING", "3", "4", "Resources"],
+                                   ["4", "nobody", "PENDING", "1", "2", "Priority"],
+                                   ["1", "root", "RUNNING", "3", "2", "tb1-h1,tb1-h2,tb1-h3"],
+                                   ["2", "nobody", "RUNNING", "1", "2", "tb1-h2"]]
+        head = static_words(app, "#slurm-queue-head")
+        assert head.startswith("Slurm: 4 job(s) · 2 pending · on h1"), head
+        assert "Slurm schedules this cluster: rigdeck's launches wait in its queue, not in rigdeck's" in head
+        assert (["h1"], list(SQUEUE_ARGS)) in ctl.calls
+        assert all(t != threading.main_thread().name for t in ctl.threads)
+        assert app.query_one("#jobs-table").row_count >= 1  # rigdeck's own jobs stay above
+
+
+async def test_a_slurm_queue_that_cannot_be_read_is_said_and_its_last_answer_kept() -> None:
+    ctl = SlurmController()
+    app = slurm_app(ctl)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("3")
+        view = app.views["jobs"]
+        await until(pilot, lambda: view.slurm_reads >= 1 and len(queue_rows(app)) == 4)
+        ctl.answers.pop(SQUEUE_ARGS)  # squeue is gone from the login host
+        view.poll()
+        await until(pilot, lambda: view.slurm_reads >= 2)
+        await pilot.pause()
+        assert len(queue_rows(app)) == 4  # the last answer stays
+        head = static_words(app, "#slurm-queue-head")
+        assert "Slurm's queue not read on h1" in head and "squeue: No such file or directory" in head, head
+        assert head.endswith("(the last answer shown)"), head
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,14 +277,15 @@ async def test_map_draws_slurms_gpus_as_its_jobs_in_every_colour_mode() -> None:
 # Snapshots (update with --snapshot-update after an intended change of the look; review the SVGs)
 
 
-@pytest.mark.parametrize("view, keys", [("hosts", ("down", "down")), ("gpus", ("2",)), ("map", ("8", "m", "m"))])
+@pytest.mark.parametrize("view, keys", [("hosts", ("down", "down")), ("gpus", ("2",)), ("map", ("8", "m", "m")),
+                                        ("jobs", ("3",))])
 def test_views_with_slurms_state(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
     """The hosts view with tb1-h3's drain selected; the GPU view; the map in job colours with the
-    cursor on h2 GPU 1 (Slurm's job, idle)."""
+    cursor on h2 GPU 1 (Slurm's job, idle); the Jobs view with Slurm's queue."""
     async def read_slurm_first(pilot: Any) -> None:
-        hosts = pilot.app.views["hosts"]
+        hosts, jobs = pilot.app.views["hosts"], pilot.app.views["jobs"]
         for _ in range(200):
-            if hosts.slurm_reads:
+            if hosts.slurm_reads and jobs.slurm_reads:
                 break
             await pilot.pause(0.05)
         await settle(*keys)(pilot)

@@ -605,9 +605,7 @@ def _jobs(client: Any, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-SLURM_QUEUE_NOTE = ("Slurm schedules this cluster: its queue, priorities and fair share are Slurm's. rigdeck's "
-                    "launches here go to Slurm (sbatch, job name rigdeck:<job id>) and wait in its queue: "
-                    "rigdeck's own queue schedules no Slurm job and holds none of them.")
+from tui.model.slurm import QUEUE_NOTE as SLURM_QUEUE_NOTE  # noqa: E402  (said by the app too)
 
 
 def _slurm_queue(client: Any) -> tuple[list[Any], str | None]:
@@ -660,10 +658,11 @@ def _print_slurm_queue(jobs: list[Any], login: str) -> None:
         print("no Slurm job")
         return
     print(f"{'job':<10} {'user':<10} {'state':<11} {'nodes':>5} {'gpus/node':>9}  why pending / where")
-    for j in sorted(jobs, key=lambda j: (not j.pending, j.state, int(j.job_id) if j.job_id.isdigit() else 0)):
-        where = (j.reason or "-") if j.pending else (",".join(j.nodes) or "-")
+    from tui.model.slurm import queue_order, queue_where
+
+    for j in queue_order(jobs):
         count = "-" if j.node_count is None else str(j.node_count)
-        print(f"{j.job_id:<10} {j.user:<10} {j.state:<11} {count:>5} {j.gpus_per_node:>9}  {where}")
+        print(f"{j.job_id:<10} {j.user:<10} {j.state:<11} {count:>5} {j.gpus_per_node:>9}  {queue_where(j)}")
 
 
 def _queue(client: Any, args: argparse.Namespace) -> int:

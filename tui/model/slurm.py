@@ -39,6 +39,9 @@ __all__ = [
     "parse_jobs_json",
     "parse_nodes",
     "parse_nodes_json",
+    "QUEUE_NOTE",
+    "queue_order",
+    "queue_where",
 ]
 
 # squeue's columns as rigdeck asks for them (``squeue --noheader --format=...``): id, user,
@@ -117,6 +120,22 @@ class SlurmJob:
     @property
     def pending(self) -> bool:
         return self.state == "PENDING"
+
+
+QUEUE_NOTE = ("Slurm schedules this cluster: its queue, priorities and fair share are Slurm's. rigdeck's "
+              "launches here go to Slurm (sbatch, job name rigdeck:<job id>) and wait in its queue: "
+              "rigdeck's own queue schedules no Slurm job and holds none of them.")
+
+
+def queue_order(jobs: Sequence[SlurmJob]) -> list[SlurmJob]:
+    """Slurm's queue as rigdeck shows it (``rigdeck queue``, the Jobs view): pending first, then
+    by state and Slurm's job id."""
+    return sorted(jobs, key=lambda j: (not j.pending, j.state, int(j.job_id) if j.job_id.isdigit() else 0))
+
+
+def queue_where(job: SlurmJob) -> str:
+    """Why a pending job waits (Slurm's reason), or where a running one runs (its nodes)."""
+    return (job.reason or "-") if job.pending else (",".join(job.nodes) or "-")
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,25 +1,29 @@
 """Jobs (3): every job the controller knows, newest first; enter opens one in Job (4). R
 launches an ended job again, + and - change a job's priority (with a server: one's own, or an
-admin's anyone's)."""
+admin's anyone's). With ``[slurm]`` in the inventory, Slurm's queue below them: every user's
+pending and running jobs with Slurm's pending reasons, read on the login host through its agent
+on a worker thread every ``POLL_S`` seconds (docs/slurm.md)."""
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from textual import on
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.markup import escape
 from textual.widgets import DataTable, Static
 
 from tui.app.views.base import JOBS, View, set_text
-from tui.app.widgets.tables import JobsTable, job_rows, jobs_running
+from tui.app.widgets.tables import JobsTable, SlurmQueueTable, job_rows, jobs_running, slurm_queue_rows
 from tui.model.jobstate import TERMINAL
+from tui.model.slurm import SQUEUE_ARGS, SlurmJob, SlurmReadError, read_jobs
 
 
 class JobsView(View):
     ID, KEY, TITLE = "jobs", "3", "Jobs"
     FOLLOWS = frozenset({JOBS})
-    TABLES = ("#jobs-table",)
+    TABLES = ("#jobs-table", "#slurm-queue")
     FOCUS = "#jobs-table"
     HELP_GROUP = "Jobs view"
     BINDINGS: ClassVar[list[BindingType]] = [
@@ -28,9 +32,62 @@ class JobsView(View):
         Binding("minus", "priority(-1)", "Priority down", id="jobs.priority_down", key_display="-"),
     ]
 
+    POLL_S = 10.0  # Slurm's queue read again (inventories with [slurm] only)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slurm = False  # the inventory has [slurm]: Slurm's queue is shown
+        self.slurm_jobs: list[SlurmJob] | None = None  # its last answer (None: none yet)
+        self.slurm_error: str | None = None  # what kept the last read from answering
+        self.slurm_reads = 0  # reads of Slurm's queue ended, answered or not (tests wait on it)
+        self._reading = False
+
     def compose(self) -> ComposeResult:
         yield Static("", id="jobs-status", classes="status")
         yield JobsTable(id="jobs-table")
+        head = Static("", id="slurm-queue-head", classes="head")
+        head.display = False
+        yield head
+        table = SlurmQueueTable(id="slurm-queue")
+        table.display = False
+        yield table
+
+    def setup(self) -> None:
+        if getattr(self.shell.client.inventory, "slurm", None) is None:
+            return
+        self.slurm = True
+        self.query_one("#slurm-queue-head").display = True
+        table = self.query_one("#slurm-queue", SlurmQueueTable)
+        table.display = True
+        table.border_title = "Slurm's queue: every user's jobs, pending first"
+        self.poll()
+
+    def poll(self) -> None:
+        """Slurm's queue, read again on a worker thread (never on the UI's)."""
+        if not self.slurm or self._reading or self.shell.closing:
+            return
+        self._reading = True
+        client = self.shell.client
+
+        def read() -> tuple[list[SlurmJob] | None, str | None]:
+            try:
+                return read_jobs(client.exec, client.inventory), None
+            except SlurmReadError as e:
+                return None, str(e)
+        self.app.run_worker(read, thread=True, group=self.ID, name="slurm queue", exit_on_error=False)
+
+    def worker_done(self, result: Any, error: str | None = None) -> None:
+        self._reading = False
+        self.slurm_reads += 1
+        jobs, error = result if result is not None else (None, error)
+        if jobs is not None:
+            self.slurm_jobs, self.slurm_error = jobs, None
+        else:  # the last answer stays, said to be old
+            self.slurm_error = error or "Slurm's queue: the read failed"
+        if self.shell.tabs.active == self.ID:
+            self.update(self.shell.clock())
+        else:
+            self.shell.dirty.add(self.ID)
 
     def update(self, now: float) -> None:
         jobs = self.shell.jobs_snapshot
@@ -43,6 +100,10 @@ class JobsView(View):
         if not n:
             status = "no jobs yet: press l to launch one"
         set_text(self.query_one("#jobs-status", Static), status)
+        if self.slurm:
+            self.query_one("#slurm-queue", SlurmQueueTable).apply(slurm_queue_rows(self.slurm_jobs or []))
+            set_text(self.query_one("#slurm-queue-head", Static), slurm_queue_head(
+                self.slurm_jobs, self.slurm_error, self.shell.client.inventory))
 
     def cursor_job(self) -> str | None:
         return self.query_one("#jobs-table", JobsTable).cursor_key
@@ -95,6 +156,25 @@ class JobsView(View):
         if event.row_key.value:
             self.shell.select_job(event.row_key.value)
             self.shell.tabs.active = "job"
+
+
+def slurm_queue_head(jobs: list[SlurmJob] | None, error: str | None, inventory: Any) -> str:
+    """The line over Slurm's queue: whose it is and how many wait, that Slurm schedules the
+    cluster (not rigdeck's queue), and what kept the last read from answering."""
+    login = inventory.slurm.login_host(inventory.hosts) or "?"
+    if jobs is None and error is None:
+        counts = f"reading ({' '.join(SQUEUE_ARGS[:2])} on {login})"
+    elif jobs is None:
+        counts = "not read"
+    else:
+        pending = sum(1 for j in jobs if j.pending)
+        counts = f"{len(jobs)} job(s) · {pending} pending · on {login}"
+    line = (f"Slurm: {counts}  [$text-muted]Slurm schedules this cluster: rigdeck's launches wait in its "
+            f"queue, not in rigdeck's[/]")
+    if error:
+        old = " (the last answer shown)" if jobs is not None else ""
+        line += f"\n[$warning]{escape(error)}{old}[/]"
+    return line
 
 
 VIEW = JobsView

@@ -45,7 +45,7 @@ from tui.model.hostviews import GpuView, HostView
 from tui.model.jobstate import TERMINAL
 from tui.model.jobtext import exit_text
 from tui.model.jobview import CheckpointSave, CheckpointView, JobRow, OwnerMove
-from tui.model.slurm import SlurmNode, drain_text
+from tui.model.slurm import SlurmJob, SlurmNode, drain_text, queue_order, queue_where
 from tui.model.state import ClusterState
 
 
@@ -944,6 +944,29 @@ class JobsTable(DiffTable):
             return _text(raw, palette["strong"])
         if column == "placement":
             return placement_cell(raw, palette)
+        return _text(raw)
+
+
+def slurm_queue_rows(jobs: Sequence[SlurmJob]) -> list[tuple[str, tuple[Any, ...]]]:
+    """Slurm's queue, every user's jobs, pending first: the Jobs view's second table."""
+    return [(j.job_id, (j.job_id, j.user, j.state, "-" if j.node_count is None else str(j.node_count),
+                        str(j.gpus_per_node), queue_where(j))) for j in queue_order(jobs)]
+
+
+class SlurmQueueTable(DiffTable):
+    def columns_for(self, w: Widths) -> list[Col]:
+        return [
+            Col("job", "Slurm job", 10),
+            Col("user", "User", 10),
+            Col("state", "State", 11),
+            Col("nodes", "Nodes", 5),
+            Col("gpus", "GPUs/node", 9),
+            Col("where", "Why pending / where"),
+        ]
+
+    def render_cell(self, column: str, raw: Any, palette: Palette) -> RenderableType:
+        if column == "state":
+            return _text(raw, palette[state_level(str(raw).lower())])
         return _text(raw)
 
 
