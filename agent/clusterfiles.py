@@ -585,11 +585,42 @@ def load_node_env(job_dir: str) -> Optional[Dict[str, str]]:
 # -- MPI ----------------------------------------------------------------------------------------
 
 
-def mpi_hostfile(plan: Dict[str, Any]) -> str:
+def mpi_hostfile(plan: Dict[str, Any], names: Optional[List[str]] = None) -> str:
     """Open MPI hostfile: one ``<address> slots=<n>`` line per node, in rank order (a pool job:
-    the primary and the workers, torch's world)."""
+    the primary and the workers, torch's world); ``names``: each node's name to use instead of
+    its address, in the plan's order (Slurm's node names, inside a Slurm allocation)."""
     shape = kinds.shape_of(plan)
-    return "".join("%s slots=%d\n" % (n["address"], int(n["slots"])) for n in _nodes(plan) if shape.in_world(n))
+    nodes = _nodes(plan)
+    return "".join("%s slots=%d\n" % (names[i] if names else n["address"], int(n["slots"]))
+                   for i, n in enumerate(nodes) if shape.in_world(n))
+
+
+def slurm_mpi(plan: Dict[str, Any], env: Dict[str, str], job_dir: str) -> Optional[Tuple[str, Dict[str, str]]]:
+    """Inside a Slurm allocation (a job rigdeck launched through sbatch), Open MPI starts its
+    daemons with Slurm's own ``srun`` and accepts only the allocation's nodes, by Slurm's names:
+    a hostfile of those names (the plan's nodes are the allocation's, in Slurm's order) and
+    mpirun's environment with ``SLURM_OVERLAP=1``, so that its daemons' step shares the
+    resources of the step that runs rigdeck's job hosts, and the plan's ranks per node as
+    ``SLURM_TASKS_PER_NODE``. Every process stays in Slurm's job
+    (``scancel`` reaches it) and no ssh between nodes is needed. None outside Slurm, or when
+    Slurm's node list does not match the plan."""
+    if not plan.get("slurm") or not env.get("SLURM_JOB_NODELIST"):
+        return None
+    from agent import slurmtext
+
+    try:
+        names = slurmtext.hostlist(env["SLURM_JOB_NODELIST"])
+    except slurmtext.SlurmTextError:
+        return None
+    if len(names) != len(_nodes(plan)):
+        return None
+    path = os.path.join(job_dir, "hostfile.slurm")
+    _write_text_atomic(path, mpi_hostfile(plan, names))
+    # Open MPI takes each node's slots from Slurm (one task per node in rigdeck's step): the
+    # plan's ranks per node instead, as Slurm words it.
+    shape = kinds.shape_of(plan)
+    tasks = ",".join(str(int(n["slots"])) for n in _nodes(plan) if shape.in_world(n))
+    return path, dict(env, SLURM_OVERLAP="1", SLURM_TASKS_PER_NODE=tasks)
 
 
 _MPI_MAJOR = {}  # type: Dict[str, Optional[int]]

@@ -482,6 +482,9 @@ class JobHost:
                                         "WORLD_SIZE", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME",
                                         "PYTHONUNBUFFERED", "PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
                                or k in dict(plan.get("env") or {}))
+                slurm = clusterfiles.slurm_mpi(plan, env, self.job_dir)
+                if slurm is not None:  # Open MPI's daemons through Slurm's srun, on Slurm's names
+                    hostfile, env = slurm
                 argv = clusterfiles.mpirun_argv(plan, names, iface, hostfile)
                 # mpirun runs the command on every host: put the rank wrapper in front of it there.
                 cmd_at = len(argv) - len(command)

@@ -403,6 +403,26 @@ def test_mpi_hostfile_lists_addresses_in_rank_order() -> None:
         "10.213.1.13 slots=2\n10.213.1.11 slots=2\n10.213.1.12 slots=3\n")
 
 
+def test_inside_slurm_open_mpi_gets_slurms_node_names_the_plans_slots_and_an_overlapping_step(
+        tmp_path: Path) -> None:
+    """A job rigdeck launched through sbatch: the hostfile names the allocation's nodes as Slurm
+    does (in the plan's order, the allocation's), the plan's ranks per node become Slurm's tasks
+    per node, and Open MPI's srun shares the running step's resources; outside Slurm, or when
+    Slurm's node list does not match the plan, nothing changes."""
+    plan = make_plan(slurm={"job_id": "7"})
+    plan["nodes"][2]["slots"] = 3
+    env = {"SLURM_JOB_NODELIST": "tb1-h[1-3]", "PATH": "/bin"}
+    got = cf.slurm_mpi(plan, env, str(tmp_path))
+    assert got is not None
+    path, mpi_env = got
+    assert Path(path).read_text() == "tb1-h1 slots=2\ntb1-h2 slots=2\ntb1-h3 slots=3\n"
+    assert mpi_env == {**env, "SLURM_OVERLAP": "1", "SLURM_TASKS_PER_NODE": "2,2,3"}
+    assert cf.slurm_mpi(make_plan(), env, str(tmp_path)) is None  # not launched through Slurm
+    assert cf.slurm_mpi(plan, {"PATH": "/bin"}, str(tmp_path)) is None  # not inside an allocation
+    assert cf.slurm_mpi(plan, {"SLURM_JOB_NODELIST": "tb1-h[1-2]"}, str(tmp_path)) is None
+    assert cf.slurm_mpi(plan, {"SLURM_JOB_NODELIST": "tb1-h[1-"}, str(tmp_path)) is None
+
+
 def test_mpirun_argv(tmp_path: Path) -> None:
     plan = make_plan(mpi={"custom_options": ["--mca", "btl_tcp_links", "2", "--display-map"]})
     names = ["RIGDECK_JOB_ID", "SM_HOSTS", "CLUSTER_SPEC", "PATH", "SM_HOSTS"]

@@ -323,6 +323,73 @@ loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
 
 
 @pytest.mark.testbed
+def test_the_mpi_example_through_slurm_runs_every_rank_inside_slurms_job(slurm: SlurmBed, tmp_path: Path) -> None:
+    """mpirun on the primary, inside the allocation: Open MPI starts its daemons with Slurm's own
+    srun, on Slurm's node names (the inventory gives Open MPI no ssh between the nodes), so every
+    rank runs in the Slurm job, two a node in rank order, each on one of the GPUs Slurm gave its
+    node; the example trains to its end."""
+    cli = slurm_cli(slurm, tmp_path, timeout=300)
+    seen_dir = tmp_path / "seen"
+    seen_dir.mkdir()
+    spec = cli.spec("mpi-slurm", f'''
+command = ["{{python}}", "{PROBE}", "{seen_dir}", "--", "{{python}}", "train.py", "--steps", "20"]
+workdir = "{EXAMPLES / 'mpi'}"
+launcher = "mpirun"
+nodes = 3
+gpus_per_node = 2
+max_runtime = "10m"
+[env]
+OMP_NUM_THREADS = "1"
+[log]
+loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
+''')
+    assert "OMPI_MCA_plm_rsh_args" not in cli.inventory.read_text()  # no ssh given to Open MPI
+    view = cli.json("launch", str(spec), "--wait")
+    assert view["state"] == "succeeded", json.dumps(view, indent=1)[-3000:]
+    slurm_job = view["slurm"]["job_id"]
+    assert view["slurm"]["state"] == "COMPLETED", view["slurm"]
+    hosts = [n["host"] for n in view["placement"]]
+    by_host = {n["host"]: n for n in view["placement"]}
+    seen = [json.loads(p.read_text()) for p in seen_dir.glob("*.json")]
+    assert len(seen) == 6, [p.name for p in seen_dir.glob("*.json")]
+    ranks: dict[str, list[int]] = {}
+    for s in seen:
+        assert s["SLURM_JOB_ID"] == slurm_job, s  # in Slurm's job: srun started it
+        host = next(h for h in hosts if slurm.node(h) == s["SLURMD_NODENAME"])
+        assert int(s["CUDA_VISIBLE_DEVICES"]) in by_host[host]["gpus"], (s, by_host[host])
+        assert s["WORLD_SIZE"] == "6" and s["SM_CURRENT_HOST"] == host, s
+        ranks.setdefault(host, []).append(int(s["RANK"]))
+    assert [sorted(ranks[h]) for h in hosts] == [[0, 1], [2, 3], [4, 5]], ranks
+    gpus = {h: sorted(int(s["CUDA_VISIBLE_DEVICES"]) for s in seen
+                      if slurm.node(h) == s["SLURMD_NODENAME"]) for h in hosts}
+    assert all(g == sorted(by_host[h]["gpus"]) for h, g in gpus.items()), gpus  # one GPU a rank
+    metrics = cli.json("metrics", view["job_id"])
+    assert {m["rank"] for m in metrics if m.get("loss") is not None} == set(range(6))
+
+
+@pytest.mark.testbed
+def test_a_sweeps_trials_are_slurm_jobs_run_side_by_side_as_slurm_allows(slurm: SlurmBed, tmp_path: Path) -> None:
+    """The sweep example, 3 trials, 2 at a time, on a Slurm cluster: each trial is a job of its
+    own that Slurm ran (its Slurm job completed), and the sweep finds its best."""
+    cli = slurm_cli(slurm, tmp_path, timeout=300)
+    text = (EXAMPLES / "sweep" / "sweep.toml").read_text()
+    assert "max_trials = 30" in text and 'workdir = "."' in text
+    spec = tmp_path / "sweep.toml"
+    spec.write_text(text.replace("max_trials = 30", "max_trials = 3\nmax_parallel = 2")
+                    .replace('workdir = "."', f'workdir = "{EXAMPLES / "sweep"}"'))
+    out = cli.run("sweep", str(spec), "--wait").stdout
+    assert "trials: 3 of 3 asked; 3 completed" in out, out
+    trials = [j for j in cli.json("jobs") if j["job_id"].startswith("sweep-lr-t")]
+    assert len(trials) == 3, trials
+    slurm_jobs = set()
+    for j in trials:
+        view = cli.json("status", j["job_id"])
+        assert view["state"] == "succeeded" and view["slurm"]["state"] == "COMPLETED", view["slurm"]
+        slurm_jobs.add(view["slurm"]["job_id"])
+    assert len(slurm_jobs) == 3  # a Slurm job each
+
+
+@pytest.mark.testbed
 def test_stop_cancels_the_slurm_job_and_leaves_no_process(slurm: SlurmBed, tmp_path: Path) -> None:
     """`rigdeck stop` of a running job Slurm runs: its job hosts stop their ranks, scancel ends
     Slurm's job (Slurm says CANCELLED), and no process of it is left on any node."""
