@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
 import stat
 import subprocess
 import sys
@@ -620,21 +621,33 @@ def test_simulated_finds_processes_started_later_and_forgets_dead_ones(spawn: An
 
 
 def test_simulated_holds_no_files_after_processes_die_or_close(spawn: Any) -> None:
-    def fds() -> int:
-        return len(os.listdir("/proc/self/fd"))
+    def held() -> set[int]:
+        """The processes whose /proc/PID/stat this process holds open: the collector's, between
+        ticks. (Not every fd of the process: another thread of the test worker may open and close
+        files meanwhile; fresh-clone run 20 failed once on such a count.)"""
+        out = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:  # closed since the listing
+                continue
+            m = re.fullmatch(r"/proc/(\d+)/stat", target)
+            if m:
+                out.add(int(m.group(1)))
+        return out
 
-    before = fds()
     children = [spawn(["sleep", "60"], RIGDECK_SIM_GPU="0") for _ in range(3)]
+    pids = {child.pid for child in children}
     c = Collector(sim_gpus=1, backend="simulated")
     c.sample()
-    assert fds() >= before + 3  # each tagged process's stat file stays open between ticks
+    assert held() & pids == pids  # each tagged process's stat file stays open between ticks
     for child in children[:2]:
         child.kill()
         child.wait()
     c.sample()
-    assert fds() == before + 1
+    assert held() & pids == {children[2].pid}  # the dead ones' are closed
     c.close()
-    assert fds() == before
+    assert held() & pids == set()
 
 
 def test_simulated_ignores_other_users_processes(spawn: Any) -> None:
