@@ -133,20 +133,20 @@ async def app_refreshes(inv: Path, keymap: Path, n: int, refreshes: int, window:
 
     reads: list[float] = []
     folds: list[float] = []
-    real_read = hosts_view.read_nodes
-
-    def timed_read(exec_: Any, inventory: Any) -> Any:
-        t0 = time.thread_time()
-        try:
-            return real_read(exec_, inventory)
-        finally:
-            reads.append(time.thread_time() - t0)
-
-    hosts_view.read_nodes = timed_read  # type: ignore[assignment]
     app = RigdeckApp(InProcessClient(load_inventory(inv)), keymap_file=keymap)
     async with app.run_test(size=(200, 80)) as pilot:
         view = app.views["hosts"]
         assert isinstance(view, hosts_view.HostsView)
+        real_read = view.reader.read
+
+        def timed_read(exec_: Any, inventory: Any) -> Any:
+            t0 = time.thread_time()
+            try:
+                return real_read(exec_, inventory)
+            finally:
+                reads.append(time.thread_time() - t0)
+
+        view.reader.read = timed_read  # this app's own reader: nothing to put back
         real_done = view.worker_done
 
         def timed_done(result: Any, error: str | None = None) -> None:
@@ -180,7 +180,6 @@ async def app_refreshes(inv: Path, keymap: Path, n: int, refreshes: int, window:
             await until(pilot, lambda k=first + i: view.slurm_reads >= k, 30)  # type: ignore[misc]
             await pilot.pause(0.2)
         states = sorted({table.cell_text(h.name, "slurm") for h in app.hosts_snapshot})
-    hosts_view.read_nodes = real_read  # type: ignore[assignment]
     return {"hosts": n, "reads": len(reads), "read_cpu_s": reads, "fold_cpu_s": folds,
             "app_cpu_per_s": app_cpu_per_s, "window_s": window, "slurm_states_shown": states}
 

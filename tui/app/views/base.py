@@ -27,6 +27,7 @@ from tui.app.widgets.tables import Widths
 from tui.client import Client
 from tui.model.hostviews import HostView
 from tui.model.jobview import JobSource, JobsSnapshot
+from tui.model.slurm import SlurmReadError
 
 # What a view follows (``FOLLOWS``): when it changes, the view is redrawn the next time it shows.
 HOSTS = "hosts"  # the controller's host and GPU state
@@ -115,6 +116,14 @@ class View(TabPane):
 
     def worker_done(self, result: Any, error: str | None = None) -> None:
         """A worker of the group named after the view ended: its result, or what went wrong."""
+
+    def redraw(self) -> None:
+        """What it shows changed outside a refresh (a worker's answer): redrawn now if its tab is
+        open, else when it next opens."""
+        if self.shell.tabs.active == self.ID:
+            self.update(self.shell.clock())
+        else:
+            self.shell.dirty.add(self.ID)
 
     def acted(self) -> None:
         """An action (stop, retry, deploy, ...) succeeded: what it changed may show here."""
@@ -329,3 +338,33 @@ class FetchedView(View, Generic[R, D]):
             self.update(self.shell.clock())
             self.query_one(self.DETAIL_TABLE, DiffTable).move_cursor(row=0)
             self.poll(soon=True)
+
+
+class SlurmRead:
+    """A view's read of Slurm on the login host (``[slurm]`` inventories): ``read(exec,
+    inventory)`` (tui.model.slurm) on a worker thread of the view's group, one at a time and
+    never once the app closes; the view's ``worker_done`` hands what came back to ``ended``."""
+
+    def __init__(self, read: Callable[[Any, Any], Any], name: str) -> None:
+        self.read, self.name = read, name
+        self.busy = False
+        self.reads = 0  # reads ended, answered or not (tests wait on it)
+
+    def start(self, view: View) -> None:
+        if self.busy or view.shell.closing:
+            return
+        self.busy = True
+        client = view.shell.client
+
+        def run() -> tuple[Any, str | None]:
+            try:
+                return self.read(client.exec, client.inventory), None
+            except SlurmReadError as e:
+                return None, str(e)
+        view.app.run_worker(run, thread=True, group=view.ID, name=self.name, exit_on_error=False)
+
+    def ended(self, result: Any, error: str | None) -> tuple[Any, str | None]:
+        """Slurm's answer (None when there is none) and what kept it from coming."""
+        self.busy = False
+        self.reads += 1
+        return result if result is not None else (None, error)

@@ -12,12 +12,12 @@ from textual.app import ComposeResult
 from textual.markup import escape
 from textual.widgets import DataTable, Static
 
-from tui.app.views.base import HOSTS, View, set_text
+from tui.app.views.base import HOSTS, SlurmRead, View, set_text
 from tui.app.widgets.format import state_markup
 from tui.app.widgets.tables import HostsTable, SlurmNodes, host_rows, host_why, slurm_why
 from tui.model.health import OK, UNHEALTHY
 from tui.model.hostviews import GpuView, HostView
-from tui.model.slurm import NODES_ARGS, SlurmNode, SlurmReadError, node_index, read_nodes
+from tui.model.slurm import NODES_ARGS, SlurmNode, node_index, read_nodes
 
 
 class HostsView(View):
@@ -30,8 +30,12 @@ class HostsView(View):
     def __init__(self) -> None:
         super().__init__()
         self.slurm: SlurmNodes | None = None  # None: the inventory has no [slurm]
-        self.slurm_reads = 0  # reads of Slurm's nodes ended, answered or not (tests wait on it)
-        self._reading = False
+        self.reader = SlurmRead(read_nodes, "slurm nodes")
+
+    @property
+    def slurm_reads(self) -> int:
+        """Reads of Slurm's nodes ended, answered or not (tests wait on it)."""
+        return self.reader.reads
 
     def setup(self) -> None:
         if getattr(self.shell.client.inventory, "slurm", None) is not None:
@@ -41,31 +45,17 @@ class HostsView(View):
 
     def poll(self) -> None:
         """Slurm's nodes, read again on a worker thread (never on the UI's)."""
-        if self.slurm is None or self._reading or self.shell.closing:
-            return
-        self._reading = True
-        client = self.shell.client
-
-        def read() -> tuple[list[SlurmNode] | None, str | None]:
-            try:
-                return read_nodes(client.exec, client.inventory), None
-            except SlurmReadError as e:
-                return None, str(e)
-        self.app.run_worker(read, thread=True, group=self.ID, name="slurm nodes", exit_on_error=False)
+        if self.slurm is not None:
+            self.reader.start(self)
 
     def worker_done(self, result: Any, error: str | None = None) -> None:
-        self._reading = False
-        self.slurm_reads += 1
-        nodes, error = result if result is not None else (None, error)
+        nodes, error = self.reader.ended(result, error)
         if nodes is not None:
             self.slurm = SlurmNodes(node_index(nodes))
         else:  # the last answer stays, said to be old
             last = self.slurm.find if self.slurm is not None else None
             self.slurm = SlurmNodes(last, error or "Slurm's nodes: the read failed")
-        if self.shell.tabs.active == self.ID:
-            self.update(self.shell.clock())
-        else:
-            self.shell.dirty.add(self.ID)
+        self.redraw()
 
     def compose(self) -> ComposeResult:
         yield HostsTable(id="hosts-table")

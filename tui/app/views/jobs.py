@@ -14,10 +14,10 @@ from textual.binding import Binding, BindingType
 from textual.markup import escape
 from textual.widgets import DataTable, Static
 
-from tui.app.views.base import JOBS, View, set_text
+from tui.app.views.base import JOBS, SlurmRead, View, set_text
 from tui.app.widgets.tables import JobsTable, SlurmQueueTable, job_rows, jobs_running, slurm_queue_rows
 from tui.model.jobstate import TERMINAL
-from tui.model.slurm import SQUEUE_ARGS, SlurmJob, SlurmReadError, read_jobs
+from tui.model.slurm import SQUEUE_ARGS, SlurmJob, read_jobs
 
 
 class JobsView(View):
@@ -39,8 +39,12 @@ class JobsView(View):
         self.slurm = False  # the inventory has [slurm]: Slurm's queue is shown
         self.slurm_jobs: list[SlurmJob] | None = None  # its last answer (None: none yet)
         self.slurm_error: str | None = None  # what kept the last read from answering
-        self.slurm_reads = 0  # reads of Slurm's queue ended, answered or not (tests wait on it)
-        self._reading = False
+        self.reader = SlurmRead(read_jobs, "slurm queue")
+
+    @property
+    def slurm_reads(self) -> int:
+        """Reads of Slurm's queue ended, answered or not (tests wait on it)."""
+        return self.reader.reads
 
     def compose(self) -> ComposeResult:
         yield Static("", id="jobs-status", classes="status")
@@ -64,30 +68,16 @@ class JobsView(View):
 
     def poll(self) -> None:
         """Slurm's queue, read again on a worker thread (never on the UI's)."""
-        if not self.slurm or self._reading or self.shell.closing:
-            return
-        self._reading = True
-        client = self.shell.client
-
-        def read() -> tuple[list[SlurmJob] | None, str | None]:
-            try:
-                return read_jobs(client.exec, client.inventory), None
-            except SlurmReadError as e:
-                return None, str(e)
-        self.app.run_worker(read, thread=True, group=self.ID, name="slurm queue", exit_on_error=False)
+        if self.slurm:
+            self.reader.start(self)
 
     def worker_done(self, result: Any, error: str | None = None) -> None:
-        self._reading = False
-        self.slurm_reads += 1
-        jobs, error = result if result is not None else (None, error)
+        jobs, error = self.reader.ended(result, error)
         if jobs is not None:
             self.slurm_jobs, self.slurm_error = jobs, None
         else:  # the last answer stays, said to be old
             self.slurm_error = error or "Slurm's queue: the read failed"
-        if self.shell.tabs.active == self.ID:
-            self.update(self.shell.clock())
-        else:
-            self.shell.dirty.add(self.ID)
+        self.redraw()
 
     def update(self, now: float) -> None:
         jobs = self.shell.jobs_snapshot

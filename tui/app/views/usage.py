@@ -92,10 +92,7 @@ class UsageView(View):
             self.usage_report, self.usage_error = result, None
         else:
             self.usage_error = error or "usage: the read failed"
-        if self.shell.tabs.active == self.ID:
-            self.update(self.shell.clock())
-        else:
-            self.shell.dirty.add(self.ID)
+        self.redraw()
 
     def update(self, now: float) -> None:
         report = self.usage_report
