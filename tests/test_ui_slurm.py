@@ -188,6 +188,15 @@ def queue_rows(app: RigdeckApp) -> list[list[str]]:
     return [[table.cell_text(str(r.key.value), c) for c in cols] for r in table.ordered_rows]
 
 
+async def jobs_view_read(pilot: Any, rows: int) -> Any:
+    """The Jobs view opened, once it has read Slurm's queue and shows its ``rows``."""
+    app = pilot.app
+    await pilot.press("3")
+    view = app.views["jobs"]
+    await until(pilot, lambda: view.slurm_reads >= 1 and len(queue_rows(app)) == rows)
+    return view
+
+
 async def test_jobs_view_lists_slurms_queue_of_every_user_pending_first_with_slurms_reasons() -> None:
     """The queue a real Slurm 22.05.8 printed on the bed (tests/data/slurm/squeue-22.05.8.txt):
     two jobs pending (Resources, Priority), two running, root's and nobody's; below rigdeck's own
@@ -195,9 +204,7 @@ async def test_jobs_view_lists_slurms_queue_of_every_user_pending_first_with_slu
     ctl = SlurmController()
     app = slurm_app(ctl)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("3")
-        view = app.views["jobs"]
-        await until(pilot, lambda: view.slurm_reads >= 1 and len(queue_rows(app)) == 4)
+        await jobs_view_read(pilot, 4)
         assert queue_rows(app) == [["3", "root", "PENDING", "3", "4", "Resources"],
                                    ["4", "nobody", "PENDING", "1", "2", "Priority"],
                                    ["1", "root", "RUNNING", "3", "2", "tb1-h1,tb1-h2,tb1-h3"],
@@ -214,9 +221,7 @@ async def test_a_slurm_queue_that_cannot_be_read_is_said_and_its_last_answer_kep
     ctl = SlurmController()
     app = slurm_app(ctl)
     async with app.run_test(size=SIZE) as pilot:
-        await pilot.press("3")
-        view = app.views["jobs"]
-        await until(pilot, lambda: view.slurm_reads >= 1 and len(queue_rows(app)) == 4)
+        view = await jobs_view_read(pilot, 4)
         ctl.answers.pop(SQUEUE_ARGS)  # squeue is gone from the login host
         view.poll()
         await until(pilot, lambda: view.slurm_reads >= 2)

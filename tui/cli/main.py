@@ -43,6 +43,7 @@ from tui.model.jobstate import QUEUED, SUCCEEDED, TERMINAL, UNKNOWN
 from tui.model.jobtext import code_lines, job_lines, last_checkpoint
 from tui.model.jobview import JobView
 from tui.model.permissions import PermissionDenied
+from tui.model.slurm import QUEUE_NOTE, queue_order, queue_where
 from tui.model.stages import StagesView
 
 EXIT_OK = 0
@@ -605,9 +606,6 @@ def _jobs(client: Any, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-from tui.model.slurm import QUEUE_NOTE as SLURM_QUEUE_NOTE  # noqa: E402  (said by the app too)
-
-
 def _slurm_queue(client: Any) -> tuple[list[Any], str | None]:
     """With ``[slurm]``: every user's jobs in Slurm's queue (squeue on the login host, through its
     agent, no shell), and what kept them from being read. A client attached to a server runs no
@@ -658,8 +656,6 @@ def _print_slurm_queue(jobs: list[Any], login: str) -> None:
         print("no Slurm job")
         return
     print(f"{'job':<10} {'user':<10} {'state':<11} {'nodes':>5} {'gpus/node':>9}  why pending / where")
-    from tui.model.slurm import queue_order, queue_where
-
     for j in queue_order(jobs):
         count = "-" if j.node_count is None else str(j.node_count)
         print(f"{j.job_id:<10} {j.user:<10} {j.state:<11} {count:>5} {j.gpus_per_node:>9}  {queue_where(j)}")
@@ -678,7 +674,7 @@ def _queue(client: Any, args: argparse.Namespace) -> int:
         out: Any = wire_json(entries)
         if inv.slurm is not None:
             out = {"rigdeck": out, "slurm": [_slurm_job_json(j) for j in slurm_jobs],
-                   "slurm_error": slurm_error, "note": SLURM_QUEUE_NOTE}
+                   "slurm_error": slurm_error, "note": QUEUE_NOTE}
         json.dump(out, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
@@ -690,7 +686,7 @@ def _queue(client: Any, args: argparse.Namespace) -> int:
         if inv.slurm is not None:
             if slurm_error is None:
                 _print_slurm_queue(slurm_jobs, inv.slurm.login_host(inv.hosts) or "?")
-            print(f"\n({SLURM_QUEUE_NOTE})")
+            print(f"\n({QUEUE_NOTE})")
     if slurm_error:
         print(f"rigdeck: {slurm_error}", file=sys.stderr)
     return EXIT_OK
