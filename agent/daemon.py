@@ -358,8 +358,12 @@ class Daemon:
 
     def _add_slurm(self, data: Dict[str, Any], max_age: float) -> None:
         """A GPU Slurm allocated (to anyone's job) is claimed by that Slurm job: the claim names
-        it, with ``"scheduler": "slurm"``, where rigdeck holds no claim of its own there."""
+        it, with ``"scheduler": "slurm"``, where rigdeck holds no claim of its own there. A node
+        Slurm keeps its jobs off (drained, down) says so in the host's sample (``"slurm"``)."""
         held = self._slurm.allocated(max_age)
+        node = self._slurm.unavailable()
+        if node is not None and isinstance(data.get("host"), dict):
+            data["host"] = {**data["host"], "slurm": node}  # drained or down in Slurm: said
         if not held:
             return
         for g in data.get("gpus") or []:

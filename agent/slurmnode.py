@@ -8,6 +8,9 @@ rigdeck's placement never lands on it.
 What is read: ``scontrol -d -o show node <this host>`` (``GresUsed=gpu:2``: how many; some
 versions add which, ``(IDX:0-1)``, 22.05 does not); when GPUs are used, the node's jobs
 (``squeue -w``) and each one's GPUs there (``scontrol -d show job``: ``GRES=gpu:2(IDX:0-1)``).
+The node's own state comes with the first read: a node drained or down in Slurm (by an admin, NHC
+or Slurm itself) is said (``unavailable()``: its State= and Reason= as scontrol wrote them), and
+the workstation keeps rigdeck's placement off it as off a host rigdeck drained.
 A host without ``scontrol`` or a Slurm configuration, or one Slurm does not know by its short
 hostname, is no Slurm node: looked at again each minute. A command that fails or hangs (each
 has a timeout) never breaks a sample: the last answer is kept, the failure is logged once, and
@@ -35,6 +38,9 @@ RECHECK_S = 60.0  # a host that is no Slurm node (or whose scontrol is missing) 
 RETRY_S = 15.0  # after a failed or slow command, Slurm is asked again no sooner than this
 CONF_PATHS = ("/etc/slurm/slurm.conf", "/etc/slurm-llnl/slurm.conf", "/run/slurm/conf/slurm.conf")
 JOB_STATES = "R,CG,S"  # jobs that hold their GPUs: running, completing, suspended
+# Words of a node's State= that keep Slurm's jobs off it ("IDLE+DRAIN", "DOWN*", "MIXED+DRAIN",
+# "IDLE*": not responding); the workstation reads the state itself (tui/model/slurm.py).
+UNAVAILABLE = ("DRAIN", "DRAINED", "DRAINING", "DOWN", "NOT_RESPONDING")
 
 Runner = Callable[[Sequence[str], float], Tuple[int, str, str]]
 
@@ -71,6 +77,7 @@ class SlurmNode:
         self._clock = clock
         self._lock = threading.Lock()
         self._held: Dict[int, Dict[str, Any]] = {}
+        self._unavailable: Optional[Dict[str, str]] = None  # State= and Reason= when drained/down
         self._at = -1e18  # when _held was read
         self._next_try = -1e18  # no command before this (not a node, or after a failure)
         self._logged: set = set()
@@ -97,16 +104,22 @@ class SlurmNode:
             self._lock.release()
         return self._held
 
+    def unavailable(self) -> Optional[Dict[str, str]]:
+        """``{"node", "state", "reason"}`` as Slurm last said them, when Slurm keeps its jobs off
+        this node (drained, draining, down, not responding); None when it does not, or this is no
+        Slurm node. What ``allocated`` read last: no command of its own."""
+        return self._unavailable
+
     def _refresh(self, now: float) -> None:
         if not self._configured():
-            self._held, self._next_try = {}, now + RECHECK_S
+            self._held, self._unavailable, self._next_try = {}, None, now + RECHECK_S
             return
         rc, out, err = self._run(["scontrol", "-d", "-o", "show", "node", self.node], COMMAND_TIMEOUT_S)
         if rc != 0:
             if "not found" in err.lower() or "invalid node name" in err.lower():
                 self._once(f"{self.node} is no Slurm node (scontrol: {err.strip()}): not read again for "
                            f"{RECHECK_S:g}s", logging.INFO)
-                self._held, self._next_try = {}, now + RECHECK_S
+                self._held, self._unavailable, self._next_try = {}, None, now + RECHECK_S
                 return
             self._failed(f"scontrol show node {self.node} failed ({rc}): {err.strip()}", now)
             return
@@ -114,6 +127,7 @@ class SlurmNode:
         if not nodes:
             self._failed(f"scontrol show node {self.node} said nothing of it", now)
             return
+        self._unavailable = _unavailable(self.node, nodes[0])
         count, indices = slurmtext.gres(nodes[0].get("GresUsed", ""))
         held: Dict[int, Dict[str, Any]] = {}
         if count:
@@ -153,3 +167,12 @@ class SlurmNode:
         if key not in self._logged:
             self._logged.add(key)
             log.log(level, "%s", message)
+
+
+def _unavailable(node: str, record: Dict[str, str]) -> Optional[Dict[str, str]]:
+    """The node's State= and Reason= when its state keeps Slurm's jobs off it, else None."""
+    state = record.get("State", "")
+    words = [w.upper() for w in state.split("+") if w]
+    if not any(w.rstrip("*~#!%$@^-") in UNAVAILABLE or w.endswith("*") for w in words):
+        return None
+    return {"node": node, "state": state[:200], "reason": record.get("Reason", "")[:500]}

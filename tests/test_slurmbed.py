@@ -141,6 +141,32 @@ gpus_per_node = {n}
         slurm.run(["scancel", job])
 
 
+def test_rigdeck_beside_slurm_keeps_off_a_node_slurm_drained_and_takes_it_back_when_resumed(
+        slurm: SlurmBed, tmp_path: Path) -> None:
+    """No [slurm] in the inventory: an admin drains h2's node in Slurm. A launch that names h2 is
+    refused with Slurm's reason, who set it and when, before anything starts; one that does not
+    lands elsewhere; once the node is resumed in Slurm, h2 takes work again."""
+    cli = Cli(slurm.bed, tmp_path)
+    node = slurm.node(2)
+    reason = "rigdeck test: disk swap"
+    body = 'command = ["true"]\nworkdir = "/"\nlauncher = "direct"\nnodes = 1\ngpus_per_node = 4\n'
+    slurm.run(["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+    try:
+        refused = cli.run("launch", str(cli.spec("on-h2", body + 'hosts = ["h2"]\n')), "--no-queue", check=False)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        print(refused.stderr)
+        assert f"host 'h2' is drained (drained in Slurm: {reason} (by root at " in refused.stderr, refused.stderr
+        assert cli.json("jobs") == [], "a refused launch leaves no job"
+        two = cli.spec("anywhere", body.replace("nodes = 1", "nodes = 2"))
+        view = cli.json("launch", str(two), "--wait", timeout=120)
+        assert view["state"] == "succeeded", json.dumps(view, indent=1)[:3000]
+        assert sorted(n["host"] for n in view["placement"]) == ["h1", "h3"], view["placement"]
+    finally:
+        slurm.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+    view = cli.json("launch", str(cli.spec("back", body + 'hosts = ["h2"]\n')), "--wait", timeout=120)
+    assert view["state"] == "succeeded" and [n["host"] for n in view["placement"]] == ["h2"], view
+
+
 def test_rigdeck_hosts_shows_each_nodes_slurm_state_and_drain_reason(slurm: SlurmBed, tmp_path: Path) -> None:
     cli = Cli(slurm.bed, tmp_path)
     cli.inventory.write_text(cli.inventory.read_text() + '\n[slurm]\nlogin = "h1"\npartition = "bed"\n')

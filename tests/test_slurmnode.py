@@ -198,3 +198,63 @@ def test_a_streams_sample_never_waits_for_slurm_being_asked_elsewhere() -> None:
     finally:
         gate.set()
         placement.join(30)
+
+
+NODE_DRAINED = NODE_IDLE.replace("State=IDLE", "State=IDLE+DRAIN").replace(
+    "Partitions=bed", "Partitions=bed Reason=disk swap friday [admin@2026-11-30T01:02:03]")
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    (NODE_DRAINED, "drained in Slurm: disk swap friday (by admin at 2026-11-30T01:02:03)"),
+    (NODE_IDLE.replace("State=IDLE", "State=DOWN*"), "down in Slurm: no reason given"),
+    (NODE_IDLE.replace("State=IDLE", "State=IDLE*"), "down in Slurm: no reason given"),
+    (NODE_BUSY.replace("State=MIXED", "State=MIXED+DRAIN"), "drained in Slurm: no reason given"),
+    (NODE_IDLE, None),
+    (NODE_BUSY, None),
+])
+def test_a_node_slurm_drained_or_took_down_is_said_by_its_agent_and_kept_out_of_placement(
+        tmp_path: Path, text: str, said: str | None) -> None:
+    """Beside Slurm (no [slurm]): the agent reads its node's State= with the allocation, the host's
+    sample says a drained or down node, and placement keeps off it naming Slurm's reason; one
+    Slurm resumed takes work again on the next read."""
+    answers = {**busy(), "scontrol node": (0, text, "")}
+    clock = Clock()
+    daemon = Daemon(str(tmp_path / "state"), collector_factory=lambda: None)
+    daemon._slurm = SlurmNode(NODE, run=Slurm(answers), configured=lambda: True, clock=clock)
+
+    def capacity():
+        data = telemetry([gpu(i) for i in range(4)])
+        daemon._add_slurm(data, 0.0)
+        state = ClusterState([("h2", "10.0.0.2")])
+        state.apply_sample("h2", data)
+        return data, capacity_from_state(state.snapshot())[0]
+
+    data, cap = capacity()
+    one = JobSpec(name="one", command=("true",), workdir="/", nodes=1, gpus_per_node=1, hosts=("h2",))
+    if said is None:
+        assert "slurm" not in data["host"] and cap.status == "up"  # type: ignore[operator]
+        Scheduler().reserve("a", one, [cap])
+        return
+    assert data["host"]["slurm"]["node"] == NODE  # type: ignore[index]
+    assert (cap.status, cap.why, cap.up) == ("drained", said, False)
+    with pytest.raises(PlacementError, match=f"host 'h2' is drained \\({said.split(' (')[0]}"):
+        Scheduler().reserve("a", one, [cap])
+    answers["scontrol node"] = (0, NODE_IDLE, "")  # resumed in Slurm
+    clock.t += 60
+    data, cap = capacity()
+    assert "slurm" not in data["host"] and cap.status == "up"  # type: ignore[operator]
+    assert Scheduler().reserve("b", one, [cap]).nodes[0].host == "h2"
+
+
+@pytest.mark.parametrize("said", [{"node": "n", "state": "+", "reason": "x"}, {"state": 5}, "DRAIN", None,
+                                  {"node": "n", "state": "IDLE+DRAIN", "reason": "[x@y" * 200}])
+def test_what_an_agent_says_of_its_node_never_breaks_the_host_view(said: object) -> None:
+    state = ClusterState([("h2", "10.0.0.2")])
+    data = telemetry([gpu(0)])
+    data["host"] = {**data["host"], "slurm": said}  # type: ignore[dict-item]
+    state.apply_sample("h2", data)
+    cap = capacity_from_state(state.snapshot())[0]
+    kept_off = isinstance(said, dict)
+    assert cap.status == ("drained" if kept_off else "up"), cap
+    if kept_off:
+        assert cap.why and "in Slurm" in cap.why and len(cap.why) < 700

@@ -149,6 +149,40 @@ async def test_hosts_view_without_slurm_has_no_slurm_column_and_asks_nothing() -
         assert app.views["jobs"].slurm_reads == 0
 
 
+def drained_by_its_agent(state: ClusterState, host: int = 2) -> ClusterState:
+    """``host``'s next sample says its node is drained in Slurm, as its agent reads it beside
+    Slurm (agent/slurmnode.py: State= and Reason= as scontrol wrote them)."""
+    sample = host_sample(host, 20, [gpu_sample(host, idx, 20, None, None, None) for idx in range(4)])
+    sample["host"]["slurm"] = {"node": f"tb1-h{host}", "state": "IDLE+DRAIN",
+                               "reason": f"{DRAIN_REASON} [root@2026-11-29T06:41:15]"}
+    state.apply_sample(f"h{host}", sample, received_at=20.0)
+    return state
+
+
+async def test_beside_slurm_the_hosts_view_says_a_node_its_agent_read_drained() -> None:
+    """No [slurm]: h2's agent reads its node drained in Slurm; the hosts view says it in h2's Why
+    (a warning: rigdeck places nothing there) and the detail, and asks Slurm nothing itself."""
+    app: RigdeckApp = recorded_app(state=drained_by_its_agent(slurm_state()))
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.query_one("#hosts-table", HostsTable)
+        await until(pilot, lambda: table.row_count == 3)
+        said = f"drained in Slurm: {DRAIN_REASON} {DRAIN_BY}"
+        assert table.cell_text("h2", "why") == said and table.cell_text("h1", "why") == ""
+        assert "slurm" not in table.column_keys and app.views["hosts"].slurm is None
+        await pilot.press("down")
+        await until(pilot, lambda: said in static_words(app, "#host-detail"))
+
+
+async def test_with_slurm_the_node_is_said_once_from_slurms_own_answer() -> None:
+    """With [slurm] the login host's read says h3 drained; h3's agent saying it too adds nothing."""
+    ctl = SlurmController()
+    app: RigdeckApp = recorded_app(state=drained_by_its_agent(slurm_state(), 3), controller=ctl)
+    async with app.run_test(size=SIZE) as pilot:
+        table = app.query_one("#hosts-table", HostsTable)
+        await until(pilot, lambda: app.views["hosts"].slurm_reads >= 1 and table.cell_text("h3", "slurm") == "drng")
+        assert table.cell_text("h3", "why") == f"drained in Slurm: {DRAIN_REASON} {DRAIN_BY}"
+
+
 async def test_a_slurm_that_cannot_be_read_is_said_not_raised() -> None:
     """No scontrol on the login host: the hosts are shown all the same, the Slurm column says it
     does not know, the detail says what the agent said."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tui.model.health import DRAINED, UNHEALTHY
+from tui.model.slurm import agent_node_text
 
 BUSY_UTIL_PCT = 5.0  # a GPU with no processes counts as busy from this utilization up
 
@@ -116,6 +117,9 @@ class HostSample:
     disk_write_bps: float | None = None
     net_rx_bps: float | None = None
     net_tx_bps: float | None = None
+    # Why Slurm keeps its jobs off this host's node, as a line (its agent read the node drained
+    # or down: agent/slurmnode.py); rigdeck's placement keeps off it too. None otherwise.
+    slurm_unavailable: str | None = None
 
     @staticmethod
     def from_sample(s: Mapping[str, Any] | None) -> HostSample | None:
@@ -134,6 +138,7 @@ class HostSample:
             g("disk_write_bps"),
             g("net_rx_bps"),
             g("net_tx_bps"),
+            agent_node_text(g("slurm")) if g("slurm") else None,
         )
         v.__class__ = HostSample
         return v

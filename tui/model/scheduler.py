@@ -514,7 +514,8 @@ def capacity_from_state(
     Only hosts whose status is "up" can take work. A GPU process without a job id is foreign.
     The inventory, when given, supplies labels (and the address, should the snapshot lack one).
     A GPU the agent calls unhealthy, or one ``drains`` names, is unusable; a drained host is
-    not up (its status says "drained"), nor is the inventory's ``[server]`` host unless its
+    not up (its status says "drained"), nor is one whose node Slurm drained or took down (its
+    agent says so: ``why`` says Slurm's reason), nor the inventory's ``[server]`` host unless its
     ``allow_jobs`` (status "server").
     """
     specs = {h.name: h for h in inventory.hosts} if inventory is not None else {}
@@ -562,8 +563,11 @@ def capacity_from_state(
         per_core = sample.cpu_per_core if sample is not None else None
         spec = specs.get(name)
         why = str(host.reason) if status not in ("up", "drained") and host.reason else None
+        kept_off = sample.slurm_unavailable if sample is not None else None
         if any(d.host == name and d.gpu is None for d in drains):
             status = "drained"
+        elif kept_off and status == "up":  # drained or down in Slurm: rigdeck keeps off it too
+            status, why = "drained", kept_off
         elif status == "up" and name in no_jobs:
             status, why = "server", NO_JOBS_ON_SERVER
         out.append(

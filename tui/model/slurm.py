@@ -381,6 +381,26 @@ def drain_text(node: SlurmNode) -> str | None:
     return f"{what} in Slurm: {node.reason or 'no reason given'}" + (f" ({who})" if who else "")
 
 
+def agent_node_text(said: Any) -> str | None:
+    """What a host's agent said of its own Slurm node (``{"node", "state", "reason"}`` as
+    scontrol wrote them: agent/slurmnode.py) as ``drain_text`` words it, when Slurm keeps its
+    jobs off the node; None when it does not. Text that does not read as a node's state is said
+    as it came (the host is kept out all the same: its agent found it unavailable)."""
+    if not isinstance(said, Mapping):
+        return None
+    name, state, reason = (str(said.get(k) or "")[:500] for k in ("node", "state", "reason"))
+    try:
+        base, flags = _state(state, "node")
+    except SlurmParseError:
+        return f"unavailable in Slurm: state {state!r}"
+    text, who, when = _reason(reason)
+    node = SlurmNode(name=name or "?", state=base, flags=flags, reason=text, reason_user=who, reason_time=when)
+    if state.split("+")[0].endswith("*"):  # "IDLE*": slurmctld hears nothing from its slurmd
+        node = SlurmNode(name=node.name, state="down", flags=(*node.flags, "NOT_RESPONDING"),
+                         reason=text, reason_user=who, reason_time=when)
+    return drain_text(node) or f"unavailable in Slurm: state {state!r}"
+
+
 # --------------------------------------------------------------------------------------------
 # reading Slurm on the login host (through a client's ``exec``: the faces share this)
 

@@ -91,8 +91,9 @@ class HostsView(View):
 
 def host_detail(h: HostView, inventory: Any, unwell: Sequence[GpuView] = (), slurm: SlurmNodes | None = None) -> str:
     """The selected host in full: where it is, what runs there, why it is not up, each of its
-    ``unwell`` GPUs (health not ok) with the reason, and (``slurm``) its Slurm node: its state,
-    why it is drained or down, and what kept Slurm from being read."""
+    ``unwell`` GPUs (health not ok) with the reason, and its Slurm node: with ``slurm`` (the
+    inventory's [slurm]) its state, why it is drained or down, and what kept Slurm from being
+    read; without, what the host's agent read of its node when Slurm keeps jobs off it."""
     try:
         spec = inventory.get(h.name)
         where = "local" if spec.is_local else f"{spec.user}@{spec.address}:{spec.port}"
@@ -115,7 +116,7 @@ def host_detail(h: HostView, inventory: Any, unwell: Sequence[GpuView] = (), slu
         sim = " simulated" if h.gpus_simulated else ""
         parts.append(f"{count}{sim} GPU(s): {escape(str(h.gpu_model or '?'))}")
     text = " · ".join(parts)
-    why = host_why(h, unwell)
+    why = host_why(h, unwell, slurm=slurm is None)
     if why:
         bad = status == "down" or h.error_kind or any(g.health == UNHEALTHY for g in unwell)
         text += f"\n[{'$error' if bad else '$warning'}]{escape(why)}[/]"

@@ -87,17 +87,20 @@ def percent_bar(raw: tuple[int | None, int, bool], palette: Palette) -> Renderab
 # Hosts
 
 
-def host_why(h: HostView, unwell: Sequence[GpuView] = ()) -> str:
-    """Why a host is not up; for one that is, what of its GPUs takes no work (``unwell``: those
-    GPUs, to name each and its reason; else their counts) and an agent upgrade waiting."""
+def host_why(h: HostView, unwell: Sequence[GpuView] = (), slurm: bool = True) -> str:
+    """Why a host is not up; for one that is, its node drained or down in Slurm as its agent
+    read it (unless ``slurm`` is False: the caller says Slurm's own answer), what of its GPUs
+    takes no work (``unwell``: those GPUs, to name each and its reason; else their counts) and
+    an agent upgrade waiting."""
     if h.status == "up":
+        kept_off = h.host_sample.slurm_unavailable if h.host_sample is not None and slurm else None
         if unwell:
             why = [f"GPU {g.index} {g.health}" + (f": {g.health_reason}" if g.health_reason else "") for g in unwell]
         else:
             why = [gpu_health_text(h)] if h.gpus_unhealthy or h.gpus_drained else []
         if h.upgrade_pending:
             why.append(f"agent upgrade to {h.upgrade_pending} when its jobs end")
-        return " · ".join(why)
+        return " · ".join([kept_off, *why] if kept_off else why)
     key = h.host_key
     if h.error_kind == "unknown-host-key" and key:
         return f"unknown host key {key.type or ''} {key.fingerprint or ''}: press t to trust"
@@ -120,7 +123,7 @@ def why_level(h: HostView) -> str:
         return "crit"
     if h.status == "up" and h.gpus_unhealthy:
         return "crit"
-    if h.status == "up" and h.gpus_drained:
+    if h.status == "up" and (h.gpus_drained or (h.host_sample is not None and h.host_sample.slurm_unavailable)):
         return "warn"
     return "muted"
 
@@ -187,7 +190,7 @@ def host_rows(snapshot: Sequence[HostView], w: Widths,
                         stale,
                     ),
                     (h.gpus_busy, h.gpu_count, h.any_simulated, h.gpu_source),
-                    (host_why(h), why_level(h)),
+                    (host_why(h, slurm=slurm is None), why_level(h)),
                 ),
             )
         )
