@@ -33,7 +33,10 @@ stepped on, h3 GPU 2 drained by hand: the GPU view, the map and the Job view (it
 goodput) as ``healing-gpus.svg``, ``healing-map.svg`` and ``healing-job.svg`` (not part of the full
 run). ``--only usage``: jobs of alice and bob (4, 1 and 4 simulated GPUs, at once) launched through
 the app's controller with each as owner, then the Usage view (``usage.svg``; not part of the full
-run).
+run). ``--only slurm``: a real Slurm on the bed (tests/slurmbed.py) and an inventory with
+``[slurm]``: another user's Slurm jobs (one holding 2 of h2's GPUs, one pending), h3's node
+drained with a reason, a rigdeck job launched through Slurm; the Hosts, GPU and Jobs views as
+``slurm-hosts.svg``, ``slurm-gpus.svg`` and ``slurm-jobs.svg`` (not part of the full run).
 
 PNGs come from ``rsvg-convert`` (Debian: librsvg2-bin) with the Fira Code font the SVGs name
 (fonts-firacode); both are installed with apt-get when missing and this runs as root.
@@ -571,6 +574,71 @@ async def run_usage(app: Any, pilot: Any, tmp: Path, converter: str, shots: list
     await capture(app, pilot, "usage", converter, shots)
 
 
+async def run_slurm(bed: Any, slurm: Any, tmp: Path, converter: str, shots: list[Path]) -> None:
+    """The app on a Slurm cluster (a real Slurm on the bed, the inventory's ``[slurm]``): another
+    user's Slurm job holding 2 of h2's GPUs, one of theirs pending, h3's node drained by an
+    admin with a reason, and a rigdeck training job launched through Slurm; then the Hosts view
+    (Slurm's column and the drain reason), the GPU view (the Slurm job's GPUs named as theirs)
+    and the Jobs view (Slurm's queue beside rigdeck's jobs)."""
+    from tests.slurmbed import OTHER_USER
+    from tui.app.shell import RigdeckApp
+    from tui.client import InProcessClient
+    from tui.control.hostlinks import HostLinks
+    from tui.remote.inventoryfile import load_inventory
+
+    path = bed.write_inventory(tmp / "hosts.toml", python=sys.executable, connect_timeout=5.0)
+    path.write_text(path.read_text() + '\n[slurm]\nlogin = "h1"\npartition = "bed"\n')
+    os.environ["RIGDECK_INVENTORY"] = str(path)
+
+    def sbatch(*args: str) -> str:
+        out = slurm.run(["sbatch", "--parsable", f"--output={slurm.out}/%j.out", "--chdir=/tmp", *args],
+                        user=OTHER_USER).stdout
+        return out.strip().split(";")[0]
+
+    theirs = sbatch("-J", "their-train", "-w", slurm.node(2), "--gres=gpu:2", "--wrap", "sleep 900")
+    waiting = sbatch("-J", "their-big", "-N", "2", "--gres=gpu:4", "--wrap", "sleep 900")
+    slurm.run(["scontrol", "update", f"NodeName={slurm.node(3)}", "State=DRAIN",
+               "Reason=GPU 1 fan failing, swap Tuesday"])
+    spec = tmp / "train.toml"
+    spec.write_text(f'name = "train"\ncommand = ["{{python}}", "{TICKER}", "--steps", "3000", "--sleep", "0.1"]\n'
+                    f'workdir = "{ROOT}"\nlauncher = "direct"\nnodes = 1\ngpus_per_node = 2\n')
+    launched = subprocess.run([sys.executable, "-m", "tui.cli", "launch", str(spec), "--json"], cwd=ROOT,
+                              capture_output=True, text=True, timeout=300)
+    if launched.returncode != 0:
+        raise SystemExit(f"the launch through Slurm failed: {launched.stderr}")
+    print(f"Slurm jobs of {OTHER_USER}: {theirs} (running), {waiting}; rigdeck's through Slurm: "
+          f"{launched.stdout[:200]}", flush=True)
+    app = RigdeckApp(InProcessClient(controller=HostLinks(load_inventory(path))), keymap_file=tmp / "keys.toml")
+    async with app.run_test(size=SIZE) as pilot:
+
+        async def until(cond: Any, what: str, limit: float) -> None:
+            deadline = time.monotonic() + limit
+            while time.monotonic() < deadline:
+                await pilot.pause(0.25)
+                if cond():
+                    return
+            raise SystemExit(f"timed out waiting for {what}")
+
+        await until(lambda: sum(h.status == "up" for h in app.hosts_snapshot) == 3, "three hosts up", 120)
+        await until(lambda: any((r.step or 0) > 20 for r in app.jobs_snapshot.rows), "the job's steps", 120)
+        hosts = app.views["hosts"]
+        await until(lambda: hosts.slurm_reads >= 1, "Slurm's nodes", 60)
+        await pilot.pause(1.0)
+        await capture(app, pilot, "slurm-hosts", converter, shots)
+        await pilot.press("2")
+        await pilot.pause(1.0)
+        await capture(app, pilot, "slurm-gpus", converter, shots)
+        jobs = app.views["jobs"]
+        await pilot.press("3")
+        await until(lambda: jobs.slurm_reads >= 1, "Slurm's queue", 60)
+        await pilot.pause(1.0)
+        await capture(app, pilot, "slurm-jobs", converter, shots)
+        for row in app.jobs_snapshot.rows:
+            await asyncio.to_thread(app.client.stop, row.job_id)
+    slurm.run(["scancel", theirs, waiting])
+    slurm.run(["scontrol", "update", f"NodeName={slurm.node(3)}", "State=RESUME"])
+
+
 async def capture(app: Any, pilot: Any, name: str, converter: str, shots: list[Path]) -> None:
     app.clear_notifications()
     await pilot.pause(0.3)
@@ -749,6 +817,23 @@ async def run_onboarding(bed: Any, tmp: Path, converter: str) -> list[Path]:
     return shots
 
 
+def shots_on_slurm(bed: Any, tmp: Path, converter: str) -> int:
+    from tests import slurmbed
+
+    ok, why = slurmbed.available()
+    if not ok:
+        print(f"--only slurm needs Slurm: {why}", file=sys.stderr)
+        return 2
+    cluster = slurmbed.SlurmBed(bed).up()
+    shots: list[Path] = []
+    try:
+        asyncio.run(run_slurm(bed, cluster, tmp, converter, shots))
+    finally:
+        cluster.down()
+    print(f"wrote {len(shots)} PNGs (and their SVGs) to {OUT.relative_to(ROOT)}/")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
@@ -758,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--only",
         choices=("all", "sweeps", "pipelines", "doctor", "onboarding", "signals", "stages", "pools", "processing",
-                 "healing", "usage"),
+                 "healing", "usage", "slurm"),
         default="all",
         help="sweeps: only the Sweeps view (a short sweep, no training job); pipelines: only the "
         "Pipelines view (the example pipeline, twice); doctor: only the Doctor view (h3's link "
@@ -769,7 +854,8 @@ def main(argv: list[str] | None = None) -> int:
         "examples/processing once it ended (not in the full run); healing: the GPU view, the map "
         "and the Job view after an XID 79 moved a training job off its GPU and a GPU was drained "
         "by hand (not in the full run); usage: the Usage view after jobs of two people ran (not in "
-        "the full run)",
+        "the full run); slurm: the Hosts, GPU and Jobs views on a real Slurm on the bed (not in the full "
+        "run)",
     )
     ap.add_argument("--stages-spec", type=Path, default=MP_EXAMPLE,
                     help="--only stages: the [model_parallel] job spec to run (default: the pipeline example)")
@@ -792,6 +878,8 @@ def main(argv: list[str] | None = None) -> int:
         bed = TestBed(3, sim_gpus=4)
         bed.up()
         try:
+            if args.only == "slurm":
+                return shots_on_slurm(bed, tmp, converter)
             shots = [] if args.only == "onboarding" else asyncio.run(
                 run(bed, tmp, converter, args.steps, args.timeout, args.only, args.stages_spec, args.pools_spec))
             if args.only in ("all", "onboarding"):  # last: it changes HOME

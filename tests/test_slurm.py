@@ -303,7 +303,8 @@ def test_a_client_that_runs_nothing_on_hosts_is_said() -> None:
 
 PARTITIONS = ("PartitionName=bed AllowGroups=ALL AllowAccounts=ALL Default=YES State=UP TotalNodes=3\n"
               "PartitionName=debug AllowGroups=ALL State=UP TotalNodes=1\n")
-SLURM_UP = {("scontrol", "-o", "show", "partition"): ok(PARTITIONS)}
+SLURM_UP = {("scontrol", "-o", "show", "partition"): ok(PARTITIONS),
+            ("scontrol", "--version"): ok("slurm-wlm 22.05.8\n")}
 NO_DBD = failed("sacctmgr: error: Problem talking to the database: Connection refused")
 
 
@@ -350,6 +351,32 @@ def test_a_login_without_slurm_is_named_before_anything_else(answers: dict[tuple
     checked = check_spec(ex, slurm_inventory(partition="gpu"))
     assert checked.errors == (error,)
     assert all(argv[0] == "scontrol" and "gpu" not in argv for _, argv in ex.calls)  # nothing more asked
+
+
+@pytest.mark.parametrize(("said", "version"), [("slurm 20.11.9\n", (20, 11, 9)), ("slurm-wlm 22.05.8\n", (22, 5, 8)),
+                                               ("slurm 23.11.0-0rc1\n", (23, 11, 0)), ("slurm 24.05\n", (24, 5))])
+def test_a_slurm_new_enough_passes_with_its_version(said: str, version: tuple[int, ...]) -> None:
+    checked = check_spec(Answers({**SLURM_UP, ("scontrol", "--version"): ok(said)}), slurm_inventory())
+    assert (checked.errors, checked.notes, checked.version) == ((), (), version)
+
+
+@pytest.mark.parametrize("said", ["slurm 20.02.7\n", "slurm 17.11.2\n"])
+def test_a_slurm_too_old_is_refused_naming_its_version_and_what_rigdeck_needs(said: str) -> None:
+    ex = Answers({**SLURM_UP, ("scontrol", "--version"): ok(said)})
+    checked = check_spec(ex, slurm_inventory(partition="gpu"))
+    old = said.split()[1]
+    assert checked.errors == (f"/inv/hosts.toml: [slurm] login 'h1': Slurm {old} "
+                              "there is older than rigdeck drives: expected Slurm 20.11 or newer (srun's --overlap "
+                              "for an mpirun job's daemons, and squeue's and scontrol's output as rigdeck reads it)",)
+    assert not any("gpu" in argv for _, argv in ex.calls)  # nothing more asked
+
+
+@pytest.mark.parametrize("answer", [failed("scontrol: unrecognized option '--version'"), ok("no digits\n")])
+def test_a_version_slurm_does_not_say_is_a_note_not_an_error(answer: dict[str, object]) -> None:
+    checked = check_spec(Answers({**SLURM_UP, ("scontrol", "--version"): answer}), slurm_inventory())
+    assert checked.errors == () and checked.version is None
+    assert len(checked.notes) == 1 and "Slurm's version not read (scontrol --version: " in checked.notes[0]
+    assert checked.notes[0].endswith("rigdeck needs 20.11 or newer")
 
 
 # -- a job rigdeck submits: sbatch's options, the allocation read back -----------------------------

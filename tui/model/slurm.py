@@ -493,6 +493,22 @@ class SpecCheck:
 
     errors: tuple[str, ...] = ()
     notes: tuple[str, ...] = ()
+    version: tuple[int, ...] | None = None  # Slurm's on the login host, when it said it
+
+
+# The oldest Slurm rigdeck drives: the versions its readers were checked on (recorded 20.11 and
+# 22.05 output, tests/data/slurm) and the first with srun's --overlap (SLURM_OVERLAP), which an
+# mpirun job's daemons need beside the job hosts' own step in rigdeck's allocation. An older
+# Slurm shares a busy allocation's CPUs between steps differently, and prints its own words.
+MIN_VERSION = (20, 11)
+_VERSION_RE = re.compile(r"(\d+)\.(\d+)(?:\.(\d+))?")
+
+
+def parse_version(text: str) -> tuple[int, ...] | None:
+    """``scontrol --version``'s ``slurm 22.05.8`` (``slurm-wlm 22.05.8`` on Debian) -> (22, 5, 8);
+    None when it says no version."""
+    m = _VERSION_RE.search(text)
+    return tuple(int(g) for g in m.groups() if g is not None) if m else None
 
 
 def _ask(exec_: Exec, login: str, argv: Sequence[str]) -> tuple[bool, str, str, bool]:
@@ -530,7 +546,8 @@ def check_spec(exec_: Exec, inventory: Any) -> SpecCheck:
     partition``); ``partition`` is one of its partitions; ``account`` and
     ``qos`` are in its accounting database (``sacctmgr``), where it has one: without slurmdbd
     they are not checked (a note says so and what sacctmgr said; sbatch checks them then).
-    ``constraint`` is not checked (Slurm matches features per node at submission)."""
+    ``constraint`` is not checked (Slurm matches features per node at submission). Slurm older
+    than ``MIN_VERSION`` is refused, naming its version and what rigdeck needs of a newer one."""
     spec = inventory.slurm
     where = f"{inventory.path}: [slurm]" if getattr(inventory, "path", None) else "[slurm]"
     try:
@@ -546,6 +563,18 @@ def check_spec(exec_: Exec, inventory: Any) -> SpecCheck:
                           f"scontrol -o show partition: {said}",))
     errors: list[str] = []
     notes: list[str] = []
+    version_ok, version_out, version_said, _ = _ask(exec_, login, ("scontrol", "--version"))
+    version = parse_version(version_out) if version_ok else None
+    if version is None:
+        notes.append(f"{where} login {login!r}: Slurm's version not read (scontrol --version: "
+                     f"{version_said or version_out.strip()[:80] or 'nothing'}); rigdeck needs "
+                     f"{'.'.join(map(str, MIN_VERSION))} or newer")
+    elif version < MIN_VERSION:
+        shown = _VERSION_RE.search(version_out).group(0)  # type: ignore[union-attr]  # as Slurm wrote it
+        return SpecCheck((f"{where} login {login!r}: Slurm {shown} there is older "
+                          f"than rigdeck drives: expected Slurm {MIN_VERSION[0]}.{MIN_VERSION[1]:02d} or newer "
+                          "(srun's --overlap for an mpirun job's daemons, and squeue's and scontrol's "
+                          "output as rigdeck reads it)",), version=version)
     partitions = _partition_names(out)
     if spec.partition is not None and spec.partition not in partitions:
         known, _, said, _ = _ask(exec_, login, ("scontrol", "-o", "show", "partition", spec.partition))
@@ -565,7 +594,7 @@ def check_spec(exec_: Exec, inventory: Any) -> SpecCheck:
         elif value.lower() not in [line.strip().lower() for line in out.splitlines()]:  # Slurm lowers them
             errors.append(f"{where} {field} {value!r}: Slurm's accounting database has no such {field} "
                           f"(sacctmgr show {entity} {value} lists none)")
-    return SpecCheck(tuple(errors), tuple(notes))
+    return SpecCheck(tuple(errors), tuple(notes), version)
 
 
 # --------------------------------------------------------------------------------------------
