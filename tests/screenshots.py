@@ -623,6 +623,7 @@ async def run_slurm(bed: Any, slurm: Any, tmp: Path, converter: str, shots: list
         await until(lambda: any((r.step or 0) > 20 for r in app.jobs_snapshot.rows), "the job's steps", 120)
         hosts = app.views["hosts"]
         await until(lambda: hosts.slurm_reads >= 1, "Slurm's nodes", 60)
+        await pilot.press("down", "down")  # h3: the detail gives the whole drain reason
         await pilot.pause(1.0)
         await capture(app, pilot, "slurm-hosts", converter, shots)
         await pilot.press("2")
