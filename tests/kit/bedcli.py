@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.kit import ROOT
+from tests.kit.clizygote import Zygote
 from tests.testbed import TestBed
 
 
@@ -55,21 +56,43 @@ class Cli:
         the jobs and the hosts' processes: a hang in CI says where it hung."""
         timeout = self.timeout if timeout is None else timeout
         argv = [sys.executable, "-m", "tui.cli", *args]
-        with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                              env={**self.env, "PYTHONFAULTHANDLER": "1"}) as p:
+        env = {**self.env, "PYTHONFAULTHANDLER": "1"}
+        zygote = Zygote.mine()  # a forked child of an interpreter that imported rigdeck already
+        if zygote is not None:
+            child = zygote.start(list(args), env, str(ROOT))
             try:
-                out, err = p.communicate(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                p.send_signal(signal.SIGABRT)
                 try:
-                    out, err = p.communicate(timeout=20)
+                    out, err = child.communicate(timeout)
+                except TimeoutError:
+                    os.kill(child.pid, signal.SIGABRT)
+                    try:
+                        out, err = child.communicate(20)
+                    except TimeoutError:
+                        os.kill(child.pid, signal.SIGKILL)
+                        out, err = child.communicate(None)
+                    raise AssertionError(f"rigdeck {' '.join(args)} still running after {timeout:.0f}s; its "
+                                         f"stdout:\n{out[-3000:]}\nits stderr and threads:\n{err[-12000:]}\n"
+                                         f"{self.said_state()}") from None
+                code = child.wait()
+            finally:
+                child.close()
+            proc = subprocess.CompletedProcess(argv, code, out, err)
+        else:
+            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                                  env=env) as p:
+                try:
+                    out, err = p.communicate(timeout=timeout)
                 except subprocess.TimeoutExpired:
-                    p.kill()
-                    out, err = p.communicate()
-                raise AssertionError(f"rigdeck {' '.join(args)} still running after {timeout:.0f}s; its "
-                                     f"stdout:\n{out[-3000:]}\nits stderr and threads:\n{err[-12000:]}\n"
-                                     f"{self.said_state()}") from None
-        proc = subprocess.CompletedProcess(argv, p.returncode, out, err)
+                    p.send_signal(signal.SIGABRT)
+                    try:
+                        out, err = p.communicate(timeout=20)
+                    except subprocess.TimeoutExpired:
+                        p.kill()
+                        out, err = p.communicate()
+                    raise AssertionError(f"rigdeck {' '.join(args)} still running after {timeout:.0f}s; its "
+                                         f"stdout:\n{out[-3000:]}\nits stderr and threads:\n{err[-12000:]}\n"
+                                         f"{self.said_state()}") from None
+            proc = subprocess.CompletedProcess(argv, p.returncode, out, err)
         if check and proc.returncode != 0:
             raise AssertionError(f"rigdeck {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc
