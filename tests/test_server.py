@@ -22,7 +22,7 @@ import pytest
 
 from tests._require import PROMETHEUS_MISSING, PROMTOOL_MISSING, require
 from tests.conftest import fish_bed
-from tests.kit import ROOT, TICKER, wait_until
+from tests.kit import ROOT, TICKER, clizygote, wait_until
 from tests.kit.prom import Exporter, get, prometheus, promtool_check, query, read
 from tests.kit.specs import expected_objective, pipeline_step, steps_of, sweep_spec
 from tests.test_ui_e2e import tmux_env  # noqa: F401, F811  (a fixture)
@@ -44,8 +44,7 @@ class Operator:
         self.env.pop("RIGDECK_SERVER", None)
 
     def run(self, *args: str, check: bool = True, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([sys.executable, "-m", "tui.cli", *args, "-i", str(self.inventory)],
-                              capture_output=True, text=True, timeout=timeout, env=self.env, cwd=ROOT)
+        proc = clizygote.run([*args, "-i", str(self.inventory)], self.env, timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"rigdeck {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc

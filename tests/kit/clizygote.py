@@ -304,3 +304,28 @@ class Child:
                 self._closed.add(fd)
         self.answers.close()
         self.conn.close()
+
+
+def run(args: list[str], env: dict[str, str], timeout: float | None = None) -> Any:
+    """``rigdeck ARGS`` to its end, as ``subprocess.run([python, -m, tui.cli, *args],
+    capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)`` would: through this
+    process's zygote (a fresh interpreter under ``RIGDECK_TEST_CLI=exec``). Past ``timeout`` the
+    child is killed and ``subprocess.TimeoutExpired`` raised, with what it printed."""
+    import subprocess
+
+    argv = [sys.executable, "-m", "tui.cli", *args]
+    zygote = Zygote.mine()
+    if zygote is None:
+        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    child = zygote.start(list(args), env, str(ROOT))
+    try:
+        try:
+            out, err = child.communicate(timeout)
+        except TimeoutError:
+            os.kill(child.pid, signal.SIGKILL)
+            out, err = child.communicate(None)
+            child.wait()
+            raise subprocess.TimeoutExpired(argv, timeout or 0, out, err) from None
+        return subprocess.CompletedProcess(argv, child.wait(), out, err)
+    finally:
+        child.close()
