@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -182,6 +183,35 @@ def test_rigdeck_hosts_shows_each_nodes_slurm_state_and_drain_reason(slurm: Slur
         assert f"h1\tslurm: {slurm.node(1)} idle\n" in text, text
     finally:
         slurm.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
+
+
+def test_an_inventory_with_no_hosts_gets_slurms_nodes_through_a_login_alias_and_launches_on_them(
+        slurm: SlurmBed, tmp_path: Path) -> None:
+    """The inventory says only [defaults] and [slurm] with ``login`` an ~/.ssh/config alias (of
+    h1): rigdeck reads the nodes there (``scontrol -o show nodes``, over SSH), each a host named
+    as Slurm names it, the alias merged with the node it is; the hosts come up, and a job
+    launched through Slurm runs on them."""
+    bed = slurm.bed
+    cli = Cli(bed, tmp_path)
+    ssh = tmp_path / "ssh_config"
+    ssh.write_text(f"Host cluster\n    HostName {bed.hosts[0].address}\n")
+    base = bed.write_inventory(tmp_path / "base.toml", hosts=[], python=sys.executable, connect_timeout=5.0,
+                               sim_gpus=4, ssh_config=str(ssh))
+    assert "[[hosts]]" not in base.read_text()
+    cli.inventory.write_text(base.read_text() + '\n[slurm]\nlogin = "cluster"\npartition = "bed"\n')
+    hosts = cli.json("hosts")
+    assert [h["name"] for h in hosts] == slurm.nodes, hosts
+    assert [h["address"] for h in hosts] == [h.address for h in bed.hosts]
+    assert all(not h.get("error") for h in hosts), hosts
+    assert [h["slurm"]["state"] for h in hosts] == ["idle"] * 3  # Slurm's state of each, read on the login
+    body = ('command = ["sh", "-c", "echo $(hostname) CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES"]\nworkdir = "/"\n'
+            'launcher = "direct"\nnodes = 2\ngpus_per_node = 1\nmax_runtime = "5m"\n')
+    view = cli.json("launch", str(cli.spec("from-slurm", body)), "--wait", timeout=180)
+    assert view["state"] == "succeeded", json.dumps(view, indent=1)[-3000:]
+    assert len(view["placement"]) == 2 and {n["host"] for n in view["placement"]} <= set(slurm.nodes)
+    logs = cli.run("logs", view["job_id"]).stdout
+    assert sorted(line.split("] ", 1)[1].split()[0] for line in logs.splitlines()) == sorted(
+        n["host"] for n in view["placement"]), logs  # each node's own rank, on the node Slurm chose
 
 
 def with_slurm_table(cli: Cli, table: str) -> None:

@@ -245,7 +245,10 @@ def _print_reports(reports: list[HostReport], *, deploy: bool) -> None:
 
 
 def _load(args: argparse.Namespace) -> Inventory:
-    return load_inventory(getattr(args, "inventory", None))
+    # ``rigdeck hosts`` reads a Slurm cluster's nodes afresh (no [[hosts]]: they are Slurm's);
+    # every other command uses the last answer for a few minutes.
+    return load_inventory(getattr(args, "inventory", None), fresh=getattr(args, "command", None) == "hosts",
+                          accept_new=bool(getattr(args, "accept_new", False)))
 
 
 def _slurm_nodes(client: Any, inv: Inventory, reports: list[HostReport]) -> tuple[dict[str, Any], str | None]:

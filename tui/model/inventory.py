@@ -105,6 +105,9 @@ class SlurmSpec:
     account: str | None = None
     qos: str | None = None
     constraint: str | None = None
+    # The inventory lists no [[hosts]]: they are Slurm's nodes, read on ``login`` when it is
+    # loaded (tui/remote/inventoryfile.py ``slurm_nodes_inventory``). Not a field of the file.
+    read_hosts: bool = False
 
     def login_host(self, hosts: Sequence[HostSpec]) -> str | None:
         """Where Slurm's commands run: ``login``, else the first host (None: no host at all)."""

@@ -9,11 +9,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fnmatch
+import hashlib
+import json
 import os
 import re
 import socket
 import sys
 import tempfile
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -290,11 +293,15 @@ class _Resolver:
 
 
 
-def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
+def load_inventory(path: str | os.PathLike[str] | None = None, *, read_slurm: bool = True, fresh: bool = False,
+                   accept_new: bool = False) -> Inventory:
     """Load an inventory (TOML, or a hostfile); None means the default location.
 
     With no path and no $RIGDECK_INVENTORY, a missing default file means this machine alone.
-    A path given explicitly (argument or $RIGDECK_INVENTORY) must exist.
+    A path given explicitly (argument or $RIGDECK_INVENTORY) must exist. One with ``[slurm]``
+    and no ``[[hosts]]`` gets Slurm's nodes as its hosts (``slurm_nodes_inventory``: read on
+    the login host unless ``read_slurm`` is False, again now with ``fresh``; ``accept_new``: a
+    login host key known_hosts lacks is accepted and recorded).
     """
     if path is None:
         target = default_inventory_path()
@@ -305,7 +312,10 @@ def load_inventory(path: str | os.PathLike[str] | None = None) -> Inventory:
     text = read_inventory_text(target)
     if target.suffix.lower() != ".toml" and looks_like_hostfile(text):
         return _hostfile_inventory(text, target, None)
-    return _toml_inventory(text, target)
+    inv = _toml_inventory(text, target)
+    if inv.slurm is not None and inv.slurm.read_hosts and read_slurm:
+        inv = slurm_nodes_inventory(inv, text, fresh=fresh, accept_new=accept_new)
+    return inv
 
 
 def _toml_inventory(text: str, path: Path) -> Inventory:
@@ -330,9 +340,130 @@ def _toml_inventory(text: str, path: Path) -> Inventory:
         name = raw.get("name") if isinstance(raw, dict) else None
         label = name if isinstance(name, str) and NAME_RE.fullmatch(name) else f"hosts[{i}]"
         hosts.append(resolver.resolve(raw, label))
-    server = server_spec(data["server"], path, hosts) if "server" in data else None
     slurm = slurm_spec(data["slurm"], path) if "slurm" in data else None
+    if slurm is not None and not hosts:
+        # No [[hosts]]: Slurm's nodes are the hosts, read on the login host when loaded.
+        if not slurm.login:
+            raise InventoryError(path, "[slurm]", "login", "the host where Slurm's commands run (an "
+                                 "~/.ssh/config alias or a host name) when the inventory lists no [[hosts]]: "
+                                 "rigdeck reads the hosts from Slurm there")
+        hosts = [resolver.resolve({"name": slurm.login}, "[slurm] login")]
+        slurm = dataclasses.replace(slurm, read_hosts=True)
+    server = server_spec(data["server"], path, hosts) if "server" in data else None
     return resolver.inventory(hosts, server=server, slurm=slurm)
+
+
+# ---------------------------------------------------------------------------------------------
+# The hosts of a Slurm cluster, read from Slurm ([slurm] and no [[hosts]]).
+
+SLURM_NODES_TTL_S = 300.0  # Slurm's node list read on the login host is used this long
+SLURM_NODES_CACHE = "slurm-nodes.json"  # in RIGDECK_HOME: each inventory's last answer
+SLURM_NODES_ARGS = ("scontrol", "-o", "show", "nodes")
+
+
+def slurm_nodes_inventory(inv: Inventory, text: str, *, fresh: bool = False,
+                          accept_new: bool = False) -> Inventory:
+    """``inv`` (an inventory with ``[slurm]`` and no ``[[hosts]]``: its one host is the login)
+    with Slurm's nodes as its hosts: ``scontrol -o show nodes`` on the login host (over SSH, a
+    fixed command: no user value reaches its shell), the nodes of ``[slurm] partition`` (all,
+    without one), each a host named as Slurm names it, at its NodeAddr, with the ``[defaults]``
+    and what ``~/.ssh/config`` says for its name (a ``Host`` pattern with ProxyJump through the
+    login, ...). A login that is one of the nodes becomes that node; else it stays the first host
+    (Slurm's commands run there, no job does). The answer is kept in RIGDECK_HOME for
+    ``SLURM_NODES_TTL_S`` (``fresh``: read again now); an error names the inventory, the field and
+    what the login host said."""
+    assert inv.slurm is not None and inv.slurm.read_hosts
+    login = inv.hosts[0]
+    key = str(inv.path)
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    cache = _read_slurm_cache()
+    entry = cache.get(key) if isinstance(cache.get(key), dict) else None
+    said: str | None = None
+    if (entry and not fresh and entry.get("inventory") == digest and isinstance(entry.get("nodes"), str)
+            and 0 <= time.time() - float(entry.get("at") or 0) < SLURM_NODES_TTL_S):
+        said = entry["nodes"]
+    if said is None:
+        said = _ask_slurm_nodes(inv, login, accept_new)
+        cache[key] = {"inventory": digest, "at": time.time(), "nodes": said}
+        _write_slurm_cache(cache)
+    from tui.model.slurm import SlurmParseError, parse_nodes
+
+    try:
+        nodes = parse_nodes(said, " ".join(SLURM_NODES_ARGS))
+    except SlurmParseError as e:
+        raise InventoryError(inv.path, "[slurm]", "login", f"Slurm's nodes as scontrol lists them ({e})",
+                             login.name) from None
+    part = inv.slurm.partition
+    wanted = [n for n in nodes if part is None or part in n.partitions]
+    if not wanted:
+        what = f"partition {part!r}" if part else "Slurm"
+        raise InventoryError(inv.path, "[slurm]", "partition" if part else "login",
+                             f"nodes to run jobs on: {' '.join(SLURM_NODES_ARGS)} on {login.name} lists none "
+                             f"in {what}", part or login.name)
+    data = tomllib.loads(text)
+    resolver = _Resolver(inv.path, checked_fields(data.get("defaults", {}), DEFAULT_FIELDS, inv.path,
+                                                  "[defaults]"))
+    hosts: list[HostSpec] = []
+    merged: str | None = None
+    for n in wanted:
+        if not NAME_RE.fullmatch(n.name):
+            raise InventoryError(inv.path, "[slurm]", "login", "Slurm node names of letters, digits, '.', '_' "
+                                 "and '-'", n.name)
+        address = n.address or n.hostname or n.name
+        hosts.append(resolver.resolve({"name": n.name, "address": address}, f"Slurm node {n.name}"))
+        if merged is None and {login.address, login.name} & {address, n.hostname, n.name}:
+            merged = n.name
+    if merged is None:
+        hosts.insert(0, login)
+    slurm = dataclasses.replace(inv.slurm, login=merged or login.name)
+    return resolver.inventory(hosts, server=inv.server, slurm=slurm)
+
+
+def _slurm_cache_path() -> Path:
+    home = os.environ.get("RIGDECK_HOME") or os.path.expanduser("~/.local/share/rigdeck")
+    return Path(home) / SLURM_NODES_CACHE
+
+
+def _read_slurm_cache() -> dict[str, Any]:
+    try:
+        data = json.loads(_slurm_cache_path().read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_slurm_cache(cache: dict[str, Any]) -> None:
+    path = _slurm_cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(cache, f)
+        os.replace(tmp, path)
+    except OSError:  # no cache: the next load asks Slurm again
+        pass
+
+
+def _ask_slurm_nodes(inv: Inventory, login: HostSpec, accept_new: bool) -> str:
+    """``scontrol -o show nodes`` as the login host prints it; an InventoryError naming the
+    login and what went wrong when it cannot be read."""
+    from tui.remote.transport import TransportError, make_transport
+
+    transport = make_transport(inv, login, accept_new=accept_new)
+    try:
+        transport.connect()
+        result = transport.run(list(SLURM_NODES_ARGS), timeout=30.0)
+    except TransportError as e:
+        raise InventoryError(inv.path, "[slurm]", "login", "a login host rigdeck reaches over SSH to read "
+                             f"Slurm's nodes there ({e})", login.name) from None
+    finally:
+        transport.close()
+    if result.exit_code != 0:
+        tail = " ".join((result.stderr or result.stdout).split())[:300]
+        raise InventoryError(inv.path, "[slurm]", "login", f"a login host where {' '.join(SLURM_NODES_ARGS)} "
+                             f"lists Slurm's nodes (it exited {result.exit_code}: {tail})", login.name)
+    return result.stdout
 
 
 def local_inventory() -> Inventory:
@@ -562,7 +693,7 @@ def hostfile_to_toml(inv: Inventory) -> str:
             server["members_need_join"] = inv.server.members_need_join
         out += ["\n", tomlwrite.table("server", server)]
     if inv.slurm is not None:
-        slurm = {k: v for k, v in dataclasses.asdict(inv.slurm).items() if v is not None}
+        slurm = {k: v for k, v in dataclasses.asdict(inv.slurm).items() if v is not None and k != "read_hosts"}
         out += ["\n", tomlwrite.table("slurm", slurm)]
     return "".join(out)
 
