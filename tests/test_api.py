@@ -23,14 +23,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The names on the wire, as servers and clients of other versions know them: a change here
 # breaks them (kick and deploy went in issue 31: no client ever called them; retry and
-# reprioritise came in issue 33; join_key, join and leave in issue 46).
+# reprioritise came in issue 33; join_key, join and leave in issue 46; slurm_read in issue 47).
 WIRE = {
     "info", "ping", "subscribe_hosts", "reconnect", "jobs_snapshot", "job_detail", "select", "stop_plan",
     "source_launch", "source_stop", "launch", "stop", "view", "list_jobs", "queue", "metrics", "logs", "gc",
     "wait", "sweep", "sweeps", "sweep_detail", "sweep_stop", "sweep_stop_trial", "sweep_wait", "doctor",
     "pipeline", "pipelines", "pipeline_detail", "pipeline_stop", "pipeline_retry", "pipeline_wait",
     "code_missing", "code_put", "code_manifest", "drains", "drain", "undrain", "exposition", "tensorboard_pull",
-    "usage", "retry", "reprioritise", "join_key", "join", "leave",
+    "usage", "retry", "reprioritise", "join_key", "join", "leave", "slurm_read",
 }
 
 # Client methods that are no call of the controller API: the link's own, or work done on the
@@ -122,7 +122,7 @@ SAMPLES: dict[str, Any] = {
     "hosts": ["h1"], "checks": ["gpus"], "timeout": 3.0, "number": 2, "step": "train", "queue": False,
     "targets": ["h1:0"], "reason": "fan", "now": True, "who": "ann", "by": "user", "since": 1.0,
     "have": [["h1", "/d/tensorboard", "events.out.tfevents.1", "5:7", 10, 20]], "priority": 7,
-    "refresh": False, "env_values": None,
+    "refresh": False, "env_values": None, "argv": ["scontrol", "-o", "show", "nodes"],
 }
 
 

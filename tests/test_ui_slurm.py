@@ -7,6 +7,7 @@ reports them (agent/slurmnode.py). Then snapshots of those views."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 from pathlib import Path
@@ -199,15 +200,29 @@ async def test_a_slurm_that_cannot_be_read_is_said_not_raised() -> None:
                 in detail), detail
 
 
-async def test_an_app_attached_to_a_server_says_it_does_not_read_slurm_yet() -> None:
-    app = slurm_app(kind="server")
+async def test_an_app_attached_to_a_server_reads_slurm_through_the_server() -> None:
+    """Attached to a server (a real one, over its socket): the server runs Slurm's reads on the
+    login host through its own agents (``slurm_read``), and the views show them as an embedded
+    app does; the server runs those exact commands and no other of a client's."""
+    ctl = SlurmController()
+    app = slurm_app(ctl, kind="server")
     try:
         async with app.run_test(size=SIZE) as pilot:
             table = app.query_one("#hosts-table", HostsTable)
-            await until(pilot, lambda: app.views["hosts"].slurm_reads >= 1 and table.row_count == 3)
-            await pilot.pause()
-            assert table.cell_text("h1", "slurm") == "?"
-            assert "this client runs no command on a host" in static_words(app, "#host-detail")
+            await until(pilot, lambda: app.views["hosts"].slurm_reads >= 1 and table.cell_text("h3", "slurm") == "drng")
+            assert table.cell_text("h3", "why") == f"drained in Slurm: {DRAIN_REASON} {DRAIN_BY}"
+            view = await jobs_view_read(pilot, 4)
+            assert view.slurm_reads >= 1
+            assert (["h1"], ["scontrol", "-o", "show", "nodes"]) in ctl.calls
+            assert (["h1"], list(SQUEUE_ARGS)) in ctl.calls
+            client = app.client
+            for argv in (["scontrol", "update", "NodeName=tb1-h1", "State=DOWN"], ["sh", "-c", "id"],
+                         ["scontrol", "-o", "show", "nodes", "tb1-h1"]):
+                with pytest.raises(NotImplementedError):
+                    client.exec(["h1"], argv, 5.0)
+                with pytest.raises(Exception, match="slurm_read: expected one of"):
+                    await asyncio.to_thread(client.slurm_read, argv)  # the wire itself refuses it
+            assert all(argv in (["scontrol", "-o", "show", "nodes"], list(SQUEUE_ARGS)) for _, argv in ctl.calls)
     finally:
         stop_servers()
 

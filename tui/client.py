@@ -750,6 +750,16 @@ class RemoteClient(Client):
         raise ServerError("images are pushed from the workstation's Podman store: RIGDECK_SERVER=off "
                           "rigdeck image push")
 
+    def exec(self, hosts: Sequence[str], argv: list[str], timeout_s: float) -> dict[str, Any]:
+        """Only Slurm's reads (``tui.model.slurm.SERVER_READS``: its nodes and queue, on the login
+        host), which the server runs through its agents (``slurm_read``); a server runs no
+        other command of a client's."""
+        from tui.model.slurm import SERVER_READS
+
+        if tuple(argv) not in SERVER_READS:
+            raise NotImplementedError
+        return dict(self.slurm_read(list(argv)))
+
     def reconnect(self, host: str) -> None:
         self.call_async(api.reconnect, host=host)  # the app's key: never waits on the server
 

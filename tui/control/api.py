@@ -397,6 +397,12 @@ class ControllerAPI:
     def sweep_wait(self, ref: str, timeout: float | None = None) -> Iterator[SweepDetail]:
         """The sweep's detail each time a trial changes state, until the sweep ends."""
 
+    @_call("slurm_read", access="read")
+    def slurm_read(self, argv: Sequence[str]) -> dict[str, Any]:
+        """One of Slurm's read commands (``tui.model.slurm.SERVER_READS``: its nodes, its queue;
+        nothing else) on the ``[slurm]`` login host, through its agent: the login host -> the
+        agent's answer (exit_code, stdout, stderr, error)."""
+
     @_call("drains", access="read")
     def drains(self) -> list[dict[str, Any]]:
         """The GPUs and hosts kept out of placement: who, when, why."""

@@ -379,6 +379,24 @@ class ControllerService:
         """``argv`` on every host at once, through each agent, with no shell."""
         return dict(self.ctl.agents(list(hosts)).exec(argv=list(argv), timeout_s=timeout_s, timeout=timeout_s + 30))
 
+    def slurm_read(self, argv: Sequence[str]) -> dict[str, Any]:
+        """``argv``, one of ``SERVER_READS`` exactly (anything else is refused before it runs), on
+        the ``[slurm]`` login host through its agent, with no shell: {login: the agent's answer}
+        (what kept the host from answering as ``error``)."""
+        from tui.model.slurm import READ_TIMEOUT_S, SERVER_READS, SlurmReadError, login_of
+
+        if not isinstance(argv, (list, tuple)) or tuple(argv) not in SERVER_READS:
+            raise ValueError(f"slurm_read: expected one of {[' '.join(a) for a in SERVER_READS]}, got {argv!r:.200}")
+        try:
+            login = login_of(self.ctl.inventory)
+        except SlurmReadError as e:
+            raise ValueError(f"slurm_read: {e}") from None
+        answers = self.exec([login], list(argv), READ_TIMEOUT_S)
+        answer = answers.get(login)
+        if not isinstance(answer, dict):
+            answer = {"exit_code": None, "stdout": "", "stderr": "", "error": f"{type(answer).__name__}: {answer}"}
+        return {login: answer}
+
     def reconnect(self, host: str) -> None:
         if self._monitor is not None:
             self._monitor.reconnect(host)

@@ -50,6 +50,9 @@ __all__ = [
 SQUEUE_FIELDS = ("%A", "%u", "%T", "%r", "%D", "%b", "%N")
 SQUEUE_ARGS = ("squeue", "--noheader", "--format=" + "|".join(SQUEUE_FIELDS))
 NODES_ARGS = ("scontrol", "-o", "show", "nodes")
+# What a face may have a server run on the login host for it (the app attached to a server reads
+# Slurm's nodes and queue so): these exact commands, and nothing else (ControllerService.slurm_read).
+SERVER_READS = (NODES_ARGS, SQUEUE_ARGS)
 READ_TIMEOUT_S = 15.0  # one Slurm command on the login host, through its agent
 
 # scontrol's node states (the base state, then '+'-joined flags); sinfo's short words for them.
@@ -435,8 +438,8 @@ def run_on_login(exec_: Exec, inventory: Any, argv: Sequence[str], what: str) ->
     try:
         result = exec_([login], list(argv), READ_TIMEOUT_S)[login]
     except NotImplementedError:
-        raise SlurmReadError(f"{what} not read: this client runs no command on a host (the app attached "
-                             "to a server reads Slurm only on the server's side: not yet)") from None
+        raise SlurmReadError(f"{what} not read: this client runs no command on a host, and its server "
+                             f"runs only Slurm's reads of its nodes and queue ({' '.join(argv)} is neither)") from None
     except Exception as e:  # the client could not ask (a lost link)
         raise SlurmReadError(f"{what} not read on {login}: {type(e).__name__}: {e}") from None
     if not isinstance(result, Mapping):
