@@ -611,13 +611,7 @@ async def run_slurm(bed: Any, slurm: Any, tmp: Path, converter: str, shots: list
     app = RigdeckApp(InProcessClient(controller=HostLinks(load_inventory(path))), keymap_file=tmp / "keys.toml")
     async with app.run_test(size=SIZE) as pilot:
 
-        async def until(cond: Any, what: str, limit: float) -> None:
-            deadline = time.monotonic() + limit
-            while time.monotonic() < deadline:
-                await pilot.pause(0.25)
-                if cond():
-                    return
-            raise SystemExit(f"timed out waiting for {what}")
+        until = pilot_until(pilot)
 
         await until(lambda: sum(h.status == "up" for h in app.hosts_snapshot) == 3, "three hosts up", 120)
         await until(lambda: any((r.step or 0) > 20 for r in app.jobs_snapshot.rows), "the job's steps", 120)
@@ -638,6 +632,20 @@ async def run_slurm(bed: Any, slurm: Any, tmp: Path, converter: str, shots: list
             await asyncio.to_thread(app.client.stop, row.job_id)
     slurm.run(["scancel", theirs, waiting])
     slurm.run(["scontrol", "update", f"NodeName={slurm.node(3)}", "State=RESUME"])
+
+
+def pilot_until(pilot: Any) -> Any:
+    """``await until(cond, what, limit)``: the app's pilot pauses until ``cond()``, or the run
+    ends saying what it waited for."""
+
+    async def until(cond: Any, what: str, limit: float) -> None:
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            await pilot.pause(0.25)
+            if cond():
+                return
+        raise SystemExit(f"timed out waiting for {what}")
+    return until
 
 
 async def capture(app: Any, pilot: Any, name: str, converter: str, shots: list[Path]) -> None:
@@ -669,13 +677,7 @@ async def run(
     burner = None
     async with app.run_test(size=SIZE) as pilot:
 
-        async def until(cond: Any, what: str, limit: float) -> None:
-            deadline = time.monotonic() + limit
-            while time.monotonic() < deadline:
-                await pilot.pause(0.25)
-                if cond():
-                    return
-            raise SystemExit(f"timed out waiting for {what}")
+        until = pilot_until(pilot)
 
         await until(
             lambda: sum(h.status == "up" for h in app.hosts_snapshot) == 3, "three hosts up", 120

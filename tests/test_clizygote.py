@@ -73,3 +73,25 @@ def test_exec_mode_starts_a_fresh_interpreter(monkeypatch: pytest.MonkeyPatch, t
     env = {**os.environ, "RIGDECK_HOME": str(tmp_path / "home")}
     done = clizygote.run(["--help"], env, timeout=120)
     assert done.returncode == 0 and "usage: rigdeck" in done.stdout
+
+
+@pytest.mark.parametrize("mode", ["fork", "exec"])
+def test_a_command_past_its_limit_says_where_it_is_and_ends(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            mode: str) -> None:
+    """``abort``: past the limit the command gets SIGABRT, and with PYTHONFAULTHANDLER its threads'
+    stacks come back in what it printed (what Cli.run says when a command hangs in CI)."""
+    monkeypatch.setenv("RIGDECK_TEST_CLI", mode)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(4)
+    try:
+        inv = tmp_path / "hold.toml"
+        inv.write_text(f'[[hosts]]\nname = "h1"\naddress = "127.0.0.1"\nport = {silent.getsockname()[1]}\n'
+                       'connect_timeout = 60\n')
+        env = {**os.environ, "RIGDECK_HOME": str(tmp_path / "home"), "RIGDECK_INVENTORY": str(inv),
+               "PYTHONFAULTHANDLER": "1"}
+        with pytest.raises(subprocess.TimeoutExpired) as e:
+            clizygote.run(["hosts"], env, timeout=3.0, abort=True)
+        assert "Fatal Python error: Aborted" in str(e.value.stderr), e.value.stderr
+    finally:
+        silent.close()

@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-from tests.kit import ROOT
-from tests.kit.clizygote import Zygote
+from tests.kit import ROOT, clizygote
 from tests.testbed import TestBed
 
 
@@ -55,44 +53,16 @@ class Cli:
         (SIGABRT: faulthandler prints every thread's stack) and the test fails saying that, with
         the jobs and the hosts' processes: a hang in CI says where it hung."""
         timeout = self.timeout if timeout is None else timeout
-        argv = [sys.executable, "-m", "tui.cli", *args]
-        env = {**self.env, "PYTHONFAULTHANDLER": "1"}
-        zygote = Zygote.mine()  # a forked child of an interpreter that imported rigdeck already
-        if zygote is not None:
-            child = zygote.start(list(args), env, str(ROOT))
-            try:
-                try:
-                    out, err = child.communicate(timeout)
-                except TimeoutError:
-                    os.kill(child.pid, signal.SIGABRT)
-                    try:
-                        out, err = child.communicate(20)
-                    except TimeoutError:
-                        os.kill(child.pid, signal.SIGKILL)
-                        out, err = child.communicate(None)
-                    raise AssertionError(f"rigdeck {' '.join(args)} still running after {timeout:.0f}s; its "
-                                         f"stdout:\n{out[-3000:]}\nits stderr and threads:\n{err[-12000:]}\n"
-                                         f"{self.said_state()}") from None
-                code = child.wait()
-            finally:
-                child.close()
-            proc = subprocess.CompletedProcess(argv, code, out, err)
-        else:
-            with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                                  env=env) as p:
-                try:
-                    out, err = p.communicate(timeout=timeout)
-                except subprocess.TimeoutExpired:
-                    p.send_signal(signal.SIGABRT)
-                    try:
-                        out, err = p.communicate(timeout=20)
-                    except subprocess.TimeoutExpired:
-                        p.kill()
-                        out, err = p.communicate()
-                    raise AssertionError(f"rigdeck {' '.join(args)} still running after {timeout:.0f}s; its "
-                                         f"stdout:\n{out[-3000:]}\nits stderr and threads:\n{err[-12000:]}\n"
-                                         f"{self.said_state()}") from None
-            proc = subprocess.CompletedProcess(argv, p.returncode, out, err)
+        try:
+            # (through this worker's CLI zygote: a forked child of an interpreter that imported
+            # rigdeck already, tests/kit/clizygote.py)
+            proc: subprocess.CompletedProcess[str] = clizygote.run(
+                list(args), {**self.env, "PYTHONFAULTHANDLER": "1"}, timeout, abort=True)
+        except subprocess.TimeoutExpired as e:
+            out, err = str(e.output or ""), str(e.stderr or "")
+            raise AssertionError(f"rigdeck {' '.join(args)} still running after {timeout:.0f}s; its "
+                                 f"stdout:\n{out[-3000:]}\nits stderr and threads:\n{err[-12000:]}\n"
+                                 f"{self.said_state()}") from None
         if check and proc.returncode != 0:
             raise AssertionError(f"rigdeck {' '.join(args)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}")
         return proc

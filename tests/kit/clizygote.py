@@ -306,26 +306,46 @@ class Child:
         self.conn.close()
 
 
-def run(args: list[str], env: dict[str, str], timeout: float | None = None) -> Any:
+def run(args: list[str], env: dict[str, str], timeout: float | None = None, abort: bool = False) -> Any:
     """``rigdeck ARGS`` to its end, as ``subprocess.run([python, -m, tui.cli, *args],
     capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)`` would: through this
     process's zygote (a fresh interpreter under ``RIGDECK_TEST_CLI=exec``). Past ``timeout`` the
-    child is killed and ``subprocess.TimeoutExpired`` raised, with what it printed."""
+    command is killed and ``subprocess.TimeoutExpired`` raised with what it printed; ``abort``:
+    it is first asked where it is (SIGABRT: with PYTHONFAULTHANDLER set it prints every thread's
+    stack), and killed 20 s later if still there."""
     import subprocess
 
     argv = [sys.executable, "-m", "tui.cli", *args]
     zygote = Zygote.mine()
-    if zygote is None:
-        return subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
-    child = zygote.start(list(args), env, str(ROOT))
+    child: Any = zygote.start(list(args), env, str(ROOT)) if zygote is not None else subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    popen = zygote is None
+
+    def communicate(limit: float | None) -> tuple[str, str]:
+        if not popen:
+            return child.communicate(limit)  # type: ignore[no-any-return]
+        try:
+            out, err = child.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            raise TimeoutError from None
+        return out.decode(errors="replace"), err.decode(errors="replace")
+
     try:
         try:
-            out, err = child.communicate(timeout)
+            out, err = communicate(timeout)
         except TimeoutError:
-            os.kill(child.pid, signal.SIGKILL)
-            out, err = child.communicate(None)
+            if abort:
+                os.kill(child.pid, signal.SIGABRT)
+            try:
+                if not abort:
+                    raise TimeoutError
+                out, err = communicate(20)
+            except TimeoutError:
+                os.kill(child.pid, signal.SIGKILL)
+                out, err = communicate(None)
             child.wait()
             raise subprocess.TimeoutExpired(argv, timeout or 0, out, err) from None
         return subprocess.CompletedProcess(argv, child.wait(), out, err)
     finally:
-        child.close()
+        if not popen:
+            child.close()
