@@ -142,6 +142,13 @@ gpus_per_node = 4
 
     first = cli.json("launch", str(cli.spec("whole-1", body)))["job_id"]
     wait_until(lambda: all(tagged(bed, first).values()), 60, "ranks running on every host")
+
+    def stepped() -> int:  # ranks that reported a step: each ignores SIGTERM by then
+        files = [h.state_dir / "jobs" / first / "metrics" / f"rank-{r}.jsonl" for h in bed.hosts for r in range(12)]
+        return sum(1 for f in files if f.exists() and f.stat().st_size > 0)
+    # (a stop sent while a rank's interpreter is still starting ends it at once: fresh run 23's
+    # stop, quick through the CLI zygote, came 0.1 s before the grace could have passed)
+    wait_until(lambda: stepped() == 12, 60, "every rank's first step")
     began = time.monotonic()
     out = cli.run("stop", first, "--grace", "2")
     took = time.monotonic() - began
