@@ -94,6 +94,17 @@ gpus_per_node = 2
     cli.run("stop", c["job_id"], "--grace", "2")
 
 
+def stepped(cli: Cli, job_id: str, n: int) -> None:
+    """Until each of the job's ``n`` ranks reported a step (its metrics file on its host holds
+    a record): a rank that ignores SIGTERM does so by then. A stop sent while a rank's
+    interpreter is still starting ends it at once (fresh runs 23 and 24: a stop, quick through
+    the CLI zygote, came before the grace could have passed)."""
+    def count() -> int:
+        files = [f for h in cli.bed.hosts for f in (h.state_dir / "jobs" / job_id / "metrics").glob("rank-*.jsonl")]
+        return sum(1 for f in files if f.stat().st_size > 0)
+    wait_until(lambda: count() == n, 60, f"a step from each of {job_id}'s {n} ranks")
+
+
 def test_stop_kills_everything_and_a_sigterm_ignorer_after_the_grace(cli: Cli) -> None:
     spec = cli.spec("stubborn", f"""
 command = ["{{python}}", "{TICKER}", "--steps", "100000", "--ignore-term"]
@@ -105,6 +116,7 @@ processes_per_node = 2
     view = cli.json("launch", str(spec))
     job_id = view["job_id"]
     wait_until(lambda: all(len(v) >= 2 for v in tagged(cli.bed, job_id).values()), 30, "ranks running")
+    stepped(cli, job_id, 6)
     start = time.monotonic()
     stopped = cli.json("stop", job_id, "--grace", "3")
     took = time.monotonic() - start
@@ -142,13 +154,7 @@ gpus_per_node = 4
 
     first = cli.json("launch", str(cli.spec("whole-1", body)))["job_id"]
     wait_until(lambda: all(tagged(bed, first).values()), 60, "ranks running on every host")
-
-    def stepped() -> int:  # ranks that reported a step: each ignores SIGTERM by then
-        files = [h.state_dir / "jobs" / first / "metrics" / f"rank-{r}.jsonl" for h in bed.hosts for r in range(12)]
-        return sum(1 for f in files if f.exists() and f.stat().st_size > 0)
-    # (a stop sent while a rank's interpreter is still starting ends it at once: fresh run 23's
-    # stop, quick through the CLI zygote, came 0.1 s before the grace could have passed)
-    wait_until(lambda: stepped() == 12, 60, "every rank's first step")
+    stepped(cli, first, 12)
     began = time.monotonic()
     out = cli.run("stop", first, "--grace", "2")
     took = time.monotonic() - began
@@ -162,6 +168,7 @@ gpus_per_node = 4
 
     second = cli.json("launch", str(cli.spec("whole-2", body)))["job_id"]
     wait_until(lambda: all(tagged(bed, second).values()), 60, "the second job's ranks running")
+    stepped(cli, second, 12)
     released: list[float] = []
     done = threading.Event()
 
