@@ -100,8 +100,8 @@ def stepped(cli: Cli, job_id: str, n: int) -> None:
     interpreter is still starting ends it at once (fresh runs 23 and 24: a stop, quick through
     the CLI zygote, came before the grace could have passed)."""
     def count() -> int:
-        files = [f for h in cli.bed.hosts for f in (h.state_dir / "jobs" / job_id / "metrics").glob("rank-*.jsonl")]
-        return sum(1 for f in files if f.stat().st_size > 0)
+        files = [h.state_dir / "jobs" / job_id / "metrics" / f"rank-{r}.jsonl" for h in cli.bed.hosts for r in range(n)]
+        return sum(1 for f in files if f.exists() and f.stat().st_size > 0)
     wait_until(lambda: count() == n, 60, f"a step from each of {job_id}'s {n} ranks")
 
 
