@@ -383,7 +383,12 @@ def test_a_sweeps_trials_are_slurm_jobs_run_side_by_side_as_slurm_allows(slurm: 
     assert len(trials) == 3, trials
     slurm_jobs = set()
     for j in trials:
-        view = cli.json("status", j["job_id"])
+        # (rigdeck records the trial's end when its job hosts report it; Slurm's job, whose batch
+        # script ran them, completes a moment later: fresh run 24 read it RUNNING in between)
+        def ended(job_id: str = j["job_id"]) -> Any:
+            v = cli.json("status", job_id)
+            return v if v["slurm"]["state"] not in ("RUNNING", "COMPLETING") else None
+        view = wait_until(ended, 60, f"Slurm's end of {j['job_id']}")
         assert view["state"] == "succeeded" and view["slurm"]["state"] == "COMPLETED", view["slurm"]
         slurm_jobs.add(view["slurm"]["job_id"])
     assert len(slurm_jobs) == 3  # a Slurm job each
