@@ -39,19 +39,23 @@ T = TypeVar("T")
 
 
 def wait_until(cond: Callable[[], T], timeout: float, what: str, step: float = 0.2) -> T:
-    """The first true value of ``cond()``, asked every ``step`` seconds; an AssertionError naming
-    ``what`` when none came within ``timeout``. ``cond`` is asked once more at the deadline, so a
-    slow ``cond`` (a CLI call) still gets its last look. A wait, not a timing: the limit only
-    ends a broken run (AGENTS.md: no timed tests)."""
+    """The first true value of ``cond()``, asked every ``step`` seconds, or after as long as the
+    last ask took when that was longer: a slow ``cond`` (a CLI call, ~0.2 s of CPU) is asked at
+    most half the time, not back to back (on the CI's 2 cores a test's polls take CPU from the
+    jobs it waits for). An AssertionError naming ``what`` when none came within ``timeout``.
+    ``cond`` is asked once more at the deadline, so a slow ``cond`` still gets its last look. A
+    wait, not a timing: the limit only ends a broken run (AGENTS.md: no timed tests)."""
     deadline = time.monotonic() + timeout
     while True:
+        asked = time.monotonic()
         value = cond()
         if value:
             return value
-        left = deadline - time.monotonic()
+        now = time.monotonic()
+        left = deadline - now
         if left <= 0:
             raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {value!r:.300})")
-        time.sleep(min(step, left))
+        time.sleep(min(max(step, now - asked), left))
 
 
 def conforms(obj: Any, schema: dict[str, Any], where: str) -> None:
