@@ -358,7 +358,6 @@ def _toml_inventory(text: str, path: Path) -> Inventory:
 
 SLURM_NODES_TTL_S = 300.0  # Slurm's node list read on the login host is used this long
 SLURM_NODES_CACHE = "slurm-nodes.json"  # in RIGDECK_HOME: each inventory's last answer
-SLURM_NODES_ARGS = ("scontrol", "-o", "show", "nodes")
 
 
 def slurm_nodes_inventory(inv: Inventory, text: str, *, fresh: bool = False,
@@ -386,10 +385,10 @@ def slurm_nodes_inventory(inv: Inventory, text: str, *, fresh: bool = False,
         said = _ask_slurm_nodes(inv, login, accept_new)
         cache[key] = {"inventory": digest, "at": time.time(), "nodes": said}
         _write_slurm_cache(cache)
-    from tui.model.slurm import SlurmParseError, parse_nodes
+    from tui.model.slurm import NODES_ARGS, SlurmParseError, parse_nodes
 
     try:
-        nodes = parse_nodes(said, " ".join(SLURM_NODES_ARGS))
+        nodes = parse_nodes(said, " ".join(NODES_ARGS))
     except SlurmParseError as e:
         raise InventoryError(inv.path, "[slurm]", "login", f"Slurm's nodes as scontrol lists them ({e})",
                              login.name) from None
@@ -398,7 +397,7 @@ def slurm_nodes_inventory(inv: Inventory, text: str, *, fresh: bool = False,
     if not wanted:
         what = f"partition {part!r}" if part else "Slurm"
         raise InventoryError(inv.path, "[slurm]", "partition" if part else "login",
-                             f"nodes to run jobs on: {' '.join(SLURM_NODES_ARGS)} on {login.name} lists none "
+                             f"nodes to run jobs on: {' '.join(NODES_ARGS)} on {login.name} lists none "
                              f"in {what}", part or login.name)
     data = tomllib.loads(text)
     resolver = _Resolver(inv.path, checked_fields(data.get("defaults", {}), DEFAULT_FIELDS, inv.path,
@@ -448,12 +447,13 @@ def _write_slurm_cache(cache: dict[str, Any]) -> None:
 def _ask_slurm_nodes(inv: Inventory, login: HostSpec, accept_new: bool) -> str:
     """``scontrol -o show nodes`` as the login host prints it; an InventoryError naming the
     login and what went wrong when it cannot be read."""
+    from tui.model.slurm import NODES_ARGS
     from tui.remote.transport import TransportError, make_transport
 
     transport = make_transport(inv, login, accept_new=accept_new)
     try:
         transport.connect()
-        result = transport.run(list(SLURM_NODES_ARGS), timeout=30.0)
+        result = transport.run(list(NODES_ARGS), timeout=30.0)
     except TransportError as e:
         raise InventoryError(inv.path, "[slurm]", "login", "a login host rigdeck reaches over SSH to read "
                              f"Slurm's nodes there ({e})", login.name) from None
@@ -461,7 +461,7 @@ def _ask_slurm_nodes(inv: Inventory, login: HostSpec, accept_new: bool) -> str:
         transport.close()
     if result.exit_code != 0:
         tail = " ".join((result.stderr or result.stdout).split())[:300]
-        raise InventoryError(inv.path, "[slurm]", "login", f"a login host where {' '.join(SLURM_NODES_ARGS)} "
+        raise InventoryError(inv.path, "[slurm]", "login", f"a login host where {' '.join(NODES_ARGS)} "
                              f"lists Slurm's nodes (it exited {result.exit_code}: {tail})", login.name)
     return result.stdout
 
