@@ -160,6 +160,7 @@ class Daemon:
             "job_metrics": self._m_job_metrics,
             "job_claim": self._m_job_claim,
             "slurm_submit": self._m_slurm_submit,
+            "slurm_template": self._m_slurm_template,
             "job_release": self._m_job_release,
             "job_check": self._m_job_check,
             "image_have": self._m_image_have,
@@ -961,6 +962,17 @@ class Daemon:
             command = self.jobs.zipapp_command or self.jobs.agent_command
             return slurmstep.submit(self.paths.state_dir, self.jobs.root, command, job_id, options)
         return self._in_jobs_thread(submit, "cannot submit: ", (JobError, slurmstep.SlurmStepError, OSError))
+
+    def _m_slurm_template(self, client: _Client, params: Dict[str, Any]) -> Any:
+        """The controller's template of a job Slurm queued (agent/slurmstep.py): this node, if
+        Slurm gives it the job, makes its plan of it with nobody watching."""
+        from agent import slurmstep
+
+        sid, template = params.get("slurm_job_id"), params.get("template")
+
+        def write() -> Dict[str, Any]:
+            return {"path": slurmstep.write_template(self.jobs.root, sid, template)}
+        return self._in_jobs_thread(write, "cannot keep the template: ", (slurmstep.SlurmStepError, OSError))
 
     def _m_job_release(self, client: _Client, params: Dict[str, Any]) -> Any:
         job_id = self._str(params, "job_id")

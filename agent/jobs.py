@@ -813,6 +813,13 @@ class Jobs:
             self._last_states.pop(job_id, None)
             self._state_cache.pop(job_id, None)
             removed.append(job_id)
+        if max_age_s is not None:  # a queued Slurm job's templates no node used (agent/slurmstep.py)
+            for path in glob.glob(os.path.join(self.root, ".slurm-*.template.json")):
+                try:
+                    if now - os.stat(path).st_mtime > max_age_s:
+                        os.unlink(path)
+                except OSError:
+                    pass
         return {"removed": sorted(removed), "running": sorted(kept_running),
                 "kept": len(ended) - len(removed)}
 

@@ -34,6 +34,7 @@ SERVER_METHODS = frozenset((
     "code_have", "code_put", "code_unpack", "code_commit", "code_get", "artifact_pack",
     "gpu_health_clear", "prometheus_textfile",
     "slurm_submit",  # a job launched on a Slurm cluster: sbatch on the login host (agent/slurmstep.py)
+    "slurm_template",  # ... and, while Slurm queues it, each node's template of its plan
 ))
 # Not the server's: image_have and image_load (`rigdeck image push` is the workstation's, as
 # deploy is), upgrade, shutdown, set_rate, unsubscribe.

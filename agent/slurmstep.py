@@ -9,15 +9,24 @@ writes once it has read the allocation (nodes and GPU indices), then runs rigdec
 (agent/jobhost.py) in its own process: the ranks, cluster files, launchers, metrics and
 checkpoints are the job host's as on rigdeck's own placement, and ``scancel`` reaches every
 process, since all of them are in the step.
+
+A job Slurm queues (the cluster full) starts with nobody watching: the launch returns once the
+controller has written a *template* (``slurm_template``) on every node Slurm may choose, in the
+jobs root as ``.slurm-<Slurm job id>.template.json``: the plan without what only the allocation
+tells (which nodes, in which order, with which GPUs, and the rendezvous port). When Slurm runs
+the job, each node's task finds the template, reads the allocation from Slurm itself
+(``SLURM_JOB_NODELIST``, ``SLURM_NODEID``, ``scontrol -d show job``'s GPU indices), makes its plan
+of it (``complete``), and starts the job host as if the controller had written the plan.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
 from typing import Any, Dict, List
 
-from agent import filemodes
+from agent import filemodes, slurmtext
 from agent.jobhost import no_site, read_json
 
 BATCH_SCRIPT = (
@@ -97,17 +106,115 @@ def submit(state_dir: str, jobs_root: str, command: List[str], job_id: str, opti
             "stdout": out, "stderr": err, "argv": argv}
 
 
-def wait_plan(job_dir: str, slurm_job_id: str, wait_s: float = PLAN_WAIT_S, poll_s: float = 0.05) -> bool:
+PORT_BASE, PORT_SPAN = 20000, 10000  # a queued job's rendezvous port: from its Slurm job id
+
+
+def template_path(jobs_root: str, slurm_job_id: str) -> str:
+    return os.path.join(jobs_root, ".slurm-%s.template.json" % slurm_job_id)
+
+
+def check_template(slurm_job_id: Any, template: Any) -> Dict[str, Any]:
+    """A template as the controller sends it (``slurm_template``), or SlurmStepError saying what
+    is wrong: nothing of it is trusted further than its shape."""
+    from agent.jobs import JOB_ID_RE
+
+    if not isinstance(slurm_job_id, str) or not slurm_job_id.isdigit() or len(slurm_job_id) > 20:
+        raise SlurmStepError("'slurm_job_id' must be Slurm's job id (digits)")
+    if not isinstance(template, dict):
+        raise SlurmStepError("'template' must be an object")
+    base, hosts = template.get("base"), template.get("hosts")
+    if not isinstance(base, dict) or not isinstance(base.get("job_id"), str) or not JOB_ID_RE.match(base["job_id"]):
+        raise SlurmStepError("template 'base' must be a plan's fields with its 'job_id'")
+    if not isinstance(hosts, dict) or not hosts:
+        raise SlurmStepError("template 'hosts' must map each Slurm node rigdeck may get to its part")
+    for name, part in hosts.items():
+        if not isinstance(part, dict) or not isinstance(part.get("node"), dict) \
+                or not isinstance(part.get("command"), list) or not part["command"] \
+                or not all(isinstance(c, str) for c in part["command"]) \
+                or not isinstance(part.get("master_addr"), str) or not isinstance(part.get("env", {}), dict):
+            raise SlurmStepError("template 'hosts' %r: expected node, command, master_addr and env" % (name,))
+    return template
+
+
+def write_template(jobs_root: str, slurm_job_id: Any, template: Any) -> str:
+    """The controller's template for Slurm job ``slurm_job_id`` (checked), owner-only: it holds the
+    job's environment."""
+    check_template(slurm_job_id, template)
+    os.makedirs(jobs_root, mode=0o755, exist_ok=True)
+    path = template_path(jobs_root, slurm_job_id)
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    filemodes.write_private(tmp, json.dumps(template).encode())
+    os.replace(tmp, path)
+    return path
+
+
+def port_for(slurm_job_id: str, environ: Dict[str, str]) -> int:
+    """The rendezvous port every node of the job agrees on without asking each other: the first of
+    the ports Slurm reserved for the step where the site set ``MpiParams=ports``, else one made
+    of the job id (two jobs on one node get different ports unless their ids are PORT_SPAN apart)."""
+    reserved = environ.get("SLURM_STEP_RESV_PORTS", "")
+    first = reserved.split(",", 1)[0].split("-", 1)[0].strip()
+    if first.isdigit() and 0 < int(first) < 65536:
+        return int(first)
+    return PORT_BASE + int(slurm_job_id) % PORT_SPAN
+
+
+def complete(template: Dict[str, Any], slurm_job_id: str, nodes: List[str], node_id: int,
+             gpus: Dict[str, List[int]], environ: Dict[str, str]) -> Dict[str, Any]:
+    """This node's plan of a template, for Slurm's allocation: ``nodes`` in Slurm's order (the
+    first is the primary), this node the ``node_id``-th, ``gpus`` each node's GPU indices."""
+    hosts = template["hosts"]
+    missing = [n for n in nodes if n not in hosts]
+    if missing:
+        raise SlurmStepError("Slurm allocated node(s) %s, which the template has no part for (%s)"
+                             % (", ".join(missing), ", ".join(sorted(hosts))))
+    if not 0 <= node_id < len(nodes):
+        raise SlurmStepError("SLURM_NODEID %d is not a node of %s" % (node_id, ",".join(nodes)))
+    mine = hosts[nodes[node_id]]
+    plan = dict(template["base"])
+    plan.update(
+        nodes=[dict(hosts[n]["node"], gpus=[int(g) for g in gpus.get(n) or []]) for n in nodes],
+        node_index=node_id, master_addr=hosts[nodes[0]]["master_addr"],
+        master_port=port_for(slurm_job_id, environ), command=list(mine["command"]),
+        env=dict(mine.get("env") or {}), slurm={"job_id": slurm_job_id, "queued": True},
+    )
+    if mine.get("workdir"):
+        plan["workdir"] = mine["workdir"]
+    return plan
+
+
+def allocation(slurm_job_id: str, environ: Dict[str, str]) -> tuple:
+    """The job's nodes in Slurm's order and each one's GPU indices, as Slurm says them here."""
+    nodes = slurmtext.hostlist(environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or "")
+    if not nodes:
+        raise SlurmStepError("no SLURM_JOB_NODELIST in the step's environment")
+    try:
+        cp = subprocess.run(["scontrol", "-d", "show", "job", slurm_job_id], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmStepError("scontrol -d show job %s: %s" % (slurm_job_id, e)) from None
+    if cp.returncode != 0:
+        raise SlurmStepError("scontrol -d show job %s: %s" % (
+            slurm_job_id, cp.stderr.decode("utf-8", "replace").strip() or "exit %d" % cp.returncode))
+    gpus = slurmtext.job_node_gpus(cp.stdout.decode("utf-8", "replace"))
+    return nodes, gpus
+
+
+def wait_plan(job_dir: str, slurm_job_id: str, wait_s: float = PLAN_WAIT_S, poll_s: float = 0.05,
+              template: str = "") -> str:
     """Until the controller's plan for this Slurm job is in ``job_dir`` (a plan of an earlier
-    attempt, or of another Slurm job, is not it)."""
+    attempt, or of another Slurm job, is not it): ``"plan"``; or until the controller's template
+    for it is at ``template``: ``"template"``; ``""`` when neither came."""
     deadline = time.monotonic() + wait_s
     path = os.path.join(job_dir, "plan.json")
     while time.monotonic() < deadline:
         plan = read_json(path)
         if plan is not None and str((plan.get("slurm") or {}).get("job_id")) == slurm_job_id:
-            return True
+            return "plan"
+        if template and os.path.exists(template):
+            return "template"
         time.sleep(poll_s)
-    return False
+    return ""
 
 
 def _from_unpacked(jobs_root: str, job_id: str) -> None:
@@ -135,8 +242,37 @@ def host_main(jobs_root: str, job_id: str) -> int:
     if not slurm_job:
         raise SystemExit("rigdeck slurmhost: not inside a Slurm job (no SLURM_JOB_ID)")
     _from_unpacked(jobs_root, job_id)
-    job_dir = os.path.join(os.path.abspath(os.path.expanduser(jobs_root)), job_id)
-    if not wait_plan(job_dir, slurm_job):
+    root = os.path.abspath(os.path.expanduser(jobs_root))
+    job_dir = os.path.join(root, job_id)
+    template = template_path(root, slurm_job)
+    got = wait_plan(job_dir, slurm_job, template=template)
+    if not got:
         raise SystemExit("rigdeck slurmhost: no plan for Slurm job %s in %s after %g s"
                          % (slurm_job, job_dir, PLAN_WAIT_S))
+    if got == "template":
+        _plan_from_template(root, job_id, slurm_job, template)
     return jobhost.main(job_dir)
+
+
+def _plan_from_template(root: str, job_id: str, slurm_job: str, path: str) -> None:
+    """This node's plan made of the controller's template and Slurm's allocation, its job
+    directory made as the agent makes a Slurm job's (agent/jobs.py)."""
+    from agent.jobs import Jobs
+    from agent.paths import self_command
+
+    try:
+        template = check_template(slurm_job, read_json(path))
+        if template["base"]["job_id"] != job_id:
+            raise SlurmStepError("the template of Slurm job %s is job %s's, not %s's"
+                                 % (slurm_job, template["base"]["job_id"], job_id))
+        nodes, gpus = allocation(slurm_job, dict(os.environ))
+        plan = complete(template, slurm_job, nodes, int(os.environ.get("SLURM_NODEID") or 0), gpus,
+                        dict(os.environ))
+    except (SlurmStepError, ValueError) as e:
+        raise SystemExit("rigdeck slurmhost: Slurm job %s: %s" % (slurm_job, e)) from None
+    jobs = Jobs(os.path.dirname(root), self_command())
+    jobs.start(plan)
+    try:
+        os.unlink(path)  # used: the plan holds it now (the nodes Slurm did not give keep theirs until gc)
+    except OSError:
+        pass

@@ -565,3 +565,128 @@ max_restarts = 1
         for n in (by_hand, node):
             if n:
                 slurm.run(["scontrol", "update", f"NodeName={n}", "State=RESUME"], check=False)
+
+
+@pytest.mark.testbed
+def test_a_job_slurm_queues_is_left_to_its_nodes_and_runs_with_nobody_watching(slurm: SlurmBed,
+                                                                               tmp_path: Path) -> None:
+    """The cluster full (another user's job holds every GPU): `rigdeck launch` returns once Slurm
+    has queued the job (pending, Slurm's reason), having left a template of its plan on every
+    node. Nobody watches: no rigdeck command runs, and the job's record is not touched while
+    Slurm runs it, once the other job ends, on the nodes it chooses; those nodes start it from
+    their templates and Slurm's allocation, and it trains to its end with each step once. The
+    next look records where Slurm ran it and how it ended."""
+    from tests.slurmbed import OTHER_USER
+    from tui.control.history import History
+
+    cli = slurm_cli(slurm, tmp_path, timeout=300)
+    ckpt = tmp_path / "ckpt"
+    spec = cli.spec("queued-ddp", f'''
+command = ["{{python}}", "train.py", "--steps", "20", "--checkpoint-every", "10", "--seed", "0"]
+workdir = "{EXAMPLES / 'ddp'}"
+launcher = "torchrun"
+nodes = 2
+gpus_per_node = 1
+max_runtime = "10m"
+[env]
+OMP_NUM_THREADS = "1"
+[checkpoint]
+dir = "{ckpt}"
+owner = "rank0"
+[log]
+loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
+''')
+    out = slurm.run(["sbatch", "--parsable", "-N", "3", "--gres=gpu:4", "--chdir=/tmp", f"--output={slurm.out}/%j.out",
+                     "--wrap", "sleep 600"], user=OTHER_USER).stdout
+    big = out.strip().split(";")[0]
+    slurm_job = ""
+    try:
+        wait_until(lambda: squeue(slurm).get(big, ("", ""))[1] == "RUNNING", timeout=60, what="the blocker runs")
+        said = cli.run("launch", str(spec)).stdout
+        assert said.startswith("submitted queued-ddp-") and "Slurm queues it: the nodes Slurm gives start it" in said, said
+        view = cli.json("status", said.split()[1].rstrip(":"))
+        job_id, slurm_job = view["job_id"], view["slurm"]["job_id"]
+        assert f"Slurm job {slurm_job} PENDING ({view['slurm']['reason']})" in said, said
+        assert view["state"] == "pending" and view["slurm"]["state"] == "PENDING", json.dumps(view, indent=1)
+        assert view["slurm"]["reason"] in ("Resources", "Priority"), view["slurm"]
+        assert view["placement"] == [], view["placement"]
+        status = cli.run("status", job_id).stdout
+        assert f"slurm    job {slurm_job} PENDING ({view['slurm']['reason']})" in status, status
+        for h in ("h1", "h2", "h3"):  # every node Slurm may choose holds its template, private
+            path = slurm.bed.host(h).state_dir / "jobs" / f".slurm-{slurm_job}.template.json"
+            assert path.stat().st_mode & 0o077 == 0, oct(path.stat().st_mode)
+        history = History(Path(cli.env["RIGDECK_HOME"]) / "history.sqlite")
+        before = history.get(job_id)
+        slurm.run(["scancel", big])  # the cluster frees up; nobody runs rigdeck from here on
+
+        def ended_on_hosts() -> dict[str, str]:
+            states = {}
+            for h in ("h1", "h2", "h3"):
+                f = slurm.bed.host(h).state_dir / "jobs" / job_id / "state.json"
+                if f.exists():
+                    states[h] = json.loads(f.read_text()).get("state")
+            return states if len(states) == 2 and all(s in ("succeeded", "failed") for s in states.values()) else {}
+        ran = wait_until(ended_on_hosts, timeout=240, what="the job's nodes end it on their own")
+        assert set(ran.values()) == {"succeeded"}, ran
+        assert history.get(job_id) == before  # nobody looked: the record is as the launch left it
+        # The next look: where Slurm ran it, and its end.
+        view = cli.json("status", job_id)
+        assert view["state"] == "succeeded", json.dumps(view, indent=1)[-3000:]
+        assert sorted(n["host"] for n in view["placement"]) == sorted(ran), view["placement"]
+        assert all(len(n["gpus"]) == 1 for n in view["placement"]), view["placement"]
+        assert view["slurm"]["state"] == "COMPLETED", view["slurm"]
+        metrics = cli.json("metrics", job_id)
+        steps = [(m["rank"], m["step"]) for m in metrics if m.get("loss") is not None and m.get("event") is None]
+        assert sorted(steps) == sorted({(r, s) for r in range(2) for s in range(20)}), sorted(steps)
+    finally:
+        slurm.run(["scancel", big, *([slurm_job] if slurm_job else [])], check=False)
+
+
+@pytest.mark.testbed
+def test_a_queued_slurm_job_is_stopped_while_it_waits_and_launch_wait_follows_one_to_its_end(
+        slurm: SlurmBed, tmp_path: Path) -> None:
+    """While another user's job holds every GPU: `rigdeck stop` of a job Slurm queues cancels it in
+    Slurm (stopped, CANCELLED; no node ever runs it), and `rigdeck launch --wait` of another
+    returns with its end once Slurm has run it on the nodes it freed."""
+    from tests.slurmbed import OTHER_USER
+    from tui.control.history import History
+
+    cli = slurm_cli(slurm, tmp_path, timeout=300)
+    spec = cli.spec("queued-tick", f'''command = ["{{python}}", "{TICKER}", "--steps", "5", "--sleep", "0.1"]
+workdir = "/"
+launcher = "direct"
+nodes = 2
+gpus_per_node = 2
+''')
+    big = slurm.run(["sbatch", "--parsable", "-N", "3", "--gres=gpu:4", "--chdir=/tmp", f"--output={slurm.out}/%j.out",
+                     "--wrap", "sleep 600"], user=OTHER_USER).stdout.strip().split(";")[0]
+    ours: list[str] = []
+    waiter = None
+    try:
+        wait_until(lambda: squeue(slurm).get(big, ("", ""))[1] == "RUNNING", timeout=60, what="the blocker runs")
+        first = cli.json("launch", str(spec))
+        ours.append(first["slurm"]["job_id"])
+        assert first["state"] == "pending", first
+        stopped = cli.json("stop", first["job_id"])
+        assert stopped["state"] == "stopped" and stopped["slurm"]["state"] == "CANCELLED", stopped
+        assert first["slurm"]["job_id"] not in squeue(slurm)
+        assert not any((slurm.bed.host(h).state_dir / "jobs" / first["job_id"]).exists() for h in ("h1", "h2", "h3"))
+        waiter = subprocess.Popen([sys.executable, "-m", "tui.cli", "launch", str(spec), "--wait", "--json"],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli.env, cwd=ROOT)
+        wait_until(lambda: [j for j, v in squeue(slurm).items() if v[0].startswith("rigdeck:queued-tick")
+                            and v[1] == "PENDING"], timeout=120, what="the second job pends in Slurm")
+        history = History(Path(cli.env["RIGDECK_HOME"]) / "history.sqlite")
+        wait_until(lambda: [r for r in history.list() if r["job_id"] != first["job_id"]
+                            and (r.get("slurm") or {}).get("queued")], timeout=120,
+                   what="the launch leaves the job to its nodes")  # past its own wait for an allocation
+        slurm.run(["scancel", big])
+        out, err = waiter.communicate(timeout=240)
+        assert waiter.returncode == 0, out[-3000:] + err[-3000:]
+        view = json.loads(out)
+        ours.append(view["slurm"]["job_id"])
+        assert view["state"] == "succeeded" and view["slurm"]["queued"] is True, json.dumps(view, indent=1)[-3000:]
+        assert len(view["placement"]) == 2 and all(len(n["gpus"]) == 2 for n in view["placement"]), view["placement"]
+    finally:
+        if waiter is not None and waiter.poll() is None:
+            waiter.kill()
+        slurm.run(["scancel", big, *ours], check=False)

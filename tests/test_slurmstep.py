@@ -56,3 +56,63 @@ def test_a_node_waits_for_the_plan_of_its_own_slurm_job(tmp_path: Path) -> None:
 def test_the_step_runs_the_agents_slurmhost_for_the_job() -> None:
     argv = slurmstep.step_argv(["/usr/bin/python3", "/s/agent.pyz"], "/s/jobs", "j-1")
     assert argv == ["/usr/bin/python3", "-S", "/s/agent.pyz", "slurmhost", "--jobs-root", "/s/jobs", "--job-id", "j-1"]
+
+
+def template(job_id: str = "q-1") -> dict:
+    def part(host: str, addr: str) -> dict:
+        return {"node": {"host": host, "address": addr, "slots": 1, "cpus": 4, "instance_type": "rigdeck.sim-gpu-4",
+                         "simulated": True},
+                "master_addr": addr, "command": ["/usr/bin/python3", "train.py"], "env": {"WHERE": host, "A": "1"}}
+    return {"base": {"job_id": job_id, "name": "q", "launcher": "torchrun", "env": {"A": "1"}, "restart_count": 0},
+            "hosts": {"tb1-h1": part("h1", "10.9.0.1"), "tb1-h2": part("h2", "10.9.0.2"),
+                      "tb1-h3": part("h3", "10.9.0.3")}}
+
+
+def test_a_node_makes_its_plan_of_the_template_and_slurms_allocation() -> None:
+    """Slurm gave nodes h3 and h1, in that order: h3 is the primary (its address the master's),
+    each node has the GPUs Slurm gave it, and the port is the one every node works out alike."""
+    env = {"SLURM_JOB_NODELIST": "tb1-h[1,3]"}
+    plans = [slurmstep.complete(template(), "4711", ["tb1-h3", "tb1-h1"], i,
+                                {"tb1-h3": [2], "tb1-h1": [0]}, env) for i in (0, 1)]
+    for i, plan in enumerate(plans):
+        assert plan["job_id"] == "q-1" and plan["launcher"] == "torchrun" and plan["node_index"] == i
+        assert [(n["host"], n["gpus"], n["address"]) for n in plan["nodes"]] == [
+            ("h3", [2], "10.9.0.3"), ("h1", [0], "10.9.0.1")]
+        assert plan["master_addr"] == "10.9.0.3" and plan["master_port"] == slurmstep.PORT_BASE + 4711
+        assert plan["slurm"] == {"job_id": "4711", "queued": True}
+    assert plans[0]["env"]["WHERE"] == "h3" and plans[1]["env"]["WHERE"] == "h1"
+    # Slurm's reserved ports, where the site has them, come first
+    assert slurmstep.port_for("4711", {"SLURM_STEP_RESV_PORTS": "12000-12003"}) == 12000
+    assert slurmstep.port_for("14711", {}) == slurmstep.port_for("4711", {})  # PORT_SPAN apart: the same
+    assert slurmstep.port_for("4712", {}) != slurmstep.port_for("4711", {})
+    with pytest.raises(slurmstep.SlurmStepError, match="tb1-h9, which the template has no part for"):
+        slurmstep.complete(template(), "4711", ["tb1-h1", "tb1-h9"], 0, {}, env)
+    with pytest.raises(slurmstep.SlurmStepError, match="SLURM_NODEID 2 is not a node"):
+        slurmstep.complete(template(), "4711", ["tb1-h1", "tb1-h3"], 2, {}, env)
+
+
+@pytest.mark.parametrize("sid, bad, why", [
+    ("12; rm", None, "Slurm's job id"),
+    ("12", [], "must be an object"),
+    ("12", {"base": {"job_id": "../etc"}, "hosts": {"n": {}}}, "'base' must be"),
+    ("12", {"base": {"job_id": "j"}, "hosts": {}}, "'hosts' must map"),
+    ("12", {"base": {"job_id": "j"}, "hosts": {"n": {"node": {}, "command": "sh -c x", "master_addr": "a"}}},
+     "expected node, command"),
+    ("12", {"base": {"job_id": "j"}, "hosts": {"n": {"node": {}, "command": ["x"], "master_addr": 7}}},
+     "expected node, command"),
+])
+def test_a_template_not_of_its_shape_is_refused_and_nothing_written(tmp_path: Path, sid: object, bad: object,
+                                                                     why: str) -> None:
+    with pytest.raises(slurmstep.SlurmStepError, match=why):
+        slurmstep.write_template(str(tmp_path), sid, bad)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_template_is_kept_private_and_a_waiting_node_finds_it(tmp_path: Path) -> None:
+    root = tmp_path / "jobs"
+    path = slurmstep.write_template(str(root), "31", template())
+    assert path == slurmstep.template_path(str(root), "31") and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert json.loads(Path(path).read_text()) == template()
+    assert slurmstep.wait_plan(str(root / "q-1"), "31", wait_s=5, template=path) == "template"
+    assert slurmstep.wait_plan(str(root / "q-1"), "32", wait_s=0.1,
+                               template=slurmstep.template_path(str(root), "32")) == ""

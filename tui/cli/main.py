@@ -583,6 +583,14 @@ def _print_launched(client: Any, view: Any) -> None:
             print("  (no server: the queue advances only while rigdeck runs: the app, or "
                   "launch --wait)", flush=True)
         return
+    slurm = view.slurm or {}
+    if slurm.get("queued") and not view.placement:
+        why = f" ({slurm['reason']})" if slurm.get("reason") else ""
+        print(f"submitted {view.job_id}: Slurm job {slurm.get('job_id')} {slurm.get('state') or 'PENDING'}{why}",
+              flush=True)
+        print("  (Slurm queues it: the nodes Slurm gives start it, whoever watches; rigdeck status shows "
+              "where it ran)", flush=True)
+        return
     hosts = dict.fromkeys(n["host"] for n in view.placement)  # a pool job's replicas share hosts
     print(f"launched {view.job_id}: {', '.join(hosts)}", flush=True)
     for ev in view.events:

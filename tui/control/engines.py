@@ -17,6 +17,14 @@ job hosts report to the agents as always.
   queue decides when it runs; rigdeck's own queue never holds it. A restart (healing's, the
   gang rules') ends the previous Slurm job and submits a new one with ``--exclude`` of the nodes
   rigdeck drains or lost; rigdeck's drains are Slurm's too (``drain``/``resume``).
+
+  A job Slurm queues (not running ALLOCATION_QUICK_S after its submission) is left to the
+  hosts, as ``sbatch`` leaves it: the engine raises ``Queued``, the launch writes a template of
+  the plan on every node Slurm may choose (``queue``) and returns; when Slurm runs the job, each
+  node's task makes its plan of the template and the allocation and starts its job host, with
+  nobody watching (agent/slurmstep.py). The next controller that looks records where Slurm ran
+  it (``allocated``). A job a template cannot describe (``self_starts``: an mpirun job, pools,
+  a processing job, staged inputs, ``env_from_file``) waits for its allocation as before.
 """
 
 from __future__ import annotations
@@ -57,6 +65,32 @@ SLURM_MARGIN_S = 60.0  # Slurm's time limit past max_runtime and the grace: rigd
 
 class EngineError(Exception):
     """A start the engine could not make; the message says what was asked and what was said."""
+
+
+class Queued(Exception):
+    """Slurm queued the job it was given (``detail``: what Slurm says of it): its hosts start it
+    themselves once Slurm runs it, from the templates ``SlurmEngine.queue`` writes."""
+
+    def __init__(self, slurm_job_id: str, detail: SlurmJobDetail) -> None:
+        super().__init__(f"Slurm job {slurm_job_id} {detail.state}" + (f" ({detail.reason})" if detail.reason else ""))
+        self.slurm_job_id = slurm_job_id
+        self.detail = detail
+
+
+def self_starts(spec: JobSpec) -> str | None:
+    """Why the hosts could not start ``spec`` from a template when Slurm runs it (the controller
+    must: it waits for the allocation), or None when they can."""
+    if spec.launcher == "mpirun":
+        return "an mpirun job's primary starts after every other host's job directory is in place"
+    if spec.pools:
+        return "worker pools get a port per replica, probed on each host"
+    if spec.kind == "processing":
+        return "a processing job's inputs are sharded over the nodes Slurm gives"
+    if spec.inputs or spec.seed_checkpoint:
+        return "inputs are staged on the nodes Slurm gives"
+    if spec.env_from_file:
+        return "env_from_file values go only to the nodes that run the job"
+    return None
 
 
 class Engine(Protocol):
@@ -227,6 +261,7 @@ class SlurmEngine:
     def __init__(self, jm: JobManager) -> None:
         self.jm = jm
         self._submitted: dict[str, dict[str, Any]] = {}  # job id -> its Slurm job, until recorded
+        self._capacity: dict[str, Any] = {}  # job id -> the hosts' capacity, for a job Slurm queued
 
     # -- Slurm's commands on the login host, through its agent (no shell) ----------------------
 
@@ -384,8 +419,14 @@ class SlurmEngine:
         self._submitted[job_id] = {"job_id": str(sid), "login": login, "state": "PENDING",
                                    "options": options, "excluded": excluded, "submitted": time.time()}
         try:
-            detail = self._allocation(str(sid))
+            # A first start the hosts can make themselves is left to them once Slurm queues it.
+            queue_after = ALLOCATION_QUICK_S if exclude is None and self_starts(spec) is None else None
+            detail = self._allocation(str(sid), queue_after)
             placement = self._placement(spec, detail, capacity)
+        except Queued as q:
+            self._submitted[job_id].update(state=q.detail.state, reason=q.detail.reason, queued=True)
+            self._capacity[job_id] = capacity
+            raise
         except BaseException:
             self._cancel(str(sid))
             self._submitted.pop(job_id, None)
@@ -405,9 +446,11 @@ class SlurmEngine:
         threading.Thread(target=run, name="slurm-capacity", daemon=True).start()
         return read
 
-    def _allocation(self, sid: str) -> SlurmJobDetail:
-        """Until Slurm runs job ``sid`` (its nodes and GPUs known), or it ends, or the wait is over."""
+    def _allocation(self, sid: str, queue_after: float | None = None) -> SlurmJobDetail:
+        """Until Slurm runs job ``sid`` (its nodes and GPUs known), or it ends, or the wait is over;
+        ``Queued`` when Slurm has not run it ``queue_after`` s on."""
         deadline = time.monotonic() + ALLOCATION_WAIT_S
+        queued = None if queue_after is None else time.monotonic() + queue_after
         while True:
             detail = self.detail(sid)
             if detail is None or detail.ended:
@@ -415,6 +458,8 @@ class SlurmEngine:
                 raise EngineError(f"Slurm job {sid} ended before it ran: {why}")
             if detail.state == "RUNNING" and detail.nodes:
                 return detail
+            if queued is not None and time.monotonic() > queued:
+                raise Queued(sid, detail)
             if time.monotonic() > deadline:
                 raise EngineError(f"Slurm job {sid} still {detail.state} after {ALLOCATION_WAIT_S:.0f} s"
                                   + (f" ({detail.reason})" if detail.reason else "") + ": cancelled")
@@ -472,6 +517,107 @@ class SlurmEngine:
             raise
         finally:
             self._submitted.pop(job_id, None)
+
+    def queue(self, job_id: str, spec: JobSpec, restart_count: int) -> None:
+        """Leave a job Slurm queued (``Queued``) to the nodes Slurm may run it on: each one's
+        template of its plan (the job's code pushed there first), so that the node makes its
+        plan when Slurm runs the job, with nobody watching. All nodes or none: a node that cannot
+        take its template is an EngineError, Slurm's job cancelled."""
+        got = self._submitted.get(job_id) or {}
+        sid = str(got.get("job_id") or "")
+        capacity = self._capacity.pop(job_id, None) or []
+        try:
+            inv = self.jm.ctl.inventory
+            try:
+                find = node_index(read_nodes(self._exec, inv))
+            except SlurmReadError as e:
+                raise EngineError(str(e)) from None
+            caps = {c.name: c for c in capacity}
+            excluded = set(got.get("excluded") or ())
+            hosts: dict[str, str] = {}  # Slurm node -> inventory host, each a node the job may get
+            for spec_h in inv.hosts:
+                node = find(spec_h.name, spec_h.address)
+                if node is not None and node.name not in excluded and spec_h.name in caps:
+                    hosts[node.name] = spec_h.name
+            if not hosts:
+                raise EngineError(f"Slurm job {sid}: no inventory host is a Slurm node it may run on")
+            base = self.jm.plan_base(job_id, spec, restart_count)
+            workdirs = self.jm._push_code(job_id, spec, list(hosts.values())) if spec.code is not None else {}
+            nodes = {n: NodeAssignment(host=h, address=caps[h].address, slots=spec.slots_per_node, gpus=(),
+                                       cpus=caps[h].cpus, instance_type=instance_type(caps[h]),
+                                       simulated=caps[h].simulated) for n, h in hosts.items()}
+            parts: dict[str, Any] = {}
+            for n, h in hosts.items():
+                peers = [nodes[m] for m in nodes if m != n][:1]  # the route another node would take to it
+                part: dict[str, Any] = {
+                    "node": {k: v for k, v in nodes[n].to_plan().items() if k != "gpus"},
+                    "master_addr": self.jm._master_addr(nodes[n], peers),
+                    "command": self.jm.host_command(spec.command, h, spec.container is not None),
+                    "env": self.jm.host_env(h, base)}
+                if h in workdirs:
+                    part["workdir"] = workdirs[h]
+                parts[n] = part
+            said = self.jm.ctl.agents(list(hosts.values())).slurm_template(
+                slurm_job_id=sid, template={"base": base, "hosts": parts}, timeout=30)
+            failed = {h: r for h, r in said.items() if isinstance(r, Exception)}
+            if failed:
+                raise EngineError(f"Slurm job {sid} not left to its nodes: "
+                                  + "; ".join(f"{h}: {e}" for h, e in sorted(failed.items())))
+        except BaseException:
+            self._cancel(sid)
+            self._submitted.pop(job_id, None)
+            raise
+
+    def forget(self, job_id: str) -> None:
+        """What was kept of the job's submission, once it is recorded."""
+        self._submitted.pop(job_id, None)
+        self._capacity.pop(job_id, None)
+
+    def allocated(self, rec: Mapping[str, Any]) -> dict[str, Any]:
+        """A job left to its nodes (``queue``) as Slurm and its nodes have it now: once Slurm ran it
+        and its primary node made its plan, that plan's placement recorded (``starting``: the
+        hosts' own start and end are then seen as any other's); ended before any node made one,
+        failed with what Slurm said; still queued, Slurm's state and reason kept. The record then."""
+        from tui.model.jobstate import FAILED, STARTING
+
+        job_id = str(rec["job_id"])
+        slurm = dict(rec.get("slurm") or {})
+        sid = str(slurm.get("job_id") or "")
+        try:
+            detail = self.detail(sid)
+        except EngineError:
+            return dict(rec)
+        if detail is not None and detail.nodes and (detail.state == "RUNNING" or detail.ended):
+            try:
+                primary = self._hosts_of(detail.nodes[:1])[detail.nodes[0]]
+            except EngineError:
+                primary = ""
+            nodes = self._planned(rec, primary) if primary else None
+            if nodes:
+                slurm.update(state=detail.state, reason=detail.reason, nodes=list(detail.nodes))
+                self.jm.history.update(job_id, state=STARTING, placement=nodes, slurm=slurm)
+                return self.jm.record(job_id)
+        if detail is None or detail.ended:
+            why = (detail.state + (f" ({detail.reason})" if detail.reason else "")) if detail else "gone from Slurm"
+            slurm.update(state=detail.state if detail else slurm.get("state"), gone=detail is None)
+            self.jm.history.update(job_id, state=FAILED, ended=time.time(), slurm=slurm,
+                                   cause={"message": f"Slurm job {sid} ended before its nodes started it: {why}"})
+        elif (detail.state, detail.reason) != (slurm.get("state"), slurm.get("reason")):
+            slurm.update(state=detail.state, reason=detail.reason)
+            self.jm.history.update(job_id, slurm=slurm)
+        return self.jm.record(job_id)
+
+    def _planned(self, rec: Mapping[str, Any], host: str) -> list[dict[str, Any]] | None:
+        """The placement the job's plan on ``host`` has (its node made it of Slurm's allocation),
+        or None: no plan there yet, or the host out of reach."""
+        try:
+            jobs = self.jm.ctl_for(rec.get("user")).agent(host).job_list(timeout=20)
+        except TransportError:
+            return None
+        for j in jobs:
+            if j.get("job_id") == rec["job_id"] and j.get("nodes"):
+                return [dict(n) for n in j.get("nodes") or []]
+        return None
 
     def release(self, job_id: str) -> None:
         got = self._submitted.pop(job_id, None)

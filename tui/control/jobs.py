@@ -22,7 +22,7 @@ from typing import Any
 from agent.roles import program_source
 from runtime.checkpoint import RESUME_BEFORE_ENV  # the contract with the ranks' checkpointer
 from tui.control import pools
-from tui.control.engines import Engine, EngineError, OwnHosts, SlurmEngine
+from tui.control.engines import Engine, EngineError, OwnHosts, Queued, SlurmEngine
 from tui.control.healing import (
     Fault,
     Healer,
@@ -475,6 +475,47 @@ class JobManager:
             port = ports[0]
         else:
             port = self.ctl.agent(primary.host).probe_port(addr=master_addr)
+        base = self.plan_base(job_id, spec, restart_count)
+        base.update(nodes=placement.to_plan_nodes(), master_addr=master_addr, master_port=port)
+        resolved = self.host_command
+        if spec.pools:
+            pools = {p.role: p for p in spec.pools}
+            nodes = base["nodes"]
+            for i, node in enumerate(placement.nodes):
+                pool = pools[str(node.pool)]
+                # Each replica's container: its pool's own, else the job's; null: on the host.
+                box = spec.container_of(pool)
+                nodes[i].update({"port": ports[i],
+                                 "command": resolved(pool.command or spec.command, node.host, box is not None),
+                                 "env": dict(pool.env), "on_failure": pool.on_failure,
+                                 "container": box.to_dict() if box is not None else None})
+        plans = {}
+        for host in placement.hosts:
+            indices = placement.on_host(host)
+            plans[host] = {
+                **base,
+                "env": self.host_env(host, base),
+                "node_index": indices[0],
+                "command": (list(base["nodes"][indices[0]]["command"]) if spec.pools
+                            else resolved(spec.command, host, spec.container is not None)),
+            }
+            if spec.pools:
+                plans[host]["node_indices"] = indices
+        return plans
+
+    def host_command(self, command: Sequence[str], host: str, inside: bool) -> list[str]:
+        """``command`` as ``host`` runs it: ``{python}`` its inventory python (in a container,
+        the image's ``python3``, on its PATH)."""
+        python = "python3" if inside else self.ctl.inventory.get(host).python
+        return [python if c == "{python}" else c.replace("{python}", python) for c in command]
+
+    def host_env(self, host: str, base: Mapping[str, Any]) -> dict[str, str]:
+        """The job's environment on ``host``: the inventory's for the host, under the spec's."""
+        return {**dict(self.ctl.inventory.get(host).env), **base["env"]}
+
+    def plan_base(self, job_id: str, spec: JobSpec, restart_count: int) -> dict[str, Any]:
+        """What every host's plan of this attempt holds alike, but the placement's part (nodes,
+        master address and port), docs/contracts.md."""
         base: dict[str, Any] = {
             "job_id": job_id,
             "name": spec.name,
@@ -499,9 +540,6 @@ class JobManager:
             "mpi": {"custom_options": list(spec.mpi_custom_options)},
             "loss_pattern": spec.loss_pattern,
             "log_max_bytes": spec.log_max_mb * (1 << 20) if spec.log_max_mb else None,
-            "nodes": placement.to_plan_nodes(),
-            "master_addr": master_addr,
-            "master_port": port,
         }
         if spec.trial is not None:  # a sweep's trial: its number reaches the cloud contracts
             base["trial"] = spec.trial
@@ -512,37 +550,7 @@ class JobManager:
             base["kind"] = spec.kind
         if spec.container is not None and not spec.pools:
             base["container"] = spec.container.to_dict()
-
-        def resolved(command: Sequence[str], host: str, inside: bool) -> list[str]:
-            # In a container, {python} is the image's python3 (on its PATH), not the host's.
-            python = "python3" if inside else self.ctl.inventory.get(host).python
-            return [python if c == "{python}" else c.replace("{python}", python) for c in command]
-
-        if spec.pools:
-            pools = {p.role: p for p in spec.pools}
-            nodes = base["nodes"]
-            for i, node in enumerate(placement.nodes):
-                pool = pools[str(node.pool)]
-                # Each replica's container: its pool's own, else the job's; null: on the host.
-                box = spec.container_of(pool)
-                nodes[i].update({"port": ports[i],
-                                 "command": resolved(pool.command or spec.command, node.host, box is not None),
-                                 "env": dict(pool.env), "on_failure": pool.on_failure,
-                                 "container": box.to_dict() if box is not None else None})
-        plans = {}
-        for host in placement.hosts:
-            indices = placement.on_host(host)
-            host_env = dict(self.ctl.inventory.get(host).env)  # the inventory's, per host
-            plans[host] = {
-                **base,
-                "env": {**host_env, **base["env"]},
-                "node_index": indices[0],
-                "command": (list(base["nodes"][indices[0]]["command"]) if spec.pools
-                            else resolved(spec.command, host, spec.container is not None)),
-            }
-            if spec.pools:
-                plans[host]["node_indices"] = indices
-        return plans
+        return base
 
     def _processing(self, job_id: str, spec: JobSpec, placement: Placement,
                     workdirs: Mapping[str, str]) -> dict[str, dict[str, Any]]:
@@ -640,6 +648,9 @@ class JobManager:
             placement = engine.place(job_id, spec, capacity=capacity)
         except EngineError as e:
             raise JobError(str(e)) from None
+        except Queued as q:
+            assert isinstance(engine, SlurmEngine)
+            return self._leave_to_slurm(engine, job_id, spec, user, q, look)
         try:
             attempt = self._begin_attempt(job_id, spec, placement, user, engine.record(job_id))
         except BaseException:
@@ -659,6 +670,28 @@ class JobManager:
         return self.view(job_id, live=look)
 
     # -- the engines: where an attempt runs and who starts it (tui/control/engines.py) -------------
+
+    def _leave_to_slurm(self, engine: SlurmEngine, job_id: str, spec: JobSpec, user: str | None, q: Queued,
+                        look: bool) -> JobView:
+        """A job Slurm queued, recorded ``pending`` with its Slurm job and left to the nodes Slurm
+        may run it on (their templates written): it starts when Slurm runs it, whoever watches.
+        A node that cannot take its template: nothing left queued, the job failed with why."""
+        try:
+            attempt = self._begin_attempt(job_id, spec, Placement(()), user, engine.record(job_id))
+        except BaseException:
+            engine.release(job_id)
+            raise
+        try:
+            engine.queue(job_id, spec, attempt)
+        except BaseException as e:
+            why = str(e) if isinstance(e, EngineError) else f"{type(e).__name__}: {e}"
+            self.history.update(job_id, state=FAILED, ended=time.time(), cause={"message": f"start failed: {why}"})
+            raise JobError(why) if isinstance(e, EngineError) else e from None
+        finally:
+            engine.forget(job_id)
+        self.history.add_event(job_id, {"event": "queued in slurm", "slurm_job_id": q.slurm_job_id,
+                                        "state": q.detail.state, "reason": q.detail.reason})
+        return self.view(job_id, live=look)
 
     def engine(self, rec: Mapping[str, Any] | None = None) -> Engine:
         """The engine of a new attempt (Slurm's where the inventory has ``[slurm]``), or of the
@@ -1101,6 +1134,12 @@ class JobManager:
         if view is not self:  # the gang rules act through the owner's own agents
             return view.supervise_once(rec)
         job_id = rec["job_id"]
+        if rec["state"] == PENDING and (rec.get("slurm") or {}).get("queued") and not rec.get("placement"):
+            engine = self.engine(rec)  # a job left to Slurm's nodes: where Slurm runs it, once it does
+            assert isinstance(engine, SlurmEngine)
+            rec = engine.allocated(rec)
+            if not rec.get("placement"):
+                return {}
         states = this_attempt(rec, self.host_states(rec))
         if rec.get("slurm") and rec["state"] not in TERMINAL:
             states = self.engine(rec).checked(rec, states)

@@ -608,6 +608,12 @@ class AgentFleet:
             params["grace_s"] = grace_s
         return self._each(lambda d: JobStopped.from_wire(_dict(d)), "job_stop", timeout, **params)
 
+    def slurm_template(self, *, slurm_job_id: str, template: Mapping[str, Any],
+                       timeout: float | None = None) -> dict[str, dict[str, Any] | TransportError]:
+        """Keep the template of a job Slurm queued on every host (agent/slurmstep.py): whichever
+        nodes Slurm gives it make their plans of it, with nobody watching."""
+        return self._each(_dict, "slurm_template", timeout, slurm_job_id=slurm_job_id, template=dict(template))
+
     def job_release(self, *, job_id: str, timeout: float | None = None) -> dict[str, bool | TransportError]:
         """Give back the job's claims on every host."""
         return self._each(lambda d: bool(_dict(d).get("released")), "job_release", timeout, job_id=job_id)
