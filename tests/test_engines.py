@@ -603,7 +603,8 @@ loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
     try:
         wait_until(lambda: squeue(slurm).get(big, ("", ""))[1] == "RUNNING", timeout=60, what="the blocker runs")
         said = cli.run("launch", str(spec)).stdout
-        assert said.startswith("submitted queued-ddp-") and "Slurm queues it: the nodes Slurm gives start it" in said, said
+        assert said.startswith("submitted queued-ddp-"), said
+        assert "Slurm queues it: the nodes Slurm gives start it" in said, said
         view = cli.json("status", said.split()[1].rstrip(":"))
         job_id, slurm_job = view["job_id"], view["slurm"]["job_id"]
         assert f"Slurm job {slurm_job} PENDING ({view['slurm']['reason']})" in said, said
