@@ -13,7 +13,7 @@ TORCH_SPEC ?= torch==2.13.0
 # gets paramiko's own threads), but the hub's tests need the hub. `make test
 # PARAMIKO_SPEC=paramiko` tries the newest; test_hub names what to check when it differs.
 PARAMIKO_SPEC ?= paramiko==5.1.0
-DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync prometheus prometheus-node-exporter slurm-wlm munge podman runc mmdebstrap uidmap docker.io
+DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync prometheus prometheus-node-exporter slurm-wlm munge slurmdbd mariadb-server podman runc mmdebstrap uidmap docker.io
 PYTEST_ARGS ?=
 # The suite runs in this many pytest-xdist workers, a test module to a worker, each worker with a
 # test bed of its own; tests marked `quiet` (they measure speed) run after them, alone. The tests
@@ -62,6 +62,8 @@ sysdeps:
 	[ -x /usr/bin/prometheus-node-exporter ] || missing="$$missing prometheus-node-exporter"; \
 	[ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && command -v sbatch >/dev/null || missing="$$missing slurm-wlm"; \
 	[ -x /usr/sbin/munged ] || missing="$$missing munge"; \
+	[ -x /usr/sbin/slurmdbd ] || missing="$$missing slurmdbd"; \
+	[ -x /usr/sbin/mariadbd ] && [ -x /usr/bin/mariadb-install-db ] || missing="$$missing mariadb-server"; \
 	command -v podman >/dev/null || missing="$$missing podman"; \
 	command -v runc >/dev/null || [ -x /usr/sbin/runc ] || missing="$$missing runc"; \
 	command -v mmdebstrap >/dev/null || missing="$$missing mmdebstrap"; \

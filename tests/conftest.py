@@ -218,16 +218,22 @@ def _no_daemon_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[Non
 
 # A real Slurm on a bed of its own (tests/slurmbed.py): one per test file that asks for it.
 @pytest.fixture(scope="module")
-def slurm_cluster() -> Iterator[SlurmBed]:
+def slurm_cluster(request: pytest.FixtureRequest) -> Iterator[SlurmBed]:
     """A started 3-host bed (4 simulated GPUs each) with Slurm up on it: slurmctld on h1, a
-    slurmd on every host, the GPUs as GRES; torn down (and checked gone) after the file's tests."""
+    slurmd on every host, the GPUs as GRES; torn down (and checked gone) after the file's tests.
+    A test file that sets ``SLURM_ACCOUNTING = True`` gets Slurm's accounting too (slurmdbd and
+    its database: ``sacct`` answers)."""
     _require_testbed()
     ok, why = slurmbed.available()
     require(ok, f"Slurm unavailable: {why}")
+    accounting = bool(getattr(request.module, "SLURM_ACCOUNTING", False))
+    if accounting:
+        ok, why = slurmbed.accounting_available()
+        require(ok, f"Slurm's accounting unavailable: {why}")
     bed = TestBed(3, sim_gpus=4)
     try:
         bed.up()
-        cluster = SlurmBed(bed).up()
+        cluster = SlurmBed(bed, accounting=accounting).up()
     except Exception as e:  # a Slurm command that failed as much as the bed: say it, leave nothing
         bed.down()
         pytest.fail(f"Slurm on the test bed did not come up: {type(e).__name__}: {e}", pytrace=False)

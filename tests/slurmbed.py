@@ -24,7 +24,14 @@ host (``SlurmBed.run``), or the agent's ``scontrol``, need no ``SLURM_CONF``.
 
 Plugins that need neither cgroups nor systemd: ``ProctrackType=proctrack/linuxproc``,
 ``TaskPlugin=task/none``; ``SlurmdParameters=config_overrides`` lets each node claim the CPUs
-and memory the configuration gives it whatever this machine has. No accounting database.
+and memory the configuration gives it whatever this machine has.
+
+``SlurmBed(bed, accounting=True)`` adds Slurm's accounting, as most sites run it: a MariaDB
+(Debian's ``mariadb-server``: its own data directory, ``mariadb-install-db``, listening on
+127.0.0.1 in h1's network namespace only) and ``slurmdbd`` (Debian's) on h1, the cluster added
+with ``sacctmgr``, ``AccountingStorageTRES=gres/gpu`` so that each job's GPUs are kept; ``sacct``
+then answers on every host. Without it there is no accounting database (``sacct`` says
+accounting storage is disabled).
 
 ``down()`` stops everything it started and removes its files; the bed's own teardown (which
 kills every process of each host's network namespace and removes ``<root>``) would as well.
@@ -46,6 +53,11 @@ from tests.testbed import TestBed, TestBedError, TestHost, _netns_pids
 SLURMCTLD = "/usr/sbin/slurmctld"
 SLURMD = "/usr/sbin/slurmd"
 MUNGED = "/usr/sbin/munged"
+SLURMDBD = "/usr/sbin/slurmdbd"
+MARIADBD = "/usr/sbin/mariadbd"
+MARIADB_INSTALL_DB = "/usr/bin/mariadb-install-db"
+MARIADB = "/usr/bin/mariadb"
+DB_PORT = 3306  # in h1's network namespace, on 127.0.0.1 only
 ETC_SLURM = "/etc/slurm"
 CGROUP_ROOT = "/sys/fs/cgroup"
 CLIENTS = ("sbatch", "srun", "squeue", "sinfo", "scontrol", "scancel")
@@ -54,6 +66,14 @@ START_TIMEOUT = 30.0
 # A second Unix user for jobs that are not root's: every Debian system has nobody.
 OTHER_USER = "nobody"
 OTHER_GROUP = "nogroup"
+
+
+def accounting_available() -> tuple[bool, str]:
+    """(True, "") when Debian's slurmdbd and MariaDB are installed here, else (False, what is missing)."""
+    missing = [p for p in (SLURMDBD, MARIADBD, MARIADB_INSTALL_DB, MARIADB) if not os.access(p, os.X_OK)]
+    if missing:
+        return False, f"{', '.join(missing)} not found: apt-get install slurmdbd mariadb-server (make test does)"
+    return True, ""
 
 
 def available() -> tuple[bool, str]:
@@ -74,7 +94,7 @@ class SlurmBed:
 
     __test__ = False
 
-    def __init__(self, bed: TestBed, start_timeout: float = START_TIMEOUT) -> None:
+    def __init__(self, bed: TestBed, start_timeout: float = START_TIMEOUT, accounting: bool = False) -> None:
         if not bed.hosts:
             raise TestBedError("the test bed is not up")
         self.bed = bed
@@ -87,6 +107,7 @@ class SlurmBed:
         self.socket = self.munge_dir / "munge.socket"
         self.out = self.dir / "out"  # jobs' output files (world-writable, sticky)
         self.cluster = f"rdk{bed.k}"
+        self.accounting = accounting
         self._procs: list[subprocess.Popen[bytes]] = []
 
     # ---- names
@@ -110,6 +131,8 @@ class SlurmBed:
             self._start_munged()
             self._mount_etc()
             ctld = self.bed.hosts[0]
+            if self.accounting:
+                self._start_accounting(ctld)
             self._spawn(ctld, "slurmctld", [SLURMCTLD, "-D", "-i"])
             for h in self.bed.hosts:
                 self._mount_cgroups(h)
@@ -159,7 +182,9 @@ class SlurmBed:
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *(["AccountingStorageType=accounting_storage/slurmdbd", f"AccountingStorageHost={ctld.address}",
+               "AccountingStorageTRES=gres/gpu"] if self.accounting else
+              ["AccountingStorageType=accounting_storage/none"]),
             "JobCompType=jobcomp/none",
             "MpiDefault=none",
             "SwitchType=switch/none",
@@ -207,6 +232,61 @@ class SlurmBed:
                 raise TestBedError(f"munged did not start: {self._tail(m / 'munged.out')} "
                                    f"{self._tail(m / 'munged.log')}")
             time.sleep(0.02)
+
+    def _start_accounting(self, h: TestHost) -> None:
+        """MariaDB and slurmdbd on ``h`` (its network namespace), and the cluster in the database."""
+        ok, why = accounting_available()
+        if not ok:
+            raise TestBedError(f"Slurm's accounting unavailable: {why}")
+        db = self.dir / "db"
+        db.mkdir(exist_ok=True)
+        cp = subprocess.run([MARIADB_INSTALL_DB, "--no-defaults", "--user=root", f"--datadir={db / 'data'}",
+                             "--auth-root-authentication-method=socket", "--skip-test-db"],
+                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=120, env=self._env())
+        if cp.returncode != 0:
+            raise TestBedError(f"mariadb-install-db: {(cp.stdout + cp.stderr)[-1500:]}")
+        sock = db / "mysqld.sock"
+        self._spawn(h, "mariadbd", [MARIADBD, "--no-defaults", "--user=root", f"--datadir={db / 'data'}",
+                                    f"--socket={sock}", "--bind-address=127.0.0.1", f"--port={DB_PORT}",
+                                    f"--pid-file={db / 'mariadbd.pid'}", f"--log-error={db / 'mariadbd.log'}",
+                                    "--innodb-buffer-pool-size=16M", "--skip-log-bin"])
+        self._wait(lambda: sock.exists(), "mariadbd", db / "mariadbd.log")
+        password = os.urandom(12).hex()
+        sql = (f"CREATE USER 'slurm'@'127.0.0.1' IDENTIFIED BY '{password}'; "
+               "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
+        cp = subprocess.run([MARIADB, "--no-defaults", f"--socket={sock}", "-u", "root", "-e", sql],
+                            capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30)
+        if cp.returncode != 0:
+            raise TestBedError(f"the accounting database's user: {cp.stderr.strip()}")
+        conf = self.etc / "slurmdbd.conf"  # slurmdbd reads it beside slurm.conf (SLURM_CONF)
+        d = self.dir
+        conf.write_text("\n".join([
+            f"# rigdeck test bed {self.bed.k}: Slurm's accounting (tests/slurmbed.py)",
+            "AuthType=auth/munge", f"AuthInfo=socket={self.socket}",
+            f"DbdHost={h.hostname}", f"DbdAddr={h.address}", "SlurmUser=root",
+            f"PidFile={d / 'run' / 'slurmdbd.pid'}", f"LogFile={d / 'log' / 'slurmdbd.log'}", "DebugLevel=info",
+            "StorageType=accounting_storage/mysql", "StorageHost=127.0.0.1", f"StoragePort={DB_PORT}",
+            "StorageUser=slurm", f"StoragePass={password}", "StorageLoc=slurm_acct_db",
+        ]) + "\n")
+        conf.chmod(0o600)
+        self._spawn(h, "slurmdbd", [SLURMDBD, "-D"])
+        added: list[str] = []
+
+        def cluster_added() -> bool:
+            cp = subprocess.run(["nsenter", "--target", str(h.init_pid), "--net", "--uts", "--",
+                                 "sacctmgr", "-i", "add", "cluster", self.cluster],
+                                capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=30, env=self._env())
+            added[:] = [cp.stdout + cp.stderr]
+            return cp.returncode == 0 or "already exists" in cp.stdout + cp.stderr
+        self._wait(cluster_added, "sacctmgr add cluster", d / "log" / "slurmdbd.log", extra=lambda: " ".join(added))
+
+    def _wait(self, cond: Any, what: str, log: Path, extra: Any = None) -> None:
+        """Until ``cond()``, while the daemon started last runs; a TestBedError with its log if not."""
+        deadline = time.monotonic() + self.start_timeout
+        while not cond():
+            if self._procs[-1].poll() is not None or time.monotonic() > deadline:
+                raise TestBedError(f"{what} did not come up: {extra() if extra else ''} {self._tail(log)}")
+            time.sleep(0.05)
 
     def _mount_etc(self) -> None:
         """The bed's Slurm configuration at /etc/slurm on every host (its own mount namespace)."""
@@ -381,8 +461,9 @@ def _comm(pid: int) -> str:
 
 
 def _is_slurm(pid: int) -> bool:
-    """A Slurm daemon, slurmstepd, munged, or a process of a Slurm job (its environment says so)."""
-    if _comm(pid).startswith(("slurm", "munged")):
+    """A Slurm daemon (slurmdbd's MariaDB too), slurmstepd, munged, or a process of a Slurm job
+    (its environment says so)."""
+    if _comm(pid).startswith(("slurm", "munged", "mariadbd")):
         return True
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes()

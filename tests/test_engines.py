@@ -22,6 +22,8 @@ from tests.kit import ROOT, wait_until
 from tests.kit.bedcli import Cli, running_ranks
 from tests.slurmbed import SlurmBed
 
+SLURM_ACCOUNTING = True  # slurmdbd and its database on this file's Slurm (tests/conftest.py): sacct answers
+
 EXAMPLES = ROOT / "examples"
 PROBE = ROOT / "tests" / "jobscripts" / "slurm_probe.py"
 TICKER = ROOT / "tests" / "jobscripts" / "ticker.py"
@@ -691,3 +693,47 @@ gpus_per_node = 2
         if waiter is not None and waiter.poll() is None:
             waiter.kill()
         slurm.run(["scancel", big, *ours], check=False)
+
+
+def sacct_ended(slurm: SlurmBed, *jobs: str) -> dict[str, int]:
+    """Slurm job id -> its ElapsedRaw in Slurm's accounting, once sacct has each one's end."""
+    def read() -> dict[str, int]:
+        out = slurm.run(["sacct", "-X", "-n", "-P", "-o", "JobIDRaw,State,ElapsedRaw", "-j", ",".join(jobs)],
+                        check=False).stdout
+        rows = [line.split("|") for line in out.splitlines() if line.strip()]
+        done = {r[0]: int(r[2]) for r in rows if len(r) == 3 and r[1] not in ("RUNNING", "PENDING", "COMPLETING")}
+        return done if set(done) == set(jobs) else {}
+    return wait_until(read, timeout=60, what=f"sacct has the end of {', '.join(jobs)}")
+
+
+@pytest.mark.testbed
+def test_usage_on_slurm_is_slurms_accounting_of_every_users_jobs(slurm: SlurmBed, tmp_path: Path) -> None:
+    """This file's Slurm keeps accounting (slurmdbd): `rigdeck usage` adds up Slurm's own figures
+    (sacct): another user's job of 2 nodes x 2 GPUs and a rigdeck job through Slurm of 1 GPU,
+    each its GPUs times the time Slurm accounted it; rigdeck's under its rigdeck job id, the
+    other's as slurm:<id>; by user, nobody's hours are nobody's."""
+    from tests.slurmbed import OTHER_USER
+
+    cli = slurm_cli(slurm, tmp_path, timeout=300)
+    other = slurm.run(["sbatch", "--parsable", "-N", "2", "--gres=gpu:2", "--chdir=/tmp",
+                       f"--output={slurm.out}/%j.out", "--wrap", "sleep 2"], user=OTHER_USER).stdout.strip()
+    spec = cli.spec("counted", f'''command = ["{{python}}", "{TICKER}", "--steps", "5", "--sleep", "0.2"]
+workdir = "/"
+launcher = "direct"
+nodes = 1
+gpus_per_node = 1
+''')
+    view = cli.json("launch", str(spec), "--wait")
+    assert view["state"] == "succeeded", json.dumps(view, indent=1)[-2000:]
+    ours = view["slurm"]["job_id"]
+    elapsed = sacct_ended(slurm, other, ours)
+    report = cli.json("usage", "--by", "job")
+    assert report["source"] == "sacct on h1" and report["note"] is None, report
+    rows = {r["key"]: r for r in report["rows"]}
+    assert rows[f"slurm:{other}"]["gpu_hours"] == pytest.approx(4 * elapsed[other] / 3600.0, abs=1e-9), rows
+    assert rows[view["job_id"]]["gpu_hours"] == pytest.approx(1 * elapsed[ours] / 3600.0, abs=1e-9), rows
+    assert rows[view["job_id"]]["jobs"] == 1 and elapsed[other] >= 2, (rows, elapsed)
+    text = cli.run("usage").stdout
+    assert text.splitlines()[0] == "from Slurm's accounting (sacct on h1): every user's Slurm jobs", text
+    by_user = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()[3:-1]}
+    assert by_user[OTHER_USER] >= 4 * elapsed[other] / 3600.0 - 0.0005, text  # (its earlier tests' jobs too)

@@ -414,3 +414,65 @@ def test_sbatch_options_name_each_value_once_and_round_the_time_up() -> None:
         "--nodes=1", "--ntasks-per-node=1", "--job-name=rigdeck:j", "--time=0-00:02:00"]
     assert sbatch_options("j", nodes=1, gpus_per_node=None, runtime_s=61, exclude=["n3", "n2", "n3"])[-1] == (
         "--exclude=n2,n3")
+
+
+# --------------------------------------------------------------------------------------------
+# accounting: sacct as rigdeck asks for it (tui.model.slurm.sacct_args), where slurmdbd keeps it
+
+
+SACCT = (
+    "7|root|root|COMPLETED|1796000000|1796000600|billing=2,cpu=2,gres/gpu=4,mem=8000M,node=2|rigdeck:ddp-1\n"
+    "8|nobody||CANCELLED by 0|1796000100|1796000160|billing=1,cpu=1,gres/gpu:a100=1,gres/gpu:h100=2,node=1|big|run\n"
+    "9|nobody||RUNNING|1796000300|Unknown|cpu=1,gres/gpu=2,node=1|live\n"
+    "10|root||PENDING|Unknown|Unknown||waits\n"
+)
+
+
+def test_sacct_of_every_users_jobs_with_their_gpus_and_times() -> None:
+    from tui.model.slurm import SacctJob, parse_sacct, sacct_args, sacct_usage_records
+    from tui.model.usage import usage_report
+
+    jobs = parse_sacct(SACCT)
+    assert jobs == [
+        SacctJob("7", "root", "root", "COMPLETED", 1796000000.0, 1796000600.0, 4, "rigdeck:ddp-1"),
+        SacctJob("8", "nobody", "", "CANCELLED by 0", 1796000100.0, 1796000160.0, 3, "big|run"),
+        SacctJob("9", "nobody", "", "RUNNING", 1796000300.0, None, 2, "live"),
+        SacctJob("10", "root", "", "PENDING", None, None, 0, "waits")]
+    assert jobs[0].rigdeck_job == "ddp-1" and jobs[1].rigdeck_job is None
+    # as usage figures: the rigdeck job under its own id, the pending one holds nothing
+    now = 1796000900.0
+    report = usage_report(sacct_usage_records(jobs), by="job", now=now)
+    assert {r.key: round(r.gpu_hours * 3600) for r in report.rows} == {
+        "ddp-1": 4 * 600, "slurm:8": 3 * 60, "slurm:9": 2 * 600}
+    by_user = usage_report(sacct_usage_records(jobs), by="user", now=now, since=1796000500.0)
+    assert {r.key: round(r.gpu_hours * 3600) for r in by_user.rows} == {"root": 4 * 100, "nobody": 2 * 400}
+    # the times as epoch seconds through env (no shell); the window as Slurm's own "now-N"
+    args = sacct_args(3600.0)
+    assert args[:3] == ("env", "SLURM_TIME_FORMAT=%s", "sacct") and "--starttime=now-3600seconds" in args
+    assert "--allusers" in args and "--allocations" in args and "--parsable2" in args
+    assert "--starttime=1970-01-02T00:00:00" in sacct_args(None)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("7|root|root|COMPLETED|1796000000\n", "line 1: expected 8 fields"),
+    ("x7|root||COMPLETED|1|2|gres/gpu=1|n\n", "expected a job id"),
+    ("7|root||COMPLETED|2026-11-30T04:00:00|2|gres/gpu=1|n\n", "expected epoch seconds"),
+    ("7|root||COMPLETED|1|2|gres/gpu=two|n\n", "expected a GPU count"),
+])
+def test_sacct_text_it_cannot_read_says_what_it_expected(text: str, expected: str) -> None:
+    from tui.model.slurm import parse_sacct
+
+    with pytest.raises(SlurmParseError, match=expected):
+        parse_sacct(text)
+
+
+def test_usage_says_whose_figures_they_are() -> None:
+    from tui.model.usage import UsageReport, UsageRow, report_lines
+
+    rows = (UsageRow("nobody", 2.0, 3, 0),)
+    slurm = report_lines(UsageReport(by="user", since=None, now=0.0, rows=rows, source="sacct on h1"))
+    assert slurm[0] == "from Slurm's accounting (sacct on h1): every user's Slurm jobs"
+    assert slurm[1] == "GPU hours by user, all time"
+    own = report_lines(UsageReport(by="user", since=None, now=0.0, rows=rows, note="sacct said no"))
+    assert own[:2] == ["(sacct said no)", "GPU hours by user, all time"]
+    assert report_lines(UsageReport(by="user", since=None, now=0.0, rows=rows))[0] == "GPU hours by user, all time"

@@ -339,3 +339,18 @@ def test_a_login_where_slurm_reaches_no_cluster_is_refused(cli: Cli) -> None:
     assert (f"{cli.inventory}: [slurm] login 'h2': Slurm's commands there reach no Slurm cluster: "
             "scontrol -o show partition: ") in refused.stderr, refused.stderr
     assert cli.json("jobs") == []
+
+
+def test_usage_on_slurm_without_accounting_counts_rigdecks_jobs_and_says_why(slurm: SlurmBed,
+                                                                             tmp_path: Path) -> None:
+    """This Slurm keeps no accounting (no slurmdbd): `rigdeck usage` counts the jobs rigdeck
+    launched and says why not Slurm's, with sacct's own words."""
+    cli = Cli(slurm.bed, tmp_path)
+    with_slurm_table(cli, 'login = "h1"\npartition = "bed"\n')
+    report = cli.json("usage")
+    assert report["source"] is None, report
+    assert report["note"].startswith("Slurm's accounting not read on h1: env SLURM_TIME_FORMAT=%s sacct "), report
+    assert "accounting storage is disabled" in report["note"], report
+    assert report["note"].endswith(": the figures are the jobs rigdeck launched"), report
+    text = cli.run("usage").stdout
+    assert text.splitlines()[0] == f"({report['note']})", text

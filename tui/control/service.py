@@ -11,6 +11,7 @@ the poller that supervises live jobs and folds their metrics (``JobWatch``) and 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -669,8 +670,38 @@ class ControllerService:
         from the jobs' recorded GPU time (``tui.model.usage``)."""
         now = time.time()
         recs = self.manager.history.list(limit=1_000_000)
-        return usage_report(recs, by=by, since=since, now=now, groups=self.groups,
-                            goodputs=self._goodputs(recs, since))
+        goodputs = self._goodputs(recs, since)
+        note = None
+        if getattr(self.ctl.inventory, "slurm", None) is not None:
+            slurm, note = self._slurm_usage(by, since, now, goodputs)
+            if slurm is not None:
+                return slurm
+        report = usage_report(recs, by=by, since=since, now=now, groups=self.groups, goodputs=goodputs)
+        return dataclasses.replace(report, note=note) if note else report
+
+    def _slurm_usage(self, by: str, since: float | None, now: float,
+                     goodputs: Mapping[str, float | None]) -> tuple[UsageReport | None, str | None]:
+        """On a Slurm cluster, the figures of Slurm's own accounting where ``sacct`` answers
+        (slurmdbd keeps it): every user's Slurm jobs, rigdeck's among them (with their goodput).
+        Where it does not: no report, and why (the jobs rigdeck launched are counted then)."""
+        from tui.model.slurm import (
+            SlurmParseError,
+            SlurmReadError,
+            parse_sacct,
+            run_on_login,
+            sacct_args,
+            sacct_usage_records,
+        )
+
+        try:
+            login, out = run_on_login(self.exec, self.ctl.inventory, sacct_args(None if since is None else now - since),
+                                      "Slurm's accounting")
+            jobs = parse_sacct(out)
+        except (SlurmReadError, SlurmParseError) as e:
+            return None, f"{e}: the figures are the jobs rigdeck launched"
+        report = usage_report(sacct_usage_records(jobs), by=by, since=since, now=now, groups=self.groups,
+                              goodputs=goodputs)
+        return dataclasses.replace(report, source=f"sacct on {login}"), None
 
     def _goodputs(self, recs: Sequence[Mapping[str, Any]], since: float | None) -> dict[str, float | None]:
         """Each started job's goodput ratio, from its metrics (read from its hosts, several jobs at

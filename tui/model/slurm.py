@@ -22,8 +22,10 @@ from agent import slurmtext
 from agent.slurmtext import SlurmTextError
 
 __all__ = [
+    "SACCT_FIELDS",
     "SQUEUE_ARGS",
     "SQUEUE_FIELDS",
+    "SacctJob",
     "SlurmJob",
     "SlurmNode",
     "SlurmParseError",
@@ -39,6 +41,9 @@ __all__ = [
     "parse_jobs_json",
     "parse_nodes",
     "parse_nodes_json",
+    "parse_sacct",
+    "sacct_args",
+    "sacct_usage_records",
     "QUEUE_NOTE",
     "queue_order",
     "queue_where",
@@ -323,6 +328,106 @@ def parse_jobs(text: str, command: str = " ".join(SQUEUE_ARGS)) -> list[SlurmJob
         out.append(SlurmJob(job_id=job_id, user=user, state=state,
                             reason=None if reason in ("None", "", "(null)") else reason,
                             node_count=_int(count), nodes=hosts, gpus_per_node=gpus))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# accounting: sacct, where slurmdbd keeps it
+
+# sacct's fields as rigdeck asks for them: each job allocation (no steps), its times as epoch
+# seconds (SLURM_TIME_FORMAT=%s), its allocated TRES (``gres/gpu=N``: the whole job's GPUs).
+SACCT_FIELDS = ("JobIDRaw", "User", "Account", "State", "Start", "End", "AllocTRES", "JobName")
+SACCT_SINCE_EVER = "1970-01-02T00:00:00"
+
+
+def sacct_args(window_s: float | None) -> tuple[str, ...]:
+    """``sacct`` on the login host for every user's jobs that ran in the ``window_s`` seconds up to
+    now (None: ever), through ``env`` (no shell) for the times as epoch seconds. ``--truncate``
+    is not asked: the figures are cut to the window here, from each job's own start and end."""
+    start = f"now-{max(0, int(window_s))}seconds" if window_s is not None else SACCT_SINCE_EVER
+    return ("env", "SLURM_TIME_FORMAT=%s", "sacct", "--allusers", "--allocations", "--noheader", "--parsable2",
+            "--format=" + ",".join(SACCT_FIELDS), f"--starttime={start}", "--endtime=now")
+
+
+@dataclass(frozen=True)
+class SacctJob:
+    """One job allocation in Slurm's accounting."""
+
+    job_id: str
+    user: str
+    account: str
+    state: str  # "COMPLETED", "RUNNING", "CANCELLED by 0" as sacct says it
+    start: float | None  # None: it never started
+    end: float | None  # None: it runs still
+    gpus: int  # the whole job's
+    name: str
+
+    @property
+    def rigdeck_job(self) -> str | None:
+        """The rigdeck job it ran (rigdeck names its Slurm jobs ``rigdeck:<job id>``)."""
+        return self.name[len("rigdeck:"):] if self.name.startswith("rigdeck:") else None
+
+
+def _tres_gpus(text: str) -> int:
+    """The GPUs of sacct's ``AllocTRES`` (``cpu=2,gres/gpu=2,mem=1G,node=1``; typed ones, like
+    ``gres/gpu:a100=2``, when it names no total)."""
+    total, typed = None, 0
+    for item in text.split(","):
+        key, _, value = item.strip().partition("=")
+        if key == "gres/gpu" or key.startswith("gres/gpu:"):
+            if not value.isdigit():
+                raise SlurmParseError(f"AllocTRES {text!r}: expected a GPU count in {item!r}")
+            if key == "gres/gpu":
+                total = int(value)
+            else:
+                typed += int(value)
+    return total if total is not None else typed
+
+
+def _epoch(text: str, what: str) -> float | None:
+    text = text.strip()
+    if text in ("", "Unknown", "None", "N/A"):
+        return None
+    if not text.isdigit():
+        raise SlurmParseError(f"{what} {text!r}: expected epoch seconds (SLURM_TIME_FORMAT=%s) or Unknown")
+    return float(text)
+
+
+def parse_sacct(text: str, command: str = "sacct") -> list[SacctJob]:
+    """The job allocations of ``sacct`` run with ``sacct_args``, one a line (``--parsable2``: the
+    job name, last, may hold a ``|``)."""
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        cols = line.split("|", len(SACCT_FIELDS) - 1)
+        if len(cols) != len(SACCT_FIELDS):
+            raise SlurmParseError(f"{command}: line {n}: expected {len(SACCT_FIELDS)} fields "
+                                  f"({'|'.join(SACCT_FIELDS)}), got {line.strip()[:80]!r}")
+        job_id, user, account, state, start, end, tres, name = cols
+        if not re.fullmatch(r"\d+", job_id.strip()):
+            raise SlurmParseError(f"{command}: line {n}: expected a job id, got {job_id.strip()!r}")
+        try:
+            job = SacctJob(job_id=job_id.strip(), user=user.strip(), account=account.strip(), state=state.strip(),
+                           start=_epoch(start, "Start"), end=_epoch(end, "End"), gpus=_tres_gpus(tres),
+                           name=name.strip())
+        except SlurmParseError as e:
+            raise SlurmParseError(f"{command}: line {n}: {e}") from None
+        out.append(job)
+    return out
+
+
+def sacct_usage_records(jobs: Sequence[SacctJob]) -> list[dict[str, Any]]:
+    """Slurm's jobs as the usage figures read jobs (tui.model.usage: one attempt from its start to
+    its end, or now, holding its GPUs); a job rigdeck launched keeps rigdeck's job id, another is
+    ``slurm:<id>``. A job that never started holds nothing and is left out."""
+    out = []
+    for j in jobs:
+        if j.start is None:
+            continue
+        out.append({"job_id": j.rigdeck_job or f"slurm:{j.job_id}", "user": j.user or None, "created": j.start,
+                    "state": "running" if j.end is None else "ended", "ended": j.end,
+                    "events": [{"event": "started", "time": j.start, "gpus": j.gpus}]})
     return out
 
 

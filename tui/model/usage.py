@@ -116,13 +116,16 @@ class UsageRow:
 @dataclass(frozen=True)
 class UsageReport:
     """``rigdeck usage``: rows by ``by``, the most GPU hours first; ``weeks``: each row key's
-    GPU hours per ISO week (the Usage view's bars)."""
+    GPU hours per ISO week (the Usage view's bars). ``source``: Slurm's accounting (``sacct on
+    h1``) where it answered, every user's jobs; None: the jobs rigdeck launched."""
 
     by: str
     since: float | None
     now: float
     rows: tuple[UsageRow, ...] = ()
     weeks: dict[str, dict[str, float]] = field(default_factory=dict)
+    source: str | None = None  # None: the jobs rigdeck launched; else whose accounting it is
+    note: str | None = None  # why the figures are not Slurm's, on a Slurm cluster
 
     @property
     def gpu_hours(self) -> float:
@@ -191,11 +194,13 @@ def report_lines(report: UsageReport) -> list[str]:
     """``rigdeck usage``'s table: a row per key, then the total."""
     span = "all time" if report.since is None else "since " + _dt.datetime.fromtimestamp(
         report.since).strftime("%Y-%m-%d %H:%M")
+    where = [f"from Slurm's accounting ({report.source}): every user's Slurm jobs"] if report.source else []
+    where += [f"({report.note})"] if report.note else []
     if not report.rows:
-        return [f"no GPU time recorded ({span})"]
+        return where + [f"no GPU time recorded ({span})"]
     head = report.by.upper()
     width = max(len(head), 5, *(len(r.key) for r in report.rows))
-    out = [f"GPU hours by {report.by}, {span}",
+    out = where + [f"GPU hours by {report.by}, {span}",
            f"{head:<{width}}  {'GPU-HOURS':>9}  {'JOBS':>5}  {'PREEMPTED':>9}  {'GOODPUT':>7}"]
     for r in report.rows:
         good = f"{r.goodput:.0%}" if r.goodput is not None else "-"

@@ -5,6 +5,7 @@ recorded GPU time, ``tui.model.usage``); with a server, everyone's. Read on a wo
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 from textual.app import ComposeResult
@@ -97,11 +98,18 @@ class UsageView(View):
     def update(self, now: float) -> None:
         report = self.usage_report
         status = "[$text-muted]the jobs' recorded GPU time (GPUs x time of each attempt); r reads again[/]"
+        if report is not None and report.source:
+            status = (f"[$text-muted]Slurm's accounting ({escape(report.source)}): every user's Slurm jobs, "
+                      "GPUs x time of each; r reads again[/]")
+        elif report is not None and report.note:
+            status = f"[$warning]{escape(report.note[:300])}[/]"
         if self.usage_error:
             status = f"[$error]{escape(self.usage_error[:300])}[/]"
         set_text(self.query_one("#usage-status", Static), status)
         set_text(self.query_one("#usage-chart", Static), chart_markup(report, now))
-        table = "\n".join(escape(line) for line in report_lines(report)[1:]) if report is not None else ""
+        # (the table without the lines above it: whose figures, the span: the status and chart say them)
+        bare = dataclasses.replace(report, source=None, note=None) if report is not None else None
+        table = "\n".join(escape(line) for line in report_lines(bare)[1:]) if bare is not None else ""
         set_text(self.query_one("#usage-table", Static), table)
 
 
