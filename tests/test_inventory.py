@@ -1357,9 +1357,14 @@ def test_slurm_table_defaults_values_and_round_trip(tmp_path: Path) -> None:
     assert inv.slurm == SlurmSpec() and inv.slurm.login_host(inv.hosts) == "head"  # the first host
     body = (TWO_HOSTS + '\n[slurm]\nlogin = "hpc-login"\npartition = "gpu"\naccount = "proj-17"\n'
             'qos = "normal"\nconstraint = "a100&ib"\n')
-    inv = load_inventory(inventory(tmp_path, body))
+    ssh = tmp_path / "ssh_config"
+    ssh.write_text("Host hpc-login\n    HostName 10.0.0.9\n")
+    inv = load_inventory(inventory(tmp_path, body, ssh_config=str(ssh)))
     assert inv.slurm == SlurmSpec("hpc-login", "gpu", "proj-17", "normal", "a100&ib")
     assert inv.slurm.login_host(inv.hosts) == "hpc-login"  # an ~/.ssh/config alias is allowed
+    assert inv.names == ["head", "gpu1", "hpc-login"] and inv.get("hpc-login").address == "10.0.0.9"
+    with pytest.raises(InventoryError, match="hpc-login"):  # an alias no ssh config knows: said
+        load_inventory(inventory(tmp_path, body))
     hash(inv)
     again = load_inventory(write(tmp_path / "again.toml", hostfile_to_toml(inv)))
     assert again.slurm == inv.slurm

@@ -128,3 +128,22 @@ def test_a_login_it_cannot_reach_is_said_with_the_reason(tmp_path: Path, monkeyp
                                              r"127.0.0.1:1: .*\), got \"cluster\" \(str\)"):
         load_inventory(inv_path)
     assert not (tmp_path / "home" / SLURM_NODES_CACHE).exists()  # nothing kept of a failed read
+
+
+def test_a_login_alias_beside_listed_hosts_is_a_host_of_its_own(tmp_path: Path) -> None:
+    """[[hosts]] listed, and ``login`` an ~/.ssh/config alias that is none of them: the alias
+    is added after them (its address and user from the ssh config), where Slurm's commands run;
+    no Slurm read is needed to load it. A login that is a listed host stays that host."""
+    ssh = tmp_path / "ssh_config"
+    ssh.write_text("Host cluster\n    HostName 10.9.9.9\n    User alice\n")
+    inv_path = tmp_path / "hosts.toml"
+    hosts = '[[hosts]]\nname = "n1"\naddress = "10.0.0.1"\n\n[[hosts]]\nname = "n2"\naddress = "10.0.0.2"\n\n'
+    inv_path.write_text(f'[defaults]\nssh_config = "{ssh}"\nknown_hosts = "{tmp_path / "known_hosts"}"\n\n'
+                        f'{hosts}[slurm]\nlogin = "cluster"\npartition = "gpu"\n')
+    inv = load_inventory(inv_path)
+    assert inv.names == ["n1", "n2", "cluster"]
+    login = inv.get("cluster")
+    assert (login.address, login.user) == ("10.9.9.9", "alice")
+    assert inv.slurm is not None and inv.slurm.login == "cluster" and not inv.slurm.read_hosts
+    inv_path.write_text(inv_path.read_text().replace('login = "cluster"', 'login = "n2"'))
+    assert load_inventory(inv_path).names == ["n1", "n2"]

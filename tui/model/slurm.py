@@ -523,8 +523,8 @@ Exec = Callable[[list[str], list[str], float], Mapping[str, Any]]
 
 def login_of(inventory: Any) -> str:
     """The inventory host whose agent runs Slurm's commands (``[slurm]`` login, else the first
-    host); a SlurmReadError when it is no inventory host (an ``~/.ssh/config`` alias is not read
-    yet) or there is no ``[slurm]``."""
+    host); a SlurmReadError when it is no inventory host (an inventory file makes a login alias a
+    host of its own: one built otherwise may lack it) or there is no ``[slurm]``."""
     spec = getattr(inventory, "slurm", None)
     if spec is None:
         raise SlurmReadError("the inventory has no [slurm] table")

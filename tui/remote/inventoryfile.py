@@ -349,6 +349,11 @@ def _toml_inventory(text: str, path: Path) -> Inventory:
                                  "rigdeck reads the hosts from Slurm there")
         hosts = [resolver.resolve({"name": slurm.login}, "[slurm] login")]
         slurm = dataclasses.replace(slurm, read_hosts=True)
+    elif slurm is not None and slurm.login and slurm.login not in {h.name for h in hosts}:
+        # A login beside the listed hosts (an ~/.ssh/config alias, a host name): Slurm's commands
+        # run there, through its agent, as on any host; it runs no job (Slurm places none there
+        # unless it is one of Slurm's nodes, and then it is listed by its own name).
+        hosts.append(resolver.resolve({"name": slurm.login}, "[slurm] login"))
     server = server_spec(data["server"], path, hosts) if "server" in data else None
     return resolver.inventory(hosts, server=server, slurm=slurm)
 
