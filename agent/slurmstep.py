@@ -39,7 +39,7 @@ SUBMIT_TIMEOUT_S = 60.0
 PLAN_WAIT_S = 900.0  # a step whose plan never comes (the controller gave up) ends itself
 # sbatch options the controller may pass: each one "--name=value", its name one of these.
 OPTIONS = ("nodes", "ntasks-per-node", "gres", "time", "partition", "account", "qos", "constraint",
-           "job-name", "output", "chdir", "exclusive", "exclude")
+           "job-name", "output", "chdir", "exclusive", "exclude", "nodelist")
 
 
 class SlurmStepError(Exception):

@@ -107,6 +107,35 @@ def test_a_restart_excludes_the_nodes_rigdeck_drains_or_lost_and_asks_slurm_thro
     assert asked[0] == ["scontrol", "-o", "show", "nodes"]
 
 
+def test_a_spec_pinned_to_hosts_asks_slurm_for_exactly_their_nodes(tmp_path: Path) -> None:
+    """A spec's ``hosts`` on a Slurm cluster: ``--nodelist`` of their Slurm nodes (read from Slurm's
+    own node list, by address here) and ``--nodes`` their count; a pinned host that is drained or
+    lost cannot be had (no sbatch that Slurm would refuse); a host that is no Slurm node is said."""
+    from tui.control.engines import EngineError, SlurmEngine
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+    from tui.model.inventory import HostSpec, Inventory, SlurmSpec
+    from tui.model.jobspec import jobspec_from_toml
+
+    nodes = (ROOT / "tests" / "data" / "slurm" / "nodes-22.05.8-do.txt").read_text()
+
+    class Agents:
+        def exec(self, argv: list[str], timeout_s: float, timeout: float) -> dict[str, Any]:
+            return {"a": {"exit_code": 0, "stdout": nodes, "stderr": ""}}
+
+    hosts = tuple(HostSpec(name=n, address=f"10.213.1.1{i}") for i, n in enumerate("abc", start=1))
+    inv = Inventory(hosts=hosts + (HostSpec(name="d", address="10.99.0.1"),), path=tmp_path / "hosts.toml",
+                    known_hosts=tmp_path / "known_hosts", slurm=SlurmSpec(partition="bed", login="a"))
+    engine = SlurmEngine(JobManager(SimpleNamespace(inventory=inv, agents=lambda hosts: Agents()),
+                                    History(tmp_path / "h.sqlite")))
+    spec = jobspec_from_toml('name = "t"\ncommand = ["true"]\nworkdir = "/"\nhosts = ["c", "a"]\ngpus_per_node = 1\n')
+    options = engine.options("t-1", spec)
+    assert "--nodes=2" in options and options[-1] == "--nodelist=tb1-h1,tb1-h3", options
+    with pytest.raises(EngineError, match="tb1-h3 of the hosts it names are drained or out of reach"):
+        engine.options("t-1", spec, exclude=["tb1-h3"])
+    assert engine.slurm_nodes(["a", "d"]) == {"a": "tb1-h1", "d": None}
+
+
 def test_a_restart_ends_the_previous_slurm_job_first_and_keeps_what_slurm_said(tmp_path: Path) -> None:
     """The previous attempt's Slurm job: scancel while Slurm runs it (not while it completes),
     until Slurm says it ended; a ``slurm job ended`` event keeps its id, state and nodes."""
@@ -737,3 +766,22 @@ gpus_per_node = 1
     assert text.splitlines()[0] == "from Slurm's accounting (sacct on h1): every user's Slurm jobs", text
     by_user = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()[3:-1]}
     assert by_user[OTHER_USER] >= 4 * elapsed[other] / 3600.0 - 0.0005, text  # (its earlier tests' jobs too)
+
+
+@pytest.mark.testbed
+def test_a_job_pinned_to_hosts_runs_on_exactly_their_slurm_nodes(slurm: SlurmBed, tmp_path: Path) -> None:
+    """A spec's ``hosts`` through Slurm: sbatch gets ``--nodelist`` of their nodes, and each rank
+    runs on one of them, whichever Slurm would have chosen."""
+    cli = slurm_cli(slurm, tmp_path)
+    spec = cli.spec("pinned", '''command = ["sh", "-c", "echo on $(hostname)"]
+workdir = "/"
+launcher = "direct"
+hosts = ["h3", "h2"]
+gpus_per_node = 1
+''')
+    view = cli.json("launch", str(spec), "--wait", timeout=180)
+    assert view["state"] == "succeeded", json.dumps(view, indent=1)[-3000:]
+    assert sorted(n["host"] for n in view["placement"]) == ["h2", "h3"], view["placement"]
+    logs = cli.run("logs", view["job_id"]).stdout
+    assert sorted(line.split("on ", 1)[1] for line in logs.splitlines() if "on " in line) == [
+        slurm.node(2), slurm.node(3)], logs

@@ -308,9 +308,12 @@ class SlurmEngine:
         if spec.pools or spec.kind != "training":
             raise EngineError(f"{where}: a {'pool' if spec.pools else spec.kind} job on a Slurm cluster: "
                               "not yet (docs/slurm.md); only training jobs launch through sbatch")
-        if spec.hosts:
-            raise EngineError(f"{where}: field 'hosts': Slurm chooses the nodes on a Slurm cluster "
-                              f"(the inventory has [slurm]); remove 'hosts' ({', '.join(spec.hosts)})")
+        if spec.hosts:  # pinned: Slurm gives exactly their nodes (--nodelist)
+            nodes = self.slurm_nodes(spec.hosts)
+            missing = [h for h, n in nodes.items() if n is None]
+            if missing:
+                raise EngineError(f"{where}: field 'hosts': {', '.join(missing)}: no Slurm node is this host "
+                                  "(scontrol show nodes lists none by its name, hostname or address)")
         checked = check_spec(self._exec, inv)  # login, partition (account, qos where Slurm can say)
         if checked.errors:
             raise EngineError("; ".join(checked.errors))
@@ -330,10 +333,29 @@ class SlurmEngine:
 
         def pick(name: str) -> str | None:
             return mine.get(name) or (getattr(base, name, None) if base is not None else None)
+        pinned = [n for n in self.slurm_nodes(spec.hosts).values() if n] if spec.hosts else []
+        if set(pinned) & set(exclude):
+            raise EngineError(f"{spec.path or 'job spec'}: field 'hosts': Slurm node(s) "
+                              f"{', '.join(sorted(set(pinned) & set(exclude)))} of the hosts it names are drained "
+                              "or out of reach: the job cannot run on exactly its hosts")
         return sbatch_options(
-            job_id, nodes=spec.node_count, gpus_per_node=spec.gpus_per_node,
+            job_id, nodes=len(spec.hosts) or spec.node_count, gpus_per_node=spec.gpus_per_node,
             runtime_s=spec.max_runtime_s + spec.grace_s + SLURM_MARGIN_S, partition=pick("partition"),
-            account=pick("account"), qos=pick("qos"), constraint=pick("constraint"), exclude=exclude)
+            account=pick("account"), qos=pick("qos"), constraint=pick("constraint"), exclude=exclude,
+            nodelist=pinned)
+
+    def slurm_nodes(self, hosts: Sequence[str]) -> dict[str, str | None]:
+        """Inventory host -> the name of its Slurm node (by name, hostname or address; None: none)."""
+        inv = self.jm.ctl.inventory
+        try:
+            find = node_index(read_nodes(self._exec, inv))
+        except SlurmReadError as e:
+            raise EngineError(str(e)) from None
+        out: dict[str, str | None] = {}
+        for h in hosts:
+            node = find(h, inv.get(h).address) if h in inv.names else None
+            out[h] = node.name if node is not None else None
+        return out
 
     def excluded(self, lost: Sequence[str] = ()) -> list[str]:
         """The Slurm nodes an attempt must not run on: those of hosts rigdeck drains (a GPU's drain
@@ -346,17 +368,7 @@ class SlurmEngine:
         hosts &= set(inv.names)
         if not hosts:
             return []
-        try:
-            find = node_index(read_nodes(self._exec, inv))
-        except SlurmReadError as e:
-            raise EngineError(str(e)) from None
-        out = []
-        for h in sorted(hosts):
-            spec = inv.get(h)
-            node = find(spec.name, spec.address)
-            if node is not None:
-                out.append(node.name)
-        return out
+        return [n for n in self.slurm_nodes(sorted(hosts)).values() if n is not None]
 
     def _retire(self, job_id: str) -> None:
         """Before a restart's sbatch: the previous attempt's Slurm job ended (its job hosts were
@@ -537,7 +549,8 @@ class SlurmEngine:
             hosts: dict[str, str] = {}  # Slurm node -> inventory host, each a node the job may get
             for spec_h in inv.hosts:
                 node = find(spec_h.name, spec_h.address)
-                if node is not None and node.name not in excluded and spec_h.name in caps:
+                if node is not None and node.name not in excluded and spec_h.name in caps and (
+                        not spec.hosts or spec_h.name in spec.hosts):
                     hosts[node.name] = spec_h.name
             if not hosts:
                 raise EngineError(f"Slurm job {sid}: no inventory host is a Slurm node it may run on")

@@ -727,11 +727,13 @@ def slurm_time(seconds: float) -> str:
 
 def sbatch_options(job_id: str, *, nodes: int, gpus_per_node: int | None, runtime_s: float,
                    partition: str | None = None, account: str | None = None, qos: str | None = None,
-                   constraint: str | None = None, exclude: Sequence[str] = ()) -> list[str]:
+                   constraint: str | None = None, exclude: Sequence[str] = (),
+                   nodelist: Sequence[str] = ()) -> list[str]:
     """sbatch's options for a rigdeck job: ``nodes`` nodes, one task each (its job host), GPUs per
     node as ``--gres=gpu:N``, a time limit of ``runtime_s`` (the job's max_runtime and its stop's
     grace: rigdeck's own limit comes first), the partition, account, QOS and constraint given,
-    and the Slurm nodes to ``exclude`` (``--exclude=a,b``: nodes rigdeck drains or lost).
+    the Slurm nodes to ``exclude`` (``--exclude=a,b``: nodes rigdeck drains or lost), and those of
+    a spec's ``hosts`` (``--nodelist=a,b``: the job runs on exactly them).
     Each is one ``--name=value`` argument:
     no value is read by a shell (agent/slurmstep.py checks the names)."""
     opts = [f"--nodes={int(nodes)}", "--ntasks-per-node=1", f"--job-name={job_name(job_id)}",
@@ -744,6 +746,8 @@ def sbatch_options(job_id: str, *, nodes: int, gpus_per_node: int | None, runtim
             opts.append(f"--{name}={value}")
     if exclude:
         opts.append("--exclude=" + ",".join(sorted(set(exclude))))
+    if nodelist:
+        opts.append("--nodelist=" + ",".join(sorted(set(nodelist))))
     return opts
 
 
