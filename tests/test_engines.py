@@ -785,3 +785,41 @@ gpus_per_node = 1
     logs = cli.run("logs", view["job_id"]).stdout
     assert sorted(line.split("on ", 1)[1] for line in logs.splitlines() if "on " in line) == [
         slurm.node(2), slurm.node(3)], logs
+
+
+@pytest.mark.testbed
+def test_a_processing_job_through_slurm_shards_its_inputs_over_the_nodes_slurm_gave(slurm: SlurmBed,
+                                                                                    tmp_path: Path) -> None:
+    """A SageMaker Processing job (kind = "processing", no GPUs) through Slurm on 3 nodes: each
+    file of a ShardedByKey input reaches exactly one node Slurm gave, the processing tree's
+    resourceconfig names that node's host, and Slurm ran it (COMPLETED)."""
+    cli = slurm_cli(slurm, tmp_path, timeout=300)
+    source = tmp_path / "raw"
+    source.mkdir()
+    for i in range(12):
+        (source / f"file{i:02d}.txt").write_text(f"record {i}\n")
+    spec = cli.spec("proc-slurm", f"""
+kind = "processing"
+command = ["{{python}}", "{ROOT / 'tests' / 'jobscripts' / 'list_inputs.py'}"]
+workdir = "{ROOT}"
+nodes = 3
+max_runtime = "5m"
+[[processing.inputs]]
+name = "sharded"
+source = "{source}"
+distribution = "ShardedByKey"
+[[processing.outputs]]
+name = "seen"
+""")
+    view = cli.json("launch", str(spec), "--wait", timeout=240)
+    assert view["state"] == "succeeded", json.dumps(view, indent=1)[:3000]
+    assert view["slurm"]["state"] == "COMPLETED", view["slurm"]
+    hosts = [n["host"] for n in view["placement"]]
+    assert sorted(hosts) == ["h1", "h2", "h3"], hosts
+    together = []
+    for h in slurm.bed.hosts:
+        base = h.state_dir / "jobs" / view["job_id"] / "processing"
+        config = json.loads((base / "config" / "resourceconfig.json").read_text())
+        assert config == {"current_host": h.name, "hosts": hosts}, config
+        together += (base / "output" / "seen" / "sharded.txt").read_text().splitlines()
+    assert sorted(together) == sorted(f"{p.name}\trecord {int(p.stem[4:])}" for p in source.glob("*.txt")), together

@@ -305,9 +305,9 @@ class SlurmEngine:
         """Before anything is submitted: what Slurm will not take, said in its own words."""
         inv = self.jm.ctl.inventory
         where = str(spec.path or "job spec")
-        if spec.pools or spec.kind != "training":
+        if spec.pools or spec.kind not in ("training", "processing"):
             raise EngineError(f"{where}: a {'pool' if spec.pools else spec.kind} job on a Slurm cluster: "
-                              "not yet (docs/slurm.md); only training jobs launch through sbatch")
+                              "not yet (docs/slurm.md); training and processing jobs launch through sbatch")
         if spec.hosts:  # pinned: Slurm gives exactly their nodes (--nodelist)
             nodes = self.slurm_nodes(spec.hosts)
             missing = [h for h, n in nodes.items() if n is None]
