@@ -183,7 +183,9 @@ class SlurmBed:
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
             *(["AccountingStorageType=accounting_storage/slurmdbd", f"AccountingStorageHost={ctld.address}",
-               "AccountingStorageTRES=gres/gpu"] if self.accounting else
+               "AccountingStorageTRES=gres/gpu",
+               # the munge socket Slurm's daemons and commands authenticate to slurmdbd with
+               f"AccountingStoragePass={self.socket}"] if self.accounting else
               ["AccountingStorageType=accounting_storage/none"]),
             "JobCompType=jobcomp/none",
             "MpiDefault=none",

@@ -756,7 +756,12 @@ gpus_per_node = 1
     assert view["state"] == "succeeded", json.dumps(view, indent=1)[-2000:]
     ours = view["slurm"]["job_id"]
     elapsed = sacct_ended(slurm, other, ours)
-    report = cli.json("usage", "--by", "job")
+
+    def counted() -> dict[str, Any] | None:
+        # (a job's end reaches a query by time a moment after one by its id: slurmdbd keeps it then)
+        got = cli.json("usage", "--by", "job")
+        return got if view["job_id"] in {r["key"] for r in got["rows"]} else None
+    report = wait_until(counted, timeout=60, what="rigdeck usage counts the rigdeck job")
     assert report["source"] == "sacct on h1" and report["note"] is None, report
     rows = {r["key"]: r for r in report["rows"]}
     assert rows[f"slurm:{other}"]["gpu_hours"] == pytest.approx(4 * elapsed[other] / 3600.0, abs=1e-9), rows
@@ -764,6 +769,7 @@ gpus_per_node = 1
     assert rows[view["job_id"]]["jobs"] == 1 and elapsed[other] >= 2, (rows, elapsed)
     text = cli.run("usage").stdout
     assert text.splitlines()[0] == "from Slurm's accounting (sacct on h1): every user's Slurm jobs", text
+    print(text)
     by_user = {line.split()[0]: float(line.split()[1]) for line in text.splitlines()[3:-1]}
     assert by_user[OTHER_USER] >= 4 * elapsed[other] / 3600.0 - 0.0005, text  # (its earlier tests' jobs too)
 
