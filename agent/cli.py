@@ -125,7 +125,7 @@ def cmd_jobhost(args: argparse.Namespace) -> int:
 def cmd_slurmhost(args: argparse.Namespace) -> int:
     from agent import slurmstep
 
-    return slurmstep.host_main(args.jobs_root, args.job_id)
+    return slurmstep.host_main(args.jobs_root, args.job_id, args.template)
 
 
 def cmd_hold(args: argparse.Namespace) -> int:
@@ -169,6 +169,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = sub.add_parser("slurmhost", help="one node's task of a job Slurm runs: its job host, once its plan is in")
     p.add_argument("--jobs-root", required=True)
     p.add_argument("--job-id", required=True)
+    p.add_argument("--template", default=None, help="the name of the template its plan is made of")
     p.set_defaults(func=cmd_slurmhost)
     p = sub.add_parser("hold", help="a [container] job's container process: lives while the job host does")
     p.add_argument("--pid", type=int, required=True)

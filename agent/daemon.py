@@ -956,22 +956,23 @@ class Daemon:
 
         job_id = self._str(params, "job_id")
         options = params.get("options")
+        template = params.get("template")
 
         def submit() -> Dict[str, Any]:
             self.jobs.job_dir(job_id)  # a job id the job dirs take
             command = self.jobs.zipapp_command or self.jobs.agent_command
-            return slurmstep.submit(self.paths.state_dir, self.jobs.root, command, job_id, options)
+            return slurmstep.submit(self.paths.state_dir, self.jobs.root, command, job_id, options, template)
         return self._in_jobs_thread(submit, "cannot submit: ", (JobError, slurmstep.SlurmStepError, OSError))
 
     def _m_slurm_template(self, client: _Client, params: Dict[str, Any]) -> Any:
-        """The controller's template of a job Slurm queued (agent/slurmstep.py): this node, if
-        Slurm gives it the job, makes its plan of it with nobody watching."""
+        """The controller's template of a job's plan (agent/slurmstep.py), named ``key``: this node,
+        if Slurm gives it the job, makes its plan of it with nobody watching."""
         from agent import slurmstep
 
-        sid, template = params.get("slurm_job_id"), params.get("template")
+        key, template = params.get("key"), params.get("template")
 
         def write() -> Dict[str, Any]:
-            return {"path": slurmstep.write_template(self.jobs.root, sid, template)}
+            return {"path": slurmstep.write_template(self.jobs.root, key, template)}
         return self._in_jobs_thread(write, "cannot keep the template: ", (slurmstep.SlurmStepError, OSError))
 
     def _m_job_release(self, client: _Client, params: Dict[str, Any]) -> Any:

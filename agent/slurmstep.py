@@ -10,11 +10,12 @@ writes once it has read the allocation (nodes and GPU indices), then runs rigdec
 checkpoints are the job host's as on rigdeck's own placement, and ``scancel`` reaches every
 process, since all of them are in the step.
 
-A job Slurm queues (the cluster full) starts with nobody watching: the launch returns once the
-controller has written a *template* (``slurm_template``) on every node Slurm may choose, in the
-jobs root as ``.slurm-<Slurm job id>.template.json``: the plan without what only the allocation
-tells (which nodes, in which order, with which GPUs, and the rendezvous port). When Slurm runs
-the job, each node's task finds the template, reads the allocation from Slurm itself
+A job whose plan a template can describe starts with nobody watching: before ``sbatch`` the
+controller writes a *template* (``slurm_template``) on every node Slurm may choose, in the jobs
+root as ``.slurm-<key>.template.json``, ``<key>`` a random name the step's argv carries
+(``--template``): the plan without what only the allocation tells (which nodes, in which order,
+with which GPUs, and the rendezvous port). When Slurm runs the job (at once, or after days in
+its queue), each node's task finds the template, reads the allocation from Slurm itself
 (``SLURM_JOB_NODELIST``, ``SLURM_NODEID``, ``scontrol -d show job``'s GPU indices), makes its plan
 of it (``complete``), and starts the job host as if the controller had written the plan.
 """
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from agent import filemodes, slurmtext
 from agent.jobhost import no_site, read_json
@@ -77,20 +79,25 @@ def check_options(options: Any) -> List[str]:
     return list(options)
 
 
-def step_argv(command: List[str], jobs_root: str, job_id: str) -> List[str]:
+def step_argv(command: List[str], jobs_root: str, job_id: str, template: Optional[str] = None) -> List[str]:
     """What each node's task runs: this agent's ``slurmhost`` for the job, from its zipapp (the
-    same path on every node the agent was deployed to alike)."""
-    return no_site(command) + ["slurmhost", "--jobs-root", jobs_root, "--job-id", job_id]
+    same path on every node the agent was deployed to alike); ``template``: the name of the
+    template its nodes make their plans of."""
+    return no_site(command) + ["slurmhost", "--jobs-root", jobs_root, "--job-id", job_id] + (
+        ["--template", template] if template else [])
 
 
-def submit(state_dir: str, jobs_root: str, command: List[str], job_id: str, options: Any) -> Dict[str, Any]:
+def submit(state_dir: str, jobs_root: str, command: List[str], job_id: str, options: Any,
+           template: Optional[str] = None) -> Dict[str, Any]:
     """``sbatch --parsable OPTIONS batch.sh STEP-ARGV``: the Slurm job id, or Slurm's own words
     when it refuses (exit code, stderr)."""
+    if template is not None:
+        check_key(template)
     # Slurm's own output (srun's words, a job host that could not start) beside the job dirs,
     # which every host of the job has: a dot file, which no job listing reads as a job.
     output = "--output=%s" % os.path.join(jobs_root, ".slurm-%j.out")
     argv = ["sbatch", "--parsable"] + check_options(options) + [output, script_path(state_dir)] + step_argv(
-        command, jobs_root, job_id)
+        command, jobs_root, job_id, template)
     try:
         cp = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             timeout=SUBMIT_TIMEOUT_S, cwd=os.path.expanduser("~"))
@@ -106,20 +113,28 @@ def submit(state_dir: str, jobs_root: str, command: List[str], job_id: str, opti
             "stdout": out, "stderr": err, "argv": argv}
 
 
-PORT_BASE, PORT_SPAN = 20000, 10000  # a queued job's rendezvous port: from its Slurm job id
+PORT_BASE, PORT_SPAN = 20000, 10000  # a node-made plan's rendezvous port: from its Slurm job id
 
 
-def template_path(jobs_root: str, slurm_job_id: str) -> str:
-    return os.path.join(jobs_root, ".slurm-%s.template.json" % slurm_job_id)
+KEY_RE = re.compile(r"^[0-9a-f]{16,64}$")  # a template's name: random hex, from the controller
 
 
-def check_template(slurm_job_id: Any, template: Any) -> Dict[str, Any]:
+def template_path(jobs_root: str, key: str) -> str:
+    return os.path.join(jobs_root, ".slurm-%s.template.json" % key)
+
+
+def check_key(key: Any) -> str:
+    if not isinstance(key, str) or not KEY_RE.match(key):
+        raise SlurmStepError("'key' must be a template's name: 16 to 64 hex digits")
+    return key
+
+
+def check_template(key: Any, template: Any) -> Dict[str, Any]:
     """A template as the controller sends it (``slurm_template``), or SlurmStepError saying what
     is wrong: nothing of it is trusted further than its shape."""
     from agent.jobs import JOB_ID_RE
 
-    if not isinstance(slurm_job_id, str) or not slurm_job_id.isdigit() or len(slurm_job_id) > 20:
-        raise SlurmStepError("'slurm_job_id' must be Slurm's job id (digits)")
+    check_key(key)
     if not isinstance(template, dict):
         raise SlurmStepError("'template' must be an object")
     base, hosts = template.get("base"), template.get("hosts")
@@ -136,12 +151,12 @@ def check_template(slurm_job_id: Any, template: Any) -> Dict[str, Any]:
     return template
 
 
-def write_template(jobs_root: str, slurm_job_id: Any, template: Any) -> str:
-    """The controller's template for Slurm job ``slurm_job_id`` (checked), owner-only: it holds the
-    job's environment."""
-    check_template(slurm_job_id, template)
+def write_template(jobs_root: str, key: Any, template: Any) -> str:
+    """The controller's template named ``key`` (checked), owner-only: it holds the job's
+    environment."""
+    check_template(key, template)
     os.makedirs(jobs_root, mode=0o755, exist_ok=True)
-    path = template_path(jobs_root, slurm_job_id)
+    path = template_path(jobs_root, key)
     tmp = "%s.tmp-%d" % (path, os.getpid())
     filemodes.write_private(tmp, json.dumps(template).encode())
     os.replace(tmp, path)
@@ -176,7 +191,7 @@ def complete(template: Dict[str, Any], slurm_job_id: str, nodes: List[str], node
         nodes=[dict(hosts[n]["node"], gpus=[int(g) for g in gpus.get(n) or []]) for n in nodes],
         node_index=node_id, master_addr=hosts[nodes[0]]["master_addr"],
         master_port=port_for(slurm_job_id, environ), command=list(mine["command"]),
-        env=dict(mine.get("env") or {}), slurm={"job_id": slurm_job_id, "queued": True},
+        env=dict(mine.get("env") or {}), slurm={"job_id": slurm_job_id, "nodes_start": True},
     )
     if mine.get("workdir"):
         plan["workdir"] = mine["workdir"]
@@ -217,7 +232,7 @@ def wait_plan(job_dir: str, slurm_job_id: str, wait_s: float = PLAN_WAIT_S, poll
     return ""
 
 
-def _from_unpacked(jobs_root: str, job_id: str) -> None:
+def _from_unpacked(jobs_root: str, job_id: str, template: Optional[str]) -> None:
     """Run from the zipapp (the one path every node's agent has: its unpacked copy is made by
     the daemon, lazily), go on from its byte-compiled copy, made here if need be: the job host
     and the rank wrappers it starts are then as quick to start as the daemon's."""
@@ -227,11 +242,11 @@ def _from_unpacked(jobs_root: str, job_id: str) -> None:
     if len(me) == 2 and me[1].endswith(".pyz"):
         other = unpacked_command(me)
         if other != me:
-            argv = no_site(other) + ["slurmhost", "--jobs-root", jobs_root, "--job-id", job_id]
+            argv = step_argv(other, jobs_root, job_id, template)
             os.execv(argv[0], argv)
 
 
-def host_main(jobs_root: str, job_id: str) -> int:
+def host_main(jobs_root: str, job_id: str, template: Optional[str] = None) -> int:
     """``agent.pyz slurmhost``: one node's task in the Slurm step."""
     from agent import jobhost
     from agent.jobs import JOB_ID_RE
@@ -241,30 +256,31 @@ def host_main(jobs_root: str, job_id: str) -> int:
     slurm_job = os.environ.get("SLURM_JOB_ID")
     if not slurm_job:
         raise SystemExit("rigdeck slurmhost: not inside a Slurm job (no SLURM_JOB_ID)")
-    _from_unpacked(jobs_root, job_id)
+    if template is not None and not KEY_RE.match(template):
+        raise SystemExit("rigdeck slurmhost: bad template name %r" % template)
+    _from_unpacked(jobs_root, job_id, template)
     root = os.path.abspath(os.path.expanduser(jobs_root))
     job_dir = os.path.join(root, job_id)
-    template = template_path(root, slurm_job)
-    got = wait_plan(job_dir, slurm_job, template=template)
+    path = template_path(root, template) if template else ""
+    got = wait_plan(job_dir, slurm_job, template=path)
     if not got:
         raise SystemExit("rigdeck slurmhost: no plan for Slurm job %s in %s after %g s"
                          % (slurm_job, job_dir, PLAN_WAIT_S))
     if got == "template":
-        _plan_from_template(root, job_id, slurm_job, template)
+        _plan_from_template(root, job_id, slurm_job, template or "", path)
     return jobhost.main(job_dir)
 
 
-def _plan_from_template(root: str, job_id: str, slurm_job: str, path: str) -> None:
+def _plan_from_template(root: str, job_id: str, slurm_job: str, key: str, path: str) -> None:
     """This node's plan made of the controller's template and Slurm's allocation, its job
     directory made as the agent makes a Slurm job's (agent/jobs.py)."""
     from agent.jobs import Jobs
     from agent.paths import self_command
 
     try:
-        template = check_template(slurm_job, read_json(path))
+        template = check_template(key, read_json(path))
         if template["base"]["job_id"] != job_id:
-            raise SlurmStepError("the template of Slurm job %s is job %s's, not %s's"
-                                 % (slurm_job, template["base"]["job_id"], job_id))
+            raise SlurmStepError("template %s is job %s's, not %s's" % (key, template["base"]["job_id"], job_id))
         nodes, gpus = allocation(slurm_job, dict(os.environ))
         plan = complete(template, slurm_job, nodes, int(os.environ.get("SLURM_NODEID") or 0), gpus,
                         dict(os.environ))

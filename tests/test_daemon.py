@@ -531,11 +531,12 @@ def test_an_attach_with_a_role_refuses_a_daemon_that_would_not_enforce_it(tmp_pa
 
 def test_a_slurm_template_not_of_its_shape_is_refused_and_the_daemon_carries_on(live: SocketClient,
                                                                                 state_dir: Path) -> None:
-    """``slurm_template`` (a queued Slurm job's plan template, agent/slurmstep.py) as a hostile
+    """``slurm_template`` (a Slurm job's plan template, agent/slurmstep.py) as a hostile
     hand might send it: each refused with what is wrong, nothing written; a good one is kept."""
-    bad = [{}, {"slurm_job_id": "1; rm -rf ~", "template": {}}, {"slurm_job_id": "5", "template": "x"},
-           {"slurm_job_id": "5", "template": {"base": {"job_id": "../../x"}, "hosts": {"n": {}}}},
-           {"slurm_job_id": 5, "template": {"base": {"job_id": "j"}, "hosts": {}}}]
+    key = "00ff" * 4
+    bad = [{}, {"key": "1; rm -rf ~", "template": {}}, {"key": key, "template": "x"},
+           {"key": key, "template": {"base": {"job_id": "../../x"}, "hosts": {"n": {}}}},
+           {"key": 5, "template": {"base": {"job_id": "j"}, "hosts": {}}}]
     for i, params in enumerate(bad):
         live.send(protocol.encode(protocol.request(i, "slurm_template", **params)))
         reply = live.recv()
@@ -545,6 +546,6 @@ def test_a_slurm_template_not_of_its_shape_is_refused_and_the_daemon_carries_on(
     assert not list(jobs.glob(".slurm-*")) if jobs.exists() else True
     good = {"base": {"job_id": "j-1"}, "hosts": {"n1": {"node": {"host": "h1"}, "command": ["true"],
                                                          "master_addr": "10.0.0.1", "env": {}}}}
-    live.send(protocol.encode(protocol.request(99, "slurm_template", slurm_job_id="5", template=good)))
+    live.send(protocol.encode(protocol.request(99, "slurm_template", key=key, template=good)))
     reply = live.recv()
-    assert reply["ok"] is True and json.loads((jobs / ".slurm-5.template.json").read_text()) == good, reply
+    assert reply["ok"] is True and json.loads((jobs / f".slurm-{key}.template.json").read_text()) == good, reply

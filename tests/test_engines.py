@@ -644,9 +644,11 @@ loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
         assert view["placement"] == [], view["placement"]
         status = cli.run("status", job_id).stdout
         assert f"slurm    job {slurm_job} PENDING ({view['slurm']['reason']})" in status, status
-        for h in ("h1", "h2", "h3"):  # every node Slurm may choose holds its template, private
-            path = slurm.bed.host(h).state_dir / "jobs" / f".slurm-{slurm_job}.template.json"
-            assert path.stat().st_mode & 0o077 == 0, oct(path.stat().st_mode)
+        templates = {h: list((slurm.bed.host(h).state_dir / "jobs").glob(".slurm-*.template.json"))
+                     for h in ("h1", "h2", "h3")}
+        assert all(len(t) == 1 for t in templates.values()), templates  # every node Slurm may choose
+        assert len({t[0].name for t in templates.values()}) == 1  # one template, named in the step's argv
+        assert all(t[0].stat().st_mode & 0o077 == 0 for t in templates.values())  # private: it holds the env
         history = History(Path(cli.env["RIGDECK_HOME"]) / "history.sqlite")
         before = history.get(job_id)
         slurm.run(["scancel", big])  # the cluster frees up; nobody runs rigdeck from here on
@@ -660,6 +662,8 @@ loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
             return states if len(states) == 2 and all(s in ("succeeded", "failed") for s in states.values()) else {}
         ran = wait_until(ended_on_hosts, timeout=240, what="the job's nodes end it on their own")
         assert set(ran.values()) == {"succeeded"}, ran
+        # each node Slurm gave made its plan of its template and took it away; the others keep theirs
+        assert sorted(h for h, t in templates.items() if t[0].exists()) == sorted({"h1", "h2", "h3"} - set(ran))
         assert history.get(job_id) == before  # nobody looked: the record is as the launch left it
         # The next look: where Slurm ran it, and its end.
         view = cli.json("status", job_id)
@@ -709,14 +713,14 @@ gpus_per_node = 2
                             and v[1] == "PENDING"], timeout=120, what="the second job pends in Slurm")
         history = History(Path(cli.env["RIGDECK_HOME"]) / "history.sqlite")
         wait_until(lambda: [r for r in history.list() if r["job_id"] != first["job_id"]
-                            and (r.get("slurm") or {}).get("queued")], timeout=120,
-                   what="the launch leaves the job to its nodes")  # past its own wait for an allocation
+                            and (r.get("slurm") or {}).get("nodes_start")], timeout=120,
+                   what="the launch leaves the job to its nodes")
         slurm.run(["scancel", big])
         out, err = waiter.communicate(timeout=240)
         assert waiter.returncode == 0, out[-3000:] + err[-3000:]
         view = json.loads(out)
         ours.append(view["slurm"]["job_id"])
-        assert view["state"] == "succeeded" and view["slurm"]["queued"] is True, json.dumps(view, indent=1)[-3000:]
+        assert view["state"] == "succeeded" and view["slurm"]["nodes_start"] is True, json.dumps(view, indent=1)[-3000:]
         assert len(view["placement"]) == 2 and all(len(n["gpus"]) == 2 for n in view["placement"]), view["placement"]
     finally:
         if waiter is not None and waiter.poll() is None:

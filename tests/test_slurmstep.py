@@ -79,7 +79,7 @@ def test_a_node_makes_its_plan_of_the_template_and_slurms_allocation() -> None:
         assert [(n["host"], n["gpus"], n["address"]) for n in plan["nodes"]] == [
             ("h3", [2], "10.9.0.3"), ("h1", [0], "10.9.0.1")]
         assert plan["master_addr"] == "10.9.0.3" and plan["master_port"] == slurmstep.PORT_BASE + 4711
-        assert plan["slurm"] == {"job_id": "4711", "queued": True}
+        assert plan["slurm"] == {"job_id": "4711", "nodes_start": True}
     assert plans[0]["env"]["WHERE"] == "h3" and plans[1]["env"]["WHERE"] == "h1"
     # Slurm's reserved ports, where the site has them, come first
     assert slurmstep.port_for("4711", {"SLURM_STEP_RESV_PORTS": "12000-12003"}) == 12000
@@ -91,28 +91,37 @@ def test_a_node_makes_its_plan_of_the_template_and_slurms_allocation() -> None:
         slurmstep.complete(template(), "4711", ["tb1-h1", "tb1-h3"], 2, {}, env)
 
 
-@pytest.mark.parametrize("sid, bad, why", [
-    ("12; rm", None, "Slurm's job id"),
-    ("12", [], "must be an object"),
-    ("12", {"base": {"job_id": "../etc"}, "hosts": {"n": {}}}, "'base' must be"),
-    ("12", {"base": {"job_id": "j"}, "hosts": {}}, "'hosts' must map"),
-    ("12", {"base": {"job_id": "j"}, "hosts": {"n": {"node": {}, "command": "sh -c x", "master_addr": "a"}}},
+KEY = "0123456789abcdef"
+
+
+@pytest.mark.parametrize("key, bad, why", [
+    ("../../etc/x", {}, "16 to 64 hex digits"),
+    ("0123456789ABCDEF", {}, "16 to 64 hex digits"),
+    (31, {}, "16 to 64 hex digits"),
+    (KEY, [], "must be an object"),
+    (KEY, {"base": {"job_id": "../etc"}, "hosts": {"n": {}}}, "'base' must be"),
+    (KEY, {"base": {"job_id": "j"}, "hosts": {}}, "'hosts' must map"),
+    (KEY, {"base": {"job_id": "j"}, "hosts": {"n": {"node": {}, "command": "sh -c x", "master_addr": "a"}}},
      "expected node, command"),
-    ("12", {"base": {"job_id": "j"}, "hosts": {"n": {"node": {}, "command": ["x"], "master_addr": 7}}},
+    (KEY, {"base": {"job_id": "j"}, "hosts": {"n": {"node": {}, "command": ["x"], "master_addr": 7}}},
      "expected node, command"),
 ])
-def test_a_template_not_of_its_shape_is_refused_and_nothing_written(tmp_path: Path, sid: object, bad: object,
+def test_a_template_not_of_its_shape_is_refused_and_nothing_written(tmp_path: Path, key: object, bad: object,
                                                                      why: str) -> None:
     with pytest.raises(slurmstep.SlurmStepError, match=why):
-        slurmstep.write_template(str(tmp_path), sid, bad)
+        slurmstep.write_template(str(tmp_path), key, bad)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_the_template_is_kept_private_and_a_waiting_node_finds_it(tmp_path: Path) -> None:
     root = tmp_path / "jobs"
-    path = slurmstep.write_template(str(root), "31", template())
-    assert path == slurmstep.template_path(str(root), "31") and stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    path = slurmstep.write_template(str(root), KEY, template())
+    assert path == slurmstep.template_path(str(root), KEY) and stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert json.loads(Path(path).read_text()) == template()
     assert slurmstep.wait_plan(str(root / "q-1"), "31", wait_s=5, template=path) == "template"
-    assert slurmstep.wait_plan(str(root / "q-1"), "32", wait_s=0.1,
-                               template=slurmstep.template_path(str(root), "32")) == ""
+    assert slurmstep.wait_plan(str(root / "q-1"), "31", wait_s=0.1,
+                               template=slurmstep.template_path(str(root), "f" * 16)) == ""
+    # the step's argv names the template its nodes wait for
+    assert slurmstep.step_argv(["/py", "/a.pyz"], "/j", "q-1", KEY)[-2:] == ["--template", KEY]
+    with pytest.raises(slurmstep.SlurmStepError, match="16 to 64 hex digits"):
+        slurmstep.submit(str(tmp_path), str(root), ["/py", "/a.pyz"], "q-1", [], template="x; rm -rf ~")

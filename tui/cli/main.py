@@ -584,7 +584,7 @@ def _print_launched(client: Any, view: Any) -> None:
                   "launch --wait)", flush=True)
         return
     slurm = view.slurm or {}
-    if slurm.get("queued") and not view.placement:
+    if slurm.get("nodes_start") and not view.placement:
         why = f" ({slurm['reason']})" if slurm.get("reason") else ""
         print(f"submitted {view.job_id}: Slurm job {slurm.get('job_id')} {slurm.get('state') or 'PENDING'}{why}",
               flush=True)

@@ -18,17 +18,20 @@ job hosts report to the agents as always.
   gang rules') ends the previous Slurm job and submits a new one with ``--exclude`` of the nodes
   rigdeck drains or lost; rigdeck's drains are Slurm's too (``drain``/``resume``).
 
-  A job Slurm queues (not running ALLOCATION_QUICK_S after its submission) is left to the
-  hosts, as ``sbatch`` leaves it: the engine raises ``Queued``, the launch writes a template of
-  the plan on every node Slurm may choose (``queue``) and returns; when Slurm runs the job, each
-  node's task makes its plan of the template and the allocation and starts its job host, with
-  nobody watching (agent/slurmstep.py). The next controller that looks records where Slurm ran
-  it (``allocated``). A job a template cannot describe (``self_starts``: an mpirun job, pools,
-  a processing job, staged inputs, ``env_from_file``) waits for its allocation as before.
+  A first start whose plan a template can describe (``self_starts``) is left to the nodes, as
+  ``sbatch`` leaves a job: before sbatch, the engine writes a template of the plan on every node
+  Slurm may choose (``_write_templates``), then submits and raises ``Queued``; the launch records
+  the job and returns (after a short look for where it runs). When Slurm runs the job, at once
+  or after days in its queue, each node's task makes its plan of the template and the allocation
+  and starts its job host, with nobody watching (agent/slurmstep.py). A controller that looks
+  records where Slurm ran it (``allocated``). A job a template cannot describe (an mpirun job,
+  pools, a processing job, staged inputs, ``env_from_file``), and every restart, waits for its
+  allocation and has its plans written by the controller, as above.
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -68,13 +71,12 @@ class EngineError(Exception):
 
 
 class Queued(Exception):
-    """Slurm queued the job it was given (``detail``: what Slurm says of it): its hosts start it
-    themselves once Slurm runs it, from the templates ``SlurmEngine.queue`` writes."""
+    """The job is Slurm's now: its nodes start it themselves when Slurm runs it, from the
+    templates written before its submission."""
 
-    def __init__(self, slurm_job_id: str, detail: SlurmJobDetail) -> None:
-        super().__init__(f"Slurm job {slurm_job_id} {detail.state}" + (f" ({detail.reason})" if detail.reason else ""))
+    def __init__(self, slurm_job_id: str) -> None:
+        super().__init__(f"Slurm job {slurm_job_id}: its nodes start it")
         self.slurm_job_id = slurm_job_id
-        self.detail = detail
 
 
 def self_starts(spec: JobSpec) -> str | None:
@@ -261,7 +263,6 @@ class SlurmEngine:
     def __init__(self, jm: JobManager) -> None:
         self.jm = jm
         self._submitted: dict[str, dict[str, Any]] = {}  # job id -> its Slurm job, until recorded
-        self._capacity: dict[str, Any] = {}  # job id -> the hosts' capacity, for a job Slurm queued
 
     # -- Slurm's commands on the login host, through its agent (no shell) ----------------------
 
@@ -419,8 +420,13 @@ class SlurmEngine:
         login = self.login
         if read is not None:
             capacity = read.result()
+        # A new job whose plan a template can describe is left to its nodes (the module's doc).
+        key = secrets.token_hex(8) if (exclude is None and self_starts(spec) is None
+                                       and self.jm.history.get(job_id) is None) else None
+        if key is not None:
+            self._write_templates(job_id, spec, capacity, excluded, key)
         try:
-            got = self.jm.ctl.agent(login).slurm_submit(job_id=job_id, options=options, timeout=90)
+            got = self.jm.ctl.agent(login).slurm_submit(job_id=job_id, options=options, template=key, timeout=90)
         except TransportError as e:
             raise EngineError(f"job not submitted to Slurm: {login}: {e}") from None
         sid = got.get("slurm_job_id")
@@ -430,15 +436,12 @@ class SlurmEngine:
             raise EngineError(f"Slurm refused the job (sbatch on {login}: {said})")
         self._submitted[job_id] = {"job_id": str(sid), "login": login, "state": "PENDING",
                                    "options": options, "excluded": excluded, "submitted": time.time()}
+        if key is not None:
+            self._submitted[job_id]["nodes_start"] = True
+            raise Queued(str(sid))
         try:
-            # A first start the hosts can make themselves is left to them once Slurm queues it.
-            queue_after = ALLOCATION_QUICK_S if exclude is None and self_starts(spec) is None else None
-            detail = self._allocation(str(sid), queue_after)
+            detail = self._allocation(str(sid))
             placement = self._placement(spec, detail, capacity)
-        except Queued as q:
-            self._submitted[job_id].update(state=q.detail.state, reason=q.detail.reason, queued=True)
-            self._capacity[job_id] = capacity
-            raise
         except BaseException:
             self._cancel(str(sid))
             self._submitted.pop(job_id, None)
@@ -458,11 +461,9 @@ class SlurmEngine:
         threading.Thread(target=run, name="slurm-capacity", daemon=True).start()
         return read
 
-    def _allocation(self, sid: str, queue_after: float | None = None) -> SlurmJobDetail:
-        """Until Slurm runs job ``sid`` (its nodes and GPUs known), or it ends, or the wait is over;
-        ``Queued`` when Slurm has not run it ``queue_after`` s on."""
+    def _allocation(self, sid: str) -> SlurmJobDetail:
+        """Until Slurm runs job ``sid`` (its nodes and GPUs known), or it ends, or the wait is over."""
         deadline = time.monotonic() + ALLOCATION_WAIT_S
-        queued = None if queue_after is None else time.monotonic() + queue_after
         while True:
             detail = self.detail(sid)
             if detail is None or detail.ended:
@@ -470,8 +471,6 @@ class SlurmEngine:
                 raise EngineError(f"Slurm job {sid} ended before it ran: {why}")
             if detail.state == "RUNNING" and detail.nodes:
                 return detail
-            if queued is not None and time.monotonic() > queued:
-                raise Queued(sid, detail)
             if time.monotonic() > deadline:
                 raise EngineError(f"Slurm job {sid} still {detail.state} after {ALLOCATION_WAIT_S:.0f} s"
                                   + (f" ({detail.reason})" if detail.reason else "") + ": cancelled")
@@ -530,64 +529,55 @@ class SlurmEngine:
         finally:
             self._submitted.pop(job_id, None)
 
-    def queue(self, job_id: str, spec: JobSpec, restart_count: int) -> None:
-        """Leave a job Slurm queued (``Queued``) to the nodes Slurm may run it on: each one's
-        template of its plan (the job's code pushed there first), so that the node makes its
-        plan when Slurm runs the job, with nobody watching. All nodes or none: a node that cannot
-        take its template is an EngineError, Slurm's job cancelled."""
-        got = self._submitted.get(job_id) or {}
-        sid = str(got.get("job_id") or "")
-        capacity = self._capacity.pop(job_id, None) or []
+    def _write_templates(self, job_id: str, spec: JobSpec, capacity: Any, excluded: Sequence[str],
+                         key: str) -> None:
+        """Before the job is submitted: a template of its plan, named ``key``, on every node Slurm
+        may run it on (each inventory host that is a Slurm node, less ``excluded``; only the
+        spec's ``hosts`` when it names them; the job's code pushed there first), so that those
+        Slurm gives it make their plans of it when Slurm runs it. All nodes or an EngineError."""
+        inv = self.jm.ctl.inventory
         try:
-            inv = self.jm.ctl.inventory
-            try:
-                find = node_index(read_nodes(self._exec, inv))
-            except SlurmReadError as e:
-                raise EngineError(str(e)) from None
-            caps = {c.name: c for c in capacity}
-            excluded = set(got.get("excluded") or ())
-            hosts: dict[str, str] = {}  # Slurm node -> inventory host, each a node the job may get
-            for spec_h in inv.hosts:
-                node = find(spec_h.name, spec_h.address)
-                if node is not None and node.name not in excluded and spec_h.name in caps and (
-                        not spec.hosts or spec_h.name in spec.hosts):
-                    hosts[node.name] = spec_h.name
-            if not hosts:
-                raise EngineError(f"Slurm job {sid}: no inventory host is a Slurm node it may run on")
-            base = self.jm.plan_base(job_id, spec, restart_count)
-            workdirs = self.jm._push_code(job_id, spec, list(hosts.values())) if spec.code is not None else {}
-            nodes = {n: NodeAssignment(host=h, address=caps[h].address, slots=spec.slots_per_node, gpus=(),
-                                       cpus=caps[h].cpus, instance_type=instance_type(caps[h]),
-                                       simulated=caps[h].simulated) for n, h in hosts.items()}
-            parts: dict[str, Any] = {}
-            for n, h in hosts.items():
-                peers = [nodes[m] for m in nodes if m != n][:1]  # the route another node would take to it
-                part: dict[str, Any] = {
-                    "node": {k: v for k, v in nodes[n].to_plan().items() if k != "gpus"},
-                    "master_addr": self.jm._master_addr(nodes[n], peers),
-                    "command": self.jm.host_command(spec.command, h, spec.container is not None),
-                    "env": self.jm.host_env(h, base)}
-                if h in workdirs:
-                    part["workdir"] = workdirs[h]
-                parts[n] = part
-            said = self.jm.ctl.agents(list(hosts.values())).slurm_template(
-                slurm_job_id=sid, template={"base": base, "hosts": parts}, timeout=30)
-            failed = {h: r for h, r in said.items() if isinstance(r, Exception)}
-            if failed:
-                raise EngineError(f"Slurm job {sid} not left to its nodes: "
-                                  + "; ".join(f"{h}: {e}" for h, e in sorted(failed.items())))
-        except BaseException:
-            self._cancel(sid)
-            self._submitted.pop(job_id, None)
-            raise
+            find = node_index(read_nodes(self._exec, inv))
+        except SlurmReadError as e:
+            raise EngineError(str(e)) from None
+        caps = {c.name: c for c in capacity or []}
+        hosts: dict[str, str] = {}  # Slurm node -> inventory host, each a node the job may get
+        for host in inv.hosts:
+            node = find(host.name, host.address)
+            if node is not None and node.name not in excluded and host.name in caps and (
+                    not spec.hosts or host.name in spec.hosts):
+                hosts[node.name] = host.name
+        if not hosts:
+            raise EngineError("no inventory host is a Slurm node the job may run on")
+        base = self.jm.plan_base(job_id, spec, 0)
+        workdirs = self.jm._push_code(job_id, spec, list(hosts.values())) if spec.code is not None else {}
+        nodes = {n: NodeAssignment(host=h, address=caps[h].address, slots=spec.slots_per_node, gpus=(),
+                                   cpus=caps[h].cpus, instance_type=instance_type(caps[h]),
+                                   simulated=caps[h].simulated) for n, h in hosts.items()}
+        parts: dict[str, Any] = {}
+        for n, h in hosts.items():
+            peers = [nodes[m] for m in nodes if m != n][:1]  # the route another node would take to it
+            part: dict[str, Any] = {
+                "node": {k: v for k, v in nodes[n].to_plan().items() if k != "gpus"},
+                "master_addr": self.jm._master_addr(nodes[n], peers),
+                "command": self.jm.host_command(spec.command, h, spec.container is not None),
+                "env": self.jm.host_env(h, base)}
+            if h in workdirs:
+                part["workdir"] = workdirs[h]
+            parts[n] = part
+        said = self.jm.ctl.agents(list(hosts.values())).slurm_template(
+            key=key, template={"base": base, "hosts": parts}, timeout=30)
+        failed = {h: r for h, r in said.items() if isinstance(r, Exception)}
+        if failed:
+            raise EngineError("the job's plan not left on every node Slurm may run it on: "
+                              + "; ".join(f"{h}: {e}" for h, e in sorted(failed.items())))
 
     def forget(self, job_id: str) -> None:
         """What was kept of the job's submission, once it is recorded."""
         self._submitted.pop(job_id, None)
-        self._capacity.pop(job_id, None)
 
     def allocated(self, rec: Mapping[str, Any]) -> dict[str, Any]:
-        """A job left to its nodes (``queue``) as Slurm and its nodes have it now: once Slurm ran it
+        """A job left to its nodes (``Queued``) as Slurm and its nodes have it now: once Slurm ran it
         and its primary node made its plan, that plan's placement recorded (``starting``: the
         hosts' own start and end are then seen as any other's); ended before any node made one,
         failed with what Slurm said; still queued, Slurm's state and reason kept. The record then."""

@@ -22,7 +22,15 @@ from typing import Any
 from agent.roles import program_source
 from runtime.checkpoint import RESUME_BEFORE_ENV  # the contract with the ranks' checkpointer
 from tui.control import pools
-from tui.control.engines import Engine, EngineError, OwnHosts, Queued, SlurmEngine
+from tui.control.engines import (
+    ALLOCATION_POLL_S,
+    ALLOCATION_QUICK_S,
+    Engine,
+    EngineError,
+    OwnHosts,
+    Queued,
+    SlurmEngine,
+)
 from tui.control.healing import (
     Fault,
     Healer,
@@ -673,25 +681,25 @@ class JobManager:
 
     def _leave_to_slurm(self, engine: SlurmEngine, job_id: str, spec: JobSpec, user: str | None, q: Queued,
                         look: bool) -> JobView:
-        """A job Slurm queued, recorded ``pending`` with its Slurm job and left to the nodes Slurm
-        may run it on (their templates written): it starts when Slurm runs it, whoever watches.
-        A node that cannot take its template: nothing left queued, the job failed with why."""
+        """A job Slurm has, which its nodes start themselves when Slurm runs it (their templates
+        written before its submission): recorded ``pending`` with its Slurm job. A caller that
+        looks (``look``) gets it once where it runs is known, or as Slurm has it after
+        ALLOCATION_QUICK_S (queued: it starts whoever watches then)."""
         try:
-            attempt = self._begin_attempt(job_id, spec, Placement(()), user, engine.record(job_id))
+            self._begin_attempt(job_id, spec, Placement(()), user, engine.record(job_id))
         except BaseException:
             engine.release(job_id)
             raise
-        try:
-            engine.queue(job_id, spec, attempt)
-        except BaseException as e:
-            why = str(e) if isinstance(e, EngineError) else f"{type(e).__name__}: {e}"
-            self.history.update(job_id, state=FAILED, ended=time.time(), cause={"message": f"start failed: {why}"})
-            raise JobError(why) if isinstance(e, EngineError) else e from None
         finally:
             engine.forget(job_id)
-        self.history.add_event(job_id, {"event": "queued in slurm", "slurm_job_id": q.slurm_job_id,
-                                        "state": q.detail.state, "reason": q.detail.reason})
-        return self.view(job_id, live=look)
+        self.history.add_event(job_id, {"event": "submitted to slurm", "slurm_job_id": q.slurm_job_id,
+                                        "nodes_start": True})
+        deadline = time.monotonic() + (ALLOCATION_QUICK_S if look else 0.0)
+        while True:
+            rec = engine.allocated(self.record(job_id))
+            if rec.get("placement") or rec["state"] in TERMINAL or time.monotonic() >= deadline:
+                return self.view(job_id, live=look)
+            time.sleep(ALLOCATION_POLL_S)
 
     def engine(self, rec: Mapping[str, Any] | None = None) -> Engine:
         """The engine of a new attempt (Slurm's where the inventory has ``[slurm]``), or of the
@@ -1134,7 +1142,7 @@ class JobManager:
         if view is not self:  # the gang rules act through the owner's own agents
             return view.supervise_once(rec)
         job_id = rec["job_id"]
-        if rec["state"] == PENDING and (rec.get("slurm") or {}).get("queued") and not rec.get("placement"):
+        if rec["state"] == PENDING and (rec.get("slurm") or {}).get("nodes_start") and not rec.get("placement"):
             engine = self.engine(rec)  # a job left to Slurm's nodes: where Slurm runs it, once it does
             assert isinstance(engine, SlurmEngine)
             rec = engine.allocated(rec)

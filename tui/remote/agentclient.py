@@ -473,12 +473,14 @@ class AgentClient:
         got = _dict(self._call("job_claim", **_kw(timeout), job_id=job_id, gpus=list(gpus)))
         return [int(g) for g in got.get("claimed") or ()]
 
-    def slurm_submit(self, *, job_id: str, options: Sequence[str], timeout: float | None = None) -> dict[str, Any]:
+    def slurm_submit(self, *, job_id: str, options: Sequence[str], template: str | None = None,
+                     timeout: float | None = None) -> dict[str, Any]:
         """Submit ``job_id`` to Slurm from this (the login) host: ``sbatch`` with ``options``
         (``--name=value`` each) and rigdeck's batch script, whose step starts this agent's job
         host for it on every node. ``slurm_job_id`` (None when Slurm refused), ``exit_code``,
         ``stdout``, ``stderr`` (Slurm's own words), ``argv``."""
-        return _dict(self._call("slurm_submit", **_kw(timeout), job_id=job_id, options=list(options)))
+        extra = {"template": template} if template else {}
+        return _dict(self._call("slurm_submit", **_kw(timeout), job_id=job_id, options=list(options), **extra))
 
     def job_release(self, *, job_id: str, timeout: float | None = None) -> bool:
         """Give back a claim made for a start that will not come; True when there was one."""
@@ -608,11 +610,11 @@ class AgentFleet:
             params["grace_s"] = grace_s
         return self._each(lambda d: JobStopped.from_wire(_dict(d)), "job_stop", timeout, **params)
 
-    def slurm_template(self, *, slurm_job_id: str, template: Mapping[str, Any],
+    def slurm_template(self, *, key: str, template: Mapping[str, Any],
                        timeout: float | None = None) -> dict[str, dict[str, Any] | TransportError]:
-        """Keep the template of a job Slurm queued on every host (agent/slurmstep.py): whichever
+        """Keep a job's plan template, named ``key``, on every host (agent/slurmstep.py): whichever
         nodes Slurm gives it make their plans of it, with nobody watching."""
-        return self._each(_dict, "slurm_template", timeout, slurm_job_id=slurm_job_id, template=dict(template))
+        return self._each(_dict, "slurm_template", timeout, key=key, template=dict(template))
 
     def job_release(self, *, job_id: str, timeout: float | None = None) -> dict[str, bool | TransportError]:
         """Give back the job's claims on every host."""
