@@ -482,6 +482,12 @@ class AgentClient:
         extra = {"template": template} if template else {}
         return _dict(self._call("slurm_submit", **_kw(timeout), job_id=job_id, options=list(options), **extra))
 
+    def slurm_template(self, *, key: str, template: Mapping[str, Any],
+                       timeout: float | None = None) -> dict[str, Any]:
+        """Keep a job's plan template, named ``key``, here (agent/slurmstep.py): if Slurm gives
+        this node the job, it makes its plan of it, with nobody watching. Its ``path``."""
+        return _dict(self._call("slurm_template", **_kw(timeout), key=key, template=dict(template)))
+
     def job_release(self, *, job_id: str, timeout: float | None = None) -> bool:
         """Give back a claim made for a start that will not come; True when there was one."""
         return bool(_dict(self._call("job_release", **_kw(timeout), job_id=job_id)).get("released"))
