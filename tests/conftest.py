@@ -20,7 +20,7 @@ from tests import bedclean, slurmbed  # noqa: E402
 from tests._require import require  # noqa: E402
 from tests.kit.bedcli import Cli  # noqa: E402
 from tests.slurmbed import SlurmBed  # noqa: E402
-from tests.testbed import TestBed, TestBedError, available, cleanup_stale  # noqa: E402
+from tests.testbed import PEOPLE, TestBed, TestBedError, available, cleanup_stale, ensure_account  # noqa: E402
 
 _AVAILABLE: tuple[bool, str] | None = None
 
@@ -32,6 +32,21 @@ def _require_testbed() -> None:
         _AVAILABLE = available()
     ok, reason = _AVAILABLE
     require(ok, f"test bed unavailable: {reason}")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The beds' people (real Unix accounts) made once, here in the controller, before any worker
+    # starts a bed: useradd replaces /etc/passwd, and a bed host that gives root another login
+    # shell (test_honest's fish host) sees its own passwd through a bind mount over /etc/passwd,
+    # which a rename over that path in this namespace detaches: an account made while such a
+    # host runs would give it back the system's shell (fresh run 29 saw bash there).
+    if hasattr(config, "workerinput") or os.name != "posix" or os.geteuid() != 0 or not shutil.which("useradd"):
+        return
+    for name in PEOPLE:
+        try:
+            ensure_account(name)
+        except TestBedError as e:  # the tests that need them say so
+            print(f"warning: test bed account {name}: {e}")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

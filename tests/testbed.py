@@ -425,6 +425,10 @@ def _chown_tree(path: Path, uid: int, gid: int) -> None:
             os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
 
 
+# The people the suite's beds use (tests/conftest.py makes their accounts before any bed starts).
+PEOPLE = ("rdk-alice", "rdk-bob")
+
+
 def ensure_account(name: str) -> pwd.struct_passwd:
     """The Unix account ``name`` of this machine, made when missing (idempotent, and safe when
     another bed makes it at the same moment): a home under /home, ``/bin/sh``, and ``*`` as its
