@@ -633,6 +633,11 @@ loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
     slurm_job = ""
     try:
         wait_until(lambda: squeue(slurm).get(big, ("", ""))[1] == "RUNNING", timeout=60, what="the blocker runs")
+
+        def templates() -> dict[str, set[Path]]:
+            return {h: set((slurm.bed.host(h).state_dir / "jobs").glob(".slurm-*.template.json"))
+                    for h in ("h1", "h2", "h3")}
+        before = templates()  # (earlier tests' jobs leave theirs on the nodes Slurm did not give them)
         said = cli.run("launch", str(spec)).stdout
         assert said.startswith("submitted queued-ddp-"), said
         assert "Slurm queues it: the nodes Slurm gives start it" in said, said
@@ -644,11 +649,10 @@ loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
         assert view["placement"] == [], view["placement"]
         status = cli.run("status", job_id).stdout
         assert f"slurm    job {slurm_job} PENDING ({view['slurm']['reason']})" in status, status
-        templates = {h: list((slurm.bed.host(h).state_dir / "jobs").glob(".slurm-*.template.json"))
-                     for h in ("h1", "h2", "h3")}
-        assert all(len(t) == 1 for t in templates.values()), templates  # every node Slurm may choose
-        assert len({t[0].name for t in templates.values()}) == 1  # one template, named in the step's argv
-        assert all(t[0].stat().st_mode & 0o077 == 0 for t in templates.values())  # private: it holds the env
+        new = {h: sorted(t - before[h]) for h, t in templates().items()}
+        assert all(len(t) == 1 for t in new.values()), new  # on every node Slurm may choose
+        assert len({t[0].name for t in new.values()}) == 1  # one template, named in the step's argv
+        assert all(t[0].stat().st_mode & 0o077 == 0 for t in new.values())  # private: it holds the env
         history = History(Path(cli.env["RIGDECK_HOME"]) / "history.sqlite")
         before = history.get(job_id)
         slurm.run(["scancel", big])  # the cluster frees up; nobody runs rigdeck from here on
@@ -663,7 +667,7 @@ loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
         ran = wait_until(ended_on_hosts, timeout=240, what="the job's nodes end it on their own")
         assert set(ran.values()) == {"succeeded"}, ran
         # each node Slurm gave made its plan of its template and took it away; the others keep theirs
-        assert sorted(h for h, t in templates.items() if t[0].exists()) == sorted({"h1", "h2", "h3"} - set(ran))
+        assert sorted(h for h, t in new.items() if t[0].exists()) == sorted({"h1", "h2", "h3"} - set(ran))
         assert history.get(job_id) == before  # nobody looked: the record is as the launch left it
         # The next look: where Slurm ran it, and its end.
         view = cli.json("status", job_id)
