@@ -535,18 +535,10 @@ class SlurmEngine:
         may run it on (each inventory host that is a Slurm node, less ``excluded``; only the
         spec's ``hosts`` when it names them; the job's code pushed there first), so that those
         Slurm gives it make their plans of it when Slurm runs it. All nodes or an EngineError."""
-        inv = self.jm.ctl.inventory
-        try:
-            find = node_index(read_nodes(self._exec, inv))
-        except SlurmReadError as e:
-            raise EngineError(str(e)) from None
         caps = {c.name: c for c in capacity or []}
-        hosts: dict[str, str] = {}  # Slurm node -> inventory host, each a node the job may get
-        for host in inv.hosts:
-            node = find(host.name, host.address)
-            if node is not None and node.name not in excluded and host.name in caps and (
-                    not spec.hosts or host.name in spec.hosts):
-                hosts[node.name] = host.name
+        # Slurm node -> inventory host, each a node the job may get
+        hosts = {node: h for h, node in self.slurm_nodes(self.jm.ctl.inventory.names).items()
+                 if node is not None and node not in excluded and h in caps and (not spec.hosts or h in spec.hosts)}
         if not hosts:
             raise EngineError("no inventory host is a Slurm node the job may run on")
         base = self.jm.plan_base(job_id, spec, 0)
