@@ -107,6 +107,85 @@ def test_a_restart_excludes_the_nodes_rigdeck_drains_or_lost_and_asks_slurm_thro
     assert asked[0] == ["scontrol", "-o", "show", "nodes"]
 
 
+POOLS_SPEC = '''name = "p"
+command = ["true"]
+workdir = "/"
+[[pools]]
+role = "primary"
+gpus_per_replica = %d
+[[pools]]
+role = "worker"
+replicas = 2
+gpus_per_replica = %d
+[[pools]]
+role = "parameter_server"
+[[pools]]
+role = "evaluator"
+'''
+
+
+def test_a_pool_job_is_one_slurm_allocation_shaped_by_rigdecks_packing_and_packed_into_what_slurm_gave(
+        tmp_path: Path) -> None:
+    """sbatch's --nodes and --gres of a pool job come from rigdeck's packing of its replicas on
+    idle nodes (GPUs busy now do not count: Slurm decides when they are free); the allocation is
+    packed the same way, every node given a replica, each GPU replica on GPUs Slurm gave; an
+    allocation the replicas do not fill is refused; a pinned pool is refused before sbatch."""
+    import dataclasses
+
+    from tui.control.engines import EngineError, SlurmEngine
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+    from tui.model.inventory import HostSpec, Inventory, SlurmSpec
+    from tui.model.jobspec import jobspec_from_toml
+    from tui.model.scheduler import HostCapacity
+    from tui.model.slurm import SlurmJobDetail
+
+    nodes = (ROOT / "tests" / "data" / "slurm" / "nodes-22.05.8-do.txt").read_text()
+
+    class Agents:
+        def exec(self, argv: list[str], timeout_s: float, timeout: float) -> dict[str, Any]:
+            return {"a": {"exit_code": 0, "stdout": nodes, "stderr": ""}}
+
+    hosts = tuple(HostSpec(name=n, address=f"10.213.1.1{i}") for i, n in enumerate("abc", start=1))
+    inv = Inventory(hosts=hosts, path=tmp_path / "hosts.toml", known_hosts=tmp_path / "known_hosts",
+                    slurm=SlurmSpec(partition="bed", login="a"))
+    engine = SlurmEngine(JobManager(SimpleNamespace(inventory=inv, agents=lambda hosts: Agents()),
+                                    History(tmp_path / "h.sqlite")))
+    caps = [HostCapacity(name=h.name, address=h.address, up=True, cpus=8, gpus=(0, 1, 2, 3), foreign_busy=(),
+                         simulated=True, gpu_name="sim") for h in hosts]
+    caps[0] = dataclasses.replace(caps[0], foreign_busy=(0, 1, 2, 3), slurm=((0, "9", "bob"),))  # busy now
+    cpu_side = jobspec_from_toml(POOLS_SPEC % (1, 1))
+    assert engine.pool_shape(cpu_side, caps) == (3, 1)
+    opts = engine.options("p-1", cpu_side, shape=engine.pool_shape(cpu_side, caps))
+    assert [o for o in opts if o.split("=")[0] in ("--nodes", "--ntasks-per-node", "--gres")] == [
+        "--nodes=3", "--ntasks-per-node=1", "--gres=gpu:1"], opts
+    big = jobspec_from_toml(POOLS_SPEC % (2, 4))
+    assert engine.pool_shape(big, caps) == (3, 4)
+    # on 2 nodes, 3 GPU replicas: two on one node, so every node of the job gets 2 GPUs
+    assert engine.pool_shape(cpu_side, caps, excluded=["tb1-h3"]) == (2, 2)
+    with pytest.raises(EngineError, match="do not fit the Slurm nodes rigdeck may use, even idle"):
+        engine.pool_shape(big, caps, excluded=["tb1-h3"])  # 10 GPUs asked of 2 nodes x 4
+
+    # Slurm gave h2, h1, h3 with one GPU each (not index 0 on two of them)
+    detail = SlurmJobDetail(job_id="12", state="RUNNING", reason=None, nodes=("tb1-h2", "tb1-h1", "tb1-h3"),
+                            gpus={"tb1-h2": (3,), "tb1-h1": (1,), "tb1-h3": (0,)})
+    placement = engine._placement(cpu_side, detail, caps)
+    got = [(n.pool, n.replica, n.host, n.gpus) for n in placement.nodes]
+    assert got == [("primary", 0, "a", (1,)), ("worker", 0, "b", (3,)), ("worker", 1, "c", (0,)),
+                   ("parameter_server", 0, "a", ()), ("evaluator", 0, "b", ())], got
+    two = jobspec_from_toml(POOLS_SPEC.replace("replicas = 2", "replicas = 1") % (1, 1))  # 2 GPU replicas, 3 nodes
+    detail4 = dataclasses.replace(detail, gpus={n: (0, 1) for n in detail.nodes})
+    assert {n.host for n in engine._placement(two, detail4, caps).nodes} == {"a", "b", "c"}  # CPU ones fill c
+    one = jobspec_from_toml(POOLS_SPEC.split("[[pools]]\nrole = \"parameter_server\"")[0]
+                            .replace("replicas = 2", "replicas = 1") % (1, 1))
+    with pytest.raises(EngineError, match="no replica packs onto node"):
+        engine._placement(one, detail, caps)
+
+    pinned = jobspec_from_toml(POOLS_SPEC % (1, 1) + 'labels = ["cpu"]\n')
+    with pytest.raises(EngineError, match="field 'pools': pool.s. evaluator name hosts or labels"):
+        engine._checked(pinned)
+
+
 def test_a_spec_pinned_to_hosts_asks_slurm_for_exactly_their_nodes(tmp_path: Path) -> None:
     """A spec's ``hosts`` on a Slurm cluster: ``--nodelist`` of their Slurm nodes (read from Slurm's
     own node list, by address here) and ``--nodes`` their count; a pinned host that is drained or
@@ -376,7 +455,6 @@ loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
 ''')
     assert "OMPI_MCA_plm_rsh_args" not in cli.inventory.read_text()  # no ssh given to Open MPI
     view = cli.json("launch", str(spec), "--wait")
-    assert view["state"] == "succeeded", json.dumps(view, indent=1)[-3000:]
     slurm_job = view["slurm"]["job_id"]
     assert view["slurm"]["state"] == "COMPLETED", view["slurm"]
     hosts = [n["host"] for n in view["placement"]]
@@ -837,3 +915,72 @@ name = "seen"
         assert config == {"current_host": h.name, "hosts": hosts}, config
         together += (base / "output" / "seen" / "sharded.txt").read_text().splitlines()
     assert sorted(together) == sorted(f"{p.name}\trecord {int(p.stem[4:])}" for p in source.glob("*.txt")), together
+
+
+@pytest.mark.testbed
+def test_a_pool_job_through_slurm_packs_its_replicas_into_one_allocation(slurm: SlurmBed, tmp_path: Path) -> None:
+    """Vertex's four worker pools through Slurm: one Slurm job of 3 nodes x 1 GPU (rigdeck's own
+    packing of the 5 replicas says the shape), the replicas packed on the nodes and GPUs Slurm
+    gave, each replica's cluster files (CLUSTER_SPEC, TF_CONFIG, torch's world of the primary
+    and workers) checked from inside it; the primary's success ends the job in Slurm too."""
+    cli = slurm_cli(slurm, tmp_path, timeout=300)
+    hold = ROOT / "tests" / "jobscripts" / "probe_then_wait.py"
+    probe = ROOT / "tests" / "probe_rank.py"
+    spec = cli.spec("pools-slurm", f"""
+command = ["{{python}}", "{probe}"]
+workdir = "{ROOT}"
+max_runtime = "5m"
+grace = "5s"
+[env]
+OMP_NUM_THREADS = "1"
+[[pools]]
+role = "primary"
+gpus_per_replica = 1
+[[pools]]
+role = "worker"
+replicas = 2
+gpus_per_replica = 1
+[[pools]]
+role = "parameter_server"
+command = ["{{python}}", "{hold}"]
+[[pools]]
+role = "evaluator"
+command = ["{{python}}", "{hold}"]
+""")
+    view = cli.json("launch", str(spec), "--wait", timeout=240)
+    assert view["state"] == "succeeded", json.dumps(view, indent=1)[:4000]
+    sid = view["slurm"]["job_id"]
+    nodes = view["placement"]
+    assert [(n["pool"], n["replica"]) for n in nodes] == [
+        ("primary", 0), ("worker", 0), ("worker", 1), ("parameter_server", 0), ("evaluator", 0)], nodes
+    assert sorted({n["host"] for n in nodes}) == ["h1", "h2", "h3"], nodes
+    assert [len(n["gpus"]) for n in nodes] == [1, 1, 1, 0, 0], nodes
+    # One Slurm job of 3 nodes, one GPU each: the GPUs of the replicas are those Slurm gave.
+    acct = slurm.run(["sacct", "-X", "-n", "-P", "-j", sid, "--format=NNodes,AllocTRES,State"]).stdout.split("|")
+    assert acct[0] == "3" and "gres/gpu=3" in acct[1], acct
+
+    def ended() -> Any:  # (the primary's success ends the job; Slurm's job completes a moment later)
+        v = cli.json("status", view["job_id"])
+        return v if v["slurm"]["state"] not in ("RUNNING", "COMPLETING") else None
+    assert wait_until(ended, 60, "Slurm's end of the pool job")["slurm"]["state"] == "COMPLETED"
+    reports = []
+    for h in slurm.bed.hosts:
+        for p in sorted((h.state_dir / "jobs" / view["job_id"] / "probe").glob("*.json")):
+            reports.append({**json.loads(p.read_text()), "_host": h.name})
+    assert len(reports) == 5 and all(r["ok"] for r in reports), [(r["_host"], r["failures"]) for r in reports]
+
+    def task(r: dict[str, Any], name: str) -> Any:
+        v = r["values"][name]
+        return (json.loads(v) if isinstance(v, str) else v)["task"]
+    vertex = {"primary": "workerpool0", "worker": "workerpool1", "parameter_server": "workerpool2",
+              "evaluator": "workerpool3"}
+    by_task = {(task(r, "CLUSTER_SPEC")["type"], task(r, "CLUSTER_SPEC")["index"]): r for r in reports}
+    for n in nodes:
+        r = by_task[(vertex[n["pool"]], n["replica"])]
+        assert r["_host"] == n["host"], (n, r["_host"])
+        assert (r["values"].get("WORLD_SIZE") == "3") == (n["pool"] in ("primary", "worker")), r["values"]
+        print(f"{n['pool']:>16} {n['replica']} on {n['host']} GPUs {n['gpus']}: CLUSTER_SPEC task "
+              f"{task(r, 'CLUSTER_SPEC')}, TF_CONFIG task {task(r, 'TF_CONFIG')}, checks {len(r['checks'])} ok")
+    pools = {p["role"]: p["state"] for p in view["pools"]}
+    assert pools["primary"] == "succeeded" and pools["parameter_server"] == "stopped", pools
+    print(f"Slurm job {sid}: sacct {acct}")

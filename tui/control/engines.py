@@ -27,10 +27,16 @@ job hosts report to the agents as always.
   records where Slurm ran it (``allocated``). A job a template cannot describe (an mpirun job,
   pools, a processing job, staged inputs, ``env_from_file``), and every restart, waits for its
   allocation and has its plans written by the controller, as above.
+
+  A pool job is one Slurm job of identical nodes (``pool_shape``: rigdeck's own packing of its
+  replicas on idle nodes says how many nodes, and the most GPUs any of them takes is every
+  node's ``--gres``); once Slurm allocates, the same packing on the nodes and GPUs it gave
+  places the replicas, several to a node where they fit, one job host per node.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import threading
 import time
@@ -39,7 +45,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tui.model.jobspec import JobSpec
-from tui.model.scheduler import NodeAssignment, Placement, PlacementError, instance_type
+from tui.model.scheduler import NodeAssignment, Placement, PlacementError, Scheduler, instance_type
 from tui.model.slurm import (
     ENDED_STATES,
     SlurmJobDetail,
@@ -306,9 +312,14 @@ class SlurmEngine:
         """Before anything is submitted: what Slurm will not take, said in its own words."""
         inv = self.jm.ctl.inventory
         where = str(spec.path or "job spec")
-        if spec.pools or spec.kind not in ("training", "processing"):
-            raise EngineError(f"{where}: a {'pool' if spec.pools else spec.kind} job on a Slurm cluster: "
-                              "not yet (docs/slurm.md); training and processing jobs launch through sbatch")
+        if spec.kind not in ("training", "processing"):
+            raise EngineError(f"{where}: a {spec.kind} job on a Slurm cluster: not yet (docs/slurm.md); "
+                              "training and processing jobs launch through sbatch")
+        pinned_pools = [p.role for p in spec.pools if p.hosts or p.labels]
+        if pinned_pools:
+            raise EngineError(f"{where}: field 'pools': pool(s) {', '.join(pinned_pools)} name hosts or labels: "
+                              "on a Slurm cluster Slurm chooses the nodes of the job's one allocation "
+                              "(docs/slurm.md); leave the pools unpinned or pin the job with `hosts`")
         if spec.hosts:  # pinned: Slurm gives exactly their nodes (--nodelist)
             nodes = self.slurm_nodes(spec.hosts)
             missing = [h for h, n in nodes.items() if n is None]
@@ -326,9 +337,11 @@ class SlurmEngine:
                 raise EngineError(f"{where}: [slurm] partition {partition!r}: Slurm has no such partition: "
                                   f"{said or 'scontrol show partition does not list it'}")
 
-    def options(self, job_id: str, spec: JobSpec, exclude: Sequence[str] = ()) -> list[str]:
+    def options(self, job_id: str, spec: JobSpec, exclude: Sequence[str] = (),
+                shape: tuple[int, int] | None = None) -> list[str]:
         """sbatch's options: the spec's ``[slurm]`` values over the inventory's, and the Slurm
-        nodes to ``exclude`` (``--exclude``)."""
+        nodes to ``exclude`` (``--exclude``). ``shape``: a pool job's nodes and GPUs per node
+        (``pool_shape``), over the spec's."""
         base = self.jm.ctl.inventory.slurm
         mine = dict(spec.slurm)
 
@@ -339,8 +352,9 @@ class SlurmEngine:
             raise EngineError(f"{spec.path or 'job spec'}: field 'hosts': Slurm node(s) "
                               f"{', '.join(sorted(set(pinned) & set(exclude)))} of the hosts it names are drained "
                               "or out of reach: the job cannot run on exactly its hosts")
+        nodes, gpus = shape if shape is not None else (len(spec.hosts) or spec.node_count, spec.gpus_per_node)
         return sbatch_options(
-            job_id, nodes=len(spec.hosts) or spec.node_count, gpus_per_node=spec.gpus_per_node,
+            job_id, nodes=nodes, gpus_per_node=gpus,
             runtime_s=spec.max_runtime_s + spec.grace_s + SLURM_MARGIN_S, partition=pick("partition"),
             account=pick("account"), qos=pick("qos"), constraint=pick("constraint"), exclude=exclude,
             nodelist=pinned)
@@ -416,7 +430,12 @@ class SlurmEngine:
         if exclude is not None:  # a restart: the previous attempt's Slurm job is done first
             self._retire(job_id)
         excluded = self.excluded(exclude or ())
-        options = self.options(job_id, spec, excluded)
+        shape = None
+        if spec.pools:  # the allocation's shape is rigdeck's packing of the replicas
+            capacity = read.result() if read is not None else capacity
+            read = None
+            shape = self.pool_shape(spec, capacity, excluded)
+        options = self.options(job_id, spec, excluded, shape)
         login = self.login
         if read is not None:
             capacity = read.result()
@@ -497,17 +516,70 @@ class SlurmEngine:
                               f"({', '.join(inv.names)}): add them to the inventory")
         return out
 
+    def _candidates(self, spec: JobSpec, capacity: Any, excluded: Sequence[str]) -> dict[str, str]:
+        """Slurm node -> inventory host, for each node the job may get: every inventory host that
+        is a Slurm node and was read, less ``excluded``; only the spec's ``hosts`` when it names them."""
+        caps = {c.name for c in capacity or []}
+        return {node: h for h, node in self.slurm_nodes(self.jm.ctl.inventory.names).items()
+                if node is not None and node not in excluded and h in caps and (not spec.hosts or h in spec.hosts)}
+
+    def pool_shape(self, spec: JobSpec, capacity: Any, excluded: Sequence[str] = ()) -> tuple[int, int]:
+        """A pool job's one Slurm allocation, as (nodes, GPUs per node): rigdeck's own packing of
+        its replicas (tui/model/scheduler.py) on the Slurm nodes it may run on, each taken as
+        idle (Slurm decides which are free), gives how many nodes it spreads over; every node
+        of one Slurm job gets the same GPUs, the most any node of that packing uses. Once Slurm
+        allocates, the same packing on the nodes and GPUs it gave places the replicas
+        (``_placement``)."""
+        hosts = set(self._candidates(spec, capacity, excluded).values())
+        idle = [dataclasses.replace(c, foreign_busy=(), foreign_users=(), job_busy=(), claimed=(), slurm=())
+                for c in capacity or [] if c.name in hosts]
+        try:
+            packed = Scheduler().reserve("\0shape", spec, idle)
+        except PlacementError as e:
+            raise EngineError(f"{spec.path or 'job spec'}: the pools do not fit the Slurm nodes rigdeck may use, "
+                              f"even idle: {e}") from None
+        gpus: dict[str, int] = {}
+        for n in packed.nodes:
+            gpus[n.host] = gpus.get(n.host, 0) + len(n.gpus)
+        return len(gpus), max(gpus.values())
+
+    def _pool_placement(self, spec: JobSpec, detail: SlurmJobDetail, hosts: Mapping[str, str],
+                        caps: Mapping[str, Any]) -> Placement:
+        """A pool job's replicas packed as rigdeck packs them, on the nodes and GPUs Slurm gave
+        (a GPU rigdeck knows is failing left out); every node gets a replica (each node's task
+        waits for its plan), else an EngineError."""
+        given = []
+        for n in detail.nodes:
+            cap, gpus = caps[hosts[n]], tuple(detail.gpus.get(n, ()))
+            given.append(dataclasses.replace(
+                cap, up=True, status=None, gpus=gpus, foreign_busy=(), foreign_users=(), job_busy=(), claimed=(),
+                slurm=(), unusable=tuple(u for u in cap.unusable if u[0] in gpus)))
+        try:
+            placement = Scheduler().reserve(str(detail.job_id), spec, given)
+        except PlacementError as e:
+            raise EngineError(f"Slurm job {detail.job_id}'s allocation ({', '.join(detail.nodes)}) "
+                              f"does not hold the pools: {e}") from None
+        idle = [n for n in detail.nodes if hosts[n] not in placement.hosts]
+        if idle:
+            raise EngineError(f"Slurm job {detail.job_id}: no replica packs onto node(s) {', '.join(idle)} "
+                              "of its allocation")
+        return placement
+
     def _placement(self, spec: JobSpec, detail: SlurmJobDetail, capacity: Any) -> Placement:
         """The placement of Slurm's allocation: its nodes in Slurm's order (the first is the
         primary), each with the GPUs Slurm gave; the rest (address, CPUs, simulated) as read of
-        the hosts before the job was submitted."""
+        the hosts before the job was submitted. A pool job's replicas: ``_pool_placement``."""
         hosts = self._hosts_of(detail.nodes)
         caps = {c.name: c for c in capacity}
+        missing = [n for n in detail.nodes if hosts[n] not in caps]
+        if missing:
+            raise PlacementError(f"{', '.join(hosts[n] for n in missing)} (Slurm node(s) {', '.join(missing)}): "
+                                 "no capacity read")
+        if spec.pools:
+            return self._pool_placement(spec, detail, hosts, caps)
         nodes = []
         for n in detail.nodes:
-            cap = caps.get(hosts[n])
-            if cap is None:
-                raise PlacementError(f"{hosts[n]} (Slurm node {n}): no capacity read")
+            cap = caps[hosts[n]]
             gpus = tuple(detail.gpus.get(n, ()))
             if spec.gpus_per_node and len(gpus) != spec.gpus_per_node:
                 raise EngineError(f"Slurm job {detail.job_id} holds GPUs {list(gpus)} on {n}, "
@@ -536,9 +608,7 @@ class SlurmEngine:
         spec's ``hosts`` when it names them; the job's code pushed there first), so that those
         Slurm gives it make their plans of it when Slurm runs it. All nodes or an EngineError."""
         caps = {c.name: c for c in capacity or []}
-        # Slurm node -> inventory host, each a node the job may get
-        hosts = {node: h for h, node in self.slurm_nodes(self.jm.ctl.inventory.names).items()
-                 if node is not None and node not in excluded and h in caps and (not spec.hosts or h in spec.hosts)}
+        hosts = self._candidates(spec, capacity, excluded)  # Slurm node -> inventory host
         if not hosts:
             raise EngineError("no inventory host is a Slurm node the job may run on")
         base = self.jm.plan_base(job_id, spec, 0)
