@@ -186,6 +186,50 @@ def test_a_pool_job_is_one_slurm_allocation_shaped_by_rigdecks_packing_and_packe
         engine._checked(pinned)
 
 
+def test_a_launch_reads_slurms_nodes_once_for_its_shape_options_and_allocation(tmp_path: Path) -> None:
+    """One place() of a pool job asks Slurm for its nodes once (its shape's candidates, sbatch's
+    options and the allocation's hosts share the read), the next place() reads again."""
+    from tui.control.engines import SlurmEngine
+    from tui.control.history import History
+    from tui.control.jobs import JobManager
+    from tui.model.inventory import HostSpec, Inventory, SlurmSpec
+    from tui.model.jobspec import jobspec_from_toml
+    from tui.model.scheduler import HostCapacity
+
+    nodes = (ROOT / "tests" / "data" / "slurm" / "nodes-22.05.8-do.txt").read_text()
+    job = (ROOT / "tests" / "data" / "slurm" / "job-22.05.8-d.txt").read_text()
+    job = job.replace("NodeList=tb1-h2\n", "NodeList=tb1-h[1-3]\n").replace(
+        "     Nodes=tb1-h2 CPU_IDs=1 Mem=0 GRES=gpu:2(IDX:2-3)\n",
+        "".join(f"     Nodes=tb1-h{i} CPU_IDs=1 Mem=0 GRES=gpu:1(IDX:{i})\n" for i in (1, 2, 3)))
+    asked: list[list[str]] = []
+
+    class Agents:
+        def exec(self, argv: list[str], timeout_s: float, timeout: float) -> dict[str, Any]:
+            asked.append(argv)
+            out = {"nodes": nodes, "partition": "PartitionName=bed Nodes=tb1-h[1-3]\n", "job": job}.get(argv[-1])
+            out = out or (job if argv[:3] == ["scontrol", "-d", "show"] else "slurm-wlm 22.05.8\n")
+            return {"a": {"exit_code": 0, "stdout": out, "stderr": ""}}
+
+        def slurm_submit(self, **kw: Any) -> dict[str, Any]:
+            return {"slurm_job_id": "2"}
+
+    hosts = tuple(HostSpec(name=n, address=f"10.213.1.1{i}") for i, n in enumerate("abc", start=1))
+    inv = Inventory(hosts=hosts, path=tmp_path / "hosts.toml", known_hosts=tmp_path / "known_hosts",
+                    slurm=SlurmSpec(partition="bed", login="a"))
+    jm = JobManager(SimpleNamespace(inventory=inv, agents=lambda hosts: Agents(), agent=lambda h: Agents()),
+                    History(tmp_path / "h.sqlite"))
+    caps = [HostCapacity(name=h.name, address=h.address, up=True, cpus=8, gpus=(0, 1, 2, 3), foreign_busy=(),
+                         simulated=True, gpu_name="sim") for h in hosts]
+    engine = SlurmEngine(jm)
+    spec = jobspec_from_toml(POOLS_SPEC % (1, 1))
+    placement = engine.place("p-1", spec, capacity=caps)
+    assert [(n.host, n.gpus) for n in placement.nodes[:3]] == [("a", (1,)), ("b", (2,)), ("c", (3,))]
+    reads = [a for a in asked if a[-1] == "nodes"]
+    assert len(reads) == 1 and any(a[:3] == ["scontrol", "-d", "show"] for a in asked), asked
+    engine.slurm_nodes(["a"])  # outside a place(): read each time
+    assert len([a for a in asked if a[-1] == "nodes"]) == 2
+
+
 def test_a_spec_pinned_to_hosts_asks_slurm_for_exactly_their_nodes(tmp_path: Path) -> None:
     """A spec's ``hosts`` on a Slurm cluster: ``--nodelist`` of their Slurm nodes (read from Slurm's
     own node list, by address here) and ``--nodes`` their count; a pinned host that is drained or

@@ -269,6 +269,7 @@ class SlurmEngine:
     def __init__(self, jm: JobManager) -> None:
         self.jm = jm
         self._submitted: dict[str, dict[str, Any]] = {}  # job id -> its Slurm job, until recorded
+        self._one_read = threading.local()  # a place()'s one read of Slurm's nodes (``_nodes``)
 
     # -- Slurm's commands on the login host, through its agent (no shell) ----------------------
 
@@ -359,13 +360,25 @@ class SlurmEngine:
             account=pick("account"), qos=pick("qos"), constraint=pick("constraint"), exclude=exclude,
             nodelist=pinned)
 
+    def _nodes(self) -> Any:
+        """Slurm's nodes as ``node_index`` finds them (``scontrol show nodes`` on the login), read
+        once in a ``place`` (its checks, its options, its templates and its allocation's hosts ask
+        alike), else each time."""
+        find = getattr(self._one_read, "find", None)
+        if find is not None:
+            return find
+        try:
+            find = node_index(read_nodes(self._exec, self.jm.ctl.inventory))
+        except SlurmReadError as e:
+            raise EngineError(str(e)) from None
+        if getattr(self._one_read, "placing", False):
+            self._one_read.find = find
+        return find
+
     def slurm_nodes(self, hosts: Sequence[str]) -> dict[str, str | None]:
         """Inventory host -> the name of its Slurm node (by name, hostname or address; None: none)."""
         inv = self.jm.ctl.inventory
-        try:
-            find = node_index(read_nodes(self._exec, inv))
-        except SlurmReadError as e:
-            raise EngineError(str(e)) from None
+        find = self._nodes()
         out: dict[str, str | None] = {}
         for h in hosts:
             node = find(h, inv.get(h).address) if h in inv.names else None
@@ -420,6 +433,14 @@ class SlurmEngine:
 
     def place(self, job_id: str, spec: JobSpec, *, capacity: Any = None,
               exclude: Sequence[str] | None = None) -> Placement:
+        self._one_read.placing, self._one_read.find = True, None
+        try:
+            return self._place(job_id, spec, capacity=capacity, exclude=exclude)
+        finally:
+            self._one_read.placing, self._one_read.find = False, None
+
+    def _place(self, job_id: str, spec: JobSpec, *, capacity: Any = None,
+               exclude: Sequence[str] | None = None) -> Placement:
         # Every host Slurm may choose has its agent (deployed, connected) before the job can run
         # there: a node's task of the step starts the agent's zipapp, which must be in place. The
         # hosts are read (linked, sampled) while the spec is checked with Slurm and the previous
@@ -501,10 +522,7 @@ class SlurmEngine:
     def _hosts_of(self, nodes: Sequence[str]) -> dict[str, str]:
         """Slurm node -> inventory host (by the node's name, hostname or address)."""
         inv = self.jm.ctl.inventory
-        try:
-            find = node_index(read_nodes(self._exec, inv))
-        except SlurmReadError as e:
-            raise EngineError(str(e)) from None
+        find = self._nodes()
         out: dict[str, str] = {}
         for h in inv.hosts:
             node = find(h.name, h.address)
