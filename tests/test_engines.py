@@ -1028,3 +1028,28 @@ command = ["{{python}}", "{hold}"]
     pools = {p["role"]: p["state"] for p in view["pools"]}
     assert pools["primary"] == "succeeded" and pools["parameter_server"] == "stopped", pools
     print(f"Slurm job {sid}: sacct {acct}")
+
+
+@pytest.mark.testbed
+def test_a_pipelines_steps_are_slurm_jobs_and_their_files_reach_the_next_steps_nodes(slurm: SlurmBed,
+                                                                                      tmp_path: Path) -> None:
+    """The pipeline example (preprocess on 3 nodes -> DDP train on 2 -> evaluate -> register) on a
+    Slurm cluster: every step is a Slurm job of its own that Slurm completed, each step's files
+    reach the next step's nodes (evaluate scores the model train made on preprocess's shards)."""
+    cli = slurm_cli(slurm, tmp_path, timeout=300)
+    out = cli.json("pipeline", str(EXAMPLES / "pipeline-steps" / "pipeline.toml"), "--wait", timeout=280)
+    assert out["row"]["state"] == "succeeded", json.dumps(out, indent=1)[-4000:]
+    steps = {s["name"]: s for s in out["steps"]}
+    assert [s["name"] for s in out["steps"]] == ["preprocess", "train", "evaluate", "register"]
+    assert dict(steps["evaluate"]["metrics"])["accuracy"] >= 0.9, steps["evaluate"]
+    slurm_jobs = {}
+    for name, step in steps.items():
+        def ended(job_id: str = step["job_id"]) -> Any:  # (Slurm completes a moment after rigdeck's end)
+            v = cli.json("status", job_id)
+            return v if v["slurm"]["state"] not in ("RUNNING", "COMPLETING") else None
+        view = wait_until(ended, 60, f"Slurm's end of step {name}")
+        assert view["state"] == "succeeded" and view["slurm"]["state"] == "COMPLETED", (name, view["slurm"])
+        slurm_jobs[name] = (view["slurm"]["job_id"], [n["host"] for n in view["placement"]])
+    assert len({sid for sid, _ in slurm_jobs.values()}) == 4, slurm_jobs  # a Slurm job each
+    assert len(slurm_jobs["preprocess"][1]) == 3 and len(slurm_jobs["train"][1]) == 2, slurm_jobs
+    print("steps as Slurm jobs:", slurm_jobs)

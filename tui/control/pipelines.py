@@ -106,8 +106,16 @@ CREATE TABLE IF NOT EXISTS pipeline_cache (
     created     REAL NOT NULL
 );
 """
-RUNNING_STATES = ("staging", "submitting", QUEUED, "pending-job", STARTING, RUNNING, STOPPING,
+PENDING_JOB = "pending-job"
+RUNNING_STATES = ("staging", "submitting", QUEUED, PENDING_JOB, STARTING, RUNNING, STOPPING,
                   "finishing")
+
+
+def step_state(job_state: str) -> str:
+    """A submitted step's state from its job's: the job's own, but a job recorded ``pending``
+    (Slurm queued it and its nodes start it, docs/slurm.md) is ``pending-job``: a step
+    ``pending`` is one not started yet, which the next round would start again."""
+    return PENDING_JOB if job_state == PENDING else job_state
 
 
 class PipelineError(ValueError):
@@ -540,7 +548,7 @@ class PipelineRunner:
                 self._attempt_failed(pid, step, {"message": f"could not start: {e}"}, self._row(pid, step.name))
                 return
         rec = self.jm.history.get(job_id) or {}
-        self.store.update_step(pid, step.name, state=rec.get("state") or QUEUED)
+        self.store.update_step(pid, step.name, state=step_state(rec.get("state") or QUEUED))
 
     def _watch(self, pid: str, spec: Any, step: Any, row: dict[str, Any], stopping: bool) -> None:
         """A step whose job or sweep was submitted: follow it to its end."""
@@ -560,8 +568,8 @@ class PipelineRunner:
         hosts = [n["host"] for n in rec.get("placement") or []]
         if state not in TERMINAL:
             fields: dict[str, Any] = {}
-            if state != row["state"]:
-                fields["state"] = state
+            if step_state(state) != row["state"]:
+                fields["state"] = step_state(state)
             if hosts and hosts != (row.get("hosts") or []):
                 fields["hosts"] = hosts
             if fields:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # A step's states. While its job runs, the job's own state ("queued", "starting", "running",
-# "stopping"); before that "pending" (waiting for the steps it needs), "staging" (its inputs are
-# being prepared), "waiting" (a retry's backoff); then one of STEP_FINAL.
+# "stopping"; "pending-job": Slurm holds its job queued, its nodes start it); before that
+# "pending" (waiting for the steps it needs), "staging" (its inputs are being prepared),
+# "waiting" (a retry's backoff); then one of STEP_FINAL.
 STEP_FINAL = ("succeeded", "cached", "failed", "skipped", "stopped")
 STEP_DONE = ("succeeded", "cached")  # what a dependent step needs of the steps it depends on
 PIPELINE_FINAL = ("succeeded", "failed", "stopped")
