@@ -66,6 +66,10 @@ if TYPE_CHECKING:
 ALLOCATION_WAIT_S = 600.0  # how long a launch waits for Slurm to run the job it submitted
 POLL_S = 0.25
 ALLOCATION_POLL_S, ALLOCATION_QUICK_S = 0.1, 10.0  # the allocation's first 10 s read every 0.1 s
+# A job left to its nodes starts whether anyone looks or not: a launch that waits to say where it
+# runs asks at this pace, not the allocation's, so its questions (Slurm's job, the primary's plan)
+# do not take the CPU the nodes are starting the job with.
+LOOK_POLL_S = 0.5
 STEP_START_S = 5.0  # a node's task of the step has had this long to start its job host
 STEP_LOST_S = 120.0  # ... and is lost after this long, whatever Slurm says of the job
 FINISH_WAIT_S = 10.0  # for Slurm to say how its job ended, once the job hosts have

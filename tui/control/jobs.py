@@ -23,8 +23,8 @@ from agent.roles import program_source
 from runtime.checkpoint import RESUME_BEFORE_ENV  # the contract with the ranks' checkpointer
 from tui.control import pools
 from tui.control.engines import (
-    ALLOCATION_POLL_S,
     ALLOCATION_QUICK_S,
+    LOOK_POLL_S,
     Engine,
     EngineError,
     OwnHosts,
@@ -699,7 +699,7 @@ class JobManager:
             rec = engine.allocated(self.record(job_id))
             if rec.get("placement") or rec["state"] in TERMINAL or time.monotonic() >= deadline:
                 return self.view(job_id, live=look)
-            time.sleep(ALLOCATION_POLL_S)
+            time.sleep(LOOK_POLL_S)
 
     def engine(self, rec: Mapping[str, Any] | None = None) -> Engine:
         """The engine of a new attempt (Slurm's where the inventory has ``[slurm]``), or of the
