@@ -105,6 +105,13 @@ def self_starts(spec: JobSpec) -> str | None:
     return None
 
 
+def _as_idle(cap: Any, **more: Any) -> Any:
+    """A host's capacity with nothing of anyone's on its GPUs (processes, rigdeck's jobs, claims,
+    Slurm's jobs), as a Slurm job's own packing sees the nodes Slurm gives it; ``more`` replaces
+    other fields."""
+    return dataclasses.replace(cap, foreign_busy=(), foreign_users=(), job_busy=(), claimed=(), slurm=(), **more)
+
+
 class Engine(Protocol):
     name: str
 
@@ -553,8 +560,7 @@ class SlurmEngine:
         allocates, the same packing on the nodes and GPUs it gave places the replicas
         (``_placement``)."""
         hosts = set(self._candidates(spec, capacity, excluded).values())
-        idle = [dataclasses.replace(c, foreign_busy=(), foreign_users=(), job_busy=(), claimed=(), slurm=())
-                for c in capacity or [] if c.name in hosts]
+        idle = [_as_idle(c) for c in capacity or [] if c.name in hosts]
         try:
             packed = Scheduler().reserve("\0shape", spec, idle)
         except PlacementError as e:
@@ -573,9 +579,8 @@ class SlurmEngine:
         given = []
         for n in detail.nodes:
             cap, gpus = caps[hosts[n]], tuple(detail.gpus.get(n, ()))
-            given.append(dataclasses.replace(
-                cap, up=True, status=None, gpus=gpus, foreign_busy=(), foreign_users=(), job_busy=(), claimed=(),
-                slurm=(), unusable=tuple(u for u in cap.unusable if u[0] in gpus)))
+            given.append(_as_idle(cap, up=True, status=None, gpus=gpus,
+                                  unusable=tuple(u for u in cap.unusable if u[0] in gpus)))
         try:
             placement = Scheduler().reserve(str(detail.job_id), spec, given)
         except PlacementError as e:
