@@ -37,6 +37,8 @@ LOAD_MB = 6000  # what the tagged stand-in for a rank holds on GPU 0
 DDP_STEPS = 2000
 # Rounds of the ddp step (each: both launchers, by hand and by rigdeck, taking turns).
 DDP_ROUNDS = int(os.environ.get("RIGDECK_GPU_PASS_ROUNDS", "2"))
+# The launchers the ddp step compares (both by default; "direct" alone for a longer series).
+DDP_LAUNCHERS = tuple(os.environ.get("RIGDECK_GPU_PASS_LAUNCHERS", "direct torchrun").split())
 
 
 def fail(msg: str, code: int = 1) -> None:
@@ -198,19 +200,21 @@ def step_ddp() -> None:
     warm = _by_hand("direct", work)
     print(f"  warm-up  direct    rc {warm['rc']} train {warm['train_s']} s (not counted)", flush=True)
     runs = []
-    for _ in range(DDP_ROUNDS):
-        for launcher in ("direct", "torchrun"):
-            for how, fn in (("by hand", _by_hand), ("rigdeck", _rigdeck_run)):
-                r = {"how": how, **fn(launcher, work)}
+    for n in range(DDP_ROUNDS):
+        for launcher in DDP_LAUNCHERS:
+            # who goes first takes turns too, so that neither always runs on a card just used
+            turns = [("by hand", _by_hand), ("rigdeck", _rigdeck_run)]
+            for how, fn in (turns if n % 2 == 0 else turns[::-1]):
+                r = {"how": how, "round": n, **fn(launcher, work)}
                 runs.append(r)
                 print(f"  {how:<8} {launcher:<9} rc {r['rc']} train {r['train_s']} s, "
                       f"start to end {r['launch_to_end_s']:.1f} s", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     problems = [f"{r['how']} {r['launcher']}: rc {r['rc']}" for r in runs
                 if r["rc"] != 0 or r["train_s"] is None]
-    medians: dict[str, dict[str, float]] = {}
-    for launcher in ("direct", "torchrun"):
-        cell = {}
+    medians: dict[str, dict[str, Any]] = {}
+    for launcher in DDP_LAUNCHERS:
+        cell: dict[str, Any] = {}
         for how in ("by hand", "rigdeck"):
             times = sorted(r["train_s"] for r in runs
                            if r["how"] == how and r["launcher"] == launcher and r["train_s"] is not None)
@@ -218,8 +222,20 @@ def step_ddp() -> None:
                 cell[how] = statistics.median(times)
         if len(cell) == 2:
             cell["ratio"] = cell["rigdeck"] / cell["by hand"]
+            # each round's own ratio (the two runs side by side in time), and their median
+            per_round = []
+            for n in range(DDP_ROUNDS):
+                t = {r["how"]: r["train_s"] for r in runs if r["launcher"] == launcher
+                     and r["round"] == n and r["train_s"] is not None}
+                if len(t) == 2:
+                    per_round.append(round(t["rigdeck"] / t["by hand"], 4))
+            if per_round:
+                cell["round_ratios"] = per_round
+                cell["median_round_ratio"] = statistics.median(per_round)
             print(f"  {launcher:<9} median training s: by hand {cell['by hand']:.2f}, rigdeck "
-                  f"{cell['rigdeck']:.2f}: {cell['ratio']:.3f}x ({DDP_ROUNDS} rounds)", flush=True)
+                  f"{cell['rigdeck']:.2f}: {cell['ratio']:.3f}x ({DDP_ROUNDS} rounds); each round's "
+                  f"ratio {cell.get('round_ratios')}, median {cell.get('median_round_ratio')}",
+                  flush=True)
         medians[launcher] = cell
     save("ddp", {"steps": DDP_STEPS, "rounds": DDP_ROUNDS, "warm_up": warm, "runs": runs,
                  "medians": medians, "problems": problems}, meta)

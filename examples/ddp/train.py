@@ -154,7 +154,7 @@ def main() -> None:
             ckpt.snapshot(step, sharded_state(model, opt, step) if ckpt.policy == "all" else
                           {"model": model.state_dict(), "optim": opt.state_dict(), "step": step})
     if info.rank == 0:
-        print(f"done: {args.steps - start} steps in {time.perf_counter() - t0:.1f}s", flush=True)
+        print(f"done: {args.steps - start} steps in {time.perf_counter() - t0:.2f}s", flush=True)
     runtime.finish()  # every rank meets, then this process ends here: nothing torn down
 
 
