@@ -841,10 +841,13 @@ class JobHost:
         verdict = self.hang_watch.judge(now)
         if verdict is None:
             return None
-        hang = verdict.to_dict()
-        self.log(str(hang["message"]))
         from agent import stacks
 
+        ending = stacks.ranks_ending(self.job_dir)
+        if ending and all(ending.values()):  # past their last step, on their way out: not hung
+            return None
+        hang = verdict.to_dict()
+        self.log(str(hang["message"]))
         try:
             got = stacks.collect(self.job_dir, self.job_id, why=str(hang["message"]), timeout=3.0)
         except OSError as e:

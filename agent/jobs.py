@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from agent import claims as gpu_claims
 from agent import container as containers
-from agent import filemodes
+from agent import filemodes, stacks
 from agent.clusterfiles import HYPERTUNE_FILE, global_ranks
 from agent.jobfiles import free_mb, keep_env_file, read_log, read_tail, resource_message, write_json
 from agent.jobhost import (
@@ -651,6 +651,7 @@ class Jobs:
         progress = {}  # rank -> its newest step record: the controller's hang watch reads it
         marks = (read_json(os.path.join(d, "attempts.json")) or {}).get("attempts") or [] if (
             st.get("state") not in TERMINAL) else []
+        ending = stacks.ranks_ending(d) if st.get("state") not in TERMINAL else {}
         for rank in sorted(set(self.log_ranks(job_id)) | set(self._metric_ranks(d))):
             rec = _last_record(os.path.join(d, "metrics", "rank-%d.jsonl" % rank)) or _last_record(
                 os.path.join(d, "metrics", "rank-%d.stdout.jsonl" % rank))
@@ -667,6 +668,8 @@ class Jobs:
             if newest is not None and sections is not None and newest["attempt"] == sections["attempt"]:
                 newest = {**newest, "sections": sections["sections"], "ended": sections["ended"]}
             if newest is not None:
+                if ending.get(rank):  # past its last step, on its way out: its silence is no hang
+                    newest = {**newest, "exiting": True}
                 progress[str(rank)] = _wire_safe(newest)
         # What the job left once it has ended (a look through every process's environment, too
         # dear for each look at a running job; None while it runs): its tagged processes, plus

@@ -11,6 +11,7 @@ Stdlib only, Python 3.9+.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -32,6 +33,38 @@ _THREAD = re.compile(r"^(?P<current>Current thread|Thread) (?P<id>0x[0-9a-f]+)")
 
 def rank_stacks_dir(job_dir: str, rank: int) -> str:
     return os.path.join(job_dir, STACKS_DIR, "rank-%d" % rank)
+
+
+def exiting(job_dir: str, rank: int, pid: Any) -> bool:
+    """The rank's process ``pid`` has left its program and is finalizing (the rank boot's exit
+    hook left ``exiting-<pid>``): its silence is not a hang, and it is not signalled."""
+    return isinstance(pid, int) and os.path.exists(os.path.join(rank_stacks_dir(job_dir, rank), "exiting-%d" % pid))
+
+
+def ranks_ending(job_dir: str) -> Dict[int, bool]:
+    """Each rank this host started in ``job_dir`` (``ranks/rank-R.json``): whether it has ended
+    (its exit record) or its process is on its way out (``exiting``)."""
+    out = {}  # type: Dict[int, bool]
+    base = os.path.join(job_dir, "ranks")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return out
+    for name in names:
+        m = re.match(r"^rank-(\d+)\.json$", name)
+        if m is None:
+            continue
+        rank = int(m.group(1))
+        try:
+            with open(os.path.join(base, name)) as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            out[rank] = False
+            continue
+        pid = rec.get("pid") if isinstance(rec, dict) else None
+        out[rank] = (os.path.exists(os.path.join(base, "rank-%d.exit.json" % rank))
+                     or exiting(job_dir, rank, pid))
+    return out
 
 
 def _tagged(pid: int, job_id: str) -> bool:
@@ -62,8 +95,8 @@ def _armed(job_dir: str, job_id: str) -> List[Dict[str, Any]]:
             if m is None:
                 continue
             pid = int(m.group(1))
-            if not _tagged(pid, job_id):
-                continue
+            if not _tagged(pid, job_id) or os.path.exists(os.path.join(base, rd, "exiting-%d" % pid)):
+                continue  # not the job's any more, or finalizing (a stack signal then is ignored)
             path = os.path.join(base, rd, name)
             try:
                 size = os.path.getsize(path)

@@ -496,3 +496,29 @@ def test_a_gpu_a_job_host_moved_its_ranks_off_is_adopted_with_the_new_gpus_and_a
     healer.forget("j4")
     assert healer.gpu_seen == {}
     h.close()
+
+
+def test_ranks_on_their_way_out_are_not_judged_hung_by_the_controllers_look(tmp_path: Path) -> None:
+    """Every rank's progress marked ``exiting`` (agent/jobs.py: it has ended or marked its exit):
+    neither the watch's own timer nor a job host's verdict is a hang; one rank still in its
+    program is judged as before."""
+    from tui.control.healing import Healer
+
+    h = History(tmp_path / "h.sqlite")
+    healer = Healer(h)
+    rec = {"job_id": "j3", "restarts": 0, "placement": [{"host": "h1", "gpus": []}, {"host": "h2", "gpus": []}],
+           "spec": {"health": {"hang_timeout": 20}}}
+
+    def states(exiting: tuple[bool, bool], hang: dict | None = None) -> dict:  # type: ignore[type-arg]
+        return {host: {"state": "running", "restart_count": 0, "hang": hang,
+                       "progress": {str(r): {"step": 40, "attempt": 0, **({"exiting": True} if ex else {})}}}
+                for r, (host, ex) in enumerate(zip(("h1", "h2"), exiting, strict=True))}
+
+    assert healer.look(rec, states((False, False)), now=100) is None  # step 40 seen at 100
+    assert healer.look(rec, states((True, True)), now=200) is None  # 100 s of silence, all exiting
+    judged = {"section": "step", "stalled_s": 21, "timeout_s": 20, "last_step": 40, "at": 150.0,
+              "message": "hung: no rank reported a step after step 40 for 21 s (hang_timeout 20 s)"}
+    assert healer.look(rec, states((True, True), judged), now=201) is None
+    f = healer.look(rec, states((True, False)), now=202)
+    assert f is not None and f.kind == "hang" and f.last_step == 40, f
+    h.close()

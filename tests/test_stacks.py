@@ -233,3 +233,94 @@ def test_a_fresh_health_answer_is_taken_now_even_while_a_stream_runs(tmp_path: P
         (state / SIM_FAULTS_FILE).write_text(json.dumps({"0": {"xid": 79}}))
         assert a.job_status(job_id=job_id, fresh_health=True).get("gpu_health") == [
             {"index": 0, "health": "unhealthy", "reason": "XID 79: GPU has fallen off the bus", "simulated": True}]
+
+
+# A rank whose program has ended and whose process is still finalizing: it blocks in a C exit
+# handler (as a library's teardown can), after faulthandler has handed SIGUSR1 back.
+EXITING_SCRIPT = """
+import ctypes, sys
+libc = ctypes.CDLL(None)
+libc.__cxa_atexit(ctypes.cast(libc.pause, ctypes.c_void_p), None, None)  # runs after Python is done
+print("ready", flush=True)
+"""
+
+
+def _sig_masks(pid: int) -> dict[str, int]:
+    with open(f"/proc/{pid}/status") as f:
+        return {k: int(v, 16) for k, v in (line.split(":\t") for line in f if line.startswith(("SigIgn", "SigCgt")))}
+
+
+def test_a_rank_signalled_for_its_stacks_while_it_exits_is_not_killed_nor_signalled(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    (job_dir / "ranks").mkdir(parents=True)
+    script = tmp_path / "train.py"
+    script.write_text(EXITING_SCRIPT)
+    boot = stacks.boot_dir()
+    assert boot is not None
+    rank_dir = Path(stacks.rank_stacks_dir(str(job_dir), 0))
+    env = dict(os.environ, RIGDECK_JOB_ID="job-s2", PYTHONPATH=boot, **{stacks.ENV_STACKS_DIR: str(rank_dir)})
+    p = subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "ready"
+        (job_dir / "ranks" / "rank-0.json").write_text(f'{{"rank": 0, "pid": {p.pid}}}')
+        usr1 = 1 << (10 - 1)
+        deadline = time.monotonic() + 30
+        # Python has finalized: faulthandler's handler is gone (what it gave back is in place)
+        while _sig_masks(p.pid)["SigCgt"] & usr1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        masks = _sig_masks(p.pid)
+        assert not masks["SigCgt"] & usr1 and masks["SigIgn"] & usr1  # ignored, not SIG_DFL (death)
+        assert (rank_dir / f"exiting-{p.pid}").exists()  # the exit hook's mark
+        assert stacks.ranks_ending(str(job_dir)) == {0: True}
+        assert stacks.collect(str(job_dir), "job-s2", timeout=0.5) == {"stacks": [], "armed": 0}  # not signalled
+        os.kill(p.pid, 10)  # a stack signal sent anyway (a watch that read the marks a moment before)
+        time.sleep(0.5)
+        assert p.poll() is None  # still on its way out, not killed by signal 10
+    finally:
+        p.terminate()
+        assert p.wait(timeout=30) == -15
+
+
+def test_a_rank_is_ending_once_it_has_exited_or_marked_its_exit(tmp_path: Path) -> None:
+    job_dir = tmp_path / "job"
+    ranks = job_dir / "ranks"
+    ranks.mkdir(parents=True)
+    assert stacks.ranks_ending(str(job_dir)) == {}
+    for r, pid in ((0, 101), (1, 102), (2, 103)):
+        (ranks / f"rank-{r}.json").write_text(f'{{"rank": {r}, "pid": {pid}}}')
+    (ranks / "rank-3.json").write_text("{not json")  # half written: not ending
+    (ranks / "rank-0.exit.json").write_text('{"rank": 0, "exit_code": 0}')
+    Path(stacks.rank_stacks_dir(str(job_dir), 1)).mkdir(parents=True)
+    Path(stacks.rank_stacks_dir(str(job_dir), 1), "exiting-102").touch()
+    Path(stacks.rank_stacks_dir(str(job_dir), 1), "exiting-999").touch()  # a worker of the rank: not the rank
+    Path(stacks.rank_stacks_dir(str(job_dir), 2)).mkdir(parents=True)
+    Path(stacks.rank_stacks_dir(str(job_dir), 2), "exiting-102").touch()  # another rank's pid
+    assert stacks.ranks_ending(str(job_dir)) == {0: True, 1: True, 2: False, 3: False}
+
+
+def test_a_job_host_does_not_judge_its_ranks_hung_once_each_is_on_its_way_out(tmp_path: Path) -> None:
+    import json
+
+    from agent import jobhost
+
+    job_dir = tmp_path / "jobs" / "job-s3"
+    (job_dir / "metrics").mkdir(parents=True)
+    (job_dir / "ranks").mkdir()
+    (job_dir / "plan.json").write_text(json.dumps({
+        "job_id": "job-s3", "node_index": 0, "launcher": "direct", "health": {"hang_timeout": 1},
+        "nodes": [{"host": "h1", "address": "10.0.0.1", "slots": 2, "gpus": []}]}))
+    jh = jobhost.JobHost(str(job_dir))
+    with open(job_dir / "metrics" / "rank-0.jsonl", "a") as f:
+        f.write('{"step": 40, "rank": 0}\n')
+    for r in (0, 1):
+        (job_dir / "ranks" / f"rank-{r}.json").write_text(f'{{"rank": {r}, "pid": {200 + r}}}')
+    (job_dir / "ranks" / "rank-0.exit.json").write_text('{"rank": 0, "exit_code": 0}')
+    Path(stacks.rank_stacks_dir(str(job_dir), 1)).mkdir(parents=True)
+    assert jh.watch_progress() is None  # its first look: the step
+    time.sleep(1.2)
+    mark = Path(stacks.rank_stacks_dir(str(job_dir), 1), "exiting-201")
+    mark.touch()
+    assert jh.watch_progress() is None and jh.state.get("hang") is None  # past hang_timeout, both ending
+    mark.unlink()  # rank 1 silent in its program: a hang, as before
+    hang = jh.watch_progress()
+    assert hang is not None and jh.state["hang"] == hang and "after step 40" in hang["message"], hang

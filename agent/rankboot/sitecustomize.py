@@ -27,10 +27,26 @@ def _arm():
         import signal
 
         os.makedirs(target, exist_ok=True)
+        # What faulthandler puts back when the interpreter finalizes: from then on a stack signal
+        # is ignored instead of ending the process by SIGUSR1's default action (a rank slow to exit
+        # after its last step, signalled for its stacks then, would otherwise die by signal 10).
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         f = open(os.path.join(target, "pid-%d.txt" % os.getpid()), "a")
         faulthandler.register(signal.SIGUSR1, file=f, all_threads=True)
         _files.append(f)
+        import atexit
+
+        atexit.register(_exiting, target)  # the first hook registered: it runs after the user's
     except Exception:  # noqa: BLE001  # a rank without stacks still runs
+        pass
+
+
+def _exiting(target):
+    """At the interpreter's exit: ``<dir>/exiting-<pid>`` says this process has left its program
+    and is on its way out, so a watch does not judge its silence a hang (agent/stacks.py)."""
+    try:
+        os.close(os.open(os.path.join(target, "exiting-%d" % os.getpid()), os.O_WRONLY | os.O_CREAT, 0o644))
+    except Exception:  # noqa: BLE001
         pass
 
 

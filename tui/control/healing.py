@@ -126,9 +126,12 @@ class Healer:
         host = self._host_fault(job_id, states, spec, now)  # it keeps when each host last answered: always
         # While a host is out of reach, the others' stall is its doing: host_timeout judges it.
         away = any(not isinstance(st, dict) for st in states.values())
+        # Every rank past its program's end, on its way out (agent/stacks.py's exit marks): a
+        # slow exit is not a hang.
+        exiting = bool(progress) and all(p.get("exiting") for p in progress)
         return (self.gpu_fault(rec, states, now, on_host=gpus_on_host) or self._drained(rec) or host
                 or self._nan_fault(job_id, progress, spec)
-                or (None if away or hangs_on_host else self._host_hang(states, attempt, spec)
+                or (None if away or hangs_on_host or exiting else self._host_hang(states, attempt, spec)
                     or self._hang_fault(job_id, spec, now)))
 
     def gpu_fault(self, rec: Mapping[str, Any], states: Mapping[str, Any], now: float | None = None,
