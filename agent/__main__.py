@@ -10,6 +10,11 @@ if sys.version_info[:2] < MIN_PYTHON:  # noqa: UP036 (the point: run on an old P
         MIN_PYTHON + (sys.executable or "this interpreter", sys.version.split()[0])))
     sys.exit(4)
 
-from agent.cli import main  # noqa: E402
+from agent.entry import run  # noqa: E402  # the internal commands a job starts many of
 
-sys.exit(main())
+code = run(sys.argv[1:])
+if code is None:
+    from agent.cli import main
+
+    code = main()
+sys.exit(code)

@@ -957,10 +957,12 @@ class Daemon:
         job_id = self._str(params, "job_id")
         options = params.get("options")
         template = params.get("template")
+        nodes_agent = params.get("agent")
 
         def submit() -> Dict[str, Any]:
             self.jobs.job_dir(job_id)  # a job id the job dirs take
-            command = self.jobs.zipapp_command or self.jobs.agent_command
+            command = slurmstep.step_command(self.jobs.zipapp_command or self.jobs.agent_command,
+                                             self.jobs.unpacked_agent() if template else None, nodes_agent)
             return slurmstep.submit(self.paths.state_dir, self.jobs.root, command, job_id, options, template)
         return self._in_jobs_thread(submit, "cannot submit: ", (JobError, slurmstep.SlurmStepError, OSError))
 
@@ -972,7 +974,9 @@ class Daemon:
         key, template = params.get("key"), params.get("template")
 
         def write() -> Dict[str, Any]:
-            return {"path": slurmstep.write_template(self.jobs.root, key, template)}
+            path = slurmstep.write_template(self.jobs.root, key, template)
+            # where this node's job hosts start from (the unpacked copy, made if it is gone)
+            return {"path": path, "agent": self.jobs.unpacked_agent()}
         return self._in_jobs_thread(write, "cannot keep the template: ", (slurmstep.SlurmStepError, OSError))
 
     def _m_job_release(self, client: _Client, params: Dict[str, Any]) -> Any:

@@ -448,6 +448,14 @@ class Jobs:
         self.zipapp_command = list(self.agent_command)
         self.agent_command = unpacked_command(self.zipapp_command)
 
+    def unpacked_agent(self) -> Optional[List[str]]:
+        """The agent's unpacked copy as a command (``[python, DIR]``), made again if it is gone;
+        None when the agent runs from no zipapp or cannot be unpacked here."""
+        c = self._command()
+        from agent.paths import is_unpacked
+
+        return list(c) if len(c) == 2 and is_unpacked(c[1]) else None
+
     def _command(self) -> List[str]:
         """The agent command for a new job host: the unpacked copy, made again first when it is
         gone (someone removed the agent's directory, and a deploy put the archive back)."""

@@ -29,7 +29,6 @@ import time
 from typing import Any, Dict, List, Optional
 
 from agent import filemodes, slurmtext
-from agent.jobhost import no_site, read_json
 
 BATCH_SCRIPT = (
     "#!/bin/sh\n"
@@ -79,10 +78,23 @@ def check_options(options: Any) -> List[str]:
     return list(options)
 
 
+def step_command(agent: List[str], unpacked: Optional[List[str]], nodes_said: Any) -> List[str]:
+    """The agent command the step runs on every node: its unpacked copy (``unpacked``, this
+    login host's) where every node that kept the job's template said its own is the same
+    (``nodes_said``, what the controller gathered: one interpreter per node, starting from
+    byte-compiled files), else the zipapp ``agent`` (which goes on to its copy itself, a second
+    interpreter). Only this host's own value is ever run: the controller's is compared, not used."""
+    if unpacked is not None and isinstance(nodes_said, list) and nodes_said == unpacked:
+        return list(unpacked)
+    return list(agent)
+
+
 def step_argv(command: List[str], jobs_root: str, job_id: str, template: Optional[str] = None) -> List[str]:
     """What each node's task runs: this agent's ``slurmhost`` for the job, from its zipapp (the
     same path on every node the agent was deployed to alike); ``template``: the name of the
     template its nodes make their plans of."""
+    from agent.jobhost import no_site  # (not at the top: a node's task imports only what it runs)
+
     return no_site(command) + ["slurmhost", "--jobs-root", jobs_root, "--job-id", job_id] + (
         ["--template", template] if template else [])
 
@@ -220,6 +232,8 @@ def wait_plan(job_dir: str, slurm_job_id: str, wait_s: float = PLAN_WAIT_S, poll
     """Until the controller's plan for this Slurm job is in ``job_dir`` (a plan of an earlier
     attempt, or of another Slurm job, is not it): ``"plan"``; or until the controller's template
     for it is at ``template``: ``"template"``; ``""`` when neither came."""
+    from agent.jobhost import read_json
+
     deadline = time.monotonic() + wait_s
     path = os.path.join(job_dir, "plan.json")
     while time.monotonic() < deadline:
@@ -248,6 +262,7 @@ def _from_unpacked(jobs_root: str, job_id: str, template: Optional[str]) -> None
 
 def host_main(jobs_root: str, job_id: str, template: Optional[str] = None) -> int:
     """``agent.pyz slurmhost``: one node's task in the Slurm step."""
+    _from_unpacked(jobs_root, job_id, template)  # first: nothing more compiled from the zipapp
     from agent import jobhost
     from agent.jobs import JOB_ID_RE
 
@@ -258,7 +273,6 @@ def host_main(jobs_root: str, job_id: str, template: Optional[str] = None) -> in
         raise SystemExit("rigdeck slurmhost: not inside a Slurm job (no SLURM_JOB_ID)")
     if template is not None and not KEY_RE.match(template):
         raise SystemExit("rigdeck slurmhost: bad template name %r" % template)
-    _from_unpacked(jobs_root, job_id, template)
     root = os.path.abspath(os.path.expanduser(jobs_root))
     job_dir = os.path.join(root, job_id)
     path = template_path(root, template) if template else ""
@@ -274,6 +288,7 @@ def host_main(jobs_root: str, job_id: str, template: Optional[str] = None) -> in
 def _plan_from_template(root: str, job_id: str, slurm_job: str, key: str, path: str) -> None:
     """This node's plan made of the controller's template and Slurm's allocation, its job
     directory made as the agent makes a Slurm job's (agent/jobs.py)."""
+    from agent.jobhost import read_json
     from agent.jobs import Jobs
     from agent.paths import self_command
 

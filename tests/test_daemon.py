@@ -549,3 +549,32 @@ def test_a_slurm_template_not_of_its_shape_is_refused_and_the_daemon_carries_on(
     live.send(protocol.encode(protocol.request(99, "slurm_template", key=key, template=good)))
     reply = live.recv()
     assert reply["ok"] is True and json.loads((jobs / f".slurm-{key}.template.json").read_text()) == good, reply
+
+
+def test_the_internal_commands_take_their_one_shape_and_anything_else_goes_to_argparse(tmp_path: Path) -> None:
+    from agent import entry
+
+    assert entry.parse(["rank", "--job-dir", "/j", "--rank", "3", "--local-rank", "1", "--", "python", "-u", "t.py"]) \
+        == ("rank", {"--job-dir": "/j", "--rank": "3", "--local-rank": "1"}, ["python", "-u", "t.py"])
+    assert entry.parse(["rank", "--job-dir", "/j", "--", "a", "--", "b"]) == ("rank", {"--job-dir": "/j"},
+                                                                              ["a", "--", "b"])
+    assert entry.parse(["jobhost", "--job-dir", "/j"]) == ("jobhost", {"--job-dir": "/j"}, [])
+    assert entry.parse(["slurmhost", "--jobs-root", "/r", "--job-id", "j-1", "--template", "ab"]) == (
+        "slurmhost", {"--jobs-root": "/r", "--job-id": "j-1", "--template": "ab"}, [])
+    for argv in ([], ["daemon"], ["version"], ["rank", "--job-dir", "/j"], ["rank", "--job-dir=/j", "--", "x"],
+                 ["rank", "--job-dir", "/j", "--rank", "x", "--", "y"], ["rank", "--rank", "1", "--", "y"],
+                 ["jobhost"], ["jobhost", "--job-dir", "/j", "--job-dir", "/k"], ["jobhost", "--job-dir"],
+                 ["jobhost", "--job-dir", "/j", "--", "x"], ["slurmhost", "--jobs-root", "/r"],
+                 ["slurmhost", "--jobs-root", "/r", "--job-id", "j", "--other", "1"], ["rank", "-h"]):
+        assert entry.parse(argv) is None, argv  # argparse's: its own errors and help, as before
+    # through the fast path: the rank's command runs, its output kept, its exit code passed on
+    root = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, "-m", "agent", "rank", "--job-dir", str(tmp_path), "--rank", "0",
+                          "--local-rank", "0", "--", "sh", "-c", "echo hi; exit 3"], capture_output=True, text=True,
+                         cwd=root)
+    assert out.returncode == 3 and (tmp_path / "logs" / "rank-0.log").read_text() == "hi\n", out
+    assert json.loads((tmp_path / "ranks" / "rank-0.exit.json").read_text())["exit_code"] == 3
+    # not its shape: argparse's words, as before
+    out = subprocess.run([sys.executable, "-m", "agent", "rank", "--job-dir", str(tmp_path), "--"],
+                         capture_output=True, text=True, cwd=root)
+    assert out.returncode == 2 and "no command" in out.stderr, out

@@ -15,6 +15,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import psutil
 import pytest
 
 from tests._require import has_module, require
@@ -779,7 +780,13 @@ loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
         before = history.get(job_id)
         slurm.run(["scancel", big])  # the cluster frees up; nobody runs rigdeck from here on
 
+        steps_argv: set[tuple[str, ...]] = set()
+
         def ended_on_hosts() -> dict[str, str]:
+            for p in psutil.process_iter(["cmdline"]):  # each node's task of the Slurm step
+                argv = tuple(p.info["cmdline"] or ())
+                if "slurmhost" in argv and job_id in argv:
+                    steps_argv.add(argv[:argv.index("slurmhost")])
             states = {}
             for h in ("h1", "h2", "h3"):
                 f = slurm.bed.host(h).state_dir / "jobs" / job_id / "state.json"
@@ -788,6 +795,9 @@ loss_pattern = 'loss[=:]\\s*([0-9.eE+-]+)'
             return states if len(states) == 2 and all(s in ("succeeded", "failed") for s in states.values()) else {}
         ran = wait_until(ended_on_hosts, timeout=240, what="the job's nodes end it on their own")
         assert set(ran.values()) == {"succeeded"}, ran
+        # every node's task started from the agent's unpacked copy: one interpreter, no zipapp
+        # (srun's own argv included: it names the same command)
+        assert steps_argv and all(a[-1].endswith("/unpacked") and a[-2] == "-S" for a in steps_argv), steps_argv
         # each node Slurm gave made its plan of its template and took it away; the others keep theirs
         assert sorted(h for h, t in new.items() if t[0].exists()) == sorted({"h1", "h2", "h3"} - set(ran))
         assert history.get(job_id) == before  # nobody looked: the record is as the launch left it

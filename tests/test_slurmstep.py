@@ -125,3 +125,20 @@ def test_the_template_is_kept_private_and_a_waiting_node_finds_it(tmp_path: Path
     assert slurmstep.step_argv(["/py", "/a.pyz"], "/j", "q-1", KEY)[-2:] == ["--template", KEY]
     with pytest.raises(slurmstep.SlurmStepError, match="16 to 64 hex digits"):
         slurmstep.submit(str(tmp_path), str(root), ["/py", "/a.pyz"], "q-1", [], template="x; rm -rf ~")
+
+
+def test_the_step_starts_from_the_unpacked_copy_only_where_every_node_has_the_login_hosts_own(tmp_path: Path) -> None:
+    unpacked = tmp_path / "v1" / "unpacked"
+    (unpacked / "agent").mkdir(parents=True)
+    (unpacked / "__main__.py").touch()
+    (unpacked / "agent" / "BUILD.json").touch()
+    pyz = ["/usr/bin/python3", str(tmp_path / "v1" / "agent.pyz")]
+    copy = ["/usr/bin/python3", str(unpacked)]
+    assert slurmstep.step_command(pyz, copy, list(copy)) == copy
+    argv = slurmstep.step_argv(slurmstep.step_command(pyz, copy, list(copy)), "/s/jobs", "j-1", "ab" * 8)
+    assert argv[:4] == ["/usr/bin/python3", "-S", str(unpacked), "slurmhost"], argv  # no site, as the zipapp
+    # the nodes said another place, nothing, or something not of its shape; or no copy here
+    for said in (["/usr/bin/python3", str(tmp_path / "v2" / "unpacked")], None, "x; rm -rf ~", {"a": 1}, [copy]):
+        assert slurmstep.step_command(pyz, copy, said) == pyz, said
+    assert slurmstep.step_command(pyz, None, None) == pyz
+    assert slurmstep.step_command(pyz, None, list(copy)) == pyz  # a value from the client is never run as such

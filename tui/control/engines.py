@@ -474,10 +474,10 @@ class SlurmEngine:
         # A new job whose plan a template can describe is left to its nodes (the module's doc).
         key = secrets.token_hex(8) if (exclude is None and self_starts(spec) is None
                                        and self.jm.history.get(job_id) is None) else None
-        if key is not None:
-            self._write_templates(job_id, spec, capacity, excluded, key)
+        agent = self._write_templates(job_id, spec, capacity, excluded, key) if key is not None else None
         try:
-            got = self.jm.ctl.agent(login).slurm_submit(job_id=job_id, options=options, template=key, timeout=90)
+            got = self.jm.ctl.agent(login).slurm_submit(job_id=job_id, options=options, template=key, agent=agent,
+                                                        timeout=90)
         except TransportError as e:
             raise EngineError(f"job not submitted to Slurm: {login}: {e}") from None
         sid = got.get("slurm_job_id")
@@ -629,11 +629,13 @@ class SlurmEngine:
             self._submitted.pop(job_id, None)
 
     def _write_templates(self, job_id: str, spec: JobSpec, capacity: Any, excluded: Sequence[str],
-                         key: str) -> None:
+                         key: str) -> list[str] | None:
         """Before the job is submitted: a template of its plan, named ``key``, on every node Slurm
         may run it on (each inventory host that is a Slurm node, less ``excluded``; only the
         spec's ``hosts`` when it names them; the job's code pushed there first), so that those
-        Slurm gives it make their plans of it when Slurm runs it. All nodes or an EngineError."""
+        Slurm gives it make their plans of it when Slurm runs it. All nodes or an EngineError.
+        Where the nodes' agents start job hosts from (their unpacked copy) when all said the
+        same place, else None."""
         caps = {c.name: c for c in capacity or []}
         hosts = self._candidates(spec, capacity, excluded)  # Slurm node -> inventory host
         if not hosts:
@@ -660,6 +662,10 @@ class SlurmEngine:
         if failed:
             raise EngineError("the job's plan not left on every node Slurm may run it on: "
                               + "; ".join(f"{h}: {e}" for h, e in sorted(failed.items())))
+        agents = {tuple(a) if isinstance(a := r.get("agent"), list) and all(isinstance(x, str) for x in a)
+                  else None for r in said.values() if isinstance(r, dict)}
+        (one,) = agents if len(agents) == 1 else (None,)
+        return list(one) if one else None
 
     def forget(self, job_id: str) -> None:
         """What was kept of the job's submission, once it is recorded."""

@@ -474,12 +474,16 @@ class AgentClient:
         return [int(g) for g in got.get("claimed") or ()]
 
     def slurm_submit(self, *, job_id: str, options: Sequence[str], template: str | None = None,
-                     timeout: float | None = None) -> dict[str, Any]:
+                     agent: Sequence[str] | None = None, timeout: float | None = None) -> dict[str, Any]:
         """Submit ``job_id`` to Slurm from this (the login) host: ``sbatch`` with ``options``
         (``--name=value`` each) and rigdeck's batch script, whose step starts this agent's job
-        host for it on every node. ``slurm_job_id`` (None when Slurm refused), ``exit_code``,
-        ``stdout``, ``stderr`` (Slurm's own words), ``argv``."""
-        extra = {"template": template} if template else {}
+        host for it on every node. ``agent``: where every node that kept ``template`` said its
+        agent's unpacked copy is (the step starts from it where the login host's is the same).
+        ``slurm_job_id`` (None when Slurm refused), ``exit_code``, ``stdout``, ``stderr``
+        (Slurm's own words), ``argv``."""
+        extra: dict[str, Any] = {"template": template} if template else {}
+        if template and agent:
+            extra["agent"] = list(agent)
         return _dict(self._call("slurm_submit", **_kw(timeout), job_id=job_id, options=list(options), **extra))
 
     def slurm_template(self, *, key: str, template: Mapping[str, Any],
