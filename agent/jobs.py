@@ -639,6 +639,7 @@ class Jobs:
         stopped_ranks = {int(r) for rep in st.get("replicas") or [] if rep.get("state") in ("stopping", "stopped")
                          for r in rep.get("ranks") or []}
         ranks = []
+        ending = {}  # type: Dict[int, bool]  # rank -> ended (exit record) or on its way out (exit mark)
         for path in sorted(glob.glob(os.path.join(d, "ranks", "rank-*.json"))):
             if path.endswith(".exit.json"):
                 continue
@@ -646,6 +647,8 @@ class Jobs:
             if rec is None:
                 continue
             ex = read_json(path[: -len(".json")] + ".exit.json")
+            if isinstance(rec.get("rank"), int):
+                ending[rec["rank"]] = ex is not None or stacks.exiting(d, rec["rank"], rec.get("pid"))
             if ex is not None:
                 rstate = "exited" if ex.get("exit_code") == 0 and not ex.get("error") else "failed"
             else:
@@ -659,7 +662,6 @@ class Jobs:
         progress = {}  # rank -> its newest step record: the controller's hang watch reads it
         marks = (read_json(os.path.join(d, "attempts.json")) or {}).get("attempts") or [] if (
             st.get("state") not in TERMINAL) else []
-        ending = stacks.ranks_ending(d) if st.get("state") not in TERMINAL else {}
         for rank in sorted(set(self.log_ranks(job_id)) | set(self._metric_ranks(d))):
             rec = _last_record(os.path.join(d, "metrics", "rank-%d.jsonl" % rank)) or _last_record(
                 os.path.join(d, "metrics", "rank-%d.stdout.jsonl" % rank))

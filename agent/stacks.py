@@ -35,10 +35,14 @@ def rank_stacks_dir(job_dir: str, rank: int) -> str:
     return os.path.join(job_dir, STACKS_DIR, "rank-%d" % rank)
 
 
+def _exit_mark(rank_dir: str, pid: int) -> str:
+    return os.path.join(rank_dir, "exiting-%d" % pid)  # the rank boot's exit hook leaves it
+
+
 def exiting(job_dir: str, rank: int, pid: Any) -> bool:
     """The rank's process ``pid`` has left its program and is finalizing (the rank boot's exit
     hook left ``exiting-<pid>``): its silence is not a hang, and it is not signalled."""
-    return isinstance(pid, int) and os.path.exists(os.path.join(rank_stacks_dir(job_dir, rank), "exiting-%d" % pid))
+    return isinstance(pid, int) and os.path.exists(_exit_mark(rank_stacks_dir(job_dir, rank), pid))
 
 
 def ranks_ending(job_dir: str) -> Dict[int, bool]:
@@ -95,7 +99,7 @@ def _armed(job_dir: str, job_id: str) -> List[Dict[str, Any]]:
             if m is None:
                 continue
             pid = int(m.group(1))
-            if not _tagged(pid, job_id) or os.path.exists(os.path.join(base, rd, "exiting-%d" % pid)):
+            if not _tagged(pid, job_id) or os.path.exists(_exit_mark(os.path.join(base, rd), pid)):
                 continue  # not the job's any more, or finalizing (a stack signal then is ignored)
             path = os.path.join(base, rd, name)
             try:

@@ -662,9 +662,11 @@ class SlurmEngine:
         if failed:
             raise EngineError("the job's plan not left on every node Slurm may run it on: "
                               + "; ".join(f"{h}: {e}" for h, e in sorted(failed.items())))
-        agents = {tuple(a) if isinstance(a := r.get("agent"), list) and all(isinstance(x, str) for x in a)
-                  else None for r in said.values() if isinstance(r, dict)}
-        (one,) = agents if len(agents) == 1 else (None,)
+        places = set()
+        for r in said.values():
+            a = r.get("agent") if isinstance(r, dict) else None
+            places.add(tuple(a) if isinstance(a, list) and all(isinstance(x, str) for x in a) else None)
+        one = places.pop() if len(places) == 1 else None
         return list(one) if one else None
 
     def forget(self, job_id: str) -> None:
