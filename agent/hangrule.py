@@ -9,13 +9,25 @@ at least ``FLOOR_S``. A section not seen often enough to learn from keeps the ol
 first step is never a hang. An explicit ``[health] hang_timeout`` (or ``startup_timeout``) wins
 over anything learned.
 
+**Quiet hangs, in seconds.** A hung data-parallel job is mostly asleep: the ranks that reached the
+collective wait in it, the one that did not is blocked where it stopped. Where every process of
+every rank (its children too) sleeps, using no CPU (``Idle``: at most ``QUIET_CPU_SHARE`` of a
+core, none running or in disk wait at a look), and no step has come for ``QUIET_MULTIPLE`` times
+the job's typical step (the median of its recent step intervals, from the ranks' own record
+times), at least ``QUIET_FLOOR_S``, the job is hung: ``Watch.quiet``. A slow step (compute, a
+data loader's workers), a save, a rank starved of CPU all use CPU or run, so they are judged by
+the rule above only; so is a collective that spins (NCCL's waits poll the GPU). Each job host
+judges its own ranks: where they are the whole job it acts; otherwise it says so in its state
+(``idle``) and the controller acts once every host of the job says so. An explicit
+``hang_timeout`` turns it off.
+
 The job host applies it to its own ranks (agent/jobhost.py) and the controller to what its
 looks see (tui/model/health.py's ``ProgressWatch``): each feeds ``Watch`` what it observed, with
 its own clock, and gets the same verdict and the same words. No I/O. Stdlib only, Python 3.9+.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, Mapping, Optional
+from typing import Dict, Iterable, Mapping, Optional, Tuple
 
 STARTUP = "startup"
 STEP = "step"
@@ -30,10 +42,62 @@ DEFAULT_STARTUP_S = 30 * 60.0  # the start-up, with no startup_timeout
 MULTIPLE = 10.0  # a section's timeout: this many times the longest interval seen in it...
 FLOOR_S = 15.0  # ...and at least this (a loaded machine pauses a process for seconds)
 MIN_STEP_INTERVALS = 3  # step intervals seen before the steps' timeout is learned
+QUIET_MULTIPLE = 10.0  # a quiet hang: no step for this many typical steps...
+QUIET_FLOOR_S = 3.0  # ...and at least this, every rank asleep all along
+QUIET_CPU_SHARE = 0.05  # asleep: a rank's processes used at most this share of one core
 
 
 def learned_timeout(longest: float) -> float:
     return max(FLOOR_S, MULTIPLE * longest)
+
+
+def quiet_timeout(typical_step: float) -> float:
+    return max(QUIET_FLOOR_S, QUIET_MULTIPLE * typical_step)
+
+
+def typical(intervals: Iterable[float]) -> Optional[float]:
+    """The median of the step intervals seen, once there are ``MIN_STEP_INTERVALS``."""
+    seen = sorted(intervals)
+    if len(seen) < MIN_STEP_INTERVALS:
+        return None
+    mid = len(seen) // 2
+    return seen[mid] if len(seen) % 2 else (seen[mid - 1] + seen[mid]) / 2.0
+
+
+class Idle:
+    """Since when a set of ranks has been asleep, in one observer's clock. Fed a reading of each
+    rank at every look: whether any process of it (the rank and its children) was running or in
+    disk wait, and the CPU clock ticks all of them used so far. A rank is asleep from the last look
+    that found it running, or that saw it use more than ``share`` of a core since the look before."""
+
+    def __init__(self, share: float = QUIET_CPU_SHARE, hz: float = 100.0) -> None:
+        self.share = share
+        self.hz = hz
+        self.refs = {}  # type: Dict[int, Tuple[float, float, int]]  # rank -> (asleep since, last look, ticks then)
+
+    def sample(self, now: float, readings: Mapping[int, Optional[Tuple[bool, int]]]) -> Optional[float]:
+        """Since when every rank in ``readings`` has been asleep; None when any is awake, cannot be
+        read (None), or there is none."""
+        for rank in [r for r in self.refs if r not in readings]:
+            del self.refs[rank]
+        since = None  # type: Optional[float]
+        awake = not readings
+        for rank, got in readings.items():
+            if got is None:
+                self.refs.pop(rank, None)
+                awake = True
+                continue
+            running, ticks = got
+            ref = self.refs.get(rank)
+            # a tick of slack: the clock's granularity, the look landing mid-tick; fewer ticks
+            # than before: a child ended and its CPU left the count, so it is looked at afresh
+            busy = ref is None or running or ticks < ref[2] or (
+                ticks - ref[2] > self.share * (now - ref[1]) * self.hz + 1)
+            start = now if busy or ref is None else ref[0]
+            self.refs[rank] = (start, now, ticks)
+            awake = awake or busy
+            since = start if since is None else max(since, start)
+        return None if awake else since
 
 
 class Verdict:
@@ -47,8 +111,8 @@ class Verdict:
         self.stalled_s = stalled_s
         self.timeout_s = timeout_s
         self.last_step = last_step
-        self.basis = basis  # "explicit" | "learned" | "default"
-        self.learned_from = learned_from  # the longest interval the timeout was learned from
+        self.basis = basis  # "explicit" | "learned" | "default" | "quiet"
+        self.learned_from = learned_from  # the interval the timeout was learned from (quiet: the typical step)
 
     def why(self) -> str:
         """The timeout and where it came from, e.g. ``step timeout 15 s, learned: 10 x the
@@ -58,6 +122,10 @@ class Verdict:
             return "%s %g s" % (name, self.timeout_s)
         what = {STARTUP: "first step", STEP: "step", CHECKPOINT: "checkpoint save", EVAL: "evaluation"}.get(
             self.section, self.section)
+        if self.basis == "quiet":
+            return ("quiet timeout %.0f s: every rank asleep, using no CPU; learned: %g x the typical step "
+                    "(%.1f s), at least %g s" % (self.timeout_s, QUIET_MULTIPLE, self.learned_from or 0.0,
+                                                  QUIET_FLOOR_S))
         if self.basis == "learned":
             return ("%s timeout %.0f s, learned: %g x the longest %s seen (%.1f s), at least %g s"
                     % (self.section, self.timeout_s, MULTIPLE, what, self.learned_from or 0.0, FLOOR_S))
@@ -69,6 +137,9 @@ class Verdict:
         if self.section == STARTUP:
             return "hung: no rank reported a first step in %.0f s (%s)" % (self.stalled_s, self.why())
         after = " after step %g" % self.last_step if self.last_step is not None else ""
+        if self.section == STEP and self.basis == "quiet":
+            return "hung: no rank reported a step%s for %.0f s, every rank asleep (%s)" % (
+                after, self.stalled_s, self.why())
         if self.section == STEP:
             return "hung: no rank reported a step%s for %.0f s (%s)" % (after, self.stalled_s, self.why())
         what = {CHECKPOINT: "a checkpoint save", EVAL: "an evaluation"}.get(self.section, "section %r" % self.section)
@@ -158,3 +229,17 @@ class Watch:
         if stalled < timeout + margin:
             return None
         return Verdict(section, stalled, timeout, self.last_step, basis, learned_from)
+
+    def quiet(self, now: float, asleep_since: Optional[float], typical_step: Optional[float]) -> Optional[Verdict]:
+        """A quiet hang (the module's doc): in the steps, no step for ``quiet_timeout`` of the
+        typical step while every rank has been asleep since ``asleep_since`` (this watch's clock)
+        for as long. None without an explicit ``hang_timeout`` only."""
+        if self.hang_timeout is not None or asleep_since is None or typical_step is None:
+            return None
+        if self.section() != STEP or self.last_change is None:
+            return None
+        timeout = quiet_timeout(typical_step)
+        stalled = now - self.last_change
+        if stalled < timeout or now - asleep_since < timeout:
+            return None
+        return Verdict(STEP, stalled, timeout, self.last_step, "quiet", typical_step)

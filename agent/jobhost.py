@@ -8,6 +8,7 @@ dropped SSH session touches it. Stdlib only, Python 3.9+.
 """
 from __future__ import annotations
 
+import collections
 import glob
 import json
 import os
@@ -77,6 +78,45 @@ def pid_alive(pid: Optional[int]) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return True
+
+
+def tree_reading(pid: int, proc_root: str = "/proc") -> Optional[Tuple[bool, int]]:
+    """Whether any process of ``pid``'s tree (it and its descendants) is running or in disk wait
+    at this moment, and the CPU clock ticks (user + system) the tree's live processes have used;
+    None when ``pid`` is gone (or a zombie)."""
+    running, ticks = False, 0
+    seen = set()  # type: set
+    todo = [pid]
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            with open("%s/%d/stat" % (proc_root, p)) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            state, used = fields[0], int(fields[11]) + int(fields[12])
+        except (OSError, IndexError, ValueError):
+            if p == pid:
+                return None
+            continue
+        if state == "Z":
+            if p == pid:
+                return None
+            continue
+        running = running or state in ("R", "D")
+        ticks += used
+        try:
+            tasks = os.listdir("%s/%d/task" % (proc_root, p))
+        except OSError:
+            tasks = []
+        for t in tasks:
+            try:
+                with open("%s/%d/task/%s/children" % (proc_root, p, t)) as f:
+                    todo.extend(int(c) for c in f.read().split())
+            except (OSError, ValueError):
+                pass
+    return running, ticks
 
 
 def claim_fds(env: Dict[str, str]) -> List[int]:
@@ -176,6 +216,9 @@ class RankProgress:
         self.inside = {}  # type: Dict[str, List[str]]
         self.ended = {}  # type: Dict[str, float]
         self.first_step_at = None  # type: Optional[float]  # the earliest step record's own time
+        self.last_at = {}  # type: Dict[str, Tuple[float, float]]  # file -> its newest (step, record time)
+        # the recent intervals between a rank's steps, by the records' own times (hangrule.typical)
+        self.intervals = collections.deque(maxlen=64)  # type: collections.deque
         for name in self._files():
             try:
                 self.offsets[name] = os.path.getsize(os.path.join(self.dir, name))
@@ -227,6 +270,11 @@ class RankProgress:
                 when = rec.get("time")
                 if isinstance(when, (int, float)) and not isinstance(when, bool):
                     self.first_step_at = min(self.first_step_at or float(when), float(when))
+                    before = self.last_at.get(name)
+                    if before is None or float(step) > before[0]:
+                        if before is not None and float(when) >= before[1]:
+                            self.intervals.append(float(when) - before[1])
+                        self.last_at[name] = (float(step), float(when))
         elif event == "section" and isinstance(rec.get("section"), str):
             inside = self.inside.setdefault(name, [])
             if rec.get("phase") == "begin":
@@ -280,6 +328,8 @@ class JobHost:
         self.on_hang = str(health.get("on_hang") or "restart")
         self.progress = RankProgress(os.path.join(self.job_dir, "metrics"))
         self.hang_watch = self._new_watch()
+        self.idle = hangrule.Idle(hz=float(os.sysconf("SC_CLK_TCK")))
+        self.rank_pids = {}  # type: Dict[int, int]  # this attempt's ranks here -> their pids (the idle look's)
         # The containers this host runs: a job's one (``plan["container"]``), or a pool job's,
         # one per distinct container of its replicas here (each node's ``container``: its pool's).
         self.box_nodes = {}  # type: Dict[str, List[int]]  # a container's name -> the nodes in it
@@ -838,13 +888,22 @@ class JobHost:
         self.progress.read()
         now = time.monotonic()
         self.hang_watch.observe(now, self.progress.steps.values(), self.progress.sections(), self.progress.ended)
-        verdict = self.hang_watch.judge(now)
-        if verdict is None:
-            return None
+        verdict = self.hang_watch.judge(now) or self.quiet_look(now)
         from agent import stacks
 
-        ending = stacks.ranks_ending(self.job_dir)
-        if ending and all(ending.values()):  # past their last step, on their way out: not hung
+        if verdict is not None:
+            ending = stacks.ranks_ending(self.job_dir)
+            if ending and all(ending.values()):  # past their last step, on their way out: not hung
+                verdict = None
+        if verdict is not None and verdict.basis == "quiet" and not self.whole_job():
+            # this host's ranks are asleep, the others' are not seen from here: the controller
+            # judges the job once every host says so (tui/control/healing.py)
+            if self.state.get("idle") is None:
+                self.save(idle=dict(verdict.to_dict(), at=time.time()))
+            return None
+        if self.state.get("idle") is not None:
+            self.save(idle=None)
+        if verdict is None:
             return None
         hang = verdict.to_dict()
         self.log(str(hang["message"]))
@@ -858,6 +917,32 @@ class JobHost:
                             for s in got.get("stacks") or []])
         self.save(hang=hang)
         return hang
+
+    def whole_job(self) -> bool:
+        """Whether this host's ranks are all the job's."""
+        nodes = self.plan.get("nodes") or []
+        world = sum(len(clusterfiles.global_ranks(self.plan, i)) for i in range(len(nodes)))
+        return len(self.state.get("expected_ranks") or []) == world
+
+    def quiet_look(self, now: float) -> Optional[hangrule.Verdict]:
+        """The quiet rule (agent/hangrule.py) on this host's ranks: each rank's process tree read in
+        ``/proc`` at every turn of the loop while the job is in its steps (a few small reads per
+        rank). Not for a pool job's replicas or ranks in a container (their pids are another
+        namespace's)."""
+        typical = hangrule.typical(self.progress.intervals)
+        if (self.pooled or self.boxes or typical is None or self.hang_watch.hang_timeout is not None
+                or self.hang_watch.section() != hangrule.STEP):
+            return None
+        expected = set(self.state.get("expected_ranks") or [])
+        if set(self.rank_pids) != expected:
+            self.rank_pids = {r: int(rec["pid"]) for r, rec in self.rank_records().items()
+                              if r in expected and isinstance(rec.get("pid"), int)}
+        readings = {r: tree_reading(pid) for r, pid in self.rank_pids.items()}
+        if set(readings) != expected:
+            return None
+        if any(v is None for v in readings.values()):
+            self.rank_pids = {}  # a rank gone (or restarted): its pid read again next turn
+        return self.hang_watch.quiet(now, self.idle.sample(now, readings), typical)
 
     # -- healing in place: a job of one host, with nobody watching ------------------------------
 
@@ -1104,6 +1189,8 @@ class JobHost:
         self.procs = []
         self.progress = RankProgress(os.path.join(self.job_dir, "metrics"))
         self.hang_watch = self._new_watch()
+        self.idle = hangrule.Idle(self.idle.share, self.idle.hz)
+        self.rank_pids = {}
 
     def _resumed(self) -> None:
         """The first step of an attempt this host started: when its ranks reported it, for the

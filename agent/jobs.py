@@ -698,6 +698,11 @@ class Jobs:
                 held = {}  # a claim directory not to trust holds no claim of this job's
             claims_held = None if held is None else sorted(
                 g for g, h in held.items() if h.get("job_id") == job_id)
+        idle = st.get("idle")
+        if isinstance(idle, dict) and isinstance(idle.get("at"), (int, float)) and isinstance(
+                idle.get("stalled_s"), (int, float)):  # its ranks asleep, no step: for how long now
+            st = {**st, "idle": dict(idle, stalled_s=round(float(idle["stalled_s"]) + max(
+                0.0, time.time() - float(idle["at"])), 3))}
         return {**st, "ranks": ranks, "log_ranks": self.log_ranks(job_id), "last_metrics": last,
                 "tagged_processes": tagged, "claims_held": claims_held, "progress": progress,
                 "links": read_links(d)}

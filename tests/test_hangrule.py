@@ -148,3 +148,104 @@ def test_a_section_the_rule_does_not_know_gets_the_default_until_it_has_run_once
     assert w.judge(t + 899.0) is None
     hung = w.judge(t + 900.0)
     assert hung is not None and hung.message().startswith("hung: section 'hold' after step 10 has not ended in 900 s")
+
+
+# -- quiet hangs: every rank asleep and no step for 10 typical steps, at least 3 s ----------------
+
+
+def test_ranks_are_asleep_from_the_last_look_that_found_one_running_or_busy() -> None:
+    idle = hangrule.Idle(share=0.05, hz=100.0)
+    assert idle.sample(0.0, {0: (False, 100), 1: (False, 50)}) is None  # first look: nothing known yet
+    assert idle.sample(1.0, {0: (False, 106), 1: (False, 50)}) == 0.0  # 6 ticks in 1 s: 5% and a tick
+    assert idle.sample(2.0, {0: (True, 106), 1: (False, 51)}) is None  # rank 0 running at this look
+    assert idle.sample(3.0, {0: (False, 106), 1: (False, 51)}) == 2.0
+    # rank 1 used 8 ticks in the second since the last look: 8% of a core, more than 5%: awake
+    assert idle.sample(4.0, {0: (False, 106), 1: (False, 59)}) is None
+    assert idle.sample(9.0, {0: (False, 110), 1: (False, 80)}) == 4.0  # 4 and 21 ticks in 5 s: asleep
+    # however long it slept before, a burst is seen at the next look
+    assert idle.sample(9.5, {0: (False, 110), 1: (False, 85)}) is None
+    assert idle.sample(10.0, {0: None, 1: (False, 85)}) is None  # a rank gone is not asleep
+    assert idle.sample(11.0, {0: (False, 110), 1: (False, 60)}) is None  # a child ended: its ticks left
+    assert idle.sample(12.0, {}) is None
+
+
+def test_the_typical_step_is_the_median_once_three_are_seen() -> None:
+    assert hangrule.typical([0.3, 0.4]) is None
+    assert hangrule.typical([0.3, 9.0, 0.4]) == 0.4 and hangrule.typical([0.2, 0.3, 0.5, 9.0]) == 0.4
+    assert hangrule.quiet_timeout(0.1) == hangrule.QUIET_FLOOR_S and hangrule.quiet_timeout(2.0) == 20.0
+
+
+def test_a_quiet_hang_is_found_at_ten_typical_steps_with_every_rank_asleep_as_long() -> None:
+    w = Watch(since=0.0)
+    t = steps(w, 5.0, 1, 10, 0.3)
+    typical = 0.3
+    assert w.quiet(t + 2.9, t, typical) is None  # under 3 s (10 x 0.3 s, at least 3 s)
+    assert w.quiet(t + 3.5, t + 1.0, typical) is None  # asleep for 2.5 s only: it was busy
+    assert w.quiet(t + 3.5, None, typical) is None and w.quiet(t + 3.5, t, None) is None
+    hung = w.quiet(t + 3.5, t + 0.2, typical)
+    assert hung is not None and (hung.section, hung.basis, hung.timeout_s, hung.last_step) == (STEP, "quiet", 3.0, 10)
+    assert hung.message() == ("hung: no rank reported a step after step 10 for 4 s, every rank asleep (quiet "
+                              "timeout 3 s: every rank asleep, using no CPU; learned: 10 x the typical step (0.3 s), "
+                              "at least 3 s)")
+    assert w.judge(t + 3.5) is None  # the learned rule alone waits for its 15 s floor
+    slow = w.quiet(t + 25.0, t, 2.0)  # 2 s steps: 20 s
+    assert slow is not None and slow.timeout_s == 20.0 and w.quiet(t + 19.0, t, 2.0) is None
+    # inside a save, or with an explicit hang_timeout, the quiet rule says nothing
+    w.observe(t + 0.1, [10], inside=[CHECKPOINT])
+    assert w.quiet(t + 60.0, t, typical) is None
+    e = Watch(since=0.0, hang_timeout=600.0)
+    te = steps(e, 5.0, 1, 10, 0.3)
+    assert e.quiet(te + 60.0, te, typical) is None
+
+
+def test_a_rank_and_its_children_are_read_in_proc_asleep_or_busy(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+    import time
+
+    from agent.jobhost import tree_reading
+
+    # a rank that sleeps with a child that sleeps, then the child busy
+    flag = tmp_path / "busy"
+    child = (f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.05)\n"
+             "t = time.time()\nwhile time.time() - t < 30: pass\n")
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time\n"
+                               f"p = subprocess.Popen([sys.executable, '-c', {child!r}])\ntime.sleep(60)\n"])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            got = tree_reading(parent.pid)
+            time.sleep(0.3)
+            kids = open(f"/proc/{parent.pid}/task/{parent.pid}/children").read().split()
+            if kids:
+                break
+        assert kids, "the child never started"
+        idle = hangrule.Idle(hz=100.0)
+        assert idle.sample(0.0, {0: tree_reading(parent.pid)}) is None
+        time.sleep(1.0)
+        got = tree_reading(parent.pid)
+        assert got is not None and got[0] is False
+        assert idle.sample(1.0, {0: got}) == 0.0  # asleep, both of them
+        flag.write_text("")
+        time.sleep(1.0)
+        busy = tree_reading(parent.pid)
+        # the child's CPU counts as the rank's (a loaded machine gives it less than a core)
+        assert busy is not None and busy[1] >= got[1] + 10
+        assert idle.sample(2.0, {0: busy}) is None
+    finally:
+        subprocess.run(["pkill", "-9", "-P", str(parent.pid)], check=False)
+        parent.kill()
+        parent.wait()
+    assert tree_reading(parent.pid) is None
+
+
+def test_a_job_host_learns_the_typical_step_from_the_records_own_times(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from agent.jobhost import RankProgress
+
+    m = tmp_path / "metrics"
+    m.mkdir()
+    p = RankProgress(str(m))
+    _lines(m / "rank-0.jsonl", *({"step": s, "time": 100.0 + 0.3 * s} for s in range(1, 6)))
+    _lines(m / "rank-1.jsonl", {"step": 1, "time": 100.0}, {"step": 2, "time": 102.0}, {"step": 2, "time": 103.0})
+    p.read()
+    assert len(p.intervals) == 5 and hangrule.typical(p.intervals) == pytest.approx(0.3)

@@ -42,9 +42,10 @@ SAVE_S = 30  # issue 48's number: twice the learned floor (hangrule.FLOOR_S), so
 
 
 def test_a_rank_that_hangs_before_its_all_reduce_is_restarted_with_its_stacks_kept(cli: Cli, tmp_path: Path) -> None:
-    """With no [health] table (issue 48, acceptance 4): the hang is found by the timeout learned
-    from the job's own steps, in under a minute, by the job hosts, which take the stacks. Beside
-    it, the control run (acceptance 2): a slow step and a 30 s save raise no incident."""
+    """With no [health] table (issue 48, acceptances 1 and 4): the hang is found in seconds by the
+    quiet rule (every rank asleep and no step for 10 typical steps, at least 3 s: each job host
+    says so of its ranks, the controller judges the job), and the stacks are taken. Beside it,
+    the control run (acceptance 2): a slow step and a 30 s save raise no incident."""
     ckpt, control_ckpt = tmp_path / "ckpt", tmp_path / "control"
     ckpt.mkdir()
     control_ckpt.mkdir()
@@ -75,13 +76,15 @@ max_restarts = 1
     assert final["restarts"] == 1
     incident = next(e for e in final["events"] if e.get("event") == "incident")["cause"]
     assert incident["kind"] == "hang" and incident["last_step"] == 11
-    # the cause names the hang, the learned timeout and its section, who judged it, and the rank
-    # that is not in the all-reduce, where it is
+    # the cause names the hang, the quiet timeout learned and its section, who judged it, and
+    # the rank that is not in the all-reduce, where it is
     assert "hung: no rank reported a step after step 11" in incident["message"]
-    assert "(step timeout 15 s, learned: 10 x the longest step seen (" in incident["message"], incident["message"]
-    assert "job host; not in a collective: rank 3 at heal_train.py" in incident["message"], incident["message"]
+    assert ", every rank asleep (quiet timeout " in incident["message"], incident["message"]
+    assert "learned: 10 x the typical step (" in incident["message"], incident["message"]
+    assert "judged by the controller: every host's ranks asleep (h1, h2, h3); not in a collective: rank 3 at " \
+           "heal_train.py" in incident["message"], incident["message"]
     assert "in stuck" in incident["message"]
-    assert (incident["section"], incident["timeout_s"]) == ("step", hangrule.FLOOR_S)
+    assert incident["section"] == "step" and hangrule.QUIET_FLOOR_S <= incident["timeout_s"] < hangrule.FLOOR_S
     assert {s["rank"] for s in incident["stacks"]} == set(range(6))
     restart = next(e for e in final["events"] if e.get("event") == "restart")
     metrics = cli.json("metrics", job_id)
@@ -89,10 +92,12 @@ max_restarts = 1
     # the hang began one step after it at the latest
     last_step_at = max(m["time"] for m in metrics if m.get("step") == 10 and m.get("event") is None)
     found_in = next(e for e in final["events"] if e.get("event") == "incident")["time"] - last_step_at
-    print(f"the hung rank was found {found_in:.1f} s after step 10 (learned step timeout "
+    print(f"the hung rank was found {found_in:.1f} s after step 10 (quiet timeout "
           f"{incident['timeout_s']:g} s); restarted {restart['time'] - last_step_at:.1f} s after it\n"
           f"{incident['message'][:400]}")
-    assert found_in < 60 and restart["time"] - last_step_at < 60, (found_in, restart["time"], last_step_at)
+    # under the learned rule's 15 s floor, on a loaded machine too
+    assert found_in < hangrule.FLOOR_S and restart["time"] - last_step_at < 60, (found_in, restart["time"],
+                                                                                 last_step_at)
     # the stacks are in the ranks' logs, beside their output
     logs = cli.run("logs", job_id, "--rank", "3").stdout
     assert "rigdeck: Python stacks of rank 3" in logs and "in stuck" in logs
@@ -104,8 +109,8 @@ max_restarts = 1
     st = cli.json("status", job_id)
     (inc,) = st["incidents"]
     assert inc["kind"] == "hang" and inc["steps_rerun"] == 1 and 0 < inc["resume_s"] < 60
-    assert hangrule.FLOOR_S <= inc["detect_s"] < 60
-    assert (inc["section"], inc["timeout_s"]) == ("step", hangrule.FLOOR_S)
+    assert hangrule.QUIET_FLOOR_S <= inc["detect_s"] < hangrule.FLOOR_S
+    assert inc["section"] == "step" and inc["timeout_s"] == incident["timeout_s"]
     assert 0 < st["goodput"]["ratio"] < 1
     text = cli.run("status", job_id).stdout
     assert "goodput  " in text and "incident hang after step 11: detected in " in text, text
@@ -114,7 +119,7 @@ max_restarts = 1
     parts = (inc["detected_at"], inc["stopped_at"], inc["started_at"], inc["resumed_at"])
     assert None not in parts and list(parts) == sorted(parts), inc
     assert " + start " in text and " + first step " in text and " after detection, 1 step(s) lost" in text, text
-    assert "step timeout 15 s, learned" in text, text
+    assert "every rank asleep (quiet timeout " in text, text
     print("rigdeck status:", *(line for line in text.splitlines() if "incident" in line), sep="\n")
     assert tagged(cli.bed, job_id) == {"h1": [], "h2": [], "h3": []}
     # the control run: no incident, no restart, though its save and its slow step really were slow

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -521,4 +522,34 @@ def test_ranks_on_their_way_out_are_not_judged_hung_by_the_controllers_look(tmp_
     assert healer.look(rec, states((True, True), judged), now=201) is None
     f = healer.look(rec, states((True, False)), now=202)
     assert f is not None and f.kind == "hang" and f.last_step == 40, f
+    h.close()
+
+
+def test_a_quiet_hang_is_the_controllers_once_every_host_says_its_ranks_are_asleep(tmp_path: Path) -> None:
+    """Each job host of a job of several hosts says its ranks are asleep with no step for its quiet
+    timeout (``idle``, agent/hangrule.py); the controller judges the job hung only when every host
+    of this attempt says so, with the words of the host that has waited least."""
+    from tui.control.healing import Healer
+
+    h = History(tmp_path / "h.sqlite")
+    healer = Healer(h)
+    rec = {"job_id": "jq", "restarts": 0, "placement": [{"host": "h1", "gpus": []}, {"host": "h2", "gpus": []}],
+           "spec": {}}
+
+    def idle(stalled: float) -> dict[str, Any]:
+        return {"section": "step", "stalled_s": stalled, "timeout_s": 3.0, "basis": "quiet", "last_step": 11,
+                "learned_from": 0.3, "at": 1000.0}
+
+    prog = {"0": {"step": 11, "attempt": 0}}
+    one = {"h1": {"state": "running", "restart_count": 0, "progress": prog, "idle": idle(4.1)},
+           "h2": {"state": "running", "restart_count": 0, "progress": prog}}
+    assert healer.look(rec, one, now=10) is None  # h2's ranks are not asleep (a straggler computes there)
+    both = {"h1": one["h1"], "h2": dict(one["h2"], idle=idle(3.4))}
+    f = healer.look(rec, both, now=11)
+    assert f is not None and (f.kind, f.last_step, f.detect_s, f.section, f.timeout_s) == ("hang", 11, 3.4, "step", 3.0)
+    assert f.message == ("hung: no rank reported a step after step 11 for 3 s, every rank asleep (quiet timeout 3 s: "
+                         "every rank asleep, using no CPU; learned: 10 x the typical step (0.3 s), at least 3 s), "
+                         "judged by the controller: every host's ranks asleep (h1, h2)") and f.restart
+    old = {"h1": both["h1"], "h2": dict(both["h2"], restart_count=1)}
+    assert Healer(h).look(rec, old, now=11) is None  # hosts in different attempts: not this attempt's word
     h.close()

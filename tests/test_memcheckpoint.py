@@ -431,7 +431,7 @@ def test_a_host_lost_with_its_memory_resumes_on_the_spare_from_the_peers_copy(cl
 
 @pytest.mark.testbed
 def test_a_hung_rank_resumes_from_the_memory_snapshot_of_the_last_step(cli: Cli, tmp_path: Path) -> None:
-    """Rank 1 stops before step 10's all-reduce: found by the learned step timeout, stopped, and
+    """Rank 1 stops before step 10's all-reduce: found by the quiet rule (every rank asleep), stopped, and
     every rank resumes from the snapshot of step 9, the last one completed: nothing lost."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()

@@ -12,7 +12,13 @@ torchrun started by hand; the faults come from outside, through files in ``--ctl
 Each step is reported with ``runtime.report(step, loss, attempt=...)``: ``attempt`` names this
 process's start, so the benchmark can tell the attempts of either launcher apart.
 
+Checkpoints: by default a JSON file per checkpoint, written by rank 0 between two barriers (what a
+script of one's own does). ``--memory``: through ``runtime.Checkpointer`` instead, the same disk
+checkpoint every K steps plus a memory snapshot of every completed step (``snapshot``: each
+host's tmpfs), resumed with ``load_latest`` from the newest step any rank's host holds.
+
     goodput_train.py --steps N --ckpt DIR --ctl DIR [--sleep S] [--checkpoint-every K] [--tag T]
+                     [--memory]
 """
 
 import argparse
@@ -33,6 +39,7 @@ p.add_argument("--ctl", required=True)
 p.add_argument("--sleep", type=float, default=0.3)
 p.add_argument("--checkpoint-every", type=int, default=90)
 p.add_argument("--tag", default="", help="only to find this run's processes by their command line")
+p.add_argument("--memory", action="store_true", help="runtime.Checkpointer, with a memory snapshot every step")
 args = p.parse_args()
 
 attempt = f"{socket.gethostname()}-{os.getpid()}-{time.time():.3f}"
@@ -41,10 +48,18 @@ gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
 dist.init_process_group("gloo", init_method="env://")
 rank = dist.get_rank()
 
-saved = sorted(int(n[5:-5]) for n in os.listdir(args.ckpt) if n.startswith("step-") and n.endswith(".json"))
-start = saved[-1] + 1 if saved else 1
-if rank == 0 and saved:
-    print(f"resumed from step {saved[-1]}", flush=True)
+checkpointer = runtime.Checkpointer(args.ckpt, keep=2) if args.memory else None
+if checkpointer is not None:
+    got = checkpointer.load_latest()
+    start = got[0] + 1 if got is not None else 1
+    if rank == 0 and got is not None:
+        where = checkpointer.restored_from or {}
+        print(f"resumed from step {got[0]} ({where.get('source', 'disk')})", flush=True)
+else:
+    saved = sorted(int(n[5:-5]) for n in os.listdir(args.ckpt) if n.startswith("step-") and n.endswith(".json"))
+    start = saved[-1] + 1 if saved else 1
+    if rank == 0 and saved:
+        print(f"resumed from step {saved[-1]}", flush=True)
 
 
 def check_gpus() -> None:
@@ -75,7 +90,11 @@ for step in range(start, args.steps + 1):
     x = torch.ones(1) * step
     dist.all_reduce(x)
     runtime.report(step=step, loss=1.0 / step, attempt=attempt)
-    if step % args.checkpoint_every == 0:
+    if checkpointer is not None:
+        checkpointer.snapshot(step, {"step": step})
+        if step % args.checkpoint_every == 0:
+            checkpointer.save(step, {"step": step})  # rank 0 writes, every rank waits for it
+    elif step % args.checkpoint_every == 0:
         dist.barrier()
         if rank == 0:
             path = os.path.join(args.ckpt, f"step-{step}.json")

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from agent import hangrule
 from tui.model.health import (
     UNHEALTHY,
     Drain,
@@ -132,7 +133,7 @@ class Healer:
         return (self.gpu_fault(rec, states, now, on_host=gpus_on_host) or self._drained(rec) or host
                 or self._nan_fault(job_id, progress, spec)
                 or (None if away or hangs_on_host or exiting else self._host_hang(states, attempt, spec)
-                    or self._hang_fault(job_id, spec, now)))
+                    or self._idle_hang(states, attempt, spec) or self._hang_fault(job_id, spec, now)))
 
     def gpu_fault(self, rec: Mapping[str, Any], states: Mapping[str, Any], now: float | None = None,
                   on_host: bool = False) -> Fault | None:
@@ -238,6 +239,27 @@ class Healer:
                      last_step=_num(first.get("last_step")), detect_s=_num(first.get("stalled_s")),
                      restart=spec.on_hang != "fail",
                      section=first.get("section"), timeout_s=_num(first.get("timeout_s")), stacks=stacks)
+
+    def _idle_hang(self, states: Mapping[str, Any], attempt: int, spec: HealthSpec) -> Fault | None:
+        """A quiet hang (agent/hangrule.py): every host of the job says its ranks are asleep and
+        made no step for its quiet timeout (``idle`` in its state). Judged here, since no host
+        sees the others' ranks; the one that has waited least says for how long."""
+        live = [(h, st) for h, st in states.items() if isinstance(st, dict)]
+        if not live or any(int(st.get("restart_count") or 0) != attempt for _, st in live):
+            return None
+        idle: dict[str, Mapping[str, Any]] = {h: st["idle"] for h, st in live if isinstance(st.get("idle"), dict)}
+        if len(idle) != len(live):
+            return None
+        host, least = min(idle.items(), key=lambda kv: float(kv[1].get("stalled_s") or 0.0))
+        if float(least.get("stalled_s") or 0.0) < float(least.get("timeout_s") or float("inf")):
+            return None
+        verdict = hangrule.Verdict(hangrule.STEP, float(least.get("stalled_s") or 0.0),
+                                   float(least.get("timeout_s") or 0.0), _num(least.get("last_step")), "quiet",
+                                   _num(least.get("learned_from")))
+        return Fault("hang", f"{verdict.message()}, judged by the controller: every host's ranks asleep "
+                     f"({', '.join(sorted(idle))})", last_step=_num(least.get("last_step")),
+                     detect_s=_num(least.get("stalled_s")), restart=spec.on_hang != "fail",
+                     section=least.get("section"), timeout_s=_num(least.get("timeout_s")))
 
     # -- recording ------------------------------------------------------------------------------
 
