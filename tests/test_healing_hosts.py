@@ -66,6 +66,10 @@ max_restarts = 1
         if m.get("step") is not None and m.get("event") is None:
             firsts.setdefault(m.get("restart"), m)
     assert inc["kind"] == "host" and inc["resume_s"] is not None, (inc, firsts)
+    # the survivors waited asleep in their all-reduce: judged lost at once, not after host_timeout
+    assert "and the job waits for it: every rank on " in incident["message"], incident["message"]
+    assert inc["detect_s"] < 15, inc
+    print(f"{gone} lost: judged {inc['detect_s']:.1f} s after its last answer; {incident['message'][:200]}")
 
 
 def test_an_operator_drains_by_hand_and_drain_now_moves_the_running_job(cli: Cli, tmp_path: Path) -> None:

@@ -553,3 +553,29 @@ def test_a_quiet_hang_is_the_controllers_once_every_host_says_its_ranks_are_asle
     old = {"h1": both["h1"], "h2": dict(both["h2"], restart_count=1)}
     assert Healer(h).look(rec, old, now=11) is None  # hosts in different attempts: not this attempt's word
     h.close()
+
+
+def test_a_host_out_of_reach_while_every_other_host_waits_asleep_is_lost_at_once(tmp_path: Path) -> None:
+    """``host_timeout`` (60 s) is for a host out of reach while the job goes on; where every other
+    host says its ranks are asleep with no step (``idle``), the job waits for the lost host: it is
+    judged at the first look that finds it out of reach."""
+    from tui.control.healing import Healer
+    from tui.remote.transport import TransportError
+
+    h = History(tmp_path / "h.sqlite")
+    healer = Healer(h)
+    rec = {"job_id": "jh", "restarts": 0, "placement": [{"host": "h1", "gpus": []}, {"host": "h2", "gpus": []},
+                                                        {"host": "h3", "gpus": []}], "spec": {}}
+    idle = {"section": "step", "stalled_s": 3.2, "timeout_s": 3.0, "basis": "quiet", "last_step": 40,
+            "learned_from": 0.3, "at": 1000.0}
+    prog = {"0": {"step": 40, "attempt": 0}}
+    up = {h: {"state": "running", "restart_count": 0, "progress": prog} for h in ("h1", "h2", "h3")}
+    assert healer.look(rec, up, now=100) is None
+    lost = {**up, "h3": TransportError("h3", "timed out")}
+    assert healer.look(rec, lost, now=101) is None  # the others still step: host_timeout's to judge
+    waiting = {"h1": dict(up["h1"], idle=idle), "h2": dict(up["h2"], idle=idle), "h3": lost["h3"]}
+    f = healer.look(rec, waiting, now=104)
+    assert f is not None and (f.kind, f.host, f.detect_s) == ("host", "h3", 4.0)
+    assert f.message == ("h3 unreachable for 4 s (h3: timed out), and the job waits for it: every rank on h1, h2 "
+                         "asleep with no step")
+    h.close()

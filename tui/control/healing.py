@@ -175,6 +175,11 @@ class Healer:
         return None
 
     def _host_fault(self, job_id: str, states: Mapping[str, Any], spec: HealthSpec, now: float) -> Fault | None:
+        """A host out of reach for ``host_timeout``; or, at once, out of reach while every other
+        host of the job says its ranks are asleep with no step for their quiet timeout (``idle``,
+        agent/hangrule.py): the job waits for it, so waiting longer only loses time."""
+        reachable = {h: st for h, st in states.items() if isinstance(st, dict)}
+        stalled = bool(reachable) and all(isinstance(st.get("idle"), dict) for st in reachable.values())
         for host, st in states.items():
             key = (job_id, host)
             if isinstance(st, dict):
@@ -185,6 +190,10 @@ class Healer:
             since = self.unreachable.setdefault(key, self.answered.get(key, now))
             if now - since >= spec.host_timeout:
                 return Fault("host", f"{host} unreachable for {now - since:.0f} s ({st})", host=host,
+                             detect_s=now - since)
+            if stalled:
+                return Fault("host", f"{host} unreachable for {now - since:.0f} s ({st}), and the job waits for it: "
+                             f"every rank on {', '.join(sorted(reachable))} asleep with no step", host=host,
                              detect_s=now - since)
         return None
 
