@@ -358,3 +358,43 @@ def test_a_look_during_a_start_records_nothing_until_every_host_runs_it(tmp_path
     JobManager(ctl, history).supervise_once(history.get("j"))  # type: ignore[arg-type]
     rec = history.get("j")
     assert rec is not None and rec["state"] == "starting" and rec["events"] in ([], None)
+
+
+def test_a_look_waits_for_a_silent_host_only_until_every_other_host_says_its_ranks_wait_asleep() -> None:
+    """A cut link keeps its request waiting to its timeout; a look does not wait that long where
+    the job waits for that host: the hosts that answered are asked again while it is silent, and
+    once each says its ranks are asleep (``idle``), the silent one has STALLED_WAIT_S more."""
+    import threading
+    import time
+
+    from tui.control import jobs as jobs_mod
+    from tui.remote.transport import TransportError
+
+    cut = threading.Event()
+    t0 = time.monotonic()
+    asked: dict[str, int] = {"h1": 0, "h2": 0}
+
+    def ask(h: str) -> Any:
+        asked[h] += 1
+        if h == "h2":
+            cut.wait(30)  # the cut link: no answer until the test ends
+            return TransportError(h, "timed out")
+        return {"state": "running", **({"idle": {"stalled_s": 3.1}} if time.monotonic() - t0 > 1.0 else {})}
+
+    try:
+        got = jobs_mod._states_until_stalled(ask, ["h1", "h2"])
+        took = time.monotonic() - t0
+    finally:
+        cut.set()
+    assert isinstance(got["h2"], TransportError) and "every other host said its ranks wait asleep" in str(got["h2"])
+    assert got["h1"]["idle"] and asked["h1"] >= 2 and asked["h2"] == 1
+    assert 1.0 + jobs_mod.STALLED_WAIT_S <= took < 1.0 + jobs_mod.STALLED_WAIT_S + 2.0, took
+
+    # a slow host while the others still step: the look waits for its answer
+    def slow(h: str) -> Any:
+        if h == "h2":
+            time.sleep(1.5)
+        return {"state": "running", "host": h}
+
+    got = jobs_mod._states_until_stalled(slow, ["h1", "h2"])
+    assert got == {"h1": {"state": "running", "host": "h1"}, "h2": {"state": "running", "host": "h2"}}

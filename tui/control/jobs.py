@@ -17,6 +17,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from typing import Any
 
 from agent.roles import program_source
@@ -164,6 +165,52 @@ def not_yet_told(rec: Mapping[str, Any], host_states: dict[str, Any]) -> dict[st
     told = f"no job {rec.get('job_id')} on this host"
     return {h: {"state": STARTING} if not isinstance(s, dict) and told in str(s) else s
             for h, s in host_states.items()}
+
+
+STALLED_WAIT_S = 1.0  # once every host that answered says its ranks wait asleep (idle), the rest get this long
+REASK_S = 0.5  # while one host keeps a look waiting, those that answered are asked again this often
+
+
+def _states_until_stalled(ask: Callable[[str], Any], hosts: Sequence[str]) -> dict[str, Any]:
+    """Each host's ``job_status`` (``ask``), asked at once: every answer, or each host's
+    TransportError, as a look waits for them (a host on a cut link, to its own 20 s timeout).
+    Except where the job waits for the silent ones: while a host keeps the look waiting, those
+    that answered are asked again every ``REASK_S`` (a peer lost mid-collective leaves their ranks
+    asleep within seconds), and once every one of them says its ranks are asleep with no step
+    (``idle``), the silent hosts get ``STALLED_WAIT_S`` more, then count as out of reach for this
+    look (their requests go on, and end, on their own threads)."""
+    pool = ThreadPoolExecutor(max_workers=2 * len(hosts), thread_name_prefix="job-status")
+    asking = {pool.submit(ask, h): h for h in hosts}
+    got: dict[str, Any] = {}
+    silent = set(hosts)  # not answered yet in this look
+    deadline: float | None = None
+    try:
+        while silent:
+            left = REASK_S if deadline is None else min(REASK_S, deadline - time.monotonic())
+            if left <= 0:
+                break
+            done, _ = wait(set(asking), timeout=left, return_when=FIRST_COMPLETED)
+            for f in done:
+                h = asking.pop(f)
+                got[h] = f.result()
+                silent.discard(h)
+            if not silent or not got:
+                continue
+            if all(isinstance(v, dict) and isinstance(v.get("idle"), dict) for v in got.values()):
+                deadline = deadline or time.monotonic() + STALLED_WAIT_S
+                continue
+            deadline = None
+            if not done:  # a host keeps the look waiting: those that answered, again
+                busy = set(asking.values())
+                for h in got:
+                    if h not in busy:
+                        asking[pool.submit(ask, h)] = h
+    finally:
+        pool.shutdown(wait=False)
+    for h in silent:
+        got[h] = TransportError(h, f"no answer in {STALLED_WAIT_S:g} s after every other host said its ranks "
+                                   "wait asleep")
+    return {h: got[h] for h in hosts}
 
 
 def this_attempt(rec: Mapping[str, Any], host_states: dict[str, Any]) -> dict[str, Any]:
@@ -1038,8 +1085,11 @@ class JobManager:
         host out of reach is counted from its last answer anyway (tui/control/healing.py).
         ``fresh_health``: each host's ``gpu_health`` from a sample taken now."""
         hosts = [h for h in dict.fromkeys(n["host"] for n in rec.get("placement") or []) if h not in skip]
-        return self.ctl_for(rec.get("user")).agents(hosts).job_status(
-            job_id=rec["job_id"], fresh_health=fresh_health, timeout=20)
+        ctl = self.ctl_for(rec.get("user"))
+        if len(hosts) < 2:
+            return ctl.agents(hosts).job_status(job_id=rec["job_id"], fresh_health=fresh_health, timeout=20)
+        return _states_until_stalled(lambda h: ctl.agents([h]).job_status(
+            job_id=rec["job_id"], fresh_health=fresh_health, timeout=20)[h], hosts)
 
     def stop(
         self, ref: str, grace_s: float | None = None, wait: bool = True, *, yes: bool = False,
