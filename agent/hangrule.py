@@ -233,7 +233,7 @@ class Watch:
     def quiet(self, now: float, asleep_since: Optional[float], typical_step: Optional[float]) -> Optional[Verdict]:
         """A quiet hang (the module's doc): in the steps, no step for ``quiet_timeout`` of the
         typical step while every rank has been asleep since ``asleep_since`` (this watch's clock)
-        for as long. None without an explicit ``hang_timeout`` only."""
+        for as long. Never where the spec sets an explicit ``hang_timeout``."""
         if self.hang_timeout is not None or asleep_since is None or typical_step is None:
             return None
         if self.section() != STEP or self.last_change is None:

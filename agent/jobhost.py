@@ -889,9 +889,9 @@ class JobHost:
         now = time.monotonic()
         self.hang_watch.observe(now, self.progress.steps.values(), self.progress.sections(), self.progress.ended)
         verdict = self.hang_watch.judge(now) or self.quiet_look(now)
-        from agent import stacks
-
         if verdict is not None:
+            from agent import stacks  # (only for a verdict: not in the job host's start)
+
             ending = stacks.ranks_ending(self.job_dir)
             if ending and all(ending.values()):  # past their last step, on their way out: not hung
                 verdict = None
@@ -905,6 +905,8 @@ class JobHost:
             self.save(idle=None)
         if verdict is None:
             return None
+        from agent import stacks
+
         hang = verdict.to_dict()
         self.log(str(hang["message"]))
         try:

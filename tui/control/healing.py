@@ -259,11 +259,11 @@ class Healer:
         idle: dict[str, Mapping[str, Any]] = {h: st["idle"] for h, st in live if isinstance(st.get("idle"), dict)}
         if len(idle) != len(live):
             return None
-        host, least = min(idle.items(), key=lambda kv: float(kv[1].get("stalled_s") or 0.0))
-        if float(least.get("stalled_s") or 0.0) < float(least.get("timeout_s") or float("inf")):
+        least = min(idle.values(), key=lambda v: _num(v.get("stalled_s")) or 0.0)
+        stalled, timeout = _num(least.get("stalled_s")) or 0.0, _num(least.get("timeout_s"))
+        if timeout is None or stalled < timeout:
             return None
-        verdict = hangrule.Verdict(hangrule.STEP, float(least.get("stalled_s") or 0.0),
-                                   float(least.get("timeout_s") or 0.0), _num(least.get("last_step")), "quiet",
+        verdict = hangrule.Verdict(hangrule.STEP, stalled, timeout, _num(least.get("last_step")), "quiet",
                                    _num(least.get("learned_from")))
         return Fault("hang", f"{verdict.message()}, judged by the controller: every host's ranks asleep "
                      f"({', '.join(sorted(idle))})", last_step=_num(least.get("last_step")),
