@@ -198,15 +198,18 @@ processes_per_node = 2
     wait_until(rank_file.exists, 60, "rank 3 on h2")
     rec = json.loads(rank_file.read_text())
     cli.bed.exec(2, ["kill", "-9", str(rec["wrapper_pid"])])
-    killed = time.monotonic()
+    killed = time.time()  # the bed's hosts share this machine's clock
 
     def failed() -> bool:
         return cli.json("status", job_id)["state"] == "failed"
 
-    wait_until(failed, 10, "the job to fail")
-    assert time.monotonic() - killed < 10
+    wait_until(failed, 60, "the job to fail")
+    # How fast h2's job host failed the job, from its own record: the CLI's polls (a second or
+    # more each on a loaded 2-core CI machine) are not part of it.
+    state = json.loads((cli.bed.hosts[1].state_dir / "jobs" / job_id / "state.json").read_text())
+    assert state["state"] == "failed" and state["ended"] - killed < 10, (state["ended"] - killed, state)
     cause = cli.json("status", job_id)["cause"]
-    print(f"\nwrapper kill ({launcher}): failed after {time.monotonic() - killed:.1f}s: {cause['message']}")
+    print(f"\nwrapper kill ({launcher}): failed by h2 {state['ended'] - killed:.1f}s after it: {cause['message']}")
     assert cause["rank"] == 3 and cause["host"] == "h2", cause
     assert f"rank 3's wrapper (pid {rec['wrapper_pid']}) was killed by signal 9" in cause["message"] or (
         launcher == "torchrun" and f"rank 3's wrapper (pid {rec['wrapper_pid']})" in cause["message"]), cause
