@@ -30,11 +30,13 @@ import fcntl
 import json
 import os
 import pwd
-import socket
 import time
-from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from agent import filemodes
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 DEFAULT_DIR = "/dev/shm/rigdeck-gpu-claims"  # host-wide, world-writable and sticky; gone at reboot
 MUTEX_WAIT_S = 10.0
@@ -68,7 +70,7 @@ def claim_dir_owner() -> Optional[Tuple[str, int]]:
         return name, pwd.getpwnam(name).pw_uid
     except KeyError:
         raise ClaimError("claim_dir_owner %r (the inventory's, in the agent's %s) is no account on %s"
-                         % (name, OWNER_ENV, socket.gethostname())) from None
+                         % (name, OWNER_ENV, os.uname().nodename)) from None
 
 
 def _make_it_right(d: str) -> str:
@@ -246,10 +248,10 @@ def claim(gpus: Iterable[int], job_id: str, d: Optional[str] = None) -> List[int
                 fds.append(fd)
                 if not _free(fd):
                     holder = _read_holder(fd)
-                    raise ClaimError("GPU %d on %s is held by %s" % (g, socket.gethostname(), describe_holder(holder)),
+                    raise ClaimError("GPU %d on %s is held by %s" % (g, os.uname().nodename, describe_holder(holder)),
                                      gpu=g, holder=holder)
             holder = {"job_id": job_id, "user": _user(), "uid": os.getuid(), "pid": os.getpid(),
-                      "since": time.time(), "host": socket.gethostname()}
+                      "since": time.time(), "host": os.uname().nodename}
             for fd in fds:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # under the mutex: nobody claims in between
                 _write_holder(fd, holder)

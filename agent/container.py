@@ -28,14 +28,15 @@ import os
 import pwd
 import re
 import resource
-import secrets
 import shutil
 import subprocess
-import tempfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
 
 from agent import filemodes
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 RUNTIMES = ("podman", "docker", "apptainer")
 SUPPORTED = RUNTIMES
@@ -675,6 +676,9 @@ def image_load(path: str, image: str, wanted_id: str, state_dir: str) -> Dict[st
     # name: the state dir's ".rigdeck" is not. Loaded through a link of a plain name instead.
     # Every component lower-case letters and digits joined by single '-' (mkdtemp's names may
     # hold '_' next to '-', which a name may not).
+    import secrets  # (here: the job host's start does not load images)
+    import tempfile
+
     link_dir = os.path.join("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir(),
                             "rigdeck-image-%d-%s" % (os.getpid(), secrets.token_hex(6)))
     os.mkdir(link_dir, 0o700)

@@ -12,7 +12,9 @@ Stdlib only, Python 3.9+.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 _OPTIONS = {
     "rank": (("--job-dir",), ("--rank", "--local-rank")),

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import IO, Any, Iterable
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import IO, Any, Iterable
 
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600

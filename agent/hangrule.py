@@ -27,7 +27,10 @@ its own clock, and gets the same verdict and the same words. No I/O. Stdlib only
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, Mapping, Optional, Tuple
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Dict, Iterable, Mapping, Optional, Tuple
+
 
 STARTUP = "startup"
 STEP = "step"

@@ -18,9 +18,10 @@ import errno
 import fcntl
 import json
 import os
-import shutil
-import socket
-from typing import List, Optional, Tuple
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import List, Optional, Tuple
 
 PAGE = 4096
 RESOURCE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
@@ -33,6 +34,8 @@ def free_mb(path: str) -> Optional[float]:
     while p and not os.path.exists(p):
         p = os.path.dirname(p)
     try:
+        import shutil  # (not in a rank wrapper's start: only a full disk's check needs it)
+
         return shutil.disk_usage(p or "/").free / 1e6
     except OSError:
         return None
@@ -43,7 +46,7 @@ def resource_message(err: OSError, path: str) -> str:
     what = {errno.ENOSPC: "no space left", errno.EDQUOT: "disk quota exceeded",
             errno.EROFS: "read-only file system"}.get(err.errno or 0, os.strerror(err.errno or 0))
     mb = free_mb(path)
-    where = "%s:%s" % (socket.gethostname(), path)
+    where = "%s:%s" % (os.uname().nodename, path)
     return "%s on %s%s" % (what, where, ", %.1f MB free" % mb if mb is not None else "")
 
 

@@ -17,14 +17,17 @@ import shutil
 import signal
 import subprocess
 import time
-from typing import Any, Dict, List, Optional, Tuple
 
 from agent import clusterfiles, gpuhealth, hangrule
 from agent import container as containers
 from agent.jobfiles import free_mb, is_resource_error, read_env_file, reserve, resource_message, tail, write_json
 from agent.rankexec import die_with_parent
 
-Box = Optional[containers.Container]  # the container a rank runs in; None: on the host
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
+
+    Box = Optional[containers.Container]  # the container a rank runs in; None: on the host
 MEMORY_ROOT = "/dev/shm"  # runtime.checkpoint.memory_job_dir's: the ranks' memory snapshots
 
 

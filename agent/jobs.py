@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import time
-from typing import Any, Dict, List, Optional, Tuple
 
 from agent import claims as gpu_claims
 from agent import container as containers
@@ -38,6 +37,10 @@ from agent.jobhost import (
 )
 from agent.rankexec import DEFS_RANK, RECORD_KEYS
 from agent.trackers import read_links
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 JOB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_CHUNK = 256 * 1024

@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import zipfile
-from typing import List, Optional
 
 from agent import filemodes
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import List, Optional
 
 
 class Paths:
@@ -55,10 +57,13 @@ def self_command() -> List[str]:
     """How to start this agent again: the zipapp (or its unpacked copy) when we run from one, else
     the source package."""
     argv0 = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
-    if argv0 and os.path.isfile(argv0) and zipfile.is_zipfile(argv0):
-        return [sys.executable, argv0]
     if argv0 and os.path.isdir(argv0) and is_unpacked(argv0):
         return [sys.executable, argv0]
+    if argv0 and os.path.isfile(argv0):
+        import zipfile  # (here: what runs from the unpacked copy never reads a zipapp)
+
+        if zipfile.is_zipfile(argv0):
+            return [sys.executable, argv0]
     return [sys.executable, "-m", "agent"]
 
 
@@ -75,6 +80,7 @@ def unpack(pyz: str) -> str:
     import compileall
     import py_compile
     import shutil
+    import zipfile
 
     target = os.path.join(os.path.dirname(os.path.abspath(pyz)), UNPACKED)
     with zipfile.ZipFile(pyz) as zf:
@@ -122,6 +128,7 @@ def unpacked_command(command: List[str]) -> List[str]:
     if len(command) != 2 or not command[1].endswith(".pyz"):
         return list(command)
     import logging
+    import zipfile
 
     try:
         return [command[0], unpack(command[1])]

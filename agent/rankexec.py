@@ -30,12 +30,9 @@ import os
 import re
 import select
 import signal
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
-from typing import Any, Deque, Dict, List, Optional, Tuple
 
 from agent import claims, stacks, trackers
 from agent.jobfiles import (  # noqa: F401  (write_json and tail: imported from here by others)
@@ -47,6 +44,10 @@ from agent.jobfiles import (  # noqa: F401  (write_json and tail: imported from 
     tail,
     write_json,
 )
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Deque, Dict, List, Optional, Tuple
 
 TAIL_LINES = 20
 TAIL_CHARS = 400  # of each tail line kept in the exit record (it must fit its reserve)
@@ -332,20 +333,22 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
     return _finish(run, child.wait(), last)
 
 
-@dataclass
 class _RankRun:
     """One rank's bookkeeping, passed from the step that sets it up to the ones that feed it
-    and close it."""
+    and close it. (A plain class: ``dataclasses`` would cost every rank's wrapper its import.)"""
 
-    rank: int
-    local_rank: int
-    env: Dict[str, str]  # the rank's environment
-    gpus: List[str]  # this host's GPUs given to the job (RIGDECK_GPUS), in local-rank order
-    gpu: Optional[int]  # this rank's own
-    ranks: str  # the job's ranks/ directory
-    exit_path: str  # ranks/rank-R.exit.json, its space reserved
-    log: CappedLog
-    parsers: List[LineParser]
+    def __init__(self, rank: int, local_rank: int, env: Dict[str, str], gpus: List[str],
+                 gpu: Optional[int], ranks: str, exit_path: str, log: CappedLog,
+                 parsers: List[LineParser]) -> None:
+        self.rank = rank
+        self.local_rank = local_rank
+        self.env = env  # the rank's environment
+        self.gpus = gpus  # this host's GPUs given to the job (RIGDECK_GPUS), in local-rank order
+        self.gpu = gpu  # this rank's own
+        self.ranks = ranks  # the job's ranks/ directory
+        self.exit_path = exit_path  # ranks/rank-R.exit.json, its space reserved
+        self.log = log
+        self.parsers = parsers
 
 
 def _launcher_env(job_dir: str) -> Dict[str, str]:
@@ -426,7 +429,7 @@ def _write_rank_record(run: _RankRun, pid: int) -> None:
         write_json(
             os.path.join(run.ranks, "rank-%d.json" % run.rank),
             {"rank": run.rank, "local_rank": run.local_rank, "pid": pid, "wrapper_pid": os.getpid(),
-             "host": env.get("RIGDECK_CURRENT_HOST") or socket.gethostname(), "gpu": run.gpu,
+             "host": env.get("RIGDECK_CURRENT_HOST") or os.uname().nodename, "gpu": run.gpu,
              "started": time.time(), "restart_count": int(env.get("RIGDECK_RESTART_COUNT", "0") or 0)},
         )
     except OSError as e:

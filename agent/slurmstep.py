@@ -26,9 +26,12 @@ import os
 import re
 import subprocess
 import time
-from typing import Any, Dict, List, Optional
 
 from agent import filemodes, slurmtext
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional
 
 BATCH_SCRIPT = (
     "#!/bin/sh\n"

@@ -9,7 +9,10 @@ Stdlib only, Python 3.9+.
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Tuple
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Dict, List, Optional, Tuple
 
 # A key of scontrol's records: a word that starts a line or follows a space, then '='.
 _KEY_RE = re.compile(r"(?:(?<=\s)|^)([A-Za-z][A-Za-z0-9_:]*)=")

@@ -16,7 +16,10 @@ import os
 import re
 import signal
 import time
-from typing import Any, Dict, List, Optional, Tuple
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Optional, Tuple
 
 STACKS_DIR = "stacks"
 ENV_STACKS_DIR = "RIGDECK_STACKS_DIR"

@@ -31,7 +31,10 @@ import json
 import os
 import re
 import time
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 KINDS = ("wandb", "mlflow", "tensorboard")
 LINKS_DIR = "links"  # in the job's directory: rank-R.jsonl, one per rank that printed a link

@@ -11,8 +11,9 @@ A Slurm bed (tests/slurmbed.py: a real slurmctld and slurmd per host, simulated 
              c10d rendezvous by name), submitted with `sbatch -N 3 --gres=gpu:2` on the login host.
 Both sides time their steps the same way: the example's `runtime.report()` lines (the baseline
 gets RIGDECK_METRICS_DIR, so its ranks write the same per-step timestamps). Launch latency = time
-from the command to the last rank's first step. Rounds alternate the two sides; medians are
-reported with their ratio (rigdeck / by hand).
+from the command to the last rank's first step. Each round launches once on each side, who goes
+first taking turns; the medians are reported with their ratio (rigdeck / by hand), and each
+round's own ratio beside them.
 
 Then what Slurm's state costs the app, on a second bed of ``--refresh-nodes`` hosts (64), each a
 Slurm node (its own slurmd): the app (in process, headless, as `make run` opens it on an
@@ -245,7 +246,7 @@ def main() -> int:
 
 
 def launch_rounds(args: argparse.Namespace) -> dict[str, Any]:
-    """The launch part: alternating rounds, by hand then rigdeck."""
+    """The launch part: rounds of one launch each side, who goes first taking turns."""
     with TestBed(NODES, sim_gpus=4) as bed, tempfile.TemporaryDirectory(dir="/tmp") as tmpd:
         tmp = Path(tmpd)
         tmp.chmod(0o755)
@@ -254,19 +255,31 @@ def launch_rounds(args: argparse.Namespace) -> dict[str, Any]:
             inv = bed.write_inventory(tmp / "hosts.toml", python=sys.executable)
             inv.write_text(inv.read_text() + '\n[slurm]\nlogin = "h1"\npartition = "bed"\n')
             env = bed_env(inv, tmp / "home")
-            ours, hand = [], []
+            ours, hand, firsts = [], [], []
             for r in range(args.rounds):
-                hand.append(run_by_hand(slurm, tmp, args.steps, 29400 + r))
-                ours.append(run_rigdeck(bed, slurm, tmp, args.steps, env))
-                print(f"round {r + 1}: by hand {hand[-1]:.2f}s | rigdeck {ours[-1]:.2f}s", flush=True)
+                # Who goes first takes turns: neither side always starts right after the other's
+                # job ended (its processes and Slurm's epilog still leaving the CPU).
+                first_side = "by hand" if r % 2 == 0 else "rigdeck"
+                firsts.append(first_side)
+                if first_side == "by hand":
+                    hand.append(run_by_hand(slurm, tmp, args.steps, 29400 + r))
+                    ours.append(run_rigdeck(bed, slurm, tmp, args.steps, env))
+                else:
+                    ours.append(run_rigdeck(bed, slurm, tmp, args.steps, env))
+                    hand.append(run_by_hand(slurm, tmp, args.steps, 29400 + r))
+                print(f"round {r + 1} ({first_side} first): by hand {hand[-1]:.2f}s | rigdeck {ours[-1]:.2f}s",
+                      flush=True)
         finally:
             slurm.down()
     lat_h, lat_o = statistics.median(hand), statistics.median(ours)
+    paired = [o / h for o, h in zip(ours, hand, strict=True)]
     print(f"\n{NODES} Slurm nodes x {PER_NODE} GPUs (simulated), ddp example, median of {args.rounds}")
     print(f"  launch to every rank's first step: sbatch + srun torchrun by hand {lat_h:.2f} s, "
-          f"rigdeck on Slurm {lat_o:.2f} s, ratio {lat_o / lat_h:.2f}x")
-    return {"rounds": args.rounds, "steps": args.steps, "by_hand_s": hand, "rigdeck_s": ours,
-            "median": {"launch_by_hand_s": lat_h, "launch_rigdeck_s": lat_o}, "ratio_launch": lat_o / lat_h}
+          f"rigdeck on Slurm {lat_o:.2f} s, ratio {lat_o / lat_h:.3f}x; each round's own ratio "
+          f"{[round(x, 3) for x in paired]}, median {statistics.median(paired):.3f}x")
+    return {"rounds": args.rounds, "steps": args.steps, "by_hand_s": hand, "rigdeck_s": ours, "first": firsts,
+            "median": {"launch_by_hand_s": lat_h, "launch_rigdeck_s": lat_o}, "ratio_launch": lat_o / lat_h,
+            "round_ratios": paired, "median_round_ratio": statistics.median(paired)}
 
 
 if __name__ == "__main__":

@@ -181,6 +181,12 @@ def test_rigdeck_hosts_shows_each_nodes_slurm_state_and_drain_reason(slurm: Slur
         text = cli.run("hosts").stdout
         assert f"h3\tslurm: {node} drain\tdrained in Slurm: {reason} (by root at " in text, text
         assert f"h1\tslurm: {slurm.node(1)} idle\n" in text, text
+        # The app's Hosts view (embedded, the bed's real hosts): Slurm's word for each node, and
+        # why h3 is drained, as Slurm said it on the login host.
+        shown = app_hosts_slurm(cli)
+        assert shown["slurm"] == {"h1": "idle", "h2": "idle", "h3": "drain"}, shown
+        assert shown["why"]["h3"].startswith(f"drained in Slurm: {reason} (by root at "), shown
+        assert shown["why"]["h1"] == "", shown
     finally:
         slurm.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"])
 
@@ -278,32 +284,60 @@ def test_rigdeck_queue_lists_slurms_jobs_with_their_pending_reasons(slurm: Slurm
 def app_slurm_queue(cli: Cli) -> dict[str, Any]:
     """The app on ``cli``'s inventory (embedded, the bed's real hosts), its Jobs view once it has
     read Slurm's queue: the Slurm table's rows (as shown) and the line over it."""
+    from tests.kit.pilot import static_words, until
+    from tui.app.widgets.tables import SlurmQueueTable
+
+    async def look(app: Any, pilot: Any) -> dict[str, Any]:
+        await pilot.press("3")
+        view = app.views["jobs"]
+        table = app.query_one("#slurm-queue", SlurmQueueTable)
+        await until(pilot, lambda: view.slurm_reads >= 1 and table.row_count > 0, 60)
+        cols = ("job", "user", "state", "nodes", "gpus", "where")
+        keys = [str(r.key.value) for r in table.ordered_rows]
+        return {"rows": [[table.cell_text(k, c) for c in cols] for k in keys],
+                "head": static_words(app, "#slurm-queue-head")}
+
+    return in_app(cli, look)
+
+
+def app_hosts_slurm(cli: Cli) -> dict[str, Any]:
+    """The app's Hosts view on ``cli``'s inventory once it has read Slurm's nodes: each host's
+    Slurm column and its "why" column, as shown."""
+    from tests.kit.pilot import until
+    from tui.app.widgets.tables import HostsTable
+
+    async def look(app: Any, pilot: Any) -> dict[str, Any]:
+        view = app.views["hosts"]
+        table = app.query_one("#hosts-table", HostsTable)
+        hosts = ("h1", "h2", "h3")
+        await until(pilot, lambda: view.slurm_reads >= 1 and all(table.cell_text(h, "slurm") for h in hosts), 60)
+        return {"slurm": {h: table.cell_text(h, "slurm") for h in hosts},
+                "why": {h: table.cell_text(h, "why") for h in hosts}}
+
+    return in_app(cli, look)
+
+
+def in_app(cli: Cli, look: Any) -> dict[str, Any]:
+    """``look(app, pilot)`` in the app on ``cli``'s inventory (embedded: the app links to the
+    bed's real hosts itself), headless at 120x36."""
     import asyncio
 
-    from tests.kit.pilot import static_words, until
     from tui.app.shell import RigdeckApp
-    from tui.app.widgets.tables import SlurmQueueTable
     from tui.client import InProcessClient
     from tui.control.hostlinks import HostLinks
     from tui.remote.inventoryfile import load_inventory
 
-    async def look() -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
         app = RigdeckApp(InProcessClient(controller=HostLinks(load_inventory(cli.inventory))),
                          keymap_file=cli.tmp / "keys.toml")
         async with app.run_test(size=(120, 36)) as pilot:
-            await pilot.press("3")
-            view = app.views["jobs"]
-            table = app.query_one("#slurm-queue", SlurmQueueTable)
-            await until(pilot, lambda: view.slurm_reads >= 1 and table.row_count > 0, 60)
-            cols = ("job", "user", "state", "nodes", "gpus", "where")
-            keys = [str(r.key.value) for r in table.ordered_rows]
-            return {"rows": [[table.cell_text(k, c) for c in cols] for k in keys],
-                    "head": static_words(app, "#slurm-queue-head")}
+            got: dict[str, Any] = await look(app, pilot)
+            return got
 
     old = os.environ.get("RIGDECK_HOME")
     os.environ["RIGDECK_HOME"] = cli.env["RIGDECK_HOME"]
     try:
-        return asyncio.run(look())
+        return asyncio.run(run())
     finally:
         if old is None:
             os.environ.pop("RIGDECK_HOME", None)

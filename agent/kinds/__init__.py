@@ -6,10 +6,12 @@ matches adds to it, in this order.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List
-
 from agent.kinds import pipeline, plain, pools, processing, trial
 from agent.kinds.base import Kind
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, List
 
 KINDS = (
     processing.KIND,

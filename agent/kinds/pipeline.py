@@ -3,9 +3,11 @@ checkpoints, staged on this host as ``plan["seed_checkpoint"]``, are copied into
 checkpoint dir before its first attempt (a restart keeps what the job wrote since)."""
 from __future__ import annotations
 
-from typing import Any, Dict
-
 from agent.kinds.base import Kind
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Dict
 
 
 class PipelineStep(Kind):

@@ -6,9 +6,12 @@ other nodes as ``workerpool1``, with a ``TF_CONFIG`` (chief and workers) when th
 from __future__ import annotations
 
 import os
-from typing import Any, Dict
 
 from agent.kinds.base import Kind, Layout, host_port, plan_node, plan_nodes, unique_hosts, vertex_pool_spec
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Dict
 
 SAGEMAKER_GROUP = "homogeneousCluster"
 

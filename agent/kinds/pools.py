@@ -9,9 +9,12 @@ may run several.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Tuple
 
 from agent.kinds.base import Kind, Layout, host_port, plan_node, plan_nodes, vertex_pool_spec
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, List, Tuple
 
 POOL_ORDER = ("primary", "worker", "parameter_server", "reduction_server", "evaluator")
 VERTEX_POOLS = {"primary": "workerpool0", "worker": "workerpool1", "parameter_server": "workerpool2",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from typing import Any, Dict, Optional
 
 from agent.kinds.base import (
     NODE_ENV_FILE,
@@ -18,6 +17,10 @@ from agent.kinds.base import (
     user_env,
     write_json_atomic,
 )
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional
 
 PROCESSING_DIR = "processing"
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")

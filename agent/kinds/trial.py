@@ -3,9 +3,11 @@ contracts, so a script written for Vertex's hyperparameter tuning finds itself: 
 CLUSTER_SPEC and TF_CONFIG, ``CLOUD_ML_TRIAL_ID``, and rigdeck's RIGDECK_TRIAL/RIGDECK_SWEEP_ID."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
-
 from agent.kinds.base import Kind, Layout
+
+TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
+if TYPE_CHECKING:
+    from typing import Any, Dict, Optional
 
 
 def trial_of(plan: Dict[str, Any]) -> Optional[str]:

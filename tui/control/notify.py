@@ -28,8 +28,6 @@ import queue
 import subprocess
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -61,6 +59,9 @@ def post_webhook(url: str, body: bytes, *, timeout: float, retries: int,
                  sleep: Callable[[float], None] = time.sleep) -> str | None:
     """POST ``body`` (JSON) to ``url``: None when an attempt got a 2xx answer, else why not
     (with the URL redacted). A 4xx other than 408 and 429 is not tried again."""
+    import urllib.error  # (here: a CLI that sends nothing does not import urllib's http and ssl)
+    import urllib.request
+
     shown = redact_url(url)
     why = "not sent"
     for attempt in range(retries + 1):
