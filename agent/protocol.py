@@ -4,7 +4,9 @@ Every message is one JSON object on one line (UTF-8, ``\\n``-terminated), at mos
 ``MAX_MESSAGE_BYTES`` long. Each carries a ``type``:
 
 - ``hello``    both sides, first: ``{"type": "hello", "protocol": 1, ...}``. The daemon's hello adds
-  ``agent_version``, ``hostname``, ``pid``, ``started``.
+  ``agent_version``, ``hostname``, ``pid``, ``started``, and ``archive``: ``{"sha256", "current"}``,
+  its version's ``agent.pyz`` hashed on the host's disk at this hello, and the version
+  ``agent/current`` names.
 - ``request``  controller -> daemon: ``{"type": "request", "id": 7, "method": "ping", "params": {}}``.
 - ``response`` daemon -> controller: ``{"type": "response", "id": 7, "ok": true, "result": ...}`` or
   ``{"type": "response", "id": 7, "ok": false, "error": {"code": "...", "message": "..."}}``.

@@ -79,6 +79,24 @@ def wait_gone(slurm: SlurmBed, timeout: float = 300) -> None:
         time.sleep(0.2)
 
 
+SETTLE_S = 2.0
+
+
+def settle(slurm: SlurmBed, timeout: float = 120) -> None:
+    """Before each launch, either side: the last job gone from Slurm, every node idle again (its
+    epilog done, not COMPLETING) and SETTLE_S of quiet. Without it the side that goes right after
+    the other's job pays for that job's end: a launch straight after a job by hand had Slurm start
+    its step 1.5-2 s later than after a rigdeck job, whose launch ran `rigdeck status` after it."""
+    wait_gone(slurm, timeout)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = slurm.run(["sinfo", "-h", "-N", "-o", "%T"]).stdout.split()
+        if states and all(st == "idle" for st in states):
+            break
+        time.sleep(0.2)
+    time.sleep(SETTLE_S)
+
+
 def run_rigdeck(bed: TestBed, slurm: SlurmBed, tmp: Path, steps: int, env: dict[str, str]) -> float:
     t0, job_id = launch(write_ddp_spec(tmp / "job.toml", "bench-slurm", steps, "gpus_per_node"), env)
     dirs = job_metrics(bed, job_id)
@@ -261,12 +279,12 @@ def launch_rounds(args: argparse.Namespace) -> dict[str, Any]:
                 # job ended (its processes and Slurm's epilog still leaving the CPU).
                 first_side = "by hand" if r % 2 == 0 else "rigdeck"
                 firsts.append(first_side)
-                if first_side == "by hand":
-                    hand.append(run_by_hand(slurm, tmp, args.steps, 29400 + r))
-                    ours.append(run_rigdeck(bed, slurm, tmp, args.steps, env))
-                else:
-                    ours.append(run_rigdeck(bed, slurm, tmp, args.steps, env))
-                    hand.append(run_by_hand(slurm, tmp, args.steps, 29400 + r))
+                for side in ((0, 1) if first_side == "by hand" else (1, 0)):
+                    settle(slurm)
+                    if side == 0:
+                        hand.append(run_by_hand(slurm, tmp, args.steps, 29400 + r))
+                    else:
+                        ours.append(run_rigdeck(bed, slurm, tmp, args.steps, env))
                 print(f"round {r + 1} ({first_side} first): by hand {hand[-1]:.2f}s | rigdeck {ours[-1]:.2f}s",
                       flush=True)
         finally:

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 
@@ -19,7 +20,7 @@ from tui.control.hostlinks import HostLinks
 from tui.control.monitor import Monitor
 from tui.remote.bundle import build_agent
 from tui.remote.inventoryfile import load_inventory
-from tui.remote.transport import make_transport
+from tui.remote.transport import SSHTransport, make_transport
 
 pytestmark = pytest.mark.testbed
 
@@ -314,14 +315,29 @@ def test_a_running_daemon_is_linked_through_its_socket_and_an_sshd_that_refuses_
             assert _attaches(bed, 1) == [], "streaming through the socket: no process on the host"
         finally:
             mon.stop()
-        # The archive was checked on the way (over SFTP): a damaged one is put back.
+    # The archive is checked on the way: the daemon hashes its version's agent.pyz at each hello;
+    # intact, nothing is read back over SFTP; damaged, it is put back (installed and read back
+    # over SFTP) before the link is used.
     h = bed.hosts[0]
     pyz = h.state_dir / "agent" / build_agent().version / "agent.pyz"
     good = pyz.read_bytes()
-    pyz.write_bytes(good[:-10] + b"x" * 10)
-    with HostLinks(inv) as ctl:
-        assert ctl.agent("h1").ping() is not None
-        assert pyz.read_bytes() == good
+    installs: list[str] = []
+    real_install = SSHTransport.install_checked
+
+    def counted(self: SSHTransport, data: bytes, path: str, sha256: str, mode: int = 0o600) -> bool:
+        installs.append(path)
+        return real_install(self, data, path, sha256, mode)
+
+    with mock.patch.object(SSHTransport, "install_checked", counted):
+        with HostLinks(inv) as ctl:
+            hello = ctl.hello("h1")
+            assert hello["archive"] == {"sha256": build_agent().sha256, "current": build_agent().version}, hello
+            assert installs == [], "an intact archive is not read back over SFTP"
+        pyz.write_bytes(good[:-10] + b"x" * 10)
+        with HostLinks(inv) as ctl:
+            assert ctl.agent("h1").ping() is not None
+            assert pyz.read_bytes() == good
+            assert installs and installs[0].endswith(f"/agent/{build_agent().version}/agent.pyz"), installs
     config = h.sshd_config.read_text().replace("AllowStreamLocalForwarding yes", "AllowStreamLocalForwarding no")
     h.sshd_config.write_text(config)
     bed.stop_sshd(1)

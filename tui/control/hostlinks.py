@@ -154,6 +154,17 @@ def host_key_info(e: TransportError) -> dict[str, str] | None:
     return None
 
 
+def archive_vouched(hello: dict[str, Any] | None, bundle: AgentBundle) -> bool:
+    """Whether a daemon's hello says ``bundle`` is installed and current on its host: the daemon
+    runs this version, its ``agent.pyz`` there hashes to the bundle's SHA-256 (read by the daemon
+    at this hello) and ``agent/current`` names it. Then nothing is read back over SFTP; a daemon
+    that says less (an older one) gets the SFTP check and install as before."""
+    archive = (hello or {}).get("archive")
+    if not isinstance(archive, dict) or (hello or {}).get("agent_version") != bundle.version:
+        return False
+    return archive.get("sha256") == bundle.sha256 and archive.get("current") == bundle.version
+
+
 def _report_for(spec: HostSpec) -> HostReport:
     return HostReport(
         name=spec.name,
@@ -471,13 +482,32 @@ class HostLinks(TypedAgents):
         (``_checked_attach``) starts one."""
         if getattr(spec, "attach_only", False):
             return None, None
-        state_dir, pyz = self._deploy_one(_report_for(spec), t, self.bundle)
-        stream = t.open_socket_stream(f"{state_dir}/run/agent.sock")
+        bundle = self.bundle
+        state_dir = t.remote_path(spec.state_dir)
+        socket_path = f"{state_dir}/run/agent.sock"
+        stream = t.open_socket_stream(socket_path)
+        if stream is None:  # no daemon (or no forwarding): the attach starts one, once installed
+            self._deploy_one(_report_for(spec), t, bundle)
+            return None, None
+        try:
+            link = self._greeted(spec, stream, "rigdeck")
+        except TransportError as e:  # a socket left by a daemon that died: the attach mends it
+            log.info("%s: the daemon's socket did not answer (%s): attaching", spec.name, e)
+            self._deploy_one(_report_for(spec), t, bundle)
+            return None, None
+        pyz = f"{state_dir}/agent/{bundle.version}/agent.pyz"
+        if archive_vouched(link.remote_hello, bundle):
+            return link, pyz  # this very archive, hashed on the host's disk at this hello
+        # An older daemon, or its archive missing, changed or not current: installed (and read
+        # back) over SFTP, then the daemon is asked again (an older one then hands over).
+        link.close()
+        state_dir, pyz = self._deploy_one(_report_for(spec), t, bundle)
+        stream = t.open_socket_stream(socket_path)
         if stream is None:
             return None, None
         try:
             return self._greeted(spec, stream, "rigdeck"), pyz
-        except TransportError as e:  # a socket left by a daemon that died: the attach mends it
+        except TransportError as e:
             log.info("%s: the daemon's socket did not answer (%s): attaching", spec.name, e)
             return None, None
 
