@@ -122,6 +122,11 @@ hosts = ["h2"]
 nodes = 1
 gpus_per_node = {n}
 '''
+        # The app's GPU view (embedded, the bed's real agents) names the Slurm job and its user
+        # on h2's GPUs 0-1, and leaves 2-3 free.
+        shown = app_gpu_jobs(cli, "h2")
+        assert shown == {0: f"slurm job {job}, user {OTHER_USER}", 1: f"slurm job {job}, user {OTHER_USER}",
+                         2: "-", 3: "-"}, shown
         view = cli.json("launch", str(cli.spec("beside", body.format(n=2))), "--wait", timeout=120)
         assert view["state"] == "succeeded", json.dumps(view, indent=1)[:3000]
         assert [(n["host"], n["gpus"]) for n in view["placement"]] == [("h2", [2, 3])]
@@ -315,6 +320,34 @@ def app_hosts_slurm(cli: Cli) -> dict[str, Any]:
                 "why": {h: table.cell_text(h, "why") for h in hosts}}
 
     return in_app(cli, look)
+
+
+def app_gpu_jobs(cli: Cli, host: str) -> dict[int, str]:
+    """The app's GPU view on ``cli``'s inventory, once every GPU of ``host`` is shown with the
+    agent's Slurm claims: each GPU's "job" column."""
+    from tests.kit.pilot import until
+    from tui.app.widgets.tables import GpusTable
+
+    async def look(app: Any, pilot: Any) -> dict[str, Any]:
+        await pilot.press("2")
+        table = app.query_one("#gpus-table", GpusTable)
+
+        def rows() -> dict[int, str]:
+            out = {}
+            for idx in range(4):
+                g = app.client.state.gpu(host, idx)
+                if g is None:
+                    return {}
+                try:
+                    out[idx] = table.cell_text(f"{host}/{g.uuid}", "job")
+                except KeyError:  # not in the table yet
+                    return {}
+            return out
+
+        await until(pilot, lambda: bool(rows()) and rows()[0].startswith("slurm job"), 60)
+        return {"jobs": rows()}
+
+    return dict(in_app(cli, look)["jobs"])
 
 
 def in_app(cli: Cli, look: Any) -> dict[str, Any]:
