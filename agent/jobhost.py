@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from typing import Any, Dict, List, Optional, Tuple
 
     Box = Optional[containers.Container]  # the container a rank runs in; None: on the host
+
 MEMORY_ROOT = "/dev/shm"  # runtime.checkpoint.memory_job_dir's: the ranks' memory snapshots
 
 

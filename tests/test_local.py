@@ -195,3 +195,22 @@ def test_the_readmes_first_job_is_in_the_repo_and_runs_as_shown_on_the_one_host_
     view = json.loads(proc.stdout)
     assert view["state"] == "succeeded" and view["name"] == "first", view
     assert view["last_step"] == 59 and view["goodput"]["steps"] == 60, view  # steps 0..59
+
+
+def test_only_a_hello_that_names_this_archive_current_and_whole_spares_the_sftp_check() -> None:
+    """A daemon's hello vouches for the archive (tui.control.hostlinks ``archive_vouched``) only
+    when its version, the archive's SHA-256 on the host's disk and ``agent/current`` are all this
+    controller's; an older daemon's hello (no ``archive``), a damaged or missing archive, another
+    current version or a malformed field each get the SFTP check."""
+    from tui.control.hostlinks import archive_vouched
+
+    bundle = build_agent()
+    good = {"agent_version": bundle.version, "archive": {"sha256": bundle.sha256, "current": bundle.version}}
+    assert archive_vouched(good, bundle)
+    assert not archive_vouched(None, bundle)
+    assert not archive_vouched({"agent_version": bundle.version}, bundle)  # an older daemon says nothing
+    assert not archive_vouched(dict(good, agent_version="0123456789abcdef"), bundle)
+    for archive in ({"sha256": "0" * 64, "current": bundle.version}, {"sha256": None, "current": bundle.version},
+                    {"sha256": bundle.sha256, "current": "0123456789abcdef"}, {"sha256": bundle.sha256},
+                    [bundle.sha256, bundle.version], "yes", {"sha256": [bundle.sha256], "current": bundle.version}):
+        assert not archive_vouched(dict(good, archive=archive), bundle), archive
