@@ -214,3 +214,27 @@ def test_only_a_hello_that_names_this_archive_current_and_whole_spares_the_sftp_
                     {"sha256": bundle.sha256, "current": "0123456789abcdef"}, {"sha256": bundle.sha256},
                     [bundle.sha256, bundle.version], "yes", {"sha256": [bundle.sha256], "current": bundle.version}):
         assert not archive_vouched(dict(good, archive=archive), bundle), archive
+
+
+def test_closing_while_a_connect_attempt_adds_its_link_does_not_raise(tmp_path: Path) -> None:
+    """A connect attempt (its own thread) may add its link and transport while the controller
+    closes: the close goes over what it found and the attempt closes what it made itself. (A CLI
+    refused early, with links to every host still being made, ended with `dictionary changed size
+    during iteration` in the close, exit 1 instead of 2.)"""
+    ctl = HostLinks(local_inventory(tmp_path))
+    closed: list[str] = []
+
+    class Late:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def close(self) -> None:
+            closed.append(self.name)
+            if self.name == "first":  # meanwhile another host's attempt ends and adds its link
+                ctl._links["other"] = Late("other")
+                ctl._transports["other"] = Late("other-transport")  # type: ignore[assignment]
+
+    ctl._links["h"] = Late("first")
+    ctl._transports["h"] = Late("transport")  # type: ignore[assignment]
+    ctl.close()
+    assert closed[:2] == ["first", "transport"] and ctl._links == {} and ctl._transports == {}, closed

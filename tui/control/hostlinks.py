@@ -283,10 +283,12 @@ class HostLinks(TypedAgents):
         with self._reach_lock:
             self._closes += 1
             connecting = {h for h, r in self._reach.items() if r.attempt is not None and not r.attempt.done.is_set()}
-        for link in self._links.values():
+        # Copies: a connect attempt that ends meanwhile adds its link (and a transport) from its
+        # own thread; it sees the close (``_closes``) and closes what it made itself.
+        for link in list(self._links.values()):
             link.close()
         self._links.clear()
-        for name, t in self._transports.items():
+        for name, t in list(self._transports.items()):
             if name not in connecting:
                 t.close()
         self._transports.clear()
