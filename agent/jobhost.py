@@ -909,9 +909,7 @@ class JobHost:
             self.save(idle=None)
         if verdict is None:
             return None
-        from agent import stacks
-
-        hang = verdict.to_dict()
+        hang = verdict.to_dict()  # (``stacks`` imported above: a verdict got this far)
         self.log(str(hang["message"]))
         try:
             got = stacks.collect(self.job_dir, self.job_id, why=str(hang["message"]), timeout=3.0)
