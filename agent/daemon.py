@@ -947,7 +947,10 @@ class Daemon:
         if grace is not None and (isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0):
             raise protocol.ProtocolError(protocol.BAD_PARAMS, "grace_s must be a number >= 0")
         job_id = self._str(params, "job_id")
-        return self._in_jobs_thread(lambda: self.jobs.stop(job_id, grace))
+        keep = params.get("keep_standbys", False)
+        if not isinstance(keep, bool):
+            raise protocol.ProtocolError(protocol.BAD_PARAMS, "keep_standbys must be true or false")
+        return self._in_jobs_thread(lambda: self.jobs.stop(job_id, grace, keep_standbys=keep))
 
     def _m_job_logs(self, client: _Client, params: Dict[str, Any]) -> Any:
         # base64 takes 4/3 of the bytes: a binary chunk stays well inside one message

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from typing import Dict, List, Optional, Tuple
 
 _OPTIONS = {
-    "rank": (("--job-dir",), ("--rank", "--local-rank")),
+    "rank": (("--job-dir",), ("--rank", "--local-rank", "--standby")),
     "jobhost": (("--job-dir",), ()),
     "slurmhost": (("--jobs-root", "--job-id"), ("--template",)),
 }
@@ -41,7 +41,7 @@ def parse(argv: List[str]) -> Optional[Tuple[str, Dict[str, str], List[str]]]:
     if any(k not in opts for k in required) or (rest and name != "rank") or (name == "rank" and not rest):
         return None
     if name == "rank":
-        for k in ("--rank", "--local-rank"):
+        for k in ("--rank", "--local-rank", "--standby"):
             if k in opts and not opts[k].lstrip("-").isdigit():
                 return None
     return name, opts, rest
@@ -59,7 +59,8 @@ def run(argv: List[str]) -> Optional[int]:
         def num(k: str) -> Optional[int]:
             return int(opts[k]) if k in opts else None
 
-        return int(rankexec.main(opts["--job-dir"], num("--rank"), num("--local-rank"), rest))
+        return int(rankexec.main(opts["--job-dir"], num("--rank"), num("--local-rank"), rest,
+                                 standby=opts.get("--standby") == "1"))
     if name == "jobhost":
         from agent import jobhost
 

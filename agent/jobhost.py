@@ -18,7 +18,7 @@ import signal
 import subprocess
 import time
 
-from agent import clusterfiles, gpuhealth, hangrule
+from agent import clusterfiles, gpuhealth, hangrule, standby
 from agent import container as containers
 from agent.jobfiles import free_mb, is_resource_error, read_env_file, reserve, resource_message, tail, write_json
 from agent.rankexec import die_with_parent
@@ -43,6 +43,7 @@ TERMINAL = ("succeeded", "failed", "stopped")
 GPU_HEALTH_FILE = "gpu-health.json"  # the job's GPUs that are not ok, as the daemon judged them
 # The daemon writes gpu-health.json from a sample at most 2 s old, in a loop that turns each second
 GPU_HEALTH_LAG_S = 3.0
+STANDBY_AFTER_S = 5.0  # an attempt's standbys start this long after its first step (its start has the CPUs first)
 STOP_FILE = "stop.json"  # the agent's stop, on disk: a job host healing in place reads it before it starts again
 
 
@@ -171,8 +172,8 @@ def processes_with_tag(job_id: str, proc_root: str = "/proc") -> List[int]:
                 env = f.read()
         except OSError:
             continue
-        if needle in env.split(b"\0"):
-            out.append(int(e))
+        if needle in env.split(b"\0") and not (b"RIGDECK_STANDBY=" in env and standby.waiting(int(e), env)):
+            out.append(int(e))  # (a warm standby still waiting is not the job's yet: agent/standby.py)
     return out
 
 
@@ -309,7 +310,7 @@ class JobHost:
         self.replica_procs = {}  # type: Dict[int, List[subprocess.Popen]]
         self.job_id = str(plan["job_id"])
         self.launcher = plan["launcher"]
-        self.procs = []  # type: List[subprocess.Popen]
+        self.procs = []  # type: List[Any]  # subprocess.Popen, or standby.Adopted (a warm standby it adopted)
         self.state_path = os.path.join(self.job_dir, "state.json")
         self.state = {
             "job_id": self.job_id,
@@ -334,6 +335,10 @@ class JobHost:
         self.hang_watch = self._new_watch()
         self.idle = hangrule.Idle(hz=float(os.sysconf("SC_CLK_TCK")))
         self.rank_pids = {}  # type: Dict[int, int]  # this attempt's ranks here -> their pids (the idle look's)
+        self.standby_envs = {}  # type: Dict[int, Dict[str, str]]  # local rank -> its env (when standbys are kept)
+        self.standbys = []  # type: List[subprocess.Popen]  # standbys this job host started, until reaped
+        self.standbys_started = False  # this attempt's standbys (for the next one) were started
+        self.adopted = 0  # ranks of this attempt that were warm standbys
         # The containers this host runs: a job's one (``plan["container"]``), or a pool job's,
         # one per distinct container of its replicas here (each node's ``container``: its pool's).
         self.box_nodes = {}  # type: Dict[str, List[int]]  # a container's name -> the nodes in it
@@ -510,9 +515,19 @@ class JobHost:
         box = self.container
         out = open(os.path.join(self.job_dir, "launcher.log"), "ab")
         if self.launcher == "direct":
+            warm = self.warm_imports(command, cwd)
+            self.standby_envs = {}
             for local_rank, rank in enumerate(clusterfiles.global_ranks(plan, self.node_index)):
                 renv = dict(env)
                 renv.update(clusterfiles.rank_env(plan, self.node_index, local_rank))
+                if warm is not None:
+                    self.standby_envs[local_rank] = renv
+                    got = standby.adopt(self.job_dir, local_rank, rank, renv, command, cwd, self.claim_fds)
+                    if got is not None:  # a warm standby is this rank now (agent/standby.py)
+                        self.procs.append(standby.Adopted(
+                            int(got["wrapper"]), os.path.join(self.job_dir, "ranks", "rank-%d.exit.json" % rank)))
+                        self.adopted += 1
+                        continue
                 self.procs.append(self._popen(self._wrap(rank, local_rank, box) + command, box, cwd=cwd,
                                               env=renv, stdout=out, stderr=out))
         elif self.launcher == "torchrun":
@@ -549,7 +564,40 @@ class JobHost:
             raise SystemExit("unknown launcher %r" % self.launcher)
         out.close()
         self.save(state="running", iface=iface)
-        self.log("started %s launcher, %d local process(es)" % (self.launcher, len(self.procs)))
+        self.log("started %s launcher, %d local process(es)%s" % (
+            self.launcher, len(self.procs), ", %d of them warm standbys" % self.adopted if self.adopted else ""))
+
+    # -- warm standbys: the next attempt's ranks started ahead (agent/standby.py) ---------------
+
+    def warm_imports(self, command: List[str], cwd: str) -> Optional[List[str]]:
+        """What this attempt's standbys import ahead; None: no standbys (the plan does not ask
+        for them, or the ranks run in a container, or the command is not a Python script)."""
+        if not self.plan.get("standby") or self.container is not None or self.pooled or self.plan.get("slurm"):
+            return None  # (a Slurm step's processes end with it: a standby would not outlive it)
+        return standby.warm_imports(command, cwd)
+
+    def keep_standbys(self) -> None:
+        """Once this attempt's ranks are in their steps (``STANDBY_AFTER_S`` past the first, so
+        their start has the host's CPUs to itself), start one standby per local rank for the next
+        attempt (each slot at most once per attempt); reap those that ended."""
+        self.standbys = [p for p in self.standbys if p.poll() is None]
+        if self.standbys_started or not self.standby_envs or self.progress.first_step_at is None:
+            return
+        if time.time() < self.progress.first_step_at + STANDBY_AFTER_S:
+            return
+        self.standbys_started = True
+        plan = self.plan
+        cwd = plan.get("workdir") or self.job_dir
+        command = list(plan["command"])
+        imports = standby.warm_imports(command, cwd) or []
+        with open(os.path.join(self.job_dir, "launcher.log"), "ab") as out:
+            for local_rank, renv in sorted(self.standby_envs.items()):
+                p = standby.spawn(self._agent(), self.job_dir, local_rank, command, cwd, renv, imports, out.fileno())
+                if p is not None:
+                    self.standbys.append(p)
+        if self.standbys:
+            self.log("%d warm standby(s) started for the next attempt (imports ahead: %s)"
+                     % (len(self.standbys), ", ".join(imports) or "none"))
 
     def _start_replicas(self, iface: Optional[str]) -> None:
         """A pool job: every replica this host runs, each rank with its pool's command and its
@@ -779,6 +827,7 @@ class JobHost:
             self.remove_containers()  # a stop, a failure or the end: no container stays
             if self.state.get("state") == "succeeded":
                 self.drop_memory_snapshots()
+                standby.end_all(self.job_dir)  # nothing will start again: no standby waits
 
     def drop_memory_snapshots(self) -> None:
         """The job's memory snapshots on this host (runtime.Checkpointer.snapshot), once it
@@ -873,6 +922,7 @@ class JobHost:
                     return code
                 continue
             self.watch_progress()
+            self.keep_standbys()
             hang = self.state.get("hang")
             if hang is not None and self.may_heal("hang"):
                 code = self.heal_in_place("hang", hang, grace)
@@ -1191,6 +1241,8 @@ class JobHost:
         self.plan = self._with_env_file(plan)
         self.node = self.plan["nodes"][self.node_index]
         self.procs = []
+        self.standbys_started = False
+        self.adopted = 0
         self.progress = RankProgress(os.path.join(self.job_dir, "metrics"))
         self.hang_watch = self._new_watch()
         self.idle = hangrule.Idle(self.idle.share, self.idle.hz)

@@ -21,7 +21,7 @@ import time
 
 from agent import claims as gpu_claims
 from agent import container as containers
-from agent import filemodes, stacks
+from agent import filemodes, stacks, standby
 from agent.clusterfiles import HYPERTUNE_FILE, global_ranks
 from agent.jobfiles import free_mb, keep_env_file, read_log, read_tail, resource_message, write_json
 from agent.jobhost import (
@@ -401,12 +401,16 @@ class Jobs:
     def _mark_attempt(d: str, restart_count: int) -> None:
         mark_attempt(d, restart_count)
 
-    def stop(self, job_id: str, grace_s: Optional[float] = None) -> Dict[str, Any]:
+    def stop(self, job_id: str, grace_s: Optional[float] = None, keep_standbys: bool = False) -> Dict[str, Any]:
+        """Stop the job here. Its warm standbys (agent/standby.py) end too, unless the controller
+        stops the gang for a restart that may adopt them (``keep_standbys``)."""
         d = self.job_dir(job_id)
         self._drop_pending(job_id)
         st = read_json(os.path.join(d, "state.json"))
         if st is None:
             raise JobError("no job %s on this host" % job_id)
+        if not keep_standbys:
+            standby.end_all(d)
         if grace_s is not None:
             plan = read_json(os.path.join(d, "plan.json")) or {}
             plan["grace_s"] = float(grace_s)

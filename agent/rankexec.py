@@ -298,7 +298,12 @@ def _resource_cause(log: CappedLog, parsers: List[LineParser], lines: Deque[byte
     return None
 
 
-def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: List[str]) -> int:
+def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: List[str],
+         standby: bool = False) -> int:
+    if standby:  # a warm standby: this wrapper becomes a rank's only when a job host adopts it
+        from agent import standby as standbys
+
+        return standbys.serve(job_dir, local_rank or 0, command)
     env = _launcher_env(job_dir)
     if rank is None:
         rank = _first_int(env, ["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])
@@ -437,10 +442,13 @@ def _write_rank_record(run: _RankRun, pid: int) -> None:
             raise
 
 
-def _pump(run: _RankRun, child: Any, read_fd: int, forward: Any) -> Deque[bytes]:
+def _pump(run: _RankRun, child: Any, read_fd: int, forward: Any, watch_pid: Optional[int] = None) -> Deque[bytes]:
     """Pass the rank's output to its log and parsers until it has ended and its pipe is drained
     (or a second after it ended: what it left running may hold the pipe); the rank is stopped
-    when its log cannot be written for a full disk. Closes ``read_fd``; the rank's last lines."""
+    when its log cannot be written for a full disk. Closes ``read_fd``; the rank's last lines.
+    ``watch_pid``: the job host of a wrapper it did not spawn (an adopted standby,
+    agent/standby.py): when it dies the rank is stopped, as a spawned wrapper's death signal
+    would."""
     log, parsers = run.log, run.parsers
     last = collections.deque(maxlen=TAIL_LINES)  # type: Deque[bytes]
     partial = b""
@@ -468,12 +476,25 @@ def _pump(run: _RankRun, child: Any, read_fd: int, forward: Any) -> Deque[bytes]
                 forward(signal.SIGTERM, None)
         if exited_at is None and child.poll() is not None:
             exited_at = time.monotonic()
+        if watch_pid is not None and not ready and exited_at is None and not _alive(watch_pid):
+            watch_pid = None  # once: the rank is told to stop, its end is pumped as any other
+            forward(signal.SIGTERM, None)
         if exited_at is not None and (not ready or time.monotonic() > exited_at + 1.0):
             break
     os.close(read_fd)
     if partial:
         last.append(partial)
     return last
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def _finish(run: _RankRun, code: int, last: Deque[bytes]) -> int:

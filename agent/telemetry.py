@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
-from agent import gpuhealth
+from agent import gpuhealth, standby
 from agent.facts import simulated_gpus
 
 MB = 1024 * 1024
@@ -876,7 +876,8 @@ class _SimulatedGpus:
         rss = [0.0] * n
         procs = [[] for _ in range(n)]  # type: List[List[GpuProcess]]
         for p in table.tagged():
-            i = _sim_gpu_of(p.env, n, self._uuid_index)
+            env = standby.as_adopted(p.pid, p.env) if standby.ENV_DIR in p.env else p.env  # type: Optional[Dict[str, str]]
+            i = _sim_gpu_of(env, n, self._uuid_index) if env is not None else None
             if i is None or not self._here(p):
                 continue
             st = table.read_stat(p)

@@ -105,10 +105,23 @@ def read_records(files: list[Path]) -> list[dict[str, Any]]:
     return recs
 
 
+# Each process whose command line holds the tag, but a rigdeck warm standby still waiting (its
+# environment names its standby directory, which holds waiting-<pid> until an attempt adopts it:
+# agent/standby.py): one shell per host and poll, its pid and command line.
+_PIDS_SH = r"""
+for p in $(pgrep -f -- "$1"); do
+  d=$(tr '\0' '\n' < /proc/$p/environ 2>/dev/null | sed -n 's/^RIGDECK_STANDBY=//p')
+  if [ -n "$d" ] && [ -e "$d/waiting-$p" ]; then continue; fi
+  c=$(tr '\0' ' ' < /proc/$p/cmdline 2>/dev/null) && echo "$p $c"
+done
+"""
+
+
 def rank_pids(bed: TestBed, i: int, tag: str) -> list[int]:
     """The pids of this run's rank processes on bed host ``i``: the training script's command line
-    with the run's tag, not torchrun's agent, not a shell that started it."""
-    res = bed.exec(i, ["pgrep", "-a", "-f", "--", tag], timeout=20)
+    with the run's tag, not torchrun's agent, not a shell that started it, not a rigdeck standby
+    that no attempt has adopted yet (the next attempt's, waiting)."""
+    res = bed.exec(i, ["sh", "-c", _PIDS_SH, "pids", tag], timeout=20)
     pids = []
     for line in res.stdout.splitlines():
         pid, _, cmd = line.partition(" ")

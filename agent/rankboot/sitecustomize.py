@@ -50,6 +50,60 @@ def _exiting(target):
         pass
 
 
+_held = []  # type: list  # a warm standby's GPU claim descriptors, held for the life of the process
+
+
+def _standby():
+    """A warm standby (agent/standby.py): import what the script imports, then wait for the
+    attempt that adopts this process: its environment, working directory and GPU claims. An end
+    of the socket without them: nobody will, exit quietly."""
+    fd = os.environ.pop("RIGDECK_STANDBY_FD", None)
+    names = os.environ.pop("RIGDECK_STANDBY_IMPORTS", "")
+    if fd is None:
+        return
+    import importlib
+    import json
+    import socket
+
+    for name in names.split(","):
+        if name:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001  # the script's own import says it again, in its log
+                pass
+    sock = None
+    try:
+        sock = socket.socket(fileno=int(fd))
+        sock.sendall(b"R")  # ready: the imports are done (the wrapper may have adopted us already)
+    except Exception:  # noqa: BLE001  # its go is what counts
+        pass
+    fds = []
+    body = bytearray()
+    try:
+        if sock is None:
+            raise OSError("no socket")
+        first, fds, _flags, _addr = socket.recv_fds(sock, 65536, 64)
+        body.extend(first)
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            body.extend(data)
+        sock.close()
+        go = json.loads(bytes(body).decode()) if body else None
+    except Exception:  # noqa: BLE001
+        go = False if body else None  # a message cut short or unreadable: adopted, failing
+    if go is None:
+        os._exit(0)  # nothing came: the standby ended without an adoption
+    if not isinstance(go, dict) or not isinstance(go.get("env"), dict):
+        sys.stderr.write("rigdeck standby: the adoption's message cannot be read\n")
+        os._exit(1)  # adopted, but not told what to run: the rank fails, it does not pass
+    _held.extend(fds)
+    os.environ.clear()
+    os.environ.update(go["env"])
+    os.chdir(go["cwd"])
+
+
 def _chain():
     """Import the next ``sitecustomize`` on sys.path, as site would have without this one."""
     here = os.path.dirname(os.path.abspath(__file__))
@@ -76,5 +130,6 @@ def _chain():
 
 
 if __name__ == "sitecustomize":
+    _standby()
     _arm()
     _chain()

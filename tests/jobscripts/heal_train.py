@@ -72,7 +72,8 @@ faults = attempt == 0 or args.faults_always
 # The newest checkpoint, or, after rigdeck restarted the job for a NaN loss at step N, the newest
 # saved before N (as runtime.Checkpointer does with RIGDECK_RESUME_BEFORE_STEP).
 before = int(os.environ.get("RIGDECK_RESUME_BEFORE_STEP") or 10**9)
-saved = sorted(int(n[5:-5]) for n in os.listdir(args.ckpt) if n.startswith("step-") and n.endswith(".json"))
+saved = sorted(int(n[5:-5]) for n in os.listdir(args.ckpt)  # (not a Checkpointer's manifest: step-N.manifest.json)
+               if n.startswith("step-") and n.endswith(".json") and n[5:-5].isdigit())
 saved = [s for s in saved if s < before]
 checkpointer = None
 weight = torch.zeros(1)

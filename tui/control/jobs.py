@@ -596,6 +596,8 @@ class JobManager:
             "loss_pattern": spec.loss_pattern,
             "log_max_bytes": spec.log_max_mb * (1 << 20) if spec.log_max_mb else None,
         }
+        if spec.restart.max_restarts > 0 and spec.launcher == "direct" and spec.container is None and not spec.pools:
+            base["standby"] = True  # the next attempt's ranks wait warm on the hosts (agent/standby.py)
         if spec.trial is not None:  # a sweep's trial: its number reaches the cloud contracts
             base["trial"] = spec.trial
             base["sweep_id"] = spec.sweep_id
@@ -1311,8 +1313,8 @@ class JobManager:
             cause["message"] = f"{fault.message}; {summary}"
             cause["stacks"] = rows
         self.history.add_event(job_id, {"event": "incident", "cause": cause})
-        if live:
-            self.ctl.agents(live).job_stop(job_id=job_id, grace_s=5.0, timeout=20)
+        if live:  # (a restart may follow: the hosts' warm standbys wait for it)
+            self.ctl.agents(live).job_stop(job_id=job_id, grace_s=5.0, keep_standbys=True, timeout=20)
         self.healer.record(job_id, fault, int(rec.get("restarts") or 0), time.time(), detected_at=found)
         dead = [h for h, s in states.items() if not isinstance(s, dict)]
         return self._restart_or_fail(job_id, rec, states, cause, eligible=fault.restart, dead=dead)
@@ -1335,8 +1337,8 @@ class JobManager:
             cause = first_cause(states) or {"message": "a host reported failure"}
             found = time.time()
             live = [h for h, s in states.items() if isinstance(s, dict) and s.get("state") not in TERMINAL]
-            if live:  # stop the rest of the gang now
-                self.ctl.agents(live).job_stop(job_id=job_id, grace_s=5.0, timeout=20)
+            if live:  # stop the rest of the gang now (a restart may follow: the warm standbys wait)
+                self.ctl.agents(live).job_stop(job_id=job_id, grace_s=5.0, keep_standbys=True, timeout=20)
             spec = JobSpec.from_dict(rec["spec"])
             code = cause.get("exit_code")
             sig = cause.get("signal")
@@ -1414,6 +1416,7 @@ class JobManager:
                     self.history.update(job_id, **extra)
                 engine.start(job_id, spec, placement, restart_count=restarts + 1)
                 self.healer.restart_began(job_id, stopped, time.time())
+                self._end_standbys(rec, skip=list(dead) + list(placement.hosts))  # hosts it left
             except (PlacementError, JobError, EngineError) as e:
                 self.healer.restart_began(job_id, stopped)
                 engine.release(job_id)
@@ -1423,11 +1426,20 @@ class JobManager:
         # Decided: announced now (notifications), recorded once the gang has stopped.
         self.history.announce(job_id, "failed", {"cause": cause})
         self._wait_terminal(rec, 15, skip=dead)  # the rest of the gang is stopping: let it finish
+        self._end_standbys(rec, skip=dead)  # no restart will adopt them
         self.history.update(job_id, state=FAILED, ended=time.time(), cause=cause)
         self.history.add_event(job_id, {"event": "failed", "cause": cause})
         self.scheduler.release(job_id)
         self._finish(rec)
         return states
+
+    def _end_standbys(self, rec: Mapping[str, Any], skip: Sequence[str]) -> None:
+        """The warm standbys of the job (agent/standby.py) on the hosts of ``rec``'s placement but
+        ``skip`` end: no attempt there will adopt them (a stop of a job that ended there does
+        only that). Best effort: a standby nobody adopts ends by itself soon after."""
+        hosts = [h for h in dict.fromkeys(n["host"] for n in rec.get("placement") or []) if h not in skip]
+        if hosts and rec.get("spec", {}).get("launcher") == "direct":
+            self.ctl.agents(hosts).job_stop(job_id=rec["job_id"], grace_s=1.0, timeout=20)
 
     def _finish(self, rec: Mapping[str, Any]) -> None:
         """The engine that ran an ended job keeps its own word on the end (Slurm's state)."""

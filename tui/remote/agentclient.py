@@ -367,12 +367,16 @@ class AgentClient:
         """Start this host's part of a job from its plan (the controller's ``_plans``)."""
         return JobStarted.from_wire(_dict(self._call("job_start", **_kw(timeout), plan=plan)))
 
-    def job_stop(self, *, job_id: str, grace_s: float | None = None,
+    def job_stop(self, *, job_id: str, grace_s: float | None = None, keep_standbys: bool = False,
                  timeout: float | None = None) -> JobStopped:
-        """Stop the job here: SIGTERM to its ranks, SIGKILL after ``grace_s`` (the plan's when None)."""
+        """Stop the job here: SIGTERM to its ranks, SIGKILL after ``grace_s`` (the plan's when None).
+        ``keep_standbys``: its warm standbys wait on for the restart that follows (agent/standby.py);
+        otherwise they end too."""
         params: dict[str, Any] = {"job_id": job_id}
         if grace_s is not None:
             params["grace_s"] = grace_s
+        if keep_standbys:
+            params["keep_standbys"] = True
         return JobStopped.from_wire(_dict(self._call("job_stop", **_kw(timeout), **params)))
 
     def job_list(self, *, timeout: float | None = None) -> list[JobState]:
@@ -612,12 +616,14 @@ class AgentFleet:
             params["fresh_health"] = True
         return self._each(_job_state, "job_status", timeout, **params)
 
-    def job_stop(self, *, job_id: str, grace_s: float | None = None,
+    def job_stop(self, *, job_id: str, grace_s: float | None = None, keep_standbys: bool = False,
                  timeout: float | None = None) -> dict[str, JobStopped | TransportError]:
-        """Stop the job on every host."""
+        """Stop the job on every host (``keep_standbys``: as ``AgentClient.job_stop``)."""
         params: dict[str, Any] = {"job_id": job_id}
         if grace_s is not None:
             params["grace_s"] = grace_s
+        if keep_standbys:
+            params["keep_standbys"] = True
         return self._each(lambda d: JobStopped.from_wire(_dict(d)), "job_stop", timeout, **params)
 
     def slurm_template(self, *, key: str, template: Mapping[str, Any],
