@@ -29,13 +29,14 @@ faults hit both, one every ``--gap`` seconds (default 120) from ``--first`` (60)
 
 Both sides' figures come from the same records by the same code: rank 0's step reports (time,
 step, attempt) from the ranks' metrics files, and a poller that lists the job's processes on every
-host each second.
+host every 0.25 s (the hosts asked at once; rigdeck's warm standbys are not the job's until an
+attempt adopts them).
 - goodput: ``tui.model.health.goodput`` over the run (launch to the end of the schedule): each
   step counts once, as its newest attempt computed it; time lost to a fault, a restart or steps
   computed twice counts for nothing;
-- per fault: detect (the fault until every process of the attempt it hit is gone: the launcher
-  or the operator acted), first step (the fault until the next attempt's first step), steps lost
-  (steps the next attempt computed again).
+- per fault: detect (the fault until every process of the attempt it hit, those alive at the
+  poller's last look before it, is gone: the launcher or the operator acted), first step (the
+  fault until the next attempt's first step), steps lost (steps the next attempt computed again).
 rigdeck's own ``status`` goodput and incidents are recorded beside them.
 
 Targets (issue 48): rigdeck goodput >= 0.93; detected within 5 s for a hang and a lost host, 2 s
@@ -133,21 +134,24 @@ def rank_pids(bed: TestBed, i: int, tag: str) -> list[int]:
 
 
 class Poller(threading.Thread):
-    """Each second, the pids of this run's ranks (their command lines hold ``tag``; torchrun's own
-    agent process is left out) on every host of the bed."""
+    """Every ``interval`` seconds, the pids of this run's ranks (their command lines hold ``tag``;
+    torchrun's own agent process and rigdeck's waiting standbys are left out) on every host of the
+    bed, the hosts asked at once."""
 
-    def __init__(self, bed: TestBed, tag: str):
+    def __init__(self, bed: TestBed, tag: str, interval: float = 0.25):
         super().__init__(daemon=True)
-        self.bed, self.tag = bed, tag
+        self.bed, self.tag, self.interval = bed, tag, interval
         self.samples: list[tuple[float, set[tuple[int, int]]]] = []
         self.halt = threading.Event()
         self.lock = threading.Lock()
 
     def pids(self) -> set[tuple[int, int]]:
-        found: set[tuple[int, int]] = set()
-        for i in range(1, len(self.bed.hosts) + 1):
-            found |= {(i, pid) for pid in rank_pids(self.bed, i, self.tag)}
-        return found
+        from concurrent.futures import ThreadPoolExecutor
+
+        hosts = range(1, len(self.bed.hosts) + 1)
+        with ThreadPoolExecutor(len(hosts)) as pool:
+            got = list(pool.map(lambda i: {(i, pid) for pid in rank_pids(self.bed, i, self.tag)}, hosts))
+        return set().union(*got)
 
     def run(self) -> None:
         while not self.halt.is_set():
@@ -155,18 +159,19 @@ class Poller(threading.Thread):
             got = self.pids()
             with self.lock:
                 self.samples.append((t, got))
-            self.halt.wait(max(0.0, 1.0 - (time.time() - t)))
+            self.halt.wait(max(0.0, self.interval - (time.time() - t)))
 
-    def gone_after(self, t_fault: float, settle: float = 1.5) -> float | None:
-        """When every rank process alive ``settle`` s after the fault was gone (None: never)."""
+    def gone_after(self, t_fault: float) -> float | None:
+        """When every rank process of the attempt the fault hit (those alive at the last look
+        before it) was gone (None: never)."""
         with self.lock:
             samples = list(self.samples)
-        after = [(t, s) for t, s in samples if t >= t_fault + settle]
-        if not after:
+        before = [s for t, s in samples if t < t_fault]
+        if not before:
             return None
-        alive = after[0][1]
-        for t, s in after:
-            if not (alive & s):
+        hit = before[-1]
+        for t, s in samples:
+            if t >= t_fault and not (hit & s):
                 return t
         return None
 
