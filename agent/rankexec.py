@@ -325,6 +325,12 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
         for fd in held:
             os.close(fd)
 
+    return run_rank(run, child, read_fd)
+
+
+def run_rank(run: _RankRun, child: Any, read_fd: int, watch_pid: Optional[int] = None) -> int:
+    """The rank ``child`` runs, from its start to its end: signals passed on to it, its record,
+    its output pumped (``watch_pid``: see ``_pump``), its exit record; the wrapper's exit code."""
     def forward(signum: int, frame: object) -> None:
         try:
             child.send_signal(signum)
@@ -334,7 +340,7 @@ def main(job_dir: str, rank: Optional[int], local_rank: Optional[int], command: 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(s, forward)
     _write_rank_record(run, child.pid)
-    last = _pump(run, child, read_fd, forward)
+    last = _pump(run, child, read_fd, forward, watch_pid=watch_pid)
     return _finish(run, child.wait(), last)
 
 

@@ -178,8 +178,10 @@ def _alive_slot(path: str) -> bool:
     """Whether a standby answers on ``path`` (its meta file names a live wrapper)."""
     meta = _read_json(path[:-len(".sock")] + ".json")
     pid = meta.get("pid") if meta else None
-    if not isinstance(pid, int) or not os.path.exists(path):
-        return False
+    return isinstance(pid, int) and os.path.exists(path) and _alive(pid)
+
+
+def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except OSError:
@@ -408,13 +410,7 @@ def _job_host_alive(state: Optional[Dict[str, Any]]) -> bool:
     if state is None or state.get("state") in ("succeeded", "failed", "stopped"):
         return False
     pid = state.get("jobhost_pid")
-    if not isinstance(pid, int) or pid <= 1:
-        return False
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
+    return isinstance(pid, int) and pid > 1 and _alive(pid)
 
 
 def _take(conn: socket.socket, command: List[str]) -> Any:
@@ -507,23 +503,13 @@ def _become_rank(job_dir: str, conn: socket.socket, go: Dict[str, Any], fds: Lis
         run.log.write(early)
         for parser in run.parsers:
             parser.feed(early)
-
-    def forward(signum: int, frame: object) -> None:
+    try:
+        return rankexec.run_rank(run, child, read_fd, watch_pid=int(go["adopter"]))
+    finally:
         try:
-            child.send_signal(signum)
+            os.unlink(given)
         except OSError:
             pass
-
-    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(s, forward)
-    rankexec._write_rank_record(run, child.pid)
-    last = rankexec._pump(run, child, read_fd, forward, watch_pid=int(go["adopter"]))
-    code = child.wait()
-    try:
-        os.unlink(given)
-    except OSError:
-        pass
-    return rankexec._finish(run, code, last)
 
 
 def _peer_uid(conn: socket.socket) -> int:
