@@ -583,7 +583,14 @@ class JobHost:
         self.standbys = [p for p in self.standbys if p.poll() is None]
         if self.standbys_started or not self.standby_envs or self.progress.first_step_at is None:
             return
-        if time.time() < self.progress.first_step_at + STANDBY_AFTER_S:
+        now = time.time()
+        if now < self.progress.first_step_at + STANDBY_AFTER_S:
+            return
+        # Only while the steps go on: a job that stalled (a fault, a peer lost) is being judged
+        # and restarted, and the standbys' imports would take the CPU its hosts answer with.
+        newest = max((at for _step, at in self.progress.last_at.values()), default=None)
+        typical = hangrule.typical(self.progress.intervals) or 1.0
+        if newest is None or now - newest > max(3 * typical, 1.0):
             return
         self.standbys_started = True
         plan = self.plan
