@@ -78,6 +78,16 @@ def _overwrite(path: str, data: bytes) -> bool:
         os.close(fd)
 
 
+def read_json(path: str) -> Optional[dict]:
+    """The JSON object in ``path``; None when it is missing, unreadable or not an object."""
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def write_json(path: str, obj: object) -> None:
     """Atomically replace ``path`` with ``obj`` as JSON. On a full disk, rewrite in place (the
     file, or ``path + '.reserve'``, renamed into place) instead; raises the OSError if neither

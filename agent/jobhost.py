@@ -20,7 +20,16 @@ import time
 
 from agent import clusterfiles, gpuhealth, hangrule, standby
 from agent import container as containers
-from agent.jobfiles import free_mb, is_resource_error, read_env_file, reserve, resource_message, tail, write_json
+from agent.jobfiles import (  # noqa: F401  (read_json: imported from here by others)
+    free_mb,
+    is_resource_error,
+    read_env_file,
+    read_json,
+    reserve,
+    resource_message,
+    tail,
+    write_json,
+)
 from agent.rankexec import die_with_parent
 
 TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
@@ -131,15 +140,6 @@ def claim_fds(env: Dict[str, str]) -> List[int]:
         if part.strip().isdigit():
             out.append(int(part))
     return out
-
-
-def read_json(path: str) -> Optional[Dict[str, Any]]:
-    try:
-        with open(path) as f:
-            value = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
 
 
 def mark_attempt(d: str, restart_count: int) -> None:

@@ -41,6 +41,8 @@ import subprocess
 import sys
 import time
 
+from agent.jobfiles import read_json
+
 TYPE_CHECKING = False  # (mypy reads it as True) typing is not imported by a rank's or job's start
 if TYPE_CHECKING:
     import socket
@@ -77,7 +79,7 @@ def as_adopted(pid: int, env: Dict[str, str]) -> Optional[Dict[str, str]]:
         return env
     if os.path.exists(os.path.join(d, "waiting-%d" % pid)):
         return None
-    given = _read_json(os.path.join(d, "adopted-%d.json" % pid))
+    given = read_json(os.path.join(d, "adopted-%d.json" % pid))
     if given is None:
         return {k: v for k, v in env.items() if k not in ADOPTED_KEYS}  # (a rank's own subprocess)
     return dict(env, **{k: str(v) for k, v in given.items() if k in ADOPTED_KEYS})
@@ -176,7 +178,7 @@ def spawn(agent: List[str], job_dir: str, local_rank: int, command: List[str], c
 
 def _alive_slot(path: str) -> bool:
     """Whether a standby answers on ``path`` (its meta file names a live wrapper)."""
-    meta = _read_json(path[:-len(".sock")] + ".json")
+    meta = read_json(path[:-len(".sock")] + ".json")
     pid = meta.get("pid") if meta else None
     return isinstance(pid, int) and os.path.exists(path) and _alive(pid)
 
@@ -234,7 +236,7 @@ def end_all(job_dir: str) -> List[int]:
     for name in names:
         if not (name.startswith("slot-") and name.endswith(".json")):
             continue
-        meta = _read_json(os.path.join(d, name)) or {}
+        meta = read_json(os.path.join(d, name)) or {}
         pid = meta.get("pid")
         if isinstance(pid, int) and pid > 1 and os.path.exists(os.path.join(d, "waiting-%d" % pid)):
             try:
@@ -264,7 +266,7 @@ class Adopted:
             state = "X"
         if state not in ("Z", "X"):
             return None
-        rec = _read_json(self.exit_path) or {}
+        rec = read_json(self.exit_path) or {}
         code, sig = rec.get("exit_code"), rec.get("signal")
         if isinstance(code, int):
             self.returncode = code
@@ -337,7 +339,7 @@ def serve(job_dir: str, local_rank: int, command: List[str]) -> int:
         theirs.close()
     mine.append(child.pid)
     _mark(d, child.pid)
-    _write_meta(path, dict(_read_json(path[:-len(".sock")] + ".json") or {}, child=child.pid))
+    _write_meta(path, dict(read_json(path[:-len(".sock")] + ".json") or {}, child=child.pid))
     adopted = False
     try:
         got = _wait_for_adoption(listener, job_dir, command, child, read_fd, ours, path)
@@ -374,7 +376,7 @@ def _wait_for_adoption(listener: socket.socket, job_dir: str, command: List[str]
             word = ours.recv(1)
             if not word:
                 return None  # the waiting process ended
-            _write_meta(path, dict(_read_json(path[:-len(".sock")] + ".json") or {}, ready=time.time()))
+            _write_meta(path, dict(read_json(path[:-len(".sock")] + ".json") or {}, ready=time.time()))
         if read_fd in ready:
             data = os.read(read_fd, 65536)
             if not data:
@@ -393,7 +395,7 @@ def _wait_for_adoption(listener: socket.socket, job_dir: str, command: List[str]
                 return (conn, got[0], got[1], bytes(early))
             conn.close()
             continue
-        state = _read_json(os.path.join(job_dir, "state.json"))
+        state = read_json(os.path.join(job_dir, "state.json"))
         if state is None and not os.path.isdir(job_dir):
             return None
         if state is not None and state.get("state") == "succeeded":
@@ -568,7 +570,7 @@ def _close_slot(listener: socket.socket, path: str, d: str, mine: List[int]) -> 
 
 
 def _meta_is_mine(path: str) -> bool:
-    meta = _read_json(path[:-len(".sock")] + ".json")
+    meta = read_json(path[:-len(".sock")] + ".json")
     return meta is not None and meta.get("pid") == os.getpid()
 
 
@@ -581,12 +583,3 @@ def _write_json(path: str, value: Dict[str, Any]) -> None:
     with open(tmp, "w") as f:
         json.dump(value, f)
     os.replace(tmp, path)
-
-
-def _read_json(path: str) -> Optional[Dict[str, Any]]:
-    try:
-        with open(path) as f:
-            value = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
