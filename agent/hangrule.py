@@ -48,6 +48,7 @@ MIN_STEP_INTERVALS = 3  # step intervals seen before the steps' timeout is learn
 QUIET_MULTIPLE = 10.0  # a quiet hang: no step for this many typical steps...
 QUIET_FLOOR_S = 3.0  # ...and at least this, every rank asleep all along
 QUIET_CPU_SHARE = 0.05  # asleep: a rank's processes used at most this share of one core
+QUIET_SAY_SHARE = 0.5  # a job host of a job of several hosts says its ranks wait asleep at this share of it
 
 
 def learned_timeout(longest: float) -> float:
@@ -101,6 +102,14 @@ class Idle:
             awake = awake or busy
             since = start if since is None else max(since, start)
         return None if awake else since
+
+    def rebase(self, now: float, readings: Mapping[int, Optional[Tuple[bool, int]]]) -> None:
+        """Take ``readings`` as the last look without judging it: the CPU an observer made the
+        ranks use (their stacks, dumped on its signal) is not theirs. Each rank keeps its since."""
+        for rank, got in readings.items():
+            ref = self.refs.get(rank)
+            if got is not None and ref is not None:
+                self.refs[rank] = (ref[0], now, got[1])
 
 
 class Verdict:
@@ -233,16 +242,28 @@ class Watch:
             return None
         return Verdict(section, stalled, timeout, self.last_step, basis, learned_from)
 
-    def quiet(self, now: float, asleep_since: Optional[float], typical_step: Optional[float]) -> Optional[Verdict]:
-        """A quiet hang (the module's doc): in the steps, no step for ``quiet_timeout`` of the
-        typical step while every rank has been asleep since ``asleep_since`` (this watch's clock)
-        for as long. Never where the spec sets an explicit ``hang_timeout``."""
+    def quiet_since(self, now: float, asleep_since: Optional[float], typical_step: Optional[float],
+                    step_age: Optional[float] = None) -> Optional[Tuple[float, float, float]]:
+        """In the steps with every rank asleep since ``asleep_since`` (this watch's clock): (no
+        step for, every rank asleep for, the quiet timeout); None otherwise, and always where the
+        spec sets an explicit ``hang_timeout``. ``step_age``: how long ago the newest step was
+        made, by its record's own time, where the observer has it (its looks see a step later)."""
         if self.hang_timeout is not None or asleep_since is None or typical_step is None:
             return None
         if self.section() != STEP or self.last_change is None:
             return None
-        timeout = quiet_timeout(typical_step)
-        stalled = now - self.last_change
-        if stalled < timeout or now - asleep_since < timeout:
+        stalled = now - self.last_change if step_age is None else max(now - self.last_change, step_age)
+        return stalled, now - asleep_since, quiet_timeout(typical_step)
+
+    def quiet(self, now: float, asleep_since: Optional[float], typical_step: Optional[float],
+              step_age: Optional[float] = None) -> Optional[Verdict]:
+        """A quiet hang (the module's doc): in the steps, no step for ``quiet_timeout`` of the
+        typical step while every rank has been asleep since ``asleep_since`` (this watch's clock)
+        for as long. Never where the spec sets an explicit ``hang_timeout``."""
+        got = self.quiet_since(now, asleep_since, typical_step, step_age)
+        if got is None:
+            return None
+        stalled, asleep, timeout = got
+        if stalled < timeout or asleep < timeout:
             return None
         return Verdict(STEP, stalled, timeout, self.last_step, "quiet", typical_step)

@@ -335,6 +335,8 @@ class JobHost:
         self.hang_watch = self._new_watch()
         self.idle = hangrule.Idle(hz=float(os.sysconf("SC_CLK_TCK")))
         self.rank_pids = {}  # type: Dict[int, int]  # this attempt's ranks here -> their pids (the idle look's)
+        # the quiet look's last sight: (no step for, every rank asleep for, quiet timeout, typical step)
+        self.quiet = None  # type: Optional[Tuple[float, float, float, float]]
         self.standby_envs = {}  # type: Dict[int, Dict[str, str]]  # local rank -> its env (when standbys are kept)
         self.standbys = []  # type: List[subprocess.Popen]  # standbys this job host started, until reaped
         self.standbys_started = False  # this attempt's standbys (for the next one) were started
@@ -956,11 +958,10 @@ class JobHost:
             ending = stacks.ranks_ending(self.job_dir)
             if ending and all(ending.values()):  # past their last step, on their way out: not hung
                 verdict = None
-        if verdict is not None and verdict.basis == "quiet" and not self.whole_job():
+        if not self.whole_job() and (verdict is None or verdict.basis == "quiet"):
             # this host's ranks are asleep, the others' are not seen from here: the controller
             # judges the job once every host says so (tui/control/healing.py)
-            if self.state.get("idle") is None:
-                self.save(idle=dict(verdict.to_dict(), at=time.time()))
+            self.say_asleep(now)
             return None
         if self.state.get("idle") is not None:
             self.save(idle=None)
@@ -989,11 +990,27 @@ class JobHost:
         """The quiet rule (agent/hangrule.py) on this host's ranks: each rank's process tree read in
         ``/proc`` at every turn of the loop while the job is in its steps (a few small reads per
         rank). Not for a pool job's replicas or ranks in a container (their pids are another
-        namespace's)."""
+        namespace's). What it saw, verdict or not, is kept for ``say_asleep`` (``self.quiet``)."""
+        self.quiet = None
         typical = hangrule.typical(self.progress.intervals)
         if (self.pooled or self.boxes or typical is None or self.hang_watch.hang_timeout is not None
                 or self.hang_watch.section() != hangrule.STEP):
             return None
+        readings = self.rank_readings()
+        if readings is None:
+            return None
+        since = self.idle.sample(now, readings)
+        # no step for: by the newest step record's own time (this host's clock), which this
+        # loop's turns see up to a turn late
+        newest = max((t for _, t in self.progress.last_at.values()), default=None)
+        age = None if newest is None else max(0.0, time.time() - newest)
+        got = self.hang_watch.quiet_since(now, since, typical, age)
+        self.quiet = None if got is None else got + (typical,)
+        return self.hang_watch.quiet(now, since, typical, age)
+
+    def rank_readings(self) -> Optional[Dict[int, Optional[Tuple[bool, int]]]]:
+        """Each of this attempt's ranks here: its process tree's reading (``tree_reading``); None
+        until every expected rank has said its pid."""
         expected = set(self.state.get("expected_ranks") or [])
         if set(self.rank_pids) != expected:
             self.rank_pids = {r: int(rec["pid"]) for r, rec in self.rank_records().items()
@@ -1003,7 +1020,46 @@ class JobHost:
             return None
         if any(v is None for v in readings.values()):
             self.rank_pids = {}  # a rank gone (or restarted): its pid read again next turn
-        return self.hang_watch.quiet(now, self.idle.sample(now, readings), typical)
+        return readings
+
+    def say_asleep(self, now: float) -> None:
+        """For a job of several hosts: say in ``state.json``'s ``idle`` that every rank here has
+        waited asleep with no step for ``QUIET_SAY_SHARE`` of the quiet timeout (the quiet look
+        of this turn), with the ranks' stacks, taken then: the controller judges the job hung once
+        every host's ranks have waited so for the whole timeout (the daemon's answers count the
+        time since this was said), and a host out of reach at once while the others wait so (the
+        job waits for it). Said once while it lasts; cleared at the first turn that sees a rank
+        awake or a step. The stacks are those of the hang if it becomes one: nothing ran since."""
+        q = self.quiet
+        if q is None or min(q[0], q[1]) < hangrule.QUIET_SAY_SHARE * q[2]:
+            if self.state.get("idle") is not None:
+                self.save(idle=None)
+            return
+        if self.state.get("idle") is not None:
+            return
+        from agent import stacks
+
+        ending = stacks.ranks_ending(self.job_dir)
+        if ending and all(ending.values()):  # past their last step, on their way out: not waiting
+            return
+        stalled, asleep, timeout, typical = q
+        at = time.time() - (time.monotonic() - now)
+        why = ("every rank here asleep with no step after step %s for %.1f s (the quiet rule judges the job "
+               "hung at %.1f s where every host's ranks wait so)" % (self.hang_watch.last_step, stalled, timeout))
+        try:
+            got = stacks.collect(self.job_dir, self.job_id, why=why, timeout=2.0)
+        except OSError as e:
+            self.log("stacks not taken: %s" % e)
+            got = {"stacks": []}
+        readings = self.rank_readings()
+        if readings:
+            self.idle.rebase(time.monotonic(), readings)  # the dumps' CPU is not the ranks'
+        self.save(idle={"section": hangrule.STEP, "stalled_s": round(stalled, 3), "asleep_s": round(asleep, 3),
+                        "timeout_s": timeout, "basis": "quiet", "last_step": self.hang_watch.last_step,
+                        "learned_from": typical, "at": at,
+                        "stacks": [{k: s.get(k) for k in ("rank", "pid", "top", "in_collective")}
+                                   for s in got.get("stacks") or []]})
+
 
     # -- healing in place: a job of one host, with nobody watching ------------------------------
 
@@ -1254,6 +1310,7 @@ class JobHost:
         self.hang_watch = self._new_watch()
         self.idle = hangrule.Idle(self.idle.share, self.idle.hz)
         self.rank_pids = {}
+        self.quiet = None
 
     def _resumed(self) -> None:
         """The first step of an attempt this host started: when its ranks reported it, for the

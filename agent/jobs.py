@@ -708,8 +708,11 @@ class Jobs:
         idle = st.get("idle")
         if isinstance(idle, dict) and isinstance(idle.get("at"), (int, float)) and isinstance(
                 idle.get("stalled_s"), (int, float)):  # its ranks asleep, no step: for how long now
-            st = {**st, "idle": dict(idle, stalled_s=round(float(idle["stalled_s"]) + max(
-                0.0, time.time() - float(idle["at"])), 3))}
+            since = max(0.0, time.time() - float(idle["at"]))
+            idle = dict(idle, stalled_s=round(float(idle["stalled_s"]) + since, 3))
+            if isinstance(idle.get("asleep_s"), (int, float)):
+                idle["asleep_s"] = round(float(idle["asleep_s"]) + since, 3)
+            st = {**st, "idle": idle}
         return {**st, "ranks": ranks, "log_ranks": self.log_ranks(job_id), "last_metrics": last,
                 "tagged_processes": tagged, "claims_held": claims_held, "progress": progress,
                 "links": read_links(d)}

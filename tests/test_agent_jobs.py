@@ -709,6 +709,71 @@ def test_a_job_of_one_host_heals_in_place_with_nobody_watching(
     assert newest == {(r, s): 0 if s < 3 else 1 for r in (0, 1) for s in range(1, 7)}
 
 
+WAITING_RANK = """
+import os, sys, time
+import runtime
+go = os.path.join(os.environ["RIGDECK_JOB_DIR"], "go")
+for step in range(1, 40):
+    if step == 8:
+        while not os.path.exists(go):  # waits asleep, as in a collective whose peer is lost
+            time.sleep(0.2)
+    runtime.report(step=step, loss=1.0 / step)
+    time.sleep(0.05)
+"""
+
+
+def test_a_host_of_a_job_of_several_says_when_its_ranks_wait_asleep_with_their_stacks(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """This host runs part of the job: when every rank here has waited asleep with no step for
+    part of the quiet timeout, it says so in ``idle`` (for the controller's hang and lost-host
+    rules), with the ranks' stacks taken then, and judges no hang itself; each answer counts the
+    time since; a step clears it."""
+    from agent import hangrule
+
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("RIGDECK_CLAIM_DIR", str(tmp_path / "claims"))
+    jobs = Jobs(str(tmp_path / "state"), [sys.executable, "-m", "agent"])
+    plan = {"job_id": "part-1", "name": "p", "launcher": "direct",
+            "command": [sys.executable, "-c", WAITING_RANK], "workdir": str(tmp_path), "env": {},
+            "restart_count": 0, "max_runtime_s": 120, "grace_s": 5,
+            "nodes": [{"host": "local", "address": "127.0.0.1", "slots": 2, "gpus": []},
+                      {"host": "other", "address": "10.9.9.9", "slots": 1, "gpus": []}], "node_index": 0,
+            "master_addr": "127.0.0.1", "master_port": 29400,
+            "health": {"hang_timeout": None, "startup_timeout": None, "on_hang": "restart"}}
+    jobs.start(plan)
+    d = Path(jobs.job_dir("part-1"))
+    try:
+        deadline = time.monotonic() + 60
+        while not isinstance(jobs.status("part-1").get("idle"), dict):
+            assert time.monotonic() < deadline, (d / "jobhost.log").read_text()
+            time.sleep(0.1)
+        said = json.loads((d / "state.json").read_text())["idle"]
+        share = hangrule.QUIET_SAY_SHARE * said["timeout_s"]
+        assert said["timeout_s"] == hangrule.QUIET_FLOOR_S and said["last_step"] == 7 and said["basis"] == "quiet"
+        assert share <= said["asleep_s"] <= said["stalled_s"] < said["timeout_s"], said
+        assert {s["rank"] for s in said["stacks"]} == {0, 1}
+        assert all(not s["in_collective"] and "<module>" in s["top"] for s in said["stacks"]), said["stacks"]
+        time.sleep(1.0)
+        later = jobs.status("part-1")["idle"]  # the agent counts on from when it was said
+        assert later["asleep_s"] >= said["asleep_s"] + 0.9 and later["stalled_s"] >= said["stalled_s"] + 0.9
+        time.sleep(hangrule.QUIET_FLOOR_S)
+        st = jobs.status("part-1")
+        assert st["state"] == "running" and st.get("hang") is None  # the others are not seen: not its to judge
+        assert isinstance(st.get("idle"), dict) and st["idle"]["stacks"] == said["stacks"]  # said once
+        (d / "go").write_text("")
+        deadline = time.monotonic() + 30
+        while jobs.status("part-1").get("idle") is not None:
+            assert time.monotonic() < deadline, "idle not cleared after the steps went on"
+            time.sleep(0.1)
+        assert "rigdeck: Python stacks of rank 1" in (d / "logs" / "rank-1.log").read_text()
+    finally:
+        jobs.stop("part-1", grace_s=1.0)
+        deadline = time.monotonic() + 30
+        while jobs.status("part-1")["state"] not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(0.2)
+        jobs.reap()
+
+
 def test_a_job_its_host_heals_is_told_its_bad_gpus_and_the_hosts_spares_when_they_change(tmp_path: Path) -> None:
     """gpu-health.json (agent/jobs.py ``tell_gpu_health``): the job's GPUs that are not ok, and
     the host's spare GPUs its job host may move ranks to; written first, then only on a change."""

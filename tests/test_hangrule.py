@@ -169,6 +169,19 @@ def test_ranks_are_asleep_from_the_last_look_that_found_one_running_or_busy() ->
     assert idle.sample(12.0, {}) is None
 
 
+def test_a_rebase_keeps_each_ranks_sleep_and_leaves_out_the_cpu_an_observer_made_it_use() -> None:
+    """The job host dumps the ranks' stacks (a signal each) when it says they wait asleep: that
+    CPU is the observer's. After a rebase the next look judges only what came after it."""
+    idle = hangrule.Idle(share=0.05, hz=100.0)
+    idle.sample(0.0, {0: (False, 100)})
+    assert idle.sample(1.0, {0: (False, 100)}) == 0.0
+    idle.rebase(1.1, {0: (False, 130)})  # 30 ticks of dumping: awake, had it been judged
+    assert idle.sample(1.6, {0: (False, 130)}) == 0.0  # asleep since 0.0 still
+    assert idle.sample(2.1, {0: (False, 140)}) is None  # its own 10 ticks in 0.5 s afterwards: awake
+    idle.rebase(2.2, {0: None, 7: (False, 1)})  # a rank gone or never seen: nothing to rebase
+    assert 7 not in idle.refs
+
+
 def test_the_typical_step_is_the_median_once_three_are_seen() -> None:
     assert hangrule.typical([0.3, 0.4]) is None
     assert hangrule.typical([0.3, 9.0, 0.4]) == 0.4 and hangrule.typical([0.2, 0.3, 0.5, 9.0]) == 0.4
@@ -196,6 +209,25 @@ def test_a_quiet_hang_is_found_at_ten_typical_steps_with_every_rank_asleep_as_lo
     e = Watch(since=0.0, hang_timeout=600.0)
     te = steps(e, 5.0, 1, 10, 0.3)
     assert e.quiet(te + 60.0, te, typical) is None
+
+
+def test_the_quiet_rule_says_how_long_every_rank_waited_before_it_is_a_hang() -> None:
+    """``quiet_since``: what a host of a job of several says before the verdict (no step for,
+    every rank asleep for, the quiet timeout), for the controller's lost-host and hang rules."""
+    w = Watch(since=0.0)
+    t = steps(w, 5.0, 1, 10, 0.3)
+    assert w.quiet_since(t + 1.6, t + 0.4, 0.3) == pytest.approx((1.6, 1.2, 3.0))
+    assert w.quiet_since(t + 1.6, None, 0.3) is None and w.quiet_since(t + 1.6, t, None) is None
+    # the newest step's record older than this watch's look at it (a turn late): the record's age
+    assert w.quiet_since(t + 1.6, t + 0.4, 0.3, step_age=2.0) == pytest.approx((2.0, 1.2, 3.0))
+    assert w.quiet_since(t + 1.6, t + 0.4, 0.3, step_age=0.5) == pytest.approx((1.6, 1.2, 3.0))
+    hung = w.quiet(t + 2.8, t, 0.3, step_age=3.1)  # no step for 3.1 s, asleep 2.8 s: not yet
+    assert hung is None and w.quiet(t + 3.0, t, 0.3, step_age=3.3) is not None
+    w.observe(t + 0.1, [10], inside=[CHECKPOINT])
+    assert w.quiet_since(t + 5.0, t, 0.3) is None  # in a save
+    e = Watch(since=0.0, hang_timeout=600.0)
+    te = steps(e, 5.0, 1, 10, 0.3)
+    assert e.quiet_since(te + 5.0, te, 0.3) is None  # an explicit hang_timeout
 
 
 def test_a_rank_and_its_children_are_read_in_proc_asleep_or_busy(tmp_path) -> None:  # type: ignore[no-untyped-def]

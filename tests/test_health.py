@@ -536,9 +536,10 @@ def test_a_quiet_hang_is_the_controllers_once_every_host_says_its_ranks_are_asle
     rec = {"job_id": "jq", "restarts": 0, "placement": [{"host": "h1", "gpus": []}, {"host": "h2", "gpus": []}],
            "spec": {}}
 
-    def idle(stalled: float) -> dict[str, Any]:
+    def idle(stalled: float, asleep: float | None = None, stacks: list[Any] | None = None) -> dict[str, Any]:
         return {"section": "step", "stalled_s": stalled, "timeout_s": 3.0, "basis": "quiet", "last_step": 11,
-                "learned_from": 0.3, "at": 1000.0}
+                "learned_from": 0.3, "at": 1000.0, **({} if asleep is None else {"asleep_s": asleep}),
+                **({} if stacks is None else {"stacks": stacks})}
 
     prog = {"0": {"step": 11, "attempt": 0}}
     one = {"h1": {"state": "running", "restart_count": 0, "progress": prog, "idle": idle(4.1)},
@@ -552,6 +553,15 @@ def test_a_quiet_hang_is_the_controllers_once_every_host_says_its_ranks_are_asle
                          "judged by the controller: every host's ranks asleep (h1, h2)") and f.restart
     old = {"h1": both["h1"], "h2": dict(both["h2"], restart_count=1)}
     assert Healer(h).look(rec, old, now=11) is None  # hosts in different attempts: not this attempt's word
+    # a host says so at part of the quiet timeout (for the lost-host rule): no step for long
+    # enough is not enough while its ranks have not been asleep as long
+    early = {"h1": dict(one["h1"], idle=idle(4.1, 4.0)), "h2": dict(one["h2"], idle=idle(3.4, 2.9))}
+    assert Healer(h).look(rec, early, now=12) is None
+    stack = [{"rank": 1, "pid": 42, "top": "stuck (train.py:9)", "in_collective": False}]
+    later = {"h1": dict(one["h1"], idle=idle(4.6, 4.5, stack)), "h2": dict(one["h2"], idle=idle(3.9, 3.4, []))}
+    f = Healer(h).look(rec, later, now=12.5)
+    assert f is not None and (f.kind, f.detect_s) == ("hang", 3.4)
+    assert f.stacks == {"h1": stack}  # taken by h1's job host when it said so; h2's none: the controller asks
     h.close()
 
 

@@ -363,37 +363,43 @@ def test_a_look_during_a_start_records_nothing_until_every_host_runs_it(tmp_path
 def test_a_look_waits_for_a_silent_host_only_until_every_other_host_says_its_ranks_wait_asleep() -> None:
     """A cut link keeps its request waiting to its timeout; a look does not wait that long where
     the job waits for that host: the hosts that answered are asked again while it is silent, and
-    once each says its ranks are asleep (``idle``), the silent one has STALLED_WAIT_S more."""
+    once each says its ranks are asleep (``idle``) and the silent one has kept the look waiting
+    SILENT_S, it is out of reach for this look; not before either holds."""
     import threading
     import time
 
     from tui.control import jobs as jobs_mod
     from tui.remote.transport import TransportError
 
-    cut = threading.Event()
-    t0 = time.monotonic()
-    asked: dict[str, int] = {"h1": 0, "h2": 0}
+    def look(idle_after: float) -> tuple[dict[str, Any], float, dict[str, int]]:
+        cut = threading.Event()
+        t0 = time.monotonic()
+        asked: dict[str, int] = {"h1": 0, "h2": 0}
 
-    def ask(h: str) -> Any:
-        asked[h] += 1
-        if h == "h2":
-            cut.wait(30)  # the cut link: no answer until the test ends
-            return TransportError(h, "timed out")
-        return {"state": "running", **({"idle": {"stalled_s": 3.1}} if time.monotonic() - t0 > 1.0 else {})}
+        def ask(h: str) -> Any:
+            asked[h] += 1
+            if h == "h2":
+                cut.wait(30)  # the cut link: no answer until the test ends
+                return TransportError(h, "timed out")
+            asleep = time.monotonic() - t0 > idle_after
+            return {"state": "running", **({"idle": {"stalled_s": 1.6, "asleep_s": 1.6}} if asleep else {})}
 
-    try:
-        got = jobs_mod._states_until_stalled(ask, ["h1", "h2"])
-        took = time.monotonic() - t0
-    finally:
-        cut.set()
-    assert isinstance(got["h2"], TransportError) and "every other host said its ranks wait asleep" in str(got["h2"])
-    assert got["h1"]["idle"] and asked["h1"] >= 2 and asked["h2"] == 1
-    assert 1.0 + jobs_mod.STALLED_WAIT_S <= took < 1.0 + jobs_mod.STALLED_WAIT_S + 2.0, took
+        try:
+            return jobs_mod._states_until_stalled(ask, ["h1", "h2"]), time.monotonic() - t0, asked
+        finally:
+            cut.set()
+
+    for idle_after in (1.0, jobs_mod.SILENT_S + 0.6):  # asleep before the silence is long enough; after
+        got, took, asked = look(idle_after)
+        assert isinstance(got["h2"], TransportError) and "every other host said its ranks wait asleep" in str(got["h2"])
+        assert got["h1"]["idle"] and asked["h1"] >= 2 and asked["h2"] == 1
+        least = max(idle_after, jobs_mod.SILENT_S)
+        assert least <= took < least + jobs_mod.REASK_S + 1.0, (idle_after, took)
 
     # a slow host while the others still step: the look waits for its answer
     def slow(h: str) -> Any:
         if h == "h2":
-            time.sleep(1.5)
+            time.sleep(jobs_mod.SILENT_S + 0.5)
         return {"state": "running", "host": h}
 
     got = jobs_mod._states_until_stalled(slow, ["h1", "h2"])

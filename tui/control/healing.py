@@ -250,25 +250,34 @@ class Healer:
                      section=first.get("section"), timeout_s=_num(first.get("timeout_s")), stacks=stacks)
 
     def _idle_hang(self, states: Mapping[str, Any], attempt: int, spec: HealthSpec) -> Fault | None:
-        """A quiet hang (agent/hangrule.py): every host of the job says its ranks are asleep and
-        made no step for its quiet timeout (``idle`` in its state). Judged here, since no host
-        sees the others' ranks; the one that has waited least says for how long."""
+        """A quiet hang (agent/hangrule.py): every host of the job says its ranks have waited
+        asleep with no step (``idle`` in its state, said at part of the quiet timeout, its times
+        counted on by the host's agent at each answer), each for its whole quiet timeout. Judged
+        here, since no host sees the others' ranks; the one that has waited least says for how
+        long. The stacks each host took when it said so go with it (nothing ran since)."""
         live = [(h, st) for h, st in states.items() if isinstance(st, dict)]
         if not live or any(int(st.get("restart_count") or 0) != attempt for _, st in live):
             return None
         idle: dict[str, Mapping[str, Any]] = {h: st["idle"] for h, st in live if isinstance(st.get("idle"), dict)}
         if len(idle) != len(live):
             return None
-        least = min(idle.values(), key=lambda v: _num(v.get("stalled_s")) or 0.0)
-        stalled, timeout = _num(least.get("stalled_s")) or 0.0, _num(least.get("timeout_s"))
+
+        def waited(v: Mapping[str, Any]) -> float:  # no step, every rank asleep: the shorter
+            stalled = _num(v.get("stalled_s")) or 0.0
+            asleep = _num(v.get("asleep_s"))
+            return stalled if asleep is None else min(stalled, asleep)
+
+        least = min(idle.values(), key=waited)
+        stalled, timeout = waited(least), _num(least.get("timeout_s"))
         if timeout is None or stalled < timeout:
             return None
         verdict = hangrule.Verdict(hangrule.STEP, stalled, timeout, _num(least.get("last_step")), "quiet",
                                    _num(least.get("learned_from")))
+        stacks = {h: list(v["stacks"]) for h, v in idle.items() if isinstance(v.get("stacks"), list) and v["stacks"]}
         return Fault("hang", f"{verdict.message()}, judged by the controller: every host's ranks asleep "
                      f"({', '.join(sorted(idle))})", last_step=_num(least.get("last_step")),
-                     detect_s=_num(least.get("stalled_s")), restart=spec.on_hang != "fail",
-                     section=least.get("section"), timeout_s=_num(least.get("timeout_s")))
+                     detect_s=stalled, restart=spec.on_hang != "fail",
+                     section=least.get("section"), timeout_s=timeout, stacks=stacks)
 
     # -- recording ------------------------------------------------------------------------------
 

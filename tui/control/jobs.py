@@ -167,7 +167,7 @@ def not_yet_told(rec: Mapping[str, Any], host_states: dict[str, Any]) -> dict[st
             for h, s in host_states.items()}
 
 
-STALLED_WAIT_S = 1.0  # once every host that answered says its ranks wait asleep (idle), the rest get this long
+SILENT_S = 2.0  # a host silent this long in a look while every other host says its ranks wait asleep: out of reach
 REASK_S = 0.5  # while one host keeps a look waiting, those that answered are asked again this often
 
 
@@ -176,31 +176,28 @@ def _states_until_stalled(ask: Callable[[str], Any], hosts: Sequence[str]) -> di
     TransportError, as a look waits for them (a host on a cut link, to its own 20 s timeout).
     Except where the job waits for the silent ones: while a host keeps the look waiting, those
     that answered are asked again every ``REASK_S`` (a peer lost mid-collective leaves their ranks
-    asleep within seconds), and once every one of them says its ranks are asleep with no step
-    (``idle``), the silent hosts get ``STALLED_WAIT_S`` more, then count as out of reach for this
-    look (their requests go on, and end, on their own threads)."""
+    asleep within seconds), and once each of them says its ranks wait asleep with no step
+    (``idle``: agent/jobhost.py says it at part of the quiet timeout) while the silent hosts have
+    kept this look waiting ``SILENT_S``, those count as out of reach for this look (their requests
+    go on, and end, on their own threads)."""
     pool = ThreadPoolExecutor(max_workers=2 * len(hosts), thread_name_prefix="job-status")
+    asked = time.monotonic()
     asking = {pool.submit(ask, h): h for h in hosts}
     got: dict[str, Any] = {}
     silent = set(hosts)  # not answered yet in this look
-    deadline: float | None = None
     try:
         while silent:
-            left = REASK_S if deadline is None else min(REASK_S, deadline - time.monotonic())
-            if left <= 0:
-                break
+            left = REASK_S
+            if got and all(isinstance(v, dict) and isinstance(v.get("idle"), dict) for v in got.values()):
+                left = min(left, asked + SILENT_S - time.monotonic())
+                if left <= 0:
+                    break
             done, _ = wait(set(asking), timeout=left, return_when=FIRST_COMPLETED)
             for f in done:
                 h = asking.pop(f)
                 got[h] = f.result()
                 silent.discard(h)
-            if not silent or not got:
-                continue
-            if all(isinstance(v, dict) and isinstance(v.get("idle"), dict) for v in got.values()):
-                deadline = deadline or time.monotonic() + STALLED_WAIT_S
-                continue
-            deadline = None
-            if not done:  # a host keeps the look waiting: those that answered, again
+            if silent and got and not done:  # a host keeps the look waiting: those that answered, again
                 busy = set(asking.values())
                 for h in got:
                     if h not in busy:
@@ -208,8 +205,8 @@ def _states_until_stalled(ask: Callable[[str], Any], hosts: Sequence[str]) -> di
     finally:
         pool.shutdown(wait=False)
     for h in silent:
-        got[h] = TransportError(h, f"no answer in {STALLED_WAIT_S:g} s after every other host said its ranks "
-                                   "wait asleep")
+        got[h] = TransportError(h, f"no answer in {time.monotonic() - asked:.1f} s while every other host said "
+                                   "its ranks wait asleep")
     return {h: got[h] for h in hosts}
 
 
@@ -1464,6 +1461,7 @@ class JobManager:
         deadline = None if timeout is None else time.monotonic() + timeout
         last = None
         while True:
+            began = time.monotonic()
             self.history.try_lease(job_id, self.owner, LEASE_S)  # we are the supervisor while we wait
             rec = self.record(job_id)
             self.supervise_once(rec)
@@ -1475,7 +1473,7 @@ class JobManager:
                 return self.view(job_id)
             if deadline is not None and time.monotonic() > deadline:
                 return self.view(job_id)
-            time.sleep(POLL_S)
+            time.sleep(max(0.05, POLL_S - (time.monotonic() - began)))  # a look every POLL_S
 
     # -- reading ----------------------------------------------------------------------------
 
