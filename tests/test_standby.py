@@ -166,6 +166,33 @@ def test_a_standby_adopted_before_its_imports_are_done_runs_the_rank_once_they_a
     assert "rank 2 cwd" in (d / "job" / "logs" / "rank-2.log").read_text()
 
 
+NICE_RUN = """\
+import os, sys, threading, time
+import nicemod
+here = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+print("imported at nice", nicemod.AT, "rank runs at nice", here, flush=True)
+"""
+
+
+def test_a_standbys_imports_take_only_the_cpu_the_job_leaves_and_its_rank_runs_at_its_own_priority(job):
+    """The imports run in a thread at nice 19 (a job using every core runs on as fast while its
+    standbys warm up); the thread that then runs the rank keeps the priority it was started with."""
+    d, procs = job
+    (d / "lib").mkdir()
+    (d / "lib" / "nicemod.py").write_text(
+        "import os, threading\nAT = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())\n")
+    (d / "code" / "nice.py").write_text(NICE_RUN)
+    command = [sys.executable, str(d / "code" / "nice.py")]
+    env = _env("sbjob9", PYTHONPATH=f"{ROOT}{os.pathsep}{d / 'lib'}")
+    _start(d, procs, env, command=command, imports=["nicemod"])
+    _until(lambda: json.loads((d / "job" / "standby" / "slot-0.json").read_text()).get("ready"), 20)
+    got = standby.adopt(str(d / "job"), 0, 3, dict(env, RANK="3"), command, str(d / "code"), [])
+    assert got is not None and got["ok"]
+    assert standby.Adopted(got["wrapper"], str(d / "job" / "ranks" / "rank-3.exit.json")).wait(20) == 0
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    assert f"imported at nice 19 rank runs at nice {mine}" in (d / "job" / "logs" / "rank-3.log").read_text()
+
+
 def test_an_adopted_standby_is_the_jobs_for_a_stop_and_dies_with_its_job_host(job):
     d, procs = job
     env = _env("sbjob2", SLEEP="60")
