@@ -174,6 +174,7 @@ class Watch:
         self.startup_timeout = startup_timeout
         self.last_step = None  # type: Optional[float]
         self.last_change = None  # type: Optional[float]  # a step moved or a section ended
+        self.step_change = None  # type: Optional[float]  # a step moved
         self.step_longest = 0.0
         self.step_intervals = 0
         self.open = {}  # type: Dict[str, float]  # section -> when it was first seen open
@@ -198,6 +199,7 @@ class Watch:
                 self.step_longest = max(self.step_longest, now - self.last_change)
                 self.step_intervals += 1
             self.last_step, self.last_change = newest, now
+            self.step_change = now
 
     def _learn(self, name: str, seconds: float) -> None:
         self.longest[name] = max(self.longest.get(name, 0.0), seconds)
@@ -247,12 +249,15 @@ class Watch:
         """In the steps with every rank asleep since ``asleep_since`` (this watch's clock): (no
         step for, every rank asleep for, the quiet timeout); None otherwise, and always where the
         spec sets an explicit ``hang_timeout``. ``step_age``: how long ago the newest step was
-        made, by its record's own time, where the observer has it (its looks see a step later)."""
+        made, by its record's own time, where the observer has it (its looks see a step later);
+        not where a section ended after that step (the steps' wait begins at its end)."""
         if self.hang_timeout is not None or asleep_since is None or typical_step is None:
             return None
         if self.section() != STEP or self.last_change is None:
             return None
-        stalled = now - self.last_change if step_age is None else max(now - self.last_change, step_age)
+        stalled = now - self.last_change
+        if step_age is not None and self.last_change == self.step_change:
+            stalled = max(stalled, step_age)
         return stalled, now - asleep_since, quiet_timeout(typical_step)
 
     def quiet(self, now: float, asleep_since: Optional[float], typical_step: Optional[float],

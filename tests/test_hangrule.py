@@ -225,6 +225,11 @@ def test_the_quiet_rule_says_how_long_every_rank_waited_before_it_is_a_hang() ->
     assert hung is None and w.quiet(t + 3.0, t, 0.3, step_age=3.3) is not None
     w.observe(t + 0.1, [10], inside=[CHECKPOINT])
     assert w.quiet_since(t + 5.0, t, 0.3) is None  # in a save
+    # the save ended at t + 30 (no step record since t): the wait for the next step begins then
+    w.observe(t + 30.0, [10], inside=[])
+    assert w.quiet_since(t + 31.0, t, 0.3, step_age=31.0) == pytest.approx((1.0, 31.0, 3.0))
+    assert w.quiet(t + 32.5, t, 0.3, step_age=32.5) is None  # 2.5 s since the save's end
+    assert w.quiet(t + 33.2, t, 0.3, step_age=33.2) is not None
     e = Watch(since=0.0, hang_timeout=600.0)
     te = steps(e, 5.0, 1, 10, 0.3)
     assert e.quiet_since(te + 5.0, te, 0.3) is None  # an explicit hang_timeout
