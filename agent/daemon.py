@@ -35,6 +35,9 @@ MAX_INTERVAL = 60.0
 EXEC_OUTPUT_MAX = 1 << 20  # bytes of a command's stdout (and of its stderr) kept; the rest counted
 EXEC_TIMEOUT_MAX_S = 86400.0
 QUIET_WATCH_S = 10.0  # how often the job watcher looks while no job is live here
+# A job's GPU health (job_status, and gpu-health.json for a job its host heals) comes from a
+# sample at most this old: a GPU's fault is seen within it (a sample costs about 1 ms of CPU)
+JOB_HEALTH_MAX_AGE_S = 0.5
 
 
 def _encode(msg: Dict[str, Any]) -> bytes:
@@ -595,7 +598,7 @@ class Daemon:
             # a failure is judged on a fresh sample: the fault that killed the rank just came (a
             # supervisor asks for one too when a rank elsewhere failed first, as its peer died)
             fresh = status.get("state") == "failed" or params.get("fresh_health") is True
-            status["gpu_health"] = await self._gpu_health(max_age=0.0 if fresh else 2.0)
+            status["gpu_health"] = await self._gpu_health(max_age=0.0 if fresh else JOB_HEALTH_MAX_AGE_S)
             # A rank of a container that could not reach its GPUs, which this host sees healthy:
             # the container's fault (agent/gpuhealth.py), not a GPU to drain.
             lost = gpuhealth.container_fault(status.get("cause"), status["gpu_health"], self._health_read,
@@ -704,12 +707,12 @@ class Daemon:
 
     async def _tell_gpu_health(self, loop: asyncio.AbstractEventLoop) -> None:
         """While a job its host heals in place runs here, its GPUs' health, judged here each
-        second (a sample at most 2 s old), goes into its directory for its job host to read: with
+        second (a sample at most ``JOB_HEALTH_MAX_AGE_S`` old), goes into its directory for its job host to read: with
         nobody watching, nobody else would ask for a sample."""
         jobs = await loop.run_in_executor(self._jobs_pool, self.jobs.healing_here)
         if not jobs:
             return
-        bad = await self._gpu_health(max_age=2.0)
+        bad = await self._gpu_health(max_age=JOB_HEALTH_MAX_AGE_S)
         await loop.run_in_executor(self._jobs_pool, self.jobs.tell_gpu_health, jobs, bad, list(self._spare))
 
     async def _job_watch_pause(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -50,8 +50,8 @@ POLL_S = 0.5  # at the latest: a rank's exit wakes the loop at once (SIGCHLD), a
 DISK_FULL_MB = 1.0  # a failure with less than this free under the job dir is put down to it
 TERMINAL = ("succeeded", "failed", "stopped")
 GPU_HEALTH_FILE = "gpu-health.json"  # the job's GPUs that are not ok, as the daemon judged them
-# The daemon writes gpu-health.json from a sample at most 2 s old, in a loop that turns each second
-GPU_HEALTH_LAG_S = 3.0
+# The daemon writes gpu-health.json from a sample at most 0.5 s old, in a loop that turns each second
+GPU_HEALTH_LAG_S = 2.0
 STANDBY_AFTER_S = 5.0  # an attempt's standbys start this long after its first step (its start has the CPUs first)
 STOP_FILE = "stop.json"  # the agent's stop, on disk: a job host healing in place reads it before it starts again
 

@@ -578,3 +578,35 @@ def test_the_internal_commands_take_their_one_shape_and_anything_else_goes_to_ar
     out = subprocess.run([sys.executable, "-m", "agent", "rank", "--job-dir", str(tmp_path), "--"],
                          capture_output=True, text=True, cwd=root)
     assert out.returncode == 2 and "no command" in out.stderr, out
+
+
+def test_a_jobs_gpu_health_comes_from_a_sample_at_most_half_a_second_old(state_dir: Path, tmp_path: Path) -> None:
+    """The supervisor's look at a job (``job_status``) sees a GPU that failed since the last look
+    once the sample it would reuse is older than JOB_HEALTH_MAX_AGE_S (0.5 s; it was 2 s, most
+    of the time it took to find an XID on the bed)."""
+    from agent.daemon import JOB_HEALTH_MAX_AGE_S
+
+    p = attach(state_dir)
+    read_msg(p)
+    assert p.stdin is not None
+    p.stdin.write(protocol.encode(protocol.hello()))
+    plan = {"job_id": "hj", "name": "h", "launcher": "direct", "command": [sys.executable, "-c",
+                                                                          "import time; time.sleep(60)"],
+            "workdir": str(tmp_path), "env": {}, "restart_count": 0, "max_runtime_s": 120, "grace_s": 1,
+            "nodes": [{"host": "local", "address": "127.0.0.1", "slots": 1, "gpus": [0]}], "node_index": 0,
+            "master_addr": "127.0.0.1", "master_port": 29400}
+    try:
+        assert _ask(p, 1, "job_start", plan=plan).get("result") is not None
+        first = _ask(p, 2, "job_status", job_id="hj")["result"]
+        assert first["gpu_health"] == []  # a sample taken now, kept for the looks that follow
+        faults = state_dir / "sim-gpu-faults.json"
+        faults.write_text(json.dumps({"0": {"xid": 79}}))
+        assert JOB_HEALTH_MAX_AGE_S <= 0.5
+        time.sleep(0.7)
+        got = _ask(p, 3, "job_status", job_id="hj")["result"]["gpu_health"]
+        assert [(g["index"], g["health"], g["simulated"]) for g in got] == [(0, "unhealthy", True)], got
+        assert "XID 79" in got[0]["reason"]
+    finally:
+        _ask(p, 4, "job_stop", job_id="hj", grace_s=0.5)
+        p.stdin.close()
+        p.wait(10)
