@@ -418,6 +418,9 @@ def run_side(side: Side, first: float, gap: float, give_up: float) -> dict[str, 
             "detect_s": None if gone is None else round(gone - f["t"], 1),
             "first_step_s": None if nxt is None else round(nxt["time"] - f["t"], 1),
             "steps_lost": None if nxt is None or last_step is None else max(0, last_step - (nxt["step"] - 1)),
+            # the attempt it hit went on stepping this long after the fault (a hang begins at the
+            # hung rank's next step; negative: its last step came before the fault)
+            "last_step_after_s": round(max(r["time"] for r in hit) - f["t"], 2) if hit else None,
             "operator_s": round(f["operator"], 1) if f.get("operator") else None,
         })
     g = goodput([r for r in recs if r["time"] <= end], t0, end)
