@@ -135,25 +135,56 @@ def rank_pids(bed: TestBed, i: int, tag: str) -> list[int]:
     return pids
 
 
+def rank_processes(tag: str, proc: str = "/proc") -> set[int]:
+    """This run's rank processes on every host of the bed, by their pids on this machine: one
+    read of its ``/proc`` (the bed's hosts are PID namespaces under it), a few milliseconds, no
+    process started. As ``rank_pids``: the training script's command line with the run's tag,
+    not torchrun's agent, not a rigdeck standby still waiting (its ``waiting-<pid>`` mark names
+    its pid in its host's namespace: the last of ``NSpid``; the mark's directory is read through
+    the process's own root, as its host's mounts show it)."""
+    out = set()
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        base = f"{proc}/{name}"
+        try:
+            with open(f"{base}/cmdline", "rb") as f:
+                argv = f.read().decode("utf-8", "replace").split("\0")
+        except OSError:
+            continue
+        cmd = " ".join(argv)
+        script = any(a.endswith("goodput_train.py") for a in argv[:3])
+        if tag not in cmd or "torch.distributed.run" in cmd or not script:
+            continue
+        try:
+            with open(f"{base}/environ", "rb") as f:
+                env = f.read().decode("utf-8", "replace").split("\0")
+            with open(f"{base}/status") as f:
+                nspid = next((line.split()[-1] for line in f if line.startswith("NSpid:")), name)
+        except OSError:
+            continue
+        standby = next((e.split("=", 1)[1] for e in env if e.startswith("RIGDECK_STANDBY=")), "")
+        if standby and os.path.exists(f"{base}/root{standby}/waiting-{nspid}"):
+            continue
+        out.add(int(name))
+    return out
+
+
 class Poller(threading.Thread):
     """Every ``interval`` seconds, the pids of this run's ranks (their command lines hold ``tag``;
     torchrun's own agent process and rigdeck's waiting standbys are left out) on every host of the
-    bed, the hosts asked at once."""
+    bed: one read of this machine's ``/proc`` (``rank_processes``), which asks no host and
+    starts no process, so the looks keep their pace and take no CPU from the job."""
 
     def __init__(self, bed: TestBed, tag: str, interval: float = 0.25):
         super().__init__(daemon=True)
         self.bed, self.tag, self.interval = bed, tag, interval
-        self.samples: list[tuple[float, set[tuple[int, int]]]] = []
+        self.samples: list[tuple[float, set[int]]] = []
         self.halt = threading.Event()
         self.lock = threading.Lock()
 
-    def pids(self) -> set[tuple[int, int]]:
-        from concurrent.futures import ThreadPoolExecutor
-
-        hosts = range(1, len(self.bed.hosts) + 1)
-        with ThreadPoolExecutor(len(hosts)) as pool:
-            got = list(pool.map(lambda i: {(i, pid) for pid in rank_pids(self.bed, i, self.tag)}, hosts))
-        return set().union(*got)
+    def pids(self) -> set[int]:
+        return rank_processes(self.tag)
 
     def run(self) -> None:
         while not self.halt.is_set():
