@@ -29,8 +29,8 @@ faults hit both, one every ``--gap`` seconds (default 120) from ``--first`` (60)
 
 Both sides' figures come from the same records by the same code: rank 0's step reports (time,
 step, attempt) from the ranks' metrics files, and a poller that lists the job's processes on every
-host every 0.25 s (the hosts asked at once; rigdeck's warm standbys are not the job's until an
-attempt adopts them).
+host every 0.25 s (one read of this machine's /proc, under which the bed's hosts are PID
+namespaces; rigdeck's warm standbys are not the job's until an attempt adopts them).
 - goodput: ``tui.model.health.goodput`` over the run (launch to the end of the schedule): each
   step counts once, as its newest attempt computed it; time lost to a fault, a restart or steps
   computed twice counts for nothing;
