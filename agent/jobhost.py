@@ -47,6 +47,7 @@ def memory_job_dir(job_id: str, root: str = MEMORY_ROOT) -> str:
     return os.path.join(root, "rigdeck-mem-%d" % os.getuid(), job_id)
 
 POLL_S = 0.5  # at the latest: a rank's exit wakes the loop at once (SIGCHLD), a poll finds the rest
+STOP_POLL_S = 0.1  # a stop looks this often whether its ranks are gone (a restart waits for it)
 DISK_FULL_MB = 1.0  # a failure with less than this free under the job dir is put down to it
 TERMINAL = ("succeeded", "failed", "stopped")
 GPU_HEALTH_FILE = "gpu-health.json"  # the job's GPUs that are not ok, as the daemon judged them
@@ -758,7 +759,7 @@ class JobHost:
             while time.monotonic() < deadline:
                 if all(p.poll() is not None for p in self.procs) and not processes_with_tag(self.job_id):
                     break
-                time.sleep(POLL_S)
+                time.sleep(STOP_POLL_S)
             for pid in group_members(pgid):  # everyone in our group but us
                 try:
                     os.kill(pid, signal.SIGKILL)

@@ -81,6 +81,7 @@ from tui.remote.transport import TransportError
 log = logging.getLogger(__name__)
 
 POLL_S = 0.5
+STOP_POLL_S = 0.1  # how often a restart asks whether the stopped attempt has ended on every host
 LEASE_S = 60.0  # how long a supervising controller's claim on a job lasts without renewal
 GC_EVERY_S = 60.0  # a controller that starts many jobs applies retention on a host at most this often
 
@@ -1446,13 +1447,14 @@ class JobManager:
             log.warning("%s: its engine's end not recorded: %s", rec["job_id"], e)
 
     def _wait_terminal(self, rec: dict[str, Any], timeout: float, skip: Sequence[str] = ()) -> None:
-        """Until every host of the job but ``skip`` (out of reach) says it ended, or ``timeout``."""
+        """Until every host of the job but ``skip`` (out of reach) says it ended, or ``timeout``:
+        asked every ``STOP_POLL_S`` (a restart waits for it; a look costs its hosts milliseconds)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             states = self.host_states(rec, skip=skip)
             if all(not isinstance(s, dict) or s.get("state") in TERMINAL for s in states.values()):
                 return
-            time.sleep(POLL_S)
+            time.sleep(STOP_POLL_S)
 
     def wait(self, ref: str, on_change: Callable[[JobView], None] | None = None,
              timeout: float | None = None) -> JobView:
