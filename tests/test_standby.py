@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from agent import standby
+from agent.jobfiles import read_json
 from agent.jobhost import processes_with_tag
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,8 +85,9 @@ def _start(d: Path, procs: list, env: dict[str, str], command: list[str] | None 
                           imports if imports is not None else ["json"], out.fileno())
     assert p is not None
     procs.append(p)
+    # (its socket comes first, then its meta file: read when there, as the job host does)
     _until(lambda: os.path.exists(standby.slot_path(str(d / "job"), 0))
-           and (json.loads((d / "job" / "standby" / "slot-0.json").read_text()).get("child")), 20)
+           and (read_json(str(d / "job" / "standby" / "slot-0.json")) or {}).get("child"), 20)
     return p
 
 
