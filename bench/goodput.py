@@ -259,24 +259,31 @@ def write_faults(bed: TestBed, i: int, faults: dict[str, Any]) -> None:
 
 
 def inject(side: Side, kind: str) -> dict[str, Any]:
-    """The fault, now; what it hit."""
+    """The fault, now; what it hit, and ``at``: the moment of the act itself (finding where the
+    fault goes, rigdeck's ``status`` or the ranks' pids, takes up to seconds on the loaded bed,
+    and is no side's time to detect it)."""
     bed = side.bed
     nodes = side.nodes()
     if kind == "hang":
+        at = time.time()
         (side.ctl / "hang").write_text("1")
-        return {"rank": 1}
+        return {"rank": 1, "at": at}
     if kind == "xid":
         i, gpu = nodes[1]
+        at = time.time()
         write_faults(bed, i, {str(gpu): {"xid": 79}})
         (side.ctl / f"dead-{bed.hosts[i - 1].hostname}-{gpu}").write_text("")
-        return {"host": bed.hosts[i - 1].name, "gpu": gpu}
+        return {"host": bed.hosts[i - 1].name, "gpu": gpu, "at": at}
     i, gpu = nodes[2]
     if kind == "kill":
-        bed.exec(i, ["kill", "-9", *map(str, rank_pids(bed, i, side.tag))])
-        return {"host": bed.hosts[i - 1].name}
+        pids = [str(p) for p in rank_pids(bed, i, side.tag)]
+        at = time.time()
+        bed.exec(i, ["kill", "-9", *pids])
+        return {"host": bed.hosts[i - 1].name, "at": at}
+    at = time.time()
     bed.link_down(i)
     side.kill_on(i)
-    return {"host": bed.hosts[i - 1].name}
+    return {"host": bed.hosts[i - 1].name, "at": at}
 
 
 class Rigdeck(Side):
@@ -428,8 +435,8 @@ def run_side(side: Side, first: float, gap: float, give_up: float) -> dict[str, 
                 break
             recs = read_records(side.metrics_files())
             old = {r["restart"] for r in recs}
-            t_f = time.time()
             what = inject(side, kind)
+            t_f = what.pop("at")  # the act itself, not the look for where it goes
             last = recs[-1]["step"] if recs else None
             print(f"  {side.name}: t+{t_f - t0:.0f}s {kind} {what} at step {last}", flush=True)
             pending.append({"kind": kind, "t": t_f, "old_attempts": old, **what})
