@@ -12,7 +12,7 @@ over anything learned.
 **Quiet hangs, in seconds.** A hung data-parallel job is mostly asleep: the ranks that reached the
 collective wait in it, the one that did not is blocked where it stopped. Where every process of
 every rank (its children too) sleeps, using no CPU (``Idle``: at most ``QUIET_CPU_SHARE`` of a
-core, none running or in disk wait at a look), and no step has come for ``QUIET_MULTIPLE`` times
+core, none found running or in disk wait by two looks in a row), and no step has come for ``QUIET_MULTIPLE`` times
 the job's typical step (the median of its recent step intervals, from the ranks' own record
 times), at least ``QUIET_FLOOR_S``, the job is hung: ``Watch.quiet``. A slow step (compute, a
 data loader's workers), a save, a rank starved of CPU all use CPU or run, so they are judged by
@@ -72,12 +72,17 @@ class Idle:
     """Since when a set of ranks has been asleep, in one observer's clock. Fed a reading of each
     rank at every look: whether any process of it (the rank and its children) was running or in
     disk wait, and the CPU clock ticks all of them used so far. A rank is asleep from the last look
-    that found it running, or that saw it use more than ``share`` of a core since the look before."""
+    that saw it use more than ``share`` of a core since the look before, or that found it running
+    (or in disk wait) as the look before did. One look that finds it running is one moment: a
+    sleeper woken by a timer or a signal (its stacks dumped) may wait for a core for a while on a
+    loaded machine, using no more CPU than before; a rank that keeps running, or starved of CPU
+    keeps waiting to, is found so by two looks in a row."""
 
     def __init__(self, share: float = QUIET_CPU_SHARE, hz: float = 100.0) -> None:
         self.share = share
         self.hz = hz
-        self.refs = {}  # type: Dict[int, Tuple[float, float, int]]  # rank -> (asleep since, last look, ticks then)
+        # rank -> (asleep since, last look, ticks then, running then)
+        self.refs = {}  # type: Dict[int, Tuple[float, float, int, bool]]
 
     def sample(self, now: float, readings: Mapping[int, Optional[Tuple[bool, int]]]) -> Optional[float]:
         """Since when every rank in ``readings`` has been asleep; None when any is awake, cannot be
@@ -95,10 +100,10 @@ class Idle:
             ref = self.refs.get(rank)
             # a tick of slack: the clock's granularity, the look landing mid-tick; fewer ticks
             # than before: a child ended and its CPU left the count, so it is looked at afresh
-            busy = ref is None or running or ticks < ref[2] or (
+            busy = ref is None or (running and ref[3]) or ticks < ref[2] or (
                 ticks - ref[2] > self.share * (now - ref[1]) * self.hz + 1)
             start = now if busy or ref is None else ref[0]
-            self.refs[rank] = (start, now, ticks)
+            self.refs[rank] = (start, now, ticks, running)
             awake = awake or busy
             since = start if since is None else max(since, start)
         return None if awake else since
@@ -109,7 +114,7 @@ class Idle:
         for rank, got in readings.items():
             ref = self.refs.get(rank)
             if got is not None and ref is not None:
-                self.refs[rank] = (ref[0], now, got[1])
+                self.refs[rank] = (ref[0], now, got[1], False)
 
 
 class Verdict:
@@ -258,7 +263,9 @@ class Watch:
         stalled = now - self.last_change
         if step_age is not None and self.last_change == self.step_change:
             stalled = max(stalled, step_age)
-        return stalled, now - asleep_since, quiet_timeout(typical_step)
+        # asleep since the step at the latest: a step's few milliseconds of CPU can fall inside
+        # one clock tick, between two looks that read the same ticks
+        return stalled, min(now - asleep_since, stalled), quiet_timeout(typical_step)
 
     def quiet(self, now: float, asleep_since: Optional[float], typical_step: Optional[float],
               step_age: Optional[float] = None) -> Optional[Verdict]:

@@ -870,16 +870,16 @@ class Jobs:
 
     def tell_gpu_health(self, jobs: Dict[str, List[int]], bad: List[Dict[str, Any]],
                         spare: Optional[List[int]] = None) -> None:
-        """Write each job's GPUs that are not ok into its ``gpu-health.json`` when that changed,
-        with this host's ``spare`` GPUs (healthy, unused, unclaimed: where its job host may move
-        ranks off a failed one): GPU health is judged in the daemon's memory, and a job host
-        healing in place must not restart its ranks on a card that failed (agent/jobhost.py
-        reads it)."""
+        """Write each job's GPUs that are not ok into its ``gpu-health.json`` at the first
+        judgment and when that changed, with this host's ``spare`` GPUs (healthy, unused,
+        unclaimed: where its job host may move ranks off a failed one): GPU health is judged in
+        the daemon's memory, and a job host healing in place must not restart its ranks on a card
+        that failed (agent/jobhost.py reads it)."""
         for job_id, gpus in jobs.items():
             mine = [g for g in bad if g.get("index") in gpus]
             path = os.path.join(self.root, job_id, GPU_HEALTH_FILE)
-            old = read_json(path) or {}
-            if (old.get("gpus", []), old.get("spare", [])) != (mine, list(spare or [])):
+            old = read_json(path)
+            if old is None or (old.get("gpus", []), old.get("spare", [])) != (mine, list(spare or [])):
                 try:
                     write_json(path, {"gpus": mine, "spare": list(spare or []), "at": time.time()})
                 except OSError:

@@ -790,6 +790,12 @@ def test_a_job_its_host_heals_is_told_its_bad_gpus_and_the_hosts_spares_when_the
     jobs.tell_gpu_health({"j1": [0, 1]}, bad, [3])
     told = json.loads(path.read_text())
     assert (told["gpus"], told["spare"], "mark" in told) == ([bad[0]], [3], False)
+    # a first judgment of nothing wrong and no spare is written too: the job host (and whoever
+    # waits on it) knows the daemon has looked
+    other = Path(jobs.job_dir("j2")) / "gpu-health.json"
+    other.parent.mkdir(parents=True)
+    jobs.tell_gpu_health({"j2": [0]}, [], [])
+    assert (json.loads(other.read_text())["gpus"], json.loads(other.read_text())["spare"]) == ([], [])
 
 
 MOVING_RANK = """

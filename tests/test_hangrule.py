@@ -153,15 +153,21 @@ def test_a_section_the_rule_does_not_know_gets_the_default_until_it_has_run_once
 # -- quiet hangs: every rank asleep and no step for 10 typical steps, at least 3 s ----------------
 
 
-def test_ranks_are_asleep_from_the_last_look_that_found_one_running_or_busy() -> None:
+def test_ranks_are_asleep_from_the_last_look_that_found_one_running_twice_or_busy() -> None:
     idle = hangrule.Idle(share=0.05, hz=100.0)
     assert idle.sample(0.0, {0: (False, 100), 1: (False, 50)}) is None  # first look: nothing known yet
     assert idle.sample(1.0, {0: (False, 106), 1: (False, 50)}) == 0.0  # 6 ticks in 1 s: 5% and a tick
-    assert idle.sample(2.0, {0: (True, 106), 1: (False, 51)}) is None  # rank 0 running at this look
-    assert idle.sample(3.0, {0: (False, 106), 1: (False, 51)}) == 2.0
+    # rank 0 running at one look, with no more CPU: a sleeper woken, waiting for a core (a loaded
+    # machine); running again at the next: it runs (or is starved of CPU), awake
+    assert idle.sample(1.5, {0: (True, 106), 1: (False, 50)}) == 0.0
+    assert idle.sample(2.0, {0: (True, 106), 1: (False, 51)}) is None
+    assert idle.sample(2.5, {0: (True, 106), 1: (False, 51)}) is None  # still: each such look is awake
+    assert idle.sample(3.0, {0: (False, 106), 1: (False, 51)}) == 2.5
     # rank 1 used 8 ticks in the second since the last look: 8% of a core, more than 5%: awake
     assert idle.sample(4.0, {0: (False, 106), 1: (False, 59)}) is None
     assert idle.sample(9.0, {0: (False, 110), 1: (False, 80)}) == 4.0  # 4 and 21 ticks in 5 s: asleep
+    assert idle.sample(9.2, {0: (True, 110), 1: (False, 80)}) == 4.0  # one look each, apart: asleep
+    assert idle.sample(9.3, {0: (False, 110), 1: (True, 80)}) == 4.0
     # however long it slept before, a burst is seen at the next look
     assert idle.sample(9.5, {0: (False, 110), 1: (False, 85)}) is None
     assert idle.sample(10.0, {0: None, 1: (False, 85)}) is None  # a rank gone is not asleep
@@ -175,8 +181,8 @@ def test_a_rebase_keeps_each_ranks_sleep_and_leaves_out_the_cpu_an_observer_made
     idle = hangrule.Idle(share=0.05, hz=100.0)
     idle.sample(0.0, {0: (False, 100)})
     assert idle.sample(1.0, {0: (False, 100)}) == 0.0
-    idle.rebase(1.1, {0: (False, 130)})  # 30 ticks of dumping: awake, had it been judged
-    assert idle.sample(1.6, {0: (False, 130)}) == 0.0  # asleep since 0.0 still
+    idle.rebase(1.1, {0: (True, 130)})  # 30 ticks of dumping: awake, had it been judged
+    assert idle.sample(1.6, {0: (True, 130)}) == 0.0  # asleep since 0.0 still, and once running is a moment
     assert idle.sample(2.1, {0: (False, 140)}) is None  # its own 10 ticks in 0.5 s afterwards: awake
     idle.rebase(2.2, {0: None, 7: (False, 1)})  # a rank gone or never seen: nothing to rebase
     assert 7 not in idle.refs
@@ -221,13 +227,18 @@ def test_the_quiet_rule_says_how_long_every_rank_waited_before_it_is_a_hang() ->
     # the newest step's record older than this watch's look at it (a turn late): the record's age
     assert w.quiet_since(t + 1.6, t + 0.4, 0.3, step_age=2.0) == pytest.approx((2.0, 1.2, 3.0))
     assert w.quiet_since(t + 1.6, t + 0.4, 0.3, step_age=0.5) == pytest.approx((1.6, 1.2, 3.0))
+    # the looks saw no CPU used from before the step on (a step's CPU inside one clock tick): asleep
+    # since the step, no longer than no step
+    assert w.quiet_since(t + 1.6, t - 1.0, 0.3) == pytest.approx((1.6, 1.6, 3.0))
+    assert w.quiet_since(t + 1.6, t - 1.0, 0.3, step_age=1.9) == pytest.approx((1.9, 1.9, 3.0))
     hung = w.quiet(t + 2.8, t, 0.3, step_age=3.1)  # no step for 3.1 s, asleep 2.8 s: not yet
     assert hung is None and w.quiet(t + 3.0, t, 0.3, step_age=3.3) is not None
     w.observe(t + 0.1, [10], inside=[CHECKPOINT])
     assert w.quiet_since(t + 5.0, t, 0.3) is None  # in a save
     # the save ended at t + 30 (no step record since t): the wait for the next step begins then
     w.observe(t + 30.0, [10], inside=[])
-    assert w.quiet_since(t + 31.0, t, 0.3, step_age=31.0) == pytest.approx((1.0, 31.0, 3.0))
+    # every rank asleep through the save: asleep with no step since its end (as long as no step)
+    assert w.quiet_since(t + 31.0, t, 0.3, step_age=31.0) == pytest.approx((1.0, 1.0, 3.0))
     assert w.quiet(t + 32.5, t, 0.3, step_age=32.5) is None  # 2.5 s since the save's end
     assert w.quiet(t + 33.2, t, 0.3, step_age=33.2) is not None
     e = Watch(since=0.0, hang_timeout=600.0)

@@ -170,7 +170,9 @@ processes_per_node = 2
     assert final["state"] == "failed", final
     assert final["cause"]["kind"] == "nan" and final["cause"]["message"].startswith(
         "loss is NaN or inf at every reporting rank since step "), final["cause"]
-    assert 6 <= final["cause"]["last_step"] <= 8
+    # named at or before the first NaN (step 6), after the last good step the looks read: a look
+    # on a loaded machine can miss a step or two (0.5 s each), and the resume must come before it
+    assert 3 <= final["cause"]["last_step"] <= 6, final["cause"]
 
 
 def test_a_loss_that_turns_nan_with_on_nan_restart_resumes_from_the_checkpoint(cli: Cli, tmp_path: Path) -> None:
