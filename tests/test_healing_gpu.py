@@ -131,7 +131,7 @@ def test_throttling_only_warns(cli: Cli, tmp_path: Path) -> None:
     host = cli.bed.hosts[0].name
     try:
         write_faults(cli, host, {"3": {"throttle": "hw_slowdown"}})
-        wait_until(lambda: gpu_report(cli, host, 3)["health"] == "warn", 10, "the warning")
+        wait_until(lambda: gpu_report(cli, host, 3)["health"] == "warn", 60, "the warning")
         assert gpu_report(cli, host, 3)["health_reason"] == "throttled: hardware slowdown"
         spec = cli.spec("on-a-slow-gpu", f"""
 command = ["{{python}}", "-c", "print('ok')"]

@@ -12,7 +12,7 @@ import pytest
 
 from tests.kit import ROOT
 from tests.kit.bedcli import Cli
-from tests.kit.healing import TRAIN, host_index, running_at_step
+from tests.kit.healing import TRAIN, host_index, placement_on_the_bed, running_at_step
 
 pytestmark = pytest.mark.testbed
 
@@ -37,7 +37,7 @@ max_restarts = 1
     lost = 0
     try:
         job_id = running_at_step(cli, "host-lost", 8)
-        hosts = [n["host"] for n in cli.json("status", job_id)["placement"]]
+        hosts = placement_on_the_bed(cli, job_id)
         spare = next(h.name for h in cli.bed.hosts if h.name not in hosts)
         gone = hosts[1]
         lost = host_index(cli, gone)

@@ -21,6 +21,7 @@ import pytest
 from runtime.checkpoint import Checkpointer, CheckpointError
 from tests.kit import ROOT, wait_until
 from tests.kit.bedcli import Cli, tagged
+from tests.kit.healing import running_at_step
 
 TRAIN = ROOT / "tests" / "jobscripts" / "heal_train.py"
 STEPS = 40
@@ -282,33 +283,6 @@ def _host_index(cli: Cli, name: str) -> int:
     return next(i for i, h in enumerate(cli.bed.hosts, start=1) if h.name == name)
 
 
-def _running_at_step(cli: Cli, name: str, step: int) -> str:
-    """The id of the job ``name`` once its rank 0 has reported ``step`` (read from its metrics
-    file on its host: a CLI call per look takes seconds on a loaded machine, and these jobs last
-    about ten)."""
-    job_id = wait_until(lambda: next((j["job_id"] for j in cli.json("jobs") if j["name"] == name), None), 120,
-                        f"the job {name}")
-
-    def reached() -> bool:
-        for h in cli.bed.hosts:
-            path = h.state_dir / "jobs" / job_id / "metrics" / "rank-0.jsonl"
-            try:
-                lines = path.read_text().splitlines()
-            except OSError:
-                continue
-            for line in reversed(lines):
-                try:
-                    m = json.loads(line)
-                except ValueError:
-                    continue
-                if m.get("event") is None and isinstance(m.get("step"), int):
-                    return bool(m["step"] >= step)
-        return False
-
-    wait_until(reached, 120, f"the job's step {step}", step=0.05)
-    return str(job_id)
-
-
 def _rank_host(cli: Cli, job_id: str, rank: int) -> tuple[str, int]:
     """(host name, pid) of ``rank``, from its rank file on its host (no CLI call: fast)."""
     def find() -> tuple[str, int] | None:
@@ -381,7 +355,7 @@ def test_a_killed_rank_resumes_from_the_memory_snapshot_of_the_last_step(cli: Cl
     ckpt.mkdir()
     waiter = cli.popen("launch", str(_spec(cli, "mem-rank", ckpt)), "--wait", "--json")
     try:
-        job_id = _running_at_step(cli, "mem-rank", 6)
+        job_id = running_at_step(cli, "mem-rank", 6)
         host, pid = _rank_host(cli, job_id, 2)  # local rank 0 of the second host: its writer
         cli.bed.exec(_host_index(cli, host), ["kill", "-9", str(pid)])
         out, _err = waiter.communicate(timeout=180)
@@ -406,7 +380,7 @@ def test_a_host_lost_with_its_memory_resumes_on_the_spare_from_the_peers_copy(cl
                        "--wait", "--json")
     lost = 0
     try:
-        job_id = _running_at_step(cli, "mem-host", 6)
+        job_id = running_at_step(cli, "mem-host", 6)
         hosts = [_rank_host(cli, job_id, 0)[0], _rank_host(cli, job_id, 2)[0]]
         spare = next(h.name for h in cli.bed.hosts if h.name not in hosts)
         gone, survivor = hosts
@@ -464,7 +438,7 @@ def test_an_xid_on_a_ranks_gpu_resumes_away_from_it_from_the_memory_snapshot(cli
     waiter = cli.popen("launch", str(spec), "--wait", "--json")
     host, gpu = "", -1
     try:
-        job_id = _running_at_step(cli, "mem-xid", 6)
+        job_id = running_at_step(cli, "mem-xid", 6)
         node = cli.json("status", job_id)["placement"][1]
         host, gpu = node["host"], node["gpus"][0]
         _write_faults(cli, host, {str(gpu): {"xid": 79}})

@@ -20,13 +20,42 @@ def step_keys(metrics: list[dict[str, Any]]) -> list[tuple[int, int]]:
 
 
 def running_at_step(cli: Cli, name: str, step: int) -> str:
-    """The id of the job ``name`` once it runs and has reported ``step`` (at most 120 s)."""
-    def stepping() -> bool:
-        jobs = [j for j in cli.json("jobs") if j["name"] == name and j["state"] == "running"]
-        return bool(jobs) and (cli.json("status", jobs[0]["job_id"]).get("last_step") or 0) >= step
+    """The id of the job ``name`` once its rank 0 has reported ``step``, read from its metrics
+    file on its host (at most 120 s): a CLI call per look takes seconds on a loaded machine, and
+    these jobs last about ten, so a fault meant for their steps would come after them."""
+    job_id = wait_until(lambda: next((j["job_id"] for j in cli.json("jobs") if j["name"] == name), None), 120,
+                        f"the job {name}")
 
-    wait_until(stepping, 120, f"the job's step {step}")
-    return str(next(j["job_id"] for j in cli.json("jobs") if j["name"] == name))
+    def reached() -> bool:
+        for h in cli.bed.hosts:
+            path = h.state_dir / "jobs" / job_id / "metrics" / "rank-0.jsonl"
+            try:
+                lines = path.read_text().splitlines()
+            except OSError:
+                continue
+            for line in reversed(lines):
+                try:
+                    m = json.loads(line)
+                except ValueError:
+                    continue
+                if m.get("event") is None and isinstance(m.get("step"), int):
+                    return bool(m["step"] >= step)
+        return False
+
+    wait_until(reached, 120, f"the job's step {step}", step=0.05)
+    return str(job_id)
+
+
+def placement_on_the_bed(cli: Cli, job_id: str) -> list[str]:
+    """The hosts of ``job_id``'s attempt now, in node order, from its plan on its hosts (no CLI
+    call)."""
+    for h in cli.bed.hosts:
+        try:
+            plan = json.loads((h.state_dir / "jobs" / job_id / "plan.json").read_text())
+        except (OSError, ValueError):
+            continue
+        return [str(n["host"]) for n in plan["nodes"]]
+    raise AssertionError(f"no plan of {job_id} on any host of the bed")
 
 
 def host_index(cli: Cli, name: str) -> int:
