@@ -129,6 +129,7 @@ max_restarts = 2
 
 def test_throttling_only_warns(cli: Cli, tmp_path: Path) -> None:
     host = cli.bed.hosts[0].name
+    cli.run("deploy", host)  # the health is the agent's: this test may be the first on its bed
     try:
         write_faults(cli, host, {"3": {"throttle": "hw_slowdown"}})
         wait_until(lambda: gpu_report(cli, host, 3)["health"] == "warn", 60, "the warning")
