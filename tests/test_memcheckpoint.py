@@ -21,7 +21,7 @@ import pytest
 from runtime.checkpoint import Checkpointer, CheckpointError
 from tests.kit import ROOT, wait_until
 from tests.kit.bedcli import Cli, tagged
-from tests.kit.healing import running_at_step
+from tests.kit.healing import host_index, running_at_step, write_faults
 
 TRAIN = ROOT / "tests" / "jobscripts" / "heal_train.py"
 STEPS = 40
@@ -279,10 +279,6 @@ def _steps(metrics: list[dict[str, Any]]) -> list[tuple[int, int]]:
     return [(m["rank"], m["step"]) for m in metrics if m.get("event") is None and m.get("step") is not None]
 
 
-def _host_index(cli: Cli, name: str) -> int:
-    return next(i for i, h in enumerate(cli.bed.hosts, start=1) if h.name == name)
-
-
 def _rank_host(cli: Cli, job_id: str, rank: int) -> tuple[str, int]:
     """(host name, pid) of ``rank``, from its rank file on its host (no CLI call: fast)."""
     def find() -> tuple[str, int] | None:
@@ -357,7 +353,7 @@ def test_a_killed_rank_resumes_from_the_memory_snapshot_of_the_last_step(cli: Cl
     try:
         job_id = running_at_step(cli, "mem-rank", 6)
         host, pid = _rank_host(cli, job_id, 2)  # local rank 0 of the second host: its writer
-        cli.bed.exec(_host_index(cli, host), ["kill", "-9", str(pid)])
+        cli.bed.exec(host_index(cli, host), ["kill", "-9", str(pid)])
         out, _err = waiter.communicate(timeout=180)
         final = json.loads(out)
     finally:
@@ -384,7 +380,7 @@ def test_a_host_lost_with_its_memory_resumes_on_the_spare_from_the_peers_copy(cl
         hosts = [_rank_host(cli, job_id, 0)[0], _rank_host(cli, job_id, 2)[0]]
         spare = next(h.name for h in cli.bed.hosts if h.name not in hosts)
         gone, survivor = hosts
-        lost = _host_index(cli, gone)
+        lost = host_index(cli, gone)
         cli.bed.link_down(lost)
         cli.bed.exec(lost, ["sh", "-c", f"grep -l -a 'RIGDECK_JOB_ID={job_id}' /proc/[0-9]*/environ 2>/dev/null"
                                         " | cut -d/ -f3 | xargs -r kill -9; rm -rf /dev/shm/rigdeck-mem-*"])
@@ -417,13 +413,6 @@ def test_a_hung_rank_resumes_from_the_memory_snapshot_of_the_last_step(cli: Cli,
     assert list(ckpt.iterdir()) == []
 
 
-def _write_faults(cli: Cli, host: str, faults: dict[str, Any]) -> None:
-    path = cli.bed.hosts[_host_index(cli, host) - 1].state_dir / "sim-gpu-faults.json"
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(faults))
-    tmp.replace(path)
-
-
 @pytest.mark.testbed
 def test_an_xid_on_a_ranks_gpu_resumes_away_from_it_from_the_memory_snapshot(cli: Cli, tmp_path: Path) -> None:
     """XID 79 under rank 1: its next step fails as a CUDA call on a lost GPU does; the GPU is
@@ -441,15 +430,15 @@ def test_an_xid_on_a_ranks_gpu_resumes_away_from_it_from_the_memory_snapshot(cli
         job_id = running_at_step(cli, "mem-xid", 6)
         node = cli.json("status", job_id)["placement"][1]
         host, gpu = node["host"], node["gpus"][0]
-        _write_faults(cli, host, {str(gpu): {"xid": 79}})
-        (dead / f"dead-{cli.bed.hosts[_host_index(cli, host) - 1].hostname}-{gpu}").write_text("")
+        write_faults(cli, host, {str(gpu): {"xid": 79}})
+        (dead / f"dead-{cli.bed.hosts[host_index(cli, host) - 1].hostname}-{gpu}").write_text("")
         out, _err = waiter.communicate(timeout=180)
         final = json.loads(out)
     finally:
         if waiter.poll() is None:
             waiter.kill()
         if host:
-            _write_faults(cli, host, {})
+            write_faults(cli, host, {})
     try:
         status = cli.json("status", final["job_id"])
         (inc,) = status["incidents"]
