@@ -547,7 +547,9 @@ class Checkpointer:
         same local rank on the next host, which keeps it in its host's tmpfs: every rank calls it
         at the same steps (it is a collective there). A snapshot costing more than
         ``snapshot_budget`` of the step time is taken every N steps (``snapshot_every``, from the
-        two measured; agreed by every rank under ``all``) instead; ``every`` fixes N. A tmpfs that
+        two measured; agreed by every rank under ``all``, and a power of two under the others, so
+        that the hosts' schedules nest) instead, at the first call past each multiple of N;
+        ``every`` fixes N. A tmpfs that
         refuses it (full) turns snapshots off with one warning (every rank's under ``all``); disk
         checkpoints go on.
         """
@@ -570,9 +572,12 @@ class Checkpointer:
             proposed = every or max(1, math.ceil(
                 self._snap_cost / (self.snapshot_budget * self._step_time)))
             if not sharded:
-                self.snapshot_every = proposed
-            last = self._snap_last_step
-            if last is not None and 0 <= step - last < self.snapshot_every:
+                # Each host chooses its own interval: a power of two, counted from step 0, so
+                # that the hosts' schedules nest and the gang waits for their snapshots at the
+                # steps of the most frequent one only, not at each host's own steps.
+                self.snapshot_every = every or 1 << (proposed - 1).bit_length()
+            last, n = self._snap_last_step, self.snapshot_every
+            if last is not None and last <= step and step // n == last // n:
                 return False
         t0 = time.perf_counter()
         buf = io.BytesIO()

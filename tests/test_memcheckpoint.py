@@ -161,6 +161,40 @@ def test_a_snapshot_dearer_than_its_budget_is_taken_every_n_steps(tmp_path: Path
     assert c.snapshot_every > 1 and 1 <= wrote < 20, (c.snapshot_every, wrote)
 
 
+def test_each_hosts_snapshots_fall_on_steps_every_hosts_schedule_shares(tmp_path: Path) -> None:
+    """Two hosts of one job whose snapshots cost differently choose different intervals, each a
+    power of two counted from step 0: wherever the one taking them less often takes one, the other
+    takes one at the same step, so the gang waits at the steps of the most frequent only (before,
+    each counted from its own last snapshot and the gang waited at both hosts' steps)."""
+    import torch
+
+    hosts = [Checkpointer(str(tmp_path / "ckpt"), snapshot_budget=0.05, environ=_env(
+                 tmp_path, RIGDECK_MEMORY_DIR=str(tmp_path / "shm-h1"))),
+             Checkpointer(str(tmp_path / "ckpt"), snapshot_budget=0.05, environ=_env(
+                 tmp_path, RIGDECK_CURRENT_HOST="h2", RIGDECK_NODE_RANK="1", RIGDECK_RANK="2",
+                 RIGDECK_MEMORY_DIR=str(tmp_path / "shm-h2")))]
+    states = [{"w": torch.ones(4 << 20)}, {"w": torch.ones(1 << 20)}]  # 16 MB and 4 MB
+    took: list[dict[int, int]] = [{}, {}]  # step -> the interval in force, where it wrote one
+    every: list[dict[int, int]] = [{}, {}]  # step -> the interval in force at that call
+    for step in range(1, 81):
+        time.sleep(0.002)
+        for i, c in enumerate(hosts):
+            wrote = c.snapshot(step, states[i])
+            n = every[i][step] = c.snapshot_every
+            assert n & (n - 1) == 0, f"host {i}: interval {n} at step {step} is not a power of two"
+            if wrote:
+                took[i][step] = n
+    assert 1 in took[0] and 1 in took[1]  # the first call measures the cost
+    assert max(every[0].values()) > 1, every[0]  # 16 MB dearer than 5% of a 2 ms step
+    for i in (0, 1):
+        assert all(s % n == 0 for s, n in took[i].items() if s > 1), took[i]
+        for s in took[i]:
+            other = 1 - i
+            if s > 1 and every[other][s] <= every[i][s]:
+                assert s in took[other], (i, s, took, every)
+    assert len(took[0]) < 70, took[0]
+
+
 def test_a_tmpfs_that_refuses_the_snapshot_turns_snapshots_off_with_one_warning(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
