@@ -66,7 +66,7 @@ _CHUNK = 32 << 20
 _moves_reported: set = set()
 MEMORY_DIR_ENV = "RIGDECK_MEMORY_DIR"  # where memory snapshots go (default under /dev/shm)
 MEMORY_ROOT = "/dev/shm"
-SNAPSHOT_BUDGET = 0.02  # memory snapshots may cost at most this share of the step time
+SNAPSHOT_BUDGET = 0.01  # memory snapshots may cost at most this share of the step time (per host)
 
 
 _WROTE_SNAPSHOTS: set = set()  # the memory directories this process wrote snapshots into
@@ -255,7 +255,7 @@ class Checkpointer:
     ``memory_dir``: where ``snapshot`` keeps this host's memory snapshots (default
     ``$RIGDECK_MEMORY_DIR``, else ``/dev/shm/rigdeck-mem-<uid>/<job id>``, or ``.../dir-<hash of
     dir>`` outside a rigdeck job); ``memory_keep``: how many it keeps (default 2);
-    ``snapshot_budget``: the share of the step time snapshots may cost (default 0.02): a snapshot
+    ``snapshot_budget``: the share of the step time snapshots may cost (default 0.01): a snapshot
     slower than that is taken every N steps instead of every step.
 
     ``async_save``: a save by a file owner (not under ``all``) serialises the state and returns;
@@ -574,10 +574,17 @@ class Checkpointer:
             if not sharded:
                 # Each host chooses its own interval: a power of two, counted from step 0, so
                 # that the hosts' schedules nest and the gang waits for their snapshots at the
-                # steps of the most frequent one only, not at each host's own steps.
-                self.snapshot_every = every or 1 << (proposed - 1).bit_length()
+                # steps of the most frequent one only, not at each host's own steps. Lowered only
+                # with a margin, so that a few cheap snapshots do not make it flip.
+                want = 1 << (proposed - 1).bit_length()
+                if every or want > self.snapshot_every or (
+                        1 << (math.ceil(proposed * 1.5) - 1).bit_length() < self.snapshot_every):
+                    self.snapshot_every = every or want
             last, n = self._snap_last_step, self.snapshot_every
-            if last is not None and last <= step and step // n == last // n:
+            # Called every step: on the multiples of N only (a host whose N just fell takes its
+            # next one on the grid, not at once); called less often: the first call past one.
+            due = step % n == 0 if step - call_step == 1 else step // n != (last or 0) // n
+            if last is not None and last <= step and not due:
                 return False
         t0 = time.perf_counter()
         buf = io.BytesIO()

@@ -195,6 +195,39 @@ def test_each_hosts_snapshots_fall_on_steps_every_hosts_schedule_shares(tmp_path
     assert len(took[0]) < 70, took[0]
 
 
+def test_an_interval_that_falls_or_rises_keeps_each_snapshot_on_the_grid_and_does_not_flip(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A clock the test drives: steps of 10 ms, snapshots costing 1.5 ms (8 steps of a 2% budget),
+    then 0.5 ms (3 steps: kept at 8, no flip for a small fall), then 0.25 ms (2: lowered to 2), then
+    1.5 ms again (raised at once). A host whose N fell takes its next snapshot on a multiple of
+    the new N, never at once between (where the other hosts would not)."""
+    import runtime.checkpoint as rc
+
+    clock = [0.0]
+    cost = [0.0015]
+    monkeypatch.setattr(rc.time, "perf_counter", lambda: clock[0])
+    real_save = rc._torch_save
+
+    def save(state: Any, out: Any) -> None:
+        real_save(state, out)
+        clock[0] += cost[0]
+    monkeypatch.setattr(rc, "_torch_save", save)
+    c = Checkpointer(str(tmp_path / "ckpt"), environ=_env(tmp_path), snapshot_budget=0.02)
+    took: dict[int, int] = {}
+    every: dict[int, int] = {}
+    for step in range(200):
+        cost[0] = 0.0015 if step < 60 or step >= 150 else 0.0005 if step < 100 else 0.00025
+        if c.snapshot(step, {"step": step}):
+            took[step] = c.snapshot_every
+        every[step] = c.snapshot_every
+        clock[0] += 0.010
+    assert all(s % n == 0 for s, n in took.items()), took
+    assert every[55] == 8 and every[95] == 8, every  # a fall to 3 steps' worth: kept
+    assert every[145] == 2, every  # a fall to 2 steps' worth, past the margin: lowered
+    assert every[199] == 8, every  # raised again
+    assert {s for s in took if 60 <= s < 100} == set(range(64, 100, 8)), took
+
+
 def test_a_tmpfs_that_refuses_the_snapshot_turns_snapshots_off_with_one_warning(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import torch
