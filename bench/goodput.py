@@ -298,6 +298,8 @@ class Rigdeck(Side):
             f'nodes = {NODES}\ngpus_per_node = 1\n[env]\nOMP_NUM_THREADS = "1"\n'
             f'[health]\nhost_timeout = "{HOST_TIMEOUT}s"\n'
             '[restart]\nmax_restarts = 8\n')
+        # the jobs of earlier runs (same name, same controller) are not this one
+        before = {j["job_id"] for j in json.loads(_cli(self.env, "jobs", "--json").stdout or "[]")}
         self.waiter = subprocess.Popen([sys.executable, "-m", "tui.cli", "launch", str(spec), "--wait", "--json"],
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env,
                                        cwd=ROOT)
@@ -305,7 +307,8 @@ class Rigdeck(Side):
         self.job_id = ""
         while time.time() < deadline and not self.job_id:
             jobs = json.loads(_cli(self.env, "jobs", "--json").stdout or "[]")
-            self.job_id = next((j["job_id"] for j in jobs if j["name"] == "goodput"), "")
+            self.job_id = next((j["job_id"] for j in jobs
+                                if j["name"] == "goodput" and j["job_id"] not in before), "")
             time.sleep(1)
         if not self.job_id:
             raise RuntimeError(f"rigdeck launch made no job: {self.waiter.communicate(timeout=30)}")
