@@ -69,6 +69,10 @@ MEMORY_ROOT = "/dev/shm"
 SNAPSHOT_BUDGET = 0.01  # memory snapshots may cost at most this share of the step time (per host)
 
 
+def _power_of_two_at_least(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
 _WROTE_SNAPSHOTS: set = set()  # the memory directories this process wrote snapshots into
 _WRITERS: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()  # those that saved asynchronously
 
@@ -576,15 +580,16 @@ class Checkpointer:
                 # that the hosts' schedules nest and the gang waits for their snapshots at the
                 # steps of the most frequent one only, not at each host's own steps. Lowered only
                 # with a margin, so that a few cheap snapshots do not make it flip.
-                want = 1 << (proposed - 1).bit_length()
-                if every or want > self.snapshot_every or (
-                        1 << (math.ceil(proposed * 1.5) - 1).bit_length() < self.snapshot_every):
-                    self.snapshot_every = every or want
+                if every:
+                    self.snapshot_every = every
+                elif (_power_of_two_at_least(proposed) > self.snapshot_every
+                      or _power_of_two_at_least(math.ceil(proposed * 1.5)) < self.snapshot_every):
+                    self.snapshot_every = _power_of_two_at_least(proposed)
             last, n = self._snap_last_step, self.snapshot_every
             # Called every step: on the multiples of N only (a host whose N just fell takes its
             # next one on the grid, not at once); called less often: the first call past one.
-            due = step % n == 0 if step - call_step == 1 else step // n != (last or 0) // n
-            if last is not None and last <= step and not due:
+            if last is not None and last <= step and not (
+                    step % n == 0 if step - call_step == 1 else step // n != last // n):
                 return False
         t0 = time.perf_counter()
         buf = io.BytesIO()
