@@ -1,4 +1,4 @@
-"""Goodput under failures: rigdeck against torchrun started by hand, one fault schedule, one run.
+"""Goodput under failures: rigdeck against torchrun alone and with an operator, one fault schedule, 3 runs.
 
 A 3-host data-parallel job (``bench/scripts/goodput_train.py``: gloo on CPU, one rank per host on one
 simulated GPU, a checkpoint every ~30 s) on a 4-host test bed: one host is the spare. The same
