@@ -194,13 +194,19 @@ class Poller(threading.Thread):
                 self.samples.append((t, got))
             self.halt.wait(max(0.0, self.interval - (time.time() - t)))
 
+    def alive_before(self, t_fault: float) -> int:
+        """How many of the job's rank processes were alive at the last look before the fault."""
+        with self.lock:
+            before = [s for t, s in self.samples if t < t_fault]
+        return len(before[-1]) if before else 0
+
     def gone_after(self, t_fault: float) -> float | None:
         """When every rank process of the attempt the fault hit (those alive at the last look
-        before it) was gone (None: never)."""
+        before it) was gone (None: never, or none was alive: a job already dead detects nothing)."""
         with self.lock:
             samples = list(self.samples)
         before = [s for t, s in samples if t < t_fault]
-        if not before:
+        if not before or not before[-1]:
             return None
         hit = before[-1]
         for t, s in samples:
@@ -457,6 +463,7 @@ def run_side(side: Side, first: float, gap: float, give_up: float) -> dict[str, 
         faults.append({
             "kind": f["kind"], "hit": {k: f[k] for k in ("rank", "host", "gpu") if k in f},
             "detect_s": None if gone is None else round(gone - f["t"], 1),
+            "alive_at_fault": poller.alive_before(f["t"]),
             "first_step_s": None if nxt is None else round(nxt["time"] - f["t"], 1),
             "steps_lost": None if nxt is None or last_step is None else max(0, last_step - (nxt["step"] - 1)),
             # the attempt it hit went on stepping this long after the fault (a hang begins at the
@@ -523,12 +530,13 @@ def report_run(results: dict[str, Any], n: int) -> dict[str, Any]:
     for key, _, name in SIDES[1:]:
         g = results[key]["goodput"]["ratio"]
         print(f"  rigdeck / {name}: {go / g if g else float('inf'):.2f}x")
-    print(f"  {'fault':6} {'side':26} {'detect':>9} {'first step after':>17} {'steps lost':>11}")
+    print(f"  {'fault':6} {'side':26} {'detect':>10} {'first step after':>17} {'steps lost':>11}")
     for k, kind in enumerate(FAULTS):
         for key, _, name in SIDES:
             f = results[key]["faults"][k]
             op = " (operator)" if f.get("operator_s") else ""
-            print(f"  {kind:6} {name:26} {_fmt(f['detect_s']):>9} {_fmt(f['first_step_s']) + op:>17} "
+            detect = "none alive" if f.get("alive_at_fault") == 0 else _fmt(f["detect_s"])
+            print(f"  {kind:6} {name:26} {detect:>10} {_fmt(f['first_step_s']) + op:>17} "
                   f"{_fmt(f['steps_lost'], ''):>11}")
     checks = targets([ours])
     print("  targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in checks.items()))
