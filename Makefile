@@ -145,6 +145,7 @@ bench: sysdeps $(VENV)/.installed-test image
 	$(PY) bench/sweep_quality.py
 	$(PY) bench/sync.py --rounds 3
 	$(PY) bench/goodput.py
+	$(PY) bench/snapshot_cost.py
 	$(PY) bench/exporter.py
 
 testbed-down: $(VENV)/.installed

@@ -1,0 +1,168 @@
+"""Where a memory snapshot's time goes: ``runtime.Checkpointer.snapshot``'s serialization against
+cheaper ways to put the same state into a host's tmpfs.
+
+One process, one thread, the ddp example's state (``examples/ddp/train.py``'s ``CharTransformer``
+with its Adam state, about 1 MB in about 100 tensors), each way timed ``--repeat`` times, medians:
+
+- ``rigdeck`` (today): ``torch.save`` of ``(step, state)`` into a buffer (``_torch_save``, no
+  CRC32), then one write of the buffer into ``/dev/shm``: what the snapshot does per host.
+- its two parts: ``torch.save`` alone, the tmpfs write alone.
+- ``torch.save`` in its legacy (non-zip) format.
+- ``flat``: one pickle of the structure with each tensor replaced by its index, then every
+  tensor's bytes in one ``torch.cat`` copy and one write: not yet used by rigdeck (a candidate:
+  issue 48's acceptance 6 pays each host's snapshot at every snapshot step).
+
+Usage: .venv/bin/python bench/snapshot_cost.py [--repeat 200]. Writes bench/results/snapshot_cost.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import pickle
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "examples" / "ddp"))
+
+from bench._meta import run_meta, write_result  # noqa: E402
+
+
+def example_state() -> Any:
+    import torch
+    from train import CharTransformer  # examples/ddp/train.py
+
+    torch.manual_seed(0)
+    model = CharTransformer(65, 32)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randint(0, 65, (4, 32))).sum().backward()
+    opt.step()
+    return {"model": model.state_dict(), "optimizer": opt.state_dict()}
+
+
+def check_flat(path: str, state: Any) -> None:
+    """Read the ``flat`` form back (the structure's pickle, then the tensors' bytes in order) and
+    require every tensor equal to the state's: the cheaper way is timed only if it is whole."""
+    import torch
+
+    raw = Path(path).read_bytes()
+    buf = io.BytesIO(raw)
+    spans: list[tuple[int, str, tuple[int, ...]]] = []
+
+    class Unpickler(pickle.Unpickler):
+        def persistent_load(self, pid: Any) -> Any:
+            spans.append(pid)
+            return pid
+
+    skeleton = Unpickler(buf).load()
+    blob, off, got = memoryview(raw)[buf.tell():], 0, []
+    for _i, dtype, shape in spans:
+        dt = getattr(torch, dtype.removeprefix("torch."))
+        n = torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size()
+        got.append(torch.frombuffer(bytearray(blob[off:off + n]), dtype=torch.uint8).view(dt).reshape(shape))
+        off += n
+    if off != len(blob):
+        raise SystemExit(f"flat form: {len(blob) - off} bytes left over")
+    want: list[Any] = []
+
+    def walk(x: Any) -> None:
+        if isinstance(x, torch.Tensor):
+            want.append(x)
+        elif isinstance(x, dict):
+            for v in x.values():
+                walk(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                walk(v)
+
+    walk(state)
+    same = len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    if skeleton[0] != state[0] or not same:
+        raise SystemExit("flat form: the state read back differs")
+
+
+def median_ms(fn: Callable[[], None], repeat: int) -> float:
+    fn()  # warm
+    xs = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        xs.append(time.perf_counter() - t)
+    return statistics.median(xs) * 1e3
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "snapshot_cost.json"))
+    args = ap.parse_args()
+    meta = run_meta()
+    import torch
+
+    from runtime.checkpoint import _torch_save
+
+    torch.set_num_threads(1)
+    state = (1, example_state())
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as d:
+        path = os.path.join(d, "snap.bin")
+
+        def write(*parts: Any) -> None:
+            with open(path, "wb") as f:
+                for p in parts:
+                    f.write(p)
+
+        def rigdeck() -> None:
+            buf = io.BytesIO()
+            _torch_save(state, buf)
+            write(buf.getvalue())
+
+        def save_only() -> None:
+            _torch_save(state, io.BytesIO())
+
+        saved = io.BytesIO()
+        _torch_save(state, saved)
+        data = saved.getvalue()
+
+        def legacy() -> None:
+            buf = io.BytesIO()
+            torch.save(state, buf, _use_new_zipfile_serialization=False)
+            write(buf.getvalue())
+
+        def flat() -> None:
+            tensors: list[Any] = []
+
+            class Pickler(pickle.Pickler):
+                def persistent_id(self, obj: Any) -> Any:
+                    if isinstance(obj, torch.Tensor):
+                        tensors.append(obj)
+                        return (len(tensors) - 1, str(obj.dtype), tuple(obj.shape))
+                    return None
+
+            buf = io.BytesIO()
+            Pickler(buf, protocol=5).dump(state)
+            blob = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+            write(buf.getvalue(), memoryview(blob.numpy()))
+
+        flat()  # the flat form holds the same state: read it back and compare every tensor
+        check_flat(path, state)
+        ways = {"rigdeck": rigdeck, "torch_save_only": save_only, "tmpfs_write_only": lambda: write(data),
+                "torch_save_legacy": legacy, "flat": flat}
+        ms = {name: median_ms(fn, args.repeat) for name, fn in ways.items()}
+    print(f"the ddp example's state, {len(data) / 1e6:.2f} MB; median of {args.repeat}, one thread")
+    for name, v in ms.items():
+        print(f"  {name:18} {v:6.2f} ms   {v / ms['rigdeck']:.2f}x rigdeck's")
+    write_result(args.out, {"state_mb": len(data) / 1e6, "repeat": args.repeat, "median_ms": ms,
+                            "ratio_flat_to_rigdeck": ms["flat"] / ms["rigdeck"]}, meta)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
