@@ -194,21 +194,23 @@ class Poller(threading.Thread):
                 self.samples.append((t, got))
             self.halt.wait(max(0.0, self.interval - (time.time() - t)))
 
+    def _hit(self, t_fault: float) -> tuple[list[tuple[float, set[int]]], set[int]]:
+        """The samples so far, and the job's rank processes alive at the last look before the fault."""
+        with self.lock:
+            samples = list(self.samples)
+        before = [s for t, s in samples if t < t_fault]
+        return samples, before[-1] if before else set()
+
     def alive_before(self, t_fault: float) -> int:
         """How many of the job's rank processes were alive at the last look before the fault."""
-        with self.lock:
-            before = [s for t, s in self.samples if t < t_fault]
-        return len(before[-1]) if before else 0
+        return len(self._hit(t_fault)[1])
 
     def gone_after(self, t_fault: float) -> float | None:
         """When every rank process of the attempt the fault hit (those alive at the last look
         before it) was gone (None: never, or none was alive: a job already dead detects nothing)."""
-        with self.lock:
-            samples = list(self.samples)
-        before = [s for t, s in samples if t < t_fault]
-        if not before or not before[-1]:
+        samples, hit = self._hit(t_fault)
+        if not hit:
             return None
-        hit = before[-1]
         for t, s in samples:
             if t >= t_fault and not (hit & s):
                 return t
