@@ -1,16 +1,19 @@
-"""Where a memory snapshot's time goes: ``runtime.Checkpointer.snapshot``'s serialization against
-cheaper ways to put the same state into a host's tmpfs.
+"""Where a memory snapshot's time goes: ``runtime.Checkpointer.snapshot``'s form against
+``torch.save``'s and other ways to put the same state into a host's tmpfs.
 
 One process, one thread, the ddp example's state (``examples/ddp/train.py``'s ``CharTransformer``
-with its Adam state, about 1 MB in about 100 tensors), each way timed ``--repeat`` times, medians:
+with its Adam state, about 1 MB in about 120 tensors), each way timed ``--repeat`` times, medians:
 
-- ``rigdeck`` (today): ``torch.save`` of ``(step, state)`` into a buffer (``_torch_save``, no
-  CRC32), then one write of the buffer into ``/dev/shm``: what the snapshot does per host.
-- its two parts: ``torch.save`` alone, the tmpfs write alone.
-- ``torch.save`` in its legacy (non-zip) format.
-- ``flat``: one pickle of the structure with each tensor replaced by its index, then every
-  tensor's bytes in one ``torch.cat`` copy and one write: not yet used by rigdeck (a candidate:
-  issue 48's acceptance 6 pays each host's snapshot at every snapshot step).
+- ``rigdeck``: what the snapshot does per host: the flat form (``runtime.flatstate``: one JSON
+  header with each tensor as an index, every tensor's bytes in one ``torch.cat`` copy), written
+  into ``/dev/shm`` buffer by buffer; read back and compared tensor by tensor first.
+- ``torch_save`` (the baseline, and rigdeck's form until this commit): ``torch.save`` of the
+  same ``(step, state)`` into a buffer (no CRC32), then one write of the buffer;
+- its two parts: ``torch.save`` alone, the tmpfs write alone;
+- ``torch.save`` in its legacy (non-zip) format;
+- ``pickle_flat``: the structure pickled with each tensor as a persistent id, then the tensors'
+  bytes in one copy (read back and compared too): a flat form with pickle's reader, which runs
+  code from the file; rigdeck's reads JSON.
 
 Usage: .venv/bin/python bench/snapshot_cost.py [--repeat 200]. Writes bench/results/snapshot_cost.json.
 """
@@ -71,22 +74,22 @@ def check_flat(path: str, state: Any) -> None:
         off += n
     if off != len(blob):
         raise SystemExit(f"flat form: {len(blob) - off} bytes left over")
-    want: list[Any] = []
-
-    def walk(x: Any) -> None:
-        if isinstance(x, torch.Tensor):
-            want.append(x)
-        elif isinstance(x, dict):
-            for v in x.values():
-                walk(v)
-        elif isinstance(x, (list, tuple)):
-            for v in x:
-                walk(v)
-
-    walk(state)
+    want = tensors_of(state)
     same = len(got) == len(want) and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
     if skeleton[0] != state[0] or not same:
         raise SystemExit("flat form: the state read back differs")
+
+
+def tensors_of(x: Any) -> list[Any]:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, dict):
+        return [t for v in x.values() for t in tensors_of(v)]
+    if isinstance(x, (list, tuple)):
+        return [t for v in x for t in tensors_of(v)]
+    return []
 
 
 def median_ms(fn: Callable[[], None], repeat: int) -> float:
@@ -107,7 +110,7 @@ def main() -> int:
     meta = run_meta()
     import torch
 
-    from runtime.checkpoint import _torch_save
+    from runtime.checkpoint import _loads, _snapshot_parts, _torch_save
 
     torch.set_num_threads(1)
     state = (1, example_state())
@@ -120,6 +123,10 @@ def main() -> int:
                     f.write(p)
 
         def rigdeck() -> None:
+            parts, _keep = _snapshot_parts(state)
+            write(*parts)
+
+        def torch_save() -> None:
             buf = io.BytesIO()
             _torch_save(state, buf)
             write(buf.getvalue())
@@ -151,16 +158,22 @@ def main() -> int:
             blob = torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
             write(buf.getvalue(), memoryview(blob.numpy()))
 
-        flat()  # the flat form holds the same state: read it back and compare every tensor
+        flat()  # the pickled flat form holds the same state: read it back and compare every tensor
         check_flat(path, state)
-        ways = {"rigdeck": rigdeck, "torch_save_only": save_only, "tmpfs_write_only": lambda: write(data),
-                "torch_save_legacy": legacy, "flat": flat}
+        rigdeck()  # and so does rigdeck's, read by its own reader
+        back = _loads(Path(path).read_bytes(), "cpu", True)
+        if back[0] != state[0] or not all(torch.equal(a, b) for a, b in zip(
+                tensors_of(back), tensors_of(state), strict=True)):
+            raise SystemExit("rigdeck's snapshot: the state read back differs")
+        ways = {"rigdeck": rigdeck, "torch_save": torch_save, "torch_save_only": save_only,
+                "tmpfs_write_only": lambda: write(data), "torch_save_legacy": legacy, "pickle_flat": flat}
         ms = {name: median_ms(fn, args.repeat) for name, fn in ways.items()}
     print(f"the ddp example's state, {len(data) / 1e6:.2f} MB; median of {args.repeat}, one thread")
     for name, v in ms.items():
-        print(f"  {name:18} {v:6.2f} ms   {v / ms['rigdeck']:.2f}x rigdeck's")
+        print(f"  {name:18} {v:6.2f} ms   {v / ms['torch_save']:.2f}x torch.save's")
+    print(f"rigdeck's snapshot costs {ms['rigdeck'] / ms['torch_save']:.2f}x the torch.save way")
     write_result(args.out, {"state_mb": len(data) / 1e6, "repeat": args.repeat, "median_ms": ms,
-                            "ratio_flat_to_rigdeck": ms["flat"] / ms["rigdeck"]}, meta)
+                            "ratio_rigdeck_to_torch_save": ms["rigdeck"] / ms["torch_save"]}, meta)
     return 0
 
 

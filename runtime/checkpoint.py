@@ -19,8 +19,9 @@ Every file is written to a temporary name in the same directory, flushed, fsynce
 the directory is fsynced after each rename. A checkpoint without its manifest is incomplete and
 ignored, so a save killed at any moment leaves the previous good checkpoint in charge.
 
-**Memory snapshots** (``Checkpointer.snapshot``, called every step): the state, torch.save'd to
-bytes, goes into a tmpfs directory of the host (``/dev/shm/rigdeck-mem-<uid>/<job id>/``: it
+**Memory snapshots** (``Checkpointer.snapshot``, called every step): the state, in the flat form of
+``runtime.flatstate`` (one JSON header and the tensors' bytes in one copy; ``torch.save``'s where
+that cannot hold it), goes into a tmpfs directory of the host (``/dev/shm/rigdeck-mem-<uid>/<job id>/``: it
 outlives the rank's process, not the host), as ``step-00000121.snap`` (a tmp name, renamed; the
 newest ``memory_keep`` kept). One rank per host writes it (local rank 0): under the replicated
 policies every rank holds the same state, so each host of the job keeps its own copy and a host
@@ -50,7 +51,7 @@ import warnings
 import weakref
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from runtime import metrics
+from runtime import flatstate, metrics
 from runtime.cluster import ClusterInfo, ClusterInfoError, check_policy, cluster_info, resolve_owner
 from runtime.metrics import METRICS_DIR_ENV, Reporter
 
@@ -592,15 +593,13 @@ class Checkpointer:
                     step % n == 0 if step - call_step == 1 else step // n != last // n):
                 return False
         t0 = time.perf_counter()
-        buf = io.BytesIO()
-        _torch_save((step, state), buf)  # (no CRC32: a second pass over the bytes)
-        data = buf.getvalue()
+        parts, _keep = _snapshot_parts((step, state))
         if sharded:
-            if not self._snapshot_sharded(step, data, proposed):
+            if not self._snapshot_sharded(step, b"".join(parts), proposed):
                 return False
         else:
             try:
-                self._write_snapshot(self.memory_dir, step, data)
+                self._write_snapshot(self.memory_dir, step, parts)
             except OSError as e:
                 self._snapshots_off(e)
                 return False
@@ -610,7 +609,8 @@ class Checkpointer:
         self._snap_last_step = step
         return True
 
-    def _write_snapshot(self, directory: str, step: int, data: bytes) -> None:
+    def _write_snapshot(self, directory: str, step: int, data: Any) -> None:
+        """``data``: the snapshot's bytes, or the buffers to write one after the other."""
         path = os.path.join(directory, _checkpoint_name(step) + ".snap")
         tmp = _tmp_name(path)
         try:
@@ -618,7 +618,8 @@ class Checkpointer:
             os.makedirs(directory, mode=0o700, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
-                _write_all(fd, memoryview(data))
+                for part in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
+                    _write_all(fd, memoryview(part).cast("B"))
             finally:
                 os.close(fd)
             os.replace(tmp, path)  # tmpfs: no fsync; the rename makes it whole or absent
@@ -1222,21 +1223,35 @@ def _broadcast_bytes(dist: Any, payload: Optional[bytes], src: int) -> bytes:
     return data
 
 
-def _dumps(obj: Any) -> bytes:
-    import io
-
-    import torch
-
+def _snapshot_parts(obj: Any) -> Tuple[List[Any], List[Any]]:
+    """``obj`` as a memory snapshot: (the buffers to write in order, what must stay alive until
+    they are written). The flat form (``runtime.flatstate``: one JSON header, the tensors' bytes
+    in one copy) where it holds ``obj`` exactly, else ``torch.save``'s (without CRC32: a second
+    pass over the bytes)."""
+    flat = flatstate.encode(obj)
+    if flat is not None:
+        return flat
     buf = io.BytesIO()
-    torch.save(obj, buf)
-    return buf.getvalue()
+    _torch_save(obj, buf)
+    return [buf.getvalue()], []
+
+
+def _dumps(obj: Any) -> bytes:
+    """``obj`` as bytes that ``_loads`` reads back (the flat form where it can)."""
+    parts, _keep = _snapshot_parts(obj)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
 def _loads(data: bytes, map_location: Any, weights_only: bool) -> Any:
-    import io
-
+    """What ``_dumps`` or a snapshot wrote: the flat form (which runs no pickle), else
+    ``torch.load``'s."""
     import torch
 
+    if flatstate.is_flat(data):
+        try:
+            return flatstate.decode(data, map_location)
+        except flatstate.FormatError as e:
+            raise CheckpointError(f"memory snapshot: {e}") from None
     return torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
 
 

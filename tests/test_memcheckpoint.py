@@ -206,12 +206,13 @@ def test_an_interval_that_falls_or_rises_keeps_each_snapshot_on_the_grid_and_doe
     clock = [0.0]
     cost = [0.0015]
     monkeypatch.setattr(rc.time, "perf_counter", lambda: clock[0])
-    real_save = rc._torch_save
+    real_parts = rc._snapshot_parts
 
-    def save(state: Any, out: Any) -> None:
-        real_save(state, out)
+    def parts(state: Any) -> Any:
+        got = real_parts(state)
         clock[0] += cost[0]
-    monkeypatch.setattr(rc, "_torch_save", save)
+        return got
+    monkeypatch.setattr(rc, "_snapshot_parts", parts)
     c = Checkpointer(str(tmp_path / "ckpt"), environ=_env(tmp_path), snapshot_budget=0.02)
     took: dict[int, int] = {}
     every: dict[int, int] = {}
