@@ -67,7 +67,7 @@ _CHUNK = 32 << 20
 _moves_reported: set = set()
 MEMORY_DIR_ENV = "RIGDECK_MEMORY_DIR"  # where memory snapshots go (default under /dev/shm)
 MEMORY_ROOT = "/dev/shm"
-SNAPSHOT_BUDGET = 0.01  # memory snapshots may cost at most this share of the step time (per host)
+SNAPSHOT_BUDGET = 0.005  # memory snapshots may cost at most this share of the step time (per host)
 
 
 def _power_of_two_at_least(n: int) -> int:
@@ -260,7 +260,7 @@ class Checkpointer:
     ``memory_dir``: where ``snapshot`` keeps this host's memory snapshots (default
     ``$RIGDECK_MEMORY_DIR``, else ``/dev/shm/rigdeck-mem-<uid>/<job id>``, or ``.../dir-<hash of
     dir>`` outside a rigdeck job); ``memory_keep``: how many it keeps (default 2);
-    ``snapshot_budget``: the share of the step time snapshots may cost (default 0.01): a snapshot
+    ``snapshot_budget``: the share of the step time snapshots may cost (default 0.005): a snapshot
     slower than that is taken every N steps instead of every step.
 
     ``async_save``: a save by a file owner (not under ``all``) serialises the state and returns;

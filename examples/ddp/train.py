@@ -4,7 +4,7 @@ Uses the rigdeck runtime end to end: ``init_distributed`` (torchrun, rigdeck or 
 ``ddp`` (bucket_cap_mb=64), ``scaled_lr`` (linear scaling rule with warmup), ``report`` every step,
 and a ``Checkpointer`` that saves every ``--checkpoint-every`` steps under the job's ownership
 policy, keeps a memory snapshot of the last steps on each host (``snapshot``: every step, or every
-N where that would cost more than 1% of the step time; ``--no-memory-snapshots`` turns it off) and
+N where that would cost more than 0.5% of the step time; ``--no-memory-snapshots`` turns it off) and
 resumes from the newest step held, in memory or on disk, on start.
 
     .venv/bin/torchrun --standalone --nproc-per-node 2 examples/ddp/train.py --steps 60
