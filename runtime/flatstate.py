@@ -9,7 +9,8 @@ they are::
 
     RDFLAT1\\n | header length (8 bytes, little-endian) | header (JSON) | the tensors' bytes
 
-The header holds the tree, each tensor's dtype, shape, byte count and device, and the bytes' total:
+The header holds the tree, each tensor's dtype, shape, byte count, device (and whether it requires
+grad), and the bytes' total:
 a short or long file is refused. Reading runs no pickle: nothing in a snapshot (a peer's included)
 can run code, whatever ``weights_only`` says. A state this form cannot hold exactly (a tensor
 subclass such as ``nn.Parameter``, a sparse or quantized tensor, a numpy array, any other object)
@@ -85,6 +86,8 @@ def encode(obj: Any) -> Optional[Tuple[List[Any], List[Any]]]:
                 n = t.numel() * t.element_size()
                 views.append(t.contiguous().reshape(-1).view(torch.uint8))
                 meta[i] = [str(t.dtype).rsplit(".", 1)[-1], list(t.shape), n, str(device)]
+                if tensors[i].requires_grad:
+                    meta[i].append(1)
             blob = views[0].clone() if len(views) == 1 else torch.cat(views)
             if blob.device.type != "cpu":
                 blob = blob.cpu()  # one copy off the device for all of its tensors
@@ -143,10 +146,14 @@ def decode(data: Any, map_location: Any = None) -> Any:
         raise FormatError("tensors: expected a list")
     for i, spec in enumerate(specs):
         try:
-            dname, shape, nbytes, location = spec
+            dname, shape, nbytes, location, *grad = spec
+            if grad not in ([], [1]):
+                raise FormatError(f"tensor {i}: malformed {spec!r}")
             dtype = getattr(torch, dname) if isinstance(dname, str) else None
             if not isinstance(dtype, torch.dtype):
                 raise FormatError(f"tensor {i}: unknown dtype {dname!r}")
+            if grad and not (dtype.is_floating_point or dtype.is_complex):
+                raise FormatError(f"tensor {i}: a {dname} tensor cannot require grad")
             if (not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape)
                     or type(nbytes) is not int or not isinstance(location, str)):
                 raise FormatError(f"tensor {i}: malformed {spec!r}")
@@ -164,7 +171,8 @@ def decode(data: Any, map_location: Any = None) -> Any:
         else:
             t = torch.empty(shape, dtype=dtype)
         offset += nbytes
-        tensors.append(_place(t, location, map_location, torch))
+        t = _place(t, location, map_location, torch)
+        tensors.append(t.requires_grad_() if grad else t)
     if offset != total:
         raise FormatError(f"the tensors hold {offset} bytes, the header says {total}")
     try:

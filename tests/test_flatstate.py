@@ -22,6 +22,7 @@ torch = pytest.importorskip("torch")
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor):
         return (type(b) is torch.Tensor and a.dtype == b.dtype and a.shape == b.shape
+                and a.requires_grad == b.requires_grad
                 and torch.equal(a.resolve_conj().resolve_neg(), b))
     if isinstance(a, dict):
         return type(a) is type(b) and list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
@@ -58,6 +59,7 @@ def test_a_model_and_its_adam_state_come_back_exactly_each_tensor_in_its_own_mem
         "int64_slice": torch.arange(20)[::3],
         "complex_conj": torch.randn(3, dtype=torch.complex64).conj(),  # a conjugate view
         "nested": [[torch.ones(2)], ()],
+        "leaf": torch.ones(2, requires_grad=True),
     }
     state = (7, {"model": model.state_dict(), "optimizer": opt.state_dict(), "odd": odd})
     data = _dumps(state)
@@ -141,6 +143,8 @@ def _forged(header: dict, payload: bytes = b"") -> bytes:
     ({"tree": ["D", [[["L", []], 1]]], "tensors": [], "bytes": 0}, "malformed tree"),  # a list as a key
     ({"tree": ["T", 0], "tensors": [["float32", [-1], 4, "cpu"]], "bytes": 4}, "malformed"),
     ({"tensors": [], "bytes": 0}, "unreadable header"),
+    ({"tree": ["T", 0], "tensors": [["int32", [1], 4, "cpu", 1]], "bytes": 4}, "cannot require grad"),
+    ({"tree": ["T", 0], "tensors": [["float32", [1], 4, "cpu", 2]], "bytes": 4}, "malformed"),
 ])
 def test_a_forged_header_is_refused_and_runs_nothing(header: dict, problem: str) -> None:
     payload = b"\0" * int(header.get("bytes", 0))
