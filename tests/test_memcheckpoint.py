@@ -484,7 +484,8 @@ def test_a_hung_rank_resumes_from_the_memory_snapshot_of_the_last_step(cli: Cli,
 @pytest.mark.testbed
 def test_an_xid_on_a_ranks_gpu_resumes_away_from_it_from_the_memory_snapshot(cli: Cli, tmp_path: Path) -> None:
     """XID 79 under rank 1: its next step fails as a CUDA call on a lost GPU does; the GPU is
-    drained and the job restarts away from it, from the last completed step in memory. Under
+    drained and the job restarts away from it (on another GPU of the same host), from the last
+    completed step in memory. Under
     ``owner = "all"``: each rank's state is its own, and each gets its own back (the script
     checks), from its host or from the copy on the other."""
     ckpt, dead = tmp_path / "ckpt", tmp_path / "dead"
@@ -496,8 +497,8 @@ def test_an_xid_on_a_ranks_gpu_resumes_away_from_it_from_the_memory_snapshot(cli
     host, gpu = "", -1
     try:
         job_id = running_at_step(cli, "mem-xid", 6)
-        node = cli.json("status", job_id)["placement"][1]
-        host, gpu = node["host"], node["gpus"][0]
+        first = cli.json("status", job_id)["placement"]
+        host, gpu = first[1]["host"], first[1]["gpus"][0]
         write_faults(cli, host, {str(gpu): {"xid": 79}})
         (dead / f"dead-{cli.bed.hosts[host_index(cli, host) - 1].hostname}-{gpu}").write_text("")
         out, _err = waiter.communicate(timeout=180)
@@ -515,6 +516,8 @@ def test_an_xid_on_a_ranks_gpu_resumes_away_from_it_from_the_memory_snapshot(cli
         assert (inc["kind"], inc["host"], inc["gpu"]) == ("gpu", host, gpu), json.dumps(
             {"incident": inc, "events": status.get("events")}, indent=1)[-6000:]
         assert all((n["host"], g) != (host, gpu) for n in final["placement"] for g in n["gpus"])
+        # the restart stays on its hosts (another GPU of the drained one's), not on a spare
+        assert [n["host"] for n in final["placement"]] == [n["host"] for n in first], final["placement"]
         _check_resumed_from_memory(cli, final, world=2)
         assert list(ckpt.iterdir()) == []
     finally:

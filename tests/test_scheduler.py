@@ -142,6 +142,22 @@ def test_down_hosts_are_never_chosen() -> None:
     assert "h2 stale" in str(info.value)
 
 
+def test_a_restart_keeps_its_previous_hosts_where_they_have_room() -> None:
+    """After an XID drained GPU 0 of h2, the 3-node restart stays on h1-h3 (h2's GPU 1), not on
+    the spare h4 with more free GPUs; a previous host without room is left for the next."""
+    s = Scheduler()
+    cap = [host("h1", 2, foreign=[1]), host("h2", 2, foreign=[0]), host("h3", 2, foreign=[1]), host("h4", 2)]
+    job = gpu_job("ddp", 3, 1)
+    assert gpus_of(s.reserve("fresh", job, cap)) == {"h4": (0,), "h1": (0,), "h2": (1,)}  # most free first
+    s.release("fresh")
+    p = s.reserve("j", job, cap, prefer_hosts=["h1", "h2", "h3"])
+    assert gpus_of(p) == {"h1": (0,), "h2": (1,), "h3": (0,)}
+    s.release("j")
+    full = [host("h1", 2, foreign=[1]), host("h2", 2, foreign=[0, 1]), host("h3", 2, foreign=[1]), host("h4", 2)]
+    assert gpus_of(s.reserve("j", job, full, prefer_hosts=["h1", "h2", "h3"])) == {
+        "h1": (0,), "h3": (0,), "h4": (0,)}
+
+
 def test_excluded_hosts_are_never_chosen() -> None:
     s = Scheduler()
     cap = [host("h1", 8), host("h2", 4)]

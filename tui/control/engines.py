@@ -116,11 +116,12 @@ class Engine(Protocol):
     name: str
 
     def place(self, job_id: str, spec: JobSpec, *, capacity: Any = None,
-              exclude: Sequence[str] | None = None) -> Placement:
+              exclude: Sequence[str] | None = None, prefer: Sequence[str] = ()) -> Placement:
         """Where the job's next attempt runs, held for it: rigdeck's reserved and claimed GPUs,
         or the nodes and GPUs Slurm allocated. ``capacity``: the hosts' as a caller has just read
-        it; ``exclude``: a restart's hosts out of reach (None: a first start). Raises
-        PlacementError or EngineError."""
+        it; ``exclude``: a restart's hosts out of reach (None: a first start); ``prefer``: a
+        restart's previous hosts, taken first where they still have room (their warm standbys and
+        memory snapshots are there). Raises PlacementError or EngineError."""
         ...
 
     def start(self, job_id: str, spec: JobSpec, placement: Placement, restart_count: int) -> None:
@@ -162,12 +163,13 @@ class OwnHosts:
         self.jm = jm
 
     def place(self, job_id: str, spec: JobSpec, *, capacity: Any = None,
-              exclude: Sequence[str] | None = None) -> Placement:
+              exclude: Sequence[str] | None = None, prefer: Sequence[str] = ()) -> Placement:
         jm = self.jm
         if capacity is None:
             candidates = [h for h in (list(spec.hosts) or jm.ctl.inventory.names) if h not in (exclude or ())]
             capacity = jm.capacity(candidates, skip=job_id if exclude is not None else None)
-        placement = jm.scheduler.reserve(job_id, spec, capacity, exclude_hosts=list(exclude or ()))
+        placement = jm.scheduler.reserve(job_id, spec, capacity, exclude_hosts=list(exclude or ()),
+                                         prefer_hosts=prefer)
         try:
             if exclude is None:  # a first start checks room and GPUs first; a restart claims at once
                 self._preflight(job_id, placement, spec)
@@ -443,7 +445,8 @@ class SlurmEngine:
                                            "cancelled": cancelled, "nodes": list(old.get("nodes") or [])})
 
     def place(self, job_id: str, spec: JobSpec, *, capacity: Any = None,
-              exclude: Sequence[str] | None = None) -> Placement:
+              exclude: Sequence[str] | None = None, prefer: Sequence[str] = ()) -> Placement:
+        # (Slurm chooses the nodes: ``prefer`` is not passed on)
         self._one_read.placing, self._one_read.find = True, None
         try:
             return self._place(job_id, spec, capacity=capacity, exclude=exclude)

@@ -1408,7 +1408,9 @@ class JobManager:
             engine = self.engine(rec)
             try:
                 capacity = None if engine.name == "slurm" else self.capacity(candidates, skip=job_id)
-                placement = engine.place(job_id, spec, capacity=capacity, exclude=dead)
+                placement = engine.place(job_id, spec, capacity=capacity, exclude=dead,
+                                         prefer=[str(n.get("host")) for n in rec.get("placement") or ()
+                                                 if isinstance(n, dict)])
                 extra = engine.record(job_id)
                 if extra:
                     self.history.update(job_id, **extra)

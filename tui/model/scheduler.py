@@ -319,9 +319,11 @@ class Scheduler:
         capacity: Sequence[HostCapacity],
         *,
         exclude_hosts: Iterable[str] = (),
+        prefer_hosts: Iterable[str] = (),
     ) -> Placement:
         """Choose hosts and GPUs for ``spec`` and hold them for ``job_id``; PlacementError if
-        it does not fit (nothing is held then)."""
+        it does not fit (nothing is held then). ``prefer_hosts`` (a restart's previous hosts) are
+        chosen before others where they have room."""
         exclude = frozenset(exclude_hosts)
         with self._lock:
             if job_id in self._reservations:
@@ -330,7 +332,7 @@ class Scheduler:
                     " (release it first)"
                 )
             views = _views(capacity, self._held(), job_id, exclude)
-            placement = _place(spec, views, self._cpu_jobs())
+            placement = _place(spec, views, self._cpu_jobs(), frozenset(prefer_hosts))
             self._reservations[job_id] = placement
             return placement
 
@@ -396,7 +398,8 @@ def _free_listing(views: Mapping[str, _HostView], gpu_job: bool) -> str:
     return f"{'free' if gpu_job else 'hosts'}: {hosts}"
 
 
-def _place(spec: JobSpec, views: Mapping[str, _HostView], cpu_jobs: Mapping[str, int]) -> Placement:
+def _place(spec: JobSpec, views: Mapping[str, _HostView], cpu_jobs: Mapping[str, int],
+           prefer: frozenset[str] = frozenset()) -> Placement:
     if spec.pools:
         return _place_pools(spec, views, cpu_jobs)
     gpu_job = spec.gpus_per_node is not None
@@ -429,13 +432,13 @@ def _place(spec: JobSpec, views: Mapping[str, _HostView], cpu_jobs: Mapping[str,
         fits = [v for v in views.values() if v.usable and len(v.free) >= k]
         if len(fits) < n:
             raise fail(f"hosts with >= {_plural(k, 'free GPU')}: {len(fits)}")
-        fits.sort(key=lambda v: (-len(v.free), v.name))
+        fits.sort(key=lambda v: (v.name not in prefer, -len(v.free), v.name))
         chosen = fits[:n]
     else:
         usable = [v for v in views.values() if v.usable]
         if len(usable) < n:
             raise fail(f"hosts up: {len(usable)}")
-        usable.sort(key=lambda v: (bool(v.cap.gpus), cpu_jobs.get(v.name, 0), v.name))
+        usable.sort(key=lambda v: (v.name not in prefer, bool(v.cap.gpus), cpu_jobs.get(v.name, 0), v.name))
         chosen = usable[:n]
 
     slots = spec.slots_per_node
