@@ -13,6 +13,9 @@ TORCH_SPEC ?= torch==2.13.0
 # gets paramiko's own threads), but the hub's tests need the hub. `make test
 # PARAMIKO_SPEC=paramiko` tries the newest; test_hub names what to check when it differs.
 PARAMIKO_SPEC ?= paramiko==5.1.0
+# bench/goodput.py's ft_launcher side (NVIDIA's resiliency extension), without its dependencies:
+# torch is the one above; pyproject's bench extra has the others, and says why not pynvml.
+NVRX_SPEC ?= nvidia-resiliency-ext==0.4.1
 DEB_PACKAGES := openssh-server openssh-client openmpi-bin iproute2 tmux iptables procps fish chromium rsync prometheus prometheus-node-exporter slurm-wlm munge slurmdbd mariadb-server podman runc mmdebstrap uidmap docker.io
 PYTEST_ARGS ?=
 # The suite runs in this many pytest-xdist workers, a test module to a worker, each worker with a
@@ -37,6 +40,11 @@ $(VENV)/.installed: pyproject.toml | $(PY)
 $(VENV)/.installed-test: pyproject.toml $(VENV)/.installed
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[test,train,dev]" "$(PARAMIKO_SPEC)"
+	touch $@
+
+$(VENV)/.installed-bench: pyproject.toml $(VENV)/.installed-test
+	$(PY) -m pip install -q --no-deps "$(NVRX_SPEC)"
+	$(PY) -m pip install -q -e ".[bench]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -132,7 +140,7 @@ screenshots: sysdeps $(VENV)/.installed-test
 	$(PY) -m tests.webpage
 
 # Every benchmark in sequence (the test bed ones need root); each writes bench/results/<name>.json.
-bench: sysdeps $(VENV)/.installed-test image
+bench: sysdeps $(VENV)/.installed-test $(VENV)/.installed-bench image
 	$(PY) bench/deploy.py
 	$(PY) bench/telemetry.py
 	$(PY) bench/scale.py

@@ -1,8 +1,8 @@
-"""Goodput under failures: rigdeck against torchrun alone and with an operator, one fault schedule, 3 runs.
+"""Goodput under failures: rigdeck against torchrun (alone, with an operator) and ft_launcher, one fault schedule.
 
 A 3-host data-parallel job (``bench/scripts/goodput_train.py``: gloo on CPU, one rank per host on one
 simulated GPU, a checkpoint every ~30 s) on a 4-host test bed: one host is the spare. The same
-faults hit both, one every ``--gap`` seconds (default 120) from ``--first`` (60) after the launch:
+faults hit every side, one every ``--gap`` seconds (default 120) from ``--first`` (60) after the launch:
 
 1. ``hang``: rank 1 stops before its all-reduce, alive (every process lives).
 2. ``xid``: the GPU under node 1 gets XID 79 (fell off the bus): its telemetry says so (the
@@ -26,8 +26,31 @@ faults hit both, one every ``--gap`` seconds (default 120) from ``--first`` (60)
   everywhere and starts it again by hand on healthy hardware (another GPU of that host after the
   XID, the spare host after the host loss). Those recoveries are marked ``operator``; with nobody
   watching (a night), each would last until someone looked.
+- ``ft_launcher (nvidia-resiliency-ext)``, the automated baseline with hang detection: NVIDIA's
+  resiliency extension (0.4.1, installed by ``make bench``), what a user who wants hangs caught
+  runs without rigdeck: ``ft_launcher`` with torchrun's side's settings (``--nnodes 3
+  --nproc-per-node 1 --max-restarts 3 --rdzv-backend c10d``, its default restart policy
+  ``any-failed``, over ``ssh`` on each host, its own JSON checkpoints), and in the script what its
+  documentation asks (``goodput_train.py --nvrx``): a ``RankMonitorClient`` once the process group
+  is up and a heartbeat after each step. Each rank's monitor kills its rank when the heartbeats
+  stop for longer than the timeouts, set as a careful user sets them for this job: initial
+  (process group up to the first heartbeat: the resume and one step, a second or two; a slow cold
+  start on the loaded bed must not count as a hang) 60 s, between heartbeats 5 s (a step is
+  ~0.3 s, a checkpoint's two barriers a little more: over 10 steps, and seconds of margin for a
+  rank that the two cores pause), checked every 1 s (``--ft-workload-check-interval``; its
+  default 5 s would add up to 5 s to each detection). Its learned timeouts are not used
+  (``calculate_and_set_hb_timeouts``, 5 x the longest interval seen: after 100 steps of this job
+  on CPU, 1.6 s between heartbeats, too close to the pauses of a loaded machine, and 0.02 s for
+  the first, which a slower first step after a restart would miss). Its agent then restarts the
+  gang, as torchrun's does for a worker that exited, ``max_restarts`` times per host (a gang
+  restart counts on every host). Its node health checks (NVML's
+  GPU recovery action, driver r570+; InfiniBand links) see nothing on the bed (no NVML, no
+  InfiniBand: the simulated GPUs' XID is in rigdeck's telemetry only), so there the XID is known
+  to it only by the rank's failures; no spare agent waits (torchrun's settings), and nobody steps
+  in. Each host's ft_launcher gets a ``TMPDIR`` of its own: it names its sockets there by its pid,
+  and the bed's hosts share this machine's ``/tmp`` but not its pids.
 
-Both sides' figures come from the same records by the same code: rank 0's step reports (time,
+Every side's figures come from the same records by the same code: rank 0's step reports (time,
 step, attempt) from the ranks' metrics files, and a poller that lists the job's processes on every
 host every 0.25 s (one read of this machine's /proc, under which the bed's hosts are PID
 namespaces; rigdeck's warm standbys are not the job's until an attempt adopts them).
@@ -43,7 +66,7 @@ Targets (issue 48): rigdeck goodput >= 0.93; detected within 5 s for a hang and 
 for a killed rank and an XID; the next first step within 5 s of detection on the surviving hosts
 (10 s onto the spare); at most one step lost per fault.
 
-Needs root (the network-namespace test bed), about 3 x (first + 4 gap + 1 min) a run: 30 min, and
+Needs root (the network-namespace test bed), about 4 x (first + 4 gap + 1 min) a run: 40 min, and
 3 runs by default (the result is written after each; the targets are judged over all of them, by
 the p95 of each fault kind).
 Usage: python bench/goodput.py [--runs 3] [--gap 120] [--first 60] [--give-up 60] [--only SIDE]
@@ -53,6 +76,7 @@ Usage: python bench/goodput.py [--runs 3] [--gap 120] [--first 60] [--give-up 60
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import shlex
@@ -416,6 +440,77 @@ class TorchrunAlone(ByHand):
         return False
 
 
+# ft_launcher's rank monitor (nvidia-resiliency-ext), as a careful user sets it for this job: see
+# the docstring. The ranks send a heartbeat after each step (goodput_train.py --nvrx).
+NVRX_INITIAL_HB_TIMEOUT = 60.0  # process group up to the first heartbeat: the resume and one step
+NVRX_HB_TIMEOUT = 5.0  # between two heartbeats: a step is ~0.3 s, a checkpoint's barriers a little more
+NVRX_CHECK_INTERVAL = 1.0  # how often the monitor compares (its default, 5 s, would add up to 5 s)
+
+
+class FtLauncher(ByHand):
+    """NVIDIA's resiliency extension: ``ft_launcher`` (torchrun's agent with a rank monitor per
+    rank that kills a rank whose heartbeats stop) with torchrun's side's settings; nobody steps in."""
+
+    def train_args(self) -> list[str]:
+        return [*super().train_args(), "--nvrx"]
+
+    def launch(self) -> None:
+        self.launches += 1
+        master = self.bed.hosts[self.hosts[0][0] - 1].address
+        port = 29450 + self.launches
+        ft_launcher = str(Path(sys.executable).with_name("ft_launcher"))
+        for node, (i, gpu) in enumerate(self.hosts):
+            rdzv = ["--rdzv-conf", f"is_host={int(node == 0)}", "--local-addr", self.bed.hosts[i - 1].address]
+            # ft_launcher names its sockets in the temporary directory by its pid: the bed's hosts
+            # share this machine's /tmp but each has its own pids, so each gets its own, as a real
+            # host has.
+            tmp = self.tmp / f"ft-tmp-{self.launches}-h{i}"
+            tmp.mkdir()
+            remote = shlex.join([
+                "env", "OMP_NUM_THREADS=1", "GLOO_SOCKET_IFNAME=eth0", f"RIGDECK_METRICS_DIR={self.mdir}",
+                f"CUDA_VISIBLE_DEVICES={gpu}", f"PYTHONPATH={ROOT}", f"TMPDIR={tmp}",
+                ft_launcher, "--nnodes", str(NODES), "--nproc-per-node", "1",
+                "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master}:{port}",
+                "--rdzv-id", f"goodput-nvrx-{self.launches}", *rdzv,
+                "--ft-initial-rank-heartbeat-timeout", str(NVRX_INITIAL_HB_TIMEOUT),
+                "--ft-rank-heartbeat-timeout", str(NVRX_HB_TIMEOUT),
+                "--ft-workload-check-interval", str(NVRX_CHECK_INTERVAL),
+                *self.train_args()])
+            log = open(self.tmp / f"nvrx-{self.launches}-h{i}.log", "w")
+            self.procs.append(subprocess.Popen(self.bed.ssh_argv(i, remote), stdout=log, stderr=subprocess.STDOUT,
+                                               stdin=subprocess.DEVNULL))
+
+    def operate(self, t_fault: float, kind: str, records: list[dict[str, Any]]) -> bool:
+        return False  # nobody steps in
+
+    def finish(self) -> dict[str, Any]:
+        return {**super().finish(), "ft_launcher": self.log_counts()}
+
+    def log_counts(self) -> dict[str, dict[str, int]]:
+        """From each host's ft_launcher log: its restarts of its failed worker group (counted
+        against its --max-restarts: each agent counts its own), those to let another host's agent
+        back in (not counted), and its rank monitor's heartbeat timeouts."""
+        out = {}
+        for i, _ in self.hosts:
+            try:
+                text = (self.tmp / f"nvrx-{self.launches}-h{i}.log").read_text(errors="replace")
+            except OSError:
+                continue
+            out[self.bed.hosts[i - 1].name] = {
+                "restarts": text.count("attempts left; will restart worker group"),
+                "rejoin_restarts": text.count("new nodes from group_rank"),
+                "heartbeat_timeouts": text.count("FT timeout elapsed")}
+        return out
+
+
+def nvrx_version() -> str:
+    """The installed nvidia-resiliency-ext's version, or "" (then its side cannot run)."""
+    try:
+        return importlib.metadata.version("nvidia-resiliency-ext")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
 def new_first_step(records: list[dict[str, Any]], t_fault: float, old_attempts: set[int]) -> dict[str, Any] | None:
     return next((r for r in records if r["time"] > t_fault and r["restart"] not in old_attempts), None)
 
@@ -483,7 +578,10 @@ SIDES: list[tuple[str, type[Side], str]] = [
     ("rigdeck", Rigdeck, "rigdeck"),
     ("torchrun-alone", TorchrunAlone, "torchrun --max-restarts"),
     ("by-hand", ByHand, "torchrun by hand"),
+    ("nvrx", FtLauncher, "ft_launcher (nvidia-resiliency-ext)"),
 ]
+# each side's key in the JSON result
+RESULT_KEY = {"rigdeck": "rigdeck", "torchrun-alone": "torchrun_alone", "by-hand": "torchrun_by_hand", "nvrx": "nvrx"}
 
 
 def _fmt(v: Any, unit: str = " s") -> str:
@@ -524,28 +622,31 @@ def run_once(bed: TestBed, tmp: Path, env: dict[str, str], args: argparse.Namesp
 
 
 def report_run(results: dict[str, Any], n: int) -> dict[str, Any]:
-    """Print one run's table; its figures and targets."""
-    ours = results["rigdeck"]
-    go = ours["goodput"]["ratio"]
-    shown = ", ".join(f"{name} {results[key]['goodput']['ratio']:.3f}" for key, _, name in SIDES)
-    print(f"\nrun {n}: goodput over {ours['wall_s']:.0f} s: {shown}")
-    for key, _, name in SIDES[1:]:
-        g = results[key]["goodput"]["ratio"]
-        print(f"  rigdeck / {name}: {go / g if g else float('inf'):.2f}x")
-    print(f"  {'fault':6} {'side':26} {'detect':>10} {'first step after':>17} {'steps lost':>11}")
+    """Print one run's table; its figures and targets (those of the sides it has: ``--only`` one)."""
+    sides = [(key, name) for key, _, name in SIDES if key in results]
+    ours = results.get("rigdeck")
+    go = ours["goodput"]["ratio"] if ours else None
+    shown = ", ".join(f"{name} {results[key]['goodput']['ratio']:.3f}" for key, name in sides)
+    print(f"\nrun {n}: goodput over {results[sides[0][0]]['wall_s']:.0f} s: {shown}")
+    ratios = {key: (go / results[key]["goodput"]["ratio"] if results[key]["goodput"]["ratio"] else None)
+              for key, _ in sides if ours and key != "rigdeck"}
+    for key, name in sides:
+        if key in ratios:
+            print(f"  rigdeck / {name}: {ratios[key] if ratios[key] is not None else float('inf'):.2f}x")
+    print(f"  {'fault':6} {'side':36} {'detect':>10} {'first step after':>17} {'steps lost':>11}")
     for k, kind in enumerate(FAULTS):
-        for key, _, name in SIDES:
+        for key, name in sides:
             f = results[key]["faults"][k]
             op = " (operator)" if f.get("operator_s") else ""
             detect = "none alive" if f.get("alive_at_fault") == 0 else _fmt(f["detect_s"])
-            print(f"  {kind:6} {name:26} {detect:>10} {_fmt(f['first_step_s']) + op:>17} "
+            print(f"  {kind:6} {name:36} {detect:>10} {_fmt(f['first_step_s']) + op:>17} "
                   f"{_fmt(f['steps_lost'], ''):>11}")
-    checks = targets([ours])
-    print("  targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in checks.items()))
-    return {"rigdeck": ours, "torchrun_alone": results["torchrun-alone"], "torchrun_by_hand": results["by-hand"],
-            "ratio_goodput": {key: (go / results[key]["goodput"]["ratio"] if results[key]["goodput"]["ratio"]
-                                    else None) for key, _, _ in SIDES[1:]},
-            "targets": checks}
+    out = {RESULT_KEY[key]: results[key] for key, _ in sides}
+    if ours:
+        out["ratio_goodput"] = ratios
+        out["targets"] = checks = targets([ours])
+        print("  targets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in checks.items()))
+    return out
 
 
 def targets(runs: list[dict[str, Any]]) -> dict[str, bool]:
@@ -570,9 +671,9 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     ours = [r["rigdeck"] for r in runs]
     out: dict[str, Any] = {
         "runs": len(runs),
-        "goodput": {key: [r[field]["goodput"]["ratio"] for r in runs]
-                    for key, field in (("rigdeck", "rigdeck"), ("torchrun_alone", "torchrun_alone"),
-                                       ("torchrun_by_hand", "torchrun_by_hand"))},
+        "goodput": {field: [r[field]["goodput"]["ratio"] for r in runs] for field in RESULT_KEY.values()},
+        # rigdeck's goodput over each baseline's, run by run
+        "ratio_goodput": {RESULT_KEY[key]: [r["ratio_goodput"][key] for r in runs] for key, _, _ in SIDES[1:]},
         "per_kind_p95": {},
         "targets": targets(ours),
     }
@@ -601,6 +702,11 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="leave the bed up at the end (a trial: to look at it)")
     args = ap.parse_args()
     meta = run_meta()
+    if args.only in (None, "nvrx") and not (nvrx_version() and Path(sys.executable).with_name("ft_launcher").exists()):
+        print(f"bench/goodput.py's nvrx side needs ft_launcher beside {sys.executable}: make bench installs it "
+              "(pip install --no-deps nvidia-resiliency-ext==0.4.1 and its extra: pip install -e '.[bench]')",
+              file=sys.stderr)
+        return 2
     ok, why = available()
     if not ok:
         print(f"bench/goodput.py needs the test bed: {why}", file=sys.stderr)
@@ -609,6 +715,10 @@ def main() -> int:
               "checkpoint_every_steps": CKPT_EVERY, "first_fault_s": args.first, "gap_s": args.gap,
               "operator_give_up_s": args.give_up, "host_timeout_s": HOST_TIMEOUT,
               "rigdeck_hang_rule": "learned + quiet (agent/hangrule.py)", "rigdeck_memory_snapshots": True,
+              "nvrx": {"ft_launcher": "nvidia-resiliency-ext " + nvrx_version(), "max_restarts": 3,
+                       "restart_policy": "any-failed", "initial_rank_heartbeat_timeout_s": NVRX_INITIAL_HB_TIMEOUT,
+                       "rank_heartbeat_timeout_s": NVRX_HB_TIMEOUT,
+                       "workload_check_interval_s": NVRX_CHECK_INTERVAL, "heartbeat": "after each step"},
               "faults": list(FAULTS), "runs": args.runs}
     runs: list[dict[str, Any]] = []
     with TestBed(NODES + 1, sim_gpus=SIM_GPUS) as bed, tempfile.TemporaryDirectory() as tmpd:
@@ -617,7 +727,9 @@ def main() -> int:
         env = {**os.environ, "RIGDECK_INVENTORY": str(inv), "RIGDECK_HOME": str(tmp / "home")}
         subprocess.run([sys.executable, "-m", "tui.cli", "deploy"], env=env, cwd=ROOT, check=True, capture_output=True)
         if args.only:
-            print(json.dumps(run_once(bed, tmp, env, args, 1), indent=1))
+            got_one = run_once(bed, tmp, env, args, 1)
+            print(json.dumps(got_one, indent=1))
+            report_run(got_one, 1)
             if args.keep:
                 release = tmp / "release"
                 print(f"the bed stays up: RIGDECK_INVENTORY={inv} RIGDECK_HOME={tmp / 'home'}; "
@@ -628,13 +740,18 @@ def main() -> int:
         print(f"{NODES} hosts + 1 spare, 1 rank each (gloo, simulated GPUs), checkpoint every {CKPT_EVERY} steps "
               f"(~{CKPT_EVERY * SLEEP:.0f} s); rigdeck: learned and quiet hang rules, host_timeout {HOST_TIMEOUT}s, "
               f"a memory snapshot every step; torchrun --max-restarts 3 --rdzv-backend c10d alone, and by hand "
-              f"with an operator after {args.give_up:.0f} s; {args.runs} run(s)", flush=True)
+              f"with an operator after {args.give_up:.0f} s; ft_launcher --max-restarts 3 alone, heartbeat "
+              f"timeouts {NVRX_INITIAL_HB_TIMEOUT:.0f} s initial, {NVRX_HB_TIMEOUT:.0f} s; {args.runs} run(s)",
+              flush=True)
         for n in range(1, args.runs + 1):
             runs.append(report_run(run_once(bed, tmp, env, args, n), n))
             got = summary(runs)
             write_result(args.out, {"config": config, "runs": runs, "summary": got}, meta)  # kept after each run
     print(f"\nover {len(runs)} run(s) (rigdeck; p95 per fault kind):")
     print("  goodput: " + ", ".join(f"{key} {min(v):.3f}-{max(v):.3f}" for key, v in got["goodput"].items()))
+    print("  rigdeck / each: " + ", ".join(
+        f"{key} " + " / ".join(f"{x if x is not None else float('inf'):.2f}x" for x in v)
+        for key, v in got["ratio_goodput"].items()))
     for kind, v in got["per_kind_p95"].items():
         print(f"  {kind:6} detect p95 {_fmt(v['detect_s'])}, detection to first step p95 "
               f"{_fmt(v['restart_to_first_step_s'])}, steps lost at most {_fmt(v['steps_lost_max'], '')}")

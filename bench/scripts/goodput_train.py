@@ -1,6 +1,7 @@
 """The data-parallel job of ``bench/goodput.py``: gloo all-reduces each step, a checkpoint every K
-steps in a shared directory, resumed on start. The same script runs under rigdeck and under
-torchrun started by hand; the faults come from outside, through files in ``--ctl``:
+steps in a shared directory, resumed on start. The same script runs under rigdeck, under
+torchrun started by hand and under ft_launcher; the faults come from outside, through files in
+``--ctl``:
 
 - ``hang``: holds a rank number; that rank removes the file and stops before its next all-reduce,
   alive, for good (a hung collective: every other rank waits in it).
@@ -17,8 +18,13 @@ script of one's own does). ``--memory``: through ``runtime.Checkpointer`` instea
 checkpoint every K steps plus a memory snapshot of every completed step (``snapshot``: each
 host's tmpfs), resumed with ``load_latest`` from the newest step any rank's host holds.
 
+``--nvrx`` (under ``ft_launcher``, NVIDIA's resiliency extension, only): what a user of it adds to
+the script, a ``RankMonitorClient`` connected to ft_launcher's rank monitor once the process group
+is up and a heartbeat after each step's all-reduce; the monitor kills a rank whose heartbeats stop
+for longer than the timeouts given to ft_launcher, and ft_launcher restarts the gang.
+
     goodput_train.py --steps N --ckpt DIR --ctl DIR [--sleep S] [--checkpoint-every K] [--tag T]
-                     [--memory]
+                     [--memory] [--nvrx]
 """
 
 import argparse
@@ -40,6 +46,7 @@ p.add_argument("--sleep", type=float, default=0.3)
 p.add_argument("--checkpoint-every", type=int, default=90)
 p.add_argument("--tag", default="", help="only to find this run's processes by their command line")
 p.add_argument("--memory", action="store_true", help="runtime.Checkpointer, with a memory snapshot every step")
+p.add_argument("--nvrx", action="store_true", help="heartbeats to ft_launcher's rank monitor (nvidia-resiliency-ext)")
 args = p.parse_args()
 
 attempt = f"{socket.gethostname()}-{os.getpid()}-{time.time():.3f}"
@@ -47,6 +54,15 @@ host = socket.gethostname()
 gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
 dist.init_process_group("gloo", init_method="env://")
 rank = dist.get_rank()
+
+ft_client = None
+if args.nvrx:
+    # NVIDIA's resiliency extension: a client of the rank monitor ft_launcher started for this
+    # rank. The initial heartbeat timeout runs from here, the heartbeat timeout between two beats.
+    from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+    ft_client = RankMonitorClient()
+    ft_client.init_workload_monitoring()
 
 checkpointer = runtime.Checkpointer(args.ckpt, keep=2) if args.memory else None
 if checkpointer is not None:
@@ -90,6 +106,8 @@ for step in range(start, args.steps + 1):
     x = torch.ones(1) * step
     dist.all_reduce(x)
     runtime.report(step=step, loss=1.0 / step, attempt=attempt)
+    if ft_client is not None:
+        ft_client.send_heartbeat()  # a step made: the rank is not hung
     if checkpointer is not None:
         checkpointer.snapshot(step, {"step": step})
         if step % args.checkpoint_every == 0:
@@ -103,4 +121,6 @@ for step in range(start, args.steps + 1):
             os.replace(path + ".tmp", path)
         dist.barrier()
     time.sleep(args.sleep)
+if ft_client is not None:
+    ft_client.shutdown_workload_monitoring()
 dist.destroy_process_group()
