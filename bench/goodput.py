@@ -383,21 +383,29 @@ class ByHand(Side):
         self.procs: list[subprocess.Popen] = []
         self.launch()
 
+    LOG, PORT_BASE, RDZV_ID = "by-hand", 29400, "goodput"  # its logs' names, its rendezvous
+
+    def launcher(self, i: int) -> tuple[list[str], list[str], list[str]]:
+        """How this side starts its agent on bed host ``i``: (environment, command, options after
+        torchrun's own)."""
+        return [], [sys.executable, "-m", "torch.distributed.run"], []
+
     def launch(self) -> None:
         self.launches += 1
         master = self.bed.hosts[self.hosts[0][0] - 1].address
-        port = 29400 + self.launches
+        port = self.PORT_BASE + self.launches
         for node, (i, gpu) in enumerate(self.hosts):
             # The bed's hostnames resolve nowhere (as on many clusters without DNS): the careful
             # user says which node holds the rendezvous store and each node's own address.
             rdzv = ["--rdzv-conf", f"is_host={int(node == 0)}", "--local-addr", self.bed.hosts[i - 1].address]
+            env, command, options = self.launcher(i)
             remote = shlex.join([
                 "env", "OMP_NUM_THREADS=1", "GLOO_SOCKET_IFNAME=eth0", f"RIGDECK_METRICS_DIR={self.mdir}",
-                f"CUDA_VISIBLE_DEVICES={gpu}", f"PYTHONPATH={ROOT}",
-                sys.executable, "-m", "torch.distributed.run", "--nnodes", str(NODES), "--nproc-per-node", "1",
+                f"CUDA_VISIBLE_DEVICES={gpu}", f"PYTHONPATH={ROOT}", *env,
+                *command, "--nnodes", str(NODES), "--nproc-per-node", "1",
                 "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master}:{port}",
-                "--rdzv-id", f"goodput-{self.launches}", *rdzv, *self.train_args()])
-            log = open(self.tmp / f"by-hand-{self.launches}-h{i}.log", "w")
+                "--rdzv-id", f"{self.RDZV_ID}-{self.launches}", *rdzv, *options, *self.train_args()])
+            log = open(self.tmp / f"{self.LOG}-{self.launches}-h{i}.log", "w")
             self.procs.append(subprocess.Popen(self.bed.ssh_argv(i, remote), stdout=log, stderr=subprocess.STDOUT,
                                                stdin=subprocess.DEVNULL))
 
@@ -454,31 +462,18 @@ class FtLauncher(ByHand):
     def train_args(self) -> list[str]:
         return [*super().train_args(), "--nvrx"]
 
-    def launch(self) -> None:
-        self.launches += 1
-        master = self.bed.hosts[self.hosts[0][0] - 1].address
-        port = 29450 + self.launches
-        ft_launcher = str(Path(sys.executable).with_name("ft_launcher"))
-        for node, (i, gpu) in enumerate(self.hosts):
-            rdzv = ["--rdzv-conf", f"is_host={int(node == 0)}", "--local-addr", self.bed.hosts[i - 1].address]
-            # ft_launcher names its sockets in the temporary directory by its pid: the bed's hosts
-            # share this machine's /tmp but each has its own pids, so each gets its own, as a real
-            # host has.
-            tmp = self.tmp / f"ft-tmp-{self.launches}-h{i}"
-            tmp.mkdir()
-            remote = shlex.join([
-                "env", "OMP_NUM_THREADS=1", "GLOO_SOCKET_IFNAME=eth0", f"RIGDECK_METRICS_DIR={self.mdir}",
-                f"CUDA_VISIBLE_DEVICES={gpu}", f"PYTHONPATH={ROOT}", f"TMPDIR={tmp}",
-                ft_launcher, "--nnodes", str(NODES), "--nproc-per-node", "1",
-                "--max-restarts", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{master}:{port}",
-                "--rdzv-id", f"goodput-nvrx-{self.launches}", *rdzv,
-                "--ft-initial-rank-heartbeat-timeout", str(NVRX_INITIAL_HB_TIMEOUT),
-                "--ft-rank-heartbeat-timeout", str(NVRX_HB_TIMEOUT),
-                "--ft-workload-check-interval", str(NVRX_CHECK_INTERVAL),
-                *self.train_args()])
-            log = open(self.tmp / f"nvrx-{self.launches}-h{i}.log", "w")
-            self.procs.append(subprocess.Popen(self.bed.ssh_argv(i, remote), stdout=log, stderr=subprocess.STDOUT,
-                                               stdin=subprocess.DEVNULL))
+    LOG, PORT_BASE, RDZV_ID = "nvrx", 29450, "goodput-nvrx"
+
+    def launcher(self, i: int) -> tuple[list[str], list[str], list[str]]:
+        # ft_launcher names its sockets in the temporary directory by its pid: the bed's hosts
+        # share this machine's /tmp but each has its own pids, so each gets its own, as a real
+        # host has.
+        tmp = self.tmp / f"ft-tmp-{self.launches}-h{i}"
+        tmp.mkdir()
+        return ([f"TMPDIR={tmp}"], [str(Path(sys.executable).with_name("ft_launcher"))],
+                ["--ft-initial-rank-heartbeat-timeout", str(NVRX_INITIAL_HB_TIMEOUT),
+                 "--ft-rank-heartbeat-timeout", str(NVRX_HB_TIMEOUT),
+                 "--ft-workload-check-interval", str(NVRX_CHECK_INTERVAL)])
 
     def operate(self, t_fault: float, kind: str, records: list[dict[str, Any]]) -> bool:
         return False  # nobody steps in
@@ -493,7 +488,7 @@ class FtLauncher(ByHand):
         out = {}
         for i, _ in self.hosts:
             try:
-                text = (self.tmp / f"nvrx-{self.launches}-h{i}.log").read_text(errors="replace")
+                text = (self.tmp / f"{self.LOG}-{self.launches}-h{i}.log").read_text(errors="replace")
             except OSError:
                 continue
             out[self.bed.hosts[i - 1].name] = {
