@@ -100,12 +100,6 @@ def encode(obj: Any) -> Optional[Tuple[List[Any], List[Any]]]:
     return parts, blobs
 
 
-def to_bytes(obj: Any) -> Optional[bytes]:
-    """``obj`` in this form, as one bytes object; None as for ``encode``."""
-    got = encode(obj)
-    return None if got is None else b"".join(got[0])
-
-
 def is_flat(data: Any) -> bool:
     return bytes(data[:len(MAGIC)]) == MAGIC
 
@@ -224,4 +218,4 @@ def _untree(x: Any, tensors: List[Any]) -> Any:
     raise FormatError(f"malformed tree node {x!r:.60}")
 
 
-__all__ = ["MAGIC", "FormatError", "decode", "encode", "is_flat", "to_bytes"]
+__all__ = ["MAGIC", "FormatError", "decode", "encode", "is_flat"]
