@@ -84,11 +84,16 @@ def test_a_sleeping_data_loader_is_input_bound_and_the_same_job_without_is_not(
     monkeypatch.setenv("RIGDECK_HOME", cli.env["RIGDECK_HOME"])
     app_client = InProcessClient(load_inventory(str(cli.inventory))).start(telemetry=True, jobs=True)
     try:
-        status, took = poll_status(cli, slow["job_id"],
-                                   lambda s: any(x["kind"] == "input_bound" for x in s["signals"]), 30)
+        # Each host's ranks are judged on their own steps, which reach the job's metrics at
+        # their own pace: wait for every host of the placement, not just the first flagged.
+        def every_host_flagged(s: dict[str, Any]) -> bool:
+            hosts = {x["host"] for x in s["signals"] if x["kind"] == "input_bound"}
+            return bool(hosts) and hosts == {n["host"] for n in s["placement"]}
+
+        status, took = poll_status(cli, slow["job_id"], every_host_flagged, 30)
         flagged = [x for x in status["signals"] if x["kind"] == "input_bound"]
         assert flagged, f"not input-bound after {took:.0f}s: {status['signals']}"
-        assert {x["host"] for x in flagged} == {n["host"] for n in status["placement"]}
+        assert {x["host"] for x in flagged} == {n["host"] for n in status["placement"]}, status["signals"]
         assert all(x["verdict"] == "bad" and "of step time waiting for data" in x["summary"] for x in flagged)
         # The same job without the sleep, judged on as many steps or more: nothing flagged.
         fed_status, _ = poll_status(cli, fed["job_id"], lambda s: (s["last_step"] or 0) >= 10, 30)
