@@ -20,6 +20,7 @@ import pty
 import select
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -109,9 +110,18 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, testbed: TestBed) -> I
     monkeypatch.delenv("RIGDECK_INVENTORY", raising=False)
     monkeypatch.delenv("RIGDECK_SERVER", raising=False)
     forget_passphrases()
+    before = set(threading.enumerate())
     yield h
     set_passphrase_prompt(None)
     forget_passphrases()
+    # The app's host links may still be connecting when it quits (the monitor's stop waits 2 s):
+    # one that then deploys this machine's agent starts its daemon after the app is gone. Let
+    # the monitor's setup threads end before the daemons are stopped, or one outlives the test.
+    # (The SSH hub's threads serve the whole process: they are not waited for.)
+    deadline = time.monotonic() + 30
+    for t in set(threading.enumerate()) - before:
+        if t.name.startswith("monitor"):
+            t.join(max(0.0, deadline - time.monotonic()))
     # Hosts onboarded here have no `sim_gpus` (as a user adds them): a check that started the
     # daemon of one of the bed's hosts started it without the bed's simulated GPUs.
     bedclean.stop_misconfigured_daemons(testbed)
