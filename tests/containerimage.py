@@ -13,6 +13,7 @@ else reuses the archive (a fresh machine builds it once).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -69,13 +70,26 @@ def _image_python(root: Path) -> str:
 
 
 def build() -> Path:
-    """Build the archive if it is not cached; return its path."""
+    """Build the archive if it is not cached; return its path. Builders of the same recipe take
+    turns (a lock file beside the archive): the suite's container modules run in different
+    pytest-xdist workers, and on a fresh machine each would otherwise build the same image at
+    once, every one of them paying the whole build on the shared CPUs."""
     target = archive()
     if target.exists():
         return target
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{digest()}.lock", "w") as lock:
+        t0 = time.monotonic()
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if target.exists():  # another builder made it while this one waited
+            print(f"{target} built by another process (waited {time.monotonic() - t0:.0f} s)", flush=True)
+            return target
+        return _build(target)
+
+
+def _build(target: Path) -> Path:
     r = recipe()
     t0 = time.monotonic()
-    CACHE.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="rigdeck-image-", dir=CACHE) as tmp:
         root = Path(tmp) / "root"
         debs = ",".join(r["debs"].split())
