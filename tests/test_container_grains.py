@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -224,14 +223,11 @@ def left(cli: Cli, host: str, job_id: str) -> list[str]:
     return r.stdout.split()
 
 
-def left_after_end(cli: Cli, host: str, job_id: str, within: float = 30.0) -> list[str]:
-    """``left`` once the job's host had ``within`` s to remove them: its job host records the
-    job's end, then removes its containers (agent/jobhost.py ``run``), and holds the job's GPU
-    claims until it exits after that, so a status that reads ended may come a moment before."""
-    deadline = time.monotonic() + within
-    while (got := left(cli, host, job_id)) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    return got
+def none_left_after_end(cli: Cli, host: str, job_id: str) -> None:
+    """No container of the ended job on ``host`` within 30 s: its job host records the job's end,
+    then removes its containers (agent/jobhost.py ``run``), and holds the job's GPU claims until
+    it exits after that, so a status that reads ended may come a moment before."""
+    wait_until(lambda: left(cli, host, job_id) == [], 30, f"no container of {job_id} left on {host}")
 
 
 def in_container(rec: dict[str, Any]) -> bool:
@@ -280,7 +276,7 @@ image = {{type = "categorical", choices = ["{image}", "{image_id}"]}}
                if "container: podman" in ln]
         assert len(ran) == 1 and f" {want} " in ran[0], ran
         chose.append(want)
-        assert left_after_end(cli, host, t["job_id"]) == []
+        none_left_after_end(cli, host, t["job_id"])
         print(f"trial {t['number']} on {host}: podman run ... {want} ...; inside: /run/.containerenv "
               f"{rec['containerenv']}, python {rec['python']}, cgroup {rec['cgroup'].splitlines()[0]}")
     assert sorted(chose) == sorted([image, image_id])
@@ -323,7 +319,7 @@ inputs = {{ first = "steps.inside.output" }}
     assert on_host(seen["outside"]) and seen["outside"]["step"] == "outside", seen["outside"]
     assert seen["outside"]["input"] == seen["inside"]  # step 1's artifact, as it wrote it in its container
     (host,) = where["inside"]
-    assert left_after_end(cli, host, steps["inside"]["job_id"]) == []
+    none_left_after_end(cli, host, steps["inside"]["job_id"])
 
 
 @pytest.mark.testbed
@@ -376,5 +372,5 @@ container = false
     (job_dir(cli, "h1", job_id) / "where" / "release").write_text("")
     st = ended(cli, job_id, timeout=120)
     assert st["state"] == "succeeded", json.dumps(st, indent=1)[-3000:]
-    assert left_after_end(cli, "h1", job_id) == []
+    none_left_after_end(cli, "h1", job_id)
     wait_until(lambda: tagged(cli.bed, job_id) == {h: [] for h in HOSTS}, 30, "no process left")
