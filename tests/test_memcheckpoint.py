@@ -90,6 +90,32 @@ def test_only_local_rank_0_writes_under_a_replicated_policy_and_every_rank_under
     assert os.listdir(tmp_path / "shm" / "rank-1") == ["step-00000001.snap"]
 
 
+def test_a_state_given_as_a_function_is_built_only_for_the_snapshots_written(tmp_path: Path) -> None:
+    """``snapshot(step, fn)``: ``fn`` runs only on the calls that write (the grid's steps, local
+    rank 0 under a replicated policy), and what it returns is what a restore reads; a module,
+    callable but not a function, is the state itself."""
+    import functools
+
+    import torch
+
+    built: list[int] = []
+
+    def state(step: int) -> dict[str, Any]:
+        built.append(step)
+        return {"w": torch.tensor([float(step)])}
+
+    c = Checkpointer(str(tmp_path / "ckpt"), environ=_env(tmp_path))
+    wrote = [s for s in range(12) if c.snapshot(s, functools.partial(state, s), every=4)]
+    assert wrote == [0, 4, 8] and built == [0, 4, 8]
+    step, got = Checkpointer(str(tmp_path / "ckpt"), environ=_env(tmp_path)).load_latest()
+    assert step == 8 and got["w"].item() == 8.0
+    other = Checkpointer(str(tmp_path / "ckpt2"), environ=_env(tmp_path, local_rank=1))
+    assert not any(other.snapshot(s, lambda s=s: state(s), every=1) for s in range(3))
+    assert built == [0, 4, 8]  # local rank 1 under rank0: nothing built
+    # (called, a module would need an input: it is kept as it is, in torch.save's form)
+    assert c.snapshot(12, torch.nn.Linear(2, 1), every=4) and _snaps(c) == [8, 12]
+
+
 def test_the_default_directory_is_the_jobs_own_on_the_hosts_tmpfs(tmp_path: Path) -> None:
     env = _env(tmp_path)
     del env["RIGDECK_MEMORY_DIR"]

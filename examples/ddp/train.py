@@ -14,6 +14,7 @@ resumes from the newest step held, in memory or on disk, on start.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import time
@@ -76,6 +77,14 @@ def sharded_state(model: nn.Module, opt: torch.optim.Optimizer, step: int) -> di
     it (the ``all`` policy: every rank saves and reloads its own part)."""
     model_state, optim_state = get_state_dict(model, opt)
     return {"model": model_state, "optim": optim_state, "step": step}
+
+
+def state_of(model: nn.Module, opt: torch.optim.Optimizer, step: int, policy: str) -> dict:
+    """What a checkpoint or a memory snapshot keeps: ``sharded_state`` under ``all``, else the
+    whole model and optimizer state (every rank holds the same)."""
+    if policy == "all":
+        return sharded_state(model, opt, step)
+    return {"model": model.state_dict(), "optim": opt.state_dict(), "step": step}
 
 
 def main() -> None:
@@ -148,11 +157,10 @@ def main() -> None:
         if info.rank == 0:
             print(f"step={step} loss={value:.4f} lr={lr:.2e}", flush=True)
         if (step + 1) % args.checkpoint_every == 0 or step == args.steps - 1:
-            ckpt.save(step, sharded_state(model, opt, step) if ckpt.policy == "all" else
-                      {"model": model.state_dict(), "optim": opt.state_dict(), "step": step})
+            ckpt.save(step, state_of(model, opt, step, ckpt.policy))
         elif snapshots:  # (under "all" every rank calls it at the same steps: a collective there)
-            ckpt.snapshot(step, sharded_state(model, opt, step) if ckpt.policy == "all" else
-                          {"model": model.state_dict(), "optim": opt.state_dict(), "step": step})
+            # the state as a function: built only on the steps and the ranks that write one
+            ckpt.snapshot(step, functools.partial(state_of, model, opt, step, ckpt.policy))
     if info.rank == 0:
         print(f"done: {args.steps - start} steps in {time.perf_counter() - t0:.2f}s", flush=True)
     runtime.finish()  # every rank meets, then this process ends here: nothing torn down
