@@ -14,6 +14,9 @@ with its Adam state, about 1 MB in about 120 tensors), each way timed ``--repeat
 - ``pickle_flat``: the structure pickled with each tensor as a persistent id, then the tensors'
   bytes in one copy (read back and compared too): a flat form with pickle's reader, which runs
   code from the file; rigdeck's reads JSON.
+- ``state_build``: building the state itself (``model.state_dict()``, ``opt.state_dict()``), which
+  a script that passes ``snapshot`` the state, not a function returning it, pays on every rank at
+  every step, snapshot or not.
 
 Usage: .venv/bin/python bench/snapshot_cost.py [--repeat 200]. Writes bench/results/snapshot_cost.json.
 """
@@ -39,7 +42,8 @@ sys.path.insert(0, str(ROOT / "examples" / "ddp"))
 from bench._meta import run_meta, write_result  # noqa: E402
 
 
-def example_state() -> Any:
+def example_model() -> tuple[Any, Any]:
+    """The ddp example's model and its Adam optimizer after one step (its state exists)."""
     import torch
     from train import CharTransformer  # examples/ddp/train.py
 
@@ -48,6 +52,10 @@ def example_state() -> Any:
     opt = torch.optim.Adam(model.parameters())
     model(torch.randint(0, 65, (4, 32))).sum().backward()
     opt.step()
+    return model, opt
+
+
+def example_state(model: Any, opt: Any) -> Any:
     return {"model": model.state_dict(), "optimizer": opt.state_dict()}
 
 
@@ -113,7 +121,8 @@ def main() -> int:
     from runtime.checkpoint import _loads, _snapshot_parts, _torch_save
 
     torch.set_num_threads(1)
-    state = (1, example_state())
+    model, opt = example_model()
+    state = (1, example_state(model, opt))
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as d:
         path = os.path.join(d, "snap.bin")
 
@@ -166,12 +175,16 @@ def main() -> int:
                 tensors_of(back), tensors_of(state), strict=True)):
             raise SystemExit("rigdeck's snapshot: the state read back differs")
         ways = {"rigdeck": rigdeck, "torch_save": torch_save, "torch_save_only": save_only,
-                "tmpfs_write_only": lambda: write(data), "torch_save_legacy": legacy, "pickle_flat": flat}
+                "tmpfs_write_only": lambda: write(data), "torch_save_legacy": legacy, "pickle_flat": flat,
+                "state_build": lambda: example_state(model, opt)}
         ms = {name: median_ms(fn, args.repeat) for name, fn in ways.items()}
     print(f"the ddp example's state, {len(data) / 1e6:.2f} MB; median of {args.repeat}, one thread")
     for name, v in ms.items():
         print(f"  {name:18} {v:6.2f} ms   {v / ms['torch_save']:.2f}x torch.save's")
     print(f"rigdeck's snapshot costs {ms['rigdeck'] / ms['torch_save']:.2f}x the torch.save way")
+    print(f"building the state (model.state_dict(), opt.state_dict()) costs {ms['state_build']:.3f} ms: what a "
+          "snapshot call given the state itself pays on every rank and every step; given a function, only "
+          "where it writes")
     write_result(args.out, {"state_mb": len(data) / 1e6, "repeat": args.repeat, "median_ms": ms,
                             "ratio_rigdeck_to_torch_save": ms["rigdeck"] / ms["torch_save"]}, meta)
     return 0
