@@ -14,7 +14,8 @@ with its Adam state, about 1 MB in about 120 tensors), each way timed ``--repeat
 - ``pickle_flat``: the structure pickled with each tensor as a persistent id, then the tensors'
   bytes in one copy (read back and compared too): a flat form with pickle's reader, which runs
   code from the file; rigdeck's reads JSON.
-- ``state_build``: building the state itself (``model.state_dict()``, ``opt.state_dict()``), which
+- ``state_build``: building the state itself (the example's ``state_of``: ``model.state_dict()``,
+  ``opt.state_dict()``), which
   a script that passes ``snapshot`` the state, not a function returning it, pays on every rank at
   every step, snapshot or not.
 
@@ -56,7 +57,11 @@ def example_model() -> tuple[Any, Any]:
 
 
 def example_state(model: Any, opt: Any) -> Any:
-    return {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    """What the example passes ``snapshot`` under the default ``rank0`` policy: its own
+    ``state_of`` (the model's and the optimizer's state dicts and the step)."""
+    from train import state_of  # examples/ddp/train.py
+
+    return state_of(model, opt, 1, "rank0")
 
 
 def check_flat(path: str, state: Any) -> None:
