@@ -141,8 +141,9 @@ def test_ddp_example_runs_in_one_docker_container_per_host(bed: TestBed, image: 
     assert {m["rank"] for m in metrics if m.get("loss") is not None and m.get("event") is None} == set(range(4))
     assert {(m["owner"]["rank"], m["owner"]["host"]) for m in metrics
             if m.get("event") == "checkpoint" and m.get("status") == "done"} == {(0, "h1")}
-    assert containers(cli, job_id, "docker") == {h: [] for h in hosts}
-    assert tagged(cli.bed, job_id) == {h: [] for h in hosts}
+    # the job host records the end, then removes its containers and exits: a moment after
+    wait_until(lambda: containers(cli, job_id, "docker") == {h: [] for h in hosts}, 30, "no container left")
+    wait_until(lambda: tagged(cli.bed, job_id) == {h: [] for h in hosts}, 30, "no process left")
 
     # h2's job host killed outright: its container's `agent hold` ends with it (docker's --rm
     # removes it), h2's agent sweeps the rest, and h1's job host removes its own at the stop.
