@@ -278,6 +278,15 @@ def containers(cli: Cli, job_id: str, runtime: str = "podman") -> dict[str, list
     return out
 
 
+def none_left(cli: Cli, job_id: str, runtime: str = "podman") -> None:
+    """No container and no process of the ended job on any host within 30 s: its job host
+    records the end, then removes its containers and exits, so a status that reads ended may
+    come a moment before."""
+    empty: dict[str, list[str]] = {h.name: [] for h in cli.bed.hosts}
+    wait_until(lambda: containers(cli, job_id, runtime) == empty, 30, f"no container of {job_id} left")
+    wait_until(lambda: tagged(cli.bed, job_id) == empty, 30, f"no process of {job_id} left")
+
+
 def ddp_spec(cli: Cli, image: str, steps: int, nodes: int = 3, runtime: str = "podman") -> Path:
     return cli.spec("ddpc", f"""
 command = ["{{python}}", "train.py", "--steps", "{steps}", "--checkpoint-every", "10", "--seed", "0"]
@@ -400,9 +409,7 @@ def test_ddp_example_runs_in_one_container_per_host(cli: Cli, image: str, tmp_pa
     owners = {(m["owner"]["rank"], m["owner"]["host"]) for m in metrics
               if m.get("event") == "checkpoint" and m.get("status") == "done"}
     assert owners == {(0, "h1")}, owners
-    # the job host records the end, then removes its containers and exits: a moment after
-    wait_until(lambda: containers(cli, job_id) == {h: [] for h in HOSTS}, 30, "no container left")
-    wait_until(lambda: tagged(cli.bed, job_id) == {h: [] for h in HOSTS}, 30, "no process left")
+    none_left(cli, job_id)
 
 
 @pytest.mark.testbed
@@ -434,8 +441,7 @@ def test_stop_and_a_killed_rank_leave_no_container_and_no_process(cli: Cli, imag
     st = ended(cli, job_id)
     assert st["state"] == "failed", json.dumps(st, indent=1)[-3000:]
     assert st["cause"]["rank"] == 3 and st["cause"]["host"] == "h2", st["cause"]
-    wait_until(lambda: containers(cli, job_id) == {h: [] for h in HOSTS}, 30, "no container left")
-    wait_until(lambda: tagged(cli.bed, job_id) == {h: [] for h in HOSTS}, 30, "no process left")
+    none_left(cli, job_id)
 
     # The job host itself killed outright: its agent stops what it left, the container too.
     job_id = cli.json("launch", str(spec))["job_id"]
@@ -444,8 +450,7 @@ def test_stop_and_a_killed_rank_leave_no_container_and_no_process(cli: Cli, imag
     cli.bed.exec(2, ["kill", "-9", str(state["jobhost_pid"])])
     st = ended(cli, job_id)
     assert st["state"] == "failed" and st["cause"]["host"] == "h2" and st["cause"]["signal"] == 9, st["cause"]
-    wait_until(lambda: containers(cli, job_id) == {h: [] for h in HOSTS}, 30, "no container left")
-    wait_until(lambda: tagged(cli.bed, job_id) == {h: [] for h in HOSTS}, 30, "no process left")
+    none_left(cli, job_id)
 
 
 @pytest.mark.testbed

@@ -17,7 +17,7 @@ import pytest
 from tests import containerimage
 from tests._require import require
 from tests.kit import JOBSCRIPTS, wait_until
-from tests.kit.bedcli import Cli, tagged
+from tests.kit.bedcli import Cli
 from tests.test_container import (
     ALICE,
     DOCKER_DIR,
@@ -27,6 +27,7 @@ from tests.test_container import (
     ended,
     engine,
     inside_view,
+    none_left,
     running_ranks,
 )
 from tests.testbed import PERSON_PYTHON, TestBed, TestBedError
@@ -141,9 +142,7 @@ def test_ddp_example_runs_in_one_docker_container_per_host(bed: TestBed, image: 
     assert {m["rank"] for m in metrics if m.get("loss") is not None and m.get("event") is None} == set(range(4))
     assert {(m["owner"]["rank"], m["owner"]["host"]) for m in metrics
             if m.get("event") == "checkpoint" and m.get("status") == "done"} == {(0, "h1")}
-    # the job host records the end, then removes its containers and exits: a moment after
-    wait_until(lambda: containers(cli, job_id, "docker") == {h: [] for h in hosts}, 30, "no container left")
-    wait_until(lambda: tagged(cli.bed, job_id) == {h: [] for h in hosts}, 30, "no process left")
+    none_left(cli, job_id, "docker")
 
     # h2's job host killed outright: its container's `agent hold` ends with it (docker's --rm
     # removes it), h2's agent sweeps the rest, and h1's job host removes its own at the stop.
@@ -158,8 +157,7 @@ def test_ddp_example_runs_in_one_docker_container_per_host(bed: TestBed, image: 
     cli.bed.exec(2, ["kill", "-9", str(state["jobhost_pid"])])
     st = ended(cli, job_id)
     assert st["state"] == "failed" and st["cause"]["host"] == "h2", st["cause"]
-    wait_until(lambda: containers(cli, job_id, "docker") == {h: [] for h in hosts}, 30, "no container left")
-    wait_until(lambda: tagged(cli.bed, job_id) == {h: [] for h in hosts}, 30, "no process left")
+    none_left(cli, job_id, "docker")
 
 
 def test_a_person_without_what_rootless_podman_needs_is_refused_before_anything_starts(
