@@ -15,9 +15,8 @@ with its Adam state, about 1 MB in about 120 tensors), each way timed ``--repeat
   bytes in one copy (read back and compared too): a flat form with pickle's reader, which runs
   code from the file; rigdeck's reads JSON.
 - ``state_build``: building the state itself (the example's ``state_of``: ``model.state_dict()``,
-  ``opt.state_dict()``), which
-  a script that passes ``snapshot`` the state, not a function returning it, pays on every rank at
-  every step, snapshot or not.
+  ``opt.state_dict()``), which a script that passes ``snapshot`` the state, not a function
+  returning it, pays on every rank at every step, snapshot or not.
 
 Usage: .venv/bin/python bench/snapshot_cost.py [--repeat 200]. Writes bench/results/snapshot_cost.json.
 """
@@ -25,6 +24,7 @@ Usage: .venv/bin/python bench/snapshot_cost.py [--repeat 200]. Writes bench/resu
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import os
 import pickle
@@ -54,14 +54,6 @@ def example_model() -> tuple[Any, Any]:
     model(torch.randint(0, 65, (4, 32))).sum().backward()
     opt.step()
     return model, opt
-
-
-def example_state(model: Any, opt: Any) -> Any:
-    """What the example passes ``snapshot`` under the default ``rank0`` policy: its own
-    ``state_of`` (the model's and the optimizer's state dicts and the step)."""
-    from train import state_of  # examples/ddp/train.py
-
-    return state_of(model, opt, 1, "rank0")
 
 
 def check_flat(path: str, state: Any) -> None:
@@ -126,8 +118,12 @@ def main() -> int:
     from runtime.checkpoint import _loads, _snapshot_parts, _torch_save
 
     torch.set_num_threads(1)
+    from train import state_of  # examples/ddp/train.py
+
     model, opt = example_model()
-    state = (1, example_state(model, opt))
+    # what the example passes ``snapshot`` under the default ``rank0`` policy: its own state_of
+    build = functools.partial(state_of, model, opt, 1, "rank0")
+    state = (1, build())
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as d:
         path = os.path.join(d, "snap.bin")
 
@@ -181,7 +177,7 @@ def main() -> int:
             raise SystemExit("rigdeck's snapshot: the state read back differs")
         ways = {"rigdeck": rigdeck, "torch_save": torch_save, "torch_save_only": save_only,
                 "tmpfs_write_only": lambda: write(data), "torch_save_legacy": legacy, "pickle_flat": flat,
-                "state_build": lambda: example_state(model, opt)}
+                "state_build": build}
         ms = {name: median_ms(fn, args.repeat) for name, fn in ways.items()}
     print(f"the ddp example's state, {len(data) / 1e6:.2f} MB; median of {args.repeat}, one thread")
     for name, v in ms.items():
